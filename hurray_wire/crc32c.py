@@ -1,0 +1,58 @@
+"""CRC-32C (Castagnoli) over any buffer, through google-crc32c's C implementation.
+
+Used for the ``.hrry`` trailer's ``index_crc32c`` (containers.md § B.6). Not zlib's CRC-32:
+reflected polynomial 0x82F63B78, init and final XOR 0xFFFFFFFF; ``crc32c(b"123456789")`` is
+0xE3069283. google-crc32c's C functions accept only ``bytes`` and NumPy arrays, so other
+buffers are handed over as a zero-copy ``uint8`` view instead of being copied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import google_crc32c
+import numpy as np
+
+from hurray_wire.errors import ArgumentTypeError
+
+__all__ = ["crc32c", "CRC32C_CHECK"]
+
+CRC32C_CHECK = 0xE3069283  # crc32c(b"123456789"), the catalogue check value
+
+
+def _as_buffer(data: object) -> Any:
+    """``bytes`` or a C-contiguous, non-object ``np.ndarray`` over the same bytes."""
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:
+            raise ArgumentTypeError(
+                "cannot checksum an object array (its buffer holds pointers)",
+                expected="a numeric or bytes-like buffer",
+                found=f"ndarray of dtype {data.dtype}",
+            )
+        # A non-contiguous array is checksummed in C order, i.e. as ``data.tobytes()``.
+        return np.ascontiguousarray(data)
+    if isinstance(data, str) or not isinstance(data, (bytearray, memoryview)):
+        raise ArgumentTypeError(
+            "crc32c() takes a bytes-like object",
+            expected="bytes, bytearray, memoryview or np.ndarray",
+            found=type(data).__name__,
+        )
+    view = memoryview(data)
+    if not view.c_contiguous:
+        return view.tobytes()
+    return np.frombuffer(view.cast("B") if view.ndim != 1 else view, dtype=np.uint8)
+
+
+def crc32c(data: bytes | bytearray | memoryview | np.ndarray[Any, Any], crc: int = 0) -> int:
+    """CRC-32C of ``data``; pass a previous result as ``crc`` to continue over a next chunk."""
+    if isinstance(crc, bool) or not isinstance(crc, int) or not 0 <= crc <= 0xFFFF_FFFF:
+        raise ArgumentTypeError(
+            "crc must be a previous CRC-32C value",
+            field="crc",
+            expected="int in [0, 2**32)",
+            found=repr(crc),
+        )
+    value: int = google_crc32c.extend(crc, _as_buffer(data))
+    return value

@@ -1,0 +1,520 @@
+"""TensorDescriptor: the validated model of one block-paged Hurray descriptor.
+
+Objects are checked when they are built, so an object that exists is one the decoder would
+accept: that is how the codec (``hurray_wire.descriptor_codec``) never writes a descriptor
+it would reject. Rules: descriptor.md §§ 2-9 and block-paged.md §§ 2-3, 7.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hurray_wire import dtypes
+from hurray_wire._checks import U8_MAX, U32_MAX, U64_MAX, check_uint, is_power_of_two
+from hurray_wire.dtypes import ElementType
+from hurray_wire.errors import InvalidDescriptorError
+from hurray_wire.layout import BlockPagedLayout
+from hurray_wire.quantization import (
+    MXFP,
+    NF4,
+    PerBlockAffine,
+    PerChannelAffine,
+    PerTensorAffine,
+    Quantization,
+)
+
+__all__ = [
+    "BufferHandle",
+    "Statistics",
+    "TensorDescriptor",
+    "DEVICE_NAMES",
+    "MEMORY_CLASS_NAMES",
+    "SYNC_MODE_NAMES",
+    "BUFFER_NAMES",
+]
+
+DEVICE_NAMES = {
+    0x00: "cpu",
+    0x01: "cuda",
+    0x02: "rocm",
+    0x03: "metal",
+    0x04: "vulkan",
+    0x05: "webgpu",
+    0x06: "hexagon",
+    0x07: "level_zero",
+    0x08: "opencl",
+}
+SYNC_MODE_NAMES = {0: "producer_synced", 1: "event", 2: "consumer_stream"}
+MEMORY_CLASS_NAMES = {0: "standard", 1: "host_pinned", 2: "unified", 3: "peer"}
+BUFFER_NAMES = ("page_pool", "block_table", "seq_ptr")
+_PEER_CAPABLE = {0x01, 0x02, 0x04, 0x07}  # CUDA, ROCm, Vulkan, Level Zero
+_WEBGPU = 0x05
+
+
+def device_name(tag: int) -> str:
+    """Readable name of a device tag (private tags as ``private_0xF3``)."""
+    return DEVICE_NAMES.get(tag, f"private_0x{tag:02X}")
+
+
+@dataclass(frozen=True)
+class BufferHandle:
+    """One 16-byte buffer handle (buffer-protocol.md § Buffer Handle, [A2], [A3])."""
+
+    byte_size: int
+    alignment: int = 64
+    device_tag: int = 0
+    sync_mode: int = 0
+    memory_class: int = 0
+
+    def __post_init__(self) -> None:
+        check_uint(self.byte_size, "byte_size", U64_MAX)
+        align = check_uint(self.alignment, "alignment", U32_MAX)
+        if not is_power_of_two(align):
+            raise InvalidDescriptorError(
+                "alignment must be a power of two", field="alignment", found=align
+            )
+        if self.byte_size > 0 and align < 64:
+            raise InvalidDescriptorError(
+                "a non-empty buffer needs alignment >= 64", field="alignment", found=align
+            )
+        device = check_uint(self.device_tag, "device_tag", U8_MAX)
+        private_device = 0xF0 <= device <= 0xFE
+        if device not in DEVICE_NAMES and not private_device:
+            raise InvalidDescriptorError(
+                "reserved or invalid device tag", field="device_tag", found=f"0x{device:02X}"
+            )
+        sync = check_uint(self.sync_mode, "sync_mode", U8_MAX)
+        if sync > 2:
+            raise InvalidDescriptorError("unknown sync_mode", field="sync_mode", found=sync)
+        if device == 0 and sync != 0:
+            raise InvalidDescriptorError(
+                "CPU buffers must be producer-synced (sync_mode 0)", field="sync_mode", found=sync
+            )
+        memory = check_uint(self.memory_class, "memory_class", U8_MAX)
+        private_memory = 0xF0 <= memory <= 0xFE
+        if memory not in MEMORY_CLASS_NAMES and not private_memory:
+            raise InvalidDescriptorError(
+                "reserved or invalid memory class", field="memory_class", found=f"0x{memory:02X}"
+            )
+        if private_memory and not private_device:
+            ok = False
+        elif private_device:
+            ok = memory == 0 or private_memory
+        elif device == _WEBGPU:
+            ok = memory == 0
+        else:
+            ok = memory != 3 or device in _PEER_CAPABLE
+        if not ok:
+            raise InvalidDescriptorError(
+                f"memory class {memory} is not valid on device {device_name(device)}",
+                field="memory_class",
+                found=memory,
+            )
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """The advisory 72-byte statistics section (descriptor.md § 9.2)."""
+
+    computed_mask: int = 0
+    nnz: int = 0
+    sparsity_ratio: float = 0.0
+    value_min: float = 0.0
+    value_max: float = 0.0
+    value_abs_max: float = 0.0
+    value_mean: float = 0.0
+    value_stddev: float = 0.0
+    nm_n: int = 0
+    nm_m: int = 0
+    has_nan: int = 0
+    has_inf: int = 0
+
+    def __post_init__(self) -> None:
+        mask = check_uint(self.computed_mask, "statistics.computed_mask", U32_MAX)
+        if mask & ~0x3F:
+            raise InvalidDescriptorError(
+                "reserved statistics mask bits", field="statistics.computed_mask", found=hex(mask)
+            )
+        check_uint(self.nnz, "statistics.nnz", U64_MAX)
+        check_uint(self.nm_n, "statistics.nm_n", U8_MAX)
+        check_uint(self.nm_m, "statistics.nm_m", U8_MAX)
+        for name in ("has_nan", "has_inf"):  # [A30]: only 0 and 1 round-trip
+            check_uint(getattr(self, name), f"statistics.{name}", 1)
+        for name in (
+            "sparsity_ratio",
+            "value_min",
+            "value_max",
+            "value_abs_max",
+            "value_mean",
+            "value_stddev",
+        ):
+            if not isinstance(getattr(self, name), float):
+                raise InvalidDescriptorError(
+                    "must be a float", field=f"statistics.{name}", found=repr(getattr(self, name))
+                )
+
+    def __eq__(self, other: object) -> bool:  # NaN-aware: compare the float bits
+        if not isinstance(other, Statistics):
+            return NotImplemented
+        return _stat_key(self) == _stat_key(other)
+
+    def __hash__(self) -> int:
+        return hash(_stat_key(self))
+
+
+def _stat_key(s: Statistics) -> tuple[Any, ...]:
+    return tuple(
+        v.hex()
+        if isinstance(v, float) and not math.isnan(v)
+        else repr(v)
+        if isinstance(v, float)
+        else v
+        for v in (
+            s.computed_mask,
+            s.nnz,
+            s.sparsity_ratio,
+            s.value_min,
+            s.value_max,
+            s.value_abs_max,
+            s.value_mean,
+            s.value_stddev,
+            s.nm_n,
+            s.nm_m,
+            s.has_nan,
+            s.has_inf,
+        )
+    )
+
+
+def _int_range(element_type: ElementType) -> tuple[int, int]:
+    """Representable range of an integer storage type (for per-tensor zero points)."""
+    bits = element_type.bit_width
+    if element_type.name.startswith("u"):
+        return 0, 2**bits - 1
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+@dataclass(frozen=True)
+class TensorDescriptor:
+    """A block-paged descriptor: element type, logical shape, layout, buffers, quantization.
+
+    ``shape`` is ``(total_tokens, num_heads, head_dim)``. ``byte_offset`` is always 0 and
+    not stored. ``quantization_padding`` and ``unknown_trailing`` keep bytes that a
+    reader must tolerate ([A31], minor versions > 0) so that a decoded descriptor
+    re-encodes to the same bytes.
+    """
+
+    element_type: ElementType
+    shape: tuple[int, int, int]
+    layout: BlockPagedLayout
+    buffers: tuple[BufferHandle, ...]
+    quantization: Quantization | None = None
+    version: tuple[int, int] = (1, 0)
+    statistics: Statistics | None = None
+    composite_member: int | None = None
+    quantization_padding: bytes = b""
+    unknown_trailing: bytes = b""
+    descriptor_length: int = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.element_type, ElementType):
+            set_(self, "element_type", dtypes.element_type_of(self.element_type))
+        if not isinstance(self.layout, BlockPagedLayout):
+            raise InvalidDescriptorError(
+                "layout must be a BlockPagedLayout", field="layout", found=repr(self.layout)
+            )
+        self.layout.validate_against_shape(self.shape)
+        set_(self, "shape", tuple(int(d) for d in self.shape))
+        self._check_version()
+        self._check_quantization()
+        self._check_buffers()
+        if self.statistics is not None and not isinstance(self.statistics, Statistics):
+            raise InvalidDescriptorError(
+                "must be a Statistics", field="statistics", found=repr(self.statistics)
+            )
+        if self.composite_member is not None:
+            check_uint(self.composite_member, "composite_member.member_role", 1)
+        set_(self, "descriptor_length", self._encoded_length())
+
+    # -- rules -----------------------------------------------------------------------------
+    def _check_version(self) -> None:
+        try:
+            major, minor = self.version
+        except (TypeError, ValueError):
+            raise InvalidDescriptorError(
+                "version must be (major, minor)", field="version", found=repr(self.version)
+            ) from None
+        major = check_uint(major, "version_major", U8_MAX)
+        minor = check_uint(minor, "version_minor", U8_MAX)
+        if major != 1:
+            raise InvalidDescriptorError(
+                "unsupported major version", field="version_major", found=major, expected=1
+            )
+        object.__setattr__(self, "version", (major, minor))
+        for name in ("quantization_padding", "unknown_trailing"):
+            if not isinstance(getattr(self, name), bytes):
+                raise InvalidDescriptorError("must be bytes", field=name)
+        if self.unknown_trailing and minor == 0:
+            raise InvalidDescriptorError(
+                "unknown trailing bytes need version_minor > 0",
+                field="unknown_trailing",
+                found=len(self.unknown_trailing),
+            )
+
+    def _check_buffers(self) -> None:
+        buffers = tuple(self.buffers)
+        object.__setattr__(self, "buffers", buffers)
+        count = len(buffers)
+        params = self.quantization.parameter_buffers if self.quantization is not None else ()
+        expected = 3 + len(params)
+        if count != expected:
+            raise InvalidDescriptorError(
+                "buffer_count disagrees with the layout and quantization",
+                field="buffer_count",
+                found=count,
+                expected=expected,
+            )
+        for index in params:
+            if index >= count:
+                raise InvalidDescriptorError(
+                    "quantization parameter buffer index beyond the buffer table",
+                    field="quantization.scale_buffer_index",
+                    found=index,
+                    expected=f"< buffer_count = {count}",
+                )
+        for index, handle in enumerate(buffers):
+            if not isinstance(handle, BufferHandle):
+                raise InvalidDescriptorError(
+                    "must be a BufferHandle", field=f"buffers[{index}]", found=repr(handle)
+                )
+        first = buffers[0]
+        for index, handle in enumerate(buffers[1:], 1):
+            if handle.device_tag != first.device_tag:
+                raise InvalidDescriptorError(
+                    "all buffers must be on one device",
+                    field=f"buffers[{index}].device_tag",
+                    found=handle.device_tag,
+                    expected=first.device_tag,
+                )
+            if handle.memory_class != first.memory_class:
+                raise InvalidDescriptorError(
+                    "all buffers must share one memory class",
+                    field=f"buffers[{index}].memory_class",
+                    found=handle.memory_class,
+                    expected=first.memory_class,
+                )
+        sizes = self.expected_buffer_sizes()
+        for index, (handle, size) in enumerate(zip(buffers, sizes, strict=True)):
+            if index == 1:
+                continue
+            if handle.byte_size != size:
+                raise InvalidDescriptorError(
+                    f"{self.buffer_names[index]} byte_size disagrees with the layout",
+                    field=f"buffers[{index}].byte_size",
+                    found=handle.byte_size,
+                    expected=size,
+                )
+        width = self.layout.index_dtype.itemsize
+        table_bytes = buffers[1].byte_size
+        if table_bytes % width:
+            raise InvalidDescriptorError(
+                f"block_table byte_size must be a multiple of {width}",
+                field="buffers[1].byte_size",
+                found=table_bytes,
+            )
+        logical_pages = table_bytes // width
+        if self.layout.num_seqs == 0 and logical_pages:
+            raise InvalidDescriptorError(
+                "an empty batch has an empty block_table",
+                field="buffers[1].byte_size",
+                found=table_bytes,
+                expected=0,
+            )
+        if self.shape[0] > logical_pages * self.layout.page_size:
+            raise InvalidDescriptorError(
+                "total_tokens exceeds the capacity of the block table's pages",
+                field="shape[0]",
+                found=self.shape[0],
+                expected=f"<= {logical_pages} pages x {self.layout.page_size}",
+            )
+
+    def _check_quantization(self) -> None:
+        quant = self.quantization
+        if quant is None:
+            if self.quantization_padding:
+                raise InvalidDescriptorError(
+                    "quantization padding without quantization", field="quantization_padding"
+                )
+            return
+        self.layout.validate_quantization_compatibility(quant)
+        if self.element_type.tag not in quant.allowed_storage:
+            raise InvalidDescriptorError(
+                f"storage type not allowed by {quant.name}",
+                field="type_tag",
+                found=self.element_type.name,
+            )
+        if isinstance(quant, PerTensorAffine):
+            low, high = _int_range(self.element_type)
+            if not low <= quant.zero_point <= high:
+                raise InvalidDescriptorError(
+                    f"zero_point outside the {self.element_type.name} range",
+                    field="quantization.zero_point",
+                    found=quant.zero_point,
+                    expected=f"{low}..{high}",
+                )
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def total_tokens(self) -> int:
+        return self.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.shape[2]
+
+    @property
+    def byte_offset(self) -> int:
+        return 0
+
+    @property
+    def type_tag(self) -> int:
+        return self.element_type.tag
+
+    @property
+    def layout_tag(self) -> int:
+        return 0x0A
+
+    @property
+    def flags(self) -> int:
+        """Flag bits derived from the sections present (descriptor.md § 3)."""
+        return (
+            (0x01 if self.quantization is not None else 0)
+            | (0x08 if self.statistics is not None else 0)
+            | (0x10 if self.composite_member is not None else 0)
+        )
+
+    @property
+    def num_logical_pages(self) -> int:
+        """Entries of block_table (``seq_ptr[num_seqs]``), from its byte size."""
+        return self.buffers[1].byte_size // self.layout.index_dtype.itemsize
+
+    @property
+    def pool_elements(self) -> int:
+        """Elements in page_pool: num_pages * page_size * num_heads * head_dim."""
+        return self.layout.page_slots * self.shape[1] * self.shape[2]
+
+    @property
+    def buffer_names(self) -> tuple[str, ...]:
+        """Names of the buffers in table order ("scales", "zero_points", "scales_zero_points")."""
+        names = list(BUFFER_NAMES)
+        quant = self.quantization
+        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+            zp = quant.zero_point_buffer_index
+            order = {quant.scale_buffer_index: "scales"}
+            if zp is not None:
+                order[zp] = (
+                    "scales_zero_points" if zp == quant.scale_buffer_index else "zero_points"
+                )
+            names.extend(order[i] for i in sorted(order))
+        return tuple(names)
+
+    def expected_buffer_sizes(self) -> tuple[int, ...]:
+        """Exact byte sizes the layout implies; block_table's is the declared one."""
+        width = self.layout.index_dtype.itemsize
+        sizes = {
+            0: self.element_type.byte_size(self.pool_elements),
+            1: self.buffers[1].byte_size if len(self.buffers) > 1 else 0,
+            2: (self.layout.num_seqs + 1) * width,
+        }
+        quant = self.quantization
+        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+            if isinstance(quant, PerBlockAffine):
+                entries = self.layout.page_slots
+                scale_bytes = entries * quant.scale_type.itemsize
+            else:
+                entries = self.shape[quant.axis] if quant.axis < 3 else 0
+                scale_bytes = entries * 4
+            zp_bytes = entries * 4
+            sizes[quant.scale_buffer_index] = scale_bytes
+            zp = quant.zero_point_buffer_index
+            if zp is not None:
+                if zp == quant.scale_buffer_index:
+                    sizes[zp] = scale_bytes + zp_bytes
+                else:
+                    sizes[zp] = zp_bytes
+        elif isinstance(quant, (NF4, MXFP)):  # pragma: no cover - refused earlier
+            raise InvalidDescriptorError("not defined for block-paged", field="quantization")
+        return tuple(sizes.get(i, 0) for i in range(max(sizes) + 1))
+
+    def _encoded_length(self) -> int:
+        length = 20 + 8 * 3 + 8 + 32 + 1 + 16 * len(self.buffers)
+        if self.quantization is not None:
+            length += (
+                4 + quantization_body_length(self.quantization) + len(self.quantization_padding)
+            )
+        if self.statistics is not None:
+            length += 72
+        if self.composite_member is not None:
+            length += 16
+        return length + len(self.unknown_trailing)
+
+    # -- construction helper ---------------------------------------------------------------
+    @classmethod
+    def block_paged(
+        cls,
+        layout: BlockPagedLayout,
+        shape: Sequence[int],
+        element_type: ElementType | str | Any,
+        *,
+        num_logical_pages: int,
+        quantization: Quantization | None = None,
+        alignment: int = 64,
+        device_tag: int = 0,
+        sync_mode: int = 0,
+        memory_class: int = 0,
+        statistics: Statistics | None = None,
+    ) -> TensorDescriptor:
+        """Derive the buffer table of a block-paged tensor and build its descriptor.
+
+        Scale buffers follow the block-paged sizing (num_pages * page_size entries for
+        per-block affine), not the generic per-block formula ([A7]).
+        """
+        etype = dtypes.element_type_of(element_type)
+        pages = check_uint(num_logical_pages, "num_logical_pages", U64_MAX)
+        provisional = cls.__new__(cls)
+        object.__setattr__(provisional, "element_type", etype)
+        object.__setattr__(provisional, "shape", tuple(shape))
+        object.__setattr__(provisional, "layout", layout)
+        object.__setattr__(provisional, "quantization", quantization)
+        width = layout.index_dtype.itemsize if isinstance(layout, BlockPagedLayout) else 4
+        object.__setattr__(provisional, "buffers", (None, BufferHandle(pages * width, alignment)))
+        if not isinstance(layout, BlockPagedLayout):
+            raise InvalidDescriptorError("layout must be a BlockPagedLayout", field="layout")
+        layout.validate_against_shape(shape)
+        layout.validate_quantization_compatibility(quantization)
+        sizes = list(provisional.expected_buffer_sizes())
+        sizes[1] = pages * width
+        handles = tuple(
+            BufferHandle(size, alignment, device_tag, sync_mode, memory_class) for size in sizes
+        )
+        return cls(
+            etype,
+            (int(shape[0]), int(shape[1]), int(shape[2])),
+            layout,
+            handles,
+            quantization,
+            statistics=statistics,
+        )
+
+
+def quantization_body_length(quant: Quantization) -> int:
+    """Bytes of a scheme's header + payload, without writer padding (descriptor.md § 8)."""
+    return {0x01: 16, 0x02: 20, 0x03: 24, 0x04: 16, 0x05: 16}[quant.scheme_tag]

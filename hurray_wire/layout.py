@@ -1,0 +1,330 @@
+"""BlockPagedLayout (layout tag 0x0A) and the rules that protect it (block-paged.md §§ 2-4, 7-8).
+
+The layout is the 32-byte payload of the descriptor: page geometry, kv role, layer and the
+index type. It knows nothing of bytes; ``hurray_wire.wire.descriptor`` holds the struct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire._checks import U32_MAX, U64_MAX, check_uint
+from hurray_wire.errors import IndexBufferError, InvalidDescriptorError
+
+if TYPE_CHECKING:
+    from hurray_wire.quantization import Quantization
+
+__all__ = ["BlockPagedLayout", "KV_ROLE_NAMES", "INDEX_TYPE_NAMES", "DYNAMIC_DIM"]
+
+KV_ROLE_NAMES = ("key", "value", "fused")
+INDEX_TYPE_NAMES = ("uint32", "uint64")
+DYNAMIC_DIM = U64_MAX  # the shape's "size unknown" sentinel: refused for block-paged ([A38])
+_INDEX_DTYPES: dict[str, np.dtype[Any]] = {"uint32": np.dtype("<u4"), "uint64": np.dtype("<u8")}
+_INDEX_MAX = {"uint32": U32_MAX, "uint64": U64_MAX}
+
+
+class BlockPagedLayout:
+    """The block-paged payload: immutable, equal and hashable by value."""
+
+    __slots__ = (
+        "_block_table_index_type",
+        "_kv_role",
+        "_layer_index",
+        "_num_pages",
+        "_num_seqs",
+        "_page_size",
+        "_paged_axis",
+    )
+
+    _page_size: int
+    _num_pages: int
+    _paged_axis: int
+    _num_seqs: int
+    _kv_role: str
+    _layer_index: int | None
+    _block_table_index_type: str
+
+    tag = 0x0A
+    name = "block_paged"
+    buffer_count = 3
+    is_dense = False
+
+    def __init__(
+        self,
+        page_size: int,
+        num_pages: int,
+        paged_axis: int,
+        num_seqs: int,
+        kv_role: str = "key",
+        layer_index: int | None = None,
+        block_table_index_type: str = "uint32",
+    ) -> None:
+        set_ = object.__setattr__
+        set_(self, "_page_size", check_uint(page_size, "page_size", U32_MAX, minimum=1))
+        set_(self, "_num_pages", check_uint(num_pages, "num_pages", U64_MAX))
+        axis = check_uint(paged_axis, "paged_axis", U32_MAX)
+        if axis != 0:
+            raise InvalidDescriptorError(
+                "must be 0 in this version", field="paged_axis", found=axis
+            )
+        set_(self, "_paged_axis", 0)
+        set_(self, "_num_seqs", check_uint(num_seqs, "num_seqs", U32_MAX))
+        if kv_role not in KV_ROLE_NAMES:
+            raise InvalidDescriptorError(
+                "unknown kv_role", field="kv_role", found=repr(kv_role), expected=KV_ROLE_NAMES
+            )
+        set_(self, "_kv_role", kv_role)
+        if layer_index is not None:
+            layer_index = check_uint(layer_index, "layer_index", U32_MAX)
+            if layer_index == U32_MAX:
+                raise InvalidDescriptorError(
+                    "0xFFFFFFFF is the wire sentinel for None; pass layer_index=None",
+                    field="layer_index",
+                    found="0xFFFFFFFF",
+                )
+        set_(self, "_layer_index", layer_index)
+        if block_table_index_type not in INDEX_TYPE_NAMES:
+            raise InvalidDescriptorError(
+                "unknown block_table_index_type",
+                field="block_table_index_type",
+                found=repr(block_table_index_type),
+                expected=INDEX_TYPE_NAMES,
+            )
+        if block_table_index_type == "uint32" and self._num_pages > U32_MAX:
+            raise InvalidDescriptorError(
+                "a pool of more than 0xFFFFFFFF pages needs block_table_index_type='uint64'",
+                field="num_pages",
+                found=self._num_pages,
+            )
+        set_(self, "_block_table_index_type", block_table_index_type)
+
+    # -- value semantics -------------------------------------------------------------------
+    @property
+    def page_size(self) -> int:
+        """Tokens per page (>= 1)."""
+        return self._page_size
+
+    @property
+    def num_pages(self) -> int:
+        """Physical pages in the pool."""
+        return self._num_pages
+
+    @property
+    def paged_axis(self) -> int:
+        """Always 0 in this version."""
+        return self._paged_axis
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences in the batch (0 = the empty batch)."""
+        return self._num_seqs
+
+    @property
+    def kv_role(self) -> str:
+        """``"key"``, ``"value"`` or ``"fused"``."""
+        return self._kv_role
+
+    @property
+    def layer_index(self) -> int | None:
+        """The layer, or None when not layer-scoped (wire 0xFFFFFFFF)."""
+        return self._layer_index
+
+    @property
+    def block_table_index_type(self) -> str:
+        """``"uint32"`` or ``"uint64"``: the type of block_table and seq_ptr."""
+        return self._block_table_index_type
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"BlockPagedLayout is immutable (tried to set {name!r})")
+
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            self._page_size,
+            self._num_pages,
+            self._paged_axis,
+            self._num_seqs,
+            self._kv_role,
+            self._layer_index,
+            self._block_table_index_type,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlockPagedLayout):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockPagedLayout(page_size={self._page_size}, num_pages={self._num_pages}, "
+            f"paged_axis={self._paged_axis}, num_seqs={self._num_seqs}, "
+            f"kv_role={self._kv_role!r}, layer_index={self._layer_index!r}, "
+            f"block_table_index_type={self._block_table_index_type!r})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (BlockPagedLayout, self._key())
+
+    def replace(self, **changes: Any) -> BlockPagedLayout:
+        """A copy with some fields changed (validated like a new layout)."""
+        fields = dict(
+            zip(
+                (
+                    "page_size",
+                    "num_pages",
+                    "paged_axis",
+                    "num_seqs",
+                    "kv_role",
+                    "layer_index",
+                    "block_table_index_type",
+                ),
+                self._key(),
+                strict=True,
+            )
+        )
+        fields.update(changes)
+        return BlockPagedLayout(**fields)
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def index_dtype(self) -> np.dtype[Any]:
+        """Little-endian NumPy dtype of block_table and seq_ptr (buffers 1 and 2)."""
+        return _INDEX_DTYPES[self._block_table_index_type]
+
+    @property
+    def index_max(self) -> int:
+        """Largest value the index type can hold."""
+        return _INDEX_MAX[self._block_table_index_type]
+
+    @property
+    def page_slots(self) -> int:
+        """num_pages * page_size: page-slot count, the length of per-slot scale arrays."""
+        return self._num_pages * self._page_size
+
+    # -- rules -----------------------------------------------------------------------------
+    def validate_against_shape(self, shape: Sequence[int]) -> None:
+        """Refuse a logical shape that is not ``[total_tokens, num_heads, head_dim]``."""
+        try:
+            dims = list(shape)
+        except TypeError:
+            raise InvalidDescriptorError(
+                "shape must be a sequence of integers", field="shape", found=repr(shape)
+            ) from None
+        if len(dims) != 3:
+            raise InvalidDescriptorError(
+                "block-paged tensors are rank 3 [total_tokens, num_heads, head_dim]",
+                field="rank",
+                found=len(dims),
+                expected=3,
+            )
+        for axis, dim in enumerate(dims):
+            value = check_uint(dim, f"shape[{axis}]", U64_MAX)
+            if value == DYNAMIC_DIM:
+                raise InvalidDescriptorError(
+                    "dynamic dimensions are not allowed in a block-paged shape",
+                    field=f"shape[{axis}]",
+                    found="0xFFFFFFFFFFFFFFFF",
+                )
+        if self._num_seqs == 0 and dims[0] != 0:
+            raise InvalidDescriptorError(
+                "an empty batch (num_seqs 0) has total_tokens 0", field="shape[0]", found=dims[0]
+            )
+
+    def validate_index_buffers(self, *, seq_ptr: Any, block_table: Any) -> None:
+        """Check the storage invariants (block-paged.md § 4) of the two index buffers.
+
+        Accepts lists or NumPy arrays of any integer dtype; vectorised. The message names
+        the first offending position and value.
+        """
+        sp = _as_index_array(seq_ptr, "seq_ptr", self.index_max)
+        bt = _as_index_array(block_table, "block_table", self.index_max)
+        check_index_arrays(sp, bt, self._num_pages, self._num_seqs)
+
+    def validate_quantization_compatibility(self, quantization: Quantization | None) -> None:
+        """Refuse a scheme that block-paged does not admit (block-paged.md § 7)."""
+        from hurray_wire.quantization import check_block_paged_compatibility
+
+        check_block_paged_compatibility(quantization, self._page_size)
+
+
+def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
+    """An integer array of any dtype whose values all fit the index type."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise IndexBufferError(f"not an integer array ({exc})", field=name) from None
+    if array.ndim != 1:
+        raise IndexBufferError("must be one-dimensional", field=name, found=f"shape {array.shape}")
+    if array.size == 0:
+        return np.zeros(0, np.uint64)
+    if array.dtype.kind == "O":
+        for position, item in enumerate(array.tolist()):
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= index_max:
+                raise IndexBufferError(
+                    f"value at position {position} does not fit the index type",
+                    field=name,
+                    found=repr(item),
+                    expected=f"0..{index_max}",
+                )
+        return np.asarray(array.tolist(), np.uint64)
+    if array.dtype.kind not in "iu":
+        raise IndexBufferError("must hold integers", field=name, found=f"dtype {array.dtype}")
+    low = int(array.min())
+    high = int(array.max())
+    if low < 0 or high > index_max:
+        bad = np.flatnonzero((array < 0) | (array > index_max))[0]
+        raise IndexBufferError(
+            f"value at position {bad} does not fit the index type",
+            field=name,
+            found=int(array[bad]),
+            expected=f"0..{index_max}",
+        )
+    return array
+
+
+def check_index_arrays(
+    seq_ptr: npt.NDArray[Any], block_table: npt.NDArray[Any], num_pages: int, num_seqs: int
+) -> None:
+    """Storage invariants 1-3 on integer arrays whose values are already non-negative."""
+    if len(seq_ptr) != num_seqs + 1:
+        raise IndexBufferError(
+            "seq_ptr must have num_seqs + 1 entries",
+            field="seq_ptr",
+            found=len(seq_ptr),
+            expected=num_seqs + 1,
+        )
+    first = int(seq_ptr[0])
+    if first != 0:
+        raise IndexBufferError("seq_ptr[0] must be 0", field="seq_ptr", found=first)
+    if num_seqs:
+        drops = seq_ptr[1:] < seq_ptr[:-1]
+        if drops.any():
+            bad = int(np.argmax(drops)) + 1
+            raise IndexBufferError(
+                f"seq_ptr decreases at position {bad}",
+                field="seq_ptr",
+                found=int(seq_ptr[bad]),
+                expected=f">= seq_ptr[{bad - 1}] = {int(seq_ptr[bad - 1])}",
+            )
+    last = int(seq_ptr[-1])
+    if last != len(block_table):
+        raise IndexBufferError(
+            f"seq_ptr[{num_seqs}] must equal the number of block_table entries",
+            field="seq_ptr",
+            found=last,
+            expected=len(block_table),
+        )
+    if len(block_table) and int(block_table.max()) >= num_pages:
+        bad = int(np.argmax(block_table >= num_pages))
+        raise IndexBufferError(
+            f"page id at position {bad} is outside the pool",
+            field="block_table",
+            found=int(block_table[bad]),
+            expected=f"< num_pages = {num_pages}",
+        )

@@ -1,0 +1,592 @@
+"""Key/value metadata of a ``.hrry`` file (containers.md § B.4): a pure codec, bytes <-> dict.
+
+``encode_metadata`` writes the KV section exactly as the reference writer does (entries in
+mapping order, no trailing padding: the file writer adds the zero padding to 8 and keeps it out
+of ``kv_length``); ``decode_metadata`` reads exactly ``kv_length`` bytes of untrusted input and
+raises only ``InvalidMetadataError`` (or ``ArgumentTypeError`` for a non-bytes argument). Every
+length is checked against the bytes that remain before anything is sliced or allocated.
+
+Python types and value tags::
+
+    str                        01 string    (UTF-8)
+    int, Int64                 02 int64     (a plain int when it fits in int64)
+    int, UInt64                03 uint64    (a plain int above int64's max; UInt64 for any)
+    float                      04 float64   (NaN and its payload kept)
+    bool                       05 bool
+    bytes, bytearray, memoryview  06 bytes
+    list / tuple of one kind   07 array     (element tag from the elements, as above)
+
+int64 or uint64: Python has one ``int``, the wire has two tags, so the tag is chosen from the
+value and can be forced with a wrapper. A plain ``int`` is written as int64 when it fits
+(-2**63 .. 2**63-1), else as uint64 (up to 2**64-1), else refused. ``Int64(v)`` and
+``UInt64(v)`` are ``int`` subclasses that force their tag. Decoding gives a plain ``int`` for
+int64 and always a ``UInt64`` for uint64, so the decoded type names the tag and
+decode -> encode reproduces the bytes (``UInt64(4) == 4``, so comparisons with plain ints still
+hold). In arrays, a ``UInt64`` element makes the array uint64, an ``Int64`` element int64 (both
+together is a mixed array), and plain ints follow the same fits-in-int64 rule for the whole
+array.
+
+The one section that decodes but cannot be re-encoded is one with an empty array: the reference
+reader accepts a count of 0, its writer refuses empty arrays, and so does ``encode_metadata``.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn, SupportsIndex, TypeAlias
+
+from hurray_wire.errors import ArgumentTypeError, InvalidMetadataError
+from hurray_wire.wire.containers import (
+    KV_ARRAY,
+    KV_BOOL,
+    KV_BYTES,
+    KV_FLOAT64,
+    KV_INT64,
+    KV_STRING,
+    KV_TAG_NAMES,
+    KV_UINT64,
+)
+
+__all__ = [
+    "Int64",
+    "UInt64",
+    "MetadataScalar",
+    "MetadataArray",
+    "MetadataValue",
+    "encode_metadata",
+    "decode_metadata",
+]
+
+SECTION = "kv_metadata"
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+UINT64_MAX = (1 << 64) - 1
+U16_MAX = 0xFFFF
+U32_MAX = 0xFFFF_FFFF  # string/bytes lengths, array counts, kv_count, and the trailer's kv_length
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
+
+# Smallest payload of one array element of each tag: a u32 count of 4 billion is refused
+# by arithmetic before any list is built.
+_MIN_ELEMENT_SIZE = {
+    KV_STRING: 4,
+    KV_INT64: 8,
+    KV_UINT64: 8,
+    KV_FLOAT64: 8,
+    KV_BOOL: 1,
+    KV_BYTES: 4,
+}
+_FIXED_FORMAT = {KV_INT64: "q", KV_UINT64: "Q", KV_FLOAT64: "d"}
+
+
+def _checked_int(value: SupportsIndex, lo: int, hi: int, type_name: str) -> int:
+    """The integer of ``value`` if it lies in [lo, hi]: shared by the two wrappers."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ArgumentTypeError(
+            f"{type_name}() takes an integer",
+            expected="int",
+            found=type(value).__name__,
+        )
+    number = operator.index(value)
+    if not lo <= number <= hi:
+        raise InvalidMetadataError(
+            f"{number} is out of range for {type_name}",
+            expected=f"{lo} <= value <= {hi}",
+            found=number,
+        )
+    return number
+
+
+class Int64(int):
+    """An ``int`` written with tag 02 (int64) whatever its value, e.g. inside a uint64 context."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: SupportsIndex) -> Int64:
+        return super().__new__(cls, _checked_int(value, INT64_MIN, INT64_MAX, "Int64"))
+
+    def __repr__(self) -> str:
+        return f"Int64({int(self)})"
+
+    __str__ = int.__repr__
+
+
+class UInt64(int):
+    """An ``int`` written with tag 03 (uint64): how uint64 values below 2**63 keep their tag."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: SupportsIndex) -> UInt64:
+        return super().__new__(cls, _checked_int(value, 0, UINT64_MAX, "UInt64"))
+
+    def __repr__(self) -> str:
+        return f"UInt64({int(self)})"
+
+    __str__ = int.__repr__
+
+
+MetadataScalar: TypeAlias = str | int | float | bool | bytes
+MetadataArray: TypeAlias = list[str] | list[int] | list[float] | list[bool] | list[bytes]
+MetadataValue: TypeAlias = MetadataScalar | MetadataArray
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------------------------
+
+
+def _error(
+    message: str, field: str | None, offset: int | None = None, **kw: Any
+) -> InvalidMetadataError:
+    return InvalidMetadataError(message, section=SECTION, field=field, offset=offset, **kw)
+
+
+def _encode_text(text: str, field: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _error(
+            f"{what} is not encodable as UTF-8 ({exc.reason})",
+            field,
+            expected="a str without lone surrogates",
+            found=repr(text[exc.start : exc.end]),
+        ) from None
+
+
+def _length_prefixed(payload: bytes, field: str, what: str) -> bytes:
+    if len(payload) > U32_MAX:
+        raise _error(
+            f"{what} is too long for its u32 length",
+            field,
+            expected=f"at most {U32_MAX} bytes",
+            found=f"{len(payload)} bytes",
+        )
+    return _U32.pack(len(payload)) + payload
+
+
+def _kind(value: object) -> int | None:
+    """The tag family of a scalar (02 for every int), or None if it is not a scalar."""
+    if isinstance(value, bool):
+        return KV_BOOL
+    if isinstance(value, int):
+        return KV_INT64
+    if isinstance(value, float):
+        return KV_FLOAT64
+    if isinstance(value, str):
+        return KV_STRING
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return KV_BYTES
+    return None
+
+
+def _int_tag(value: int, field: str) -> int:
+    """Tag 02 or 03 for one scalar int (see the module docstring)."""
+    if isinstance(value, UInt64):
+        return KV_UINT64
+    if isinstance(value, Int64) or INT64_MIN <= value <= INT64_MAX:
+        return KV_INT64
+    if 0 <= value <= UINT64_MAX:
+        return KV_UINT64
+    raise _error(
+        "integer fits neither int64 nor uint64",
+        field,
+        expected=f"{INT64_MIN} <= value <= {UINT64_MAX}",
+        found=value,
+    )
+
+
+def _array_int_tag(values: Sequence[int], field: str) -> int:
+    """One tag for a whole int array: forced by a wrapper, else int64 if all fit, else uint64."""
+    forced_u = next((j for j, v in enumerate(values) if isinstance(v, UInt64)), None)
+    forced_i = next((j for j, v in enumerate(values) if isinstance(v, Int64)), None)
+    if forced_u is not None and forced_i is not None:
+        raise _error(
+            "array mixes Int64 and UInt64 elements",
+            field,
+            expected="one element type",
+            found=f"Int64 at [{forced_i}], UInt64 at [{forced_u}]",
+        )
+    if forced_u is not None:
+        lo, hi, tag = 0, UINT64_MAX, KV_UINT64
+    elif forced_i is not None or all(INT64_MIN <= v <= INT64_MAX for v in values):
+        lo, hi, tag = INT64_MIN, INT64_MAX, KV_INT64
+    else:
+        lo, hi, tag = 0, UINT64_MAX, KV_UINT64
+    for j, v in enumerate(values):
+        if not lo <= v <= hi:
+            raise _error(
+                f"array element does not fit the array's element type {KV_TAG_NAMES[tag]}",
+                f"{field}[{j}]",
+                expected=f"{lo} <= value <= {hi}",
+                found=v,
+            )
+    return tag
+
+
+def _encode_array(values: Sequence[object], field: str) -> bytes:
+    if not values:
+        raise _error(
+            "empty arrays cannot be written (the reference writer refuses them)",
+            field,
+            expected="at least one element",
+            found="[]",
+        )
+    if len(values) > U32_MAX:
+        raise _error(
+            "array too long for its u32 count",
+            field,
+            expected=f"at most {U32_MAX} elements",
+            found=len(values),
+        )
+    first = _kind(values[0])
+    for j, element in enumerate(values):
+        kind = _kind(element)
+        if kind is None:
+            raise ArgumentTypeError(
+                "array elements must be str, int, float, bool or bytes (arrays do not nest)",
+                section=SECTION,
+                field=f"{field}[{j}]",
+                expected="str, int, float, bool or bytes",
+                found=type(element).__name__,
+            )
+        if kind != first:
+            raise _error(
+                "array elements must all have one type (the reference writer refuses mixed arrays)",
+                f"{field}[{j}]",
+                expected=type(values[0]).__name__,
+                found=type(element).__name__,
+            )
+    count = _U32.pack(len(values))
+    if first == KV_BOOL:
+        return bytes((KV_BOOL,)) + count + bytes(1 if v else 0 for v in values)
+    if first == KV_FLOAT64:
+        return bytes((KV_FLOAT64,)) + count + struct.pack(f"<{len(values)}d", *values)
+    if first == KV_STRING:
+        body = b"".join(
+            _length_prefixed(_encode_text(v, f"{field}[{j}]", "string"), f"{field}[{j}]", "string")
+            for j, v in enumerate(values)
+            if isinstance(v, str)
+        )
+        return bytes((KV_STRING,)) + count + body
+    if first == KV_BYTES:
+        body = b"".join(
+            _length_prefixed(bytes(v), f"{field}[{j}]", "bytes value")
+            for j, v in enumerate(values)
+            if isinstance(v, (bytes, bytearray, memoryview))
+        )
+        return bytes((KV_BYTES,)) + count + body
+    ints = [v for v in values if isinstance(v, int)]
+    tag = _array_int_tag(ints, field)
+    return bytes((tag,)) + count + struct.pack(f"<{len(ints)}{_FIXED_FORMAT[tag]}", *ints)
+
+
+def _encode_value(value: object, field: str) -> bytes:
+    """Tag byte and payload of one value."""
+    if isinstance(value, bool):
+        return bytes((KV_BOOL, 1 if value else 0))
+    if isinstance(value, int):
+        tag = _int_tag(value, field)
+        return bytes((tag,)) + (_U64 if tag == KV_UINT64 else _I64).pack(value)
+    if isinstance(value, float):
+        return bytes((KV_FLOAT64,)) + _F64.pack(value)
+    if isinstance(value, str):
+        return bytes((KV_STRING,)) + _length_prefixed(
+            _encode_text(value, field, "string"), field, "string"
+        )
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes((KV_BYTES,)) + _length_prefixed(bytes(value), field, "bytes value")
+    if isinstance(value, (list, tuple)):
+        return bytes((KV_ARRAY,)) + _encode_array(value, field)
+    raise ArgumentTypeError(
+        "metadata values must be str, int, float, bool, bytes or a list of one of them",
+        section=SECTION,
+        field=field,
+        expected="str, int, float, bool, bytes or list",
+        found=type(value).__name__,
+    )
+
+
+def encode_metadata(entries: Mapping[str, MetadataValue]) -> bytes:
+    """The KV section for ``entries``, in mapping order, without the file's padding to 8.
+
+    An empty mapping gives the 4-byte section ``kv_count = 0``; a file writer omits the
+    section instead (``kv_offset = kv_length = 0``), as the reference does.
+    """
+    if not isinstance(entries, Mapping):
+        raise ArgumentTypeError(
+            "metadata must be a mapping of str keys to values",
+            section=SECTION,
+            expected="Mapping[str, MetadataValue]",
+            found=type(entries).__name__,
+        )
+    parts = [b""]
+    count = 0
+    for index, (key, value) in enumerate(entries.items()):
+        if not isinstance(key, str):
+            raise ArgumentTypeError(
+                "metadata keys must be str",
+                section=SECTION,
+                field=f"entries[{index}].key",
+                expected="str",
+                found=f"{type(key).__name__} {key!r}",
+            )
+        field = f"entries[{index}]({key!r})"
+        key_bytes = _encode_text(key, f"{field}.key", "key")
+        if not key_bytes:
+            raise _error(
+                "keys must not be empty",
+                f"entries[{index}].key",
+                expected="1..65535 bytes",
+                found="''",
+            )
+        if len(key_bytes) > U16_MAX:
+            raise _error(
+                "key too long for its u16 length",
+                f"entries[{index}].key",
+                expected=f"at most {U16_MAX} UTF-8 bytes",
+                found=f"{len(key_bytes)} bytes",
+            )
+        parts.append(_U16.pack(len(key_bytes)))
+        parts.append(key_bytes)
+        parts.append(_encode_value(value, f"{field}.value"))
+        count += 1
+    if count > U32_MAX:
+        raise _error("too many entries for the u32 kv_count", "kv_count", found=count)
+    parts[0] = _U32.pack(count)
+    section = b"".join(parts)
+    if len(section) > U32_MAX:
+        raise _error(
+            "KV section too large for the trailer's u32 kv_length",
+            None,
+            expected=f"at most {U32_MAX} bytes",
+            found=f"{len(section)} bytes",
+        )
+    return section
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------
+
+
+class _Cursor:
+    """A read position over the section that refuses to read past its end."""
+
+    __slots__ = ("base", "end", "pos", "view")
+
+    def __init__(self, view: memoryview, base: int) -> None:
+        self.view = view
+        self.base = base
+        self.pos = 0
+        self.end = len(view)
+
+    def fail(self, message: str, field: str, at: int, **kw: Any) -> InvalidMetadataError:
+        return _error(message, field, self.base + at, **kw)
+
+    def need(self, size: int, field: str, what: str) -> int:
+        """Check that ``size`` bytes remain; return the start offset and advance past them."""
+        remaining = self.end - self.pos
+        if size > remaining:
+            raise self.fail(
+                f"section ends inside {what}",
+                field,
+                self.pos,
+                expected=f"{size} bytes",
+                found=f"{remaining} bytes left",
+            )
+        start = self.pos
+        self.pos += size
+        return start
+
+    def u8(self, field: str, what: str) -> int:
+        return self.view[self.need(1, field, what)]
+
+    def u16(self, field: str, what: str) -> int:
+        value: int = _U16.unpack_from(self.view, self.need(2, field, what))[0]
+        return value
+
+    def u32(self, field: str, what: str) -> int:
+        value: int = _U32.unpack_from(self.view, self.need(4, field, what))[0]
+        return value
+
+    def text(self, size: int, field: str, what: str) -> str:
+        start = self.need(size, field, what)
+        try:
+            return str(self.view[start : start + size], "utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.fail(
+                f"{what} is not valid UTF-8 ({exc.reason})",
+                field,
+                start + exc.start,
+                expected="UTF-8",
+                found=f"bytes {bytes(self.view[start + exc.start : start + exc.end]).hex(' ')}",
+            ) from None
+
+    def blob(self, size: int, field: str, what: str) -> bytes:
+        start = self.need(size, field, what)
+        return bytes(self.view[start : start + size])
+
+
+def _bool(cursor: _Cursor, field: str) -> bool:
+    at = cursor.pos
+    byte = cursor.u8(field, "bool")
+    if byte > 1:
+        raise cursor.fail(
+            "bool must be 0x00 or 0x01", field, at, expected="0x00 or 0x01", found=f"0x{byte:02X}"
+        )
+    return byte == 1
+
+
+def _bad_tag(cursor: _Cursor, tag: int, field: str, at: int, *, element: bool) -> NoReturn:
+    if tag == KV_ARRAY and element:
+        message = "arrays do not nest: element tag 0x07 is not allowed"
+    elif 0xF0 <= tag <= 0xFE:
+        message = f"private value tag 0x{tag:02X} is not agreed out of band"
+    else:
+        message = f"unknown value tag 0x{tag:02X}"
+    expected = "an element tag 0x01-0x06" if element else "a value tag 0x01-0x07"
+    raise cursor.fail(message, field, at, expected=expected, found=f"0x{tag:02X}")
+
+
+def _scalar(cursor: _Cursor, tag: int, field: str) -> Any:
+    """One payload of a known scalar tag (01-06) at the cursor."""
+    if tag == KV_STRING:
+        return cursor.text(cursor.u32(f"{field}.length", "string length"), field, "string")
+    if tag == KV_BYTES:
+        return cursor.blob(cursor.u32(f"{field}.length", "bytes length"), field, "bytes value")
+    if tag == KV_BOOL:
+        return _bool(cursor, field)
+    start = cursor.need(8, field, KV_TAG_NAMES[tag])
+    if tag == KV_INT64:
+        return _I64.unpack_from(cursor.view, start)[0]
+    if tag == KV_UINT64:
+        return UInt64(_U64.unpack_from(cursor.view, start)[0])
+    return _F64.unpack_from(cursor.view, start)[0]
+
+
+def _array(cursor: _Cursor, field: str) -> list[Any]:
+    at = cursor.pos
+    tag = cursor.u8(f"{field}.element_tag", "array element tag")
+    if tag not in _MIN_ELEMENT_SIZE:
+        _bad_tag(cursor, tag, f"{field}.element_tag", at, element=True)
+    count_at = cursor.pos
+    count = cursor.u32(f"{field}.count", "array count")
+    least = count * _MIN_ELEMENT_SIZE[tag]
+    remaining = cursor.end - cursor.pos
+    if least > remaining:
+        raise cursor.fail(
+            f"array count too large: {count} {KV_TAG_NAMES[tag]} elements need at least "
+            f"{least} bytes but the section has {remaining} left",
+            f"{field}.count",
+            count_at,
+            expected=f"at most {remaining // _MIN_ELEMENT_SIZE[tag]} elements",
+            found=count,
+        )
+    if tag in _FIXED_FORMAT:
+        start = cursor.need(least, field, "array elements")
+        values = list(struct.unpack_from(f"<{count}{_FIXED_FORMAT[tag]}", cursor.view, start))
+        return [UInt64(v) for v in values] if tag == KV_UINT64 else values
+    if tag == KV_BOOL:
+        start = cursor.need(count, field, "array elements")
+        raw = bytes(cursor.view[start : start + count])
+        if raw.translate(None, b"\x00\x01"):
+            j = next(j for j, b in enumerate(raw) if b > 1)
+            raise cursor.fail(
+                "bool must be 0x00 or 0x01",
+                f"{field}[{j}]",
+                start + j,
+                expected="0x00 or 0x01",
+                found=f"0x{raw[j]:02X}",
+            )
+        return [b == 1 for b in raw]
+    return [_scalar(cursor, tag, f"{field}[{j}]") for j in range(count)]
+
+
+def _as_view(data: object) -> memoryview:
+    """A flat unsigned-byte view of any contiguous or non-contiguous buffer."""
+    if isinstance(data, str):
+        raise ArgumentTypeError(
+            "metadata bytes must be bytes-like, not str",
+            section=SECTION,
+            expected="bytes, bytearray, memoryview or another buffer",
+            found="str",
+        )
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise ArgumentTypeError(
+            "metadata bytes must support the buffer protocol",
+            section=SECTION,
+            expected="bytes, bytearray, memoryview or another buffer",
+            found=type(data).__name__,
+        ) from None
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    return view
+
+
+def decode_metadata(data: object, *, base_offset: int = 0) -> dict[str, MetadataValue]:
+    """The entries of exactly one KV section (``kv_length`` bytes, no padding), in file order.
+
+    ``base_offset`` (the section's ``kv_offset``) is added to every offset an error reports,
+    so a file reader's errors point into the file.
+    """
+    if isinstance(base_offset, bool) or not isinstance(base_offset, int) or base_offset < 0:
+        raise ArgumentTypeError(
+            "base_offset must be a non-negative int",
+            section=SECTION,
+            expected="int >= 0",
+            found=repr(base_offset),
+        )
+    cursor = _Cursor(_as_view(data), base_offset)
+    count = cursor.u32("kv_count", "kv_count")
+    entries: dict[str, MetadataValue] = {}
+    first_index: dict[str, int] = {}
+    for index in range(count):
+        key_length = cursor.u16(f"entries[{index}].key_length", f"key length of entry {index}")
+        if key_length == 0:
+            raise cursor.fail(
+                f"entry {index} has an empty key",
+                f"entries[{index}].key_length",
+                cursor.pos - 2,
+                expected="1..65535",
+                found=0,
+            )
+        key_at = cursor.pos
+        key = cursor.text(key_length, f"entries[{index}].key", f"key of entry {index}")
+        if key in first_index:
+            raise cursor.fail(
+                f"duplicate key {key!r} (first used by entries[{first_index[key]}])",
+                f"entries[{index}].key",
+                key_at,
+                expected="unique keys",
+                found=repr(key),
+            )
+        first_index[key] = index
+        field = f"entries[{index}]({key!r}).value"
+        tag_at = cursor.pos
+        tag = cursor.u8(f"{field}_tag", "value tag")
+        if tag == KV_ARRAY:
+            entries[key] = _array(cursor, field)
+        elif tag in _MIN_ELEMENT_SIZE:
+            entries[key] = _scalar(cursor, tag, field)
+        else:
+            _bad_tag(cursor, tag, f"{field}_tag", tag_at, element=False)
+    if cursor.pos != cursor.end:
+        raise cursor.fail(
+            f"trailing bytes after the last of {count} entries (kv_count too small, or junk)",
+            "kv_count",
+            cursor.pos,
+            expected=f"section end at {base_offset + cursor.pos}",
+            found=f"{cursor.end - cursor.pos} trailing bytes",
+        )
+    return entries

@@ -1,0 +1,348 @@
+"""Quantization schemes (descriptor.md § 8, quantization.md) and their block-paged rules.
+
+Objects are immutable values. Field-level rules are checked on construction; rules that
+need the descriptor (storage type, buffer indices vs buffer_count) live in
+``hurray_wire.descriptor``; the block-paged admission rules in
+``check_block_paged_compatibility``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import ClassVar, Union
+
+from hurray_wire import dtypes
+from hurray_wire._checks import I32_MAX, I32_MIN, U32_MAX, check_uint, is_power_of_two
+from hurray_wire.dtypes import ElementType
+from hurray_wire.errors import InvalidDescriptorError, QuantizationNotDefinedError
+
+__all__ = [
+    "PerTensorAffine",
+    "PerChannelAffine",
+    "PerBlockAffine",
+    "NF4",
+    "MXFP",
+    "Quantization",
+    "NO_BUFFER",
+    "check_block_paged_compatibility",
+]
+
+NO_BUFFER = 0xFFFFFFFF  # zero_point_buffer_index of a symmetric scheme
+SYMMETRIC = 0x0001  # scheme flag bit 0 of per-channel and per-block affine
+_INTEGER_STORAGE = frozenset(
+    t.tag
+    for t in (
+        dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
+        dtypes.int4, dtypes.uint4, dtypes.int2, dtypes.uint2,
+    )
+)  # fmt: skip
+_BLOCK_STORAGE = frozenset(
+    t.tag for t in (dtypes.int8, dtypes.uint8, dtypes.int4, dtypes.uint4, dtypes.int2, dtypes.uint2)
+)
+_BLOCK_SCALE_TYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
+
+
+def _check_version(version: object) -> int:
+    value = check_uint(version, "scheme_version", 0xFF)
+    if value > 1:
+        raise InvalidDescriptorError(
+            "newer scheme_version than supported", field="scheme_version", found=value, expected=1
+        )
+    return value
+
+
+def _check_param_index(value: object, name: str) -> int:
+    index = check_uint(value, name, U32_MAX)
+    if index == NO_BUFFER:
+        raise InvalidDescriptorError("0xFFFFFFFF means 'no buffer' here", field=name, found=index)
+    return index
+
+
+def _zp_index(value: object) -> int | None:
+    if value is None:
+        return None
+    return _check_param_index(value, "zero_point_buffer_index")
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True)
+class PerTensorAffine:
+    """One f32 scale and one int32 zero point for the whole tensor: no parameter buffers."""
+
+    scale: float
+    zero_point: int = 0
+    scheme_version: int = 1
+
+    scheme_tag: ClassVar[int] = 0x01
+    name: ClassVar[str] = "per_tensor_affine"
+    allowed_storage: ClassVar[frozenset[int]] = _INTEGER_STORAGE
+
+    def __post_init__(self) -> None:
+        try:
+            scale32 = struct.unpack("<f", struct.pack("<f", self.scale))[0]
+        except (struct.error, TypeError, OverflowError):
+            raise InvalidDescriptorError(
+                "scale must be a finite float32", field="scale", found=repr(self.scale)
+            ) from None
+        if not math.isfinite(scale32) or scale32 == 0.0:
+            raise InvalidDescriptorError(
+                "scale must be finite and non-zero", field="scale", found=self.scale
+            )
+        _set(self, "scale", scale32)
+        zero_point = check_uint(self.zero_point, "zero_point", I32_MAX, minimum=I32_MIN)
+        _set(self, "zero_point", zero_point)
+        _set(self, "scheme_version", _check_version(self.scheme_version))
+
+    @classmethod
+    def symmetric(cls, scale: float) -> PerTensorAffine:
+        """x = scale * q."""
+        return cls(scale, 0)
+
+    @classmethod
+    def asymmetric(cls, scale: float, zero_point: int) -> PerTensorAffine:
+        """x = scale * (q - zero_point)."""
+        return cls(scale, zero_point)
+
+    @property
+    def symmetric_flag(self) -> bool:
+        return self.zero_point == 0
+
+    @property
+    def flags(self) -> int:
+        return 0
+
+    @property
+    def parameter_buffers(self) -> tuple[int, ...]:
+        return ()
+
+
+@dataclass(frozen=True)
+class PerChannelAffine:
+    """f32 scales (and int32 zero points) along ``axis``: shape[axis] entries each."""
+
+    axis: int
+    scale_buffer_index: int
+    zero_point_buffer_index: int | None = None
+    scheme_version: int = 1
+
+    scheme_tag: ClassVar[int] = 0x02
+    name: ClassVar[str] = "per_channel_affine"
+    allowed_storage: ClassVar[frozenset[int]] = _INTEGER_STORAGE
+    scale_type: ClassVar[ElementType] = dtypes.float32
+
+    def __post_init__(self) -> None:
+        _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
+        index = _check_param_index(self.scale_buffer_index, "scale_buffer_index")
+        _set(self, "scale_buffer_index", index)
+        _set(self, "zero_point_buffer_index", _zp_index(self.zero_point_buffer_index))
+        _set(self, "scheme_version", _check_version(self.scheme_version))
+
+    @classmethod
+    def symmetric(cls, axis: int, scale_buffer_index: int) -> PerChannelAffine:
+        return cls(axis, scale_buffer_index, None)
+
+    @classmethod
+    def asymmetric(
+        cls, axis: int, scale_buffer_index: int, zero_point_buffer_index: int
+    ) -> PerChannelAffine:
+        return cls(axis, scale_buffer_index, zero_point_buffer_index)
+
+    @property
+    def symmetric_flag(self) -> bool:
+        return self.zero_point_buffer_index is None
+
+    @property
+    def flags(self) -> int:
+        return SYMMETRIC if self.zero_point_buffer_index is None else 0
+
+    @property
+    def parameter_buffers(self) -> tuple[int, ...]:
+        return _distinct(self.scale_buffer_index, self.zero_point_buffer_index)
+
+
+@dataclass(frozen=True)
+class PerBlockAffine:
+    """Scales (and int32 zero points) per block of ``block_size`` along ``axis``.
+
+    On block-paged: axis 0 and block_size == page_size, i.e. one scale per page slot.
+    """
+
+    axis: int
+    block_size: int
+    scale_buffer_index: int
+    scale_type: ElementType = dtypes.float32
+    zero_point_buffer_index: int | None = None
+    scheme_version: int = 1
+
+    scheme_tag: ClassVar[int] = 0x03
+    name: ClassVar[str] = "per_block_affine"
+    allowed_storage: ClassVar[frozenset[int]] = _BLOCK_STORAGE
+
+    def __post_init__(self) -> None:
+        _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
+        block = check_uint(self.block_size, "block_size", U32_MAX)
+        if block < 2 or not is_power_of_two(block):
+            raise InvalidDescriptorError(
+                "block_size must be a power of two >= 2", field="block_size", found=block
+            )
+        _set(self, "block_size", block)
+        index = _check_param_index(self.scale_buffer_index, "scale_buffer_index")
+        _set(self, "scale_buffer_index", index)
+        _set(self, "zero_point_buffer_index", _zp_index(self.zero_point_buffer_index))
+        scale_type = self.scale_type
+        if not isinstance(scale_type, ElementType):
+            scale_type = dtypes.element_type_of(scale_type)
+        if scale_type not in _BLOCK_SCALE_TYPES:
+            raise InvalidDescriptorError(
+                "scale type must be float16, bfloat16 or float32",
+                field="scale_type",
+                found=scale_type.name,
+            )
+        _set(self, "scale_type", scale_type)
+        _set(self, "scheme_version", _check_version(self.scheme_version))
+
+    @classmethod
+    def symmetric(
+        cls, axis: int, block_size: int, scale_buffer_index: int, scale_type: ElementType
+    ) -> PerBlockAffine:
+        return cls(axis, block_size, scale_buffer_index, scale_type, None)
+
+    @classmethod
+    def asymmetric(
+        cls,
+        axis: int,
+        block_size: int,
+        scale_buffer_index: int,
+        zero_point_buffer_index: int,
+        scale_type: ElementType,
+    ) -> PerBlockAffine:
+        return cls(axis, block_size, scale_buffer_index, scale_type, zero_point_buffer_index)
+
+    @property
+    def symmetric_flag(self) -> bool:
+        return self.zero_point_buffer_index is None
+
+    @property
+    def flags(self) -> int:
+        return SYMMETRIC if self.zero_point_buffer_index is None else 0
+
+    @property
+    def parameter_buffers(self) -> tuple[int, ...]:
+        return _distinct(self.scale_buffer_index, self.zero_point_buffer_index)
+
+
+@dataclass(frozen=True)
+class NF4:
+    """4-bit NormalFloat with f32 absmax per block; not defined for block-paged ([A11])."""
+
+    axis: int
+    block_size: int
+    scale_buffer_index: int
+    scheme_version: int = 1
+
+    scheme_tag: ClassVar[int] = 0x04
+    name: ClassVar[str] = "nf4"
+    allowed_storage: ClassVar[frozenset[int]] = frozenset({dtypes.uint4.tag})
+    min_block: ClassVar[int] = 8
+    max_block: ClassVar[int] = U32_MAX
+
+    def __post_init__(self) -> None:
+        _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
+        block = check_uint(self.block_size, "block_size", U32_MAX)
+        if not (is_power_of_two(block) and self.min_block <= block <= self.max_block):
+            raise InvalidDescriptorError(
+                f"block_size must be a power of two in {self.min_block}..{self.max_block}",
+                field="block_size",
+                found=block,
+            )
+        _set(self, "block_size", block)
+        index = check_uint(self.scale_buffer_index, "scale_buffer_index", U32_MAX)
+        _set(self, "scale_buffer_index", index)
+        _set(self, "scheme_version", _check_version(self.scheme_version))
+
+    @property
+    def flags(self) -> int:
+        return 0
+
+    @property
+    def parameter_buffers(self) -> tuple[int, ...]:
+        return (self.scale_buffer_index,)
+
+
+@dataclass(frozen=True)
+class MXFP(NF4):
+    """OCP microscaling: float8_e8m0 scale per block; not defined for block-paged ([A11])."""
+
+    scheme_tag: ClassVar[int] = 0x05
+    name: ClassVar[str] = "mxfp"
+    allowed_storage: ClassVar[frozenset[int]] = frozenset(
+        t.tag
+        for t in (
+            dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float4_e2m1, dtypes.float6_e2m3,
+            dtypes.float6_e3m2, dtypes.int8, dtypes.int4,
+        )
+    )  # fmt: skip
+    min_block: ClassVar[int] = 16
+    max_block: ClassVar[int] = 2048
+
+
+Quantization = Union[PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP]  # noqa: UP007
+SCHEMES: dict[int, type[PerTensorAffine | PerChannelAffine | PerBlockAffine | NF4]] = {
+    cls.scheme_tag: cls for cls in (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)
+}
+
+
+def _distinct(scale: int, zero_point: int | None) -> tuple[int, ...]:
+    if zero_point is None or zero_point == scale:
+        return (scale,)
+    return (scale, zero_point)
+
+
+def check_block_paged_compatibility(quantization: object, page_size: int) -> None:
+    """Refuse schemes block-paged does not admit (block-paged.md § 7, [A11])."""
+    if quantization is None or isinstance(quantization, PerTensorAffine):
+        return
+    if isinstance(quantization, NF4):  # MXFP too
+        raise QuantizationNotDefinedError(
+            f"{quantization.name} is not defined for block-paged tensors (spec [A11])",
+            field="quantization",
+            found=quantization.name,
+        )
+    if isinstance(quantization, PerChannelAffine):
+        if quantization.axis not in (1, 2):
+            raise InvalidDescriptorError(
+                "per-channel affine on block-paged must use axis 1 (heads) or 2 (head_dim)",
+                field="quantization.axis",
+                found=quantization.axis,
+            )
+    elif isinstance(quantization, PerBlockAffine):
+        if quantization.axis != 0:
+            raise InvalidDescriptorError(
+                "per-block affine on block-paged must use axis 0",
+                field="quantization.axis",
+                found=quantization.axis,
+                expected=0,
+            )
+        if quantization.block_size != page_size:
+            raise InvalidDescriptorError(
+                "per-block affine on block-paged needs block_size == page_size",
+                field="quantization.block_size",
+                found=quantization.block_size,
+                expected=page_size,
+            )
+    else:
+        raise InvalidDescriptorError(
+            "not a quantization object", field="quantization", found=repr(quantization)
+        )
+    for index in quantization.parameter_buffers:
+        if index < 3:
+            raise InvalidDescriptorError(
+                "quantization parameter buffers of a block-paged tensor start at index 3",
+                field="quantization.scale_buffer_index",
+                found=index,
+            )

@@ -1,0 +1,175 @@
+"""construct structs of the ``.hrry`` file container (containers.md Part B): bytes only, no rules.
+
+One ``Struct`` per part of the file, in file order: ``HrryHeader`` (64 bytes), the KV
+metadata section (``KvSection``, § B.4), the index (``HrryIndex`` of ``HrryIndexEntry``,
+§ B.5) and ``HrryTrailer`` (the last 40 bytes, § B.6). They are strict wherever construct
+can be: magic and reserved bytes are ``Const`` (``Padding`` would not check them), the KV
+value switch has ``default=Error``, bools are a ``Mapping`` of ``00``/``01`` only, and the
+variable sections end in ``Terminated`` so leftover bytes are refused.
+
+Text stays bytes here (index names and KV keys/strings): deciding what is valid UTF-8, what is
+unique and what the flags and offsets must satisfy belongs to the reader, which also turns
+construct's exceptions (``ConstError``, ``StreamError``, ``TerminatedError``,
+``ExplicitError``, ``MappingError``) into ``hurray_wire.errors``. The fast, hostile-input path
+for KV metadata is ``hurray_wire.metadata``; ``KvSection`` is its declarative twin, kept for
+documentation, ``dump`` and cross-checking.
+"""
+
+from __future__ import annotations
+
+import construct as c
+
+__all__ = [
+    "FILE_MAGIC",
+    "TRAILER_MAGIC",
+    "HEADER_SIZE",
+    "TRAILER_SIZE",
+    "MIN_FILE_SIZE",
+    "INDEX_ENTRY_FIXED_SIZE",
+    "TENSOR_COUNT_UNKNOWN",
+    "FILE_FLAG_HAS_KV_METADATA",
+    "FILE_FLAG_SORTED_INDEX",
+    "FILE_FLAG_HAS_INDEX_CRC32C",
+    "FILE_FLAGS_KNOWN",
+    "KV_STRING",
+    "KV_INT64",
+    "KV_UINT64",
+    "KV_FLOAT64",
+    "KV_BOOL",
+    "KV_BYTES",
+    "KV_ARRAY",
+    "KV_TAG_NAMES",
+    "KV_ELEMENT_TAGS",
+    "HrryHeader",
+    "HrryTrailer",
+    "HrryIndexEntry",
+    "HrryIndex",
+    "KvString",
+    "KvBytes",
+    "KvBool",
+    "KV_SCALAR_PAYLOADS",
+    "KvArray",
+    "KvEntry",
+    "KvSection",
+]
+
+FILE_MAGIC = b"HRRYFILE"
+TRAILER_MAGIC = b"HRRY"
+HEADER_SIZE = 64
+TRAILER_SIZE = 40
+MIN_FILE_SIZE = HEADER_SIZE + TRAILER_SIZE
+INDEX_ENTRY_FIXED_SIZE = 8 + 4 + 8 + 8 + 4  # after u16 name_length and the name bytes
+TENSOR_COUNT_UNKNOWN = 0xFFFF_FFFF_FFFF_FFFF  # the reference always writes it; never trust it
+
+# § B.2 file_flags. The reference writer never sets HAS_KV_METADATA ([A17]).
+FILE_FLAG_HAS_KV_METADATA = 0x01
+FILE_FLAG_SORTED_INDEX = 0x02
+FILE_FLAG_HAS_INDEX_CRC32C = 0x04
+FILE_FLAGS_KNOWN = 0x07  # any other bit set => reject
+
+# § B.4 KV value tags. 0x00, 0x08-0xEF and 0xFF are invalid; 0xF0-0xFE private (rejected).
+KV_STRING = 0x01
+KV_INT64 = 0x02
+KV_UINT64 = 0x03
+KV_FLOAT64 = 0x04
+KV_BOOL = 0x05
+KV_BYTES = 0x06
+KV_ARRAY = 0x07
+KV_TAG_NAMES = {
+    KV_STRING: "string",
+    KV_INT64: "int64",
+    KV_UINT64: "uint64",
+    KV_FLOAT64: "float64",
+    KV_BOOL: "bool",
+    KV_BYTES: "bytes",
+    KV_ARRAY: "array",
+}
+KV_ELEMENT_TAGS = frozenset(range(KV_STRING, KV_BYTES + 1))  # arrays do not nest
+
+
+def _reserved(n: int) -> c.Construct:
+    """Reserved bytes that must read back as zero: ``Const``, because ``Padding`` never checks."""
+    return c.Const(bytes(n))
+
+
+# § B.2: the 64-byte header at offset 0.
+HrryHeader = c.Struct(
+    "magic" / c.Const(FILE_MAGIC),
+    "container_version_major" / c.Int8ul,
+    "container_version_minor" / c.Int8ul,
+    "_reserved0" / _reserved(2),
+    "file_flags" / c.Int32ul,
+    "data_buffer_alignment" / c.Int32ul,
+    "first_descriptor_offset" / c.Int64ul,
+    "tensor_count_hint" / c.Int64ul,
+    "_reserved1" / _reserved(28),
+)
+
+# § B.6: the trailer, always the last 40 bytes of the file (not necessarily 8-aligned).
+HrryTrailer = c.Struct(
+    "index_offset" / c.Int64ul,
+    "index_length" / c.Int64ul,
+    "kv_offset" / c.Int64ul,
+    "kv_length" / c.Int32ul,
+    "index_crc32c" / c.Int32ul,
+    "_reserved" / _reserved(4),
+    "magic" / c.Const(TRAILER_MAGIC),
+)
+
+# § B.5: one index entry: 2 + name_length + 32 bytes. ``name`` is raw UTF-8 bytes.
+HrryIndexEntry = c.Struct(
+    "name_length" / c.Rebuild(c.Int16ul, c.len_(c.this.name)),
+    "name" / c.Bytes(c.this.name_length),
+    "descriptor_offset" / c.Int64ul,
+    "descriptor_length" / c.Int32ul,
+    "data_offset" / c.Int64ul,
+    "data_length" / c.Int64ul,
+    "flags" / c.Int32ul,
+)
+
+# § B.5: the whole index section, exactly index_length bytes (the CRC covers all of them).
+HrryIndex = c.Struct(
+    "entry_count" / c.Rebuild(c.Int64ul, c.len_(c.this.entries)),
+    "entries" / c.Array(c.this.entry_count, HrryIndexEntry),
+    c.Terminated,
+)
+
+# § B.4: value payloads. Strings stay bytes here; their UTF-8 is checked by the codec.
+KvString = c.Prefixed(c.Int32ul, c.GreedyBytes)
+KvBytes = c.Prefixed(c.Int32ul, c.GreedyBytes)
+KvBool = c.Mapping(c.Int8ul, {False: 0, True: 1})  # Flag would read 0x02 as True
+KV_SCALAR_PAYLOADS = {
+    KV_STRING: KvString,
+    KV_INT64: c.Int64sl,
+    KV_UINT64: c.Int64ul,
+    KV_FLOAT64: c.Float64l,
+    KV_BOOL: KvBool,
+    KV_BYTES: KvBytes,
+}
+# Tag 07: one element tag, a count, then untagged payloads back to back.
+KvArray = c.Struct(
+    "element_tag" / c.Int8ul,
+    "count" / c.Rebuild(c.Int32ul, c.len_(c.this.elements)),
+    "elements"
+    / c.Array(
+        c.this.count,
+        c.Switch(c.this.element_tag, KV_SCALAR_PAYLOADS, default=c.Error),
+    ),
+)
+KvEntry = c.Struct(
+    "key_length" / c.Rebuild(c.Int16ul, c.len_(c.this.key)),
+    "key" / c.Bytes(c.this.key_length),
+    "value_tag" / c.Int8ul,
+    "value"
+    / c.Switch(
+        c.this.value_tag,
+        {**KV_SCALAR_PAYLOADS, KV_ARRAY: KvArray},
+        default=c.Error,
+    ),
+)
+# The section is exactly kv_length bytes (the trailer's length excludes the 8-byte padding).
+KvSection = c.Struct(
+    "kv_count" / c.Rebuild(c.Int32ul, c.len_(c.this.entries)),
+    "entries" / c.Array(c.this.kv_count, KvEntry),
+    c.Terminated,
+)

@@ -1,0 +1,287 @@
+"""construct structs of the Hurray Tensor Descriptor (descriptor.md §§ 1-9): bytes only, no rules.
+
+Each wire section is one ``Struct``; the structs are strict where construct can be
+(``Const`` for magic and reserved bytes, ``Mapping`` for the block-paged enumerations,
+``default=Error`` on switches) and say nothing about cross-field rules, which live in
+``hurray_wire.validation``. ``DESCRIPTOR`` parses any layout and is the slow, general path
+(used by ``decode_header`` and ``dump``); the block-paged fast path uses ``struct.Struct``
+formats derived from these same definitions by ``hurray_wire.wire.fast``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import construct as c
+
+__all__ = [
+    "MAGIC",
+    "LAYER_NONE",
+    "FIXED_HEADER",
+    "BLOCK_PAGED_PAYLOAD",
+    "BUFFER_HANDLE",
+    "QUANT_HEADER",
+    "PER_TENSOR_AFFINE",
+    "PER_CHANNEL_AFFINE",
+    "PER_BLOCK_AFFINE",
+    "NF4",
+    "MXFP",
+    "STATISTICS",
+    "EXTENSION_TYPE",
+    "COMPOSITE_MEMBER",
+    "QUANTIZATION_SECTION",
+    "DESCRIPTOR",
+    "KV_ROLES",
+    "INDEX_TYPES",
+    "LAYOUT_NAMES",
+    "SCHEME_NAMES",
+]
+
+MAGIC = b"HRRY"
+LAYER_NONE = 0xFFFFFFFF  # layer_index sentinel: "not layer-scoped"
+
+KV_ROLES = {"key": 0, "value": 1, "fused": 2}
+INDEX_TYPES = {"uint32": 0, "uint64": 1}
+
+LAYOUT_NAMES = {
+    0x01: "row_major",
+    0x02: "column_major",
+    0x03: "strided",
+    0x04: "tiled",
+    0x05: "morton",
+    0x06: "coo",
+    0x07: "csr",
+    0x08: "csc",
+    0x09: "csf",
+    0x0A: "block_paged",
+    0x0B: "composite_head",
+    0x40: "hilbert",
+}
+SCHEME_NAMES = {
+    0x01: "per_tensor_affine",
+    0x02: "per_channel_affine",
+    0x03: "per_block_affine",
+    0x04: "nf4",
+    0x05: "mxfp",
+}
+
+
+class _LayerIndex(c.Adapter):  # type: ignore[misc]
+    """u32 layer_index whose 0xFFFFFFFF is None in Python (and only None)."""
+
+    def _decode(self, obj: int, context: Any, path: str) -> int | None:
+        return None if obj == LAYER_NONE else obj
+
+    def _encode(self, obj: int | None, context: Any, path: str) -> int:
+        if obj is None:
+            return LAYER_NONE
+        if obj == LAYER_NONE:
+            raise c.MappingError("layer_index 0xFFFFFFFF is the None sentinel", path=path)
+        return obj
+
+
+def _reserved(n: int) -> c.Construct:
+    return c.Const(bytes(n))
+
+
+# § 2: the 20-byte fixed header. The first 10 bytes alone frame a descriptor in a stream.
+FIXED_HEADER = c.Struct(
+    "magic" / c.Const(MAGIC),
+    "version_major" / c.Int8ul,
+    "version_minor" / c.Int8ul,
+    "descriptor_length" / c.Int32ul,
+    "flags" / c.Int32ul,
+    "type_tag" / c.Int8ul,
+    "layout_tag" / c.Int8ul,
+    "rank" / c.Int32ul,
+)
+
+# § 6.1: the 32-byte block-paged payload (layout tag 0x0A), right after byte_offset.
+BLOCK_PAGED_PAYLOAD = c.Struct(
+    "page_size" / c.Int32ul,
+    "num_pages" / c.Int64ul,
+    "paged_axis" / c.Int32ul,
+    "num_seqs" / c.Int32ul,
+    "kv_role" / c.Mapping(c.Int8ul, KV_ROLES),
+    "layer_index" / _LayerIndex(c.Int32ul),
+    "block_table_index_type" / c.Mapping(c.Int8ul, INDEX_TYPES),
+    "_reserved" / _reserved(6),
+)
+
+# § 7.1: one buffer handle (buffer-protocol.md layout, [A2]).
+BUFFER_HANDLE = c.Struct(
+    "byte_size" / c.Int64ul,
+    "alignment" / c.Int32ul,
+    "device_tag" / c.Int8ul,
+    "sync_mode" / c.Int8ul,
+    "memory_class" / c.Int8ul,
+    "_reserved" / _reserved(1),
+)
+
+# § 8: quantization descriptor = 4-byte header + scheme payload (+ writer padding, [A31]).
+QUANT_HEADER = c.Struct(
+    "scheme_tag" / c.Int8ul,
+    "scheme_version" / c.Int8ul,
+    "flags" / c.Int16ul,
+)
+PER_TENSOR_AFFINE = c.Struct(
+    "scale" / c.Float32l,
+    "zero_point" / c.Int32sl,
+    "_reserved" / _reserved(4),
+)
+PER_CHANNEL_AFFINE = c.Struct(
+    "axis" / c.Int32ul,
+    "scale_buffer_index" / c.Int32ul,
+    "zero_point_buffer_index" / c.Int32ul,
+    "scale_type_tag" / c.Int8ul,
+    "_reserved" / _reserved(3),
+)
+PER_BLOCK_AFFINE = c.Struct(
+    "axis" / c.Int32ul,
+    "block_size" / c.Int32ul,
+    "scale_buffer_index" / c.Int32ul,
+    "zero_point_buffer_index" / c.Int32ul,
+    "scale_type_tag" / c.Int8ul,
+    "_reserved" / _reserved(3),
+)
+NF4 = c.Struct(
+    "axis" / c.Int32ul,
+    "block_size" / c.Int32ul,
+    "scale_buffer_index" / c.Int32ul,
+)
+MXFP = c.Struct(
+    "axis" / c.Int32ul,
+    "block_size" / c.Int32ul,
+    "scale_buffer_index" / c.Int32ul,
+)
+SCHEME_PAYLOADS = {
+    0x01: PER_TENSOR_AFFINE,
+    0x02: PER_CHANNEL_AFFINE,
+    0x03: PER_BLOCK_AFFINE,
+    0x04: NF4,
+    0x05: MXFP,
+}
+QUANTIZATION_SECTION = c.Struct(
+    "quantization_length" / c.Int32ul,
+    "body"
+    / c.FixedSized(
+        c.this.quantization_length,
+        c.Struct(
+            "header" / QUANT_HEADER,
+            "payload" / c.Switch(c.this.header.scheme_tag, SCHEME_PAYLOADS, default=c.Error),
+            "padding" / c.GreedyBytes,
+        ),
+    ),
+)
+
+# § 9.2-9.4: the other optional sections.
+STATISTICS = c.Struct(
+    "computed_mask" / c.Int32ul,
+    "_reserved0" / _reserved(4),
+    "nnz" / c.Int64ul,
+    "sparsity_ratio" / c.Float64l,
+    "value_min" / c.Float64l,
+    "value_max" / c.Float64l,
+    "value_abs_max" / c.Float64l,
+    "value_mean" / c.Float64l,
+    "value_stddev" / c.Float64l,
+    "nm_n" / c.Int8ul,
+    "nm_m" / c.Int8ul,
+    "has_nan" / c.Int8ul,
+    "has_inf" / c.Int8ul,
+    "_reserved1" / _reserved(4),
+)
+EXTENSION_TYPE = c.Struct(
+    "bit_width" / c.Int32ul,
+    "packing_factor" / c.Int8ul,
+    "is_float" / c.Int8ul,
+    "is_signed" / c.Int8ul,
+    "sign_bits" / c.Int8ul,
+    "exponent_bits" / c.Int8ul,
+    "mantissa_bits" / c.Int8ul,
+    "_reserved0" / _reserved(2),
+    "exponent_bias" / c.Int32ul,
+    "has_nan" / c.Int8ul,
+    "has_inf" / c.Int8ul,
+    "_reserved1" / _reserved(2),
+)
+COMPOSITE_MEMBER = c.Struct(
+    "member_role" / c.Int8ul,
+    "_reserved" / _reserved(15),
+)
+
+
+def _per_axis(item: c.Construct) -> c.Construct:
+    """An array with one ``item`` per dimension (rank lives in the descriptor's header)."""
+    return c.Array(c.this._root.header.rank, item)
+
+
+# § 6: layout payloads of the other layouts, so that any descriptor can be framed for dump.
+def _tiled() -> Any:
+    return TILED
+
+
+TILED: Any = c.Struct(
+    "tile_shape" / _per_axis(c.Int64ul),
+    "outer_order" / c.Int8ul,
+    "inner_order" / c.Int8ul,
+    "_reserved" / _reserved(2),
+    "outer_strides" / c.If(c.this.outer_order == 3, _per_axis(c.Int64sl)),
+    "inner_strides" / c.If(c.this.inner_order == 3, _per_axis(c.Int64sl)),
+    "nested" / c.If(c.this.inner_order == 4, c.LazyBound(lambda: _tiled())),
+)
+LAYOUT_PAYLOADS = {
+    0x01: c.Pass,
+    0x02: c.Pass,
+    0x03: c.Struct("strides" / _per_axis(c.Int64sl)),
+    0x04: TILED,
+    0x05: c.Struct("bits" / _per_axis(c.Int32ul)),
+    0x06: c.Struct("nnz" / c.Int64ul, "is_sorted" / c.Int8ul, "_reserved" / _reserved(7)),
+    0x07: c.Struct("nnz" / c.Int64ul, "_reserved" / _reserved(8)),
+    0x08: c.Struct("nnz" / c.Int64ul, "_reserved" / _reserved(8)),
+    0x09: c.Struct(
+        "nnz" / c.Int64ul, "mode_order" / _per_axis(c.Int32ul), "_reserved" / _reserved(8)
+    ),
+    0x0A: BLOCK_PAGED_PAYLOAD,
+    0x0B: c.Struct(
+        "rule" / c.Int8ul,
+        "combine_op" / c.Int8ul,
+        "_reserved" / _reserved(2),
+        "member_count" / c.Int32ul,
+    ),
+    0x40: c.Struct("order" / c.Int32ul, "hilbert_rank" / c.Int32ul),
+}
+PRIVATE_LAYOUT = c.Struct(
+    "extension_layout_id" / c.Int64ul,
+    "length" / c.Int32ul,
+    "data" / c.Bytes(c.this.length),
+)
+
+
+def _flag(bit: int) -> Any:
+    return lambda this: bool(this._root.header.flags & bit)
+
+
+# § 1: the whole descriptor, sections in wire order (statistics before extension type).
+DESCRIPTOR = c.Struct(
+    "header" / FIXED_HEADER,
+    "shape" / _per_axis(c.Int64ul),
+    "byte_offset" / c.Int64ul,
+    "layout"
+    / c.Switch(
+        lambda this: 0xF0 if 0xF0 <= this.header.layout_tag <= 0xFE else this.header.layout_tag,
+        {**LAYOUT_PAYLOADS, 0xF0: PRIVATE_LAYOUT},
+        default=c.Error,
+    ),
+    "buffers" / c.PrefixedArray(c.Int8ul, BUFFER_HANDLE),
+    "quantization" / c.If(_flag(0x01), QUANTIZATION_SECTION),
+    "shard"
+    / c.If(
+        _flag(0x02),
+        c.Struct("parent_shape" / _per_axis(c.Int64ul), "shard_offset" / _per_axis(c.Int64ul)),
+    ),
+    "statistics" / c.If(_flag(0x08), STATISTICS),
+    "extension_type" / c.If(_flag(0x04), EXTENSION_TYPE),
+    "composite_member" / c.If(_flag(0x10), COMPOSITE_MEMBER),
+    "unknown_trailing" / c.GreedyBytes,
+)
