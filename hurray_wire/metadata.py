@@ -55,6 +55,7 @@ __all__ = [
     "MetadataScalar",
     "MetadataArray",
     "MetadataValue",
+    "MetadataInput",
     "encode_metadata",
     "decode_metadata",
 ]
@@ -91,6 +92,7 @@ def _checked_int(value: SupportsIndex, lo: int, hi: int, type_name: str) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise ArgumentTypeError(
             f"{type_name}() takes an integer",
+            section=SECTION,
             expected="int",
             found=type(value).__name__,
         )
@@ -98,6 +100,7 @@ def _checked_int(value: SupportsIndex, lo: int, hi: int, type_name: str) -> int:
     if not lo <= number <= hi:
         raise InvalidMetadataError(
             f"{number} is out of range for {type_name}",
+            section=SECTION,
             expected=f"{lo} <= value <= {hi}",
             found=number,
         )
@@ -135,6 +138,18 @@ class UInt64(int):
 MetadataScalar: TypeAlias = str | int | float | bool | bytes
 MetadataArray: TypeAlias = list[str] | list[int] | list[float] | list[bool] | list[bytes]
 MetadataValue: TypeAlias = MetadataScalar | MetadataArray
+"""What ``decode_metadata`` returns for one entry; arrays are flat lists of one type."""
+
+MetadataInput: TypeAlias = (
+    MetadataValue
+    | bytearray
+    | memoryview
+    | Sequence[str]
+    | Sequence[int]
+    | Sequence[float]
+    | Sequence[bytes | bytearray | memoryview]
+)
+"""What ``encode_metadata`` takes: also other bytes-likes, and tuples or ``list[UInt64]``."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,16 +228,18 @@ def _array_int_tag(values: Sequence[int], field: str) -> int:
             expected="one element type",
             found=f"Int64 at [{forced_i}], UInt64 at [{forced_u}]",
         )
+    why = ""
     if forced_u is not None:
         lo, hi, tag = 0, UINT64_MAX, KV_UINT64
     elif forced_i is not None or all(INT64_MIN <= v <= INT64_MAX for v in values):
         lo, hi, tag = INT64_MIN, INT64_MAX, KV_INT64
     else:
         lo, hi, tag = 0, UINT64_MAX, KV_UINT64
+        why = " (chosen because another element exceeds int64)"
     for j, v in enumerate(values):
         if not lo <= v <= hi:
             raise _error(
-                f"array element does not fit the array's element type {KV_TAG_NAMES[tag]}",
+                f"array element does not fit the array's element type {KV_TAG_NAMES[tag]}{why}",
                 f"{field}[{j}]",
                 expected=f"{lo} <= value <= {hi}",
                 found=v,
@@ -313,7 +330,7 @@ def _encode_value(value: object, field: str) -> bytes:
     )
 
 
-def encode_metadata(entries: Mapping[str, MetadataValue]) -> bytes:
+def encode_metadata(entries: Mapping[str, MetadataInput]) -> bytes:
     """The KV section for ``entries``, in mapping order, without the file's padding to 8.
 
     An empty mapping gives the 4-byte section ``kv_count = 0``; a file writer omits the
