@@ -26,18 +26,21 @@ doc: |
   `descriptor_length - 20` bytes, so a reader never reads past descriptor_length, and bytes
   after it (the next record of a stream) are never touched.
 
-  Validation. Rules that attach to one field, or to fields parsed before it, are written as
-  `valid` (magic, versions, reserved bits and bytes, closed enumerations, rank <= 64,
-  buffer handle rules, scheme rules, and the block-paged rules that Kaitai can express).
-  Not expressed here, and left to hurray_wire.decode_descriptor:
-    - buffer byte sizes implied by shape, element type and layout (block-paged.md § 3);
-    - byte_offset <= byte size of buffer 0;
-    - CSF mode_order being a permutation (only "each entry < rank" is checked);
-    - buffer_count == layout buffers + number of DISTINCT quantization parameter buffers
-      (checked here: at least the layout's buffers, exactly them when unquantized, and every
-      parameter index inside the table and outside the layout's buffers);
-    - the extension-type bit width/packing used for sizing;
-    - dynamic dimensions (shape 0xFFFFFFFFFFFFFFFF) in block-paged descriptors ([A38]).
+  Validation. Every rule that attaches to one field, or to fields parsed before it, is
+  written as `valid`: magic, versions, reserved flag bits and bytes, tag ranges and closed
+  enumerations, rank <= 64, buffer-handle rules and colocation, the per-layout buffer count,
+  the quantization scheme rules (storage types, flags, indices, block sizes), and the
+  block-paged rules (rank 3, byte_offset 0, no shard, paged_axis 0, page_size >= 1, kv_role,
+  index type vs num_pages, no dynamic dimensions, per-block axis 0 and block_size ==
+  page_size, per-channel axis != 0, no NF4/MXFP). Not expressed here, so left to
+  hurray_wire.decode_descriptor:
+    - buffer byte sizes implied by shape, element type and layout (descriptor.md § 4,
+      block-paged.md § 3), and byte_offset <= the byte size of buffer 0;
+    - with quantization, buffer_count == the layout's buffers + the number of DISTINCT
+      parameter buffers (here: at least the layout's buffers, and every parameter index
+      inside the table and outside the layout's buffers);
+    - CSF mode_order being a permutation (here: each entry < rank);
+    - anything that needs buffer contents (seq_ptr / block_table invariants).
 doc-ref:
   - shared/spec/descriptor.md (byte-level encoding; §§ 1-10)
   - shared/spec/block-paged.md (layout tag 0x0A)
@@ -178,9 +181,12 @@ types:
         type: u8
         repeat: expr
         repeat-expr: header.rank
+        valid:
+          expr: _ != 0xffffffffffffffff or header.layout_tag != 0x0a
         doc: |
           Dimension sizes, dimension 0 first. 0 is a legal size (empty tensor);
-          0xFFFFFFFFFFFFFFFF is the dynamic-dimension sentinel (size unknown).
+          0xFFFFFFFFFFFFFFFF is the dynamic-dimension sentinel (size unknown), refused in
+          block-paged descriptors ([A38]).
         doc-ref: descriptor.md § 5
       - id: byte_offset
         type: u8
@@ -431,26 +437,27 @@ types:
         type: u4
         valid:
           min: 1
-        doc: Tokens per page (vLLM block_size), >= 1; 16 or 32 are typical.
+        doc: '+0 (absolute 52). Tokens per page (vLLM block_size), >= 1; 16 or 32 are typical.'
       - id: num_pages
         type: u8
-        doc: Physical pages in the pool (vLLM num_blocks); 0 is an empty pool.
+        doc: '+4 (56). Physical pages in the pool (vLLM num_blocks); 0 is an empty pool.'
       - id: paged_axis
         type: u4
         valid: 0
-        doc: The axis that is paged; must be 0 in this version.
+        doc: '+12 (64). The axis that is paged; must be 0 in this version.'
       - id: num_seqs
         type: u4
-        doc: Sequences in the batch; 0 is an empty batch.
+        doc: '+16 (68). Sequences in the batch; 0 is an empty batch.'
       - id: kv_role
         type: u1
         enum: kv_role
         valid:
           in-enum: true
+        doc: '+20 (72). Which tensor of the attention layer this is.'
       - id: layer_index
         type: u4
         doc: |
-          Model layer this snapshot belongs to. 0xFFFFFFFF is the None sentinel ("not
+          +21 (73, an odd offset). Model layer this snapshot belongs to. 0xFFFFFFFF is the None sentinel ("not
           layer-scoped"); 0 is a real layer, 0xFFFFFFFE the largest one. See `has_layer`.
       - id: block_table_index_type
         type: u1
@@ -459,11 +466,11 @@ types:
           expr: >-
             _ == index_type::uint64 or (_ == index_type::uint32 and num_pages <= 0xffffffff)
         doc: |
-          Element type of block_table and seq_ptr. uint32 cannot address pools of more than
+          +25 (77). Element type of block_table and seq_ptr. uint32 cannot address pools of more than
           0xFFFFFFFF pages ([A13]); such pools must use uint64.
       - id: reserved
         contents: [0, 0, 0, 0, 0, 0]
-        doc: Six zero bytes; any non-zero byte is rejected.
+        doc: '+26 (78). Six zero bytes; any non-zero byte is rejected.'
     instances:
       has_layer:
         value: layer_index != 0xffffffff
