@@ -299,19 +299,24 @@ def check_index_arrays(
             found=len(seq_ptr),
             expected=num_seqs + 1,
         )
-    first = int(seq_ptr[0])
+    if num_seqs < 512:  # small: Python on a list beats three NumPy calls
+        values = seq_ptr.tolist()
+        first = values[0]
+        ordered = values == sorted(values)
+    else:
+        first = int(seq_ptr[0])
+        ordered = not np.less(seq_ptr[1:], seq_ptr[:-1]).any()
     if first != 0:
         raise IndexBufferError("seq_ptr[0] must be 0", field="seq_ptr", found=first)
-    if num_seqs:
+    if not ordered:
         drops = seq_ptr[1:] < seq_ptr[:-1]
-        if drops.any():
-            bad = int(np.argmax(drops)) + 1
-            raise IndexBufferError(
-                f"seq_ptr decreases at position {bad}",
-                field="seq_ptr",
-                found=int(seq_ptr[bad]),
-                expected=f">= seq_ptr[{bad - 1}] = {int(seq_ptr[bad - 1])}",
-            )
+        bad = int(np.argmax(drops)) + 1
+        raise IndexBufferError(
+            f"seq_ptr decreases at position {bad}",
+            field="seq_ptr",
+            found=int(seq_ptr[bad]),
+            expected=f">= seq_ptr[{bad - 1}] = {int(seq_ptr[bad - 1])}",
+        )
     last = int(seq_ptr[-1])
     if last != len(block_table):
         raise IndexBufferError(
@@ -320,7 +325,7 @@ def check_index_arrays(
             found=last,
             expected=len(block_table),
         )
-    if len(block_table) and int(block_table.max()) >= num_pages:
+    if len(block_table) and int(np.maximum.reduce(block_table)) >= num_pages:
         bad = int(np.argmax(block_table >= num_pages))
         raise IndexBufferError(
             f"page id at position {bad} is outside the pool",

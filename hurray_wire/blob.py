@@ -1,0 +1,821 @@
+"""encode / encode_into / encode_parts / decode: one BlockPagedTensor <-> one blob.
+
+The byte layout is docs/wire-format.md. Decoding validates the whole blob (envelope,
+descriptor, buffer sizes, index invariants, seq_lens, padding, checksums, decompressed
+sizes, limits) before it returns anything; uncompressed buffers come back as NumPy views
+of the input.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from hurray_wire import codecs
+from hurray_wire.codecs import Compression
+from hurray_wire.descriptor import TensorDescriptor
+from hurray_wire.descriptor_codec import as_byte_view, decode_descriptor, encode_descriptor
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    BlobTruncatedError,
+    ChecksumError,
+    HurrayWireError,
+    InvalidBlobError,
+    LimitExceededError,
+    PaddingError,
+    SectionError,
+)
+from hurray_wire.layout import check_index_arrays
+from hurray_wire.metadata import decode_metadata, encode_metadata
+from hurray_wire.quantization import PerBlockAffine, PerChannelAffine
+from hurray_wire.tensor import BlockPagedTensor, check_seq_lens
+from hurray_wire.wire import blob as w
+from hurray_wire.wire.fast import derive
+
+__all__ = [
+    "DecodeLimits",
+    "decode",
+    "encode",
+    "encode_into",
+    "encode_parts",
+    "blob_length",
+    "BLOB_PREFIX_SIZE",
+]
+
+_HEADER = derive(w.BLOB_HEADER)
+_ENTRY = derive(w.SECTION_ENTRY)
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_HEADER_SIZE = _HEADER.size  # 32
+_ENTRY_SIZE = _ENTRY.size  # 48
+BLOB_PREFIX_SIZE = 16  # magic, versions, flags, total_length: enough to frame a blob
+_ZEROS = bytes(1 << 16)
+_COPY_CHUNK = 1 << 20  # copy-then-hash granularity: the chunk is still in cache when hashed
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Caps on what a blob may make the decoder allocate or parse."""
+
+    max_descriptor_length: int = 16 << 20
+    max_sections: int = 1024
+    max_decompressed_bytes: int = 16 << 30  # sum of raw sizes of compressed sections
+    max_metadata_bytes: int = 16 << 20
+
+
+_DEFAULT_LIMITS = DecodeLimits()
+
+
+def _align(value: int, alignment: int) -> int:
+    return (value + alignment - 1) & ~(alignment - 1)
+
+
+# -- encode ----------------------------------------------------------------------------------
+@dataclass
+class _Section:
+    kind: int
+    index: int
+    alignment: int
+    raw_size: int
+    parts: list[Any]  # stored bytes, as 1-D uint8 arrays / bytes
+    codec: int = codecs.CODEC_RAW
+    codec_param: int = 0
+    flags: int = 0
+    checksum: int = 0
+    offset: int = 0
+
+    @property
+    def stored_size(self) -> int:
+        return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
+
+
+def _sections(tensor: BlockPagedTensor, compression: Compression | None) -> list[_Section]:
+    desc = tensor.descriptor
+    sections = []
+    widths = _element_widths(tensor)
+    for index, (parts, handle) in enumerate(zip(tensor.buffer_arrays(), desc.buffers, strict=True)):
+        section = _Section(
+            w.KIND_BUFFER,
+            index,
+            max(64, handle.alignment),
+            handle.byte_size,
+            list(parts),
+            flags=w.FLAG_REQUIRED,
+        )
+        if compression is not None and handle.byte_size:
+            data = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            codec, param, stored = codecs.compress(data, compression, widths[index])
+            if codec != codecs.CODEC_RAW:
+                section.codec, section.codec_param = codec, param
+                section.parts = [np.frombuffer(stored, np.uint8)]
+        sections.append(section)
+    if tensor.seq_lens is not None:
+        lens = np.ascontiguousarray(tensor.seq_lens, "<u8").view(np.uint8)
+        sections.append(
+            _Section(w.KIND_SEQ_LENS, 0, 64, lens.nbytes, [lens], flags=w.FLAG_REQUIRED)
+        )
+    if tensor.metadata:
+        meta = encode_metadata(tensor.metadata)
+        sections.append(_Section(w.KIND_METADATA, 0, 64, len(meta), [meta]))
+    return sections
+
+
+def _element_widths(tensor: BlockPagedTensor) -> list[int]:
+    """Bytes per element of each buffer: the shuffle width a codec may use."""
+    widths = [tensor.element_type.itemsize, tensor.block_table.itemsize, tensor.seq_ptr.itemsize]
+    quant = tensor.descriptor.quantization
+    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+        scale = tensor.scales.itemsize if tensor.scales is not None else 4
+        widths.append(scale)
+        if quant.zero_point_buffer_index not in (None, quant.scale_buffer_index):
+            widths.append(4)
+    return widths
+
+
+def _plan(
+    tensor: BlockPagedTensor, compression: Any, checksum: bool, hash_raw: bool
+) -> tuple[bytes, list[_Section], int]:
+    """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total)."""
+    if not isinstance(tensor, BlockPagedTensor):
+        raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+    spec = Compression.parse(compression)
+    sections = _sections(tensor, spec)
+    descriptor = encode_descriptor(tensor.descriptor)
+    header_length = _HEADER_SIZE + _ENTRY_SIZE * len(sections) + len(descriptor)
+    cursor = header_length + 8
+    for section in sections:
+        section.offset = _align(cursor, section.alignment)
+        cursor = section.offset + section.stored_size
+        if checksum and (
+            hash_raw or section.codec != codecs.CODEC_RAW or section.raw_size < _COPY_CHUNK
+        ):
+            section.checksum = _hash_parts(section.parts)
+    total = _align(cursor, w.BLOB_ALIGNMENT)
+    return _header(tensor.descriptor, descriptor, sections, total, checksum), sections, total
+
+
+def _header(
+    desc: TensorDescriptor, descriptor: bytes, sections: list[_Section], total: int, checksum: bool
+) -> bytes:
+    header_length = _HEADER_SIZE + _ENTRY_SIZE * len(sections) + len(descriptor)
+    pieces = [
+        _HEADER.struct.pack(
+            w.BLOB_MAGIC,
+            1,
+            0,
+            0,
+            total,
+            header_length,
+            len(sections),
+            w.CHECKSUM_XXH3_64 if checksum else w.CHECKSUM_NONE,
+            b"\0",
+            len(descriptor),
+            bytes(4),
+        )
+    ]
+    for s in sections:
+        pieces.append(
+            _ENTRY.struct.pack(
+                s.kind,
+                s.flags,
+                s.codec,
+                s.codec_param,
+                s.index,
+                s.offset,
+                s.stored_size,
+                s.raw_size,
+                s.checksum,
+                s.alignment,
+                bytes(4),
+            )
+        )
+    pieces.append(descriptor)
+    head = b"".join(pieces)
+    return head + _U64.pack(xxhash.xxh3_64_intdigest(head))
+
+
+def _hash_parts(parts: list[Any]) -> int:
+    if len(parts) == 1:
+        return codecs.checksum(parts[0])
+    hasher = xxhash.xxh3_64()
+    for part in parts:
+        hasher.update(part)
+    return int(hasher.intdigest())
+
+
+def _zeros(count: int) -> memoryview:
+    return memoryview(_ZEROS)[:count] if count <= len(_ZEROS) else memoryview(bytes(count))
+
+
+def encode_parts(
+    tensor: BlockPagedTensor, *, compression: Any = None, checksum: bool = True
+) -> list[memoryview]:
+    """The blob as scatter-gather pieces: small header/padding pieces and, for every
+    uncompressed buffer, a view of the tensor's own array (no page data is copied).
+
+    The pieces can go to ``socket.sendmsg``, ``file.writelines`` or an RDMA registration.
+    """
+    head, sections, total = _plan(tensor, compression, checksum, hash_raw=True)
+    parts = [memoryview(head)]
+    cursor = len(head)
+    for section in sections:
+        if section.offset > cursor:
+            parts.append(_zeros(section.offset - cursor))
+        for piece in section.parts:
+            if len(piece):
+                parts.append(
+                    memoryview(piece).cast("B")
+                    if not isinstance(piece, bytes)
+                    else memoryview(piece)
+                )
+        cursor = section.offset + section.stored_size
+    if total > cursor:
+        parts.append(_zeros(total - cursor))
+    return parts
+
+
+def encode_into(
+    tensor: BlockPagedTensor, buffer: Any, *, compression: Any = None, checksum: bool = True
+) -> int:
+    """Write the blob into the start of a caller-provided writable buffer; bytes written."""
+    head, sections, total = _plan(tensor, compression, checksum, hash_raw=False)
+    try:
+        out = np.frombuffer(buffer, np.uint8)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError("buffer must be a writable bytes-like object") from None
+    if not out.flags.writeable:
+        raise ArgumentTypeError("buffer must be writable", found=type(buffer).__name__)
+    if len(out) < total:
+        raise InvalidBlobError(
+            "buffer too small for the blob", section="buffer", expected=total, found=len(out)
+        )
+    cursor = len(head)
+    late: list[_Section] = []
+    for section in sections:
+        out[cursor : section.offset] = 0
+        position = section.offset
+        late_hash = checksum and section.checksum == 0 and section.raw_size >= _COPY_CHUNK
+        hasher = xxhash.xxh3_64() if late_hash else None
+        for piece in section.parts:
+            src = np.frombuffer(piece, np.uint8) if isinstance(piece, bytes) else piece
+            size = src.nbytes
+            if hasher is None:
+                out[position : position + size] = src
+            else:
+                for start in range(0, size, _COPY_CHUNK):
+                    stop = min(start + _COPY_CHUNK, size)
+                    chunk = out[position + start : position + stop]
+                    chunk[...] = src[start:stop]
+                    hasher.update(chunk.data)
+            position += size
+        if hasher is not None:
+            section.checksum = int(hasher.intdigest())
+            late.append(section)
+        cursor = position
+    out[cursor:total] = 0
+    if late:  # checksums computed while copying: the header is written last
+        head = _header(
+            tensor.descriptor, encode_descriptor(tensor.descriptor), sections, total, checksum
+        )
+    out[: len(head)] = np.frombuffer(head, np.uint8)
+    return total
+
+
+def encode(
+    tensor: BlockPagedTensor, *, compression: Any = None, checksum: bool = True
+) -> memoryview:
+    """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, which
+    costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed."""
+    head, sections, total = _plan(tensor, compression, checksum, hash_raw=False)
+    del head, sections
+    out = np.empty(total, np.uint8)
+    written = encode_into(tensor, out, compression=compression, checksum=checksum)
+    return memoryview(out.data)[:written]
+
+
+# -- decode ----------------------------------------------------------------------------------
+def blob_length(data: Any) -> int:
+    """total_length of the blob at the start of ``data`` (needs 16 bytes): for framing."""
+    view = as_byte_view(data)
+    _check_magic(view)
+    if len(view) < BLOB_PREFIX_SIZE:
+        raise BlobTruncatedError(
+            "input ends inside the blob prefix",
+            section="header",
+            offset=len(view),
+            expected=BLOB_PREFIX_SIZE,
+            found=len(view),
+        )
+    major = view[4]
+    if major != 1:
+        raise InvalidBlobError(
+            "unsupported blob major version",
+            section="header",
+            field="version_major",
+            offset=4,
+            expected=1,
+            found=major,
+        )
+    total: int = _U64.unpack_from(view, 8)[0]
+    if total < _HEADER_SIZE + 8 or total % w.BLOB_ALIGNMENT:
+        raise InvalidBlobError(
+            "total_length is not a valid blob length",
+            section="header",
+            field="total_length",
+            offset=8,
+            found=total,
+        )
+    return total
+
+
+def _check_magic(view: memoryview) -> None:
+    head = bytes(view[:4])
+    if head != w.BLOB_MAGIC[: len(head)]:
+        raise InvalidBlobError(
+            "bad blob magic",
+            section="header",
+            field="magic",
+            offset=0,
+            expected=w.BLOB_MAGIC.hex(" "),
+            found=head.hex(" "),
+        )
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One checked section entry: where its stored bytes are and how to decode them."""
+
+    kind: int
+    index: int
+    codec: int
+    codec_param: int
+    offset: int
+    stored_size: int
+    raw_size: int
+    checksum: int
+    pad_start: int  # the zero padding before the section: [pad_start, offset)
+    where: str
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a blob's header bytes determine, validated once (and memoised)."""
+
+    descriptor: TensorDescriptor
+    total: int
+    entries: tuple[_Entry, ...]
+    tail_start: int  # trailing zero padding: [tail_start, total)
+    verify_sections: bool
+
+
+_PLANS: dict[tuple[bytes, DecodeLimits], _Plan] = {}
+_PLAN_LIMIT = 512
+
+
+def decode(
+    data: Any, *, verify: bool = True, limits: DecodeLimits | None = None
+) -> BlockPagedTensor:
+    """Validate one blob at the start of ``data`` and return its tensor.
+
+    Uncompressed buffers are NumPy views of ``data`` (read-only when ``data`` is). With
+    ``verify=False`` the section checksums are skipped; everything else is still checked.
+    """
+    view = as_byte_view(data)
+    limits = _DEFAULT_LIMITS if limits is None else limits
+    if len(view) < _HEADER_SIZE or view[:4] != w.BLOB_MAGIC or view[4] != 1:
+        blob_length(view)  # raises the precise error
+        raise BlobTruncatedError(
+            "input ends inside the blob header",
+            section="header",
+            offset=len(view),
+            expected=_HEADER_SIZE,
+            found=len(view),
+        )
+    total = _U64.unpack_from(view, 8)[0]
+    if total > len(view) or total % w.BLOB_ALIGNMENT or total < _HEADER_SIZE + 8:
+        blob_length(view)
+        raise BlobTruncatedError(
+            "input is shorter than total_length",
+            section="header",
+            field="total_length",
+            offset=len(view),
+            expected=total,
+            found=len(view),
+        )
+    header_length = _U32.unpack_from(view, 16)[0]
+    if header_length + 8 > total:
+        raise InvalidBlobError(
+            "header_length beyond total_length",
+            section="header",
+            field="header_length",
+            offset=16,
+            found=header_length,
+        )
+    key = (bytes(view[: header_length + 8]), limits)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan_from_header(view, total, limits)
+        if len(_PLANS) >= _PLAN_LIMIT:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return _materialize(view, plan, verify, limits)
+
+
+def _plan_from_header(view: memoryview, total: int, limits: DecodeLimits) -> _Plan:
+    """Validate the fixed header, header checksum, descriptor and section table."""
+    (_, _, _, flags, _, header_length, count, checksum_type, reserved0, dlen, reserved1) = (
+        _HEADER.struct.unpack_from(view, 0)
+    )
+    if flags:
+        raise InvalidBlobError(
+            "reserved header flag bits set",
+            section="header",
+            field="header_flags",
+            offset=6,
+            found=f"0x{flags:04X}",
+        )
+    if reserved0 != b"\0" or reserved1 != bytes(4):
+        raise PaddingError(
+            "reserved header bytes must be zero",
+            section="header",
+            offset=23 if reserved0 != b"\0" else 28,
+        )
+    if checksum_type not in (w.CHECKSUM_NONE, w.CHECKSUM_XXH3_64):
+        raise InvalidBlobError(
+            "unknown checksum_type",
+            section="header",
+            field="checksum_type",
+            offset=22,
+            found=checksum_type,
+        )
+    if count > limits.max_sections:
+        raise LimitExceededError(
+            "too many sections",
+            section="header",
+            field="section_count",
+            offset=20,
+            found=count,
+            expected=f"<= {limits.max_sections}",
+        )
+    if dlen > limits.max_descriptor_length:
+        raise LimitExceededError(
+            "descriptor too long",
+            section="header",
+            field="descriptor_length",
+            offset=24,
+            found=dlen,
+        )
+    if header_length != _HEADER_SIZE + _ENTRY_SIZE * count + dlen:
+        raise InvalidBlobError(
+            "header_length disagrees with section_count and descriptor_length",
+            section="header",
+            field="header_length",
+            offset=16,
+            found=header_length,
+            expected=_HEADER_SIZE + _ENTRY_SIZE * count + dlen,
+        )
+    stored_hash = _U64.unpack_from(view, header_length)[0]
+    computed = xxhash.xxh3_64_intdigest(view[:header_length])
+    if stored_hash != computed:
+        raise ChecksumError(
+            "header checksum mismatch",
+            section="header",
+            offset=header_length,
+            expected=f"0x{computed:016x}",
+            found=f"0x{stored_hash:016x}",
+        )
+    desc_start = _HEADER_SIZE + _ENTRY_SIZE * count
+    try:
+        descriptor = decode_descriptor(view[desc_start:header_length])
+    except HurrayWireError as exc:
+        offset = None if exc.offset is None else desc_start + exc.offset
+        raise exc.relocated(section="descriptor", offset=offset) from None
+    if descriptor.descriptor_length != dlen:
+        raise InvalidBlobError(
+            "descriptor is shorter than the header's descriptor_length",
+            section="descriptor",
+            offset=desc_start,
+            expected=dlen,
+            found=descriptor.descriptor_length,
+        )
+    raw_entries = list(_ENTRY.struct.iter_unpack(view[_HEADER_SIZE:desc_start]))
+    entries, tail = _check_entries(
+        raw_entries, descriptor, header_length + 8, total, checksum_type, limits
+    )
+    return _Plan(descriptor, total, entries, tail, checksum_type == w.CHECKSUM_XXH3_64)
+
+
+def _check_entries(
+    raw_entries: list[tuple[Any, ...]],
+    descriptor: TensorDescriptor,
+    start: int,
+    total: int,
+    checksum_type: int,
+    limits: DecodeLimits,
+) -> tuple[tuple[_Entry, ...], int]:
+    """Check every entry against the rules of docs/wire-format.md § 2 and the descriptor."""
+    buffers = descriptor.buffers
+    entries: list[_Entry] = []
+    seen: set[int] = set()
+    cursor = start
+    next_buffer = 0
+    decompressed = 0
+    for number, entry in enumerate(raw_entries):
+        (kind, sflags, codec, param, index, offset, stored, raw, checksum, alignment, reserved) = (
+            entry
+        )
+        where = f"{w.SECTION_KINDS.get(kind, f'kind 0x{kind:02X}')}[{index}]"
+        at = _HEADER_SIZE + _ENTRY_SIZE * number
+        if reserved != bytes(4) or sflags & ~w.FLAG_REQUIRED:
+            raise SectionError("reserved section bits or bytes set", section=where, offset=at)
+        if alignment < w.BLOB_ALIGNMENT or alignment & (alignment - 1):
+            raise SectionError(
+                "section alignment must be a power of two >= 64",
+                section=where,
+                field="alignment",
+                offset=at + 40,
+                found=alignment,
+            )
+        if offset != _align(cursor, alignment):
+            raise SectionError(
+                "section is not at the next aligned offset after the previous one",
+                section=where,
+                field="offset",
+                offset=at + 8,
+                expected=_align(cursor, alignment),
+                found=offset,
+            )
+        end = offset + stored
+        if end > total:
+            raise BlobTruncatedError(
+                "section extends past total_length",
+                section=where,
+                field="stored_size",
+                offset=at + 16,
+                expected=f"<= {total - offset}",
+                found=stored,
+            )
+        if kind == w.KIND_BUFFER:
+            if index != next_buffer or number != index:
+                raise SectionError(
+                    "buffer sections must come first, in buffer-table order",
+                    section=where,
+                    field="index",
+                    offset=at + 4,
+                    expected=next_buffer,
+                    found=index,
+                )
+            if index >= len(buffers):
+                raise SectionError(
+                    "buffer index beyond the descriptor's buffer table",
+                    section=where,
+                    field="index",
+                    offset=at + 4,
+                    expected=f"< {len(buffers)}",
+                    found=index,
+                )
+            handle = buffers[index]
+            if raw != handle.byte_size:
+                raise SectionError(
+                    "raw_size disagrees with the descriptor's byte_size",
+                    section=where,
+                    field="raw_size",
+                    offset=at + 24,
+                    expected=handle.byte_size,
+                    found=raw,
+                )
+            if alignment < handle.alignment:
+                raise SectionError(
+                    "section alignment below the descriptor's alignment",
+                    section=where,
+                    field="alignment",
+                    offset=at + 40,
+                    expected=f">= {handle.alignment}",
+                    found=alignment,
+                )
+            if not sflags & w.FLAG_REQUIRED:
+                raise SectionError(
+                    "buffer sections must be flagged required",
+                    section=where,
+                    field="section_flags",
+                    offset=at + 1,
+                    found=sflags,
+                )
+            next_buffer += 1
+        elif kind in (w.KIND_SEQ_LENS, w.KIND_METADATA):
+            if index != 0 or kind in seen:
+                raise SectionError(
+                    "extension section duplicated or with a non-zero index",
+                    section=where,
+                    field="index",
+                    offset=at + 4,
+                    found=index,
+                )
+            if next_buffer != len(buffers):
+                raise SectionError(
+                    "extension sections follow all buffer sections", section=where, offset=at
+                )
+            if kind == w.KIND_SEQ_LENS and raw != 8 * descriptor.layout.num_seqs:
+                raise SectionError(
+                    "seq_lens needs 8 bytes per sequence",
+                    section=where,
+                    field="raw_size",
+                    offset=at + 24,
+                    expected=8 * descriptor.layout.num_seqs,
+                    found=raw,
+                )
+            if kind == w.KIND_METADATA and raw > limits.max_metadata_bytes:
+                raise LimitExceededError(
+                    "metadata section above the limit",
+                    section=where,
+                    field="raw_size",
+                    offset=at + 24,
+                    found=raw,
+                    expected=f"<= {limits.max_metadata_bytes}",
+                )
+            seen.add(kind)
+        elif sflags & w.FLAG_REQUIRED or kind == 0:
+            raise SectionError(
+                "unknown section kind flagged required",
+                section=where,
+                field="kind",
+                offset=at,
+                found=kind,
+            )
+        if checksum_type == w.CHECKSUM_NONE and checksum:
+            raise SectionError(
+                "checksum set although checksum_type is none",
+                section=where,
+                field="checksum",
+                offset=at + 32,
+                found=checksum,
+            )
+        if codec == codecs.CODEC_RAW:
+            if stored != raw or param:
+                raise SectionError(
+                    "a raw section has stored_size == raw_size and no codec parameter",
+                    section=where,
+                    field="stored_size",
+                    offset=at + 16,
+                    expected=raw,
+                    found=stored,
+                )
+        elif codec in codecs.CODEC_NAMES:
+            if kind in w.SECTION_KINDS:
+                decompressed += raw
+                if decompressed > limits.max_decompressed_bytes:
+                    raise LimitExceededError(
+                        "decompressed size above the limit",
+                        section=where,
+                        field="raw_size",
+                        offset=at + 24,
+                        found=raw,
+                        expected=f"<= {limits.max_decompressed_bytes} in all",
+                    )
+        else:
+            raise SectionError(
+                "unknown codec", section=where, field="codec", offset=at + 2, found=codec
+            )
+        entries.append(
+            _Entry(kind, index, codec, param, offset, stored, raw, checksum, cursor, where)
+        )
+        cursor = end
+    if next_buffer != len(buffers):
+        raise SectionError(
+            "a descriptor buffer has no section",
+            section="section table",
+            expected=len(buffers),
+            found=next_buffer,
+        )
+    return tuple(entries), cursor
+
+
+def _materialize(
+    view: memoryview, plan: _Plan, verify: bool, limits: DecodeLimits
+) -> BlockPagedTensor:
+    """Check padding and checksums, decode the sections and the index invariants."""
+    payloads: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}
+    check_hash = verify and plan.verify_sections
+    for e in plan.entries:
+        if e.offset > e.pad_start:
+            _check_zero(view, e.pad_start, e.offset, e.where)
+        if check_hash:
+            computed = codecs.checksum(view[e.offset : e.offset + e.stored_size])
+            if computed != e.checksum:
+                raise ChecksumError(
+                    "section checksum mismatch",
+                    section=e.where,
+                    offset=e.offset,
+                    expected=f"0x{computed:016x}",
+                    found=f"0x{e.checksum:016x}",
+                )
+        if e.kind not in w.SECTION_KINDS:
+            continue
+        if e.codec == codecs.CODEC_RAW:
+            payloads[(e.kind, e.index)] = np.frombuffer(view, np.uint8, e.stored_size, e.offset)
+        else:
+            stored = view[e.offset : e.offset + e.stored_size]
+            payloads[(e.kind, e.index)] = _decompress(
+                e.codec, e.codec_param, stored, e.raw_size, e.where
+            )
+    if plan.total > plan.tail_start:
+        _check_zero(view, plan.tail_start, plan.total, "trailing padding")
+    return _assemble(plan.descriptor, payloads, limits)
+
+
+def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
+    if stop > start and int.from_bytes(view[start:stop], "little"):
+        first = next(i for i in range(start, stop) if view[i])
+        raise PaddingError(
+            "padding bytes must be zero", section=where, offset=first, found=f"0x{view[first]:02X}"
+        )
+
+
+def _decompress(
+    codec: int, param: int, stored: memoryview, raw: int, where: str
+) -> npt.NDArray[np.uint8]:
+    try:
+        out = np.empty(raw, np.uint8)
+    except (MemoryError, ValueError):
+        raise LimitExceededError(
+            "cannot allocate the decompressed section", section=where, found=raw
+        ) from None
+    try:
+        codecs.decompress_into(codec, param, stored, out)
+    except HurrayWireError as exc:
+        raise exc.relocated(section=where) from None
+    return out
+
+
+def _typed(payload: npt.NDArray[np.uint8], dtype: Any, where: str) -> npt.NDArray[Any]:
+    dtype = np.dtype(dtype)
+    if payload.nbytes % dtype.itemsize:  # pragma: no cover - sizes were checked
+        raise SectionError("size is not a whole number of elements", section=where)
+    return payload.view(dtype)
+
+
+def _assemble(
+    descriptor: TensorDescriptor,
+    payloads: dict[tuple[int, int], npt.NDArray[np.uint8]],
+    limits: DecodeLimits,
+) -> BlockPagedTensor:
+    layout = descriptor.layout
+    etype = descriptor.element_type
+    pool = payloads[(w.KIND_BUFFER, 0)]
+    if not etype.is_packed:
+        pool = _typed(pool, etype.numpy_dtype, "page_pool").reshape(
+            layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2]
+        )
+    index_dtype = layout.index_dtype
+    block_table = _typed(payloads[(w.KIND_BUFFER, 1)], index_dtype, "block_table")
+    seq_ptr = _typed(payloads[(w.KIND_BUFFER, 2)], index_dtype, "seq_ptr")
+    try:
+        check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
+    except HurrayWireError as exc:
+        raise exc.relocated(section=f"buffer[{1 if exc.field == 'block_table' else 2}]") from None
+    scales = zero_points = None
+    quant = descriptor.quantization
+    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+        scale_dtype = quant.scale_type.numpy_dtype if isinstance(quant, PerBlockAffine) else "<f4"
+        scale_payload = payloads[(w.KIND_BUFFER, quant.scale_buffer_index)]
+        zp = quant.zero_point_buffer_index
+        if zp == quant.scale_buffer_index:
+            split = scale_payload.nbytes - scale_payload.nbytes * 4 // (
+                np.dtype(scale_dtype).itemsize + 4
+            )
+            scales = _typed(scale_payload[:split], scale_dtype, "scales")
+            zero_points = _typed(scale_payload[split:], "<i4", "zero_points")
+        else:
+            scales = _typed(scale_payload, scale_dtype, "scales")
+            if zp is not None:
+                zero_points = _typed(payloads[(w.KIND_BUFFER, zp)], "<i4", "zero_points")
+    seq_lens = None
+    lens_payload = payloads.get((w.KIND_SEQ_LENS, 0))
+    if lens_payload is not None:
+        if lens_payload.nbytes != 8 * layout.num_seqs:
+            raise SectionError(
+                "seq_lens needs 8 bytes per sequence",
+                section="seq_lens",
+                expected=8 * layout.num_seqs,
+                found=lens_payload.nbytes,
+            )
+        seq_lens = _typed(lens_payload, "<u8", "seq_lens")
+        try:
+            check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
+        except HurrayWireError as exc:
+            raise exc.relocated(section="seq_lens") from None
+    metadata: dict[str, Any] = {}
+    meta_payload = payloads.get((w.KIND_METADATA, 0))
+    if meta_payload is not None:
+        try:
+            metadata = dict(decode_metadata(meta_payload))
+        except HurrayWireError as exc:
+            raise exc.relocated(section="metadata") from None
+    return BlockPagedTensor._trusted(
+        descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
+    )

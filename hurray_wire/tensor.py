@@ -1,0 +1,352 @@
+"""BlockPagedTensor: one validated {kv_role, layer} snapshot, a descriptor plus its arrays.
+
+``from_arrays`` derives the layout and descriptor from the arrays and checks them the way
+the blob decoder does, so a tensor that exists is one that encodes and decodes cleanly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire import packing
+from hurray_wire._checks import U32_MAX, U64_MAX
+from hurray_wire.descriptor import TensorDescriptor
+from hurray_wire.dtypes import ElementType, element_type_of
+from hurray_wire.errors import IndexBufferError, InvalidTensorError
+from hurray_wire.layout import BlockPagedLayout, _as_index_array, check_index_arrays
+from hurray_wire.quantization import PerBlockAffine, PerChannelAffine, Quantization
+
+__all__ = ["BlockPagedTensor", "check_seq_lens"]
+
+Array = npt.NDArray[Any]
+
+
+class BlockPagedTensor:
+    """A block-paged tensor: ``descriptor`` and the arrays it describes.
+
+    ``page_pool`` has shape ``[num_pages, page_size, num_heads, head_dim]`` in the element
+    type's dtype; packed sub-byte types keep their wire bytes as a 1-D uint8 array (see
+    ``unpacked_page_pool``). ``block_table`` and ``seq_ptr`` use ``layout.index_dtype``.
+    ``scales`` / ``zero_points`` are flat (per-block affine: one entry per page slot).
+    """
+
+    __slots__ = (
+        "block_table",
+        "descriptor",
+        "metadata",
+        "page_pool",
+        "scales",
+        "seq_lens",
+        "seq_ptr",
+        "zero_points",
+    )
+
+    descriptor: TensorDescriptor
+    page_pool: Array
+    block_table: Array
+    seq_ptr: Array
+    scales: Array | None
+    zero_points: Array | None
+    seq_lens: Array | None
+    metadata: dict[str, Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("build a BlockPagedTensor with BlockPagedTensor.from_arrays(...)")
+
+    @classmethod
+    def _trusted(
+        cls,
+        descriptor: TensorDescriptor,
+        page_pool: Array,
+        block_table: Array,
+        seq_ptr: Array,
+        scales: Array | None = None,
+        zero_points: Array | None = None,
+        seq_lens: Array | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> BlockPagedTensor:
+        """Assemble from parts already validated (by ``from_arrays`` or the decoder)."""
+        self = object.__new__(cls)
+        self.descriptor = descriptor
+        self.page_pool = page_pool
+        self.block_table = block_table
+        self.seq_ptr = seq_ptr
+        self.scales = scales
+        self.zero_points = zero_points
+        self.seq_lens = seq_lens
+        self.metadata = {} if metadata is None else metadata
+        return self
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_arrays(
+        cls,
+        page_pool: Any,
+        block_table: Any,
+        seq_ptr: Any,
+        *,
+        seq_lens: Any = None,
+        total_tokens: int | None = None,
+        kv_role: str = "key",
+        layer_index: int | None = None,
+        quantization: Quantization | None = None,
+        scales: Any = None,
+        zero_points: Any = None,
+        block_table_index_type: str | None = None,
+        element_type: ElementType | str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        alignment: int = 64,
+    ) -> BlockPagedTensor:
+        """Build a tensor from NumPy arrays (or index lists), deriving its descriptor.
+
+        ``total_tokens`` defaults to ``sum(seq_lens)`` when sequence lengths are given,
+        else to the block table's capacity (every page full). ``block_table_index_type``
+        defaults to uint32, or uint64 when the pool or the block table needs it ([A13]).
+        The caller's arrays are never modified; they are shared, not copied, whenever they
+        already have the wire dtype and are C-contiguous.
+        """
+        pool = np.asarray(page_pool)
+        etype = element_type_of(element_type if element_type is not None else pool.dtype)
+        if pool.ndim != 4:
+            raise InvalidTensorError(
+                "page_pool must be 4-D [num_pages, page_size, num_heads, head_dim]",
+                field="page_pool",
+                found=f"shape {pool.shape}",
+            )
+        if pool.dtype != etype.numpy_dtype:
+            raise InvalidTensorError(
+                "page_pool dtype does not match the element type",
+                field="page_pool",
+                found=str(pool.dtype),
+                expected=str(etype.numpy_dtype),
+            )
+        num_pages, page_size, num_heads, head_dim = (int(d) for d in pool.shape)
+        stored_pool = packing.pack(pool, etype) if etype.is_packed else np.ascontiguousarray(pool)
+        bt_any = _as_index_array(block_table, "block_table", U64_MAX)
+        sp_any = _as_index_array(seq_ptr, "seq_ptr", U64_MAX)
+        num_seqs = len(sp_any) - 1
+        if num_seqs < 0:
+            raise IndexBufferError("seq_ptr needs num_seqs + 1 >= 1 entries", field="seq_ptr")
+        if block_table_index_type is None:
+            big = num_pages > U32_MAX or len(bt_any) > U32_MAX
+            block_table_index_type = "uint64" if big else "uint32"
+        layout = BlockPagedLayout(
+            page_size, num_pages, 0, num_seqs, kv_role, layer_index, block_table_index_type
+        )
+        index_dtype = layout.index_dtype
+        for name, arr in (("block_table", bt_any), ("seq_ptr", sp_any)):
+            if arr.size and int(arr.max()) > layout.index_max:
+                raise IndexBufferError(
+                    f"values do not fit {block_table_index_type}", field=name, found=int(arr.max())
+                )
+        bt = np.ascontiguousarray(bt_any, dtype=index_dtype)
+        sp = np.ascontiguousarray(sp_any, dtype=index_dtype)
+        check_index_arrays(sp, bt, num_pages, num_seqs)
+        lens = None
+        if seq_lens is not None:
+            lens = np.ascontiguousarray(_as_index_array(seq_lens, "seq_lens", U64_MAX), "<u8")
+            if total_tokens is None:
+                total_tokens = int(lens.sum()) if lens.size else 0
+        if total_tokens is None:
+            total_tokens = len(bt) * page_size
+        descriptor = TensorDescriptor.block_paged(
+            layout,
+            (total_tokens, num_heads, head_dim),
+            etype,
+            num_logical_pages=len(bt),
+            quantization=quantization,
+            alignment=alignment,
+        )
+        if lens is not None:
+            check_seq_lens(lens, sp, page_size, total_tokens)
+        scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
+        return cls._trusted(
+            descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, dict(metadata or {})
+        )
+
+    # -- views of the descriptor -----------------------------------------------------------
+    @property
+    def layout(self) -> BlockPagedLayout:
+        return self.descriptor.layout
+
+    @property
+    def element_type(self) -> ElementType:
+        return self.descriptor.element_type
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Logical shape ``(total_tokens, num_heads, head_dim)``."""
+        return self.descriptor.shape
+
+    @property
+    def kv_role(self) -> str:
+        return self.descriptor.layout.kv_role
+
+    @property
+    def layer_index(self) -> int | None:
+        return self.descriptor.layout.layer_index
+
+    @property
+    def quantization(self) -> Quantization | None:
+        return self.descriptor.quantization
+
+    @property
+    def num_seqs(self) -> int:
+        return self.descriptor.layout.num_seqs
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all buffers together."""
+        return sum(h.byte_size for h in self.descriptor.buffers)
+
+    def buffer_arrays(self) -> tuple[tuple[Array, ...], ...]:
+        """The arrays of each descriptor buffer, in table order, as 1-D uint8 views.
+
+        A buffer holding both scales and zero points (one shared index) has two parts.
+        """
+        parts: list[tuple[Array, ...]] = [
+            (_bytes_view(self.page_pool),),
+            (_bytes_view(self.block_table),),
+            (_bytes_view(self.seq_ptr),),
+        ]
+        quant = self.descriptor.quantization
+        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+            assert self.scales is not None
+            by_index: dict[int, list[Array]] = {quant.scale_buffer_index: [self.scales]}
+            zp = quant.zero_point_buffer_index
+            if zp is not None:
+                assert self.zero_points is not None
+                by_index.setdefault(zp, []).append(self.zero_points)
+            for index in sorted(by_index):
+                parts.append(tuple(_bytes_view(a) for a in by_index[index]))
+        return tuple(parts)
+
+    def unpacked_page_pool(self) -> Array:
+        """The pool as ``[num_pages, page_size, num_heads, head_dim]`` of the element dtype.
+
+        For packed sub-byte types this unpacks (a copy); otherwise it is ``page_pool``.
+        """
+        etype = self.element_type
+        if not etype.is_packed:
+            return self.page_pool
+        layout = self.layout
+        shape = (layout.num_pages, layout.page_size, self.shape[1], self.shape[2])
+        count = int(np.prod(shape, dtype=np.uint64))
+        return packing.unpack(self.page_pool, etype, count).reshape(shape)
+
+    def sequence_pages(self, seq: int) -> Array:
+        """Physical page ids of sequence ``seq``, in logical order."""
+        if not 0 <= seq < self.num_seqs:
+            raise InvalidTensorError("sequence out of range", field="seq", found=seq)
+        return self.block_table[int(self.seq_ptr[seq]) : int(self.seq_ptr[seq + 1])]
+
+    def gather_sequence(self, seq: int) -> Array:
+        """Tokens of sequence ``seq`` as a new ``[tokens, num_heads, head_dim]`` array.
+
+        Uses ``seq_lens`` when present; otherwise returns every slot of its pages (the
+        reference's page-capacity bound, [A14]).
+        """
+        pages = self.sequence_pages(seq)
+        pool = self.unpacked_page_pool()
+        tokens = pool[pages].reshape(-1, pool.shape[2], pool.shape[3])
+        if self.seq_lens is not None:
+            tokens = tokens[: int(self.seq_lens[seq])]
+        return tokens
+
+    def __repr__(self) -> str:
+        d = self.descriptor
+        return (
+            f"BlockPagedTensor({d.element_type.name}, shape={d.shape}, kv_role={self.kv_role!r}, "
+            f"layer_index={self.layer_index!r}, num_pages={d.layout.num_pages}, "
+            f"page_size={d.layout.page_size}, num_seqs={d.layout.num_seqs}, "
+            f"quantization={None if d.quantization is None else d.quantization.name})"
+        )
+
+
+def _bytes_view(array: Array) -> Array:
+    """A 1-D uint8 view of a C-contiguous array (no copy)."""
+    return array.reshape(-1).view(np.uint8)
+
+
+def check_seq_lens(lens: Array, seq_ptr: Array, page_size: int, total_tokens: int) -> None:
+    """seq_lens agree with shape[0] and with each sequence's page count (ceil(len / P))."""
+    num_seqs = len(seq_ptr) - 1
+    if len(lens) != num_seqs:
+        raise IndexBufferError(
+            "seq_lens needs one entry per sequence",
+            field="seq_lens",
+            found=len(lens),
+            expected=num_seqs,
+        )
+    total = int(lens.sum(dtype=np.uint64)) if num_seqs else 0
+    if lens.size and int(lens.max()) > U32_MAX * page_size:
+        total = -1
+    if total != total_tokens:
+        raise IndexBufferError(
+            "sum(seq_lens) must equal shape[0] (total_tokens)",
+            field="seq_lens",
+            found=total,
+            expected=total_tokens,
+        )
+    if num_seqs:
+        pages = (seq_ptr[1:] - seq_ptr[:-1]).astype(np.uint64)
+        needed = (lens + np.uint64(page_size - 1)) // np.uint64(page_size)
+        bad = pages != needed
+        if bad.any():
+            seq = int(np.argmax(bad))
+            raise IndexBufferError(
+                f"sequence {seq} has {int(lens[seq])} tokens, which need "
+                f"{int(needed[seq])} pages of {page_size}",
+                field="seq_lens",
+                found=f"{int(pages[seq])} pages",
+                expected=f"{int(needed[seq])} pages",
+            )
+
+
+def _quantization_arrays(
+    descriptor: TensorDescriptor, scales: Any, zero_points: Any
+) -> tuple[Array | None, Array | None]:
+    """Check and convert scales / zero points against the descriptor's quantization."""
+    quant = descriptor.quantization
+    if not isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+        if scales is not None or zero_points is not None:
+            raise InvalidTensorError(
+                "scales / zero_points given but the quantization has no parameter buffers",
+                field="scales",
+            )
+        return None, None
+    if isinstance(quant, PerBlockAffine):
+        entries = descriptor.layout.page_slots
+        scale_dtype = quant.scale_type.numpy_dtype
+    else:
+        entries = descriptor.shape[quant.axis]
+        scale_dtype = np.dtype("<f4")
+    scale_arr = _param_array(scales, "scales", entries, scale_dtype)
+    zp_arr = None
+    if quant.zero_point_buffer_index is not None:
+        zp_arr = _param_array(zero_points, "zero_points", entries, np.dtype("<i4"))
+    elif zero_points is not None:
+        raise InvalidTensorError("a symmetric scheme has no zero points", field="zero_points")
+    return scale_arr, zp_arr
+
+
+def _param_array(value: Any, name: str, entries: int, dtype: np.dtype[Any]) -> Array:
+    if value is None:
+        raise InvalidTensorError(f"the quantization needs {name}", field=name)
+    array = np.asarray(value)
+    if array.size != entries:
+        raise InvalidTensorError(
+            f"{name} needs one entry per page slot / channel",
+            field=name,
+            found=array.size,
+            expected=entries,
+        )
+    if array.dtype != dtype:
+        raise InvalidTensorError(
+            f"{name} has the wrong dtype", field=name, found=str(array.dtype), expected=str(dtype)
+        )
+    return np.ascontiguousarray(array).reshape(-1)
