@@ -5,6 +5,8 @@ the element types, ``TensorDescriptor`` with ``encode_descriptor`` / ``decode_de
 This module only re-exports.
 """
 
+from hurray_wire.blob import DecodeLimits, blob_length, decode, encode, encode_into, encode_parts
+from hurray_wire.codecs import Compression
 from hurray_wire.descriptor import BufferHandle, Statistics, TensorDescriptor
 from hurray_wire.descriptor_codec import (
     DescriptorHeader,
@@ -68,6 +70,7 @@ from hurray_wire.errors import (
     UnsupportedLayoutError,
 )
 from hurray_wire.layout import BlockPagedLayout
+from hurray_wire.metadata import Int64, UInt64
 from hurray_wire.quantization import (
     MXFP,
     NF4,
@@ -76,6 +79,7 @@ from hurray_wire.quantization import (
     PerTensorAffine,
     Quantization,
 )
+from hurray_wire.tensor import BlockPagedTensor
 
 __version__ = "0.1.0"
 
@@ -86,6 +90,16 @@ __all__ = [
     "ArgumentTypeError",
     "BlobTruncatedError",
     "BlockPagedLayout",
+    "BlockPagedTensor",
+    "Compression",
+    "DecodeLimits",
+    "Int64",
+    "UInt64",
+    "blob_length",
+    "decode",
+    "encode",
+    "encode_into",
+    "encode_parts",
     "BufferHandle",
     "ChecksumError",
     "ContainerTruncatedError",
