@@ -36,6 +36,7 @@ KAITAI_OUT = ROOT / "tools" / "_kaitai_out"
 CONFORMANCE = ROOT / "fixtures" / "conformance"
 REFERENCE_MANIFEST = CONFORMANCE / "reference" / "manifest.json"
 BLOCK_PAGED_MANIFEST = CONFORMANCE / "block_paged" / "manifest.json"
+FIXTURES = ROOT / "fixtures"
 
 LAYER_NONE = 0xFFFFFFFF
 BLOCK_PAGED_TAG = 0x0A
@@ -61,8 +62,15 @@ def _unavailable(reason: str) -> None:
 
 
 def _import_generated(name: str) -> Any:
+    """Import ``tools/_kaitai_out/<name>.py`` as top-level module ``name``.
+
+    The generated code of an importing schema does ``import <imported schema>``, so each
+    module is registered under its own name (imported schemas are loaded first).
+    """
+    if name in sys.modules:
+        return sys.modules[name]
     path = KAITAI_OUT / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_kaitai_generated_{name}", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         pytest.fail(f"cannot import the generated parser {path}")
     module = importlib.util.module_from_spec(spec)
@@ -99,6 +107,12 @@ def kaitai_build() -> Path:
 def descriptor_parser(kaitai_build: Path) -> Any:
     """The generated ``HurrayDescriptor`` class."""
     return _import_generated("hurray_descriptor").HurrayDescriptor
+
+
+@pytest.fixture(scope="session")
+def blob_parser(descriptor_parser: Any) -> Any:
+    """The generated ``HurrayWireBlob`` class (imports ``hurray_descriptor``)."""
+    return _import_generated("hurray_wire_blob").HurrayWireBlob
 
 
 @pytest.fixture(scope="session")
@@ -710,3 +724,279 @@ def test_synthetic_rejects(
     """Each must fail for its own reason: ``where`` is part of the error message."""
     with pytest.raises(kaitai_errors, match=re.escape(where)):
         descriptor_parser.from_bytes(data)
+
+
+# ---------------------------------------------------------------------------------------
+# The blob envelope (schemas/hurray_wire_blob.ksy, docs/wire-format.md)
+# ---------------------------------------------------------------------------------------
+
+BLOB_MAGIC = b"HRWB"
+
+
+@dataclass(frozen=True)
+class BlobSection:
+    """One section to place in a hand-built blob (docs/wire-format.md § 2)."""
+
+    kind: int
+    stored: bytes
+    index: int = 0
+    flags: int = 1
+    codec: int = 0
+    codec_param: int = 0
+    raw_size: int | None = None
+    alignment: int = 64
+
+
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def build_blob(descriptor: bytes, sections: list[BlobSection], checksum_type: int = 1) -> bytes:
+    """Lay out a blob by the rules of docs/wire-format.md, independently of hurray_wire."""
+    import xxhash
+
+    header_length = 32 + 48 * len(sections) + len(descriptor)
+    position = header_length + 8
+    table = b""
+    placed: list[tuple[int, bytes]] = []
+    for section in sections:
+        offset = _align(position, section.alignment)
+        raw_size = len(section.stored) if section.raw_size is None else section.raw_size
+        checksum = xxhash.xxh3_64_intdigest(section.stored) if checksum_type == 1 else 0
+        table += struct.pack(
+            "<BBBBIQQQQI4x",
+            section.kind,
+            section.flags,
+            section.codec,
+            section.codec_param,
+            section.index,
+            offset,
+            len(section.stored),
+            raw_size,
+            checksum,
+            section.alignment,
+        )
+        placed.append((offset, section.stored))
+        position = offset + len(section.stored)
+    total_length = _align(position, 64)
+    header = BLOB_MAGIC + struct.pack(
+        "<BBHQIHBBI4x",
+        1,
+        0,
+        0,
+        total_length,
+        header_length,
+        len(sections),
+        checksum_type,
+        0,
+        len(descriptor),
+    )
+    blob = bytearray(total_length)
+    blob[:header_length] = header + table + descriptor
+    blob[header_length : header_length + 8] = struct.pack(
+        "<Q", xxhash.xxh3_64_intdigest(bytes(blob[:header_length]))
+    )
+    for offset, stored in placed:
+        blob[offset : offset + len(stored)] = stored
+    return bytes(blob)
+
+
+def _kv_metadata() -> bytes:
+    """Three entries in the .hrry KV encoding: a string, a float64 and an int64 array."""
+
+    def key(name: str) -> bytes:
+        return struct.pack("<H", len(name)) + name.encode()
+
+    return (
+        struct.pack("<I", 3)
+        + key("model")
+        + b"\x01"
+        + struct.pack("<I", 4)
+        + b"tiny"
+        + key("hurray.k_scale")
+        + b"\x04"
+        + struct.pack("<d", 0.5)
+        + key("request_ids")
+        + b"\x07\x02"
+        + struct.pack("<Iqq", 2, 7, -1)
+    )
+
+
+def spec_example_blob_sections(metadata: bool = False) -> tuple[bytes, list[BlobSection]]:
+    """The worked example of docs/wire-format.md § 9: the spec example with seq_lens [6, 3]."""
+    stream = (BLOCK_PAGED_MANIFEST.parent / "streams" / "spec_example_f16_key_l3.hrrs").read_bytes()
+    descriptor, pool = stream[:133], stream[133:773]
+    block_table, seq_ptr = stream[773:785], stream[785:797]
+    sections = [
+        BlobSection(1, pool, index=0),
+        BlobSection(1, block_table, index=1),
+        BlobSection(1, seq_ptr, index=2),
+        BlobSection(2, struct.pack("<QQ", 6, 3)),
+    ]
+    if metadata:
+        sections.append(BlobSection(3, _kv_metadata(), flags=0))
+    return descriptor, sections
+
+
+def test_blob_worked_example(blob_parser: Any, descriptor_parser: Any) -> None:
+    """docs/wire-format.md § 9 recomputed from the rules of § 2 (§ 9 itself says 1024 bytes)."""
+    descriptor, sections = spec_example_blob_sections()
+    data = build_blob(descriptor, sections)
+    blob = blob_parser.from_bytes(data)
+    assert blob.header.header_length == 357
+    assert [entry.offset for entry in blob.sections] == [384, 1024, 1088, 1152]
+    assert blob.data_end == 1168
+    assert blob.header.total_length == len(data) == 1216
+    assert kaitai_fields(blob.descriptor) == kaitai_fields(descriptor_parser.from_bytes(descriptor))
+    assert [part.stored for part in blob.section_data[:3]] == [s.stored for s in sections[:3]]
+    assert blob.section_data[3].stored.lengths == [6, 3]
+
+
+@pytest.mark.parametrize("metadata", [False, True], ids=["plain", "metadata"])
+def test_blob_agrees_with_hurray_wire(metadata: bool, blob_parser: Any) -> None:
+    """The blob built from the doc alone is what hurray_wire decodes and re-encodes, byte
+    for byte, and hurray_wire's own encoding parses under the schema."""
+    import hurray_wire
+
+    built = build_blob(*spec_example_blob_sections(metadata=metadata))
+    tensor = hurray_wire.decode(built)
+    encoded = bytes(hurray_wire.encode(tensor))
+    assert encoded == built
+    assert blob_parser.from_bytes(encoded).header.total_length == len(encoded)
+
+
+def test_blob_metadata_and_compressed_sections(blob_parser: Any) -> None:
+    import zstandard
+
+    descriptor, sections = spec_example_blob_sections(metadata=True)
+    pool = sections[0].stored
+    sections[0] = BlobSection(
+        1, zstandard.ZstdCompressor().compress(pool), codec=1, raw_size=len(pool)
+    )
+    blob = blob_parser.from_bytes(build_blob(descriptor, sections))
+    entries = blob.section_data[4].stored.entries
+    assert [e.key for e in entries] == ["model", "hurray.k_scale", "request_ids"]
+    assert entries[0].value.value.value == "tiny"
+    assert entries[1].value.value == 0.5
+    assert [v.value for v in entries[2].value.value.elements] == [7, -1]
+    assert blob.sections[0].raw_size == len(pool) != blob.sections[0].stored_size
+
+
+def test_blob_unknown_optional_section_is_skipped(blob_parser: Any) -> None:
+    descriptor, sections = spec_example_blob_sections()
+    sections.append(BlobSection(0x42, b"future", flags=0))
+    blob = blob_parser.from_bytes(build_blob(descriptor, sections))
+    assert blob.section_data[4].stored == b"future"
+
+
+def _blob_with(change: Callable[[list[BlobSection]], None], checksum_type: int = 1) -> bytes:
+    descriptor, sections = spec_example_blob_sections()
+    change(sections)
+    return build_blob(descriptor, sections, checksum_type)
+
+
+def _zstd(data: bytes) -> bytes:
+    import zstandard
+
+    result: bytes = zstandard.ZstdCompressor().compress(data)
+    return result
+
+
+def _patched(data: bytes, offset: int, patch: bytes) -> bytes:
+    out = bytearray(data)
+    out[offset : offset + len(patch)] = patch
+    return bytes(out)
+
+
+_EXAMPLE_BLOB_SECTIONS = spec_example_blob_sections()
+_EXAMPLE_BLOB = build_blob(*_EXAMPLE_BLOB_SECTIONS)
+
+BLOB_REJECTS: list[tuple[bytes, str, str]] = [
+    (_patched(_EXAMPLE_BLOB, 0, b"HRWX"), "/types/blob_header/seq/0", "bad_magic"),
+    (_patched(_EXAMPLE_BLOB, 6, b"\x01"), "/types/blob_header/seq/3", "header_flags"),
+    (_patched(_EXAMPLE_BLOB, 370, b"\x01"), "/types/section_data/seq/0", "nonzero_padding"),
+    (_patched(_EXAMPLE_BLOB, 1200, b"\x01"), "/seq/6", "nonzero_trailing_padding"),
+    (
+        _blob_with(lambda s: s.append(BlobSection(0x42, b"future", flags=1))),
+        "/types/section_entry/seq/1",
+        "unknown_required_kind",
+    ),
+    (
+        _blob_with(lambda s: s.__setitem__(1, BlobSection(1, b"\0" * 16, index=1))),
+        "/types/section_data/seq/2",
+        "buffer_size_differs_from_descriptor",
+    ),
+    (
+        # compressed, so the schema keeps the bytes and checks raw_size (8 x num_seqs = 16)
+        _blob_with(
+            lambda s: s.__setitem__(
+                3, BlobSection(2, _zstd(struct.pack("<Q", 9)), codec=1, raw_size=8)
+            )
+        ),
+        "/types/section_data/seq/2",
+        "seq_lens_size",
+    ),
+    (
+        _blob_with(lambda s: s.insert(0, s.pop(1))),
+        "/types/section_entry/seq/4",
+        "buffers_out_of_order",
+    ),
+    (
+        # the first section's offset is not the minimal aligned one (384 -> 448)
+        _patched(_EXAMPLE_BLOB, 32 + 8, struct.pack("<Q", 448)),
+        "/types/section_entry/seq/9",
+        "offset_not_minimal",
+    ),
+    (
+        _patched(_EXAMPLE_BLOB, 22, b"\x00"),
+        "/types/section_entry/seq/8",
+        "checksum_without_checksum_type",
+    ),
+    (
+        _patched(_EXAMPLE_BLOB, 8, struct.pack("<Q", 1280)) + bytes(64),
+        "/seq/7",
+        "total_length_not_minimal",
+    ),
+    (_EXAMPLE_BLOB[:-1], "bytes available", "truncated"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [pytest.param(data, where, id=name) for data, where, name in BLOB_REJECTS],
+)
+def test_blob_rejects(
+    data: bytes, where: str, blob_parser: Any, kaitai_errors: tuple[type[BaseException], ...]
+) -> None:
+    pattern = f"^{re.escape(where)}:" if where.startswith("/") else re.escape(where)
+    with pytest.raises(kaitai_errors, match=pattern):
+        blob_parser.from_bytes(data)
+
+
+def _blob_fixture_files() -> list[Path]:
+    """Every file under fixtures/ that starts with the blob magic (none existed at first)."""
+    found = []
+    for path in sorted(FIXTURES.rglob("*")):
+        if path.is_file() and path.suffix not in {".json", ".md", ".txt"}:
+            with path.open("rb") as handle:
+                if handle.read(4) == BLOB_MAGIC:
+                    found.append(path)
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", _blob_fixture_files(), ids=lambda path: str(path.relative_to(FIXTURES))
+)
+def test_blob_fixtures_parse(path: Path, blob_parser: Any) -> None:
+    """Blobs (or streams of blobs) in fixtures/ parse back to back up to the end of the file."""
+    import kaitaistruct
+
+    data = path.read_bytes()
+    stream = kaitaistruct.KaitaiStream(kaitaistruct.BytesIO(data))
+    count = 0
+    while not stream.is_eof():
+        start = stream.pos()
+        blob = blob_parser(stream)
+        assert stream.pos() - start == blob.header.total_length
+        count += 1
+    assert count >= 1

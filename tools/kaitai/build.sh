@@ -42,6 +42,9 @@ fi
 # Start from an empty output folder so that a removed schema leaves no stale parser behind.
 rm -rf "$out"
 mkdir -p "$out"
+# A schema that imports another (hurray_wire_blob imports hurray_descriptor) also writes the
+# imported module; its generated Python does `import hurray_descriptor`, so tools/_kaitai_out/
+# must be on sys.path (or the module registered under that name) when it is imported.
 for ksy in "${schemas[@]}"; do
   node "$here/compile.js" "$ksy" "$out"
 done

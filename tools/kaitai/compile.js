@@ -6,13 +6,30 @@
 // The npm package `kaitai-struct-compiler` (0.11) has no command-line interface: it exports
 // compile(language, ksyObject, importer, debug) and returns a Promise of {fileName: source}.
 // We parse the YAML ourselves with `js-yaml` (see /work/shared/notes/toolchain.md).
-// Schemas are kept self-contained (no `imports:`), so no importer object is passed.
+// `meta/imports` are resolved by a small importer: `foo` or `../foo` means `foo.ksy` next to
+// the importing schema (both "rel" and "abs" imports are looked up from that folder). The
+// generated Python of an importing schema does `import foo`, so every imported schema has to
+// be compiled into the same output folder (build.sh compiles all of schemas/).
 'use strict';
 
 const fs = require('fs');
 const path = require('path');
 const yaml = require('js-yaml');
 const ksc = require('kaitai-struct-compiler');
+
+function importerFor(ksyPath) {
+  const base = path.dirname(path.resolve(ksyPath));
+  return {
+    importYaml(name, _mode) {
+      const file = path.join(base, `${name}.ksy`);
+      try {
+        return Promise.resolve(yaml.load(fs.readFileSync(file, 'utf8'), { filename: file }));
+      } catch (err) {
+        return Promise.reject(new Error(`${ksyPath}: cannot import '${name}' (${file}): ${err.message}`));
+      }
+    },
+  };
+}
 
 function main(argv) {
   if (argv.length !== 2) {
@@ -25,12 +42,8 @@ function main(argv) {
     console.error(`${ksyPath}: not a Kaitai Struct schema (no meta/id)`);
     return Promise.resolve(1);
   }
-  if (spec.meta.imports && spec.meta.imports.length > 0) {
-    console.error(`${ksyPath}: meta/imports is not supported by this driver; keep one file per format`);
-    return Promise.resolve(1);
-  }
   fs.mkdirSync(outDir, { recursive: true });
-  return ksc.compile('python', spec, null, false).then((files) => {
+  return ksc.compile('python', spec, importerFor(ksyPath), false).then((files) => {
     for (const [name, body] of Object.entries(files)) {
       const target = path.join(outDir, name);
       fs.writeFileSync(target, body);
