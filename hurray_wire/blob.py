@@ -55,7 +55,8 @@ _HEADER_SIZE = _HEADER.size  # 32
 _ENTRY_SIZE = _ENTRY.size  # 48
 BLOB_PREFIX_SIZE = 16  # magic, versions, flags, total_length: enough to frame a blob
 _ZEROS = bytes(1 << 16)
-_COPY_CHUNK = 1 << 20  # copy-then-hash granularity: the chunk is still in cache when hashed
+_COPY_CHUNK = 1 << 20
+_SMALL_BLOB = 1 << 16  # copy-then-hash granularity: the chunk is still in cache when hashed
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,10 @@ class _Section:
     flags: int = 0
     checksum: int = 0
     offset: int = 0
+    stored_size: int = 0
 
-    @property
-    def stored_size(self) -> int:
-        return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
+    def __post_init__(self) -> None:
+        self.stored_size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
 
 
 def _sections(tensor: BlockPagedTensor, compression: Compression | None) -> list[_Section]:
@@ -113,6 +114,7 @@ def _sections(tensor: BlockPagedTensor, compression: Compression | None) -> list
             if codec != codecs.CODEC_RAW:
                 section.codec, section.codec_param = codec, param
                 section.parts = [np.frombuffer(stored, np.uint8)]
+                section.stored_size = len(section.parts[0])
         sections.append(section)
     if tensor.seq_lens is not None:
         lens = np.ascontiguousarray(tensor.seq_lens, "<u8").view(np.uint8)
@@ -156,12 +158,10 @@ def _plan(
         ):
             section.checksum = _hash_parts(section.parts)
     total = _align(cursor, w.BLOB_ALIGNMENT)
-    return _header(tensor.descriptor, descriptor, sections, total, checksum), sections, total
+    return _header(descriptor, sections, total, checksum), sections, total
 
 
-def _header(
-    desc: TensorDescriptor, descriptor: bytes, sections: list[_Section], total: int, checksum: bool
-) -> bytes:
+def _header(descriptor: bytes, sections: list[_Section], total: int, checksum: bool) -> bytes:
     header_length = _HEADER_SIZE + _ENTRY_SIZE * len(sections) + len(descriptor)
     pieces = [
         _HEADER.struct.pack(
@@ -201,7 +201,7 @@ def _header(
 
 def _hash_parts(parts: list[Any]) -> int:
     if len(parts) == 1:
-        return codecs.checksum(parts[0])
+        return int(xxhash.xxh3_64_intdigest(parts[0]))
     hasher = xxhash.xxh3_64()
     for part in parts:
         hasher.update(part)
@@ -254,13 +254,29 @@ def encode_into(
         raise InvalidBlobError(
             "buffer too small for the blob", section="buffer", expected=total, found=len(out)
         )
+    _write(tensor, out, head, sections, total, checksum)
+    return total
+
+
+def _write(
+    tensor: BlockPagedTensor,
+    out: npt.NDArray[np.uint8],
+    head: bytes,
+    sections: list[_Section],
+    total: int,
+    checksum: bool,
+) -> None:
+    """Copy the planned blob into ``out``; large raw sections are hashed chunk by chunk
+    right after each chunk is copied (still in cache), so checksumming costs no extra pass
+    over memory, and the header, which holds those checksums, is written last."""
     cursor = len(head)
-    late: list[_Section] = []
+    late = False
     for section in sections:
         out[cursor : section.offset] = 0
         position = section.offset
-        late_hash = checksum and section.checksum == 0 and section.raw_size >= _COPY_CHUNK
-        hasher = xxhash.xxh3_64() if late_hash else None
+        hasher = None
+        if checksum and section.checksum == 0 and section.raw_size >= _COPY_CHUNK:
+            hasher = xxhash.xxh3_64()
         for piece in section.parts:
             src = np.frombuffer(piece, np.uint8) if isinstance(piece, bytes) else piece
             size = src.nbytes
@@ -275,15 +291,12 @@ def encode_into(
             position += size
         if hasher is not None:
             section.checksum = int(hasher.intdigest())
-            late.append(section)
+            late = True
         cursor = position
     out[cursor:total] = 0
-    if late:  # checksums computed while copying: the header is written last
-        head = _header(
-            tensor.descriptor, encode_descriptor(tensor.descriptor), sections, total, checksum
-        )
+    if late:
+        head = _header(encode_descriptor(tensor.descriptor), sections, total, checksum)
     out[: len(head)] = np.frombuffer(head, np.uint8)
-    return total
 
 
 def encode(
@@ -291,11 +304,13 @@ def encode(
 ) -> memoryview:
     """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, which
     costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed."""
+    if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
+        return memoryview(bytearray().join(encode_parts(tensor, compression=compression,
+                                                        checksum=checksum)))  # fmt: skip
     head, sections, total = _plan(tensor, compression, checksum, hash_raw=False)
-    del head, sections
     out = np.empty(total, np.uint8)
-    written = encode_into(tensor, out, compression=compression, checksum=checksum)
-    return memoryview(out.data)[:written]
+    _write(tensor, out, head, sections, total, checksum)
+    return memoryview(out.data)
 
 
 # -- decode ----------------------------------------------------------------------------------
@@ -371,6 +386,7 @@ class _Plan:
     entries: tuple[_Entry, ...]
     tail_start: int  # trailing zero padding: [tail_start, total)
     verify_sections: bool
+    types: dict[tuple[int, int], tuple[Any, tuple[int, ...]]]
 
 
 _PLANS: dict[tuple[bytes, DecodeLimits], _Plan] = {}
@@ -507,7 +523,10 @@ def _plan_from_header(view: memoryview, total: int, limits: DecodeLimits) -> _Pl
     entries, tail = _check_entries(
         raw_entries, descriptor, header_length + 8, total, checksum_type, limits
     )
-    return _Plan(descriptor, total, entries, tail, checksum_type == w.CHECKSUM_XXH3_64)
+    return _Plan(
+        descriptor, total, entries, tail, checksum_type == w.CHECKSUM_XXH3_64,
+        _section_types(descriptor),
+    )  # fmt: skip
 
 
 def _check_entries(
@@ -695,17 +714,52 @@ def _check_entries(
     return tuple(entries), cursor
 
 
+def _section_types(
+    descriptor: TensorDescriptor,
+) -> dict[tuple[int, int], tuple[Any, tuple[int, ...]]]:
+    """The NumPy dtype and shape each known section decodes to (bytes when shared)."""
+    layout = descriptor.layout
+    etype = descriptor.element_type
+    index = layout.index_dtype
+    pool: tuple[Any, tuple[int, ...]]
+    if etype.is_packed:
+        pool = (np.dtype(np.uint8), (descriptor.buffers[0].byte_size,))
+    else:
+        pool_shape = (layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2])
+        pool = (etype.numpy_dtype, pool_shape)
+    types: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {
+        (w.KIND_BUFFER, 0): pool,
+        (w.KIND_BUFFER, 1): (index, (descriptor.num_logical_pages,)),
+        (w.KIND_BUFFER, 2): (index, (layout.num_seqs + 1,)),
+        (w.KIND_SEQ_LENS, 0): (np.dtype("<u8"), (layout.num_seqs,)),
+    }
+    quant = descriptor.quantization
+    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+        scale_dtype = quant.scale_type.numpy_dtype
+        zp = quant.zero_point_buffer_index
+        if zp != quant.scale_buffer_index:
+            size = descriptor.buffers[quant.scale_buffer_index].byte_size
+            types[(w.KIND_BUFFER, quant.scale_buffer_index)] = (
+                scale_dtype, (size // scale_dtype.itemsize,)
+            )  # fmt: skip
+            if zp is not None:
+                count = descriptor.buffers[zp].byte_size // 4
+                types[(w.KIND_BUFFER, zp)] = (np.dtype("<i4"), (count,))
+    return types
+
+
 def _materialize(
     view: memoryview, plan: _Plan, verify: bool, limits: DecodeLimits
 ) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections and the index invariants."""
-    payloads: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}
+    payloads: dict[tuple[int, int], npt.NDArray[Any]] = {}
     check_hash = verify and plan.verify_sections
+    types = plan.types
     for e in plan.entries:
         if e.offset > e.pad_start:
             _check_zero(view, e.pad_start, e.offset, e.where)
         if check_hash:
-            computed = codecs.checksum(view[e.offset : e.offset + e.stored_size])
+            computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
             if computed != e.checksum:
                 raise ChecksumError(
                     "section checksum mismatch",
@@ -714,18 +768,22 @@ def _materialize(
                     expected=f"0x{computed:016x}",
                     found=f"0x{e.checksum:016x}",
                 )
+        key = (e.kind, e.index)
         if e.kind not in w.SECTION_KINDS:
             continue
+        dtype, shape = types.get(key, _BYTES)
         if e.codec == codecs.CODEC_RAW:
-            payloads[(e.kind, e.index)] = np.frombuffer(view, np.uint8, e.stored_size, e.offset)
+            array = np.frombuffer(view, dtype, e.raw_size // dtype.itemsize, e.offset)
         else:
             stored = view[e.offset : e.offset + e.stored_size]
-            payloads[(e.kind, e.index)] = _decompress(
-                e.codec, e.codec_param, stored, e.raw_size, e.where
-            )
+            array = _decompress(e.codec, e.codec_param, stored, e.raw_size, e.where).view(dtype)
+        payloads[key] = array.reshape(shape) if len(shape) > 1 else array
     if plan.total > plan.tail_start:
         _check_zero(view, plan.tail_start, plan.total, "trailing padding")
     return _assemble(plan.descriptor, payloads, limits)
+
+
+_BYTES: tuple[Any, tuple[int, ...]] = (np.dtype(np.uint8), (-1,))
 
 
 def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
@@ -752,28 +810,15 @@ def _decompress(
     return out
 
 
-def _typed(payload: npt.NDArray[np.uint8], dtype: Any, where: str) -> npt.NDArray[Any]:
-    dtype = np.dtype(dtype)
-    if payload.nbytes % dtype.itemsize:  # pragma: no cover - sizes were checked
-        raise SectionError("size is not a whole number of elements", section=where)
-    return payload.view(dtype)
-
-
 def _assemble(
     descriptor: TensorDescriptor,
-    payloads: dict[tuple[int, int], npt.NDArray[np.uint8]],
+    payloads: dict[tuple[int, int], npt.NDArray[Any]],
     limits: DecodeLimits,
 ) -> BlockPagedTensor:
+    """Check the index invariants and seq_lens, then build the tensor from typed arrays."""
     layout = descriptor.layout
-    etype = descriptor.element_type
-    pool = payloads[(w.KIND_BUFFER, 0)]
-    if not etype.is_packed:
-        pool = _typed(pool, etype.numpy_dtype, "page_pool").reshape(
-            layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2]
-        )
-    index_dtype = layout.index_dtype
-    block_table = _typed(payloads[(w.KIND_BUFFER, 1)], index_dtype, "block_table")
-    seq_ptr = _typed(payloads[(w.KIND_BUFFER, 2)], index_dtype, "seq_ptr")
+    block_table = payloads[(w.KIND_BUFFER, 1)]
+    seq_ptr = payloads[(w.KIND_BUFFER, 2)]
     try:
         check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
     except HurrayWireError as exc:
@@ -781,30 +826,17 @@ def _assemble(
     scales = zero_points = None
     quant = descriptor.quantization
     if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-        scale_dtype = quant.scale_type.numpy_dtype if isinstance(quant, PerBlockAffine) else "<f4"
-        scale_payload = payloads[(w.KIND_BUFFER, quant.scale_buffer_index)]
+        scales = payloads[(w.KIND_BUFFER, quant.scale_buffer_index)]
         zp = quant.zero_point_buffer_index
-        if zp == quant.scale_buffer_index:
-            split = scale_payload.nbytes - scale_payload.nbytes * 4 // (
-                np.dtype(scale_dtype).itemsize + 4
-            )
-            scales = _typed(scale_payload[:split], scale_dtype, "scales")
-            zero_points = _typed(scale_payload[split:], "<i4", "zero_points")
-        else:
-            scales = _typed(scale_payload, scale_dtype, "scales")
-            if zp is not None:
-                zero_points = _typed(payloads[(w.KIND_BUFFER, zp)], "<i4", "zero_points")
-    seq_lens = None
-    lens_payload = payloads.get((w.KIND_SEQ_LENS, 0))
-    if lens_payload is not None:
-        if lens_payload.nbytes != 8 * layout.num_seqs:
-            raise SectionError(
-                "seq_lens needs 8 bytes per sequence",
-                section="seq_lens",
-                expected=8 * layout.num_seqs,
-                found=lens_payload.nbytes,
-            )
-        seq_lens = _typed(lens_payload, "<u8", "seq_lens")
+        if zp == quant.scale_buffer_index:  # one buffer: [scales | zero_points]
+            dtype = quant.scale_type.numpy_dtype
+            entries = scales.nbytes // (dtype.itemsize + 4)
+            zero_points = scales[entries * dtype.itemsize :].view("<i4")
+            scales = scales[: entries * dtype.itemsize].view(dtype)
+        elif zp is not None:
+            zero_points = payloads[(w.KIND_BUFFER, zp)]
+    seq_lens = payloads.get((w.KIND_SEQ_LENS, 0))
+    if seq_lens is not None:
         try:
             check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
         except HurrayWireError as exc:
@@ -817,5 +849,6 @@ def _assemble(
         except HurrayWireError as exc:
             raise exc.relocated(section="metadata") from None
     return BlockPagedTensor._trusted(
-        descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
-    )
+        descriptor, payloads[(w.KIND_BUFFER, 0)], block_table, seq_ptr, scales, zero_points,
+        seq_lens, metadata,
+    )  # fmt: skip

@@ -542,6 +542,14 @@ def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
     """The exact bytes the reference writes for ``descriptor`` (always valid: see model)."""
     if not isinstance(descriptor, TensorDescriptor):
         raise ArgumentTypeError("expected a TensorDescriptor", found=type(descriptor).__name__)
+    cached: bytes | None = descriptor.__dict__.get("_wire_bytes")
+    if cached is None:
+        cached = _encode(descriptor)
+        object.__setattr__(descriptor, "_wire_bytes", cached)  # immutable: memoise
+    return cached
+
+
+def _encode(descriptor: TensorDescriptor) -> bytes:
     layout = descriptor.layout
     major, minor = descriptor.version
     parts = [

@@ -1,0 +1,262 @@
+"""Benchmarks of the blob codec against baselines measured in the same run.
+
+Prints ratios (this machine is noisy: absolute times are shown only for context). Run:
+
+    python tools/bench.py            # the reference workload and all peers
+    python tools/bench.py --quick    # fewer repetitions
+
+Reference workload (issue 3): one layer's keys, num_pages=4096, page_size=16, num_heads=8,
+head_dim=128, float16 (a 128 MiB page_pool), 32 sequences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import pickle
+import statistics
+import struct
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import xxhash
+
+import hurray_wire as hw
+from hurray_wire import blob
+from hurray_wire.crc32c import crc32c
+
+
+def best_of(fn: Callable[[], Any], repeat: int, number: int = 1) -> float:
+    """Median seconds of one call over ``repeat`` timed batches of ``number`` calls."""
+    fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number)
+    return statistics.median(samples)
+
+
+def make_tensor(num_pages: int, seqs: int = 32, seed: int = 0) -> hw.BlockPagedTensor:
+    """A float16 key cache of ``num_pages`` pages of [16, 8, 128] shared by ``seqs`` sequences."""
+    rng = np.random.default_rng(seed)
+    pool = rng.standard_normal((num_pages, 16, 8, 128), dtype=np.float32).astype(np.float16)
+    block_table = rng.permutation(num_pages).astype(np.uint32)
+    per_seq = num_pages // seqs
+    seq_ptr = np.arange(0, per_seq * seqs + 1, per_seq, dtype=np.uint32)
+    block_table = block_table[: per_seq * seqs]
+    return hw.BlockPagedTensor.from_arrays(pool, block_table, seq_ptr, kv_role="key", layer_index=0)
+
+
+def line(name: str, seconds: float, base: float, base_name: str, nbytes: int | None = None) -> None:
+    rate = f"{nbytes / seconds / 1e9:6.2f} GB/s" if nbytes else " " * 11
+    print(f"  {name:<44} {seconds * 1e6:12.1f} us  {rate}  = {seconds / base:6.3f}x {base_name}")
+
+
+def bench_decode_flat(repeat: int) -> None:
+    print("\n[decode(verify=False): O(index), not O(page_pool)]")
+    sizes = [(64, "1 MiB"), (4096, "128 MiB"), (32768, "1 GiB")]
+    times = []
+    for pages, label in sizes:
+        tensor = make_tensor(pages)
+        data = bytes(blob.encode(tensor, checksum=False))
+        del tensor
+        times.append(best_of(lambda d=data: blob.decode(d, verify=False), repeat, 200))
+        print(f"  pool {label:>8}: {times[-1] * 1e6:8.1f} us")
+        del data
+    print(f"  1 GiB / 1 MiB = {times[-1] / times[0]:.2f}x (flat means ~1)")
+
+
+def arrow_roundtrip(arrays: list[np.ndarray]) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    for array in arrays:
+        pa.ipc.write_tensor(pa.Tensor.from_numpy(array), sink)
+    buf = sink.getvalue()
+
+    def write() -> Any:
+        out = pa.BufferOutputStream()
+        for array in arrays:
+            pa.ipc.write_tensor(pa.Tensor.from_numpy(array), out)
+        return out.getvalue()
+
+    def read() -> Any:
+        reader = pa.BufferReader(buf)
+        return [pa.ipc.read_tensor(reader).to_numpy() for _ in arrays]
+
+    return write, read
+
+
+def bench_reference(repeat: int) -> None:
+    tensor = make_tensor(4096)
+    pool_bytes = tensor.page_pool.reshape(-1).view(np.uint8)
+    nbytes = pool_bytes.nbytes
+    arrays = [tensor.page_pool, tensor.block_table, tensor.seq_ptr]
+    blob_checked = blob.encode(tensor)
+    blob_plain = blob.encode(tensor, checksum=False)
+    warm = np.empty(len(blob_checked), np.uint8)
+    warm_dst = warm[:nbytes]
+    blob_bytes = bytes(blob_checked)
+    np.copyto(warm_dst, pool_bytes)
+
+    print("\n[baselines, 128 MiB page_pool]")
+    memcpy = best_of(lambda: np.copyto(warm_dst, pool_bytes), repeat)
+    line("memcpy into a warm buffer", memcpy, memcpy, "memcpy", nbytes)
+    fresh_bytes = best_of(lambda: bytes(memoryview(pool_bytes)), repeat)
+    line("bytes(memoryview) (a fresh bytes object)", fresh_bytes, memcpy, "memcpy", nbytes)
+    fresh_np = best_of(lambda: np.copyto(np.empty(nbytes, np.uint8), pool_bytes), repeat)
+    line("copy into a fresh NumPy array", fresh_np, memcpy, "memcpy", nbytes)
+    xxh = best_of(lambda: xxhash.xxh3_64_intdigest(pool_bytes), repeat)
+    line("xxh3_64 (chosen checksum)", xxh, memcpy, "memcpy", nbytes)
+    crc = best_of(lambda: crc32c(pool_bytes), repeat)
+    line("CRC-32C (google-crc32c)", crc, memcpy, "memcpy", nbytes)
+    zcrc = best_of(lambda: zlib.crc32(pool_bytes), repeat)
+    line("zlib.crc32", zcrc, memcpy, "memcpy", nbytes)
+
+    print("\n[peers: write / read of the same three arrays]")
+    peers: list[tuple[str, float, float]] = []
+    try:
+        aw, ar = arrow_roundtrip(arrays)
+        peers.append(("pyarrow IPC", best_of(aw, repeat), best_of(ar, repeat, 200)))
+    except ImportError:
+        print("  pyarrow not installed")
+    arrow_read = peers[0][2] if peers else None
+    try:
+        from safetensors.numpy import load as st_load
+        from safetensors.numpy import save as st_save
+
+        named = {"page_pool": arrays[0], "block_table": arrays[1], "seq_ptr": arrays[2]}
+        st_blob = st_save(named)
+        peers.append(
+            ("safetensors", best_of(lambda: st_save(named), repeat),
+             best_of(lambda: st_load(st_blob), repeat))
+        )  # fmt: skip
+    except ImportError:
+        print("  safetensors not installed")
+
+    def np_save() -> bytes:
+        out = io.BytesIO()
+        for array in arrays:
+            np.save(out, array)
+        return out.getvalue()
+
+    saved = np_save()
+
+    def np_load() -> list[np.ndarray]:
+        source = io.BytesIO(saved)
+        return [np.load(source) for _ in arrays]
+
+    peers.append(("np.save / np.load", best_of(np_save, repeat), best_of(np_load, repeat)))
+    pickled = pickle.dumps(arrays, protocol=5)
+    peers.append(
+        ("pickle protocol 5", best_of(lambda: pickle.dumps(arrays, protocol=5), repeat),
+         best_of(lambda: pickle.loads(pickled), repeat))
+    )  # fmt: skip
+    for name, write, read in peers:
+        print(f"  {name:<20} write {write / memcpy:6.3f}x memcpy   read {read * 1e6:10.1f} us")
+
+    print("\n[hurray-wire, 128 MiB page_pool]")
+    parts = best_of(lambda: blob.encode_parts(tensor, checksum=False), repeat, 200)
+    pieces = blob.encode_parts(tensor, checksum=False)
+    shares = any(np.shares_memory(np.frombuffer(p, np.uint8), tensor.page_pool) for p in pieces)
+    print(f"  encode_parts(checksum=False)                 {parts * 1e6:10.1f} us  "
+          f"(page_pool piece is a view of the array: {shares})")  # fmt: skip
+    parts_chk = best_of(lambda: blob.encode_parts(tensor), repeat)
+    line("encode_parts(checksum=True)", parts_chk, xxh, "xxh3 alone", nbytes)
+    into = best_of(lambda: blob.encode_into(tensor, warm), repeat)
+    line("encode_into(warm buffer)", into, memcpy, "memcpy", nbytes)
+    into_plain = best_of(lambda: blob.encode_into(tensor, warm, checksum=False), repeat)
+    line("encode_into(warm buffer, checksum=False)", into_plain, memcpy, "memcpy", nbytes)
+    enc = best_of(lambda: blob.encode(tensor), repeat)
+    line("encode() (own allocation)", enc, memcpy, "memcpy", nbytes)
+    enc_plain = best_of(lambda: blob.encode(tensor, checksum=False), repeat)
+    line("encode(checksum=False)", enc_plain, memcpy, "memcpy", nbytes)
+    dec_fast = best_of(lambda: blob.decode(blob_bytes, verify=False), repeat, 500)
+    msg = f"{dec_fast * 1e6:8.1f} us"
+    if arrow_read:
+        msg += f" = {dec_fast / arrow_read:5.2f}x pyarrow IPC read ({arrow_read * 1e6:.1f} us)"
+    print(f"  decode(verify=False)                         {msg}")
+    hw.descriptor_codec._CACHE.clear()
+    blob._PLANS.clear()
+    cold = best_of(
+        lambda: (blob._PLANS.clear(), blob.decode(blob_bytes, verify=False)), repeat, 200
+    )
+    print(f"  decode(verify=False), header not memoised    {cold * 1e6:8.1f} us")
+    dec = best_of(lambda: blob.decode(blob_bytes), repeat)
+    print(f"  decode(verify=True)  throughput = {xxh / dec:5.3f}x xxh3 alone "
+          f"({nbytes / dec / 1e9:.1f} GB/s)")  # fmt: skip
+    del blob_plain
+
+
+def bench_small(repeat: int) -> None:
+    print("\n[per-blob fixed overhead: tiny blob (spec example, 664 B of buffers)]")
+    pool = np.arange(5 * 4 * 2 * 8, dtype=np.float16).reshape(5, 4, 2, 8)
+    tensor = hw.BlockPagedTensor.from_arrays(pool, [0, 1, 0], [0, 2, 3], layer_index=3)
+    desc = hw.encode_descriptor(tensor.descriptor)
+    arrays = [a.reshape(-1).view(np.uint8) for a in (pool, tensor.block_table, tensor.seq_ptr)]
+    head = struct.Struct("<4sQI")
+
+    def struct_encode() -> bytes:
+        body = b"".join([desc, *(a.tobytes() for a in arrays)])
+        return head.pack(b"TEST", len(body), 3) + body
+
+    raw = struct_encode()
+
+    def struct_decode() -> list[np.ndarray]:
+        _, _length, _count = head.unpack_from(raw, 0)
+        offset = head.size + len(desc)
+        out = []
+        for a in arrays:
+            out.append(np.frombuffer(raw, np.uint8, a.nbytes, offset))
+            offset += a.nbytes
+        return out
+
+    base = best_of(lambda: (struct_encode(), struct_decode()), repeat, 2000)
+    data = bytes(blob.encode(tensor))
+    ours = best_of(lambda: (blob.encode(tensor), blob.decode(data)), repeat, 2000)
+    ours_plain = best_of(
+        lambda: (blob.encode(tensor, checksum=False), blob.decode(data, verify=False)), repeat, 2000
+    )
+    print(f"  hand-written struct encode + decode          {base * 1e6:8.1f} us")
+    print(f"  hurray-wire encode + decode                  {ours * 1e6:8.1f} us = "
+          f"{ours / base:5.1f}x")  # fmt: skip
+    print(f"  hurray-wire (no checksums)                   {ours_plain * 1e6:8.1f} us = "
+          f"{ours_plain / base:5.1f}x")  # fmt: skip
+
+
+def bench_index_check() -> None:
+    print("\n[validate_index_buffers on 10 million entries]")
+    layout = hw.BlockPagedLayout(16, 10_000_000, 0, 1000)
+    rng = np.random.default_rng(1)
+    block_table = rng.integers(0, 10_000_000, 10_000_000, dtype=np.uint32)
+    seq_ptr = np.linspace(0, 10_000_000, 1001).astype(np.int64)
+    seq_ptr[-1] = 10_000_000
+    elapsed = best_of(
+        lambda: layout.validate_index_buffers(seq_ptr=seq_ptr, block_table=block_table), 3
+    )
+    print(f"  {elapsed * 1e3:.1f} ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--skip-flat", action="store_true", help="skip the 1 GiB decode case")
+    args = parser.parse_args(argv)
+    repeat = 3 if args.quick else 7
+    print(f"hurray-wire {hw.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
+    bench_reference(repeat)
+    bench_small(repeat)
+    bench_index_check()
+    if not args.skip_flat:
+        bench_decode_flat(repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
