@@ -273,6 +273,7 @@ DESCRIPTOR = c.Struct(
         {**LAYOUT_PAYLOADS, 0xF0: PRIVATE_LAYOUT},
         default=c.Error,
     ),
+    "buffer_table_offset" / c.Tell,
     "buffers" / c.PrefixedArray(c.Int8ul, BUFFER_HANDLE),
     "quantization" / c.If(_flag(0x01), QUANTIZATION_SECTION),
     "shard"
