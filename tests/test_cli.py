@@ -48,22 +48,36 @@ def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 SNAPSHOT_CASES = {
     "dump_spec_example.txt": ["dump", "fixtures/blobs/spec_example_f16_key_l3.hrwb"],
-    "dump_quantized.txt": ["dump", "fixtures/blobs/uint8_per_block_asym.hrwb",
-                           "fixtures/blobs/int8_per_block_sym.hrwb"],
+    "dump_quantized.txt": [
+        "dump",
+        "fixtures/blobs/uint8_per_block_asym.hrwb",
+        "fixtures/blobs/int8_per_block_sym.hrwb",
+    ],
     "dump_metadata_fp8.txt": ["dump", "fixtures/blobs/fp8_e4m3_with_metadata.hrwb"],
     "dump_compressed.txt": ["dump", "fixtures/blobs/shuffle_zstd_f16.hrwb"],
     "dump_empty_batch.txt": ["dump", "fixtures/blobs/empty_batch.hrwb"],
     "dump_layer_none_descriptor.txt": [
-        "dump", "fixtures/conformance/block_paged/descriptors/bp_layer_none_f16_key.bin"],
-    "dump_reference_csr.txt": ["dump", "fixtures/conformance/reference/descriptors/csr_f32_3x3.bin"],
+        "dump",
+        "fixtures/conformance/block_paged/descriptors/bp_layer_none_f16_key.bin",
+    ],
+    "dump_reference_csr.txt": [
+        "dump",
+        "fixtures/conformance/reference/descriptors/csr_f32_3x3.bin",
+    ],
     "dump_stream.txt": ["dump", "fixtures/streams/whole_cache_2_layers.hrws"],
     "dump_hex_spec_example.txt": ["dump", "--hex", "fixtures/blobs/spec_example_f16_key_l3.hrwb"],
     "dump_hex_descriptor.txt": [
-        "dump", "--hex", "fixtures/conformance/block_paged/descriptors/bp_layer_none_f16_key.bin"],
-    "validate_fixtures.txt": ["validate", "fixtures/blobs/spec_example_f16_key_l3.hrwb",
-                              "fixtures/streams/whole_cache_2_layers.hrws",
-                              "fixtures/conformance/reference/descriptors/row_major_f32_3x4.bin"],
-}  # fmt: skip
+        "dump",
+        "--hex",
+        "fixtures/conformance/block_paged/descriptors/bp_layer_none_f16_key.bin",
+    ],
+    "validate_fixtures.txt": [
+        "validate",
+        "fixtures/blobs/spec_example_f16_key_l3.hrwb",
+        "fixtures/streams/whole_cache_2_layers.hrws",
+        "fixtures/conformance/reference/descriptors/row_major_f32_3x4.bin",
+    ],
+}
 
 
 @pytest.mark.parametrize("name", sorted(SNAPSHOT_CASES))
