@@ -3,7 +3,6 @@
 Each example's ``import hurray`` is the only change: ``import hurray_wire as hurray``.
 """
 
-# ruff: noqa: E501, E261
 
 
 def test_building_a_descriptor() -> None:

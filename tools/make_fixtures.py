@@ -30,11 +30,10 @@ SMALL = 4096  # arrays up to this many bytes are listed in full in the manifest
 
 
 def lcg(count: int, seed: int) -> np.ndarray:
-    """``count`` pseudo-random uint32 from a 32-bit LCG (exact integer arithmetic)."""
+    """``count`` pseudo-random uint32: a splitmix64-style hash of the index (exact integers)."""
     state = np.uint64(seed)
     out = np.empty(count, np.uint64)
     index = np.arange(count, dtype=np.uint64)
-    # x_i = a^i * seed + c * (a^i - 1) / (a - 1) is awkward; a per-index hash is simpler:
     mixed = (index * np.uint64(0x9E3779B97F4A7C15) + state) & np.uint64(0xFFFFFFFFFFFFFFFF)
     mixed ^= mixed >> np.uint64(29)
     mixed = (mixed * np.uint64(0xBF58476D1CE4E5B9)) & np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -55,7 +54,9 @@ def spec_pool(num_pages: int, page_size: int, heads: int, dim: int, used: set[in
     return np.where(mask, values, 0).astype(np.float16)
 
 
-def used_slots(block_table: list[int], seq_ptr: list[int], seq_lens: list[int], page: int) -> set[int]:
+def used_slots(
+    block_table: list[int], seq_ptr: list[int], seq_lens: list[int], page: int
+) -> set[int]:
     slots = set()
     for seq, length in enumerate(seq_lens):
         pages = block_table[seq_ptr[seq] : seq_ptr[seq + 1]]
@@ -92,8 +93,6 @@ def spec_example(**kw: Any) -> hw.BlockPagedTensor:
 def vllm_like(role: str, layer: int, dtype: Any = np.float16, **kw: Any) -> hw.BlockPagedTensor:
     """page_size 16, 4 KV heads of 64, three sequences of 40, 17 and 33 tokens; sequences
     0 and 2 share their first two pages (a common prompt prefix)."""
-    bt = [0, 1, 2, 3, 0, 1, 5]
-    sp = [0, 3, 5, 7]
     lens = [40, 17, 33]
     bt = [0, 1, 2, 3, 4, 0, 1, 5]
     sp = [0, 3, 5, 8]
@@ -104,8 +103,9 @@ def vllm_like(role: str, layer: int, dtype: Any = np.float16, **kw: Any) -> hw.B
 
 
 def quantized_int8_sym() -> hw.BlockPagedTensor:
-    q = hw.PerBlockAffine.symmetric(axis=0, block_size=4, scale_buffer_index=3,
-                                    scale_type=hw.float32)  # fmt: skip
+    q = hw.PerBlockAffine.symmetric(
+        axis=0, block_size=4, scale_buffer_index=3, scale_type=hw.float32
+    )
     codes = (lcg(5 * 4 * 2 * 8, 7) % np.uint32(255)).astype(np.int16) - 127
     pool = codes.astype(np.int8).reshape(5, 4, 2, 8)
     scales = (np.arange(20, dtype=np.float32) + 1) / 64
@@ -115,24 +115,37 @@ def quantized_int8_sym() -> hw.BlockPagedTensor:
 
 
 def quantized_uint8_asym() -> hw.BlockPagedTensor:
-    q = hw.PerBlockAffine.asymmetric(axis=0, block_size=4, scale_buffer_index=3,
-                                     zero_point_buffer_index=4, scale_type=hw.float16)  # fmt: skip
+    q = hw.PerBlockAffine.asymmetric(
+        axis=0, block_size=4, scale_buffer_index=3, zero_point_buffer_index=4, scale_type=hw.float16
+    )
     pool = (lcg(4 * 4 * 2 * 4, 11) % np.uint32(256)).astype(np.uint8).reshape(4, 4, 2, 4)
     scales = ((np.arange(16) % 7 + 1) / 32).astype(np.float16)
     zero_points = (np.arange(16, dtype=np.int32) * 5) % 128
     return hw.BlockPagedTensor.from_arrays(
-        pool, [3, 1, 2], [0, 2, 3], seq_lens=[7, 2], kv_role="value", layer_index=5,
-        quantization=q, scales=scales, zero_points=zero_points,
-    )  # fmt: skip
+        pool,
+        [3, 1, 2],
+        [0, 2, 3],
+        seq_lens=[7, 2],
+        kv_role="value",
+        layer_index=5,
+        quantization=q,
+        scales=scales,
+        zero_points=zero_points,
+    )
 
 
 def fp8_cache() -> hw.BlockPagedTensor:
     codes = (lcg(6 * 8 * 2 * 16, 13) % np.uint32(0x7E)).astype(np.uint8)  # finite, positive
     pool = codes.view(ml_dtypes.float8_e4m3fn).reshape(6, 8, 2, 16)
     return hw.BlockPagedTensor.from_arrays(
-        pool, [5, 0, 3, 1], [0, 2, 4], seq_lens=[12, 9], kv_role="key", layer_index=0,
+        pool,
+        [5, 0, 3, 1],
+        [0, 2, 4],
+        seq_lens=[12, 9],
+        kv_role="key",
+        layer_index=0,
         metadata={"hurray.k_scale": 0.03125, "model": "fixture-fp8", "request_ids": ["r-1", "r-2"]},
-    )  # fmt: skip
+    )
 
 
 def empty_batch() -> hw.BlockPagedTensor:
@@ -145,37 +158,93 @@ def uint64_index() -> hw.BlockPagedTensor:
 
 
 CASES: list[Case] = [
-    ("spec_example_f16_key_l3", "Spec worked example: float16 [9,2,8], page_size 4, 5 pages, "
-     "2 sequences (6 + 3 tokens) sharing page 0, layer 3 keys, with seq_lens", spec_example, {}),
-    ("layer_none_f16_key", "Spec example without a layer (wire 0xFFFFFFFF)",
-     lambda: spec_example(layer_index=None), {}),
-    ("value_role_u64_index", "Spec example as values with uint64 block_table / seq_ptr",
-     uint64_index, {}),
-    ("fused_role_no_seq_lens", "Spec example, fused role, no seq_lens (total_tokens given)",
-     lambda: spec_example(kv_role="fused", seq_lens=None, total_tokens=9), {}),
+    (
+        "spec_example_f16_key_l3",
+        "Spec worked example: float16 [9,2,8], page_size 4, 5 pages, "
+        "2 sequences (6 + 3 tokens) sharing page 0, layer 3 keys, with seq_lens",
+        spec_example,
+        {},
+    ),
+    (
+        "layer_none_f16_key",
+        "Spec example without a layer (wire 0xFFFFFFFF)",
+        lambda: spec_example(layer_index=None),
+        {},
+    ),
+    (
+        "value_role_u64_index",
+        "Spec example as values with uint64 block_table / seq_ptr",
+        uint64_index,
+        {},
+    ),
+    (
+        "fused_role_no_seq_lens",
+        "Spec example, fused role, no seq_lens (total_tokens given)",
+        lambda: spec_example(kv_role="fused", seq_lens=None, total_tokens=9),
+        {},
+    ),
     ("empty_batch", "The empty batch: num_seqs 0, seq_ptr [0], a 2-page pool", empty_batch, {}),
-    ("vllm_prefix_sharing_f16", "vLLM-like page_size 16 batch: partial last pages, sequences 0 "
-     "and 2 share a 2-page prefix", lambda: vllm_like("key", 12), {}),
-    ("bf16_value", "bfloat16 values of the vLLM-like batch",
-     lambda: vllm_like("value", 12, ml_dtypes.bfloat16), {}),
-    ("int8_per_block_sym", "int8 cache, per-block affine (per page slot) f32 scales, symmetric",
-     quantized_int8_sym, {}),
-    ("uint8_per_block_asym", "uint8 cache, per-block affine f16 scales and int32 zero points",
-     quantized_uint8_asym, {}),
-    ("fp8_e4m3_with_metadata", "float8_e4m3 cache (unquantized, [A12]) with k_scale and request "
-     "ids in the metadata section", fp8_cache, {}),
-    ("zstd_f16", "vLLM-like batch, every buffer zstd-compressed (level 3)",
-     lambda: vllm_like("key", 1), {"compression": "zstd:3"}),
-    ("shuffle_zstd_f16", "vLLM-like batch, byte-shuffle + zstd (the default codec)",
-     lambda: vllm_like("key", 2), {"compression": "shuffle-zstd:1"}),
-    ("shuffle_zstd_bf16", "bfloat16 batch, byte-shuffle + zstd",
-     lambda: vllm_like("value", 2, ml_dtypes.bfloat16), {"compression": "shuffle-zstd:1"}),
-    ("no_checksums", "Spec example without section checksums (checksum_type 0)",
-     spec_example, {"checksum": False}),
-]  # fmt: skip
+    (
+        "vllm_prefix_sharing_f16",
+        "vLLM-like page_size 16 batch: partial last pages, sequences 0 and 2 share a 2-page prefix",
+        lambda: vllm_like("key", 12),
+        {},
+    ),
+    (
+        "bf16_value",
+        "bfloat16 values of the vLLM-like batch",
+        lambda: vllm_like("value", 12, ml_dtypes.bfloat16),
+        {},
+    ),
+    (
+        "int8_per_block_sym",
+        "int8 cache, per-block affine (per page slot) f32 scales, symmetric",
+        quantized_int8_sym,
+        {},
+    ),
+    (
+        "uint8_per_block_asym",
+        "uint8 cache, per-block affine f16 scales and int32 zero points",
+        quantized_uint8_asym,
+        {},
+    ),
+    (
+        "fp8_e4m3_with_metadata",
+        "float8_e4m3 cache (unquantized, [A12]) with k_scale and request "
+        "ids in the metadata section",
+        fp8_cache,
+        {},
+    ),
+    (
+        "zstd_f16",
+        "vLLM-like batch, every buffer zstd-compressed (level 3)",
+        lambda: vllm_like("key", 1),
+        {"compression": "zstd:3"},
+    ),
+    (
+        "shuffle_zstd_f16",
+        "vLLM-like batch, byte-shuffle + zstd (the default codec)",
+        lambda: vllm_like("key", 2),
+        {"compression": "shuffle-zstd:1"},
+    ),
+    (
+        "shuffle_zstd_bf16",
+        "bfloat16 batch, byte-shuffle + zstd",
+        lambda: vllm_like("value", 2, ml_dtypes.bfloat16),
+        {"compression": "shuffle-zstd:1"},
+    ),
+    (
+        "no_checksums",
+        "Spec example without section checksums (checksum_type 0)",
+        spec_example,
+        {"checksum": False},
+    ),
+]
 
-STREAM = ("whole_cache_2_layers", "A small whole cache: layers 0 and 1 x key and value, four "
-          "blobs back to back")  # fmt: skip
+STREAM = (
+    "whole_cache_2_layers",
+    "A small whole cache: layers 0 and 1 x key and value, four blobs back to back",
+)
 
 
 def stream_tensors() -> list[hw.BlockPagedTensor]:
@@ -197,48 +266,75 @@ def describe(tensor: hw.BlockPagedTensor, data: bytes, options: dict[str, Any]) 
     sections = []
     for number in range(count):
         entry = blob._ENTRY.struct.unpack_from(data, 32 + 48 * number)
-        sections.append({
-            "kind": wire.SECTION_KINDS[entry[0]], "flags": entry[1], "codec": entry[2],
-            "codec_param": entry[3], "index": entry[4], "offset": entry[5],
-            "stored_size": entry[6], "raw_size": entry[7], "checksum": f"{entry[8]:016x}",
-            "alignment": entry[9],
-        })  # fmt: skip
-    arrays = {"page_pool": tensor.page_pool, "block_table": tensor.block_table,
-              "seq_ptr": tensor.seq_ptr, "scales": tensor.scales,
-              "zero_points": tensor.zero_points, "seq_lens": tensor.seq_lens}  # fmt: skip
+        sections.append(
+            {
+                "kind": wire.SECTION_KINDS[entry[0]],
+                "flags": entry[1],
+                "codec": entry[2],
+                "codec_param": entry[3],
+                "index": entry[4],
+                "offset": entry[5],
+                "stored_size": entry[6],
+                "raw_size": entry[7],
+                "checksum": f"{entry[8]:016x}",
+                "alignment": entry[9],
+            }
+        )
+    arrays = {
+        "page_pool": tensor.page_pool,
+        "block_table": tensor.block_table,
+        "seq_ptr": tensor.seq_ptr,
+        "scales": tensor.scales,
+        "zero_points": tensor.zero_points,
+        "seq_lens": tensor.seq_lens,
+    }
     contents: dict[str, Any] = {}
     for name, array in arrays.items():
         if array is None:
             continue
-        entry_: dict[str, Any] = {"sha256": digest(np.ascontiguousarray(array)),
-                                  "dtype": str(array.dtype), "shape": list(array.shape)}  # fmt: skip
+        entry_: dict[str, Any] = {
+            "sha256": digest(np.ascontiguousarray(array)),
+            "dtype": str(array.dtype),
+            "shape": list(array.shape),
+        }
         if array.nbytes <= SMALL:
-            entry_["values"] = array.reshape(-1).view(f"u{array.itemsize}").tolist() if (
-                array.dtype.kind not in "iu") else array.reshape(-1).tolist()  # fmt: skip
+            entry_["values"] = (
+                array.reshape(-1).view(f"u{array.itemsize}").tolist()
+                if (array.dtype.kind not in "iu")
+                else array.reshape(-1).tolist()
+            )
             entry_["values_are"] = "raw bit patterns" if array.dtype.kind not in "iu" else "values"
         contents[name] = entry_
     quant = d.quantization
     return {
-        "options": {"compression": options.get("compression"),
-                    "checksum": options.get("checksum", True)},
+        "options": {
+            "compression": options.get("compression"),
+            "checksum": options.get("checksum", True),
+        },
         "total_length": len(data),
         "sha256": digest(data),
         "descriptor_hex": hw.encode_descriptor(d).hex(),
         "element_type": d.element_type.name,
         "shape": list(d.shape),
-        "page_size": layout.page_size, "num_pages": layout.num_pages, "num_seqs": layout.num_seqs,
-        "kv_role": layout.kv_role, "layer_index": layout.layer_index,
+        "page_size": layout.page_size,
+        "num_pages": layout.num_pages,
+        "num_seqs": layout.num_seqs,
+        "kv_role": layout.kv_role,
+        "layer_index": layout.layer_index,
         "block_table_index_type": layout.block_table_index_type,
         "buffer_names": list(d.buffer_names),
         "buffer_byte_sizes": [h.byte_size for h in d.buffers],
-        "quantization": None if quant is None else {"scheme": quant.name, **{
-            k: (v.name if isinstance(v, hw.ElementType) else v)
-            for k, v in vars(quant).items()}},
+        "quantization": None
+        if quant is None
+        else {
+            "scheme": quant.name,
+            **{k: (v.name if isinstance(v, hw.ElementType) else v) for k, v in vars(quant).items()},
+        },
         "sections": sections,
         "seq_lens": None if tensor.seq_lens is None else tensor.seq_lens.tolist(),
         "metadata": {k: v for k, v in tensor.metadata.items()},
         "arrays": contents,
-    }  # fmt: skip
+    }
 
 
 def generate(out: Path) -> dict[str, Any]:
@@ -257,22 +353,38 @@ def generate(out: Path) -> dict[str, Any]:
         data = bytes(blob.encode(tensor, **options))
         (out / "blobs" / f"{name}.hrwb").write_bytes(data)
         (out / "descriptors" / f"{name}.bin").write_bytes(hw.encode_descriptor(tensor.descriptor))
-        manifest["blobs"].append({
-            "file": f"blobs/{name}.hrwb", "descriptor_file": f"descriptors/{name}.bin",
-            "name": name, "description": description, **describe(tensor, data, options),
-        })  # fmt: skip
+        manifest["blobs"].append(
+            {
+                "file": f"blobs/{name}.hrwb",
+                "descriptor_file": f"descriptors/{name}.bin",
+                "name": name,
+                "description": description,
+                **describe(tensor, data, options),
+            }
+        )
     name, description = STREAM
     pieces = [bytes(blob.encode(t)) for t in stream_tensors()]
     data = b"".join(pieces)
     (out / "streams").mkdir(exist_ok=True)
     (out / "streams" / f"{name}.hrws").write_bytes(data)
-    manifest["streams"].append({
-        "file": f"streams/{name}.hrws", "name": name, "description": description,
-        "total_length": len(data), "sha256": digest(data),
-        "blobs": [{"offset": sum(len(p) for p in pieces[:i]), "length": len(p),
-                   "kv_role": t.kv_role, "layer_index": t.layer_index}
-                  for i, (p, t) in enumerate(zip(pieces, stream_tensors(), strict=True))],
-    })  # fmt: skip
+    manifest["streams"].append(
+        {
+            "file": f"streams/{name}.hrws",
+            "name": name,
+            "description": description,
+            "total_length": len(data),
+            "sha256": digest(data),
+            "blobs": [
+                {
+                    "offset": sum(len(p) for p in pieces[:i]),
+                    "length": len(p),
+                    "kv_role": t.kv_role,
+                    "layer_index": t.layer_index,
+                }
+                for i, (p, t) in enumerate(zip(pieces, stream_tensors(), strict=True))
+            ],
+        }
+    )
     text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
     (out / "manifest.json").write_text(text, encoding="utf-8")
     return manifest
@@ -283,8 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "fixtures")
     args = parser.parse_args(argv)
     manifest = generate(args.out)
-    print(f"wrote {len(manifest['blobs'])} blobs and {len(manifest['streams'])} stream(s) "
-          f"to {args.out}")  # fmt: skip
+    print(
+        f"wrote {len(manifest['blobs'])} blobs and {len(manifest['streams'])} stream(s) "
+        f"to {args.out}"
+    )
     return 0
 
 
