@@ -22,6 +22,8 @@ def check_uint(
     error: type[InvalidDescriptorError] = InvalidDescriptorError,
 ) -> int:
     """``value`` as an int in ``[minimum, maximum]``; bools and non-integers are refused."""
+    if type(value) is int and minimum <= value <= maximum:  # the common case, fast
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise error("must be an integer", field=field, found=repr(value))
     number = int(value)

@@ -72,6 +72,7 @@ _KV_ROLE_NAMES = {v: k for k, v in w.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 _CACHE: dict[bytes, TensorDescriptor] = {}
+_HANDLES: dict[bytes, BufferHandle] = {}
 _CACHE_LIMIT = 1024
 
 # Byte offsets of the fixed fields of a rank-3 block-paged descriptor, for error messages.
@@ -369,6 +370,18 @@ def _layout_class(tag: int) -> str:
 
 
 def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
+    key = raw[offset : offset + 16]
+    known = _HANDLES.get(key)
+    if known is not None:  # handles are immutable values: reuse the checked one
+        return known
+    handle = _new_handle(raw, offset, index)
+    if len(_HANDLES) >= _CACHE_LIMIT:
+        _HANDLES.clear()
+    _HANDLES[key] = handle
+    return handle
+
+
+def _new_handle(raw: bytes, offset: int, index: int) -> BufferHandle:
     values = _HANDLE.struct.unpack_from(raw, offset)
     if values[5] != b"\0":
         raise _error(
