@@ -426,12 +426,15 @@ def decode(
             found=len(view),
         )
     header_length, count = _LENGTH_COUNT.unpack_from(view, 16)
-    if header_length + 8 > total:
+    expected_length = _HEADER_SIZE + _ENTRY_SIZE * count + _U32.unpack_from(view, 24)[0]
+    if header_length != expected_length or header_length + 8 > total:
         raise InvalidBlobError(
-            "header_length beyond total_length",
+            "header_length disagrees with section_count and descriptor_length, or leaves no "
+            "room for the header checksum within total_length",
             section="header",
             field="header_length",
             offset=16,
+            expected=expected_length,
             found=header_length,
         )
     stored_hash = _U64.unpack_from(view, header_length)[0]
@@ -446,9 +449,9 @@ def decode(
         )
     # Everything but the section checksums is memoised: equal bytes, equal verdict.
     key = bytearray(view[:header_length])
-    table_end = min(_HEADER_SIZE + _ENTRY_SIZE * count, header_length)
-    for at in range(_HEADER_SIZE + 32, table_end, _ENTRY_SIZE):
-        key[at : at + 8] = _ZERO8
+    if view[22] == w.CHECKSUM_XXH3_64:  # with checksum_type 0 the fields must stay zero
+        for at in range(_HEADER_SIZE + 32, _HEADER_SIZE + _ENTRY_SIZE * count, _ENTRY_SIZE):
+            key[at : at + 8] = _ZERO8
     memo_key = (bytes(key), limits)
     plan = _PLANS.get(memo_key)
     if plan is None:
