@@ -306,6 +306,8 @@ def encode(
 ) -> memoryview:
     """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, which
     costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed."""
+    if not isinstance(tensor, BlockPagedTensor):
+        raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
         return memoryview(bytearray().join(encode_parts(tensor, compression=compression,
                                                         checksum=checksum)))  # fmt: skip
