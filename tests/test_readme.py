@@ -13,4 +13,4 @@ def test_readme_python_blocks_run() -> None:
     assert len(blocks) >= 2
     namespace: dict[str, object] = {}
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own docs
+        exec(compile(block, "README.md", "exec"), namespace)
