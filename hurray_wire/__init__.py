@@ -5,6 +5,7 @@ the element types, ``TensorDescriptor`` with ``encode_descriptor`` / ``decode_de
 This module only re-exports.
 """
 
+from hurray_wire import reference  # noqa: F401  (hurray_wire.reference.write_stream, ...)
 from hurray_wire.blob import DecodeLimits, blob_length, decode, encode, encode_into, encode_parts
 from hurray_wire.codecs import Compression
 from hurray_wire.descriptor import BufferHandle, Statistics, TensorDescriptor

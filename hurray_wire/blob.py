@@ -736,6 +736,14 @@ def _section_types(
         pool = (np.dtype(np.uint8), (descriptor.buffers[0].byte_size,))
     else:
         pool_shape = (layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2])
+        page_bytes = layout.page_size * descriptor.shape[1] * descriptor.shape[2] * etype.itemsize
+        if page_bytes >= 2**63:  # NumPy cannot even shape an empty pool of such pages
+            raise LimitExceededError(
+                "one page of the pool would exceed 2**63 bytes",
+                section="descriptor",
+                field="shape",
+                found=f"page_size {layout.page_size} x shape {list(descriptor.shape[1:])}",
+            )
         pool = (etype.numpy_dtype, pool_shape)
     types: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {
         (w.KIND_BUFFER, 0): pool,

@@ -282,9 +282,13 @@ def check_seq_lens(lens: Array, seq_ptr: Array, page_size: int, total_tokens: in
             found=len(lens),
             expected=num_seqs,
         )
-    total = int(lens.sum(dtype=np.uint64)) if num_seqs else 0
-    if lens.size and int(lens.max()) > U32_MAX * page_size:
-        total = -1
+    total = 0
+    if num_seqs:
+        largest = int(lens.max())
+        if largest * num_seqs < 2**64:  # the uint64 sum cannot wrap
+            total = int(lens.sum(dtype=np.uint64))
+        else:
+            total = sum(lens.tolist())
     if total != total_tokens:
         raise IndexBufferError(
             "sum(seq_lens) must equal shape[0] (total_tokens)",

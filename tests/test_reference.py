@@ -889,12 +889,7 @@ def test_unshapeable_empty_pool_is_a_container_error(tmp_path: Path) -> None:
             list(ref.read_stream(source))
 
 
-# -- bugs found in other modules (strict xfail: they fail until fixed) -----------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: blob._assemble reshapes an empty page_pool to [0, P, H, D] without guarding "
-    "NumPy's size limits: decode raises a bare ValueError, not a HurrayWireError",
-)
+# -- regressions of bugs found in other modules -------------------------------------------------
 def test_blob_decode_of_unshapeable_empty_pool_raises_a_hurray_error() -> None:
     descriptor = hw.decode_descriptor(_empty_batch_with_huge_heads())
     tensor = hw.BlockPagedTensor._trusted(
@@ -905,11 +900,6 @@ def test_blob_decode_of_unshapeable_empty_pool_raises_a_hurray_error() -> None:
         hw.decode(blob)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: tensor.check_seq_lens sums seq_lens in uint64, so lengths whose sum wraps "
-    "past 2**64 pass as a small total_tokens (the page check also passes)",
-)
 def test_check_seq_lens_detects_a_sum_that_wraps() -> None:
     from hurray_wire.tensor import check_seq_lens
 
@@ -921,8 +911,10 @@ def test_check_seq_lens_detects_a_sum_that_wraps() -> None:
 
 
 def test_hrry_descriptor_length_limit() -> None:
-    with ref.HrryFile(LAYER0, max_descriptor_length=132) as hrry:
-        with pytest.raises(InvalidContainerError, match="descriptor_length out of range"):
-            hrry.descriptor("kv_cache.layer0.key")
+    with (
+        ref.HrryFile(LAYER0, max_descriptor_length=132) as hrry,
+        pytest.raises(InvalidContainerError, match="descriptor_length out of range"),
+    ):
+        hrry.descriptor("kv_cache.layer0.key")
     with pytest.raises(ArgumentTypeError):
         ref.HrryFile(LAYER0, max_descriptor_length=19)
