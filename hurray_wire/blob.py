@@ -30,10 +30,9 @@ from hurray_wire.errors import (
     PaddingError,
     SectionError,
 )
-from hurray_wire.layout import check_index_arrays
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.quantization import PerBlockAffine, PerChannelAffine
-from hurray_wire.tensor import BlockPagedTensor, check_seq_lens
+from hurray_wire.tensor import BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import derive
 
@@ -390,7 +389,6 @@ class _Plan:
     entries: tuple[_Entry, ...]
     tail_start: int  # trailing zero padding: [tail_start, total)
     verify_sections: bool
-    types: dict[tuple[int, int], tuple[Any, tuple[int, ...]]]
 
 
 _PLANS: dict[tuple[bytes, DecodeLimits], _Plan] = {}
@@ -535,10 +533,7 @@ def _plan_from_header(view: memoryview, total: int, limits: DecodeLimits) -> _Pl
     entries, tail = _check_entries(
         raw_entries, descriptor, header_length + 8, total, checksum_type, limits
     )
-    return _Plan(
-        descriptor, total, entries, tail, checksum_type == w.CHECKSUM_XXH3_64,
-        _section_types(descriptor),
-    )  # fmt: skip
+    return _Plan(descriptor, total, entries, tail, checksum_type == w.CHECKSUM_XXH3_64)
 
 
 def _check_entries(
@@ -724,55 +719,12 @@ def _check_entries(
     return tuple(entries), cursor
 
 
-def _section_types(
-    descriptor: TensorDescriptor,
-) -> dict[tuple[int, int], tuple[Any, tuple[int, ...]]]:
-    """The NumPy dtype and shape each known section decodes to (bytes when shared)."""
-    layout = descriptor.layout
-    etype = descriptor.element_type
-    index = layout.index_dtype
-    pool: tuple[Any, tuple[int, ...]]
-    if etype.is_packed:
-        pool = (np.dtype(np.uint8), (descriptor.buffers[0].byte_size,))
-    else:
-        pool_shape = (layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2])
-        page_bytes = layout.page_size * descriptor.shape[1] * descriptor.shape[2] * etype.itemsize
-        if page_bytes >= 2**63:  # NumPy cannot even shape an empty pool of such pages
-            raise LimitExceededError(
-                "one page of the pool would exceed 2**63 bytes",
-                section="descriptor",
-                field="shape",
-                found=f"page_size {layout.page_size} x shape {list(descriptor.shape[1:])}",
-            )
-        pool = (etype.numpy_dtype, pool_shape)
-    types: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {
-        (w.KIND_BUFFER, 0): pool,
-        (w.KIND_BUFFER, 1): (index, (descriptor.num_logical_pages,)),
-        (w.KIND_BUFFER, 2): (index, (layout.num_seqs + 1,)),
-        (w.KIND_SEQ_LENS, 0): (np.dtype("<u8"), (layout.num_seqs,)),
-    }
-    quant = descriptor.quantization
-    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-        scale_dtype = quant.scale_type.numpy_dtype
-        zp = quant.zero_point_buffer_index
-        if zp != quant.scale_buffer_index:
-            size = descriptor.buffers[quant.scale_buffer_index].byte_size
-            types[(w.KIND_BUFFER, quant.scale_buffer_index)] = (
-                scale_dtype, (size // scale_dtype.itemsize,)
-            )  # fmt: skip
-            if zp is not None:
-                count = descriptor.buffers[zp].byte_size // 4
-                types[(w.KIND_BUFFER, zp)] = (np.dtype("<i4"), (count,))
-    return types
-
-
 def _materialize(
     view: memoryview, plan: _Plan, verify: bool, limits: DecodeLimits
 ) -> BlockPagedTensor:
-    """Check padding and checksums, decode the sections and the index invariants."""
-    payloads: dict[tuple[int, int], npt.NDArray[Any]] = {}
+    """Check padding and checksums, decode the sections, then assemble the tensor."""
+    payloads: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}
     check_hash = verify and plan.verify_sections
-    types = plan.types
     for e in plan.entries:
         if e.offset > e.pad_start:
             _check_zero(view, e.pad_start, e.offset, e.where)
@@ -787,22 +739,17 @@ def _materialize(
                     expected=f"0x{computed:016x}",
                     found=f"0x{stored_checksum:016x}",
                 )
-        key = (e.kind, e.index)
         if e.kind not in w.SECTION_KINDS:
             continue
-        dtype, shape = types.get(key, _BYTES)
         if e.codec == codecs.CODEC_RAW:
-            array = np.frombuffer(view, dtype, e.raw_size // dtype.itemsize, e.offset)
+            payload = np.frombuffer(view, np.uint8, e.stored_size, e.offset)
         else:
             stored = view[e.offset : e.offset + e.stored_size]
-            array = _decompress(e.codec, e.codec_param, stored, e.raw_size, e.where).view(dtype)
-        payloads[key] = array.reshape(shape) if len(shape) > 1 else array
+            payload = _decompress(e.codec, e.codec_param, stored, e.raw_size, e.where)
+        payloads[(e.kind, e.index)] = payload
     if plan.total > plan.tail_start:
         _check_zero(view, plan.tail_start, plan.total, "trailing padding")
-    return _assemble(plan.descriptor, payloads, limits)
-
-
-_BYTES: tuple[Any, tuple[int, ...]] = (np.dtype(np.uint8), (-1,))
+    return _assemble(plan.descriptor, payloads)
 
 
 def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
@@ -830,36 +777,14 @@ def _decompress(
 
 
 def _assemble(
-    descriptor: TensorDescriptor,
-    payloads: dict[tuple[int, int], npt.NDArray[Any]],
-    limits: DecodeLimits,
+    descriptor: TensorDescriptor, payloads: dict[tuple[int, int], npt.NDArray[np.uint8]]
 ) -> BlockPagedTensor:
-    """Check the index invariants and seq_lens, then build the tensor from typed arrays."""
-    layout = descriptor.layout
-    block_table = payloads[(w.KIND_BUFFER, 1)]
-    seq_ptr = payloads[(w.KIND_BUFFER, 2)]
-    try:
-        check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
-    except HurrayWireError as exc:
-        raise exc.relocated(section=f"buffer[{1 if exc.field == 'block_table' else 2}]") from None
-    scales = zero_points = None
-    quant = descriptor.quantization
-    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-        scales = payloads[(w.KIND_BUFFER, quant.scale_buffer_index)]
-        zp = quant.zero_point_buffer_index
-        if zp == quant.scale_buffer_index:  # one buffer: [scales | zero_points]
-            dtype = quant.scale_type.numpy_dtype
-            entries = scales.nbytes // (dtype.itemsize + 4)
-            zero_points = scales[entries * dtype.itemsize :].view("<i4")
-            scales = scales[: entries * dtype.itemsize].view(dtype)
-        elif zp is not None:
-            zero_points = payloads[(w.KIND_BUFFER, zp)]
-    seq_lens = payloads.get((w.KIND_SEQ_LENS, 0))
-    if seq_lens is not None:
-        try:
-            check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
-        except HurrayWireError as exc:
-            raise exc.relocated(section="seq_lens") from None
+    """Type the sections and check what needs their contents (shared with the containers)."""
+    buffers = [payloads[(w.KIND_BUFFER, i)] for i in range(len(descriptor.buffers))]
+    seq_lens = None
+    lens_payload = payloads.get((w.KIND_SEQ_LENS, 0))
+    if lens_payload is not None:
+        seq_lens = lens_payload.view("<u8")
     metadata: dict[str, Any] = {}
     meta_payload = payloads.get((w.KIND_METADATA, 0))
     if meta_payload is not None:
@@ -867,7 +792,8 @@ def _assemble(
             metadata = dict(decode_metadata(meta_payload))
         except HurrayWireError as exc:
             raise exc.relocated(section="metadata") from None
-    return BlockPagedTensor._trusted(
-        descriptor, payloads[(w.KIND_BUFFER, 0)], block_table, seq_ptr, scales, zero_points,
-        seq_lens, metadata,
-    )  # fmt: skip
+    try:
+        return assemble(descriptor, buffers, seq_lens, metadata)
+    except HurrayWireError as exc:
+        section = {"block_table": "buffer[1]", "seq_ptr": "buffer[2]", "seq_lens": "seq_lens"}
+        raise exc.relocated(section=section.get(exc.field or "", "buffer[0]")) from None

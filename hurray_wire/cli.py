@@ -108,7 +108,7 @@ def _reference_items(data: Any, kind: str) -> Iterator[Item]:
         for number, tensor in enumerate(reference.read_stream(data)):
             yield Item(f"record {number}", kind, tensor=tensor)
         return
-    reader = reference.HrryFile(data)
+    reader = reference.HrryFile.from_buffer(data)
     for name in reader.names:
         try:
             yield Item(name, kind, tensor=reader.tensor(name), extra={"name": name})

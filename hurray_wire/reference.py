@@ -49,7 +49,6 @@ from hurray_wire.errors import (
     InvalidTensorError,
     UnsupportedLayoutError,
 )
-from hurray_wire.layout import check_index_arrays
 from hurray_wire.metadata import (
     MetadataInput,
     MetadataValue,
@@ -57,8 +56,7 @@ from hurray_wire.metadata import (
     decode_metadata,
     encode_metadata,
 )
-from hurray_wire.quantization import PerBlockAffine, PerChannelAffine
-from hurray_wire.tensor import BlockPagedTensor, check_seq_lens
+from hurray_wire.tensor import BlockPagedTensor, assemble, check_seq_lens
 from hurray_wire.wire import containers as wc
 from hurray_wire.wire.fast import derive
 
@@ -109,47 +107,8 @@ def _align(value: int, alignment: int) -> int:
 
 # -- shared: descriptor + buffers -> tensor ---------------------------------------------------
 def _assemble(descriptor: TensorDescriptor, buffers: list[Array]) -> BlockPagedTensor:
-    """Type and check the raw buffers of one tensor, as the blob decoder's ``_assemble`` does.
-
-    ``buffers`` are 1-D uint8 arrays in table order, whose sizes the caller matched to the
-    handles. Raises the index-buffer errors of ``check_index_arrays`` unchanged.
-    """
-    layout = descriptor.layout
-    etype = descriptor.element_type
-    pool = buffers[0]
-    if not etype.is_packed:
-        shape = (layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2])
-        try:
-            pool = pool.view(etype.numpy_dtype).reshape(shape)
-        except ValueError:  # an empty pool whose other dimensions overflow NumPy's limits
-            raise InvalidTensorError(
-                "page_pool shape cannot be represented as a NumPy array",
-                field="page_pool",
-                found=f"shape {shape}",
-            ) from None
-    block_table = buffers[1].view(layout.index_dtype)
-    seq_ptr = buffers[2].view(layout.index_dtype)
-    check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
-    scales = zero_points = None
-    quant = descriptor.quantization
-    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-        if isinstance(quant, PerBlockAffine):
-            scale_dtype = np.dtype(quant.scale_type.numpy_dtype)
-            entries = layout.page_slots
-        else:
-            scale_dtype = np.dtype("<f4")
-            entries = descriptor.shape[quant.axis]
-        payload = buffers[quant.scale_buffer_index]
-        zp = quant.zero_point_buffer_index
-        if zp == quant.scale_buffer_index:  # one buffer: scales, then zero points
-            split = entries * scale_dtype.itemsize
-            scales = payload[:split].view(scale_dtype)
-            zero_points = payload[split:].view("<i4")
-        else:
-            scales = payload.view(scale_dtype)
-            if zp is not None:
-                zero_points = buffers[zp].view("<i4")
-    return BlockPagedTensor._trusted(descriptor, pool, block_table, seq_ptr, scales, zero_points)
+    """Type and check the raw buffers of one tensor with the decoders' shared ``assemble``."""
+    return assemble(descriptor, buffers)
 
 
 def _tensor_pieces(tensor: BlockPagedTensor) -> tuple[bytes, list[list[memoryview]]]:

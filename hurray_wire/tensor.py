@@ -6,7 +6,7 @@ the blob decoder does, so a tensor that exists is one that encodes and decodes c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.layout import BlockPagedLayout, _as_index_array, check_index_arrays
 from hurray_wire.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
-__all__ = ["BlockPagedTensor", "check_seq_lens"]
+__all__ = ["BlockPagedTensor", "assemble", "check_seq_lens"]
 
 Array = npt.NDArray[Any]
 
@@ -265,6 +265,53 @@ class BlockPagedTensor:
             f"page_size={d.layout.page_size}, num_seqs={d.layout.num_seqs}, "
             f"quantization={None if d.quantization is None else d.quantization.name})"
         )
+
+
+def assemble(
+    descriptor: TensorDescriptor,
+    buffers: Sequence[Array],
+    seq_lens: Array | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> BlockPagedTensor:
+    """Type the raw buffers of a decoded descriptor (1-D uint8 arrays in table order, sizes
+    already matched to the handles), check the index invariants and seq_lens, and build the
+    tensor. Shared by every decoder (blob, reference stream, .hrry) so they cannot drift."""
+    layout = descriptor.layout
+    etype = descriptor.element_type
+    pool = buffers[0]
+    if not etype.is_packed:
+        page_bytes = layout.page_size * descriptor.shape[1] * descriptor.shape[2] * etype.itemsize
+        if page_bytes >= 2**63:  # NumPy cannot even shape an empty pool of such pages
+            raise InvalidTensorError(
+                "one page of the pool would exceed 2**63 bytes",
+                field="page_pool",
+                found=f"page_size {layout.page_size} x shape {list(descriptor.shape[1:])}",
+            )
+        pool = pool.view(etype.numpy_dtype).reshape(
+            layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2]
+        )
+    block_table = buffers[1].view(layout.index_dtype)
+    seq_ptr = buffers[2].view(layout.index_dtype)
+    check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
+    scales = zero_points = None
+    quant = descriptor.quantization
+    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+        scale_dtype = quant.scale_type.numpy_dtype
+        payload = buffers[quant.scale_buffer_index]
+        zp = quant.zero_point_buffer_index
+        if zp == quant.scale_buffer_index:  # one buffer: [scales | zero_points]
+            split = payload.nbytes // (scale_dtype.itemsize + 4) * scale_dtype.itemsize
+            scales = payload[:split].view(scale_dtype)
+            zero_points = payload[split:].view("<i4")
+        else:
+            scales = payload.view(scale_dtype)
+            if zp is not None:
+                zero_points = buffers[zp].view("<i4")
+    if seq_lens is not None:
+        check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
+    return BlockPagedTensor._trusted(
+        descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
+    )
 
 
 def _bytes_view(array: Array) -> Array:
