@@ -1,0 +1,679 @@
+"""An independent reader and writer of the hurray-wire blob, from docs/wire-format.md only.
+
+This module is the proof that the page is enough to implement the format in another
+language: it uses ``struct``, ``xxhash`` and ``zstandard`` (for zstd frames, as any reader
+would use libzstd) and nothing of ``hurray_wire`` apart from what the tests hand it
+(descriptor bytes come from ``hurray_wire.encode_descriptor``; this reader parses only the
+descriptor fields the envelope rules need, from descriptor.md § 1.1).
+
+The writer has knobs for every field, so that a test can produce one precise violation of
+a rule and still reach the check (``patch`` re-computes the header checksum).
+
+Where the page is silent or wrong, the choices made here are marked ``DOC:``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+import zstandard
+
+MAGIC = b"HRWB"
+HEADER = struct.Struct("<4sBBHQIHBBI4s")  # § 1: 32 bytes
+ENTRY = struct.Struct("<BBBBIQQQQI4s")  # § 2: 48 bytes
+U64 = struct.Struct("<Q")
+HEADER_SIZE = HEADER.size
+ENTRY_SIZE = ENTRY.size
+BLOB_ALIGNMENT = 64
+
+KIND_BUFFER = 1
+KIND_SEQ_LENS = 2
+KIND_METADATA = 3
+KNOWN_KINDS = (KIND_BUFFER, KIND_SEQ_LENS, KIND_METADATA)
+REQUIRED = 0x01
+
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+CODEC_SHUFFLE_ZSTD = 2
+SHUFFLE_WIDTHS = (2, 4, 8)
+
+CHECKSUM_NONE = 0
+CHECKSUM_XXH3 = 1
+
+# Offsets of the fields of the fixed header (§ 1) and of a section entry (§ 2).
+HEADER_FIELDS = {
+    "magic": (0, "4s"),
+    "version_major": (4, "B"),
+    "version_minor": (5, "B"),
+    "header_flags": (6, "H"),
+    "total_length": (8, "Q"),
+    "header_length": (16, "I"),
+    "section_count": (20, "H"),
+    "checksum_type": (22, "B"),
+    "reserved23": (23, "B"),
+    "descriptor_length": (24, "I"),
+    "reserved28": (28, "4s"),
+}
+ENTRY_FIELDS = {
+    "kind": (0, "B"),
+    "section_flags": (1, "B"),
+    "codec": (2, "B"),
+    "codec_param": (3, "B"),
+    "index": (4, "I"),
+    "offset": (8, "Q"),
+    "stored_size": (16, "Q"),
+    "raw_size": (24, "Q"),
+    "checksum": (32, "Q"),
+    "alignment": (40, "I"),
+    "reserved": (44, "4s"),
+}
+
+
+def align(value: int, alignment: int) -> int:
+    """Round up to a multiple of ``alignment`` (a bad alignment <= 0 leaves the value)."""
+    return value if alignment <= 0 else -(-value // alignment) * alignment
+
+
+def xxh3(data: Any) -> int:
+    return int(xxhash.xxh3_64_intdigest(bytes(data)))
+
+
+# -- codecs (§ 6) ---------------------------------------------------------------------------
+def shuffle(data: bytes, width: int) -> bytes:
+    """Output byte j*k + i is input byte i*w + j; the len % w tail is appended unchanged."""
+    k = len(data) // width
+    body = data[: k * width]
+    return b"".join(body[j::width] for j in range(width)) + data[k * width :]
+
+
+def unshuffle(data: bytes, width: int) -> bytes:
+    k = len(data) // width
+    out = bytearray(len(data))
+    for j in range(width):
+        out[j : k * width : width] = data[j * k : (j + 1) * k]
+    out[k * width :] = data[k * width :]
+    return bytes(out)
+
+
+def compress(raw: bytes, codec: int, width: int = 0, level: int = 3) -> bytes:
+    """One zstd frame (with its content size) of the raw or shuffled bytes."""
+    if codec == CODEC_RAW:
+        return raw
+    data = shuffle(raw, width) if codec == CODEC_SHUFFLE_ZSTD else raw
+    return bytes(zstandard.ZstdCompressor(level=level).compress(data))
+
+
+# -- metadata (§ 4, kind 3: containers.md § B.4) ---------------------------------------------
+def _meta_scalar(value: Any) -> tuple[int, bytes]:
+    if isinstance(value, bool):
+        return 5, bytes([value])
+    if isinstance(value, int):
+        if -(1 << 63) <= value < (1 << 63):
+            return 2, struct.pack("<q", value)
+        return 3, struct.pack("<Q", value)
+    if isinstance(value, float):
+        return 4, struct.pack("<d", value)
+    if isinstance(value, str):
+        text = value.encode()
+        return 1, struct.pack("<I", len(text)) + text
+    if isinstance(value, (bytes, bytearray)):
+        return 6, struct.pack("<I", len(value)) + bytes(value)
+    raise TypeError(f"no metadata encoding for {type(value).__name__}")
+
+
+def encode_metadata(entries: dict[str, Any]) -> bytes:
+    """u32 count, then per entry u16 key_length, key, u8 tag, payload (arrays of one tag)."""
+    out = [struct.pack("<I", len(entries))]
+    for key, value in entries.items():
+        name = key.encode()
+        out.append(struct.pack("<H", len(name)) + name)
+        if isinstance(value, (list, tuple)):
+            items = [_meta_scalar(v) for v in value]
+            tag = items[0][0]
+            out.append(bytes([7, tag]) + struct.pack("<I", len(items)))
+            out.extend(payload for _, payload in items)
+        else:
+            tag, payload = _meta_scalar(value)
+            out.append(bytes([tag]) + payload)
+    return b"".join(out)
+
+
+def decode_metadata(data: bytes) -> dict[str, Any]:
+    pos = 0
+
+    def take(n: int) -> bytes:
+        nonlocal pos
+        if pos + n > len(data):
+            raise ReferenceError("metadata", pos, "entry runs past the section")
+        chunk = data[pos : pos + n]
+        pos += n
+        return chunk
+
+    def scalar(tag: int) -> Any:
+        if tag in (1, 6):
+            raw = take(struct.unpack("<I", take(4))[0])
+            return raw.decode() if tag == 1 else raw
+        if tag in (2, 3, 4):
+            return struct.unpack({2: "<q", 3: "<Q", 4: "<d"}[tag], take(8))[0]
+        if tag == 5:
+            b = take(1)[0]
+            if b > 1:
+                raise ReferenceError("metadata", pos - 1, "bool must be 0 or 1")
+            return bool(b)
+        raise ReferenceError("metadata", pos - 1, f"unknown value tag {tag}")
+
+    result: dict[str, Any] = {}
+    (count,) = struct.unpack("<I", take(4))
+    for _ in range(count):
+        key_length = struct.unpack("<H", take(2))[0]
+        if key_length == 0:
+            raise ReferenceError("metadata", pos - 2, "empty key")
+        key = take(key_length).decode()
+        if key in result:
+            raise ReferenceError("metadata", pos - key_length, "duplicated key")
+        tag = take(1)[0]
+        if tag == 7:
+            element = take(1)[0]
+            if not 1 <= element <= 6:
+                raise ReferenceError("metadata", pos - 1, "bad array element tag")
+            n = struct.unpack("<I", take(4))[0]
+            result[key] = [scalar(element) for _ in range(n)]
+        else:
+            result[key] = scalar(tag)
+    if pos != len(data):
+        raise ReferenceError("metadata", pos, "bytes after the last entry")
+    return result
+
+
+# -- writer ----------------------------------------------------------------------------------
+@dataclass
+class Section:
+    """One section to write. ``None`` fields are derived the way the page says."""
+
+    kind: int
+    stored: bytes
+    raw_size: int | None = None  # None: len(stored) for raw, else required
+    index: int = 0
+    flags: int | None = None  # None: REQUIRED for buffer and seq_lens, 0 otherwise
+    codec: int = CODEC_RAW
+    codec_param: int = 0
+    alignment: int = 64
+    offset: int | None = None  # None: align(previous end, alignment) + extra_padding
+    extra_padding: int = 0  # bytes of padding beyond the minimum (a violation when > 0)
+    padding_fill: int = 0  # value of the padding bytes before this section
+    checksum: int | None = None  # None: xxh3_64 of the stored bytes (0 without checksums)
+    reserved: bytes = bytes(4)
+
+
+def section(
+    kind: int,
+    raw: bytes,
+    *,
+    index: int = 0,
+    alignment: int = 64,
+    codec: int = CODEC_RAW,
+    width: int = 0,
+    level: int = 3,
+) -> Section:
+    """A section holding ``raw`` stored with ``codec`` (shuffle ``width`` for codec 2)."""
+    raw = bytes(raw)
+    return Section(
+        kind,
+        compress(raw, codec, width, level),
+        raw_size=len(raw),
+        index=index,
+        codec=codec,
+        codec_param=width if codec == CODEC_SHUFFLE_ZSTD else 0,
+        alignment=alignment,
+    )
+
+
+def write_blob(
+    descriptor: bytes,
+    sections: Sequence[Section],
+    *,
+    checksum_type: int = CHECKSUM_XXH3,
+    magic: bytes = MAGIC,
+    version_major: int = 1,
+    version_minor: int = 0,
+    header_flags: int = 0,
+    total_length: int | None = None,
+    header_length: int | None = None,
+    section_count: int | None = None,
+    descriptor_length: int | None = None,
+    reserved23: int = 0,
+    reserved28: bytes = bytes(4),
+    header_checksum: int | None = None,
+    extra_trailing: int = 0,
+    trailing_fill: int = 0,
+) -> bytes:
+    """A blob of ``descriptor`` and ``sections``; every field can be forced to a bad value."""
+    descriptor = bytes(descriptor)
+    true_header_length = HEADER_SIZE + ENTRY_SIZE * len(sections) + len(descriptor)
+    cursor = true_header_length + 8
+    placed: list[tuple[Section, int]] = []
+    for s in sections:
+        offset = align(cursor, s.alignment) + s.extra_padding if s.offset is None else s.offset
+        placed.append((s, offset))
+        cursor = offset + len(s.stored)
+    end = max([true_header_length + 8] + [o + len(s.stored) for s, o in placed])
+    true_total = align(end, BLOB_ALIGNMENT) + extra_trailing
+    out = bytearray(true_total)
+    # padding fills: the bytes before each section (from the previous end) and the tail
+    cursor = true_header_length + 8
+    for s, offset in placed:
+        if s.padding_fill and offset > cursor:
+            out[cursor:offset] = bytes([s.padding_fill]) * (offset - cursor)
+        cursor = offset + len(s.stored)
+    if trailing_fill and true_total > cursor:
+        out[cursor:true_total] = bytes([trailing_fill]) * (true_total - cursor)
+    for s, offset in placed:
+        out[offset : offset + len(s.stored)] = s.stored
+    entries = []
+    for s, offset in placed:
+        if s.checksum is not None:
+            checksum = s.checksum
+        else:
+            checksum = xxh3(s.stored) if checksum_type == CHECKSUM_XXH3 else 0
+        flags = s.flags
+        if flags is None:
+            flags = REQUIRED if s.kind in (KIND_BUFFER, KIND_SEQ_LENS) else 0
+        entries.append(
+            ENTRY.pack(
+                s.kind,
+                flags,
+                s.codec,
+                s.codec_param,
+                s.index,
+                offset,
+                len(s.stored),
+                len(s.stored) if s.raw_size is None else s.raw_size,
+                checksum,
+                s.alignment,
+                s.reserved,
+            )
+        )
+    head = HEADER.pack(
+        magic,
+        version_major,
+        version_minor,
+        header_flags,
+        true_total if total_length is None else total_length,
+        true_header_length if header_length is None else header_length,
+        len(sections) if section_count is None else section_count,
+        checksum_type,
+        reserved23,
+        len(descriptor) if descriptor_length is None else descriptor_length,
+        reserved28,
+    )
+    head += b"".join(entries) + descriptor
+    out[: len(head)] = head
+    digest = xxh3(head) if header_checksum is None else header_checksum
+    out[len(head) : len(head) + 8] = U64.pack(digest)
+    return bytes(out)
+
+
+def write_tensor_blob(
+    descriptor: bytes,
+    buffers: Sequence[bytes],
+    alignments: Sequence[int],
+    *,
+    seq_lens: Sequence[int] | None = None,
+    metadata: dict[str, Any] | None = None,
+    checksum: bool = True,
+    codecs: Sequence[tuple[int, int]] | None = None,
+    level: int = 3,
+) -> bytes:
+    """The blob a writer following the page emits: buffers in table order, then seq_lens,
+    then metadata. ``alignments`` are the descriptor handles' alignments (the section uses
+    ``max(64, alignment)``); ``codecs`` gives ``(codec, shuffle width)`` per buffer."""
+    sections = []
+    for index, raw in enumerate(buffers):
+        codec, width = (CODEC_RAW, 0) if codecs is None else codecs[index]
+        if not raw:  # DOC: the page shows zero-length buffers raw; a frame would not shrink
+            codec, width = CODEC_RAW, 0
+        sections.append(
+            section(
+                KIND_BUFFER,
+                raw,
+                index=index,
+                alignment=max(64, alignments[index]),
+                codec=codec,
+                width=width,
+                level=level,
+            )
+        )
+    if seq_lens is not None:
+        sections.append(section(KIND_SEQ_LENS, struct.pack(f"<{len(seq_lens)}Q", *seq_lens)))
+    if metadata:
+        sections.append(section(KIND_METADATA, encode_metadata(metadata)))
+    return write_blob(
+        descriptor, sections, checksum_type=CHECKSUM_XXH3 if checksum else CHECKSUM_NONE
+    )
+
+
+# -- in-place edits of an existing blob ------------------------------------------------------
+def header_length_of(blob: bytes | bytearray) -> int:
+    return int(struct.unpack_from("<I", blob, 16)[0])
+
+
+def rehash_header(blob: bytes | bytearray) -> bytes:
+    """The blob with its header checksum recomputed over [0, header_length)."""
+    out = bytearray(blob)
+    hl = header_length_of(out)
+    out[hl : hl + 8] = U64.pack(xxh3(out[:hl]))
+    return bytes(out)
+
+
+def entry_offset(number: int) -> int:
+    return HEADER_SIZE + ENTRY_SIZE * number
+
+
+def patch_header(blob: bytes, name: str, value: Any, *, rehash: bool = True) -> bytes:
+    off, fmt = HEADER_FIELDS[name]
+    out = bytearray(blob)
+    struct.pack_into("<" + fmt, out, off, value)
+    return rehash_header(out) if rehash else bytes(out)
+
+
+def patch_entry(blob: bytes, number: int, name: str, value: Any, *, rehash: bool = True) -> bytes:
+    off, fmt = ENTRY_FIELDS[name]
+    out = bytearray(blob)
+    struct.pack_into("<" + fmt, out, entry_offset(number) + off, value)
+    return rehash_header(out) if rehash else bytes(out)
+
+
+def entry(blob: bytes, number: int) -> dict[str, Any]:
+    values = ENTRY.unpack_from(blob, entry_offset(number))
+    return dict(zip(ENTRY_FIELDS, values, strict=True))
+
+
+def patch_payload(blob: bytes, number: int, position: int, data: bytes) -> bytes:
+    """Overwrite stored bytes of section ``number`` and keep its checksum (and header) valid."""
+    e = entry(blob, number)
+    out = bytearray(blob)
+    start = e["offset"] + position
+    out[start : start + len(data)] = data
+    if e["checksum"]:
+        stored = out[e["offset"] : e["offset"] + e["stored_size"]]
+        struct.pack_into("<Q", out, entry_offset(number) + 32, xxh3(stored))
+    return rehash_header(out)
+
+
+# -- reader ----------------------------------------------------------------------------------
+class ReferenceError(ValueError):
+    """A rule of the page that a blob breaks: where (section, byte offset) and which."""
+
+    def __init__(self, where: str, offset: int | None, rule: str) -> None:
+        self.where = where
+        self.offset = offset
+        self.rule = rule
+        super().__init__(f"{where} @ {offset}: {rule}")
+
+
+@dataclass
+class DescriptorFields:
+    """The few descriptor fields the envelope needs (descriptor.md § 1.1)."""
+
+    length: int
+    type_tag: int
+    shape: tuple[int, ...]
+    page_size: int
+    num_pages: int
+    num_seqs: int
+    index_width: int
+    buffer_sizes: tuple[int, ...]
+    buffer_alignments: tuple[int, ...]
+
+
+@dataclass
+class ParsedSection:
+    kind: int
+    flags: int
+    codec: int
+    codec_param: int
+    index: int
+    offset: int
+    stored_size: int
+    raw_size: int
+    checksum: int
+    alignment: int
+    raw: bytes = b""
+
+
+@dataclass
+class ParsedBlob:
+    version_minor: int
+    total_length: int
+    header_length: int
+    checksum_type: int
+    descriptor: bytes
+    fields: DescriptorFields
+    sections: list[ParsedSection]
+    buffers: list[bytes] = field(default_factory=list)
+    seq_lens: list[int] | None = None
+    metadata: dict[str, Any] | None = None
+    seq_ptr: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+
+
+def parse_descriptor_fields(desc: bytes, base: int) -> DescriptorFields:
+    def need(n: int, what: str) -> None:
+        if len(desc) < n:
+            raise ReferenceError("descriptor", base + len(desc), f"too short for {what}")
+
+    need(85, "a block-paged descriptor")
+    if desc[:4] != b"HRRY":
+        raise ReferenceError("descriptor", base, "descriptor magic is not HRRY")
+    if desc[15] != 0x0A:
+        raise ReferenceError("descriptor", base + 15, "layout tag is not block-paged (0x0A)")
+    rank = struct.unpack_from("<I", desc, 16)[0]
+    if rank != 3:
+        raise ReferenceError("descriptor", base + 16, "rank is not 3")
+    shape = struct.unpack_from("<3Q", desc, 20)
+    page_size, num_pages, _axis, num_seqs = struct.unpack_from("<IQII", desc, 52)
+    index_type = desc[77]
+    if index_type not in (0, 1):
+        raise ReferenceError("descriptor", base + 77, "bad block_table_index_type")
+    count = desc[84]
+    need(85 + 16 * count, "its buffer table")
+    sizes, aligns = [], []
+    for i in range(count):
+        size, alignment = struct.unpack_from("<QI", desc, 85 + 16 * i)
+        sizes.append(size)
+        aligns.append(alignment)
+    return DescriptorFields(
+        len(desc),
+        desc[14],
+        tuple(shape),
+        page_size,
+        num_pages,
+        num_seqs,
+        4 if index_type == 0 else 8,
+        tuple(sizes),
+        tuple(aligns),
+    )
+
+
+def _decode_stored(s: ParsedSection, stored: bytes, where: str) -> bytes:
+    if s.codec == CODEC_RAW:
+        return stored
+    try:
+        # DOC: the page does not say whether the frame must declare its content size; a
+        # reader that bounds its output by raw_size + 1 works either way.
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        raw = dobj.decompress(stored)
+    except zstandard.ZstdError as exc:
+        raise ReferenceError(where, s.offset, f"corrupt zstd frame: {exc}") from None
+    if not dobj.eof or dobj.unused_data:
+        raise ReferenceError(where, s.offset, "stored bytes are not exactly one zstd frame")
+    if len(raw) != s.raw_size:
+        raise ReferenceError(where, s.offset, "frame does not decompress to raw_size bytes")
+    if s.codec == CODEC_SHUFFLE_ZSTD:
+        raw = unshuffle(raw, s.codec_param)
+    return bytes(raw)
+
+
+def read_blob(data: Any, *, verify: bool = True, max_decompressed: int = 16 << 30) -> ParsedBlob:
+    """Parse and check a blob at the start of ``data`` in the order of § 8."""
+    data = bytes(data)
+    # 1. magic, major version, total_length
+    if len(data) < 16:
+        raise ReferenceError("header", len(data), "input ends inside the 16-byte prefix")
+    if data[:4] != MAGIC:
+        raise ReferenceError("header", 0, "bad magic")
+    if data[4] != 1:
+        raise ReferenceError("header", 4, "version_major is not 1")
+    total = U64.unpack_from(data, 8)[0]
+    if total % BLOB_ALIGNMENT or total < 40:
+        raise ReferenceError("header", 8, "total_length not a multiple of 64 (>= 40)")
+    if total > len(data):
+        raise ReferenceError("header", 8, "input shorter than total_length (truncated)")
+    (_, _, minor, flags, _, header_length, count, checksum_type, r23, dlen, r28) = (
+        HEADER.unpack_from(data, 0)
+    )
+    # 2. flags, reserved, checksum_type, header_length
+    if flags:
+        raise ReferenceError("header", 6, "header_flags must be 0")
+    if r23 or r28 != bytes(4):
+        raise ReferenceError("header", 23 if r23 else 28, "reserved bytes must be 0")
+    if checksum_type not in (CHECKSUM_NONE, CHECKSUM_XXH3):
+        raise ReferenceError("header", 22, "unknown checksum_type")
+    if header_length != HEADER_SIZE + ENTRY_SIZE * count + dlen:
+        raise ReferenceError("header", 16, "header_length != 32 + 48n + descriptor_length")
+    if header_length + 8 > total:
+        raise ReferenceError("header", 16, "header_length + 8 > total_length")
+    # 3. header checksum
+    if U64.unpack_from(data, header_length)[0] != xxh3(data[:header_length]):
+        raise ReferenceError("header", header_length, "header checksum mismatch")
+    # 4. descriptor
+    desc_start = HEADER_SIZE + ENTRY_SIZE * count
+    descriptor = data[desc_start:header_length]
+    if len(descriptor) < 10 or struct.unpack_from("<I", descriptor, 6)[0] != dlen:
+        raise ReferenceError("descriptor", desc_start + 6, "descriptor_length disagrees")
+    fields = parse_descriptor_fields(descriptor, desc_start)
+    nbuf = len(fields.buffer_sizes)
+    # 5. sections
+    sections: list[ParsedSection] = []
+    cursor = header_length + 8
+    seen: set[int] = set()
+    decompressed = 0
+    for number in range(count):
+        at = entry_offset(number)
+        kind, sflags, codec, param, index, offset, stored, raw, checksum, alignment, res = (
+            ENTRY.unpack_from(data, at)
+        )
+        where = f"section {number} (kind {kind}, index {index})"
+        if res != bytes(4) or sflags & ~REQUIRED:
+            raise ReferenceError(where, at, "reserved bits or bytes set")
+        if alignment < 64 or alignment & (alignment - 1):
+            raise ReferenceError(where, at + 40, "alignment not a power of two >= 64")
+        if offset != align(cursor, alignment):
+            raise ReferenceError(where, at + 8, "offset is not align(previous end, alignment)")
+        if offset + stored > total:
+            raise ReferenceError(where, at + 16, "section beyond total_length")
+        if any(data[cursor:offset]):
+            raise ReferenceError(where, cursor, "non-zero padding before the section")
+        if kind == KIND_BUFFER:
+            if number != index or index >= nbuf:
+                raise ReferenceError(where, at + 4, "buffer sections not in table order")
+            if raw != fields.buffer_sizes[index]:
+                raise ReferenceError(where, at + 24, "raw_size != descriptor byte_size")
+            if alignment < fields.buffer_alignments[index]:
+                raise ReferenceError(where, at + 40, "alignment below the handle's")
+        elif kind in (KIND_SEQ_LENS, KIND_METADATA):
+            if number < nbuf:
+                raise ReferenceError(where, at, "extension section before the buffers")
+            if index != 0 or kind in seen:
+                raise ReferenceError(where, at + 4, "extension duplicated or index != 0")
+            seen.add(kind)
+        elif kind == 0 or sflags & REQUIRED:
+            raise ReferenceError(where, at, "kind 0 or unknown kind flagged REQUIRED")
+        elif index != 0:  # § 2: "kind 1: the buffer's index ... Other kinds: 0."
+            raise ReferenceError(where, at + 4, "index of a non-buffer section must be 0")
+        if codec == CODEC_RAW:
+            if stored != raw or param:
+                raise ReferenceError(where, at + 16, "raw section with stored != raw")
+        elif codec == CODEC_ZSTD:
+            if param:
+                raise ReferenceError(where, at + 3, "zstd codec_param must be 0")
+        elif codec == CODEC_SHUFFLE_ZSTD:
+            if param not in SHUFFLE_WIDTHS:
+                raise ReferenceError(where, at + 3, "shuffle width not 2, 4 or 8")
+        else:
+            raise ReferenceError(where, at + 2, "unknown codec")
+        if codec != CODEC_RAW and kind in KNOWN_KINDS:
+            decompressed += raw
+            if decompressed > max_decompressed:
+                raise ReferenceError(where, at + 24, "decompressed bytes above the limit")
+        if checksum_type == CHECKSUM_NONE and checksum:
+            raise ReferenceError(where, at + 32, "checksum set with checksum_type 0")
+        stored_bytes = data[offset : offset + stored]
+        if verify and checksum_type == CHECKSUM_XXH3 and xxh3(stored_bytes) != checksum:
+            raise ReferenceError(where, offset, "section checksum mismatch")
+        s = ParsedSection(
+            kind, sflags, codec, param, index, offset, stored, raw, checksum, alignment
+        )
+        if kind in KNOWN_KINDS:
+            s.raw = _decode_stored(s, stored_bytes, where)
+        sections.append(s)
+        cursor = offset + stored
+    # 6. every buffer present, trailing padding zero
+    buffers = [s.raw for s in sections if s.kind == KIND_BUFFER]
+    if len(buffers) != nbuf:
+        raise ReferenceError("section table", HEADER_SIZE, "a descriptor buffer has no section")
+    if any(data[cursor:total]):
+        raise ReferenceError("trailing padding", cursor, "non-zero trailing padding")
+    # DOC: the diagram gives total_length = align(end of last section, 64) and § 2 says
+    # padding is minimal (one encoding per tensor); § 8 does not list this check.
+    if total != align(cursor, BLOB_ALIGNMENT):
+        raise ReferenceError("header", 8, "total_length is not align(end of last section, 64)")
+    # 7. index invariants, seq_lens, metadata
+    width = fields.index_width
+    fmt = "I" if width == 4 else "Q"
+    seq_ptr = list(struct.unpack(f"<{len(buffers[2]) // width}{fmt}", buffers[2]))
+    block_table = list(struct.unpack(f"<{len(buffers[1]) // width}{fmt}", buffers[1]))
+    if len(seq_ptr) != fields.num_seqs + 1:
+        raise ReferenceError("seq_ptr", None, "len(seq_ptr) != num_seqs + 1")
+    if seq_ptr[0] != 0:
+        raise ReferenceError("seq_ptr", None, "seq_ptr[0] != 0")
+    if any(b < a for a, b in itertools.pairwise(seq_ptr)):
+        raise ReferenceError("seq_ptr", None, "seq_ptr decreases")
+    if seq_ptr[-1] != len(block_table):
+        raise ReferenceError("seq_ptr", None, "seq_ptr[num_seqs] != len(block_table)")
+    if any(p >= fields.num_pages for p in block_table):
+        raise ReferenceError("block_table", None, "page id >= num_pages")
+    parsed = ParsedBlob(
+        minor,
+        total,
+        header_length,
+        checksum_type,
+        descriptor,
+        fields,
+        sections,
+        buffers,
+        seq_ptr=seq_ptr,
+        block_table=block_table,
+    )
+    for s in sections:
+        if s.kind == KIND_SEQ_LENS:
+            if s.raw_size != 8 * fields.num_seqs:
+                raise ReferenceError("seq_lens", s.offset, "raw_size != 8 * num_seqs")
+            lens = list(struct.unpack(f"<{fields.num_seqs}Q", s.raw))
+            if sum(lens) != fields.shape[0]:
+                raise ReferenceError("seq_lens", s.offset, "sum(seq_lens) != shape[0]")
+            for seq, n in enumerate(lens):
+                if seq_ptr[seq + 1] - seq_ptr[seq] != -(-n // fields.page_size):
+                    raise ReferenceError("seq_lens", s.offset + 8 * seq, "page count")
+            parsed.seq_lens = lens
+        elif s.kind == KIND_METADATA:
+            try:
+                parsed.metadata = decode_metadata(s.raw)
+            except (UnicodeDecodeError, struct.error) as exc:
+                raise ReferenceError("metadata", s.offset, str(exc)) from None
+    return parsed
