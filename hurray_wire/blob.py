@@ -25,6 +25,7 @@ from hurray_wire.errors import (
     BlobTruncatedError,
     ChecksumError,
     HurrayWireError,
+    IndexBufferError,
     InvalidBlobError,
     LimitExceededError,
     PaddingError,
@@ -646,6 +647,14 @@ def _check_entries(
                 raise SectionError(
                     "extension sections follow all buffer sections", section=where, offset=at
                 )
+            if kind == w.KIND_SEQ_LENS and not sflags & w.FLAG_REQUIRED:
+                raise SectionError(
+                    "a seq_lens section must be flagged required",
+                    section=where,
+                    field="section_flags",
+                    offset=at + 1,
+                    found=sflags,
+                )
             if kind == w.KIND_SEQ_LENS and raw != 8 * descriptor.layout.num_seqs:
                 raise SectionError(
                     "seq_lens needs 8 bytes per sequence",
@@ -673,6 +682,14 @@ def _check_entries(
                 offset=at,
                 found=kind,
             )
+        elif index != 0:
+            raise SectionError(
+                "a section that is not a buffer has index 0",
+                section=where,
+                field="index",
+                offset=at + 4,
+                found=index,
+            )
         if checksum_type == w.CHECKSUM_NONE and checksum:
             raise SectionError(
                 "checksum set although checksum_type is none",
@@ -692,6 +709,18 @@ def _check_entries(
                     found=stored,
                 )
         elif codec in codecs.CODEC_NAMES:
+            valid_param = (
+                param in codecs.SHUFFLE_WIDTHS if codec == codecs.CODEC_SHUFFLE_ZSTD else param == 0
+            )
+            if not valid_param:
+                raise SectionError(
+                    "codec_param must be 0 for zstd and a shuffle width of 2, 4 or 8 for "
+                    "shuffle-zstd",
+                    section=where,
+                    field="codec_param",
+                    offset=at + 3,
+                    found=param,
+                )
             if kind in w.SECTION_KINDS:
                 decompressed += raw
                 if decompressed > limits.max_decompressed_bytes:
@@ -716,6 +745,15 @@ def _check_entries(
             expected=len(buffers),
             found=next_buffer,
         )
+    if total != _align(cursor, w.BLOB_ALIGNMENT):
+        raise InvalidBlobError(
+            "total_length must be the end of the last section rounded up to 64",
+            section="header",
+            field="total_length",
+            offset=8,
+            expected=_align(cursor, w.BLOB_ALIGNMENT),
+            found=total,
+        )
     return tuple(entries), cursor
 
 
@@ -724,6 +762,7 @@ def _materialize(
 ) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections, then assemble the tensor."""
     payloads: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}
+    offsets: dict[tuple[int, int], int | None] = {}  # blob offset of raw section contents
     check_hash = verify and plan.verify_sections
     for e in plan.entries:
         if e.offset > e.pad_start:
@@ -743,13 +782,15 @@ def _materialize(
             continue
         if e.codec == codecs.CODEC_RAW:
             payload = np.frombuffer(view, np.uint8, e.stored_size, e.offset)
+            offsets[(e.kind, e.index)] = e.offset
         else:
             stored = view[e.offset : e.offset + e.stored_size]
-            payload = _decompress(e.codec, e.codec_param, stored, e.raw_size, e.where)
+            payload = _decompress(e.codec, e.codec_param, stored, e.raw_size, e.where, e.offset)
+            offsets[(e.kind, e.index)] = None  # a position in decoded bytes has no blob offset
         payloads[(e.kind, e.index)] = payload
     if plan.total > plan.tail_start:
         _check_zero(view, plan.tail_start, plan.total, "trailing padding")
-    return _assemble(plan.descriptor, payloads)
+    return _assemble(plan.descriptor, payloads, offsets)
 
 
 def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
@@ -761,23 +802,26 @@ def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
 
 
 def _decompress(
-    codec: int, param: int, stored: memoryview, raw: int, where: str
+    codec: int, param: int, stored: memoryview, raw: int, where: str, start: int
 ) -> npt.NDArray[np.uint8]:
     try:
         out = np.empty(raw, np.uint8)
     except (MemoryError, ValueError):
         raise LimitExceededError(
-            "cannot allocate the decompressed section", section=where, found=raw
+            "cannot allocate the decompressed section", section=where, offset=start, found=raw
         ) from None
     try:
         codecs.decompress_into(codec, param, stored, out)
     except HurrayWireError as exc:
-        raise exc.relocated(section=where) from None
+        inside = exc.offset if exc.offset is not None and exc.offset <= len(stored) else 0
+        raise exc.relocated(section=where, offset=start + inside) from None
     return out
 
 
 def _assemble(
-    descriptor: TensorDescriptor, payloads: dict[tuple[int, int], npt.NDArray[np.uint8]]
+    descriptor: TensorDescriptor,
+    payloads: dict[tuple[int, int], npt.NDArray[np.uint8]],
+    offsets: dict[tuple[int, int], int | None],
 ) -> BlockPagedTensor:
     """Type the sections and check what needs their contents (shared with the containers)."""
     buffers = [payloads[(w.KIND_BUFFER, i)] for i in range(len(descriptor.buffers))]
@@ -791,9 +835,19 @@ def _assemble(
         try:
             metadata = dict(decode_metadata(meta_payload))
         except HurrayWireError as exc:
-            raise exc.relocated(section="metadata") from None
+            start = offsets[(w.KIND_METADATA, 0)]
+            offset = None if start is None else start + (exc.offset or 0)
+            raise exc.relocated(section="metadata", offset=offset) from None
     try:
         return assemble(descriptor, buffers, seq_lens, metadata)
+    except IndexBufferError as exc:
+        kind, index = {"block_table": (w.KIND_BUFFER, 1), "seq_lens": (w.KIND_SEQ_LENS, 0)}.get(
+            exc.field or "", (w.KIND_BUFFER, 2)
+        )
+        entry = offsets[(kind, index)]
+        width = 8 if kind == w.KIND_SEQ_LENS else descriptor.layout.index_dtype.itemsize
+        offset = entry + width * (exc.position or 0) if entry is not None else None
+        section = "seq_lens" if kind == w.KIND_SEQ_LENS else f"buffer[{index}]"
+        raise exc.relocated(section=section, offset=offset) from None
     except HurrayWireError as exc:
-        section = {"block_table": "buffer[1]", "seq_ptr": "buffer[2]", "seq_lens": "seq_lens"}
-        raise exc.relocated(section=section.get(exc.field or "", "buffer[0]")) from None
+        raise exc.relocated(section="buffer[0]", offset=offsets[(w.KIND_BUFFER, 0)]) from None

@@ -227,8 +227,14 @@ class TensorDescriptor:
             raise InvalidDescriptorError(
                 "layout must be a BlockPagedLayout", field="layout", found=repr(self.layout)
             )
-        self.layout.validate_against_shape(self.shape)
-        set_(self, "shape", tuple(int(d) for d in self.shape))
+        try:
+            shape = tuple(self.shape)
+        except TypeError:
+            raise InvalidDescriptorError(
+                "shape must be a sequence of integers", field="shape", found=repr(self.shape)
+            ) from None
+        self.layout.validate_against_shape(shape)
+        set_(self, "shape", tuple(int(d) for d in shape))
         self._check_version()
         self._check_quantization()
         self._check_buffers()
@@ -266,7 +272,14 @@ class TensorDescriptor:
             )
 
     def _check_buffers(self) -> None:
-        buffers = tuple(self.buffers)
+        try:
+            buffers = tuple(self.buffers)
+        except TypeError:
+            raise InvalidDescriptorError(
+                "buffers must be a sequence of BufferHandle",
+                field="buffers",
+                found=repr(self.buffers),
+            ) from None
         object.__setattr__(self, "buffers", buffers)
         count = len(buffers)
         params = self.quantization.parameter_buffers if self.quantization is not None else ()
@@ -278,11 +291,11 @@ class TensorDescriptor:
                 found=count,
                 expected=expected,
             )
-        for index in params:
+        for name, index in _parameter_fields(self.quantization):
             if index >= count:
                 raise InvalidDescriptorError(
                     "quantization parameter buffer index beyond the buffer table",
-                    field="quantization.scale_buffer_index",
+                    field=f"quantization.{name}",
                     found=index,
                     expected=f"< buffer_count = {count}",
                 )
@@ -513,6 +526,18 @@ class TensorDescriptor:
             quantization,
             statistics=statistics,
         )
+
+
+def _parameter_fields(quant: Quantization | None) -> list[tuple[str, int]]:
+    """(field name, buffer index) of each parameter buffer a scheme names."""
+    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+        fields = [("scale_buffer_index", quant.scale_buffer_index)]
+        if quant.zero_point_buffer_index is not None:
+            fields.append(("zero_point_buffer_index", quant.zero_point_buffer_index))
+        return fields
+    if isinstance(quant, (NF4, MXFP)):
+        return [("scale_buffer_index", quant.scale_buffer_index)]
+    return []
 
 
 def quantization_body_length(quant: Quantization) -> int:

@@ -71,6 +71,10 @@ _BP_FIXED_LEN = _HEADER_LEN + _SHAPE3.size + _PAYLOAD.size + 1  # up to buffer_c
 _KV_ROLE_NAMES = {v: k for k, v in w.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
+_STATS_OFFSETS = {
+    name: struct.calcsize("<" + _STATS.struct.format[1:][: _fmt_prefix(_STATS, i)])
+    for i, name in enumerate(_STATS.names)
+}
 _CACHE: dict[bytes, TensorDescriptor] = {}
 _HANDLES: dict[bytes, BufferHandle] = {}
 _CACHE_LIMIT = 1024
@@ -500,7 +504,9 @@ def _statistics(raw: bytes, pos: int, length: int) -> tuple[Statistics, int]:
     try:
         return Statistics(*fields), end
     except InvalidDescriptorError as exc:
-        raise exc.relocated(section="descriptor", offset=pos) from None
+        name = (exc.field or "").rsplit(".", 1)[-1]
+        rel = _STATS_OFFSETS.get(name, 0)
+        raise exc.relocated(section="descriptor", offset=pos + rel) from None
 
 
 def _composite_member(raw: bytes, pos: int, length: int) -> tuple[int, int]:
@@ -723,10 +729,13 @@ def decode_header(data: Any) -> DescriptorHeader:
                 BufferHandle(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
             )
         except InvalidDescriptorError as exc:
+            start = parsed.buffer_table_offset + 1 + 16 * index
             raise exc.relocated(
-                section="descriptor", field=f"buffers[{index}].{exc.field}"
+                section="descriptor",
+                field=f"buffers[{index}].{exc.field}",
+                offset=start + _HANDLE_OFFSETS.get(exc.field or "", 0),
             ) from None
-    _check_colocation(handles)
+    _check_colocation(handles, parsed.buffer_table_offset)
     quant = None
     if parsed.quantization is not None:
         body = parsed.quantization.body
@@ -734,7 +743,11 @@ def decode_header(data: Any) -> DescriptorHeader:
         fast = _SCHEME[body.header.scheme_tag]
         values = tuple(payload[n] for n in fast.names)
         quant = _quant_from_fields(
-            body.header.scheme_tag, body.header.scheme_version, body.header.flags, values, 0
+            body.header.scheme_tag,
+            body.header.scheme_version,
+            body.header.flags,
+            values,
+            parsed.quantization_offset,
         )
         for index in quant.parameter_buffers:
             if index >= len(handles) or index == 0:
@@ -803,14 +816,18 @@ def decode_header(data: Any) -> DescriptorHeader:
     )
 
 
-def _check_colocation(handles: list[BufferHandle]) -> None:
+def _check_colocation(handles: list[BufferHandle], table: int) -> None:
     for index, handle in enumerate(handles[1:], 1):
         if (handle.device_tag, handle.memory_class) != (
             handles[0].device_tag,
             handles[0].memory_class,
         ):
             raise _error(
-                "all buffers must share one device and memory class", f"buffers[{index}]", None
+                "all buffers must share one device and memory class",
+                f"buffers[{index}].device_tag",
+                table + 1 + 16 * index + 12,
+                expected=f"device {handles[0].device_tag}, class {handles[0].memory_class}",
+                found=f"device {handle.device_tag}, class {handle.memory_class}",
             )
 
 

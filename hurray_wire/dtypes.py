@@ -167,6 +167,10 @@ def element_type_of(value: object) -> ElementType:
         return value
     if isinstance(value, str) and value in _BY_NAME:
         return _BY_NAME[value]
+    if value is None:  # np.dtype(None) would silently mean float64
+        raise InvalidDescriptorError(
+            "an element type is required", field="element_type", found=None
+        )
     try:
         dtype = np.dtype(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):

@@ -95,7 +95,14 @@ class InvalidDescriptorError(HurrayWireError, ValueError):
 
 
 class IndexBufferError(InvalidDescriptorError):
-    """block_table / seq_ptr contents that break the storage invariants."""
+    """block_table / seq_ptr / seq_lens contents that break the storage invariants.
+
+    ``position`` is the index of the first offending element, when there is one.
+    """
+
+    def __init__(self, message: str, *, position: int | None = None, **kw: Any) -> None:
+        self.position = position
+        super().__init__(message, **kw)
 
 
 class QuantizationNotDefinedError(InvalidDescriptorError):

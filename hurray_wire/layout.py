@@ -73,7 +73,7 @@ class BlockPagedLayout:
             )
         set_(self, "_paged_axis", 0)
         set_(self, "_num_seqs", check_uint(num_seqs, "num_seqs", U32_MAX))
-        if kv_role not in KV_ROLE_NAMES:
+        if not isinstance(kv_role, str) or kv_role not in KV_ROLE_NAMES:
             raise InvalidDescriptorError(
                 "unknown kv_role", field="kv_role", found=repr(kv_role), expected=KV_ROLE_NAMES
             )
@@ -87,7 +87,10 @@ class BlockPagedLayout:
                     found="0xFFFFFFFF",
                 )
         set_(self, "_layer_index", layer_index)
-        if block_table_index_type not in INDEX_TYPE_NAMES:
+        if (
+            not isinstance(block_table_index_type, str)
+            or block_table_index_type not in INDEX_TYPE_NAMES
+        ):
             raise InvalidDescriptorError(
                 "unknown block_table_index_type",
                 field="block_table_index_type",
@@ -140,6 +143,9 @@ class BlockPagedLayout:
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"BlockPagedLayout is immutable (tried to set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"BlockPagedLayout is immutable (tried to delete {name!r})")
 
     def _key(self) -> tuple[Any, ...]:
         return (
@@ -257,6 +263,9 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
     """An integer array of any dtype whose values all fit the index type."""
     try:
         array = np.asarray(value)
+        if array.dtype.kind == "f" and not isinstance(value, np.ndarray):
+            # NumPy infers float64 for lists mixing small ints with ints >= 2**63
+            array = np.asarray(value, dtype=object)
     except (ValueError, TypeError, OverflowError) as exc:
         raise IndexBufferError(f"not an integer array ({exc})", field=name) from None
     if array.ndim != 1:
@@ -268,6 +277,7 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
             if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= index_max:
                 raise IndexBufferError(
                     f"value at position {position} does not fit the index type",
+                    position=position,
                     field=name,
                     found=repr(item),
                     expected=f"0..{index_max}",
@@ -281,6 +291,7 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
         bad = np.flatnonzero((array < 0) | (array > index_max))[0]
         raise IndexBufferError(
             f"value at position {bad} does not fit the index type",
+            position=int(bad),
             field=name,
             found=int(array[bad]),
             expected=f"0..{index_max}",
@@ -307,12 +318,13 @@ def check_index_arrays(
         first = int(seq_ptr[0])
         ordered = not np.less(seq_ptr[1:], seq_ptr[:-1]).any()
     if first != 0:
-        raise IndexBufferError("seq_ptr[0] must be 0", field="seq_ptr", found=first)
+        raise IndexBufferError("seq_ptr[0] must be 0", position=0, field="seq_ptr", found=first)
     if not ordered:
         drops = seq_ptr[1:] < seq_ptr[:-1]
         bad = int(np.argmax(drops)) + 1
         raise IndexBufferError(
             f"seq_ptr decreases at position {bad}",
+            position=bad,
             field="seq_ptr",
             found=int(seq_ptr[bad]),
             expected=f">= seq_ptr[{bad - 1}] = {int(seq_ptr[bad - 1])}",
@@ -321,6 +333,7 @@ def check_index_arrays(
     if last != len(block_table):
         raise IndexBufferError(
             f"seq_ptr[{num_seqs}] must equal the number of block_table entries",
+            position=num_seqs,
             field="seq_ptr",
             found=last,
             expected=len(block_table),
@@ -329,6 +342,7 @@ def check_index_arrays(
         bad = int(np.argmax(block_table >= num_pages))
         raise IndexBufferError(
             f"page id at position {bad} is outside the pool",
+            position=bad,
             field="block_table",
             found=int(block_table[bad]),
             expected=f"< num_pages = {num_pages}",

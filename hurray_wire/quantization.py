@@ -83,6 +83,8 @@ class PerTensorAffine:
     allowed_storage: ClassVar[frozenset[int]] = _INTEGER_STORAGE
 
     def __post_init__(self) -> None:
+        if isinstance(self.scale, bool):
+            raise InvalidDescriptorError("scale must be a float", field="scale", found=self.scale)
         try:
             scale32 = struct.unpack("<f", struct.pack("<f", self.scale))[0]
         except (struct.error, TypeError, OverflowError):
@@ -196,7 +198,10 @@ class PerBlockAffine:
         _set(self, "zero_point_buffer_index", _zp_index(self.zero_point_buffer_index))
         scale_type = self.scale_type
         if not isinstance(scale_type, ElementType):
-            scale_type = dtypes.element_type_of(scale_type)
+            try:
+                scale_type = dtypes.element_type_of(scale_type)
+            except InvalidDescriptorError as exc:
+                raise exc.relocated(field="scale_type") from None
         if scale_type not in _BLOCK_SCALE_TYPES:
             raise InvalidDescriptorError(
                 "scale type must be float16, bfloat16 or float32",
@@ -339,10 +344,13 @@ def check_block_paged_compatibility(quantization: object, page_size: int) -> Non
         raise InvalidDescriptorError(
             "not a quantization object", field="quantization", found=repr(quantization)
         )
-    for index in quantization.parameter_buffers:
+    named = [("scale_buffer_index", quantization.scale_buffer_index)]
+    if quantization.zero_point_buffer_index is not None:
+        named.append(("zero_point_buffer_index", quantization.zero_point_buffer_index))
+    for name, index in named:
         if index < 3:
             raise InvalidDescriptorError(
                 "quantization parameter buffers of a block-paged tensor start at index 3",
-                field="quantization.scale_buffer_index",
+                field=f"quantization.{name}",
                 found=index,
             )

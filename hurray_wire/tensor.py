@@ -18,6 +18,7 @@ from hurray_wire.descriptor import TensorDescriptor
 from hurray_wire.dtypes import ElementType, element_type_of
 from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.layout import BlockPagedLayout, _as_index_array, check_index_arrays
+from hurray_wire.metadata import encode_metadata
 from hurray_wire.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
 __all__ = ["BlockPagedTensor", "assemble", "check_seq_lens"]
@@ -164,9 +165,10 @@ class BlockPagedTensor:
         if lens is not None:
             check_seq_lens(lens, sp, page_size, total_tokens)
         scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
-        return cls._trusted(
-            descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, dict(metadata or {})
-        )
+        meta = dict(metadata or {})
+        if meta:
+            encode_metadata(meta)  # refuse now what could not be encoded later
+        return cls._trusted(descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, meta)
 
     # -- views of the descriptor -----------------------------------------------------------
     @property
@@ -339,19 +341,22 @@ def check_seq_lens(lens: Array, seq_ptr: Array, page_size: int, total_tokens: in
     if total != total_tokens:
         raise IndexBufferError(
             "sum(seq_lens) must equal shape[0] (total_tokens)",
+            position=0,
             field="seq_lens",
             found=total,
             expected=total_tokens,
         )
     if num_seqs:
         pages = (seq_ptr[1:] - seq_ptr[:-1]).astype(np.uint64)
-        needed = (lens + np.uint64(page_size - 1)) // np.uint64(page_size)
+        size = np.uint64(page_size)
+        needed = lens // size + (lens % size != 0)  # ceil without wrapping near 2**64
         bad = pages != needed
         if bad.any():
             seq = int(np.argmax(bad))
             raise IndexBufferError(
                 f"sequence {seq} has {int(lens[seq])} tokens, which need "
                 f"{int(needed[seq])} pages of {page_size}",
+                position=seq,
                 field="seq_lens",
                 found=f"{int(pages[seq])} pages",
                 expected=f"{int(needed[seq])} pages",

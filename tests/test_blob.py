@@ -991,13 +991,6 @@ def test_non_zero_trailing_padding() -> None:
     rejects(bytes(mutated), hw.PaddingError, section="trailing", offset=len(BASE_BLOB) - 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hurray_wire/blob.py decode accepts a total_length 64 bytes (or more) beyond "
-    "align(end of last section, 64): wire-format.md's diagram fixes total_length to that "
-    "value and § 2 promises minimal padding (one encoding per tensor); the reader checks "
-    "minimal padding between sections but not at the end",
-)
 def test_extra_trailing_block_is_refused() -> None:
     blob = craft(extra_trailing=64)
     with pytest.raises(ref.ReferenceError):
@@ -1166,12 +1159,6 @@ def _unknown(**changes: Any) -> Callable[[list[ref.Section]], None]:
     return edit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hurray_wire/blob.py _check_entries skips the codec_param rule of § 2 for an "
-    "unknown (skipped) section kind: zstd with codec_param 7 and shuffle-zstd with width 3 "
-    "are accepted; § 1 says a newer minor never changes the meaning of these fields",
-)
 @pytest.mark.parametrize(("codec", "param"), [(ref.CODEC_ZSTD, 7), (ref.CODEC_SHUFFLE_ZSTD, 3)])
 def test_unknown_section_codec_param_is_checked(codec: int, param: int) -> None:
     stored = ref.compress(b"y" * 100, ref.CODEC_ZSTD)
@@ -1181,11 +1168,6 @@ def test_unknown_section_codec_param_is_checked(codec: int, param: int) -> None:
     rejects(blob, hw.InvalidBlobError, section="0x41", limits=cold_limits())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hurray_wire/blob.py _check_entries accepts an unknown section kind with a "
-    "non-zero index; § 2: 'kind 1: the buffer's index ... Other kinds: 0'",
-)
 def test_unknown_section_index_is_checked() -> None:
     blob = craft(edit=_unknown(index=5))
     with pytest.raises(ref.ReferenceError):
@@ -1516,22 +1498,12 @@ def test_index_invariants_valid_variants() -> None:
     hw.decode(_indices([0, 1, 0], [0, 3, 3]))  # an empty sequence
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hurray_wire/blob.py _assemble: index-invariant errors name the section but "
-    "no byte offset (exc.offset is None), although every decode failure should name one",
-)
 def test_index_invariant_errors_name_the_offset() -> None:
     blob = _indices([0, 5, 0], [0, 2, 3])
     exc = rejects(blob, hw.IndexBufferError, section="buffer[1]")
     assert exc.offset == ref.entry(blob, 1)["offset"] + 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hurray_wire/blob.py _assemble: seq_lens errors (wrong sum, wrong page "
-    "count) name the section but no byte offset (exc.offset is None)",
-)
 @pytest.mark.parametrize("values", [[6, 2], [4, 5]])
 def test_seq_lens_errors_name_the_offset(values: list[int]) -> None:
     blob = _with_lens(values)
@@ -1541,11 +1513,6 @@ def test_seq_lens_errors_name_the_offset(values: list[int]) -> None:
     assert e["offset"] <= exc.offset < e["offset"] + e["stored_size"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hurray_wire/blob.py _decompress relocates codec errors to the section but "
-    "leaves no blob offset (exc.offset is None, or an offset inside the frame)",
-)
 def test_decompression_errors_name_the_offset() -> None:
     pool = buffers_of(BASE)[0]
     for stored in (ref.compress(pool[:-1], ref.CODEC_ZSTD), _zstd_no_size(pool[:-1]),
@@ -1557,12 +1524,6 @@ def test_decompression_errors_name_the_offset() -> None:
         assert e["offset"] <= exc.offset <= e["offset"] + e["stored_size"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hurray_wire/blob.py _assemble relocates metadata errors to section "
-    "'metadata' but keeps the offset relative to the section (e.g. 'at byte offset 7' for "
-    "a bad value tag at blob offset section_offset + 7), unlike every other blob error",
-)
 def test_metadata_error_offset_is_a_blob_offset() -> None:
     payload = b"\x01\x00\x00\x00\x01\x00a\x09" + bytes(8)
     blob = craft(edit=_set(4, stored=payload, raw_size=len(payload)))

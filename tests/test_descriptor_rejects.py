@@ -720,12 +720,6 @@ def test_zero_point_buffer_index_out_of_place_is_rejected(index: int) -> None:
     assert (info.value.field or "").startswith("quantization.")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a bad zero_point_buffer_index is reported as field "
-    "'quantization.scale_buffer_index' at the scale index's offset "
-    "(descriptor.py _check_buffers, quantization.py check_block_paged_compatibility)",
-)
 @pytest.mark.parametrize("index", [2, 5])
 def test_zero_point_buffer_index_error_names_its_own_field(index: int) -> None:
     q = quant_at(PBA_ASYM)
@@ -838,11 +832,6 @@ def test_statistics_boolean_byte_not_0_or_1(name: str, position: int, value: int
         hw.decode_header(put(STATS, STATS_AT + position, "B", value))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: statistics field errors carry the section's offset, not the field's "
-    "(descriptor_codec._statistics relocates every Statistics error to offset=pos)",
-)
 @pytest.mark.parametrize(("name", "position"), [("has_nan", 66), ("has_inf", 67)])
 def test_statistics_boolean_byte_error_names_its_offset(name: str, position: int) -> None:
     rejects(put(STATS, STATS_AT + position, "B", 2), f"statistics.{name}", STATS_AT + position)
@@ -1165,12 +1154,6 @@ def test_decoder_refuses_what_is_not_bytes(data: object) -> None:
             decode(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: TensorDescriptor validates shape by consuming it (list(shape)) and then "
-    "stores tuple(shape): a one-shot iterable leaves shape () and __post_init__ raises "
-    "IndexError (descriptor.py)",
-)
 def test_model_with_a_one_shot_shape_raises_our_error_or_works() -> None:
     spec = _spec()
     try:
@@ -1180,23 +1163,12 @@ def test_model_with_a_one_shot_shape_raises_our_error_or_works() -> None:
     assert desc.shape == (9, 2, 8)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: TensorDescriptor(buffers=None) raises a bare TypeError from tuple(None), "
-    "not a HurrayWireError (descriptor.py _check_buffers)",
-)
 def test_model_with_buffers_none_raises_our_error() -> None:
     spec = _spec()
     with pytest.raises(hw.HurrayWireError):
         hw.TensorDescriptor(spec.element_type, spec.shape, spec.layout, None)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: element_type_of(None) returns float64 because np.dtype(None) is float64, so "
-    "TensorDescriptor.block_paged(..., element_type=None) silently builds a float64 pool "
-    "(dtypes.py element_type_of)",
-)
 def test_model_refuses_element_type_none() -> None:
     with pytest.raises(hw.InvalidDescriptorError):
         hw.TensorDescriptor.block_paged(_layout(), [9, 2, 8], None, num_logical_pages=3)
@@ -1205,12 +1177,6 @@ def test_model_refuses_element_type_none() -> None:
 # == 12. The general path's offsets ============================================================
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: decode_header passes pos=0 to _quant_from_fields, so quantization errors "
-    "carry offsets relative to the section (scheme_version at 5, i.e. version_minor) "
-    "instead of absolute byte offsets (descriptor_codec.decode_header)",
-)
 @pytest.mark.parametrize(
     ("position", "fmt", "value", "field"),
     [(5, "B", 2, "quantization.scheme_version"), (6, "H", 0x8001, "quantization.flags"),

@@ -102,11 +102,6 @@ def test_layout_public_fields_cannot_be_deleted(name: str) -> None:
     assert value == layout()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: BlockPagedLayout overrides __setattr__ but not __delattr__, so "
-    "`del layout._page_size` empties a slot and breaks every property (layout.py)",
-)
 def test_layout_slots_cannot_be_deleted() -> None:
     value = layout()
     with pytest.raises(AttributeError):
@@ -268,11 +263,6 @@ def test_layout_kv_roles(role: str) -> None:
     assert layout(kv_role=role).kv_role == role
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: `kv_role not in KV_ROLE_NAMES` with a NumPy array raises NumPy's "
-    "ValueError (ambiguous truth value) instead of InvalidDescriptorError (layout.py)",
-)
 def test_layout_kv_role_array_raises_our_error() -> None:
     with pytest.raises(hw.InvalidDescriptorError):
         layout(kv_role=np.array(["key", "value"]))
@@ -432,12 +422,6 @@ def test_index_buffers_list_value_beyond_int64_is_refused(value: int) -> None:
     index_error(layout(), [0, 2, 3], [0, value, 0], "block_table")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a Python list mixing small ints with values in [2**63, 2**64) becomes a "
-    "float64 array (NumPy's inference), so _as_index_array says 'must hold integers' "
-    "without naming the position and value (layout.py)",
-)
 @pytest.mark.parametrize("value", [2**63, 2**64 - 1], ids=["2^63", "2^64-1"])
 def test_index_buffers_list_value_beyond_int64_names_its_position(value: int) -> None:
     exc = index_error(layout(), [0, 2, 3], [0, value, 0], "block_table")
@@ -458,12 +442,6 @@ def test_index_buffers_uint64_array_with_large_page_ids() -> None:
     assert str(exc.found) == str(2**64)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: validate_index_buffers refuses a valid uint64 block_table given as a Python "
-    "list that mixes page ids >= 2**63 with small ones ('must hold integers': NumPy infers "
-    "float64) (layout.py _as_index_array)",
-)
 def test_index_buffers_uint64_list_with_large_page_ids() -> None:
     wide = layout(block_table_index_type="uint64", num_pages=2**64 - 1)
     check(wide, SEQ_PTR, [0, 2**64 - 2, 2**40])
@@ -616,11 +594,6 @@ def test_per_tensor_scale_from_numpy_and_int() -> None:
     assert hw.PerTensorAffine(2).scale == 2.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PerTensorAffine accepts a bool scale (True -> 1.0) while every integer "
-    "field refuses bools (quantization.py)",
-)
 def test_per_tensor_scale_refuses_a_bool() -> None:
     with pytest.raises(hw.InvalidDescriptorError):
         hw.PerTensorAffine(True)
@@ -726,11 +699,6 @@ def test_per_block_scale_type_not_f16_bf16_f32(scale_type: Any) -> None:
     refused(hw.InvalidDescriptorError, "scale_type", hw.PerBlockAffine, 0, 4, 3, scale_type)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a scale_type that is no element type at all is reported as field "
-    "'element_type' (element_type_of's field), not 'scale_type' (quantization.py)",
-)
 @pytest.mark.parametrize("scale_type", ["bogus", 3, object()])
 def test_per_block_scale_type_not_an_element_type_names_scale_type(scale_type: Any) -> None:
     refused(hw.InvalidDescriptorError, "scale_type", hw.PerBlockAffine, 0, 4, 3, scale_type)
@@ -977,11 +945,6 @@ def test_element_type_of_unknown(value: Any) -> None:
     refused(hw.InvalidDescriptorError, "element_type", hw.element_type_of, value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: element_type_of(None) returns float64 because np.dtype(None) is the "
-    "default float64 dtype (dtypes.py)",
-)
 def test_element_type_of_none_is_refused() -> None:
     with pytest.raises(hw.InvalidDescriptorError):
         hw.element_type_of(None)

@@ -486,12 +486,6 @@ def test_index_lists_are_not_modified() -> None:
     assert (bt, sp, lens) == ([0, 1, 0], [0, 2, 3], [6, 3])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hurray_wire/tensor.py from_arrays does not check metadata (its docstring: "
-    "'a tensor that exists is one that encodes and decodes cleanly'); "
-    "from_arrays(..., metadata={'a': {1}}) or metadata={'': 1} succeeds and encode() raises",
-)
 @pytest.mark.parametrize("metadata", [{"a": {1}}, {"": 1}, {1: "x"}, {"a": []}])
 def test_unencodable_metadata_refused_by_from_arrays(metadata: dict[Any, Any]) -> None:
     with pytest.raises(hw.HurrayWireError):

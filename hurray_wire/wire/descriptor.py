@@ -275,6 +275,7 @@ DESCRIPTOR = c.Struct(
     ),
     "buffer_table_offset" / c.Tell,
     "buffers" / c.PrefixedArray(c.Int8ul, BUFFER_HANDLE),
+    "quantization_offset" / c.Tell,
     "quantization" / c.If(_flag(0x01), QUANTIZATION_SECTION),
     "shard"
     / c.If(
