@@ -62,11 +62,15 @@ from hurray_wire.errors import (
     InvalidContainerError,
     InvalidDescriptorError,
     InvalidMetadataError,
+    InvalidStreamError,
     InvalidTensorError,
     LimitExceededError,
+    MissingTensorError,
     PaddingError,
     QuantizationNotDefinedError,
     SectionError,
+    StreamBlobTruncatedError,
+    StreamTruncatedError,
     TruncatedError,
     UnsupportedLayoutError,
 )
@@ -80,6 +84,15 @@ from hurray_wire.quantization import (
     PerTensorAffine,
     Quantization,
 )
+from hurray_wire.stream import (
+    StreamEntry,
+    StreamFile,
+    StreamHeader,
+    StreamReader,
+    StreamWriter,
+    decode_stream_header,
+    encode_stream_header,
+)
 from hurray_wire.tensor import BlockPagedTensor
 
 __version__ = "0.1.0"
@@ -92,6 +105,17 @@ __all__ = [
     "BlobTruncatedError",
     "BlockPagedLayout",
     "BlockPagedTensor",
+    "InvalidStreamError",
+    "MissingTensorError",
+    "StreamBlobTruncatedError",
+    "StreamEntry",
+    "StreamFile",
+    "StreamHeader",
+    "StreamReader",
+    "StreamTruncatedError",
+    "StreamWriter",
+    "decode_stream_header",
+    "encode_stream_header",
     "Compression",
     "DecodeLimits",
     "Int64",

@@ -19,8 +19,10 @@ from hurray_wire import __version__, summary
 from hurray_wire.blob import blob_length, decode, encode_parts
 from hurray_wire.descriptor_codec import decode_descriptor, decode_header
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
+from hurray_wire.stream import StreamFile, StreamHeader, StreamReader, StreamWriter
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.blob import BLOB_MAGIC
+from hurray_wire.wire.stream import STREAM_MAGIC
 
 __all__ = ["main", "build_parser", "identify"]
 
@@ -50,15 +52,16 @@ def _read(path: str) -> Any:
 def identify(data: Any) -> str:
     """What ``data`` is: descriptor, blob, blob-stream, reference-stream, hrry-file."""
     head = bytes(memoryview(data)[:8])
+    if head.startswith(STREAM_MAGIC):
+        return "blob-stream"
     if head.startswith(BLOB_MAGIC):
         length = blob_length(data)
         return "blob" if length == len(data) else "blob-stream"
     if head == b"HRRYFILE":
         return "hrry-file"
     if head.startswith(b"HRRY"):
-        if len(data) >= 10 and int.from_bytes(bytes(memoryview(data)[6:10]), "little") == len(data):
-            return "descriptor"
-        return "reference-stream"
+        length = int.from_bytes(bytes(memoryview(data)[6:10]), "little") if len(data) >= 10 else 0
+        return "descriptor" if length == len(data) else "reference-stream"
     raise CliError(f"unrecognised input (starts with {head[:4].hex(' ') or 'nothing'})")
 
 
@@ -78,25 +81,19 @@ def _items(data: Any, kind: str, verify: bool) -> Iterator[Item]:
     view = memoryview(data)
     if kind == "descriptor":
         yield Item("descriptor", kind, descriptor_bytes=bytes(view))
-    elif kind in ("blob", "blob-stream"):
-        offset = 0
-        number = 0
-        while offset < len(view):
-            length = blob_length(view[offset:])
-            piece = view[offset : offset + length]
-            try:
-                tensor = decode(piece, verify=verify)
-            except HurrayWireError as exc:
-                raise exc.relocated(
-                    offset=None if exc.offset is None else offset + exc.offset,
-                    section=f"blob {number}: {exc.section}"
-                    if kind == "blob-stream"
-                    else exc.section,
-                ) from None
-            label = f"blob {number} @ {offset}" if kind == "blob-stream" else "blob"
-            yield Item(label, "blob", tensor=tensor, blob=piece)
-            offset += length
-            number += 1
+    elif kind == "blob":
+        yield Item("blob", kind, tensor=decode(view, verify=verify), blob=view)
+    elif kind == "blob-stream":
+        if verify:  # the strict pass: header, every blob, end record, nothing after it
+            for _ in StreamReader(view):
+                pass
+        stream = StreamFile(view, verify=verify)
+        if stream.error is not None:
+            raise stream.error
+        for number, entry in enumerate(stream.entries):
+            piece = view[entry.offset : entry.offset + entry.length]
+            yield Item(f"blob {number} @ {entry.offset}", "blob", tensor=stream.read(entry),
+                       blob=piece)  # fmt: skip
     else:
         yield from _reference_items(data, kind)
 
@@ -149,8 +146,53 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _print_text(path: str, kind: str, size: int, items: list[dict[str, Any]], out: IO[str]) -> None:
+def _context(data: Any, kind: str) -> dict[str, Any]:
+    """What a container says about itself: the stream header, the .hrry file metadata."""
+    if kind == "blob-stream":
+        stream = StreamFile(memoryview(data), verify=False)
+        header = stream.header
+        described: dict[str, Any] | None = None
+        if header is not None:
+            described = {
+                "model": header.model,
+                "num_layers": header.num_layers,
+                "kv_roles": list(header.kv_roles),
+                "element_type": None if header.element_type is None else header.element_type.name,
+                "end_record": header.end_record,
+                "metadata": {k: _jsonable(v) for k, v in header.metadata.items()},
+            }
+        return {"stream_header": described, "stream_complete": stream.complete}
+    if kind == "hrry-file":
+        from hurray_wire import reference
+
+        reader = reference.HrryFile.from_buffer(data)
+        return {"metadata": {k: _jsonable(v) for k, v in reader.user_metadata.items()}}
+    return {}
+
+
+def _print_text(
+    path: str,
+    kind: str,
+    size: int,
+    items: list[dict[str, Any]],
+    out: IO[str],
+    context: dict[str, Any] | None = None,
+) -> None:
     print(f"{path}: {kind}, {size} bytes", file=out)
+    context = context or {}
+    if "stream_header" in context:
+        header = context["stream_header"]
+        if header is None:
+            print("  stream header: none (bare concatenated blobs)", file=out)
+        else:
+            print(f"  stream header: model {header['model']!r}, num_layers "
+                  f"{header['num_layers']}, kv_roles {header['kv_roles']}, element_type "
+                  f"{header['element_type']}", file=out)  # fmt: skip
+            if header["metadata"]:
+                print(f"    metadata: {json.dumps(header['metadata'], sort_keys=True)}", file=out)
+        print(f"  end record: {'yes' if context['stream_complete'] else 'no'}", file=out)
+    if context.get("metadata"):
+        print(f"  file metadata: {json.dumps(context['metadata'], sort_keys=True)}", file=out)
     for item in items:
         print(f"  [{item['item']}]", file=out)
         envelope = item.get("envelope")
@@ -258,10 +300,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
         if args.hex:
             _print_hex(data, kind, sys.stdout)
             continue
+        context = _context(data, kind)
         if args.json:
-            results.append({"path": path, "kind": kind, "size": len(data), "items": items})
+            results.append({"path": path, "kind": kind, "size": len(data), **context,
+                            "items": items})  # fmt: skip
         else:
-            _print_text(path, kind, len(data), items, sys.stdout)
+            _print_text(path, kind, len(data), items, sys.stdout, context)
     if args.json:
         json.dump(results, sys.stdout, indent=2, sort_keys=True)
         print()
@@ -324,16 +368,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
         tensors.append((item.extra.get("name", f"tensor_{number}"), item.tensor))
     total = sum(t.nbytes for _, t in tensors)
     done = 0
-    if target in ("blob", "blob-stream"):
-        if target == "blob" and len(tensors) != 1:
+    if target == "blob":
+        if len(tensors) != 1:
             raise CliError(f"a blob holds one tensor; the input has {len(tensors)} (use .hrws)")
         with open(args.output, "wb") as sink:
+            sink.writelines(encode_parts(tensors[0][1], compression=args.compression,
+                                         checksum=not args.no_checksum))  # fmt: skip
+        _progress(total, total, show)
+    elif target == "blob-stream":
+        with StreamWriter(args.output, StreamHeader()) as writer:
             for _, tensor in tensors:
-                sink.writelines(
-                    encode_parts(
-                        tensor, compression=args.compression, checksum=not args.no_checksum
-                    )
-                )
+                writer.write(tensor, compression=args.compression, checksum=not args.no_checksum)
                 done += tensor.nbytes
                 _progress(done, total, show)
     elif target == "reference-stream":

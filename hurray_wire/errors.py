@@ -28,6 +28,10 @@ __all__ = [
     "InvalidMetadataError",
     "InvalidContainerError",
     "ContainerTruncatedError",
+    "InvalidStreamError",
+    "StreamTruncatedError",
+    "StreamBlobTruncatedError",
+    "MissingTensorError",
 ]
 
 _UNSET: Any = object()
@@ -168,3 +172,22 @@ class InvalidContainerError(HurrayWireError, ValueError):
 
 class ContainerTruncatedError(TruncatedError, InvalidContainerError):
     """A reference stream or .hrry file that ends inside a structure."""
+
+
+class InvalidStreamError(HurrayWireError, ValueError):
+    """A stream header, end record or record sequence that breaks docs/streaming.md."""
+
+
+class StreamTruncatedError(TruncatedError, InvalidStreamError):
+    """The stream ended, or its connection broke, before the stream was complete."""
+
+
+class StreamBlobTruncatedError(StreamTruncatedError, BlobTruncatedError):
+    """The stream was cut inside a blob: both a stream cut and a truncated blob."""
+
+
+class MissingTensorError(HurrayWireError, KeyError):
+    """A lookup by name or by {layer, role} that the container or stream does not hold."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""

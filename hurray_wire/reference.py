@@ -47,6 +47,7 @@ from hurray_wire.errors import (
     InvalidContainerError,
     InvalidMetadataError,
     InvalidTensorError,
+    MissingTensorError,
     UnsupportedLayoutError,
 )
 from hurray_wire.metadata import (
@@ -926,8 +927,10 @@ class HrryFile:
         self._check_open()
         try:
             return self._by_name[name]
-        except KeyError:
-            raise KeyError(name) from None
+        except (KeyError, TypeError):
+            raise MissingTensorError(
+                "no tensor of this name in the file", section="index", found=repr(name)
+            ) from None
 
     def _descriptor_bytes(self, entry: IndexEntry) -> bytes:
         """The descriptor's bytes after the § B.8 step-6 placement and length checks."""

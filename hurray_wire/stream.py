@@ -36,8 +36,11 @@ from hurray_wire.errors import (
     ChecksumError,
     HurrayWireError,
     InvalidBlobError,
+    InvalidStreamError,
     LimitExceededError,
-    TruncatedError,
+    MissingTensorError,
+    StreamBlobTruncatedError,
+    StreamTruncatedError,
 )
 from hurray_wire.layout import KV_ROLE_NAMES
 from hurray_wire.metadata import decode_metadata, encode_metadata
@@ -80,18 +83,6 @@ _READ_CHUNK = 1 << 20  # for sources that only have read(): bounds the temporary
 
 
 # -- errors ----------------------------------------------------------------------------------
-class InvalidStreamError(HurrayWireError, ValueError):
-    """A stream header, end record or record sequence that breaks docs/streaming.md."""
-
-
-class StreamTruncatedError(TruncatedError, InvalidStreamError):
-    """The stream ended, or its connection broke, before the stream was complete."""
-
-
-class StreamBlobTruncatedError(StreamTruncatedError, BlobTruncatedError):
-    """The stream was cut inside a blob: both a stream cut and a truncated blob."""
-
-
 # -- model -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StreamHeader:
@@ -1105,7 +1096,11 @@ class StreamFile:
         if entry is None:
             if self._error is not None:  # it may be in the part that could not be read
                 raise self._error
-            raise KeyError((layer_index, kv_role))
+            raise MissingTensorError(
+                "no blob for this layer and role in the stream",
+                section="stream",
+                found=f"layer_index {layer_index!r}, kv_role {kv_role!r}",
+            )
         return self.read(entry)
 
     def read(self, entry: StreamEntry) -> BlockPagedTensor:

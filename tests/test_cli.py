@@ -199,7 +199,7 @@ def test_convert_blob_to_stream_and_back(
                        capsys)  # fmt: skip
     assert (code, err) == (0, "")
     original = hw.decode(source.read_bytes())
-    converted = hw.decode(stream.read_bytes())
+    (converted,) = list(hw.StreamReader(stream.read_bytes()))
     assert converted.page_pool.tobytes() == original.page_pool.tobytes()
     assert converted.seq_lens is not None and original.seq_lens is not None
     assert converted.seq_lens.tolist() == original.seq_lens.tolist()

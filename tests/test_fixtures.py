@@ -79,19 +79,30 @@ def test_fixture_decodes_to_its_manifest_and_reencodes(case: dict[str, Any]) -> 
 
 
 @pytest.mark.parametrize("case", MANIFEST["streams"], ids=lambda case: case["name"])
-def test_stream_fixture_decodes_blob_by_blob(case: dict[str, Any]) -> None:
-    data = memoryview((FIXTURES / case["file"]).read_bytes())
+def test_stream_fixture_reads_blob_by_blob(case: dict[str, Any]) -> None:
+    data = (FIXTURES / case["file"]).read_bytes()
     assert len(data) == case["total_length"]
-    offset = 0
-    for expect in case["blobs"]:
-        assert offset == expect["offset"]
-        length = hw.blob_length(data[offset:])
-        assert length == expect["length"]
-        tensor = hw.decode(data[offset : offset + length])
-        assert tensor.kv_role == expect["kv_role"]
-        assert tensor.layer_index == expect["layer_index"]
-        offset += length
-    assert offset == len(data)
+    assert hashlib.sha256(data).hexdigest() == case["sha256"]
+    reader = hw.StreamReader(data)
+    header = reader.header
+    assert header is not None
+    expect = case["header"]
+    assert header.model == expect["model"]
+    assert header.num_layers == expect["num_layers"]
+    assert list(header.kv_roles) == expect["kv_roles"]
+    assert header.element_type is not None and header.element_type.name == expect["element_type"]
+    assert dict(header.metadata) == expect["metadata"]
+    tensors = list(reader)
+    assert reader.complete
+    assert [(t.layer_index, t.kv_role) for t in tensors] == [
+        (b["layer_index"], b["kv_role"]) for b in case["blobs"]
+    ]
+    stream = hw.StreamFile(data)
+    assert [(e.offset, e.length) for e in stream.entries] == [
+        (b["offset"], b["length"]) for b in case["blobs"]
+    ]
+    for blob in case["blobs"]:
+        assert hw.blob_length(data[blob["offset"] :]) == blob["length"]
 
 
 def test_spec_example_values_follow_the_conformance_formula() -> None:

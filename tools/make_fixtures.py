@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import sys
 from collections.abc import Callable
@@ -243,7 +244,8 @@ CASES: list[Case] = [
 
 STREAM = (
     "whole_cache_2_layers",
-    "A small whole cache: layers 0 and 1 x key and value, four blobs back to back",
+    "A small whole cache: a stream header, layers 0 and 1 x key and value as four blobs, and "
+    "the end record with its index",
 )
 
 
@@ -363,28 +365,25 @@ def generate(out: Path) -> dict[str, Any]:
             }
         )
     name, description = STREAM
-    pieces = [bytes(blob.encode(t)) for t in stream_tensors()]
-    data = b"".join(pieces)
+    sink = io.BytesIO()
+    header = hw.StreamHeader(model="fixture-llm", num_layers=2, kv_roles=("key", "value"),
+                             element_type=hw.float16, metadata={"request_id": "req-0001"})
+    with hw.StreamWriter(sink, header) as writer:
+        for tensor in stream_tensors():
+            writer.write(tensor)
+    data = sink.getvalue()
     (out / "streams").mkdir(exist_ok=True)
     (out / "streams" / f"{name}.hrws").write_bytes(data)
-    manifest["streams"].append(
-        {
-            "file": f"streams/{name}.hrws",
-            "name": name,
-            "description": description,
-            "total_length": len(data),
-            "sha256": digest(data),
-            "blobs": [
-                {
-                    "offset": sum(len(p) for p in pieces[:i]),
-                    "length": len(p),
-                    "kv_role": t.kv_role,
-                    "layer_index": t.layer_index,
-                }
-                for i, (p, t) in enumerate(zip(pieces, stream_tensors(), strict=True))
-            ],
-        }
-    )
+    entries = hw.StreamFile(data).entries
+    manifest["streams"].append({
+        "file": f"streams/{name}.hrws", "name": name, "description": description,
+        "total_length": len(data), "sha256": digest(data),
+        "header": {"model": header.model, "num_layers": header.num_layers,
+                   "kv_roles": list(header.kv_roles), "element_type": "float16",
+                   "metadata": dict(header.metadata), "end_record": True},
+        "blobs": [{"offset": e.offset, "length": e.length, "kv_role": e.kv_role,
+                   "layer_index": e.layer_index} for e in entries],
+    })
     text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
     (out / "manifest.json").write_text(text, encoding="utf-8")
     return manifest
