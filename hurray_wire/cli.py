@@ -235,6 +235,12 @@ def _print_text(
                 if section["checksum"]:
                     line += f"  checksum {section['checksum']}"
             print(line, file=out)
+        extensions = [s for s in (envelope or {}).get("sections", []) if s["kind"] != "buffer"]
+        for section in extensions:
+            line = (f"    section {section['kind']}: @ {section['offset']}  {section['codec']} "
+                    f"stored {section['stored_size']} raw {section['raw_size']}"
+                    f"{'  required' if section['required'] else ''}")  # fmt: skip
+            print(line, file=out)
         quant = d["quantization"]
         if quant is None:
             print("    quantization: none", file=out)
