@@ -7,6 +7,7 @@ it would reject. Rules: descriptor.md §§ 2-9 and block-paged.md §§ 2-3, 7.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -166,26 +167,10 @@ class Statistics:
 
 
 def _stat_key(s: Statistics) -> tuple[Any, ...]:
+    """Field values with floats as their exact text (so NaN equals NaN, 0.0 differs from -0.0)."""
     return tuple(
-        v.hex()
-        if isinstance(v, float) and not math.isnan(v)
-        else repr(v)
-        if isinstance(v, float)
-        else v
-        for v in (
-            s.computed_mask,
-            s.nnz,
-            s.sparsity_ratio,
-            s.value_min,
-            s.value_max,
-            s.value_abs_max,
-            s.value_mean,
-            s.value_stddev,
-            s.nm_n,
-            s.nm_m,
-            s.has_nan,
-            s.has_inf,
-        )
+        v.hex() if isinstance(v, float) and not math.isnan(v) else repr(v)
+        for v in dataclasses.astuple(s)
     )
 
 

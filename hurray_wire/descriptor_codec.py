@@ -9,6 +9,7 @@ struct and checks the layout-independent rules (for ``dump``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from dataclasses import dataclass, field
@@ -173,12 +174,8 @@ def peek_descriptor_length(data: Any) -> int:
 
 
 # -- decode ----------------------------------------------------------------------------------
-def decode_descriptor(data: Any) -> TensorDescriptor:
-    """Decode one block-paged descriptor from the start of ``data``; reads exactly
-    ``descriptor_length`` bytes (``result.descriptor_length`` says how many).
-
-    A valid descriptor of another layout raises ``UnsupportedLayoutError``.
-    """
+def _descriptor_bytes(data: Any) -> bytes:
+    """Exactly the ``descriptor_length`` bytes at the start of ``data``, or the error."""
     view = as_byte_view(data)
     length = peek_descriptor_length(view)
     if length > len(view):
@@ -190,7 +187,16 @@ def decode_descriptor(data: Any) -> TensorDescriptor:
             expected=length,
             found=len(view),
         )
-    raw = bytes(view[:length])
+    return bytes(view[:length])
+
+
+def decode_descriptor(data: Any) -> TensorDescriptor:
+    """Decode one block-paged descriptor from the start of ``data``; reads exactly
+    ``descriptor_length`` bytes (``result.descriptor_length`` says how many).
+
+    A valid descriptor of another layout raises ``UnsupportedLayoutError``.
+    """
+    raw = _descriptor_bytes(data)
     cached = _CACHE.get(raw)
     if cached is not None:
         return cached
@@ -685,20 +691,8 @@ class DescriptorHeader:
 
 def decode_header(data: Any) -> DescriptorHeader:
     """Decode and check the layout-independent parts of a descriptor of any layout."""
-    view = as_byte_view(data)
-    length = peek_descriptor_length(view)
-    if length > len(view):
-        raise DescriptorTruncatedError(
-            "input is shorter than descriptor_length",
-            section="descriptor",
-            field="descriptor_length",
-            offset=len(view),
-            expected=length,
-            found=len(view),
-        )
-    raw = bytes(view[:length])
-    if length < _HEADER_LEN:  # pragma: no cover - peek refuses it
-        raise _error("descriptor_length below 20", "descriptor_length", 6, found=length)
+    raw = _descriptor_bytes(data)
+    length = len(raw)
     _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
     if flags & ~0x1F:
         raise _error("reserved flag bits set", "flags", 10, found=f"0x{flags:08X}")
@@ -760,20 +754,7 @@ def decode_header(data: Any) -> DescriptorHeader:
     statistics = None
     if parsed.statistics is not None:
         s = parsed.statistics
-        statistics = Statistics(
-            s.computed_mask,
-            s.nnz,
-            s.sparsity_ratio,
-            s.value_min,
-            s.value_max,
-            s.value_abs_max,
-            s.value_mean,
-            s.value_stddev,
-            s.nm_n,
-            s.nm_m,
-            s.has_nan,
-            s.has_inf,
-        )
+        statistics = Statistics(**{f.name: s[f.name] for f in dataclasses.fields(Statistics)})
     ext = None
     if parsed.extension_type is not None:
         ext = {k: v for k, v in parsed.extension_type.items() if not k.startswith("_")}
