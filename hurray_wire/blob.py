@@ -57,8 +57,8 @@ _HEADER_SIZE = _HEADER.size  # 32
 _ENTRY_SIZE = _ENTRY.size  # 48
 BLOB_PREFIX_SIZE = 16  # magic, versions, flags, total_length: enough to frame a blob
 _ZEROS = bytes(1 << 16)
-_COPY_CHUNK = 1 << 20
-_SMALL_BLOB = 1 << 16  # copy-then-hash granularity: the chunk is still in cache when hashed
+_COPY_CHUNK = 1 << 20  # copy-then-hash granularity: the chunk is still in cache when hashed
+_SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
 
 
 @dataclass(frozen=True)
@@ -130,15 +130,15 @@ def _sections(tensor: BlockPagedTensor, compression: Compression | None) -> list
 
 
 def _element_widths(tensor: BlockPagedTensor) -> list[int]:
-    """Bytes per element of each buffer: the shuffle width a codec may use."""
-    widths = [tensor.element_type.itemsize, tensor.block_table.itemsize, tensor.seq_ptr.itemsize]
+    """Bytes per element of each buffer, by buffer index: the shuffle width a codec may use."""
+    index_width = tensor.layout.index_dtype.itemsize
+    widths = {0: tensor.element_type.itemsize, 1: index_width, 2: index_width}
     quant = tensor.descriptor.quantization
     if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-        scale = tensor.scales.itemsize if tensor.scales is not None else 4
-        widths.append(scale)
-        if quant.zero_point_buffer_index not in (None, quant.scale_buffer_index):
-            widths.append(4)
-    return widths
+        if quant.zero_point_buffer_index is not None:
+            widths[quant.zero_point_buffer_index] = 4  # int32
+        widths[quant.scale_buffer_index] = quant.scale_type.itemsize
+    return [widths[i] for i in range(len(tensor.descriptor.buffers))]
 
 
 def _plan(
