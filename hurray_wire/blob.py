@@ -9,6 +9,7 @@ of the input.
 from __future__ import annotations
 
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,7 @@ _ENTRY_SIZE = _ENTRY.size  # 48
 BLOB_PREFIX_SIZE = 16  # magic, versions, flags, total_length: enough to frame a blob
 _ZEROS = bytes(1 << 16)
 _COPY_CHUNK = 1 << 20  # copy-then-hash granularity: the chunk is still in cache when hashed
+_PARALLEL_CHUNK = 4 << 20  # with a hashing thread: big enough to amortise the hand-off
 _SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
 
 
@@ -285,11 +287,7 @@ def _write(
             if hasher is None:
                 out[position : position + size] = src
             else:
-                for start in range(0, size, _COPY_CHUNK):
-                    stop = min(start + _COPY_CHUNK, size)
-                    chunk = out[position + start : position + stop]
-                    chunk[...] = src[start:stop]
-                    hasher.update(chunk.data)
+                _copy_and_hash(out[position : position + size], src, hasher)
             position += size
         if hasher is not None:
             section.checksum = int(hasher.intdigest())
@@ -299,6 +297,35 @@ def _write(
     if late:
         head = _header(encode_descriptor(tensor.descriptor), sections, total, checksum)
     out[: len(head)] = np.frombuffer(head, np.uint8)
+
+
+_HASHER_POOL: ThreadPoolExecutor | None = None
+PARALLEL_HASH = False  # hash on a second core while copying: see docs/performance.md
+
+
+def _copy_and_hash(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8], hasher: Any) -> None:
+    """Copy ``src`` into ``dst`` and feed ``dst`` to ``hasher``, chunk by chunk while each
+    chunk is still in cache; with a second core, the hashing of one chunk overlaps the
+    copy of the next (both NumPy's copy and xxhash release the GIL)."""
+    global _HASHER_POOL
+    size = src.nbytes
+    if not PARALLEL_HASH:
+        for start in range(0, size, _COPY_CHUNK):
+            chunk = dst[start : start + _COPY_CHUNK]
+            chunk[...] = src[start : start + _COPY_CHUNK]
+            hasher.update(chunk.data)
+        return
+    if _HASHER_POOL is None:
+        _HASHER_POOL = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-hash")
+    pending = None
+    for start in range(0, size, _PARALLEL_CHUNK):
+        chunk = dst[start : start + _PARALLEL_CHUNK]
+        chunk[...] = src[start : start + _PARALLEL_CHUNK]
+        if pending is not None:
+            pending.result()
+        pending = _HASHER_POOL.submit(hasher.update, chunk.data)
+    if pending is not None:
+        pending.result()
 
 
 def encode(

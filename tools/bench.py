@@ -238,6 +238,29 @@ def bench_small(repeat: int) -> None:
           f"{ours_plain / base:5.1f}x")  # fmt: skip
 
 
+def bench_descriptor_parsers(repeat: int) -> None:
+    """Why the fast path: plain construct vs compiled construct vs the derived structs."""
+    from hurray_wire import descriptor_codec
+    from hurray_wire.wire import descriptor as wd
+
+    print("\n[parsing one 133-byte block-paged descriptor]")
+    data = hw.encode_descriptor(make_tensor(64).descriptor)
+    payload = data[52:84]
+    compiled = wd.BLOCK_PAGED_PAYLOAD.compile()
+    derived = descriptor_codec._PAYLOAD.struct
+    rows = [
+        ("construct, plain: the whole descriptor", lambda: wd.DESCRIPTOR.parse(data)),
+        ("construct, plain: the 32-byte payload", lambda: wd.BLOCK_PAGED_PAYLOAD.parse(payload)),
+        ("construct, compiled: the 32-byte payload", lambda: compiled.parse(payload)),
+        ("derived struct.Struct: the 32-byte payload", lambda: derived.unpack(payload)),
+        ("decode_descriptor, not memoised (all checks)",
+         lambda: (descriptor_codec._CACHE.clear(), hw.decode_descriptor(data))),
+        ("decode_descriptor, memoised", lambda: hw.decode_descriptor(data)),
+    ]  # fmt: skip
+    for name, fn in rows:
+        print(f"  {name:<46} {best_of(fn, repeat, 2000) * 1e6:8.2f} us")
+
+
 def bench_index_check() -> None:
     print("\n[validate_index_buffers on 10 million entries]")
     layout = hw.BlockPagedLayout(16, 10_000_000, 0, 1000)
@@ -260,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hurray-wire {hw.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
     bench_reference(repeat)
     bench_small(repeat)
+    bench_descriptor_parsers(repeat)
     bench_index_check()
     if not args.skip_flat:
         bench_decode_flat(repeat)
