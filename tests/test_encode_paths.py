@@ -1,0 +1,32 @@
+"""Every way of producing a blob gives the same bytes, whatever path the copy takes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hurray_wire as hw
+from hurray_wire import blob
+
+
+def _large_tensor() -> hw.BlockPagedTensor:
+    pool = np.arange(40 * 16 * 8 * 128, dtype=np.uint16).view(np.float16).reshape(40, 16, 8, 128)
+    return hw.BlockPagedTensor.from_arrays(pool, np.arange(40), [0, 20, 40], kv_role="value")
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("checksum", [False, True])
+def test_encode_into_encode_and_parts_agree(
+    parallel: bool, checksum: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blob, "PARALLEL_HASH", parallel)
+    monkeypatch.setattr(blob, "_COPY_CHUNK", 1 << 16)  # several chunks per section
+    monkeypatch.setattr(blob, "_PARALLEL_CHUNK", 1 << 16)
+    tensor = _large_tensor()
+    joined = b"".join(blob.encode_parts(tensor, checksum=checksum))
+    assert bytes(blob.encode(tensor, checksum=checksum)) == joined
+    out = bytearray(len(joined) + 100)
+    assert blob.encode_into(tensor, out, checksum=checksum) == len(joined)
+    assert bytes(out[: len(joined)]) == joined
+    decoded = hw.decode(joined)
+    assert decoded.page_pool.tobytes() == tensor.page_pool.tobytes()
