@@ -19,6 +19,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -278,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--skip-flat", action="store_true", help="skip the 1 GiB decode case")
+    parser.add_argument(
+        "--transfer", action="store_true", help="also the loopback TCP rate vs a raw socket copy"
+    )
     args = parser.parse_args(argv)
     repeat = 3 if args.quick else 7
     print(f"hurray-wire {hw.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
@@ -287,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     bench_index_check()
     if not args.skip_flat:
         bench_decode_flat(repeat)
+    if args.transfer:
+        print("\n[loopback transfer: stream of blobs vs raw socket copy (tools/bench_transfer.py)]")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_transfer
+
+        bench_transfer.main(["rate", "--rounds", "3" if args.quick else "5"])
     return 0
 
 
