@@ -185,7 +185,72 @@ def descriptor_views(data: bytes, parser: Any) -> dict[str, dict[str, Any]]:
     ``views["hurray_wire"] = decoder_fields(hurray_wire.decode_descriptor(data))``; each
     test below then checks it against the manifests too.
     """
-    return {"kaitai": kaitai_fields(parser.from_bytes(data))}
+    return {"kaitai": kaitai_fields(parser.from_bytes(data)), "hurray_wire": decoder_fields(data)}
+
+
+def decoder_fields(data: bytes) -> dict[str, Any]:
+    """What hurray_wire's own decoders read from ``data``, with the keys of ``kaitai_fields``.
+
+    ``decode_header`` reads any layout; for block-paged descriptors ``decode_descriptor``
+    must agree with it. Invalid descriptors yield ``{}`` (the tests compare readings of
+    valid ones; rejection is compared separately).
+    """
+    import hurray_wire
+    from hurray_wire.wire import descriptor as wd
+
+    try:
+        header = hurray_wire.decode_header(data)
+    except hurray_wire.HurrayWireError:
+        return {}
+    length = header.descriptor_length
+    parsed = wd.DESCRIPTOR.parse(data[:length])
+    quantization_bytes = None
+    if parsed.quantization is not None:
+        start = parsed.quantization_offset + 4
+        quantization_bytes = data[start : start + parsed.quantization.quantization_length]
+    layout = header.layout_fields if header.layout_tag == BLOCK_PAGED_TAG else {}
+    flags = header.flags
+    fields = {
+        "version_major": header.version_major,
+        "version_minor": header.version_minor,
+        "descriptor_length": length,
+        "flags": flags,
+        "has_quantization": bool(flags & 0x01),
+        "has_shard": bool(flags & 0x02),
+        "has_extension_type": bool(flags & 0x04),
+        "has_statistics": bool(flags & 0x08),
+        "has_composite_member": bool(flags & 0x10),
+        "type_tag": header.type_tag,
+        "layout_tag": header.layout_tag,
+        "rank": header.rank,
+        "shape": list(header.shape),
+        "byte_offset": header.byte_offset,
+        "page_size": layout.get("page_size"),
+        "num_pages": layout.get("num_pages"),
+        "paged_axis": layout.get("paged_axis"),
+        "num_seqs": layout.get("num_seqs"),
+        "kv_role": None if not layout else wd.KV_ROLES[layout["kv_role"]],
+        "layer_index": layout.get("layer_index"),
+        "block_table_index_type": (
+            None if not layout else wd.INDEX_TYPES[layout["block_table_index_type"]]
+        ),
+        "buffers": [
+            {"byte_size": h.byte_size, "alignment": h.alignment, "device_tag": h.device_tag,
+             "sync_mode": h.sync_mode, "memory_class": h.memory_class}
+            for h in header.buffers
+        ],
+        "quantization_bytes": quantization_bytes,
+        "unknown_trailing": header.unknown_trailing,
+    }  # fmt: skip
+    if header.layout_tag == BLOCK_PAGED_TAG:
+        try:
+            desc = hurray_wire.decode_descriptor(data)
+        except hurray_wire.InvalidDescriptorError:
+            return fields  # valid common header, block-paged rules broken (e.g. pool size)
+        assert list(desc.shape) == fields["shape"]
+        assert desc.layout.layer_index == fields["layer_index"]
+        assert [h.byte_size for h in desc.buffers] == [b["byte_size"] for b in fields["buffers"]]
+    return fields
 
 
 # ---------------------------------------------------------------------------------------
@@ -1000,3 +1065,36 @@ def test_blob_fixtures_parse(path: Path, blob_parser: Any) -> None:
         assert stream.pos() - start == blob.header.total_length
         count += 1
     assert count >= 1
+
+
+@pytest.mark.parametrize(
+    "path", _blob_fixture_files(), ids=lambda path: str(path.relative_to(FIXTURES))
+)
+def test_blob_fixtures_agree_with_hurray_wire(path: Path, blob_parser: Any) -> None:
+    """Every header and section field the schema reads is what hurray_wire's decoder reads,
+    and the embedded descriptor reads the same under both."""
+    import hurray_wire
+    from hurray_wire import summary
+
+    data = path.read_bytes()
+    blob = blob_parser.from_bytes(data)
+    tensor = hurray_wire.decode(data)
+    envelope = summary.describe_blob_envelope(data, verified=True)
+    header = blob.header
+    assert f"{header.version_major}.{header.version_minor}" == envelope["version"]
+    assert header.total_length == envelope["total_length"] == len(data)
+    assert header.header_length == envelope["header_length"]
+    assert len(blob.sections) == len(envelope["sections"])
+    codecs = {0: "raw", 1: "zstd", 2: "shuffle-zstd"}
+    for entry, ours in zip(blob.sections, envelope["sections"], strict=True):
+        assert (int(entry.kind), entry.index, entry.offset) == (
+            {"buffer": 1, "seq_lens": 2, "metadata": 3}[ours["kind"]], ours["index"],
+            ours["offset"],
+        )  # fmt: skip
+        assert (entry.stored_size, entry.raw_size, entry.alignment) == (
+            ours["stored_size"], ours["raw_size"], ours["alignment"]
+        )  # fmt: skip
+        assert codecs[int(entry.codec)] == ours["codec"]
+        assert entry.codec_param == ours["codec_param"]
+    descriptor = hurray_wire.encode_descriptor(tensor.descriptor)
+    assert kaitai_fields(blob.descriptor) == decoder_fields(descriptor)
