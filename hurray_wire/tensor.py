@@ -289,9 +289,15 @@ def assemble(
                 field="page_pool",
                 found=f"page_size {layout.page_size} x shape {list(descriptor.shape[1:])}",
             )
-        pool = pool.view(etype.numpy_dtype).reshape(
-            layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2]
-        )
+        shape = (layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2])
+        try:
+            pool = pool.view(etype.numpy_dtype).reshape(shape)
+        except ValueError:  # e.g. a zero-size pool whose other dimensions exceed NumPy's
+            raise InvalidTensorError(
+                "page_pool shape cannot be represented as a NumPy array",
+                field="page_pool",
+                found=f"shape {list(shape)}",
+            ) from None
     block_table = buffers[1].view(layout.index_dtype)
     seq_ptr = buffers[2].view(layout.index_dtype)
     check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
