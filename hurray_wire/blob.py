@@ -45,6 +45,7 @@ __all__ = [
     "encode_into",
     "encode_parts",
     "blob_length",
+    "peek_descriptor",
     "BLOB_PREFIX_SIZE",
 ]
 
@@ -52,6 +53,7 @@ _HEADER = derive(w.BLOB_HEADER)
 _ENTRY = derive(w.SECTION_ENTRY)
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+_U16 = struct.Struct("<H")
 _LENGTH_COUNT = struct.Struct("<IH")
 _ZERO8 = bytes(8)
 _HEADER_SIZE = _HEADER.size  # 32
@@ -336,8 +338,9 @@ def encode(
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
-        return memoryview(bytearray().join(encode_parts(tensor, compression=compression,
-                                                        checksum=checksum)))  # fmt: skip
+        return memoryview(
+            bytearray().join(encode_parts(tensor, compression=compression, checksum=checksum))
+        )
     head, sections, total = _plan(tensor, compression, checksum, hash_raw=False)
     out = np.empty(total, np.uint8)
     _write(tensor, out, head, sections, total, checksum)
@@ -423,6 +426,64 @@ _PLANS: dict[tuple[bytes, DecodeLimits], _Plan] = {}
 _PLAN_LIMIT = 512
 
 
+def _checked_header(view: memoryview, total: int) -> tuple[int, int]:
+    """(header_length, section_count) once ``header_length`` agrees with the header's counts
+    and fits in ``total`` bytes, and the header checksum matches."""
+    header_length, count = _LENGTH_COUNT.unpack_from(view, 16)
+    expected_length = _HEADER_SIZE + _ENTRY_SIZE * count + _U32.unpack_from(view, 24)[0]
+    if header_length != expected_length or header_length + 8 > total:
+        raise InvalidBlobError(
+            "header_length disagrees with section_count and descriptor_length, or leaves no "
+            "room for the header checksum within total_length",
+            section="header",
+            field="header_length",
+            offset=16,
+            expected=expected_length,
+            found=header_length,
+        )
+    stored_hash = _U64.unpack_from(view, header_length)[0]
+    computed = xxhash.xxh3_64_intdigest(view[:header_length])
+    if stored_hash != computed:
+        raise ChecksumError(
+            "header checksum mismatch",
+            section="header",
+            offset=header_length,
+            expected=f"0x{computed:016x}",
+            found=f"0x{stored_hash:016x}",
+        )
+    return header_length, count
+
+
+def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorDescriptor:
+    """The descriptor of the blob at the start of ``data``, after checking the blob's header
+    and header checksum, without reading its sections (``data`` may end after the header)."""
+    view = as_byte_view(data)
+    limits = _DEFAULT_LIMITS if limits is None else limits
+    total = blob_length(view)
+    if len(view) < _HEADER_SIZE:
+        raise BlobTruncatedError(
+            "input ends inside the blob header",
+            section="header",
+            offset=len(view),
+            expected=_HEADER_SIZE,
+            found=len(view),
+        )
+    count, dlen = _U16.unpack_from(view, 20)[0], _U32.unpack_from(view, 24)[0]
+    if dlen > limits.max_descriptor_length or count > limits.max_sections:
+        raise LimitExceededError(
+            "blob header above the decode limits",
+            section="header",
+            found=f"{count} sections, descriptor {dlen} bytes",
+        )
+    header_length, count = _checked_header(view, min(total, len(view)))
+    start = _HEADER_SIZE + _ENTRY_SIZE * count
+    try:
+        return decode_descriptor(view[start:header_length])
+    except HurrayWireError as exc:
+        offset = None if exc.offset is None else start + exc.offset
+        raise exc.relocated(section="descriptor", offset=offset) from None
+
+
 def decode(
     data: Any, *, verify: bool = True, limits: DecodeLimits | None = None
 ) -> BlockPagedTensor:
@@ -453,28 +514,7 @@ def decode(
             expected=total,
             found=len(view),
         )
-    header_length, count = _LENGTH_COUNT.unpack_from(view, 16)
-    expected_length = _HEADER_SIZE + _ENTRY_SIZE * count + _U32.unpack_from(view, 24)[0]
-    if header_length != expected_length or header_length + 8 > total:
-        raise InvalidBlobError(
-            "header_length disagrees with section_count and descriptor_length, or leaves no "
-            "room for the header checksum within total_length",
-            section="header",
-            field="header_length",
-            offset=16,
-            expected=expected_length,
-            found=header_length,
-        )
-    stored_hash = _U64.unpack_from(view, header_length)[0]
-    computed = xxhash.xxh3_64_intdigest(view[:header_length])
-    if stored_hash != computed:
-        raise ChecksumError(
-            "header checksum mismatch",
-            section="header",
-            offset=header_length,
-            expected=f"0x{computed:016x}",
-            found=f"0x{stored_hash:016x}",
-        )
+    header_length, count = _checked_header(view, total)
     # Everything but the section checksums is memoised: equal bytes, equal verdict.
     key = bytearray(view[:header_length])
     if view[22] == w.CHECKSUM_XXH3_64:  # with checksum_type 0 the fields must stay zero

@@ -27,15 +27,20 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, encode_parts
-from hurray_wire.descriptor_codec import as_byte_view, decode_descriptor
+from hurray_wire.blob import (
+    BLOB_PREFIX_SIZE,
+    DecodeLimits,
+    blob_length,
+    decode,
+    encode_parts,
+    peek_descriptor,
+)
+from hurray_wire.descriptor_codec import as_byte_view
 from hurray_wire.dtypes import ElementType, element_type_from_tag, element_type_of
 from hurray_wire.errors import (
     ArgumentTypeError,
     BlobTruncatedError,
-    ChecksumError,
     HurrayWireError,
-    InvalidBlobError,
     InvalidStreamError,
     LimitExceededError,
     MissingTensorError,
@@ -986,32 +991,7 @@ class StreamReader:
 # -- random access ---------------------------------------------------------------------------
 def _peek_blob(view: memoryview, limits: DecodeLimits) -> tuple[int | None, str]:
     """(layer_index, kv_role) from a blob's checked header, without touching its sections."""
-    fields = _BLOB_HEADER.struct.unpack_from(view, 0)
-    header_length = fields[_BLOB_HEADER.index("header_length")]
-    count = fields[_BLOB_HEADER.index("section_count")]
-    dlen = fields[_BLOB_HEADER.index("descriptor_length")]
-    if dlen > limits.max_descriptor_length or count > limits.max_sections:
-        raise LimitExceededError("blob header above the decode limits", section="header")
-    start = _BLOB_HEADER.size + _SECTION_ENTRY_SIZE * count
-    if header_length != start + dlen or header_length + 8 > len(view):
-        raise InvalidBlobError(
-            "header_length disagrees with section_count, descriptor_length or total_length",
-            section="header",
-            field="header_length",
-            offset=16,
-            found=header_length,
-        )
-    stored = _U64.unpack_from(view, header_length)[0]
-    computed = xxhash.xxh3_64_intdigest(view[:header_length])
-    if stored != computed:
-        raise ChecksumError(
-            "header checksum mismatch",
-            section="header",
-            offset=header_length,
-            expected=f"0x{computed:016x}",
-            found=f"0x{stored:016x}",
-        )
-    descriptor = decode_descriptor(view[start:header_length])
+    descriptor = peek_descriptor(view, limits=limits)
     return descriptor.layout.layer_index, descriptor.layout.kv_role
 
 
