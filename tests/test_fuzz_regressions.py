@@ -1,0 +1,272 @@
+"""Fuzzing in CI without atheris: the harnesses' targets on seeded mutations, and one test
+per fuzzing finding (docs/fuzzing.md).
+
+The targets are the functions the atheris harnesses run, imported from
+``tools/fuzz_blob.py`` and ``tools/fuzz_containers.py`` (both import without atheris):
+``check_blob`` and ``check_containers`` raise ``AssertionError`` on a property violation and
+let through any exception that is not a ``HurrayWireError``. Every mutation here is derived
+from a fixed seed, so a failure reproduces exactly; the failing input is in the assertion
+message as hex.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import hurray_wire as hw
+from hurray_wire import reference
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+sys.path.insert(0, str(TOOLS))
+
+import fuzz_blob  # noqa: E402
+import fuzz_containers  # noqa: E402
+
+ROOT = TOOLS.parent
+
+
+def _replay(
+    target: Callable[[bytes], None],
+    seeds: list[bytes],
+    mutator: Callable[[bytes, random.Random], bytes],
+    runs: int,
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    for _ in range(runs):
+        data = rng.choice(seeds)
+        for _ in range(rng.randint(1, 3)):
+            data = mutator(data, rng)
+        try:
+            target(data)
+        except Exception as exc:
+            raise AssertionError(f"{exc!r} on input {data.hex()}") from exc
+
+
+def _structured(module: object) -> Callable[[bytes, random.Random], bytes]:
+    mutate = module.mutate  # type: ignore[attr-defined]
+    return lambda data, rng: mutate(data, 1 << 19, rng.getrandbits(32))
+
+
+def _bytes_only(data: bytes, rng: random.Random) -> bytes:
+    return fuzz_blob.byte_mutate(data, rng, 1 << 19)
+
+
+@pytest.fixture(scope="module")
+def blob_seeds() -> list[bytes]:
+    return list(fuzz_blob.seed_inputs().values())
+
+
+@pytest.fixture(scope="module")
+def container_seeds() -> list[bytes]:
+    return list(fuzz_containers.seed_inputs().values())
+
+
+# -- smoke: the harness targets on seeds and seeded mutations ---------------------------------
+def test_blob_seeds_pass_the_target(blob_seeds: list[bytes]) -> None:
+    assert len(blob_seeds) > 40
+    for data in blob_seeds:
+        fuzz_blob.check_blob(data)
+
+
+def test_container_seeds_pass_the_target(container_seeds: list[bytes]) -> None:
+    assert len(container_seeds) > 15
+    for data in container_seeds:
+        fuzz_containers.check_containers(data)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_blob_structured_mutations(blob_seeds: list[bytes], seed: int) -> None:
+    _replay(fuzz_blob.check_blob, blob_seeds, _structured(fuzz_blob), 400, seed)
+    assert fuzz_blob.MUTATOR_ERRORS == []
+
+
+def test_blob_byte_mutations(blob_seeds: list[bytes]) -> None:
+    _replay(fuzz_blob.check_blob, blob_seeds, _bytes_only, 500, 3)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_container_structured_mutations(container_seeds: list[bytes], seed: int) -> None:
+    _replay(
+        fuzz_containers.check_containers, container_seeds, _structured(fuzz_containers), 400, seed
+    )
+    assert fuzz_containers.MUTATOR_ERRORS == []
+    assert fuzz_blob.MUTATOR_ERRORS == []
+
+
+def test_container_byte_mutations(container_seeds: list[bytes]) -> None:
+    _replay(fuzz_containers.check_containers, container_seeds, _bytes_only, 500, 4)
+
+
+# -- the harnesses' own tools ----------------------------------------------------------------
+@pytest.mark.parametrize("path", sorted((ROOT / "fixtures" / "blobs").glob("*.hrwb")), ids=str)
+def test_parse_then_build_reproduces_every_fixture_blob(path: Path) -> None:
+    data = path.read_bytes()
+    blob = fuzz_blob.parse_blob(data)
+    assert blob is not None
+    assert fuzz_blob.build_blob(blob) == data
+
+
+def test_fix_checksums_makes_a_changed_blob_decode() -> None:
+    data = bytearray((ROOT / "fixtures" / "blobs" / "spec_example_f16_key_l3.hrwb").read_bytes())
+    data[384:386] = b"\x00\x3c"  # page_pool[0, 0, 0, 0] = 1.0
+    with pytest.raises(hw.ChecksumError):
+        hw.decode(bytes(data))
+    fixed = fuzz_blob.fix_checksums(bytes(data))
+    assert hw.decode(fixed).page_pool[0, 0, 0, 0] == 1.0
+    data[22] = 7  # checksum_type: first the header checksum catches it, then the field check
+    with pytest.raises(hw.ChecksumError):
+        hw.decode(bytes(data))
+    with pytest.raises(hw.InvalidBlobError, match="checksum_type"):
+        hw.decode(fuzz_blob.fix_checksums(bytes(data)))
+    assert fuzz_blob.fix_checksums(fixed) == fixed
+
+
+def test_fix_hrry_crc_makes_a_changed_index_read() -> None:
+    data = bytearray((ROOT / "fixtures/conformance/block_paged/files/layer0_kv.hrry").read_bytes())
+    names = reference.HrryFile.from_buffer(bytes(data)).names
+    at = bytes(data).rindex(names[0].encode())  # the name in the index, near the end
+    data[at] ^= 0x01
+    with pytest.raises(hw.InvalidContainerError, match="CRC-32C"):
+        reference.HrryFile.from_buffer(bytes(data))
+    renamed = reference.HrryFile.from_buffer(fuzz_containers.fix_checksums(bytes(data)))
+    assert renamed.names[0] != names[0]
+    assert renamed.names[1:] == names[1:]
+
+
+def test_fix_stream_checksums_makes_a_changed_stream_read() -> None:
+    seeds = fuzz_containers.generated_seeds()
+    data = bytearray(seeds["gen-stream-full-index1.hrws"])
+    at = bytes(data).index(b"seed-model")
+    data[at] = ord("S")
+    with pytest.raises(hw.HurrayWireError):
+        list(hw.stream.StreamReader(io.BytesIO(bytes(data))))
+    fixed = fuzz_containers.fix_checksums(bytes(data))
+    reader = hw.stream.StreamReader(io.BytesIO(fixed))
+    assert len(list(reader)) == 3
+    assert reader.header is not None and reader.header.model == "Seed-model"
+
+
+# -- findings ----------------------------------------------------------------------------------
+# F1 (fixed in ede8fce, "assemble: any pool shape NumPy cannot represent raises
+# InvalidTensorError"; these were xfail-strict tests until then).
+# A block-paged pool with a zero dimension whose other dimensions multiply past 2**63:
+# uint8, shape [1, 0, 2**62] (num_heads 0), page_size 1, num_pages 2, one sequence of one
+# page (block_table [0], seq_ptr [0, 1]). Every buffer size is consistent (page_pool is 0
+# bytes), so the descriptor is valid. tensor.assemble only checked that ONE page stays under
+# 2**63 bytes (it is 0 bytes here); NumPy's reshape to [2, 1, 0, 2**62] then raised a bare
+# ValueError ("array is too big"). assemble is shared by every decoder: hw.decode,
+# reference.read_stream (bytes and file-like), HrryFile.tensor, StreamReader, and the CLI,
+# which printed a traceback instead of exiting 1.
+F1_DESCRIPTOR = bytes.fromhex(
+    "4852525901008500000000000000110a03000000010000000000000000000000"
+    "0000000000000000000000400000000000000000010000000200000000000000"
+    "000000000100000000ffffffff00000000000000030000000000000000400000"
+    "0000000000040000000000000040000000000000000800000000000000400000"
+    "0000000000"
+)
+F1_BLOCK_TABLE = bytes.fromhex("00000000")
+F1_SEQ_PTR = bytes.fromhex("0000000001000000")
+F1_RECORD = F1_DESCRIPTOR + F1_BLOCK_TABLE + F1_SEQ_PTR  # one reference stream record
+F1_BLOB = (
+    bytes.fromhex(
+        "4852574201000000c00100000000000035010000030000008500000000000000"
+        "0101000000000000400100000000000000000000000000000000000000000000"
+        "0000000000000000400000000000000001010000010000004001000000000000"
+        "0400000000000000040000000000000000000000000000004000000000000000"
+        "0101000002000000800100000000000008000000000000000800000000000000"
+        "000000000000000040000000000000004852525901008500000000000000110a"
+        "0300000001000000000000000000000000000000000000000000004000000000"
+        "00000000010000000200000000000000000000000100000000ffffffff000000"
+        "0000000003000000000000000040000000000000000400000000000000400000"
+        "000000000008000000000000004000000000000000c52cf1fd42e8271b000000"
+        "00000000"
+    )  # header, 3 entries, descriptor, header checksum, page_pool (0 bytes), block_table
+    + bytes(60)
+    + F1_SEQ_PTR
+    + bytes(56)
+)
+F1_HRRY = (
+    bytes.fromhex(
+        "4852525946494c450100000004000000001000004000000000000000ffffffff"
+        "ffffffff00000000000000000000000000000000000000000000000000000000"
+    )  # file header: flags HAS_INDEX_CRC32C, data_buffer_alignment 4096
+    + F1_DESCRIPTOR
+    + bytes(4096 - 64 - len(F1_DESCRIPTOR))
+    + F1_BLOCK_TABLE  # page_pool (0 bytes) and block_table at 4096
+    + bytes(4092)
+    + F1_SEQ_PTR  # seq_ptr at 8192
+    + bytes.fromhex(
+        "0100000000000000010074400000000000000085000000001000000000000008"
+        "100000000000000000000008200000000000002b000000000000000000000000"
+        "00000000000000c9d552080000000048525259"
+    )  # index (one entry, "t") and trailer
+)
+
+# F1, second form: a dimension of 2**63 or more with another dimension 0 (uint8, shape
+# [1, 2**63, 0], page_size 1, num_pages 1): one page is 0 bytes again, and NumPy refused the
+# reshape with ValueError("Maximum allowed dimension exceeded").
+F1_HUGE_DIM_RECORD = bytes.fromhex(
+    "4852525901008500000000000000110a03000000010000000000000000000000"
+    "0000008000000000000000000000000000000000010000000100000000000000"
+    "000000000100000000ffffffff00000000000000030000000000000000400000"
+    "0000000000040000000000000040000000000000000800000000000000400000"
+    "0000000000"
+) + bytes.fromhex("000000000000000001000000")
+
+
+def test_f1_dimension_of_2_63_reference_stream() -> None:
+    assert hw.decode_descriptor(F1_HUGE_DIM_RECORD).shape == (1, 2**63, 0)
+    with pytest.raises(hw.HurrayWireError):
+        list(reference.read_stream(F1_HUGE_DIM_RECORD))
+
+
+def test_f1_blob_decode() -> None:
+    with pytest.raises(hw.InvalidTensorError):
+        hw.decode(F1_BLOB)
+
+
+def test_f1_reference_stream_from_bytes() -> None:
+    with pytest.raises(hw.HurrayWireError):
+        list(reference.read_stream(F1_RECORD))
+
+
+def test_f1_reference_stream_from_file_like() -> None:
+    with pytest.raises(hw.HurrayWireError):
+        list(reference.read_stream(io.BytesIO(F1_RECORD)))
+
+
+def test_f1_hrry_tensor() -> None:
+    hrry = reference.HrryFile.from_buffer(F1_HRRY)
+    assert hrry.names == ("t",)
+    with pytest.raises(hw.HurrayWireError):
+        hrry.tensor("t")
+
+
+def test_f1_stream_reader() -> None:
+    with pytest.raises(hw.HurrayWireError):
+        list(hw.stream.StreamReader(io.BytesIO(F1_BLOB)))
+
+
+def test_f1_cli_validate_exits_1(tmp_path: Path) -> None:
+    from hurray_wire import cli
+
+    for name, data in (("f1.hrwb", F1_BLOB), ("f1.hrrs", F1_RECORD), ("f1.hrry", F1_HRRY)):
+        path = tmp_path / name
+        path.write_bytes(data)
+        assert cli.main(["validate", str(path)]) == 1
+
+
+def test_f1_inputs_are_well_formed_up_to_the_bug() -> None:
+    """The F1 bytes reach the reshape: every check before it passes."""
+    descriptor = hw.decode_descriptor(F1_DESCRIPTOR)
+    assert descriptor.shape == (1, 0, 2**62)
+    assert [h.byte_size for h in descriptor.buffers] == [0, 4, 8]
+    assert fuzz_blob.fix_checksums(F1_BLOB) == F1_BLOB
+    assert fuzz_containers.fix_checksums(F1_HRRY) == F1_HRRY
