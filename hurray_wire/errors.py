@@ -32,6 +32,7 @@ __all__ = [
     "StreamTruncatedError",
     "StreamBlobTruncatedError",
     "MissingTensorError",
+    "ClosedContainerError",
 ]
 
 _UNSET: Any = object()
@@ -191,3 +192,7 @@ class MissingTensorError(HurrayWireError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class ClosedContainerError(HurrayWireError, ValueError):
+    """Use of a container reader after ``close()`` (a ValueError, like a closed file)."""

@@ -42,6 +42,7 @@ from hurray_wire.descriptor_codec import (
 )
 from hurray_wire.errors import (
     ArgumentTypeError,
+    ClosedContainerError,
     ContainerTruncatedError,
     HurrayWireError,
     InvalidContainerError,
@@ -1115,7 +1116,7 @@ class HrryFile:
     # -- lifetime ---------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise ValueError("I/O operation on a closed HrryFile")
+            raise ClosedContainerError("I/O operation on a closed HrryFile", section="file")
 
     def close(self) -> None:
         """Unmap the file; arrays still alive keep the map until they are gone."""

@@ -16,7 +16,7 @@ from hurray_wire import packing
 from hurray_wire._checks import U32_MAX, U64_MAX
 from hurray_wire.descriptor import TensorDescriptor
 from hurray_wire.dtypes import ElementType, element_type_of
-from hurray_wire.errors import IndexBufferError, InvalidTensorError
+from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
 from hurray_wire.layout import BlockPagedLayout, _as_index_array, check_index_arrays
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.quantization import PerBlockAffine, PerChannelAffine, Quantization
@@ -56,7 +56,7 @@ class BlockPagedTensor:
     metadata: dict[str, Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("build a BlockPagedTensor with BlockPagedTensor.from_arrays(...)")
+        raise ArgumentTypeError("build a BlockPagedTensor with BlockPagedTensor.from_arrays(...)")
 
     @classmethod
     def _trusted(
