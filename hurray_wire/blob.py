@@ -454,12 +454,55 @@ def _checked_header(view: memoryview, total: int) -> tuple[int, int]:
     return header_length, count
 
 
-def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorDescriptor:
-    """The descriptor of the blob at the start of ``data``, after checking the blob's header
-    and header checksum, without reading its sections (``data`` may end after the header)."""
-    view = as_byte_view(data)
-    limits = _DEFAULT_LIMITS if limits is None else limits
-    total = blob_length(view)
+def _check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
+    """Refuse a header whose section table or descriptor is above the decode limits."""
+    if count > limits.max_sections:
+        raise LimitExceededError(
+            "too many sections",
+            section="header",
+            field="section_count",
+            offset=20,
+            found=count,
+            expected=f"<= {limits.max_sections}",
+        )
+    if dlen > limits.max_descriptor_length:
+        raise LimitExceededError(
+            "descriptor too long",
+            section="header",
+            field="descriptor_length",
+            offset=24,
+            found=dlen,
+            expected=f"<= {limits.max_descriptor_length}",
+        )
+
+
+def _embedded_descriptor(view: memoryview, start: int, header_length: int) -> TensorDescriptor:
+    """Decode the descriptor at ``[start, header_length)``; errors carry blob offsets."""
+    try:
+        descriptor = decode_descriptor(view[start:header_length])
+    except HurrayWireError as exc:
+        offset = None if exc.offset is None else start + exc.offset
+        raise exc.relocated(section="descriptor", offset=offset) from None
+    if descriptor.descriptor_length != header_length - start:
+        raise InvalidBlobError(
+            "descriptor is shorter than the header's descriptor_length",
+            section="descriptor",
+            offset=start,
+            expected=header_length - start,
+            found=descriptor.descriptor_length,
+        )
+    return descriptor
+
+
+def _total_length(view: memoryview, *, whole: bool) -> int:
+    """total_length of the blob at the start of ``view`` once its 32-byte header is there
+    (and, with ``whole``, all of it); otherwise the precise framing error."""
+    if len(view) >= _HEADER_SIZE and view[:4] == w.BLOB_MAGIC and view[4] == 1:
+        total: int = _U64.unpack_from(view, 8)[0]
+        plausible = total >= _HEADER_SIZE + 8 and not total % w.BLOB_ALIGNMENT
+        if plausible and (not whole or total <= len(view)):
+            return total
+    total = blob_length(view)  # raises for bad magic, version or total_length
     if len(view) < _HEADER_SIZE:
         raise BlobTruncatedError(
             "input ends inside the blob header",
@@ -468,20 +511,25 @@ def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorD
             expected=_HEADER_SIZE,
             found=len(view),
         )
+    raise BlobTruncatedError(
+        "input is shorter than total_length",
+        section="header",
+        field="total_length",
+        offset=len(view),
+        expected=total,
+        found=len(view),
+    )
+
+
+def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorDescriptor:
+    """The descriptor of the blob at the start of ``data``, after checking the blob's header
+    and header checksum, without reading its sections (``data`` may end after the header)."""
+    view = as_byte_view(data)
+    total = _total_length(view, whole=False)
     count, dlen = _U16.unpack_from(view, 20)[0], _U32.unpack_from(view, 24)[0]
-    if dlen > limits.max_descriptor_length or count > limits.max_sections:
-        raise LimitExceededError(
-            "blob header above the decode limits",
-            section="header",
-            found=f"{count} sections, descriptor {dlen} bytes",
-        )
+    _check_limits(count, dlen, _DEFAULT_LIMITS if limits is None else limits)
     header_length, count = _checked_header(view, min(total, len(view)))
-    start = _HEADER_SIZE + _ENTRY_SIZE * count
-    try:
-        return decode_descriptor(view[start:header_length])
-    except HurrayWireError as exc:
-        offset = None if exc.offset is None else start + exc.offset
-        raise exc.relocated(section="descriptor", offset=offset) from None
+    return _embedded_descriptor(view, _HEADER_SIZE + _ENTRY_SIZE * count, header_length)
 
 
 def decode(
@@ -494,26 +542,7 @@ def decode(
     """
     view = as_byte_view(data)
     limits = _DEFAULT_LIMITS if limits is None else limits
-    if len(view) < _HEADER_SIZE or view[:4] != w.BLOB_MAGIC or view[4] != 1:
-        blob_length(view)  # raises the precise error
-        raise BlobTruncatedError(
-            "input ends inside the blob header",
-            section="header",
-            offset=len(view),
-            expected=_HEADER_SIZE,
-            found=len(view),
-        )
-    total = _U64.unpack_from(view, 8)[0]
-    if total > len(view) or total % w.BLOB_ALIGNMENT or total < _HEADER_SIZE + 8:
-        blob_length(view)
-        raise BlobTruncatedError(
-            "input is shorter than total_length",
-            section="header",
-            field="total_length",
-            offset=len(view),
-            expected=total,
-            found=len(view),
-        )
+    total = _total_length(view, whole=True)
     header_length, count = _checked_header(view, total)
     # Everything but the section checksums is memoised: equal bytes, equal verdict.
     key = bytearray(view[:header_length])
@@ -557,46 +586,9 @@ def _plan_from_header(view: memoryview, total: int, limits: DecodeLimits) -> _Pl
             offset=22,
             found=checksum_type,
         )
-    if count > limits.max_sections:
-        raise LimitExceededError(
-            "too many sections",
-            section="header",
-            field="section_count",
-            offset=20,
-            found=count,
-            expected=f"<= {limits.max_sections}",
-        )
-    if dlen > limits.max_descriptor_length:
-        raise LimitExceededError(
-            "descriptor too long",
-            section="header",
-            field="descriptor_length",
-            offset=24,
-            found=dlen,
-        )
-    if header_length != _HEADER_SIZE + _ENTRY_SIZE * count + dlen:
-        raise InvalidBlobError(
-            "header_length disagrees with section_count and descriptor_length",
-            section="header",
-            field="header_length",
-            offset=16,
-            found=header_length,
-            expected=_HEADER_SIZE + _ENTRY_SIZE * count + dlen,
-        )
+    _check_limits(count, dlen, limits)
     desc_start = _HEADER_SIZE + _ENTRY_SIZE * count
-    try:
-        descriptor = decode_descriptor(view[desc_start:header_length])
-    except HurrayWireError as exc:
-        offset = None if exc.offset is None else desc_start + exc.offset
-        raise exc.relocated(section="descriptor", offset=offset) from None
-    if descriptor.descriptor_length != dlen:
-        raise InvalidBlobError(
-            "descriptor is shorter than the header's descriptor_length",
-            section="descriptor",
-            offset=desc_start,
-            expected=dlen,
-            found=descriptor.descriptor_length,
-        )
+    descriptor = _embedded_descriptor(view, desc_start, header_length)
     raw_entries = list(_ENTRY.struct.iter_unpack(view[_HEADER_SIZE:desc_start]))
     entries, tail = _check_entries(
         raw_entries, descriptor, header_length + 8, total, checksum_type, limits

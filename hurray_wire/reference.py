@@ -108,11 +108,6 @@ def _align(value: int, alignment: int) -> int:
 
 
 # -- shared: descriptor + buffers -> tensor ---------------------------------------------------
-def _assemble(descriptor: TensorDescriptor, buffers: list[Array]) -> BlockPagedTensor:
-    """Type and check the raw buffers of one tensor with the decoders' shared ``assemble``."""
-    return assemble(descriptor, buffers)
-
-
 def _tensor_pieces(tensor: BlockPagedTensor) -> tuple[bytes, list[list[memoryview]]]:
     """The encoded descriptor and, per buffer in table order, views of its bytes (no copy)."""
     if not isinstance(tensor, BlockPagedTensor):
@@ -319,7 +314,7 @@ def _finish_record(
     descriptor: TensorDescriptor, buffers: list[Array], number: int, start: int
 ) -> BlockPagedTensor:
     try:
-        return _assemble(descriptor, buffers)
+        return assemble(descriptor, buffers)
     except HurrayWireError as exc:
         raise _wrap(exc, f"record {number}", start) from exc
 
@@ -1066,7 +1061,7 @@ class HrryFile:
         buffers = [np.frombuffer(self._buf, np.uint8, size, at) for at, size in spans]
         section = f"tensor {name!r}"
         try:
-            tensor = _assemble(descriptor, buffers)
+            tensor = assemble(descriptor, buffers)
         except HurrayWireError as exc:
             raise _wrap(exc, section, self.entry(name).data_offset) from exc
         tensor.seq_lens = self._seq_lens(name, tensor)
