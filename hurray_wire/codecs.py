@@ -277,6 +277,18 @@ def _width_arg(width: object) -> int:
     return w
 
 
+def _shuffle_operands(
+    src: Buffer, width: int, out: U8Array | None
+) -> tuple[U8Array, int, U8Array, int, int]:
+    """Checked (source, width, output, whole elements, bytes in whole elements)."""
+    s = _as_u8(src, "src")
+    w = _width_arg(width)
+    o = np.empty(s.size, np.uint8) if out is None else _writable_u8(out, s.size, "out")
+    _check_no_overlap(s, o, "src and out")
+    n = s.size // w
+    return s, w, o, n, n * w
+
+
 def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
     """Group byte j of every ``width``-byte element into plane j; a tail of
     ``len(src) % width`` bytes is copied unchanged at the end. Returns ``out`` (the same
@@ -285,12 +297,7 @@ def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Arra
     Widths 2 and 4 use integer shifts over a wide view (measured ~2x a transpose copy);
     other widths copy one strided plane at a time.
     """
-    s = _as_u8(src, "src")
-    w = _width_arg(width)
-    o = np.empty(s.size, np.uint8) if out is None else _writable_u8(out, s.size, "out")
-    _check_no_overlap(s, o, "src and out")
-    n = s.size // w
-    m = n * w
+    s, w, o, n, m = _shuffle_operands(src, width, out)
     if w == 1 or n == 0:
         np.copyto(o, s)
         return o if out is None else out
@@ -310,12 +317,7 @@ def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Arra
 
 def unshuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
     """Inverse of :func:`shuffle_bytes` for the same ``width``. Returns ``out``."""
-    s = _as_u8(src, "src")
-    w = _width_arg(width)
-    o = np.empty(s.size, np.uint8) if out is None else _writable_u8(out, s.size, "out")
-    _check_no_overlap(s, o, "src and out")
-    n = s.size // w
-    m = n * w
+    s, w, o, n, m = _shuffle_operands(src, width, out)
     if w == 1 or n == 0:
         np.copyto(o, s)
         return o if out is None else out
