@@ -533,12 +533,14 @@ def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorD
 
 
 def decode(
-    data: Any, *, verify: bool = True, limits: DecodeLimits | None = None
+    data: Any, *, verify: bool = True, limits: DecodeLimits | None = None, threads: int = -1
 ) -> BlockPagedTensor:
     """Validate one blob at the start of ``data`` and return its tensor.
 
     Uncompressed buffers are NumPy views of ``data`` (read-only when ``data`` is). With
     ``verify=False`` the section checksums are skipped; everything else is still checked.
+    ``threads`` (the caller included; -1 = every usable core, 0 = the caller only)
+    decompress the chunks of chunked sections.
     """
     view = as_byte_view(data)
     limits = _DEFAULT_LIMITS if limits is None else limits
@@ -556,7 +558,7 @@ def decode(
         if len(_PLANS) >= _PLAN_LIMIT:
             _PLANS.clear()
         _PLANS[memo_key] = plan
-    return _materialize(view, plan, verify, limits)
+    return _materialize(view, plan, verify, threads)
 
 
 def _plan_from_header(view: memoryview, total: int, limits: DecodeLimits) -> _Plan:
@@ -768,13 +770,10 @@ def _check_entries(
                     found=stored,
                 )
         elif codec in codecs.CODEC_NAMES:
-            valid_param = (
-                param in codecs.SHUFFLE_WIDTHS if codec == codecs.CODEC_SHUFFLE_ZSTD else param == 0
-            )
-            if not valid_param:
+            if not codecs.valid_codec_param(codec, param):
                 raise SectionError(
-                    "codec_param must be 0 for zstd and a shuffle width of 2, 4 or 8 for "
-                    "shuffle-zstd",
+                    "codec_param must be 0 for zstd, a shuffle width of 2, 4 or 8 for "
+                    "shuffle-zstd and of 1, 2, 4 or 8 for chunked-shuffle-zstd",
                     section=where,
                     field="codec_param",
                     offset=at + 3,
@@ -816,9 +815,7 @@ def _check_entries(
     return tuple(entries), cursor
 
 
-def _materialize(
-    view: memoryview, plan: _Plan, verify: bool, limits: DecodeLimits
-) -> BlockPagedTensor:
+def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections, then assemble the tensor."""
     payloads: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}
     offsets: dict[tuple[int, int], int | None] = {}  # blob offset of raw section contents
@@ -844,7 +841,7 @@ def _materialize(
             offsets[(e.kind, e.index)] = e.offset
         else:
             stored = view[e.offset : e.offset + e.stored_size]
-            payload = _decompress(e.codec, e.codec_param, stored, e.raw_size, e.where, e.offset)
+            payload = _decompress(e, stored, threads)
             offsets[(e.kind, e.index)] = None  # a position in decoded bytes has no blob offset
         payloads[(e.kind, e.index)] = payload
     if plan.total > plan.tail_start:
@@ -860,20 +857,21 @@ def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
         )
 
 
-def _decompress(
-    codec: int, param: int, stored: memoryview, raw: int, where: str, start: int
-) -> npt.NDArray[np.uint8]:
+def _decompress(e: _Entry, stored: memoryview, threads: int) -> npt.NDArray[np.uint8]:
     try:
-        out = np.empty(raw, np.uint8)
+        out = np.empty(e.raw_size, np.uint8)
     except (MemoryError, ValueError):
         raise LimitExceededError(
-            "cannot allocate the decompressed section", section=where, offset=start, found=raw
+            "cannot allocate the decompressed section",
+            section=e.where,
+            offset=e.offset,
+            found=e.raw_size,
         ) from None
     try:
-        codecs.decompress_into(codec, param, stored, out)
+        codecs.decompress_into(e.codec, e.codec_param, stored, out, threads=threads)
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None and exc.offset <= len(stored) else 0
-        raise exc.relocated(section=where, offset=start + inside) from None
+        raise exc.relocated(section=e.where, offset=e.offset + inside) from None
     return out
 
 

@@ -436,7 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--compression",
         default=None,
-        help="blob codec: none, zstd[:LEVEL], shuffle-zstd[:LEVEL], default",
+        help="blob codec: none, zstd[:LEVEL], shuffle-zstd[:LEVEL], "
+        "chunked-shuffle-zstd[:LEVEL], default (chunked-shuffle-zstd:1)",
     )
     convert.add_argument("--no-checksum", action="store_true", help="blobs without checksums")
     convert.add_argument("--progress", action="store_true", help="progress bar on stderr")

@@ -1,19 +1,24 @@
 """Storage codecs and checksums of blob sections: pure functions of bytes.
 
-A section is stored raw, as one zstd frame, or as one zstd frame of its byte-shuffled
-bytes (the byte planes of 2/4/8-byte elements side by side, so that exponent bytes
-compress together). Choices below are measured in docs/compression.md.
+A section is stored raw, as one zstd frame, as one zstd frame of its byte-shuffled bytes
+(the byte planes of 2/4/8-byte elements side by side, so that exponent bytes compress
+together), or cut into chunks that are shuffled and compressed independently, so that
+several cores can compress and decompress one section and each chunk is unshuffled while
+it is in cache. Choices below are measured in docs/compression.md.
 
-Decoding trusts nothing: a stored section must be exactly one zstd frame, declaring the
-caller's raw size (or no size), ending where the stored bytes end, and decompressing to
-exactly the raw size. Every failure is a :class:`~hurray_wire.errors.HurrayWireError`.
+Decoding trusts nothing: every zstd frame must declare the caller's raw size (or no
+size), end where its stored bytes end, and decompress to exactly that size; a chunk table
+is checked against the stored and raw sizes before anything is allocated. Every failure
+is a :class:`~hurray_wire.errors.HurrayWireError`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import re
+import struct
 import sys
 import threading
 from dataclasses import dataclass
@@ -24,6 +29,7 @@ import numpy.typing as npt
 import xxhash
 import zstandard
 
+from hurray_wire import parallel
 from hurray_wire.errors import (
     ArgumentTypeError,
     DecompressionError,
@@ -35,8 +41,13 @@ __all__ = [
     "CODEC_RAW",
     "CODEC_ZSTD",
     "CODEC_SHUFFLE_ZSTD",
+    "CODEC_CHUNKED",
     "CODEC_NAMES",
     "SHUFFLE_WIDTHS",
+    "CHUNKED_WIDTHS",
+    "CHUNK_SIZE_MIN",
+    "CHUNK_SIZE_MAX",
+    "valid_codec_param",
     "CodecConfigError",
     "Compression",
     "DEFAULT_COMPRESSION",
@@ -50,14 +61,22 @@ __all__ = [
 CODEC_RAW: int = 0
 CODEC_ZSTD: int = 1
 CODEC_SHUFFLE_ZSTD: int = 2
+CODEC_CHUNKED: int = 3
 CODEC_NAMES: dict[int, str] = {
     CODEC_RAW: "raw",
     CODEC_ZSTD: "zstd",
     CODEC_SHUFFLE_ZSTD: "shuffle-zstd",
+    CODEC_CHUNKED: "chunked-shuffle-zstd",
 }
 
 #: Element widths the shuffle codec may name in its codec parameter.
 SHUFFLE_WIDTHS: frozenset[int] = frozenset({2, 4, 8})
+#: Shuffle widths of the chunked codec: 1 is no shuffle (1-byte or odd-width elements).
+CHUNKED_WIDTHS: frozenset[int] = frozenset({1, 2, 4, 8})
+#: Raw bytes per chunk of the chunked codec: a power of two in this range.
+CHUNK_SIZE_MIN: int = 1 << 12
+CHUNK_SIZE_MAX: int = 1 << 30
+_CHUNK_HEAD = struct.Struct("<II")  # chunk_size, chunk_count; then count x u32 frame sizes
 
 Buffer = Union[bytes, bytearray, memoryview, "np.ndarray[Any, Any]"]
 U8Array = npt.NDArray[np.uint8]
@@ -112,27 +131,40 @@ class Compression:
     """How encode compresses sections; a value object, kept apart from the stored bytes.
 
     ``level`` is the zstd level (1-22; level 1 is the measured default and fastest).
-    ``threads`` is zstd's worker count for sections of 1 MiB or more: 0 compresses on
-    the calling thread, -1 uses every core. ``min_size``: smaller sections stay raw,
-    because a frame header costs more than it saves there.
+    ``threads``: for the chunked codec, the threads that compress a section's chunks,
+    the caller included; for zstd and shuffle-zstd, zstd's own worker count for sections
+    of 1 MiB or more. 0 compresses on the calling thread, -1 uses every usable core.
+    ``min_size``: smaller sections stay raw, because a frame header costs more than it
+    saves there. ``chunk_size``: raw bytes per chunk of the chunked codec (a power of two,
+    4 KiB to 1 GiB); ignored by the others.
     """
 
     codec: int
     level: int = 1
     threads: int = 0
     min_size: int = 4096
+    chunk_size: int = 1 << 20
 
     def __post_init__(self) -> None:
         codec = _int_arg(self.codec, "codec")
         level = _int_arg(self.level, "level")
         threads = _int_arg(self.threads, "threads")
         min_size = _int_arg(self.min_size, "min_size")
-        if codec not in (CODEC_ZSTD, CODEC_SHUFFLE_ZSTD):
+        chunk_size = _int_arg(self.chunk_size, "chunk_size")
+        if codec not in (CODEC_ZSTD, CODEC_SHUFFLE_ZSTD, CODEC_CHUNKED):
             raise CodecConfigError(
-                "compression codec must be zstd or shuffle-zstd (no compression is None)",
+                "compression codec must be zstd, shuffle-zstd or chunked-shuffle-zstd "
+                "(no compression is None)",
                 field="codec",
-                expected=f"{CODEC_ZSTD} or {CODEC_SHUFFLE_ZSTD}",
+                expected=f"{CODEC_ZSTD}, {CODEC_SHUFFLE_ZSTD} or {CODEC_CHUNKED}",
                 found=codec,
+            )
+        if not _is_chunk_size(chunk_size):
+            raise CodecConfigError(
+                "chunk_size must be a power of two",
+                field="chunk_size",
+                expected=f"{CHUNK_SIZE_MIN}..{CHUNK_SIZE_MAX}",
+                found=chunk_size,
             )
         if not _MIN_LEVEL <= level <= _MAX_LEVEL:
             raise CodecConfigError(
@@ -156,13 +188,15 @@ class Compression:
         object.__setattr__(self, "level", level)
         object.__setattr__(self, "threads", threads)
         object.__setattr__(self, "min_size", min_size)
+        object.__setattr__(self, "chunk_size", chunk_size)
 
     def __str__(self) -> str:
         return f"{CODEC_NAMES[self.codec]}:{self.level}"
 
     @classmethod
     def parse(cls, spec: str | Compression | None) -> Compression | None:
-        """Read a CLI/config spec: None, "none", "default", "zstd[:L]", "shuffle-zstd[:L]"."""
+        """Read a CLI/config spec: None, "none", "default", or a codec name with an optional
+        level: "zstd[:L]", "shuffle-zstd[:L]", "chunked-shuffle-zstd[:L]"."""
         if spec is None or isinstance(spec, Compression):
             return spec
         if not isinstance(spec, str):
@@ -181,20 +215,40 @@ class Compression:
             raise CodecConfigError(
                 "unknown compression spec",
                 field="compression",
-                expected='"none", "default", "zstd[:LEVEL]" or "shuffle-zstd[:LEVEL]"',
+                expected='"none", "default", "zstd[:LEVEL]", "shuffle-zstd[:LEVEL]" or '
+                '"chunked-shuffle-zstd[:LEVEL]"',
                 found=repr(spec),
             )
-        codec = CODEC_ZSTD if match.group(1) == "zstd" else CODEC_SHUFFLE_ZSTD
-        if match.group(2) is None:
-            return cls(codec)
-        return cls(codec, level=int(match.group(2)))
+        codec = _CODEC_OF_NAME[match.group(1)]
+        level = 1 if match.group(2) is None else int(match.group(2))
+        if codec == CODEC_CHUNKED:
+            return cls(codec, level=level, threads=-1)
+        return cls(codec, level=level)
 
 
-_SPEC_RE = re.compile(r"(zstd|shuffle-zstd)(?::([0-9]{1,3}))?")
+_CODEC_OF_NAME = {CODEC_NAMES[c]: c for c in (CODEC_ZSTD, CODEC_SHUFFLE_ZSTD, CODEC_CHUNKED)}
+_SPEC_RE = re.compile(r"(zstd|shuffle-zstd|chunked-shuffle-zstd)(?::([0-9]{1,3}))?")
 
-#: Byte shuffle + zstd level 1, single-threaded: smaller and faster than plain zstd-3
-#: and than blosc2 (shuffle + zstd) on fp16 and bf16 KV data (docs/compression.md).
-DEFAULT_COMPRESSION = Compression(CODEC_SHUFFLE_ZSTD, level=1, threads=0, min_size=4096)
+
+def _is_chunk_size(value: int) -> bool:
+    return CHUNK_SIZE_MIN <= value <= CHUNK_SIZE_MAX and value & (value - 1) == 0
+
+
+def valid_codec_param(codec: int, param: int) -> bool:
+    """Whether ``param`` is a legal codec parameter for ``codec`` (a known codec id)."""
+    if codec == CODEC_SHUFFLE_ZSTD:
+        return param in SHUFFLE_WIDTHS
+    if codec == CODEC_CHUNKED:
+        return param in CHUNKED_WIDTHS
+    return param == 0
+
+
+#: 1 MiB chunks, each byte-shuffled and compressed at zstd level 1, on every usable core:
+#: smaller and faster than plain zstd-3 and than blosc2 (shuffle + zstd) on fp16 and
+#: bf16 KV data (docs/compression.md).
+DEFAULT_COMPRESSION = Compression(
+    CODEC_CHUNKED, level=1, threads=-1, min_size=4096, chunk_size=1 << 20
+)
 
 
 # -- bytes-like arguments --------------------------------------------------------------
@@ -415,13 +469,44 @@ def _compress_planes(cctx: Any, data: U8Array, plane_size: int, width: int) -> b
     return b"".join(parts)
 
 
+def _frame(src: U8Array, level: int, width: int, threads: int) -> bytes:
+    """One zstd frame of ``src``, byte-shuffled first when ``width`` > 1."""
+    size = src.size
+    if width == 1:
+        return _compressor(level, size, threads, None).compress(src)  # type: ignore[no-any-return]
+    shuffled = shuffle_bytes(src, width, out=_scratch(size))
+    plane_size = size // width
+    hash_log = None
+    if level == 1:
+        top = shuffled[(width - 1) * plane_size : width * plane_size]
+        if _entropy_bits(top) < _LOW_ENTROPY_BITS:
+            hash_log = _LOW_ENTROPY_HASH_LOG
+    cctx = _compressor(level, size, threads, hash_log)
+    if size <= _PLANE_FLUSH_MAX:
+        return _compress_planes(cctx, shuffled, plane_size, width)
+    return cctx.compress(shuffled)  # type: ignore[no-any-return]
+
+
+def _chunked(src: U8Array, compression: Compression, width: int) -> bytes:
+    """The chunked codec's stored bytes: chunk table, then one frame per chunk."""
+    chunk = compression.chunk_size
+    starts = range(0, src.size, chunk)
+    level = compression.level
+    tasks = [functools.partial(_frame, src[a : a + chunk], level, width, 0) for a in starts]
+    frames = parallel.run_tasks(tasks, compression.threads)
+    head = _CHUNK_HEAD.pack(chunk, len(frames))
+    sizes = np.array([len(f) for f in frames], "<u4").tobytes()
+    return b"".join([head, sizes, *frames])
+
+
 def compress(data: Buffer, compression: Compression, element_width: int) -> tuple[int, int, Buffer]:
     """Compress one section; returns ``(codec_id, codec_param, stored_bytes)``.
 
     ``element_width`` is the byte width of the section's elements. Shuffle applies to
-    widths 2, 4 and 8; other widths (int8, fp8) get plain zstd, since a shuffle of
-    1-byte elements is the identity. Sections below ``compression.min_size``, and
-    sections zstd cannot shrink, come back as ``(CODEC_RAW, 0, data)``: the same object.
+    widths 2, 4 and 8; other widths (int8, fp8) get plain zstd (shuffle width 1 in the
+    chunked codec), since a shuffle of 1-byte elements is the identity. Sections below
+    ``compression.min_size``, and sections zstd cannot shrink, come back as
+    ``(CODEC_RAW, 0, data)``: the same object.
     """
     if not isinstance(compression, Compression):
         raise ArgumentTypeError(
@@ -438,31 +523,23 @@ def compress(data: Buffer, compression: Compression, element_width: int) -> tupl
     size = src.size
     if size == 0 or size < compression.min_size:
         return CODEC_RAW, 0, data
-    shuffle = compression.codec == CODEC_SHUFFLE_ZSTD and width in SHUFFLE_WIDTHS
+    shuffle_width = width if width in SHUFFLE_WIDTHS else 1
     threads = compression.threads if size >= _THREADS_MIN_SIZE else 0
     try:
-        if not shuffle:
-            stored = _compressor(compression.level, size, threads, None).compress(src)
+        if compression.codec == CODEC_CHUNKED:
+            codec, param = CODEC_CHUNKED, shuffle_width
+            stored = _chunked(src, compression, shuffle_width)
+        elif compression.codec == CODEC_SHUFFLE_ZSTD and shuffle_width > 1:
+            codec, param = CODEC_SHUFFLE_ZSTD, shuffle_width
+            stored = _frame(src, compression.level, shuffle_width, threads)
         else:
-            shuffled = shuffle_bytes(src, width, out=_scratch(size))
-            plane_size = size // width
-            hash_log = None
-            if compression.level == 1:
-                top = shuffled[(width - 1) * plane_size : width * plane_size]
-                if _entropy_bits(top) < _LOW_ENTROPY_BITS:
-                    hash_log = _LOW_ENTROPY_HASH_LOG
-            cctx = _compressor(compression.level, size, threads, hash_log)
-            if size <= _PLANE_FLUSH_MAX:
-                stored = _compress_planes(cctx, shuffled, plane_size, width)
-            else:
-                stored = cctx.compress(shuffled)
+            codec, param = CODEC_ZSTD, 0
+            stored = _frame(src, compression.level, 1, threads)
     except zstandard.ZstdError as exc:
         raise HurrayWireError(f"zstd compression failed: {exc}") from exc
     if len(stored) >= size:
         return CODEC_RAW, 0, data
-    if shuffle:
-        return CODEC_SHUFFLE_ZSTD, width, stored
-    return CODEC_ZSTD, 0, stored
+    return codec, param, stored
 
 
 # -- decompression ---------------------------------------------------------------------
@@ -601,16 +678,110 @@ def _zstd_decompress_into(src: U8Array, dst: U8Array, codec_name: str) -> None:
         )
 
 
-def decompress_into(codec: int, codec_param: int, stored: Buffer, out: U8Array) -> None:
+def _unshuffled_into(src: U8Array, dst: U8Array, width: int, codec_name: str) -> None:
+    """Decompress one frame into ``dst``, through a per-thread scratch when shuffled."""
+    if width == 1:
+        _zstd_decompress_into(src, dst, codec_name)
+        return
+    shuffled = _scratch(dst.size)
+    _zstd_decompress_into(src, shuffled, codec_name)
+    unshuffle_bytes(shuffled, width, out=dst)
+
+
+def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, list[int]]:
+    """Check the chunked codec's table against the stored and raw sizes; return the
+    chunk size and each frame's start (plus the end), before anything is allocated."""
+    name = CODEC_NAMES[CODEC_CHUNKED]
+    n = src.size
+    if n < _CHUNK_HEAD.size:
+        raise DecompressionError(
+            f"{name} section ends inside its chunk table header",
+            field="stored",
+            offset=0,
+            expected=f">= {_CHUNK_HEAD.size} stored bytes",
+            found=n,
+        )
+    chunk_size, count = _CHUNK_HEAD.unpack_from(_bytes_view(src[: _CHUNK_HEAD.size]))
+    if not _is_chunk_size(chunk_size):
+        raise DecompressionError(
+            f"{name} chunk_size must be a power of two",
+            field="chunk_size",
+            offset=0,
+            expected=f"{CHUNK_SIZE_MIN}..{CHUNK_SIZE_MAX}",
+            found=chunk_size,
+        )
+    expected_count = -(-raw_size // chunk_size)
+    if count != expected_count:
+        raise DecompressionError(
+            f"{name} chunk_count must be ceil(raw size / chunk_size)",
+            field="chunk_count",
+            offset=4,
+            expected=expected_count,
+            found=count,
+        )
+    table_end = _CHUNK_HEAD.size + 4 * count
+    if table_end > n:
+        raise DecompressionError(
+            f"{name} section ends inside its chunk table",
+            field="frame_sizes",
+            offset=_CHUNK_HEAD.size,
+            expected=f">= {table_end} stored bytes",
+            found=n,
+        )
+    sizes = src[_CHUNK_HEAD.size : table_end].view("<u4").astype(np.int64)
+    ends = np.cumsum(sizes) + table_end
+    if count and int(ends[-1]) != n:
+        raise DecompressionError(
+            f"{name} frame sizes do not add up to the stored size",
+            field="frame_sizes",
+            offset=_CHUNK_HEAD.size,
+            expected=n - table_end,
+            found=int(ends[-1]) - table_end,
+        )
+    if not count and table_end != n:
+        raise DecompressionError(
+            f"{name} section has bytes after an empty chunk table",
+            field="stored",
+            offset=table_end,
+            expected=f"{table_end} stored bytes",
+            found=n,
+        )
+    return chunk_size, [table_end, *ends.tolist()]
+
+
+def _chunked_decompress_into(src: U8Array, dst: U8Array, width: int, threads: int) -> None:
+    chunk_size, bounds = _chunk_table(src, dst.size)
+    name = CODEC_NAMES[CODEC_CHUNKED]
+
+    def chunk(i: int) -> None:
+        begin, end = bounds[i], bounds[i + 1]
+        try:
+            _unshuffled_into(
+                src[begin:end], dst[i * chunk_size : (i + 1) * chunk_size], width, name
+            )
+        except HurrayWireError as exc:
+            inside = exc.offset if exc.offset is not None else 0
+            raise exc.relocated(field=f"chunk {i}", offset=begin + inside) from None
+
+    tasks = [functools.partial(chunk, i) for i in range(len(bounds) - 1)]
+    parallel.run_tasks(tasks, threads)
+
+
+def decompress_into(
+    codec: int, codec_param: int, stored: Buffer, out: U8Array, *, threads: int = -1
+) -> None:
     """Decode a stored section straight into ``out`` (its declared raw size).
 
     Never allocates more than ``out.size`` bytes on behalf of the stored bytes (a bomb is
     refused from its frame header, or after ``out.size + 1`` bytes when the frame does
     not say its size). Bad stored bytes, an unknown codec or a bad shuffle width raise
     :class:`DecompressionError` (:class:`LimitExceededError` for an oversized window).
+    ``threads`` (the caller included, -1 = every usable core) decode the chunks of a
+    chunked section.
     """
     codec = _int_arg(codec, "codec")
     param = _int_arg(codec_param, "codec_param")
+    threads = _int_arg(threads, "threads")
     src = _as_u8(stored, "stored")
     if not isinstance(out, np.ndarray):
         raise ArgumentTypeError(
@@ -619,22 +790,19 @@ def decompress_into(codec: int, codec_param: int, stored: Buffer, out: U8Array) 
     dst = _writable_u8(out, out.size, "out")
     _check_no_overlap(src, dst, "stored and out")
     name = CODEC_NAMES.get(codec, f"codec {codec}")
-    if codec == CODEC_SHUFFLE_ZSTD:
-        if param not in SHUFFLE_WIDTHS:
-            raise DecompressionError(
-                "shuffle-zstd section has an invalid shuffle width",
-                field="codec_param",
-                expected=sorted(SHUFFLE_WIDTHS),
-                found=param,
-            )
-    elif codec in (CODEC_RAW, CODEC_ZSTD):
-        if param != 0:
-            raise DecompressionError(
-                f"{name} section must have codec parameter 0", field="codec_param", found=param
-            )
-    else:
+    if codec not in CODEC_NAMES:
         raise DecompressionError(
             "unknown codec id", field="codec", expected=sorted(CODEC_NAMES), found=codec
+        )
+    if not valid_codec_param(codec, param):
+        raise DecompressionError(
+            f"{name} section has an invalid codec parameter",
+            field="codec_param",
+            expected={
+                CODEC_SHUFFLE_ZSTD: sorted(SHUFFLE_WIDTHS),
+                CODEC_CHUNKED: sorted(CHUNKED_WIDTHS),
+            }.get(codec, 0),
+            found=param,
         )
     if codec == CODEC_RAW:
         if src.size != dst.size:
@@ -647,7 +815,7 @@ def decompress_into(codec: int, codec_param: int, stored: Buffer, out: U8Array) 
         np.copyto(dst, src)
     elif codec == CODEC_ZSTD:
         _zstd_decompress_into(src, dst, name)
+    elif codec == CODEC_SHUFFLE_ZSTD:
+        _unshuffled_into(src, dst, param, name)
     else:
-        shuffled = _scratch(dst.size)
-        _zstd_decompress_into(src, shuffled, name)
-        unshuffle_bytes(shuffled, param, out=dst)
+        _chunked_decompress_into(src, dst, param, threads)

@@ -34,7 +34,7 @@ doc: |
   seq_lens size, layout tag 0x0A, and the KV metadata encoding. The `check_*` fields are
   zero-byte fields that only state a rule (Kaitai attaches validations to fields).
   Not expressed here, so left to hurray_wire.blob.decode:
-    - xxh3_64 checksums (header and sections) and zstd / shuffle-zstd decoding;
+    - xxh3_64 checksums (header and sections) and zstd / shuffle decoding;
     - each known extension kind appearing at most once;
     - seq_lens summing to shape[0] and agreeing with seq_ptr; block_table / seq_ptr
       invariants; quantization parameter sizes; unique metadata keys; decode limits.
@@ -172,8 +172,13 @@ types:
       - id: codec_param
         type: u1
         valid:
-          expr: '(codec == codec::shuffle_zstd) ? (_ == 2 or _ == 4 or _ == 8) : _ == 0'
-        doc: The shuffle width in bytes (element size) for shuffle-zstd; otherwise 0.
+          expr: >-
+            (codec == codec::shuffle_zstd) ? (_ == 2 or _ == 4 or _ == 8)
+            : ((codec == codec::chunked_shuffle_zstd) ? (_ == 1 or _ == 2 or _ == 4 or _ == 8)
+            : _ == 0)
+        doc: |
+          The shuffle width in bytes (element size): 2, 4 or 8 for shuffle-zstd; 1 (no
+          shuffle), 2, 4 or 8 for chunked-shuffle-zstd; otherwise 0.
       - id: index
         type: u4
         valid:
@@ -236,13 +241,16 @@ types:
       - id: stored
         size: entry.stored_size
         type:
-          switch-on: '(entry.codec == codec::raw) ? entry.kind : 0'
+          switch-on: >-
+            (entry.codec == codec::raw) ? entry.kind
+            : ((entry.codec == codec::chunked_shuffle_zstd) ? 255 : 0)
           cases:
             2: seq_lens(num_seqs)
             3: kv_metadata
+            255: chunked_frames(entry.raw_size)
         doc: |
-          The stored bytes. Raw seq_lens and metadata sections are parsed; buffers and
-          compressed sections stay bytes.
+          The stored bytes. Raw seq_lens and metadata sections are parsed, and so is the
+          chunk table of chunked-shuffle-zstd sections; other stored bytes stay bytes.
       - id: check_against_descriptor
         size: 0
         valid:
@@ -259,6 +267,37 @@ types:
     instances:
       num_seqs:
         value: descriptor.body.layout_payload.as<hurray_descriptor::layout_block_paged>.num_seqs
+
+  chunked_frames:
+    doc: |
+      Stored bytes of a chunked-shuffle-zstd section (codec 3): a chunk table, then one
+      zstd frame per chunk of chunk_size raw bytes (the last may be shorter), each
+      chunk byte-shuffled on its own. The frames' own contents are left to a zstd library.
+    params:
+      - id: raw_size
+        type: u8
+    seq:
+      - id: chunk_size
+        type: u4
+        valid:
+          expr: _ >= 4096 and _ <= 0x40000000 and (_ & (_ - 1)) == 0
+      - id: chunk_count
+        type: u4
+        valid:
+          expr: _ == (raw_size + chunk_size - 1) / chunk_size
+      - id: frame_sizes
+        type: u4
+        repeat: expr
+        repeat-expr: chunk_count
+      - id: frames
+        size: frame_sizes[_index]
+        repeat: expr
+        repeat-expr: chunk_count
+      - id: check_frames_fill_section
+        size: 0
+        valid:
+          expr: _io.eof
+        doc: No bytes. The frames end exactly where the stored bytes end.
 
   seq_lens:
     doc: Kind 2 (REQUIRED) - tokens of each sequence, which the Hurray descriptor lacks ([A14]).
@@ -384,6 +423,7 @@ enums:
     0: {id: raw, doc: 'the raw bytes'}
     1: {id: zstd, doc: 'one zstd frame (RFC 8878) of the raw bytes'}
     2: {id: shuffle_zstd, doc: 'byte shuffle of width codec_param, then one zstd frame'}
+    3: {id: chunked_shuffle_zstd, doc: 'a chunk table, then per chunk one zstd frame of its byte-shuffled bytes'}
 
   kv_tag:
     1: string

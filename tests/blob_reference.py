@@ -40,7 +40,9 @@ REQUIRED = 0x01
 CODEC_RAW = 0
 CODEC_ZSTD = 1
 CODEC_SHUFFLE_ZSTD = 2
+CODEC_CHUNKED = 3
 SHUFFLE_WIDTHS = (2, 4, 8)
+CHUNKED_WIDTHS = (1, 2, 4, 8)
 
 CHECKSUM_NONE = 0
 CHECKSUM_XXH3 = 1
@@ -100,10 +102,20 @@ def unshuffle(data: bytes, width: int) -> bytes:
     return bytes(out)
 
 
-def compress(raw: bytes, codec: int, width: int = 0, level: int = 3) -> bytes:
-    """One zstd frame (with its content size) of the raw or shuffled bytes."""
+def compress(
+    raw: bytes, codec: int, width: int = 0, level: int = 3, chunk_size: int = 1 << 20
+) -> bytes:
+    """One zstd frame (with its content size) of the raw or shuffled bytes; for the chunked
+    codec, the chunk table and one such frame per shuffled chunk."""
     if codec == CODEC_RAW:
         return raw
+    if codec == CODEC_CHUNKED:
+        chunks = [raw[a : a + chunk_size] for a in range(0, len(raw), chunk_size)]
+        frames = [compress(c, CODEC_SHUFFLE_ZSTD if width > 1 else CODEC_ZSTD, width, level)
+                  for c in chunks]  # fmt: skip
+        table = struct.pack("<II", chunk_size, len(frames))
+        table += b"".join(struct.pack("<I", len(f)) for f in frames)
+        return table + b"".join(frames)
     data = shuffle(raw, width) if codec == CODEC_SHUFFLE_ZSTD else raw
     return bytes(zstandard.ZstdCompressor(level=level).compress(data))
 
@@ -220,7 +232,7 @@ def section(
     width: int = 0,
     level: int = 3,
 ) -> Section:
-    """A section holding ``raw`` stored with ``codec`` (shuffle ``width`` for codec 2)."""
+    """A section holding ``raw`` stored with ``codec`` (shuffle ``width`` for codecs 2, 3)."""
     raw = bytes(raw)
     return Section(
         kind,
@@ -228,7 +240,7 @@ def section(
         raw_size=len(raw),
         index=index,
         codec=codec,
-        codec_param=width if codec == CODEC_SHUFFLE_ZSTD else 0,
+        codec_param=width if codec in (CODEC_SHUFFLE_ZSTD, CODEC_CHUNKED) else 0,
         alignment=alignment,
     )
 
@@ -500,9 +512,37 @@ def parse_descriptor_fields(desc: bytes, base: int) -> DescriptorFields:
     )
 
 
+def _decode_chunked(s: ParsedSection, stored: bytes, where: str) -> bytes:
+    """§ 6, codec 3: check the chunk table, then decode every frame as its own section."""
+    if len(stored) < 8:
+        raise ReferenceError(where, s.offset, "chunked section shorter than its table header")
+    chunk_size, count = struct.unpack_from("<II", stored)
+    if not 4096 <= chunk_size <= 1 << 30 or chunk_size & (chunk_size - 1):
+        raise ReferenceError(where, s.offset, "chunk_size not a power of two in 4096..2^30")
+    if count != -(-s.raw_size // chunk_size):
+        raise ReferenceError(where, s.offset + 4, "chunk_count != ceil(raw_size / chunk_size)")
+    at = 8 + 4 * count
+    if at > len(stored):
+        raise ReferenceError(where, s.offset + 8, "chunk table runs past the stored bytes")
+    sizes = struct.unpack_from(f"<{count}I", stored, 8)
+    if at + sum(sizes) != len(stored):
+        raise ReferenceError(where, s.offset + 8, "frame sizes do not fill the stored bytes")
+    out = []
+    for i, size in enumerate(sizes):
+        length = min(chunk_size, s.raw_size - i * chunk_size)
+        chunk = ParsedSection(s.kind, s.flags, CODEC_SHUFFLE_ZSTD if s.codec_param > 1
+                              else CODEC_ZSTD, s.codec_param, s.index, s.offset + at, size,
+                              length, 0, s.alignment)  # fmt: skip
+        out.append(_decode_stored(chunk, stored[at : at + size], where))
+        at += size
+    return b"".join(out)
+
+
 def _decode_stored(s: ParsedSection, stored: bytes, where: str) -> bytes:
     if s.codec == CODEC_RAW:
         return stored
+    if s.codec == CODEC_CHUNKED:
+        return _decode_chunked(s, stored, where)
     try:
         # DOC: the page does not say whether the frame must declare its content size; a
         # reader that bounds its output by raw_size + 1 works either way.
@@ -605,6 +645,9 @@ def read_blob(data: Any, *, verify: bool = True, max_decompressed: int = 16 << 3
         elif codec == CODEC_SHUFFLE_ZSTD:
             if param not in SHUFFLE_WIDTHS:
                 raise ReferenceError(where, at + 3, "shuffle width not 2, 4 or 8")
+        elif codec == CODEC_CHUNKED:
+            if param not in CHUNKED_WIDTHS:
+                raise ReferenceError(where, at + 3, "chunked shuffle width not 1, 2, 4 or 8")
         else:
             raise ReferenceError(where, at + 2, "unknown codec")
         if codec != CODEC_RAW and kind in KNOWN_KINDS:

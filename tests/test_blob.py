@@ -22,7 +22,7 @@ import pytest
 import zstandard
 
 import hurray_wire as hw
-from hurray_wire import dtypes
+from hurray_wire import codecs, dtypes
 
 ROOT = Path(__file__).resolve().parent.parent
 RNG_SEED = 20240601
@@ -39,6 +39,8 @@ COMPRESSIONS: list[Any] = [
     "zstd:9",
     "shuffle-zstd:3",
     hw.Compression(hw.Compression.parse("zstd").codec, level=2, min_size=0),  # type: ignore[union-attr]
+    "chunked-shuffle-zstd:3",
+    hw.Compression(codecs.CODEC_CHUNKED, min_size=0, chunk_size=4096, threads=2),
     hw.Compression(hw.Compression.parse("shuffle-zstd").codec, min_size=0),  # type: ignore[union-attr]
 ]
 
@@ -684,11 +686,22 @@ def test_blob_length_errors() -> None:
 # -- corruption and truncation ----------------------------------------------------------------
 
 
+CHUNKED_4K = hw.Compression(codecs.CODEC_CHUNKED, min_size=0, chunk_size=4096)
+
+
+def _chunked_tensor() -> hw.BlockPagedTensor:
+    """A float16 pool of 9 KiB: three chunks of 4 KiB."""
+    values = np.sin(np.arange(9 * 1024 // 2, dtype=np.float32) / 7).astype(np.float16)
+    pool = values.reshape(18, 4, 2, 32)
+    return hw.BlockPagedTensor.from_arrays(pool, [0, 5, 17], [0, 2, 3], seq_lens=[8, 4])
+
+
 def _small_blobs() -> list[tuple[str, bytes]]:
     meta = {"model": "m", "ids": [1, 2]}
     return [
         ("plain", bytes(hw.encode(spec_tensor(metadata=meta)))),
         ("compressed", bytes(hw.encode(spec_tensor(metadata=meta), compression=COMPRESSIONS[-1]))),
+        ("chunked", bytes(hw.encode(_chunked_tensor(), compression=CHUNKED_4K))),
         ("quantized", bytes(hw.encode(_quant_tensor()))),
         ("empty", bytes(hw.encode(hw.BlockPagedTensor.from_arrays(
             np.zeros((1, 2, 1, 4), np.int8), [], [0], seq_lens=[])))),
@@ -730,9 +743,14 @@ def test_every_truncation_is_caught(name: str, blob: bytes) -> None:
     assert hw.decode(blob + b"\x00" * 7) is not None  # bytes after total_length: not ours
 
 
-def test_bit_flips_without_verify_never_escape() -> None:
+@pytest.mark.parametrize("chunked", [False, True])
+def test_bit_flips_without_verify_never_escape(chunked: bool) -> None:
     """verify=False skips section checksums: flips may decode, but never crash."""
-    blob = bytes(hw.encode(spec_tensor(metadata={"a": "b"})))
+    if chunked:
+        blob = bytes(hw.encode(_chunked_tensor(), compression=CHUNKED_4K))
+        assert ref.entry(blob, 0)["codec"] == ref.CODEC_CHUNKED
+    else:
+        blob = bytes(hw.encode(spec_tensor(metadata={"a": "b"})))
     for position in range(len(blob)):
         mutated = bytearray(blob)
         mutated[position] ^= 0x10
@@ -1068,7 +1086,7 @@ def test_raw_section_with_codec_param() -> None:
     rejects(craft(edit=_set(0, codec_param=2)), hw.SectionError, section="buffer[0]")
 
 
-@pytest.mark.parametrize("codec", [3, 7, 255])
+@pytest.mark.parametrize("codec", [4, 7, 255])
 @pytest.mark.parametrize("number", [0, 4])
 def test_unknown_codec(codec: int, number: int) -> None:
     rejects(craft(edit=_set(number, codec=codec)), hw.SectionError,

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from hurray_wire import codecs
 from hurray_wire.codecs import (
+    CODEC_CHUNKED,
     CODEC_NAMES,
     CODEC_RAW,
     CODEC_SHUFFLE_ZSTD,
@@ -74,17 +75,19 @@ def zstd_frame_without_size(data: bytes) -> bytes:
 
 
 def test_codec_ids_and_names() -> None:
-    assert (CODEC_RAW, CODEC_ZSTD, CODEC_SHUFFLE_ZSTD) == (0, 1, 2)
-    assert CODEC_NAMES == {0: "raw", 1: "zstd", 2: "shuffle-zstd"}
+    assert (CODEC_RAW, CODEC_ZSTD, CODEC_SHUFFLE_ZSTD, CODEC_CHUNKED) == (0, 1, 2, 3)
+    assert CODEC_NAMES == {0: "raw", 1: "zstd", 2: "shuffle-zstd", 3: "chunked-shuffle-zstd"}
     assert frozenset({2, 4, 8}) == codecs.SHUFFLE_WIDTHS
+    assert frozenset({1, 2, 4, 8}) == codecs.CHUNKED_WIDTHS
     assert issubclass(CodecConfigError, HurrayWireError)
     assert issubclass(CodecConfigError, ValueError)
 
 
 def test_default_compression() -> None:
-    assert Compression(CODEC_SHUFFLE_ZSTD, level=1, threads=0) == DEFAULT_COMPRESSION
+    assert Compression(CODEC_CHUNKED, level=1, threads=-1) == DEFAULT_COMPRESSION
     assert DEFAULT_COMPRESSION.min_size == 4096
-    assert str(DEFAULT_COMPRESSION) == "shuffle-zstd:1"
+    assert DEFAULT_COMPRESSION.chunk_size == 1 << 20
+    assert str(DEFAULT_COMPRESSION) == "chunked-shuffle-zstd:1"
 
 
 # -- checksum ----------------------------------------------------------------------------
@@ -227,7 +230,17 @@ def sample(width: int, nbytes: int, seed: int = 0) -> np.ndarray:
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
-@pytest.mark.parametrize("spec", ["zstd:1", "zstd:3", "shuffle-zstd:1", "shuffle-zstd:3"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "zstd:1",
+        "zstd:3",
+        "shuffle-zstd:1",
+        "shuffle-zstd:3",
+        "chunked-shuffle-zstd:1",
+        "chunked-shuffle-zstd:3",
+    ],
+)
 def test_round_trip(spec: str, width: int, size: int) -> None:
     compression = Compression.parse(spec)
     assert compression is not None
@@ -236,8 +249,13 @@ def test_round_trip(spec: str, width: int, size: int) -> None:
     if size < compression.min_size:
         assert (codec, param) == (CODEC_RAW, 0) and stored is raw
     else:
-        shuffled = compression.codec == CODEC_SHUFFLE_ZSTD and width in (2, 4, 8)
-        expected = (CODEC_SHUFFLE_ZSTD, width) if shuffled else (CODEC_ZSTD, 0)
+        shuffled = width in (2, 4, 8)
+        if compression.codec == CODEC_CHUNKED:
+            expected = (CODEC_CHUNKED, width if shuffled else 1)
+        elif compression.codec == CODEC_SHUFFLE_ZSTD and shuffled:
+            expected = (CODEC_SHUFFLE_ZSTD, width)
+        else:
+            expected = (CODEC_ZSTD, 0)
         assert (codec, param) == expected
         assert isinstance(stored, bytes) and len(stored) < size
     assert decode(codec, param, stored, size).tobytes() == raw.tobytes()
@@ -259,9 +277,13 @@ def test_round_trip_kv_dtypes_both_paths(dtype: Any, size: int) -> None:
     """fp16 and bf16 take different zstd parameters; small and large sections take the
     streaming (plane-aligned blocks) and the one-shot path."""
     raw = kv_like(size // 2, dtype).reshape(-1, 8)
-    for compression in (DEFAULT_COMPRESSION, Compression(CODEC_SHUFFLE_ZSTD, 1, threads=2)):
+    for compression in (
+        DEFAULT_COMPRESSION,
+        Compression(CODEC_SHUFFLE_ZSTD, 1),
+        Compression(CODEC_SHUFFLE_ZSTD, 1, threads=2),
+    ):
         codec, param, stored = compress(raw, compression, 2)
-        assert (codec, param) == (CODEC_SHUFFLE_ZSTD, 2)
+        assert (codec, param) == (compression.codec, 2)
         assert len(stored) < raw.nbytes / 1.1
         assert decode(codec, param, stored, raw.nbytes).tobytes() == raw.tobytes()
 
@@ -278,13 +300,13 @@ def test_round_trip_input_types(kind: Any) -> None:
     raw = sample(2, 10_000).tobytes()
     data = kind(raw)
     codec, param, stored = compress(data, DEFAULT_COMPRESSION, 2)
-    assert codec == CODEC_SHUFFLE_ZSTD
+    assert codec == CODEC_CHUNKED
     assert decode(codec, param, kind(stored), len(raw)).tobytes() == raw
 
 
 def test_incompressible_data_is_stored_raw_without_copy() -> None:
     raw = np.random.default_rng(1).integers(0, 256, 100_000, dtype=U8)
-    for spec in ("zstd:1", "shuffle-zstd:1", "shuffle-zstd:19"):
+    for spec in ("zstd:1", "shuffle-zstd:1", "shuffle-zstd:19", "chunked-shuffle-zstd:1"):
         compression = Compression.parse(spec)
         assert compression is not None
         assert compress(raw, compression, 2) == (CODEC_RAW, 0, raw)
@@ -293,7 +315,11 @@ def test_incompressible_data_is_stored_raw_without_copy() -> None:
 
 def test_compression_is_deterministic() -> None:
     raw = sample(2, 1_500_000, seed=3)
-    for compression in (DEFAULT_COMPRESSION, Compression(CODEC_SHUFFLE_ZSTD, 3, threads=2)):
+    for compression in (
+        DEFAULT_COMPRESSION,
+        Compression(CODEC_SHUFFLE_ZSTD, 3, threads=2),
+        Compression(CODEC_CHUNKED, 3, threads=2, chunk_size=1 << 16),
+    ):
         assert compress(raw, compression, 2) == compress(raw.copy(), compression, 2)
 
 
@@ -323,14 +349,17 @@ def test_compress_rejects_bad_arguments() -> None:
         ),
     ),
     width=st.integers(1, 9),
-    codec=st.sampled_from([CODEC_ZSTD, CODEC_SHUFFLE_ZSTD]),
+    codec=st.sampled_from([CODEC_ZSTD, CODEC_SHUFFLE_ZSTD, CODEC_CHUNKED]),
     level=st.sampled_from([1, 2, 3, 7]),
     min_size=st.sampled_from([0, 64, 4096]),
+    threads=st.sampled_from([0, 2, -1]),
 )
 def test_round_trip_property(
-    data: bytes, width: int, codec: int, level: int, min_size: int
+    data: bytes, width: int, codec: int, level: int, min_size: int, threads: int
 ) -> None:
-    compression = Compression(codec, level=level, min_size=min_size)
+    compression = Compression(codec, level=level, min_size=min_size, chunk_size=4096)
+    if codec == CODEC_CHUNKED:
+        compression = dataclasses.replace(compression, threads=threads)
     got_codec, param, stored = compress(data, compression, width)
     assert got_codec in (CODEC_RAW, codec, CODEC_ZSTD)
     if got_codec == CODEC_RAW:
@@ -357,7 +386,7 @@ def test_raw_section_size_and_param() -> None:
     assert_rejected(CODEC_RAW, 2, b"abc", 3)
 
 
-@pytest.mark.parametrize("codec", [3, 4, 127, 255, -1, 1000])
+@pytest.mark.parametrize("codec", [4, 127, 255, -1, 1000])
 def test_unknown_codec(codec: int) -> None:
     error = assert_rejected(codec, 0, zstd_frame(b"abc"), 3)
     assert error.field == "codec" and error.found == codec
@@ -479,26 +508,29 @@ def test_corrupt_compressed_block() -> None:
     seed_data=st.binary(min_size=1, max_size=2000),
     edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4),
     cut=st.integers(0, 10_000),
-    codec=st.sampled_from([CODEC_ZSTD, CODEC_SHUFFLE_ZSTD]),
+    codec=st.sampled_from([CODEC_ZSTD, CODEC_SHUFFLE_ZSTD, CODEC_CHUNKED]),
     size_delta=st.sampled_from([0, 0, 0, -1, 1, 1000]),
 )
 def test_mutated_frames_fail_only_with_hurray_errors(
     seed_data: bytes, edits: list[tuple[int, int]], cut: int, codec: int, size_delta: int
 ) -> None:
     stored = bytearray(zstd_frame(seed_data * 3))
+    if codec == CODEC_CHUNKED:  # one chunk of up to 6000 bytes, table first
+        stored[0:0] = (8192).to_bytes(4, "little") + b"\x01\0\0\0"
+        stored[8:8] = (len(stored) - 8).to_bytes(4, "little")
     for at, value in edits:
         stored[at % len(stored)] = value
     stored = stored[: max(cut, len(stored) // 2)]
     size = max(0, len(seed_data) * 3 + size_delta)
     out = np.empty(size, U8)
     with contextlib.suppress(DecompressionError, LimitExceededError):
-        decompress_into(codec, 2 if codec == CODEC_SHUFFLE_ZSTD else 0, bytes(stored), out)
+        decompress_into(codec, 0 if codec == CODEC_ZSTD else 2, bytes(stored), out)
 
 
 @settings(max_examples=200, deadline=None)
-@given(stored=st.binary(max_size=64), size=st.integers(0, 200), codec=st.integers(0, 3))
+@given(stored=st.binary(max_size=64), size=st.integers(0, 200), codec=st.integers(0, 4))
 def test_random_bytes_fail_only_with_hurray_errors(stored: bytes, size: int, codec: int) -> None:
-    param = 2 if codec == CODEC_SHUFFLE_ZSTD else 0
+    param = 2 if codec in (CODEC_SHUFFLE_ZSTD, CODEC_CHUNKED) else 0
     with contextlib.suppress(DecompressionError, LimitExceededError):
         decompress_into(codec, param, b"\x28\xb5\x2f\xfd" + stored, np.empty(size, U8))
 
@@ -551,6 +583,9 @@ def test_decompress_into_accepts_numpy_integers_and_shaped_out() -> None:
         ("shuffle-zstd:1", Compression(CODEC_SHUFFLE_ZSTD, level=1)),
         ("shuffle-zstd:03", Compression(CODEC_SHUFFLE_ZSTD, level=3)),
         (" Shuffle-ZSTD:3 ", Compression(CODEC_SHUFFLE_ZSTD, level=3)),
+        ("chunked-shuffle-zstd", Compression(CODEC_CHUNKED, threads=-1)),
+        ("chunked-shuffle-zstd:1", DEFAULT_COMPRESSION),
+        ("chunked-shuffle-zstd:7", Compression(CODEC_CHUNKED, level=7, threads=-1)),
     ],
 )
 def test_parse_accepts(spec: str | None, expected: Compression | None) -> None:
@@ -580,6 +615,9 @@ def test_parse_passes_compression_through() -> None:
         "shuffle",
         "blosc2",
         "shuffle-zstd:99",
+        "chunked",
+        "chunked-zstd",
+        "chunked-shuffle-zstd:0",
         "defaults",
     ],
 )
@@ -599,7 +637,12 @@ def test_parse_rejects_types(spec: Any) -> None:
     ("kwargs", "error"),
     [
         ({"codec": CODEC_RAW}, CodecConfigError),
-        ({"codec": 3}, CodecConfigError),
+        ({"codec": 4}, CodecConfigError),
+        ({"codec": CODEC_CHUNKED, "chunk_size": 0}, CodecConfigError),
+        ({"codec": CODEC_CHUNKED, "chunk_size": 2048}, CodecConfigError),
+        ({"codec": CODEC_CHUNKED, "chunk_size": 3 << 12}, CodecConfigError),
+        ({"codec": CODEC_CHUNKED, "chunk_size": 1 << 31}, CodecConfigError),
+        ({"codec": CODEC_CHUNKED, "chunk_size": 4096.0}, ArgumentTypeError),
         ({"codec": CODEC_ZSTD, "level": 0}, CodecConfigError),
         ({"codec": CODEC_ZSTD, "level": 23}, CodecConfigError),
         ({"codec": CODEC_ZSTD, "threads": -2}, CodecConfigError),

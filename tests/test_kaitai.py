@@ -954,6 +954,41 @@ def test_blob_unknown_optional_section_is_skipped(blob_parser: Any) -> None:
     assert blob.section_data[4].stored == b"future"
 
 
+def test_blob_chunked_section_table(blob_parser: Any) -> None:
+    """The chunked codec's table as the schema reads it, against hurray_wire's decoding."""
+    import numpy as np
+    import zstandard
+
+    import hurray_wire
+    from hurray_wire import codecs
+
+    data = (ROOT / "fixtures" / "blobs" / "chunked_shuffle_zstd_f16.hrwb").read_bytes()
+    parsed = blob_parser.from_bytes(data)
+    entry = parsed.sections[0]
+    assert entry.codec == blob_parser.Codec.chunked_shuffle_zstd and entry.codec_param == 2
+    table = parsed.section_data[0].stored
+    assert (table.chunk_size, table.chunk_count) == (16384, 4)
+    assert sum(table.frame_sizes) + 8 + 4 * 4 == entry.stored_size
+    pool = hurray_wire.decode(data).page_pool.reshape(-1).view(np.uint8)
+    for i, frame in enumerate(table.frames):
+        plain = np.frombuffer(zstandard.ZstdDecompressor().decompress(frame), np.uint8)
+        chunk = pool[i * 16384 : (i + 1) * 16384]
+        assert codecs.unshuffle_bytes(plain, 2).tobytes() == chunk.tobytes()
+
+
+def test_blob_chunked_table_rejects(blob_parser: Any) -> None:
+    from kaitaistruct import ValidationFailedError
+
+    data = bytearray((ROOT / "fixtures" / "blobs" / "chunked_shuffle_zstd_f16.hrwb").read_bytes())
+    start = blob_parser.from_bytes(bytes(data)).sections[0].offset
+    for patch_at, value, field in ((0, 3 << 12, "chunk_size"), (4, 5, "chunk_count")):
+        bad = bytearray(data)
+        struct.pack_into("<I", bad, start + patch_at, value)
+        with pytest.raises(ValidationFailedError) as info:
+            blob_parser.from_bytes(bytes(bad))
+        assert "chunked_frames" in str(info.value.src_path), (field, info.value.src_path)
+
+
 def _blob_with(change: Callable[[list[BlobSection]], None], checksum_type: int = 1) -> bytes:
     descriptor, sections = spec_example_blob_sections()
     change(sections)
@@ -1085,7 +1120,7 @@ def test_blob_fixtures_agree_with_hurray_wire(path: Path, blob_parser: Any) -> N
     assert header.total_length == envelope["total_length"] == len(data)
     assert header.header_length == envelope["header_length"]
     assert len(blob.sections) == len(envelope["sections"])
-    codecs = {0: "raw", 1: "zstd", 2: "shuffle-zstd"}
+    codecs = {0: "raw", 1: "zstd", 2: "shuffle-zstd", 3: "chunked-shuffle-zstd"}
     for entry, ours in zip(blob.sections, envelope["sections"], strict=True):
         assert (int(entry.kind), entry.index, entry.offset) == (
             {"buffer": 1, "seq_lens": 2, "metadata": 3}[ours["kind"]], ours["index"],

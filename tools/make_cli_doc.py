@@ -101,7 +101,7 @@ def _convert_section() -> str:
         "## convert\n\nBetween blob (`.hrwb`), blob stream (`.hrws`), reference stream "
         "(`.hrrs`) and `.hrry` file, chosen by the output's extension or `--to`; "
         "`--compression` re-encodes blobs (`none`, `zstd[:LEVEL]`, `shuffle-zstd[:LEVEL]`, "
-        "`default`); a progress bar goes to stderr for inputs over 1 GiB or with "
+        "`chunked-shuffle-zstd[:LEVEL]`, `default`); a progress bar goes to stderr for inputs over 1 GiB or with "
         "`--progress`. What a conversion to the reference formats keeps and loses is in "
         "`docs/reference-containers.md`.\n\n```console\n"
         "$ hurray-wire convert fixtures/streams/whole_cache_2_layers.hrws cache.hrry\n"

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 import hurray_wire as hw
-from hurray_wire import blob
+from hurray_wire import blob, codecs
 from hurray_wire.wire import blob as wire
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,7 +224,7 @@ CASES: list[Case] = [
     ),
     (
         "shuffle_zstd_f16",
-        "vLLM-like batch, byte-shuffle + zstd (the default codec)",
+        "vLLM-like batch, byte-shuffle + zstd as one frame",
         lambda: vllm_like("key", 2),
         {"compression": "shuffle-zstd:1"},
     ),
@@ -233,6 +233,12 @@ CASES: list[Case] = [
         "bfloat16 batch, byte-shuffle + zstd",
         lambda: vllm_like("value", 2, ml_dtypes.bfloat16),
         {"compression": "shuffle-zstd:1"},
+    ),
+    (
+        "chunked_shuffle_zstd_f16",
+        "vLLM-like batch in the default codec with 16 KiB chunks (4 chunk frames), level 1",
+        lambda: vllm_like("value", 3),
+        {"compression": hw.Compression(codecs.CODEC_CHUNKED, threads=0, chunk_size=1 << 14)},
     ),
     (
         "no_checksums",
@@ -308,9 +314,16 @@ def describe(tensor: hw.BlockPagedTensor, data: bytes, options: dict[str, Any]) 
             entry_["values_are"] = "raw bit patterns" if array.dtype.kind not in "iu" else "values"
         contents[name] = entry_
     quant = d.quantization
+    compression = options.get("compression")
     return {
         "options": {
-            "compression": options.get("compression"),
+            "compression": None if compression is None else str(compression),
+            **(
+                {"chunk_size": compression.chunk_size}
+                if isinstance(compression, hw.Compression)
+                and compression.codec == codecs.CODEC_CHUNKED
+                else {}
+            ),
             "checksum": options.get("checksum", True),
         },
         "total_length": len(data),
@@ -366,8 +379,13 @@ def generate(out: Path) -> dict[str, Any]:
         )
     name, description = STREAM
     sink = io.BytesIO()
-    header = hw.StreamHeader(model="fixture-llm", num_layers=2, kv_roles=("key", "value"),
-                             element_type=hw.float16, metadata={"request_id": "req-0001"})
+    header = hw.StreamHeader(
+        model="fixture-llm",
+        num_layers=2,
+        kv_roles=("key", "value"),
+        element_type=hw.float16,
+        metadata={"request_id": "req-0001"},
+    )
     with hw.StreamWriter(sink, header) as writer:
         for tensor in stream_tensors():
             writer.write(tensor)
@@ -375,15 +393,32 @@ def generate(out: Path) -> dict[str, Any]:
     (out / "streams").mkdir(exist_ok=True)
     (out / "streams" / f"{name}.hrws").write_bytes(data)
     entries = hw.StreamFile(data).entries
-    manifest["streams"].append({
-        "file": f"streams/{name}.hrws", "name": name, "description": description,
-        "total_length": len(data), "sha256": digest(data),
-        "header": {"model": header.model, "num_layers": header.num_layers,
-                   "kv_roles": list(header.kv_roles), "element_type": "float16",
-                   "metadata": dict(header.metadata), "end_record": True},
-        "blobs": [{"offset": e.offset, "length": e.length, "kv_role": e.kv_role,
-                   "layer_index": e.layer_index} for e in entries],
-    })
+    manifest["streams"].append(
+        {
+            "file": f"streams/{name}.hrws",
+            "name": name,
+            "description": description,
+            "total_length": len(data),
+            "sha256": digest(data),
+            "header": {
+                "model": header.model,
+                "num_layers": header.num_layers,
+                "kv_roles": list(header.kv_roles),
+                "element_type": "float16",
+                "metadata": dict(header.metadata),
+                "end_record": True,
+            },
+            "blobs": [
+                {
+                    "offset": e.offset,
+                    "length": e.length,
+                    "kv_role": e.kv_role,
+                    "layer_index": e.layer_index,
+                }
+                for e in entries
+            ],
+        }
+    )
     text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
     (out / "manifest.json").write_text(text, encoding="utf-8")
     return manifest

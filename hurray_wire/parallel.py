@@ -1,0 +1,168 @@
+"""Work on a second core, without ever waiting on it.
+
+Two patterns, both used by the codecs and the blob encoder:
+
+- :func:`run_tasks` runs independent tasks (compressing or decompressing the chunks of a
+  section) on the calling thread *and* on pool threads, which all pull the next task
+  from one shared counter. The caller never idles while a task it could run sits in a
+  queue, so a busy or missing second core costs nothing beyond the serial time.
+- :class:`SerialOffload` runs calls that must happen in order (feeding one checksum state)
+  on a pool thread, while the caller does something else (copying the next chunk);
+  :meth:`SerialOffload.finish` runs on the caller whatever the pool has not started yet.
+
+Both NumPy's copies and ufuncs, xxhash and zstd release the GIL on large buffers, which is
+what makes threads pay here. The pool is shared by the process, sized to the usable
+cores minus the caller, created on first use and dropped in a forked child.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+__all__ = ["usable_cores", "resolve_threads", "run_tasks", "SerialOffload"]
+
+T = TypeVar("T")
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, not the machine's core count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_threads(threads: int) -> int:
+    """Threads to use, the caller included: -1 means every usable core, 0 and 1 mean the
+    calling thread only."""
+    if threads < 0:
+        return usable_cores()
+    return max(1, threads)
+
+
+def _reset_after_fork() -> None:
+    global _pool, _pool_lock
+    _pool = None  # the parent's threads do not exist in the child
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _pool
+    pool = _pool
+    if pool is None:
+        with _pool_lock:
+            pool = _pool
+            if pool is None:
+                workers = max(1, usable_cores() - 1)
+                pool = _pool = ThreadPoolExecutor(workers, thread_name_prefix="hurray-wire")
+    return pool
+
+
+def run_tasks(tasks: Sequence[Callable[[], T]], threads: int) -> list[T]:
+    """Run every task once and return their results in task order.
+
+    ``threads`` counts the caller (see :func:`resolve_threads`). If tasks raise, the
+    exception of the lowest-numbered failing task is raised, whatever the timing, and
+    tasks numbered above a known failure are skipped.
+    """
+    count = len(tasks)
+    helpers = min(resolve_threads(threads), count) - 1
+    if helpers <= 0:
+        return [task() for task in tasks]
+    pool = _shared_pool()
+    helpers = min(helpers, pool._max_workers)
+    results: list[Any] = [None] * count
+    failures: dict[int, BaseException] = {}
+    lock = threading.Lock()
+    cursor = [0]
+
+    def work() -> None:
+        while True:
+            with lock:
+                index = cursor[0]
+                if index >= count or (failures and index > min(failures)):
+                    return
+                cursor[0] = index + 1
+            try:
+                results[index] = tasks[index]()
+            except BaseException as exc:  # re-raised on the caller, by task order
+                with lock:
+                    failures[index] = exc
+
+    futures = [pool.submit(work) for _ in range(helpers)]
+    work()
+    for future in futures:
+        future.result()
+    if failures:
+        raise failures[min(failures)]
+    return results
+
+
+class SerialOffload:
+    """Calls that must run in order, run on a pool thread while the caller goes on.
+
+    ``submit`` queues a call; ``finish`` runs the calls no pool thread has started on
+    the caller, waits for the one in progress, and re-raises the first failure. A call is
+    always popped and run under one lock, which is what keeps the order.
+    """
+
+    def __init__(self) -> None:
+        self._queue: collections.deque[Callable[[], object]] = collections.deque()
+        self._queue_lock = threading.Lock()
+        self._run_lock = threading.Lock()
+        self._draining = False
+        self._error: BaseException | None = None
+        self._drainer: Future[None] | None = None
+
+    def submit(self, call: Callable[[], object]) -> None:
+        with self._queue_lock:
+            self._queue.append(call)
+            if self._draining:
+                return
+            self._draining = True
+        self._drainer = _shared_pool().submit(self._drain)
+
+    def _run_next(self) -> bool:
+        """Pop and run one call; False when the queue is empty."""
+        with self._run_lock:
+            with self._queue_lock:
+                if not self._queue:
+                    self._draining = False
+                    return False
+                call = self._queue.popleft()
+            if self._error is None:
+                try:
+                    call()
+                except BaseException as exc:  # re-raised by finish()
+                    self._error = exc
+            return True
+
+    def _drain(self) -> None:
+        while self._run_next():
+            pass
+
+    def finish(self) -> None:
+        while self._run_next():
+            pass
+        drainer, self._drainer = self._drainer, None
+        # A drainer the pool has not started is dropped rather than waited for (the pool
+        # may be busy); one that started finds the queue empty and ends.
+        if drainer is not None and not drainer.cancel():
+            drainer.result()
+        with self._queue_lock:
+            self._draining = False
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error

@@ -1,0 +1,134 @@
+"""hurray_wire.parallel: shared-counter tasks and the in-order offload."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from hurray_wire import parallel
+
+
+def test_resolve_threads() -> None:
+    assert parallel.resolve_threads(0) == 1
+    assert parallel.resolve_threads(1) == 1
+    assert parallel.resolve_threads(5) == 5
+    assert parallel.resolve_threads(-1) == parallel.usable_cores() >= 1
+
+
+@pytest.mark.parametrize("threads", [0, 1, 2, 4, -1])
+def test_run_tasks_returns_results_in_task_order(threads: int) -> None:
+    def task(i: int) -> int:
+        time.sleep(0.001 * (i % 3))
+        return i * i
+
+    tasks = [lambda i=i: task(i) for i in range(40)]
+    assert parallel.run_tasks(tasks, threads) == [i * i for i in range(40)]
+    assert parallel.run_tasks([], threads) == []
+
+
+def test_run_tasks_uses_other_threads_and_the_caller() -> None:
+    seen: set[str] = set()
+    gate = threading.Barrier(2, timeout=10)
+
+    def task() -> None:
+        seen.add(threading.current_thread().name)
+        gate.wait()  # only passes when two threads run tasks at the same time
+
+    parallel.run_tasks([task, task], 2)
+    assert threading.current_thread().name in seen and len(seen) == 2
+
+
+@pytest.mark.parametrize("threads", [0, 2, 3])
+def test_run_tasks_raises_the_lowest_failure_and_skips_later_tasks(threads: int) -> None:
+    ran: list[int] = []
+
+    def task(i: int) -> int:
+        ran.append(i)
+        if i in (5, 9):
+            time.sleep(0.002 if i == 5 else 0)  # the later failure may finish first
+            raise ValueError(i)
+        return i
+
+    for _ in range(5):
+        ran.clear()
+        with pytest.raises(ValueError) as info:
+            parallel.run_tasks([lambda i=i: task(i) for i in range(200)], threads)
+        assert info.value.args == (5,)
+        assert max(ran) < 199  # tasks after a failure were skipped
+        assert set(range(6)) <= set(ran)
+
+
+def test_run_tasks_never_waits_for_a_busy_pool() -> None:
+    """With every pool thread blocked, the caller still finishes all tasks itself."""
+    release = threading.Event()
+    pool = parallel._shared_pool()
+    blockers = [pool.submit(release.wait, 10) for _ in range(pool._max_workers)]
+    try:
+        done = parallel.run_tasks([lambda i=i: i for i in range(10)], 4)
+        assert done == list(range(10))
+    finally:
+        release.set()
+        for blocker in blockers:
+            blocker.result()
+
+
+def test_serial_offload_keeps_order() -> None:
+    log: list[int] = []
+    offload = parallel.SerialOffload()
+    for i in range(300):
+        offload.submit(lambda i=i: (time.sleep(0.0001 * (i % 2)), log.append(i)))
+    offload.finish()
+    assert log == list(range(300))
+
+
+def test_serial_offload_runs_on_the_caller_when_the_pool_is_busy() -> None:
+    release = threading.Event()
+    pool = parallel._shared_pool()
+    blockers = [pool.submit(release.wait, 10) for _ in range(pool._max_workers)]
+    threads: list[str] = []
+    try:
+        offload = parallel.SerialOffload()
+        for _ in range(5):
+            offload.submit(lambda: threads.append(threading.current_thread().name))
+        offload.finish()  # returns although no pool thread is free
+        assert threads == [threading.current_thread().name] * 5
+    finally:
+        release.set()
+        for blocker in blockers:
+            blocker.result()
+
+
+def test_serial_offload_reraises_and_skips_after_a_failure() -> None:
+    log: list[int] = []
+    offload = parallel.SerialOffload()
+
+    def step(i: int) -> None:
+        if i == 3:
+            raise RuntimeError("step 3")
+        log.append(i)
+
+    for i in range(8):
+        offload.submit(lambda i=i: step(i))
+    with pytest.raises(RuntimeError, match="step 3"):
+        offload.finish()
+    assert log == [0, 1, 2]
+    offload.submit(lambda: log.append(99))  # usable again after finish
+    offload.finish()
+    assert log[-1] == 99
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_pool_is_recreated_in_a_forked_child() -> None:
+    parallel.run_tasks([lambda: 1, lambda: 2], 2)  # the parent's pool exists
+    pid = os.fork()
+    if pid == 0:  # child: the parent's threads are gone; a new pool must be built
+        try:
+            ok = parallel._pool is None and parallel.run_tasks([lambda: 1, lambda: 2], 2) == [1, 2]
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
