@@ -15,6 +15,7 @@ is a :class:`~hurray_wire.errors.HurrayWireError`.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 import re
@@ -77,6 +78,7 @@ CHUNKED_WIDTHS: frozenset[int] = frozenset({1, 2, 4, 8})
 CHUNK_SIZE_MIN: int = 1 << 12
 CHUNK_SIZE_MAX: int = 1 << 30
 _CHUNK_HEAD = struct.Struct("<II")  # chunk_size, chunk_count; then count x u32 frame sizes
+_SMALL_TABLE = 64
 
 Buffer = Union[bytes, bytearray, memoryview, "np.ndarray[Any, Any]"]
 U8Array = npt.NDArray[np.uint8]
@@ -371,10 +373,18 @@ def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Arra
 
 def unshuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
     """Inverse of :func:`shuffle_bytes` for the same ``width``. Returns ``out``."""
-    s, w, o, n, m = _shuffle_operands(src, width, out)
+    s, w, o, _, _ = _shuffle_operands(src, width, out)
+    _unshuffle(s, w, o)
+    return o if out is None else out
+
+
+def _unshuffle(s: U8Array, w: int, o: U8Array) -> None:
+    """unshuffle_bytes on checked flat arrays of one size (the decoder's inner loop)."""
+    n = s.size // w
+    m = n * w
     if w == 1 or n == 0:
         np.copyto(o, s)
-        return o if out is None else out
+        return
     planes = s[:m].reshape(w, n)
     if _LITTLE_ENDIAN and w == 2:
         # hi * 256 + lo in uint16: both ufuncs run on one dtype (~20% faster than
@@ -387,7 +397,6 @@ def unshuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Ar
         for j in range(w):
             elements[:, j] = planes[j]
     o[m:] = s[m:]
-    return o if out is None else out
 
 
 # -- compression -----------------------------------------------------------------------
@@ -685,7 +694,7 @@ def _unshuffled_into(src: U8Array, dst: U8Array, width: int, codec_name: str) ->
         return
     shuffled = _scratch(dst.size)
     _zstd_decompress_into(src, shuffled, codec_name)
-    unshuffle_bytes(shuffled, width, out=dst)
+    _unshuffle(shuffled, width, dst)
 
 
 def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, list[int]]:
@@ -728,15 +737,19 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, list[int]]:
             expected=f">= {table_end} stored bytes",
             found=n,
         )
-    sizes = src[_CHUNK_HEAD.size : table_end].view("<u4").astype(np.int64)
-    ends = np.cumsum(sizes) + table_end
-    if count and int(ends[-1]) != n:
+    if count <= _SMALL_TABLE:  # a struct unpack beats NumPy's fixed costs here
+        sizes_u32 = struct.unpack_from(f"<{count}I", _bytes_view(src), _CHUNK_HEAD.size)
+        ends = list(itertools.accumulate(sizes_u32, initial=table_end))[1:]
+    else:
+        sizes = src[_CHUNK_HEAD.size : table_end].view("<u4").astype(np.int64)
+        ends = (np.cumsum(sizes) + table_end).tolist()
+    if count and ends[-1] != n:
         raise DecompressionError(
             f"{name} frame sizes do not add up to the stored size",
             field="frame_sizes",
             offset=_CHUNK_HEAD.size,
             expected=n - table_end,
-            found=int(ends[-1]) - table_end,
+            found=ends[-1] - table_end,
         )
     if not count and table_end != n:
         raise DecompressionError(
@@ -746,7 +759,7 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, list[int]]:
             expected=f"{table_end} stored bytes",
             found=n,
         )
-    return chunk_size, [table_end, *ends.tolist()]
+    return chunk_size, [table_end, *ends]
 
 
 def _chunked_decompress_into(src: U8Array, dst: U8Array, width: int, threads: int) -> None:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hurray_wire import codecs
 from hurray_wire.codecs import (
+    CODEC_CHUNKED,
     CODEC_SHUFFLE_ZSTD,
     CODEC_ZSTD,
     DEFAULT_COMPRESSION,
@@ -64,11 +65,11 @@ def hurray(compression: Compression, note: str = "") -> Candidate:
         return codecs.compress(raw, compression, 2)
 
     def decode(enc: Encoded, out: U8) -> None:
-        codecs.decompress_into(enc[0], enc[1], enc[2], out)
+        codecs.decompress_into(enc[0], enc[1], enc[2], out, threads=compression.threads)
 
     name = str(compression)
     if compression.threads:
-        name += f" threads={compression.threads}"
+        name += " every core" if compression.threads == -1 else f" threads={compression.threads}"
     if compression == DEFAULT_COMPRESSION:
         name += " (default)"
     return Candidate(name, encode, decode, note)
@@ -214,7 +215,9 @@ def candidates() -> list[Candidate]:
         hurray(Compression(CODEC_ZSTD, level=3), "baseline"),
         hurray(Compression(CODEC_ZSTD, level=3, threads=2)),
         hurray(Compression(CODEC_ZSTD, level=1)),
-        hurray(DEFAULT_COMPRESSION),
+        hurray(DEFAULT_COMPRESSION, "1 MiB chunks, both directions on every usable core"),
+        hurray(Compression(CODEC_CHUNKED, level=1, threads=0), "1 MiB chunks, one thread"),
+        hurray(Compression(CODEC_SHUFFLE_ZSTD, level=1), "one frame"),
         hurray(Compression(CODEC_SHUFFLE_ZSTD, level=1, threads=2)),
         hurray(Compression(CODEC_SHUFFLE_ZSTD, level=3)),
         hurray(Compression(CODEC_SHUFFLE_ZSTD, level=5)),
