@@ -8,8 +8,8 @@ of the input.
 
 from __future__ import annotations
 
+import functools
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from hurray_wire import codecs
+from hurray_wire import codecs, parallel
 from hurray_wire.codecs import Compression
 from hurray_wire.descriptor import TensorDescriptor
 from hurray_wire.descriptor_codec import as_byte_view, decode_descriptor, encode_descriptor
@@ -301,33 +301,34 @@ def _write(
     out[: len(head)] = np.frombuffer(head, np.uint8)
 
 
-_HASHER_POOL: ThreadPoolExecutor | None = None
-PARALLEL_HASH = False  # hash on a second core while copying: opt-in, see docs/performance.md
+#: Hash on another core while copying, when the process may run on two or more. Off,
+#: copying and hashing alternate on the calling thread (docs/performance.md).
+PARALLEL_HASH: bool | None = None  # None: on when parallel.usable_cores() >= 2
 
 
 def _copy_and_hash(dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8], hasher: Any) -> None:
     """Copy ``src`` into ``dst`` and feed ``dst`` to ``hasher``, chunk by chunk while each
-    chunk is still in cache; with a second core, the hashing of one chunk overlaps the
-    copy of the next (both NumPy's copy and xxhash release the GIL)."""
-    global _HASHER_POOL
+    chunk is still in cache.
+
+    With a second core, another thread hashes chunk k while this one copies chunk k+1
+    (NumPy's copy and xxhash both release the GIL); whatever that thread has not started
+    when the copy ends is hashed here, so a busy core costs at most the serial time.
+    """
     size = src.nbytes
-    if not PARALLEL_HASH:
-        for start in range(0, size, _COPY_CHUNK):
-            chunk = dst[start : start + _COPY_CHUNK]
-            chunk[...] = src[start : start + _COPY_CHUNK]
+    offload = None
+    use_pool = PARALLEL_HASH if PARALLEL_HASH is not None else parallel.usable_cores() >= 2
+    if use_pool and size >= 2 * _PARALLEL_CHUNK:
+        offload = parallel.SerialOffload()
+    step = _COPY_CHUNK if offload is None else _PARALLEL_CHUNK
+    for start in range(0, size, step):
+        chunk = dst[start : start + step]
+        chunk[...] = src[start : start + step]
+        if offload is None:
             hasher.update(chunk.data)
-        return
-    if _HASHER_POOL is None:
-        _HASHER_POOL = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-hash")
-    pending = None
-    for start in range(0, size, _PARALLEL_CHUNK):
-        chunk = dst[start : start + _PARALLEL_CHUNK]
-        chunk[...] = src[start : start + _PARALLEL_CHUNK]
-        if pending is not None:
-            pending.result()
-        pending = _HASHER_POOL.submit(hasher.update, chunk.data)
-    if pending is not None:
-        pending.result()
+        else:
+            offload.submit(functools.partial(hasher.update, chunk.data))
+    if offload is not None:
+        offload.finish()
 
 
 def encode(

@@ -14,10 +14,10 @@ def _large_tensor() -> hw.BlockPagedTensor:
     return hw.BlockPagedTensor.from_arrays(pool, np.arange(40), [0, 20, 40], kv_role="value")
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("parallel", [False, True, None])
 @pytest.mark.parametrize("checksum", [False, True])
 def test_encode_into_encode_and_parts_agree(
-    parallel: bool, checksum: bool, monkeypatch: pytest.MonkeyPatch
+    parallel: bool | None, checksum: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(blob, "PARALLEL_HASH", parallel)
     monkeypatch.setattr(blob, "_COPY_CHUNK", 1 << 16)  # several chunks per section
