@@ -55,7 +55,6 @@ _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
 _LENGTH_COUNT = struct.Struct("<IH")
-_ZERO8 = bytes(8)
 _HEADER_SIZE = _HEADER.size  # 32
 _ENTRY_SIZE = _ENTRY.size  # 48
 BLOB_PREFIX_SIZE = 16  # magic, versions, flags, total_length: enough to frame a blob
@@ -422,9 +421,40 @@ class _Plan:
     tail_start: int  # trailing zero padding: [tail_start, total)
     verify_sections: bool
 
+    def __post_init__(self) -> None:
+        # Derived once, so that decoding a known header does no bookkeeping per section.
+        gaps = [(e.pad_start, e.offset, e.where) for e in self.entries if e.offset > e.pad_start]
+        if self.total > self.tail_start:
+            gaps.append((self.tail_start, self.total, "trailing padding"))
+        known = {(e.kind, e.index): e for e in self.entries if e.kind in w.SECTION_KINDS}
+        count = len(self.descriptor.buffers)
+        object.__setattr__(self, "paddings", tuple(gaps))
+        object.__setattr__(self, "buffers", tuple(known[(w.KIND_BUFFER, i)] for i in range(count)))
+        object.__setattr__(self, "seq_lens", known.get((w.KIND_SEQ_LENS, 0)))
+        object.__setattr__(self, "metadata", known.get((w.KIND_METADATA, 0)))
 
-_PLANS: dict[tuple[bytes, DecodeLimits], _Plan] = {}
+    paddings: tuple[tuple[int, int, str], ...] = ()
+    buffers: tuple[_Entry, ...] = ()
+    seq_lens: _Entry | None = None
+    metadata: _Entry | None = None
+
+
+_PLANS: dict[tuple[int, int, DecodeLimits], _Plan] = {}
 _PLAN_LIMIT = 512
+_MASKS: dict[tuple[int, int], int] = {}
+
+
+def _checksum_mask(header_length: int, count: int) -> int:
+    """All-ones over ``header_length`` bytes but the section checksums (little-endian)."""
+    mask = _MASKS.get((header_length, count))
+    if mask is None:
+        mask = (1 << (8 * header_length)) - 1
+        for at in range(_HEADER_SIZE + 32, _HEADER_SIZE + _ENTRY_SIZE * count, _ENTRY_SIZE):
+            mask &= ~(((1 << 64) - 1) << (8 * at))
+        if len(_MASKS) >= _PLAN_LIMIT:
+            _MASKS.clear()
+        _MASKS[(header_length, count)] = mask
+    return mask
 
 
 def _checked_header(view: memoryview, total: int) -> tuple[int, int]:
@@ -547,12 +577,13 @@ def decode(
     limits = _DEFAULT_LIMITS if limits is None else limits
     total = _total_length(view, whole=True)
     header_length, count = _checked_header(view, total)
-    # Everything but the section checksums is memoised: equal bytes, equal verdict.
-    key = bytearray(view[:header_length])
-    if view[22] == w.CHECKSUM_XXH3_64:  # with checksum_type 0 the fields must stay zero
-        for at in range(_HEADER_SIZE + 32, _HEADER_SIZE + _ENTRY_SIZE * count, _ENTRY_SIZE):
-            key[at : at + 8] = _ZERO8
-    memo_key = (bytes(key), limits)
+    # Everything but the section checksums is memoised: equal bytes, equal verdict. The
+    # key is the header as one integer with the checksum fields masked out (with
+    # checksum_type 0 they must stay zero, so they stay in the key).
+    key = int.from_bytes(view[:header_length], "little")
+    if view[22] == w.CHECKSUM_XXH3_64:
+        key &= _checksum_mask(header_length, count)
+    memo_key = (key, header_length, limits)
     plan = _PLANS.get(memo_key)
     if plan is None:
         plan = _plan_from_header(view, total, limits)
@@ -818,13 +849,11 @@ def _check_entries(
 
 def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections, then assemble the tensor."""
-    payloads: dict[tuple[int, int], npt.NDArray[np.uint8]] = {}
-    offsets: dict[tuple[int, int], int | None] = {}  # blob offset of raw section contents
-    check_hash = verify and plan.verify_sections
-    for e in plan.entries:
-        if e.offset > e.pad_start:
-            _check_zero(view, e.pad_start, e.offset, e.where)
-        if check_hash:
+    for start, stop, where in plan.paddings:
+        if int.from_bytes(view[start:stop], "little"):
+            _check_zero(view, start, stop, where)
+    if verify and plan.verify_sections:
+        for e in plan.entries:
             computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
             stored_checksum = _U64.unpack_from(view, e.entry_offset + 32)[0]
             if computed != stored_checksum:
@@ -835,19 +864,17 @@ def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> B
                     expected=f"0x{computed:016x}",
                     found=f"0x{stored_checksum:016x}",
                 )
-        if e.kind not in w.SECTION_KINDS:
-            continue
+    whole = np.frombuffer(view, np.uint8, plan.total)
+
+    def payload(e: _Entry) -> npt.NDArray[np.uint8]:
         if e.codec == codecs.CODEC_RAW:
-            payload = np.frombuffer(view, np.uint8, e.stored_size, e.offset)
-            offsets[(e.kind, e.index)] = e.offset
-        else:
-            stored = view[e.offset : e.offset + e.stored_size]
-            payload = _decompress(e, stored, threads)
-            offsets[(e.kind, e.index)] = None  # a position in decoded bytes has no blob offset
-        payloads[(e.kind, e.index)] = payload
-    if plan.total > plan.tail_start:
-        _check_zero(view, plan.tail_start, plan.total, "trailing padding")
-    return _assemble(plan.descriptor, payloads, offsets)
+            return whole[e.offset : e.offset + e.stored_size]
+        return _decompress(e, view[e.offset : e.offset + e.stored_size], threads)
+
+    buffers = [payload(e) for e in plan.buffers]
+    lens = None if plan.seq_lens is None else payload(plan.seq_lens)
+    meta = None if plan.metadata is None else payload(plan.metadata)
+    return _assemble(plan, buffers, lens, meta)
 
 
 def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
@@ -877,35 +904,38 @@ def _decompress(e: _Entry, stored: memoryview, threads: int) -> npt.NDArray[np.u
 
 
 def _assemble(
-    descriptor: TensorDescriptor,
-    payloads: dict[tuple[int, int], npt.NDArray[np.uint8]],
-    offsets: dict[tuple[int, int], int | None],
+    plan: _Plan,
+    buffers: list[npt.NDArray[np.uint8]],
+    lens_payload: npt.NDArray[np.uint8] | None,
+    meta_payload: npt.NDArray[np.uint8] | None,
 ) -> BlockPagedTensor:
     """Type the sections and check what needs their contents (shared with the containers)."""
-    buffers = [payloads[(w.KIND_BUFFER, i)] for i in range(len(descriptor.buffers))]
-    seq_lens = None
-    lens_payload = payloads.get((w.KIND_SEQ_LENS, 0))
-    if lens_payload is not None:
-        seq_lens = lens_payload.view("<u8")
+    descriptor = plan.descriptor
+
+    def raw_offset(e: _Entry | None) -> int | None:
+        """Blob offset of a section's contents; None for decoded (compressed) bytes."""
+        return e.offset if e is not None and e.codec == codecs.CODEC_RAW else None
+
+    seq_lens = None if lens_payload is None else lens_payload.view("<u8")
     metadata: dict[str, Any] = {}
-    meta_payload = payloads.get((w.KIND_METADATA, 0))
     if meta_payload is not None:
         try:
             metadata = dict(decode_metadata(meta_payload))
         except HurrayWireError as exc:
-            start = offsets[(w.KIND_METADATA, 0)]
+            start = raw_offset(plan.metadata)
             offset = None if start is None else start + (exc.offset or 0)
             raise exc.relocated(section="metadata", offset=offset) from None
     try:
         return assemble(descriptor, buffers, seq_lens, metadata)
     except IndexBufferError as exc:
-        kind, index = {"block_table": (w.KIND_BUFFER, 1), "seq_lens": (w.KIND_SEQ_LENS, 0)}.get(
-            exc.field or "", (w.KIND_BUFFER, 2)
-        )
-        entry = offsets[(kind, index)]
-        width = 8 if kind == w.KIND_SEQ_LENS else descriptor.layout.index_dtype.itemsize
-        offset = entry + width * (exc.position or 0) if entry is not None else None
-        section = "seq_lens" if kind == w.KIND_SEQ_LENS else f"buffer[{index}]"
+        if exc.field == "seq_lens":
+            entry, section, width = plan.seq_lens, "seq_lens", 8
+        else:
+            index = 1 if exc.field == "block_table" else 2
+            entry, section = plan.buffers[index], f"buffer[{index}]"
+            width = descriptor.layout.index_dtype.itemsize
+        start = raw_offset(entry)
+        offset = start + width * (exc.position or 0) if start is not None else None
         raise exc.relocated(section=section, offset=offset) from None
     except HurrayWireError as exc:
-        raise exc.relocated(section="buffer[0]", offset=offsets[(w.KIND_BUFFER, 0)]) from None
+        raise exc.relocated(section="buffer[0]", offset=raw_offset(plan.buffers[0])) from None
