@@ -249,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("f16", "bf16"):
         arrays = load(args.data, kind)
         whole = np.concatenate(arrays)
+        tiled = np.concatenate([whole] * 4)  # a layer-sized pool: 18 chunks of 1 MiB
         for title, sections in (
+            (f"{kind}: the 12 K/V arrays 4 times as one section ({tiled.size} bytes)", [tiled]),
             (f"{kind}: all 12 K/V arrays as one section ({whole.size} bytes)", [whole]),
             (f"{kind}: 12 sections of {arrays[0].size} bytes (one per array)", arrays),
         ):
