@@ -6,8 +6,8 @@ the blob decoder does, so a tensor that exists is one that encodes and decodes c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,36 @@ from hurray_wire.metadata import encode_metadata
 from hurray_wire.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
 __all__ = ["BlockPagedTensor", "assemble", "check_seq_lens"]
+
+T = TypeVar("T")
+
+# Layouts and descriptors are immutable, and building one validates every field (~50 us):
+# from_arrays reuses the one built for equal arguments, so the 100+ blobs of one request
+# that share a geometry validate it once (and share its memoised encoded bytes).
+_LAYOUTS: dict[tuple[Any, ...], BlockPagedLayout] = {}
+_DESCRIPTORS: dict[tuple[Any, ...], TensorDescriptor] = {}
+_MEMO_LIMIT = 256
+
+
+def _memoised(cache: dict[tuple[Any, ...], T], args: tuple[Any, ...], build: Callable[[], T]) -> T:
+    """``build()``, reused for arguments equal in value *and* type (True is not 1, and
+    np.int64(3) is not 3: each gets its own validation); unhashable arguments build."""
+    try:
+        key = _typed(args)
+        found = cache.get(key)
+    except TypeError:  # an unhashable argument: let build() judge it
+        return build()
+    if found is None:
+        found = build()
+        if len(cache) >= _MEMO_LIMIT:
+            cache.clear()
+        cache[key] = found
+    return found
+
+
+def _typed(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple((type(a), _typed(a) if type(a) is tuple else a) for a in args)
+
 
 Array = npt.NDArray[Any]
 
@@ -135,9 +165,9 @@ class BlockPagedTensor:
         if block_table_index_type is None:
             big = num_pages > U32_MAX or len(bt_any) > U32_MAX
             block_table_index_type = "uint64" if big else "uint32"
-        layout = BlockPagedLayout(
-            page_size, num_pages, 0, num_seqs, kv_role, layer_index, block_table_index_type
-        )
+        layout_args = (page_size, num_pages, 0, num_seqs, kv_role, layer_index,
+                       block_table_index_type)  # fmt: skip
+        layout = _memoised(_LAYOUTS, layout_args, lambda: BlockPagedLayout(*layout_args))
         index_dtype = layout.index_dtype
         for name, arr in (("block_table", bt_any), ("seq_ptr", sp_any)):
             if arr.size and int(arr.max()) > layout.index_max:
@@ -154,13 +184,26 @@ class BlockPagedTensor:
                 total_tokens = int(lens.sum()) if lens.size else 0
         if total_tokens is None:
             total_tokens = len(bt) * page_size
-        descriptor = TensorDescriptor.block_paged(
-            layout,
-            (total_tokens, num_heads, head_dim),
-            etype,
-            num_logical_pages=len(bt),
-            quantization=quantization,
-            alignment=alignment,
+        descriptor = _memoised(
+            _DESCRIPTORS,
+            (
+                layout_args,
+                total_tokens,
+                num_heads,
+                head_dim,
+                etype,
+                len(bt),
+                quantization,
+                alignment,
+            ),
+            lambda: TensorDescriptor.block_paged(
+                layout,
+                (total_tokens, num_heads, head_dim),
+                etype,
+                num_logical_pages=len(bt),
+                quantization=quantization,
+                alignment=alignment,
+            ),
         )
         if lens is not None:
             check_seq_lens(lens, sp, page_size, total_tokens)

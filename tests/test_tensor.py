@@ -490,3 +490,19 @@ def test_index_lists_are_not_modified() -> None:
 def test_unencodable_metadata_refused_by_from_arrays(metadata: dict[Any, Any]) -> None:
     with pytest.raises(hw.HurrayWireError):
         build(metadata=metadata)
+
+
+def test_from_arrays_reuses_the_validated_descriptor_of_equal_arguments() -> None:
+    pool = np.zeros((4, 2, 1, 8), np.float16)
+    first = hw.BlockPagedTensor.from_arrays(pool, [0, 1], [0, 2], layer_index=1)
+    again = hw.BlockPagedTensor.from_arrays(pool.copy(), [1, 0], [0, 2], layer_index=1)
+    assert again.descriptor is first.descriptor
+    other = hw.BlockPagedTensor.from_arrays(pool, [0, 1], [0, 2], layer_index=2)
+    assert other.descriptor is not first.descriptor and other.layer_index == 2
+    # Equal values of another type are validated on their own: True is not layer 1.
+    with pytest.raises(hw.HurrayWireError):
+        hw.BlockPagedTensor.from_arrays(pool, [0, 1], [0, 2], layer_index=True)
+    with pytest.raises(hw.HurrayWireError):
+        hw.BlockPagedTensor.from_arrays(pool, [0, 1], [0, 2], kv_role=["key"])  # type: ignore[arg-type]
+    numpy_layer = hw.BlockPagedTensor.from_arrays(pool, [0, 1], [0, 2], layer_index=np.int64(1))
+    assert numpy_layer.layer_index == 1 and type(numpy_layer.layer_index) is int
