@@ -1,14 +1,10 @@
 """Work on a second core, without ever waiting on it.
 
-Two patterns, both used by the codecs and the blob encoder:
-
-- :func:`run_tasks` runs independent tasks (compressing or decompressing the chunks of a
-  section) on the calling thread *and* on pool threads, which all pull the next task
-  from one shared counter. The caller never idles while a task it could run sits in a
-  queue, so a busy or missing second core costs nothing beyond the serial time.
-- :class:`SerialOffload` runs calls that must happen in order (feeding one checksum state)
-  on a pool thread, while the caller does something else (copying the next chunk);
-  :meth:`SerialOffload.finish` runs on the caller whatever the pool has not started yet.
+:func:`run_tasks` runs independent tasks (compressing or decompressing the chunks of a
+section) on the calling thread *and* on pool threads, which all pull the next task from
+one shared counter. The caller never idles while a task it could run sits in a queue, so
+a busy or missing second core costs nothing beyond the serial time. :func:`submit` hands
+the pool a job for patterns of the same kind (the blob encoder's copy-and-hash).
 
 Both NumPy's copies and ufuncs, xxhash and zstd release the GIL on large buffers, which is
 what makes threads pay here. The pool is shared by the process, sized to the usable
@@ -17,14 +13,13 @@ cores minus the caller, created on first use and dropped in a forked child.
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["usable_cores", "resolve_threads", "run_tasks", "SerialOffload"]
+__all__ = ["usable_cores", "resolve_threads", "run_tasks", "submit"]
 
 T = TypeVar("T")
 
@@ -70,6 +65,13 @@ def _shared_pool() -> ThreadPoolExecutor:
     return pool
 
 
+def submit(call: Callable[[], T]) -> Future[T]:
+    """Run ``call`` on a pool thread. Callers must never wait for it without first doing
+    its work themselves (``cancel()`` it, or make it find nothing left to do): the pool
+    may be busy."""
+    return _shared_pool().submit(call)
+
+
 def run_tasks(tasks: Sequence[Callable[[], T]], threads: int) -> list[T]:
     """Run every task once and return their results in task order.
 
@@ -108,61 +110,3 @@ def run_tasks(tasks: Sequence[Callable[[], T]], threads: int) -> list[T]:
     if failures:
         raise failures[min(failures)]
     return results
-
-
-class SerialOffload:
-    """Calls that must run in order, run on a pool thread while the caller goes on.
-
-    ``submit`` queues a call; ``finish`` runs the calls no pool thread has started on
-    the caller, waits for the one in progress, and re-raises the first failure. A call is
-    always popped and run under one lock, which is what keeps the order.
-    """
-
-    def __init__(self) -> None:
-        self._queue: collections.deque[Callable[[], object]] = collections.deque()
-        self._queue_lock = threading.Lock()
-        self._run_lock = threading.Lock()
-        self._draining = False
-        self._error: BaseException | None = None
-        self._drainer: Future[None] | None = None
-
-    def submit(self, call: Callable[[], object]) -> None:
-        with self._queue_lock:
-            self._queue.append(call)
-            if self._draining:
-                return
-            self._draining = True
-        self._drainer = _shared_pool().submit(self._drain)
-
-    def _run_next(self) -> bool:
-        """Pop and run one call; False when the queue is empty."""
-        with self._run_lock:
-            with self._queue_lock:
-                if not self._queue:
-                    self._draining = False
-                    return False
-                call = self._queue.popleft()
-            if self._error is None:
-                try:
-                    call()
-                except BaseException as exc:  # re-raised by finish()
-                    self._error = exc
-            return True
-
-    def _drain(self) -> None:
-        while self._run_next():
-            pass
-
-    def finish(self) -> None:
-        while self._run_next():
-            pass
-        drainer, self._drainer = self._drainer, None
-        # A drainer the pool has not started is dropped rather than waited for (the pool
-        # may be busy); one that started finds the queue empty and ends.
-        if drainer is not None and not drainer.cancel():
-            drainer.result()
-        with self._queue_lock:
-            self._draining = False
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error

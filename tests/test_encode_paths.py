@@ -30,3 +30,37 @@ def test_encode_into_encode_and_parts_agree(
     assert bytes(out[: len(joined)]) == joined
     decoded = hw.decode(joined)
     assert decoded.page_pool.tobytes() == tensor.page_pool.tobytes()
+
+
+@pytest.mark.parametrize("chunk", [1 << 16, 100_003, 1 << 19])
+def test_two_core_copy_and_hash_any_chunking(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks copied by the pool and the caller, hashed in order: the serial bytes."""
+    tensor = _large_tensor()
+    expected = b"".join(blob.encode_parts(tensor))
+    monkeypatch.setattr(blob, "PARALLEL_HASH", True)
+    monkeypatch.setattr(blob, "_PARALLEL_CHUNK", chunk)
+    for _ in range(5):
+        out = np.zeros(len(expected), np.uint8)
+        assert blob.encode_into(tensor, out) == len(expected)
+        assert out.tobytes() == expected
+
+
+def test_copy_and_hash_finishes_when_the_pool_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every pool thread blocked, the caller copies and hashes everything itself."""
+    import threading
+
+    from hurray_wire import parallel
+
+    tensor = _large_tensor()
+    expected = b"".join(blob.encode_parts(tensor))
+    monkeypatch.setattr(blob, "PARALLEL_HASH", True)
+    monkeypatch.setattr(blob, "_PARALLEL_CHUNK", 1 << 16)
+    release = threading.Event()
+    pool = parallel._shared_pool()
+    blockers = [pool.submit(release.wait, 30) for _ in range(pool._max_workers)]
+    try:
+        assert bytes(blob.encode(tensor)) == expected
+    finally:
+        release.set()
+        for blocker in blockers:
+            blocker.result()

@@ -75,49 +75,9 @@ def test_run_tasks_never_waits_for_a_busy_pool() -> None:
             blocker.result()
 
 
-def test_serial_offload_keeps_order() -> None:
-    log: list[int] = []
-    offload = parallel.SerialOffload()
-    for i in range(300):
-        offload.submit(lambda i=i: (time.sleep(0.0001 * (i % 2)), log.append(i)))
-    offload.finish()
-    assert log == list(range(300))
-
-
-def test_serial_offload_runs_on_the_caller_when_the_pool_is_busy() -> None:
-    release = threading.Event()
-    pool = parallel._shared_pool()
-    blockers = [pool.submit(release.wait, 10) for _ in range(pool._max_workers)]
-    threads: list[str] = []
-    try:
-        offload = parallel.SerialOffload()
-        for _ in range(5):
-            offload.submit(lambda: threads.append(threading.current_thread().name))
-        offload.finish()  # returns although no pool thread is free
-        assert threads == [threading.current_thread().name] * 5
-    finally:
-        release.set()
-        for blocker in blockers:
-            blocker.result()
-
-
-def test_serial_offload_reraises_and_skips_after_a_failure() -> None:
-    log: list[int] = []
-    offload = parallel.SerialOffload()
-
-    def step(i: int) -> None:
-        if i == 3:
-            raise RuntimeError("step 3")
-        log.append(i)
-
-    for i in range(8):
-        offload.submit(lambda i=i: step(i))
-    with pytest.raises(RuntimeError, match="step 3"):
-        offload.finish()
-    assert log == [0, 1, 2]
-    offload.submit(lambda: log.append(99))  # usable again after finish
-    offload.finish()
-    assert log[-1] == 99
+def test_submit_runs_on_a_pool_thread() -> None:
+    future = parallel.submit(lambda: threading.current_thread().name)
+    assert future.result(timeout=10).startswith("hurray-wire")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
