@@ -115,11 +115,11 @@ def _sections(tensor: BlockPagedTensor, compression: Compression | None) -> list
         )
         if compression is not None and handle.byte_size:
             data = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            codec, param, stored = codecs.compress(data, compression, widths[index])
+            codec, param, stored = codecs.compress_parts(data, compression, widths[index])
             if codec != codecs.CODEC_RAW:
                 section.codec, section.codec_param = codec, param
-                section.parts = [np.frombuffer(stored, np.uint8)]
-                section.stored_size = len(section.parts[0])
+                section.parts = stored
+                section.stored_size = sum(len(p) for p in stored)
         sections.append(section)
     if tensor.seq_lens is not None:
         lens = np.ascontiguousarray(tensor.seq_lens, "<u8").view(np.uint8)

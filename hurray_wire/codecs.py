@@ -56,6 +56,7 @@ __all__ = [
     "shuffle_bytes",
     "unshuffle_bytes",
     "compress",
+    "compress_parts",
     "decompress_into",
 ]
 
@@ -93,6 +94,7 @@ _UNKNOWN_SIZE_WINDOW_LIMIT = 8 << 20
 # them, so no zstd block mixes two planes (+2-5% ratio on 400 KB sections); above it the
 # single mixed block costs <0.5% and one-shot compression is ~20% faster.
 _PLANE_FLUSH_MAX = 1 << 20
+_ZSTD_BLOCK = 128 << 10  # zstd's largest block: one-shot compression cuts blocks at its multiples
 # zstd's multi-threaded mode only pays once there is more than one job of work.
 _THREADS_MIN_SIZE = 1 << 20
 # A top byte plane with fewer bits of entropy than this is coded better by Huffman
@@ -466,8 +468,8 @@ def _compressor(level: int, size: int, threads: int, hash_log: int | None) -> An
     return cctx
 
 
-def _compress_planes(cctx: Any, data: U8Array, plane_size: int, width: int) -> bytes:
-    """One frame whose blocks never straddle two byte planes."""
+def _compress_planes(cctx: Any, data: U8Array, plane_size: int, width: int) -> list[bytes]:
+    """One frame whose blocks never straddle two byte planes, as pieces to be joined."""
     cobj = cctx.compressobj(size=data.size)
     parts = []
     for j in range(width - 1):
@@ -475,14 +477,14 @@ def _compress_planes(cctx: Any, data: U8Array, plane_size: int, width: int) -> b
         parts.append(cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
     parts.append(cobj.compress(data[(width - 1) * plane_size :]))  # last plane + tail
     parts.append(cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
-    return b"".join(parts)
+    return [p for p in parts if p]
 
 
-def _frame(src: U8Array, level: int, width: int, threads: int) -> bytes:
-    """One zstd frame of ``src``, byte-shuffled first when ``width`` > 1."""
+def _frame(src: U8Array, level: int, width: int, threads: int) -> list[bytes]:
+    """One zstd frame of ``src``, byte-shuffled first when ``width`` > 1, as pieces."""
     size = src.size
     if width == 1:
-        return _compressor(level, size, threads, None).compress(src)  # type: ignore[no-any-return]
+        return [_compressor(level, size, threads, None).compress(src)]
     shuffled = shuffle_bytes(src, width, out=_scratch(size))
     plane_size = size // width
     hash_log = None
@@ -491,21 +493,24 @@ def _frame(src: U8Array, level: int, width: int, threads: int) -> bytes:
         if _entropy_bits(top) < _LOW_ENTROPY_BITS:
             hash_log = _LOW_ENTROPY_HASH_LOG
     cctx = _compressor(level, size, threads, hash_log)
-    if size <= _PLANE_FLUSH_MAX:
+    # One-shot compression cuts blocks at multiples of 128 KiB: when the planes end on
+    # such a multiple (1 MiB chunks), no block straddles two planes anyway, and one-shot
+    # is ~15% faster than the streaming API.
+    if size <= _PLANE_FLUSH_MAX and plane_size % _ZSTD_BLOCK:
         return _compress_planes(cctx, shuffled, plane_size, width)
-    return cctx.compress(shuffled)  # type: ignore[no-any-return]
+    return [cctx.compress(shuffled)]
 
 
-def _chunked(src: U8Array, compression: Compression, width: int) -> bytes:
-    """The chunked codec's stored bytes: chunk table, then one frame per chunk."""
+def _chunked(src: U8Array, compression: Compression, width: int) -> list[bytes]:
+    """The chunked codec's stored bytes as pieces: chunk table, then each chunk's frame."""
     chunk = compression.chunk_size
     starts = range(0, src.size, chunk)
     level = compression.level
     tasks = [functools.partial(_frame, src[a : a + chunk], level, width, 0) for a in starts]
     frames = parallel.run_tasks(tasks, compression.threads)
     head = _CHUNK_HEAD.pack(chunk, len(frames))
-    sizes = np.array([len(f) for f in frames], "<u4").tobytes()
-    return b"".join([head, sizes, *frames])
+    sizes = np.array([sum(map(len, f)) for f in frames], "<u4").tobytes()
+    return [head + sizes, *(piece for frame in frames for piece in frame)]
 
 
 def compress(data: Buffer, compression: Compression, element_width: int) -> tuple[int, int, Buffer]:
@@ -517,6 +522,18 @@ def compress(data: Buffer, compression: Compression, element_width: int) -> tupl
     ``compression.min_size``, and sections zstd cannot shrink, come back as
     ``(CODEC_RAW, 0, data)``: the same object.
     """
+    codec, param, parts = compress_parts(data, compression, element_width)
+    if codec == CODEC_RAW:
+        return codec, param, data
+    return codec, param, parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def compress_parts(
+    data: Buffer, compression: Compression, element_width: int
+) -> tuple[int, int, list[bytes]]:
+    """:func:`compress`, with the stored bytes as pieces to be written one after the other
+    (the blob encoder copies each piece once, instead of joining them first). A raw
+    result has no pieces: the section is ``data`` itself."""
     if not isinstance(compression, Compression):
         raise ArgumentTypeError(
             "compression must be a Compression (see Compression.parse)",
@@ -531,7 +548,7 @@ def compress(data: Buffer, compression: Compression, element_width: int) -> tupl
     src = _as_u8(data, "data")
     size = src.size
     if size == 0 or size < compression.min_size:
-        return CODEC_RAW, 0, data
+        return CODEC_RAW, 0, []
     shuffle_width = width if width in SHUFFLE_WIDTHS else 1
     threads = compression.threads if size >= _THREADS_MIN_SIZE else 0
     try:
@@ -546,8 +563,8 @@ def compress(data: Buffer, compression: Compression, element_width: int) -> tupl
             stored = _frame(src, compression.level, 1, threads)
     except zstandard.ZstdError as exc:
         raise HurrayWireError(f"zstd compression failed: {exc}") from exc
-    if len(stored) >= size:
-        return CODEC_RAW, 0, data
+    if sum(map(len, stored)) >= size:
+        return CODEC_RAW, 0, []
     return codec, param, stored
 
 

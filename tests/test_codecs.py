@@ -665,3 +665,20 @@ def test_compression_is_a_value_object() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.level = 5  # type: ignore[misc]
     assert str(Compression(CODEC_ZSTD, level=9)) == "zstd:9"
+
+
+@pytest.mark.parametrize("spec", ["zstd:1", "shuffle-zstd:1", "default"])
+@pytest.mark.parametrize("size", [100, 300_000, 1 << 20, 3_000_000])
+def test_compress_parts_join_to_compress(spec: str, size: int) -> None:
+    compression = Compression.parse(spec)
+    assert compression is not None
+    raw = sample(2, size)
+    codec, param, parts = codecs.compress_parts(raw, compression, 2)
+    whole = compress(raw, compression, 2)
+    assert (codec, param) == whole[:2]
+    if codec == CODEC_RAW:
+        assert parts == [] and whole[2] is raw
+    else:
+        assert all(isinstance(p, bytes) and p for p in parts)
+        assert b"".join(parts) == whole[2]
+        assert decode(codec, param, whole[2], size).tobytes() == raw.tobytes()
