@@ -103,7 +103,7 @@ class _Section:
 def _sections(tensor: BlockPagedTensor, compression: Compression | None) -> list[_Section]:
     desc = tensor.descriptor
     sections = []
-    widths = _element_widths(tensor)
+    widths = _element_widths(tensor) if compression is not None else []
     for index, (parts, handle) in enumerate(zip(tensor.buffer_arrays(), desc.buffers, strict=True)):
         section = _Section(
             w.KIND_BUFFER,
@@ -360,7 +360,7 @@ def _copy_and_hash(
             break
         if hasher is not None:
             hasher.update(dst[k * step : (k + 1) * step].data)
-    if not pool_copier.cancel():
+    if pool_copier is not None and not pool_copier.cancel():
         pool_copier.result()
     if failures:
         raise failures[0]
@@ -611,6 +611,8 @@ def decode(
     """
     view = as_byte_view(data)
     limits = _DEFAULT_LIMITS if limits is None else limits
+    if threads != -1:
+        threads = codecs.check_threads(threads)
     total = _total_length(view, whole=True)
     header_length, count = _checked_header(view, total)
     # Everything but the section checksums is memoised: equal bytes, equal verdict. The

@@ -118,6 +118,19 @@ class CodecConfigError(HurrayWireError, ValueError):
     """A compression spec or codec argument with a bad value (not bad stored bytes)."""
 
 
+def check_threads(threads: object) -> int:
+    """A thread count as the codecs take it: -1 (every usable core), 0 (the caller only)
+    or a count; anything else is refused."""
+    value = _int_arg(threads, "threads")
+    if value < -1:
+        raise CodecConfigError(
+            "threads must be -1 (every core), 0 (the caller only) or a thread count",
+            field="threads",
+            found=value,
+        )
+    return value
+
+
 def _int_arg(value: object, name: str) -> int:
     """Return value as an int; bools and non-integers are type errors."""
     if isinstance(value, bool):
@@ -811,7 +824,7 @@ def decompress_into(
     """
     codec = _int_arg(codec, "codec")
     param = _int_arg(codec_param, "codec_param")
-    threads = _int_arg(threads, "threads")
+    threads = check_threads(threads)
     src = _as_u8(stored, "stored")
     if not isinstance(out, np.ndarray):
         raise ArgumentTypeError(

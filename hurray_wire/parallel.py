@@ -65,11 +65,18 @@ def _shared_pool() -> ThreadPoolExecutor:
     return pool
 
 
-def submit(call: Callable[[], T]) -> Future[T]:
-    """Run ``call`` on a pool thread. Callers must never wait for it without first doing
-    its work themselves (``cancel()`` it, or make it find nothing left to do): the pool
-    may be busy."""
-    return _shared_pool().submit(call)
+def submit(call: Callable[[], T]) -> Future[T] | None:
+    """Run ``call`` on a pool thread; None once the interpreter is shutting down. Callers
+    must never wait for it without first doing its work themselves (``cancel()`` it, or
+    make it find nothing left to do): the pool may be busy."""
+    return _submit_to(_shared_pool(), call)
+
+
+def _submit_to(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T] | None:
+    try:
+        return pool.submit(call)
+    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+        return None
 
 
 def run_tasks(tasks: Sequence[Callable[[], T]], threads: int) -> list[T]:
@@ -103,7 +110,11 @@ def run_tasks(tasks: Sequence[Callable[[], T]], threads: int) -> list[T]:
                 with lock:
                     failures[index] = exc
 
-    futures = [pool.submit(work) for _ in range(helpers)]
+    futures = []
+    for _ in range(helpers):
+        future = _submit_to(pool, work)
+        if future is not None:
+            futures.append(future)
     work()
     for future in futures:
         future.result()

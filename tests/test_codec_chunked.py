@@ -246,3 +246,23 @@ def test_plain_zstd_frames_are_not_chunked_sections() -> None:
     out = np.empty(5000, U8)
     decompress_into(CODEC_ZSTD, 0, frame, out)
     assert out.tobytes() == b"a" * 5000
+
+
+@pytest.mark.parametrize(
+    ("threads", "error"),
+    [
+        ("2", ArgumentTypeError),
+        (True, ArgumentTypeError),
+        (2.0, ArgumentTypeError),
+        (-2, CodecConfigError),
+    ],
+)
+def test_decode_checks_its_thread_count(threads: Any, error: type[Exception]) -> None:
+    import hurray_wire as hw
+
+    pool = np.zeros((2, 4, 1, 8), np.float16)
+    blob = bytes(hw.encode(hw.BlockPagedTensor.from_arrays(pool, [0, 1], [0, 2])))
+    with pytest.raises(error):
+        hw.decode(blob, threads=threads)
+    for good in (-1, 0, 1, 2, np.int64(3)):
+        assert hw.decode(blob, threads=good).page_pool.shape == (2, 4, 1, 8)  # type: ignore[arg-type]

@@ -92,3 +92,18 @@ def test_pool_is_recreated_in_a_forked_child() -> None:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_shut_down_pool_runs_everything_on_the_caller() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    dead = ThreadPoolExecutor(1)
+    dead.shutdown()
+    assert parallel._submit_to(dead, lambda: 1) is None
+    original = parallel._pool
+    parallel._pool = dead
+    try:
+        assert parallel.run_tasks([lambda i=i: i for i in range(5)], 4) == list(range(5))
+        assert parallel.submit(lambda: 1) is None
+    finally:
+        parallel._pool = original
