@@ -947,7 +947,8 @@ def _assemble(
     lens_payload: npt.NDArray[np.uint8] | None,
     meta_payload: npt.NDArray[np.uint8] | None,
 ) -> BlockPagedTensor:
-    """Type the sections and check what needs their contents (shared with the containers)."""
+    """Type the sections and check what needs their contents (tensor.assemble, shared
+    with the containers), placing its errors at blob offsets."""
     descriptor = plan.descriptor
 
     def raw_offset(e: _Entry | None) -> int | None:
