@@ -22,6 +22,7 @@ import re
 import struct
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union, cast
 
@@ -727,7 +728,7 @@ def _unshuffled_into(src: U8Array, dst: U8Array, width: int, codec_name: str) ->
     _unshuffle(shuffled, width, dst)
 
 
-def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, list[int]]:
+def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
     """Check the chunked codec's table against the stored and raw sizes; return the
     chunk size and each frame's start (plus the end), before anything is allocated."""
     name = CODEC_NAMES[CODEC_CHUNKED]
@@ -767,19 +768,24 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, list[int]]:
             expected=f">= {table_end} stored bytes",
             found=n,
         )
+    bounds: Sequence[int]
     if count <= _SMALL_TABLE:  # a struct unpack beats NumPy's fixed costs here
         sizes_u32 = struct.unpack_from(f"<{count}I", _bytes_view(src), _CHUNK_HEAD.size)
-        ends = list(itertools.accumulate(sizes_u32, initial=table_end))[1:]
-    else:
-        sizes = src[_CHUNK_HEAD.size : table_end].view("<u4").astype(np.int64)
-        ends = (np.cumsum(sizes) + table_end).tolist()
-    if count and ends[-1] != n:
+        bounds = list(itertools.accumulate(sizes_u32, initial=table_end))
+    else:  # an array: a big table costs 8 bytes per chunk, not a Python int each
+        starts = np.empty(count + 1, np.int64)
+        starts[0] = 0
+        np.cumsum(src[_CHUNK_HEAD.size : table_end].view("<u4"), dtype=np.int64, out=starts[1:])
+        starts += table_end
+        bounds = cast("Sequence[int]", starts)
+    end = int(bounds[-1])
+    if count and end != n:
         raise DecompressionError(
             f"{name} frame sizes do not add up to the stored size",
             field="frame_sizes",
             offset=_CHUNK_HEAD.size,
             expected=n - table_end,
-            found=ends[-1] - table_end,
+            found=end - table_end,
         )
     if not count and table_end != n:
         raise DecompressionError(
@@ -789,7 +795,7 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, list[int]]:
             expected=f"{table_end} stored bytes",
             found=n,
         )
-    return chunk_size, [table_end, *ends]
+    return chunk_size, bounds
 
 
 def _chunked_decompress_into(src: U8Array, dst: U8Array, width: int, threads: int) -> None:
@@ -797,7 +803,7 @@ def _chunked_decompress_into(src: U8Array, dst: U8Array, width: int, threads: in
     name = CODEC_NAMES[CODEC_CHUNKED]
 
     def chunk(i: int) -> None:
-        begin, end = bounds[i], bounds[i + 1]
+        begin, end = int(bounds[i]), int(bounds[i + 1])
         try:
             _unshuffled_into(
                 src[begin:end], dst[i * chunk_size : (i + 1) * chunk_size], width, name
@@ -806,8 +812,7 @@ def _chunked_decompress_into(src: U8Array, dst: U8Array, width: int, threads: in
             inside = exc.offset if exc.offset is not None else 0
             raise exc.relocated(field=f"chunk {i}", offset=begin + inside) from None
 
-    tasks = [functools.partial(chunk, i) for i in range(len(bounds) - 1)]
-    parallel.run_tasks(tasks, threads)
+    parallel.for_each(len(bounds) - 1, chunk, threads)
 
 
 def decompress_into(

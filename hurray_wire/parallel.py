@@ -1,14 +1,15 @@
 """Work on a second core, without ever waiting on it.
 
-:func:`run_tasks` runs independent tasks (compressing or decompressing the chunks of a
-section) on the calling thread *and* on pool threads, which all pull the next task from
-one shared counter. The caller never idles while a task it could run sits in a queue, so
-a busy or missing second core costs nothing beyond the serial time. :func:`submit` hands
-the pool a job for patterns of the same kind (the blob encoder's copy-and-hash).
+:func:`for_each` (and :func:`run_tasks`, which collects results) runs independent tasks,
+such as compressing or decompressing the chunks of a section, on the calling thread *and*
+on pool threads, which all pull the next task from one shared counter. The caller never
+idles while a task it could run sits in a queue, so a busy or missing second core costs
+nothing beyond the serial time. :func:`submit` hands the pool a job for patterns of the
+same kind (the blob encoder's copy-and-hash).
 
-Both NumPy's copies and ufuncs, xxhash and zstd release the GIL on large buffers, which is
-what makes threads pay here. The pool is shared by the process, sized to the usable
-cores minus the caller, created on first use and dropped in a forked child.
+NumPy's copies and ufuncs, xxhash and zstd release the GIL on large buffers, which is what
+makes threads pay here. The pool is shared by the process, sized to the usable cores
+minus the caller, created on first use and dropped in a forked child.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["usable_cores", "resolve_threads", "run_tasks", "submit"]
+__all__ = ["usable_cores", "resolve_threads", "run_tasks", "for_each", "submit"]
 
 T = TypeVar("T")
 
@@ -80,19 +81,31 @@ def _submit_to(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T] | N
 
 
 def run_tasks(tasks: Sequence[Callable[[], T]], threads: int) -> list[T]:
-    """Run every task once and return their results in task order.
+    """Run every task once and return their results in task order (see :func:`for_each`)."""
+    results: list[Any] = [None] * len(tasks)
 
-    ``threads`` counts the caller (see :func:`resolve_threads`). If tasks raise, the
-    exception of the lowest-numbered failing task is raised, whatever the timing, and
-    tasks numbered above a known failure are skipped.
+    def run(index: int) -> None:
+        results[index] = tasks[index]()
+
+    for_each(len(tasks), run, threads)
+    return results
+
+
+def for_each(count: int, call: Callable[[int], object], threads: int) -> None:
+    """``call(i)`` once for every ``i`` in ``range(count)``, on the caller and pool threads.
+
+    ``threads`` counts the caller (see :func:`resolve_threads`). Nothing is built per
+    index up front, so ``count`` may be large. If calls raise, the exception of the
+    lowest failing index is raised, whatever the timing, and indexes above a known
+    failure are skipped.
     """
-    count = len(tasks)
     helpers = min(resolve_threads(threads), count) - 1
     if helpers <= 0:
-        return [task() for task in tasks]
+        for index in range(count):
+            call(index)
+        return
     pool = _shared_pool()
     helpers = min(helpers, pool._max_workers)
-    results: list[Any] = [None] * count
     failures: dict[int, BaseException] = {}
     lock = threading.Lock()
     cursor = [0]
@@ -105,8 +118,8 @@ def run_tasks(tasks: Sequence[Callable[[], T]], threads: int) -> list[T]:
                     return
                 cursor[0] = index + 1
             try:
-                results[index] = tasks[index]()
-            except BaseException as exc:  # re-raised on the caller, by task order
+                call(index)
+            except BaseException as exc:  # re-raised on the caller, by index
                 with lock:
                     failures[index] = exc
 
@@ -120,4 +133,3 @@ def run_tasks(tasks: Sequence[Callable[[], T]], threads: int) -> list[T]:
         future.result()
     if failures:
         raise failures[min(failures)]
-    return results
