@@ -329,8 +329,38 @@ def annotate_blob(data: Any) -> list[Annotation]:
         kind = wire.SECTION_KINDS.get(view[start], "unknown")
         if offset > cursor:
             out.append((cursor, offset - cursor, "padding", "zero"))
-        out.append((offset, stored, f"section[{number}] payload", f"{kind}, {stored} bytes"))
+        if view[start + 2] == codecs.CODEC_CHUNKED:
+            out.extend(_annotate_chunk_table(view, offset, stored, f"section[{number}]", kind))
+        else:
+            out.append((offset, stored, f"section[{number}] payload", f"{kind}, {stored} bytes"))
         cursor = offset + stored
     if len(view) > cursor:
         out.append((cursor, len(view) - cursor, "padding", "zero"))
+    return out
+
+
+def _annotate_chunk_table(
+    view: bytes, offset: int, stored: int, name: str, kind: str
+) -> list[Annotation]:
+    """The chunk table of a chunked-shuffle-zstd payload, field by field, then its frames."""
+    if stored < 8:
+        return [(offset, stored, f"{name} payload", f"{kind}, {stored} bytes")]
+    chunk_size = int.from_bytes(view[offset : offset + 4], "little")
+    count = int.from_bytes(view[offset + 4 : offset + 8], "little")
+    out: list[Annotation] = [
+        (offset, 4, f"{name}.chunk_size", str(chunk_size)),
+        (offset + 4, 4, f"{name}.chunk_count", str(count)),
+    ]
+    table_end = 8 + 4 * count
+    if table_end > stored:
+        out.append((offset + 8, stored - 8, f"{name} payload", f"{kind}, rest of the table"))
+        return out
+    for i in range(count):
+        at = offset + 8 + 4 * i
+        size = int.from_bytes(view[at : at + 4], "little")
+        out.append((at, 4, f"{name}.frame_size[{i}]", str(size)))
+    frames = stored - table_end
+    out.append(
+        (offset + table_end, frames, f"{name} frames", f"{count} zstd frames, {frames} bytes")
+    )
     return out
