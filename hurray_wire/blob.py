@@ -298,9 +298,10 @@ def _write(
     out[: len(head)] = np.frombuffer(head, np.uint8)
 
 
-#: Copy on two cores and hash on the caller, when the process may run on two or more. Off,
-#: copying and hashing alternate on the calling thread (docs/performance.md).
-PARALLEL_HASH: bool | None = None  # None: on when parallel.usable_cores() >= 2
+#: Copy on two cores and hash on the caller. None (the default): when two cores are idle
+#: (parallel.idle_cores). False: copying and hashing alternate on the calling thread
+#: (docs/performance.md).
+PARALLEL_HASH: bool | None = None
 
 
 def _copy_and_hash(
@@ -309,14 +310,15 @@ def _copy_and_hash(
     """Copy ``src`` into ``dst`` and feed ``dst`` to ``hasher`` (if any) in order, each
     chunk while it is still in cache.
 
-    With a second core, a pool thread and the caller both copy chunks, taken in order
-    from one counter (two cores copy ~1.3x faster than one), and the caller hashes every
-    chunk as soon as it and the ones before it are copied. If the pool thread never
-    starts, the caller copies everything itself: at most the serial time.
+    With a second idle core, a pool thread and the caller both copy chunks, taken in
+    order from one counter (two cores copy ~1.3x faster than one), and the caller hashes
+    every chunk as soon as it and the ones before it are copied. If the pool thread never
+    starts, the caller copies everything itself. On a machine whose other cores are busy
+    the serial path is taken: a second thread there makes it slower, not faster.
     """
     size = src.nbytes
     if size < 2 * _PARALLEL_CHUNK or not (
-        PARALLEL_HASH if PARALLEL_HASH is not None else parallel.usable_cores() >= 2
+        PARALLEL_HASH if PARALLEL_HASH is not None else parallel.idle_cores() >= 2
     ):
         if hasher is None:
             dst[...] = src

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["usable_cores", "resolve_threads", "run_tasks", "for_each", "submit"]
+__all__ = ["usable_cores", "idle_cores", "resolve_threads", "run_tasks", "for_each", "submit"]
 
 T = TypeVar("T")
 
@@ -37,11 +38,44 @@ def usable_cores() -> int:
 
 
 def resolve_threads(threads: int) -> int:
-    """Threads to use, the caller included: -1 means every usable core, 0 and 1 mean the
-    calling thread only."""
+    """Threads to use, the caller included: -1 means every usable core that is idle right
+    now (see :func:`idle_cores`), 0 and 1 mean the calling thread only."""
     if threads < 0:
-        return usable_cores()
+        return idle_cores()
     return max(1, threads)
+
+
+_LOADAVG = "/proc/loadavg"
+_LOAD_TTL = 0.01  # seconds a reading of the run queue is reused
+_load_reading: tuple[float, int] = (-1.0, 0)
+
+
+def idle_cores() -> int:
+    """Usable cores minus the threads of other work that are running right now, at least 1
+    (the caller's own). A second thread on a core that is already busy makes Python
+    threads slower than one thread (time slices, and the GIL held by a descheduled
+    thread), so "every core" means every idle one. Reads the run queue of
+    /proc/loadavg at most every 10 ms; elsewhere every usable core counts as idle."""
+    global _load_reading
+    cores = usable_cores()
+    if cores == 1:
+        return 1
+    now = time.monotonic()
+    taken, others = _load_reading
+    if now - taken > _LOAD_TTL:
+        others = _running_others()
+        _load_reading = (now, others)
+    return max(1, cores - others)
+
+
+def _running_others() -> int:
+    """Runnable tasks on the machine besides the reading thread, from /proc/loadavg."""
+    try:
+        with open(_LOADAVG, "rb") as handle:
+            running = int(handle.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(0, running - 1)
 
 
 def _reset_after_fork() -> None:

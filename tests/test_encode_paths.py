@@ -64,3 +64,20 @@ def test_copy_and_hash_finishes_when_the_pool_is_busy(monkeypatch: pytest.Monkey
         release.set()
         for blocker in blockers:
             blocker.result()
+
+
+def test_busy_machine_takes_the_serial_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With PARALLEL_HASH left automatic and no idle second core, no pool thread copies."""
+    import threading
+
+    from hurray_wire import parallel
+
+    tensor = _large_tensor()
+    expected = b"".join(blob.encode_parts(tensor))
+    monkeypatch.setattr(blob, "PARALLEL_HASH", None)
+    monkeypatch.setattr(blob, "_PARALLEL_CHUNK", 1 << 16)
+    monkeypatch.setattr(parallel, "idle_cores", lambda: 1)
+    submitted: list[object] = []
+    monkeypatch.setattr(parallel, "submit", lambda call: submitted.append(call))
+    assert bytes(blob.encode(tensor)) == expected
+    assert submitted == [] and threading.active_count() >= 1

@@ -5,17 +5,43 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from hurray_wire import parallel
 
 
-def test_resolve_threads() -> None:
+def test_resolve_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parallel.resolve_threads(0) == 1
     assert parallel.resolve_threads(1) == 1
     assert parallel.resolve_threads(5) == 5
-    assert parallel.resolve_threads(-1) == parallel.usable_cores() >= 1
+    assert 1 <= parallel.resolve_threads(-1) <= parallel.usable_cores()
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 4)
+    for others, idle in ((0, 4), (1, 3), (3, 1), (9, 1)):
+        monkeypatch.setattr(parallel, "_running_others", lambda others=others: others)
+        monkeypatch.setattr(parallel, "_load_reading", (-1.0, 0))
+        assert parallel.idle_cores() == idle == parallel.resolve_threads(-1)
+        assert parallel.resolve_threads(3) == 3  # an explicit count is taken as given
+
+
+def test_run_queue_reading(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.50 0.40 0.30 3/120 4567\n")
+    monkeypatch.setattr(parallel, "_LOADAVG", str(loadavg))
+    assert parallel._running_others() == 2
+    for broken in ("", "1 2 3\n", "a b c x/y z\n"):
+        loadavg.write_text(broken)
+        assert parallel._running_others() == 0
+    monkeypatch.setattr(parallel, "_LOADAVG", str(tmp_path / "missing"))
+    assert parallel._running_others() == 0
+
+
+def test_busy_cores_run_everything_on_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parallel, "idle_cores", lambda: 1)
+    names: set[str] = set()
+    parallel.for_each(50, lambda i: names.add(threading.current_thread().name), -1)
+    assert names == {threading.current_thread().name}
 
 
 @pytest.mark.parametrize("threads", [0, 1, 2, 4, -1])
