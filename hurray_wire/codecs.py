@@ -704,7 +704,7 @@ def _zstd_decompress_into(src: U8Array, dst: U8Array, codec_name: str) -> None:
             extra = reader.read(1)
     except zstandard.ZstdError as exc:
         raise DecompressionError(
-            f"{codec_name} section is corrupt: {exc}",
+            f"{codec_name} section is corrupt: {_fresh_reason(src, dst) or exc}",
             field="stored",
             found=f"{src.size} stored bytes for {dst.size} raw bytes",
         ) from None
@@ -716,6 +716,30 @@ def _zstd_decompress_into(src: U8Array, dst: U8Array, codec_name: str) -> None:
             expected=dst.size,
             found=got if got < dst.size else f"more than {dst.size}",
         )
+
+
+def _fresh_reason(src: U8Array, dst: U8Array) -> str | None:
+    """libzstd's reason for refusing ``src``, from a new context.
+
+    The per-thread context keeps buffers sized by the frames it decoded before, and
+    libzstd words the same fault differently depending on them ("Destination buffer is
+    too small" or "Data corruption detected"); a new context gives one answer for the same
+    bytes on every thread. Only runs on the error path.
+    """
+    try:
+        fresh = zstandard.ZstdDecompressor()
+        with fresh.stream_reader(_bytes_view(src), read_across_frames=False) as reader:
+            view = _bytes_view(dst)
+            got = 0
+            while got < dst.size:
+                k = reader.readinto(view[got:])
+                if not k:
+                    break
+                got += k
+            reader.read(1)
+    except zstandard.ZstdError as exc:
+        return str(exc)
+    return None
 
 
 def _unshuffled_into(src: U8Array, dst: U8Array, width: int, codec_name: str) -> None:
