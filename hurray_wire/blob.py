@@ -926,16 +926,16 @@ def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
 
 
 def _decompress(e: _Entry, stored: memoryview, threads: int) -> npt.NDArray[np.uint8]:
+    """Decode one compressed section into a new array, its stored bytes' layout checked
+    before the array is allocated; errors carry blob offsets."""
     try:
-        out = np.empty(e.raw_size, np.uint8)
-    except (MemoryError, ValueError):
-        raise LimitExceededError(
-            "cannot allocate the decompressed section",
-            section=e.where,
-            offset=e.offset,
-            found=e.raw_size,
-        ) from None
-    try:
+        codecs.check_stored(e.codec, stored, e.raw_size)
+        try:
+            out = np.empty(e.raw_size, np.uint8)
+        except (MemoryError, ValueError):
+            raise LimitExceededError(
+                "cannot allocate the decompressed section", field="raw_size", found=e.raw_size
+            ) from None
         codecs.decompress_into(e.codec, e.codec_param, stored, out, threads=threads)
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None and exc.offset <= len(stored) else 0

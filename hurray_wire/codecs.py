@@ -58,6 +58,7 @@ __all__ = [
     "unshuffle_bytes",
     "compress",
     "compress_parts",
+    "check_stored",
     "decompress_into",
 ]
 
@@ -592,14 +593,8 @@ def _decompressor() -> Any:
     return dctx
 
 
-def _check_zstd_frame(src: U8Array, raw_size: int, codec_name: str) -> None:
-    """Check that ``src`` is exactly one zstd frame that may decode to ``raw_size`` bytes.
-
-    Runs before zstd allocates anything: a frame that declares another content size, asks
-    for a window beyond its output, or has bytes after its last block is refused here. The
-    walk over block headers is what finds the frame's end; python-zstandard has no call
-    for it.
-    """
+def _check_frame_header(src: U8Array, raw_size: int, codec_name: str) -> tuple[int, Any]:
+    """The frame header half of :func:`_check_zstd_frame`: (header size, parameters)."""
     n = src.size
     if n < 4 or src[:4].tobytes() != _ZSTD_MAGIC:
         raise DecompressionError(
@@ -650,6 +645,20 @@ def _check_zstd_frame(src: U8Array, raw_size: int, codec_name: str) -> None:
             expected=raw_size,
             found=content_size,
         )
+    return header_size, params
+
+
+def _check_zstd_frame(src: U8Array, raw_size: int, codec_name: str) -> None:
+    """Check that ``src`` is exactly one zstd frame that may decode to ``raw_size`` bytes.
+
+    Runs before zstd allocates anything: a frame that declares another content size, asks
+    for a window beyond its output, or has bytes after its last block is refused here. The
+    walk over block headers is what finds the frame's end; python-zstandard has no call
+    for it.
+    """
+    n = src.size
+    view = _bytes_view(src)
+    header_size, params = _check_frame_header(src, raw_size, codec_name)
     pos = header_size
     while True:
         if pos + 3 > n:
@@ -837,6 +846,17 @@ def _chunked_decompress_into(src: U8Array, dst: U8Array, width: int, threads: in
             raise exc.relocated(field=f"chunk {i}", offset=begin + inside) from None
 
     parallel.for_each(len(bounds) - 1, chunk, threads)
+
+
+def check_stored(codec: int, stored: Buffer, raw_size: int) -> None:
+    """The checks of a section's stored bytes that need no output buffer (a chunk table, a
+    frame header's content size and window), so that a caller can refuse them before it
+    allocates ``raw_size`` bytes; :func:`decompress_into` runs them again."""
+    src = _as_u8(stored, "stored")
+    if codec == CODEC_CHUNKED:
+        _chunk_table(src, raw_size)
+    elif codec in (CODEC_ZSTD, CODEC_SHUFFLE_ZSTD):
+        _check_frame_header(src, raw_size, CODEC_NAMES[codec])
 
 
 def decompress_into(
