@@ -424,12 +424,17 @@ def _load_independent_reader() -> Any:
 _REFERENCE: list[Any] = []
 
 
+def _reader() -> Any:
+    """tests/blob_reference.py, loaded once (None when it is not there)."""
+    if not _REFERENCE:
+        _REFERENCE.append(_load_independent_reader())
+    return _REFERENCE[0]
+
+
 def _independent_reader(data: bytes, tensor: hw.BlockPagedTensor) -> None:
     """A blob hw.decode accepts is accepted, with the same bytes, by the reader in
     tests/blob_reference.py, which implements docs/wire-format.md without hurray_wire."""
-    if not _REFERENCE:
-        _REFERENCE.append(_load_independent_reader())
-    reader = _REFERENCE[0]
+    reader = _reader()
     if reader is None:
         return
     try:
@@ -460,9 +465,7 @@ def _independent_refusal(data: bytes, error: hw.HurrayWireError | None) -> None:
     where = error.field or ""
     if where not in _CHUNK_TABLE_FIELDS and not where.startswith("chunk "):
         return
-    if not _REFERENCE:
-        _REFERENCE.append(_load_independent_reader())
-    reader = _REFERENCE[0]
+    reader = _reader()
     if reader is None:
         return
     try:
