@@ -133,3 +133,15 @@ def test_a_shut_down_pool_runs_everything_on_the_caller() -> None:
         assert parallel.submit(lambda: 1) is None
     finally:
         parallel._pool = original
+
+
+def test_for_each_inside_a_pool_thread_does_not_wait_for_itself() -> None:
+    """Called from the pool's only thread, the helpers it queues can never start: the
+    caller does all the work and drops them instead of waiting."""
+    pool = parallel._shared_pool()
+    if pool._max_workers != 1:
+        pytest.skip("needs a one-thread pool (a two-core machine)")
+    done: list[int] = []
+    future = pool.submit(lambda: parallel.for_each(20, done.append, 4))
+    future.result(timeout=30)
+    assert sorted(done) == list(range(20))
