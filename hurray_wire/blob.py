@@ -926,21 +926,13 @@ def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
 
 
 def _decompress(e: _Entry, stored: memoryview, threads: int) -> npt.NDArray[np.uint8]:
-    """Decode one compressed section into a new array, its stored bytes' layout checked
-    before the array is allocated; errors carry blob offsets."""
+    """Decode one compressed section into a new array (allocated after its layout checks);
+    errors carry blob offsets."""
     try:
-        codecs.check_stored(e.codec, stored, e.raw_size)
-        try:
-            out = np.empty(e.raw_size, np.uint8)
-        except (MemoryError, ValueError):
-            raise LimitExceededError(
-                "cannot allocate the decompressed section", field="raw_size", found=e.raw_size
-            ) from None
-        codecs.decompress_into(e.codec, e.codec_param, stored, out, threads=threads)
+        return codecs.decompress(e.codec, e.codec_param, stored, e.raw_size, threads=threads)
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None and exc.offset <= len(stored) else 0
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
-    return out
 
 
 def _assemble(

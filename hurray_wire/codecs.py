@@ -58,7 +58,7 @@ __all__ = [
     "unshuffle_bytes",
     "compress",
     "compress_parts",
-    "check_stored",
+    "decompress",
     "decompress_into",
 ]
 
@@ -593,8 +593,14 @@ def _decompressor() -> Any:
     return dctx
 
 
-def _check_frame_header(src: U8Array, raw_size: int, codec_name: str) -> tuple[int, Any]:
-    """The frame header half of :func:`_check_zstd_frame`: (header size, parameters)."""
+def _check_zstd_frame(src: U8Array, raw_size: int, codec_name: str) -> None:
+    """Check that ``src`` is exactly one zstd frame that may decode to ``raw_size`` bytes.
+
+    Runs before zstd allocates anything: a frame that declares another content size, asks
+    for a window beyond its output, or has bytes after its last block is refused here. The
+    walk over block headers is what finds the frame's end; python-zstandard has no call
+    for it.
+    """
     n = src.size
     if n < 4 or src[:4].tobytes() != _ZSTD_MAGIC:
         raise DecompressionError(
@@ -645,20 +651,6 @@ def _check_frame_header(src: U8Array, raw_size: int, codec_name: str) -> tuple[i
             expected=raw_size,
             found=content_size,
         )
-    return header_size, params
-
-
-def _check_zstd_frame(src: U8Array, raw_size: int, codec_name: str) -> None:
-    """Check that ``src`` is exactly one zstd frame that may decode to ``raw_size`` bytes.
-
-    Runs before zstd allocates anything: a frame that declares another content size, asks
-    for a window beyond its output, or has bytes after its last block is refused here. The
-    walk over block headers is what finds the frame's end; python-zstandard has no call
-    for it.
-    """
-    n = src.size
-    view = _bytes_view(src)
-    header_size, params = _check_frame_header(src, raw_size, codec_name)
     pos = header_size
     while True:
         if pos + 3 > n:
@@ -699,21 +691,29 @@ def _check_zstd_frame(src: U8Array, raw_size: int, codec_name: str) -> None:
         )
 
 
-def _zstd_decompress_into(src: U8Array, dst: U8Array, codec_name: str) -> None:
-    _check_zstd_frame(src, dst.size, codec_name)
+def _read_frame(dctx: Any, src: U8Array, dst: U8Array) -> tuple[int, bytes]:
+    """Stream one frame into ``dst``: (bytes written, whatever the frame had beyond)."""
     got = 0
+    with dctx.stream_reader(_bytes_view(src), read_across_frames=False) as reader:
+        view = _bytes_view(dst)
+        while got < dst.size:
+            k = reader.readinto(view[got:])
+            if not k:
+                break
+            got += k
+        extra = reader.read(1)
+    return got, extra
+
+
+def _decode_frame(src: U8Array, dst: U8Array, width: int, codec_name: str) -> None:
+    """Decompress one checked frame into ``dst`` (through a per-thread scratch and an
+    unshuffle when ``width`` > 1), exactly ``dst.size`` bytes or a DecompressionError."""
+    target = dst if width == 1 else _scratch(dst.size)
     try:
-        with _decompressor().stream_reader(src, read_across_frames=False) as reader:
-            view = _bytes_view(dst)
-            while got < dst.size:
-                k = reader.readinto(view[got:])
-                if not k:
-                    break
-                got += k
-            extra = reader.read(1)
+        got, extra = _read_frame(_decompressor(), src, target)
     except zstandard.ZstdError as exc:
         raise DecompressionError(
-            f"{codec_name} section is corrupt: {_fresh_reason(src, dst) or exc}",
+            f"{codec_name} section is corrupt: {_fresh_reason(src, target) or exc}",
             field="stored",
             found=f"{src.size} stored bytes for {dst.size} raw bytes",
         ) from None
@@ -725,6 +725,8 @@ def _zstd_decompress_into(src: U8Array, dst: U8Array, codec_name: str) -> None:
             expected=dst.size,
             found=got if got < dst.size else f"more than {dst.size}",
         )
+    if width > 1:
+        _unshuffle(target, width, dst)
 
 
 def _fresh_reason(src: U8Array, dst: U8Array) -> str | None:
@@ -736,29 +738,10 @@ def _fresh_reason(src: U8Array, dst: U8Array) -> str | None:
     bytes on every thread. Only runs on the error path.
     """
     try:
-        fresh = zstandard.ZstdDecompressor()
-        with fresh.stream_reader(_bytes_view(src), read_across_frames=False) as reader:
-            view = _bytes_view(dst)
-            got = 0
-            while got < dst.size:
-                k = reader.readinto(view[got:])
-                if not k:
-                    break
-                got += k
-            reader.read(1)
+        _read_frame(zstandard.ZstdDecompressor(), src, dst)
     except zstandard.ZstdError as exc:
         return str(exc)
     return None
-
-
-def _unshuffled_into(src: U8Array, dst: U8Array, width: int, codec_name: str) -> None:
-    """Decompress one frame into ``dst``, through a per-thread scratch when shuffled."""
-    if width == 1:
-        _zstd_decompress_into(src, dst, codec_name)
-        return
-    shuffled = _scratch(dst.size)
-    _zstd_decompress_into(src, shuffled, codec_name)
-    _unshuffle(shuffled, width, dst)
 
 
 def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
@@ -831,32 +814,23 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
     return chunk_size, bounds
 
 
-def _chunked_decompress_into(src: U8Array, dst: U8Array, width: int, threads: int) -> None:
-    chunk_size, bounds = _chunk_table(src, dst.size)
+def _decode_chunks(
+    src: U8Array, dst: U8Array, width: int, threads: int, chunk_size: int, bounds: Sequence[int]
+) -> None:
+    """Decode every chunk of a checked chunk table into its slice of ``dst``."""
     name = CODEC_NAMES[CODEC_CHUNKED]
 
     def chunk(i: int) -> None:
         begin, end = int(bounds[i]), int(bounds[i + 1])
+        piece = dst[i * chunk_size : (i + 1) * chunk_size]
         try:
-            _unshuffled_into(
-                src[begin:end], dst[i * chunk_size : (i + 1) * chunk_size], width, name
-            )
+            _check_zstd_frame(src[begin:end], piece.size, name)
+            _decode_frame(src[begin:end], piece, width, name)
         except HurrayWireError as exc:
             inside = exc.offset if exc.offset is not None else 0
             raise exc.relocated(field=f"chunk {i}", offset=begin + inside) from None
 
     parallel.for_each(len(bounds) - 1, chunk, threads)
-
-
-def check_stored(codec: int, stored: Buffer, raw_size: int) -> None:
-    """The checks of a section's stored bytes that need no output buffer (a chunk table, a
-    frame header's content size and window), so that a caller can refuse them before it
-    allocates ``raw_size`` bytes; :func:`decompress_into` runs them again."""
-    src = _as_u8(stored, "stored")
-    if codec == CODEC_CHUNKED:
-        _chunk_table(src, raw_size)
-    elif codec in (CODEC_ZSTD, CODEC_SHUFFLE_ZSTD):
-        _check_frame_header(src, raw_size, CODEC_NAMES[codec])
 
 
 def decompress_into(
@@ -871,24 +845,42 @@ def decompress_into(
     ``threads`` (the caller included, -1 = every usable core) decode the chunks of a
     chunked section.
     """
-    codec = _int_arg(codec, "codec")
-    param = _int_arg(codec_param, "codec_param")
-    threads = check_threads(threads)
-    src = _as_u8(stored, "stored")
+    codec, param, threads, src = _decode_args(codec, codec_param, threads, stored)
     if not isinstance(out, np.ndarray):
         raise ArgumentTypeError(
             "out must be a numpy uint8 array", field="out", found=type(out).__name__
         )
     dst = _writable_u8(out, out.size, "out")
     _check_no_overlap(src, dst, "stored and out")
-    name = CODEC_NAMES.get(codec, f"codec {codec}")
+    _decode_section(codec, param, src, dst.size, dst, threads)
+
+
+def decompress(
+    codec: int, codec_param: int, stored: Buffer, raw_size: int, *, threads: int = -1
+) -> U8Array:
+    """:func:`decompress_into` a new array of ``raw_size`` bytes, allocated only once the
+    stored bytes' layout (chunk table, frame header) has passed its checks; an allocation
+    that fails is a :class:`LimitExceededError`."""
+    codec, param, threads, src = _decode_args(codec, codec_param, threads, stored)
+    size = _int_arg(raw_size, "raw_size")
+    if size < 0:
+        raise CodecConfigError("raw_size must not be negative", field="raw_size", found=size)
+    return _decode_section(codec, param, src, size, None, threads)
+
+
+def _decode_args(
+    codec: object, codec_param: object, threads: object, stored: Buffer
+) -> tuple[int, int, int, U8Array]:
+    """Checked (codec, parameter, threads, stored bytes as uint8) of a decode call."""
+    codec = _int_arg(codec, "codec")
+    param = _int_arg(codec_param, "codec_param")
     if codec not in CODEC_NAMES:
         raise DecompressionError(
             "unknown codec id", field="codec", expected=sorted(CODEC_NAMES), found=codec
         )
     if not valid_codec_param(codec, param):
         raise DecompressionError(
-            f"{name} section has an invalid codec parameter",
+            f"{CODEC_NAMES[codec]} section has an invalid codec parameter",
             field="codec_param",
             expected={
                 CODEC_SHUFFLE_ZSTD: sorted(SHUFFLE_WIDTHS),
@@ -896,18 +888,42 @@ def decompress_into(
             }.get(codec, 0),
             found=param,
         )
+    return codec, param, check_threads(threads), _as_u8(stored, "stored")
+
+
+def _decode_section(
+    codec: int, param: int, src: U8Array, raw_size: int, out: U8Array | None, threads: int
+) -> U8Array:
+    """Check the stored layout, then decode into ``out`` or a new array (allocated only
+    after the checks)."""
+    name = CODEC_NAMES[codec]
     if codec == CODEC_RAW:
-        if src.size != dst.size:
+        if src.size != raw_size:
             raise DecompressionError(
                 "raw section's stored size differs from its raw size",
                 field="stored",
-                expected=dst.size,
+                expected=raw_size,
                 found=src.size,
             )
+        dst = _output(out, raw_size)
         np.copyto(dst, src)
-    elif codec == CODEC_ZSTD:
-        _zstd_decompress_into(src, dst, name)
-    elif codec == CODEC_SHUFFLE_ZSTD:
-        _unshuffled_into(src, dst, param, name)
+    elif codec == CODEC_CHUNKED:
+        chunk_size, bounds = _chunk_table(src, raw_size)
+        dst = _output(out, raw_size)
+        _decode_chunks(src, dst, param, threads, chunk_size, bounds)
     else:
-        _chunked_decompress_into(src, dst, param, threads)
+        _check_zstd_frame(src, raw_size, name)
+        dst = _output(out, raw_size)
+        _decode_frame(src, dst, param if codec == CODEC_SHUFFLE_ZSTD else 1, name)
+    return dst
+
+
+def _output(out: U8Array | None, raw_size: int) -> U8Array:
+    if out is not None:
+        return out
+    try:
+        return np.empty(raw_size, np.uint8)
+    except (MemoryError, ValueError):
+        raise LimitExceededError(
+            "cannot allocate the decompressed section", field="raw_size", found=raw_size
+        ) from None

@@ -295,3 +295,20 @@ def test_a_bad_chunk_table_is_refused_before_the_output_is_allocated(
     with pytest.raises(LimitExceededError) as limit:
         hw.decode(bytes(good), verify=False)
     assert limit.value.section == "buffer[0]"
+
+
+def test_decompress_allocates_its_output() -> None:
+    from hurray_wire import codecs
+
+    raw = kv(3 * CHUNK)
+    stored = chunked(raw)
+    out = codecs.decompress(CODEC_CHUNKED, 2, stored, raw.size, threads=0)
+    assert out.dtype == U8 and out.tobytes() == raw.tobytes()
+    frame = zstandard.ZstdCompressor().compress(raw.tobytes())
+    assert codecs.decompress(CODEC_ZSTD, 0, frame, raw.size).tobytes() == raw.tobytes()
+    with pytest.raises(ArgumentTypeError):
+        codecs.decompress(CODEC_CHUNKED, 2, stored, float(raw.size))  # type: ignore[arg-type]
+    with pytest.raises(DecompressionError):
+        codecs.decompress(CODEC_CHUNKED, 2, stored, raw.size + 1)
+    with pytest.raises(CodecConfigError):
+        codecs.decompress(CODEC_CHUNKED, 2, build(CHUNK, []), -1)
