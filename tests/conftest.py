@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+
+import hurray_wire as hw
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -29,3 +32,16 @@ def block_paged_manifest() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def reference_manifest() -> dict[str, Any]:
     return load_manifest(REFERENCE)
+
+
+def random_pool(
+    etype: hw.ElementType, shape: tuple[int, ...] = (5, 4, 2, 8), seed: int = 0
+) -> np.ndarray:
+    """Random bit patterns of ``etype`` (NaNs and all) in an array of ``shape``."""
+    rng = np.random.default_rng(seed)
+    count = int(np.prod(shape))
+    if etype.is_packed:
+        codes = rng.integers(0, 1 << etype.bit_width, count, dtype=np.uint8)
+        return codes.view(etype.numpy_dtype).reshape(shape)
+    raw = rng.integers(0, 256, count * etype.numpy_dtype.itemsize, dtype=np.uint8)
+    return raw.view(etype.numpy_dtype).reshape(shape)

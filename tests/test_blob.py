@@ -23,6 +23,7 @@ import zstandard
 
 import hurray_wire as hw
 from hurray_wire import codecs, dtypes
+from tests.conftest import random_pool
 
 ROOT = Path(__file__).resolve().parent.parent
 RNG_SEED = 20240601
@@ -43,17 +44,6 @@ COMPRESSIONS: list[Any] = [
     hw.Compression(codecs.CODEC_CHUNKED, min_size=0, chunk_size=4096, threads=2),
     hw.Compression(hw.Compression.parse("shuffle-zstd").codec, min_size=0),  # type: ignore[union-attr]
 ]
-
-
-def random_pool(etype: hw.ElementType, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    """Random bit patterns of ``etype`` (NaNs and all) in an array of ``shape``."""
-    rng = np.random.default_rng(seed)
-    count = int(np.prod(shape))
-    if etype.is_packed:
-        codes = rng.integers(0, 1 << etype.bit_width, count, dtype=np.uint8)
-        return codes.view(etype.numpy_dtype).reshape(shape)
-    raw = rng.integers(0, 256, count * etype.numpy_dtype.itemsize, dtype=np.uint8)
-    return raw.view(etype.numpy_dtype).reshape(shape)
 
 
 def spec_pool() -> np.ndarray:
@@ -1140,35 +1130,32 @@ def test_unknown_section_kind(required: bool, position: str) -> None:
 
 
 def test_unknown_section_is_still_checked() -> None:
-    def add(**changes: Any) -> Callable[[list[ref.Section]], None]:
-        def edit(sections: list[ref.Section]) -> None:
-            s = ref.section(0x41, b"x" * 40)
-            s.flags = 0
-            for key, value in changes.items():
-                setattr(s, key, value)
-            sections.append(s)
-
-        return edit
-
+    x40 = b"x" * 40
     number = 5
-    rejects(craft(edit=add(checksum=1)), hw.ChecksumError, section="0x41")
-    rejects(craft(edit=add(padding_fill=1)), hw.PaddingError, section="0x41")
-    rejects(craft(edit=add(extra_padding=64)), hw.SectionError,
+    rejects(craft(edit=_unknown(x40, checksum=1)), hw.ChecksumError, section="0x41")
+    rejects(craft(edit=_unknown(x40, padding_fill=1)), hw.PaddingError, section="0x41")
+    rejects(craft(edit=_unknown(x40, extra_padding=64)), hw.SectionError,
             offset=ref.entry_offset(number) + 8)  # fmt: skip
-    rejects(craft(edit=add(alignment=32)), hw.SectionError, offset=ref.entry_offset(number) + 40)
-    rejects(craft(edit=add(reserved=b"\0\0\0\1")), hw.SectionError)
-    rejects(craft(edit=add(flags=0x02)), hw.SectionError)
-    rejects(craft(edit=add(codec=9)), hw.SectionError)
-    rejects(craft(edit=add(raw_size=41)), hw.SectionError)
+    rejects(
+        craft(edit=_unknown(x40, alignment=32)),
+        hw.SectionError,
+        offset=ref.entry_offset(number) + 40,
+    )
+    rejects(craft(edit=_unknown(x40, reserved=b"\0\0\0\1")), hw.SectionError)
+    rejects(craft(edit=_unknown(x40, flags=0x02)), hw.SectionError)
+    rejects(craft(edit=_unknown(x40, codec=9)), hw.SectionError)
+    rejects(craft(edit=_unknown(x40, raw_size=41)), hw.SectionError)
     # compressed unknown sections are skipped without decompressing them
-    blob = craft(edit=add(stored=ref.compress(b"y" * 1000, ref.CODEC_ZSTD), raw_size=1000,
+    blob = craft(edit=_unknown(x40, stored=ref.compress(b"y" * 1000, ref.CODEC_ZSTD), raw_size=1000,
                           codec=ref.CODEC_ZSTD))  # fmt: skip
     assert_same_tensor(hw.decode(blob), BASE)
 
 
-def _unknown(**changes: Any) -> Callable[[list[ref.Section]], None]:
+def _unknown(payload: bytes = b"y" * 100, **changes: Any) -> Callable[[list[ref.Section]], None]:
+    """Append an optional section of unknown kind 0x41 holding ``payload``, then ``changes``."""
+
     def edit(sections: list[ref.Section]) -> None:
-        s = ref.section(0x41, b"y" * 100)
+        s = ref.section(0x41, payload)
         s.flags = 0
         for key, value in changes.items():
             setattr(s, key, value)

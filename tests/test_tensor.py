@@ -13,19 +13,10 @@ import pytest
 
 import hurray_wire as hw
 from hurray_wire import dtypes
+from tests.conftest import random_pool
 
 PACKED = [t for t in dtypes.ELEMENT_TYPES if t.is_packed]
 U32_MAX = 0xFFFFFFFF
-
-
-def pool_of(etype: hw.ElementType, shape: tuple[int, ...] = (5, 4, 2, 8), seed: int = 0) -> Any:
-    rng = np.random.default_rng(seed)
-    count = int(np.prod(shape))
-    if etype.is_packed:
-        codes = rng.integers(0, 1 << etype.bit_width, count, dtype=np.uint8)
-        return codes.view(etype.numpy_dtype).reshape(shape)
-    raw = rng.integers(0, 256, count * etype.numpy_dtype.itemsize, dtype=np.uint8)
-    return raw.view(etype.numpy_dtype).reshape(shape)
 
 
 def f16(*shape: int) -> np.ndarray:
@@ -412,7 +403,7 @@ def test_gather_sequence_returns_a_copy() -> None:
 @pytest.mark.parametrize("etype", PACKED, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", [(5, 4, 2, 8), (3, 1, 1, 3), (2, 3, 1, 5), (0, 4, 2, 8)])
 def test_unpacked_page_pool_equals_input(etype: hw.ElementType, shape: tuple[int, ...]) -> None:
-    pool = pool_of(etype, shape, seed=etype.tag)
+    pool = random_pool(etype, shape, seed=etype.tag)
     before = pool.copy()
     bt, sp = ([0], [0, 1]) if shape[0] else ([], [0])
     tensor = hw.BlockPagedTensor.from_arrays(pool, bt, sp)
@@ -452,7 +443,7 @@ def test_unpacked_page_pool_of_unpacked_type_is_the_pool() -> None:
 
 
 def test_callers_arrays_untouched() -> None:
-    pool = pool_of(dtypes.int4, (5, 4, 2, 8))
+    pool = random_pool(dtypes.int4, (5, 4, 2, 8))
     bt = np.array([0, 1, 0], np.int64)
     sp = np.array([0, 2, 3], np.int32)
     lens = np.array([6, 3], np.int64)
