@@ -1,8 +1,9 @@
 """A real transfer: a prefill process streams a KV cache to a decode process over TCP.
 
 Both sides are ``tools/transfer_example.py`` (the example docs/streaming.md runs), started
-here as two processes that talk over 127.0.0.1: the listening socket is made here and
-handed to the decode process, so there is no port race. Everything is bounded by timeouts.
+as two processes that talk over 127.0.0.1 by the example's own ``run_demo``: it makes the
+listening socket and hands it to the decode process, so there is no port race. Everything
+is bounded by timeouts.
 Also: the memory bound of a reader (peak RSS, measured in a child process by
 ``tools/bench_transfer.py rss``) and a smoke run of the transfer benchmark.
 
@@ -11,9 +12,9 @@ Set HURRAY_WIRE_SLOW=1 to also run the 2 GiB memory measurement.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,32 +32,27 @@ slow = pytest.mark.skipif(
 )
 
 
-def transfer(*options: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one prefill process and one decode process; (prefill report, decode report)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    decode = subprocess.Popen(
-        [sys.executable, str(EXAMPLE), "decode", f"--fd={listener.fileno()}", *options],
-        pass_fds=[listener.fileno()],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    listener.close()
-    prefill = subprocess.Popen(
-        [sys.executable, str(EXAMPLE), "prefill", f"--port={port}", *options],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        prefill_out, _ = prefill.communicate(timeout=TIMEOUT)
-        decode_out, _ = decode.communicate(timeout=TIMEOUT)
-    finally:
-        for proc in (prefill, decode):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    assert prefill.returncode == 0 and decode.returncode == 0
-    return json.loads(prefill_out), json.loads(decode_out)
+def _load_example() -> Any:
+    spec = importlib.util.spec_from_file_location("transfer_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE_MODULE = _load_example()
+
+
+def transfer(
+    layers: int, num_pages: int, cut_after: int | None = None, reset: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one prefill process and one decode process (the example's own demo runner);
+    (prefill report, decode report)."""
+    spec = EXAMPLE_MODULE.CacheSpec(layers=layers, num_pages=num_pages)
+    result = EXAMPLE_MODULE.run_demo(spec, cut_after, reset)
+    assert result["exit_codes"] == [0, 0]
+    return result["prefill"], result["decode"]
 
 
 def expected_order(layers: int) -> list[list[Any]]:
@@ -64,7 +60,7 @@ def expected_order(layers: int) -> list[list[Any]]:
 
 
 def test_full_transfer_8_layers() -> None:
-    sent, got = transfer("--layers=8", "--num-pages=640")  # 16 x 20 MiB = 320 MiB
+    sent, got = transfer(8, 640)  # 16 x 20 MiB = 320 MiB
     assert sent["blobs_sent"] == 16
     assert got["error"] is None
     assert got["complete"] is True
@@ -81,7 +77,7 @@ def test_full_transfer_8_layers() -> None:
 
 
 def test_connection_cut_mid_blob() -> None:
-    sent, got = transfer("--layers=8", "--num-pages=160", "--cut-after=11")
+    sent, got = transfer(8, 160, cut_after=11)
     assert sent == {"side": "prefill", "blobs_sent": 11, "cut": True}
     assert got["received"] == expected_order(8)[:11]  # five and a half layers
     error = got["error"]
@@ -95,7 +91,7 @@ def test_connection_cut_mid_blob() -> None:
 
 
 def test_connection_reset_mid_blob() -> None:
-    sent, got = transfer("--layers=8", "--num-pages=160", "--cut-after=11", "--reset")
+    sent, got = transfer(8, 160, cut_after=11, reset=True)
     assert sent["blobs_sent"] == 11
     # An RST may discard data the decode side had not read yet: fewer blobs, never wrong ones.
     assert got["received"] == expected_order(8)[: len(got["received"])]

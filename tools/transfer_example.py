@@ -237,7 +237,12 @@ def run_demo(spec: CacheSpec, cut_after: int | None, reset: bool) -> dict[str, A
         for proc in (prefill_proc, decode_proc):
             if proc.poll() is None:
                 proc.kill()
-    return {"prefill": json.loads(prefill_out), "decode": json.loads(decode_out)}
+                proc.wait()
+    return {
+        "prefill": json.loads(prefill_out),
+        "decode": json.loads(decode_out),
+        "exit_codes": [prefill_proc.returncode, decode_proc.returncode],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
