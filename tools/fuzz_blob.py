@@ -1164,13 +1164,27 @@ def mutate_descriptor_fields(descriptor: bytes, rng: random.Random) -> bytes:
 
 def mutate(data: bytes, max_size: int, seed: int) -> bytes:
     """The ``--fix-checksums`` custom mutator: structure-aware edits, then fixed checksums."""
+    return guarded_mutate("fuzz_blob", MUTATOR_ERRORS, _mutate, fix_checksums, data, max_size, seed)
+
+
+def guarded_mutate(
+    tool: str,
+    errors: list[str],
+    inner: Callable[[bytes, int, int], bytes],
+    fix: Callable[[bytes], bytes],
+    data: bytes,
+    max_size: int,
+    seed: int,
+) -> bytes:
+    """``inner(data, max_size, seed)``; a mutator bug must not end the campaign, so it is
+    said once, recorded in ``errors``, and a byte mutation (checksums fixed) is used."""
     try:
-        return _mutate(data, max_size, seed)
-    except Exception as exc:  # a mutator bug must not end the campaign: say it, go on
-        if not MUTATOR_ERRORS:
-            print(f"fuzz_blob: mutator error {exc!r}; byte mutation instead", file=sys.stderr)
-        MUTATOR_ERRORS.append(repr(exc))
-        return fix_checksums(byte_mutate(data, random.Random(seed), max_size))
+        return inner(data, max_size, seed)
+    except Exception as exc:
+        if not errors:
+            print(f"{tool}: mutator error {exc!r}; byte mutation instead", file=sys.stderr)
+        errors.append(repr(exc))
+        return fix(byte_mutate(data, random.Random(seed), max_size))
 
 
 MUTATOR_ERRORS: list[str] = []

@@ -537,13 +537,9 @@ def _byte_mutate(data: bytes, rng: random.Random, max_size: int) -> bytes:
 
 def mutate(data: bytes, max_size: int, seed: int) -> bytes:
     """The ``--fix-checksums`` custom mutator: a mutation, then every checksum recomputed."""
-    try:
-        return _mutate(data, max_size, seed)
-    except Exception as exc:  # a mutator bug must not end the campaign: say it, go on
-        if not MUTATOR_ERRORS:
-            print(f"fuzz_containers: mutator error {exc!r}; byte mutation", file=sys.stderr)
-        MUTATOR_ERRORS.append(repr(exc))
-        return fix_checksums(fuzz_blob.byte_mutate(data, random.Random(seed), max_size))
+    return fuzz_blob.guarded_mutate(
+        "fuzz_containers", MUTATOR_ERRORS, _mutate, fix_checksums, data, max_size, seed
+    )
 
 
 MUTATOR_ERRORS: list[str] = []
