@@ -68,8 +68,6 @@ def test_copy_and_hash_finishes_when_the_pool_is_busy(monkeypatch: pytest.Monkey
 
 def test_busy_machine_takes_the_serial_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """With PARALLEL_HASH left automatic and no idle second core, no pool thread copies."""
-    import threading
-
     from hurray_wire import parallel
 
     tensor = _large_tensor()
@@ -80,4 +78,4 @@ def test_busy_machine_takes_the_serial_copy(monkeypatch: pytest.MonkeyPatch) -> 
     submitted: list[object] = []
     monkeypatch.setattr(parallel, "submit", lambda call: submitted.append(call))
     assert bytes(blob.encode(tensor)) == expected
-    assert submitted == [] and threading.active_count() >= 1
+    assert submitted == []
