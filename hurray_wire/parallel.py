@@ -133,7 +133,7 @@ def for_each(count: int, call: Callable[[int], object], threads: int) -> None:
     lowest failing index is raised, whatever the timing, and indexes above a known
     failure are skipped.
     """
-    helpers = min(resolve_threads(threads), count) - 1
+    helpers = min(resolve_threads(threads), count) - 1 if count > 1 else 0
     if helpers <= 0:
         for index in range(count):
             call(index)

@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zstandard
+from blob_reference import shuffle as reference_shuffle
 
 from hurray_wire.codecs import (
     CODEC_CHUNKED,
@@ -23,12 +24,6 @@ from hurray_wire.errors import ArgumentTypeError, DecompressionError, LimitExcee
 
 U8 = np.uint8
 CHUNK = 4096
-
-
-def reference_shuffle(data: bytes, width: int) -> bytes:
-    k = len(data) // width
-    body = data[: k * width]
-    return b"".join(body[j::width] for j in range(width)) + data[k * width :]
 
 
 def kv(count: int, dtype: Any = np.float16, seed: int = 0) -> np.ndarray:

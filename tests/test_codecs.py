@@ -10,10 +10,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zstandard
+from blob_reference import shuffle as reference_shuffle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hurray_wire import codecs
+from hurray_wire import byteshuffle, codecs
 from hurray_wire.codecs import (
     CODEC_CHUNKED,
     CODEC_NAMES,
@@ -37,13 +38,6 @@ from hurray_wire.errors import (
 )
 
 U8 = np.uint8
-
-
-def reference_shuffle(data: bytes, width: int) -> bytes:
-    """docs/wire-format.md section 6, literally: output byte j*k + i is input byte i*w + j."""
-    k = len(data) // width
-    body = data[: k * width]
-    return b"".join(body[j::width] for j in range(width)) + data[k * width :]
 
 
 def kv_like(n: int, dtype: Any, seed: int = 0) -> np.ndarray:
@@ -151,8 +145,11 @@ def test_shuffle_golden(width: int, data: bytes, shuffled: bytes) -> None:
 def test_shuffle_matches_reference(
     width: int, little_endian: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both the fast wide-integer paths and the portable strided path."""
-    monkeypatch.setattr(codecs, "_LITTLE_ENDIAN", little_endian)
+    """NumPy's kernels (the fast wide-integer paths and the portable strided path) and,
+    for the little-endian run, whichever backend is loaded."""
+    if not little_endian:
+        monkeypatch.setattr(byteshuffle, "_LITTLE_ENDIAN", False)
+        monkeypatch.setattr(byteshuffle, "_state", [None])
     rng = np.random.default_rng(width)
     for n in [*range(0, 40), 1000, 4097]:
         data = rng.integers(0, 256, n, dtype=U8).tobytes()
