@@ -165,3 +165,27 @@ def test_codecs_round_trip_on_each_backend(fresh_choice: pytest.MonkeyPatch) -> 
         back = codecs.decompress(codec, param, blob, data.nbytes)
         assert back.tobytes() == data.tobytes()
     assert stored[0] == stored[1]
+
+
+def test_a_library_whose_unshuffle_fails_is_not_used() -> None:
+    class HalfRight:
+        path = "half"
+
+        def shuffle(self, width: int, size: int, src: int, dst: int) -> int:
+            data = np.ctypeslib.as_array(ctypes.cast(src, ctypes.POINTER(ctypes.c_uint8)), (size,))
+            out = np.ctypeslib.as_array(ctypes.cast(dst, ctypes.POINTER(ctypes.c_uint8)), (size,))
+            byteshuffle._numpy_shuffle(data, width, out)
+            return size
+
+        def unshuffle(self, width: int, size: int, src: int, dst: int) -> int:
+            return -1
+
+    assert not byteshuffle._self_test(HalfRight())  # type: ignore[arg-type]
+
+
+def test_an_unreadable_blosc2_spec_falls_back(fresh_choice: pytest.MonkeyPatch) -> None:
+    def broken(name: str) -> None:
+        raise ValueError("blosc2.__spec__ is None")
+
+    fresh_choice.setattr(byteshuffle.importlib.util, "find_spec", broken)
+    assert byteshuffle._candidate_libraries() == []

@@ -28,7 +28,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hurray_wire import codecs
+from hurray_wire import byteshuffle, codecs
 from hurray_wire.codecs import (
     CODEC_CHUNKED,
     CODEC_SHUFFLE_ZSTD,
@@ -244,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# zstd {zstandard.ZSTD_VERSION}, python-zstandard {zstandard.__version__}, "
         f"blosc2 {blosc2.__version__}, numpy {np.__version__}, rounds {args.rounds}"
     )
+    print(f"# byte-shuffle kernels: {byteshuffle.backend()}")
     cands = candidates()
     notes = {c.name: c.note for c in cands}
     for kind in ("f16", "bf16"):
