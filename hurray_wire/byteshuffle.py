@@ -130,7 +130,8 @@ def _candidate_libraries() -> list[str]:
         places = ("lib", "bin", os.path.join(os.pardir, "lib64"), os.path.join(os.pardir, "lib"))
         for place in places:
             for pattern in ("libblosc2.so*", "libblosc2*.dylib", "*blosc2*.dll"):
-                found.extend(sorted(glob.glob(os.path.join(root, place, pattern))))
+                hits = glob.glob(os.path.join(root, place, pattern))
+                found.extend(sorted(os.path.normpath(hit) for hit in hits))
     return found
 
 

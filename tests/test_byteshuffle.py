@@ -4,8 +4,11 @@ module chooses between them."""
 from __future__ import annotations
 
 import ctypes.util
+import importlib.machinery
 import importlib.util
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,3 +192,22 @@ def test_an_unreadable_blosc2_spec_falls_back(fresh_choice: pytest.MonkeyPatch) 
 
     fresh_choice.setattr(byteshuffle.importlib.util, "find_spec", broken)
     assert byteshuffle._candidate_libraries() == []
+
+
+@pytest.mark.skipif(not HAVE_BLOSC2, reason="python-blosc2 is not installed")
+def test_the_python_blosc2_3x_layout_is_found(
+    tmp_path: Path, fresh_choice: pytest.MonkeyPatch
+) -> None:
+    """python-blosc2 3.8-3.12 install the library beside the package, in lib64."""
+    real = byteshuffle._candidate_libraries()[0]
+    package = tmp_path / "blosc2"
+    package.mkdir()
+    (tmp_path / "lib64").mkdir()
+    shutil.copy(real, tmp_path / "lib64" / "libblosc2.so.5")
+    spec = importlib.machinery.ModuleSpec("blosc2", None, is_package=True)
+    spec.submodule_search_locations = [str(package)]
+    fresh_choice.setattr(byteshuffle.importlib.util, "find_spec", lambda name: spec)
+    expected = str(tmp_path / "lib64" / "libblosc2.so.5")
+    assert byteshuffle._candidate_libraries() == [expected]
+    assert byteshuffle.reload() == f"blosc2 ({expected})"
+    _round_trip_all(2, [4096, 4099])
