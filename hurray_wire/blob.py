@@ -909,7 +909,7 @@ def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> B
     def payload(e: _Entry) -> npt.NDArray[np.uint8]:
         if e.codec == codecs.CODEC_RAW:
             return whole[e.offset : e.offset + e.stored_size]
-        return _decompress(e, view[e.offset : e.offset + e.stored_size], threads)
+        return _decompress(e, whole[e.offset : e.offset + e.stored_size], threads)
 
     buffers = [payload(e) for e in plan.buffers]
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
@@ -925,13 +925,15 @@ def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
         )
 
 
-def _decompress(e: _Entry, stored: memoryview, threads: int) -> npt.NDArray[np.uint8]:
+def _decompress(
+    e: _Entry, stored: npt.NDArray[np.uint8], threads: int
+) -> npt.NDArray[np.uint8]:
     """Decode one compressed section into a new array (allocated after its layout checks);
-    errors carry blob offsets."""
+    errors carry blob offsets. The section table checked the codec and its parameter."""
     try:
-        return codecs.decompress(e.codec, e.codec_param, stored, e.raw_size, threads=threads)
+        return codecs.decode_section(e.codec, e.codec_param, stored, e.raw_size, threads)
     except HurrayWireError as exc:
-        inside = exc.offset if exc.offset is not None and exc.offset <= len(stored) else 0
+        inside = exc.offset if exc.offset is not None and exc.offset <= stored.size else 0
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
 
 

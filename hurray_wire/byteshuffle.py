@@ -31,7 +31,7 @@ import numpy.typing as npt
 __all__ = ["backend", "shuffle_into", "unshuffle_into"]
 
 U8Array = npt.NDArray[np.uint8]
-_Kernel = Callable[[int, int, int, int], int]
+_Kernel = Callable[[int, int, int | bytes, int], int]
 
 #: Environment variable: "numpy" forces the NumPy kernels (anything else: automatic).
 SHUFFLE_ENV = "HURRAY_WIRE_SHUFFLE"
@@ -216,9 +216,13 @@ def shuffle_into(src: U8Array, width: int, dst: U8Array) -> None:
         _numpy_shuffle(src, width, dst)
 
 
-def unshuffle_into(src: U8Array, width: int, dst: U8Array) -> None:
-    """Inverse of :func:`shuffle_into` for the same ``width``."""
-    size = src.size
+def unshuffle_into(src: U8Array | bytes, width: int, dst: U8Array) -> None:
+    """Inverse of :func:`shuffle_into` for the same ``width``. ``src`` may also be a
+    ``bytes`` object (zstd's output), which ctypes passes without building an address
+    (a NumPy array's ``.ctypes.data`` costs as many instructions as a 4 KiB unshuffle)."""
+    size = len(src) if isinstance(src, bytes) else src.size
     lib = _library_for(width, size)
-    if lib is None or lib.unshuffle(width, size, src.ctypes.data, dst.ctypes.data) != size:
-        _numpy_unshuffle(src, width, dst)
+    address = src if isinstance(src, bytes) else src.ctypes.data
+    if lib is None or lib.unshuffle(width, size, address, dst.ctypes.data) != size:
+        plain = np.frombuffer(src, np.uint8) if isinstance(src, bytes) else src
+        _numpy_unshuffle(plain, width, dst)

@@ -59,6 +59,7 @@ __all__ = [
     "compress_parts",
     "decompress",
     "decompress_into",
+    "decode_section",
 ]
 
 CODEC_RAW: int = 0
@@ -717,7 +718,7 @@ def _decode_frame(
             _walk_blocks(src, header, codec_name)
             raise _corrupt(src, _scratch(dst.size), codec_name, exc) from None
         _check_decoded_size(len(plain), dst.size, codec_name)
-        byteshuffle.unshuffle_into(np.frombuffer(plain, np.uint8), width, dst)
+        byteshuffle.unshuffle_into(plain, width, dst)
         return
     _walk_blocks(src, header, codec_name)
     target = dst if width == 1 else _scratch(dst.size)
@@ -844,22 +845,27 @@ def _decode_chunks(
     src: U8Array, dst: U8Array, width: int, threads: int, chunk_size: int, bounds: Sequence[int]
 ) -> None:
     """Decode every chunk of a checked chunk table into its slice of ``dst``."""
-    name = CODEC_NAMES[CODEC_CHUNKED]
+    count = len(bounds) - 1
+    if count == 1:  # on the caller, without the pool's bookkeeping
+        _decode_chunk(src, dst, width, 0, bounds[0], bounds[1])
+        return
 
     def chunk(i: int) -> None:
-        begin, end = int(bounds[i]), int(bounds[i + 1])
         piece = dst[i * chunk_size : (i + 1) * chunk_size]
-        try:
-            frame = src[begin:end]
-            _decode_frame(frame, piece, width, name, _frame_header(frame, piece.size, name))
-        except HurrayWireError as exc:
-            inside = exc.offset if exc.offset is not None else 0
-            raise exc.relocated(field=f"chunk {i}", offset=begin + inside) from None
+        _decode_chunk(src, piece, width, i, int(bounds[i]), int(bounds[i + 1]))
 
-    if len(bounds) == 2:
-        chunk(0)  # one chunk: on the caller, without the pool's bookkeeping
-    else:
-        parallel.for_each(len(bounds) - 1, chunk, threads)
+    parallel.for_each(count, chunk, threads)
+
+
+def _decode_chunk(src: U8Array, piece: U8Array, width: int, i: int, begin: int, end: int) -> None:
+    """Decode chunk ``i`` (``src[begin:end]``) into ``piece``; errors name the chunk."""
+    name = CODEC_NAMES[CODEC_CHUNKED]
+    frame = src[begin:end]
+    try:
+        _decode_frame(frame, piece, width, name, _frame_header(frame, piece.size, name))
+    except HurrayWireError as exc:
+        inside = exc.offset if exc.offset is not None else 0
+        raise exc.relocated(field=f"chunk {i}", offset=begin + inside) from None
 
 
 def decompress_into(
@@ -895,6 +901,16 @@ def decompress(
     if size < 0:
         raise CodecConfigError("raw_size must not be negative", field="raw_size", found=size)
     return _decode_section(codec, param, src, size, None, threads)
+
+
+def decode_section(
+    codec: int, codec_param: int, stored: U8Array, raw_size: int, threads: int
+) -> U8Array:
+    """:func:`decompress` for arguments the caller has checked already (the blob decoder's
+    section table checks codec, parameter and size; ``decode`` checks ``threads``):
+    ``stored`` a flat uint8 array. It skips the argument checks, never the checks of the
+    stored bytes."""
+    return _decode_section(codec, codec_param, stored, raw_size, None, threads)
 
 
 def _decode_args(

@@ -43,6 +43,9 @@ def _round_trip_all(width: int, sizes: list[int]) -> None:
         back = np.empty(n, U8)
         byteshuffle.unshuffle_into(shuffled, width, back)
         assert back.tobytes() == data.tobytes() == reference_unshuffle(shuffled.tobytes(), width)
+        from_bytes = np.empty(n, U8)
+        byteshuffle.unshuffle_into(shuffled.tobytes(), width, from_bytes)  # zstd's output
+        assert from_bytes.tobytes() == data.tobytes(), (n, width)
 
 
 SIZES = [*range(0, 70), 127, 128, 129, 1000, 4095, 4096, 4097, 65536 + 7, 393216]

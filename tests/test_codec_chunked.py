@@ -18,6 +18,8 @@ from hurray_wire.codecs import (
     CodecConfigError,
     Compression,
     compress,
+    decode_section,
+    decompress,
     decompress_into,
 )
 from hurray_wire.errors import ArgumentTypeError, DecompressionError, LimitExceededError
@@ -307,3 +309,21 @@ def test_decompress_allocates_its_output() -> None:
         codecs.decompress(CODEC_CHUNKED, 2, stored, raw.size + 1)
     with pytest.raises(CodecConfigError):
         codecs.decompress(CODEC_CHUNKED, 2, build(CHUNK, []), -1)
+
+
+def test_decode_section_is_decompress_without_the_argument_checks() -> None:
+    """The blob decoder's entry: same bytes out, same errors for bad stored bytes."""
+    raw = kv(300_000)
+    codec, param, stored = compress(raw, Compression(CODEC_CHUNKED, chunk_size=CHUNK), 2)
+    src = np.frombuffer(stored, U8)
+    out = decode_section(codec, param, src, raw.size, 0)
+    assert out.tobytes() == raw.tobytes()
+    assert out.tobytes() == decompress(codec, param, stored, raw.size, threads=2).tobytes()
+    count = -(-raw.size // CHUNK)
+    last_size = int(src[8 + 4 * (count - 1) : 8 + 4 * count].view("<u4")[0])
+    broken = src.copy()
+    broken[src.size - last_size] ^= 0xFF  # the last frame's magic
+    with pytest.raises(DecompressionError) as caught:
+        decode_section(codec, param, broken, raw.size, 0)
+    assert caught.value.field == f"chunk {count - 1}"
+    assert caught.value.offset == src.size - last_size
