@@ -52,34 +52,41 @@ _SELF_TEST_WIDTHS = (2, 3, 4, 8, 16)
 # -- NumPy: the definition -------------------------------------------------------------
 
 
+def _whole_elements(s: U8Array, w: int, o: U8Array) -> int:
+    """Bytes in whole elements, after copying the tail (the same in both directions); 0
+    when the shuffle is the identity (width 1, or less than one element), after copying
+    everything."""
+    m = s.size // w * w
+    if w == 1 or m == 0:
+        np.copyto(o, s)
+        return 0
+    o[m:] = s[m:]
+    return m
+
+
 def _numpy_shuffle(s: U8Array, w: int, o: U8Array) -> None:
     """Widths 2 and 4 use integer shifts over a wide view (~2x a transpose copy); other
     widths copy one strided plane at a time."""
-    n = s.size // w
-    m = n * w
-    if w == 1 or n == 0:
-        np.copyto(o, s)
+    m = _whole_elements(s, w, o)
+    if not m:
         return
-    planes = o[:m].reshape(w, n)
+    planes = o[:m].reshape(w, m // w)
     if _LITTLE_ENDIAN and w in (2, 4):
         wide = s[:m].view(_UINT_OF_WIDTH[w])
         np.copyto(planes[0], wide, casting="unsafe")  # keeps the low byte
         for j in range(1, w):
             np.right_shift(wide, 8 * j, out=planes[j], casting="unsafe")
     else:
-        elements = s[:m].reshape(n, w)
+        elements = s[:m].reshape(m // w, w)
         for j in range(w):
             planes[j] = elements[:, j]
-    o[m:] = s[m:]
 
 
 def _numpy_unshuffle(s: U8Array, w: int, o: U8Array) -> None:
-    n = s.size // w
-    m = n * w
-    if w == 1 or n == 0:
-        np.copyto(o, s)
+    m = _whole_elements(s, w, o)
+    if not m:
         return
-    planes = s[:m].reshape(w, n)
+    planes = s[:m].reshape(w, m // w)
     if _LITTLE_ENDIAN and w == 2:
         # hi * 256 + lo in uint16: both ufuncs run on one dtype (~20% faster than
         # left_shift + bitwise_or, whose mixed uint8/uint16 operands need a cast buffer).
@@ -87,10 +94,9 @@ def _numpy_unshuffle(s: U8Array, w: int, o: U8Array) -> None:
         np.multiply(planes[1], np.uint16(256), out=wide, dtype=np.uint16)
         np.add(wide, planes[0], out=wide, dtype=np.uint16)
     else:
-        elements = o[:m].reshape(n, w)
+        elements = o[:m].reshape(m // w, w)
         for j in range(w):
             elements[:, j] = planes[j]
-    o[m:] = s[m:]
 
 
 # -- c-blosc2 --------------------------------------------------------------------------
