@@ -925,9 +925,7 @@ def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
         )
 
 
-def _decompress(
-    e: _Entry, stored: npt.NDArray[np.uint8], threads: int
-) -> npt.NDArray[np.uint8]:
+def _decompress(e: _Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.NDArray[np.uint8]:
     """Decode one compressed section into a new array (allocated after its layout checks);
     errors carry blob offsets. The section table checked the codec and its parameter."""
     try:
