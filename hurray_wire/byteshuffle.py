@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["backend", "shuffle_into", "unshuffle_into"]
+__all__ = ["backend", "reload", "shuffle_into", "unshuffle_into"]
 
 U8Array = npt.NDArray[np.uint8]
 _Kernel = Callable[[int, int, int | bytes, int], int]

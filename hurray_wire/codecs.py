@@ -161,7 +161,7 @@ class Compression:
     def __post_init__(self) -> None:
         codec = _int_arg(self.codec, "codec")
         level = _int_arg(self.level, "level")
-        threads = _int_arg(self.threads, "threads")
+        threads = check_threads(self.threads)
         min_size = _int_arg(self.min_size, "min_size")
         chunk_size = _int_arg(self.chunk_size, "chunk_size")
         if codec not in (CODEC_ZSTD, CODEC_SHUFFLE_ZSTD, CODEC_CHUNKED):
@@ -185,12 +185,6 @@ class Compression:
                 field="level",
                 expected=f"{_MIN_LEVEL}..{_MAX_LEVEL}",
                 found=level,
-            )
-        if threads < -1:
-            raise CodecConfigError(
-                "threads must be -1 (all cores), 0 or a worker count",
-                field="threads",
-                found=threads,
             )
         if min_size < 0:
             raise CodecConfigError(
@@ -298,8 +292,9 @@ def _bytes_view(a: U8Array) -> memoryview:
     return memoryview(cast(Any, a))
 
 
-def _writable_u8(out: object, size: int, name: str) -> U8Array:
-    """Check a caller's output array and return it as a flat uint8 view."""
+def _writable_u8(out: object, size: int | None, name: str) -> U8Array:
+    """Check a caller's output array (of ``size`` bytes, unless None) and return it as a
+    flat uint8 view."""
     if not isinstance(out, np.ndarray):
         raise ArgumentTypeError(
             f"{name} must be a numpy uint8 array", field=name, found=type(out).__name__
@@ -312,7 +307,7 @@ def _writable_u8(out: object, size: int, name: str) -> U8Array:
             f"writable {out.flags.writeable}",
         )
     flat: U8Array = out.reshape(-1)
-    if flat.size != size:
+    if size is not None and flat.size != size:
         raise CodecConfigError(
             f"{name} has the wrong size", field=name, expected=size, found=flat.size
         )
@@ -346,14 +341,13 @@ def _width_arg(width: object) -> int:
 
 def _shuffle_operands(
     src: Buffer, width: int, out: U8Array | None
-) -> tuple[U8Array, int, U8Array, int, int]:
-    """Checked (source, width, output, whole elements, bytes in whole elements)."""
+) -> tuple[U8Array, int, U8Array]:
+    """Checked (source, width, output) of shuffle_bytes / unshuffle_bytes."""
     s = _as_u8(src, "src")
     w = _width_arg(width)
     o = np.empty(s.size, np.uint8) if out is None else _writable_u8(out, s.size, "out")
     _check_no_overlap(s, o, "src and out")
-    n = s.size // w
-    return s, w, o, n, n * w
+    return s, w, o
 
 
 def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
@@ -361,14 +355,14 @@ def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Arra
     ``len(src) % width`` bytes is copied unchanged at the end. Returns ``out`` (the same
     object when given, any C-contiguous shape of the right size). Runs c-blosc2's SIMD
     kernel when python-blosc2 is installed (:mod:`hurray_wire.byteshuffle`)."""
-    s, w, o, _, _ = _shuffle_operands(src, width, out)
+    s, w, o = _shuffle_operands(src, width, out)
     byteshuffle.shuffle_into(s, w, o)
     return o if out is None else out
 
 
 def unshuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
     """Inverse of :func:`shuffle_bytes` for the same ``width``. Returns ``out``."""
-    s, w, o, _, _ = _shuffle_operands(src, width, out)
+    s, w, o = _shuffle_operands(src, width, out)
     byteshuffle.unshuffle_into(s, w, o)
     return o if out is None else out
 
@@ -881,11 +875,7 @@ def decompress_into(
     chunked section.
     """
     codec, param, threads, src = _decode_args(codec, codec_param, threads, stored)
-    if not isinstance(out, np.ndarray):
-        raise ArgumentTypeError(
-            "out must be a numpy uint8 array", field="out", found=type(out).__name__
-        )
-    dst = _writable_u8(out, out.size, "out")
+    dst = _writable_u8(out, None, "out")
     _check_no_overlap(src, dst, "stored and out")
     _decode_section(codec, param, src, dst.size, dst, threads)
 

@@ -1411,13 +1411,6 @@ def blobs_in_stream(data: bytes) -> list[bytes]:
     return blobs
 
 
-def write_seeds(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, data in generated_seeds().items():
-        (folder / name).write_bytes(data)
-    return folder
-
-
 def _fix_mode(argv: list[str]) -> tuple[bool, list[str]]:
     """The harness's own flags, taken out of argv: (checksum fixing on?, the rest)."""
     fix = os.environ.get(FIX_ENV, "") not in ("", "0")
@@ -1429,16 +1422,20 @@ def _fix_mode(argv: list[str]) -> tuple[bool, list[str]]:
 
 
 def _seeded_argv(
-    argv: list[str], name: str, seed_dirs: list[Path], writer: Callable[[Path], Path]
+    argv: list[str], name: str, seed_dirs: list[Path], generated: Callable[[], dict[str, bytes]]
 ) -> list[str]:
-    """Add the generated seeds (and a default corpus when no corpus dir was given).
+    """Add the generated seeds, written to a folder (and a default corpus when no corpus
+    dir was given).
 
     libFuzzer ends the process with exit(), so the directories are fixed, reused ones
     rather than temporary directories that nothing would remove.
     """
     positional = [a for a in argv[1:] if not a.startswith("-")]
     tmp = Path(tempfile.gettempdir())
-    seeds = writer(tmp / f"hurray-wire-fuzz-{name}-seeds")
+    seeds = tmp / f"hurray-wire-fuzz-{name}-seeds"
+    seeds.mkdir(parents=True, exist_ok=True)
+    for seed_name, data in generated().items():
+        (seeds / seed_name).write_bytes(data)
     if positional:
         if all(Path(p).is_dir() for p in positional):
             return [*argv, str(seeds)]
@@ -1454,7 +1451,7 @@ def _seeded_argv(
 
 def main() -> None:
     fix, argv = _fix_mode(sys.argv)
-    argv = _seeded_argv(argv, "blob", SEED_DIRS, write_seeds)
+    argv = _seeded_argv(argv, "blob", SEED_DIRS, generated_seeds)
     if fix:
         _IN_LIBFUZZER.append(True)
         atheris.Setup(argv, check_blob, custom_mutator=mutate)

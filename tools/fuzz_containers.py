@@ -792,16 +792,9 @@ def seed_inputs() -> dict[str, bytes]:
     return seeds
 
 
-def write_seeds(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, data in generated_seeds().items():
-        (folder / name).write_bytes(data)
-    return folder
-
-
 def main() -> None:
     fix, argv = fuzz_blob._fix_mode(sys.argv)
-    argv = fuzz_blob._seeded_argv(argv, "containers", SEED_DIRS, write_seeds)
+    argv = fuzz_blob._seeded_argv(argv, "containers", SEED_DIRS, generated_seeds)
     if fix:
         _IN_LIBFUZZER.append(True)
         fuzz_blob._IN_LIBFUZZER.append(True)
