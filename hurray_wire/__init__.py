@@ -5,16 +5,16 @@ the element types, ``TensorDescriptor`` with ``encode_descriptor`` / ``decode_de
 This module only re-exports.
 """
 
-from hurray_wire import reference  # noqa: F401  (hurray_wire.reference.write_stream, ...)
 from hurray_wire.blob import DecodeLimits, blob_length, decode, encode, encode_into, encode_parts
 from hurray_wire.codecs import Compression
-from hurray_wire.descriptor import BufferHandle, Statistics, TensorDescriptor
-from hurray_wire.descriptor_codec import (
-    DescriptorHeader,
-    decode_descriptor,
-    decode_header,
-    encode_descriptor,
-    peek_descriptor_length,
+from hurray_wire.containers.stream import (
+    StreamEntry,
+    StreamFile,
+    StreamHeader,
+    StreamReader,
+    StreamWriter,
+    decode_stream_header,
+    encode_stream_header,
 )
 from hurray_wire.dtypes import (
     ELEMENT_TYPES,
@@ -74,24 +74,23 @@ from hurray_wire.errors import (
     TruncatedError,
     UnsupportedLayoutError,
 )
-from hurray_wire.layout import BlockPagedLayout
 from hurray_wire.metadata import Int64, UInt64
-from hurray_wire.quantization import (
+from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
+from hurray_wire.model.descriptor_codec import (
+    DescriptorHeader,
+    decode_descriptor,
+    decode_header,
+    encode_descriptor,
+    peek_descriptor_length,
+)
+from hurray_wire.model.layout import BlockPagedLayout
+from hurray_wire.model.quantization import (
     MXFP,
     NF4,
     PerBlockAffine,
     PerChannelAffine,
     PerTensorAffine,
     Quantization,
-)
-from hurray_wire.stream import (
-    StreamEntry,
-    StreamFile,
-    StreamHeader,
-    StreamReader,
-    StreamWriter,
-    decode_stream_header,
-    encode_stream_header,
 )
 from hurray_wire.tensor import BlockPagedTensor
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from hurray_wire import __version__, summary
+from hurray_wire import __version__
+from hurray_wire import report as summary
 from hurray_wire.blob import blob_length, decode, encode_parts
-from hurray_wire.descriptor_codec import decode_descriptor, decode_header
+from hurray_wire.containers.stream import StreamFile, StreamHeader, StreamReader, StreamWriter
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
-from hurray_wire.stream import StreamFile, StreamHeader, StreamReader, StreamWriter
+from hurray_wire.model.descriptor_codec import decode_descriptor, decode_header
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.blob import BLOB_MAGIC
 from hurray_wire.wire.stream import STREAM_MAGIC
@@ -99,7 +100,7 @@ def _items(data: Any, kind: str, verify: bool) -> Iterator[Item]:
 
 
 def _reference_items(data: Any, kind: str) -> Iterator[Item]:
-    from hurray_wire import reference
+    from hurray_wire.containers import reference
 
     if kind == "reference-stream":
         for number, tensor in enumerate(reference.read_stream(data)):
@@ -163,7 +164,7 @@ def _context(data: Any, kind: str) -> dict[str, Any]:
             }
         return {"stream_header": described, "stream_complete": stream.complete}
     if kind == "hrry-file":
-        from hurray_wire import reference
+        from hurray_wire.containers import reference
 
         reader = reference.HrryFile.from_buffer(data)
         return {"metadata": {k: _jsonable(v) for k, v in reader.user_metadata.items()}}
@@ -388,13 +389,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 done += tensor.nbytes
                 _progress(done, total, show)
     elif target == "reference-stream":
-        from hurray_wire import reference
+        from hurray_wire.containers import reference
 
         with open(args.output, "wb") as sink:
             reference.write_stream(sink, [t for _, t in tensors])
         _progress(total, total, show)
     elif target == "hrry-file":
-        from hurray_wire import reference
+        from hurray_wire.containers import reference
 
         reference.write_file(args.output, dict(tensors))
         _progress(total, total, show)

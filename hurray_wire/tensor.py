@@ -12,14 +12,14 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire import packing
-from hurray_wire._checks import U32_MAX, U64_MAX
-from hurray_wire.descriptor import TensorDescriptor
 from hurray_wire.dtypes import ElementType, element_type_of
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
-from hurray_wire.layout import BlockPagedLayout, _as_index_array, check_index_arrays
 from hurray_wire.metadata import encode_metadata
-from hurray_wire.quantization import PerBlockAffine, PerChannelAffine, Quantization
+from hurray_wire.model import packing
+from hurray_wire.model._checks import U32_MAX, U64_MAX
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.model.layout import BlockPagedLayout, _as_index_array, check_index_arrays
+from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
 __all__ = ["BlockPagedTensor", "assemble", "check_seq_lens"]
 

@@ -17,7 +17,8 @@ from blob_reference import unshuffle as reference_unshuffle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hurray_wire import byteshuffle, codecs
+from hurray_wire import codecs
+from hurray_wire.codecs import byteshuffle
 
 U8 = np.uint8
 HAVE_BLOSC2 = importlib.util.find_spec("blosc2") is not None

@@ -231,7 +231,7 @@ def test_convert_shows_progress_when_asked(
 
 
 def test_hex_annotation_of_chunk_tables_survives_bad_tables() -> None:
-    from hurray_wire import summary
+    from hurray_wire import report as summary
 
     table = (65536).to_bytes(4, "little") + (2).to_bytes(4, "little")
     sizes = (5).to_bytes(4, "little") + (6).to_bytes(4, "little")

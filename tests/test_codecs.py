@@ -14,7 +14,7 @@ from blob_reference import shuffle as reference_shuffle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hurray_wire import byteshuffle, codecs
+from hurray_wire import codecs
 from hurray_wire.codecs import (
     CODEC_CHUNKED,
     CODEC_NAMES,
@@ -24,6 +24,7 @@ from hurray_wire.codecs import (
     DEFAULT_COMPRESSION,
     CodecConfigError,
     Compression,
+    byteshuffle,
     checksum,
     compress,
     decompress_into,

@@ -1,6 +1,6 @@
 """Property tests of the descriptor codec over random valid descriptors and their mutations.
 
-The strategy (``hurray_wire.strategies.block_paged_descriptors``) draws valid descriptors
+The strategy (``hurray_wire.testing.strategies.block_paged_descriptors``) draws valid descriptors
 only; the properties are:
 
 * encode -> decode gives an equal object, and encoding that again gives identical bytes;
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hurray_wire as hw
-from hurray_wire.strategies import block_paged_descriptors
+from hurray_wire.testing.strategies import block_paged_descriptors
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1109,7 +1109,7 @@ def test_blob_fixtures_agree_with_hurray_wire(path: Path, blob_parser: Any) -> N
     """Every header and section field the schema reads is what hurray_wire's decoder reads,
     and the embedded descriptor reads the same under both."""
     import hurray_wire
-    from hurray_wire import summary
+    from hurray_wire import report as summary
 
     data = path.read_bytes()
     blob = blob_parser.from_bytes(data)

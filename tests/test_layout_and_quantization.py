@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import hurray_wire as hw
-from hurray_wire.layout import DYNAMIC_DIM, INDEX_TYPE_NAMES, KV_ROLE_NAMES
+from hurray_wire.model.layout import DYNAMIC_DIM, INDEX_TYPE_NAMES, KV_ROLE_NAMES
 
 FIELDS = (
     "page_size",

@@ -27,9 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hurray_wire as hw
-from hurray_wire import reference as ref
+from hurray_wire.containers import reference as ref
 from hurray_wire.crc32c import crc32c
-from hurray_wire.descriptor import BufferHandle, TensorDescriptor
 from hurray_wire.errors import (
     ArgumentTypeError,
     ContainerTruncatedError,
@@ -41,6 +40,7 @@ from hurray_wire.errors import (
     UnsupportedLayoutError,
 )
 from hurray_wire.metadata import UInt64
+from hurray_wire.model.descriptor import BufferHandle, TensorDescriptor
 from hurray_wire.wire.containers import HrryHeader, HrryIndex, HrryTrailer, KvSection
 from tests.conftest import BLOCK_PAGED, REFERENCE, load_manifest
 

@@ -26,18 +26,8 @@ import pytest
 import xxhash
 
 import hurray_wire as hw
-from hurray_wire import stream as st
-from hurray_wire.errors import (
-    ArgumentTypeError,
-    BlobTruncatedError,
-    ChecksumError,
-    HurrayWireError,
-    InvalidBlobError,
-    InvalidMetadataError,
-    LimitExceededError,
-    TruncatedError,
-)
-from hurray_wire.stream import (
+from hurray_wire.containers import stream as st
+from hurray_wire.containers.stream import (
     InvalidStreamError,
     StreamBlobTruncatedError,
     StreamEntry,
@@ -48,6 +38,16 @@ from hurray_wire.stream import (
     StreamWriter,
     decode_stream_header,
     encode_stream_header,
+)
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    BlobTruncatedError,
+    ChecksumError,
+    HurrayWireError,
+    InvalidBlobError,
+    InvalidMetadataError,
+    LimitExceededError,
+    TruncatedError,
 )
 from hurray_wire.wire import stream as ws
 from hurray_wire.wire.fast import derive

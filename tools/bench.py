@@ -240,7 +240,7 @@ def bench_reference(repeat: int) -> None:
     if arrow_read:
         msg += f" = {dec_fast / arrow_read:5.2f}x pyarrow IPC read ({arrow_read * 1e6:.1f} us)"
     print(f"  decode(verify=False)                         {msg}")
-    hw.descriptor_codec._CACHE.clear()
+    hw.model.descriptor_codec._CACHE.clear()
     blob._PLANS.clear()
     cold = best_of(
         lambda: (blob._PLANS.clear(), blob.decode(blob_checked, verify=False)), repeat, 200
@@ -296,7 +296,7 @@ def bench_small(repeat: int) -> None:
 
 def bench_descriptor_parsers(repeat: int) -> None:
     """Why the fast path: plain construct vs compiled construct vs the derived structs."""
-    from hurray_wire import descriptor_codec
+    from hurray_wire.model import descriptor_codec
     from hurray_wire.wire import descriptor as wd
 
     print("\n[parsing one 133-byte block-paged descriptor]")

@@ -28,13 +28,14 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hurray_wire import byteshuffle, codecs
+from hurray_wire import codecs
 from hurray_wire.codecs import (
     CODEC_CHUNKED,
     CODEC_SHUFFLE_ZSTD,
     CODEC_ZSTD,
     DEFAULT_COMPRESSION,
     Compression,
+    byteshuffle,
 )
 
 U8 = npt.NDArray[np.uint8]

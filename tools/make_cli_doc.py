@@ -1,7 +1,7 @@
 """Regenerate docs/cli.md from the command's real output on the shipped fixtures.
 
-    python tools/make_cli_doc.py          # rewrite docs/cli.md
-    python tools/make_cli_doc.py --check  # exit 1 if docs/cli.md is out of date (a test runs this)
+python tools/make_cli_doc.py          # rewrite docs/cli.md
+python tools/make_cli_doc.py --check  # exit 1 if docs/cli.md is out of date (a test runs this)
 """
 
 from __future__ import annotations

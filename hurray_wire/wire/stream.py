@@ -4,8 +4,8 @@ A stream is ``[stream header] blob* [end record]``. Every record starts with the
 16-byte prefix as a blob (magic, version_major, version_minor, flags, total_length), so a
 reader frames any record from its first 16 bytes and tells the kinds apart by magic.
 The rules (which values are allowed, what must agree with what) live in
-``hurray_wire.stream``; the variable parts (model name, metadata, index entries) are sized
-by fields of these fixed structs.
+``hurray_wire.containers.stream``; the variable parts (model name, metadata, index entries)
+are sized by fields of these fixed structs.
 """
 
 from __future__ import annotations

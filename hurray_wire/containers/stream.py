@@ -35,7 +35,6 @@ from hurray_wire.blob import (
     encode_parts,
     peek_descriptor,
 )
-from hurray_wire.descriptor_codec import as_byte_view
 from hurray_wire.dtypes import ElementType, element_type_from_tag, element_type_of
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -47,8 +46,9 @@ from hurray_wire.errors import (
     StreamBlobTruncatedError,
     StreamTruncatedError,
 )
-from hurray_wire.layout import KV_ROLE_NAMES
 from hurray_wire.metadata import decode_metadata, encode_metadata
+from hurray_wire.model.descriptor_codec import as_byte_view
+from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws

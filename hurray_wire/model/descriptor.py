@@ -1,7 +1,7 @@
 """TensorDescriptor: the validated model of one block-paged Hurray descriptor.
 
 Objects are checked when they are built, so an object that exists is one the decoder would
-accept: that is how the codec (``hurray_wire.descriptor_codec``) never writes a descriptor
+accept: that is how the codec (``hurray_wire.model.descriptor_codec``) never writes a descriptor
 it would reject. Rules: descriptor.md §§ 2-9 and block-paged.md §§ 2-3, 7.
 """
 
@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hurray_wire import dtypes
-from hurray_wire._checks import U8_MAX, U32_MAX, U64_MAX, check_uint, is_power_of_two
 from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import InvalidDescriptorError
-from hurray_wire.layout import BlockPagedLayout
-from hurray_wire.quantization import (
+from hurray_wire.model._checks import U8_MAX, U32_MAX, U64_MAX, check_uint, is_power_of_two
+from hurray_wire.model.layout import BlockPagedLayout
+from hurray_wire.model.quantization import (
     MXFP,
     NF4,
     PerBlockAffine,

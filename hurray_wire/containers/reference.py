@@ -29,17 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire._checks import U16_MAX
 from hurray_wire.crc32c import crc32c
-from hurray_wire.descriptor import TensorDescriptor
-from hurray_wire.descriptor_codec import (
-    DescriptorHeader,
-    as_byte_view,
-    decode_descriptor,
-    decode_header,
-    encode_descriptor,
-    peek_descriptor_length,
-)
 from hurray_wire.errors import (
     ArgumentTypeError,
     ClosedContainerError,
@@ -57,6 +47,16 @@ from hurray_wire.metadata import (
     UInt64,
     decode_metadata,
     encode_metadata,
+)
+from hurray_wire.model._checks import U16_MAX
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.model.descriptor_codec import (
+    DescriptorHeader,
+    as_byte_view,
+    decode_descriptor,
+    decode_header,
+    encode_descriptor,
+    peek_descriptor_length,
 )
 from hurray_wire.tensor import BlockPagedTensor, assemble, check_seq_lens
 from hurray_wire.wire import containers as wc

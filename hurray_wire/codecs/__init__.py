@@ -30,7 +30,8 @@ import numpy.typing as npt
 import xxhash
 import zstandard
 
-from hurray_wire import byteshuffle, parallel
+from hurray_wire import parallel
+from hurray_wire.codecs import byteshuffle
 from hurray_wire.errors import (
     ArgumentTypeError,
     DecompressionError,
@@ -339,9 +340,7 @@ def _width_arg(width: object) -> int:
     return w
 
 
-def _shuffle_operands(
-    src: Buffer, width: int, out: U8Array | None
-) -> tuple[U8Array, int, U8Array]:
+def _shuffle_operands(src: Buffer, width: int, out: U8Array | None) -> tuple[U8Array, int, U8Array]:
     """Checked (source, width, output) of shuffle_bytes / unshuffle_bytes."""
     s = _as_u8(src, "src")
     w = _width_arg(width)
@@ -354,7 +353,7 @@ def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Arra
     """Group byte j of every ``width``-byte element into plane j; a tail of
     ``len(src) % width`` bytes is copied unchanged at the end. Returns ``out`` (the same
     object when given, any C-contiguous shape of the right size). Runs c-blosc2's SIMD
-    kernel when python-blosc2 is installed (:mod:`hurray_wire.byteshuffle`)."""
+    kernel when python-blosc2 is installed (:mod:`hurray_wire.codecs.byteshuffle`)."""
     s, w, o = _shuffle_operands(src, width, out)
     byteshuffle.shuffle_into(s, w, o)
     return o if out is None else out

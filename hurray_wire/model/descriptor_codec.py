@@ -18,7 +18,6 @@ from typing import Any, Literal, TypeVar
 import construct as c
 
 from hurray_wire import dtypes
-from hurray_wire.descriptor import BufferHandle, Statistics, TensorDescriptor
 from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -27,8 +26,9 @@ from hurray_wire.errors import (
     InvalidDescriptorError,
     UnsupportedLayoutError,
 )
-from hurray_wire.layout import BlockPagedLayout
-from hurray_wire.quantization import (
+from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
+from hurray_wire.model.layout import BlockPagedLayout
+from hurray_wire.model.quantization import (
     MXFP,
     NF4,
     NO_BUFFER,

@@ -21,10 +21,10 @@ import functools
 from hypothesis import strategies as st
 
 from hurray_wire import dtypes
-from hurray_wire.descriptor import BufferHandle, Statistics, TensorDescriptor
 from hurray_wire.dtypes import ElementType
-from hurray_wire.layout import INDEX_TYPE_NAMES, KV_ROLE_NAMES, BlockPagedLayout
-from hurray_wire.quantization import (
+from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
+from hurray_wire.model.layout import INDEX_TYPE_NAMES, KV_ROLE_NAMES, BlockPagedLayout
+from hurray_wire.model.quantization import (
     PerBlockAffine,
     PerChannelAffine,
     PerTensorAffine,

@@ -19,8 +19,6 @@ import xxhash
 
 from hurray_wire import codecs, parallel
 from hurray_wire.codecs import Compression
-from hurray_wire.descriptor import TensorDescriptor
-from hurray_wire.descriptor_codec import as_byte_view, decode_descriptor, encode_descriptor
 from hurray_wire.errors import (
     ArgumentTypeError,
     BlobTruncatedError,
@@ -33,7 +31,9 @@ from hurray_wire.errors import (
     SectionError,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
-from hurray_wire.quantization import PerBlockAffine, PerChannelAffine
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.model.descriptor_codec import as_byte_view, decode_descriptor, encode_descriptor
+from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine
 from hurray_wire.tensor import BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import derive

@@ -2,7 +2,7 @@
 
 Objects are immutable values. Field-level rules are checked on construction; rules that
 need the descriptor (storage type, buffer indices vs buffer_count) live in
-``hurray_wire.descriptor``; the block-paged admission rules in
+``hurray_wire.model.descriptor``; the block-paged admission rules in
 ``check_block_paged_compatibility``.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Union
 
 from hurray_wire import dtypes
-from hurray_wire._checks import I32_MAX, I32_MIN, U32_MAX, check_uint, is_power_of_two
 from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import InvalidDescriptorError, QuantizationNotDefinedError
+from hurray_wire.model._checks import I32_MAX, I32_MIN, U32_MAX, check_uint, is_power_of_two
 
 __all__ = [
     "PerTensorAffine",

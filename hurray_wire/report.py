@@ -12,7 +12,7 @@ import numpy as np
 
 from hurray_wire import blob as blob_codec
 from hurray_wire import codecs
-from hurray_wire.descriptor import (
+from hurray_wire.model.descriptor import (
     DEVICE_NAMES,
     MEMORY_CLASS_NAMES,
     SYNC_MODE_NAMES,
@@ -20,8 +20,8 @@ from hurray_wire.descriptor import (
     Statistics,
     TensorDescriptor,
 )
-from hurray_wire.descriptor_codec import DescriptorHeader
-from hurray_wire.quantization import Quantization
+from hurray_wire.model.descriptor_codec import DescriptorHeader
+from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wire
 

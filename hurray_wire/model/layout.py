@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire._checks import U32_MAX, U64_MAX, check_uint
 from hurray_wire.errors import IndexBufferError, InvalidDescriptorError
+from hurray_wire.model._checks import U32_MAX, U64_MAX, check_uint
 
 if TYPE_CHECKING:
-    from hurray_wire.quantization import Quantization
+    from hurray_wire.model.quantization import Quantization
 
 __all__ = ["BlockPagedLayout", "KV_ROLE_NAMES", "INDEX_TYPE_NAMES", "DYNAMIC_DIM"]
 
@@ -254,7 +254,7 @@ class BlockPagedLayout:
 
     def validate_quantization_compatibility(self, quantization: Quantization | None) -> None:
         """Refuse a scheme that block-paged does not admit (block-paged.md § 7)."""
-        from hurray_wire.quantization import check_block_paged_compatibility
+        from hurray_wire.model.quantization import check_block_paged_compatibility
 
         check_block_paged_compatibility(quantization, self._page_size)
 

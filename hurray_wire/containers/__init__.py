@@ -1,0 +1,1 @@
+"""Containers that carry blobs and descriptors: streams, reference streams, ``.hrry`` files."""

@@ -1,0 +1,1 @@
+"""Test support shipped with the package: hypothesis strategies for users' own tests."""
