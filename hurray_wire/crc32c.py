@@ -13,36 +13,12 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
+from hurray_wire.buffers import u8_array
 from hurray_wire.errors import ArgumentTypeError
 
 __all__ = ["crc32c", "CRC32C_CHECK"]
 
 CRC32C_CHECK = 0xE3069283  # crc32c(b"123456789"), the catalogue check value
-
-
-def _as_buffer(data: object) -> Any:
-    """``bytes`` or a C-contiguous, non-object ``np.ndarray`` over the same bytes."""
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, np.ndarray):
-        if data.dtype.hasobject:
-            raise ArgumentTypeError(
-                "cannot checksum an object array (its buffer holds pointers)",
-                expected="a numeric or bytes-like buffer",
-                found=f"ndarray of dtype {data.dtype}",
-            )
-        # A non-contiguous array is checksummed in C order, i.e. as ``data.tobytes()``.
-        return np.ascontiguousarray(data)
-    if isinstance(data, str) or not isinstance(data, (bytearray, memoryview)):
-        raise ArgumentTypeError(
-            "crc32c() takes a bytes-like object",
-            expected="bytes, bytearray, memoryview or np.ndarray",
-            found=type(data).__name__,
-        )
-    view = memoryview(data)
-    if not view.c_contiguous:
-        return view.tobytes()
-    return np.frombuffer(view.cast("B") if view.ndim != 1 else view, dtype=np.uint8)
 
 
 def crc32c(data: bytes | bytearray | memoryview | np.ndarray[Any, Any], crc: int = 0) -> int:
@@ -54,5 +30,5 @@ def crc32c(data: bytes | bytearray | memoryview | np.ndarray[Any, Any], crc: int
             expected="int in [0, 2**32)",
             found=repr(crc),
         )
-    value: int = google_crc32c.extend(crc, _as_buffer(data))
+    value: int = google_crc32c.extend(crc, u8_array(data, "data", allow_copy=True))
     return value

@@ -37,6 +37,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, SupportsIndex, TypeAlias
 
+from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidMetadataError
 from hurray_wire.wire.containers import (
     KV_ARRAY,
@@ -526,31 +527,6 @@ def _array(cursor: _Cursor, field: str) -> list[Any]:
     return [_scalar(cursor, tag, f"{field}[{j}]") for j in range(count)]
 
 
-def _as_view(data: object) -> memoryview:
-    """A flat unsigned-byte view of any contiguous or non-contiguous buffer."""
-    if isinstance(data, str):
-        raise ArgumentTypeError(
-            "metadata bytes must be bytes-like, not str",
-            section=SECTION,
-            expected="bytes, bytearray, memoryview or another buffer",
-            found="str",
-        )
-    try:
-        view = memoryview(data)  # type: ignore[arg-type]
-    except TypeError:
-        raise ArgumentTypeError(
-            "metadata bytes must support the buffer protocol",
-            section=SECTION,
-            expected="bytes, bytearray, memoryview or another buffer",
-            found=type(data).__name__,
-        ) from None
-    if not view.c_contiguous:
-        view = memoryview(view.tobytes())
-    if view.ndim != 1 or view.format != "B":
-        view = view.cast("B")
-    return view
-
-
 def decode_metadata(data: object, *, base_offset: int = 0) -> dict[str, MetadataValue]:
     """The entries of exactly one KV section (``kv_length`` bytes, no padding), in file order.
 
@@ -564,7 +540,7 @@ def decode_metadata(data: object, *, base_offset: int = 0) -> dict[str, Metadata
             expected="int >= 0",
             found=repr(base_offset),
         )
-    cursor = _Cursor(_as_view(data), base_offset)
+    cursor = _Cursor(byte_view(data, "data", allow_copy=True), base_offset)
     count = cursor.u32("kv_count", "kv_count")
     entries: dict[str, MetadataValue] = {}
     first_index: dict[str, int] = {}

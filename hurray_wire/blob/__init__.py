@@ -18,6 +18,7 @@ import numpy.typing as npt
 import xxhash
 
 from hurray_wire import codecs, parallel
+from hurray_wire.buffers import align, byte_view, check_zero
 from hurray_wire.codecs import Compression
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -32,7 +33,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.descriptor_codec import as_byte_view, decode_descriptor, encode_descriptor
+from hurray_wire.model.descriptor_codec import decode_descriptor, encode_descriptor
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine
 from hurray_wire.tensor import BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
@@ -75,10 +76,6 @@ class DecodeLimits:
 
 
 _DEFAULT_LIMITS = DecodeLimits()
-
-
-def _align(value: int, alignment: int) -> int:
-    return (value + alignment - 1) & ~(alignment - 1)
 
 
 # -- encode ----------------------------------------------------------------------------------
@@ -156,13 +153,13 @@ def _plan(
     header_length = _HEADER_SIZE + _ENTRY_SIZE * len(sections) + len(descriptor)
     cursor = header_length + 8
     for section in sections:
-        section.offset = _align(cursor, section.alignment)
+        section.offset = align(cursor, section.alignment)
         cursor = section.offset + section.stored_size
         if checksum and (
             hash_raw or section.codec != codecs.CODEC_RAW or section.raw_size < _COPY_CHUNK
         ):
             section.checksum = _hash_parts(section.parts)
-    total = _align(cursor, w.BLOB_ALIGNMENT)
+    total = align(cursor, w.BLOB_ALIGNMENT)
     return _header(descriptor, sections, total, checksum), sections, total
 
 
@@ -388,7 +385,7 @@ def encode(
 # -- decode ----------------------------------------------------------------------------------
 def blob_length(data: Any) -> int:
     """total_length of the blob at the start of ``data`` (needs 16 bytes): for framing."""
-    view = as_byte_view(data)
+    view = byte_view(data)
     _check_magic(view)
     if len(view) < BLOB_PREFIX_SIZE:
         raise BlobTruncatedError(
@@ -593,7 +590,7 @@ def _total_length(view: memoryview, *, whole: bool) -> int:
 def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorDescriptor:
     """The descriptor of the blob at the start of ``data``, after checking the blob's header
     and header checksum, without reading its sections (``data`` may end after the header)."""
-    view = as_byte_view(data)
+    view = byte_view(data)
     total = _total_length(view, whole=False)
     count, dlen = _U16.unpack_from(view, 20)[0], _U32.unpack_from(view, 24)[0]
     _check_limits(count, dlen, _DEFAULT_LIMITS if limits is None else limits)
@@ -611,7 +608,7 @@ def decode(
     ``threads`` (the caller included; -1 = every usable core, 0 = the caller only)
     decompress the chunks of chunked sections.
     """
-    view = as_byte_view(data)
+    view = byte_view(data)
     limits = _DEFAULT_LIMITS if limits is None else limits
     if threads != -1:
         threads = codecs.check_threads(threads)
@@ -701,13 +698,13 @@ def _check_entries(
                 offset=at + 40,
                 found=alignment,
             )
-        if offset != _align(cursor, alignment):
+        if offset != align(cursor, alignment):
             raise SectionError(
                 "section is not at the next aligned offset after the previous one",
                 section=where,
                 field="offset",
                 offset=at + 8,
-                expected=_align(cursor, alignment),
+                expected=align(cursor, alignment),
                 found=offset,
             )
         end = offset + stored
@@ -875,13 +872,13 @@ def _check_entries(
             expected=len(buffers),
             found=next_buffer,
         )
-    if total != _align(cursor, w.BLOB_ALIGNMENT):
+    if total != align(cursor, w.BLOB_ALIGNMENT):
         raise InvalidBlobError(
             "total_length must be the end of the last section rounded up to 64",
             section="header",
             field="total_length",
             offset=8,
-            expected=_align(cursor, w.BLOB_ALIGNMENT),
+            expected=align(cursor, w.BLOB_ALIGNMENT),
             found=total,
         )
     return tuple(entries), cursor
@@ -891,7 +888,7 @@ def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> B
     """Check padding and checksums, decode the sections, then assemble the tensor."""
     for start, stop, where in plan.paddings:
         if int.from_bytes(view[start:stop], "little"):
-            _check_zero(view, start, stop, where)
+            check_zero(view, start, stop, error=PaddingError, section=where)
     if verify and plan.verify_sections:
         for e in plan.entries:
             computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
@@ -915,14 +912,6 @@ def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> B
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
     return _assemble(plan, buffers, lens, meta)
-
-
-def _check_zero(view: memoryview, start: int, stop: int, where: str) -> None:
-    if stop > start and int.from_bytes(view[start:stop], "little"):
-        first = next(i for i in range(start, stop) if view[i])
-        raise PaddingError(
-            "padding bytes must be zero", section=where, offset=first, found=f"0x{view[first]:02X}"
-        )
 
 
 def _decompress(e: _Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.NDArray[np.uint8]:

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Union, cast
 
 import numpy as np
-import numpy.typing as npt
 import xxhash
 import zstandard
 
 from hurray_wire import parallel
+from hurray_wire.buffers import U8Array, u8_array, writable_u8
 from hurray_wire.codecs import byteshuffle
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -86,7 +86,6 @@ _U32 = struct.Struct("<I")
 _SMALL_TABLE = 64
 
 Buffer = Union[bytes, bytearray, memoryview, "np.ndarray[Any, Any]"]
-U8Array = npt.NDArray[np.uint8]
 
 _MIN_LEVEL = 1
 _MAX_LEVEL: int = zstandard.MAX_COMPRESSION_LEVEL
@@ -262,52 +261,14 @@ DEFAULT_COMPRESSION = Compression(
 # -- bytes-like arguments --------------------------------------------------------------
 
 
-def _as_u8(data: object, name: str) -> U8Array:
-    """View any C-contiguous bytes-like object as a flat uint8 array, without copying."""
-    if isinstance(data, np.ndarray):
-        if data.dtype.hasobject:
-            raise ArgumentTypeError(f"{name} must hold plain data, not objects", field=name)
-        if not data.flags.c_contiguous:
-            raise ArgumentTypeError(f"{name} must be C-contiguous", field=name)
-        # reshape + view also covers dtypes that cannot export a buffer (bfloat16).
-        return data.reshape(-1).view(np.uint8)
-    if isinstance(data, str) or not isinstance(data, (bytes, bytearray, memoryview)):
-        try:
-            view = memoryview(data)  # type: ignore[arg-type]
-        except TypeError:
-            raise ArgumentTypeError(
-                f"{name} must be bytes-like", field=name, found=type(data).__name__
-            ) from None
-    else:
-        view = memoryview(data)
-    if not view.c_contiguous:
-        raise ArgumentTypeError(f"{name} must be C-contiguous", field=name)
-    try:
-        return np.frombuffer(view, dtype=np.uint8)
-    except (ValueError, BufferError) as exc:  # e.g. a released memoryview
-        raise ArgumentTypeError(f"{name} is not a usable buffer: {exc}", field=name) from None
-
-
 def _bytes_view(a: U8Array) -> memoryview:
     """A memoryview of a flat uint8 array (numpy's stubs do not declare the buffer protocol)."""
     return memoryview(cast(Any, a))
 
 
 def _writable_u8(out: object, size: int | None, name: str) -> U8Array:
-    """Check a caller's output array (of ``size`` bytes, unless None) and return it as a
-    flat uint8 view."""
-    if not isinstance(out, np.ndarray):
-        raise ArgumentTypeError(
-            f"{name} must be a numpy uint8 array", field=name, found=type(out).__name__
-        )
-    if out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ArgumentTypeError(
-            f"{name} must be a writable C-contiguous uint8 array",
-            field=name,
-            found=f"dtype {out.dtype}, contiguous {out.flags.c_contiguous}, "
-            f"writable {out.flags.writeable}",
-        )
-    flat: U8Array = out.reshape(-1)
+    """A caller's output array as a flat uint8 view, of ``size`` bytes unless None."""
+    flat = writable_u8(out, name)
     if size is not None and flat.size != size:
         raise CodecConfigError(
             f"{name} has the wrong size", field=name, expected=size, found=flat.size
@@ -327,7 +288,7 @@ def checksum(data: Buffer) -> int:
     """xxh3_64 of the bytes (the blob's checksum of stored bytes): ~30 GB/s."""
     if type(data) is bytes:
         return int(xxhash.xxh3_64_intdigest(data))
-    return int(xxhash.xxh3_64_intdigest(_bytes_view(_as_u8(data, "data"))))
+    return int(xxhash.xxh3_64_intdigest(_bytes_view(u8_array(data, "data"))))
 
 
 # -- byte shuffle ----------------------------------------------------------------------
@@ -342,7 +303,7 @@ def _width_arg(width: object) -> int:
 
 def _shuffle_operands(src: Buffer, width: int, out: U8Array | None) -> tuple[U8Array, int, U8Array]:
     """Checked (source, width, output) of shuffle_bytes / unshuffle_bytes."""
-    s = _as_u8(src, "src")
+    s = u8_array(src, "src")
     w = _width_arg(width)
     o = np.empty(s.size, np.uint8) if out is None else _writable_u8(out, s.size, "out")
     _check_no_overlap(s, o, "src and out")
@@ -533,7 +494,7 @@ def compress_parts(
         raise CodecConfigError(
             "element_width must be at least 1", field="element_width", found=width
         )
-    src = _as_u8(data, "data")
+    src = u8_array(data, "data")
     size = src.size
     if size == 0 or size < compression.min_size:
         return CODEC_RAW, 0, []
@@ -922,7 +883,7 @@ def _decode_args(
             }.get(codec, 0),
             found=param,
         )
-    return codec, param, check_threads(threads), _as_u8(stored, "stored")
+    return codec, param, check_threads(threads), u8_array(stored, "stored")
 
 
 def _decode_section(

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hurray_wire.buffers import align, byte_view
 from hurray_wire.crc32c import crc32c
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -52,7 +53,6 @@ from hurray_wire.model._checks import U16_MAX
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import (
     DescriptorHeader,
-    as_byte_view,
     decode_descriptor,
     decode_header,
     encode_descriptor,
@@ -101,10 +101,6 @@ _ZEROS = bytes(1 << 16)
 def _check_limit(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ArgumentTypeError(f"{name} must be an int >= {minimum}", found=repr(value))
-
-
-def _align(value: int, alignment: int) -> int:
-    return (value + alignment - 1) // alignment * alignment
 
 
 # -- shared: descriptor + buffers -> tensor ---------------------------------------------------
@@ -342,7 +338,7 @@ def read_stream(
     if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap, np.ndarray)) or not (
         hasattr(source, "readinto") or hasattr(source, "read") or hasattr(source, "recv_into")
     ):
-        view = as_byte_view(source, "source")
+        view = byte_view(source, "source")
         return _read_stream_view(view, max_descriptor_length, max_buffer_size, cross_machine)
     return _read_stream_file(_Source(source), max_descriptor_length, max_buffer_size, cross_machine)
 
@@ -511,18 +507,18 @@ def write_file(
     """
     if not isinstance(tensors, Mapping):
         raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")
-    align = data_buffer_alignment
+    buffer_alignment = data_buffer_alignment
     if (
-        isinstance(align, bool)
-        or not isinstance(align, int)
-        or not _MIN_ALIGNMENT <= align <= _MAX_ALIGNMENT
-        or align & (align - 1)
+        isinstance(buffer_alignment, bool)
+        or not isinstance(buffer_alignment, int)
+        or not _MIN_ALIGNMENT <= buffer_alignment <= _MAX_ALIGNMENT
+        or buffer_alignment & (buffer_alignment - 1)
     ):
         raise InvalidContainerError(
             "data_buffer_alignment must be a power of two in 4096..2 MiB",
             section="header",
             field="data_buffer_alignment",
-            found=repr(align),
+            found=repr(buffer_alignment),
         )
     records = []
     for name, tensor in tensors.items():
@@ -536,7 +532,7 @@ def write_file(
         0,
         bytes(2),
         flags,
-        align,
+        buffer_alignment,
         wc.HEADER_SIZE,
         wc.TENSOR_COUNT_UNKNOWN,
         bytes(28),
@@ -544,7 +540,7 @@ def write_file(
     target = os.fspath(path)
     temporary = f"{target}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        size = _write_image(temporary, header, records, kv, align, sorted_index)
+        size = _write_image(temporary, header, records, kv, buffer_alignment, sorted_index)
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -558,7 +554,7 @@ def _write_image(
     header: bytes,
     records: list[tuple[bytes, tuple[bytes, list[list[memoryview]]]]],
     kv: bytes,
-    align: int,
+    buffer_alignment: int,
     sorted_index: bool,
 ) -> int:
     """Lay the file out (§ B.3-B.6) into a new file at ``path``; its size."""
@@ -571,7 +567,7 @@ def _write_image(
             pos += len(piece)
 
         def pad_to(alignment: int) -> None:
-            gap = _align(pos, alignment) - pos
+            gap = align(pos, alignment) - pos
             while gap:
                 step = min(gap, len(_ZEROS))
                 put(memoryview(_ZEROS)[:step])
@@ -582,11 +578,11 @@ def _write_image(
         for raw_name, (descriptor, buffers) in records:
             descriptor_offset = pos
             put(descriptor)
-            pad_to(align)  # step 2, even before an empty buffer 0
+            pad_to(buffer_alignment)  # step 2, even before an empty buffer 0
             data_offset = pos
             for number, pieces in enumerate(buffers):
                 if number:
-                    pad_to(align)  # between buffers only: none after the last ([A18])
+                    pad_to(buffer_alignment)  # between buffers only: none after the last ([A18])
                 for piece in pieces:
                     put(piece)
             index.append(
@@ -657,7 +653,7 @@ class HrryFile:
     ) -> HrryFile:
         """Read a ``.hrry`` image held in memory (arrays are then views of ``data``)."""
         _check_limit("max_descriptor_length", max_descriptor_length, _MIN_DESCRIPTOR)
-        view = as_byte_view(data, "data")
+        view = byte_view(data, "data")
         self = cls.__new__(cls)
         if len(view) < wc.MIN_FILE_SIZE:
             raise ContainerTruncatedError(
@@ -1006,13 +1002,13 @@ class HrryFile:
         entry = self.entry(name)
         descriptor = self.descriptor(name)
         section = f"tensor {name!r}"
-        align = self.header.data_buffer_alignment
-        if entry.data_offset % align:
+        buffer_alignment = self.header.data_buffer_alignment
+        if entry.data_offset % buffer_alignment:
             raise InvalidContainerError(
                 "data_offset must be a multiple of data_buffer_alignment",
                 section=section,
                 field="data_offset",
-                expected=f"multiple of {align}",
+                expected=f"multiple of {buffer_alignment}",
                 found=entry.data_offset,
             )
         descriptor_end = entry.descriptor_offset + entry.descriptor_length
@@ -1028,7 +1024,7 @@ class HrryFile:
         pos = entry.data_offset
         for number, handle in enumerate(descriptor.buffers):
             if number:
-                pos = _align(pos, align)
+                pos = align(pos, buffer_alignment)
             spans.append((pos, handle.byte_size))
             pos += handle.byte_size
         if pos - entry.data_offset != entry.data_length:

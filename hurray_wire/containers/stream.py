@@ -35,6 +35,7 @@ from hurray_wire.blob import (
     encode_parts,
     peek_descriptor,
 )
+from hurray_wire.buffers import align, byte_view, check_zero
 from hurray_wire.dtypes import ElementType, element_type_from_tag, element_type_of
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -47,7 +48,6 @@ from hurray_wire.errors import (
     StreamTruncatedError,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
-from hurray_wire.model.descriptor_codec import as_byte_view
 from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb
@@ -160,10 +160,6 @@ class StreamEntry:
 
 
 # -- records ---------------------------------------------------------------------------------
-def _align(value: int, alignment: int) -> int:
-    return (value + alignment - 1) & ~(alignment - 1)
-
-
 def encode_stream_header(header: StreamHeader) -> bytes:
     """The stream header record for ``header`` (docs/streaming.md § 2)."""
     if not isinstance(header, StreamHeader):
@@ -173,7 +169,7 @@ def encode_stream_header(header: StreamHeader) -> bytes:
     if len(meta) > 0xFFFF_FFFF:
         raise InvalidStreamError("stream metadata too long", field="metadata", found=len(meta))
     body = _SHEADER.size + len(name) + len(meta)
-    total = _align(body + 8, ws.RECORD_ALIGNMENT)
+    total = align(body + 8, ws.RECORD_ALIGNMENT)
     roles = 0
     for role in header.kv_roles:
         roles |= ws.ROLE_BITS[role]
@@ -196,7 +192,7 @@ def encode_stream_header(header: StreamHeader) -> bytes:
 
 def _record_length(prefix: Any, magic: bytes, what: str, minimum: int) -> int:
     """total_length of a stream header or end record from its 16-byte prefix, checked."""
-    view = as_byte_view(prefix)
+    view = byte_view(prefix)
     if len(view) < BLOB_PREFIX_SIZE:
         raise StreamTruncatedError(
             f"input ends inside the {what} prefix",
@@ -260,18 +256,10 @@ def _check_checksum(view: memoryview, start: int, stored: int, what: str) -> Non
         )
 
 
-def _check_zero(view: memoryview, start: int, stop: int, what: str) -> None:
-    if stop > start and int.from_bytes(view[start:stop], "little"):
-        first = next(i for i in range(start, stop) if view[i])
-        raise InvalidStreamError(
-            "padding bytes must be zero", section=what, offset=first, found=f"0x{view[first]:02X}"
-        )
-
-
 def decode_stream_header(data: Any) -> StreamHeader:
     """Validate the stream header at the start of ``data`` (what follows it is ignored)."""
     what = "stream header"
-    view = as_byte_view(data)
+    view = byte_view(data)
     total = _record_length(view, ws.STREAM_MAGIC, what, _SHEADER_MIN)
     _whole_record(view, total, what)
     view = view[:total]
@@ -300,7 +288,7 @@ def decode_stream_header(data: Any) -> StreamHeader:
             found=meta_length,
         )
     if minor == 0:  # a newer minor may append fields here; 1.0 has only padding
-        _check_zero(view, body, total - 8, what)
+        check_zero(view, body, total - 8, error=InvalidStreamError, section=what)
     try:
         model = bytes(view[_SHEADER.size : _SHEADER.size + name_length]).decode("utf-8")
     except UnicodeDecodeError:
@@ -331,7 +319,7 @@ def _encode_end(entries: list[StreamEntry] | None, blob_count: int) -> bytes:
     """The end record: end-of-stream marker, blob count and (optionally) the index."""
     rows = entries if entries is not None and len(entries) <= 0xFFFF_FFFF else []
     body = _END.size + _ENTRY.size * len(rows)
-    total = _align(body + _FOOTER.size, ws.RECORD_ALIGNMENT)
+    total = align(body + _FOOTER.size, ws.RECORD_ALIGNMENT)
     pieces = [_END.struct.pack(ws.END_MAGIC, 1, 0, 0, total, blob_count, len(rows), bytes(4))]
     for e in rows:
         layer = LAYER_NONE if e.layer_index is None else e.layer_index
@@ -344,7 +332,7 @@ def _encode_end(entries: list[StreamEntry] | None, blob_count: int) -> bytes:
 def _decode_end(data: Any) -> tuple[int, tuple[StreamEntry, ...] | None]:
     """(blob_count, index entries or None) of the end record at the start of ``data``."""
     what = "end record"
-    view = as_byte_view(data)
+    view = byte_view(data)
     total = _record_length(view, ws.END_MAGIC, what, _END_MIN)
     _whole_record(view, total, what)
     view = view[:total]
@@ -385,7 +373,7 @@ def _decode_end(data: Any) -> tuple[int, tuple[StreamEntry, ...] | None]:
             found=count,
         )
     if minor == 0:
-        _check_zero(view, body, total - _FOOTER.size, what)
+        check_zero(view, body, total - _FOOTER.size, error=InvalidStreamError, section=what)
     entries = []
     for number, row in enumerate(_ENTRY.struct.iter_unpack(view[_END.size : body])):
         offset, length, layer, role, pad = row
@@ -646,8 +634,8 @@ def _map(source: Any) -> tuple[memoryview, mmap.mmap | None]:
             mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         return memoryview(mapping), mapping
     if isinstance(source, mmap.mmap):
-        return as_byte_view(source), None
-    return as_byte_view(source, "source"), None
+        return byte_view(source), None
+    return byte_view(source, "source"), None
 
 
 def _will_need(mapping: mmap.mmap | None, start: int, length: int) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import construct as c
 
 from hurray_wire import dtypes
+from hurray_wire.buffers import byte_view
 from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -47,7 +48,6 @@ __all__ = [
     "decode_header",
     "peek_descriptor_length",
     "DescriptorHeader",
-    "as_byte_view",
 ]
 
 
@@ -132,24 +132,9 @@ def _error(
     return InvalidDescriptorError(message, section="descriptor", field=field, offset=offset, **kw)
 
 
-def as_byte_view(data: Any, what: str = "data") -> memoryview:
-    """A flat unsigned-byte memoryview of any C-contiguous bytes-like object."""
-    try:
-        view = memoryview(data)
-    except TypeError:
-        raise ArgumentTypeError(
-            f"{what} must be a bytes-like object", found=type(data).__name__
-        ) from None
-    if view.format != "B" or view.ndim != 1:
-        if not view.c_contiguous:
-            raise ArgumentTypeError(f"{what} must be C-contiguous")
-        view = view.cast("B")
-    return view
-
-
 def peek_descriptor_length(data: Any) -> int:
     """descriptor_length from the first 10 bytes (what stream framing needs), checked."""
-    view = as_byte_view(data)
+    view = byte_view(data)
     if len(view) >= 4 and view[:4] != w.MAGIC:
         raise _error(
             "bad magic", "magic", 0, expected="48 52 52 59", found=bytes(view[:4]).hex(" ")
@@ -176,7 +161,7 @@ def peek_descriptor_length(data: Any) -> int:
 # -- decode ----------------------------------------------------------------------------------
 def _descriptor_bytes(data: Any) -> bytes:
     """Exactly the ``descriptor_length`` bytes at the start of ``data``, or the error."""
-    view = as_byte_view(data)
+    view = byte_view(data)
     length = peek_descriptor_length(view)
     if length > len(view):
         raise DescriptorTruncatedError(

@@ -1,0 +1,131 @@
+"""Bytes-like arguments, once: every public entry point that takes bytes coerces them here.
+
+One rule for the whole package: a buffer is any object that exports the buffer protocol
+(``bytes``, ``bytearray``, ``memoryview``, ``mmap``, NumPy arrays, ...), C-contiguous, not a
+``str``, not released. Anything else is an :class:`~hurray_wire.errors.ArgumentTypeError`
+naming the argument, never a ``BufferError``, ``TypeError`` or ``ValueError`` from the
+buffer protocol itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError
+
+__all__ = ["U8Array", "align", "byte_view", "check_zero", "u8_array", "writable_u8"]
+
+U8Array = npt.NDArray[np.uint8]
+
+
+def _not_bytes(name: str, data: object) -> ArgumentTypeError:
+    return ArgumentTypeError(
+        f"{name} must be a bytes-like object",
+        field=name,
+        expected="bytes, bytearray, memoryview, mmap or a NumPy array",
+        found=type(data).__name__,
+    )
+
+
+def byte_view(data: object, name: str = "data", *, allow_copy: bool = False) -> memoryview:
+    """A flat unsigned-byte memoryview of a C-contiguous bytes-like object (no copy).
+
+    With ``allow_copy`` a strided buffer is copied into C order instead of refused (for
+    readers whose result does not keep views of their input: checksums, metadata).
+    """
+    if type(data) is bytes:  # the common case, fast
+        return memoryview(data)
+    if isinstance(data, str):
+        raise _not_bytes(name, data)
+    if isinstance(data, np.ndarray):
+        return memoryview(u8_array(data, name, allow_copy=allow_copy))  # type: ignore[arg-type]
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+    except (TypeError, ValueError, BufferError):  # no buffer, or a released one
+        raise _not_bytes(name, data) from None
+    if not view.c_contiguous:
+        if not allow_copy:
+            raise ArgumentTypeError(
+                f"{name} must be C-contiguous", field=name, found=f"strides {view.strides}"
+            )
+        view = memoryview(view.tobytes())
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def u8_array(data: object, name: str = "data", *, allow_copy: bool = False) -> U8Array:
+    """A flat uint8 NumPy view of a C-contiguous bytes-like object or array (no copy).
+
+    NumPy arrays of any plain dtype are viewed through ``reshape`` + ``view``, which also
+    covers dtypes that cannot export a buffer (bfloat16, the float8 types).
+    """
+    if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:
+            raise ArgumentTypeError(
+                f"{name} must hold plain data, not objects", field=name, found=str(data.dtype)
+            )
+        if not data.flags.c_contiguous:
+            if allow_copy:
+                return cast(U8Array, np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+            raise ArgumentTypeError(
+                f"{name} must be C-contiguous", field=name, found=f"strides {data.strides}"
+            )
+        return cast(U8Array, data.reshape(-1).view(np.uint8))
+    view = byte_view(data, name, allow_copy=allow_copy)
+    try:
+        return np.frombuffer(view, dtype=np.uint8)
+    except (ValueError, BufferError) as exc:  # pragma: no cover - byte_view checked it
+        raise ArgumentTypeError(f"{name} is not a usable buffer: {exc}", field=name) from None
+
+
+def writable_u8(out: object, name: str = "out") -> U8Array:
+    """A caller's output buffer as a flat, writable uint8 array (no copy)."""
+    if not isinstance(out, np.ndarray):
+        raise ArgumentTypeError(
+            f"{name} must be a numpy uint8 array", field=name, found=type(out).__name__
+        )
+    if out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ArgumentTypeError(
+            f"{name} must be a writable C-contiguous uint8 array",
+            field=name,
+            found=f"dtype {out.dtype}, contiguous {out.flags.c_contiguous}, "
+            f"writable {out.flags.writeable}",
+        )
+    return cast(U8Array, out.reshape(-1))
+
+
+def align(value: int, alignment: int) -> int:
+    """``value`` rounded up to a multiple of ``alignment`` (a positive integer)."""
+    return -(-value // alignment) * alignment
+
+
+def check_zero(
+    view: Any,
+    start: int,
+    stop: int,
+    *,
+    error: type[HurrayWireError],
+    section: str,
+    base: int = 0,
+) -> None:
+    """Raise ``error`` at the first non-zero byte of ``view[start:stop]`` (padding, reserved).
+
+    Vectorised and copy-free, so refusing a large padded region costs what reading it does;
+    the offset reported is ``base + position``.
+    """
+    if stop <= start:
+        return
+    region = np.frombuffer(view, np.uint8, stop - start, start)
+    if not region.any():
+        return
+    first = int(np.argmax(region != 0))
+    raise error(
+        "padding bytes must be zero",
+        section=section,
+        offset=base + start + first,
+        found=f"0x{int(region[first]):02X}",
+    )
