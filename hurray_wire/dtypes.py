@@ -1,14 +1,16 @@
 """Element types of the Hurray format (descriptor.md § 4): wire tag, name, bit width, NumPy dtype.
 
 The narrow float types come from ``ml_dtypes`` (the library JAX uses), so their bit patterns,
-NaN payloads included, survive a round trip exactly.
+NaN payloads included, survive a round trip exactly. ``ml_dtypes`` costs about 0.5 s to
+import, so it is imported the first time one of its types' NumPy dtype is asked for, not
+when ``hurray_wire`` is imported.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 
 from hurray_wire.errors import InvalidDescriptorError
@@ -55,7 +57,16 @@ class ElementType:
     tag: int
     name: str
     bit_width: int
-    numpy_dtype: np.dtype[np.generic]
+    #: A NumPy scalar type or dtype string, or ``"ml_dtypes.NAME"`` (imported when first used).
+    dtype_source: object = field(compare=False)
+
+    @property
+    def numpy_dtype(self) -> np.dtype[np.generic]:
+        """The NumPy dtype of one unpacked element."""
+        dtype = _NUMPY_DTYPES.get(self.tag)
+        if dtype is None:
+            dtype = _NUMPY_DTYPES[self.tag] = _resolve(self.dtype_source)
+        return dtype
 
     @property
     def is_packed(self) -> bool:
@@ -86,12 +97,21 @@ class ElementType:
         return f"hurray_wire.{self.name if self.name != 'bool' else 'bool_'}"
 
 
+_NUMPY_DTYPES: dict[int, np.dtype[np.generic]] = {}
+
+
+def _resolve(source: object) -> np.dtype[np.generic]:
+    if isinstance(source, str) and source.startswith("ml_dtypes."):
+        source = getattr(importlib.import_module("ml_dtypes"), source.split(".", 1)[1])
+    return np.dtype(source)  # type: ignore[call-overload, no-any-return]
+
+
 def _et(tag: int, name: str, bits: int, dtype: object) -> ElementType:
-    return ElementType(tag, name, bits, np.dtype(dtype))  # type: ignore[call-overload]
+    return ElementType(tag, name, bits, dtype)
 
 
 float16 = _et(0x01, "float16", 16, np.float16)
-bfloat16 = _et(0x02, "bfloat16", 16, ml_dtypes.bfloat16)
+bfloat16 = _et(0x02, "bfloat16", 16, "ml_dtypes.bfloat16")
 float32 = _et(0x03, "float32", 32, np.float32)
 float64 = _et(0x04, "float64", 64, np.float64)
 int8 = _et(0x10, "int8", 8, np.int8)
@@ -103,17 +123,17 @@ uint32 = _et(0x15, "uint32", 32, np.uint32)
 int64 = _et(0x16, "int64", 64, np.int64)
 uint64 = _et(0x17, "uint64", 64, np.uint64)
 bool_ = _et(0x20, "bool", 1, np.bool_)
-float8_e4m3 = _et(0x40, "float8_e4m3", 8, ml_dtypes.float8_e4m3fn)
-float8_e5m2 = _et(0x41, "float8_e5m2", 8, ml_dtypes.float8_e5m2)
-float8_e8m0 = _et(0x42, "float8_e8m0", 8, ml_dtypes.float8_e8m0fnu)
-float4_e2m1 = _et(0x43, "float4_e2m1", 4, ml_dtypes.float4_e2m1fn)
-float6_e2m3 = _et(0x44, "float6_e2m3", 6, ml_dtypes.float6_e2m3fn)
-float6_e3m2 = _et(0x45, "float6_e3m2", 6, ml_dtypes.float6_e3m2fn)
+float8_e4m3 = _et(0x40, "float8_e4m3", 8, "ml_dtypes.float8_e4m3fn")
+float8_e5m2 = _et(0x41, "float8_e5m2", 8, "ml_dtypes.float8_e5m2")
+float8_e8m0 = _et(0x42, "float8_e8m0", 8, "ml_dtypes.float8_e8m0fnu")
+float4_e2m1 = _et(0x43, "float4_e2m1", 4, "ml_dtypes.float4_e2m1fn")
+float6_e2m3 = _et(0x44, "float6_e2m3", 6, "ml_dtypes.float6_e2m3fn")
+float6_e3m2 = _et(0x45, "float6_e3m2", 6, "ml_dtypes.float6_e3m2fn")
 float128 = _et(0x46, "float128", 128, "V16")  # no IEEE binary128 dtype in NumPy: raw 16 bytes
-int4 = _et(0x48, "int4", 4, ml_dtypes.int4)
-uint4 = _et(0x49, "uint4", 4, ml_dtypes.uint4)
-int2 = _et(0x4A, "int2", 2, ml_dtypes.int2)
-uint2 = _et(0x4B, "uint2", 2, ml_dtypes.uint2)
+int4 = _et(0x48, "int4", 4, "ml_dtypes.int4")
+uint4 = _et(0x49, "uint4", 4, "ml_dtypes.uint4")
+int2 = _et(0x4A, "int2", 2, "ml_dtypes.int2")
+uint2 = _et(0x4B, "uint2", 2, "ml_dtypes.uint2")
 complex64 = _et(0x50, "complex64", 64, np.complex64)
 complex128 = _et(0x51, "complex128", 128, np.complex128)
 
@@ -125,7 +145,24 @@ ELEMENT_TYPES: tuple[ElementType, ...] = (
 
 _BY_TAG = {t.tag: t for t in ELEMENT_TYPES}
 _BY_NAME = {t.name: t for t in ELEMENT_TYPES}
-_BY_DTYPE = {t.numpy_dtype: t for t in ELEMENT_TYPES if t.tag != 0x46}
+_BY_DTYPE: dict[np.dtype[np.generic], ElementType] = {
+    np.dtype(t.dtype_source): t  # type: ignore[call-overload]
+    for t in ELEMENT_TYPES
+    if not (isinstance(t.dtype_source, str) and t.dtype_source.startswith("ml_dtypes."))
+    and t.tag != 0x46
+}
+
+
+def _by_dtype(dtype: np.dtype[np.generic]) -> ElementType:
+    """The element type of a NumPy dtype; the ml_dtypes ones join the table on first miss
+    (a caller holding such a dtype has imported ml_dtypes already)."""
+    found = _BY_DTYPE.get(dtype)
+    if found is None and len(_BY_DTYPE) < len(ELEMENT_TYPES) - 1:
+        _BY_DTYPE.update({t.numpy_dtype: t for t in ELEMENT_TYPES if t.tag != 0x46})
+        found = _BY_DTYPE.get(dtype)
+    if found is None:
+        raise KeyError(dtype)
+    return found
 
 
 def element_type_from_tag(tag: int) -> ElementType:
@@ -178,7 +215,7 @@ def element_type_of(value: object) -> ElementType:
             "not an element type", field="element_type", found=repr(value)
         ) from None
     try:
-        return _BY_DTYPE[dtype]
+        return _by_dtype(dtype)
     except KeyError:
         raise InvalidDescriptorError(
             "NumPy dtype has no Hurray element type", field="element_type", found=str(dtype)
