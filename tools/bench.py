@@ -15,6 +15,7 @@ import argparse
 import io
 import pickle
 import struct
+import subprocess
 import sys
 import time
 import zlib
@@ -330,6 +331,32 @@ def bench_index_check() -> None:
     print(f"  {elapsed * 1e3:.1f} ms")
 
 
+def _run_seconds(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def bench_import(repeat: int) -> None:
+    """Start-up cost: ``import hurray_wire`` and ``hurray-wire --help`` in fresh interpreters,
+    against ``import numpy`` (its floor), the three taking turns."""
+    print("\n[start-up: fresh interpreter, best of rounds, against import numpy]")
+    python = sys.executable
+    cli = str(Path(python).with_name("hurray-wire"))
+    runs = {
+        "import numpy": [python, "-c", "import numpy"],
+        "import hurray_wire": [python, "-c", "import hurray_wire"],
+        "hurray-wire --help": [cli, "--help"]
+        if Path(cli).exists()
+        else [python, "-m", "hurray_wire", "--help"],
+    }
+    best = interleaved({name: lambda a=argv: _run_seconds(a) for name, argv in runs.items()},
+                       repeat=1, rounds=max(3, repeat))  # fmt: skip
+    base = best["import numpy"]
+    for name in ("import hurray_wire", "hurray-wire --help"):
+        line(name, best[name], base, "import numpy")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -340,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeat = 3 if args.quick else 7
     print(f"hurray-wire {hw.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
+    bench_import(repeat)
     bench_reference(repeat)
     bench_small(repeat)
     bench_descriptor_parsers(repeat)

@@ -1,0 +1,7 @@
+"""``python -m hurray_wire``: the same command as ``hurray-wire``."""
+
+import sys
+
+from hurray_wire.cli import main
+
+sys.exit(main())
