@@ -51,44 +51,54 @@ class HurrayWireError(Exception):
         expected: Any = _UNSET,
         found: Any = _UNSET,
     ) -> None:
+        self.message = message
+        self._expected = expected
+        self._found = found
+        self.expected = None if expected is _UNSET else expected
+        self.found = None if found is _UNSET else found
         self.section = section
         self.field = field
         self.offset = offset
-        self.expected = None if expected is _UNSET else expected
-        self.found = None if found is _UNSET else found
+        super().__init__(self._text())
+
+    def _text(self) -> str:
         where = []
-        if section is not None:
-            where.append(f"section {section}")
-        if field is not None:
-            where.append(f"field {field}")
-        if offset is not None:
-            where.append(f"at byte offset {offset}")
-        text = f"{', '.join(where)}: {message}" if where else message
+        if self.section is not None:
+            where.append(f"section {self.section}")
+        if self.field is not None:
+            where.append(f"field {self.field}")
+        if self.offset is not None:
+            where.append(f"at byte offset {self.offset}")
+        text = f"{', '.join(where)}: {self.message}" if where else self.message
         details = []
-        if expected is not _UNSET:
-            details.append(f"expected {expected}")
-        if found is not _UNSET:
-            details.append(f"found {found}")
+        if self._expected is not _UNSET:
+            details.append(f"expected {self._expected}")
+        if self._found is not _UNSET:
+            details.append(f"found {self._found}")
         if details:
             text = f"{text} ({', '.join(details)})"
-        self.message = message
-        self._kwargs: dict[str, Any] = {
-            "section": section,
-            "field": field,
-            "offset": offset,
-            "expected": expected,
-            "found": found,
-        }
-        super().__init__(text)
+        return text
 
-    def relocated(self, **changes: Any) -> HurrayWireError:
-        """The same error with its place (section, field, offset) filled in or changed."""
-        kwargs = {**self._kwargs, **changes}
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_kwargs"})
-        HurrayWireError.__init__(clone, self.message, **kwargs)
-        clone.__traceback__ = self.__traceback__
-        return clone
+    def relocated(
+        self,
+        *,
+        section: str | None = None,
+        field: str | None = None,
+        offset: int | None = None,
+    ) -> HurrayWireError:
+        """This error, its place filled in by a caller that knows where the bytes sit.
+
+        Model constructors know the field but not the byte offset; the decoder that read the
+        field knows the offset. Updates the error in place and returns it, to be raised.
+        """
+        if section is not None:
+            self.section = section
+        if field is not None:
+            self.field = field
+        if offset is not None:
+            self.offset = offset
+        self.args = (self._text(), *self.args[1:])
+        return self
 
 
 class ArgumentTypeError(HurrayWireError, TypeError):

@@ -10,10 +10,9 @@ struct and checks the layout-independent rules (for ``dump``).
 from __future__ import annotations
 
 import dataclasses
-import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import construct as c
 
@@ -51,77 +50,38 @@ __all__ = [
 ]
 
 
-def _fmt_prefix(fast: Any, position: int) -> int:
-    """Length of the format string covering the fields before ``position``."""
-    codes = re.findall(r"\d*[A-Za-z]", fast.struct.format[1:])
-    return sum(len(code) for code in codes[:position])
-
-
 _HEADER = derive(w.FIXED_HEADER)
-_PAYLOAD = derive(w.BLOCK_PAGED_PAYLOAD)
+_FIXED = derive(w.BLOCK_PAGED_FIXED)  # header .. buffer_count of a rank-3 block-paged descriptor
 _HANDLE = derive(w.BUFFER_HANDLE)
 _QHEADER = derive(w.QUANT_HEADER)
 _SCHEME = {tag: derive(defn) for tag, defn in w.SCHEME_PAYLOADS.items()}
 _STATS = derive(w.STATISTICS)
 _MEMBER = derive(w.COMPOSITE_MEMBER)
-_SHAPE3 = struct.Struct("<4Q")  # shape[0..2] + byte_offset
-_U32 = struct.Struct("<I")
+_U32 = struct.Struct("<I")  # quantization_length
 
+_AT = _FIXED.offsets  # byte offset of every fixed field, e.g. _AT["flags"] == 10
 _HEADER_LEN = _HEADER.size  # 20
-_BP_FIXED_LEN = _HEADER_LEN + _SHAPE3.size + _PAYLOAD.size + 1  # up to buffer_count: 85
+_PREFIX_LEN = _AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
+_BP_FIXED_LEN = _FIXED.size  # 85: the buffer table starts here
+_COUNT_SIZE = _FIXED.size - _AT["buffer_count"]  # the u8 buffer_count before the handles
+_QUANT_HEADER_AT = _U32.size  # the scheme header follows quantization_length
+_QUANT_PAYLOAD_AT = _U32.size + _QHEADER.size  # the scheme payload follows the header
+_STATS_FIELDS = tuple(i for i in range(len(_STATS.names)) if i not in dict(_STATS.consts))
 _KV_ROLE_NAMES = {v: k for k, v in w.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
-_STATS_OFFSETS = {
-    name: struct.calcsize("<" + _STATS.struct.format[1:][: _fmt_prefix(_STATS, i)])
-    for i, name in enumerate(_STATS.names)
-}
+# Model field names that differ from the wire's.
+_WIRE_NAMES = {"element_type": "type_tag", "scale_type": "scale_type_tag"}
 _CACHE: dict[bytes, TensorDescriptor] = {}
 _HANDLES: dict[bytes, BufferHandle] = {}
 _CACHE_LIMIT = 1024
 
-# Byte offsets of the fixed fields of a rank-3 block-paged descriptor, for error messages.
-_FIELD_OFFSETS = {
-    "magic": 0,
-    "version_major": 4,
-    "version_minor": 5,
-    "descriptor_length": 6,
-    "flags": 10,
-    "type_tag": 14,
-    "element_type": 14,
-    "layout_tag": 15,
-    "rank": 16,
-    "shape": 20,
-    "shape[0]": 20,
-    "shape[1]": 28,
-    "shape[2]": 36,
-    "byte_offset": 44,
-    "page_size": 52,
-    "num_pages": 56,
-    "paged_axis": 64,
-    "num_seqs": 68,
-    "kv_role": 72,
-    "layer_index": 73,
-    "block_table_index_type": 77,
-    "_reserved": 78,
-    "buffer_count": 84,
-}
-_HANDLE_OFFSETS = {
-    "byte_size": 0,
-    "alignment": 8,
-    "device_tag": 12,
-    "sync_mode": 13,
-    "memory_class": 14,
-}
-_QUANT_OFFSETS = {"scheme_tag": 4, "scheme_version": 5, "flags": 6}  # from the section start
-for _tag, _fast in _SCHEME.items():  # payload fields start 8 bytes in
-    _QUANT_OFFSETS.update(
-        {
-            f"{_tag}.{name}": 8
-            + struct.calcsize("<" + _fast.struct.format[1:][: _fmt_prefix(_fast, i)])
-            for i, name in enumerate(_fast.names)
-        }
-    )
+
+def _handle_at(index: int, table: int = _BP_FIXED_LEN) -> int:
+    """Byte offset of buffer handle ``index`` in a buffer table whose handles start at
+    ``table``."""
+    return table + _HANDLE.size * index
+
 
 E = TypeVar("E", bound=HurrayWireError)
 
@@ -135,25 +95,32 @@ def _error(
 def peek_descriptor_length(data: Any) -> int:
     """descriptor_length from the first 10 bytes (what stream framing needs), checked."""
     view = byte_view(data)
-    if len(view) >= 4 and view[:4] != w.MAGIC:
+    magic = len(w.MAGIC)
+    if len(view) >= magic and view[:magic] != w.MAGIC:
         raise _error(
-            "bad magic", "magic", 0, expected="48 52 52 59", found=bytes(view[:4]).hex(" ")
+            "bad magic", "magic", 0, expected=w.MAGIC.hex(" "), found=bytes(view[:magic]).hex(" ")
         )
-    if len(view) < 10:
+    if len(view) < _PREFIX_LEN:
         raise DescriptorTruncatedError(
             "input ends inside the descriptor prefix",
             section="descriptor",
             offset=len(view),
-            expected="at least 10 bytes",
+            expected=f"at least {_PREFIX_LEN} bytes",
             found=len(view),
         )
-    major = view[4]
+    major = view[_AT["version_major"]]
     if major != 1:
-        raise _error("unsupported major version", "version_major", 4, expected=1, found=major)
-    length: int = _U32.unpack_from(view, 6)[0]
+        raise _error(
+            "unsupported major version", "version_major", _AT["version_major"], expected=1,
+            found=major,
+        )  # fmt: skip
+    length: int = _U32.unpack_from(view, _AT["descriptor_length"])[0]
     if length < _HEADER_LEN:
         raise _error(
-            "descriptor_length below the 20-byte header", "descriptor_length", 6, found=length
+            f"descriptor_length below the {_HEADER_LEN}-byte header",
+            "descriptor_length",
+            _AT["descriptor_length"],
+            found=length,
         )
     return length
 
@@ -196,60 +163,61 @@ def _check_consts(fast: Any, values: tuple[Any, ...], base: int, section: str) -
     for position, expected in fast.consts:
         found = values[position]
         if found != expected:
-            offset = base + struct.calcsize(
-                "<" + fast.struct.format[1:][: _fmt_prefix(fast, position)]
-            )
+            name = fast.names[position]
             first = next(i for i, b in enumerate(found) if b)
             raise _error(
                 "reserved bytes must be zero",
-                f"{section}{fast.names[position]}",
-                offset + first,
+                f"{section}{name}",
+                base + fast.offsets[name] + first,
                 found=found.hex(" "),
             )
 
 
 def _decode_block_paged(raw: bytes) -> TensorDescriptor:
     length = len(raw)
-    header = _HEADER.struct.unpack_from(raw, 0)
-    _, major, minor, _, flags, type_tag, layout_tag, rank = header
-    if flags & ~0x1F:
-        raise _error("reserved flag bits set", "flags", 10, found=f"0x{flags:08X}")
+    _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
+    _check_flags(flags)
     element_type = _element_type(type_tag, flags)
     if layout_tag != 0x0A:
         _refuse_other_layout(raw, layout_tag)
     if rank != 3:
-        raise _error("block-paged tensors have rank 3", "rank", 16, expected=3, found=rank)
+        raise _error("block-paged tensors have rank 3", "rank", _AT["rank"], expected=3, found=rank)
     need = _need(length, _BP_FIXED_LEN, "the block-paged payload and buffer_count")
-    shape0, shape1, shape2, byte_offset = _SHAPE3.unpack_from(raw, 20)
+    fixed = _FIXED.struct.unpack_from(raw, 0)
+    (*_, shape0, shape1, shape2, byte_offset, page_size, num_pages, paged_axis, num_seqs,
+     role_byte, layer, index_byte, _, count) = fixed  # fmt: skip
     if byte_offset != 0:
-        raise _error("byte_offset must be 0 for block-paged", "byte_offset", 44, found=byte_offset)
-    payload = _PAYLOAD.struct.unpack_from(raw, 52)
-    _check_consts(_PAYLOAD, payload, 52, "")
-    page_size, num_pages, paged_axis, num_seqs, role_byte, layer, index_byte, _ = payload
+        raise _error(
+            "byte_offset must be 0 for block-paged", "byte_offset", _AT["byte_offset"],
+            found=byte_offset,
+        )  # fmt: skip
+    _check_consts(_FIXED, fixed, 0, "")
     role = _KV_ROLE_NAMES.get(role_byte)
     if role is None:
-        raise _error("unknown kv_role", "kv_role", 72, expected="0, 1 or 2", found=role_byte)
+        raise _error(
+            "unknown kv_role", "kv_role", _AT["kv_role"], expected="0, 1 or 2", found=role_byte
+        )
     index_type = _INDEX_TYPE_NAMES.get(index_byte)
     if index_type is None:
         raise _error(
             "unknown block_table_index_type",
             "block_table_index_type",
-            77,
+            _AT["block_table_index_type"],
             expected="0 or 1",
             found=index_byte,
         )
-    count = raw[84]
-    pos = _need(length, need + 16 * count, f"{count} buffer handles") if count else need
-    handles = tuple(_handle(raw, 85 + 16 * i, i) for i in range(count))
+    pos = _need(length, _handle_at(count), f"{count} buffer handles") if count else need
+    handles = tuple(_handle(raw, _handle_at(i), i) for i in range(count))
     quant: Quantization | None = None
     quant_padding = b""
+    quant_at = pos
     if flags & 0x01:
         quant, quant_padding, pos = _quantization(raw, pos, length)
     if flags & 0x02:
         raise _error(
             "a block-paged tensor must not carry a shard section",
             "flags",
-            10,
+            _AT["flags"],
             found=f"0x{flags:08X}",
         )
     statistics = None
@@ -259,7 +227,7 @@ def _decode_block_paged(raw: bytes) -> TensorDescriptor:
     if flags & 0x10:
         member, pos = _composite_member(raw, pos, length)
     trailing = _trailing(raw, pos, minor)
-    with _Located(_quant_base(count), quant.scheme_tag if quant is not None else 0):
+    try:
         layout = BlockPagedLayout(
             page_size,
             num_pages,
@@ -281,10 +249,35 @@ def _decode_block_paged(raw: bytes) -> TensorDescriptor:
             quant_padding,
             trailing,
         )
+    except InvalidDescriptorError as exc:
+        raise _locate(exc, count, quant_at, quant) from None
 
 
-def _quant_base(count: int) -> int:
-    return 85 + 16 * count
+def _locate(
+    exc: InvalidDescriptorError, count: int, quant_at: int, quant: Quantization | None
+) -> InvalidDescriptorError:
+    """A model error raised while building a decoded descriptor, with its byte offset: the
+    model names the field, the fixed layout and the sections read say where it sits."""
+    if exc.offset is not None:
+        return exc
+    field = exc.field or ""
+    places = dict(_AT)
+    places.update({model: _AT[wire] for model, wire in _WIRE_NAMES.items() if wire in _AT})
+    for index in range(count):
+        places[f"buffers[{index}]"] = _handle_at(index)
+        for name, at in _HANDLE.offsets.items():
+            places[f"buffers[{index}].{name}"] = _handle_at(index) + at
+    if quant is not None:
+        places["quantization"] = quant_at
+        places.update(_quant_places(quant_at, quant.scheme_tag))
+    error = exc.relocated(section="descriptor", offset=places.get(field))
+    assert isinstance(error, InvalidDescriptorError)
+    return error
+
+
+def _check_flags(flags: int) -> None:
+    if flags & ~0x1F:
+        raise _error("reserved flag bits set", "flags", _AT["flags"], found=f"0x{flags:08X}")
 
 
 def _need(length: int, end: int, what: str) -> int:
@@ -293,7 +286,7 @@ def _need(length: int, end: int, what: str) -> int:
         raise _error(
             f"descriptor_length too small to hold {what}",
             "descriptor_length",
-            6,
+            _AT["descriptor_length"],
             expected=f">= {end}",
             found=length,
         )
@@ -307,7 +300,7 @@ def _trailing(raw: bytes, pos: int, minor: int) -> bytes:
         raise _error(
             "descriptor_length disagrees with the content at version 1.0",
             "descriptor_length",
-            6,
+            _AT["descriptor_length"],
             expected=pos,
             found=len(raw),
         )
@@ -320,27 +313,30 @@ def _element_type(type_tag: int, flags: int) -> ElementType:
         raise _error(
             "HAS_EXTENSION_TYPE must be set exactly for private type tags 0xF0-0xFE",
             "flags",
-            10,
+            _AT["flags"],
             found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
         )
     if private:
         raise _error(
             "private extension element types are not supported for block-paged tensors",
             "type_tag",
-            14,
+            _AT["type_tag"],
             found=f"0x{type_tag:02X}",
         )
     try:
         return dtypes.element_type_from_tag(type_tag)
     except InvalidDescriptorError as exc:
-        raise exc.relocated(section="descriptor", offset=14) from None
+        raise exc.relocated(section="descriptor", offset=_AT["type_tag"]) from None
 
 
 def _refuse_other_layout(raw: bytes, layout_tag: int) -> None:
     name = _layout_name(layout_tag)
     if name is None:
         raise _error(
-            _layout_class(layout_tag) + " layout tag", "layout_tag", 15, found=f"0x{layout_tag:02X}"
+            _layout_class(layout_tag) + " layout tag",
+            "layout_tag",
+            _AT["layout_tag"],
+            found=f"0x{layout_tag:02X}",
         )
     decode_header(raw)  # an invalid descriptor of another layout is an input error
     raise UnsupportedLayoutError(
@@ -350,7 +346,7 @@ def _refuse_other_layout(raw: bytes, layout_tag: int) -> None:
         layout_name=name,
         section="descriptor",
         field="layout_tag",
-        offset=15,
+        offset=_AT["layout_tag"],
     )
 
 
@@ -365,7 +361,7 @@ def _layout_class(tag: int) -> str:
 
 
 def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
-    key = raw[offset : offset + 16]
+    key = raw[offset : offset + _HANDLE.size]
     known = _HANDLES.get(key)
     if known is not None:  # handles are immutable values: reuse the checked one
         return known
@@ -378,19 +374,15 @@ def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
 
 def _new_handle(raw: bytes, offset: int, index: int) -> BufferHandle:
     values = _HANDLE.struct.unpack_from(raw, offset)
-    if values[5] != b"\0":
-        raise _error(
-            "reserved byte must be zero",
-            f"buffers[{index}]._reserved",
-            offset + 15,
-            found=values[5][0],
-        )
+    _check_consts(_HANDLE, values, offset, f"buffers[{index}].")
     try:
         return BufferHandle(*values[:5])
     except InvalidDescriptorError as exc:
-        rel = _HANDLE_OFFSETS.get(exc.field or "", 0)
+        rel = _HANDLE.offsets.get(exc.field or "")
         raise exc.relocated(
-            section="descriptor", field=f"buffers[{index}].{exc.field}", offset=offset + rel
+            section="descriptor",
+            field=f"buffers[{index}].{exc.field}",
+            offset=None if rel is None else offset + rel,
         ) from None
 
 
@@ -406,26 +398,26 @@ def _scheme_class(tag: int) -> str:
 
 def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, bytes, int]:
     """Parse the quantization section at ``pos``: (scheme, writer padding, end)."""
-    _need(length, pos + 4, "quantization_length")
+    _need(length, pos + _QUANT_HEADER_AT, "quantization_length")
     qlen = _U32.unpack_from(raw, pos)[0]
-    end = _need(length, pos + 4 + qlen, "the quantization section")
-    if qlen < 4:
+    end = _need(length, pos + _QUANT_HEADER_AT + qlen, "the quantization section")
+    if qlen < _QHEADER.size:
         raise _error(
-            "quantization_length below the 4-byte scheme header",
+            f"quantization_length below the {_QHEADER.size}-byte scheme header",
             "quantization_length",
             pos,
             found=qlen,
         )
-    scheme_tag, version, qflags = _QHEADER.struct.unpack_from(raw, pos + 4)
+    scheme_tag, version, qflags = _QHEADER.struct.unpack_from(raw, pos + _QUANT_HEADER_AT)
     fast = _SCHEME.get(scheme_tag)
     if fast is None:
         raise _error(
             f"{_scheme_class(scheme_tag)} quantization scheme tag",
             "quantization.scheme_tag",
-            pos + 4,
+            pos + _QUANT_HEADER_AT,
             found=f"0x{scheme_tag:02X}",
         )
-    body = 4 + fast.size
+    body = _QHEADER.size + fast.size
     if qlen < body:
         raise _error(
             "quantization_length too small for the scheme",
@@ -434,117 +426,111 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
             expected=f">= {body}",
             found=qlen,
         )
-    values = fast.struct.unpack_from(raw, pos + 8)
-    _check_consts(fast, values, pos + 8, "quantization.")
+    values = fast.struct.unpack_from(raw, pos + _QUANT_PAYLOAD_AT)
+    _check_consts(fast, values, pos + _QUANT_PAYLOAD_AT, "quantization.")
     quant = _quant_from_fields(scheme_tag, version, qflags, values, pos)
-    return quant, raw[pos + 4 + body : end], end
+    return quant, raw[pos + _QUANT_HEADER_AT + body : end], end
+
+
+def _quant_places(pos: int, scheme_tag: int) -> dict[str, int]:
+    """Byte offset of every field of a quantization section at ``pos``, by wire and model
+    name (``scale_type`` is ``scale_type_tag``), bare and with the ``quantization.`` prefix."""
+    places = {"quantization_length": pos}
+    places.update({n: pos + _QUANT_HEADER_AT + at for n, at in _QHEADER.offsets.items()})
+    scheme = _SCHEME.get(scheme_tag)
+    if scheme is not None:
+        places.update({n: pos + _QUANT_PAYLOAD_AT + at for n, at in scheme.offsets.items()})
+    places.update({m: places[w] for m, w in _WIRE_NAMES.items() if w in places})
+    places.update({f"quantization.{n}": at for n, at in list(places.items())})
+    return places
 
 
 def _quant_from_fields(
     scheme_tag: int, version: int, qflags: int, values: tuple[Any, ...], pos: int
 ) -> Quantization:
     """Build a scheme object from its unpacked payload; ``pos`` is the section offset."""
+    places = _quant_places(pos, scheme_tag)
+    try:
+        return _build_quantization(scheme_tag, version, qflags, values, places)
+    except InvalidDescriptorError as exc:
+        if exc.offset is not None:
+            raise
+        field = exc.field or "quantization"
+        if not field.startswith("quantization"):
+            field = f"quantization.{field}"
+        raise exc.relocated(
+            section="descriptor", field=field, offset=places.get(field, pos)
+        ) from None
+
+
+def _build_quantization(
+    scheme_tag: int, version: int, qflags: int, values: tuple[Any, ...], at: dict[str, int]
+) -> Quantization:
     allowed = SYMMETRIC if scheme_tag in (0x02, 0x03) else 0
     if qflags & ~allowed:
         raise _error(
-            "unknown quantization flag bits", "quantization.flags", pos + 6, found=f"0x{qflags:04X}"
-        )
+            "unknown quantization flag bits", "quantization.flags", at["flags"],
+            found=f"0x{qflags:04X}",
+        )  # fmt: skip
     symmetric = bool(qflags & SYMMETRIC)
-    with _Located(pos, scheme_tag):
-        if scheme_tag == 0x01:
-            return PerTensorAffine(values[0], values[1], version)
-        if scheme_tag in (0x02, 0x03):
-            zp_position = 2 if scheme_tag == 0x02 else 3
-            zp = values[zp_position]
-            if symmetric != (zp == NO_BUFFER):
+    if scheme_tag == 0x01:
+        return PerTensorAffine(values[0], values[1], version)
+    if scheme_tag in (0x02, 0x03):
+        zp_position = 2 if scheme_tag == 0x02 else 3
+        zp = values[zp_position]
+        if symmetric != (zp == NO_BUFFER):
+            raise _error(
+                "SYMMETRIC flag must be set exactly when zero_point_buffer_index is 0xFFFFFFFF",
+                "quantization.flags",
+                at["flags"],
+                found=f"flags 0x{qflags:04X}, zero_point_buffer_index {zp}",
+            )
+        zero_point = None if symmetric else zp
+        scale_tag = values[zp_position + 1]
+        if scheme_tag == 0x02:
+            if scale_tag != 0x03:
                 raise _error(
-                    "SYMMETRIC flag must be set exactly when zero_point_buffer_index is 0xFFFFFFFF",
-                    "quantization.flags",
-                    pos + 6,
-                    found=f"flags 0x{qflags:04X}, zero_point_buffer_index {zp}",
-                )
-            zero_point = None if symmetric else zp
-            scale_tag = values[zp_position + 1]
-            if scheme_tag == 0x02:
-                if scale_tag != 0x03:
-                    raise _error(
-                        "per-channel scale type must be float32 (0x03)",
-                        "quantization.scale_type_tag",
-                        pos + 20,
-                        found=scale_tag,
-                    )
-                return PerChannelAffine(values[0], values[1], zero_point, version)
-            scale_type = _SCALE_TYPE_TAGS.get(scale_tag)
-            if scale_type is None:
-                raise _error(
-                    "per-block scale type must be 0x01, 0x02 or 0x03",
+                    "per-channel scale type must be float32 (0x03)",
                     "quantization.scale_type_tag",
-                    pos + 24,
+                    at["scale_type_tag"],
                     found=scale_tag,
                 )
-            return PerBlockAffine(values[0], values[1], values[2], scale_type, zero_point, version)
-        scheme = NF4 if scheme_tag == 0x04 else MXFP
-        return scheme(values[0], values[1], values[2], version)
+            return PerChannelAffine(values[0], values[1], zero_point, version)
+        scale_type = _SCALE_TYPE_TAGS.get(scale_tag)
+        if scale_type is None:
+            raise _error(
+                "per-block scale type must be 0x01, 0x02 or 0x03",
+                "quantization.scale_type_tag",
+                at["scale_type_tag"],
+                found=scale_tag,
+            )
+        return PerBlockAffine(values[0], values[1], values[2], scale_type, zero_point, version)
+    scheme = NF4 if scheme_tag == 0x04 else MXFP
+    return scheme(values[0], values[1], values[2], version)
 
 
 def _statistics(raw: bytes, pos: int, length: int) -> tuple[Statistics, int]:
-    end = _need(length, pos + 72, "the statistics section")
+    end = _need(length, pos + _STATS.size, "the statistics section")
     values = _STATS.struct.unpack_from(raw, pos)
     _check_consts(_STATS, values, pos, "statistics.")
-    fields = [v for i, v in enumerate(values) if i not in (1, 13)]
     try:
-        return Statistics(*fields), end
+        return Statistics(*(values[i] for i in _STATS_FIELDS)), end
     except InvalidDescriptorError as exc:
-        name = (exc.field or "").rsplit(".", 1)[-1]
-        rel = _STATS_OFFSETS.get(name, 0)
-        raise exc.relocated(section="descriptor", offset=pos + rel) from None
+        name = (exc.field or "").removeprefix("statistics.")
+        rel = _STATS.offsets.get(name)
+        raise exc.relocated(
+            section="descriptor", offset=None if rel is None else pos + rel
+        ) from None
 
 
 def _composite_member(raw: bytes, pos: int, length: int) -> tuple[int, int]:
-    end = _need(length, pos + 16, "the composite-member section")
-    role, reserved = _MEMBER.struct.unpack_from(raw, pos)
+    end = _need(length, pos + _MEMBER.size, "the composite-member section")
+    values = _MEMBER.struct.unpack_from(raw, pos)
+    role = values[0]
     if role > 1:
         raise _error("unknown member_role", "composite_member.member_role", pos, found=role)
-    if reserved != bytes(15):
-        raise _error("reserved bytes must be zero", "composite_member._reserved", pos + 1)
+    _check_consts(_MEMBER, values, pos, "composite_member.")
     return role, end
-
-
-class _Located:
-    """Context manager that adds byte offsets to errors raised by model constructors."""
-
-    def __init__(self, quant_base: int, scheme_tag: int) -> None:
-        self.quant_base = quant_base
-        self.scheme_tag = scheme_tag
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> Literal[False]:
-        if not isinstance(exc, InvalidDescriptorError) or exc.offset is not None:
-            return False
-        field = exc.field or ""
-        offset: int | None = _FIELD_OFFSETS.get(field)
-        if field.startswith("buffers["):
-            index = int(field[8 : field.index("]")])
-            offset = 85 + 16 * index + _HANDLE_OFFSETS.get(field.rsplit(".", 1)[-1], 0)
-        elif field.startswith("quantization") or field in (
-            "scale",
-            "zero_point",
-            "axis",
-            "block_size",
-            "scale_buffer_index",
-            "zero_point_buffer_index",
-            "scheme_version",
-            "scale_type",
-        ):
-            name = field.rsplit(".", 1)[-1]
-            name = {"scale_type": "scale_type_tag"}.get(name, name)
-            rel = _QUANT_OFFSETS.get(name, _QUANT_OFFSETS.get(f"{self.scheme_tag}.{name}", 0))
-            offset = self.quant_base + rel
-            if not field.startswith("quantization"):
-                field = f"quantization.{field}"
-        raise exc.relocated(section="descriptor", field=field or None, offset=offset) from None
 
 
 # -- encode ----------------------------------------------------------------------------------
@@ -563,8 +549,7 @@ def _encode(descriptor: TensorDescriptor) -> bytes:
     layout = descriptor.layout
     major, minor = descriptor.version
     parts = [
-        _HEADER.struct.pack(
-            w.MAGIC,
+        _FIXED.pack(
             major,
             minor,
             descriptor.descriptor_length,
@@ -572,9 +557,8 @@ def _encode(descriptor: TensorDescriptor) -> bytes:
             descriptor.element_type.tag,
             0x0A,
             3,
-        ),
-        _SHAPE3.pack(*descriptor.shape, 0),
-        _PAYLOAD.struct.pack(
+            *descriptor.shape,
+            0,
             layout.page_size,
             layout.num_pages,
             0,
@@ -582,15 +566,12 @@ def _encode(descriptor: TensorDescriptor) -> bytes:
             w.KV_ROLES[layout.kv_role],
             w.LAYER_NONE if layout.layer_index is None else layout.layer_index,
             w.INDEX_TYPES[layout.block_table_index_type],
-            bytes(6),
+            len(descriptor.buffers),
         ),
-        bytes((len(descriptor.buffers),)),
     ]
     for h in descriptor.buffers:
         parts.append(
-            _HANDLE.struct.pack(
-                h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class, b"\0"
-            )
+            _HANDLE.pack(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
         )
     if descriptor.quantization is not None:
         body = _encode_quantization(descriptor.quantization) + descriptor.quantization_padding
@@ -598,9 +579,8 @@ def _encode(descriptor: TensorDescriptor) -> bytes:
     if descriptor.statistics is not None:
         s = descriptor.statistics
         parts.append(
-            _STATS.struct.pack(
+            _STATS.pack(
                 s.computed_mask,
-                bytes(4),
                 s.nnz,
                 s.sparsity_ratio,
                 s.value_min,
@@ -612,11 +592,10 @@ def _encode(descriptor: TensorDescriptor) -> bytes:
                 s.nm_m,
                 s.has_nan,
                 s.has_inf,
-                bytes(4),
             )
         )
     if descriptor.composite_member is not None:
-        parts.append(_MEMBER.struct.pack(descriptor.composite_member, bytes(15)))
+        parts.append(_MEMBER.pack(descriptor.composite_member))
     parts.append(descriptor.unknown_trailing)
     return b"".join(parts)
 
@@ -625,14 +604,12 @@ def _encode_quantization(q: Quantization) -> bytes:
     head = _QHEADER.struct.pack(q.scheme_tag, q.scheme_version, q.flags)
     fast = _SCHEME[q.scheme_tag]
     if isinstance(q, PerTensorAffine):
-        return head + fast.struct.pack(q.scale, q.zero_point, bytes(4))
+        return head + fast.pack(q.scale, q.zero_point)
     if isinstance(q, (PerChannelAffine, PerBlockAffine)):
         zp = NO_BUFFER if q.zero_point_buffer_index is None else q.zero_point_buffer_index
         if isinstance(q, PerChannelAffine):
-            return head + fast.struct.pack(q.axis, q.scale_buffer_index, zp, 0x03, bytes(3))
-        return head + fast.struct.pack(
-            q.axis, q.block_size, q.scale_buffer_index, zp, q.scale_type.tag, bytes(3)
-        )
+            return head + fast.pack(q.axis, q.scale_buffer_index, zp, dtypes.float32.tag)
+        return head + fast.pack(q.axis, q.block_size, q.scale_buffer_index, zp, q.scale_type.tag)
     return head + fast.struct.pack(q.axis, q.block_size, q.scale_buffer_index)
 
 
@@ -680,12 +657,12 @@ def decode_header(data: Any) -> DescriptorHeader:
     length = len(raw)
     _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
     if flags & ~0x1F:
-        raise _error("reserved flag bits set", "flags", 10, found=f"0x{flags:08X}")
+        raise _error("reserved flag bits set", "flags", _AT["flags"], found=f"0x{flags:08X}")
     if bool(flags & 0x04) != (0xF0 <= type_tag <= 0xFE):
         raise _error(
             "HAS_EXTENSION_TYPE must be set exactly for private type tags",
             "flags",
-            10,
+            _AT["flags"],
             found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
         )
     element_type = None
@@ -694,10 +671,13 @@ def decode_header(data: Any) -> DescriptorHeader:
     name = _layout_name(layout_tag)
     if name is None:
         raise _error(
-            _layout_class(layout_tag) + " layout tag", "layout_tag", 15, found=f"0x{layout_tag:02X}"
+            _layout_class(layout_tag) + " layout tag",
+            "layout_tag",
+            _AT["layout_tag"],
+            found=f"0x{layout_tag:02X}",
         )
     if rank > 64:
-        raise _error("rank above 64", "rank", 16, found=rank)
+        raise _error("rank above 64", "rank", _AT["rank"], found=rank)
     parsed = _construct_parse(raw)
     pos = len(raw) - len(parsed.unknown_trailing)
     trailing = _trailing(raw, pos, minor)
@@ -708,11 +688,12 @@ def decode_header(data: Any) -> DescriptorHeader:
                 BufferHandle(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
             )
         except InvalidDescriptorError as exc:
-            start = parsed.buffer_table_offset + 1 + 16 * index
+            rel = _HANDLE.offsets.get(exc.field or "")
+            start = _handle_at(index, parsed.buffer_table_offset + _COUNT_SIZE)
             raise exc.relocated(
                 section="descriptor",
                 field=f"buffers[{index}].{exc.field}",
-                offset=start + _HANDLE_OFFSETS.get(exc.field or "", 0),
+                offset=None if rel is None else start + rel,
             ) from None
     _check_colocation(handles, parsed.buffer_table_offset)
     quant = None
@@ -791,7 +772,7 @@ def _check_colocation(handles: list[BufferHandle], table: int) -> None:
             raise _error(
                 "all buffers must share one device and memory class",
                 f"buffers[{index}].device_tag",
-                table + 1 + 16 * index + 12,
+                _handle_at(index, table + _COUNT_SIZE) + _HANDLE.offsets["device_tag"],
                 expected=f"device {handles[0].device_tag}, class {handles[0].memory_class}",
                 found=f"device {handle.device_tag}, class {handle.memory_class}",
             )

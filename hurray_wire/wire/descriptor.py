@@ -2,8 +2,8 @@
 
 Each wire section is one ``Struct``; the structs are strict where construct can be
 (``Const`` for magic and reserved bytes, ``Mapping`` for the block-paged enumerations,
-``default=Error`` on switches) and say nothing about cross-field rules, which live in
-``hurray_wire.validation``. ``DESCRIPTOR`` parses any layout and is the slow, general path
+``default=Error`` on switches) and say nothing about cross-field rules, which live with the
+model (``hurray_wire.model``). ``DESCRIPTOR`` parses any layout and is the slow, general path
 (used by ``decode_header`` and ``dump``); the block-paged fast path uses ``struct.Struct``
 formats derived from these same definitions by ``hurray_wire.wire.fast``.
 """
@@ -34,7 +34,8 @@ __all__ = [
     "KV_ROLES",
     "INDEX_TYPES",
     "LAYOUT_NAMES",
-    "SCHEME_NAMES",
+    "BLOCK_PAGED_FIXED",
+    "SCHEME_PAYLOADS",
 ]
 
 MAGIC = b"HRRY"
@@ -56,13 +57,6 @@ LAYOUT_NAMES = {
     0x0A: "block_paged",
     0x0B: "composite_head",
     0x40: "hilbert",
-}
-SCHEME_NAMES = {
-    0x01: "per_tensor_affine",
-    0x02: "per_channel_affine",
-    0x03: "per_block_affine",
-    0x04: "nf4",
-    0x05: "mxfp",
 }
 
 
@@ -106,6 +100,17 @@ BLOCK_PAGED_PAYLOAD = c.Struct(
     "layer_index" / _LayerIndex(c.Int32ul),
     "block_table_index_type" / c.Mapping(c.Int8ul, INDEX_TYPES),
     "_reserved" / _reserved(6),
+)
+
+# The fixed part of a rank-3 block-paged descriptor, up to and including buffer_count (85
+# bytes): what the fast path reads first, and where its error offsets come from. The buffer
+# table's handles follow it.
+BLOCK_PAGED_FIXED = c.Struct(
+    "header" / FIXED_HEADER,
+    "shape" / c.Array(3, c.Int64ul),
+    "byte_offset" / c.Int64ul,
+    "layout" / BLOCK_PAGED_PAYLOAD,
+    "buffer_count" / c.Int8ul,
 )
 
 # § 7.1: one buffer handle (buffer-protocol.md layout, [A2]).

@@ -1,44 +1,62 @@
-"""``struct.Struct`` formats derived from the construct definitions, for the hot path.
+"""``struct.Struct`` formats and byte offsets derived from the construct definitions.
 
 construct stays the single source of truth: ``derive`` walks a fixed-size construct
-``Struct`` and produces the equivalent ``struct.Struct`` (``Const`` bytes become ``Ns``
-fields whose expected value is kept in ``consts``). Tests prove both parse the same bytes
-to the same values. Parsing with plain construct costs tens of microseconds per section;
-an unpack costs well under one.
+``Struct`` (nested fixed-size structs and arrays included) and produces the equivalent
+``struct.Struct`` plus the byte offset of every field, so no module outside ``wire/`` needs
+to restate an offset or a size. ``Const`` bytes become ``Ns`` fields whose expected value is
+kept in ``consts``. Tests prove both parse the same bytes to the same values. Parsing with
+plain construct costs tens of microseconds per section; an unpack costs well under one.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import construct as c
 
-__all__ = ["FastStruct", "derive"]
+__all__ = ["FastStruct", "derive", "offset_of"]
 
 
 @dataclass(frozen=True)
 class FastStruct:
-    """A derived struct: field names in order, and the expected bytes of Const fields."""
+    """A derived struct: leaf names in unpack order, their offsets, and Const expectations.
+
+    Leaves of nested structs keep their own names; array items are ``name[i]``.
+    ``offsets`` also names every nested struct or array by its start. Leaf names are unique.
+    """
 
     struct: struct.Struct
     names: tuple[str, ...]
     consts: tuple[tuple[int, bytes], ...]  # (position in the unpacked tuple, expected bytes)
+    offsets: Mapping[str, int]
 
     @property
     def size(self) -> int:
         return self.struct.size
 
-    def index(self, name: str) -> int:
-        """Position of ``name`` in the unpacked tuple."""
-        return self.names.index(name)
+    def pack(self, *values: Any) -> bytes:
+        """Pack the non-Const fields, in order; Const fields (magic, reserved) fill
+        themselves in, so no caller restates their bytes."""
+        if not self.consts:
+            return self.struct.pack(*values)
+        full = list(values)
+        for position, expected in self.consts:
+            full.insert(position, expected)
+        return self.struct.pack(*full)
+
+
+def _unwrap(con: Any) -> Any:
+    while isinstance(con, c.Renamed):
+        con = con.subcon
+    return con
 
 
 def _leaf(con: Any) -> tuple[str, bytes | None]:
-    """The format code of one subcon, and its expected bytes if it is a Const."""
-    while isinstance(con, c.Renamed):
-        con = con.subcon
+    """The format code of one leaf subcon, and its expected bytes if it is a Const."""
+    con = _unwrap(con)
     if isinstance(con, c.Const):
         return f"{len(con.value)}s", con.value
     if isinstance(con, c.FormatField):
@@ -50,18 +68,68 @@ def _leaf(con: Any) -> tuple[str, bytes | None]:
     raise TypeError(f"cannot derive a struct format from {con!r}")
 
 
+def _walk(
+    definition: Any,
+    start: int,
+    codes: list[str],
+    names: list[str],
+    consts: list[tuple[int, bytes]],
+    offsets: dict[str, int],
+) -> int:
+    """Append the leaves of ``definition`` (a Struct) at byte ``start``; return its end."""
+    at = start
+    for sub in definition.subcons:
+        inner = _unwrap(sub)
+        if sub.name is not None:
+            offsets.setdefault(sub.name, at)
+        if isinstance(inner, c.Struct):
+            at = _walk(inner, at, codes, names, consts, offsets)
+            continue
+        if isinstance(inner, c.Array) and isinstance(inner.count, int):
+            for item in range(inner.count):
+                code, const = _leaf(inner.subcon)
+                _add(f"{sub.name}[{item}]", code, const, at, codes, names, consts, offsets)
+                at += struct.calcsize("<" + code)
+            continue
+        code, const = _leaf(inner)
+        _add(sub.name, code, const, at, codes, names, consts, offsets)
+        at += struct.calcsize("<" + code)
+    return at
+
+
+def _add(
+    name: str,
+    code: str,
+    const: bytes | None,
+    at: int,
+    codes: list[str],
+    names: list[str],
+    consts: list[tuple[int, bytes]],
+    offsets: dict[str, int],
+) -> None:
+    if name in names:
+        raise TypeError(f"field name {name!r} appears twice: offsets would be ambiguous")
+    if const is not None:
+        consts.append((len(names), const))
+    codes.append(code)
+    names.append(name)
+    offsets[name] = at
+
+
 def derive(definition: Any) -> FastStruct:
     """Derive the little-endian ``struct.Struct`` of a fixed-size construct ``Struct``."""
-    codes = []
-    names = []
-    consts = []
-    for position, sub in enumerate(definition.subcons):
-        code, const = _leaf(sub)
-        codes.append(code)
-        names.append(sub.name)
-        if const is not None:
-            consts.append((position, const))
+    codes: list[str] = []
+    names: list[str] = []
+    consts: list[tuple[int, bytes]] = []
+    offsets: dict[str, int] = {}
+    end = _walk(definition, 0, codes, names, consts, offsets)
     compiled = struct.Struct("<" + "".join(codes))
-    if compiled.size != definition.sizeof():
+    if compiled.size != definition.sizeof() or end != compiled.size:
         raise TypeError("derived size differs from the construct size")
-    return FastStruct(compiled, tuple(names), tuple(consts))
+    return FastStruct(compiled, tuple(names), tuple(consts), dict(offsets))
+
+
+def offset_of(definition: Any, name: str) -> int:
+    """Byte offset of field ``name`` (a leaf, ``name[i]``, or a nested struct) in a
+    fixed-size construct ``Struct``."""
+    return derive(definition).offsets[name]
