@@ -26,6 +26,17 @@ from hurray_wire.model.quantization import (
     PerTensorAffine,
     Quantization,
 )
+from hurray_wire.wire import descriptor as w
+
+# Section sizes of a block-paged descriptor, from the wire structs (descriptor_length).
+_FIXED_SIZE: int = w.BLOCK_PAGED_FIXED.sizeof()
+_HANDLE_SIZE: int = w.BUFFER_HANDLE.sizeof()
+_QUANT_LENGTH_SIZE: int = w.QUANT_LENGTH.sizeof()
+_QUANT_BODY_SIZES: dict[int, int] = {
+    tag: w.QUANT_HEADER.sizeof() + payload.sizeof() for tag, payload in w.SCHEME_PAYLOADS.items()
+}
+_STATISTICS_SIZE: int = w.STATISTICS.sizeof()
+_MEMBER_SIZE: int = w.COMPOSITE_MEMBER.sizeof()
 
 __all__ = [
     "BufferHandle",
@@ -453,15 +464,17 @@ class TensorDescriptor:
         return tuple(sizes.get(i, 0) for i in range(max(sizes) + 1))
 
     def _encoded_length(self) -> int:
-        length = 20 + 8 * 3 + 8 + 32 + 1 + 16 * len(self.buffers)
+        length = _FIXED_SIZE + _HANDLE_SIZE * len(self.buffers)
         if self.quantization is not None:
             length += (
-                4 + quantization_body_length(self.quantization) + len(self.quantization_padding)
+                _QUANT_LENGTH_SIZE
+                + quantization_body_length(self.quantization)
+                + len(self.quantization_padding)
             )
         if self.statistics is not None:
-            length += 72
+            length += _STATISTICS_SIZE
         if self.composite_member is not None:
-            length += 16
+            length += _MEMBER_SIZE
         return length + len(self.unknown_trailing)
 
     # -- construction helper ---------------------------------------------------------------
@@ -527,4 +540,4 @@ def _parameter_fields(quant: Quantization | None) -> list[tuple[str, int]]:
 
 def quantization_body_length(quant: Quantization) -> int:
     """Bytes of a scheme's header + payload, without writer padding (descriptor.md § 8)."""
-    return {0x01: 16, 0x02: 20, 0x03: 24, 0x04: 16, 0x05: 16}[quant.scheme_tag]
+    return _QUANT_BODY_SIZES[quant.scheme_tag]

@@ -29,6 +29,7 @@ __all__ = [
     "STATISTICS",
     "EXTENSION_TYPE",
     "COMPOSITE_MEMBER",
+    "QUANT_LENGTH",
     "QUANTIZATION_SECTION",
     "DESCRIPTOR",
     "KV_ROLES",
@@ -166,8 +167,9 @@ SCHEME_PAYLOADS = {
     0x04: NF4,
     0x05: MXFP,
 }
+QUANT_LENGTH = c.Int32ul  # quantization_length: the bytes of header + payload + padding after it
 QUANTIZATION_SECTION = c.Struct(
-    "quantization_length" / c.Int32ul,
+    "quantization_length" / QUANT_LENGTH,
     "body"
     / c.FixedSized(
         c.this.quantization_length,
