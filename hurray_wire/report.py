@@ -12,6 +12,7 @@ import numpy as np
 
 from hurray_wire import blob as blob_codec
 from hurray_wire import codecs
+from hurray_wire.buffers import byte_view
 from hurray_wire.model.descriptor import (
     DEVICE_NAMES,
     MEMORY_CLASS_NAMES,
@@ -24,6 +25,8 @@ from hurray_wire.model.descriptor_codec import DescriptorHeader
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wire
+from hurray_wire.wire import descriptor as wd
+from hurray_wire.wire.fast import derive
 
 __all__ = [
     "describe_descriptor",
@@ -163,71 +166,67 @@ def _spread(values: np.ndarray) -> dict[str, float | int] | None:
 
 def describe_blob_envelope(data: Any, verified: bool) -> dict[str, Any]:
     """The blob's own header and section table (assumes ``data`` was decoded already)."""
-    view = memoryview(data).cast("B")
-    fields = blob_codec._HEADER.struct.unpack_from(view, 0)
-    count = fields[6]
+    view = byte_view(data)
+    head = _BLOB_HEADER.unpack_dict(view, 0)
+    checksummed = head["checksum_type"] == wire.CHECKSUM_XXH3_64
     sections = []
-    for number in range(count):
-        entry = blob_codec._ENTRY.struct.unpack_from(view, 32 + 48 * number)
-        kind = wire.SECTION_KINDS.get(entry[0], f"unknown_0x{entry[0]:02X}")
+    for number in range(head["section_count"]):
+        entry = _ENTRY.unpack_dict(view, _entry_at(number))
+        kind = wire.SECTION_KINDS.get(entry["kind"], f"unknown_0x{entry['kind']:02X}")
         sections.append(
             {
                 "kind": kind,
-                "index": entry[4],
-                "required": bool(entry[1] & wire.FLAG_REQUIRED),
-                "codec": codecs.CODEC_NAMES.get(entry[2], str(entry[2])),
-                "codec_param": entry[3],
-                "offset": entry[5],
-                "stored_size": entry[6],
-                "raw_size": entry[7],
-                "alignment": entry[9],
-                "checksum": f"0x{entry[8]:016x}" if fields[7] else None,
+                "index": entry["index"],
+                "required": bool(entry["section_flags"] & wire.FLAG_REQUIRED),
+                "codec": codecs.CODEC_NAMES.get(entry["codec"], str(entry["codec"])),
+                "codec_param": entry["codec_param"],
+                "offset": entry["offset"],
+                "stored_size": entry["stored_size"],
+                "raw_size": entry["raw_size"],
+                "alignment": entry["alignment"],
+                "checksum": f"0x{entry['checksum']:016x}" if head["checksum_type"] else None,
             }
         )
     return {
-        "version": f"{fields[1]}.{fields[2]}",
-        "total_length": fields[4],
-        "header_length": fields[5],
-        "checksum_type": "xxh3_64" if fields[7] == wire.CHECKSUM_XXH3_64 else "none",
-        "checksums_verified": verified and fields[7] == wire.CHECKSUM_XXH3_64,
+        "version": f"{head['version_major']}.{head['version_minor']}",
+        "total_length": head["total_length"],
+        "header_length": head["header_length"],
+        "checksum_type": _CHECKSUM_NAMES.get(head["checksum_type"], "none"),
+        "checksums_verified": verified and checksummed,
         "sections": sections,
     }
+
+
+def _entry_at(number: int) -> int:
+    """Byte offset of section entry ``number``: the table follows the fixed header."""
+    return _BLOB_HEADER.size + _ENTRY.size * number
 
 
 # -- annotated hex --------------------------------------------------------------------------
 Annotation = tuple[int, int, str, str]  # offset, size, field name, value text
 
-_DESCRIPTOR_FIELDS: list[tuple[int, int, str]] = [
-    (0, 4, "magic"),
-    (4, 1, "version_major"),
-    (5, 1, "version_minor"),
-    (6, 4, "descriptor_length"),
-    (10, 4, "flags"),
-    (14, 1, "type_tag"),
-    (15, 1, "layout_tag"),
-    (16, 4, "rank"),
-    (20, 8, "shape[0] total_tokens"),
-    (28, 8, "shape[1] num_heads"),
-    (36, 8, "shape[2] head_dim"),
-    (44, 8, "byte_offset"),
-    (52, 4, "page_size"),
-    (56, 8, "num_pages"),
-    (64, 4, "paged_axis"),
-    (68, 4, "num_seqs"),
-    (72, 1, "kv_role"),
-    (73, 4, "layer_index"),
-    (77, 1, "block_table_index_type"),
-    (78, 6, "_reserved"),
-    (84, 1, "buffer_count"),
-]
-_HANDLE_FIELDS = [
-    (0, 8, "byte_size"),
-    (8, 4, "alignment"),
-    (12, 1, "device_tag"),
-    (13, 1, "sync_mode"),
-    (14, 1, "memory_class"),
-    (15, 1, "_reserved"),
-]
+_DESCRIPTOR = derive(wd.BLOCK_PAGED_FIXED)
+_HANDLE = derive(wd.BUFFER_HANDLE)
+_BLOB_HEADER = derive(wire.BLOB_HEADER)
+_ENTRY = derive(wire.SECTION_ENTRY)
+_CHECKSUM = derive(wire.HEADER_CHECKSUM)
+_CHUNK_HEAD = derive(wire.CHUNK_TABLE_HEADER)
+_CHECKSUM_NAMES = {wire.CHECKSUM_NONE: "none", wire.CHECKSUM_XXH3_64: "xxh3_64"}
+_ROLE_NAMES = {code: name for name, code in wd.KV_ROLES.items()}
+_INDEX_TYPE_NAMES = {code: name for name, code in wd.INDEX_TYPES.items()}
+_SHAPE_LABELS = {
+    "shape[0]": "shape[0] total_tokens",
+    "shape[1]": "shape[1] num_heads",
+    "shape[2]": "shape[2] head_dim",
+}
+
+
+def _label(name: str) -> str:
+    """The name a dump shows: reserved fields are all ``_reserved``; shape axes say what
+    they count."""
+    if name.startswith("_reserved"):
+        return "_reserved"
+    return _SHAPE_LABELS.get(name, name)
 
 
 def _value(raw: bytes, name: str) -> str:
@@ -239,9 +238,9 @@ def _value(raw: bytes, name: str) -> str:
     if name == "layer_index" and number == 0xFFFFFFFF:
         return LAYER_NONE_TEXT
     if name == "kv_role":
-        return {0: "key", 1: "value", 2: "fused"}.get(number, str(number))
+        return _ROLE_NAMES.get(number, str(number))
     if name == "block_table_index_type":
-        return {0: "uint32", 1: "uint64"}.get(number, str(number))
+        return _INDEX_TYPE_NAMES.get(number, str(number))
     if name in ("flags", "type_tag", "layout_tag"):
         return f"0x{number:0{2 * len(raw)}X}"
     return str(number)
@@ -250,65 +249,44 @@ def _value(raw: bytes, name: str) -> str:
 def annotate_descriptor(raw: bytes, base: int = 0) -> list[Annotation]:
     """Named fields of a block-paged descriptor, for an annotated hex dump."""
     out: list[Annotation] = []
-    for offset, size, name in _DESCRIPTOR_FIELDS:
-        out.append((base + offset, size, name, _value(raw[offset : offset + size], name)))
-    count = raw[84] if len(raw) > 84 else 0
+    for offset, size, name in _DESCRIPTOR.fields:
+        label = _label(name)
+        out.append((base + offset, size, label, _value(raw[offset : offset + size], label)))
+    at_count = _DESCRIPTOR.offsets["buffer_count"]
+    count = raw[at_count] if len(raw) > at_count else 0
     for index in range(count):
-        start = 85 + 16 * index
-        for offset, size, name in _HANDLE_FIELDS:
+        start = _DESCRIPTOR.size + _HANDLE.size * index
+        for offset, size, name in _HANDLE.fields:
             piece = raw[start + offset : start + offset + size]
+            label = _label(name)
             out.append(
-                (base + start + offset, size, f"buffers[{index}].{name}", _value(piece, name))
+                (base + start + offset, size, f"buffers[{index}].{label}", _value(piece, label))
             )
-    end = 85 + 16 * count
+    end = _DESCRIPTOR.size + _HANDLE.size * count
     if end < len(raw):
         out.append((base + end, len(raw) - end, "optional sections", f"{len(raw) - end} bytes"))
     return out
-
-
-_BLOB_FIELDS = [
-    (0, 4, "magic"),
-    (4, 1, "version_major"),
-    (5, 1, "version_minor"),
-    (6, 2, "header_flags"),
-    (8, 8, "total_length"),
-    (16, 4, "header_length"),
-    (20, 2, "section_count"),
-    (22, 1, "checksum_type"),
-    (23, 1, "_reserved"),
-    (24, 4, "descriptor_length"),
-    (28, 4, "_reserved"),
-]
-_ENTRY_FIELDS = [
-    (0, 1, "kind"),
-    (1, 1, "section_flags"),
-    (2, 1, "codec"),
-    (3, 1, "codec_param"),
-    (4, 4, "index"),
-    (8, 8, "offset"),
-    (16, 8, "stored_size"),
-    (24, 8, "raw_size"),
-    (32, 8, "checksum"),
-    (40, 4, "alignment"),
-    (44, 4, "_reserved"),
-]
 
 
 def annotate_blob(data: Any) -> list[Annotation]:
     """Named fields of a blob's header, section table, descriptor and payload extents."""
     view = bytes(memoryview(data).cast("B")[: blob_codec.blob_length(data)])
     out: list[Annotation] = []
-    for offset, size, name in _BLOB_FIELDS:
-        value = _value(view[offset : offset + size], name)
+    for offset, size, name in _BLOB_HEADER.fields:
+        label = _label(name)
+        value = _value(view[offset : offset + size], label)
         if name == "checksum_type":
-            value = {"0": "none", "1": "xxh3_64"}.get(value, value)
-        out.append((offset, size, f"header.{name}", value))
-    count = int.from_bytes(view[20:22], "little")
-    header_length = int.from_bytes(view[16:20], "little")
+            value = _CHECKSUM_NAMES.get(int(value), value)
+        out.append((offset, size, f"header.{label}", value))
+    head = _BLOB_HEADER.unpack_dict(view, 0)
+    count = head["section_count"]
+    header_length = head["header_length"]
+    entries = [_ENTRY.unpack_dict(view, _entry_at(number)) for number in range(count)]
     for number in range(count):
-        start = 32 + 48 * number
-        for offset, size, name in _ENTRY_FIELDS:
+        start = _entry_at(number)
+        for offset, size, name in _ENTRY.fields:
             piece = view[start + offset : start + offset + size]
+            name = _label(name)
             value = _value(piece, name)
             if name == "kind":
                 value = wire.SECTION_KINDS.get(piece[0], f"unknown 0x{piece[0]:02X}")
@@ -317,19 +295,17 @@ def annotate_blob(data: Any) -> list[Annotation]:
             elif name == "checksum":
                 value = f"0x{int.from_bytes(piece, 'little'):016x}"
             out.append((start + offset, size, f"section[{number}].{name}", value))
-    desc_start = 32 + 48 * count
+    desc_start = _entry_at(count)
     out.extend(annotate_descriptor(view[desc_start:header_length], desc_start))
-    checksum = int.from_bytes(view[header_length : header_length + 8], "little")
-    out.append((header_length, 8, "header_checksum", f"0x{checksum:016x}"))
-    cursor = header_length + 8
-    for number in range(count):
-        start = 32 + 48 * number
-        offset = int.from_bytes(view[start + 8 : start + 16], "little")
-        stored = int.from_bytes(view[start + 16 : start + 24], "little")
-        kind = wire.SECTION_KINDS.get(view[start], "unknown")
+    (checksum,) = _CHECKSUM.struct.unpack_from(view, header_length)
+    out.append((header_length, _CHECKSUM.size, "header_checksum", f"0x{checksum:016x}"))
+    cursor = header_length + _CHECKSUM.size
+    for number, entry in enumerate(entries):
+        offset, stored = entry["offset"], entry["stored_size"]
+        kind = wire.SECTION_KINDS.get(entry["kind"], "unknown")
         if offset > cursor:
             out.append((cursor, offset - cursor, "padding", "zero"))
-        if view[start + 2] == codecs.CODEC_CHUNKED:
+        if entry["codec"] == codecs.CODEC_CHUNKED:
             out.extend(_annotate_chunk_table(view, offset, stored, f"section[{number}]", kind))
         else:
             out.append((offset, stored, f"section[{number}] payload", f"{kind}, {stored} bytes"))
@@ -343,22 +319,31 @@ def _annotate_chunk_table(
     view: bytes, offset: int, stored: int, name: str, kind: str
 ) -> list[Annotation]:
     """The chunk table of a chunked-shuffle-zstd payload, field by field, then its frames."""
-    if stored < 8:
+    head_size = _CHUNK_HEAD.size
+    if stored < head_size:
         return [(offset, stored, f"{name} payload", f"{kind}, {stored} bytes")]
-    chunk_size = int.from_bytes(view[offset : offset + 4], "little")
-    count = int.from_bytes(view[offset + 4 : offset + 8], "little")
+    head = _CHUNK_HEAD.unpack_dict(view, offset)
+    count = head["chunk_count"]
     out: list[Annotation] = [
-        (offset, 4, f"{name}.chunk_size", str(chunk_size)),
-        (offset + 4, 4, f"{name}.chunk_count", str(count)),
+        (offset + at, size, f"{name}.{field}", str(head[field]))
+        for at, size, field in _CHUNK_HEAD.fields
     ]
-    table_end = 8 + 4 * count
+    frame_size = wire.CHUNK_FRAME_SIZE.sizeof()
+    table_end = head_size + frame_size * count
     if table_end > stored:
-        out.append((offset + 8, stored - 8, f"{name} payload", f"{kind}, rest of the table"))
+        out.append(
+            (
+                offset + head_size,
+                stored - head_size,
+                f"{name} payload",
+                f"{kind}, rest of the table",
+            )
+        )
         return out
     for i in range(count):
-        at = offset + 8 + 4 * i
-        size = int.from_bytes(view[at : at + 4], "little")
-        out.append((at, 4, f"{name}.frame_size[{i}]", str(size)))
+        at = offset + head_size + frame_size * i
+        size = int.from_bytes(view[at : at + frame_size], "little")
+        out.append((at, frame_size, f"{name}.frame_size[{i}]", str(size)))
     frames = stored - table_end
     out.append(
         (offset + table_end, frames, f"{name} frames", f"{count} zstd frames, {frames} bytes")

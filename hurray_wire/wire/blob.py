@@ -9,6 +9,8 @@ __all__ = [
     "BLOB_HEADER",
     "SECTION_ENTRY",
     "HEADER_CHECKSUM",
+    "CHUNK_TABLE_HEADER",
+    "CHUNK_FRAME_SIZE",
     "SECTION_KINDS",
     "KIND_BUFFER",
     "KIND_SEQ_LENS",
@@ -60,6 +62,11 @@ SECTION_ENTRY = c.Struct(
     "alignment" / c.Int32ul,
     "_reserved" / c.Const(bytes(4)),
 )
+
+# The payload of a chunked-shuffle-zstd section (codec 3): this table head, chunk_count
+# CHUNK_FRAME_SIZE entries, then the chunks' zstd frames back to back.
+CHUNK_TABLE_HEADER = c.Struct("chunk_size" / c.Int32ul, "chunk_count" / c.Int32ul)
+CHUNK_FRAME_SIZE = c.Int32ul  # stored bytes of one chunk's frame
 
 # xxh3_64 of bytes [0, header_length): fixed header, section table and descriptor.
 HEADER_CHECKSUM = c.Struct("header_checksum" / c.Int64ul)

@@ -32,10 +32,20 @@ class FastStruct:
     names: tuple[str, ...]
     consts: tuple[tuple[int, bytes], ...]  # (position in the unpacked tuple, expected bytes)
     offsets: Mapping[str, int]
+    sizes: Mapping[str, int]  # bytes of each leaf
+
+    @property
+    def fields(self) -> tuple[tuple[int, int, str], ...]:
+        """``(offset, size, name)`` of every leaf, in wire order (for annotated dumps)."""
+        return tuple((self.offsets[n], self.sizes[n], n) for n in self.names)
 
     @property
     def size(self) -> int:
         return self.struct.size
+
+    def unpack_dict(self, buffer: Any, offset: int = 0) -> dict[str, Any]:
+        """The fields at ``offset`` by name (for cold paths: dumps, reports)."""
+        return dict(zip(self.names, self.struct.unpack_from(buffer, offset), strict=True))
 
     def pack(self, *values: Any) -> bytes:
         """Pack the non-Const fields, in order; Const fields (magic, reserved) fill
@@ -75,6 +85,7 @@ def _walk(
     names: list[str],
     consts: list[tuple[int, bytes]],
     offsets: dict[str, int],
+    sizes: dict[str, int],
 ) -> int:
     """Append the leaves of ``definition`` (a Struct) at byte ``start``; return its end."""
     at = start
@@ -83,17 +94,18 @@ def _walk(
         if sub.name is not None:
             offsets.setdefault(sub.name, at)
         if isinstance(inner, c.Struct):
-            at = _walk(inner, at, codes, names, consts, offsets)
+            at = _walk(inner, at, codes, names, consts, offsets, sizes)
             continue
         if isinstance(inner, c.Array) and isinstance(inner.count, int):
             for item in range(inner.count):
                 code, const = _leaf(inner.subcon)
-                _add(f"{sub.name}[{item}]", code, const, at, codes, names, consts, offsets)
-                at += struct.calcsize("<" + code)
+                name = f"{sub.name}[{item}]"
+                _add(name, code, const, at, codes, names, consts, offsets)
+                at += sizes.setdefault(name, struct.calcsize("<" + code))
             continue
         code, const = _leaf(inner)
         _add(sub.name, code, const, at, codes, names, consts, offsets)
-        at += struct.calcsize("<" + code)
+        at += sizes.setdefault(sub.name, struct.calcsize("<" + code))
     return at
 
 
@@ -122,11 +134,12 @@ def derive(definition: Any) -> FastStruct:
     names: list[str] = []
     consts: list[tuple[int, bytes]] = []
     offsets: dict[str, int] = {}
-    end = _walk(definition, 0, codes, names, consts, offsets)
+    sizes: dict[str, int] = {}
+    end = _walk(definition, 0, codes, names, consts, offsets, sizes)
     compiled = struct.Struct("<" + "".join(codes))
     if compiled.size != definition.sizeof() or end != compiled.size:
         raise TypeError("derived size differs from the construct size")
-    return FastStruct(compiled, tuple(names), tuple(consts), dict(offsets))
+    return FastStruct(compiled, tuple(names), tuple(consts), offsets, sizes)
 
 
 def offset_of(definition: Any, name: str) -> int:
