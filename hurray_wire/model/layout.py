@@ -7,16 +7,15 @@ index type. It knows nothing of bytes; ``hurray_wire.wire.descriptor`` holds the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import FrozenInstanceError, astuple, dataclass, replace
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.errors import IndexBufferError, InvalidDescriptorError
 from hurray_wire.model._checks import U32_MAX, U64_MAX, check_uint
-
-if TYPE_CHECKING:
-    from hurray_wire.model.quantization import Quantization
+from hurray_wire.model.quantization import Quantization, check_block_paged_compatibility
 
 __all__ = ["BlockPagedLayout", "KV_ROLE_NAMES", "INDEX_TYPE_NAMES", "DYNAMIC_DIM"]
 
@@ -27,57 +26,48 @@ _INDEX_DTYPES: dict[str, np.dtype[Any]] = {"uint32": np.dtype("<u4"), "uint64": 
 _INDEX_MAX = {"uint32": U32_MAX, "uint64": U64_MAX}
 
 
+@dataclass(frozen=True, slots=True)
 class BlockPagedLayout:
-    """The block-paged payload: immutable, equal and hashable by value."""
+    """The block-paged payload: immutable, equal and hashable by value, validated on
+    construction (so a layout that exists is one the wire can carry)."""
 
-    __slots__ = (
-        "_block_table_index_type",
-        "_kv_role",
-        "_layer_index",
-        "_num_pages",
-        "_num_seqs",
-        "_page_size",
-        "_paged_axis",
-    )
+    page_size: int
+    """Tokens per page (>= 1)."""
+    num_pages: int
+    """Physical pages in the pool."""
+    paged_axis: int
+    """Always 0 in this version."""
+    num_seqs: int
+    """Sequences in the batch (0 = the empty batch)."""
+    kv_role: str = "key"
+    """``"key"``, ``"value"`` or ``"fused"``."""
+    layer_index: int | None = None
+    """The layer, or None when not layer-scoped (wire 0xFFFFFFFF)."""
+    block_table_index_type: str = "uint32"
+    """``"uint32"`` or ``"uint64"``: the type of block_table and seq_ptr."""
 
-    _page_size: int
-    _num_pages: int
-    _paged_axis: int
-    _num_seqs: int
-    _kv_role: str
-    _layer_index: int | None
-    _block_table_index_type: str
+    tag: ClassVar[int] = 0x0A
+    name: ClassVar[str] = "block_paged"
+    buffer_count: ClassVar[int] = 3
+    is_dense: ClassVar[bool] = False
 
-    tag = 0x0A
-    name = "block_paged"
-    buffer_count = 3
-    is_dense = False
-
-    def __init__(
-        self,
-        page_size: int,
-        num_pages: int,
-        paged_axis: int,
-        num_seqs: int,
-        kv_role: str = "key",
-        layer_index: int | None = None,
-        block_table_index_type: str = "uint32",
-    ) -> None:
-        set_ = object.__setattr__
-        set_(self, "_page_size", check_uint(page_size, "page_size", U32_MAX, minimum=1))
-        set_(self, "_num_pages", check_uint(num_pages, "num_pages", U64_MAX))
-        axis = check_uint(paged_axis, "paged_axis", U32_MAX)
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise the checked values once, here
+        set_(self, "page_size", check_uint(self.page_size, "page_size", U32_MAX, minimum=1))
+        set_(self, "num_pages", check_uint(self.num_pages, "num_pages", U64_MAX))
+        axis = check_uint(self.paged_axis, "paged_axis", U32_MAX)
         if axis != 0:
             raise InvalidDescriptorError(
                 "must be 0 in this version", field="paged_axis", found=axis
             )
-        set_(self, "_paged_axis", 0)
-        set_(self, "_num_seqs", check_uint(num_seqs, "num_seqs", U32_MAX))
+        set_(self, "paged_axis", 0)
+        set_(self, "num_seqs", check_uint(self.num_seqs, "num_seqs", U32_MAX))
+        kv_role = self.kv_role
         if not isinstance(kv_role, str) or kv_role not in KV_ROLE_NAMES:
             raise InvalidDescriptorError(
                 "unknown kv_role", field="kv_role", found=repr(kv_role), expected=KV_ROLE_NAMES
             )
-        set_(self, "_kv_role", kv_role)
+        layer_index = self.layer_index
         if layer_index is not None:
             layer_index = check_uint(layer_index, "layer_index", U32_MAX)
             if layer_index == U32_MAX:
@@ -86,132 +76,44 @@ class BlockPagedLayout:
                     field="layer_index",
                     found="0xFFFFFFFF",
                 )
-        set_(self, "_layer_index", layer_index)
-        if (
-            not isinstance(block_table_index_type, str)
-            or block_table_index_type not in INDEX_TYPE_NAMES
-        ):
+            set_(self, "layer_index", layer_index)
+        index_type = self.block_table_index_type
+        if not isinstance(index_type, str) or index_type not in INDEX_TYPE_NAMES:
             raise InvalidDescriptorError(
                 "unknown block_table_index_type",
                 field="block_table_index_type",
-                found=repr(block_table_index_type),
+                found=repr(index_type),
                 expected=INDEX_TYPE_NAMES,
             )
-        if block_table_index_type == "uint32" and self._num_pages > U32_MAX:
+        if index_type == "uint32" and self.num_pages > U32_MAX:
             raise InvalidDescriptorError(
                 "a pool of more than 0xFFFFFFFF pages needs block_table_index_type='uint64'",
                 field="num_pages",
-                found=self._num_pages,
+                found=self.num_pages,
             )
-        set_(self, "_block_table_index_type", block_table_index_type)
-
-    # -- value semantics -------------------------------------------------------------------
-    @property
-    def page_size(self) -> int:
-        """Tokens per page (>= 1)."""
-        return self._page_size
-
-    @property
-    def num_pages(self) -> int:
-        """Physical pages in the pool."""
-        return self._num_pages
-
-    @property
-    def paged_axis(self) -> int:
-        """Always 0 in this version."""
-        return self._paged_axis
-
-    @property
-    def num_seqs(self) -> int:
-        """Sequences in the batch (0 = the empty batch)."""
-        return self._num_seqs
-
-    @property
-    def kv_role(self) -> str:
-        """``"key"``, ``"value"`` or ``"fused"``."""
-        return self._kv_role
-
-    @property
-    def layer_index(self) -> int | None:
-        """The layer, or None when not layer-scoped (wire 0xFFFFFFFF)."""
-        return self._layer_index
-
-    @property
-    def block_table_index_type(self) -> str:
-        """``"uint32"`` or ``"uint64"``: the type of block_table and seq_ptr."""
-        return self._block_table_index_type
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"BlockPagedLayout is immutable (tried to set {name!r})")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"BlockPagedLayout is immutable (tried to delete {name!r})")
-
-    def _key(self) -> tuple[Any, ...]:
-        return (
-            self._page_size,
-            self._num_pages,
-            self._paged_axis,
-            self._num_seqs,
-            self._kv_role,
-            self._layer_index,
-            self._block_table_index_type,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, BlockPagedLayout):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return (
-            f"BlockPagedLayout(page_size={self._page_size}, num_pages={self._num_pages}, "
-            f"paged_axis={self._paged_axis}, num_seqs={self._num_seqs}, "
-            f"kv_role={self._kv_role!r}, layer_index={self._layer_index!r}, "
-            f"block_table_index_type={self._block_table_index_type!r})"
-        )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (BlockPagedLayout, self._key())
+        return (BlockPagedLayout, astuple(self))
 
     def replace(self, **changes: Any) -> BlockPagedLayout:
         """A copy with some fields changed (validated like a new layout)."""
-        fields = dict(
-            zip(
-                (
-                    "page_size",
-                    "num_pages",
-                    "paged_axis",
-                    "num_seqs",
-                    "kv_role",
-                    "layer_index",
-                    "block_table_index_type",
-                ),
-                self._key(),
-                strict=True,
-            )
-        )
-        fields.update(changes)
-        return BlockPagedLayout(**fields)
+        return replace(self, **changes)
 
     # -- derived ---------------------------------------------------------------------------
     @property
     def index_dtype(self) -> np.dtype[Any]:
         """Little-endian NumPy dtype of block_table and seq_ptr (buffers 1 and 2)."""
-        return _INDEX_DTYPES[self._block_table_index_type]
+        return _INDEX_DTYPES[self.block_table_index_type]
 
     @property
     def index_max(self) -> int:
         """Largest value the index type can hold."""
-        return _INDEX_MAX[self._block_table_index_type]
+        return _INDEX_MAX[self.block_table_index_type]
 
     @property
     def page_slots(self) -> int:
         """num_pages * page_size: page-slot count, the length of per-slot scale arrays."""
-        return self._num_pages * self._page_size
+        return self.num_pages * self.page_size
 
     # -- rules -----------------------------------------------------------------------------
     def validate_against_shape(self, shape: Sequence[int]) -> None:
@@ -237,7 +139,7 @@ class BlockPagedLayout:
                     field=f"shape[{axis}]",
                     found="0xFFFFFFFFFFFFFFFF",
                 )
-        if self._num_seqs == 0 and dims[0] != 0:
+        if self.num_seqs == 0 and dims[0] != 0:
             raise InvalidDescriptorError(
                 "an empty batch (num_seqs 0) has total_tokens 0", field="shape[0]", found=dims[0]
             )
@@ -250,13 +152,21 @@ class BlockPagedLayout:
         """
         sp = _as_index_array(seq_ptr, "seq_ptr", self.index_max)
         bt = _as_index_array(block_table, "block_table", self.index_max)
-        check_index_arrays(sp, bt, self._num_pages, self._num_seqs)
+        check_index_arrays(sp, bt, self.num_pages, self.num_seqs)
 
     def validate_quantization_compatibility(self, quantization: Quantization | None) -> None:
         """Refuse a scheme that block-paged does not admit (block-paged.md § 7)."""
-        from hurray_wire.model.quantization import check_block_paged_compatibility
+        check_block_paged_compatibility(quantization, self.page_size)
 
-        check_block_paged_compatibility(quantization, self._page_size)
+
+def _immutable(self: BlockPagedLayout, name: str, *value: object) -> None:
+    raise FrozenInstanceError(f"BlockPagedLayout is immutable (tried to change {name!r})")
+
+
+# The generated frozen __setattr__ of a slots dataclass fails with a TypeError on names that
+# are not fields (CPython gh-90562); every change must be an AttributeError.
+BlockPagedLayout.__setattr__ = _immutable  # type: ignore[assignment, method-assign]
+BlockPagedLayout.__delattr__ = _immutable  # type: ignore[assignment, method-assign]
 
 
 def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:

@@ -297,9 +297,6 @@ class MXFP(NF4):
 
 
 Quantization = Union[PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP]  # noqa: UP007
-SCHEMES: dict[int, type[PerTensorAffine | PerChannelAffine | PerBlockAffine | NF4]] = {
-    cls.scheme_tag: cls for cls in (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)
-}
 
 
 def _distinct(scale: int, zero_point: int | None) -> tuple[int, ...]:
@@ -342,7 +339,10 @@ def check_block_paged_compatibility(quantization: object, page_size: int) -> Non
             )
     else:
         raise InvalidDescriptorError(
-            "not a quantization object", field="quantization", found=repr(quantization)
+            "not a quantization object",
+            field="quantization",
+            found=repr(quantization),
+            expected="None, PerTensorAffine, PerChannelAffine or PerBlockAffine",
         )
     named = [("scale_buffer_index", quantization.scale_buffer_index)]
     if quantization.zero_point_buffer_index is not None:
