@@ -37,6 +37,7 @@ _QUANT_BODY_SIZES: dict[int, int] = {
 }
 _STATISTICS_SIZE: int = w.STATISTICS.sizeof()
 _MEMBER_SIZE: int = w.COMPOSITE_MEMBER.sizeof()
+_ZERO_POINT_BYTES = 4  # zero points are int32 (descriptor.md § 8)
 
 __all__ = [
     "BufferHandle",
@@ -46,6 +47,8 @@ __all__ = [
     "MEMORY_CLASS_NAMES",
     "SYNC_MODE_NAMES",
     "BUFFER_NAMES",
+    "buffer_sizes",
+    "check_colocation",
 ]
 
 DEVICE_NAMES = {
@@ -300,22 +303,7 @@ class TensorDescriptor:
                 raise InvalidDescriptorError(
                     "must be a BufferHandle", field=f"buffers[{index}]", found=repr(handle)
                 )
-        first = buffers[0]
-        for index, handle in enumerate(buffers[1:], 1):
-            if handle.device_tag != first.device_tag:
-                raise InvalidDescriptorError(
-                    "all buffers must be on one device",
-                    field=f"buffers[{index}].device_tag",
-                    found=handle.device_tag,
-                    expected=first.device_tag,
-                )
-            if handle.memory_class != first.memory_class:
-                raise InvalidDescriptorError(
-                    "all buffers must share one memory class",
-                    field=f"buffers[{index}].memory_class",
-                    found=handle.memory_class,
-                    expected=first.memory_class,
-                )
+        check_colocation(buffers)
         sizes = self.expected_buffer_sizes()
         for index, (handle, size) in enumerate(zip(buffers, sizes, strict=True)):
             if index == 1:
@@ -405,9 +393,9 @@ class TensorDescriptor:
     def flags(self) -> int:
         """Flag bits derived from the sections present (descriptor.md § 3)."""
         return (
-            (0x01 if self.quantization is not None else 0)
-            | (0x08 if self.statistics is not None else 0)
-            | (0x10 if self.composite_member is not None else 0)
+            (w.FLAG_HAS_QUANTIZATION if self.quantization is not None else 0)
+            | (w.FLAG_HAS_STATISTICS if self.statistics is not None else 0)
+            | (w.FLAG_HAS_COMPOSITE_MEMBER if self.composite_member is not None else 0)
         )
 
     @property
@@ -437,31 +425,8 @@ class TensorDescriptor:
 
     def expected_buffer_sizes(self) -> tuple[int, ...]:
         """Exact byte sizes the layout implies; block_table's is the declared one."""
-        width = self.layout.index_dtype.itemsize
-        sizes = {
-            0: self.element_type.byte_size(self.pool_elements),
-            1: self.buffers[1].byte_size if len(self.buffers) > 1 else 0,
-            2: (self.layout.num_seqs + 1) * width,
-        }
-        quant = self.quantization
-        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-            if isinstance(quant, PerBlockAffine):
-                entries = self.layout.page_slots
-                scale_bytes = entries * quant.scale_type.itemsize
-            else:
-                entries = self.shape[quant.axis] if quant.axis < 3 else 0
-                scale_bytes = entries * 4
-            zp_bytes = entries * 4
-            sizes[quant.scale_buffer_index] = scale_bytes
-            zp = quant.zero_point_buffer_index
-            if zp is not None:
-                if zp == quant.scale_buffer_index:
-                    sizes[zp] = scale_bytes + zp_bytes
-                else:
-                    sizes[zp] = zp_bytes
-        elif isinstance(quant, (NF4, MXFP)):  # pragma: no cover - refused earlier
-            raise InvalidDescriptorError("not defined for block-paged", field="quantization")
-        return tuple(sizes.get(i, 0) for i in range(max(sizes) + 1))
+        declared = self.buffers[1].byte_size if len(self.buffers) > 1 else 0
+        return buffer_sizes(self.layout, self.shape, self.element_type, self.quantization, declared)
 
     def _encoded_length(self) -> int:
         length = _FIXED_SIZE + _HANDLE_SIZE * len(self.buffers)
@@ -500,30 +465,82 @@ class TensorDescriptor:
         """
         etype = dtypes.element_type_of(element_type)
         pages = check_uint(num_logical_pages, "num_logical_pages", U64_MAX)
-        provisional = cls.__new__(cls)
-        object.__setattr__(provisional, "element_type", etype)
-        object.__setattr__(provisional, "shape", tuple(shape))
-        object.__setattr__(provisional, "layout", layout)
-        object.__setattr__(provisional, "quantization", quantization)
-        width = layout.index_dtype.itemsize if isinstance(layout, BlockPagedLayout) else 4
-        object.__setattr__(provisional, "buffers", (None, BufferHandle(pages * width, alignment)))
         if not isinstance(layout, BlockPagedLayout):
             raise InvalidDescriptorError("layout must be a BlockPagedLayout", field="layout")
         layout.validate_against_shape(shape)
         layout.validate_quantization_compatibility(quantization)
-        sizes = list(provisional.expected_buffer_sizes())
-        sizes[1] = pages * width
+        dims = (int(shape[0]), int(shape[1]), int(shape[2]))
+        table_bytes = pages * layout.index_dtype.itemsize
+        sizes = buffer_sizes(layout, dims, etype, quantization, table_bytes)
         handles = tuple(
             BufferHandle(size, alignment, device_tag, sync_mode, memory_class) for size in sizes
         )
         return cls(
             etype,
-            (int(shape[0]), int(shape[1]), int(shape[2])),
+            dims,
             layout,
             handles,
             quantization,
             statistics=statistics,
         )
+
+
+def check_colocation(handles: Sequence[BufferHandle]) -> None:
+    """All buffers of one tensor live on one device, in one memory class (descriptor.md § 7)."""
+    if not handles:
+        return
+    first = handles[0]
+    for index, handle in enumerate(handles[1:], 1):
+        if handle.device_tag != first.device_tag:
+            raise InvalidDescriptorError(
+                "all buffers must be on one device",
+                field=f"buffers[{index}].device_tag",
+                found=handle.device_tag,
+                expected=first.device_tag,
+            )
+        if handle.memory_class != first.memory_class:
+            raise InvalidDescriptorError(
+                "all buffers must share one memory class",
+                field=f"buffers[{index}].memory_class",
+                found=handle.memory_class,
+                expected=first.memory_class,
+            )
+
+
+def buffer_sizes(
+    layout: BlockPagedLayout,
+    shape: Sequence[int],
+    element_type: ElementType,
+    quantization: Quantization | None,
+    block_table_bytes: int,
+) -> tuple[int, ...]:
+    """Byte size of every buffer of a block-paged tensor, in table order: a pure function
+    of its geometry (the block table's size is the one declared, as it is not implied)."""
+    pool_elements = layout.page_slots * shape[1] * shape[2]
+    sizes = {
+        0: element_type.byte_size(pool_elements),
+        1: block_table_bytes,
+        2: (layout.num_seqs + 1) * layout.index_dtype.itemsize,
+    }
+    quant = quantization
+    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+        if isinstance(quant, PerBlockAffine):
+            entries = layout.page_slots
+            scale_bytes = entries * quant.scale_type.itemsize
+        else:
+            entries = shape[quant.axis] if quant.axis < 3 else 0
+            scale_bytes = entries * dtypes.float32.itemsize
+        zp_bytes = entries * _ZERO_POINT_BYTES
+        sizes[quant.scale_buffer_index] = scale_bytes
+        zp = quant.zero_point_buffer_index
+        if zp is not None:
+            if zp == quant.scale_buffer_index:
+                sizes[zp] = scale_bytes + zp_bytes
+            else:
+                sizes[zp] = zp_bytes
+    elif isinstance(quant, (NF4, MXFP)):  # pragma: no cover - refused earlier
+        raise InvalidDescriptorError("not defined for block-paged", field="quantization")
+    return tuple(sizes.get(i, 0) for i in range(max(sizes) + 1))
 
 
 def _parameter_fields(quant: Quantization | None) -> list[tuple[str, int]]:

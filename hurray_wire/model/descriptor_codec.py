@@ -26,7 +26,12 @@ from hurray_wire.errors import (
     InvalidDescriptorError,
     UnsupportedLayoutError,
 )
-from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
+from hurray_wire.model.descriptor import (
+    BufferHandle,
+    Statistics,
+    TensorDescriptor,
+    check_colocation,
+)
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import (
     MXFP,
@@ -176,8 +181,8 @@ def _check_consts(fast: Any, values: tuple[Any, ...], base: int, section: str) -
 def _decode_block_paged(raw: bytes) -> TensorDescriptor:
     length = len(raw)
     _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
-    _check_flags(flags)
-    element_type = _element_type(type_tag, flags)
+    _check_flags(flags, type_tag)
+    element_type = _element_type(type_tag)
     if layout_tag != 0x0A:
         _refuse_other_layout(raw, layout_tag)
     if rank != 3:
@@ -211,9 +216,9 @@ def _decode_block_paged(raw: bytes) -> TensorDescriptor:
     quant: Quantization | None = None
     quant_padding = b""
     quant_at = pos
-    if flags & 0x01:
+    if flags & w.FLAG_HAS_QUANTIZATION:
         quant, quant_padding, pos = _quantization(raw, pos, length)
-    if flags & 0x02:
+    if flags & w.FLAG_HAS_SHARD:
         raise _error(
             "a block-paged tensor must not carry a shard section",
             "flags",
@@ -221,10 +226,10 @@ def _decode_block_paged(raw: bytes) -> TensorDescriptor:
             found=f"0x{flags:08X}",
         )
     statistics = None
-    if flags & 0x08:
+    if flags & w.FLAG_HAS_STATISTICS:
         statistics, pos = _statistics(raw, pos, length)
     member = None
-    if flags & 0x10:
+    if flags & w.FLAG_HAS_COMPOSITE_MEMBER:
         member, pos = _composite_member(raw, pos, length)
     trailing = _trailing(raw, pos, minor)
     try:
@@ -263,10 +268,7 @@ def _locate(
     field = exc.field or ""
     places = dict(_AT)
     places.update({model: _AT[wire] for model, wire in _WIRE_NAMES.items() if wire in _AT})
-    for index in range(count):
-        places[f"buffers[{index}]"] = _handle_at(index)
-        for name, at in _HANDLE.offsets.items():
-            places[f"buffers[{index}].{name}"] = _handle_at(index) + at
+    places.update(_handle_places(_BP_FIXED_LEN, count))
     if quant is not None:
         places["quantization"] = quant_at
         places.update(_quant_places(quant_at, quant.scheme_tag))
@@ -275,9 +277,37 @@ def _locate(
     return error
 
 
-def _check_flags(flags: int) -> None:
-    if flags & ~0x1F:
+def _handle_places(table: int, count: int) -> dict[str, int]:
+    """Byte offset of every handle field of a buffer table whose handles start at ``table``."""
+    places = {}
+    for index in range(count):
+        start = _handle_at(index, table)
+        places[f"buffers[{index}]"] = start
+        places.update({f"buffers[{index}].{n}": start + at for n, at in _HANDLE.offsets.items()})
+    return places
+
+
+def _locate_handle_error(
+    exc: InvalidDescriptorError, table: int, count: int
+) -> InvalidDescriptorError:
+    error = exc.relocated(
+        section="descriptor", offset=_handle_places(table, count).get(exc.field or "")
+    )
+    assert isinstance(error, InvalidDescriptorError)
+    return error
+
+
+def _check_flags(flags: int, type_tag: int) -> None:
+    """No reserved flag bit, and HAS_EXTENSION_TYPE exactly for private element types."""
+    if flags & ~w.FLAGS_KNOWN:
         raise _error("reserved flag bits set", "flags", _AT["flags"], found=f"0x{flags:08X}")
+    if bool(flags & w.FLAG_HAS_EXTENSION_TYPE) != (type_tag in w.PRIVATE_TYPE_TAGS):
+        raise _error(
+            "HAS_EXTENSION_TYPE must be set exactly for private type tags 0xF0-0xFE",
+            "flags",
+            _AT["flags"],
+            found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
+        )
 
 
 def _need(length: int, end: int, what: str) -> int:
@@ -307,16 +337,8 @@ def _trailing(raw: bytes, pos: int, minor: int) -> bytes:
     return raw[pos:]
 
 
-def _element_type(type_tag: int, flags: int) -> ElementType:
-    private = 0xF0 <= type_tag <= 0xFE
-    if bool(flags & 0x04) != private:
-        raise _error(
-            "HAS_EXTENSION_TYPE must be set exactly for private type tags 0xF0-0xFE",
-            "flags",
-            _AT["flags"],
-            found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
-        )
-    if private:
+def _element_type(type_tag: int) -> ElementType:
+    if type_tag in w.PRIVATE_TYPE_TAGS:
         raise _error(
             "private extension element types are not supported for block-paged tensors",
             "type_tag",
@@ -656,18 +678,10 @@ def decode_header(data: Any) -> DescriptorHeader:
     raw = _descriptor_bytes(data)
     length = len(raw)
     _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
-    if flags & ~0x1F:
-        raise _error("reserved flag bits set", "flags", _AT["flags"], found=f"0x{flags:08X}")
-    if bool(flags & 0x04) != (0xF0 <= type_tag <= 0xFE):
-        raise _error(
-            "HAS_EXTENSION_TYPE must be set exactly for private type tags",
-            "flags",
-            _AT["flags"],
-            found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
-        )
+    _check_flags(flags, type_tag)
     element_type = None
-    if not 0xF0 <= type_tag <= 0xFE:
-        element_type = _element_type(type_tag, flags)
+    if type_tag not in w.PRIVATE_TYPE_TAGS:
+        element_type = _element_type(type_tag)
     name = _layout_name(layout_tag)
     if name is None:
         raise _error(
@@ -764,18 +778,11 @@ def decode_header(data: Any) -> DescriptorHeader:
 
 
 def _check_colocation(handles: list[BufferHandle], table: int) -> None:
-    for index, handle in enumerate(handles[1:], 1):
-        if (handle.device_tag, handle.memory_class) != (
-            handles[0].device_tag,
-            handles[0].memory_class,
-        ):
-            raise _error(
-                "all buffers must share one device and memory class",
-                f"buffers[{index}].device_tag",
-                _handle_at(index, table + _COUNT_SIZE) + _HANDLE.offsets["device_tag"],
-                expected=f"device {handles[0].device_tag}, class {handles[0].memory_class}",
-                found=f"device {handle.device_tag}, class {handle.memory_class}",
-            )
+    """The model's one-device rule, located in a buffer table that starts at ``table``."""
+    try:
+        check_colocation(handles)
+    except InvalidDescriptorError as exc:
+        raise _locate_handle_error(exc, table + _COUNT_SIZE, len(handles)) from None
 
 
 def _construct_parse(raw: bytes) -> Any:

@@ -16,6 +16,13 @@ import construct as c
 
 __all__ = [
     "MAGIC",
+    "FLAG_HAS_QUANTIZATION",
+    "FLAG_HAS_SHARD",
+    "FLAG_HAS_EXTENSION_TYPE",
+    "FLAG_HAS_STATISTICS",
+    "FLAG_HAS_COMPOSITE_MEMBER",
+    "FLAGS_KNOWN",
+    "PRIVATE_TYPE_TAGS",
     "LAYER_NONE",
     "FIXED_HEADER",
     "BLOCK_PAGED_PAYLOAD",
@@ -41,6 +48,16 @@ __all__ = [
 
 MAGIC = b"HRRY"
 LAYER_NONE = 0xFFFFFFFF  # layer_index sentinel: "not layer-scoped"
+
+# § 2 flags: which optional sections follow the buffer table (in this order but for the
+# extension type, which follows statistics). Any other bit set => reject.
+FLAG_HAS_QUANTIZATION = 0x01
+FLAG_HAS_SHARD = 0x02
+FLAG_HAS_EXTENSION_TYPE = 0x04
+FLAG_HAS_STATISTICS = 0x08
+FLAG_HAS_COMPOSITE_MEMBER = 0x10
+FLAGS_KNOWN = 0x1F
+PRIVATE_TYPE_TAGS = range(0xF0, 0xFF)  # element type tags of private extension types
 
 KV_ROLES = {"key": 0, "value": 1, "fused": 2}
 INDEX_TYPES = {"uint32": 0, "uint64": 1}
@@ -283,14 +300,14 @@ DESCRIPTOR = c.Struct(
     "buffer_table_offset" / c.Tell,
     "buffers" / c.PrefixedArray(c.Int8ul, BUFFER_HANDLE),
     "quantization_offset" / c.Tell,
-    "quantization" / c.If(_flag(0x01), QUANTIZATION_SECTION),
+    "quantization" / c.If(_flag(FLAG_HAS_QUANTIZATION), QUANTIZATION_SECTION),
     "shard"
     / c.If(
-        _flag(0x02),
+        _flag(FLAG_HAS_SHARD),
         c.Struct("parent_shape" / _per_axis(c.Int64ul), "shard_offset" / _per_axis(c.Int64ul)),
     ),
-    "statistics" / c.If(_flag(0x08), STATISTICS),
-    "extension_type" / c.If(_flag(0x04), EXTENSION_TYPE),
-    "composite_member" / c.If(_flag(0x10), COMPOSITE_MEMBER),
+    "statistics" / c.If(_flag(FLAG_HAS_STATISTICS), STATISTICS),
+    "extension_type" / c.If(_flag(FLAG_HAS_EXTENSION_TYPE), EXTENSION_TYPE),
+    "composite_member" / c.If(_flag(FLAG_HAS_COMPOSITE_MEMBER), COMPOSITE_MEMBER),
     "unknown_trailing" / c.GreedyBytes,
 )
