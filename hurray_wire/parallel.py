@@ -14,14 +14,27 @@ minus the caller, created on first use and dropped in a forked child.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["usable_cores", "idle_cores", "resolve_threads", "run_tasks", "for_each", "submit"]
+__all__ = [
+    "for_each",
+    "idle_cores",
+    "pool_exists",
+    "resolve_threads",
+    "run_tasks",
+    "running_others",
+    "shared_pool",
+    "submit",
+    "submit_to",
+    "usable_cores",
+    "using_pool",
+]
 
 T = TypeVar("T")
 
@@ -63,12 +76,12 @@ def idle_cores() -> int:
     now = time.monotonic()
     taken, others = _load_reading
     if now - taken > _LOAD_TTL:
-        others = _running_others()
+        others = running_others()
         _load_reading = (now, others)
     return max(1, cores - others)
 
 
-def _running_others() -> int:
+def running_others() -> int:
     """Runnable tasks on the machine besides the reading thread, from /proc/loadavg."""
     try:
         with open(_LOADAVG, "rb") as handle:
@@ -88,7 +101,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _shared_pool() -> ThreadPoolExecutor:
+def shared_pool() -> ThreadPoolExecutor:
     global _pool
     pool = _pool
     if pool is None:
@@ -104,10 +117,10 @@ def submit(call: Callable[[], T]) -> Future[T] | None:
     """Run ``call`` on a pool thread; None once the interpreter is shutting down. Callers
     must never wait for it without first doing its work themselves (``cancel()`` it, or
     make it find nothing left to do): the pool may be busy."""
-    return _submit_to(_shared_pool(), call)
+    return submit_to(shared_pool(), call)
 
 
-def _submit_to(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T] | None:
+def submit_to(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T] | None:
     try:
         return pool.submit(call)
     except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
@@ -138,7 +151,7 @@ def for_each(count: int, call: Callable[[int], object], threads: int) -> None:
         for index in range(count):
             call(index)
         return
-    pool = _shared_pool()
+    pool = shared_pool()
     helpers = min(helpers, pool._max_workers)
     failures: dict[int, BaseException] = {}
     lock = threading.Lock()
@@ -159,7 +172,7 @@ def for_each(count: int, call: Callable[[int], object], threads: int) -> None:
 
     futures = []
     for _ in range(helpers):
-        future = _submit_to(pool, work)
+        future = submit_to(pool, work)
         if future is not None:
             futures.append(future)
     work()
@@ -168,3 +181,20 @@ def for_each(count: int, call: Callable[[int], object], threads: int) -> None:
             future.result()
     if failures:
         raise failures[min(failures)]
+
+
+def pool_exists() -> bool:
+    """Whether the shared pool has been built in this process (not after a fork)."""
+    return _pool is not None
+
+
+@contextlib.contextmanager
+def using_pool(pool: ThreadPoolExecutor) -> Iterator[None]:
+    """Run the block with ``pool`` as the shared pool (a test seam: e.g. a shut-down pool)."""
+    global _pool
+    original = _pool
+    _pool = pool
+    try:
+        yield
+    finally:
+        _pool = original

@@ -35,6 +35,7 @@ __all__ = [
     "describe_blob_envelope",
     "annotate_descriptor",
     "annotate_blob",
+    "annotate_chunk_table",
 ]
 
 LAYER_NONE_TEXT = "none (0xFFFFFFFF)"
@@ -306,7 +307,7 @@ def annotate_blob(data: Any) -> list[Annotation]:
         if offset > cursor:
             out.append((cursor, offset - cursor, "padding", "zero"))
         if entry["codec"] == codecs.CODEC_CHUNKED:
-            out.extend(_annotate_chunk_table(view, offset, stored, f"section[{number}]", kind))
+            out.extend(annotate_chunk_table(view, offset, stored, f"section[{number}]", kind))
         else:
             out.append((offset, stored, f"section[{number}] payload", f"{kind}, {stored} bytes"))
         cursor = offset + stored
@@ -315,7 +316,7 @@ def annotate_blob(data: Any) -> list[Annotation]:
     return out
 
 
-def _annotate_chunk_table(
+def annotate_chunk_table(
     view: bytes, offset: int, stored: int, name: str, kind: str
 ) -> list[Annotation]:
     """The chunk table of a chunked-shuffle-zstd payload, field by field, then its frames."""

@@ -235,12 +235,12 @@ def test_hex_annotation_of_chunk_tables_survives_bad_tables() -> None:
 
     table = (65536).to_bytes(4, "little") + (2).to_bytes(4, "little")
     sizes = (5).to_bytes(4, "little") + (6).to_bytes(4, "little")
-    good = summary._annotate_chunk_table(table + sizes + bytes(11), 0, 27, "s", "buffer")
+    good = summary.annotate_chunk_table(table + sizes + bytes(11), 0, 27, "s", "buffer")
     assert [a[2] for a in good] == [
         "s.chunk_size", "s.chunk_count", "s.frame_size[0]", "s.frame_size[1]", "s frames"
     ]  # fmt: skip
     assert good[-1][1:] == (11, "s frames", "2 zstd frames, 11 bytes")
-    cut = summary._annotate_chunk_table(table + sizes[:3], 0, 11, "s", "buffer")
+    cut = summary.annotate_chunk_table(table + sizes[:3], 0, 11, "s", "buffer")
     assert cut[-1][2] == "s payload" and cut[-1][1] == 3
-    tiny = summary._annotate_chunk_table(table[:5], 0, 5, "s", "buffer")
+    tiny = summary.annotate_chunk_table(table[:5], 0, 5, "s", "buffer")
     assert tiny == [(0, 5, "s payload", "buffer, 5 bytes")]

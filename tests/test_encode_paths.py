@@ -56,7 +56,7 @@ def test_copy_and_hash_finishes_when_the_pool_is_busy(monkeypatch: pytest.Monkey
     monkeypatch.setattr(blob, "PARALLEL_HASH", True)
     monkeypatch.setattr(blob, "_PARALLEL_CHUNK", 1 << 16)
     release = threading.Event()
-    pool = parallel._shared_pool()
+    pool = parallel.shared_pool()
     blockers = [pool.submit(release.wait, 30) for _ in range(pool._max_workers)]
     try:
         assert bytes(blob.encode(tensor)) == expected

@@ -19,7 +19,7 @@ def test_resolve_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     assert 1 <= parallel.resolve_threads(-1) <= parallel.usable_cores()
     monkeypatch.setattr(parallel, "usable_cores", lambda: 4)
     for others, idle in ((0, 4), (1, 3), (3, 1), (9, 1)):
-        monkeypatch.setattr(parallel, "_running_others", lambda others=others: others)
+        monkeypatch.setattr(parallel, "running_others", lambda others=others: others)
         monkeypatch.setattr(parallel, "_load_reading", (-1.0, 0))
         assert parallel.idle_cores() == idle == parallel.resolve_threads(-1)
         assert parallel.resolve_threads(3) == 3  # an explicit count is taken as given
@@ -29,12 +29,12 @@ def test_run_queue_reading(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> No
     loadavg = tmp_path / "loadavg"
     loadavg.write_text("0.50 0.40 0.30 3/120 4567\n")
     monkeypatch.setattr(parallel, "_LOADAVG", str(loadavg))
-    assert parallel._running_others() == 2
+    assert parallel.running_others() == 2
     for broken in ("", "1 2 3\n", "a b c x/y z\n"):
         loadavg.write_text(broken)
-        assert parallel._running_others() == 0
+        assert parallel.running_others() == 0
     monkeypatch.setattr(parallel, "_LOADAVG", str(tmp_path / "missing"))
-    assert parallel._running_others() == 0
+    assert parallel.running_others() == 0
 
 
 def test_busy_cores_run_everything_on_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,7 +90,7 @@ def test_run_tasks_raises_the_lowest_failure_and_skips_later_tasks(threads: int)
 def test_run_tasks_never_waits_for_a_busy_pool() -> None:
     """With every pool thread blocked, the caller still finishes all tasks itself."""
     release = threading.Event()
-    pool = parallel._shared_pool()
+    pool = parallel.shared_pool()
     blockers = [pool.submit(release.wait, 10) for _ in range(pool._max_workers)]
     try:
         done = parallel.run_tasks([lambda i=i: i for i in range(10)], 4)
@@ -112,7 +112,10 @@ def test_pool_is_recreated_in_a_forked_child() -> None:
     pid = os.fork()
     if pid == 0:  # child: the parent's threads are gone; a new pool must be built
         try:
-            ok = parallel._pool is None and parallel.run_tasks([lambda: 1, lambda: 2], 2) == [1, 2]
+            ok = not parallel.pool_exists() and parallel.run_tasks([lambda: 1, lambda: 2], 2) == [
+                1,
+                2,
+            ]
             os._exit(0 if ok else 1)
         except BaseException:
             os._exit(2)
@@ -125,20 +128,16 @@ def test_a_shut_down_pool_runs_everything_on_the_caller() -> None:
 
     dead = ThreadPoolExecutor(1)
     dead.shutdown()
-    assert parallel._submit_to(dead, lambda: 1) is None
-    original = parallel._pool
-    parallel._pool = dead
-    try:
+    assert parallel.submit_to(dead, lambda: 1) is None
+    with parallel.using_pool(dead):
         assert parallel.run_tasks([lambda i=i: i for i in range(5)], 4) == list(range(5))
         assert parallel.submit(lambda: 1) is None
-    finally:
-        parallel._pool = original
 
 
 def test_for_each_inside_a_pool_thread_does_not_wait_for_itself() -> None:
     """Called from the pool's only thread, the helpers it queues can never start: the
     caller does all the work and drops them instead of waiting."""
-    pool = parallel._shared_pool()
+    pool = parallel.shared_pool()
     if pool._max_workers != 1:
         pytest.skip("needs a one-thread pool (a two-core machine)")
     done: list[int] = []
