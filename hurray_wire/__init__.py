@@ -1,61 +1,26 @@
 """hurray-wire: move PagedAttention KV caches between machines in the Hurray block-paged layout.
 
 The public API mirrors the spec's names: ``BlockPagedLayout``, the quantization schemes,
-the element types, ``TensorDescriptor`` with ``encode_descriptor`` / ``decode_descriptor``.
-This module only re-exports.
+``TensorDescriptor`` with ``encode_descriptor`` / ``decode_descriptor``, a
+``BlockPagedTensor`` that ``encode`` frames into a blob and ``decode`` validates back into
+NumPy views. Element types live in ``hurray_wire.dtypes`` (``hurray_wire.float16`` works
+too, as the reference's Python API spells them); every error class in
+``hurray_wire.errors``; everything else importable from its module. This module only
+re-exports.
 """
 
+from __future__ import annotations
+
+from hurray_wire import dtypes
 from hurray_wire.blob import DecodeLimits, blob_length, decode, encode, encode_into, encode_parts
 from hurray_wire.codecs import Compression
-from hurray_wire.containers.stream import (
-    StreamEntry,
-    StreamFile,
-    StreamHeader,
-    StreamReader,
-    StreamWriter,
-    decode_stream_header,
-    encode_stream_header,
-)
-from hurray_wire.dtypes import (
-    ELEMENT_TYPES,
-    ElementType,
-    bfloat16,
-    bool_,
-    complex64,
-    complex128,
-    element_type_from_name,
-    element_type_from_tag,
-    element_type_of,
-    float4_e2m1,
-    float6_e2m3,
-    float6_e3m2,
-    float8_e4m3,
-    float8_e5m2,
-    float8_e8m0,
-    float16,
-    float32,
-    float64,
-    float128,
-    int2,
-    int4,
-    int8,
-    int16,
-    int32,
-    int64,
-    uint2,
-    uint4,
-    uint8,
-    uint16,
-    uint32,
-    uint64,
-)
+from hurray_wire.containers.reference import HrryFile
+from hurray_wire.containers.stream import StreamFile, StreamHeader, StreamReader, StreamWriter
+from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import (
     ArgumentTypeError,
-    BlobTruncatedError,
     ChecksumError,
-    ContainerTruncatedError,
-    DecompressionError,
-    DescriptorTruncatedError,
+    ClosedContainerError,
     HurrayWireError,
     IndexBufferError,
     InvalidBlobError,
@@ -66,22 +31,16 @@ from hurray_wire.errors import (
     InvalidTensorError,
     LimitExceededError,
     MissingTensorError,
-    PaddingError,
     QuantizationNotDefinedError,
-    SectionError,
-    StreamBlobTruncatedError,
-    StreamTruncatedError,
     TruncatedError,
     UnsupportedLayoutError,
 )
-from hurray_wire.metadata import Int64, UInt64
 from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
 from hurray_wire.model.descriptor_codec import (
     DescriptorHeader,
     decode_descriptor,
     decode_header,
     encode_descriptor,
-    peek_descriptor_length,
 )
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import (
@@ -97,91 +56,58 @@ from hurray_wire.tensor import BlockPagedTensor
 __version__ = "0.1.0"
 
 __all__ = [
-    "ELEMENT_TYPES",
     "MXFP",
     "NF4",
     "ArgumentTypeError",
-    "BlobTruncatedError",
     "BlockPagedLayout",
     "BlockPagedTensor",
-    "InvalidStreamError",
-    "MissingTensorError",
-    "StreamBlobTruncatedError",
-    "StreamEntry",
-    "StreamFile",
-    "StreamHeader",
-    "StreamReader",
-    "StreamTruncatedError",
-    "StreamWriter",
-    "decode_stream_header",
-    "encode_stream_header",
-    "Compression",
-    "DecodeLimits",
-    "Int64",
-    "UInt64",
-    "blob_length",
-    "decode",
-    "encode",
-    "encode_into",
-    "encode_parts",
     "BufferHandle",
     "ChecksumError",
-    "ContainerTruncatedError",
-    "DecompressionError",
+    "ClosedContainerError",
+    "Compression",
+    "DecodeLimits",
     "DescriptorHeader",
-    "DescriptorTruncatedError",
     "ElementType",
+    "HrryFile",
     "HurrayWireError",
     "IndexBufferError",
     "InvalidBlobError",
     "InvalidContainerError",
     "InvalidDescriptorError",
     "InvalidMetadataError",
+    "InvalidStreamError",
     "InvalidTensorError",
     "LimitExceededError",
-    "PaddingError",
+    "MissingTensorError",
     "PerBlockAffine",
     "PerChannelAffine",
     "PerTensorAffine",
     "Quantization",
     "QuantizationNotDefinedError",
-    "SectionError",
     "Statistics",
+    "StreamFile",
+    "StreamHeader",
+    "StreamReader",
+    "StreamWriter",
     "TensorDescriptor",
     "TruncatedError",
     "UnsupportedLayoutError",
     "__version__",
-    "bfloat16",
-    "bool_",
-    "complex64",
-    "complex128",
+    "blob_length",
+    "decode",
     "decode_descriptor",
     "decode_header",
-    "element_type_from_name",
-    "element_type_from_tag",
-    "element_type_of",
+    "dtypes",
+    "encode",
     "encode_descriptor",
-    "float4_e2m1",
-    "float6_e2m3",
-    "float6_e3m2",
-    "float8_e4m3",
-    "float8_e5m2",
-    "float8_e8m0",
-    "float16",
-    "float32",
-    "float64",
-    "float128",
-    "int2",
-    "int4",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "peek_descriptor_length",
-    "uint2",
-    "uint4",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
+    "encode_into",
+    "encode_parts",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``hurray_wire.float16`` and the other names of ``hurray_wire.dtypes``, which the
+    reference's Python API has at its top level; not in ``__all__``."""
+    if name in dtypes.__all__:
+        return getattr(dtypes, name)
+    raise AttributeError(f"module 'hurray_wire' has no attribute {name!r}")

@@ -16,7 +16,7 @@ import numpy as np
 from hurray_wire.buffers import u8_array
 from hurray_wire.errors import ArgumentTypeError
 
-__all__ = ["crc32c", "CRC32C_CHECK"]
+__all__ = ["CRC32C_CHECK", "crc32c"]
 
 CRC32C_CHECK = 0xE3069283  # crc32c(b"123456789"), the catalogue check value
 

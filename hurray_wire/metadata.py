@@ -52,13 +52,13 @@ from hurray_wire.wire.containers import (
 
 __all__ = [
     "Int64",
-    "UInt64",
-    "MetadataScalar",
     "MetadataArray",
-    "MetadataValue",
     "MetadataInput",
-    "encode_metadata",
+    "MetadataScalar",
+    "MetadataValue",
+    "UInt64",
     "decode_metadata",
+    "encode_metadata",
 ]
 
 SECTION = "kv_metadata"

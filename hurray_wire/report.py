@@ -29,13 +29,13 @@ from hurray_wire.wire import descriptor as wd
 from hurray_wire.wire.fast import derive
 
 __all__ = [
+    "annotate_blob",
+    "annotate_chunk_table",
+    "annotate_descriptor",
+    "describe_blob_envelope",
     "describe_descriptor",
     "describe_header",
     "describe_tensor",
-    "describe_blob_envelope",
-    "annotate_descriptor",
-    "annotate_blob",
-    "annotate_chunk_table",
 ]
 
 LAYER_NONE_TEXT = "none (0xFFFFFFFF)"

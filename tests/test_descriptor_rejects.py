@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 import hurray_wire as hw
+from hurray_wire import errors as hwe
 from tests.conftest import BLOCK_PAGED
 
 
@@ -178,11 +179,11 @@ def test_descriptor_length_too_small_for_an_optional_section(data: bytes, length
 def test_descriptor_length_larger_than_the_input(length: int) -> None:
     """The input is truncated: it ends before descriptor_length (offset = where it ends)."""
     exc = rejects(
-        put(SPEC, 6, "I", length), "descriptor_length", len(SPEC), hw.DescriptorTruncatedError
+        put(SPEC, 6, "I", length), "descriptor_length", len(SPEC), hwe.DescriptorTruncatedError
     )
     assert exc.expected == length
     assert exc.found == len(SPEC)
-    with pytest.raises(hw.DescriptorTruncatedError):
+    with pytest.raises(hwe.DescriptorTruncatedError):
         hw.decode_header(put(SPEC, 6, "I", length))
 
 
@@ -881,7 +882,7 @@ TRUNCATED = [
 def test_truncation_at_every_length(name: str, data: bytes) -> None:
     for size in range(len(data)):
         for decode in (hw.decode_descriptor, hw.decode_header):
-            with pytest.raises(hw.DescriptorTruncatedError) as info:
+            with pytest.raises(hwe.DescriptorTruncatedError) as info:
                 decode(data[:size])
             assert isinstance(info.value, hw.InvalidDescriptorError)
             assert info.value.offset == size, (size, str(info.value))
@@ -902,7 +903,7 @@ def test_truncation_with_a_repaired_descriptor_length(name: str, data: bytes) ->
 
 @pytest.mark.parametrize("data", [b"", b"H", b"HRR", b"HRRY", b"HRRY\x01\x00\x85\x00\x00"])
 def test_tiny_inputs_are_truncated(data: bytes) -> None:
-    with pytest.raises(hw.DescriptorTruncatedError):
+    with pytest.raises(hwe.DescriptorTruncatedError):
         hw.decode_descriptor(data)
 
 

@@ -24,6 +24,7 @@ import pytest
 import zstandard
 
 import hurray_wire as hw
+from hurray_wire import errors as hwe
 from hurray_wire.containers import reference
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
@@ -357,7 +358,7 @@ def _f2_error(call: Callable[[], object], warm: bool) -> hw.HurrayWireError:
         hw.codecs.decompress_into(1, 0, big, np.empty(1 << 20, np.uint8), threads=0)
     try:
         call()
-    except hw.DecompressionError as exc:
+    except hwe.DecompressionError as exc:
         return exc
     raise AssertionError("the F2 frame was accepted")
 

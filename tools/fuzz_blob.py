@@ -460,7 +460,7 @@ def _independent_refusal(data: bytes, error: hw.HurrayWireError | None) -> None:
     """A chunked section decode refuses (its table or one of its frames) is refused by the
     independent reader too. Only for ``DecompressionError``: the window limit
     (``LimitExceededError``) is a rule that reader does not implement."""
-    if type(error) is not hw.DecompressionError:
+    if type(error) is not hw.errors.DecompressionError:
         return
     where = error.field or ""
     if where not in _CHUNK_TABLE_FIELDS and not where.startswith("chunk "):
@@ -814,7 +814,7 @@ def _random_metadata(rng: random.Random) -> bytes:
         ("model", "m" * rng.randint(0, 40)),
         ("hurray.k_scale", rng.choice([0.5, float("nan"), -0.0, 1e308])),
         ("n", rng.choice([0, -1, 2**63 - 1, -(2**63)])),
-        ("u", hw.UInt64(rng.choice([0, 2**64 - 1]))),
+        ("u", hw.metadata.UInt64(rng.choice([0, 2**64 - 1]))),
         ("flag", rng.random() < 0.5),
         ("raw", rng.randbytes(rng.randint(0, 12))),
         ("ids", ["r-1", "r-2"][: rng.randint(1, 2)]),
@@ -1284,10 +1284,10 @@ def generated_seeds() -> dict[str, bytes]:
                 "b": [1.5, 2.5],
                 "c": b"x",
                 "d": True,
-                "e": hw.UInt64(2**64 - 1),
-                "f": [hw.Int64(-1)],
+                "e": hw.metadata.UInt64(2**64 - 1),
+                "f": [hw.metadata.Int64(-1)],
                 "g": "s",
-                "h": [hw.UInt64(3)],
+                "h": [hw.metadata.UInt64(3)],
             },
         ),
         "empty_pool": lambda: f(np.zeros((0, 4, 2, 8), np.float16), [], [0], seq_lens=[]),

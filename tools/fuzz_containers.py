@@ -703,7 +703,9 @@ def _rebuild_hrry(data: bytes, rng: random.Random, max_size: int) -> bytes:
         if key.startswith(reference.SEQ_LENS_KEY_PREFIX):
             count = rng.choice([0, 1, 2, 3])
             values = [rng.choice([0, 1, 3, 4, 7, 2**64 - 1]) for _ in range(count)]
-            metadata[key] = [hw.UInt64(v) for v in values] if values else [hw.Int64(1)]
+            metadata[key] = (
+                [hw.metadata.UInt64(v) for v in values] if values else [hw.metadata.Int64(1)]
+            )
         else:
             payload = fuzz_blob._random_metadata(rng)
             metadata[key] = payload if rng.random() < 0.7 else fuzz_blob.byte_mutate(payload, rng)

@@ -40,13 +40,13 @@ _MEMBER_SIZE: int = w.COMPOSITE_MEMBER.sizeof()
 _ZERO_POINT_BYTES = 4  # zero points are int32 (descriptor.md § 8)
 
 __all__ = [
-    "BufferHandle",
-    "Statistics",
-    "TensorDescriptor",
+    "BUFFER_NAMES",
     "DEVICE_NAMES",
     "MEMORY_CLASS_NAMES",
     "SYNC_MODE_NAMES",
-    "BUFFER_NAMES",
+    "BufferHandle",
+    "Statistics",
+    "TensorDescriptor",
     "buffer_sizes",
     "check_colocation",
 ]

@@ -47,11 +47,11 @@ from hurray_wire.wire import descriptor as w
 from hurray_wire.wire.fast import derive
 
 __all__ = [
-    "encode_descriptor",
+    "DescriptorHeader",
     "decode_descriptor",
     "decode_header",
+    "encode_descriptor",
     "peek_descriptor_length",
-    "DescriptorHeader",
 ]
 
 

@@ -17,7 +17,7 @@ from hurray_wire.errors import IndexBufferError, InvalidDescriptorError
 from hurray_wire.model._checks import U32_MAX, U64_MAX, check_uint
 from hurray_wire.model.quantization import Quantization, check_block_paged_compatibility
 
-__all__ = ["BlockPagedLayout", "KV_ROLE_NAMES", "INDEX_TYPE_NAMES", "DYNAMIC_DIM"]
+__all__ = ["DYNAMIC_DIM", "INDEX_TYPE_NAMES", "KV_ROLE_NAMES", "BlockPagedLayout"]
 
 KV_ROLE_NAMES = ("key", "value", "fused")
 INDEX_TYPE_NAMES = ("uint32", "uint64")

@@ -19,13 +19,13 @@ from hurray_wire.errors import InvalidDescriptorError, QuantizationNotDefinedErr
 from hurray_wire.model._checks import I32_MAX, I32_MIN, U32_MAX, check_uint, is_power_of_two
 
 __all__ = [
-    "PerTensorAffine",
-    "PerChannelAffine",
-    "PerBlockAffine",
-    "NF4",
     "MXFP",
-    "Quantization",
+    "NF4",
     "NO_BUFFER",
+    "PerBlockAffine",
+    "PerChannelAffine",
+    "PerTensorAffine",
+    "Quantization",
     "check_block_paged_compatibility",
 ]
 

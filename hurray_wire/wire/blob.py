@@ -5,20 +5,20 @@ from __future__ import annotations
 import construct as c
 
 __all__ = [
-    "BLOB_MAGIC",
+    "BLOB_ALIGNMENT",
     "BLOB_HEADER",
-    "SECTION_ENTRY",
-    "HEADER_CHECKSUM",
-    "CHUNK_TABLE_HEADER",
-    "CHUNK_FRAME_SIZE",
-    "SECTION_KINDS",
-    "KIND_BUFFER",
-    "KIND_SEQ_LENS",
-    "KIND_METADATA",
-    "FLAG_REQUIRED",
+    "BLOB_MAGIC",
     "CHECKSUM_NONE",
     "CHECKSUM_XXH3_64",
-    "BLOB_ALIGNMENT",
+    "CHUNK_FRAME_SIZE",
+    "CHUNK_TABLE_HEADER",
+    "FLAG_REQUIRED",
+    "HEADER_CHECKSUM",
+    "KIND_BUFFER",
+    "KIND_METADATA",
+    "KIND_SEQ_LENS",
+    "SECTION_ENTRY",
+    "SECTION_KINDS",
 ]
 
 BLOB_MAGIC = b"HRWB"
