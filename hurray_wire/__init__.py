@@ -6,6 +6,16 @@ This module only re-exports.
 """
 
 from hurray_wire import reference  # noqa: F401  (hurray_wire.reference.write_stream, ...)
+from hurray_wire.adapters import (
+    from_flashinfer,
+    from_sglang,
+    from_torch,
+    from_vllm,
+    to_flashinfer,
+    to_sglang,
+    to_torch,
+    to_vllm,
+)
 from hurray_wire.blob import DecodeLimits, blob_length, decode, encode, encode_into, encode_parts
 from hurray_wire.codecs import Compression
 from hurray_wire.descriptor import BufferHandle, Statistics, TensorDescriptor
@@ -84,6 +94,7 @@ from hurray_wire.quantization import (
     PerTensorAffine,
     Quantization,
 )
+from hurray_wire.reference_api import Tensor  # the reference's Python Tensor (block-paged)
 from hurray_wire.stream import (
     StreamEntry,
     StreamFile,
@@ -94,6 +105,7 @@ from hurray_wire.stream import (
     encode_stream_header,
 )
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms.heads import merge_heads
 
 __version__ = "0.1.0"
 
@@ -185,4 +197,14 @@ __all__ = [
     "uint16",
     "uint32",
     "uint64",
+    "Tensor",
+    "merge_heads",
+    "from_flashinfer",
+    "from_sglang",
+    "from_torch",
+    "from_vllm",
+    "to_flashinfer",
+    "to_sglang",
+    "to_torch",
+    "to_vllm",
 ]

@@ -9,6 +9,7 @@ unsigned integer and are viewed back as the ``ml_dtypes`` type.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import ml_dtypes
@@ -31,6 +32,11 @@ _VIA_INTEGER: dict[str, tuple[np.dtype[Any], str]] = {
 _BY_NUMPY = {dtype: (name, carrier) for name, (dtype, carrier) in _VIA_INTEGER.items()}
 
 
+def _torch() -> Any:
+    """torch, imported on first use (typed Any: its stubs are not ours to check)."""
+    return importlib.import_module("torch")
+
+
 def is_torch(value: object) -> bool:
     """True for a torch tensor, decided without importing torch."""
     return type(value).__module__.startswith("torch") and hasattr(value, "__dlpack__")
@@ -44,9 +50,7 @@ def as_numpy(value: Any, name: str) -> Any:
 def torch_to_numpy(tensor: Any, name: str = "tensor") -> npt.NDArray[Any]:
     """A NumPy view of a CPU torch tensor (strides kept); other devices are copied to CPU."""
     if not is_torch(tensor):
-        raise ArgumentTypeError(
-            "expected a torch.Tensor", field=name, found=type(tensor).__name__
-        )
+        raise ArgumentTypeError("expected a torch.Tensor", field=name, found=type(tensor).__name__)
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -57,8 +61,7 @@ def torch_to_numpy(tensor: Any, name: str = "tensor") -> npt.NDArray[Any]:
     try:
         if via is None:
             return np.from_dlpack(t)
-        import torch
-
+        torch = _torch()
         return np.from_dlpack(t.view(getattr(torch, via[1]))).view(via[0])
     except (BufferError, TypeError, RuntimeError) as exc:
         raise ArgumentTypeError(
@@ -68,8 +71,7 @@ def torch_to_numpy(tensor: Any, name: str = "tensor") -> npt.NDArray[Any]:
 
 def numpy_to_torch(array: npt.NDArray[Any], name: str = "array") -> Any:
     """A torch tensor sharing ``array``'s memory (bfloat16 / float8 through an integer view)."""
-    import torch
-
+    torch = _torch()
     via = _BY_NUMPY.get(array.dtype)
     try:
         if via is None:

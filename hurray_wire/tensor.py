@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire import packing
-from hurray_wire._interop import as_numpy
 from hurray_wire._checks import U32_MAX, U64_MAX
+from hurray_wire._interop import as_numpy
 from hurray_wire.descriptor import TensorDescriptor
 from hurray_wire.dtypes import ElementType, element_type_of
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError

@@ -63,7 +63,8 @@ def token_slots(tensor: BlockPagedTensor, lens: Array) -> Array:
     seq_of = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
     t = np.arange(total, dtype=np.int64) - starts[seq_of]
     entries = tensor.seq_ptr[:-1].astype(np.int64)[seq_of] + t // page_size
-    return tensor.block_table.astype(np.int64)[entries] * page_size + t % page_size
+    slots: Array = tensor.block_table.astype(np.int64)[entries] * page_size + t % page_size
+    return slots
 
 
 def flat_pool(tensor: BlockPagedTensor) -> Array:

@@ -26,7 +26,7 @@ _F32 = np.dtype(np.float32)
 
 def _check_dtype(dtype: Any) -> np.dtype[Any]:
     try:
-        result = np.dtype(dtype)
+        result: np.dtype[Any] = np.dtype(dtype)
     except TypeError:
         raise ArgumentTypeError(
             "dtype must be a NumPy floating dtype", field="dtype", found=repr(dtype)

@@ -86,9 +86,7 @@ def _check_agree(base: BlockPagedTensor, other: BlockPagedTensor, rank: int) -> 
     if not (isinstance(quant, PerChannelAffine) and quant.axis == 1):
         for name in ("scales", "zero_points"):
             if not _equal(getattr(base, name), getattr(other, name)):
-                raise InvalidTensorError(
-                    f"shard {rank} differs from shard 0 in {name}", field=name
-                )
+                raise InvalidTensorError(f"shard {rank} differs from shard 0 in {name}", field=name)
 
 
 def merge_heads(

@@ -55,11 +55,11 @@ def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
     page_keys = keys[rows]  # [new pages, size]: source slot of each new slot, -1 unused
     used = page_keys >= 0
     source = flat_pool(tensor)
-    pool = np.zeros((len(rows) * size,) + source.shape[1:], source.dtype)
+    pool = np.zeros((len(rows) * size, *source.shape[1:]), source.dtype)
     flat_keys = page_keys.reshape(-1)
     flat_used = used.reshape(-1)
     pool[flat_used] = source[flat_keys[flat_used]]
-    pool = pool.reshape((len(rows), size) + source.shape[1:])
+    pool = pool.reshape((len(rows), size, *source.shape[1:]))
     new_quant = quant
     scales, zero_points = tensor.scales, tensor.zero_points
     if isinstance(quant, PerBlockAffine):
