@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -48,6 +49,10 @@ def random_values(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) 
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
+    if dtype.name in ("int4", "uint4", "int2", "uint2"):  # ml_dtypes' sub-byte integers
+        small = ml_dtypes.iinfo(dtype)
+        values = rng.integers(int(small.min), int(small.max), size=shape, endpoint=True)
+        return values.astype(dtype)
     return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
 
