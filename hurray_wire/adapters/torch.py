@@ -23,14 +23,14 @@ def from_torch(page_pool: Any, block_table: Any, seq_ptr: Any, **kwargs: Any) ->
 def to_torch(tensor: BlockPagedTensor) -> dict[str, Any]:
     """The tensor's arrays as CPU torch tensors sharing their memory, keyed by array name:
     ``page_pool``, ``block_table``, ``seq_ptr``, and ``scales``, ``zero_points``,
-    ``seq_lens`` when present. A packed sub-byte pool (int4, ...) is unpacked first, one
-    element per byte (torch has no packed type to hold it)."""
+    ``seq_lens`` when present. A packed pool (bool, int4, ...) is unpacked first (a copy),
+    one element per byte: torch.bool, or int8 / uint8 for the sub-byte integers."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError(
             "expected a BlockPagedTensor", field="tensor", found=type(tensor).__name__
         )
     pool = tensor.unpacked_page_pool()
-    if tensor.element_type.is_packed:
+    if tensor.element_type.is_packed and pool.dtype.kind != "b":
         pool = pool.astype("int8" if tensor.element_type.name.startswith("int") else "uint8")
     arrays = {"page_pool": pool, "block_table": tensor.block_table, "seq_ptr": tensor.seq_ptr}
     for name in ("scales", "zero_points", "seq_lens"):
