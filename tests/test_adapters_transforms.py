@@ -314,6 +314,16 @@ def test_repage_32_16_round_trip_keeps_shared_prefix() -> None:
     assert t.repage(16).layout.num_pages == 5
 
 
+def test_repage_keeps_a_partial_page_that_another_sequence_fills_shared() -> None:
+    pool = random_values(np.random.default_rng(3), (4, 16, 1, 8), np.float16)
+    t = hw.BlockPagedTensor.from_arrays(pool, [0, 1, 0, 1, 2], [0, 2, 5], seq_lens=[20, 40])
+    r = t.repage(32)
+    assert r.block_table.tolist() == [0, 0, 1] and r.prefix_sharing() == {0: (0, 1)}
+    assert all(same(a, b) for a, b in zip(r.sequences(), t.sequences(), strict=True))
+    assert not r.page_pool[1, 8:].any()  # past seq 1's source capacity: zero
+    assert r.repage(16).block_table.tolist() == [0, 1, 0, 1, 2]
+
+
 @pytest.mark.parametrize("asym", [True, False])
 def test_repage_per_block_scales_move_with_their_tokens(asym: bool) -> None:
     t = quantized(5, "block", asym=asym, page_size=16)

@@ -1,11 +1,13 @@
 """Re-paging: the same tokens per sequence on pages of another size.
 
-Each new page is identified by the source page slots it holds, in order. New pages with
-identical slot lists become one physical page, so whatever two sequences share at the same
-logical positions in the source stays shared wherever a new page lies wholly inside it
-(and nothing else is merged: equal slots mean equal tokens). Pages are numbered in
-first-reference order, unreferenced source pages are dropped, and the unused tail of a
-partial last page is zero (its per-block scale 1.0, zero point 0, as [A15] asks of writers).
+Each new page is identified by the source page slots it holds, in order: its positions
+up to the sequence's source page capacity (a partial last page's unused slots included, so
+a partial page that another sequence fills is not split off). New pages with identical slot
+lists become one physical page, so whatever two sequences share at the same logical
+positions in the source stays shared wherever a new page lies inside it (and nothing else
+is merged: equal slots mean equal contents). Pages are numbered in first-reference order,
+unreferenced source pages are dropped, and positions past the source capacity are zero
+(per-block scale 1.0, zero point 0, as [A15] asks of writers).
 
 Without ``seq_lens`` every source page counts as full; the result then carries ``seq_lens``
 only when some sequence no longer fills its last page.
@@ -37,12 +39,17 @@ def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
             found=size,
         )
     lens = lens_or_full(tensor)
-    slots = token_slots(tensor, lens)  # source slot of every token, sequence after sequence
     pages_per_seq = -(-lens // size)
     new_entries = int(pages_per_seq.sum()) if lens.size else 0
-    # Each token's place: logical new page (across the batch) and offset in it.
-    seq_of = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
-    t = np.arange(len(slots), dtype=np.int64) - (np.cumsum(lens) - lens)[seq_of]
+    # A new page holds every source slot its positions reach, up to the sequence's page
+    # capacity (not just its tokens): so a partial last page that a longer sequence fills
+    # stays one page for both, exactly as in the source.
+    capacity = np.diff(tensor.seq_ptr.astype(np.int64)) * tensor.layout.page_size
+    reach = np.minimum(capacity, pages_per_seq * size)
+    slots = token_slots(tensor, reach)  # source slot of every reached position
+    # Each position's place: logical new page (across the batch) and offset in it.
+    seq_of = np.repeat(np.arange(len(lens), dtype=np.int64), reach)
+    t = np.arange(len(slots), dtype=np.int64) - (np.cumsum(reach) - reach)[seq_of]
     entry_start = np.cumsum(pages_per_seq) - pages_per_seq
     entry = entry_start[seq_of] + t // size
     keys = np.full((new_entries, size), -1, np.int64)
