@@ -426,3 +426,13 @@ def test_split_and_merge_refuse() -> None:
     with pytest.raises(hw.InvalidTensorError, match="metadata"):
         hw.merge_heads([a, meta])
     assert r0.shape[1] == 1 and r3.shape[1] == 1 and r1 is not r2
+
+
+def test_encode_compact_keyword_on_every_encoder() -> None:
+    t = tensor_of(4, num_pages=40)
+    want = bytes(hw.encode(t.compact()))
+    assert bytes(hw.encode(t, compact=True)) == want
+    assert b"".join(hw.encode_parts(t, compact=True)) == want
+    out = bytearray(len(want))
+    assert hw.encode_into(t, out, compact=True) == len(want) and bytes(out) == want
+    assert len(hw.encode(t)) > len(want)
