@@ -163,7 +163,7 @@ def test_dequantize_fp8_with_kv_scale_and_plain() -> None:
     assert same(t.dequantize(), ref_dequantize(t))
     plain = hw.BlockPagedTensor.from_arrays(pool.astype(np.float16), [2, 0], [0, 2])
     assert plain.kv_scale is None and same(plain.dequantize(), pool.astype(np.float32))
-    for bad in (np.int32, "float8", object):
+    for bad in (np.int32, "float8", object, None):
         with pytest.raises(hw.ArgumentTypeError):
             t.dequantize(bad)
     cplx = hw.BlockPagedTensor.from_arrays(np.zeros((1, 2, 1, 1), np.complex64), [0], [0, 1])

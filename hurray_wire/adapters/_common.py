@@ -210,8 +210,3 @@ def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
             f"{name} must be one of {choices}", field=name, found=repr(value), expected=choices
         )
     return value
-
-
-def plain_pool(tensor: BlockPagedTensor) -> Array:
-    """The pool in its element dtype ``[pages, page_size, heads, dim]``."""
-    return tensor.unpacked_page_pool()

@@ -25,6 +25,8 @@ _F32 = np.dtype(np.float32)
 
 
 def _check_dtype(dtype: Any) -> np.dtype[Any]:
+    if dtype is None:  # NumPy would read None as float64: say what is meant instead
+        raise ArgumentTypeError("dtype must be a NumPy floating dtype", field="dtype", found="None")
     try:
         result: np.dtype[Any] = np.dtype(dtype)
     except TypeError:
