@@ -7,6 +7,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hurray_wire as hw
 from tests.adapter_reference import (
@@ -439,3 +441,77 @@ def test_sglang_refuses() -> None:
         hw.to_sglang((key, value), max_context_len=5)
     with pytest.raises(hw.ArgumentTypeError):
         hw.to_sglang(key)  # type: ignore[arg-type]
+
+
+# -- hurray-wire -> engine -> hurray-wire, on random tensors ------------------------------------
+def pair_of(seed: int, block: int, dtype: Any) -> tuple[hw.BlockPagedTensor, hw.BlockPagedTensor]:
+    b = batch(seed, block, 2, 8, dtype)
+    v = random_values(np.random.default_rng(seed + 7), b.pool.shape, dtype)
+    args = (b.block_table(), b.seq_ptr())
+    key = hw.BlockPagedTensor.from_arrays(b.pool, *args, seq_lens=b.lens, layer_index=3)
+    value = hw.BlockPagedTensor.from_arrays(
+        v, *args, seq_lens=b.lens, kv_role="value", layer_index=3
+    )
+    return key, value
+
+
+def same_tensor(a: hw.BlockPagedTensor, b: hw.BlockPagedTensor) -> None:
+    assert a.descriptor == b.descriptor
+    for name in ("page_pool", "block_table", "seq_ptr", "seq_lens"):
+        assert same(getattr(a, name), getattr(b, name)), name
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    block=st.sampled_from([1, 4, 16, 32]),
+    form=st.sampled_from(["2NBHD", "N2BHD", "packed"]),
+    layout=st.sampled_from(["NHD", "HND"]),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_tensor_vllm_tensor(seed: int, block: int, form: str, layout: str, dtype: Any) -> None:
+    key, value = pair_of(seed, block, dtype)
+    cache, table, lens = hw.to_vllm((key, value), kv_cache_layout=layout, combined=form)
+    back = hw.from_vllm(cache, table, lens, kv_cache_layout=layout, layer_index=3, combined=form)
+    assert isinstance(back, tuple)
+    same_tensor(back[0], key)
+    same_tensor(back[1], value)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    block=st.sampled_from([1, 4, 16, 32]),
+    layout=st.sampled_from(["NHD", "HND"]),
+    combined=st.booleans(),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_tensor_flashinfer_tensor(
+    seed: int, block: int, layout: str, combined: bool, dtype: Any
+) -> None:
+    key, value = pair_of(seed, block, dtype)
+    out = hw.to_flashinfer((key, value), kv_layout=layout, combined=combined)
+    back = hw.from_flashinfer(*out, kv_layout=layout, layer_index=3)
+    assert isinstance(back, tuple)
+    same_tensor(back[0], key)
+    same_tensor(back[1], value)
+    one = hw.to_flashinfer(value, kv_layout=layout)
+    same_tensor(hw.from_flashinfer(*one, kv_layout=layout, kv_role="value", layer_index=3), value)  # type: ignore[arg-type]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31), block=st.sampled_from([1, 4, 16, 32]), dtype=st.sampled_from(DTYPES)
+)
+def test_tensor_sglang_tensor(seed: int, block: int, dtype: Any) -> None:
+    key, value = pair_of(seed, block, dtype)
+    kb, vb, req, lens = hw.to_sglang((key, value))
+    back_k, back_v = hw.from_sglang(kb, vb, req, lens, page_size=block, layer_index=3)
+    for got, want in ((back_k, key), (back_v, value)):
+        assert all(same(a, b) for a, b in zip(got.sequences(), want.sequences(), strict=True))
+        assert got.prefix_sharing().keys() == {
+            p + (key.block_table == 0).any() for p in want.prefix_sharing()
+        }
+    if not (key.block_table == 0).any():  # no padding page needed: exactly the same tensor
+        same_tensor(back_k, key)
+        same_tensor(back_v, value)
