@@ -436,3 +436,84 @@ def test_encode_compact_keyword_on_every_encoder() -> None:
     out = bytearray(len(want))
     assert hw.encode_into(t, out, compact=True) == len(want) and bytes(out) == want
     assert len(hw.encode(t)) > len(want)
+
+
+# -- properties over quantized tensors of every scheme and sub-byte storage ---------------------
+STORAGE = [hw.int8, hw.uint8, hw.int4, hw.uint4, hw.int2, hw.uint2, hw.int16]
+
+
+@st.composite
+def quantized_tensors(draw: st.DrawFn) -> hw.BlockPagedTensor:
+    """Random integer pools with any scheme the spec admits on block-paged, shared pages,
+    partial last pages and empty sequences."""
+    from hurray_wire import strategies as hs
+
+    etype = draw(st.sampled_from(STORAGE))
+    page_size = draw(st.sampled_from([2, 4, 8]))
+    pages, heads, dim = draw(st.integers(1, 6)), draw(st.sampled_from([1, 2, 4])), 3
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    b = random_batch(
+        rng,
+        num_pages=pages,
+        page_size=page_size,
+        heads=heads,
+        head_dim=dim,
+        dtype=etype.numpy_dtype,
+        num_seqs=draw(st.integers(0, 4)),
+    )
+    kinds = ["none", "tensor", "channel"] + (["block"] if etype in STORAGE[:6] else [])
+    kind = draw(st.sampled_from(kinds))
+    extra: dict[str, Any] = {}
+    quant: Any = None
+    if kind == "tensor":
+        quant = draw(hs.per_tensor_affine(etype))
+    elif kind in ("channel", "block"):
+        quant = draw(
+            hs.per_channel_affine() if kind == "channel" else hs.per_block_affine(page_size)
+        )
+        n = pages * page_size if kind == "block" else (heads, dim)[quant.axis - 1]
+        scale_dtype = quant.scale_type.numpy_dtype
+        extra["scales"] = rng.uniform(0.05, 4, n).astype(scale_dtype)
+        if quant.zero_point_buffer_index is not None:
+            extra["zero_points"] = rng.integers(-3, 3, n).astype(np.int32)
+    return hw.BlockPagedTensor.from_arrays(
+        b.pool,
+        b.block_table(),
+        b.seq_ptr(),
+        seq_lens=b.lens,
+        quantization=quant,
+        element_type=etype,
+        **extra,
+    )
+
+
+def real_sequences(t: hw.BlockPagedTensor) -> list[Any]:
+    return t.sequences(dequantize=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(t=quantized_tensors())
+def test_transforms_keep_real_values_and_encode(t: hw.BlockPagedTensor) -> None:
+    want = real_sequences(t)
+    full = ref_dequantize(t)
+    assert same(t.dequantize(), full)
+    size = t.layout.page_size
+    for out in (
+        t.compact(),
+        t.repage(size * 2).repage(size),
+        t.repage(size // 2 if size > 2 else 4),
+        t.select(list(range(t.num_seqs))[::-1]).select(list(range(t.num_seqs))[::-1]),
+    ):
+        got = real_sequences(out)
+        assert len(got) == len(want)
+        assert all(same(a, b) for a, b in zip(got, want, strict=True))
+        decoded = hw.decode(hw.encode(out))
+        assert decoded.descriptor == out.descriptor
+        assert all(same(a, b) for a, b in zip(real_sequences(decoded), want, strict=True))
+    for n in (1, 2, 4, 8):
+        if t.shape[1] % n == 0 or n % t.shape[1] == 0:
+            merged = hw.merge_heads(t.split_heads(n), num_heads=t.shape[1])
+            assert merged.descriptor == t.descriptor
+            assert same(merged.page_pool, t.page_pool) and same(merged.scales, t.scales)
+            assert same(merged.zero_points, t.zero_points)
