@@ -515,3 +515,18 @@ def test_tensor_sglang_tensor(seed: int, block: int, dtype: Any) -> None:
     if not (key.block_table == 0).any():  # no padding page needed: exactly the same tensor
         same_tensor(back_k, key)
         same_tensor(back_v, value)
+
+
+def test_vllm_fp8_scales() -> None:
+    k = batch(17, 16, 2, 64, ml_dtypes.float8_e4m3fn)
+    cache = np.stack((k.pool, k.pool))
+    key, value = hw.from_vllm(cache, k.padded(), k.lens, k_scale=0.5, v_scale=0.25)
+    assert (key.kv_scale, value.kv_scale) == (0.5, 0.25)
+    assert value.metadata == {"hurray.v_scale": 0.25}
+    mla = hw.from_vllm(cache[0, :, :, 0], k.padded(), k.lens, k_scale=2.0)
+    assert isinstance(mla, hw.BlockPagedTensor) and mla.kv_scale == 2.0
+    assert same(
+        mla.sequence(0, dequantize=True), mla.sequence(0).astype(np.float32) * np.float32(2.0)
+    )
+    with pytest.raises(hw.InvalidMetadataError):
+        hw.from_vllm(cache, k.padded(), k.lens, k_scale=-1.0)

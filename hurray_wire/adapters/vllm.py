@@ -95,11 +95,14 @@ def from_vllm(
     kv_role: str | None = None,
     layer_index: int | None = None,
     combined: str | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
 ) -> BlockPagedTensor | tuple[BlockPagedTensor, BlockPagedTensor]:
     """One tensor (one role, or MLA as ``fused``) or a ``(key, value)`` pair.
 
     ``combined`` names the two-role form when the shape alone cannot (a 5-D cache with
-    ``num_blocks == 2``); by default it is read from the shape.
+    ``num_blocks == 2``); by default it is read from the shape. ``k_scale`` / ``v_scale``
+    are the layer's fp8 scalars (``tensor.kv_scale``; ``k_scale`` for key and fused).
     """
     cache = array(kv_cache, "kv_cache")
     layout = check_choice(kv_cache_layout, "kv_cache_layout", _LAYOUTS)
@@ -141,9 +144,16 @@ def from_vllm(
             "block_size must be >= 1", field="kv_cache", found=f"shape {cache.shape}"
         )
     table, seq_ptr = from_table(block_table, lens, page_size)
+    scales = {"key": k_scale, "fused": k_scale, "value": v_scale}
     tensors = tuple(
         BlockPagedTensor.from_arrays(
-            pool, table, seq_ptr, seq_lens=lens, kv_role=role, layer_index=layer_index
+            pool,
+            table,
+            seq_ptr,
+            seq_lens=lens,
+            kv_role=role,
+            layer_index=layer_index,
+            kv_scale=scales[role],
         )
         for role, pool in pages
     )
