@@ -12,6 +12,16 @@ re-exports.
 from __future__ import annotations
 
 from hurray_wire import dtypes
+from hurray_wire.adapters import (
+    from_flashinfer,
+    from_sglang,
+    from_torch,
+    from_vllm,
+    to_flashinfer,
+    to_sglang,
+    to_torch,
+    to_vllm,
+)
 from hurray_wire.blob import DecodeLimits, blob_length, decode, encode, encode_into, encode_parts
 from hurray_wire.codecs import Compression
 from hurray_wire.containers.reference import HrryFile
@@ -51,7 +61,9 @@ from hurray_wire.model.quantization import (
     PerTensorAffine,
     Quantization,
 )
+from hurray_wire.reference_api import Tensor
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms.heads import merge_heads
 
 __version__ = "0.1.0"
 
@@ -89,6 +101,7 @@ __all__ = [
     "StreamHeader",
     "StreamReader",
     "StreamWriter",
+    "Tensor",
     "TensorDescriptor",
     "TruncatedError",
     "UnsupportedLayoutError",
@@ -102,6 +115,15 @@ __all__ = [
     "encode_descriptor",
     "encode_into",
     "encode_parts",
+    "from_flashinfer",
+    "from_sglang",
+    "from_torch",
+    "from_vllm",
+    "merge_heads",
+    "to_flashinfer",
+    "to_sglang",
+    "to_torch",
+    "to_vllm",
 ]
 
 

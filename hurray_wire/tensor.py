@@ -12,8 +12,10 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from hurray_wire._interop import as_numpy
 from hurray_wire.dtypes import ElementType, element_type_of
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.kv_scale import check_kv_scale, kv_scale_of, with_kv_scale
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model import packing
 from hurray_wire.model._checks import U32_MAX, U64_MAX
@@ -131,6 +133,7 @@ class BlockPagedTensor:
         element_type: ElementType | str | None = None,
         metadata: Mapping[str, Any] | None = None,
         alignment: int = 64,
+        kv_scale: float | None = None,
     ) -> BlockPagedTensor:
         """Build a tensor from NumPy arrays (or index lists), deriving its descriptor.
 
@@ -138,8 +141,18 @@ class BlockPagedTensor:
         else to the block table's capacity (every page full). ``block_table_index_type``
         defaults to uint32, or uint64 when the pool or the block table needs it ([A13]).
         The caller's arrays are never modified; they are shared, not copied, whenever they
-        already have the wire dtype and are C-contiguous.
+        already have the wire dtype and are C-contiguous. Torch tensors are taken through
+        DLPack (``hurray_wire._interop``). ``kv_scale`` is the engine's fp8 scalar, stored
+        in the reserved metadata key of the role (``hurray.k_scale`` / ``hurray.v_scale``).
         """
+        page_pool, block_table, seq_ptr, seq_lens, scales, zero_points = (
+            as_numpy(a, n)
+            for a, n in zip(
+                (page_pool, block_table, seq_ptr, seq_lens, scales, zero_points),
+                ("page_pool", "block_table", "seq_ptr", "seq_lens", "scales", "zero_points"),
+                strict=True,
+            )
+        )
         pool = np.asarray(page_pool)
         etype = element_type_of(element_type if element_type is not None else pool.dtype)
         if pool.ndim != 4:
@@ -208,8 +221,9 @@ class BlockPagedTensor:
         if lens is not None:
             check_seq_lens(lens, sp, page_size, total_tokens)
         scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
-        meta = dict(metadata or {})
+        meta = with_kv_scale(dict(metadata or {}), kv_scale, layout.kv_role)
         if meta:
+            check_kv_scale(meta, layout.kv_role)
             encode_metadata(meta)  # refuse now what could not be encoded later
         return cls._trusted(descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, meta)
 
@@ -302,6 +316,60 @@ class BlockPagedTensor:
             tokens = tokens[: int(self.seq_lens[seq])]
         return tokens
 
+    # -- helpers (algorithms in hurray_wire.transforms) -------------------------------------
+    @property
+    def kv_scale(self) -> float | None:
+        """The engine's fp8 scalar (vLLM ``k_scale`` / ``v_scale``), or None."""
+        return kv_scale_of(self.metadata, self.kv_role)
+
+    def sequence(self, seq: int, *, dequantize: bool = False) -> Array:
+        """Tokens of ``seq`` as ``[tokens, num_heads, head_dim]`` (needs ``seq_lens``)."""
+        from hurray_wire.transforms.select import sequence
+
+        return sequence(self, seq, dequantize=dequantize)
+
+    def sequences(self, *, dequantize: bool = False) -> list[Array]:
+        """Every sequence's tokens, one vectorised gather."""
+        from hurray_wire.transforms.select import sequences
+
+        return sequences(self, dequantize=dequantize)
+
+    def select(self, seq_ids: Any) -> BlockPagedTensor:
+        """A tensor of the sequences ``seq_ids`` (in that order) over the same pool."""
+        from hurray_wire.transforms.select import select
+
+        return select(self, seq_ids)
+
+    def dequantize(self, dtype: Any = np.float32) -> Array:
+        """The pool ``[num_pages, page_size, num_heads, head_dim]`` in real values."""
+        from hurray_wire.transforms.dequantize import dequantize
+
+        return dequantize(self, dtype)
+
+    def compact(self) -> BlockPagedTensor:
+        """Only the referenced pages, renumbered in first-reference order."""
+        from hurray_wire.transforms.compact import compact
+
+        return compact(self)
+
+    def prefix_sharing(self) -> dict[int, tuple[int, ...]]:
+        """Physical pages named by 2+ block-table entries -> the sequences naming them."""
+        from hurray_wire.transforms.compact import prefix_sharing
+
+        return prefix_sharing(self)
+
+    def repage(self, page_size: int) -> BlockPagedTensor:
+        """The same tokens per sequence on pages of ``page_size`` tokens."""
+        from hurray_wire.transforms.repage import repage
+
+        return repage(self, page_size)
+
+    def split_heads(self, n: int) -> list[BlockPagedTensor]:
+        """One tensor per tensor-parallel rank (see ``hurray_wire.transforms.heads``)."""
+        from hurray_wire.transforms.heads import split_heads
+
+        return split_heads(self, n)
+
     def __repr__(self) -> str:
         d = self.descriptor
         return (
@@ -360,6 +428,8 @@ def assemble(
                 zero_points = buffers[zp].view("<i4")
     if seq_lens is not None:
         check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
+    if metadata:
+        check_kv_scale(metadata, layout.kv_role)
     return BlockPagedTensor._trusted(
         descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
     )

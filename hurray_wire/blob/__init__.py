@@ -215,13 +215,20 @@ def _zeros(count: int) -> memoryview:
 
 
 def encode_parts(
-    tensor: BlockPagedTensor, *, compression: Any = None, checksum: bool = True
+    tensor: BlockPagedTensor,
+    *,
+    compression: Any = None,
+    checksum: bool = True,
+    compact: bool = False,
 ) -> list[memoryview]:
     """The blob as scatter-gather pieces: small header/padding pieces and, for every
     uncompressed buffer, a view of the tensor's own array (no page data is copied).
 
     The pieces can go to ``socket.sendmsg``, ``file.writelines`` or an RDMA registration.
+    ``compact=True`` sends only the referenced pages (``BlockPagedTensor.compact``).
     """
+    if compact and isinstance(tensor, BlockPagedTensor):
+        tensor = tensor.compact()
     head, sections, total = _plan(tensor, compression, checksum, hash_raw=True)
     parts = [memoryview(head)]
     cursor = len(head)
@@ -242,9 +249,16 @@ def encode_parts(
 
 
 def encode_into(
-    tensor: BlockPagedTensor, buffer: Any, *, compression: Any = None, checksum: bool = True
+    tensor: BlockPagedTensor,
+    buffer: Any,
+    *,
+    compression: Any = None,
+    checksum: bool = True,
+    compact: bool = False,
 ) -> int:
     """Write the blob into the start of a caller-provided writable buffer; bytes written."""
+    if compact and isinstance(tensor, BlockPagedTensor):
+        tensor = tensor.compact()
     head, sections, total = _plan(tensor, compression, checksum, hash_raw=False)
     try:
         out = np.frombuffer(buffer, np.uint8)
@@ -366,12 +380,19 @@ def _copy_and_hash(
 
 
 def encode(
-    tensor: BlockPagedTensor, *, compression: Any = None, checksum: bool = True
+    tensor: BlockPagedTensor,
+    *,
+    compression: Any = None,
+    checksum: bool = True,
+    compact: bool = False,
 ) -> memoryview:
     """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, which
-    costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed."""
+    costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed.
+    ``compact=True`` encodes ``tensor.compact()``: only the referenced pages."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+    if compact:
+        tensor = tensor.compact()
     if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
         return memoryview(
             bytearray().join(encode_parts(tensor, compression=compression, checksum=checksum))

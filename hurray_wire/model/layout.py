@@ -144,11 +144,12 @@ class BlockPagedLayout:
                 "an empty batch (num_seqs 0) has total_tokens 0", field="shape[0]", found=dims[0]
             )
 
-    def validate_index_buffers(self, *, seq_ptr: Any, block_table: Any) -> None:
+    def validate_index_buffers(self, seq_ptr: Any, block_table: Any) -> None:
         """Check the storage invariants (block-paged.md § 4) of the two index buffers.
 
         Accepts lists or NumPy arrays of any integer dtype; vectorised. The message names
-        the first offending position and value.
+        the first offending position and value. Positional order ``(seq_ptr, block_table)``
+        as in the spec's guide.
         """
         sp = _as_index_array(seq_ptr, "seq_ptr", self.index_max)
         bt = _as_index_array(block_table, "block_table", self.index_max)

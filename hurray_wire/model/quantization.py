@@ -339,10 +339,10 @@ def check_block_paged_compatibility(quantization: object, page_size: int) -> Non
             )
     else:
         raise InvalidDescriptorError(
-            "not a quantization object",
+            "not a quantization object (pass the object, not its scheme tag)",
             field="quantization",
             found=repr(quantization),
-            expected="None, PerTensorAffine, PerChannelAffine or PerBlockAffine",
+            expected="PerTensorAffine, PerChannelAffine, PerBlockAffine or None",
         )
     named = [("scale_buffer_index", quantization.scale_buffer_index)]
     if quantization.zero_point_buffer_index is not None:

@@ -1,0 +1,212 @@
+"""Pieces every engine adapter needs: array intake, index tables, pair checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire._interop import as_numpy
+from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.tensor import BlockPagedTensor
+
+Array = npt.NDArray[Any]
+Pair = tuple[BlockPagedTensor, BlockPagedTensor]
+
+
+def array(value: Any, name: str) -> Array:
+    """A NumPy array of ``value`` (torch tensors through DLPack, no copy on CPU)."""
+    value = as_numpy(value, name)
+    if isinstance(value, np.ndarray):
+        return value
+    raise ArgumentTypeError(
+        "expected a NumPy array or torch tensor", field=name, found=type(value).__name__
+    )
+
+
+def int_vector(value: Any, name: str) -> Array:
+    """A 1-D array of non-negative integers as int64 (lists, NumPy, torch)."""
+    value = as_numpy(value, name)
+    try:
+        result = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise IndexBufferError(f"not an integer array ({exc})", field=name) from None
+    if result.size == 0:
+        return np.zeros(0, np.int64)
+    if result.ndim != 1 or result.dtype.kind not in "iu":
+        raise IndexBufferError(
+            "must be a 1-D integer array",
+            field=name,
+            found=f"dtype {result.dtype}, shape {result.shape}",
+        )
+    if (result < 0).any():
+        bad = int(np.argmax(result < 0))
+        raise IndexBufferError(
+            f"negative value at position {bad}", position=bad, field=name, found=int(result[bad])
+        )
+    return result.astype(np.int64)
+
+
+def pages_needed(lens: Array, page_size: int) -> Array:
+    return -(-lens // page_size)
+
+
+def from_table(block_table: Any, lens: Array, page_size: int) -> tuple[Array, Array]:
+    """``(block_table, seq_ptr)`` from ragged per-sequence lists or a padded 2-D table.
+
+    Row ``s`` uses its first ``ceil(seq_lens[s] / page_size)`` entries; the rest (padding or
+    blocks allocated ahead) is ignored.
+    """
+    need = pages_needed(lens, page_size)
+    seq_ptr = np.concatenate(([0], np.cumsum(need))).astype(np.int64)
+    block_table = as_numpy(block_table, "block_table")
+    if isinstance(block_table, np.ndarray) and block_table.ndim == 2:
+        table = block_table
+        rows, width = table.shape
+        if rows != len(lens):
+            raise IndexBufferError(
+                "block_table needs one row per sequence",
+                field="block_table",
+                found=rows,
+                expected=len(lens),
+            )
+        if table.dtype.kind not in "iu" and table.size:
+            raise IndexBufferError(
+                "block_table must hold integers", field="block_table", found=f"dtype {table.dtype}"
+            )
+        if len(need) and int(need.max()) > width:
+            seq = int(np.argmax(need > width))
+            raise IndexBufferError(
+                f"sequence {seq} needs more blocks than the table has columns",
+                position=seq,
+                field="block_table",
+                found=width,
+                expected=f">= {int(need[seq])}",
+            )
+        used = np.arange(width)[None, :] < need[:, None]
+        flat = table[used]
+    else:
+        if isinstance(block_table, (str, bytes)) or not hasattr(block_table, "__len__"):
+            raise ArgumentTypeError(
+                "block_table must be a 2-D table or a list of lists",
+                field="block_table",
+                found=type(block_table).__name__,
+            )
+        if len(block_table) != len(lens):
+            raise IndexBufferError(
+                "block_table needs one row per sequence",
+                field="block_table",
+                found=len(block_table),
+                expected=len(lens),
+            )
+        rows_ = [int_vector(row, f"block_table[{s}]") for s, row in enumerate(block_table)]
+        short = [s for s, row in enumerate(rows_) if len(row) < need[s]]
+        if short:
+            s = short[0]
+            raise IndexBufferError(
+                f"sequence {s} has {int(lens[s])} tokens but {len(rows_[s])} blocks",
+                position=s,
+                field="block_table",
+                found=len(rows_[s]),
+                expected=f">= {int(need[s])}",
+            )
+        flat = np.concatenate(
+            [r[:n] for r, n in zip(rows_, need.tolist(), strict=True)] or [np.zeros(0, np.int64)]
+        )
+    flat = np.asarray(flat)
+    if flat.size and (flat < 0).any():
+        bad = int(np.argmax(flat < 0))
+        raise IndexBufferError(
+            f"negative page id at used entry {bad}",
+            position=bad,
+            field="block_table",
+            found=int(flat[bad]),
+        )
+    return flat.astype(np.int64), seq_ptr
+
+
+def padded_table(tensor: BlockPagedTensor, width: int | None = None, pad: int = 0) -> Array:
+    """The block table as ``[num_seqs, width]`` int32 rows padded with ``pad``."""
+    sp = tensor.seq_ptr.astype(np.int64)
+    counts = np.diff(sp)
+    longest = int(counts.max()) if counts.size else 0
+    width = longest if width is None else width
+    if width < longest:
+        raise InvalidTensorError(
+            "the table is narrower than the longest sequence",
+            field="max_blocks",
+            found=width,
+            expected=f">= {longest}",
+        )
+    table = np.full((tensor.num_seqs, width), pad, np.int32)
+    rows = np.repeat(np.arange(tensor.num_seqs), counts)
+    cols = np.arange(len(tensor.block_table)) - np.repeat(sp[:-1], counts)
+    table[rows, cols] = int32(tensor.block_table, "block_table")
+    return table
+
+
+def int32(values: Array, name: str) -> Array:
+    """``values`` as int32 (engines' index type); a view when already uint32/int32 and fit."""
+    if values.size and int(values.max()) > 0x7FFFFFFF:
+        raise IndexBufferError("values do not fit int32", field=name, found=int(values.max()))
+    if values.dtype == np.dtype("<u4") or values.dtype == np.dtype("<i4"):
+        return values.view(np.int32)
+    return values.astype(np.int32)
+
+
+def lens_of(tensor: BlockPagedTensor) -> Array:
+    """Sequence lengths as int32 (every page full when the tensor carries none)."""
+    if tensor.seq_lens is not None:
+        return int32(tensor.seq_lens, "seq_lens")
+    return int32(np.diff(tensor.seq_ptr.astype(np.int64)) * tensor.layout.page_size, "seq_lens")
+
+
+def check_pair(value: Any, name: str) -> Pair:
+    """A ``(key, value)`` pair of tensors over one batch and pool geometry."""
+    if not (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(t, BlockPagedTensor) for t in value)
+    ):
+        raise ArgumentTypeError(
+            "expected a BlockPagedTensor or a (key, value) pair of them",
+            field=name,
+            found=type(value).__name__,
+        )
+    key, val = value
+    if (key.kv_role, val.kv_role) != ("key", "value"):
+        raise InvalidTensorError(
+            "the pair must be (key, value)", field=name, found=(key.kv_role, val.kv_role)
+        )
+    for attr in ("shape", "element_type"):
+        if getattr(key, attr) != getattr(val, attr):
+            raise InvalidTensorError(
+                f"key and value differ in {attr}",
+                field=name,
+                found=getattr(val, attr),
+                expected=getattr(key, attr),
+            )
+    if key.layout.replace(kv_role="value") != val.layout:
+        raise InvalidTensorError(
+            "key and value differ in their layout",
+            field=name,
+            found=val.layout,
+            expected=key.layout,
+        )
+    for attr in ("block_table", "seq_ptr"):
+        if not np.array_equal(getattr(key, attr), getattr(val, attr)):
+            raise InvalidTensorError(f"key and value differ in {attr}", field=name)
+    if (key.seq_lens is None) != (val.seq_lens is None) or (
+        key.seq_lens is not None and not np.array_equal(key.seq_lens, val.seq_lens)
+    ):
+        raise InvalidTensorError("key and value differ in seq_lens", field=name)
+    return key, val
+
+
+def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ArgumentTypeError(
+            f"{name} must be one of {choices}", field=name, found=repr(value), expected=choices
+        )
+    return value

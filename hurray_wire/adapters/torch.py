@@ -1,0 +1,40 @@
+"""PyTorch: tensors in and out through DLPack; torch is imported only inside the calls.
+
+CPU tensors are shared, never copied; bfloat16 and the float8 types cross as same-width
+integers (NumPy's DLPack cannot name them) and are viewed back on the other side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hurray_wire._interop import numpy_to_torch
+from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.tensor import BlockPagedTensor
+
+__all__ = ["from_torch", "to_torch"]
+
+
+def from_torch(page_pool: Any, block_table: Any, seq_ptr: Any, **kwargs: Any) -> BlockPagedTensor:
+    """``BlockPagedTensor.from_arrays`` for torch tensors (which it accepts anyway)."""
+    return BlockPagedTensor.from_arrays(page_pool, block_table, seq_ptr, **kwargs)
+
+
+def to_torch(tensor: BlockPagedTensor) -> dict[str, Any]:
+    """The tensor's arrays as CPU torch tensors sharing their memory, keyed by array name:
+    ``page_pool``, ``block_table``, ``seq_ptr``, and ``scales``, ``zero_points``,
+    ``seq_lens`` when present. A packed pool (bool, int4, ...) is unpacked first (a copy),
+    one element per byte: torch.bool, or int8 / uint8 for the sub-byte integers."""
+    if not isinstance(tensor, BlockPagedTensor):
+        raise ArgumentTypeError(
+            "expected a BlockPagedTensor", field="tensor", found=type(tensor).__name__
+        )
+    pool = tensor.unpacked_page_pool()
+    if tensor.element_type.is_packed and pool.dtype.kind != "b":
+        pool = pool.astype("int8" if tensor.element_type.name.startswith("int") else "uint8")
+    arrays = {"page_pool": pool, "block_table": tensor.block_table, "seq_ptr": tensor.seq_ptr}
+    for name in ("scales", "zero_points", "seq_lens"):
+        value = getattr(tensor, name)
+        if value is not None:
+            arrays[name] = value
+    return {name: numpy_to_torch(value, name) for name, value in arrays.items()}

@@ -1,0 +1,76 @@
+"""The fp8 engine scalar (vLLM's ``k_scale`` / ``v_scale``) as a validated part of a tensor.
+
+An fp8 cache travels unquantized ([A12]); the engine's per-tensor dequantization scalar rides
+in the reserved metadata key ``hurray.k_scale`` (key and fused tensors) or ``hurray.v_scale``
+(value tensors) as a float64. Both ``from_arrays`` and every decoder (through ``assemble``)
+check it here, so a tensor never holds a scale it could not dequantize with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from hurray_wire.errors import ArgumentTypeError, InvalidMetadataError
+
+__all__ = ["KV_SCALE_KEYS", "kv_scale_key", "with_kv_scale", "check_kv_scale", "kv_scale_of"]
+
+KV_SCALE_KEYS = ("hurray.k_scale", "hurray.v_scale")
+_BY_ROLE = {"key": "hurray.k_scale", "value": "hurray.v_scale", "fused": "hurray.k_scale"}
+
+
+def kv_scale_key(kv_role: str) -> str:
+    """The reserved metadata key that holds the scale of a tensor of ``kv_role``."""
+    return _BY_ROLE[kv_role]
+
+
+def _checked(value: object, field: str) -> float:
+    if not isinstance(value, float):
+        raise InvalidMetadataError("must be a float (float64)", field=field, found=repr(value))
+    if not math.isfinite(value) or value <= 0.0:
+        raise InvalidMetadataError("must be finite and > 0", field=field, found=value)
+    return value
+
+
+def with_kv_scale(metadata: dict[str, Any], kv_scale: object, kv_role: str) -> dict[str, Any]:
+    """``metadata`` with the ``kv_scale`` argument stored under the role's reserved key."""
+    if kv_scale is None:
+        return metadata
+    if isinstance(kv_scale, (bool, np.bool_)) or not isinstance(
+        kv_scale, (int, float, np.integer, np.floating)
+    ):
+        raise ArgumentTypeError("kv_scale must be a float", field="kv_scale", found=repr(kv_scale))
+    value = _checked(float(kv_scale), "kv_scale")
+    key = kv_scale_key(kv_role)
+    if key in metadata and metadata[key] != value:
+        raise InvalidMetadataError(
+            f"kv_scale disagrees with metadata[{key!r}]",
+            field="kv_scale",
+            found=value,
+            expected=metadata[key],
+        )
+    return {**metadata, key: value}
+
+
+def check_kv_scale(metadata: Mapping[str, Any], kv_role: str) -> None:
+    """Refuse a reserved scale key that is not a finite positive float, or not the role's."""
+    expected = kv_scale_key(kv_role)
+    for key in KV_SCALE_KEYS:
+        if key not in metadata:
+            continue
+        if key != expected:
+            raise InvalidMetadataError(
+                f"a {kv_role} tensor carries its scale in {expected!r}",
+                field=key,
+                found=repr(metadata[key]),
+            )
+        _checked(metadata[key], key)
+
+
+def kv_scale_of(metadata: Mapping[str, Any], kv_role: str) -> float | None:
+    """The (already validated) scale, or None."""
+    value = metadata.get(kv_scale_key(kv_role))
+    return None if value is None else float(value)

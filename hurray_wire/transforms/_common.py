@@ -1,0 +1,107 @@
+"""Shared pieces of the transforms: argument checks, token -> slot maps, rebuilding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+from hurray_wire.model.quantization import Quantization
+from hurray_wire.tensor import BlockPagedTensor
+
+Array = npt.NDArray[Any]
+_KEEP: Any = object()
+
+
+def check_int(value: object, name: str, minimum: int = 0) -> int:
+    """A Python or NumPy integer (not a bool) >= ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentTypeError(f"{name} must be an int", field=name, found=repr(value))
+    number = int(value)
+    if number < minimum:
+        raise InvalidTensorError(f"{name} must be >= {minimum}", field=name, found=number)
+    return number
+
+
+def check_seq(tensor: BlockPagedTensor, seq: object, name: str = "seq") -> int:
+    """A sequence index in ``0..num_seqs-1``."""
+    index = check_int(seq, name, minimum=-(2**63))
+    if not 0 <= index < tensor.num_seqs:
+        raise InvalidTensorError(
+            "sequence index out of range",
+            field=name,
+            found=index,
+            expected=f"0..{tensor.num_seqs - 1}",
+        )
+    return index
+
+
+def need_seq_lens(tensor: BlockPagedTensor, what: str) -> Array:
+    """``seq_lens`` as int64, or a typed error saying ``what`` needs them."""
+    if tensor.seq_lens is None:
+        raise InvalidTensorError(
+            f"{what} needs seq_lens (the tensor was built without them)", field="seq_lens"
+        )
+    return tensor.seq_lens.astype(np.int64)
+
+
+def lens_or_full(tensor: BlockPagedTensor) -> Array:
+    """``seq_lens`` as int64, or every page full when the tensor has none."""
+    if tensor.seq_lens is not None:
+        return tensor.seq_lens.astype(np.int64)
+    return np.diff(tensor.seq_ptr.astype(np.int64)) * tensor.layout.page_size
+
+
+def token_slots(tensor: BlockPagedTensor, lens: Array) -> Array:
+    """Physical page slot (page * page_size + offset) of every token of every sequence,
+    sequence after sequence: the vectorised form of the spec's element lookup (§ 5)."""
+    page_size = tensor.layout.page_size
+    total = int(lens.sum()) if lens.size else 0
+    starts = np.cumsum(lens) - lens
+    seq_of = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+    t = np.arange(total, dtype=np.int64) - starts[seq_of]
+    entries = tensor.seq_ptr[:-1].astype(np.int64)[seq_of] + t // page_size
+    slots: Array = tensor.block_table.astype(np.int64)[entries] * page_size + t % page_size
+    return slots
+
+
+def flat_pool(tensor: BlockPagedTensor) -> Array:
+    """The unpacked pool as ``[page_slots, num_heads, head_dim]`` (a view when unpacked)."""
+    pool = tensor.unpacked_page_pool()
+    return pool.reshape(-1, pool.shape[2], pool.shape[3])
+
+
+def rebuild(
+    tensor: BlockPagedTensor,
+    *,
+    page_pool: Any,
+    block_table: Any = _KEEP,
+    seq_ptr: Any = _KEEP,
+    seq_lens: Any = _KEEP,
+    scales: Any = _KEEP,
+    zero_points: Any = _KEEP,
+    quantization: Quantization | None = _KEEP,
+) -> BlockPagedTensor:
+    """A new tensor like ``tensor`` with some arrays replaced, validated by from_arrays."""
+
+    def keep(value: Any, current: Any) -> Any:
+        return current if value is _KEEP else value
+
+    index_type = tensor.layout.block_table_index_type
+    return BlockPagedTensor.from_arrays(
+        page_pool,
+        keep(block_table, tensor.block_table),
+        keep(seq_ptr, tensor.seq_ptr),
+        seq_lens=keep(seq_lens, tensor.seq_lens),
+        kv_role=tensor.kv_role,
+        layer_index=tensor.layer_index,
+        quantization=keep(quantization, tensor.quantization),
+        scales=keep(scales, tensor.scales),
+        zero_points=keep(zero_points, tensor.zero_points),
+        block_table_index_type="uint64" if index_type == "uint64" else None,
+        element_type=tensor.element_type,
+        metadata=tensor.metadata,
+        alignment=tensor.descriptor.buffers[0].alignment,
+    )

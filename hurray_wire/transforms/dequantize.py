@@ -1,0 +1,86 @@
+"""Real values of a (possibly quantized) pool, by the spec's formulas.
+
+Per-tensor and per-channel affine: ``x = scale * (q - zero_point)``; per-channel scales run
+along axis 1 (heads) or 2 (head_dim) of ``[tokens, heads, head_dim]``. Per-block affine on
+block-paged: one scale (and zero point) per physical page slot, shared by all heads and dims
+(block-paged.md § 7). Subtraction is integer, the multiply float32; f16/bf16 scales widen
+exactly. An unquantized tensor with an fp8 engine scalar (``kv_scale``) is ``float32(q) *
+kv_scale``; the scalar is not applied on top of a quantization scheme.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, PerTensorAffine
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms._common import Array
+
+__all__ = ["dequantize", "dequantize_slots"]
+
+_F32 = np.dtype(np.float32)
+
+
+def _check_dtype(dtype: Any) -> np.dtype[Any]:
+    if dtype is None:  # NumPy would read None as float64: say what is meant instead
+        raise ArgumentTypeError("dtype must be a NumPy floating dtype", field="dtype", found="None")
+    try:
+        result: np.dtype[Any] = np.dtype(dtype)
+    except TypeError:
+        raise ArgumentTypeError(
+            "dtype must be a NumPy floating dtype", field="dtype", found=repr(dtype)
+        ) from None
+    if result.kind != "f":
+        raise ArgumentTypeError(
+            "dtype must be a NumPy floating dtype", field="dtype", found=str(result)
+        )
+    return result
+
+
+def dequantize(tensor: BlockPagedTensor, dtype: Any = np.float32) -> Array:
+    """The whole pool ``[num_pages, page_size, num_heads, head_dim]`` in ``dtype``."""
+    out = _check_dtype(dtype)
+    pool = tensor.unpacked_page_pool()
+    layout = tensor.layout
+    slots = np.arange(layout.page_slots, dtype=np.int64).reshape(layout.num_pages, -1)
+    return dequantize_slots(tensor, pool, slots, out)
+
+
+def dequantize_slots(
+    tensor: BlockPagedTensor, values: Array, slots: Array, dtype: np.dtype[Any]
+) -> Array:
+    """Dequantize ``values`` (``slots.shape + [heads, head_dim]``) read from ``slots``."""
+    if values.dtype.kind == "c":
+        raise InvalidTensorError(
+            "complex tensors have no real dequantized form", field="element_type"
+        )
+    quant = tensor.quantization
+    if quant is None:
+        real = values.astype(_F32)
+        scale = tensor.kv_scale
+        if scale is not None:
+            real *= np.float32(scale)
+    elif isinstance(quant, PerTensorAffine):
+        shifted = values.astype(np.int64) - quant.zero_point
+        real = shifted.astype(_F32) * np.float32(quant.scale)
+    elif isinstance(quant, PerChannelAffine):
+        assert tensor.scales is not None
+        shape = (-1, 1) if quant.axis == 1 else (-1,)  # broadcast over [..., heads, head_dim]
+        scales = tensor.scales.astype(_F32).reshape(shape)
+        shifted = values.astype(np.int64)
+        if tensor.zero_points is not None:
+            shifted = shifted - tensor.zero_points.astype(np.int64).reshape(shape)
+        real = shifted.astype(_F32) * scales
+    elif isinstance(quant, PerBlockAffine):
+        assert tensor.scales is not None
+        scales = tensor.scales.astype(_F32)[slots][..., None, None]
+        shifted = values.astype(np.int64)
+        if tensor.zero_points is not None:
+            shifted = shifted - tensor.zero_points.astype(np.int64)[slots][..., None, None]
+        real = shifted.astype(_F32) * scales
+    else:  # NF4 / MXFP never reach a block-paged tensor ([A11])
+        raise InvalidTensorError("no dequantization for this scheme", field="quantization")
+    return real.astype(dtype, copy=False)

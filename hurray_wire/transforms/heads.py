@@ -1,0 +1,153 @@
+"""Head re-sharding for tensor parallelism: split a tensor over ranks, merge shards back.
+
+Engines shard a KV cache by heads. With ``n`` ranks and ``H`` heads: when ``n`` divides
+``H`` rank ``r`` holds the contiguous heads ``r*H/n .. (r+1)*H/n - 1``; when ``H`` divides
+``n`` (GQA with more ranks than KV heads) every rank holds one head, replicated: rank ``r``
+holds head ``r // (n // H)``. Block table, seq_ptr, seq_lens and metadata are the same on
+every shard. Per-block scales (per page slot, shared by all heads) and per-tensor parameters
+go to every shard unchanged; per-channel scales on the head axis are sliced with the heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+from hurray_wire.model.quantization import PerChannelAffine
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms._common import check_int, rebuild
+
+__all__ = ["split_heads", "merge_heads", "head_ranges"]
+
+
+def head_ranges(num_heads: int, n: int) -> list[tuple[int, int]]:
+    """``(first, stop)`` heads of each of ``n`` ranks, or a typed error."""
+    if num_heads and num_heads % n == 0:
+        per = num_heads // n
+        return [(r * per, (r + 1) * per) for r in range(n)]
+    if num_heads and n % num_heads == 0:
+        group = n // num_heads
+        return [(r // group, r // group + 1) for r in range(n)]
+    raise InvalidTensorError(
+        "the rank count must divide num_heads or be a multiple of it",
+        field="n",
+        found=n,
+        expected=f"a divisor or multiple of num_heads = {num_heads}",
+    )
+
+
+def _slice(tensor: BlockPagedTensor, first: int, stop: int) -> BlockPagedTensor:
+    pool = tensor.unpacked_page_pool()[:, :, first:stop, :]
+    scales, zero_points = tensor.scales, tensor.zero_points
+    quant = tensor.quantization
+    if isinstance(quant, PerChannelAffine) and quant.axis == 1:
+        assert scales is not None
+        scales = scales[first:stop]
+        zero_points = None if zero_points is None else zero_points[first:stop]
+    return rebuild(tensor, page_pool=pool, scales=scales, zero_points=zero_points)
+
+
+def split_heads(tensor: BlockPagedTensor, n: object) -> list[BlockPagedTensor]:
+    """One tensor per rank (see the module docstring for which heads each holds)."""
+    ranks = check_int(n, "n", minimum=1)
+    ranges = head_ranges(tensor.shape[1], ranks)
+    distinct = {r: _slice(tensor, *r) for r in dict.fromkeys(ranges)}  # replicas built once
+    return [distinct[r] for r in ranges]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)))
+
+
+def _check_agree(base: BlockPagedTensor, other: BlockPagedTensor, rank: int) -> None:
+    checks: list[tuple[str, Any, Any]] = [
+        ("layout", base.layout, other.layout),
+        ("element_type", base.element_type, other.element_type),
+        ("head_dim", base.shape[2], other.shape[2]),
+        ("total_tokens", base.shape[0], other.shape[0]),
+        ("num_heads", base.shape[1], other.shape[1]),
+        ("quantization", base.quantization, other.quantization),
+        ("metadata", base.metadata, other.metadata),
+    ]
+    for name, a, b in checks:
+        if a != b:
+            raise InvalidTensorError(
+                f"shard {rank} differs from shard 0 in {name}", field=name, found=b, expected=a
+            )
+    for name in ("block_table", "seq_ptr", "seq_lens"):
+        if not _equal(getattr(base, name), getattr(other, name)):
+            raise InvalidTensorError(f"shard {rank} differs from shard 0 in {name}", field=name)
+    quant = base.quantization
+    if not (isinstance(quant, PerChannelAffine) and quant.axis == 1):
+        for name in ("scales", "zero_points"):
+            if not _equal(getattr(base, name), getattr(other, name)):
+                raise InvalidTensorError(f"shard {rank} differs from shard 0 in {name}", field=name)
+
+
+def merge_heads(
+    tensors: Sequence[BlockPagedTensor], *, num_heads: int | None = None
+) -> BlockPagedTensor:
+    """The inverse of ``split_heads``: one tensor with every head.
+
+    ``num_heads`` (the merged head count) defaults to the sum of the shards' heads, i.e.
+    contiguous shards; pass it when the shards are replicas (fewer heads than ranks): then
+    each group of ``len(tensors) // num_heads`` one-head shards must be identical, and one
+    of each is kept.
+    """
+    if isinstance(tensors, BlockPagedTensor) or not isinstance(tensors, Sequence):
+        raise ArgumentTypeError(
+            "merge_heads takes a sequence of BlockPagedTensor",
+            field="tensors",
+            found=type(tensors).__name__,
+        )
+    shards = list(tensors)
+    if not shards:
+        raise InvalidTensorError("merge_heads needs at least one tensor", field="tensors")
+    for rank, shard in enumerate(shards):
+        if not isinstance(shard, BlockPagedTensor):
+            raise ArgumentTypeError(
+                f"tensors[{rank}] is not a BlockPagedTensor",
+                field="tensors",
+                found=type(shard).__name__,
+            )
+    base = shards[0]
+    for rank, shard in enumerate(shards[1:], start=1):
+        _check_agree(base, shard, rank)
+    n = len(shards)
+    per = base.shape[1]
+    total = n * per if num_heads is None else check_int(num_heads, "num_heads", minimum=1)
+    if total != n * per:
+        if per != 1 or n % total:
+            raise InvalidTensorError(
+                "replicated shards hold one head each and num_heads must divide their count",
+                field="num_heads",
+                found=total,
+                expected=f"a divisor of {n} (shards of one head)",
+            )
+        group = n // total
+        for rank in range(n):
+            keeper = shards[rank - rank % group]
+            if not _equal(keeper.page_pool, shards[rank].page_pool) or not _equal(
+                keeper.scales, shards[rank].scales
+            ):
+                raise InvalidTensorError(
+                    f"shard {rank} should replicate shard {rank - rank % group}",
+                    field="tensors",
+                    found=rank,
+                )
+        shards = shards[::group]
+    pool = np.concatenate([s.unpacked_page_pool() for s in shards], axis=2)
+    scales, zero_points = base.scales, base.zero_points
+    quant = base.quantization
+    if isinstance(quant, PerChannelAffine) and quant.axis == 1:
+        scales = np.concatenate([s.scales for s in shards if s.scales is not None])
+        if zero_points is not None:
+            zero_points = np.concatenate(
+                [s.zero_points for s in shards if s.zero_points is not None]
+            )
+    return rebuild(base, page_pool=pool, scales=scales, zero_points=zero_points)

@@ -1,0 +1,103 @@
+"""Re-paging: the same tokens per sequence on pages of another size.
+
+Each new page is identified by the source page slots it holds, in order: its positions
+up to the sequence's source page capacity (a partial last page's unused slots included, so
+a partial page that another sequence fills is not split off). New pages with identical slot
+lists become one physical page, so whatever two sequences share at the same logical
+positions in the source stays shared wherever a new page lies inside it (and nothing else
+is merged: equal slots mean equal contents). Pages are numbered in first-reference order,
+unreferenced source pages are dropped, and positions past the source capacity are zero
+(per-block scale 1.0, zero point 0, as [A15] asks of writers).
+
+Without ``seq_lens`` every source page counts as full; the result then carries ``seq_lens``
+only when some sequence no longer fills its last page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from hurray_wire.errors import InvalidTensorError
+from hurray_wire.model.quantization import PerBlockAffine
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms._common import check_int, flat_pool, lens_or_full, rebuild, token_slots
+
+__all__ = ["repage"]
+
+
+def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
+    """The tensor on pages of ``page_size`` tokens (any size >= 1)."""
+    size = check_int(page_size, "page_size", minimum=1)
+    quant = tensor.quantization
+    if isinstance(quant, PerBlockAffine) and (size < 2 or size & (size - 1)):
+        raise InvalidTensorError(
+            "a per-block quantized tensor needs a power-of-two page_size >= 2 "
+            "(block_size == page_size, [A9])",
+            field="page_size",
+            found=size,
+        )
+    lens = lens_or_full(tensor)
+    pages_per_seq = -(-lens // size)
+    new_entries = int(pages_per_seq.sum()) if lens.size else 0
+    # A new page holds every source slot its positions reach, up to the sequence's page
+    # capacity (not just its tokens): so a partial last page that a longer sequence fills
+    # stays one page for both, exactly as in the source.
+    capacity = np.diff(tensor.seq_ptr.astype(np.int64)) * tensor.layout.page_size
+    reach = np.minimum(capacity, pages_per_seq * size)
+    slots = token_slots(tensor, reach)  # source slot of every reached position
+    # Each position's place: logical new page (across the batch) and offset in it.
+    seq_of = np.repeat(np.arange(len(lens), dtype=np.int64), reach)
+    t = np.arange(len(slots), dtype=np.int64) - (np.cumsum(reach) - reach)[seq_of]
+    entry_start = np.cumsum(pages_per_seq) - pages_per_seq
+    entry = entry_start[seq_of] + t // size
+    keys = np.full((new_entries, size), -1, np.int64)
+    keys[entry, t % size] = slots
+    if new_entries:
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        table, rows = _renumber(first, inverse.reshape(-1))
+    else:
+        table, rows = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    page_keys = keys[rows]  # [new pages, size]: source slot of each new slot, -1 unused
+    used = page_keys >= 0
+    source = flat_pool(tensor)
+    pool = np.zeros((len(rows) * size, *source.shape[1:]), source.dtype)
+    flat_keys = page_keys.reshape(-1)
+    flat_used = used.reshape(-1)
+    pool[flat_used] = source[flat_keys[flat_used]]
+    pool = pool.reshape((len(rows), size, *source.shape[1:]))
+    new_quant = quant
+    scales, zero_points = tensor.scales, tensor.zero_points
+    if isinstance(quant, PerBlockAffine):
+        assert scales is not None
+        new_quant = dataclasses.replace(quant, block_size=size)
+        scales = _per_slot(scales, flat_keys, flat_used, 1)
+        if zero_points is not None:
+            zero_points = _per_slot(zero_points, flat_keys, flat_used, 0)
+    new_sp = np.concatenate(([0], np.cumsum(pages_per_seq))).astype(np.int64)
+    keep_lens = tensor.seq_lens is not None or bool((lens % size).any())
+    return rebuild(
+        tensor,
+        page_pool=pool,
+        block_table=table,
+        seq_ptr=new_sp,
+        seq_lens=lens if keep_lens else None,
+        scales=scales,
+        zero_points=zero_points,
+        quantization=new_quant,
+    )
+
+
+def _renumber(first: np.ndarray, inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(block table, representative key row of each new page), pages in first-use order."""
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(first), np.int64)
+    rank[order] = np.arange(len(first))
+    return rank[inverse], first[order]
+
+
+def _per_slot(values: np.ndarray, keys: np.ndarray, used: np.ndarray, fill: int) -> np.ndarray:
+    out = np.full(len(keys), fill, values.dtype)
+    out[used] = values[keys[used]]
+    return out

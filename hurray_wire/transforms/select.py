@@ -1,0 +1,104 @@
+"""Reading sequences out of the pool and selecting a subset of the batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms._common import (
+    Array,
+    check_seq,
+    flat_pool,
+    need_seq_lens,
+    rebuild,
+    token_slots,
+)
+
+__all__ = ["sequence", "sequences", "select"]
+
+
+def _values(tensor: BlockPagedTensor, slots: Array, dequantize: bool) -> Array:
+    if not isinstance(dequantize, bool):
+        raise ArgumentTypeError(
+            "dequantize must be a bool", field="dequantize", found=repr(dequantize)
+        )
+    values = flat_pool(tensor)[slots]
+    if dequantize:
+        from hurray_wire.transforms.dequantize import dequantize_slots
+
+        return dequantize_slots(tensor, values, slots, np.dtype(np.float32))
+    return values
+
+
+def sequence(tensor: BlockPagedTensor, seq: object, *, dequantize: bool = False) -> Array:
+    """Tokens of one sequence, ``[seq_lens[seq], num_heads, head_dim]`` (a new array)."""
+    index = check_seq(tensor, seq)
+    lens = need_seq_lens(tensor, "sequence()")
+    page_size = tensor.layout.page_size
+    start = int(tensor.seq_ptr[index])
+    pages = tensor.block_table[start : int(tensor.seq_ptr[index + 1])].astype(np.int64)
+    t = np.arange(int(lens[index]), dtype=np.int64)
+    return _values(tensor, pages[t // page_size] * page_size + t % page_size, dequantize)
+
+
+def sequences(tensor: BlockPagedTensor, *, dequantize: bool = False) -> list[Array]:
+    """Every sequence's tokens: one gather of the whole batch, split per sequence."""
+    lens = need_seq_lens(tensor, "sequences()")
+    values = _values(tensor, token_slots(tensor, lens), dequantize)
+    return np.split(values, np.cumsum(lens)[:-1]) if len(lens) else []
+
+
+def _seq_ids(tensor: BlockPagedTensor, seq_ids: Any) -> Array:
+    if isinstance(seq_ids, (str, bytes, int, np.integer)) or not hasattr(seq_ids, "__len__"):
+        raise ArgumentTypeError(
+            "seq_ids must be a sequence of ints", field="seq_ids", found=repr(seq_ids)
+        )
+    if isinstance(seq_ids, (list, tuple)) and any(
+        isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) for s in seq_ids
+    ):
+        bad = next(
+            s
+            for s in seq_ids
+            if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer))
+        )
+        raise ArgumentTypeError("seq_ids must hold ints", field="seq_ids", found=repr(bad))
+    ids = np.asarray(seq_ids)
+    if ids.size == 0:
+        return np.zeros(0, np.int64)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise ArgumentTypeError(
+            "seq_ids must be a 1-D sequence of ints",
+            field="seq_ids",
+            found=f"dtype {ids.dtype}, shape {ids.shape}",
+        )
+    bad = (ids < 0) | (ids >= tensor.num_seqs)
+    if bad.any():
+        position = int(np.argmax(bad))
+        raise InvalidTensorError(
+            f"sequence id at position {position} out of range",
+            field="seq_ids",
+            found=int(ids[position]),
+            expected=f"0..{tensor.num_seqs - 1}",
+        )
+    return ids.astype(np.int64)
+
+
+def select(tensor: BlockPagedTensor, seq_ids: Any) -> BlockPagedTensor:
+    """The sequences ``seq_ids`` (in the given order; repeats allowed) over the same pool
+    and parameters: only block_table, seq_ptr and seq_lens change."""
+    ids = _seq_ids(tensor, seq_ids)
+    sp = tensor.seq_ptr.astype(np.int64)
+    counts = sp[ids + 1] - sp[ids]
+    new_sp = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    entries = np.repeat(sp[ids] - new_sp[:-1], counts) + np.arange(int(new_sp[-1]))
+    lens = None if tensor.seq_lens is None else tensor.seq_lens[ids]
+    return rebuild(
+        tensor,
+        page_pool=tensor.unpacked_page_pool(),
+        block_table=tensor.block_table[entries],
+        seq_ptr=new_sp,
+        seq_lens=lens,
+    )
