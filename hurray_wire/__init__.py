@@ -11,7 +11,10 @@ re-exports.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hurray_wire import dtypes
+from hurray_wire._version import __version__
 from hurray_wire.adapters import (
     from_flashinfer,
     from_sglang,
@@ -64,8 +67,6 @@ from hurray_wire.model.quantization import (
 from hurray_wire.reference_api import Tensor
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.heads import merge_heads
-
-__version__ = "0.1.0"
 
 __all__ = [
     "MXFP",
@@ -127,7 +128,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     """``hurray_wire.float16`` and the other names of ``hurray_wire.dtypes``, which the
     reference's Python API has at its top level; not in ``__all__``."""
     if name in dtypes.__all__:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from hurray_wire import __version__
 from hurray_wire import report as summary
+from hurray_wire._version import __version__
 from hurray_wire.blob import blob_length, decode, encode_parts
 from hurray_wire.containers.stream import StreamFile, StreamHeader, StreamReader, StreamWriter
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import blob_reference as ref
 import numpy as np
 import pytest
 import zstandard
@@ -25,6 +24,7 @@ import hurray_wire as hw
 from hurray_wire import codecs, dtypes
 from hurray_wire import errors as hwe
 from hurray_wire import metadata as hwm
+from tests import blob_reference as ref
 from tests.conftest import random_pool
 
 ROOT = Path(__file__).resolve().parent.parent

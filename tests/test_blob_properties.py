@@ -15,13 +15,13 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-import blob_reference as ref
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hurray_wire as hw
 from hurray_wire import dtypes
+from tests import blob_reference as ref
 
 SETTINGS = settings(
     max_examples=200,

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from blob_reference import shuffle as reference_shuffle
-from blob_reference import unshuffle as reference_unshuffle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hurray_wire import codecs
 from hurray_wire.codecs import byteshuffle
+from tests.blob_reference import shuffle as reference_shuffle
+from tests.blob_reference import unshuffle as reference_unshuffle
 
 U8 = np.uint8
 HAVE_BLOSC2 = importlib.util.find_spec("blosc2") is not None

@@ -10,7 +10,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zstandard
-from blob_reference import shuffle as reference_shuffle
 
 from hurray_wire.codecs import (
     CODEC_CHUNKED,
@@ -23,6 +22,7 @@ from hurray_wire.codecs import (
     decompress_into,
 )
 from hurray_wire.errors import ArgumentTypeError, DecompressionError, LimitExceededError
+from tests.blob_reference import shuffle as reference_shuffle
 
 U8 = np.uint8
 CHUNK = 4096

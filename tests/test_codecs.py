@@ -10,7 +10,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zstandard
-from blob_reference import shuffle as reference_shuffle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +36,7 @@ from hurray_wire.errors import (
     HurrayWireError,
     LimitExceededError,
 )
+from tests.blob_reference import shuffle as reference_shuffle
 
 U8 = np.uint8
 
