@@ -440,6 +440,36 @@ def _bytes_view(array: Array) -> Array:
     return array.reshape(-1).view(np.uint8)
 
 
+def _page_count_mismatch(lens: Array, seq_ptr: Array, page_size: int, largest: int) -> int | None:
+    """The first sequence whose page count is not ceil(len / page_size), or None.
+
+    ``pages == ceil(len / P)`` is ``pages * P - P < len <= pages * P``: two multiplies
+    and compares, an order of magnitude cheaper than uint64 division and remainder. Used
+    where no term can wrap (page capacity and lengths well below 2**64); the exact
+    division form otherwise.
+    """
+    capacity = int(seq_ptr[-1]) * page_size
+    exact = capacity + page_size >= 2**64 or largest + page_size >= 2**64
+    size = np.uint64(page_size)
+    for start in range(0, len(lens), _BLOCK):  # blocks: temporaries stay in cache, unfaulted
+        stop = min(start + _BLOCK, len(lens))
+        part = lens[start:stop]
+        pages = (seq_ptr[start + 1 : stop + 1] - seq_ptr[start:stop]).astype(np.uint64)
+        if exact:
+            ok = pages == part // size + (part % size != 0)  # ceil without wrapping
+        else:
+            cap = pages * size
+            ok = (part <= cap) & (part + size > cap)
+        if not ok.all():
+            return start + int(np.argmin(ok))
+    return None
+
+
+# Elements per block of the vectorised checks: 64 KiB of uint64 temporaries, which the
+# allocator reuses (a fresh array of a whole 100k-sequence batch costs a page fault per 4 KiB).
+_BLOCK = 8192
+
+
 def check_seq_lens(lens: Array, seq_ptr: Array, page_size: int, total_tokens: int) -> None:
     """seq_lens agree with shape[0] and with each sequence's page count (ceil(len / P))."""
     num_seqs = len(seq_ptr) - 1
@@ -466,19 +496,17 @@ def check_seq_lens(lens: Array, seq_ptr: Array, page_size: int, total_tokens: in
             expected=total_tokens,
         )
     if num_seqs:
-        pages = (seq_ptr[1:] - seq_ptr[:-1]).astype(np.uint64)
-        size = np.uint64(page_size)
-        needed = lens // size + (lens % size != 0)  # ceil without wrapping near 2**64
-        bad = pages != needed
-        if bad.any():
-            seq = int(np.argmax(bad))
+        seq = _page_count_mismatch(lens, seq_ptr, page_size, largest)
+        if seq is not None:
+            tokens = int(lens[seq])
+            needed = -(-tokens // page_size)
+            pages = int(seq_ptr[seq + 1]) - int(seq_ptr[seq])
             raise IndexBufferError(
-                f"sequence {seq} has {int(lens[seq])} tokens, which need "
-                f"{int(needed[seq])} pages of {page_size}",
+                f"sequence {seq} has {tokens} tokens, which need {needed} pages of {page_size}",
                 position=seq,
                 field="seq_lens",
-                found=f"{int(pages[seq])} pages",
-                expected=f"{int(needed[seq])} pages",
+                found=f"{pages} pages",
+                expected=f"{needed} pages",
             )
 
 
