@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "HurrayWireError",
     "ArgumentTypeError",
+    "CodecConfigError",
     "InvalidDescriptorError",
     "IndexBufferError",
     "QuantizationNotDefinedError",
@@ -93,6 +94,10 @@ class HurrayWireError(Exception):
 
 class ArgumentTypeError(HurrayWireError, TypeError):
     """An argument of the wrong Python type (e.g. a str where bytes are needed)."""
+
+
+class CodecConfigError(HurrayWireError, ValueError):
+    """A compression spec or codec argument with a bad value (not bad stored bytes)."""
 
 
 class InvalidDescriptorError(HurrayWireError, ValueError):
