@@ -21,7 +21,7 @@ from hurray_wire.buffers import U8Array
 from hurray_wire.codecs.base import Codec, bytes_view, output
 from hurray_wire.codecs.compressor import compress_frame
 from hurray_wire.codecs.frames import decode_frame, frame_header
-from hurray_wire.codecs.shuffle_zstd import shuffle_width
+from hurray_wire.codecs.shuffle_zstd import SHUFFLE_WIDTHS
 from hurray_wire.errors import DecompressionError, HurrayWireError
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Chunked(Codec):
     def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
         """The chunk table, then each chunk's frame, shuffled by ``width`` (1 when the
         shuffle is the identity); chunks compress on ``config.threads``."""
-        param = shuffle_width(width)
+        param = width if width in SHUFFLE_WIDTHS else 1  # inline: once per section
         return param, _chunked(src, config, param)
 
     def decode_into(

@@ -44,8 +44,10 @@ Buffer = Union[bytes, bytearray, memoryview, "np.ndarray[Any, Any]"]
 
 
 def valid_codec_param(codec: int, param: int) -> bool:
-    """Whether ``param`` is a legal codec parameter for ``codec`` (a known codec id)."""
-    return BY_ID[codec].valid_param(param)
+    """Whether ``param`` is a legal codec parameter for ``codec`` (0 for an unknown id,
+    as the section table's rules have it for raw and zstd)."""
+    found = BY_ID.get(codec)
+    return param == 0 if found is None else found.valid_param(param)
 
 
 def _writable_u8(out: object, size: int | None, name: str) -> U8Array:

@@ -18,17 +18,12 @@ from hurray_wire.codecs.zstd import ZSTD
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
 
-__all__ = ["CODEC_SHUFFLE_ZSTD", "SHUFFLE_WIDTHS", "ShuffleZstd", "SHUFFLE_ZSTD", "shuffle_width"]
+__all__ = ["CODEC_SHUFFLE_ZSTD", "SHUFFLE_WIDTHS", "ShuffleZstd", "SHUFFLE_ZSTD"]
 
 CODEC_SHUFFLE_ZSTD = 2
-#: Element widths the shuffle codec may name in its codec parameter.
+#: Element widths the shuffle codec may name in its codec parameter. Writers shuffle
+#: elements of these widths only: a shuffle of 1-byte or odd-width elements gains nothing.
 SHUFFLE_WIDTHS: frozenset[int] = frozenset({2, 4, 8})
-
-
-def shuffle_width(width: int) -> int:
-    """The shuffle width writers use for ``width``-byte elements: 1 (no shuffle) unless 2,
-    4 or 8, since a shuffle of 1-byte or odd-width elements gains nothing."""
-    return width if width in SHUFFLE_WIDTHS else 1
 
 
 class ShuffleZstd(Codec):
