@@ -104,3 +104,27 @@ def test_a_codec_is_one_subclass() -> None:
     for codec in registry.BY_ID.values():
         assert isinstance(codec, Codec)
         assert repr(codec) == f"<codec {codec.codec_id} {codec.name}>"
+
+
+def test_text_specs_are_read_once_per_encode_and_never_for_a_compression(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import numpy as np
+
+    import hurray_wire as hw
+    from hurray_wire import blob
+
+    calls: list[str] = []
+
+    def counting(spec: str) -> codecs.Compression | None:
+        calls.append(spec)
+        return codecs.parse_spec(spec)
+
+    monkeypatch.setattr(blob, "parse_spec", counting)
+    pool = np.zeros((4, 4, 2, 64), np.float16)
+    tensor = hw.BlockPagedTensor.from_arrays(pool, [0, 1, 2, 3], [0, 4])
+    expected = bytes(hw.encode(tensor, compression=codecs.DEFAULT_COMPRESSION))
+    assert calls == []
+    assert bytes(hw.encode(tensor, compression="default")) == expected
+    assert b"".join(hw.encode_parts(tensor, compression="default")) == expected
+    assert calls == ["default", "default"]
