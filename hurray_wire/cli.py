@@ -18,6 +18,7 @@ from typing import IO, Any
 from hurray_wire import report as summary
 from hurray_wire._version import __version__
 from hurray_wire.blob import blob_length, decode, encode_parts
+from hurray_wire.codecs import Compression
 from hurray_wire.containers.stream import StreamFile, StreamHeader, StreamReader, StreamWriter
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
 from hurray_wire.model.descriptor_codec import decode_descriptor, decode_header
@@ -379,13 +380,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
         if len(tensors) != 1:
             raise CliError(f"a blob holds one tensor; the input has {len(tensors)} (use .hrws)")
         with open(args.output, "wb") as sink:
-            sink.writelines(encode_parts(tensors[0][1], compression=args.compression,
+            compression = Compression.parse(args.compression)  # text specs end here
+            sink.writelines(encode_parts(tensors[0][1], compression=compression,
                                          checksum=not args.no_checksum))  # fmt: skip
         _progress(total, total, show)
     elif target == "blob-stream":
         with StreamWriter(args.output, StreamHeader()) as writer:
+            compression = Compression.parse(args.compression)  # text specs end here
             for _, tensor in tensors:
-                writer.write(tensor, compression=args.compression, checksum=not args.no_checksum)
+                writer.write(tensor, compression=compression, checksum=not args.no_checksum)
                 done += tensor.nbytes
                 _progress(done, total, show)
     elif target == "reference-stream":

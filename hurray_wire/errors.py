@@ -13,6 +13,7 @@ __all__ = [
     "BlobTruncatedError",
     "ChecksumError",
     "ClosedContainerError",
+    "CodecConfigError",
     "ContainerTruncatedError",
     "DecompressionError",
     "DescriptorTruncatedError",
@@ -103,6 +104,10 @@ class HurrayWireError(Exception):
 
 class ArgumentTypeError(HurrayWireError, TypeError):
     """An argument of the wrong Python type (e.g. a str where bytes are needed)."""
+
+
+class CodecConfigError(HurrayWireError, ValueError):
+    """A compression spec or codec argument with a bad value (not bad stored bytes)."""
 
 
 class InvalidDescriptorError(HurrayWireError, ValueError):

@@ -179,7 +179,7 @@ def describe_blob_envelope(data: Any, verified: bool) -> dict[str, Any]:
                 "kind": kind,
                 "index": entry["index"],
                 "required": bool(entry["section_flags"] & wire.FLAG_REQUIRED),
-                "codec": codecs.CODEC_NAMES.get(entry["codec"], str(entry["codec"])),
+                "codec": codecs.registry.name_or_id(entry["codec"]),
                 "codec_param": entry["codec_param"],
                 "offset": entry["offset"],
                 "stored_size": entry["stored_size"],
@@ -292,7 +292,7 @@ def annotate_blob(data: Any) -> list[Annotation]:
             if name == "kind":
                 value = wire.SECTION_KINDS.get(piece[0], f"unknown 0x{piece[0]:02X}")
             elif name == "codec":
-                value = codecs.CODEC_NAMES.get(piece[0], str(piece[0]))
+                value = codecs.registry.name_or_id(piece[0])
             elif name == "checksum":
                 value = f"0x{int.from_bytes(piece, 'little'):016x}"
             out.append((start + offset, size, f"section[{number}].{name}", value))

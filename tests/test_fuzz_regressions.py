@@ -324,7 +324,7 @@ def test_f1_inputs_are_well_formed_up_to_the_bug() -> None:
     assert fuzz_containers.fix_checksums(F1_HRRY) == F1_HRRY
 
 
-# F2 (fixed: codecs._fresh_reason asks a new zstd context for the reason). The reason
+# F2 (fixed: codecs.frames._fresh_reason asks a new zstd context for the reason). The reason
 # libzstd gives for a corrupt zstd frame depends on what the decoding
 # thread decoded before. hurray_wire.codecs keeps one zstandard.ZstdDecompressor per thread
 # and reads every frame through its stream_reader; libzstd keeps the streaming buffers it

@@ -37,6 +37,7 @@ from hurray_wire.codecs import (
     Compression,
     byteshuffle,
 )
+from hurray_wire.codecs.entropy import entropy_bits
 
 U8 = npt.NDArray[np.uint8]
 Encoded = tuple[int, int, Any]
@@ -180,7 +181,7 @@ def tuning(arrays: list[U8], kind: str, rounds: int) -> str:
     whole = np.concatenate(arrays)
     half = whole.size // 2
     top = codecs.shuffle_bytes(whole, 2)[half:]
-    bits = [codecs._entropy_bits(codecs.shuffle_bytes(a, 2)[a.size // 2 :]) for a in arrays]
+    bits = [entropy_bits(codecs.shuffle_bytes(a, 2)[a.size // 2 :]) for a in arrays]
     lines = [
         f"### {kind}: top byte plane ({half} bytes), zstd level 1 by hash_log",
         "",

@@ -19,7 +19,7 @@ import xxhash
 
 from hurray_wire import codecs, parallel
 from hurray_wire.buffers import align, byte_view, check_zero
-from hurray_wire.codecs import Compression
+from hurray_wire.codecs import Compression, parse_spec
 from hurray_wire.errors import (
     ArgumentTypeError,
     BlobTruncatedError,
@@ -142,13 +142,20 @@ def _element_widths(tensor: BlockPagedTensor) -> list[int]:
 
 
 def _plan(
-    tensor: BlockPagedTensor, compression: Any, checksum: bool, hash_raw: bool
+    tensor: BlockPagedTensor, compression: Compression | str | None, checksum: bool, hash_raw: bool
 ) -> tuple[bytes, list[_Section], int]:
     """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total)."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
-    spec = Compression.parse(compression)
-    sections = _sections(tensor, spec)
+    if isinstance(compression, str):  # the documented text specs, read once at the API edge
+        compression = parse_spec(compression)
+    elif compression is not None and not isinstance(compression, Compression):
+        raise ArgumentTypeError(
+            "compression must be a str, a Compression or None",
+            field="compression",
+            found=type(compression).__name__,
+        )
+    sections = _sections(tensor, compression)
     descriptor = encode_descriptor(tensor.descriptor)
     header_length = _HEADER_SIZE + _ENTRY_SIZE * len(sections) + len(descriptor)
     cursor = header_length + 8
@@ -217,7 +224,7 @@ def _zeros(count: int) -> memoryview:
 def encode_parts(
     tensor: BlockPagedTensor,
     *,
-    compression: Any = None,
+    compression: Compression | str | None = None,
     checksum: bool = True,
     compact: bool = False,
 ) -> list[memoryview]:
@@ -252,7 +259,7 @@ def encode_into(
     tensor: BlockPagedTensor,
     buffer: Any,
     *,
-    compression: Any = None,
+    compression: Compression | str | None = None,
     checksum: bool = True,
     compact: bool = False,
 ) -> int:
@@ -382,13 +389,17 @@ def _copy_and_hash(
 def encode(
     tensor: BlockPagedTensor,
     *,
-    compression: Any = None,
+    compression: Compression | str | None = None,
     checksum: bool = True,
     compact: bool = False,
 ) -> memoryview:
     """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, which
     costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed.
-    ``compact=True`` encodes ``tensor.compact()``: only the referenced pages."""
+
+    ``compression``: a :class:`Compression`, None (every section raw) or a text spec such
+    as ``"default"`` or ``"zstd:3"``, read once by :func:`~hurray_wire.codecs.parse_spec`
+    (as are the other encoders' and the stream writer's). ``compact=True`` encodes
+    ``tensor.compact()``: only the referenced pages."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     if compact:
@@ -859,8 +870,8 @@ def _check_entries(
                     expected=raw,
                     found=stored,
                 )
-        elif codec in codecs.CODEC_NAMES:
-            if not codecs.valid_codec_param(codec, param):
+        elif (known := codecs.registry.find(codec)) is not None:
+            if not known.valid_param(param):
                 raise SectionError(
                     "codec_param must be 0 for zstd, a shuffle width of 2, 4 or 8 for "
                     "shuffle-zstd and of 1, 2, 4 or 8 for chunked-shuffle-zstd",

@@ -36,6 +36,7 @@ from hurray_wire.blob import (
     peek_descriptor,
 )
 from hurray_wire.buffers import align, byte_view, check_zero
+from hurray_wire.codecs import Compression
 from hurray_wire.dtypes import ElementType, element_type_from_tag, element_type_of
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -567,7 +568,11 @@ class StreamWriter:
         self._position += sum(len(p) for p in parts)
 
     def write(
-        self, tensor: BlockPagedTensor, *, compression: Any = None, checksum: bool = True
+        self,
+        tensor: BlockPagedTensor,
+        *,
+        compression: Compression | str | None = None,
+        checksum: bool = True,
     ) -> int:
         """Append one blob (options as for ``encode``); returns its length in bytes."""
         if self._closed or self._failed:

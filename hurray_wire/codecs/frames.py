@@ -1,0 +1,226 @@
+"""Reading one zstd frame of untrusted bytes: header checks, the block walk, decoding.
+
+Every zstd frame of a section must declare the caller's raw size (or no size), end where
+its stored bytes end, and decompress to exactly that size (docs/wire-format.md section 6);
+these checks run before zstd allocates anything. Shared by the zstd, shuffle-zstd and
+chunked codecs, whose name each error carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import zstandard
+
+from hurray_wire.buffers import U8Array
+from hurray_wire.codecs import byteshuffle
+from hurray_wire.codecs.base import bytes_view, local, scratch
+from hurray_wire.errors import DecompressionError, LimitExceededError
+
+__all__ = ["FrameHeader", "frame_header", "decode_frame"]
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# zstd allocates a window only when a frame does not declare its content size; such a
+# frame may ask for at most max(raw size, this) bytes of window.
+_UNKNOWN_SIZE_WINDOW_LIMIT = 8 << 20
+
+
+def _decompressor() -> Any:
+    dctx = getattr(local, "decompressor", None)
+    if dctx is None:
+        dctx = local.decompressor = zstandard.ZstdDecompressor()
+    return dctx
+
+
+class FrameHeader(NamedTuple):
+    """What decoding needs from a checked zstd frame header (a tuple: built per chunk)."""
+
+    size: int
+    content_size: int  # zstandard.CONTENTSIZE_UNKNOWN when the frame does not say
+    has_checksum: bool
+
+
+def frame_header(src: U8Array, raw_size: int, codec_name: str) -> FrameHeader:
+    """Check the zstd frame header of ``src`` against ``raw_size``.
+
+    Runs before zstd allocates anything: a frame that declares another content size, needs
+    a dictionary, or asks for a window beyond its output is refused here.
+    """
+    n = src.size
+    if n < 4 or src[:4].tobytes() != _ZSTD_MAGIC:
+        raise DecompressionError(
+            f"{codec_name} section is not a zstd frame",
+            field="stored",
+            offset=0,
+            expected=f"magic {_ZSTD_MAGIC.hex()}",
+            found=src[:4].tobytes().hex() if n else "no bytes",
+        )
+    view = bytes_view(src)
+    try:
+        header_size = zstandard.frame_header_size(view)
+        params = zstandard.get_frame_parameters(view)
+    except zstandard.ZstdError as exc:
+        raise DecompressionError(
+            f"{codec_name} section has a bad zstd frame header: {exc}",
+            field="stored",
+            offset=0,
+            found=f"{n} stored bytes",
+        ) from None
+    if header_size > n:
+        raise DecompressionError(
+            f"{codec_name} section ends inside the zstd frame header",
+            field="stored",
+            expected=f">= {header_size} bytes",
+            found=n,
+        )
+    if params.dict_id:
+        raise DecompressionError(
+            f"{codec_name} frame needs a zstd dictionary, which blobs never use",
+            field="stored",
+            found=f"dictionary id {params.dict_id}",
+        )
+    content_size = params.content_size
+    if content_size == zstandard.CONTENTSIZE_UNKNOWN:
+        if params.window_size > max(raw_size, _UNKNOWN_SIZE_WINDOW_LIMIT):
+            raise LimitExceededError(
+                f"{codec_name} frame of unknown content size asks for a zstd window "
+                "larger than its raw size",
+                field="stored",
+                expected=f"<= {max(raw_size, _UNKNOWN_SIZE_WINDOW_LIMIT)} bytes",
+                found=params.window_size,
+            )
+    elif content_size != raw_size:
+        raise DecompressionError(
+            f"{codec_name} frame declares a content size other than the section's raw size",
+            field="stored",
+            expected=raw_size,
+            found=content_size,
+        )
+    return FrameHeader(header_size, content_size, params.has_checksum)
+
+
+def _walk_blocks(src: U8Array, header: FrameHeader, codec_name: str) -> None:
+    """Check that the blocks after a checked header make exactly one frame that ends where
+    ``src`` ends. python-zstandard has no call that finds a frame's end; this walk over
+    the block headers does, and names the block that is cut short."""
+    view = bytes_view(src)
+    n = src.size
+    pos = header.size
+    while True:
+        if pos + 3 > n:
+            raise DecompressionError(
+                f"{codec_name} section ends inside a zstd block header",
+                field="stored",
+                offset=pos,
+                expected=f">= {pos + 3} stored bytes",
+                found=n,
+            )
+        block = view[pos] | view[pos + 1] << 8 | view[pos + 2] << 16
+        block_type = (block >> 1) & 3
+        if block_type == 3:
+            raise DecompressionError(
+                f"{codec_name} frame has a reserved zstd block type", field="stored", offset=pos
+            )
+        body = 1 if block_type == 1 else block >> 3  # an RLE block stores one byte
+        if pos + 3 + body > n:
+            raise DecompressionError(
+                f"{codec_name} section ends inside a zstd block",
+                field="stored",
+                offset=pos,
+                expected=f">= {pos + 3 + body} stored bytes",
+                found=n,
+            )
+        pos += 3 + body
+        if block & 1:
+            break
+    end = pos + 4 if header.has_checksum else pos
+    if end != n:
+        raise DecompressionError(
+            f"{codec_name} section "
+            f"{'ends inside the checksum of' if end > n else 'has bytes after'} its zstd frame",
+            field="stored",
+            offset=min(end, n),
+            expected=f"{end} stored bytes",
+            found=n,
+        )
+
+
+def _read_frame(dctx: Any, src: U8Array, dst: U8Array) -> tuple[int, bytes]:
+    """Stream one frame into ``dst``: (bytes written, whatever the frame had beyond)."""
+    got = 0
+    with dctx.stream_reader(bytes_view(src), read_across_frames=False) as reader:
+        view = bytes_view(dst)
+        while got < dst.size:
+            k = reader.readinto(view[got:])
+            if not k:
+                break
+            got += k
+        extra = reader.read(1)
+    return got, extra
+
+
+def decode_frame(
+    src: U8Array, dst: U8Array, width: int, codec_name: str, header: FrameHeader
+) -> None:
+    """Decompress one frame, its header checked, into ``dst`` (unshuffled when ``width`` >
+    1): exactly ``dst.size`` bytes or a DecompressionError.
+
+    A shuffled frame that declares its size is decoded in one zstd call that refuses bytes
+    after the frame (as fast as streaming into a scratch buffer, without the Python block
+    walk first); the walk then only runs to name what a refused frame got wrong. Other
+    frames are walked first and streamed, bounded by ``dst``.
+    """
+    if width > 1 and header.content_size == dst.size:
+        try:
+            plain = _decompressor().decompress(bytes_view(src), allow_extra_data=False)
+        except zstandard.ZstdError as exc:
+            _walk_blocks(src, header, codec_name)
+            raise _corrupt(src, scratch(dst.size), codec_name, exc) from None
+        _check_decoded_size(len(plain), dst.size, codec_name)
+        byteshuffle.unshuffle_into(plain, width, dst)
+        return
+    _walk_blocks(src, header, codec_name)
+    target = dst if width == 1 else scratch(dst.size)
+    try:
+        got, extra = _read_frame(_decompressor(), src, target)
+    except zstandard.ZstdError as exc:
+        raise _corrupt(src, target, codec_name, exc) from None
+    _check_decoded_size(got if not extra else dst.size + 1, dst.size, codec_name)
+    if width > 1:
+        byteshuffle.unshuffle_into(target, width, dst)
+
+
+def _corrupt(
+    src: U8Array, target: U8Array, codec_name: str, exc: zstandard.ZstdError
+) -> DecompressionError:
+    return DecompressionError(
+        f"{codec_name} section is corrupt: {_fresh_reason(src, target) or exc}",
+        field="stored",
+        found=f"{src.size} stored bytes for {target.size} raw bytes",
+    )
+
+
+def _check_decoded_size(got: int, raw_size: int, codec_name: str) -> None:
+    if got != raw_size:
+        raise DecompressionError(
+            f"{codec_name} section decompresses to "
+            f"{'fewer' if got < raw_size else 'more'} bytes than its raw size",
+            field="stored",
+            expected=raw_size,
+            found=got if got < raw_size else f"more than {raw_size}",
+        )
+
+
+def _fresh_reason(src: U8Array, dst: U8Array) -> str | None:
+    """libzstd's reason for refusing ``src``, from a new context.
+
+    The per-thread context keeps buffers sized by the frames it decoded before, and
+    libzstd words the same fault differently depending on them ("Destination buffer is
+    too small" or "Data corruption detected"); a new context gives one answer for the same
+    bytes on every thread. Only runs on the error path.
+    """
+    try:
+        _read_frame(zstandard.ZstdDecompressor(), src, dst)
+    except zstandard.ZstdError as exc:
+        return str(exc)
+    return None

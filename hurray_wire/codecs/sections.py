@@ -1,0 +1,221 @@
+"""One section's stored bytes by codec id: the checked entry points over the registry.
+
+These take arguments from callers (bytes-like objects, ints), check them once, and hand
+flat uint8 arrays to a codec; :func:`decode_section` is the blob decoder's unchecked
+entry, whose section table has checked codec, parameter and size already. Bad stored
+bytes are refused by the codecs themselves, whatever the entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import numpy as np
+import xxhash
+import zstandard
+
+from hurray_wire.buffers import U8Array, u8_array, writable_u8
+from hurray_wire.codecs import byteshuffle
+from hurray_wire.codecs.base import bytes_view
+from hurray_wire.codecs.config import Compression, check_threads, int_arg
+from hurray_wire.codecs.raw import CODEC_RAW
+from hurray_wire.codecs.registry import BY_ID, get
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    CodecConfigError,
+    DecompressionError,
+    HurrayWireError,
+)
+
+__all__ = [
+    "Buffer",
+    "valid_codec_param",
+    "checksum",
+    "shuffle_bytes",
+    "unshuffle_bytes",
+    "compress",
+    "compress_parts",
+    "decompress",
+    "decompress_into",
+    "decode_section",
+]
+
+Buffer = Union[bytes, bytearray, memoryview, "np.ndarray[Any, Any]"]
+
+
+def valid_codec_param(codec: int, param: int) -> bool:
+    """Whether ``param`` is a legal codec parameter for ``codec`` (0 for an unknown id,
+    as the section table's rules have it for raw and zstd)."""
+    found = BY_ID.get(codec)
+    return param == 0 if found is None else found.valid_param(param)
+
+
+def _writable_u8(out: object, size: int | None, name: str) -> U8Array:
+    """A caller's output array as a flat uint8 view, of ``size`` bytes unless None."""
+    flat = writable_u8(out, name)
+    if size is not None and flat.size != size:
+        raise CodecConfigError(
+            f"{name} has the wrong size", field=name, expected=size, found=flat.size
+        )
+    return flat
+
+
+def _check_no_overlap(a: U8Array, b: U8Array, what: str) -> None:
+    if a.size and b.size and np.may_share_memory(a, b):
+        raise CodecConfigError(f"{what} must not overlap")
+
+
+# -- checksum --------------------------------------------------------------------------
+
+
+def checksum(data: Buffer) -> int:
+    """xxh3_64 of the bytes (the blob's checksum of stored bytes): ~30 GB/s."""
+    if type(data) is bytes:
+        return int(xxhash.xxh3_64_intdigest(data))
+    return int(xxhash.xxh3_64_intdigest(bytes_view(u8_array(data, "data"))))
+
+
+# -- byte shuffle ----------------------------------------------------------------------
+
+
+def _width_arg(width: object) -> int:
+    w = int_arg(width, "width")
+    if w < 1:
+        raise CodecConfigError("shuffle width must be at least 1", field="width", found=w)
+    return w
+
+
+def _shuffle_operands(src: Buffer, width: int, out: U8Array | None) -> tuple[U8Array, int, U8Array]:
+    """Checked (source, width, output) of shuffle_bytes / unshuffle_bytes."""
+    s = u8_array(src, "src")
+    w = _width_arg(width)
+    o = np.empty(s.size, np.uint8) if out is None else _writable_u8(out, s.size, "out")
+    _check_no_overlap(s, o, "src and out")
+    return s, w, o
+
+
+def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
+    """Group byte j of every ``width``-byte element into plane j; a tail of
+    ``len(src) % width`` bytes is copied unchanged at the end. Returns ``out`` (the same
+    object when given, any C-contiguous shape of the right size). Runs c-blosc2's SIMD
+    kernel when python-blosc2 is installed (:mod:`hurray_wire.codecs.byteshuffle`)."""
+    s, w, o = _shuffle_operands(src, width, out)
+    byteshuffle.shuffle_into(s, w, o)
+    return o if out is None else out
+
+
+def unshuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
+    """Inverse of :func:`shuffle_bytes` for the same ``width``. Returns ``out``."""
+    s, w, o = _shuffle_operands(src, width, out)
+    byteshuffle.unshuffle_into(s, w, o)
+    return o if out is None else out
+
+
+# -- compression -----------------------------------------------------------------------
+
+
+def compress(data: Buffer, compression: Compression, element_width: int) -> tuple[int, int, Buffer]:
+    """Compress one section; returns ``(codec_id, codec_param, stored_bytes)``.
+
+    ``element_width`` is the byte width of the section's elements. Shuffle applies to
+    widths 2, 4 and 8; other widths (int8, fp8) get plain zstd (shuffle width 1 in the
+    chunked codec), since a shuffle of 1-byte elements is the identity. Sections below
+    ``compression.min_size``, and sections zstd cannot shrink, come back as
+    ``(CODEC_RAW, 0, data)``: the same object.
+    """
+    codec, param, parts = compress_parts(data, compression, element_width)
+    if codec == CODEC_RAW:
+        return codec, param, data
+    return codec, param, parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def compress_parts(
+    data: Buffer, compression: Compression, element_width: int
+) -> tuple[int, int, list[bytes]]:
+    """:func:`compress`, with the stored bytes as pieces to be written one after the other
+    (the blob encoder copies each piece once, instead of joining them first). A raw
+    result has no pieces: the section is ``data`` itself."""
+    if not isinstance(compression, Compression):
+        raise ArgumentTypeError(
+            "compression must be a Compression (see Compression.parse)",
+            field="compression",
+            found=type(compression).__name__,
+        )
+    width = int_arg(element_width, "element_width")
+    if width < 1:
+        raise CodecConfigError(
+            "element_width must be at least 1", field="element_width", found=width
+        )
+    src = u8_array(data, "data")
+    size = src.size
+    if size == 0 or size < compression.min_size:
+        return CODEC_RAW, 0, []
+    codec = BY_ID[compression.codec].for_width(width)
+    try:
+        param, stored = codec.encode(src, compression, width)
+    except zstandard.ZstdError as exc:
+        raise HurrayWireError(f"zstd compression failed: {exc}") from exc
+    if sum(map(len, stored)) >= size:
+        return CODEC_RAW, 0, []
+    return codec.codec_id, param, stored
+
+
+# -- decompression ---------------------------------------------------------------------
+
+
+def decompress_into(
+    codec: int, codec_param: int, stored: Buffer, out: U8Array, *, threads: int = -1
+) -> None:
+    """Decode a stored section straight into ``out`` (its declared raw size).
+
+    Never allocates more than ``out.size`` bytes on behalf of the stored bytes (a bomb is
+    refused from its frame header, or after ``out.size + 1`` bytes when the frame does
+    not say its size). Bad stored bytes, an unknown codec or a bad shuffle width raise
+    :class:`DecompressionError` (:class:`LimitExceededError` for an oversized window).
+    ``threads`` (the caller included, -1 = every usable core) decode the chunks of a
+    chunked section.
+    """
+    codec, param, threads, src = _decode_args(codec, codec_param, threads, stored)
+    dst = _writable_u8(out, None, "out")
+    _check_no_overlap(src, dst, "stored and out")
+    BY_ID[codec].decode_into(param, src, dst.size, dst, threads)
+
+
+def decompress(
+    codec: int, codec_param: int, stored: Buffer, raw_size: int, *, threads: int = -1
+) -> U8Array:
+    """:func:`decompress_into` a new array of ``raw_size`` bytes, allocated only once the
+    stored bytes' layout (chunk table, frame header) has passed its checks; an allocation
+    that fails is a :class:`LimitExceededError`."""
+    codec, param, threads, src = _decode_args(codec, codec_param, threads, stored)
+    size = int_arg(raw_size, "raw_size")
+    if size < 0:
+        raise CodecConfigError("raw_size must not be negative", field="raw_size", found=size)
+    return BY_ID[codec].decode_into(param, src, size, None, threads)
+
+
+def decode_section(
+    codec: int, codec_param: int, stored: U8Array, raw_size: int, threads: int
+) -> U8Array:
+    """:func:`decompress` for arguments the caller has checked already (the blob decoder's
+    section table checks codec, parameter and size; ``decode`` checks ``threads``):
+    ``stored`` a flat uint8 array. It skips the argument checks, never the checks of the
+    stored bytes."""
+    return BY_ID[codec].decode_into(codec_param, stored, raw_size, None, threads)
+
+
+def _decode_args(
+    codec: object, codec_param: object, threads: object, stored: Buffer
+) -> tuple[int, int, int, U8Array]:
+    """Checked (codec, parameter, threads, stored bytes as uint8) of a decode call."""
+    codec_id = int_arg(codec, "codec")
+    param = int_arg(codec_param, "codec_param")
+    found = get(codec_id)
+    if not found.valid_param(param):
+        raise DecompressionError(
+            f"{found.name} section has an invalid codec parameter",
+            field="codec_param",
+            expected=found.expected_params(),
+            found=param,
+        )
+    return codec_id, param, check_threads(threads), u8_array(stored, "stored")

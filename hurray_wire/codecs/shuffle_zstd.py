@@ -1,0 +1,54 @@
+"""Codec 2, shuffle-zstd: one zstd frame of the byte-shuffled raw bytes.
+
+The shuffle puts byte j of every element into plane j, so that the sign/exponent bytes of
+float16/bfloat16 compress together (docs/wire-format.md section 6); the codec parameter is
+the shuffle width.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hurray_wire.buffers import U8Array
+from hurray_wire.codecs.base import Codec, output
+from hurray_wire.codecs.compressor import compress_frame, frame_threads
+from hurray_wire.codecs.frames import decode_frame, frame_header
+from hurray_wire.codecs.zstd import ZSTD
+
+if TYPE_CHECKING:
+    from hurray_wire.codecs.config import Compression
+
+__all__ = ["CODEC_SHUFFLE_ZSTD", "SHUFFLE_WIDTHS", "ShuffleZstd", "SHUFFLE_ZSTD"]
+
+CODEC_SHUFFLE_ZSTD = 2
+#: Element widths the shuffle codec may name in its codec parameter. Writers shuffle
+#: elements of these widths only: a shuffle of 1-byte or odd-width elements gains nothing.
+SHUFFLE_WIDTHS: frozenset[int] = frozenset({2, 4, 8})
+
+
+class ShuffleZstd(Codec):
+    """Byte shuffle, then one zstd frame: decodes on one thread, after the whole frame."""
+
+    codec_id = CODEC_SHUFFLE_ZSTD
+    name = "shuffle-zstd"
+    params = SHUFFLE_WIDTHS
+
+    def for_width(self, width: int) -> Codec:
+        """Plain zstd for elements whose shuffle is the identity (int8, fp8)."""
+        return self if width in SHUFFLE_WIDTHS else ZSTD
+
+    def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
+        """One frame of the bytes shuffled by ``width`` (2, 4 or 8: see :meth:`for_width`)."""
+        return width, compress_frame(src, config.level, width, frame_threads(config, src.size))
+
+    def decode_into(
+        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int
+    ) -> U8Array:
+        """Check the frame header against ``raw_size``, decode, unshuffle by ``param``."""
+        header = frame_header(stored, raw_size, self.name)
+        dst = output(out, raw_size)
+        decode_frame(stored, dst, param, self.name, header)
+        return dst
+
+
+SHUFFLE_ZSTD = ShuffleZstd()
