@@ -15,7 +15,7 @@ from typing import Any
 
 import construct as c
 
-__all__ = ["FastStruct", "derive"]
+__all__ = ["FastStruct", "derive", "offset_of"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,13 @@ class FastStruct:
         """Position of ``name`` in the unpacked tuple."""
         return self.names.index(name)
 
+    def pack(self, **fields: Any) -> bytes:
+        """Pack by field name; ``Const`` fields (magic, reserved bytes) fill themselves in."""
+        values: list[Any] = [fields.get(name) for name in self.names]
+        for position, expected in self.consts:
+            values[position] = expected
+        return self.struct.pack(*values)
+
 
 def _leaf(con: Any) -> tuple[str, bytes | None]:
     """The format code of one subcon, and its expected bytes if it is a Const."""
@@ -44,6 +51,8 @@ def _leaf(con: Any) -> tuple[str, bytes | None]:
     if isinstance(con, c.FormatField):
         return con.fmtstr[1:], None
     if isinstance(con, c.Adapter):  # Mapping, _LayerIndex: same bytes as their subcon
+        return _leaf(con.subcon)
+    if isinstance(con, c.Rebuild):  # a length field: same bytes as its subcon
         return _leaf(con.subcon)
     if isinstance(con, c.Bytes) and isinstance(con.length, int):
         return f"{con.length}s", None
@@ -65,3 +74,16 @@ def derive(definition: Any) -> FastStruct:
     if compiled.size != definition.sizeof():
         raise TypeError("derived size differs from the construct size")
     return FastStruct(compiled, tuple(names), tuple(consts))
+
+
+def offset_of(definition: Any, name: str) -> int:
+    """Byte offset of field ``name`` in a construct ``Struct`` (the fields before it are fixed).
+
+    Error messages and readers name where a field sits without restating the layout.
+    """
+    offset = 0
+    for sub in definition.subcons:
+        if sub.name == name:
+            return offset
+        offset += sub.sizeof()
+    raise KeyError(name)
