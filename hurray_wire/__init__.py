@@ -7,7 +7,7 @@ This module only re-exports.
 
 from hurray_wire.blob import DecodeLimits, blob_length, decode, encode, encode_into, encode_parts
 from hurray_wire.codecs import Compression
-from hurray_wire.containers.stream import (
+from hurray_wire.containers import (
     StreamEntry,
     StreamFile,
     StreamHeader,

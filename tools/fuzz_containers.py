@@ -3,14 +3,14 @@ hurray-wire streams.
 
 Every input goes through ``check_containers``, which feeds the same bytes to
 
-* ``hurray_wire.containers.reference.read_stream`` twice, from the bytes (zero-copy views)
+* ``hurray_wire.containers.read_stream`` twice, from the bytes (zero-copy views)
   and from an ``io.BytesIO`` (the file-like path), consuming the iterator;
-* ``hurray_wire.containers.reference.HrryFile.from_buffer``: ``names``, ``metadata``,
+* ``hurray_wire.containers.HrryFile.from_buffer``: ``names``, ``metadata``,
   ``user_metadata``, and per tensor ``entry``, ``descriptor_header``, ``buffer_spans`` and
   ``tensor`` (each tensor on its own, so one bad tensor does not hide the others);
 * ``hurray_wire.cli``: ``identify``, ``main(["validate", path])`` and ``main(["dump", "--json",
   path])`` on the bytes written to a scratch file;
-* ``hurray_wire.containers.stream`` (when the module exists): ``StreamReader`` from an
+* ``hurray_wire.containers``' blob stream: ``StreamReader`` from an
   ``io.BytesIO`` and from the bytes, ``StreamReader`` with a small ``max_blob_bytes``, and
   ``StreamFile``;
 
@@ -76,25 +76,17 @@ if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
         import hurray_wire as hw
         from hurray_wire import cli
-        from hurray_wire.containers import reference
+        from hurray_wire import containers as hws
+        from hurray_wire import containers as reference
         from hurray_wire.crc32c import crc32c
         from hurray_wire.metadata import encode_metadata
-
-        try:
-            from hurray_wire.containers import stream as hws
-        except ImportError:  # the stream module is newer than this harness may be
-            hws = None
 else:
     import hurray_wire as hw
     from hurray_wire import cli
-    from hurray_wire.containers import reference
+    from hurray_wire import containers as hws
+    from hurray_wire import containers as reference
     from hurray_wire.crc32c import crc32c
     from hurray_wire.metadata import encode_metadata
-
-    try:
-        from hurray_wire.containers import stream as hws
-    except ImportError:
-        hws = None
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzz_blob  # the blob checksum fixer, mutator and tensor comparison
