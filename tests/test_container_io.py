@@ -424,3 +424,18 @@ def test_fast_struct_pack_fills_const_fields() -> None:
         {"index_offset": 1, "index_length": 2, "kv_offset": 3, "kv_length": 4, "index_crc32c": 5}
     )
     assert trailer.endswith(wc.TRAILER_MAGIC)
+
+
+def test_stream_reader_after_close_is_a_closed_container_error() -> None:
+    for source in (_blob_stream_bytes(), io.BytesIO(_blob_stream_bytes())):
+        reader = hc.StreamReader(source)
+        first = next(reader)
+        reader.close()
+        reader.close()  # idempotent
+        with pytest.raises(ClosedContainerError):
+            next(reader)
+        assert first.page_pool.shape == TENSORS[0].page_pool.shape  # tensors stay valid
+    unstarted = hc.StreamReader(_blob_stream_bytes())
+    unstarted.close()
+    with pytest.raises(ClosedContainerError):
+        _ = unstarted.header

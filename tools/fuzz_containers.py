@@ -253,8 +253,6 @@ def _read_all(source: Any, **options: Any) -> tuple[Any, list[Any], hw.HurrayWir
 
 
 def check_stream(data: bytes) -> None:
-    if hws is None:
-        return
     reader, tensors, error = _read_all(io.BytesIO(data))
     mem_reader, mem_tensors, mem_error = _read_all(data)
     _same_tensors("StreamReader BytesIO vs bytes", tensors, mem_tensors)
@@ -735,43 +733,42 @@ def generated_seeds() -> dict[str, bytes]:
             path, {"b": small[0], "a": small[1]}, sorted_index=True, data_buffer_alignment=8192
         )
         seeds["gen-sorted.hrry"] = path.read_bytes()
-    if hws is not None:
-        roles = ("key", "value", "fused")
-        tagged = [
-            hw.BlockPagedTensor.from_arrays(
-                np.full((2, 4, 1, 8), i, np.float16),
-                [0, 1],
-                [0, 2],
-                seq_lens=[7],
-                kv_role=roles[i % 2],
-                layer_index=i // 2,
-                metadata={"i": i} if i == 1 else None,
-            )
-            for i in range(3)
-        ]
-        headers = {
-            "full": hws.StreamHeader(
-                model="seed-model",
-                num_layers=2,
-                kv_roles=roles[:2],
-                element_type=hw.float16,
-                metadata={"request_id": "r-1", "k": 0.5},
-            ),
-            "bare": hws.StreamHeader(),
-            "no-end": hws.StreamHeader(end_record=False),
-        }
-        for label, header in headers.items():
-            for index in (True, False):
-                sink = io.BytesIO()
-                with hws.StreamWriter(sink, header, index=index) as writer:
-                    for tensor in tagged:
-                        writer.write(tensor)
-                seeds[f"gen-stream-{label}-index{int(index)}.hrws"] = sink.getvalue()
-        sink = io.BytesIO()
-        with hws.StreamWriter(sink, None) as writer:
-            for tensor in f16 + tagged[:1]:
-                writer.write(tensor, compression=hw.Compression(2, min_size=0))
-        seeds["gen-stream-headerless.hrws"] = sink.getvalue()
+    roles = ("key", "value", "fused")
+    tagged = [
+        hw.BlockPagedTensor.from_arrays(
+            np.full((2, 4, 1, 8), i, np.float16),
+            [0, 1],
+            [0, 2],
+            seq_lens=[7],
+            kv_role=roles[i % 2],
+            layer_index=i // 2,
+            metadata={"i": i} if i == 1 else None,
+        )
+        for i in range(3)
+    ]
+    headers = {
+        "full": hws.StreamHeader(
+            model="seed-model",
+            num_layers=2,
+            kv_roles=roles[:2],
+            element_type=hw.float16,
+            metadata={"request_id": "r-1", "k": 0.5},
+        ),
+        "bare": hws.StreamHeader(),
+        "no-end": hws.StreamHeader(end_record=False),
+    }
+    for label, header in headers.items():
+        for index in (True, False):
+            sink = io.BytesIO()
+            with hws.StreamWriter(sink, header, index=index) as writer:
+                for tensor in tagged:
+                    writer.write(tensor)
+            seeds[f"gen-stream-{label}-index{int(index)}.hrws"] = sink.getvalue()
+    sink = io.BytesIO()
+    with hws.StreamWriter(sink, None) as writer:
+        for tensor in f16 + tagged[:1]:
+            writer.write(tensor, compression=hw.Compression(2, min_size=0))
+    seeds["gen-stream-headerless.hrws"] = sink.getvalue()
     return seeds
 
 

@@ -38,6 +38,7 @@ from hurray_wire.containers.records import (
 )
 from hurray_wire.errors import (
     ArgumentTypeError,
+    ClosedContainerError,
     HurrayWireError,
     InvalidStreamError,
     StreamBlobTruncatedError,
@@ -203,12 +204,17 @@ class StreamReader:
         self._complete = False
         self._done = False
         self._error: HurrayWireError | None = None
+        self._closed = False
 
     # -- state -------------------------------------------------------------------------------
     @property
     def header(self) -> StreamHeader | None:
         """The stream header (read from the source on first access), or None if absent."""
         if not self._started:
+            if self._closed:
+                raise ClosedContainerError(
+                    "I/O operation on a closed StreamReader", section="stream"
+                )
             self._guarded(self._start)
         return self._header
 
@@ -232,6 +238,8 @@ class StreamReader:
         return self
 
     def __next__(self) -> BlockPagedTensor:
+        if self._closed:
+            raise ClosedContainerError("I/O operation on a closed StreamReader", section="stream")
         if self._error is not None:
             raise self._error
         if self._done:
@@ -376,7 +384,8 @@ class StreamReader:
 
     def close(self) -> None:
         """Release a mapped file (it stays mapped while tensors view it); sockets and file
-        objects passed in are left open."""
+        objects passed in are left open; idempotent."""
+        self._closed = True
         self._done = True
         self._source.close()
 

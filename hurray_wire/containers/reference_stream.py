@@ -103,11 +103,13 @@ def _records(
         if len(prefix) < _PREFIX_LEN:
             raise _truncated(
                 number, "descriptor prefix", src.offset, _PREFIX_LEN, len(prefix), cause
-            )
+            ) from cause
         length = _check_prefix(prefix, number, start, max_length)
         body, got, cause = src.read_array(length - _PREFIX_LEN)
         if got < length - _PREFIX_LEN:
-            raise _truncated(number, "descriptor", src.offset, length, _PREFIX_LEN + got, cause)
+            raise _truncated(
+                number, "descriptor", src.offset, length, _PREFIX_LEN + got, cause
+            ) from cause
         raw = bytes(prefix) + body[:got].tobytes()
         descriptor = _record_descriptor(raw, number, start, max_buffer, cross_machine)
         buffers = []
@@ -116,7 +118,7 @@ def _records(
             if got < handle.byte_size:
                 raise _truncated(
                     number, f"buffers[{index}]", src.offset, handle.byte_size, got, cause
-                )
+                ) from cause
             buffers.append(array)
         try:
             tensor = assemble(descriptor, buffers)
@@ -130,7 +132,7 @@ def _truncated(
     number: int, what: str, at: int, needed: int, got: int, cause: BaseException | None
 ) -> ContainerTruncatedError:
     reason = f" ({cause!r})" if cause is not None else ""
-    error = ContainerTruncatedError(
+    return ContainerTruncatedError(
         f"stream ends inside record {number} ({what}){reason}",
         section=f"record {number}",
         field=what,
@@ -138,8 +140,6 @@ def _truncated(
         expected=f"{needed} bytes",
         found=f"{got} bytes",
     )
-    error.__cause__ = cause
-    return error
 
 
 def _check_prefix(prefix: memoryview, number: int, start: int, max_length: int) -> int:
