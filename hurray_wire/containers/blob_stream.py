@@ -331,42 +331,10 @@ class StreamReader:
                 )
             return None
         magic = bytes(prefix[:_MAGIC_SIZE])
-        number = len(self._seen)
         if magic == wb.BLOB_MAGIC:
-            what = f"blob {number}"
-            try:
-                total = blob_length(prefix)
-            except HurrayWireError as exc:
-                add_note(exc, f"in {what} at stream offset {self._position}")
-                raise
-            check_record_size(total, self._max, what, self._position)
-            record = self._read_record(prefix, total, what)
-            try:
-                tensor = decode(record, verify=self._verify, limits=self._limits)
-            except HurrayWireError as exc:
-                add_note(exc, f"in {what} at stream offset {self._position}")
-                raise
-            check_against_header(self._header, tensor, what)
-            self._seen.append(
-                StreamEntry(self._position, total, tensor.layer_index, tensor.kv_role)
-            )
-            self._position += total
-            return tensor
+            return self._blob(prefix)
         if magic == ws.END_MAGIC:
-            total = record_length(prefix, ws.END_MAGIC, "end record", END_RECORD_MIN)
-            check_record_size(total, self._max, "end record", self._position)
-            record = self._read_record(prefix, total, "end record")
-            count, entries = decode_end_record(record)
-            if count != len(self._seen) or (entries is not None and entries != tuple(self._seen)):
-                raise InvalidStreamError(
-                    "the end record disagrees with the blobs read",
-                    section="end record",
-                    offset=self._position,
-                    expected=f"{len(self._seen)} blobs",
-                    found=f"{count} blobs",
-                )
-            self._position += total
-            self._complete = True
+            self._end_record(prefix)
             return None
         if magic == ws.STREAM_MAGIC:
             raise InvalidStreamError(
@@ -381,6 +349,43 @@ class StreamReader:
             offset=self._position,
             found=magic.hex(" "),
         )
+
+    def _blob(self, prefix: memoryview) -> BlockPagedTensor:
+        """The blob whose prefix was just read: framed, read whole, decoded, checked."""
+        what = f"blob {len(self._seen)}"
+        try:
+            total = blob_length(prefix)
+        except HurrayWireError as exc:
+            add_note(exc, f"in {what} at stream offset {self._position}")
+            raise
+        check_record_size(total, self._max, what, self._position)
+        record = self._read_record(prefix, total, what)
+        try:
+            tensor = decode(record, verify=self._verify, limits=self._limits)
+        except HurrayWireError as exc:
+            add_note(exc, f"in {what} at stream offset {self._position}")
+            raise
+        check_against_header(self._header, tensor, what)
+        self._seen.append(StreamEntry(self._position, total, tensor.layer_index, tensor.kv_role))
+        self._position += total
+        return tensor
+
+    def _end_record(self, prefix: memoryview) -> None:
+        """The end record whose prefix was just read: it must agree with the blobs read."""
+        total = record_length(prefix, ws.END_MAGIC, "end record", END_RECORD_MIN)
+        check_record_size(total, self._max, "end record", self._position)
+        record = self._read_record(prefix, total, "end record")
+        count, entries = decode_end_record(record)
+        if count != len(self._seen) or (entries is not None and entries != tuple(self._seen)):
+            raise InvalidStreamError(
+                "the end record disagrees with the blobs read",
+                section="end record",
+                offset=self._position,
+                expected=f"{len(self._seen)} blobs",
+                found=f"{count} blobs",
+            )
+        self._position += total
+        self._complete = True
 
     def close(self) -> None:
         """Release a mapped file (it stays mapped while tensors view it); sockets and file

@@ -50,7 +50,17 @@ _MAGIC_SIZE = len(wb.BLOB_MAGIC)
 _MAGICS = (wb.BLOB_MAGIC, ws.STREAM_MAGIC, ws.END_MAGIC)
 
 
-# -- random access ---------------------------------------------------------------------------
+def _not_a_record(head: bytes, pos: int) -> HurrayWireError:
+    """What to say about bytes at a record boundary that start no record."""
+    if len(head) < _MAGIC_SIZE and any(m.startswith(head) for m in _MAGICS):
+        return StreamTruncatedError(
+            "stream ends inside a record prefix", section="stream", offset=pos
+        )
+    return InvalidStreamError(
+        "not a stream record here", section="stream", field="magic", offset=pos, found=head.hex(" ")
+    )
+
+
 def _peek_blob(view: memoryview, limits: DecodeLimits) -> tuple[int | None, str]:
     """(layer_index, kv_role) from a blob's checked header, without touching its sections."""
     descriptor = peek_descriptor(view, limits=limits)
@@ -206,66 +216,25 @@ class StreamFile:
         return entries if cursor == end else None
 
     def _walk(self, start: int) -> tuple[StreamEntry, ...]:
-        """Frame every record from its prefix; read only blob headers and descriptors."""
+        """Frame every record from its prefix; read only blob headers and descriptors.
+
+        Stops at the end record or at the first record that cannot be framed, keeping the
+        blobs before it and the reason in ``error``.
+        """
         view = self._view
         entries: list[StreamEntry] = []
         pos = start
         try:
             while pos < len(view):
                 head = bytes(view[pos : pos + _MAGIC_SIZE])
-                what = f"blob at stream offset {pos}"
                 if head == ws.END_MAGIC:
-                    total = record_length(view[pos:], ws.END_MAGIC, "end record", END_RECORD_MIN)
-                    check_record_size(total, self._max, "end record", pos)
-                    count, index = decode_end_record(view[pos:])
-                    if count != len(entries) or (index is not None and index != tuple(entries)):
-                        raise InvalidStreamError(
-                            "the end record disagrees with the blobs found",
-                            section="end record",
-                            offset=pos,
-                            expected=f"{len(entries)} blobs",
-                            found=f"{count} blobs",
-                        )
-                    if pos + total != len(view):
-                        raise InvalidStreamError(
-                            "bytes after the end record", section="stream", offset=pos + total
-                        )
+                    self._end_record_at(pos, entries)
                     self._complete = True
                     return tuple(entries)
                 if head != wb.BLOB_MAGIC:
-                    if len(head) < _MAGIC_SIZE and any(m.startswith(head) for m in _MAGICS):
-                        raise StreamTruncatedError(
-                            "stream ends inside a record prefix", section="stream", offset=pos
-                        )
-                    raise InvalidStreamError(
-                        "not a stream record here",
-                        section="stream",
-                        field="magic",
-                        offset=pos,
-                        found=head.hex(" "),
-                    )
-                try:
-                    total = blob_length(view[pos : pos + BLOB_PREFIX_SIZE])
-                except BlobTruncatedError:
-                    raise StreamBlobTruncatedError(
-                        "stream ends inside a blob prefix", section=what, offset=len(view)
-                    ) from None
-                check_record_size(total, self._max, what, pos)
-                if pos + total > len(view):
-                    raise StreamBlobTruncatedError(
-                        "stream ends inside a blob",
-                        section=what,
-                        offset=len(view),
-                        expected=total,
-                        found=len(view) - pos,
-                    )
-                try:
-                    layer, role = _peek_blob(view[pos : pos + total], self._limits)
-                except HurrayWireError as exc:
-                    add_note(exc, f"in the {what}")
-                    raise
-                entries.append(StreamEntry(pos, total, layer, role))
-                pos += total
+                    raise _not_a_record(head, pos)
+                entries.append(self._blob_at(pos))
+                pos += entries[-1].length
             if self._header is not None and self._header.end_record:
                 raise StreamTruncatedError(
                     "stream ended before the end record its header promised",
@@ -275,6 +244,51 @@ class StreamFile:
         except HurrayWireError as exc:
             self._error = exc
         return tuple(entries)
+
+    def _end_record_at(self, pos: int, entries: list[StreamEntry]) -> None:
+        """The end record at ``pos`` must agree with the blobs walked and end the stream."""
+        view = self._view
+        total = record_length(view[pos:], ws.END_MAGIC, "end record", END_RECORD_MIN)
+        check_record_size(total, self._max, "end record", pos)
+        count, index = decode_end_record(view[pos:])
+        if count != len(entries) or (index is not None and index != tuple(entries)):
+            raise InvalidStreamError(
+                "the end record disagrees with the blobs found",
+                section="end record",
+                offset=pos,
+                expected=f"{len(entries)} blobs",
+                found=f"{count} blobs",
+            )
+        if pos + total != len(view):
+            raise InvalidStreamError(
+                "bytes after the end record", section="stream", offset=pos + total
+            )
+
+    def _blob_at(self, pos: int) -> StreamEntry:
+        """The blob at ``pos``, framed and its header and descriptor checked (not its data)."""
+        view = self._view
+        what = f"blob at stream offset {pos}"
+        try:
+            total = blob_length(view[pos : pos + BLOB_PREFIX_SIZE])
+        except BlobTruncatedError:
+            raise StreamBlobTruncatedError(
+                "stream ends inside a blob prefix", section=what, offset=len(view)
+            ) from None
+        check_record_size(total, self._max, what, pos)
+        if pos + total > len(view):
+            raise StreamBlobTruncatedError(
+                "stream ends inside a blob",
+                section=what,
+                offset=len(view),
+                expected=total,
+                found=len(view) - pos,
+            )
+        try:
+            layer, role = _peek_blob(view[pos : pos + total], self._limits)
+        except HurrayWireError as exc:
+            add_note(exc, f"in the {what}")
+            raise
+        return StreamEntry(pos, total, layer, role)
 
     @property
     def closed(self) -> bool:
