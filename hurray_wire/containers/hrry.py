@@ -63,6 +63,18 @@ Array = npt.NDArray[Any]
 _AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
 
 
+def _check_size(size: int) -> None:
+    """§ B.8 step 1: room for a header and a trailer, before either is read."""
+    if size < wc.MIN_FILE_SIZE:
+        raise ContainerTruncatedError(
+            "file shorter than a header and a trailer",
+            section="file",
+            offset=size,
+            expected=f">= {wc.MIN_FILE_SIZE} bytes",
+            found=f"{size} bytes",
+        )
+
+
 class HrryFile:
     """A lazy, memory-mapped ``.hrry`` reader: ``with HrryFile(path) as f: f.tensor(name)``.
 
@@ -87,14 +99,7 @@ class HrryFile:
             )
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            if size < wc.MIN_FILE_SIZE:
-                raise ContainerTruncatedError(
-                    "file shorter than a header and a trailer",
-                    section="file",
-                    offset=size,
-                    expected=f">= {wc.MIN_FILE_SIZE} bytes",
-                    found=f"{size} bytes",
-                )
+            _check_size(size)
             source: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         self._init(source, size, max_descriptor_length)
 
@@ -106,14 +111,7 @@ class HrryFile:
         check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
         view = byte_view(data, "data")
         self = cls.__new__(cls)
-        if len(view) < wc.MIN_FILE_SIZE:
-            raise ContainerTruncatedError(
-                "file shorter than a header and a trailer",
-                section="file",
-                offset=len(view),
-                expected=f">= {wc.MIN_FILE_SIZE} bytes",
-                found=f"{len(view)} bytes",
-            )
+        _check_size(len(view))
         self._init(view, len(view), max_descriptor_length)
         return self
 

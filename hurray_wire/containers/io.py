@@ -87,7 +87,7 @@ class Sink:
     def write(self, parts: Sequence[memoryview]) -> int:
         """Write all of ``parts`` in order; the bytes written."""
         self._send(parts)
-        return sum(len(p) for p in parts)
+        return sum(p.nbytes for p in parts)
 
     def flush(self) -> None:
         if self._flush is not None:

@@ -6,6 +6,7 @@ restated here), never by decoding: the CLI prints the answer, readers do the che
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 from typing import Any
@@ -53,7 +54,8 @@ def identify(data_or_path: Any) -> Format:
         finally:
             view.release()
             if mapping is not None:
-                mapping.close()
+                with contextlib.suppress(BufferError):  # a view still held: unmapped later
+                    mapping.close()
     return _identify(map_source(data_or_path, "data")[0])
 
 
