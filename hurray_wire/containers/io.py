@@ -47,6 +47,8 @@ _READ_CHUNK = 1 << 20  # for sources that only have read(): bounds the temporary
 _EAGER_READ = 64 << 20  # read_array allocates at most this much before bytes arrive
 _BYTES_LIKE = (bytes, bytearray, memoryview, mmap.mmap, np.ndarray)
 
+Array = npt.NDArray[np.uint8]
+
 
 def _check_not_text(stream: Any, name: str) -> None:
     if isinstance(stream, io.TextIOBase):
@@ -189,9 +191,6 @@ def will_need(mapping: mmap.mmap | None, start: int, length: int) -> None:
     first = start - start % page
     with contextlib.suppress(OSError, ValueError):  # advice only
         mapping.madvise(advice, first, min(length + start - first, len(mapping) - first))
-
-
-Array = npt.NDArray[np.uint8]
 
 
 class MemorySource:
