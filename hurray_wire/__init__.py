@@ -27,8 +27,7 @@ from hurray_wire.adapters import (
 )
 from hurray_wire.blob import DecodeLimits, blob_length, decode, encode, encode_into, encode_parts
 from hurray_wire.codecs import Compression
-from hurray_wire.containers.reference import HrryFile
-from hurray_wire.containers.stream import StreamFile, StreamHeader, StreamReader, StreamWriter
+from hurray_wire.containers import HrryFile, StreamFile, StreamHeader, StreamReader, StreamWriter
 from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import (
     ArgumentTypeError,

@@ -17,14 +17,24 @@ from typing import IO, Any
 
 from hurray_wire import report as summary
 from hurray_wire._version import __version__
-from hurray_wire.blob import blob_length, decode, encode_parts
+from hurray_wire.blob import decode, encode_parts
 from hurray_wire.codecs import Compression
-from hurray_wire.containers.stream import StreamFile, StreamHeader, StreamReader, StreamWriter
+from hurray_wire.containers import (
+    Format,
+    HrryFile,
+    StreamFile,
+    StreamHeader,
+    StreamReader,
+    StreamWriter,
+    read_stream,
+    write_file,
+    write_stream,
+)
+from hurray_wire.containers import identify as identify_format
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
 from hurray_wire.model.descriptor_codec import decode_descriptor, decode_header
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.blob import BLOB_MAGIC
-from hurray_wire.wire.stream import STREAM_MAGIC
 
 __all__ = ["main", "build_parser", "identify"]
 
@@ -52,19 +62,12 @@ def _read(path: str) -> Any:
 
 
 def identify(data: Any) -> str:
-    """What ``data`` is: descriptor, blob, blob-stream, reference-stream, hrry-file."""
-    head = bytes(memoryview(data)[:8])
-    if head.startswith(STREAM_MAGIC):
-        return "blob-stream"
-    if head.startswith(BLOB_MAGIC):
-        length = blob_length(data)
-        return "blob" if length == len(data) else "blob-stream"
-    if head == b"HRRYFILE":
-        return "hrry-file"
-    if head.startswith(b"HRRY"):
-        length = int.from_bytes(bytes(memoryview(data)[6:10]), "little") if len(data) >= 10 else 0
-        return "descriptor" if length == len(data) else "reference-stream"
-    raise CliError(f"unrecognised input (starts with {head[:4].hex(' ') or 'nothing'})")
+    """What ``data`` is (``hurray_wire.containers.identify``), or a one-line CLI error."""
+    kind = identify_format(data)
+    if kind is Format.UNKNOWN:
+        head = bytes(memoryview(data)[: len(BLOB_MAGIC)])  # every format's magic is 4+ bytes
+        raise CliError(f"unrecognised input (starts with {head.hex(' ') or 'nothing'})")
+    return str(kind)
 
 
 @dataclass
@@ -101,13 +104,11 @@ def _items(data: Any, kind: str, verify: bool) -> Iterator[Item]:
 
 
 def _reference_items(data: Any, kind: str) -> Iterator[Item]:
-    from hurray_wire.containers import reference
-
     if kind == "reference-stream":
-        for number, tensor in enumerate(reference.read_stream(data)):
+        for number, tensor in enumerate(read_stream(data)):
             yield Item(f"record {number}", kind, tensor=tensor)
         return
-    reader = reference.HrryFile.from_buffer(data)
+    reader = HrryFile.from_buffer(data)
     for name in reader.names:
         try:
             yield Item(name, kind, tensor=reader.tensor(name), extra={"name": name})
@@ -165,9 +166,7 @@ def _context(data: Any, kind: str) -> dict[str, Any]:
             }
         return {"stream_header": described, "stream_complete": stream.complete}
     if kind == "hrry-file":
-        from hurray_wire.containers import reference
-
-        reader = reference.HrryFile.from_buffer(data)
+        reader = HrryFile.from_buffer(data)
         return {"metadata": {k: _jsonable(v) for k, v in reader.user_metadata.items()}}
     return {}
 
@@ -392,15 +391,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 done += tensor.nbytes
                 _progress(done, total, show)
     elif target == "reference-stream":
-        from hurray_wire.containers import reference
-
         with open(args.output, "wb") as sink:
-            reference.write_stream(sink, [t for _, t in tensors])
+            write_stream(sink, [t for _, t in tensors])
         _progress(total, total, show)
     elif target == "hrry-file":
-        from hurray_wire.containers import reference
-
-        reference.write_file(args.output, dict(tensors))
+        write_file(args.output, dict(tensors))
         _progress(total, total, show)
     else:
         raise CliError(f"unknown output format {target!r}")

@@ -24,8 +24,8 @@ import pytest
 import zstandard
 
 import hurray_wire as hw
+from hurray_wire import containers as reference
 from hurray_wire import errors as hwe
-from hurray_wire.containers import reference
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 sys.path.insert(0, str(TOOLS))
@@ -198,9 +198,9 @@ def test_fix_stream_checksums_makes_a_changed_stream_read() -> None:
     at = bytes(data).index(b"seed-model")
     data[at] = ord("S")
     with pytest.raises(hw.HurrayWireError):
-        list(hw.containers.stream.StreamReader(io.BytesIO(bytes(data))))
+        list(hw.containers.StreamReader(io.BytesIO(bytes(data))))
     fixed = fuzz_containers.fix_checksums(bytes(data))
-    reader = hw.containers.stream.StreamReader(io.BytesIO(fixed))
+    reader = hw.containers.StreamReader(io.BytesIO(fixed))
     assert len(list(reader)) == 3
     assert reader.header is not None and reader.header.model == "Seed-model"
 
@@ -303,7 +303,7 @@ def test_f1_hrry_tensor() -> None:
 
 def test_f1_stream_reader() -> None:
     with pytest.raises(hw.HurrayWireError):
-        list(hw.containers.stream.StreamReader(io.BytesIO(F1_BLOB)))
+        list(hw.containers.StreamReader(io.BytesIO(F1_BLOB)))
 
 
 def test_f1_cli_validate_exits_1(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hurray_wire as hw
-from hurray_wire.containers import reference as ref
+from hurray_wire import containers as ref
 from hurray_wire.crc32c import crc32c
 from hurray_wire.errors import (
     ArgumentTypeError,

@@ -26,17 +26,15 @@ import pytest
 import xxhash
 
 import hurray_wire as hw
-from hurray_wire.containers import stream as st
-from hurray_wire.containers.stream import (
-    InvalidStreamError,
-    StreamBlobTruncatedError,
+from hurray_wire.containers import (
     StreamEntry,
     StreamFile,
     StreamHeader,
     StreamReader,
-    StreamTruncatedError,
     StreamWriter,
+    decode_end_record,
     decode_stream_header,
+    encode_end_record,
     encode_stream_header,
 )
 from hurray_wire.errors import (
@@ -46,7 +44,10 @@ from hurray_wire.errors import (
     HurrayWireError,
     InvalidBlobError,
     InvalidMetadataError,
+    InvalidStreamError,
     LimitExceededError,
+    StreamBlobTruncatedError,
+    StreamTruncatedError,
     TruncatedError,
 )
 from hurray_wire.wire import stream as ws
@@ -164,8 +165,8 @@ def test_stream_header_golden_bytes() -> None:
 
 def test_end_record_golden_bytes() -> None:
     entries = [StreamEntry(64, 1024, 0, "key"), StreamEntry(1088, 1024, None, "fused")]
-    assert st._encode_end(entries, 2) == GOLDEN_END
-    assert st._decode_end(GOLDEN_END) == (2, tuple(entries))
+    assert encode_end_record(entries, 2) == GOLDEN_END
+    assert decode_end_record(GOLDEN_END) == (2, tuple(entries))
 
 
 @pytest.mark.parametrize(
@@ -349,25 +350,25 @@ def test_end_record_rejections(offset: int, value: bytes, match: str) -> None:
     record = bytearray(GOLDEN_END)
     record[offset : offset + len(value)] = value
     with pytest.raises(InvalidStreamError, match=match):
-        st._decode_end(with_checksum(record, 16))
+        decode_end_record(with_checksum(record, 16))
 
 
 def test_end_record_footer_and_checksum() -> None:
     record = bytearray(GOLDEN_END)
     record[-8] ^= 0x40
     with pytest.raises(InvalidStreamError, match="footer"):
-        st._decode_end(bytes(record))
+        decode_end_record(bytes(record))
     record = bytearray(GOLDEN_END)
     record[33] ^= 1
     with pytest.raises(InvalidStreamError, match="checksum"):
-        st._decode_end(bytes(record))
+        decode_end_record(bytes(record))
 
 
 def test_end_record_without_index() -> None:
-    data = st._encode_end(None, 5)
+    data = encode_end_record(None, 5)
     assert len(data) == 64
-    assert st._decode_end(data) == (5, None)
-    assert st._decode_end(st._encode_end([], 0)) == (0, ())
+    assert decode_end_record(data) == (5, None)
+    assert decode_end_record(encode_end_record([], 0)) == (0, ())
 
 
 # -- round trips -----------------------------------------------------------------------------
@@ -443,7 +444,7 @@ def test_compression_and_no_checksum_options_pass_through() -> None:
 def test_index_false_writes_an_end_record_without_entries() -> None:
     data = stream_bytes(index=False)
     end = data[blob_offsets(data)[-1][0] + blob_offsets(data)[-1][1] :]
-    assert st._decode_end(end) == (len(TENSORS), None)
+    assert decode_end_record(end) == (len(TENSORS), None)
     reader = StreamReader(io.BytesIO(data))
     assert len(list(reader)) == len(TENSORS) and reader.complete
     with StreamFile(data) as mapped:  # no index: found by walking
@@ -810,10 +811,10 @@ def test_end_record_must_agree_with_the_blobs() -> None:
     data = stream_bytes(SMALL)
     last_offset, last_length = blob_offsets(data)[-1]
     body = data[: last_offset + last_length]
-    claims_more = body + st._encode_end(None, 4)
+    claims_more = body + encode_end_record(None, 4)
     got, error = read_all(StreamReader(io.BytesIO(claims_more)))
     assert len(got) == 3 and isinstance(error, InvalidStreamError)
-    wrong_entry = body + st._encode_end(
+    wrong_entry = body + encode_end_record(
         [StreamEntry(o, n, 7, "key") for o, n in blob_offsets(data)], 3
     )
     _, error = read_all(StreamReader(io.BytesIO(wrong_entry)))
@@ -1012,7 +1013,7 @@ def test_mapped_file_index_entries_are_checked_against_descriptors() -> None:
     data = stream_bytes(SMALL)
     last_offset, last_length = blob_offsets(data)[-1]
     rows = [StreamEntry(o, n, 0, "key") for o, n in blob_offsets(data)]
-    lying = data[: last_offset + last_length] + st._encode_end(rows, 3)
+    lying = data[: last_offset + last_length] + encode_end_record(rows, 3)
     mapped = StreamFile(lying)
     assert mapped.complete  # the index is well formed ...
     with pytest.raises(InvalidStreamError, match="disagrees"):

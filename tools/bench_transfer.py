@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 import hurray_wire as hw
-from hurray_wire.containers.stream import StreamHeader, StreamReader, StreamWriter
+from hurray_wire.containers import StreamHeader, StreamReader, StreamWriter
 
 MODES = ("raw", "stream", "stream-nohash")
 TIMEOUT = 120.0

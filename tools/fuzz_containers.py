@@ -3,14 +3,14 @@ hurray-wire streams.
 
 Every input goes through ``check_containers``, which feeds the same bytes to
 
-* ``hurray_wire.containers.reference.read_stream`` twice, from the bytes (zero-copy views)
+* ``hurray_wire.containers.read_stream`` twice, from the bytes (zero-copy views)
   and from an ``io.BytesIO`` (the file-like path), consuming the iterator;
-* ``hurray_wire.containers.reference.HrryFile.from_buffer``: ``names``, ``metadata``,
+* ``hurray_wire.containers.HrryFile.from_buffer``: ``names``, ``metadata``,
   ``user_metadata``, and per tensor ``entry``, ``descriptor_header``, ``buffer_spans`` and
   ``tensor`` (each tensor on its own, so one bad tensor does not hide the others);
 * ``hurray_wire.cli``: ``identify``, ``main(["validate", path])`` and ``main(["dump", "--json",
   path])`` on the bytes written to a scratch file;
-* ``hurray_wire.containers.stream`` (when the module exists): ``StreamReader`` from an
+* ``hurray_wire.containers``' blob stream: ``StreamReader`` from an
   ``io.BytesIO`` and from the bytes, ``StreamReader`` with a small ``max_blob_bytes``, and
   ``StreamFile``;
 
@@ -76,25 +76,17 @@ if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
         import hurray_wire as hw
         from hurray_wire import cli
-        from hurray_wire.containers import reference
+        from hurray_wire import containers as hws
+        from hurray_wire import containers as reference
         from hurray_wire.crc32c import crc32c
         from hurray_wire.metadata import encode_metadata
-
-        try:
-            from hurray_wire.containers import stream as hws
-        except ImportError:  # the stream module is newer than this harness may be
-            hws = None
 else:
     import hurray_wire as hw
     from hurray_wire import cli
-    from hurray_wire.containers import reference
+    from hurray_wire import containers as hws
+    from hurray_wire import containers as reference
     from hurray_wire.crc32c import crc32c
     from hurray_wire.metadata import encode_metadata
-
-    try:
-        from hurray_wire.containers import stream as hws
-    except ImportError:
-        hws = None
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzz_blob  # the blob checksum fixer, mutator and tensor comparison
@@ -261,8 +253,6 @@ def _read_all(source: Any, **options: Any) -> tuple[Any, list[Any], hw.HurrayWir
 
 
 def check_stream(data: bytes) -> None:
-    if hws is None:
-        return
     reader, tensors, error = _read_all(io.BytesIO(data))
     mem_reader, mem_tensors, mem_error = _read_all(data)
     _same_tensors("StreamReader BytesIO vs bytes", tensors, mem_tensors)
@@ -745,43 +735,42 @@ def generated_seeds() -> dict[str, bytes]:
             path, {"b": small[0], "a": small[1]}, sorted_index=True, data_buffer_alignment=8192
         )
         seeds["gen-sorted.hrry"] = path.read_bytes()
-    if hws is not None:
-        roles = ("key", "value", "fused")
-        tagged = [
-            hw.BlockPagedTensor.from_arrays(
-                np.full((2, 4, 1, 8), i, np.float16),
-                [0, 1],
-                [0, 2],
-                seq_lens=[7],
-                kv_role=roles[i % 2],
-                layer_index=i // 2,
-                metadata={"i": i} if i == 1 else None,
-            )
-            for i in range(3)
-        ]
-        headers = {
-            "full": hws.StreamHeader(
-                model="seed-model",
-                num_layers=2,
-                kv_roles=roles[:2],
-                element_type=hw.float16,
-                metadata={"request_id": "r-1", "k": 0.5},
-            ),
-            "bare": hws.StreamHeader(),
-            "no-end": hws.StreamHeader(end_record=False),
-        }
-        for label, header in headers.items():
-            for index in (True, False):
-                sink = io.BytesIO()
-                with hws.StreamWriter(sink, header, index=index) as writer:
-                    for tensor in tagged:
-                        writer.write(tensor)
-                seeds[f"gen-stream-{label}-index{int(index)}.hrws"] = sink.getvalue()
-        sink = io.BytesIO()
-        with hws.StreamWriter(sink, None) as writer:
-            for tensor in f16 + tagged[:1]:
-                writer.write(tensor, compression=hw.Compression(2, min_size=0))
-        seeds["gen-stream-headerless.hrws"] = sink.getvalue()
+    roles = ("key", "value", "fused")
+    tagged = [
+        hw.BlockPagedTensor.from_arrays(
+            np.full((2, 4, 1, 8), i, np.float16),
+            [0, 1],
+            [0, 2],
+            seq_lens=[7],
+            kv_role=roles[i % 2],
+            layer_index=i // 2,
+            metadata={"i": i} if i == 1 else None,
+        )
+        for i in range(3)
+    ]
+    headers = {
+        "full": hws.StreamHeader(
+            model="seed-model",
+            num_layers=2,
+            kv_roles=roles[:2],
+            element_type=hw.float16,
+            metadata={"request_id": "r-1", "k": 0.5},
+        ),
+        "bare": hws.StreamHeader(),
+        "no-end": hws.StreamHeader(end_record=False),
+    }
+    for label, header in headers.items():
+        for index in (True, False):
+            sink = io.BytesIO()
+            with hws.StreamWriter(sink, header, index=index) as writer:
+                for tensor in tagged:
+                    writer.write(tensor)
+            seeds[f"gen-stream-{label}-index{int(index)}.hrws"] = sink.getvalue()
+    sink = io.BytesIO()
+    with hws.StreamWriter(sink, None) as writer:
+        for tensor in f16 + tagged[:1]:
+            writer.write(tensor, compression=hw.Compression(2, min_size=0))
+    seeds["gen-stream-headerless.hrws"] = sink.getvalue()
     return seeds
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 import hurray_wire as hw
-from hurray_wire.containers.stream import StreamHeader, StreamReader, StreamWriter
+from hurray_wire.containers import StreamHeader, StreamReader, StreamWriter
 
 ROLES = ("key", "value")
 TIMEOUT = 60.0  # seconds: every socket operation and every process is bounded

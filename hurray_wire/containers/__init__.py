@@ -1,1 +1,63 @@
-"""Containers that carry blobs and descriptors: streams, reference streams, ``.hrry`` files."""
+"""Containers that carry blobs and descriptors: blob streams, reference streams, ``.hrry`` files.
+
+Modules, lowest first: ``io`` (sinks and sources, once), ``records`` (stream header and end
+record), ``blob_stream`` (``StreamWriter`` / ``StreamReader``), ``stream_file``
+(``StreamFile``), ``reference_common`` / ``reference_stream`` (the hurray-io stream),
+``hrry_records`` / ``hrry`` / ``hrry_write`` (the ``.hrry`` file) and ``sniff`` (what bytes
+are). This package re-exports their public names.
+"""
+
+from hurray_wire.containers.blob_stream import StreamReader, StreamWriter
+from hurray_wire.containers.hrry import (
+    FileHeader,
+    FileTrailer,
+    HrryFile,
+    IndexEntry,
+    read_file,
+    read_file_metadata,
+)
+from hurray_wire.containers.hrry_write import write_file
+from hurray_wire.containers.records import (
+    DEFAULT_MAX_BLOB_BYTES,
+    StreamEntry,
+    StreamHeader,
+    decode_end_record,
+    decode_stream_header,
+    encode_end_record,
+    encode_stream_header,
+)
+from hurray_wire.containers.reference_common import (
+    DEFAULT_MAX_DESCRIPTOR_BYTES,
+    METADATA_KEY_PREFIX,
+    SEQ_LENS_KEY_PREFIX,
+)
+from hurray_wire.containers.reference_stream import read_stream, write_stream
+from hurray_wire.containers.sniff import Format, identify
+from hurray_wire.containers.stream_file import StreamFile
+
+__all__ = [
+    "DEFAULT_MAX_BLOB_BYTES",
+    "DEFAULT_MAX_DESCRIPTOR_BYTES",
+    "METADATA_KEY_PREFIX",
+    "SEQ_LENS_KEY_PREFIX",
+    "FileHeader",
+    "FileTrailer",
+    "Format",
+    "HrryFile",
+    "IndexEntry",
+    "StreamEntry",
+    "StreamFile",
+    "StreamHeader",
+    "StreamReader",
+    "StreamWriter",
+    "decode_end_record",
+    "decode_stream_header",
+    "encode_end_record",
+    "encode_stream_header",
+    "identify",
+    "read_file",
+    "read_file_metadata",
+    "read_stream",
+    "write_file",
+    "write_stream",
+]

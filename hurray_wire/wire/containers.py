@@ -27,6 +27,9 @@ __all__ = [
     "MIN_FILE_SIZE",
     "INDEX_ENTRY_FIXED_SIZE",
     "TENSOR_COUNT_UNKNOWN",
+    "MIN_DATA_BUFFER_ALIGNMENT",
+    "MAX_DATA_BUFFER_ALIGNMENT",
+    "SECTION_ALIGNMENT",
     "FILE_FLAG_HAS_KV_METADATA",
     "FILE_FLAG_SORTED_INDEX",
     "FILE_FLAG_HAS_INDEX_CRC32C",
@@ -39,9 +42,9 @@ __all__ = [
     "KV_BYTES",
     "KV_ARRAY",
     "KV_TAG_NAMES",
-    "KV_ELEMENT_TAGS",
     "HrryHeader",
     "HrryTrailer",
+    "HrryIndexEntryFixed",
     "HrryIndexEntry",
     "HrryIndex",
     "KvString",
@@ -55,11 +58,10 @@ __all__ = [
 
 FILE_MAGIC = b"HRRYFILE"
 TRAILER_MAGIC = b"HRRY"
-HEADER_SIZE = 64
-TRAILER_SIZE = 40
-MIN_FILE_SIZE = HEADER_SIZE + TRAILER_SIZE
-INDEX_ENTRY_FIXED_SIZE = 8 + 4 + 8 + 8 + 4  # after u16 name_length and the name bytes
 TENSOR_COUNT_UNKNOWN = 0xFFFF_FFFF_FFFF_FFFF  # the reference always writes it; never trust it
+MIN_DATA_BUFFER_ALIGNMENT = 4096  # § B.2: data_buffer_alignment is a power of two in this range
+MAX_DATA_BUFFER_ALIGNMENT = 2 << 20
+SECTION_ALIGNMENT = 8  # descriptors, the KV section and the index start 8-aligned (§ B.3-B.5)
 
 # § B.2 file_flags. The reference writer never sets HAS_KV_METADATA ([A17]).
 FILE_FLAG_HAS_KV_METADATA = 0x01
@@ -84,7 +86,6 @@ KV_TAG_NAMES = {
     KV_BYTES: "bytes",
     KV_ARRAY: "array",
 }
-KV_ELEMENT_TAGS = frozenset(range(KV_STRING, KV_BYTES + 1))  # arrays do not nest
 
 
 def _reserved(n: int) -> c.Construct:
@@ -116,16 +117,26 @@ HrryTrailer = c.Struct(
     "magic" / c.Const(TRAILER_MAGIC),
 )
 
-# § B.5: one index entry: 2 + name_length + 32 bytes. ``name`` is raw UTF-8 bytes.
-HrryIndexEntry = c.Struct(
-    "name_length" / c.Rebuild(c.Int16ul, c.len_(c.this.name)),
-    "name" / c.Bytes(c.this.name_length),
+# § B.5: the fixed 32 bytes of an index entry, after its u16 name_length and the name bytes.
+HrryIndexEntryFixed = c.Struct(
     "descriptor_offset" / c.Int64ul,
     "descriptor_length" / c.Int32ul,
     "data_offset" / c.Int64ul,
     "data_length" / c.Int64ul,
     "flags" / c.Int32ul,
 )
+
+# § B.5: one index entry: 2 + name_length + 32 bytes. ``name`` is raw UTF-8 bytes.
+HrryIndexEntry = c.Struct(
+    "name_length" / c.Rebuild(c.Int16ul, c.len_(c.this.name)),
+    "name" / c.Bytes(c.this.name_length),
+    *HrryIndexEntryFixed.subcons,
+)
+
+HEADER_SIZE = HrryHeader.sizeof()  # 64
+TRAILER_SIZE = HrryTrailer.sizeof()  # 40
+MIN_FILE_SIZE = HEADER_SIZE + TRAILER_SIZE
+INDEX_ENTRY_FIXED_SIZE = HrryIndexEntryFixed.sizeof()  # 32
 
 # § B.5: the whole index section, exactly index_length bytes (the CRC covers all of them).
 HrryIndex = c.Struct(

@@ -47,9 +47,16 @@ class FastStruct:
         """The fields at ``offset`` by name (for cold paths: dumps, reports)."""
         return dict(zip(self.names, self.struct.unpack_from(buffer, offset), strict=True))
 
-    def pack(self, *values: Any) -> bytes:
-        """Pack the non-Const fields, in order; Const fields (magic, reserved) fill
-        themselves in, so no caller restates their bytes."""
+    def pack(self, *values: Any, **fields: Any) -> bytes:
+        """Pack the non-Const fields, in order or by name (not both); Const fields (magic,
+        reserved bytes) fill themselves in, so no caller restates their bytes."""
+        if fields:
+            if values:
+                raise TypeError("pack takes the fields in order or by name, not both")
+            named: list[Any] = [fields.get(name) for name in self.names]
+            for position, expected in self.consts:
+                named[position] = expected
+            return self.struct.pack(*named)
         if not self.consts:
             return self.struct.pack(*values)
         full = list(values)
@@ -72,6 +79,8 @@ def _leaf(con: Any) -> tuple[str, bytes | None]:
     if isinstance(con, c.FormatField):
         return con.fmtstr[1:], None
     if isinstance(con, c.Adapter):  # Mapping, _LayerIndex: same bytes as their subcon
+        return _leaf(con.subcon)
+    if isinstance(con, c.Rebuild):  # a length field: same bytes as its subcon
         return _leaf(con.subcon)
     if isinstance(con, c.Bytes) and isinstance(con.length, int):
         return f"{con.length}s", None
@@ -143,6 +152,14 @@ def derive(definition: Any) -> FastStruct:
 
 
 def offset_of(definition: Any, name: str) -> int:
-    """Byte offset of field ``name`` (a leaf, ``name[i]``, or a nested struct) in a
-    fixed-size construct ``Struct``."""
-    return derive(definition).offsets[name]
+    """Byte offset of field ``name`` in a construct ``Struct`` whose fields before it are
+    fixed-size (the later ones may vary: index entries, KV entries).
+
+    Error messages and readers name where a field sits without restating the layout.
+    """
+    offset = 0
+    for sub in definition.subcons:
+        if sub.name == name:
+            return offset
+        offset += sub.sizeof()
+    raise KeyError(name)

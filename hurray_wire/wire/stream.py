@@ -4,7 +4,7 @@ A stream is ``[stream header] blob* [end record]``. Every record starts with the
 16-byte prefix as a blob (magic, version_major, version_minor, flags, total_length), so a
 reader frames any record from its first 16 bytes and tells the kinds apart by magic.
 The rules (which values are allowed, what must agree with what) live in
-``hurray_wire.containers.stream``; the variable parts (model name, metadata, index entries)
+``hurray_wire.containers.records``; the variable parts (model name, metadata, index entries)
 are sized by fields of these fixed structs.
 """
 

@@ -1,0 +1,411 @@
+"""StreamWriter / StreamReader: many blobs over one byte stream, written and read in order.
+
+The format is docs/streaming.md: ``[stream header] blob* [end record]``, every record framed
+by the blob's 16-byte prefix and told apart by magic. A blob knows nothing of the stream it
+sits in: the stream adds what a reader needs before and after the blobs (what to preallocate,
+where the stream ends, where each blob is), never the identity of a blob, which always comes
+from its own descriptor.
+
+Reading is bounded and typed: a record's length is checked against ``max_blob_bytes`` before
+anything is allocated, each blob gets its own buffer (so every tensor handed out stays valid
+whatever happens later), and every failure, including a broken connection, is a
+``HurrayWireError``. Sinks and sources are ``hurray_wire.containers.io``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, encode_parts
+from hurray_wire.codecs import Compression
+from hurray_wire.containers.io import open_sink, open_source
+from hurray_wire.containers.records import (
+    DEFAULT_MAX_BLOB_BYTES,
+    END_RECORD_MIN,
+    STREAM_HEADER_MIN,
+    StreamEntry,
+    StreamHeader,
+    add_note,
+    check_against_header,
+    check_max_blob_bytes,
+    check_record_size,
+    decode_end_record,
+    decode_stream_header,
+    encode_end_record,
+    encode_stream_header,
+    record_length,
+)
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    ClosedContainerError,
+    HurrayWireError,
+    InvalidStreamError,
+    StreamBlobTruncatedError,
+    StreamTruncatedError,
+)
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.wire import blob as wb
+from hurray_wire.wire import stream as ws
+
+__all__ = ["StreamReader", "StreamWriter"]
+
+_MAGICS = {wb.BLOB_MAGIC: "blob", ws.STREAM_MAGIC: "stream header", ws.END_MAGIC: "end record"}
+_MAGIC_SIZE = len(wb.BLOB_MAGIC)
+_DEFAULT_HEADER = StreamHeader()  # frozen: one shared default is safe
+
+
+# -- writer ----------------------------------------------------------------------------------
+class StreamWriter:
+    """Write blobs one at a time to a socket, a binary file-like object or a file path.
+
+    The stream header (unless ``header=None``) goes out at construction, so the reader can
+    preallocate while the first layer is still being computed. ``write`` sends each blob
+    from ``encode_parts`` (views of the tensor's own arrays, ``sendmsg`` on sockets) and
+    flushes. ``close`` ends the stream with the end record (with the index unless
+    ``index=False``); leaving a ``with`` block by an exception does not, so the reader sees
+    a cut stream rather than a complete one. A sink passed in is flushed but not closed;
+    a path is opened, and closed by ``close``.
+    """
+
+    def __init__(
+        self, sink: Any, header: StreamHeader | None = _DEFAULT_HEADER, *, index: bool = True
+    ) -> None:
+        self._sink = open_sink(sink)
+        if header is not None and not isinstance(header, StreamHeader):
+            self._sink.close()
+            raise ArgumentTypeError("header must be a StreamHeader or None", found=repr(header))
+        self._header = header
+        self._entries: list[StreamEntry] | None = [] if index else None
+        self._count = 0
+        self._position = 0
+        self._closed = False
+        self._failed = False
+        if header is not None:
+            try:
+                self._emit([memoryview(encode_stream_header(header))])
+            except BaseException:
+                self._sink.close()
+                raise
+
+    @property
+    def header(self) -> StreamHeader | None:
+        return self._header
+
+    @property
+    def position(self) -> int:
+        """Bytes written so far: the stream offset of the next record."""
+        return self._position
+
+    @property
+    def blob_count(self) -> int:
+        return self._count
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _emit(self, parts: list[memoryview]) -> None:
+        try:
+            written = self._sink.write(parts)
+            self._sink.flush()
+        except BaseException:
+            self._failed = True  # part of a record may have gone out: the stream is cut here
+            raise
+        self._position += written
+
+    def write(
+        self,
+        tensor: BlockPagedTensor,
+        *,
+        compression: Compression | str | None = None,
+        checksum: bool = True,
+    ) -> int:
+        """Append one blob (options as for ``encode``); returns its length in bytes."""
+        if self._closed or self._failed:
+            raise InvalidStreamError(
+                "write to a closed StreamWriter"
+                if self._closed
+                else "the stream is broken by an earlier failed write"
+            )
+        if not isinstance(tensor, BlockPagedTensor):
+            raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+        check_against_header(self._header, tensor, f"blob {self._count}")
+        parts = encode_parts(tensor, compression=compression, checksum=checksum)
+        offset = self._position
+        self._emit(parts)
+        length = self._position - offset
+        if self._entries is not None:
+            self._entries.append(StreamEntry(offset, length, tensor.layer_index, tensor.kv_role))
+        self._count += 1
+        return length
+
+    def close(self) -> None:
+        """End the stream: write the end record (if promised) and flush; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self._failed and (self._header is None or self._header.end_record):
+                self._emit([memoryview(encode_end_record(self._entries, self._count))])
+        finally:
+            self._sink.close()
+
+    def abort(self) -> None:
+        """Stop without an end record: a reader will see the stream as cut, not complete."""
+        self._closed = True
+        self._sink.close()
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class StreamReader:
+    """Iterate the tensors of a stream as each blob arrives.
+
+    ``source`` is a socket, a binary file-like object (file, pipe, ``BytesIO``), a path or
+    a bytes-like object. Sockets and file-likes are read exactly record by record: each blob
+    into a new buffer of its own (so every tensor handed out stays valid), nothing beyond
+    the end record is consumed, and at most one record is in flight. Paths are mapped with
+    ``mmap`` and bytes-like objects are used in place: their tensors are read-only zero-copy
+    views.
+
+    Iteration stops at the end record, or at a clean end of input on a record boundary when
+    the stream did not promise an end record. Anything else raises a ``HurrayWireError``:
+    a cut (``StreamTruncatedError``; inside a blob also a ``BlobTruncatedError``), a corrupt
+    blob (the decoder's error), a record over ``max_blob_bytes`` (``LimitExceededError``,
+    before allocating). After an error the reader raises the same error again.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        verify: bool = True,
+        limits: DecodeLimits | None = None,
+        max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+    ) -> None:
+        self._max = check_max_blob_bytes(max_blob_bytes)
+        self._source = open_source(source)
+        self._verify = verify
+        self._limits = limits
+        self._position = 0
+        self._pending: memoryview | None = None
+        self._started = False
+        self._header: StreamHeader | None = None
+        self._seen: list[StreamEntry] = []
+        self._complete = False
+        self._done = False
+        self._error: HurrayWireError | None = None
+        self._closed = False
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def header(self) -> StreamHeader | None:
+        """The stream header (read from the source on first access), or None if absent."""
+        if not self._started:
+            if self._closed:
+                raise ClosedContainerError(
+                    "I/O operation on a closed StreamReader", section="stream"
+                )
+            self._guarded(self._start)
+        return self._header
+
+    @property
+    def complete(self) -> bool:
+        """True once the end record has been read and agrees with the blobs read."""
+        return self._complete
+
+    @property
+    def position(self) -> int:
+        """Stream offset of the next record: bytes consumed so far."""
+        return self._position
+
+    @property
+    def entries(self) -> tuple[StreamEntry, ...]:
+        """Every blob read so far: where it was and what its descriptor says it is."""
+        return tuple(self._seen)
+
+    # -- iteration ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[BlockPagedTensor]:
+        return self
+
+    def __next__(self) -> BlockPagedTensor:
+        if self._closed:
+            raise ClosedContainerError("I/O operation on a closed StreamReader", section="stream")
+        if self._error is not None:
+            raise self._error
+        if self._done:
+            raise StopIteration
+        tensor: BlockPagedTensor | None = self._guarded(self._next_blob)
+        if tensor is None:
+            self._done = True
+            raise StopIteration
+        return tensor
+
+    def _guarded(self, step: Callable[[], Any]) -> Any:
+        try:
+            return step()
+        except HurrayWireError as exc:
+            self._error = exc
+            self._done = True
+            raise
+
+    def _start(self) -> None:
+        self._started = True
+        prefix = self._read_prefix()
+        if bytes(prefix[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
+            total = record_length(prefix, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN)
+            check_record_size(total, self._max, "stream header", 0)
+            record = self._read_record(prefix, total, "stream header")
+            self._header = decode_stream_header(record)
+            self._position = total
+        else:
+            self._pending = prefix
+
+    def _read_prefix(self) -> memoryview:
+        """The next record's 16-byte prefix; empty at a clean end of input."""
+        data, cause = self._source.read(BLOB_PREFIX_SIZE)
+        if len(data) == BLOB_PREFIX_SIZE:
+            return data
+        at = self._position + len(data)
+        if not data and cause is None:
+            return data
+        if not data:
+            raise StreamTruncatedError(
+                f"connection lost at a record boundary: {cause!r}", section="stream", offset=at
+            ) from cause
+        head = bytes(data[:_MAGIC_SIZE])
+        kinds = [k for m, k in _MAGICS.items() if m.startswith(head)]
+        kind = kinds[0] if len(kinds) == 1 else "record"
+        if not kinds:
+            raise InvalidStreamError(
+                "not a stream record", section="stream", field="magic", offset=self._position,
+                found=head.hex(" "),
+            )  # fmt: skip
+        error = StreamBlobTruncatedError if kind == "blob" else StreamTruncatedError
+        raise error(
+            f"stream ends inside a {kind} prefix" + (f" ({cause!r})" if cause else ""),
+            section=kind,
+            offset=at,
+            expected=BLOB_PREFIX_SIZE,
+            found=len(data),
+        ) from cause
+
+    def _read_record(self, prefix: memoryview, total: int, what: str) -> Any:
+        buffer, got, cause = self._source.read_record(prefix, total)
+        if got < total:
+            error = StreamBlobTruncatedError if what.startswith("blob") else StreamTruncatedError
+            reason = "connection lost" if cause is not None else "stream ends"
+            raise error(
+                f"{reason} inside {what} starting at stream offset {self._position}"
+                + (f" ({cause!r})" if cause is not None else ""),
+                section=what,
+                offset=self._position + got,
+                expected=total,
+                found=got,
+            ) from cause
+        return buffer
+
+    def _next_blob(self) -> BlockPagedTensor | None:
+        if not self._started:
+            self._start()
+        if self._pending is not None:
+            prefix, self._pending = self._pending, None
+        else:
+            prefix = self._read_prefix()
+        if not prefix:
+            if self._header is not None and self._header.end_record:
+                raise StreamTruncatedError(
+                    "stream ended before the end record its header promised",
+                    section="stream",
+                    offset=self._position,
+                    found=f"{len(self._seen)} blobs",
+                )
+            return None
+        magic = bytes(prefix[:_MAGIC_SIZE])
+        if magic == wb.BLOB_MAGIC:
+            return self._blob(prefix)
+        if magic == ws.END_MAGIC:
+            self._end_record(prefix)
+            return None
+        if magic == ws.STREAM_MAGIC:
+            raise InvalidStreamError(
+                "a stream header may only open the stream",
+                section="stream",
+                offset=self._position,
+            )
+        raise InvalidStreamError(
+            "not a stream record",
+            section="stream",
+            field="magic",
+            offset=self._position,
+            found=magic.hex(" "),
+        )
+
+    def _blob(self, prefix: memoryview) -> BlockPagedTensor:
+        """The blob whose prefix was just read: framed, read whole, decoded, checked."""
+        what = f"blob {len(self._seen)}"
+        try:
+            total = blob_length(prefix)
+        except HurrayWireError as exc:
+            add_note(exc, f"in {what} at stream offset {self._position}")
+            raise
+        check_record_size(total, self._max, what, self._position)
+        record = self._read_record(prefix, total, what)
+        try:
+            tensor = decode(record, verify=self._verify, limits=self._limits)
+        except HurrayWireError as exc:
+            add_note(exc, f"in {what} at stream offset {self._position}")
+            raise
+        check_against_header(self._header, tensor, what)
+        self._seen.append(StreamEntry(self._position, total, tensor.layer_index, tensor.kv_role))
+        self._position += total
+        return tensor
+
+    def _end_record(self, prefix: memoryview) -> None:
+        """The end record whose prefix was just read: it must agree with the blobs read."""
+        total = record_length(prefix, ws.END_MAGIC, "end record", END_RECORD_MIN)
+        check_record_size(total, self._max, "end record", self._position)
+        record = self._read_record(prefix, total, "end record")
+        count, entries = decode_end_record(record)
+        if count != len(self._seen) or (entries is not None and entries != tuple(self._seen)):
+            raise InvalidStreamError(
+                "the end record disagrees with the blobs read",
+                section="end record",
+                offset=self._position,
+                expected=f"{len(self._seen)} blobs",
+                found=f"{count} blobs",
+            )
+        self._position += total
+        self._complete = True
+
+    def close(self) -> None:
+        """Release a mapped file (it stays mapped while tensors view it); sockets and file
+        objects passed in are left open; idempotent."""
+        self._closed = True
+        self._done = True
+        self._source.close()
+
+    def __enter__(self) -> StreamReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,385 @@
+"""``HrryFile``: a lazy, memory-mapped reader of the ``.hrry`` file (containers.md Part B).
+
+Opening runs § B.8 steps 1-5 (``hrry_records``); each tensor's step 6 (descriptor placement
+and length, buffer spans, index buffers, reserved KV keys) runs only when that tensor is
+asked for, so a file's other tensors are never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire.buffers import align, byte_view
+from hurray_wire.containers.hrry_records import (
+    FileHeader,
+    FileTrailer,
+    IndexEntry,
+    parse_header,
+    parse_index,
+    parse_kv,
+    parse_trailer,
+)
+from hurray_wire.containers.reference_common import (
+    DEFAULT_MAX_DESCRIPTOR_BYTES,
+    METADATA_KEY_PREFIX,
+    MIN_DESCRIPTOR_LENGTH,
+    RESERVED_PREFIXES,
+    SEQ_LENS_KEY_PREFIX,
+    check_limit,
+    container_error,
+)
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    ClosedContainerError,
+    ContainerTruncatedError,
+    HurrayWireError,
+    InvalidContainerError,
+    MissingTensorError,
+)
+from hurray_wire.metadata import MetadataValue, UInt64, decode_metadata
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.model.descriptor_codec import (
+    DescriptorHeader,
+    decode_descriptor,
+    decode_header,
+    peek_descriptor_length,
+)
+from hurray_wire.tensor import BlockPagedTensor, assemble
+from hurray_wire.wire import containers as wc
+from hurray_wire.wire import descriptor as wd
+from hurray_wire.wire.fast import offset_of
+
+__all__ = ["FileHeader", "FileTrailer", "HrryFile", "IndexEntry", "read_file", "read_file_metadata"]
+
+Array = npt.NDArray[Any]
+
+_AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
+
+
+def _check_size(size: int) -> None:
+    """§ B.8 step 1: room for a header and a trailer, before either is read."""
+    if size < wc.MIN_FILE_SIZE:
+        raise ContainerTruncatedError(
+            "file shorter than a header and a trailer",
+            section="file",
+            offset=size,
+            expected=f">= {wc.MIN_FILE_SIZE} bytes",
+            found=f"{size} bytes",
+        )
+
+
+class HrryFile:
+    """A lazy, memory-mapped ``.hrry`` reader: ``with HrryFile(path) as f: f.tensor(name)``.
+
+    Opening checks the header, trailer, index (CRC-32C included) and KV section (§ B.8 1-5)
+    and nothing else; ``descriptor`` / ``tensor`` check and map only the tensor asked for
+    (§ B.8 6), so a file's other tensors are never read. Arrays are read-only views of the
+    map; they keep it alive after ``close()``, which unmaps only once no array is left.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_descriptor_length: int = DEFAULT_MAX_DESCRIPTOR_BYTES,
+    ) -> None:
+        check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
+        if not isinstance(path, (str, os.PathLike)):
+            raise ArgumentTypeError(
+                "path must be a str or os.PathLike (HrryFile.from_buffer reads bytes)",
+                field="path",
+                found=type(path).__name__,
+            )
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            _check_size(size)
+            source: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self._init(source, size, max_descriptor_length)
+
+    @classmethod
+    def from_buffer(
+        cls, data: Any, *, max_descriptor_length: int = DEFAULT_MAX_DESCRIPTOR_BYTES
+    ) -> HrryFile:
+        """Read a ``.hrry`` image held in memory (arrays are then views of ``data``)."""
+        check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
+        view = byte_view(data, "data")
+        self = cls.__new__(cls)
+        _check_size(len(view))
+        self._init(view, len(view), max_descriptor_length)
+        return self
+
+    def _init(self, source: Any, size: int, max_descriptor_length: int) -> None:
+        self._buf: Any = source
+        self._size = size
+        self._max_descriptor = max_descriptor_length
+        self._descriptors: dict[str, TensorDescriptor] = {}
+        self._closed = False
+        try:
+            self.header: FileHeader = parse_header(source, size)
+            self.trailer: FileTrailer = parse_trailer(source, size, self.header)
+            self.entries: tuple[IndexEntry, ...] = parse_index(source, self.header, self.trailer)
+            self.metadata: dict[str, MetadataValue] = parse_kv(source, self.trailer)
+        except BaseException:
+            self.close()
+            raise
+        self._by_name = {entry.name: entry for entry in self.entries}
+
+    def _bytes(self, start: int, stop: int) -> bytes:
+        return bytes(self._buf[start:stop])
+
+    # -- public, per tensor -----------------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Tensor names in index order (sorted when the index is)."""
+        return tuple(entry.name for entry in self.entries)
+
+    @property
+    def user_metadata(self) -> dict[str, MetadataValue]:
+        """The KV entries without the reserved ``hurray.seq_lens.`` / ``hurray.metadata.`` keys."""
+        return {k: v for k, v in self.metadata.items() if not k.startswith(RESERVED_PREFIXES)}
+
+    def entry(self, name: str) -> IndexEntry:
+        self._check_open()
+        try:
+            return self._by_name[name]
+        except (KeyError, TypeError):
+            raise MissingTensorError(
+                "no tensor of this name in the file", section="index", found=repr(name)
+            ) from None
+
+    def _descriptor_bytes(self, entry: IndexEntry) -> bytes:
+        """The descriptor's bytes after the § B.8 step-6 placement and length checks."""
+        offset, length = entry.descriptor_offset, entry.descriptor_length
+        section = f"tensor {entry.name!r}"
+        if offset % wc.SECTION_ALIGNMENT or offset < self.header.first_descriptor_offset:
+            raise InvalidContainerError(
+                "descriptor_offset must be 8-aligned and not before first_descriptor_offset",
+                section=section,
+                field="descriptor_offset",
+                found=offset,
+            )
+        if not MIN_DESCRIPTOR_LENGTH <= length <= self._max_descriptor:
+            raise InvalidContainerError(
+                "index descriptor_length out of range",
+                section=section,
+                field="descriptor_length",
+                expected=f"{MIN_DESCRIPTOR_LENGTH}..{self._max_descriptor}",
+                found=length,
+            )
+        if offset + length > self._size - wc.TRAILER_SIZE:
+            raise InvalidContainerError(
+                "descriptor extends past the file body",
+                section=section,
+                field="descriptor_offset",
+                offset=offset,
+                expected=f"end <= {self._size - wc.TRAILER_SIZE}",
+                found=f"end {offset + length}",
+            )
+        raw = self._bytes(offset, offset + length)
+        try:
+            own = peek_descriptor_length(raw)
+        except HurrayWireError as exc:
+            raise container_error(exc, section, offset + (exc.offset or 0)) from exc
+        if own != length:
+            raise InvalidContainerError(
+                "index descriptor_length differs from the descriptor's own",
+                section=section,
+                field="descriptor_length",
+                offset=offset + _AT_DESCRIPTOR_LENGTH,
+                expected=length,
+                found=own,
+            )
+        return raw
+
+    def descriptor_header(self, name: str) -> DescriptorHeader:
+        """The common header of ``name``'s descriptor, whatever its layout (for listing)."""
+        entry = self.entry(name)
+        raw = self._descriptor_bytes(entry)
+        try:
+            return decode_header(raw)
+        except HurrayWireError as exc:
+            offset = None if exc.offset is None else entry.descriptor_offset + exc.offset
+            raise container_error(exc, f"tensor {name!r}", offset) from exc
+
+    def descriptor(self, name: str) -> TensorDescriptor:
+        """``name``'s block-paged descriptor (parses only that descriptor).
+
+        Raises ``UnsupportedLayoutError`` for a valid descriptor of another layout.
+        """
+        self._check_open()
+        cached = self._descriptors.get(name)
+        if cached is not None:
+            return cached
+        entry = self.entry(name)
+        raw = self._descriptor_bytes(entry)
+        try:
+            descriptor = decode_descriptor(raw)
+        except HurrayWireError as exc:
+            offset = None if exc.offset is None else entry.descriptor_offset + exc.offset
+            raise container_error(exc, f"tensor {name!r}", offset) from exc
+        self._descriptors[name] = descriptor
+        return descriptor
+
+    def buffer_spans(self, name: str) -> tuple[tuple[int, int], ...]:
+        """``(offset, byte_size)`` of each of ``name``'s buffers in the file, checked (§ B.3)."""
+        entry = self.entry(name)
+        descriptor = self.descriptor(name)
+        section = f"tensor {name!r}"
+        buffer_alignment = self.header.data_buffer_alignment
+        if entry.data_offset % buffer_alignment:
+            raise InvalidContainerError(
+                "data_offset must be a multiple of data_buffer_alignment",
+                section=section,
+                field="data_offset",
+                expected=f"multiple of {buffer_alignment}",
+                found=entry.data_offset,
+            )
+        descriptor_end = entry.descriptor_offset + entry.descriptor_length
+        if entry.data_offset < descriptor_end:
+            raise InvalidContainerError(
+                "tensor data must follow its descriptor",
+                section=section,
+                field="data_offset",
+                expected=f">= {descriptor_end}",
+                found=entry.data_offset,
+            )
+        spans = []
+        pos = entry.data_offset
+        for number, handle in enumerate(descriptor.buffers):
+            if number:
+                pos = align(pos, buffer_alignment)
+            spans.append((pos, handle.byte_size))
+            pos += handle.byte_size
+        if pos - entry.data_offset != entry.data_length:
+            raise InvalidContainerError(
+                "data_length disagrees with the buffers and their alignment padding",
+                section=section,
+                field="data_length",
+                expected=pos - entry.data_offset,
+                found=entry.data_length,
+            )
+        if pos > self._size - wc.TRAILER_SIZE:
+            raise ContainerTruncatedError(
+                "tensor data extends past the file body",
+                section=section,
+                field="data_offset",
+                offset=self._size - wc.TRAILER_SIZE,
+                expected=f"data end {pos}",
+                found=f"file body ends at {self._size - wc.TRAILER_SIZE}",
+            )
+        return tuple(spans)
+
+    def tensor(self, name: str) -> BlockPagedTensor:
+        """``name`` as a tensor whose arrays are read-only views of the file (no copy).
+
+        ``seq_lens`` and ``metadata`` come back from their reserved KV keys, checked.
+        """
+        self._check_open()
+        spans = self.buffer_spans(name)
+        descriptor = self.descriptor(name)
+        buffers = [np.frombuffer(self._buf, np.uint8, size, at) for at, size in spans]
+        seq_lens = self._seq_lens(name)
+        metadata = self._tensor_metadata(name)
+        try:
+            return assemble(descriptor, buffers, seq_lens, metadata)
+        except HurrayWireError as exc:
+            if exc.field == "seq_lens":  # the reserved KV key disagrees with the tensor
+                raise container_error(exc, "kv_metadata", None) from exc
+            section = f"tensor {name!r}"
+            raise container_error(exc, section, self.entry(name).data_offset) from exc
+
+    def tensors(self, names: Iterable[str] | None = None) -> dict[str, BlockPagedTensor]:
+        """Several tensors by name (all, in index order, by default)."""
+        return {name: self.tensor(name) for name in (self.names if names is None else names)}
+
+    def _seq_lens(self, name: str) -> Array | None:
+        """``hurray.seq_lens.<name>`` as an array (``assemble`` checks it against the tensor)."""
+        key = SEQ_LENS_KEY_PREFIX + name
+        value = self.metadata.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, UInt64) for v in value):
+            raise InvalidContainerError(
+                "seq_lens must be an array of uint64",
+                section="kv_metadata",
+                field=key,
+                found=type(value).__name__,
+            )
+        return np.array([int(v) for v in value], dtype="<u8")
+
+    def _tensor_metadata(self, name: str) -> dict[str, Any]:
+        key = METADATA_KEY_PREFIX + name
+        value = self.metadata.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, bytes):
+            raise InvalidContainerError(
+                "tensor metadata must be bytes holding a KV section",
+                section="kv_metadata",
+                field=key,
+                found=type(value).__name__,
+            )
+        try:
+            return dict(decode_metadata(value))
+        except HurrayWireError as exc:
+            raise container_error(exc, "kv_metadata", None) from exc
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedContainerError("I/O operation on a closed HrryFile", section="file")
+
+    def close(self) -> None:
+        """Unmap the file; arrays still alive keep the map until they are gone."""
+        if self._closed:
+            return
+        self._closed = True
+        buf = self._buf
+        self._buf = None
+        if isinstance(buf, mmap.mmap):
+            # Views still exported: the map goes away with the last array.
+            with contextlib.suppress(BufferError):
+                buf.close()
+
+    def __enter__(self) -> HrryFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self.entries)} tensors"
+        return f"HrryFile({state}, {self._size} bytes)"
+
+
+def read_file(
+    path: str | os.PathLike[str], names: Iterable[str] | None = None
+) -> dict[str, BlockPagedTensor]:
+    """The tensors of a ``.hrry`` file (all, or ``names``) as zero-copy views of its map.
+
+    A tensor of another layout raises ``UnsupportedLayoutError`` only if it is asked for.
+    """
+    with HrryFile(path) as hrry:
+        return hrry.tensors(names)
+
+
+def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, MetadataValue]:
+    """All KV metadata of a ``.hrry`` file, reserved keys included, without reading tensors."""
+    with HrryFile(path) as hrry:
+        return dict(hrry.metadata)

@@ -1,0 +1,390 @@
+"""The fixed parts of a ``.hrry`` file (containers.md § B.2, B.5, B.6), parsed and checked.
+
+``parse_header``, ``parse_trailer``, ``parse_index`` and ``parse_kv`` are § B.8 steps 1-5,
+each split into one small function per rule group. Byte positions come from the construct
+structs in ``hurray_wire.wire.containers`` (``offset_of``), never restated here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import construct as c
+import numpy as np
+
+from hurray_wire.containers.reference_common import container_error
+from hurray_wire.crc32c import crc32c
+from hurray_wire.errors import HurrayWireError, InvalidContainerError
+from hurray_wire.metadata import MetadataValue, decode_metadata
+from hurray_wire.wire import containers as wc
+from hurray_wire.wire.fast import derive, offset_of
+
+__all__ = [
+    "FileHeader",
+    "FileTrailer",
+    "IndexEntry",
+    "check_alignment",
+    "parse_header",
+    "parse_index",
+    "parse_kv",
+    "parse_trailer",
+]
+
+_HEADER = derive(wc.HrryHeader)
+_TRAILER = derive(wc.HrryTrailer)
+_COUNT = derive(c.Struct(wc.HrryIndex.subcons[0]))  # entry_count
+_ENTRY_FIXED = derive(wc.HrryIndexEntryFixed)
+_NAME_LENGTH = derive(c.Struct(wc.HrryIndexEntry.subcons[0]))
+_AT_HEADER = {name: offset_of(wc.HrryHeader, name) for name in _HEADER.names}
+_AT_TRAILER = {name: offset_of(wc.HrryTrailer, name) for name in _TRAILER.names}
+_AT_ENTRY_FLAGS = offset_of(wc.HrryIndexEntryFixed, "flags")
+_MIN_ENTRY = _NAME_LENGTH.size + 1 + _ENTRY_FIXED.size  # a one-byte name
+_HEADER_RESERVED = {_HEADER.names[at]: value for at, value in _HEADER.consts if at}
+_TRAILER_RESERVED = dict(_TRAILER.consts)[_TRAILER.names.index("_reserved")]
+
+
+@dataclass(frozen=True)
+class FileHeader:
+    """The checked 64-byte header (§ B.2)."""
+
+    version: tuple[int, int]
+    file_flags: int
+    data_buffer_alignment: int
+    first_descriptor_offset: int
+    tensor_count_hint: int  # never trusted
+
+    @property
+    def has_kv_metadata_flag(self) -> bool:
+        return bool(self.file_flags & wc.FILE_FLAG_HAS_KV_METADATA)
+
+    @property
+    def sorted_index(self) -> bool:
+        return bool(self.file_flags & wc.FILE_FLAG_SORTED_INDEX)
+
+    @property
+    def has_index_crc32c(self) -> bool:
+        return bool(self.file_flags & wc.FILE_FLAG_HAS_INDEX_CRC32C)
+
+
+@dataclass(frozen=True)
+class FileTrailer:
+    """The checked 40-byte trailer (§ B.6)."""
+
+    index_offset: int
+    index_length: int
+    kv_offset: int
+    kv_length: int
+    index_crc32c: int
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One index entry (§ B.5): where a tensor's descriptor and data are."""
+
+    name: str
+    descriptor_offset: int
+    descriptor_length: int
+    data_offset: int
+    data_length: int
+
+
+def check_alignment(value: object) -> bool:
+    """§ B.2: data_buffer_alignment is a power of two in 4096 .. 2 MiB."""
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and wc.MIN_DATA_BUFFER_ALIGNMENT <= value <= wc.MAX_DATA_BUFFER_ALIGNMENT
+        and not value & (value - 1)
+    )
+
+
+# -- § B.8 step 1: the header ----------------------------------------------------------------
+def parse_header(buf: Any, size: int) -> FileHeader:
+    """The 64-byte header, every field checked (★ rules included)."""
+    fields = dict(zip(_HEADER.names, _HEADER.struct.unpack_from(buf, 0), strict=True))
+    _check_header_identity(fields["magic"], fields["container_version_major"])
+    _check_header_reserved(fields)
+    _check_header_layout(
+        fields["file_flags"],
+        fields["data_buffer_alignment"],
+        fields["first_descriptor_offset"],
+        size,
+    )
+    return FileHeader(
+        (fields["container_version_major"], fields["container_version_minor"]),
+        fields["file_flags"],
+        fields["data_buffer_alignment"],
+        fields["first_descriptor_offset"],
+        fields["tensor_count_hint"],
+    )
+
+
+def _check_header_identity(magic: bytes, major: int) -> None:
+    if magic != wc.FILE_MAGIC:
+        raise InvalidContainerError(
+            "bad file magic",
+            section="header",
+            field="magic",
+            offset=_AT_HEADER["magic"],
+            expected=wc.FILE_MAGIC.hex(" "),
+            found=magic.hex(" "),
+        )
+    if major != 1:
+        raise InvalidContainerError(
+            "unsupported container major version",
+            section="header",
+            field="container_version_major",
+            offset=_AT_HEADER["container_version_major"],
+            expected=1,
+            found=major,
+        )
+
+
+def _check_header_reserved(fields: dict[str, Any]) -> None:
+    for name, zero in _HEADER_RESERVED.items():
+        if fields[name] != zero:
+            raise InvalidContainerError(
+                "reserved header bytes must be zero",
+                section="header",
+                field="_reserved",
+                offset=_AT_HEADER[name],
+            )
+
+
+def _check_header_layout(flags: int, alignment: int, first: int, size: int) -> None:
+    if flags & ~wc.FILE_FLAGS_KNOWN:
+        raise InvalidContainerError(
+            "reserved file_flags bits set",
+            section="header",
+            field="file_flags",
+            offset=_AT_HEADER["file_flags"],
+            found=f"0x{flags:08X}",
+        )
+    if not check_alignment(alignment):
+        raise InvalidContainerError(
+            "data_buffer_alignment must be a power of two in 4096..2 MiB",
+            section="header",
+            field="data_buffer_alignment",
+            offset=_AT_HEADER["data_buffer_alignment"],
+            found=alignment,
+        )
+    if first < wc.HEADER_SIZE or first % wc.SECTION_ALIGNMENT or first > size - wc.TRAILER_SIZE:
+        raise InvalidContainerError(
+            "first_descriptor_offset must be >= 64, 8-aligned and inside the file",
+            section="header",
+            field="first_descriptor_offset",
+            offset=_AT_HEADER["first_descriptor_offset"],
+            found=first,
+        )
+
+
+# -- § B.8 steps 2-3: the trailer ------------------------------------------------------------
+def parse_trailer(buf: Any, size: int, header: FileHeader) -> FileTrailer:
+    """The trailer (magic checked before any field is trusted), its bounds, the index CRC."""
+    at = size - wc.TRAILER_SIZE
+    values = _TRAILER.struct.unpack_from(buf, at)
+    index_offset, index_length, kv_offset, kv_length, crc, reserved, magic = values
+    _check_trailer_frame(at, magic, reserved)
+    _check_index_bounds(at, index_offset, index_length)
+    _check_kv_bounds(at, kv_offset, kv_length, header.has_kv_metadata_flag)
+    _check_index_crc(buf, at, index_offset, index_length, crc, header.has_index_crc32c)
+    return FileTrailer(index_offset, index_length, kv_offset, kv_length, crc)
+
+
+def _check_trailer_frame(at: int, magic: bytes, reserved: bytes) -> None:
+    if magic != wc.TRAILER_MAGIC:
+        raise InvalidContainerError(
+            "bad trailer magic (file truncated or not a .hrry file)",
+            section="trailer",
+            field="magic",
+            offset=at + _AT_TRAILER["magic"],
+            expected=wc.TRAILER_MAGIC.hex(" "),
+            found=magic.hex(" "),
+        )
+    if reserved != _TRAILER_RESERVED:
+        raise InvalidContainerError(
+            "reserved trailer bytes must be zero",
+            section="trailer",
+            field="_reserved",
+            offset=at + _AT_TRAILER["_reserved"],
+        )
+
+
+def _check_index_bounds(at: int, index_offset: int, index_length: int) -> None:
+    if (
+        index_offset < wc.HEADER_SIZE
+        or index_length < _COUNT.size
+        or index_offset + index_length > at
+    ):
+        raise InvalidContainerError(
+            "index outside the file body",
+            section="trailer",
+            field="index_offset",
+            offset=at + _AT_TRAILER["index_offset"],
+            expected=f"{wc.HEADER_SIZE} <= index_offset, {_COUNT.size} <= index_length, "
+            f"end <= {at}",
+            found=f"offset {index_offset}, length {index_length}",
+        )
+
+
+def _check_kv_bounds(at: int, kv_offset: int, kv_length: int, has_kv: bool) -> None:
+    if (kv_offset == 0) != (kv_length == 0) or (has_kv and kv_length == 0):
+        raise InvalidContainerError(
+            "kv_offset and kv_length must both be 0 (no KV section) or both be set"
+            + (", and HAS_KV_METADATA needs a section" if has_kv else ""),
+            section="trailer",
+            field="kv_offset",
+            offset=at + _AT_TRAILER["kv_offset"],
+            found=f"offset {kv_offset}, length {kv_length}",
+        )
+    if kv_length and (kv_offset < wc.HEADER_SIZE or kv_offset + kv_length > at):
+        raise InvalidContainerError(
+            "KV section outside the file body",
+            section="trailer",
+            field="kv_offset",
+            offset=at + _AT_TRAILER["kv_offset"],
+            expected=f"{wc.HEADER_SIZE} <= kv_offset, end <= {at}",
+            found=f"offset {kv_offset}, length {kv_length}",
+        )
+
+
+def _check_index_crc(
+    buf: Any, at: int, index_offset: int, index_length: int, crc: int, has_crc: bool
+) -> None:
+    if has_crc:
+        computed = crc32c(np.frombuffer(buf, np.uint8, index_length, index_offset))
+        if computed != crc:
+            raise InvalidContainerError(
+                "index CRC-32C mismatch",
+                section="trailer",
+                field="index_crc32c",
+                offset=at + _AT_TRAILER["index_crc32c"],
+                expected=f"0x{computed:08X}",
+                found=f"0x{crc:08X}",
+            )
+    elif crc != 0:
+        raise InvalidContainerError(
+            "index_crc32c must be 0 when HAS_INDEX_CRC32C is clear ([A21])",
+            section="trailer",
+            field="index_crc32c",
+            offset=at + _AT_TRAILER["index_crc32c"],
+            found=f"0x{crc:08X}",
+        )
+
+
+# -- § B.8 step 4: the index -----------------------------------------------------------------
+def parse_index(buf: Any, header: FileHeader, trailer: FileTrailer) -> tuple[IndexEntry, ...]:
+    """Every index entry, no bytes left over, sorted if SORTED_INDEX says so."""
+    start = trailer.index_offset
+    end = start + trailer.index_length
+    count = _COUNT.struct.unpack_from(buf, start)[0]
+    room = (end - start - _COUNT.size) // _MIN_ENTRY
+    if count > room:
+        raise InvalidContainerError(
+            "entry_count larger than the index can hold",
+            section="index",
+            field="entry_count",
+            offset=start,
+            expected=f"<= {room}",
+            found=count,
+        )
+    pos = start + _COUNT.size
+    entries: list[IndexEntry] = []
+    raw_names: list[bytes] = []
+    seen: set[bytes] = set()
+    for number in range(count):
+        entry, raw, pos = _index_entry(buf, pos, end, f"entries[{number}]", seen)
+        entries.append(entry)
+        raw_names.append(raw)
+    if pos != end:
+        raise InvalidContainerError(
+            "bytes left over after the last index entry",
+            section="index",
+            offset=pos,
+            expected=f"index end at {end}",
+            found=f"{end - pos} bytes",
+        )
+    if header.sorted_index and raw_names != sorted(raw_names):
+        raise InvalidContainerError(
+            "SORTED_INDEX is set but the entries are not sorted by name bytes",
+            section="index",
+            offset=start,
+        )
+    return tuple(entries)
+
+
+def _index_entry(
+    buf: Any, pos: int, end: int, where: str, seen: set[bytes]
+) -> tuple[IndexEntry, bytes, int]:
+    """One entry at ``pos``: (the entry, its raw name, where the next one starts)."""
+    if pos + _NAME_LENGTH.size > end:
+        raise _index_short(where, pos, end)
+    name_length = _NAME_LENGTH.struct.unpack_from(buf, pos)[0]
+    if name_length == 0:
+        raise InvalidContainerError(
+            "empty tensor name", section="index", field=f"{where}.name_length", offset=pos
+        )
+    at_name = pos + _NAME_LENGTH.size
+    fixed = at_name + name_length
+    if fixed + _ENTRY_FIXED.size > end:
+        raise _index_short(where, pos, end)
+    raw = bytes(buf[at_name:fixed])
+    name = _entry_name(raw, at_name, where, seen)
+    d_off, d_len, data_off, data_len, flags = _ENTRY_FIXED.struct.unpack_from(buf, fixed)
+    if flags:
+        raise InvalidContainerError(
+            "index entry flags must be 0",
+            section="index",
+            field=f"{where}.flags",
+            offset=fixed + _AT_ENTRY_FLAGS,
+            found=flags,
+        )
+    entry = IndexEntry(name, d_off, d_len, data_off, data_len)
+    return entry, raw, fixed + _ENTRY_FIXED.size
+
+
+def _entry_name(raw: bytes, at: int, where: str, seen: set[bytes]) -> str:
+    """An index name: valid UTF-8 and not seen before (byte-exact)."""
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidContainerError(
+            "tensor name is not valid UTF-8",
+            section="index",
+            field=f"{where}.name",
+            offset=at + exc.start,
+        ) from None
+    if raw in seen:
+        raise InvalidContainerError(
+            "duplicate tensor name",
+            section="index",
+            field=f"{where}.name",
+            offset=at,
+            found=repr(name),
+        )
+    seen.add(raw)
+    return name
+
+
+def _index_short(where: str, pos: int, end: int) -> InvalidContainerError:
+    return InvalidContainerError(
+        "index_length ends inside an entry",
+        section="index",
+        field=where,
+        offset=pos,
+        expected="a whole entry",
+        found=f"{end - pos} bytes",
+    )
+
+
+# -- § B.8 step 5: the KV section ------------------------------------------------------------
+def parse_kv(buf: Any, trailer: FileTrailer) -> dict[str, MetadataValue]:
+    """The KV metadata section, if the trailer locates one."""
+    if not trailer.kv_length:
+        return {}
+    raw = bytes(buf[trailer.kv_offset : trailer.kv_offset + trailer.kv_length])
+    try:
+        return decode_metadata(raw, base_offset=trailer.kv_offset)
+    except HurrayWireError as exc:
+        raise container_error(exc, "kv_metadata", exc.offset) from exc

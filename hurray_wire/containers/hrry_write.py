@@ -1,0 +1,211 @@
+"""Writing a ``.hrry`` file byte for byte as the reference ``FileWriter`` does (§ B.3-B.7)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Mapping
+
+import construct as c
+
+from hurray_wire.buffers import align
+from hurray_wire.containers.hrry_records import check_alignment
+from hurray_wire.containers.reference_common import (
+    METADATA_KEY_PREFIX,
+    RESERVED_PREFIXES,
+    SEQ_LENS_KEY_PREFIX,
+    tensor_pieces,
+)
+from hurray_wire.crc32c import crc32c
+from hurray_wire.errors import ArgumentTypeError, InvalidContainerError, InvalidMetadataError
+from hurray_wire.metadata import MetadataInput, UInt64, encode_metadata
+from hurray_wire.model._checks import U16_MAX
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.wire import containers as wc
+from hurray_wire.wire.fast import derive
+
+__all__ = ["write_file"]
+
+_HEADER = derive(wc.HrryHeader)
+_TRAILER = derive(wc.HrryTrailer)
+_ENTRY_FIXED = derive(wc.HrryIndexEntryFixed)
+_COUNT = derive(c.Struct(wc.HrryIndex.subcons[0]))  # entry_count
+_NAME_LENGTH = derive(c.Struct(wc.HrryIndexEntry.subcons[0]))
+_ZEROS = bytes(1 << 16)  # padding is written from this, a slice at a time
+
+
+def _name_bytes(name: object) -> bytes:
+    if not isinstance(name, str):
+        raise ArgumentTypeError("tensor names must be str", found=type(name).__name__)
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidContainerError(
+            "tensor name is not encodable as UTF-8", section="index", found=repr(name)
+        ) from None
+    if not 1 <= len(raw) <= U16_MAX:
+        raise InvalidContainerError(
+            "tensor name must be 1..65535 UTF-8 bytes",
+            section="index",
+            found=f"{len(raw)} bytes",
+        )
+    return raw
+
+
+def _file_kv(
+    tensors: Mapping[str, BlockPagedTensor], metadata: Mapping[str, MetadataInput] | None
+) -> dict[str, MetadataInput]:
+    """The file's KV entries: the user's, in order, then each tensor's reserved keys."""
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ArgumentTypeError("metadata must be a mapping", found=type(metadata).__name__)
+    entries: dict[str, MetadataInput] = dict(metadata or {})
+    for key in entries:
+        if isinstance(key, str) and key.startswith(RESERVED_PREFIXES):
+            raise InvalidMetadataError(
+                "key prefix reserved for tensor seq_lens / metadata",
+                section="kv_metadata",
+                field=key,
+                expected=f"no key starting with {' or '.join(RESERVED_PREFIXES)}",
+            )
+    for name, tensor in tensors.items():
+        if tensor.seq_lens is not None and len(tensor.seq_lens):
+            entries[SEQ_LENS_KEY_PREFIX + name] = [UInt64(int(v)) for v in tensor.seq_lens]
+        if tensor.metadata:
+            entries[METADATA_KEY_PREFIX + name] = encode_metadata(tensor.metadata)
+    return entries
+
+
+def write_file(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, BlockPagedTensor],
+    metadata: Mapping[str, MetadataInput] | None = None,
+    *,
+    data_buffer_alignment: int = wc.MIN_DATA_BUFFER_ALIGNMENT,
+    sorted_index: bool = False,
+) -> int:
+    """Write a ``.hrry`` file exactly as the reference ``FileWriter`` does; its size in bytes.
+
+    Tensors go in mapping order (§ B.3: buffer 0 and each later buffer at the next multiple
+    of ``data_buffer_alignment``, no padding after the last buffer, then 8-byte padding); the
+    KV section only when there is an entry; file_flags 0x04 (+0x02 with ``sorted_index``),
+    never HAS_KV_METADATA ([A17]); CRC-32C over the index; tensor_count_hint unknown.
+    ``metadata`` entries come first, then ``hurray.seq_lens.<name>`` / ``hurray.metadata.<name>``
+    for tensors that have them. Everything is encoded first; the image is then written
+    beside ``path`` under a temporary name and renamed over it, so arrays still mapping an
+    older file at ``path`` (``read_file`` -> ``write_file`` to the same path) stay valid.
+    """
+    if not isinstance(tensors, Mapping):
+        raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")
+    buffer_alignment = data_buffer_alignment
+    if not check_alignment(buffer_alignment):
+        raise InvalidContainerError(
+            "data_buffer_alignment must be a power of two in 4096..2 MiB",
+            section="header",
+            field="data_buffer_alignment",
+            found=repr(buffer_alignment),
+        )
+    records = []
+    for name, tensor in tensors.items():
+        records.append((_name_bytes(name), tensor_pieces(tensor)))
+    kv_entries = _file_kv(tensors, metadata)
+    kv = encode_metadata(kv_entries) if kv_entries else b""
+    flags = wc.FILE_FLAG_HAS_INDEX_CRC32C | (wc.FILE_FLAG_SORTED_INDEX if sorted_index else 0)
+    header = _HEADER.pack(
+        container_version_major=1,
+        container_version_minor=0,
+        file_flags=flags,
+        data_buffer_alignment=buffer_alignment,
+        first_descriptor_offset=wc.HEADER_SIZE,
+        tensor_count_hint=wc.TENSOR_COUNT_UNKNOWN,
+    )
+    target = os.fspath(path)
+    temporary = f"{target}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        size = _write_image(temporary, header, records, kv, buffer_alignment, sorted_index)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
+    return size
+
+
+def _write_image(
+    path: str,
+    header: bytes,
+    records: list[tuple[bytes, tuple[bytes, list[list[memoryview]]]]],
+    kv: bytes,
+    buffer_alignment: int,
+    sorted_index: bool,
+) -> int:
+    """Lay the file out (§ B.3-B.6) into a new file at ``path``; its size."""
+    with open(path, "xb") as out:
+        pos = 0
+
+        def put(piece: bytes | memoryview) -> None:
+            nonlocal pos
+            out.write(piece)
+            pos += len(piece)
+
+        def pad_to(alignment: int) -> None:
+            gap = align(pos, alignment) - pos
+            while gap:
+                step = min(gap, len(_ZEROS))
+                put(memoryview(_ZEROS)[:step])
+                gap -= step
+
+        put(header)
+        index: list[tuple[bytes, int, int, int, int]] = []
+        for raw_name, (descriptor, buffers) in records:
+            descriptor_offset = pos
+            put(descriptor)
+            pad_to(buffer_alignment)  # step 2, even before an empty buffer 0
+            data_offset = pos
+            for number, pieces in enumerate(buffers):
+                if number:
+                    pad_to(buffer_alignment)  # between buffers only: none after the last ([A18])
+                for piece in pieces:
+                    put(piece)
+            index.append(
+                (raw_name, descriptor_offset, len(descriptor), data_offset, pos - data_offset)
+            )
+            pad_to(wc.SECTION_ALIGNMENT)
+        kv_offset = kv_length = 0
+        if kv:
+            kv_offset, kv_length = pos, len(kv)
+            put(kv)
+            pad_to(wc.SECTION_ALIGNMENT)
+        if sorted_index:
+            index.sort(key=lambda entry: entry[0])
+        index_bytes = _index_bytes(index)
+        index_offset = pos
+        put(index_bytes)
+        put(
+            _TRAILER.pack(
+                index_offset=index_offset,
+                index_length=len(index_bytes),
+                kv_offset=kv_offset,
+                kv_length=kv_length,
+                index_crc32c=crc32c(index_bytes),
+            )
+        )
+    return pos
+
+
+def _index_bytes(index: list[tuple[bytes, int, int, int, int]]) -> bytes:
+    """§ B.5: the index section, entry_count then each entry (the fields of the wire structs)."""
+    rows = [_COUNT.pack(entry_count=len(index))]
+    for raw_name, d_off, d_len, data_off, data_len in index:
+        rows.append(_NAME_LENGTH.pack(name_length=len(raw_name)))
+        rows.append(raw_name)
+        rows.append(
+            _ENTRY_FIXED.pack(
+                descriptor_offset=d_off,
+                descriptor_length=d_len,
+                data_offset=data_off,
+                data_length=data_len,
+                flags=0,
+            )
+        )
+    return b"".join(rows)

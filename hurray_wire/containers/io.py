@@ -1,0 +1,354 @@
+"""Sinks and sources, once, for every container: sockets, files, pipes, bytes, ``mmap``.
+
+Both stream kinds (the blob stream and the reference stream) write through ``open_sink``
+and read through ``open_source``, so they agree on every edge case:
+
+* a sink must make progress: a ``write`` / ``sendmsg`` that returns 0 (or anything but an
+  int or ``None``) is an ``ArgumentTypeError``, never a busy loop; short writes are retried
+  from where they stopped; a text-mode file is refused before anything is written;
+* a source is read exactly (``recv_into`` with ``MSG_WAITALL``, ``readinto``, or ``read`` in
+  bounded chunks); an ``OSError`` while reading (a reset, a timeout) ends the read early and
+  is handed back as the *cause*, so the container raises its own truncation error with the
+  ``OSError`` as ``__cause__``; a non-blocking source with nothing ready, a text-mode file
+  and an object that is neither are ``ArgumentTypeError``; a closed file is a
+  ``ClosedContainerError``;
+* bytes-like inputs go through :func:`hurray_wire.buffers.byte_view` (the one coercion).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import mmap
+import os
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire.buffers import byte_view
+from hurray_wire.errors import ArgumentTypeError, ClosedContainerError, LimitExceededError
+
+__all__ = [
+    "IOSource",
+    "MemorySource",
+    "Sink",
+    "Source",
+    "map_source",
+    "open_sink",
+    "open_source",
+    "will_need",
+]
+
+_IOV_MAX = 1024  # pieces per sendmsg call
+_READ_CHUNK = 1 << 20  # for sources that only have read(): bounds the temporary copy
+_EAGER_READ = 64 << 20  # read_array allocates at most this much before bytes arrive
+_BYTES_LIKE = (bytes, bytearray, memoryview, mmap.mmap, np.ndarray)
+
+Array = npt.NDArray[np.uint8]
+
+
+def _check_not_text(stream: Any, name: str) -> None:
+    if isinstance(stream, io.TextIOBase):
+        raise ArgumentTypeError(
+            f"{name} must be opened in binary mode",
+            field=name,
+            expected="a binary file (mode 'wb' / 'rb'), a socket or a path",
+            found=type(stream).__name__,
+        )
+
+
+def _check_open(stream: Any, name: str) -> None:
+    if getattr(stream, "closed", False) is True:
+        raise ClosedContainerError(f"{name} is closed", field=name, found=type(stream).__name__)
+
+
+def _no_progress(name: str, result: object) -> ArgumentTypeError:
+    return ArgumentTypeError(
+        f"{name} made no progress (a non-blocking or broken sink?)",
+        field=name,
+        expected="a positive byte count or None",
+        found=repr(result),
+    )
+
+
+# -- sinks -----------------------------------------------------------------------------------
+class Sink:
+    """Writes every byte of a list of pieces to a socket, a binary file-like or a path.
+
+    A path is opened here and closed by :meth:`close`; a sink passed in is never closed.
+    """
+
+    def __init__(self, send: Callable[[Sequence[memoryview]], None], sink: Any, owned: Any):
+        self._send = send
+        self._flush: Callable[[], Any] | None = getattr(sink, "flush", None)
+        self._owned = owned
+
+    def write(self, parts: Sequence[memoryview]) -> int:
+        """Write all of ``parts`` in order; the bytes written."""
+        self._send(parts)
+        return sum(p.nbytes for p in parts)
+
+    def flush(self) -> None:
+        if self._flush is not None:
+            self._flush()
+
+    def close(self) -> None:
+        """Close the file this sink opened (a path); a caller's sink stays open."""
+        if self._owned is not None:
+            owned, self._owned = self._owned, None
+            owned.close()
+
+
+def open_sink(sink: Any, *, allow_path: bool = True) -> Sink:
+    """A :class:`Sink` for ``sink``: a path (if allowed), a socket or a binary file-like."""
+    if allow_path and isinstance(sink, (str, os.PathLike)):
+        handle = open(sink, "wb")  # noqa: SIM115 - owned, closed by Sink.close
+        return Sink(_write_sender(handle.write), handle, handle)
+    _check_not_text(sink, "sink")
+    _check_open(sink, "sink")
+    sendmsg = getattr(sink, "sendmsg", None)
+    if callable(sendmsg):
+        return Sink(_sendmsg_sender(sendmsg), sink, None)
+    sendall = getattr(sink, "sendall", None)
+    if callable(sendall):
+        return Sink(_sendall_sender(sendall), sink, None)
+    write = getattr(sink, "write", None)
+    if not callable(write):
+        raise ArgumentTypeError(
+            "sink must be a path, a socket or a binary file-like object"
+            if allow_path
+            else "sink must have .write (binary file-like) or .sendall / .sendmsg (socket)",
+            field="sink",
+            found=type(sink).__name__,
+        )
+    return Sink(_write_sender(write), sink, None)
+
+
+def _write_sender(write: Callable[[memoryview], Any]) -> Callable[[Sequence[memoryview]], None]:
+    def send(parts: Sequence[memoryview]) -> None:
+        for part in parts:
+            while len(part):
+                written = write(part)
+                if written is None:  # a file-like that returns nothing took it all
+                    break
+                if isinstance(written, bool) or not isinstance(written, int) or written <= 0:
+                    raise _no_progress("sink.write", written)
+                part = part[written:]
+
+    return send
+
+
+def _sendall_sender(sendall: Callable[[memoryview], Any]) -> Callable[..., None]:
+    def send(parts: Sequence[memoryview]) -> None:
+        for part in parts:
+            if len(part):
+                sendall(part)
+
+    return send
+
+
+def _sendmsg_sender(sendmsg: Callable[[list[memoryview]], int]) -> Callable[..., None]:
+    def send(parts: Sequence[memoryview]) -> None:
+        pending = [p for p in parts if len(p)]
+        first = 0
+        while first < len(pending):
+            sent = sendmsg(pending[first : first + _IOV_MAX])
+            if isinstance(sent, bool) or not isinstance(sent, int) or sent <= 0:
+                raise _no_progress("sink.sendmsg", sent)
+            while sent:  # a partial send ends anywhere: drop what went, trim the next piece
+                size = len(pending[first])
+                if sent >= size:
+                    sent -= size
+                    first += 1
+                else:
+                    pending[first] = pending[first][sent:]
+                    sent = 0
+
+    return send
+
+
+# -- sources ---------------------------------------------------------------------------------
+def map_source(source: Any, name: str = "source") -> tuple[memoryview, mmap.mmap | None]:
+    """A read-only view of a file (mapped, never read) or of a bytes-like object."""
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size == 0:
+                return memoryview(b""), None
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        return memoryview(mapping), mapping
+    return byte_view(source, name), None
+
+
+def will_need(mapping: mmap.mmap | None, start: int, length: int) -> None:
+    """Ask the kernel to read a record's pages ahead: it is about to be checked in full."""
+    advice = getattr(mmap, "MADV_WILLNEED", None)
+    if mapping is None or advice is None or length <= 0:
+        return
+    page = mmap.PAGESIZE
+    first = start - start % page
+    with contextlib.suppress(OSError, ValueError):  # advice only
+        mapping.madvise(advice, first, min(length + start - first, len(mapping) - first))
+
+
+class MemorySource:
+    """Reads are slices of one read-only view (bytes, a mapped file): nothing is copied."""
+
+    def __init__(self, view: memoryview, mapping: mmap.mmap | None = None) -> None:
+        self.view = view
+        self.mapping = mapping
+        self.offset = 0  # bytes consumed
+
+    def read(self, count: int) -> tuple[memoryview, BaseException | None]:
+        """Up to ``count`` bytes (fewer only at the end of input), and no cause."""
+        chunk = self.view[self.offset : self.offset + count]
+        self.offset += len(chunk)
+        return chunk, None
+
+    def read_record(self, prefix: memoryview, total: int) -> tuple[Any, int, BaseException | None]:
+        """The record whose ``prefix`` was just read, ``total`` bytes long: (view, got, None)."""
+        start = self.offset - len(prefix)
+        stop = min(start + total, len(self.view))
+        will_need(self.mapping, start, stop - start)
+        self.offset = stop
+        return self.view[start:stop], stop - start, None
+
+    def read_array(self, size: int) -> tuple[Array, int, BaseException | None]:
+        """Up to ``size`` bytes as a uint8 view of the input, how many, and no cause."""
+        got = max(0, min(size, len(self.view) - self.offset))
+        array = np.frombuffer(self.view, np.uint8, got, self.offset)
+        self.offset += got
+        return array, got, None
+
+    def close(self) -> None:
+        self.view.release()
+        if self.mapping is not None:
+            with contextlib.suppress(BufferError):  # tensors still view it: unmapped later
+                self.mapping.close()
+
+
+class IOSource:
+    """Exact reads from a socket or file-like, each record into a new buffer of its own.
+
+    The one place a broken connection is caught: an ``OSError`` (reset, timeout) or a
+    ``ValueError`` (a file closed under the reader) ends the read, and is returned as the
+    cause for the container's truncation error.
+    """
+
+    def __init__(self, read_into: Callable[[memoryview], int | None]) -> None:
+        self._read_into = read_into
+        self.offset = 0  # bytes consumed
+
+    def fill(self, view: memoryview) -> tuple[int, BaseException | None]:
+        """Read into ``view`` until it is full, the input ends or the connection breaks."""
+        got = 0
+        while got < len(view):
+            try:
+                count = self._read_into(view[got:])
+            except (OSError, ValueError) as exc:  # reset, timeout, closed file: a cut
+                self.offset += got
+                return got, exc
+            if count is None:
+                raise ArgumentTypeError(
+                    "non-blocking sources are not supported (no data ready)", field="source"
+                )
+            if count == 0:
+                break
+            got += count
+        self.offset += got
+        return got, None
+
+    def read(self, count: int) -> tuple[memoryview, BaseException | None]:
+        buffer = memoryview(bytearray(count))
+        got, cause = self.fill(buffer)
+        return buffer[:got], cause
+
+    def read_record(self, prefix: memoryview, total: int) -> tuple[Any, int, BaseException | None]:
+        """The whole record in one new array (the caller checked ``total`` against its limit)."""
+        try:
+            buffer = np.empty(total, np.uint8)
+        except (MemoryError, ValueError):
+            raise LimitExceededError("cannot allocate the record buffer", found=total) from None
+        buffer[: len(prefix)] = np.frombuffer(prefix, np.uint8)
+        got, cause = self.fill(memoryview(buffer.data)[len(prefix) :])  # one call per record
+        return buffer, len(prefix) + got, cause
+
+    def read_array(self, size: int) -> tuple[Array, int, BaseException | None]:
+        """Up to ``size`` bytes as a new uint8 array, how many arrived, and why it stopped.
+
+        Memory grows with the bytes that actually arrive (doubling past 64 MiB), so a
+        record that declares a huge buffer and then ends allocates little.
+        """
+        capacity = min(size, _EAGER_READ)
+        out = np.empty(capacity, np.uint8)
+        filled, cause = self.fill(memoryview(out.data))
+        while cause is None and filled == capacity < size:
+            capacity = min(size, capacity * 2)
+            grown = np.empty(capacity, np.uint8)
+            grown[:filled] = out[:filled]
+            out = grown
+            more, cause = self.fill(memoryview(out.data)[filled:])
+            filled += more
+        return out, filled, cause
+
+    def close(self) -> None:
+        pass
+
+
+Source = MemorySource | IOSource
+
+
+def _chunked_read(read: Callable[[int], Any]) -> Callable[[memoryview], int | None]:
+    """``readinto`` for a source that only has ``read()``: bounded chunks, bytes checked."""
+
+    def read_into(view: memoryview) -> int | None:
+        data = read(min(len(view), _READ_CHUNK))
+        if data is None:  # a non-blocking source with nothing ready
+            return None
+        if isinstance(data, str):
+            raise ArgumentTypeError("source must be opened in binary mode", field="source")
+        try:
+            view[: len(data)] = data
+        except (TypeError, ValueError):
+            raise ArgumentTypeError(
+                "source.read() must return bytes", field="source", found=type(data).__name__
+            ) from None
+        return len(data)
+
+    return read_into
+
+
+def open_source(source: Any, *, allow_path: bool = True) -> Source:
+    """A :class:`Source` for a path (mapped, if allowed), a bytes-like, a socket or a file."""
+    if isinstance(source, (str, os.PathLike)):
+        if allow_path:
+            return MemorySource(*map_source(source))
+        raise ArgumentTypeError(
+            "source must be bytes-like or a binary file-like object / socket",
+            field="source",
+            found=type(source).__name__,
+        )
+    if isinstance(source, _BYTES_LIKE):
+        return MemorySource(byte_view(source, "source"))
+    _check_not_text(source, "source")
+    _check_open(source, "source")
+    recv_into = getattr(source, "recv_into", None)
+    if callable(recv_into):
+        flags = getattr(socket, "MSG_WAITALL", 0)
+        return IOSource(lambda view: recv_into(view, len(view), flags))
+    readinto = getattr(source, "readinto", None)
+    if callable(readinto):
+        return IOSource(readinto)
+    read = getattr(source, "read", None)
+    if callable(read):
+        return IOSource(_chunked_read(read))
+    try:
+        return MemorySource(byte_view(source, "source"))
+    except ArgumentTypeError:
+        raise ArgumentTypeError(
+            "source must be a path, a bytes-like object, a binary file-like object or a socket",
+            field="source",
+            found=type(source).__name__,
+        ) from None

@@ -1,0 +1,196 @@
+"""The reference stream (containers.md Part A): hurray-io ``StreamWriter`` / ``StreamReader``.
+
+A stream is records back to back, each a descriptor followed by its buffers in table order,
+with no framing of its own: the descriptor's 10-byte prefix (magic, version,
+``descriptor_length``) is what frames a record. ``write_stream`` emits exactly what the
+reference emits for the same tensors; ``read_stream`` accepts it with every descriptor rule
+applied. Sinks and sources are ``hurray_wire.containers.io``'s, so a broken connection is a
+``ContainerTruncatedError`` with the ``OSError`` as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import construct as c
+
+from hurray_wire.containers.io import Source, open_sink, open_source
+from hurray_wire.containers.reference_common import (
+    DEFAULT_MAX_DESCRIPTOR_BYTES,
+    MIN_DESCRIPTOR_LENGTH,
+    check_cross_machine,
+    check_limit,
+    container_error,
+    tensor_pieces,
+)
+from hurray_wire.errors import ContainerTruncatedError, HurrayWireError, InvalidContainerError
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.model.descriptor_codec import decode_descriptor, peek_descriptor_length
+from hurray_wire.tensor import BlockPagedTensor, assemble
+from hurray_wire.wire import descriptor as wd
+from hurray_wire.wire.fast import offset_of
+
+__all__ = ["read_stream", "write_stream"]
+
+# A.2 step 2: magic, version and descriptor_length frame a record; flags is the next field.
+_PREFIX_LEN = offset_of(wd.FIXED_HEADER, "flags")
+_AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
+_HANDLE_SIZE: int = wd.BUFFER_HANDLE.sizeof()
+_AT_BYTE_SIZE = offset_of(wd.BUFFER_HANDLE, "byte_size")
+_BUFFERS = next(sub for sub in wd.DESCRIPTOR.subcons if sub.name == "buffers")
+_BUFFER_COUNT_SIZE = len(_BUFFERS.build([]))  # the buffer table's count prefix
+
+
+def write_stream(
+    sink: Any,
+    tensors: Iterable[BlockPagedTensor] | BlockPagedTensor,
+    *,
+    cross_machine: bool = False,
+) -> int:
+    """Write one reference stream record per tensor (descriptor, then its buffers); bytes written.
+
+    Exactly what ``hurray-io``'s ``StreamWriter::write_tensor`` emits: no framing, padding or
+    names. ``seq_lens`` and ``metadata`` are not written (a record has no place for them).
+    With ``cross_machine`` every handle must have ``sync_mode = 0`` (A.2 step 6).
+    """
+    out = open_sink(sink, allow_path=False)
+    if isinstance(tensors, BlockPagedTensor):
+        tensors = (tensors,)
+    total = 0
+    for number, tensor in enumerate(tensors):
+        descriptor, buffers = tensor_pieces(tensor)
+        if cross_machine:
+            check_cross_machine(tensor.descriptor, section=f"record {number}")
+        total += out.write([memoryview(descriptor)] + [p for pieces in buffers for p in pieces])
+    return total
+
+
+def read_stream(
+    source: Any,
+    *,
+    max_descriptor_length: int = DEFAULT_MAX_DESCRIPTOR_BYTES,
+    max_buffer_size: int | None = None,
+    cross_machine: bool = False,
+) -> Iterator[BlockPagedTensor]:
+    """Iterate over the records of a reference stream, one validated tensor each.
+
+    ``source`` is bytes-like (arrays are then views of it) or a binary file-like / socket,
+    read one record at a time: the 10-byte prefix, the rest of the descriptor, then each
+    buffer exactly. The stream may end only at a record boundary; anything less raises
+    ``ContainerTruncatedError`` naming the record and the offset where the input ended.
+    Each record's descriptor, buffer sizes and index buffers are checked like the blob
+    decoder checks them. Records carry no ``seq_lens`` / ``metadata``: tensors come back
+    without them. ``max_buffer_size`` (default: no limit, as the reference) caps each buffer.
+    """
+    check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
+    if max_buffer_size is not None:
+        check_limit("max_buffer_size", max_buffer_size, 0)
+    src = open_source(source, allow_path=False)
+    return _records(src, max_descriptor_length, max_buffer_size, cross_machine)
+
+
+def _records(
+    src: Source, max_length: int, max_buffer: int | None, cross_machine: bool
+) -> Iterator[BlockPagedTensor]:
+    """A.2: prefix, descriptor, buffers; a clean end only at a record boundary."""
+    number = 0
+    while True:
+        start = src.offset
+        prefix, cause = src.read(_PREFIX_LEN)
+        if not len(prefix) and cause is None:
+            return  # clean end of stream, at a record boundary
+        if len(prefix) < _PREFIX_LEN:
+            raise _truncated(
+                number, "descriptor prefix", src.offset, _PREFIX_LEN, len(prefix), cause
+            ) from cause
+        length = _check_prefix(prefix, number, start, max_length)
+        body, got, cause = src.read_array(length - _PREFIX_LEN)
+        if got < length - _PREFIX_LEN:
+            raise _truncated(
+                number, "descriptor", src.offset, length, _PREFIX_LEN + got, cause
+            ) from cause
+        raw = bytes(prefix) + body[:got].tobytes()
+        descriptor = _record_descriptor(raw, number, start, max_buffer, cross_machine)
+        buffers = []
+        for index, handle in enumerate(descriptor.buffers):
+            array, got, cause = src.read_array(handle.byte_size)
+            if got < handle.byte_size:
+                raise _truncated(
+                    number, f"buffers[{index}]", src.offset, handle.byte_size, got, cause
+                ) from cause
+            buffers.append(array)
+        try:
+            tensor = assemble(descriptor, buffers)
+        except HurrayWireError as exc:
+            raise container_error(exc, f"record {number}", start) from exc
+        yield tensor
+        number += 1
+
+
+def _truncated(
+    number: int, what: str, at: int, needed: int, got: int, cause: BaseException | None
+) -> ContainerTruncatedError:
+    reason = f" ({cause!r})" if cause is not None else ""
+    return ContainerTruncatedError(
+        f"stream ends inside record {number} ({what}){reason}",
+        section=f"record {number}",
+        field=what,
+        offset=at,
+        expected=f"{needed} bytes",
+        found=f"{got} bytes",
+    )
+
+
+def _check_prefix(prefix: memoryview, number: int, start: int, max_length: int) -> int:
+    """descriptor_length of a record from its first 10 bytes, within the limits (A.2 step 3)."""
+    try:
+        length = peek_descriptor_length(prefix)
+    except HurrayWireError as exc:
+        raise container_error(exc, f"record {number}", start + (exc.offset or 0)) from exc
+    if length > max_length:
+        raise InvalidContainerError(
+            "descriptor_length above the limit",
+            section=f"record {number}",
+            field="descriptor_length",
+            offset=start + _AT_DESCRIPTOR_LENGTH,
+            expected=f"<= {max_length}",
+            found=length,
+        )
+    return length
+
+
+def _byte_size_offset(raw: bytes, index: int) -> int | None:
+    """Where handle ``index``'s byte_size sits in the descriptor ``raw`` (error path only)."""
+    try:
+        table = wd.DESCRIPTOR.parse(raw).buffer_table_offset
+    except c.ConstructError:  # pragma: no cover - raw already decoded
+        return None
+    return int(table) + _BUFFER_COUNT_SIZE + _HANDLE_SIZE * index + _AT_BYTE_SIZE
+
+
+def _record_descriptor(
+    raw: bytes, number: int, start: int, max_buffer_size: int | None, cross_machine: bool
+) -> TensorDescriptor:
+    """The record's descriptor, decoded, within the buffer limit (A.2 steps 4-6)."""
+    where = f"record {number}"
+    try:
+        descriptor = decode_descriptor(raw)
+    except HurrayWireError as exc:
+        offset = None if exc.offset is None else start + exc.offset
+        raise container_error(exc, where, offset) from exc
+    if max_buffer_size is not None:
+        for index, handle in enumerate(descriptor.buffers):
+            if handle.byte_size > max_buffer_size:
+                at = _byte_size_offset(raw, index)
+                raise InvalidContainerError(
+                    "buffer byte_size above the limit",
+                    section=where,
+                    field=f"buffers[{index}].byte_size",
+                    offset=None if at is None else start + at,
+                    expected=f"<= {max_buffer_size}",
+                    found=handle.byte_size,
+                )
+    if cross_machine:
+        check_cross_machine(descriptor, section=where)
+    return descriptor

@@ -1,0 +1,75 @@
+"""What bytes are: a descriptor, a blob, a blob stream, a reference stream or a ``.hrry`` file.
+
+Decided from magic bytes and the framing fields alone (the wire constants and structs, not
+restated here), never by decoding: the CLI prints the answer, readers do the checking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from typing import Any
+
+from hurray_wire.blob import blob_length
+from hurray_wire.containers.io import map_source
+from hurray_wire.wire import blob as wb
+from hurray_wire.wire import containers as wc
+from hurray_wire.wire import descriptor as wd
+from hurray_wire.wire import stream as ws
+from hurray_wire.wire.fast import offset_of
+
+__all__ = ["Format", "identify"]
+
+_AT_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
+_LENGTH_END = offset_of(wd.FIXED_HEADER, "flags")
+_PEEK = max(len(wc.FILE_MAGIC), _LENGTH_END)
+
+
+class Format(str, enum.Enum):
+    """A kind of hurray-wire input; the value is the name the CLI prints."""
+
+    DESCRIPTOR = "descriptor"
+    BLOB = "blob"
+    BLOB_STREAM = "blob-stream"
+    REFERENCE_STREAM = "reference-stream"
+    HRRY_FILE = "hrry-file"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def identify(data_or_path: Any) -> Format:
+    """The format of a bytes-like object or of the file at a path (``UNKNOWN`` if none).
+
+    A lone blob and a lone descriptor are told from a stream by their own length field:
+    exactly the input's length means one item, anything else a stream of them. A blob
+    whose prefix is broken raises the blob decoder's error.
+    """
+    if isinstance(data_or_path, (str, os.PathLike)):
+        view, mapping = map_source(data_or_path)
+        try:
+            return _identify(view)
+        finally:
+            view.release()
+            if mapping is not None:
+                with contextlib.suppress(BufferError):  # a view still held: unmapped later
+                    mapping.close()
+    return _identify(map_source(data_or_path, "data")[0])
+
+
+def _identify(view: memoryview) -> Format:
+    head = bytes(view[:_PEEK])
+    if head.startswith(ws.STREAM_MAGIC):
+        return Format.BLOB_STREAM
+    if head.startswith(wb.BLOB_MAGIC):
+        return Format.BLOB if blob_length(view) == len(view) else Format.BLOB_STREAM
+    if head.startswith(wc.FILE_MAGIC):
+        return Format.HRRY_FILE
+    if head.startswith(wd.MAGIC):
+        length = 0
+        if len(view) >= _LENGTH_END:
+            length = int.from_bytes(view[_AT_LENGTH:_LENGTH_END], "little")
+        return Format.DESCRIPTOR if length == len(view) else Format.REFERENCE_STREAM
+    return Format.UNKNOWN

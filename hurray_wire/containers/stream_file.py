@@ -1,0 +1,318 @@
+"""StreamFile: random access to a blob stream held in a file (mapped) or in memory.
+
+Opening reads the stream header and the index (the end record's, found from the file's
+last bytes, or the walk of blob prefixes) without touching page data; a tensor is decoded
+only when asked for. docs/streaming.md § 5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+from typing import Any
+
+from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, peek_descriptor
+from hurray_wire.containers.io import map_source, will_need
+from hurray_wire.containers.records import (
+    DEFAULT_MAX_BLOB_BYTES,
+    END_RECORD_MIN,
+    STREAM_HEADER_MIN,
+    StreamEntry,
+    StreamHeader,
+    add_note,
+    check_against_header,
+    check_max_blob_bytes,
+    check_record_size,
+    decode_end_record,
+    decode_stream_header,
+    record_length,
+)
+from hurray_wire.errors import (
+    BlobTruncatedError,
+    ClosedContainerError,
+    HurrayWireError,
+    InvalidStreamError,
+    MissingTensorError,
+    StreamBlobTruncatedError,
+    StreamTruncatedError,
+)
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.wire import blob as wb
+from hurray_wire.wire import stream as ws
+from hurray_wire.wire.fast import derive
+
+__all__ = ["StreamFile"]
+
+_FOOTER = derive(ws.END_FOOTER)
+_FOOTER_TOTAL = _FOOTER.names.index("total_length")
+_MAGIC_SIZE = len(wb.BLOB_MAGIC)
+_MAGICS = (wb.BLOB_MAGIC, ws.STREAM_MAGIC, ws.END_MAGIC)
+
+
+def _not_a_record(head: bytes, pos: int) -> HurrayWireError:
+    """What to say about bytes at a record boundary that start no record."""
+    if len(head) < _MAGIC_SIZE and any(m.startswith(head) for m in _MAGICS):
+        return StreamTruncatedError(
+            "stream ends inside a record prefix", section="stream", offset=pos
+        )
+    return InvalidStreamError(
+        "not a stream record here", section="stream", field="magic", offset=pos, found=head.hex(" ")
+    )
+
+
+def _peek_blob(view: memoryview, limits: DecodeLimits) -> tuple[int | None, str]:
+    """(layer_index, kv_role) from a blob's checked header, without touching its sections."""
+    descriptor = peek_descriptor(view, limits=limits)
+    return descriptor.layout.layer_index, descriptor.layout.kv_role
+
+
+class StreamFile:
+    """Random access to a stream in a file (mapped with ``mmap``) or a bytes-like object.
+
+    Opening reads the stream header and the index: the end record's (found from the last
+    8 bytes of the file), or, without one, the walk of blob prefixes and headers. Neither
+    touches page data. A tensor is decoded, and its checksums verified, only when asked
+    for, as a read-only zero-copy view of the mapping. A damaged tail does not hide the
+    blobs before it: they are in ``entries`` and ``error`` says what stopped the walk.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        verify: bool = True,
+        limits: DecodeLimits | None = None,
+        max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+    ) -> None:
+        self._max = check_max_blob_bytes(max_blob_bytes)
+        self._verify = verify
+        self._limits = limits if limits is not None else DecodeLimits()
+        self._view, self._mapping = map_source(source)
+        self._closed = False
+        self._header: StreamHeader | None = None
+        start = 0
+        try:
+            if bytes(self._view[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
+                start = record_length(
+                    self._view, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN
+                )
+                check_record_size(start, self._max, "stream header", 0)
+                self._header = decode_stream_header(self._view)
+        except BaseException:
+            self.close()
+            raise
+        self._error: HurrayWireError | None = None
+        indexed = self._index_from_end(start)
+        self._complete = indexed is not None
+        self._entries = indexed if indexed is not None else self._walk(start)
+        self._by_key = {(e.layer_index, e.kv_role): e for e in self._entries}
+
+    @property
+    def header(self) -> StreamHeader | None:
+        return self._header
+
+    @property
+    def entries(self) -> tuple[StreamEntry, ...]:
+        """Every blob found, in stream order (the last one wins for a repeated key)."""
+        return self._entries
+
+    @property
+    def complete(self) -> bool:
+        """True if the stream ends with a valid end record that agrees with its blobs."""
+        return self._complete
+
+    @property
+    def error(self) -> HurrayWireError | None:
+        """Why the walk stopped before the end of the stream, if it did."""
+        return self._error
+
+    @property
+    def buffer(self) -> memoryview:
+        """The whole stream, read-only (the mapping for a file)."""
+        self._check_open()
+        return self._view
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[BlockPagedTensor]:
+        for entry in self._entries:
+            yield self.read(entry)
+        if self._error is not None:
+            raise self._error
+
+    def keys(self) -> Iterable[tuple[int | None, str]]:
+        """The ``(layer_index, kv_role)`` pairs present."""
+        return self._by_key.keys()
+
+    def tensor(self, layer_index: int | None, kv_role: str = "key") -> BlockPagedTensor:
+        """The blob for ``{kv_role, layer_index}``, decoded now (and only it)."""
+        entry = self._by_key.get((layer_index, kv_role))
+        if entry is None:
+            if self._error is not None:  # it may be in the part that could not be read
+                raise self._error
+            raise MissingTensorError(
+                "no blob for this layer and role in the stream",
+                section="stream",
+                found=f"layer_index {layer_index!r}, kv_role {kv_role!r}",
+            )
+        return self.read(entry)
+
+    def read(self, entry: StreamEntry) -> BlockPagedTensor:
+        """Decode the blob at ``entry`` and check it is what the index says."""
+        what = f"blob at stream offset {entry.offset}"
+        self._check_open()
+        will_need(self._mapping, entry.offset, entry.length)
+        view = self._view[entry.offset : entry.offset + entry.length]
+        try:
+            if blob_length(view) != entry.length:
+                raise InvalidStreamError(
+                    "blob total_length differs from the index", section=what, found=entry.length
+                )
+            tensor = decode(view, verify=self._verify, limits=self._limits)
+        except HurrayWireError as exc:
+            add_note(exc, f"in the {what}")
+            raise
+        if (tensor.layer_index, tensor.kv_role) != (entry.layer_index, entry.kv_role):
+            raise InvalidStreamError(
+                "blob descriptor disagrees with the index",
+                section=what,
+                expected=(entry.layer_index, entry.kv_role),
+                found=(tensor.layer_index, tensor.kv_role),
+            )
+        check_against_header(self._header, tensor, what)
+        return tensor
+
+    def _index_from_end(self, start: int) -> tuple[StreamEntry, ...] | None:
+        """The end record's index if the stream ends with a valid, consistent one."""
+        view = self._view
+        size = len(view)
+        if size - start < END_RECORD_MIN:
+            return None
+        total = _FOOTER.struct.unpack_from(view, size - _FOOTER.size)[_FOOTER_TOTAL]
+        if total % ws.RECORD_ALIGNMENT or not END_RECORD_MIN <= total <= min(
+            size - start, self._max
+        ):
+            return None
+        end = size - total
+        if bytes(view[end : end + _MAGIC_SIZE]) != ws.END_MAGIC:
+            return None
+        try:
+            _count, entries = decode_end_record(view[end:])
+        except HurrayWireError:
+            return None  # the walk will meet this record and report what is wrong
+        if entries is None:
+            return None
+        cursor = start
+        for e in entries:
+            if (
+                e.offset != cursor
+                or e.length % ws.RECORD_ALIGNMENT
+                or not wb.BLOB_ALIGNMENT <= e.length <= self._max
+            ):
+                return None
+            cursor += e.length
+        return entries if cursor == end else None
+
+    def _walk(self, start: int) -> tuple[StreamEntry, ...]:
+        """Frame every record from its prefix; read only blob headers and descriptors.
+
+        Stops at the end record or at the first record that cannot be framed, keeping the
+        blobs before it and the reason in ``error``.
+        """
+        view = self._view
+        entries: list[StreamEntry] = []
+        pos = start
+        try:
+            while pos < len(view):
+                head = bytes(view[pos : pos + _MAGIC_SIZE])
+                if head == ws.END_MAGIC:
+                    self._end_record_at(pos, entries)
+                    self._complete = True
+                    return tuple(entries)
+                if head != wb.BLOB_MAGIC:
+                    raise _not_a_record(head, pos)
+                entries.append(self._blob_at(pos))
+                pos += entries[-1].length
+            if self._header is not None and self._header.end_record:
+                raise StreamTruncatedError(
+                    "stream ended before the end record its header promised",
+                    section="stream",
+                    offset=pos,
+                )
+        except HurrayWireError as exc:
+            self._error = exc
+        return tuple(entries)
+
+    def _end_record_at(self, pos: int, entries: list[StreamEntry]) -> None:
+        """The end record at ``pos`` must agree with the blobs walked and end the stream."""
+        view = self._view
+        total = record_length(view[pos:], ws.END_MAGIC, "end record", END_RECORD_MIN)
+        check_record_size(total, self._max, "end record", pos)
+        count, index = decode_end_record(view[pos:])
+        if count != len(entries) or (index is not None and index != tuple(entries)):
+            raise InvalidStreamError(
+                "the end record disagrees with the blobs found",
+                section="end record",
+                offset=pos,
+                expected=f"{len(entries)} blobs",
+                found=f"{count} blobs",
+            )
+        if pos + total != len(view):
+            raise InvalidStreamError(
+                "bytes after the end record", section="stream", offset=pos + total
+            )
+
+    def _blob_at(self, pos: int) -> StreamEntry:
+        """The blob at ``pos``, framed and its header and descriptor checked (not its data)."""
+        view = self._view
+        what = f"blob at stream offset {pos}"
+        try:
+            total = blob_length(view[pos : pos + BLOB_PREFIX_SIZE])
+        except BlobTruncatedError:
+            raise StreamBlobTruncatedError(
+                "stream ends inside a blob prefix", section=what, offset=len(view)
+            ) from None
+        check_record_size(total, self._max, what, pos)
+        if pos + total > len(view):
+            raise StreamBlobTruncatedError(
+                "stream ends inside a blob",
+                section=what,
+                offset=len(view),
+                expected=total,
+                found=len(view) - pos,
+            )
+        try:
+            layer, role = _peek_blob(view[pos : pos + total], self._limits)
+        except HurrayWireError as exc:
+            add_note(exc, f"in the {what}")
+            raise
+        return StreamEntry(pos, total, layer, role)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedContainerError("I/O operation on a closed StreamFile", section="stream")
+
+    def close(self) -> None:
+        """Drop the mapping (it stays mapped while tensors view it); idempotent."""
+        self._closed = True
+        self._view.release()
+        if self._mapping is not None:
+            with contextlib.suppress(BufferError):
+                self._mapping.close()
+
+    def __enter__(self) -> StreamFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
