@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hurray_wire"
 # Lowest first. A module belongs to the longest prefix that names it.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_version"),
-    ("wire", "buffers", "parallel"),
+    ("wire", "buffers", "parallel", "memo"),
     ("dtypes", "crc32c"),
     ("model",),
     ("metadata",),

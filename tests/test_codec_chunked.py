@@ -269,7 +269,6 @@ def test_a_bad_chunk_table_is_refused_before_the_output_is_allocated(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import hurray_wire as hw
-    from hurray_wire import blob as blob_module
 
     pool = kv(3 * CHUNK).reshape(-1, 4, 1, 8).view(np.float16)
     tensor = hw.BlockPagedTensor.from_arrays(pool, [0], [0, 1])
@@ -281,14 +280,14 @@ def test_a_bad_chunk_table_is_refused_before_the_output_is_allocated(
     def no_memory(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError
 
-    monkeypatch.setattr(blob_module.np, "empty", no_memory)
+    monkeypatch.setattr(np, "empty", no_memory)
     with pytest.raises(DecompressionError) as info:
         hw.decode(bytes(data), verify=False)
     assert (info.value.field, info.value.offset) == ("chunk_count", start + 4)
     monkeypatch.undo()
     good = bytearray(data)
     struct.pack_into("<I", good, start + 4, 6)  # the right count: the allocation is reached
-    monkeypatch.setattr(blob_module.np, "empty", no_memory)
+    monkeypatch.setattr(np, "empty", no_memory)
     with pytest.raises(LimitExceededError) as limit:
         hw.decode(bytes(good), verify=False)
     assert limit.value.section == "buffer[0]"

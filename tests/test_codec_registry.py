@@ -112,7 +112,7 @@ def test_text_specs_are_read_once_per_encode_and_never_for_a_compression(
     import numpy as np
 
     import hurray_wire as hw
-    from hurray_wire import blob
+    from hurray_wire.blob import encoder
 
     calls: list[str] = []
 
@@ -120,7 +120,7 @@ def test_text_specs_are_read_once_per_encode_and_never_for_a_compression(
         calls.append(spec)
         return codecs.parse_spec(spec)
 
-    monkeypatch.setattr(blob, "parse_spec", counting)
+    monkeypatch.setattr(encoder, "parse_spec", counting)
     pool = np.zeros((4, 4, 2, 64), np.float16)
     tensor = hw.BlockPagedTensor.from_arrays(pool, [0, 1, 2, 3], [0, 4])
     expected = bytes(hw.encode(tensor, compression=codecs.DEFAULT_COMPRESSION))

@@ -28,6 +28,7 @@ import xxhash
 
 import hurray_wire as hw
 from hurray_wire import blob
+from hurray_wire.blob import decoder, envelope
 from hurray_wire.crc32c import crc32c
 
 
@@ -138,7 +139,7 @@ def bench_reference(repeat: int) -> None:
     warm = np.empty(len(blob_checked), np.uint8)
     warm_dst = warm[:nbytes]
     np.copyto(warm_dst, pool_bytes)
-    pool_offset = blob._U64.unpack_from(blob_checked, 32 + 8)[0]  # section 0's offset
+    pool_offset = envelope.ENTRY.unpack_dict(blob_checked, envelope.entry_at(0))["offset"]
     pool_in_blob = blob_checked[pool_offset : pool_offset + nbytes]
 
     print("\n[baselines, 128 MiB page_pool]")
@@ -241,10 +242,10 @@ def bench_reference(repeat: int) -> None:
     if arrow_read:
         msg += f" = {dec_fast / arrow_read:5.2f}x pyarrow IPC read ({arrow_read * 1e6:.1f} us)"
     print(f"  decode(verify=False)                         {msg}")
-    hw.model.descriptor_codec._CACHE.clear()
-    blob._PLANS.clear()
+    hw.model.descriptor_codec.DECODED.clear()
+    decoder.PLANS.clear()
     cold = best_of(
-        lambda: (blob._PLANS.clear(), blob.decode(blob_checked, verify=False)), repeat, 200
+        lambda: (decoder.PLANS.clear(), blob.decode(blob_checked, verify=False)), repeat, 200
     )
     print(f"  decode(verify=False), header not memoised    {cold * 1e6:8.1f} us")
     dec = timed["dec"]
@@ -311,7 +312,7 @@ def bench_descriptor_parsers(repeat: int) -> None:
         ("construct, compiled: the 32-byte payload", lambda: compiled.parse(payload)),
         ("derived struct.Struct: the 32-byte payload", lambda: derived.unpack(payload)),
         ("decode_descriptor, not memoised (all checks)",
-         lambda: (descriptor_codec._CACHE.clear(), hw.decode_descriptor(data))),
+         lambda: (descriptor_codec.DECODED.clear(), hw.decode_descriptor(data))),
         ("decode_descriptor, memoised", lambda: hw.decode_descriptor(data)),
     ]  # fmt: skip
     for name, fn in rows:

@@ -24,6 +24,7 @@ import numpy as np
 
 import hurray_wire as hw
 from hurray_wire import blob, codecs
+from hurray_wire.blob import envelope
 from hurray_wire.wire import blob as wire
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,11 +270,10 @@ def describe(tensor: hw.BlockPagedTensor, data: bytes, options: dict[str, Any]) 
     """The manifest entry of one blob: every field a reader should find."""
     d = tensor.descriptor
     layout = d.layout
-    header = blob._HEADER.struct.unpack_from(data, 0)
-    count = header[6]
+    count = envelope.HEADER.unpack_dict(data)["section_count"]
     sections = []
     for number in range(count):
-        entry = blob._ENTRY.struct.unpack_from(data, 32 + 48 * number)
+        entry = envelope.ENTRY.struct.unpack_from(data, envelope.entry_at(number))
         sections.append(
             {
                 "kind": wire.SECTION_KINDS[entry[0]],

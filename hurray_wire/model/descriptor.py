@@ -423,6 +423,18 @@ class TensorDescriptor:
             names.extend(order[i] for i in sorted(order))
         return tuple(names)
 
+    def element_widths(self) -> tuple[int, ...]:
+        """Bytes per element of each buffer, in table order: the shuffle width a codec may
+        use (1 for packed pools; a shared scale + zero-point buffer counts as scales)."""
+        index_width = self.layout.index_dtype.itemsize
+        widths = {0: self.element_type.itemsize, 1: index_width, 2: index_width}
+        quant = self.quantization
+        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+            if quant.zero_point_buffer_index is not None:
+                widths[quant.zero_point_buffer_index] = _ZERO_POINT_BYTES
+            widths[quant.scale_buffer_index] = quant.scale_type.itemsize
+        return tuple(widths[i] for i in range(len(self.buffers)))
+
     def expected_buffer_sizes(self) -> tuple[int, ...]:
         """Exact byte sizes the layout implies; block_table's is the declared one."""
         declared = self.buffers[1].byte_size if len(self.buffers) > 1 else 0

@@ -26,6 +26,7 @@ from hurray_wire.errors import (
     InvalidDescriptorError,
     UnsupportedLayoutError,
 )
+from hurray_wire.memo import BoundedMemo
 from hurray_wire.model.descriptor import (
     BufferHandle,
     Statistics,
@@ -47,6 +48,7 @@ from hurray_wire.wire import descriptor as w
 from hurray_wire.wire.fast import derive
 
 __all__ = [
+    "DECODED",
     "DescriptorHeader",
     "decode_descriptor",
     "decode_header",
@@ -77,9 +79,9 @@ _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 # Model field names that differ from the wire's.
 _WIRE_NAMES = {"element_type": "type_tag", "scale_type": "scale_type_tag"}
-_CACHE: dict[bytes, TensorDescriptor] = {}
-_HANDLES: dict[bytes, BufferHandle] = {}
-_CACHE_LIMIT = 1024
+# Decoded descriptors by their bytes (immutable values): 1024 of them or 64 MiB of bytes.
+DECODED: BoundedMemo[TensorDescriptor] = BoundedMemo(1024, 64 << 20)
+_HANDLES: BoundedMemo[BufferHandle] = BoundedMemo(1024, 1 << 20)
 
 
 def _handle_at(index: int, table: int = _BP_FIXED_LEN) -> int:
@@ -154,13 +156,11 @@ def decode_descriptor(data: Any) -> TensorDescriptor:
     A valid descriptor of another layout raises ``UnsupportedLayoutError``.
     """
     raw = _descriptor_bytes(data)
-    cached = _CACHE.get(raw)
+    cached = DECODED.get(raw)
     if cached is not None:
         return cached
     descriptor = _decode_block_paged(raw)
-    if len(_CACHE) >= _CACHE_LIMIT:
-        _CACHE.clear()
-    _CACHE[raw] = descriptor
+    DECODED.put(raw, descriptor, 2 * len(raw))  # the key and the unknown/padding bytes kept
     return descriptor
 
 
@@ -388,9 +388,7 @@ def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
     if known is not None:  # handles are immutable values: reuse the checked one
         return known
     handle = _new_handle(raw, offset, index)
-    if len(_HANDLES) >= _CACHE_LIMIT:
-        _HANDLES.clear()
-    _HANDLES[key] = handle
+    _HANDLES.put(key, handle, len(key))
     return handle
 
 

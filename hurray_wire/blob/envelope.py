@@ -1,0 +1,271 @@
+"""The blob envelope (docs/wire-format.md § 1): the fixed header, its checksum, framing.
+
+Offsets and sizes come from the wire structs (``AT`` and ``ENTRY_AT`` name every field);
+each function checks one rule group and raises where the offset is known.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xxhash
+
+from hurray_wire.blob.limits import DecodeLimits
+from hurray_wire.buffers import byte_view
+from hurray_wire.errors import (
+    BlobTruncatedError,
+    ChecksumError,
+    HurrayWireError,
+    InvalidBlobError,
+    LimitExceededError,
+    PaddingError,
+)
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.model.descriptor_codec import decode_descriptor
+from hurray_wire.wire import blob as w
+from hurray_wire.wire.fast import derive
+
+__all__ = [
+    "AT",
+    "BLOB_PREFIX_SIZE",
+    "CHECKSUM",
+    "ENTRY",
+    "ENTRY_AT",
+    "HEADER",
+    "HEADER_SIZE",
+    "blob_length",
+    "check_header_fields",
+    "check_limits",
+    "checked_header",
+    "embedded_descriptor",
+    "entry_at",
+    "fixed_header",
+    "pack_header",
+    "total_length",
+]
+
+HEADER = derive(w.BLOB_HEADER)
+ENTRY = derive(w.SECTION_ENTRY)
+CHECKSUM = derive(w.HEADER_CHECKSUM)
+AT = HEADER.offsets  # byte offset of each fixed-header field
+ENTRY_AT = ENTRY.offsets  # byte offset of each field within a section entry
+HEADER_SIZE = HEADER.size
+#: magic, versions, flags and total_length: what frames a blob in a stream.
+BLOB_PREFIX_SIZE = AT["header_length"]
+_MIN_TOTAL = HEADER_SIZE + CHECKSUM.size
+
+
+def entry_at(number: int) -> int:
+    """Byte offset of section entry ``number``: the table follows the fixed header."""
+    return HEADER_SIZE + ENTRY.size * number
+
+
+def pack_header(
+    descriptor: bytes, entries: list[tuple[Any, ...]], total: int, checksum: bool
+) -> bytes:
+    """Fixed header + section table (``entries``: the non-Const entry fields in order) +
+    descriptor, followed by their xxh3_64."""
+    pieces = [
+        HEADER.pack(
+            1,
+            0,
+            0,
+            total,
+            entry_at(len(entries)) + len(descriptor),
+            len(entries),
+            w.CHECKSUM_XXH3_64 if checksum else w.CHECKSUM_NONE,
+            len(descriptor),
+        )
+    ]
+    pieces += [ENTRY.pack(*fields) for fields in entries]
+    pieces.append(descriptor)
+    head = b"".join(pieces)
+    return head + CHECKSUM.pack(xxhash.xxh3_64_intdigest(head))
+
+
+def _check_magic(view: memoryview) -> None:
+    size = len(w.BLOB_MAGIC)
+    head = bytes(view[:size])
+    if head != w.BLOB_MAGIC[: len(head)]:
+        raise InvalidBlobError(
+            "bad blob magic",
+            section="header",
+            field="magic",
+            offset=AT["magic"],
+            expected=w.BLOB_MAGIC.hex(" "),
+            found=head.hex(" "),
+        )
+
+
+def _u64(view: memoryview, at: int) -> int:
+    return int.from_bytes(view[at : at + 8], "little")
+
+
+def blob_length(data: Any) -> int:
+    """total_length of the blob at the start of ``data`` (needs 16 bytes): for framing."""
+    view = byte_view(data)
+    _check_magic(view)
+    if len(view) < BLOB_PREFIX_SIZE:
+        raise BlobTruncatedError(
+            "input ends inside the blob prefix",
+            section="header",
+            offset=len(view),
+            expected=BLOB_PREFIX_SIZE,
+            found=len(view),
+        )
+    major = view[AT["version_major"]]
+    if major != 1:
+        raise InvalidBlobError(
+            "unsupported blob major version",
+            section="header",
+            field="version_major",
+            offset=AT["version_major"],
+            expected=1,
+            found=major,
+        )
+    total = _u64(view, AT["total_length"])
+    if total < _MIN_TOTAL or total % w.BLOB_ALIGNMENT:
+        raise InvalidBlobError(
+            "total_length is not a valid blob length",
+            section="header",
+            field="total_length",
+            offset=AT["total_length"],
+            found=total,
+        )
+    return total
+
+
+def total_length(view: memoryview, *, whole: bool) -> int:
+    """total_length of the blob at the start of ``view`` once its fixed header is there
+    (and, with ``whole``, all of it); otherwise the precise framing error."""
+    magic = len(w.BLOB_MAGIC)
+    if len(view) >= HEADER_SIZE and view[:magic] == w.BLOB_MAGIC and view[AT["version_major"]] == 1:
+        total = _u64(view, AT["total_length"])
+        plausible = total >= _MIN_TOTAL and not total % w.BLOB_ALIGNMENT
+        if plausible and (not whole or total <= len(view)):
+            return total
+    total = blob_length(view)  # raises for bad magic, version or total_length
+    if len(view) < HEADER_SIZE:
+        raise BlobTruncatedError(
+            "input ends inside the blob header",
+            section="header",
+            offset=len(view),
+            expected=HEADER_SIZE,
+            found=len(view),
+        )
+    raise BlobTruncatedError(
+        "input is shorter than total_length",
+        section="header",
+        field="total_length",
+        offset=len(view),
+        expected=total,
+        found=len(view),
+    )
+
+
+def check_limits(head: dict[str, Any], limits: DecodeLimits) -> None:
+    """Refuse a header whose section table or descriptor is above the decode limits:
+    checked on the fixed header alone, before any work that grows with either."""
+    if head["section_count"] > limits.max_sections:
+        raise LimitExceededError(
+            "too many sections",
+            section="header",
+            field="section_count",
+            offset=AT["section_count"],
+            found=head["section_count"],
+            expected=f"<= {limits.max_sections}",
+        )
+    if head["descriptor_length"] > limits.max_descriptor_length:
+        raise LimitExceededError(
+            "descriptor too long",
+            section="header",
+            field="descriptor_length",
+            offset=AT["descriptor_length"],
+            found=head["descriptor_length"],
+            expected=f"<= {limits.max_descriptor_length}",
+        )
+
+
+def fixed_header(view: memoryview) -> tuple[bytes, dict[str, Any]]:
+    """A copy of the fixed header and its fields by name (the view holds at least it)."""
+    fixed = bytes(view[:HEADER_SIZE])
+    return fixed, HEADER.unpack_dict(fixed)
+
+
+def checked_header(view: memoryview, fixed: bytes, head: dict[str, Any], total: int) -> bytes:
+    """A copy of the header bytes ``[0, header_length)``, once ``header_length`` agrees with
+    the header's counts and fits in ``total`` bytes and the header checksum matches it.
+
+    Everything decided from the header is decided from this copy, so a caller that mutates
+    its buffer meanwhile cannot make the decoder trust bytes it did not check.
+    """
+    header_length = head["header_length"]
+    expected_length = entry_at(head["section_count"]) + head["descriptor_length"]
+    if header_length != expected_length or header_length + CHECKSUM.size > total:
+        raise InvalidBlobError(
+            "header_length disagrees with section_count and descriptor_length, or leaves no "
+            "room for the header checksum within total_length",
+            section="header",
+            field="header_length",
+            offset=AT["header_length"],
+            expected=expected_length,
+            found=header_length,
+        )
+    header = bytes(view[:header_length])
+    (stored_hash,) = CHECKSUM.struct.unpack_from(view, header_length)
+    computed = xxhash.xxh3_64_intdigest(header)
+    if stored_hash != computed:
+        raise ChecksumError(
+            "header checksum mismatch",
+            section="header",
+            offset=header_length,
+            expected=f"0x{computed:016x}",
+            found=f"0x{stored_hash:016x}",
+        )
+    if header[:HEADER_SIZE] != fixed:  # pragma: no cover - another thread wrote the input
+        raise InvalidBlobError("the blob changed while it was decoded", section="header")
+    return header
+
+
+def check_header_fields(head: dict[str, Any]) -> None:
+    """Reserved flags and bytes, and a known checksum type."""
+    if head["header_flags"]:
+        raise InvalidBlobError(
+            "reserved header flag bits set",
+            section="header",
+            field="header_flags",
+            offset=AT["header_flags"],
+            found=f"0x{head['header_flags']:04X}",
+        )
+    for position, expected in HEADER.consts:
+        name = HEADER.names[position]
+        if name != "magic" and head[name] != expected:  # the magic was checked first
+            raise PaddingError(
+                "reserved header bytes must be zero", section="header", offset=AT[name]
+            )
+    if head["checksum_type"] not in (w.CHECKSUM_NONE, w.CHECKSUM_XXH3_64):
+        raise InvalidBlobError(
+            "unknown checksum_type",
+            section="header",
+            field="checksum_type",
+            offset=AT["checksum_type"],
+            found=head["checksum_type"],
+        )
+
+
+def embedded_descriptor(header: bytes, start: int) -> TensorDescriptor:
+    """Decode the descriptor at ``[start, len(header))``; errors carry blob offsets."""
+    try:
+        descriptor = decode_descriptor(memoryview(header)[start:])
+    except HurrayWireError as exc:
+        offset = None if exc.offset is None else start + exc.offset
+        raise exc.relocated(section="descriptor", offset=offset) from None
+    if descriptor.descriptor_length != len(header) - start:
+        raise InvalidBlobError(
+            "descriptor is shorter than the header's descriptor_length",
+            section="descriptor",
+            offset=start,
+            expected=len(header) - start,
+            found=descriptor.descriptor_length,
+        )
+    return descriptor

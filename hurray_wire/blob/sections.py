@@ -1,0 +1,338 @@
+"""The section table's rules (docs/wire-format.md § 2), one small function per rule group.
+
+``check_entries`` walks the table once, in order; each entry goes through the framing
+rules (reserved bits, alignment, placement, bounds), the rules of its kind (buffer,
+extension, unknown), the checksum-type rule and its codec's rules (parameter, decompressed
+size under the limits). Every error names the section and the byte offset of the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hurray_wire.blob.envelope import AT, ENTRY, ENTRY_AT, entry_at
+from hurray_wire.blob.limits import DecodeLimits
+from hurray_wire.buffers import align
+from hurray_wire.codecs import CODEC_RAW, registry
+from hurray_wire.errors import (
+    BlobTruncatedError,
+    InvalidBlobError,
+    LimitExceededError,
+    SectionError,
+)
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.wire import blob as w
+
+__all__ = ["Entry", "check_entries"]
+
+_SEQ_LEN_BYTES = 8  # seq_lens are u64 (docs/wire-format.md § 3)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One checked section entry: where its stored bytes are and how to decode them."""
+
+    kind: int
+    index: int
+    codec: int
+    codec_param: int
+    offset: int
+    stored_size: int
+    raw_size: int
+    entry_offset: int  # where the section's table entry is (its checksum is read per call)
+    pad_start: int  # the zero padding before the section: [pad_start, offset)
+    where: str
+
+
+@dataclass
+class _Walk:
+    """What the walk has seen so far (the rules that depend on earlier entries)."""
+
+    descriptor: TensorDescriptor
+    total: int
+    checksum_type: int
+    limits: DecodeLimits
+    cursor: int
+    next_buffer: int = 0
+    decompressed: int = 0
+    seen: set[int] | None = None
+
+
+def check_entries(
+    header: bytes,
+    count: int,
+    descriptor: TensorDescriptor,
+    start: int,
+    total: int,
+    checksum_type: int,
+    limits: DecodeLimits,
+) -> tuple[tuple[Entry, ...], int]:
+    """Check every entry against the rules and the descriptor: (entries, end of the last
+    section). ``start`` is where the first section may begin."""
+    walk = _Walk(descriptor, total, checksum_type, limits, start, seen=set())
+    entries = []
+    table = header[entry_at(0) : entry_at(count)]
+    for number, fields in enumerate(ENTRY.struct.iter_unpack(table)):
+        e = dict(zip(ENTRY.names, fields, strict=True))
+        at = entry_at(number)
+        kind_name = w.SECTION_KINDS.get(e["kind"], f"kind 0x{e['kind']:02X}")
+        where = f"{kind_name}[{e['index']}]"
+        _check_framing(e, at, where, walk)
+        if e["kind"] == w.KIND_BUFFER:
+            _check_buffer(e, number, at, where, walk)
+        elif e["kind"] in (w.KIND_SEQ_LENS, w.KIND_METADATA):
+            _check_extension(e, at, where, walk)
+        else:
+            _check_unknown(e, at, where)
+        _check_checksum_field(e, at, where, walk)
+        _check_codec(e, at, where, walk)
+        entries.append(
+            Entry(
+                e["kind"],
+                e["index"],
+                e["codec"],
+                e["codec_param"],
+                e["offset"],
+                e["stored_size"],
+                e["raw_size"],
+                at,
+                walk.cursor,
+                where,
+            )
+        )
+        walk.cursor = e["offset"] + e["stored_size"]
+    _check_complete(walk)
+    return tuple(entries), walk.cursor
+
+
+def _check_framing(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
+    """Reserved bits, a power-of-two alignment, the next aligned offset, within the blob."""
+    if e["_reserved"] != bytes(ENTRY.sizes["_reserved"]) or e["section_flags"] & ~w.FLAG_REQUIRED:
+        raise SectionError("reserved section bits or bytes set", section=where, offset=at)
+    alignment = e["alignment"]
+    if alignment < w.BLOB_ALIGNMENT or alignment & (alignment - 1):
+        raise SectionError(
+            f"section alignment must be a power of two >= {w.BLOB_ALIGNMENT}",
+            section=where,
+            field="alignment",
+            offset=at + ENTRY_AT["alignment"],
+            found=alignment,
+        )
+    expected = align(walk.cursor, alignment)
+    if e["offset"] != expected:
+        raise SectionError(
+            "section is not at the next aligned offset after the previous one",
+            section=where,
+            field="offset",
+            offset=at + ENTRY_AT["offset"],
+            expected=expected,
+            found=e["offset"],
+        )
+    if e["offset"] + e["stored_size"] > walk.total:
+        raise BlobTruncatedError(
+            "section extends past total_length",
+            section=where,
+            field="stored_size",
+            offset=at + ENTRY_AT["stored_size"],
+            expected=f"<= {walk.total - e['offset']}",
+            found=e["stored_size"],
+        )
+
+
+def _check_buffer(e: dict[str, Any], number: int, at: int, where: str, walk: _Walk) -> None:
+    """Buffer sections come first, in table order, sized and aligned as their handles."""
+    buffers = walk.descriptor.buffers
+    index = e["index"]
+    if index != walk.next_buffer or number != index:
+        raise SectionError(
+            "buffer sections must come first, in buffer-table order",
+            section=where,
+            field="index",
+            offset=at + ENTRY_AT["index"],
+            expected=walk.next_buffer,
+            found=index,
+        )
+    if index >= len(buffers):
+        raise SectionError(
+            "buffer index beyond the descriptor's buffer table",
+            section=where,
+            field="index",
+            offset=at + ENTRY_AT["index"],
+            expected=f"< {len(buffers)}",
+            found=index,
+        )
+    handle = buffers[index]
+    if e["raw_size"] != handle.byte_size:
+        raise SectionError(
+            "raw_size disagrees with the descriptor's byte_size",
+            section=where,
+            field="raw_size",
+            offset=at + ENTRY_AT["raw_size"],
+            expected=handle.byte_size,
+            found=e["raw_size"],
+        )
+    if e["alignment"] < handle.alignment:
+        raise SectionError(
+            "section alignment below the descriptor's alignment",
+            section=where,
+            field="alignment",
+            offset=at + ENTRY_AT["alignment"],
+            expected=f">= {handle.alignment}",
+            found=e["alignment"],
+        )
+    if not e["section_flags"] & w.FLAG_REQUIRED:
+        raise SectionError(
+            "buffer sections must be flagged required",
+            section=where,
+            field="section_flags",
+            offset=at + ENTRY_AT["section_flags"],
+            found=e["section_flags"],
+        )
+    walk.next_buffer += 1
+
+
+def _check_extension(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
+    """seq_lens and metadata: once each, index 0, after every buffer, within the limits."""
+    kind = e["kind"]
+    assert walk.seen is not None
+    if e["index"] != 0 or kind in walk.seen:
+        raise SectionError(
+            "extension section duplicated or with a non-zero index",
+            section=where,
+            field="index",
+            offset=at + ENTRY_AT["index"],
+            found=e["index"],
+        )
+    if walk.next_buffer != len(walk.descriptor.buffers):
+        raise SectionError(
+            "extension sections follow all buffer sections", section=where, offset=at
+        )
+    if kind == w.KIND_SEQ_LENS:
+        if not e["section_flags"] & w.FLAG_REQUIRED:
+            raise SectionError(
+                "a seq_lens section must be flagged required",
+                section=where,
+                field="section_flags",
+                offset=at + ENTRY_AT["section_flags"],
+                found=e["section_flags"],
+            )
+        expected = _SEQ_LEN_BYTES * walk.descriptor.layout.num_seqs
+        if e["raw_size"] != expected:
+            raise SectionError(
+                f"seq_lens needs {_SEQ_LEN_BYTES} bytes per sequence",
+                section=where,
+                field="raw_size",
+                offset=at + ENTRY_AT["raw_size"],
+                expected=expected,
+                found=e["raw_size"],
+            )
+    elif e["raw_size"] > walk.limits.max_metadata_bytes:
+        raise LimitExceededError(
+            "metadata section above the limit",
+            section=where,
+            field="raw_size",
+            offset=at + ENTRY_AT["raw_size"],
+            found=e["raw_size"],
+            expected=f"<= {walk.limits.max_metadata_bytes}",
+        )
+    walk.seen.add(kind)
+
+
+def _check_unknown(e: dict[str, Any], at: int, where: str) -> None:
+    """A kind this reader does not know may be skipped only when it is not required."""
+    if e["section_flags"] & w.FLAG_REQUIRED or e["kind"] == 0:
+        raise SectionError(
+            "unknown section kind flagged required",
+            section=where,
+            field="kind",
+            offset=at + ENTRY_AT["kind"],
+            found=e["kind"],
+        )
+    if e["index"] != 0:
+        raise SectionError(
+            "a section that is not a buffer has index 0",
+            section=where,
+            field="index",
+            offset=at + ENTRY_AT["index"],
+            found=e["index"],
+        )
+
+
+def _check_checksum_field(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
+    if walk.checksum_type == w.CHECKSUM_NONE and e["checksum"]:
+        raise SectionError(
+            "checksum set although checksum_type is none",
+            section=where,
+            field="checksum",
+            offset=at + ENTRY_AT["checksum"],
+            found=e["checksum"],
+        )
+
+
+def _check_codec(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
+    """A registered codec with a valid parameter; compressed known sections count towards
+    the decompressed-bytes limit."""
+    codec = e["codec"]
+    if codec == CODEC_RAW:
+        if e["stored_size"] != e["raw_size"] or e["codec_param"]:
+            raise SectionError(
+                "a raw section has stored_size == raw_size and no codec parameter",
+                section=where,
+                field="stored_size",
+                offset=at + ENTRY_AT["stored_size"],
+                expected=e["raw_size"],
+                found=e["stored_size"],
+            )
+        return
+    found = registry.find(codec)
+    if found is None:
+        raise SectionError(
+            "unknown codec",
+            section=where,
+            field="codec",
+            offset=at + ENTRY_AT["codec"],
+            found=codec,
+        )
+    if not found.valid_param(e["codec_param"]):
+        raise SectionError(
+            "codec_param must be 0 for zstd, a shuffle width of 2, 4 or 8 for "
+            "shuffle-zstd and of 1, 2, 4 or 8 for chunked-shuffle-zstd",
+            section=where,
+            field="codec_param",
+            offset=at + ENTRY_AT["codec_param"],
+            found=e["codec_param"],
+        )
+    if e["kind"] in w.SECTION_KINDS:
+        walk.decompressed += e["raw_size"]
+        if walk.decompressed > walk.limits.max_decompressed_bytes:
+            raise LimitExceededError(
+                "decompressed size above the limit",
+                section=where,
+                field="raw_size",
+                offset=at + ENTRY_AT["raw_size"],
+                found=e["raw_size"],
+                expected=f"<= {walk.limits.max_decompressed_bytes} in all",
+            )
+
+
+def _check_complete(walk: _Walk) -> None:
+    """Every buffer has its section, and total_length ends right after the last one."""
+    buffers = walk.descriptor.buffers
+    if walk.next_buffer != len(buffers):
+        raise SectionError(
+            "a descriptor buffer has no section",
+            section="section table",
+            expected=len(buffers),
+            found=walk.next_buffer,
+        )
+    expected = align(walk.cursor, w.BLOB_ALIGNMENT)
+    if walk.total != expected:
+        raise InvalidBlobError(
+            f"total_length must be the end of the last section rounded up to {w.BLOB_ALIGNMENT}",
+            section="header",
+            field="total_length",
+            offset=AT["total_length"],
+            expected=expected,
+            found=walk.total,
+        )
