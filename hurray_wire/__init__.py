@@ -71,6 +71,7 @@ from hurray_wire.errors import (
     SectionError,
     StreamBlobTruncatedError,
     StreamTruncatedError,
+    TransportError,
     TruncatedError,
     UnsupportedLayoutError,
 )
@@ -149,6 +150,7 @@ __all__ = [
     "SectionError",
     "Statistics",
     "TensorDescriptor",
+    "TransportError",
     "TruncatedError",
     "UnsupportedLayoutError",
     "__version__",
