@@ -755,6 +755,10 @@ class NixlReceiver(_Endpoint):
         """Validate the landed blob and return its tensor (zero-copy)."""
         r = item.offer
         land = self._arena.buf[item.landing :]
+        if hw.blob_length(land) != r.total_length:
+            raise TransportError("the offer's total_length is not the blob's", layer=r.layer,
+                                 role=r.role, expected=hw.blob_length(land),
+                                 found=r.total_length)  # fmt: skip
         if item.pool is None:
             tensor = hw.decode(land[: r.total_length], verify=self.verify, limits=self.limits)
         else:

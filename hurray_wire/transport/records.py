@@ -220,7 +220,7 @@ def decode_record(data: Any) -> TransferRecord:
     try:
         head = w.TRANSFER_RECORD.parse(raw[:_FIXED])
     except c.ConstError:
-        where = 0 if raw[:4] != w.TRANSFER_MAGIC else (29 if raw[29:32] != bytes(3) else 56)
+        where = 0 if raw[:4] != w.TRANSFER_MAGIC else (25 if raw[25:28] != bytes(3) else 56)
         raise InvalidTransferRecordError(
             "bad magic" if where == 0 else "reserved bytes must be zero",
             section="transfer record",
@@ -256,7 +256,7 @@ def decode_record(data: Any) -> TransferRecord:
     if head.flags & ~w.RECORD_FLAGS_KNOWN:
         _bad("unknown record flag bits", "flags", f"0x{head.flags:02X}", offset=7)
     if head.kv_role != w.ROLE_NONE and head.kv_role not in _ROLE_NAMES:
-        _bad("unknown kv_role code", "kv_role", head.kv_role, sorted(_ROLE_NAMES), offset=28)
+        _bad("unknown kv_role code", "kv_role", head.kv_role, sorted(_ROLE_NAMES), offset=24)
     segments = []
     for k in range(head.segment_count):
         at = _FIXED + _SEGMENT * k
