@@ -170,14 +170,23 @@ def test_lying_offer_length_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(s, "_send", lying)
     tensor = peer.cache_tensor(peer.cache_pool(0, "key", 8), 0, "key")
     s.publish(tensor, mode="staged")
-    # The sender is done once the receiver has read the blob (its memory is free again);
-    # the receiver's abort after validation reaches it only if it is still waiting.
-    thread = threading.Thread(target=s.wait, kwargs={"deadline": 10})
+    errors: list[BaseException] = []
+
+    def drive() -> None:
+        """The sender is done once the receiver has read the blob (its memory is free
+        again); the receiver's abort after validating reaches it if it is still waiting."""
+        try:
+            s.wait(deadline=10)
+        except hw.TransportError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=drive)
     thread.start()
     with pytest.raises(hw.TransportError, match="total_length is not the blob's") as info:
         list(r.receive(1, deadline=10))
     thread.join()
     assert (info.value.layer, info.value.role) == (0, "key")
+    assert all("the receiver aborted" in str(e) for e in errors)
     s.close()
     r.close()
 

@@ -221,6 +221,16 @@ class _Endpoint:
         self._peer = name.decode() if isinstance(name, bytes) else str(name)
         return self._peer
 
+    @property
+    def agent(self) -> Any:
+        """The NIXL agent itself (``nixl_agent``), for moving other data to the same peer."""
+        return self._agent
+
+    @property
+    def peer(self) -> str | None:
+        """The peer's agent name, once ``add_peer`` has loaded it."""
+        return self._peer
+
     def _peer_name(self) -> str:
         if self._peer is None:
             raise TransportError("no peer: call add_peer(peer_metadata) first")
@@ -633,17 +643,19 @@ class NixlReceiver(_Endpoint):
         yielded = 0
         idle = 0
         while yielded < count:
-            landed = [k for k, item in self._in.items() if item.landed]
-            for key in landed:
-                item = self._in.pop(key)
-                tensor = self._guarded(item, self._decode, item)
-                yielded += 1
-                yield tensor
-            try:
+            try:  # first post the transfers of new offers, so they move while we decode
                 moved = self._step()
             except TransportError as exc:
                 self._abort_peer(self.session or 0, str(exc), exc.layer, exc.role)
                 raise
+            landed = next((k for k, item in self._in.items() if item.landed), None)
+            if landed is not None:
+                item = self._in.pop(landed)
+                tensor = self._guarded(item, self._decode, item)
+                yielded += 1
+                idle = 0
+                yield tensor
+                continue
             idle = 0 if moved else idle + 1
             if time.monotonic() > until and yielded < count:
                 pending = [k for k, item in self._in.items() if not item.landed]
