@@ -177,3 +177,21 @@ def test_argument_types() -> None:
         TransferRecord("ready", True, 0, "key")
     with pytest.raises(hw.ArgumentTypeError):
         TransferRecord("offer", 1, 0, "key", total_length=64, segments=[Segment(0, 64, 1)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.kind)
+def test_construct_structs_agree(record: TransferRecord) -> None:
+    """The codec packs the derived struct.Struct; the construct structs read the same."""
+    data = encode_record(record)
+    head = w.TRANSFER_RECORD.parse(data[:64])
+    assert w.RECORD_KINDS[head.kind] == record.kind
+    assert (head.session, head.total_length, head.segment_count) == (
+        record.session, record.total_length, len(record.segments),
+    )  # fmt: skip
+    assert head.record_length == len(data)
+    for k, s in enumerate(record.segments):
+        seg = w.TRANSFER_SEGMENT.parse(data[64 + 32 * k : 96 + 32 * k])
+        assert (seg.blob_offset, seg.length, seg.address, seg.device_id) == (
+            s.blob_offset, s.length, s.address, s.device_id,
+        )  # fmt: skip
+    assert w.RECORD_CHECKSUM.parse(data[-8:]).checksum == xxhash.xxh3_64_intdigest(data[:-8])

@@ -163,7 +163,9 @@ def _pieces(
 class _Endpoint:
     """One NIXL agent with a UCX backend, its registrations and its one peer."""
 
-    def __init__(self, name: str, *, ucx_error_handling_mode: str, arena_bytes: int) -> None:
+    def __init__(
+        self, name: str, *, ucx_error_handling_mode: str, arena_bytes: int, progress_thread: bool
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise ArgumentTypeError("name must be a non-empty str", found=repr(name))
         if ucx_error_handling_mode not in ("none", "peer"):
@@ -174,7 +176,7 @@ class _Endpoint:
         if isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes < 64:
             raise ArgumentTypeError("arena_bytes must be an int >= 64", found=repr(arena_bytes))
         self.name = name
-        config = _nixl.nixl_agent_config(backends=[])
+        config = _nixl.nixl_agent_config(enable_prog_thread=bool(progress_thread), backends=[])
         self._agent = _call("agent creation", _nixl.nixl_agent, name, config)
         params = dict(_call("get_plugin_params", self._agent.get_plugin_params, "UCX"))
         if not params:
@@ -331,9 +333,10 @@ class NixlSender(_Endpoint):
         *,
         ucx_error_handling_mode: str = "peer",
         arena_bytes: int = 64 << 20,
+        progress_thread: bool = False,
     ) -> None:
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
-                         arena_bytes=arena_bytes)  # fmt: skip
+                         arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
         self.session = secrets.randbits(64)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl")
         self._out: dict[tuple[int, str], _Outgoing] = {}
@@ -477,6 +480,12 @@ class NixlSender(_Endpoint):
                                      layer=layer, role=role)  # fmt: skip
             time.sleep(0 if idle < 64 else 0.0002)
 
+    def poll(self) -> bool:
+        """One round of progress without waiting; True if anything happened. For a sender
+        without a progress thread that has nothing to ``wait`` for but must serve its peer
+        (UCX over TCP needs the target to progress a peer's READ)."""
+        return self._step()
+
     def abort(self, reason: str = "aborted by the sender") -> None:
         """End the transfer: the peer's receive() raises TransportError at once."""
         self._abort_peer(self.session, reason, None, None)
@@ -606,16 +615,21 @@ class NixlReceiver(_Endpoint):
         *,
         ucx_error_handling_mode: str = "peer",
         arena_bytes: int = 256 << 20,
+        progress_thread: bool = False,
         verify: bool = True,
         limits: hw.DecodeLimits | None = None,
     ) -> None:
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
-                         arena_bytes=arena_bytes)  # fmt: skip
+                         arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
         self.verify = verify
         self.limits = limits
         self.session: int | None = None
         self._pools: dict[tuple[int, str], _U8] = {}
         self._in: dict[tuple[int, str], _Incoming] = {}
+        # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
+        # of the GIL), while this thread keeps the later transfers moving.
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl-decode")
+        self._decoding: list[tuple[_Incoming, Future[Any]]] = []
 
     def expect(self, layer: int, role: str, page_pool: npt.NDArray[Any]) -> None:
         """Land the page pool of blob {layer, role} in ``page_pool`` (registered memory of
@@ -637,7 +651,7 @@ class NixlReceiver(_Endpoint):
             raise ArgumentTypeError("count must be an int >= 0", found=repr(count))
         until = _deadline(deadline)
         self._peer_name()
-        if not self._in:
+        if not self._in and not self._decoding:
             self._arena.top = 0
             self._arena.live = 0
         yielded = 0
@@ -648,10 +662,12 @@ class NixlReceiver(_Endpoint):
             except TransportError as exc:
                 self._abort_peer(self.session or 0, str(exc), exc.layer, exc.role)
                 raise
-            landed = next((k for k, item in self._in.items() if item.landed), None)
-            if landed is not None:
-                item = self._in.pop(landed)
-                tensor = self._guarded(item, self._decode, item)
+            for key in [k for k, item in self._in.items() if item.landed]:
+                item = self._in.pop(key)  # checksums are verified on the decoder thread
+                self._decoding.append((item, self._decoder.submit(self._decode, item)))
+            if self._decoding and self._decoding[0][1].done():
+                item, future = self._decoding.pop(0)
+                tensor = self._guarded(item, future.result)
                 yielded += 1
                 idle = 0
                 yield tensor
@@ -762,6 +778,10 @@ class NixlReceiver(_Endpoint):
         if head_end < r.total_length:
             local, remote = _pieces(item.segments, r.segments, head_end, r.total_length)
             item.xfers.append(self._post("READ", local, remote))
+
+    def close(self) -> None:
+        self._decoder.shutdown(wait=True)
+        super().close()
 
     def _decode(self, item: _Incoming) -> Any:
         """Validate the landed blob and return its tensor (zero-copy)."""

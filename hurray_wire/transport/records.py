@@ -8,14 +8,16 @@ tile the blob exactly. Nothing here imports NIXL; nothing here uses pickle.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
-import construct as c
 import xxhash
 
 from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
 from hurray_wire.wire import transfer as w
+from hurray_wire.wire.fast import derive
 
 __all__ = [
     "MAX_SEGMENTS",
@@ -31,8 +33,14 @@ MAX_SEGMENTS = 256  # far above what one blob needs (header, pool, index arrays,
 MAX_REASON_BYTES = 1024
 ROLE_CODES = {"key": 0, "value": 1, "fused": 2}
 _ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
-_FIXED = w.TRANSFER_RECORD.sizeof()  # 64
-_SEGMENT = w.TRANSFER_SEGMENT.sizeof()  # 32
+# construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
+# formats (wire/fast.py), checking the Const fields by hand.
+_RECORD = derive(w.TRANSFER_RECORD)
+_SEG = derive(w.TRANSFER_SEGMENT)
+_FIXED = _RECORD.size  # 64
+_SEGMENT = _SEG.size  # 32
+_U64 = struct.Struct("<Q")
+_RECORD_OFFSETS = list(accumulate((sub.sizeof() for sub in w.TRANSFER_RECORD.subcons), initial=0))
 _U64_MAX = (1 << 64) - 1
 _ALIGNMENT = 64  # blob total_length and section offsets are multiples of 64
 
@@ -171,37 +179,31 @@ def encode_record(record: TransferRecord) -> bytes:
         raise ArgumentTypeError("expected a TransferRecord", found=type(record).__name__)
     reason = record.reason.encode("utf-8")
     length = _FIXED + _SEGMENT * len(record.segments) + len(reason) + 8
-    head = w.TRANSFER_RECORD.build(
-        {
-            "version_major": 1,
-            "version_minor": 0,
-            "kind": _KIND_CODES[record.kind],
-            "flags": w.FLAG_WRITE if record.write else 0,
-            "record_length": length,
-            "session": record.session,
-            "layer_index": w.LAYER_NONE if record.layer is None else record.layer,
-            "kv_role": w.ROLE_NONE if record.role is None else ROLE_CODES[record.role],
-            "total_length": record.total_length,
-            "pool_offset": record.pool_offset,
-            "pool_length": record.pool_length,
-            "segment_count": len(record.segments),
-            "reason_length": len(reason),
-        }
-    )
-    body = b"".join(
-        w.TRANSFER_SEGMENT.build(
-            {
-                "blob_offset": s.blob_offset,
-                "length": s.length,
-                "address": s.address,
-                "device_id": s.device_id,
-            }
+    pieces = [
+        _RECORD.struct.pack(
+            w.TRANSFER_MAGIC,
+            1,
+            0,
+            _KIND_CODES[record.kind],
+            w.FLAG_WRITE if record.write else 0,
+            length,
+            record.session,
+            w.LAYER_NONE if record.layer is None else record.layer,
+            w.ROLE_NONE if record.role is None else ROLE_CODES[record.role],
+            bytes(3),
+            record.total_length,
+            record.pool_offset,
+            record.pool_length,
+            len(record.segments),
+            len(reason),
+            bytes(8),
         )
-        for s in record.segments
-    )
-    data: bytes = head + body + reason
-    trailer: bytes = w.RECORD_CHECKSUM.build({"checksum": xxhash.xxh3_64_intdigest(data)})
-    return data + trailer
+    ]
+    for s in record.segments:
+        pieces.append(_SEG.struct.pack(s.blob_offset, s.length, s.address, s.device_id, bytes(4)))
+    pieces.append(reason)
+    data = b"".join(pieces)
+    return data + _U64.pack(xxhash.xxh3_64_intdigest(data))
 
 
 def decode_record(data: Any) -> TransferRecord:
@@ -217,31 +219,34 @@ def decode_record(data: Any) -> TransferRecord:
             expected=_FIXED + 8,
             found=len(raw),
         )
-    try:
-        head = w.TRANSFER_RECORD.parse(raw[:_FIXED])
-    except c.ConstError:
-        where = 0 if raw[:4] != w.TRANSFER_MAGIC else (25 if raw[25:28] != bytes(3) else 56)
-        raise InvalidTransferRecordError(
-            "bad magic" if where == 0 else "reserved bytes must be zero",
-            section="transfer record",
-            field="magic" if where == 0 else "_reserved",
-            offset=where,
-            found=raw[where : where + 4].hex(" "),
-        ) from None
-    if head.version_major != 1:
-        _bad("unsupported record version", "version_major", head.version_major, 1, offset=4)
-    expected = _FIXED + _SEGMENT * head.segment_count + head.reason_length + 8
-    if head.record_length != len(raw) or expected != len(raw):
+    head = _RECORD.struct.unpack_from(raw)
+    for position, expected_bytes in _RECORD.consts:
+        if head[position] != expected_bytes:
+            name = _RECORD.names[position]
+            at = _RECORD_OFFSETS[position]
+            raise InvalidTransferRecordError(
+                "bad magic" if name == "magic" else "reserved bytes must be zero",
+                section="transfer record",
+                field="magic" if name == "magic" else "_reserved",
+                offset=at,
+                found=head[position].hex(" "),
+            )
+    (_, major, _, kind, flags, record_length, session, layer, role, _, total, pool_offset,
+     pool_length, segment_count, reason_length, _) = head  # fmt: skip
+    if major != 1:
+        _bad("unsupported record version", "version_major", major, 1, offset=4)
+    expected = _FIXED + _SEGMENT * segment_count + reason_length + 8
+    if record_length != len(raw) or expected != len(raw):
         raise InvalidTransferRecordError(
             "record_length disagrees with the bytes received or with the counts",
             section="transfer record",
             field="record_length",
             offset=8,
             expected=f"{len(raw)} (received) == {expected} (counts)",
-            found=head.record_length,
+            found=record_length,
         )
-    stored = w.RECORD_CHECKSUM.parse(raw[-8:]).checksum
-    computed = xxhash.xxh3_64_intdigest(raw[:-8])
+    stored = _U64.unpack_from(raw, len(raw) - 8)[0]
+    computed = xxhash.xxh3_64_intdigest(memoryview(raw)[:-8])
     if stored != computed:
         raise InvalidTransferRecordError(
             "record checksum mismatch",
@@ -251,39 +256,38 @@ def decode_record(data: Any) -> TransferRecord:
             expected=f"0x{computed:016x}",
             found=f"0x{stored:016x}",
         )
-    if head.kind not in w.RECORD_KINDS:
-        _bad("unknown record kind", "kind", head.kind, sorted(w.RECORD_KINDS), offset=6)
-    if head.flags & ~w.RECORD_FLAGS_KNOWN:
-        _bad("unknown record flag bits", "flags", f"0x{head.flags:02X}", offset=7)
-    if head.kv_role != w.ROLE_NONE and head.kv_role not in _ROLE_NAMES:
-        _bad("unknown kv_role code", "kv_role", head.kv_role, sorted(_ROLE_NAMES), offset=24)
+    if kind not in w.RECORD_KINDS:
+        _bad("unknown record kind", "kind", kind, sorted(w.RECORD_KINDS), offset=6)
+    if flags & ~w.RECORD_FLAGS_KNOWN:
+        _bad("unknown record flag bits", "flags", f"0x{flags:02X}", offset=7)
+    if role != w.ROLE_NONE and role not in _ROLE_NAMES:
+        _bad("unknown kv_role code", "kv_role", role, sorted(_ROLE_NAMES), offset=24)
     segments = []
-    for k in range(head.segment_count):
-        at = _FIXED + _SEGMENT * k
-        try:
-            s = w.TRANSFER_SEGMENT.parse(raw[at : at + _SEGMENT])
-        except c.ConstError:
+    for k, (blob_offset, length, address, device_id, reserved) in enumerate(
+        _SEG.struct.iter_unpack(raw[_FIXED : _FIXED + _SEGMENT * segment_count])
+    ):
+        if reserved != bytes(4):
             raise InvalidTransferRecordError(
                 "reserved bytes must be zero",
                 section="transfer record",
                 field=f"segment[{k}]._reserved",
-                offset=at + 28,
-            ) from None
-        segments.append(Segment(s.blob_offset, s.length, s.address, s.device_id))
-    start = _FIXED + _SEGMENT * head.segment_count
+                offset=_FIXED + _SEGMENT * k + 28,
+            )
+        segments.append(Segment(blob_offset, length, address, device_id))
+    start = _FIXED + _SEGMENT * segment_count
     try:
-        reason = raw[start : start + head.reason_length].decode("utf-8")
+        reason = raw[start : start + reason_length].decode("utf-8")
     except UnicodeDecodeError:
         _bad("reason is not UTF-8", "reason", raw[start : start + 16].hex(" "), offset=start)
     return TransferRecord(
-        kind=w.RECORD_KINDS[head.kind],
-        session=head.session,
-        layer=None if head.layer_index == w.LAYER_NONE else head.layer_index,
-        role=None if head.kv_role == w.ROLE_NONE else _ROLE_NAMES[head.kv_role],
-        write=bool(head.flags & w.FLAG_WRITE),
-        total_length=head.total_length,
-        pool_offset=head.pool_offset,
-        pool_length=head.pool_length,
+        kind=w.RECORD_KINDS[kind],
+        session=session,
+        layer=None if layer == w.LAYER_NONE else layer,
+        role=None if role == w.ROLE_NONE else _ROLE_NAMES[role],
+        write=bool(flags & w.FLAG_WRITE),
+        total_length=total,
+        pool_offset=pool_offset,
+        pool_length=pool_length,
         segments=tuple(segments),
         reason=reason,
     )
