@@ -54,6 +54,8 @@ __all__ = [
 
 #: Seconds any wait (publish for arena space, wait, receive) may take unless told otherwise.
 DEFAULT_DEADLINE = 30.0
+#: Seconds a sender naps between polls while only the peer's READs are moving.
+PEER_READ_NAP = 0.00005
 _ZERO_COPY_MIN = 4096  # smaller parts are copied into the arena: one segment instead of many
 _HEADER = wb.BLOB_HEADER.sizeof()
 _ENTRY = wb.SECTION_ENTRY.sizeof()
@@ -449,7 +451,7 @@ class NixlSender(_Endpoint):
             if time.monotonic() > until:
                 raise TransportError("deadline passed waiting for arena space", layer=layer,
                                      role=role)  # fmt: skip
-            time.sleep(0.0002)
+            time.sleep(self._pause(64))
 
     def _offer(self, item: _Outgoing) -> None:
         self._send(
@@ -478,7 +480,19 @@ class NixlSender(_Endpoint):
                 self._abort_peer(self.session, "sender deadline passed", layer, role)
                 raise TransportError(f"deadline passed with {len(pending)} blobs not done",
                                      layer=layer, role=role)  # fmt: skip
-            time.sleep(0 if idle < 64 else 0.0002)
+            # Without a progress thread, transfers move only while we poll: never sleep
+            # while one is in flight (this side is the target of the peer's READs too).
+            time.sleep(self._pause(idle))
+
+    def _pause(self, idle: int) -> float:
+        """How long to sleep between polls. Our own transfers move only while we poll (no
+        progress thread): none. The peer's READs need only our answers to its requests: a
+        short nap, leaving the core to the hashing thread. Otherwise back off."""
+        if idle < 64 or any(o.body is not None or o.head is not None for o in self._out.values()):
+            return 0.0
+        if any(item.offered and not item.done for item in self._out.values()):
+            return PEER_READ_NAP
+        return 0.0002
 
     def poll(self) -> bool:
         """One round of progress without waiting; True if anything happened. For a sender
@@ -683,7 +697,8 @@ class NixlReceiver(_Endpoint):
                     layer=layer,
                     role=role,
                 )
-            time.sleep(0 if idle < 64 else 0.0002)
+            busy = any(item.xfers for item in self._in.values())
+            time.sleep(0 if idle < 64 or busy else 0.0002)  # transfers move while we poll
 
     def _guarded(self, item: _Incoming, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn``; any error names the blob and is sent to the peer as an abort."""
