@@ -214,3 +214,15 @@ def test_importing_hurray_wire_does_not_import_nixl() -> None:
     code = "import sys, hurray_wire, hurray_wire.transport; print('nixl_cu12' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+def test_the_guide_runs_as_written() -> None:
+    """Every ```python block of docs/nixl.md, run in a fresh interpreter."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "nixl.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert blocks
+    for code in blocks:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
