@@ -162,7 +162,7 @@ def test_lying_offer_length_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) ->
             last = record.segments[-1]
             longer = records.Segment(last.blob_offset, last.length + 64, last.address)
             record = records.TransferRecord(
-                "offer", record.session, record.layer, record.role,
+                "offer", record.session, record.layer, record.role, ready=record.ready,
                 total_length=record.total_length + 64, segments=(*record.segments[:-1], longer),
             )  # fmt: skip
         real(record)

@@ -31,6 +31,9 @@ OFFER = TransferRecord(
 RECORDS = [
     OFFER,
     TransferRecord("offer", 1, 0, "key", total_length=64, segments=(Segment(0, 64, 4096),)),
+    TransferRecord(
+        "offer", 2, 1, "key", ready=True, total_length=64, segments=(Segment(0, 64, 4096),)
+    ),
     TransferRecord("grant", 7, 2, "fused", total_length=4608, segments=SEGMENTS),
     TransferRecord("ready", 7, 2, "key"),
     TransferRecord("done", 7, 0xFFFFFFFE, "value"),
@@ -99,7 +102,7 @@ FIELD_REJECTS = [
     (4, b"\x02", "version_major"),
     (6, b"\x00", "kind"),
     (6, b"\x06", "kind"),
-    (7, b"\x02", "flags"),
+    (7, b"\x04", "flags"),
     (8, struct.pack("<I", 199), "record_length"),
     (24, b"\x03", "kv_role"),
     (25, b"\x01", "_reserved"),
@@ -139,7 +142,7 @@ def test_kind_rules() -> None:
     ready = encode_record(TransferRecord("ready", 1, 0, "key"))
     with pytest.raises(InvalidTransferRecordError, match="no total_length"):
         decode_record(patched(ready, 28, struct.pack("<Q", 64)))
-    with pytest.raises(InvalidTransferRecordError, match="write flag"):
+    with pytest.raises(InvalidTransferRecordError, match="write or ready flag"):
         decode_record(patched(ready, 7, b"\x01"))
     with pytest.raises(InvalidTransferRecordError, match="names its layer"):
         decode_record(patched(ready, 24, b"\xff"))

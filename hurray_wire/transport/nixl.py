@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +47,11 @@ except Exception as _first:  # ImportError, or OSError from a shared library
             "'pip install --no-deps nixl-cu12==1.5.1' (the extra hurray-wire[nixl]; "
             f"--no-deps keeps torch and CUDA out on CPU machines); import failed with {_first!r}"
         ) from _first
+
+# NIXL's Python logger prints INFO lines (one per agent and backend) to stdout, which is the
+# application's: keep it to warnings unless the user asked for a level with NIXL_LOG_LEVEL.
+if not os.environ.get("NIXL_LOG_LEVEL"):
+    logging.getLogger("nixl").setLevel(logging.WARNING)
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -318,6 +325,7 @@ class _Outgoing:
     grant: TransferRecord | None = None
     body: Any = None
     body_done: bool = False
+    head_end: int | None = None  # WRITE: the blob range [0, head_end) goes last
     head: Any = None
     done: bool = False
 
@@ -429,10 +437,15 @@ class NixlSender(_Endpoint):
         def final_header() -> bytes:
             return bytes(hw.encode_parts(tensor, checksum=True)[0]) if checksum else bytes(head)
 
-        future = self._hasher.submit(final_header)
+        if checksum:
+            future = self._hasher.submit(final_header)
+        else:  # the header in the arena is final already: the offer says so
+            future = Future()
+            future.set_result(None)
         item = _Outgoing(tensor, layer, role, op == "WRITE", start, future, False, total)
         item.pool_offset, item.pool_length = (pool_offset, pool_length) if raw else (0, 0)
         item.segments = tuple(segments)
+        item.ready = not checksum
         self._out[key] = item
         self._offer(item)
         self._step()
@@ -457,7 +470,7 @@ class NixlSender(_Endpoint):
         self._send(
             TransferRecord(
                 "offer", self.session, item.layer, item.role, write=item.write,
-                total_length=item.total, pool_offset=item.pool_offset,
+                ready=item.ready, total_length=item.total, pool_offset=item.pool_offset,
                 pool_length=item.pool_length, segments=item.segments,
             )
         )  # fmt: skip
@@ -563,28 +576,32 @@ class NixlSender(_Endpoint):
                 offset, length, raw, _ = _pool_section(view)
                 item.pool_offset, item.pool_length = (offset, length) if raw else (0, 0)
                 item.segments = (Segment(0, item.total, address),)
-                self._offer(item)
+                item.ready = True
+                self._offer(item)  # with the ready flag: the blob is complete
             else:
                 head = np.frombuffer(result, np.uint8)
                 self._arena.buf[item.arena_start : item.arena_start + len(head)] = head
-            item.ready = True
-            if not item.write:
-                self._send(TransferRecord("ready", self.session, item.layer, item.role))
+                item.ready = True
+                if not item.write:
+                    self._send(TransferRecord("ready", self.session, item.layer, item.role))
         if not item.write or item.grant is None:
             return moved
-        head_end = item.segments[0].length
-        if item.body is None and not item.body_done:
-            if head_end == item.total:
-                item.body_done = True
-            else:
-                local, remote = _pieces(item.segments, item.grant.segments, head_end, item.total)
+        if item.head_end is None:  # WRITE: split the blob once, at the grant
+            # Header final already: one transfer of everything. Else the rest first, then
+            # the header once its checksums are in; the last transfer carries the done record.
+            item.head_end = item.total if item.ready else item.segments[0].length
+            if item.head_end < item.total:
+                local, remote = _pieces(item.segments, item.grant.segments, item.head_end,
+                                        item.total)  # fmt: skip
                 item.body = self._post("WRITE", local, remote)
-                moved = True
+            else:
+                item.body_done = True
+            moved = True
         if item.body is not None and self._state(item.body) == "DONE":
             item.body.release()
             item.body, item.body_done, moved = None, True, True
         if item.body_done and item.ready and item.head is None:
-            local, remote = _pieces(item.segments, item.grant.segments, 0, head_end)
+            local, remote = _pieces(item.segments, item.grant.segments, 0, item.head_end)
             done = encode_record(TransferRecord("done", self.session, item.layer, item.role))
             item.head = self._post("WRITE", local, remote, done)
             moved = True
@@ -788,6 +805,11 @@ class NixlReceiver(_Endpoint):
                                       total_length=r.total_length, pool_offset=r.pool_offset,
                                       pool_length=r.pool_length,
                                       segments=item.segments))  # fmt: skip
+            return
+        if r.ready:  # the whole blob is final: one READ
+            local, remote = _pieces(item.segments, r.segments, 0, r.total_length)
+            item.xfers.append(self._post("READ", local, remote))
+            item.head_posted = True
             return
         head_end = _head_end(item)
         if head_end < r.total_length:

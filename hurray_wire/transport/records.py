@@ -65,6 +65,7 @@ class TransferRecord:
     layer: int | None = None
     role: str | None = None
     write: bool = False  # offer: the sender will WRITE (else the receiver READs)
+    ready: bool = False  # offer: the header segment is final (no ready record will follow)
     total_length: int = 0
     pool_offset: int = 0
     pool_length: int = 0
@@ -105,16 +106,18 @@ def _check(r: TransferRecord) -> None:
         _bad("unknown kv_role", "kv_role", repr(r.role), sorted(ROLE_CODES))
     for name in ("total_length", "pool_offset", "pool_length"):
         _uint(getattr(r, name), name, 64)
-    if not isinstance(r.write, bool):
-        raise ArgumentTypeError("write must be a bool", field="write", found=repr(r.write))
+    for name in ("write", "ready"):
+        if not isinstance(getattr(r, name), bool):
+            raise ArgumentTypeError(f"{name} must be a bool", field=name, found=repr(r.write))
     if not isinstance(r.reason, str):
         raise ArgumentTypeError("reason must be a str", field="reason", found=repr(r.reason))
     if len(r.reason.encode("utf-8", "surrogatepass")) > MAX_REASON_BYTES:
         _bad("reason too long", "reason_length", len(r.reason), f"<= {MAX_REASON_BYTES} bytes")
     if r.reason and r.kind != "abort":
         _bad("only an abort record has a reason", "reason_length", len(r.reason), 0)
-    if r.write and r.kind != "offer":
-        _bad("only an offer record has the write flag", "flags", w.FLAG_WRITE, 0)
+    if (r.write or r.ready) and r.kind != "offer":
+        _bad("only an offer record has the write or ready flag", "flags",
+             w.FLAG_WRITE * r.write | w.FLAG_READY * r.ready, 0)  # fmt: skip
     if r.kind in ("offer", "grant"):
         _check_layout(r)
     else:
@@ -185,7 +188,7 @@ def encode_record(record: TransferRecord) -> bytes:
             1,
             0,
             _KIND_CODES[record.kind],
-            w.FLAG_WRITE if record.write else 0,
+            (w.FLAG_WRITE if record.write else 0) | (w.FLAG_READY if record.ready else 0),
             length,
             record.session,
             w.LAYER_NONE if record.layer is None else record.layer,
@@ -285,6 +288,7 @@ def decode_record(data: Any) -> TransferRecord:
         layer=None if layer == w.LAYER_NONE else layer,
         role=None if role == w.ROLE_NONE else _ROLE_NAMES[role],
         write=bool(flags & w.FLAG_WRITE),
+        ready=bool(flags & w.FLAG_READY),
         total_length=total,
         pool_offset=pool_offset,
         pool_length=pool_length,

@@ -25,6 +25,7 @@ __all__ = [
     "KIND_ABORT",
     "RECORD_KINDS",
     "FLAG_WRITE",
+    "FLAG_READY",
     "RECORD_FLAGS_KNOWN",
     "ROLE_NONE",
     "LAYER_NONE",
@@ -46,7 +47,8 @@ RECORD_KINDS = {
 }
 
 FLAG_WRITE = 0x01  # offer: the sender writes into granted memory (else the receiver reads)
-RECORD_FLAGS_KNOWN = FLAG_WRITE
+FLAG_READY = 0x02  # offer: the header segment is final already (no ready record follows)
+RECORD_FLAGS_KNOWN = FLAG_WRITE | FLAG_READY
 
 ROLE_NONE = 0xFF  # kv_role of a record about the whole transfer (an abort of everything)
 LAYER_NONE = 0xFFFFFFFF  # layer_index of such a record, or of a blob without a layer
