@@ -226,3 +226,49 @@ def test_the_guide_runs_as_written() -> None:
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
         )
         assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_peer_error_handling_mode_over_tcp() -> None:
+    """UCX's default error handling ("peer": RMA emulated over TCP loopback), all four plans."""
+    r = hwnixl.NixlReceiver("tcp-receiver", ucx_error_handling_mode="peer", arena_bytes=16 << 20)
+    try:
+        sender = Sender(r, "--ucx", "peer", layers=4, pages=32)
+        got = {(t.layer_index, t.kv_role): t for t in r.receive(8, deadline=30)}
+        for (layer, role), tensor in got.items():
+            expected = peer.cache_pool(layer, role, 32)
+            assert tensor.page_pool.view(np.uint16).tobytes() == expected.view(np.uint16).tobytes()
+        assert len(got) == 8
+        assert sender.finish() == 0
+    finally:
+        r.close()
+
+
+def test_failed_write_aborts_the_receiver_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    s, r = _pair()
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+
+    def failing(op: str, *args: Any) -> Any:
+        raise hw.TransportError(f"NIXL {op} failed to post (simulated)")
+
+    monkeypatch.setattr(s, "_post", failing)
+    s.publish(peer.cache_tensor(peer.cache_pool(1, "value", 8), 1, "value"), op="WRITE")
+    errors: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            s.wait(deadline=10)
+        except hw.TransportError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=drive)
+    thread.start()
+    start = time.monotonic()
+    with pytest.raises(hw.TransportError, match="the sender aborted") as info:
+        list(r.receive(1, deadline=10))
+    assert time.monotonic() - start < 5
+    thread.join()
+    assert (info.value.layer, info.value.role) == (1, "value")
+    assert errors and (errors[0].layer, errors[0].role) == (1, "value")
+    s.close()
+    r.close()
