@@ -272,3 +272,31 @@ def test_failed_write_aborts_the_receiver_at_once(monkeypatch: pytest.MonkeyPatc
     assert errors and (errors[0].layer, errors[0].role) == (1, "value")
     s.close()
     r.close()
+
+
+def test_compressed_staged_blob_into_an_engine_array() -> None:
+    """A compressed pool cannot land apart: it is decoded, then copied into the engine's
+    array, so that the contract of expect() holds."""
+    s, r = _pair()
+    engine = np.zeros((16, *peer.PAGE_SHAPE), np.float16)
+    r.register(engine)
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    pool = np.zeros((16, *peer.PAGE_SHAPE), np.float16)
+    pool[::3] = 1.5  # compressible
+    r.expect(4, "key", engine)
+    s.publish(peer.cache_tensor(pool, 4, "key"), mode="staged", compression="zstd")
+    s.publish(peer.cache_tensor(pool, 4, "value"), mode="staged", compression="zstd", op="WRITE")
+    thread = threading.Thread(target=s.wait, kwargs={"deadline": 10})
+    thread.start()
+    got = {t.kv_role: t for t in r.receive(2, deadline=10)}
+    thread.join()
+    for tensor in got.values():
+        np.testing.assert_array_equal(tensor.page_pool, pool)
+    assert np.shares_memory(got["key"].page_pool, engine)
+    with pytest.raises(hw.ArgumentTypeError, match="compression needs mode='staged'"):
+        s.publish(peer.cache_tensor(pool, 5, "key"), compression="zstd")
+    with pytest.raises(hw.ArgumentTypeError, match="unknown kv_role"):
+        r.expect(0, "query", engine)
+    s.close()
+    r.close()

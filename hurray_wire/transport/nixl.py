@@ -33,7 +33,13 @@ import xxhash
 
 import hurray_wire as hw
 from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError, TransportError
-from hurray_wire.transport.records import Segment, TransferRecord, decode_record, encode_record
+from hurray_wire.transport.records import (
+    ROLE_CODES,
+    Segment,
+    TransferRecord,
+    decode_record,
+    encode_record,
+)
 from hurray_wire.wire import blob as wb
 
 try:
@@ -626,6 +632,7 @@ class _Incoming:
     segments: tuple[Segment, ...] = ()
     xfers: list[Any] = field(default_factory=list)
     head_posted: bool = False
+    engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
     landed: bool = False
 
 
@@ -636,8 +643,8 @@ class NixlReceiver(_Endpoint):
     and zero-copy as soon as it has landed, while later ones are still in flight.
 
     Tensors decoded from the landing region are views of it and stay valid until the next
-    ``receive`` call, which reuses the region; page pools that landed in engine arrays are
-    the engine's arrays.
+    ``receive`` call, which reuses the region (so the blobs of one call must fit in it);
+    page pools that landed in engine arrays are the engine's arrays.
     """
 
     def __init__(
@@ -665,6 +672,11 @@ class NixlReceiver(_Endpoint):
     def expect(self, layer: int, role: str, page_pool: npt.NDArray[Any]) -> None:
         """Land the page pool of blob {layer, role} in ``page_pool`` (registered memory of
         exactly the pool's size): the decoded tensor's page_pool then shares its memory."""
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 0xFFFFFFFF:
+            raise ArgumentTypeError("layer must be an int in [0, 2**32 - 1)", found=repr(layer))
+        if role not in ROLE_CODES:
+            raise ArgumentTypeError("unknown kv_role", field="role", found=repr(role),
+                                    expected=sorted(ROLE_CODES))  # fmt: skip
         flat = _bytes_of(page_pool, "page_pool")
         if not self._registered(int(flat.ctypes.data), flat.nbytes):
             raise TransportError("page_pool is not in registered memory", layer=layer,
@@ -804,7 +816,7 @@ class NixlReceiver(_Endpoint):
                 segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
         else:
             segments = [Segment(0, r.total_length, base)]
-        return _Incoming(r, start, pool if split else None, tuple(segments))
+        return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool)
 
     def _start(self, item: _Incoming) -> None:
         r = item.offer
@@ -843,6 +855,15 @@ class NixlReceiver(_Endpoint):
                                  found=r.total_length)  # fmt: skip
         if item.pool is None:
             tensor = hw.decode(land[: r.total_length], verify=self.verify, limits=self.limits)
+            if item.engine is not None:  # a compressed pool: decompressed, then copied in
+                pool = tensor.page_pool
+                if pool.nbytes != item.engine.nbytes:
+                    raise TransportError("page pool size differs from the engine's array",
+                                         layer=r.layer, role=r.role,
+                                         expected=item.engine.nbytes,
+                                         found=pool.nbytes)  # fmt: skip
+                item.engine[...] = pool.reshape(-1).view(np.uint8)
+                tensor.page_pool = item.engine.view(pool.dtype).reshape(pool.shape)
         else:
             tensor = self._decode_split(item, land)
         if tensor.layer_index != r.layer or tensor.kv_role != r.role:
