@@ -373,8 +373,10 @@ class NixlSender(_Endpoint):
         grants. ``mode="zero-copy"``: the blob's large parts are the tensor's own arrays,
         which must lie in registered memory; the small parts are copied into the arena and
         the checksums are computed in a thread while the peer already moves the page pool.
+        Parts outside registered memory are copied into the arena too (a copy, but it works).
         ``mode="staged"``: the blob is ``encode_into`` the arena (compression allowed).
-        ``deadline`` bounds the wait for arena space.
+        ``deadline`` bounds the wait for arena space. The tensor's arrays must not change
+        until ``wait`` returns.
         """
         if not isinstance(tensor, hw.BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
@@ -386,7 +388,8 @@ class NixlSender(_Endpoint):
         if layer is None:
             raise TransportError("a published tensor needs a layer_index", role=role)
         key = (layer, role)
-        if key in self._out and not self._out[key].done:
+        self._out = {k: o for k, o in self._out.items() if not o.done}  # let go of old tensors
+        if key in self._out:
             raise TransportError("already published and not done", layer=layer, role=role)
         if mode == "zero-copy" and compression is not None:
             raise ArgumentTypeError("compression needs mode='staged'", field="compression")
@@ -499,9 +502,7 @@ class NixlSender(_Endpoint):
                 self._abort_peer(self.session, "sender deadline passed", layer, role)
                 raise TransportError(f"deadline passed with {len(pending)} blobs not done",
                                      layer=layer, role=role)  # fmt: skip
-            # Without a progress thread, transfers move only while we poll: never sleep
-            # while one is in flight (this side is the target of the peer's READs too).
-            time.sleep(self._pause(idle))
+            time.sleep(self._pause(idle))  # without a progress thread, we move the transfers
 
     def _pause(self, idle: int) -> float:
         """How long to sleep between polls. Our own transfers move only while we poll (no
