@@ -10,6 +10,7 @@ one process, a sender that lies about a blob's length. Skipped where NIXL cannot
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -145,6 +146,12 @@ def test_abort_ends_the_transfer_at_once(receiver: Any) -> None:
 
 
 # -- in one process: two agents, the sender driven from a thread ---------------------------
+def _quietly(wait: Any) -> None:
+    """Drive a sender whose peer is about to abort (the abort is the test's subject)."""
+    with contextlib.suppress(hw.TransportError):
+        wait(deadline=10)
+
+
 def _pair() -> tuple[Any, Any]:
     s = hwnixl.NixlSender("one-sender", ucx_error_handling_mode="none", arena_bytes=8 << 20)
     r = hwnixl.NixlReceiver("one-receiver", ucx_error_handling_mode="none", arena_bytes=8 << 20)
@@ -298,5 +305,38 @@ def test_compressed_staged_blob_into_an_engine_array() -> None:
         s.publish(peer.cache_tensor(pool, 5, "key"), compression="zstd")
     with pytest.raises(hw.ArgumentTypeError, match="unknown kv_role"):
         r.expect(0, "query", engine)
+    s.close()
+    r.close()
+
+
+def test_nixl_errors_are_wrapped_with_the_original_as_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An offer pointing outside the sender's registered memory: NIXL refuses the READ."""
+    s, r = _pair()
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    real = s._send
+
+    def lying(record: Any) -> None:
+        if record.kind == "offer":
+            moved = tuple(
+                records.Segment(g.blob_offset, g.length, 1 << 40) for g in record.segments
+            )
+            record = records.TransferRecord(
+                "offer", record.session, record.layer, record.role, ready=record.ready,
+                total_length=record.total_length, segments=moved,
+            )  # fmt: skip
+        real(record)
+
+    monkeypatch.setattr(s, "_send", lying)
+    s.publish(peer.cache_tensor(peer.cache_pool(0, "value", 4), 0, "value"), mode="staged")
+    thread = threading.Thread(target=_quietly, args=(s.wait,))
+    thread.start()
+    with pytest.raises(hw.TransportError, match="NIXL") as info:
+        list(r.receive(1, deadline=10))
+    thread.join()
+    assert (info.value.layer, info.value.role) == (0, "value")
+    assert type(info.value.__cause__).__module__.startswith("nixl")
     s.close()
     r.close()

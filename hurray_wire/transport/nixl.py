@@ -122,6 +122,22 @@ def _pool_section(head: Any) -> tuple[int, int, bool, bool]:
     return entry.offset, entry.stored_size, raw, header.checksum_type == wb.CHECKSUM_XXH3_64
 
 
+def _named(exc: HurrayWireError, layer: int | None, role: str | None) -> TransportError:
+    """``exc`` as a TransportError naming the blob (itself if it names one already)."""
+    if isinstance(exc, TransportError):
+        if exc.layer is not None:
+            return exc
+        return TransportError(exc.message, layer=layer, role=role)
+    return TransportError(f"{type(exc).__name__}: {exc}", layer=layer, role=role)
+
+
+def _origin(exc: HurrayWireError) -> BaseException:
+    """The error to chain as ``__cause__``: NIXL's own, when ``exc`` merely wraps it."""
+    if isinstance(exc, TransportError) and exc.layer is None and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
 class _Arena:
     """A registered byte region handed out front to back and reset when nothing is in it."""
 
@@ -545,9 +561,7 @@ class NixlSender(_Endpoint):
 
     def _fail(self, item: _Outgoing, exc: HurrayWireError) -> None:
         self._abort_peer(self.session, str(exc), item.layer, item.role)
-        if isinstance(exc, TransportError) and exc.layer is not None:
-            raise exc
-        raise TransportError(f"send failed: {exc}", layer=item.layer, role=item.role) from exc
+        raise _named(exc, item.layer, item.role) from _origin(exc)
 
     def _on_record(self, r: TransferRecord) -> None:
         if r.session != self.session:
@@ -745,9 +759,7 @@ class NixlReceiver(_Endpoint):
             return fn(*args)
         except HurrayWireError as exc:
             self._abort_peer(self.session or 0, str(exc), layer, role)
-            if isinstance(exc, TransportError) and exc.layer is not None:
-                raise
-            raise TransportError(f"{type(exc).__name__}: {exc}", layer=layer, role=role) from exc
+            raise _named(exc, layer, role) from _origin(exc)
 
     def _step(self) -> bool:
         moved = False
