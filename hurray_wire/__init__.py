@@ -44,6 +44,7 @@ from hurray_wire.errors import (
     LimitExceededError,
     MissingTensorError,
     QuantizationNotDefinedError,
+    TransportError,
     TruncatedError,
     UnsupportedLayoutError,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "StreamWriter",
     "Tensor",
     "TensorDescriptor",
+    "TransportError",
     "TruncatedError",
     "UnsupportedLayoutError",
     "__version__",

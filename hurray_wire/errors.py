@@ -19,6 +19,7 @@ __all__ = [
     "DescriptorTruncatedError",
     "HurrayWireError",
     "IndexBufferError",
+    "InvalidTransferRecordError",
     "InvalidBlobError",
     "InvalidContainerError",
     "InvalidDescriptorError",
@@ -32,6 +33,7 @@ __all__ = [
     "SectionError",
     "StreamBlobTruncatedError",
     "StreamTruncatedError",
+    "TransportError",
     "TruncatedError",
     "UnsupportedLayoutError",
 ]
@@ -211,3 +213,22 @@ class MissingTensorError(HurrayWireError, KeyError):
 
 class ClosedContainerError(HurrayWireError, ValueError):
     """Use of a container reader after ``close()`` (a ValueError, like a closed file)."""
+
+
+class TransportError(HurrayWireError):
+    """A transfer between two machines failed: the engine's error (as ``__cause__``), a bad
+    or corrupted blob, an abort by the peer or a deadline passed. ``layer`` and ``role`` name
+    the blob concerned, when one is."""
+
+    def __init__(
+        self, message: str, *, layer: int | None = None, role: str | None = None, **kw: Any
+    ) -> None:
+        self.layer = layer
+        self.role = role
+        if layer is not None or role is not None:
+            message = f"layer {layer} {role}: {message}"
+        super().__init__(message, **kw)
+
+
+class InvalidTransferRecordError(TransportError, ValueError):
+    """A transfer control record (docs/nixl.md § 3) that breaks its rules."""

@@ -1,0 +1,297 @@
+"""Transfer control records: validated model <-> bytes (structs in hurray_wire.wire.transfer).
+
+The records are the only thing one side of a NIXL transfer learns from the other besides the
+blob bytes themselves, so they are parsed like any other hostile input: exact length,
+magic, version, known kind and flags, zero reserved bytes, a checksum, and segments that
+tile the blob exactly. Nothing here imports NIXL; nothing here uses pickle.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any
+
+import xxhash
+
+from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
+from hurray_wire.wire import transfer as w
+from hurray_wire.wire.fast import derive
+
+__all__ = [
+    "MAX_SEGMENTS",
+    "MAX_REASON_BYTES",
+    "ROLE_CODES",
+    "Segment",
+    "TransferRecord",
+    "encode_record",
+    "decode_record",
+]
+
+MAX_SEGMENTS = 256  # far above what one blob needs (header, pool, index arrays, padding)
+MAX_REASON_BYTES = 1024
+ROLE_CODES = {"key": 0, "value": 1, "fused": 2}
+_ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
+# construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
+# formats (wire/fast.py), checking the Const fields by hand.
+_RECORD = derive(w.TRANSFER_RECORD)
+_SEG = derive(w.TRANSFER_SEGMENT)
+_FIXED = _RECORD.size  # 64
+_SEGMENT = _SEG.size  # 32
+_U64 = struct.Struct("<Q")
+_RECORD_OFFSETS = list(accumulate((sub.sizeof() for sub in w.TRANSFER_RECORD.subcons), initial=0))
+_U64_MAX = (1 << 64) - 1
+_ALIGNMENT = 64  # blob total_length and section offsets are multiples of 64
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One contiguous piece ``[blob_offset, blob_offset + length)`` of a blob at ``address``
+    in the memory of the record's author."""
+
+    blob_offset: int
+    length: int
+    address: int
+    device_id: int = 0
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """One control record; ``layer``/``role`` are None for a record about the whole session."""
+
+    kind: str  # offer, ready, grant, done, abort
+    session: int
+    layer: int | None = None
+    role: str | None = None
+    write: bool = False  # offer: the sender will WRITE (else the receiver READs)
+    ready: bool = False  # offer: the header segment is final (no ready record will follow)
+    total_length: int = 0
+    pool_offset: int = 0
+    pool_length: int = 0
+    segments: tuple[Segment, ...] = field(default_factory=tuple)
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+_KIND_CODES = {name: code for code, name in w.RECORD_KINDS.items()}
+
+
+def _bad(message: str, field_name: str, found: Any, expected: Any = None, **kw: Any) -> None:
+    extra = {} if expected is None else {"expected": expected}
+    raise InvalidTransferRecordError(
+        message, section="transfer record", field=field_name, found=found, **extra, **kw
+    )
+
+
+def _uint(value: Any, name: str, bits: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"{name} must be an int", field=name, found=type(value).__name__)
+    if not 0 <= value < (1 << bits):
+        _bad(f"{name} out of range", name, value, f"0 <= {name} < 2**{bits}")
+    return value
+
+
+def _check(r: TransferRecord) -> None:
+    """The rules every record obeys, checked when built and when parsed (so that the encoder
+    cannot write what the decoder refuses)."""
+    if r.kind not in _KIND_CODES:
+        _bad("unknown record kind", "kind", repr(r.kind), sorted(_KIND_CODES))
+    _uint(r.session, "session", 64)
+    if r.layer is not None and _uint(r.layer, "layer_index", 32) == w.LAYER_NONE:
+        _bad("0xFFFFFFFF means no layer; pass None", "layer_index", r.layer)
+    if r.role is not None and r.role not in ROLE_CODES:
+        _bad("unknown kv_role", "kv_role", repr(r.role), sorted(ROLE_CODES))
+    for name in ("total_length", "pool_offset", "pool_length"):
+        _uint(getattr(r, name), name, 64)
+    for name in ("write", "ready"):
+        if not isinstance(getattr(r, name), bool):
+            raise ArgumentTypeError(f"{name} must be a bool", field=name, found=repr(r.write))
+    if not isinstance(r.reason, str):
+        raise ArgumentTypeError("reason must be a str", field="reason", found=repr(r.reason))
+    if len(r.reason.encode("utf-8", "surrogatepass")) > MAX_REASON_BYTES:
+        _bad("reason too long", "reason_length", len(r.reason), f"<= {MAX_REASON_BYTES} bytes")
+    if r.reason and r.kind != "abort":
+        _bad("only an abort record has a reason", "reason_length", len(r.reason), 0)
+    if (r.write or r.ready) and r.kind != "offer":
+        _bad("only an offer record has the write or ready flag", "flags",
+             w.FLAG_WRITE * r.write | w.FLAG_READY * r.ready, 0)  # fmt: skip
+    if r.kind in ("offer", "grant"):
+        _check_layout(r)
+    else:
+        for name in ("total_length", "pool_offset", "pool_length"):
+            if getattr(r, name):
+                _bad(f"a {r.kind} record has no {name}", name, getattr(r, name), 0)
+        if r.segments:
+            _bad(f"a {r.kind} record has no segments", "segment_count", len(r.segments), 0)
+    if r.kind != "abort" and (r.layer is None or r.role is None):
+        _bad(f"a {r.kind} record names its layer and kv_role", "kv_role", repr(r.role))
+
+
+def _check_layout(r: TransferRecord) -> None:
+    """An offer or grant: an aligned blob length, a pool section inside it, and segments that
+    tile [0, total_length) in order, without gaps or overlaps."""
+    total = r.total_length
+    if total < _ALIGNMENT or total % _ALIGNMENT:
+        _bad("total_length is not a valid blob length", "total_length", total, "k * 64 > 0")
+    if r.pool_length:
+        if r.pool_offset % _ALIGNMENT or r.pool_offset < _ALIGNMENT:
+            _bad("pool_offset is not an aligned section offset", "pool_offset", r.pool_offset)
+        if r.pool_offset + r.pool_length > total:
+            _bad(
+                "page pool extends past total_length",
+                "pool_length",
+                r.pool_length,
+                f"<= {total - r.pool_offset}",
+            )
+    elif r.pool_offset:
+        _bad("pool_offset without a pool_length", "pool_offset", r.pool_offset, 0)
+    if not isinstance(r.segments, tuple):
+        raise ArgumentTypeError("segments must be a tuple", field="segments")
+    if not 1 <= len(r.segments) <= MAX_SEGMENTS:
+        _bad("segment count out of range", "segment_count", len(r.segments), f"1..{MAX_SEGMENTS}")
+    cursor = 0
+    for number, s in enumerate(r.segments):
+        if not isinstance(s, Segment):
+            raise ArgumentTypeError("segments holds Segment objects", found=type(s).__name__)
+        where = f"segment[{number}]"
+        _uint(s.blob_offset, f"{where}.blob_offset", 64)
+        _uint(s.length, f"{where}.length", 64)
+        _uint(s.address, f"{where}.address", 64)
+        _uint(s.device_id, f"{where}.device_id", 32)
+        if s.blob_offset != cursor:
+            _bad("segments must tile the blob in order", f"{where}.blob_offset", s.blob_offset,
+                 cursor)  # fmt: skip
+        if s.length == 0:
+            _bad("empty segment", f"{where}.length", 0, "> 0")
+        if s.address == 0 or s.address + s.length > _U64_MAX:
+            _bad("segment address out of range", f"{where}.address", s.address)
+        cursor += s.length
+        if cursor > total:
+            _bad("segments extend past total_length", f"{where}.length", s.length,
+                 f"<= {total - s.blob_offset}")  # fmt: skip
+    if cursor != total:
+        _bad("segments do not cover the blob", "segment_count", cursor, total)
+
+
+def encode_record(record: TransferRecord) -> bytes:
+    """The record's bytes (it was checked when built)."""
+    if not isinstance(record, TransferRecord):
+        raise ArgumentTypeError("expected a TransferRecord", found=type(record).__name__)
+    reason = record.reason.encode("utf-8")
+    length = _FIXED + _SEGMENT * len(record.segments) + len(reason) + 8
+    pieces = [
+        _RECORD.struct.pack(
+            w.TRANSFER_MAGIC,
+            1,
+            0,
+            _KIND_CODES[record.kind],
+            (w.FLAG_WRITE if record.write else 0) | (w.FLAG_READY if record.ready else 0),
+            length,
+            record.session,
+            w.LAYER_NONE if record.layer is None else record.layer,
+            w.ROLE_NONE if record.role is None else ROLE_CODES[record.role],
+            bytes(3),
+            record.total_length,
+            record.pool_offset,
+            record.pool_length,
+            len(record.segments),
+            len(reason),
+            bytes(8),
+        )
+    ]
+    for s in record.segments:
+        pieces.append(_SEG.struct.pack(s.blob_offset, s.length, s.address, s.device_id, bytes(4)))
+    pieces.append(reason)
+    data = b"".join(pieces)
+    return data + _U64.pack(xxhash.xxh3_64_intdigest(data))
+
+
+def decode_record(data: Any) -> TransferRecord:
+    """Parse and validate one record that must fill ``data`` exactly."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ArgumentTypeError("a record is bytes", found=type(data).__name__)
+    raw = bytes(data)
+    if len(raw) < _FIXED + 8:
+        raise InvalidTransferRecordError(
+            "record shorter than its fixed part and checksum",
+            section="transfer record",
+            offset=len(raw),
+            expected=_FIXED + 8,
+            found=len(raw),
+        )
+    head = _RECORD.struct.unpack_from(raw)
+    for position, expected_bytes in _RECORD.consts:
+        if head[position] != expected_bytes:
+            name = _RECORD.names[position]
+            at = _RECORD_OFFSETS[position]
+            raise InvalidTransferRecordError(
+                "bad magic" if name == "magic" else "reserved bytes must be zero",
+                section="transfer record",
+                field="magic" if name == "magic" else "_reserved",
+                offset=at,
+                found=head[position].hex(" "),
+            )
+    (_, major, _, kind, flags, record_length, session, layer, role, _, total, pool_offset,
+     pool_length, segment_count, reason_length, _) = head  # fmt: skip
+    if major != 1:
+        _bad("unsupported record version", "version_major", major, 1, offset=4)
+    expected = _FIXED + _SEGMENT * segment_count + reason_length + 8
+    if record_length != len(raw) or expected != len(raw):
+        raise InvalidTransferRecordError(
+            "record_length disagrees with the bytes received or with the counts",
+            section="transfer record",
+            field="record_length",
+            offset=8,
+            expected=f"{len(raw)} (received) == {expected} (counts)",
+            found=record_length,
+        )
+    stored = _U64.unpack_from(raw, len(raw) - 8)[0]
+    computed = xxhash.xxh3_64_intdigest(memoryview(raw)[:-8])
+    if stored != computed:
+        raise InvalidTransferRecordError(
+            "record checksum mismatch",
+            section="transfer record",
+            field="checksum",
+            offset=len(raw) - 8,
+            expected=f"0x{computed:016x}",
+            found=f"0x{stored:016x}",
+        )
+    if kind not in w.RECORD_KINDS:
+        _bad("unknown record kind", "kind", kind, sorted(w.RECORD_KINDS), offset=6)
+    if flags & ~w.RECORD_FLAGS_KNOWN:
+        _bad("unknown record flag bits", "flags", f"0x{flags:02X}", offset=7)
+    if role != w.ROLE_NONE and role not in _ROLE_NAMES:
+        _bad("unknown kv_role code", "kv_role", role, sorted(_ROLE_NAMES), offset=24)
+    segments = []
+    for k, (blob_offset, length, address, device_id, reserved) in enumerate(
+        _SEG.struct.iter_unpack(raw[_FIXED : _FIXED + _SEGMENT * segment_count])
+    ):
+        if reserved != bytes(4):
+            raise InvalidTransferRecordError(
+                "reserved bytes must be zero",
+                section="transfer record",
+                field=f"segment[{k}]._reserved",
+                offset=_FIXED + _SEGMENT * k + 28,
+            )
+        segments.append(Segment(blob_offset, length, address, device_id))
+    start = _FIXED + _SEGMENT * segment_count
+    try:
+        reason = raw[start : start + reason_length].decode("utf-8")
+    except UnicodeDecodeError:
+        _bad("reason is not UTF-8", "reason", raw[start : start + 16].hex(" "), offset=start)
+    return TransferRecord(
+        kind=w.RECORD_KINDS[kind],
+        session=session,
+        layer=None if layer == w.LAYER_NONE else layer,
+        role=None if role == w.ROLE_NONE else _ROLE_NAMES[role],
+        write=bool(flags & w.FLAG_WRITE),
+        ready=bool(flags & w.FLAG_READY),
+        total_length=total,
+        pool_offset=pool_offset,
+        pool_length=pool_length,
+        segments=tuple(segments),
+        reason=reason,
+    )
