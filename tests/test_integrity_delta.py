@@ -207,6 +207,22 @@ def test_page_refs_rejections() -> None:
         encode_page_refs(PageRefs(np.array([1, 2]), u64(1)))
 
 
+@pytest.mark.parametrize(
+    ("pages", "digests", "error"),
+    [
+        (np.array([2, 1]), u64(1, 2), InvalidIntegrityRecordError),
+        (np.array([1, 1]), u64(1, 2), InvalidIntegrityRecordError),
+        (np.array([-1, 1]), u64(1, 2), InvalidIntegrityRecordError),
+        (np.array([1.0]), u64(1), ArgumentTypeError),
+        ([1], u64(1), ArgumentTypeError),
+        (np.array([1]), np.array([1], np.int64), ArgumentTypeError),
+    ],
+)
+def test_page_refs_validate_on_construction(pages: Any, digests: Any, error: type) -> None:
+    with pytest.raises(error, match="refs"):
+        PageRefs(pages, digests)
+
+
 # -- plan, send, fill ----------------------------------------------------------------------
 
 

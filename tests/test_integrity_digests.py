@@ -166,7 +166,7 @@ def test_clean_report() -> None:
 def test_empty_sequences_do_not_shift_positions() -> None:
     pool = np.zeros((3, 2, 1, 8), np.float16)
     t = hw.BlockPagedTensor.from_arrays(pool, [2, 0, 1], [0, 0, 1, 1, 3])
-    pages, seqs, in_seq = logical_positions(t.block_table, t.seq_ptr, np.array([1, 2]))
+    pages, seqs, in_seq = logical_positions(t.block_table, t.seq_ptr, np.array([-1, 1, 2, 9]))
     assert list(zip(pages.tolist(), seqs.tolist(), in_seq.tolist(), strict=True)) == [
         (2, 1, 0),
         (1, 3, 1),

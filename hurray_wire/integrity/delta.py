@@ -189,6 +189,24 @@ class PageRefs:
     pages: IntArray
     digests: DigestArray
 
+    def __post_init__(self) -> None:
+        pages = self.pages
+        if not isinstance(pages, np.ndarray) or pages.ndim != 1 or pages.dtype.kind not in "iu":
+            raise ArgumentTypeError(
+                "refs.pages must be a 1-D integer array", field="refs.pages", found=repr(pages)
+            )
+        digests = digest_array(self.digests, pages.size, "refs.digests")
+        ids = pages.astype(np.int64)
+        bad = _first_unsorted(ids)
+        if (ids.size and int(ids[0]) < 0) or bad is not None:
+            raise InvalidIntegrityRecordError(
+                "page ids must be non-negative and strictly increasing",
+                field="refs.pages",
+                found=ids[: (bad or 0) + 1].tolist()[-2:],
+            )
+        object.__setattr__(self, "pages", ids)
+        object.__setattr__(self, "digests", digests)
+
     def sent_pages(self, num_pages: int) -> IntArray:
         """The physical ids of the pages sent as bytes: the complement, ascending."""
         keep = np.ones(_count_arg(num_pages, "num_pages"), bool)
@@ -200,10 +218,7 @@ def encode_page_refs(refs: PageRefs) -> bytes:
     """A page-refs section payload: 8-byte head, ``count`` u64 page ids, ``count`` digests."""
     if not isinstance(refs, PageRefs):
         raise ArgumentTypeError("expected PageRefs", field="refs", found=type(refs).__name__)
-    pages = np.asarray(refs.pages)
-    digests = digest_array(refs.digests, pages.size, "refs.digests")
-    if pages.ndim != 1 or pages.dtype.kind not in "iu" or (pages.size and int(pages.min()) < 0):
-        raise ArgumentTypeError("refs.pages must be non-negative page ids", field="refs.pages")
+    pages, digests = refs.pages, refs.digests  # checked by PageRefs
     head = _RHEAD.pack(w.PAGE_REFS_VERSION, w.DIGEST_ALGORITHM_XXH3_64, pages.size)
     return head + pages.astype("<u8").tobytes() + digests.astype("<u8", copy=False).tobytes()
 

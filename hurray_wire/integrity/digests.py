@@ -195,7 +195,7 @@ def logical_positions(
     starts = np.asarray(seq_ptr, np.int64)
     wanted = np.zeros(int(table.max()) + 1 if table.size else 0, bool)
     ids = np.asarray(pages, np.int64)
-    ids = ids[ids < wanted.size]
+    ids = ids[(ids >= 0) & (ids < wanted.size)]
     wanted[ids] = True
     entries = np.flatnonzero(wanted[table]) if table.size else np.zeros(0, np.int64)
     seqs = np.searchsorted(starts, entries, side="right") - 1
