@@ -8,6 +8,13 @@ a blob.
 
 from __future__ import annotations
 
+from hurray_wire.integrity.bloom import (
+    KnownPagesBloom,
+    bloom_candidates,
+    confirm_known,
+    decode_known_pages_bloom,
+    encode_known_pages_bloom,
+)
 from hurray_wire.integrity.delta import (
     DeltaPlan,
     FillReport,
@@ -49,20 +56,25 @@ __all__ = [
     "DeltaPlan",
     "EngineFingerprint",
     "FillReport",
+    "KnownPagesBloom",
     "MemoryPageStore",
     "PageDigestReport",
     "PageRecords",
     "PageRefs",
     "PageStore",
+    "bloom_candidates",
     "check_compatible",
+    "confirm_known",
     "decode_digest_section",
     "decode_fingerprint",
     "decode_known_pages",
+    "decode_known_pages_bloom",
     "decode_page_refs",
     "differences",
     "encode_digest_section",
     "encode_fingerprint",
     "encode_known_pages",
+    "encode_known_pages_bloom",
     "encode_page_refs",
     "fill_from_store",
     "fingerprint_from_metadata",

@@ -102,13 +102,8 @@ def encode_known_pages(digests: object) -> bytes:
     return body + _KSUM.pack(xxhash.xxh3_64_intdigest(body))
 
 
-def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
-    """The sorted unique digests of a known-pages record (an owned copy).
-
-    Refuses a ``count`` above ``max_entries`` before reading further, so a hostile peer
-    cannot make us hold more than ``max_entries * 8`` bytes beyond its own input.
-    """
-    limit = _count_arg(max_entries, "max_entries")
+def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any]]:
+    """The input as bytes and its checked 16-byte known-pages head (of ``form``)."""
     view = byte_view(data, "data")
     if len(view) < _KHEAD.size:
         raise IntegrityRecordTruncatedError(
@@ -118,7 +113,7 @@ def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
             found=len(view),
             expected=f">= {_KHEAD.size} bytes",
         )
-    head = _KHEAD.unpack_dict(view)
+    head: dict[str, Any] = _KHEAD.unpack_dict(view)
     for name, expected in (("magic", w.KNOWN_PAGES_MAGIC), ("_reserved0", b"\0"),
                            ("_reserved1", bytes(4))):  # fmt: skip
         if head[name] != expected:
@@ -130,30 +125,24 @@ def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
                 found=head[name].hex(),
                 expected=expected.hex(),
             )
-    for name, wanted in (("version", w.KNOWN_PAGES_VERSION),
-                         ("form", w.KNOWN_PAGES_FORM_SORTED),
+    for name, wanted in (("version", w.KNOWN_PAGES_VERSION), ("form", form),
                          ("algorithm", w.DIGEST_ALGORITHM_XXH3_64)):  # fmt: skip
         if head[name] != wanted:
+            bloom = name == "form" and head[name] == w.KNOWN_PAGES_FORM_BLOOM
             raise InvalidIntegrityRecordError(
-                f"unsupported {name}",
+                f"unsupported {name}" + (" (a Bloom record: decode_known_pages_bloom)" * bloom),
                 section=KNOWN,
                 field=name,
                 offset=_KHEAD.offsets[name],
                 found=head[name],
                 expected=wanted,
             )
-    count = head["count"]
-    if count > limit:
-        raise InvalidIntegrityRecordError(
-            "more known pages than max_entries allows",
-            section=KNOWN,
-            field="count",
-            offset=_KHEAD.offsets["count"],
-            found=count,
-            expected=f"<= {limit}",
-        )
-    end = _KHEAD.size + _ITEM * count
-    exact_length(view, end + _KSUM.size, section=KNOWN, base_offset=0, what="digests/checksum")
+    return view, head
+
+
+def check_known_checksum(view: memoryview, end: int) -> None:
+    """The record is exactly ``end`` bytes plus the checksum, and the checksum matches."""
+    exact_length(view, end + _KSUM.size, section=KNOWN, base_offset=0, what="body/checksum")
     (stored,) = _KSUM.struct.unpack_from(view, end)
     computed = xxhash.xxh3_64_intdigest(view[:end])
     if stored != computed:
@@ -165,6 +154,27 @@ def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
             found=f"0x{stored:016X}",
             expected=f"0x{computed:016X}",
         )
+
+
+def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
+    """The sorted unique digests of a known-pages record (an owned copy).
+
+    Refuses a ``count`` above ``max_entries`` before reading further, so a hostile peer
+    cannot make us hold more than ``max_entries * 8`` bytes beyond its own input.
+    """
+    limit = _count_arg(max_entries, "max_entries")
+    view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_SORTED)
+    count = head["count"]
+    if count > limit:
+        raise InvalidIntegrityRecordError(
+            "more known pages than max_entries allows",
+            section=KNOWN,
+            field="count",
+            offset=_KHEAD.offsets["count"],
+            found=count,
+            expected=f"<= {limit}",
+        )
+    check_known_checksum(view, _KHEAD.size + _ITEM * count)
     values = np.frombuffer(view, "<u8", count, _KHEAD.size).astype(np.uint64)  # owned copy
     bad = _first_unsorted(values)
     if bad is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import construct as c
 
 __all__ = [
+    "BLOOM_PARAMS",
     "DIGEST_ALGORITHM_XXH3_64",
     "DIGEST_ITEM",
     "DIGEST_SECTION_HEADER",
@@ -31,6 +32,7 @@ __all__ = [
     "KIND_PAGE_DIGESTS",
     "KIND_PAGE_REFS",
     "KNOWN_PAGES_CHECKSUM",
+    "KNOWN_PAGES_FORM_BLOOM",
     "KNOWN_PAGES_FORM_SORTED",
     "KNOWN_PAGES_HEADER",
     "KNOWN_PAGES_MAGIC",
@@ -71,7 +73,8 @@ PAGE_REFS_HEADER = c.Struct(
 # u64 digests strictly increasing, then KNOWN_PAGES_CHECKSUM: xxh3_64 of all bytes before it.
 KNOWN_PAGES_MAGIC = b"HWKP"
 KNOWN_PAGES_VERSION = 1
-KNOWN_PAGES_FORM_SORTED = 0  # a sorted array of digests (a Bloom form would be 1)
+KNOWN_PAGES_FORM_SORTED = 0  # a sorted array of digests
+KNOWN_PAGES_FORM_BLOOM = 1  # a Bloom filter of the digests (BLOOM_PARAMS, then the bit set)
 KNOWN_PAGES_HEADER = c.Struct(
     "magic" / c.Const(KNOWN_PAGES_MAGIC),
     "version" / c.Int8ul,
@@ -82,6 +85,14 @@ KNOWN_PAGES_HEADER = c.Struct(
     "_reserved1" / c.Const(bytes(4)),
 )
 KNOWN_PAGES_CHECKSUM = c.Struct("checksum" / c.Int64ul)
+
+# Bloom form: the head (``count`` = digests inserted), these 8 bytes, ``2**log2_bits / 8``
+# bytes of bit set (bit j of the filter is bit ``j % 8`` of byte ``j // 8``), the checksum.
+BLOOM_PARAMS = c.Struct(
+    "num_hashes" / c.Int8ul,
+    "log2_bits" / c.Int8ul,
+    "_reserved" / c.Const(bytes(6)),
+)
 
 # Engine fingerprint, the bytes value of metadata[FINGERPRINT_METADATA_KEY]: this 24-byte
 # head, then ``body_length`` bytes of KV metadata encoding (fields in a fixed order, then
