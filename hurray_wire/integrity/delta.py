@@ -497,16 +497,18 @@ def fill_from_store(
         )
     width = out.record_nbytes
     hash64 = xxhash.xxh3_64_intdigest
-    good: list[bytes] = []
+    good: list[memoryview] = []
     ok = np.zeros(refs.pages.size, bool)
     missing = np.zeros(refs.pages.size, bool)
     for i, digest in enumerate(refs.digests.tolist()):  # one store lookup + hash per page
-        record = store.get(digest)
-        if record is None:
+        found = store.get(digest)
+        if found is None:
             missing[i] = True
-        elif len(record) == width and hash64(record) == digest:
+            continue
+        record = byte_view(found, "stored record", allow_copy=True)  # any store's bytes-like
+        if len(record) == width and hash64(record) == digest:
             ok[i] = True
-            good.append(bytes(record) if not isinstance(record, bytes) else record)
+            good.append(record)
     filled = refs.pages[ok]
     miss = refs.pages[missing]
     corrupt = refs.pages[~ok & ~missing]
@@ -532,8 +534,8 @@ def fill_from_store(
     for page, record in zip(filled.tolist(), good, strict=True):
         # Measured (tools/bench_digests.py): a row copy per page beats joining the records
         # and scattering them with one fancy-index assignment (two copies instead of one).
-        view, at = memoryview(record), 0
+        at = 0
         for part, size in parts:
-            memoryview(part[page])[:] = view[at : at + size]
+            memoryview(part[page])[:] = record[at : at + size]
             at += size
     return result

@@ -93,20 +93,6 @@ class PageRecords:
         """The record of physical page ``page`` as one bytes object (for a page store)."""
         return b"".join(part[page].tobytes() for part in self._parts())
 
-    def split(self, record: object) -> tuple[U8Array, ...]:
-        """A record's bytes cut into (pool, scales, zero_points) parts of this geometry."""
-        data = u8_array(record, "page_bytes", allow_copy=True)
-        widths = [int(part.shape[1]) for part in self._parts()]
-        if data.size != sum(widths):
-            raise InvalidIntegrityRecordError(
-                "page record has the wrong size for this pool",
-                field="page_bytes",
-                found=data.size,
-                expected=sum(widths),
-            )
-        cuts = np.cumsum(widths)[:-1]
-        return tuple(np.split(data, cuts))
-
     def digests(self) -> DigestArray:
         """xxh3_64 of every page record, in physical page order.
 
@@ -148,11 +134,14 @@ def page_records(tensor: BlockPagedTensor) -> PageRecords:
     page_nbytes = elements * etype.bit_width // 8
     pool = u8_array(tensor.page_pool, "page_pool").reshape(num_pages, page_nbytes)
     scales = zero_points = None
-    if isinstance(tensor.quantization, PerBlockAffine):
+    quant = tensor.quantization
+    if isinstance(quant, PerBlockAffine):  # one scale (and zero point) per page slot
         assert tensor.scales is not None
-        scales = u8_array(tensor.scales, "scales").reshape(num_pages, -1)
+        scale_width = layout.page_size * quant.scale_type.numpy_dtype.itemsize
+        scales = u8_array(tensor.scales, "scales").reshape(num_pages, scale_width)
         if tensor.zero_points is not None:
-            zero_points = u8_array(tensor.zero_points, "zero_points").reshape(num_pages, -1)
+            zp_width = layout.page_size * tensor.zero_points.dtype.itemsize
+            zero_points = u8_array(tensor.zero_points, "zero_points").reshape(num_pages, zp_width)
     return PageRecords(pool, scales, zero_points)
 
 
