@@ -149,9 +149,7 @@ def store_pages(
                 found=f"{int(ids[0])}..{int(ids[-1])}",
                 expected=f"< {records.num_pages}",
             )
-    out = np.empty(ids.size, np.uint64)
-    for i, page in enumerate(ids.tolist()):  # one put per page: each is hashed and copied
-        record = records.record(page)
-        out[i] = record_digest(record)
-        store.put(int(out[i]), record)
-    return out
+    digests = records.digests()[ids] if ids.size else np.zeros(0, np.uint64)
+    for page, digest in zip(ids.tolist(), digests.tolist(), strict=True):
+        store.put(digest, records.record(page))  # the store re-hashes: its own guarantee
+    return digests
