@@ -18,17 +18,24 @@ __all__ = [
     "DecompressionError",
     "DescriptorTruncatedError",
     "HurrayWireError",
+    "IncompatibleFingerprintError",
     "IndexBufferError",
-    "InvalidTransferRecordError",
+    "IntegrityError",
+    "IntegrityRecordTruncatedError",
     "InvalidBlobError",
     "InvalidContainerError",
     "InvalidDescriptorError",
+    "InvalidIntegrityRecordError",
     "InvalidMetadataError",
     "InvalidStreamError",
     "InvalidTensorError",
+    "InvalidTransferRecordError",
     "LimitExceededError",
     "MissingTensorError",
     "PaddingError",
+    "PageDigestError",
+    "PageStoreError",
+    "PageStoreMissError",
     "QuantizationNotDefinedError",
     "SectionError",
     "StreamBlobTruncatedError",
@@ -232,3 +239,55 @@ class TransportError(HurrayWireError):
 
 class InvalidTransferRecordError(TransportError, ValueError):
     """A transfer control record (docs/nixl.md § 3) that breaks its rules."""
+
+
+class IntegrityError(HurrayWireError, ValueError):
+    """A page digest, page store, delta record or engine fingerprint check that failed
+    (docs/integrity.md); the base of the integrity errors below."""
+
+
+class InvalidIntegrityRecordError(IntegrityError):
+    """A digest section, page-refs section, known-pages record or fingerprint whose bytes
+    break the rules of docs/integrity.md (version, count, order, checksum, limits)."""
+
+
+class IntegrityRecordTruncatedError(TruncatedError, InvalidIntegrityRecordError):
+    """An integrity record that ends before the structure it announces."""
+
+
+class PageDigestError(IntegrityError):
+    """Pages whose bytes do not match their digest.
+
+    ``pages`` are the physical page ids (block_table values) that failed; ``positions`` their
+    logical places as ``(sequence, page_in_sequence)`` pairs, when a block table was known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pages: tuple[int, ...] = (),
+        positions: tuple[tuple[int, int], ...] = (),
+        **kw: Any,
+    ) -> None:
+        self.pages = pages
+        self.positions = positions
+        super().__init__(message, **kw)
+
+
+class PageStoreError(IntegrityError):
+    """A page store that refuses a put (a page larger than the store, a bad digest key)."""
+
+
+class PageStoreMissError(PageDigestError):
+    """Referenced pages whose digest the page store does not hold (``pages``/``positions``
+    name them); the engine recomputes them or asks for a full transfer."""
+
+
+class IncompatibleFingerprintError(IntegrityError):
+    """Two engine fingerprints that differ; ``differences`` maps each differing field to
+    its ``(ours, theirs)`` values."""
+
+    def __init__(self, message: str, *, differences: dict[str, tuple[Any, Any]], **kw: Any) -> None:
+        self.differences = differences
+        super().__init__(message, **kw)

@@ -1,0 +1,91 @@
+"""Integrity for KV transfers (docs/integrity.md): per-page digests that say *which* page is
+corrupt, an engine fingerprint that says whether a cache is meaningful here, and a
+content-addressed page store with a delta protocol that skips pages the receiver holds.
+
+The blob encoder/decoder, streams and transports call these functions; nothing here frames
+a blob.
+"""
+
+from __future__ import annotations
+
+from hurray_wire.integrity.bloom import (
+    KnownPagesBloom,
+    bloom_candidates,
+    confirm_known,
+    decode_known_pages_bloom,
+    encode_known_pages_bloom,
+)
+from hurray_wire.integrity.delta import (
+    DeltaPlan,
+    FillReport,
+    PageRefs,
+    decode_known_pages,
+    decode_page_refs,
+    encode_known_pages,
+    encode_page_refs,
+    fill_from_store,
+    gather_sent,
+    place_sent_pages,
+    plan_delta,
+)
+from hurray_wire.integrity.digests import (
+    PageDigestReport,
+    PageRecords,
+    decode_digest_section,
+    encode_digest_section,
+    logical_positions,
+    page_digests,
+    page_records,
+    record_digest,
+    verify_page_digests,
+)
+from hurray_wire.integrity.fingerprint import (
+    FINGERPRINT_METADATA_KEY,
+    EngineFingerprint,
+    check_compatible,
+    decode_fingerprint,
+    differences,
+    encode_fingerprint,
+    fingerprint_from_metadata,
+    fingerprint_to_metadata,
+)
+from hurray_wire.integrity.page_store import MemoryPageStore, PageStore, store_pages
+
+__all__ = [
+    "FINGERPRINT_METADATA_KEY",
+    "DeltaPlan",
+    "EngineFingerprint",
+    "FillReport",
+    "KnownPagesBloom",
+    "MemoryPageStore",
+    "PageDigestReport",
+    "PageRecords",
+    "PageRefs",
+    "PageStore",
+    "bloom_candidates",
+    "check_compatible",
+    "confirm_known",
+    "decode_digest_section",
+    "decode_fingerprint",
+    "decode_known_pages",
+    "decode_known_pages_bloom",
+    "decode_page_refs",
+    "differences",
+    "encode_digest_section",
+    "encode_fingerprint",
+    "encode_known_pages",
+    "encode_known_pages_bloom",
+    "encode_page_refs",
+    "fill_from_store",
+    "fingerprint_from_metadata",
+    "fingerprint_to_metadata",
+    "gather_sent",
+    "logical_positions",
+    "page_digests",
+    "page_records",
+    "place_sent_pages",
+    "plan_delta",
+    "record_digest",
+    "store_pages",
+    "verify_page_digests",
+]

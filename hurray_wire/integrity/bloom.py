@@ -1,0 +1,179 @@
+"""The Bloom form of the known-pages record (docs/integrity.md § 5.2): ~10 bits per held page
+instead of 64, for receivers whose store is large, with exact confirmation.
+
+A Bloom filter has false positives, and a false positive here would make the sender send a
+reference the receiver cannot fill. So the filter only *proposes*: the sender sends the
+candidate digests it found (``bloom_candidates``) as an ordinary sorted known-pages record,
+the receiver answers with the subset it really holds (``confirm_known``), and the sender
+plans with that exact set (``plan_delta``). False positives cost a few bytes in the
+confirmation round trip, never a wrong page.
+
+Digests are xxh3 outputs, uniform over 64 bits, so the ``k`` bit positions come from
+double hashing of the digest itself: ``(d + i * ((d >> 32) | 1)) mod 2**log2_bits`` for
+``i`` in ``[0, k)``, vectorised over all digests at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from hurray_wire.buffers import U8Array
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    IntegrityRecordTruncatedError,
+    InvalidIntegrityRecordError,
+)
+from hurray_wire.integrity.delta import (
+    KNOWN,
+    check_known_checksum,
+    encode_known_pages,
+    known_pages_head,
+)
+from hurray_wire.integrity.digests import DigestArray, digest_array
+from hurray_wire.integrity.page_store import PageStore
+from hurray_wire.wire import integrity as w
+from hurray_wire.wire.fast import derive
+
+__all__ = [
+    "KnownPagesBloom",
+    "bloom_candidates",
+    "confirm_known",
+    "decode_known_pages_bloom",
+    "encode_known_pages_bloom",
+]
+
+_KHEAD = derive(w.KNOWN_PAGES_HEADER)
+_PARAMS = derive(w.BLOOM_PARAMS)
+MIN_LOG2_BITS = 6  # 8 bytes
+MAX_LOG2_BITS = 32  # 512 MiB of filter, for 400M pages; the decoder also has max_bytes
+MAX_HASHES = 16
+
+
+def _positions(digests: DigestArray, num_hashes: int, log2_bits: int) -> DigestArray:
+    """``[len(digests), num_hashes]`` bit positions (uint64 arithmetic wraps by design)."""
+    d = digests.astype(np.uint64)[:, None]
+    step = (d >> np.uint64(32)) | np.uint64(1)
+    i = np.arange(num_hashes, dtype=np.uint64)[None, :]
+    with np.errstate(over="ignore"):
+        out: DigestArray = (d + i * step) & np.uint64((1 << log2_bits) - 1)
+    return out
+
+
+@dataclass(frozen=True)
+class KnownPagesBloom:
+    """A decoded (or built) Bloom filter of a receiver's digests."""
+
+    bits: U8Array  # 2**log2_bits / 8 bytes
+    num_hashes: int
+    log2_bits: int
+    count: int  # digests inserted (as the receiver says; informational)
+
+    def might_contain(self, digests: object) -> npt.NDArray[np.bool_]:
+        """A bool mask: False means surely absent, True means perhaps held."""
+        values = digest_array(digests, None)
+        pos = _positions(values, self.num_hashes, self.log2_bits)
+        byte = self.bits[(pos >> np.uint64(3)).astype(np.intp)]
+        hit = (byte >> (pos & np.uint64(7)).astype(np.uint8)) & np.uint8(1)
+        return np.asarray(hit.all(axis=1), bool)
+
+
+def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> bytes:
+    """A Bloom known-pages record of ``digests`` (~1% false positives at 10 bits/entry)."""
+    if isinstance(bits_per_entry, bool) or not isinstance(bits_per_entry, int):
+        raise ArgumentTypeError(
+            "bits_per_entry must be an int", field="bits_per_entry", found=repr(bits_per_entry)
+        )
+    if not 1 <= bits_per_entry <= 64:
+        raise ArgumentTypeError(
+            "bits_per_entry must be in [1, 64]", field="bits_per_entry", found=bits_per_entry
+        )
+    values = np.unique(digest_array(digests, None))
+    wanted = max(1, values.size * bits_per_entry)
+    log2_bits = min(max(MIN_LOG2_BITS, math.ceil(math.log2(wanted))), MAX_LOG2_BITS)
+    num_hashes = min(MAX_HASHES, max(1, round((1 << log2_bits) / max(1, values.size) * 0.693)))
+    mask = np.zeros(1 << log2_bits, bool)
+    mask[_positions(values, num_hashes, log2_bits).ravel().astype(np.intp)] = True
+    bits = np.packbits(mask, bitorder="little")
+    head = _KHEAD.pack(
+        w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_BLOOM, w.DIGEST_ALGORITHM_XXH3_64, values.size
+    )
+    body = head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes()
+    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+
+
+def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom:
+    """The filter of a Bloom known-pages record; its bit set may be at most ``max_bytes``
+    (checked before the checksum pass or any copy)."""
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ArgumentTypeError(
+            "max_bytes must be an int >= 0", field="max_bytes", found=repr(max_bytes)
+        )
+    view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_BLOOM)
+    if len(view) < _KHEAD.size + _PARAMS.size:
+        raise IntegrityRecordTruncatedError(
+            "record ends inside its Bloom parameters",
+            section=KNOWN,
+            offset=len(view),
+            found=len(view),
+            expected=f">= {_KHEAD.size + _PARAMS.size} bytes",
+        )
+    params = _PARAMS.unpack_dict(view, _KHEAD.size)
+    at = _KHEAD.size
+    if params["_reserved"] != bytes(6):
+        raise InvalidIntegrityRecordError(
+            "reserved bytes must be zero",
+            section=KNOWN,
+            field="_reserved",
+            offset=at + _PARAMS.offsets["_reserved"],
+            found=params["_reserved"].hex(),
+        )
+    for name, low, high in (("num_hashes", 1, MAX_HASHES),
+                            ("log2_bits", MIN_LOG2_BITS, MAX_LOG2_BITS)):  # fmt: skip
+        if not low <= params[name] <= high:
+            raise InvalidIntegrityRecordError(
+                f"{name} out of range",
+                section=KNOWN,
+                field=name,
+                offset=at + _PARAMS.offsets[name],
+                found=params[name],
+                expected=f"{low}..{high}",
+            )
+    nbytes = (1 << params["log2_bits"]) // 8
+    if nbytes > max_bytes:
+        raise InvalidIntegrityRecordError(
+            "Bloom filter larger than max_bytes allows",
+            section=KNOWN,
+            field="log2_bits",
+            offset=at + _PARAMS.offsets["log2_bits"],
+            found=f"{nbytes} bytes",
+            expected=f"<= {max_bytes}",
+        )
+    start = at + _PARAMS.size
+    check_known_checksum(view, start + nbytes)
+    bits = np.frombuffer(view, np.uint8, nbytes, start).copy()
+    return KnownPagesBloom(bits, params["num_hashes"], params["log2_bits"], head["count"])
+
+
+def bloom_candidates(digests: object, bloom: KnownPagesBloom) -> DigestArray:
+    """Sorted unique digests of ``digests`` the filter may hold: what the sender asks the
+    receiver to confirm (``encode_known_pages(candidates)``)."""
+    if not isinstance(bloom, KnownPagesBloom):
+        raise ArgumentTypeError(
+            "expected a KnownPagesBloom", field="bloom", found=type(bloom).__name__
+        )
+    values = digest_array(digests, None)
+    return np.unique(values[bloom.might_contain(values)])
+
+
+def confirm_known(store: PageStore, candidates: object) -> bytes:
+    """The receiver's answer: a sorted known-pages record of the candidates it holds."""
+    if not isinstance(store, PageStore):
+        raise ArgumentTypeError("expected a PageStore", field="store", found=type(store).__name__)
+    held = store.digests()
+    values = np.unique(digest_array(candidates, None))
+    return encode_known_pages(values[np.isin(values, held, assume_unique=True)])

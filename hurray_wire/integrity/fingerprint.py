@@ -1,0 +1,326 @@
+"""The engine fingerprint (docs/integrity.md § 3): refuse KV bytes from an engine whose cache
+would not mean the same thing here (another model, layout, dtype, block size or TP split).
+
+It travels as ONE reserved metadata entry, ``hurray.engine_fingerprint``, whose bytes value
+is a 24-byte head (magic, version, body length, xxh3_64 of the body) and a body in the KV
+metadata encoding the package already decodes defensively (every length checked before
+anything is sliced). A binary body was chosen over a JSON string because Python's JSON
+parser accepts NaN, duplicate keys, and nesting deep enough to raise RecursionError; the
+KV decoder accepts none of these and already raises only InvalidMetadataError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+import xxhash
+
+from hurray_wire.buffers import byte_view
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    HurrayWireError,
+    IncompatibleFingerprintError,
+    InvalidMetadataError,
+)
+from hurray_wire.metadata import decode_metadata, encode_metadata
+from hurray_wire.wire import integrity as w
+from hurray_wire.wire.fast import derive
+
+__all__ = [
+    "FINGERPRINT_METADATA_KEY",
+    "EngineFingerprint",
+    "ExtraValue",
+    "check_compatible",
+    "decode_fingerprint",
+    "differences",
+    "encode_fingerprint",
+    "fingerprint_from_metadata",
+    "fingerprint_to_metadata",
+]
+
+FINGERPRINT_METADATA_KEY = w.FINGERPRINT_METADATA_KEY
+ExtraValue = str | int | float | bool
+SECTION = "engine_fingerprint"
+_HEAD = derive(w.FINGERPRINT_HEADER)
+_STRINGS = ("model_id", "engine", "engine_version", "kv_cache_layout", "cache_dtype")
+_INTS = ("block_size", "tp_rank", "tp_size")
+_EXTRA_PREFIX = "extra."
+MAX_STRING = 1024  # bytes of UTF-8 per string field or extras key/value
+MAX_EXTRAS = 64
+INT64_MAX = (1 << 63) - 1
+
+
+def _bad(message: str, name: str, value: object) -> InvalidMetadataError:
+    return InvalidMetadataError(message, section=SECTION, field=name, found=repr(value))
+
+
+def _check_text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise _bad("must be a str", name, value)
+    if not value:
+        raise _bad("must be a non-empty string", name, value)
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_STRING:
+        raise _bad(f"must be at most {MAX_STRING} bytes of UTF-8", name, value[:40] + "...")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad("must be encodable as UTF-8", name, value) from None
+    return value
+
+
+def _check_int(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad("must be an int", name, value)
+    if not minimum <= value <= INT64_MAX:
+        raise _bad(f"must be in [{minimum}, 2**63)", name, value)
+    return int(value)
+
+
+def _check_extra(value: object, name: str) -> ExtraValue:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise _bad("an int extra must fit in int64", name, value)
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):  # NaN != NaN would make equal fingerprints differ
+            raise _bad("a float extra must be finite", name, value)
+        return value
+    if isinstance(value, str):
+        if len(value.encode("utf-8", "surrogatepass")) > MAX_STRING:
+            raise _bad(f"a str extra must be at most {MAX_STRING} bytes", name, value[:40])
+        return value
+    raise _bad("an extra must be str, int, float or bool", name, value)
+
+
+@dataclass(frozen=True)
+class EngineFingerprint:
+    """What must agree between two engines for one's KV pages to be valid in the other.
+
+    ``tp_rank`` is usually ignored by :func:`check_compatible` (every rank of a TP group
+    sends), the rest must match. ``extras`` holds engine-specific facts (e.g. rope scaling,
+    sliding window); keys are non-empty strings, values str / int / float / bool.
+    """
+
+    model_id: str
+    engine: str
+    engine_version: str
+    kv_cache_layout: str
+    cache_dtype: str
+    block_size: int
+    tp_rank: int
+    tp_size: int
+    extras: Mapping[str, ExtraValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in _STRINGS:
+            _check_text(getattr(self, name), name)
+        _check_int(self.block_size, "block_size", 1)
+        _check_int(self.tp_size, "tp_size", 1)
+        _check_int(self.tp_rank, "tp_rank", 0)
+        if self.tp_rank >= self.tp_size:
+            raise InvalidMetadataError(
+                "tp_rank must be < tp_size",
+                section=SECTION,
+                field="tp_rank",
+                found=self.tp_rank,
+                expected=f"< {self.tp_size}",
+            )
+        if not isinstance(self.extras, Mapping):
+            raise _bad("extras must be a mapping", "extras", self.extras)
+        if len(self.extras) > MAX_EXTRAS:
+            raise _bad(f"at most {MAX_EXTRAS} extras", "extras", len(self.extras))
+        for key in self.extras:
+            _check_text(key, "extras key")
+        checked = {
+            key: _check_extra(self.extras[key], f"extras[{key!r}]") for key in sorted(self.extras)
+        }
+        object.__setattr__(self, "extras", MappingProxyType(checked))
+
+    def __hash__(self) -> int:
+        values = tuple(getattr(self, f.name) for f in fields(self) if f.name != "extras")
+        return hash((values, tuple(self.extras.items())))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EngineFingerprint):
+            return NotImplemented
+        return not differences(self, other, ignore=())
+
+
+def _as_dict(fp: EngineFingerprint) -> dict[str, Any]:
+    out: dict[str, Any] = {name: getattr(fp, name) for name in (*_STRINGS, *_INTS)}
+    for key, value in fp.extras.items():
+        out[_EXTRA_PREFIX + key] = value
+    return out
+
+
+def differences(
+    a: EngineFingerprint, b: EngineFingerprint, *, ignore: tuple[str, ...] = ()
+) -> dict[str, tuple[Any, Any]]:
+    """Every field that differs, as ``{name: (a's value, b's value)}``; an extra present on
+    one side only shows as ``extras.<key>`` with None on the other side. Types matter
+    (``1`` and ``True`` differ)."""
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, EngineFingerprint):
+            raise ArgumentTypeError(
+                "expected an EngineFingerprint", field=name, found=type(value).__name__
+            )
+    out: dict[str, tuple[Any, Any]] = {}
+    for name in (*_STRINGS, *_INTS):
+        if name not in ignore and getattr(a, name) != getattr(b, name):
+            out[name] = (getattr(a, name), getattr(b, name))
+    if "extras" in ignore:
+        return out
+    for key in sorted(set(a.extras) | set(b.extras)):
+        name = f"extras.{key}"
+        if name in ignore:
+            continue
+        left, right = a.extras.get(key), b.extras.get(key)
+        if type(left) is not type(right) or left != right:
+            out[name] = (left, right)
+    return out
+
+
+def check_compatible(
+    a: EngineFingerprint, b: EngineFingerprint, *, ignore: tuple[str, ...] = ("tp_rank",)
+) -> None:
+    """Raise :class:`IncompatibleFingerprintError` naming every differing field."""
+    found = differences(a, b, ignore=ignore)
+    if found:
+        listed = "; ".join(f"{k}: {v[0]!r} != {v[1]!r}" for k, v in found.items())
+        raise IncompatibleFingerprintError(
+            f"engine fingerprints differ in {len(found)} field(s): {listed}",
+            section=SECTION,
+            differences=found,
+        )
+
+
+# -- bytes ------------------------------------------------------------------------------------
+
+
+def encode_fingerprint(fp: EngineFingerprint) -> bytes:
+    """The fingerprint record: head + KV-encoded body (fields in order, extras sorted)."""
+    if not isinstance(fp, EngineFingerprint):
+        raise ArgumentTypeError(
+            "expected an EngineFingerprint", field="fp", found=type(fp).__name__
+        )
+    body = encode_metadata(_as_dict(fp))
+    checksum = xxhash.xxh3_64_intdigest(body)
+    return _HEAD.pack(w.FINGERPRINT_VERSION, len(body), checksum) + body
+
+
+def decode_fingerprint(data: object) -> EngineFingerprint:
+    """A fingerprint record back to the dataclass; InvalidMetadataError on any defect."""
+    view = byte_view(data, "data", allow_copy=True)
+    if len(view) < _HEAD.size:
+        raise InvalidMetadataError(
+            "fingerprint shorter than its head",
+            section=SECTION,
+            offset=len(view),
+            found=len(view),
+            expected=f">= {_HEAD.size} bytes",
+        )
+    head = _HEAD.unpack_dict(view)
+    for name, expected in (("magic", w.FINGERPRINT_MAGIC), ("_reserved0", bytes(3)),
+                           ("_reserved1", bytes(4))):  # fmt: skip
+        if head[name] != expected:
+            raise InvalidMetadataError(
+                f"bad {name.strip('_')}",
+                section=SECTION,
+                field=name,
+                offset=_HEAD.offsets[name],
+                found=head[name].hex(),
+                expected=expected.hex(),
+            )
+    if head["version"] != w.FINGERPRINT_VERSION:
+        raise InvalidMetadataError(
+            "unsupported fingerprint version",
+            section=SECTION,
+            field="version",
+            offset=_HEAD.offsets["version"],
+            found=head["version"],
+            expected=w.FINGERPRINT_VERSION,
+        )
+    if head["body_length"] != len(view) - _HEAD.size:
+        raise InvalidMetadataError(
+            "body_length does not match the bytes after the head",
+            section=SECTION,
+            field="body_length",
+            offset=_HEAD.offsets["body_length"],
+            found=head["body_length"],
+            expected=len(view) - _HEAD.size,
+        )
+    body = view[_HEAD.size :]
+    computed = xxhash.xxh3_64_intdigest(body)
+    if computed != head["body_checksum"]:
+        raise InvalidMetadataError(
+            "fingerprint checksum mismatch",
+            section=SECTION,
+            field="body_checksum",
+            offset=_HEAD.offsets["body_checksum"],
+            found=f"0x{head['body_checksum']:016X}",
+            expected=f"0x{computed:016X}",
+        )
+    try:
+        entries = decode_metadata(body, base_offset=_HEAD.size)
+    except HurrayWireError as exc:
+        raise InvalidMetadataError(
+            f"fingerprint body: {exc}", section=SECTION, field="body"
+        ) from None
+    names = (*_STRINGS, *_INTS)
+    missing = [n for n in names if n not in entries]
+    if missing:
+        raise InvalidMetadataError(
+            "fingerprint lacks fields", section=SECTION, field=missing[0], found=missing
+        )
+    unknown = [k for k in entries if k not in names and not k.startswith(_EXTRA_PREFIX)]
+    if unknown:
+        raise InvalidMetadataError(
+            "fingerprint has unknown fields", section=SECTION, field=unknown[0], found=unknown
+        )
+    extras: dict[str, Any] = {
+        k[len(_EXTRA_PREFIX) :]: v for k, v in entries.items() if k.startswith(_EXTRA_PREFIX)
+    }
+    values: dict[str, Any] = dict(entries)  # types checked by the constructor
+    kwargs = {n: int(v) if type(v).__name__ == "UInt64" else v
+              for n in names for v in (values[n],)}  # fmt: skip
+    try:
+        fp = EngineFingerprint(**kwargs, extras=extras)  # type: ignore[arg-type]
+    except HurrayWireError as exc:
+        raise exc.relocated(section=SECTION) from None
+    if encode_fingerprint(fp) != bytes(view):  # one encoding per fingerprint
+        raise InvalidMetadataError(
+            "fingerprint is not in canonical form (field order, extras sorted, value tags)",
+            section=SECTION,
+            field="body",
+        )
+    return fp
+
+
+def fingerprint_to_metadata(fp: EngineFingerprint) -> dict[str, bytes]:
+    """``{"hurray.engine_fingerprint": record}``, to merge into a tensor's metadata."""
+    return {FINGERPRINT_METADATA_KEY: encode_fingerprint(fp)}
+
+
+def fingerprint_from_metadata(metadata: Mapping[str, Any]) -> EngineFingerprint | None:
+    """The fingerprint a tensor's metadata carries, None when it has none."""
+    if not isinstance(metadata, Mapping):
+        raise ArgumentTypeError(
+            "metadata must be a mapping", field="metadata", found=type(metadata).__name__
+        )
+    if FINGERPRINT_METADATA_KEY not in metadata:
+        return None
+    value = metadata[FINGERPRINT_METADATA_KEY]
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidMetadataError(
+            "the engine fingerprint must be a bytes value",
+            section=SECTION,
+            field=FINGERPRINT_METADATA_KEY,
+            found=type(value).__name__,
+        )
+    return decode_fingerprint(value)

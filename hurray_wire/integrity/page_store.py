@@ -1,0 +1,155 @@
+"""Content-addressed page stores (docs/integrity.md § 5): the pages a receiver already holds,
+keyed by their digest, so a sender can send a reference instead of the bytes.
+
+A store holds page **records** (page bytes, then slot scales and zero points for per-block
+quantization; digests.py), so a quantized page and its parameters come back together and
+the key covers both. Every ``put`` recomputes the digest and refuses bytes that do not
+match: a store can never hand out a page under a digest it does not have.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import numpy as np
+
+from hurray_wire.buffers import byte_view
+from hurray_wire.errors import ArgumentTypeError, PageDigestError, PageStoreError
+from hurray_wire.integrity.digests import (
+    DigestArray,
+    check_digest_range,
+    page_records,
+    record_digest,
+)
+from hurray_wire.tensor import BlockPagedTensor
+
+__all__ = ["MemoryPageStore", "PageStore", "store_pages"]
+
+
+class PageStore(abc.ABC):
+    """What the delta protocol needs of a store: look up, add, list (sorted) by digest."""
+
+    @abc.abstractmethod
+    def get(self, digest: int) -> bytes | memoryview | None:
+        """The record stored under ``digest``, or None."""
+
+    @abc.abstractmethod
+    def put(self, digest: int, page_bytes: object) -> None:
+        """Store a record under ``digest`` after checking that it is the record's digest."""
+
+    @abc.abstractmethod
+    def __contains__(self, digest: object) -> bool: ...
+
+    @abc.abstractmethod
+    def digests(self) -> DigestArray:
+        """Every digest held, sorted ascending and unique (what ``encode_known_pages`` sends)."""
+
+
+class MemoryPageStore(PageStore):
+    """An in-process LRU store bounded by bytes; one lock makes every method thread-safe.
+
+    ``get`` counts as a use. A ``put`` of a record larger than ``max_bytes`` is refused
+    (PageStoreError); otherwise least recently used records are evicted until the total
+    is within the bound.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ArgumentTypeError(
+                "max_bytes must be an int >= 0", field="max_bytes", found=repr(max_bytes)
+            )
+        self.max_bytes = max_bytes
+        self._pages: OrderedDict[int, bytes] = OrderedDict()
+        self._nbytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all records held (always <= max_bytes)."""
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    def get(self, digest: int) -> bytes | None:
+        key = check_digest_range(digest)
+        with self._lock:
+            found = self._pages.get(key)
+            if found is not None:
+                self._pages.move_to_end(key)
+            return found
+
+    def put(self, digest: int, page_bytes: object) -> None:
+        key = check_digest_range(digest)
+        view = byte_view(page_bytes, "page_bytes", allow_copy=True)
+        size = view.nbytes
+        if size > self.max_bytes:
+            raise PageStoreError(
+                "page record larger than the store",
+                field="page_bytes",
+                found=size,
+                expected=f"<= max_bytes {self.max_bytes}",
+            )
+        computed = record_digest(view)
+        if computed != key:
+            raise PageDigestError(
+                "page bytes do not match the digest they are stored under",
+                field="digest",
+                found=f"0x{computed:016X}",
+                expected=f"0x{key:016X}",
+            )
+        record = bytes(view)  # the store owns its copy: callers may reuse their buffers
+        with self._lock:
+            old = self._pages.pop(key, None)
+            if old is not None:
+                self._nbytes -= len(old)
+            self._pages[key] = record
+            self._nbytes += size
+            while self._nbytes > self.max_bytes:
+                _, evicted = self._pages.popitem(last=False)
+                self._nbytes -= len(evicted)
+
+    def __contains__(self, digest: object) -> bool:
+        if isinstance(digest, (bool, np.bool_)) or not isinstance(digest, (int, np.integer)):
+            return False
+        with self._lock:
+            return int(digest) in self._pages
+
+    def digests(self) -> DigestArray:
+        with self._lock:
+            keys = np.fromiter(self._pages, np.uint64, len(self._pages))
+        keys.sort()
+        return keys
+
+    def lru_order(self) -> list[int]:
+        """Digests from least to most recently used (what eviction takes first)."""
+        with self._lock:
+            return list(self._pages)
+
+
+def store_pages(
+    store: PageStore, tensor: BlockPagedTensor, pages: Iterable[int] | None = None
+) -> DigestArray:
+    """Put the records of ``tensor``'s physical ``pages`` (default: every referenced page)
+    into ``store``; return their digests. How a receiver fills its store after a decode."""
+    if not isinstance(store, PageStore):
+        raise ArgumentTypeError("expected a PageStore", field="store", found=type(store).__name__)
+    records = page_records(tensor)
+    if pages is None:
+        ids = np.unique(np.asarray(tensor.block_table, np.int64))
+    else:
+        ids = np.unique(np.asarray(list(pages), np.int64))
+        if ids.size and (ids[0] < 0 or ids[-1] >= records.num_pages):
+            raise ArgumentTypeError(
+                "page ids must lie in [0, num_pages)",
+                field="pages",
+                found=f"{int(ids[0])}..{int(ids[-1])}",
+                expected=f"< {records.num_pages}",
+            )
+    digests = records.digests()[ids] if ids.size else np.zeros(0, np.uint64)
+    for page, digest in zip(ids.tolist(), digests.tolist(), strict=True):
+        store.put(digest, records.record(page))  # the store re-hashes: its own guarantee
+    return digests
