@@ -16,6 +16,7 @@ import mmap
 import os
 import struct
 import sys
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
@@ -601,7 +602,8 @@ def _guard(path: str, step: Callable[[], None]) -> int:
 # -- entry -----------------------------------------------------------------------------------
 def _epilog() -> str:
     lines = ["exit codes:"]
-    lines += [f"  {code:<4} {text}" for code, text in EXIT_CODES.items()]
+    for code, text in EXIT_CODES.items():
+        lines += textwrap.wrap(text, 78, initial_indent=f"  {code:<4} ", subsequent_indent=" " * 7)
     return "\n".join(lines)
 
 
