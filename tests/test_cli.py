@@ -66,6 +66,7 @@ SNAPSHOT_CASES = {
     ],
     "dump_stream.txt": ["dump", "fixtures/streams/whole_cache_2_layers.hrws"],
     "dump_hex_spec_example.txt": ["dump", "--hex", "fixtures/blobs/spec_example_f16_key_l3.hrwb"],
+    "dump_hex_stream.txt": ["dump", "--hex", "fixtures/streams/whole_cache_2_layers.hrws"],
     "dump_hex_descriptor.txt": [
         "dump",
         "--hex",
