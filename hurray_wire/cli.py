@@ -14,6 +14,7 @@ import io
 import json
 import mmap
 import os
+import stat
 import struct
 import sys
 import textwrap
@@ -56,13 +57,16 @@ from hurray_wire.wire.blob import BLOB_MAGIC
 
 __all__ = ["EXIT_CODES", "main", "build_parser", "identify"]
 
-EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_FILE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_FILE, EXIT_INTERNAL = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
 EXIT_CODES = {
     EXIT_OK: "ok: every input valid, the output written",
     EXIT_INVALID: "invalid input: an input is not valid hurray-wire (validation failed)",
     EXIT_USAGE: "usage: bad arguments or options",
     EXIT_FILE: "file access: an input cannot be read or the output cannot be written "
     "(missing, a directory, no permission, or the output is an input)",
+    EXIT_INTERNAL: "internal error: a bug in hurray-wire, reported on one line (please "
+    "report it with the command and the input)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C): no output file is left behind",
 }
 STDIO = "-"
@@ -83,8 +87,10 @@ def _read(path: str) -> Any:
     if path == STDIO:
         return sys.stdin.buffer.read()
     with reading(path), open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size == 0:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):  # a named pipe, /dev/stdin: read, cannot be mapped
+            return handle.read()
+        if info.st_size == 0:
             return b""
         return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
 
@@ -596,6 +602,10 @@ def _guard(path: str, step: Callable[[], None]) -> int:
     except OSError as exc:  # a write that failed under us (disk full, ...)
         print(f"hurray-wire: {exc.filename or path}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FILE
+    except Exception as exc:  # a bug: still one line, never a traceback (the contract)
+        print(f"hurray-wire: {path}: internal error: {type(exc).__name__}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INTERNAL
     return EXIT_OK
 
 

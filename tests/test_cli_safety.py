@@ -465,3 +465,23 @@ def test_python_dash_m_runs_the_command() -> None:
                             capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert result.returncode == 0 and result.stdout == f"{BLOB}: ok (blob, 1 tensor)\n"
     assert os.fspath(BLOB) in result.stdout
+
+
+def test_an_internal_error_is_one_line_exit_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*_: Any) -> None:
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(cli, "_validate_one", broken)
+    code, _, err = run(["validate", BLOB, BLOB], capsys)
+    assert code == cli.EXIT_INTERNAL and err.count("internal error: TypeError: a bug") == 2
+
+
+def test_a_named_pipe_is_read_not_mapped(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"cat {BLOB} > {fifo}"])
+    result = _console("validate", str(fifo))
+    writer.wait()
+    assert result.returncode == 0 and result.stdout == f"{fifo}: ok (blob, 1 tensor)\n".encode()
