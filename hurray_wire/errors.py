@@ -17,6 +17,7 @@ __all__ = [
     "ContainerTruncatedError",
     "DecompressionError",
     "DescriptorTruncatedError",
+    "FileAccessError",
     "HurrayWireError",
     "IncompatibleFingerprintError",
     "IndexBufferError",
@@ -291,3 +292,26 @@ class IncompatibleFingerprintError(IntegrityError):
     def __init__(self, message: str, *, differences: dict[str, tuple[Any, Any]], **kw: Any) -> None:
         self.differences = differences
         super().__init__(message, **kw)
+
+
+class FileAccessError(HurrayWireError, OSError):
+    """A path the library was asked to open, create or replace that the file system refused.
+
+    Raised for ``FileNotFoundError``, ``IsADirectoryError``, ``NotADirectoryError``,
+    ``PermissionError`` and other ``OSError`` from the library's own opens (and for an
+    output that is one of the inputs), with the ``OSError`` as ``__cause__``. It is also an
+    ``OSError`` (``errno``, ``strerror`` and ``filename`` copied from the cause), so code that
+    caught ``except OSError`` around a path-taking call keeps working, and code that catches
+    ``HurrayWireError`` sees every failure of a call in one clause.
+    """
+
+    def __init__(self, message: str, *, cause: OSError | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        if cause is not None:
+            self.errno = cause.errno
+            self.strerror = cause.strerror
+            self.filename = cause.filename
+            self.__cause__ = cause
+
+    def __str__(self) -> str:  # OSError would format errno and strerror instead of the text
+        return str(self.args[0]) if self.args else ""

@@ -13,6 +13,8 @@ import numpy as np
 from hurray_wire import blob as blob_codec
 from hurray_wire import codecs
 from hurray_wire.buffers import byte_view
+from hurray_wire.dtypes import element_type_from_tag
+from hurray_wire.errors import HurrayWireError
 from hurray_wire.model.descriptor import (
     DEVICE_NAMES,
     MEMORY_CLASS_NAMES,
@@ -26,12 +28,16 @@ from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wire
 from hurray_wire.wire import descriptor as wd
+from hurray_wire.wire import stream as ws
 from hurray_wire.wire.fast import derive
 
 __all__ = [
     "annotate_blob",
     "annotate_chunk_table",
     "annotate_descriptor",
+    "annotate_end_record",
+    "annotate_stream",
+    "annotate_stream_header",
     "describe_blob_envelope",
     "describe_descriptor",
     "describe_header",
@@ -349,4 +355,190 @@ def annotate_chunk_table(
     out.append(
         (offset + table_end, frames, f"{name} frames", f"{count} zstd frames, {frames} bytes")
     )
+    return out
+
+
+# -- annotated hex of a blob stream ---------------------------------------------------------
+_PREFIX = derive(ws.RECORD_PREFIX)
+_STREAM_HEADER = derive(ws.STREAM_HEADER)
+_END_RECORD = derive(ws.END_RECORD)
+_END_ENTRY = derive(ws.END_ENTRY)
+_END_FOOTER = derive(ws.END_FOOTER)
+_RECORD_CHECKSUM = derive(ws.RECORD_CHECKSUM)
+_MINIMUM = {
+    ws.STREAM_MAGIC: _STREAM_HEADER.size + _RECORD_CHECKSUM.size,
+    ws.END_MAGIC: _END_RECORD.size + _END_FOOTER.size,
+}
+_ROLE_BIT_NAMES = {bit: name for name, bit in ws.ROLE_BITS.items()}
+
+
+def _stream_value(raw: bytes, name: str) -> str:
+    """A stream record field as a dump shows it: sentinels and bit sets by name."""
+    number = int.from_bytes(raw, "little")
+    if name == "num_layers" and number == ws.NUM_LAYERS_UNKNOWN:
+        return "unknown (0xFFFFFFFF)"
+    if name == "kv_roles":
+        roles = [role for bit, role in _ROLE_BIT_NAMES.items() if number & bit]
+        return f"0x{number:02X} ({', '.join(roles) or 'unstated'})"
+    if name == "element_type":
+        if number == ws.ELEMENT_TYPE_UNKNOWN:
+            return "unstated (0x00)"
+        try:
+            return f"{element_type_from_tag(number).name} (0x{number:02X})"
+        except HurrayWireError:
+            return f"0x{number:02X}"
+    if name in ("stream_flags", "end_flags"):
+        return f"0x{number:04X}"
+    return _value(raw, name)
+
+
+def _fixed(struct: Any, view: bytes, base: int, prefix: str) -> list[Annotation]:
+    out: list[Annotation] = []
+    for offset, size, name in struct.fields:
+        label = _label(name)
+        value = _stream_value(view[offset : offset + size], label)
+        out.append((base + offset, size, f"{prefix}.{label}", value))
+    return out
+
+
+def _tail(view: bytes, base: int, cursor: int, stop: int, out: list[Annotation]) -> None:
+    if stop > cursor:
+        out.append(
+            (
+                base + cursor,
+                stop - cursor,
+                "padding",
+                "zero" if not any(view[cursor:stop]) else "NON-ZERO",
+            )
+        )
+
+
+def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
+    """Named fields of a stream header record (docs/streaming.md) that starts ``data``.
+
+    Offsets are ``base`` + the offset in the record: the stream offset when ``data`` is the
+    record's slice of the stream.
+    """
+    view = bytes(memoryview(data).cast("B"))
+    head = _STREAM_HEADER.unpack_dict(view, 0)
+    total = min(head["total_length"], len(view))
+    out = _fixed(_STREAM_HEADER, view, base, "stream_header")
+    cursor = _STREAM_HEADER.size
+    name_length, metadata_length = head["model_name_length"], head["metadata_length"]
+    model = view[cursor : cursor + name_length]
+    out.append(
+        (
+            base + cursor,
+            name_length,
+            "stream_header.model_name",
+            repr(model.decode("utf-8", "replace")),
+        )
+    )
+    cursor += name_length
+    if metadata_length:
+        out.append(
+            (
+                base + cursor,
+                metadata_length,
+                "stream_header.metadata",
+                f"KV section, {metadata_length} bytes",
+            )
+        )
+    cursor += metadata_length
+    at_checksum = total - _RECORD_CHECKSUM.size
+    _tail(view, base, cursor, at_checksum, out)
+    (checksum,) = _RECORD_CHECKSUM.struct.unpack_from(view, at_checksum)
+    out.append(
+        (base + at_checksum, _RECORD_CHECKSUM.size, "stream_header.checksum", f"0x{checksum:016x}")
+    )
+    return out
+
+
+def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
+    """Named fields of an end record: the fixed part, each index entry, the footer."""
+    view = bytes(memoryview(data).cast("B"))
+    head = _END_RECORD.unpack_dict(view, 0)
+    total = min(head["total_length"], len(view))
+    out = _fixed(_END_RECORD, view, base, "end_record")
+    cursor = _END_RECORD.size
+    footer = total - _END_FOOTER.size
+    for number in range(head["entry_count"]):
+        if cursor + _END_ENTRY.size > footer:
+            break
+        out.extend(_fixed(_END_ENTRY, view[cursor:], base + cursor, f"end_record.entry[{number}]"))
+        cursor += _END_ENTRY.size
+    _tail(view, base, cursor, footer, out)
+    for offset, size, name in _END_FOOTER.fields:
+        piece = view[footer + offset : footer + offset + size]
+        value = (
+            f"0x{int.from_bytes(piece, 'little'):016x}"
+            if name == "checksum"
+            else _value(piece, name)
+        )
+        out.append((base + footer + offset, size, f"end_record.{name}", value))
+    return out
+
+
+def annotate_stream(data: Any) -> list[Annotation]:
+    """Every record of a blob stream: the stream header, each blob, the end record.
+
+    Records are framed by their 16-byte prefix and told apart by magic; a record that the
+    input cuts short, or bytes that are no record, end the listing with one line saying so
+    (the dump shows what is there; ``validate`` says what is wrong).
+    """
+    view = memoryview(data).cast("B")
+    out: list[Annotation] = []
+    pos = 0
+    number = 0
+    while pos < len(view):
+        if len(view) - pos < _PREFIX.size:
+            out.append(
+                (
+                    pos,
+                    len(view) - pos,
+                    "cut record",
+                    f"{len(view) - pos} bytes, shorter than a record prefix",
+                )
+            )
+            break
+        prefix = _PREFIX.unpack_dict(view, pos)
+        magic, total = prefix["magic"], prefix["total_length"]
+        if magic not in (ws.STREAM_MAGIC, wire.BLOB_MAGIC, ws.END_MAGIC) or total < _PREFIX.size:
+            out.append(
+                (
+                    pos,
+                    len(view) - pos,
+                    "not a record",
+                    f"magic {magic.hex(' ')}, {len(view) - pos} bytes",
+                )
+            )
+            break
+        if pos + total > len(view):
+            out.append(
+                (
+                    pos,
+                    len(view) - pos,
+                    "cut record",
+                    f"{magic.decode('latin-1')!r}: {total} bytes declared, "
+                    f"{len(view) - pos} present",
+                )
+            )
+            break
+        record = view[pos : pos + total]
+        minimum = _MINIMUM.get(magic, 0)
+        if total < minimum:
+            out.append((pos, total, "short record", f"{total} bytes, under {minimum}"))
+            break
+        if magic == ws.STREAM_MAGIC:
+            out.extend(annotate_stream_header(record, pos))
+        elif magic == ws.END_MAGIC:
+            out.extend(annotate_end_record(record, pos))
+        else:
+            out.append((pos, 0, f"blob {number}", f"{total} bytes"))
+            out.extend(
+                (pos + at, size, f"blob[{number}].{name}", value)
+                for at, size, name, value in annotate_blob(record)
+            )
+            number += 1
+        pos += total
     return out

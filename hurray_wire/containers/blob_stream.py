@@ -66,7 +66,8 @@ class StreamWriter:
     flushes. ``close`` ends the stream with the end record (with the index unless
     ``index=False``); leaving a ``with`` block by an exception does not, so the reader sees
     a cut stream rather than a complete one. A sink passed in is flushed but not closed;
-    a path is opened, and closed by ``close``.
+    a path is written atomically (``containers.atomic``): the file appears at ``close``,
+    and after ``abort`` or a failed write the path is left as it was.
     """
 
     def __init__(
@@ -74,7 +75,7 @@ class StreamWriter:
     ) -> None:
         self._sink = open_sink(sink)
         if header is not None and not isinstance(header, StreamHeader):
-            self._sink.close()
+            self._sink.abort()
             raise ArgumentTypeError("header must be a StreamHeader or None", found=repr(header))
         self._header = header
         self._entries: list[StreamEntry] | None = [] if index else None
@@ -86,7 +87,7 @@ class StreamWriter:
             try:
                 self._emit([memoryview(encode_stream_header(header))])
             except BaseException:
-                self._sink.close()
+                self._sink.abort()
                 raise
 
     @property
@@ -149,13 +150,19 @@ class StreamWriter:
         try:
             if not self._failed and (self._header is None or self._header.end_record):
                 self._emit([memoryview(encode_end_record(self._entries, self._count))])
-        finally:
+        except BaseException:
+            self._sink.abort()
+            raise
+        if self._failed:
+            self._sink.abort()  # a path is not left holding a cut stream
+        else:
             self._sink.close()
 
     def abort(self) -> None:
-        """Stop without an end record: a reader will see the stream as cut, not complete."""
+        """Stop without an end record: a reader of a sink will see the stream as cut, not
+        complete; a path is removed (it never held a finished stream)."""
         self._closed = True
-        self._sink.close()
+        self._sink.abort()
 
     def __enter__(self) -> StreamWriter:
         return self

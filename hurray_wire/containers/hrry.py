@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.buffers import align, byte_view
+from hurray_wire.containers.atomic import reading
 from hurray_wire.containers.hrry_records import (
     FileHeader,
     FileTrailer,
@@ -97,7 +98,7 @@ class HrryFile:
                 field="path",
                 found=type(path).__name__,
             )
-        with open(path, "rb") as handle:
+        with reading(path), open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             _check_size(size)
             source: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import construct as c
 
 from hurray_wire.buffers import align
+from hurray_wire.containers.atomic import atomic_output
 from hurray_wire.containers.hrry_records import check_alignment
 from hurray_wire.containers.reference_common import (
     METADATA_KEY_PREFIX,
@@ -83,6 +82,7 @@ def write_file(
     *,
     data_buffer_alignment: int = wc.MIN_DATA_BUFFER_ALIGNMENT,
     sorted_index: bool = False,
+    progress: Callable[[int], object] | None = None,
 ) -> int:
     """Write a ``.hrry`` file exactly as the reference ``FileWriter`` does; its size in bytes.
 
@@ -92,8 +92,11 @@ def write_file(
     never HAS_KV_METADATA ([A17]); CRC-32C over the index; tensor_count_hint unknown.
     ``metadata`` entries come first, then ``hurray.seq_lens.<name>`` / ``hurray.metadata.<name>``
     for tensors that have them. Everything is encoded first; the image is then written
-    beside ``path`` under a temporary name and renamed over it, so arrays still mapping an
-    older file at ``path`` (``read_file`` -> ``write_file`` to the same path) stay valid.
+    beside ``path`` under a temporary name, fsync'd and renamed over it
+    (``containers.atomic.atomic_output``), so arrays still mapping an older file at ``path``
+    (``read_file`` -> ``write_file`` to the same path) stay valid and a failure leaves
+    ``path`` as it was. ``progress``, if given, is called with each tensor's data bytes once
+    they are written (for a progress bar).
     """
     if not isinstance(tensors, Mapping):
         raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")
@@ -119,28 +122,20 @@ def write_file(
         first_descriptor_offset=wc.HEADER_SIZE,
         tensor_count_hint=wc.TENSOR_COUNT_UNKNOWN,
     )
-    target = os.fspath(path)
-    temporary = f"{target}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    try:
-        size = _write_image(temporary, header, records, kv, buffer_alignment, sorted_index)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
-    return size
+    return _write_image(path, header, records, kv, buffer_alignment, sorted_index, progress)
 
 
 def _write_image(
-    path: str,
+    path: str | os.PathLike[str],
     header: bytes,
     records: list[tuple[bytes, tuple[bytes, list[list[memoryview]]]]],
     kv: bytes,
     buffer_alignment: int,
     sorted_index: bool,
+    progress: Callable[[int], object] | None,
 ) -> int:
-    """Lay the file out (§ B.3-B.6) into a new file at ``path``; its size."""
-    with open(path, "xb") as out:
+    """Lay the file out (§ B.3-B.6) into a temporary file that becomes ``path``; its size."""
+    with atomic_output(path) as out:
         pos = 0
 
         def put(piece: bytes | memoryview) -> None:
@@ -170,6 +165,8 @@ def _write_image(
             index.append(
                 (raw_name, descriptor_offset, len(descriptor), data_offset, pos - data_offset)
             )
+            if progress is not None:
+                progress(pos - data_offset)
             pad_to(wc.SECTION_ALIGNMENT)
         kv_offset = kv_length = 0
         if kv:

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.buffers import byte_view
+from hurray_wire.containers.atomic import atomic_output, reading
 from hurray_wire.errors import ArgumentTypeError, ClosedContainerError, LimitExceededError
 
 __all__ = [
@@ -78,7 +79,9 @@ def _no_progress(name: str, result: object) -> ArgumentTypeError:
 class Sink:
     """Writes every byte of a list of pieces to a socket, a binary file-like or a path.
 
-    A path is opened here and closed by :meth:`close`; a sink passed in is never closed.
+    A path is written atomically (``containers.atomic.atomic_output``): :meth:`close`
+    renames the finished file into place, :meth:`abort` removes it; a sink passed in is
+    never closed.
     """
 
     def __init__(self, send: Callable[[Sequence[memoryview]], None], sink: Any, owned: Any):
@@ -96,17 +99,30 @@ class Sink:
             self._flush()
 
     def close(self) -> None:
-        """Close the file this sink opened (a path); a caller's sink stays open."""
+        """Finish the file this sink opened (a path: renamed into place); a caller's sink
+        stays open."""
         if self._owned is not None:
             owned, self._owned = self._owned, None
-            owned.close()
+            owned.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        """Drop the file this sink opened (a path: the target is left as it was)."""
+        if self._owned is not None:
+            owned, self._owned = self._owned, None
+            reason = _AbortedError("writer aborted")
+            owned.__exit__(_AbortedError, reason, None)
+
+
+class _AbortedError(Exception):
+    """Thrown into an owned ``atomic_output`` to make it remove its temporary file."""
 
 
 def open_sink(sink: Any, *, allow_path: bool = True) -> Sink:
     """A :class:`Sink` for ``sink``: a path (if allowed), a socket or a binary file-like."""
     if allow_path and isinstance(sink, (str, os.PathLike)):
-        handle = open(sink, "wb")  # noqa: SIM115 - owned, closed by Sink.close
-        return Sink(_write_sender(handle.write), handle, handle)
+        output = atomic_output(sink)  # finished by Sink.close, dropped by Sink.abort
+        handle = output.__enter__()
+        return Sink(_write_sender(handle.write), handle, output)
     _check_not_text(sink, "sink")
     _check_open(sink, "sink")
     sendmsg = getattr(sink, "sendmsg", None)
@@ -174,7 +190,7 @@ def _sendmsg_sender(sendmsg: Callable[[list[memoryview]], int]) -> Callable[...,
 def map_source(source: Any, name: str = "source") -> tuple[memoryview, mmap.mmap | None]:
     """A read-only view of a file (mapped, never read) or of a bytes-like object."""
     if isinstance(source, (str, os.PathLike)):
-        with open(source, "rb") as handle:
+        with reading(source), open(source, "rb") as handle:
             if os.fstat(handle.fileno()).st_size == 0:
                 return memoryview(b""), None
             mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)

@@ -1,0 +1,127 @@
+"""The file-system edge of every container: atomic output and typed access errors.
+
+A writer that opens its target with ``open(path, "wb")`` truncates it first: if the bytes
+it is about to write are read from that same file (``convert F F``, a hard link, a
+symlink), the reader's memory map loses its pages (SIGBUS) and the input is gone; if the
+writer fails half-way (a bad codec level, a full disk, Ctrl-C), a partial file is left that
+looks like output. :func:`atomic_output` is the one way hurray-wire writes a file:
+
+* an output that is one of the inputs (same path, or same ``st_dev``/``st_ino``: hard links
+  and symlinks included) is refused before anything is opened for writing;
+* the bytes go to a temporary file in the target's directory (so the final rename never
+  crosses a file system), which is flushed, ``fsync``'d and renamed over the target only
+  when the ``with`` block ends normally; on any exception, ``KeyboardInterrupt`` included,
+  it is removed and the target is untouched;
+* a symlink target is followed: the file it points to is replaced, the link stays.
+
+:func:`file_access_error` turns the ``OSError`` of a library open (missing file, a
+directory, a path under a regular file, no permission) into a ``FileAccessError`` that
+names the path and keeps the ``OSError`` as its cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
+
+from hurray_wire.errors import FileAccessError
+
+__all__ = ["atomic_output", "check_not_input", "file_access_error", "reading"]
+
+PathLike = str | os.PathLike[str]
+
+
+def file_access_error(exc: OSError, path: PathLike, action: str) -> FileAccessError:
+    """``exc`` (from opening ``path`` to ``action``) as a ``FileAccessError`` naming both."""
+    reason = exc.strerror or str(exc)
+    return FileAccessError(f"{os.fspath(path)}: cannot {action} ({reason})", cause=exc)
+
+
+@contextlib.contextmanager
+def reading(path: PathLike) -> Iterator[None]:
+    """Wrap the ``OSError`` of opening ``path`` for reading into a ``FileAccessError``."""
+    try:
+        yield
+    except FileAccessError:
+        raise
+    except OSError as exc:
+        raise file_access_error(exc, path, "open for reading") from exc
+
+
+def _same_file(a: PathLike, b: PathLike) -> bool:
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # st_dev + st_ino: hard links and symlinks too
+    except OSError:  # one of them does not exist (yet): not the same file
+        return False
+
+
+def check_not_input(path: PathLike, inputs: Iterable[PathLike]) -> None:
+    """Refuse to write ``path`` if it is, or names the same file as, one of ``inputs``."""
+    for source in inputs:
+        if _same_file(path, source):
+            raise FileAccessError(
+                f"{os.fspath(path)}: refusing to write onto the input {os.fspath(source)!r} "
+                "(the same file); write to another path, then rename"
+            )
+
+
+def _mode_for(target: str) -> int:
+    """The new file's permissions: the replaced file's, else what ``open`` would give."""
+    with contextlib.suppress(OSError):
+        return stat.S_IMODE(os.stat(target).st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def atomic_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` only if the ``with`` block ends normally.
+
+    ``inputs`` are the files the caller reads while writing: ``path`` may be none of them.
+    Errors of the file system (missing directory, ``path`` is a directory, no permission,
+    a failed rename) are ``FileAccessError``; the caller's own exceptions pass through
+    unchanged, after the temporary file is removed.
+    """
+    check_not_input(path, inputs)
+    target = os.path.realpath(path)  # follow a symlink: replace the file, keep the link
+    if os.path.isdir(target):
+        raise file_access_error(IsADirectoryError(21, "Is a directory", target), path, "write")
+    directory, name = os.path.split(target)
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise file_access_error(exc, path, "create a file in its directory") from exc
+    handle = os.fdopen(fd, "wb")
+    try:
+        os.fchmod(fd, _mode_for(target))
+        yield handle
+        try:
+            handle.flush()
+            os.fsync(fd)
+            handle.close()
+            os.replace(temporary, target)
+        except OSError as exc:
+            raise file_access_error(exc, path, "write") from exc
+    except BaseException:
+        handle.close()
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
+    _sync_directory(directory)
+
+
+def _sync_directory(directory: str) -> None:
+    """Make the rename durable (best effort: not every platform can open a directory)."""
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(directory or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
