@@ -19,6 +19,7 @@ from hurray_wire.errors import ArgumentTypeError, HurrayWireError
 __all__ = ["U8Array", "align", "byte_view", "check_zero", "u8_array", "writable_u8"]
 
 U8Array = npt.NDArray[np.uint8]
+_SMALL_REGION = 4096  # below this a padding region is checked as one integer
 
 
 def _not_bytes(name: str, data: object) -> ArgumentTypeError:
@@ -119,6 +120,8 @@ def check_zero(
     """
     if stop <= start:
         return
+    if stop - start <= _SMALL_REGION and not int.from_bytes(view[start:stop], "little"):
+        return  # the common case, a few bytes of zero padding: no NumPy call
     region = np.frombuffer(view, np.uint8, stop - start, start)
     if not region.any():
         return

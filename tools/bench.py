@@ -300,12 +300,14 @@ def bench_descriptor_parsers(repeat: int) -> None:
     """Why the fast path: plain construct vs compiled construct vs the derived structs."""
     from hurray_wire.model import descriptor_codec
     from hurray_wire.wire import descriptor as wd
+    from hurray_wire.wire.fast import derive, offset_of
 
     print("\n[parsing one 133-byte block-paged descriptor]")
     data = hw.encode_descriptor(make_tensor(64).descriptor)
-    payload = data[52:84]
+    start = offset_of(wd.BLOCK_PAGED_FIXED, "layout")
+    payload = data[start : start + wd.BLOCK_PAGED_PAYLOAD.sizeof()]
     compiled = wd.BLOCK_PAGED_PAYLOAD.compile()
-    derived = descriptor_codec._PAYLOAD.struct
+    derived = derive(wd.BLOCK_PAGED_PAYLOAD).struct
     rows = [
         ("construct, plain: the whole descriptor", lambda: wd.DESCRIPTOR.parse(data)),
         ("construct, plain: the 32-byte payload", lambda: wd.BLOCK_PAGED_PAYLOAD.parse(payload)),

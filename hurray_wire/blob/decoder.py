@@ -20,7 +20,12 @@ import xxhash
 from hurray_wire.blob.envelope import (
     ENTRY,
     ENTRY_AT,
+    HEADER,
     HEADER_SIZE,
+    I_CHECKSUM_TYPE,
+    I_DESCRIPTOR_LENGTH,
+    I_HEADER_LENGTH,
+    I_SECTION_COUNT,
     check_header_fields,
     check_limits,
     checked_header,
@@ -29,7 +34,7 @@ from hurray_wire.blob.envelope import (
     fixed_header,
     total_length,
 )
-from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
+from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
 from hurray_wire.blob.sections import Entry, check_entries
 from hurray_wire.buffers import byte_view, check_zero
 from hurray_wire.codecs import CODEC_RAW, check_threads, decode_section
@@ -51,8 +56,6 @@ __all__ = ["decode", "peek_descriptor"]
 _U64 = struct.Struct("<Q")  # a section entry's checksum, read per call
 _CHECKSUM_AT = ENTRY_AT["checksum"]
 _CHECKSUM_END = _CHECKSUM_AT + ENTRY.sizes["checksum"]
-_ZERO_CHECKSUM = bytes(ENTRY.sizes["checksum"])
-_SMALL_TABLE = 16  # up to this many entries the memo key is joined in Python, else NumPy
 
 
 @dataclass(frozen=True)
@@ -87,45 +90,51 @@ class _Plan:
 PLANS: BoundedMemo[_Plan] = BoundedMemo(512, 64 << 20)
 
 
-def _memo_key(header: bytes, count: int, checksummed: bool) -> bytes:
-    """The header bytes with the section checksums zeroed (they are checked per call);
-    linear in the header's size. Without checksums they must be zero and stay in."""
-    if not checksummed or not count:
-        return header
-    if count <= _SMALL_TABLE:
-        pieces = [header[:HEADER_SIZE]]
-        for number in range(count):
-            at = entry_at(number)
-            pieces += (header[at : at + _CHECKSUM_AT], _ZERO_CHECKSUM)
-            pieces.append(header[at + _CHECKSUM_END : at + ENTRY.size])
-        pieces.append(header[entry_at(count) :])
-        return b"".join(pieces)
-    key = bytearray(header)
-    table = np.frombuffer(key, np.uint8, ENTRY.size * count, HEADER_SIZE).reshape(count, ENTRY.size)
-    table[:, _CHECKSUM_AT:_CHECKSUM_END] = 0
-    return bytes(key)
+#: Masks over a header's bytes that clear its section checksums, by (length, count).
+_MASKS: BoundedMemo[int] = BoundedMemo(512, 16 << 20)
+
+
+def _checksum_mask(header_length: int, count: int) -> int:
+    """All-ones over ``header_length`` bytes but the section checksums (little-endian):
+    built once per header geometry, in time linear in its size."""
+    mask = _MASKS.get((header_length, count))
+    if mask is None:
+        ones = bytearray(b"\xff") * header_length
+        table = np.frombuffer(ones, np.uint8, ENTRY.size * count, HEADER_SIZE)
+        table.reshape(count, ENTRY.size)[:, _CHECKSUM_AT:_CHECKSUM_END] = 0
+        mask = int.from_bytes(ones, "little")
+        _MASKS.put((header_length, count), mask, header_length)
+    return mask
 
 
 def _header_plan(view: memoryview, total: int, limits: DecodeLimits, *, memoise: bool) -> _Plan:
     """The validated plan of the blob at the start of ``view``: limits first (on the fixed
-    header alone), then the header checksum, then the memo or a full check."""
+    header alone), then the header checksum, then the memo or a full check.
+
+    The memo key is the checked copy of the header as one integer, section checksums masked
+    out (they are checked per call; with checksum_type 0 they must stay zero, so stay in).
+    """
     fixed, head = fixed_header(view)
-    check_limits(head, limits)
-    header = checked_header(view, fixed, head, total)
-    checksummed = head["checksum_type"] == w.CHECKSUM_XXH3_64
-    key = _memo_key(header, head["section_count"], checksummed)
-    plan = PLANS.get((key, limits)) if memoise else None
+    header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
+    dlen = head[I_DESCRIPTOR_LENGTH]
+    check_limits(count, dlen, limits)
+    header = checked_header(view, fixed, header_length, count, dlen, total)
+    if not memoise:
+        return _plan_from_header(header, fixed, total, limits)
+    key = int.from_bytes(header, "little")
+    if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
+        key &= _checksum_mask(header_length, count)
+    memo_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
+    plan = PLANS.get(memo_key)
     if plan is None:
-        plan = _plan_from_header(header, head, total, limits)
-        if memoise:
-            PLANS.put((key, limits), plan, 2 * len(key))
+        plan = _plan_from_header(header, fixed, total, limits)
+        PLANS.put(memo_key, plan, 2 * header_length)
     return plan
 
 
-def _plan_from_header(
-    header: bytes, head: dict[str, Any], total: int, limits: DecodeLimits
-) -> _Plan:
+def _plan_from_header(header: bytes, fixed: bytes, total: int, limits: DecodeLimits) -> _Plan:
     """Validate the fixed header, descriptor and section table (all within ``header``)."""
+    head = HEADER.unpack_dict(fixed)
     check_header_fields(head)
     count = head["section_count"]
     descriptor = embedded_descriptor(header, entry_at(count))
@@ -142,9 +151,10 @@ def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorD
     limits = check_limits_argument(limits)
     total = total_length(view, whole=False)
     fixed, head = fixed_header(view)
-    check_limits(head, limits)
-    header = checked_header(view, fixed, head, min(total, len(view)))
-    return embedded_descriptor(header, entry_at(head["section_count"]))
+    count, dlen = head[I_SECTION_COUNT], head[I_DESCRIPTOR_LENGTH]
+    check_limits(count, dlen, limits)
+    header = checked_header(view, fixed, head[I_HEADER_LENGTH], count, dlen, min(total, len(view)))
+    return embedded_descriptor(header, entry_at(count))
 
 
 def decode(

@@ -33,6 +33,10 @@ __all__ = [
     "ENTRY_AT",
     "HEADER",
     "HEADER_SIZE",
+    "I_CHECKSUM_TYPE",
+    "I_DESCRIPTOR_LENGTH",
+    "I_HEADER_LENGTH",
+    "I_SECTION_COUNT",
     "blob_length",
     "check_header_fields",
     "check_limits",
@@ -53,6 +57,11 @@ HEADER_SIZE = HEADER.size
 #: magic, versions, flags and total_length: what frames a blob in a stream.
 BLOB_PREFIX_SIZE = AT["header_length"]
 _MIN_TOTAL = HEADER_SIZE + CHECKSUM.size
+#: Positions of the fixed header's fields in ``HEADER.struct.unpack``'s tuple.
+I_HEADER_LENGTH = HEADER.names.index("header_length")
+I_SECTION_COUNT = HEADER.names.index("section_count")
+I_CHECKSUM_TYPE = HEADER.names.index("checksum_type")
+I_DESCRIPTOR_LENGTH = HEADER.names.index("descriptor_length")
 
 
 def entry_at(number: int) -> int:
@@ -163,44 +172,45 @@ def total_length(view: memoryview, *, whole: bool) -> int:
     )
 
 
-def check_limits(head: dict[str, Any], limits: DecodeLimits) -> None:
+def check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
     """Refuse a header whose section table or descriptor is above the decode limits:
     checked on the fixed header alone, before any work that grows with either."""
-    if head["section_count"] > limits.max_sections:
+    if count > limits.max_sections:
         raise LimitExceededError(
             "too many sections",
             section="header",
             field="section_count",
             offset=AT["section_count"],
-            found=head["section_count"],
+            found=count,
             expected=f"<= {limits.max_sections}",
         )
-    if head["descriptor_length"] > limits.max_descriptor_length:
+    if dlen > limits.max_descriptor_length:
         raise LimitExceededError(
             "descriptor too long",
             section="header",
             field="descriptor_length",
             offset=AT["descriptor_length"],
-            found=head["descriptor_length"],
+            found=dlen,
             expected=f"<= {limits.max_descriptor_length}",
         )
 
 
-def fixed_header(view: memoryview) -> tuple[bytes, dict[str, Any]]:
-    """A copy of the fixed header and its fields by name (the view holds at least it)."""
+def fixed_header(view: memoryview) -> tuple[bytes, tuple[Any, ...]]:
+    """A copy of the fixed header and its unpacked fields (the view holds at least it)."""
     fixed = bytes(view[:HEADER_SIZE])
-    return fixed, HEADER.unpack_dict(fixed)
+    return fixed, HEADER.struct.unpack(fixed)
 
 
-def checked_header(view: memoryview, fixed: bytes, head: dict[str, Any], total: int) -> bytes:
+def checked_header(
+    view: memoryview, fixed: bytes, header_length: int, count: int, dlen: int, total: int
+) -> bytes:
     """A copy of the header bytes ``[0, header_length)``, once ``header_length`` agrees with
     the header's counts and fits in ``total`` bytes and the header checksum matches it.
 
     Everything decided from the header is decided from this copy, so a caller that mutates
     its buffer meanwhile cannot make the decoder trust bytes it did not check.
     """
-    header_length = head["header_length"]
-    expected_length = entry_at(head["section_count"]) + head["descriptor_length"]
+    expected_length = entry_at(count) + dlen
     if header_length != expected_length or header_length + CHECKSUM.size > total:
         raise InvalidBlobError(
             "header_length disagrees with section_count and descriptor_length, or leaves no "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from struct import Struct
 from typing import Any
 
 import construct as c
@@ -33,6 +34,9 @@ class FastStruct:
     consts: tuple[tuple[int, bytes], ...]  # (position in the unpacked tuple, expected bytes)
     offsets: Mapping[str, int]
     sizes: Mapping[str, int]  # bytes of each leaf
+    #: Packs the non-Const fields: zero Consts are pad bytes, others lead (the magic).
+    packer: Struct | None = None
+    leading: tuple[bytes, ...] = ()
 
     @property
     def fields(self) -> tuple[tuple[int, int, str], ...]:
@@ -57,8 +61,9 @@ class FastStruct:
             for position, expected in self.consts:
                 named[position] = expected
             return self.struct.pack(*named)
-        if not self.consts:
-            return self.struct.pack(*values)
+        if self.packer is not None:
+            packed: bytes = self.packer.pack(*self.leading, *values)
+            return packed
         full = list(values)
         for position, expected in self.consts:
             full.insert(position, expected)
@@ -148,7 +153,26 @@ def derive(definition: Any) -> FastStruct:
     compiled = struct.Struct("<" + "".join(codes))
     if compiled.size != definition.sizeof() or end != compiled.size:
         raise TypeError("derived size differs from the construct size")
-    return FastStruct(compiled, tuple(names), tuple(consts), offsets, sizes)
+    packer, leading = _packer(codes, consts)
+    return FastStruct(compiled, tuple(names), tuple(consts), offsets, sizes, packer, leading)
+
+
+def _packer(
+    codes: list[str], consts: list[tuple[int, bytes]]
+) -> tuple[struct.Struct | None, tuple[bytes, ...]]:
+    """A format that packs only the non-Const fields: zero Consts become pad bytes (which
+    ``struct`` writes as zeros), non-zero ones (a magic) are passed first. None when a
+    non-zero Const is not among the leading fields."""
+    leading: list[bytes] = []
+    fmt = list(codes)
+    for position, expected in consts:
+        if not any(expected):
+            fmt[position] = f"{len(expected)}x"
+        elif position == len(leading):
+            leading.append(expected)
+        else:
+            return None, ()
+    return struct.Struct("<" + "".join(fmt)), tuple(leading)
 
 
 def offset_of(definition: Any, name: str) -> int:
