@@ -367,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--transfer", action="store_true", help="also the loopback TCP rate vs a raw socket copy"
     )
+    parser.add_argument(
+        "--nixl",
+        action="store_true",
+        help="also hurray-wire over NIXL vs raw NIXL between the same agents (tools/bench_nixl.py)",
+    )
     args = parser.parse_args(argv)
     repeat = 3 if args.quick else 7
     print(f"hurray-wire {hw.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
@@ -383,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         import bench_transfer
 
         bench_transfer.main(["rate", "--rounds", "3" if args.quick else "5"])
+    if args.nixl:
+        print("\n[NIXL: hurray-wire blobs vs raw NIXL READs, same agents (tools/bench_nixl.py)]")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_nixl
+
+        bench_nixl.main(["--rounds", "3" if args.quick else "9"])
     return 0
 
 

@@ -224,7 +224,7 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--layers", type=int, default=8)
@@ -238,7 +238,7 @@ def main() -> int:
     parser.add_argument("--ucx", default="none", help=argparse.SUPPRESS)
     parser.add_argument("--in-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out-fd", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.sender:
         return sender_main(args)
     results = [run_transport(t, args) for t in args.transports.split(",")]
