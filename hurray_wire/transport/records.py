@@ -15,6 +15,7 @@ from typing import Any
 
 import xxhash
 
+from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
 from hurray_wire.wire import transfer as w
 from hurray_wire.wire.fast import derive
@@ -211,9 +212,7 @@ def encode_record(record: TransferRecord) -> bytes:
 
 def decode_record(data: Any) -> TransferRecord:
     """Parse and validate one record that must fill ``data`` exactly."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ArgumentTypeError("a record is bytes", found=type(data).__name__)
-    raw = bytes(data)
+    raw = bytes(byte_view(data, "record"))
     if len(raw) < _FIXED + 8:
         raise InvalidTransferRecordError(
             "record shorter than its fixed part and checksum",
