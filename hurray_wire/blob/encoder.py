@@ -16,6 +16,7 @@ import xxhash
 
 from hurray_wire import parallel
 from hurray_wire.blob.envelope import CHECKSUM, entry_at, pack_header
+from hurray_wire.blob.output import OUTPUT_POOL
 from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
 from hurray_wire.errors import ArgumentTypeError, InvalidBlobError
@@ -316,7 +317,9 @@ def encode(
     compact: bool = False,
 ) -> memoryview:
     """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, which
-    costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed.
+    costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed. Large
+    blobs come from a pool that takes the memory back once the caller drops every reference
+    to the blob (``blob.output.OUTPUT_POOL``).
 
     ``compression``: a :class:`Compression`, None (every section raw) or a text spec such
     as ``"default"`` or ``"zstd:3"``, read once by :func:`~hurray_wire.codecs.parse_spec`
@@ -330,6 +333,6 @@ def encode(
             bytearray().join(encode_parts(tensor, compression=compression, checksum=checksum))
         )
     head, sections, total = _plan(tensor, compression, checksum, hash_raw=False)
-    out = np.empty(total, np.uint8)
+    out = OUTPUT_POOL.take(total)  # recycled once the caller drops the blob: no page faults
     _write(tensor, out, head, sections, total, checksum)
     return memoryview(out.data)
