@@ -443,14 +443,18 @@ def _bytes_view(array: Array) -> Array:
 def _page_count_mismatch(lens: Array, seq_ptr: Array, page_size: int, largest: int) -> int | None:
     """The first sequence whose page count is not ceil(len / page_size), or None.
 
-    ``pages == ceil(len / P)`` is ``pages * P - P < len <= pages * P``: two multiplies
-    and compares, an order of magnitude cheaper than uint64 division and remainder. Used
-    where no term can wrap (page capacity and lengths well below 2**64); the exact
-    division form otherwise.
+    For a power-of-two page size (every engine's) that is ``(len + P - 1) >> log2(P)``,
+    compared with the ``seq_ptr`` differences in one pass: no uint64 division. Otherwise
+    ``pages * P - P < len <= pages * P``, in blocks. Both where no term can wrap (lengths
+    and page capacity well below 2**64); the exact division form otherwise.
     """
     capacity = int(seq_ptr[-1]) * page_size
     exact = capacity + page_size >= 2**64 or largest + page_size >= 2**64
     size = np.uint64(page_size)
+    if not exact and page_size & (page_size - 1) == 0:
+        needed = (lens + np.uint64(page_size - 1)) >> np.uint64(page_size.bit_length() - 1)
+        ok = needed == (seq_ptr[1:] - seq_ptr[:-1])
+        return None if ok.all() else int(np.argmin(ok))
     for start in range(0, len(lens), _BLOCK):  # blocks: temporaries stay in cache, unfaulted
         stop = min(start + _BLOCK, len(lens))
         part = lens[start:stop]

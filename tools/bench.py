@@ -296,6 +296,71 @@ def bench_small(repeat: int) -> None:
           f"{ours_plain / base:5.1f}x")  # fmt: skip
 
 
+def numpy_invariants(
+    block_table: np.ndarray, seq_ptr: np.ndarray, lens: np.ndarray, num_pages: int, page: int
+) -> None:
+    """The storage invariants as a user would write them in plain vectorised NumPy."""
+    assert block_table.size == 0 or int(block_table.max()) < num_pages
+    assert int(seq_ptr[0]) == 0 and int(seq_ptr[-1]) == block_table.size
+    assert not (seq_ptr[1:] < seq_ptr[:-1]).any()
+    assert ((seq_ptr[1:] - seq_ptr[:-1]) == (lens + (page - 1)) // page).all()
+
+
+def bench_many_sequences(repeat: int) -> None:
+    """decode(verify=False) at 100k sequences with seq_lens, against pyarrow's read of the same
+    arrays plus the same invariants in plain NumPy: the cost per block-table entry."""
+    print("\n[decode(verify=False), 100k sequences with seq_lens vs pyarrow read + NumPy checks]")
+    rng = np.random.default_rng(3)
+    seqs, page = 100_000, 16
+    lens = rng.integers(1, 64, seqs).astype(np.uint64)
+    pages = (lens + page - 1) // page
+    seq_ptr = np.zeros(seqs + 1, np.uint32)
+    seq_ptr[1:] = np.cumsum(pages)
+    num_pages = int(seq_ptr[-1])
+    pool = np.zeros((num_pages, page, 2, 64), np.float16)
+    block_table = rng.permutation(num_pages).astype(np.uint32)
+    tensor = hw.BlockPagedTensor.from_arrays(pool, block_table, seq_ptr, seq_lens=lens)
+    data = blob.encode(tensor, checksum=False)
+    _, read = arrow_roundtrip([pool, block_table, seq_ptr, lens])
+
+    def peer() -> None:
+        _, bt, sp, ln = read()
+        numpy_invariants(bt, sp, ln, num_pages, page)
+
+    blob.decode(data, verify=False)
+    timed = interleaved({"peer": peer, "ours": lambda: blob.decode(data, verify=False)}, repeat)
+    line("pyarrow read + NumPy invariants", timed["peer"], timed["peer"], "peer")
+    line("decode(verify=False)", timed["ours"], timed["peer"], "peer")
+
+
+def bench_tiny_safe(repeat: int) -> None:
+    """from_arrays + encode + decode of a one-page tensor against a hand-written safe decoder
+    of the same bytes (xxh3 + three np.frombuffer + the index invariants)."""
+    print("\n[tiny tensor (one 32 KiB page): from_arrays + encode + decode vs a safe decoder]")
+    pool = np.ones((1, 16, 8, 128), np.float16)
+    table = np.zeros(1, np.uint32)
+    seq_ptr = np.array([0, 1], np.uint32)
+    tensor = hw.BlockPagedTensor.from_arrays(pool, table, seq_ptr)
+    data = bytes(blob.encode(tensor))
+    entries = [envelope.ENTRY.unpack_dict(data, envelope.entry_at(i)) for i in range(3)]
+    spans = [(e["offset"], e["raw_size"]) for e in entries]  # where a safe format keeps them
+
+    def safe() -> None:
+        xxhash.xxh3_64_intdigest(data)
+        out = [np.frombuffer(data, np.uint8, size, offset) for offset, size in spans]
+        bt, sp = out[1].view(np.uint32), out[2].view(np.uint32)
+        lens = np.array([16], np.uint64)
+        numpy_invariants(bt, sp, lens, 1, 16)
+
+    def ours() -> None:
+        t = hw.BlockPagedTensor.from_arrays(pool, table, seq_ptr)
+        blob.decode(blob.encode(t))
+
+    timed = interleaved({"safe": safe, "ours": ours}, repeat)
+    line("hand-written safe decoder", timed["safe"], timed["safe"], "safe")
+    line("from_arrays + encode + decode", timed["ours"], timed["safe"], "safe")
+
+
 def bench_descriptor_parsers(repeat: int) -> None:
     """Why the fast path: plain construct vs compiled construct vs the derived structs."""
     from hurray_wire.model import descriptor_codec
@@ -378,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     bench_import(repeat)
     bench_reference(repeat)
     bench_small(repeat)
+    bench_tiny_safe(repeat)
+    bench_many_sequences(repeat)
     bench_descriptor_parsers(repeat)
     bench_index_check()
     if not args.skip_flat:
