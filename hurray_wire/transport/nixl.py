@@ -43,6 +43,7 @@ from hurray_wire.transport.records import (
     encode_record,
 )
 from hurray_wire.wire import blob as wb
+from hurray_wire.wire.fast import offset_of
 
 try:
     import nixl_cu12 as _nixl
@@ -74,6 +75,7 @@ PEER_READ_NAP = 0.00005
 _ZERO_COPY_MIN = 4096  # smaller parts are copied into the arena: one segment instead of many
 _HEADER = wb.BLOB_HEADER.sizeof()
 _ENTRY = wb.SECTION_ENTRY.sizeof()
+_CHECKSUM_TYPE_AT = offset_of(wb.BLOB_HEADER, "checksum_type")
 _U8 = npt.NDArray[np.uint8]
 T = TypeVar("T")
 
@@ -854,7 +856,7 @@ class NixlReceiver(_Endpoint):
     def _has_checksums(self, item: _Incoming) -> bool:
         """Whether the landed blob's header says its sections carry checksums."""
         head = self._arena.buf[item.landing : item.landing + _HEADER]
-        return len(head) == _HEADER and int(head[22]) == wb.CHECKSUM_XXH3_64
+        return len(head) == _HEADER and int(head[_CHECKSUM_TYPE_AT]) == wb.CHECKSUM_XXH3_64
 
     def close(self) -> None:
         self._decoder.shutdown(wait=True)
