@@ -49,12 +49,8 @@ from hurray_wire.errors import (
     UnsupportedLayoutError,
 )
 from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
-from hurray_wire.model.descriptor_codec import (
-    DescriptorHeader,
-    decode_descriptor,
-    decode_header,
-    encode_descriptor,
-)
+from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_descriptor, decode_header
+from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import (
     MXFP,

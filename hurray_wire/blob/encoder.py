@@ -21,7 +21,7 @@ from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
 from hurray_wire.errors import ArgumentTypeError, InvalidBlobError
 from hurray_wire.metadata import encode_metadata
-from hurray_wire.model.descriptor_codec import encode_descriptor
+from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as w
 

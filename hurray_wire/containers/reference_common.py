@@ -18,7 +18,7 @@ from hurray_wire.errors import (
     UnsupportedLayoutError,
 )
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.descriptor_codec import encode_descriptor
+from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import descriptor as wd
 

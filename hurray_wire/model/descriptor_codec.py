@@ -10,9 +10,8 @@ struct and checks the layout-independent rules (for ``dump``).
 from __future__ import annotations
 
 import dataclasses
-import struct
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import construct as c
 
@@ -20,9 +19,7 @@ from hurray_wire import dtypes
 from hurray_wire.buffers import byte_view
 from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import (
-    ArgumentTypeError,
     DescriptorTruncatedError,
-    HurrayWireError,
     InvalidDescriptorError,
     UnsupportedLayoutError,
 )
@@ -33,6 +30,23 @@ from hurray_wire.model.descriptor import (
     TensorDescriptor,
     check_colocation,
 )
+from hurray_wire.model.descriptor_layout import AT as _AT
+from hurray_wire.model.descriptor_layout import BUFFER_TABLE_AT as _BP_FIXED_LEN
+from hurray_wire.model.descriptor_layout import COUNT_SIZE as _COUNT_SIZE
+from hurray_wire.model.descriptor_layout import FIXED as _FIXED
+from hurray_wire.model.descriptor_layout import HANDLE as _HANDLE
+from hurray_wire.model.descriptor_layout import HEADER as _HEADER
+from hurray_wire.model.descriptor_layout import MEMBER as _MEMBER
+from hurray_wire.model.descriptor_layout import QHEADER as _QHEADER
+from hurray_wire.model.descriptor_layout import QUANT_HEADER_AT as _QUANT_HEADER_AT
+from hurray_wire.model.descriptor_layout import QUANT_PAYLOAD_AT as _QUANT_PAYLOAD_AT
+from hurray_wire.model.descriptor_layout import SCHEME as _SCHEME
+from hurray_wire.model.descriptor_layout import STATS as _STATS
+from hurray_wire.model.descriptor_layout import U32 as _U32
+from hurray_wire.model.descriptor_layout import WIRE_NAMES as _WIRE_NAMES
+from hurray_wire.model.descriptor_layout import handle_at as _handle_at
+from hurray_wire.model.descriptor_layout import handle_places as _handle_places
+from hurray_wire.model.descriptor_layout import quant_places as _quant_places
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import (
     MXFP,
@@ -45,52 +59,25 @@ from hurray_wire.model.quantization import (
     Quantization,
 )
 from hurray_wire.wire import descriptor as w
-from hurray_wire.wire.fast import derive
 
 __all__ = [
     "DECODED",
     "DescriptorHeader",
     "decode_descriptor",
     "decode_header",
-    "encode_descriptor",
     "peek_descriptor_length",
 ]
 
 
-_HEADER = derive(w.FIXED_HEADER)
-_FIXED = derive(w.BLOCK_PAGED_FIXED)  # header .. buffer_count of a rank-3 block-paged descriptor
-_HANDLE = derive(w.BUFFER_HANDLE)
-_QHEADER = derive(w.QUANT_HEADER)
-_SCHEME = {tag: derive(defn) for tag, defn in w.SCHEME_PAYLOADS.items()}
-_STATS = derive(w.STATISTICS)
-_MEMBER = derive(w.COMPOSITE_MEMBER)
-_U32 = struct.Struct("<I")  # quantization_length
-
-_AT = _FIXED.offsets  # byte offset of every fixed field, e.g. _AT["flags"] == 10
 _HEADER_LEN = _HEADER.size  # 20
 _PREFIX_LEN = _AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
-_BP_FIXED_LEN = _FIXED.size  # 85: the buffer table starts here
-_COUNT_SIZE = _FIXED.size - _AT["buffer_count"]  # the u8 buffer_count before the handles
-_QUANT_HEADER_AT = _U32.size  # the scheme header follows quantization_length
-_QUANT_PAYLOAD_AT = _U32.size + _QHEADER.size  # the scheme payload follows the header
 _STATS_FIELDS = tuple(i for i in range(len(_STATS.names)) if i not in dict(_STATS.consts))
 _KV_ROLE_NAMES = {v: k for k, v in w.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
-# Model field names that differ from the wire's.
-_WIRE_NAMES = {"element_type": "type_tag", "scale_type": "scale_type_tag"}
 # Decoded descriptors by their bytes (immutable values): 1024 of them or 64 MiB of bytes.
 DECODED: BoundedMemo[TensorDescriptor] = BoundedMemo(1024, 64 << 20)
 _HANDLES: BoundedMemo[BufferHandle] = BoundedMemo(1024, 1 << 20)
-
-
-def _handle_at(index: int, table: int = _BP_FIXED_LEN) -> int:
-    """Byte offset of buffer handle ``index`` in a buffer table whose handles start at
-    ``table``."""
-    return table + _HANDLE.size * index
-
-
-E = TypeVar("E", bound=HurrayWireError)
 
 
 def _error(
@@ -277,16 +264,6 @@ def _locate(
     return error
 
 
-def _handle_places(table: int, count: int) -> dict[str, int]:
-    """Byte offset of every handle field of a buffer table whose handles start at ``table``."""
-    places = {}
-    for index in range(count):
-        start = _handle_at(index, table)
-        places[f"buffers[{index}]"] = start
-        places.update({f"buffers[{index}].{n}": start + at for n, at in _HANDLE.offsets.items()})
-    return places
-
-
 def _locate_handle_error(
     exc: InvalidDescriptorError, table: int, count: int
 ) -> InvalidDescriptorError:
@@ -452,19 +429,6 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
     return quant, raw[pos + _QUANT_HEADER_AT + body : end], end
 
 
-def _quant_places(pos: int, scheme_tag: int) -> dict[str, int]:
-    """Byte offset of every field of a quantization section at ``pos``, by wire and model
-    name (``scale_type`` is ``scale_type_tag``), bare and with the ``quantization.`` prefix."""
-    places = {"quantization_length": pos}
-    places.update({n: pos + _QUANT_HEADER_AT + at for n, at in _QHEADER.offsets.items()})
-    scheme = _SCHEME.get(scheme_tag)
-    if scheme is not None:
-        places.update({n: pos + _QUANT_PAYLOAD_AT + at for n, at in scheme.offsets.items()})
-    places.update({m: places[w] for m, w in _WIRE_NAMES.items() if w in places})
-    places.update({f"quantization.{n}": at for n, at in list(places.items())})
-    return places
-
-
 def _quant_from_fields(
     scheme_tag: int, version: int, qflags: int, values: tuple[Any, ...], pos: int
 ) -> Quantization:
@@ -551,86 +515,6 @@ def _composite_member(raw: bytes, pos: int, length: int) -> tuple[int, int]:
         raise _error("unknown member_role", "composite_member.member_role", pos, found=role)
     _check_consts(_MEMBER, values, pos, "composite_member.")
     return role, end
-
-
-# -- encode ----------------------------------------------------------------------------------
-def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
-    """The exact bytes the reference writes for ``descriptor`` (always valid: see model)."""
-    if not isinstance(descriptor, TensorDescriptor):
-        raise ArgumentTypeError("expected a TensorDescriptor", found=type(descriptor).__name__)
-    cached: bytes | None = descriptor.__dict__.get("_wire_bytes")
-    if cached is None:
-        cached = _encode(descriptor)
-        object.__setattr__(descriptor, "_wire_bytes", cached)  # immutable: memoise
-    return cached
-
-
-def _encode(descriptor: TensorDescriptor) -> bytes:
-    layout = descriptor.layout
-    major, minor = descriptor.version
-    parts = [
-        _FIXED.pack(
-            major,
-            minor,
-            descriptor.descriptor_length,
-            descriptor.flags,
-            descriptor.element_type.tag,
-            0x0A,
-            3,
-            *descriptor.shape,
-            0,
-            layout.page_size,
-            layout.num_pages,
-            0,
-            layout.num_seqs,
-            w.KV_ROLES[layout.kv_role],
-            w.LAYER_NONE if layout.layer_index is None else layout.layer_index,
-            w.INDEX_TYPES[layout.block_table_index_type],
-            len(descriptor.buffers),
-        ),
-    ]
-    for h in descriptor.buffers:
-        parts.append(
-            _HANDLE.pack(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
-        )
-    if descriptor.quantization is not None:
-        body = _encode_quantization(descriptor.quantization) + descriptor.quantization_padding
-        parts += [_U32.pack(len(body)), body]
-    if descriptor.statistics is not None:
-        s = descriptor.statistics
-        parts.append(
-            _STATS.pack(
-                s.computed_mask,
-                s.nnz,
-                s.sparsity_ratio,
-                s.value_min,
-                s.value_max,
-                s.value_abs_max,
-                s.value_mean,
-                s.value_stddev,
-                s.nm_n,
-                s.nm_m,
-                s.has_nan,
-                s.has_inf,
-            )
-        )
-    if descriptor.composite_member is not None:
-        parts.append(_MEMBER.pack(descriptor.composite_member))
-    parts.append(descriptor.unknown_trailing)
-    return b"".join(parts)
-
-
-def _encode_quantization(q: Quantization) -> bytes:
-    head = _QHEADER.struct.pack(q.scheme_tag, q.scheme_version, q.flags)
-    fast = _SCHEME[q.scheme_tag]
-    if isinstance(q, PerTensorAffine):
-        return head + fast.pack(q.scale, q.zero_point)
-    if isinstance(q, (PerChannelAffine, PerBlockAffine)):
-        zp = NO_BUFFER if q.zero_point_buffer_index is None else q.zero_point_buffer_index
-        if isinstance(q, PerChannelAffine):
-            return head + fast.pack(q.axis, q.scale_buffer_index, zp, dtypes.float32.tag)
-        return head + fast.pack(q.axis, q.block_size, q.scale_buffer_index, zp, q.scale_type.tag)
-    return head + fast.struct.pack(q.axis, q.block_size, q.scale_buffer_index)
 
 
 # -- the general path: the common header of any descriptor -----------------------------------

@@ -1,0 +1,108 @@
+"""encode_descriptor: a TensorDescriptor as the exact bytes the reference writes.
+
+The model objects validate themselves on construction, so the encoder cannot write what
+the decoder (``descriptor_codec``) refuses; Const fields (magic, reserved bytes) fill
+themselves in (``FastStruct.pack``).
+"""
+
+from __future__ import annotations
+
+from hurray_wire import dtypes
+from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.model.descriptor_layout import FIXED as _FIXED
+from hurray_wire.model.descriptor_layout import HANDLE as _HANDLE
+from hurray_wire.model.descriptor_layout import MEMBER as _MEMBER
+from hurray_wire.model.descriptor_layout import QHEADER as _QHEADER
+from hurray_wire.model.descriptor_layout import SCHEME as _SCHEME
+from hurray_wire.model.descriptor_layout import STATS as _STATS
+from hurray_wire.model.descriptor_layout import U32 as _U32
+from hurray_wire.model.quantization import (
+    NO_BUFFER,
+    PerBlockAffine,
+    PerChannelAffine,
+    PerTensorAffine,
+    Quantization,
+)
+from hurray_wire.wire import descriptor as w
+
+__all__ = ["encode_descriptor"]
+
+
+def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
+    """The exact bytes the reference writes for ``descriptor`` (always valid: see model)."""
+    if not isinstance(descriptor, TensorDescriptor):
+        raise ArgumentTypeError("expected a TensorDescriptor", found=type(descriptor).__name__)
+    cached: bytes | None = descriptor.__dict__.get("_wire_bytes")
+    if cached is None:
+        cached = _encode(descriptor)
+        object.__setattr__(descriptor, "_wire_bytes", cached)  # immutable: memoise
+    return cached
+
+
+def _encode(descriptor: TensorDescriptor) -> bytes:
+    layout = descriptor.layout
+    major, minor = descriptor.version
+    parts = [
+        _FIXED.pack(
+            major,
+            minor,
+            descriptor.descriptor_length,
+            descriptor.flags,
+            descriptor.element_type.tag,
+            0x0A,
+            3,
+            *descriptor.shape,
+            0,
+            layout.page_size,
+            layout.num_pages,
+            0,
+            layout.num_seqs,
+            w.KV_ROLES[layout.kv_role],
+            w.LAYER_NONE if layout.layer_index is None else layout.layer_index,
+            w.INDEX_TYPES[layout.block_table_index_type],
+            len(descriptor.buffers),
+        ),
+    ]
+    for h in descriptor.buffers:
+        parts.append(
+            _HANDLE.pack(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
+        )
+    if descriptor.quantization is not None:
+        body = _encode_quantization(descriptor.quantization) + descriptor.quantization_padding
+        parts += [_U32.pack(len(body)), body]
+    if descriptor.statistics is not None:
+        s = descriptor.statistics
+        parts.append(
+            _STATS.pack(
+                s.computed_mask,
+                s.nnz,
+                s.sparsity_ratio,
+                s.value_min,
+                s.value_max,
+                s.value_abs_max,
+                s.value_mean,
+                s.value_stddev,
+                s.nm_n,
+                s.nm_m,
+                s.has_nan,
+                s.has_inf,
+            )
+        )
+    if descriptor.composite_member is not None:
+        parts.append(_MEMBER.pack(descriptor.composite_member))
+    parts.append(descriptor.unknown_trailing)
+    return b"".join(parts)
+
+
+def _encode_quantization(q: Quantization) -> bytes:
+    head = _QHEADER.struct.pack(q.scheme_tag, q.scheme_version, q.flags)
+    fast = _SCHEME[q.scheme_tag]
+    if isinstance(q, PerTensorAffine):
+        return head + fast.pack(q.scale, q.zero_point)
+    if isinstance(q, (PerChannelAffine, PerBlockAffine)):
+        zp = NO_BUFFER if q.zero_point_buffer_index is None else q.zero_point_buffer_index
+        if isinstance(q, PerChannelAffine):
+            return head + fast.pack(q.axis, q.scale_buffer_index, zp, dtypes.float32.tag)
+        return head + fast.pack(q.axis, q.block_size, q.scale_buffer_index, zp, q.scale_type.tag)
+    return head + fast.struct.pack(q.axis, q.block_size, q.scale_buffer_index)
