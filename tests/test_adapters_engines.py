@@ -33,6 +33,14 @@ def same(a: Any, b: Any) -> bool:
     return a.shape == b.shape and bool(np.array_equal(a.view(np.uint8), b.view(np.uint8)))
 
 
+def pair(
+    got: hw.BlockPagedTensor | tuple[hw.BlockPagedTensor, hw.BlockPagedTensor],
+) -> tuple[hw.BlockPagedTensor, hw.BlockPagedTensor]:
+    """A reading that must be a ``(key, value)`` pair (``from_vllm`` of a two-role cache)."""
+    assert isinstance(got, tuple)
+    return got
+
+
 def check_sequences(tensor: hw.BlockPagedTensor, expected: list[Any]) -> None:
     got = tensor.sequences()
     assert len(got) == len(expected)
@@ -78,13 +86,15 @@ def test_vllm_pair_round_trip(
     table = k.padded(width=max(len(r) for r in k.pages) + 2)
     lens = np.array(k.lens, np.int32)
     before = cache.copy()
-    key, value = hw.from_vllm(
-        cache,
-        table,
-        lens,
-        kv_cache_layout=layout,
-        layer_index=7,
-        combined=form if block == 2 else None,
+    key, value = pair(
+        hw.from_vllm(
+            cache,
+            table,
+            lens,
+            kv_cache_layout=layout,
+            layer_index=7,
+            combined=form if block == 2 else None,
+        )
     )
     assert same(cache, before)  # the caller's arrays are untouched
     assert (key.kv_role, value.kv_role, key.layer_index) == ("key", "value", 7)
@@ -133,14 +143,15 @@ def test_vllm_strided_cross_layer_view() -> None:
     layer = big[:, 1]  # [N, 2, B, H, D], strided
     assert not layer.flags.c_contiguous
     k = batch(9, 16, 4, 32, np.float16)
-    k, v = hw.from_vllm(layer, k.padded(), k.lens, layer_index=1)
-    assert same(hw.to_vllm((k, v), combined="N2BHD")[0], layer)
+    key, value = pair(hw.from_vllm(layer, k.padded(), k.lens, layer_index=1))
+    assert same(hw.to_vllm((key, value), combined="N2BHD")[0], layer)
 
 
 def test_vllm_padded_table_padding_is_ignored() -> None:
     k = batch(11, 16, 2, 64, np.float16)
     table = k.padded(width=8, pad=-1)  # garbage past each row's used length
     key = hw.from_vllm(k.pool, table, k.lens, kv_role="key")
+    assert isinstance(key, hw.BlockPagedTensor)
     assert same(key.block_table, k.block_table())
 
 
@@ -250,9 +261,9 @@ def test_vllm_ambiguous_shape_needs_combined() -> None:
     cache = random_values(np.random.default_rng(1), (2, 2, 4, 1, 8), np.float16)
     with pytest.raises(hw.InvalidTensorError, match="combined"):
         hw.from_vllm(cache, [[0]], [3])
-    k, _ = hw.from_vllm(cache, [[1]], [3], combined="2NBHD")
+    k, _ = pair(hw.from_vllm(cache, [[1]], [3], combined="2NBHD"))
     assert same(k.sequence(0), cache[0, 1, :3])
-    k, _ = hw.from_vllm(cache, [[1]], [3], combined="N2BHD")
+    k, _ = pair(hw.from_vllm(cache, [[1]], [3], combined="N2BHD"))
     assert same(k.sequence(0), cache[1, 0, :3])
 
 
@@ -274,7 +285,7 @@ def test_to_vllm_refuses() -> None:
     with pytest.raises(hw.InvalidTensorError):
         hw.to_vllm(key, max_blocks=0)
     with pytest.raises(hw.ArgumentTypeError):
-        hw.to_vllm(key, max_blocks=True)  # type: ignore[arg-type]
+        hw.to_vllm(key, max_blocks=True)
     shorter = hw.from_vllm(
         k.pool, [r[:1] for r in k.pages], [min(n, 16) for n in k.lens], kv_role="value"
     )
@@ -496,7 +507,9 @@ def test_tensor_flashinfer_tensor(
     same_tensor(back[0], key)
     same_tensor(back[1], value)
     one = hw.to_flashinfer(value, kv_layout=layout)
-    same_tensor(hw.from_flashinfer(*one, kv_layout=layout, kv_role="value", layer_index=3), value)  # type: ignore[arg-type]
+    back_value = hw.from_flashinfer(*one, kv_layout=layout, kv_role="value", layer_index=3)
+    assert isinstance(back_value, hw.BlockPagedTensor)
+    same_tensor(back_value, value)
 
 
 @settings(max_examples=25, deadline=None)
@@ -520,7 +533,7 @@ def test_tensor_sglang_tensor(seed: int, block: int, dtype: Any) -> None:
 def test_vllm_fp8_scales() -> None:
     k = batch(17, 16, 2, 64, ml_dtypes.float8_e4m3fn)
     cache = np.stack((k.pool, k.pool))
-    key, value = hw.from_vllm(cache, k.padded(), k.lens, k_scale=0.5, v_scale=0.25)
+    key, value = pair(hw.from_vllm(cache, k.padded(), k.lens, k_scale=0.5, v_scale=0.25))
     assert (key.kv_scale, value.kv_scale) == (0.5, 0.25)
     assert value.metadata == {"hurray.v_scale": 0.25}
     mla = hw.from_vllm(cache[0, :, :, 0], k.padded(), k.lens, k_scale=2.0)

@@ -102,12 +102,16 @@ def test_torch_strided_and_engine_inputs() -> None:
     torch = pytest.importorskip("torch")
     b = random_batch(np.random.default_rng(1), page_size=16, heads=4, head_dim=64)
     cache = torch.from_numpy(np.stack((b.pool, b.pool))).to(torch.bfloat16)
-    key, value = hurray.from_vllm(cache, torch.from_numpy(b.padded()), torch.tensor(b.lens))
+    pair = hurray.from_vllm(cache, torch.from_numpy(b.padded()), torch.tensor(b.lens))
+    assert isinstance(pair, tuple)
+    key, value = pair
     assert key.element_type == hurray.bfloat16
     out = hurray.to_vllm((key, value))[0]
     assert torch.equal(torch.from_numpy(out.view(np.uint16)).view(torch.bfloat16), cache)
     strided = cache.transpose(2, 3)  # an HND view, not contiguous
-    k2, _ = hurray.from_vllm(strided, b.padded(), b.lens, kv_cache_layout="HND")
+    strided_pair = hurray.from_vllm(strided, b.padded(), b.lens, kv_cache_layout="HND")
+    assert isinstance(strided_pair, tuple)
+    k2, _ = strided_pair
     assert np.array_equal(k2.page_pool.view(np.uint16), key.page_pool.view(np.uint16))
     fi = hurray.to_flashinfer(key)
     again = hurray.from_flashinfer(

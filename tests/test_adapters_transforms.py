@@ -66,7 +66,7 @@ def quantized(
         extra: dict[str, Any] = {}
     elif scheme.startswith("channel"):
         axis = int(scheme[-1])
-        n = b.pool.shape[1 + axis]
+        n = int(b.pool.shape[1 + axis])
         q = hw.PerChannelAffine(axis, 3, 4 if asym else None)
         extra = {"scales": rng.uniform(0.01, 2, n).astype(np.float32)}
         if asym:
@@ -127,9 +127,9 @@ def test_select_refuses() -> None:
     for bad in (1, "01", [True], [0.5], np.array([0.0]), np.zeros((1, 1), int), [None]):
         with pytest.raises(hw.ArgumentTypeError):
             t.select(bad)
-    for bad in ([4], [-1], [0, 9]):
+    for bad_ids in ([4], [-1], [0, 9]):
         with pytest.raises(hw.InvalidTensorError):
-            t.select(bad)
+            t.select(bad_ids)
 
 
 # -- dequantize -------------------------------------------------------------------------------
@@ -349,9 +349,9 @@ def test_repage_refuses() -> None:
     for bad in (0, -4):
         with pytest.raises(hw.InvalidTensorError):
             t.repage(bad)
-    for bad in (True, 2.0, "8", None):
+    for bad_type in (True, 2.0, "8", None):
         with pytest.raises(hw.ArgumentTypeError):
-            t.repage(bad)  # type: ignore[arg-type]
+            t.repage(bad_type)  # type: ignore[arg-type]
 
 
 # -- heads ------------------------------------------------------------------------------------
@@ -393,9 +393,9 @@ def test_split_and_merge_refuse() -> None:
     for bad in (3, 6, 0):
         with pytest.raises(hw.InvalidTensorError):
             t.split_heads(bad)
-    for bad in (True, 2.0):
+    for bad_type in (True, 2.0):
         with pytest.raises(hw.ArgumentTypeError):
-            t.split_heads(bad)  # type: ignore[arg-type]
+            t.split_heads(bad_type)  # type: ignore[arg-type]
     a, b = t.split_heads(2)
     other = tensor_of(3, heads=2, head_dim=8)
     with pytest.raises(hw.InvalidTensorError):

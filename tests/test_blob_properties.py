@@ -58,7 +58,7 @@ def _array(draw: Any, etype: hw.ElementType, count: int) -> np.ndarray:
     """``count`` elements of ``etype`` with random bit patterns."""
     if etype.is_packed:
         raw = draw(st.binary(min_size=count, max_size=count))
-        codes = np.frombuffer(raw, np.uint8) & np.uint8((1 << etype.bit_width) - 1)
+        codes: np.ndarray = np.frombuffer(raw, np.uint8) & np.uint8((1 << etype.bit_width) - 1)
         return codes.view(etype.numpy_dtype)
     size = count * etype.numpy_dtype.itemsize
     return np.frombuffer(draw(st.binary(min_size=size, max_size=size)), etype.numpy_dtype)

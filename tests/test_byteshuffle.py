@@ -118,7 +118,7 @@ def test_a_library_without_the_kernels_falls_back(fresh_choice: pytest.MonkeyPat
 
 
 def test_no_blosc2_package_falls_back(fresh_choice: pytest.MonkeyPatch) -> None:
-    fresh_choice.setattr(byteshuffle.importlib.util, "find_spec", lambda name: None)
+    fresh_choice.setattr(importlib.util, "find_spec", lambda name: None)
     assert byteshuffle._candidate_libraries() == []
     assert byteshuffle.reload() == "numpy"
 
@@ -194,7 +194,7 @@ def test_an_unreadable_blosc2_spec_falls_back(fresh_choice: pytest.MonkeyPatch) 
     def broken(name: str) -> None:
         raise ValueError("blosc2.__spec__ is None")
 
-    fresh_choice.setattr(byteshuffle.importlib.util, "find_spec", broken)
+    fresh_choice.setattr(importlib.util, "find_spec", broken)
     assert byteshuffle._candidate_libraries() == []
 
 
@@ -210,7 +210,7 @@ def test_the_python_blosc2_3x_layout_is_found(
     shutil.copy(real, tmp_path / "lib64" / "libblosc2.so.5")
     spec = importlib.machinery.ModuleSpec("blosc2", None, is_package=True)
     spec.submodule_search_locations = [str(package)]
-    fresh_choice.setattr(byteshuffle.importlib.util, "find_spec", lambda name: spec)
+    fresh_choice.setattr(importlib.util, "find_spec", lambda name: spec)
     expected = str(tmp_path / "lib64" / "libblosc2.so.5")
     assert byteshuffle._candidate_libraries() == [expected]
     assert byteshuffle.reload() == f"blosc2 ({expected})"

@@ -8,6 +8,7 @@ turns the file system's ``OSError`` into ``FileAccessError`` (also an ``OSError`
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -116,11 +117,13 @@ def _bad_paths(tmp_path: Path) -> list[Path]:
     ids=["StreamFile", "HrryFile", "read_file", "read_file_metadata", "identify",
          "StreamReader", "write_file", "StreamWriter"],
 )  # fmt: skip
-def test_library_opens_raise_file_access_error(tmp_path: Path, opener: object) -> None:
+def test_library_opens_raise_file_access_error(
+    tmp_path: Path, opener: Callable[[Path], object]
+) -> None:
     for path in _bad_paths(tmp_path):
         with pytest.raises(FileAccessError) as info:
-            opener(path)  # type: ignore[operator]
+            opener(path)
         assert isinstance(info.value.__cause__, OSError)
         assert os.fspath(path) in str(info.value)
         with pytest.raises(OSError):  # old ``except OSError`` callers still catch it
-            opener(path)  # type: ignore[operator]
+            opener(path)

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,9 @@ HRRY = BLOCK_PAGED / "files/layer0_kv.hrry"
 EXTENSIONS = [".hrwb", ".hrws", ".hrrs", ".hrry"]
 
 
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+def run(
+    args: Sequence[str | os.PathLike[str]], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
     code = cli.main([str(a) for a in args])
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
@@ -140,11 +143,19 @@ def _failing_image(failure: BaseException) -> Any:
 
     real = hrry_write._write_image
 
-    def image(path: Any, header: bytes, records: Any, *rest: Any) -> int:
+    def image(
+        path: str | os.PathLike[str],
+        header: bytes,
+        records: list[tuple[bytes, tuple[bytes, list[list[memoryview]]]]],
+        kv: bytes,
+        buffer_alignment: int,
+        sorted_index: bool,
+        progress: Callable[[int], object] | None,
+    ) -> int:
         def explode(_: int) -> None:
             raise failure
 
-        return real(path, header, records, *rest[:-1], explode)
+        return real(path, header, records, kv, buffer_alignment, sorted_index, explode)
 
     return image
 
@@ -166,7 +177,9 @@ def test_an_unreadable_input_is_one_line_exit_3(
     tmp_path: Path, command: str, case: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path, reason = _bad_inputs(tmp_path)[case]
-    argv = [command, path] + ([tmp_path / "out.hrws"] if command == "convert" else [])
+    argv: list[str | Path] = [command, path]
+    if command == "convert":
+        argv.append(tmp_path / "out.hrws")
     code, out, err = run(argv, capsys)
     assert code == cli.EXIT_FILE and out == ""
     one_line(err)
@@ -307,6 +320,7 @@ def test_stream_to_stream_keeps_the_stream_header(
     assert run(["convert", STREAM, out, "--compression", "zstd:3"], capsys)[0] == 0
     original, copy = hc.StreamFile(STREAM), hc.StreamFile(out)
     assert copy.header == original.header and copy.header is not None
+    assert original.header is not None
     assert dict(copy.header.metadata) == dict(original.header.metadata)
     assert copy.complete and [e.layer_index for e in copy.entries] == [0, 0, 1, 1]
 

@@ -22,7 +22,7 @@ import make_fixtures  # noqa: E402
 
 def _sha(array: Any) -> str:
     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    return hashlib.sha256(memoryview(data)).hexdigest()
+    return hashlib.sha256(data.data).hexdigest()
 
 
 def test_regenerating_reproduces_the_committed_bytes(tmp_path: Path) -> None:

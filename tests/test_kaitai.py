@@ -210,7 +210,7 @@ def decoder_fields(data: bytes) -> dict[str, Any]:
         quantization_bytes = data[start : start + parsed.quantization.quantization_length]
     layout = header.layout_fields if header.layout_tag == BLOCK_PAGED_TAG else {}
     flags = header.flags
-    fields = {
+    fields: dict[str, Any] = {
         "version_major": header.version_major,
         "version_minor": header.version_minor,
         "descriptor_length": length,

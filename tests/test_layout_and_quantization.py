@@ -105,7 +105,7 @@ def test_layout_public_fields_cannot_be_deleted(name: str) -> None:
 def test_layout_slots_cannot_be_deleted() -> None:
     value = layout()
     with pytest.raises(AttributeError):
-        del value._page_size
+        del value._page_size  # type: ignore[attr-defined]
     assert value.page_size == 4
 
 
@@ -135,8 +135,8 @@ def test_layout_equality_and_hash_by_value(changes: dict[str, Any]) -> None:
 
 
 def test_layout_equality_with_other_types() -> None:
-    assert layout() != (4, 5, 0, 2, "key", 3, "uint32")
-    assert layout() != "BlockPagedLayout"
+    assert layout() != (4, 5, 0, 2, "key", 3, "uint32")  # type: ignore[comparison-overlap]
+    assert layout() != "BlockPagedLayout"  # type: ignore[comparison-overlap]
     assert layout().__eq__(object()) is NotImplemented
 
 
@@ -952,6 +952,6 @@ def test_element_type_of_none_is_refused() -> None:
 
 def test_element_types_are_immutable_values() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
-        hw.float16.tag = 2  # type: ignore[misc]
+        hw.float16.tag = 2
     assert pickle.loads(pickle.dumps(hw.bfloat16)) == hw.bfloat16
     assert hash(hw.int4) == hash(hw.element_type_from_tag(0x48))

@@ -80,8 +80,9 @@ def test_run_tasks_raises_the_lowest_failure_and_skips_later_tasks(threads: int)
 
     for _ in range(5):
         ran.clear()
+        tasks = [lambda i=i: task(i) for i in range(200)]
         with pytest.raises(ValueError) as info:
-            parallel.run_tasks([lambda i=i: task(i) for i in range(200)], threads)
+            parallel.run_tasks(tasks, threads)
         assert info.value.args == (5,)
         assert max(ran) < 199  # tasks after a failure were skipped
         assert set(range(6)) <= set(ran)
@@ -93,7 +94,8 @@ def test_run_tasks_never_waits_for_a_busy_pool() -> None:
     pool = parallel.shared_pool()
     blockers = [pool.submit(release.wait, 10) for _ in range(pool._max_workers)]
     try:
-        done = parallel.run_tasks([lambda i=i: i for i in range(10)], 4)
+        tasks = [lambda i=i: i for i in range(10)]
+        done = parallel.run_tasks(tasks, 4)
         assert done == list(range(10))
     finally:
         release.set()
@@ -103,6 +105,7 @@ def test_run_tasks_never_waits_for_a_busy_pool() -> None:
 
 def test_submit_runs_on_a_pool_thread() -> None:
     future = parallel.submit(lambda: threading.current_thread().name)
+    assert future is not None
     assert future.result(timeout=10).startswith("hurray-wire")
 
 
@@ -130,7 +133,8 @@ def test_a_shut_down_pool_runs_everything_on_the_caller() -> None:
     dead.shutdown()
     assert parallel.submit_to(dead, lambda: 1) is None
     with parallel.using_pool(dead):
-        assert parallel.run_tasks([lambda i=i: i for i in range(5)], 4) == list(range(5))
+        tasks = [lambda i=i: i for i in range(5)]
+        assert parallel.run_tasks(tasks, 4) == list(range(5))
         assert parallel.submit(lambda: 1) is None
 
 

@@ -561,8 +561,9 @@ def test_seq_lens_and_tensor_metadata_round_trip(tmp_path: Path) -> None:
         assert isinstance(lens, list) and all(isinstance(v, UInt64) for v in lens)
     back = ref.read_file(path)
     for name, tensor in tensors.items():
-        assert back[name].seq_lens is not None
-        assert back[name].seq_lens.tolist() == tensor.seq_lens.tolist()  # type: ignore[union-attr]
+        back_lens, sent_lens = back[name].seq_lens, tensor.seq_lens
+        assert back_lens is not None and sent_lens is not None
+        assert back_lens.tolist() == sent_lens.tolist()
         assert back[name].metadata == tensor.metadata
         assert _buffer_bytes(back[name]) == _buffer_bytes(tensor)
     assert type(back["layer0.key"].metadata["n"]) is UInt64

@@ -77,6 +77,7 @@ flag passes through.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
@@ -326,12 +327,13 @@ def _round_trip(data: bytes, tensor: hw.BlockPagedTensor, total: int) -> None:
         return  # documented: a KV array with no element decodes but is never written
     checksum_type = data[22]
     choice = xxhash.xxh3_64_intdigest(data) % 4
-    compression = [
+    compressions: list[hw.Compression | str | None] = [
         hw.Compression(codecs.CODEC_ZSTD, min_size=0),
         hw.Compression(codecs.CODEC_SHUFFLE_ZSTD, min_size=0),
         "default",
         None,
-    ][choice]
+    ]
+    compression = compressions[choice]
     # and always the chunked codec with small chunks (several per section), on 0 or 2 threads
     chunked = hw.Compression(
         codecs.CODEC_CHUNKED, min_size=0, chunk_size=4096 << (choice % 2), threads=2 * (choice // 2)
@@ -346,7 +348,7 @@ def _round_trip(data: bytes, tensor: hw.BlockPagedTensor, total: int) -> None:
             blob = hw.encode(tensor, compression=spec, checksum=checksum)
         except hw.HurrayWireError as exc:
             raise AssertionError(f"encode refused a decoded tensor: {exc!r}") from exc
-        again, error = _outcome(lambda blob=blob: hw.decode(blob))
+        again, error = _outcome(functools.partial(hw.decode, blob))
         if error is not None:
             raise AssertionError(f"a re-encoded blob does not decode: {error!r}") from error
         diff = tensor_difference(tensor, again)
@@ -636,7 +638,7 @@ def byte_mutate(data: bytes, rng: random.Random, max_size: int = 1 << 20) -> byt
     return bytes(buf[:max_size])
 
 
-_IN_LIBFUZZER = []  # non-empty once atheris.Fuzz() runs: atheris.Mutate works only then
+_IN_LIBFUZZER: list[bool] = []  # non-empty once atheris.Fuzz() runs: atheris.Mutate works only then
 
 
 def _libfuzzer_mutate(data: bytes, rng: random.Random, max_size: int) -> bytes:

@@ -204,9 +204,9 @@ def check_hrry(data: bytes) -> None:
             if name not in hrry:
                 raise AssertionError(f"{name!r} listed but not 'in' the file")
             hrry.entry(name)
-            _outcome(lambda name=name: hrry.descriptor_header(name))
-            _outcome(lambda name=name: hrry.buffer_spans(name))
-            tensor, _ = _outcome(lambda name=name: hrry.tensor(name))
+            _outcome(functools.partial(hrry.descriptor_header, name))
+            _outcome(functools.partial(hrry.buffer_spans, name))
+            tensor, _ = _outcome(functools.partial(hrry.tensor, name))
             if tensor is not None:
                 good[name] = tensor
         if good and not _has_empty_array(metadata.values()):
@@ -278,7 +278,7 @@ def check_stream(data: bytes) -> None:
         with stream_file:
             file_tensors, file_error = _collect(lambda: stream_file)
             for key in list(stream_file.keys()):
-                _outcome(lambda key=key: stream_file.tensor(*key))
+                _outcome(functools.partial(stream_file.tensor, *key))
             if error is None and reader is not None:
                 if file_error is not None:
                     raise AssertionError(f"StreamFile refused a good stream: {file_error!r}")
@@ -328,7 +328,7 @@ def check_cli(data: bytes) -> None:
     codes = []
     for argv in (["validate", str(path)], ["dump", "--json", str(path)]):
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            code, known = _outcome(lambda argv=argv: cli.main(argv))
+            code, known = _outcome(functools.partial(cli.main, argv))
         if known is not None:
             return  # an open finding (the CLI lets it through as a traceback)
         codes.append(code)

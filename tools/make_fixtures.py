@@ -41,7 +41,8 @@ def lcg(count: int, seed: int) -> np.ndarray:
     mixed = (mixed * np.uint64(0xBF58476D1CE4E5B9)) & np.uint64(0xFFFFFFFFFFFFFFFF)
     mixed ^= mixed >> np.uint64(32)
     out[:] = mixed
-    return (out & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    low: np.ndarray = out & np.uint64(0xFFFFFFFF)
+    return low.astype(np.uint32)
 
 
 def spec_pool(num_pages: int, page_size: int, heads: int, dim: int, used: set[int]) -> np.ndarray:
@@ -74,12 +75,13 @@ def activation_like(shape: tuple[int, ...], seed: int, dtype: Any) -> np.ndarray
     if np.dtype(dtype) == np.float16:
         exponent = (np.uint32(12) + (bits >> np.uint32(28)) % np.uint32(5)) << np.uint32(10)
         sign = (bits >> np.uint32(27) & np.uint32(1)) << np.uint32(15)
-        raw = (sign | exponent | (bits & np.uint32(0x3FF))).astype(np.uint16)
+        raw: np.ndarray = (sign | exponent | (bits & np.uint32(0x3FF))).astype(np.uint16)
         return raw.view(np.float16).reshape(shape)
     exponent = (np.uint32(120) + (bits >> np.uint32(28)) % np.uint32(6)) << np.uint32(7)
     sign = (bits >> np.uint32(27) & np.uint32(1)) << np.uint32(15)
     raw = (sign | exponent | (bits & np.uint32(0x7F))).astype(np.uint16)
-    return raw.view(ml_dtypes.bfloat16).reshape(shape)
+    values: np.ndarray = raw.view(ml_dtypes.bfloat16)
+    return values.reshape(shape)
 
 
 Case = tuple[str, str, Callable[[], hw.BlockPagedTensor], dict[str, Any]]
