@@ -31,7 +31,8 @@ def cache_pool(layer: int, role: str, pages: int) -> np.ndarray[Any, Any]:
     count = pages * int(np.prod(PAGE_SHAPE))
     seed = np.uint32(layer * 2 + ROLES.index(role) + 1)
     words = np.arange(count, dtype=np.uint32) * np.uint32(2654435761) + seed * np.uint32(40503)
-    return (words >> np.uint32(7)).astype(np.uint16).view(np.float16).reshape(pages, *PAGE_SHAPE)
+    pool: np.ndarray[Any, Any] = (words >> np.uint32(7)).astype(np.uint16).view(np.float16)
+    return pool.reshape(pages, *PAGE_SHAPE)
 
 
 def cache_tensor(pool: np.ndarray[Any, Any], layer: int, role: str) -> hw.BlockPagedTensor:
@@ -91,7 +92,7 @@ def main() -> int:
                 view[4096 + 12345] ^= 0x10  # inside the page pool, past the header
             return written
 
-        blob.encode_into = flipping  # type: ignore[assignment]
+        blob.encode_into = flipping
     sender = NixlSender("nixl-test-sender", ucx_error_handling_mode=args.ucx, arena_bytes=96 << 20)
     pools = {}
     for layer in range(args.layers):

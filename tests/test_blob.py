@@ -515,10 +515,10 @@ def test_encode_into_errors() -> None:
 def test_encode_rejects_bad_arguments() -> None:
     for function in (hw.encode_parts, lambda t, **kw: hw.encode_into(t, bytearray(4096), **kw)):
         with pytest.raises(hw.ArgumentTypeError):
-            function("tensor")
+            function("tensor")  # type: ignore[arg-type]  # a str, on purpose
     for bad in ("lz4", "zstd:99", 3):
         with pytest.raises(hw.HurrayWireError):
-            hw.encode(spec_tensor(), compression=bad)
+            hw.encode(spec_tensor(), compression=bad)  # type: ignore[arg-type]  # on purpose
 
 
 def test_encode_rejects_non_tensors() -> None:
@@ -623,7 +623,7 @@ def test_decode_from_mmap(tmp_path: Path) -> None:
             assert np.shares_memory(array, np.frombuffer(m, np.uint8))
         del decoded, array
         view.release()
-    with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as m:
+    with open(path, "r+b") as writable, mmap.mmap(writable.fileno(), 0) as m:
         view = memoryview(m)
         decoded = hw.decode(view[192:])
         assert decoded.page_pool.flags.writeable
@@ -1024,7 +1024,10 @@ def test_buffer_sections_out_of_order() -> None:
 
 def test_buffer_section_missing() -> None:
     def drop(number: int) -> Callable[[list[ref.Section]], None]:
-        return lambda sections: sections.pop(number) and None
+        def edit(sections: list[ref.Section]) -> None:
+            sections.pop(number)
+
+        return edit
 
     rejects(craft(edit=drop(2)), hwe.SectionError)  # seq_ptr missing
     rejects(craft(edit=drop(0)), hwe.SectionError, field="index")

@@ -260,7 +260,7 @@ def test_failed_write_aborts_the_receiver_at_once(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(s, "_post", failing)
     s.publish(peer.cache_tensor(peer.cache_pool(1, "value", 8), 1, "value"), op="WRITE")
-    errors: list[BaseException] = []
+    errors: list[hw.TransportError] = []
 
     def drive() -> None:
         try:
