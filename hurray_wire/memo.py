@@ -10,7 +10,7 @@ operation O(1) and the common case (a few geometries, reused) unaffected.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 __all__ = ["BoundedMemo"]
@@ -27,12 +27,15 @@ class BoundedMemo(Generic[V]):
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._items: dict[Hashable, V] = {}
         self._bytes = 0
         self._lock = threading.Lock()
+        self._reset()
 
-    def get(self, key: Hashable) -> V | None:
-        return self._items.get(key)
+    def _reset(self) -> None:
+        self._items: dict[Hashable, V] = {}
+        #: The value memoised under a key, or None (the dict's own ``get``: on hot paths).
+        self.get: Callable[[Hashable], V | None] = self._items.get
+        self._bytes = 0
 
     def put(self, key: Hashable, value: V, size: int) -> None:
         """Remember ``value`` under ``key``; ``size`` is what the entry keeps alive."""
@@ -40,16 +43,14 @@ class BoundedMemo(Generic[V]):
             return  # larger than the whole cache: not worth keeping
         with self._lock:
             if len(self._items) >= self.max_entries or self._bytes + size > self.max_bytes:
-                self._items = {}
-                self._bytes = 0
+                self._reset()
             if key not in self._items:
                 self._bytes += size
             self._items[key] = value
 
     def clear(self) -> None:
         with self._lock:
-            self._items = {}
-            self._bytes = 0
+            self._reset()
 
     @property
     def nbytes(self) -> int:

@@ -195,14 +195,13 @@ def check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
         )
 
 
-def fixed_header(view: memoryview) -> tuple[bytes, tuple[Any, ...]]:
-    """A copy of the fixed header and its unpacked fields (the view holds at least it)."""
-    fixed = bytes(view[:HEADER_SIZE])
-    return fixed, HEADER.struct.unpack(fixed)
+def fixed_header(view: memoryview) -> tuple[Any, ...]:
+    """The fixed header's fields, unpacked (the view holds at least it)."""
+    return HEADER.struct.unpack_from(view, 0)
 
 
 def checked_header(
-    view: memoryview, fixed: bytes, header_length: int, count: int, dlen: int, total: int
+    view: memoryview, fixed: tuple[Any, ...], header_length: int, count: int, dlen: int, total: int
 ) -> bytes:
     """A copy of the header bytes ``[0, header_length)``, once ``header_length`` agrees with
     the header's counts and fits in ``total`` bytes and the header checksum matches it.
@@ -232,7 +231,7 @@ def checked_header(
             expected=f"0x{computed:016x}",
             found=f"0x{stored_hash:016x}",
         )
-    if header[:HEADER_SIZE] != fixed:  # pragma: no cover - another thread wrote the input
+    if HEADER.struct.unpack_from(header, 0) != fixed:  # pragma: no cover - a writer's race
         raise InvalidBlobError("the blob changed while it was decoded", section="header")
     return header
 
