@@ -25,8 +25,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("tensor",),
     ("transforms",),
     ("codecs",),
-    ("blob",),
+    # integrity/ (functions on tensors and record codecs, no framing) sits below blob/:
+    # the blob encoder/decoder use its digests and section payload codecs.
     ("integrity",),
+    ("blob",),
     ("containers",),
     ("adapters", "reference_api"),
     ("transport",),

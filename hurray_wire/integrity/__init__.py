@@ -48,6 +48,7 @@ from hurray_wire.integrity.fingerprint import (
     encode_fingerprint,
     fingerprint_from_metadata,
     fingerprint_to_metadata,
+    require_fingerprint,
 )
 from hurray_wire.integrity.page_store import MemoryPageStore, PageStore, store_pages
 
@@ -86,6 +87,7 @@ __all__ = [
     "place_sent_pages",
     "plan_delta",
     "record_digest",
+    "require_fingerprint",
     "store_pages",
     "verify_page_digests",
 ]

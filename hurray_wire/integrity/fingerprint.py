@@ -40,6 +40,7 @@ __all__ = [
     "encode_fingerprint",
     "fingerprint_from_metadata",
     "fingerprint_to_metadata",
+    "require_fingerprint",
 ]
 
 FINGERPRINT_METADATA_KEY = w.FINGERPRINT_METADATA_KEY
@@ -324,3 +325,32 @@ def fingerprint_from_metadata(metadata: Mapping[str, Any]) -> EngineFingerprint 
             found=type(value).__name__,
         )
     return decode_fingerprint(value)
+
+
+def require_fingerprint(
+    expected: EngineFingerprint | None,
+    metadata: Mapping[str, Any],
+    *,
+    section: str = SECTION,
+    ignore: tuple[str, ...] = ("tp_rank",),
+) -> EngineFingerprint | None:
+    """The fingerprint ``metadata`` carries (validated: InvalidMetadataError when the
+    reserved entry is malformed), checked against ``expected`` when one is given.
+
+    A receiver configured with its own fingerprint refuses, with one
+    IncompatibleFingerprintError, a cache whose fingerprint differs in any field (all named)
+    or that carries none: a cache of unknown origin is not decoded as if it were ours.
+    """
+    found = fingerprint_from_metadata(metadata)
+    if expected is None:
+        return found
+    if found is None:
+        raise IncompatibleFingerprintError(
+            f"no engine fingerprint ({FINGERPRINT_METADATA_KEY}) where one is required: "
+            f"expected {expected.model_id!r} on {expected.engine!r}",
+            section=section,
+            field=FINGERPRINT_METADATA_KEY,
+            differences={"fingerprint": (expected, None)},
+        )
+    check_compatible(expected, found, ignore=ignore)
+    return found
