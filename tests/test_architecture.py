@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("dtypes", "crc32c"),
     ("model",),
     ("metadata",),
-    ("kv_scale", "_interop"),
+    ("kv_scale", "fingerprint", "_interop"),
     ("tensor",),
     ("transforms",),
     ("codecs",),

@@ -468,8 +468,12 @@ def test_fingerprint_refused_before_the_store_is_consulted() -> None:
         decode(blob, expect_fingerprint=theirs)  # no store: the fingerprint speaks first
 
 
-def test_malformed_fingerprint_entry_refused_on_decode() -> None:
-    t = spec_tensor(metadata={"hurray.engine_fingerprint": b"HWFP garbage"})
+def test_malformed_fingerprint_entry_refused_on_from_arrays_and_decode() -> None:
+    bad = {"hurray.engine_fingerprint": b"HWFP garbage"}
+    with pytest.raises(hwe.InvalidMetadataError, match="fingerprint"):
+        spec_tensor(metadata=bad)
+    t = spec_tensor()
+    t.metadata = dict(bad)  # past from_arrays: what a foreign writer could send
     with pytest.raises(hwe.InvalidMetadataError) as info:
         decode(encode(t))
     assert info.value.section == "metadata"
@@ -478,3 +482,17 @@ def test_malformed_fingerprint_entry_refused_on_decode() -> None:
 def test_expect_fingerprint_argument_type() -> None:
     with pytest.raises(hwe.ArgumentTypeError, match="expect_fingerprint"):
         decode(encode(spec_tensor()), expect_fingerprint="fp")  # type: ignore[arg-type]
+
+
+def test_store_get_many_is_get_in_order_and_counts_as_a_use() -> None:
+    t = spec_tensor()
+    store = full_store(t)
+    d = page_digests(t).tolist()
+    missing = (max(d) + 1) % (1 << 64)
+    assert store.get_many([d[1], missing, d[0]]) == [store.get(d[1]), None, store.get(d[0])]
+    store.get_many([d[2]])
+    assert store.lru_order()[-1] == d[2]
+    with pytest.raises(hwe.ArgumentTypeError):
+        store.get_many([-1])
+    with pytest.raises(hwe.ArgumentTypeError):
+        store.get_many([True])

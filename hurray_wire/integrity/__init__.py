@@ -8,6 +8,17 @@ a blob.
 
 from __future__ import annotations
 
+from hurray_wire.fingerprint import (
+    FINGERPRINT_METADATA_KEY,
+    EngineFingerprint,
+    check_compatible,
+    decode_fingerprint,
+    differences,
+    encode_fingerprint,
+    fingerprint_from_metadata,
+    fingerprint_to_metadata,
+    require_fingerprint,
+)
 from hurray_wire.integrity.bloom import (
     KnownPagesBloom,
     bloom_candidates,
@@ -38,17 +49,6 @@ from hurray_wire.integrity.digests import (
     page_records,
     record_digest,
     verify_page_digests,
-)
-from hurray_wire.integrity.fingerprint import (
-    FINGERPRINT_METADATA_KEY,
-    EngineFingerprint,
-    check_compatible,
-    decode_fingerprint,
-    differences,
-    encode_fingerprint,
-    fingerprint_from_metadata,
-    fingerprint_to_metadata,
-    require_fingerprint,
 )
 from hurray_wire.integrity.page_store import MemoryPageStore, PageStore, store_pages
 

@@ -1,6 +1,10 @@
 """The engine fingerprint (docs/integrity.md § 3): refuse KV bytes from an engine whose cache
 would not mean the same thing here (another model, layout, dtype, block size or TP split).
 
+It sits beside ``kv_scale`` (layer 5, below the tensor) rather than in ``integrity/``
+because ``BlockPagedTensor.from_arrays`` validates the reserved metadata entry, as it
+validates the fp8 scale; ``hurray_wire.integrity`` re-exports it.
+
 It travels as ONE reserved metadata entry, ``hurray.engine_fingerprint``, whose bytes value
 is a 24-byte head (magic, version, body length, xxh3_64 of the body) and a body in the KV
 metadata encoding the package already decodes defensively (every length checked before
