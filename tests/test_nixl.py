@@ -393,3 +393,33 @@ def test_delta_transfer_with_known_pages_and_fingerprint() -> None:
         r._on_known_pages(b"")  # a receiver never takes a known-pages record
     s.close()
     r.close()
+
+
+def test_fingerprint_mismatch_is_refused_with_the_blob_named() -> None:
+    from hurray_wire.errors import IncompatibleFingerprintError
+    from hurray_wire.integrity import EngineFingerprint, fingerprint_to_metadata
+
+    ours = EngineFingerprint("m", "vllm", "1", "NHD", "float16", 16, 0, 1)
+    theirs = EngineFingerprint("m", "vllm", "1", "HND", "float16", 16, 0, 1)
+    s = hwnixl.NixlSender("fp-sender", ucx_error_handling_mode="none", arena_bytes=8 << 20)
+    r = hwnixl.NixlReceiver(
+        "fp-receiver", ucx_error_handling_mode="none", arena_bytes=8 << 20,
+        expect_fingerprint=ours,
+    )  # fmt: skip
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    t = peer.cache_tensor(peer.cache_pool(2, "key", 8), 2, "key")
+    odd = hw.BlockPagedTensor.from_arrays(
+        t.page_pool, t.block_table, t.seq_ptr, layer_index=2, kv_role="key",
+        metadata=fingerprint_to_metadata(theirs),
+    )  # fmt: skip
+    s.publish(odd, mode="staged")
+    thread = threading.Thread(target=_quietly, args=(s.wait,))
+    thread.start()
+    with pytest.raises(hw.TransportError, match="kv_cache_layout") as info:
+        list(r.receive(1, deadline=10))
+    thread.join()
+    assert (info.value.layer, info.value.role) == (2, "key")
+    assert isinstance(info.value.__cause__, IncompatibleFingerprintError)
+    s.close()
+    r.close()
