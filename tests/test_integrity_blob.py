@@ -496,3 +496,26 @@ def test_store_get_many_is_get_in_order_and_counts_as_a_use() -> None:
         store.get_many([-1])
     with pytest.raises(hwe.ArgumentTypeError):
         store.get_many([True])
+
+
+@pytest.mark.parametrize("name", ["float16", "per_block_shared_buffer"])
+def test_every_flipped_byte_of_a_delta_blob_is_a_typed_error_or_harmless(name: str) -> None:
+    """Hostile input: no flipped bit in a delta + digests blob escapes as anything but a
+    HurrayWireError, and whatever decodes in report mode says which pages it cannot vouch
+    for (a flip in a page the digests cover is reported, never silently returned)."""
+    t = TENSORS[name]()
+    store = full_store(t)
+    blob = bytes(encode(t, known_pages=np.sort(page_digests(t)[[1, 3]]), page_digests=True))
+    for at in range(len(blob)):
+        bad = bytearray(blob)
+        bad[at] ^= 0x10
+        for call in (decode, decode_report):
+            try:
+                got = call(bytes(bad), page_store=store)
+            except hwe.HurrayWireError:
+                continue
+            tensor = got.tensor if call is decode_report else got
+            if call is decode_report and not got.ok:
+                continue
+            assert isinstance(tensor, hw.BlockPagedTensor)
+            same(tensor, t)  # decoded with no error and no report: it must be unchanged

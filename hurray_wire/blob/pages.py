@@ -249,8 +249,8 @@ class PageWork:
         num_pages = descriptor.layout.num_pages
         paged = paged_buffers(descriptor)
         full = list(buffers)
-        for index in paged.indexes:
-            full[index] = np.zeros(descriptor.buffers[index].byte_size, np.uint8)
+        for index in paged.indexes:  # every row is written below: sent, filled or zeroed
+            full[index] = np.empty(descriptor.buffers[index].byte_size, np.uint8)
         rows_in = page_rows(descriptor, buffers, int(sent.size))
         rows_out = page_rows(descriptor, full, num_pages)
         for src, dst in ((rows_in.pool, rows_out.pool), (rows_in.scales, rows_out.scales),
@@ -267,6 +267,11 @@ class PageWork:
             out_zero_points=rows_out.zero_points,
             report=True,  # failures are raised by finish(), with their logical positions
         )
+        failed = self.fill.failed
+        if failed.size:  # never the bytes of another page: left zero
+            for part in (rows_out.pool, rows_out.scales, rows_out.zero_points):
+                if part is not None:
+                    part[failed] = 0
         return full
 
     def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
