@@ -519,3 +519,17 @@ def test_every_flipped_byte_of_a_delta_blob_is_a_typed_error_or_harmless(name: s
                 continue
             assert isinstance(tensor, hw.BlockPagedTensor)
             same(tensor, t)  # decoded with no error and no report: it must be unchanged
+
+
+def test_digests_and_pool_checksum_in_one_pass() -> None:
+    import xxhash
+
+    from hurray_wire.integrity import digests_and_checksum, page_records
+
+    for t in (quantized(), spec_tensor(random_pool(dtypes.float16, (70, 16, 8, 64)))):
+        digests, checksum = digests_and_checksum(page_records(t))
+        assert digests.tolist() == page_digests(t).tolist()
+        assert checksum == xxhash.xxh3_64_intdigest(t.page_pool.tobytes())
+    empty = hw.BlockPagedTensor.from_arrays(np.zeros((0, 4, 2, 8), np.float16), [], [0])
+    digests, checksum = digests_and_checksum(page_records(empty))
+    assert digests.size == 0 and checksum == xxhash.xxh3_64_intdigest(b"")

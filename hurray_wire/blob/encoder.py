@@ -21,6 +21,7 @@ from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
 from hurray_wire.errors import ArgumentTypeError, InvalidBlobError
 from hurray_wire.integrity import (
+    digests_and_checksum,
     encode_digest_section,
     encode_page_refs,
     gather_sent,
@@ -76,21 +77,29 @@ class _PageSections:
     digests: bytes | None = None
     refs: bytes | None = None
     parts: dict[int, list[Any]] | None = None
+    pool_checksum: int | None = None  # buffer 0's section checksum, from the digest pass
 
 
 def _page_sections(
-    tensor: BlockPagedTensor, page_digests: object, known_pages: object
+    tensor: BlockPagedTensor, page_digests: object, known_pages: object, fuse: bool
 ) -> _PageSections | None:
     """Plan the page sections (docs/integrity.md § 4, § 6): one digest pass, shared by
-    the digests section and the delta plan."""
+    the digests section and the delta plan. With ``fuse`` (a raw, checksummed, whole pool)
+    the same pass also hashes the pool for buffer 0's section checksum."""
     if type(page_digests) is not bool:
         raise ArgumentTypeError(
             "page_digests must be True or False", field="page_digests", found=repr(page_digests)
         )
     if not page_digests and known_pages is None:
         return None
-    digests = page_records(tensor).digests()
+    records = page_records(tensor)
+    pool_checksum = None
+    if fuse and known_pages is None:
+        digests, pool_checksum = digests_and_checksum(records)
+    else:
+        digests = records.digests()
     out = _PageSections(encode_digest_section(digests) if page_digests else None)
+    out.pool_checksum = pool_checksum
     if known_pages is not None:
         plan = plan_delta(tensor, known_pages, digests=digests)
         sent = gather_sent(tensor, plan)
@@ -122,6 +131,8 @@ def _sections(
         if index in sent:  # delta: only the sent pages' rows, ascending (page_refs)
             section.parts = sent[index]
             section.raw_size = section.stored_size = sum(p.nbytes for p in section.parts)
+        if index == 0 and pages is not None and pages.pool_checksum is not None:
+            section.checksum = pages.pool_checksum  # hashed in the digest pass
         if compression is not None and section.raw_size:
             data = section.parts[0] if len(section.parts) == 1 else np.concatenate(section.parts)
             codec, param, stored = compress_parts(data, compression, widths[index])
@@ -170,14 +181,20 @@ def _plan(
             field="compression",
             found=type(compression).__name__,
         )
-    sections = _sections(tensor, compression, _page_sections(tensor, page_digests, known_pages))
+    fuse = checksum and compression is None
+    pages = _page_sections(tensor, page_digests, known_pages, fuse)
+    sections = _sections(tensor, compression, pages)
     descriptor = encode_descriptor(tensor.descriptor)
     header_length = entry_at(len(sections)) + len(descriptor)
     cursor = header_length + CHECKSUM.size
     for section in sections:
         section.offset = align(cursor, section.alignment)
         cursor = section.offset + section.stored_size
-        if checksum and (hash_raw or section.codec != CODEC_RAW or section.raw_size < _COPY_CHUNK):
+        if (
+            checksum
+            and section.checksum == 0
+            and (hash_raw or section.codec != CODEC_RAW or section.raw_size < _COPY_CHUNK)
+        ):
             section.checksum = _hash_parts(section.parts)
     total = align(cursor, w.BLOB_ALIGNMENT)
     return _header(descriptor, sections, total, checksum), sections, total
