@@ -30,7 +30,7 @@ from hurray_wire.blob.envelope import (
     total_length,
 )
 from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
-from hurray_wire.blob.pages import DecodeReport, PageWork
+from hurray_wire.blob.pages import DecodeReport, PageWork, refs_count
 from hurray_wire.blob.sections import Entry, check_entries
 from hurray_wire.buffers import byte_view, check_zero
 from hurray_wire.codecs import CODEC_RAW, check_threads, decode_section
@@ -242,8 +242,12 @@ def _materialize(
     for start, stop, where in plan.paddings:
         check_zero(view, start, stop, error=PaddingError, section=where)
     if verify and plan.verify_sections:
+        pool_checksum = _digest_pass(view, plan, pages)
         for e in plan.entries:
-            computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
+            if pool_checksum is not None and e is plan.buffers[0]:
+                computed = pool_checksum  # hashed in the page-digest pass
+            else:
+                computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
             (stored_checksum,) = _U64.unpack_from(view, e.entry_offset + ENTRY_AT["checksum"])
             if computed != stored_checksum:
                 if pages is not None and pages.tolerates(e.kind == w.KIND_BUFFER, e.index, e.where):
@@ -287,6 +291,19 @@ def _decompress(e: Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.ND
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None and exc.offset <= stored.size else 0
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
+
+
+def _digest_pass(view: memoryview, plan: _Plan, pages: PageWork | None) -> int | None:
+    """With a page-digests section and raw buffers: digest the page rows and hash buffer 0
+    for its section checksum in one pass over the pool (PageWork keeps the digests)."""
+    if pages is None or plan.page_digests is None:
+        return None
+    if any(e.codec != CODEC_RAW for e in plan.buffers):
+        return None
+    whole = np.frombuffer(view, np.uint8, plan.total)
+    rows = [whole[e.offset : e.offset + e.stored_size] for e in plan.buffers]
+    sent = None if plan.page_refs is None else refs_count(plan.page_refs.raw_size)
+    return pages.digest_rows(rows, sent)
 
 
 def _raw_offset(e: Entry | None) -> int | None:

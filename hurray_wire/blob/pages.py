@@ -35,9 +35,11 @@ from hurray_wire.integrity import (
     PageStore,
     decode_digest_section,
     decode_page_refs,
+    digests_and_checksum,
     fill_from_store,
     logical_positions,
 )
+from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
@@ -193,6 +195,15 @@ class PageWork:
         self.mismatch = _NONE
         self.fill: FillReport | None = None
         self._tolerate = paged_buffers(descriptor).indexes if report and has_digests else None
+        self._found: DigestArray | None = None  # the rows' digests, when digest_rows ran
+
+    def digest_rows(self, buffers: list[U8Array], refs: int | None) -> int:
+        """Digest the page rows of the (raw) buffers as they sit in the blob and return
+        xxh3_64 of buffer 0 from the same pass (its section checksum)."""
+        num_pages = self.descriptor.layout.num_pages
+        count = num_pages if refs is None else num_pages - refs
+        self._found, checksum = digests_and_checksum(page_rows(self.descriptor, buffers, count))
+        return checksum
 
     def tolerates(self, kind_is_buffer: bool, index: int, where: str) -> bool:
         """In report mode with digests, a page-row buffer's checksum mismatch is recorded
@@ -230,8 +241,9 @@ class PageWork:
             expected = decode_digest_section(
                 digests_payload, num_pages, base_offset=digests_offset or 0
             )
-            rows = page_rows(descriptor, buffers, count)
-            found = rows.digests()
+            found = self._found
+            if found is None:
+                found = page_rows(descriptor, buffers, count).digests()
             if sent is None:
                 self.mismatch = np.flatnonzero(found != expected)
             else:
