@@ -533,3 +533,15 @@ def test_digests_and_pool_checksum_in_one_pass() -> None:
     empty = hw.BlockPagedTensor.from_arrays(np.zeros((0, 4, 2, 8), np.float16), [], [0])
     digests, checksum = digests_and_checksum(page_records(empty))
     assert digests.size == 0 and checksum == xxhash.xxh3_64_intdigest(b"")
+
+
+def test_a_reader_that_knows_neither_kind() -> None:
+    """tests/blob_reference.py reads blobs as a 1.0 reader that predates kinds 4 and 5: it
+    skips the optional page_digests section and gets the same buffers, and it refuses a
+    delta blob (its short pool, or the REQUIRED page_refs) instead of misreading it."""
+    t = quantized()
+    parsed = ref.read_blob(bytes(encode(t, page_digests=True)))
+    assert parsed.buffers == [b"".join(p.tobytes() for p in b) for b in t.buffer_arrays()]
+    delta = bytes(encode(t, known_pages=np.sort(page_digests(t)[[0]])))
+    with pytest.raises(ref.ReferenceError, match=r"REQUIRED|raw_size"):  # either refuses
+        ref.read_blob(delta)
