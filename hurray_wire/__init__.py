@@ -25,7 +25,16 @@ from hurray_wire.adapters import (
     to_torch,
     to_vllm,
 )
-from hurray_wire.blob import DecodeLimits, blob_length, decode, encode, encode_into, encode_parts
+from hurray_wire.blob import (
+    DecodeLimits,
+    DecodeReport,
+    blob_length,
+    decode,
+    decode_report,
+    encode,
+    encode_into,
+    encode_parts,
+)
 from hurray_wire.codecs import Compression
 from hurray_wire.containers import HrryFile, StreamFile, StreamHeader, StreamReader, StreamWriter
 from hurray_wire.dtypes import ElementType
@@ -75,6 +84,7 @@ __all__ = [
     "ClosedContainerError",
     "Compression",
     "DecodeLimits",
+    "DecodeReport",
     "DescriptorHeader",
     "ElementType",
     "HrryFile",
@@ -106,6 +116,7 @@ __all__ = [
     "__version__",
     "blob_length",
     "decode",
+    "decode_report",
     "decode_descriptor",
     "decode_header",
     "dtypes",

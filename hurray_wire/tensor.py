@@ -15,6 +15,7 @@ import numpy.typing as npt
 from hurray_wire._interop import as_numpy
 from hurray_wire.dtypes import ElementType, element_type_of
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.fingerprint import fingerprint_from_metadata
 from hurray_wire.kv_scale import check_kv_scale, kv_scale_of, with_kv_scale
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model import packing
@@ -224,6 +225,7 @@ class BlockPagedTensor:
         meta = with_kv_scale(dict(metadata or {}), kv_scale, layout.kv_role)
         if meta:
             check_kv_scale(meta, layout.kv_role)
+            fingerprint_from_metadata(meta)  # a malformed hurray.engine_fingerprint: refused
             encode_metadata(meta)  # refuse now what could not be encoded later
         return cls._trusted(descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, meta)
 

@@ -160,10 +160,13 @@ types:
       - id: section_flags
         type: u1
         valid:
-          expr: (_ & 0xfe) == 0 and (is_known_kind or (_ & 0x01) == 0)
+          expr: >-
+            (_ & 0xfe) == 0 and (is_known_kind or (_ & 0x01) == 0)
+            and (kind != 4 or (_ & 0x01) == 0) and (kind != 5 or (_ & 0x01) == 1)
         doc: |
-          Bit 0 REQUIRED: a reader that does not know `kind` must reject the blob (buffer and
-          seq_lens are written REQUIRED, metadata is not). Bits 1-7 are 0.
+          Bit 0 REQUIRED: a reader that does not know `kind` must reject the blob (buffer,
+          seq_lens and page_refs are written REQUIRED, metadata is not; page_digests must not
+          be). Bits 1-7 are 0.
       - id: codec
         type: u1
         enum: codec
@@ -219,7 +222,7 @@ types:
         value: kind
         enum: section_kind
       is_known_kind:
-        value: kind >= 1 and kind <= 3
+        value: kind >= 1 and kind <= 5
       is_required:
         value: (section_flags & 0x01) != 0
 
@@ -259,7 +262,8 @@ types:
             ? (entry.kind == 1
                and entry.raw_size == descriptor.body.buffers[position].byte_size
                and entry.alignment >= descriptor.body.buffers[position].alignment)
-            : (entry.kind != 1 and (entry.kind != 2 or entry.raw_size == 8 * num_seqs))
+            : (entry.kind != 1 and (entry.kind != 2 or entry.raw_size == 8 * num_seqs)
+               and (entry.kind != 4 or entry.raw_size == 8 + 8 * num_pages))
         doc: |
           No bytes. The first buffer_count sections are the buffers in buffer-table order,
           each with the descriptor's byte_size and at least its alignment; no buffer section
@@ -267,6 +271,8 @@ types:
     instances:
       num_seqs:
         value: descriptor.body.layout_payload.as<hurray_descriptor::layout_block_paged>.num_seqs
+      num_pages:
+        value: descriptor.body.layout_payload.as<hurray_descriptor::layout_block_paged>.num_pages
 
   chunked_frames:
     doc: |
@@ -418,6 +424,8 @@ enums:
     1: {id: buffer, doc: 'one descriptor buffer (0 page_pool, 1 block_table, 2 seq_ptr, 3+ quantization parameters)'}
     2: {id: seq_lens, doc: 'num_seqs u64 token counts (REQUIRED)'}
     3: {id: metadata, doc: 'user key/value metadata in the .hrry KV encoding (optional)'}
+    4: {id: page_digests, doc: 'one u64 xxh3_64 per physical page record (optional, not REQUIRED; docs/integrity.md)'}
+    5: {id: page_refs, doc: 'pages taken from the receiver''s page store (REQUIRED). NOT expressed here: with it the page-row buffers hold only the sent pages, so such a blob fails check_against_descriptor'}
 
   codec:
     0: {id: raw, doc: 'the raw bytes'}

@@ -21,12 +21,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("dtypes", "crc32c"),
     ("model",),
     ("metadata",),
-    ("kv_scale", "_interop"),
+    ("kv_scale", "fingerprint", "_interop"),
     ("tensor",),
     ("transforms",),
     ("codecs",),
-    ("blob",),
+    # integrity/ (functions on tensors and record codecs, no framing) sits below blob/:
+    # the blob encoder/decoder use its digests and section payload codecs.
     ("integrity",),
+    ("blob",),
     ("containers",),
     ("adapters", "reference_api"),
     ("transport",),

@@ -1133,3 +1133,42 @@ def test_blob_fixtures_agree_with_hurray_wire(path: Path, blob_parser: Any) -> N
         assert entry.codec_param == ours["codec_param"]
     descriptor = hurray_wire.encode_descriptor(tensor.descriptor)
     assert kaitai_fields(blob.descriptor) == decoder_fields(descriptor)
+
+
+def test_blob_page_sections_as_the_schema_reads_them(
+    blob_parser: Any, kaitai_errors: tuple[type[BaseException], ...]
+) -> None:
+    """Issue 14: a page_digests section is parsed (kind known, not REQUIRED, one digest per
+    page); a delta blob (page_refs) is refused, not misread: its short pool is a rule the
+    schema does not express."""
+    import numpy as np
+
+    import hurray_wire
+
+    pool = np.arange(5 * 4 * 2 * 8, dtype=np.float16).reshape(5, 4, 2, 8)
+    tensor = hurray_wire.BlockPagedTensor.from_arrays(pool, [0, 1, 0], [0, 2, 3])
+    blob = bytes(hurray_wire.encode(tensor, page_digests=True))
+    parsed = blob_parser.from_bytes(blob)
+    entry = parsed.sections[3]
+    assert entry.section_kind == blob_parser.SectionKind.page_digests
+    assert entry.section_flags == 0 and entry.raw_size == 8 + 8 * 5
+    required = bytearray(blob)
+    required[32 + 48 * 3 + 1] = 1  # page_digests flagged REQUIRED
+    with pytest.raises(kaitai_errors):
+        blob_parser.from_bytes(bytes(hurray_wire_rehash(required)))
+    from hurray_wire.integrity import page_digests
+
+    delta = bytes(hurray_wire.encode(tensor, known_pages=np.sort(page_digests(tensor)[[1]])))
+    with pytest.raises(kaitai_errors):
+        blob_parser.from_bytes(delta)
+
+
+def hurray_wire_rehash(blob: bytearray) -> bytes:
+    """The blob with its header checksum recomputed (header_length at offset 16)."""
+    import struct
+
+    import xxhash
+
+    length = struct.unpack_from("<I", blob, 16)[0]
+    struct.pack_into("<Q", blob, length, xxhash.xxh3_64_intdigest(bytes(blob[:length])))
+    return bytes(blob)

@@ -340,3 +340,86 @@ def test_nixl_errors_are_wrapped_with_the_original_as_cause(
     assert type(info.value.__cause__).__module__.startswith("nixl")
     s.close()
     r.close()
+
+
+def test_delta_transfer_with_known_pages_and_fingerprint() -> None:
+    """Issue 14 over NIXL: the receiver sends the digests its store holds before the sender
+    publishes; the sender sends those pages as references; the receiver fills them from its
+    store and checks the engine fingerprint."""
+    from hurray_wire.integrity import (
+        EngineFingerprint,
+        MemoryPageStore,
+        fingerprint_to_metadata,
+        store_pages,
+    )
+
+    fp = EngineFingerprint("m", "vllm", "1", "NHD", "float16", 16, 0, 1)
+    s = hwnixl.NixlSender("delta-sender", ucx_error_handling_mode="none", arena_bytes=8 << 20)
+    store = MemoryPageStore(64 << 20)
+    r = hwnixl.NixlReceiver(
+        "delta-receiver", ucx_error_handling_mode="none", arena_bytes=8 << 20,
+        page_store=store, expect_fingerprint=fp,
+    )  # fmt: skip
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    earlier = peer.cache_pool(0, "key", 32)
+    now = earlier.copy()
+    now.view(np.uint16)[28:] ^= 1  # 4 of 32 pages are new
+    meta = fingerprint_to_metadata(fp)
+    old = peer.cache_tensor(earlier, 0, "key")
+    store_pages(store, old, range(32))
+    tensor = hw.BlockPagedTensor.from_arrays(
+        now, old.block_table, old.seq_ptr, layer_index=0, kv_role="key", metadata=meta
+    )
+    with pytest.raises(hw.ArgumentTypeError, match="mode='staged'"):
+        s.publish(tensor, known_pages=store.digests())
+    seen: list[Any] = []
+
+    def send() -> None:  # the sender waits for the record, then publishes against it
+        known = s.known_pages(deadline=10)
+        seen.append(known)
+        s.publish(tensor, mode="staged", known_pages=known, page_digests=True)
+        s.wait(deadline=10)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    r.send_known_pages(store.digests())
+    (got,) = r.receive(1, deadline=10)  # receive's polling also moves the record out
+    thread.join()
+    assert seen[0].size == 32
+    np.testing.assert_array_equal(got.page_pool, now)
+    assert len(hw.encode(tensor, known_pages=seen[0])) < len(hw.encode(tensor)) // 4
+    with pytest.raises(hw.TransportError, match="known-pages"):
+        r._on_known_pages(b"")  # a receiver never takes a known-pages record
+    s.close()
+    r.close()
+
+
+def test_fingerprint_mismatch_is_refused_with_the_blob_named() -> None:
+    from hurray_wire.errors import IncompatibleFingerprintError
+    from hurray_wire.integrity import EngineFingerprint, fingerprint_to_metadata
+
+    ours = EngineFingerprint("m", "vllm", "1", "NHD", "float16", 16, 0, 1)
+    theirs = EngineFingerprint("m", "vllm", "1", "HND", "float16", 16, 0, 1)
+    s = hwnixl.NixlSender("fp-sender", ucx_error_handling_mode="none", arena_bytes=8 << 20)
+    r = hwnixl.NixlReceiver(
+        "fp-receiver", ucx_error_handling_mode="none", arena_bytes=8 << 20,
+        expect_fingerprint=ours,
+    )  # fmt: skip
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    t = peer.cache_tensor(peer.cache_pool(2, "key", 8), 2, "key")
+    odd = hw.BlockPagedTensor.from_arrays(
+        t.page_pool, t.block_table, t.seq_ptr, layer_index=2, kv_role="key",
+        metadata=fingerprint_to_metadata(theirs),
+    )  # fmt: skip
+    s.publish(odd, mode="staged")
+    thread = threading.Thread(target=_quietly, args=(s.wait,))
+    thread.start()
+    with pytest.raises(hw.TransportError, match="kv_cache_layout") as info:
+        list(r.receive(1, deadline=10))
+    thread.join()
+    assert (info.value.layer, info.value.role) == (2, "key")
+    assert isinstance(info.value.__cause__, IncompatibleFingerprintError)
+    s.close()
+    r.close()

@@ -9,15 +9,25 @@
    (blob minus referenced pages plus the page-refs section, plus the known-pages record)
    vs the full blobs, and the planning time.
 3. fill_from_store on the receiver for one tensor.
+4. The real thing, end to end over a socketpair stream (StreamWriter -> StreamReader), for
+   the same 32-layer cache: a full transfer against a delta transfer (the receiver first
+   sends its known-pages record; the sender plans every blob against it, with page
+   digests; the reader fills the referenced pages from its MemoryPageStore). Bytes on the
+   wire and wall time, best of --transfer-rounds, unpaced (loopback: memory-bound) and over
+   a link paced to --link-gbps (default 10, a stand-in for the network between workers);
+   and encode / decode with page digests against plain (the digest pass against the
+   checksum pass it rides with).
 
 Run: python tools/bench_digests.py [--rounds 5] [--pages 4096] [--layers 32]
-     [--request-pages 512] [--shared 0.9] [--json]
+     [--request-pages 512] [--shared 0.9] [--transfer-rounds 3] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,8 +36,10 @@ import numpy as np
 import xxhash
 
 import hurray_wire as hw
+from hurray_wire.containers import StreamHeader, StreamReader, StreamWriter
 from hurray_wire.integrity import (
     MemoryPageStore,
+    decode_known_pages,
     encode_known_pages,
     encode_page_refs,
     fill_from_store,
@@ -185,6 +197,157 @@ def fill_cost(pages: int, rounds: int) -> dict[str, float]:
     }
 
 
+def _requests(layers: int, pages: int, shared: float) -> tuple[list[Any], list[Any]]:
+    """An earlier request's tensors (held by the receiver) and a new request's, which
+    shares ``shared`` of each tensor's pages with the earlier one."""
+    rng = np.random.default_rng(4)
+    same = round(pages * shared)
+    earlier, now = [], []
+    for layer in range(layers):
+        for role in ("key", "value"):
+            a = pool_bytes(rng, pages)
+            b = a.copy()
+            b[same:] = pool_bytes(rng, pages - same)
+            for pool, out in ((a, earlier), (b, now)):
+                table, starts = np.arange(pages), [0, pages]
+                out.append(
+                    hw.BlockPagedTensor.from_arrays(
+                        pool, table, starts, kv_role=role, layer_index=layer
+                    )
+                )
+    return earlier, now
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        data += chunk
+    return bytes(data)
+
+
+class PacedSocket:
+    """A binary file-like over a socket that sends at most ``gbps`` gigabits per second:
+    a stand-in for the network link between prefill and decode workers (0: unpaced)."""
+
+    def __init__(self, sock: socket.socket, gbps: float) -> None:
+        self.sock, self.rate = sock, gbps * 1e9 / 8
+        self.start = time.perf_counter()
+        self.sent = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for at in range(0, len(view), 1 << 20):
+            chunk = view[at : at + (1 << 20)]
+            self.sock.sendall(chunk)
+            self.sent += len(chunk)
+            ahead = self.sent / self.rate - (time.perf_counter() - self.start)
+            if ahead > 0:
+                time.sleep(ahead)
+        return len(view)
+
+    def flush(self) -> None:
+        pass
+
+
+def _transfer(
+    tensors: list[Any], store: MemoryPageStore | None, layers: int, gbps: float = 0.0
+) -> tuple[float, int, int]:
+    """(seconds, stream bytes, known-pages record bytes) of one transfer over a socketpair
+    (paced to ``gbps`` when > 0); with ``store`` a delta transfer: the receiver sends its
+    known pages first."""
+    a, b = socket.socketpair()
+    for sock in (a, b):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    written = [0]
+
+    def sender() -> None:
+        with a:
+            known = None
+            if store is not None:
+                head = _recv_exact(a, 16)
+                count = int.from_bytes(head[8:12], "little")
+                record = head + _recv_exact(a, 8 * count + 8)
+                known = decode_known_pages(record, max_entries=1 << 24)
+            sink: Any = PacedSocket(a, gbps) if gbps > 0 else a
+            with StreamWriter(sink, StreamHeader(num_layers=layers)) as writer:
+                for t in tensors:
+                    if known is None:
+                        writer.write(t)
+                    else:
+                        writer.write(t, known_pages=known, page_digests=True)
+            written[0] = writer.position
+
+    start = time.perf_counter()
+    thread = threading.Thread(target=sender)
+    thread.start()
+    record_bytes = 0
+    with b:
+        if store is not None:
+            record = encode_known_pages(store.digests())
+            record_bytes = len(record)
+            b.sendall(record)
+        count = 0
+        for tensor in StreamReader(b, page_store=store):
+            count += 1
+            del tensor
+    thread.join()
+    seconds = time.perf_counter() - start
+    assert count == len(tensors)
+    return seconds, written[0], record_bytes
+
+
+def transfer_run(
+    layers: int, pages: int, shared: float, rounds: int, gbps: float = 10.0
+) -> dict[str, float]:
+    earlier, now = _requests(layers, pages, shared)
+    store = MemoryPageStore(sum(t.page_pool.nbytes for t in earlier) + (1 << 20))
+    for t in earlier:
+        store_pages(store, t, range(pages))
+    del earlier
+    full_s = delta_s = paced_full_s = paced_delta_s = float("inf")
+    full_bytes = delta_bytes = record = 0
+    for _ in range(rounds):
+        seconds, full_bytes, _ = _transfer(now, None, layers)
+        full_s = min(full_s, seconds)
+        seconds, delta_bytes, record = _transfer(now, store, layers)
+        delta_s = min(delta_s, seconds)
+        if gbps > 0:
+            paced_full_s = min(paced_full_s, _transfer(now, None, layers, gbps)[0])
+            paced_delta_s = min(paced_delta_s, _transfer(now, store, layers, gbps)[0])
+    one = now[0]
+    plain = best(lambda: hw.encode(one), rounds)
+    digested = best(lambda: hw.encode(one, page_digests=True), rounds)
+    blob = hw.encode(one)
+    with_digests = hw.encode(one, page_digests=True)
+    plain_decode = best(lambda: hw.decode(blob), rounds)
+    digested_decode = best(lambda: hw.decode(with_digests), rounds)
+    return {
+        "tensors": len(now),
+        "cache_mib": sum(t.page_pool.nbytes for t in now) / MiB,
+        "full_wire_mib": full_bytes / MiB,
+        "delta_wire_mib": (delta_bytes + record) / MiB,
+        "known_pages_record_kib": record / 1024,
+        "bytes_ratio": (delta_bytes + record) / full_bytes,
+        "full_s": full_s,
+        "delta_s": delta_s,
+        "time_ratio": delta_s / full_s,
+        "link_gbps": gbps,
+        "link_full_s": paced_full_s,
+        "link_delta_s": paced_delta_s,
+        "link_time_ratio": paced_delta_s / paced_full_s if gbps > 0 else float("nan"),
+        "encode_ms": plain * 1e3,
+        "encode_with_digests_ms": digested * 1e3,
+        "encode_digest_cost_ratio": digested / plain,
+        "decode_ms": plain_decode * 1e3,
+        "decode_with_digests_ms": digested_decode * 1e3,
+        "decode_digest_cost_ratio": digested_decode / plain_decode,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -192,12 +355,17 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--request-pages", type=int, default=512)
     parser.add_argument("--shared", type=float, default=0.9)
+    parser.add_argument("--transfer-rounds", type=int, default=3)
+    parser.add_argument("--link-gbps", type=float, default=10.0, help="paced link; 0: skip")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = {
         "digests": digest_pass(args.pages, args.rounds),
         "delta": delta_estimate(args.layers, args.request_pages, args.shared, args.rounds),
         "fill": fill_cost(args.request_pages, args.rounds),
+        "transfer": transfer_run(
+            args.layers, args.request_pages, args.shared, args.transfer_rounds, args.link_gbps
+        ),
     }
     if args.json:
         print(json.dumps(result, indent=2))

@@ -8,7 +8,7 @@ decompressed sizes, limits) before it returns anything; uncompressed buffers com
 NumPy views of the input.
 """
 
-from hurray_wire.blob.decoder import decode, peek_descriptor
+from hurray_wire.blob.decoder import DecodeReport, decode, decode_report, peek_descriptor
 from hurray_wire.blob.encoder import encode, encode_into, encode_parts
 from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
@@ -17,8 +17,10 @@ __all__ = [
     "BLOB_PREFIX_SIZE",
     "DEFAULT_LIMITS",
     "DecodeLimits",
+    "DecodeReport",
     "blob_length",
     "decode",
+    "decode_report",
     "encode",
     "encode_into",
     "encode_parts",

@@ -35,6 +35,7 @@ from hurray_wire.blob.envelope import (
     total_length,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
+from hurray_wire.blob.pages import DecodeReport, PageWork, refs_count
 from hurray_wire.blob.sections import Entry, check_entries
 from hurray_wire.buffers import byte_view, check_zero
 from hurray_wire.codecs import CODEC_RAW, check_threads, decode_section
@@ -45,13 +46,14 @@ from hurray_wire.errors import (
     IndexBufferError,
     PaddingError,
 )
+from hurray_wire.integrity import EngineFingerprint, PageStore, require_fingerprint
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import decode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
 
-__all__ = ["decode", "peek_descriptor"]
+__all__ = ["DecodeReport", "decode", "decode_report", "peek_descriptor"]
 
 _U64 = struct.Struct("<Q")  # a section entry's checksum, read per call
 _CHECKSUM_AT = ENTRY_AT["checksum"]
@@ -80,11 +82,15 @@ class _Plan:
         object.__setattr__(self, "buffers", tuple(known[(w.KIND_BUFFER, i)] for i in range(count)))
         object.__setattr__(self, "seq_lens", known.get((w.KIND_SEQ_LENS, 0)))
         object.__setattr__(self, "metadata", known.get((w.KIND_METADATA, 0)))
+        object.__setattr__(self, "page_digests", known.get((w.KIND_PAGE_DIGESTS, 0)))
+        object.__setattr__(self, "page_refs", known.get((w.KIND_PAGE_REFS, 0)))
 
     paddings: tuple[tuple[int, int, str], ...] = ()
     buffers: tuple[Entry, ...] = ()
     seq_lens: Entry | None = None
     metadata: Entry | None = None
+    page_digests: Entry | None = None
+    page_refs: Entry | None = None
 
 
 #: Plans by masked header bytes and limits: 512 headers or 64 MiB of them, whichever first.
@@ -159,36 +165,105 @@ def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorD
 
 
 def decode(
-    data: Any, *, verify: bool = True, limits: DecodeLimits | None = None, threads: int = -1
+    data: Any,
+    *,
+    verify: bool = True,
+    limits: DecodeLimits | None = None,
+    threads: int = -1,
+    page_store: PageStore | None = None,
+    expect_fingerprint: EngineFingerprint | None = None,
 ) -> BlockPagedTensor:
     """Validate one blob at the start of ``data`` and return its tensor.
 
     Uncompressed buffers are NumPy views of ``data`` (read-only when ``data`` is). With
-    ``verify=False`` the section checksums are skipped; everything else is still checked.
-    ``threads`` (the caller included; -1 = every usable core, 0 = the caller only)
-    decompress the chunks of chunked sections.
+    ``verify=False`` the section checksums and page digests are skipped; everything else
+    is still checked. ``threads`` (the caller included; -1 = every usable core, 0 = the
+    caller only) decompress the chunks of chunked sections.
+
+    Integrity (docs/integrity.md): a page-digests section is checked page by page
+    (``PageDigestError`` names the failed physical pages and logical positions); a blob
+    with page refs needs ``page_store``, from which the referenced pages are taken and
+    re-hashed (``PageStoreMissError`` / ``PageDigestError``; the pool is then a new array);
+    ``expect_fingerprint`` refuses a blob whose engine fingerprint differs or is missing
+    (``IncompatibleFingerprintError``). :func:`decode_report` reports failed pages instead.
     """
+    return _decode(data, verify, limits, threads, page_store, expect_fingerprint, False).tensor
+
+
+def decode_report(
+    data: Any,
+    *,
+    verify: bool = True,
+    limits: DecodeLimits | None = None,
+    threads: int = -1,
+    page_store: PageStore | None = None,
+    expect_fingerprint: EngineFingerprint | None = None,
+) -> DecodeReport:
+    """As :func:`decode`, but pages that fail their digest, or that the page store lacks or
+    holds corrupt, are reported (``DecodeReport.pages`` / ``.positions``) rather than raised
+    (``on_page_error="report"`` of docs/integrity.md). With page digests present, a
+    checksum mismatch of a page-row buffer (the pool, per-block scales / zero points) does
+    not abort: the digests say which pages are bad. Every other check still raises."""
+    return _decode(data, verify, limits, threads, page_store, expect_fingerprint, True)
+
+
+def _decode(
+    data: Any,
+    verify: bool,
+    limits: DecodeLimits | None,
+    threads: int,
+    page_store: PageStore | None,
+    expect_fingerprint: EngineFingerprint | None,
+    report: bool,
+) -> DecodeReport:
     view = byte_view(data)
     limits = check_limits_argument(limits)
     if type(verify) is not bool:
         raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
     if threads != -1:
         threads = check_threads(threads)
+    if expect_fingerprint is not None and not isinstance(expect_fingerprint, EngineFingerprint):
+        raise ArgumentTypeError(
+            "expect_fingerprint must be an EngineFingerprint or None",
+            field="expect_fingerprint",
+            found=type(expect_fingerprint).__name__,
+        )
     total = total_length(view, whole=True)
     plan = _header_plan(view, total, limits, memoise=True)
-    return _materialize(view, plan, verify, threads)
+    pages = PageWork(
+        plan.descriptor,
+        has_digests=plan.page_digests is not None,
+        page_store=page_store,
+        report=report,
+        verify=verify,
+    )
+    tensor = _materialize(view, plan, verify, threads, pages, expect_fingerprint)
+    return pages.finish(tensor)
 
 
-def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> BlockPagedTensor:
+def _materialize(
+    view: memoryview,
+    plan: _Plan,
+    verify: bool,
+    threads: int,
+    pages: PageWork | None = None,
+    expect_fingerprint: EngineFingerprint | None = None,
+) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections, then assemble the tensor."""
     for start, stop, where in plan.paddings:  # a few zero bytes each: one integer is enough
         if stop - start > _SMALL_PADDING or int.from_bytes(view[start:stop], "little"):
             check_zero(view, start, stop, error=PaddingError, section=where)
     if verify and plan.verify_sections:
+        pool_checksum = _digest_pass(view, plan, pages)
         for e in plan.entries:
-            computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
+            if pool_checksum is not None and e is plan.buffers[0]:
+                computed = pool_checksum  # hashed in the page-digest pass
+            else:
+                computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
             (stored_checksum,) = _U64.unpack_from(view, e.entry_offset + ENTRY_AT["checksum"])
             if computed != stored_checksum:
+                if pages is not None and pages.tolerates(e.kind == w.KIND_BUFFER, e.index, e.where):
+                    continue  # decode_report: the page digests localise the damage
                 raise ChecksumError(
                     "section checksum mismatch",
                     section=e.where,
@@ -206,7 +281,18 @@ def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> B
     buffers = [payload(e) for e in plan.buffers]
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
-    return _assemble(plan, buffers, lens, meta)
+    metadata = _metadata(plan, meta)
+    require_fingerprint(expect_fingerprint, metadata, section="metadata")
+    if pages is not None and (plan.page_digests is not None or plan.page_refs is not None):
+        digests, refs = plan.page_digests, plan.page_refs
+        buffers = pages.rebuild(
+            buffers,
+            None if digests is None else payload(digests),
+            _raw_offset(digests),
+            None if refs is None else payload(refs),
+            _raw_offset(refs),
+        )
+    return _assemble(plan, buffers, lens, metadata)
 
 
 def _decompress(e: Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.NDArray[np.uint8]:
@@ -219,29 +305,50 @@ def _decompress(e: Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.ND
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
 
 
+def _digest_pass(view: memoryview, plan: _Plan, pages: PageWork | None) -> int | None:
+    """With a page-digests section and raw buffers: digest the page rows and hash buffer 0
+    for its section checksum in one pass over the pool (PageWork keeps the digests)."""
+    if pages is None or plan.page_digests is None:
+        return None
+    if any(e.codec != CODEC_RAW for e in plan.buffers):
+        return None
+    whole = np.frombuffer(view, np.uint8, plan.total)
+    rows = [whole[e.offset : e.offset + e.stored_size] for e in plan.buffers]
+    sent = None if plan.page_refs is None else refs_count(plan.page_refs.raw_size)
+    return pages.digest_rows(rows, sent)
+
+
+def _raw_offset(e: Entry | None) -> int | None:
+    """Blob offset of a section's contents; None for decoded (compressed) bytes."""
+    return e.offset if e is not None and e.codec == CODEC_RAW else None
+
+
+def _metadata(plan: _Plan, meta_payload: npt.NDArray[np.uint8] | None) -> dict[str, Any]:
+    """The metadata section decoded, its errors placed at blob offsets; the reserved
+    engine fingerprint entry, when present, must be a valid fingerprint record."""
+    if meta_payload is None:
+        return {}
+    try:
+        metadata = dict(decode_metadata(meta_payload))
+        require_fingerprint(None, metadata, section="metadata")
+    except HurrayWireError as exc:
+        start = _raw_offset(plan.metadata)
+        offset = None if start is None else start + (exc.offset or 0)
+        raise exc.relocated(section="metadata", offset=offset) from None
+    return metadata
+
+
 def _assemble(
     plan: _Plan,
     buffers: list[npt.NDArray[np.uint8]],
     lens_payload: npt.NDArray[np.uint8] | None,
-    meta_payload: npt.NDArray[np.uint8] | None,
+    metadata: dict[str, Any],
 ) -> BlockPagedTensor:
     """Type the sections and check what needs their contents (tensor.assemble, shared
     with the containers), placing its errors at blob offsets."""
     descriptor = plan.descriptor
-
-    def raw_offset(e: Entry | None) -> int | None:
-        """Blob offset of a section's contents; None for decoded (compressed) bytes."""
-        return e.offset if e is not None and e.codec == CODEC_RAW else None
-
+    raw_offset = _raw_offset
     seq_lens = None if lens_payload is None else lens_payload.view("<u8")
-    metadata: dict[str, Any] = {}
-    if meta_payload is not None:
-        try:
-            metadata = dict(decode_metadata(meta_payload))
-        except HurrayWireError as exc:
-            start = raw_offset(plan.metadata)
-            offset = None if start is None else start + (exc.offset or 0)
-            raise exc.relocated(section="metadata", offset=offset) from None
     try:
         return assemble(descriptor, buffers, seq_lens, metadata)
     except IndexBufferError as exc:

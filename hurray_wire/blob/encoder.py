@@ -17,9 +17,18 @@ import xxhash
 from hurray_wire import parallel
 from hurray_wire.blob.envelope import CHECKSUM, entry_at, pack_header
 from hurray_wire.blob.output import OUTPUT_POOL
+from hurray_wire.blob.pages import paged_buffers
 from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
 from hurray_wire.errors import ArgumentTypeError, InvalidBlobError
+from hurray_wire.integrity import (
+    digests_and_checksum,
+    encode_digest_section,
+    encode_page_refs,
+    gather_sent,
+    page_records,
+    plan_delta,
+)
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.tensor import BlockPagedTensor
@@ -61,10 +70,56 @@ class _Section:
         self.stored_size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
 
 
-def _sections(tensor: BlockPagedTensor, compression: Compression | None) -> list[_Section]:
+@dataclass
+class _PageSections:
+    """What the page options add: the digests and refs payloads, and (with refs) the sent
+    rows of the page-row buffers, replacing those buffers' parts."""
+
+    digests: bytes | None = None
+    refs: bytes | None = None
+    parts: dict[int, list[Any]] | None = None
+    pool_checksum: int | None = None  # buffer 0's section checksum, from the digest pass
+
+
+def _page_sections(
+    tensor: BlockPagedTensor, page_digests: object, known_pages: object, fuse: bool
+) -> _PageSections | None:
+    """Plan the page sections (docs/integrity.md § 4, § 6): one digest pass, shared by
+    the digests section and the delta plan. With ``fuse`` (a raw, checksummed, whole pool)
+    the same pass also hashes the pool for buffer 0's section checksum."""
+    if type(page_digests) is not bool:
+        raise ArgumentTypeError(
+            "page_digests must be True or False", field="page_digests", found=repr(page_digests)
+        )
+    if not page_digests and known_pages is None:
+        return None
+    records = page_records(tensor)
+    pool_checksum = None
+    if fuse and known_pages is None:
+        digests, pool_checksum = digests_and_checksum(records)
+    else:
+        digests = records.digests()
+    out = _PageSections(encode_digest_section(digests) if page_digests else None)
+    out.pool_checksum = pool_checksum
+    if known_pages is not None:
+        plan = plan_delta(tensor, known_pages, digests=digests)
+        sent = gather_sent(tensor, plan)
+        out.refs = encode_page_refs(plan.refs)
+        rows = [sent.scales, sent.zero_points]
+        out.parts = {0: [sent.pool.reshape(-1)]}
+        for index, widths in paged_buffers(tensor.descriptor).params:
+            taken, rows = rows[: len(widths)], rows[len(widths) :]
+            out.parts[index] = [r.reshape(-1) for r in taken if r is not None]
+    return out
+
+
+def _sections(
+    tensor: BlockPagedTensor, compression: Compression | None, pages: _PageSections | None
+) -> list[_Section]:
     desc = tensor.descriptor
     sections = []
     widths = desc.element_widths() if compression is not None else ()
+    sent = pages.parts if pages is not None and pages.parts is not None else {}
     for index, (parts, handle) in enumerate(zip(tensor.buffer_arrays(), desc.buffers, strict=True)):
         section = _Section(
             w.KIND_BUFFER,
@@ -74,8 +129,13 @@ def _sections(tensor: BlockPagedTensor, compression: Compression | None) -> list
             list(parts),
             flags=w.FLAG_REQUIRED,
         )
-        if compression is not None and handle.byte_size:
-            data = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if index in sent:  # delta: only the sent pages' rows, ascending (page_refs)
+            section.parts = sent[index]
+            section.raw_size = section.stored_size = sum(p.nbytes for p in section.parts)
+        if index == 0 and pages is not None and pages.pool_checksum is not None:
+            section.checksum = pages.pool_checksum  # hashed in the digest pass
+        if compression is not None and section.raw_size:
+            data = section.parts[0] if len(section.parts) == 1 else np.concatenate(section.parts)
             codec, param, stored = compress_parts(data, compression, widths[index])
             if codec != CODEC_RAW:
                 section.codec, section.codec_param = codec, param
@@ -90,11 +150,22 @@ def _sections(tensor: BlockPagedTensor, compression: Compression | None) -> list
     if tensor.metadata:
         meta = encode_metadata(tensor.metadata)
         sections.append(_Section(w.KIND_METADATA, 0, 64, len(meta), [meta]))
+    if pages is not None and pages.digests is not None:
+        sections.append(_Section(w.KIND_PAGE_DIGESTS, 0, 64, len(pages.digests), [pages.digests]))
+    if pages is not None and pages.refs is not None:
+        sections.append(
+            _Section(w.KIND_PAGE_REFS, 0, 64, len(pages.refs), [pages.refs], flags=w.FLAG_REQUIRED)
+        )
     return sections
 
 
 def _plan(
-    tensor: BlockPagedTensor, compression: Compression | str | None, checksum: bool, hash_raw: bool
+    tensor: BlockPagedTensor,
+    compression: Compression | str | None,
+    checksum: bool,
+    hash_raw: bool,
+    page_digests: bool = False,
+    known_pages: object = None,
 ) -> tuple[bytes, list[_Section], int]:
     """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total)."""
     if not isinstance(tensor, BlockPagedTensor):
@@ -111,14 +182,20 @@ def _plan(
             field="compression",
             found=type(compression).__name__,
         )
-    sections = _sections(tensor, compression)
+    fuse = checksum and compression is None
+    pages = _page_sections(tensor, page_digests, known_pages, fuse)
+    sections = _sections(tensor, compression, pages)
     descriptor = encode_descriptor(tensor.descriptor)
     header_length = entry_at(len(sections)) + len(descriptor)
     cursor = header_length + CHECKSUM.size
     for section in sections:
         section.offset = align(cursor, section.alignment)
         cursor = section.offset + section.stored_size
-        if checksum and (hash_raw or section.codec != CODEC_RAW or section.raw_size < _COPY_CHUNK):
+        if (
+            checksum
+            and section.checksum == 0
+            and (hash_raw or section.codec != CODEC_RAW or section.raw_size < _COPY_CHUNK)
+        ):
             section.checksum = _hash_parts(section.parts)
     total = align(cursor, w.BLOB_ALIGNMENT)
     return _header(descriptor, sections, total, checksum), sections, total
@@ -152,15 +229,18 @@ def encode_parts(
     compression: Compression | str | None = None,
     checksum: bool = True,
     compact: bool = False,
+    page_digests: bool = False,
+    known_pages: Any = None,
 ) -> list[memoryview]:
     """The blob as scatter-gather pieces: small header/padding pieces and, for every
     uncompressed buffer, a view of the tensor's own array (no page data is copied).
 
     The pieces can go to ``socket.sendmsg``, ``file.writelines`` or an RDMA registration.
     ``compact=True`` sends only the referenced pages (``BlockPagedTensor.compact``).
+    ``page_digests`` and ``known_pages`` as for :func:`encode`.
     """
     tensor = _compacted(tensor, compact)
-    head, sections, total = _plan(tensor, compression, checksum, hash_raw=True)
+    head, sections, total = _plan(tensor, compression, checksum, True, page_digests, known_pages)
     parts = [memoryview(head)]
     cursor = len(head)
     for section in sections:
@@ -186,10 +266,13 @@ def encode_into(
     compression: Compression | str | None = None,
     checksum: bool = True,
     compact: bool = False,
+    page_digests: bool = False,
+    known_pages: Any = None,
 ) -> int:
-    """Write the blob into the start of a caller-provided writable buffer; bytes written."""
+    """Write the blob into the start of a caller-provided writable buffer; bytes written.
+    Options as for :func:`encode`."""
     tensor = _compacted(tensor, compact)
-    head, sections, total = _plan(tensor, compression, checksum, hash_raw=False)
+    head, sections, total = _plan(tensor, compression, checksum, False, page_digests, known_pages)
     view = byte_view(buffer, "buffer")
     if view.readonly:
         raise ArgumentTypeError(
@@ -315,6 +398,8 @@ def encode(
     compression: Compression | str | None = None,
     checksum: bool = True,
     compact: bool = False,
+    page_digests: bool = False,
+    known_pages: Any = None,
 ) -> memoryview:
     """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, which
     costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed. Large
@@ -324,15 +409,26 @@ def encode(
     ``compression``: a :class:`Compression`, None (every section raw) or a text spec such
     as ``"default"`` or ``"zstd:3"``, read once by :func:`~hurray_wire.codecs.parse_spec`
     (as are the other encoders' and the stream writer's). ``compact=True`` encodes
-    ``tensor.compact()``: only the referenced pages."""
+    ``tensor.compact()``: only the referenced pages.
+
+    ``page_digests=True`` adds the page-digests section (0x04: one xxh3_64 per physical
+    page record, docs/integrity.md § 4). ``known_pages`` (the sorted uint64 digests a
+    receiver holds, ``decode_known_pages``) makes a delta blob: every page whose digest it
+    holds travels as a reference in the REQUIRED page-refs section (0x05), the others as
+    bytes; decoding it needs the receiver's ``page_store``."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     tensor = _compacted(tensor, compact)
     if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
-        return memoryview(
-            bytearray().join(encode_parts(tensor, compression=compression, checksum=checksum))
+        pieces = encode_parts(
+            tensor,
+            compression=compression,
+            checksum=checksum,
+            page_digests=page_digests,
+            known_pages=known_pages,
         )
-    head, sections, total = _plan(tensor, compression, checksum, hash_raw=False)
+        return memoryview(bytearray().join(pieces))
+    head, sections, total = _plan(tensor, compression, checksum, False, page_digests, known_pages)
     out = OUTPUT_POOL.take(total)  # recycled once the caller drops the blob: no page faults
     _write(tensor, out, head, sections, total, checksum)
     return memoryview(out.data)

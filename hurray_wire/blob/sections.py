@@ -13,6 +13,7 @@ from typing import Any
 
 from hurray_wire.blob.envelope import AT, ENTRY, ENTRY_AT, entry_at
 from hurray_wire.blob.limits import DecodeLimits
+from hurray_wire.blob.pages import digests_size, paged_buffers, refs_count, sent_sizes
 from hurray_wire.buffers import align
 from hurray_wire.codecs import CODEC_RAW, registry
 from hurray_wire.errors import (
@@ -57,6 +58,7 @@ class _Walk:
     next_buffer: int = 0
     decompressed: int = 0
     seen: set[int] | None = None
+    sizes: tuple[int, ...] = ()  # raw_size of each buffer section (fewer pages with refs)
 
 
 def check_entries(
@@ -73,15 +75,16 @@ def check_entries(
     walk = _Walk(descriptor, total, checksum_type, limits, start, seen=set())
     entries = []
     table = header[entry_at(0) : entry_at(count)]
-    for number, fields in enumerate(ENTRY.struct.iter_unpack(table)):
-        e = dict(zip(ENTRY.names, fields, strict=True))
+    rows = [dict(zip(ENTRY.names, f, strict=True)) for f in ENTRY.struct.iter_unpack(table)]
+    walk.sizes = _buffer_sizes(rows, descriptor)
+    for number, e in enumerate(rows):
         at = entry_at(number)
         kind_name = w.SECTION_KINDS.get(e["kind"], f"kind 0x{e['kind']:02X}")
         where = f"{kind_name}[{e['index']}]"
         _check_framing(e, at, where, walk)
         if e["kind"] == w.KIND_BUFFER:
             _check_buffer(e, number, at, where, walk)
-        elif e["kind"] in (w.KIND_SEQ_LENS, w.KIND_METADATA):
+        elif e["kind"] in w.SECTION_KINDS:
             _check_extension(e, at, where, walk)
         else:
             _check_unknown(e, at, where)
@@ -104,6 +107,43 @@ def check_entries(
         walk.cursor = e["offset"] + e["stored_size"]
     _check_complete(walk)
     return tuple(entries), walk.cursor
+
+
+def _buffer_sizes(rows: list[dict[str, Any]], descriptor: TensorDescriptor) -> tuple[int, ...]:
+    """raw_size of every buffer section: the descriptor's byte_size, except that with a
+    page-refs section of R refs (its raw_size is 8 + 16 R) the page-row buffers (pool,
+    per-block scales / zero points) hold only the num_pages - R sent pages."""
+    full = tuple(h.byte_size for h in descriptor.buffers)
+    for number, e in enumerate(rows):
+        if e["kind"] != w.KIND_PAGE_REFS:
+            continue
+        at = entry_at(number)
+        where = f"page_refs[{e['index']}]"
+        _check_pages_geometry(descriptor, at, where)
+        num_pages = descriptor.layout.num_pages
+        refs = refs_count(e["raw_size"])
+        if refs is None or refs > num_pages:
+            raise SectionError(
+                "page_refs needs 8 + 16 bytes per ref, at most one ref per page",
+                section=where,
+                field="raw_size",
+                offset=at + ENTRY_AT["raw_size"],
+                expected=f"8 + 16 * R, R <= num_pages {num_pages}",
+                found=e["raw_size"],
+            )
+        return sent_sizes(descriptor, num_pages - refs)
+    return full
+
+
+def _check_pages_geometry(descriptor: TensorDescriptor, at: int, where: str) -> None:
+    if paged_buffers(descriptor).page_nbytes is None:
+        raise SectionError(
+            "page sections need pages that end on a byte boundary",
+            section=where,
+            field="kind",
+            offset=at + ENTRY_AT["kind"],
+            expected="page_size * num_heads * head_dim * bit_width % 8 == 0",
+        )
 
 
 def _check_framing(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
@@ -163,13 +203,14 @@ def _check_buffer(e: dict[str, Any], number: int, at: int, where: str, walk: _Wa
             found=index,
         )
     handle = buffers[index]
-    if e["raw_size"] != handle.byte_size:
+    if e["raw_size"] != walk.sizes[index]:
         raise SectionError(
-            "raw_size disagrees with the descriptor's byte_size",
+            "raw_size disagrees with the descriptor's byte_size"
+            + (" (fewer pages: page_refs)" if walk.sizes[index] != handle.byte_size else ""),
             section=where,
             field="raw_size",
             offset=at + ENTRY_AT["raw_size"],
-            expected=handle.byte_size,
+            expected=walk.sizes[index],
             found=e["raw_size"],
         )
     if e["alignment"] < handle.alignment:
@@ -193,7 +234,9 @@ def _check_buffer(e: dict[str, Any], number: int, at: int, where: str, walk: _Wa
 
 
 def _check_extension(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
-    """seq_lens and metadata: once each, index 0, after every buffer, within the limits."""
+    """seq_lens, metadata, page_digests, page_refs: once each, index 0, after every buffer;
+    seq_lens and page_refs flagged required, page_digests not; sizes from the descriptor;
+    metadata within the limits."""
     kind = e["kind"]
     assert walk.seen is not None
     if e["index"] != 0 or kind in walk.seen:
@@ -208,7 +251,9 @@ def _check_extension(e: dict[str, Any], at: int, where: str, walk: _Walk) -> Non
         raise SectionError(
             "extension sections follow all buffer sections", section=where, offset=at
         )
-    if kind == w.KIND_SEQ_LENS:
+    if kind in (w.KIND_PAGE_DIGESTS, w.KIND_PAGE_REFS):
+        _check_page_section(e, at, where, walk)
+    elif kind == w.KIND_SEQ_LENS:
         if not e["section_flags"] & w.FLAG_REQUIRED:
             raise SectionError(
                 "a seq_lens section must be flagged required",
@@ -237,6 +282,35 @@ def _check_extension(e: dict[str, Any], at: int, where: str, walk: _Walk) -> Non
             expected=f"<= {walk.limits.max_metadata_bytes}",
         )
     walk.seen.add(kind)
+
+
+def _check_page_section(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
+    """page_refs is REQUIRED (a reader that skipped it would take a short pool for the
+    whole); page_digests is not (skipping it loses only the page check), and holds exactly
+    one digest per page. page_refs' size was checked with the buffers (_buffer_sizes)."""
+    required = e["kind"] == w.KIND_PAGE_REFS
+    if bool(e["section_flags"] & w.FLAG_REQUIRED) != required:
+        raise SectionError(
+            f"a {w.SECTION_KINDS[e['kind']]} section must "
+            + ("" if required else "not ")
+            + "be flagged required",
+            section=where,
+            field="section_flags",
+            offset=at + ENTRY_AT["section_flags"],
+            found=e["section_flags"],
+        )
+    if not required:
+        _check_pages_geometry(walk.descriptor, at, where)
+        expected = digests_size(walk.descriptor.layout.num_pages)
+        if e["raw_size"] != expected:
+            raise SectionError(
+                "page_digests needs an 8-byte head and 8 bytes per page",
+                section=where,
+                field="raw_size",
+                offset=at + ENTRY_AT["raw_size"],
+                expected=expected,
+                found=e["raw_size"],
+            )
 
 
 def _check_unknown(e: dict[str, Any], at: int, where: str) -> None:

@@ -45,6 +45,13 @@ from hurray_wire.errors import (
     StreamBlobTruncatedError,
     StreamTruncatedError,
 )
+from hurray_wire.integrity import (
+    EngineFingerprint,
+    PageStore,
+    check_compatible,
+    fingerprint_from_metadata,
+    require_fingerprint,
+)
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws
@@ -122,8 +129,14 @@ class StreamWriter:
         *,
         compression: Compression | str | None = None,
         checksum: bool = True,
+        page_digests: bool = False,
+        known_pages: Any = None,
     ) -> int:
-        """Append one blob (options as for ``encode``); returns its length in bytes."""
+        """Append one blob (options as for ``encode``); returns its length in bytes.
+
+        ``known_pages``: the sorted digests the receiver holds (``decode_known_pages`` of
+        the known-pages record it sent first, docs/integrity.md § 5): those pages travel
+        as references, and the reader needs the receiver's ``page_store``."""
         if self._closed or self._failed:
             raise InvalidStreamError(
                 "write to a closed StreamWriter"
@@ -133,7 +146,13 @@ class StreamWriter:
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
         check_against_header(self._header, tensor, f"blob {self._count}")
-        parts = encode_parts(tensor, compression=compression, checksum=checksum)
+        parts = encode_parts(
+            tensor,
+            compression=compression,
+            checksum=checksum,
+            page_digests=page_digests,
+            known_pages=known_pages,
+        )
         offset = self._position
         self._emit(parts)
         length = self._position - offset
@@ -194,6 +213,11 @@ class StreamReader:
     a cut (``StreamTruncatedError``; inside a blob also a ``BlobTruncatedError``), a corrupt
     blob (the decoder's error), a record over ``max_blob_bytes`` (``LimitExceededError``,
     before allocating). After an error the reader raises the same error again.
+
+    ``page_store`` fills the pages of delta blobs (``decode``'s). ``expect_fingerprint``
+    refuses, with ``IncompatibleFingerprintError`` before the first blob, a stream whose
+    header carries a different fingerprint or none (or that has no header), and any blob
+    that carries a fingerprint of its own that differs.
     """
 
     def __init__(
@@ -203,7 +227,23 @@ class StreamReader:
         verify: bool = True,
         limits: DecodeLimits | None = None,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+        page_store: PageStore | None = None,
+        expect_fingerprint: EngineFingerprint | None = None,
     ) -> None:
+        if page_store is not None and not isinstance(page_store, PageStore):
+            raise ArgumentTypeError(
+                "page_store must be a PageStore or None",
+                field="page_store",
+                found=type(page_store).__name__,
+            )
+        if expect_fingerprint is not None and not isinstance(expect_fingerprint, EngineFingerprint):
+            raise ArgumentTypeError(
+                "expect_fingerprint must be an EngineFingerprint or None",
+                field="expect_fingerprint",
+                found=type(expect_fingerprint).__name__,
+            )
+        self._store = page_store
+        self._expect = expect_fingerprint
         self._max = check_max_blob_bytes(max_blob_bytes)
         self._source = open_source(source)
         self._verify = verify
@@ -281,6 +321,12 @@ class StreamReader:
             self._position = total
         else:
             self._pending = prefix
+        if self._expect is not None:  # refused before any blob is read
+            carried = None if self._header is None else self._header.fingerprint
+            if carried is None:
+                require_fingerprint(self._expect, {}, section="stream header")
+            else:
+                check_compatible(self._expect, carried)
 
     def _read_prefix(self) -> memoryview:
         """The next record's 16-byte prefix; empty at a clean end of input."""
@@ -373,7 +419,13 @@ class StreamReader:
         check_record_size(total, self._max, what, self._position)
         record = self._read_record(prefix, total, what)
         try:
-            tensor = decode(record, verify=self._verify, limits=self._limits)
+            tensor = decode(
+                record, verify=self._verify, limits=self._limits, page_store=self._store
+            )
+            if self._expect is not None:
+                own = fingerprint_from_metadata(tensor.metadata)
+                if own is not None:
+                    check_compatible(self._expect, own)
         except HurrayWireError as exc:
             add_note(exc, f"in {what} at stream offset {self._position}")
             raise

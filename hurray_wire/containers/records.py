@@ -24,6 +24,12 @@ from hurray_wire.errors import (
     LimitExceededError,
     StreamTruncatedError,
 )
+from hurray_wire.integrity import (
+    FINGERPRINT_METADATA_KEY,
+    EngineFingerprint,
+    fingerprint_from_metadata,
+    fingerprint_to_metadata,
+)
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
@@ -75,6 +81,9 @@ class StreamHeader:
     against what is stated; which layer and role a blob holds still comes from the blob's
     own descriptor. ``end_record`` is the writer's promise to end the stream with an end
     record, which lets a reader tell a finished stream from one cut at a blob boundary.
+    ``fingerprint`` is the sending engine's (docs/integrity.md § 3), carried in the header's
+    metadata under the reserved ``hurray.engine_fingerprint`` key (``metadata`` given with
+    that key fills ``fingerprint`` from it; the key is never left in ``metadata``).
     """
 
     model: str = ""
@@ -83,6 +92,7 @@ class StreamHeader:
     element_type: ElementType | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict, hash=False)
     end_record: bool = True
+    fingerprint: EngineFingerprint | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):
@@ -123,7 +133,24 @@ class StreamHeader:
             raise ArgumentTypeError(
                 "metadata must be a mapping", field="metadata", found=type(self.metadata).__name__
             )
-        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+        meta = dict(self.metadata)
+        fp = self.fingerprint
+        if fp is not None and not isinstance(fp, EngineFingerprint):
+            raise ArgumentTypeError(
+                "fingerprint must be an EngineFingerprint or None",
+                field="fingerprint",
+                found=type(fp).__name__,
+            )
+        if FINGERPRINT_METADATA_KEY in meta:
+            carried = fingerprint_from_metadata(meta)  # validates the record
+            del meta[FINGERPRINT_METADATA_KEY]
+            if fp is not None and carried != fp:
+                raise InvalidStreamError(
+                    "fingerprint disagrees with metadata[hurray.engine_fingerprint]",
+                    field="fingerprint",
+                )
+            object.__setattr__(self, "fingerprint", carried)
+        object.__setattr__(self, "metadata", MappingProxyType(meta))
         object.__setattr__(self, "end_record", bool(self.end_record))
 
 
@@ -143,7 +170,10 @@ def encode_stream_header(header: StreamHeader) -> bytes:
     if not isinstance(header, StreamHeader):
         raise ArgumentTypeError("expected a StreamHeader", found=type(header).__name__)
     name = header.model.encode("utf-8")
-    meta = encode_metadata(header.metadata) if header.metadata else b""
+    entries = dict(header.metadata)
+    if header.fingerprint is not None:
+        entries.update(fingerprint_to_metadata(header.fingerprint))
+    meta = encode_metadata(entries) if entries else b""
     if len(meta) > 0xFFFF_FFFF:
         raise InvalidStreamError("stream metadata too long", field="metadata", found=len(meta))
     body = _SHEADER.size + len(name) + len(meta)
@@ -269,6 +299,10 @@ def decode_stream_header(data: Any) -> StreamHeader:
     metadata: dict[str, Any] = {}
     if meta_length:
         metadata = dict(decode_metadata(view[meta_start:body], base_offset=meta_start))
+        try:
+            fingerprint_from_metadata(metadata)  # the reserved entry must be a valid record
+        except HurrayWireError as exc:
+            raise exc.relocated(section=what, offset=meta_start) from None
     element_type = None
     if tag != ws.ELEMENT_TYPE_UNKNOWN:
         try:

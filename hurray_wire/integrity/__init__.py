@@ -8,6 +8,17 @@ a blob.
 
 from __future__ import annotations
 
+from hurray_wire.fingerprint import (
+    FINGERPRINT_METADATA_KEY,
+    EngineFingerprint,
+    check_compatible,
+    decode_fingerprint,
+    differences,
+    encode_fingerprint,
+    fingerprint_from_metadata,
+    fingerprint_to_metadata,
+    require_fingerprint,
+)
 from hurray_wire.integrity.bloom import (
     KnownPagesBloom,
     bloom_candidates,
@@ -32,22 +43,13 @@ from hurray_wire.integrity.digests import (
     PageDigestReport,
     PageRecords,
     decode_digest_section,
+    digests_and_checksum,
     encode_digest_section,
     logical_positions,
     page_digests,
     page_records,
     record_digest,
     verify_page_digests,
-)
-from hurray_wire.integrity.fingerprint import (
-    FINGERPRINT_METADATA_KEY,
-    EngineFingerprint,
-    check_compatible,
-    decode_fingerprint,
-    differences,
-    encode_fingerprint,
-    fingerprint_from_metadata,
-    fingerprint_to_metadata,
 )
 from hurray_wire.integrity.page_store import MemoryPageStore, PageStore, store_pages
 
@@ -71,6 +73,7 @@ __all__ = [
     "decode_known_pages_bloom",
     "decode_page_refs",
     "differences",
+    "digests_and_checksum",
     "encode_digest_section",
     "encode_fingerprint",
     "encode_known_pages",
@@ -86,6 +89,7 @@ __all__ = [
     "place_sent_pages",
     "plan_delta",
     "record_digest",
+    "require_fingerprint",
     "store_pages",
     "verify_page_digests",
 ]

@@ -500,9 +500,9 @@ def fill_from_store(
     good: list[memoryview] = []
     ok = np.zeros(refs.pages.size, bool)
     missing = np.zeros(refs.pages.size, bool)
-    for i, digest in enumerate(refs.digests.tolist()):  # one store lookup + hash per page
-        found = store.get(digest)
-        if found is None:
+    wanted = refs.digests.tolist()
+    for i, (digest, found) in enumerate(zip(wanted, store.get_many(wanted), strict=True)):
+        if found is None:  # one hash per page; the lookups were one call
             missing[i] = True
             continue
         record = byte_view(found, "stored record", allow_copy=True)  # any store's bytes-like

@@ -34,6 +34,12 @@ import xxhash
 from hurray_wire import blob
 from hurray_wire.blob import DecodeLimits, blob_length, decode, encode_parts
 from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError, TransportError
+from hurray_wire.integrity import (
+    EngineFingerprint,
+    PageStore,
+    decode_known_pages,
+    encode_known_pages,
+)
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transport.records import (
     ROLE_CODES,
@@ -43,6 +49,7 @@ from hurray_wire.transport.records import (
     encode_record,
 )
 from hurray_wire.wire import blob as wb
+from hurray_wire.wire import integrity as wi
 from hurray_wire.wire.fast import offset_of
 
 try:
@@ -68,6 +75,8 @@ __all__ = [
     "NixlReceiver",
 ]
 
+#: Most digests a sender accepts in one known-pages record from its peer (8 bytes each).
+MAX_KNOWN_PAGES = 1 << 20
 #: Seconds any wait (publish for arena space, wait, receive) may take unless told otherwise.
 DEFAULT_DEADLINE = 30.0
 #: Seconds a sender naps between polls while only the peer's READs are moving.
@@ -303,8 +312,16 @@ class _Endpoint:
             if sender != self._peer:
                 raise TransportError("notification from an agent that is not the peer",
                                      found=sender)  # fmt: skip
-            out.extend(decode_record(m) for m in messages)
+            for m in messages:
+                if bytes(m[: len(wi.KNOWN_PAGES_MAGIC)]) == wi.KNOWN_PAGES_MAGIC:
+                    self._on_known_pages(bytes(m))
+                else:
+                    out.append(decode_record(m))
         return out
+
+    def _on_known_pages(self, data: bytes) -> None:
+        """A known-pages record (docs/integrity.md § 5.1): only a sender takes one."""
+        raise TransportError("unexpected known-pages record from the peer")
 
     def _post(self, op: str, local: Any, remote: Any, notif: bytes = b"") -> Any:
         """Create and post one transfer; its handle."""
@@ -376,6 +393,23 @@ class NixlSender(_Endpoint):
         self.session = secrets.randbits(64)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl")
         self._out: dict[tuple[int, str], _Outgoing] = {}
+        self._known: npt.NDArray[np.uint64] | None = None
+
+    def _on_known_pages(self, data: bytes) -> None:
+        self._known = decode_known_pages(data, max_entries=MAX_KNOWN_PAGES)
+
+    def known_pages(self, *, deadline: float = DEFAULT_DEADLINE) -> npt.NDArray[np.uint64]:
+        """The digests the receiver said it holds (``NixlReceiver.send_known_pages``),
+        waiting for its known-pages record if none has come yet; pass them to
+        ``publish(..., known_pages=...)``. A later record replaces an earlier one."""
+        until = _deadline(deadline)
+        self._peer_name()
+        while self._known is None:
+            if not self._step():
+                if time.monotonic() > until:
+                    raise TransportError("deadline passed waiting for the known-pages record")
+                time.sleep(PEER_READ_NAP)
+        return self._known
 
     def publish(
         self,
@@ -386,6 +420,8 @@ class NixlSender(_Endpoint):
         compression: Any = None,
         checksum: bool = True,
         deadline: float = DEFAULT_DEADLINE,
+        page_digests: bool = False,
+        known_pages: Any = None,
     ) -> None:
         """Offer one blob to the peer and return at once (``wait`` drives it to the end).
 
@@ -396,7 +432,9 @@ class NixlSender(_Endpoint):
         Parts outside registered memory are copied into the arena too (a copy, but it works).
         ``mode="staged"``: the blob is ``encode_into`` the arena (compression allowed).
         ``deadline`` bounds the wait for arena space. The tensor's arrays must not change
-        until ``wait`` returns.
+        until ``wait`` returns. ``page_digests`` / ``known_pages`` as for ``encode`` (a
+        delta blob: pages the receiver holds go as references; ``known_pages()`` gives what
+        it said it holds); both need ``mode="staged"``, and the blob is encoded here.
         """
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
@@ -413,7 +451,28 @@ class NixlSender(_Endpoint):
             raise TransportError("already published and not done", layer=layer, role=role)
         if mode == "zero-copy" and compression is not None:
             raise ArgumentTypeError("compression needs mode='staged'", field="compression")
+        delta = known_pages is not None or page_digests is not False
+        if mode == "zero-copy" and delta:
+            raise ArgumentTypeError(
+                "page_digests / known_pages need mode='staged'", field="known_pages"
+            )
         self._peer_name()
+        if delta:  # the plan (a digest pass) decides the size: encode once, copy when staged
+            encoded = blob.encode(tensor, compression=compression, checksum=checksum,
+                                  page_digests=page_digests, known_pages=known_pages)  # fmt: skip
+            size = len(encoded)
+            begin = self._take(size, _deadline(deadline), layer, role)
+            target = self._arena.buf[begin : begin + size]
+
+            def stage() -> int:
+                target[...] = np.frombuffer(encoded, np.uint8)
+                return size
+
+            staged: Future[Any] = self._hasher.submit(stage)
+            self._out[key] = _Outgoing(tensor, layer, role, op == "WRITE", begin, staged, True,
+                                       size)  # fmt: skip
+            self._step()
+            return
         parts = encode_parts(tensor, checksum=False)  # the layout; no hashing, no copy
         total = sum(len(p) for p in parts)
         copied = [
@@ -675,11 +734,22 @@ class NixlReceiver(_Endpoint):
         progress_thread: bool = False,
         verify: bool = True,
         limits: DecodeLimits | None = None,
+        page_store: PageStore | None = None,
+        expect_fingerprint: EngineFingerprint | None = None,
     ) -> None:
+        if page_store is not None and not isinstance(page_store, PageStore):
+            raise ArgumentTypeError("page_store must be a PageStore or None", field="page_store",
+                                    found=type(page_store).__name__)  # fmt: skip
+        if expect_fingerprint is not None and not isinstance(expect_fingerprint, EngineFingerprint):
+            raise ArgumentTypeError("expect_fingerprint must be an EngineFingerprint or None",
+                                    field="expect_fingerprint",
+                                    found=type(expect_fingerprint).__name__)  # fmt: skip
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
         self.verify = verify
         self.limits = limits
+        self.page_store = page_store
+        self.expect_fingerprint = expect_fingerprint
         self.session: int | None = None
         self._pools: dict[tuple[int, str], _U8] = {}
         self._in: dict[tuple[int, str], _Incoming] = {}
@@ -687,6 +757,13 @@ class NixlReceiver(_Endpoint):
         # of the GIL), while this thread keeps the later transfers moving.
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl-decode")
         self._decoding: list[tuple[_Incoming, Future[Any]]] = []
+
+    def send_known_pages(self, digests: Any) -> None:
+        """Tell the sender which pages this side's store holds (the known-pages record of
+        docs/integrity.md § 5.1, sent as one notification, before the sender publishes):
+        it then sends those pages as references, filled from ``page_store`` on decode."""
+        record = encode_known_pages(digests)
+        _call("send_notif", self._agent.send_notif, self._peer_name(), record)
 
     def expect(self, layer: int, role: str, page_pool: npt.NDArray[Any]) -> None:
         """Land the page pool of blob {layer, role} in ``page_pool`` (registered memory of
@@ -871,7 +948,9 @@ class NixlReceiver(_Endpoint):
                                  role=r.role, expected=blob_length(land),
                                  found=r.total_length)  # fmt: skip
         if item.pool is None:
-            tensor = decode(land[: r.total_length], verify=self.verify, limits=self.limits)
+            tensor = decode(land[: r.total_length], verify=self.verify, limits=self.limits,
+                            page_store=self.page_store,
+                            expect_fingerprint=self.expect_fingerprint)  # fmt: skip
             if item.engine is not None:  # a compressed pool: decompressed, then copied in
                 pool = tensor.page_pool
                 if pool.nbytes != item.engine.nbytes:
@@ -903,7 +982,8 @@ class NixlReceiver(_Endpoint):
         shadow = np.zeros(r.total_length, np.uint8)
         shadow[: r.pool_offset] = land[: r.pool_offset]
         shadow[end:] = land[r.pool_offset : r.pool_offset + r.total_length - end]
-        tensor = decode(shadow, verify=False, limits=self.limits)
+        tensor = decode(shadow, verify=False, limits=self.limits,
+                        expect_fingerprint=self.expect_fingerprint)  # fmt: skip
         offset, length, raw, checked = _pool_section(shadow)
         if (offset, length, raw) != (r.pool_offset, r.pool_length, True):
             raise TransportError("the offer's page pool range is not the blob's", layer=r.layer,

@@ -16,6 +16,8 @@ __all__ = [
     "HEADER_CHECKSUM",
     "KIND_BUFFER",
     "KIND_METADATA",
+    "KIND_PAGE_DIGESTS",
+    "KIND_PAGE_REFS",
     "KIND_SEQ_LENS",
     "SECTION_ENTRY",
     "SECTION_KINDS",
@@ -27,7 +29,15 @@ BLOB_ALIGNMENT = 64  # total_length and every section offset are multiples of at
 KIND_BUFFER = 0x01  # one buffer of the descriptor's buffer table
 KIND_SEQ_LENS = 0x02  # u64 tokens per sequence, num_seqs entries
 KIND_METADATA = 0x03  # user key/value metadata, .hrry KV-section encoding
-SECTION_KINDS = {KIND_BUFFER: "buffer", KIND_SEQ_LENS: "seq_lens", KIND_METADATA: "metadata"}
+KIND_PAGE_DIGESTS = 0x04  # one u64 digest per physical page (docs/integrity.md § 4); optional
+KIND_PAGE_REFS = 0x05  # pages taken from the receiver's store (docs/integrity.md § 6); REQUIRED
+SECTION_KINDS = {
+    KIND_BUFFER: "buffer",
+    KIND_SEQ_LENS: "seq_lens",
+    KIND_METADATA: "metadata",
+    KIND_PAGE_DIGESTS: "page_digests",
+    KIND_PAGE_REFS: "page_refs",
+}
 FLAG_REQUIRED = 0x01  # a reader that does not know the section's kind must refuse the blob
 
 CHECKSUM_NONE = 0

@@ -2,8 +2,8 @@
 
 Four records, each a fixed little-endian head followed by arrays of u64:
 
-- the page-digest section payload (proposed blob section kind 0x04): head + ``count`` digests;
-- the page-refs section payload (proposed kind 0x05, REQUIRED): head + ``count`` physical
+- the page-digest section payload (blob section kind 0x04): head + ``count`` digests;
+- the page-refs section payload (blob section kind 0x05, REQUIRED): head + ``count`` physical
   page ids + ``count`` digests (struct of arrays, so each parses as one NumPy view);
 - the known-pages record a receiver sends before a delta transfer: head + ``count`` sorted
   unique digests + an xxh3_64 trailer over everything before it (it travels outside a blob,
@@ -18,6 +18,8 @@ The rules (allowed versions, counts against limits, sortedness) live in
 from __future__ import annotations
 
 import construct as c
+
+from hurray_wire.wire.blob import KIND_PAGE_DIGESTS, KIND_PAGE_REFS
 
 __all__ = [
     "BLOOM_PARAMS",
@@ -41,9 +43,9 @@ __all__ = [
     "PAGE_REFS_VERSION",
 ]
 
-# Proposed blob section kinds (docs/integrity.md § 6); the blob encoder owns the table.
-KIND_PAGE_DIGESTS = 0x04  # optional: a reader that skips it loses only the page check
-KIND_PAGE_REFS = 0x05  # REQUIRED: a reader that skipped it would decode a short pool as garbage
+# The blob section kinds of the two payloads (docs/integrity.md § 6); wire/blob.py owns the
+# table. 0x04 is optional (a reader that skips it loses only the page check); 0x05 is
+# REQUIRED (a reader that skipped it would decode a short pool as garbage).
 
 DIGEST_ALGORITHM_XXH3_64 = 1  # xxh3_64, seed 0, of the page record (docs/integrity.md § 2)
 DIGEST_ITEM = c.Int64ul  # one digest, one page id

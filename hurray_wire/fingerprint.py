@@ -1,6 +1,10 @@
 """The engine fingerprint (docs/integrity.md § 3): refuse KV bytes from an engine whose cache
 would not mean the same thing here (another model, layout, dtype, block size or TP split).
 
+It sits beside ``kv_scale`` (layer 5, below the tensor) rather than in ``integrity/``
+because ``BlockPagedTensor.from_arrays`` validates the reserved metadata entry, as it
+validates the fp8 scale; ``hurray_wire.integrity`` re-exports it.
+
 It travels as ONE reserved metadata entry, ``hurray.engine_fingerprint``, whose bytes value
 is a 24-byte head (magic, version, body length, xxh3_64 of the body) and a body in the KV
 metadata encoding the package already decodes defensively (every length checked before
@@ -40,6 +44,7 @@ __all__ = [
     "encode_fingerprint",
     "fingerprint_from_metadata",
     "fingerprint_to_metadata",
+    "require_fingerprint",
 ]
 
 FINGERPRINT_METADATA_KEY = w.FINGERPRINT_METADATA_KEY
@@ -324,3 +329,32 @@ def fingerprint_from_metadata(metadata: Mapping[str, Any]) -> EngineFingerprint 
             found=type(value).__name__,
         )
     return decode_fingerprint(value)
+
+
+def require_fingerprint(
+    expected: EngineFingerprint | None,
+    metadata: Mapping[str, Any],
+    *,
+    section: str = SECTION,
+    ignore: tuple[str, ...] = ("tp_rank",),
+) -> EngineFingerprint | None:
+    """The fingerprint ``metadata`` carries (validated: InvalidMetadataError when the
+    reserved entry is malformed), checked against ``expected`` when one is given.
+
+    A receiver configured with its own fingerprint refuses, with one
+    IncompatibleFingerprintError, a cache whose fingerprint differs in any field (all named)
+    or that carries none: a cache of unknown origin is not decoded as if it were ours.
+    """
+    found = fingerprint_from_metadata(metadata)
+    if expected is None:
+        return found
+    if found is None:
+        raise IncompatibleFingerprintError(
+            f"no engine fingerprint ({FINGERPRINT_METADATA_KEY}) where one is required: "
+            f"expected {expected.model_id!r} on {expected.engine!r}",
+            section=section,
+            field=FINGERPRINT_METADATA_KEY,
+            differences={"fingerprint": (expected, None)},
+        )
+    check_compatible(expected, found, ignore=ignore)
+    return found

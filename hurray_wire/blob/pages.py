@@ -1,0 +1,331 @@
+"""The blob's page sections (docs/integrity.md § 4, § 6; docs/wire-format.md § 2): page
+digests (0x04) and page refs (0x05).
+
+A blob's buffers that hold one **row per physical page** are the page pool (buffer 0) and,
+for per-block affine quantization, the slot scale / zero-point buffer(s). With a page-refs
+section of ``R`` refs these buffers hold only the ``num_pages - R`` sent rows, ascending;
+the decoder rebuilds the full buffers (new arrays) from the sent rows and the receiver's
+page store. The row bytes are exactly a page's record (``integrity.digests``), so digests
+are checked on the rows as they arrive, before anything is rebuilt.
+
+``PageWork`` is what one decode does with these sections: it decides which section
+checksums ``decode_report`` may tolerate (the rows the digests localise), checks digests,
+rebuilds and fills, and after assembly turns failures into one error or a DecodeReport.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire.buffers import U8Array
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    ChecksumError,
+    PageDigestError,
+    PageStoreMissError,
+)
+from hurray_wire.integrity import (
+    FillReport,
+    PageRecords,
+    PageRefs,
+    PageStore,
+    decode_digest_section,
+    decode_page_refs,
+    digests_and_checksum,
+    fill_from_store,
+    logical_positions,
+)
+from hurray_wire.integrity.digests import DigestArray
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.model.quantization import PerBlockAffine
+from hurray_wire.tensor import BlockPagedTensor
+
+__all__ = [
+    "DecodeReport",
+    "PageWork",
+    "PagedBuffers",
+    "paged_buffers",
+    "refs_count",
+    "sent_sizes",
+]
+
+_ZERO_POINT_BYTES = 4
+_REFS_HEAD = 8  # the page-refs head; then 16 bytes (page id + digest) per ref
+_REF_ITEM = 16
+_DIGESTS_HEAD = 8  # the page-digests head; then 8 bytes per page
+_DIGEST_ITEM = 8
+
+
+@dataclass(frozen=True)
+class PagedBuffers:
+    """Which buffers hold one row per physical page.
+
+    ``page_nbytes`` is a pool row (None for a packed pool whose pages do not end on a byte
+    boundary: such a tensor has no page rows); ``params`` are ``(buffer index, widths)`` of
+    the per-block parameter buffers, ``widths`` the row bytes of each part of the buffer
+    (scales, then zero points when they share it).
+    """
+
+    page_nbytes: int | None
+    params: tuple[tuple[int, tuple[int, ...]], ...]
+
+    @property
+    def indexes(self) -> frozenset[int]:
+        return frozenset([0, *(index for index, _ in self.params)])
+
+
+def paged_buffers(descriptor: TensorDescriptor) -> PagedBuffers:
+    """The page-row buffers of ``descriptor`` (a pure function of its geometry)."""
+    layout = descriptor.layout
+    etype = descriptor.element_type
+    elements = layout.page_size * descriptor.shape[1] * descriptor.shape[2]
+    bits = elements * etype.bit_width
+    page_nbytes = None if bits % 8 else bits // 8
+    params: list[tuple[int, tuple[int, ...]]] = []
+    quant = descriptor.quantization
+    if isinstance(quant, PerBlockAffine):
+        scale_width = layout.page_size * quant.scale_type.itemsize
+        zp_width = layout.page_size * _ZERO_POINT_BYTES
+        zp = quant.zero_point_buffer_index
+        if zp == quant.scale_buffer_index:
+            params.append((quant.scale_buffer_index, (scale_width, zp_width)))
+        else:
+            params.append((quant.scale_buffer_index, (scale_width,)))
+            if zp is not None:
+                params.append((zp, (zp_width,)))
+    return PagedBuffers(page_nbytes, tuple(sorted(params)))
+
+
+def refs_count(raw_size: int) -> int | None:
+    """The number of refs a page-refs section of ``raw_size`` bytes holds (None: no whole
+    number of refs)."""
+    if raw_size < _REFS_HEAD or (raw_size - _REFS_HEAD) % _REF_ITEM:
+        return None
+    return (raw_size - _REFS_HEAD) // _REF_ITEM
+
+
+def digests_size(num_pages: int) -> int:
+    """raw_size of the page-digests section of a tensor of ``num_pages`` pages."""
+    return _DIGESTS_HEAD + _DIGEST_ITEM * num_pages
+
+
+def sent_sizes(descriptor: TensorDescriptor, sent: int) -> tuple[int, ...]:
+    """raw_size of every buffer section when only ``sent`` pages travel as bytes."""
+    paged = paged_buffers(descriptor)
+    sizes = [h.byte_size for h in descriptor.buffers]
+    assert paged.page_nbytes is not None  # the section table refuses refs otherwise
+    sizes[0] = sent * paged.page_nbytes
+    for index, widths in paged.params:
+        sizes[index] = sent * sum(widths)
+    return tuple(sizes)
+
+
+def page_rows(descriptor: TensorDescriptor, buffers: list[U8Array], count: int) -> PageRecords:
+    """The page-row buffers (1-D uint8, ``count`` rows each) as PageRecords (views)."""
+    paged = paged_buffers(descriptor)
+    assert paged.page_nbytes is not None
+    pool = buffers[0].reshape(count, paged.page_nbytes)
+    parts: list[U8Array] = []
+    for index, widths in paged.params:
+        at = 0
+        for width in widths:
+            parts.append(buffers[index][at : at + count * width].reshape(count, width))
+            at += count * width
+    scales = parts[0] if parts else None
+    zero_points = parts[1] if len(parts) > 1 else None
+    return PageRecords(pool, scales, zero_points)
+
+
+@dataclass(frozen=True)
+class DecodeReport:
+    """What ``decode_report`` returns: the tensor and the pages it could not vouch for.
+
+    ``pages`` are the failed physical page ids, ascending (a digest mismatch, a page missing
+    from or corrupt in the page store); ``positions`` every logical place of them as
+    ``(sequence, page_in_sequence)``, in block-table order (a shared prefix page yields one
+    position per sequence). Every other page and every other buffer of ``tensor`` passed the
+    same checks ``decode`` makes. ``missing`` / ``corrupt`` are the store's share of
+    ``pages``; ``digest_mismatch`` the pages whose bytes disagree with the blob's digests.
+    """
+
+    tensor: BlockPagedTensor
+    pages: npt.NDArray[np.int64]
+    positions: tuple[tuple[int, int], ...]
+    digest_mismatch: npt.NDArray[np.int64]
+    missing: npt.NDArray[np.int64]
+    corrupt: npt.NDArray[np.int64]
+    has_digests: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.pages.size == 0
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+class PageWork:
+    """One decode's handling of the page sections (the decoder calls it at three points)."""
+
+    def __init__(
+        self,
+        descriptor: TensorDescriptor,
+        *,
+        has_digests: bool,
+        page_store: PageStore | None,
+        report: bool,
+        verify: bool,
+    ) -> None:
+        if page_store is not None and not isinstance(page_store, PageStore):
+            raise ArgumentTypeError(
+                "page_store must be a PageStore or None",
+                field="page_store",
+                found=type(page_store).__name__,
+            )
+        self.descriptor = descriptor
+        self.has_digests = has_digests
+        self.store = page_store
+        self.report = report
+        self.verify = verify
+        self.damaged: list[str] = []  # sections whose checksum was tolerated
+        self.mismatch = _NONE
+        self.fill: FillReport | None = None
+        self._tolerate = paged_buffers(descriptor).indexes if report and has_digests else None
+        self._found: DigestArray | None = None  # the rows' digests, when digest_rows ran
+
+    def digest_rows(self, buffers: list[U8Array], refs: int | None) -> int:
+        """Digest the page rows of the (raw) buffers as they sit in the blob and return
+        xxh3_64 of buffer 0 from the same pass (its section checksum)."""
+        num_pages = self.descriptor.layout.num_pages
+        count = num_pages if refs is None else num_pages - refs
+        self._found, checksum = digests_and_checksum(page_rows(self.descriptor, buffers, count))
+        return checksum
+
+    def tolerates(self, kind_is_buffer: bool, index: int, where: str) -> bool:
+        """In report mode with digests, a page-row buffer's checksum mismatch is recorded
+        (the digests will say which pages) instead of raised."""
+        if self._tolerate is None or not kind_is_buffer or index not in self._tolerate:
+            return False
+        self.damaged.append(where)
+        return True
+
+    def rebuild(
+        self,
+        buffers: list[U8Array],
+        digests_payload: U8Array | None,
+        digests_offset: int | None,
+        refs_payload: U8Array | None,
+        refs_offset: int | None,
+    ) -> list[U8Array]:
+        """Check the sent rows against the digests, then (with refs) rebuild the full
+        page-row buffers from the sent rows and the store. Returns the buffers to assemble."""
+        descriptor = self.descriptor
+        num_pages = descriptor.layout.num_pages
+        refs = None
+        if refs_payload is not None:
+            refs = decode_page_refs(refs_payload, num_pages, base_offset=refs_offset or 0)
+            if self.store is None:
+                raise PageStoreMissError(
+                    f"the blob references {refs.pages.size} page(s) held in the receiver's "
+                    "page store, and no page_store was given",
+                    field="page_store",
+                    pages=tuple(refs.pages.tolist()),
+                )
+        sent = refs.sent_pages(num_pages) if refs is not None else None
+        count = num_pages if sent is None else int(sent.size)
+        if digests_payload is not None and self.verify:
+            expected = decode_digest_section(
+                digests_payload, num_pages, base_offset=digests_offset or 0
+            )
+            found = self._found
+            if found is None:
+                found = page_rows(descriptor, buffers, count).digests()
+            if sent is None:
+                self.mismatch = np.flatnonzero(found != expected)
+            else:
+                assert refs is not None
+                bad_sent = sent[found != expected[sent]]
+                bad_refs = refs.pages[refs.digests != expected[refs.pages]]
+                self.mismatch = np.union1d(bad_sent, bad_refs)
+        if refs is None:
+            return buffers
+        assert sent is not None and self.store is not None
+        return self._expand(buffers, refs, sent)
+
+    def _expand(self, buffers: list[U8Array], refs: PageRefs, sent: Any) -> list[U8Array]:
+        descriptor = self.descriptor
+        num_pages = descriptor.layout.num_pages
+        paged = paged_buffers(descriptor)
+        full = list(buffers)
+        for index in paged.indexes:  # every row is written below: sent, filled or zeroed
+            full[index] = np.empty(descriptor.buffers[index].byte_size, np.uint8)
+        rows_in = page_rows(descriptor, buffers, int(sent.size))
+        rows_out = page_rows(descriptor, full, num_pages)
+        for src, dst in ((rows_in.pool, rows_out.pool), (rows_in.scales, rows_out.scales),
+                         (rows_in.zero_points, rows_out.zero_points)):  # fmt: skip
+            if src is not None and dst is not None and sent.size:
+                dst[sent] = src
+        assert self.store is not None
+        self.fill = fill_from_store(
+            refs,
+            self.store,
+            rows_out.pool,
+            num_pages=num_pages,
+            out_scales=rows_out.scales,
+            out_zero_points=rows_out.zero_points,
+            report=True,  # failures are raised by finish(), with their logical positions
+        )
+        failed = self.fill.failed
+        if failed.size:  # never the bytes of another page: left zero
+            for part in (rows_out.pool, rows_out.scales, rows_out.zero_points):
+                if part is not None:
+                    part[failed] = 0
+        return full
+
+    def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
+        """The outcome for the assembled tensor: raises (decode) or reports (decode_report)."""
+        fill = self.fill
+        missing = fill.missing if fill is not None else _NONE
+        corrupt = fill.corrupt if fill is not None else _NONE
+        failed = np.union1d(np.union1d(missing, corrupt), self.mismatch).astype(np.int64)
+        positions: tuple[tuple[int, int], ...] = ()
+        if failed.size:
+            _, seqs, in_seq = logical_positions(tensor.block_table, tensor.seq_ptr, failed)
+            positions = tuple(zip(seqs.tolist(), in_seq.tolist(), strict=True))
+        elif self.damaged:
+            # A tolerated section checksum that no digest explains: not localised, so the
+            # blob is refused as decode would refuse it.
+            raise ChecksumError(
+                "section checksum mismatch that no page digest localises",
+                section=self.damaged[0],
+            )
+        if failed.size and not self.report:
+            shown = failed[:16].tolist()
+            if self.mismatch.size:
+                kind: type[PageDigestError] = PageDigestError
+                what = f"{self.mismatch.size} page(s) do not match their digest"
+            elif corrupt.size:
+                kind, what = PageDigestError, f"{corrupt.size} stored page(s) are corrupt"
+            else:
+                kind = PageStoreMissError
+                what = f"{missing.size} referenced page(s) are missing from the page store"
+            raise kind(
+                f"{what}: physical pages {shown}{' ...' * (failed.size > 16)}; "
+                f"logical positions {list(positions)[:16]}",
+                field="page_digests" if self.mismatch.size else "page_refs",
+                pages=tuple(failed.tolist()),
+                positions=positions,
+            )
+        return DecodeReport(
+            tensor,
+            failed,
+            positions,
+            self.mismatch.astype(np.int64),
+            missing.astype(np.int64),
+            corrupt.astype(np.int64),
+            self.has_digests,
+        )
