@@ -38,6 +38,7 @@ from hurray_wire.errors import (
     ChecksumError,
     HurrayWireError,
     IndexBufferError,
+    InvalidMetadataError,
     PaddingError,
 )
 from hurray_wire.memo import BoundedMemo
@@ -152,7 +153,8 @@ def decode(
 ) -> BlockPagedTensor:
     """Validate one blob at the start of ``data`` and return its tensor.
 
-    Uncompressed buffers are NumPy views of ``data`` (read-only when ``data`` is). With
+    Uncompressed buffers are NumPy views of ``data``; every array of the tensor, decompressed
+    ones included, is read-only exactly when ``data`` is (docs/wire-format.md). With
     ``verify=False`` the section checksums are skipped; everything else is still checked.
     ``threads`` (the caller included; -1 = every usable core, 0 = the caller only)
     decompress the chunks of chunked sections.
@@ -185,11 +187,15 @@ def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> B
                     found=f"0x{stored_checksum:016x}",
                 )
     whole = np.frombuffer(view, np.uint8, plan.total)
+    readonly = view.readonly
 
     def payload(e: Entry) -> npt.NDArray[np.uint8]:
         if e.codec == CODEC_RAW:
             return whole[e.offset : e.offset + e.stored_size]
-        return _decompress(e, whole[e.offset : e.offset + e.stored_size], threads)
+        decoded = _decompress(e, whole[e.offset : e.offset + e.stored_size], threads)
+        if readonly:  # one rule for every array: read-only exactly when the input is
+            decoded.flags.writeable = False
+        return decoded
 
     buffers = [payload(e) for e in plan.buffers]
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
@@ -242,5 +248,9 @@ def _assemble(
         start = raw_offset(entry)
         offset = start + width * (exc.position or 0) if start is not None else None
         raise exc.relocated(section=section, offset=offset) from None
-    except HurrayWireError as exc:
-        raise exc.relocated(section="buffer[0]", offset=raw_offset(plan.buffers[0])) from None
+    except InvalidMetadataError as exc:  # a reserved key (kv_scale.check_reserved_metadata)
+        raise exc.relocated(section="metadata") from None
+    except HurrayWireError as exc:  # a pool error: its offset (if any) is within the pool
+        start = raw_offset(plan.buffers[0])
+        offset = None if start is None else start + (exc.offset or 0)
+        raise exc.relocated(section="buffer[0]", offset=offset) from None

@@ -37,6 +37,7 @@ from hurray_wire.containers.records import (
     encode_stream_header,
     record_length,
 )
+from hurray_wire.containers.stream_file import empty_input_error
 from hurray_wire.errors import (
     ArgumentTypeError,
     ClosedContainerError,
@@ -334,6 +335,8 @@ class StreamReader:
         else:
             prefix = self._read_prefix()
         if not prefix:
+            if self._position == 0 and self._header is None:
+                raise empty_input_error()
             if self._header is not None and self._header.end_record:
                 raise StreamTruncatedError(
                     "stream ended before the end record its header promised",

@@ -118,6 +118,8 @@ class HrryFile:
 
     def _init(self, source: Any, size: int, max_descriptor_length: int) -> None:
         self._buf: Any = source
+        with memoryview(source) as probe:  # arrays are read-only exactly when the input is
+            self._readonly = probe.readonly
         self._size = size
         self._max_descriptor = max_descriptor_length
         self._descriptors: dict[str, TensorDescriptor] = {}
@@ -297,8 +299,30 @@ class HrryFile:
             raise container_error(exc, section, self.entry(name).data_offset) from exc
 
     def tensors(self, names: Iterable[str] | None = None) -> dict[str, BlockPagedTensor]:
-        """Several tensors by name (all, in index order, by default)."""
-        return {name: self.tensor(name) for name in (self.names if names is None else names)}
+        """Several tensors by name (all, in index order, by default).
+
+        ``names`` is a collection of str: a single str is refused, since iterating it would
+        look up each of its characters as a tensor name.
+        """
+        if names is None:
+            return {name: self.tensor(name) for name in self.names}
+        if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+            raise ArgumentTypeError(
+                "names must be a sequence of tensor names (wrap a single name in a list)",
+                field="names",
+                expected="a list or tuple of str",
+                found=repr(names),
+            )
+        wanted = list(names)
+        for position, name in enumerate(wanted):
+            if not isinstance(name, str):
+                raise ArgumentTypeError(
+                    "tensor names must be str",
+                    field=f"names[{position}]",
+                    expected="str",
+                    found=repr(name),
+                )
+        return {name: self.tensor(name) for name in wanted}
 
     def _seq_lens(self, name: str) -> Array | None:
         """``hurray.seq_lens.<name>`` as an array (``assemble`` checks it against the tensor)."""
@@ -313,7 +337,9 @@ class HrryFile:
                 field=key,
                 found=type(value).__name__,
             )
-        return np.array([int(v) for v in value], dtype="<u8")
+        lens = np.array([int(v) for v in value], dtype="<u8")
+        lens.flags.writeable = not self._readonly  # the rule of every decoded array
+        return lens
 
     def _tensor_metadata(self, name: str) -> dict[str, Any]:
         key = METADATA_KEY_PREFIX + name

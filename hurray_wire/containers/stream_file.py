@@ -42,12 +42,21 @@ from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws
 from hurray_wire.wire.fast import derive
 
-__all__ = ["StreamFile"]
+__all__ = ["StreamFile", "empty_input_error"]
 
 _FOOTER = derive(ws.END_FOOTER)
 _FOOTER_TOTAL = _FOOTER.names.index("total_length")
 _MAGIC_SIZE = len(wb.BLOB_MAGIC)
 _MAGICS = (wb.BLOB_MAGIC, ws.STREAM_MAGIC, ws.END_MAGIC)
+
+
+def empty_input_error() -> StreamTruncatedError:
+    """No bytes at all is no stream: every stream holds at least one record (its header,
+    or, written with ``header=None``, a blob or the end record), so an empty input is a
+    stream cut at offset 0 (docs/streaming.md § 5). Shared by both readers, so they agree."""
+    return StreamTruncatedError(
+        "empty input: a stream holds at least one record", section="stream", offset=0
+    )
 
 
 def _not_a_record(head: bytes, pos: int) -> HurrayWireError:
@@ -225,6 +234,8 @@ class StreamFile:
         entries: list[StreamEntry] = []
         pos = start
         try:
+            if not len(view):
+                raise empty_input_error()
             while pos < len(view):
                 head = bytes(view[pos : pos + _MAGIC_SIZE])
                 if head == ws.END_MAGIC:
