@@ -6,7 +6,9 @@ before its fix; the before/after numbers are in docs/security.md, "Decisions and
 
 from __future__ import annotations
 
+import io
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +16,28 @@ import numpy as np
 import pytest
 import zstandard
 
+import hurray_wire as hw
+from hurray_wire import DecodeLimits
 from hurray_wire.codecs import CODEC_SHUFFLE_ZSTD, CODEC_ZSTD, decompress
-from hurray_wire.errors import DecompressionError
+from hurray_wire.containers import (
+    StreamEntry,
+    StreamFile,
+    StreamHeader,
+    StreamReader,
+    decode_end_record,
+    decode_stream_header,
+    encode_end_record,
+    encode_stream_header,
+)
+from hurray_wire.errors import (
+    DecompressionError,
+    InvalidMetadataError,
+    InvalidStreamError,
+    LimitExceededError,
+)
+from hurray_wire.metadata import decode_metadata, encode_metadata
+from hurray_wire.wire import stream as ws
+from hurray_wire.wire.fast import derive
 
 
 def seconds(call: Callable[[], Any]) -> float:
@@ -98,3 +120,123 @@ def test_many_block_frames_still_decode_exactly() -> None:
         decompress(CODEC_ZSTD, 0, frame, len(data) - 1, threads=0)
     with pytest.raises(DecompressionError):
         decompress(CODEC_ZSTD, 0, frame, len(data) + 1, threads=0)
+
+
+# -- stream records and metadata under DecodeLimits ------------------------------------------
+def _peak(call: Callable[[], Any]) -> int:
+    tracemalloc.start()
+    try:
+        call()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+def test_stream_header_metadata_obeys_max_metadata_bytes() -> None:
+    """32 MiB of header metadata with a 1 MiB limit was accepted (13 s, +632 MiB); now it
+    is refused from the record's length, before the record is read."""
+    record = encode_stream_header(StreamHeader(metadata={"x": bytes(32 << 20)}))
+    limits = DecodeLimits(max_metadata_bytes=1 << 20)
+    for source in (lambda: io.BytesIO(record), lambda: record):
+        reader = StreamReader(source(), limits=limits)
+        peak = _peak(lambda reader=reader: refused_or_none(lambda: reader.header, Exception))
+        with pytest.raises(LimitExceededError, match="decode limits"):
+            StreamReader(source(), limits=limits).header  # noqa: B018
+        assert peak < 4 << 20, peak
+    with pytest.raises(LimitExceededError, match="max_metadata_bytes") as info:
+        decode_stream_header(record, limits=limits)
+    assert info.value.field == "metadata_length"
+    with pytest.raises(LimitExceededError, match="max_metadata_bytes"):
+        StreamFile(record, limits=limits)
+
+
+def test_stream_file_header_limit() -> None:
+    record = encode_stream_header(StreamHeader(metadata={"x": bytes(2 << 20)}))
+    with pytest.raises(LimitExceededError, match="max_metadata_bytes"):
+        StreamFile(record, limits=DecodeLimits(max_metadata_bytes=1 << 20))
+
+
+def test_metadata_entries_are_capped_before_decoding() -> None:
+    """16 MiB of tiny entries cost 8 s and ~20x their size; the entry count is now checked
+    first (``max_metadata_entries``, 65536 by default), in blobs and stream headers."""
+    many = {f"{i:x}": True for i in range(70_000)}
+    record = encode_stream_header(StreamHeader(metadata=many))
+    took = seconds(lambda: refused_or_none(lambda: decode_stream_header(record), Exception))
+    with pytest.raises(LimitExceededError, match="max_metadata_entries"):
+        decode_stream_header(record)
+    assert took < 0.2, took
+    assert (
+        len(decode_stream_header(record, limits=DecodeLimits(max_metadata_entries=70_000)).metadata)
+        == 70_000
+    )
+    pool = np.zeros((1, 4, 1, 8), np.float16)
+    blob = hw.encode(hw.BlockPagedTensor.from_arrays(pool, [0], [0, 1], metadata=many))
+    with pytest.raises(LimitExceededError, match="max_metadata_entries") as info:
+        hw.decode(blob)
+    assert info.value.section == "metadata"
+    assert (
+        len(hw.decode(blob, limits=DecodeLimits(max_metadata_entries=1 << 17)).metadata) == 70_000
+    )
+    with pytest.raises(LimitExceededError):
+        decode_metadata(encode_metadata({"a": 1, "b": 2}), max_entries=1)
+
+
+def test_metadata_decoding_is_cheap_per_entry() -> None:
+    """The fast reader: ~1 us an entry (was ~4.5 us); faults still named exactly."""
+    entries = {
+        f"{i:x}": [i, i] if i % 3 == 0 else (f"s{i}" if i % 3 == 1 else 1.5) for i in range(60_000)
+    }
+    data = encode_metadata(entries)
+    assert decode_metadata(data) == entries
+    assert seconds(lambda: decode_metadata(data)) < 1.0
+    bad = bytearray(data)
+    bad[-1] ^= 0xFF  # inside the last float: still a valid float, still equal length
+    assert len(decode_metadata(bytes(bad))) == len(entries)
+    with pytest.raises(InvalidMetadataError, match="trailing"):
+        decode_metadata(bytes(data) + b"\x00")
+    dup = encode_metadata({"ab": 1, "ac": 2}).replace(b"ac", b"ab")
+    with pytest.raises(InvalidMetadataError, match="duplicate key 'ab'") as info:
+        decode_metadata(dup)
+    assert info.value.field == "entries[1].key"
+
+
+def _end_record_claiming(count: int) -> bytes:
+    """An end record's first 32 bytes claiming ``count`` index entries (and a matching
+    total_length); nothing else follows: a reader must refuse it without reading on."""
+    real = bytearray(encode_end_record([], 0))
+    fixed = derive(ws.END_RECORD)
+    total = -(-(fixed.size + 24 * count + 16) // ws.RECORD_ALIGNMENT) * ws.RECORD_ALIGNMENT
+    values = list(fixed.struct.unpack_from(real, 0))
+    names = fixed.names
+    values[names.index("total_length")] = total
+    values[names.index("blob_count")] = count
+    values[names.index("entry_count")] = count
+    return fixed.struct.pack(*values)
+
+
+def test_huge_end_record_index_refused_before_reading() -> None:
+    """A 96 MB end record of 4 M entries cost 8-18 s and +700 MiB; the entry count and
+    the record's length are now checked against ``max_stream_entries`` first."""
+    head = _end_record_claiming(4 << 20)
+    with pytest.raises(LimitExceededError, match="max_stream_entries"):
+        decode_end_record(head + bytes(64))
+    data = encode_stream_header(StreamHeader()) + head
+    for source in (io.BytesIO(data), data):
+        reader = StreamReader(source)
+        with pytest.raises(LimitExceededError, match="end record"):
+            list(reader)
+
+
+def test_end_record_index_is_checked_as_arrays() -> None:
+    """A full index decodes; one that disagrees with the blobs is refused without building
+    an object per entry (StreamReader compares arrays)."""
+    n = 200_000
+    entries = [StreamEntry(64 * i, 64, i % 256, ("key", "value")[i % 2]) for i in range(n)]
+    record = encode_end_record(entries, n)
+    count, got = decode_end_record(record)
+    assert count == n and got == tuple(entries)
+    data = encode_stream_header(StreamHeader()) + record  # claims n blobs, holds none
+    with pytest.raises(InvalidStreamError, match="disagrees"):
+        list(StreamReader(io.BytesIO(data)))
+    assert seconds(lambda: refused_or_none(lambda: list(StreamReader(data)), Exception)) < 0.5

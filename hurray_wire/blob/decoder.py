@@ -167,10 +167,12 @@ def decode(
         threads = check_threads(threads)
     total = total_length(view, whole=True)
     plan = _header_plan(view, total, limits, memoise=True)
-    return _materialize(view, plan, verify, threads)
+    return _materialize(view, plan, verify, threads, limits.max_metadata_entries)
 
 
-def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> BlockPagedTensor:
+def _materialize(
+    view: memoryview, plan: _Plan, verify: bool, threads: int, max_metadata_entries: int
+) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections, then assemble the tensor."""
     for start, stop, where in plan.paddings:
         check_zero(view, start, stop, error=PaddingError, section=where)
@@ -200,7 +202,7 @@ def _materialize(view: memoryview, plan: _Plan, verify: bool, threads: int) -> B
     buffers = [payload(e) for e in plan.buffers]
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
-    return _assemble(plan, buffers, lens, meta)
+    return _assemble(plan, buffers, lens, meta, max_metadata_entries)
 
 
 def _decompress(e: Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.NDArray[np.uint8]:
@@ -218,6 +220,7 @@ def _assemble(
     buffers: list[npt.NDArray[np.uint8]],
     lens_payload: npt.NDArray[np.uint8] | None,
     meta_payload: npt.NDArray[np.uint8] | None,
+    max_metadata_entries: int,
 ) -> BlockPagedTensor:
     """Type the sections and check what needs their contents (tensor.assemble, shared
     with the containers), placing its errors at blob offsets."""
@@ -231,7 +234,7 @@ def _assemble(
     metadata: dict[str, Any] = {}
     if meta_payload is not None:
         try:
-            metadata = dict(decode_metadata(meta_payload))
+            metadata = dict(decode_metadata(meta_payload, max_entries=max_metadata_entries))
         except HurrayWireError as exc:
             start = raw_offset(plan.metadata)
             offset = None if start is None else start + (exc.offset or 0)

@@ -30,12 +30,16 @@ from hurray_wire.containers.records import (
     add_note,
     check_against_header,
     check_max_blob_bytes,
+    check_record_limit,
     check_record_size,
-    decode_end_record,
+    decode_end_rows,
     decode_stream_header,
     encode_end_record,
     encode_stream_header,
+    max_end_record_bytes,
+    max_stream_header_bytes,
     record_length,
+    rows_match,
 )
 from hurray_wire.containers.stream_file import empty_input_error
 from hurray_wire.errors import (
@@ -277,8 +281,9 @@ class StreamReader:
         if bytes(prefix[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
             total = record_length(prefix, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN)
             check_record_size(total, self._max, "stream header", 0)
+            check_record_limit(total, max_stream_header_bytes(self._limits), "stream header", 0)
             record = self._read_record(prefix, total, "stream header")
-            self._header = decode_stream_header(record)
+            self._header = decode_stream_header(record, limits=self._limits)
             self._position = total
         else:
             self._pending = prefix
@@ -389,9 +394,11 @@ class StreamReader:
         """The end record whose prefix was just read: it must agree with the blobs read."""
         total = record_length(prefix, ws.END_MAGIC, "end record", END_RECORD_MIN)
         check_record_size(total, self._max, "end record", self._position)
+        limit = max_end_record_bytes(self._limits)
+        check_record_limit(total, limit, "end record", self._position)
         record = self._read_record(prefix, total, "end record")
-        count, entries = decode_end_record(record)
-        if count != len(self._seen) or (entries is not None and entries != tuple(self._seen)):
+        count, rows = decode_end_rows(record, limits=self._limits)
+        if count != len(self._seen) or (rows is not None and not rows_match(rows, self._seen)):
             raise InvalidStreamError(
                 "the end record disagrees with the blobs read",
                 section="end record",

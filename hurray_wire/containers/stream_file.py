@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+
 from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, peek_descriptor
 from hurray_wire.containers.io import map_source, will_need
 from hurray_wire.containers.records import (
@@ -24,9 +26,11 @@ from hurray_wire.containers.records import (
     check_against_header,
     check_max_blob_bytes,
     check_record_size,
-    decode_end_record,
+    decode_end_rows,
     decode_stream_header,
+    entries_of,
     record_length,
+    rows_match,
 )
 from hurray_wire.errors import (
     BlobTruncatedError,
@@ -107,7 +111,7 @@ class StreamFile:
                     self._view, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN
                 )
                 check_record_size(start, self._max, "stream header", 0)
-                self._header = decode_stream_header(self._view)
+                self._header = decode_stream_header(self._view, limits=self._limits)
         except BaseException:
             self.close()
             raise
@@ -208,21 +212,32 @@ class StreamFile:
         if bytes(view[end : end + _MAGIC_SIZE]) != ws.END_MAGIC:
             return None
         try:
-            _count, entries = decode_end_record(view[end:])
+            _count, rows = decode_end_rows(view[end:], limits=self._limits)
         except HurrayWireError:
             return None  # the walk will meet this record and report what is wrong
-        if entries is None:
+        if rows is None:
             return None
-        cursor = start
-        for e in entries:
-            if (
-                e.offset != cursor
-                or e.length % ws.RECORD_ALIGNMENT
-                or not wb.BLOB_ALIGNMENT <= e.length <= self._max
-            ):
+        # the index must tile [start, end) with blobs of aligned, bounded lengths: checked
+        # as arrays, so a bogus index costs no object per entry
+        offsets = rows["offset"].astype(np.uint64)
+        lengths = rows["length"].astype(np.uint64)
+        if len(rows):
+            expected = np.empty(len(rows), np.uint64)
+            expected[0] = start
+            np.cumsum(lengths[:-1], out=expected[1:])
+            expected[1:] += np.uint64(start)
+            lengths_ok = (
+                (lengths % ws.RECORD_ALIGNMENT == 0)
+                & (lengths >= wb.BLOB_ALIGNMENT)
+                & (lengths <= self._max)
+            )
+            if not (np.array_equal(offsets, expected) and lengths_ok.all()):
                 return None
-            cursor += e.length
-        return entries if cursor == end else None
+            if int(offsets[-1]) + int(lengths[-1]) != end:
+                return None
+        elif start != end:
+            return None
+        return entries_of(rows)
 
     def _walk(self, start: int) -> tuple[StreamEntry, ...]:
         """Frame every record from its prefix; read only blob headers and descriptors.
@@ -261,8 +276,8 @@ class StreamFile:
         view = self._view
         total = record_length(view[pos:], ws.END_MAGIC, "end record", END_RECORD_MIN)
         check_record_size(total, self._max, "end record", pos)
-        count, index = decode_end_record(view[pos:])
-        if count != len(entries) or (index is not None and index != tuple(entries)):
+        count, rows = decode_end_rows(view[pos:], limits=self._limits)
+        if count != len(entries) or (rows is not None and not rows_match(rows, entries)):
             raise InvalidStreamError(
                 "the end record disagrees with the blobs found",
                 section="end record",
