@@ -7,6 +7,8 @@ before its fix; the before/after numbers are in docs/security.md, "Decisions and
 from __future__ import annotations
 
 import io
+import socket
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -28,12 +30,18 @@ from hurray_wire.containers import (
     decode_stream_header,
     encode_end_record,
     encode_stream_header,
+    read_stream,
+    write_stream,
 )
+from hurray_wire.containers.io import RecordDeadlineError
 from hurray_wire.errors import (
+    ArgumentTypeError,
+    ContainerTruncatedError,
     DecompressionError,
     InvalidMetadataError,
     InvalidStreamError,
     LimitExceededError,
+    StreamTruncatedError,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.wire import stream as ws
@@ -240,3 +248,80 @@ def test_end_record_index_is_checked_as_arrays() -> None:
     with pytest.raises(InvalidStreamError, match="disagrees"):
         list(StreamReader(io.BytesIO(data)))
     assert seconds(lambda: refused_or_none(lambda: list(StreamReader(data)), Exception)) < 0.5
+
+
+# -- a slow peer -----------------------------------------------------------------------------
+def _dribbling_peer(data: bytes, interval: float, stop: threading.Event) -> socket.socket:
+    """A loopback socketpair whose far end sends ``data`` one byte per ``interval`` s in a
+    thread (bounded: it ends after ``data`` or when ``stop`` is set)."""
+    near, far = socket.socketpair()
+
+    def dribble() -> None:
+        with far:
+            for byte in data:
+                if stop.wait(interval):
+                    return
+                try:
+                    far.sendall(bytes((byte,)))
+                except OSError:
+                    return
+
+    threading.Thread(target=dribble, daemon=True).start()
+    return near
+
+
+@pytest.mark.parametrize("socket_timeout", [None, 2.0])
+def test_a_slowloris_peer_is_cut_by_the_record_deadline(socket_timeout: float | None) -> None:
+    """One byte every 50 ms never trips a 2 s socket timeout (nor, without one, anything):
+    the reader blocked forever; now the record's deadline cuts it, naming the record."""
+    pool = np.zeros((1, 4, 1, 8), np.float16)
+    blob = bytes(hw.encode(hw.BlockPagedTensor.from_arrays(pool, [0], [0, 1])))
+    stop = threading.Event()
+    sock = _dribbling_peer(encode_stream_header(StreamHeader()) + blob, 0.05, stop)
+    sock.settimeout(socket_timeout)
+    try:
+        reader = StreamReader(sock, record_deadline=0.5)
+        start = time.perf_counter()
+        with pytest.raises(StreamTruncatedError, match="stream header") as info:
+            list(reader)
+        took = time.perf_counter() - start
+        assert isinstance(info.value.__cause__, RecordDeadlineError)
+        assert 0.4 < took < 3.0, took
+        assert sock.gettimeout() == socket_timeout  # the caller's timeout is restored
+    finally:
+        stop.set()
+        sock.close()
+
+
+def test_a_silent_peer_is_cut_and_a_steady_one_is_not() -> None:
+    near, far = socket.socketpair()
+    with near, far:
+        start = time.perf_counter()
+        with pytest.raises(StreamTruncatedError):
+            list(StreamReader(near, record_deadline=0.3))
+        assert time.perf_counter() - start < 2.0
+    stream = encode_stream_header(StreamHeader()) + encode_end_record([], 0)
+    near, far = socket.socketpair()
+    with near, far:
+        far.sendall(stream)
+        reader = StreamReader(near, record_deadline=0.3)
+        assert list(reader) == [] and reader.complete
+
+
+def test_reference_stream_reader_has_the_deadline() -> None:
+    pool = np.zeros((1, 4, 1, 8), np.float16)
+    buffer = io.BytesIO()
+    write_stream(buffer, [hw.BlockPagedTensor.from_arrays(pool, [0], [0, 1])])
+    stop = threading.Event()
+    sock = _dribbling_peer(buffer.getvalue(), 0.05, stop)
+    try:
+        with pytest.raises(ContainerTruncatedError, match="record 0") as info:
+            list(read_stream(sock, record_deadline=0.4))
+        assert isinstance(info.value.__cause__, RecordDeadlineError)
+    finally:
+        stop.set()
+        sock.close()
+    with pytest.raises(ArgumentTypeError, match="record_deadline"):
+        StreamReader(b"", record_deadline=0)
+    with pytest.raises(ArgumentTypeError, match="record_deadline"):
+        read_stream(b"", record_deadline="1")  # type: ignore[arg-type]

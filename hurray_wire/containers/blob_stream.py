@@ -20,7 +20,7 @@ from typing import Any
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, encode_parts
 from hurray_wire.codecs import Compression
-from hurray_wire.containers.io import open_sink, open_source
+from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, open_sink, open_source
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -199,6 +199,12 @@ class StreamReader:
     a cut (``StreamTruncatedError``; inside a blob also a ``BlobTruncatedError``), a corrupt
     blob (the decoder's error), a record over ``max_blob_bytes`` (``LimitExceededError``,
     before allocating). After an error the reader raises the same error again.
+
+    ``record_deadline`` (seconds, default 30, None for none) bounds each record read from
+    a socket or file-like, plus 8 MiB/s of its length (``containers.io``): a peer that
+    dribbles bytes is cut with a ``StreamTruncatedError`` naming the record, its cause a
+    ``RecordDeadlineError``. ``limits`` also bound the stream header's metadata and the
+    end record's index, checked before either is read.
     """
 
     def __init__(
@@ -208,9 +214,10 @@ class StreamReader:
         verify: bool = True,
         limits: DecodeLimits | None = None,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+        record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
     ) -> None:
         self._max = check_max_blob_bytes(max_blob_bytes)
-        self._source = open_source(source)
+        self._source = open_source(source, record_deadline=record_deadline)
         self._verify = verify
         self._limits = limits
         self._position = 0
@@ -290,6 +297,7 @@ class StreamReader:
 
     def _read_prefix(self) -> memoryview:
         """The next record's 16-byte prefix; empty at a clean end of input."""
+        self._source.begin_record()  # its deadline covers the prefix and the rest
         data, cause = self._source.read(BLOB_PREFIX_SIZE)
         if len(data) == BLOB_PREFIX_SIZE:
             return data

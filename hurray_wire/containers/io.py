@@ -22,6 +22,7 @@ import io
 import mmap
 import os
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,10 +34,14 @@ from hurray_wire.containers.atomic import atomic_output, reading
 from hurray_wire.errors import ArgumentTypeError, ClosedContainerError, LimitExceededError
 
 __all__ = [
+    "DEADLINE_MIN_RATE",
+    "DEFAULT_RECORD_DEADLINE",
     "IOSource",
     "MemorySource",
     "Sink",
+    "RecordDeadlineError",
     "Source",
+    "check_record_deadline",
     "map_source",
     "open_sink",
     "open_source",
@@ -217,6 +222,9 @@ class MemorySource:
         self.mapping = mapping
         self.offset = 0  # bytes consumed
 
+    def begin_record(self) -> None:
+        """Nothing to time: the bytes are all here."""
+
     def read(self, count: int) -> tuple[memoryview, BaseException | None]:
         """Up to ``count`` bytes (fewer only at the end of input), and no cause."""
         chunk = self.view[self.offset : self.offset + count]
@@ -245,34 +253,113 @@ class MemorySource:
                 self.mapping.close()
 
 
+#: Seconds a stream reader allows for one record from a socket or file-like, plus
+#: ``DEADLINE_MIN_RATE`` per byte of it, unless told otherwise (``record_deadline=``).
+#: The timeout of a socket bounds each ``recv``; a peer that sends a byte a second never
+#: trips it, and this deadline is what cuts such a peer.
+DEFAULT_RECORD_DEADLINE = 30.0
+#: Bytes per second a record must at least arrive at, on top of the deadline: a 4 GiB
+#: blob gets 30 s + 512 s, a slowloris peer at 1 byte/s is cut after 30 s.
+DEADLINE_MIN_RATE = 8 << 20
+
+
+def check_record_deadline(value: object) -> float | None:
+    """``record_deadline``: None (no deadline) or a positive number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ArgumentTypeError(
+            "record_deadline must be a positive number of seconds or None",
+            field="record_deadline",
+            found=repr(value),
+        )
+    return float(value)
+
+
+class RecordDeadlineError(TimeoutError):
+    """The cause handed back when a record's deadline passed (a ``TimeoutError``); the
+    container raises its truncation error naming the record, with this as ``__cause__``."""
+
+
 class IOSource:
     """Exact reads from a socket or file-like, each record into a new buffer of its own.
 
     The one place a broken connection is caught: an ``OSError`` (reset, timeout) or a
     ``ValueError`` (a file closed under the reader) ends the read, and is returned as the
-    cause for the container's truncation error.
+    cause for the container's truncation error. So is a passed record deadline
+    (``RecordDeadlineError``): ``begin_record`` starts one; every read until the next
+    ``begin_record`` belongs to that record. A socket's own timeout is lowered to the time
+    left before each ``recv`` (and restored), so a silent peer is cut too; a file-like
+    that blocks in ``read`` is only checked between reads.
     """
 
-    def __init__(self, read_into: Callable[[memoryview], int | None]) -> None:
+    def __init__(
+        self,
+        read_into: Callable[[memoryview], int | None],
+        *,
+        deadline: float | None = None,
+        sock: Any = None,
+    ) -> None:
         self._read_into = read_into
         self.offset = 0  # bytes consumed
+        self._deadline = deadline
+        self._sock = sock
+        self._record_start: float | None = None
+        self._record_bytes = 0
+
+    def begin_record(self) -> None:
+        """Start the deadline of the next record (its prefix is about to be read)."""
+        self._record_start = time.monotonic()
+        self._record_bytes = 0
+
+    def _deadline_at(self, size: int) -> float | None:
+        if self._deadline is None:
+            return None
+        if self._record_start is None:  # a caller without records: each read is one
+            self.begin_record()
+        assert self._record_start is not None
+        self._record_bytes += size
+        return self._record_start + self._deadline + self._record_bytes / DEADLINE_MIN_RATE
 
     def fill(self, view: memoryview) -> tuple[int, BaseException | None]:
-        """Read into ``view`` until it is full, the input ends or the connection breaks."""
+        """Read into ``view`` until it is full, the input ends, the connection breaks or
+        the record's deadline passes."""
+        deadline_at = self._deadline_at(len(view))
+        sock = self._sock if deadline_at is not None else None
+        original = sock.gettimeout() if sock is not None else None
         got = 0
-        while got < len(view):
-            try:
-                count = self._read_into(view[got:])
-            except (OSError, ValueError) as exc:  # reset, timeout, closed file: a cut
-                self.offset += got
-                return got, exc
-            if count is None:
-                raise ArgumentTypeError(
-                    "non-blocking sources are not supported (no data ready)", field="source"
-                )
-            if count == 0:
-                break
-            got += count
+        try:
+            while got < len(view):
+                if deadline_at is not None:
+                    left = deadline_at - time.monotonic()
+                    if left <= 0:
+                        self.offset += got
+                        return got, RecordDeadlineError(
+                            f"record deadline passed: {got} of {len(view)} bytes arrived "
+                            f"(record_deadline={self._deadline} s + "
+                            f"{DEADLINE_MIN_RATE} bytes/s)"
+                        )
+                    if sock is not None:
+                        sock.settimeout(left if original is None else min(original, left))
+                try:
+                    count = self._read_into(view[got:])
+                except (OSError, ValueError) as exc:  # reset, timeout, closed file: a cut
+                    ours = deadline_at is not None and time.monotonic() >= deadline_at
+                    if isinstance(exc, TimeoutError) and ours:
+                        continue  # the deadline, not the socket's timeout: said above
+                    self.offset += got
+                    return got, exc
+                if count is None:
+                    raise ArgumentTypeError(
+                        "non-blocking sources are not supported (no data ready)", field="source"
+                    )
+                if count == 0:
+                    break
+                got += count
+        finally:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.settimeout(original)
         self.offset += got
         return got, None
 
@@ -336,8 +423,15 @@ def _chunked_read(read: Callable[[int], Any]) -> Callable[[memoryview], int | No
     return read_into
 
 
-def open_source(source: Any, *, allow_path: bool = True) -> Source:
-    """A :class:`Source` for a path (mapped, if allowed), a bytes-like, a socket or a file."""
+def open_source(
+    source: Any, *, allow_path: bool = True, record_deadline: object = DEFAULT_RECORD_DEADLINE
+) -> Source:
+    """A :class:`Source` for a path (mapped, if allowed), a bytes-like, a socket or a file.
+
+    ``record_deadline`` (seconds, or None) bounds each record read from a socket or
+    file-like (see ``IOSource``); mapped and in-memory inputs need none.
+    """
+    deadline = check_record_deadline(record_deadline)
     if isinstance(source, (str, os.PathLike)):
         if allow_path:
             return MemorySource(*map_source(source))
@@ -353,13 +447,16 @@ def open_source(source: Any, *, allow_path: bool = True) -> Source:
     recv_into = getattr(source, "recv_into", None)
     if callable(recv_into):
         flags = getattr(socket, "MSG_WAITALL", 0)
-        return IOSource(lambda view: recv_into(view, len(view), flags))
+        timed = source if callable(getattr(source, "settimeout", None)) else None
+        return IOSource(
+            lambda view: recv_into(view, len(view), flags), deadline=deadline, sock=timed
+        )
     readinto = getattr(source, "readinto", None)
     if callable(readinto):
-        return IOSource(readinto)
+        return IOSource(readinto, deadline=deadline)
     read = getattr(source, "read", None)
     if callable(read):
-        return IOSource(_chunked_read(read))
+        return IOSource(_chunked_read(read), deadline=deadline)
     try:
         return MemorySource(byte_view(source, "source"))
     except ArgumentTypeError:
