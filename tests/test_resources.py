@@ -7,11 +7,16 @@ before its fix; the before/after numbers are in docs/security.md, "Decisions and
 from __future__ import annotations
 
 import io
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,18 +27,21 @@ import hurray_wire as hw
 from hurray_wire import DecodeLimits
 from hurray_wire.codecs import CODEC_SHUFFLE_ZSTD, CODEC_ZSTD, decompress
 from hurray_wire.containers import (
+    HrryFile,
     StreamEntry,
     StreamFile,
     StreamHeader,
     StreamReader,
+    StreamWriter,
     decode_end_record,
     decode_stream_header,
     encode_end_record,
     encode_stream_header,
     read_stream,
+    write_file,
     write_stream,
 )
-from hurray_wire.containers.io import RecordDeadlineError
+from hurray_wire.containers.io import FileShrankError, RecordDeadlineError
 from hurray_wire.errors import (
     ArgumentTypeError,
     ContainerTruncatedError,
@@ -325,3 +333,94 @@ def test_reference_stream_reader_has_the_deadline() -> None:
         StreamReader(b"", record_deadline=0)
     with pytest.raises(ArgumentTypeError, match="record_deadline"):
         read_stream(b"", record_deadline="1")  # type: ignore[arg-type]
+
+
+# -- files truncated while mapped (SIGBUS) ---------------------------------------------------
+_BIG_POOL = np.arange(64 * 16 * 2 * 64, dtype=np.float16).reshape(64, 16, 2, 64)  # 256 KiB
+
+
+def _big_tensor() -> hw.BlockPagedTensor:
+    return hw.BlockPagedTensor.from_arrays(_BIG_POOL, np.arange(64), [0, 64])
+
+
+def _stream_file(path: Path) -> None:
+    with StreamWriter(path) as writer:
+        writer.write(_big_tensor())
+
+
+def test_truncated_files_raise_instead_of_sigbus(tmp_path: Path) -> None:
+    """The reader checks the file's size before touching a tensor's pages: a file another
+    process truncated since it was opened is a typed error, not a dead process."""
+    hrry = tmp_path / "t.hrry"
+    write_file(hrry, {"t": _big_tensor()})
+    with HrryFile(hrry) as f:
+        os.truncate(hrry, 4096)
+        with pytest.raises(ContainerTruncatedError, match="no longer holds") as info:
+            f.tensor("t")
+        assert isinstance(info.value.__cause__, FileShrankError)
+    stream = tmp_path / "t.hrws"
+    _stream_file(stream)
+    with StreamFile(stream) as mapped:
+        os.truncate(stream, 4096)
+        with pytest.raises(StreamTruncatedError, match="no longer holds"):
+            mapped.read(mapped.entries[0])
+    _stream_file(stream)
+    reader = StreamReader(stream)
+    assert reader.header is not None
+    os.truncate(stream, 4096)
+    with pytest.raises(StreamTruncatedError) as cut:
+        list(reader)
+    assert isinstance(cut.value.__cause__, FileShrankError)
+    reader.close()
+
+
+def test_mmap_false_reads_instead_of_mapping(tmp_path: Path) -> None:
+    hrry = tmp_path / "t.hrry"
+    write_file(hrry, {"t": _big_tensor()})
+    with HrryFile(hrry, mmap=False) as f:
+        os.truncate(hrry, 0)  # the bytes were read: nothing left to lose
+        got = f.tensor("t")
+        assert np.array_equal(got.page_pool, _BIG_POOL) and not got.page_pool.flags.writeable
+    stream = tmp_path / "t.hrws"
+    _stream_file(stream)
+    with StreamFile(stream, mmap=False) as mapped:
+        os.truncate(stream, 0)
+        assert np.array_equal(mapped.tensor(None).page_pool, _BIG_POOL)
+    _stream_file(stream)
+    reader = StreamReader(stream, mmap=False)
+    assert np.array_equal(next(reader).page_pool, _BIG_POOL)
+    reader.close()
+    with pytest.raises(ArgumentTypeError, match="mmap"):
+        HrryFile(hrry, mmap="no")  # type: ignore[arg-type]
+
+
+_SIGBUS_CHILD = """
+import os, sys
+import numpy as np
+from hurray_wire.containers import HrryFile, StreamFile
+path, kind = sys.argv[1], sys.argv[2]
+reader = HrryFile(path) if kind == "hrry" else StreamFile(path)
+tensor = reader.tensor("t") if kind == "hrry" else reader.tensor(None)
+os.truncate(path, 0)  # what another process may do while we hold views of the map
+print(float(tensor.page_pool.astype(np.float32).sum()), flush=True)  # touches lost pages
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGBUS"), reason="no SIGBUS on this platform")
+@pytest.mark.parametrize("kind", ["hrry", "stream"])
+def test_views_of_a_truncated_map_die_with_sigbus(tmp_path: Path, kind: str) -> None:
+    """The documented limit (docs/security.md, like safetensors'): arrays already handed
+    out view the map, and touching pages another process truncated away is SIGBUS; no
+    check can come between an array access and the page fault. mmap=False avoids it."""
+    path = tmp_path / ("t.hrry" if kind == "hrry" else "t.hrws")
+    if kind == "hrry":
+        write_file(path, {"t": _big_tensor()})
+    else:
+        _stream_file(path)
+    child = subprocess.run(
+        [sys.executable, "-c", _SIGBUS_CHILD, str(path), kind],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == -signal.SIGBUS, (child.returncode, child.stderr[-500:])

@@ -200,6 +200,10 @@ class StreamReader:
     blob (the decoder's error), a record over ``max_blob_bytes`` (``LimitExceededError``,
     before allocating). After an error the reader raises the same error again.
 
+    A mapped path is checked (``os.fstat``) before each record, so a file truncated by
+    another process ends the stream with a ``StreamTruncatedError`` instead of SIGBUS;
+    with ``mmap=False`` a path is read record by record instead of mapped.
+
     ``record_deadline`` (seconds, default 30, None for none) bounds each record read from
     a socket or file-like, plus 8 MiB/s of its length (``containers.io``): a peer that
     dribbles bytes is cut with a ``StreamTruncatedError`` naming the record, its cause a
@@ -215,9 +219,12 @@ class StreamReader:
         limits: DecodeLimits | None = None,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
         record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
+        mmap: bool = True,
     ) -> None:
         self._max = check_max_blob_bytes(max_blob_bytes)
-        self._source = open_source(source, record_deadline=record_deadline)
+        if type(mmap) is not bool:
+            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        self._source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
         self._verify = verify
         self._limits = limits
         self._position = 0

@@ -8,6 +8,7 @@ only when asked for. docs/streaming.md § 5.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, peek_descriptor
-from hurray_wire.containers.io import map_source, will_need
+from hurray_wire.containers.io import MappedFile, map_file, map_source, will_need
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -33,6 +34,7 @@ from hurray_wire.containers.records import (
     rows_match,
 )
 from hurray_wire.errors import (
+    ArgumentTypeError,
     BlobTruncatedError,
     ClosedContainerError,
     HurrayWireError,
@@ -88,6 +90,11 @@ class StreamFile:
     touches page data. A tensor is decoded, and its checksums verified, only when asked
     for, as a read-only zero-copy view of the mapping. A damaged tail does not hide the
     blobs before it: they are in ``entries`` and ``error`` says what stopped the walk.
+
+    A mapped file is checked (``os.fstat``) before each ``read``: a file another process
+    truncated raises a ``StreamTruncatedError`` instead of killing the process with
+    SIGBUS. Tensors already read still view the mapping, which no check can protect
+    (docs/security.md); ``mmap=False`` reads the file into memory instead.
     """
 
     def __init__(
@@ -97,11 +104,19 @@ class StreamFile:
         verify: bool = True,
         limits: DecodeLimits | None = None,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+        mmap: bool = True,
     ) -> None:
         self._max = check_max_blob_bytes(max_blob_bytes)
         self._verify = verify
         self._limits = limits if limits is not None else DecodeLimits()
-        self._view, self._mapping = map_source(source)
+        if type(mmap) is not bool:
+            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        self._guard: MappedFile | None = None
+        if isinstance(source, (str, os.PathLike)):
+            self._view, self._guard = map_file(source, use_mmap=mmap)
+            self._mapping = None if self._guard is None else self._guard.mapping
+        else:
+            self._view, self._mapping = map_source(source)
         self._closed = False
         self._header: StreamHeader | None = None
         start = 0
@@ -176,6 +191,14 @@ class StreamFile:
         """Decode the blob at ``entry`` and check it is what the index says."""
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
+        shrank = None if self._guard is None else self._guard.shrunk(entry.offset + entry.length)
+        if shrank is not None:  # reading the blob's pages now would be SIGBUS
+            raise StreamTruncatedError(
+                f"the file no longer holds the {what}: {shrank}",
+                section=what,
+                offset=self._guard.current_size() if self._guard else None,
+                expected=entry.offset + entry.length,
+            ) from shrank
         will_need(self._mapping, entry.offset, entry.length)
         view = self._view[entry.offset : entry.offset + entry.length]
         try:
@@ -328,6 +351,8 @@ class StreamFile:
         """Drop the mapping (it stays mapped while tensors view it); idempotent."""
         self._closed = True
         self._view.release()
+        if self._guard is not None:
+            self._guard.close()
         if self._mapping is not None:
             with contextlib.suppress(BufferError):
                 self._mapping.close()
