@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import io
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import xxhash
 
 import hurray_wire as hw
-from hurray_wire.blob.envelope import ENTRY_AT, entry_at
+from hurray_wire.blob.envelope import AT, CHECKSUM, ENTRY_AT, HEADER, entry_at
 from hurray_wire.containers import StreamFile, StreamReader, read_file, write_file
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -233,3 +235,116 @@ def test_limits_must_be_decode_limits() -> None:
 def test_checksum_must_be_a_bool() -> None:
     with pytest.raises(ArgumentTypeError, match="checksum"):
         hw.encode(small(), checksum="no")  # type: ignore[arg-type]
+
+
+# -- concurrency and the decoder's memo ------------------------------------------------------
+def _tensors() -> list[hw.BlockPagedTensor]:
+    rng = np.random.default_rng(7)
+    out = []
+    for layer in range(4):
+        pool = rng.integers(0, 1 << 16, (8, 4, 2, 16), dtype=np.uint16).view(np.float16)
+        out.append(
+            hw.BlockPagedTensor.from_arrays(
+                pool, rng.permutation(8), [0, 3, 8], layer_index=layer, seq_lens=[10, 17]
+            )
+        )
+    return out
+
+
+def _same(a: hw.BlockPagedTensor, b: hw.BlockPagedTensor) -> bool:
+    return (
+        a.descriptor == b.descriptor
+        and np.array_equal(a.page_pool.view(np.uint16), b.page_pool.view(np.uint16))
+        and np.array_equal(a.block_table, b.block_table)
+        and np.array_equal(a.seq_ptr, b.seq_ptr)
+        and a.metadata == b.metadata
+    )
+
+
+def test_threads_decoding_while_another_encodes_agree() -> None:
+    tensors = _tensors()
+    blobs = [bytes(hw.encode(t, compression=c)) for t in tensors for c in (None, "zstd")]
+    expected = [hw.decode(b) for b in blobs]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def decoder(seed: int) -> None:
+        order = np.random.default_rng(seed).integers(0, len(blobs), 60)
+        try:
+            for i in order:
+                if not _same(hw.decode(blobs[i], threads=1), expected[i]):
+                    errors.append(AssertionError(f"blob {i} decoded differently"))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def encoder() -> None:
+        while not stop.is_set():
+            for t in tensors:
+                hw.encode(t, compression="zstd")
+
+    background = threading.Thread(target=encoder)
+    background.start()
+    workers = [threading.Thread(target=decoder, args=(n,)) for n in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    stop.set()
+    background.join()
+    assert not errors, errors[:3]
+
+
+def _with_header_flags(blob: bytearray, flags: int) -> None:
+    """Set header_flags (reserved: must be 0) and fix the header checksum over it."""
+    blob[AT["header_flags"]] = flags
+    length = HEADER.struct.unpack_from(blob, 0)[HEADER.names.index("header_length")]
+    CHECKSUM.struct.pack_into(blob, length, xxhash.xxh3_64_intdigest(bytes(blob[:length])))
+
+
+def test_memo_verdict_follows_the_bytes_not_the_buffer() -> None:
+    """The same bytearray, valid, then with a bad header field under a fixed checksum: the
+    second decode must not reuse the first verdict."""
+    tensor = _tensors()[0]
+    blob = bytearray(hw.encode(tensor))
+    assert _same(hw.decode(blob), tensor)
+    _with_header_flags(blob, 1)
+    with pytest.raises(hw.InvalidBlobError, match="reserved header flag"):
+        hw.decode(blob)
+    _with_header_flags(blob, 0)
+    assert _same(hw.decode(blob), tensor)
+
+
+def test_a_buffer_flipped_under_the_decoder_gives_a_tensor_or_a_typed_error() -> None:
+    tensor = _tensors()[1]
+    good = bytearray(hw.encode(tensor))
+    bad = bytearray(good)
+    _with_header_flags(bad, 1)
+    live = bytearray(good)
+    length = len(good)
+    stop = threading.Event()
+
+    def flipper() -> None:
+        images = (bytes(good), bytes(bad))
+        n = 0
+        while not stop.is_set():
+            live[:length] = images[n % 2]  # not atomic: the reader may see a mixture
+            if n % 3 == 0:  # and a reserved byte of the fixed header, unchecksummed
+                live[AT["header_flags"] + 1] ^= 0x01
+            n += 1
+
+    thread = threading.Thread(target=flipper)
+    thread.start()
+    outcomes = {"tensor": 0, "error": 0}
+    try:
+        for _ in range(3000):
+            try:
+                got = hw.decode(live)
+                if got.descriptor != tensor.descriptor:
+                    raise AssertionError("a tensor decoded from bytes that were never valid")
+                outcomes["tensor"] += 1
+            except HurrayWireError:
+                outcomes["error"] += 1
+    finally:
+        stop.set()
+        thread.join()
+    assert sum(outcomes.values()) == 3000 and outcomes["error"]
