@@ -154,12 +154,25 @@ def test_stream_header_metadata_obeys_max_metadata_bytes() -> None:
     is refused from the record's length, before the record is read."""
     record = encode_stream_header(StreamHeader(metadata={"x": bytes(32 << 20)}))
     limits = DecodeLimits(max_metadata_bytes=1 << 20)
-    for source in (lambda: io.BytesIO(record), lambda: record):
-        reader = StreamReader(source(), limits=limits)
-        peak = _peak(lambda reader=reader: refused_or_none(lambda: reader.header, Exception))
-        with pytest.raises(LimitExceededError, match="decode limits"):
-            StreamReader(source(), limits=limits).header  # noqa: B018
-        assert peak < 4 << 20, peak
+    for make in (lambda: io.BytesIO(record), lambda: record):
+        sources: list[Any] = []
+        errors: list[Exception] = []
+
+        def read_header(
+            make: Any = make, sources: list[Any] = sources, errors: list[Exception] = errors
+        ) -> None:
+            sources.append(make())
+            try:
+                StreamReader(sources[-1], limits=limits).header  # noqa: B018
+            except LimitExceededError as exc:
+                errors.append(exc)
+
+        took = seconds(read_header)
+        peak = _peak(read_header)  # nothing of the 32 MiB is read or allocated
+        assert len(errors) == 2 and "decode limits" in str(errors[0])
+        assert took < 0.5 and peak < 1 << 20, (took, peak)
+        if isinstance(sources[0], io.BytesIO):
+            assert sources[0].tell() == 16  # only the record prefix was consumed
     with pytest.raises(LimitExceededError, match="max_metadata_bytes") as info:
         decode_stream_header(record, limits=limits)
     assert info.value.field == "metadata_length"
@@ -424,3 +437,19 @@ def test_views_of_a_truncated_map_die_with_sigbus(tmp_path: Path, kind: str) -> 
         check=False,
     )
     assert child.returncode == -signal.SIGBUS, (child.returncode, child.stderr[-500:])
+
+
+def test_metadata_memory_is_bounded_by_the_entry_cap() -> None:
+    """A refused count allocates nothing; the largest accepted section costs what its
+    entries do (~150 bytes each), not more."""
+    pool = np.zeros((1, 4, 1, 8), np.float16)
+
+    def blob(n: int) -> bytes:
+        meta = {f"{i:x}": True for i in range(n)}
+        return bytes(hw.encode(hw.BlockPagedTensor.from_arrays(pool, [0], [0, 1], metadata=meta)))
+
+    too_many = blob(70_000)
+    assert _peak(lambda: refused_or_none(lambda: hw.decode(too_many), LimitExceededError)) < 1 << 20
+    at_cap = blob(65_536)
+    peak = _peak(lambda: hw.decode(at_cap))
+    assert peak < 65_536 * 400, peak
