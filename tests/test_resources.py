@@ -255,6 +255,8 @@ def test_huge_end_record_index_refused_before_reading() -> None:
         reader = StreamReader(source)
         with pytest.raises(LimitExceededError, match="end record"):
             list(reader)
+    mapped = StreamFile(data)
+    assert isinstance(mapped.error, LimitExceededError) and not mapped.complete
 
 
 def test_end_record_index_is_checked_as_arrays() -> None:
