@@ -455,3 +455,31 @@ def test_metadata_memory_is_bounded_by_the_entry_cap() -> None:
     at_cap = blob(65_536)
     peak = _peak(lambda: hw.decode(at_cap))
     assert peak < 65_536 * 400, peak
+
+
+def test_stream_file_index_stays_an_array_until_asked() -> None:
+    """Opening a stream with an end-record index builds no object per blob; tensor() finds
+    its blob in the index rows; entries are built on first use and agree."""
+    pool = np.zeros((1, 4, 1, 8), np.float16)
+    buffer = io.BytesIO()
+    with StreamWriter(buffer) as writer:
+        for layer in range(300):
+            for role in ("key", "value"):
+                writer.write(
+                    hw.BlockPagedTensor.from_arrays(
+                        pool, [0], [0, 1], layer_index=layer, kv_role=role
+                    )
+                )
+    mapped = StreamFile(buffer.getvalue())
+    assert mapped.complete and len(mapped) == 600
+    assert mapped.tensor(299, "value").layer_index == 299
+    with pytest.raises(hw.MissingTensorError):
+        mapped.tensor(300, "key")
+    with pytest.raises(hw.MissingTensorError):
+        mapped.tensor(2**40, "key")
+    with pytest.raises(ArgumentTypeError, match="layer_index"):
+        mapped.tensor([1], "key")  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match="kv_role"):
+        mapped.tensor(1, ["key"])  # type: ignore[arg-type]
+    assert [e.layer_index for e in mapped.entries[:4]] == [0, 0, 1, 1]
+    assert set(mapped.keys()) == {(n, r) for n in range(300) for r in ("key", "value")}

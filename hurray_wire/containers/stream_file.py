@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, peek_descriptor
 from hurray_wire.containers.io import MappedFile, map_file, map_source, will_need
@@ -46,6 +47,7 @@ from hurray_wire.errors import (
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws
+from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
 from hurray_wire.wire.fast import derive
 
 __all__ = ["StreamFile", "empty_input_error"]
@@ -131,10 +133,15 @@ class StreamFile:
             self.close()
             raise
         self._error: HurrayWireError | None = None
-        indexed = self._index_from_end(start)
-        self._complete = indexed is not None
-        self._entries = indexed if indexed is not None else self._walk(start)
-        self._by_key = {(e.layer_index, e.kv_role): e for e in self._entries}
+        # The end record's index stays a checked structured array until entries are asked
+        # for: opening a stream of a million blobs builds no object per blob, and tensor()
+        # finds its blob in the array.
+        self._rows = self._index_from_end(start)
+        self._complete = self._rows is not None
+        self._entries: tuple[StreamEntry, ...] | None = None
+        if self._rows is None:
+            self._entries = self._walk(start)
+        self._keyed: dict[tuple[int | None, str], StreamEntry] | None = None
 
     @property
     def header(self) -> StreamHeader | None:
@@ -143,7 +150,16 @@ class StreamFile:
     @property
     def entries(self) -> tuple[StreamEntry, ...]:
         """Every blob found, in stream order (the last one wins for a repeated key)."""
+        if self._entries is None:
+            assert self._rows is not None
+            self._entries = entries_of(self._rows)
         return self._entries
+
+    @property
+    def _by_key(self) -> dict[tuple[int | None, str], StreamEntry]:
+        if self._keyed is None:
+            self._keyed = {(e.layer_index, e.kv_role): e for e in self.entries}
+        return self._keyed
 
     @property
     def complete(self) -> bool:
@@ -162,10 +178,14 @@ class StreamFile:
         return self._view
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return (
+            len(self._rows)
+            if self._entries is None and self._rows is not None
+            else len(self.entries)
+        )
 
     def __iter__(self) -> Iterator[BlockPagedTensor]:
-        for entry in self._entries:
+        for entry in self.entries:
             yield self.read(entry)
         if self._error is not None:
             raise self._error
@@ -176,7 +196,15 @@ class StreamFile:
 
     def tensor(self, layer_index: int | None, kv_role: str = "key") -> BlockPagedTensor:
         """The blob for ``{kv_role, layer_index}``, decoded now (and only it)."""
-        entry = self._by_key.get((layer_index, kv_role))
+        if layer_index is not None and (
+            isinstance(layer_index, bool) or not isinstance(layer_index, int)
+        ):
+            raise ArgumentTypeError(
+                "layer_index must be an int or None", field="layer_index", found=repr(layer_index)
+            )
+        if not isinstance(kv_role, str):
+            raise ArgumentTypeError("kv_role must be a str", field="kv_role", found=repr(kv_role))
+        entry = self._find(layer_index, kv_role)
         if entry is None:
             if self._error is not None:  # it may be in the part that could not be read
                 raise self._error
@@ -186,6 +214,20 @@ class StreamFile:
                 found=f"layer_index {layer_index!r}, kv_role {kv_role!r}",
             )
         return self.read(entry)
+
+    def _find(self, layer_index: int | None, kv_role: str) -> StreamEntry | None:
+        """The last blob of that key: from the dict once built, else from the index rows."""
+        if self._keyed is not None or self._rows is None:
+            return self._by_key.get((layer_index, kv_role))
+        layer = LAYER_NONE if layer_index is None else layer_index
+        role = KV_ROLES.get(kv_role)
+        if role is None or not 0 <= layer <= LAYER_NONE:
+            return None
+        rows = self._rows
+        hits = np.flatnonzero((rows["layer_index"] == layer) & (rows["kv_role"] == role))
+        if not hits.size:
+            return None
+        return entries_of(rows[hits[-1:]])[0]
 
     def read(self, entry: StreamEntry) -> BlockPagedTensor:
         """Decode the blob at ``entry`` and check it is what the index says."""
@@ -220,8 +262,8 @@ class StreamFile:
         check_against_header(self._header, tensor, what)
         return tensor
 
-    def _index_from_end(self, start: int) -> tuple[StreamEntry, ...] | None:
-        """The end record's index if the stream ends with a valid, consistent one."""
+    def _index_from_end(self, start: int) -> npt.NDArray[Any] | None:
+        """The end record's index rows if the stream ends with a valid, consistent one."""
         view = self._view
         size = len(view)
         if size - start < END_RECORD_MIN:
@@ -260,7 +302,8 @@ class StreamFile:
                 return None
         elif start != end:
             return None
-        return entries_of(rows)
+        kept: npt.NDArray[Any] = rows.copy()  # a copy: later use never touches the mapping
+        return kept
 
     def _walk(self, start: int) -> tuple[StreamEntry, ...]:
         """Frame every record from its prefix; read only blob headers and descriptors.
