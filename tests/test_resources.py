@@ -344,8 +344,9 @@ def test_reference_stream_reader_has_the_deadline() -> None:
     finally:
         stop.set()
         sock.close()
-    with pytest.raises(ArgumentTypeError, match="record_deadline"):
-        StreamReader(b"", record_deadline=0)
+    for bad in (0, -1.0, float("inf"), float("nan"), True, 1e10, 10**400, "1"):
+        with pytest.raises(ArgumentTypeError, match="record_deadline"):
+            StreamReader(b"", record_deadline=bad)
     with pytest.raises(ArgumentTypeError, match="record_deadline"):
         read_stream(b"", record_deadline="1")  # type: ignore[arg-type]
 

@@ -342,19 +342,24 @@ DEFAULT_RECORD_DEADLINE = 30.0
 #: Bytes per second a record must at least arrive at, on top of the deadline: a 4 GiB
 #: blob gets 30 s + 512 s, a slowloris peer at 1 byte/s is cut after 30 s.
 DEADLINE_MIN_RATE = 8 << 20
+_MAX_DEADLINE = 1e9  # seconds: beyond, socket timeouts overflow (use None for no deadline)
 
 
 def check_record_deadline(value: object) -> float | None:
     """``record_deadline``: None (no deadline) or a positive number of seconds."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    seconds = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):  # an int beyond float: refused below
+            seconds = float(value)
+    if seconds is None or not 0 < seconds < _MAX_DEADLINE:  # NaN fails too
         raise ArgumentTypeError(
-            "record_deadline must be a positive number of seconds or None",
+            "record_deadline must be a positive, finite number of seconds (< 1e9) or None",
             field="record_deadline",
             found=repr(value),
         )
-    return float(value)
+    return seconds
 
 
 class RecordDeadlineError(TimeoutError):
