@@ -81,7 +81,7 @@ _ROLE_CODES = np.array(sorted(_ROLE_BY_CODE), np.uint8)
 # One index entry as a NumPy record, from the wire struct (offsets and sizes derived).
 _ENTRY_DTYPE = np.dtype(
     {
-        "names": ["offset", "length", "layer_index", "kv_role", "_reserved"],
+        "names": list(_ENTRY.names),  # offset, length, layer_index, kv_role, _reserved
         "formats": ["<u8", "<u8", "<u4", "u1", ("u1", (_ENTRY.sizes["_reserved"],))],
         "offsets": [offset_of(ws.END_ENTRY, n) for n in _ENTRY.names],
         "itemsize": _ENTRY.size,
