@@ -15,10 +15,26 @@ from typing import Any
 import numpy as np
 
 from hurray_wire.errors import ArgumentTypeError, InvalidMetadataError
+from hurray_wire.wire.integrity import FINGERPRINT_METADATA_KEY
 
-__all__ = ["KV_SCALE_KEYS", "kv_scale_key", "with_kv_scale", "check_kv_scale", "kv_scale_of"]
+__all__ = [
+    "KV_SCALE_KEYS",
+    "RESERVED_PREFIX",
+    "RESERVED_TENSOR_KEYS",
+    "check_kv_scale",
+    "check_reserved_metadata",
+    "kv_scale_key",
+    "kv_scale_of",
+    "with_kv_scale",
+]
 
 KV_SCALE_KEYS = ("hurray.k_scale", "hurray.v_scale")
+RESERVED_PREFIX = "hurray."
+#: Every reserved key a tensor's metadata may hold: the fp8 scales (checked here) and the
+#: engine fingerprint (its value is hurray_wire.integrity.fingerprint's to check). Any other
+#: ``hurray.`` key is refused, so that a later version can give one a meaning without an
+#: old file already holding it with another (docs/security.md, "Decisions and limits").
+RESERVED_TENSOR_KEYS = frozenset((*KV_SCALE_KEYS, FINGERPRINT_METADATA_KEY))
 _BY_ROLE = {"key": "hurray.k_scale", "value": "hurray.v_scale", "fused": "hurray.k_scale"}
 
 
@@ -53,6 +69,24 @@ def with_kv_scale(metadata: dict[str, Any], kv_scale: object, kv_role: str) -> d
             expected=metadata[key],
         )
     return {**metadata, key: value}
+
+
+def check_reserved_metadata(metadata: Mapping[str, Any], kv_role: str) -> None:
+    """Refuse a ``hurray.`` key this version does not define, then check the scale keys.
+
+    Run by ``from_arrays`` and (through ``assemble``) by every decoder.
+    """
+    for key in metadata:
+        reserved = isinstance(key, str) and key.startswith(RESERVED_PREFIX)
+        if reserved and key not in RESERVED_TENSOR_KEYS:
+            raise InvalidMetadataError(
+                f"unknown reserved key: keys starting with {RESERVED_PREFIX!r} are reserved "
+                "for hurray-wire",
+                field=key,
+                expected=sorted(RESERVED_TENSOR_KEYS),
+                found=repr(key),
+            )
+    check_kv_scale(metadata, kv_role)
 
 
 def check_kv_scale(metadata: Mapping[str, Any], kv_role: str) -> None:

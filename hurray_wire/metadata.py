@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, SupportsIndex, TypeAlias
 
 from hurray_wire.buffers import byte_view
-from hurray_wire.errors import ArgumentTypeError, InvalidMetadataError
+from hurray_wire.errors import ArgumentTypeError, InvalidMetadataError, LimitExceededError
 from hurray_wire.wire.containers import (
     KV_ARRAY,
     KV_BOOL,
@@ -86,6 +86,8 @@ _MIN_ELEMENT_SIZE = {
     KV_BYTES: 4,
 }
 _FIXED_FORMAT = {KV_INT64: "q", KV_UINT64: "Q", KV_FLOAT64: "d"}
+# Smallest entry: key length (2), a 1-byte key, the tag and a bool's byte.
+_MIN_ENTRY_SIZE = 5
 
 
 def _checked_int(value: SupportsIndex, lo: int, hi: int, type_name: str) -> int:
@@ -527,11 +529,86 @@ def _array(cursor: _Cursor, field: str) -> list[Any]:
     return [_scalar(cursor, tag, f"{field}[{j}]") for j in range(count)]
 
 
-def decode_metadata(data: object, *, base_offset: int = 0) -> dict[str, MetadataValue]:
+_FIXED_SCALAR = {KV_INT64: _I64, KV_FLOAT64: _F64}
+
+
+def _decode_fast(cursor: _Cursor, count: int) -> dict[str, MetadataValue] | None:
+    """The entries, read with no per-entry bookkeeping (no field names, no bounds helper):
+    ~1 us an entry instead of ~4.5. Returns None at the first thing that is not plainly
+    valid, and ``_decode_checked`` reads the section again to name the fault; arrays,
+    whose payloads dominate their cost, go through the checked reader in place."""
+    view = cursor.view
+    end = cursor.end
+    pos = cursor.pos
+    u16 = _U16.unpack_from
+    u32 = _U32.unpack_from
+    entries: dict[str, MetadataValue] = {}
+    for index in range(count):
+        if pos + 2 > end:
+            return None
+        (key_length,) = u16(view, pos)
+        stop = pos + 2 + key_length
+        if not key_length or stop >= end:
+            return None
+        try:
+            key = str(view[pos + 2 : stop], "utf-8")
+        except UnicodeDecodeError:
+            return None
+        if key in entries:
+            return None
+        tag = view[stop]
+        pos = stop + 1
+        value: MetadataValue
+        if tag == KV_BOOL:
+            if pos >= end or view[pos] > 1:
+                return None
+            value = view[pos] == 1
+            pos += 1
+        elif tag in _FIXED_SCALAR or tag == KV_UINT64:
+            if pos + 8 > end:
+                return None
+            if tag == KV_UINT64:
+                value = UInt64(_U64.unpack_from(view, pos)[0])
+            else:
+                value = _FIXED_SCALAR[tag].unpack_from(view, pos)[0]
+            pos += 8
+        elif tag in (KV_STRING, KV_BYTES):
+            if pos + 4 > end:
+                return None
+            (length,) = u32(view, pos)
+            if pos + 4 + length > end:
+                return None
+            raw = view[pos + 4 : pos + 4 + length]
+            if tag == KV_BYTES:
+                value = bytes(raw)
+            else:
+                try:
+                    value = str(raw, "utf-8")
+                except UnicodeDecodeError:
+                    return None
+            pos += 4 + length
+        elif tag == KV_ARRAY:
+            cursor.pos = pos
+            value = _array(cursor, f"entries[{index}]({key!r}).value")
+            pos = cursor.pos
+        else:
+            return None
+        entries[key] = value
+    if pos != end:
+        return None
+    return entries
+
+
+def decode_metadata(
+    data: object, *, base_offset: int = 0, max_entries: int | None = None
+) -> dict[str, MetadataValue]:
     """The entries of exactly one KV section (``kv_length`` bytes, no padding), in file order.
 
     ``base_offset`` (the section's ``kv_offset``) is added to every offset an error reports,
-    so a file reader's errors point into the file.
+    so a file reader's errors point into the file. ``max_entries`` (``DecodeLimits.
+    max_metadata_entries`` for the readers that have limits) refuses a larger ``kv_count``
+    with a ``LimitExceededError`` before any entry is read: a decoded entry costs ~150 bytes
+    of Python objects, ~20x a tiny entry's wire size.
     """
     if isinstance(base_offset, bool) or not isinstance(base_offset, int) or base_offset < 0:
         raise ArgumentTypeError(
@@ -542,6 +619,28 @@ def decode_metadata(data: object, *, base_offset: int = 0) -> dict[str, Metadata
         )
     cursor = _Cursor(byte_view(data, "data", allow_copy=True), base_offset)
     count = cursor.u32("kv_count", "kv_count")
+    # (a count the section cannot even hold is a malformed section, said by the reader)
+    fits = count * _MIN_ENTRY_SIZE <= cursor.end - cursor.pos
+    if max_entries is not None and count > max_entries and fits:
+        raise LimitExceededError(
+            "metadata has more entries than the decode limit allows",
+            section=SECTION,
+            field="kv_count",
+            offset=base_offset,
+            expected=f"<= {max_entries} (DecodeLimits.max_metadata_entries)",
+            found=count,
+        )
+    fast = _decode_fast(cursor, count)
+    if fast is not None:
+        return fast
+    cursor.pos = _U32.size
+    return _decode_checked(cursor, count)
+
+
+def _decode_checked(cursor: _Cursor, count: int) -> dict[str, MetadataValue]:
+    """The entries, every read bounds-checked and named: the reader that says what is
+    wrong (``_decode_fast`` hands over to it at the first doubt)."""
+    base_offset = cursor.base
     entries: dict[str, MetadataValue] = {}
     first_index: dict[str, int] = {}
     for index in range(count):

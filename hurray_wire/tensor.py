@@ -14,9 +14,14 @@ import numpy.typing as npt
 
 from hurray_wire._interop import as_numpy
 from hurray_wire.dtypes import ElementType, element_type_of
-from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    IndexBufferError,
+    InvalidTensorError,
+    PaddingError,
+)
 from hurray_wire.fingerprint import fingerprint_from_metadata
-from hurray_wire.kv_scale import check_kv_scale, kv_scale_of, with_kv_scale
+from hurray_wire.kv_scale import check_reserved_metadata, kv_scale_of, with_kv_scale
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model import packing
 from hurray_wire.model._checks import U32_MAX, U64_MAX
@@ -154,7 +159,7 @@ class BlockPagedTensor:
                 strict=True,
             )
         )
-        pool = np.asarray(page_pool)
+        pool = _pool_array(page_pool, element_type)
         etype = element_type_of(element_type if element_type is not None else pool.dtype)
         if pool.ndim != 4:
             raise InvalidTensorError(
@@ -224,7 +229,7 @@ class BlockPagedTensor:
         scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
         meta = with_kv_scale(dict(metadata or {}), kv_scale, layout.kv_role)
         if meta:
-            check_kv_scale(meta, layout.kv_role)
+            check_reserved_metadata(meta, layout.kv_role)
             fingerprint_from_metadata(meta)  # a malformed hurray.engine_fingerprint: refused
             encode_metadata(meta)  # refuse now what could not be encoded later
         return cls._trusted(descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, meta)
@@ -301,8 +306,7 @@ class BlockPagedTensor:
 
     def sequence_pages(self, seq: int) -> Array:
         """Physical page ids of sequence ``seq``, in logical order."""
-        if not 0 <= seq < self.num_seqs:
-            raise InvalidTensorError("sequence out of range", field="seq", found=seq)
+        seq = _seq_index(seq, self.num_seqs)
         return self.block_table[int(self.seq_ptr[seq]) : int(self.seq_ptr[seq + 1])]
 
     def gather_sequence(self, seq: int) -> Array:
@@ -411,6 +415,17 @@ def assemble(
                 field="page_pool",
                 found=f"shape {list(shape)}",
             ) from None
+    else:
+        count = layout.num_pages * layout.page_size * descriptor.shape[1] * descriptor.shape[2]
+        bad = packing.first_padding_bit_byte(pool, etype, count)
+        if bad is not None:
+            raise PaddingError(
+                f"padding bits of the packed {etype.name} page pool must be zero "
+                f"(byte {bad} of the pool)",
+                field="page_pool",
+                offset=bad,
+                found=f"0x{int(pool[bad]):02X}",
+            )
     block_table = buffers[1].view(layout.index_dtype)
     seq_ptr = buffers[2].view(layout.index_dtype)
     check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
@@ -431,10 +446,51 @@ def assemble(
     if seq_lens is not None:
         check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
     if metadata:
-        check_kv_scale(metadata, layout.kv_role)
+        check_reserved_metadata(metadata, layout.kv_role)
     return BlockPagedTensor._trusted(
         descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
     )
+
+
+def _pool_array(page_pool: Any, element_type: ElementType | str | None) -> Array:
+    """``page_pool`` as an array. A list or tuple has no dtype: NumPy would guess one (int64
+    or float64) and the tensor would silently get an element type nobody chose, so nested
+    sequences need ``element_type`` and are then converted to it."""
+    if not isinstance(page_pool, (list, tuple)):
+        return np.asarray(page_pool)
+    if element_type is None:
+        raise ArgumentTypeError(
+            "page_pool given as a nested list/tuple has no element type; pass a NumPy array "
+            "or element_type= (NumPy would otherwise guess int64 or float64)",
+            field="page_pool",
+            found=type(page_pool).__name__,
+            expected="a NumPy array, or element_type=...",
+        )
+    dtype = element_type_of(element_type).numpy_dtype
+    try:
+        return np.asarray(page_pool, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidTensorError(
+            f"page_pool cannot be converted to {dtype} ({exc})",
+            field="page_pool",
+            found=type(page_pool).__name__,
+        ) from None
+
+
+def _seq_index(seq: object, num_seqs: int) -> int:
+    """``seq`` as a sequence index: a Python or NumPy integer, not a bool (``True`` is not
+    sequence 1), in ``0..num_seqs-1``; a str or float would otherwise fail inside a
+    comparison with a foreign ``TypeError`` or index by accident."""
+    if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)):
+        raise ArgumentTypeError(
+            "seq must be an int (bools are refused)", field="seq", found=repr(seq), expected="int"
+        )
+    index = int(seq)
+    if not 0 <= index < num_seqs:
+        raise InvalidTensorError(
+            "sequence out of range", field="seq", found=index, expected=f"0..{num_seqs - 1}"
+        )
+    return index
 
 
 def _bytes_view(array: Array) -> Array:

@@ -411,10 +411,11 @@ def test_concatenated_blobs_without_header_or_end() -> None:
     assert not reader.complete
 
 
-def test_empty_input_is_an_empty_bare_stream() -> None:
+def test_empty_input_is_not_a_stream() -> None:  # decided in issue 11 (docs/streaming.md)
     reader = StreamReader(io.BytesIO(b""))
     assert reader.header is None
-    assert list(reader) == []
+    with pytest.raises(StreamTruncatedError, match="empty input"):
+        list(reader)
 
 
 def test_header_only_stream_with_end_record() -> None:
@@ -712,7 +713,7 @@ def test_truncation_at_every_byte_offset(
         whole = sum(1 for offset, length in blobs if offset + length <= cut)
         assert len(got) == whole, cut
         boundary = cut == 0 or any(offset + length == cut for offset, length in blobs)
-        if cut == 0 or (header is None and boundary):  # empty input: an empty bare stream
+        if cut and header is None and boundary:  # a bare stream cut between blobs
             assert error is None, cut
         else:
             assert isinstance(error, StreamTruncatedError), (cut, error)
@@ -1023,9 +1024,10 @@ def test_mapped_file_index_entries_are_checked_against_descriptors() -> None:
 def test_empty_and_header_only_files(tmp_path: Path) -> None:
     path = tmp_path / "empty.hrws"
     path.write_bytes(b"")
-    assert list(StreamReader(path)) == []
+    with pytest.raises(StreamTruncatedError, match="empty input"):
+        list(StreamReader(path))
     mapped = StreamFile(path)
-    assert len(mapped) == 0 and mapped.error is None
+    assert len(mapped) == 0 and isinstance(mapped.error, StreamTruncatedError)
     path.write_bytes(encode_stream_header(HEADER))
     mapped = StreamFile(path)
     assert isinstance(mapped.error, StreamTruncatedError)

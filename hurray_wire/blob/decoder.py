@@ -44,6 +44,7 @@ from hurray_wire.errors import (
     ChecksumError,
     HurrayWireError,
     IndexBufferError,
+    InvalidMetadataError,
     PaddingError,
 )
 from hurray_wire.integrity import EngineFingerprint, PageStore, require_fingerprint
@@ -175,7 +176,8 @@ def decode(
 ) -> BlockPagedTensor:
     """Validate one blob at the start of ``data`` and return its tensor.
 
-    Uncompressed buffers are NumPy views of ``data`` (read-only when ``data`` is). With
+    Uncompressed buffers are NumPy views of ``data``; every array of the tensor, decompressed
+    ones included, is read-only exactly when ``data`` is (docs/wire-format.md). With
     ``verify=False`` the section checksums and page digests are skipped; everything else
     is still checked. ``threads`` (the caller included; -1 = every usable core, 0 = the
     caller only) decompress the chunks of chunked sections.
@@ -237,7 +239,9 @@ def _decode(
         report=report,
         verify=verify,
     )
-    tensor = _materialize(view, plan, verify, threads, pages, expect_fingerprint)
+    tensor = _materialize(
+        view, plan, verify, threads, limits.max_metadata_entries, pages, expect_fingerprint
+    )
     return pages.finish(tensor)
 
 
@@ -246,6 +250,7 @@ def _materialize(
     plan: _Plan,
     verify: bool,
     threads: int,
+    max_metadata_entries: int,
     pages: PageWork | None = None,
     expect_fingerprint: EngineFingerprint | None = None,
 ) -> BlockPagedTensor:
@@ -272,16 +277,20 @@ def _materialize(
                     found=f"0x{stored_checksum:016x}",
                 )
     whole = np.frombuffer(view, np.uint8, plan.total)
+    readonly = view.readonly
 
     def payload(e: Entry) -> npt.NDArray[np.uint8]:
         if e.codec == CODEC_RAW:
             return whole[e.offset : e.offset + e.stored_size]
-        return _decompress(e, whole[e.offset : e.offset + e.stored_size], threads)
+        decoded = _decompress(e, whole[e.offset : e.offset + e.stored_size], threads)
+        if readonly:  # one rule for every array: read-only exactly when the input is
+            decoded.flags.writeable = False
+        return decoded
 
     buffers = [payload(e) for e in plan.buffers]
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
-    metadata = _metadata(plan, meta)
+    metadata = _metadata(plan, meta, max_metadata_entries)
     require_fingerprint(expect_fingerprint, metadata, section="metadata")
     if pages is not None and (plan.page_digests is not None or plan.page_refs is not None):
         digests, refs = plan.page_digests, plan.page_refs
@@ -323,13 +332,16 @@ def _raw_offset(e: Entry | None) -> int | None:
     return e.offset if e is not None and e.codec == CODEC_RAW else None
 
 
-def _metadata(plan: _Plan, meta_payload: npt.NDArray[np.uint8] | None) -> dict[str, Any]:
-    """The metadata section decoded, its errors placed at blob offsets; the reserved
-    engine fingerprint entry, when present, must be a valid fingerprint record."""
+def _metadata(
+    plan: _Plan, meta_payload: npt.NDArray[np.uint8] | None, max_entries: int
+) -> dict[str, Any]:
+    """The metadata section decoded (at most ``max_entries`` entries), its errors placed at
+    blob offsets; the reserved engine fingerprint entry, when present, must be a valid
+    fingerprint record."""
     if meta_payload is None:
         return {}
     try:
-        metadata = dict(decode_metadata(meta_payload))
+        metadata = dict(decode_metadata(meta_payload, max_entries=max_entries))
         require_fingerprint(None, metadata, section="metadata")
     except HurrayWireError as exc:
         start = _raw_offset(plan.metadata)
@@ -361,5 +373,9 @@ def _assemble(
         start = raw_offset(entry)
         offset = start + width * (exc.position or 0) if start is not None else None
         raise exc.relocated(section=section, offset=offset) from None
-    except HurrayWireError as exc:
-        raise exc.relocated(section="buffer[0]", offset=raw_offset(plan.buffers[0])) from None
+    except InvalidMetadataError as exc:  # a reserved key (kv_scale.check_reserved_metadata)
+        raise exc.relocated(section="metadata") from None
+    except HurrayWireError as exc:  # a pool error: its offset (if any) is within the pool
+        start = raw_offset(plan.buffers[0])
+        offset = None if start is None else start + (exc.offset or 0)
+        raise exc.relocated(section="buffer[0]", offset=offset) from None

@@ -18,6 +18,14 @@ class DecodeLimits:
     max_sections: int = 1024
     max_decompressed_bytes: int = 16 << 30  # sum of raw sizes of compressed sections
     max_metadata_bytes: int = 16 << 20
+    """A blob's metadata section, and a stream header's metadata, in bytes."""
+    max_metadata_entries: int = 65536
+    """Entries of one metadata section (blob or stream header): a decoded entry costs
+    ~150 bytes of Python objects however small it is on the wire, so 16 MiB of 7-byte
+    entries would cost ~360 MiB without this cap (65536 entries: ~10 MiB)."""
+    max_stream_entries: int = 1 << 20
+    """Index entries of a stream's end record (one per blob): 1 M blobs is ~2,000 requests
+    of 256 layers x 2 roles; each entry becomes a ``StreamEntry`` object (~200 bytes)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

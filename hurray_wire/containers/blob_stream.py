@@ -20,7 +20,7 @@ from typing import Any
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, encode_parts
 from hurray_wire.codecs import Compression
-from hurray_wire.containers.io import open_sink, open_source
+from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, open_sink, open_source
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -30,13 +30,18 @@ from hurray_wire.containers.records import (
     add_note,
     check_against_header,
     check_max_blob_bytes,
+    check_record_limit,
     check_record_size,
-    decode_end_record,
+    decode_end_rows,
     decode_stream_header,
     encode_end_record,
     encode_stream_header,
+    max_end_record_bytes,
+    max_stream_header_bytes,
     record_length,
+    rows_match,
 )
+from hurray_wire.containers.stream_file import empty_input_error
 from hurray_wire.errors import (
     ArgumentTypeError,
     ClosedContainerError,
@@ -218,6 +223,16 @@ class StreamReader:
     refuses, with ``IncompatibleFingerprintError`` before the first blob, a stream whose
     header carries a different fingerprint or none (or that has no header), and any blob
     that carries a fingerprint of its own that differs.
+
+    A mapped path is checked (``os.fstat``) before each record, so a file truncated by
+    another process ends the stream with a ``StreamTruncatedError`` instead of SIGBUS;
+    with ``mmap=False`` a path is read record by record instead of mapped.
+
+    ``record_deadline`` (seconds, default 30, None for none) bounds each record read from
+    a socket or file-like, plus 8 MiB/s of its length (``containers.io``): a peer that
+    dribbles bytes is cut with a ``StreamTruncatedError`` naming the record, its cause a
+    ``RecordDeadlineError``. ``limits`` also bound the stream header's metadata and the
+    end record's index, checked before either is read.
     """
 
     def __init__(
@@ -229,6 +244,8 @@ class StreamReader:
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
         page_store: PageStore | None = None,
         expect_fingerprint: EngineFingerprint | None = None,
+        record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
+        mmap: bool = True,
     ) -> None:
         if page_store is not None and not isinstance(page_store, PageStore):
             raise ArgumentTypeError(
@@ -245,7 +262,9 @@ class StreamReader:
         self._store = page_store
         self._expect = expect_fingerprint
         self._max = check_max_blob_bytes(max_blob_bytes)
-        self._source = open_source(source)
+        if type(mmap) is not bool:
+            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        self._source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
         self._verify = verify
         self._limits = limits
         self._position = 0
@@ -316,8 +335,9 @@ class StreamReader:
         if bytes(prefix[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
             total = record_length(prefix, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN)
             check_record_size(total, self._max, "stream header", 0)
+            check_record_limit(total, max_stream_header_bytes(self._limits), "stream header", 0)
             record = self._read_record(prefix, total, "stream header")
-            self._header = decode_stream_header(record)
+            self._header = decode_stream_header(record, limits=self._limits)
             self._position = total
         else:
             self._pending = prefix
@@ -330,6 +350,7 @@ class StreamReader:
 
     def _read_prefix(self) -> memoryview:
         """The next record's 16-byte prefix; empty at a clean end of input."""
+        self._source.begin_record()  # its deadline covers the prefix and the rest
         data, cause = self._source.read(BLOB_PREFIX_SIZE)
         if len(data) == BLOB_PREFIX_SIZE:
             return data
@@ -380,6 +401,8 @@ class StreamReader:
         else:
             prefix = self._read_prefix()
         if not prefix:
+            if self._position == 0 and self._header is None:
+                raise empty_input_error()
             if self._header is not None and self._header.end_record:
                 raise StreamTruncatedError(
                     "stream ended before the end record its header promised",
@@ -438,9 +461,11 @@ class StreamReader:
         """The end record whose prefix was just read: it must agree with the blobs read."""
         total = record_length(prefix, ws.END_MAGIC, "end record", END_RECORD_MIN)
         check_record_size(total, self._max, "end record", self._position)
+        limit = max_end_record_bytes(self._limits)
+        check_record_limit(total, limit, "end record", self._position)
         record = self._read_record(prefix, total, "end record")
-        count, entries = decode_end_record(record)
-        if count != len(self._seen) or (entries is not None and entries != tuple(self._seen)):
+        count, rows = decode_end_rows(record, limits=self._limits)
+        if count != len(self._seen) or (rows is not None and not rows_match(rows, self._seen)):
             raise InvalidStreamError(
                 "the end record disagrees with the blobs read",
                 section="end record",

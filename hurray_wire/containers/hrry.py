@@ -17,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.buffers import align, byte_view
-from hurray_wire.containers.atomic import reading
 from hurray_wire.containers.hrry_records import (
     FileHeader,
     FileTrailer,
@@ -27,6 +26,7 @@ from hurray_wire.containers.hrry_records import (
     parse_kv,
     parse_trailer,
 )
+from hurray_wire.containers.io import MappedFile, map_file
 from hurray_wire.containers.reference_common import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
     METADATA_KEY_PREFIX,
@@ -83,13 +83,21 @@ class HrryFile:
     and nothing else; ``descriptor`` / ``tensor`` check and map only the tensor asked for
     (§ B.8 6), so a file's other tensors are never read. Arrays are read-only views of the
     map; they keep it alive after ``close()``, which unmaps only once no array is left.
+
+    ``tensor`` first checks (``os.fstat``) that the file still holds the tensor's bytes: a
+    file truncated by another process raises ``ContainerTruncatedError`` instead of SIGBUS.
+    Arrays handed out earlier still view the map, which no check can protect
+    (docs/security.md); ``mmap=False`` reads the whole file into memory instead.
     """
+
+    _guard: MappedFile | None = None  # set for a mapped file: checks it did not shrink
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
         max_descriptor_length: int = DEFAULT_MAX_DESCRIPTOR_BYTES,
+        mmap: bool = True,
     ) -> None:
         check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
         if not isinstance(path, (str, os.PathLike)):
@@ -98,11 +106,21 @@ class HrryFile:
                 field="path",
                 found=type(path).__name__,
             )
-        with reading(path), open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            _check_size(size)
-            source: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        self._init(source, size, max_descriptor_length)
+        if type(mmap) is not bool:
+            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        view, guard = map_file(path, use_mmap=mmap)
+        source: Any = view.obj if guard is None else guard.mapping  # bytes, or the map
+        view.release()
+        self._guard = guard
+        try:
+            _check_size(len(source))
+        except BaseException:
+            self._guard = None
+            if guard is not None:
+                guard.close()
+                guard.mapping.close()
+            raise
+        self._init(source, len(source), max_descriptor_length)
 
     @classmethod
     def from_buffer(
@@ -118,6 +136,8 @@ class HrryFile:
 
     def _init(self, source: Any, size: int, max_descriptor_length: int) -> None:
         self._buf: Any = source
+        with memoryview(source) as probe:  # arrays are read-only exactly when the input is
+            self._readonly = probe.readonly
         self._size = size
         self._max_descriptor = max_descriptor_length
         self._descriptors: dict[str, TensorDescriptor] = {}
@@ -285,6 +305,15 @@ class HrryFile:
         self._check_open()
         spans = self.buffer_spans(name)
         descriptor = self.descriptor(name)
+        needed = max((at + size for at, size in spans), default=0)
+        shrank = None if self._guard is None else self._guard.shrunk(needed)
+        if shrank is not None:  # mapping its pages now would be SIGBUS
+            raise ContainerTruncatedError(
+                f"the file no longer holds tensor {name!r}: {shrank}",
+                section=f"tensor {name!r}",
+                offset=self._guard.current_size() if self._guard else None,
+                expected=f"{needed} bytes",
+            ) from shrank
         buffers = [np.frombuffer(self._buf, np.uint8, size, at) for at, size in spans]
         seq_lens = self._seq_lens(name)
         metadata = self._tensor_metadata(name)
@@ -297,8 +326,30 @@ class HrryFile:
             raise container_error(exc, section, self.entry(name).data_offset) from exc
 
     def tensors(self, names: Iterable[str] | None = None) -> dict[str, BlockPagedTensor]:
-        """Several tensors by name (all, in index order, by default)."""
-        return {name: self.tensor(name) for name in (self.names if names is None else names)}
+        """Several tensors by name (all, in index order, by default).
+
+        ``names`` is a collection of str: a single str is refused, since iterating it would
+        look up each of its characters as a tensor name.
+        """
+        if names is None:
+            return {name: self.tensor(name) for name in self.names}
+        if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+            raise ArgumentTypeError(
+                "names must be a sequence of tensor names (wrap a single name in a list)",
+                field="names",
+                expected="a list or tuple of str",
+                found=repr(names),
+            )
+        wanted = list(names)
+        for position, name in enumerate(wanted):
+            if not isinstance(name, str):
+                raise ArgumentTypeError(
+                    "tensor names must be str",
+                    field=f"names[{position}]",
+                    expected="str",
+                    found=repr(name),
+                )
+        return {name: self.tensor(name) for name in wanted}
 
     def _seq_lens(self, name: str) -> Array | None:
         """``hurray.seq_lens.<name>`` as an array (``assemble`` checks it against the tensor)."""
@@ -313,7 +364,9 @@ class HrryFile:
                 field=key,
                 found=type(value).__name__,
             )
-        return np.array([int(v) for v in value], dtype="<u8")
+        lens = np.array([int(v) for v in value], dtype="<u8")
+        lens.flags.writeable = not self._readonly  # the rule of every decoded array
+        return lens
 
     def _tensor_metadata(self, name: str) -> dict[str, Any]:
         key = METADATA_KEY_PREFIX + name
@@ -342,6 +395,8 @@ class HrryFile:
         if self._closed:
             return
         self._closed = True
+        if self._guard is not None:
+            self._guard.close()
         buf = self._buf
         self._buf = None
         if isinstance(buf, mmap.mmap):

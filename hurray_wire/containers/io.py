@@ -22,6 +22,7 @@ import io
 import mmap
 import os
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,10 +34,17 @@ from hurray_wire.containers.atomic import atomic_output, reading
 from hurray_wire.errors import ArgumentTypeError, ClosedContainerError, LimitExceededError
 
 __all__ = [
+    "DEADLINE_MIN_RATE",
+    "DEFAULT_RECORD_DEADLINE",
+    "FileShrankError",
     "IOSource",
+    "MappedFile",
     "MemorySource",
     "Sink",
+    "RecordDeadlineError",
     "Source",
+    "check_record_deadline",
+    "map_file",
     "map_source",
     "open_sink",
     "open_source",
@@ -187,14 +195,75 @@ def _sendmsg_sender(sendmsg: Callable[[list[memoryview]], int]) -> Callable[...,
 
 
 # -- sources ---------------------------------------------------------------------------------
+class FileShrankError(OSError):
+    """A mapped file is now shorter than when it was mapped (another process truncated
+    it): touching its missing pages would kill the process with SIGBUS, so the reader
+    stops before and raises its truncation error with this as the cause."""
+
+
+class MappedFile:
+    """A file mapped read-only whose descriptor stays open, so that each access can first
+    check (``os.fstat``) that no other process truncated it since (docs/security.md,
+    "Decisions and limits": what this can and cannot prevent)."""
+
+    def __init__(self, handle: Any, size: int, mapping: mmap.mmap) -> None:
+        self._handle = handle
+        self.size = size
+        self.mapping = mapping
+
+    def current_size(self) -> int:
+        """The file's size now (its size when mapped once the guard is closed)."""
+        if self._handle is None:
+            return self.size
+        try:
+            return int(os.fstat(self._handle.fileno()).st_size)
+        except (OSError, ValueError):
+            return self.size
+
+    def shrunk(self, needed: int | None = None) -> FileShrankError | None:
+        """A ``FileShrankError`` if the file now ends before ``needed`` (default: its size
+        when mapped), else None; a closed guard checks nothing."""
+        now = self.current_size()
+        if now >= (self.size if needed is None else needed):
+            return None
+        return FileShrankError(
+            f"the file shrank from {self.size} to {now} bytes since it was mapped (truncated "
+            "by another process?): its missing pages cannot be read"
+        )
+
+    def close(self) -> None:
+        """Close the descriptor (the mapping itself is closed by its owner)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
+
+
+def map_file(path: Any, *, use_mmap: bool = True) -> tuple[memoryview, MappedFile | None]:
+    """A read-only view of the file at ``path``: mapped (with a :class:`MappedFile` guard)
+    or, with ``use_mmap=False``, read into memory (no guard needed: a truncation by another
+    process can no longer reach the bytes, at the cost of reading the whole file)."""
+    with reading(path):
+        handle = open(path, "rb")  # noqa: SIM115 - kept open by the guard
+    try:
+        size = os.fstat(handle.fileno()).st_size
+        if not use_mmap or size == 0:
+            with handle:
+                return memoryview(handle.read()), None
+        mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except BaseException:
+        handle.close()
+        raise
+    return memoryview(mapping), MappedFile(handle, size, mapping)
+
+
 def map_source(source: Any, name: str = "source") -> tuple[memoryview, mmap.mmap | None]:
     """A read-only view of a file (mapped, never read) or of a bytes-like object."""
     if isinstance(source, (str, os.PathLike)):
-        with reading(source), open(source, "rb") as handle:
-            if os.fstat(handle.fileno()).st_size == 0:
-                return memoryview(b""), None
-            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        return memoryview(mapping), mapping
+        view, guard = map_file(source)
+        if guard is None:
+            return view, None
+        guard.close()
+        return view, guard.mapping
     return byte_view(source, name), None
 
 
@@ -212,37 +281,90 @@ def will_need(mapping: mmap.mmap | None, start: int, length: int) -> None:
 class MemorySource:
     """Reads are slices of one read-only view (bytes, a mapped file): nothing is copied."""
 
-    def __init__(self, view: memoryview, mapping: mmap.mmap | None = None) -> None:
+    def __init__(
+        self, view: memoryview, mapping: mmap.mmap | None = None, guard: MappedFile | None = None
+    ) -> None:
         self.view = view
         self.mapping = mapping
+        self.guard = guard
         self.offset = 0  # bytes consumed
 
+    def _available(self, stop: int) -> tuple[int, BaseException | None]:
+        """``stop``, or where a mapped file now ends if another process truncated it."""
+        if self.guard is None:
+            return stop, None
+        shrank = self.guard.shrunk(stop)
+        if shrank is None:
+            return stop, None
+        return max(self.offset, min(stop, self.guard.current_size())), shrank
+
+    def begin_record(self) -> None:
+        """Nothing to time: the bytes are all here."""
+
     def read(self, count: int) -> tuple[memoryview, BaseException | None]:
-        """Up to ``count`` bytes (fewer only at the end of input), and no cause."""
-        chunk = self.view[self.offset : self.offset + count]
+        """Up to ``count`` bytes (fewer only at the end of input, or of a mapped file that
+        shrank: then its cause)."""
+        stop, cause = self._available(min(self.offset + count, len(self.view)))
+        chunk = self.view[self.offset : stop]
         self.offset += len(chunk)
-        return chunk, None
+        return chunk, cause
 
     def read_record(self, prefix: memoryview, total: int) -> tuple[Any, int, BaseException | None]:
         """The record whose ``prefix`` was just read, ``total`` bytes long: (view, got, None)."""
         start = self.offset - len(prefix)
-        stop = min(start + total, len(self.view))
+        stop, cause = self._available(min(start + total, len(self.view)))
         will_need(self.mapping, start, stop - start)
         self.offset = stop
-        return self.view[start:stop], stop - start, None
+        return self.view[start:stop], stop - start, cause
 
     def read_array(self, size: int) -> tuple[Array, int, BaseException | None]:
         """Up to ``size`` bytes as a uint8 view of the input, how many, and no cause."""
-        got = max(0, min(size, len(self.view) - self.offset))
+        stop, cause = self._available(min(self.offset + max(0, size), len(self.view)))
+        got = stop - self.offset
         array = np.frombuffer(self.view, np.uint8, got, self.offset)
         self.offset += got
-        return array, got, None
+        return array, got, cause
 
     def close(self) -> None:
         self.view.release()
+        if self.guard is not None:
+            self.guard.close()
         if self.mapping is not None:
             with contextlib.suppress(BufferError):  # tensors still view it: unmapped later
                 self.mapping.close()
+
+
+#: Seconds a stream reader allows for one record from a socket or file-like, plus
+#: ``DEADLINE_MIN_RATE`` per byte of it, unless told otherwise (``record_deadline=``).
+#: The timeout of a socket bounds each ``recv``; a peer that sends a byte a second never
+#: trips it, and this deadline is what cuts such a peer.
+DEFAULT_RECORD_DEADLINE = 30.0
+#: Bytes per second a record must at least arrive at, on top of the deadline: a 4 GiB
+#: blob gets 30 s + 512 s, a slowloris peer at 1 byte/s is cut after 30 s.
+DEADLINE_MIN_RATE = 8 << 20
+_MAX_DEADLINE = 1e9  # seconds: beyond, socket timeouts overflow (use None for no deadline)
+
+
+def check_record_deadline(value: object) -> float | None:
+    """``record_deadline``: None (no deadline) or a positive number of seconds."""
+    if value is None:
+        return None
+    seconds = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):  # an int beyond float: refused below
+            seconds = float(value)
+    if seconds is None or not 0 < seconds < _MAX_DEADLINE:  # NaN fails too
+        raise ArgumentTypeError(
+            "record_deadline must be a positive, finite number of seconds (< 1e9) or None",
+            field="record_deadline",
+            found=repr(value),
+        )
+    return seconds
+
+
+class RecordDeadlineError(TimeoutError):
+    """The cause handed back when a record's deadline passed (a ``TimeoutError``); the
+    container raises its truncation error naming the record, with this as ``__cause__``."""
 
 
 class IOSource:
@@ -250,29 +372,82 @@ class IOSource:
 
     The one place a broken connection is caught: an ``OSError`` (reset, timeout) or a
     ``ValueError`` (a file closed under the reader) ends the read, and is returned as the
-    cause for the container's truncation error.
+    cause for the container's truncation error. So is a passed record deadline
+    (``RecordDeadlineError``): ``begin_record`` starts one; every read until the next
+    ``begin_record`` belongs to that record. A socket's own timeout is lowered to the time
+    left before each ``recv`` (and restored), so a silent peer is cut too; a file-like
+    that blocks in ``read`` is only checked between reads.
     """
 
-    def __init__(self, read_into: Callable[[memoryview], int | None]) -> None:
+    def __init__(
+        self,
+        read_into: Callable[[memoryview], int | None],
+        *,
+        deadline: float | None = None,
+        sock: Any = None,
+        owned: Any = None,
+    ) -> None:
         self._read_into = read_into
+        self._owned = owned  # a file this source opened, closed by close()
         self.offset = 0  # bytes consumed
+        self._deadline = deadline
+        self._sock = sock
+        self._record_start: float | None = None
+        self._record_bytes = 0
+
+    def begin_record(self) -> None:
+        """Start the deadline of the next record (its prefix is about to be read)."""
+        self._record_start = time.monotonic()
+        self._record_bytes = 0
+
+    def _deadline_at(self, size: int) -> float | None:
+        if self._deadline is None:
+            return None
+        if self._record_start is None:  # a caller without records: each read is one
+            self.begin_record()
+        assert self._record_start is not None
+        self._record_bytes += size
+        return self._record_start + self._deadline + self._record_bytes / DEADLINE_MIN_RATE
 
     def fill(self, view: memoryview) -> tuple[int, BaseException | None]:
-        """Read into ``view`` until it is full, the input ends or the connection breaks."""
+        """Read into ``view`` until it is full, the input ends, the connection breaks or
+        the record's deadline passes."""
+        deadline_at = self._deadline_at(len(view))
+        sock = self._sock if deadline_at is not None else None
+        original = sock.gettimeout() if sock is not None else None
         got = 0
-        while got < len(view):
-            try:
-                count = self._read_into(view[got:])
-            except (OSError, ValueError) as exc:  # reset, timeout, closed file: a cut
-                self.offset += got
-                return got, exc
-            if count is None:
-                raise ArgumentTypeError(
-                    "non-blocking sources are not supported (no data ready)", field="source"
-                )
-            if count == 0:
-                break
-            got += count
+        try:
+            while got < len(view):
+                if deadline_at is not None:
+                    left = deadline_at - time.monotonic()
+                    if left <= 0:
+                        self.offset += got
+                        return got, RecordDeadlineError(
+                            f"record deadline passed: {got} of {len(view)} bytes arrived "
+                            f"(record_deadline={self._deadline} s + "
+                            f"{DEADLINE_MIN_RATE} bytes/s)"
+                        )
+                    if sock is not None:
+                        sock.settimeout(left if original is None else min(original, left))
+                try:
+                    count = self._read_into(view[got:])
+                except (OSError, ValueError) as exc:  # reset, timeout, closed file: a cut
+                    ours = deadline_at is not None and time.monotonic() >= deadline_at
+                    if isinstance(exc, TimeoutError) and ours:
+                        continue  # the deadline, not the socket's timeout: said above
+                    self.offset += got
+                    return got, exc
+                if count is None:
+                    raise ArgumentTypeError(
+                        "non-blocking sources are not supported (no data ready)", field="source"
+                    )
+                if count == 0:
+                    break
+                got += count
+        finally:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.settimeout(original)
         self.offset += got
         return got, None
 
@@ -310,7 +485,9 @@ class IOSource:
         return out, filled, cause
 
     def close(self) -> None:
-        pass
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            owned.close()
 
 
 Source = MemorySource | IOSource
@@ -336,11 +513,29 @@ def _chunked_read(read: Callable[[int], Any]) -> Callable[[memoryview], int | No
     return read_into
 
 
-def open_source(source: Any, *, allow_path: bool = True) -> Source:
-    """A :class:`Source` for a path (mapped, if allowed), a bytes-like, a socket or a file."""
+def open_source(
+    source: Any,
+    *,
+    allow_path: bool = True,
+    record_deadline: object = DEFAULT_RECORD_DEADLINE,
+    use_mmap: bool = True,
+) -> Source:
+    """A :class:`Source` for a path (mapped, if allowed), a bytes-like, a socket or a file.
+
+    ``record_deadline`` (seconds, or None) bounds each record read from a socket or
+    file-like (see ``IOSource``); mapped and in-memory inputs need none. A path is mapped
+    (each read first checks the file did not shrink) or, with ``use_mmap=False``, read
+    record by record like a file-like.
+    """
+    deadline = check_record_deadline(record_deadline)
     if isinstance(source, (str, os.PathLike)):
+        if allow_path and not use_mmap:  # read as a stream: no mapping to be cut under us
+            with reading(source):
+                handle = open(source, "rb")  # noqa: SIM115 - closed by IOSource.close
+            return IOSource(handle.readinto, deadline=deadline, owned=handle)
         if allow_path:
-            return MemorySource(*map_source(source))
+            view, guard = map_file(source)
+            return MemorySource(view, None if guard is None else guard.mapping, guard)
         raise ArgumentTypeError(
             "source must be bytes-like or a binary file-like object / socket",
             field="source",
@@ -353,13 +548,16 @@ def open_source(source: Any, *, allow_path: bool = True) -> Source:
     recv_into = getattr(source, "recv_into", None)
     if callable(recv_into):
         flags = getattr(socket, "MSG_WAITALL", 0)
-        return IOSource(lambda view: recv_into(view, len(view), flags))
+        timed = source if callable(getattr(source, "settimeout", None)) else None
+        return IOSource(
+            lambda view: recv_into(view, len(view), flags), deadline=deadline, sock=timed
+        )
     readinto = getattr(source, "readinto", None)
     if callable(readinto):
-        return IOSource(readinto)
+        return IOSource(readinto, deadline=deadline)
     read = getattr(source, "read", None)
     if callable(read):
-        return IOSource(_chunked_read(read))
+        return IOSource(_chunked_read(read), deadline=deadline)
     try:
         return MemorySource(byte_view(source, "source"))
     except ArgumentTypeError:

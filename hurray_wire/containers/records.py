@@ -7,14 +7,18 @@ in ``hurray_wire.wire.stream`` (``offset_of``), never restated here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE
+from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
 from hurray_wire.buffers import align, byte_view, check_zero
 from hurray_wire.dtypes import ElementType, element_type_from_tag, element_type_of
 from hurray_wire.errors import (
@@ -45,13 +49,21 @@ __all__ = [
     "StreamHeader",
     "add_note",
     "check_against_header",
+    "check_end_record_entries",
+    "check_header_metadata_length",
     "check_max_blob_bytes",
+    "check_record_limit",
     "check_record_size",
     "decode_end_record",
+    "decode_end_rows",
+    "entries_of",
     "decode_stream_header",
     "encode_end_record",
     "encode_stream_header",
+    "max_end_record_bytes",
+    "max_stream_header_bytes",
     "record_length",
+    "rows_match",
 ]
 
 DEFAULT_MAX_BLOB_BYTES = 4 << 30  # largest record a reader accepts unless told otherwise
@@ -71,6 +83,64 @@ _AT_ENTRY_ROLE = offset_of(ws.END_ENTRY, "kv_role")
 _AT_FOOTER_TOTAL = offset_of(ws.END_FOOTER, "total_length")
 _ROLES_KNOWN = sum(ws.ROLE_BITS.values())
 _ROLE_BY_CODE = {code: name for name, code in KV_ROLES.items()}
+_ROLE_CODES = np.array(sorted(_ROLE_BY_CODE), np.uint8)
+# One index entry as a NumPy record, from the wire struct (offsets and sizes derived).
+_ENTRY_DTYPE = np.dtype(
+    {
+        "names": list(_ENTRY.names),  # offset, length, layer_index, kv_role, _reserved
+        "formats": ["<u8", "<u8", "<u4", "u1", ("u1", (_ENTRY.sizes["_reserved"],))],
+        "offsets": [offset_of(ws.END_ENTRY, n) for n in _ENTRY.names],
+        "itemsize": _ENTRY.size,
+    }
+)
+# The largest stream header a metadata limit admits: fixed part, longest model name (u16
+# length), the metadata, checksum and alignment. A reader checks a header's total_length
+# against it before reading the record.
+_MAX_NAME = 0xFFFF
+
+
+def max_stream_header_bytes(limits: DecodeLimits | None) -> int:
+    """The longest stream header record ``limits`` can accept (its metadata at the limit)."""
+    limits = check_limits_argument(limits)
+    body = _SHEADER.size + _MAX_NAME + limits.max_metadata_bytes + _CHECKSUM.size
+    return align(body, ws.RECORD_ALIGNMENT)
+
+
+def check_header_metadata_length(meta_length: int, limits: DecodeLimits) -> None:
+    """A stream header's ``metadata_length`` against ``limits.max_metadata_bytes``."""
+    if meta_length > limits.max_metadata_bytes:
+        raise LimitExceededError(
+            "stream header metadata larger than the decode limit allows",
+            section="stream header",
+            field="metadata_length",
+            offset=_AT_SHEADER["metadata_length"],
+            expected=f"<= {limits.max_metadata_bytes} (DecodeLimits.max_metadata_bytes)",
+            found=meta_length,
+        )
+
+
+def max_end_record_bytes(limits: DecodeLimits | None) -> int:
+    """The longest end record ``limits`` can accept (its index at the limit)."""
+    limits = check_limits_argument(limits)
+    body = _END.size + _ENTRY.size * limits.max_stream_entries + _FOOTER.size
+    return align(body, ws.RECORD_ALIGNMENT)
+
+
+def check_end_record_entries(view: memoryview, limits: DecodeLimits) -> None:
+    """An end record's ``entry_count`` (read from its fixed part, which must be there)
+    against ``limits.max_stream_entries``, before the record is checked or decoded."""
+    if len(view) < _AT_END["entry_count"] + 4:
+        return  # too short: the record's own checks say so
+    (count,) = struct.unpack_from("<I", view, _AT_END["entry_count"])
+    if count > limits.max_stream_entries:
+        raise LimitExceededError(
+            "end record index has more entries than the decode limit allows",
+            section="end record",
+            field="entry_count",
+            offset=_AT_END["entry_count"],
+            expected=f"<= {limits.max_stream_entries} (DecodeLimits.max_stream_entries)",
+            found=count,
+        )
 
 
 @dataclass(frozen=True)
@@ -264,9 +334,14 @@ def _check_checksum(view: memoryview, start: int, stored: int, what: str) -> Non
         )
 
 
-def decode_stream_header(data: Any) -> StreamHeader:
-    """Validate the stream header at the start of ``data`` (what follows it is ignored)."""
+def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> StreamHeader:
+    """Validate the stream header at the start of ``data`` (what follows it is ignored).
+
+    ``limits.max_metadata_bytes`` and ``max_metadata_entries`` bound its metadata, checked
+    before the record's checksum is computed or an entry decoded.
+    """
     what = "stream header"
+    limits = check_limits_argument(limits)
     view = byte_view(data)
     total = record_length(view, ws.STREAM_MAGIC, what, STREAM_HEADER_MIN)
     _whole_record(view, total, what)
@@ -274,6 +349,7 @@ def decode_stream_header(data: Any) -> StreamHeader:
     (_, _, minor, flags, _, layers, roles, tag, name_length, meta_length, reserved) = (
         _SHEADER.struct.unpack_from(view, 0)
     )
+    check_header_metadata_length(meta_length, limits)
     at_checksum = total - _CHECKSUM.size
     _check_checksum(view, at_checksum, _CHECKSUM.struct.unpack_from(view, at_checksum)[0], what)
     _check_sheader_fields(flags, reserved, roles)
@@ -298,7 +374,13 @@ def decode_stream_header(data: Any) -> StreamHeader:
     meta_start = _SHEADER.size + name_length
     metadata: dict[str, Any] = {}
     if meta_length:
-        metadata = dict(decode_metadata(view[meta_start:body], base_offset=meta_start))
+        metadata = dict(
+            decode_metadata(
+                view[meta_start:body],
+                base_offset=meta_start,
+                max_entries=limits.max_metadata_entries,
+            )
+        )
         try:
             fingerprint_from_metadata(metadata)  # the reserved entry must be a valid record
         except HurrayWireError as exc:
@@ -373,10 +455,58 @@ def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> byt
     return head + _FOOTER.pack(checksum=xxhash.xxh3_64_intdigest(head), total_length=total)
 
 
-def decode_end_record(data: Any) -> tuple[int, tuple[StreamEntry, ...] | None]:
-    """(blob_count, index entries or None) of the end record at the start of ``data``."""
+def decode_end_record(
+    data: Any, *, limits: DecodeLimits | None = None
+) -> tuple[int, tuple[StreamEntry, ...] | None]:
+    """(blob_count, index entries or None) of the end record at the start of ``data``.
+
+    ``limits.max_stream_entries`` bounds the index, checked before anything else is read;
+    the entries are checked as one structured NumPy array (the dtype from the wire struct),
+    and become ``StreamEntry`` objects only once every check has passed.
+    """
+    blob_count, rows = decode_end_rows(data, limits=limits)
+    return blob_count, None if rows is None else entries_of(rows)
+
+
+def entries_of(rows: npt.NDArray[Any]) -> tuple[StreamEntry, ...]:
+    """The ``StreamEntry`` objects of checked index rows (~1-2 us each: call it last)."""
+    layers = [None if v == LAYER_NONE else v for v in rows["layer_index"].tolist()]
+    roles = [_ROLE_BY_CODE[v] for v in rows["kv_role"].tolist()]
+    return tuple(map(StreamEntry, rows["offset"].tolist(), rows["length"].tolist(), layers, roles))
+
+
+def rows_match(rows: npt.NDArray[Any], entries: Sequence[StreamEntry]) -> bool:
+    """Index rows equal to ``entries`` (the blobs a reader met), compared as arrays."""
+    if len(rows) != len(entries):
+        return False
+    if not len(rows):
+        return True
+    offsets = np.fromiter((e.offset for e in entries), np.uint64, len(entries))
+    lengths = np.fromiter((e.length for e in entries), np.uint64, len(entries))
+    layers = np.fromiter(
+        (LAYER_NONE if e.layer_index is None else e.layer_index for e in entries),
+        np.uint64,
+        len(entries),
+    )
+    roles = np.fromiter((KV_ROLES[e.kv_role] for e in entries), np.uint8, len(entries))
+    return bool(
+        np.array_equal(rows["offset"], offsets)
+        and np.array_equal(rows["length"], lengths)
+        and np.array_equal(rows["layer_index"].astype(np.uint64), layers)
+        and np.array_equal(rows["kv_role"], roles)
+    )
+
+
+def decode_end_rows(
+    data: Any, *, limits: DecodeLimits | None = None
+) -> tuple[int, npt.NDArray[Any] | None]:
+    """``decode_end_record`` without the objects: (blob_count, the checked index as a
+    structured array viewing ``data``, or None). What the readers use, so that an index
+    that disagrees with the stream is refused without building an object per entry."""
     what = "end record"
+    limits = check_limits_argument(limits)
     view = byte_view(data)
+    check_end_record_entries(view, limits)
     total = record_length(view, ws.END_MAGIC, what, END_RECORD_MIN)
     _whole_record(view, total, what)
     view = view[:total]
@@ -424,22 +554,18 @@ def decode_end_record(data: Any) -> tuple[int, tuple[StreamEntry, ...] | None]:
         )
     if minor == 0:
         check_zero(view, body, total - _FOOTER.size, error=InvalidStreamError, section=what)
-    entries = []
-    for number, row in enumerate(_ENTRY.struct.iter_unpack(view[_END.size : body])):
-        offset, length, layer, role, pad = row
-        at = _END.size + _ENTRY.size * number
-        if role not in _ROLE_BY_CODE or pad != _ENTRY.consts[-1][1]:
-            raise InvalidStreamError(
-                "bad kv_role or reserved bytes in an index entry",
-                section=what,
-                field=f"entries[{number}]",
-                offset=at + _AT_ENTRY_ROLE,
-                found=role,
-            )
-        entries.append(
-            StreamEntry(offset, length, None if layer == LAYER_NONE else layer, _ROLE_BY_CODE[role])
+    rows = np.frombuffer(view, _ENTRY_DTYPE, count, _END.size)
+    bad = ~np.isin(rows["kv_role"], _ROLE_CODES) | rows["_reserved"].any(axis=1)
+    if bad.any():
+        number = int(np.argmax(bad))
+        raise InvalidStreamError(
+            "bad kv_role or reserved bytes in an index entry",
+            section=what,
+            field=f"entries[{number}]",
+            offset=_END.size + _ENTRY.size * number + _AT_ENTRY_ROLE,
+            found=int(rows["kv_role"][number]),
         )
-    return blob_count, (tuple(entries) if count or not blob_count else None)
+    return blob_count, (rows if count or not blob_count else None)
 
 
 def check_against_header(header: StreamHeader | None, tensor: BlockPagedTensor, at: str) -> None:
@@ -482,6 +608,21 @@ def check_max_blob_bytes(max_blob_bytes: int) -> int:
             f"max_blob_bytes must be at least {STREAM_HEADER_MIN}", found=max_blob_bytes
         )
     return max_blob_bytes
+
+
+def check_record_limit(total: int, limit: int, what: str, offset: int) -> None:
+    """A header or end record longer than the decode limits admit, refused before it is
+    read (``max_stream_header_bytes`` / ``max_end_record_bytes``)."""
+    if total > limit:
+        raise LimitExceededError(
+            f"{what} longer than the decode limits admit (DecodeLimits.max_metadata_bytes / "
+            "max_stream_entries)",
+            section=what,
+            field="total_length",
+            offset=offset,
+            expected=f"<= {limit}",
+            found=total,
+        )
 
 
 def check_record_size(total: int, limit: int, what: str, offset: int) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import construct as c
 
-from hurray_wire.containers.io import Source, open_sink, open_source
+from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, Source, open_sink, open_source
 from hurray_wire.containers.reference_common import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
     MIN_DESCRIPTOR_LENGTH,
@@ -72,6 +72,7 @@ def read_stream(
     max_descriptor_length: int = DEFAULT_MAX_DESCRIPTOR_BYTES,
     max_buffer_size: int | None = None,
     cross_machine: bool = False,
+    record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
 ) -> Iterator[BlockPagedTensor]:
     """Iterate over the records of a reference stream, one validated tensor each.
 
@@ -82,11 +83,13 @@ def read_stream(
     Each record's descriptor, buffer sizes and index buffers are checked like the blob
     decoder checks them. Records carry no ``seq_lens`` / ``metadata``: tensors come back
     without them. ``max_buffer_size`` (default: no limit, as the reference) caps each buffer.
+    ``record_deadline`` (seconds, default 30, None for none) bounds each record read from a
+    socket or file-like, plus 8 MiB/s of its length (``containers.io``).
     """
     check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
     if max_buffer_size is not None:
         check_limit("max_buffer_size", max_buffer_size, 0)
-    src = open_source(source, allow_path=False)
+    src = open_source(source, allow_path=False, record_deadline=record_deadline)
     return _records(src, max_descriptor_length, max_buffer_size, cross_machine)
 
 
@@ -97,6 +100,7 @@ def _records(
     number = 0
     while True:
         start = src.offset
+        src.begin_record()
         prefix, cause = src.read(_PREFIX_LEN)
         if not len(prefix) and cause is None:
             return  # clean end of stream, at a record boundary

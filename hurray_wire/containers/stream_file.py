@@ -8,12 +8,16 @@ only when asked for. docs/streaming.md § 5.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, peek_descriptor
-from hurray_wire.containers.io import map_source, will_need
+from hurray_wire.containers.io import MappedFile, map_file, map_source, will_need
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -24,11 +28,14 @@ from hurray_wire.containers.records import (
     check_against_header,
     check_max_blob_bytes,
     check_record_size,
-    decode_end_record,
+    decode_end_rows,
     decode_stream_header,
+    entries_of,
     record_length,
+    rows_match,
 )
 from hurray_wire.errors import (
+    ArgumentTypeError,
     BlobTruncatedError,
     ClosedContainerError,
     HurrayWireError,
@@ -40,14 +47,24 @@ from hurray_wire.errors import (
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws
+from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
 from hurray_wire.wire.fast import derive
 
-__all__ = ["StreamFile"]
+__all__ = ["StreamFile", "empty_input_error"]
 
 _FOOTER = derive(ws.END_FOOTER)
 _FOOTER_TOTAL = _FOOTER.names.index("total_length")
 _MAGIC_SIZE = len(wb.BLOB_MAGIC)
 _MAGICS = (wb.BLOB_MAGIC, ws.STREAM_MAGIC, ws.END_MAGIC)
+
+
+def empty_input_error() -> StreamTruncatedError:
+    """No bytes at all is no stream: every stream holds at least one record (its header,
+    or, written with ``header=None``, a blob or the end record), so an empty input is a
+    stream cut at offset 0 (docs/streaming.md § 5). Shared by both readers, so they agree."""
+    return StreamTruncatedError(
+        "empty input: a stream holds at least one record", section="stream", offset=0
+    )
 
 
 def _not_a_record(head: bytes, pos: int) -> HurrayWireError:
@@ -75,6 +92,11 @@ class StreamFile:
     touches page data. A tensor is decoded, and its checksums verified, only when asked
     for, as a read-only zero-copy view of the mapping. A damaged tail does not hide the
     blobs before it: they are in ``entries`` and ``error`` says what stopped the walk.
+
+    A mapped file is checked (``os.fstat``) before each ``read``: a file another process
+    truncated raises a ``StreamTruncatedError`` instead of killing the process with
+    SIGBUS. Tensors already read still view the mapping, which no check can protect
+    (docs/security.md); ``mmap=False`` reads the file into memory instead.
     """
 
     def __init__(
@@ -84,11 +106,19 @@ class StreamFile:
         verify: bool = True,
         limits: DecodeLimits | None = None,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+        mmap: bool = True,
     ) -> None:
         self._max = check_max_blob_bytes(max_blob_bytes)
         self._verify = verify
         self._limits = limits if limits is not None else DecodeLimits()
-        self._view, self._mapping = map_source(source)
+        if type(mmap) is not bool:
+            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        self._guard: MappedFile | None = None
+        if isinstance(source, (str, os.PathLike)):
+            self._view, self._guard = map_file(source, use_mmap=mmap)
+            self._mapping = None if self._guard is None else self._guard.mapping
+        else:
+            self._view, self._mapping = map_source(source)
         self._closed = False
         self._header: StreamHeader | None = None
         start = 0
@@ -98,15 +128,20 @@ class StreamFile:
                     self._view, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN
                 )
                 check_record_size(start, self._max, "stream header", 0)
-                self._header = decode_stream_header(self._view)
+                self._header = decode_stream_header(self._view, limits=self._limits)
         except BaseException:
             self.close()
             raise
         self._error: HurrayWireError | None = None
-        indexed = self._index_from_end(start)
-        self._complete = indexed is not None
-        self._entries = indexed if indexed is not None else self._walk(start)
-        self._by_key = {(e.layer_index, e.kv_role): e for e in self._entries}
+        # The end record's index stays a checked structured array until entries are asked
+        # for: opening a stream of a million blobs builds no object per blob, and tensor()
+        # finds its blob in the array.
+        self._rows = self._index_from_end(start)
+        self._complete = self._rows is not None
+        self._entries: tuple[StreamEntry, ...] | None = None
+        if self._rows is None:
+            self._entries = self._walk(start)
+        self._keyed: dict[tuple[int | None, str], StreamEntry] | None = None
 
     @property
     def header(self) -> StreamHeader | None:
@@ -115,7 +150,16 @@ class StreamFile:
     @property
     def entries(self) -> tuple[StreamEntry, ...]:
         """Every blob found, in stream order (the last one wins for a repeated key)."""
+        if self._entries is None:
+            assert self._rows is not None
+            self._entries = entries_of(self._rows)
         return self._entries
+
+    @property
+    def _by_key(self) -> dict[tuple[int | None, str], StreamEntry]:
+        if self._keyed is None:
+            self._keyed = {(e.layer_index, e.kv_role): e for e in self.entries}
+        return self._keyed
 
     @property
     def complete(self) -> bool:
@@ -134,10 +178,14 @@ class StreamFile:
         return self._view
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return (
+            len(self._rows)
+            if self._entries is None and self._rows is not None
+            else len(self.entries)
+        )
 
     def __iter__(self) -> Iterator[BlockPagedTensor]:
-        for entry in self._entries:
+        for entry in self.entries:
             yield self.read(entry)
         if self._error is not None:
             raise self._error
@@ -148,7 +196,15 @@ class StreamFile:
 
     def tensor(self, layer_index: int | None, kv_role: str = "key") -> BlockPagedTensor:
         """The blob for ``{kv_role, layer_index}``, decoded now (and only it)."""
-        entry = self._by_key.get((layer_index, kv_role))
+        if layer_index is not None and (
+            isinstance(layer_index, bool) or not isinstance(layer_index, int)
+        ):
+            raise ArgumentTypeError(
+                "layer_index must be an int or None", field="layer_index", found=repr(layer_index)
+            )
+        if not isinstance(kv_role, str):
+            raise ArgumentTypeError("kv_role must be a str", field="kv_role", found=repr(kv_role))
+        entry = self._find(layer_index, kv_role)
         if entry is None:
             if self._error is not None:  # it may be in the part that could not be read
                 raise self._error
@@ -159,10 +215,32 @@ class StreamFile:
             )
         return self.read(entry)
 
+    def _find(self, layer_index: int | None, kv_role: str) -> StreamEntry | None:
+        """The last blob of that key: from the dict once built, else from the index rows."""
+        if self._keyed is not None or self._rows is None:
+            return self._by_key.get((layer_index, kv_role))
+        layer = LAYER_NONE if layer_index is None else layer_index
+        role = KV_ROLES.get(kv_role)
+        if role is None or not 0 <= layer <= LAYER_NONE:
+            return None
+        rows = self._rows
+        hits = np.flatnonzero((rows["layer_index"] == layer) & (rows["kv_role"] == role))
+        if not hits.size:
+            return None
+        return entries_of(rows[hits[-1:]])[0]
+
     def read(self, entry: StreamEntry) -> BlockPagedTensor:
         """Decode the blob at ``entry`` and check it is what the index says."""
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
+        shrank = None if self._guard is None else self._guard.shrunk(entry.offset + entry.length)
+        if shrank is not None:  # reading the blob's pages now would be SIGBUS
+            raise StreamTruncatedError(
+                f"the file no longer holds the {what}: {shrank}",
+                section=what,
+                offset=self._guard.current_size() if self._guard else None,
+                expected=entry.offset + entry.length,
+            ) from shrank
         will_need(self._mapping, entry.offset, entry.length)
         view = self._view[entry.offset : entry.offset + entry.length]
         try:
@@ -184,8 +262,8 @@ class StreamFile:
         check_against_header(self._header, tensor, what)
         return tensor
 
-    def _index_from_end(self, start: int) -> tuple[StreamEntry, ...] | None:
-        """The end record's index if the stream ends with a valid, consistent one."""
+    def _index_from_end(self, start: int) -> npt.NDArray[Any] | None:
+        """The end record's index rows if the stream ends with a valid, consistent one."""
         view = self._view
         size = len(view)
         if size - start < END_RECORD_MIN:
@@ -199,21 +277,33 @@ class StreamFile:
         if bytes(view[end : end + _MAGIC_SIZE]) != ws.END_MAGIC:
             return None
         try:
-            _count, entries = decode_end_record(view[end:])
+            _count, rows = decode_end_rows(view[end:], limits=self._limits)
         except HurrayWireError:
             return None  # the walk will meet this record and report what is wrong
-        if entries is None:
+        if rows is None:
             return None
-        cursor = start
-        for e in entries:
-            if (
-                e.offset != cursor
-                or e.length % ws.RECORD_ALIGNMENT
-                or not wb.BLOB_ALIGNMENT <= e.length <= self._max
-            ):
+        # the index must tile [start, end) with blobs of aligned, bounded lengths: checked
+        # as arrays, so a bogus index costs no object per entry
+        offsets = rows["offset"].astype(np.uint64)
+        lengths = rows["length"].astype(np.uint64)
+        if len(rows):
+            expected = np.empty(len(rows), np.uint64)
+            expected[0] = start
+            np.cumsum(lengths[:-1], out=expected[1:])
+            expected[1:] += np.uint64(start)
+            lengths_ok = (
+                (lengths % ws.RECORD_ALIGNMENT == 0)
+                & (lengths >= wb.BLOB_ALIGNMENT)
+                & (lengths <= self._max)
+            )
+            if not (np.array_equal(offsets, expected) and lengths_ok.all()):
                 return None
-            cursor += e.length
-        return entries if cursor == end else None
+            if int(offsets[-1]) + int(lengths[-1]) != end:
+                return None
+        elif start != end:
+            return None
+        kept: npt.NDArray[Any] = rows.copy()  # a copy: later use never touches the mapping
+        return kept
 
     def _walk(self, start: int) -> tuple[StreamEntry, ...]:
         """Frame every record from its prefix; read only blob headers and descriptors.
@@ -225,6 +315,8 @@ class StreamFile:
         entries: list[StreamEntry] = []
         pos = start
         try:
+            if not len(view):
+                raise empty_input_error()
             while pos < len(view):
                 head = bytes(view[pos : pos + _MAGIC_SIZE])
                 if head == ws.END_MAGIC:
@@ -250,8 +342,8 @@ class StreamFile:
         view = self._view
         total = record_length(view[pos:], ws.END_MAGIC, "end record", END_RECORD_MIN)
         check_record_size(total, self._max, "end record", pos)
-        count, index = decode_end_record(view[pos:])
-        if count != len(entries) or (index is not None and index != tuple(entries)):
+        count, rows = decode_end_rows(view[pos:], limits=self._limits)
+        if count != len(entries) or (rows is not None and not rows_match(rows, entries)):
             raise InvalidStreamError(
                 "the end record disagrees with the blobs found",
                 section="end record",
@@ -302,6 +394,8 @@ class StreamFile:
         """Drop the mapping (it stays mapped while tensors view it); idempotent."""
         self._closed = True
         self._view.release()
+        if self._guard is not None:
+            self._guard.close()
         if self._mapping is not None:
             with contextlib.suppress(BufferError):
                 self._mapping.close()

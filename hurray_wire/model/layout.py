@@ -174,6 +174,7 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
     """An integer array of any dtype whose values all fit the index type."""
     try:
         array = np.asarray(value)
+        inferred_float = array.dtype.kind == "f"
         if array.dtype.kind == "f" and not isinstance(value, np.ndarray):
             # NumPy infers float64 for lists mixing small ints with ints >= 2**63
             array = np.asarray(value, dtype=object)
@@ -184,7 +185,17 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
     if array.size == 0:
         return np.zeros(0, np.uint64)
     if array.dtype.kind == "O":
-        for position, item in enumerate(array.tolist()):
+        items = array.tolist()
+        floats = [p for p, item in enumerate(items) if isinstance(item, float)]
+        if floats:  # a dtype problem, not a range one: say so
+            raise IndexBufferError(
+                "must hold integers",
+                position=floats[0],
+                field=name,
+                found="float64" if inferred_float else f"float at position {floats[0]}",
+                expected="integers",
+            )
+        for position, item in enumerate(items):
             if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= index_max:
                 raise IndexBufferError(
                     f"value at position {position} does not fit the index type",
@@ -195,7 +206,7 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
                 )
         return np.asarray(array.tolist(), np.uint64)
     if array.dtype.kind not in "iu":
-        raise IndexBufferError("must hold integers", field=name, found=f"dtype {array.dtype}")
+        raise IndexBufferError("must hold integers", field=name, found=str(array.dtype))
     low = int(array.min())
     high = int(array.max())
     if low < 0 or high > index_max:

@@ -15,7 +15,7 @@ import numpy.typing as npt
 from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import InvalidTensorError
 
-__all__ = ["pack", "unpack"]
+__all__ = ["first_padding_bit_byte", "pack", "unpack"]
 
 
 def _codes(values: npt.NDArray[Any], bits: int) -> npt.NDArray[np.uint8]:
@@ -81,3 +81,37 @@ def unpack(data: npt.NDArray[np.uint8], element_type: ElementType, count: int) -
     mask = np.uint8((1 << bits) - 1)
     codes8 = np.stack([(raw >> np.uint8(j * bits)) & mask for j in range(per_byte)], axis=1)
     return np.ascontiguousarray(codes8.ravel()[:count]).view(element_type.numpy_dtype)
+
+
+def first_padding_bit_byte(
+    data: npt.NDArray[np.uint8], element_type: ElementType, count: int
+) -> int | None:
+    """The index of the first byte of ``data`` holding a set padding bit, or None.
+
+    ``count`` elements fill ``byte_size(count)`` bytes; the bits after the last element
+    (only in the last byte, or the last 3-byte group of a 6-bit type) and any bytes beyond
+    must be zero (descriptor.md § 4), so two encoders of one tensor agree byte for byte and
+    no bits hide in a pool. Costs O(1) plus a vectorised scan of any bytes beyond.
+    """
+    used = element_type.byte_size(count)
+    if data.size > used:
+        beyond = data[used:]
+        if beyond.any():
+            return used + int(np.argmax(beyond != 0))
+    bits = element_type.bit_width
+    if bits == 6:
+        group = data[max(0, used - 3) : used]
+        if count % 4 == 0 or group.size < 3:
+            return None
+        word = int(group[0]) | int(group[1]) << 8 | int(group[2]) << 16
+        padding = word >> (6 * (count % 4)) << (6 * (count % 4))  # the bits after the last
+        if not padding:
+            return None
+        lowest = (padding & -padding).bit_length() - 1
+        return used - 3 + lowest // 8
+    per_byte = 8 // bits
+    if count % per_byte == 0 or used == 0:
+        return None
+    if int(data[used - 1]) >> (bits * (count % per_byte)):
+        return used - 1
+    return None
