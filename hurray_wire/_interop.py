@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from hurray_wire.errors import ArgumentTypeError
 
-__all__ = ["is_torch", "as_numpy", "torch_to_numpy", "numpy_to_torch"]
+__all__ = ["as_numpy", "is_torch", "numpy_to_torch", "torch_to_numpy"]
 
 # torch dtype name -> the same-width integer type both DLPacks carry; the NumPy dtype is the
 # ml_dtypes type of the same name (imported with the first torch tensor, not before).

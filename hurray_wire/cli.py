@@ -55,7 +55,7 @@ from hurray_wire.model.descriptor_codec import decode_descriptor, decode_header
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.blob import BLOB_MAGIC
 
-__all__ = ["EXIT_CODES", "main", "build_parser", "identify"]
+__all__ = ["EXIT_CODES", "build_parser", "identify", "main"]
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_FILE, EXIT_INTERNAL = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130

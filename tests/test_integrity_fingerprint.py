@@ -259,7 +259,8 @@ _extra = st.one_of(
 def test_round_trip_property(
     strings: list[str], block: int, tp: tuple[int, int], extras: dict[str, Any]
 ) -> None:
-    f = EngineFingerprint(*strings, block, tp[1], tp[0], extras)
+    model_id, engine, version, layout, dtype = strings
+    f = EngineFingerprint(model_id, engine, version, layout, dtype, block, tp[1], tp[0], extras)
     data = encode_fingerprint(f)
     back = decode_fingerprint(data)
     assert back == f and encode_fingerprint(back) == data

@@ -98,7 +98,7 @@ class _ListStore(PageStore):
         return self.pages.get(digest)
 
     def put(self, digest: int, page_bytes: object) -> None:
-        self.pages[digest] = memoryview(bytearray(page_bytes))  # type: ignore[arg-type]
+        self.pages[digest] = memoryview(bytearray(page_bytes))  # type: ignore[call-overload]
 
     def __contains__(self, digest: object) -> bool:
         return digest in self.pages

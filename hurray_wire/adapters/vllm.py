@@ -34,7 +34,7 @@ from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import check_int
 
-__all__ = ["from_vllm", "to_vllm", "COMBINED_FORMS"]
+__all__ = ["COMBINED_FORMS", "from_vllm", "to_vllm"]
 
 COMBINED_FORMS = ("2NBHD", "N2BHD", "packed")
 _LAYOUTS = ("NHD", "HND")

@@ -17,7 +17,7 @@ import numpy as np
 
 from hurray_wire.buffers import U8Array
 
-__all__ = ["OutputPool", "OUTPUT_POOL"]
+__all__ = ["OUTPUT_POOL", "OutputPool"]
 
 _MIN_POOLED = 1 << 20  # below this, page faults are not worth a pool
 _ROUND = 2 << 20  # capacities in multiples of a huge page

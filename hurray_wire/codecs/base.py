@@ -21,7 +21,7 @@ from hurray_wire.errors import LimitExceededError
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
 
-__all__ = ["Codec", "bytes_view", "output", "scratch", "local"]
+__all__ = ["Codec", "bytes_view", "local", "output", "scratch"]
 
 #: Per-thread state of the codec modules: zstd contexts and a scratch buffer.
 local = threading.local()

@@ -28,12 +28,12 @@ if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
 
 __all__ = [
-    "CODEC_CHUNKED",
-    "CHUNKED_WIDTHS",
-    "CHUNK_SIZE_MIN",
-    "CHUNK_SIZE_MAX",
-    "Chunked",
     "CHUNKED",
+    "CHUNKED_WIDTHS",
+    "CHUNK_SIZE_MAX",
+    "CHUNK_SIZE_MIN",
+    "CODEC_CHUNKED",
+    "Chunked",
     "is_chunk_size",
 ]
 

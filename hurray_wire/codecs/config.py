@@ -18,7 +18,7 @@ from hurray_wire.codecs import registry
 from hurray_wire.codecs.chunked import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN, CODEC_CHUNKED, is_chunk_size
 from hurray_wire.errors import ArgumentTypeError, CodecConfigError
 
-__all__ = ["Compression", "DEFAULT_COMPRESSION", "parse_spec", "check_threads", "int_arg"]
+__all__ = ["DEFAULT_COMPRESSION", "Compression", "check_threads", "int_arg", "parse_spec"]
 
 _MIN_LEVEL = 1
 _MAX_LEVEL: int = zstandard.MAX_COMPRESSION_LEVEL

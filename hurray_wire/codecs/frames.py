@@ -17,7 +17,7 @@ from hurray_wire.codecs import byteshuffle
 from hurray_wire.codecs.base import bytes_view, local, scratch
 from hurray_wire.errors import DecompressionError, LimitExceededError
 
-__all__ = ["FrameHeader", "frame_header", "decode_frame"]
+__all__ = ["FrameHeader", "decode_frame", "frame_header"]
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # zstd allocates a window only when a frame does not declare its content size; such a

@@ -13,7 +13,7 @@ from hurray_wire.errors import DecompressionError
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
 
-__all__ = ["CODEC_RAW", "Raw", "RAW"]
+__all__ = ["CODEC_RAW", "RAW", "Raw"]
 
 CODEC_RAW = 0
 

@@ -16,15 +16,15 @@ from hurray_wire.errors import CodecConfigError, DecompressionError
 
 __all__ = [
     "BY_ID",
-    "register",
-    "get",
-    "find",
     "by_name",
-    "find_name",
-    "name_or_id",
-    "ids",
-    "names",
     "compressing",
+    "find",
+    "find_name",
+    "get",
+    "ids",
+    "name_or_id",
+    "names",
+    "register",
 ]
 
 #: Every registered codec by id (read-only for callers: use :func:`register`). The blob

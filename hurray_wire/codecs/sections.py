@@ -29,15 +29,15 @@ from hurray_wire.errors import (
 
 __all__ = [
     "Buffer",
-    "valid_codec_param",
     "checksum",
-    "shuffle_bytes",
-    "unshuffle_bytes",
     "compress",
     "compress_parts",
+    "decode_section",
     "decompress",
     "decompress_into",
-    "decode_section",
+    "shuffle_bytes",
+    "unshuffle_bytes",
+    "valid_codec_param",
 ]
 
 Buffer = Union[bytes, bytearray, memoryview, "np.ndarray[Any, Any]"]

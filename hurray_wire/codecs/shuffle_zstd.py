@@ -18,7 +18,7 @@ from hurray_wire.codecs.zstd import ZSTD
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
 
-__all__ = ["CODEC_SHUFFLE_ZSTD", "SHUFFLE_WIDTHS", "ShuffleZstd", "SHUFFLE_ZSTD"]
+__all__ = ["CODEC_SHUFFLE_ZSTD", "SHUFFLE_WIDTHS", "SHUFFLE_ZSTD", "ShuffleZstd"]
 
 CODEC_SHUFFLE_ZSTD = 2
 #: Element widths the shuffle codec may name in its codec parameter. Writers shuffle

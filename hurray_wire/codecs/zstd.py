@@ -12,7 +12,7 @@ from hurray_wire.codecs.frames import decode_frame, frame_header
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
 
-__all__ = ["CODEC_ZSTD", "Zstd", "ZSTD"]
+__all__ = ["CODEC_ZSTD", "ZSTD", "Zstd"]
 
 CODEC_ZSTD = 1
 

@@ -14,7 +14,7 @@ from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import Array, rebuild
 
-__all__ = ["compact", "prefix_sharing", "first_reference_order"]
+__all__ = ["compact", "first_reference_order", "prefix_sharing"]
 
 
 def first_reference_order(block_table: Array) -> tuple[Array, Array]:

@@ -20,7 +20,7 @@ from hurray_wire.model.quantization import PerChannelAffine
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import check_int, rebuild
 
-__all__ = ["split_heads", "merge_heads", "head_ranges"]
+__all__ = ["head_ranges", "merge_heads", "split_heads"]
 
 
 def head_ranges(num_heads: int, n: int) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ from hurray_wire.transforms._common import (
     token_slots,
 )
 
-__all__ = ["sequence", "sequences", "select"]
+__all__ = ["select", "sequence", "sequences"]
 
 
 def _values(tensor: BlockPagedTensor, slots: Array, dequantize: bool) -> Array:

@@ -71,8 +71,8 @@ if not os.environ.get("NIXL_LOG_LEVEL"):
 
 __all__ = [
     "DEFAULT_DEADLINE",
-    "NixlSender",
     "NixlReceiver",
+    "NixlSender",
 ]
 
 #: Most digests a sender accepts in one known-pages record from its peer (8 bytes each).

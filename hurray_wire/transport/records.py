@@ -21,13 +21,13 @@ from hurray_wire.wire import transfer as w
 from hurray_wire.wire.fast import derive
 
 __all__ = [
-    "MAX_SEGMENTS",
     "MAX_REASON_BYTES",
+    "MAX_SEGMENTS",
     "ROLE_CODES",
     "Segment",
     "TransferRecord",
-    "encode_record",
     "decode_record",
+    "encode_record",
 ]
 
 MAX_SEGMENTS = 256  # far above what one blob needs (header, pool, index arrays, padding)

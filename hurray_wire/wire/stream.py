@@ -13,20 +13,20 @@ from __future__ import annotations
 import construct as c
 
 __all__ = [
-    "STREAM_MAGIC",
-    "END_MAGIC",
-    "RECORD_PREFIX",
-    "STREAM_HEADER",
-    "END_RECORD",
+    "ELEMENT_TYPE_UNKNOWN",
     "END_ENTRY",
     "END_FOOTER",
-    "RECORD_CHECKSUM",
-    "STREAM_FLAG_END_RECORD",
-    "STREAM_FLAGS_KNOWN",
-    "ROLE_BITS",
+    "END_MAGIC",
+    "END_RECORD",
     "NUM_LAYERS_UNKNOWN",
-    "ELEMENT_TYPE_UNKNOWN",
     "RECORD_ALIGNMENT",
+    "RECORD_CHECKSUM",
+    "RECORD_PREFIX",
+    "ROLE_BITS",
+    "STREAM_FLAGS_KNOWN",
+    "STREAM_FLAG_END_RECORD",
+    "STREAM_HEADER",
+    "STREAM_MAGIC",
 ]
 
 STREAM_MAGIC = b"HRWS"  # the stream header; a blob is "HRWB"

@@ -14,21 +14,21 @@ from __future__ import annotations
 import construct as c
 
 __all__ = [
+    "FLAG_READY",
+    "FLAG_WRITE",
+    "KIND_ABORT",
+    "KIND_DONE",
+    "KIND_GRANT",
+    "KIND_OFFER",
+    "KIND_READY",
+    "LAYER_NONE",
+    "RECORD_CHECKSUM",
+    "RECORD_FLAGS_KNOWN",
+    "RECORD_KINDS",
+    "ROLE_NONE",
     "TRANSFER_MAGIC",
     "TRANSFER_RECORD",
     "TRANSFER_SEGMENT",
-    "RECORD_CHECKSUM",
-    "KIND_OFFER",
-    "KIND_READY",
-    "KIND_GRANT",
-    "KIND_DONE",
-    "KIND_ABORT",
-    "RECORD_KINDS",
-    "FLAG_WRITE",
-    "FLAG_READY",
-    "RECORD_FLAGS_KNOWN",
-    "ROLE_NONE",
-    "LAYER_NONE",
 ]
 
 TRANSFER_MAGIC = b"HRWT"
