@@ -6,13 +6,14 @@ from __future__ import annotations
 import io
 import socket
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import hurray_wire as hw
 from hurray_wire import errors as hwe
-from hurray_wire.containers import StreamHeader, StreamReader, StreamWriter
+from hurray_wire.containers import StreamFile, StreamHeader, StreamReader, StreamWriter
 from hurray_wire.containers.records import decode_stream_header, encode_stream_header
 from hurray_wire.integrity import (
     EngineFingerprint,
@@ -139,3 +140,48 @@ def test_reader_argument_types() -> None:
         StreamReader(b"", page_store=object())  # type: ignore[arg-type]
     with pytest.raises(hwe.ArgumentTypeError, match="expect_fingerprint"):
         StreamReader(b"", expect_fingerprint=object())  # type: ignore[arg-type]
+
+
+def _file(tmp_path: Path, data: bytes) -> Path:
+    path = tmp_path / "cache.hrws"
+    path.write_bytes(data)
+    return path
+
+
+def test_stream_file_refuses_a_mismatching_or_missing_fingerprint(tmp_path: Path) -> None:
+    good = _file(tmp_path, stream_bytes(StreamHeader(fingerprint=FP), [layer(0), layer(1)]))
+    with StreamFile(good, expect_fingerprint=FP) as f:
+        assert len(list(f)) == 2
+    with pytest.raises(hwe.IncompatibleFingerprintError) as info:
+        StreamFile(good, expect_fingerprint=OTHER)
+    assert set(info.value.differences) == {"engine_version", "cache_dtype"}
+    bare = _file(tmp_path, stream_bytes(StreamHeader(), [layer(0)]))
+    with pytest.raises(hwe.IncompatibleFingerprintError, match="no engine fingerprint"):
+        StreamFile(bare, expect_fingerprint=FP)
+    t = layer(0)
+    odd = hw.BlockPagedTensor.from_arrays(
+        t.page_pool, t.block_table, t.seq_ptr, metadata=fingerprint_to_metadata(OTHER),
+        layer_index=1,
+    )  # fmt: skip
+    mixed = _file(tmp_path, stream_bytes(StreamHeader(fingerprint=FP), [t, odd]))
+    with StreamFile(mixed, expect_fingerprint=FP) as f:
+        assert f.tensor(0).layer_index == 0
+        with pytest.raises(hwe.IncompatibleFingerprintError):
+            f.tensor(1)
+
+
+def test_stream_file_fills_delta_blobs_from_the_store(tmp_path: Path) -> None:
+    t = layer(0)
+    sink = io.BytesIO()
+    with StreamWriter(sink) as writer:
+        writer.write(t, known_pages=np.sort(page_digests(t)[[0, 1]]))
+    path = _file(tmp_path, sink.getvalue())
+    with StreamFile(path) as f, pytest.raises(hwe.PageStoreMissError, match="page_store"):
+        list(f)
+    store = MemoryPageStore(1 << 20)
+    store_pages(store, t)
+    with StreamFile(path, page_store=store) as f:
+        (back,) = list(f)
+        assert np.array_equal(back.page_pool, t.page_pool)
+    with pytest.raises(hwe.ArgumentTypeError, match="page_store"):
+        StreamFile(path, page_store=object())  # type: ignore[arg-type]

@@ -29,6 +29,9 @@ from hurray_wire.containers.records import (
     StreamHeader,
     add_note,
     check_against_header,
+    check_blob_fingerprint,
+    check_header_fingerprint,
+    check_integrity_arguments,
     check_max_blob_bytes,
     check_record_limit,
     check_record_size,
@@ -53,9 +56,6 @@ from hurray_wire.errors import (
 from hurray_wire.integrity import (
     EngineFingerprint,
     PageStore,
-    check_compatible,
-    fingerprint_from_metadata,
-    require_fingerprint,
 )
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb
@@ -247,18 +247,7 @@ class StreamReader:
         record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
         mmap: bool = True,
     ) -> None:
-        if page_store is not None and not isinstance(page_store, PageStore):
-            raise ArgumentTypeError(
-                "page_store must be a PageStore or None",
-                field="page_store",
-                found=type(page_store).__name__,
-            )
-        if expect_fingerprint is not None and not isinstance(expect_fingerprint, EngineFingerprint):
-            raise ArgumentTypeError(
-                "expect_fingerprint must be an EngineFingerprint or None",
-                field="expect_fingerprint",
-                found=type(expect_fingerprint).__name__,
-            )
+        check_integrity_arguments(page_store, expect_fingerprint)
         self._store = page_store
         self._expect = expect_fingerprint
         self._max = check_max_blob_bytes(max_blob_bytes)
@@ -341,12 +330,7 @@ class StreamReader:
             self._position = total
         else:
             self._pending = prefix
-        if self._expect is not None:  # refused before any blob is read
-            carried = None if self._header is None else self._header.fingerprint
-            if carried is None:
-                require_fingerprint(self._expect, {}, section="stream header")
-            else:
-                check_compatible(self._expect, carried)
+        check_header_fingerprint(self._expect, self._header)  # before any blob is read
 
     def _read_prefix(self) -> memoryview:
         """The next record's 16-byte prefix; empty at a clean end of input."""
@@ -445,10 +429,7 @@ class StreamReader:
             tensor = decode(
                 record, verify=self._verify, limits=self._limits, page_store=self._store
             )
-            if self._expect is not None:
-                own = fingerprint_from_metadata(tensor.metadata)
-                if own is not None:
-                    check_compatible(self._expect, own)
+            check_blob_fingerprint(self._expect, tensor)
         except HurrayWireError as exc:
             add_note(exc, f"in {what} at stream offset {self._position}")
             raise

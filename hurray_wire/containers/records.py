@@ -31,8 +31,11 @@ from hurray_wire.errors import (
 from hurray_wire.integrity import (
     FINGERPRINT_METADATA_KEY,
     EngineFingerprint,
+    PageStore,
+    check_compatible,
     fingerprint_from_metadata,
     fingerprint_to_metadata,
+    require_fingerprint,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.model.layout import KV_ROLE_NAMES
@@ -566,6 +569,42 @@ def decode_end_rows(
             found=int(rows["kv_role"][number]),
         )
     return blob_count, (rows if count or not blob_count else None)
+
+
+def check_integrity_arguments(page_store: object, expect_fingerprint: object) -> None:
+    """A stream reader's ``page_store`` and ``expect_fingerprint`` are of their types."""
+    if page_store is not None and not isinstance(page_store, PageStore):
+        raise ArgumentTypeError(
+            "page_store must be a PageStore or None",
+            field="page_store",
+            found=type(page_store).__name__,
+        )
+    if expect_fingerprint is not None and not isinstance(expect_fingerprint, EngineFingerprint):
+        raise ArgumentTypeError(
+            "expect_fingerprint must be an EngineFingerprint or None",
+            field="expect_fingerprint",
+            found=type(expect_fingerprint).__name__,
+        )
+
+
+def check_header_fingerprint(expect: EngineFingerprint | None, header: StreamHeader | None) -> None:
+    """Refuse, before any blob, a stream whose header does not carry the expected engine
+    fingerprint (a stream without a header carries none)."""
+    if expect is None:
+        return
+    carried = None if header is None else header.fingerprint
+    if carried is None:
+        require_fingerprint(expect, {}, section="stream header")
+    else:
+        check_compatible(expect, carried)
+
+
+def check_blob_fingerprint(expect: EngineFingerprint | None, tensor: BlockPagedTensor) -> None:
+    """A blob that carries a fingerprint of its own must carry the expected one too."""
+    if expect is not None:
+        own = fingerprint_from_metadata(tensor.metadata)
+        if own is not None:
+            check_compatible(expect, own)
 
 
 def check_against_header(header: StreamHeader | None, tensor: BlockPagedTensor, at: str) -> None:

@@ -26,6 +26,9 @@ from hurray_wire.containers.records import (
     StreamHeader,
     add_note,
     check_against_header,
+    check_blob_fingerprint,
+    check_header_fingerprint,
+    check_integrity_arguments,
     check_max_blob_bytes,
     check_record_size,
     decode_end_rows,
@@ -44,6 +47,7 @@ from hurray_wire.errors import (
     StreamBlobTruncatedError,
     StreamTruncatedError,
 )
+from hurray_wire.integrity import EngineFingerprint, PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws
@@ -97,6 +101,10 @@ class StreamFile:
     truncated raises a ``StreamTruncatedError`` instead of killing the process with
     SIGBUS. Tensors already read still view the mapping, which no check can protect
     (docs/security.md); ``mmap=False`` reads the file into memory instead.
+
+    ``page_store`` fills the pages of delta blobs and ``expect_fingerprint`` refuses a
+    stream whose header (or a blob) carries another engine fingerprint, as for
+    ``StreamReader`` (docs/integrity.md).
     """
 
     def __init__(
@@ -107,7 +115,12 @@ class StreamFile:
         limits: DecodeLimits | None = None,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
         mmap: bool = True,
+        page_store: PageStore | None = None,
+        expect_fingerprint: EngineFingerprint | None = None,
     ) -> None:
+        check_integrity_arguments(page_store, expect_fingerprint)
+        self._store = page_store
+        self._expect = expect_fingerprint
         self._max = check_max_blob_bytes(max_blob_bytes)
         self._verify = verify
         self._limits = limits if limits is not None else DecodeLimits()
@@ -129,6 +142,7 @@ class StreamFile:
                 )
                 check_record_size(start, self._max, "stream header", 0)
                 self._header = decode_stream_header(self._view, limits=self._limits)
+            check_header_fingerprint(self._expect, self._header)
         except BaseException:
             self.close()
             raise
@@ -248,7 +262,8 @@ class StreamFile:
                 raise InvalidStreamError(
                     "blob total_length differs from the index", section=what, found=entry.length
                 )
-            tensor = decode(view, verify=self._verify, limits=self._limits)
+            tensor = decode(view, verify=self._verify, limits=self._limits, page_store=self._store)
+            check_blob_fingerprint(self._expect, tensor)
         except HurrayWireError as exc:
             add_note(exc, f"in the {what}")
             raise
