@@ -1,0 +1,360 @@
+"""NixlReceiver: blobs pulled or written into its region, decoded in place (docs/nixl.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from hurray_wire.blob import DecodeLimits, blob_length, decode
+from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError, TransportError
+from hurray_wire.integrity import (
+    EngineFingerprint,
+    PageStore,
+    encode_known_pages,
+)
+from hurray_wire.transport.nixl_endpoint import (
+    _CHECKSUM_TYPE_AT,
+    _ENTRY,
+    _HEADER,
+    _U8,
+    DEFAULT_DEADLINE,
+    T,
+    _bytes_of,
+    _call,
+    _deadline,
+    _Endpoint,
+    _named,
+    _origin,
+    _pieces,
+    _pool_section,
+)
+from hurray_wire.transport.records import (
+    ROLE_CODES,
+    Segment,
+    TransferRecord,
+)
+from hurray_wire.wire import blob as wb
+
+__all__ = ["NixlReceiver"]
+
+
+@dataclass
+class _Incoming:
+    """One offered blob on the receiver: where it lands and what is still in flight."""
+
+    offer: TransferRecord
+    landing: int  # arena offset of the bytes that do not land in an engine array
+    pool: _U8 | None  # the engine's page pool array (flat bytes), when it lands there
+    segments: tuple[Segment, ...] = ()
+    xfers: list[Any] = field(default_factory=list)
+    head_posted: bool = False
+    engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
+    landed: bool = False
+
+
+class NixlReceiver(_Endpoint):
+    """The side that takes the KV cache: READs offered blobs or is written (WRITE) into its
+    landing region (``arena_bytes``, registered here) or, for a page pool the caller named
+    with ``expect``, straight into the engine's own array, then decodes each one validated
+    and zero-copy as soon as it has landed, while later ones are still in flight.
+
+    Tensors decoded from the landing region are views of it and stay valid until the next
+    ``receive`` call, which reuses the region (so the blobs of one call must fit in it);
+    page pools that landed in engine arrays are the engine's arrays.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        ucx_error_handling_mode: str = "peer",
+        arena_bytes: int = 256 << 20,
+        progress_thread: bool = False,
+        verify: bool = True,
+        limits: DecodeLimits | None = None,
+        page_store: PageStore | None = None,
+        expect_fingerprint: EngineFingerprint | None = None,
+    ) -> None:
+        if page_store is not None and not isinstance(page_store, PageStore):
+            raise ArgumentTypeError("page_store must be a PageStore or None", field="page_store",
+                                    found=type(page_store).__name__)  # fmt: skip
+        if expect_fingerprint is not None and not isinstance(expect_fingerprint, EngineFingerprint):
+            raise ArgumentTypeError("expect_fingerprint must be an EngineFingerprint or None",
+                                    field="expect_fingerprint",
+                                    found=type(expect_fingerprint).__name__)  # fmt: skip
+        super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
+                         arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
+        self.verify = verify
+        self.limits = limits
+        self.page_store = page_store
+        self.expect_fingerprint = expect_fingerprint
+        self.session: int | None = None
+        self._pools: dict[tuple[int, str], _U8] = {}
+        self._in: dict[tuple[int, str], _Incoming] = {}
+        # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
+        # of the GIL), while this thread keeps the later transfers moving.
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl-decode")
+        self._decoding: list[tuple[_Incoming, Future[Any]]] = []
+
+    def send_known_pages(self, digests: Any) -> None:
+        """Tell the sender which pages this side's store holds (the known-pages record of
+        docs/integrity.md § 5.1, sent as one notification, before the sender publishes):
+        it then sends those pages as references, filled from ``page_store`` on decode."""
+        record = encode_known_pages(digests)
+        _call("send_notif", self._agent.send_notif, self._peer_name(), record)
+
+    def expect(self, layer: int, role: str, page_pool: npt.NDArray[Any]) -> None:
+        """Land the page pool of blob {layer, role} in ``page_pool`` (registered memory of
+        exactly the pool's size): the decoded tensor's page_pool then shares its memory."""
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 0xFFFFFFFF:
+            raise ArgumentTypeError("layer must be an int in [0, 2**32 - 1)", found=repr(layer))
+        if role not in ROLE_CODES:
+            raise ArgumentTypeError("unknown kv_role", field="role", found=repr(role),
+                                    expected=sorted(ROLE_CODES))  # fmt: skip
+        flat = _bytes_of(page_pool, "page_pool")
+        if not self._registered(int(flat.ctypes.data), flat.nbytes):
+            raise TransportError("page_pool is not in registered memory", layer=layer,
+                                 role=role)  # fmt: skip
+        self._pools[(layer, role)] = flat
+
+    def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
+        """Yield ``count`` tensors in the order they land (each decoded and validated).
+
+        Raises TransportError naming the layer and role on a corrupted blob (its checksum),
+        a peer that lies (lengths, layer, role), an abort by the peer, a failed transfer,
+        or when ``deadline`` seconds pass before all ``count`` have come.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ArgumentTypeError("count must be an int >= 0", found=repr(count))
+        until = _deadline(deadline)
+        self._peer_name()
+        if not self._in and not self._decoding:
+            self._arena.top = 0
+            self._arena.live = 0
+        yielded = 0
+        idle = 0
+        while yielded < count:
+            try:  # first post the transfers of new offers, so they move while we decode
+                moved = self._step()
+            except TransportError as exc:
+                self._abort_peer(self.session or 0, str(exc), exc.layer, exc.role)
+                raise
+            for key in [k for k, item in self._in.items() if item.landed]:
+                item = self._in.pop(key)
+                if self.verify and self._has_checksums(item):  # hashed on the decoder thread
+                    future = self._decoder.submit(self._decode, item)
+                else:  # a few microseconds: no thread hand-off
+                    future = Future()
+                    try:
+                        future.set_result(self._decode(item))
+                    except HurrayWireError as exc:
+                        future.set_exception(exc)
+                self._decoding.append((item, future))
+            if self._decoding and self._decoding[0][1].done():
+                item, future = self._decoding.pop(0)
+                tensor = self._guarded(item, future.result)
+                yielded += 1
+                idle = 0
+                yield tensor
+                continue
+            idle = 0 if moved else idle + 1
+            if time.monotonic() > until and yielded < count:
+                pending = [k for k, item in self._in.items() if not item.landed]
+                layer, role = pending[0] if pending else (None, None)
+                self._abort_peer(self.session or 0, "receiver deadline passed", layer, role)
+                raise TransportError(
+                    f"deadline passed: {yielded} of {count} blobs received, "
+                    f"{len(pending)} in flight",
+                    layer=layer,
+                    role=role,
+                )
+            busy = any(item.xfers for item in self._in.values())
+            time.sleep(0 if idle < 64 or busy else 0.0002)  # transfers move while we poll
+
+    def _guarded(self, item: _Incoming, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn``; any error names the blob and is sent to the peer as an abort."""
+        layer, role = item.offer.layer, item.offer.role
+        try:
+            return fn(*args)
+        except HurrayWireError as exc:
+            self._abort_peer(self.session or 0, str(exc), layer, role)
+            raise _named(exc, layer, role) from _origin(exc)
+
+    def _step(self) -> bool:
+        moved = False
+        for record in self._records():
+            moved = True
+            self._on_record(record)
+        for item in self._in.values():
+            if item.landed or item.offer.write or not item.head_posted:
+                continue
+            if all(self._guarded(item, self._state, x) == "DONE" for x in item.xfers):
+                for x in item.xfers:
+                    x.release()
+                item.xfers.clear()
+                item.landed = moved = True
+                r = item.offer
+                self._send(TransferRecord("done", r.session, r.layer, r.role))
+        return moved
+
+    def _on_record(self, r: TransferRecord) -> None:
+        if self.session is None and r.kind == "offer":
+            self.session = r.session
+        if r.session != self.session:
+            raise TransportError("record of another session", found=f"0x{r.session:016x}")
+        if r.kind == "abort":
+            raise TransportError(f"the sender aborted: {r.reason}", layer=r.layer, role=r.role)
+        assert r.layer is not None and r.role is not None  # records.py: all but abort name both
+        key = (r.layer, r.role)
+        item = self._in.get(key)
+        if r.kind == "offer" and item is None:
+            item = self._in[key] = self._land(r)
+            self._guarded(item, self._start, item)
+        elif r.kind == "ready" and item is not None and not item.offer.write:
+            if item.head_posted:
+                raise TransportError("ready record twice", layer=r.layer, role=r.role)
+            local, remote = _pieces(item.segments, item.offer.segments, 0, _head_end(item))
+            item.xfers.append(self._guarded(item, self._post, "READ", local, remote))
+            item.head_posted = True
+        elif r.kind == "done" and item is not None and item.offer.write and not item.landed:
+            item.landed = True
+        else:
+            raise TransportError(f"unexpected {r.kind} record", layer=r.layer, role=r.role)
+
+    def _land(self, r: TransferRecord) -> _Incoming:
+        """Choose where each byte of an offered blob lands (our segments)."""
+        assert r.layer is not None and r.role is not None
+        limit = len(self._arena.buf)
+        pool = self._pools.pop((r.layer, r.role), None)
+        if pool is not None and r.pool_length and pool.nbytes != r.pool_length:
+            raise TransportError("offered page pool size differs from the engine's array",
+                                 layer=r.layer, role=r.role, expected=pool.nbytes,
+                                 found=r.pool_length)  # fmt: skip
+        split = pool is not None and r.pool_length > 0
+        own = r.total_length - r.pool_length if split else r.total_length
+        start = self._arena.take(own)
+        if start is None:
+            raise TransportError("blob does not fit the receiver's landing region",
+                                 layer=r.layer, role=r.role,
+                                 expected=f"<= {limit - self._arena.top}",
+                                 found=own)  # fmt: skip
+        base = int(self._arena.buf.ctypes.data) + start
+        if split:
+            assert pool is not None
+            end = r.pool_offset + r.pool_length
+            segments = [Segment(0, r.pool_offset, base),
+                        Segment(r.pool_offset, r.pool_length, int(pool.ctypes.data))]  # fmt: skip
+            if end < r.total_length:
+                segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
+        else:
+            segments = [Segment(0, r.total_length, base)]
+        return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool)
+
+    def _start(self, item: _Incoming) -> None:
+        r = item.offer
+        if r.write:
+            self._send(TransferRecord("grant", r.session, r.layer, r.role,
+                                      total_length=r.total_length, pool_offset=r.pool_offset,
+                                      pool_length=r.pool_length,
+                                      segments=item.segments))  # fmt: skip
+            return
+        if r.ready:  # the whole blob is final: one READ
+            local, remote = _pieces(item.segments, r.segments, 0, r.total_length)
+            item.xfers.append(self._post("READ", local, remote))
+            item.head_posted = True
+            return
+        head_end = _head_end(item)
+        if head_end < r.total_length:
+            local, remote = _pieces(item.segments, r.segments, head_end, r.total_length)
+            item.xfers.append(self._post("READ", local, remote))
+
+    def _has_checksums(self, item: _Incoming) -> bool:
+        """Whether the landed blob's header says its sections carry checksums."""
+        head = self._arena.buf[item.landing : item.landing + _HEADER]
+        return len(head) == _HEADER and int(head[_CHECKSUM_TYPE_AT]) == wb.CHECKSUM_XXH3_64
+
+    def close(self) -> None:
+        self._decoder.shutdown(wait=True)
+        super().close()
+
+    def _decode(self, item: _Incoming) -> Any:
+        """Validate the landed blob and return its tensor (zero-copy)."""
+        r = item.offer
+        land = self._arena.buf[item.landing :]
+        if blob_length(land) != r.total_length:
+            raise TransportError("the offer's total_length is not the blob's", layer=r.layer,
+                                 role=r.role, expected=blob_length(land),
+                                 found=r.total_length)  # fmt: skip
+        if item.pool is None:
+            tensor = decode(land[: r.total_length], verify=self.verify, limits=self.limits,
+                            page_store=self.page_store,
+                            expect_fingerprint=self.expect_fingerprint)  # fmt: skip
+            if item.engine is not None:  # a compressed pool: decompressed, then copied in
+                pool = tensor.page_pool
+                if pool.nbytes != item.engine.nbytes:
+                    raise TransportError("page pool size differs from the engine's array",
+                                         layer=r.layer, role=r.role,
+                                         expected=item.engine.nbytes,
+                                         found=pool.nbytes)  # fmt: skip
+                item.engine[...] = pool.reshape(-1).view(np.uint8)
+                tensor.page_pool = item.engine.view(pool.dtype).reshape(pool.shape)
+        else:
+            tensor = self._decode_split(item, land)
+        if tensor.layer_index != r.layer or tensor.kv_role != r.role:
+            raise TransportError("the blob is not the one offered", layer=r.layer, role=r.role,
+                                 found=f"layer {tensor.layer_index} {tensor.kv_role}")  # fmt: skip
+        return tensor
+
+    def _decode_split(self, item: _Incoming, land: _U8) -> Any:
+        """Decode a blob whose page pool landed in the engine's array and the rest here.
+
+        ``decode`` takes one contiguous blob, so the header and the small sections are
+        copied into a zero-filled shadow of the blob's size (its pool range is never written
+        or read, so the OS never backs it with memory) and decoded there without section
+        checksums; then each section's checksum is checked where its bytes really are, and
+        the tensor's page_pool is pointed at the engine's array.
+        """
+        r = item.offer
+        assert item.pool is not None
+        end = r.pool_offset + r.pool_length
+        shadow = np.zeros(r.total_length, np.uint8)
+        shadow[: r.pool_offset] = land[: r.pool_offset]
+        shadow[end:] = land[r.pool_offset : r.pool_offset + r.total_length - end]
+        tensor = decode(shadow, verify=False, limits=self.limits,
+                        expect_fingerprint=self.expect_fingerprint)  # fmt: skip
+        offset, length, raw, checked = _pool_section(shadow)
+        if (offset, length, raw) != (r.pool_offset, r.pool_length, True):
+            raise TransportError("the offer's page pool range is not the blob's", layer=r.layer,
+                                 role=r.role, expected=f"{offset}+{length}",
+                                 found=f"{r.pool_offset}+{r.pool_length}")  # fmt: skip
+        if self.verify and checked:
+            count = wb.BLOB_HEADER.parse(bytes(shadow[:_HEADER])).section_count
+            for k in range(count):
+                at = _HEADER + _ENTRY * k
+                e = wb.SECTION_ENTRY.parse(bytes(shadow[at : at + _ENTRY]))
+                data = item.pool if k == 0 else shadow[e.offset : e.offset + e.stored_size]
+                computed = xxhash.xxh3_64_intdigest(data.data)
+                if computed != e.checksum:
+                    name = wb.SECTION_KINDS.get(e.kind, f"kind 0x{e.kind:02X}")
+                    raise ChecksumError(
+                        "section checksum mismatch",
+                        section=f"{name}[{e.index}]",
+                        offset=e.offset,
+                        expected=f"0x{computed:016x}",
+                        found=f"0x{e.checksum:016x}",
+                    )
+        pool = tensor.page_pool
+        tensor.page_pool = item.pool.view(pool.dtype).reshape(pool.shape)
+        return tensor
+
+
+def _head_end(item: _Incoming) -> int:
+    """End of the sender's header segment (final only after its ready record)."""
+    return item.offer.segments[0].length

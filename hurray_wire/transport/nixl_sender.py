@@ -1,0 +1,392 @@
+"""NixlSender: publish blobs for a peer to READ, or WRITE them into its region (docs/nixl.md)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire import blob
+from hurray_wire.blob import encode_parts
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
+from hurray_wire.integrity import (
+    decode_known_pages,
+)
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transport.nixl_endpoint import (
+    _ZERO_COPY_MIN,
+    DEFAULT_DEADLINE,
+    MAX_KNOWN_PAGES,
+    PEER_READ_NAP,
+    _address,
+    _deadline,
+    _Endpoint,
+    _named,
+    _origin,
+    _pieces,
+    _pool_section,
+)
+from hurray_wire.transport.records import (
+    Segment,
+    TransferRecord,
+    encode_record,
+)
+
+__all__ = ["NixlSender"]
+
+
+@dataclass
+class _Outgoing:
+    """One published blob on the sender: its segments, header state and transfers."""
+
+    tensor: BlockPagedTensor
+    layer: int
+    role: str
+    write: bool
+    arena_start: int
+    future: Future[Any]
+    staged: bool
+    total: int = 0
+    pool_offset: int = 0
+    pool_length: int = 0
+    segments: tuple[Segment, ...] = ()
+    offered: bool = False
+    ready: bool = False
+    grant: TransferRecord | None = None
+    body: Any = None
+    body_done: bool = False
+    head_end: int | None = None  # WRITE: the blob range [0, head_end) goes last
+    head: Any = None
+    done: bool = False
+
+
+class NixlSender(_Endpoint):
+    """The side that holds the KV cache: publishes blobs for the peer to READ, or WRITEs them.
+
+    ``arena_bytes`` is a registered region of the sender's own for blob headers and small
+    index arrays (zero-copy) and for whole blobs (``mode="staged"``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        ucx_error_handling_mode: str = "peer",
+        arena_bytes: int = 64 << 20,
+        progress_thread: bool = False,
+    ) -> None:
+        super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
+                         arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
+        self.session = secrets.randbits(64)
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl")
+        self._out: dict[tuple[int, str], _Outgoing] = {}
+        self._known: npt.NDArray[np.uint64] | None = None
+
+    def _on_known_pages(self, data: bytes) -> None:
+        self._known = decode_known_pages(data, max_entries=MAX_KNOWN_PAGES)
+
+    def known_pages(self, *, deadline: float = DEFAULT_DEADLINE) -> npt.NDArray[np.uint64]:
+        """The digests the receiver said it holds (``NixlReceiver.send_known_pages``),
+        waiting for its known-pages record if none has come yet; pass them to
+        ``publish(..., known_pages=...)``. A later record replaces an earlier one."""
+        until = _deadline(deadline)
+        self._peer_name()
+        while self._known is None:
+            if not self._step():
+                if time.monotonic() > until:
+                    raise TransportError("deadline passed waiting for the known-pages record")
+                time.sleep(PEER_READ_NAP)
+        return self._known
+
+    def publish(
+        self,
+        tensor: BlockPagedTensor,
+        *,
+        op: str = "READ",
+        mode: str = "zero-copy",
+        compression: Any = None,
+        checksum: bool = True,
+        deadline: float = DEFAULT_DEADLINE,
+        page_digests: bool = False,
+        known_pages: Any = None,
+    ) -> None:
+        """Offer one blob to the peer and return at once (``wait`` drives it to the end).
+
+        ``op="READ"``: the peer pulls; ``"WRITE"``: this side pushes into memory the peer
+        grants. ``mode="zero-copy"``: the blob's large parts are the tensor's own arrays,
+        which must lie in registered memory; the small parts are copied into the arena and
+        the checksums are computed in a thread while the peer already moves the page pool.
+        Parts outside registered memory are copied into the arena too (a copy, but it works).
+        ``mode="staged"``: the blob is ``encode_into`` the arena (compression allowed).
+        ``deadline`` bounds the wait for arena space. The tensor's arrays must not change
+        until ``wait`` returns. ``page_digests`` / ``known_pages`` as for ``encode`` (a
+        delta blob: pages the receiver holds go as references; ``known_pages()`` gives what
+        it said it holds); both need ``mode="staged"``, and the blob is encoded here.
+        """
+        if not isinstance(tensor, BlockPagedTensor):
+            raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+        if op not in ("READ", "WRITE"):
+            raise ArgumentTypeError("op is 'READ' or 'WRITE'", field="op", found=repr(op))
+        if mode not in ("zero-copy", "staged"):
+            raise ArgumentTypeError("mode is 'zero-copy' or 'staged'", found=repr(mode))
+        layer, role = tensor.layer_index, tensor.kv_role
+        if layer is None:
+            raise TransportError("a published tensor needs a layer_index", role=role)
+        key = (layer, role)
+        self._out = {k: o for k, o in self._out.items() if not o.done}  # let go of old tensors
+        if key in self._out:
+            raise TransportError("already published and not done", layer=layer, role=role)
+        if mode == "zero-copy" and compression is not None:
+            raise ArgumentTypeError("compression needs mode='staged'", field="compression")
+        delta = known_pages is not None or page_digests is not False
+        if mode == "zero-copy" and delta:
+            raise ArgumentTypeError(
+                "page_digests / known_pages need mode='staged'", field="known_pages"
+            )
+        self._peer_name()
+        if delta:  # the plan (a digest pass) decides the size: encode once, copy when staged
+            encoded = blob.encode(tensor, compression=compression, checksum=checksum,
+                                  page_digests=page_digests, known_pages=known_pages)  # fmt: skip
+            size = len(encoded)
+            begin = self._take(size, _deadline(deadline), layer, role)
+            target = self._arena.buf[begin : begin + size]
+
+            def stage() -> int:
+                target[...] = np.frombuffer(encoded, np.uint8)
+                return size
+
+            staged: Future[Any] = self._hasher.submit(stage)
+            self._out[key] = _Outgoing(tensor, layer, role, op == "WRITE", begin, staged, True,
+                                       size)  # fmt: skip
+            self._step()
+            return
+        parts = encode_parts(tensor, checksum=False)  # the layout; no hashing, no copy
+        total = sum(len(p) for p in parts)
+        copied = [
+            k == 0 or len(p) < _ZERO_COPY_MIN or not self._registered(*_address(p))
+            for k, p in enumerate(parts)
+        ]
+        need = (
+            total
+            if mode == "staged"
+            else sum(len(p) for p, c in zip(parts, copied, strict=True) if c)
+        )
+        start = self._take(need, _deadline(deadline), layer, role)
+        out = self._arena.buf
+        if mode == "staged":
+            view = out[start : start + need]
+
+            def encode() -> int:
+                return blob.encode_into(tensor, view, compression=compression, checksum=checksum)
+
+            future: Future[Any] = self._hasher.submit(encode)
+            self._out[key] = _Outgoing(
+                tensor, layer, role, op == "WRITE", start, future, True, need
+            )
+            self._step()
+            return
+        # zero-copy: small parts into the arena, large ones where they are.
+        base = int(out.ctypes.data)
+        segments: list[Segment] = []
+        cursor = start
+        blob_offset = 0
+        for part, copy in zip(parts, copied, strict=True):
+            size = len(part)
+            if copy:
+                out[cursor : cursor + size] = np.frombuffer(part, np.uint8)
+                address = base + cursor
+                cursor += size
+            else:
+                address = _address(part)[0]
+            last = segments[-1] if segments else None
+            if last is not None and last.address + last.length == address and copy:
+                segments[-1] = Segment(last.blob_offset, last.length + size, last.address)
+            else:
+                segments.append(Segment(blob_offset, size, address))
+            blob_offset += size
+        if segments[0].length < len(parts[0]):
+            raise TransportError("internal: header segment shorter than the header")
+        pool_offset, pool_length, raw, _ = _pool_section(parts[0])
+        head = parts[0]
+
+        def final_header() -> bytes:
+            return bytes(encode_parts(tensor, checksum=True)[0]) if checksum else bytes(head)
+
+        if checksum:
+            future = self._hasher.submit(final_header)
+        else:  # the header in the arena is final already: the offer says so
+            future = Future()
+            future.set_result(None)
+        item = _Outgoing(tensor, layer, role, op == "WRITE", start, future, False, total)
+        item.pool_offset, item.pool_length = (pool_offset, pool_length) if raw else (0, 0)
+        item.segments = tuple(segments)
+        item.ready = not checksum
+        self._out[key] = item
+        self._offer(item)
+        self._step()
+
+    def _take(self, size: int, until: float, layer: int, role: str) -> int:
+        """Arena space for one blob's copied bytes, waiting for earlier blobs to finish."""
+        while True:
+            start = self._arena.take(size)
+            if start is not None:
+                return start
+            if size > len(self._arena.buf):
+                raise TransportError("blob does not fit the sender's arena", layer=layer,
+                                     role=role, expected=f"<= {len(self._arena.buf)}",
+                                     found=size)  # fmt: skip
+            self._step()
+            if time.monotonic() > until:
+                raise TransportError("deadline passed waiting for arena space", layer=layer,
+                                     role=role)  # fmt: skip
+            time.sleep(self._pause(64))
+
+    def _offer(self, item: _Outgoing) -> None:
+        self._send(
+            TransferRecord(
+                "offer", self.session, item.layer, item.role, write=item.write,
+                ready=item.ready, total_length=item.total, pool_offset=item.pool_offset,
+                pool_length=item.pool_length, segments=item.segments,
+            )
+        )  # fmt: skip
+        item.offered = True
+
+    def wait(self, *, deadline: float = DEFAULT_DEADLINE) -> None:
+        """Drive every published blob to the end: READ, until the peer says it has read it;
+        WRITE, until this side has written it. Raises TransportError on an abort, a failed
+        transfer or when ``deadline`` seconds pass."""
+        until = _deadline(deadline)
+        idle = 0
+        while not all(o.done for o in self._out.values()):
+            if self._step():
+                idle = 0
+            else:
+                idle += 1
+            if time.monotonic() > until:
+                pending = [k for k, o in self._out.items() if not o.done]
+                layer, role = pending[0]
+                self._abort_peer(self.session, "sender deadline passed", layer, role)
+                raise TransportError(f"deadline passed with {len(pending)} blobs not done",
+                                     layer=layer, role=role)  # fmt: skip
+            time.sleep(self._pause(idle))  # without a progress thread, we move the transfers
+
+    def _pause(self, idle: int) -> float:
+        """How long to sleep between polls. Our own transfers move only while we poll (no
+        progress thread): none. The peer's READs need only our answers to its requests: a
+        short nap, leaving the core to the hashing thread. Otherwise back off."""
+        if idle < 64 or any(o.body is not None or o.head is not None for o in self._out.values()):
+            return 0.0
+        if any(item.offered and not item.done for item in self._out.values()):
+            return PEER_READ_NAP
+        return 0.0002
+
+    def poll(self) -> bool:
+        """One round of progress without waiting; True if anything happened. For a sender
+        without a progress thread that has nothing to ``wait`` for but must serve its peer
+        (UCX over TCP needs the target to progress a peer's READ)."""
+        return self._step()
+
+    def abort(self, reason: str = "aborted by the sender") -> None:
+        """End the transfer: the peer's receive() raises TransportError at once."""
+        self._abort_peer(self.session, reason, None, None)
+        for item in self._out.values():
+            if not item.done:
+                item.done = True
+                self._arena.give()
+
+    def _step(self) -> bool:
+        """One round of progress; True if anything happened."""
+        moved = False
+        for record in self._records():
+            moved = True
+            self._on_record(record)
+        for item in self._out.values():
+            if item.done:
+                continue
+            try:
+                moved |= self._advance(item)
+            except HurrayWireError as exc:
+                self._fail(item, exc)
+        return moved
+
+    def _fail(self, item: _Outgoing, exc: HurrayWireError) -> None:
+        self._abort_peer(self.session, str(exc), item.layer, item.role)
+        raise _named(exc, item.layer, item.role) from _origin(exc)
+
+    def _on_record(self, r: TransferRecord) -> None:
+        if r.session != self.session:
+            raise TransportError("record of another session", found=f"0x{r.session:016x}")
+        if r.kind == "abort":
+            raise TransportError(f"the receiver aborted: {r.reason}", layer=r.layer, role=r.role)
+        item = self._out.get((r.layer, r.role)) if r.layer is not None and r.role else None
+        if item is None or item.done:
+            raise TransportError(f"{r.kind} record for a blob not in flight", layer=r.layer,
+                                 role=r.role)  # fmt: skip
+        if r.kind == "grant" and item.write and item.grant is None:
+            if r.total_length != item.total:
+                raise TransportError("grant's total_length differs from the offer",
+                                     layer=item.layer, role=item.role, expected=item.total,
+                                     found=r.total_length)  # fmt: skip
+            item.grant = r
+        elif r.kind == "done" and not item.write and item.ready:
+            item.done = True
+            self._arena.give()
+        else:
+            raise TransportError(f"unexpected {r.kind} record", layer=r.layer, role=r.role)
+
+    def _advance(self, item: _Outgoing) -> bool:
+        moved = False
+        if not item.ready and item.future.done():
+            result = item.future.result()  # re-raises an encoding error
+            moved = True
+            if item.staged:
+                self._arena.shrink(item.arena_start, item.total, int(result))
+                item.total = int(result)
+                address = int(self._arena.buf.ctypes.data) + item.arena_start
+                view = self._arena.buf[item.arena_start : item.arena_start + item.total]
+                offset, length, raw, _ = _pool_section(view)
+                item.pool_offset, item.pool_length = (offset, length) if raw else (0, 0)
+                item.segments = (Segment(0, item.total, address),)
+                item.ready = True
+                self._offer(item)  # with the ready flag: the blob is complete
+            else:
+                head = np.frombuffer(result, np.uint8)
+                self._arena.buf[item.arena_start : item.arena_start + len(head)] = head
+                item.ready = True
+                if not item.write:
+                    self._send(TransferRecord("ready", self.session, item.layer, item.role))
+        if not item.write or item.grant is None:
+            return moved
+        if item.head_end is None:  # WRITE: split the blob once, at the grant
+            # Header final already: one transfer of everything. Else the rest first, then
+            # the header once its checksums are in; the last transfer carries the done record.
+            item.head_end = item.total if item.ready else item.segments[0].length
+            if item.head_end < item.total:
+                local, remote = _pieces(item.segments, item.grant.segments, item.head_end,
+                                        item.total)  # fmt: skip
+                item.body = self._post("WRITE", local, remote)
+            else:
+                item.body_done = True
+            moved = True
+        if item.body is not None and self._state(item.body) == "DONE":
+            item.body.release()
+            item.body, item.body_done, moved = None, True, True
+        if item.body_done and item.ready and item.head is None:
+            local, remote = _pieces(item.segments, item.grant.segments, 0, item.head_end)
+            done = encode_record(TransferRecord("done", self.session, item.layer, item.role))
+            item.head = self._post("WRITE", local, remote, done)
+            moved = True
+        if item.head is not None and self._state(item.head) == "DONE":
+            item.head.release()
+            item.head, item.done, moved = None, True, True
+            self._arena.give()
+        return moved
+
+    def close(self) -> None:
+        self._hasher.shutdown(wait=True)
+        super().close()
