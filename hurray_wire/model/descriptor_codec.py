@@ -329,14 +329,7 @@ def _element_type(type_tag: int) -> ElementType:
 
 
 def _refuse_other_layout(raw: bytes, layout_tag: int) -> None:
-    name = _layout_name(layout_tag)
-    if name is None:
-        raise _error(
-            _layout_class(layout_tag) + " layout tag",
-            "layout_tag",
-            _AT["layout_tag"],
-            found=f"0x{layout_tag:02X}",
-        )
+    name = _known_layout_name(layout_tag)
     decode_header(raw)  # an invalid descriptor of another layout is an input error
     raise UnsupportedLayoutError(
         f"descriptor has layout {name} (0x{layout_tag:02X}); hurray-wire decodes block_paged "
@@ -347,6 +340,17 @@ def _refuse_other_layout(raw: bytes, layout_tag: int) -> None:
         field="layout_tag",
         offset=_AT["layout_tag"],
     )
+
+
+def _known_layout_name(tag: int) -> str:
+    """The layout's name, or the error for an invalid, reserved or unknown layout tag."""
+    name = _layout_name(tag)
+    if name is None:
+        raise _error(
+            _layout_class(tag) + " layout tag", "layout_tag", _AT["layout_tag"],
+            found=f"0x{tag:02X}",
+        )  # fmt: skip
+    return name
 
 
 def _layout_name(tag: int) -> str | None:
@@ -564,14 +568,7 @@ def decode_header(data: Any) -> DescriptorHeader:
     element_type = None
     if type_tag not in w.PRIVATE_TYPE_TAGS:
         element_type = _element_type(type_tag)
-    name = _layout_name(layout_tag)
-    if name is None:
-        raise _error(
-            _layout_class(layout_tag) + " layout tag",
-            "layout_tag",
-            _AT["layout_tag"],
-            found=f"0x{layout_tag:02X}",
-        )
+    name = _known_layout_name(layout_tag)
     if rank > 64:
         raise _error("rank above 64", "rank", _AT["rank"], found=rank)
     parsed = _construct_parse(raw)

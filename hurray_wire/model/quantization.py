@@ -123,8 +123,27 @@ class PerTensorAffine:
         return ()
 
 
+class _AffineBuffers:
+    """What the two buffer-backed affine schemes say alike about their parameter buffers."""
+
+    scale_buffer_index: int
+    zero_point_buffer_index: int | None
+
+    @property
+    def symmetric_flag(self) -> bool:
+        return self.zero_point_buffer_index is None
+
+    @property
+    def flags(self) -> int:
+        return SYMMETRIC if self.zero_point_buffer_index is None else 0
+
+    @property
+    def parameter_buffers(self) -> tuple[int, ...]:
+        return _distinct(self.scale_buffer_index, self.zero_point_buffer_index)
+
+
 @dataclass(frozen=True)
-class PerChannelAffine:
+class PerChannelAffine(_AffineBuffers):
     """f32 scales (and int32 zero points) along ``axis``: shape[axis] entries each."""
 
     axis: int
@@ -154,21 +173,9 @@ class PerChannelAffine:
     ) -> PerChannelAffine:
         return cls(axis, scale_buffer_index, zero_point_buffer_index)
 
-    @property
-    def symmetric_flag(self) -> bool:
-        return self.zero_point_buffer_index is None
-
-    @property
-    def flags(self) -> int:
-        return SYMMETRIC if self.zero_point_buffer_index is None else 0
-
-    @property
-    def parameter_buffers(self) -> tuple[int, ...]:
-        return _distinct(self.scale_buffer_index, self.zero_point_buffer_index)
-
 
 @dataclass(frozen=True)
-class PerBlockAffine:
+class PerBlockAffine(_AffineBuffers):
     """Scales (and int32 zero points) per block of ``block_size`` along ``axis``.
 
     On block-paged: axis 0 and block_size == page_size, i.e. one scale per page slot.
@@ -227,18 +234,6 @@ class PerBlockAffine:
         scale_type: ElementType,
     ) -> PerBlockAffine:
         return cls(axis, block_size, scale_buffer_index, scale_type, zero_point_buffer_index)
-
-    @property
-    def symmetric_flag(self) -> bool:
-        return self.zero_point_buffer_index is None
-
-    @property
-    def flags(self) -> int:
-        return SYMMETRIC if self.zero_point_buffer_index is None else 0
-
-    @property
-    def parameter_buffers(self) -> tuple[int, ...]:
-        return _distinct(self.scale_buffer_index, self.zero_point_buffer_index)
 
 
 @dataclass(frozen=True)
