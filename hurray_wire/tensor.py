@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire._interop import as_numpy
+from hurray_wire._interop import as_numpy, is_torch
 from hurray_wire.dtypes import ElementType, element_type_of
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -62,6 +62,7 @@ def _typed(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 Array = npt.NDArray[Any]
+_ARRAY_ARGUMENTS = ("page_pool", "block_table", "seq_ptr", "seq_lens", "scales", "zero_points")
 
 
 class BlockPagedTensor:
@@ -151,14 +152,11 @@ class BlockPagedTensor:
         DLPack (``hurray_wire._interop``). ``kv_scale`` is the engine's fp8 scalar, stored
         in the reserved metadata key of the role (``hurray.k_scale`` / ``hurray.v_scale``).
         """
-        page_pool, block_table, seq_ptr, seq_lens, scales, zero_points = (
-            as_numpy(a, n)
-            for a, n in zip(
-                (page_pool, block_table, seq_ptr, seq_lens, scales, zero_points),
-                ("page_pool", "block_table", "seq_ptr", "seq_lens", "scales", "zero_points"),
-                strict=True,
+        arrays = (page_pool, block_table, seq_ptr, seq_lens, scales, zero_points)
+        if any(type(a) is not np.ndarray and is_torch(a) for a in arrays):
+            page_pool, block_table, seq_ptr, seq_lens, scales, zero_points = (
+                as_numpy(a, n) for a, n in zip(arrays, _ARRAY_ARGUMENTS, strict=True)
             )
-        )
         pool = _pool_array(page_pool, element_type)
         etype = element_type_of(element_type if element_type is not None else pool.dtype)
         if pool.ndim != 4:
@@ -189,6 +187,8 @@ class BlockPagedTensor:
         layout = _memoised(_LAYOUTS, layout_args, lambda: BlockPagedLayout(*layout_args))
         index_dtype = layout.index_dtype
         for name, arr in (("block_table", bt_any), ("seq_ptr", sp_any)):
+            if arr.dtype.itemsize <= index_dtype.itemsize and arr.dtype.kind == "u":
+                continue  # an unsigned dtype no wider than the index type: every value fits
             if arr.size and int(arr.max()) > layout.index_max:
                 raise IndexBufferError(
                     f"values do not fit {block_table_index_type}", field=name, found=int(arr.max())

@@ -207,6 +207,8 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
         return np.asarray(array.tolist(), np.uint64)
     if array.dtype.kind not in "iu":
         raise IndexBufferError("must hold integers", field=name, found=str(array.dtype))
+    if array.dtype.kind == "u" and index_max >= (1 << (8 * array.dtype.itemsize)) - 1:
+        return array  # every value of this dtype fits: no reduction needed
     low = int(array.min())
     high = int(array.max())
     if low < 0 or high > index_max:
