@@ -15,6 +15,7 @@ import io
 import random
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -398,3 +399,95 @@ def test_f2_same_error_in_every_respect() -> None:
     assert (fresh.section, fresh.field, fresh.offset) == ("buffer[0]", "chunk 0", warm.offset)
     assert type(fresh) is type(warm) and str(fresh) == str(warm)
     assert fuzz_blob.zstd_reason_only(fresh, warm)
+
+
+# -- F3-F6: resource findings of an earlier independent campaign, confirmed by the 2026-12-01
+# campaign (tools/probe_resources.py prints the full figures; docs/security.md, "Known
+# issues"). Each is xfail(strict=True) until fixed: then drop the mark.
+import probe_resources  # noqa: E402
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fuzz finding F3: a 16,384-entry section table is refused with max_sections=16 only "
+    "after the checksum mask of the whole table is built, quadratically (about 3 s; 65,535 "
+    "entries about 44 s): hurray_wire/blob/__init__.py decode -> _checksum_mask runs before "
+    "_plan_from_header -> _check_limits",
+)
+def test_f3_section_table_over_the_limit_is_refused_at_once() -> None:
+    data = probe_resources.section_table_blob(16384)
+    limits = hw.DecodeLimits(max_sections=16)
+    start = time.perf_counter()
+    with pytest.raises(hw.LimitExceededError, match="too many sections"):
+        hw.decode(data, limits=limits)
+    assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fuzz finding F4: the zstd block walk (hurray_wire/codecs/frames.py _walk_blocks) is "
+    "a Python loop per block: a 16 MiB codec-1 section of 5.6 M empty raw blocks takes about "
+    "1-1.5 s (64 MiB, 22 M blocks: about 5 s)",
+)
+def test_f4_zstd_block_walk_is_not_a_python_loop_per_block() -> None:
+    data = probe_resources.walk_blob((16 << 20) // 3)
+    start = time.perf_counter()
+    hw.decode(data)
+    assert time.perf_counter() - start < 0.3
+
+
+def _big_metadata_stream() -> bytes:
+    header = reference.StreamHeader(model="m", metadata={"big": b"\x00" * 4096})
+    sink = io.BytesIO()
+    with reference.StreamWriter(sink, header) as writer:
+        writer.write(probe_resources._small_tensor(), compression=None)
+    return sink.getvalue()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fuzz finding F5: the stream header's metadata ignores "
+    "DecodeLimits.max_metadata_bytes (StreamReader accepts a 4 KiB section with a limit of 96; "
+    "a 64 MiB one too): hurray_wire/containers/records.py decode_stream_header takes no limits",
+)
+def test_f5_stream_reader_applies_max_metadata_bytes_to_the_header() -> None:
+    limits = hw.DecodeLimits(max_metadata_bytes=96)
+    with pytest.raises(hw.LimitExceededError):
+        list(reference.StreamReader(_big_metadata_stream(), limits=limits))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fuzz finding F5: StreamFile, as StreamReader, ignores max_metadata_bytes for the "
+    "stream header's metadata",
+)
+def test_f5_stream_file_applies_max_metadata_bytes_to_the_header() -> None:
+    limits = hw.DecodeLimits(max_metadata_bytes=96)
+    with pytest.raises(hw.LimitExceededError):
+        reference.StreamFile(_big_metadata_stream(), limits=limits)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fuzz finding F6: module caches are bounded by entry count, not bytes: "
+    "hurray_wire/model/descriptor_codec.py _CACHE (1,024 entries) keeps each descriptor's "
+    "bytes as the key and its unknown trailing bytes: 8 blobs with 8 MiB descriptors, decoded "
+    "and dropped, leave about 128 MiB behind (32 blobs of 16 MiB: about 1 GiB)",
+)
+def test_f6_decoding_big_descriptors_leaves_no_big_cache_behind() -> None:
+    import gc
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for number in range(8):
+            data = probe_resources.big_descriptor_blob(10_000 + number, 8 << 20)
+            hw.decode(data)
+            del data
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained < 48 << 20, f"{retained >> 20} MiB retained"
