@@ -121,6 +121,7 @@ def check_stream_file(data: bytes) -> None:
     """One fuzz case: a mapped file, bytes and a memoryview agree; limits only refuse."""
     original = bytes(data)
     path = _scratch()
+    path.unlink(missing_ok=True)  # a new inode: a mapping still alive is never truncated
     path.write_bytes(data)
     mapped = _survey(path)
     padded = bytearray(b"xyz" + data + b"!")
