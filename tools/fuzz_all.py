@@ -13,7 +13,10 @@ writes a crash, timeout or out-of-memory input to ``WORK/artifacts/<name>/``. Th
 gives, per harness, the executions, exec/s, coverage (``cov:`` edges and ``ft:`` features
 at the first and the last status line), corpus size, and findings (artifact files, with
 the first line of the Python traceback). ``--log-only`` re-reads logs of an earlier run
-instead of fuzzing (``WORK/logs/<name>.log``). The exit status is 1 if anything was found.
+instead of fuzzing (``WORK/logs/<name>.log``); ``--merge-into tests/fuzz_corpus`` minimises
+the grown corpora (libFuzzer ``-merge=1``, every mode of a harness together, within a byte
+budget per harness) into the committed corpus that ``tests/test_fuzz_smoke.py`` replays.
+The exit status is 1 if anything was found.
 
 Harnesses (``HARNESSES``): each atheris script in plain libFuzzer mode and, where it has
 one, with its structure-aware mutator (``--fix-checksums``).
@@ -206,6 +209,62 @@ def run(name: str, work: Path, runs: int | None, seconds: int | None) -> Result:
     return result
 
 
+#: committed corpus folder -> (the script that merges it, largest input kept, byte budget)
+MERGE = {
+    "descriptor": ("fuzz_descriptor.py", 4096, 150_000),
+    "metadata": ("fuzz_metadata.py", 16384, 150_000),
+    "records": ("fuzz_records.py", 16384, 150_000),
+    "blob": ("fuzz_blob.py", 65536, 600_000),
+    "stream_file": ("fuzz_stream_file.py", 65536, 400_000),
+    "containers": ("fuzz_containers.py", 65536, 500_000),
+}
+
+
+def merge_corpora(work: Path, into: Path) -> None:
+    """Minimise each grown corpus (every mode of a harness together) with libFuzzer's
+    ``-merge=1`` into ``into/<folder>``: the inputs that keep the coverage, at most the
+    folder's byte budget (the largest inputs are dropped first), named by their SHA-1."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    for folder, (script, max_len, budget) in MERGE.items():
+        names = [n for n, f in CORPUS_OF.items() if f == folder]
+        with tempfile.TemporaryDirectory() as tmp:
+            pool, merged = Path(tmp) / "pool", Path(tmp) / "merged"
+            pool.mkdir()
+            merged.mkdir()
+            sources = [work / "corpus" / n for n in names] + [into / folder]
+            for source in sources:
+                for path in source.glob("*") if source.is_dir() else []:
+                    if path.is_file() and path.stat().st_size <= max_len:
+                        data = path.read_bytes()
+                        (pool / hashlib.sha1(data).hexdigest()).write_bytes(data)
+            argv = ["nice", "-n", "19", sys.executable, str(TOOLS / script), "-merge=1"]
+            argv += [f"-max_len={max_len}", "-timeout=20", str(merged), str(pool)]
+            log = work / "logs" / f"merge-{folder}.log"
+            with log.open("w") as handle:
+                subprocess.call(argv, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+            kept = sorted(merged.iterdir(), key=lambda p: p.stat().st_size)
+            total, chosen = 0, []
+            for path in kept:
+                if total + path.stat().st_size > budget:
+                    break
+                total += path.stat().st_size
+                chosen.append(path)
+            if not chosen:
+                print(f"fuzz_all: merge of {folder} kept nothing; {log}", file=sys.stderr)
+                continue
+            target = into / folder
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+            for path in chosen:
+                data = path.read_bytes()
+                (target / hashlib.sha1(data).hexdigest()).write_bytes(data)
+            print(f"fuzz_all: {folder}: {len(chosen)} of {len(kept)} merged inputs, "
+                  f"{total:,} bytes", file=sys.stderr)  # fmt: skip
+
+
 def table(results: list[Result]) -> str:
     head = (
         "| Harness | Runs | s | exec/s | cov start -> end | ft start -> end | corpus | Findings |"
@@ -233,7 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--log-only", action="store_true", help="summarise existing logs")
+    parser.add_argument(
+        "--merge-into", type=Path, help="minimise the grown corpora into this folder (no fuzzing)"
+    )
     args = parser.parse_args(argv)
+    if args.merge_into is not None:
+        merge_corpora(args.work, args.merge_into)
+        return 0
     if args.runs is None and args.seconds is None and not args.log_only:
         args.seconds = 60
     results = []
