@@ -130,7 +130,15 @@ def blob_raw() -> bytes:
 
 
 def blob_compressed() -> bytes:
-    return bytes(hw.encode(_tensor(3, "key"), compression=hw.Compression(3, min_size=0)))
+    """A pool of 2 KiB that compresses (the encoder stores a section raw when compression
+    does not pay, as it would for the 32-byte pool of ``_tensor``)."""
+    pool = np.tile(np.arange(64, dtype=np.float16), 16).reshape(2, 8, 1, 64)
+    tensor = hw.BlockPagedTensor.from_arrays(
+        pool, [1, 0], [0, 2], seq_lens=[9], kv_role="key", layer_index=3, metadata={"m": 3}
+    )
+    data = bytes(hw.encode(tensor, compression=hw.Compression(3, min_size=0)))
+    assert data[32 + 2] == 3, "the pool section is chunked-shuffle-zstd"
+    return data
 
 
 def blob_stream() -> bytes:
@@ -231,15 +239,16 @@ class Kind:
     read: Callable[[bytes], Any]
     undetected: Callable[[bytes], Ranges]
     valid_prefixes: Callable[[bytes], set[int]] = lambda data: set()
+    every_value: bool = False  # all 255 other byte values, not just CHANGES
 
 
 KINDS = {
-    "blob raw": Kind(blob_raw, read_blob, _no_ranges),
-    "blob compressed": Kind(blob_compressed, read_blob, _no_ranges),
+    "blob raw": Kind(blob_raw, read_blob, _no_ranges, every_value=True),
+    "blob compressed": Kind(blob_compressed, read_blob, _no_ranges, every_value=True),
     "blob stream": Kind(blob_stream, read_blob_stream, _no_ranges),
     ".hrry": Kind(hrry_file, read_hrry, _hrry_ranges),
     "reference stream": Kind(
-        reference_stream, read_reference, _reference_ranges, _reference_boundaries
+        reference_stream, read_reference, _reference_ranges, _reference_boundaries, True
     ),
 }
 
@@ -267,14 +276,23 @@ def _outcome(read: Callable[[bytes], Any], data: bytes) -> tuple[Any, BaseExcept
         return None, exc
 
 
-def survey(name: str) -> Survey:
+def _constant(value: int) -> Callable[[int], int]:
+    return lambda b: value
+
+
+ALL_VALUES = tuple(_constant(v) for v in range(256))
+
+
+def survey(name: str, every_value: bool | None = None) -> Survey:
+    """The survey of one kind; ``every_value`` overrides the kind's choice of changes."""
     kind = KINDS[name]
+    changes = ALL_VALUES if (kind.every_value if every_value is None else every_value) else CHANGES
     data = kind.make()
     expected = kind.read(data)
     ranges = kind.undetected(data)
     result = Survey(len(data), ranges_hit=dict.fromkeys((what for what, _, _ in ranges), 0))
     for position in range(len(data)):
-        for change in CHANGES:
+        for change in changes:
             value = change(data[position])
             if value == data[position]:
                 continue
@@ -324,8 +342,10 @@ def test_every_single_byte_change_and_truncation(name: str) -> None:
 
 
 def main() -> None:
+    """Print the survey of every kind (``--all-values``: 255 changes per byte for all)."""
+    every = True if "--all-values" in sys.argv else None
     for name in KINDS:
-        r = survey(name)
+        r = survey(name, every)
         print(
             f"{name}: {r.size} bytes, {r.changes} changes, {r.refused} refused, "
             f"{len(r.accepted_same)} accepted unchanged, {len(r.accepted_different)} accepted "
