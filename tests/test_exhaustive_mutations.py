@@ -187,7 +187,9 @@ def _hrry_ranges(data: bytes) -> Ranges:
         ranges.append(("KV metadata section (no checksum)", kv_offset, kv_offset + kv_length))
     ranges += [
         ("header version_minor (any 1.x minor reads)", 9, 10),
-        ("header file_flags bit 0x01 HAS_KV_METADATA (the trailer locates the KV section)", 12, 13),
+        # HAS_KV_METADATA (0x01): the trailer locates the KV section; SORTED_INDEX (0x02):
+        # an index of one entry is sorted (only --all-values sets it).
+        ("header file_flags bits 0x01 and 0x02 (informational here)", 12, 13),
         ("header tensor_count_hint (a hint, never used)", 28, 36),
     ]
     # Everything that is none of header, descriptors, buffers, KV section, index, trailer is
