@@ -243,8 +243,12 @@ def merge_corpora(work: Path, into: Path) -> None:
             argv = ["nice", "-n", "19", sys.executable, str(TOOLS / script), "-merge=1"]
             argv += [f"-max_len={max_len}", "-timeout=20", str(merged), str(pool)]
             log = work / "logs" / f"merge-{folder}.log"
+            # libFuzzer's merge runs the script itself again (argv[0], by its #! line):
+            # put this interpreter first on PATH so that it is the one found.
+            env = dict(os.environ)
+            env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
             with log.open("w") as handle:
-                subprocess.call(argv, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+                subprocess.call(argv, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
             kept = sorted(merged.iterdir(), key=lambda p: p.stat().st_size)
             total, chosen = 0, []
             for path in kept:

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris fuzz harness for the blob decoder, ``hurray_wire.decode``.
 
 Every input goes through ``check_blob``, which fails on any exception that is not a

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris fuzz harness for the container readers: reference streams, ``.hrry`` files and
 hurray-wire streams.
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris fuzz harness for the descriptor decoders (as safetensors fuzzes ``load``).
 
 It calls only the public decode functions, ``hurray_wire.decode_descriptor`` and

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris fuzz harness for the KV metadata codec, ``hurray_wire.metadata.decode_metadata``
 (containers.md § B.4: the ``.hrry`` KV section, the stream header's and a blob's metadata).
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris fuzz harness for the stream records: ``hurray_wire.containers.decode_stream_header``
 and ``decode_end_record`` (docs/streaming.md § 2 and § 4).
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris fuzz harness for ``hurray_wire.StreamFile`` on a real file (the ``mmap`` path).
 
 ``check_stream_file(data)`` writes the bytes to a scratch file and opens it as
