@@ -15,6 +15,7 @@ import io
 import random
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -398,3 +399,129 @@ def test_f2_same_error_in_every_respect() -> None:
     assert (fresh.section, fresh.field, fresh.offset) == ("buffer[0]", "chunk 0", warm.offset)
     assert type(fresh) is type(warm) and str(fresh) == str(warm)
     assert fuzz_blob.zstd_reason_only(fresh, warm)
+
+
+# -- F3-F6: resource findings of an earlier independent campaign, confirmed by the 2026-12-01
+# campaign (tools/probe_resources.py prints the full figures; docs/security.md, "Known
+# issues"), now fixed: each test holds its fix.
+import probe_resources  # noqa: E402
+
+
+def test_f3_section_table_over_the_limit_is_refused_at_once() -> None:
+    data = probe_resources.section_table_blob(16384)
+    limits = hw.DecodeLimits(max_sections=16)
+    start = time.perf_counter()
+    with pytest.raises(hw.LimitExceededError, match="too many sections"):
+        hw.decode(data, limits=limits)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_f4_zstd_block_walk_is_not_a_python_loop_per_block() -> None:
+    data = probe_resources.walk_blob((16 << 20) // 3)
+    start = time.perf_counter()
+    hw.decode(data)
+    assert time.perf_counter() - start < 0.3
+
+
+def _big_metadata_stream() -> bytes:
+    header = reference.StreamHeader(model="m", metadata={"big": b"\x00" * 4096})
+    sink = io.BytesIO()
+    with reference.StreamWriter(sink, header) as writer:
+        writer.write(probe_resources._small_tensor(), compression=None)
+    return sink.getvalue()
+
+
+def test_f5_stream_reader_applies_max_metadata_bytes_to_the_header() -> None:
+    limits = hw.DecodeLimits(max_metadata_bytes=96)
+    with pytest.raises(hw.LimitExceededError):
+        list(reference.StreamReader(_big_metadata_stream(), limits=limits))
+
+
+def test_f5_stream_file_applies_max_metadata_bytes_to_the_header() -> None:
+    limits = hw.DecodeLimits(max_metadata_bytes=96)
+    with pytest.raises(hw.LimitExceededError):
+        reference.StreamFile(_big_metadata_stream(), limits=limits)
+
+
+def test_f6_decoding_big_descriptors_leaves_no_big_cache_behind() -> None:
+    import gc
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for number in range(8):
+            data = probe_resources.big_descriptor_blob(10_000 + number, 8 << 20)
+            hw.decode(data)
+            del data
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained < 48 << 20, f"{retained >> 20} MiB retained"
+
+
+# -- F7 (2026-12-01 campaign, blob-fix round 2): a shuffle-zstd section of raw_size 0 accepts
+# any bytes after a frame header that declares content size 0. The crash file (512 bytes):
+# a uint8 blob of shape [0, 2, 8]; buffer 0 (page_pool, 0 bytes) is codec 2 (shuffle-zstd),
+# width 8, raw_size 0, 33 stored bytes: the frame header 28b52ffd 24 00 (single segment,
+# content checksum, content size 0), a last raw block of 0 bytes, a frame checksum that is
+# wrong (ffd8e999; XXH64 of nothing ends 51d8e999) and 20 bytes after the frame. Every
+# checksum of the blob is right. codecs.frames.decode_frame takes its one-call path
+# (width > 1 and content_size == raw_size) and python-zstandard's decompress returns b""
+# for a frame declaring size 0 without reading its blocks, so neither the frame checksum
+# nor allow_extra_data is checked, and the block walk runs only when zstd refuses. The
+# same section with codec 1 is refused; the independent reader (tests/blob_reference.py)
+# refuses both.
+F7_BLOB = bytes.fromhex(
+    "4852574201000000000200000000000065010000040001008500000000000000"
+    "0101020800000000800100000000000021000000000000000000000000000000"
+    "7265cb98f999be2840000000000000000101000001000000c001000000000000"
+    "00000000000000000000000000000000c294d3380580062d4000000000000000"
+    "0101030802000000c00100000000000019000000000000000400000000000000"
+    "e34dbc79320cc84b400000000000000002010000000000000002000000000000"
+    "00000000000000000000000000000000c294d3380580062d4000000000000000"
+    "4852525901008500000000000000010a03000000000000000000000002000000"
+    "0000000008000000000000000000000000000000040000000000000000000000"
+    "000000000000000000ffffffff00000000000000030000000000000000400000"
+    "0000000000000000000000000040000000000000000400000000000000400000"
+    "00000000007b3dae35503c929800000000000000000000000000000000000000"
+    "28b52ffd240001000099e9d8ffff03000000ce76073706c97fd0000000000000"
+    "5100000000000000000000000000000000000000000000000000000000000000"
+    "00000100010000000d00000028b52ffd20042100000000000000000000000000"
+    "0000000000000000000000000000000000000000000000000000000000000000"
+)
+
+
+def _f7_variant(payload: bytes, codec: int = 2) -> bytes:
+    blob = fuzz_blob.parse_blob(F7_BLOB)
+    assert blob is not None
+    section = blob.sections[0]
+    section.payload, section.codec, section.param = payload, codec, 8 if codec == 2 else 0
+    return fuzz_blob.build_blob(blob)
+
+
+F7_HEADER = bytes.fromhex("28b52ffd2400")  # frame header: content size 0, checksum flag
+
+
+def test_f7_inputs_are_well_formed_up_to_the_bug() -> None:
+    blob = fuzz_blob.parse_blob(F7_BLOB)
+    assert blob is not None and fuzz_blob.build_blob(blob) == F7_BLOB  # checksums all right
+    section = blob.sections[0]
+    assert (section.codec, section.param, section.raw_size) == (2, 8, 0)
+    assert section.payload.startswith(F7_HEADER)
+    with pytest.raises(hwe.DecompressionError):  # codec 1 refuses the same bytes
+        hw.decode(_f7_variant(section.payload, codec=1))
+    with pytest.raises(Exception, match="doesn't match checksum"):
+        fuzz_blob._reader().read_blob(F7_BLOB)
+
+
+def test_f7_bad_frame_checksum_and_trailing_bytes_are_refused() -> None:
+    with pytest.raises(hwe.DecompressionError):
+        hw.decode(F7_BLOB)
+
+
+def test_f7_garbage_after_an_empty_frame_header_is_refused() -> None:
+    with pytest.raises(hwe.DecompressionError):
+        hw.decode(_f7_variant(F7_HEADER + b"garbage!"))

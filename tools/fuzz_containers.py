@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """atheris fuzz harness for the container readers: reference streams, ``.hrry`` files and
 hurray-wire streams.
 
@@ -7,7 +8,8 @@ Every input goes through ``check_containers``, which feeds the same bytes to
   and from an ``io.BytesIO`` (the file-like path), consuming the iterator;
 * ``hurray_wire.containers.HrryFile.from_buffer``: ``names``, ``metadata``,
   ``user_metadata``, and per tensor ``entry``, ``descriptor_header``, ``buffer_spans`` and
-  ``tensor`` (each tensor on its own, so one bad tensor does not hide the others);
+  ``tensor`` (each tensor on its own, so one bad tensor does not hide the others); and
+  ``read_file`` on the bytes written to a scratch file (the mapped path);
 * ``hurray_wire.cli``: ``identify``, ``main(["validate", path])`` and ``main(["dump", "--json",
   path])`` on the bytes written to a scratch file;
 * ``hurray_wire.containers``' blob stream: ``StreamReader`` from an
@@ -18,6 +20,8 @@ and fails on any exception that is not a ``HurrayWireError`` and on any disagree
 
 * the two ``read_stream`` paths yield the same tensors and fail with the same error type;
   a stream that reads completely is written back byte for byte by ``write_stream``;
+* ``read_file`` returns the same tensors as ``HrryFile.from_buffer`` when every tensor
+  reads, and raises our error when one does not or the file does not open;
 * ``.hrry`` tensors that read are written back with ``write_file`` (with the user metadata)
   and read again to equal tensors, ``seq_lens`` and metadata included;
 * the two ``StreamReader`` sources agree (tensors, error type, header, completeness); a
@@ -191,6 +195,8 @@ def _has_empty_array(values: Any) -> bool:
 
 def check_hrry(data: bytes) -> None:
     hrry, _ = _outcome(lambda: reference.HrryFile.from_buffer(data))
+    if data[:8] == HRRY_MAGIC:
+        _check_read_file(data, hrry)
     if hrry is None:
         return
     with hrry:
@@ -211,6 +217,34 @@ def check_hrry(data: bytes) -> None:
                 good[name] = tensor
         if good and not _has_empty_array(metadata.values()):
             _hrry_round_trip(good, user)
+
+
+def _check_read_file(data: bytes, hrry: Any) -> None:
+    """``read_file`` on the bytes written to a file (the mapped path) agrees with
+    ``HrryFile.from_buffer``: the same tensors when every tensor reads, else our error."""
+    path = _scratch_file().with_suffix(".in.hrry")
+    path.unlink(missing_ok=True)  # a new inode: a mapping still alive is never truncated
+    path.write_bytes(data)
+    tensors, error = _outcome(lambda: reference.read_file(path))
+    if hrry is None:
+        if error is None:
+            raise AssertionError("read_file accepted a file HrryFile.from_buffer refused")
+        return
+    # (no ``with``: the caller goes on reading ``hrry``)
+    names = hrry.names
+    expected = [_outcome(functools.partial(hrry.tensor, name)) for name in names]
+    if any(e is not None for _, e in expected):
+        if error is None:
+            raise AssertionError("read_file accepted a tensor HrryFile.tensor refused")
+        return
+    if error is not None:
+        raise AssertionError(f"read_file refused a file HrryFile reads: {error!r}")
+    if tuple(tensors) != names:
+        raise AssertionError("read_file and HrryFile disagree on the names")
+    for name, (tensor, _) in zip(names, expected, strict=True):
+        diff = tensor_difference(tensor, tensors[name])
+        if diff is not None:
+            raise AssertionError(f"read_file and HrryFile.tensor differ on {name!r}: {diff}")
 
 
 def _hrry_round_trip(tensors: dict[str, hw.BlockPagedTensor], user: dict[str, Any]) -> None:
