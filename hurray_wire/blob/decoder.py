@@ -58,6 +58,7 @@ __all__ = ["DecodeReport", "decode", "decode_report", "peek_descriptor"]
 
 _U64 = struct.Struct("<Q")  # a section entry's checksum, read per call
 _CHECKSUM_AT = ENTRY_AT["checksum"]
+_NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
 _CHECKSUM_END = _CHECKSUM_AT + ENTRY.sizes["checksum"]
 
@@ -189,7 +190,10 @@ def decode(
     ``expect_fingerprint`` refuses a blob whose engine fingerprint differs or is missing
     (``IncompatibleFingerprintError``). :func:`decode_report` reports failed pages instead.
     """
-    return _decode(data, verify, limits, threads, page_store, expect_fingerprint, False).tensor
+    tensor, pages = _decode(data, verify, limits, threads, page_store, expect_fingerprint, False)
+    if pages is not None:
+        pages.finish(tensor)  # raises for any failed page
+    return tensor
 
 
 def decode_report(
@@ -206,7 +210,10 @@ def decode_report(
     (``on_page_error="report"`` of docs/integrity.md). With page digests present, a
     checksum mismatch of a page-row buffer (the pool, per-block scales / zero points) does
     not abort: the digests say which pages are bad. Every other check still raises."""
-    return _decode(data, verify, limits, threads, page_store, expect_fingerprint, True)
+    tensor, pages = _decode(data, verify, limits, threads, page_store, expect_fingerprint, True)
+    if pages is None:
+        return DecodeReport(tensor, _NO_PAGES, (), _NO_PAGES, _NO_PAGES, _NO_PAGES, False)
+    return pages.finish(tensor)
 
 
 def _decode(
@@ -217,7 +224,9 @@ def _decode(
     page_store: PageStore | None,
     expect_fingerprint: EngineFingerprint | None,
     report: bool,
-) -> DecodeReport:
+) -> tuple[BlockPagedTensor, PageWork | None]:
+    """The tensor, and the page work when the blob has page sections (None otherwise: a
+    blob without them decodes with no page bookkeeping at all)."""
     view = byte_view(data)
     limits = check_limits_argument(limits)
     if type(verify) is not bool:
@@ -230,8 +239,19 @@ def _decode(
             field="expect_fingerprint",
             found=type(expect_fingerprint).__name__,
         )
+    if page_store is not None and not isinstance(page_store, PageStore):
+        raise ArgumentTypeError(
+            "page_store must be a PageStore or None",
+            field="page_store",
+            found=type(page_store).__name__,
+        )
     total = total_length(view, whole=True)
     plan = _header_plan(view, total, limits, memoise=True)
+    if plan.page_digests is None and plan.page_refs is None:
+        tensor = _materialize(
+            view, plan, verify, threads, limits.max_metadata_entries, None, expect_fingerprint
+        )
+        return tensor, None
     pages = PageWork(
         plan.descriptor,
         has_digests=plan.page_digests is not None,
@@ -242,7 +262,7 @@ def _decode(
     tensor = _materialize(
         view, plan, verify, threads, limits.max_metadata_entries, pages, expect_fingerprint
     )
-    return pages.finish(tensor)
+    return tensor, pages
 
 
 def _materialize(
