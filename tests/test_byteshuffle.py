@@ -27,11 +27,11 @@ HAVE_BLOSC2 = importlib.util.find_spec("blosc2") is not None
 @pytest.fixture
 def fresh_choice(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """Let a test choose the kernels again; the original choice is restored after it."""
-    saved = list(byteshuffle._state)
+    saved = list(byteshuffle.state)
     monkeypatch.delenv(byteshuffle.SHUFFLE_ENV, raising=False)
     monkeypatch.delenv(byteshuffle.LIBRARY_ENV, raising=False)
     yield monkeypatch
-    byteshuffle._state[:] = saved
+    byteshuffle.state[:] = saved
 
 
 def _round_trip_all(width: int, sizes: list[int]) -> None:
@@ -55,7 +55,7 @@ SIZES = [*range(0, 70), 127, 128, 129, 1000, 4095, 4096, 4097, 65536 + 7, 393216
 @pytest.mark.skipif(not HAVE_BLOSC2, reason="python-blosc2 is not installed")
 def test_blosc2_is_found_and_used(fresh_choice: pytest.MonkeyPatch) -> None:
     assert byteshuffle.reload().startswith("blosc2 (")
-    assert byteshuffle._library_for(2, 1 << 20) is not None
+    assert byteshuffle.library_for(2, 1 << 20) is not None
 
 
 @pytest.mark.skipif(not HAVE_BLOSC2, reason="python-blosc2 is not installed")
@@ -77,11 +77,11 @@ def test_widths_and_sizes_outside_the_library_use_numpy(
     fresh_choice: pytest.MonkeyPatch,
 ) -> None:
     byteshuffle.reload()
-    assert byteshuffle._library_for(1, 100) is None  # the identity
-    assert byteshuffle._library_for(256, 1000) is None  # c-blosc2 takes typesize < 256
-    assert byteshuffle._library_for(4, 3) is None  # all tail
-    assert byteshuffle._library_for(2, 1 << 31) is None  # its sizes are int32
-    assert byteshuffle._library_for(2, (1 << 31) - 1) is not None
+    assert byteshuffle.library_for(1, 100) is None  # the identity
+    assert byteshuffle.library_for(256, 1000) is None  # c-blosc2 takes typesize < 256
+    assert byteshuffle.library_for(4, 3) is None  # all tail
+    assert byteshuffle.library_for(2, 1 << 31) is None  # its sizes are int32
+    assert byteshuffle.library_for(2, (1 << 31) - 1) is not None
 
 
 @settings(max_examples=300, deadline=None)
@@ -100,7 +100,7 @@ def test_kernels_agree_property(data: bytes, width: int) -> None:
 def test_env_forces_numpy(fresh_choice: pytest.MonkeyPatch) -> None:
     fresh_choice.setenv(byteshuffle.SHUFFLE_ENV, " NumPy ")
     assert byteshuffle.reload() == "numpy"
-    assert byteshuffle._library_for(2, 1000) is None
+    assert byteshuffle.library_for(2, 1000) is None
 
 
 def test_a_missing_library_falls_back(fresh_choice: pytest.MonkeyPatch) -> None:
@@ -119,7 +119,7 @@ def test_a_library_without_the_kernels_falls_back(fresh_choice: pytest.MonkeyPat
 
 def test_no_blosc2_package_falls_back(fresh_choice: pytest.MonkeyPatch) -> None:
     fresh_choice.setattr(importlib.util, "find_spec", lambda name: None)
-    assert byteshuffle._candidate_libraries() == []
+    assert byteshuffle.candidate_libraries() == []
     assert byteshuffle.reload() == "numpy"
 
 
@@ -143,10 +143,10 @@ def test_a_library_that_fails_the_self_test_is_not_used(
     fresh_choice: pytest.MonkeyPatch,
 ) -> None:
     garbage = _FakeKernels(None)
-    assert not byteshuffle._self_test(garbage)  # type: ignore[arg-type]
+    assert not byteshuffle.self_test(garbage)  # type: ignore[arg-type]
     refusing = _FakeKernels(-1)
-    assert not byteshuffle._self_test(refusing)  # type: ignore[arg-type]
-    fresh_choice.setattr(byteshuffle, "_candidate_libraries", lambda: ["fake"])
+    assert not byteshuffle.self_test(refusing)  # type: ignore[arg-type]
+    fresh_choice.setattr(byteshuffle, "candidate_libraries", lambda: ["fake"])
     fresh_choice.setattr(byteshuffle, "_Blosc2Kernels", lambda path: garbage)
     assert byteshuffle.reload() == "numpy"
 
@@ -154,7 +154,7 @@ def test_a_library_that_fails_the_self_test_is_not_used(
 def test_a_kernel_that_refuses_its_arguments_falls_back_to_numpy(
     fresh_choice: pytest.MonkeyPatch,
 ) -> None:
-    byteshuffle._state[:] = [_FakeKernels(-1)]  # type: ignore[list-item]
+    byteshuffle.state[:] = [_FakeKernels(-1)]  # type: ignore[list-item]
     _round_trip_all(2, [2, 17, 4096])
     _round_trip_all(4, [4, 4097])
 
@@ -187,7 +187,7 @@ def test_a_library_whose_unshuffle_fails_is_not_used() -> None:
         def unshuffle(self, width: int, size: int, src: int, dst: int) -> int:
             return -1
 
-    assert not byteshuffle._self_test(HalfRight())  # type: ignore[arg-type]
+    assert not byteshuffle.self_test(HalfRight())  # type: ignore[arg-type]
 
 
 def test_an_unreadable_blosc2_spec_falls_back(fresh_choice: pytest.MonkeyPatch) -> None:
@@ -195,7 +195,7 @@ def test_an_unreadable_blosc2_spec_falls_back(fresh_choice: pytest.MonkeyPatch) 
         raise ValueError("blosc2.__spec__ is None")
 
     fresh_choice.setattr(importlib.util, "find_spec", broken)
-    assert byteshuffle._candidate_libraries() == []
+    assert byteshuffle.candidate_libraries() == []
 
 
 @pytest.mark.skipif(not HAVE_BLOSC2, reason="python-blosc2 is not installed")
@@ -203,7 +203,7 @@ def test_the_python_blosc2_3x_layout_is_found(
     tmp_path: Path, fresh_choice: pytest.MonkeyPatch
 ) -> None:
     """python-blosc2 3.8-3.12 install the library beside the package, in lib64."""
-    real = byteshuffle._candidate_libraries()[0]
+    real = byteshuffle.candidate_libraries()[0]
     package = tmp_path / "blosc2"
     package.mkdir()
     (tmp_path / "lib64").mkdir()
@@ -212,6 +212,6 @@ def test_the_python_blosc2_3x_layout_is_found(
     spec.submodule_search_locations = [str(package)]
     fresh_choice.setattr(importlib.util, "find_spec", lambda name: spec)
     expected = str(tmp_path / "lib64" / "libblosc2.so.5")
-    assert byteshuffle._candidate_libraries() == [expected]
+    assert byteshuffle.candidate_libraries() == [expected]
     assert byteshuffle.reload() == f"blosc2 ({expected})"
     _round_trip_all(2, [4096, 4099])

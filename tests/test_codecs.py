@@ -150,7 +150,7 @@ def test_shuffle_matches_reference(
     for the little-endian run, whichever backend is loaded."""
     if not little_endian:
         monkeypatch.setattr(byteshuffle, "_LITTLE_ENDIAN", False)
-        monkeypatch.setattr(byteshuffle, "_state", [None])
+        monkeypatch.setattr(byteshuffle, "state", [None])
     rng = np.random.default_rng(width)
     for n in [*range(0, 40), 1000, 4097]:
         data = rng.integers(0, 256, n, dtype=U8).tobytes()

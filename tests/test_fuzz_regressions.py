@@ -141,7 +141,7 @@ def test_chunked_seeds_have_sections_of_several_chunks() -> None:
         assert blob is not None
         pool = blob.sections[0]
         assert pool.codec == hw.codecs.CODEC_CHUNKED, name
-        parts = fuzz_blob._split_chunks(pool.payload)
+        parts = fuzz_blob.split_chunks(pool.payload)
         assert parts is not None
         assert parts[1] == -(-pool.raw_size // parts[0])
         assert parts[1] >= 3 or "one_chunk" in name
@@ -161,7 +161,7 @@ def test_the_mutator_writes_decodable_chunked_sections() -> None:
     for chunk_size in (4096, 8192, 1 << 16, 1 << 30):
         blob = fuzz_blob.parse_blob(data)
         assert blob is not None
-        assert fuzz_blob._rechunk(blob.sections[0], rng, chunk_size)
+        assert fuzz_blob.rechunk(blob.sections[0], rng, chunk_size)
         got = hw.decode(fuzz_blob.build_blob(blob))
         assert fuzz_blob.tensor_difference(want, got) is None
 
@@ -325,7 +325,7 @@ def test_f1_inputs_are_well_formed_up_to_the_bug() -> None:
     assert fuzz_containers.fix_checksums(F1_HRRY) == F1_HRRY
 
 
-# F2 (fixed: codecs.frames._fresh_reason asks a new zstd context for the reason). The reason
+# F2 (fixed: codecs.frames.fresh_reason asks a new zstd context for the reason). The reason
 # libzstd gives for a corrupt zstd frame depends on what the decoding
 # thread decoded before. hurray_wire.codecs keeps one zstandard.ZstdDecompressor per thread
 # and reads every frame through its stream_reader; libzstd keeps the streaming buffers it
@@ -374,7 +374,7 @@ def _f2_blob() -> bytes:
     spec = hw.Compression(hw.codecs.CODEC_CHUNKED, min_size=0, chunk_size=16384)
     blob = fuzz_blob.parse_blob(bytes(hw.encode(tensor, compression=spec)))
     assert blob is not None
-    blob.sections[0].payload = fuzz_blob._join_chunks(16384, 1, [len(F2_FRAME)], [F2_FRAME])
+    blob.sections[0].payload = fuzz_blob.join_chunks(16384, 1, [len(F2_FRAME)], [F2_FRAME])
     return fuzz_blob.build_blob(blob)
 
 
@@ -514,7 +514,7 @@ def test_f7_inputs_are_well_formed_up_to_the_bug() -> None:
     with pytest.raises(hwe.DecompressionError):  # codec 1 refuses the same bytes
         hw.decode(_f7_variant(section.payload, codec=1))
     with pytest.raises(Exception, match="doesn't match checksum"):
-        fuzz_blob._reader().read_blob(F7_BLOB)
+        fuzz_blob.reference_reader().read_blob(F7_BLOB)
 
 
 def test_f7_bad_frame_checksum_and_trailing_bytes_are_refused() -> None:

@@ -462,8 +462,8 @@ def test_callers_arrays_untouched() -> None:
     decoded.unpacked_page_pool()
     decoded.gather_sequence(0)
     tensor.gather_sequence(1)
-    for array, original, writable in zip((pool, bt, sp, lens, scales, zps), originals, flags,
-                                         strict=True):  # fmt: skip
+    arrays: list[np.ndarray[Any, Any]] = [pool, bt, sp, lens, scales, zps]
+    for array, original, writable in zip(arrays, originals, flags, strict=True):
         assert array.tobytes() == original.tobytes() and array.dtype == original.dtype
         assert array.flags.writeable == writable
     assert metadata == {"a": [1, 2]}

@@ -183,7 +183,7 @@ class KnownFinding(hw.HurrayWireError):
 #: Open findings: id -> (exception type, message fragments, (file, function) raising it).
 #: F1 (fixed in ede8fce) was: "F1": (ValueError, ("array is too big", "Maximum allowed
 #: dimension exceeded"), ("hurray_wire/tensor.py", "assemble")). F2 (fixed in session 2,
-#: codecs.frames._fresh_reason) was a disagreement the target itself reports (``_same_outcome``,
+#: codecs.frames.fresh_reason) was a disagreement the target itself reports (``_same_outcome``,
 #: which consults this table before raising): "F2": (AssertionError, (ZSTD_REASON_ONLY,),
 #: ("tools/fuzz_blob.py", "_same_outcome")), the reason libzstd gives for a corrupt frame
 #: depending on what the thread's cached decompression context decoded before.
@@ -232,7 +232,7 @@ def as_known(exc: BaseException) -> KnownFinding | None:
 KNOWN_HITS: dict[str, int] = {}
 
 
-def _outcome(call: Callable[[], Any]) -> tuple[Any, hw.HurrayWireError | None]:
+def outcome(call: Callable[[], Any]) -> tuple[Any, hw.HurrayWireError | None]:
     try:
         return call(), None
     except hw.HurrayWireError as exc:
@@ -352,7 +352,7 @@ def _round_trip(data: bytes, tensor: hw.BlockPagedTensor, total: int) -> None:
             blob = hw.encode(tensor, compression=spec, checksum=checksum)
         except hw.HurrayWireError as exc:
             raise AssertionError(f"encode refused a decoded tensor: {exc!r}") from exc
-        again, error = _outcome(functools.partial(hw.decode, blob))
+        again, error = outcome(functools.partial(hw.decode, blob))
         if error is not None:
             raise AssertionError(f"a re-encoded blob does not decode: {error!r}") from error
         diff = tensor_difference(tensor, again)
@@ -375,21 +375,21 @@ def _round_trip(data: bytes, tensor: hw.BlockPagedTensor, total: int) -> None:
 
 def check_blob(data: bytes) -> None:
     """One fuzz case: the decoders accept consistently or raise our error; see the module doc."""
-    strict = _outcome(lambda: hw.decode(data, verify=True, threads=0))
-    loose = _outcome(lambda: hw.decode(data, verify=False))
+    strict = outcome(lambda: hw.decode(data, verify=True, threads=0))
+    loose = outcome(lambda: hw.decode(data, verify=False))
     if not isinstance(strict[1], hw.ChecksumError):
         _same_outcome("verify=True vs verify=False", strict, loose)
 
     # The chunks of chunked sections decode on two threads: the same verdict, the same
     # error (str covers type, section, field and offset: the lowest failing chunk), equal
     # arrays.
-    _same_outcome("threads=0 vs threads=2", strict, _outcome(lambda: hw.decode(data, threads=2)))
+    _same_outcome("threads=0 vs threads=2", strict, outcome(lambda: hw.decode(data, threads=2)))
 
     buf = bytearray(b"\xa5" * 3) + data + b"\x5a" * 5
-    shifted = _outcome(lambda: hw.decode(memoryview(buf)[3 : 3 + len(data)]))
+    shifted = outcome(lambda: hw.decode(memoryview(buf)[3 : 3 + len(data)]))
     _same_outcome("memoryview at offset 3", strict, shifted)
 
-    limited, limit_error = _outcome(lambda: hw.decode(data, limits=SMALL_LIMITS))
+    limited, limit_error = outcome(lambda: hw.decode(data, limits=SMALL_LIMITS))
     if strict[1] is not None and limited is not None:
         raise AssertionError("small limits accepted a blob the default limits refuse")
     if (
@@ -410,7 +410,7 @@ def check_blob(data: bytes) -> None:
         raise AssertionError("blob_length disagrees with total_length")
     if total != len(data):
         _same_outcome(
-            "exactly total_length bytes", strict, _outcome(lambda: hw.decode(data[:total]))
+            "exactly total_length bytes", strict, outcome(lambda: hw.decode(data[:total]))
         )
     _round_trip(data, tensor, total)
     _independent_reader(data, tensor)
@@ -430,7 +430,7 @@ def _load_independent_reader() -> Any:
 _REFERENCE: list[Any] = []
 
 
-def _reader() -> Any:
+def reference_reader() -> Any:
     """tests/blob_reference.py, loaded once (None when it is not there)."""
     if not _REFERENCE:
         _REFERENCE.append(_load_independent_reader())
@@ -440,7 +440,7 @@ def _reader() -> Any:
 def _independent_reader(data: bytes, tensor: hw.BlockPagedTensor) -> None:
     """A blob hw.decode accepts is accepted, with the same bytes, by the reader in
     tests/blob_reference.py, which implements docs/wire-format.md without hurray_wire."""
-    reader = _reader()
+    reader = reference_reader()
     if reader is None:
         return
     try:
@@ -484,7 +484,7 @@ def _independent_refusal(data: bytes, error: hw.HurrayWireError | None) -> None:
     where = error.field or ""
     if where not in _CHUNK_TABLE_FIELDS and not where.startswith("chunk "):
         return
-    reader = _reader()
+    reader = reference_reader()
     if reader is None:
         return
     try:
@@ -658,7 +658,7 @@ def byte_mutate(data: bytes, rng: random.Random, max_size: int = 1 << 20) -> byt
 _IN_LIBFUZZER: list[bool] = []  # non-empty once atheris.Fuzz() runs: atheris.Mutate works only then
 
 
-def _libfuzzer_mutate(data: bytes, rng: random.Random, max_size: int) -> bytes:
+def libfuzzer_mutate(data: bytes, rng: random.Random, max_size: int) -> bytes:
     if _IN_LIBFUZZER and rng.random() < 0.7:
         return bytes(atheris.Mutate(data, max_size))
     return byte_mutate(data, rng, max_size)
@@ -711,7 +711,7 @@ def _zstd_frame(
     return compressor.compress(src)
 
 
-def _join_chunks(
+def join_chunks(
     chunk_size: int, count: int, sizes: list[int], frames: list[bytes], extra: bytes = b""
 ) -> bytes:
     """A chunked section's stored bytes from its table fields and frames (as given)."""
@@ -720,7 +720,7 @@ def _join_chunks(
     return table + b"".join(frames) + extra
 
 
-def _split_chunks(payload: bytes) -> tuple[int, int, list[int], list[bytes]] | None:
+def split_chunks(payload: bytes) -> tuple[int, int, list[int], list[bytes]] | None:
     """(chunk_size, chunk_count, frame sizes, frames) of a chunked section, or None when
     its table does not fit; frames are cut by the sizes (the last ones maybe short)."""
     if len(payload) < 8:
@@ -743,7 +743,7 @@ def _chunked(raw: bytes, width: int, chunk_size: int, rng: random.Random) -> byt
     frames = [
         _zstd_frame(raw[a : a + chunk_size], width, rng) for a in range(0, len(raw), chunk_size)
     ]
-    return _join_chunks(chunk_size, len(frames), [len(f) for f in frames], frames)
+    return join_chunks(chunk_size, len(frames), [len(f) for f in frames], frames)
 
 
 def _compress(
@@ -790,7 +790,7 @@ def _decompress(section: Section) -> bytes | None:
     if section.raw_size > _MAX_RAW:
         return None
     if section.codec == codecs.CODEC_CHUNKED:
-        parts = _split_chunks(section.payload)
+        parts = split_chunks(section.payload)
         if parts is None:
             return None
         lengths = _chunk_lengths(parts[0], section.raw_size)
@@ -810,7 +810,7 @@ def _decompress(section: Section) -> bytes | None:
     )
 
 
-def _set_int(payload: bytes, rng: random.Random) -> bytes:
+def set_int(payload: bytes, rng: random.Random) -> bytes:
     width = rng.choice([4, 8])
     if len(payload) < width:
         return payload
@@ -828,7 +828,7 @@ def _descriptor_seeds() -> list[bytes]:
 _DESCRIPTORS: list[bytes] = []
 
 
-def _random_metadata(rng: random.Random) -> bytes:
+def random_metadata(rng: random.Random) -> bytes:
     pool: list[tuple[str, Any]] = [
         ("model", "m" * rng.randint(0, 40)),
         ("hurray.k_scale", rng.choice([0.5, float("nan"), -0.0, 1e308])),
@@ -845,7 +845,7 @@ def _random_metadata(rng: random.Random) -> bytes:
     return encode_metadata(dict(chosen))
 
 
-def _sync_buffers(blob: Blob, rng: random.Random) -> None:
+def sync_buffers(blob: Blob, rng: random.Random) -> None:
     """Resize the buffer sections to what the (mutated) descriptor says, if it decodes."""
     try:
         desc = hw.decode_descriptor(blob.descriptor)
@@ -920,23 +920,23 @@ def _mutate_blob(blob: Blob, rng: random.Random, max_size: int) -> None:
         if rng.random() < 0.2:
             blob.reserved1 = rng.randbytes(4)
     elif op == 2 and s is not None:  # payload bytes
-        s.payload = _libfuzzer_mutate(s.payload, rng, max(len(s.payload) * 2, 64))
+        s.payload = libfuzzer_mutate(s.payload, rng, max(len(s.payload) * 2, 64))
         if s.codec == 0 and rng.random() < 0.8:
             s.raw_size = len(s.payload)
     elif op == 3 and s is not None:  # one index / seq_lens / zero-point element
         raw = _decompress(s)
         if raw is not None:
-            raw = _set_int(raw, rng)
+            raw = set_int(raw, rng)
             if s.codec == 0:
                 s.payload = raw
             else:
-                chunk_size = _split_chunks(s.payload) if s.codec == codecs.CODEC_CHUNKED else None
+                chunk_size = split_chunks(s.payload) if s.codec == codecs.CODEC_CHUNKED else None
                 s.payload = _compress(raw, s.codec, s.param, rng, chunk_size and chunk_size[0])
     elif op == 4 and s is not None:  # compress a section (maybe after mutating it)
         raw = _decompress(s)
         if raw is not None:
             if rng.random() < 0.3:
-                raw = _set_int(raw, rng)
+                raw = set_int(raw, rng)
             s.codec = rng.choice([1, 2, 3, 3])
             s.param = {1: 0, 2: rng.choice([2, 4, 8]), 3: rng.choice([1, 2, 4, 8])}[s.codec]
             s.payload = _compress(raw, s.codec, s.param, rng)
@@ -946,24 +946,24 @@ def _mutate_blob(blob: Blob, rng: random.Random, max_size: int) -> None:
         if raw is not None:
             s.codec, s.param, s.payload, s.raw_size = 0, 0, raw, len(raw)
     elif op == 6:  # descriptor bytes
-        blob.descriptor = _libfuzzer_mutate(blob.descriptor, rng, len(blob.descriptor) + 64)
+        blob.descriptor = libfuzzer_mutate(blob.descriptor, rng, len(blob.descriptor) + 64)
         if len(blob.descriptor) >= 10 and rng.random() < 0.8:
             d = bytearray(blob.descriptor)
             _U32.pack_into(d, 6, len(d))
             blob.descriptor = bytes(d)
         if rng.random() < 0.8:
-            _sync_buffers(blob, rng)
+            sync_buffers(blob, rng)
     elif op == 7:  # another descriptor, buffers resized to it
         if not _DESCRIPTORS:
             _DESCRIPTORS.extend(_descriptor_seeds())
         blob.descriptor = rng.choice(_DESCRIPTORS)
-        _sync_buffers(blob, rng)
+        sync_buffers(blob, rng)
     elif op == 8:  # same descriptor, coherent index buffers
-        _sync_buffers(blob, rng)
+        sync_buffers(blob, rng)
     elif op == 9:  # add a section
         kind = rng.choice([2, 3, 3, 4, 0x7F, 0xFF, 0, 1])
         if kind == 3:
-            payload = _random_metadata(rng)
+            payload = random_metadata(rng)
         elif kind == 2:
             payload = b"".join(_U64.pack(rng.choice([0, 1, 3, 6, 2**64 - 1])) for _ in range(2))
         else:
@@ -988,24 +988,24 @@ def _mutate_blob(blob: Blob, rng: random.Random, max_size: int) -> None:
         metas = [x for x in sections if x.kind == 3]
         if metas:
             meta = metas[0]
-            meta.payload = _random_metadata(rng)
+            meta.payload = random_metadata(rng)
             if rng.random() < 0.5:
                 meta.payload = byte_mutate(meta.payload, rng)
             meta.codec, meta.param, meta.raw_size = 0, 0, len(meta.payload)
     elif op in (14, 15):  # block-paged fields of the descriptor, handles repaired, resized
         blob.descriptor = mutate_descriptor_fields(blob.descriptor, rng)
-        _sync_buffers(blob, rng)
+        sync_buffers(blob, rng)
     elif op >= 16 and sections:  # a chunked section's table and frames
         chunked = [x for x in sections if x.codec == codecs.CODEC_CHUNKED]
         if chunked and rng.random() < 0.85:
             mutate_chunks(rng.choice(chunked), rng)
         else:  # chunk a section first, preferably the largest (the pool: several chunks)
             target = max(sections, key=lambda x: x.raw_size) if rng.random() < 0.6 else s
-            if target is not None and _rechunk(target, rng):
+            if target is not None and rechunk(target, rng):
                 mutate_chunks(target, rng)
 
 
-def _rechunk(s: Section, rng: random.Random, chunk_size: int | None = None) -> bool:
+def rechunk(s: Section, rng: random.Random, chunk_size: int | None = None) -> bool:
     """Store a section with codec 3 (a small chunk size, any width); False if it cannot be
     decompressed first."""
     raw = _decompress(s)
@@ -1035,12 +1035,12 @@ def _odd_frame(frame: bytes, rng: random.Random) -> bytes:
     if choice == 5 and len(frame) > 5 and frame[4] & 3 == 0:  # a dictionary id in the header
         at = 5 if frame[4] & 0x20 else 6  # after the window descriptor, if any
         return frame[:4] + bytes([frame[4] | 1]) + frame[5:at] + b"\x07" + frame[at:]
-    return _libfuzzer_mutate(frame, rng, len(frame) + 16)
+    return libfuzzer_mutate(frame, rng, len(frame) + 16)
 
 
 def mutate_chunks(s: Section, rng: random.Random) -> None:
     """One edit of a chunked section's chunk table or frames (docs/wire-format.md § 6)."""
-    parts = _split_chunks(s.payload)
+    parts = split_chunks(s.payload)
     if parts is None:  # the table does not fit: edit its header fields only
         head = bytearray(s.payload[:8].ljust(8, b"\0"))
         at = rng.choice([0, 4])
@@ -1136,9 +1136,9 @@ def mutate_chunks(s: Section, rng: random.Random) -> None:
         if sizes and rng.random() < 0.5:
             sizes[-1] = (sizes[-1] + len(extra)) & _M32
     elif raw is not None:  # re-chunked: any legal chunk size and width, mixed frames
-        _rechunk(s, rng, _chunk_size_choice(rng))
+        rechunk(s, rng, _chunk_size_choice(rng))
         return
-    s.payload = _join_chunks(chunk_size, count, sizes, frames, extra)
+    s.payload = join_chunks(chunk_size, count, sizes, frames, extra)
 
 
 #: (offset, width) of the block-paged descriptor fields (shared/spec/descriptor.md § 1.1):
@@ -1213,7 +1213,7 @@ def _mutate(data: bytes, max_size: int, seed: int) -> bytes:
     rng = random.Random(seed)
     blob = parse_blob(data) if rng.random() < 0.85 else None
     if blob is None:
-        out = _libfuzzer_mutate(data, rng, max_size)
+        out = libfuzzer_mutate(data, rng, max_size)
         return fix_checksums(out)[:max_size]
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
         _mutate_blob(blob, rng, max_size)
@@ -1221,9 +1221,9 @@ def _mutate(data: bytes, max_size: int, seed: int) -> bytes:
         return data
     out = build_blob(blob, max_size)
     if rng.random() < 0.15:  # and now and then a plain byte mutation on top
-        out = fix_checksums(_libfuzzer_mutate(out, rng, max_size))
+        out = fix_checksums(libfuzzer_mutate(out, rng, max_size))
     if len(out) > max_size:
-        return fix_checksums(_libfuzzer_mutate(data, rng, max_size))[:max_size]
+        return fix_checksums(libfuzzer_mutate(data, rng, max_size))[:max_size]
     return out
 
 
@@ -1430,7 +1430,7 @@ def blobs_in_stream(data: bytes) -> list[bytes]:
     return blobs
 
 
-def _fix_mode(argv: list[str]) -> tuple[bool, list[str]]:
+def fix_mode(argv: list[str]) -> tuple[bool, list[str]]:
     """The harness's own flags, taken out of argv: (checksum fixing on?, the rest)."""
     fix = os.environ.get(FIX_ENV, "") not in ("", "0")
     if FIX_FLAG in argv:
@@ -1440,7 +1440,7 @@ def _fix_mode(argv: list[str]) -> tuple[bool, list[str]]:
     return fix, [a for a in argv if a not in (FIX_FLAG, REPORT_KNOWN_FLAG)]
 
 
-def _seeded_argv(
+def seeded_argv(
     argv: list[str], name: str, seed_dirs: list[Path], generated: Callable[[], dict[str, bytes]]
 ) -> list[str]:
     """Add the generated seeds, written to a folder (and a default corpus when no corpus
@@ -1469,8 +1469,8 @@ def _seeded_argv(
 
 
 def main() -> None:
-    fix, argv = _fix_mode(sys.argv)
-    argv = _seeded_argv(argv, "blob", SEED_DIRS, generated_seeds)
+    fix, argv = fix_mode(sys.argv)
+    argv = seeded_argv(argv, "blob", SEED_DIRS, generated_seeds)
     if fix:
         _IN_LIBFUZZER.append(True)
         atheris.Setup(argv, check_blob, custom_mutator=mutate)

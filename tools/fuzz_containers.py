@@ -113,7 +113,7 @@ _SMALL_MAX_BLOB = 4096
 _SCRATCH: list[Path] = []
 
 
-_outcome = fuzz_blob._outcome  # our error, or an open finding's, as a value
+_outcome = fuzz_blob.outcome  # our error, or an open finding's, as a value
 
 
 def _collect(iterator_factory: Callable[[], Any]) -> tuple[list[Any], hw.HurrayWireError | None]:
@@ -394,7 +394,7 @@ def fix_hrry_crc(data: bytes) -> bytes:
     return bytes(buf)
 
 
-def _records(data: bytes) -> list[tuple[bytes, int, int]]:
+def stream_records(data: bytes) -> list[tuple[bytes, int, int]]:
     """(magic, start, total_length) of each record of a hurray-wire stream, as framed."""
     out = []
     pos = 0
@@ -413,7 +413,7 @@ def _records(data: bytes) -> list[tuple[bytes, int, int]]:
 def fix_stream_checksums(data: bytes) -> bytes:
     """Recompute every checksum of a hurray-wire stream (stream header, blobs, end record)."""
     buf = data
-    for magic, start, total in _records(data):
+    for magic, start, total in stream_records(data):
         if start + total > len(buf):
             if magic == b"HRWB":
                 buf = fuzz_blob.fix_checksums(buf, start)
@@ -492,9 +492,9 @@ def _reference_fields(data: bytes) -> list[tuple[int, int]]:
     return fields
 
 
-def _stream_fields(data: bytes) -> list[tuple[int, int]]:
+def stream_fields(data: bytes) -> list[tuple[int, int]]:
     fields = []
-    for magic, start, total in _records(data):
+    for magic, start, total in stream_records(data):
         fields += [(start + 4, 1), (start + 5, 1), (start + 6, 2), (start + 8, 8)]
         if magic == b"HRWS":
             fields += [
@@ -518,7 +518,7 @@ def _stream_fields(data: bytes) -> list[tuple[int, int]]:
     return [(o, w) for o, w in fields if o + w <= len(data)]
 
 
-def _set_field(data: bytes, fields: list[tuple[int, int]], rng: random.Random) -> bytes:
+def set_field(data: bytes, fields: list[tuple[int, int]], rng: random.Random) -> bytes:
     if not fields:
         return data
     offset, width = rng.choice(fields)
@@ -532,7 +532,7 @@ def _set_field(data: bytes, fields: list[tuple[int, int]], rng: random.Random) -
 
 def _splice_blob(data: bytes, rng: random.Random, max_size: int) -> bytes:
     """Mutate one blob of a stream with the blob mutator; move the end index to match."""
-    records = _records(data)
+    records = stream_records(data)
     blobs = [(s, t) for m, s, t in records if m == b"HRWB" and s + t <= len(data)]
     if not blobs:
         return data
@@ -540,7 +540,7 @@ def _splice_blob(data: bytes, rng: random.Random, max_size: int) -> bytes:
     new = fuzz_blob.mutate(data[start : start + total], max_size, rng.getrandbits(32))
     out = bytearray(data[:start] + new + data[start + total :])
     shift = len(new) - total
-    for magic, s, t in _records(bytes(out)):
+    for magic, s, t in stream_records(bytes(out)):
         if magic == b"HRWE" and s + t <= len(out):
             count = _U32.unpack_from(out, s + 24)[0]
             for number in range(min(count, (t - 48) // 24)):
@@ -577,17 +577,17 @@ def _mutate(data: bytes, max_size: int, seed: int) -> bytes:
     choice = rng.random()
     if data[:8] == HRRY_MAGIC and len(data) >= 64 + TRAILER_SIZE and choice < 0.6:
         if choice < 0.3:
-            out = _set_field(data, _hrry_fields(data), rng)
+            out = set_field(data, _hrry_fields(data), rng)
         else:
             out = _rebuild_hrry(data, rng, max_size)
     elif data[:4] in (b"HRWS", b"HRWB", b"HRWE") and choice < 0.5:
         if rng.random() < 0.5:
             out = _splice_blob(data, rng, max_size)
         else:
-            out = _set_field(data, _stream_fields(data), rng)
+            out = set_field(data, stream_fields(data), rng)
     elif data[:4] == b"HRRY" and data[:8] != HRRY_MAGIC and choice < 0.5:
         if choice < 0.2:
-            out = _set_field(data, _reference_fields(data), rng)
+            out = set_field(data, _reference_fields(data), rng)
         else:
             out = _rebuild_reference(data, rng)
     else:
@@ -605,7 +605,7 @@ def _mutate_record(record: Record, rng: random.Random) -> Record:
     if rng.random() < 0.3 and buffers:
         index = rng.randrange(len(buffers))
         buffers = list(buffers)
-        buffers[index] = fuzz_blob._set_int(buffers[index], rng)
+        buffers[index] = fuzz_blob.set_int(buffers[index], rng)
         return descriptor, buffers
     blob = fuzz_blob.Blob(1, 0, 0, 0, 0, bytes(4), descriptor)
     blob.sections = [fuzz_blob.Section(1, 1, 0, 0, i, len(b), 64, b) for i, b in enumerate(buffers)]
@@ -614,7 +614,7 @@ def _mutate_record(record: Record, rng: random.Random) -> Record:
     else:
         mutated = _byte_mutate(descriptor, rng, len(descriptor) + 32)
         blob.descriptor = fuzz_blob.repair_descriptor(mutated)
-    fuzz_blob._sync_buffers(blob, rng)
+    fuzz_blob.sync_buffers(blob, rng)
     return blob.descriptor, [s.payload for s in blob.sections if s.kind == 1]
 
 
@@ -642,7 +642,7 @@ def _reference_records(data: bytes) -> tuple[list[Record], bytes]:
 def _rebuild_reference(data: bytes, rng: random.Random) -> bytes:
     records, tail = _reference_records(data)
     if not records:
-        return _set_field(data, _reference_fields(data), rng)
+        return set_field(data, _reference_fields(data), rng)
     number = rng.randrange(len(records))
     if rng.random() < 0.15:
         records.insert(rng.randint(0, len(records)), records[number])
@@ -716,7 +716,7 @@ def _rebuild_hrry(data: bytes, rng: random.Random, max_size: int) -> bytes:
     """Re-lay a .hrry image after changing a tensor, its name or the KV metadata."""
     parsed = _hrry_parts(data)
     if parsed is None or not parsed[1]:
-        return _set_field(data, _hrry_fields(data), rng)
+        return set_field(data, _hrry_fields(data), rng)
     header, parts, metadata = parsed
     name, record = rng.choice(parts)
     op = rng.randrange(4)
@@ -731,7 +731,7 @@ def _rebuild_hrry(data: bytes, rng: random.Random, max_size: int) -> bytes:
                 [hw.metadata.UInt64(v) for v in values] if values else [hw.metadata.Int64(1)]
             )
         else:
-            payload = fuzz_blob._random_metadata(rng)
+            payload = fuzz_blob.random_metadata(rng)
             metadata[key] = payload if rng.random() < 0.7 else fuzz_blob.byte_mutate(payload, rng)
     else:  # rename, or duplicate a tensor under another name
         other = name + rng.choice(["", "x", "\u00e9"])
@@ -821,8 +821,8 @@ def seed_inputs() -> dict[str, bytes]:
 
 
 def main() -> None:
-    fix, argv = fuzz_blob._fix_mode(sys.argv)
-    argv = fuzz_blob._seeded_argv(argv, "containers", SEED_DIRS, generated_seeds)
+    fix, argv = fuzz_blob.fix_mode(sys.argv)
+    argv = fuzz_blob.seeded_argv(argv, "containers", SEED_DIRS, generated_seeds)
     if fix:
         _IN_LIBFUZZER.append(True)
         fuzz_blob._IN_LIBFUZZER.append(True)

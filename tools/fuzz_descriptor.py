@@ -78,11 +78,11 @@ def _same(a: Any, b: Any) -> bool:
 
 def _agree(decoder: Any, data: bytes) -> tuple[Any, hw.HurrayWireError | None]:
     """The decoder's outcome on the bytes, after checking the other input paths agree."""
-    result, error = fuzz_blob._outcome(lambda: decoder(data))
+    result, error = fuzz_blob.outcome(lambda: decoder(data))
     padded = bytearray(b"xyz" + data + b"!")
     sources = [bytearray(data), memoryview(padded)[3:-1]]
     for source in sources:
-        other, other_error = fuzz_blob._outcome(functools.partial(decoder, source))
+        other, other_error = fuzz_blob.outcome(functools.partial(decoder, source))
         if _error_key(error) != _error_key(other_error) or not _same(result, other):
             raise AssertionError(f"{decoder.__name__}: bytes vs {type(source).__name__} differ")
     if padded[3:-1] != data:
@@ -124,7 +124,7 @@ def _mutate(data: bytes, max_size: int, seed: int) -> bytes:
         struct.pack_into("<I", buf, 6, length)
         out = bytes(buf)
     else:
-        out = fuzz_blob._libfuzzer_mutate(data, rng, max_size)
+        out = fuzz_blob.libfuzzer_mutate(data, rng, max_size)
     return out[:max_size]
 
 
@@ -164,7 +164,7 @@ def _seeded_argv(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    fix, argv = fuzz_blob._fix_mode(sys.argv)
+    fix, argv = fuzz_blob.fix_mode(sys.argv)
     argv = _seeded_argv(argv)
     if fix:
         fuzz_blob._IN_LIBFUZZER.append(True)

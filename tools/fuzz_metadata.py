@@ -82,7 +82,7 @@ def has_empty_array(metadata: Any) -> bool:
 
 
 def _decode(data: Any, base_offset: int = 0) -> tuple[Any, hw.HurrayWireError | None]:
-    return fuzz_blob._outcome(lambda: decode_metadata(data, base_offset=base_offset))
+    return fuzz_blob.outcome(lambda: decode_metadata(data, base_offset=base_offset))
 
 
 def _same(what: str, a: tuple[Any, Any], b: tuple[Any, Any], shift: int = 0) -> None:
@@ -200,7 +200,7 @@ def _value(rng: random.Random) -> Any:
     return [rng.randbytes(rng.randint(0, 4)) for _ in range(rng.randint(1, 3))]
 
 
-def _rebuild(data: bytes, rng: random.Random) -> bytes | None:
+def rebuild(data: bytes, rng: random.Random) -> bytes | None:
     try:
         entries = dict(decode_metadata(data))
     except hw.HurrayWireError:
@@ -250,9 +250,9 @@ def _mutate(data: bytes, max_size: int, seed: int) -> bytes:
     if choice < 0.35:
         out = set_field(data, metadata_fields(data), rng)
     elif choice < 0.65:
-        out = _rebuild(data, rng)
+        out = rebuild(data, rng)
     if out is None:
-        out = fuzz_blob._libfuzzer_mutate(data, rng, max_size)
+        out = fuzz_blob.libfuzzer_mutate(data, rng, max_size)
     return out[:max_size]
 
 
@@ -294,7 +294,7 @@ def generated_seeds() -> dict[str, bytes]:
                 "y": [b"", b"x"],
             }
         ),
-        "gen-fuzz-blob.kv": fuzz_blob._random_metadata(rng),
+        "gen-fuzz-blob.kv": fuzz_blob.random_metadata(rng),
     }
     for number in range(4):
         entries = {f"k{i}": _value(rng) for i in range(rng.randint(1, 6))}
@@ -307,8 +307,8 @@ def seed_inputs() -> dict[str, bytes]:
 
 
 def main() -> None:
-    fix, argv = fuzz_blob._fix_mode(sys.argv)
-    argv = fuzz_blob._seeded_argv(argv, "metadata", SEED_DIRS, generated_seeds)
+    fix, argv = fuzz_blob.fix_mode(sys.argv)
+    argv = fuzz_blob.seeded_argv(argv, "metadata", SEED_DIRS, generated_seeds)
     if fix:
         fuzz_blob._IN_LIBFUZZER.append(True)
         atheris.Setup(argv, check_metadata, custom_mutator=mutate)

@@ -96,9 +96,9 @@ def _paths(data: bytes, accepted: bool) -> list[tuple[str, Any]]:
 
 
 def _agree(what: str, key: Any, decoder: Any, data: bytes) -> tuple[Any, Any]:
-    result, error = fuzz_blob._outcome(lambda: decoder(data))
+    result, error = fuzz_blob.outcome(lambda: decoder(data))
     for label, source in _paths(data, error is None):
-        other, other_error = fuzz_blob._outcome(functools.partial(decoder, source))
+        other, other_error = fuzz_blob.outcome(functools.partial(decoder, source))
         if (error is None) != (other_error is None):
             raise AssertionError(f"{what} bytes vs {label}: {error!r} vs {other_error!r}")
         if (
@@ -170,7 +170,7 @@ def _rewrite_header(data: bytes, rng: random.Random) -> bytes | None:
     if rng.random() < 0.4:
         name = rng.choice([b"", b"m", "\u00e9".encode(), b"\xff\xfe", b"x" * rng.randint(0, 200)])
     elif rng.random() < 0.5:
-        meta = fuzz_metadata._rebuild(meta, rng) or fuzz_metadata.set_field(
+        meta = fuzz_metadata.rebuild(meta, rng) or fuzz_metadata.set_field(
             meta, fuzz_metadata.metadata_fields(meta), rng
         )
     else:
@@ -188,11 +188,11 @@ def _mutate(data: bytes, max_size: int, seed: int) -> bytes:
     choice = rng.random()
     out: bytes | None = None
     if choice < 0.4:
-        out = fuzz_containers._set_field(data, fuzz_containers._stream_fields(data), rng)
+        out = fuzz_containers.set_field(data, fuzz_containers.stream_fields(data), rng)
     elif choice < 0.7:
         out = _rewrite_header(data, rng)
     if out is None:
-        out = fuzz_blob._libfuzzer_mutate(data, rng, max_size)
+        out = fuzz_blob.libfuzzer_mutate(data, rng, max_size)
     return fuzz_containers.fix_stream_checksums(out)[:max_size]
 
 
@@ -238,7 +238,7 @@ def generated_seeds() -> dict[str, bytes]:
     seeds["gen-end-index.rec"] = hws.encode_end_record(entries, 3)
     for folder in _STREAM_DIRS:
         for path in sorted(folder.glob("*")):
-            records = fuzz_containers._records(path.read_bytes())
+            records = fuzz_containers.stream_records(path.read_bytes())
             data = path.read_bytes()
             for magic, start, total in records:
                 if magic in (b"HRWS", b"HRWE"):
@@ -255,8 +255,8 @@ def seed_inputs() -> dict[str, bytes]:
 
 
 def main() -> None:
-    fix, argv = fuzz_blob._fix_mode(sys.argv)
-    argv = fuzz_blob._seeded_argv(argv, "records", SEED_DIRS, generated_seeds)
+    fix, argv = fuzz_blob.fix_mode(sys.argv)
+    argv = fuzz_blob.seeded_argv(argv, "records", SEED_DIRS, generated_seeds)
     if fix:
         fuzz_blob._IN_LIBFUZZER.append(True)
         atheris.Setup(argv, check_records, custom_mutator=mutate)

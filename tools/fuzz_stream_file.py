@@ -76,7 +76,7 @@ def _error_key(error: hw.HurrayWireError | None) -> Any:
 
 def _survey(source: Any, **options: Any) -> tuple[Any, list[tuple[Any, Any]], Any]:
     """(summary, per-entry (tensor, error), opening error) of one StreamFile."""
-    stream_file, error = fuzz_blob._outcome(lambda: hws.StreamFile(source, **options))
+    stream_file, error = fuzz_blob.outcome(lambda: hws.StreamFile(source, **options))
     if stream_file is None:
         return None, [], error
     with stream_file:
@@ -89,10 +89,10 @@ def _survey(source: Any, **options: Any) -> tuple[Any, list[tuple[Any, Any]], An
             type(stream_file.error),
         )
         reads = [
-            fuzz_blob._outcome(functools.partial(stream_file.read, e)) for e in stream_file.entries
+            fuzz_blob.outcome(functools.partial(stream_file.read, e)) for e in stream_file.entries
         ]
         for key in list(stream_file.keys()):
-            fuzz_blob._outcome(functools.partial(stream_file.tensor, *key))
+            fuzz_blob.outcome(functools.partial(stream_file.tensor, *key))
         # compare now: the tensors are views of the mapping, released by close()
         reads = [(None if t is None else _detached(t), e) for t, e in reads]
     return summary, reads, None
@@ -178,8 +178,8 @@ def seed_inputs() -> dict[str, bytes]:
 
 
 def main() -> None:
-    fix, argv = fuzz_blob._fix_mode(sys.argv)
-    argv = fuzz_blob._seeded_argv(argv, "stream-file", SEED_DIRS, generated_seeds)
+    fix, argv = fuzz_blob.fix_mode(sys.argv)
+    argv = fuzz_blob.seeded_argv(argv, "stream-file", SEED_DIRS, generated_seeds)
     if fix:
         fuzz_containers._IN_LIBFUZZER.append(True)
         fuzz_blob._IN_LIBFUZZER.append(True)

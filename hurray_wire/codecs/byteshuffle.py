@@ -119,7 +119,7 @@ class _Blosc2Kernels:
         return fn  # type: ignore[no-any-return]
 
 
-def _candidate_libraries() -> list[str]:
+def candidate_libraries() -> list[str]:
     """libblosc2 files to try: the one named by LIBRARY_ENV, else python-blosc2's own."""
     named = os.environ.get(LIBRARY_ENV)
     if named:
@@ -141,7 +141,7 @@ def _candidate_libraries() -> list[str]:
     return found
 
 
-def _self_test(kernels: _Blosc2Kernels) -> bool:
+def self_test(kernels: _Blosc2Kernels) -> bool:
     """Does the library reproduce the NumPy kernels (tails and odd widths included)?
 
     Also initialises c-blosc2's lazy CPU dispatch from one thread."""
@@ -165,34 +165,34 @@ def _self_test(kernels: _Blosc2Kernels) -> bool:
 def _load() -> _Blosc2Kernels | None:
     if os.environ.get(SHUFFLE_ENV, "").strip().lower() == "numpy":
         return None
-    for path in _candidate_libraries():
+    for path in candidate_libraries():
         try:
             kernels = _Blosc2Kernels(path)
         except (OSError, AttributeError):
             continue
-        if _self_test(kernels):
+        if self_test(kernels):
             return kernels
     return None
 
 
 _lock = threading.Lock()
-_state: list[_Blosc2Kernels | None] = []  # empty until loaded; then [kernels or None]
+state: list[_Blosc2Kernels | None] = []  # empty until loaded; then [kernels or None]
 
 
 def _kernels() -> _Blosc2Kernels | None:
-    if not _state:
+    if not state:
         with _lock:
-            if not _state:
-                _state.append(_load())
-    return _state[0]
+            if not state:
+                state.append(_load())
+    return state[0]
 
 
 def reload() -> str:
     """Choose the kernels again (after changing the environment variables); returns
     :func:`backend`."""
     with _lock:
-        _state.clear()
-        _state.append(_load())
+        state.clear()
+        state.append(_load())
     return backend()
 
 
@@ -205,7 +205,7 @@ def backend() -> str:
 # -- the kernels -----------------------------------------------------------------------
 
 
-def _library_for(width: int, size: int) -> _Blosc2Kernels | None:
+def library_for(width: int, size: int) -> _Blosc2Kernels | None:
     """The loaded library, when it takes this width and size (int32 sizes, 1 < width < 256)."""
     kernels = _kernels()
     if kernels is None or not 1 < width < 256 or not width <= size <= _INT32_MAX:
@@ -216,7 +216,7 @@ def _library_for(width: int, size: int) -> _Blosc2Kernels | None:
 def shuffle_into(src: U8Array, width: int, dst: U8Array) -> None:
     """Shuffle flat C-contiguous uint8 ``src`` into ``dst`` of the same size (no overlap)."""
     size = src.size
-    lib = _library_for(width, size)
+    lib = library_for(width, size)
     # A library that refuses its arguments (never seen after the self-test) falls back.
     if lib is None or lib.shuffle(width, size, src.ctypes.data, dst.ctypes.data) != size:
         _numpy_shuffle(src, width, dst)
@@ -227,7 +227,7 @@ def unshuffle_into(src: U8Array | bytes, width: int, dst: U8Array) -> None:
     ``bytes`` object (zstd's output), which ctypes passes without building an address
     (a NumPy array's ``.ctypes.data`` costs as many instructions as a 4 KiB unshuffle)."""
     size = len(src) if isinstance(src, bytes) else src.size
-    lib = _library_for(width, size)
+    lib = library_for(width, size)
     address = src if isinstance(src, bytes) else src.ctypes.data
     if lib is None or lib.unshuffle(width, size, address, dst.ctypes.data) != size:
         plain = np.frombuffer(src, np.uint8) if isinstance(src, bytes) else src

@@ -268,7 +268,7 @@ def _corrupt(
     src: U8Array, target: U8Array, codec_name: str, exc: zstandard.ZstdError
 ) -> DecompressionError:
     return DecompressionError(
-        f"{codec_name} section is corrupt: {_fresh_reason(src, target) or exc}",
+        f"{codec_name} section is corrupt: {fresh_reason(src, target) or exc}",
         field="stored",
         found=f"{src.size} stored bytes for {target.size} raw bytes",
     )
@@ -285,7 +285,7 @@ def _check_decoded_size(got: int, raw_size: int, codec_name: str) -> None:
         )
 
 
-def _fresh_reason(src: U8Array, dst: U8Array) -> str | None:
+def fresh_reason(src: U8Array, dst: U8Array) -> str | None:
     """libzstd's reason for refusing ``src``, from a new context.
 
     The per-thread context keeps buffers sized by the frames it decoded before, and
