@@ -399,16 +399,9 @@ def assemble(
     etype = descriptor.element_type
     pool = buffers[0]
     if not etype.is_packed:
-        page_bytes = layout.page_size * descriptor.shape[1] * descriptor.shape[2] * etype.itemsize
-        if page_bytes >= 2**63:  # NumPy cannot even shape an empty pool of such pages
-            raise InvalidTensorError(
-                "one page of the pool would exceed 2**63 bytes",
-                field="page_pool",
-                found=f"page_size {layout.page_size} x shape {list(descriptor.shape[1:])}",
-            )
-        shape = (layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2])
+        shape, dtype = _pool_typing(descriptor)
         try:
-            pool = pool.view(etype.numpy_dtype).reshape(shape)
+            pool = pool.view(dtype).reshape(shape)
         except ValueError:  # e.g. a zero-size pool whose other dimensions exceed NumPy's
             raise InvalidTensorError(
                 "page_pool shape cannot be represented as a NumPy array",
@@ -426,8 +419,9 @@ def assemble(
                 offset=bad,
                 found=f"0x{int(pool[bad]):02X}",
             )
-    block_table = buffers[1].view(layout.index_dtype)
-    seq_ptr = buffers[2].view(layout.index_dtype)
+    index_dtype = layout.index_dtype
+    block_table = buffers[1].view(index_dtype)
+    seq_ptr = buffers[2].view(index_dtype)
     check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
     scales = zero_points = None
     quant = descriptor.quantization
@@ -450,6 +444,26 @@ def assemble(
     return BlockPagedTensor._trusted(
         descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
     )
+
+
+def _pool_typing(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """The pool's shape and dtype for an unpacked element type, checked once per descriptor
+    (descriptors are immutable values; the decoders' memo hands back the same object)."""
+    cached: tuple[tuple[int, ...], np.dtype[Any]] | None = descriptor.__dict__.get("_pool_typing")
+    if cached is not None:
+        return cached
+    layout, etype = descriptor.layout, descriptor.element_type
+    page_bytes = layout.page_size * descriptor.shape[1] * descriptor.shape[2] * etype.itemsize
+    if page_bytes >= 2**63:  # NumPy cannot even shape an empty pool of such pages
+        raise InvalidTensorError(
+            "one page of the pool would exceed 2**63 bytes",
+            field="page_pool",
+            found=f"page_size {layout.page_size} x shape {list(descriptor.shape[1:])}",
+        )
+    shape = (layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2])
+    cached = (shape, etype.numpy_dtype)
+    object.__setattr__(descriptor, "_pool_typing", cached)  # immutable: memoise
+    return cached
 
 
 def _pool_array(page_pool: Any, element_type: ElementType | str | None) -> Array:
