@@ -9,7 +9,7 @@ size under the limits). Every error names the section and the byte offset of the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from hurray_wire.blob.envelope import AT, ENTRY, ENTRY_AT, entry_at
 from hurray_wire.blob.limits import DecodeLimits
@@ -18,6 +18,7 @@ from hurray_wire.buffers import align
 from hurray_wire.codecs import CODEC_RAW, registry
 from hurray_wire.errors import (
     BlobTruncatedError,
+    HurrayWireError,
     InvalidBlobError,
     LimitExceededError,
     SectionError,
@@ -27,7 +28,13 @@ from hurray_wire.wire import blob as w
 
 __all__ = ["Entry", "check_entries"]
 
+E = TypeVar("E", bound=HurrayWireError)
 _SEQ_LEN_BYTES = 8  # seq_lens are u64 (docs/wire-format.md § 3)
+
+
+def _refused(error: type[E], message: str, where: str, at: int, field: str, **details: Any) -> E:
+    """The error for field ``field`` of the section entry at byte ``at``, placed there."""
+    return error(message, section=where, field=field, offset=at + ENTRY_AT[field], **details)
 
 
 @dataclass(frozen=True)
@@ -123,11 +130,12 @@ def _buffer_sizes(rows: list[dict[str, Any]], descriptor: TensorDescriptor) -> t
         num_pages = descriptor.layout.num_pages
         refs = refs_count(e["raw_size"])
         if refs is None or refs > num_pages:
-            raise SectionError(
+            raise _refused(
+                SectionError,
                 "page_refs needs 8 + 16 bytes per ref, at most one ref per page",
-                section=where,
-                field="raw_size",
-                offset=at + ENTRY_AT["raw_size"],
+                where,
+                at,
+                "raw_size",
                 expected=f"8 + 16 * R, R <= num_pages {num_pages}",
                 found=e["raw_size"],
             )
@@ -137,11 +145,12 @@ def _buffer_sizes(rows: list[dict[str, Any]], descriptor: TensorDescriptor) -> t
 
 def _check_pages_geometry(descriptor: TensorDescriptor, at: int, where: str) -> None:
     if paged_buffers(descriptor).page_nbytes is None:
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "page sections need pages that end on a byte boundary",
-            section=where,
-            field="kind",
-            offset=at + ENTRY_AT["kind"],
+            where,
+            at,
+            "kind",
             expected="page_size * num_heads * head_dim * bit_width % 8 == 0",
         )
 
@@ -152,29 +161,32 @@ def _check_framing(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
         raise SectionError("reserved section bits or bytes set", section=where, offset=at)
     alignment = e["alignment"]
     if alignment < w.BLOB_ALIGNMENT or alignment & (alignment - 1):
-        raise SectionError(
+        raise _refused(
+            SectionError,
             f"section alignment must be a power of two >= {w.BLOB_ALIGNMENT}",
-            section=where,
-            field="alignment",
-            offset=at + ENTRY_AT["alignment"],
+            where,
+            at,
+            "alignment",
             found=alignment,
         )
     expected = align(walk.cursor, alignment)
     if e["offset"] != expected:
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "section is not at the next aligned offset after the previous one",
-            section=where,
-            field="offset",
-            offset=at + ENTRY_AT["offset"],
+            where,
+            at,
+            "offset",
             expected=expected,
             found=e["offset"],
         )
     if e["offset"] + e["stored_size"] > walk.total:
-        raise BlobTruncatedError(
+        raise _refused(
+            BlobTruncatedError,
             "section extends past total_length",
-            section=where,
-            field="stored_size",
-            offset=at + ENTRY_AT["stored_size"],
+            where,
+            at,
+            "stored_size",
             expected=f"<= {walk.total - e['offset']}",
             found=e["stored_size"],
         )
@@ -185,20 +197,22 @@ def _check_buffer(e: dict[str, Any], number: int, at: int, where: str, walk: _Wa
     buffers = walk.descriptor.buffers
     index = e["index"]
     if index != walk.next_buffer or number != index:
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "buffer sections must come first, in buffer-table order",
-            section=where,
-            field="index",
-            offset=at + ENTRY_AT["index"],
+            where,
+            at,
+            "index",
             expected=walk.next_buffer,
             found=index,
         )
     if index >= len(buffers):
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "buffer index beyond the descriptor's buffer table",
-            section=where,
-            field="index",
-            offset=at + ENTRY_AT["index"],
+            where,
+            at,
+            "index",
             expected=f"< {len(buffers)}",
             found=index,
         )
@@ -214,20 +228,22 @@ def _check_buffer(e: dict[str, Any], number: int, at: int, where: str, walk: _Wa
             found=e["raw_size"],
         )
     if e["alignment"] < handle.alignment:
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "section alignment below the descriptor's alignment",
-            section=where,
-            field="alignment",
-            offset=at + ENTRY_AT["alignment"],
+            where,
+            at,
+            "alignment",
             expected=f">= {handle.alignment}",
             found=e["alignment"],
         )
     if not e["section_flags"] & w.FLAG_REQUIRED:
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "buffer sections must be flagged required",
-            section=where,
-            field="section_flags",
-            offset=at + ENTRY_AT["section_flags"],
+            where,
+            at,
+            "section_flags",
             found=e["section_flags"],
         )
     walk.next_buffer += 1
@@ -240,11 +256,12 @@ def _check_extension(e: dict[str, Any], at: int, where: str, walk: _Walk) -> Non
     kind = e["kind"]
     assert walk.seen is not None
     if e["index"] != 0 or kind in walk.seen:
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "extension section duplicated or with a non-zero index",
-            section=where,
-            field="index",
-            offset=at + ENTRY_AT["index"],
+            where,
+            at,
+            "index",
             found=e["index"],
         )
     if walk.next_buffer != len(walk.descriptor.buffers):
@@ -255,29 +272,32 @@ def _check_extension(e: dict[str, Any], at: int, where: str, walk: _Walk) -> Non
         _check_page_section(e, at, where, walk)
     elif kind == w.KIND_SEQ_LENS:
         if not e["section_flags"] & w.FLAG_REQUIRED:
-            raise SectionError(
+            raise _refused(
+                SectionError,
                 "a seq_lens section must be flagged required",
-                section=where,
-                field="section_flags",
-                offset=at + ENTRY_AT["section_flags"],
+                where,
+                at,
+                "section_flags",
                 found=e["section_flags"],
             )
         expected = _SEQ_LEN_BYTES * walk.descriptor.layout.num_seqs
         if e["raw_size"] != expected:
-            raise SectionError(
+            raise _refused(
+                SectionError,
                 f"seq_lens needs {_SEQ_LEN_BYTES} bytes per sequence",
-                section=where,
-                field="raw_size",
-                offset=at + ENTRY_AT["raw_size"],
+                where,
+                at,
+                "raw_size",
                 expected=expected,
                 found=e["raw_size"],
             )
     elif e["raw_size"] > walk.limits.max_metadata_bytes:
-        raise LimitExceededError(
+        raise _refused(
+            LimitExceededError,
             "metadata section above the limit",
-            section=where,
-            field="raw_size",
-            offset=at + ENTRY_AT["raw_size"],
+            where,
+            at,
+            "raw_size",
             found=e["raw_size"],
             expected=f"<= {walk.limits.max_metadata_bytes}",
         )
@@ -303,11 +323,12 @@ def _check_page_section(e: dict[str, Any], at: int, where: str, walk: _Walk) -> 
         _check_pages_geometry(walk.descriptor, at, where)
         expected = digests_size(walk.descriptor.layout.num_pages)
         if e["raw_size"] != expected:
-            raise SectionError(
+            raise _refused(
+                SectionError,
                 "page_digests needs an 8-byte head and 8 bytes per page",
-                section=where,
-                field="raw_size",
-                offset=at + ENTRY_AT["raw_size"],
+                where,
+                at,
+                "raw_size",
                 expected=expected,
                 found=e["raw_size"],
             )
@@ -316,30 +337,33 @@ def _check_page_section(e: dict[str, Any], at: int, where: str, walk: _Walk) -> 
 def _check_unknown(e: dict[str, Any], at: int, where: str) -> None:
     """A kind this reader does not know may be skipped only when it is not required."""
     if e["section_flags"] & w.FLAG_REQUIRED or e["kind"] == 0:
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "unknown section kind flagged required",
-            section=where,
-            field="kind",
-            offset=at + ENTRY_AT["kind"],
+            where,
+            at,
+            "kind",
             found=e["kind"],
         )
     if e["index"] != 0:
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "a section that is not a buffer has index 0",
-            section=where,
-            field="index",
-            offset=at + ENTRY_AT["index"],
+            where,
+            at,
+            "index",
             found=e["index"],
         )
 
 
 def _check_checksum_field(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
     if walk.checksum_type == w.CHECKSUM_NONE and e["checksum"]:
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "checksum set although checksum_type is none",
-            section=where,
-            field="checksum",
-            offset=at + ENTRY_AT["checksum"],
+            where,
+            at,
+            "checksum",
             found=e["checksum"],
         )
 
@@ -350,41 +374,38 @@ def _check_codec(e: dict[str, Any], at: int, where: str, walk: _Walk) -> None:
     codec = e["codec"]
     if codec == CODEC_RAW:
         if e["stored_size"] != e["raw_size"] or e["codec_param"]:
-            raise SectionError(
+            raise _refused(
+                SectionError,
                 "a raw section has stored_size == raw_size and no codec parameter",
-                section=where,
-                field="stored_size",
-                offset=at + ENTRY_AT["stored_size"],
+                where,
+                at,
+                "stored_size",
                 expected=e["raw_size"],
                 found=e["stored_size"],
             )
         return
     found = registry.find(codec)
     if found is None:
-        raise SectionError(
-            "unknown codec",
-            section=where,
-            field="codec",
-            offset=at + ENTRY_AT["codec"],
-            found=codec,
-        )
+        raise _refused(SectionError, "unknown codec", where, at, "codec", found=codec)
     if not found.valid_param(e["codec_param"]):
-        raise SectionError(
+        raise _refused(
+            SectionError,
             "codec_param must be 0 for zstd, a shuffle width of 2, 4 or 8 for "
             "shuffle-zstd and of 1, 2, 4 or 8 for chunked-shuffle-zstd",
-            section=where,
-            field="codec_param",
-            offset=at + ENTRY_AT["codec_param"],
+            where,
+            at,
+            "codec_param",
             found=e["codec_param"],
         )
     if e["kind"] in w.SECTION_KINDS:
         walk.decompressed += e["raw_size"]
         if walk.decompressed > walk.limits.max_decompressed_bytes:
-            raise LimitExceededError(
+            raise _refused(
+                LimitExceededError,
                 "decompressed size above the limit",
-                section=where,
-                field="raw_size",
-                offset=at + ENTRY_AT["raw_size"],
+                where,
+                at,
+                "raw_size",
                 found=e["raw_size"],
                 expected=f"<= {walk.limits.max_decompressed_bytes} in all",
             )

@@ -20,7 +20,7 @@ from typing import Any
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, encode_parts
 from hurray_wire.codecs import Compression
-from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, open_sink, open_source
+from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, ClosesOnExit, open_sink, open_source
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -203,7 +203,7 @@ class StreamWriter:
             self.abort()
 
 
-class StreamReader:
+class StreamReader(ClosesOnExit):
     """Iterate the tensors of a stream as each blob arrives.
 
     ``source`` is a socket, a binary file-like object (file, pipe, ``BytesIO``), a path or
@@ -463,14 +463,3 @@ class StreamReader:
         self._closed = True
         self._done = True
         self._source.close()
-
-    def __enter__(self) -> StreamReader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

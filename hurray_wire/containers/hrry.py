@@ -26,7 +26,7 @@ from hurray_wire.containers.hrry_records import (
     parse_kv,
     parse_trailer,
 )
-from hurray_wire.containers.io import MappedFile, map_file
+from hurray_wire.containers.io import ClosesOnExit, MappedFile, map_file
 from hurray_wire.containers.reference_common import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
     METADATA_KEY_PREFIX,
@@ -76,7 +76,7 @@ def _check_size(size: int) -> None:
         )
 
 
-class HrryFile:
+class HrryFile(ClosesOnExit):
     """A lazy, memory-mapped ``.hrry`` reader: ``with HrryFile(path) as f: f.tensor(name)``.
 
     Opening checks the header, trailer, index (CRC-32C included) and KV section (§ B.8 1-5)
@@ -403,12 +403,6 @@ class HrryFile:
             # Views still exported: the map goes away with the last array.
             with contextlib.suppress(BufferError):
                 buf.close()
-
-    def __enter__(self) -> HrryFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name

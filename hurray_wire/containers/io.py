@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,7 @@ from hurray_wire.errors import ArgumentTypeError, ClosedContainerError, LimitExc
 __all__ = [
     "DEADLINE_MIN_RATE",
     "DEFAULT_RECORD_DEADLINE",
+    "ClosesOnExit",
     "FileShrankError",
     "IOSource",
     "MappedFile",
@@ -566,3 +567,19 @@ def open_source(
             field="source",
             found=type(source).__name__,
         ) from None
+
+
+_C = TypeVar("_C", bound="ClosesOnExit")
+
+
+class ClosesOnExit:
+    """``with reader: ...`` closes the reader, however the block ends (readers, files and
+    endpoints all release what they hold the same way)."""
+
+    close: Callable[[], None]  # each class's own
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, peek_descriptor
-from hurray_wire.containers.io import MappedFile, map_file, map_source, will_need
+from hurray_wire.containers.io import ClosesOnExit, MappedFile, map_file, map_source, will_need
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -88,7 +87,7 @@ def _peek_blob(view: memoryview, limits: DecodeLimits) -> tuple[int | None, str]
     return descriptor.layout.layer_index, descriptor.layout.kv_role
 
 
-class StreamFile:
+class StreamFile(ClosesOnExit):
     """Random access to a stream in a file (mapped with ``mmap``) or a bytes-like object.
 
     Opening reads the stream header and the index: the end record's (found from the last
@@ -414,14 +413,3 @@ class StreamFile:
         if self._mapping is not None:
             with contextlib.suppress(BufferError):
                 self._mapping.close()
-
-    def __enter__(self) -> StreamFile:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

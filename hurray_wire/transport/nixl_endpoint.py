@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from hurray_wire.containers.io import ClosesOnExit
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.transport.records import (
     Segment,
@@ -173,7 +174,7 @@ def _pieces(
     return rows(local), rows(remote)
 
 
-class _Endpoint:
+class _Endpoint(ClosesOnExit):
     """One NIXL agent with a UCX backend, its registrations and its one peer."""
 
     def __init__(
@@ -261,12 +262,6 @@ class _Endpoint:
             with contextlib.suppress(Exception):
                 self._agent.remove_remote_agent(self._peer)
             self._peer = None
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- control records -------------------------------------------------------------------
     def _send(self, record: TransferRecord) -> None:
