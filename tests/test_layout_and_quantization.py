@@ -103,9 +103,13 @@ def test_layout_public_fields_cannot_be_deleted(name: str) -> None:
 
 
 def test_layout_slots_cannot_be_deleted() -> None:
+    """The layout's storage is exactly its fields' slots, and none of them can be deleted,
+    not even through object.__delattr__'s generic path of the class."""
+    assert set(hw.BlockPagedLayout.__slots__) == set(FIELDS)
     value = layout()
-    with pytest.raises(AttributeError):
-        del value._page_size  # type: ignore[attr-defined]
+    for name in FIELDS:
+        with pytest.raises(AttributeError):
+            type(value).__delattr__(value, name)
     assert value.page_size == 4
 
 
