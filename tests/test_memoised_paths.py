@@ -112,3 +112,101 @@ def test_raw_layouts_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert bytes(hw.encode(tensor)) == _general(tensor)
         assert len(memo) <= 4
     assert memo.nbytes <= 1 << 20
+
+
+# -- from_arrays: the geometry memo ---------------------------------------------------------
+def _arrays(
+    table_dtype: Any = np.uint32,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    pool = np.zeros((4, 2, 1, 8), np.float16)
+    return pool, np.array([0, 3, 1], table_dtype), np.array([0, 2, 3], table_dtype)
+
+
+def _build(pool: Any, table: Any, seq_ptr: Any, **kwargs: Any) -> hw.BlockPagedTensor:
+    return hw.BlockPagedTensor.from_arrays(pool, table, seq_ptr, **kwargs)
+
+
+@pytest.mark.parametrize("table_dtype", [np.uint32, np.int64, np.uint64, np.int16])
+def test_every_value_check_runs_after_a_memoised_geometry(table_dtype: Any) -> None:
+    pool, table, seq_ptr = _arrays(table_dtype)
+    for _ in range(2):
+        assert _build(pool, table, seq_ptr).block_table.tolist() == [0, 3, 1]
+    cases: list[tuple[Any, Any, str]] = [
+        ([0, 4, 1], [0, 2, 3], "block_table"),  # a page id outside the pool
+        ([0, 3, 1], [0, 3, 2], "seq_ptr"),  # decreasing
+        ([0, 3, 1], [1, 2, 3], "seq_ptr"),  # seq_ptr[0] != 0
+        ([0, 3, 1], [0, 1, 2], "seq_ptr"),  # seq_ptr[-1] != entries
+    ]
+    if np.dtype(table_dtype).kind == "i":
+        cases.append(([0, -1, 1], [0, 2, 3], "block_table"))  # negative
+    for bad_table, bad_ptr, field in cases:  # the same geometry, other values
+        with pytest.raises(hw.IndexBufferError) as info:
+            _build(pool, np.array(bad_table, table_dtype), np.array(bad_ptr, table_dtype))
+        assert info.value.field == field
+        assert _build(pool, table, seq_ptr).block_table.tolist() == [0, 3, 1]
+
+
+def test_values_that_do_not_fit_the_index_type_after_a_memoised_geometry() -> None:
+    pool, table, seq_ptr = _arrays(np.uint64)
+    _build(pool, table, seq_ptr)
+    big = np.array([0, 3, 2**33], np.uint64)
+    with pytest.raises(hw.IndexBufferError, match="do not fit uint32") as info:
+        _build(pool, big, seq_ptr)
+    assert info.value.field == "block_table"
+    wide = _build(pool, table, seq_ptr, block_table_index_type="uint64")
+    assert wide.layout.block_table_index_type == "uint64"
+    with pytest.raises(hw.IndexBufferError, match="outside the pool"):  # fits, but no page
+        _build(pool, big, seq_ptr, block_table_index_type="uint64")
+
+
+def test_seq_lens_metadata_and_total_tokens_after_a_memoised_geometry() -> None:
+    pool, table, seq_ptr = _arrays()
+    lens = np.array([3, 2], np.uint64)
+    first = _build(pool, table, seq_ptr, seq_lens=lens)
+    assert first.shape[0] == 5
+    other = _build(pool, table, seq_ptr, seq_lens=np.array([4, 1], np.uint64))
+    assert other.shape[0] == 5 and other.descriptor is first.descriptor
+    longer = _build(pool, table, seq_ptr, seq_lens=np.array([4, 2], np.uint64))
+    assert longer.shape[0] == 6
+    with pytest.raises(hw.IndexBufferError) as info:  # 5 tokens need 3 pages of 2, not 2
+        _build(pool, table, seq_ptr, seq_lens=np.array([5, 1], np.uint64))
+    assert info.value.field == "seq_lens"
+    with pytest.raises(hw.HurrayWireError):
+        _build(pool, table, seq_ptr, seq_lens=lens, total_tokens=4)
+    with pytest.raises(hw.InvalidMetadataError):
+        _build(pool, table, seq_ptr, metadata={"hurray.k_scale": "not a float"})
+    assert _build(pool, table, seq_ptr, total_tokens=np.int64(5)).shape[0] == 5
+
+
+def test_geometry_key_separates_types_and_skips_what_it_cannot_key() -> None:
+    pool, table, seq_ptr = _arrays()
+    _build(pool, table, seq_ptr, layer_index=1)
+    with pytest.raises(hw.HurrayWireError):
+        _build(pool, table, seq_ptr, layer_index=True)
+    with pytest.raises(hw.HurrayWireError):
+        _build(pool, table, seq_ptr, layer_index=1.0)
+    with pytest.raises(hw.HurrayWireError):
+        _build(pool, table, seq_ptr, kv_role=("key",))
+    with pytest.raises(hw.HurrayWireError):
+        _build(pool, table, seq_ptr, kv_role=["key"])  # unhashable
+    assert _build(pool, [0, 3, 1], [0, 2, 3]).descriptor == _build(pool, table, seq_ptr).descriptor
+    with pytest.raises(hw.InvalidTensorError):  # same shape, another dtype: its own geometry
+        _build(pool.astype(np.float32), table, seq_ptr, element_type=hw.float16)
+    with pytest.raises(hw.InvalidTensorError):
+        _build(pool.reshape(4, 2, 8), table, seq_ptr)
+
+
+def test_geometries_and_their_descriptors_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hurray_wire import tensor as tensor_module
+
+    memo: BoundedMemo[Any] = BoundedMemo(4, 1 << 20)
+    monkeypatch.setattr(tensor_module, "_GEOMETRIES", memo)
+    pool, table, seq_ptr = _arrays()
+    for layer in range(10):
+        assert _build(pool, table, seq_ptr, layer_index=layer).layer_index == layer
+        assert len(memo) <= 4
+    monkeypatch.setattr(tensor_module, "_MEMO_LIMIT", 2)  # descriptors per geometry
+    for tokens in [1, 2, 3, 4, 5, 6, 1, 2]:
+        assert _build(pool, table, seq_ptr, total_tokens=tokens).shape[0] == tokens
+        (geometry,) = (g for g in memo._items.values() if g.layout.layer_index is None)
+        assert 1 <= len(geometry.descriptors) <= 2

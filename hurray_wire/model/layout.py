@@ -223,6 +223,10 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
     return array
 
 
+_SMALL = 512  # seq_ptr entries below which the ordering is checked on a Python list
+_SMALL_TABLE = 64  # block_table entries below which max() of a list beats a NumPy reduction
+
+
 def check_index_arrays(
     seq_ptr: npt.NDArray[Any], block_table: npt.NDArray[Any], num_pages: int, num_seqs: int
 ) -> None:
@@ -234,12 +238,12 @@ def check_index_arrays(
             found=len(seq_ptr),
             expected=num_seqs + 1,
         )
-    if num_seqs < 512:  # small: Python on a list beats three NumPy calls
+    if num_seqs < _SMALL:  # small: Python on a list beats three NumPy calls
         values = seq_ptr.tolist()
-        first = values[0]
+        first, last = values[0], values[-1]
         ordered = values == sorted(values)
     else:
-        first = int(seq_ptr[0])
+        first, last = int(seq_ptr[0]), int(seq_ptr[-1])
         ordered = not np.less(seq_ptr[1:], seq_ptr[:-1]).any()
     if first != 0:
         raise IndexBufferError("seq_ptr[0] must be 0", position=0, field="seq_ptr", found=first)
@@ -253,16 +257,24 @@ def check_index_arrays(
             found=int(seq_ptr[bad]),
             expected=f">= seq_ptr[{bad - 1}] = {int(seq_ptr[bad - 1])}",
         )
-    last = int(seq_ptr[-1])
-    if last != len(block_table):
+    count = len(block_table)
+    if last != count:
         raise IndexBufferError(
             f"seq_ptr[{num_seqs}] must equal the number of block_table entries",
             position=num_seqs,
             field="seq_ptr",
             found=last,
-            expected=len(block_table),
+            expected=count,
         )
-    if len(block_table) and int(np.maximum.reduce(block_table)) >= num_pages:
+    if (
+        count
+        and (
+            max(block_table.tolist())
+            if count < _SMALL_TABLE
+            else int(np.maximum.reduce(block_table))
+        )
+        >= num_pages
+    ):
         bad = int(np.argmax(block_table >= num_pages))
         raise IndexBufferError(
             f"page id at position {bad} is outside the pool",
