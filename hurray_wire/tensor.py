@@ -28,7 +28,12 @@ from hurray_wire.metadata import encode_metadata
 from hurray_wire.model import packing
 from hurray_wire.model._checks import U32_MAX, U64_MAX
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.layout import BlockPagedLayout, _as_index_array, check_index_arrays
+from hurray_wire.model.layout import (
+    BlockPagedLayout,
+    _as_index_array,
+    check_index_arrays,
+    check_seq_lens,
+)
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
 __all__ = ["BlockPagedTensor", "assemble", "check_seq_lens"]
@@ -590,80 +595,6 @@ def _seq_index(seq: object, num_seqs: int) -> int:
 def _bytes_view(array: Array) -> Array:
     """A 1-D uint8 view of a C-contiguous array (no copy)."""
     return array.reshape(-1).view(np.uint8)
-
-
-def _page_count_mismatch(lens: Array, seq_ptr: Array, page_size: int, largest: int) -> int | None:
-    """The first sequence whose page count is not ceil(len / page_size), or None.
-
-    For a power-of-two page size (every engine's) that is ``(len + P - 1) >> log2(P)``,
-    compared with the ``seq_ptr`` differences in one pass: no uint64 division. Otherwise
-    ``pages * P - P < len <= pages * P``, in blocks. Both where no term can wrap (lengths
-    and page capacity well below 2**64); the exact division form otherwise.
-    """
-    capacity = int(seq_ptr[-1]) * page_size
-    exact = capacity + page_size >= 2**64 or largest + page_size >= 2**64
-    size = np.uint64(page_size)
-    if not exact and page_size & (page_size - 1) == 0:
-        needed = (lens + np.uint64(page_size - 1)) >> np.uint64(page_size.bit_length() - 1)
-        ok = needed == (seq_ptr[1:] - seq_ptr[:-1])
-        return None if ok.all() else int(np.argmin(ok))
-    for start in range(0, len(lens), _BLOCK):  # blocks: temporaries stay in cache, unfaulted
-        stop = min(start + _BLOCK, len(lens))
-        part = lens[start:stop]
-        pages = (seq_ptr[start + 1 : stop + 1] - seq_ptr[start:stop]).astype(np.uint64)
-        if exact:
-            ok = pages == part // size + (part % size != 0)  # ceil without wrapping
-        else:
-            cap = pages * size
-            ok = (part <= cap) & (part + size > cap)
-        if not ok.all():
-            return start + int(np.argmin(ok))
-    return None
-
-
-# Elements per block of the vectorised checks: 64 KiB of uint64 temporaries, which the
-# allocator reuses (a fresh array of a whole 100k-sequence batch costs a page fault per 4 KiB).
-_BLOCK = 8192
-
-
-def check_seq_lens(lens: Array, seq_ptr: Array, page_size: int, total_tokens: int) -> None:
-    """seq_lens agree with shape[0] and with each sequence's page count (ceil(len / P))."""
-    num_seqs = len(seq_ptr) - 1
-    if len(lens) != num_seqs:
-        raise IndexBufferError(
-            "seq_lens needs one entry per sequence",
-            field="seq_lens",
-            found=len(lens),
-            expected=num_seqs,
-        )
-    total = 0
-    if num_seqs:
-        largest = int(lens.max())
-        if largest * num_seqs < 2**64:  # the uint64 sum cannot wrap
-            total = int(lens.sum(dtype=np.uint64))
-        else:
-            total = sum(lens.tolist())
-    if total != total_tokens:
-        raise IndexBufferError(
-            "sum(seq_lens) must equal shape[0] (total_tokens)",
-            position=0,
-            field="seq_lens",
-            found=total,
-            expected=total_tokens,
-        )
-    if num_seqs:
-        seq = _page_count_mismatch(lens, seq_ptr, page_size, largest)
-        if seq is not None:
-            tokens = int(lens[seq])
-            needed = -(-tokens // page_size)
-            pages = int(seq_ptr[seq + 1]) - int(seq_ptr[seq])
-            raise IndexBufferError(
-                f"sequence {seq} has {tokens} tokens, which need {needed} pages of {page_size}",
-                position=seq,
-                field="seq_lens",
-                found=f"{pages} pages",
-                expected=f"{needed} pages",
-            )
 
 
 def _quantization_arrays(
