@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import hurray_wire as hw
-from hurray_wire.blob import encoder
+from hurray_wire.blob import encoder, envelope
+from hurray_wire.errors import PaddingError
 from hurray_wire.memo import BoundedMemo
 
 
@@ -210,3 +211,39 @@ def test_geometries_and_their_descriptors_are_bounded(monkeypatch: pytest.Monkey
         assert _build(pool, table, seq_ptr, total_tokens=tokens).shape[0] == tokens
         (geometry,) = (g for g in memo._items.values() if g.layout.layer_index is None)
         assert 1 <= len(geometry.descriptors) <= 2
+
+
+# -- decode: the per-plan checks in one unpack ----------------------------------------------
+def test_padding_and_checksums_checked_on_every_decode_of_a_memoised_plan() -> None:
+    tensor = _tiny(seq_lens=[8, 3], metadata={"m": 1})
+    blob = bytes(hw.encode(tensor))
+    hw.decode(blob)  # the plan is memoised now
+    entries = [envelope.ENTRY.unpack_dict(blob, envelope.entry_at(i))
+               for i in range(5)]  # fmt: skip
+    for number, entry in enumerate(entries):
+        damaged = bytearray(blob)
+        damaged[entry["offset"]] ^= 1
+        with pytest.raises(hw.ChecksumError) as info:
+            hw.decode(damaged)
+        assert info.value.offset == entry["offset"]
+        if number == 0:  # pool bytes: only the checksum can tell
+            assert hw.decode(damaged, verify=False).num_seqs == 2
+    gaps = [e["offset"] - 1 for e in entries if blob[e["offset"] - 1] == 0]
+    gaps.append(len(blob) - 1)  # trailing padding
+    for at in gaps:
+        damaged = bytearray(blob)
+        damaged[at] = 7
+        with pytest.raises(PaddingError):
+            hw.decode(damaged, verify=False)
+    assert hw.decode(blob).metadata == {"m": 1}
+
+
+def test_large_padding_checked_on_every_decode() -> None:
+    tensor = _tiny(alignment=1 << 14)  # > 4 KiB of padding before the pool
+    blob = bytes(hw.encode(tensor))
+    hw.decode(blob)
+    pool_at = envelope.ENTRY.unpack_dict(blob, envelope.entry_at(0))["offset"]
+    damaged = bytearray(blob)
+    damaged[pool_at - 5000] = 1
+    with pytest.raises(PaddingError):
+        hw.decode(damaged)

@@ -37,6 +37,7 @@ __all__ = [
     "I_DESCRIPTOR_LENGTH",
     "I_HEADER_LENGTH",
     "I_SECTION_COUNT",
+    "I_TOTAL_LENGTH",
     "blob_length",
     "check_header_fields",
     "check_limits",
@@ -46,6 +47,7 @@ __all__ = [
     "fixed_header",
     "pack_header",
     "total_length",
+    "whole_blob_header",
 ]
 
 HEADER = derive(w.BLOB_HEADER)
@@ -62,6 +64,9 @@ I_HEADER_LENGTH = HEADER.names.index("header_length")
 I_SECTION_COUNT = HEADER.names.index("section_count")
 I_CHECKSUM_TYPE = HEADER.names.index("checksum_type")
 I_DESCRIPTOR_LENGTH = HEADER.names.index("descriptor_length")
+_I_MAGIC = HEADER.names.index("magic")
+_I_VERSION_MAJOR = HEADER.names.index("version_major")
+I_TOTAL_LENGTH = HEADER.names.index("total_length")
 
 
 def entry_at(number: int) -> int:
@@ -170,6 +175,24 @@ def total_length(view: memoryview, *, whole: bool) -> int:
         expected=total,
         found=len(view),
     )
+
+
+def whole_blob_header(view: memoryview) -> tuple[Any, ...]:
+    """The fixed header's fields (``HEADER.struct`` order) of a blob that ``view`` holds
+    whole: the magic, major version and total_length checked as :func:`total_length`
+    checks them, in one unpack; otherwise its precise framing error."""
+    if len(view) >= HEADER_SIZE:
+        head: tuple[Any, ...] = HEADER.struct.unpack_from(view, 0)
+        total = head[I_TOTAL_LENGTH]
+        if (
+            head[_I_MAGIC] == w.BLOB_MAGIC
+            and head[_I_VERSION_MAJOR] == 1
+            and _MIN_TOTAL <= total <= len(view)
+            and not total % w.BLOB_ALIGNMENT
+        ):
+            return head
+    total_length(view, whole=True)  # raises the framing error
+    return fixed_header(view)
 
 
 def check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
