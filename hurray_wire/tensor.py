@@ -467,8 +467,9 @@ def assemble(
     layout = descriptor.layout
     etype = descriptor.element_type
     pool = buffers[0]
-    if not etype.is_packed:
-        shape, dtype = _pool_typing(descriptor)
+    typing = descriptor.__dict__.get("_pool_typing")  # memoised: see _pool_typing
+    if typing is not None or not etype.is_packed:
+        shape, dtype = typing or _pool_typing(descriptor)
         try:
             pool = pool.view(dtype).reshape(shape)
         except ValueError:  # e.g. a zero-size pool whose other dimensions exceed NumPy's
@@ -494,7 +495,7 @@ def assemble(
     check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
     scales = zero_points = None
     quant = descriptor.quantization
-    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+    if quant is not None and isinstance(quant, (PerChannelAffine, PerBlockAffine)):
         scale_dtype = quant.scale_type.numpy_dtype
         payload = buffers[quant.scale_buffer_index]
         zp = quant.zero_point_buffer_index

@@ -89,6 +89,10 @@ class _Plan:
         object.__setattr__(self, "metadata", known.get((w.KIND_METADATA, 0)))
         object.__setattr__(self, "page_digests", known.get((w.KIND_PAGE_DIGESTS, 0)))
         object.__setattr__(self, "page_refs", known.get((w.KIND_PAGE_REFS, 0)))
+        raw = all(e.codec == CODEC_RAW for e in self.buffers)
+        object.__setattr__(self, "raw_buffers", raw)
+        spans = tuple(slice(e.offset, e.offset + e.stored_size) for e in self.buffers)
+        object.__setattr__(self, "buffer_spans", spans)
         small = [(a, b) for a, b, _ in gaps if b - a <= _SMALL_PADDING]
         object.__setattr__(
             self, "zeros", (_spans_struct(small), tuple(bytes(b - a) for a, b in small))
@@ -109,6 +113,8 @@ class _Plan:
     #: One unpack of every entry's stored checksum, in table order.
     stored_checksums: struct.Struct = _NOTHING
     spans: tuple[slice, ...] = ()  # each entry's stored bytes
+    raw_buffers: bool = False
+    buffer_spans: tuple[slice, ...] = ()
     buffers: tuple[Entry, ...] = ()
     seq_lens: Entry | None = None
     metadata: Entry | None = None
@@ -348,7 +354,10 @@ def _materialize(
             decoded.flags.writeable = False
         return decoded
 
-    buffers = [payload(e) for e in plan.buffers]
+    if plan.raw_buffers:  # every buffer stored raw: views at spans decided by the plan
+        buffers = [whole[span] for span in plan.buffer_spans]
+    else:
+        buffers = [payload(e) for e in plan.buffers]
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
     metadata = _metadata(plan, meta, max_metadata_entries)  # its fingerprint entry checked
