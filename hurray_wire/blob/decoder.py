@@ -270,7 +270,7 @@ def _decode(
     """The tensor, and the page work when the blob has page sections (None otherwise: a
     blob without them decodes with no page bookkeeping at all)."""
     view = byte_view(data)
-    limits = check_limits_argument(limits)
+    limits = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
     if type(verify) is not bool:
         raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
     if threads != -1:
@@ -360,7 +360,7 @@ def _materialize(
         buffers = [payload(e) for e in plan.buffers]
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
-    metadata = _metadata(plan, meta, max_metadata_entries)  # its fingerprint entry checked
+    metadata = {} if meta is None else _metadata(plan, meta, max_metadata_entries)
     if expect_fingerprint is not None:
         require_fingerprint(expect_fingerprint, metadata, section="metadata")
     if pages is not None and (plan.page_digests is not None or plan.page_refs is not None):

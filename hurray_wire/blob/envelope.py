@@ -59,6 +59,8 @@ HEADER_SIZE = HEADER.size
 #: magic, versions, flags and total_length: what frames a blob in a stream.
 BLOB_PREFIX_SIZE = AT["header_length"]
 _MIN_TOTAL = HEADER_SIZE + CHECKSUM.size
+_ENTRY_SIZE = ENTRY.size  # the FastStruct properties, read once for the per-call paths
+_CHECKSUM_SIZE = CHECKSUM.size
 #: Positions of the fixed header's fields in ``HEADER.struct.unpack``'s tuple.
 I_HEADER_LENGTH = HEADER.names.index("header_length")
 I_SECTION_COUNT = HEADER.names.index("section_count")
@@ -71,7 +73,7 @@ I_TOTAL_LENGTH = HEADER.names.index("total_length")
 
 def entry_at(number: int) -> int:
     """Byte offset of section entry ``number``: the table follows the fixed header."""
-    return HEADER_SIZE + ENTRY.size * number
+    return HEADER_SIZE + _ENTRY_SIZE * number
 
 
 def pack_header(
@@ -233,7 +235,7 @@ def checked_header(
     its buffer meanwhile cannot make the decoder trust bytes it did not check.
     """
     expected_length = entry_at(count) + dlen
-    if header_length != expected_length or header_length + CHECKSUM.size > total:
+    if header_length != expected_length or header_length + _CHECKSUM_SIZE > total:
         raise InvalidBlobError(
             "header_length disagrees with section_count and descriptor_length, or leaves no "
             "room for the header checksum within total_length",
