@@ -174,7 +174,7 @@ def _header_plan(
         return _plan_from_header(header, total, limits)
     key = int.from_bytes(header, "little")
     if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
-        key &= _checksum_mask(header_length, count)
+        key &= _MASKS.get((header_length, count)) or _checksum_mask(header_length, count)
     memo_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
     plan = PLANS.get(memo_key)
     if plan is None:

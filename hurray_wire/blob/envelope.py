@@ -234,7 +234,7 @@ def checked_header(
     Everything decided from the header is decided from this copy, so a caller that mutates
     its buffer meanwhile cannot make the decoder trust bytes it did not check.
     """
-    expected_length = entry_at(count) + dlen
+    expected_length = HEADER_SIZE + _ENTRY_SIZE * count + dlen  # entry_at(count) + dlen
     if header_length != expected_length or header_length + _CHECKSUM_SIZE > total:
         raise InvalidBlobError(
             "header_length disagrees with section_count and descriptor_length, or leaves no "
