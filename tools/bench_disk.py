@@ -4,8 +4,10 @@ The cache: 32 layers x key/value, each a 32 MiB fp16 page pool (2 GiB in all) wi
 block table and seq_ptr. Saved as one hurray-wire stream file (``StreamWriter`` to a
 path: atomic, checksummed), as a safetensors file (``save_file``) and with ``torch.save``;
 then loaded warm (the files in the page cache), every layer, verified where the format
-can verify; then one layer of 32. Prints each figure as a ratio to the peer's in the same
-run (best of rounds, the candidates taking turns). Run:
+can verify (``StreamFile.read`` then a copy, and ``read(entry, page_pool=engine)``, which
+hashes each chunk as it copies it into the engine's array); then one layer of 32.
+Prints each figure as a ratio to the peer's in the same run (best of rounds, the
+candidates taking turns). Run:
 
     pip install -e ".[bench]" && python tools/bench_disk.py [--rounds 3] [--dir /tmp]
 """
@@ -96,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             for t in f:
                 np.copyto(engine, t.page_pool.reshape(-1).view(np.uint8))
 
+    def load_stream_into(verify: bool = True) -> None:  # decode_into: hashed while copied
+        with hw.StreamFile(hrws, verify=verify) as f:
+            for entry in f.entries:
+                f.read(entry, page_pool=engine)
+
     def load_torch() -> None:
         loaded = torch.load(pt_path, mmap=True, weights_only=True)
         for name, v in loaded.items():
@@ -142,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             while f.read(64 << 20):
                 pass
     loads = {"StreamFile, verified": load_stream, "StreamFile, verify=False": lambda:
-             load_stream(False), "torch.load(mmap=True)": load_torch,
+             load_stream(False), "StreamFile page_pool=, verified": load_stream_into,
+             "torch.load(mmap=True)": load_torch,
              "safetensors load_file": load_safetensors}  # fmt: skip
     results = {name: float("inf") for name in loads}
     for _ in range(args.rounds):

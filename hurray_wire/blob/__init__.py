@@ -11,6 +11,7 @@ NumPy views of the input.
 from hurray_wire.blob.decoder import DecodeReport, decode, decode_report, peek_descriptor
 from hurray_wire.blob.encoder import encode, encode_into, encode_parts
 from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
+from hurray_wire.blob.landing import decode_into
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "DecodeReport",
     "blob_length",
     "decode",
+    "decode_into",
     "decode_report",
     "encode",
     "encode_into",
