@@ -37,7 +37,16 @@ from hurray_wire.transport.nixl_endpoint import (
     _pieces,
     _pool_section,
 )
+from hurray_wire.transport.nixl_pages import (
+    PageLanding,
+    engine_tensor,
+    hash_pages,
+    page_landing,
+    page_segments,
+    scatter_pages,
+)
 from hurray_wire.transport.records import (
+    MAX_SEGMENTS,
     ROLE_CODES,
     Segment,
     TransferRecord,
@@ -58,6 +67,7 @@ class _Incoming:
     xfers: list[Any] = field(default_factory=list)
     head_posted: bool = False
     engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
+    pages: PageLanding | None = None  # the landing at engine page ids, when expect() gave them
     landed: bool = False
     started: bool = False  # its transfer posted (offers wait in a queue until then)
 
@@ -99,7 +109,7 @@ class NixlReceiver(_Endpoint):
         self.page_store = page_store
         self.expect_fingerprint = expect_fingerprint
         self.session: int | None = None
-        self._pools: dict[tuple[int, str], _U8] = {}
+        self._pools: dict[tuple[int, str], PageLanding] = {}
         self._in: dict[tuple[int, str], _Incoming] = {}
         # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
         # of the GIL), while this thread keeps the later transfers moving.
@@ -114,9 +124,17 @@ class NixlReceiver(_Endpoint):
         record = encode_known_pages(digests)
         _call("send_notif", self._agent.send_notif, self._peer_name(), record)
 
-    def expect(self, layer: int, role: str, page_pool: npt.NDArray[Any]) -> None:
-        """Land the page pool of blob {layer, role} in ``page_pool`` (registered memory of
-        exactly the pool's size): the decoded tensor's page_pool then shares its memory."""
+    def expect(
+        self, layer: int, role: str, page_pool: npt.NDArray[Any], *, page_ids: Any = None
+    ) -> None:
+        """Land the page pool of blob {layer, role} in the engine's ``page_pool``
+        (registered memory): the decoded tensor's page_pool then shares its memory.
+
+        Without ``page_ids`` the array is exactly the pool's size and takes it whole. With
+        ``page_ids`` it is the engine's whole pool ``[num_pages, ...]`` and blob page ``i``
+        lands on engine page ``page_ids[i]`` (the blocks the engine allocated for the
+        request: distinct, any order); the tensor returned is over the whole engine pool,
+        its block table in engine page ids (docs/nixl.md § 4)."""
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 0xFFFFFFFF:
             raise ArgumentTypeError("layer must be an int in [0, 2**32 - 1)", found=repr(layer))
         if role not in ROLE_CODES:
@@ -126,7 +144,10 @@ class NixlReceiver(_Endpoint):
         if not self._registered(int(flat.ctypes.data), flat.nbytes):
             raise TransportError("page_pool is not in registered memory", layer=layer,
                                  role=role)  # fmt: skip
-        self._pools[(layer, role)] = flat
+        if page_ids is None:
+            self._pools[(layer, role)] = PageLanding(flat)
+        else:
+            self._pools[(layer, role)] = page_landing(page_pool, flat, page_ids)
 
     def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
         """Yield ``count`` tensors in the order they land (each decoded and validated).
@@ -243,8 +264,17 @@ class NixlReceiver(_Endpoint):
         """Choose where each byte of an offered blob lands (our segments)."""
         assert r.layer is not None and r.role is not None
         limit = len(self._arena.buf)
-        pool = self._pools.pop((r.layer, r.role), None)
-        if pool is not None and r.pool_length and pool.nbytes != r.pool_length:
+        expected = self._pools.pop((r.layer, r.role), None)
+        pool = None if expected is None else expected.flat
+        pages = expected if expected is not None and expected.page_ids is not None else None
+        if pages is not None and r.pool_length:
+            assert pages.page_ids is not None
+            if pages.page_ids.size * pages.page_bytes != r.pool_length:
+                raise TransportError("offered page pool size differs from page_ids x the "
+                                     "engine's page size", layer=r.layer, role=r.role,
+                                     expected=pages.page_ids.size * pages.page_bytes,
+                                     found=r.pool_length)  # fmt: skip
+        elif pool is not None and r.pool_length and pool.nbytes != r.pool_length:
             raise TransportError("offered page pool size differs from the engine's array",
                                  layer=r.layer, role=r.role, expected=pool.nbytes,
                                  found=r.pool_length)  # fmt: skip
@@ -260,13 +290,22 @@ class NixlReceiver(_Endpoint):
         if split:
             assert pool is not None
             end = r.pool_offset + r.pool_length
-            segments = [Segment(0, r.pool_offset, base),
-                        Segment(r.pool_offset, r.pool_length, int(pool.ctypes.data))]  # fmt: skip
+            segments = [Segment(0, r.pool_offset, base)]
+            if pages is not None:
+                segments += page_segments(pages, r.pool_offset)
+            else:
+                segments.append(Segment(r.pool_offset, r.pool_length, int(pool.ctypes.data)))
             if end < r.total_length:
                 segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
         else:
             segments = [Segment(0, r.total_length, base)]
-        return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool)
+        if r.write and len(segments) > MAX_SEGMENTS:  # a grant record lists our segments
+            raise TransportError(f"page_ids form {len(segments) - 2} runs of consecutive pages; "
+                                 f"a WRITE grant lists at most {MAX_SEGMENTS} segments: let "
+                                 "the receiver READ (any number of runs)", layer=r.layer,
+                                 role=r.role)  # fmt: skip
+        return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool,
+                         pages=pages)  # fmt: skip
 
     def _start(self, item: _Incoming) -> None:
         r = item.offer
@@ -308,7 +347,10 @@ class NixlReceiver(_Endpoint):
             tensor = decode(land[: r.total_length], verify=self.verify, limits=self.limits,
                             page_store=self.page_store,
                             expect_fingerprint=self.expect_fingerprint)  # fmt: skip
-            if item.engine is not None:  # a compressed pool: decompressed, then copied in
+            if item.pages is not None:  # a compressed pool: decompressed, then scattered
+                scatter_pages(item.pages, _pool_of(tensor, item.pages, r.layer, r.role))
+                tensor = engine_tensor(tensor, item.pages, r.layer, r.role)
+            elif item.engine is not None:  # a compressed pool: decompressed, then copied in
                 pool = tensor.page_pool
                 if pool.nbytes != item.engine.nbytes:
                     raise TransportError("page pool size differs from the engine's array",
@@ -351,8 +393,11 @@ class NixlReceiver(_Endpoint):
             for k in range(count):
                 e = _SECTION_ENTRY.unpack_dict(shadow, _HEADER + _ENTRY * k)
                 start, checksum = e["offset"], e["checksum"]
-                data = item.pool if k == 0 else shadow[start : start + e["stored_size"]]
-                computed = xxhash.xxh3_64_intdigest(data.data)
+                if k == 0 and item.pages is not None:
+                    computed = hash_pages(item.pages)  # the pages where they landed
+                else:
+                    data = item.pool if k == 0 else shadow[start : start + e["stored_size"]]
+                    computed = xxhash.xxh3_64_intdigest(data.data)
                 if computed != checksum:
                     name = wb.SECTION_KINDS.get(e["kind"], f"kind 0x{e['kind']:02X}")
                     raise ChecksumError(
@@ -362,9 +407,25 @@ class NixlReceiver(_Endpoint):
                         expected=f"0x{computed:016x}",
                         found=f"0x{checksum:016x}",
                     )
+        if item.pages is not None:
+            return engine_tensor(tensor, item.pages, r.layer, r.role)
         pool = tensor.page_pool
         tensor.page_pool = item.pool.view(pool.dtype).reshape(pool.shape)
         return tensor
+
+
+def _pool_of(tensor: Any, pages: PageLanding, layer: int | None, role: str | None) -> Any:
+    """The decoded pool, if it fits the engine pages it is to land on."""
+    pool = tensor.page_pool
+    assert pages.page_ids is not None
+    if pool.shape[0] != pages.page_ids.size or pool.nbytes != pages.page_ids.size * (
+        pages.page_bytes
+    ):
+        raise TransportError("page pool differs from page_ids x the engine's page size",
+                             layer=layer, role=role,
+                             expected=pages.page_ids.size * pages.page_bytes,
+                             found=pool.nbytes)  # fmt: skip
+    return pool
 
 
 def _head_end(item: _Incoming) -> int:
