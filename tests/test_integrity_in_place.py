@@ -334,6 +334,22 @@ def test_other_section_corruption_raises_and_writes_nothing() -> None:
     assert snapshot(s) == before
 
 
+def test_verify_false_still_rehashes_the_referenced_pages() -> None:
+    s = scene()
+    blob = delta_blob(s)
+    s.engine[s.held_at[shared_prefix_page(s)], 0, 1, 1] += 1
+    with pytest.raises(PageDigestError):
+        hw.decode_in_place(blob, pool=s.store, free_pages=s.free, verify=False)
+
+
+def test_the_pool_store_also_serves_the_copying_decode() -> None:
+    s = scene(quantized=True)
+    before = snapshot(s)
+    got = hw.decode(delta_blob(s), page_store=s.store)  # a new pool, pages copied out
+    same_logical(got, s.tensor)
+    assert not np.shares_memory(got.page_pool, s.engine) and snapshot(s) == before
+
+
 # -- bad arguments -------------------------------------------------------------------------
 
 

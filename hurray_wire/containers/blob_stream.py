@@ -237,7 +237,9 @@ class StreamReader(ClosesOnExit):
     decodes every blob into the engine's own pool (``decode_in_place``): it is called with
     each blob's descriptor and the number of pages the blob carries, and returns the
     ``EnginePoolStore`` of that layer and role and the free pages to write them into (the
-    engine's allocator); the tensors handed out view the engine's pool.
+    engine's allocator); the tensors handed out view the engine's pool. A blob refused
+    after it was decoded (its own fingerprint differs from ``expect_fingerprint``) leaves
+    its pages in those free pages: scratch until success, as for ``decode_in_place``.
     ``expect_fingerprint``
     refuses, with ``IncompatibleFingerprintError`` before the first blob, a stream whose
     header carries a different fingerprint or none (or that has no header), and any blob
