@@ -332,6 +332,8 @@ def test_other_section_corruption_raises_and_writes_nothing() -> None:
     with pytest.raises(ChecksumError):
         hw.decode_in_place(blob, pool=s.store, free_pages=s.free)
     assert snapshot(s) == before
+    with pytest.raises(ArgumentTypeError, match="fewer pages"):  # arguments first
+        hw.decode_in_place(blob, pool=s.store, free_pages=[])
 
 
 def test_verify_false_still_rehashes_the_referenced_pages() -> None:

@@ -290,13 +290,7 @@ class _InPlaceWork(PageWork):
         """Raise (or, for the report variant, decide what to report) before writing; then
         write the sent pages into their free pages and zero-fill the failed ones."""
         refs, sent, free, remap = self.refs, self.sent, self.free, self.remap
-        if free.size < sent.size:
-            raise ArgumentTypeError(
-                "free_pages has fewer pages than the blob sends",
-                field="free_pages",
-                found=f"{free.size} pages",
-                expected=f">= {sent.size}",
-            )
+        assert free.size >= sent.size  # _run checked it on the header
         failed_refs = self._failed_refs()
         ref_pages = refs.pages if refs is not None else _NONE
         missing = ref_pages[self.engine_refs < 0] if refs is not None else _NONE
@@ -398,6 +392,14 @@ def _run(
             found=type(pool).__name__,
         )
     free = _free_pages(free_pages, pool)
+    needed = peek_in_place(data, limits=limits)[1]  # the header alone, checked
+    if free.size < needed:
+        raise ArgumentTypeError(
+            "free_pages has fewer pages than the blob sends",
+            field="free_pages",
+            found=f"{free.size} pages",
+            expected=f">= {needed}",
+        )
     work = functools.partial(_InPlaceWork, pool=pool, free=free)
     tensor, pages = _decode(data, verify, limits, threads, pool, expect_fingerprint, report, work)
     assert isinstance(pages, _InPlaceWork)
