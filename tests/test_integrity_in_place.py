@@ -211,6 +211,12 @@ def test_empty_tensor_and_empty_pool() -> None:
         got = hw.decode_in_place(blob, pool=store, free_pages=np.zeros(0, np.int64))
         assert got.layout.num_pages == 0 and got.block_table.size == 0
     assert page_digests(empty).size == 0
+    # pages of no bytes: all equal, all referenced to the one indexed page
+    t = hw.BlockPagedTensor.from_arrays(np.zeros((3, PS, H, 0), np.float16), [0, 1, 2], [0, 3])
+    store = EnginePoolStore(np.zeros((8, PS, H, 0), np.float16))
+    store.index([5])
+    blob = hw.encode(t, known_pages=store.digests(), page_digests=True)
+    assert hw.decode_in_place(blob, pool=store, free_pages=[1]).block_table.tolist() == [5] * 3
 
 
 # -- failures: stale, missing, corrupt -------------------------------------------------------

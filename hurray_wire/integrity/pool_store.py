@@ -65,6 +65,8 @@ def _engine_array(value: object, name: str) -> npt.NDArray[Any]:
 def _rows(array: npt.NDArray[Any], num_pages: int, name: str) -> U8Array:
     """``array`` as ``[num_pages, bytes per page]`` uint8 (a view)."""
     flat = array.reshape(-1).view(np.uint8)
+    if flat.size == 0 and num_pages:  # pages of no bytes (a zero-sized dimension)
+        return flat.reshape(num_pages, 0)
     if num_pages == 0:
         if flat.size:
             raise ArgumentTypeError(
