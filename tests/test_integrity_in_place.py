@@ -624,6 +624,28 @@ def test_in_place_round_trip_property(
     assert rows_changed(before, s.engine) <= set(free[: 10 - len(held)].tolist())
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), st.sets(st.integers(0, 8), min_size=1, max_size=9))
+def test_stale_pages_reported_at_every_position_property(seed: int, stale: set[int]) -> None:
+    s = scene(seed)
+    blob = delta_blob(s)
+    for page in stale:  # sender pages 0..8 are held; the engine overwrites their pages
+        s.engine[s.held_at[page]] += 1
+    table = s.tensor.block_table
+    expected = [
+        (0, e) if e < 3 else (1, e - 3) for e in range(table.size) if int(table[e]) in stale
+    ]
+    before = snapshot(s)
+    with pytest.raises(PageDigestError) as caught:
+        hw.decode_in_place(blob, pool=s.store, free_pages=s.free)
+    assert list(caught.value.positions) == expected
+    assert set(caught.value.pages) == stale and snapshot(s) == before
+    r = hw.decode_in_place_report(blob, pool=s.store, free_pages=s.free)
+    assert list(r.positions) == expected
+    assert set(r.stale.tolist()) == {s.held_at[p] for p in stale}
+    assert set(r.written.tolist()) == set(s.free[: 1 + len(stale)].tolist())
+
+
 def test_every_error_is_a_hurray_wire_error() -> None:
     for kind in (ArgumentTypeError, InvalidTensorError, PageDigestError, PageStoreError):
         assert issubclass(kind, HurrayWireError)
