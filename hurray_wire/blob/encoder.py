@@ -21,6 +21,8 @@ from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
 from hurray_wire.errors import ArgumentTypeError, InvalidBlobError
 from hurray_wire.integrity import (
+    DeltaPlan,
+    check_plan,
     digests_and_checksum,
     encode_digest_section,
     encode_page_refs,
@@ -92,14 +94,17 @@ def _page_sections(
         return None
     records = page_records(tensor)
     pool_checksum = None
-    if fuse and known_pages is None:
+    planned = known_pages if isinstance(known_pages, DeltaPlan) else None
+    if planned is not None:  # the engine's cached digests, planned by the caller
+        digests = check_plan(planned, records)
+    elif fuse and known_pages is None:
         digests, pool_checksum = digests_and_checksum(records)
     else:
         digests = records.digests()
     out = _PageSections(encode_digest_section(digests) if page_digests else None)
     out.pool_checksum = pool_checksum
     if known_pages is not None:
-        plan = plan_delta(tensor, known_pages, digests=digests)
+        plan = planned or plan_delta(tensor, known_pages, digests=digests)
         sent = gather_sent(tensor, plan)
         out.refs = encode_page_refs(plan.refs)
         rows = [sent.scales, sent.zero_points]
@@ -342,7 +347,10 @@ def encode(
     page record, docs/integrity.md § 4). ``known_pages`` (the sorted uint64 digests a
     receiver holds, ``decode_known_pages``) makes a delta blob: every page whose digest it
     holds travels as a reference in the REQUIRED page-refs section (0x05), the others as
-    bytes; decoding it needs the receiver's ``page_store``."""
+    bytes; decoding it needs the receiver's ``page_store`` (or ``decode_in_place`` into
+    the engine's pool). ``known_pages`` may instead be a ``DeltaPlan`` made for this tensor
+    (``plan_delta(tensor, known, digests=cached)``): an engine that digested each page once
+    when it filled it skips the digest pass (``check_plan``; docs/integrity.md § 5.3)."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     tensor = _compacted(tensor, compact)
