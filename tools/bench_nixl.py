@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 import hurray_wire as hw
+from hurray_wire.transport.nixl_endpoint import PEER_READ_NAP
 
 ROLES = ("key", "value")
 PAGE_SHAPE = (16, 8, 64)  # 16 KiB of float16 per page
@@ -107,7 +108,7 @@ def sender_main(args: argparse.Namespace) -> int:
     while True:
         while not select.select([args.in_fd], [], [], 0)[0]:
             sender.poll()  # serve the receiver's raw READs (needed without a progress thread)
-            time.sleep(0)
+            time.sleep(PEER_READ_NAP)  # as the sender naps while its peer READs in every mode
         command = _recv(args.in_fd).decode()
         if command == "quit":
             break
@@ -115,7 +116,7 @@ def sender_main(args: argparse.Namespace) -> int:
             agent, peer = sender.agent, sender.peer
             agent.send_notif(peer, b"".join(struct.pack("<QQ", a, n) for a, n in table))
             while not any(b"done" in m for m in agent.get_new_notifs().values()):
-                time.sleep(0)
+                time.sleep(PEER_READ_NAP)
             _send(args.out_fd, b"ok")
             continue
         mode, checksum = command.split(":")
