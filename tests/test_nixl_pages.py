@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 import hurray_wire as hw
+from tests import test_nixl  # skips this module too where NIXL cannot load
 
-try:
-    from hurray_wire.transport import nixl as hwnixl
-except hw.TransportError as exc:  # NIXL not installed or its libraries do not load
-    pytest.skip(f"NIXL cannot load here: {exc}", allow_module_level=True)
-
-HELPER = Path(__file__).resolve().parent / "nixl_peer.py"
-_spec = importlib.util.spec_from_file_location("nixl_peer", HELPER)
-assert _spec is not None and _spec.loader is not None
-peer = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(peer)
+hwnixl, peer = test_nixl.hwnixl, test_nixl.peer
 
 ENGINE_PAGES = 40
 SENTINEL = np.float16(-3.0)
@@ -97,16 +87,24 @@ def test_a_page_damaged_where_it_landed_is_refused(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(r, "_decode_split", damaged)
     s.publish(tensor)
-    thread = threading.Thread(target=lambda: _quiet(s))
-    thread.start()
-    with pytest.raises(hw.TransportError) as info:
-        list(r.receive(1, deadline=10))
-    thread.join()
+    info = _refused(s, r)
     assert (info.value.layer, info.value.role) == (0, "key")
     assert isinstance(info.value.__cause__, hw.ChecksumError)
     assert "buffer[0]" in str(info.value)
     s.close()
     r.close()
+
+
+def _refused(s: Any, r: Any, match: str | None = None) -> pytest.ExceptionInfo[hw.TransportError]:
+    """The receiver refuses the one blob offered while the sender is driven to its end."""
+    thread = threading.Thread(target=lambda: _quiet(s))
+    thread.start()
+    try:
+        with pytest.raises(hw.TransportError, match=match) as info:
+            list(r.receive(1, deadline=10))
+    finally:
+        thread.join()
+    return info
 
 
 def _quiet(s: Any) -> None:
@@ -120,11 +118,7 @@ def test_page_count_that_differs_from_the_offer_is_a_typed_error() -> None:
     s, r = _connected(engine)
     r.expect(1, "key", engine, page_ids=np.arange(6))  # the blob has 8 pages
     s.publish(peer.cache_tensor(pool, 1, "key"))
-    thread = threading.Thread(target=lambda: _quiet(s))
-    thread.start()
-    with pytest.raises(hw.TransportError, match="page_ids") as info:
-        list(r.receive(1, deadline=10))
-    thread.join()
+    info = _refused(s, r, "page_ids")
     assert (info.value.layer, info.value.role) == (1, "key")
     s.close()
     r.close()
@@ -170,11 +164,7 @@ def test_a_quantized_blob_is_refused_with_page_ids() -> None:
     )  # fmt: skip
     r.expect(0, "key", engine, page_ids=[5, 6, 7, 8])
     s.publish(tensor)
-    thread = threading.Thread(target=lambda: _quiet(s))
-    thread.start()
-    with pytest.raises(hw.TransportError, match="unquantized"):
-        list(r.receive(1, deadline=10))
-    thread.join()
+    _refused(s, r, "unquantized")
     s.close()
     r.close()
 
@@ -192,11 +182,7 @@ def test_a_write_grant_with_too_many_runs_is_refused_read_is_not() -> None:
     r.add_peer(s.metadata())
     r.expect(2, "key", engine, page_ids=ids)
     s.publish(peer.cache_tensor(pool, 2, "key"), op="WRITE")
-    thread = threading.Thread(target=lambda: _quiet(s))
-    thread.start()
-    with pytest.raises(hw.TransportError, match="READ") as info:
-        list(r.receive(1, deadline=10))
-    thread.join()
+    info = _refused(s, r, "READ")
     assert (info.value.layer, info.value.role) == (2, "key")
     s.close()
     r.close()
