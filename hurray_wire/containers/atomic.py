@@ -22,13 +22,11 @@ names the path and keeps the ``OSError`` as its cause.
 from __future__ import annotations
 
 import contextlib
-import functools
-import io
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, BinaryIO
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 from hurray_wire.errors import FileAccessError
 
@@ -73,54 +71,6 @@ def check_not_input(path: PathLike, inputs: Iterable[PathLike]) -> None:
             )
 
 
-#: Bytes after which the kernel is asked to start writing the new file back, so the fsync
-#: at the end waits for the last window only (docs/performance.md, "Whole caches on disk").
-WRITEBACK_WINDOW = 64 << 20
-_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of the range, do not wait
-
-
-@functools.cache
-def _start_writeback() -> Callable[[int, int, int, int], int] | None:
-    """libc's ``sync_file_range`` (Linux), or None where there is none."""
-    import ctypes  # on first use: not a cost of ``import hurray_wire``
-
-    try:
-        call: Any = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    call.restype = ctypes.c_int
-    return call  # type: ignore[no-any-return]
-
-
-class _WritebackFile(io.BufferedWriter):
-    """A buffered file that starts the kernel's writeback of each full window written.
-
-    Writing 2 GiB and then calling ``fsync`` leaves the disk idle while we write and us
-    idle while it writes (measured: the fsync took as long as the writes). Asking for the
-    writeback of every 64 MiB as it is written (``sync_file_range(SYNC_FILE_RANGE_WRITE)``,
-    which does not wait) overlaps the two; the final ``fsync`` is still what makes the
-    file durable, and it reports any error. A hint only: where the call is missing or
-    fails, the file is written exactly the same way.
-    """
-
-    def __init__(self, fd: int) -> None:
-        super().__init__(io.FileIO(fd, "wb"))
-        self._written = 0
-        self._started = 0
-        self._writeback = _start_writeback()
-
-    def write(self, data: Any) -> int:
-        count = super().write(data)
-        self._written += count
-        if self._writeback is not None and self._written - self._started >= WRITEBACK_WINDOW:
-            super().flush()
-            self._writeback(self.fileno(), self._started, self._written - self._started,
-                            _SYNC_FILE_RANGE_WRITE)  # fmt: skip
-            self._started = self._written
-        return count
-
-
 def _mode_for(target: str) -> int:
     """The new file's permissions: the replaced file's, else what ``open`` would give."""
     with contextlib.suppress(OSError):
@@ -148,7 +98,7 @@ def atomic_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> Iterato
         fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     except OSError as exc:
         raise file_access_error(exc, path, "create a file in its directory") from exc
-    handle = _WritebackFile(fd)
+    handle = os.fdopen(fd, "wb")
     try:
         os.fchmod(fd, _mode_for(target))
         yield handle
