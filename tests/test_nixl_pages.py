@@ -196,3 +196,53 @@ def test_a_write_grant_with_too_many_runs_is_refused_read_is_not() -> None:
     )
     s.close()
     r.close()
+
+
+def test_a_delta_decodes_in_place_into_the_engine_pool() -> None:
+    """Issue 14 over NIXL, in place: the engine's pool holds the earlier request's pages
+    (indexed in an EnginePoolStore), the receiver sends their digests, the sender sends only
+    the new pages, which land in free engine pages; the rest are pointed at, not copied."""
+    from hurray_wire.integrity import EnginePoolStore
+
+    pages = 16
+    earlier = peer.cache_pool(5, "value", pages)
+    now = earlier.copy()
+    now.view(np.uint16)[12:] ^= 1  # 4 of 16 pages are new
+    tensor = peer.cache_tensor(now, 5, "value")
+    engine = _engine()
+    held = np.arange(20, 20 + pages)
+    engine[held] = earlier
+    store = EnginePoolStore(engine)
+    store.index(held)
+    before = engine.copy()
+    s = hwnixl.NixlSender("inplace-sender", ucx_error_handling_mode="none", arena_bytes=8 << 20)
+    r = hwnixl.NixlReceiver("inplace-receiver", ucx_error_handling_mode="none",
+                            arena_bytes=8 << 20)  # fmt: skip
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    free = np.array([3, 4, 5, 6, 7])
+    r.expect_in_place(5, "value", store, free)
+    with pytest.raises(hw.ArgumentTypeError, match="already expected in place"):
+        r.expect(5, "value", engine)
+
+    def send() -> None:
+        known = s.known_pages(deadline=10)
+        s.publish(tensor, mode="staged", known_pages=known, page_digests=True)
+        s.wait(deadline=10)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    r.send_known_pages(store.digests())
+    (got,) = r.receive(1, deadline=10)
+    thread.join()
+    assert got.page_pool is engine or np.shares_memory(got.page_pool, engine)
+    bits = got.page_pool.view(np.uint16)
+    np.testing.assert_array_equal(bits[got.block_table], now.view(np.uint16)[tensor.block_table])
+    changed = engine.view(np.uint16) != before.view(np.uint16)
+    written = np.flatnonzero(changed.reshape(ENGINE_PAGES, -1).any(axis=1))
+    assert set(written.tolist()) <= set(free.tolist()) and written.size == 4
+    assert set(np.unique(got.block_table).tolist()) <= set(held[:12].tolist()) | set(free[:4])
+    with pytest.raises(hw.ArgumentTypeError, match="EnginePoolStore"):
+        r.expect_in_place(6, "key", engine, free)  # type: ignore[arg-type]
+    s.close()
+    r.close()

@@ -12,10 +12,11 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from hurray_wire.blob import DecodeLimits, blob_length, decode
+from hurray_wire.blob import DecodeLimits, blob_length, decode, decode_in_place
 from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError, TransportError
 from hurray_wire.integrity import (
     EngineFingerprint,
+    EnginePoolStore,
     PageStore,
     encode_known_pages,
 )
@@ -68,6 +69,7 @@ class _Incoming:
     head_posted: bool = False
     engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
     pages: PageLanding | None = None  # the landing at engine page ids, when expect() gave them
+    in_place: tuple[EnginePoolStore, Any] | None = None  # expect_in_place's pool, free pages
     landed: bool = False
     started: bool = False  # its transfer posted (offers wait in a queue until then)
 
@@ -110,6 +112,7 @@ class NixlReceiver(_Endpoint):
         self.expect_fingerprint = expect_fingerprint
         self.session: int | None = None
         self._pools: dict[tuple[int, str], PageLanding] = {}
+        self._in_place: dict[tuple[int, str], tuple[EnginePoolStore, Any]] = {}
         self._in: dict[tuple[int, str], _Incoming] = {}
         # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
         # of the GIL), while this thread keeps the later transfers moving.
@@ -135,11 +138,10 @@ class NixlReceiver(_Endpoint):
         lands on engine page ``page_ids[i]`` (the blocks the engine allocated for the
         request: distinct, any order); the tensor returned is over the whole engine pool,
         its block table in engine page ids (docs/nixl.md § 4)."""
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 0xFFFFFFFF:
-            raise ArgumentTypeError("layer must be an int in [0, 2**32 - 1)", found=repr(layer))
-        if role not in ROLE_CODES:
-            raise ArgumentTypeError("unknown kv_role", field="role", found=repr(role),
-                                    expected=sorted(ROLE_CODES))  # fmt: skip
+        key = _checked_key(layer, role)
+        if key in self._in_place:
+            raise ArgumentTypeError("this blob is already expected in place",
+                                    field="layer", found=f"{layer} {role}")  # fmt: skip
         flat = _bytes_of(page_pool, "page_pool")
         if not self._registered(int(flat.ctypes.data), flat.nbytes):
             raise TransportError("page_pool is not in registered memory", layer=layer,
@@ -148,6 +150,23 @@ class NixlReceiver(_Endpoint):
             self._pools[(layer, role)] = PageLanding(flat)
         else:
             self._pools[(layer, role)] = page_landing(page_pool, flat, page_ids)
+
+    def expect_in_place(
+        self, layer: int, role: str, pool: EnginePoolStore, free_pages: Any
+    ) -> None:
+        """Decode blob {layer, role} in place into the engine's pool (``decode_in_place``):
+        the pages it carries go to ``free_pages``, the pages it references are the ones
+        ``pool`` indexes, re-hashed where they are; the tensor is over the engine's pool.
+        The delta protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
+        pool.digests())`` first, and the sender publishes with ``known_pages`` (staged)."""
+        key = _checked_key(layer, role)
+        if not isinstance(pool, EnginePoolStore):
+            raise ArgumentTypeError("pool must be an EnginePoolStore", field="pool",
+                                    found=type(pool).__name__)  # fmt: skip
+        if key in self._pools:
+            raise ArgumentTypeError("this blob is already expected in a page_pool",
+                                    field="layer", found=f"{layer} {role}")  # fmt: skip
+        self._in_place[key] = (pool, free_pages)
 
     def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
         """Yield ``count`` tensors in the order they land (each decoded and validated).
@@ -304,8 +323,9 @@ class NixlReceiver(_Endpoint):
                                  f"a WRITE grant lists at most {MAX_SEGMENTS} segments: let "
                                  "the receiver READ (any number of runs)", layer=r.layer,
                                  role=r.role)  # fmt: skip
+        in_place = self._in_place.pop((r.layer, r.role), None)
         return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool,
-                         pages=pages)  # fmt: skip
+                         pages=pages, in_place=in_place)  # fmt: skip
 
     def _start(self, item: _Incoming) -> None:
         r = item.offer
@@ -343,7 +363,12 @@ class NixlReceiver(_Endpoint):
             raise TransportError("the offer's total_length is not the blob's", layer=r.layer,
                                  role=r.role, expected=blob_length(land),
                                  found=r.total_length)  # fmt: skip
-        if item.pool is None:
+        if item.in_place is not None:
+            tensor = decode_in_place(land[: r.total_length], pool=item.in_place[0],
+                                     free_pages=item.in_place[1], verify=self.verify,
+                                     limits=self.limits,
+                                     expect_fingerprint=self.expect_fingerprint)  # fmt: skip
+        elif item.pool is None:
             tensor = decode(land[: r.total_length], verify=self.verify, limits=self.limits,
                             page_store=self.page_store,
                             expect_fingerprint=self.expect_fingerprint)  # fmt: skip
@@ -412,6 +437,17 @@ class NixlReceiver(_Endpoint):
         pool = tensor.page_pool
         tensor.page_pool = item.pool.view(pool.dtype).reshape(pool.shape)
         return tensor
+
+
+def _checked_key(layer: object, role: object) -> tuple[int, str]:
+    """(layer, role) of an expect call, checked."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 0xFFFFFFFF:
+        raise ArgumentTypeError("layer must be an int in [0, 2**32 - 1)", found=repr(layer))
+    if role not in ROLE_CODES:
+        raise ArgumentTypeError("unknown kv_role", field="role", found=repr(role),
+                                expected=sorted(ROLE_CODES))  # fmt: skip
+    assert isinstance(role, str)
+    return layer, role
 
 
 def _pool_of(tensor: Any, pages: PageLanding, layer: int | None, role: str | None) -> Any:
