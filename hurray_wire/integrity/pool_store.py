@@ -32,7 +32,7 @@ from hurray_wire.integrity.digests import (
     digest_array,
     record_digest,
 )
-from hurray_wire.integrity.page_store import PageStore
+from hurray_wire.integrity.page_store import PageStore, held, sorted_digests
 
 __all__ = ["EnginePoolStore", "page_id_array"]
 
@@ -285,13 +285,7 @@ class EnginePoolStore(PageStore):
             )
 
     def __contains__(self, digest: object) -> bool:
-        if isinstance(digest, (bool, np.bool_)) or not isinstance(digest, (int, np.integer)):
-            return False
-        with self._lock:
-            return int(digest) in self._pages_of
+        return held(digest, self._pages_of.keys(), self._lock)
 
     def digests(self) -> DigestArray:
-        with self._lock:
-            keys = np.fromiter(self._pages_of, np.uint64, len(self._pages_of))
-        keys.sort()
-        return keys
+        return sorted_digests(self._pages_of.keys(), self._lock)
