@@ -7,7 +7,7 @@ import pytest
 
 import hurray_wire as hw
 from hurray_wire import blob
-from hurray_wire.blob import encoder
+from hurray_wire.blob import copying
 
 
 def _large_tensor() -> hw.BlockPagedTensor:
@@ -20,9 +20,9 @@ def _large_tensor() -> hw.BlockPagedTensor:
 def test_encode_into_encode_and_parts_agree(
     parallel: bool | None, checksum: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(encoder, "PARALLEL_HASH", parallel)
-    monkeypatch.setattr(encoder, "_COPY_CHUNK", 1 << 16)  # several chunks per section
-    monkeypatch.setattr(encoder, "_PARALLEL_CHUNK", 1 << 16)
+    monkeypatch.setattr(copying, "PARALLEL_HASH", parallel)
+    monkeypatch.setattr(copying, "COPY_CHUNK", 1 << 16)  # several chunks per section
+    monkeypatch.setattr(copying, "PARALLEL_CHUNK", 1 << 16)
     tensor = _large_tensor()
     joined = b"".join(blob.encode_parts(tensor, checksum=checksum))
     assert bytes(blob.encode(tensor, checksum=checksum)) == joined
@@ -38,8 +38,8 @@ def test_two_core_copy_and_hash_any_chunking(chunk: int, monkeypatch: pytest.Mon
     """Chunks copied by the pool and the caller, hashed in order: the serial bytes."""
     tensor = _large_tensor()
     expected = b"".join(blob.encode_parts(tensor))
-    monkeypatch.setattr(encoder, "PARALLEL_HASH", True)
-    monkeypatch.setattr(encoder, "_PARALLEL_CHUNK", chunk)
+    monkeypatch.setattr(copying, "PARALLEL_HASH", True)
+    monkeypatch.setattr(copying, "PARALLEL_CHUNK", chunk)
     for _ in range(5):
         out = np.zeros(len(expected), np.uint8)
         assert blob.encode_into(tensor, out) == len(expected)
@@ -54,8 +54,8 @@ def test_copy_and_hash_finishes_when_the_pool_is_busy(monkeypatch: pytest.Monkey
 
     tensor = _large_tensor()
     expected = b"".join(blob.encode_parts(tensor))
-    monkeypatch.setattr(encoder, "PARALLEL_HASH", True)
-    monkeypatch.setattr(encoder, "_PARALLEL_CHUNK", 1 << 16)
+    monkeypatch.setattr(copying, "PARALLEL_HASH", True)
+    monkeypatch.setattr(copying, "PARALLEL_CHUNK", 1 << 16)
     release = threading.Event()
     pool = parallel.shared_pool()
     blockers = [pool.submit(release.wait, 30) for _ in range(pool._max_workers)]
@@ -73,8 +73,8 @@ def test_busy_machine_takes_the_serial_copy(monkeypatch: pytest.MonkeyPatch) -> 
 
     tensor = _large_tensor()
     expected = b"".join(blob.encode_parts(tensor))
-    monkeypatch.setattr(encoder, "PARALLEL_HASH", None)
-    monkeypatch.setattr(encoder, "_PARALLEL_CHUNK", 1 << 16)
+    monkeypatch.setattr(copying, "PARALLEL_HASH", None)
+    monkeypatch.setattr(copying, "PARALLEL_CHUNK", 1 << 16)
     monkeypatch.setattr(parallel, "idle_cores", lambda: 1)
     submitted: list[object] = []
     monkeypatch.setattr(parallel, "submit", lambda call: submitted.append(call))

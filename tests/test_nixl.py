@@ -32,6 +32,8 @@ try:
 except hw.TransportError as exc:  # NIXL not installed or its libraries do not load
     pytest.skip(f"NIXL cannot load here: {exc}", allow_module_level=True)
 
+__all__ = ["hwnixl", "peer"]  # shared with test_nixl_pages.py
+
 HELPER = Path(__file__).resolve().parent / "nixl_peer.py"
 _spec = importlib.util.spec_from_file_location("nixl_peer", HELPER)
 assert _spec is not None and _spec.loader is not None

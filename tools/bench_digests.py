@@ -17,9 +17,15 @@
    a link paced to --link-gbps (default 10, a stand-in for the network between workers);
    and encode / decode with page digests against plain (the digest pass against the
    checksum pass it rides with).
+   In the same run, the in-place receiver (docs/integrity.md § 5.3): the engine's pool of
+   each {layer, role} holds the earlier request's pages, indexed by an EnginePoolStore;
+   the reader (StreamReader(in_place=...)) writes only the sent pages into free pages and
+   re-hashes the referenced ones where they sit. Twice: the sender digesting every page
+   per transfer (known_pages=known), and with the digests cached since it filled the
+   pages (known_pages=plan_delta(t, known, digests=cached)).
 
 Run: python tools/bench_digests.py [--rounds 5] [--pages 4096] [--layers 32]
-     [--request-pages 512] [--shared 0.9] [--transfer-rounds 3] [--json]
+     [--request-pages 512] [--shared 0.9] [--transfer-rounds 3] [--only transfer] [--json]
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import xxhash
 import hurray_wire as hw
 from hurray_wire.containers import StreamHeader, StreamReader, StreamWriter
 from hurray_wire.integrity import (
+    EnginePoolStore,
     MemoryPageStore,
     decode_known_pages,
     encode_known_pages,
@@ -252,17 +259,51 @@ class PacedSocket:
         pass
 
 
+class EnginePools:
+    """The decode worker's own KV pools, one per {layer, role}: the earlier request's pages
+    at engine pages [0, pages), indexed, and ``spare`` free pages after them."""
+
+    def __init__(self, earlier: list[Any], spare: int) -> None:
+        self.stores: dict[tuple[int | None, str], EnginePoolStore] = {}
+        self.free = {}
+        for t in earlier:
+            pages = t.layout.num_pages
+            pool = np.zeros((pages + spare, *t.page_pool.shape[1:]), t.page_pool.dtype)
+            pool[:pages] = t.page_pool
+            store = EnginePoolStore(pool)
+            store.index(np.arange(pages))
+            key = (t.layer_index, t.kv_role)
+            self.stores[key] = store
+            self.free[key] = np.arange(pages, pages + spare)
+
+    def digests(self) -> np.ndarray:
+        return np.unique(np.concatenate([s.digests() for s in self.stores.values()]))
+
+    def target(self, descriptor: Any, count: int) -> tuple[EnginePoolStore, np.ndarray]:
+        """StreamReader(in_place=...): the pool of the blob's layer and role, and ``count``
+        free pages from its allocator (the same ones each round: nothing is kept)."""
+        key = (descriptor.layout.layer_index, descriptor.layout.kv_role)
+        return self.stores[key], self.free[key][:count]
+
+
 def _transfer(
-    tensors: list[Any], store: MemoryPageStore | None, layers: int, gbps: float = 0.0
+    tensors: list[Any],
+    store: MemoryPageStore | EnginePools | None,
+    layers: int,
+    gbps: float = 0.0,
+    cached: list[np.ndarray] | None = None,
 ) -> tuple[float, int, int]:
     """(seconds, stream bytes, known-pages record bytes) of one transfer over a socketpair
     (paced to ``gbps`` when > 0); with ``store`` a delta transfer: the receiver sends its
-    known pages first."""
+    known pages first. An ``EnginePools`` store decodes in place into the engine's pools;
+    ``cached`` are the sender's page digests, computed once before (an engine digests a
+    page when it fills it)."""
     a, b = socket.socketpair()
     for sock in (a, b):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     written = [0]
+    done: list[None] = []
 
     def sender() -> None:
         with a:
@@ -277,8 +318,12 @@ def _transfer(
                 for t in tensors:
                     if known is None:
                         writer.write(t)
+                    elif cached is not None:
+                        plan = plan_delta(t, known, digests=cached[len(done)])
+                        writer.write(t, known_pages=plan, page_digests=True)
                     else:
                         writer.write(t, known_pages=known, page_digests=True)
+                    done.append(None)
             written[0] = writer.position
 
     start = time.perf_counter()
@@ -291,7 +336,12 @@ def _transfer(
             record_bytes = len(record)
             b.sendall(record)
         count = 0
-        for tensor in StreamReader(b, page_store=store):
+        reader = (
+            StreamReader(b, in_place=store.target)
+            if isinstance(store, EnginePools)
+            else StreamReader(b, page_store=store)
+        )
+        for tensor in reader:
             count += 1
             del tensor
     thread.join()
@@ -307,17 +357,27 @@ def transfer_run(
     store = MemoryPageStore(sum(t.page_pool.nbytes for t in earlier) + (1 << 20))
     for t in earlier:
         store_pages(store, t, range(pages))
+    engine = EnginePools(earlier, spare=pages - round(pages * shared) + 8)
     del earlier
+    cached = [page_digests(t) for t in now]
     full_s = delta_s = paced_full_s = paced_delta_s = float("inf")
-    full_bytes = delta_bytes = record = 0
+    in_place = {name: float("inf") for name in ("s", "cached_s", "link_s", "link_cached_s")}
+    full_bytes = delta_bytes = record = in_place_bytes = 0
     for _ in range(rounds):
         seconds, full_bytes, _ = _transfer(now, None, layers)
         full_s = min(full_s, seconds)
         seconds, delta_bytes, record = _transfer(now, store, layers)
         delta_s = min(delta_s, seconds)
+        seconds, in_place_bytes, _ = _transfer(now, engine, layers)
+        in_place["s"] = min(in_place["s"], seconds)
+        seconds = _transfer(now, engine, layers, 0, cached)[0]
+        in_place["cached_s"] = min(in_place["cached_s"], seconds)
         if gbps > 0:
             paced_full_s = min(paced_full_s, _transfer(now, None, layers, gbps)[0])
             paced_delta_s = min(paced_delta_s, _transfer(now, store, layers, gbps)[0])
+            for name, digests in (("link_s", None), ("link_cached_s", cached)):
+                seconds = _transfer(now, engine, layers, gbps, digests)[0]
+                in_place[name] = min(in_place[name], seconds)
     one = now[0]
     plain = best(lambda: hw.encode(one), rounds)
     digested = best(lambda: hw.encode(one, page_digests=True), rounds)
@@ -339,6 +399,18 @@ def transfer_run(
         "link_full_s": paced_full_s,
         "link_delta_s": paced_delta_s,
         "link_time_ratio": paced_delta_s / paced_full_s if gbps > 0 else float("nan"),
+        "in_place_wire_mib": (in_place_bytes + record) / MiB,
+        "in_place_bytes_ratio": (in_place_bytes + record) / full_bytes,
+        "in_place_s": in_place["s"],
+        "in_place_time_ratio": in_place["s"] / full_s,
+        "in_place_cached_s": in_place["cached_s"],
+        "in_place_cached_time_ratio": in_place["cached_s"] / full_s,
+        "link_in_place_s": in_place["link_s"],
+        "link_in_place_time_ratio": in_place["link_s"] / paced_full_s if gbps > 0 else float("nan"),
+        "link_in_place_cached_s": in_place["link_cached_s"],
+        "link_in_place_cached_time_ratio": in_place["link_cached_s"] / paced_full_s
+        if gbps > 0
+        else float("nan"),
         "encode_ms": plain * 1e3,
         "encode_with_digests_ms": digested * 1e3,
         "encode_digest_cost_ratio": digested / plain,
@@ -357,16 +429,19 @@ def main() -> None:
     parser.add_argument("--shared", type=float, default=0.9)
     parser.add_argument("--transfer-rounds", type=int, default=3)
     parser.add_argument("--link-gbps", type=float, default=10.0, help="paced link; 0: skip")
+    parser.add_argument("--only", default="", help="comma-separated sections, e.g. transfer")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = {
-        "digests": digest_pass(args.pages, args.rounds),
-        "delta": delta_estimate(args.layers, args.request_pages, args.shared, args.rounds),
-        "fill": fill_cost(args.request_pages, args.rounds),
-        "transfer": transfer_run(
+    runs: dict[str, Callable[[], dict[str, float]]] = {
+        "digests": lambda: digest_pass(args.pages, args.rounds),
+        "delta": lambda: delta_estimate(args.layers, args.request_pages, args.shared, args.rounds),
+        "fill": lambda: fill_cost(args.request_pages, args.rounds),
+        "transfer": lambda: transfer_run(
             args.layers, args.request_pages, args.shared, args.transfer_rounds, args.link_gbps
         ),
     }
+    chosen = args.only.split(",") if args.only else list(runs)
+    result = {name: runs[name]() for name in chosen}
     if args.json:
         print(json.dumps(result, indent=2))
         return

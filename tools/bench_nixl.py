@@ -7,7 +7,11 @@ round after round, interleaved:
 
 * ``raw``: the receiver READs every blob's arrays (page pool, block table, seq_ptr) from the
   sender's registered memory with one NIXL transfer per blob, all posted at once; nothing
-  is framed, hashed or checked: the floor.
+  is framed, hashed or checked, and no message is exchanged (the receiver knows the
+  addresses from the start): the floor, and the reference of every ratio.
+* ``raw-notified``: the same READs with the two messages any connector needs around them:
+  the sender announces the blocks (one NIXL notification), the receiver says it is done
+  (one notification); the same exchange as hurray-wire's offer and done records.
 * ``zero-copy`` / ``zero-copy-nohash``: the sender ``publish``es every tensor
   (``mode="zero-copy"``, with and without checksums), the receiver ``receive``s and decodes
   each one validated (checksums verified when present) while the next ones move.
@@ -42,10 +46,11 @@ from typing import Any
 import numpy as np
 
 import hurray_wire as hw
+from hurray_wire.transport.nixl_endpoint import PEER_READ_NAP
 
 ROLES = ("key", "value")
 PAGE_SHAPE = (16, 8, 64)  # 16 KiB of float16 per page
-MODES = ("raw", "zero-copy", "zero-copy-nohash", "staged", "staged-nohash")
+MODES = ("raw", "raw-notified", "zero-copy", "zero-copy-nohash", "staged", "staged-nohash")
 UCX_MODE = {"shm": "none", "tcp": "peer"}
 
 
@@ -103,10 +108,17 @@ def sender_main(args: argparse.Namespace) -> int:
     while True:
         while not select.select([args.in_fd], [], [], 0)[0]:
             sender.poll()  # serve the receiver's raw READs (needed without a progress thread)
-            time.sleep(0)
+            time.sleep(PEER_READ_NAP)  # as the sender naps while its peer READs in every mode
         command = _recv(args.in_fd).decode()
         if command == "quit":
             break
+        if command == "raw-notified":  # the table as one notification, then wait for "done"
+            agent, peer = sender.agent, sender.peer
+            agent.send_notif(peer, b"".join(struct.pack("<QQ", a, n) for a, n in table))
+            while not any(b"done" in m for m in agent.get_new_notifs().values()):
+                time.sleep(PEER_READ_NAP)
+            _send(args.out_fd, b"ok")
+            continue
         mode, checksum = command.split(":")
         for t in tensors:
             sender.publish(t, mode=mode, checksum=checksum == "1")
@@ -142,6 +154,24 @@ def _raw_round(receiver: Any, landing: np.ndarray[Any, Any], table: list[tuple[i
         if state != "DONE":
             raise RuntimeError(f"raw READ ended in {state}")
         h.release()
+
+
+def _raw_notified_round(receiver: Any, landing: np.ndarray[Any, Any], to_w: int,
+                        from_r: int) -> None:  # fmt: skip
+    """What a connector moving raw blocks needs at the least: the sender tells where the
+    blocks are (one notification), the receiver READs them and says it is done (one
+    notification): the same messages as hurray-wire's offer / done, none of its checks."""
+    agent = receiver.agent
+    _send(to_w, b"raw-notified")
+    while not (found := agent.get_new_notifs()):
+        time.sleep(0)
+    (messages,) = found.values()
+    raw = messages[0]
+    table = [struct.unpack_from("<QQ", raw, 16 * k) for k in range(len(raw) // 16)]
+    _raw_round(receiver, landing, table)
+    agent.send_notif(receiver.peer, b"done")
+    if _recv(from_r) != b"ok":
+        raise RuntimeError("the sender did not finish the round")
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -187,6 +217,8 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
                 start, cpu_start = time.perf_counter(), _cpu_seconds(child.pid)
                 if mode == "raw":
                     _raw_round(receiver, landing, table)
+                elif mode == "raw-notified":
+                    _raw_notified_round(receiver, landing, to_w, from_r)
                 else:
                     name = mode.removesuffix("-nohash")
                     _send(to_w, f"{name}:{0 if name != mode else 1}".encode())

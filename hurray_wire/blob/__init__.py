@@ -11,6 +11,13 @@ NumPy views of the input.
 from hurray_wire.blob.decoder import DecodeReport, decode, decode_report, peek_descriptor
 from hurray_wire.blob.encoder import encode, encode_into, encode_parts
 from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
+from hurray_wire.blob.in_place import (
+    InPlaceReport,
+    decode_in_place,
+    decode_in_place_report,
+    peek_in_place,
+)
+from hurray_wire.blob.landing import decode_into
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
 
 __all__ = [
@@ -18,11 +25,16 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DecodeLimits",
     "DecodeReport",
+    "InPlaceReport",
     "blob_length",
     "decode",
+    "decode_in_place",
+    "decode_in_place_report",
+    "decode_into",
     "decode_report",
     "encode",
     "encode_into",
     "encode_parts",
     "peek_descriptor",
+    "peek_in_place",
 ]

@@ -10,6 +10,7 @@ metadata) are checked on every call.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,9 +267,11 @@ def _decode(
     page_store: PageStore | None,
     expect_fingerprint: EngineFingerprint | None,
     report: bool,
+    work: Callable[..., PageWork] | None = None,
 ) -> tuple[BlockPagedTensor, PageWork | None]:
     """The tensor, and the page work when the blob has page sections (None otherwise: a
-    blob without them decodes with no page bookkeeping at all)."""
+    blob without them decodes with no page bookkeeping at all). ``work`` replaces PageWork
+    for every blob (the in-place decode of blob/in_place.py)."""
     view = byte_view(data)
     limits = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
     if type(verify) is not bool:
@@ -289,12 +292,12 @@ def _decode(
         )
     head = whole_blob_header(view)
     plan = _header_plan(view, head[I_TOTAL_LENGTH], limits, memoise=True, head=head)
-    if plan.page_digests is None and plan.page_refs is None:
+    if work is None and plan.page_digests is None and plan.page_refs is None:
         tensor = _materialize(
             view, plan, verify, threads, limits.max_metadata_entries, None, expect_fingerprint
         )
         return tensor, None
-    pages = PageWork(
+    pages = (work or PageWork)(
         plan.descriptor,
         has_digests=plan.page_digests is not None,
         page_store=page_store,
@@ -372,7 +375,7 @@ def _materialize(
             None if refs is None else payload(refs),
             _raw_offset(refs),
         )
-    return _assemble(plan, buffers, lens, metadata)
+    return _assemble(plan, buffers, lens, metadata, pages)
 
 
 def _checksums_match(view: memoryview, plan: _Plan) -> bool:
@@ -433,6 +436,7 @@ def _assemble(
     buffers: list[npt.NDArray[np.uint8]],
     lens_payload: npt.NDArray[np.uint8] | None,
     metadata: dict[str, Any],
+    pages: PageWork | None = None,
 ) -> BlockPagedTensor:
     """Type the sections and check what needs their contents (tensor.assemble, shared
     with the containers), placing its errors at blob offsets."""
@@ -440,7 +444,9 @@ def _assemble(
     raw_offset = _raw_offset
     seq_lens = None if lens_payload is None else lens_payload.view("<u8")
     try:
-        return assemble(descriptor, buffers, seq_lens, metadata)
+        return (assemble if pages is None else pages.assemble)(
+            descriptor, buffers, seq_lens, metadata
+        )
     except IndexBufferError as exc:
         if exc.field == "seq_lens":
             entry, section, width = plan.seq_lens, "seq_lens", 8

@@ -9,7 +9,6 @@ checksums and the padding between sections, into which only the checksums are pa
 from __future__ import annotations
 
 import struct
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from hurray_wire import parallel
+from hurray_wire.blob.copying import COPY_CHUNK, copy_and_hash
 from hurray_wire.blob.envelope import CHECKSUM, ENTRY, ENTRY_AT, entry_at, pack_header
 from hurray_wire.blob.output import OUTPUT_POOL
 from hurray_wire.blob.pages import paged_buffers
@@ -25,6 +24,8 @@ from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
 from hurray_wire.errors import ArgumentTypeError, InvalidBlobError
 from hurray_wire.integrity import (
+    DeltaPlan,
+    check_plan,
     digests_and_checksum,
     encode_digest_section,
     encode_page_refs,
@@ -38,11 +39,9 @@ from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as w
 
-__all__ = ["PARALLEL_HASH", "encode", "encode_into", "encode_parts"]
+__all__ = ["encode", "encode_into", "encode_parts"]
 
 _ZEROS = bytes(1 << 16)
-_COPY_CHUNK = 1 << 20  # copy-then-hash granularity: the chunk is still in cache when hashed
-_PARALLEL_CHUNK = 4 << 20  # copied on two cores, hashed on the caller: best at 2-4 MiB
 _SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
 _SECTION_CHECKSUM = struct.Struct("<Q")  # a section entry's checksum, patched per call
 assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
@@ -101,14 +100,17 @@ def _page_sections(
         return None
     records = page_records(tensor)
     pool_checksum = None
-    if fuse and known_pages is None:
+    planned = known_pages if isinstance(known_pages, DeltaPlan) else None
+    if planned is not None:  # the engine's cached digests, planned by the caller
+        digests = check_plan(planned, records)
+    elif fuse and known_pages is None:
         digests, pool_checksum = digests_and_checksum(records)
     else:
         digests = records.digests()
     out = _PageSections(encode_digest_section(digests) if page_digests else None)
     out.pool_checksum = pool_checksum
     if known_pages is not None:
-        plan = plan_delta(tensor, known_pages, digests=digests)
+        plan = planned or plan_delta(tensor, known_pages, digests=digests)
         sent = gather_sent(tensor, plan)
         out.refs = encode_page_refs(plan.refs)
         rows = [sent.scales, sent.zero_points]
@@ -197,7 +199,7 @@ def _plan(
         if (
             checksum
             and section.checksum == 0
-            and (hash_raw or section.codec != CODEC_RAW or section.raw_size < _COPY_CHUNK)
+            and (hash_raw or section.codec != CODEC_RAW or section.raw_size < COPY_CHUNK)
         ):
             section.checksum = _hash_parts(section.parts)
     return _header(descriptor, sections, total, checksum), sections, total
@@ -393,12 +395,12 @@ def _write(
         out[cursor : section.offset] = 0
         position = section.offset
         hasher = None
-        if checksum and section.checksum == 0 and section.raw_size >= _COPY_CHUNK:
+        if checksum and section.checksum == 0 and section.raw_size >= COPY_CHUNK:
             hasher = xxhash.xxh3_64()
         for piece in section.parts:
             src = np.frombuffer(piece, np.uint8) if isinstance(piece, bytes) else piece
             size = src.nbytes
-            _copy_and_hash(out[position : position + size], src, hasher)
+            copy_and_hash(out[position : position + size], src, hasher)
             position += size
         if hasher is not None:
             section.checksum = int(hasher.intdigest())
@@ -408,76 +410,6 @@ def _write(
     if late:
         head = _header(encode_descriptor(tensor.descriptor), sections, total, checksum)
     out[: len(head)] = np.frombuffer(head, np.uint8)
-
-
-#: Copy on two cores and hash on the caller. None (the default): when two cores are idle
-#: (parallel.idle_cores). False: copying and hashing alternate on the calling thread
-#: (docs/performance.md).
-PARALLEL_HASH: bool | None = None
-
-
-def _copy_and_hash(
-    dst: npt.NDArray[np.uint8], src: npt.NDArray[np.uint8], hasher: Any | None
-) -> None:
-    """Copy ``src`` into ``dst`` and feed ``dst`` to ``hasher`` (if any) in order, each
-    chunk while it is still in cache.
-
-    With a second idle core, a pool thread and the caller both copy chunks, taken in
-    order from one counter (two cores copy ~1.3x faster than one), and the caller hashes
-    every chunk as soon as it and the ones before it are copied. If the pool thread never
-    starts, the caller copies everything itself. On a machine whose other cores are busy
-    the serial path is taken: a second thread there makes it slower, not faster.
-    """
-    size = src.nbytes
-    if size < 2 * _PARALLEL_CHUNK or not (
-        PARALLEL_HASH if PARALLEL_HASH is not None else parallel.idle_cores() >= 2
-    ):
-        if hasher is None:
-            dst[...] = src
-            return
-        for start in range(0, size, _COPY_CHUNK):
-            chunk = dst[start : start + _COPY_CHUNK]
-            chunk[...] = src[start : start + _COPY_CHUNK]
-            hasher.update(chunk.data)
-        return
-    step = _PARALLEL_CHUNK
-    count = -(-size // step)
-    copied = [threading.Event() for _ in range(count)]
-    failures: list[BaseException] = []
-    lock = threading.Lock()
-    cursor = [0]
-
-    def copy_next() -> bool:
-        with lock:
-            k = cursor[0]
-            if k >= count:
-                return False
-            cursor[0] = k + 1
-        try:
-            dst[k * step : (k + 1) * step] = src[k * step : (k + 1) * step]
-        except BaseException as exc:  # re-raised on the caller
-            failures.append(exc)
-        finally:
-            copied[k].set()
-        return True
-
-    def helper() -> None:
-        while copy_next():
-            pass
-
-    pool_copier = parallel.submit(helper)
-    for k in range(count):
-        while not copied[k].is_set():
-            if not copy_next():
-                copied[k].wait()
-        if failures:
-            break
-        if hasher is not None:
-            hasher.update(dst[k * step : (k + 1) * step].data)
-    if pool_copier is not None and not pool_copier.cancel():
-        pool_copier.result()
-    if failures:
-        raise failures[0]
 
 
 def encode(
@@ -503,7 +435,10 @@ def encode(
     page record, docs/integrity.md § 4). ``known_pages`` (the sorted uint64 digests a
     receiver holds, ``decode_known_pages``) makes a delta blob: every page whose digest it
     holds travels as a reference in the REQUIRED page-refs section (0x05), the others as
-    bytes; decoding it needs the receiver's ``page_store``."""
+    bytes; decoding it needs the receiver's ``page_store`` (or ``decode_in_place`` into
+    the engine's pool). ``known_pages`` may instead be a ``DeltaPlan`` made for this tensor
+    (``plan_delta(tensor, known, digests=cached)``): an engine that digested each page once
+    when it filled it skips the digest pass (``check_plan``; docs/integrity.md § 5.3)."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     if (

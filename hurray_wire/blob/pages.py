@@ -42,7 +42,7 @@ from hurray_wire.integrity import (
 from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor import BlockPagedTensor, assemble
 
 __all__ = [
     "DecodeReport",
@@ -285,6 +285,17 @@ class PageWork:
                 if part is not None:
                     part[failed] = 0
         return full
+
+    def assemble(
+        self,
+        descriptor: TensorDescriptor,
+        buffers: list[U8Array],
+        seq_lens: npt.NDArray[Any] | None,
+        metadata: dict[str, Any],
+    ) -> BlockPagedTensor:
+        """Build the tensor from the (rebuilt) buffers: ``tensor.assemble``, unless a
+        subclass puts the pages elsewhere (blob/in_place.py)."""
+        return assemble(descriptor, buffers, seq_lens, metadata)
 
     def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
         """The outcome for the assembled tensor: raises (decode) or reports (decode_report)."""

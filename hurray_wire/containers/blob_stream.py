@@ -18,7 +18,15 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, encode_parts
+from hurray_wire.blob import (
+    BLOB_PREFIX_SIZE,
+    DecodeLimits,
+    blob_length,
+    decode,
+    decode_in_place,
+    encode_parts,
+    peek_in_place,
+)
 from hurray_wire.codecs import Compression
 from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, ClosesOnExit, open_sink, open_source
 from hurray_wire.containers.records import (
@@ -55,13 +63,19 @@ from hurray_wire.errors import (
 )
 from hurray_wire.integrity import (
     EngineFingerprint,
+    EnginePoolStore,
     PageStore,
 )
+from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws
 
 __all__ = ["StreamReader", "StreamWriter"]
+
+#: ``StreamReader(in_place=...)``: (descriptor, pages the blob carries) -> (the
+#: EnginePoolStore of its layer and role, free page ids for those pages).
+InPlaceTarget = Callable[[TensorDescriptor, int], tuple[EnginePoolStore, Any]]
 
 _MAGICS = {wb.BLOB_MAGIC: "blob", ws.STREAM_MAGIC: "stream header", ws.END_MAGIC: "end record"}
 _MAGIC_SIZE = len(wb.BLOB_MAGIC)
@@ -219,7 +233,14 @@ class StreamReader(ClosesOnExit):
     blob (the decoder's error), a record over ``max_blob_bytes`` (``LimitExceededError``,
     before allocating). After an error the reader raises the same error again.
 
-    ``page_store`` fills the pages of delta blobs (``decode``'s). ``expect_fingerprint``
+    ``page_store`` fills the pages of delta blobs (``decode``'s). ``in_place`` instead
+    decodes every blob into the engine's own pool (``decode_in_place``): it is called with
+    each blob's descriptor and the number of pages the blob carries, and returns the
+    ``EnginePoolStore`` of that layer and role and the free pages to write them into (the
+    engine's allocator); the tensors handed out view the engine's pool. A blob refused
+    after it was decoded (its own fingerprint differs from ``expect_fingerprint``) leaves
+    its pages in those free pages: scratch until success, as for ``decode_in_place``.
+    ``expect_fingerprint``
     refuses, with ``IncompatibleFingerprintError`` before the first blob, a stream whose
     header carries a different fingerprint or none (or that has no header), and any blob
     that carries a fingerprint of its own that differs.
@@ -246,9 +267,18 @@ class StreamReader(ClosesOnExit):
         expect_fingerprint: EngineFingerprint | None = None,
         record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
         mmap: bool = True,
+        in_place: InPlaceTarget | None = None,
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
+        if in_place is not None and (not callable(in_place) or page_store is not None):
+            raise ArgumentTypeError(
+                "in_place must be a callable (descriptor, pages) -> (EnginePoolStore, "
+                "free_pages), and excludes page_store",
+                field="in_place",
+                found=type(in_place).__name__,
+            )
         self._store = page_store
+        self._in_place = in_place
         self._expect = expect_fingerprint
         self._max = check_max_blob_bytes(max_blob_bytes)
         if type(mmap) is not bool:
@@ -426,9 +456,12 @@ class StreamReader(ClosesOnExit):
         check_record_size(total, self._max, what, self._position)
         record = self._read_record(prefix, total, what)
         try:
-            tensor = decode(
-                record, verify=self._verify, limits=self._limits, page_store=self._store
-            )
+            if self._in_place is not None:
+                tensor = self._decode_in_place(record)
+            else:
+                tensor = decode(
+                    record, verify=self._verify, limits=self._limits, page_store=self._store
+                )
             check_blob_fingerprint(self._expect, tensor)
         except HurrayWireError as exc:
             add_note(exc, f"in {what} at stream offset {self._position}")
@@ -437,6 +470,21 @@ class StreamReader(ClosesOnExit):
         self._seen.append(StreamEntry(self._position, total, tensor.layer_index, tensor.kv_role))
         self._position += total
         return tensor
+
+    def _decode_in_place(self, record: Any) -> BlockPagedTensor:
+        assert self._in_place is not None
+        descriptor, pages = peek_in_place(record, limits=self._limits)
+        target = self._in_place(descriptor, pages)
+        if not isinstance(target, tuple) or len(target) != 2:
+            raise ArgumentTypeError(
+                "the in_place callable must return (EnginePoolStore, free_pages)",
+                field="in_place",
+                found=type(target).__name__,
+            )
+        pool, free = target
+        return decode_in_place(
+            record, pool=pool, free_pages=free, verify=self._verify, limits=self._limits
+        )
 
     def _end_record(self, prefix: memoryview) -> None:
         """The end record whose prefix was just read: it must agree with the blobs read."""

@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, decode, peek_descriptor
+from hurray_wire.blob import (
+    BLOB_PREFIX_SIZE,
+    DecodeLimits,
+    blob_length,
+    decode,
+    decode_into,
+    peek_descriptor,
+)
 from hurray_wire.containers.io import ClosesOnExit, MappedFile, map_file, map_source, will_need
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
@@ -207,8 +214,15 @@ class StreamFile(ClosesOnExit):
         """The ``(layer_index, kv_role)`` pairs present."""
         return self._by_key.keys()
 
-    def tensor(self, layer_index: int | None, kv_role: str = "key") -> BlockPagedTensor:
-        """The blob for ``{kv_role, layer_index}``, decoded now (and only it)."""
+    def tensor(
+        self,
+        layer_index: int | None,
+        kv_role: str = "key",
+        *,
+        page_pool: npt.NDArray[Any] | None = None,
+    ) -> BlockPagedTensor:
+        """The blob for ``{kv_role, layer_index}``, decoded now (and only it); with
+        ``page_pool`` its pool lands in that array (``decode_into``: verified while copied)."""
         if layer_index is not None and (
             isinstance(layer_index, bool) or not isinstance(layer_index, int)
         ):
@@ -226,7 +240,7 @@ class StreamFile(ClosesOnExit):
                 section="stream",
                 found=f"layer_index {layer_index!r}, kv_role {kv_role!r}",
             )
-        return self.read(entry)
+        return self.read(entry, page_pool=page_pool)
 
     def _find(self, layer_index: int | None, kv_role: str) -> StreamEntry | None:
         """The last blob of that key: from the dict once built, else from the index rows."""
@@ -242,8 +256,13 @@ class StreamFile(ClosesOnExit):
             return None
         return entries_of(rows[hits[-1:]])[0]
 
-    def read(self, entry: StreamEntry) -> BlockPagedTensor:
-        """Decode the blob at ``entry`` and check it is what the index says."""
+    def read(
+        self, entry: StreamEntry, *, page_pool: npt.NDArray[Any] | None = None
+    ) -> BlockPagedTensor:
+        """Decode the blob at ``entry`` and check it is what the index says. With
+        ``page_pool`` (an engine's writable array of the pool's byte size) the pool is
+        copied into it and hashed in the same pass (``decode_into``); on an error its
+        contents are unspecified."""
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
         shrank = None if self._guard is None else self._guard.shrunk(entry.offset + entry.length)
@@ -261,7 +280,13 @@ class StreamFile(ClosesOnExit):
                 raise InvalidStreamError(
                     "blob total_length differs from the index", section=what, found=entry.length
                 )
-            tensor = decode(view, verify=self._verify, limits=self._limits, page_store=self._store)
+            if page_pool is None:
+                tensor = decode(
+                    view, verify=self._verify, limits=self._limits, page_store=self._store
+                )
+            else:
+                tensor = decode_into(view, page_pool, verify=self._verify, limits=self._limits,
+                                     page_store=self._store)  # fmt: skip
             check_blob_fingerprint(self._expect, tensor)
         except HurrayWireError as exc:
             add_note(exc, f"in the {what}")

@@ -30,6 +30,7 @@ from hurray_wire.integrity.delta import (
     DeltaPlan,
     FillReport,
     PageRefs,
+    check_plan,
     decode_known_pages,
     decode_page_refs,
     encode_known_pages,
@@ -52,11 +53,13 @@ from hurray_wire.integrity.digests import (
     verify_page_digests,
 )
 from hurray_wire.integrity.page_store import MemoryPageStore, PageStore, store_pages
+from hurray_wire.integrity.pool_store import EnginePoolStore
 
 __all__ = [
     "FINGERPRINT_METADATA_KEY",
     "DeltaPlan",
     "EngineFingerprint",
+    "EnginePoolStore",
     "FillReport",
     "KnownPagesBloom",
     "MemoryPageStore",
@@ -66,6 +69,7 @@ __all__ = [
     "PageStore",
     "bloom_candidates",
     "check_compatible",
+    "check_plan",
     "confirm_known",
     "decode_digest_section",
     "decode_fingerprint",

@@ -48,6 +48,7 @@ __all__ = [
     "DeltaPlan",
     "FillReport",
     "PageRefs",
+    "check_plan",
     "decode_known_pages",
     "decode_page_refs",
     "encode_known_pages",
@@ -347,6 +348,40 @@ def plan_delta(tensor: BlockPagedTensor, known: object, *, digests: object = Non
     ref_pages = np.flatnonzero(hit)
     refs = PageRefs(ref_pages, values[ref_pages])
     return DeltaPlan(values, np.flatnonzero(~hit), refs, records.record_nbytes)
+
+
+def check_plan(plan: DeltaPlan, records: PageRecords) -> DigestArray:
+    """A caller's plan (``encode(..., known_pages=plan)``) made for these page records:
+    one digest per page, refs and sent pages that partition the pages and agree with the
+    digests. Returns the plan's digests. It cannot check that the digests are the pages'
+    (that is the pass it saves): a wrong cached digest of a sent page fails the receiver's
+    page-digest check, and of a referenced page makes the receiver use the page it holds
+    under that digest (docs/integrity.md § 5.3)."""
+    if not isinstance(plan, DeltaPlan):
+        raise ArgumentTypeError("expected a DeltaPlan", field="known_pages", found=repr(plan))
+    digests = digest_array(plan.digests, records.num_pages, "known_pages.digests")
+    refs = plan.refs
+    if not isinstance(refs, PageRefs) or plan.record_nbytes != records.record_nbytes:
+        raise InvalidIntegrityRecordError(
+            "the plan was made for another tensor",
+            field="known_pages",
+            found=f"record_nbytes {plan.record_nbytes}",
+            expected=records.record_nbytes,
+        )
+    sent = np.asarray(plan.sent_pages)
+    if (
+        (refs.pages.size and int(refs.pages[-1]) >= records.num_pages)
+        or sent.shape != (records.num_pages - refs.pages.size,)
+        or not np.array_equal(sent, refs.sent_pages(records.num_pages))
+        or not np.array_equal(refs.digests, digests[refs.pages])
+    ):
+        raise InvalidIntegrityRecordError(
+            "the plan's refs and sent pages do not partition the pages by its digests",
+            field="known_pages",
+            found=f"{refs.pages.size} refs, {sent.size} sent",
+            expected=f"{records.num_pages} pages",
+        )
+    return digests
 
 
 def gather_sent(tensor: BlockPagedTensor, plan: DeltaPlan) -> PageRecords:

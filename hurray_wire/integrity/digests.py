@@ -114,6 +114,24 @@ class PageRecords:
             out[page] = h.intdigest()
         return out
 
+    def digests_at(self, pages: IntArray) -> DigestArray:
+        """xxh3_64 of the records of the physical ``pages`` (ids already checked to lie in
+        ``[0, num_pages)``), hashed where they sit: what a store over an engine's own pool
+        re-hashes instead of copying."""
+        ids = pages.tolist()
+        if self.scales is None and self.zero_points is None:
+            pool = self.pool
+            return np.fromiter((_xxh3(pool[page]) for page in ids), np.uint64, len(ids))
+        params = [p for p in (self.scales, self.zero_points) if p is not None]
+        hasher = xxhash.xxh3_64
+        out = np.empty(len(ids), np.uint64)
+        for at, page in enumerate(ids):
+            h = hasher(self.pool[page])
+            for part in params:
+                h.update(part[page])
+            out[at] = h.intdigest()
+        return out
+
 
 def digests_and_checksum(records: PageRecords) -> tuple[DigestArray, int]:
     """The page digests and, in the same pass over memory, xxh3_64 of the whole pool (the

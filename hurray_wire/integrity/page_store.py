@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from hurray_wire.integrity.digests import (
 )
 from hurray_wire.tensor import BlockPagedTensor
 
-__all__ = ["MemoryPageStore", "PageStore", "store_pages"]
+__all__ = ["MemoryPageStore", "PageStore", "held", "sorted_digests", "store_pages"]
 
 
 class PageStore(abc.ABC):
@@ -50,6 +50,22 @@ class PageStore(abc.ABC):
     @abc.abstractmethod
     def digests(self) -> DigestArray:
         """Every digest held, sorted ascending and unique (what ``encode_known_pages`` sends)."""
+
+
+def held(digest: object, keys: Collection[int], lock: threading.Lock) -> bool:
+    """``digest in keys`` for a store's ``__contains__``: False for anything not an integer."""
+    if isinstance(digest, (bool, np.bool_)) or not isinstance(digest, (int, np.integer)):
+        return False
+    with lock:
+        return int(digest) in keys
+
+
+def sorted_digests(keys: Collection[int], lock: threading.Lock) -> DigestArray:
+    """The keys of a store as the sorted uint64 array ``PageStore.digests`` returns."""
+    with lock:
+        out = np.fromiter(keys, np.uint64, len(keys))
+    out.sort()
+    return out
 
 
 class MemoryPageStore(PageStore):
@@ -134,16 +150,10 @@ class MemoryPageStore(PageStore):
                 self._nbytes -= len(evicted)
 
     def __contains__(self, digest: object) -> bool:
-        if isinstance(digest, (bool, np.bool_)) or not isinstance(digest, (int, np.integer)):
-            return False
-        with self._lock:
-            return int(digest) in self._pages
+        return held(digest, self._pages.keys(), self._lock)
 
     def digests(self) -> DigestArray:
-        with self._lock:
-            keys = np.fromiter(self._pages, np.uint64, len(self._pages))
-        keys.sort()
-        return keys
+        return sorted_digests(self._pages.keys(), self._lock)
 
     def lru_order(self) -> list[int]:
         """Digests from least to most recently used (what eviction takes first)."""

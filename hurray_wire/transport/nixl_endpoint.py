@@ -24,7 +24,7 @@ from hurray_wire.transport.records import (
 )
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import integrity as wi
-from hurray_wire.wire.fast import offset_of
+from hurray_wire.wire.fast import derive, offset_of
 
 try:
     import nixl_cu12 as _nixl
@@ -55,6 +55,8 @@ _ZERO_COPY_MIN = 4096  # smaller parts are copied into the arena: one segment in
 _HEADER = wb.BLOB_HEADER.sizeof()
 _ENTRY = wb.SECTION_ENTRY.sizeof()
 _CHECKSUM_TYPE_AT = offset_of(wb.BLOB_HEADER, "checksum_type")
+_BLOB_HEADER = derive(wb.BLOB_HEADER)
+_SECTION_ENTRY = derive(wb.SECTION_ENTRY)
 _U8 = npt.NDArray[np.uint8]
 T = TypeVar("T")
 
@@ -99,10 +101,11 @@ def _deadline(seconds: float) -> float:
 def _pool_section(head: Any) -> tuple[int, int, bool, bool]:
     """(offset, stored_size, is_raw, has_checksums) of buffer[0] from a blob's header bytes
     (decoded with the wire structs: the section table follows the 32-byte header)."""
-    header = wb.BLOB_HEADER.parse(bytes(head[:_HEADER]))
-    entry = wb.SECTION_ENTRY.parse(bytes(head[_HEADER : _HEADER + _ENTRY]))
-    raw = entry.codec == 0 and entry.stored_size == entry.raw_size
-    return entry.offset, entry.stored_size, raw, header.checksum_type == wb.CHECKSUM_XXH3_64
+    header = bytes(head[: _HEADER + _ENTRY])  # struct formats derived from the wire structs
+    checksum_type = _BLOB_HEADER.unpack_dict(header)["checksum_type"]
+    entry = _SECTION_ENTRY.unpack_dict(header[_HEADER:])
+    raw = entry["codec"] == 0 and entry["stored_size"] == entry["raw_size"]
+    return entry["offset"], entry["stored_size"], raw, checksum_type == wb.CHECKSUM_XXH3_64
 
 
 def _named(exc: HurrayWireError, layer: int | None, role: str | None) -> TransportError:

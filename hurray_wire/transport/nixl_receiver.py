@@ -12,17 +12,20 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from hurray_wire.blob import DecodeLimits, blob_length, decode
+from hurray_wire.blob import DecodeLimits, blob_length, decode, decode_in_place
 from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError, TransportError
 from hurray_wire.integrity import (
     EngineFingerprint,
+    EnginePoolStore,
     PageStore,
     encode_known_pages,
 )
 from hurray_wire.transport.nixl_endpoint import (
+    _BLOB_HEADER,
     _CHECKSUM_TYPE_AT,
     _ENTRY,
     _HEADER,
+    _SECTION_ENTRY,
     _U8,
     DEFAULT_DEADLINE,
     T,
@@ -35,7 +38,16 @@ from hurray_wire.transport.nixl_endpoint import (
     _pieces,
     _pool_section,
 )
+from hurray_wire.transport.nixl_pages import (
+    PageLanding,
+    engine_tensor,
+    hash_pages,
+    page_landing,
+    page_segments,
+    scatter_pages,
+)
 from hurray_wire.transport.records import (
+    MAX_SEGMENTS,
     ROLE_CODES,
     Segment,
     TransferRecord,
@@ -56,7 +68,10 @@ class _Incoming:
     xfers: list[Any] = field(default_factory=list)
     head_posted: bool = False
     engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
+    pages: PageLanding | None = None  # the landing at engine page ids, when expect() gave them
+    in_place: tuple[EnginePoolStore, Any] | None = None  # expect_in_place's pool, free pages
     landed: bool = False
+    started: bool = False  # its transfer posted (offers wait in a queue until then)
 
 
 class NixlReceiver(_Endpoint):
@@ -96,12 +111,14 @@ class NixlReceiver(_Endpoint):
         self.page_store = page_store
         self.expect_fingerprint = expect_fingerprint
         self.session: int | None = None
-        self._pools: dict[tuple[int, str], _U8] = {}
+        self._pools: dict[tuple[int, str], PageLanding] = {}
+        self._in_place: dict[tuple[int, str], tuple[EnginePoolStore, Any]] = {}
         self._in: dict[tuple[int, str], _Incoming] = {}
         # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
         # of the GIL), while this thread keeps the later transfers moving.
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl-decode")
         self._decoding: list[tuple[_Incoming, Future[Any]]] = []
+        self._queued: list[_Incoming] = []  # offered, their transfers not yet posted
 
     def send_known_pages(self, digests: Any) -> None:
         """Tell the sender which pages this side's store holds (the known-pages record of
@@ -110,19 +127,46 @@ class NixlReceiver(_Endpoint):
         record = encode_known_pages(digests)
         _call("send_notif", self._agent.send_notif, self._peer_name(), record)
 
-    def expect(self, layer: int, role: str, page_pool: npt.NDArray[Any]) -> None:
-        """Land the page pool of blob {layer, role} in ``page_pool`` (registered memory of
-        exactly the pool's size): the decoded tensor's page_pool then shares its memory."""
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 0xFFFFFFFF:
-            raise ArgumentTypeError("layer must be an int in [0, 2**32 - 1)", found=repr(layer))
-        if role not in ROLE_CODES:
-            raise ArgumentTypeError("unknown kv_role", field="role", found=repr(role),
-                                    expected=sorted(ROLE_CODES))  # fmt: skip
+    def expect(
+        self, layer: int, role: str, page_pool: npt.NDArray[Any], *, page_ids: Any = None
+    ) -> None:
+        """Land the page pool of blob {layer, role} in the engine's ``page_pool``
+        (registered memory): the decoded tensor's page_pool then shares its memory.
+
+        Without ``page_ids`` the array is exactly the pool's size and takes it whole. With
+        ``page_ids`` it is the engine's whole pool ``[num_pages, ...]`` and blob page ``i``
+        lands on engine page ``page_ids[i]`` (the blocks the engine allocated for the
+        request: distinct, any order); the tensor returned is over the whole engine pool,
+        its block table in engine page ids (docs/nixl.md § 4)."""
+        key = _checked_key(layer, role)
+        if key in self._in_place:
+            raise ArgumentTypeError("this blob is already expected in place",
+                                    field="layer", found=f"{layer} {role}")  # fmt: skip
         flat = _bytes_of(page_pool, "page_pool")
         if not self._registered(int(flat.ctypes.data), flat.nbytes):
             raise TransportError("page_pool is not in registered memory", layer=layer,
                                  role=role)  # fmt: skip
-        self._pools[(layer, role)] = flat
+        if page_ids is None:
+            self._pools[(layer, role)] = PageLanding(flat)
+        else:
+            self._pools[(layer, role)] = page_landing(page_pool, flat, page_ids)
+
+    def expect_in_place(
+        self, layer: int, role: str, pool: EnginePoolStore, free_pages: Any
+    ) -> None:
+        """Decode blob {layer, role} in place into the engine's pool (``decode_in_place``):
+        the pages it carries go to ``free_pages``, the pages it references are the ones
+        ``pool`` indexes, re-hashed where they are; the tensor is over the engine's pool.
+        The delta protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
+        pool.digests())`` first, and the sender publishes with ``known_pages`` (staged)."""
+        key = _checked_key(layer, role)
+        if not isinstance(pool, EnginePoolStore):
+            raise ArgumentTypeError("pool must be an EnginePoolStore", field="pool",
+                                    found=type(pool).__name__)  # fmt: skip
+        if key in self._pools:
+            raise ArgumentTypeError("this blob is already expected in a page_pool",
+                                    field="layer", found=f"{layer} {role}")  # fmt: skip
+        self._in_place[key] = (pool, free_pages)
 
     def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
         """Yield ``count`` tensors in the order they land (each decoded and validated).
@@ -141,22 +185,29 @@ class NixlReceiver(_Endpoint):
         yielded = 0
         idle = 0
         while yielded < count:
-            try:  # first post the transfers of new offers, so they move while we decode
+            try:
                 moved = self._step()
             except TransportError as exc:
                 self._abort_peer(self.session or 0, str(exc), exc.layer, exc.role)
                 raise
             for key in [k for k, item in self._in.items() if item.landed]:
                 item = self._in.pop(key)
-                if self.verify and self._has_checksums(item):  # hashed on the decoder thread
+                # Checksums are hashed on the decoder thread, beside the next transfer;
+                # the rest of a decode is a few microseconds, cheaper than a hand-off
+                # (measured: GIL hand-offs doubled the time between transfers).
+                if self.verify and self._has_checksums(item):
                     future = self._decoder.submit(self._decode, item)
-                else:  # a few microseconds: no thread hand-off
+                else:  # the last one, a few microseconds: no thread hand-off
                     future = Future()
                     try:
                         future.set_result(self._decode(item))
                     except HurrayWireError as exc:
                         future.set_exception(exc)
                 self._decoding.append((item, future))
+            if self._queued:  # one transfer per turn: the blobs that landed get decoded
+                item = self._queued.pop(0)
+                self._guarded(item, self._start, item)  # an error aborts the peer, is raised
+                moved = True
             if self._decoding and self._decoding[0][1].done():
                 item, future = self._decoding.pop(0)
                 tensor = self._guarded(item, future.result)
@@ -193,7 +244,7 @@ class NixlReceiver(_Endpoint):
             moved = True
             self._on_record(record)
         for item in self._in.values():
-            if item.landed or item.offer.write or not item.head_posted:
+            if item.landed or item.offer.write or not item.head_posted or not item.started:
                 continue
             if all(self._guarded(item, self._state, x) == "DONE" for x in item.xfers):
                 for x in item.xfers:
@@ -216,7 +267,7 @@ class NixlReceiver(_Endpoint):
         item = self._in.get(key)
         if r.kind == "offer" and item is None:
             item = self._in[key] = self._land(r)
-            self._guarded(item, self._start, item)
+            self._queued.append(item)  # posted by receive(), one per turn
         elif r.kind == "ready" and item is not None and not item.offer.write:
             if item.head_posted:
                 raise TransportError("ready record twice", layer=r.layer, role=r.role)
@@ -232,8 +283,17 @@ class NixlReceiver(_Endpoint):
         """Choose where each byte of an offered blob lands (our segments)."""
         assert r.layer is not None and r.role is not None
         limit = len(self._arena.buf)
-        pool = self._pools.pop((r.layer, r.role), None)
-        if pool is not None and r.pool_length and pool.nbytes != r.pool_length:
+        expected = self._pools.pop((r.layer, r.role), None)
+        pool = None if expected is None else expected.flat
+        pages = expected if expected is not None and expected.page_ids is not None else None
+        if pages is not None and r.pool_length:
+            assert pages.page_ids is not None
+            if pages.page_ids.size * pages.page_bytes != r.pool_length:
+                raise TransportError("offered page pool size differs from page_ids x the "
+                                     "engine's page size", layer=r.layer, role=r.role,
+                                     expected=pages.page_ids.size * pages.page_bytes,
+                                     found=r.pool_length)  # fmt: skip
+        elif pool is not None and r.pool_length and pool.nbytes != r.pool_length:
             raise TransportError("offered page pool size differs from the engine's array",
                                  layer=r.layer, role=r.role, expected=pool.nbytes,
                                  found=r.pool_length)  # fmt: skip
@@ -249,16 +309,27 @@ class NixlReceiver(_Endpoint):
         if split:
             assert pool is not None
             end = r.pool_offset + r.pool_length
-            segments = [Segment(0, r.pool_offset, base),
-                        Segment(r.pool_offset, r.pool_length, int(pool.ctypes.data))]  # fmt: skip
+            segments = [Segment(0, r.pool_offset, base)]
+            if pages is not None:
+                segments += page_segments(pages, r.pool_offset)
+            else:
+                segments.append(Segment(r.pool_offset, r.pool_length, int(pool.ctypes.data)))
             if end < r.total_length:
                 segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
         else:
             segments = [Segment(0, r.total_length, base)]
-        return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool)
+        if r.write and len(segments) > MAX_SEGMENTS:  # a grant record lists our segments
+            raise TransportError(f"page_ids form {len(segments) - 2} runs of consecutive pages; "
+                                 f"a WRITE grant lists at most {MAX_SEGMENTS} segments: let "
+                                 "the receiver READ (any number of runs)", layer=r.layer,
+                                 role=r.role)  # fmt: skip
+        in_place = self._in_place.pop((r.layer, r.role), None)
+        return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool,
+                         pages=pages, in_place=in_place)  # fmt: skip
 
     def _start(self, item: _Incoming) -> None:
         r = item.offer
+        item.started = True
         if r.write:
             self._send(TransferRecord("grant", r.session, r.layer, r.role,
                                       total_length=r.total_length, pool_offset=r.pool_offset,
@@ -292,11 +363,19 @@ class NixlReceiver(_Endpoint):
             raise TransportError("the offer's total_length is not the blob's", layer=r.layer,
                                  role=r.role, expected=blob_length(land),
                                  found=r.total_length)  # fmt: skip
-        if item.pool is None:
+        if item.in_place is not None:
+            tensor = decode_in_place(land[: r.total_length], pool=item.in_place[0],
+                                     free_pages=item.in_place[1], verify=self.verify,
+                                     limits=self.limits,
+                                     expect_fingerprint=self.expect_fingerprint)  # fmt: skip
+        elif item.pool is None:
             tensor = decode(land[: r.total_length], verify=self.verify, limits=self.limits,
                             page_store=self.page_store,
                             expect_fingerprint=self.expect_fingerprint)  # fmt: skip
-            if item.engine is not None:  # a compressed pool: decompressed, then copied in
+            if item.pages is not None:  # a compressed pool: decompressed, then scattered
+                scatter_pages(item.pages, _pool_of(tensor, item.pages, r.layer, r.role))
+                tensor = engine_tensor(tensor, item.pages, r.layer, r.role)
+            elif item.engine is not None:  # a compressed pool: decompressed, then copied in
                 pool = tensor.page_pool
                 if pool.nbytes != item.engine.nbytes:
                     raise TransportError("page pool size differs from the engine's array",
@@ -335,24 +414,54 @@ class NixlReceiver(_Endpoint):
                                  role=r.role, expected=f"{offset}+{length}",
                                  found=f"{r.pool_offset}+{r.pool_length}")  # fmt: skip
         if self.verify and checked:
-            count = wb.BLOB_HEADER.parse(bytes(shadow[:_HEADER])).section_count
+            count = _BLOB_HEADER.unpack_dict(shadow)["section_count"]
             for k in range(count):
-                at = _HEADER + _ENTRY * k
-                e = wb.SECTION_ENTRY.parse(bytes(shadow[at : at + _ENTRY]))
-                data = item.pool if k == 0 else shadow[e.offset : e.offset + e.stored_size]
-                computed = xxhash.xxh3_64_intdigest(data.data)
-                if computed != e.checksum:
-                    name = wb.SECTION_KINDS.get(e.kind, f"kind 0x{e.kind:02X}")
+                e = _SECTION_ENTRY.unpack_dict(shadow, _HEADER + _ENTRY * k)
+                start, checksum = e["offset"], e["checksum"]
+                if k == 0 and item.pages is not None:
+                    computed = hash_pages(item.pages)  # the pages where they landed
+                else:
+                    data = item.pool if k == 0 else shadow[start : start + e["stored_size"]]
+                    computed = xxhash.xxh3_64_intdigest(data.data)
+                if computed != checksum:
+                    name = wb.SECTION_KINDS.get(e["kind"], f"kind 0x{e['kind']:02X}")
                     raise ChecksumError(
                         "section checksum mismatch",
-                        section=f"{name}[{e.index}]",
-                        offset=e.offset,
+                        section=f"{name}[{e['index']}]",
+                        offset=start,
                         expected=f"0x{computed:016x}",
-                        found=f"0x{e.checksum:016x}",
+                        found=f"0x{checksum:016x}",
                     )
+        if item.pages is not None:
+            return engine_tensor(tensor, item.pages, r.layer, r.role)
         pool = tensor.page_pool
         tensor.page_pool = item.pool.view(pool.dtype).reshape(pool.shape)
         return tensor
+
+
+def _checked_key(layer: object, role: object) -> tuple[int, str]:
+    """(layer, role) of an expect call, checked."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < 0xFFFFFFFF:
+        raise ArgumentTypeError("layer must be an int in [0, 2**32 - 1)", found=repr(layer))
+    if role not in ROLE_CODES:
+        raise ArgumentTypeError("unknown kv_role", field="role", found=repr(role),
+                                expected=sorted(ROLE_CODES))  # fmt: skip
+    assert isinstance(role, str)
+    return layer, role
+
+
+def _pool_of(tensor: Any, pages: PageLanding, layer: int | None, role: str | None) -> Any:
+    """The decoded pool, if it fits the engine pages it is to land on."""
+    pool = tensor.page_pool
+    assert pages.page_ids is not None
+    if pool.shape[0] != pages.page_ids.size or pool.nbytes != pages.page_ids.size * (
+        pages.page_bytes
+    ):
+        raise TransportError("page pool differs from page_ids x the engine's page size",
+                             layer=layer, role=role,
+                             expected=pages.page_ids.size * pages.page_bytes,
+                             found=pool.nbytes)  # fmt: skip
+    return pool
 
 
 def _head_end(item: _Incoming) -> int:

@@ -1,0 +1,468 @@
+"""Delta decode in place, into the engine's own KV pool (docs/integrity.md § 5.3).
+
+``decode`` with a page store rebuilds a new full pool: it copies every referenced page out
+of the store. An engine with prefix caching already holds those pages in its pool, so
+``decode_in_place`` writes only the pages the blob carries, into free physical pages the
+engine's allocator hands out, and points the new block table at the pages the engine holds
+(an ``EnginePoolStore`` over the pool): the returned tensor's ``page_pool`` *is* the
+engine's array and its ``block_table`` holds engine page ids.
+
+The blob is validated by the decoder's own machinery (envelope, section table, padding,
+section checksums, page digests of the sent pages, refs against the digests section,
+seq_lens, metadata, fingerprint); ``_InPlaceWork`` replaces only the step that builds the
+pool. Every referenced page is re-hashed where it sits in the engine's pool, so a page the
+engine overwrote since it indexed it (stale) or no longer indexes is refused, or reported
+at its logical positions. Nothing is written until every check has passed; on failure the
+pool is as it was (the report variant writes the good pages and zero-fills a free page for
+each failed one, for the engine to recompute).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire.blob.decoder import _decode, _header_plan
+from hurray_wire.blob.envelope import total_length
+from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, refs_count
+from hurray_wire.buffers import U8Array, byte_view
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    ChecksumError,
+    InvalidTensorError,
+    PageDigestError,
+    PageStoreMissError,
+)
+from hurray_wire.integrity import EngineFingerprint, EnginePoolStore, PageRefs, logical_positions
+from hurray_wire.integrity.digests import IntArray
+from hurray_wire.integrity.pool_store import page_id_array
+from hurray_wire.kv_scale import check_reserved_metadata
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.model.layout import check_index_arrays
+from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine
+from hurray_wire.tensor import BlockPagedTensor, check_seq_lens
+
+__all__ = ["InPlaceReport", "decode_in_place", "decode_in_place_report", "peek_in_place"]
+
+_NONE = np.zeros(0, np.int64)
+
+
+@dataclass(frozen=True)
+class InPlaceReport(DecodeReport):
+    """What ``decode_in_place_report`` returns. As DecodeReport, in the engine's page ids:
+    ``pages`` are where ``tensor.block_table`` points for every failed page (free pages,
+    zero-filled, for the engine to recompute), ``positions`` their logical places;
+    ``missing`` / ``corrupt`` / ``digest_mismatch`` split ``pages`` by cause. ``stale`` are
+    the indexed engine pages whose bytes no longer match their digest (``forget`` them);
+    ``written`` the free pages used, in the order taken from ``free_pages`` (a prefix)."""
+
+    stale: npt.NDArray[np.int64]
+    written: npt.NDArray[np.int64]
+
+
+@functools.lru_cache(maxsize=256)
+def _engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
+    """The blob's descriptor over the engine's pool of ``num_pages`` pages."""
+    layout = descriptor.layout
+    index_type = layout.block_table_index_type
+    if num_pages and num_pages - 1 > layout.index_max:
+        index_type = "uint64"
+    engine = dataclasses.replace(layout, num_pages=num_pages, block_table_index_type=index_type)
+    handle = descriptor.buffers[0]
+    return TensorDescriptor.block_paged(
+        engine,
+        descriptor.shape,
+        descriptor.element_type,
+        num_logical_pages=descriptor.buffers[1].byte_size // layout.index_dtype.itemsize,
+        quantization=descriptor.quantization,
+        alignment=handle.alignment,
+        device_tag=handle.device_tag,
+        sync_mode=handle.sync_mode,
+        memory_class=handle.memory_class,
+        statistics=descriptor.statistics,
+    )
+
+
+def _geometry_error(what: str, field: str, expected: object, found: object) -> InvalidTensorError:
+    return InvalidTensorError(
+        f"the engine's pool does not fit the blob: {what}",
+        field=field,
+        expected=expected,
+        found=found,
+    )
+
+
+def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None:
+    """The engine's arrays have the blob's page shape and dtypes (and slot parameters
+    exactly when the blob is per-block quantized), so page records mean the same on both
+    sides."""
+    etype = descriptor.element_type
+    if etype.is_packed:
+        raise _geometry_error(
+            "an in-place decode needs an unpacked element type (engines keep no packed pools)",
+            "element_type",
+            "a type of whole bytes",
+            etype.name,
+        )
+    layout = descriptor.layout
+    array = pool.page_pool
+    page = (layout.page_size, descriptor.shape[1], descriptor.shape[2])
+    if array.ndim != 4 or tuple(array.shape[1:]) != page:
+        raise _geometry_error(
+            "page shape", "pool.page_pool", f"[num_pages, {', '.join(map(str, page))}]",
+            list(array.shape),
+        )  # fmt: skip
+    if array.dtype != etype.numpy_dtype:
+        raise _geometry_error("dtype", "pool.page_pool", str(etype.numpy_dtype), str(array.dtype))
+    quant = descriptor.quantization
+    slots = pool.num_pages * layout.page_size
+    wanted: dict[str, np.dtype[Any] | None] = {"scales": None, "zero_points": None}
+    if isinstance(quant, PerBlockAffine):
+        wanted["scales"] = quant.scale_type.numpy_dtype
+        if quant.zero_point_buffer_index is not None:
+            wanted["zero_points"] = np.dtype("<i4")
+    for name, dtype in wanted.items():
+        given: npt.NDArray[Any] | None = getattr(pool, name)
+        if (given is None) != (dtype is None):
+            raise _geometry_error(
+                f"per-page-slot {name}", f"pool.{name}",
+                "none" if dtype is None else f"{slots} entries of {dtype}",
+                "none" if given is None else f"an array of {given.size}",
+            )  # fmt: skip
+        if given is not None and (given.dtype != dtype or given.size != slots):
+            raise _geometry_error(
+                f"per-page-slot {name}", f"pool.{name}", f"{slots} entries of {dtype}",
+                f"{given.size} entries of {given.dtype}",
+            )  # fmt: skip
+
+
+def _free_pages(free_pages: object, pool: EnginePoolStore) -> IntArray:
+    """The engine's free page ids, checked: in range, unique, none of them indexed."""
+    free = page_id_array(free_pages, pool.num_pages, "free_pages")
+    if free.size > 1:
+        order = np.sort(free)
+        twice = np.flatnonzero(order[1:] == order[:-1])
+        if twice.size:
+            raise ArgumentTypeError(
+                "free_pages must not repeat a page",
+                field="free_pages",
+                found=f"page {int(order[twice[0]])} more than once",
+            )
+    held = np.flatnonzero(pool.indexed(free))
+    if held.size:
+        raise ArgumentTypeError(
+            "free_pages must not include pages the pool store indexes (forget them first)",
+            field="free_pages",
+            found=f"free_pages[{int(held[0])}] = page {int(free[held[0]])}, indexed",
+        )
+    return free
+
+
+def _slots(free: IntArray, start: int, count: int) -> IntArray:
+    """``count`` free pages from ``start``; past the end, placeholders (page 0: the tensor
+    is then never handed out, finish() raises first)."""
+    taken = free[start : start + count]
+    if taken.size < count:
+        taken = np.concatenate([taken, np.zeros(count - taken.size, np.int64)])
+    return taken
+
+
+class _InPlaceWork(PageWork):
+    """PageWork that leaves the pool to the engine: refs are re-hashed in place, the sent
+    rows kept until finish() writes them into free pages."""
+
+    def __init__(
+        self,
+        descriptor: TensorDescriptor,
+        *,
+        has_digests: bool,
+        page_store: Any,
+        report: bool,
+        verify: bool,
+        pool: EnginePoolStore,
+        free: IntArray,
+    ) -> None:
+        super().__init__(
+            descriptor,
+            has_digests=has_digests,
+            page_store=page_store,
+            report=report,
+            verify=verify,
+        )
+        check_pool_fits(descriptor, pool)
+        self.pool = pool
+        self.free = free
+        self.refs: PageRefs | None = None
+        self.engine_refs = _NONE  # engine page of each ref (-1: not indexed)
+        self.ref_ok = np.zeros(0, bool)  # indexed, and its bytes re-hash to the digest
+        self.rows: list[U8Array] = []
+        self.sent = _NONE
+        self.remap = _NONE
+        self.table = _NONE
+        self.starts = _NONE
+
+    def _expand(self, buffers: list[U8Array], refs: PageRefs, sent: Any) -> list[U8Array]:
+        engine = self.pool.pages_for(refs.digests)
+        held = engine >= 0
+        ok = held.copy()
+        if held.any():  # the re-hash where the pages sit: never trusted unchecked
+            ok[held] = self.pool.records.digests_at(engine[held]) == refs.digests[held]
+        self.refs, self.engine_refs, self.ref_ok = refs, engine, ok
+        return buffers
+
+    def _failed_refs(self) -> npt.NDArray[np.bool_]:
+        refs = self.refs
+        if refs is None:
+            return np.zeros(0, bool)
+        return ~self.ref_ok | np.isin(refs.pages, self.mismatch)
+
+    def assemble(
+        self,
+        descriptor: TensorDescriptor,
+        buffers: list[U8Array],
+        seq_lens: npt.NDArray[Any] | None,
+        metadata: dict[str, Any],
+    ) -> BlockPagedTensor:
+        """The blob's index arrays checked as ``tensor.assemble`` checks them, then the
+        tensor over the engine's pool with the block table remapped to engine pages."""
+        layout = descriptor.layout
+        num_pages = layout.num_pages
+        table = buffers[1].view(layout.index_dtype)
+        starts = buffers[2].view(layout.index_dtype)
+        check_index_arrays(starts, table, num_pages, layout.num_seqs)
+        if seq_lens is not None:
+            check_seq_lens(seq_lens, starts, layout.page_size, descriptor.shape[0])
+        if metadata:
+            check_reserved_metadata(metadata, layout.kv_role)
+        refs = self.refs
+        sent = np.arange(num_pages) if refs is None else refs.sent_pages(num_pages)
+        remap = np.empty(num_pages, np.int64)
+        remap[sent] = _slots(self.free, 0, sent.size)
+        if refs is not None:
+            failed = self._failed_refs()
+            remap[refs.pages] = self.engine_refs
+            spare = _slots(self.free, sent.size, int(failed.sum()))
+            remap[refs.pages[failed]] = spare if self.report else 0  # raise mode: discarded
+        self.rows, self.sent, self.remap = buffers, sent, remap
+        self.table, self.starts = table, starts
+        engine = _engine_descriptor(descriptor, self.pool.num_pages)
+        index = engine.layout.index_dtype
+        scales, zero_points = self._params(descriptor, buffers)
+        return BlockPagedTensor._trusted(
+            engine,
+            self.pool.page_pool,
+            remap[table].astype(index) if table.size else np.zeros(0, index),
+            starts if starts.dtype == index else starts.astype(index),
+            scales,
+            zero_points,
+            seq_lens,
+            metadata,
+        )
+
+    def _params(
+        self, descriptor: TensorDescriptor, buffers: list[U8Array]
+    ) -> tuple[npt.NDArray[Any] | None, npt.NDArray[Any] | None]:
+        """Scales / zero points: the engine's per-slot arrays (per-block), else the blob's
+        per-channel buffers typed as tensor.assemble types them."""
+        quant = descriptor.quantization
+        if isinstance(quant, PerBlockAffine):
+            pool = self.pool
+            assert pool.scales is not None
+            zps = None if pool.zero_points is None else pool.zero_points.reshape(-1)
+            return pool.scales.reshape(-1), zps
+        if not isinstance(quant, PerChannelAffine):
+            return None, None
+        scale_dtype = quant.scale_type.numpy_dtype
+        payload = buffers[quant.scale_buffer_index]
+        zp = quant.zero_point_buffer_index
+        if zp == quant.scale_buffer_index:  # one buffer: [scales | zero_points]
+            split = payload.nbytes // (scale_dtype.itemsize + 4) * scale_dtype.itemsize
+            return payload[:split].view(scale_dtype), payload[split:].view("<i4")
+        return payload.view(scale_dtype), None if zp is None else buffers[zp].view("<i4")
+
+    def finish(self, tensor: BlockPagedTensor) -> InPlaceReport:
+        """Raise (or, for the report variant, decide what to report) before writing; then
+        write the sent pages into their free pages and zero-fill the failed ones."""
+        refs, sent, free, remap = self.refs, self.sent, self.free, self.remap
+        assert free.size >= sent.size  # _run checked it on the header
+        failed_refs = self._failed_refs()
+        ref_pages = refs.pages if refs is not None else _NONE
+        missing = ref_pages[self.engine_refs < 0] if refs is not None else _NONE
+        corrupt = ref_pages[(self.engine_refs >= 0) & ~self.ref_ok] if refs is not None else _NONE
+        stale = np.unique(self.engine_refs[(self.engine_refs >= 0) & ~self.ref_ok])
+        failed = np.union1d(self.mismatch, ref_pages[failed_refs]).astype(np.int64)
+        positions: tuple[tuple[int, int], ...] = ()
+        if failed.size:
+            _, seqs, in_seq = logical_positions(self.table, self.starts, failed)
+            positions = tuple(zip(seqs.tolist(), in_seq.tolist(), strict=True))
+            short = free.size < sent.size + int(failed_refs.sum())
+            if not self.report or short:
+                raise _failure(self.mismatch, corrupt, missing, failed, positions, stale, short)
+        elif self.damaged:
+            raise ChecksumError(
+                "section checksum mismatch that no page digest localises",
+                section=self.damaged[0],
+            )
+        self._write(failed)
+        written = np.concatenate([remap[sent], remap[ref_pages[failed_refs]]]).astype(np.int64)
+        return InPlaceReport(
+            tensor,
+            np.unique(remap[failed]),
+            positions,
+            np.unique(remap[self.mismatch]),
+            np.unique(remap[missing]),
+            np.unique(remap[corrupt]),
+            self.has_digests,
+            stale,
+            written,
+        )
+
+    def _write(self, failed: IntArray) -> None:
+        """The sent rows into their free pages; every failed page's free page zeroed."""
+        dst = self.pool.records
+        sent, remap = self.sent, self.remap
+        if sent.size:
+            src = page_rows(self.descriptor, self.rows, int(sent.size))
+            slots = remap[sent]
+            for into, rows in ((dst.pool, src.pool), (dst.scales, src.scales),
+                               (dst.zero_points, src.zero_points)):  # fmt: skip
+                if into is not None and rows is not None:
+                    into[slots] = rows
+        if failed.size:
+            for part in (dst.pool, dst.scales, dst.zero_points):
+                if part is not None:
+                    part[remap[failed]] = 0
+
+
+def _failure(
+    mismatch: IntArray,
+    corrupt: IntArray,
+    missing: IntArray,
+    failed: IntArray,
+    positions: tuple[tuple[int, int], ...],
+    stale: IntArray,
+    short: bool,
+) -> PageDigestError:
+    """The error decode_in_place raises: ``pages`` are the blob's physical page ids (as
+    ``decode`` names them), ``positions`` their logical places; the message adds the stale
+    engine pages."""
+    shown = failed[:16].tolist()
+    if mismatch.size:
+        kind: type[PageDigestError] = PageDigestError
+        what, field = f"{mismatch.size} page(s) do not match their digest", "page_digests"
+    elif corrupt.size:
+        kind, field = PageDigestError, "page_refs"
+        what = (
+            f"{corrupt.size} referenced page(s) are stale in the engine's pool (engine pages "
+            f"{stale[:16].tolist()} no longer match their digest)"
+        )
+    else:
+        kind, field = PageStoreMissError, "page_refs"
+        what = f"{missing.size} referenced page(s) are not indexed in the engine's pool"
+    spare = "; free_pages has no page left to report them in" if short else ""
+    return kind(
+        f"{what}: blob pages {shown}{' ...' * (failed.size > 16)}; logical positions "
+        f"{list(positions)[:16]}{spare}",
+        field=field,
+        pages=tuple(failed.tolist()),
+        positions=positions,
+    )
+
+
+def _run(
+    data: Any,
+    pool: EnginePoolStore,
+    free_pages: object,
+    verify: bool,
+    limits: DecodeLimits | None,
+    threads: int,
+    expect_fingerprint: EngineFingerprint | None,
+    report: bool,
+) -> InPlaceReport:
+    if not isinstance(pool, EnginePoolStore):
+        raise ArgumentTypeError(
+            "pool must be an EnginePoolStore over the engine's pool",
+            field="pool",
+            found=type(pool).__name__,
+        )
+    free = _free_pages(free_pages, pool)
+    needed = peek_in_place(data, limits=limits)[1]  # the header alone, checked
+    if free.size < needed:
+        raise ArgumentTypeError(
+            "free_pages has fewer pages than the blob sends",
+            field="free_pages",
+            found=f"{free.size} pages",
+            expected=f">= {needed}",
+        )
+    work = functools.partial(_InPlaceWork, pool=pool, free=free)
+    tensor, pages = _decode(data, verify, limits, threads, pool, expect_fingerprint, report, work)
+    assert isinstance(pages, _InPlaceWork)
+    return pages.finish(tensor)
+
+
+def decode_in_place(
+    data: Any,
+    *,
+    pool: EnginePoolStore,
+    free_pages: object,
+    verify: bool = True,
+    limits: DecodeLimits | None = None,
+    threads: int = -1,
+    expect_fingerprint: EngineFingerprint | None = None,
+) -> BlockPagedTensor:
+    """Decode a blob (delta or full) into the engine's pool that ``pool`` wraps.
+
+    The pages the blob carries are written into ``free_pages`` (engine page ids its
+    allocator hands out: the first ``peek_in_place(data)[1]`` of them are used, in order,
+    for the sent pages in ascending blob page order); referenced pages are not copied: the
+    returned tensor's ``page_pool`` is ``pool.page_pool`` and its ``block_table`` names
+    engine pages. Every referenced page is re-hashed in place against its digest; sent
+    pages are checked against the page-digests section, sections against their checksums,
+    as ``decode`` does. Any failure raises before anything is written (``PageDigestError``
+    / ``PageStoreMissError`` with the blob's page ids and the logical positions), so free
+    pages are scratch only until success. Bad arguments raise ``ArgumentTypeError`` (a
+    repeated, out-of-range or indexed free page, too few of them) or
+    ``InvalidTensorError`` (a pool of another page shape or dtype).
+
+    The engine should ``pool.index(...)`` the written pages it will keep, and must not
+    overwrite indexed pages during the call (``forget`` them first)."""
+    return _run(data, pool, free_pages, verify, limits, threads, expect_fingerprint, False).tensor
+
+
+def decode_in_place_report(
+    data: Any,
+    *,
+    pool: EnginePoolStore,
+    free_pages: object,
+    verify: bool = True,
+    limits: DecodeLimits | None = None,
+    threads: int = -1,
+    expect_fingerprint: EngineFingerprint | None = None,
+) -> InPlaceReport:
+    """As :func:`decode_in_place`, but pages that fail (a digest mismatch, a referenced
+    page not indexed, or stale in the pool) are reported, not raised: each failed page gets
+    a further free page (after those of the sent pages), zero-filled, for the engine to
+    recompute, and the good pages are written. When ``free_pages`` is too short for that,
+    the failure is raised as ``decode_in_place`` raises it. Every other check raises."""
+    return _run(data, pool, free_pages, verify, limits, threads, expect_fingerprint, True)
+
+
+def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
+    """The blob's descriptor and the number of free pages ``decode_in_place`` writes (the
+    pages the blob carries), from its checked header alone: what an engine's allocator
+    needs before the decode (the stream reader's ``in_place`` callback receives both)."""
+    view = byte_view(data)
+    plan = _header_plan(view, total_length(view, whole=True), check_limits_argument(limits),
+                        memoise=True)  # fmt: skip
+    num_pages = plan.descriptor.layout.num_pages
+    if plan.page_refs is None:
+        return plan.descriptor, num_pages
+    refs = refs_count(plan.page_refs.raw_size)
+    assert refs is not None  # the section table refused any other size
+    return plan.descriptor, num_pages - refs

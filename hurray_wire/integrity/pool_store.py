@@ -1,0 +1,291 @@
+"""A page store over an engine's own KV pool (docs/integrity.md § 5.3): no copies.
+
+A decode worker with prefix caching already holds the shared pages of a new request in its
+pool (one preallocated array per {layer, kv_role}, pages at physical ids). An
+``EnginePoolStore`` wraps that array, plus its per-page-slot scales / zero points when the
+cache is per-block quantized, and indexes the pages the engine vouches for by the digest
+of their record (``digests.PageRecords``, the same record a ``MemoryPageStore`` keeps).
+The delta decode in place (``blob.in_place``) then points the new block table at those
+pages instead of copying them, after re-hashing each one where it sits.
+
+The engine owns the pool: it calls ``index(page_ids)`` when pages hold content it will keep
+(digesting them then), and ``forget(page_ids)`` before it frees or overwrites them. A page
+overwritten without ``forget`` is *stale*: its bytes no longer match the digest it is
+indexed under, and the re-hash of every referenced page refuses it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire.buffers import U8Array
+from hurray_wire.errors import ArgumentTypeError, PageDigestError, PageStoreError
+from hurray_wire.integrity.digests import (
+    DigestArray,
+    IntArray,
+    PageRecords,
+    check_digest_range,
+    digest_array,
+    record_digest,
+)
+from hurray_wire.integrity.page_store import PageStore, held, sorted_digests
+
+__all__ = ["EnginePoolStore", "page_id_array"]
+
+
+def _engine_array(value: object, name: str) -> npt.NDArray[Any]:
+    """One of the engine's arrays: a writable, C-contiguous NumPy array of plain data (it is
+    written in place, so nothing that would make a copy is accepted: pass ``t.numpy()`` for
+    a CPU torch tensor)."""
+    if not isinstance(value, np.ndarray):
+        raise ArgumentTypeError(
+            f"{name} must be the engine's NumPy array (written in place, never copied)",
+            field=name,
+            found=type(value).__name__,
+        )
+    if value.dtype.hasobject or value.dtype.fields is not None:
+        raise ArgumentTypeError(f"{name} must hold plain data", field=name, found=str(value.dtype))
+    if not value.flags.c_contiguous:
+        raise ArgumentTypeError(
+            f"{name} must be C-contiguous", field=name, found=f"strides {value.strides}"
+        )
+    if not value.flags.writeable:
+        raise ArgumentTypeError(
+            f"{name} must be writable (new pages are written into it)",
+            field=name,
+            found="a read-only array",
+        )
+    return value
+
+
+def _rows(array: npt.NDArray[Any], num_pages: int, name: str) -> U8Array:
+    """``array`` as ``[num_pages, bytes per page]`` uint8 (a view)."""
+    flat = array.reshape(-1).view(np.uint8)
+    if flat.size == 0 and num_pages:  # pages of no bytes (a zero-sized dimension)
+        return flat.reshape(num_pages, 0)
+    if num_pages == 0:
+        if flat.size:
+            raise ArgumentTypeError(
+                f"{name} must be empty for an empty pool", field=name, found=flat.size
+            )
+        return flat.reshape(0, 0)
+    if flat.size % num_pages:
+        raise ArgumentTypeError(
+            f"{name} must hold a whole number of bytes per page",
+            field=name,
+            found=f"{flat.size} bytes",
+            expected=f"a multiple of num_pages {num_pages}",
+        )
+    return flat.reshape(num_pages, -1)
+
+
+def page_id_array(value: object, num_pages: int, name: str) -> IntArray:
+    """``value`` (a 1-D sequence or array of integers) as int64 page ids in
+    ``[0, num_pages)``, else a typed error naming ``name`` and the offending value."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)) or not hasattr(value, "__len__"):
+        raise ArgumentTypeError(
+            f"{name} must be a 1-D array or sequence of page ids",
+            field=name,
+            found=type(value).__name__,
+        )
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ArgumentTypeError(f"{name} is not an array of page ids ({exc})", field=name) from None
+    if array.size == 0:
+        return np.zeros(0, np.int64)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise ArgumentTypeError(
+            f"{name} must be a 1-D array of integers",
+            field=name,
+            found=f"dtype {array.dtype}, shape {array.shape}",
+        )
+    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and int(array.max()) >= 1 << 63:
+        raise ArgumentTypeError(
+            f"{name}: page id out of range", field=name, found=int(array.max()),
+            expected=f"< num_pages {num_pages}",
+        )  # fmt: skip
+    ids = array.astype(np.int64)
+    bad = np.flatnonzero((ids < 0) | (ids >= num_pages))
+    if bad.size:
+        raise ArgumentTypeError(
+            f"{name}[{int(bad[0])}]: page id out of range",
+            field=name,
+            found=int(ids[bad[0]]),
+            expected=f"0 <= id < num_pages {num_pages}",
+        )
+    return ids
+
+
+class EnginePoolStore(PageStore):
+    """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of
+    its own: an index digest -> physical page id of the pages the engine vouches for.
+
+    ``page_pool`` is the engine's array, ``[num_pages, ...]`` (for the in-place decode
+    ``[num_pages, page_size, num_heads, head_dim]`` of the cache's element type);
+    ``scales`` / ``zero_points`` the per-page-slot parameters of a per-block quantized cache
+    (``num_pages * page_size`` entries, any shape). All must be writable C-contiguous NumPy
+    arrays; the store keeps them (no copy) and never writes them itself.
+
+    ``get`` returns a view of the page (for a quantized cache the record spans the pool and
+    the parameter arrays, so ``get`` joins them: a copy of one page). ``put`` cannot choose a
+    slot in a pool the engine's allocator owns: it accepts a record only when a page with
+    that digest is already indexed, and otherwise raises ``PageStoreError``. One lock makes
+    every method thread-safe; hashing happens outside it.
+    """
+
+    def __init__(
+        self, page_pool: object, *, scales: object = None, zero_points: object = None
+    ) -> None:
+        pool = _engine_array(page_pool, "page_pool")
+        if pool.ndim < 2:
+            raise ArgumentTypeError(
+                "page_pool must be [num_pages, ...] with at least 2 dimensions",
+                field="page_pool",
+                found=f"shape {pool.shape}",
+            )
+        count = int(pool.shape[0])
+        if zero_points is not None and scales is None:
+            raise ArgumentTypeError(
+                "zero_points without scales", field="zero_points", expected="scales too"
+            )
+        self.page_pool: npt.NDArray[Any] = pool
+        self.scales = None if scales is None else _engine_array(scales, "scales")
+        self.zero_points = (
+            None if zero_points is None else _engine_array(zero_points, "zero_points")
+        )
+        self.records = PageRecords(
+            _rows(pool, count, "page_pool"),
+            None if self.scales is None else _rows(self.scales, count, "scales"),
+            None if self.zero_points is None else _rows(self.zero_points, count, "zero_points"),
+        )
+        self._digest_of: dict[int, int] = {}  # page -> digest
+        self._pages_of: dict[int, list[int]] = {}  # digest -> pages holding it (first: used)
+        self._lock = threading.Lock()
+
+    @property
+    def num_pages(self) -> int:
+        """Physical pages of the engine's pool."""
+        return self.records.num_pages
+
+    @property
+    def record_nbytes(self) -> int:
+        """Bytes of one page record (page bytes + slot parameters)."""
+        return self.records.record_nbytes
+
+    def __len__(self) -> int:
+        """Indexed pages."""
+        with self._lock:
+            return len(self._digest_of)
+
+    # -- what the engine calls ---------------------------------------------------------------
+    def index(self, page_ids: object) -> DigestArray:
+        """Digest the engine's pages ``page_ids`` now and vouch for them: each becomes
+        available under its digest until ``forget``. Returns their digests, in the order
+        given. A page indexed again is re-digested (its old digest dropped)."""
+        ids = page_id_array(page_ids, self.num_pages, "page_ids")
+        digests = self.records.digests_at(ids)  # outside the lock: reads the pool
+        with self._lock:
+            for page, digest in zip(ids.tolist(), digests.tolist(), strict=True):
+                self._drop(page)
+                self._digest_of[page] = digest
+                self._pages_of.setdefault(digest, []).append(page)
+        return digests
+
+    def forget(self, page_ids: object) -> None:
+        """Stop vouching for ``page_ids`` (call before the engine frees or overwrites them);
+        pages that are not indexed are ignored."""
+        ids = page_id_array(page_ids, self.num_pages, "page_ids")
+        with self._lock:
+            for page in ids.tolist():
+                self._drop(page)
+
+    def _drop(self, page: int) -> None:
+        digest = self._digest_of.pop(page, None)
+        if digest is None:
+            return
+        holders = self._pages_of[digest]
+        holders.remove(page)
+        if not holders:
+            del self._pages_of[digest]
+
+    # -- lookups ---------------------------------------------------------------------------
+    def indexed_pages(self) -> IntArray:
+        """The indexed physical page ids, ascending."""
+        with self._lock:
+            pages = np.fromiter(self._digest_of, np.int64, len(self._digest_of))
+        pages.sort()
+        return pages
+
+    def indexed(self, page_ids: IntArray) -> npt.NDArray[np.bool_]:
+        """For each of the (checked) ``page_ids``: is it indexed?"""
+        with self._lock:
+            held = self._digest_of
+            return np.fromiter((p in held for p in page_ids.tolist()), bool, page_ids.size)
+
+    def pages_for(self, digests: object) -> IntArray:
+        """The physical page holding each digest (-1 where none is indexed), in order."""
+        values = digest_array(digests, None, "digests").tolist()
+        with self._lock:
+            get = self._pages_of.get
+            found = [holders[0] if (holders := get(d)) else -1 for d in values]
+        return np.asarray(found, np.int64).reshape(-1)
+
+    def check(self, page_ids: object = None) -> IntArray:
+        """Re-hash indexed pages where they sit (all of them by default) and return the
+        ascending ids of those whose bytes no longer match their digest: pages the engine
+        overwrote without ``forget``. Nothing is changed."""
+        with self._lock:
+            known = dict(self._digest_of)
+        if page_ids is None:
+            ids = np.asarray(sorted(known), np.int64).reshape(-1)
+        else:
+            chosen = np.unique(page_id_array(page_ids, self.num_pages, "page_ids"))
+            ids = np.asarray([p for p in chosen.tolist() if p in known], np.int64).reshape(-1)
+        expected = np.asarray([known[p] for p in ids.tolist()], np.uint64).reshape(-1)
+        stale: IntArray = ids[self.records.digests_at(ids) != expected]
+        return stale
+
+    # -- the PageStore interface -----------------------------------------------------------
+    def get(self, digest: int) -> bytes | memoryview | None:
+        key = check_digest_range(digest)
+        with self._lock:
+            holders = self._pages_of.get(key)
+            page = holders[0] if holders else None
+        if page is None:
+            return None
+        records = self.records
+        if records.scales is None and records.zero_points is None:
+            return memoryview(records.pool[page])
+        return records.record(page)
+
+    def put(self, digest: int, page_bytes: object) -> None:
+        """Accept ``page_bytes`` under ``digest`` when a page holding that digest is already
+        indexed (nothing to store); refuse (``PageStoreError``) otherwise: the engine writes
+        pages into the slots its allocator gives and calls ``index``."""
+        key = check_digest_range(digest)
+        computed = record_digest(page_bytes)
+        if computed != key:
+            raise PageDigestError(
+                "page bytes do not match the digest they are stored under",
+                field="digest",
+                found=f"0x{computed:016X}",
+                expected=f"0x{key:016X}",
+            )
+        if key not in self:
+            raise PageStoreError(
+                "an engine pool store holds only pages the engine indexed: write the page "
+                "into a slot of the pool and call index([slot])",
+                field="digest",
+                found=f"0x{key:016X}",
+            )
+
+    def __contains__(self, digest: object) -> bool:
+        return held(digest, self._pages_of.keys(), self._lock)
+
+    def digests(self) -> DigestArray:
+        return sorted_digests(self._pages_of.keys(), self._lock)

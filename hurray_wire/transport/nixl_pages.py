@@ -1,0 +1,163 @@
+"""Landing a blob's pages at the engine's own page ids (``NixlReceiver.expect(page_ids=)``).
+
+An engine receiving a request's KV cache has allocated blocks for it in its pool: block
+ids, usually not contiguous. The blob's pool pages are read straight into those pages
+(one NIXL descriptor per run of consecutive ids), the pool checksum is computed over the
+pages in blob order where they landed, and the tensor handed back is over the engine's
+whole pool with its block table in engine page ids: what the engine's attention kernel
+indexes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from hurray_wire.errors import ArgumentTypeError, TransportError
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transport.records import Segment
+
+__all__ = [
+    "PageLanding",
+    "engine_tensor",
+    "hash_pages",
+    "page_landing",
+    "page_segments",
+    "scatter_pages",
+]
+
+_U8 = npt.NDArray[np.uint8]
+_IDS = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class PageLanding:
+    """Where an expected blob's pool goes: an engine array, whole or at ``page_ids``."""
+
+    flat: _U8  # the engine's array as flat bytes
+    page_ids: _IDS | None = None  # engine page id of each blob page; None: the whole array
+    page_bytes: int = 0  # bytes of one engine page (with page_ids)
+
+    @property
+    def engine_pages(self) -> int:
+        return self.flat.nbytes // self.page_bytes if self.page_bytes else 0
+
+    def runs(self) -> list[tuple[int, int]]:
+        """(first blob page, page count) of each run of consecutive engine ids."""
+        ids = self.page_ids
+        if ids is None or not ids.size:
+            return []
+        breaks = (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
+        starts = [0, *breaks]
+        ends = [*breaks, int(ids.size)]
+        return [(s, e - s) for s, e in zip(starts, ends, strict=True)]
+
+
+def page_landing(page_pool: npt.NDArray[Any], flat: _U8, page_ids: object) -> PageLanding:
+    """Check ``page_ids`` against the engine's pool array ``[pages, ...]`` (distinct ids
+    in range, an integer 1-D array or sequence) and describe the landing."""
+    if page_pool.ndim < 2 or page_pool.shape[0] == 0:
+        raise ArgumentTypeError(
+            "with page_ids, page_pool is the engine's pool: [num_pages, ...] with pages",
+            field="page_pool",
+            found=f"shape {tuple(page_pool.shape)}",
+        )
+    engine_pages = int(page_pool.shape[0])
+    try:
+        ids = np.asarray(page_ids)
+    except (TypeError, ValueError) as exc:
+        raise ArgumentTypeError(
+            "page_ids must be a 1-D array of page ids", field="page_ids", found=repr(page_ids)
+        ) from exc
+    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
+        raise ArgumentTypeError(
+            "page_ids must be a 1-D array of integers",
+            field="page_ids",
+            found=f"dtype {ids.dtype}, shape {ids.shape}",
+        )
+    ids = ids.astype(np.int64)
+    if ids.size:
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= engine_pages:
+            raise ArgumentTypeError(
+                "page_ids must lie in [0, num_pages) of the engine's pool",
+                field="page_ids",
+                found=f"{low}..{high}",
+                expected=f"0..{engine_pages - 1}",
+            )
+        if np.unique(ids).size != ids.size:
+            raise ArgumentTypeError(
+                "page_ids must be distinct (two blob pages cannot land on one engine page)",
+                field="page_ids",
+                found=f"{ids.size - np.unique(ids).size} repeated",
+            )
+    return PageLanding(flat, ids, flat.nbytes // engine_pages)
+
+
+def page_segments(landing: PageLanding, pool_offset: int) -> list[Segment]:
+    """The segments of the blob's pool range [pool_offset, +pages) on the engine's pages."""
+    base = int(landing.flat.ctypes.data)
+    size = landing.page_bytes
+    assert landing.page_ids is not None
+    ids = landing.page_ids
+    return [
+        Segment(pool_offset + first * size, count * size, base + int(ids[first]) * size)
+        for first, count in landing.runs()
+    ]
+
+
+def hash_pages(landing: PageLanding) -> int:
+    """xxh3_64 of the landed pages in blob order: the pool section's checksum."""
+    hasher = xxhash.xxh3_64()
+    size = landing.page_bytes
+    assert landing.page_ids is not None
+    for first, count in landing.runs():
+        start = int(landing.page_ids[first]) * size
+        hasher.update(landing.flat[start : start + count * size].data)
+    return int(hasher.intdigest())
+
+
+def scatter_pages(landing: PageLanding, pool: npt.NDArray[Any]) -> None:
+    """Copy a decoded (decompressed) pool's pages to their engine pages."""
+    assert landing.page_ids is not None
+    rows = landing.flat.reshape(landing.engine_pages, landing.page_bytes)
+    rows[landing.page_ids] = pool.reshape(landing.page_ids.size, -1).view(np.uint8)
+
+
+def engine_tensor(
+    tensor: BlockPagedTensor, landing: PageLanding, layer: int | None, role: str | None
+) -> BlockPagedTensor:
+    """``tensor`` (decoded from the blob) over the engine's pool: the page pool is the
+    engine's array viewed with the blob's page shape and dtype, the block table in engine
+    page ids; everything else as decoded. Validated as any new tensor is."""
+    assert landing.page_ids is not None
+    pool = tensor.page_pool
+    if landing.page_ids.size != pool.shape[0]:
+        raise TransportError("page_ids do not match the blob's page count", layer=layer,
+                             role=role, expected=int(pool.shape[0]),
+                             found=int(landing.page_ids.size))  # fmt: skip
+    if tensor.quantization is not None:
+        raise TransportError(
+            "page_ids take an unquantized pool (per-page scales would need an engine-sized "
+            "scale array); expect() this blob without page_ids",
+            layer=layer,
+            role=role,
+        )
+    engine = landing.flat.view(pool.dtype).reshape(landing.engine_pages, *pool.shape[1:])
+    table = landing.page_ids[np.asarray(tensor.block_table, np.int64)]
+    return BlockPagedTensor.from_arrays(
+        engine,
+        table,
+        tensor.seq_ptr,
+        seq_lens=tensor.seq_lens,
+        total_tokens=tensor.shape[0],
+        kv_role=tensor.kv_role,
+        layer_index=tensor.layer_index,
+        element_type=tensor.element_type,
+        metadata=tensor.metadata,
+        alignment=tensor.descriptor.buffers[0].alignment,
+    )

@@ -1,0 +1,191 @@
+"""decode_into: the page pool lands in the caller's array, verified in the same pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hurray_wire as hw
+from hurray_wire.blob import copying
+from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError
+from hurray_wire.integrity import MemoryPageStore, store_pages
+
+PAGE = (16, 4, 32)  # 4 KiB of float16 per page
+
+
+def _tensor(pages: int = 64, seed: int = 0, **kw: Any) -> hw.BlockPagedTensor:
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 1 << 16, (pages, *PAGE), np.uint16).view(np.float16)
+    table = rng.permutation(pages).astype(np.uint32)
+    return hw.BlockPagedTensor.from_arrays(
+        pool, table, [0, pages // 3, pages], kv_role="value", layer_index=3, **kw
+    )
+
+
+def _same(a: hw.BlockPagedTensor, b: hw.BlockPagedTensor) -> None:
+    assert a.page_pool.dtype == b.page_pool.dtype and a.page_pool.shape == b.page_pool.shape
+    assert a.page_pool.tobytes() == b.page_pool.tobytes()
+    assert np.array_equal(a.block_table, b.block_table)
+    assert np.array_equal(a.seq_ptr, b.seq_ptr)
+    assert (a.layer_index, a.kv_role) == (b.layer_index, b.kv_role)
+
+
+def _pool_offset(blob: bytes, t: hw.BlockPagedTensor) -> int:
+    at = blob.find(t.page_pool.tobytes()[:4096])
+    assert at > 0
+    return at
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_lands_in_the_engine_array_verified(
+    parallel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(copying, "PARALLEL_HASH", parallel)
+    monkeypatch.setattr(copying, "COPY_CHUNK", 1 << 14)
+    monkeypatch.setattr(copying, "PARALLEL_CHUNK", 1 << 14)
+    t = _tensor()
+    blob = bytes(hw.encode(t))
+    engine = np.full(t.page_pool.shape, np.float16(7), np.float16)
+    out = hw.decode_into(blob, engine)
+    _same(out, t)
+    assert out.page_pool is engine  # the engine's own array object
+    assert not np.shares_memory(out.block_table, engine)
+
+
+def test_a_byte_array_is_viewed_with_the_blob_dtype_and_shape() -> None:
+    t = _tensor()
+    engine = np.zeros(t.page_pool.nbytes, np.uint8)
+    out = hw.decode_into(hw.encode(t), engine)
+    _same(out, t)
+    assert np.shares_memory(out.page_pool, engine)
+    assert engine.tobytes() == t.page_pool.tobytes()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_corrupted_pool_byte_is_refused(parallel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(copying, "PARALLEL_HASH", parallel)
+    monkeypatch.setattr(copying, "PARALLEL_CHUNK", 1 << 14)
+    t = _tensor()
+    blob = bytearray(hw.encode(t))
+    at = _pool_offset(bytes(blob), t) + 100_000
+    blob[at] ^= 0x01
+    before = bytes(blob)
+    with pytest.raises(ChecksumError) as info:
+        hw.decode_into(blob, np.empty_like(t.page_pool))
+    assert info.value.section == "buffer[0]"
+    assert bytes(blob) == before  # the input is never written
+    # verify=False accepts it, as decode(verify=False) does, and lands the bytes as sent
+    engine = np.empty_like(t.page_pool)
+    hw.decode_into(blob, engine, verify=False)
+    assert (
+        engine.view(np.uint8).reshape(-1)[at - _pool_offset(before, t)]
+        != (t.page_pool.view(np.uint8).reshape(-1)[at - _pool_offset(before, t)])
+    )
+
+
+def test_a_corrupted_small_section_is_refused() -> None:
+    t = _tensor(metadata={"note": "hello world"})
+    blob = bytearray(hw.encode(t))
+    at = bytes(blob).find(b"hello world")
+    blob[at] ^= 0x20  # still valid text: only the checksum can tell
+    with pytest.raises(ChecksumError) as info:
+        hw.decode_into(blob, np.empty_like(t.page_pool))
+    assert info.value.section == "metadata[0]"
+
+
+def test_without_checksums_it_copies() -> None:
+    t = _tensor()
+    engine = np.empty_like(t.page_pool)
+    _same(hw.decode_into(hw.encode(t, checksum=False), engine), t)
+
+
+def test_a_compressed_pool_is_decompressed_into_the_array() -> None:
+    t = _tensor()
+    blob = bytearray(hw.encode(t, compression="zstd:1"))
+    engine = np.empty_like(t.page_pool)
+    _same(hw.decode_into(blob, engine), t)
+    blob[len(blob) // 2] ^= 0xFF
+    with pytest.raises(HurrayWireError):
+        hw.decode_into(blob, np.empty_like(t.page_pool))
+
+
+def test_page_digests_and_delta_blobs_take_the_page_checks() -> None:
+    t = _tensor(pages=8)
+    blob = bytearray(hw.encode(t, page_digests=True))
+    _same(hw.decode_into(blob, np.empty_like(t.page_pool)), t)
+    blob[_pool_offset(bytes(blob), t) + 5] ^= 0x01
+    with pytest.raises(ChecksumError) as expected:
+        hw.decode(blob)
+    with pytest.raises(ChecksumError) as info:  # the same refusal as decode's
+        hw.decode_into(blob, np.empty_like(t.page_pool))
+    assert str(info.value) == str(expected.value)
+    report = hw.decode_report(blob)
+    assert report.pages.tolist() == [0]  # decode_report says which page
+    store = MemoryPageStore(1 << 20)
+    store_pages(store, t, [0, 1, 2, 3, 4])
+    delta = hw.encode(t, known_pages=store.digests(), page_digests=True)
+    assert len(delta) < len(blob) // 2
+    _same(hw.decode_into(delta, np.empty_like(t.page_pool), page_store=store), t)
+
+
+@pytest.mark.parametrize(
+    "engine, found",
+    [
+        (np.empty((63, *PAGE), np.float16), "bytes"),
+        (np.empty((64, *PAGE), np.float32), "bytes"),
+        (bytearray(64 * 4096 * 2), "bytearray"),
+        ([0] * 10, "list"),
+        (np.empty((64, *PAGE), object), "object"),
+        (np.empty((64, 32, 4, 16), np.float16)[:, ::2], "contiguous False"),
+    ],
+)
+def test_bad_engine_arrays_are_typed_errors(engine: Any, found: str) -> None:
+    t = _tensor()
+    blob = hw.encode(t)
+    with pytest.raises(ArgumentTypeError) as info:
+        hw.decode_into(blob, engine)
+    assert info.value.field == "page_pool"
+    assert found in str(info.value)
+
+
+def test_a_read_only_engine_array_is_refused() -> None:
+    t = _tensor()
+    engine = np.empty_like(t.page_pool)
+    engine.flags.writeable = False
+    with pytest.raises(ArgumentTypeError, match="writable"):
+        hw.decode_into(hw.encode(t), engine)
+
+
+def test_decode_errors_are_decodes() -> None:
+    t = _tensor()
+    blob = bytearray(hw.encode(t))
+    with pytest.raises(HurrayWireError):
+        hw.decode_into(blob[:100], np.empty_like(t.page_pool))
+    with pytest.raises(ArgumentTypeError):
+        hw.decode_into(blob, np.empty_like(t.page_pool), verify=1)  # type: ignore[arg-type]
+
+
+def test_stream_file_lands_a_layer_in_the_engine(tmp_path: Path) -> None:
+    tensors = [_tensor(seed=k) for k in range(3)]
+    tensors = [
+        hw.BlockPagedTensor.from_arrays(
+            x.page_pool, x.block_table, x.seq_ptr, kv_role="key", layer_index=k
+        )
+        for k, x in enumerate(tensors)
+    ]
+    path = tmp_path / "cache.hrws"
+    with hw.StreamWriter(path, hw.StreamHeader(num_layers=3)) as writer:
+        for x in tensors:
+            writer.write(x)
+    engine = np.empty_like(tensors[0].page_pool)
+    with hw.StreamFile(path) as f:
+        got = f.tensor(1, "key", page_pool=engine)
+        assert got.page_pool is engine
+        _same(got, tensors[1])
+        for entry, x in zip(f.entries, tensors, strict=True):
+            _same(f.read(entry, page_pool=engine), x)
+        with pytest.raises(ArgumentTypeError):
+            f.tensor(2, "key", page_pool=np.empty(3, np.uint8))
