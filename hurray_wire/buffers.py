@@ -37,8 +37,15 @@ def byte_view(data: object, name: str = "data", *, allow_copy: bool = False) -> 
     With ``allow_copy`` a strided buffer is copied into C order instead of refused (for
     readers whose result does not keep views of their input: checksums, metadata).
     """
-    if type(data) is bytes:  # the common case, fast
+    if type(data) is bytes:  # the common cases, fast
         return memoryview(data)
+    if type(data) is memoryview:  # e.g. encode()'s output
+        try:
+            view = memoryview(data)
+        except ValueError:  # released
+            raise _not_bytes(name, data) from None
+        if view.c_contiguous and view.ndim == 1 and view.format == "B":
+            return view
     if isinstance(data, str):
         raise _not_bytes(name, data)
     if isinstance(data, np.ndarray):

@@ -7,6 +7,7 @@ the blob decoder does, so a tensor that exists is one that encodes and decodes c
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -22,11 +23,17 @@ from hurray_wire.errors import (
 )
 from hurray_wire.fingerprint import fingerprint_from_metadata
 from hurray_wire.kv_scale import check_reserved_metadata, kv_scale_of, with_kv_scale
+from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model import packing
 from hurray_wire.model._checks import U32_MAX, U64_MAX
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.layout import BlockPagedLayout, _as_index_array, check_index_arrays
+from hurray_wire.model.layout import (
+    BlockPagedLayout,
+    _as_index_array,
+    check_index_arrays,
+    check_seq_lens,
+)
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
 __all__ = ["BlockPagedTensor", "assemble", "check_seq_lens"]
@@ -59,6 +66,45 @@ def _memoised(cache: dict[tuple[Any, ...], T], args: tuple[Any, ...], build: Cal
 
 def _typed(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((type(a), _typed(a) if type(a) is tuple else a) for a in args)
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """What from_arrays decided from the arrays' dtypes and shapes and the scalar arguments
+    alone (so equal for equal keys): the element type, the pool's dimensions, the layout,
+    which index arrays need a range reduction, and the descriptors by total_tokens."""
+
+    etype: ElementType
+    dims: tuple[int, int, int, int]
+    layout: BlockPagedLayout
+    layout_args: tuple[Any, ...]
+    ranged: tuple[str, ...]
+    descriptors: dict[tuple[type, Any], TensorDescriptor]
+
+
+# Geometries by _geometry_key: 256 of them (each a few hundred bytes of model objects).
+_GEOMETRIES: BoundedMemo[_Geometry] = BoundedMemo(_MEMO_LIMIT, 1 << 20)
+_GEOMETRY_SIZE = 1024
+
+
+def _geometry_key(
+    pool: Any, block_table: Any, seq_ptr: Any, *scalars: Any
+) -> tuple[Any, ...] | None:
+    """Everything but the values that from_arrays' checks depend on: the three arrays'
+    dtypes and shapes (NumPy arrays only: a list's dtype depends on its values) and the
+    scalar arguments with their types (True is not 1, np.int64(3) is not 3). None when
+    there is no such key."""
+    if type(pool) is not np.ndarray or type(block_table) is not np.ndarray:
+        return None
+    if type(seq_ptr) is not np.ndarray:
+        return None
+    key: tuple[Any, ...] = (pool.dtype, pool.shape, block_table.dtype, block_table.shape,
+                            seq_ptr.dtype, seq_ptr.shape)  # fmt: skip
+    for value in scalars:
+        if type(value) is tuple:  # no valid argument is a tuple; keep (1, True) from (1, 1)
+            return None
+        key += (type(value), value)
+    return key
 
 
 Array = npt.NDArray[Any]
@@ -152,46 +198,57 @@ class BlockPagedTensor:
         DLPack (``hurray_wire._interop``). ``kv_scale`` is the engine's fp8 scalar, stored
         in the reserved metadata key of the role (``hurray.k_scale`` / ``hurray.v_scale``).
         """
-        arrays = (page_pool, block_table, seq_ptr, seq_lens, scales, zero_points)
-        if any(type(a) is not np.ndarray and is_torch(a) for a in arrays):
-            page_pool, block_table, seq_ptr, seq_lens, scales, zero_points = (
-                as_numpy(a, n) for a, n in zip(arrays, _ARRAY_ARGUMENTS, strict=True)
-            )
+        plain = type(page_pool) is np.ndarray and type(block_table) is np.ndarray
+        plain = plain and type(seq_ptr) is np.ndarray and scales is None and zero_points is None
+        if not (plain and (seq_lens is None or type(seq_lens) is np.ndarray)):
+            arrays = (page_pool, block_table, seq_ptr, seq_lens, scales, zero_points)
+            if any(type(a) is not np.ndarray and is_torch(a) for a in arrays):
+                page_pool, block_table, seq_ptr, seq_lens, scales, zero_points = (
+                    as_numpy(a, n) for a, n in zip(arrays, _ARRAY_ARGUMENTS, strict=True)
+                )
+        key = _geometry_key(page_pool, block_table, seq_ptr, element_type, kv_role, layer_index,
+                            block_table_index_type, quantization, alignment)  # fmt: skip
+        try:
+            known = None if key is None else _GEOMETRIES.get(key)
+        except TypeError:  # an unhashable argument: judged below, nothing memoised
+            key = known = None
         pool = _pool_array(page_pool, element_type)
-        etype = element_type_of(element_type if element_type is not None else pool.dtype)
-        if pool.ndim != 4:
-            raise InvalidTensorError(
-                "page_pool must be 4-D [num_pages, page_size, num_heads, head_dim]",
-                field="page_pool",
-                found=f"shape {pool.shape}",
-            )
-        if pool.dtype != etype.numpy_dtype:
-            raise InvalidTensorError(
-                "page_pool dtype does not match the element type",
-                field="page_pool",
-                found=str(pool.dtype),
-                expected=str(etype.numpy_dtype),
-            )
-        num_pages, page_size, num_heads, head_dim = (int(d) for d in pool.shape)
+        if known is None:
+            etype = element_type_of(element_type if element_type is not None else pool.dtype)
+            _check_pool(pool, etype)
+            num_pages, page_size, num_heads, head_dim = (int(d) for d in pool.shape)
+        else:
+            etype = known.etype
+            num_pages, page_size, num_heads, head_dim = known.dims
         stored_pool = packing.pack(pool, etype) if etype.is_packed else np.ascontiguousarray(pool)
         bt_any = _as_index_array(block_table, "block_table", U64_MAX)
         sp_any = _as_index_array(seq_ptr, "seq_ptr", U64_MAX)
         num_seqs = len(sp_any) - 1
-        if num_seqs < 0:
-            raise IndexBufferError("seq_ptr needs num_seqs + 1 >= 1 entries", field="seq_ptr")
-        if block_table_index_type is None:
-            big = num_pages > U32_MAX or len(bt_any) > U32_MAX
-            block_table_index_type = "uint64" if big else "uint32"
-        layout_args = (page_size, num_pages, 0, num_seqs, kv_role, layer_index,
-                       block_table_index_type)  # fmt: skip
-        layout = _memoised(_LAYOUTS, layout_args, lambda: BlockPagedLayout(*layout_args))
-        index_dtype = layout.index_dtype
-        for name, arr in (("block_table", bt_any), ("seq_ptr", sp_any)):
-            if arr.dtype.itemsize <= index_dtype.itemsize and arr.dtype.kind == "u":
-                continue  # an unsigned dtype no wider than the index type: every value fits
+        if known is None:
+            if num_seqs < 0:
+                raise IndexBufferError("seq_ptr needs num_seqs + 1 >= 1 entries", field="seq_ptr")
+            if block_table_index_type is None:
+                big = num_pages > U32_MAX or len(bt_any) > U32_MAX
+                block_table_index_type = "uint64" if big else "uint32"
+            layout_args = (page_size, num_pages, 0, num_seqs, kv_role, layer_index,
+                           block_table_index_type)  # fmt: skip
+            layout = _memoised(_LAYOUTS, layout_args, lambda: BlockPagedLayout(*layout_args))
+            index_dtype = layout.index_dtype
+            ranged = tuple(
+                name
+                for name, arr in (("block_table", bt_any), ("seq_ptr", sp_any))
+                if arr.dtype.itemsize > index_dtype.itemsize or arr.dtype.kind != "u"
+            )  # the others are unsigned and no wider than the index type: every value fits
+        else:
+            layout, layout_args, ranged = known.layout, known.layout_args, known.ranged
+            index_dtype = layout.index_dtype
+        for name in ranged:
+            arr = bt_any if name == "block_table" else sp_any
             if arr.size and int(arr.max()) > layout.index_max:
                 raise IndexBufferError(
-                    f"values do not fit {block_table_index_type}", field=name, found=int(arr.max())
+                    f"values do not fit {layout.block_table_index_type}",
+                    field=name,
+                    found=int(arr.max()),
                 )
         bt = np.ascontiguousarray(bt_any, dtype=index_dtype)
         sp = np.ascontiguousarray(sp_any, dtype=index_dtype)
@@ -203,27 +260,30 @@ class BlockPagedTensor:
                 total_tokens = int(lens.sum()) if lens.size else 0
         if total_tokens is None:
             total_tokens = len(bt) * page_size
-        descriptor = _memoised(
-            _DESCRIPTORS,
-            (
-                layout_args,
-                total_tokens,
-                num_heads,
-                head_dim,
-                etype,
-                len(bt),
-                quantization,
-                alignment,
-            ),
-            lambda: TensorDescriptor.block_paged(
-                layout,
-                (total_tokens, num_heads, head_dim),
-                etype,
-                num_logical_pages=len(bt),
-                quantization=quantization,
-                alignment=alignment,
-            ),
-        )
+        tokens_key = (type(total_tokens), total_tokens)
+        descriptor = None if known is None else known.descriptors.get(tokens_key)
+        if descriptor is None:
+            descriptor = _memoised(
+                _DESCRIPTORS,
+                (
+                    layout_args,
+                    total_tokens,
+                    num_heads,
+                    head_dim,
+                    etype,
+                    len(bt),
+                    quantization,
+                    alignment,
+                ),
+                lambda: TensorDescriptor.block_paged(
+                    layout,
+                    (total_tokens, num_heads, head_dim),
+                    etype,
+                    num_logical_pages=len(bt),
+                    quantization=quantization,
+                    alignment=alignment,
+                ),
+            )
         if lens is not None:
             check_seq_lens(lens, sp, page_size, total_tokens)
         scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
@@ -232,6 +292,15 @@ class BlockPagedTensor:
             check_reserved_metadata(meta, layout.kv_role)
             fingerprint_from_metadata(meta)  # a malformed hurray.engine_fingerprint: refused
             encode_metadata(meta)  # refuse now what could not be encoded later
+        if key is not None:  # every check passed: remember what the geometry decided
+            if known is None:
+                known = _Geometry(etype, (num_pages, page_size, num_heads, head_dim), layout,
+                                  layout_args, ranged, {})  # fmt: skip
+                _GEOMETRIES.put(key, known, _GEOMETRY_SIZE)
+            if tokens_key not in known.descriptors:
+                if len(known.descriptors) >= _MEMO_LIMIT:
+                    known.descriptors.clear()
+                known.descriptors[tokens_key] = descriptor
         return cls._trusted(descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, meta)
 
     # -- views of the descriptor -----------------------------------------------------------
@@ -398,8 +467,9 @@ def assemble(
     layout = descriptor.layout
     etype = descriptor.element_type
     pool = buffers[0]
-    if not etype.is_packed:
-        shape, dtype = _pool_typing(descriptor)
+    typing = descriptor.__dict__.get("_pool_typing")  # memoised: see _pool_typing
+    if typing is not None or not etype.is_packed:
+        shape, dtype = typing or _pool_typing(descriptor)
         try:
             pool = pool.view(dtype).reshape(shape)
         except ValueError:  # e.g. a zero-size pool whose other dimensions exceed NumPy's
@@ -425,7 +495,7 @@ def assemble(
     check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
     scales = zero_points = None
     quant = descriptor.quantization
-    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+    if quant is not None and isinstance(quant, (PerChannelAffine, PerBlockAffine)):
         scale_dtype = quant.scale_type.numpy_dtype
         payload = buffers[quant.scale_buffer_index]
         zp = quant.zero_point_buffer_index
@@ -464,6 +534,22 @@ def _pool_typing(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtyp
     cached = (shape, etype.numpy_dtype)
     object.__setattr__(descriptor, "_pool_typing", cached)  # immutable: memoise
     return cached
+
+
+def _check_pool(pool: Array, etype: ElementType) -> None:
+    if pool.ndim != 4:
+        raise InvalidTensorError(
+            "page_pool must be 4-D [num_pages, page_size, num_heads, head_dim]",
+            field="page_pool",
+            found=f"shape {pool.shape}",
+        )
+    if pool.dtype != etype.numpy_dtype:
+        raise InvalidTensorError(
+            "page_pool dtype does not match the element type",
+            field="page_pool",
+            found=str(pool.dtype),
+            expected=str(etype.numpy_dtype),
+        )
 
 
 def _pool_array(page_pool: Any, element_type: ElementType | str | None) -> Array:
@@ -510,80 +596,6 @@ def _seq_index(seq: object, num_seqs: int) -> int:
 def _bytes_view(array: Array) -> Array:
     """A 1-D uint8 view of a C-contiguous array (no copy)."""
     return array.reshape(-1).view(np.uint8)
-
-
-def _page_count_mismatch(lens: Array, seq_ptr: Array, page_size: int, largest: int) -> int | None:
-    """The first sequence whose page count is not ceil(len / page_size), or None.
-
-    For a power-of-two page size (every engine's) that is ``(len + P - 1) >> log2(P)``,
-    compared with the ``seq_ptr`` differences in one pass: no uint64 division. Otherwise
-    ``pages * P - P < len <= pages * P``, in blocks. Both where no term can wrap (lengths
-    and page capacity well below 2**64); the exact division form otherwise.
-    """
-    capacity = int(seq_ptr[-1]) * page_size
-    exact = capacity + page_size >= 2**64 or largest + page_size >= 2**64
-    size = np.uint64(page_size)
-    if not exact and page_size & (page_size - 1) == 0:
-        needed = (lens + np.uint64(page_size - 1)) >> np.uint64(page_size.bit_length() - 1)
-        ok = needed == (seq_ptr[1:] - seq_ptr[:-1])
-        return None if ok.all() else int(np.argmin(ok))
-    for start in range(0, len(lens), _BLOCK):  # blocks: temporaries stay in cache, unfaulted
-        stop = min(start + _BLOCK, len(lens))
-        part = lens[start:stop]
-        pages = (seq_ptr[start + 1 : stop + 1] - seq_ptr[start:stop]).astype(np.uint64)
-        if exact:
-            ok = pages == part // size + (part % size != 0)  # ceil without wrapping
-        else:
-            cap = pages * size
-            ok = (part <= cap) & (part + size > cap)
-        if not ok.all():
-            return start + int(np.argmin(ok))
-    return None
-
-
-# Elements per block of the vectorised checks: 64 KiB of uint64 temporaries, which the
-# allocator reuses (a fresh array of a whole 100k-sequence batch costs a page fault per 4 KiB).
-_BLOCK = 8192
-
-
-def check_seq_lens(lens: Array, seq_ptr: Array, page_size: int, total_tokens: int) -> None:
-    """seq_lens agree with shape[0] and with each sequence's page count (ceil(len / P))."""
-    num_seqs = len(seq_ptr) - 1
-    if len(lens) != num_seqs:
-        raise IndexBufferError(
-            "seq_lens needs one entry per sequence",
-            field="seq_lens",
-            found=len(lens),
-            expected=num_seqs,
-        )
-    total = 0
-    if num_seqs:
-        largest = int(lens.max())
-        if largest * num_seqs < 2**64:  # the uint64 sum cannot wrap
-            total = int(lens.sum(dtype=np.uint64))
-        else:
-            total = sum(lens.tolist())
-    if total != total_tokens:
-        raise IndexBufferError(
-            "sum(seq_lens) must equal shape[0] (total_tokens)",
-            position=0,
-            field="seq_lens",
-            found=total,
-            expected=total_tokens,
-        )
-    if num_seqs:
-        seq = _page_count_mismatch(lens, seq_ptr, page_size, largest)
-        if seq is not None:
-            tokens = int(lens[seq])
-            needed = -(-tokens // page_size)
-            pages = int(seq_ptr[seq + 1]) - int(seq_ptr[seq])
-            raise IndexBufferError(
-                f"sequence {seq} has {tokens} tokens, which need {needed} pages of {page_size}",
-                position=seq,
-                field="seq_lens",
-                found=f"{pages} pages",
-                expected=f"{needed} pages",
-            )
 
 
 def _quantization_arrays(

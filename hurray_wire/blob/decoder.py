@@ -27,6 +27,7 @@ from hurray_wire.blob.envelope import (
     I_DESCRIPTOR_LENGTH,
     I_HEADER_LENGTH,
     I_SECTION_COUNT,
+    I_TOTAL_LENGTH,
     check_header_fields,
     check_limits,
     checked_header,
@@ -34,6 +35,7 @@ from hurray_wire.blob.envelope import (
     entry_at,
     fixed_header,
     total_length,
+    whole_blob_header,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
 from hurray_wire.blob.pages import DecodeReport, PageWork, refs_count
@@ -62,6 +64,7 @@ _CHECKSUM_AT = ENTRY_AT["checksum"]
 _NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
 _CHECKSUM_END = _CHECKSUM_AT + ENTRY.sizes["checksum"]
+_NOTHING = struct.Struct("")  # the placeholders of _Plan's derived fields
 
 
 @dataclass(frozen=True)
@@ -87,13 +90,48 @@ class _Plan:
         object.__setattr__(self, "metadata", known.get((w.KIND_METADATA, 0)))
         object.__setattr__(self, "page_digests", known.get((w.KIND_PAGE_DIGESTS, 0)))
         object.__setattr__(self, "page_refs", known.get((w.KIND_PAGE_REFS, 0)))
+        raw = all(e.codec == CODEC_RAW for e in self.buffers)
+        object.__setattr__(self, "raw_buffers", raw)
+        spans = tuple(slice(e.offset, e.offset + e.stored_size) for e in self.buffers)
+        object.__setattr__(self, "buffer_spans", spans)
+        small = [(a, b) for a, b, _ in gaps if b - a <= _SMALL_PADDING]
+        object.__setattr__(
+            self, "zeros", (_spans_struct(small), tuple(bytes(b - a) for a, b in small))
+        )
+        object.__setattr__(
+            self, "large_paddings", tuple(g for g in gaps if g[1] - g[0] > _SMALL_PADDING)
+        )
+        at = [(e.entry_offset + _CHECKSUM_AT, e.entry_offset + _CHECKSUM_END) for e in self.entries]
+        object.__setattr__(self, "stored_checksums", _spans_struct(at, "Q"))
+        object.__setattr__(
+            self, "spans", tuple(slice(e.offset, e.offset + e.stored_size) for e in self.entries)
+        )
 
     paddings: tuple[tuple[int, int, str], ...] = ()
+    #: One unpack of every small padding region, and the zero bytes each must hold.
+    zeros: tuple[struct.Struct, tuple[bytes, ...]] = (_NOTHING, ())
+    large_paddings: tuple[tuple[int, int, str], ...] = ()
+    #: One unpack of every entry's stored checksum, in table order.
+    stored_checksums: struct.Struct = _NOTHING
+    spans: tuple[slice, ...] = ()  # each entry's stored bytes
+    raw_buffers: bool = False
+    buffer_spans: tuple[slice, ...] = ()
     buffers: tuple[Entry, ...] = ()
     seq_lens: Entry | None = None
     metadata: Entry | None = None
     page_digests: Entry | None = None
     page_refs: Entry | None = None
+
+
+def _spans_struct(spans: list[tuple[int, int]], code: str = "s") -> struct.Struct:
+    """A struct reading the ascending, disjoint byte ranges ``spans`` as one field each
+    (``code`` "s": bytes; "Q": a u64 filling its 8 bytes) and skipping what lies between."""
+    fmt, cursor = ["<"], 0
+    for start, stop in spans:
+        fmt.append(f"{start - cursor}x" if start > cursor else "")
+        fmt.append(f"{stop - start}s" if code == "s" else code)
+        cursor = stop
+    return struct.Struct("".join(fmt))
 
 
 #: Plans by masked header bytes and limits: 512 headers or 64 MiB of them, whichever first.
@@ -117,14 +155,18 @@ def _checksum_mask(header_length: int, count: int) -> int:
     return mask
 
 
-def _header_plan(view: memoryview, total: int, limits: DecodeLimits, *, memoise: bool) -> _Plan:
+def _header_plan(
+    view: memoryview, total: int, limits: DecodeLimits, *, memoise: bool, head: Any = None
+) -> _Plan:
     """The validated plan of the blob at the start of ``view``: limits first (on the fixed
-    header alone), then the header checksum, then the memo or a full check.
+    header alone, ``head`` if already unpacked), then the header checksum, then the memo or
+    a full check.
 
     The memo key is the checked copy of the header as one integer, section checksums masked
     out (they are checked per call; with checksum_type 0 they must stay zero, so stay in).
     """
-    head = fixed_header(view)
+    if head is None:
+        head = fixed_header(view)
     header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
     dlen = head[I_DESCRIPTOR_LENGTH]
     check_limits(count, dlen, limits)
@@ -133,7 +175,7 @@ def _header_plan(view: memoryview, total: int, limits: DecodeLimits, *, memoise:
         return _plan_from_header(header, total, limits)
     key = int.from_bytes(header, "little")
     if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
-        key &= _checksum_mask(header_length, count)
+        key &= _MASKS.get((header_length, count)) or _checksum_mask(header_length, count)
     memo_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
     plan = PLANS.get(memo_key)
     if plan is None:
@@ -231,7 +273,7 @@ def _decode(
     blob without them decodes with no page bookkeeping at all). ``work`` replaces PageWork
     for every blob (the in-place decode of blob/in_place.py)."""
     view = byte_view(data)
-    limits = check_limits_argument(limits)
+    limits = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
     if type(verify) is not bool:
         raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
     if threads != -1:
@@ -248,8 +290,8 @@ def _decode(
             field="page_store",
             found=type(page_store).__name__,
         )
-    total = total_length(view, whole=True)
-    plan = _header_plan(view, total, limits, memoise=True)
+    head = whole_blob_header(view)
+    plan = _header_plan(view, head[I_TOTAL_LENGTH], limits, memoise=True, head=head)
     if work is None and plan.page_digests is None and plan.page_refs is None:
         tensor = _materialize(
             view, plan, verify, threads, limits.max_metadata_entries, None, expect_fingerprint
@@ -278,10 +320,15 @@ def _materialize(
     expect_fingerprint: EngineFingerprint | None = None,
 ) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections, then assemble the tensor."""
-    for start, stop, where in plan.paddings:  # a few zero bytes each: one integer is enough
-        if stop - start > _SMALL_PADDING or int.from_bytes(view[start:stop], "little"):
+    zeros, expected = plan.zeros
+    if zeros.unpack_from(view) != expected:  # the small regions in one unpack; which one:
+        for start, stop, where in plan.paddings:
             check_zero(view, start, stop, error=PaddingError, section=where)
-    if verify and plan.verify_sections:
+    for start, stop, where in plan.large_paddings:
+        check_zero(view, start, stop, error=PaddingError, section=where)
+    if verify and plan.verify_sections and pages is None and _checksums_match(view, plan):
+        pass  # every section checksum matched, compared in one go
+    elif verify and plan.verify_sections:
         pool_checksum = _digest_pass(view, plan, pages)
         for e in plan.entries:
             if pool_checksum is not None and e is plan.buffers[0]:
@@ -310,11 +357,15 @@ def _materialize(
             decoded.flags.writeable = False
         return decoded
 
-    buffers = [payload(e) for e in plan.buffers]
+    if plan.raw_buffers:  # every buffer stored raw: views at spans decided by the plan
+        buffers = [whole[span] for span in plan.buffer_spans]
+    else:
+        buffers = [payload(e) for e in plan.buffers]
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
-    metadata = _metadata(plan, meta, max_metadata_entries)
-    require_fingerprint(expect_fingerprint, metadata, section="metadata")
+    metadata = {} if meta is None else _metadata(plan, meta, max_metadata_entries)
+    if expect_fingerprint is not None:
+        require_fingerprint(expect_fingerprint, metadata, section="metadata")
     if pages is not None and (plan.page_digests is not None or plan.page_refs is not None):
         digests, refs = plan.page_digests, plan.page_refs
         buffers = pages.rebuild(
@@ -325,6 +376,13 @@ def _materialize(
             _raw_offset(refs),
         )
     return _assemble(plan, buffers, lens, metadata, pages)
+
+
+def _checksums_match(view: memoryview, plan: _Plan) -> bool:
+    """Every section's xxh3_64 equals its stored checksum (False: the entry loop finds the
+    first mismatch and raises, or tolerates it for decode_report)."""
+    computed = tuple(map(xxhash.xxh3_64_intdigest, map(view.__getitem__, plan.spans)))
+    return computed == plan.stored_checksums.unpack_from(view)
 
 
 def _decompress(e: Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.NDArray[np.uint8]:

@@ -1,11 +1,14 @@
 """Encoding: one BlockPagedTensor into one blob, as pieces, into a buffer, or new.
 
 Sections are laid out once (``_plan``); large raw sections are copied and hashed chunk by
-chunk while still in cache, on two cores when there are two idle ones.
+chunk while still in cache, on two cores when there are two idle ones. A small raw blob
+of a known geometry reuses its memoised layout (``_RawLayout``): the header with zero
+checksums and the padding between sections, into which only the checksums are patched.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +17,7 @@ import numpy.typing as npt
 import xxhash
 
 from hurray_wire.blob.copying import COPY_CHUNK, copy_and_hash
-from hurray_wire.blob.envelope import CHECKSUM, entry_at, pack_header
+from hurray_wire.blob.envelope import CHECKSUM, ENTRY, ENTRY_AT, entry_at, pack_header
 from hurray_wire.blob.output import OUTPUT_POOL
 from hurray_wire.blob.pages import paged_buffers
 from hurray_wire.buffers import align, byte_view
@@ -30,6 +33,7 @@ from hurray_wire.integrity import (
     page_records,
     plan_delta,
 )
+from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.tensor import BlockPagedTensor
@@ -39,6 +43,8 @@ __all__ = ["encode", "encode_into", "encode_parts"]
 
 _ZEROS = bytes(1 << 16)
 _SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
+_SECTION_CHECKSUM = struct.Struct("<Q")  # a section entry's checksum, patched per call
+assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
 
 
 def _compacted(tensor: BlockPagedTensor, compact: object) -> BlockPagedTensor:
@@ -188,19 +194,101 @@ def _plan(
     pages = _page_sections(tensor, page_digests, known_pages, fuse)
     sections = _sections(tensor, compression, pages)
     descriptor = encode_descriptor(tensor.descriptor)
-    header_length = entry_at(len(sections)) + len(descriptor)
-    cursor = header_length + CHECKSUM.size
+    total = _place(sections, descriptor)
     for section in sections:
-        section.offset = align(cursor, section.alignment)
-        cursor = section.offset + section.stored_size
         if (
             checksum
             and section.checksum == 0
             and (hash_raw or section.codec != CODEC_RAW or section.raw_size < COPY_CHUNK)
         ):
             section.checksum = _hash_parts(section.parts)
-    total = align(cursor, w.BLOB_ALIGNMENT)
     return _header(descriptor, sections, total, checksum), sections, total
+
+
+def _place(sections: list[_Section], descriptor: bytes) -> int:
+    """Give each section its aligned offset after the header; the blob's total length."""
+    cursor = entry_at(len(sections)) + len(descriptor) + CHECKSUM.size
+    for section in sections:
+        section.offset = align(cursor, section.alignment)
+        cursor = section.offset + section.stored_size
+    return align(cursor, w.BLOB_ALIGNMENT)
+
+
+@dataclass(frozen=True)
+class _RawLayout:
+    """A raw blob of one geometry with its checksums left out: the bytes between the
+    section contents (``gaps[0]`` is the header, its checksum and the first padding; the
+    others are zero padding) and where each section's checksum goes. Built by the general
+    planner (``_sections``, ``_place``, ``_header``), so the bytes cannot drift from it."""
+
+    gaps: tuple[bytes, ...]
+    checksum_at: tuple[int, ...]
+    header_length: int
+    total: int
+
+
+#: Raw layouts by (descriptor bytes, checksum, content sizes): 512 geometries or 16 MiB.
+RAW_LAYOUTS: BoundedMemo[_RawLayout] = BoundedMemo(512, 16 << 20)
+
+
+def _raw_layout(tensor: BlockPagedTensor, checksum: bool, descriptor: bytes) -> _RawLayout:
+    sections = _sections(tensor, None, None)
+    total = _place(sections, descriptor)
+    header = _header(descriptor, sections, total, checksum)  # section checksums still 0
+    gaps, cursor, previous = [], 0, header
+    for section in sections:
+        gaps.append(previous + bytes(section.offset - cursor - len(previous)))
+        cursor, previous = section.offset + section.stored_size, b""
+    gaps.append(bytes(total - cursor))
+    at = tuple(entry_at(i) + ENTRY_AT["checksum"] for i in range(len(sections)))
+    return _RawLayout(tuple(gaps), at, len(header) - CHECKSUM.size, total)
+
+
+def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None:
+    """encode() of a small blob without compression or page sections from its memoised
+    layout: one join of the contents and the gaps, then the checksums patched in. None when
+    the general path must do it (a blob of 64 KiB or more, parameter buffers, or contents
+    that are not C-contiguous arrays, which it copies)."""
+    descriptor = tensor.descriptor
+    if len(descriptor.buffers) != 3:
+        return None
+    contents: list[Any] = [tensor.page_pool, tensor.block_table, tensor.seq_ptr]
+    lens_size = meta_size = -1
+    if tensor.seq_lens is not None:
+        lens = np.ascontiguousarray(tensor.seq_lens, "<u8")
+        contents.append(lens)
+        lens_size = lens.nbytes
+    if tensor.metadata:
+        meta = encode_metadata(tensor.metadata)
+        contents.append(meta)
+        meta_size = len(meta)
+    try:
+        sizes = (contents[0].nbytes, contents[1].nbytes, contents[2].nbytes)
+    except AttributeError:  # not arrays: the general path judges them
+        return None
+    if sum(sizes) >= _SMALL_BLOB:
+        return None
+    wire = encode_descriptor(descriptor)
+    key = (wire, checksum, sizes, lens_size, meta_size)
+    layout = RAW_LAYOUTS.get(key)
+    if layout is None:
+        layout = _raw_layout(tensor, checksum, wire)
+        RAW_LAYOUTS.put(key, layout, layout.total)
+    pieces: list[Any] = [None] * (2 * len(contents) + 1)
+    pieces[0::2] = layout.gaps
+    pieces[1::2] = contents
+    try:
+        out = bytearray().join(pieces)
+    except (TypeError, ValueError, BufferError):  # strided or exotic arrays: copied there
+        return None
+    view = memoryview(out)
+    if checksum:
+        pack = _SECTION_CHECKSUM.pack_into
+        for at, content in zip(layout.checksum_at, contents, strict=True):
+            pack(out, at, xxhash.xxh3_64_intdigest(content))
+        end = layout.header_length
+        CHECKSUM.struct.pack_into(out, end, xxhash.xxh3_64_intdigest(view[:end]))
+    return view
 
 
 def _header(descriptor: bytes, sections: list[_Section], total: int, checksum: bool) -> bytes:
@@ -353,6 +441,16 @@ def encode(
     when it filled it skips the digest pass (``check_plan``; docs/integrity.md § 5.3)."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+    if (
+        compression is None
+        and compact is False
+        and page_digests is False
+        and known_pages is None
+        and (checksum is True or checksum is False)
+    ):
+        small = _encode_small(tensor, checksum)
+        if small is not None:
+            return small
     tensor = _compacted(tensor, compact)
     if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
         pieces = encode_parts(

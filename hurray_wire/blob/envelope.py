@@ -37,6 +37,7 @@ __all__ = [
     "I_DESCRIPTOR_LENGTH",
     "I_HEADER_LENGTH",
     "I_SECTION_COUNT",
+    "I_TOTAL_LENGTH",
     "blob_length",
     "check_header_fields",
     "check_limits",
@@ -46,6 +47,7 @@ __all__ = [
     "fixed_header",
     "pack_header",
     "total_length",
+    "whole_blob_header",
 ]
 
 HEADER = derive(w.BLOB_HEADER)
@@ -57,16 +59,21 @@ HEADER_SIZE = HEADER.size
 #: magic, versions, flags and total_length: what frames a blob in a stream.
 BLOB_PREFIX_SIZE = AT["header_length"]
 _MIN_TOTAL = HEADER_SIZE + CHECKSUM.size
+_ENTRY_SIZE = ENTRY.size  # the FastStruct properties, read once for the per-call paths
+_CHECKSUM_SIZE = CHECKSUM.size
 #: Positions of the fixed header's fields in ``HEADER.struct.unpack``'s tuple.
 I_HEADER_LENGTH = HEADER.names.index("header_length")
 I_SECTION_COUNT = HEADER.names.index("section_count")
 I_CHECKSUM_TYPE = HEADER.names.index("checksum_type")
 I_DESCRIPTOR_LENGTH = HEADER.names.index("descriptor_length")
+_I_MAGIC = HEADER.names.index("magic")
+_I_VERSION_MAJOR = HEADER.names.index("version_major")
+I_TOTAL_LENGTH = HEADER.names.index("total_length")
 
 
 def entry_at(number: int) -> int:
     """Byte offset of section entry ``number``: the table follows the fixed header."""
-    return HEADER_SIZE + ENTRY.size * number
+    return HEADER_SIZE + _ENTRY_SIZE * number
 
 
 def pack_header(
@@ -172,6 +179,24 @@ def total_length(view: memoryview, *, whole: bool) -> int:
     )
 
 
+def whole_blob_header(view: memoryview) -> tuple[Any, ...]:
+    """The fixed header's fields (``HEADER.struct`` order) of a blob that ``view`` holds
+    whole: the magic, major version and total_length checked as :func:`total_length`
+    checks them, in one unpack; otherwise its precise framing error."""
+    if len(view) >= HEADER_SIZE:
+        head: tuple[Any, ...] = HEADER.struct.unpack_from(view, 0)
+        total = head[I_TOTAL_LENGTH]
+        if (
+            head[_I_MAGIC] == w.BLOB_MAGIC
+            and head[_I_VERSION_MAJOR] == 1
+            and _MIN_TOTAL <= total <= len(view)
+            and not total % w.BLOB_ALIGNMENT
+        ):
+            return head
+    total_length(view, whole=True)  # raises the framing error
+    return fixed_header(view)
+
+
 def check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
     """Refuse a header whose section table or descriptor is above the decode limits:
     checked on the fixed header alone, before any work that grows with either."""
@@ -209,8 +234,8 @@ def checked_header(
     Everything decided from the header is decided from this copy, so a caller that mutates
     its buffer meanwhile cannot make the decoder trust bytes it did not check.
     """
-    expected_length = entry_at(count) + dlen
-    if header_length != expected_length or header_length + CHECKSUM.size > total:
+    expected_length = HEADER_SIZE + _ENTRY_SIZE * count + dlen  # entry_at(count) + dlen
+    if header_length != expected_length or header_length + _CHECKSUM_SIZE > total:
         raise InvalidBlobError(
             "header_length disagrees with section_count and descriptor_length, or leaves no "
             "room for the header checksum within total_length",

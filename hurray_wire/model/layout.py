@@ -1,4 +1,5 @@
-"""BlockPagedLayout (layout tag 0x0A) and the rules that protect it (block-paged.md §§ 2-4, 7-8).
+"""BlockPagedLayout (layout tag 0x0A) and the rules that protect it (block-paged.md §§ 2-4, 7-8):
+the storage invariants of its index buffers and of seq_lens included.
 
 The layout is the 32-byte payload of the descriptor: page geometry, kv role, layer and the
 index type. It knows nothing of bytes; ``hurray_wire.wire.descriptor`` holds the struct.
@@ -17,7 +18,14 @@ from hurray_wire.errors import IndexBufferError, InvalidDescriptorError
 from hurray_wire.model._checks import U32_MAX, U64_MAX, check_uint
 from hurray_wire.model.quantization import Quantization, check_block_paged_compatibility
 
-__all__ = ["DYNAMIC_DIM", "INDEX_TYPE_NAMES", "KV_ROLE_NAMES", "BlockPagedLayout"]
+__all__ = [
+    "DYNAMIC_DIM",
+    "INDEX_TYPE_NAMES",
+    "KV_ROLE_NAMES",
+    "BlockPagedLayout",
+    "check_index_arrays",
+    "check_seq_lens",
+]
 
 KV_ROLE_NAMES = ("key", "value", "fused")
 INDEX_TYPE_NAMES = ("uint32", "uint64")
@@ -223,6 +231,10 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
     return array
 
 
+_SMALL = 512  # seq_ptr entries below which the ordering is checked on a Python list
+_SMALL_TABLE = 64  # block_table entries below which max() of a list beats a NumPy reduction
+
+
 def check_index_arrays(
     seq_ptr: npt.NDArray[Any], block_table: npt.NDArray[Any], num_pages: int, num_seqs: int
 ) -> None:
@@ -234,12 +246,12 @@ def check_index_arrays(
             found=len(seq_ptr),
             expected=num_seqs + 1,
         )
-    if num_seqs < 512:  # small: Python on a list beats three NumPy calls
+    if num_seqs < _SMALL:  # small: Python on a list beats three NumPy calls
         values = seq_ptr.tolist()
-        first = values[0]
+        first, last = values[0], values[-1]
         ordered = values == sorted(values)
     else:
-        first = int(seq_ptr[0])
+        first, last = int(seq_ptr[0]), int(seq_ptr[-1])
         ordered = not np.less(seq_ptr[1:], seq_ptr[:-1]).any()
     if first != 0:
         raise IndexBufferError("seq_ptr[0] must be 0", position=0, field="seq_ptr", found=first)
@@ -253,16 +265,24 @@ def check_index_arrays(
             found=int(seq_ptr[bad]),
             expected=f">= seq_ptr[{bad - 1}] = {int(seq_ptr[bad - 1])}",
         )
-    last = int(seq_ptr[-1])
-    if last != len(block_table):
+    count = len(block_table)
+    if last != count:
         raise IndexBufferError(
             f"seq_ptr[{num_seqs}] must equal the number of block_table entries",
             position=num_seqs,
             field="seq_ptr",
             found=last,
-            expected=len(block_table),
+            expected=count,
         )
-    if len(block_table) and int(np.maximum.reduce(block_table)) >= num_pages:
+    if (
+        count
+        and (
+            max(block_table.tolist())
+            if count < _SMALL_TABLE
+            else int(np.maximum.reduce(block_table))
+        )
+        >= num_pages
+    ):
         bad = int(np.argmax(block_table >= num_pages))
         raise IndexBufferError(
             f"page id at position {bad} is outside the pool",
@@ -271,3 +291,81 @@ def check_index_arrays(
             found=int(block_table[bad]),
             expected=f"< num_pages = {num_pages}",
         )
+
+
+def _page_count_mismatch(
+    lens: npt.NDArray[Any], seq_ptr: npt.NDArray[Any], page_size: int, largest: int
+) -> int | None:
+    """The first sequence whose page count is not ceil(len / page_size), or None.
+
+    For a power-of-two page size (every engine's) that is ``(len + P - 1) >> log2(P)``,
+    compared with the ``seq_ptr`` differences in one pass: no uint64 division. Otherwise
+    ``pages * P - P < len <= pages * P``, in blocks. Both where no term can wrap (lengths
+    and page capacity well below 2**64); the exact division form otherwise.
+    """
+    capacity = int(seq_ptr[-1]) * page_size
+    exact = capacity + page_size >= 2**64 or largest + page_size >= 2**64
+    size = np.uint64(page_size)
+    if not exact and page_size & (page_size - 1) == 0:
+        needed = (lens + np.uint64(page_size - 1)) >> np.uint64(page_size.bit_length() - 1)
+        ok = needed == (seq_ptr[1:] - seq_ptr[:-1])
+        return None if ok.all() else int(np.argmin(ok))
+    for start in range(0, len(lens), _BLOCK):  # blocks: temporaries stay in cache, unfaulted
+        stop = min(start + _BLOCK, len(lens))
+        part = lens[start:stop]
+        pages = (seq_ptr[start + 1 : stop + 1] - seq_ptr[start:stop]).astype(np.uint64)
+        if exact:
+            ok = pages == part // size + (part % size != 0)  # ceil without wrapping
+        else:
+            cap = pages * size
+            ok = (part <= cap) & (part + size > cap)
+        if not ok.all():
+            return start + int(np.argmin(ok))
+    return None
+
+
+# Elements per block of the vectorised checks: 64 KiB of uint64 temporaries, which the
+# allocator reuses (a fresh array of a whole 100k-sequence batch costs a page fault per 4 KiB).
+_BLOCK = 8192
+
+
+def check_seq_lens(
+    lens: npt.NDArray[Any], seq_ptr: npt.NDArray[Any], page_size: int, total_tokens: int
+) -> None:
+    """seq_lens agree with shape[0] and with each sequence's page count (ceil(len / P))."""
+    num_seqs = len(seq_ptr) - 1
+    if len(lens) != num_seqs:
+        raise IndexBufferError(
+            "seq_lens needs one entry per sequence",
+            field="seq_lens",
+            found=len(lens),
+            expected=num_seqs,
+        )
+    total = 0
+    if num_seqs:
+        largest = int(lens.max())
+        if largest * num_seqs < 2**64:  # the uint64 sum cannot wrap
+            total = int(lens.sum(dtype=np.uint64))
+        else:
+            total = sum(lens.tolist())
+    if total != total_tokens:
+        raise IndexBufferError(
+            "sum(seq_lens) must equal shape[0] (total_tokens)",
+            position=0,
+            field="seq_lens",
+            found=total,
+            expected=total_tokens,
+        )
+    if num_seqs:
+        seq = _page_count_mismatch(lens, seq_ptr, page_size, largest)
+        if seq is not None:
+            tokens = int(lens[seq])
+            needed = -(-tokens // page_size)
+            pages = int(seq_ptr[seq + 1]) - int(seq_ptr[seq])
+            raise IndexBufferError(
+                f"sequence {seq} has {tokens} tokens, which need {needed} pages of {page_size}",
+                position=seq,
+                field="seq_lens",
+                found=f"{pages} pages",
+                expected=f"{needed} pages",
+            )
