@@ -57,7 +57,14 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
 
-__all__ = ["DecodeReport", "decode", "decode_report", "peek_descriptor"]
+__all__ = [
+    "DecodeReport",
+    "decode",
+    "decode_report",
+    "decode_with_work",
+    "header_plan",
+    "peek_descriptor",
+]
 
 _U64 = struct.Struct("<Q")  # a section entry's checksum, read per call
 _CHECKSUM_AT = ENTRY_AT["checksum"]
@@ -155,7 +162,7 @@ def _checksum_mask(header_length: int, count: int) -> int:
     return mask
 
 
-def _header_plan(
+def header_plan(
     view: memoryview, total: int, limits: DecodeLimits, *, memoise: bool, head: Any = None
 ) -> _Plan:
     """The validated plan of the blob at the start of ``view``: limits first (on the fixed
@@ -233,7 +240,9 @@ def decode(
     ``expect_fingerprint`` refuses a blob whose engine fingerprint differs or is missing
     (``IncompatibleFingerprintError``). :func:`decode_report` reports failed pages instead.
     """
-    tensor, pages = _decode(data, verify, limits, threads, page_store, expect_fingerprint, False)
+    tensor, pages = decode_with_work(
+        data, verify, limits, threads, page_store, expect_fingerprint, False
+    )
     if pages is not None:
         pages.finish(tensor)  # raises for any failed page
     return tensor
@@ -253,13 +262,15 @@ def decode_report(
     (``on_page_error="report"`` of docs/integrity.md). With page digests present, a
     checksum mismatch of a page-row buffer (the pool, per-block scales / zero points) does
     not abort: the digests say which pages are bad. Every other check still raises."""
-    tensor, pages = _decode(data, verify, limits, threads, page_store, expect_fingerprint, True)
+    tensor, pages = decode_with_work(
+        data, verify, limits, threads, page_store, expect_fingerprint, True
+    )
     if pages is None:
         return DecodeReport(tensor, _NO_PAGES, (), _NO_PAGES, _NO_PAGES, _NO_PAGES, False)
     return pages.finish(tensor)
 
 
-def _decode(
+def decode_with_work(
     data: Any,
     verify: bool,
     limits: DecodeLimits | None,
@@ -291,7 +302,7 @@ def _decode(
             found=type(page_store).__name__,
         )
     head = whole_blob_header(view)
-    plan = _header_plan(view, head[I_TOTAL_LENGTH], limits, memoise=True, head=head)
+    plan = header_plan(view, head[I_TOTAL_LENGTH], limits, memoise=True, head=head)
     if work is None and plan.page_digests is None and plan.page_refs is None:
         tensor = _materialize(
             view, plan, verify, threads, limits.max_metadata_entries, None, expect_fingerprint

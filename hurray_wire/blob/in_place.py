@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob.decoder import _decode, _header_plan
+from hurray_wire.blob.decoder import decode_with_work, header_plan
 from hurray_wire.blob.envelope import total_length
 from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
 from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, refs_count
@@ -401,7 +401,9 @@ def _run(
             expected=f">= {needed}",
         )
     work = functools.partial(_InPlaceWork, pool=pool, free=free)
-    tensor, pages = _decode(data, verify, limits, threads, pool, expect_fingerprint, report, work)
+    tensor, pages = decode_with_work(
+        data, verify, limits, threads, pool, expect_fingerprint, report, work
+    )
     assert isinstance(pages, _InPlaceWork)
     return pages.finish(tensor)
 
@@ -458,7 +460,7 @@ def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[Ten
     pages the blob carries), from its checked header alone: what an engine's allocator
     needs before the decode (the stream reader's ``in_place`` callback receives both)."""
     view = byte_view(data)
-    plan = _header_plan(view, total_length(view, whole=True), check_limits_argument(limits),
+    plan = header_plan(view, total_length(view, whole=True), check_limits_argument(limits),
                         memoise=True)  # fmt: skip
     num_pages = plan.descriptor.layout.num_pages
     if plan.page_refs is None:
