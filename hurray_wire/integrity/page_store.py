@@ -26,7 +26,14 @@ from hurray_wire.integrity.digests import (
 )
 from hurray_wire.tensor import BlockPagedTensor
 
-__all__ = ["MemoryPageStore", "PageStore", "held", "sorted_digests", "store_pages"]
+__all__ = [
+    "MemoryPageStore",
+    "PageStore",
+    "check_record",
+    "held",
+    "sorted_digests",
+    "store_pages",
+]
 
 
 class PageStore(abc.ABC):
@@ -50,6 +57,18 @@ class PageStore(abc.ABC):
     @abc.abstractmethod
     def digests(self) -> DigestArray:
         """Every digest held, sorted ascending and unique (what ``encode_known_pages`` sends)."""
+
+
+def check_record(key: int, page_bytes: object) -> None:
+    """Refuse a record stored under a digest that is not its own (every store's ``put``)."""
+    computed = record_digest(page_bytes)
+    if computed != key:
+        raise PageDigestError(
+            "page bytes do not match the digest they are stored under",
+            field="digest",
+            found=f"0x{computed:016X}",
+            expected=f"0x{key:016X}",
+        )
 
 
 def held(digest: object, keys: Collection[int], lock: threading.Lock) -> bool:
@@ -130,14 +149,7 @@ class MemoryPageStore(PageStore):
                 found=size,
                 expected=f"<= max_bytes {self.max_bytes}",
             )
-        computed = record_digest(view)
-        if computed != key:
-            raise PageDigestError(
-                "page bytes do not match the digest they are stored under",
-                field="digest",
-                found=f"0x{computed:016X}",
-                expected=f"0x{key:016X}",
-            )
+        check_record(key, view)
         record = bytes(view)  # the store owns its copy: callers may reuse their buffers
         with self._lock:
             old = self._pages.pop(key, None)

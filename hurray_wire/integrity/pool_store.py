@@ -23,16 +23,15 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.buffers import U8Array
-from hurray_wire.errors import ArgumentTypeError, PageDigestError, PageStoreError
+from hurray_wire.errors import ArgumentTypeError, PageStoreError
 from hurray_wire.integrity.digests import (
     DigestArray,
     IntArray,
     PageRecords,
     check_digest_range,
     digest_array,
-    record_digest,
 )
-from hurray_wire.integrity.page_store import PageStore, held, sorted_digests
+from hurray_wire.integrity.page_store import PageStore, check_record, held, sorted_digests
 
 __all__ = ["EnginePoolStore", "page_id_array"]
 
@@ -268,14 +267,7 @@ class EnginePoolStore(PageStore):
         indexed (nothing to store); refuse (``PageStoreError``) otherwise: the engine writes
         pages into the slots its allocator gives and calls ``index``."""
         key = check_digest_range(digest)
-        computed = record_digest(page_bytes)
-        if computed != key:
-            raise PageDigestError(
-                "page bytes do not match the digest they are stored under",
-                field="digest",
-                found=f"0x{computed:016X}",
-                expected=f"0x{key:016X}",
-            )
+        check_record(key, page_bytes)
         if key not in self:
             raise PageStoreError(
                 "an engine pool store holds only pages the engine indexed: write the page "
