@@ -50,7 +50,12 @@ from hurray_wire.errors import (
     InvalidMetadataError,
     PaddingError,
 )
-from hurray_wire.integrity import EngineFingerprint, PageStore, require_fingerprint
+from hurray_wire.integrity import (
+    EngineFingerprint,
+    PageStore,
+    check_integrity_arguments,
+    require_fingerprint,
+)
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import decode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
@@ -289,18 +294,7 @@ def decode_with_work(
         raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
     if threads != -1:
         threads = check_threads(threads)
-    if expect_fingerprint is not None and not isinstance(expect_fingerprint, EngineFingerprint):
-        raise ArgumentTypeError(
-            "expect_fingerprint must be an EngineFingerprint or None",
-            field="expect_fingerprint",
-            found=type(expect_fingerprint).__name__,
-        )
-    if page_store is not None and not isinstance(page_store, PageStore):
-        raise ArgumentTypeError(
-            "page_store must be a PageStore or None",
-            field="page_store",
-            found=type(page_store).__name__,
-        )
+    check_integrity_arguments(page_store, expect_fingerprint)
     head = whole_blob_header(view)
     plan = header_plan(view, head[I_TOTAL_LENGTH], limits, memoise=True, head=head)
     if work is None and plan.page_digests is None and plan.page_refs is None:

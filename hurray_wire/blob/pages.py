@@ -23,7 +23,6 @@ import numpy.typing as npt
 
 from hurray_wire.buffers import U8Array
 from hurray_wire.errors import (
-    ArgumentTypeError,
     ChecksumError,
     PageDigestError,
     PageStoreMissError,
@@ -180,13 +179,7 @@ class PageWork:
         report: bool,
         verify: bool,
     ) -> None:
-        if page_store is not None and not isinstance(page_store, PageStore):
-            raise ArgumentTypeError(
-                "page_store must be a PageStore or None",
-                field="page_store",
-                found=type(page_store).__name__,
-            )
-        self.descriptor = descriptor
+        self.descriptor = descriptor  # the decoder checked page_store's type
         self.has_digests = has_digests
         self.store = page_store
         self.report = report

@@ -39,7 +39,6 @@ from hurray_wire.containers.records import (
     check_against_header,
     check_blob_fingerprint,
     check_header_fingerprint,
-    check_integrity_arguments,
     check_max_blob_bytes,
     check_record_limit,
     check_record_size,
@@ -65,6 +64,7 @@ from hurray_wire.integrity import (
     EngineFingerprint,
     EnginePoolStore,
     PageStore,
+    check_integrity_arguments,
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor

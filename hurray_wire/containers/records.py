@@ -31,7 +31,6 @@ from hurray_wire.errors import (
 from hurray_wire.integrity import (
     FINGERPRINT_METADATA_KEY,
     EngineFingerprint,
-    PageStore,
     check_compatible,
     fingerprint_from_metadata,
     fingerprint_to_metadata,
@@ -569,22 +568,6 @@ def decode_end_rows(
             found=int(rows["kv_role"][number]),
         )
     return blob_count, (rows if count or not blob_count else None)
-
-
-def check_integrity_arguments(page_store: object, expect_fingerprint: object) -> None:
-    """A stream reader's ``page_store`` and ``expect_fingerprint`` are of their types."""
-    if page_store is not None and not isinstance(page_store, PageStore):
-        raise ArgumentTypeError(
-            "page_store must be a PageStore or None",
-            field="page_store",
-            found=type(page_store).__name__,
-        )
-    if expect_fingerprint is not None and not isinstance(expect_fingerprint, EngineFingerprint):
-        raise ArgumentTypeError(
-            "expect_fingerprint must be an EngineFingerprint or None",
-            field="expect_fingerprint",
-            found=type(expect_fingerprint).__name__,
-        )
 
 
 def check_header_fingerprint(expect: EngineFingerprint | None, header: StreamHeader | None) -> None:

@@ -34,7 +34,6 @@ from hurray_wire.containers.records import (
     check_against_header,
     check_blob_fingerprint,
     check_header_fingerprint,
-    check_integrity_arguments,
     check_max_blob_bytes,
     check_record_size,
     decode_end_rows,
@@ -53,7 +52,7 @@ from hurray_wire.errors import (
     StreamBlobTruncatedError,
     StreamTruncatedError,
 )
-from hurray_wire.integrity import EngineFingerprint, PageStore
+from hurray_wire.integrity import EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws

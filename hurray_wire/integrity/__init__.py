@@ -19,6 +19,7 @@ from hurray_wire.fingerprint import (
     fingerprint_to_metadata,
     require_fingerprint,
 )
+from hurray_wire.integrity.arguments import check_integrity_arguments
 from hurray_wire.integrity.bloom import (
     KnownPagesBloom,
     bloom_candidates,
@@ -69,6 +70,7 @@ __all__ = [
     "PageStore",
     "bloom_candidates",
     "check_compatible",
+    "check_integrity_arguments",
     "check_plan",
     "confirm_known",
     "decode_digest_section",

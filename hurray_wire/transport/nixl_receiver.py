@@ -18,6 +18,7 @@ from hurray_wire.integrity import (
     EngineFingerprint,
     EnginePoolStore,
     PageStore,
+    check_integrity_arguments,
     encode_known_pages,
 )
 from hurray_wire.transport.nixl_endpoint import (
@@ -97,13 +98,7 @@ class NixlReceiver(_Endpoint):
         page_store: PageStore | None = None,
         expect_fingerprint: EngineFingerprint | None = None,
     ) -> None:
-        if page_store is not None and not isinstance(page_store, PageStore):
-            raise ArgumentTypeError("page_store must be a PageStore or None", field="page_store",
-                                    found=type(page_store).__name__)  # fmt: skip
-        if expect_fingerprint is not None and not isinstance(expect_fingerprint, EngineFingerprint):
-            raise ArgumentTypeError("expect_fingerprint must be an EngineFingerprint or None",
-                                    field="expect_fingerprint",
-                                    found=type(expect_fingerprint).__name__)  # fmt: skip
+        check_integrity_arguments(page_store, expect_fingerprint)
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
         self.verify = verify
