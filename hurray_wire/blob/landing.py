@@ -11,6 +11,7 @@ metadata, fingerprint), then every section checksum is compared where its bytes 
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import numpy as np
@@ -18,26 +19,19 @@ import numpy.typing as npt
 import xxhash
 
 from hurray_wire.blob.copying import copy_and_hash
-from hurray_wire.blob.decoder import decode
-from hurray_wire.blob.envelope import (
-    ENTRY,
-    I_CHECKSUM_TYPE,
-    I_SECTION_COUNT,
-    entry_at,
-    fixed_header,
-)
-from hurray_wire.blob.limits import DecodeLimits
+from hurray_wire.blob.decoder import decode, header_plan
+from hurray_wire.blob.envelope import ENTRY_AT, I_TOTAL_LENGTH, whole_blob_header
+from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
+from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.errors import ArgumentTypeError, ChecksumError
-from hurray_wire.integrity import EngineFingerprint, PageStore
+from hurray_wire.integrity import EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import blob as w
 
 __all__ = ["decode_into"]
 
-_FIELD = {name: k for k, name in enumerate(ENTRY.names)}
-_PAGE_KINDS = (w.KIND_PAGE_DIGESTS, w.KIND_PAGE_REFS)
+_U64 = struct.Struct("<Q")  # a section entry's stored checksum
 
 
 def _landing(page_pool: object) -> U8Array:
@@ -61,27 +55,14 @@ def _landing(page_pool: object) -> U8Array:
     return page_pool.reshape(-1).view(np.uint8)
 
 
-def _sections(view: memoryview) -> tuple[list[tuple[Any, ...]], bool]:
-    """The section entries of a blob ``decode`` has already accepted, and whether its
-    sections carry checksums."""
-    head = fixed_header(view)
-    count = head[I_SECTION_COUNT]
-    entries = [ENTRY.struct.unpack_from(view, entry_at(k)) for k in range(count)]
-    return entries, head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64
-
-
-def _where(entry: tuple[Any, ...]) -> str:
-    kind = entry[_FIELD["kind"]]
-    return f"{w.SECTION_KINDS.get(kind, f'kind 0x{kind:02X}')}[{entry[_FIELD['index']]}]"
-
-
-def _check(entry: tuple[Any, ...], computed: int) -> None:
-    stored = entry[_FIELD["checksum"]]
+def _check(view: memoryview, e: Entry, computed: int) -> None:
+    """Compare a section's checksum with the one its table entry stores."""
+    (stored,) = _U64.unpack_from(view, e.entry_offset + ENTRY_AT["checksum"])
     if computed != stored:
         raise ChecksumError(
             "section checksum mismatch",
-            section=_where(entry),
-            offset=entry[_FIELD["offset"]],
+            section=e.where,
+            offset=e.offset,
             expected=f"0x{computed:016x}",
             found=f"0x{stored:016x}",
         )
@@ -111,9 +92,40 @@ def decode_into(
     if type(verify) is not bool:
         raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
     out = _landing(page_pool)
+    check_integrity_arguments(page_store, expect_fingerprint)
     view = byte_view(data)
-    tensor = decode(view, verify=False, limits=limits, threads=threads, page_store=page_store,
+    head = whole_blob_header(view)
+    checked = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
+    plan = header_plan(view, head[I_TOTAL_LENGTH], checked, memoise=True, head=head)
+    if plan.page_digests is not None or plan.page_refs is not None:
+        tensor = decode(view, verify=verify, limits=limits, threads=threads,
+                        page_store=page_store,
+                        expect_fingerprint=expect_fingerprint)  # fmt: skip
+        _fits(tensor, out)[...] = tensor.page_pool.reshape(-1).view(np.uint8)
+        return _retarget(tensor, page_pool, out)
+    # Every check but the section checksums (the plan is the memoised one just taken).
+    tensor = decode(view, verify=False, limits=limits, threads=threads,
                     expect_fingerprint=expect_fingerprint)  # fmt: skip
+    _fits(tensor, out)
+    pool_entry = plan.buffers[0]
+    hashing = verify and plan.verify_sections
+    whole = np.frombuffer(view, np.uint8, plan.total)
+    for e in plan.entries:
+        stored = whole[e.offset : e.offset + e.stored_size]
+        if e is pool_entry and e.codec == CODEC_RAW:
+            hasher = xxhash.xxh3_64() if hashing else None
+            copy_and_hash(out, stored, hasher)
+            if hasher is not None:
+                _check(view, e, int(hasher.intdigest()))
+        elif hashing:
+            _check(view, e, xxhash.xxh3_64_intdigest(stored.data))
+    if pool_entry.codec != CODEC_RAW:  # decompressed by decode, its stored bytes checked
+        out[...] = tensor.page_pool.reshape(-1).view(np.uint8)
+    return _retarget(tensor, page_pool, out)
+
+
+def _fits(tensor: BlockPagedTensor, out: U8Array) -> U8Array:
+    """``out`` if it has the byte size of the tensor's pool, else a typed error."""
     pool = tensor.page_pool
     if pool.nbytes != out.nbytes:
         raise ArgumentTypeError(
@@ -122,32 +134,7 @@ def decode_into(
             found=f"{out.nbytes} bytes",
             expected=f"{pool.nbytes} bytes ({pool.dtype} {tuple(pool.shape)})",
         )
-    entries, checked = _sections(view)
-    if any(e[_FIELD["kind"]] in _PAGE_KINDS for e in entries):
-        if verify and checked:  # the page-by-page checks are decode's own
-            tensor = decode(view, verify=True, limits=limits, threads=threads,
-                            page_store=page_store,
-                            expect_fingerprint=expect_fingerprint)  # fmt: skip
-            pool = tensor.page_pool
-        out[...] = pool.reshape(-1).view(np.uint8)
-        return _retarget(tensor, page_pool, out)
-    whole = np.frombuffer(view, np.uint8)
-    landed = False
-    for e in entries:
-        start = e[_FIELD["offset"]]
-        stored = whole[start : start + e[_FIELD["stored_size"]]]
-        is_pool = e[_FIELD["kind"]] == w.KIND_BUFFER and e[_FIELD["index"]] == 0
-        if is_pool and e[_FIELD["codec"]] == CODEC_RAW:
-            hasher = xxhash.xxh3_64() if verify and checked else None
-            copy_and_hash(out, stored, hasher)
-            landed = True
-            if hasher is not None:
-                _check(e, int(hasher.intdigest()))
-        elif verify and checked:
-            _check(e, xxhash.xxh3_64_intdigest(stored.data))
-    if not landed:  # a compressed pool: decoded (and its stored bytes checked) above
-        out[...] = pool.reshape(-1).view(np.uint8)
-    return _retarget(tensor, page_pool, out)
+    return out
 
 
 def _retarget(
