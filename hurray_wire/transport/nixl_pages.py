@@ -89,11 +89,12 @@ def page_landing(page_pool: npt.NDArray[Any], flat: _U8, page_ids: object) -> Pa
                 found=f"{low}..{high}",
                 expected=f"0..{engine_pages - 1}",
             )
-        if np.unique(ids).size != ids.size:
+        repeated = ids.size - np.unique(ids).size
+        if repeated:
             raise ArgumentTypeError(
                 "page_ids must be distinct (two blob pages cannot land on one engine page)",
                 field="page_ids",
-                found=f"{ids.size - np.unique(ids).size} repeated",
+                found=f"{repeated} repeated",
             )
     return PageLanding(flat, ids, flat.nbytes // engine_pages)
 
@@ -121,9 +122,16 @@ def hash_pages(landing: PageLanding) -> int:
     return int(hasher.intdigest())
 
 
-def scatter_pages(landing: PageLanding, pool: npt.NDArray[Any]) -> None:
-    """Copy a decoded (decompressed) pool's pages to their engine pages."""
+def scatter_pages(
+    landing: PageLanding, pool: npt.NDArray[Any], layer: int | None, role: str | None
+) -> None:
+    """Copy a decoded (decompressed) pool's pages to their engine pages, if it fits them."""
     assert landing.page_ids is not None
+    count = landing.page_ids.size
+    if pool.shape[0] != count or pool.nbytes != count * landing.page_bytes:
+        raise TransportError("page pool differs from page_ids x the engine's page size",
+                             layer=layer, role=role, expected=count * landing.page_bytes,
+                             found=pool.nbytes)  # fmt: skip
     rows = landing.flat.reshape(landing.engine_pages, landing.page_bytes)
     rows[landing.page_ids] = pool.reshape(landing.page_ids.size, -1).view(np.uint8)
 

@@ -368,7 +368,7 @@ class NixlReceiver(_Endpoint):
                             page_store=self.page_store,
                             expect_fingerprint=self.expect_fingerprint)  # fmt: skip
             if item.pages is not None:  # a compressed pool: decompressed, then scattered
-                scatter_pages(item.pages, _pool_of(tensor, item.pages, r.layer, r.role))
+                scatter_pages(item.pages, tensor.page_pool, r.layer, r.role)
                 tensor = engine_tensor(tensor, item.pages, r.layer, r.role)
             elif item.engine is not None:  # a compressed pool: decompressed, then copied in
                 pool = tensor.page_pool
@@ -443,20 +443,6 @@ def _checked_key(layer: object, role: object) -> tuple[int, str]:
                                 expected=sorted(ROLE_CODES))  # fmt: skip
     assert isinstance(role, str)
     return layer, role
-
-
-def _pool_of(tensor: Any, pages: PageLanding, layer: int | None, role: str | None) -> Any:
-    """The decoded pool, if it fits the engine pages it is to land on."""
-    pool = tensor.page_pool
-    assert pages.page_ids is not None
-    if pool.shape[0] != pages.page_ids.size or pool.nbytes != pages.page_ids.size * (
-        pages.page_bytes
-    ):
-        raise TransportError("page pool differs from page_ids x the engine's page size",
-                             layer=layer, role=role,
-                             expected=pages.page_ids.size * pages.page_bytes,
-                             found=pool.nbytes)  # fmt: skip
-    return pool
 
 
 def _head_end(item: _Incoming) -> int:
