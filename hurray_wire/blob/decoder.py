@@ -64,11 +64,13 @@ from hurray_wire.wire import blob as w
 
 __all__ = [
     "DecodeReport",
+    "checksum_mismatch",
     "decode",
     "decode_report",
     "decode_with_work",
     "header_plan",
     "peek_descriptor",
+    "stored_section_checksum",
 ]
 
 _U64 = struct.Struct("<Q")  # a section entry's checksum, read per call
@@ -340,17 +342,11 @@ def _materialize(
                 computed = pool_checksum  # hashed in the page-digest pass
             else:
                 computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
-            (stored_checksum,) = _U64.unpack_from(view, e.entry_offset + ENTRY_AT["checksum"])
+            stored_checksum = stored_section_checksum(view, e)
             if computed != stored_checksum:
                 if pages is not None and pages.tolerates(e.kind == w.KIND_BUFFER, e.index, e.where):
                     continue  # decode_report: the page digests localise the damage
-                raise ChecksumError(
-                    "section checksum mismatch",
-                    section=e.where,
-                    offset=e.offset,
-                    expected=f"0x{computed:016x}",
-                    found=f"0x{stored_checksum:016x}",
-                )
+                raise checksum_mismatch(e, computed, stored_checksum)
     whole = np.frombuffer(view, np.uint8, plan.total)
     readonly = view.readonly
 
@@ -388,6 +384,23 @@ def _checksums_match(view: memoryview, plan: _Plan) -> bool:
     first mismatch and raises, or tolerates it for decode_report)."""
     computed = tuple(map(xxhash.xxh3_64_intdigest, map(view.__getitem__, plan.spans)))
     return computed == plan.stored_checksums.unpack_from(view)
+
+
+def stored_section_checksum(view: memoryview, e: Entry) -> int:
+    """The checksum a section's table entry stores (read per call, never memoised)."""
+    (stored,) = _U64.unpack_from(view, e.entry_offset + ENTRY_AT["checksum"])
+    return int(stored)
+
+
+def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
+    """The error of a section whose bytes do not hash to its stored checksum."""
+    return ChecksumError(
+        "section checksum mismatch",
+        section=e.where,
+        offset=e.offset,
+        expected=f"0x{computed:016x}",
+        found=f"0x{stored:016x}",
+    )
 
 
 def _decompress(e: Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.NDArray[np.uint8]:

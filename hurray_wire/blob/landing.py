@@ -11,7 +11,6 @@ metadata, fingerprint), then every section checksum is compared where its bytes 
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import numpy as np
@@ -19,19 +18,22 @@ import numpy.typing as npt
 import xxhash
 
 from hurray_wire.blob.copying import copy_and_hash
-from hurray_wire.blob.decoder import decode, header_plan
-from hurray_wire.blob.envelope import ENTRY_AT, I_TOTAL_LENGTH, whole_blob_header
+from hurray_wire.blob.decoder import (
+    checksum_mismatch,
+    decode,
+    header_plan,
+    stored_section_checksum,
+)
+from hurray_wire.blob.envelope import I_TOTAL_LENGTH, whole_blob_header
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
 from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import CODEC_RAW
-from hurray_wire.errors import ArgumentTypeError, ChecksumError
+from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.integrity import EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = ["decode_into"]
-
-_U64 = struct.Struct("<Q")  # a section entry's stored checksum
 
 
 def _landing(page_pool: object) -> U8Array:
@@ -57,15 +59,9 @@ def _landing(page_pool: object) -> U8Array:
 
 def _check(view: memoryview, e: Entry, computed: int) -> None:
     """Compare a section's checksum with the one its table entry stores."""
-    (stored,) = _U64.unpack_from(view, e.entry_offset + ENTRY_AT["checksum"])
+    stored = stored_section_checksum(view, e)
     if computed != stored:
-        raise ChecksumError(
-            "section checksum mismatch",
-            section=e.where,
-            offset=e.offset,
-            expected=f"0x{computed:016x}",
-            found=f"0x{stored:016x}",
-        )
+        raise checksum_mismatch(e, computed, stored)
 
 
 def decode_into(
