@@ -10,8 +10,9 @@ the MLA backends, or the backend class), and the allocation era of ``vllm_versio
   aliases ``"NHD"`` / ``"HND"``) sets only the strides, so it is checked, never used to
   reinterpret the axes. CPU_ATTN stores each (block, head) slab in its kernel ISA's order
   (``isa=``). MLA: ``[num_blocks, 1, block_size, 576]`` -> one ``fused`` tensor.
-* vLLM 0.23-0.25: ``[num_blocks, 2, block_size, H, head_size]``; 0.20-0.22:
-  ``[2, num_blocks, block_size, H, head_size]``; MLA ``[num_blocks, block_size, 576]``.
+* vLLM 0.23-0.25: ``[num_blocks, 2, block_size, H, head_size]``; 0.20-0.22 the same for
+  FLASHINFER and TRITON_ATTN, ``[2, num_blocks, block_size, H, head_size]`` for FLASH_ATTN
+  and FLEX_ATTENTION; MLA ``[num_blocks, block_size, 576]`` before 0.26.
 * a one-role view ``[num_blocks, block_size, H, head_size]`` (the backends'
   ``transpose(1, 2).split(head_size, -1)``) with ``kv_role``.
 
@@ -162,13 +163,16 @@ def _role_pools(
                 "buffer [.., num_layers, ..]: pass one layer's view",
                 cache,
             )
-        if era == forms.ERA_2NBHD and cache.shape[0] == 2:
-            return "old", [("key", cache[0]), ("value", cache[1])]
-        if era == forms.ERA_N2BHD and cache.shape[1] == 2:
-            return "old", [("key", cache[:, 0]), ("value", cache[:, 1])]
+        axis = forms.stacked_axis(backend, era)
+        if cache.shape[axis] == 2:
+            return "old", [("key", cache.take(0, axis)), ("value", cache.take(1, axis))]
         raise _shape_error(
-            "vLLM 0.20-0.22 caches are [2, num_blocks, block_size, H, head_size], "
-            "0.23-0.25 [num_blocks, 2, block_size, H, head_size]",
+            f"{backend} in this vLLM version allocates "
+            + (
+                "[2, num_blocks, block_size, H, head_size]"
+                if axis == 0
+                else "[num_blocks, 2, block_size, H, head_size]"
+            ),
             cache,
         )
     raise _shape_error(
@@ -357,7 +361,7 @@ def from_vllm(
 def _default_layout(name: str, era: int, kv_cache_layout: Any) -> str:
     """vLLM's layout for ``name``: the given one, else the backend's or vLLM's default."""
     chosen = forms.layout_name(kv_cache_layout)
-    allowed = forms.BACKEND_LAYOUTS.get(name)
+    allowed = forms.BACKEND_LAYOUTS.get(name) if era >= forms.ERA_LAYER_VIEWS else None
     if chosen is None:
         if name == "FLASHINFER":
             raise ArgumentTypeError(
@@ -488,7 +492,7 @@ def to_vllm(
         layer[1:, ..., dim:] = pools[1]
     else:
         tail = (2, 3, 4) if _OLD_LAYOUTS[layout] == "NHD" else (3, 2, 4)
-        if era == forms.ERA_2NBHD:
+        if forms.stacked_axis(name, era) == 0:
             cache = _allocate((2, blocks, block_size, heads, dim), (0, 1, *tail), dtype)
             cache[0, 1:], cache[1, 1:] = pools
         else:
