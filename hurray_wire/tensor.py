@@ -36,7 +36,7 @@ from hurray_wire.model.layout import (
 )
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
-__all__ = ["BlockPagedTensor", "assemble", "check_seq_lens"]
+__all__ = ["BlockPagedTensor", "assemble", "check_contents", "check_seq_lens", "pool_form"]
 
 T = TypeVar("T")
 
@@ -641,3 +641,37 @@ def _param_array(value: Any, name: str, entries: int, dtype: np.dtype[Any]) -> A
             f"{name} has the wrong dtype", field=name, found=str(array.dtype), expected=str(dtype)
         )
     return np.ascontiguousarray(array).reshape(-1)
+
+
+def pool_form(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """The shape and dtype of the tensor's ``page_pool`` array: a packed element type's
+    pool is its wire bytes, 1-D uint8."""
+    if descriptor.element_type.is_packed:
+        return (descriptor.buffers[0].byte_size,), np.dtype(np.uint8)
+    return _pool_typing(descriptor)
+
+
+def check_contents(tensor: BlockPagedTensor) -> None:
+    """The index invariants and seq_lens rule of the arrays ``tensor`` holds now, in
+    O(index): ``from_arrays`` shares the caller's arrays, so a value changed afterwards
+    would make the encoder write a blob the decoder refuses (``assemble``'s checks)."""
+    layout = tensor.descriptor.layout
+    table, starts = tensor.block_table, tensor.seq_ptr
+    dtype = layout.index_dtype
+    if (
+        not isinstance(table, np.ndarray)
+        or not isinstance(starts, np.ndarray)
+        or table.dtype != dtype
+        or starts.dtype != dtype
+        or table.ndim != 1
+        or starts.ndim != 1
+    ):
+        raise InvalidTensorError(
+            "block_table and seq_ptr must stay 1-D arrays of the layout's index type",
+            field="block_table",
+            expected=str(dtype),
+            found=f"{type(table).__name__} / {type(starts).__name__}",
+        )
+    check_index_arrays(starts, table, layout.num_pages, layout.num_seqs)
+    if tensor.seq_lens is not None:
+        check_seq_lens(tensor.seq_lens, starts, layout.page_size, tensor.descriptor.shape[0])

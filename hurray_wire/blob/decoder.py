@@ -40,7 +40,7 @@ from hurray_wire.blob.envelope import (
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
 from hurray_wire.blob.pages import DecodeReport, PageWork, refs_count
 from hurray_wire.blob.sections import Entry, check_entries
-from hurray_wire.buffers import byte_view, check_zero
+from hurray_wire.buffers import U8Array, byte_view, check_zero
 from hurray_wire.codecs import CODEC_RAW, check_threads, decode_section
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -63,13 +63,18 @@ from hurray_wire.tensor import BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
 
 __all__ = [
+    "DEFAULT_OPTIONS",
+    "Accept",
+    "DecodeOptions",
     "DecodeReport",
     "checksum_mismatch",
     "decode",
+    "decode_options",
     "decode_report",
-    "decode_with_work",
     "header_plan",
     "peek_descriptor",
+    "plan_of",
+    "run",
     "stored_section_checksum",
 ]
 
@@ -223,6 +228,51 @@ def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorD
     return embedded_descriptor(header, entry_at(count))
 
 
+@dataclass(frozen=True)
+class DecodeOptions:
+    """A decode's options, checked once (``decode_options``): what every route into memory
+    (the functions, the stream readers, the NIXL receiver) hands to :func:`run`."""
+
+    verify: bool = True
+    limits: DecodeLimits = DEFAULT_LIMITS
+    threads: int = -1
+    page_store: PageStore | None = None
+    expect_fingerprint: EngineFingerprint | None = None
+
+
+DEFAULT_OPTIONS = DecodeOptions()
+
+
+def decode_options(
+    verify: object = True,
+    limits: DecodeLimits | None = None,
+    threads: int = -1,
+    page_store: PageStore | None = None,
+    expect_fingerprint: EngineFingerprint | None = None,
+) -> DecodeOptions:
+    """The options checked: typed errors naming the argument."""
+    if (
+        verify is True
+        and limits is None
+        and threads == -1
+        and page_store is None
+        and expect_fingerprint is None
+    ):
+        return DEFAULT_OPTIONS
+    if type(verify) is not bool:
+        raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
+    checked = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
+    if threads != -1:
+        threads = check_threads(threads)
+    check_integrity_arguments(page_store, expect_fingerprint)
+    return DecodeOptions(verify, checked, threads, page_store, expect_fingerprint)
+
+
+#: A route's own check of the validated tensor (stream header, index entry, offered
+#: layer and role), run after every blob check and before anything lands.
+Accept = Callable[[BlockPagedTensor], None]
+
+
 def decode(
     data: Any,
     *,
@@ -247,12 +297,8 @@ def decode(
     ``expect_fingerprint`` refuses a blob whose engine fingerprint differs or is missing
     (``IncompatibleFingerprintError``). :func:`decode_report` reports failed pages instead.
     """
-    tensor, pages = decode_with_work(
-        data, verify, limits, threads, page_store, expect_fingerprint, False
-    )
-    if pages is not None:
-        pages.finish(tensor)  # raises for any failed page
-    return tensor
+    opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
+    return run(byte_view(data), opts)[0]
 
 
 def decode_report(
@@ -269,62 +315,74 @@ def decode_report(
     (``on_page_error="report"`` of docs/integrity.md). With page digests present, a
     checksum mismatch of a page-row buffer (the pool, per-block scales / zero points) does
     not abort: the digests say which pages are bad. Every other check still raises."""
-    tensor, pages = decode_with_work(
-        data, verify, limits, threads, page_store, expect_fingerprint, True
-    )
-    if pages is None:
+    opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
+    tensor, report = run(byte_view(data), opts, report=True)
+    if report is None:
         return DecodeReport(tensor, _NO_PAGES, (), _NO_PAGES, _NO_PAGES, _NO_PAGES, False)
-    return pages.finish(tensor)
+    return report
 
 
-def decode_with_work(
-    data: Any,
-    verify: bool,
-    limits: DecodeLimits | None,
-    threads: int,
-    page_store: PageStore | None,
-    expect_fingerprint: EngineFingerprint | None,
-    report: bool,
-    work: Callable[..., PageWork] | None = None,
-) -> tuple[BlockPagedTensor, PageWork | None]:
-    """The tensor, and the page work when the blob has page sections (None otherwise: a
-    blob without them decodes with no page bookkeeping at all). ``work`` replaces PageWork
-    for every blob (the in-place decode of blob/in_place.py)."""
-    view = byte_view(data)
-    limits = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
-    if type(verify) is not bool:
-        raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
-    if threads != -1:
-        threads = check_threads(threads)
-    check_integrity_arguments(page_store, expect_fingerprint)
+def plan_of(view: memoryview, opts: DecodeOptions) -> _Plan:
+    """The validated (memoised) plan of the whole blob at the start of ``view``."""
     head = whole_blob_header(view)
-    plan = header_plan(view, head[I_TOTAL_LENGTH], limits, memoise=True, head=head)
-    if work is None and plan.page_digests is None and plan.page_refs is None:
-        tensor = _materialize(
-            view, plan, verify, threads, limits.max_metadata_entries, None, expect_fingerprint
+    return header_plan(view, head[I_TOTAL_LENGTH], opts.limits, memoise=True, head=head)
+
+
+def run(
+    view: memoryview,
+    opts: DecodeOptions,
+    *,
+    report: bool = False,
+    work: Callable[..., PageWork] | None = None,
+    accept: Accept | None = None,
+    plan: _Plan | None = None,
+    pool: U8Array | None = None,
+    defer_pool: bool = False,
+) -> tuple[BlockPagedTensor, DecodeReport | None]:
+    """The one decode pipeline: framing, the plan, padding, checksums, page digests and
+    refs, metadata, fingerprint, index invariants, then the route's ``accept``, then the
+    page work's verdict (``finish``: raised, or reported with ``report``), which for an
+    in-place ``work`` is the one step that writes caller memory.
+
+    ``pool``: the raw bytes of buffer 0 when they are not in ``view`` (a transport landed
+    them elsewhere; ``view`` then holds anything, e.g. zeros, in their range).
+    ``defer_pool``: buffer 0's section checksum is left to the caller, which hashes it
+    while copying it to its destination (``landing.land_into``)."""
+    if plan is None:
+        plan = plan_of(view, opts)
+    if pool is not None:
+        entry = plan.buffers[0]
+        if entry.codec != CODEC_RAW or entry.stored_size != pool.size:
+            raise ArgumentTypeError(
+                "the landed page pool is not the blob's raw buffer[0]",
+                field="page_pool",
+                expected=f"{entry.stored_size} raw bytes",
+                found=f"{pool.size} bytes",
+            )
+    pages = None
+    if work is not None or plan.page_digests is not None or plan.page_refs is not None:
+        pages = (work or PageWork)(
+            plan.descriptor,
+            has_digests=plan.page_digests is not None,
+            page_store=opts.page_store,
+            report=report,
+            verify=opts.verify,
         )
-        return tensor, None
-    pages = (work or PageWork)(
-        plan.descriptor,
-        has_digests=plan.page_digests is not None,
-        page_store=page_store,
-        report=report,
-        verify=verify,
-    )
-    tensor = _materialize(
-        view, plan, verify, threads, limits.max_metadata_entries, pages, expect_fingerprint
-    )
-    return tensor, pages
+    tensor = _materialize(view, plan, opts, pages, pool, defer_pool)
+    if accept is not None:
+        accept(tensor)
+    if pages is not None:
+        return tensor, pages.finish(tensor)  # raises for any failed page unless reporting
+    return tensor, None
 
 
 def _materialize(
     view: memoryview,
     plan: _Plan,
-    verify: bool,
-    threads: int,
-    max_metadata_entries: int,
-    pages: PageWork | None = None,
-    expect_fingerprint: EngineFingerprint | None = None,
+    opts: DecodeOptions,
+    pages: PageWork | None,
+    pool: U8Array | None,
+    defer_pool: bool,
 ) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections, then assemble the tensor."""
     zeros, expected = plan.zeros
@@ -333,13 +391,20 @@ def _materialize(
             check_zero(view, start, stop, error=PaddingError, section=where)
     for start, stop, where in plan.large_paddings:
         check_zero(view, start, stop, error=PaddingError, section=where)
-    if verify and plan.verify_sections and pages is None and _checksums_match(view, plan):
+    verify = opts.verify and plan.verify_sections
+    moved = pool is not None or defer_pool
+    if verify and pages is None and not moved and _checksums_match(view, plan):
         pass  # every section checksum matched, compared in one go
-    elif verify and plan.verify_sections:
-        pool_checksum = _digest_pass(view, plan, pages)
+    elif verify:
+        pool_entry = plan.buffers[0]
+        pool_checksum = _digest_pass(view, plan, pages, pool)
         for e in plan.entries:
-            if pool_checksum is not None and e is plan.buffers[0]:
+            if e is pool_entry and defer_pool:
+                continue  # hashed while it is copied to its destination
+            if e is pool_entry and pool_checksum is not None:
                 computed = pool_checksum  # hashed in the page-digest pass
+            elif e is pool_entry and pool is not None:
+                computed = xxhash.xxh3_64_intdigest(pool.data)
             else:
                 computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
             stored_checksum = stored_section_checksum(view, e)
@@ -349,6 +414,7 @@ def _materialize(
                 raise checksum_mismatch(e, computed, stored_checksum)
     whole = np.frombuffer(view, np.uint8, plan.total)
     readonly = view.readonly
+    threads = opts.threads
 
     def payload(e: Entry) -> npt.NDArray[np.uint8]:
         if e.codec == CODEC_RAW:
@@ -362,11 +428,13 @@ def _materialize(
         buffers = [whole[span] for span in plan.buffer_spans]
     else:
         buffers = [payload(e) for e in plan.buffers]
+    if pool is not None:
+        buffers[0] = pool
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
-    metadata = {} if meta is None else _metadata(plan, meta, max_metadata_entries)
-    if expect_fingerprint is not None:
-        require_fingerprint(expect_fingerprint, metadata, section="metadata")
+    metadata = {} if meta is None else _metadata(plan, meta, opts.limits.max_metadata_entries)
+    if opts.expect_fingerprint is not None:
+        require_fingerprint(opts.expect_fingerprint, metadata, section="metadata")
     if pages is not None and (plan.page_digests is not None or plan.page_refs is not None):
         digests, refs = plan.page_digests, plan.page_refs
         buffers = pages.rebuild(
@@ -413,7 +481,9 @@ def _decompress(e: Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.ND
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
 
 
-def _digest_pass(view: memoryview, plan: _Plan, pages: PageWork | None) -> int | None:
+def _digest_pass(
+    view: memoryview, plan: _Plan, pages: PageWork | None, pool: U8Array | None
+) -> int | None:
     """With a page-digests section and raw buffers: digest the page rows and hash buffer 0
     for its section checksum in one pass over the pool (PageWork keeps the digests)."""
     if pages is None or plan.page_digests is None:
@@ -422,6 +492,8 @@ def _digest_pass(view: memoryview, plan: _Plan, pages: PageWork | None) -> int |
         return None
     whole = np.frombuffer(view, np.uint8, plan.total)
     rows = [whole[e.offset : e.offset + e.stored_size] for e in plan.buffers]
+    if pool is not None:
+        rows[0] = pool
     sent = None if plan.page_refs is None else refs_count(plan.page_refs.raw_size)
     return pages.digest_rows(rows, sent)
 

@@ -36,7 +36,7 @@ from hurray_wire.integrity import (
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor_encode import encode_descriptor
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor import BlockPagedTensor, check_contents
 from hurray_wire.wire import blob as w
 
 __all__ = ["encode", "encode_into", "encode_parts"]
@@ -190,6 +190,7 @@ def _plan(
             field="compression",
             found=type(compression).__name__,
         )
+    check_contents(tensor)  # the arrays may have changed since from_arrays
     fuse = checksum and compression is None
     pages = _page_sections(tensor, page_digests, known_pages, fuse)
     sections = _sections(tensor, compression, pages)
@@ -274,6 +275,7 @@ def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None
     if layout is None:
         layout = _raw_layout(tensor, checksum, wire)
         RAW_LAYOUTS.put(key, layout, layout.total)
+    check_contents(tensor)  # the arrays may have changed since from_arrays
     pieces: list[Any] = [None] * (2 * len(contents) + 1)
     pieces[0::2] = layout.gaps
     pieces[1::2] = contents

@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob.decoder import decode_with_work, header_plan
+from hurray_wire.blob.decoder import (
+    Accept,
+    DecodeOptions,
+    decode_options,
+    header_plan,
+    plan_of,
+    run,
+)
 from hurray_wire.blob.envelope import total_length
 from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
 from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, refs_count
@@ -48,7 +55,13 @@ from hurray_wire.model.layout import check_index_arrays
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine
 from hurray_wire.tensor import BlockPagedTensor, check_seq_lens
 
-__all__ = ["InPlaceReport", "decode_in_place", "decode_in_place_report", "peek_in_place"]
+__all__ = [
+    "InPlaceReport",
+    "decode_in_place",
+    "decode_in_place_report",
+    "land_in_place",
+    "peek_in_place",
+]
 
 _NONE = np.zeros(0, np.int64)
 
@@ -66,9 +79,19 @@ class InPlaceReport(DecodeReport):
     written: npt.NDArray[np.int64]
 
 
-@functools.lru_cache(maxsize=256)
 def _engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
-    """The blob's descriptor over the engine's pool of ``num_pages`` pages."""
+    """The blob's descriptor over the engine's pool of ``num_pages`` pages, memoised on the
+    (immutable) descriptor itself for its last engine size: no global cache keyed by
+    descriptors, which can hold megabytes."""
+    cached = descriptor.__dict__.get("_engine_descriptor")
+    if cached is not None and cached[0] == num_pages:
+        return cached[1]  # type: ignore[no-any-return]
+    engine = _build_engine_descriptor(descriptor, num_pages)
+    object.__setattr__(descriptor, "_engine_descriptor", (num_pages, engine))
+    return engine
+
+
+def _build_engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
     layout = descriptor.layout
     index_type = layout.block_table_index_type
     if num_pages and num_pages - 1 > layout.index_max:
@@ -375,16 +398,18 @@ def _failure(
     )
 
 
-def _run(
-    data: Any,
+def land_in_place(
+    view: memoryview,
     pool: EnginePoolStore,
     free_pages: object,
-    verify: bool,
-    limits: DecodeLimits | None,
-    threads: int,
-    expect_fingerprint: EngineFingerprint | None,
-    report: bool,
+    opts: DecodeOptions,
+    *,
+    report: bool = False,
+    accept: Accept | None = None,
 ) -> InPlaceReport:
+    """The pipeline with the in-place landing (every in-place route: the functions below,
+    ``StreamReader(in_place=)``, ``NixlReceiver.expect_in_place``). ``opts.page_store`` is
+    ignored: the engine's pool is the store."""
     if not isinstance(pool, EnginePoolStore):
         raise ArgumentTypeError(
             "pool must be an EnginePoolStore over the engine's pool",
@@ -392,7 +417,8 @@ def _run(
             found=type(pool).__name__,
         )
     free = _free_pages(free_pages, pool)
-    needed = peek_in_place(data, limits=limits)[1]  # the header alone, checked
+    plan = plan_of(view, opts)  # the header alone decides how many pages are sent
+    needed = _sent_pages(plan)
     if free.size < needed:
         raise ArgumentTypeError(
             "free_pages has fewer pages than the blob sends",
@@ -401,11 +427,20 @@ def _run(
             expected=f">= {needed}",
         )
     work = functools.partial(_InPlaceWork, pool=pool, free=free)
-    tensor, pages = decode_with_work(
-        data, verify, limits, threads, pool, expect_fingerprint, report, work
-    )
-    assert isinstance(pages, _InPlaceWork)
-    return pages.finish(tensor)
+    opts = dataclasses.replace(opts, page_store=pool)
+    # Pages are written by _InPlaceWork.finish, the pipeline's last step (after accept).
+    found = run(view, opts, report=report, work=work, accept=accept, plan=plan)[1]
+    assert isinstance(found, InPlaceReport)
+    return found
+
+
+def _sent_pages(plan: Any) -> int:
+    num_pages: int = plan.descriptor.layout.num_pages
+    if plan.page_refs is None:
+        return num_pages
+    refs = refs_count(plan.page_refs.raw_size)
+    assert refs is not None  # the section table refused any other size
+    return num_pages - refs
 
 
 def decode_in_place(
@@ -434,7 +469,8 @@ def decode_in_place(
 
     The engine should ``pool.index(...)`` the written pages it will keep, and must not
     overwrite indexed pages during the call (``forget`` them first)."""
-    return _run(data, pool, free_pages, verify, limits, threads, expect_fingerprint, False).tensor
+    opts = decode_options(verify, limits, threads, None, expect_fingerprint)
+    return land_in_place(byte_view(data), pool, free_pages, opts).tensor
 
 
 def decode_in_place_report(
@@ -452,7 +488,8 @@ def decode_in_place_report(
     a further free page (after those of the sent pages), zero-filled, for the engine to
     recompute, and the good pages are written. When ``free_pages`` is too short for that,
     the failure is raised as ``decode_in_place`` raises it. Every other check raises."""
-    return _run(data, pool, free_pages, verify, limits, threads, expect_fingerprint, True)
+    opts = decode_options(verify, limits, threads, None, expect_fingerprint)
+    return land_in_place(byte_view(data), pool, free_pages, opts, report=True)
 
 
 def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
@@ -462,9 +499,4 @@ def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[Ten
     view = byte_view(data)
     plan = header_plan(view, total_length(view, whole=True), check_limits_argument(limits),
                         memoise=True)  # fmt: skip
-    num_pages = plan.descriptor.layout.num_pages
-    if plan.page_refs is None:
-        return plan.descriptor, num_pages
-    refs = refs_count(plan.page_refs.raw_size)
-    assert refs is not None  # the section table refused any other size
-    return plan.descriptor, num_pages - refs
+    return plan.descriptor, _sent_pages(plan)
