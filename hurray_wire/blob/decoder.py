@@ -61,6 +61,7 @@ from hurray_wire.metadata import decode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
+from hurray_wire.wire.fast import item_dtype, item_struct
 
 __all__ = [
     "DEFAULT_OPTIONS",
@@ -78,7 +79,9 @@ __all__ = [
     "stored_section_checksum",
 ]
 
-_U64 = struct.Struct("<Q")  # a section entry's checksum, read per call
+_U64 = item_struct(w.SECTION_ENTRY.checksum.subcon)  # an entry's checksum, read per call
+_U64_CODE = _U64.format[-1]
+_SEQ_LENS = item_dtype(w.SEQ_LENS_ITEM)
 _CHECKSUM_AT = ENTRY_AT["checksum"]
 _NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
@@ -121,7 +124,7 @@ class _Plan:
             self, "large_paddings", tuple(g for g in gaps if g[1] - g[0] > _SMALL_PADDING)
         )
         at = [(e.entry_offset + _CHECKSUM_AT, e.entry_offset + _CHECKSUM_END) for e in self.entries]
-        object.__setattr__(self, "stored_checksums", _spans_struct(at, "Q"))
+        object.__setattr__(self, "stored_checksums", _spans_struct(at, _U64_CODE))
         object.__setattr__(
             self, "spans", tuple(slice(e.offset, e.offset + e.stored_size) for e in self.entries)
         )
@@ -144,7 +147,8 @@ class _Plan:
 
 def _spans_struct(spans: list[tuple[int, int]], code: str = "s") -> struct.Struct:
     """A struct reading the ascending, disjoint byte ranges ``spans`` as one field each
-    (``code`` "s": bytes; "Q": a u64 filling its 8 bytes) and skipping what lies between."""
+    (``code`` "s": bytes; else the struct code of an item filling its range) and skipping
+    what lies between."""
     fmt, cursor = ["<"], 0
     for start, stop in spans:
         fmt.append(f"{start - cursor}x" if start > cursor else "")
@@ -532,7 +536,7 @@ def _assemble(
     with the containers), placing its errors at blob offsets."""
     descriptor = plan.descriptor
     raw_offset = _raw_offset
-    seq_lens = None if lens_payload is None else lens_payload.view("<u8")
+    seq_lens = None if lens_payload is None else lens_payload.view(_SEQ_LENS)
     try:
         return (assemble if pages is None else pages.assemble)(
             descriptor, buffers, seq_lens, metadata

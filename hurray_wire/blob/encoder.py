@@ -8,7 +8,6 @@ checksums and the padding between sections, into which only the checksums are pa
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +37,14 @@ from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.tensor import BlockPagedTensor, check_contents
 from hurray_wire.wire import blob as w
+from hurray_wire.wire.fast import item_dtype, item_struct
 
 __all__ = ["encode", "encode_into", "encode_parts"]
 
 _ZEROS = bytes(1 << 16)
 _SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
-_SECTION_CHECKSUM = struct.Struct("<Q")  # a section entry's checksum, patched per call
+_SECTION_CHECKSUM = item_struct(w.SECTION_ENTRY.checksum.subcon)  # patched per call
+_SEQ_LENS = item_dtype(w.SEQ_LENS_ITEM)
 assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
 
 
@@ -151,7 +152,7 @@ def _sections(
                 section.stored_size = sum(len(p) for p in stored)
         sections.append(section)
     if tensor.seq_lens is not None:
-        lens = np.ascontiguousarray(tensor.seq_lens, "<u8").view(np.uint8)
+        lens = np.ascontiguousarray(tensor.seq_lens, _SEQ_LENS).view(np.uint8)
         sections.append(
             _Section(w.KIND_SEQ_LENS, 0, 64, lens.nbytes, [lens], flags=w.FLAG_REQUIRED)
         )
@@ -256,7 +257,7 @@ def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None
     contents: list[Any] = [tensor.page_pool, tensor.block_table, tensor.seq_ptr]
     lens_size = meta_size = -1
     if tensor.seq_lens is not None:
-        lens = np.ascontiguousarray(tensor.seq_lens, "<u8")
+        lens = np.ascontiguousarray(tensor.seq_lens, _SEQ_LENS)
         contents.append(lens)
         lens_size = lens.nbytes
     if tensor.metadata:

@@ -52,8 +52,8 @@ from hurray_wire.integrity.pool_store import page_id_array
 from hurray_wire.kv_scale import check_reserved_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import check_index_arrays
-from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine
-from hurray_wire.tensor import BlockPagedTensor, check_seq_lens
+from hurray_wire.model.quantization import PerBlockAffine
+from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, check_seq_lens, typed_params
 
 __all__ = [
     "InPlaceReport",
@@ -149,7 +149,7 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
     if isinstance(quant, PerBlockAffine):
         wanted["scales"] = quant.scale_type.numpy_dtype
         if quant.zero_point_buffer_index is not None:
-            wanted["zero_points"] = np.dtype("<i4")
+            wanted["zero_points"] = ZERO_POINTS
     for name, dtype in wanted.items():
         given: npt.NDArray[Any] | None = getattr(pool, name)
         if (given is None) != (dtype is None):
@@ -299,15 +299,7 @@ class _InPlaceWork(PageWork):
             assert pool.scales is not None
             zps = None if pool.zero_points is None else pool.zero_points.reshape(-1)
             return pool.scales.reshape(-1), zps
-        if not isinstance(quant, PerChannelAffine):
-            return None, None
-        scale_dtype = quant.scale_type.numpy_dtype
-        payload = buffers[quant.scale_buffer_index]
-        zp = quant.zero_point_buffer_index
-        if zp == quant.scale_buffer_index:  # one buffer: [scales | zero_points]
-            split = payload.nbytes // (scale_dtype.itemsize + 4) * scale_dtype.itemsize
-            return payload[:split].view(scale_dtype), payload[split:].view("<i4")
-        return payload.view(scale_dtype), None if zp is None else buffers[zp].view("<i4")
+        return typed_params(descriptor, buffers)
 
     def finish(self, tensor: BlockPagedTensor) -> InPlaceReport:
         """Raise (or, for the report variant, decide what to report) before writing; then

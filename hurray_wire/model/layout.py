@@ -17,6 +17,8 @@ import numpy.typing as npt
 from hurray_wire.errors import IndexBufferError, InvalidDescriptorError
 from hurray_wire.model._checks import U32_MAX, U64_MAX, check_uint
 from hurray_wire.model.quantization import Quantization, check_block_paged_compatibility
+from hurray_wire.wire.descriptor import INDEX_ITEMS
+from hurray_wire.wire.fast import item_dtype
 
 __all__ = [
     "DYNAMIC_DIM",
@@ -30,7 +32,9 @@ __all__ = [
 KV_ROLE_NAMES = ("key", "value", "fused")
 INDEX_TYPE_NAMES = ("uint32", "uint64")
 DYNAMIC_DIM = U64_MAX  # the shape's "size unknown" sentinel: refused for block-paged ([A38])
-_INDEX_DTYPES: dict[str, np.dtype[Any]] = {"uint32": np.dtype("<u4"), "uint64": np.dtype("<u8")}
+_INDEX_DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(item_dtype(item)) for name, item in INDEX_ITEMS.items()
+}
 _INDEX_MAX = {"uint32": U32_MAX, "uint64": U64_MAX}
 
 

@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from hurray_wire.blob import DecodeLimits, blob_length
 from hurray_wire.blob.decoder import Accept, DecodeOptions, decode_options, plan_of, run
+from hurray_wire.blob.envelope import pool_section
 from hurray_wire.blob.in_place import land_in_place
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
@@ -25,8 +26,6 @@ from hurray_wire.integrity import (
 )
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transport.nixl_endpoint import (
-    _CHECKSUM_TYPE_AT,
-    _HEADER,
     _U8,
     DEFAULT_DEADLINE,
     T,
@@ -53,7 +52,6 @@ from hurray_wire.transport.records import (
     Segment,
     TransferRecord,
 )
-from hurray_wire.wire import blob as wb
 
 __all__ = ["NixlReceiver"]
 
@@ -344,8 +342,7 @@ class NixlReceiver(_Endpoint):
 
     def _has_checksums(self, item: _Incoming) -> bool:
         """Whether the landed blob's header says its sections carry checksums."""
-        head = self._arena.buf[item.landing : item.landing + _HEADER]
-        return len(head) == _HEADER and int(head[_CHECKSUM_TYPE_AT]) == wb.CHECKSUM_XXH3_64
+        return pool_section(self._arena.buf[item.landing :])[3]
 
     def close(self) -> None:
         self._decoder.shutdown(wait=True)

@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from hurray_wire import blob
 from hurray_wire.blob import encode_parts
+from hurray_wire.blob.envelope import pool_section as _pool_section
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.integrity import (
     decode_known_pages,
@@ -29,7 +30,6 @@ from hurray_wire.transport.nixl_endpoint import (
     _named,
     _origin,
     _pieces,
-    _pool_section,
 )
 from hurray_wire.transport.records import (
     Segment,
