@@ -8,6 +8,7 @@ checksums and the padding between sections, into which only the checksums are pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,8 +176,10 @@ def _plan(
     hash_raw: bool,
     page_digests: bool = False,
     known_pages: object = None,
+    hash_sections: bool = True,
 ) -> tuple[bytes, list[_Section], int]:
-    """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total)."""
+    """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total).
+    ``hash_sections=False``: the section checksums are left zero (``encode_deferred``)."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     if type(checksum) is not bool:
@@ -200,6 +203,7 @@ def _plan(
     for section in sections:
         if (
             checksum
+            and hash_sections
             and section.checksum == 0
             and (hash_raw or section.codec != CODEC_RAW or section.raw_size < COPY_CHUNK)
         ):
@@ -255,6 +259,12 @@ def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None
     if len(descriptor.buffers) != 3:
         return None
     contents: list[Any] = [tensor.page_pool, tensor.block_table, tensor.seq_ptr]
+    try:
+        sizes = (contents[0].nbytes, contents[1].nbytes, contents[2].nbytes)
+    except AttributeError:  # not arrays: the general path judges them
+        return None
+    if sum(sizes) >= _SMALL_BLOB:
+        return None  # before the metadata is encoded: the general path encodes it once
     lens_size = meta_size = -1
     if tensor.seq_lens is not None:
         lens = np.ascontiguousarray(tensor.seq_lens, _SEQ_LENS)
@@ -264,12 +274,6 @@ def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None
         meta = encode_metadata(tensor.metadata)
         contents.append(meta)
         meta_size = len(meta)
-    try:
-        sizes = (contents[0].nbytes, contents[1].nbytes, contents[2].nbytes)
-    except AttributeError:  # not arrays: the general path judges them
-        return None
-    if sum(sizes) >= _SMALL_BLOB:
-        return None
     wire = encode_descriptor(descriptor)
     key = (wire, checksum, sizes, lens_size, meta_size)
     layout = RAW_LAYOUTS.get(key)
@@ -334,6 +338,11 @@ def encode_parts(
     """
     tensor = _compacted(tensor, compact)
     head, sections, total = _plan(tensor, compression, checksum, True, page_digests, known_pages)
+    return _pieces(head, sections, total)
+
+
+def _pieces(head: bytes, sections: list[_Section], total: int) -> list[memoryview]:
+    """The planned blob as views: header, zero padding, each section's own arrays."""
     parts = [memoryview(head)]
     cursor = len(head)
     for section in sections:
@@ -350,6 +359,23 @@ def encode_parts(
     if total > cursor:
         parts.append(_zeros(total - cursor))
     return parts
+
+
+def encode_deferred(tensor: BlockPagedTensor) -> tuple[list[memoryview], Callable[[], bytes]]:
+    """One plan, the hashing later: the blob's pieces as :func:`encode_parts` gives them
+    (``checksum=True``), their header holding zero section checksums, and a function that
+    hashes the sections and returns the final header (a transport sends the pool while the
+    checksums are computed beside it: NixlSender's zero-copy publish)."""
+    head, sections, total = _plan(tensor, None, True, True, hash_sections=False)
+    parts = _pieces(head, sections, total)
+
+    def final_header() -> bytes:
+        for section in sections:
+            if section.checksum == 0:
+                section.checksum = _hash_parts(section.parts)
+        return _header(encode_descriptor(tensor.descriptor), sections, total, True)
+
+    return parts, final_header
 
 
 def encode_into(
