@@ -345,13 +345,23 @@ def check_seq_lens(
             found=len(lens),
             expected=num_seqs,
         )
-    total = 0
-    if num_seqs:
+    seq: int | None = None
+    if num_seqs < _SMALL_TABLE:  # a few sequences: exact Python integers beat NumPy's calls
+        values, starts = lens.tolist(), seq_ptr.tolist()
+        total = sum(values)
+        if total == total_tokens:
+            for k in range(num_seqs):
+                if -(-values[k] // page_size) != starts[k + 1] - starts[k]:
+                    seq = k
+                    break
+    else:
         largest = int(lens.max())
         if largest * num_seqs < 2**64:  # the uint64 sum cannot wrap
             total = int(lens.sum(dtype=np.uint64))
         else:
             total = sum(lens.tolist())
+        if total == total_tokens:
+            seq = _page_count_mismatch(lens, seq_ptr, page_size, largest)
     if total != total_tokens:
         raise IndexBufferError(
             "sum(seq_lens) must equal shape[0] (total_tokens)",
@@ -360,16 +370,14 @@ def check_seq_lens(
             found=total,
             expected=total_tokens,
         )
-    if num_seqs:
-        seq = _page_count_mismatch(lens, seq_ptr, page_size, largest)
-        if seq is not None:
-            tokens = int(lens[seq])
-            needed = -(-tokens // page_size)
-            pages = int(seq_ptr[seq + 1]) - int(seq_ptr[seq])
-            raise IndexBufferError(
-                f"sequence {seq} has {tokens} tokens, which need {needed} pages of {page_size}",
-                position=seq,
-                field="seq_lens",
-                found=f"{pages} pages",
-                expected=f"{needed} pages",
-            )
+    if seq is not None:
+        tokens = int(lens[seq])
+        needed = -(-tokens // page_size)
+        pages = int(seq_ptr[seq + 1]) - int(seq_ptr[seq])
+        raise IndexBufferError(
+            f"sequence {seq} has {tokens} tokens, which need {needed} pages of {page_size}",
+            position=seq,
+            field="seq_lens",
+            found=f"{pages} pages",
+            expected=f"{needed} pages",
+        )
