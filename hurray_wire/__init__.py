@@ -191,52 +191,29 @@ __all__ = [
     "to_vllm",
 ]
 
-#: Each public name but the errors, and the module that defines it (imported on first use).
+#: Each public name but the errors, by the module that defines it (imported on first use).
 _LAZY = {
-    "BlockPagedLayout": "hurray_wire.model.layout",
-    "BlockPagedTensor": "hurray_wire.tensor",
-    "BufferHandle": "hurray_wire.model.descriptor",
-    "Compression": "hurray_wire.codecs",
-    "DecodeLimits": "hurray_wire.blob",
-    "DecodeReport": "hurray_wire.blob",
-    "DescriptorHeader": "hurray_wire.model.descriptor_codec",
-    "ElementType": "hurray_wire.dtypes",
-    "HrryFile": "hurray_wire.containers",
-    "MXFP": "hurray_wire.model.quantization",
-    "NF4": "hurray_wire.model.quantization",
-    "PerBlockAffine": "hurray_wire.model.quantization",
-    "PerChannelAffine": "hurray_wire.model.quantization",
-    "PerTensorAffine": "hurray_wire.model.quantization",
-    "Quantization": "hurray_wire.model.quantization",
-    "Statistics": "hurray_wire.model.descriptor",
-    "StreamFile": "hurray_wire.containers",
-    "StreamHeader": "hurray_wire.containers",
-    "StreamReader": "hurray_wire.containers",
-    "StreamWriter": "hurray_wire.containers",
-    "Tensor": "hurray_wire.reference_api",
-    "TensorDescriptor": "hurray_wire.model.descriptor",
-    "blob_length": "hurray_wire.blob",
-    "decode": "hurray_wire.blob",
-    "decode_descriptor": "hurray_wire.model.descriptor_codec",
-    "decode_header": "hurray_wire.model.descriptor_codec",
-    "decode_in_place": "hurray_wire.blob",
-    "decode_in_place_report": "hurray_wire.blob",
-    "decode_into": "hurray_wire.blob",
-    "decode_report": "hurray_wire.blob",
-    "encode": "hurray_wire.blob",
-    "encode_descriptor": "hurray_wire.model.descriptor_encode",
-    "encode_into": "hurray_wire.blob",
-    "encode_parts": "hurray_wire.blob",
-    "from_flashinfer": "hurray_wire.adapters",
-    "from_sglang": "hurray_wire.adapters",
-    "from_torch": "hurray_wire.adapters",
-    "from_vllm": "hurray_wire.adapters",
-    "merge_heads": "hurray_wire.transforms.heads",
-    "to_flashinfer": "hurray_wire.adapters",
-    "to_sglang": "hurray_wire.adapters",
-    "to_torch": "hurray_wire.adapters",
-    "to_vllm": "hurray_wire.adapters",
-}
+    name: module
+    for module, names in {
+        "hurray_wire.adapters": "from_flashinfer from_sglang from_torch from_vllm"
+        " to_flashinfer to_sglang to_torch to_vllm",
+        "hurray_wire.blob": "DecodeLimits DecodeReport blob_length decode decode_in_place"
+        " decode_in_place_report decode_into decode_report encode encode_into encode_parts",
+        "hurray_wire.codecs": "Compression",
+        "hurray_wire.containers": "HrryFile StreamFile StreamHeader StreamReader StreamWriter",
+        "hurray_wire.dtypes": "ElementType",
+        "hurray_wire.model.descriptor": "BufferHandle Statistics TensorDescriptor",
+        "hurray_wire.model.descriptor_codec": "DescriptorHeader decode_descriptor decode_header",
+        "hurray_wire.model.descriptor_encode": "encode_descriptor",
+        "hurray_wire.model.layout": "BlockPagedLayout",
+        "hurray_wire.model.quantization": "MXFP NF4 PerBlockAffine PerChannelAffine"
+        " PerTensorAffine Quantization",
+        "hurray_wire.reference_api": "Tensor",
+        "hurray_wire.tensor": "BlockPagedTensor",
+        "hurray_wire.transforms.heads": "merge_heads",
+    }.items()
+    for name in names.split()
+}  # fmt: skip
 _SUBPACKAGES = frozenset(
     {"adapters", "blob", "cli", "codecs", "containers", "dtypes", "fingerprint", "integrity",
      "kv_scale", "metadata", "model", "parallel", "reference_api", "report", "tensor",

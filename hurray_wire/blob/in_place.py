@@ -276,7 +276,12 @@ class _InPlaceWork(PageWork):
         self.table, self.starts = table, starts
         engine = _engine_descriptor(descriptor, self.pool.num_pages)
         index = engine.layout.index_dtype
-        scales, zero_points = self._params(descriptor, buffers)
+        scales, zero_points = typed_params(descriptor, buffers)  # per-channel: the blob's
+        if isinstance(descriptor.quantization, PerBlockAffine):  # the engine's per-slot arrays
+            assert self.pool.scales is not None
+            zps = self.pool.zero_points
+            scales = self.pool.scales.reshape(-1)
+            zero_points = None if zps is None else zps.reshape(-1)
         return BlockPagedTensor._trusted(
             engine,
             self.pool.page_pool,
@@ -287,19 +292,6 @@ class _InPlaceWork(PageWork):
             seq_lens,
             metadata,
         )
-
-    def _params(
-        self, descriptor: TensorDescriptor, buffers: list[U8Array]
-    ) -> tuple[npt.NDArray[Any] | None, npt.NDArray[Any] | None]:
-        """Scales / zero points: the engine's per-slot arrays (per-block), else the blob's
-        per-channel buffers typed as tensor.assemble types them."""
-        quant = descriptor.quantization
-        if isinstance(quant, PerBlockAffine):
-            pool = self.pool
-            assert pool.scales is not None
-            zps = None if pool.zero_points is None else pool.zero_points.reshape(-1)
-            return pool.scales.reshape(-1), zps
-        return typed_params(descriptor, buffers)
 
     def finish(self, tensor: BlockPagedTensor) -> InPlaceReport:
         """Raise (or, for the report variant, decide what to report) before writing; then

@@ -30,33 +30,15 @@ from hurray_wire.blob.decoder import (
     stored_section_checksum,
 )
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.buffers import U8Array, byte_view
+from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.integrity import EngineFingerprint, PageStore
+from hurray_wire.integrity.pool_store import engine_array
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor, pool_form
 
-__all__ = ["check_landing", "decode_into", "engine_array", "land_into"]
-
-
-def engine_array(page_pool: object, field: str = "page_pool") -> U8Array:
-    """The caller's array as flat writable bytes (no copy), or a typed error."""
-    if not isinstance(page_pool, np.ndarray):
-        raise ArgumentTypeError(
-            f"{field} must be a numpy array (the engine's memory for this pool)",
-            field=field,
-            found=type(page_pool).__name__,
-        )
-    if page_pool.dtype.hasobject or not page_pool.flags.c_contiguous:
-        raise ArgumentTypeError(
-            f"{field} must be a C-contiguous array of plain data",
-            field=field,
-            found=f"dtype {page_pool.dtype}, contiguous {page_pool.flags.c_contiguous}",
-        )
-    if not page_pool.flags.writeable:
-        raise ArgumentTypeError(f"{field} must be writable", field=field, found="a read-only array")
-    return page_pool.reshape(-1).view(np.uint8)
+__all__ = ["check_landing", "decode_into", "land_into"]
 
 
 def check_landing(
@@ -113,7 +95,7 @@ def land_into(
     view: memoryview, page_pool: Any, opts: DecodeOptions, accept: Accept | None = None
 ) -> BlockPagedTensor:
     """The pipeline with the pool landed in ``page_pool`` (decode_into, StreamFile)."""
-    out = engine_array(page_pool)
+    out = engine_array(page_pool, "page_pool").reshape(-1).view(np.uint8)
     plan = plan_of(view, opts)
     check_landing(plan.descriptor, page_pool)
     whole = np.frombuffer(view, np.uint8)

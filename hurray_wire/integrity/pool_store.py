@@ -33,13 +33,14 @@ from hurray_wire.integrity.digests import (
 )
 from hurray_wire.integrity.page_store import PageStore, check_record, held, sorted_digests
 
-__all__ = ["EnginePoolStore", "page_id_array"]
+__all__ = ["EnginePoolStore", "engine_array", "page_id_array"]
 
 
-def _engine_array(value: object, name: str) -> npt.NDArray[Any]:
+def engine_array(value: object, name: str) -> npt.NDArray[Any]:
     """One of the engine's arrays: a writable, C-contiguous NumPy array of plain data (it is
     written in place, so nothing that would make a copy is accepted: pass ``t.numpy()`` for
-    a CPU torch tensor)."""
+    a CPU torch tensor). The one check of every landing target (decode_into, in place,
+    NIXL's expected arrays)."""
     if not isinstance(value, np.ndarray):
         raise ArgumentTypeError(
             f"{name} must be the engine's NumPy array (written in place, never copied)",
@@ -50,7 +51,9 @@ def _engine_array(value: object, name: str) -> npt.NDArray[Any]:
         raise ArgumentTypeError(f"{name} must hold plain data", field=name, found=str(value.dtype))
     if not value.flags.c_contiguous:
         raise ArgumentTypeError(
-            f"{name} must be C-contiguous", field=name, found=f"strides {value.strides}"
+            f"{name} must be C-contiguous",
+            field=name,
+            found=f"contiguous False, strides {value.strides}",
         )
     if not value.flags.writeable:
         raise ArgumentTypeError(
@@ -140,7 +143,7 @@ class EnginePoolStore(PageStore):
     def __init__(
         self, page_pool: object, *, scales: object = None, zero_points: object = None
     ) -> None:
-        pool = _engine_array(page_pool, "page_pool")
+        pool = engine_array(page_pool, "page_pool")
         if pool.ndim < 2:
             raise ArgumentTypeError(
                 "page_pool must be [num_pages, ...] with at least 2 dimensions",
@@ -153,10 +156,8 @@ class EnginePoolStore(PageStore):
                 "zero_points without scales", field="zero_points", expected="scales too"
             )
         self.page_pool: npt.NDArray[Any] = pool
-        self.scales = None if scales is None else _engine_array(scales, "scales")
-        self.zero_points = (
-            None if zero_points is None else _engine_array(zero_points, "zero_points")
-        )
+        self.scales = None if scales is None else engine_array(scales, "scales")
+        self.zero_points = None if zero_points is None else engine_array(zero_points, "zero_points")
         self.records = PageRecords(
             _rows(pool, count, "page_pool"),
             None if self.scales is None else _rows(self.scales, count, "scales"),

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from hurray_wire.containers.io import ClosesOnExit
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
+from hurray_wire.integrity.pool_store import engine_array
 from hurray_wire.transport.records import (
     Segment,
     TransferRecord,
@@ -78,11 +79,7 @@ def _address(buffer: Any) -> tuple[int, int]:
 
 def _bytes_of(array: Any, what: str) -> _U8:
     """A writable C-contiguous array as flat bytes (a view, never a copy)."""
-    if not isinstance(array, np.ndarray):
-        raise ArgumentTypeError(f"{what} must be a NumPy array", found=type(array).__name__)
-    if not array.flags.c_contiguous or not array.flags.writeable:
-        raise ArgumentTypeError(f"{what} must be C-contiguous and writable", field=what)
-    return array.reshape(-1).view(np.uint8)
+    return engine_array(array, what).reshape(-1).view(np.uint8)
 
 
 def _deadline(seconds: float) -> float:
