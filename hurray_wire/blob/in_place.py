@@ -167,16 +167,7 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
 
 def _free_pages(free_pages: object, pool: EnginePoolStore) -> IntArray:
     """The engine's free page ids, checked: in range, unique, none of them indexed."""
-    free = page_id_array(free_pages, pool.num_pages, "free_pages")
-    if free.size > 1:
-        order = np.sort(free)
-        twice = np.flatnonzero(order[1:] == order[:-1])
-        if twice.size:
-            raise ArgumentTypeError(
-                "free_pages must not repeat a page",
-                field="free_pages",
-                found=f"page {int(order[twice[0]])} more than once",
-            )
+    free = page_id_array(free_pages, pool.num_pages, "free_pages", distinct=True)
     held = np.flatnonzero(pool.indexed(free))
     if held.size:
         raise ArgumentTypeError(

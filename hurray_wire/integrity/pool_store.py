@@ -85,9 +85,10 @@ def _rows(array: npt.NDArray[Any], num_pages: int, name: str) -> U8Array:
     return flat.reshape(num_pages, -1)
 
 
-def page_id_array(value: object, num_pages: int, name: str) -> IntArray:
+def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = False) -> IntArray:
     """``value`` (a 1-D sequence or array of integers) as int64 page ids in
-    ``[0, num_pages)``, else a typed error naming ``name`` and the offending value."""
+    ``[0, num_pages)`` (and, with ``distinct``, none twice), else a typed error naming
+    ``name`` and the offending value: the one check of page ids every landing takes."""
     if isinstance(value, (str, bytes, bytearray, memoryview)) or not hasattr(value, "__len__"):
         raise ArgumentTypeError(
             f"{name} must be a 1-D array or sequence of page ids",
@@ -115,11 +116,20 @@ def page_id_array(value: object, num_pages: int, name: str) -> IntArray:
     bad = np.flatnonzero((ids < 0) | (ids >= num_pages))
     if bad.size:
         raise ArgumentTypeError(
-            f"{name}[{int(bad[0])}]: page id out of range",
+            f"{name}[{int(bad[0])}]: page id out of range (ids must lie in [0, num_pages))",
             field=name,
             found=int(ids[bad[0]]),
             expected=f"0 <= id < num_pages {num_pages}",
         )
+    if distinct and ids.size > 1:
+        order = np.sort(ids)
+        twice = np.flatnonzero(order[1:] == order[:-1])
+        if twice.size:
+            raise ArgumentTypeError(
+                f"{name} must be distinct (one page cannot take two)",
+                field=name,
+                found=f"page {int(order[twice[0]])} more than once",
+            )
     return ids
 
 

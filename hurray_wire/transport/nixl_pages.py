@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from hurray_wire.blob.landing import check_landing
 from hurray_wire.errors import ArgumentTypeError, TransportError
+from hurray_wire.integrity.pool_store import page_id_array
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transport.records import Segment
 
@@ -69,35 +70,7 @@ def page_landing(page_pool: npt.NDArray[Any], flat: _U8, page_ids: object) -> Pa
             found=f"shape {tuple(page_pool.shape)}",
         )
     engine_pages = int(page_pool.shape[0])
-    try:
-        ids = np.asarray(page_ids)
-    except (TypeError, ValueError) as exc:
-        raise ArgumentTypeError(
-            "page_ids must be a 1-D array of page ids", field="page_ids", found=repr(page_ids)
-        ) from exc
-    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
-        raise ArgumentTypeError(
-            "page_ids must be a 1-D array of integers",
-            field="page_ids",
-            found=f"dtype {ids.dtype}, shape {ids.shape}",
-        )
-    ids = ids.astype(np.int64)
-    if ids.size:
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= engine_pages:
-            raise ArgumentTypeError(
-                "page_ids must lie in [0, num_pages) of the engine's pool",
-                field="page_ids",
-                found=f"{low}..{high}",
-                expected=f"0..{engine_pages - 1}",
-            )
-        repeated = ids.size - np.unique(ids).size
-        if repeated:
-            raise ArgumentTypeError(
-                "page_ids must be distinct (two blob pages cannot land on one engine page)",
-                field="page_ids",
-                found=f"{repeated} repeated",
-            )
+    ids = page_id_array(page_ids, engine_pages, "page_ids", distinct=True)
     return PageLanding(flat, ids, flat.nbytes // engine_pages, page_pool)
 
 
