@@ -45,11 +45,14 @@ PAGES = 6
 ENGINE_PAGES = 16
 SENTINEL = 0x5A
 PAGE_DIGESTS = 0x04  # the page-digests section's kind (docs/integrity.md)
+ZSTD_ALL = hw.Compression(1, min_size=0)  # zstd (codec 1) for sections of any size
 
 
-def _f16(layer: int = 1, *, metadata: Any = None) -> hw.BlockPagedTensor:
+def _f16(layer: int = 1, *, metadata: Any = None, smooth: bool = False) -> hw.BlockPagedTensor:
     rng = np.random.default_rng(layer)
     pool = rng.standard_normal((PAGES, *PAGE)).astype(np.float16)
+    if smooth:  # compressible: zstd stores the pool compressed
+        pool = np.repeat(pool[:, :1], PAGE[0], axis=1).round(1)
     return hw.BlockPagedTensor.from_arrays(
         pool, [3, 0, 5, 1, 2, 4], [0, 2, 6], seq_lens=[7, 13], kv_role="key",
         layer_index=layer, metadata=metadata,
@@ -105,6 +108,18 @@ CASES = [
         fingerprint=FP,
         header=hw.StreamHeader(fingerprint=FP),
         clean=lambda: _f16(metadata=fingerprint_to_metadata(OTHER)),
+    ),
+    Case(  # a compressed pool is decompressed into the destination only after every check
+        "another engine fingerprint, compressed",
+        lambda: bytes(
+            hw.encode(
+                _f16(metadata=fingerprint_to_metadata(OTHER), smooth=True), compression=ZSTD_ALL
+            )
+        ),
+        IncompatibleFingerprintError,
+        fingerprint=FP,
+        header=hw.StreamHeader(fingerprint=FP),
+        clean=lambda: _f16(metadata=fingerprint_to_metadata(OTHER), smooth=True),
     ),
 ]
 
@@ -306,7 +321,7 @@ def test_encode_refuses_index_arrays_changed_after_from_arrays(edit: Any) -> Non
     edit(t)
     for encode in (
         lambda: hw.encode(t),
-        lambda: hw.encode(t, compression="zstd:1"),
+        lambda: hw.encode(t, compression=ZSTD_ALL),
         lambda: hw.encode_parts(t),
         lambda: hw.encode_into(t, bytearray(1 << 16)),
     ):
@@ -436,3 +451,25 @@ def test_nixl_landing_refuses_an_engine_array_of_another_dtype(
 
     error = _serve(nixl, blob, t, expect, None, monkeypatch)
     assert isinstance(_cause(error), ArgumentTypeError) and "page pool type" in str(error)
+
+
+def test_a_compressed_pool_is_decompressed_into_the_destination() -> None:
+    """One pass: the pool is decompressed into the engine's array, never into a new 4 MiB
+    array that is then copied (NumPy reports its allocations to tracemalloc)."""
+    import tracemalloc
+
+    pool = np.zeros((256, 16, 8, 64), np.float16)
+    pool[:, 0] = 1.5
+    t = hw.BlockPagedTensor.from_arrays(pool, np.arange(256), [0, 256])
+    blob = bytes(hw.encode(t, compression=ZSTD_ALL))
+    assert len(blob) < pool.nbytes // 8  # stored compressed
+    engine = np.empty_like(pool)
+    hw.decode_into(blob, engine)  # warm: plans and memo
+    tracemalloc.start()
+    try:
+        got = hw.decode_into(blob, engine)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.page_pool is engine and engine.tobytes() == pool.tobytes()
+    assert peak < pool.nbytes // 4, peak

@@ -72,6 +72,7 @@ __all__ = [
     "decode",
     "decode_options",
     "decode_report",
+    "decompress_pool",
     "header_plan",
     "peek_descriptor",
     "plan_of",
@@ -342,6 +343,7 @@ def run(
     plan: _Plan | None = None,
     pool: U8Array | None = None,
     defer_pool: bool = False,
+    late_pool: U8Array | None = None,
 ) -> tuple[BlockPagedTensor, DecodeReport | None]:
     """The one decode pipeline: framing, the plan, padding, checksums, page digests and
     refs, metadata, fingerprint, index invariants, then the route's ``accept``, then the
@@ -351,7 +353,10 @@ def run(
     ``pool``: the raw bytes of buffer 0 when they are not in ``view`` (a transport landed
     them elsewhere; ``view`` then holds anything, e.g. zeros, in their range).
     ``defer_pool``: buffer 0's section checksum is left to the caller, which hashes it
-    while copying it to its destination (``landing.land_into``)."""
+    while copying it to its destination (``landing.land_into``). ``late_pool``: the
+    destination of a compressed buffer 0 of an unpacked pool, typed now and written by
+    the caller after ``run`` (``decompress_pool``): one pass, and nothing written before
+    the checks pass."""
     if plan is None:
         plan = plan_of(view, opts)
     if pool is not None:
@@ -372,7 +377,7 @@ def run(
             report=report,
             verify=opts.verify,
         )
-    tensor = _materialize(view, plan, opts, pages, pool, defer_pool)
+    tensor = _materialize(view, plan, opts, pages, pool, defer_pool, late_pool)
     if accept is not None:
         accept(tensor)
     if pages is not None:
@@ -387,6 +392,7 @@ def _materialize(
     pages: PageWork | None,
     pool: U8Array | None,
     defer_pool: bool,
+    late_pool: U8Array | None = None,
 ) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections, then assemble the tensor."""
     zeros, expected = plan.zeros
@@ -430,6 +436,8 @@ def _materialize(
 
     if plan.raw_buffers:  # every buffer stored raw: views at spans decided by the plan
         buffers = [whole[span] for span in plan.buffer_spans]
+    elif late_pool is not None:  # decompressed into it after every check (land_into)
+        buffers = [late_pool, *(payload(e) for e in plan.buffers[1:])]
     else:
         buffers = [payload(e) for e in plan.buffers]
     if pool is not None:
@@ -475,14 +483,23 @@ def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
     )
 
 
-def _decompress(e: Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.NDArray[np.uint8]:
-    """Decode one compressed section into a new array (allocated after its layout checks);
-    errors carry blob offsets. The section table checked the codec and its parameter."""
+def _decompress(
+    e: Entry, stored: npt.NDArray[np.uint8], threads: int, out: U8Array | None = None
+) -> npt.NDArray[np.uint8]:
+    """Decode one compressed section into a new array (allocated after its layout checks)
+    or ``out``; errors carry blob offsets. The section table checked the codec and its
+    parameter."""
     try:
-        return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads)
+        return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads, out)
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None and exc.offset <= stored.size else 0
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
+
+
+def decompress_pool(view: memoryview, e: Entry, threads: int, out: U8Array) -> None:
+    """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``."""
+    whole = np.frombuffer(view, np.uint8)
+    _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out)
 
 
 def _digest_pass(

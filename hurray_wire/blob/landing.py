@@ -25,6 +25,7 @@ from hurray_wire.blob.decoder import (
     DecodeOptions,
     checksum_mismatch,
     decode_options,
+    decompress_pool,
     plan_of,
     run,
     stored_section_checksum,
@@ -84,8 +85,9 @@ def decode_into(
     uint8 of its byte size, not overlapping ``data``. Everything is checked before the
     first byte is written (on a refusal ``page_pool`` is untouched), except the pool's own
     section checksum, hashed while the pool is copied (one pass over memory): on that
-    mismatch ``page_pool`` holds the refused bytes. A compressed pool is decompressed,
-    then copied; blobs with page digests or refs are verified page by page before the copy.
+    mismatch ``page_pool`` holds the refused bytes. A compressed pool is decompressed
+    straight into it (a packed one is decompressed first, its padding bits checked, then
+    copied); blobs with page digests or refs are verified page by page before the copy.
     """
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
     return land_into(byte_view(data), page_pool, opts)
@@ -113,8 +115,17 @@ def land_into(
         and plan.page_digests is None
         and plan.page_refs is None
     )
-    tensor = run(view, opts, accept=accept, plan=plan, defer_pool=defer)[0]
-    if defer:  # the one pass: copied and hashed chunk by chunk
+    late = (
+        pool_entry.codec != CODEC_RAW
+        and plan.page_digests is None
+        and plan.page_refs is None
+        and not plan.descriptor.element_type.is_packed  # its padding bits are checked first
+    )
+    tensor = run(view, opts, accept=accept, plan=plan, defer_pool=defer,
+                 late_pool=out if late else None)[0]  # fmt: skip
+    if late:  # the one pass: decompressed into the destination
+        decompress_pool(view, pool_entry, opts.threads, out)
+    elif defer:  # the one pass: copied and hashed chunk by chunk
         hasher = xxhash.xxh3_64()
         copy_and_hash(out, whole[pool_entry.offset : pool_entry.offset + pool_entry.stored_size],
                       hasher)  # fmt: skip
