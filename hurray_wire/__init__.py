@@ -4,113 +4,163 @@ The public API mirrors the spec's names: ``BlockPagedLayout``, the quantization 
 ``TensorDescriptor`` with ``encode_descriptor`` / ``decode_descriptor``, a
 ``BlockPagedTensor`` that ``encode`` frames into a blob and ``decode`` validates back into
 NumPy views. Element types live in ``hurray_wire.dtypes`` (``hurray_wire.float16`` works
-too, as the reference's Python API spells them); every error class in
+too, as the reference's Python API spells them); every error class is here and in
 ``hurray_wire.errors``; everything else importable from its module. This module only
-re-exports.
+re-exports, and loads each name's module on first use (``import hurray_wire`` costs the
+error tree alone; docs/performance.md).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from hurray_wire import dtypes
 from hurray_wire._version import __version__
-from hurray_wire.adapters import (
-    from_flashinfer,
-    from_sglang,
-    from_torch,
-    from_vllm,
-    into_vllm,
-    to_flashinfer,
-    to_sglang,
-    to_torch,
-    to_vllm,
-)
-from hurray_wire.blob import (
-    DecodeLimits,
-    DecodeReport,
-    blob_length,
-    decode,
-    decode_in_place,
-    decode_in_place_report,
-    decode_into,
-    decode_report,
-    encode,
-    encode_into,
-    encode_parts,
-)
-from hurray_wire.codecs import Compression
-from hurray_wire.containers import HrryFile, StreamFile, StreamHeader, StreamReader, StreamWriter
-from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import (
     ArgumentTypeError,
+    BlobTruncatedError,
     ChecksumError,
     ClosedContainerError,
+    CodecConfigError,
+    ContainerTruncatedError,
+    DecompressionError,
+    DescriptorTruncatedError,
+    FileAccessError,
     HurrayWireError,
+    IncompatibleFingerprintError,
     IndexBufferError,
+    IntegrityError,
+    IntegrityRecordTruncatedError,
     InvalidBlobError,
     InvalidContainerError,
     InvalidDescriptorError,
+    InvalidIntegrityRecordError,
     InvalidMetadataError,
     InvalidStreamError,
     InvalidTensorError,
+    InvalidTransferRecordError,
     LimitExceededError,
     MissingTensorError,
+    PaddingError,
+    PageDigestError,
+    PageStoreError,
+    PageStoreMissError,
     QuantizationNotDefinedError,
+    SectionError,
+    StreamBlobTruncatedError,
+    StreamTruncatedError,
     TransportError,
     TruncatedError,
     UnsupportedLayoutError,
 )
-from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
-from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_descriptor, decode_header
-from hurray_wire.model.descriptor_encode import encode_descriptor
-from hurray_wire.model.layout import BlockPagedLayout
-from hurray_wire.model.quantization import (
-    MXFP,
-    NF4,
-    PerBlockAffine,
-    PerChannelAffine,
-    PerTensorAffine,
-    Quantization,
-)
-from hurray_wire.reference_api import Tensor
-from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.transforms.heads import merge_heads
+
+if TYPE_CHECKING:
+    from hurray_wire import dtypes
+    from hurray_wire.adapters import (
+        from_flashinfer,
+        from_sglang,
+        from_torch,
+        from_vllm,
+        into_vllm,
+        to_flashinfer,
+        to_sglang,
+        to_torch,
+        to_vllm,
+    )
+    from hurray_wire.blob import (
+        DecodeLimits,
+        DecodeReport,
+        blob_length,
+        decode,
+        decode_in_place,
+        decode_in_place_report,
+        decode_into,
+        decode_report,
+        encode,
+        encode_into,
+        encode_parts,
+    )
+    from hurray_wire.codecs import Compression
+    from hurray_wire.containers import (
+        HrryFile,
+        StreamFile,
+        StreamHeader,
+        StreamReader,
+        StreamWriter,
+    )
+    from hurray_wire.dtypes import ElementType
+    from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
+    from hurray_wire.model.descriptor_codec import (
+        DescriptorHeader,
+        decode_descriptor,
+        decode_header,
+    )
+    from hurray_wire.model.descriptor_encode import encode_descriptor
+    from hurray_wire.model.layout import BlockPagedLayout
+    from hurray_wire.model.quantization import (
+        MXFP,
+        NF4,
+        PerBlockAffine,
+        PerChannelAffine,
+        PerTensorAffine,
+        Quantization,
+    )
+    from hurray_wire.reference_api import Tensor
+    from hurray_wire.tensor import BlockPagedTensor
+    from hurray_wire.transforms.heads import merge_heads
 
 __all__ = [
     "MXFP",
     "NF4",
     "ArgumentTypeError",
+    "BlobTruncatedError",
     "BlockPagedLayout",
     "BlockPagedTensor",
     "BufferHandle",
     "ChecksumError",
     "ClosedContainerError",
+    "CodecConfigError",
     "Compression",
+    "ContainerTruncatedError",
     "DecodeLimits",
     "DecodeReport",
+    "DecompressionError",
     "DescriptorHeader",
+    "DescriptorTruncatedError",
     "ElementType",
+    "FileAccessError",
     "HrryFile",
     "HurrayWireError",
+    "IncompatibleFingerprintError",
     "IndexBufferError",
+    "IntegrityError",
+    "IntegrityRecordTruncatedError",
     "InvalidBlobError",
     "InvalidContainerError",
     "InvalidDescriptorError",
+    "InvalidIntegrityRecordError",
     "InvalidMetadataError",
     "InvalidStreamError",
     "InvalidTensorError",
+    "InvalidTransferRecordError",
     "LimitExceededError",
     "MissingTensorError",
+    "PaddingError",
+    "PageDigestError",
+    "PageStoreError",
+    "PageStoreMissError",
     "PerBlockAffine",
     "PerChannelAffine",
     "PerTensorAffine",
     "Quantization",
     "QuantizationNotDefinedError",
+    "SectionError",
     "Statistics",
+    "StreamBlobTruncatedError",
     "StreamFile",
     "StreamHeader",
     "StreamReader",
+    "StreamTruncatedError",
     "StreamWriter",
     "Tensor",
     "TensorDescriptor",
@@ -143,10 +193,53 @@ __all__ = [
     "to_vllm",
 ]
 
+#: Each public name but the errors, by the module that defines it (imported on first use).
+_LAZY = {
+    name: module
+    for module, names in {
+        "hurray_wire.adapters": "from_flashinfer from_sglang from_torch from_vllm into_vllm"
+        " to_flashinfer to_sglang to_torch to_vllm",
+        "hurray_wire.blob": "DecodeLimits DecodeReport blob_length decode decode_in_place"
+        " decode_in_place_report decode_into decode_report encode encode_into encode_parts",
+        "hurray_wire.codecs": "Compression",
+        "hurray_wire.containers": "HrryFile StreamFile StreamHeader StreamReader StreamWriter",
+        "hurray_wire.dtypes": "ElementType",
+        "hurray_wire.model.descriptor": "BufferHandle Statistics TensorDescriptor",
+        "hurray_wire.model.descriptor_codec": "DescriptorHeader decode_descriptor decode_header",
+        "hurray_wire.model.descriptor_encode": "encode_descriptor",
+        "hurray_wire.model.layout": "BlockPagedLayout",
+        "hurray_wire.model.quantization": "MXFP NF4 PerBlockAffine PerChannelAffine"
+        " PerTensorAffine Quantization",
+        "hurray_wire.reference_api": "Tensor",
+        "hurray_wire.tensor": "BlockPagedTensor",
+        "hurray_wire.transforms.heads": "merge_heads",
+    }.items()
+    for name in names.split()
+}  # fmt: skip
+_SUBPACKAGES = frozenset(
+    {"adapters", "blob", "cli", "codecs", "containers", "dtypes", "fingerprint", "integrity",
+     "kv_scale", "metadata", "model", "parallel", "reference_api", "report", "tensor",
+     "testing", "transforms", "transport", "wire"}
+)  # fmt: skip
+
 
 def __getattr__(name: str) -> Any:
-    """``hurray_wire.float16`` and the other names of ``hurray_wire.dtypes``, which the
-    reference's Python API has at its top level; not in ``__all__``."""
-    if name in dtypes.__all__:
-        return getattr(dtypes, name)
+    """The public names, loaded from their modules on first use; ``hurray_wire.float16``
+    and the other names of ``hurray_wire.dtypes`` (the reference's Python API has them at
+    its top level; not in ``__all__``)."""
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"hurray_wire.{name}")
+    if not name.startswith("_"):
+        types = importlib.import_module("hurray_wire.dtypes")
+        if name in types.__all__:
+            return getattr(types, name)
     raise AttributeError(f"module 'hurray_wire' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -256,8 +256,11 @@ class IntegrityRecordTruncatedError(TruncatedError, InvalidIntegrityRecordError)
     """An integrity record that ends before the structure it announces."""
 
 
-class PageDigestError(IntegrityError):
+class PageDigestError(IntegrityError, InvalidBlobError):
     """Pages whose bytes do not match their digest.
+
+    Both an integrity failure and an invalid blob: ``except InvalidBlobError`` around a
+    decode catches it as it catches a section checksum mismatch (docs/integrity.md).
 
     ``pages`` are the physical page ids (block_table values) that failed; ``positions`` their
     logical places as ``(sequence, page_in_sequence)`` pairs, when a block table was known.

@@ -20,7 +20,7 @@ from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTenso
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import Quantization
-from hurray_wire.tensor import BlockPagedTensor, assemble
+from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
 
 __all__ = ["Tensor"]
 
@@ -142,7 +142,7 @@ class Tensor:
                     field="seq_lens",
                     found=f"dtype {raw.dtype}, shape {raw.shape}",
                 )
-            lens = np.ascontiguousarray(raw, "<u8")
+            lens = np.ascontiguousarray(raw, SEQ_LENS)
         arrays = [np.frombuffer(b, np.uint8) for b in self.buffers]
         return assemble(self.descriptor, arrays, lens)
 

@@ -35,8 +35,24 @@ from hurray_wire.model.layout import (
     check_seq_lens,
 )
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
+from hurray_wire.wire.blob import SEQ_LENS_ITEM
+from hurray_wire.wire.descriptor import ZERO_POINT_ITEM
+from hurray_wire.wire.fast import item_dtype
 
-__all__ = ["BlockPagedTensor", "assemble", "check_seq_lens"]
+__all__ = [
+    "SEQ_LENS",
+    "ZERO_POINTS",
+    "BlockPagedTensor",
+    "assemble",
+    "check_contents",
+    "check_seq_lens",
+    "pool_form",
+    "typed_params",
+]
+
+#: The dtypes of zero points and seq_lens (the wire's items).
+ZERO_POINTS: np.dtype[Any] = np.dtype(item_dtype(ZERO_POINT_ITEM))
+SEQ_LENS: np.dtype[Any] = np.dtype(item_dtype(SEQ_LENS_ITEM))
 
 T = TypeVar("T")
 
@@ -255,7 +271,7 @@ class BlockPagedTensor:
         check_index_arrays(sp, bt, num_pages, num_seqs)
         lens = None
         if seq_lens is not None:
-            lens = np.ascontiguousarray(_as_index_array(seq_lens, "seq_lens", U64_MAX), "<u8")
+            lens = np.ascontiguousarray(_as_index_array(seq_lens, "seq_lens", U64_MAX), SEQ_LENS)
             if total_tokens is None:
                 total_tokens = int(lens.sum()) if lens.size else 0
         if total_tokens is None:
@@ -493,20 +509,7 @@ def assemble(
     block_table = buffers[1].view(index_dtype)
     seq_ptr = buffers[2].view(index_dtype)
     check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
-    scales = zero_points = None
-    quant = descriptor.quantization
-    if quant is not None and isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-        scale_dtype = quant.scale_type.numpy_dtype
-        payload = buffers[quant.scale_buffer_index]
-        zp = quant.zero_point_buffer_index
-        if zp == quant.scale_buffer_index:  # one buffer: [scales | zero_points]
-            split = payload.nbytes // (scale_dtype.itemsize + 4) * scale_dtype.itemsize
-            scales = payload[:split].view(scale_dtype)
-            zero_points = payload[split:].view("<i4")
-        else:
-            scales = payload.view(scale_dtype)
-            if zp is not None:
-                zero_points = buffers[zp].view("<i4")
+    scales, zero_points = typed_params(descriptor, buffers)
     if seq_lens is not None:
         check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
     if metadata:
@@ -514,6 +517,24 @@ def assemble(
     return BlockPagedTensor._trusted(
         descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
     )
+
+
+def typed_params(
+    descriptor: TensorDescriptor, buffers: Sequence[Array]
+) -> tuple[Array | None, Array | None]:
+    """An affine quantization's scales and zero points typed from their buffers (one
+    buffer holds ``[scales | zero_points]`` when both indexes agree); (None, None) else."""
+    quant = descriptor.quantization
+    if not isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+        return None, None
+    scale_dtype = quant.scale_type.numpy_dtype
+    payload = buffers[quant.scale_buffer_index]
+    zp = quant.zero_point_buffer_index
+    if zp == quant.scale_buffer_index:  # one buffer: [scales | zero_points]
+        width = scale_dtype.itemsize + ZERO_POINTS.itemsize
+        split = payload.nbytes // width * scale_dtype.itemsize
+        return payload[:split].view(scale_dtype), payload[split:].view(ZERO_POINTS)
+    return payload.view(scale_dtype), None if zp is None else buffers[zp].view(ZERO_POINTS)
 
 
 def _pool_typing(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtype[Any]]:
@@ -619,7 +640,7 @@ def _quantization_arrays(
     scale_arr = _param_array(scales, "scales", entries, scale_dtype)
     zp_arr = None
     if quant.zero_point_buffer_index is not None:
-        zp_arr = _param_array(zero_points, "zero_points", entries, np.dtype("<i4"))
+        zp_arr = _param_array(zero_points, "zero_points", entries, ZERO_POINTS)
     elif zero_points is not None:
         raise InvalidTensorError("a symmetric scheme has no zero points", field="zero_points")
     return scale_arr, zp_arr
@@ -641,3 +662,37 @@ def _param_array(value: Any, name: str, entries: int, dtype: np.dtype[Any]) -> A
             f"{name} has the wrong dtype", field=name, found=str(array.dtype), expected=str(dtype)
         )
     return np.ascontiguousarray(array).reshape(-1)
+
+
+def pool_form(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """The shape and dtype of the tensor's ``page_pool`` array: a packed element type's
+    pool is its wire bytes, 1-D uint8."""
+    if descriptor.element_type.is_packed:
+        return (descriptor.buffers[0].byte_size,), np.dtype(np.uint8)
+    return _pool_typing(descriptor)
+
+
+def check_contents(tensor: BlockPagedTensor) -> None:
+    """The index invariants and seq_lens rule of the arrays ``tensor`` holds now, in
+    O(index): ``from_arrays`` shares the caller's arrays, so a value changed afterwards
+    would make the encoder write a blob the decoder refuses (``assemble``'s checks)."""
+    layout = tensor.descriptor.layout
+    table, starts = tensor.block_table, tensor.seq_ptr
+    dtype = layout.index_dtype
+    if (
+        not isinstance(table, np.ndarray)
+        or not isinstance(starts, np.ndarray)
+        or table.dtype != dtype
+        or starts.dtype != dtype
+        or table.ndim != 1
+        or starts.ndim != 1
+    ):
+        raise InvalidTensorError(
+            "block_table and seq_ptr must stay 1-D arrays of the layout's index type",
+            field="block_table",
+            expected=str(dtype),
+            found=f"{type(table).__name__} / {type(starts).__name__}",
+        )
+    check_index_arrays(starts, table, layout.num_pages, layout.num_seqs)
+    if tensor.seq_lens is not None:
+        check_seq_lens(tensor.seq_lens, starts, layout.page_size, tensor.descriptor.shape[0])

@@ -81,9 +81,9 @@ def test_a_page_damaged_where_it_landed_is_refused(monkeypatch: pytest.MonkeyPat
     r.expect(0, "key", engine, page_ids=ids)
     real = r._decode_split
 
-    def damaged(item: Any, land: Any) -> Any:
+    def damaged(item: Any, land: Any, *rest: Any) -> Any:
         engine[31].reshape(-1).view(np.uint8)[77] ^= 0x04  # blob page 6, after landing
-        return real(item, land)
+        return real(item, land, *rest)
 
     monkeypatch.setattr(r, "_decode_split", damaged)
     s.publish(tensor)

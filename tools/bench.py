@@ -335,30 +335,35 @@ def bench_many_sequences(repeat: int) -> None:
 
 def bench_tiny_safe(repeat: int) -> None:
     """from_arrays + encode + decode of a one-page tensor against a hand-written safe decoder
-    of the same bytes (xxh3 + three np.frombuffer + the index invariants)."""
+    of the same bytes (xxh3 + three np.frombuffer + the index invariants), without and with
+    seq_lens (the common case: a real sequence's last page is partial)."""
     print("\n[tiny tensor (one 32 KiB page): from_arrays + encode + decode vs a safe decoder]")
     pool = np.ones((1, 16, 8, 128), np.float16)
     table = np.zeros(1, np.uint32)
     seq_ptr = np.array([0, 1], np.uint32)
-    tensor = hw.BlockPagedTensor.from_arrays(pool, table, seq_ptr)
-    data = bytes(blob.encode(tensor))
-    entries = [envelope.ENTRY.unpack_dict(data, envelope.entry_at(i)) for i in range(3)]
-    spans = [(e["offset"], e["raw_size"]) for e in entries]  # where a safe format keeps them
+    for lens in (None, np.array([11], np.uint64)):
+        tensor = hw.BlockPagedTensor.from_arrays(pool, table, seq_ptr, seq_lens=lens)
+        data = bytes(blob.encode(tensor))
+        count = 3 if lens is None else 4
+        entries = [envelope.ENTRY.unpack_dict(data, envelope.entry_at(i)) for i in range(count)]
+        spans = [(e["offset"], e["raw_size"]) for e in entries]  # where a safe format keeps them
+        checked = np.array([16], np.uint64) if lens is None else lens
 
-    def safe() -> None:
-        xxhash.xxh3_64_intdigest(data)
-        out = [np.frombuffer(data, np.uint8, size, offset) for offset, size in spans]
-        bt, sp = out[1].view(np.uint32), out[2].view(np.uint32)
-        lens = np.array([16], np.uint64)
-        numpy_invariants(bt, sp, lens, 1, 16)
+        def safe(spans: Any = spans, checked: Any = checked, data: bytes = data) -> None:
+            xxhash.xxh3_64_intdigest(data)
+            out = [np.frombuffer(data, np.uint8, size, offset) for offset, size in spans]
+            bt, sp = out[1].view(np.uint32), out[2].view(np.uint32)
+            got = out[3].view(np.uint64) if len(out) > 3 else checked
+            numpy_invariants(bt, sp, got, 1, 16)
 
-    def ours() -> None:
-        t = hw.BlockPagedTensor.from_arrays(pool, table, seq_ptr)
-        blob.decode(blob.encode(t))
+        def ours(lens: Any = lens) -> None:
+            t = hw.BlockPagedTensor.from_arrays(pool, table, seq_ptr, seq_lens=lens)
+            blob.decode(blob.encode(t))
 
-    timed = interleaved({"safe": safe, "ours": ours}, repeat)
-    line("hand-written safe decoder", timed["safe"], timed["safe"], "safe")
-    line("from_arrays + encode + decode", timed["ours"], timed["safe"], "safe")
+        timed = interleaved({"safe": safe, "ours": ours}, repeat)
+        what = "" if lens is None else ", seq_lens"
+        line(f"hand-written safe decoder{what}", timed["safe"], timed["safe"], "safe")
+        line(f"from_arrays + encode + decode{what}", timed["ours"], timed["safe"], "safe")
 
 
 def bench_descriptor_parsers(repeat: int) -> None:

@@ -40,7 +40,7 @@ from hurray_wire.blob.envelope import (
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
 from hurray_wire.blob.pages import DecodeReport, PageWork, refs_count
 from hurray_wire.blob.sections import Entry, check_entries
-from hurray_wire.buffers import byte_view, check_zero
+from hurray_wire.buffers import U8Array, byte_view, check_zero
 from hurray_wire.codecs import CODEC_RAW, check_threads, decode_section
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -61,19 +61,28 @@ from hurray_wire.metadata import decode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
+from hurray_wire.wire.fast import item_dtype, item_struct
 
 __all__ = [
+    "DEFAULT_OPTIONS",
+    "Accept",
+    "DecodeOptions",
     "DecodeReport",
     "checksum_mismatch",
     "decode",
+    "decode_options",
     "decode_report",
-    "decode_with_work",
+    "decompress_pool",
     "header_plan",
     "peek_descriptor",
+    "plan_of",
+    "run",
     "stored_section_checksum",
 ]
 
-_U64 = struct.Struct("<Q")  # a section entry's checksum, read per call
+_U64 = item_struct(w.SECTION_ENTRY.checksum.subcon)  # an entry's checksum, read per call
+_U64_CODE = _U64.format[-1]
+_SEQ_LENS = item_dtype(w.SEQ_LENS_ITEM)
 _CHECKSUM_AT = ENTRY_AT["checksum"]
 _NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
@@ -116,7 +125,7 @@ class _Plan:
             self, "large_paddings", tuple(g for g in gaps if g[1] - g[0] > _SMALL_PADDING)
         )
         at = [(e.entry_offset + _CHECKSUM_AT, e.entry_offset + _CHECKSUM_END) for e in self.entries]
-        object.__setattr__(self, "stored_checksums", _spans_struct(at, "Q"))
+        object.__setattr__(self, "stored_checksums", _spans_struct(at, _U64_CODE))
         object.__setattr__(
             self, "spans", tuple(slice(e.offset, e.offset + e.stored_size) for e in self.entries)
         )
@@ -139,7 +148,8 @@ class _Plan:
 
 def _spans_struct(spans: list[tuple[int, int]], code: str = "s") -> struct.Struct:
     """A struct reading the ascending, disjoint byte ranges ``spans`` as one field each
-    (``code`` "s": bytes; "Q": a u64 filling its 8 bytes) and skipping what lies between."""
+    (``code`` "s": bytes; else the struct code of an item filling its range) and skipping
+    what lies between."""
     fmt, cursor = ["<"], 0
     for start, stop in spans:
         fmt.append(f"{start - cursor}x" if start > cursor else "")
@@ -223,6 +233,51 @@ def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorD
     return embedded_descriptor(header, entry_at(count))
 
 
+@dataclass(frozen=True)
+class DecodeOptions:
+    """A decode's options, checked once (``decode_options``): what every route into memory
+    (the functions, the stream readers, the NIXL receiver) hands to :func:`run`."""
+
+    verify: bool = True
+    limits: DecodeLimits = DEFAULT_LIMITS
+    threads: int = -1
+    page_store: PageStore | None = None
+    expect_fingerprint: EngineFingerprint | None = None
+
+
+DEFAULT_OPTIONS = DecodeOptions()
+
+
+def decode_options(
+    verify: object = True,
+    limits: DecodeLimits | None = None,
+    threads: int = -1,
+    page_store: PageStore | None = None,
+    expect_fingerprint: EngineFingerprint | None = None,
+) -> DecodeOptions:
+    """The options checked: typed errors naming the argument."""
+    if (
+        verify is True
+        and limits is None
+        and threads == -1
+        and page_store is None
+        and expect_fingerprint is None
+    ):
+        return DEFAULT_OPTIONS
+    if type(verify) is not bool:
+        raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
+    checked = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
+    if threads != -1:
+        threads = check_threads(threads)
+    check_integrity_arguments(page_store, expect_fingerprint)
+    return DecodeOptions(verify, checked, threads, page_store, expect_fingerprint)
+
+
+#: A route's own check of the validated tensor (stream header, index entry, offered
+#: layer and role), run after every blob check and before anything lands.
+Accept = Callable[[BlockPagedTensor], None]
+
+
 def decode(
     data: Any,
     *,
@@ -247,12 +302,8 @@ def decode(
     ``expect_fingerprint`` refuses a blob whose engine fingerprint differs or is missing
     (``IncompatibleFingerprintError``). :func:`decode_report` reports failed pages instead.
     """
-    tensor, pages = decode_with_work(
-        data, verify, limits, threads, page_store, expect_fingerprint, False
-    )
-    if pages is not None:
-        pages.finish(tensor)  # raises for any failed page
-    return tensor
+    opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
+    return run(byte_view(data), opts)[0]
 
 
 def decode_report(
@@ -269,62 +320,79 @@ def decode_report(
     (``on_page_error="report"`` of docs/integrity.md). With page digests present, a
     checksum mismatch of a page-row buffer (the pool, per-block scales / zero points) does
     not abort: the digests say which pages are bad. Every other check still raises."""
-    tensor, pages = decode_with_work(
-        data, verify, limits, threads, page_store, expect_fingerprint, True
-    )
-    if pages is None:
+    opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
+    tensor, report = run(byte_view(data), opts, report=True)
+    if report is None:
         return DecodeReport(tensor, _NO_PAGES, (), _NO_PAGES, _NO_PAGES, _NO_PAGES, False)
-    return pages.finish(tensor)
+    return report
 
 
-def decode_with_work(
-    data: Any,
-    verify: bool,
-    limits: DecodeLimits | None,
-    threads: int,
-    page_store: PageStore | None,
-    expect_fingerprint: EngineFingerprint | None,
-    report: bool,
-    work: Callable[..., PageWork] | None = None,
-) -> tuple[BlockPagedTensor, PageWork | None]:
-    """The tensor, and the page work when the blob has page sections (None otherwise: a
-    blob without them decodes with no page bookkeeping at all). ``work`` replaces PageWork
-    for every blob (the in-place decode of blob/in_place.py)."""
-    view = byte_view(data)
-    limits = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
-    if type(verify) is not bool:
-        raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
-    if threads != -1:
-        threads = check_threads(threads)
-    check_integrity_arguments(page_store, expect_fingerprint)
+def plan_of(view: memoryview, opts: DecodeOptions) -> _Plan:
+    """The validated (memoised) plan of the whole blob at the start of ``view``."""
     head = whole_blob_header(view)
-    plan = header_plan(view, head[I_TOTAL_LENGTH], limits, memoise=True, head=head)
-    if work is None and plan.page_digests is None and plan.page_refs is None:
-        tensor = _materialize(
-            view, plan, verify, threads, limits.max_metadata_entries, None, expect_fingerprint
+    return header_plan(view, head[I_TOTAL_LENGTH], opts.limits, memoise=True, head=head)
+
+
+def run(
+    view: memoryview,
+    opts: DecodeOptions,
+    *,
+    report: bool = False,
+    work: Callable[..., PageWork] | None = None,
+    accept: Accept | None = None,
+    plan: _Plan | None = None,
+    pool: U8Array | None = None,
+    defer_pool: bool = False,
+    late_pool: U8Array | None = None,
+) -> tuple[BlockPagedTensor, DecodeReport | None]:
+    """The one decode pipeline: framing, the plan, padding, checksums, page digests and
+    refs, metadata, fingerprint, index invariants, then the route's ``accept``, then the
+    page work's verdict (``finish``: raised, or reported with ``report``), which for an
+    in-place ``work`` is the one step that writes caller memory.
+
+    ``pool``: the raw bytes of buffer 0 when they are not in ``view`` (a transport landed
+    them elsewhere; ``view`` then holds anything, e.g. zeros, in their range).
+    ``defer_pool``: buffer 0's section checksum is left to the caller, which hashes it
+    while copying it to its destination (``landing.land_into``). ``late_pool``: the
+    destination of a compressed buffer 0 of an unpacked pool, typed now and written by
+    the caller after ``run`` (``decompress_pool``): one pass, and nothing written before
+    the checks pass."""
+    if plan is None:
+        plan = plan_of(view, opts)
+    if pool is not None:
+        entry = plan.buffers[0]
+        if entry.codec != CODEC_RAW or entry.stored_size != pool.size:
+            raise ArgumentTypeError(
+                "the landed page pool is not the blob's raw buffer[0]",
+                field="page_pool",
+                expected=f"{entry.stored_size} raw bytes",
+                found=f"{pool.size} bytes",
+            )
+    pages = None
+    if work is not None or plan.page_digests is not None or plan.page_refs is not None:
+        pages = (work or PageWork)(
+            plan.descriptor,
+            has_digests=plan.page_digests is not None,
+            page_store=opts.page_store,
+            report=report,
+            verify=opts.verify,
         )
-        return tensor, None
-    pages = (work or PageWork)(
-        plan.descriptor,
-        has_digests=plan.page_digests is not None,
-        page_store=page_store,
-        report=report,
-        verify=verify,
-    )
-    tensor = _materialize(
-        view, plan, verify, threads, limits.max_metadata_entries, pages, expect_fingerprint
-    )
-    return tensor, pages
+    tensor = _materialize(view, plan, opts, pages, pool, defer_pool, late_pool)
+    if accept is not None:
+        accept(tensor)
+    if pages is not None:
+        return tensor, pages.finish(tensor)  # raises for any failed page unless reporting
+    return tensor, None
 
 
 def _materialize(
     view: memoryview,
     plan: _Plan,
-    verify: bool,
-    threads: int,
-    max_metadata_entries: int,
-    pages: PageWork | None = None,
-    expect_fingerprint: EngineFingerprint | None = None,
+    opts: DecodeOptions,
+    pages: PageWork | None,
+    pool: U8Array | None,
+    defer_pool: bool,
+    late_pool: U8Array | None = None,
 ) -> BlockPagedTensor:
     """Check padding and checksums, decode the sections, then assemble the tensor."""
     zeros, expected = plan.zeros
@@ -333,13 +401,20 @@ def _materialize(
             check_zero(view, start, stop, error=PaddingError, section=where)
     for start, stop, where in plan.large_paddings:
         check_zero(view, start, stop, error=PaddingError, section=where)
-    if verify and plan.verify_sections and pages is None and _checksums_match(view, plan):
+    verify = opts.verify and plan.verify_sections
+    moved = pool is not None or defer_pool
+    if verify and pages is None and not moved and _checksums_match(view, plan):
         pass  # every section checksum matched, compared in one go
-    elif verify and plan.verify_sections:
-        pool_checksum = _digest_pass(view, plan, pages)
+    elif verify:
+        pool_entry = plan.buffers[0]
+        pool_checksum = _digest_pass(view, plan, pages, pool)
         for e in plan.entries:
-            if pool_checksum is not None and e is plan.buffers[0]:
+            if e is pool_entry and defer_pool:
+                continue  # hashed while it is copied to its destination
+            if e is pool_entry and pool_checksum is not None:
                 computed = pool_checksum  # hashed in the page-digest pass
+            elif e is pool_entry and pool is not None:
+                computed = xxhash.xxh3_64_intdigest(pool.data)
             else:
                 computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
             stored_checksum = stored_section_checksum(view, e)
@@ -349,6 +424,7 @@ def _materialize(
                 raise checksum_mismatch(e, computed, stored_checksum)
     whole = np.frombuffer(view, np.uint8, plan.total)
     readonly = view.readonly
+    threads = opts.threads
 
     def payload(e: Entry) -> npt.NDArray[np.uint8]:
         if e.codec == CODEC_RAW:
@@ -360,13 +436,17 @@ def _materialize(
 
     if plan.raw_buffers:  # every buffer stored raw: views at spans decided by the plan
         buffers = [whole[span] for span in plan.buffer_spans]
+    elif late_pool is not None:  # decompressed into it after every check (land_into)
+        buffers = [late_pool, *(payload(e) for e in plan.buffers[1:])]
     else:
         buffers = [payload(e) for e in plan.buffers]
+    if pool is not None:
+        buffers[0] = pool
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
-    metadata = {} if meta is None else _metadata(plan, meta, max_metadata_entries)
-    if expect_fingerprint is not None:
-        require_fingerprint(expect_fingerprint, metadata, section="metadata")
+    metadata = {} if meta is None else _metadata(plan, meta, opts.limits.max_metadata_entries)
+    if opts.expect_fingerprint is not None:
+        require_fingerprint(opts.expect_fingerprint, metadata, section="metadata")
     if pages is not None and (plan.page_digests is not None or plan.page_refs is not None):
         digests, refs = plan.page_digests, plan.page_refs
         buffers = pages.rebuild(
@@ -403,17 +483,28 @@ def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
     )
 
 
-def _decompress(e: Entry, stored: npt.NDArray[np.uint8], threads: int) -> npt.NDArray[np.uint8]:
-    """Decode one compressed section into a new array (allocated after its layout checks);
-    errors carry blob offsets. The section table checked the codec and its parameter."""
+def _decompress(
+    e: Entry, stored: npt.NDArray[np.uint8], threads: int, out: U8Array | None = None
+) -> npt.NDArray[np.uint8]:
+    """Decode one compressed section into a new array (allocated after its layout checks)
+    or ``out``; errors carry blob offsets. The section table checked the codec and its
+    parameter."""
     try:
-        return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads)
+        return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads, out)
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None and exc.offset <= stored.size else 0
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
 
 
-def _digest_pass(view: memoryview, plan: _Plan, pages: PageWork | None) -> int | None:
+def decompress_pool(view: memoryview, e: Entry, threads: int, out: U8Array) -> None:
+    """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``."""
+    whole = np.frombuffer(view, np.uint8)
+    _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out)
+
+
+def _digest_pass(
+    view: memoryview, plan: _Plan, pages: PageWork | None, pool: U8Array | None
+) -> int | None:
     """With a page-digests section and raw buffers: digest the page rows and hash buffer 0
     for its section checksum in one pass over the pool (PageWork keeps the digests)."""
     if pages is None or plan.page_digests is None:
@@ -422,6 +513,8 @@ def _digest_pass(view: memoryview, plan: _Plan, pages: PageWork | None) -> int |
         return None
     whole = np.frombuffer(view, np.uint8, plan.total)
     rows = [whole[e.offset : e.offset + e.stored_size] for e in plan.buffers]
+    if pool is not None:
+        rows[0] = pool
     sent = None if plan.page_refs is None else refs_count(plan.page_refs.raw_size)
     return pages.digest_rows(rows, sent)
 
@@ -460,7 +553,7 @@ def _assemble(
     with the containers), placing its errors at blob offsets."""
     descriptor = plan.descriptor
     raw_offset = _raw_offset
-    seq_lens = None if lens_payload is None else lens_payload.view("<u8")
+    seq_lens = None if lens_payload is None else lens_payload.view(_SEQ_LENS)
     try:
         return (assemble if pages is None else pages.assemble)(
             descriptor, buffers, seq_lens, metadata

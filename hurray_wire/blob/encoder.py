@@ -8,7 +8,7 @@ checksums and the padding between sections, into which only the checksums are pa
 
 from __future__ import annotations
 
-import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,14 +36,16 @@ from hurray_wire.integrity import (
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor_encode import encode_descriptor
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor import BlockPagedTensor, check_contents
 from hurray_wire.wire import blob as w
+from hurray_wire.wire.fast import item_dtype, item_struct
 
 __all__ = ["encode", "encode_into", "encode_parts"]
 
 _ZEROS = bytes(1 << 16)
 _SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
-_SECTION_CHECKSUM = struct.Struct("<Q")  # a section entry's checksum, patched per call
+_SECTION_CHECKSUM = item_struct(w.SECTION_ENTRY.checksum.subcon)  # patched per call
+_SEQ_LENS = item_dtype(w.SEQ_LENS_ITEM)
 assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
 
 
@@ -151,7 +153,7 @@ def _sections(
                 section.stored_size = sum(len(p) for p in stored)
         sections.append(section)
     if tensor.seq_lens is not None:
-        lens = np.ascontiguousarray(tensor.seq_lens, "<u8").view(np.uint8)
+        lens = np.ascontiguousarray(tensor.seq_lens, _SEQ_LENS).view(np.uint8)
         sections.append(
             _Section(w.KIND_SEQ_LENS, 0, 64, lens.nbytes, [lens], flags=w.FLAG_REQUIRED)
         )
@@ -174,8 +176,10 @@ def _plan(
     hash_raw: bool,
     page_digests: bool = False,
     known_pages: object = None,
+    hash_sections: bool = True,
 ) -> tuple[bytes, list[_Section], int]:
-    """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total)."""
+    """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total).
+    ``hash_sections=False``: the section checksums are left zero (``encode_deferred``)."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     if type(checksum) is not bool:
@@ -190,6 +194,7 @@ def _plan(
             field="compression",
             found=type(compression).__name__,
         )
+    check_contents(tensor)  # the arrays may have changed since from_arrays
     fuse = checksum and compression is None
     pages = _page_sections(tensor, page_digests, known_pages, fuse)
     sections = _sections(tensor, compression, pages)
@@ -198,6 +203,7 @@ def _plan(
     for section in sections:
         if (
             checksum
+            and hash_sections
             and section.checksum == 0
             and (hash_raw or section.codec != CODEC_RAW or section.raw_size < COPY_CHUNK)
         ):
@@ -253,27 +259,28 @@ def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None
     if len(descriptor.buffers) != 3:
         return None
     contents: list[Any] = [tensor.page_pool, tensor.block_table, tensor.seq_ptr]
+    try:
+        sizes = (contents[0].nbytes, contents[1].nbytes, contents[2].nbytes)
+    except AttributeError:  # not arrays: the general path judges them
+        return None
+    if sum(sizes) >= _SMALL_BLOB:
+        return None  # before the metadata is encoded: the general path encodes it once
     lens_size = meta_size = -1
     if tensor.seq_lens is not None:
-        lens = np.ascontiguousarray(tensor.seq_lens, "<u8")
+        lens = np.ascontiguousarray(tensor.seq_lens, _SEQ_LENS)
         contents.append(lens)
         lens_size = lens.nbytes
     if tensor.metadata:
         meta = encode_metadata(tensor.metadata)
         contents.append(meta)
         meta_size = len(meta)
-    try:
-        sizes = (contents[0].nbytes, contents[1].nbytes, contents[2].nbytes)
-    except AttributeError:  # not arrays: the general path judges them
-        return None
-    if sum(sizes) >= _SMALL_BLOB:
-        return None
     wire = encode_descriptor(descriptor)
     key = (wire, checksum, sizes, lens_size, meta_size)
     layout = RAW_LAYOUTS.get(key)
     if layout is None:
         layout = _raw_layout(tensor, checksum, wire)
         RAW_LAYOUTS.put(key, layout, layout.total)
+    check_contents(tensor)  # the arrays may have changed since from_arrays
     pieces: list[Any] = [None] * (2 * len(contents) + 1)
     pieces[0::2] = layout.gaps
     pieces[1::2] = contents
@@ -331,6 +338,11 @@ def encode_parts(
     """
     tensor = _compacted(tensor, compact)
     head, sections, total = _plan(tensor, compression, checksum, True, page_digests, known_pages)
+    return _pieces(head, sections, total)
+
+
+def _pieces(head: bytes, sections: list[_Section], total: int) -> list[memoryview]:
+    """The planned blob as views: header, zero padding, each section's own arrays."""
     parts = [memoryview(head)]
     cursor = len(head)
     for section in sections:
@@ -347,6 +359,23 @@ def encode_parts(
     if total > cursor:
         parts.append(_zeros(total - cursor))
     return parts
+
+
+def encode_deferred(tensor: BlockPagedTensor) -> tuple[list[memoryview], Callable[[], bytes]]:
+    """One plan, the hashing later: the blob's pieces as :func:`encode_parts` gives them
+    (``checksum=True``), their header holding zero section checksums, and a function that
+    hashes the sections and returns the final header (a transport sends the pool while the
+    checksums are computed beside it: NixlSender's zero-copy publish)."""
+    head, sections, total = _plan(tensor, None, True, True, hash_sections=False)
+    parts = _pieces(head, sections, total)
+
+    def final_header() -> bytes:
+        for section in sections:
+            if section.checksum == 0:
+                section.checksum = _hash_parts(section.parts)
+        return _header(encode_descriptor(tensor.descriptor), sections, total, True)
+
+    return parts, final_header
 
 
 def encode_into(

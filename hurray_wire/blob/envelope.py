@@ -46,6 +46,7 @@ __all__ = [
     "entry_at",
     "fixed_header",
     "pack_header",
+    "pool_section",
     "total_length",
     "whole_blob_header",
 ]
@@ -218,6 +219,17 @@ def check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
             found=dlen,
             expected=f"<= {limits.max_descriptor_length}",
         )
+
+
+def pool_section(head: Any) -> tuple[int, int, bool, bool]:
+    """(offset, stored_size, is_raw, has_checksums) of buffer[0] from the first bytes of a
+    blob (its fixed header and first section entry, unchecked: what a transport needs to
+    place the pool before the blob is whole; the decoder checks it all later)."""
+    view = memoryview(bytes(head[: HEADER_SIZE + ENTRY.size]))
+    checksum_type = fixed_header(view)[I_CHECKSUM_TYPE]
+    entry = ENTRY.unpack_dict(view, HEADER_SIZE)
+    raw = entry["codec"] == 0 and entry["stored_size"] == entry["raw_size"]
+    return entry["offset"], entry["stored_size"], raw, checksum_type == w.CHECKSUM_XXH3_64
 
 
 def fixed_header(view: memoryview) -> tuple[Any, ...]:

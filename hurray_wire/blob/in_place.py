@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob.decoder import decode_with_work, header_plan
+from hurray_wire.blob.decoder import (
+    Accept,
+    DecodeOptions,
+    decode_options,
+    header_plan,
+    plan_of,
+    run,
+)
 from hurray_wire.blob.envelope import total_length
 from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
 from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, refs_count
@@ -45,10 +52,16 @@ from hurray_wire.integrity.pool_store import page_id_array
 from hurray_wire.kv_scale import check_reserved_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import check_index_arrays
-from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine
-from hurray_wire.tensor import BlockPagedTensor, check_seq_lens
+from hurray_wire.model.quantization import PerBlockAffine
+from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, check_seq_lens, typed_params
 
-__all__ = ["InPlaceReport", "decode_in_place", "decode_in_place_report", "peek_in_place"]
+__all__ = [
+    "InPlaceReport",
+    "decode_in_place",
+    "decode_in_place_report",
+    "land_in_place",
+    "peek_in_place",
+]
 
 _NONE = np.zeros(0, np.int64)
 
@@ -66,9 +79,19 @@ class InPlaceReport(DecodeReport):
     written: npt.NDArray[np.int64]
 
 
-@functools.lru_cache(maxsize=256)
 def _engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
-    """The blob's descriptor over the engine's pool of ``num_pages`` pages."""
+    """The blob's descriptor over the engine's pool of ``num_pages`` pages, memoised on the
+    (immutable) descriptor itself for its last engine size: no global cache keyed by
+    descriptors, which can hold megabytes."""
+    cached = descriptor.__dict__.get("_engine_descriptor")
+    if cached is not None and cached[0] == num_pages:
+        return cached[1]  # type: ignore[no-any-return]
+    engine = _build_engine_descriptor(descriptor, num_pages)
+    object.__setattr__(descriptor, "_engine_descriptor", (num_pages, engine))
+    return engine
+
+
+def _build_engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
     layout = descriptor.layout
     index_type = layout.block_table_index_type
     if num_pages and num_pages - 1 > layout.index_max:
@@ -126,7 +149,7 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
     if isinstance(quant, PerBlockAffine):
         wanted["scales"] = quant.scale_type.numpy_dtype
         if quant.zero_point_buffer_index is not None:
-            wanted["zero_points"] = np.dtype("<i4")
+            wanted["zero_points"] = ZERO_POINTS
     for name, dtype in wanted.items():
         given: npt.NDArray[Any] | None = getattr(pool, name)
         if (given is None) != (dtype is None):
@@ -144,16 +167,7 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
 
 def _free_pages(free_pages: object, pool: EnginePoolStore) -> IntArray:
     """The engine's free page ids, checked: in range, unique, none of them indexed."""
-    free = page_id_array(free_pages, pool.num_pages, "free_pages")
-    if free.size > 1:
-        order = np.sort(free)
-        twice = np.flatnonzero(order[1:] == order[:-1])
-        if twice.size:
-            raise ArgumentTypeError(
-                "free_pages must not repeat a page",
-                field="free_pages",
-                found=f"page {int(order[twice[0]])} more than once",
-            )
+    free = page_id_array(free_pages, pool.num_pages, "free_pages", distinct=True)
     held = np.flatnonzero(pool.indexed(free))
     if held.size:
         raise ArgumentTypeError(
@@ -253,7 +267,12 @@ class _InPlaceWork(PageWork):
         self.table, self.starts = table, starts
         engine = _engine_descriptor(descriptor, self.pool.num_pages)
         index = engine.layout.index_dtype
-        scales, zero_points = self._params(descriptor, buffers)
+        scales, zero_points = typed_params(descriptor, buffers)  # per-channel: the blob's
+        if isinstance(descriptor.quantization, PerBlockAffine):  # the engine's per-slot arrays
+            assert self.pool.scales is not None
+            zps = self.pool.zero_points
+            scales = self.pool.scales.reshape(-1)
+            zero_points = None if zps is None else zps.reshape(-1)
         return BlockPagedTensor._trusted(
             engine,
             self.pool.page_pool,
@@ -264,27 +283,6 @@ class _InPlaceWork(PageWork):
             seq_lens,
             metadata,
         )
-
-    def _params(
-        self, descriptor: TensorDescriptor, buffers: list[U8Array]
-    ) -> tuple[npt.NDArray[Any] | None, npt.NDArray[Any] | None]:
-        """Scales / zero points: the engine's per-slot arrays (per-block), else the blob's
-        per-channel buffers typed as tensor.assemble types them."""
-        quant = descriptor.quantization
-        if isinstance(quant, PerBlockAffine):
-            pool = self.pool
-            assert pool.scales is not None
-            zps = None if pool.zero_points is None else pool.zero_points.reshape(-1)
-            return pool.scales.reshape(-1), zps
-        if not isinstance(quant, PerChannelAffine):
-            return None, None
-        scale_dtype = quant.scale_type.numpy_dtype
-        payload = buffers[quant.scale_buffer_index]
-        zp = quant.zero_point_buffer_index
-        if zp == quant.scale_buffer_index:  # one buffer: [scales | zero_points]
-            split = payload.nbytes // (scale_dtype.itemsize + 4) * scale_dtype.itemsize
-            return payload[:split].view(scale_dtype), payload[split:].view("<i4")
-        return payload.view(scale_dtype), None if zp is None else buffers[zp].view("<i4")
 
     def finish(self, tensor: BlockPagedTensor) -> InPlaceReport:
         """Raise (or, for the report variant, decide what to report) before writing; then
@@ -375,16 +373,18 @@ def _failure(
     )
 
 
-def _run(
-    data: Any,
+def land_in_place(
+    view: memoryview,
     pool: EnginePoolStore,
     free_pages: object,
-    verify: bool,
-    limits: DecodeLimits | None,
-    threads: int,
-    expect_fingerprint: EngineFingerprint | None,
-    report: bool,
+    opts: DecodeOptions,
+    *,
+    report: bool = False,
+    accept: Accept | None = None,
 ) -> InPlaceReport:
+    """The pipeline with the in-place landing (every in-place route: the functions below,
+    ``StreamReader(in_place=)``, ``NixlReceiver.expect_in_place``). ``opts.page_store`` is
+    ignored: the engine's pool is the store."""
     if not isinstance(pool, EnginePoolStore):
         raise ArgumentTypeError(
             "pool must be an EnginePoolStore over the engine's pool",
@@ -392,7 +392,8 @@ def _run(
             found=type(pool).__name__,
         )
     free = _free_pages(free_pages, pool)
-    needed = peek_in_place(data, limits=limits)[1]  # the header alone, checked
+    plan = plan_of(view, opts)  # the header alone decides how many pages are sent
+    needed = _sent_pages(plan)
     if free.size < needed:
         raise ArgumentTypeError(
             "free_pages has fewer pages than the blob sends",
@@ -401,11 +402,20 @@ def _run(
             expected=f">= {needed}",
         )
     work = functools.partial(_InPlaceWork, pool=pool, free=free)
-    tensor, pages = decode_with_work(
-        data, verify, limits, threads, pool, expect_fingerprint, report, work
-    )
-    assert isinstance(pages, _InPlaceWork)
-    return pages.finish(tensor)
+    opts = dataclasses.replace(opts, page_store=pool)
+    # Pages are written by _InPlaceWork.finish, the pipeline's last step (after accept).
+    found = run(view, opts, report=report, work=work, accept=accept, plan=plan)[1]
+    assert isinstance(found, InPlaceReport)
+    return found
+
+
+def _sent_pages(plan: Any) -> int:
+    num_pages: int = plan.descriptor.layout.num_pages
+    if plan.page_refs is None:
+        return num_pages
+    refs = refs_count(plan.page_refs.raw_size)
+    assert refs is not None  # the section table refused any other size
+    return num_pages - refs
 
 
 def decode_in_place(
@@ -434,7 +444,8 @@ def decode_in_place(
 
     The engine should ``pool.index(...)`` the written pages it will keep, and must not
     overwrite indexed pages during the call (``forget`` them first)."""
-    return _run(data, pool, free_pages, verify, limits, threads, expect_fingerprint, False).tensor
+    opts = decode_options(verify, limits, threads, None, expect_fingerprint)
+    return land_in_place(byte_view(data), pool, free_pages, opts).tensor
 
 
 def decode_in_place_report(
@@ -452,7 +463,8 @@ def decode_in_place_report(
     a further free page (after those of the sent pages), zero-filled, for the engine to
     recompute, and the good pages are written. When ``free_pages`` is too short for that,
     the failure is raised as ``decode_in_place`` raises it. Every other check raises."""
-    return _run(data, pool, free_pages, verify, limits, threads, expect_fingerprint, True)
+    opts = decode_options(verify, limits, threads, None, expect_fingerprint)
+    return land_in_place(byte_view(data), pool, free_pages, opts, report=True)
 
 
 def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
@@ -462,9 +474,4 @@ def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[Ten
     view = byte_view(data)
     plan = header_plan(view, total_length(view, whole=True), check_limits_argument(limits),
                         memoise=True)  # fmt: skip
-    num_pages = plan.descriptor.layout.num_pages
-    if plan.page_refs is None:
-        return plan.descriptor, num_pages
-    refs = refs_count(plan.page_refs.raw_size)
-    assert refs is not None  # the section table refused any other size
-    return plan.descriptor, num_pages - refs
+    return plan.descriptor, _sent_pages(plan)

@@ -4,9 +4,11 @@ An engine that loads a layer copies its pool into memory it owns. ``decode`` fol
 that copy reads the pool twice (the checksum pass, then the copy); ``decode_into`` copies
 the pool into the engine's array and hashes each chunk right after copying it, while it is
 still in cache, so verification costs no second pass over memory (docs/performance.md,
-"Whole caches on disk"). Every other check is ``decode``'s own: the blob is decoded with
-``verify=False`` first (envelope, descriptor, section table, padding, index invariants,
-metadata, fingerprint), then every section checksum is compared where its bytes are.
+"Whole caches on disk"). Every other check is the pipeline's (``decoder.run``), and they
+all pass before the first byte lands: the destination's dtype and page shape, overlap with
+the input, framing, header, padding, the other sections' checksums, page digests, index
+invariants, metadata, fingerprint and the route's own checks (``accept``). The one check
+made while the bytes move is the pool's own section checksum (docs/integrity.md).
 """
 
 from __future__ import annotations
@@ -19,49 +21,50 @@ import xxhash
 
 from hurray_wire.blob.copying import copy_and_hash
 from hurray_wire.blob.decoder import (
+    Accept,
+    DecodeOptions,
     checksum_mismatch,
-    decode,
-    header_plan,
+    decode_options,
+    decompress_pool,
+    plan_of,
+    run,
     stored_section_checksum,
 )
-from hurray_wire.blob.envelope import I_TOTAL_LENGTH, whole_blob_header
-from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
-from hurray_wire.blob.sections import Entry
-from hurray_wire.buffers import U8Array, byte_view
+from hurray_wire.blob.limits import DecodeLimits
+from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.errors import ArgumentTypeError
-from hurray_wire.integrity import EngineFingerprint, PageStore, check_integrity_arguments
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.integrity import EngineFingerprint, PageStore
+from hurray_wire.integrity.pool_store import engine_array
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.tensor import BlockPagedTensor, pool_form
 
-__all__ = ["decode_into"]
+__all__ = ["check_landing", "decode_into", "land_into"]
 
 
-def _landing(page_pool: object) -> U8Array:
-    """The caller's array as flat writable bytes (no copy), or a typed error."""
-    if not isinstance(page_pool, np.ndarray):
+def check_landing(
+    descriptor: TensorDescriptor, array: npt.NDArray[Any], *, pages: int | None = None,
+    field: str = "page_pool",
+) -> None:  # fmt: skip
+    """``array`` can hold the blob's pool as the engine reads it: the pool's dtype and
+    shape (``pages``: an engine pool of that many pages of the blob's page shape), or
+    untyped bytes (uint8) of the same byte size. A float16 array for a bfloat16 pool, or a
+    float32 array of half the length, is refused: the engine would read other values."""
+    shape, dtype = pool_form(descriptor)
+    if pages is not None:
+        shape = (pages, *shape[1:])
+    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if array.dtype == np.uint8 and dtype != np.uint8:
+        ok = array.nbytes == nbytes and (pages is None or array.shape[0] == pages)
+    else:
+        ok = array.dtype == dtype and tuple(array.shape) == tuple(shape)
+    if not ok:
         raise ArgumentTypeError(
-            "page_pool must be a numpy array (the engine's memory for this pool)",
-            field="page_pool",
-            found=type(page_pool).__name__,
+            "the engine array does not have the blob's page pool type and shape",
+            field=field,
+            found=f"{array.dtype} {list(array.shape)} ({array.nbytes} bytes)",
+            expected=f"{dtype} {list(shape)} ({nbytes} bytes), or uint8 of its bytes",
         )
-    if page_pool.dtype.hasobject or not page_pool.flags.c_contiguous:
-        raise ArgumentTypeError(
-            "page_pool must be a C-contiguous array of plain data",
-            field="page_pool",
-            found=f"dtype {page_pool.dtype}, contiguous {page_pool.flags.c_contiguous}",
-        )
-    if not page_pool.flags.writeable:
-        raise ArgumentTypeError(
-            "page_pool must be writable", field="page_pool", found="a read-only array"
-        )
-    return page_pool.reshape(-1).view(np.uint8)
-
-
-def _check(view: memoryview, e: Entry, computed: int) -> None:
-    """Compare a section's checksum with the one its table entry stores."""
-    stored = stored_section_checksum(view, e)
-    if computed != stored:
-        raise checksum_mismatch(e, computed, stored)
 
 
 def decode_into(
@@ -76,68 +79,61 @@ def decode_into(
 ) -> BlockPagedTensor:
     """Validate the blob at the start of ``data`` as :func:`decode` does, land its page
     pool in ``page_pool`` and return the tensor, whose ``page_pool`` is that array (viewed
-    with the blob's dtype and shape when the caller's differ, e.g. raw bytes).
+    with the blob's dtype and shape when it is raw bytes).
 
-    ``page_pool``: a writable C-contiguous NumPy array of exactly the pool's byte size.
-    A raw pool is copied and hashed in one pass (on two cores when two are idle); a
-    compressed one is decompressed, then copied. On any error the blob is refused and
-    ``page_pool``'s contents are unspecified (it is the destination: nothing else the
-    caller passed is written). Blobs with page digests or page refs take ``decode``'s
-    path (their pages are checked one by one), then the copy.
+    ``page_pool``: a writable C-contiguous NumPy array with the pool's dtype and shape, or
+    uint8 of its byte size, not overlapping ``data``. Everything is checked before the
+    first byte is written (on a refusal ``page_pool`` is untouched), except the pool's own
+    section checksum, hashed while the pool is copied (one pass over memory): on that
+    mismatch ``page_pool`` holds the refused bytes. A compressed pool is decompressed
+    straight into it (a packed one is decompressed first, its padding bits checked, then
+    copied); blobs with page digests or refs are verified page by page before the copy.
     """
-    if type(verify) is not bool:
-        raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
-    out = _landing(page_pool)
-    check_integrity_arguments(page_store, expect_fingerprint)
-    view = byte_view(data)
-    head = whole_blob_header(view)
-    checked = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
-    plan = header_plan(view, head[I_TOTAL_LENGTH], checked, memoise=True, head=head)
-    if plan.page_digests is not None or plan.page_refs is not None:
-        tensor = decode(view, verify=verify, limits=limits, threads=threads,
-                        page_store=page_store,
-                        expect_fingerprint=expect_fingerprint)  # fmt: skip
-        _fits(tensor, out)[...] = tensor.page_pool.reshape(-1).view(np.uint8)
-        return _retarget(tensor, page_pool, out)
-    # Every check but the section checksums (the plan is the memoised one just taken).
-    tensor = decode(view, verify=False, limits=limits, threads=threads,
-                    expect_fingerprint=expect_fingerprint)  # fmt: skip
-    _fits(tensor, out)
-    pool_entry = plan.buffers[0]
-    hashing = verify and plan.verify_sections
-    whole = np.frombuffer(view, np.uint8, plan.total)
-    for e in plan.entries:
-        stored = whole[e.offset : e.offset + e.stored_size]
-        if e is pool_entry and e.codec == CODEC_RAW:
-            hasher = xxhash.xxh3_64() if hashing else None
-            copy_and_hash(out, stored, hasher)
-            if hasher is not None:
-                _check(view, e, int(hasher.intdigest()))
-        elif hashing:
-            _check(view, e, xxhash.xxh3_64_intdigest(stored.data))
-    if pool_entry.codec != CODEC_RAW:  # decompressed by decode, its stored bytes checked
-        out[...] = tensor.page_pool.reshape(-1).view(np.uint8)
-    return _retarget(tensor, page_pool, out)
+    opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
+    return land_into(byte_view(data), page_pool, opts)
 
 
-def _fits(tensor: BlockPagedTensor, out: U8Array) -> U8Array:
-    """``out`` if it has the byte size of the tensor's pool, else a typed error."""
-    pool = tensor.page_pool
-    if pool.nbytes != out.nbytes:
-        raise ArgumentTypeError(
-            "page_pool's size is not the blob's page pool size",
-            field="page_pool",
-            found=f"{out.nbytes} bytes",
-            expected=f"{pool.nbytes} bytes ({pool.dtype} {tuple(pool.shape)})",
-        )
-    return out
-
-
-def _retarget(
-    tensor: BlockPagedTensor, page_pool: npt.NDArray[Any], out: U8Array
+def land_into(
+    view: memoryview, page_pool: Any, opts: DecodeOptions, accept: Accept | None = None
 ) -> BlockPagedTensor:
-    """Point the tensor's page_pool at the caller's array (its own object when it already
-    has the blob's dtype and shape)."""
+    """The pipeline with the pool landed in ``page_pool`` (decode_into, StreamFile)."""
+    out = engine_array(page_pool, "page_pool").reshape(-1).view(np.uint8)
+    plan = plan_of(view, opts)
+    check_landing(plan.descriptor, page_pool)
+    whole = np.frombuffer(view, np.uint8)
+    if out.size and whole.size and np.may_share_memory(out, whole):
+        raise ArgumentTypeError(
+            "page_pool overlaps the blob being decoded",
+            field="page_pool",
+            found="memory shared with data",
+        )
+    pool_entry = plan.buffers[0]
+    defer = (
+        opts.verify
+        and plan.verify_sections
+        and pool_entry.codec == CODEC_RAW
+        and plan.page_digests is None
+        and plan.page_refs is None
+    )
+    late = (
+        pool_entry.codec != CODEC_RAW
+        and plan.page_digests is None
+        and plan.page_refs is None
+        and not plan.descriptor.element_type.is_packed  # its padding bits are checked first
+    )
+    tensor = run(view, opts, accept=accept, plan=plan, defer_pool=defer,
+                 late_pool=out if late else None)[0]  # fmt: skip
+    if late:  # the one pass: decompressed into the destination
+        decompress_pool(view, pool_entry, opts.threads, out)
+    elif defer:  # the one pass: copied and hashed chunk by chunk
+        hasher = xxhash.xxh3_64()
+        copy_and_hash(out, whole[pool_entry.offset : pool_entry.offset + pool_entry.stored_size],
+                      hasher)  # fmt: skip
+        stored = stored_section_checksum(view, pool_entry)
+        if hasher.intdigest() != stored:
+            raise checksum_mismatch(pool_entry, int(hasher.intdigest()), stored)
+    else:
+        copy_and_hash(out, tensor.page_pool.reshape(-1).view(np.uint8), None)
     pool = tensor.page_pool
     if page_pool.dtype == pool.dtype and page_pool.shape == pool.shape:
         tensor.page_pool = page_pool

@@ -41,7 +41,8 @@ from hurray_wire.integrity import (
 from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
-from hurray_wire.tensor import BlockPagedTensor, assemble
+from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, assemble
+from hurray_wire.wire import integrity as wi
 
 __all__ = [
     "DecodeReport",
@@ -52,11 +53,11 @@ __all__ = [
     "sent_sizes",
 ]
 
-_ZERO_POINT_BYTES = 4
-_REFS_HEAD = 8  # the page-refs head; then 16 bytes (page id + digest) per ref
-_REF_ITEM = 16
-_DIGESTS_HEAD = 8  # the page-digests head; then 8 bytes per page
-_DIGEST_ITEM = 8
+_ZERO_POINT_BYTES = ZERO_POINTS.itemsize
+_DIGEST_ITEM: int = wi.DIGEST_ITEM.sizeof()
+_REFS_HEAD: int = wi.PAGE_REFS_HEADER.sizeof()  # then a page id and a digest per ref
+_REF_ITEM = 2 * _DIGEST_ITEM
+_DIGESTS_HEAD: int = wi.DIGEST_SECTION_HEADER.sizeof()  # then a digest per page
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -23,6 +22,8 @@ from hurray_wire.codecs.compressor import compress_frame
 from hurray_wire.codecs.frames import decode_frame, frame_header
 from hurray_wire.codecs.shuffle_zstd import SHUFFLE_WIDTHS
 from hurray_wire.errors import DecompressionError, HurrayWireError
+from hurray_wire.wire import blob as wb
+from hurray_wire.wire.fast import array_struct, derive, item_dtype, item_struct
 
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
@@ -44,8 +45,11 @@ CHUNKED_WIDTHS: frozenset[int] = frozenset({1, 2, 4, 8})
 CHUNK_SIZE_MIN: int = 1 << 12
 CHUNK_SIZE_MAX: int = 1 << 30
 _NAME = "chunked-shuffle-zstd"
-_CHUNK_HEAD = struct.Struct("<II")  # chunk_size, chunk_count; then count x u32 frame sizes
-_U32 = struct.Struct("<I")
+_CHUNK_TABLE = derive(wb.CHUNK_TABLE_HEADER)
+_TABLE_AT = _CHUNK_TABLE.offsets
+_CHUNK_HEAD = _CHUNK_TABLE.struct  # chunk_size, chunk_count; then the sizes
+_U32 = item_struct(wb.CHUNK_FRAME_SIZE)
+_FRAME_SIZES = item_dtype(wb.CHUNK_FRAME_SIZE)
 _SMALL_TABLE = 64
 
 
@@ -92,9 +96,11 @@ def _chunked(src: U8Array, compression: Compression, width: int) -> list[bytes]:
         frames = parallel.run_tasks(tasks, compression.threads)
     sizes = [sum(map(len, f)) for f in frames]
     if len(sizes) <= _SMALL_TABLE:
-        table = struct.pack(f"<II{len(sizes)}I", chunk, len(sizes), *sizes)
+        table = _CHUNK_HEAD.pack(chunk, len(sizes)) + array_struct(
+            wb.CHUNK_FRAME_SIZE, len(sizes)
+        ).pack(*sizes)
     else:
-        table = _CHUNK_HEAD.pack(chunk, len(sizes)) + np.array(sizes, "<u4").tobytes()
+        table = _CHUNK_HEAD.pack(chunk, len(sizes)) + np.array(sizes, _FRAME_SIZES).tobytes()
     return [table, *(piece for frame in frames for piece in frame)]
 
 
@@ -117,7 +123,7 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
         raise DecompressionError(
             f"{name} chunk_size must be a power of two",
             field="chunk_size",
-            offset=0,
+            offset=_TABLE_AT["chunk_size"],
             expected=f"{CHUNK_SIZE_MIN}..{CHUNK_SIZE_MAX}",
             found=chunk_size,
         )
@@ -126,7 +132,7 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
         raise DecompressionError(
             f"{name} chunk_count must be ceil(raw size / chunk_size)",
             field="chunk_count",
-            offset=4,
+            offset=_TABLE_AT["chunk_count"],
             expected=expected_count,
             found=count,
         )
@@ -144,12 +150,14 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
         if count == 1:
             bounds = [table_end, table_end + _U32.unpack_from(view, _CHUNK_HEAD.size)[0]]
         else:
-            sizes_u32 = struct.unpack_from(f"<{count}I", view, _CHUNK_HEAD.size)
+            sizes_u32 = array_struct(wb.CHUNK_FRAME_SIZE, count).unpack_from(view, _CHUNK_HEAD.size)
             bounds = list(itertools.accumulate(sizes_u32, initial=table_end))
     else:  # an array: a big table costs 8 bytes per chunk, not a Python int each
         starts = np.empty(count + 1, np.int64)
         starts[0] = 0
-        np.cumsum(src[_CHUNK_HEAD.size : table_end].view("<u4"), dtype=np.int64, out=starts[1:])
+        np.cumsum(
+            src[_CHUNK_HEAD.size : table_end].view(_FRAME_SIZES), dtype=np.int64, out=starts[1:]
+        )
         starts += table_end
         bounds = cast("Sequence[int]", starts)
     end = int(bounds[-1])

@@ -195,13 +195,14 @@ def decompress(
 
 
 def decode_section(
-    codec: int, codec_param: int, stored: U8Array, raw_size: int, threads: int
-) -> U8Array:
+    codec: int, codec_param: int, stored: U8Array, raw_size: int, threads: int,
+    out: U8Array | None = None,
+) -> U8Array:  # fmt: skip
     """:func:`decompress` for arguments the caller has checked already (the blob decoder's
     section table checks codec, parameter and size; ``decode`` checks ``threads``):
     ``stored`` a flat uint8 array. It skips the argument checks, never the checks of the
     stored bytes."""
-    return BY_ID[codec].decode_into(codec_param, stored, raw_size, None, threads)
+    return BY_ID[codec].decode_into(codec_param, stored, raw_size, out, threads)
 
 
 def _decode_args(

@@ -22,11 +22,12 @@ from hurray_wire.blob import (
     BLOB_PREFIX_SIZE,
     DecodeLimits,
     blob_length,
-    decode,
-    decode_in_place,
     encode_parts,
     peek_in_place,
 )
+from hurray_wire.blob.decoder import Accept, decode_options, run
+from hurray_wire.blob.in_place import land_in_place
+from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import Compression
 from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, ClosesOnExit, open_sink, open_source
 from hurray_wire.containers.records import (
@@ -281,6 +282,7 @@ class StreamReader(ClosesOnExit):
         self._in_place = in_place
         self._expect = expect_fingerprint
         self._max = check_max_blob_bytes(max_blob_bytes)
+        self._options = decode_options(verify, limits, -1, page_store)
         if type(mmap) is not bool:
             raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
         self._source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
@@ -455,23 +457,25 @@ class StreamReader(ClosesOnExit):
             raise
         check_record_size(total, self._max, what, self._position)
         record = self._read_record(prefix, total, what)
-        try:
-            if self._in_place is not None:
-                tensor = self._decode_in_place(record)
-            else:
-                tensor = decode(
-                    record, verify=self._verify, limits=self._limits, page_store=self._store
-                )
+
+        def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
             check_blob_fingerprint(self._expect, tensor)
+            check_against_header(self._header, tensor, what)
+
+        try:
+            view = byte_view(record)
+            if self._in_place is not None:
+                tensor = self._decode_in_place(view, accept)
+            else:
+                tensor = run(view, self._options, accept=accept)[0]
         except HurrayWireError as exc:
             add_note(exc, f"in {what} at stream offset {self._position}")
             raise
-        check_against_header(self._header, tensor, what)
         self._seen.append(StreamEntry(self._position, total, tensor.layer_index, tensor.kv_role))
         self._position += total
         return tensor
 
-    def _decode_in_place(self, record: Any) -> BlockPagedTensor:
+    def _decode_in_place(self, record: memoryview, accept: Accept) -> BlockPagedTensor:
         assert self._in_place is not None
         descriptor, pages = peek_in_place(record, limits=self._limits)
         target = self._in_place(descriptor, pages)
@@ -482,9 +486,7 @@ class StreamReader(ClosesOnExit):
                 found=type(target).__name__,
             )
         pool, free = target
-        return decode_in_place(
-            record, pool=pool, free_pages=free, verify=self._verify, limits=self._limits
-        )
+        return land_in_place(record, pool, free, self._options, accept=accept).tensor
 
     def _end_record(self, prefix: memoryview) -> None:
         """The end record whose prefix was just read: it must agree with the blobs read."""

@@ -7,7 +7,6 @@ in ``hurray_wire.wire.stream`` (``offset_of``), never restated here.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -41,7 +40,7 @@ from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import stream as ws
 from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
-from hurray_wire.wire.fast import derive, offset_of
+from hurray_wire.wire.fast import derive, item_dtype, item_struct, offset_of
 
 __all__ = [
     "DEFAULT_MAX_BLOB_BYTES",
@@ -84,13 +83,15 @@ _AT_END = {name: offset_of(ws.END_RECORD, name) for name in _END.names}
 _AT_ENTRY_ROLE = offset_of(ws.END_ENTRY, "kv_role")
 _AT_FOOTER_TOTAL = offset_of(ws.END_FOOTER, "total_length")
 _ROLES_KNOWN = sum(ws.ROLE_BITS.values())
+_ENTRY_COUNT = item_struct(ws.END_RECORD.entry_count.subcon)
 _ROLE_BY_CODE = {code: name for name, code in KV_ROLES.items()}
 _ROLE_CODES = np.array(sorted(_ROLE_BY_CODE), np.uint8)
 # One index entry as a NumPy record, from the wire struct (offsets and sizes derived).
 _ENTRY_DTYPE = np.dtype(
     {
         "names": list(_ENTRY.names),  # offset, length, layer_index, kv_role, _reserved
-        "formats": ["<u8", "<u8", "<u4", "u1", ("u1", (_ENTRY.sizes["_reserved"],))],
+        "formats": [item_dtype(getattr(ws.END_ENTRY, n).subcon) for n in _ENTRY.names[:-1]]
+        + [("u1", (_ENTRY.sizes["_reserved"],))],
         "offsets": [offset_of(ws.END_ENTRY, n) for n in _ENTRY.names],
         "itemsize": _ENTRY.size,
     }
@@ -131,9 +132,9 @@ def max_end_record_bytes(limits: DecodeLimits | None) -> int:
 def check_end_record_entries(view: memoryview, limits: DecodeLimits) -> None:
     """An end record's ``entry_count`` (read from its fixed part, which must be there)
     against ``limits.max_stream_entries``, before the record is checked or decoded."""
-    if len(view) < _AT_END["entry_count"] + 4:
+    if len(view) < _AT_END["entry_count"] + _ENTRY_COUNT.size:
         return  # too short: the record's own checks say so
-    (count,) = struct.unpack_from("<I", view, _AT_END["entry_count"])
+    (count,) = _ENTRY_COUNT.unpack_from(view, _AT_END["entry_count"])
     if count > limits.max_stream_entries:
         raise LimitExceededError(
             "end record index has more entries than the decode limit allows",

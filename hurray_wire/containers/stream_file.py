@@ -15,14 +15,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob import (
-    BLOB_PREFIX_SIZE,
-    DecodeLimits,
-    blob_length,
-    decode,
-    decode_into,
-    peek_descriptor,
-)
+from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, peek_descriptor
+from hurray_wire.blob.decoder import decode_options, run
+from hurray_wire.blob.landing import land_into
+from hurray_wire.buffers import byte_view
 from hurray_wire.containers.io import ClosesOnExit, MappedFile, map_file, map_source, will_need
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
@@ -129,6 +125,7 @@ class StreamFile(ClosesOnExit):
         self._max = check_max_blob_bytes(max_blob_bytes)
         self._verify = verify
         self._limits = limits if limits is not None else DecodeLimits()
+        self._options = decode_options(verify, self._limits, -1, page_store)
         if type(mmap) is not bool:
             raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
         self._guard: MappedFile | None = None
@@ -274,31 +271,29 @@ class StreamFile(ClosesOnExit):
             ) from shrank
         will_need(self._mapping, entry.offset, entry.length)
         view = self._view[entry.offset : entry.offset + entry.length]
+
+        def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
+            check_blob_fingerprint(self._expect, tensor)
+            if (tensor.layer_index, tensor.kv_role) != (entry.layer_index, entry.kv_role):
+                raise InvalidStreamError(
+                    "blob descriptor disagrees with the index",
+                    section=what,
+                    expected=(entry.layer_index, entry.kv_role),
+                    found=(tensor.layer_index, tensor.kv_role),
+                )
+            check_against_header(self._header, tensor, what)
+
         try:
             if blob_length(view) != entry.length:
                 raise InvalidStreamError(
                     "blob total_length differs from the index", section=what, found=entry.length
                 )
             if page_pool is None:
-                tensor = decode(
-                    view, verify=self._verify, limits=self._limits, page_store=self._store
-                )
-            else:
-                tensor = decode_into(view, page_pool, verify=self._verify, limits=self._limits,
-                                     page_store=self._store)  # fmt: skip
-            check_blob_fingerprint(self._expect, tensor)
+                return run(byte_view(view), self._options, accept=accept)[0]
+            return land_into(byte_view(view), page_pool, self._options, accept)
         except HurrayWireError as exc:
             add_note(exc, f"in the {what}")
             raise
-        if (tensor.layer_index, tensor.kv_role) != (entry.layer_index, entry.kv_role):
-            raise InvalidStreamError(
-                "blob descriptor disagrees with the index",
-                section=what,
-                expected=(entry.layer_index, entry.kv_role),
-                found=(tensor.layer_index, tensor.kv_role),
-            )
-        check_against_header(self._header, tensor, what)
-        return tensor
 
     def _index_from_end(self, start: int) -> npt.NDArray[Any] | None:
         """The end record's index rows if the stream ends with a valid, consistent one."""

@@ -42,7 +42,9 @@ from hurray_wire.integrity.digests import (
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import integrity as w
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.fast import derive, item_dtype
+
+_DIGESTS = item_dtype(w.DIGEST_ITEM)  # arrays of digests and page ids on the wire
 
 __all__ = [
     "DeltaPlan",
@@ -98,7 +100,7 @@ def encode_known_pages(digests: object) -> bytes:
             w.DIGEST_ALGORITHM_XXH3_64,
             values.size,
         )
-        + values.astype("<u8", copy=False).tobytes()
+        + values.astype(_DIGESTS, copy=False).tobytes()
     )
     return body + _KSUM.pack(xxhash.xxh3_64_intdigest(body))
 
@@ -176,7 +178,7 @@ def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
             expected=f"<= {limit}",
         )
     check_known_checksum(view, _KHEAD.size + _ITEM * count)
-    values = np.frombuffer(view, "<u8", count, _KHEAD.size).astype(np.uint64)  # owned copy
+    values = np.frombuffer(view, _DIGESTS, count, _KHEAD.size).astype(np.uint64)  # owned copy
     bad = _first_unsorted(values)
     if bad is not None:
         raise InvalidIntegrityRecordError(
@@ -231,7 +233,7 @@ def encode_page_refs(refs: PageRefs) -> bytes:
         raise ArgumentTypeError("expected PageRefs", field="refs", found=type(refs).__name__)
     pages, digests = refs.pages, refs.digests  # checked by PageRefs
     head = _RHEAD.pack(w.PAGE_REFS_VERSION, w.DIGEST_ALGORITHM_XXH3_64, pages.size)
-    return head + pages.astype("<u8").tobytes() + digests.astype("<u8", copy=False).tobytes()
+    return head + pages.astype(_DIGESTS).tobytes() + digests.astype(_DIGESTS, copy=False).tobytes()
 
 
 def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> PageRefs:
@@ -259,8 +261,8 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
         base_offset=base_offset,
         what="page ids/digests",
     )
-    raw_pages = np.frombuffer(view, "<u8", count, _RHEAD.size)
-    digests = np.frombuffer(view, "<u8", count, _RHEAD.size + _ITEM * count)
+    raw_pages = np.frombuffer(view, _DIGESTS, count, _RHEAD.size)
+    digests = np.frombuffer(view, _DIGESTS, count, _RHEAD.size + _ITEM * count)
     bad = _first_unsorted(raw_pages)
     if bad is not None:
         raise InvalidIntegrityRecordError(

@@ -33,7 +33,9 @@ from hurray_wire.errors import (
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import integrity as w
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.fast import derive, item_dtype
+
+_DIGESTS = item_dtype(w.DIGEST_ITEM)  # arrays of digests (and page ids) on the wire
 
 __all__ = [
     "DigestArray",
@@ -305,7 +307,7 @@ def encode_digest_section(digests: object) -> bytes:
             "too many digests for a u32 count", section=SECTION, field="count", found=values.size
         )
     head = _HEAD.pack(w.DIGEST_SECTION_VERSION, w.DIGEST_ALGORITHM_XXH3_64, values.size)
-    return head + values.astype("<u8", copy=False).tobytes()
+    return head + values.astype(_DIGESTS, copy=False).tobytes()
 
 
 def check_head(
@@ -399,7 +401,7 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     exact_length(
         view, _HEAD.size + _ITEM * count, section=SECTION, base_offset=base_offset, what="digests"
     )
-    return np.frombuffer(view, "<u8", count, _HEAD.size).astype(np.uint64, copy=False)
+    return np.frombuffer(view, _DIGESTS, count, _HEAD.size).astype(np.uint64, copy=False)
 
 
 def check_digest_range(value: object, name: str = "digest") -> int:

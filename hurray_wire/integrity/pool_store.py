@@ -33,13 +33,14 @@ from hurray_wire.integrity.digests import (
 )
 from hurray_wire.integrity.page_store import PageStore, check_record, held, sorted_digests
 
-__all__ = ["EnginePoolStore", "page_id_array"]
+__all__ = ["EnginePoolStore", "engine_array", "page_id_array"]
 
 
-def _engine_array(value: object, name: str) -> npt.NDArray[Any]:
+def engine_array(value: object, name: str) -> npt.NDArray[Any]:
     """One of the engine's arrays: a writable, C-contiguous NumPy array of plain data (it is
     written in place, so nothing that would make a copy is accepted: pass ``t.numpy()`` for
-    a CPU torch tensor)."""
+    a CPU torch tensor). The one check of every landing target (decode_into, in place,
+    NIXL's expected arrays)."""
     if not isinstance(value, np.ndarray):
         raise ArgumentTypeError(
             f"{name} must be the engine's NumPy array (written in place, never copied)",
@@ -50,7 +51,9 @@ def _engine_array(value: object, name: str) -> npt.NDArray[Any]:
         raise ArgumentTypeError(f"{name} must hold plain data", field=name, found=str(value.dtype))
     if not value.flags.c_contiguous:
         raise ArgumentTypeError(
-            f"{name} must be C-contiguous", field=name, found=f"strides {value.strides}"
+            f"{name} must be C-contiguous",
+            field=name,
+            found=f"contiguous False, strides {value.strides}",
         )
     if not value.flags.writeable:
         raise ArgumentTypeError(
@@ -82,9 +85,10 @@ def _rows(array: npt.NDArray[Any], num_pages: int, name: str) -> U8Array:
     return flat.reshape(num_pages, -1)
 
 
-def page_id_array(value: object, num_pages: int, name: str) -> IntArray:
+def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = False) -> IntArray:
     """``value`` (a 1-D sequence or array of integers) as int64 page ids in
-    ``[0, num_pages)``, else a typed error naming ``name`` and the offending value."""
+    ``[0, num_pages)`` (and, with ``distinct``, none twice), else a typed error naming
+    ``name`` and the offending value: the one check of page ids every landing takes."""
     if isinstance(value, (str, bytes, bytearray, memoryview)) or not hasattr(value, "__len__"):
         raise ArgumentTypeError(
             f"{name} must be a 1-D array or sequence of page ids",
@@ -112,11 +116,20 @@ def page_id_array(value: object, num_pages: int, name: str) -> IntArray:
     bad = np.flatnonzero((ids < 0) | (ids >= num_pages))
     if bad.size:
         raise ArgumentTypeError(
-            f"{name}[{int(bad[0])}]: page id out of range",
+            f"{name}[{int(bad[0])}]: page id out of range (ids must lie in [0, num_pages))",
             field=name,
             found=int(ids[bad[0]]),
             expected=f"0 <= id < num_pages {num_pages}",
         )
+    if distinct and ids.size > 1:
+        order = np.sort(ids)
+        twice = np.flatnonzero(order[1:] == order[:-1])
+        if twice.size:
+            raise ArgumentTypeError(
+                f"{name} must be distinct (one page cannot take two)",
+                field=name,
+                found=f"page {int(order[twice[0]])} more than once",
+            )
     return ids
 
 
@@ -140,7 +153,7 @@ class EnginePoolStore(PageStore):
     def __init__(
         self, page_pool: object, *, scales: object = None, zero_points: object = None
     ) -> None:
-        pool = _engine_array(page_pool, "page_pool")
+        pool = engine_array(page_pool, "page_pool")
         if pool.ndim < 2:
             raise ArgumentTypeError(
                 "page_pool must be [num_pages, ...] with at least 2 dimensions",
@@ -153,10 +166,8 @@ class EnginePoolStore(PageStore):
                 "zero_points without scales", field="zero_points", expected="scales too"
             )
         self.page_pool: npt.NDArray[Any] = pool
-        self.scales = None if scales is None else _engine_array(scales, "scales")
-        self.zero_points = (
-            None if zero_points is None else _engine_array(zero_points, "zero_points")
-        )
+        self.scales = None if scales is None else engine_array(scales, "scales")
+        self.zero_points = None if zero_points is None else engine_array(zero_points, "zero_points")
         self.records = PageRecords(
             _rows(pool, count, "page_pool"),
             None if self.scales is None else _rows(self.scales, count, "scales"),

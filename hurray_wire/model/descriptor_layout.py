@@ -3,10 +3,8 @@ with every field's offset (``wire/fast.py``), shared by the decoder and the enco
 
 from __future__ import annotations
 
-import struct
-
 from hurray_wire.wire import descriptor as w
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.fast import derive, item_struct
 
 __all__ = [
     "AT",
@@ -35,7 +33,7 @@ QHEADER = derive(w.QUANT_HEADER)
 SCHEME = {tag: derive(defn) for tag, defn in w.SCHEME_PAYLOADS.items()}
 STATS = derive(w.STATISTICS)
 MEMBER = derive(w.COMPOSITE_MEMBER)
-U32 = struct.Struct("<I")  # quantization_length (w.QUANT_LENGTH)
+U32 = item_struct(w.QUANT_LENGTH)  # quantization_length
 
 AT = FIXED.offsets  # byte offset of every fixed field, e.g. AT["flags"] == 10
 BUFFER_TABLE_AT = FIXED.size  # 85: the buffer handles of a rank-3 descriptor start here

@@ -17,6 +17,8 @@ import numpy.typing as npt
 from hurray_wire.errors import IndexBufferError, InvalidDescriptorError
 from hurray_wire.model._checks import U32_MAX, U64_MAX, check_uint
 from hurray_wire.model.quantization import Quantization, check_block_paged_compatibility
+from hurray_wire.wire.descriptor import INDEX_ITEMS
+from hurray_wire.wire.fast import item_dtype
 
 __all__ = [
     "DYNAMIC_DIM",
@@ -30,7 +32,9 @@ __all__ = [
 KV_ROLE_NAMES = ("key", "value", "fused")
 INDEX_TYPE_NAMES = ("uint32", "uint64")
 DYNAMIC_DIM = U64_MAX  # the shape's "size unknown" sentinel: refused for block-paged ([A38])
-_INDEX_DTYPES: dict[str, np.dtype[Any]] = {"uint32": np.dtype("<u4"), "uint64": np.dtype("<u8")}
+_INDEX_DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(item_dtype(item)) for name, item in INDEX_ITEMS.items()
+}
 _INDEX_MAX = {"uint32": U32_MAX, "uint64": U64_MAX}
 
 
@@ -341,13 +345,23 @@ def check_seq_lens(
             found=len(lens),
             expected=num_seqs,
         )
-    total = 0
-    if num_seqs:
+    seq: int | None = None
+    if num_seqs < _SMALL_TABLE:  # a few sequences: exact Python integers beat NumPy's calls
+        values, starts = lens.tolist(), seq_ptr.tolist()
+        total = sum(values)
+        if total == total_tokens:
+            for k in range(num_seqs):
+                if -(-values[k] // page_size) != starts[k + 1] - starts[k]:
+                    seq = k
+                    break
+    else:
         largest = int(lens.max())
         if largest * num_seqs < 2**64:  # the uint64 sum cannot wrap
             total = int(lens.sum(dtype=np.uint64))
         else:
             total = sum(lens.tolist())
+        if total == total_tokens:
+            seq = _page_count_mismatch(lens, seq_ptr, page_size, largest)
     if total != total_tokens:
         raise IndexBufferError(
             "sum(seq_lens) must equal shape[0] (total_tokens)",
@@ -356,16 +370,14 @@ def check_seq_lens(
             found=total,
             expected=total_tokens,
         )
-    if num_seqs:
-        seq = _page_count_mismatch(lens, seq_ptr, page_size, largest)
-        if seq is not None:
-            tokens = int(lens[seq])
-            needed = -(-tokens // page_size)
-            pages = int(seq_ptr[seq + 1]) - int(seq_ptr[seq])
-            raise IndexBufferError(
-                f"sequence {seq} has {tokens} tokens, which need {needed} pages of {page_size}",
-                position=seq,
-                field="seq_lens",
-                found=f"{pages} pages",
-                expected=f"{needed} pages",
-            )
+    if seq is not None:
+        tokens = int(lens[seq])
+        needed = -(-tokens // page_size)
+        pages = int(seq_ptr[seq + 1]) - int(seq_ptr[seq])
+        raise IndexBufferError(
+            f"sequence {seq} has {tokens} tokens, which need {needed} pages of {page_size}",
+            position=seq,
+            field="seq_lens",
+            found=f"{pages} pages",
+            expected=f"{needed} pages",
+        )

@@ -16,15 +16,14 @@ import numpy.typing as npt
 
 from hurray_wire.containers.io import ClosesOnExit
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
+from hurray_wire.integrity.pool_store import engine_array
 from hurray_wire.transport.records import (
     Segment,
     TransferRecord,
     decode_record,
     encode_record,
 )
-from hurray_wire.wire import blob as wb
 from hurray_wire.wire import integrity as wi
-from hurray_wire.wire.fast import derive, offset_of
 
 try:
     import nixl_cu12 as _nixl
@@ -52,11 +51,6 @@ DEFAULT_DEADLINE = 30.0
 #: Seconds a sender naps between polls while only the peer's READs are moving.
 PEER_READ_NAP = 0.00005
 _ZERO_COPY_MIN = 4096  # smaller parts are copied into the arena: one segment instead of many
-_HEADER = wb.BLOB_HEADER.sizeof()
-_ENTRY = wb.SECTION_ENTRY.sizeof()
-_CHECKSUM_TYPE_AT = offset_of(wb.BLOB_HEADER, "checksum_type")
-_BLOB_HEADER = derive(wb.BLOB_HEADER)
-_SECTION_ENTRY = derive(wb.SECTION_ENTRY)
 _U8 = npt.NDArray[np.uint8]
 T = TypeVar("T")
 
@@ -85,27 +79,13 @@ def _address(buffer: Any) -> tuple[int, int]:
 
 def _bytes_of(array: Any, what: str) -> _U8:
     """A writable C-contiguous array as flat bytes (a view, never a copy)."""
-    if not isinstance(array, np.ndarray):
-        raise ArgumentTypeError(f"{what} must be a NumPy array", found=type(array).__name__)
-    if not array.flags.c_contiguous or not array.flags.writeable:
-        raise ArgumentTypeError(f"{what} must be C-contiguous and writable", field=what)
-    return array.reshape(-1).view(np.uint8)
+    return engine_array(array, what).reshape(-1).view(np.uint8)
 
 
 def _deadline(seconds: float) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
         raise ArgumentTypeError("deadline is a positive number of seconds", found=repr(seconds))
     return time.monotonic() + float(seconds)
-
-
-def _pool_section(head: Any) -> tuple[int, int, bool, bool]:
-    """(offset, stored_size, is_raw, has_checksums) of buffer[0] from a blob's header bytes
-    (decoded with the wire structs: the section table follows the 32-byte header)."""
-    header = bytes(head[: _HEADER + _ENTRY])  # struct formats derived from the wire structs
-    checksum_type = _BLOB_HEADER.unpack_dict(header)["checksum_type"]
-    entry = _SECTION_ENTRY.unpack_dict(header[_HEADER:])
-    raw = entry["codec"] == 0 and entry["stored_size"] == entry["raw_size"]
-    return entry["offset"], entry["stored_size"], raw, checksum_type == wb.CHECKSUM_XXH3_64
 
 
 def _named(exc: HurrayWireError, layer: int | None, role: str | None) -> TransportError:

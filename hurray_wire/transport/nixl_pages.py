@@ -15,16 +15,18 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
+from hurray_wire.blob.landing import check_landing
 from hurray_wire.errors import ArgumentTypeError, TransportError
+from hurray_wire.integrity.pool_store import page_id_array
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transport.records import Segment
 
 __all__ = [
     "PageLanding",
+    "check_target",
     "engine_tensor",
-    "hash_pages",
+    "gather_pages",
     "page_landing",
     "page_segments",
     "scatter_pages",
@@ -41,6 +43,7 @@ class PageLanding:
     flat: _U8  # the engine's array as flat bytes
     page_ids: _IDS | None = None  # engine page id of each blob page; None: the whole array
     page_bytes: int = 0  # bytes of one engine page (with page_ids)
+    array: npt.NDArray[Any] | None = None  # the engine's array as given (its dtype, shape)
 
     @property
     def engine_pages(self) -> int:
@@ -67,36 +70,8 @@ def page_landing(page_pool: npt.NDArray[Any], flat: _U8, page_ids: object) -> Pa
             found=f"shape {tuple(page_pool.shape)}",
         )
     engine_pages = int(page_pool.shape[0])
-    try:
-        ids = np.asarray(page_ids)
-    except (TypeError, ValueError) as exc:
-        raise ArgumentTypeError(
-            "page_ids must be a 1-D array of page ids", field="page_ids", found=repr(page_ids)
-        ) from exc
-    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
-        raise ArgumentTypeError(
-            "page_ids must be a 1-D array of integers",
-            field="page_ids",
-            found=f"dtype {ids.dtype}, shape {ids.shape}",
-        )
-    ids = ids.astype(np.int64)
-    if ids.size:
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= engine_pages:
-            raise ArgumentTypeError(
-                "page_ids must lie in [0, num_pages) of the engine's pool",
-                field="page_ids",
-                found=f"{low}..{high}",
-                expected=f"0..{engine_pages - 1}",
-            )
-        repeated = ids.size - np.unique(ids).size
-        if repeated:
-            raise ArgumentTypeError(
-                "page_ids must be distinct (two blob pages cannot land on one engine page)",
-                field="page_ids",
-                found=f"{repeated} repeated",
-            )
-    return PageLanding(flat, ids, flat.nbytes // engine_pages)
+    ids = page_id_array(page_ids, engine_pages, "page_ids", distinct=True)
+    return PageLanding(flat, ids, flat.nbytes // engine_pages, page_pool)
 
 
 def page_segments(landing: PageLanding, pool_offset: int) -> list[Segment]:
@@ -111,15 +86,29 @@ def page_segments(landing: PageLanding, pool_offset: int) -> list[Segment]:
     ]
 
 
-def hash_pages(landing: PageLanding) -> int:
-    """xxh3_64 of the landed pages in blob order: the pool section's checksum."""
-    hasher = xxhash.xxh3_64()
-    size = landing.page_bytes
+def gather_pages(landing: PageLanding) -> _U8:
+    """The landed pages in blob order, as the blob's pool bytes (one copy: the pipeline
+    checks them as ``decode`` checks a pool)."""
     assert landing.page_ids is not None
-    for first, count in landing.runs():
-        start = int(landing.page_ids[first]) * size
-        hasher.update(landing.flat[start : start + count * size].data)
-    return int(hasher.intdigest())
+    rows = landing.flat.reshape(landing.engine_pages, landing.page_bytes)
+    return rows[landing.page_ids].reshape(-1)
+
+
+def check_target(
+    tensor: BlockPagedTensor, landing: PageLanding, layer: int | None, role: str | None
+) -> None:
+    """The engine array has the blob's pool dtype and page shape (``check_landing``), and
+    a quantized blob is not landed at page ids; raised before anything is copied there."""
+    array = landing.array if landing.array is not None else landing.flat
+    pages = None if landing.page_ids is None else int(array.shape[0])
+    check_landing(tensor.descriptor, array, pages=pages)  # named layer/role by the receiver
+    if landing.page_ids is not None and tensor.quantization is not None:
+        raise TransportError(
+            "page_ids take an unquantized pool (per-page scales would need an engine-sized "
+            "scale array); expect() this blob without page_ids",
+            layer=layer,
+            role=role,
+        )
 
 
 def scatter_pages(
@@ -148,13 +137,6 @@ def engine_tensor(
         raise TransportError("page_ids do not match the blob's page count", layer=layer,
                              role=role, expected=int(pool.shape[0]),
                              found=int(landing.page_ids.size))  # fmt: skip
-    if tensor.quantization is not None:
-        raise TransportError(
-            "page_ids take an unquantized pool (per-page scales would need an engine-sized "
-            "scale array); expect() this blob without page_ids",
-            layer=layer,
-            role=role,
-        )
     engine = landing.flat.view(pool.dtype).reshape(landing.engine_pages, *pool.shape[1:])
     table = landing.page_ids[np.asarray(tensor.block_table, np.int64)]
     return BlockPagedTensor.from_arrays(

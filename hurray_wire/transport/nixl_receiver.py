@@ -10,10 +10,13 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
-from hurray_wire.blob import DecodeLimits, blob_length, decode, decode_in_place
-from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError, TransportError
+from hurray_wire.blob import DecodeLimits, blob_length
+from hurray_wire.blob.decoder import Accept, DecodeOptions, decode_options, plan_of, run
+from hurray_wire.blob.envelope import pool_section
+from hurray_wire.blob.in_place import land_in_place
+from hurray_wire.codecs import CODEC_RAW
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.integrity import (
     EngineFingerprint,
     EnginePoolStore,
@@ -21,12 +24,8 @@ from hurray_wire.integrity import (
     check_integrity_arguments,
     encode_known_pages,
 )
+from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transport.nixl_endpoint import (
-    _BLOB_HEADER,
-    _CHECKSUM_TYPE_AT,
-    _ENTRY,
-    _HEADER,
-    _SECTION_ENTRY,
     _U8,
     DEFAULT_DEADLINE,
     T,
@@ -37,12 +36,12 @@ from hurray_wire.transport.nixl_endpoint import (
     _named,
     _origin,
     _pieces,
-    _pool_section,
 )
 from hurray_wire.transport.nixl_pages import (
     PageLanding,
+    check_target,
     engine_tensor,
-    hash_pages,
+    gather_pages,
     page_landing,
     page_segments,
     scatter_pages,
@@ -53,7 +52,6 @@ from hurray_wire.transport.records import (
     Segment,
     TransferRecord,
 )
-from hurray_wire.wire import blob as wb
 
 __all__ = ["NixlReceiver"]
 
@@ -70,6 +68,7 @@ class _Incoming:
     head_posted: bool = False
     engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
     pages: PageLanding | None = None  # the landing at engine page ids, when expect() gave them
+    target: PageLanding | None = None  # what expect() named (its array's dtype and shape)
     in_place: tuple[EnginePoolStore, Any] | None = None  # expect_in_place's pool, free pages
     landed: bool = False
     started: bool = False  # its transfer posted (offers wait in a queue until then)
@@ -142,7 +141,7 @@ class NixlReceiver(_Endpoint):
             raise TransportError("page_pool is not in registered memory", layer=layer,
                                  role=role)  # fmt: skip
         if page_ids is None:
-            self._pools[(layer, role)] = PageLanding(flat)
+            self._pools[(layer, role)] = PageLanding(flat, array=page_pool)
         else:
             self._pools[(layer, role)] = page_landing(page_pool, flat, page_ids)
 
@@ -320,7 +319,7 @@ class NixlReceiver(_Endpoint):
                                  role=r.role)  # fmt: skip
         in_place = self._in_place.pop((r.layer, r.role), None)
         return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool,
-                         pages=pages, in_place=in_place)  # fmt: skip
+                         pages=pages, target=expected, in_place=in_place)  # fmt: skip
 
     def _start(self, item: _Incoming) -> None:
         r = item.offer
@@ -343,57 +342,59 @@ class NixlReceiver(_Endpoint):
 
     def _has_checksums(self, item: _Incoming) -> bool:
         """Whether the landed blob's header says its sections carry checksums."""
-        head = self._arena.buf[item.landing : item.landing + _HEADER]
-        return len(head) == _HEADER and int(head[_CHECKSUM_TYPE_AT]) == wb.CHECKSUM_XXH3_64
+        return pool_section(self._arena.buf[item.landing :])[3]
 
     def close(self) -> None:
         self._decoder.shutdown(wait=True)
         super().close()
 
     def _decode(self, item: _Incoming) -> Any:
-        """Validate the landed blob and return its tensor (zero-copy)."""
+        """Validate the landed blob and return its tensor (zero-copy): the pipeline, with
+        the offer's layer and role and the engine array's type checked (``accept``) before
+        anything is copied into engine memory. (Bytes NIXL itself placed in an expected
+        engine array are there already: that array is the transfer's target.)"""
         r = item.offer
         land = self._arena.buf[item.landing :]
         if blob_length(land) != r.total_length:
             raise TransportError("the offer's total_length is not the blob's", layer=r.layer,
                                  role=r.role, expected=blob_length(land),
                                  found=r.total_length)  # fmt: skip
+        opts = decode_options(self.verify, self.limits, -1, self.page_store,
+                              self.expect_fingerprint)  # fmt: skip
+        target = item.target
+
+        def accept(tensor: BlockPagedTensor) -> None:
+            if tensor.layer_index != r.layer or tensor.kv_role != r.role:
+                raise TransportError("the blob is not the one offered", layer=r.layer,
+                                     role=r.role, found=f"layer {tensor.layer_index} "
+                                     f"{tensor.kv_role}")  # fmt: skip
+            if target is not None:
+                check_target(tensor, target, r.layer, r.role)
+
+        view = memoryview(land[: r.total_length].data)
         if item.in_place is not None:
-            tensor = decode_in_place(land[: r.total_length], pool=item.in_place[0],
-                                     free_pages=item.in_place[1], verify=self.verify,
-                                     limits=self.limits,
-                                     expect_fingerprint=self.expect_fingerprint)  # fmt: skip
-        elif item.pool is None:
-            tensor = decode(land[: r.total_length], verify=self.verify, limits=self.limits,
-                            page_store=self.page_store,
-                            expect_fingerprint=self.expect_fingerprint)  # fmt: skip
-            if item.pages is not None:  # a compressed pool: decompressed, then scattered
-                scatter_pages(item.pages, tensor.page_pool, r.layer, r.role)
-                tensor = engine_tensor(tensor, item.pages, r.layer, r.role)
-            elif item.engine is not None:  # a compressed pool: decompressed, then copied in
-                pool = tensor.page_pool
-                if pool.nbytes != item.engine.nbytes:
-                    raise TransportError("page pool size differs from the engine's array",
-                                         layer=r.layer, role=r.role,
-                                         expected=item.engine.nbytes,
-                                         found=pool.nbytes)  # fmt: skip
-                item.engine[...] = pool.reshape(-1).view(np.uint8)
-                tensor.page_pool = item.engine.view(pool.dtype).reshape(pool.shape)
-        else:
-            tensor = self._decode_split(item, land)
-        if tensor.layer_index != r.layer or tensor.kv_role != r.role:
-            raise TransportError("the blob is not the one offered", layer=r.layer, role=r.role,
-                                 found=f"layer {tensor.layer_index} {tensor.kv_role}")  # fmt: skip
+            pool, free = item.in_place
+            return land_in_place(view, pool, free, opts, accept=accept).tensor
+        if item.pool is not None:
+            return self._decode_split(item, land, opts, accept)
+        tensor = run(view, opts, accept=accept)[0]
+        if item.pages is not None:  # a compressed pool: decompressed, then scattered
+            scatter_pages(item.pages, tensor.page_pool, r.layer, r.role)
+            return engine_tensor(tensor, item.pages, r.layer, r.role)
+        if item.engine is not None:  # a compressed pool: decompressed, then copied in
+            pool_array = tensor.page_pool
+            item.engine[...] = pool_array.reshape(-1).view(np.uint8)
+            tensor.page_pool = item.engine.view(pool_array.dtype).reshape(pool_array.shape)
         return tensor
 
-    def _decode_split(self, item: _Incoming, land: _U8) -> Any:
+    def _decode_split(self, item: _Incoming, land: _U8, opts: DecodeOptions, accept: Accept) -> Any:
         """Decode a blob whose page pool landed in the engine's array and the rest here.
 
-        ``decode`` takes one contiguous blob, so the header and the small sections are
-        copied into a zero-filled shadow of the blob's size (its pool range is never written
-        or read, so the OS never backs it with memory) and decoded there without section
-        checksums; then each section's checksum is checked where its bytes really are, and
-        the tensor's page_pool is pointed at the engine's array.
+        The header and the small sections are copied into a zero-filled shadow of the blob's
+        size (its pool range is never written or read, so the OS never backs it with
+        memory), and the pipeline decodes it with the pool's bytes taken where they landed
+        (in blob page order: gathered from the engine's pages with ``page_ids``): every
+        check of ``decode``, checksums and page digests included.
         """
         r = item.offer
         assert item.pool is not None
@@ -401,34 +402,18 @@ class NixlReceiver(_Endpoint):
         shadow = np.zeros(r.total_length, np.uint8)
         shadow[: r.pool_offset] = land[: r.pool_offset]
         shadow[end:] = land[r.pool_offset : r.pool_offset + r.total_length - end]
-        tensor = decode(shadow, verify=False, limits=self.limits,
-                        expect_fingerprint=self.expect_fingerprint)  # fmt: skip
-        offset, length, raw, checked = _pool_section(shadow)
-        if (offset, length, raw) != (r.pool_offset, r.pool_length, True):
+        view = memoryview(shadow.data)
+        plan = plan_of(view, opts)
+        e = plan.buffers[0]
+        if (e.offset, e.stored_size, e.codec) != (r.pool_offset, r.pool_length, CODEC_RAW):
             raise TransportError("the offer's page pool range is not the blob's", layer=r.layer,
-                                 role=r.role, expected=f"{offset}+{length}",
+                                 role=r.role, expected=f"{e.offset}+{e.stored_size}",
                                  found=f"{r.pool_offset}+{r.pool_length}")  # fmt: skip
-        if self.verify and checked:
-            count = _BLOB_HEADER.unpack_dict(shadow)["section_count"]
-            for k in range(count):
-                e = _SECTION_ENTRY.unpack_dict(shadow, _HEADER + _ENTRY * k)
-                start, checksum = e["offset"], e["checksum"]
-                if k == 0 and item.pages is not None:
-                    computed = hash_pages(item.pages)  # the pages where they landed
-                else:
-                    data = item.pool if k == 0 else shadow[start : start + e["stored_size"]]
-                    computed = xxhash.xxh3_64_intdigest(data.data)
-                if computed != checksum:
-                    name = wb.SECTION_KINDS.get(e["kind"], f"kind 0x{e['kind']:02X}")
-                    raise ChecksumError(
-                        "section checksum mismatch",
-                        section=f"{name}[{e['index']}]",
-                        offset=start,
-                        expected=f"0x{computed:016x}",
-                        found=f"0x{checksum:016x}",
-                    )
-        if item.pages is not None:
-            return engine_tensor(tensor, item.pages, r.layer, r.role)
+        pages = item.pages
+        landed = item.pool if pages is None else gather_pages(pages)
+        tensor = run(view, opts, accept=accept, plan=plan, pool=landed)[0]
+        if pages is not None:
+            return engine_tensor(tensor, pages, r.layer, r.role)
         pool = tensor.page_pool
         tensor.page_pool = item.pool.view(pool.dtype).reshape(pool.shape)
         return tensor

@@ -13,6 +13,8 @@ import numpy.typing as npt
 
 from hurray_wire import blob
 from hurray_wire.blob import encode_parts
+from hurray_wire.blob.encoder import encode_deferred
+from hurray_wire.blob.envelope import pool_section as _pool_section
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.integrity import (
     decode_known_pages,
@@ -29,7 +31,6 @@ from hurray_wire.transport.nixl_endpoint import (
     _named,
     _origin,
     _pieces,
-    _pool_section,
 )
 from hurray_wire.transport.records import (
     Segment,
@@ -165,7 +166,11 @@ class NixlSender(_Endpoint):
                                        size)  # fmt: skip
             self._step()
             return
-        parts = encode_parts(tensor, checksum=False)  # the layout; no hashing, no copy
+        # One plan: the layout now (no hashing, no copy); the checksummed header later.
+        if checksum and mode == "zero-copy":
+            parts, final = encode_deferred(tensor)
+        else:
+            parts, final = encode_parts(tensor, checksum=False), None
         total = sum(len(p) for p in parts)
         copied = [
             k == 0 or len(p) < _ZERO_COPY_MIN or not self._registered(*_address(p))
@@ -212,13 +217,9 @@ class NixlSender(_Endpoint):
         if segments[0].length < len(parts[0]):
             raise TransportError("internal: header segment shorter than the header")
         pool_offset, pool_length, raw, _ = _pool_section(parts[0])
-        head = parts[0]
 
-        def final_header() -> bytes:
-            return bytes(encode_parts(tensor, checksum=True)[0]) if checksum else bytes(head)
-
-        if checksum:
-            future = self._hasher.submit(final_header)
+        if final is not None:
+            future = self._hasher.submit(final)
         else:  # the header in the arena is final already: the offer says so
             future = Future()
             future.set_result(None)

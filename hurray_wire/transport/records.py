@@ -8,7 +8,6 @@ tile the blob exactly. Nothing here imports NIXL; nothing here uses pickle.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -18,6 +17,8 @@ import xxhash
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
 from hurray_wire.wire import transfer as w
+from hurray_wire.wire.blob import BLOB_ALIGNMENT
+from hurray_wire.wire.descriptor import KV_ROLES
 from hurray_wire.wire.fast import derive
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
 
 MAX_SEGMENTS = 256  # far above what one blob needs (header, pool, index arrays, padding)
 MAX_REASON_BYTES = 1024
-ROLE_CODES = {"key": 0, "value": 1, "fused": 2}
+ROLE_CODES = dict(KV_ROLES)  # the descriptor's codes (wire/descriptor.py): one role map
 _ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
 # construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
 # formats (wire/fast.py), checking the Const fields by hand.
@@ -40,10 +41,13 @@ _RECORD = derive(w.TRANSFER_RECORD)
 _SEG = derive(w.TRANSFER_SEGMENT)
 _FIXED = _RECORD.size  # 64
 _SEGMENT = _SEG.size  # 32
-_U64 = struct.Struct("<Q")
+_U64 = derive(w.RECORD_CHECKSUM).struct
+_CHECKSUM = _U64.size
 _RECORD_OFFSETS = list(accumulate((sub.sizeof() for sub in w.TRANSFER_RECORD.subcons), initial=0))
+_AT = _RECORD.offsets
+_SEGMENT_RESERVED_AT = _SEG.offsets["_reserved"]
 _U64_MAX = (1 << 64) - 1
-_ALIGNMENT = 64  # blob total_length and section offsets are multiples of 64
+_ALIGNMENT = BLOB_ALIGNMENT  # blob total_length and section offsets are multiples of it
 
 
 @dataclass(frozen=True)
@@ -182,10 +186,9 @@ def encode_record(record: TransferRecord) -> bytes:
     if not isinstance(record, TransferRecord):
         raise ArgumentTypeError("expected a TransferRecord", found=type(record).__name__)
     reason = record.reason.encode("utf-8")
-    length = _FIXED + _SEGMENT * len(record.segments) + len(reason) + 8
+    length = _FIXED + _SEGMENT * len(record.segments) + len(reason) + _CHECKSUM
     pieces = [
-        _RECORD.struct.pack(
-            w.TRANSFER_MAGIC,
+        _RECORD.pack(
             1,
             0,
             _KIND_CODES[record.kind],
@@ -194,17 +197,15 @@ def encode_record(record: TransferRecord) -> bytes:
             record.session,
             w.LAYER_NONE if record.layer is None else record.layer,
             w.ROLE_NONE if record.role is None else ROLE_CODES[record.role],
-            bytes(3),
             record.total_length,
             record.pool_offset,
             record.pool_length,
             len(record.segments),
             len(reason),
-            bytes(8),
         )
     ]
-    for s in record.segments:
-        pieces.append(_SEG.struct.pack(s.blob_offset, s.length, s.address, s.device_id, bytes(4)))
+    for s in record.segments:  # Const fields (magic, reserved bytes) fill themselves in
+        pieces.append(_SEG.pack(s.blob_offset, s.length, s.address, s.device_id))
     pieces.append(reason)
     data = b"".join(pieces)
     return data + _U64.pack(xxhash.xxh3_64_intdigest(data))
@@ -213,12 +214,12 @@ def encode_record(record: TransferRecord) -> bytes:
 def decode_record(data: Any) -> TransferRecord:
     """Parse and validate one record that must fill ``data`` exactly."""
     raw = bytes(byte_view(data, "record"))
-    if len(raw) < _FIXED + 8:
+    if len(raw) < _FIXED + _CHECKSUM:
         raise InvalidTransferRecordError(
             "record shorter than its fixed part and checksum",
             section="transfer record",
             offset=len(raw),
-            expected=_FIXED + 8,
+            expected=_FIXED + _CHECKSUM,
             found=len(raw),
         )
     head = _RECORD.struct.unpack_from(raw)
@@ -236,44 +237,44 @@ def decode_record(data: Any) -> TransferRecord:
     (_, major, _, kind, flags, record_length, session, layer, role, _, total, pool_offset,
      pool_length, segment_count, reason_length, _) = head  # fmt: skip
     if major != 1:
-        _bad("unsupported record version", "version_major", major, 1, offset=4)
-    expected = _FIXED + _SEGMENT * segment_count + reason_length + 8
+        _bad("unsupported record version", "version_major", major, 1, offset=_AT["version_major"])
+    expected = _FIXED + _SEGMENT * segment_count + reason_length + _CHECKSUM
     if record_length != len(raw) or expected != len(raw):
         raise InvalidTransferRecordError(
             "record_length disagrees with the bytes received or with the counts",
             section="transfer record",
             field="record_length",
-            offset=8,
+            offset=_AT["record_length"],
             expected=f"{len(raw)} (received) == {expected} (counts)",
             found=record_length,
         )
-    stored = _U64.unpack_from(raw, len(raw) - 8)[0]
-    computed = xxhash.xxh3_64_intdigest(memoryview(raw)[:-8])
+    stored = _U64.unpack_from(raw, len(raw) - _CHECKSUM)[0]
+    computed = xxhash.xxh3_64_intdigest(memoryview(raw)[:-_CHECKSUM])
     if stored != computed:
         raise InvalidTransferRecordError(
             "record checksum mismatch",
             section="transfer record",
             field="checksum",
-            offset=len(raw) - 8,
+            offset=len(raw) - _CHECKSUM,
             expected=f"0x{computed:016x}",
             found=f"0x{stored:016x}",
         )
     if kind not in w.RECORD_KINDS:
-        _bad("unknown record kind", "kind", kind, sorted(w.RECORD_KINDS), offset=6)
+        _bad("unknown record kind", "kind", kind, sorted(w.RECORD_KINDS), offset=_AT["kind"])
     if flags & ~w.RECORD_FLAGS_KNOWN:
-        _bad("unknown record flag bits", "flags", f"0x{flags:02X}", offset=7)
+        _bad("unknown record flag bits", "flags", f"0x{flags:02X}", offset=_AT["flags"])
     if role != w.ROLE_NONE and role not in _ROLE_NAMES:
-        _bad("unknown kv_role code", "kv_role", role, sorted(_ROLE_NAMES), offset=24)
+        _bad("unknown kv_role code", "kv_role", role, sorted(_ROLE_NAMES), offset=_AT["kv_role"])
     segments = []
     for k, (blob_offset, length, address, device_id, reserved) in enumerate(
         _SEG.struct.iter_unpack(raw[_FIXED : _FIXED + _SEGMENT * segment_count])
     ):
-        if reserved != bytes(4):
+        if any(reserved):
             raise InvalidTransferRecordError(
                 "reserved bytes must be zero",
                 section="transfer record",
                 field=f"segment[{k}]._reserved",
-                offset=_FIXED + _SEGMENT * k + 28,
+                offset=_FIXED + _SEGMENT * k + _SEGMENT_RESERVED_AT,
             )
         segments.append(Segment(blob_offset, length, address, device_id))
     start = _FIXED + _SEGMENT * segment_count

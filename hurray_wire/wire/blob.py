@@ -21,13 +21,14 @@ __all__ = [
     "KIND_SEQ_LENS",
     "SECTION_ENTRY",
     "SECTION_KINDS",
+    "SEQ_LENS_ITEM",
 ]
 
 BLOB_MAGIC = b"HRWB"
 BLOB_ALIGNMENT = 64  # total_length and every section offset are multiples of at least this
 
 KIND_BUFFER = 0x01  # one buffer of the descriptor's buffer table
-KIND_SEQ_LENS = 0x02  # u64 tokens per sequence, num_seqs entries
+KIND_SEQ_LENS = 0x02  # u64 tokens per sequence, num_seqs entries (SEQ_LENS_ITEM)
 KIND_METADATA = 0x03  # user key/value metadata, .hrry KV-section encoding
 KIND_PAGE_DIGESTS = 0x04  # one u64 digest per physical page (docs/integrity.md § 4); optional
 KIND_PAGE_REFS = 0x05  # pages taken from the receiver's store (docs/integrity.md § 6); REQUIRED
@@ -77,6 +78,9 @@ SECTION_ENTRY = c.Struct(
 # CHUNK_FRAME_SIZE entries, then the chunks' zstd frames back to back.
 CHUNK_TABLE_HEADER = c.Struct("chunk_size" / c.Int32ul, "chunk_count" / c.Int32ul)
 CHUNK_FRAME_SIZE = c.Int32ul  # stored bytes of one chunk's frame
+
+# One entry of the seq_lens section: the tokens of one sequence.
+SEQ_LENS_ITEM = c.Int64ul
 
 # xxh3_64 of bytes [0, header_length): fixed header, section table and descriptor.
 HEADER_CHECKSUM = c.Struct("header_checksum" / c.Int64ul)

@@ -28,6 +28,7 @@ __all__ = [
     "FLAG_HAS_QUANTIZATION",
     "FLAG_HAS_SHARD",
     "FLAG_HAS_STATISTICS",
+    "INDEX_ITEMS",
     "INDEX_TYPES",
     "KV_ROLES",
     "LAYER_NONE",
@@ -44,6 +45,7 @@ __all__ = [
     "QUANT_LENGTH",
     "SCHEME_PAYLOADS",
     "STATISTICS",
+    "ZERO_POINT_ITEM",
 ]
 
 MAGIC = b"HRRY"
@@ -59,8 +61,10 @@ FLAG_HAS_COMPOSITE_MEMBER = 0x10
 FLAGS_KNOWN = 0x1F
 PRIVATE_TYPE_TAGS = range(0xF0, 0xFF)  # element type tags of private extension types
 
-KV_ROLES = {"key": 0, "value": 1, "fused": 2}
+KV_ROLES = {"key": 0, "value": 1, "fused": 2}  # the one role map (streams, transfer records)
 INDEX_TYPES = {"uint32": 0, "uint64": 1}
+#: The element of block_table / seq_ptr for each index type.
+INDEX_ITEMS = {"uint32": c.Int32ul, "uint64": c.Int64ul}
 
 LAYOUT_NAMES = {
     0x01: "row_major",
@@ -311,3 +315,7 @@ DESCRIPTOR = c.Struct(
     "composite_member" / c.If(_flag(FLAG_HAS_COMPOSITE_MEMBER), COMPOSITE_MEMBER),
     "unknown_trailing" / c.GreedyBytes,
 )
+
+
+# One zero point of an affine quantization's zero-point buffer (per channel or per page slot).
+ZERO_POINT_ITEM = c.Int32sl

@@ -18,7 +18,7 @@ from typing import Any
 
 import construct as c
 
-__all__ = ["FastStruct", "derive", "offset_of"]
+__all__ = ["FastStruct", "array_struct", "derive", "item_dtype", "item_struct", "offset_of"]
 
 
 @dataclass(frozen=True)
@@ -187,3 +187,34 @@ def offset_of(definition: Any, name: str) -> int:
             return offset
         offset += sub.sizeof()
     raise KeyError(name)
+
+
+#: NumPy's name of each little-endian integer / float struct code.
+_NUMPY = {"B": "u1", "H": "u2", "I": "u4", "L": "u4", "Q": "u8", "b": "i1", "h": "i2",
+          "i": "i4", "l": "i4", "q": "i8", "f": "f4", "d": "f8"}  # fmt: skip
+
+
+def item_struct(item: Any) -> Struct:
+    """The ``struct.Struct`` of one wire item (``c.Int64ul``, or a struct's field)."""
+    return Struct("<" + _leaf(item)[0])
+
+
+def item_dtype(item: Any) -> str:
+    """The NumPy dtype (``"<u8"``) of a wire item, for arrays of it (seq_lens, digests,
+    frame sizes): a layout read as an array is still the wire's."""
+    return "<" + _NUMPY[_leaf(item)[0]]
+
+
+_ARRAYS: dict[tuple[str, int], Struct] = {}
+
+
+def array_struct(item: Any, count: int) -> Struct:
+    """A struct of ``count`` consecutive ``item``s (small tables unpacked in one call);
+    the formats of the 64 most recent counts are kept."""
+    code = _leaf(item)[0]
+    found = _ARRAYS.get((code, count))
+    if found is None:
+        if len(_ARRAYS) >= 64:
+            _ARRAYS.clear()
+        found = _ARRAYS[(code, count)] = Struct(f"<{count}{code}")
+    return found

@@ -1,0 +1,475 @@
+"""Every route into memory runs the same checks in the same order (issue 20).
+
+Each hostile blob goes through every route that can carry it: ``decode``, ``decode_into``,
+``StreamReader`` (plain and ``in_place``), ``StreamFile.tensor(page_pool=)``,
+``decode_in_place`` and the NIXL receiver (``expect`` of an engine array, ``expect`` at
+page ids, ``expect_in_place``). Every route must refuse it with the same error (for NIXL:
+a ``TransportError`` whose cause is that error), and a destination the route copies into
+must be untouched. (NIXL's own DMA writes an expected array as the transfer lands: that
+array is the transfer's target, so only the refusal is compared there.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hurray_wire as hw
+from hurray_wire import dtypes
+from hurray_wire.blob import peek_descriptor
+from hurray_wire.containers import StreamFile, StreamReader
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    HurrayWireError,
+    IncompatibleFingerprintError,
+    IndexBufferError,
+    InvalidStreamError,
+    PaddingError,
+    PageDigestError,
+)
+from hurray_wire.integrity import EngineFingerprint, EnginePoolStore, fingerprint_to_metadata
+from tests import blob_reference as ref
+
+FP = EngineFingerprint("m", "vllm", "0.9", "NHD", "float16", 16, 0, 1)
+OTHER = EngineFingerprint("m", "vllm", "1.0", "NHD", "float16", 16, 0, 1)
+PAGE = (4, 2, 8)
+PAGES = 6
+ENGINE_PAGES = 16
+SENTINEL = 0x5A
+PAGE_DIGESTS = 0x04  # the page-digests section's kind (docs/integrity.md)
+ZSTD_ALL = hw.Compression(1, min_size=0)  # zstd (codec 1) for sections of any size
+
+
+def _f16(layer: int = 1, *, metadata: Any = None, smooth: bool = False) -> hw.BlockPagedTensor:
+    rng = np.random.default_rng(layer)
+    pool = rng.standard_normal((PAGES, *PAGE)).astype(np.float16)
+    if smooth:  # compressible: zstd stores the pool compressed
+        pool = np.repeat(pool[:, :1], PAGE[0], axis=1).round(1)
+    return hw.BlockPagedTensor.from_arrays(
+        pool, [3, 0, 5, 1, 2, 4], [0, 2, 6], seq_lens=[7, 13], kv_role="key",
+        layer_index=layer, metadata=metadata,
+    )  # fmt: skip
+
+
+def _int4() -> hw.BlockPagedTensor:
+    codes = np.arange(9, dtype=np.uint8) % 16  # 9 nibbles: the last byte's high half pads
+    pool = codes.view(dtypes.int4.numpy_dtype).reshape(3, 1, 1, 3)
+    return hw.BlockPagedTensor.from_arrays(pool, [0, 1, 2], [0, 3], kv_role="key", layer_index=1)
+
+
+def _section_number(blob: bytes, kind: int) -> int:
+    """The table position of the first section of ``kind`` (read as the reference does)."""
+    offset, fmt = ref.HEADER_FIELDS["section_count"]
+    (count,) = struct.unpack_from("<" + fmt, blob, offset)
+    return next(k for k in range(count) if ref.entry(blob, k)["kind"] == kind)
+
+
+def _padding_bits() -> bytes:
+    blob = bytes(hw.encode(_int4()))
+    last = ref.entry(blob, 0)["stored_size"] - 1
+    byte = blob[ref.entry(blob, 0)["offset"] + last]
+    return ref.patch_payload(blob, 0, last, bytes([byte | 0xF0]))  # checksums kept valid
+
+
+def _bad_digest() -> bytes:
+    blob = bytes(hw.encode(_f16(), page_digests=True))
+    number = _section_number(blob, PAGE_DIGESTS)
+    e = ref.entry(blob, number)
+    last = e["stored_size"] - 1  # the top byte of the last page's digest
+    return ref.patch_payload(blob, number, last, bytes([blob[e["offset"] + last] ^ 1]))
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    blob: Callable[[], bytes]
+    error: type[HurrayWireError]
+    fingerprint: EngineFingerprint | None = None  # the receiver's expected fingerprint
+    header: hw.StreamHeader | None = None  # the stream routes' header
+    in_place: bool = True  # an in-place route can carry it (unpacked element types only)
+    clean: Callable[[], hw.BlockPagedTensor] = lambda: _f16()  # what the NIXL sender offers
+
+
+CASES = [
+    Case("int4 padding bits set", _padding_bits, PaddingError, in_place=False, clean=_int4),
+    Case("a wrong page digest", _bad_digest, PageDigestError),
+    Case(
+        "another engine fingerprint",
+        lambda: bytes(hw.encode(_f16(metadata=fingerprint_to_metadata(OTHER)))),
+        IncompatibleFingerprintError,
+        fingerprint=FP,
+        header=hw.StreamHeader(fingerprint=FP),
+        clean=lambda: _f16(metadata=fingerprint_to_metadata(OTHER)),
+    ),
+    Case(  # a compressed pool is decompressed into the destination only after every check
+        "another engine fingerprint, compressed",
+        lambda: bytes(
+            hw.encode(
+                _f16(metadata=fingerprint_to_metadata(OTHER), smooth=True), compression=ZSTD_ALL
+            )
+        ),
+        IncompatibleFingerprintError,
+        fingerprint=FP,
+        header=hw.StreamHeader(fingerprint=FP),
+        clean=lambda: _f16(metadata=fingerprint_to_metadata(OTHER), smooth=True),
+    ),
+]
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The route-independent cause: a transport error's cause, else the error itself."""
+    if isinstance(exc, hw.TransportError) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
+def _has_digests(blob: bytes) -> bool:
+    try:
+        _section_number(blob, PAGE_DIGESTS)
+    except StopIteration:
+        return False
+    return True
+
+
+def _engine_like(blob: bytes) -> np.ndarray[Any, Any]:
+    """An engine array of the blob's pool dtype and shape, every byte SENTINEL."""
+    d = peek_descriptor(blob)
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    if d.element_type.is_packed:
+        shape, dtype = (d.buffers[0].byte_size,), np.dtype(np.uint8)
+    else:
+        shape = (d.layout.num_pages, d.layout.page_size, *d.shape[1:])
+        dtype = d.element_type.numpy_dtype
+    size = int(np.prod(shape)) * dtype.itemsize
+    return np.full(size, SENTINEL, np.uint8).view(dtype).reshape(shape)
+
+
+def _sentinel(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    return np.full((*shape[:-1], 2 * shape[-1]), SENTINEL, np.uint8).view(np.float16)
+
+
+def _stream(case: Case, blob: bytes) -> bytes:
+    """A stream of ``blob`` after the case's stream header (no end record)."""
+    sink = io.BytesIO()
+    writer = hw.StreamWriter(sink, case.header or hw.StreamHeader(), index=False)
+    head = sink.getvalue()
+    writer.abort()
+    return head + blob
+
+
+def _pool_store() -> tuple[EnginePoolStore, np.ndarray[Any, Any]]:
+    engine = _sentinel((ENGINE_PAGES, *PAGE))
+    return EnginePoolStore(engine), engine
+
+
+# -- the routes: each returns the error raised and whether its destination is untouched --
+def route_decode(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+    with pytest.raises(HurrayWireError) as info:
+        hw.decode(blob, expect_fingerprint=case.fingerprint)
+    return info.value, True
+
+
+def route_decode_into(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+    engine = _engine_like(blob)
+    before = engine.copy()
+    with pytest.raises(HurrayWireError) as info:
+        hw.decode_into(blob, engine, expect_fingerprint=case.fingerprint)
+    return info.value, engine.tobytes() == before.tobytes()
+
+
+def route_stream_reader(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+    with pytest.raises(HurrayWireError) as info:
+        list(StreamReader(_stream(case, blob), expect_fingerprint=case.fingerprint))
+    return info.value, True
+
+
+def route_stream_file(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+    engine = _engine_like(blob)
+    before = engine.copy()
+    with (
+        pytest.raises(HurrayWireError) as info,
+        StreamFile(_stream(case, blob), expect_fingerprint=case.fingerprint) as f,
+    ):
+        f.read(f.entries[0], page_pool=engine)
+    return info.value, engine.tobytes() == before.tobytes()
+
+
+def route_reader_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+    store, engine = _pool_store()
+    before = engine.copy()
+    target = (store, np.arange(ENGINE_PAGES - PAGES, ENGINE_PAGES))
+    with pytest.raises(HurrayWireError) as info:
+        list(StreamReader(_stream(case, blob), expect_fingerprint=case.fingerprint,
+                          in_place=lambda d, n: target))  # fmt: skip
+    return info.value, engine.tobytes() == before.tobytes()
+
+
+def route_decode_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+    store, engine = _pool_store()
+    before = engine.copy()
+    with pytest.raises(HurrayWireError) as info:
+        hw.decode_in_place(blob, pool=store, free_pages=np.arange(PAGES),
+                           expect_fingerprint=case.fingerprint)  # fmt: skip
+    return info.value, engine.tobytes() == before.tobytes()
+
+
+ROUTES = [route_decode, route_decode_into, route_stream_reader, route_stream_file]
+IN_PLACE_ROUTES = [route_reader_in_place, route_decode_in_place]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_route_gives_the_same_verdict_and_leaves_the_destination(case: Case) -> None:
+    blob = case.blob()
+    verdicts = {}
+    for route in ROUTES + (IN_PLACE_ROUTES if case.in_place else []):
+        error, untouched = route(case, blob)
+        cause = _cause(error)
+        assert isinstance(cause, case.error), (route.__name__, error)
+        verdicts[route.__name__] = (type(cause), untouched)
+        assert untouched, f"{route.__name__} wrote its destination before refusing"
+    assert len({v[0] for v in verdicts.values()}) == 1, verdicts
+
+
+def test_the_stream_header_is_checked_before_an_in_place_write() -> None:
+    """StreamReader(in_place=) checked the stream header after writing the free pages."""
+    blob = bytes(hw.encode(_f16(layer=5)))
+    case = Case("layer outside num_layers", lambda: blob, InvalidStreamError,
+                header=hw.StreamHeader(num_layers=2))  # fmt: skip
+    for route in (route_stream_reader, route_reader_in_place, route_stream_file):
+        error, untouched = route(case, blob)
+        assert isinstance(error, InvalidStreamError) and untouched, route.__name__
+
+
+# -- what the engine array must be ---------------------------------------------------------
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda shape: np.zeros(shape, dtypes.bfloat16.numpy_dtype),  # same bytes, other values
+        lambda shape: np.zeros(int(np.prod(shape)) // 2, np.float32),  # same bytes, half long
+        lambda shape: np.zeros((shape[0] * 2, *shape[1:]), np.float16)[: shape[0]].copy()[:, :2],
+        lambda shape: np.zeros(shape, np.int16),
+    ],
+    ids=["bfloat16", "float32 half length", "other page shape", "int16"],
+)
+def test_landing_refuses_an_array_of_another_type_or_shape(make: Any) -> None:
+    t = _f16()
+    blob = bytes(hw.encode(t))
+    engine = make(t.page_pool.shape)
+    before = engine.tobytes()
+    with pytest.raises(ArgumentTypeError) as info:
+        hw.decode_into(blob, engine)
+    assert info.value.field == "page_pool" and engine.tobytes() == before
+    with (
+        StreamFile(_stream(Case("", lambda: blob, HurrayWireError), blob)) as f,
+        pytest.raises(ArgumentTypeError),
+    ):
+        f.read(f.entries[0], page_pool=engine)
+    assert engine.tobytes() == before
+
+
+def test_landing_takes_the_pool_dtype_and_shape_or_its_bytes() -> None:
+    t = _f16()
+    blob = bytes(hw.encode(t))
+    for engine in (np.empty_like(t.page_pool), np.empty(t.page_pool.nbytes, np.uint8)):
+        got = hw.decode_into(blob, engine)
+        assert got.page_pool.tobytes() == t.page_pool.tobytes()
+        assert np.shares_memory(got.page_pool, engine)
+
+
+def test_decode_into_refuses_a_destination_overlapping_its_input() -> None:
+    t = _f16()
+    buffer = bytearray(hw.encode(t)) + bytearray(t.page_pool.nbytes)
+    before = bytes(buffer)
+    whole = np.frombuffer(buffer, np.uint8)
+    at = bytes(buffer).find(t.page_pool.tobytes())
+    for start in (at, at + 64, 0):
+        engine = whole[start : start + t.page_pool.nbytes]
+        with pytest.raises(ArgumentTypeError, match="overlaps"):
+            hw.decode_into(memoryview(buffer), engine)
+        assert bytes(buffer) == before
+    # the spare bytes after the blob do not overlap it
+    tail = whole[len(before) - t.page_pool.nbytes :]
+    assert hw.decode_into(memoryview(buffer)[: len(before) - t.page_pool.nbytes], tail)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t.block_table.__setitem__(0, PAGES),  # a page id outside the pool
+        lambda t: t.seq_ptr.__setitem__(1, 5),  # seq_lens now disagree
+        lambda t: t.seq_lens.__setitem__(0, 8),  # sum(seq_lens) != total_tokens
+    ],
+    ids=["block_table", "seq_ptr", "seq_lens"],
+)
+def test_encode_refuses_index_arrays_changed_after_from_arrays(edit: Any) -> None:
+    rng = np.random.default_rng(0)
+    pool = rng.standard_normal((PAGES, *PAGE)).astype(np.float16)
+    table = np.array([3, 0, 5, 1, 2, 4], np.uint32)
+    starts = np.array([0, 2, 6], np.uint32)
+    lens = np.array([7, 13], np.uint64)
+    t = hw.BlockPagedTensor.from_arrays(pool, table, starts, seq_lens=lens)
+    assert np.shares_memory(t.block_table, table)  # shared, as documented
+    edit(t)
+    for encode in (
+        lambda: hw.encode(t),
+        lambda: hw.encode(t, compression=ZSTD_ALL),
+        lambda: hw.encode_parts(t),
+        lambda: hw.encode_into(t, bytearray(1 << 16)),
+    ):
+        with pytest.raises(IndexBufferError):
+            encode()
+
+
+# -- NIXL ----------------------------------------------------------------------------------
+def _nixl() -> Any:
+    try:
+        from hurray_wire.transport import nixl
+    except hw.TransportError as exc:
+        pytest.skip(f"NIXL cannot load here: {exc}")
+    return nixl
+
+
+def _serve(
+    nixl: Any, blob: bytes, tensor: hw.BlockPagedTensor, expect: Callable[[Any], None],
+    fingerprint: EngineFingerprint | None, monkeypatch: pytest.MonkeyPatch,
+) -> BaseException:  # fmt: skip
+    """Publish ``tensor`` (staged) with its bytes replaced by ``blob``; the refusal."""
+    from hurray_wire.transport import nixl_sender
+
+    real = nixl_sender.blob  # type: ignore[attr-defined]
+
+    class Hostile:
+        @staticmethod
+        def encode_into(_: Any, view: Any, **kw: Any) -> int:
+            np.frombuffer(view, np.uint8)[: len(blob)] = np.frombuffer(blob, np.uint8)
+            return len(blob)
+
+        @staticmethod
+        def encode(_: Any, **kw: Any) -> memoryview:
+            return memoryview(bytearray(blob))
+
+    monkeypatch.setattr(nixl_sender, "blob", Hostile)
+    s = nixl.NixlSender("landing-sender", ucx_error_handling_mode="none", arena_bytes=1 << 20)
+    r = nixl.NixlReceiver("landing-receiver", ucx_error_handling_mode="none",
+                          arena_bytes=1 << 20, expect_fingerprint=fingerprint)  # fmt: skip
+    try:
+        expect(r)
+        s.add_peer(r.metadata())
+        r.add_peer(s.metadata())
+        digests = _has_digests(blob)
+        s.publish(tensor, mode="staged", page_digests=digests)
+
+        def drive() -> None:
+            with contextlib.suppress(hw.TransportError):
+                s.wait(deadline=10)
+
+        thread = threading.Thread(target=drive)
+        thread.start()
+        try:
+            with pytest.raises(hw.TransportError) as info:
+                list(r.receive(1, deadline=10))
+        finally:
+            thread.join()
+        return info.value
+    finally:
+        monkeypatch.setattr(nixl_sender, "blob", real)
+        s.close()
+        r.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("how", ["array", "page_ids", "in_place"])
+def test_nixl_routes_give_the_same_verdict(
+    case: Case, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nixl = _nixl()
+    blob = case.blob()
+    tensor = case.clean()
+    if how == "in_place" and not case.in_place:
+        pytest.skip("in place takes unpacked element types only")
+    if how == "page_ids" and tensor.element_type.is_packed:
+        pytest.skip("page ids take an engine pool of whole pages")
+    engine = _engine_like(blob)
+    store = None
+    if how == "page_ids" or how == "in_place":
+        store, engine = _pool_store()
+    before = engine.tobytes()
+
+    def expect(r: Any) -> None:
+        r.register(engine)
+        if how == "array":
+            r.expect(tensor.layer_index, tensor.kv_role, engine)
+        elif how == "page_ids":
+            r.expect(tensor.layer_index, tensor.kv_role, engine, page_ids=np.arange(PAGES) + 3)
+        else:
+            r.expect_in_place(tensor.layer_index, tensor.kv_role, store, np.arange(PAGES))
+
+    error = _serve(nixl, blob, tensor, expect, case.fingerprint, monkeypatch)
+    assert isinstance(_cause(error), case.error), error
+    if how == "in_place":  # landed in the arena, decoded into the pool: nothing written
+        assert engine.tobytes() == before
+
+
+def test_nixl_in_place_checks_the_offered_layer_before_writing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """expect_in_place wrote the free pages, then found the blob was another layer's."""
+    nixl = _nixl()
+    offered = _f16(layer=1)
+    blob = bytes(hw.encode(_f16(layer=2)))  # same layout, another layer
+    store, engine = _pool_store()
+    before = engine.tobytes()
+
+    def expect(r: Any) -> None:
+        r.expect_in_place(1, "key", store, np.arange(PAGES))
+
+    error = _serve(nixl, blob, offered, expect, None, monkeypatch)
+    assert "not the one offered" in str(error)
+    assert engine.tobytes() == before
+
+
+def test_nixl_landing_refuses_an_engine_array_of_another_dtype(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nixl = _nixl()
+    t = _f16()
+    blob = bytes(hw.encode(t))
+    engine = np.zeros(t.page_pool.shape, dtypes.bfloat16.numpy_dtype)
+
+    def expect(r: Any) -> None:
+        r.register(engine)
+        r.expect(t.layer_index, t.kv_role, engine)
+
+    error = _serve(nixl, blob, t, expect, None, monkeypatch)
+    assert isinstance(_cause(error), ArgumentTypeError) and "page pool type" in str(error)
+
+
+def test_a_compressed_pool_is_decompressed_into_the_destination() -> None:
+    """One pass: the pool is decompressed into the engine's array, never into a new 4 MiB
+    array that is then copied (NumPy reports its allocations to tracemalloc)."""
+    import tracemalloc
+
+    pool = np.zeros((256, 16, 8, 64), np.float16)
+    pool[:, 0] = 1.5
+    t = hw.BlockPagedTensor.from_arrays(pool, np.arange(256), [0, 256])
+    blob = bytes(hw.encode(t, compression=ZSTD_ALL))
+    assert len(blob) < pool.nbytes // 8  # stored compressed
+    engine = np.empty_like(pool)
+    hw.decode_into(blob, engine)  # warm: plans and memo
+    tracemalloc.start()
+    try:
+        got = hw.decode_into(blob, engine)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.page_pool is engine and engine.tobytes() == pool.tobytes()
+    assert peak < pool.nbytes // 4, peak
