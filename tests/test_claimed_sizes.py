@@ -122,3 +122,22 @@ def test_per_page_work_on_a_tensor_of_free_pages_is_refused(call: object) -> Non
     assert info.value.field == "num_pages"
     assert time.perf_counter() - started < 5
     assert page_digests(_empty_pages(MAX_EMPTY_PAGES)).size == MAX_EMPTY_PAGES  # the cap
+
+
+def test_the_integrity_harness_replays_its_seeds_and_mutations() -> None:
+    """tools/fuzz_integrity.py's target (run by atheris in the campaign) on its generated
+    seeds and seeded byte mutations of them: only typed errors, right answers."""
+    import random
+
+    import fuzz_integrity
+
+    seeds = list(fuzz_integrity.generated_seeds().values())
+    rng = random.Random(22)
+    for data in seeds:
+        fuzz_integrity.check_integrity(data)
+    for _ in range(1500):
+        mutated = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(1, len(mutated)) if len(mutated) > 1 else 0
+            mutated[at] = rng.randrange(256)
+        fuzz_integrity.check_integrity(bytes(mutated))
