@@ -33,8 +33,9 @@ which is written to a path). An input that is not a regular file (stdin, a pipe,
 device) is refused, exit 3, past `--max-input-bytes` (1 GiB) or after `--input-timeout`
 seconds without a byte (30; 0 waits for ever), and as soon as its first bytes are no
 hurray-wire magic (exit 1). An output that is a FIFO or a character device is streamed
-into, never replaced; a block device or a read-only file is refused (docs/security.md). Progress bars (tqdm) go to stderr when it is a terminal, or
-always with `--progress`; `-q` / `--quiet` turns them off. They move per record for
+into, never replaced; a block device or a read-only file is refused (docs/security.md).
+Progress bars (tqdm) go to stderr when it is a terminal, or always with `--progress`;
+`-q` / `--quiet` turns them off. They move per record for
 `dump` and `validate` of multi-record inputs and per tensor for every `convert` output.
 
 Exit codes (also in `--help`); with several inputs, the highest code of any of them:
