@@ -90,8 +90,8 @@ def test_the_cap_is_a_decode_limit() -> None:
     assert hw.decode(_claiming(8), page_store=store, limits=hw.DecodeLimits(max_empty_pages=8))
 
 
-def test_a_blob_without_refs_pays_for_its_pages_with_digests() -> None:
-    # No page refs: nothing per page is built unless the blob carries 8 bytes per page.
+def test_a_plain_blob_claiming_free_pages_builds_nothing_per_page() -> None:
+    # No page refs and no digests: nothing per page is built, so the claim costs nothing.
     assert hw.decode(_claiming(HUGE, delta=False)).layout.num_pages == HUGE
 
 
