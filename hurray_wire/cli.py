@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import mmap
 import os
-import stat
 import struct
 import sys
 import textwrap
@@ -43,7 +41,9 @@ from hurray_wire.containers import (
     write_stream,
 )
 from hurray_wire.containers import identify as identify_format
-from hurray_wire.containers.atomic import atomic_output, check_not_input, reading
+from hurray_wire.containers.atomic import atomic_output, check_not_input
+from hurray_wire.containers.io import DEFAULT_INPUT_IDLE, DEFAULT_MAX_INPUT_BYTES, read_input
+from hurray_wire.containers.sniff import known_magic
 from hurray_wire.dtypes import element_type_from_name
 from hurray_wire.errors import (
     CodecConfigError,
@@ -82,17 +82,16 @@ class UsageError(CliError):
 
 
 # -- reading inputs --------------------------------------------------------------------------
-def _read(path: str) -> Any:
-    """The bytes of ``path`` (``-``: all of stdin); files are memory-mapped, not read."""
+def _read(path: str, args: argparse.Namespace) -> Any:
+    """The bytes of ``path`` (``-``: stdin): regular files mapped, anything else read within
+    ``--max-input-bytes`` and ``--input-timeout`` (``containers.io.read_input``)."""
+    source: Any = path
     if path == STDIO:
-        return sys.stdin.buffer.read()
-    with reading(path), open(path, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):  # a named pipe, /dev/stdin: read, cannot be mapped
-            return handle.read()
-        if info.st_size == 0:
-            return b""
-        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        source = sys.stdin.buffer
+        with suppress(OSError, ValueError):  # a descriptor, unless stdin was replaced
+            source = source.fileno()
+    limit, idle = int(args.max_input_bytes), args.input_timeout or None
+    return read_input(source, max_bytes=limit, idle_timeout=idle, head_ok=known_magic)
 
 
 def identify(data: Any) -> str:
@@ -350,7 +349,7 @@ def _print_hex(data: Any, kind: str, out: IO[str]) -> None:
 def _dump_one(path: str, args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
     """Print one input record by record; an error after some records leaves them printed."""
     verify = not args.no_verify
-    data = _read(path)
+    data = _read(path, args)
     kind = identify(data)
     if args.hex:
         try:
@@ -391,7 +390,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def _validate_one(path: str, args: argparse.Namespace) -> None:
-    data = _read(path)
+    data = _read(path, args)
     kind = identify(data)
     if kind == "descriptor":
         try:
@@ -545,7 +544,7 @@ def _convert(args: argparse.Namespace) -> None:
     inputs = [] if args.input == STDIO else [args.input]
     if args.output != STDIO:
         check_not_input(args.output, inputs)  # before anything is opened for writing
-    data = _read(args.input)
+    data = _read(args.input, args)
     kind = identify(data)
     source = _load(args, data, kind)
     tensors = source.tensors
@@ -617,6 +616,14 @@ def _epilog() -> str:
     return "\n".join(lines)
 
 
+def _bound(text: str) -> float:
+    """``--max-input-bytes`` / ``--input-timeout``: a number in [0, 2**63) (NaN refused)."""
+    with suppress(ValueError):
+        if 0 <= float(text) < 2**63:
+            return int(text) if text.isdigit() else float(text)
+    raise argparse.ArgumentTypeError(f"not a number >= 0: {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the command."""
     formatter = argparse.RawDescriptionHelpFormatter
@@ -633,11 +640,19 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     group.add_argument("--progress", action="store_true",
                        help="a progress bar on stderr even if it is not a terminal")  # fmt: skip
+    inputs = argparse.ArgumentParser(add_help=False)
+    for flag, default, text in (
+        ("--max-input-bytes", DEFAULT_MAX_INPUT_BYTES, "refuse a pipe, FIFO or device input "
+         "(read into memory; files are mapped) longer than this (default 1 GiB)"),
+        ("--input-timeout", DEFAULT_INPUT_IDLE, "refuse such an input after this many "
+         "seconds without a byte (default 30; 0: wait for ever)"),
+    ):  # fmt: skip
+        inputs.add_argument(flag, type=_bound, default=default, metavar="N", help=text)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(
-            name, help=text, parents=[feedback], epilog=_epilog(), formatter_class=formatter
+            name, help=text, parents=[feedback, inputs], epilog=_epilog(), formatter_class=formatter
         )
 
     dump = command("dump", "print a readable summary of each input")

@@ -170,6 +170,13 @@ def differences(
     """Every field that differs, as ``{name: (a's value, b's value)}``; an extra present on
     one side only shows as ``extras.<key>`` with None on the other side. Types matter
     (``1`` and ``True`` differ)."""
+    if isinstance(ignore, str) or not isinstance(ignore, (tuple, list, set, frozenset)):
+        raise ArgumentTypeError(
+            "ignore must be a tuple of field names", field="ignore", found=repr(ignore)
+        )
+    for name in ignore:
+        if not isinstance(name, str):
+            raise ArgumentTypeError("ignore holds field names", field="ignore", found=repr(name))
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, EngineFingerprint):
             raise ArgumentTypeError(

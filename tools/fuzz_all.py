@@ -88,6 +88,9 @@ HARNESSES: dict[str, tuple[str, list[str], list[Path]]] = {
             FIX / "streams",
         ],
     ),
+    # integrity records, transfer records, delta blobs through every refs reader, and the
+    # claimed-size paths (0-byte pages): its own generated seeds
+    "integrity": ("fuzz_integrity.py", [], []),
 }
 
 #: which committed corpus folder feeds which harness
@@ -104,6 +107,7 @@ CORPUS_OF = {
     "stream-file-fix": "stream_file",
     "containers": "containers",
     "containers-fix": "containers",
+    "integrity": "integrity",
 }
 
 _STATUS = re.compile(r"^#(\d+)\s+(\w+)\s+cov: (\d+) ft: (\d+)(?: corp: (\d+)/)?")

@@ -29,8 +29,13 @@ and reference `.hrry` files. It recognises each input by its magic, not its name
 Every failure is one line on stderr, `hurray-wire: PATH: problem` (the section, field and
 byte offset for invalid bytes), never a traceback. `-` reads standard input (read whole into
 memory) and, as `convert`'s output, writes standard output (with `--to`; not for `.hrry`,
-which is written to a path). Progress bars (tqdm) go to stderr when it is a terminal, or
-always with `--progress`; `-q` / `--quiet` turns them off. They move per record for
+which is written to a path). An input that is not a regular file (stdin, a pipe, a FIFO, a
+device) is refused, exit 3, past `--max-input-bytes` (1 GiB) or after `--input-timeout`
+seconds without a byte (30; 0 waits for ever), and as soon as its first bytes are no
+hurray-wire magic (exit 1). An output that is a FIFO or a character device is streamed
+into, never replaced; a block device or a read-only file is refused (docs/security.md).
+Progress bars (tqdm) go to stderr when it is a terminal, or always with `--progress`;
+`-q` / `--quiet` turns them off. They move per record for
 `dump` and `validate` of multi-record inputs and per tensor for every `convert` output.
 
 Exit codes (also in `--help`); with several inputs, the highest code of any of them:

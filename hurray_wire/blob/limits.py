@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.integrity.digests import MAX_EMPTY_PAGES
 
 __all__ = ["DEFAULT_LIMITS", "DecodeLimits", "check_limits_argument"]
 
@@ -26,6 +27,11 @@ class DecodeLimits:
     max_stream_entries: int = 1 << 20
     """Index entries of a stream's end record (one per blob): 1 M blobs is ~2,000 requests
     of 256 layers x 2 roles; each entry becomes a ``StreamEntry`` object (~200 bytes)."""
+    max_empty_pages: int = MAX_EMPTY_PAGES
+    """Pages sent as bytes whose record is 0 bytes (``num_heads`` or ``head_dim`` 0): the
+    blob pays nothing for them, yet each costs the decoder work (a delta blob of 576 bytes
+    could claim 2^33 of them). Every other page is paid for by at least one byte of a
+    section's raw size (bounded by the blob's length and ``max_decompressed_bytes``)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

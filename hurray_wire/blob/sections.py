@@ -83,7 +83,7 @@ def check_entries(
     entries = []
     table = header[entry_at(0) : entry_at(count)]
     rows = [dict(zip(ENTRY.names, f, strict=True)) for f in ENTRY.struct.iter_unpack(table)]
-    walk.sizes = _buffer_sizes(rows, descriptor)
+    walk.sizes = _buffer_sizes(rows, descriptor, limits)
     for number, e in enumerate(rows):
         at = entry_at(number)
         kind_name = w.SECTION_KINDS.get(e["kind"], f"kind 0x{e['kind']:02X}")
@@ -116,10 +116,13 @@ def check_entries(
     return tuple(entries), walk.cursor
 
 
-def _buffer_sizes(rows: list[dict[str, Any]], descriptor: TensorDescriptor) -> tuple[int, ...]:
+def _buffer_sizes(
+    rows: list[dict[str, Any]], descriptor: TensorDescriptor, limits: DecodeLimits
+) -> tuple[int, ...]:
     """raw_size of every buffer section: the descriptor's byte_size, except that with a
     page-refs section of R refs (its raw_size is 8 + 16 R) the page-row buffers (pool,
-    per-block scales / zero points) hold only the num_pages - R sent pages."""
+    per-block scales / zero points) hold only the num_pages - R sent pages (which the
+    blob must pay for: at most ``max_empty_pages`` of 0 bytes)."""
     full = tuple(h.byte_size for h in descriptor.buffers)
     for number, e in enumerate(rows):
         if e["kind"] != w.KIND_PAGE_REFS:
@@ -139,7 +142,18 @@ def _buffer_sizes(rows: list[dict[str, Any]], descriptor: TensorDescriptor) -> t
                 expected=f"8 + 16 * R, R <= num_pages {num_pages}",
                 found=e["raw_size"],
             )
-        return sent_sizes(descriptor, num_pages - refs)
+        sizes = sent_sizes(descriptor, num_pages - refs)
+        if num_pages - refs > limits.max_empty_pages and sizes == sent_sizes(descriptor, 0):
+            raise _refused(
+                LimitExceededError,
+                "pages of 0 bytes cost the blob nothing: their count is capped",
+                where,
+                at,
+                "raw_size",
+                expected=f"<= max_empty_pages {limits.max_empty_pages} sent pages",
+                found=f"{num_pages - refs} sent pages of 0 bytes",
+            )
+        return sizes
     return full
 
 

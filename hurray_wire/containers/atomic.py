@@ -12,7 +12,13 @@ looks like output. :func:`atomic_output` is the one way hurray-wire writes a fil
   crosses a file system), which is flushed, ``fsync``'d and renamed over the target only
   when the ``with`` block ends normally; on any exception, ``KeyboardInterrupt`` included,
   it is removed and the target is untouched;
-* a symlink target is followed: the file it points to is replaced, the link stays.
+* a symlink target is followed: the file it points to is replaced, the link stays;
+* a target that exists and is not a regular file is never replaced: a FIFO or a character
+  device (``/dev/null``, a terminal) is *streamed into* (opened for writing, not
+  truncated, nothing to roll back: what was written before a failure stays written; a FIFO
+  that no process reads is refused rather than waited on), anything else (a block device,
+  a socket) is refused; a read-only regular file (no write bit, or not writable by us) is
+  refused too, not replaced behind its mode.
 
 :func:`file_access_error` turns the ``OSError`` of a library open (missing file, a
 directory, a path under a regular file, no permission) into a ``FileAccessError`` that
@@ -22,6 +28,7 @@ names the path and keeps the ``OSError`` as its cause.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -93,6 +100,19 @@ def atomic_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> Iterato
     target = os.path.realpath(path)  # follow a symlink: replace the file, keep the link
     if os.path.isdir(target):
         raise file_access_error(IsADirectoryError(21, "Is a directory", target), path, "write")
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        mode = None  # absent (or unreachable: mkstemp below says why)
+    if mode is not None and not stat.S_ISREG(mode):
+        with _streamed(path, target, mode) as handle:
+            yield handle
+        return
+    if mode is not None and (not mode & 0o222 or not os.access(target, os.W_OK)):
+        raise FileAccessError(
+            f"{os.fspath(path)}: refusing to replace a read-only file (mode "
+            f"{stat.S_IMODE(mode):04o}); make it writable or remove it first"
+        )
     directory, name = os.path.split(target)
     try:
         fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
@@ -115,6 +135,35 @@ def atomic_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> Iterato
             os.remove(temporary)
         raise
     _sync_directory(directory)
+
+
+@contextlib.contextmanager
+def _streamed(path: PathLike, target: str, mode: int) -> Iterator[BinaryIO]:
+    """Write into an existing FIFO or character device (never replaced by a file)."""
+    if not (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        raise FileAccessError(
+            f"{os.fspath(path)}: refusing to write: not a regular file, FIFO or character "
+            "device (a block device or a socket is never an output)"
+        )
+    flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0)
+    if stat.S_ISFIFO(mode):  # without a reader: ENXIO at once, not a hang
+        flags |= getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(target, flags)
+        os.set_blocking(fd, True)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise FileAccessError(
+                f"{os.fspath(path)}: no process is reading this FIFO; start the reader first",
+                cause=exc,
+            ) from exc
+        raise file_access_error(exc, path, "open for writing") from exc
+    with os.fdopen(fd, "wb") as handle:
+        yield handle
+        try:
+            handle.flush()
+        except OSError as exc:
+            raise file_access_error(exc, path, "write") from exc
 
 
 def _sync_directory(directory: str) -> None:

@@ -153,7 +153,22 @@ class HrryFile(ClosesOnExit):
         self._by_name = {entry.name: entry for entry in self.entries}
 
     def _bytes(self, start: int, stop: int) -> bytes:
+        """Bytes of the file, after checking that it still holds them (every read of the
+        mapping but the tensor's views, which ``tensor`` checks: no SIGBUS on any name)."""
+        self._check_size(stop, "file")
         return bytes(self._buf[start:stop])
+
+    def _check_size(self, needed: int, section: str) -> None:
+        """A typed truncation error if another process cut the mapped file before
+        ``needed`` (touching the lost pages would be SIGBUS)."""
+        shrank = None if self._guard is None else self._guard.shrunk(needed)
+        if shrank is not None:
+            raise ContainerTruncatedError(
+                f"the file no longer holds {section}: {shrank}",
+                section=section,
+                offset=self._guard.current_size() if self._guard else None,
+                expected=f"{needed} bytes",
+            ) from shrank
 
     # -- public, per tensor -----------------------------------------------------------------
     @property
@@ -306,14 +321,7 @@ class HrryFile(ClosesOnExit):
         spans = self.buffer_spans(name)
         descriptor = self.descriptor(name)
         needed = max((at + size for at, size in spans), default=0)
-        shrank = None if self._guard is None else self._guard.shrunk(needed)
-        if shrank is not None:  # mapping its pages now would be SIGBUS
-            raise ContainerTruncatedError(
-                f"the file no longer holds tensor {name!r}: {shrank}",
-                section=f"tensor {name!r}",
-                offset=self._guard.current_size() if self._guard else None,
-                expected=f"{needed} bytes",
-            ) from shrank
+        self._check_size(needed, f"tensor {name!r}")  # its views' pages: else SIGBUS
         buffers = [np.frombuffer(self._buf, np.uint8, size, at) for at, size in spans]
         seq_lens = self._seq_lens(name)
         metadata = self._tensor_metadata(name)

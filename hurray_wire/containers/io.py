@@ -21,7 +21,9 @@ import contextlib
 import io
 import mmap
 import os
+import select
 import socket
+import stat
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -31,10 +33,17 @@ import numpy.typing as npt
 
 from hurray_wire.buffers import byte_view
 from hurray_wire.containers.atomic import atomic_output, reading
-from hurray_wire.errors import ArgumentTypeError, ClosedContainerError, LimitExceededError
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    ClosedContainerError,
+    FileAccessError,
+    LimitExceededError,
+)
 
 __all__ = [
     "DEADLINE_MIN_RATE",
+    "DEFAULT_INPUT_IDLE",
+    "DEFAULT_MAX_INPUT_BYTES",
     "DEFAULT_RECORD_DEADLINE",
     "ClosesOnExit",
     "FileShrankError",
@@ -49,6 +58,7 @@ __all__ = [
     "map_source",
     "open_sink",
     "open_source",
+    "read_input",
     "will_need",
 ]
 
@@ -266,6 +276,108 @@ def map_source(source: Any, name: str = "source") -> tuple[memoryview, mmap.mmap
         guard.close()
         return view, guard.mapping
     return byte_view(source, name), None
+
+
+#: Bytes the CLI reads from an input that is not a regular file (stdin, a pipe, a FIFO, a
+#: character device) before it refuses it: such an input is read into memory whole, and
+#: ``/dev/zero`` never ends (``--max-input-bytes``).
+DEFAULT_MAX_INPUT_BYTES = 1 << 30
+#: Seconds such an input may go without a byte (a FIFO nobody writes, a stalled writer)
+#: before it is refused (``--input-timeout``).
+DEFAULT_INPUT_IDLE = 30.0
+
+
+def read_input(
+    path: Any,
+    *,
+    max_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+    idle_timeout: float | None = DEFAULT_INPUT_IDLE,
+    head_ok: Callable[[bytes], bool] | None = None,
+    head_size: int = 16,
+) -> Any:
+    """The bytes of an input path, or of a file descriptor (an ``int``, e.g. stdin's), or
+    of a binary file-like without one (read up to ``max_bytes``).
+
+    A regular file is mapped (an ``mmap``, or ``b""`` when empty): its size is known and
+    mapping costs nothing. Anything else (a pipe, a FIFO, a character device, a terminal)
+    is read whole into ``bytes``, bounded: more than ``max_bytes``, or ``idle_timeout``
+    seconds without a byte (a FIFO nobody opened for writing included: it is opened
+    without blocking), is a ``FileAccessError`` naming the input. ``head_ok`` sees the
+    first ``head_size`` bytes: when it says no (``/dev/urandom`` is no hurray-wire input),
+    reading stops there and the head is returned, for the caller to refuse.
+    """
+    if not isinstance(path, (int, str, os.PathLike)):  # a file-like without a descriptor
+        data = path.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise FileAccessError(f"-: more than {max_bytes} bytes; --max-input-bytes")
+        return data
+    owned = not isinstance(path, int)
+    if isinstance(path, int):
+        name, fd = "-", path
+    else:
+        name = os.fspath(path)
+        with reading(name):
+            fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode):
+            if info.st_size == 0:
+                return b""
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        if stat.S_ISDIR(info.st_mode):
+            raise FileAccessError(f"{name}: cannot read (Is a directory)")
+        return _read_unbounded_kind(fd, name, max_bytes, idle_timeout, head_ok, head_size)
+    finally:
+        if owned:
+            os.close(fd)
+
+
+def _read_unbounded_kind(
+    fd: int,
+    name: str,
+    max_bytes: int,
+    idle_timeout: float | None,
+    head_ok: Callable[[bytes], bool] | None,
+    head_size: int,
+) -> bytes:
+    """Read ``fd`` to its end, polling before every read (so a FIFO that no writer has
+    opened yet waits for one, within ``idle_timeout``, instead of reading as empty)."""
+    blocking = os.get_blocking(fd)
+    os.set_blocking(fd, False)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    data = bytearray()
+    wait_ms = None if idle_timeout is None else max(1, int(idle_timeout * 1000))
+    try:
+        while True:
+            if not poller.poll(wait_ms):
+                raise FileAccessError(
+                    f"{name}: no input for {idle_timeout:g} s (a stalled writer, or a FIFO "
+                    f"nobody writes); --input-timeout changes the limit"
+                )
+            try:
+                piece = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - len(data)))
+            except BlockingIOError:  # woken, but nothing to read yet
+                continue
+            if not piece:
+                return bytes(data)
+            data += piece
+            if len(data) > max_bytes:
+                raise FileAccessError(
+                    f"{name}: more than {max_bytes} bytes from a pipe or device (read "
+                    "whole into memory); --max-input-bytes changes the limit"
+                )
+            if head_ok is not None and len(data) >= head_size:
+                if not head_ok(bytes(data[:head_size])):
+                    return bytes(data)
+                head_ok = None
+    except OSError as exc:
+        if isinstance(exc, FileAccessError):
+            raise
+        raise FileAccessError(f"{name}: cannot read ({exc.strerror or exc})", cause=exc) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, blocking)
 
 
 def will_need(mapping: mmap.mmap | None, start: int, length: int) -> None:

@@ -19,7 +19,7 @@ from hurray_wire.wire import descriptor as wd
 from hurray_wire.wire import stream as ws
 from hurray_wire.wire.fast import offset_of
 
-__all__ = ["Format", "identify"]
+__all__ = ["Format", "identify", "known_magic"]
 
 _AT_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
 _LENGTH_END = offset_of(wd.FIXED_HEADER, "flags")
@@ -57,6 +57,13 @@ def identify(data_or_path: Any) -> Format:
                 with contextlib.suppress(BufferError):  # a view still held: unmapped later
                     mapping.close()
     return _identify(map_source(data_or_path, "data")[0])
+
+
+def known_magic(head: bytes) -> bool:
+    """Whether ``head`` starts like some hurray-wire input (so that a reader of an endless
+    source, ``/dev/urandom``, can stop after its first bytes)."""
+    magics = (ws.STREAM_MAGIC, wb.BLOB_MAGIC, wc.FILE_MAGIC, wd.MAGIC)
+    return any(head.startswith(m[: len(head)]) for m in magics)
 
 
 def _identify(view: memoryview) -> Format:

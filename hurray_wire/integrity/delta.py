@@ -26,6 +26,7 @@ from hurray_wire.errors import (
     ArgumentTypeError,
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
+    LimitExceededError,
     PageDigestError,
     PageStoreMissError,
 )
@@ -221,10 +222,27 @@ class PageRefs:
         object.__setattr__(self, "digests", digests)
 
     def sent_pages(self, num_pages: int) -> IntArray:
-        """The physical ids of the pages sent as bytes: the complement, ascending."""
-        keep = np.ones(_count_arg(num_pages, "num_pages"), bool)
-        keep[self.pages] = False
-        return np.flatnonzero(keep)
+        """The physical ids of the pages sent as bytes: the complement, ascending.
+
+        ``num_pages`` must exceed every ref's page id; the result has ``num_pages - refs``
+        entries, so a count beyond memory is a ``LimitExceededError`` (the decoder passes
+        only counts its blob paid for, ``DecodeLimits.max_empty_pages``)."""
+        count = _count_arg(num_pages, "num_pages")
+        if self.pages.size and int(self.pages[-1]) >= count:
+            raise InvalidIntegrityRecordError(
+                "page id out of range",
+                field="num_pages",
+                found=count,
+                expected=f"> the largest ref page id {int(self.pages[-1])}",
+            )
+        try:
+            keep = np.ones(count, bool)
+            keep[self.pages] = False
+            return np.flatnonzero(keep)
+        except MemoryError:  # the caller asked for more ids than memory holds
+            raise LimitExceededError(
+                "too many pages for memory", field="num_pages", found=count
+            ) from None
 
 
 def encode_page_refs(refs: PageRefs) -> bytes:

@@ -38,6 +38,7 @@ from hurray_wire.wire.fast import derive, item_dtype
 _DIGESTS = item_dtype(w.DIGEST_ITEM)  # arrays of digests (and page ids) on the wire
 
 __all__ = [
+    "MAX_EMPTY_PAGES",
     "DigestArray",
     "PageDigestReport",
     "PageRecords",
@@ -60,6 +61,10 @@ _HEAD = derive(w.DIGEST_SECTION_HEADER)
 _ITEM = w.DIGEST_ITEM.sizeof()
 _xxh3 = xxhash.xxh3_64_intdigest
 U64_MAX = (1 << 64) - 1
+#: Pages of 0 bytes (``num_heads`` or ``head_dim`` 0) a tensor or a blob may have: nothing
+#: pays for them (an empty page pool of 2^33 pages costs no memory), yet every page costs a
+#: digest, a row of every per-page array, a slot in a store (``DecodeLimits.max_empty_pages``).
+MAX_EMPTY_PAGES = 1 << 16
 
 
 def record_digest(record: object) -> int:
@@ -178,6 +183,17 @@ def page_records(tensor: BlockPagedTensor) -> PageRecords:
             expected="page_size * num_heads * head_dim * bit_width % 8 == 0",
         )
     page_nbytes = elements * etype.bit_width // 8
+    if (
+        page_nbytes == 0
+        and num_pages > MAX_EMPTY_PAGES
+        and not isinstance(tensor.quantization, PerBlockAffine)
+    ):
+        raise InvalidIntegrityRecordError(
+            "too many pages of 0 bytes: nothing pays for their per-page work",
+            field="num_pages",
+            found=num_pages,
+            expected=f"<= {MAX_EMPTY_PAGES} when a page record is 0 bytes",
+        )
     pool = u8_array(tensor.page_pool, "page_pool").reshape(num_pages, page_nbytes)
     scales = zero_points = None
     quant = tensor.quantization

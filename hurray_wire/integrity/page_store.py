@@ -52,11 +52,25 @@ class PageStore(abc.ABC):
 
     def get_many(self, digests: Sequence[int]) -> list[bytes | memoryview | None]:
         """``get`` of each digest, in order (a store may answer all under one lock)."""
-        return [self.get(d) for d in digests]
+        return [self.get(d) for d in check_digest_list(digests)]
 
     @abc.abstractmethod
     def digests(self) -> DigestArray:
         """Every digest held, sorted ascending and unique (what ``encode_known_pages`` sends)."""
+
+
+def check_digest_list(digests: object) -> Sequence[int]:
+    """``get_many``'s argument: a list, tuple or 1-D array (its digests are checked one by
+    one by the lookups); anything else is an ``ArgumentTypeError``."""
+    if isinstance(digests, np.ndarray) and digests.ndim == 1:
+        return digests.tolist()  # type: ignore[no-any-return]
+    if not isinstance(digests, (list, tuple)):
+        raise ArgumentTypeError(
+            "digests must be a list, tuple or 1-D array of ints",
+            field="digests",
+            found=type(digests).__name__,
+        )
+    return digests
 
 
 def check_record(key: int, page_bytes: object) -> None:
@@ -127,6 +141,7 @@ class MemoryPageStore(PageStore):
         A subclass that overrides ``get`` keeps its own ``get`` for every lookup."""
         if type(self).get is not MemoryPageStore.get:
             return super().get_many(digests)
+        digests = check_digest_list(digests)
         keys = [check_digest_range(d) for d in digests] if not _all_u64(digests) else digests
         pages = self._pages
         out: list[bytes | memoryview | None] = []
@@ -178,6 +193,25 @@ def _all_u64(digests: Sequence[int]) -> bool:
     return isinstance(digests, list) and all(type(d) is int and 0 <= d < 1 << 64 for d in digests)
 
 
+def _page_ids(pages: object) -> list[int]:
+    """``store_pages``' ``pages``: integers only (``1.5`` is not page 1, ``"a"`` no page)."""
+    if isinstance(pages, (str, bytes)) or not isinstance(pages, Iterable):
+        raise ArgumentTypeError(
+            "pages must be an iterable of ints", field="pages", found=type(pages).__name__
+        )
+    ids = list(pages)
+    for number, page in enumerate(ids):
+        if isinstance(page, (bool, np.bool_)) or not isinstance(page, (int, np.integer)):
+            raise ArgumentTypeError(
+                "page ids must be ints", field=f"pages[{number}]", found=repr(page)
+            )
+        if not -(1 << 63) <= page < 1 << 63:
+            raise ArgumentTypeError(
+                "page id out of range", field=f"pages[{number}]", found=int(page)
+            )
+    return [int(page) for page in ids]
+
+
 def store_pages(
     store: PageStore, tensor: BlockPagedTensor, pages: Iterable[int] | None = None
 ) -> DigestArray:
@@ -189,7 +223,7 @@ def store_pages(
     if pages is None:
         ids = np.unique(np.asarray(tensor.block_table, np.int64))
     else:
-        ids = np.unique(np.asarray(list(pages), np.int64))
+        ids = np.unique(np.asarray(_page_ids(pages), np.int64))
         if ids.size and (ids[0] < 0 or ids[-1] >= records.num_pages):
             raise ArgumentTypeError(
                 "page ids must lie in [0, num_pages)",

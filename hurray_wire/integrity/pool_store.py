@@ -238,12 +238,25 @@ class EnginePoolStore(PageStore):
             return np.fromiter((p in held for p in page_ids.tolist()), bool, page_ids.size)
 
     def pages_for(self, digests: object) -> IntArray:
-        """The physical page holding each digest (-1 where none is indexed), in order."""
+        """The physical page holding each digest (-1 where none is indexed), in order: of
+        several pages indexed under one digest, the first whose bytes still match it (the
+        caller re-hashes what it uses; a stale first holder does not hide an intact one)."""
         values = digest_array(digests, None, "digests").tolist()
         with self._lock:
             get = self._pages_of.get
-            found = [holders[0] if (holders := get(d)) else -1 for d in values]
-        return np.asarray(found, np.int64).reshape(-1)
+            found = [tuple(holders) if (holders := get(d)) else (-1,) for d in values]
+        pages = [self._intact(d, h) for d, h in zip(values, found, strict=True)]
+        return np.asarray(pages, np.int64).reshape(-1)
+
+    def _intact(self, digest: int, holders: tuple[int, ...]) -> int:
+        """The first of ``holders`` whose record hashes to ``digest`` (the first one when
+        there is only one, or none matches: the caller's re-hash refuses it)."""
+        if len(holders) > 1:
+            found = self.records.digests_at(np.asarray(holders, np.int64))
+            for page, value in zip(holders, found.tolist(), strict=True):
+                if value == digest:
+                    return page
+        return holders[0]
 
     def check(self, page_ids: object = None) -> IntArray:
         """Re-hash indexed pages where they sit (all of them by default) and return the
@@ -264,10 +277,10 @@ class EnginePoolStore(PageStore):
     def get(self, digest: int) -> bytes | memoryview | None:
         key = check_digest_range(digest)
         with self._lock:
-            holders = self._pages_of.get(key)
-            page = holders[0] if holders else None
-        if page is None:
+            holders = tuple(self._pages_of.get(key, ()))
+        if not holders:
             return None
+        page = self._intact(key, holders)
         records = self.records
         if records.scales is None and records.zero_points is None:
             return memoryview(records.pool[page])

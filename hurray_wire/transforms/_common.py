@@ -15,18 +15,31 @@ Array = npt.NDArray[Any]
 _KEEP: Any = object()
 
 
-def check_int(value: object, name: str, minimum: int = 0) -> int:
-    """A Python or NumPy integer (not a bool) >= ``minimum``."""
+def check_int(value: object, name: str, minimum: int = 0, maximum: int | None = None) -> int:
+    """A Python or NumPy integer (not a bool) in ``minimum..maximum``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ArgumentTypeError(f"{name} must be an int", field=name, found=repr(value))
     number = int(value)
     if number < minimum:
         raise InvalidTensorError(f"{name} must be >= {minimum}", field=name, found=number)
+    if maximum is not None and number > maximum:
+        raise InvalidTensorError(f"{name} must be <= {maximum}", field=name, found=number)
     return number
+
+
+def check_tensor(value: object, name: str = "tensor") -> BlockPagedTensor:
+    """The transforms' tensor argument: a ``BlockPagedTensor`` (``compact("x")`` is an
+    ``ArgumentTypeError``, not an ``AttributeError`` from inside)."""
+    if not isinstance(value, BlockPagedTensor):
+        raise ArgumentTypeError(
+            "expected a BlockPagedTensor", field=name, found=type(value).__name__
+        )
+    return value
 
 
 def check_seq(tensor: BlockPagedTensor, seq: object, name: str = "seq") -> int:
     """A sequence index in ``0..num_seqs-1``."""
+    check_tensor(tensor)
     index = check_int(seq, name, minimum=-(2**63))
     if not 0 <= index < tensor.num_seqs:
         raise InvalidTensorError(
@@ -69,8 +82,8 @@ def token_slots(tensor: BlockPagedTensor, lens: Array) -> Array:
 
 def flat_pool(tensor: BlockPagedTensor) -> Array:
     """The unpacked pool as ``[page_slots, num_heads, head_dim]`` (a view when unpacked)."""
-    pool = tensor.unpacked_page_pool()
-    return pool.reshape(-1, pool.shape[2], pool.shape[3])
+    pool = tensor.unpacked_page_pool()  # explicit sizes: -1 is ambiguous for 0 heads
+    return pool.reshape(pool.shape[0] * pool.shape[1], pool.shape[2], pool.shape[3])
 
 
 def rebuild(

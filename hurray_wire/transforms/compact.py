@@ -12,7 +12,7 @@ import numpy as np
 
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.transforms._common import Array, rebuild
+from hurray_wire.transforms._common import Array, check_tensor, rebuild
 
 __all__ = ["compact", "first_reference_order", "prefix_sharing"]
 
@@ -29,7 +29,7 @@ def first_reference_order(block_table: Array) -> tuple[Array, Array]:
 
 def compact(tensor: BlockPagedTensor) -> BlockPagedTensor:
     """The same sequences over a pool of only the pages the block table names."""
-    old_ids, table = first_reference_order(tensor.block_table)
+    old_ids, table = first_reference_order(check_tensor(tensor).block_table)
     pool = tensor.unpacked_page_pool()[old_ids]
     scales, zero_points = tensor.scales, tensor.zero_points
     if isinstance(tensor.quantization, PerBlockAffine):  # per page slot: move with the page
@@ -46,7 +46,7 @@ def prefix_sharing(tensor: BlockPagedTensor) -> dict[int, tuple[int, ...]]:
     """``{page_id: (seq, ...)}`` for every physical page that two or more block-table
     entries name, with the distinct sequences naming it in ascending order (one sequence
     naming a page twice gives a 1-tuple). Pages in ascending order."""
-    table = tensor.block_table.astype(np.int64)
+    table = check_tensor(tensor).block_table.astype(np.int64)
     if not table.size:
         return {}
     counts = np.bincount(table)

@@ -17,7 +17,7 @@ import numpy as np
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, PerTensorAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.transforms._common import Array
+from hurray_wire.transforms._common import Array, check_tensor
 
 __all__ = ["dequantize", "dequantize_slots"]
 
@@ -43,7 +43,7 @@ def _check_dtype(dtype: Any) -> np.dtype[Any]:
 def dequantize(tensor: BlockPagedTensor, dtype: Any = np.float32) -> Array:
     """The whole pool ``[num_pages, page_size, num_heads, head_dim]`` in ``dtype``."""
     out = _check_dtype(dtype)
-    pool = tensor.unpacked_page_pool()
+    pool = check_tensor(tensor).unpacked_page_pool()
     layout = tensor.layout
     slots = np.arange(layout.page_slots, dtype=np.int64).reshape(layout.num_pages, -1)
     return dequantize_slots(tensor, pool, slots, out)

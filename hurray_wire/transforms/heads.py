@@ -18,9 +18,13 @@ import numpy as np
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.model.quantization import PerChannelAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.transforms._common import check_int, rebuild
+from hurray_wire.transforms._common import check_int, check_tensor, rebuild
 
-__all__ = ["head_ranges", "merge_heads", "split_heads"]
+__all__ = ["MAX_RANKS", "head_ranges", "merge_heads", "split_heads"]
+
+#: The most ranks ``split_heads`` splits into: the result is a list of ``n`` tensors, so
+#: ``n = 2**40`` ran for ever (and no engine runs 65,536 tensor-parallel ranks).
+MAX_RANKS = 1 << 16
 
 
 def head_ranges(num_heads: int, n: int) -> list[tuple[int, int]]:
@@ -52,7 +56,8 @@ def _slice(tensor: BlockPagedTensor, first: int, stop: int) -> BlockPagedTensor:
 
 def split_heads(tensor: BlockPagedTensor, n: object) -> list[BlockPagedTensor]:
     """One tensor per rank (see the module docstring for which heads each holds)."""
-    ranks = check_int(n, "n", minimum=1)
+    check_tensor(tensor)
+    ranks = check_int(n, "n", minimum=1, maximum=MAX_RANKS)
     ranges = head_ranges(tensor.shape[1], ranks)
     distinct = {r: _slice(tensor, *r) for r in dict.fromkeys(ranges)}  # replicas built once
     return [distinct[r] for r in ranges]

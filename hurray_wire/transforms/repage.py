@@ -22,14 +22,27 @@ import numpy as np
 from hurray_wire.errors import InvalidTensorError
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.transforms._common import check_int, flat_pool, lens_or_full, rebuild, token_slots
+from hurray_wire.transforms._common import (
+    check_int,
+    check_tensor,
+    flat_pool,
+    lens_or_full,
+    rebuild,
+    token_slots,
+)
 
-__all__ = ["repage"]
+__all__ = ["MAX_PAGE_SIZE", "repage"]
+
+#: The largest page size ``repage`` builds: every new page costs ``page_size`` slots of
+#: pool (and of the slot map that finds them) however few tokens it holds, so 2^20 took
+#: 17 s for three tokens and 2^40 ended in a MemoryError. Engines page 1 to 1,024 tokens.
+MAX_PAGE_SIZE = 1 << 16
 
 
 def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
     """The tensor on pages of ``page_size`` tokens (any size >= 1)."""
-    size = check_int(page_size, "page_size", minimum=1)
+    check_tensor(tensor)
+    size = check_int(page_size, "page_size", minimum=1, maximum=MAX_PAGE_SIZE)
     quant = tensor.quantization
     if isinstance(quant, PerBlockAffine) and (size < 2 or size & (size - 1)):
         raise InvalidTensorError(

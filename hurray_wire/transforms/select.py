@@ -11,6 +11,7 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import (
     Array,
     check_seq,
+    check_tensor,
     flat_pool,
     need_seq_lens,
     rebuild,
@@ -46,7 +47,7 @@ def sequence(tensor: BlockPagedTensor, seq: object, *, dequantize: bool = False)
 
 def sequences(tensor: BlockPagedTensor, *, dequantize: bool = False) -> list[Array]:
     """Every sequence's tokens: one gather of the whole batch, split per sequence."""
-    lens = need_seq_lens(tensor, "sequences()")
+    lens = need_seq_lens(check_tensor(tensor), "sequences()")
     values = _values(tensor, token_slots(tensor, lens), dequantize)
     return np.split(values, np.cumsum(lens)[:-1]) if len(lens) else []
 
@@ -89,7 +90,7 @@ def _seq_ids(tensor: BlockPagedTensor, seq_ids: Any) -> Array:
 def select(tensor: BlockPagedTensor, seq_ids: Any) -> BlockPagedTensor:
     """The sequences ``seq_ids`` (in the given order; repeats allowed) over the same pool
     and parameters: only block_table, seq_ptr and seq_lens change."""
-    ids = _seq_ids(tensor, seq_ids)
+    ids = _seq_ids(check_tensor(tensor), seq_ids)
     sp = tensor.seq_ptr.astype(np.int64)
     counts = sp[ids + 1] - sp[ids]
     new_sp = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any
+from typing import Any, NoReturn
 
 import xxhash
 
@@ -84,7 +84,7 @@ class TransferRecord:
 _KIND_CODES = {name: code for code, name in w.RECORD_KINDS.items()}
 
 
-def _bad(message: str, field_name: str, found: Any, expected: Any = None, **kw: Any) -> None:
+def _bad(message: str, field_name: str, found: Any, expected: Any = None, **kw: Any) -> NoReturn:
     extra = {} if expected is None else {"expected": expected}
     raise InvalidTransferRecordError(
         message, section="transfer record", field=field_name, found=found, **extra, **kw
@@ -113,11 +113,17 @@ def _check(r: TransferRecord) -> None:
         _uint(getattr(r, name), name, 64)
     for name in ("write", "ready"):
         if not isinstance(getattr(r, name), bool):
-            raise ArgumentTypeError(f"{name} must be a bool", field=name, found=repr(r.write))
+            raise ArgumentTypeError(
+                f"{name} must be a bool", field=name, found=repr(getattr(r, name))
+            )
     if not isinstance(r.reason, str):
         raise ArgumentTypeError("reason must be a str", field="reason", found=repr(r.reason))
-    if len(r.reason.encode("utf-8", "surrogatepass")) > MAX_REASON_BYTES:
-        _bad("reason too long", "reason_length", len(r.reason), f"<= {MAX_REASON_BYTES} bytes")
+    try:  # strict: what encode_record writes (a lone surrogate is no UTF-8)
+        size = len(r.reason.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        _bad("reason is not encodable as UTF-8", "reason", repr(r.reason[exc.start : exc.end]))
+    if size > MAX_REASON_BYTES:
+        _bad("reason too long", "reason_length", f"{size} bytes", f"<= {MAX_REASON_BYTES} bytes")
     if r.reason and r.kind != "abort":
         _bad("only an abort record has a reason", "reason_length", len(r.reason), 0)
     if (r.write or r.ready) and r.kind != "offer":
@@ -265,6 +271,10 @@ def decode_record(data: Any) -> TransferRecord:
         _bad("unknown record flag bits", "flags", f"0x{flags:02X}", offset=_AT["flags"])
     if role != w.ROLE_NONE and role not in _ROLE_NAMES:
         _bad("unknown kv_role code", "kv_role", role, sorted(_ROLE_NAMES), offset=_AT["kv_role"])
+    if segment_count > MAX_SEGMENTS:  # before any Segment is built
+        at = _AT["segment_count"]
+        _bad("segment count out of range", "segment_count", segment_count,
+             f"<= {MAX_SEGMENTS}", offset=at)  # fmt: skip
     segments = []
     for k, (blob_offset, length, address, device_id, reserved) in enumerate(
         _SEG.struct.iter_unpack(raw[_FIXED : _FIXED + _SEGMENT * segment_count])
