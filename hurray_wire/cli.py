@@ -569,7 +569,9 @@ def _convert(args: argparse.Namespace) -> None:
             elif target == "blob-stream":
                 with StreamWriter(sink, header) as writer:
                     for _, tensor in tensors:
-                        writer.write(tensor, compression=compression, checksum=checksum)
+                        writer.write(
+                            tensor, compression=compression, checksum=checksum, pages="all"
+                        )  # a conversion keeps every page
                         bar.update(1)
             else:
                 for _, tensor in tensors:

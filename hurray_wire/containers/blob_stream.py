@@ -61,6 +61,7 @@ from hurray_wire.errors import (
     StreamTruncatedError,
 )
 from hurray_wire.integrity import (
+    DeltaPlan,
     EngineFingerprint,
     EnginePoolStore,
     PageStore,
@@ -68,6 +69,7 @@ from hurray_wire.integrity import (
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms.compact import referenced_pages
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws
 
@@ -150,9 +152,14 @@ class StreamWriter:
         checksum: bool = True,
         page_digests: bool = False,
         known_pages: Any = None,
+        pages: str = "referenced",
     ) -> int:
         """Append one blob (options as for ``encode``); returns its length in bytes.
 
+        ``pages="referenced"`` (the default) sends only the pages the block table names, so
+        a request's tensor over an engine's whole pool sends the request's pages (renumbered
+        in first-reference order, ``compact``); ``"all"`` sends the whole pool as it is. A
+        pool whose every page is referenced goes as it is either way (no copy).
         ``known_pages``: the sorted digests the receiver holds (``decode_known_pages`` of
         the known-pages record it sent first, docs/integrity.md § 5): those pages travel
         as references, and the reader needs the receiver's ``page_store``."""
@@ -165,6 +172,8 @@ class StreamWriter:
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
         check_against_header(self._header, tensor, f"blob {self._count}")
+        if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
+            tensor, _ = referenced_pages(tensor, pages)
         parts = encode_parts(
             tensor,
             compression=compression,
