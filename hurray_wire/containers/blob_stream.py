@@ -21,9 +21,11 @@ from typing import Any
 from hurray_wire.blob import (
     BLOB_PREFIX_SIZE,
     DecodeLimits,
+    DecodeReport,
     blob_length,
     decode,
     decode_in_place,
+    decode_report,
     encode_parts,
     peek_in_place,
 )
@@ -242,7 +244,10 @@ class StreamReader(ClosesOnExit):
     blob (the decoder's error), a record over ``max_blob_bytes`` (``LimitExceededError``,
     before allocating). After an error the reader raises the same error again.
 
-    ``page_store`` fills the pages of delta blobs (``decode``'s). ``in_place`` instead
+    ``page_store`` fills the pages of delta blobs (``decode``'s); ``on_page_error="report"``
+    hands out a blob whose pages fail their digests or are missing from the store (as
+    ``decode_report``: the failed pages zero) and says which in ``page_report``, the
+    way ``hurray-wire dump`` names bad pages. ``in_place`` instead
     decodes every blob into the engine's own pool (``decode_in_place``): it is called with
     each blob's descriptor and the number of pages the blob carries, and returns the
     ``EnginePoolStore`` of that layer and role and the free pages to write them into (the
@@ -277,8 +282,18 @@ class StreamReader(ClosesOnExit):
         record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
         mmap: bool = True,
         in_place: InPlaceTarget | None = None,
+        on_page_error: str = "raise",
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
+        if on_page_error not in ("raise", "report") or (
+            in_place is not None and (on_page_error == "report")
+        ):
+            raise ArgumentTypeError("on_page_error is 'raise' or 'report' (not with in_place)",
+                                    field="on_page_error", found=repr(on_page_error))  # fmt: skip
+        self._report = on_page_error == "report"
+        #: ``on_page_error="report"``: the DecodeReport of the last blob read (its failed
+        #: pages by physical id and logical place, as ``decode_report``), else None.
+        self.page_report: DecodeReport | None = None
         if in_place is not None and (not callable(in_place) or page_store is not None):
             raise ArgumentTypeError(
                 "in_place must be a callable (descriptor, pages) -> (EnginePoolStore, "
@@ -467,6 +482,11 @@ class StreamReader(ClosesOnExit):
         try:
             if self._in_place is not None:
                 tensor = self._decode_in_place(record)
+            elif self._report:
+                self.page_report = decode_report(
+                    record, verify=self._verify, limits=self._limits, page_store=self._store
+                )
+                tensor = self.page_report.tensor
             else:
                 tensor = decode(
                     record, verify=self._verify, limits=self._limits, page_store=self._store

@@ -424,8 +424,8 @@ class NixlReceiver(_Endpoint):
                         "section checksum mismatch",
                         section=f"{name}[{e['index']}]",
                         offset=start,
-                        expected=f"0x{computed:016x}",
-                        found=f"0x{checksum:016x}",
+                        expected=f"0x{checksum:016x}",  # the stored value
+                        found=f"0x{computed:016x}",
                     )
         if item.pages is not None:
             return engine_tensor(tensor, item.pages, r.layer, r.role)
