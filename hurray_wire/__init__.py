@@ -3,10 +3,10 @@
 The public API mirrors the spec's names: ``BlockPagedLayout``, the quantization schemes,
 ``TensorDescriptor`` with ``encode_descriptor`` / ``decode_descriptor``, a
 ``BlockPagedTensor`` that ``encode`` frames into a blob and ``decode`` validates back into
-NumPy views. Element types live in ``hurray_wire.dtypes`` (``hurray_wire.float16`` works
-too, as the reference's Python API spells them); every error class in
-``hurray_wire.errors``; everything else importable from its module. This module only
-re-exports.
+NumPy views. Element types live in ``hurray_wire.dtypes`` and, as the reference's Python
+API spells them, here (``hurray_wire.float16``; ``preload()`` resolves them all at
+start-up); every error class is here and in ``hurray_wire.errors``; everything else
+importable from its module. This module only re-exports.
 """
 
 from __future__ import annotations
@@ -39,23 +39,131 @@ from hurray_wire.blob import (
     encode_parts,
 )
 from hurray_wire.codecs import Compression
-from hurray_wire.containers import HrryFile, StreamFile, StreamHeader, StreamReader, StreamWriter
-from hurray_wire.dtypes import ElementType
+from hurray_wire.containers import (
+    HrryFile,
+    ModelCache,
+    StreamFile,
+    StreamHeader,
+    StreamReader,
+    StreamWriter,
+    load_cache,
+    save_cache,
+)
+from hurray_wire.dtypes import (
+    ElementType,
+    preload,
+)
+from hurray_wire.dtypes import (  # typed module attributes, as the reference's API has them
+    bfloat16 as bfloat16,
+)
+from hurray_wire.dtypes import (
+    bool_ as bool_,
+)
+from hurray_wire.dtypes import (
+    complex64 as complex64,
+)
+from hurray_wire.dtypes import (
+    complex128 as complex128,
+)
+from hurray_wire.dtypes import (
+    float4_e2m1 as float4_e2m1,
+)
+from hurray_wire.dtypes import (
+    float6_e2m3 as float6_e2m3,
+)
+from hurray_wire.dtypes import (
+    float6_e3m2 as float6_e3m2,
+)
+from hurray_wire.dtypes import (
+    float8_e4m3 as float8_e4m3,
+)
+from hurray_wire.dtypes import (
+    float8_e5m2 as float8_e5m2,
+)
+from hurray_wire.dtypes import (
+    float8_e8m0 as float8_e8m0,
+)
+from hurray_wire.dtypes import (
+    float16 as float16,
+)
+from hurray_wire.dtypes import (
+    float32 as float32,
+)
+from hurray_wire.dtypes import (
+    float64 as float64,
+)
+from hurray_wire.dtypes import (
+    float128 as float128,
+)
+from hurray_wire.dtypes import (
+    int2 as int2,
+)
+from hurray_wire.dtypes import (
+    int4 as int4,
+)
+from hurray_wire.dtypes import (
+    int8 as int8,
+)
+from hurray_wire.dtypes import (
+    int16 as int16,
+)
+from hurray_wire.dtypes import (
+    int32 as int32,
+)
+from hurray_wire.dtypes import (
+    int64 as int64,
+)
+from hurray_wire.dtypes import (
+    uint2 as uint2,
+)
+from hurray_wire.dtypes import (
+    uint4 as uint4,
+)
+from hurray_wire.dtypes import (
+    uint8 as uint8,
+)
+from hurray_wire.dtypes import (
+    uint16 as uint16,
+)
+from hurray_wire.dtypes import (
+    uint32 as uint32,
+)
+from hurray_wire.dtypes import (
+    uint64 as uint64,
+)
 from hurray_wire.errors import (
     ArgumentTypeError,
+    BlobTruncatedError,
     ChecksumError,
     ClosedContainerError,
+    CodecConfigError,
+    ContainerTruncatedError,
+    DecompressionError,
+    DescriptorTruncatedError,
+    FileAccessError,
     HurrayWireError,
+    IncompatibleFingerprintError,
     IndexBufferError,
+    IntegrityError,
+    IntegrityRecordTruncatedError,
     InvalidBlobError,
     InvalidContainerError,
     InvalidDescriptorError,
+    InvalidIntegrityRecordError,
     InvalidMetadataError,
     InvalidStreamError,
     InvalidTensorError,
+    InvalidTransferRecordError,
     LimitExceededError,
     MissingTensorError,
+    PaddingError,
+    PageDigestError,
+    PageStoreError,
+    PageStoreMissError,
     QuantizationNotDefinedError,
+    SectionError,
+    StreamBlobTruncatedError,
+    StreamTruncatedError,
     TransportError,
     TruncatedError,
     UnsupportedLayoutError,
@@ -80,36 +188,55 @@ __all__ = [
     "MXFP",
     "NF4",
     "ArgumentTypeError",
+    "BlobTruncatedError",
     "BlockPagedLayout",
     "BlockPagedTensor",
     "BufferHandle",
     "ChecksumError",
     "ClosedContainerError",
+    "CodecConfigError",
     "Compression",
+    "ContainerTruncatedError",
     "DecodeLimits",
     "DecodeReport",
+    "DecompressionError",
     "DescriptorHeader",
+    "DescriptorTruncatedError",
     "ElementType",
+    "FileAccessError",
     "HrryFile",
     "HurrayWireError",
+    "IncompatibleFingerprintError",
     "IndexBufferError",
+    "IntegrityError",
+    "IntegrityRecordTruncatedError",
     "InvalidBlobError",
     "InvalidContainerError",
     "InvalidDescriptorError",
+    "InvalidIntegrityRecordError",
     "InvalidMetadataError",
     "InvalidStreamError",
     "InvalidTensorError",
+    "InvalidTransferRecordError",
     "LimitExceededError",
     "MissingTensorError",
+    "ModelCache",
+    "PaddingError",
+    "PageDigestError",
+    "PageStoreError",
+    "PageStoreMissError",
     "PerBlockAffine",
     "PerChannelAffine",
     "PerTensorAffine",
     "Quantization",
     "QuantizationNotDefinedError",
+    "SectionError",
     "Statistics",
+    "StreamBlobTruncatedError",
     "StreamFile",
     "StreamHeader",
     "StreamReader",
+    "StreamTruncatedError",
     "StreamWriter",
     "Tensor",
     "TensorDescriptor",
@@ -134,7 +261,10 @@ __all__ = [
     "from_sglang",
     "from_torch",
     "from_vllm",
+    "load_cache",
     "merge_heads",
+    "preload",
+    "save_cache",
     "to_flashinfer",
     "to_sglang",
     "to_torch",
@@ -143,8 +273,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``hurray_wire.float16`` and the other names of ``hurray_wire.dtypes``, which the
-    reference's Python API has at its top level; not in ``__all__``."""
+    """The rest of ``hurray_wire.dtypes`` (``ELEMENT_TYPES``, ``element_type_of``, ...)."""
     if name in dtypes.__all__:
         return getattr(dtypes, name)
     raise AttributeError(f"module 'hurray_wire' has no attribute {name!r}")
