@@ -22,7 +22,14 @@ import numpy as np
 from hurray_wire.errors import InvalidTensorError
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.transforms._common import check_int, flat_pool, lens_or_full, rebuild, token_slots
+from hurray_wire.transforms._common import (
+    check_int,
+    flat_pool,
+    lens_or_full,
+    rebuild,
+    token_slots,
+    with_fingerprint,
+)
 
 __all__ = ["repage"]
 
@@ -86,6 +93,7 @@ def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
         scales=scales,
         zero_points=zero_points,
         quantization=new_quant,
+        metadata=with_fingerprint(tensor, block_size=size),  # the engine's block size now
     )
 
 
