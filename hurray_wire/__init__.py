@@ -83,12 +83,43 @@ if TYPE_CHECKING:
     from hurray_wire.codecs import Compression
     from hurray_wire.containers import (
         HrryFile,
+        ModelCache,
         StreamFile,
         StreamHeader,
         StreamReader,
         StreamWriter,
+        load_cache,
+        save_cache,
     )
-    from hurray_wire.dtypes import ElementType
+    from hurray_wire.dtypes import ElementType, preload
+    from hurray_wire.dtypes import (  # typed module attributes, as the reference's API has them
+        bfloat16 as bfloat16,
+        bool_ as bool_,
+        complex64 as complex64,
+        complex128 as complex128,
+        float4_e2m1 as float4_e2m1,
+        float6_e2m3 as float6_e2m3,
+        float6_e3m2 as float6_e3m2,
+        float8_e4m3 as float8_e4m3,
+        float8_e5m2 as float8_e5m2,
+        float8_e8m0 as float8_e8m0,
+        float16 as float16,
+        float32 as float32,
+        float64 as float64,
+        float128 as float128,
+        int2 as int2,
+        int4 as int4,
+        int8 as int8,
+        int16 as int16,
+        int32 as int32,
+        int64 as int64,
+        uint2 as uint2,
+        uint4 as uint4,
+        uint8 as uint8,
+        uint16 as uint16,
+        uint32 as uint32,
+        uint64 as uint64,
+    )
     from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
     from hurray_wire.model.descriptor_codec import (
         DescriptorHeader,
@@ -145,6 +176,7 @@ __all__ = [
     "InvalidTransferRecordError",
     "LimitExceededError",
     "MissingTensorError",
+    "ModelCache",
     "PaddingError",
     "PageDigestError",
     "PageStoreError",
@@ -186,7 +218,10 @@ __all__ = [
     "from_torch",
     "from_vllm",
     "into_vllm",
+    "load_cache",
     "merge_heads",
+    "preload",
+    "save_cache",
     "to_flashinfer",
     "to_sglang",
     "to_torch",
@@ -202,8 +237,9 @@ _LAZY = {
         "hurray_wire.blob": "DecodeLimits DecodeReport blob_length decode decode_in_place"
         " decode_in_place_report decode_into decode_report encode encode_into encode_parts",
         "hurray_wire.codecs": "Compression",
-        "hurray_wire.containers": "HrryFile StreamFile StreamHeader StreamReader StreamWriter",
-        "hurray_wire.dtypes": "ElementType",
+        "hurray_wire.containers": "HrryFile ModelCache StreamFile StreamHeader StreamReader"
+        " StreamWriter load_cache save_cache",
+        "hurray_wire.dtypes": "ElementType preload",
         "hurray_wire.model.descriptor": "BufferHandle Statistics TensorDescriptor",
         "hurray_wire.model.descriptor_codec": "DescriptorHeader decode_descriptor decode_header",
         "hurray_wire.model.descriptor_encode": "encode_descriptor",
@@ -242,4 +278,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    types = importlib.import_module("hurray_wire.dtypes")
+    return sorted(set(globals()) | set(__all__) | set(types.__all__))

@@ -25,9 +25,11 @@ from typing import IO, Any, BinaryIO
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from hurray_wire import cli_text as text_out
 from hurray_wire import report as summary
 from hurray_wire._version import __version__
-from hurray_wire.blob import decode, encode_parts
+from hurray_wire.blob import encode_parts
+from hurray_wire.cli_text import Item
 from hurray_wire.codecs import Compression
 from hurray_wire.containers import (
     Format,
@@ -62,7 +64,8 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES = {
     EXIT_OK: "ok: every input valid, the output written",
     EXIT_INVALID: "invalid input: an input is not valid hurray-wire (validation failed)",
-    EXIT_USAGE: "usage: bad arguments or options",
+    EXIT_USAGE: "usage: bad arguments or options, or an output format that cannot hold the "
+    "input (several tensors into one .hrwb blob)",
     EXIT_FILE: "file access: an input cannot be read or the output cannot be written "
     "(missing, a directory, no permission, or the output is an input)",
     EXIT_INTERNAL: "internal error: a bug in hurray-wire, reported on one line (please "
@@ -103,40 +106,32 @@ def identify(data: Any) -> str:
     return str(kind)
 
 
-@dataclass
-class Item:
-    """One thing found in an input: a tensor (with its blob bytes) or a descriptor."""
-
-    label: str
-    kind: str
-    tensor: BlockPagedTensor | None = None
-    blob: Any = None
-    descriptor_bytes: bytes | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def _items(data: Any, kind: str, verify: bool) -> Iterator[Item]:
     """Every record of ``data`` in order, each checked as it comes.
 
     A lazy generator on purpose: a record that is cut or corrupt raises only after every
     record before it was handed out, so ``dump`` shows the intact part of a cut stream.
+    Blobs are decoded as ``decode_report`` does, naming the pages that fail their digests.
     """
     view = memoryview(data)
     if kind == "descriptor":
         yield Item("descriptor", kind, descriptor_bytes=bytes(view))
     elif kind == "blob":
-        yield Item("blob", kind, tensor=decode(view, verify=verify), blob=view)
+        tensor, pages = summary.check_blob(view, verify)
+        yield Item("blob", kind, tensor=tensor, blob=view, pages=pages)
     elif kind == "blob-stream":
         # The strict reader: header, every blob, the end record and nothing after it.
-        reader = StreamReader(view, verify=verify)
+        reader = StreamReader(view, verify=verify, page_store=summary.empty_page_store(),
+                              on_page_error="report")  # fmt: skip
         reader.header  # noqa: B018 - reads the stream header: position is the first blob
         for number in range(sys.maxsize):
             start = reader.position
-            tensor = next(reader, None)
-            if tensor is None:
+            got = next(reader, None)
+            if got is None or reader.page_report is None:
                 return
             piece = view[start : reader.position]
-            yield Item(f"blob {number} @ {start}", "blob", tensor=tensor, blob=piece)
+            pages = summary.describe_pages(reader.page_report)
+            yield Item(f"blob {number} @ {start}", "blob", tensor=got, blob=piece, pages=pages)
     elif kind == "reference-stream":
         for number, tensor in enumerate(read_stream(view)):
             yield Item(f"record {number}", kind, tensor=tensor)
@@ -148,6 +143,17 @@ def _items(data: Any, kind: str, verify: bool) -> Iterator[Item]:
             except UnsupportedLayoutError:
                 header = reader_file.descriptor_header(name)
                 yield Item(name, kind, extra={"name": name, "header": header})
+
+
+def _bad_pages(item: Item) -> CliError | None:
+    """The error of an item whose pages fail their digests, naming them."""
+    pages = item.pages
+    if not pages or not pages["bad_pages"]:
+        return None
+    bad, places = pages["bad_pages"], [tuple(p) for p in pages["bad_positions"]]
+    return CliError(f"{item.label}: {len(bad)} page(s) do not match their digest: physical "
+                    f"pages {bad[:16]}{' ...' * (len(bad) > 16)}; logical positions "
+                    f"(sequence, page) {places[:16]}{' ...' * (len(places) > 16)}")  # fmt: skip
 
 
 def _count(data: Any, kind: str) -> int | None:
@@ -189,204 +195,103 @@ def _emit(text: str, out: IO[str], bar: Any) -> None:
         out.write(text)
 
 
-# -- dump ------------------------------------------------------------------------------------
-def _dump_item(item: Item, verify: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"item": item.label, "kind": item.kind}
-    if item.descriptor_bytes is not None:
-        try:
-            desc = decode_descriptor(item.descriptor_bytes)
-            out["descriptor"] = summary.describe_descriptor(desc)
-        except UnsupportedLayoutError:
-            out["descriptor"] = summary.describe_header(decode_header(item.descriptor_bytes))
-        return out
-    if "header" in item.extra:
-        out["descriptor"] = summary.describe_header(item.extra["header"])
-        return out
-    tensor = item.tensor
-    assert tensor is not None
-    if item.blob is not None:
-        out["envelope"] = summary.describe_blob_envelope(item.blob, verify)
-    out["descriptor"] = summary.describe_descriptor(tensor.descriptor)
-    out["index"] = summary.describe_tensor(tensor)
-    out["seq_lens_present"] = tensor.seq_lens is not None
-    out["metadata"] = {k: _jsonable(v) for k, v in tensor.metadata.items()}
-    return out
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _context(data: Any, kind: str) -> dict[str, Any]:
-    """What a container says about itself: the stream header, the .hrry file metadata."""
-    if kind == "blob-stream":
-        with StreamFile(memoryview(data), verify=False) as stream:
-            header, complete = stream.header, stream.complete
-        described: dict[str, Any] | None = None
-        if header is not None:
-            described = {
-                "model": header.model,
-                "num_layers": header.num_layers,
-                "kv_roles": list(header.kv_roles),
-                "element_type": None if header.element_type is None else header.element_type.name,
-                "end_record": header.end_record,
-                "metadata": {k: _jsonable(v) for k, v in header.metadata.items()},
-            }
-        return {"stream_header": described, "stream_complete": complete}
-    if kind == "hrry-file":
-        reader = HrryFile.from_buffer(data)
-        return {"metadata": {k: _jsonable(v) for k, v in reader.user_metadata.items()}}
-    return {}
-
-
-def _print_head(path: str, kind: str, size: int, context: dict[str, Any], out: IO[str]) -> None:
-    print(f"{path}: {kind}, {size} bytes", file=out)
-    if "stream_header" in context:
-        header = context["stream_header"]
-        if header is None:
-            print("  stream header: none (bare concatenated blobs)", file=out)
-        else:
-            print(f"  stream header: model {header['model']!r}, num_layers "
-                  f"{header['num_layers']}, kv_roles {header['kv_roles']}, element_type "
-                  f"{header['element_type']}", file=out)  # fmt: skip
-            if header["metadata"]:
-                print(f"    metadata: {json.dumps(header['metadata'], sort_keys=True)}", file=out)
-        print(f"  end record: {'yes' if context['stream_complete'] else 'no'}", file=out)
-    if context.get("metadata"):
-        print(f"  file metadata: {json.dumps(context['metadata'], sort_keys=True)}", file=out)
-
-
-def _print_item(item: dict[str, Any], out: IO[str]) -> None:
-    print(f"  [{item['item']}]", file=out)
-    envelope = item.get("envelope")
-    if envelope:
-        status = "verified" if envelope["checksums_verified"] else "not verified"
-        print(f"    blob: version {envelope['version']}, total_length "
-              f"{envelope['total_length']}, checksums {envelope['checksum_type']} ({status})",
-              file=out)  # fmt: skip
-    d = item["descriptor"]
-    print(f"    descriptor: Hurray {d['version']}, {d['descriptor_length']} bytes, "
-          f"flags {d['flags']}", file=out)  # fmt: skip
-    print(f"    element_type: {d['element_type']} ({d['type_tag']})", file=out)
-    print(f"    shape: {d['shape']}", file=out)
-    layout = d["layout"]
-    print(f"    layout: {layout['name']} ({layout['tag']})", file=out)
-    for key, value in layout.items():
-        if key not in ("name", "tag"):
-            print(f"      {key}: {value}", file=out)
-    print("    buffers:", file=out)
-    sections = {
-        s["index"]: s for s in (envelope or {}).get("sections", []) if s["kind"] == "buffer"
-    }
-    for index, buf in enumerate(d["buffers"]):
-        name = buf.get("name", f"buffer {index}")
-        line = (
-            f"      [{index}] {name:<12} {buf['byte_size']:>12} bytes  align "
-            f"{buf['alignment']}  {buf['device']}/{buf['memory_class']}/{buf['sync_mode']}"
-        )
-        section = sections.get(index)
-        if section:
-            line += f"  @ {section['offset']}  {section['codec']} stored {section['stored_size']}"
-            if section["checksum"]:
-                line += f"  checksum {section['checksum']}"
-        print(line, file=out)
-    for section in [s for s in (envelope or {}).get("sections", []) if s["kind"] != "buffer"]:
-        print(f"    section {section['kind']}: @ {section['offset']}  {section['codec']} "
-              f"stored {section['stored_size']} raw {section['raw_size']}"
-              f"{'  required' if section['required'] else ''}", file=out)  # fmt: skip
-    quant = d["quantization"]
-    if quant is None:
-        print("    quantization: none", file=out)
-    else:
-        fields = ", ".join(f"{k}={v}" for k, v in quant.items() if k != "scheme")
-        print(f"    quantization: {quant['scheme']} ({fields})", file=out)
-    if d.get("statistics"):
-        print(f"    statistics: {d['statistics']}", file=out)
-    stats = item.get("index")
-    if stats:
-        _print_index(stats, layout["num_pages"], out)
-    if item.get("metadata"):
-        print(f"    metadata: {json.dumps(item['metadata'], sort_keys=True)}", file=out)
-
-
-def _print_index(stats: dict[str, Any], num_pages: int, out: IO[str]) -> None:
-    pages = stats["pages_per_sequence"]
-    tokens = stats["tokens_per_sequence"]
-    print(f"    sequences: {stats['sequences']}, logical pages {stats['logical_pages']}", file=out)
-    if pages:
-        print(f"    pages per sequence: min {pages['min']} / median {pages['median']} / "
-              f"max {pages['max']}", file=out)  # fmt: skip
-    if tokens:
-        print(f"    tokens per sequence: min {tokens['min']} / median {tokens['median']} / "
-              f"max {tokens['max']}", file=out)  # fmt: skip
-    else:
-        print("    tokens per sequence: unknown (no seq_lens)", file=out)
-    print(f"    shared pages: {stats['shared_pages']}", file=out)
-    print(f"    pool occupancy: {stats['pool_pages_referenced']} of {num_pages} pages "
-          f"referenced ({stats['pool_occupancy']:.1%})", file=out)  # fmt: skip
-
-
-def _print_hex(data: Any, kind: str, out: IO[str]) -> None:
-    if kind == "descriptor":
-        notes = summary.annotate_descriptor(bytes(memoryview(data)))
-    elif kind == "blob":
-        notes = summary.annotate_blob(data)
-    elif kind == "blob-stream":
-        notes = summary.annotate_stream(data)
-    else:
-        raise CliError(f"--hex is available for descriptors, blobs and blob streams, not {kind}")
-    raw = memoryview(data)
-    for offset, size, name, value in notes:
-        shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
-        more = " .." if size > 16 else ""
-        print(f"{offset:08x}  {shown + more:<51}  {name} = {value}", file=out)
-
-
-def _dump_one(path: str, args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
-    """Print one input record by record; an error after some records leaves them printed."""
+def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> None:
+    """Print one input record by record; an error after some records leaves them printed.
+    A blob whose pages fail their digests is printed with them named, then reported."""
     verify = not args.no_verify
     data = _read(path, args)
     kind = identify(data)
+    document.update(kind=kind, size=len(data))
     if args.hex:
-        try:
-            _print_hex(data, kind, sys.stdout)
-        except (struct.error, IndexError) as exc:  # annotation of bytes that are no record
-            raise CliError(f"cannot annotate: {exc}") from None
+        _dump_hex(data, kind)
         return
-    context = _context(data, kind)
-    document: dict[str, Any] = {"path": path, "kind": kind, "size": len(data), **context,
-                                "items": []}  # fmt: skip
-    if args.json:
-        results.append(document)
-    else:
-        _print_head(path, kind, len(data), context, sys.stdout)
+    context = text_out.context(data, kind)
+    document.update(context)
+    if not args.json:
+        text_out.print_head(path, kind, len(data), context, sys.stdout)
     total = _count(data, kind)
+    bad: CliError | None = None
     with _bar(args, total if total and total > 1 else None, path, "record") as bar:
         for item in _items(data, kind, verify):
-            described = _dump_item(item, verify)
+            described = text_out.dump_item(item, verify, arrays=args.index)
             if args.json:
                 document["items"].append(described)
             else:
                 text = io.StringIO()
-                _print_item(described, text)
+                text_out.print_item(described, text)
                 _emit(text.getvalue(), sys.stdout, bar)
             bar.update(1)
+            bad = bad or _bad_pages(item)
+    if bad is not None:
+        raise bad
+
+
+def _dump_hex(data: Any, kind: str) -> None:
+    """The annotated hex, then the same checks as ``validate``: a corrupt or cut input is
+    shown as far as it goes and exits 1."""
+    if kind not in text_out.HEX_KINDS:
+        raise UsageError(f"--hex is available for {', '.join(text_out.HEX_KINDS)}, not {kind}")
+    try:
+        text_out.print_hex(data, kind, sys.stdout)
+    except (struct.error, IndexError, HurrayWireError) as exc:  # bytes that are no record
+        sys.stdout.flush()
+        raise CliError(f"cannot annotate further: {exc}") from None
+    sys.stdout.flush()
+    _check(data, kind)
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    """Every input in turn: intact records are printed, the first bad one ends that input."""
+    """Every input in turn: intact records are printed, the first bad one ends that input.
+    With ``--json`` every input is in the array; one that failed has an ``error``."""
     results: list[dict[str, Any]] = []
-    code = EXIT_OK
     for path in args.paths:
-        code = max(code, _guard(path, partial(_dump_one, path, args, results)))
+        document: dict[str, Any] = {"path": path, "kind": None, "size": None, "items": []}
+        results.append(document)
+
+        def failed(code: int, message: str, document: dict[str, Any] = document) -> None:
+            document["error"] = {"message": message, "exit_code": code}
+
+        args.worst = max(args.worst, _guard(path, partial(_dump_one, path, args, document),
+                                            failed))  # fmt: skip
     if args.json:
         json.dump(results, sys.stdout, indent=2, sort_keys=True)
         print()
-    return code
+    return int(args.worst)
+
+
+def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tuple[int, list[str]]:
+    """Check every record of ``data``; returns (tensors, what could not be verified)."""
+    if kind == "descriptor":
+        try:
+            decode_descriptor(data)
+        except UnsupportedLayoutError:
+            decode_header(data)  # valid Hurray, another layout: check its common header
+        return 0, []
+    count, unchecked, by_reference = 0, 0, 0
+    total = _count(data, kind)
+    shown = args is not None and total is not None and total > 1
+    with nullcontext(None) if args is None else _bar(args, total if shown else None, "check",
+                                                     "record") as bar:  # fmt: skip
+        for item in _items(data, kind, True):
+            count += 1
+            error = _bad_pages(item)
+            if error is not None:
+                raise error
+            if item.blob is not None and not summary.blob_has_checksums(item.blob):
+                unchecked += 1
+            by_reference += len(item.pages["by_reference"]) if item.pages else 0
+            if bar is not None:
+                bar.update(1)
+    notes = []
+    if kind in ("reference-stream", "hrry-file"):
+        notes.append(f"a {kind} carries no data checksums: structure checked, values not")
+    if unchecked:
+        notes.append(f"{unchecked} of {count} blob(s) carry no checksums (written with "
+                     "--no-checksum / checksum=False)")  # fmt: skip
+    if by_reference:
+        notes.append(f"{by_reference} page(s) held by reference in a receiver's page store, "
+                     "not in this input")  # fmt: skip
+    return count, notes
 
 
 def _validate_one(path: str, args: argparse.Namespace) -> None:
@@ -401,21 +306,18 @@ def _validate_one(path: str, args: argparse.Namespace) -> None:
             what = f"{exc.layout_name} layout, common header checked"
         print(f"{path}: ok (descriptor, {what})")
         return
-    count = 0
-    total = _count(data, kind)
-    with _bar(args, total if total and total > 1 else None, path, "record") as bar:
-        for _ in _items(data, kind, True):
-            count += 1
-            bar.update(1)
-    print(f"{path}: ok ({kind}, {count} tensor{'s' if count != 1 else ''})")
+    count, notes = _check(data, kind, args)
+    line = f"{path}: ok ({kind}, {count} tensor{'s' if count != 1 else ''})"
+    if notes:
+        line += "; NOT VERIFIED: " + "; ".join(notes)
+    print(line)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check every input (all of them, whatever fails): one line each, exit 1 if any failed."""
-    code = EXIT_OK
     for path in args.paths:
-        code = max(code, _guard(path, partial(_validate_one, path, args)))
-    return code
+        args.worst = max(args.worst, _guard(path, partial(_validate_one, path, args)))
+    return int(args.worst)
 
 
 # -- convert ---------------------------------------------------------------------------------
@@ -546,11 +448,16 @@ def _convert(args: argparse.Namespace) -> None:
         check_not_input(args.output, inputs)  # before anything is opened for writing
     data = _read(args.input, args)
     kind = identify(data)
+    if target == "blob" and (_count(data, kind) or 1) > 1:  # before checking every tensor
+        raise UsageError(f"a .hrwb blob holds one tensor; {args.input} holds "
+                         f"{_count(data, kind)}: convert to a blob stream (.hrws) or a .hrry "
+                         "file")  # fmt: skip
     source = _load(args, data, kind)
     tensors = source.tensors
     checksum = not args.no_checksum
     if target == "blob" and len(tensors) != 1:
-        raise CliError(f"a blob holds one tensor; the input has {len(tensors)} (use .hrws)")
+        raise UsageError(f"a .hrwb blob holds one tensor; {args.input} holds {len(tensors)}: "
+                         "convert to a blob stream (.hrws) or a .hrry file")  # fmt: skip
     header = source.header
     if header is None:
         header = _metadata_header(source.metadata) if source.metadata else StreamHeader()
@@ -568,7 +475,9 @@ def _convert(args: argparse.Namespace) -> None:
             elif target == "blob-stream":
                 with StreamWriter(sink, header) as writer:
                     for _, tensor in tensors:
-                        writer.write(tensor, compression=compression, checksum=checksum)
+                        writer.write(
+                            tensor, compression=compression, checksum=checksum, pages="all"
+                        )  # a conversion keeps every page
                         bar.update(1)
             else:
                 for _, tensor in tensors:
@@ -583,29 +492,29 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 # -- errors ----------------------------------------------------------------------------------
-def _guard(path: str, step: Callable[[], None]) -> int:
-    """Run ``step`` for ``path``; print its failure as one line and return its exit code."""
+def _guard(path: str, step: Callable[[], None],
+           failed: Callable[[int, str], None] | None = None) -> int:  # fmt: skip
+    """Run ``step`` for ``path``; print its failure as one line and return its exit code
+    (``failed`` is told the code and the line too: ``dump --json`` keeps it)."""
     try:
         step()
+        return EXIT_OK
     except UsageError as exc:
-        print(f"hurray-wire: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        code, message = EXIT_USAGE, str(exc)
     except FileAccessError as exc:  # its message starts with the path it is about
-        print(f"hurray-wire: {exc}", file=sys.stderr)
-        return EXIT_FILE
+        code, message = EXIT_FILE, str(exc)
     except (HurrayWireError, CliError) as exc:
-        print(f"hurray-wire: {path}: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        code, message = EXIT_INVALID, f"{path}: {exc}"
     except BrokenPipeError:
         raise
     except OSError as exc:  # a write that failed under us (disk full, ...)
-        print(f"hurray-wire: {exc.filename or path}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_FILE
+        code, message = EXIT_FILE, f"{exc.filename or path}: {exc.strerror or exc}"
     except Exception as exc:  # a bug: still one line, never a traceback (the contract)
-        print(f"hurray-wire: {path}: internal error: {type(exc).__name__}: {exc}",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_INTERNAL
-    return EXIT_OK
+        code, message = EXIT_INTERNAL, f"{path}: internal error: {type(exc).__name__}: {exc}"
+    print(f"hurray-wire: {message}", file=sys.stderr)
+    if failed is not None:
+        failed(code, message)
+    return code
 
 
 # -- entry -----------------------------------------------------------------------------------
@@ -665,6 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="annotated hex of a descriptor, a blob or every record of a blob "
                        "stream")  # fmt: skip
     dump.add_argument("--no-verify", action="store_true", help="skip section checksums")
+    dump.add_argument(
+        "--index", action="store_true", help="the index arrays too: block_table, seq_ptr, seq_lens"
+    )
     dump.set_defaults(func=cmd_dump)
     validate = command("validate", "check every input: one line each, exit 1 if any is invalid")
     validate.add_argument("paths", nargs="+", metavar="PATH",
@@ -698,6 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: the exit code (``EXIT_CODES``); usage errors exit 2 through argparse."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.worst = EXIT_OK  # the worst exit code so far: what a broken pipe returns
     try:
         code: int = args.func(args)
         return code
@@ -707,7 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `| head`: stop quietly, and keep Python's exit flush quiet
         with suppress(OSError, ValueError), open(os.devnull, "wb") as devnull:
             os.dup2(devnull.fileno(), sys.stdout.fileno())
-        return EXIT_OK
+        return int(args.worst)  # invalid inputs seen before the reader left still count
 
 
 if __name__ == "__main__":  # pragma: no cover

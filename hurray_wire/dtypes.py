@@ -41,6 +41,7 @@ __all__ = [
     "int16",
     "int32",
     "int64",
+    "preload",
     "uint2",
     "uint4",
     "uint8",
@@ -151,6 +152,14 @@ _BY_DTYPE: dict[np.dtype[np.generic], ElementType] = {
     if not (isinstance(t.dtype_source, str) and t.dtype_source.startswith("ml_dtypes."))
     and t.tag != 0x46
 }
+
+
+def preload() -> None:
+    """Resolve every element type's NumPy dtype now, importing ``ml_dtypes`` (about 1 s
+    on a first import): call it at start-up so that the first bfloat16 / fp8 decode of a
+    request does not pay it."""
+    for element_type in ELEMENT_TYPES:
+        element_type.numpy_dtype  # noqa: B018 - resolves and caches it
 
 
 def _by_dtype(dtype: np.dtype[np.generic]) -> ElementType:

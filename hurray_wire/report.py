@@ -13,8 +13,10 @@ import numpy as np
 from hurray_wire import blob as blob_codec
 from hurray_wire import codecs
 from hurray_wire.buffers import byte_view
+from hurray_wire.containers import HrryFile
 from hurray_wire.dtypes import element_type_from_tag
-from hurray_wire.errors import HurrayWireError
+from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
+from hurray_wire.integrity import MemoryPageStore
 from hurray_wire.model.descriptor import (
     DEVICE_NAMES,
     MEMORY_CLASS_NAMES,
@@ -27,6 +29,7 @@ from hurray_wire.model.descriptor_codec import DescriptorHeader
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wire
+from hurray_wire.wire import containers as wc
 from hurray_wire.wire import descriptor as wd
 from hurray_wire.wire import stream as ws
 from hurray_wire.wire.fast import derive
@@ -36,12 +39,18 @@ __all__ = [
     "annotate_chunk_table",
     "annotate_descriptor",
     "annotate_end_record",
+    "annotate_hrry",
     "annotate_stream",
     "annotate_stream_header",
+    "blob_has_checksums",
+    "check_blob",
+    "describe_arrays",
     "describe_blob_envelope",
     "describe_descriptor",
     "describe_header",
+    "describe_pages",
     "describe_tensor",
+    "empty_page_store",
 ]
 
 LAYER_NONE_TEXT = "none (0xFFFFFFFF)"
@@ -161,6 +170,54 @@ def describe_tensor(tensor: BlockPagedTensor) -> dict[str, Any]:
     return out
 
 
+def describe_arrays(tensor: BlockPagedTensor) -> dict[str, list[int] | None]:
+    """The index arrays themselves (``dump --index``): block_table, seq_ptr, seq_lens."""
+    seq_lens = tensor.seq_lens
+    return {
+        "block_table": tensor.block_table.astype(np.int64).tolist(),
+        "seq_ptr": tensor.seq_ptr.astype(np.int64).tolist(),
+        "seq_lens": None if seq_lens is None else seq_lens.astype(np.int64).tolist(),
+    }
+
+
+def check_blob(data: Any, verify: bool) -> tuple[BlockPagedTensor, dict[str, Any]]:
+    """Decode one blob for ``dump`` / ``validate``: the tensor and what its pages say.
+
+    With page digests a damaged page is named, not only its section: ``decode_report``
+    (``on_page_error="report"``) gives the physical pages that fail and their logical
+    ``(sequence, page_in_sequence)`` places. The pages a delta blob holds by reference
+    (in the receiver's page store, which a file on its own does not have) are listed and
+    left zero in the tensor. Every other check raises as ``decode`` does.
+    """
+    report = blob_codec.decode_report(data, verify=verify, page_store=empty_page_store())
+    return report.tensor, describe_pages(report)
+
+
+def empty_page_store() -> MemoryPageStore:
+    """A store that holds nothing: a delta blob read without its receiver's store."""
+    return MemoryPageStore(0)
+
+
+def describe_pages(report: Any) -> dict[str, Any]:
+    """A ``DecodeReport`` as data: bad pages (digest mismatch) by physical id and logical
+    ``[sequence, page_in_sequence]``, and the pages held by reference."""
+    bad = np.union1d(report.digest_mismatch, report.corrupt).astype(np.int64)
+    tensor = report.tensor
+    table = tensor.block_table.astype(np.int64)
+    wanted = set(bad.tolist())
+    positions = [
+        [seq, at]
+        for seq, at in report.positions
+        if int(table[int(tensor.seq_ptr[seq]) + at]) in wanted
+    ]
+    return {
+        "digests": bool(report.has_digests),
+        "bad_pages": bad.tolist(),
+        "bad_positions": positions,
+        "by_reference": report.missing.astype(np.int64).tolist(),
+    }
+
+
 def _spread(values: np.ndarray) -> dict[str, float | int] | None:
     if len(values) == 0:
         return None
@@ -202,6 +259,13 @@ def describe_blob_envelope(data: Any, verified: bool) -> dict[str, Any]:
         "checksums_verified": verified and checksummed,
         "sections": sections,
     }
+
+
+def blob_has_checksums(data: Any) -> bool:
+    """Whether a blob's header says its sections carry checksums (``checksum=False``:
+    decoding checks the structure only)."""
+    head = _BLOB_HEADER.unpack_dict(byte_view(data), 0)
+    return bool(head["checksum_type"] == wire.CHECKSUM_XXH3_64)
 
 
 def _entry_at(number: int) -> int:
@@ -277,7 +341,8 @@ def annotate_descriptor(raw: bytes, base: int = 0) -> list[Annotation]:
 
 def annotate_blob(data: Any) -> list[Annotation]:
     """Named fields of a blob's header, section table, descriptor and payload extents."""
-    view = bytes(memoryview(data).cast("B")[: blob_codec.blob_length(data)])
+    declared = blob_codec.blob_length(data)
+    view = bytes(memoryview(data).cast("B")[:declared])
     out: list[Annotation] = []
     for offset, size, name in _BLOB_HEADER.fields:
         label = _label(name)
@@ -311,15 +376,30 @@ def annotate_blob(data: Any) -> list[Annotation]:
         offset, stored = entry["offset"], entry["stored_size"]
         kind = wire.SECTION_KINDS.get(entry["kind"], "unknown")
         if offset > cursor:
-            out.append((cursor, offset - cursor, "padding", "zero"))
+            out.append(_padding(view, cursor, offset))
+        if offset + stored > len(view):  # a cut blob: what is there, then where it ends
+            present = max(0, len(view) - offset)
+            out.append((offset, present, f"section[{number}] payload",
+                        f"{kind}, CUT: {present} of {stored} bytes present"))  # fmt: skip
+            cursor = len(view)
+            break
         if entry["codec"] == codecs.CODEC_CHUNKED:
             out.extend(annotate_chunk_table(view, offset, stored, f"section[{number}]", kind))
         else:
             out.append((offset, stored, f"section[{number}] payload", f"{kind}, {stored} bytes"))
         cursor = offset + stored
-    if len(view) > cursor:
-        out.append((cursor, len(view) - cursor, "padding", "zero"))
+    if declared > len(view):
+        out.append((len(view), 0, "cut record",
+                    f"blob: {declared} bytes declared, {len(view)} present"))  # fmt: skip
+    elif len(view) > cursor:
+        out.append(_padding(view, cursor, len(view)))
     return out
+
+
+def _padding(view: bytes, start: int, stop: int) -> Annotation:
+    """Padding as it is: ``zero``, or how many of its bytes are not (a corrupt blob)."""
+    nonzero = sum(1 for b in view[start:stop] if b)
+    return (start, stop - start, "padding", f"NON-ZERO ({nonzero} bytes)" if nonzero else "zero")
 
 
 def annotate_chunk_table(
@@ -479,6 +559,14 @@ def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
     return out
 
 
+def _whole_header(view: Any) -> bool:
+    """Whether a (possibly cut) blob holds its whole header and header checksum."""
+    if len(view) < _BLOB_HEADER.size:
+        return False
+    head = _BLOB_HEADER.unpack_dict(bytes(view[: _BLOB_HEADER.size]), 0)
+    return bool(head["header_length"] + _CHECKSUM.size <= len(view))
+
+
 def annotate_stream(data: Any) -> list[Annotation]:
     """Every record of a blob stream: the stream header, each blob, the end record.
 
@@ -513,6 +601,13 @@ def annotate_stream(data: Any) -> list[Annotation]:
                 )
             )
             break
+        if pos + total > len(view) and magic == wire.BLOB_MAGIC and _whole_header(view[pos:]):
+            out.append((pos, 0, f"blob {number}", f"{total} bytes declared"))
+            out.extend(
+                (pos + at, size, f"blob[{number}].{name}", value)
+                for at, size, name, value in annotate_blob(view[pos:])
+            )
+            break
         if pos + total > len(view):
             out.append(
                 (
@@ -541,4 +636,48 @@ def annotate_stream(data: Any) -> list[Annotation]:
             )
             number += 1
         pos += total
+    return out
+
+
+# -- annotated hex of a .hrry file -----------------------------------------------------------
+_HRRY_HEADER = derive(wc.HrryHeader)
+_HRRY_TRAILER = derive(wc.HrryTrailer)
+
+
+def annotate_hrry(data: Any) -> list[Annotation]:
+    """A ``.hrry`` file: its header, each tensor's descriptor and data, the KV section,
+    the index and the trailer (docs/reference-containers.md)."""
+    view = bytes(memoryview(data).cast("B"))
+    out: list[Annotation] = [
+        (at, size, f"header.{_label(name)}", _value(view[at : at + size], _label(name)))
+        for at, size, name in _HRRY_HEADER.fields
+    ]
+    regions: list[tuple[int, list[Annotation]]] = []
+    with HrryFile.from_buffer(data) as reader:
+        for name in reader.names:
+            entry = reader.entry(name)
+            start, length = entry.descriptor_offset, entry.descriptor_length
+            notes = [(start, 0, f"tensor {name!r}", f"descriptor {length} bytes")]
+            raw = view[start : start + length]
+            try:
+                reader.descriptor(name)  # block-paged: annotated field by field
+                notes += annotate_descriptor(raw, start)
+            except UnsupportedLayoutError:
+                notes.append((start, length, "descriptor", f"{length} bytes"))
+            notes.append((entry.data_offset, entry.data_length, f"{name} data",
+                          f"{entry.data_length} bytes (no checksum)"))  # fmt: skip
+            regions.append((start, notes))
+        trailer = reader.trailer
+    for _, notes in sorted(regions, key=lambda r: r[0]):
+        out.extend(notes)
+    if trailer.kv_length:
+        out.append((trailer.kv_offset, trailer.kv_length, "file metadata",
+                    f"KV section, {trailer.kv_length} bytes"))  # fmt: skip
+    out.append((trailer.index_offset, trailer.index_length, "index",
+                f"{trailer.index_length} bytes, CRC-32C protected"))  # fmt: skip
+    base = len(view) - _HRRY_TRAILER.size
+    for at, size, name in _HRRY_TRAILER.fields:
+        piece = view[base + at : base + at + size]
+        value = repr(piece.decode("latin-1")) if name == "magic" else _value(piece, _label(name))
+        out.append((base + at, size, f"trailer.{_label(name)}", value))
     return out

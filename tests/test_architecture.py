@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("transport",),
     ("report",),
     ("testing",),
+    ("cli_text",),
     ("cli",),
     ("__main__",),
     ("__init__",),

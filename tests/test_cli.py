@@ -215,7 +215,7 @@ def test_convert_refuses_what_it_cannot_do(
 ) -> None:
     stream = FIXTURES / "streams/whole_cache_2_layers.hrws"
     code, _, err = run(["convert", rel(stream), str(tmp_path / "x.hrwb")], capsys)
-    assert code == 1 and "holds one tensor" in err
+    assert code == cli.EXIT_USAGE and "holds one tensor" in err and "holds 4" in err
     code, _, err = run(["convert", rel(stream), str(tmp_path / "x.unknown")], capsys)
     assert code == 2 and "--to" in err  # a usage error
     descriptor = BLOCK_PAGED / "descriptors/bp_spec_example_f16_key_l3.bin"

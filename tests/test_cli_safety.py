@@ -219,7 +219,8 @@ def test_validate_checks_every_input_and_names_each(
     assert out.splitlines() == [
         f"{BLOB}: ok (blob, 1 tensor)",
         f"{STREAM}: ok (blob-stream, 4 tensors)",
-        f"{HRRY}: ok (hrry-file, 2 tensors)",
+        f"{HRRY}: ok (hrry-file, 2 tensors); NOT VERIFIED: a hrry-file carries no data "
+        "checksums: structure checked, values not",
     ]
     lines = err.splitlines()
     assert len(lines) == 3
@@ -302,13 +303,22 @@ def test_dump_hex_annotates_every_record_of_a_stream(
         assert f"blob[{number}].header.total_length = {entry.length}" in out
     assert "end_record.entry[3].kv_role = value" in out and "end_record.checksum" in out
     cut = _cut(tmp_path, STREAM, entries[1].offset + 100)
-    code, out, _ = run(["dump", "--hex", cut], capsys)
-    assert code == 0 and out.rstrip().endswith("'HRWB': 66112 bytes declared, 100 present")
+    code, out, err = run(["dump", "--hex", cut], capsys)
+    assert out.rstrip().endswith("'HRWB': 66112 bytes declared, 100 present")
+    assert code == cli.EXIT_INVALID and "stream ends inside blob 1" in err  # shown, then refused
+    one_line(err)
 
 
-def test_dump_hex_refuses_the_reference_containers(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(["dump", "--hex", HRRY], capsys)
-    assert code == cli.EXIT_INVALID and "--hex is available for" in err
+def test_dump_hex_annotates_a_hrry_file_and_refuses_a_reference_stream(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(["dump", "--hex", HRRY], capsys)
+    assert (code, err) == (0, "")
+    assert "header.magic = 'HRRYFILE'" in out and "trailer.magic = 'HRRY'" in out
+    assert "(no checksum)" in out and "layout_tag = 0x0A" in out
+    source = str(BLOCK_PAGED / "streams/multi_record.hrrs")
+    code, _, err = run(["dump", "--hex", source], capsys)
+    assert code == cli.EXIT_USAGE and "--hex is available for" in err
     one_line(err)
 
 

@@ -41,7 +41,7 @@ def stream_bytes(header: StreamHeader | None, tensors: list[hw.BlockPagedTensor]
     sink = io.BytesIO()
     with StreamWriter(sink, header) as writer:
         for t in tensors:
-            writer.write(t)
+            writer.write(t, pages="all")
     return sink.getvalue()
 
 
@@ -107,7 +107,7 @@ def test_delta_stream_over_a_socket() -> None:
             known = decode_known_pages(bytes(record), max_entries=1 << 16)
             with StreamWriter(a, StreamHeader(fingerprint=FP, num_layers=4)) as writer:
                 for t in now:
-                    sent.append(writer.write(t, known_pages=known, page_digests=True))
+                    sent.append(writer.write(t, known_pages=known, page_digests=True, pages="all"))
 
     thread = threading.Thread(target=sender)
     thread.start()
@@ -126,7 +126,7 @@ def test_delta_stream_without_a_store_is_refused() -> None:
     t = layer(0)
     sink = io.BytesIO()
     with StreamWriter(sink) as writer:
-        writer.write(t, known_pages=np.sort(page_digests(t)[[0, 1]]))
+        writer.write(t, known_pages=np.sort(page_digests(t)[[0, 1]]), pages="all")
     with pytest.raises(hwe.PageStoreMissError, match="page_store"):
         list(StreamReader(sink.getvalue()))
     store = MemoryPageStore(1 << 20)
@@ -174,7 +174,7 @@ def test_stream_file_fills_delta_blobs_from_the_store(tmp_path: Path) -> None:
     t = layer(0)
     sink = io.BytesIO()
     with StreamWriter(sink) as writer:
-        writer.write(t, known_pages=np.sort(page_digests(t)[[0, 1]]))
+        writer.write(t, known_pages=np.sort(page_digests(t)[[0, 1]]), pages="all")
     path = _file(tmp_path, sink.getvalue())
     with StreamFile(path) as f, pytest.raises(hwe.PageStoreMissError, match="page_store"):
         list(f)

@@ -246,3 +246,55 @@ def test_a_delta_decodes_in_place_into_the_engine_pool() -> None:
         r.expect_in_place(6, "key", engine, free)  # type: ignore[arg-type]
     s.close()
     r.close()
+
+
+@pytest.mark.parametrize("op", ["READ", "WRITE"])
+def test_a_request_sends_only_its_pages_read_where_they_lie(op: str) -> None:
+    """A 3-page request over a 4096-page engine pool: the offer is the 3 pages (plus a
+    header), the pool pages are READ in place (segments inside the engine pool), and the
+    decode side lands them on the blocks it allocated (docs/nixl.md § 7)."""
+    page_shape = (16, 2, 64)  # 4 KiB of float16 per page: every page a zero-copy segment
+    pool = np.random.default_rng(4).random((4096, *page_shape)).astype(np.float16)
+    request = [4000, 17, 18]
+    tensor = hw.BlockPagedTensor.from_arrays(pool, request, [0, 3], seq_lens=[40],
+                                             kv_role="key", layer_index=0)  # fmt: skip
+    engine = np.zeros((64, *page_shape), np.float16)
+    s, r = _connected(engine, sender_arrays=(pool,))
+    offers: list[Any] = []
+    send = s._send
+
+    def spy(record: Any) -> Any:
+        offers.append(record)
+        return send(record)
+
+    s._send = spy
+    r.expect(0, "key", engine, page_ids=[5, 9, 2])
+    s.publish(tensor, op=op)
+    got = _move(s, r, 1)[0, "key"]
+    page = pool[0].nbytes
+    (offer,) = [o for o in offers if o.kind == "offer"]
+    assert 3 * page < offer.total_length < 3 * page + 4096  # not 4096 pages: 3
+    base = int(pool.ctypes.data)
+    in_pool = sorted((g.address - base) // page for g in offer.segments
+                     if base <= g.address < base + pool.nbytes)  # fmt: skip
+    assert in_pool == [17, 4000]  # two runs, read where they lie: no copy
+    np.testing.assert_array_equal(got.block_table, [5, 9, 2])
+    np.testing.assert_array_equal(engine[[5, 9, 2]], pool[request])
+    np.testing.assert_array_equal(got.seq_lens, [40])
+    s.close()
+    r.close()
+
+
+def test_pages_all_still_sends_the_whole_pool() -> None:
+    pool = peer.cache_pool(2, "key", 12)
+    tensor = hw.BlockPagedTensor.from_arrays(pool, [3, 4], [0, 2], kv_role="key",
+                                             layer_index=2)  # fmt: skip
+    s, r = _connected(sender_arrays=(pool,))
+    s.publish(tensor, pages="all")
+    got = _move(s, r, 1)[2, "key"]
+    np.testing.assert_array_equal(got.page_pool, pool)
+    np.testing.assert_array_equal(got.block_table, [3, 4])
+    with pytest.raises(hw.ArgumentTypeError, match="pages"):
+        s.publish(tensor, pages="some")
+    s.close()
+    r.close()

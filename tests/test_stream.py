@@ -100,7 +100,7 @@ def stream_bytes(
     sink = io.BytesIO()
     with StreamWriter(sink, header, **options) as writer:
         for tensor in tensors:
-            writer.write(tensor)
+            writer.write(tensor, pages="all")
     return sink.getvalue()
 
 
@@ -435,8 +435,8 @@ def test_bytes_after_the_end_record_are_left_unread() -> None:
 def test_compression_and_no_checksum_options_pass_through() -> None:
     sink = io.BytesIO()
     with StreamWriter(sink, HEADER) as writer:
-        writer.write(TENSORS[0], compression="zstd")
-        writer.write(TENSORS[1], checksum=False)
+        writer.write(TENSORS[0], compression="zstd", pages="all")
+        writer.write(TENSORS[1], checksum=False, pages="all")
     got = list(StreamReader(io.BytesIO(sink.getvalue())))
     assert_same(got[0], TENSORS[0])
     assert_same(got[1], TENSORS[1])
@@ -504,12 +504,12 @@ def test_writer_retries_short_writes_and_partial_sendmsg() -> None:
     raw = _Trickle()
     with StreamWriter(raw, HEADER) as writer:
         for tensor in TENSORS:
-            writer.write(tensor)
+            writer.write(tensor, pages="all")
     assert bytes(raw.data) == want
     sock = _TrickleSocket()
     with StreamWriter(sock, HEADER) as writer:
         for tensor in TENSORS:
-            writer.write(tensor)
+            writer.write(tensor, pages="all")
     assert bytes(sock.data) == want
     assert sock.calls >= len(want) // 7
 
@@ -517,7 +517,7 @@ def test_writer_retries_short_writes_and_partial_sendmsg() -> None:
 def test_writer_exception_leaves_the_stream_cut() -> None:
     sink = io.BytesIO()
     with pytest.raises(RuntimeError), StreamWriter(sink, HEADER) as writer:
-        writer.write(TENSORS[0])
+        writer.write(TENSORS[0], pages="all")
         raise RuntimeError("prefill crashed")
     assert writer.closed
     got, error = read_all(StreamReader(io.BytesIO(sink.getvalue())))
@@ -534,14 +534,14 @@ def test_writer_state_and_argument_errors(tmp_path: Path) -> None:
     writer.close()
     writer.close()  # idempotent
     with pytest.raises(InvalidStreamError, match="closed"):
-        writer.write(TENSORS[0])
+        writer.write(TENSORS[0], pages="all")
     with pytest.raises(ArgumentTypeError):
         StreamWriter(object())
     with pytest.raises(ArgumentTypeError):
         StreamWriter(io.BytesIO(), header="llama")  # type: ignore[arg-type]
     path = tmp_path / "s.hrws"
     with StreamWriter(path, HEADER) as writer:
-        writer.write(TENSORS[0])
+        writer.write(TENSORS[0], pages="all")
     assert path.read_bytes() == stream_bytes(TENSORS[:1])
 
 
@@ -562,9 +562,9 @@ def test_writer_failure_breaks_the_stream_and_close_adds_no_end_record() -> None
     writer = StreamWriter(sink, HEADER)
     with pytest.raises(BrokenPipeError):
         for tensor in TENSORS:
-            writer.write(tensor)
+            writer.write(tensor, pages="all")
     with pytest.raises(InvalidStreamError, match="broken"):
-        writer.write(TENSORS[0])
+        writer.write(TENSORS[0], pages="all")
     size = len(sink.data)
     writer.close()
     assert len(sink.data) == size
@@ -583,7 +583,7 @@ def test_blobs_must_match_the_stream_header(
     header: StreamHeader, tensor: hw.BlockPagedTensor, match: str
 ) -> None:
     with pytest.raises(InvalidStreamError, match=match):
-        StreamWriter(io.BytesIO(), header).write(tensor)
+        StreamWriter(io.BytesIO(), header).write(tensor, pages="all")
     # a stream built by other means is refused by the reader too
     data = encode_stream_header(header) + bytes(hw.encode(tensor))
     with pytest.raises(InvalidStreamError, match=match):
@@ -601,7 +601,7 @@ def _write_in_thread(
         try:
             with StreamWriter(sink, HEADER) as writer:
                 for tensor in TENSORS:
-                    writer.write(tensor)
+                    writer.write(tensor, pages="all")
         finally:
             finish(sink)
 
@@ -669,7 +669,7 @@ def test_tcp_loopback_transport_with_large_blobs() -> None:
     def send() -> None:
         with client, StreamWriter(client, StreamHeader(num_layers=2)) as writer:
             for tensor in big:
-                writer.write(tensor)
+                writer.write(tensor, pages="all")
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
@@ -949,7 +949,7 @@ def _layered_file(path: Path, layers: int, *, end: bool, pages: int = 64) -> lis
     header = StreamHeader(num_layers=layers, kv_roles=("key",), end_record=end)
     with StreamWriter(path, header) as writer:
         for layer in range(layers):
-            writer.write(make_tensor(layer, pages=pages, heads=8, dim=64))
+            writer.write(make_tensor(layer, pages=pages, heads=8, dim=64), pages="all")
     return list(StreamFile(path).entries)
 
 
@@ -1065,3 +1065,33 @@ def test_guide_examples_run(number: int, capsys: pytest.CaptureFixture[str]) -> 
     exec(compile(_guide_examples()[number], f"{GUIDE.name}[{number}]", "exec"), {})
     if number == 0:
         assert capsys.readouterr().out.split("\n")[:2] == ["my-llm 2", "0 key 0.0"]
+
+
+def test_a_request_over_an_engine_pool_sends_only_its_pages() -> None:
+    """3 pages of a 4096-page pool: the stream carries 3 pages (bytes counted), renumbered
+    in first-reference order; ``pages="all"`` carries the pool; every page referenced: no
+    copy and no renumbering."""
+    pool = np.random.default_rng(3).random((4096, 16, 2, 8)).astype(np.float16)
+    page = pool[0].nbytes
+    request = hw.BlockPagedTensor.from_arrays(pool, [4000, 17, 18], [0, 3], seq_lens=[40],
+                                              kv_role="key", layer_index=0)  # fmt: skip
+    sent, whole = io.BytesIO(), io.BytesIO()
+    with hw.StreamWriter(sent) as writer:
+        length = writer.write(request)
+    with hw.StreamWriter(whole) as writer:
+        assert writer.write(request, pages="all") > 4096 * page
+    assert 3 * page < length < 3 * page + 4096
+    (got,) = hw.StreamReader(sent.getvalue())
+    np.testing.assert_array_equal(got.page_pool, pool[[4000, 17, 18]])
+    np.testing.assert_array_equal(got.block_table, [0, 1, 2])
+    np.testing.assert_array_equal(got.sequence(0), request.sequence(0))
+    (full,) = hw.StreamReader(whole.getvalue())
+    np.testing.assert_array_equal(full.page_pool, pool)
+    everything = hw.BlockPagedTensor.from_arrays(pool[:4], [3, 1, 0, 2], [0, 4])
+    with hw.StreamWriter(io.BytesIO()) as writer, pytest.raises(hw.ArgumentTypeError):
+        writer.write(everything, pages=True)  # type: ignore[arg-type]
+    out = io.BytesIO()
+    with hw.StreamWriter(out) as writer:
+        writer.write(everything)
+    (same,) = hw.StreamReader(out.getvalue())
+    np.testing.assert_array_equal(same.block_table, [3, 1, 0, 2])

@@ -335,7 +335,7 @@ def _stream_round_trip(reader: Any, tensors: list[Any]) -> None:
     try:
         with hws.StreamWriter(sink, header) as writer:
             for tensor in tensors:
-                writer.write(tensor)
+                writer.write(tensor, pages="all")
     except hw.HurrayWireError as exc:
         raise AssertionError(f"StreamWriter refused what StreamReader read: {exc!r}") from exc
     again, copies, error = _read_all(sink.getvalue())
@@ -798,12 +798,12 @@ def generated_seeds() -> dict[str, bytes]:
             sink = io.BytesIO()
             with hws.StreamWriter(sink, header, index=index) as writer:
                 for tensor in tagged:
-                    writer.write(tensor)
+                    writer.write(tensor, pages="all")
             seeds[f"gen-stream-{label}-index{int(index)}.hrws"] = sink.getvalue()
     sink = io.BytesIO()
     with hws.StreamWriter(sink, None) as writer:
         for tensor in f16 + tagged[:1]:
-            writer.write(tensor, compression=hw.Compression(2, min_size=0))
+            writer.write(tensor, compression=hw.Compression(2, min_size=0), pages="all")
     seeds["gen-stream-headerless.hrws"] = sink.getvalue()
     return seeds
 

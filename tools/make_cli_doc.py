@@ -64,9 +64,11 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
      ["dump", "--hex", "fixtures/blobs/spec_example_f16_key_l3.hrwb"]),
     ("dump --json", "The same as JSON, valid against `schemas/dump.schema.json` (abridged).",
      ["dump", "--json", "fixtures/blobs/empty_batch.hrwb"]),
-    ("validate", "One line per input.",
+    ("validate", "One line per input; what could not be verified is said on that line "
+     "(blobs written without checksums, and formats that carry none: `.hrrs`, `.hrry`).",
      ["validate", "fixtures/blobs/spec_example_f16_key_l3.hrwb",
       "fixtures/streams/whole_cache_2_layers.hrws",
+      "fixtures/blobs/no_checksums.hrwb",
       "fixtures/conformance/block_paged/streams/multi_record.hrrs",
       "fixtures/conformance/block_paged/files/layer0_kv.hrry"]),
     ("validate an invalid input", "Every input is checked, whatever fails: `PATH: ok` on "
@@ -106,9 +108,50 @@ def render() -> str:
                      f"{shown}\n```\n")  # fmt: skip
         if code:
             parts[-1] += f"\n(exit code {code})\n"
+    parts.append(_pages_section())
     parts.append(_cut_section())
     parts.append(_convert_section())
     return "\n".join(parts)
+
+
+PAGES_SETUP = """\
+import numpy as np
+
+import hurray_wire as hw
+
+pool = np.random.default_rng(0).random((6, 4, 2, 8)).astype(np.float16)
+t = hw.BlockPagedTensor.from_arrays(pool, [0, 1, 2, 3, 1, 4], [0, 2, 4, 6], seq_lens=[7, 8, 5])
+blob = bytearray(hw.encode(t, page_digests=True))  # one xxh3 digest per page (section 0x04)
+offset = blob.index(pool[1].tobytes())  # page 1's bytes in the blob
+blob[offset + 5] ^= 0x10  # one bit flipped
+open("bad.hrwb", "wb").write(blob)
+"""
+
+
+def _pages_section() -> str:
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        try:
+            exec(compile(PAGES_SETUP, "cli.md", "exec"), {})
+            code, output = run(["validate", "bad.hrwb"])
+            _, dumped = run(["dump", "--index", "bad.hrwb"])
+        finally:
+            os.chdir(cwd)
+    tail = [line for line in dumped.split("\n") if line][-5:]
+    return (
+        "## bad pages, by physical id and logical place\n\nA blob written with page digests "
+        "(`encode(..., page_digests=True)`, `StreamWriter.write(..., page_digests=True)`) "
+        "names the pages that are damaged: their physical ids (block-table values) and every "
+        "place a sequence reads them, as (sequence, page in sequence). Page 1 below is shared "
+        "by sequences 0 and 2. Without digests only the section is known (`buffer[0]`). "
+        "`dump` prints the blob, the bad pages and (with `--index`) the index arrays, then "
+        "the same error.\n\n"
+        f"```python\n{PAGES_SETUP}```\n\n"
+        f"```console\n$ hurray-wire validate bad.hrwb\n{output}"
+        f"$ hurray-wire dump --index bad.hrwb   # the last lines\n" + "\n".join(tail) + "\n```\n"
+        f"\n(exit code {code})\n"
+    )
 
 
 def _cut_section() -> str:
@@ -125,7 +168,8 @@ def _cut_section() -> str:
         "## dump a cut stream\n\nA stream cut mid-way (a dropped connection, a full disk): "
         "every intact record is printed, then one line saying where the stream ends, and the "
         "exit code is 1 (abridged: the headers of the records shown, and the error line).\n\n"
-        f"```console\n$ hurray-wire dump cut.hrws\n{body}\n```\n\n(exit code {code})\n"
+        "```console\n$ head -c 140000 fixtures/streams/whole_cache_2_layers.hrws > cut.hrws\n"
+        f"$ hurray-wire dump cut.hrws\n{body}\n```\n\n(exit code {code})\n"
     )
 
 

@@ -390,7 +390,7 @@ def generate(out: Path) -> dict[str, Any]:
     )
     with hw.StreamWriter(sink, header) as writer:
         for tensor in stream_tensors():
-            writer.write(tensor)
+            writer.write(tensor, pages="all")
     data = sink.getvalue()
     (out / "streams").mkdir(exist_ok=True)
     (out / "streams" / f"{name}.hrws").write_bytes(data)

@@ -478,8 +478,8 @@ def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
         "section checksum mismatch",
         section=e.where,
         offset=e.offset,
-        expected=f"0x{computed:016x}",
-        found=f"0x{stored:016x}",
+        expected=f"0x{stored:016x}",  # what the blob says the bytes hash to
+        found=f"0x{computed:016x}",  # what they hash to now
     )
 
 

@@ -265,8 +265,8 @@ def checked_header(
             "header checksum mismatch",
             section="header",
             offset=header_length,
-            expected=f"0x{computed:016x}",
-            found=f"0x{stored_hash:016x}",
+            expected=f"0x{stored_hash:016x}",  # the stored value
+            found=f"0x{computed:016x}",
         )
     if HEADER.struct.unpack_from(header, 0) != fixed:  # pragma: no cover - a writer's race
         raise InvalidBlobError("the blob changed while it was decoded", section="header")

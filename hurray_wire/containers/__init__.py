@@ -18,6 +18,7 @@ from hurray_wire.containers.hrry import (
     read_file_metadata,
 )
 from hurray_wire.containers.hrry_write import write_file
+from hurray_wire.containers.model_cache import ModelCache, load_cache, save_cache
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     StreamEntry,
@@ -46,6 +47,7 @@ __all__ = [
     "Format",
     "HrryFile",
     "IndexEntry",
+    "ModelCache",
     "StreamEntry",
     "StreamFile",
     "StreamHeader",
@@ -56,9 +58,11 @@ __all__ = [
     "encode_end_record",
     "encode_stream_header",
     "identify",
+    "load_cache",
     "read_file",
     "read_file_metadata",
     "read_stream",
+    "save_cache",
     "write_file",
     "write_stream",
 ]

@@ -21,6 +21,7 @@ from typing import Any
 from hurray_wire.blob import (
     BLOB_PREFIX_SIZE,
     DecodeLimits,
+    DecodeReport,
     blob_length,
     encode_parts,
     peek_in_place,
@@ -62,6 +63,7 @@ from hurray_wire.errors import (
     StreamTruncatedError,
 )
 from hurray_wire.integrity import (
+    DeltaPlan,
     EngineFingerprint,
     EnginePoolStore,
     PageStore,
@@ -69,6 +71,7 @@ from hurray_wire.integrity import (
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms.compact import referenced_pages
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire import stream as ws
 
@@ -151,9 +154,14 @@ class StreamWriter:
         checksum: bool = True,
         page_digests: bool = False,
         known_pages: Any = None,
+        pages: str = "referenced",
     ) -> int:
         """Append one blob (options as for ``encode``); returns its length in bytes.
 
+        ``pages="referenced"`` (the default) sends only the pages the block table names, so
+        a request's tensor over an engine's whole pool sends the request's pages (renumbered
+        in first-reference order, ``compact``); ``"all"`` sends the whole pool as it is. A
+        pool whose every page is referenced goes as it is either way (no copy).
         ``known_pages``: the sorted digests the receiver holds (``decode_known_pages`` of
         the known-pages record it sent first, docs/integrity.md § 5): those pages travel
         as references, and the reader needs the receiver's ``page_store``."""
@@ -166,6 +174,8 @@ class StreamWriter:
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
         check_against_header(self._header, tensor, f"blob {self._count}")
+        if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
+            tensor, _ = referenced_pages(tensor, pages)
         parts = encode_parts(
             tensor,
             compression=compression,
@@ -234,7 +244,10 @@ class StreamReader(ClosesOnExit):
     blob (the decoder's error), a record over ``max_blob_bytes`` (``LimitExceededError``,
     before allocating). After an error the reader raises the same error again.
 
-    ``page_store`` fills the pages of delta blobs (``decode``'s). ``in_place`` instead
+    ``page_store`` fills the pages of delta blobs (``decode``'s); ``on_page_error="report"``
+    hands out a blob whose pages fail their digests or are missing from the store (as
+    ``decode_report``: the failed pages zero) and says which in ``page_report``, the
+    way ``hurray-wire dump`` names bad pages. ``in_place`` instead
     decodes every blob into the engine's own pool (``decode_in_place``): it is called with
     each blob's descriptor and the number of pages the blob carries, and returns the
     ``EnginePoolStore`` of that layer and role and the free pages to write them into (the
@@ -269,8 +282,18 @@ class StreamReader(ClosesOnExit):
         record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
         mmap: bool = True,
         in_place: InPlaceTarget | None = None,
+        on_page_error: str = "raise",
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
+        if on_page_error not in ("raise", "report") or (
+            in_place is not None and (on_page_error == "report")
+        ):
+            raise ArgumentTypeError("on_page_error is 'raise' or 'report' (not with in_place)",
+                                    field="on_page_error", found=repr(on_page_error))  # fmt: skip
+        self._report = on_page_error == "report"
+        #: ``on_page_error="report"``: the DecodeReport of the last blob read (its failed
+        #: pages by physical id and logical place, as ``decode_report``), else None.
+        self.page_report: DecodeReport | None = None
         if in_place is not None and (not callable(in_place) or page_store is not None):
             raise ArgumentTypeError(
                 "in_place must be a callable (descriptor, pages) -> (EnginePoolStore, "
@@ -467,7 +490,9 @@ class StreamReader(ClosesOnExit):
             if self._in_place is not None:
                 tensor = self._decode_in_place(view, accept)
             else:
-                tensor = run(view, self._options, accept=accept)[0]
+                tensor, self.page_report = run(
+                    view, self._options, report=self._report, accept=accept
+                )
         except HurrayWireError as exc:
             add_note(exc, f"in {what} at stream offset {self._position}")
             raise

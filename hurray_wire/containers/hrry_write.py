@@ -86,6 +86,10 @@ def write_file(
 ) -> int:
     """Write a ``.hrry`` file exactly as the reference ``FileWriter`` does; its size in bytes.
 
+    The ``.hrry`` format has no data checksums (only its index has a CRC-32C): a flipped bit
+    in a page reads back silently. To keep a cache on disk, ``save_cache`` (a checksummed
+    blob stream) is the checked choice; this is for exchange with the reference.
+
     Tensors go in mapping order (§ B.3: buffer 0 and each later buffer at the next multiple
     of ``data_buffer_alignment``, no padding after the last buffer, then 8-byte padding); the
     KV section only when there is an entry; file_flags 0x04 (+0x02 with ``sorted_index``),

@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+from hurray_wire.fingerprint import fingerprint_from_metadata, fingerprint_to_metadata
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 
 Array = npt.NDArray[Any]
 _KEEP: Any = object()
+
+
+def with_fingerprint(tensor: BlockPagedTensor, **changes: Any) -> dict[str, Any]:
+    """``tensor``'s metadata with its engine fingerprint's fields changed (``block_size``
+    after repage, ``tp_rank`` / ``tp_size`` after a head split or merge), so that the
+    fingerprint keeps describing the tensor; unchanged when it carries none."""
+    metadata = dict(tensor.metadata)
+    fp = fingerprint_from_metadata(metadata)
+    if fp is not None:
+        metadata.update(fingerprint_to_metadata(dataclasses.replace(fp, **changes)))
+    return metadata
 
 
 def check_int(value: object, name: str, minimum: int = 0, maximum: int | None = None) -> int:
@@ -96,6 +109,7 @@ def rebuild(
     scales: Any = _KEEP,
     zero_points: Any = _KEEP,
     quantization: Quantization | None = _KEEP,
+    metadata: Any = _KEEP,
 ) -> BlockPagedTensor:
     """A new tensor like ``tensor`` with some arrays replaced, validated by from_arrays."""
 
@@ -115,6 +129,6 @@ def rebuild(
         zero_points=keep(zero_points, tensor.zero_points),
         block_table_index_type="uint64" if index_type == "uint64" else None,
         element_type=tensor.element_type,
-        metadata=tensor.metadata,
+        metadata=keep(metadata, tensor.metadata),
         alignment=tensor.descriptor.buffers[0].alignment,
     )

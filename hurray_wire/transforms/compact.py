@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import Array, check_tensor, rebuild
 
-__all__ = ["compact", "first_reference_order", "prefix_sharing"]
+__all__ = ["PAGES", "compact", "first_reference_order", "prefix_sharing", "referenced_pages"]
+
+#: ``pages=`` of ``StreamWriter.write`` / ``NixlSender.publish``: only the pages the block
+#: table references (the default: a request over an engine pool), or the whole pool.
+PAGES = ("referenced", "all")
 
 
 def first_reference_order(block_table: Array) -> tuple[Array, Array]:
@@ -40,6 +45,27 @@ def compact(tensor: BlockPagedTensor) -> BlockPagedTensor:
             zero_points = zero_points.reshape(-1, page_size)[old_ids].reshape(-1)
     return rebuild(tensor, page_pool=pool, block_table=table, scales=scales,
                    zero_points=zero_points)  # fmt: skip
+
+
+def referenced_pages(
+    tensor: BlockPagedTensor, pages: object = "referenced"
+) -> tuple[BlockPagedTensor, Array | None]:
+    """What to send of ``tensor`` for ``pages=``: ``(tensor, None)`` when the whole pool goes
+    (``"all"``, or every page is referenced), else ``(compact(tensor), old_ids)``, where
+    ``old_ids[i]`` is the source page of sent page ``i`` (a zero-copy sender reads them
+    where they lie). A request's block table over a 4096-page engine pool sends its pages,
+    not the pool."""
+    if not isinstance(pages, str) or pages not in PAGES:
+        raise ArgumentTypeError("pages is 'referenced' or 'all'", field="pages",
+                                found=repr(pages))  # fmt: skip
+    if pages == "all":
+        return tensor, None
+    num_pages = tensor.layout.num_pages
+    table = tensor.block_table
+    if table.size >= num_pages and np.unique(table).size == num_pages:
+        return tensor, None  # every page is referenced: the pool goes as it is, no copy
+    old_ids, _ = first_reference_order(table)
+    return compact(tensor), old_ids
 
 
 def prefix_sharing(tensor: BlockPagedTensor) -> dict[int, tuple[int, ...]]:

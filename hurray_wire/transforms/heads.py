@@ -16,9 +16,14 @@ from typing import Any
 import numpy as np
 
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+from hurray_wire.fingerprint import (
+    FINGERPRINT_METADATA_KEY,
+    differences,
+    fingerprint_from_metadata,
+)
 from hurray_wire.model.quantization import PerChannelAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.transforms._common import check_int, check_tensor, rebuild
+from hurray_wire.transforms._common import check_int, check_tensor, rebuild, with_fingerprint
 
 __all__ = ["MAX_RANKS", "head_ranges", "merge_heads", "split_heads"]
 
@@ -43,7 +48,9 @@ def head_ranges(num_heads: int, n: int) -> list[tuple[int, int]]:
     )
 
 
-def _slice(tensor: BlockPagedTensor, first: int, stop: int) -> BlockPagedTensor:
+def _slice(
+    tensor: BlockPagedTensor, first: int, stop: int, metadata: dict[str, Any]
+) -> BlockPagedTensor:
     pool = tensor.unpacked_page_pool()[:, :, first:stop, :]
     scales, zero_points = tensor.scales, tensor.zero_points
     quant = tensor.quantization
@@ -51,16 +58,31 @@ def _slice(tensor: BlockPagedTensor, first: int, stop: int) -> BlockPagedTensor:
         assert scales is not None
         scales = scales[first:stop]
         zero_points = None if zero_points is None else zero_points[first:stop]
-    return rebuild(tensor, page_pool=pool, scales=scales, zero_points=zero_points)
+    return rebuild(tensor, page_pool=pool, scales=scales, zero_points=zero_points,
+                   metadata=metadata)  # fmt: skip
 
 
 def split_heads(tensor: BlockPagedTensor, n: object) -> list[BlockPagedTensor]:
-    """One tensor per rank (see the module docstring for which heads each holds)."""
+    """One tensor per rank (see the module docstring for which heads each holds).
+
+    An engine fingerprint in the metadata is made each shard's own: a source at rank ``a``
+    of ``s`` split ``n`` ways gives ranks ``a * n + r`` of ``s * n``."""
     check_tensor(tensor)
     ranks = check_int(n, "n", minimum=1, maximum=MAX_RANKS)
     ranges = head_ranges(tensor.shape[1], ranks)
-    distinct = {r: _slice(tensor, *r) for r in dict.fromkeys(ranges)}  # replicas built once
-    return [distinct[r] for r in ranges]
+    fp = fingerprint_from_metadata(tensor.metadata)
+    out = []
+    built: dict[tuple[int, int], BlockPagedTensor] = {}
+    for rank, heads in enumerate(ranges):
+        if fp is None:  # replicas are one tensor, built once
+            if heads not in built:
+                built[heads] = _slice(tensor, *heads, dict(tensor.metadata))
+            out.append(built[heads])
+        else:
+            metadata = with_fingerprint(tensor, tp_rank=fp.tp_rank * ranks + rank,
+                                        tp_size=fp.tp_size * ranks)  # fmt: skip
+            out.append(_slice(tensor, *heads, metadata))
+    return out
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -77,9 +99,20 @@ def _check_agree(base: BlockPagedTensor, other: BlockPagedTensor, rank: int) -> 
         ("total_tokens", base.shape[0], other.shape[0]),
         ("num_heads", base.shape[1], other.shape[1]),
         ("quantization", base.quantization, other.quantization),
-        ("metadata", base.metadata, other.metadata),
     ]
-    for name, a, b in checks:
+    differing = sorted(k for k in set(base.metadata) | set(other.metadata)
+                       if k != FINGERPRINT_METADATA_KEY
+                       and base.metadata.get(k) != other.metadata.get(k))  # fmt: skip
+    if differing:
+        raise InvalidTensorError(f"shard {rank} differs from shard 0 in metadata",
+                                 field="metadata", found=f"keys {differing}")  # fmt: skip
+    a, b = fingerprint_from_metadata(base.metadata), fingerprint_from_metadata(other.metadata)
+    if (a is None) != (b is None) or (a and b and differences(a, b, ignore=("tp_rank",))):
+        fields = "a fingerprint" if a is None or b is None else differences(a, b)
+        raise InvalidTensorError(f"shard {rank} is of another engine than shard 0",
+                                 field="hurray.engine_fingerprint", found=fields)  # fmt: skip
+    for name, a_value, b_value in checks:
+        a, b = a_value, b_value
         if a != b:
             raise InvalidTensorError(
                 f"shard {rank} differs from shard 0 in {name}", field=name, found=b, expected=a
@@ -155,4 +188,27 @@ def merge_heads(
             zero_points = np.concatenate(
                 [s.zero_points for s in shards if s.zero_points is not None]
             )
-    return rebuild(base, page_pool=pool, scales=scales, zero_points=zero_points)
+    return rebuild(base, page_pool=pool, scales=scales, zero_points=zero_points,
+                   metadata=_merged_metadata(base, [fingerprint_from_metadata(t.metadata)
+                                                    for t in tensors]))  # fmt: skip
+
+
+def _merged_metadata(base: BlockPagedTensor, fps: list[Any]) -> dict[str, Any]:
+    """The shards' metadata with the fingerprint of the merged tensor: shards at ranks
+    ``k * n .. k * n + n - 1`` of ``s`` merge to rank ``k`` of ``s / n``; shards that all
+    carry one rank (made without the split's renumbering) keep it."""
+    if fps[0] is None:
+        return dict(base.metadata)
+    n = len(fps)
+    ranks = [fp.tp_rank for fp in fps]
+    first, size = ranks[0], fps[0].tp_size
+    if len(set(ranks)) == 1:
+        return dict(base.metadata)
+    if ranks != list(range(first, first + n)) or first % n or size % n:
+        raise InvalidTensorError(
+            f"the shards' tp_rank must be {n} consecutive ranks starting at a multiple of {n}",
+            field="tp_rank",
+            found=ranks[:16],
+            expected=f"k*{n} .. k*{n}+{n - 1} of a tp_size divisible by {n}",
+        )
+    return with_fingerprint(base, tp_rank=first // n, tp_size=size // n)

@@ -29,6 +29,7 @@ from hurray_wire.transforms._common import (
     lens_or_full,
     rebuild,
     token_slots,
+    with_fingerprint,
 )
 
 __all__ = ["MAX_PAGE_SIZE", "repage"]
@@ -99,6 +100,7 @@ def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
         scales=scales,
         zero_points=zero_points,
         quantization=new_quant,
+        metadata=with_fingerprint(tensor, block_size=size),  # the engine's block size now
     )
 
 

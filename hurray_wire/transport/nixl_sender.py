@@ -16,10 +16,9 @@ from hurray_wire.blob import encode_parts
 from hurray_wire.blob.encoder import encode_deferred
 from hurray_wire.blob.envelope import pool_section as _pool_section
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
-from hurray_wire.integrity import (
-    decode_known_pages,
-)
+from hurray_wire.integrity import DeltaPlan, decode_known_pages
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms.compact import referenced_pages
 from hurray_wire.transport.nixl_endpoint import (
     _ZERO_COPY_MIN,
     DEFAULT_DEADLINE,
@@ -64,6 +63,28 @@ class _Outgoing:
     head_end: int | None = None  # WRITE: the blob range [0, head_end) goes last
     head: Any = None
     done: bool = False
+
+
+def _pages_in_place(
+    parts: list[memoryview], source: BlockPagedTensor, old_ids: npt.NDArray[np.int64]
+) -> list[memoryview]:
+    """``parts`` of the compacted blob with its raw pool replaced by views of the source
+    pool's pages, one per run of adjacent page ids (the same bytes: scattered READ)."""
+    offset, length, raw, _ = _pool_section(parts[0])
+    pool = source.page_pool
+    if not raw or not pool.flags.c_contiguous or pool.nbytes % source.layout.num_pages:
+        return parts
+    page = pool.nbytes // source.layout.num_pages
+    flat = pool.reshape(-1).view(np.uint8).data
+    cursor = 0
+    for index, part in enumerate(parts):
+        if cursor == offset and len(part) == length == page * len(old_ids):
+            breaks = np.flatnonzero(np.diff(old_ids) != 1) + 1
+            runs = np.split(old_ids, breaks)
+            views = [flat[int(r[0]) * page : (int(r[-1]) + 1) * page] for r in runs]
+            return [*parts[:index], *views, *parts[index + 1 :]]
+        cursor += len(part)
+    return parts
 
 
 class NixlSender(_Endpoint):
@@ -115,6 +136,7 @@ class NixlSender(_Endpoint):
         deadline: float = DEFAULT_DEADLINE,
         page_digests: bool = False,
         known_pages: Any = None,
+        pages: str = "referenced",
     ) -> None:
         """Offer one blob to the peer and return at once (``wait`` drives it to the end).
 
@@ -128,6 +150,9 @@ class NixlSender(_Endpoint):
         until ``wait`` returns. ``page_digests`` / ``known_pages`` as for ``encode`` (a
         delta blob: pages the receiver holds go as references; ``known_pages()`` gives what
         it said it holds); both need ``mode="staged"``, and the blob is encoded here.
+        ``pages="referenced"`` (the default) sends only the pages the block table names
+        (``StreamWriter.write``'s rule): zero-copy, the peer READs them where they lie in the
+        engine's pool, one segment per run of adjacent pages; ``"all"`` sends the pool.
         """
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
@@ -150,6 +175,10 @@ class NixlSender(_Endpoint):
                 "page_digests / known_pages need mode='staged'", field="known_pages"
             )
         self._peer_name()
+        source = tensor
+        old_ids = None
+        if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
+            tensor, old_ids = referenced_pages(tensor, pages)
         if delta:  # the plan (a digest pass) decides the size: encode once, copy when staged
             encoded = blob.encode(tensor, compression=compression, checksum=checksum,
                                   page_digests=page_digests, known_pages=known_pages)  # fmt: skip
@@ -171,6 +200,8 @@ class NixlSender(_Endpoint):
             parts, final = encode_deferred(tensor)
         else:
             parts, final = encode_parts(tensor, checksum=False), None
+        if old_ids is not None and mode == "zero-copy":  # the sent pages where they lie
+            parts = _pages_in_place(parts, source, old_ids)
         total = sum(len(p) for p in parts)
         copied = [
             k == 0 or len(p) < _ZERO_COPY_MIN or not self._registered(*_address(p))

@@ -1,0 +1,217 @@
+"""What ``dump`` and ``validate`` print: the text and JSON of each input, from ``report``'s data.
+
+Split from ``cli.py`` (arguments, inputs, exit codes) so that each stays readable; like the
+CLI, the only other module that prints, and only to the stream it is handed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from hurray_wire import report as summary
+from hurray_wire.containers import HrryFile, StreamFile
+from hurray_wire.errors import UnsupportedLayoutError
+from hurray_wire.model.descriptor_codec import decode_descriptor, decode_header
+from hurray_wire.tensor import BlockPagedTensor
+
+__all__ = ["HEX_KINDS", "Item", "context", "dump_item", "print_head", "print_hex", "print_item"]
+
+
+@dataclass
+class Item:
+    """One thing found in an input: a tensor (with its blob bytes) or a descriptor;
+    ``pages`` is what the blob's page sections said (``report.check_blob``)."""
+
+    label: str
+    kind: str
+    tensor: BlockPagedTensor | None = None
+    blob: Any = None
+    descriptor_bytes: bytes | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    pages: dict[str, Any] | None = None
+
+
+def dump_item(item: Item, verify: bool, arrays: bool = False) -> dict[str, Any]:
+    """One item as the JSON of ``dump --json`` (``arrays``: the index arrays too)."""
+    out: dict[str, Any] = {"item": item.label, "kind": item.kind}
+    if item.descriptor_bytes is not None:
+        try:
+            desc = decode_descriptor(item.descriptor_bytes)
+            out["descriptor"] = summary.describe_descriptor(desc)
+        except UnsupportedLayoutError:
+            out["descriptor"] = summary.describe_header(decode_header(item.descriptor_bytes))
+        return out
+    if "header" in item.extra:
+        out["descriptor"] = summary.describe_header(item.extra["header"])
+        return out
+    tensor = item.tensor
+    assert tensor is not None
+    if item.blob is not None:
+        out["envelope"] = summary.describe_blob_envelope(item.blob, verify)
+    out["descriptor"] = summary.describe_descriptor(tensor.descriptor)
+    out["index"] = summary.describe_tensor(tensor)
+    out["seq_lens_present"] = tensor.seq_lens is not None
+    if item.pages is not None:
+        out["pages"] = item.pages
+    if arrays:
+        out["arrays"] = summary.describe_arrays(tensor)
+    out["metadata"] = {k: _jsonable(v) for k, v in tensor.metadata.items()}
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def context(data: Any, kind: str) -> dict[str, Any]:
+    """What a container says about itself: the stream header, the .hrry file metadata."""
+    if kind == "blob-stream":
+        with StreamFile(memoryview(data), verify=False) as stream:
+            header, complete = stream.header, stream.complete
+        described: dict[str, Any] | None = None
+        if header is not None:
+            described = {
+                "model": header.model,
+                "num_layers": header.num_layers,
+                "kv_roles": list(header.kv_roles),
+                "element_type": None if header.element_type is None else header.element_type.name,
+                "end_record": header.end_record,
+                "metadata": {k: _jsonable(v) for k, v in header.metadata.items()},
+            }
+        return {"stream_header": described, "stream_complete": complete}
+    if kind == "hrry-file":
+        reader = HrryFile.from_buffer(data)
+        return {"metadata": {k: _jsonable(v) for k, v in reader.user_metadata.items()}}
+    return {}
+
+
+def print_head(path: str, kind: str, size: int, context: dict[str, Any], out: IO[str]) -> None:
+    print(f"{path}: {kind}, {size} bytes", file=out)
+    if "stream_header" in context:
+        header = context["stream_header"]
+        if header is None:
+            print("  stream header: none (bare concatenated blobs)", file=out)
+        else:
+            print(f"  stream header: model {header['model']!r}, num_layers "
+                  f"{header['num_layers']}, kv_roles {header['kv_roles']}, element_type "
+                  f"{header['element_type']}", file=out)  # fmt: skip
+            if header["metadata"]:
+                print(f"    metadata: {json.dumps(header['metadata'], sort_keys=True)}", file=out)
+        print(f"  end record: {'yes' if context['stream_complete'] else 'no'}", file=out)
+    if context.get("metadata"):
+        print(f"  file metadata: {json.dumps(context['metadata'], sort_keys=True)}", file=out)
+
+
+def print_item(item: dict[str, Any], out: IO[str]) -> None:
+    print(f"  [{item['item']}]", file=out)
+    envelope = item.get("envelope")
+    if envelope:
+        status = "verified" if envelope["checksums_verified"] else "not verified"
+        print(f"    blob: version {envelope['version']}, total_length "
+              f"{envelope['total_length']}, checksums {envelope['checksum_type']} ({status})",
+              file=out)  # fmt: skip
+    d = item["descriptor"]
+    print(f"    descriptor: Hurray {d['version']}, {d['descriptor_length']} bytes, "
+          f"flags {d['flags']}", file=out)  # fmt: skip
+    print(f"    element_type: {d['element_type']} ({d['type_tag']})", file=out)
+    print(f"    shape: {d['shape']}", file=out)
+    layout = d["layout"]
+    print(f"    layout: {layout['name']} ({layout['tag']})", file=out)
+    for key, value in layout.items():
+        if key not in ("name", "tag"):
+            print(f"      {key}: {value}", file=out)
+    print("    buffers:", file=out)
+    sections = {
+        s["index"]: s for s in (envelope or {}).get("sections", []) if s["kind"] == "buffer"
+    }
+    for index, buf in enumerate(d["buffers"]):
+        name = buf.get("name", f"buffer {index}")
+        line = (
+            f"      [{index}] {name:<12} {buf['byte_size']:>12} bytes  align "
+            f"{buf['alignment']}  {buf['device']}/{buf['memory_class']}/{buf['sync_mode']}"
+        )
+        section = sections.get(index)
+        if section:
+            line += f"  @ {section['offset']}  {section['codec']} stored {section['stored_size']}"
+            if section["checksum"]:
+                line += f"  checksum {section['checksum']}"
+        print(line, file=out)
+    for section in [s for s in (envelope or {}).get("sections", []) if s["kind"] != "buffer"]:
+        print(f"    section {section['kind']}: @ {section['offset']}  {section['codec']} "
+              f"stored {section['stored_size']} raw {section['raw_size']}"
+              f"{'  required' if section['required'] else ''}", file=out)  # fmt: skip
+    quant = d["quantization"]
+    if quant is None:
+        print("    quantization: none", file=out)
+    else:
+        fields = ", ".join(f"{k}={v}" for k, v in quant.items() if k != "scheme")
+        print(f"    quantization: {quant['scheme']} ({fields})", file=out)
+    if d.get("statistics"):
+        print(f"    statistics: {d['statistics']}", file=out)
+    stats = item.get("index")
+    if stats:
+        _print_index(stats, layout["num_pages"], out)
+    _print_pages(item.get("pages"), out)
+    for name, values in (item.get("arrays") or {}).items():
+        print(f"    {name}: {'none' if values is None else values}", file=out)
+    if item.get("metadata"):
+        print(f"    metadata: {json.dumps(item['metadata'], sort_keys=True)}", file=out)
+
+
+def _print_pages(pages: dict[str, Any] | None, out: IO[str]) -> None:
+    """What the page sections said: bad pages by physical id and logical place, and the
+    pages a delta blob holds by reference."""
+    if not pages:
+        return
+    if pages["bad_pages"]:
+        places = [tuple(p) for p in pages["bad_positions"]]
+        print(f"    BAD PAGES (digest mismatch): physical {pages['bad_pages']}, logical "
+              f"(sequence, page) {places}", file=out)  # fmt: skip
+    elif pages["digests"]:
+        print("    page digests: every page matches", file=out)
+    if pages["by_reference"]:
+        print(f"    pages by reference: {pages['by_reference']} (held in the receiver's page "
+              "store: not in this input, shown as zero)", file=out)  # fmt: skip
+
+
+def _print_index(stats: dict[str, Any], num_pages: int, out: IO[str]) -> None:
+    pages = stats["pages_per_sequence"]
+    tokens = stats["tokens_per_sequence"]
+    print(f"    sequences: {stats['sequences']}, logical pages {stats['logical_pages']}", file=out)
+    if pages:
+        print(f"    pages per sequence: min {pages['min']} / median {pages['median']} / "
+              f"max {pages['max']}", file=out)  # fmt: skip
+    if tokens:
+        print(f"    tokens per sequence: min {tokens['min']} / median {tokens['median']} / "
+              f"max {tokens['max']}", file=out)  # fmt: skip
+    else:
+        print("    tokens per sequence: unknown (no seq_lens)", file=out)
+    print(f"    shared pages: {stats['shared_pages']}", file=out)
+    print(f"    pool occupancy: {stats['pool_pages_referenced']} of {num_pages} pages "
+          f"referenced ({stats['pool_occupancy']:.1%})", file=out)  # fmt: skip
+
+
+HEX_KINDS = ("descriptor", "blob", "blob-stream", "hrry-file")
+
+
+def print_hex(data: Any, kind: str, out: IO[str]) -> None:
+    """The annotated hex of ``data`` (a kind in ``HEX_KINDS``): one line per field."""
+    if kind == "descriptor":
+        notes = summary.annotate_descriptor(bytes(memoryview(data)))
+    elif kind == "blob":
+        notes = summary.annotate_blob(data)
+    elif kind == "blob-stream":
+        notes = summary.annotate_stream(data)
+    else:
+        notes = summary.annotate_hrry(data)
+    raw = memoryview(data)
+    for offset, size, name, value in notes:
+        shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
+        more = " .." if size > 16 else ""
+        print(f"{offset:08x}  {shown + more:<51}  {name} = {value}", file=out)
