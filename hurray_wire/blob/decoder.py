@@ -321,9 +321,8 @@ def decode_report(
     checksum mismatch of a page-row buffer (the pool, per-block scales / zero points) does
     not abort: the digests say which pages are bad. Every other check still raises."""
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
-    tensor, report = run(byte_view(data), opts, report=True)
-    if report is None:
-        return DecodeReport(tensor, _NO_PAGES, (), _NO_PAGES, _NO_PAGES, _NO_PAGES, False)
+    report = run(byte_view(data), opts, report=True)[1]
+    assert report is not None  # run reports whenever asked to
     return report
 
 
@@ -382,6 +381,8 @@ def run(
         accept(tensor)
     if pages is not None:
         return tensor, pages.finish(tensor)  # raises for any failed page unless reporting
+    if report:  # nothing to report: no page sections
+        return tensor, DecodeReport(tensor, _NO_PAGES, (), _NO_PAGES, _NO_PAGES, _NO_PAGES, False)
     return tensor, None
 
 
