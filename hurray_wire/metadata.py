@@ -33,7 +33,6 @@ reader accepts a count of 0, its writer refuses empty arrays, and so does ``enco
 from __future__ import annotations
 
 import operator
-import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, SupportsIndex, TypeAlias
 
@@ -45,10 +44,14 @@ from hurray_wire.wire.containers import (
     KV_BYTES,
     KV_FLOAT64,
     KV_INT64,
+    KV_SCALAR_PAYLOADS,
     KV_STRING,
     KV_TAG_NAMES,
     KV_UINT64,
+    KvEntry,
+    KvSection,
 )
+from hurray_wire.wire.fast import array_struct, item_struct
 
 __all__ = [
     "Int64",
@@ -69,11 +72,12 @@ UINT64_MAX = (1 << 64) - 1
 U16_MAX = 0xFFFF
 U32_MAX = 0xFFFF_FFFF  # string/bytes lengths, array counts, kv_count, and the trailer's kv_length
 
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
-_U64 = struct.Struct("<Q")
-_F64 = struct.Struct("<d")
+# Every format from the wire structs (wire/containers.py, § B.4).
+_U16 = item_struct(KvEntry.key_length)  # key lengths
+_U32 = item_struct(KvSection.kv_count)  # kv_count, array counts, string / bytes lengths
+_I64 = item_struct(KV_SCALAR_PAYLOADS[KV_INT64])
+_U64 = item_struct(KV_SCALAR_PAYLOADS[KV_UINT64])
+_F64 = item_struct(KV_SCALAR_PAYLOADS[KV_FLOAT64])
 
 # Smallest payload of one array element of each tag: a u32 count of 4 billion is refused
 # by arithmetic before any list is built.
@@ -85,7 +89,7 @@ _MIN_ELEMENT_SIZE = {
     KV_BOOL: 1,
     KV_BYTES: 4,
 }
-_FIXED_FORMAT = {KV_INT64: "q", KV_UINT64: "Q", KV_FLOAT64: "d"}
+_FIXED_FORMAT = {tag: KV_SCALAR_PAYLOADS[tag] for tag in (KV_INT64, KV_UINT64, KV_FLOAT64)}
 # Smallest entry: key length (2), a 1-byte key, the tag and a bool's byte.
 _MIN_ENTRY_SIZE = 5
 
@@ -287,7 +291,11 @@ def _encode_array(values: Sequence[object], field: str) -> bytes:
     if first == KV_BOOL:
         return bytes((KV_BOOL,)) + count + bytes(1 if v else 0 for v in values)
     if first == KV_FLOAT64:
-        return bytes((KV_FLOAT64,)) + count + struct.pack(f"<{len(values)}d", *values)
+        return (
+            bytes((KV_FLOAT64,))
+            + count
+            + array_struct(_FIXED_FORMAT[KV_FLOAT64], len(values)).pack(*values)
+        )
     if first == KV_STRING:
         body = b"".join(
             _length_prefixed(_encode_text(v, f"{field}[{j}]", "string"), f"{field}[{j}]", "string")
@@ -304,7 +312,7 @@ def _encode_array(values: Sequence[object], field: str) -> bytes:
         return bytes((KV_BYTES,)) + count + body
     ints = [v for v in values if isinstance(v, int)]
     tag = _array_int_tag(ints, field)
-    return bytes((tag,)) + count + struct.pack(f"<{len(ints)}{_FIXED_FORMAT[tag]}", *ints)
+    return bytes((tag,)) + count + array_struct(_FIXED_FORMAT[tag], len(ints)).pack(*ints)
 
 
 def _encode_value(value: object, field: str) -> bytes:
@@ -511,7 +519,7 @@ def _array(cursor: _Cursor, field: str) -> list[Any]:
         )
     if tag in _FIXED_FORMAT:
         start = cursor.need(least, field, "array elements")
-        values = list(struct.unpack_from(f"<{count}{_FIXED_FORMAT[tag]}", cursor.view, start))
+        values = list(array_struct(_FIXED_FORMAT[tag], count).unpack_from(cursor.view, start))
         return [UInt64(v) for v in values] if tag == KV_UINT64 else values
     if tag == KV_BOOL:
         start = cursor.need(count, field, "array elements")

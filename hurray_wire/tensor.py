@@ -44,8 +44,8 @@ __all__ = [
     "ZERO_POINTS",
     "BlockPagedTensor",
     "assemble",
-    "check_contents",
     "check_seq_lens",
+    "checked_indexes",
     "pool_form",
     "typed_params",
 ]
@@ -505,18 +505,31 @@ def assemble(
                 offset=bad,
                 found=f"0x{int(pool[bad]):02X}",
             )
-    index_dtype = layout.index_dtype
-    block_table = buffers[1].view(index_dtype)
-    seq_ptr = buffers[2].view(index_dtype)
-    check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
+    block_table, seq_ptr = checked_indexes(descriptor, buffers, seq_lens, metadata)
     scales, zero_points = typed_params(descriptor, buffers)
+    return BlockPagedTensor._trusted(
+        descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
+    )
+
+
+def checked_indexes(
+    descriptor: TensorDescriptor,
+    buffers: Sequence[Array],
+    seq_lens: Array | None,
+    metadata: dict[str, Any] | None,
+) -> tuple[Array, Array]:
+    """The block table and seq_ptr typed from their buffers, with every rule of their
+    contents checked (index invariants, seq_lens, reserved metadata): what every decoder's
+    assembly checks, wherever it puts the pool (``assemble``, the in-place decode)."""
+    layout = descriptor.layout
+    block_table = buffers[1].view(layout.index_dtype)
+    seq_ptr = buffers[2].view(layout.index_dtype)
+    check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
     if seq_lens is not None:
         check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
     if metadata:
         check_reserved_metadata(metadata, layout.kv_role)
-    return BlockPagedTensor._trusted(
-        descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
-    )
+    return block_table, seq_ptr
 
 
 def typed_params(
@@ -670,29 +683,3 @@ def pool_form(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtype[A
     if descriptor.element_type.is_packed:
         return (descriptor.buffers[0].byte_size,), np.dtype(np.uint8)
     return _pool_typing(descriptor)
-
-
-def check_contents(tensor: BlockPagedTensor) -> None:
-    """The index invariants and seq_lens rule of the arrays ``tensor`` holds now, in
-    O(index): ``from_arrays`` shares the caller's arrays, so a value changed afterwards
-    would make the encoder write a blob the decoder refuses (``assemble``'s checks)."""
-    layout = tensor.descriptor.layout
-    table, starts = tensor.block_table, tensor.seq_ptr
-    dtype = layout.index_dtype
-    if (
-        not isinstance(table, np.ndarray)
-        or not isinstance(starts, np.ndarray)
-        or table.dtype != dtype
-        or starts.dtype != dtype
-        or table.ndim != 1
-        or starts.ndim != 1
-    ):
-        raise InvalidTensorError(
-            "block_table and seq_ptr must stay 1-D arrays of the layout's index type",
-            field="block_table",
-            expected=str(dtype),
-            found=f"{type(table).__name__} / {type(starts).__name__}",
-        )
-    check_index_arrays(starts, table, layout.num_pages, layout.num_seqs)
-    if tensor.seq_lens is not None:
-        check_seq_lens(tensor.seq_lens, starts, layout.page_size, tensor.descriptor.shape[0])

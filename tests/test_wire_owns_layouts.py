@@ -31,14 +31,6 @@ EXCEPTIONS = {
     ("tensor.py", "<f4"): "the default scale element type (float32) of a built quantization",
     ("containers/hrry.py", "<u8"): "seq_lens of the reference's .hrry files (issue 22's module "
     "this round; to derive from wire.blob.SEQ_LENS_ITEM)",
-    # The .hrry KV-section encoding of metadata: scalar codes per value tag. Remaining work:
-    # move these formats next to wire/containers.py's KV entry struct.
-    ("metadata.py", "<H"): "KV encoding scalar (remaining: move to wire/)",
-    ("metadata.py", "<I"): "KV encoding scalar (remaining: move to wire/)",
-    ("metadata.py", "<q"): "KV encoding scalar (remaining: move to wire/)",
-    ("metadata.py", "<Q"): "KV encoding scalar (remaining: move to wire/)",
-    ("metadata.py", "<d"): "KV encoding scalar (remaining: move to wire/)",
-    ("metadata.py", "f-string"): "KV encoding arrays of a tag's scalar (remaining: move)",
     ("blob/decoder.py", ""): "the empty placeholder struct of a plan's derived fields",
 }
 

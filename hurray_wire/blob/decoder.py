@@ -53,6 +53,7 @@ from hurray_wire.errors import (
 from hurray_wire.integrity import (
     EngineFingerprint,
     PageStore,
+    check_compatible,
     check_integrity_arguments,
     require_fingerprint,
 )
@@ -445,9 +446,12 @@ def _materialize(
         buffers[0] = pool
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
     meta = None if plan.metadata is None else payload(plan.metadata)
-    metadata = {} if meta is None else _metadata(plan, meta, opts.limits.max_metadata_entries)
-    if opts.expect_fingerprint is not None:
-        require_fingerprint(opts.expect_fingerprint, metadata, section="metadata")
+    metadata, found = _metadata(plan, meta, opts.limits.max_metadata_entries)
+    expect = opts.expect_fingerprint
+    if expect is not None and found is not None:
+        check_compatible(expect, found)  # the fingerprint parsed once, with the metadata
+    elif expect is not None:
+        require_fingerprint(expect, metadata, section="metadata")  # raises: none carried
     if pages is not None and (plan.page_digests is not None or plan.page_refs is not None):
         digests, refs = plan.page_digests, plan.page_refs
         buffers = pages.rebuild(
@@ -527,20 +531,20 @@ def _raw_offset(e: Entry | None) -> int | None:
 
 def _metadata(
     plan: _Plan, meta_payload: npt.NDArray[np.uint8] | None, max_entries: int
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], EngineFingerprint | None]:
     """The metadata section decoded (at most ``max_entries`` entries), its errors placed at
-    blob offsets; the reserved engine fingerprint entry, when present, must be a valid
-    fingerprint record."""
+    blob offsets, and the engine fingerprint its reserved entry carries (which must be a
+    valid fingerprint record) or None."""
     if meta_payload is None:
-        return {}
+        return {}, None
     try:
         metadata = dict(decode_metadata(meta_payload, max_entries=max_entries))
-        require_fingerprint(None, metadata, section="metadata")
+        found = require_fingerprint(None, metadata, section="metadata")
     except HurrayWireError as exc:
         start = _raw_offset(plan.metadata)
         offset = None if start is None else start + (exc.offset or 0)
         raise exc.relocated(section="metadata", offset=offset) from None
-    return metadata
+    return metadata, found
 
 
 def _assemble(

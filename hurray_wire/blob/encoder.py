@@ -22,7 +22,7 @@ from hurray_wire.blob.output import OUTPUT_POOL
 from hurray_wire.blob.pages import paged_buffers
 from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
-from hurray_wire.errors import ArgumentTypeError, InvalidBlobError
+from hurray_wire.errors import ArgumentTypeError, InvalidBlobError, InvalidTensorError
 from hurray_wire.integrity import (
     DeltaPlan,
     check_plan,
@@ -36,7 +36,8 @@ from hurray_wire.integrity import (
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor_encode import encode_descriptor
-from hurray_wire.tensor import BlockPagedTensor, check_contents
+from hurray_wire.model.layout import check_index_arrays, check_seq_lens
+from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_dtype, item_struct
 
@@ -494,3 +495,29 @@ def encode(
     out = OUTPUT_POOL.take(total)  # recycled once the caller drops the blob: no page faults
     _write(tensor, out, head, sections, total, checksum)
     return memoryview(out.data)
+
+
+def check_contents(tensor: BlockPagedTensor) -> None:
+    """The index invariants and seq_lens rule of the arrays ``tensor`` holds now, in
+    O(index): ``from_arrays`` shares the caller's arrays, so a value changed afterwards
+    would make the encoder write a blob the decoder refuses (``assemble``'s checks)."""
+    layout = tensor.descriptor.layout
+    table, starts = tensor.block_table, tensor.seq_ptr
+    dtype = layout.index_dtype
+    if (
+        not isinstance(table, np.ndarray)
+        or not isinstance(starts, np.ndarray)
+        or table.dtype != dtype
+        or starts.dtype != dtype
+        or table.ndim != 1
+        or starts.ndim != 1
+    ):
+        raise InvalidTensorError(
+            "block_table and seq_ptr must stay 1-D arrays of the layout's index type",
+            field="block_table",
+            expected=str(dtype),
+            found=f"{type(table).__name__} / {type(starts).__name__}",
+        )
+    check_index_arrays(starts, table, layout.num_pages, layout.num_seqs)
+    if tensor.seq_lens is not None:
+        check_seq_lens(tensor.seq_lens, starts, layout.page_size, tensor.descriptor.shape[0])

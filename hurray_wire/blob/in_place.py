@@ -49,11 +49,9 @@ from hurray_wire.errors import (
 from hurray_wire.integrity import EngineFingerprint, EnginePoolStore, PageRefs, logical_positions
 from hurray_wire.integrity.digests import IntArray
 from hurray_wire.integrity.pool_store import page_id_array
-from hurray_wire.kv_scale import check_reserved_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.layout import check_index_arrays
 from hurray_wire.model.quantization import PerBlockAffine
-from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, check_seq_lens, typed_params
+from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, checked_indexes, typed_params
 
 __all__ = [
     "InPlaceReport",
@@ -245,15 +243,8 @@ class _InPlaceWork(PageWork):
     ) -> BlockPagedTensor:
         """The blob's index arrays checked as ``tensor.assemble`` checks them, then the
         tensor over the engine's pool with the block table remapped to engine pages."""
-        layout = descriptor.layout
-        num_pages = layout.num_pages
-        table = buffers[1].view(layout.index_dtype)
-        starts = buffers[2].view(layout.index_dtype)
-        check_index_arrays(starts, table, num_pages, layout.num_seqs)
-        if seq_lens is not None:
-            check_seq_lens(seq_lens, starts, layout.page_size, descriptor.shape[0])
-        if metadata:
-            check_reserved_metadata(metadata, layout.kv_role)
+        num_pages = descriptor.layout.num_pages
+        table, starts = checked_indexes(descriptor, buffers, seq_lens, metadata)  # assemble's
         refs = self.refs
         sent = np.arange(num_pages) if refs is None else refs.sent_pages(num_pages)
         remap = np.empty(num_pages, np.int64)
