@@ -14,6 +14,8 @@ whatever happens later), and every failure, including a broken connection, is a
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
@@ -117,6 +119,7 @@ class StreamWriter:
             try:
                 self._emit([memoryview(encode_stream_header(header))])
             except BaseException:
+                self._closed = True
                 self._sink.abort()
                 raise
 
@@ -212,6 +215,16 @@ class StreamWriter:
         complete; a path is removed (it never held a finished stream)."""
         self._closed = True
         self._sink.abort()
+
+    def __del__(self) -> None:
+        """A writer dropped unclosed wrote no end record (a path: no file at all): say so."""
+        if getattr(self, "_closed", True):
+            return
+        warnings.warn("StreamWriter was never closed: no end record was written, and a path "
+                      "was left as it was (call close() or use `with`)", ResourceWarning,
+                      stacklevel=2)  # fmt: skip
+        with contextlib.suppress(Exception):
+            self.abort()
 
     def __enter__(self) -> StreamWriter:
         return self
