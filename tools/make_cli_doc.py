@@ -31,7 +31,9 @@ byte offset for invalid bytes), never a traceback. `-` reads standard input (rea
 memory) and, as `convert`'s output, writes standard output (with `--to`; not for `.hrry`,
 which is written to a path). Progress bars (tqdm) go to stderr when it is a terminal, or
 always with `--progress`; `-q` / `--quiet` turns them off. They move per record for
-`dump` and `validate` of multi-record inputs and per tensor for every `convert` output.
+`dump` and `validate` of multi-record inputs; `convert` names its input while checking it
+and its output while writing it, and moves by bytes written (64 MiB at a time), so one
+large blob moves the bar too.
 
 Exit codes (also in `--help`); with several inputs, the highest code of any of them:
 
