@@ -113,3 +113,23 @@ def test_preload_warms_ml_dtypes_in_a_fresh_interpreter() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": ""})  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_stream_reader_reports_bad_pages_when_asked() -> None:
+    out = io.BytesIO()
+    with hw.StreamWriter(out) as writer:
+        pool = np.random.default_rng(1).random((4, 4, 1, 8)).astype(np.float16)
+        tensor = hw.BlockPagedTensor.from_arrays(pool, [2, 0], [0, 2], layer_index=0)
+        writer.write(tensor, page_digests=True, pages="all")
+    data = bytearray(out.getvalue())
+    data[data.index(pool[2].tobytes()) + 1] ^= 0x04  # physical page 2: logical (0, 0)
+    with pytest.raises(errors.ChecksumError):
+        list(hw.StreamReader(bytes(data)))
+    reader = hw.StreamReader(bytes(data), on_page_error="report")
+    (got,) = reader
+    assert reader.page_report is not None and reader.page_report.pages.tolist() == [2]
+    assert reader.page_report.positions == ((0, 0),)
+    assert not np.array_equal(got.page_pool[2], pool[2])  # as it came: named, not hidden
+    for bad in ("ignore", None):
+        with pytest.raises(hw.ArgumentTypeError, match="on_page_error"):
+            hw.StreamReader(b"", on_page_error=bad)  # type: ignore[arg-type]

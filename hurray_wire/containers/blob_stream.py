@@ -259,7 +259,7 @@ class StreamReader(ClosesOnExit):
 
     ``page_store`` fills the pages of delta blobs (``decode``'s); ``on_page_error="report"``
     hands out a blob whose pages fail their digests or are missing from the store (as
-    ``decode_report``: the failed pages zero) and says which in ``page_report``, the
+    ``decode_report`` does: missing pages zero) and says which in ``page_report``, the
     way ``hurray-wire dump`` names bad pages. ``in_place`` instead
     decodes every blob into the engine's own pool (``decode_in_place``): it is called with
     each blob's descriptor and the number of pages the blob carries, and returns the
