@@ -179,7 +179,38 @@ def _bar(args: argparse.Namespace, total: int | None, desc: str, unit: str) -> A
     shown = not args.quiet and (args.progress or terminal)
     # On a terminal the bar is erased when done; into a log (--progress) its last state stays.
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not shown,
-                leave=not terminal, dynamic_ncols=True)  # fmt: skip
+                leave=not terminal, dynamic_ncols=True, unit_scale=unit == "B")  # fmt: skip
+
+
+def _advance(bar: Any, size: int) -> None:
+    """Move a bar of ``total`` data bytes by ``size`` written bytes, never past 100%
+    (the framing around the data is written too)."""
+    bar.update(max(0, min(size, bar.total - bar.n)))
+
+
+class _Counted(io.RawIOBase):
+    """A binary sink that moves a bar by the bytes written, in slices of ``_SLICE``: one
+    2 GiB blob moves the bar as it goes instead of in one step at the end."""
+
+    _SLICE = 64 << 20
+
+    def __init__(self, sink: BinaryIO, bar: Any) -> None:
+        super().__init__()
+        self._sink, self._bar = sink, bar
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), self._SLICE):
+            piece = view[start : start + self._SLICE]
+            self._sink.write(piece)  # a BufferedWriter (or stdout's) writes all of it
+            _advance(self._bar, len(piece))
+        return len(view)
+
+    def flush(self) -> None:
+        self._sink.flush()
 
 
 def _emit(text: str, out: IO[str], bar: Any) -> None:
@@ -401,7 +432,8 @@ def _load(args: argparse.Namespace, data: Any, kind: str) -> _Source:
     elif kind == "hrry-file":
         source.metadata = dict(HrryFile.from_buffer(view).user_metadata)
     taken: set[str] = set()
-    with _bar(args, _count(data, kind), "check", "tensor") as bar:
+    name = Path(args.input).name if args.input != STDIO else "stdin"
+    with _bar(args, _count(data, kind), f"check {name}", "tensor") as bar:
         for item in _items(data, kind, True):
             if item.tensor is None:
                 raise CliError(f"{item.label}: not a block-paged tensor, cannot convert")
@@ -461,29 +493,30 @@ def _convert(args: argparse.Namespace) -> None:
     header = source.header
     if header is None:
         header = _metadata_header(source.metadata) if source.metadata else StreamHeader()
-    bar = _bar(args, len(tensors), "write", "tensor")
+    total = sum(t.nbytes for _, t in tensors)  # the data; a compressed output ends short
+    bar = _bar(args, total, Path(args.output).name if args.output != STDIO else "stdout", "B")
     with bar:
         if target == "hrry-file":
             metadata = source.metadata or _header_metadata(source.header)
-            write_file(args.output, dict(tensors), metadata, progress=lambda _: bar.update(1))
+            write_file(args.output, dict(tensors), metadata, progress=partial(_advance, bar))
+            bar.update(total - bar.n)
             return
-        with _output(args.output, inputs) as sink:
+        with _output(args.output, inputs) as out:
+            sink = _Counted(out, bar)
             if target == "blob":
                 sink.writelines(encode_parts(tensors[0][1], compression=compression,
                                              checksum=checksum))  # fmt: skip
-                bar.update(1)
             elif target == "blob-stream":
                 with StreamWriter(sink, header) as writer:
                     for _, tensor in tensors:
                         writer.write(
                             tensor, compression=compression, checksum=checksum, pages="all"
                         )  # a conversion keeps every page
-                        bar.update(1)
             else:
                 for _, tensor in tensors:
                     write_stream(sink, tensor)
-                    bar.update(1)
             sink.flush()
+            bar.update(total - bar.n)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:

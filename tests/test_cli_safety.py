@@ -451,11 +451,24 @@ def test_progress_moves_per_record_for_dump_and_validate(
 
 
 @pytest.mark.parametrize("ext", EXTENSIONS[1:])
-def test_progress_moves_per_tensor_for_every_output_kind(
-    tmp_path: Path, ext: str, capsys: pytest.CaptureFixture[str]
+def test_progress_moves_per_byte_for_every_output_kind_and_names_the_files(
+    tmp_path: Path, ext: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(cli._Counted, "_SLICE", 4096)  # one tensor moves the bar many times
     code, _, err = run(["convert", "--progress", STREAM, tmp_path / f"x{ext}"], capsys)
-    assert code == 0 and "write: 100%" in err and "4/4" in err
+    assert code == 0 and f"x{ext}: 100%" in err and "check whole_cache_2_layers.hrws" in err
+    assert "4/4" in err  # the check: per tensor
+    if ext != ".hrry":  # written in 4 KiB slices: the bar moves at each (tqdm draws fewer)
+        updates: list[int] = []
+
+        class Recording(cli.tqdm):  # type: ignore[misc, name-defined]
+            def update(self, n: int = 1) -> Any:
+                updates.append(n)
+                return super().update(n)
+
+        monkeypatch.setattr(cli, "tqdm", Recording)
+        assert run(["convert", "--progress", STREAM, tmp_path / f"y{ext}"], capsys)[0] == 0
+        assert len(updates) > 4 * 16  # 4 tensors of 64 KiB: 16 slices each at least
 
 
 def test_help_lists_exit_codes_and_explains_positionals(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1026,8 +1026,8 @@ def test_empty_and_header_only_files(tmp_path: Path) -> None:
     path.write_bytes(b"")
     with pytest.raises(StreamTruncatedError, match="empty input"):
         list(StreamReader(path))
-    mapped = StreamFile(path)
-    assert len(mapped) == 0 and isinstance(mapped.error, StreamTruncatedError)
+    with pytest.raises(StreamTruncatedError, match="empty input"):  # at open (issue 23)
+        StreamFile(path)
     path.write_bytes(encode_stream_header(HEADER))
     mapped = StreamFile(path)
     assert isinstance(mapped.error, StreamTruncatedError)

@@ -35,8 +35,10 @@ seconds without a byte (30; 0 waits for ever), and as soon as its first bytes ar
 hurray-wire magic (exit 1). An output that is a FIFO or a character device is streamed
 into, never replaced; a block device or a read-only file is refused (docs/security.md).
 Progress bars (tqdm) go to stderr when it is a terminal, or always with `--progress`;
-`-q` / `--quiet` turns them off. They move per record for
-`dump` and `validate` of multi-record inputs and per tensor for every `convert` output.
+`-q` / `--quiet` turns them off. They move per record for `dump` and `validate` of
+multi-record inputs; `convert` names its input while checking it and its output while
+writing it, and moves by bytes written (64 MiB at a time), so one large blob moves the bar
+too.
 
 Exit codes (also in `--help`); with several inputs, the highest code of any of them:
 

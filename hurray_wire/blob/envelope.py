@@ -23,6 +23,8 @@ from hurray_wire.errors import (
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
 from hurray_wire.wire import blob as w
+from hurray_wire.wire import descriptor as wd
+from hurray_wire.wire import stream as ws
 from hurray_wire.wire.fast import derive
 
 __all__ = [
@@ -100,12 +102,22 @@ def pack_header(
     return head + CHECKSUM.pack(xxhash.xxh3_64_intdigest(head))
 
 
+_OTHER_MAGICS = {
+    ws.STREAM_MAGIC: "this is a blob stream (its header record), not one blob: read it with "
+    "StreamReader or StreamFile",
+    ws.END_MAGIC: "this is a blob stream's end record, not a blob: read the stream with "
+    "StreamReader or StreamFile",
+    wd.MAGIC: "this is a bare descriptor or a .hrry file, not a blob: use decode_descriptor, "
+    "HrryFile or read_file",
+}
+
+
 def _check_magic(view: memoryview) -> None:
     size = len(w.BLOB_MAGIC)
     head = bytes(view[:size])
     if head != w.BLOB_MAGIC[: len(head)]:
         raise InvalidBlobError(
-            "bad blob magic",
+            _OTHER_MAGICS.get(head, "bad blob magic"),
             section="header",
             field="magic",
             offset=AT["magic"],

@@ -14,6 +14,8 @@ whatever happens later), and every failure, including a broken connection, is a
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
@@ -117,6 +119,7 @@ class StreamWriter:
             try:
                 self._emit([memoryview(encode_stream_header(header))])
             except BaseException:
+                self._closed = True
                 self._sink.abort()
                 raise
 
@@ -213,6 +216,16 @@ class StreamWriter:
         self._closed = True
         self._sink.abort()
 
+    def __del__(self) -> None:
+        """A writer dropped unclosed wrote no end record (a path: no file at all): say so."""
+        if getattr(self, "_closed", True):
+            return
+        warnings.warn("StreamWriter was never closed: no end record was written, and a path "
+                      "was left as it was (call close() or use `with`)", ResourceWarning,
+                      stacklevel=2)  # fmt: skip
+        with contextlib.suppress(Exception):
+            self.abort()
+
     def __enter__(self) -> StreamWriter:
         return self
 
@@ -246,7 +259,7 @@ class StreamReader(ClosesOnExit):
 
     ``page_store`` fills the pages of delta blobs (``decode``'s); ``on_page_error="report"``
     hands out a blob whose pages fail their digests or are missing from the store (as
-    ``decode_report``: the failed pages zero) and says which in ``page_report``, the
+    ``decode_report`` does: missing pages zero) and says which in ``page_report``, the
     way ``hurray-wire dump`` names bad pages. ``in_place`` instead
     decodes every blob into the engine's own pool (``decode_in_place``): it is called with
     each blob's descriptor and the number of pages the blob carries, and returns the

@@ -38,6 +38,7 @@ from hurray_wire.containers.records import (
     record_length,
     rows_match,
 )
+from hurray_wire.containers.sniff import identify
 from hurray_wire.errors import (
     ArgumentTypeError,
     BlobTruncatedError,
@@ -61,6 +62,30 @@ _FOOTER = derive(ws.END_FOOTER)
 _FOOTER_TOTAL = _FOOTER.names.index("total_length")
 _MAGIC_SIZE = len(wb.BLOB_MAGIC)
 _MAGICS = (wb.BLOB_MAGIC, ws.STREAM_MAGIC, ws.END_MAGIC)
+
+
+_OTHER_READERS = {
+    "blob": "a single blob: use hurray_wire.decode",
+    "descriptor": "a bare descriptor: use hurray_wire.decode_descriptor",
+    "reference-stream": "a reference stream: use hurray_wire.containers.read_stream",
+    "hrry-file": "a .hrry file: use HrryFile or read_file",
+}
+
+
+def _check_is_stream(view: memoryview) -> None:
+    """Refuse at once what is no blob stream (empty, text, another format), saying what it
+    is; a stream that starts well but is cut or damaged later opens, as before."""
+    if not len(view):
+        raise empty_input_error()
+    head = bytes(view[:_MAGIC_SIZE])
+    if head in (ws.STREAM_MAGIC, ws.END_MAGIC):
+        return
+    kind = str(identify(view))
+    if head == wb.BLOB_MAGIC and kind in ("blob", "blob-stream", "unknown"):
+        return  # a bare stream (header=None) starts with its first blob
+    what = _OTHER_READERS.get(kind, f"no hurray-wire input (starts with {head.hex(' ')})")
+    raise InvalidStreamError(f"not a blob stream: {what}", section="stream", offset=0,
+                             found=kind)  # fmt: skip
 
 
 def empty_input_error() -> StreamTruncatedError:
@@ -138,6 +163,7 @@ class StreamFile(ClosesOnExit):
         self._header: StreamHeader | None = None
         start = 0
         try:
+            _check_is_stream(self._view)
             if bytes(self._view[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
                 start = record_length(
                     self._view, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN
@@ -213,18 +239,26 @@ class StreamFile(ClosesOnExit):
     def tensor(
         self,
         layer_index: int | None,
-        kv_role: str = "key",
+        kv_role: str | None = None,
         *,
         page_pool: npt.NDArray[Any] | None = None,
     ) -> BlockPagedTensor:
         """The blob for ``{kv_role, layer_index}``, decoded now (and only it); with
-        ``page_pool`` its pool lands in that array (``decode_into``: verified while copied)."""
+        ``page_pool`` its pool lands in that array (``decode_into``: verified while copied).
+        ``kv_role`` may be left out only when the stream holds one role for that layer (a
+        key and a value are never guessed between)."""
         if layer_index is not None and (
             isinstance(layer_index, bool) or not isinstance(layer_index, int)
         ):
             raise ArgumentTypeError(
                 "layer_index must be an int or None", field="layer_index", found=repr(layer_index)
             )
+        if kv_role is None:
+            roles = sorted({e.kv_role for e in self.entries if e.layer_index == layer_index})
+            if len(roles) > 1:
+                raise ArgumentTypeError(f"layer {layer_index} has roles {roles}: pass kv_role",
+                                        field="kv_role", found=None)  # fmt: skip
+            kv_role = roles[0] if roles else "key"
         if not isinstance(kv_role, str):
             raise ArgumentTypeError("kv_role must be a str", field="kv_role", found=repr(kv_role))
         entry = self._find(layer_index, kv_role)
