@@ -291,8 +291,11 @@ def from_vllm(
     (vLLM's "fp8", "fp8_e4m3", "fp8_e5m2") for a uint8 cache, which then travels as float8.
     ``k_scale`` / ``v_scale``: a float, a 0-d tensor or one equal value per KV head.
 
-    Views, not copies, of every backend but CPU_ATTN (whose slabs are not a strided
-    layout: the referenced blocks are copied, and the tensor's block table renumbered).
+    The page pools are views of the cache for every backend but CPU_ATTN (whose slabs are
+    no strided layout: the referenced blocks are copied, numbered in ascending block id);
+    ``BlockPagedTensor.from_arrays`` shares a pool it can and copies a strided one. The
+    cache is read as it is: a manager-block view whose blocks the attention splits into
+    kernel blocks under a head-major layout (LBHNC) is not regrouped.
     """
     name = forms.backend_name(backend) if backend is not None else None
     if name is None:
