@@ -150,3 +150,20 @@ def test_layer_view(
     k_out, v_out = (as_fp8(v, setting) for v in vc.layer_view(backend, torched(out), dim, layout))
     assert equal(expected(k_out, rows, lens), want_k)
     assert equal(expected(v_out, rows, lens), want_v)
+
+
+@pytest.mark.parametrize("layout", list(KVCacheLayout))
+def test_one_role_split_needs_kv_role(layout: KVCacheLayout) -> None:
+    """The backends' split of a layer is one role's view: refused as a layer, read with
+    kv_role."""
+    spec = vc.attention_spec(16, 4, 64, torch.float16)
+    layer = vc.allocate(spec, layout, num_blocks=12)[vc.LAYERS[1]]
+    vc.fill(layer, seed=21)
+    k_view, v_view = vc.layer_view("FLASH_ATTN", layer, 64, layout)
+    lens = [20, 16]
+    reqs = vc.Requests(12, 16, lens, share=1)
+    with pytest.raises(hw.InvalidTensorError, match="kv_role"):
+        hw.from_vllm(k_view, reqs.table(), lens, backend="FLASH_ATTN")
+    value = hw.from_vllm(v_view, reqs.table(), lens, backend="FLASH_ATTN", kv_role="value")
+    assert isinstance(value, hw.BlockPagedTensor)
+    assert same_sequences(value, expected(v_view, reqs.rows, lens))

@@ -105,6 +105,20 @@ def _check_layout(cache: Array, kv_cache_layout: object, era: int | None, role: 
     forms.check_strides(cache, physical, name)
 
 
+def _check_dense(cache: Array) -> None:
+    """A layer view's K|V content rows are whole and packed (create_kv_cache_views: the
+    content axis innermost, the next axis C elements apart under every layout); one role's
+    split leaves a gap of the other role's half between rows."""
+    item, width = cache.dtype.itemsize, cache.shape[3]
+    nearest = min((abs(cache.strides[a]) for a in (1, 2) if cache.shape[a] > 1), default=None)
+    if cache.strides[3] != item or nearest not in (None, width * item):
+        raise _shape_error(
+            "not a whole layer view [num_blocks, H, block_size, 2 * head_size] (its rows "
+            "leave gaps): one role's view [num_blocks, block_size, H, head_size] needs kv_role",
+            cache,
+        )
+
+
 def _shape_error(message: str, cache: Array, **kw: Any) -> InvalidTensorError:
     return InvalidTensorError(message, field="kv_cache", found=f"shape {cache.shape}", **kw)
 
@@ -152,6 +166,7 @@ def _role_pools(
                 "one-role [num_blocks, block_size, H, head_size] cache needs kv_role)",
                 cache,
             )
+        _check_dense(cache)
         layer = cache.transpose(0, 2, 1, 3)  # the backends' kv_cache.transpose(1, 2)
         return "layer", [("key", layer[..., : width // 2]), ("value", layer[..., width // 2 :])]
     if cache.ndim == 5:
@@ -165,7 +180,8 @@ def _role_pools(
             )
         axis = forms.stacked_axis(backend, era)
         if cache.shape[axis] == 2:
-            return "old", [("key", cache.take(0, axis)), ("value", cache.take(1, axis))]
+            halves = (cache[0], cache[1]) if axis == 0 else (cache[:, 0], cache[:, 1])
+            return "old", [("key", halves[0]), ("value", halves[1])]  # views
         raise _shape_error(
             f"{backend} in this vLLM version allocates "
             + (
