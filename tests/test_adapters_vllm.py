@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import hurray_wire as hw
-from hurray_wire.adapters.vllm import into_vllm
+from hurray_wire.adapters import into_vllm
 
 LAYOUTS = {  # KVCacheLayout member -> memory order of (block, head, token, content)
     "LBHNC": (0, 1, 2, 3),
