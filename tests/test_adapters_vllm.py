@@ -535,6 +535,7 @@ NHD_MEMORY = LAYER.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)
         (LAYER.view(np.uint8), {"backend": "FLASH_ATTN"}, hw.ArgumentTypeError, "kv_cache_dtype"),
         (LAYER.view(np.uint8), fa(kv_cache_dtype="int8"), hw.ArgumentTypeError, "kv_cache_dtype"),
         (LAYER, fa(kv_cache_dtype="fp8"), hw.InvalidTensorError, "kv_cache_dtype"),
+        (LAYER.view(np.int16), fa(), hw.InvalidTensorError, "integer"),
         (LAYER, fa(k_scale=True), hw.ArgumentTypeError, "k_scale"),
         (LAYER, fa(k_scale="0.5"), hw.ArgumentTypeError, "k_scale"),
         (LAYER, fa(v_scale=np.ones((2, 2))), hw.ArgumentTypeError, "v_scale"),

@@ -61,6 +61,13 @@ def _fp8(cache: Array, kv_cache_dtype: object) -> Array:
     """``cache`` with vLLM's uint8 fp8 storage viewed as its float8 type (no copy)."""
     if cache.dtype == np.uint8:
         return cache.view(element_type_from_name(forms.float8_name(kv_cache_dtype)).numpy_dtype)
+    if cache.dtype.kind in "iub":
+        raise InvalidTensorError(
+            "vLLM's integer caches (int8 / int4 per-token-head) keep their scales inside "
+            "the pages: not supported",
+            field="kv_cache",
+            found=str(cache.dtype),
+        )
     if kv_cache_dtype is not None and kv_cache_dtype not in ("auto", "float16", "bfloat16"):
         name = forms.float8_name(kv_cache_dtype)
         if cache.dtype != element_type_from_name(name).numpy_dtype:
