@@ -70,10 +70,8 @@ def write(
         key_cache, value_cache = cache.view(num_blocks, heads, 2 * block, -1).chunk(2, dim=2)
         k, v = keys, values
         if setting != "auto":  # the kernel quantizes from the model dtype
-            k, v = (
-                keys.view(torch.float8_e4m3fn).to(torch.bfloat16),
-                values.view(torch.float8_e4m3fn).to(torch.bfloat16),
-            )
+            fp8 = torch.float8_e5m2 if setting == "fp8_e5m2" else torch.float8_e4m3fn
+            k, v = (x.view(fp8).to(torch.bfloat16) for x in (keys, values))
         run(k, v, key_cache, value_cache, torch.tensor(slots), isa, kv_cache_dtype=setting)
         return
     flat = cache.view(num_blocks, heads, 2 * block * (width // 2))
@@ -93,6 +91,8 @@ def write(
         ("amx", 64, 4, 64, torch.bfloat16, "auto"),
         ("vec", 32, 2, 128, torch.uint8, "fp8"),
         ("amx", 32, 2, 64, torch.uint8, "fp8"),
+        ("amx", 64, 2, 128, torch.uint8, "fp8_e5m2"),
+        ("vec", 32, 4, 64, torch.uint8, "fp8_e5m2"),
     ],
 )
 def test_cpu_attn(isa: str, block: int, heads: int, dim: int, dtype: Any, setting: str) -> None:

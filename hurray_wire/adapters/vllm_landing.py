@@ -145,11 +145,13 @@ def into_vllm(
         _check_slabs(cache)
         _check_match("page shape", pools[0].shape[1:], (block_size, heads, width // 2))
         targets, sources, valid = _targets(tensors[0], block_ids, blocks)
+        bits = cache.view(f"u{cache.dtype.itemsize}")  # as_strided cannot take ml_dtypes
         slabs = np.lib.stride_tricks.as_strided(
-            cache,
+            bits,
             (blocks, heads, 2 * block_size * width // 2),
             (cache.strides[0], cache.strides[1], cache.dtype.itemsize),
         )
+        pools = [pool.view(bits.dtype) for pool in pools]
         mask = np.arange(block_size)[None, None, :, None] < valid[:, None, None, None]
         content = slabs[targets]
         for pool, index in zip(
