@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from hurray_wire._interop import first_reference_order
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.transforms._common import Array, rebuild
+from hurray_wire.transforms._common import rebuild
 
 __all__ = ["compact", "first_reference_order", "prefix_sharing"]
-
-
-def first_reference_order(block_table: Array) -> tuple[Array, Array]:
-    """``(old_ids, new_table)``: the distinct page ids in first-reference order, and the
-    block table renumbered so that ``old_ids[new_table] == block_table``."""
-    ids, first, inverse = np.unique(block_table, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(len(ids), np.int64)
-    rank[order] = np.arange(len(ids))
-    return ids[order].astype(np.int64), rank[inverse.reshape(-1)]
 
 
 def compact(tensor: BlockPagedTensor) -> BlockPagedTensor:
