@@ -46,5 +46,6 @@ def _module(name: str) -> types.ModuleType:
 
 if "torchvision" not in sys.modules:
     _module("torchvision").__version__ = "0.0.0+stub"
-    for _name in ("transforms", "transforms.functional", "transforms.v2", "io", "ops"):
+    for _name in ("transforms", "transforms.functional", "transforms.v2",
+                  "transforms.v2.functional", "io", "ops", "utils", "models"):
         _module("torchvision." + _name)

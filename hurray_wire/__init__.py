@@ -18,10 +18,12 @@ from hurray_wire._version import __version__
 from hurray_wire.adapters import (
     from_flashinfer,
     from_sglang,
+    from_sglang_mla,
     from_torch,
     from_vllm,
     to_flashinfer,
     to_sglang,
+    to_sglang_mla,
     to_torch,
     to_vllm,
 )
@@ -132,11 +134,13 @@ __all__ = [
     "encode_parts",
     "from_flashinfer",
     "from_sglang",
+    "from_sglang_mla",
     "from_torch",
     "from_vllm",
     "merge_heads",
     "to_flashinfer",
     "to_sglang",
+    "to_sglang_mla",
     "to_torch",
     "to_vllm",
 ]
