@@ -108,7 +108,9 @@ def bits(values: Any) -> np.ndarray:
         width = values.element_size()
         values = values.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[width])
         return values.numpy()
-    return np.ascontiguousarray(values).view({1: np.uint8, 2: np.int16, 4: np.int32}[values.itemsize])
+    return np.ascontiguousarray(values).view(
+        {1: np.uint8, 2: np.int16, 4: np.int32}[values.itemsize]
+    )
 
 
 CASES = [  # (layout, page_size, dtype, heads, head_dim, lens, share)
@@ -147,7 +149,8 @@ def test_mha_pool_read_and_written_back_as_sglang_reads_it(
     raw = {"dtype": pool.dtype} if dtype in FP8 else {}
     key, value = hw.from_sglang(pool.k_buffer[1], pool.v_buffer[1], table, rows, seq_lens,
                                 page_size=page_size, kv_cache_layout=pool.kv_cache_layout,
-                                k_scale=scales[0], v_scale=scales[1], layer_index=1, **raw)  # fmt: skip
+                                k_scale=scales[0], v_scale=scales[1], layer_index=1,
+                                **raw)  # fmt: skip
     # ... and the float8 views SGLang's readers return, as NumPy: the same tensors
     key2, _ = hw.from_sglang(pool.get_key_buffer(1), pool.get_value_buffer(1), table.numpy(),
                              rows.numpy(), seq_lens.numpy(), page_size=page_size,
@@ -182,7 +185,9 @@ def test_mha_pool_read_and_written_back_as_sglang_reads_it(
     kb, vb, req, idx, out_lens = hw.to_sglang((key, value), kv_cache_layout=layout, as_torch=True,
                                               max_context_len=256)  # fmt: skip
     slots_total = kb.shape[0] * (page_size if layout == "hnd" else 1)
-    fresh = mha_pool(monkeypatch, layout, slots_total - page_size, page_size, dtype, heads, head_dim)
+    fresh = mha_pool(
+        monkeypatch, layout, slots_total - page_size, page_size, dtype, heads, head_dim
+    )
     store = pool.k_buffer[1].dtype
     fresh.k_buffer[1].copy_(kb.view(store))
     fresh.v_buffer[1].copy_(vb.view(store))
@@ -215,7 +220,8 @@ def test_mla_pool_is_one_fused_tensor(page_size: int, dtype: torch.dtype) -> Non
     rows, lens = torch.tensor(batch.rows), torch.tensor(batch.lens)
     raw = {"dtype": pool.dtype} if dtype in FP8 else {}
     fused = hw.from_sglang_mla(pool.kv_buffer[1], batch.rows_pool.req_to_token, rows, lens,
-                               page_size=page_size, kv_scale=1.0 if raw else None, **raw)  # fmt: skip
+                               page_size=page_size, kv_scale=1.0 if raw else None,
+                               **raw)  # fmt: skip
     assert (fused.kv_role, fused.shape[1:]) == ("fused", (1, 576))
     for s, (row, n) in enumerate(zip(batch.rows, batch.lens, strict=True)):
         slots = batch.rows_pool.req_to_token[row, :n].long()
@@ -237,7 +243,8 @@ def test_sglang_rules_the_adapter_relies_on() -> None:
     rows = ReqToTokenPool(size=4, max_context_len=8, device="cpu", enable_memory_saver=False)
     assert rows.req_to_token.shape == (5, 8) and 0 not in rows.alloc_rows(4)  # row 0: padding
     pool = MHATokenToKVPool(size=40, page_size=16, dtype=torch.float8_e4m3fn, head_num=1,
-                            head_dim=64, layer_num=1, device="cpu", enable_memory_saver=False)  # fmt: skip
+                            head_dim=64, layer_num=1, device="cpu",
+                            enable_memory_saver=False)  # fmt: skip
     assert pool.k_buffer[0].shape == (56, 1, 64) and pool.k_buffer[0].dtype == torch.uint8
     assert pool.get_key_buffer(0).dtype == torch.float8_e4m3fn
     alloc = PagedTokenToKVPoolAllocator(40, 16, pool.dtype, "cpu", pool, need_sort=False)
