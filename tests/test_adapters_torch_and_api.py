@@ -123,8 +123,9 @@ def test_torch_strided_and_engine_inputs() -> None:
     )
     assert isinstance(again, hurray.BlockPagedTensor) and again.descriptor == key.descriptor
     k_buf = torch.zeros(32, 2, 8, dtype=torch.float8_e4m3fn)
-    req = torch.tensor([[16, 17, 18]], dtype=torch.int32)
-    sk, _ = hurray.from_sglang(k_buf, k_buf, req, torch.tensor([3]), page_size=16)
+    req = torch.tensor([[0, 0, 0], [16, 17, 18]], dtype=torch.int32)
+    sk, _ = hurray.from_sglang(k_buf, k_buf, req, torch.tensor([1]), torch.tensor([3]),
+                               page_size=16)  # fmt: skip
     assert sk.element_type == hurray.float8_e4m3
     with pytest.warns(UserWarning), pytest.raises(hurray.ArgumentTypeError):
         hurray.BlockPagedTensor.from_arrays(

@@ -311,8 +311,11 @@ def per_tensor_scale(value: Any, name: str, why: str) -> float | None:
         raise ArgumentTypeError(f"{name} must be a number", field=name, found=repr(value))
     if isinstance(value, (int, float, np.integer, np.floating)):
         return float(value)
-    values = as_numpy(value, name)
-    if not isinstance(values, np.ndarray) or values.dtype.kind not in "fiu":
+    try:
+        values = np.asarray(as_numpy(value, name))
+    except (ValueError, TypeError):  # ragged nesting
+        values = np.asarray(None)
+    if values.dtype.kind not in "fiu":
         raise ArgumentTypeError(
             f"{name} must be a number or a one-element tensor",
             field=name,

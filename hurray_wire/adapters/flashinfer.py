@@ -118,6 +118,13 @@ def _seq_lens(indptr: Array, last: Array, page_size: int) -> Array:
             found=len(last),
             expected=max(len(indptr) - 1, 0),
         )
+    if indptr[0] != 0:
+        raise IndexBufferError(
+            "kv_indptr must start at 0 (slice kv_indices to the batch's pages)",
+            position=0,
+            field="kv_indptr",
+            found=int(indptr[0]),
+        )
     counts = np.diff(indptr)
     if (counts < 0).any():
         bad = int(np.argmax(counts < 0)) + 1
