@@ -105,9 +105,13 @@ def test_vllm_pair_round_trip(
     out, out_table, out_lens = hw.to_vllm(
         (key, value), kv_cache_layout=layout, combined=form, max_blocks=table.shape[1]
     )
-    assert same(out, cache)
-    assert out_table.dtype == np.int32 and out_lens.dtype == np.int32
-    assert same(out_table, table) and same(out_lens, lens)
+    assert out_table.dtype == np.int32 and out_lens.dtype == np.int32 and same(out_lens, lens)
+    if key.layout.num_pages == k.pool.shape[0]:  # a contiguous role: pages and ids kept
+        assert same(out, cache) and same(out_table, table)
+    again = pair(hw.from_vllm(out, out_table, out_lens, kv_cache_layout=layout,
+                              combined=form if block == 2 else None))  # fmt: skip
+    for got, want in zip(again, (key, value), strict=True):  # strided: referenced pages only
+        assert all(same(a, b) for a, b in zip(got.sequences(), want.sequences(), strict=True))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -120,8 +124,11 @@ def test_vllm_one_role_round_trip(dtype: Any, layout: str, role: str) -> None:
     assert isinstance(tensor, hw.BlockPagedTensor) and tensor.kv_role == role
     check_sequences(tensor, ref_vllm_sequences(cache, k.pages, k.lens, "one", layout, 0))
     out, table, lens = hw.to_vllm(tensor, kv_cache_layout=layout)
-    assert same(out, cache) and same(table, k.padded()) and same(lens, np.array(k.lens, np.int32))
-    if layout == "NHD":  # one NHD role: the cache *is* the pool, both ways
+    assert same(lens, np.array(k.lens, np.int32))
+    if layout == "NHD":
+        assert same(out, cache) and same(
+            table, k.padded()
+        )  # one NHD role: the cache *is* the pool, both ways
         assert np.shares_memory(tensor.page_pool, cache) and np.shares_memory(out, cache)
 
 
@@ -146,7 +153,11 @@ def test_vllm_strided_cross_layer_view() -> None:
     assert not layer.flags.c_contiguous
     k = batch(9, 16, 4, 32, np.float16)
     key, value = pair(hw.from_vllm(layer, k.padded(), k.lens, layer_index=1))
-    assert same(hw.to_vllm((key, value), combined="N2BHD")[0], layer)
+    for tensor, role in ((key, 0), (value, 1)):  # only the referenced blocks were read
+        assert tensor.layout.num_pages == len(set(k.block_table()))
+        for s, (row, n) in enumerate(zip(k.pages, k.lens, strict=True)):
+            want = [layer[row[t // 16], role, t % 16] for t in range(n)]
+            assert same(tensor.sequence(s), np.array(want).reshape(n, 4, 32))
 
 
 def test_vllm_padded_table_padding_is_ignored() -> None:
@@ -327,8 +338,10 @@ def test_tensor_vllm_tensor(seed: int, block: int, form: str, layout: str, dtype
     cache, table, lens = hw.to_vllm((key, value), kv_cache_layout=layout, combined=form)
     back = hw.from_vllm(cache, table, lens, kv_cache_layout=layout, layer_index=3, combined=form)
     assert isinstance(back, tuple)
-    same_tensor(back[0], key)
-    same_tensor(back[1], value)
+    for got, want in zip(back, (key, value), strict=True):  # strided forms: referenced pages
+        assert all(same(a, b) for a, b in zip(got.sequences(), want.sequences(), strict=True))
+        if got.layout.num_pages == want.layout.num_pages:
+            same_tensor(got, want)
 
 
 def test_vllm_fp8_scales() -> None:
