@@ -91,9 +91,14 @@ def test_flashinfer_cache_read_as_flashinfer_unpacks_it(
             assert np.array_equal(bits(tensor.sequence(s)), bits(want)), (s, tensor.kv_role)
     if form == "combined":
         assert np.array_equal(bits(expect[0][1]), bits(got[1].sequence(0)))
-    # poisoned control: the same cache read under the other layout gives other tokens
+    # valid but poisoned control: the same cache with kv_indices reversed is accepted and
+    # must read other tokens than FlashInfer's unpacking of the true indices
+    poisoned = hw.from_flashinfer(cache, indptr, indices.flip(0), last, kv_layout=layout,
+                                  kv_role="key" if form == "role" else None)  # fmt: skip
+    first = poisoned if isinstance(poisoned, hw.BlockPagedTensor) else poisoned[0]
+    assert not np.array_equal(bits(first.sequence(0)), bits(expect[0][0]))
     if form == "tuple" and page_size > 1 and heads != page_size:
-        with pytest.raises(hw.HurrayWireError):
+        with pytest.raises(hw.HurrayWireError):  # a tuple names both roles: no kv_role
             hw.from_flashinfer(cache, indptr, indices, last, kv_layout=layout, kv_role="key")
     # back out: FlashInfer's unpacking of to_flashinfer's cache reads the same tokens
     if form != "role":
