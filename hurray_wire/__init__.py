@@ -59,11 +59,13 @@ if TYPE_CHECKING:
     from hurray_wire.adapters import (
         from_flashinfer,
         from_sglang,
+        from_sglang_mla,
         from_torch,
         from_vllm,
         into_vllm,
         to_flashinfer,
         to_sglang,
+        to_sglang_mla,
         to_torch,
         to_vllm,
     )
@@ -265,6 +267,7 @@ __all__ = [
     "encode_parts",
     "from_flashinfer",
     "from_sglang",
+    "from_sglang_mla",
     "from_torch",
     "from_vllm",
     "into_vllm",
@@ -274,6 +277,7 @@ __all__ = [
     "save_cache",
     "to_flashinfer",
     "to_sglang",
+    "to_sglang_mla",
     "to_torch",
     "to_vllm",
 ]
@@ -282,8 +286,8 @@ __all__ = [
 _LAZY = {
     name: module
     for module, names in {
-        "hurray_wire.adapters": "from_flashinfer from_sglang from_torch from_vllm into_vllm"
-        " to_flashinfer to_sglang to_torch to_vllm",
+        "hurray_wire.adapters": "from_flashinfer from_sglang from_sglang_mla from_torch from_vllm"
+        " into_vllm to_flashinfer to_sglang to_sglang_mla to_torch to_vllm",
         "hurray_wire.blob": "DecodeLimits DecodeReport blob_length decode decode_in_place"
         " decode_in_place_report decode_into decode_report encode encode_into encode_parts",
         "hurray_wire.codecs": "Compression",

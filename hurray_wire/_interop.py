@@ -2,9 +2,14 @@
 
 Every entry point that takes arrays (``from_arrays`` and the engine adapters) passes its
 arguments through ``as_numpy``: a torch tensor is recognised by its type's module name, so
-hurray-wire never imports torch for NumPy callers. CPU tensors are shared, not copied.
-NumPy's DLPack cannot carry bfloat16 or the float8 types, so those cross as a same-width
-unsigned integer and are viewed back as the ``ml_dtypes`` type.
+hurray-wire never imports torch for NumPy callers. CPU tensors are shared, not copied;
+tensors on another device are never moved whole: ``take_pages`` copies only the pages a
+block table names. NumPy's DLPack cannot carry bfloat16 or the float8 types, so those cross
+as a same-width unsigned integer and are viewed back as the ``ml_dtypes`` type.
+
+Torch has no read-only tensors: ``numpy_to_torch`` shares a writable array's memory and
+copies a read-only one (``bytes``, a read-only mapping of a ``StreamFile``), so that no torch
+tensor is ever a writable alias of memory that must not change.
 """
 
 from __future__ import annotations
@@ -16,9 +21,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.model._checks import U64_MAX
+from hurray_wire.model.layout import _as_index_array
 
-__all__ = ["as_numpy", "is_torch", "numpy_to_torch", "torch_to_numpy"]
+__all__ = [
+    "as_numpy",
+    "first_reference_order",
+    "is_device_tensor",
+    "is_strided_pool",
+    "is_torch",
+    "numpy_to_torch",
+    "referenced_pages",
+    "take_pages",
+    "torch_dtype_name",
+    "torch_to_numpy",
+]
 
 # torch dtype name -> the same-width integer type both DLPacks carry; the NumPy dtype is the
 # ml_dtypes type of the same name (imported with the first torch tensor, not before).
@@ -54,6 +72,92 @@ def is_torch(value: object) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "__dlpack__")
 
 
+def is_device_tensor(value: object) -> bool:
+    """True for a torch tensor that is not in host memory (its pages are gathered there)."""
+    return (
+        is_torch(value)
+        and getattr(value, "device", None) is not None
+        and (
+            value.device.type != "cpu"  # type: ignore[attr-defined]
+        )
+    )
+
+
+def torch_dtype_name(value: Any) -> str:
+    """``"bfloat16"`` for a torch tensor of torch.bfloat16 (its dtype without ``torch.``)."""
+    return str(value.dtype).removeprefix("torch.")
+
+
+def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -> Any:
+    """``pool[page_ids]`` as a new C-contiguous NumPy array: only those pages are read.
+
+    A torch tensor on any device is indexed where it lives and only the gathered pages
+    come to host; a NumPy array (strided or not) is gathered by fancy indexing.
+    """
+    if is_torch(pool):
+        torch = _torch()
+        index = torch.from_numpy(np.ascontiguousarray(page_ids, np.int64)).to(pool.device)
+        return torch_to_numpy(pool.detach().index_select(0, index).contiguous(), name)
+    return np.ascontiguousarray(pool[page_ids])
+
+
+def first_reference_order(
+    block_table: npt.NDArray[Any],
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """``(old_ids, new_table)``: the distinct page ids in first-reference order, and the
+    block table renumbered so that ``old_ids[new_table] == block_table``."""
+    ids, first, inverse = np.unique(block_table, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(ids), np.int64)
+    rank[order] = np.arange(len(ids))
+    return ids[order].astype(np.int64), rank[inverse.reshape(-1)]
+
+
+def is_strided_pool(pool: npt.NDArray[Any]) -> bool:
+    """A 4-D pool whose pages are not one C-contiguous block (gathered, not copied whole)."""
+    return pool.ndim == 4 and not pool.flags.c_contiguous and pool.size > 0
+
+
+def referenced_pages(
+    page_pool: Any, block_table: Any, per_slot: bool, scales: Any, zero_points: Any
+) -> tuple[Any, Any, Any, Any]:
+    """The pool reduced to the pages ``block_table`` names (a compact copy) with the table
+    renumbered, for a strided host pool or a device tensor; a contiguous host torch tensor
+    comes back as its NumPy view. Per-page-slot scales move with their pages."""
+    if is_torch(page_pool) and not is_device_tensor(page_pool):
+        page_pool = as_numpy(page_pool, "page_pool")
+        if not is_strided_pool(page_pool):
+            return page_pool, block_table, scales, zero_points
+    if page_pool.ndim != 4:
+        raise InvalidTensorError(
+            "page_pool must be 4-D [num_pages, page_size, num_heads, head_dim]",
+            field="page_pool",
+            found=f"shape {tuple(page_pool.shape)}",
+        )
+    table = _as_index_array(as_numpy(block_table, "block_table"), "block_table", U64_MAX)
+    num_pages = int(page_pool.shape[0])
+    if table.size and int(table.max()) >= num_pages:
+        bad = int(np.argmax(table >= num_pages))
+        raise IndexBufferError(
+            f"page id at position {bad} is outside the pool",
+            position=bad,
+            field="block_table",
+            found=int(table[bad]),
+            expected=f"< num_pages = {num_pages}",
+        )
+    old_ids, new_table = first_reference_order(table.astype(np.int64))
+    if per_slot:  # per-block quantization: one scale per page slot moves with its page
+        page_size = int(page_pool.shape[1])
+        moved = []
+        for value in (scales, zero_points):
+            values = None if value is None else np.asarray(as_numpy(value, "scales"))
+            if values is not None and values.size == num_pages * page_size:
+                values = values.reshape(num_pages, page_size)[old_ids].reshape(-1)
+            moved.append(values)
+        scales, zero_points = moved
+    return take_pages(page_pool, old_ids), new_table, scales, zero_points
+
+
 def as_numpy(value: Any, name: str) -> Any:
     """``value`` unchanged, or as a NumPy array when it is a torch tensor."""
     return torch_to_numpy(value, name) if is_torch(value) else value
@@ -82,8 +186,12 @@ def torch_to_numpy(tensor: Any, name: str = "tensor") -> npt.NDArray[Any]:
 
 
 def numpy_to_torch(array: npt.NDArray[Any], name: str = "array") -> Any:
-    """A torch tensor sharing ``array``'s memory (bfloat16 / float8 through an integer view)."""
+    """A CPU torch tensor of ``array``'s dtype (bfloat16 / float8 through an integer view):
+    sharing its memory when the array is writable, a copy when it is read-only (torch
+    tensors are always writable, so sharing would let a write reach read-only memory)."""
     torch = _torch()
+    if not array.flags.writeable:
+        array = array.copy()
     via = _by_numpy().get(array.dtype)
     try:
         if via is None:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire._interop import as_numpy, is_torch
+from hurray_wire._interop import as_numpy, is_strided_pool, is_torch, referenced_pages
 from hurray_wire.dtypes import ElementType, element_type_of
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -209,11 +209,20 @@ class BlockPagedTensor:
         ``total_tokens`` defaults to ``sum(seq_lens)`` when sequence lengths are given,
         else to the block table's capacity (every page full). ``block_table_index_type``
         defaults to uint32, or uint64 when the pool or the block table needs it ([A13]).
-        The caller's arrays are never modified; they are shared, not copied, whenever they
-        already have the wire dtype and are C-contiguous. Torch tensors are taken through
-        DLPack (``hurray_wire._interop``). ``kv_scale`` is the engine's fp8 scalar, stored
-        in the reserved metadata key of the role (``hurray.k_scale`` / ``hurray.v_scale``).
+        The caller's arrays are never modified. A C-contiguous host pool of the wire dtype
+        is shared (a view, page ids kept); a strided pool (an HND or per-layer view of an
+        engine cache, FlashInfer's combined form) or a torch tensor on another device is
+        never copied whole: only the pages the block table names are gathered, renumbered in
+        first-reference order as ``compact()`` does, so ``block_table`` then names pages of
+        that compact pool. Index arrays are copied when their dtype differs from the index
+        type. Torch tensors are taken through DLPack (``hurray_wire._interop``). ``kv_scale``
+        is the engine's fp8 scalar, stored in the reserved metadata key of the role
+        (``hurray.k_scale`` / ``hurray.v_scale``).
         """
+        if is_torch(page_pool) or (type(page_pool) is np.ndarray and is_strided_pool(page_pool)):
+            page_pool, block_table, scales, zero_points = referenced_pages(
+                page_pool, block_table, isinstance(quantization, PerBlockAffine), scales,
+                zero_points)  # fmt: skip
         plain = type(page_pool) is np.ndarray and type(block_table) is np.ndarray
         plain = plain and type(seq_ptr) is np.ndarray and scales is None and zero_points is None
         if not (plain and (seq_lens is None or type(seq_lens) is np.ndarray)):

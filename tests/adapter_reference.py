@@ -115,11 +115,17 @@ def ref_tensor_sequences(tensor: Any) -> list[Array]:
     return ref_sequences(tensor.unpacked_page_pool(), pages, lens)
 
 
-def ref_sglang_sequences(buffer: Array, req_to_token: Array, lens: list[int]) -> list[Array]:
-    """Token t of request s lives in slot req_to_token[s, t]."""
+def ref_sglang_sequences(
+    buffer: Array, req_to_token: Array, req_pool_indices: list[int], lens: list[int]
+) -> list[Array]:
+    """Token t of request s lives in slot req_to_token[req_pool_indices[s], t] (SGLang's
+    torch_native_backend: k_cache[req_to_token[req_pool_idx, :seq_len]]); an NHD buffer is
+    indexed by slot."""
     return [
-        np.array([buffer[int(req_to_token[s, t])] for t in range(n)]).reshape(n, *buffer.shape[1:])
-        for s, n in enumerate(lens)
+        np.array([buffer[int(req_to_token[row, t])] for t in range(n)]).reshape(
+            n, *buffer.shape[1:]
+        )
+        for row, n in zip(req_pool_indices, lens, strict=True)
     ]
 
 

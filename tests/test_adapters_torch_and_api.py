@@ -21,7 +21,9 @@ ADAPTER_NAMES = [
     "from_flashinfer",
     "to_flashinfer",
     "from_sglang",
+    "from_sglang_mla",
     "to_sglang",
+    "to_sglang_mla",
     "from_torch",
     "to_torch",
     "merge_heads",
@@ -124,7 +126,10 @@ def test_torch_strided_and_engine_inputs() -> None:
     strided_pair = hurray.from_vllm(strided, table, b.lens, kv_cache_layout="HND", **era)
     assert isinstance(strided_pair, tuple)
     k2, _ = strided_pair
-    assert np.array_equal(k2.page_pool.view(np.uint16), key.page_pool.view(np.uint16))
+    assert all(  # strided: the referenced pages only, the same tokens
+        np.array_equal(a.view(np.uint16), b.view(np.uint16))
+        for a, b in zip(k2.sequences(), key.sequences(), strict=True)
+    )
     fi = hurray.to_flashinfer(key)
     again = hurray.from_flashinfer(
         torch.from_numpy(fi[0].view(np.uint16)).view(torch.bfloat16),
@@ -133,8 +138,9 @@ def test_torch_strided_and_engine_inputs() -> None:
     )
     assert isinstance(again, hurray.BlockPagedTensor) and again.descriptor == key.descriptor
     k_buf = torch.zeros(32, 2, 8, dtype=torch.float8_e4m3fn)
-    req = torch.tensor([[16, 17, 18]], dtype=torch.int32)
-    sk, _ = hurray.from_sglang(k_buf, k_buf, req, torch.tensor([3]), page_size=16)
+    req = torch.tensor([[0, 0, 0], [16, 17, 18]], dtype=torch.int32)
+    sk, _ = hurray.from_sglang(k_buf, k_buf, req, torch.tensor([1]), torch.tensor([3]),
+                               page_size=16)  # fmt: skip
     assert sk.element_type == hurray.float8_e4m3
     with pytest.warns(UserWarning), pytest.raises(hurray.ArgumentTypeError):
         hurray.BlockPagedTensor.from_arrays(

@@ -101,19 +101,26 @@ def test_page_pool_dtype_without_element_type(dtype: Any) -> None:
         build(np.zeros((5, 4, 2, 8), dtype))
 
 
-def test_non_contiguous_inputs_are_accepted_and_copied() -> None:
+def test_strided_pools_give_only_their_referenced_pages() -> None:
+    """A strided pool is never copied whole: the pages the table names, in first-reference
+    order (block table 3, 1, 3 -> pages [3, 1] renumbered 0, 1, 0), same tokens."""
     base = f16(5, 4, 2, 16)
     for pool in (base[..., ::2], np.asfortranarray(base[..., :8]), base[::-1, :, :, :8]):
         assert not pool.flags.c_contiguous
         before = pool.copy()
-        tensor = build(pool)
+        tensor = build(pool, block_table=(3, 1, 3), seq_lens=[8, 3])
         assert tensor.page_pool.flags.c_contiguous
         assert not np.shares_memory(tensor.page_pool, base)
-        assert np.array_equal(tensor.page_pool, pool)
+        assert tensor.layout.num_pages == 2 and tensor.block_table.tolist() == [0, 1, 0]
+        assert np.array_equal(tensor.page_pool, pool[[3, 1]])
+        whole = build(np.ascontiguousarray(pool), block_table=(3, 1, 3), seq_lens=[8, 3])
+        for seq in (0, 1):
+            assert np.array_equal(tensor.sequence(seq), whole.sequence(seq))
         np.testing.assert_array_equal(pool, before)
-        assert (
-            hw.decode(hw.encode(tensor)).page_pool.tobytes() == np.ascontiguousarray(pool).tobytes()
-        )
+        assert hw.decode(hw.encode(tensor)).page_pool.tobytes() == pool[[3, 1]].tobytes()
+    with pytest.raises(hw.IndexBufferError) as info:  # checked before any page is read
+        build(base[..., ::2], block_table=(0, 5, 0))
+    assert (info.value.field, info.value.found) == ("block_table", 5)
     strided = np.array([0, 9, 1, 9, 0], np.uint32)[::2]
     tensor = build(block_table=strided)
     assert tensor.block_table.tolist() == [0, 1, 0] and tensor.block_table.flags.c_contiguous

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire._interop import as_numpy
+from hurray_wire._interop import as_numpy, is_torch, numpy_to_torch
+from hurray_wire.dtypes import element_type_of
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 
@@ -210,3 +211,138 @@ def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
             f"{name} must be one of {choices}", field=name, found=repr(value), expected=choices
         )
     return value
+
+
+# -- engine element types, scales and outputs (shared by every engine adapter) -------------
+
+# Engine dtype names (torch's, and the engines' cache-dtype settings) -> hurray element types.
+_ENGINE_DTYPES = {
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "float8_e4m3fn": "float8_e4m3",
+    "float8_e4m3": "float8_e4m3",
+    "fp8_e4m3": "float8_e4m3",
+    "fp8": "float8_e4m3",
+    "float8_e5m2": "float8_e5m2",
+    "fp8_e5m2": "float8_e5m2",
+}
+
+
+def engine_dtype_name(value: Any) -> str:
+    """A dtype name from a torch dtype, a NumPy dtype or a string (``torch.`` dropped)."""
+    if isinstance(value, str):
+        return value.removeprefix("torch.")
+    if isinstance(value, (np.dtype, type)):
+        return str(np.dtype(value).name)
+    return str(value).removeprefix("torch.")
+
+
+def engine_element_view(values: Any, dtype: Any, name: str) -> Any:
+    """The engine's buffer viewed as the element type it holds (no copy).
+
+    Engines store fp8 caches as uint8 (SGLang ``KVCache.store_dtype``, vLLM's
+    ``kv_cache_dtype``) because ``index_put`` lacks float8: such a buffer needs ``dtype``
+    (the engine's cache dtype, e.g. ``torch.float8_e4m3fn`` or ``"fp8_e5m2"``) and is viewed
+    as that float8 type, so that fp8 travels as float8 (spec [A12]), never as uint8. Works
+    on NumPy arrays and torch tensors alike (torch stays torch: a device tensor is not
+    moved here).
+    """
+    stored = engine_dtype_name(values.dtype)
+    if dtype is None:
+        if stored in ("uint8", "int8"):
+            raise InvalidTensorError(
+                f"a {stored} cache is how engines store fp8 (as uint8): pass dtype= the "
+                "engine's cache dtype (e.g. pool.dtype: torch.float8_e4m3fn or "
+                "torch.float8_e5m2) so that it travels as float8",
+                field="dtype",
+                found=f"{name} of {stored}, dtype None",
+            )
+        want = _ENGINE_DTYPES.get(stored)
+        if want is None:
+            raise InvalidTensorError(
+                "no engine KV cache has this element type",
+                field=name,
+                found=stored,
+                expected=sorted(set(_ENGINE_DTYPES.values())),
+            )
+        return values
+    want_name = _ENGINE_DTYPES.get(engine_dtype_name(dtype))
+    if want_name is None:
+        raise ArgumentTypeError(
+            "dtype is not an engine KV cache dtype hurray-wire carries",
+            field="dtype",
+            found=repr(dtype),
+            expected=sorted(_ENGINE_DTYPES),
+        )
+    if _ENGINE_DTYPES.get(stored) == want_name:
+        return values
+    width = element_type_of(want_name).itemsize
+    if stored != "uint8" or width != 1:
+        raise InvalidTensorError(
+            f"the buffer's dtype {stored} does not hold {want_name} (only fp8 is stored as uint8)",
+            field=name,
+            found=stored,
+            expected=want_name,
+        )
+    if is_torch(values):
+        import importlib
+
+        torch = importlib.import_module("torch")
+        return values.view(getattr(torch, _TORCH_NAMES[want_name]))
+    return values.view(element_type_of(want_name).numpy_dtype)
+
+
+_TORCH_NAMES = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
+
+
+def per_tensor_scale(value: Any, name: str, why: str) -> float | None:
+    """An engine's per-tensor fp8 scale as a float: a Python or NumPy number, or a tensor
+    / array of one element (a 0-d ``torch.nn.Parameter`` as the attention layer keeps it).
+    Several elements are refused with ``why`` (the engine rule that allows only one)."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be a number", field=name, found=repr(value))
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    try:
+        values = np.asarray(as_numpy(value, name))
+    except (ValueError, TypeError):  # ragged nesting
+        values = np.asarray(None)
+    if values.dtype.kind not in "fiu":
+        raise ArgumentTypeError(
+            f"{name} must be a number or a one-element tensor",
+            field=name,
+            found=type(value).__name__,
+        )
+    if values.size != 1:
+        raise InvalidTensorError(
+            f"{name} must be one per-tensor scale: {why}",
+            field=name,
+            found=f"shape {values.shape}",
+        )
+    return float(values.reshape(-1)[0])
+
+
+def engine_outputs(values: tuple[Any, ...], names: tuple[str, ...], as_torch: bool) -> Any:
+    """``values`` as they are (NumPy), or with every array as a CPU torch tensor of the
+    same dtype (bfloat16 and float8 included; shared memory when writable, a copy when
+    read-only: see ``hurray_wire._interop.numpy_to_torch``). Tuples inside are mapped too.
+    The one way ``to_sglang`` / ``to_flashinfer`` (and ``to_vllm``) hand torch tensors out."""
+    if not isinstance(as_torch, bool):
+        raise ArgumentTypeError("as_torch must be a bool", field="as_torch", found=repr(as_torch))
+    if not as_torch:
+        return values
+
+    def convert(value: Any, name: str) -> Any:
+        if isinstance(value, tuple):
+            return tuple(convert(v, f"{name}[{i}]") for i, v in enumerate(value))
+        return numpy_to_torch(np.asarray(value), name)
+
+    return tuple(convert(v, n) for v, n in zip(values, names, strict=True))

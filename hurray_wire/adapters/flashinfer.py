@@ -1,11 +1,22 @@
-"""FlashInfer paged KV caches <-> BlockPagedTensor.
+"""FlashInfer paged KV caches <-> BlockPagedTensor, as flashinfer-python 0.7.2's code reads them.
 
-FlashInfer's CSR arrays are the block-paged buffers under other names: ``kv_indptr`` is
-``seq_ptr`` and ``kv_indices`` is ``block_table``; lengths follow from ``kv_last_page_len``
-(``(pages - 1) * page_size + last_page_len``; a sequence of no pages has length 0 and its
-``kv_last_page_len`` entry is ignored on the way in, written as 0 on the way out). Caches:
-one role ``[pages, page_size, H, D]``, the combined ``[pages, 2, page_size, H, D]`` or a
-``(k, v)`` tuple; ``kv_layout="HND"`` swaps ``page_size`` and ``H``.
+The CSR arrays are the block-paged buffers under other names: ``kv_indptr`` is ``seq_ptr``
+and ``kv_indices`` is ``block_table``. Lengths are FlashInfer's ``get_seq_lens``
+(``flashinfer/page.py``): ``max(pages - 1, 0) * page_size + kv_last_page_len``; a length
+the request's pages cannot hold (an empty request with a nonzero ``kv_last_page_len``, a
+last page length above ``page_size``, or 0 on a request with pages) is refused.
+
+Caches, as ``_unpack_paged_kv_cache`` (``flashinfer/utils.py``) accepts them: a ``(k, v)``
+tuple of ``[pages, page_size, H, D]`` each, or ``[pages, H, D]`` for page size 1; one tensor
+``[pages, 2, page_size, H, D]``, or ``[pages, 2, H, D]`` for page size 1, holding both
+roles; ``kv_layout="HND"`` swaps ``page_size`` and ``H``. One role alone (``kv_role=``) is
+one element of the tuple form. A single 4-D tensor without ``kv_role`` is therefore the
+combined page-size-1 cache, never one role.
+
+Views and copies: a C-contiguous host NHD cache of one role is shared; HND and the combined
+form (strided views) and device tensors give only the pages ``kv_indices`` names (a compact
+copy, indices renumbered in first-reference order). ``to_flashinfer`` returns the pools
+themselves for NHD, copies for HND and the combined form.
 """
 
 from __future__ import annotations
@@ -14,14 +25,17 @@ from typing import Any
 
 import numpy as np
 
+from hurray_wire._interop import as_numpy, is_torch
 from hurray_wire.adapters._common import (
     Array,
-    array,
     check_choice,
     check_pair,
+    engine_element_view,
+    engine_outputs,
     int32,
     int_vector,
     lens_of,
+    per_tensor_scale,
 )
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
@@ -29,83 +43,87 @@ from hurray_wire.tensor import BlockPagedTensor
 __all__ = ["from_flashinfer", "to_flashinfer"]
 
 _LAYOUTS = ("NHD", "HND")
+_SCALE_RULE = "FlashInfer's run() takes one k_scale / v_scale float"
 
 
-def _nhd(pages: Array, layout: str, name: str) -> Array:
-    if pages.ndim != 4:
+def _host(value: Any, name: str, dtype: Any) -> Any:
+    """A host torch tensor as its NumPy view; device tensors stay (gathered later)."""
+    if is_torch(value) and value.device.type == "cpu":
+        value = as_numpy(value, name)
+    elif not is_torch(value) and not isinstance(value, np.ndarray):
+        raise ArgumentTypeError(
+            "expected a NumPy array or torch tensor", field=name, found=type(value).__name__
+        )
+    return engine_element_view(value, dtype, name)
+
+
+def _role_pages(cache: Any, layout: str, name: str) -> Any:
+    """One role ``[pages, page_size, H, D]`` (``[pages, H, D]``: page size 1) as NHD pages."""
+    if cache.ndim == 3:  # _expand_4d: page_size == 1
+        cache = cache[:, None] if layout == "NHD" else cache[:, :, None]
+    if cache.ndim != 4:
         raise InvalidTensorError(
-            "expected [pages, page_size, H, D] (HND: [pages, H, page_size, D])",
+            "one role is [pages, page_size, H, D] or [pages, H, D] (page size 1); "
+            "HND: [pages, H, page_size, D]",
             field=name,
-            found=f"shape {pages.shape}",
+            found=f"shape {tuple(cache.shape)}",
         )
-    return pages if layout == "NHD" else pages.transpose(0, 2, 1, 3)
+    if layout == "NHD":
+        return cache
+    return cache.permute(0, 2, 1, 3) if is_torch(cache) else cache.transpose(0, 2, 1, 3)
 
 
-def from_flashinfer(
-    paged_kv_cache: Any,
-    kv_indptr: Any,
-    kv_indices: Any,
-    kv_last_page_len: Any,
-    *,
-    kv_layout: str = "NHD",
-    kv_role: str | None = None,
-    layer_index: int | None = None,
-) -> BlockPagedTensor | tuple[BlockPagedTensor, BlockPagedTensor]:
-    """One tensor (a 4-D cache with ``kv_role``) or a ``(key, value)`` pair."""
-    layout = check_choice(kv_layout, "kv_layout", _LAYOUTS)
+def _caches(paged_kv_cache: Any, layout: str, kv_role: str | None, dtype: Any) -> list[Any]:
+    """``[(role, NHD pages), ...]`` following ``_unpack_paged_kv_cache``."""
     if isinstance(paged_kv_cache, tuple):
-        if len(paged_kv_cache) != 2:
-            raise ArgumentTypeError(
-                "a tuple cache is (k_cache, v_cache)",
-                field="paged_kv_cache",
-                found=len(paged_kv_cache),
-            )
-        if kv_role is not None:
+        if len(paged_kv_cache) != 2 or kv_role is not None:
             raise InvalidTensorError(
-                "kv_role is for one-role caches", field="kv_role", found=repr(kv_role)
+                "a tuple cache is (k_cache, v_cache) and holds both roles (no kv_role)",
+                field="paged_kv_cache",
+                found=f"{len(paged_kv_cache)} items, kv_role {kv_role!r}",
             )
-        k = _nhd(array(paged_kv_cache[0], "paged_kv_cache[0]"), layout, "paged_kv_cache[0]")
-        v = _nhd(array(paged_kv_cache[1], "paged_kv_cache[1]"), layout, "paged_kv_cache[1]")
-        pages: list[tuple[str, Array]] = [("key", k), ("value", v)]
-    else:
-        cache = array(paged_kv_cache, "paged_kv_cache")
-        if cache.ndim == 5:
-            if cache.shape[1] != 2 or kv_role is not None:
-                raise InvalidTensorError(
-                    "a 5-D cache is [pages, 2, page_size, H, D] (HND: [pages, 2, H, page_size, D])"
-                    " and holds both roles",
-                    field="paged_kv_cache",
-                    found=f"shape {cache.shape}, kv_role {kv_role!r}",
-                )
-            pages = [
-                ("key", _nhd(cache[:, 0], layout, "paged_kv_cache")),
-                ("value", _nhd(cache[:, 1], layout, "paged_kv_cache")),
-            ]
-        else:
-            if kv_role not in ("key", "value"):
-                raise InvalidTensorError(
-                    "a one-role cache needs kv_role 'key' or 'value'",
-                    field="kv_role",
-                    found=repr(kv_role),
-                )
-            pages = [(kv_role, _nhd(cache, layout, "paged_kv_cache"))]
-    if pages[0][1].shape != pages[-1][1].shape:
+        return [
+            ("key", _role_pages(_host(paged_kv_cache[0], "k_cache", dtype), layout, "k_cache")),
+            ("value", _role_pages(_host(paged_kv_cache[1], "v_cache", dtype), layout, "v_cache")),
+        ]
+    cache = _host(paged_kv_cache, "paged_kv_cache", dtype)
+    if kv_role is not None:
+        if kv_role not in ("key", "value"):
+            raise InvalidTensorError(
+                "kv_role is 'key' or 'value'", field="kv_role", found=repr(kv_role)
+            )
+        return [(kv_role, _role_pages(cache, layout, "paged_kv_cache"))]
+    if cache.ndim == 4:  # _expand_5d: page_size == 1
+        cache = cache[:, :, None] if layout == "NHD" else cache[:, :, :, None]
+    if cache.ndim != 5 or cache.shape[1] != 2:
         raise InvalidTensorError(
-            "k and v caches differ in shape",
+            "one tensor is FlashInfer's combined cache [pages, 2, page_size, H, D] or "
+            "[pages, 2, H, D] (page size 1; HND swaps page_size and H); for one role alone "
+            "pass kv_role='key' or 'value'",
             field="paged_kv_cache",
-            found=pages[-1][1].shape,
-            expected=pages[0][1].shape,
+            found=f"shape {tuple(cache.shape)}",
         )
-    page_size = int(pages[0][1].shape[1])
-    indptr = int_vector(kv_indptr, "kv_indptr")
-    indices = int_vector(kv_indices, "kv_indices")
-    last = int_vector(kv_last_page_len, "kv_last_page_len")
+    return [
+        ("key", _role_pages(cache[:, 0], layout, "paged_kv_cache")),
+        ("value", _role_pages(cache[:, 1], layout, "paged_kv_cache")),
+    ]
+
+
+def _seq_lens(indptr: Array, last: Array, page_size: int) -> Array:
+    """FlashInfer's ``get_seq_lens``, then the lengths checked against the pages."""
     if len(indptr) < 1 or len(last) != len(indptr) - 1:
         raise IndexBufferError(
-            "kv_last_page_len needs one entry per sequence",
+            "kv_last_page_len needs one entry per request (len(kv_indptr) - 1)",
             field="kv_last_page_len",
             found=len(last),
             expected=max(len(indptr) - 1, 0),
+        )
+    if indptr[0] != 0:
+        raise IndexBufferError(
+            "kv_indptr must start at 0 (slice kv_indices to the batch's pages)",
+            position=0,
+            field="kv_indptr",
+            found=int(indptr[0]),
         )
     counts = np.diff(indptr)
     if (counts < 0).any():
@@ -116,20 +134,65 @@ def from_flashinfer(
             field="kv_indptr",
             found=int(indptr[bad]),
         )
-    bad_last = (counts > 0) & ((last < 1) | (last > page_size))
-    if bad_last.any():
-        seq = int(np.argmax(bad_last))
+    lens: Array = np.maximum(counts - 1, 0) * page_size + last  # flashinfer/page.py get_seq_lens
+    wrong = -(-lens // page_size) != counts
+    if wrong.any():
+        seq = int(np.argmax(wrong))
         raise IndexBufferError(
-            f"last page length of sequence {seq} is not in 1..{page_size}",
+            f"request {seq}: get_seq_lens gives {int(lens[seq])} tokens, which "
+            f"{int(counts[seq])} page(s) of {page_size} cannot hold exactly (an empty request "
+            "needs kv_last_page_len 0; one with pages 1..page_size)",
             position=seq,
             field="kv_last_page_len",
             found=int(last[seq]),
-            expected=f"1..{page_size}",
+            expected="0" if counts[seq] == 0 else f"1..{page_size}",
         )
-    lens = np.where(counts > 0, (counts - 1) * page_size + last, 0)
+    return lens
+
+
+def from_flashinfer(
+    paged_kv_cache: Any,
+    kv_indptr: Any,
+    kv_indices: Any,
+    kv_last_page_len: Any,
+    *,
+    kv_layout: str = "NHD",
+    kv_role: str | None = None,
+    dtype: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    layer_index: int | None = None,
+) -> BlockPagedTensor | tuple[BlockPagedTensor, BlockPagedTensor]:
+    """A ``(key, value)`` pair, or one tensor for a one-role cache given with ``kv_role``.
+
+    ``dtype``: the cache dtype when fp8 is held as uint8 (float8 tensors need none);
+    ``k_scale`` / ``v_scale``: the per-tensor floats passed to FlashInfer's ``run()``,
+    kept as ``kv_scale``.
+    """
+    layout = check_choice(kv_layout, "kv_layout", _LAYOUTS)
+    pages = _caches(paged_kv_cache, layout, kv_role, dtype)
+    if tuple(pages[0][1].shape) != tuple(pages[-1][1].shape):
+        raise InvalidTensorError(
+            "k and v caches differ in shape",
+            field="paged_kv_cache",
+            found=tuple(pages[-1][1].shape),
+            expected=tuple(pages[0][1].shape),
+        )
+    page_size = int(pages[0][1].shape[1])
+    indptr = int_vector(kv_indptr, "kv_indptr")
+    indices = int_vector(kv_indices, "kv_indices")
+    lens = _seq_lens(indptr, int_vector(kv_last_page_len, "kv_last_page_len"), page_size)
+    scales = {"key": per_tensor_scale(k_scale, "k_scale", _SCALE_RULE),
+              "value": per_tensor_scale(v_scale, "v_scale", _SCALE_RULE)}  # fmt: skip
     tensors = tuple(
         BlockPagedTensor.from_arrays(
-            pool, indices, indptr, seq_lens=lens, kv_role=role, layer_index=layer_index
+            pool,
+            indices,
+            indptr,
+            seq_lens=lens,
+            kv_role=role,
+            layer_index=layer_index,
+            kv_scale=scales[role],
         )
         for role, pool in pages
     )
@@ -141,12 +204,14 @@ def to_flashinfer(
     *,
     kv_layout: str = "NHD",
     combined: bool = False,
-) -> tuple[Any, Array, Array, Array]:
-    """``(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len)``, indices int32.
+    as_torch: bool = False,
+) -> tuple[Any, Any, Any, Any]:
+    """``(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len)``, the indices int32.
 
-    A pair gives a ``(k, v)`` tuple (the pools themselves for NHD), or with
-    ``combined=True`` one ``[pages, 2, page_size, H, D]`` array. ``kv_indptr`` and
-    ``kv_indices`` are int32 views of the tensor's uint32 arrays (copies for uint64).
+    A pair gives a ``(k, v)`` tuple (the pools themselves for NHD, copies for HND), or with
+    ``combined=True`` one ``[pages, 2, page_size, H, D]`` copy; one tensor gives its pool.
+    ``kv_last_page_len`` is 0 for an empty request (so ``get_seq_lens`` gives 0).
+    ``as_torch=True`` gives CPU torch tensors of the same dtypes (bfloat16, float8).
     """
     layout = check_choice(kv_layout, "kv_layout", _LAYOUTS)
     if not isinstance(combined, bool):
@@ -158,6 +223,10 @@ def to_flashinfer(
 
     cache: Any
     if isinstance(tensor_or_pair, BlockPagedTensor):
+        if combined:
+            raise InvalidTensorError(
+                "combined=True needs a (key, value) pair", field="combined", found=True
+            )
         tensor = tensor_or_pair
         cache = cache_of(tensor)
     else:
@@ -170,4 +239,8 @@ def to_flashinfer(
     last = np.where(counts > 0, lens - (counts - 1) * page_size, 0).astype(np.int32)
     indptr = int32(tensor.seq_ptr, "kv_indptr")
     indices = int32(tensor.block_table, "kv_indices")
-    return cache, indptr, indices, last
+    names = ("paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len")
+    result: tuple[Any, Any, Any, Any] = engine_outputs(
+        (cache, indptr, indices, last), names, as_torch
+    )
+    return result

@@ -1,11 +1,31 @@
-"""SGLang token-slot pools <-> BlockPagedTensor.
+"""SGLang token-slot pools <-> BlockPagedTensor, as sglang 0.5.23's own code keeps them.
 
-SGLang keeps per layer ``k_buffer`` / ``v_buffer`` of ``[size + page_size, H, D]`` token
-slots (the first page is padding: slot 0 is the dummy slot) and ``req_to_token``, a
-``[max_reqs, max_context_len]`` int32 table of each request's token slots. With
-``page_size > 1`` a page's slots are contiguous and page-aligned, so page id =
-``slot // page_size`` and the pools reshape into page pools without a copy. Requests whose
-slots within a page are not contiguous, or that touch the padding page, are refused.
+What SGLang hands you (``sglang/srt/mem_cache/memory_pool.py``):
+
+- ``MHATokenToKVPool``: per layer ``k_buffer[layer]`` / ``v_buffer[layer]`` of
+  ``[size + page_size, H, D]`` token slots (NHD, the default) or, with
+  ``SGLANG_USE_HND_KVCACHE``, ``[num_pages, H, page_size, D]`` (HND; slot ``s`` is
+  ``[s // page_size, :, s % page_size]``). The first page (slots ``0..page_size-1``) is
+  padding: the allocators hand out pages from 1 (``allocator/paged.py`` ``clear``) and
+  padded tokens write there.
+- ``MLATokenToKVPool``: one ``kv_buffer[layer]`` of ``[size + page_size, 1, 576]``
+  (``kv_lora_rank`` latent then the rope part); ``get_value_buffer`` is its first
+  ``kv_lora_rank`` dims, so it travels once, as a ``"fused"`` tensor.
+- fp8 (``float8_e4m3fn`` / ``float8_e5m2``) is stored as uint8 (``KVCache.store_dtype``)
+  and read through ``.view(dtype)``; the scales are per tensor, one ``k_scale`` /
+  ``v_scale`` per layer (``layers/quantization/kv_cache.py``: "Only support per-tensor
+  scaling factor"), stored ``k / k_scale`` and read ``q * k_scale``.
+- ``ReqToTokenPool.req_to_token``: ``[size + 1, max_context_len]`` int32, row 0 padding
+  (cuda-graph padded batches point there); request ``i`` of a batch is row
+  ``req_pool_indices[i]`` and its token ``t`` lives in slot ``req_to_token[row, t]``. With
+  ``page_size > 1`` a page's slots are contiguous and page-aligned (``alloc_extend``
+  keeps ``slot % page_size == t % page_size``), so page id = ``slot // page_size``, the
+  rule SGLang's disaggregation uses (``mem_cache/common.py`` ``kv_to_page_indices``).
+
+Views and copies: an NHD host buffer becomes the tensor's page pool without a copy; an HND
+buffer, or a torch tensor on a GPU, gives only the pages the requests reference (gathered
+where they live, then renumbered in first-reference order). ``to_sglang`` returns views of
+the tensor's pool for NHD when its page 0 is unused, copies otherwise (see its docstring).
 """
 
 from __future__ import annotations
@@ -14,74 +34,127 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire.adapters._common import Array, array, check_pair, int32, int_vector, lens_of
-from hurray_wire.errors import IndexBufferError, InvalidTensorError
+from hurray_wire._interop import as_numpy, is_torch
+from hurray_wire.adapters._common import (
+    Array,
+    check_pair,
+    engine_element_view,
+    engine_outputs,
+    int32,
+    int_vector,
+    lens_of,
+    per_tensor_scale,
+)
+from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import check_int
 
-__all__ = ["from_sglang", "to_sglang"]
+__all__ = ["from_sglang", "from_sglang_mla", "to_sglang", "to_sglang_mla"]
+
+_LAYOUTS = ("nhd", "hnd")
+_SCALE_RULE = "SGLang keeps one per layer (layers/quantization/kv_cache.py)"
 
 
-def _pool(buffer: Any, name: str, page_size: int) -> Array:
-    slots = array(buffer, name)
-    if slots.ndim != 3 or slots.shape[0] % page_size or slots.shape[0] < page_size:
+def _layout(value: object) -> str:
+    if not isinstance(value, str) or value.lower() not in _LAYOUTS:
+        raise ArgumentTypeError(
+            "kv_cache_layout must be SGLang's pool.kv_cache_layout: 'nhd' or 'hnd'",
+            field="kv_cache_layout",
+            found=repr(value),
+            expected=_LAYOUTS,
+        )
+    return value.lower()
+
+
+def _pages(buffer: Any, name: str, page_size: int, layout: str, dtype: Any) -> Any:
+    """The buffer as ``[num_pages, page_size, H, D]`` pages (a view, NumPy or torch kept)."""
+    if is_torch(buffer) and buffer.device.type == "cpu":
+        buffer = as_numpy(buffer, name)
+    elif not is_torch(buffer) and not isinstance(buffer, np.ndarray):
+        raise ArgumentTypeError(
+            "expected a NumPy array or torch tensor", field=name, found=type(buffer).__name__
+        )
+    buffer = engine_element_view(buffer, dtype, name)
+    shape = tuple(int(d) for d in buffer.shape)
+    if layout == "hnd":
+        if len(shape) != 4 or shape[2] != page_size:
+            raise InvalidTensorError(
+                f"an HND pool is [num_pages, H, page_size = {page_size}, D]",
+                field=name,
+                found=f"shape {shape}",
+            )
+        axes = (0, 2, 1, 3)
+        return buffer.permute(*axes) if is_torch(buffer) else buffer.transpose(axes)
+    if len(shape) != 3:
+        hint = " (a 4-D buffer is the HND pool: pass kv_cache_layout='hnd')" * (len(shape) == 4)
         raise InvalidTensorError(
-            f"expected [size + page_size, H, D] with a multiple of page_size = {page_size} slots",
+            f"an NHD pool is [size + page_size, H, D] token slots{hint}",
             field=name,
-            found=f"shape {slots.shape}",
+            found=f"shape {shape}",
         )
-    return slots.reshape(slots.shape[0] // page_size, page_size, *slots.shape[1:])
-
-
-def from_sglang(
-    k_buffer: Any,
-    v_buffer: Any,
-    req_to_token: Any,
-    seq_lens: Any,
-    *,
-    page_size: int,
-    layer_index: int | None = None,
-    req_pool_indices: Any = None,
-) -> tuple[BlockPagedTensor, BlockPagedTensor]:
-    """The ``(key, value)`` pair of one layer. Request ``s`` is row
-    ``req_pool_indices[s]`` of ``req_to_token`` (default: row ``s``)."""
-    size = check_int(page_size, "page_size", minimum=1)
-    k_pool = _pool(k_buffer, "k_buffer", size)
-    v_pool = _pool(v_buffer, "v_buffer", size)
-    if k_pool.shape != v_pool.shape:
+    whole = shape[0] // page_size  # trailing slots past the last whole page: never allocated
+    if whole < 1:
         raise InvalidTensorError(
-            "k_buffer and v_buffer differ in shape",
-            field="v_buffer",
-            found=v_pool.shape,
-            expected=k_pool.shape,
+            f"the pool has fewer slots than one page of {page_size} (SGLang's padding page)",
+            field=name,
+            found=f"shape {shape}",
         )
-    lens = int_vector(seq_lens, "seq_lens")
-    table = array(req_to_token, "req_to_token")
-    if table.ndim != 2 or (table.size and table.dtype.kind not in "iu"):
+    return buffer[: whole * page_size].reshape(whole, page_size, shape[1], shape[2])
+
+
+def _rows(req_to_token: Any, index: Array, width: int) -> Array:
+    """``req_to_token[index, :width]`` as int64; only those rows come to host."""
+    if is_torch(req_to_token):
+        torch = __import__("torch")
+        rows = torch.from_numpy(index).to(req_to_token.device)
+        return np.asarray(as_numpy(req_to_token[rows, :width].cpu(), "req_to_token"), np.int64)
+    return np.asarray(req_to_token[index, :width], np.int64)
+
+
+def _request_pages(
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_size: int,
+    num_pages: int,
+) -> tuple[Array, Array, Array]:
+    """``(block_table, seq_ptr, seq_lens)`` of the requests, every rule of SGLang checked."""
+    if req_pool_indices is None or seq_lens is None:
+        raise ArgumentTypeError(
+            "pass req_pool_indices (the batch's rows of req_to_token: forward_batch."
+            "req_pool_indices or [req.req_pool_idx, ...]) and seq_lens; request i is never "
+            "row i (row 0 is ReqToTokenPool's padding row)",
+            field="req_pool_indices" if req_pool_indices is None else "seq_lens",
+            found=None,
+        )
+    shape = tuple(getattr(req_to_token, "shape", ()))
+    kind = str(getattr(req_to_token, "dtype", "")).removeprefix("torch.")
+    if len(shape) != 2 or not kind.startswith(("int", "uint")):
         raise IndexBufferError(
-            "req_to_token must be a 2-D integer table",
+            "req_to_token must be ReqToTokenPool.req_to_token, a 2-D integer table",
             field="req_to_token",
-            found=f"dtype {table.dtype}, shape {table.shape}",
+            found=f"{type(req_to_token).__name__}, dtype {kind or None}, shape {shape}",
         )
-    if req_pool_indices is None:
-        if table.shape[0] < len(lens):
+    rows, width = shape
+    index = int_vector(req_pool_indices, "req_pool_indices")
+    lens = int_vector(seq_lens, "seq_lens")
+    if len(index) != len(lens):
+        raise IndexBufferError(
+            "one seq_lens entry per req_pool_indices entry",
+            field="seq_lens",
+            found=len(lens),
+            expected=len(index),
+        )
+    for position, row in enumerate(index.tolist()):
+        if row == 0 or row >= rows:
+            why = "row 0 is ReqToTokenPool's padding row (drop padded batch entries)"
             raise IndexBufferError(
-                "req_to_token has fewer rows than requests",
-                field="req_to_token",
-                found=table.shape[0],
-                expected=f">= {len(lens)}",
-            )
-        rows = table[: len(lens)]
-    else:
-        index = int_vector(req_pool_indices, "req_pool_indices")
-        if len(index) != len(lens) or (index.size and int(index.max()) >= table.shape[0]):
-            raise IndexBufferError(
-                "req_pool_indices: one row of req_to_token per request",
+                why if row == 0 else "row outside req_to_token",
+                position=position,
                 field="req_pool_indices",
-                found=index.tolist()[:8],
+                found=row,
+                expected=f"1..{rows - 1}",
             )
-        rows = table[index]
-    width = rows.shape[1]
     if lens.size and int(lens.max()) > width:
         seq = int(np.argmax(lens > width))
         raise IndexBufferError(
@@ -91,68 +164,159 @@ def from_sglang(
             found=int(lens[seq]),
             expected=f"<= {width}",
         )
-    cols = np.arange(width)[None, :]
+    longest = int(lens.max()) if lens.size else 0
+    table = _rows(req_to_token, index, longest)
+    cols = np.arange(longest)[None, :]
     used = cols < lens[:, None]
-    slots = rows[used].astype(np.int64)
-    pos = np.broadcast_to(cols, rows.shape)[used]
-    num_slots = k_pool.shape[0] * size
-    outside = (slots < size) | (slots >= num_slots)
+    slots = table[used]
+    pos = np.broadcast_to(cols, table.shape)[used]
+    num_slots = num_pages * page_size
+    outside = (slots < page_size) | (slots >= num_slots)
     if outside.any():
         bad = int(np.argmax(outside))
+        seq = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
         raise IndexBufferError(
-            f"token slot at used entry {bad} is in the padding page or outside the pool",
+            f"request {seq}, token {int(pos[bad])}: slot in the padding page or outside the pool",
             position=bad,
             field="req_to_token",
             found=int(slots[bad]),
-            expected=f"{size}..{num_slots - 1}",
+            expected=f"{page_size}..{num_slots - 1}",
         )
-    offset = pos % size
-    starts = np.arange(len(slots)) - offset
-    page_start = slots[starts]
-    broken = (slots != page_start + offset) | (page_start % size != 0)
+    offset = pos % page_size
+    page_start = slots[np.arange(len(slots)) - offset]
+    broken = (slots != page_start + offset) | (page_start % page_size != 0)
     if broken.any():
         bad = int(np.argmax(broken))
         seq = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
         raise IndexBufferError(
             f"request {seq}: token {int(pos[bad])}'s slot is not contiguous and page-aligned "
-            f"within its page of {size}",
+            f"within its page of {page_size} (SGLang's paged allocator keeps "
+            "slot % page_size == token % page_size)",
             position=bad,
             field="req_to_token",
             found=int(slots[bad]),
-            expected=int(page_start[bad]) + int(offset[bad])
-            if page_start[bad] % size == 0
-            else f"a page start (multiple of {size})",
         )
-    block_table = slots[offset == 0] // size
-    seq_ptr = np.concatenate(([0], np.cumsum(-(-lens // size)))).astype(np.int64)
+    block_table = slots[offset == 0] // page_size
+    seq_ptr = np.concatenate(([0], np.cumsum(-(-lens // page_size)))).astype(np.int64)
+    return block_table, seq_ptr, lens
+
+
+def from_sglang(
+    k_buffer: Any,
+    v_buffer: Any,
+    req_to_token: Any,
+    req_pool_indices: Any = None,
+    seq_lens: Any = None,
+    *,
+    page_size: int,
+    kv_cache_layout: str = "nhd",
+    dtype: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    layer_index: int | None = None,
+) -> tuple[BlockPagedTensor, BlockPagedTensor]:
+    """The ``(key, value)`` pair of one layer of an ``MHATokenToKVPool``.
+
+    ``k_buffer`` / ``v_buffer``: ``pool.k_buffer[layer]`` (uint8 for fp8: pass
+    ``dtype=pool.dtype``) or ``pool.get_key_buffer(layer)`` (already viewed as float8);
+    ``kv_cache_layout``: ``pool.kv_cache_layout``; ``req_to_token``:
+    ``req_to_token_pool.req_to_token``; ``req_pool_indices`` and ``seq_lens``: the batch's
+    (``forward_batch.req_pool_indices``, ``forward_batch.seq_lens``), request ``i`` being
+    row ``req_pool_indices[i]``. ``k_scale`` / ``v_scale``: the attention layer's per-tensor
+    fp8 scales (``layer.k_scale`` or ``layer.k_scale_float``), kept as ``kv_scale``.
+
+    An NHD host pool is shared (a view); HND or device pools give only the referenced
+    pages (a compact copy, table renumbered). Index arrays are always new arrays.
+    """
+    size = check_int(page_size, "page_size", minimum=1)
+    layout = _layout(kv_cache_layout)
+    k_pages = _pages(k_buffer, "k_buffer", size, layout, dtype)
+    v_pages = _pages(v_buffer, "v_buffer", size, layout, dtype)
+    if tuple(k_pages.shape) != tuple(v_pages.shape):
+        mla = " (an MLATokenToKVPool has one kv_buffer: use from_sglang_mla)"
+        raise InvalidTensorError(
+            "k_buffer and v_buffer differ in shape (v_head_dim != head_dim is not carried)"
+            + mla * (int(v_pages.shape[-1]) < int(k_pages.shape[-1])),
+            field="v_buffer",
+            found=tuple(v_pages.shape),
+            expected=tuple(k_pages.shape),
+        )
+    table, seq_ptr, lens = _request_pages(
+        req_to_token, req_pool_indices, seq_lens, size, int(k_pages.shape[0])
+    )
+    scales = (per_tensor_scale(k_scale, "k_scale", _SCALE_RULE),
+              per_tensor_scale(v_scale, "v_scale", _SCALE_RULE))  # fmt: skip
     key, value = (
         BlockPagedTensor.from_arrays(
-            pool, block_table, seq_ptr, seq_lens=lens, kv_role=role, layer_index=layer_index
+            pages,
+            table,
+            seq_ptr,
+            seq_lens=lens,
+            kv_role=role,
+            layer_index=layer_index,
+            kv_scale=scale,
         )
-        for role, pool in (("key", k_pool), ("value", v_pool))
+        for role, pages, scale in (("key", k_pages, scales[0]), ("value", v_pages, scales[1]))
     )
     return key, value
 
 
-def to_sglang(
-    pair: tuple[BlockPagedTensor, BlockPagedTensor], *, max_context_len: int | None = None
-) -> tuple[Array, Array, Array, Array]:
-    """``(k_buffer, v_buffer, req_to_token, seq_lens)``: request ``s`` in row ``s``.
+def from_sglang_mla(
+    kv_buffer: Any,
+    req_to_token: Any,
+    req_pool_indices: Any = None,
+    seq_lens: Any = None,
+    *,
+    page_size: int,
+    dtype: Any = None,
+    kv_scale: Any = None,
+    layer_index: int | None = None,
+) -> BlockPagedTensor:
+    """One layer of an ``MLATokenToKVPool``: ``pool.kv_buffer[layer]``
+    (``[size + page_size, 1, kv_lora_rank + qk_rope_head_dim]``) as one ``"fused"`` tensor
+    of ``H = 1``; the value SGLang reads is its first ``kv_lora_rank`` dims. Otherwise as
+    ``from_sglang``."""
+    size = check_int(page_size, "page_size", minimum=1)
+    pages = _pages(kv_buffer, "kv_buffer", size, "nhd", dtype)
+    if int(pages.shape[2]) != 1:
+        raise InvalidTensorError(
+            "an MLA pool is [size + page_size, 1, kv_cache_dim]",
+            field="kv_buffer",
+            found=f"shape {tuple(kv_buffer.shape)}",
+        )
+    table, seq_ptr, lens = _request_pages(
+        req_to_token, req_pool_indices, seq_lens, size, int(pages.shape[0])
+    )
+    return BlockPagedTensor.from_arrays(
+        pages, table, seq_ptr, seq_lens=lens, kv_role="fused", layer_index=layer_index,
+        kv_scale=per_tensor_scale(kv_scale, "kv_scale", _SCALE_RULE))  # fmt: skip
 
-    The buffers are the pools reshaped (no copy) when page 0 is unreferenced, as SGLang
-    wants its padding page; otherwise a zero padding page is put in front (a copy) and
-    every page id moves up by one. ``req_to_token`` is int32 padded with 0 (the dummy slot),
-    ``max_context_len`` wide (default: the longest request).
-    """
-    key, value = check_pair(pair, "pair")
-    size = key.layout.page_size
-    table = key.block_table.astype(np.int64)
-    k_pool, v_pool = key.unpacked_page_pool(), value.unpacked_page_pool()
-    if table.size and int(table.min()) == 0:
-        pad = np.zeros((1, *k_pool.shape[1:]), k_pool.dtype)
-        k_pool, v_pool = np.concatenate((pad, k_pool)), np.concatenate((pad, v_pool))
-        table = table + 1
-    lens = lens_of(key).astype(np.int64)
+
+def _requests(
+    tensor: BlockPagedTensor, req_pool_indices: Any, max_context_len: int | None
+) -> tuple[Array, Array, int, int]:
+    """``(rows, lens, max_context_len, num_rows)`` of the request table to write."""
+    lens = lens_of(tensor).astype(np.int64)
+    n = len(lens)
+    if req_pool_indices is None:
+        rows = np.arange(1, n + 1, dtype=np.int64)
+    else:
+        rows = int_vector(req_pool_indices, "req_pool_indices")
+        if len(rows) != n:
+            raise IndexBufferError(
+                "one req_pool_indices entry per sequence",
+                field="req_pool_indices",
+                found=len(rows),
+                expected=n,
+            )
+        if (rows == 0).any() or len(np.unique(rows)) != n:
+            bad = int(np.argmax(rows == 0)) if (rows == 0).any() else -1
+            raise IndexBufferError(
+                "rows must be distinct and never 0 (ReqToTokenPool's padding row)",
+                position=bad if bad >= 0 else None,
+                field="req_pool_indices",
+                found=rows.tolist()[:8],
+            )
     longest = int(lens.max()) if lens.size else 0
     width = longest if max_context_len is None else check_int(max_context_len, "max_context_len")
     if width < longest:
@@ -162,11 +326,90 @@ def to_sglang(
             found=width,
             expected=f">= {longest}",
         )
+    return rows, lens, width, int(rows.max()) + 1 if n else 1
+
+
+def _req_to_token(
+    tensor: BlockPagedTensor, table: Array, rows: Array, lens: Array, width: int, height: int
+) -> Array:
+    size = tensor.layout.page_size
     total = int(lens.sum())
     seq_of = np.repeat(np.arange(len(lens)), lens)
     pos = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
-    entries = key.seq_ptr[:-1].astype(np.int64)[seq_of] + pos // size
-    req_to_token = np.zeros((len(lens), width), np.int32)
-    req_to_token[seq_of, pos] = int32(table[entries] * size + pos % size, "req_to_token")
-    shape = (-1, *k_pool.shape[2:])
-    return k_pool.reshape(shape), v_pool.reshape(shape), req_to_token, int32(lens, "seq_lens")
+    entries = tensor.seq_ptr[:-1].astype(np.int64)[seq_of] + pos // size
+    req_to_token = np.zeros((height, width), np.int32)  # 0: SGLang's dummy slot
+    req_to_token[rows[seq_of], pos] = int32(table[entries] * size + pos % size, "req_to_token")
+    return req_to_token
+
+
+def _padded_pools(pools: list[Array], table: Array) -> tuple[list[Array], Array]:
+    """The pools with page 0 free for SGLang's padding: as they are when no request uses
+    page 0, else behind a zero page (a copy) with every page id moved up by one."""
+    if table.size and int(table.min()) == 0:
+        pad = [np.zeros((1, *p.shape[1:]), p.dtype) for p in pools]
+        return [np.concatenate((z, p)) for z, p in zip(pad, pools, strict=True)], table + 1
+    return pools, table
+
+
+def to_sglang(
+    pair: tuple[BlockPagedTensor, BlockPagedTensor],
+    *,
+    req_pool_indices: Any = None,
+    max_context_len: int | None = None,
+    kv_cache_layout: str = "nhd",
+    as_torch: bool = False,
+) -> tuple[Any, Any, Any, Any, Any]:
+    """``(k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens)`` as SGLang keeps
+    them: request ``i`` in row ``req_pool_indices[i]`` (default ``1..n``; row 0, the
+    padding row, is never written and stays 0, as is every unused entry: the dummy slot).
+
+    NHD buffers ``[slots, H, D]`` are the tensor's pools reshaped (views) when page 0 is
+    unreferenced (it becomes SGLang's padding page); otherwise a zero padding page is put in
+    front (a copy) and page ids move up by one. HND buffers ``[pages, H, page_size, D]`` are
+    copies. fp8 stays float8 (SGLang's ``k_buffer`` holds it as uint8: ``.view(uint8)``).
+    ``as_torch=True`` gives CPU torch tensors of the same dtypes. ``req_to_token`` is int32
+    ``[max(req_pool_indices) + 1, max_context_len]``, the other two int64.
+    """
+    key, value = check_pair(pair, "pair")
+    layout = _layout(kv_cache_layout)
+    rows, lens, width, height = _requests(key, req_pool_indices, max_context_len)
+    pools, table = _padded_pools(
+        [key.unpacked_page_pool(), value.unpacked_page_pool()], key.block_table.astype(np.int64)
+    )
+    req_to_token = _req_to_token(key, table, rows, lens, width, height)
+    if layout == "hnd":
+        buffers = [np.ascontiguousarray(p.transpose(0, 2, 1, 3)) for p in pools]
+    else:
+        buffers = [p.reshape(-1, *p.shape[2:]) for p in pools]
+    out = (buffers[0], buffers[1], req_to_token, rows, lens)
+    names = ("k_buffer", "v_buffer", "req_to_token", "req_pool_indices", "seq_lens")
+    result: tuple[Any, Any, Any, Any, Any] = engine_outputs(out, names, as_torch)
+    return result
+
+
+def to_sglang_mla(
+    tensor: BlockPagedTensor,
+    *,
+    req_pool_indices: Any = None,
+    max_context_len: int | None = None,
+    as_torch: bool = False,
+) -> tuple[Any, Any, Any, Any]:
+    """``(kv_buffer, req_to_token, req_pool_indices, seq_lens)`` of an MLA pool from a
+    ``"fused"`` tensor of one head; the rest as ``to_sglang``."""
+    if not isinstance(tensor, BlockPagedTensor):
+        raise ArgumentTypeError(
+            "expected a BlockPagedTensor", field="tensor", found=type(tensor).__name__
+        )
+    if tensor.kv_role != "fused" or tensor.shape[1] != 1:
+        raise InvalidTensorError(
+            "an MLA pool holds a 'fused' tensor of one head",
+            field="tensor",
+            found=f"kv_role {tensor.kv_role!r}, {tensor.shape[1]} heads",
+        )
+    rows, lens, width, height = _requests(tensor, req_pool_indices, max_context_len)
+    pools, table = _padded_pools([tensor.unpacked_page_pool()], tensor.block_table.astype(np.int64))
+    req_to_token = _req_to_token(tensor, table, rows, lens, width, height)
+    out = (pools[0].reshape(-1, *pools[0].shape[2:]), req_to_token, rows, lens)
+    names = ("kv_buffer", "req_to_token", "req_pool_indices", "seq_lens")
+    result: tuple[Any, Any, Any, Any] = engine_outputs(out, names, as_torch)
+    return result

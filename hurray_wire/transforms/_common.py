@@ -111,12 +111,17 @@ def rebuild(
     quantization: Quantization | None = _KEEP,
     metadata: Any = _KEEP,
 ) -> BlockPagedTensor:
-    """A new tensor like ``tensor`` with some arrays replaced, validated by from_arrays."""
+    """A new tensor like ``tensor`` with some arrays replaced, validated by from_arrays.
+
+    The pool is made C-contiguous first: a transform keeps every page and its page ids
+    (from_arrays would keep only the referenced pages of a strided pool)."""
 
     def keep(value: Any, current: Any) -> Any:
         return current if value is _KEEP else value
 
     index_type = tensor.layout.block_table_index_type
+    if isinstance(page_pool, np.ndarray):
+        page_pool = np.ascontiguousarray(page_pool)
     return BlockPagedTensor.from_arrays(
         page_pool,
         keep(block_table, tensor.block_table),

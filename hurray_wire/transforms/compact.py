@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hurray_wire._interop import first_reference_order
 from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
@@ -20,16 +21,6 @@ __all__ = ["PAGES", "compact", "first_reference_order", "prefix_sharing", "refer
 #: ``pages=`` of ``StreamWriter.write`` / ``NixlSender.publish``: only the pages the block
 #: table references (the default: a request over an engine pool), or the whole pool.
 PAGES = ("referenced", "all")
-
-
-def first_reference_order(block_table: Array) -> tuple[Array, Array]:
-    """``(old_ids, new_table)``: the distinct page ids in first-reference order, and the
-    block table renumbered so that ``old_ids[new_table] == block_table``."""
-    ids, first, inverse = np.unique(block_table, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(len(ids), np.int64)
-    rank[order] = np.arange(len(ids))
-    return ids[order].astype(np.int64), rank[inverse.reshape(-1)]
 
 
 def compact(tensor: BlockPagedTensor) -> BlockPagedTensor:
