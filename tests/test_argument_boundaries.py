@@ -171,3 +171,11 @@ def test_an_intact_second_holder_serves_a_digest_whose_first_holder_is_stale() -
     out = hw.decode_in_place(blob, pool=store, free_pages=[0, 1])
     assert out.block_table.tolist() == [5]
     assert np.array_equal(out.page_pool[out.block_table[0]], engine[5])
+
+
+def test_a_bad_flag_names_its_own_value() -> None:
+    # Before: "field ready: ready must be a bool (found False)", the write flag's value.
+    with pytest.raises(ArgumentTypeError, match=r"field ready: .*\(found 1\)"):
+        TransferRecord("offer", 1, ready=1)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match=r"field write: .*\(found 'yes'\)"):
+        TransferRecord("offer", 1, write="yes")  # type: ignore[arg-type]
