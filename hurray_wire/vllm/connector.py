@@ -86,6 +86,7 @@ class LoadSpec:
     params: dict[str, Any]
     block_ids: list[int]
     first_block: int
+    digest: str  # of the decode request's own prompt: a transfer for another is refused
 
 
 @dataclass
@@ -208,7 +209,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         elif params.get("do_remote_prefill") and num_external_tokens > 0:
             hit = self._local_hit.pop(rid, 0)
             self._loads.append(
-                LoadSpec(rid, dict(params), list(blocks.get_block_ids()[0]), hit // self._block_size)
+                LoadSpec(
+                    rid,
+                    dict(params),
+                    list(blocks.get_block_ids()[0]),
+                    hit // self._block_size,
+                    prompt_digest(request.prompt_token_ids or ()),
+                )
             )
             params["do_remote_prefill"] = False  # one pull per request
 
@@ -335,6 +342,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._engine_fingerprint(),
                 self._num_layers,
                 first_block=load.first_block,
+                expect_digest=load.digest,
                 timeout=self._options["timeout"],
             )
         except HurrayWireError as exc:

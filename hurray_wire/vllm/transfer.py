@@ -459,17 +459,27 @@ def pull(
     num_layers: int,
     *,
     first_block: int = 0,
+    expect_digest: str | None = None,
     timeout: float = 30.0,
 ) -> LoadResult:
     """Pull a transfer for a decode request whose blocks before ``first_block`` the decode
     worker already holds (its prefix cache): with equal block sizes only the pages from
     there on travel. Nothing is written anywhere: the result is validated pages in the
-    decode engine's block size, or the first block position that cannot be used."""
+    decode engine's block size, or the first block position that cannot be used.
+    ``expect_digest``: the ``prompt_digest`` of the decode request's own prompt."""
     same = params.block_size == ours.block_size
     first_page = first_block if same else 0
     pages = len(params.block_ids) - first_page
     tokens = params.num_tokens - first_page * params.block_size
     try:
+        if expect_digest is not None and expect_digest != params.prompt_digest:
+            raise TransferRefusedError(
+                "the transfer carries another prompt's keys and values (a stale reference)",
+                reason="stale_content",
+                field="prompt_digest",
+                expected=expect_digest,
+                found=params.prompt_digest,
+            )
         if pages < 0 or tokens < 0 or -(-params.num_tokens // params.block_size) != len(
             params.block_ids
         ):
