@@ -115,37 +115,6 @@ def ref_tensor_sequences(tensor: Any) -> list[Array]:
     return ref_sequences(tensor.unpacked_page_pool(), pages, lens)
 
 
-def ref_vllm_sequences(
-    cache: Array, table: Any, lens: list[int], form: str, layout: str, role: int
-) -> list[Array]:
-    """Read role ``role`` (0 key, 1 value) of every sequence straight from a vLLM cache."""
-    out = []
-    for s, length in enumerate(lens):
-        tokens = []
-        for t in range(length):
-            if form == "one":
-                size = cache.shape[1] if layout == "NHD" else cache.shape[2]
-            elif form == "2NBHD" or form == "N2BHD":
-                size = cache.shape[2] if layout == "NHD" else cache.shape[3]
-            else:
-                size = cache.shape[1] if layout == "NHD" else cache.shape[2]
-            block, off = int(table[s][t // size]), t % size
-            if form == "one":
-                tok = cache[block, off] if layout == "NHD" else cache[block, :, off]
-            elif form == "2NBHD":
-                tok = cache[role, block, off] if layout == "NHD" else cache[role, block, :, off]
-            elif form == "N2BHD":
-                tok = cache[block, role, off] if layout == "NHD" else cache[block, role, :, off]
-            else:  # packed
-                tok = cache[block, off] if layout == "NHD" else cache[block, :, off]
-                half = tok.shape[-1] // 2
-                tok = tok[..., :half] if role == 0 else tok[..., half:]
-            tokens.append(np.array(tok))
-        shape = (0,) if not tokens else ()
-        out.append(np.array(tokens) if tokens else np.zeros(shape))
-    return out
-
-
 def ref_sglang_sequences(buffer: Array, req_to_token: Array, lens: list[int]) -> list[Array]:
     """Token t of request s lives in slot req_to_token[s, t]."""
     return [

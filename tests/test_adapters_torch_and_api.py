@@ -17,6 +17,7 @@ from tests.conftest import ROOT
 ADAPTER_NAMES = [
     "from_vllm",
     "to_vllm",
+    "into_vllm",
     "from_flashinfer",
     "to_flashinfer",
     "from_sglang",
@@ -101,15 +102,26 @@ def test_to_torch_quantized_and_packed() -> None:
 def test_torch_strided_and_engine_inputs() -> None:
     torch = pytest.importorskip("torch")
     b = random_batch(np.random.default_rng(1), page_size=16, heads=4, head_dim=64)
-    cache = torch.from_numpy(np.stack((b.pool, b.pool))).to(torch.bfloat16)
-    pair = hurray.from_vllm(cache, torch.from_numpy(b.padded()), torch.tensor(b.lens))
+    # vLLM 0.20-0.22's [2, num_blocks, B, H, D]; block 0 is vLLM's null block, so pages
+    # shift by one.
+    pool = np.concatenate((np.zeros_like(b.pool[:1]), b.pool))
+    cache = torch.from_numpy(np.stack((pool, pool))).to(torch.bfloat16)
+    table = torch.from_numpy(b.padded() + 1)
+    era: dict[str, Any] = {"backend": "FLASH_ATTN", "vllm_version": "0.22.0"}
+    pair = hurray.from_vllm(cache, table, torch.tensor(b.lens), **era)
     assert isinstance(pair, tuple)
     key, value = pair
     assert key.element_type == hurray.bfloat16
-    out = hurray.to_vllm((key, value))[0]
-    assert torch.equal(torch.from_numpy(out.view(np.uint16)).view(torch.bfloat16), cache)
-    strided = cache.transpose(2, 3)  # an HND view, not contiguous
-    strided_pair = hurray.from_vllm(strided, b.padded(), b.lens, kv_cache_layout="HND")
+    out = hurray.to_vllm((key, value), **era)[0]
+    again = hurray.from_vllm(out, hurray.to_vllm((key, value), **era)[1], b.lens, **era)
+    assert isinstance(again, tuple)
+    again_k = again[0]
+    assert all(
+        np.array_equal(x.view(np.uint16), y.view(np.uint16))
+        for x, y in zip(again_k.sequences(), key.sequences(), strict=True)
+    )
+    strided = cache.transpose(2, 3).contiguous().transpose(2, 3)  # HND memory, logical shape
+    strided_pair = hurray.from_vllm(strided, table, b.lens, kv_cache_layout="HND", **era)
     assert isinstance(strided_pair, tuple)
     k2, _ = strided_pair
     assert np.array_equal(k2.page_pool.view(np.uint16), key.page_pool.view(np.uint16))

@@ -1,17 +1,27 @@
-"""vLLM (0.2x - 0.33) per-layer KV caches <-> BlockPagedTensor.
+"""vLLM per-layer KV caches <-> BlockPagedTensor, read the way vLLM's attention reads them.
 
-Cache forms (``B`` = block_size, ``H`` = KV heads, ``D`` = head_size; ``kv_cache_layout=
-"HND"`` swaps ``B`` and ``H`` in each):
+The cache is read according to its attention ``backend``, named as vLLM names it
+(``"FLASH_ATTN"``, ``"TRITON_ATTN"``, ``"FLEX_ATTENTION"``, ``"FLASHINFER"``, ``"CPU_ATTN"``,
+the MLA backends, or the backend class), and the allocation era of ``vllm_version``
+(``hurray_wire.adapters._vllm_forms`` cites the vLLM code behind every rule):
 
-* one role ``[num_blocks, B, H, D]`` (pass ``kv_role``) -> one tensor;
-* ``[2, num_blocks, B, H, D]`` (FlashAttention, ``combined="2NBHD"``),
-  ``[num_blocks, 2, B, H, D]`` (FlashInfer / Triton backends, ``"N2BHD"``) or K and V packed
-  in the content dim ``[num_blocks, B, H, 2*D]`` (a 4-D cache without ``kv_role``,
-  ``"packed"``) -> a ``(key, value)`` pair;
-* MLA ``[num_blocks, B, 576]`` -> one ``fused`` tensor of one head.
+* vLLM >= 0.26 (``allocate_kv_cache``): ``[num_blocks, H, block_size, 2 * head_size]`` per
+  layer, K then V in the last axis; ``kv_cache_layout`` (a ``KVCacheLayout`` name, or vLLM's
+  aliases ``"NHD"`` / ``"HND"``) sets only the strides, so it is checked, never used to
+  reinterpret the axes. CPU_ATTN stores each (block, head) slab in its kernel ISA's order
+  (``isa=``). MLA: ``[num_blocks, 1, block_size, 576]`` -> one ``fused`` tensor.
+* vLLM 0.23-0.25: ``[num_blocks, 2, block_size, H, head_size]``; 0.20-0.22:
+  ``[2, num_blocks, block_size, H, head_size]``; MLA ``[num_blocks, block_size, 576]``.
+* a one-role view ``[num_blocks, block_size, H, head_size]`` (the backends'
+  ``transpose(1, 2).split(head_size, -1)``) with ``kv_role``.
 
-vLLM's block table is a padded ``[num_reqs, max_blocks]`` int32 table; row ``s`` uses its
-first ``ceil(seq_lens[s] / B)`` entries. ``to_vllm`` pads with 0, as vLLM's own table does.
+vLLM's block table is ``[num_reqs, max_blocks]`` int32, zero padded; row ``s`` uses its first
+``ceil(seq_lens[s] / block_size)`` entries. Block 0 is vLLM's null block
+(vllm/v1/core/block_pool.py: the first block taken, ``is_null``): never a request's data. A
+sliding-window layer's row starts with null blocks for tokens outside the window
+(vllm/v1/core/single_type_kv_cache_manager.py ``remove_skipped_blocks``); with
+``sliding_window=`` they are dropped and the skipped token counts kept in the tensor's
+metadata under ``"vllm.skipped_tokens"``.
 """
 
 from __future__ import annotations
@@ -20,70 +30,236 @@ from typing import Any
 
 import numpy as np
 
+from hurray_wire._interop import is_torch
+from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import (
     Array,
     array,
-    check_choice,
     check_pair,
     from_table,
     int_vector,
     lens_of,
     padded_table,
 )
-from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+from hurray_wire.dtypes import element_type_from_name
+from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import check_int
 
-__all__ = ["COMBINED_FORMS", "from_vllm", "to_vllm"]
+__all__ = ["from_vllm", "into_vllm", "to_vllm"]
 
-COMBINED_FORMS = ("2NBHD", "N2BHD", "packed")
-_LAYOUTS = ("NHD", "HND")
+Pair = tuple[BlockPagedTensor, BlockPagedTensor]
+SKIPPED_TOKENS_KEY = "vllm.skipped_tokens"
+# Axis of the one-role view [blocks, tokens, heads, dim] for each per-layer logical axis
+# (blocks, heads, tokens, content).
+_ROLE_AXIS = {0: 0, 1: 2, 2: 1, 3: 3}
+# Old eras' stride orders of [.., block_size, H, D] (get_kv_cache_stride_order).
+_OLD_LAYOUTS = {"LBNHC": "NHD", "LBHNC": "HND"}
 
 
-def _nhd(page: Array, layout: str) -> Array:
-    """``[pages, B, H, D]`` from a page array in ``layout`` (a view)."""
-    return page if layout == "NHD" else page.transpose(0, 2, 1, 3)
-
-
-def _split(cache: Array, layout: str, combined: str | None) -> tuple[Array, Array]:
-    """Key and value page arrays (views) of a two-role cache."""
-    if cache.ndim == 4:
-        if combined not in (None, "packed"):
+def _fp8(cache: Array, kv_cache_dtype: object) -> Array:
+    """``cache`` with vLLM's uint8 fp8 storage viewed as its float8 type (no copy)."""
+    if cache.dtype == np.uint8:
+        return cache.view(element_type_from_name(forms.float8_name(kv_cache_dtype)).numpy_dtype)
+    if kv_cache_dtype is not None and kv_cache_dtype not in ("auto", "float16", "bfloat16"):
+        name = forms.float8_name(kv_cache_dtype)
+        if cache.dtype != element_type_from_name(name).numpy_dtype:
             raise InvalidTensorError(
-                f"a 4-D cache is not the {combined} form", field="combined", found=combined
+                f"kv_cache_dtype {kv_cache_dtype!r} does not match the cache's dtype",
+                field="kv_cache_dtype",
+                found=str(cache.dtype),
+            )
+    return cache
+
+
+def _need_version(cache: Array) -> ArgumentTypeError:
+    return ArgumentTypeError(
+        "the vLLM version decides what this cache shape means: pass vllm_version= "
+        "(0.20-0.22 allocate [2, num_blocks, ...], 0.23-0.25 [num_blocks, 2, ...], "
+        ">= 0.26 one [num_blocks, H, block_size, 2 * head_size] view per layer)",
+        field="vllm_version",
+        found=f"shape {cache.shape}",
+    )
+
+
+def _check_layout(cache: Array, kv_cache_layout: object, era: int | None, role: bool) -> None:
+    name = forms.layout_name(kv_cache_layout)
+    if name is None:
+        return
+    if era is not None and era < forms.ERA_LAYER_VIEWS:
+        if name not in _OLD_LAYOUTS:
+            raise ArgumentTypeError(
+                "vLLM before 0.26 has the NHD and HND layouts only",
+                field="kv_cache_layout",
+                found=repr(kv_cache_layout),
+                expected=("NHD", "HND"),
+            )
+        lead = tuple(range(cache.ndim - 3))
+        tail = (0, 1, 2) if _OLD_LAYOUTS[name] == "NHD" else (1, 0, 2)
+        forms.check_strides(cache, lead + tuple(len(lead) + a for a in tail), name)
+        return
+    physical = forms.LAYOUTS[name]
+    if role:
+        physical = tuple(_ROLE_AXIS[a] for a in physical)  # type: ignore[assignment]
+    forms.check_strides(cache, physical, name)
+
+
+def _shape_error(message: str, cache: Array, **kw: Any) -> InvalidTensorError:
+    return InvalidTensorError(message, field="kv_cache", found=f"shape {cache.shape}", **kw)
+
+
+def _role_pools(
+    cache: Array, backend: str, era: int | None, kv_role: str | None
+) -> tuple[str, list[tuple[str, Array]]]:
+    """``(kind, [(role, [pages, block_size, H, D] pool)])`` of a non-CPU cache (views)."""
+    if backend in forms.MLA_BACKENDS:
+        if kv_role not in (None, "fused"):
+            raise InvalidTensorError(
+                "an MLA cache holds one fused latent per token",
+                field="kv_role",
+                found=repr(kv_role),
+                expected="fused",
+            )
+        if cache.ndim == 4 and cache.shape[1] == 1 and era in (None, forms.ERA_LAYER_VIEWS):
+            return "mla", [("fused", cache[:, 0, :, None, :])]
+        if cache.ndim == 3 and era is not None and era < forms.ERA_LAYER_VIEWS:
+            return "mla", [("fused", cache[:, :, None, :])]
+        raise _shape_error(
+            "an MLA cache is [num_blocks, 1, block_size, dim] (vLLM >= 0.26) or "
+            "[num_blocks, block_size, dim] (before 0.26, pass vllm_version)",
+            cache,
+        )
+    if kv_role is not None:
+        if kv_role not in ("key", "value"):
+            raise ArgumentTypeError(
+                "kv_role must be 'key' or 'value'", field="kv_role", found=repr(kv_role)
+            )
+        if cache.ndim != 4:
+            raise _shape_error("a one-role cache is [num_blocks, block_size, H, head_size]", cache)
+        return "role", [(kv_role, cache)]
+    if cache.ndim == 4:
+        if era is not None and era < forms.ERA_LAYER_VIEWS:
+            raise _shape_error(
+                "before vLLM 0.26 a 4-D cache is one role's [num_blocks, block_size, H, "
+                "head_size]: pass kv_role",
+                cache,
             )
         width = cache.shape[3]
         if width % 2:
-            raise InvalidTensorError(
-                "a packed cache [num_blocks, B, H, 2*D] needs an even last dimension "
-                "(pass kv_role for a one-role cache)",
-                field="kv_cache",
-                found=f"shape {cache.shape}",
+            raise _shape_error(
+                "[num_blocks, H, block_size, 2 * head_size] needs an even last axis (a "
+                "one-role [num_blocks, block_size, H, head_size] cache needs kv_role)",
+                cache,
             )
-        return cache[..., : width // 2], cache[..., width // 2 :]
-    if combined is None:
-        first, second = cache.shape[0] == 2, cache.shape[1] == 2
-        if first and second:
-            raise InvalidTensorError(
-                "both [2, N, ...] and [N=2, 2, ...] fit this cache: pass combined=",
-                field="combined",
-                found=f"shape {cache.shape}",
-                expected=("2NBHD", "N2BHD"),
+        layer = cache.transpose(0, 2, 1, 3)  # the backends' kv_cache.transpose(1, 2)
+        return "layer", [("key", layer[..., : width // 2]), ("value", layer[..., width // 2 :])]
+    if cache.ndim == 5:
+        if era is None:
+            raise _need_version(cache)
+        if era >= forms.ERA_LAYER_VIEWS:
+            raise _shape_error(
+                "vLLM >= 0.26 hands one 4-D view per layer; a 5-D tensor is a cross-layer "
+                "buffer [.., num_layers, ..]: pass one layer's view",
+                cache,
             )
-        if not (first or second):
-            raise InvalidTensorError(
-                "a 5-D cache is [2, num_blocks, B, H, D] or [num_blocks, 2, B, H, D]",
-                field="kv_cache",
-                found=f"shape {cache.shape}",
-            )
-        combined = "2NBHD" if first else "N2BHD"
-    if combined == "2NBHD" and cache.shape[0] == 2:
-        return cache[0], cache[1]
-    if combined == "N2BHD" and cache.shape[1] == 2:
-        return cache[:, 0], cache[:, 1]
-    raise InvalidTensorError(
-        f"the cache is not of the {combined} form", field="combined", found=f"shape {cache.shape}"
+        if era == forms.ERA_2NBHD and cache.shape[0] == 2:
+            return "old", [("key", cache[0]), ("value", cache[1])]
+        if era == forms.ERA_N2BHD and cache.shape[1] == 2:
+            return "old", [("key", cache[:, 0]), ("value", cache[:, 1])]
+        raise _shape_error(
+            "vLLM 0.20-0.22 caches are [2, num_blocks, block_size, H, head_size], "
+            "0.23-0.25 [num_blocks, 2, block_size, H, head_size]",
+            cache,
+        )
+    raise _shape_error(
+        "a vLLM cache is 4-D (one layer, or one role with kv_role) or 5-D (before 0.26)", cache
     )
+
+
+def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Array]:
+    """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy)."""
+    if cache.ndim != 4:
+        raise _shape_error("a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache)
+    num_blocks, heads, block_size, width = cache.shape
+    if width % 2:
+        raise _shape_error(
+            "[num_blocks, H, block_size, 2 * head_size] needs an even last axis", cache
+        )
+    head_size = width // 2
+    forms.check_cpu_geometry(isa, block_size, head_size)
+    _check_slabs(cache)
+    _check_ids(table, num_blocks, "block_table")
+    used, pages = np.unique(table, return_inverse=True)
+    slabs = cache[used].reshape(len(used), heads, 2 * block_size * head_size)
+    key_index, value_index = forms.cpu_slab_index(isa, block_size, head_size)
+    key = np.ascontiguousarray(slabs[:, :, key_index].transpose(0, 2, 1, 3))
+    value = np.ascontiguousarray(slabs[:, :, value_index].transpose(0, 2, 1, 3))
+    return key, value, pages.reshape(-1).astype(np.int64)
+
+
+def _check_slabs(cache: Array) -> None:
+    """CPU_ATTN's ``kv_cache.view(N, H, 2 * block_size, -1)`` needs each slab contiguous."""
+    item = cache.dtype.itemsize
+    if cache.strides[3] != item or (
+        cache.shape[2] > 1 and cache.strides[2] != cache.shape[3] * item
+    ):
+        raise InvalidTensorError(
+            "a CPU_ATTN cache keeps each (block, head) slab contiguous (kv_cache_layout "
+            "LBHNC, the one CPUAttentionBackend.supported_kv_cache_layouts allows)",
+            field="kv_cache",
+            found=f"strides {cache.strides}",
+        )
+
+
+def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
+    if ids.size and int(ids.max()) >= num_blocks:
+        bad = int(np.argmax(ids >= num_blocks))
+        raise IndexBufferError(
+            f"block id out of range at used entry {bad}",
+            position=bad,
+            field=name,
+            found=int(ids[bad]),
+            expected=f"< {num_blocks}",
+        )
+
+
+def _window(
+    table: Array, seq_ptr: Array, lens: Array, block_size: int, sliding_window: object
+) -> tuple[Array, Array, Array, list[int] | None]:
+    """Drop each row's leading null blocks (sliding window); refuse any other block 0."""
+    if sliding_window is None:
+        if table.size and (table == 0).any():
+            bad = int(np.argmax(table == 0))
+            raise IndexBufferError(
+                "block 0 is vLLM's null block, never a request's data (a sliding-window "
+                "layer's table has it for blocks outside the window: pass sliding_window)",
+                position=bad,
+                field="block_table",
+                found=0,
+            )
+        return table, seq_ptr, lens, None
+    window = check_int(sliding_window, "sliding_window")
+    if window < 1:
+        raise ArgumentTypeError("sliding_window must be >= 1", field="sliding_window", found=window)
+    rows, new_lens, skipped = [], lens.copy(), []
+    for s in range(len(lens)):
+        row = table[seq_ptr[s] : seq_ptr[s + 1]]
+        nulls = int(np.argmax(row != 0)) if (row != 0).any() else len(row)
+        if (row[nulls:] == 0).any() or nulls * block_size > max(0, int(lens[s]) - window + 1):
+            raise IndexBufferError(
+                f"sequence {s}'s null blocks reach into its sliding window of {window} "
+                "tokens (vLLM nulls only leading blocks the window has left)",
+                position=s,
+                field="block_table",
+                found=row.tolist(),
+            )
+        rows.append(row[nulls:])
+        new_lens[s] -= nulls * block_size
+        skipped.append(nulls * block_size)
+    counts = np.array([len(r) for r in rows], np.int64)
+    new_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    flat = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    return flat.astype(np.int64), new_ptr, new_lens, skipped
 
 
 def from_vllm(
@@ -91,60 +267,77 @@ def from_vllm(
     block_table: Any,
     seq_lens: Any,
     *,
-    kv_cache_layout: str = "NHD",
+    backend: Any = None,
+    vllm_version: str | None = None,
+    kv_cache_layout: Any = None,
     kv_role: str | None = None,
     layer_index: int | None = None,
-    combined: str | None = None,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-) -> BlockPagedTensor | tuple[BlockPagedTensor, BlockPagedTensor]:
-    """One tensor (one role, or MLA as ``fused``) or a ``(key, value)`` pair.
+    k_scale: Any = None,
+    v_scale: Any = None,
+    kv_cache_dtype: str | None = None,
+    sliding_window: int | None = None,
+    isa: str | None = None,
+) -> BlockPagedTensor | Pair:
+    """One layer's cache as a ``(key, value)`` pair, one role (``kv_role``) or MLA ``fused``.
 
-    ``combined`` names the two-role form when the shape alone cannot (a 5-D cache with
-    ``num_blocks == 2``); by default it is read from the shape. ``k_scale`` / ``v_scale``
-    are the layer's fp8 scalars (``tensor.kv_scale``; ``k_scale`` for key and fused).
+    ``backend`` is required (the same shape means other bytes under CPU_ATTN and
+    FLASH_ATTN); ``vllm_version`` when the shape's meaning depends on it (5-D caches, MLA
+    before 0.26; the installed vLLM's version otherwise); ``isa`` for CPU_ATTN
+    (``"amx"``, ``"vec"``, ``"vec16"``: the attention impl's ``.isa``); ``kv_cache_dtype``
+    (vLLM's "fp8", "fp8_e4m3", "fp8_e5m2") for a uint8 cache, which then travels as float8.
+    ``k_scale`` / ``v_scale``: a float, a 0-d tensor or one equal value per KV head.
+
+    Views, not copies, of every backend but CPU_ATTN (whose slabs are not a strided
+    layout: the referenced blocks are copied, and the tensor's block table renumbered).
     """
-    cache = array(kv_cache, "kv_cache")
-    layout = check_choice(kv_cache_layout, "kv_cache_layout", _LAYOUTS)
-    if combined is not None:
-        check_choice(combined, "combined", COMBINED_FORMS)
+    name = forms.backend_name(backend) if backend is not None else None
+    if name is None:
+        raise ArgumentTypeError(
+            "backend is required: vLLM's backends read the same shape differently",
+            field="backend",
+            found=None,
+            expected=forms.BACKENDS,
+        )
+    cache = _fp8(array(kv_cache, "kv_cache"), kv_cache_dtype)
+    era = forms.era_of(vllm_version)
+    scales = {
+        "key": forms.scale_value(k_scale, "k_scale"),
+        "fused": forms.scale_value(k_scale, "k_scale"),
+        "value": forms.scale_value(v_scale, "v_scale"),
+    }
     lens = int_vector(seq_lens, "seq_lens")
-    if cache.ndim == 3:  # MLA: one latent vector per token
-        if kv_role not in (None, "fused"):
+    if name == forms.CPU_BACKEND:
+        if era is not None and era < forms.ERA_LAYER_VIEWS:
             raise InvalidTensorError(
-                "an MLA cache [num_blocks, B, dim] is fused", field="kv_role", found=repr(kv_role)
+                "CPU_ATTN caches before vLLM 0.26 are not supported",
+                field="vllm_version",
+                found=vllm_version,
             )
-        if layout != "NHD":
-            raise InvalidTensorError(
-                "an MLA cache has no head axis to swap", field="kv_cache_layout", found=layout
-            )
-        pages: list[tuple[str, Array]] = [("fused", cache[:, :, None, :])]
-    elif cache.ndim == 4 and kv_role is not None:
-        if kv_role not in ("key", "value"):
-            raise ArgumentTypeError(
-                "kv_role must be 'key' or 'value'", field="kv_role", found=repr(kv_role)
-            )
-        pages = [(kv_role, _nhd(cache, layout))]
-    elif cache.ndim in (4, 5):
         if kv_role is not None:
             raise InvalidTensorError(
-                "kv_role is for one-role caches [num_blocks, B, H, D]",
+                "a CPU_ATTN cache holds both roles in each slab: pass the layer's cache "
+                "without kv_role",
                 field="kv_role",
                 found=repr(kv_role),
             )
-        key, value = _split(cache, layout, combined)
-        pages = [("key", _nhd(key, layout)), ("value", _nhd(value, layout))]
+        chosen = forms.check_isa(isa)
+        if cache.ndim == 4:
+            _check_layout(cache, kv_cache_layout, era, role=False)
+        block_size = cache.shape[2] if cache.ndim == 4 else 0
+        table, seq_ptr = from_table(block_table, lens, max(block_size, 1))
+        table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, block_size, sliding_window)
+        key, value, table = _cpu_pools(cache, chosen, table)
+        pools = [("key", key), ("value", value)]
     else:
-        raise InvalidTensorError(
-            "a vLLM cache is 3-D (MLA), 4-D or 5-D", field="kv_cache", found=f"shape {cache.shape}"
-        )
-    page_size = pages[0][1].shape[1]
-    if page_size < 1:
-        raise InvalidTensorError(
-            "block_size must be >= 1", field="kv_cache", found=f"shape {cache.shape}"
-        )
-    table, seq_ptr = from_table(block_table, lens, page_size)
-    scales = {"key": k_scale, "fused": k_scale, "value": v_scale}
+        kind, pools = _role_pools(cache, name, era, kv_role)
+        _check_layout(cache, kv_cache_layout, era, role=kind == "role")
+        block_size = pools[0][1].shape[1]
+        if block_size < 1:
+            raise _shape_error("block_size must be >= 1", cache)
+        table, seq_ptr = from_table(block_table, lens, block_size)
+        table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, block_size, sliding_window)
+        _check_ids(table, pools[0][1].shape[0], "block_table")
+    metadata = None if skipped is None else {SKIPPED_TOKENS_KEY: skipped} if skipped else None
     tensors = tuple(
         BlockPagedTensor.from_arrays(
             pool,
@@ -154,49 +347,299 @@ def from_vllm(
             kv_role=role,
             layer_index=layer_index,
             kv_scale=scales[role],
+            metadata=metadata,
         )
-        for role, pool in pages
+        for role, pool in pools
     )
     return tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
 
 
+def _default_layout(name: str, era: int, kv_cache_layout: Any) -> str:
+    """vLLM's layout for ``name``: the given one, else the backend's or vLLM's default."""
+    chosen = forms.layout_name(kv_cache_layout)
+    allowed = forms.BACKEND_LAYOUTS.get(name)
+    if chosen is None:
+        if name == "FLASHINFER":
+            raise ArgumentTypeError(
+                "FLASHINFER's layout depends on the GPU (LBHNC on compute capability 10, "
+                "else LBNHC; vllm/v1/attention/backends/flashinfer.py "
+                "supported_kv_cache_layouts): pass kv_cache_layout",
+                field="kv_cache_layout",
+                found=None,
+            )
+        chosen = allowed[0] if allowed else "LBNHC"
+    if era < forms.ERA_LAYER_VIEWS and chosen not in _OLD_LAYOUTS:
+        raise ArgumentTypeError(
+            "vLLM before 0.26 has the NHD and HND layouts only",
+            field="kv_cache_layout",
+            found=repr(kv_cache_layout),
+            expected=("NHD", "HND"),
+        )
+    if allowed and chosen not in allowed:
+        raise InvalidTensorError(
+            f"{name} supports only the layouts {allowed}",
+            field="kv_cache_layout",
+            found=chosen,
+            expected=allowed,
+        )
+    return chosen
+
+
+def _allocate(shape: tuple[int, ...], physical: tuple[int, ...], dtype: Any) -> Array:
+    """Zeros of logical ``shape`` whose memory runs in ``physical`` axis order (as vLLM's)."""
+    memory: Array = np.zeros(tuple(shape[a] for a in physical), dtype)
+    logical: Array = memory.transpose([physical.index(a) for a in range(len(shape))])
+    return logical
+
+
+def _tensors(tensor_or_pair: Any, name: str) -> tuple[BlockPagedTensor, ...]:
+    if isinstance(tensor_or_pair, BlockPagedTensor):
+        role = tensor_or_pair.kv_role
+        if (name in forms.MLA_BACKENDS) != (role == "fused"):
+            raise InvalidTensorError(
+                f"{name} takes " + ("a fused tensor" if role != "fused" else "a (key, value) pair"),
+                field="tensor_or_pair",
+                found=role,
+            )
+        return (tensor_or_pair,)
+    if name in forms.MLA_BACKENDS:
+        raise InvalidTensorError(
+            f"{name} takes one fused tensor", field="tensor_or_pair", found="a pair"
+        )
+    return check_pair(tensor_or_pair, "tensor_or_pair")
+
+
+def _storage(pool: Array) -> Array:
+    """vLLM stores fp8 caches as uint8 (vllm/utils/torch_utils.py)."""
+    return pool.view(np.uint8) if pool.dtype.name.startswith("float8") else pool
+
+
 def to_vllm(
-    tensor_or_pair: BlockPagedTensor | tuple[BlockPagedTensor, BlockPagedTensor],
+    tensor_or_pair: BlockPagedTensor | Pair,
     *,
-    kv_cache_layout: str = "NHD",
-    combined: str = "2NBHD",
+    backend: Any = None,
+    vllm_version: str | None = None,
+    kv_cache_layout: Any = None,
+    isa: str | None = None,
     max_blocks: int | None = None,
 ) -> tuple[Array, Array, Array]:
-    """``(kv_cache, block_table, seq_lens)`` in vLLM's forms (see the module docstring).
+    """``(kv_cache, block_table, seq_lens)`` as vLLM allocates them for ``backend``.
 
-    The cache of one NHD tensor is its pool (no copy); pairs and HND are new arrays. The
-    block table is ``[num_reqs, max_blocks]`` int32 padded with 0 (``max_blocks`` defaults
-    to the longest sequence's page count); seq_lens int32 (every page full when the tensor
-    has no seq_lens).
+    A new cache of ``pages + 1`` blocks (block 0 is vLLM's null block, left zero; page
+    ``p`` is block ``p + 1``), logical shape and strides as vLLM's for the era and layout
+    (``kv_cache_layout`` defaults to the backend's own, else vLLM's LBNHC / NHD). A single
+    key or value tensor gives the one-role view ``[num_blocks, block_size, H, head_size]``.
+    float8 tensors come back as uint8, vLLM's storage. The table is int32, zero padded.
     """
-    layout = check_choice(kv_cache_layout, "kv_cache_layout", _LAYOUTS)
-    form = check_choice(combined, "combined", COMBINED_FORMS)
-    if isinstance(tensor_or_pair, BlockPagedTensor):
-        tensor = tensor_or_pair
-        pool = tensor.unpacked_page_pool()
-        if tensor.kv_role == "fused" and tensor.shape[1] == 1:
-            if layout != "NHD":
-                raise InvalidTensorError(
-                    "an MLA cache has no head axis to swap", field="kv_cache_layout", found=layout
-                )
-            cache = pool[:, :, 0, :]
-        else:
-            cache = np.ascontiguousarray(_nhd(pool, layout))
+    name = forms.backend_name(backend) if backend is not None else None
+    if name is None:
+        raise ArgumentTypeError(
+            "backend is required", field="backend", found=None, expected=forms.BACKENDS
+        )
+    era = forms.era_of(vllm_version)
+    if era is None:
+        raise ArgumentTypeError(
+            "vLLM's allocation differs by version: pass vllm_version",
+            field="vllm_version",
+            found=None,
+        )
+    single_role = False
+    tensors: tuple[BlockPagedTensor, ...]
+    if isinstance(tensor_or_pair, BlockPagedTensor) and tensor_or_pair.kv_role != "fused":
+        single_role, tensors = True, (tensor_or_pair,)
     else:
-        key, value = check_pair(tensor_or_pair, "tensor_or_pair")
-        tensor = key
-        k = _nhd(key.unpacked_page_pool(), layout)
-        v = _nhd(value.unpacked_page_pool(), layout)
-        if form == "2NBHD":
-            cache = np.stack((k, v))
-        elif form == "N2BHD":
-            cache = np.stack((k, v), axis=1)
+        tensors = _tensors(tensor_or_pair, name)
+    layout = _default_layout(name, era, kv_cache_layout)
+    pools = [_storage(t.unpacked_page_pool()) for t in tensors]
+    pages, block_size, heads, dim = pools[0].shape
+    blocks = pages + 1
+    dtype = pools[0].dtype
+    if name == forms.CPU_BACKEND:
+        if era < forms.ERA_LAYER_VIEWS or single_role:
+            raise InvalidTensorError(
+                "CPU_ATTN is supported for vLLM >= 0.26 and a (key, value) pair",
+                field="tensor_or_pair",
+                found=vllm_version,
+            )
+        chosen = forms.check_isa(isa)
+        forms.check_cpu_geometry(chosen, block_size, dim)
+        cache = np.zeros((blocks, heads, block_size, 2 * dim), dtype)
+        slabs = cache.reshape(blocks, heads, -1)
+        key_index, value_index = forms.cpu_slab_index(chosen, block_size, dim)
+        slabs[1:, :, key_index] = pools[0].transpose(0, 2, 1, 3)
+        slabs[1:, :, value_index] = pools[1].transpose(0, 2, 1, 3)
+    elif single_role:
+        order = forms.LAYOUTS[layout]
+        cache = _allocate(
+            (blocks, block_size, heads, dim), tuple(_ROLE_AXIS[a] for a in order), dtype
+        )
+        cache[1:] = pools[0]
+    elif name in forms.MLA_BACKENDS:
+        if era >= forms.ERA_LAYER_VIEWS:
+            cache = np.zeros((blocks, 1, block_size, dim), dtype)
+            cache[1:, 0] = pools[0][:, :, 0, :]
         else:
-            cache = np.concatenate((k, v), axis=3)
+            cache = np.zeros((blocks, block_size, dim), dtype)
+            cache[1:] = pools[0][:, :, 0, :]
+    elif era >= forms.ERA_LAYER_VIEWS:
+        cache = _allocate((blocks, heads, block_size, 2 * dim), forms.LAYOUTS[layout], dtype)
+        layer = cache.transpose(0, 2, 1, 3)
+        layer[1:, ..., :dim] = pools[0]
+        layer[1:, ..., dim:] = pools[1]
+    else:
+        tail = (2, 3, 4) if _OLD_LAYOUTS[layout] == "NHD" else (3, 2, 4)
+        if era == forms.ERA_2NBHD:
+            cache = _allocate((2, blocks, block_size, heads, dim), (0, 1, *tail), dtype)
+            cache[0, 1:], cache[1, 1:] = pools
+        else:
+            cache = _allocate((blocks, 2, block_size, heads, dim), (0, 1, *tail), dtype)
+            cache[1:, 0], cache[1:, 1] = pools
+    tensor = tensors[0]
     width = None if max_blocks is None else check_int(max_blocks, "max_blocks")
-    return cache, padded_table(tensor, width), lens_of(tensor)
+    table = padded_table(tensor, width, pad=-1)
+    table = np.where(table < 0, 0, table + 1).astype(np.int32)
+    return cache, table, lens_of(tensor)
+
+
+def _writable(kv_cache: Any) -> Array:
+    if is_torch(kv_cache) and kv_cache.device.type != "cpu":
+        raise InvalidTensorError(
+            "into_vllm writes CPU memory; this cache is on another device",
+            field="kv_cache",
+            found=str(kv_cache.device),
+        )
+    cache = array(kv_cache, "kv_cache")
+    if not cache.flags.writeable:
+        raise InvalidTensorError("the cache is read-only", field="kv_cache", found="read-only")
+    return cache
+
+
+def _targets(
+    tensor: BlockPagedTensor, block_ids: Any, num_blocks: int
+) -> tuple[Array, Array, Array]:
+    """``(engine block, tensor page, valid tokens)`` per written block, checked."""
+    counts = np.diff(tensor.seq_ptr.astype(np.int64))
+    page_size = tensor.layout.page_size
+    targets, _ = from_table(block_ids, counts * page_size, page_size)
+    sources = tensor.block_table.astype(np.int64)
+    lens = lens_of(tensor).astype(np.int64)
+    # Valid tokens of each page: full, except each sequence's last one.
+    valid = np.full(len(sources), page_size, np.int64)
+    ends = np.cumsum(counts) - 1
+    has_pages = counts > 0
+    valid[ends[has_pages]] = lens[has_pages] - (counts[has_pages] - 1) * page_size
+    if targets.size and (targets == 0).any():
+        bad = int(np.argmax(targets == 0))
+        raise IndexBufferError(
+            "block 0 is vLLM's null block: never written",
+            position=bad,
+            field="block_ids",
+            found=0,
+        )
+    _check_ids(targets, num_blocks, "block_ids")
+    order = np.argsort(targets, kind="stable")
+    t, s = targets[order], sources[order]
+    clash = (t[1:] == t[:-1]) & (s[1:] != s[:-1])
+    if clash.any():
+        bad = int(order[int(np.argmax(clash)) + 1])
+        raise IndexBufferError(
+            "two different pages are aimed at one engine block",
+            position=bad,
+            field="block_ids",
+            found=int(targets[bad]),
+        )
+    unique, first = np.unique(targets, return_index=True)
+    most = np.zeros(len(unique), np.int64)
+    np.maximum.at(most, np.searchsorted(unique, targets), valid)
+    return unique, sources[first], most
+
+
+def _check_match(name: str, found: Any, expected: Any) -> None:
+    if found != expected:
+        raise InvalidTensorError(
+            f"the tensor's {name} differs from the cache's",
+            field="kv_cache",
+            found=found,
+            expected=expected,
+        )
+
+
+def into_vllm(
+    tensor_or_pair: BlockPagedTensor | Pair,
+    kv_cache: Any,
+    block_ids: Any,
+    *,
+    backend: Any = None,
+    vllm_version: str | None = None,
+    isa: str | None = None,
+    kv_cache_dtype: str | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+) -> None:
+    """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load).
+
+    ``block_ids`` holds per sequence the engine blocks of its pages (ragged lists or a
+    padded ``[num_seqs, width]`` table, as vLLM's block table); each block receives its
+    page's valid tokens only (a partial last page leaves the block's tail untouched).
+    Everything is checked before the first byte is written: backend and era forms, dtype
+    (``kv_cache_dtype`` for a uint8 fp8 cache), geometry, ids in ``1 .. num_blocks - 1``
+    (block 0 is the null block), no block aimed at by two different pages, the engine's
+    ``k_scale`` / ``v_scale`` equal to the tensor's. The cache must be writable CPU memory
+    (a NumPy array or a CPU torch tensor, written in place).
+    """
+    name = forms.backend_name(backend) if backend is not None else None
+    if name is None:
+        raise ArgumentTypeError(
+            "backend is required", field="backend", found=None, expected=forms.BACKENDS
+        )
+    tensors = _tensors(tensor_or_pair, name)
+    cache = _fp8(_writable(kv_cache), kv_cache_dtype)
+    era = forms.era_of(vllm_version)
+    for tensor, given in zip(tensors, (k_scale, v_scale), strict=False):
+        engine = forms.scale_value(given, "k_scale" if tensor.kv_role != "value" else "v_scale")
+        if engine is not None and engine != (tensor.kv_scale or 1.0):
+            raise InvalidTensorError(
+                "the engine's fp8 scale differs from the tensor's (the values would be "
+                "dequantized with the wrong scale)",
+                field="k_scale" if tensor.kv_role != "value" else "v_scale",
+                found=engine,
+                expected=tensor.kv_scale or 1.0,
+            )
+    pools = [t.unpacked_page_pool() for t in tensors]
+    _check_match("dtype", str(pools[0].dtype), str(cache.dtype))
+    if name == forms.CPU_BACKEND:
+        chosen = forms.check_isa(isa)
+        if cache.ndim != 4 or cache.shape[3] % 2:
+            raise _shape_error(
+                "a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache
+            )
+        blocks, heads, block_size, width = cache.shape
+        forms.check_cpu_geometry(chosen, block_size, width // 2)
+        _check_slabs(cache)
+        _check_match("page shape", pools[0].shape[1:], (block_size, heads, width // 2))
+        targets, sources, valid = _targets(tensors[0], block_ids, blocks)
+        slabs = np.lib.stride_tricks.as_strided(
+            cache,
+            (blocks, heads, 2 * block_size * width // 2),
+            (cache.strides[0], cache.strides[1], cache.dtype.itemsize),
+        )
+        mask = np.arange(block_size)[None, None, :, None] < valid[:, None, None, None]
+        content = slabs[targets]
+        for pool, index in zip(
+            pools, forms.cpu_slab_index(chosen, block_size, width // 2), strict=True
+        ):
+            new = pool[sources].transpose(0, 2, 1, 3)
+            content[:, :, index] = np.where(mask, new, content[:, :, index])
+        slabs[targets] = content
+        return
+    _, views = _role_pools(cache, name, era, None)
+    blocks = views[0][1].shape[0]
+    _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
+    targets, sources, valid = _targets(tensors[0], block_ids, blocks)
+    mask = np.arange(pools[0].shape[1])[None, :, None, None] < valid[:, None, None, None]
+    writes = [
+        (view, np.where(mask, pool[sources], view[targets]))
+        for (_, view), pool in zip(views, pools, strict=True)
+    ]
+    for view, content in writes:
+        view[targets] = content

