@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -26,9 +28,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from hurray_wire.adapters.vllm_pages import read_pages, write_pages
+from hurray_wire.adapters.vllm import from_vllm, into_vllm
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, InvalidTensorError
 from hurray_wire.fingerprint import EngineFingerprint
+from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.vllm.transfer import (
     LoadResult,
     TransferParams,
@@ -90,7 +93,7 @@ class LoadSpec:
 
 
 @dataclass
-class HurrayConnectorMetadata(KVConnectorMetadata):
+class HurrayConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     """One step's work for the workers: requests whose prompt completes this step (save)
     and requests whose blocks were just allocated for a pull (load)."""
 
@@ -99,7 +102,7 @@ class HurrayConnectorMetadata(KVConnectorMetadata):
 
 
 @dataclass
-class HurrayConnectorStats(KVConnectorStats):
+class HurrayConnectorStats(KVConnectorStats):  # type: ignore[misc]
     """Counters since the last report: transfers, bytes and pages sent, pages the decode
     side already held (``pages_reused``), verification failures, transfer seconds."""
 
@@ -108,7 +111,8 @@ class HurrayConnectorStats(KVConnectorStats):
             self.data.setdefault(name, 0)
 
     def reset(self) -> None:
-        self.data = {name: 0 for name in _COUNTERS}
+        empty: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
+        self.data = empty
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for name in _COUNTERS:
@@ -120,6 +124,13 @@ class HurrayConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data.get(name, 0) for name in _COUNTERS)
+
+
+def _pages(tensor: BlockPagedTensor) -> npt.NDArray[Any]:
+    """A one-sequence tensor's pages in sequence order, ``[pages, block_size, H, D]``."""
+    table = np.asarray(tensor.block_table).reshape(-1)
+    pages: npt.NDArray[Any] = np.asarray(tensor.page_pool)[table]
+    return pages
 
 
 def _option(extra: dict[str, Any], name: str) -> Any:
@@ -173,6 +184,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._caches: list[Any] = []
         self._layer_of: dict[str, int] = {}
         self._fingerprint: EngineFingerprint | None = None
+        self._backend = "CPU_ATTN"
+        self._isa: str | None = None
         self._store: TransferStore | None = None
         self._server: TransferServer | None = None
         self._lock = threading.Lock()
@@ -287,6 +300,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             layer = next(iter(ctx.values())) if ctx else None
             backend = layer.get_attn_backend().get_name() if layer is not None else "unknown"
             isa = getattr(layer, "isa", None)
+            self._backend, self._isa = backend, isa
             if backend != "CPU_ATTN":
                 raise InvalidTensorError(
                     "HurrayConnector reads CPU_ATTN caches only so far",
@@ -363,13 +377,24 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         store = self._producer_store()
         layer = self._layer_of[layer_name]
         logger.debug("save_kv_layer %s -> %d", layer_name, layer)
+        self._engine_fingerprint()  # sets the backend and kernel ISA the reading needs
         for save in meta.saves:
             if not store.has(save.transfer_id):
                 store.begin(
                     save.transfer_id, save.request_id, save.block_ids, save.num_tokens, save.digest
                 )
-            key, value = read_pages(kv_layer, save.block_ids)
-            store.add_layer(save.transfer_id, layer, key, value)
+            # The one reading of vLLM's cache (hurray_wire.adapters.vllm): a copy of the
+            # request's blocks only, as the backend and its kernel ISA lay them out.
+            pair = from_vllm(
+                kv_layer,
+                [save.block_ids],
+                [save.num_tokens],
+                backend=self._backend,
+                isa=self._isa,
+                layer_index=layer,
+            )
+            assert isinstance(pair, tuple)  # a two-role cache reads as (key, value)
+            store.add_layer(save.transfer_id, layer, _pages(pair[0]), _pages(pair[1]))
             if layer == 0:
                 self._count("pages_sent", len(save.block_ids))
 
@@ -388,8 +413,18 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 expected=count,
                 found=len(targets),
             )
+        tokens = pages.num_tokens
         for cache, (key, value) in zip(self._caches, pages.layers, strict=True):
-            write_pages(cache, targets, key, value)
+            table = np.arange(count, dtype=np.uint32)
+            seq_ptr = np.array([0, count], dtype=np.uint32)
+            lens = np.array([tokens], dtype=np.uint32)
+            pair = (
+                BlockPagedTensor.from_arrays(key, table, seq_ptr, seq_lens=lens, kv_role="key"),
+                BlockPagedTensor.from_arrays(value, table, seq_ptr, seq_lens=lens, kv_role="value"),
+            )
+            # The one validated landing (hurray_wire.adapters.vllm.into_vllm): every check
+            # before the first byte is written, only the pages' valid tokens.
+            into_vllm(pair, cache, [targets], backend=self._backend, isa=self._isa)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         with self._lock:
@@ -461,4 +496,3 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             threads = list(self._threads.values())
         for thread in threads:
             thread.join(timeout=self._options["timeout"])
-

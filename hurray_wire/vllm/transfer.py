@@ -32,7 +32,6 @@ from hurray_wire.errors import (
     ArgumentTypeError,
     HurrayWireError,
     IncompatibleFingerprintError,
-    PageDigestError,
     TransferRefusedError,
     TransportError,
 )
@@ -135,9 +134,7 @@ class TransferParams:
             ("remote_block_size", size, 1, 1 << 20),
         ):
             if not low <= value <= high:
-                raise ArgumentTypeError(
-                    f"{name} must be in {low}..{high}", field=name, found=value
-                )
+                raise ArgumentTypeError(f"{name} must be in {low}..{high}", field=name, found=value)
         return cls(
             transfer_id=get("hurray_transfer_id", str),
             request_id=get("remote_request_id", str),
@@ -153,6 +150,7 @@ class TransferParams:
 # -- prefill side ----------------------------------------------------------------------------
 @dataclass
 class _Transfer:
+    key: str
     request_id: str
     block_ids: tuple[int, ...]
     num_tokens: int
@@ -195,7 +193,12 @@ class TransferStore:
         with self._lock:
             self._expire()
             self._live[transfer_id] = _Transfer(
-                request_id, tuple(block_ids), num_tokens, digest, self.fingerprint.block_size
+                transfer_id,
+                request_id,
+                tuple(block_ids),
+                num_tokens,
+                digest,
+                self.fingerprint.block_size,
             )
 
     def has(self, transfer_id: str) -> bool:
@@ -263,8 +266,8 @@ class TransferStore:
                 raise TransferRefusedError(
                     f"transfer {tid} is incomplete", reason="incomplete", field="transfer_id"
                 )
-            del self._live[tid]
-            self._gone[tid] = "consumed"
+            del self._live[transfer.key]
+            self._gone[transfer.key] = "consumed"
             return transfer, first
 
 
@@ -379,6 +382,7 @@ class PulledPages:
 
     first_block: int
     layers: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]
+    num_tokens: int  # the tokens these pages hold (the last page may be partial)
     wire_bytes: int
     converted: tuple[str, ...] = ()
 
@@ -432,7 +436,9 @@ def _check_header(
     return theirs, converted
 
 
-def _expect_tensor(tensor: BlockPagedTensor, layer: int, role: str, pages: int, tokens: int) -> None:
+def _expect_tensor(
+    tensor: BlockPagedTensor, layer: int, role: str, pages: int, tokens: int
+) -> None:
     table = tensor.block_table
     lens = tensor.seq_lens
     ok = (
@@ -480,8 +486,10 @@ def pull(
                 expected=expect_digest,
                 found=params.prompt_digest,
             )
-        if pages < 0 or tokens < 0 or -(-params.num_tokens // params.block_size) != len(
-            params.block_ids
+        if (
+            pages < 0
+            or tokens < 0
+            or -(-params.num_tokens // params.block_size) != len(params.block_ids)
         ):
             raise TransferRefusedError(
                 "remote_block_ids do not cover remote_num_tokens",
@@ -544,7 +552,8 @@ def pull(
             pool = np.asarray(tensor.page_pool)[np.asarray(tensor.block_table).reshape(-1)]
             pair.append(pool[first_block:] if not same else pool)
         layers.append((pair[0], pair[1]))
-    return LoadResult(PulledPages(first_block, layers, wire, converted))
+    held = params.num_tokens - first_block * ours.block_size
+    return LoadResult(PulledPages(first_block, layers, held, wire, converted))
 
 
 def failed_blocks(block_ids: Iterable[int], failed_from: int) -> set[int]:
