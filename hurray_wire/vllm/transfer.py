@@ -316,7 +316,6 @@ def serve_one(store: TransferStore, conn: socket.socket) -> int:
         },
     )
     writer = StreamWriter(conn, header)
-    total = 0
     tokens = transfer.num_tokens - first * transfer.block_size
     table = np.arange(len(transfer.block_ids) - first, dtype=np.uint32)
     for layer in range(store.num_layers):
@@ -329,9 +328,9 @@ def serve_one(store: TransferStore, conn: socket.socket) -> int:
                 kv_role=role,
                 layer_index=layer,
             )
-            total += writer.write(tensor, checksum=False, page_digests=True)
+            writer.write(tensor, checksum=False, page_digests=True)
     writer.close()
-    return total
+    return writer.position
 
 
 class TransferServer:
