@@ -196,6 +196,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._totals = HurrayConnectorStats()
         self._logged: set[str] = set()
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """vLLM 0.33's sleep mode remaps the KV caches under a connector; this one keeps the
+        registered cache tensors between steps, so it opts out rather than land pages into
+        memory that moved."""
+        return False
+
     # -- scheduler side ------------------------------------------------------------------
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
