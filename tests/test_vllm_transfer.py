@@ -247,3 +247,45 @@ def test_a_peer_that_is_not_there_is_a_transport_error() -> None:
     params = tr.TransferParams("t", "r", "127.0.0.1", port, (1,), 3, B, "d")
     result = tr.pull(params, FP, LAYERS, timeout=2)
     assert isinstance(result.error, TransportError) and result.failed_from == 0
+
+
+def test_pull_over_nixl_equals_the_socket_pull() -> None:
+    pytest.importorskip("nixl_cu12")
+    store = tr.TransferStore(FP, "m", LAYERS)
+    peers_p = tr.NixlPeers("t-prefill", timeout=20, arena_bytes=4 << 20)
+    server = tr.TransferServer(store, "127.0.0.1", 0, timeout=20, nixl=peers_p)
+    peers_d = tr.NixlPeers("t-decode", timeout=20, arena_bytes=4 << 20)
+    try:
+        layers = [pages(layer) for layer in range(LAYERS)]
+        for n, first in enumerate((0, 2)):  # the second pull reuses the peered endpoints
+            tid = store.new_id()
+            params = tr.TransferParams(
+                tid, f"r{n}", "127.0.0.1", server.port, (5, 9, 2), len(PROMPT), B,
+                tr.prompt_digest(PROMPT),
+            )  # fmt: skip
+            store.begin(tid, f"r{n}", params.block_ids, len(PROMPT), params.prompt_digest)
+            for layer, (key, value) in enumerate(layers):
+                store.add_layer(tid, layer, key, value)
+            result = tr.pull(params, FP, LAYERS, first_block=first, timeout=20, nixl=peers_d)
+            assert result.error is None and result.pages is not None
+            for (key, value), (k, v) in zip(result.pages.layers, layers, strict=True):
+                np.testing.assert_array_equal(key, k[first:])
+                np.testing.assert_array_equal(value, v[first:])
+            again = tr.pull(params, FP, LAYERS, timeout=20, nixl=peers_d)
+            assert isinstance(again.error, TransferRefusedError)
+            assert again.error.reason == "consumed"
+    finally:
+        server.close()
+        peers_d.close()
+
+
+def test_a_socket_only_prefill_refuses_a_nixl_pull() -> None:
+    pytest.importorskip("nixl_cu12")
+    peers = tr.NixlPeers("t-decode-2", timeout=5, arena_bytes=1 << 20)
+    try:
+        with producer() as (_, params, _layers):
+            result = tr.pull(params, FP, LAYERS, timeout=5, nixl=peers)
+        assert isinstance(result.error, TransferRefusedError)
+        assert result.error.reason == "transport"
+    finally:
+        peers.close()

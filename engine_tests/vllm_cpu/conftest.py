@@ -1,11 +1,14 @@
-"""Engines for the connector's tests: a prefill engine and two decode engines (block size 32
-with kv_load_failure_policy "fail"; block size 64 with "recompute"), each its own process
-(engine_worker.py), started once per session and killed at the end."""
+"""Engines for the connector's tests: a prefill engine and three decode engines (block size
+32 with kv_load_failure_policy "fail" over the socket transport, the same over NIXL, block
+size 64 with "recompute"), each its own process (engine_worker.py), started once per session
+and stopped (killed if need be) at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -22,9 +25,18 @@ START_TIMEOUT = 600  # seconds for one engine to come up on a loaded 2-core mach
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the ephemeral range (32768+), where vLLM, UCX and NIXL take theirs:
+    a port picked there may be taken again before the engine binds it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000..32000")
 
 
 class Engine:
@@ -76,10 +88,8 @@ class Engine:
         return dict(self.ask({"stats": True}))
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a dead engine is killed below
             self.ask({"quit": True})
-        except Exception:
-            pass
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -88,13 +98,19 @@ class Engine:
         self._log.close()
 
 
-def connector(role: str, port: int, policy: str = "fail") -> dict[str, Any]:
+def connector(
+    role: str, port: int, policy: str = "fail", transport: str = "socket"
+) -> dict[str, Any]:
     return {
         "kv_connector": "HurrayConnector",
         "kv_connector_module_path": "hurray_wire.vllm",
         "kv_role": role,
         "kv_load_failure_policy": policy,
-        "kv_connector_extra_config": {"port": port, "model_id": "tiny-llama"},
+        "kv_connector_extra_config": {
+            "port": port,
+            "model_id": "tiny-llama",
+            "transport": transport,
+        },
     }
 
 
@@ -102,19 +118,32 @@ def connector(role: str, port: int, policy: str = "fail") -> dict[str, Any]:
 def model_dir() -> Path:
     from make_tiny_llama import make_tiny_llama
 
-    path = Path(os.environ.get("HURRAY_TINY_LLAMA", Path(tempfile.gettempdir()) / "hurray-tiny-llama"))
+    path = Path(
+        os.environ.get("HURRAY_TINY_LLAMA", Path(tempfile.gettempdir()) / "hurray-tiny-llama")
+    )
     return make_tiny_llama(path)
 
 
 @pytest.fixture(scope="session")
-def engines(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engine]]:
+def engines(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Engine]]:
     logs = tmp_path_factory.mktemp("engine-logs")
     specs = {
         # No prefix cache on the prefill engine: its own greedy tokens, the single-engine
         # baseline, are then computed from scratch every time.
-        "prefill": {"block_size": 32, "kv": connector("kv_producer", free_port()), "pc": False},
+        # transport "nixl" on the prefill side serves both socket and NIXL pulls.
+        "prefill": {
+            "block_size": 32,
+            "kv": connector("kv_producer", free_port(), transport="nixl"),
+            "pc": False,
+        },
         "decode": {"block_size": 32, "kv": connector("kv_consumer", free_port(), "fail")},
         "decode64": {"block_size": 64, "kv": connector("kv_consumer", free_port(), "recompute")},
+        "decode_nixl": {
+            "block_size": 32,
+            "kv": connector("kv_consumer", free_port(), "fail", transport="nixl"),
+        },
     }
     started: dict[str, Engine] = {}
     try:

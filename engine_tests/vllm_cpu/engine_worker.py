@@ -3,7 +3,8 @@
 The engine tests start a prefill engine and a decode engine this way (vLLM's connector and
 parallel state are per process, so two engines cannot share one). Commands:
 ``{"generate": [{"prompt": [ids], "max_tokens": n, "params": {...}|null}, ...]}`` ->
-``[{"tokens", "finish_reason", "params"}]``; ``{"stats": true}`` -> the connector's totals;
+``[{"tokens", "finish_reason", "params"}]`` plus the call's wall time in ``"seconds"``
+of the first entry; ``{"stats": true}`` -> the connector's totals;
 ``{"quit": true}``.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -21,6 +23,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 def main() -> None:
     spec: dict[str, Any] = json.loads(sys.argv[1])
+    os.environ.update(spec.get("env", {}))
     # Answers go to the original stdout; everything vLLM prints goes to stderr.
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
@@ -61,7 +64,9 @@ def main() -> None:
                     )
                 )
                 prompts.append({"prompt_token_ids": req["prompt"]})
+            start = time.perf_counter()
             results = llm.generate(prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
             answer: Any = [
                 {
                     "tokens": list(r.outputs[0].token_ids),
@@ -70,6 +75,7 @@ def main() -> None:
                 }
                 for r in results
             ]
+            answer[0]["seconds"] = seconds
         elif cmd.get("stats"):
             from vllm.distributed.kv_transfer import get_kv_transfer_group
 

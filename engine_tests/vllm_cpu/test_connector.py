@@ -62,7 +62,10 @@ def decode(
     engine: Engine, prompts: list[list[int]], params: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     return engine.generate(
-        [{"prompt": p, "max_tokens": MAX_TOKENS, "params": q} for p, q in zip(prompts, params)]
+        [
+            {"prompt": p, "max_tokens": MAX_TOKENS, "params": q}
+            for p, q in zip(prompts, params, strict=True)
+        ]
     )
 
 
@@ -102,12 +105,18 @@ def flipping_proxy(target: int) -> Iterator[int]:
         thread.join(timeout=120)
 
 
-def test_token_equality_batch(engines: dict[str, Engine]) -> None:
-    prompts = [prompt(i, n) for i, n in enumerate((33, 70, 95, 130, 47))]
+DECODERS = pytest.mark.parametrize("decoder", ["decode", "decode_nixl"])
+
+
+@DECODERS
+def test_token_equality_batch(engines: dict[str, Engine], decoder: str) -> None:
+    prompts = [
+        prompt(i + 10 * (decoder == "decode_nixl"), n) for i, n in enumerate((33, 70, 95, 130, 47))
+    ]
     params = prefill(engines, prompts)
     baseline = single(engines, prompts)
     assert all(len(set(t)) > 3 for t in baseline), "degenerate model output proves nothing"
-    out = decode(engines["decode"], prompts, params)
+    out = decode(engines[decoder], prompts, params)
     assert [r["finish_reason"] for r in out] == ["length"] * len(prompts)
     assert [r["tokens"] for r in out] == baseline
 
@@ -177,43 +186,47 @@ def test_valid_but_poisoned_transfer_changes_tokens(engines: dict[str, Engine]) 
     assert out["tokens"] != single(engines, [p])[0]
 
 
-def test_52234_out_of_range_block_ids(engines: dict[str, Engine]) -> None:
-    p = prompt(400, 70)
+@DECODERS
+def test_52234_out_of_range_block_ids(engines: dict[str, Engine], decoder: str) -> None:
+    p = prompt(400 + len(decoder), 70)
     params = prefill(engines, [p])[0]
     bad = {**params, "remote_block_ids": [b + 100000 for b in params["remote_block_ids"]]}
-    assert decode(engines["decode"], [p], [bad])[0]["finish_reason"] == "error"
+    assert decode(engines[decoder], [p], [bad])[0]["finish_reason"] == "error"
 
 
-def test_52234_consumed_reference_reused(engines: dict[str, Engine]) -> None:
-    p = prompt(401, 70)
+@DECODERS
+def test_52234_consumed_reference_reused(engines: dict[str, Engine], decoder: str) -> None:
+    p = prompt(401 + len(decoder), 70)
     params = prefill(engines, [p])[0]
-    first = decode(engines["decode"], [p], [params])[0]
+    first = decode(engines[decoder], [p], [params])[0]
     assert first["finish_reason"] == "length"
-    again = decode(engines["decode"], [prompt(402, 70)], [params])[0]
+    again = decode(engines[decoder], [p], [params])[0]  # e.g. a client's retry
     assert again["finish_reason"] == "error"
 
 
-def test_52234_stale_reference_for_a_new_prompt(engines: dict[str, Engine]) -> None:
+@DECODERS
+def test_52234_stale_reference_for_a_new_prompt(engines: dict[str, Engine], decoder: str) -> None:
     """The previous prompt's transfer named by a request for a new prompt: refused, never
     the previous prompt's answer."""
-    old, new = prompt(403, 70), prompt(404, 70)
+    old, new = prompt(403 + len(decoder), 70), prompt(404 + len(decoder), 70)
     params = prefill(engines, [old])[0]
-    assert decode(engines["decode"], [new], [params])[0]["finish_reason"] == "error"
+    assert decode(engines[decoder], [new], [params])[0]["finish_reason"] == "error"
 
 
-def test_shared_prefix_moves_only_new_pages(engines: dict[str, Engine]) -> None:
-    base = prompt(500, 128)
-    first, second = base[:100], base[:64] + prompt(501, 60)
-    before = engines["decode"].stats()
+@DECODERS
+def test_shared_prefix_moves_only_new_pages(engines: dict[str, Engine], decoder: str) -> None:
+    base = prompt(500 + len(decoder), 128)
+    first, second = base[:100], base[:64] + prompt(501 + len(decoder), 60)
+    before = engines[decoder].stats()
     p1 = prefill(engines, [first])[0]
-    decode(engines["decode"], [first], [p1])
-    mid = engines["decode"].stats()
+    decode(engines[decoder], [first], [p1])
+    mid = engines[decoder].stats()
     p2 = prefill(engines, [second])[0]
-    out = decode(engines["decode"], [second], [p2])[0]
-    after = engines["decode"].stats()
+    out = decode(engines[decoder], [second], [p2])[0]
+    after = engines[decoder].stats()
     assert out["tokens"] == single(engines, [second])[0]
     full = mid["bytes_received"] - before["bytes_received"]  # 4 pages of 100 tokens
     delta = after["bytes_received"] - mid["bytes_received"]  # 2 new pages of 124 tokens
     assert after["pages_reused"] - mid["pages_reused"] == 2
     assert delta < full * 0.6, (delta, full)
-    print(json.dumps({"full_bytes": full, "delta_bytes": delta}))
+    print(json.dumps({"decoder": decoder, "full_bytes": full, "delta_bytes": delta}))

@@ -14,8 +14,10 @@ so that vLLM's ``kv_load_failure_policy`` fails the request or recomputes it.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +31,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from hurray_wire.adapters.vllm import from_vllm, into_vllm
-from hurray_wire.errors import ArgumentTypeError, HurrayWireError, InvalidTensorError
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    HurrayWireError,
+    InvalidTensorError,
+    TransportError,
+)
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.vllm.transfer import (
     LoadResult,
+    NixlPeers,
     TransferParams,
     TransferServer,
     TransferStore,
@@ -164,9 +172,9 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 "unknown kv_connector_extra_config keys", field=unknown[0], found=unknown
             )
         self._options = {name: _option(extra, name) for name in OPTIONS}
-        if self._options["transport"] != "socket":
+        if self._options["transport"] not in ("socket", "nixl"):
             raise ArgumentTypeError(
-                "transport must be 'socket' (NIXL is not wired into the connector yet)",
+                "transport must be 'socket' or 'nixl'",
                 field="transport",
                 found=self._options["transport"],
             )
@@ -188,6 +196,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._isa: str | None = None
         self._store: TransferStore | None = None
         self._server: TransferServer | None = None
+        self._listener: socket.socket | None = None
+        self._nixl: NixlPeers | None = None
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
         self._results: dict[str, tuple[LoadSpec, LoadResult, float]] = {}
@@ -297,6 +307,15 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 expected=self._num_layers,
                 found=len(names),
             )
+        if self._kv_transfer_config.is_kv_producer and self._listener is None:
+            # Bind now: a taken port stops the engine at start, not at its first request.
+            address = (self._options["host"], self._options["port"])
+            try:
+                self._listener = socket.create_server(address)
+            except OSError as exc:
+                raise TransportError(
+                    f"cannot listen on {address[0]}:{address[1]}: {exc}", field="port"
+                ) from exc
 
     def _engine_fingerprint(self) -> EngineFingerprint:
         if self._fingerprint is None:
@@ -339,9 +358,23 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 ttl=self._options["transfer_ttl"],
             )
             self._server = TransferServer(
-                self._store, self._options["host"], self._options["port"], self._options["timeout"]
+                self._store,
+                self._options["host"],
+                self._options["port"],
+                self._options["timeout"],
+                nixl=self._nixl_peers(),
+                listener=self._listener,
             )
         return self._store
+
+    def _nixl_peers(self) -> NixlPeers | None:
+        if self._options["transport"] != "nixl":
+            return None
+        if self._nixl is None:
+            self._nixl = NixlPeers(
+                f"hurray-{uuid.uuid4().hex[:12]}", timeout=self._options["timeout"]
+            )
+        return self._nixl
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -365,6 +398,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 first_block=load.first_block,
                 expect_digest=load.digest,
                 timeout=self._options["timeout"],
+                nixl=self._nixl_peers(),
             )
         except HurrayWireError as exc:
             result = LoadResult(None, failed_from=load.first_block, error=exc)
@@ -386,24 +420,33 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         logger.debug("save_kv_layer %s -> %d", layer_name, layer)
         self._engine_fingerprint()  # sets the backend and kernel ISA the reading needs
         for save in meta.saves:
-            if not store.has(save.transfer_id):
-                store.begin(
-                    save.transfer_id, save.request_id, save.block_ids, save.num_tokens, save.digest
-                )
-            # The one reading of vLLM's cache (hurray_wire.adapters.vllm): a copy of the
-            # request's blocks only, as the backend and its kernel ISA lay them out.
-            pair = from_vllm(
-                kv_layer,
-                [save.block_ids],
-                [save.num_tokens],
-                backend=self._backend,
-                isa=self._isa,
-                layer_index=layer,
+            try:
+                self._save(store, save, kv_layer, layer)
+            except HurrayWireError as exc:
+                # the transfer stays incomplete: its pull is refused, the decode side
+                # applies its kv_load_failure_policy
+                store.drop(save.transfer_id, "failed")
+                self._log_once(save.request_id, exc, "KV save failed")
+
+    def _save(self, store: TransferStore, save: SaveSpec, kv_layer: Any, layer: int) -> None:
+        if not store.has(save.transfer_id):
+            store.begin(
+                save.transfer_id, save.request_id, save.block_ids, save.num_tokens, save.digest
             )
-            assert isinstance(pair, tuple)  # a two-role cache reads as (key, value)
-            store.add_layer(save.transfer_id, layer, _pages(pair[0]), _pages(pair[1]))
-            if layer == 0:
-                self._count("pages_sent", len(save.block_ids))
+        # The one reading of vLLM's cache (hurray_wire.adapters.vllm): a copy of the
+        # request's blocks only, as the backend and its kernel ISA lay them out.
+        pair = from_vllm(
+            kv_layer,
+            [save.block_ids],
+            [save.num_tokens],
+            backend=self._backend,
+            isa=self._isa,
+            layer_index=layer,
+        )
+        assert isinstance(pair, tuple)  # a two-role cache reads as (key, value)
+        store.add_layer(save.transfer_id, layer, _pages(pair[0]), _pages(pair[1]))
+        if layer == 0:
+            self._count("pages_sent", len(save.block_ids))
 
     def wait_for_save(self) -> None:
         """Saves are copies taken in ``save_kv_layer``: done when it returns."""
@@ -479,11 +522,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for stats in (self._stats, self._totals):
             stats.data[name] = stats.data.get(name, 0) + amount
 
-    def _log_once(self, request_id: str, error: BaseException | None) -> None:
+    def _log_once(
+        self, request_id: str, error: BaseException | None, what: str = "KV load refused"
+    ) -> None:
         if request_id in self._logged:
             return
         self._logged.add(request_id)
-        logger.error("HurrayConnector: request %s: KV load refused: %s", request_id, error)
+        logger.error("HurrayConnector: request %s: %s: %s", request_id, what, error)
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         if self._stats.is_empty():
@@ -497,9 +542,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         if self._server is not None:
-            self._server.close()
+            self._server.close()  # closes the NIXL senders too
             self._server = None
+            self._nixl = None
         with self._lock:
             threads = list(self._threads.values())
         for thread in threads:
             thread.join(timeout=self._options["timeout"])
+        if self._nixl is not None:
+            self._nixl.close()
+            self._nixl = None

@@ -14,12 +14,14 @@ prompt digest or request that is not the transfer's).
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +37,12 @@ from hurray_wire.errors import (
     TransferRefusedError,
     TransportError,
 )
-from hurray_wire.fingerprint import EngineFingerprint, differences
+from hurray_wire.fingerprint import (
+    EngineFingerprint,
+    differences,
+    fingerprint_from_metadata,
+    fingerprint_to_metadata,
+)
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.repage import repage
 
@@ -205,6 +212,12 @@ class TransferStore:
         with self._lock:
             return transfer_id in self._live or transfer_id in self._gone
 
+    def drop(self, transfer_id: str, reason: str) -> None:
+        """Forget a transfer that cannot be served; a pull of it is refused as ``reason``."""
+        with self._lock:
+            self._live.pop(transfer_id, None)
+            self._gone[transfer_id] = reason
+
     def add_layer(
         self, transfer_id: str, layer_index: int, key: npt.NDArray[Any], value: npt.NDArray[Any]
     ) -> None:
@@ -293,44 +306,137 @@ def _read_line(sock: socket.socket) -> dict[str, Any]:
     return obj
 
 
-def serve_one(store: TransferStore, conn: socket.socket) -> int:
-    """Answer one pull on ``conn``; returns the stream's length in bytes (0 when refused)."""
-    ask = _read_line(conn)
-    try:
-        transfer, first = store.take(ask)
-    except TransferRefusedError as exc:
-        _send_line(conn, {"ok": False, "reason": exc.reason, "message": str(exc)})
-        return 0
-    _send_line(conn, {"ok": True})
-    header = StreamHeader(
-        model=store.model,
-        num_layers=store.num_layers,
-        kv_roles=ROLES,
-        fingerprint=store.fingerprint,
-        metadata={
-            "hurray.vllm.transfer_id": ask["transfer_id"],
-            "hurray.vllm.request_id": transfer.request_id,
-            "hurray.vllm.prompt_digest": transfer.digest,
-            "hurray.vllm.first_page": first,
-            "hurray.vllm.num_tokens": transfer.num_tokens,
-        },
-    )
-    writer = StreamWriter(conn, header)
+def _identity(transfer: _Transfer, transfer_id: str, first: int) -> dict[str, Any]:
+    return {
+        "vllm.transfer_id": transfer_id,
+        "vllm.request_id": transfer.request_id,
+        "vllm.prompt_digest": transfer.digest,
+        "vllm.first_page": first,
+        "vllm.num_tokens": transfer.num_tokens,
+    }
+
+
+def _tensors(
+    transfer: _Transfer, num_layers: int, first: int, metadata: Mapping[str, Any] | None = None
+) -> Iterator[BlockPagedTensor]:
+    """The transfer's blobs in order: key then value of each layer, pages ``first..``."""
     tokens = transfer.num_tokens - first * transfer.block_size
     table = np.arange(len(transfer.block_ids) - first, dtype=np.uint32)
-    for layer in range(store.num_layers):
+    for layer in range(num_layers):
         for role, pages in zip(ROLES, transfer.layers[layer], strict=True):
-            tensor = BlockPagedTensor.from_arrays(
+            yield BlockPagedTensor.from_arrays(
                 np.ascontiguousarray(pages[first:]),
                 table,
                 np.array([0, table.size], dtype=np.uint32),
                 seq_lens=np.array([tokens], dtype=np.uint32),
                 kv_role=role,
                 layer_index=layer,
+                metadata=metadata,
             )
-            writer.write(tensor, checksum=False, page_digests=True)
+
+
+def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None = None) -> int:
+    """Answer one pull on ``conn``; returns the bytes sent (0 when refused). A pull asking
+    for ``"transport": "nixl"`` gets the pages as NIXL blobs (``nixl`` holds the senders),
+    the connection carrying only the two control lines."""
+    ask = _read_line(conn)
+    wants_nixl = ask.get("transport") == "nixl"
+    try:
+        if wants_nixl and nixl is None:
+            raise TransferRefusedError(
+                "this prefill worker serves the socket transport only", reason="transport"
+            )
+        transfer, first = store.take(ask)
+    except TransferRefusedError as exc:
+        _send_line(conn, {"ok": False, "reason": exc.reason, "message": str(exc)})
+        return 0
+    identity = _identity(transfer, ask["transfer_id"], first)
+    if wants_nixl:
+        assert nixl is not None
+        sender, mine = nixl.sender(ask)
+        _send_line(conn, {"ok": True, "agent_metadata": mine})
+        meta = {**identity, **fingerprint_to_metadata(store.fingerprint)}
+        total = 0
+        for tensor in _tensors(transfer, store.num_layers, first, meta):
+            sender.publish(tensor, mode="staged", checksum=False, page_digests=True)
+            total += tensor.page_pool.nbytes
+        sender.wait(deadline=nixl.timeout)
+        _send_line(conn, {"done": True})
+        return total
+    _send_line(conn, {"ok": True})
+    header = StreamHeader(
+        model=store.model,
+        num_layers=store.num_layers,
+        kv_roles=ROLES,
+        fingerprint=store.fingerprint,
+        metadata=identity,
+    )
+    writer = StreamWriter(conn, header)
+    for tensor in _tensors(transfer, store.num_layers, first):
+        writer.write(tensor, checksum=False, page_digests=True)
     writer.close()
     return writer.position
+
+
+class NixlPeers:
+    """NIXL endpoints of one worker, one per peer (an endpoint has one peer): the prefill
+    worker's senders by the decode agent's name, the decode worker's receivers by the
+    prefill worker's address. Agent metadata travels on the pull's control lines, base64."""
+
+    def __init__(self, name: str, *, timeout: float = 30.0, arena_bytes: int = 64 << 20):
+        self.name = name
+        self.timeout = timeout
+        self._arena = arena_bytes
+        self._senders: dict[str, Any] = {}
+        self._receivers: dict[tuple[str, int], tuple[Any, threading.Lock]] = {}
+        self._peered: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+
+    def sender(self, ask: Mapping[str, Any]) -> tuple[Any, str | None]:
+        """The sender for the asking agent, and this side's metadata if it is new."""
+        from hurray_wire.transport.nixl import NixlSender
+
+        agent = ask.get("agent")
+        if not isinstance(agent, str):
+            raise TransportError("a NIXL pull names no agent", field="agent")
+        if agent in self._senders:
+            return self._senders[agent], None
+        peer = ask.get("agent_metadata")
+        if not isinstance(peer, str):
+            raise TransportError("a NIXL pull from a new agent carries no metadata")
+        sender = NixlSender(f"{self.name}-to-{agent}", ucx_error_handling_mode="none",
+                            arena_bytes=self._arena)  # fmt: skip
+        mine = base64.b64encode(sender.metadata()).decode()
+        sender.add_peer(base64.b64decode(peer))
+        self._senders[agent] = sender
+        return sender, mine
+
+    def receiver(self, host: str, port: int) -> tuple[Any, threading.Lock, str | None]:
+        """The receiver for a prefill worker, its pull lock, and its metadata if new."""
+        from hurray_wire.transport.nixl import NixlReceiver
+
+        with self._lock:
+            if (host, port) not in self._receivers:
+                agent = f"{self.name}-{len(self._receivers)}"
+                receiver = NixlReceiver(agent, ucx_error_handling_mode="none",
+                                        arena_bytes=self._arena)  # fmt: skip
+                self._receivers[(host, port)] = (receiver, threading.Lock())
+            receiver, lock = self._receivers[(host, port)]
+            if (host, port) in self._peered:
+                return receiver, lock, None
+            return receiver, lock, base64.b64encode(receiver.metadata()).decode()
+
+    def peered(self, host: str, port: int) -> None:
+        """The receiver for ``host:port`` has its peer: later pulls send no metadata."""
+        with self._lock:
+            self._peered.add((host, port))
+
+    def close(self) -> None:
+        for endpoint in [*self._senders.values(), *(r for r, _ in self._receivers.values())]:
+            with contextlib.suppress(HurrayWireError):
+                endpoint.close()
+        self._senders.clear()
+        self._receivers.clear()
 
 
 class TransferServer:
@@ -338,9 +444,19 @@ class TransferServer:
     picks a free one, read back from ``port``), each answered in turn, bounded by
     ``timeout`` seconds per connection."""
 
-    def __init__(self, store: TransferStore, host: str, port: int, timeout: float = 30.0):
+    def __init__(
+        self,
+        store: TransferStore,
+        host: str,
+        port: int,
+        timeout: float = 30.0,
+        nixl: NixlPeers | None = None,
+        listener: socket.socket | None = None,
+    ):
         self.store = store
-        self._sock = socket.create_server((host, port))
+        self.nixl = nixl
+        # ``listener``: a socket bound earlier (an engine binds at start, to fail there)
+        self._sock = listener if listener is not None else socket.create_server((host, port))
         self._sock.settimeout(0.2)
         self.host = host
         self.port: int = self._sock.getsockname()[1]
@@ -348,6 +464,7 @@ class TransferServer:
         self._stop = threading.Event()
         self.sent_bytes = 0
         self.refused = 0
+        self.errors: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, name="hurray-serve", daemon=True)
         self._thread.start()
 
@@ -360,8 +477,10 @@ class TransferServer:
             with conn:
                 conn.settimeout(self._timeout)
                 try:
-                    sent = serve_one(self.store, conn)
-                except (OSError, HurrayWireError):
+                    sent = serve_one(self.store, conn, self.nixl)
+                except (OSError, HurrayWireError) as exc:
+                    self.errors.append(exc)  # the puller sees the cut connection
+                    del self.errors[:-16]
                     continue
                 self.sent_bytes += sent
                 self.refused += sent == 0
@@ -370,6 +489,8 @@ class TransferServer:
         self._stop.set()
         self._thread.join(timeout=5)
         self._sock.close()
+        if self.nixl is not None:
+            self.nixl.close()
 
 
 # -- decode side -----------------------------------------------------------------------------
@@ -397,16 +518,18 @@ class LoadResult:
 
 
 def _check_header(
-    header: StreamHeader | None,
+    theirs: EngineFingerprint | None,
+    meta: Mapping[str, Any],
     ours: EngineFingerprint,
     params: TransferParams,
     first_page: int,
 ) -> tuple[EngineFingerprint, tuple[str, ...]]:
-    if header is None or header.fingerprint is None:
+    """The sender's fingerprint against ours and the transfer's identity against the
+    params; returns the fingerprint and the fields to convert (block size)."""
+    if theirs is None:
         raise IncompatibleFingerprintError(
             "the transfer carries no engine fingerprint", differences={"fingerprint": (ours, None)}
         )
-    theirs = header.fingerprint
     diff = differences(ours, theirs, ignore=CONVERTIBLE)
     if diff:
         raise IncompatibleFingerprintError(
@@ -414,13 +537,12 @@ def _check_header(
             + ", ".join(f"{k} {a!r} here, {b!r} there" for k, (a, b) in diff.items()),
             differences=diff,
         )
-    meta = header.metadata
     expect = {
-        "hurray.vllm.transfer_id": params.transfer_id,
-        "hurray.vllm.request_id": params.request_id,
-        "hurray.vllm.prompt_digest": params.prompt_digest,
-        "hurray.vllm.first_page": first_page,
-        "hurray.vllm.num_tokens": params.num_tokens,
+        "vllm.transfer_id": params.transfer_id,
+        "vllm.request_id": params.request_id,
+        "vllm.prompt_digest": params.prompt_digest,
+        "vllm.first_page": first_page,
+        "vllm.num_tokens": params.num_tokens,
     }
     for key, value in expect.items():
         if meta.get(key) != value:
@@ -458,6 +580,104 @@ def _expect_tensor(
         )
 
 
+def _answer(sock: socket.socket) -> dict[str, Any]:
+    answer = _read_line(sock)
+    if answer.get("ok") is not True:
+        reason = str(answer.get("reason", "refused"))
+        raise TransferRefusedError(
+            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
+        )
+    return answer
+
+
+Blobs = dict[tuple[int, str], BlockPagedTensor]
+
+
+def _check_sizes(theirs: EngineFingerprint, params: TransferParams) -> None:
+    if theirs.block_size != params.block_size:
+        raise TransferRefusedError(
+            "the transfer's block size is not the params'",
+            reason="stale_content",
+            field="block_size",
+            expected=params.block_size,
+            found=theirs.block_size,
+        )
+
+
+def _read_stream(
+    sock: socket.socket,
+    ours: EngineFingerprint,
+    params: TransferParams,
+    num_layers: int,
+    first_page: int,
+    pages: int,
+    tokens: int,
+    timeout: float,
+) -> tuple[Blobs, EngineFingerprint, tuple[str, ...], int]:
+    reader = StreamReader(sock, record_deadline=timeout)
+    header = reader.header
+    theirs, converted = _check_header(
+        None if header is None else header.fingerprint,
+        {} if header is None else header.metadata,
+        ours,
+        params,
+        first_page,
+    )
+    _check_sizes(theirs, params)
+    tensors: Blobs = {}
+    for layer in range(num_layers):
+        for role in ROLES:
+            tensor = next(reader, None)
+            if tensor is None:
+                raise TransportError("the stream ended early", layer=layer, role=role)
+            _expect_tensor(tensor, layer, role, pages, tokens)
+            tensors[(layer, role)] = tensor
+    if next(reader, None) is not None:
+        raise TransportError("the stream carries more blobs than layers")
+    return tensors, theirs, converted, reader.position
+
+
+def _receive_nixl(
+    receiver: Any,
+    ours: EngineFingerprint,
+    params: TransferParams,
+    num_layers: int,
+    first_page: int,
+    pages: int,
+    tokens: int,
+    timeout: float,
+) -> tuple[Blobs, EngineFingerprint, tuple[str, ...], int]:
+    """Every blob of the transfer over NIXL (validated, page digests checked by the
+    receiver), each carrying the fingerprint and identity in its own metadata."""
+    tensors: Blobs = {}
+    found: tuple[EngineFingerprint, tuple[str, ...]] | None = None
+    wire = 0
+    for tensor in receiver.receive(2 * num_layers, deadline=timeout):
+        meta = tensor.metadata
+        checked = _check_header(fingerprint_from_metadata(meta), meta, ours, params, first_page)
+        if found is not None and checked != found:
+            raise TransferRefusedError("blobs of one transfer disagree", reason="stale_content")
+        found = checked
+        layer, role = tensor.layer_index, tensor.kv_role
+        if not isinstance(layer, int) or (layer, role) in tensors or layer >= num_layers:
+            raise TransferRefusedError(
+                "a blob that is not one of this transfer's", reason="stale_content",
+                layer=layer, role=role,
+            )  # fmt: skip
+        _expect_tensor(tensor, layer, role, pages, tokens)
+        # the receiver's landing region is reused by the next receive: keep a copy
+        tensors[(layer, role)] = BlockPagedTensor.from_arrays(
+            np.array(tensor.page_pool, copy=True), np.array(tensor.block_table),
+            np.array(tensor.seq_ptr), seq_lens=np.array(tensor.seq_lens),
+            kv_role=role, layer_index=layer,
+        )  # fmt: skip
+        wire += tensor.page_pool.nbytes
+    if found is None or len(tensors) != 2 * num_layers:
+        raise TransportError("the NIXL transfer ended early")
+    _check_sizes(found[0], params)
+    return tensors, found[0], found[1], wire
+
+
 def pull(
     params: TransferParams,
     ours: EngineFingerprint,
@@ -466,6 +686,7 @@ def pull(
     first_block: int = 0,
     expect_digest: str | None = None,
     timeout: float = 30.0,
+    nixl: NixlPeers | None = None,
 ) -> LoadResult:
     """Pull a transfer for a decode request whose blocks before ``first_block`` the decode
     worker already holds (its prefix cache): with equal block sizes only the pages from
@@ -499,43 +720,35 @@ def pull(
             )
         with socket.create_connection((params.host, params.port), timeout=timeout) as sock:
             sock.settimeout(timeout)
-            _send_line(
-                sock,
-                {
-                    "transfer_id": params.transfer_id,
-                    "request_id": params.request_id,
-                    "prompt_digest": params.prompt_digest,
-                    "block_ids": list(params.block_ids),
-                    "first_page": first_page,
-                },
-            )
-            answer = _read_line(sock)
-            if answer.get("ok") is not True:
-                reason = str(answer.get("reason", "refused"))
-                raise TransferRefusedError(
-                    f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
+            ask: dict[str, Any] = {
+                "transfer_id": params.transfer_id,
+                "request_id": params.request_id,
+                "prompt_digest": params.prompt_digest,
+                "block_ids": list(params.block_ids),
+                "first_page": first_page,
+            }
+            if nixl is None:
+                _send_line(sock, ask)
+                _answer(sock)
+                tensors, _, converted, wire = _read_stream(
+                    sock, ours, params, num_layers, first_page, pages, tokens, timeout
                 )
-            reader = StreamReader(sock, record_deadline=timeout)
-            theirs, converted = _check_header(reader.header, ours, params, first_page)
-            if theirs.block_size != params.block_size:
-                raise TransferRefusedError(
-                    "the stream's block size is not the params'",
-                    reason="stale_content",
-                    field="block_size",
-                    expected=params.block_size,
-                    found=theirs.block_size,
-                )
-            tensors: dict[tuple[int, str], BlockPagedTensor] = {}
-            for layer in range(num_layers):
-                for role in ROLES:
-                    tensor = next(reader, None)
-                    if tensor is None:
-                        raise TransportError("the stream ended early", layer=layer, role=role)
-                    _expect_tensor(tensor, layer, role, pages, tokens)
-                    tensors[(layer, role)] = tensor
-            if next(reader, None) is not None:
-                raise TransportError("the stream carries more blobs than layers")
-            wire = reader.position
+            else:
+                receiver, lock, mine = nixl.receiver(params.host, params.port)
+                with lock:
+                    ask.update(transport="nixl", agent=receiver.name, agent_metadata=mine)
+                    _send_line(sock, ask)
+                    answer = _answer(sock)
+                    if mine is not None:
+                        peer = answer.get("agent_metadata")
+                        if not isinstance(peer, str):
+                            raise TransportError("the prefill worker sent no NIXL metadata")
+                        receiver.add_peer(base64.b64decode(peer))
+                        nixl.peered(params.host, params.port)
+                    tensors, _, converted, wire = _receive_nixl(
+                        receiver, ours, params, num_layers, first_page, pages, tokens, timeout
+                    )
+                    _read_line(sock)  # the sender's "done"
     except (HurrayWireError, OSError) as exc:
         # A failed page digest leaves the later blobs unread: every block from first_block
         # on is unverified (PageDigestError.positions, named in the log, are the first).
