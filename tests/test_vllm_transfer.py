@@ -289,3 +289,51 @@ def test_a_socket_only_prefill_refuses_a_nixl_pull() -> None:
         assert result.error.reason == "transport"
     finally:
         peers.close()
+
+
+def test_concurrent_nixl_pulls_from_one_prefill_worker() -> None:
+    """A decode batch pulls several transfers at once from one prefill worker: the pulls
+    share one endpoint pair and queue on it (a regression: they used to wait on each other's
+    control lines until the deadline)."""
+    pytest.importorskip("nixl_cu12")
+    store = tr.TransferStore(FP, "m", LAYERS)
+    server = tr.TransferServer(
+        store, "127.0.0.1", 0, timeout=20, nixl=tr.NixlPeers("c-prefill", arena_bytes=4 << 20)
+    )
+    peers = tr.NixlPeers("c-decode", timeout=20, arena_bytes=4 << 20)
+    all_params = []
+    layers = [pages(layer) for layer in range(LAYERS)]
+    for n in range(4):
+        tid = store.new_id()
+        store.begin(tid, f"r{n}", (1, 2, 3), len(PROMPT), tr.prompt_digest(PROMPT))
+        for layer, (key, value) in enumerate(layers):
+            store.add_layer(tid, layer, key, value)
+        all_params.append(
+            tr.TransferParams(
+                tid,
+                f"r{n}",
+                "127.0.0.1",
+                server.port,
+                (1, 2, 3),
+                len(PROMPT),
+                B,
+                tr.prompt_digest(PROMPT),
+            )
+        )
+    results: list[tr.LoadResult] = []
+    try:
+        threads = [
+            threading.Thread(
+                target=lambda p=p: results.append(tr.pull(p, FP, LAYERS, timeout=20, nixl=peers))
+            )
+            for p in all_params
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        server.close()
+        peers.close()
+    assert len(results) == 4
+    assert all(r.error is None and r.pages is not None for r in results), results

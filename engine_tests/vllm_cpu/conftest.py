@@ -128,7 +128,8 @@ def model_dir() -> Path:
 def engines(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Engine]]:
-    logs = tmp_path_factory.mktemp("engine-logs")
+    # not under pytest's basetemp, which other pytest runs on the machine prune
+    logs = Path(tempfile.mkdtemp(prefix="hurray-vllm-engines-"))
     specs = {
         # No prefix cache on the prefill engine: its own greedy tokens, the single-engine
         # baseline, are then computed from scratch every time.

@@ -148,6 +148,32 @@ def test_pages_equal_transformers_keys_values(engines: dict[str, Engine], model_
         np.testing.assert_allclose(got_k, ref_k, rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(got_v, ref_v, rtol=1e-3, atol=1e-3)
         assert not np.allclose(got_k, ref_v, atol=1e-2)  # the check can tell K from V
+        # The same engine bytes read as another backend's layout (FLASH_ATTN's view of
+        # [num_blocks, H, B, 2D]) fail this check: a byte round trip would not notice.
+        wrong_k = misread(key, value, len(p))
+        assert not np.allclose(wrong_k, ref_k, atol=1e-2)
+
+
+def misread(key: Any, value: Any, tokens: int) -> Any:
+    """Keys of CPU_ATTN bytes (rebuilt from the pages with into_vllm) read as FLASH_ATTN."""
+    from hurray_wire import BlockPagedTensor
+    from hurray_wire.adapters.vllm import from_vllm, into_vllm
+
+    pages, block, heads, dim = key.shape
+    cache = np.zeros((pages + 1, heads, block, 2 * dim), key.dtype)
+    table, ptr = np.arange(pages, dtype=np.uint32), np.array([0, pages], dtype=np.uint32)
+    lens = np.array([tokens], dtype=np.uint32)
+    pair = tuple(
+        BlockPagedTensor.from_arrays(pool, table, ptr, seq_lens=lens, kv_role=role)
+        for role, pool in (("key", key), ("value", value))
+    )
+    into_vllm(pair, cache, [list(range(1, pages + 1))], backend="CPU_ATTN", isa="vec")
+    read = from_vllm(
+        cache, [list(range(1, pages + 1))], [tokens], backend="FLASH_ATTN", vllm_version="0.32.0"
+    )
+    assert isinstance(read, tuple)
+    wrong = np.asarray(read[0].page_pool)[np.asarray(read[0].block_table).reshape(-1)]
+    return wrong.reshape(-1, heads, dim)[:tokens]
 
 
 @pytest.mark.parametrize(("engine", "expect_error"), [("decode", True), ("decode64", False)])

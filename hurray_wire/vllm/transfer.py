@@ -388,7 +388,8 @@ class NixlPeers:
         self.timeout = timeout
         self._arena = arena_bytes
         self._senders: dict[str, Any] = {}
-        self._receivers: dict[tuple[str, int], tuple[Any, threading.Lock]] = {}
+        self._receivers: dict[tuple[str, int], Any] = {}
+        self._locks: dict[tuple[str, int], threading.Lock] = {}
         self._peered: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
 
@@ -411,20 +412,25 @@ class NixlPeers:
         self._senders[agent] = sender
         return sender, mine
 
-    def receiver(self, host: str, port: int) -> tuple[Any, threading.Lock, str | None]:
-        """The receiver for a prefill worker, its pull lock, and its metadata if new."""
+    def lock(self, host: str, port: int) -> threading.Lock:
+        """The lock that serialises pulls from one prefill worker."""
+        with self._lock:
+            return self._locks.setdefault((host, port), threading.Lock())
+
+    def receiver(self, host: str, port: int) -> tuple[Any, str | None]:
+        """The receiver for a prefill worker, and its metadata while it has no peer."""
         from hurray_wire.transport.nixl import NixlReceiver
 
         with self._lock:
             if (host, port) not in self._receivers:
                 agent = f"{self.name}-{len(self._receivers)}"
-                receiver = NixlReceiver(agent, ucx_error_handling_mode="none",
-                                        arena_bytes=self._arena)  # fmt: skip
-                self._receivers[(host, port)] = (receiver, threading.Lock())
-            receiver, lock = self._receivers[(host, port)]
+                self._receivers[(host, port)] = NixlReceiver(
+                    agent, ucx_error_handling_mode="none", arena_bytes=self._arena
+                )
+            receiver = self._receivers[(host, port)]
             if (host, port) in self._peered:
-                return receiver, lock, None
-            return receiver, lock, base64.b64encode(receiver.metadata()).decode()
+                return receiver, None
+            return receiver, base64.b64encode(receiver.metadata()).decode()
 
     def peered(self, host: str, port: int) -> None:
         """The receiver for ``host:port`` has its peer: later pulls send no metadata."""
@@ -432,7 +438,7 @@ class NixlPeers:
             self._peered.add((host, port))
 
     def close(self) -> None:
-        for endpoint in [*self._senders.values(), *(r for r, _ in self._receivers.values())]:
+        for endpoint in [*self._senders.values(), *self._receivers.values()]:
             with contextlib.suppress(HurrayWireError):
                 endpoint.close()
         self._senders.clear()
@@ -718,7 +724,13 @@ def pull(
                 expected=f"{-(-params.num_tokens // params.block_size)} blocks",
                 found=len(params.block_ids),
             )
-        with socket.create_connection((params.host, params.port), timeout=timeout) as sock:
+        # One NIXL pull at a time per prefill worker: its endpoint pair and its (serial)
+        # listener are shared, and an ask sent before the listener reached it would wait.
+        serial = nixl.lock(params.host, params.port) if nixl else contextlib.nullcontext()
+        with (
+            serial,
+            socket.create_connection((params.host, params.port), timeout=timeout) as sock,
+        ):
             sock.settimeout(timeout)
             ask: dict[str, Any] = {
                 "transfer_id": params.transfer_id,
@@ -734,21 +746,20 @@ def pull(
                     sock, ours, params, num_layers, first_page, pages, tokens, timeout
                 )
             else:
-                receiver, lock, mine = nixl.receiver(params.host, params.port)
-                with lock:
-                    ask.update(transport="nixl", agent=receiver.name, agent_metadata=mine)
-                    _send_line(sock, ask)
-                    answer = _answer(sock)
-                    if mine is not None:
-                        peer = answer.get("agent_metadata")
-                        if not isinstance(peer, str):
-                            raise TransportError("the prefill worker sent no NIXL metadata")
-                        receiver.add_peer(base64.b64decode(peer))
-                        nixl.peered(params.host, params.port)
-                    tensors, _, converted, wire = _receive_nixl(
-                        receiver, ours, params, num_layers, first_page, pages, tokens, timeout
-                    )
-                    _read_line(sock)  # the sender's "done"
+                receiver, mine = nixl.receiver(params.host, params.port)
+                ask.update(transport="nixl", agent=receiver.name, agent_metadata=mine)
+                _send_line(sock, ask)
+                answer = _answer(sock)
+                if mine is not None:
+                    peer = answer.get("agent_metadata")
+                    if not isinstance(peer, str):
+                        raise TransportError("the prefill worker sent no NIXL metadata")
+                    receiver.add_peer(base64.b64decode(peer))
+                    nixl.peered(params.host, params.port)
+                tensors, _, converted, wire = _receive_nixl(
+                    receiver, ours, params, num_layers, first_page, pages, tokens, timeout
+                )
+                _read_line(sock)  # the sender's "done"
     except (HurrayWireError, OSError) as exc:
         # A failed page digest leaves the later blobs unread: every block from first_block
         # on is unverified (PageDigestError.positions, named in the log, are the first).
