@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import hurray_wire as hw
-from hurray_wire.adapters.vllm import into_vllm
+from hurray_wire.adapters import into_vllm
 
 LAYOUTS = {  # KVCacheLayout member -> memory order of (block, head, token, content)
     "LBHNC": (0, 1, 2, 3),
@@ -222,9 +222,19 @@ def test_cpu_attn_other_isa_reads_other_values() -> None:
 
 
 # -- older eras, MLA, one role -------------------------------------------------------------------
-@pytest.mark.parametrize(("version", "stacked"), [("0.21.1", 0), ("0.24.0", 1)])
+@pytest.mark.parametrize(
+    ("version", "backend", "stacked"),
+    [
+        ("0.21.1", "FLASH_ATTN", 0),
+        ("0.20.0", "FLEX_ATTENTION", 0),
+        ("0.22.0", "FLASHINFER", 1),
+        ("0.21.0", "TRITON_ATTN", 1),
+        ("0.24.0", "FLASH_ATTN", 1),
+        ("0.25.2", "FLEX_ATTENTION", 1),
+    ],
+)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_older_eras(version: str, stacked: int, layout: str) -> None:
+def test_older_eras(version: str, backend: str, stacked: int, layout: str) -> None:
     block, heads, dim = 16, 2, 64
     tail = (2, 3, 4) if layout == "NHD" else (3, 2, 4)
     shape = (2, 8, block, heads, dim) if stacked == 0 else (8, 2, block, heads, dim)
@@ -233,17 +243,17 @@ def test_older_eras(version: str, stacked: int, layout: str) -> None:
     lens = lens_for(block)
     key, value = pair(
         hw.from_vllm(
-            cache, TABLE, lens, backend="FLASH_ATTN", vllm_version=version, kv_cache_layout=layout
+            cache, TABLE, lens, backend=backend, vllm_version=version, kv_cache_layout=layout
         )
     )
     check(key, ref_pool(key_pool, TABLE, lens))
     with pytest.raises(hw.ArgumentTypeError, match="vllm_version"):
-        hw.from_vllm(cache, TABLE, lens, backend="FLASH_ATTN")
+        hw.from_vllm(cache, TABLE, lens, backend=backend)
     out, table, out_lens = hw.to_vllm(
-        (key, value), backend="FLASH_ATTN", vllm_version=version, kv_cache_layout=layout
+        (key, value), backend=backend, vllm_version=version, kv_cache_layout=layout
     )
     assert out.shape[stacked] == 2 and out.ndim == 5
-    back, _ = pair(hw.from_vllm(out, table, out_lens, backend="FLASH_ATTN", vllm_version=version))
+    back, _ = pair(hw.from_vllm(out, table, out_lens, backend=backend, vllm_version=version))
     check(back, ref_pool(key_pool, TABLE, lens))
 
 
@@ -267,6 +277,8 @@ def test_one_role_view() -> None:
     cache = allocate((8, 2, 16, 128), LAYOUTS["LBNHC"], np.float16, seed=13)
     key_view = cache.transpose(0, 2, 1, 3)[..., :64]  # the backends' split
     lens = lens_for(16)
+    with pytest.raises(hw.InvalidTensorError, match="kv_role"):
+        hw.from_vllm(key_view, TABLE, lens, backend="FLASH_ATTN")  # not a layer: refused
     key = hw.from_vllm(key_view, TABLE, lens, backend="FLASH_ATTN", kv_role="key")
     assert isinstance(key, hw.BlockPagedTensor) and key.kv_role == "key"
     check(key, ref_layer(cache, TABLE, lens, 0))
@@ -399,6 +411,24 @@ def test_into_vllm(torch_target: bool, backend: str, isa: str | None, layout: st
     assert same(tail_k.sequence(0)[3:], old_k.sequence(0)[3:])
 
 
+@pytest.mark.parametrize(
+    ("version", "backend"), [("0.22.0", "FLASH_ATTN"), ("0.24.0", "TRITON_ATTN")]
+)
+def test_into_vllm_older_eras(version: str, backend: str) -> None:
+    source = allocate((2, 8, 16, 2, 64), (0, 1, 2, 3, 4), np.float16, seed=47)
+    if version == "0.24.0":
+        source = np.ascontiguousarray(source.transpose(1, 0, 2, 3, 4))
+    kw: dict[str, Any] = {"backend": backend, "vllm_version": version}
+    lens = lens_for(16)
+    got = pair(hw.from_vllm(source, TABLE, lens, **kw))
+    target = np.zeros_like(source)
+    ids = [[7, 2, 4], [7, 6], [1], [3, 5]]
+    into_vllm(got, target, ids, **kw)
+    back = pair(hw.from_vllm(target, ids, lens, **kw))
+    for a, b in zip(back, got, strict=True):
+        assert all(same(x, y) for x, y in zip(a.sequences(), b.sequences(), strict=True))
+
+
 def into_case() -> tuple[Any, Any, tuple[hw.BlockPagedTensor, hw.BlockPagedTensor]]:
     source = allocate((8, 2, 16, 128), LAYOUTS["LBNHC"], np.float16, seed=37)
     got = pair(hw.from_vllm(source, TABLE, lens_for(16), backend="FLASH_ATTN"))
@@ -497,7 +527,7 @@ NHD_MEMORY = LAYER.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)
         (LAYER[0], {"backend": "FLASH_ATTN"}, hw.InvalidTensorError, "4-D"),
         (FIVE, {"backend": "FLASH_ATTN"}, hw.ArgumentTypeError, "vllm_version"),
         (FIVE, fa(vllm_version="0.30"), hw.InvalidTensorError, "cross-layer"),
-        (FIVE, fa(vllm_version="0.23.1"), hw.InvalidTensorError, "0.23-0.25"),
+        (FIVE, fa(vllm_version="0.23.1"), hw.InvalidTensorError, "allocates"),
         (FIVE, fa(vllm_version="0.21", kv_cache_layout="LHBNC"), hw.ArgumentTypeError, "NHD"),
         (LAYER, {"backend": "FLASHMLA"}, hw.InvalidTensorError, "MLA"),
         (LAYER[:, :1], {"backend": "FLASHMLA", "kv_role": "key"}, hw.InvalidTensorError, "fused"),
@@ -505,6 +535,7 @@ NHD_MEMORY = LAYER.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)
         (LAYER.view(np.uint8), {"backend": "FLASH_ATTN"}, hw.ArgumentTypeError, "kv_cache_dtype"),
         (LAYER.view(np.uint8), fa(kv_cache_dtype="int8"), hw.ArgumentTypeError, "kv_cache_dtype"),
         (LAYER, fa(kv_cache_dtype="fp8"), hw.InvalidTensorError, "kv_cache_dtype"),
+        (LAYER.view(np.int16), fa(), hw.InvalidTensorError, "integer"),
         (LAYER, fa(k_scale=True), hw.ArgumentTypeError, "k_scale"),
         (LAYER, fa(k_scale="0.5"), hw.ArgumentTypeError, "k_scale"),
         (LAYER, fa(v_scale=np.ones((2, 2))), hw.ArgumentTypeError, "v_scale"),

@@ -157,7 +157,7 @@ def test_pages_equal_transformers_keys_values(engines: dict[str, Engine], model_
 def misread(key: Any, value: Any, tokens: int) -> Any:
     """Keys of CPU_ATTN bytes (rebuilt from the pages with into_vllm) read as FLASH_ATTN."""
     from hurray_wire import BlockPagedTensor
-    from hurray_wire.adapters.vllm import from_vllm, into_vllm
+    from hurray_wire.adapters import from_vllm, into_vllm
 
     pages, block, heads, dim = key.shape
     cache = np.zeros((pages + 1, heads, block, 2 * dim), key.dtype)

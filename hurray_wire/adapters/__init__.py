@@ -8,7 +8,8 @@ torch only when called. Every adapter accepts torch tensors as well as NumPy arr
 from hurray_wire.adapters.flashinfer import from_flashinfer, to_flashinfer
 from hurray_wire.adapters.sglang import from_sglang, to_sglang
 from hurray_wire.adapters.torch import from_torch, to_torch
-from hurray_wire.adapters.vllm import from_vllm, into_vllm, to_vllm
+from hurray_wire.adapters.vllm import from_vllm, to_vllm
+from hurray_wire.adapters.vllm_landing import into_vllm
 
 __all__ = [
     "from_flashinfer",

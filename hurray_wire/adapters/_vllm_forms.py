@@ -70,6 +70,15 @@ LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 
 #: Allocation eras: the first minor version of each (0.20-0.22, 0.23-0.25, >= 0.26).
 ERA_2NBHD, ERA_N2BHD, ERA_LAYER_VIEWS = 20, 23, 26
+#: Backends whose cache put K/V first, ``[2, num_blocks, block_size, H, head_size]``, before
+#: vllm-project/vllm#42095 ("use num-blocks first layouts", 0.23); FlashInfer and Triton were
+#: ``[num_blocks, 2, ...]`` already (vllm-project/vllm#28282, #19090).
+KV_FIRST_BACKENDS = ("FLASH_ATTN", "FLEX_ATTENTION")
+
+
+def stacked_axis(backend: str, era: int) -> int:
+    """The axis of the K/V pair in a 5-D cache of ``backend`` before 0.26."""
+    return 0 if era == ERA_2NBHD and backend in KV_FIRST_BACKENDS else 1
 
 
 def backend_name(backend: object) -> str:

@@ -10,8 +10,9 @@ the MLA backends, or the backend class), and the allocation era of ``vllm_versio
   aliases ``"NHD"`` / ``"HND"``) sets only the strides, so it is checked, never used to
   reinterpret the axes. CPU_ATTN stores each (block, head) slab in its kernel ISA's order
   (``isa=``). MLA: ``[num_blocks, 1, block_size, 576]`` -> one ``fused`` tensor.
-* vLLM 0.23-0.25: ``[num_blocks, 2, block_size, H, head_size]``; 0.20-0.22:
-  ``[2, num_blocks, block_size, H, head_size]``; MLA ``[num_blocks, block_size, 576]``.
+* vLLM 0.23-0.25: ``[num_blocks, 2, block_size, H, head_size]``; 0.20-0.22 the same for
+  FLASHINFER and TRITON_ATTN, ``[2, num_blocks, block_size, H, head_size]`` for FLASH_ATTN
+  and FLEX_ATTENTION; MLA ``[num_blocks, block_size, 576]`` before 0.26.
 * a one-role view ``[num_blocks, block_size, H, head_size]`` (the backends'
   ``transpose(1, 2).split(head_size, -1)``) with ``kv_role``.
 
@@ -30,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import is_torch
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import (
     Array,
@@ -46,7 +46,7 @@ from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTenso
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import check_int
 
-__all__ = ["from_vllm", "into_vllm", "to_vllm"]
+__all__ = ["from_vllm", "to_vllm"]
 
 Pair = tuple[BlockPagedTensor, BlockPagedTensor]
 SKIPPED_TOKENS_KEY = "vllm.skipped_tokens"
@@ -61,6 +61,13 @@ def _fp8(cache: Array, kv_cache_dtype: object) -> Array:
     """``cache`` with vLLM's uint8 fp8 storage viewed as its float8 type (no copy)."""
     if cache.dtype == np.uint8:
         return cache.view(element_type_from_name(forms.float8_name(kv_cache_dtype)).numpy_dtype)
+    if cache.dtype.kind in "iub":
+        raise InvalidTensorError(
+            "vLLM's integer caches (int8 / int4 per-token-head) keep their scales inside "
+            "the pages: not supported",
+            field="kv_cache",
+            found=str(cache.dtype),
+        )
     if kv_cache_dtype is not None and kv_cache_dtype not in ("auto", "float16", "bfloat16"):
         name = forms.float8_name(kv_cache_dtype)
         if cache.dtype != element_type_from_name(name).numpy_dtype:
@@ -102,6 +109,20 @@ def _check_layout(cache: Array, kv_cache_layout: object, era: int | None, role: 
     if role:
         physical = tuple(_ROLE_AXIS[a] for a in physical)  # type: ignore[assignment]
     forms.check_strides(cache, physical, name)
+
+
+def _check_dense(cache: Array) -> None:
+    """A layer view's K|V content rows are whole and packed (create_kv_cache_views: the
+    content axis innermost, the next axis C elements apart under every layout); one role's
+    split leaves a gap of the other role's half between rows."""
+    item, width = cache.dtype.itemsize, cache.shape[3]
+    nearest = min((abs(cache.strides[a]) for a in (1, 2) if cache.shape[a] > 1), default=None)
+    if cache.strides[3] != item or nearest not in (None, width * item):
+        raise _shape_error(
+            "not a whole layer view [num_blocks, H, block_size, 2 * head_size] (its rows "
+            "leave gaps): one role's view [num_blocks, block_size, H, head_size] needs kv_role",
+            cache,
+        )
 
 
 def _shape_error(message: str, cache: Array, **kw: Any) -> InvalidTensorError:
@@ -151,6 +172,7 @@ def _role_pools(
                 "one-role [num_blocks, block_size, H, head_size] cache needs kv_role)",
                 cache,
             )
+        _check_dense(cache)
         layer = cache.transpose(0, 2, 1, 3)  # the backends' kv_cache.transpose(1, 2)
         return "layer", [("key", layer[..., : width // 2]), ("value", layer[..., width // 2 :])]
     if cache.ndim == 5:
@@ -162,13 +184,17 @@ def _role_pools(
                 "buffer [.., num_layers, ..]: pass one layer's view",
                 cache,
             )
-        if era == forms.ERA_2NBHD and cache.shape[0] == 2:
-            return "old", [("key", cache[0]), ("value", cache[1])]
-        if era == forms.ERA_N2BHD and cache.shape[1] == 2:
-            return "old", [("key", cache[:, 0]), ("value", cache[:, 1])]
+        axis = forms.stacked_axis(backend, era)
+        if cache.shape[axis] == 2:
+            halves = (cache[0], cache[1]) if axis == 0 else (cache[:, 0], cache[:, 1])
+            return "old", [("key", halves[0]), ("value", halves[1])]  # views
         raise _shape_error(
-            "vLLM 0.20-0.22 caches are [2, num_blocks, block_size, H, head_size], "
-            "0.23-0.25 [num_blocks, 2, block_size, H, head_size]",
+            f"{backend} in this vLLM version allocates "
+            + (
+                "[2, num_blocks, block_size, H, head_size]"
+                if axis == 0
+                else "[num_blocks, 2, block_size, H, head_size]"
+            ),
             cache,
         )
     raise _shape_error(
@@ -287,8 +313,11 @@ def from_vllm(
     (vLLM's "fp8", "fp8_e4m3", "fp8_e5m2") for a uint8 cache, which then travels as float8.
     ``k_scale`` / ``v_scale``: a float, a 0-d tensor or one equal value per KV head.
 
-    Views, not copies, of every backend but CPU_ATTN (whose slabs are not a strided
-    layout: the referenced blocks are copied, and the tensor's block table renumbered).
+    The page pools are views of the cache for every backend but CPU_ATTN (whose slabs are
+    no strided layout: the referenced blocks are copied, numbered in ascending block id);
+    ``BlockPagedTensor.from_arrays`` shares a pool it can and copies a strided one. The
+    cache is read as it is: a manager-block view whose blocks the attention splits into
+    kernel blocks under a head-major layout (LBHNC) is not regrouped.
     """
     name = forms.backend_name(backend) if backend is not None else None
     if name is None:
@@ -357,7 +386,7 @@ def from_vllm(
 def _default_layout(name: str, era: int, kv_cache_layout: Any) -> str:
     """vLLM's layout for ``name``: the given one, else the backend's or vLLM's default."""
     chosen = forms.layout_name(kv_cache_layout)
-    allowed = forms.BACKEND_LAYOUTS.get(name)
+    allowed = forms.BACKEND_LAYOUTS.get(name) if era >= forms.ERA_LAYER_VIEWS else None
     if chosen is None:
         if name == "FLASHINFER":
             raise ArgumentTypeError(
@@ -488,7 +517,7 @@ def to_vllm(
         layer[1:, ..., dim:] = pools[1]
     else:
         tail = (2, 3, 4) if _OLD_LAYOUTS[layout] == "NHD" else (3, 2, 4)
-        if era == forms.ERA_2NBHD:
+        if forms.stacked_axis(name, era) == 0:
             cache = _allocate((2, blocks, block_size, heads, dim), (0, 1, *tail), dtype)
             cache[0, 1:], cache[1, 1:] = pools
         else:
@@ -499,147 +528,3 @@ def to_vllm(
     table = padded_table(tensor, width, pad=-1)
     table = np.where(table < 0, 0, table + 1).astype(np.int32)
     return cache, table, lens_of(tensor)
-
-
-def _writable(kv_cache: Any) -> Array:
-    if is_torch(kv_cache) and kv_cache.device.type != "cpu":
-        raise InvalidTensorError(
-            "into_vllm writes CPU memory; this cache is on another device",
-            field="kv_cache",
-            found=str(kv_cache.device),
-        )
-    cache = array(kv_cache, "kv_cache")
-    if not cache.flags.writeable:
-        raise InvalidTensorError("the cache is read-only", field="kv_cache", found="read-only")
-    return cache
-
-
-def _targets(
-    tensor: BlockPagedTensor, block_ids: Any, num_blocks: int
-) -> tuple[Array, Array, Array]:
-    """``(engine block, tensor page, valid tokens)`` per written block, checked."""
-    counts = np.diff(tensor.seq_ptr.astype(np.int64))
-    page_size = tensor.layout.page_size
-    targets, _ = from_table(block_ids, counts * page_size, page_size)
-    sources = tensor.block_table.astype(np.int64)
-    lens = lens_of(tensor).astype(np.int64)
-    # Valid tokens of each page: full, except each sequence's last one.
-    valid = np.full(len(sources), page_size, np.int64)
-    ends = np.cumsum(counts) - 1
-    has_pages = counts > 0
-    valid[ends[has_pages]] = lens[has_pages] - (counts[has_pages] - 1) * page_size
-    if targets.size and (targets == 0).any():
-        bad = int(np.argmax(targets == 0))
-        raise IndexBufferError(
-            "block 0 is vLLM's null block: never written",
-            position=bad,
-            field="block_ids",
-            found=0,
-        )
-    _check_ids(targets, num_blocks, "block_ids")
-    order = np.argsort(targets, kind="stable")
-    t, s = targets[order], sources[order]
-    clash = (t[1:] == t[:-1]) & (s[1:] != s[:-1])
-    if clash.any():
-        bad = int(order[int(np.argmax(clash)) + 1])
-        raise IndexBufferError(
-            "two different pages are aimed at one engine block",
-            position=bad,
-            field="block_ids",
-            found=int(targets[bad]),
-        )
-    unique, first = np.unique(targets, return_index=True)
-    most = np.zeros(len(unique), np.int64)
-    np.maximum.at(most, np.searchsorted(unique, targets), valid)
-    return unique, sources[first], most
-
-
-def _check_match(name: str, found: Any, expected: Any) -> None:
-    if found != expected:
-        raise InvalidTensorError(
-            f"the tensor's {name} differs from the cache's",
-            field="kv_cache",
-            found=found,
-            expected=expected,
-        )
-
-
-def into_vllm(
-    tensor_or_pair: BlockPagedTensor | Pair,
-    kv_cache: Any,
-    block_ids: Any,
-    *,
-    backend: Any = None,
-    vllm_version: str | None = None,
-    isa: str | None = None,
-    kv_cache_dtype: str | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-) -> None:
-    """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load).
-
-    ``block_ids`` holds per sequence the engine blocks of its pages (ragged lists or a
-    padded ``[num_seqs, width]`` table, as vLLM's block table); each block receives its
-    page's valid tokens only (a partial last page leaves the block's tail untouched).
-    Everything is checked before the first byte is written: backend and era forms, dtype
-    (``kv_cache_dtype`` for a uint8 fp8 cache), geometry, ids in ``1 .. num_blocks - 1``
-    (block 0 is the null block), no block aimed at by two different pages, the engine's
-    ``k_scale`` / ``v_scale`` equal to the tensor's. The cache must be writable CPU memory
-    (a NumPy array or a CPU torch tensor, written in place).
-    """
-    name = forms.backend_name(backend) if backend is not None else None
-    if name is None:
-        raise ArgumentTypeError(
-            "backend is required", field="backend", found=None, expected=forms.BACKENDS
-        )
-    tensors = _tensors(tensor_or_pair, name)
-    cache = _fp8(_writable(kv_cache), kv_cache_dtype)
-    era = forms.era_of(vllm_version)
-    for tensor, given in zip(tensors, (k_scale, v_scale), strict=False):
-        engine = forms.scale_value(given, "k_scale" if tensor.kv_role != "value" else "v_scale")
-        if engine is not None and engine != (tensor.kv_scale or 1.0):
-            raise InvalidTensorError(
-                "the engine's fp8 scale differs from the tensor's (the values would be "
-                "dequantized with the wrong scale)",
-                field="k_scale" if tensor.kv_role != "value" else "v_scale",
-                found=engine,
-                expected=tensor.kv_scale or 1.0,
-            )
-    pools = [t.unpacked_page_pool() for t in tensors]
-    _check_match("dtype", str(pools[0].dtype), str(cache.dtype))
-    if name == forms.CPU_BACKEND:
-        chosen = forms.check_isa(isa)
-        if cache.ndim != 4 or cache.shape[3] % 2:
-            raise _shape_error(
-                "a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache
-            )
-        blocks, heads, block_size, width = cache.shape
-        forms.check_cpu_geometry(chosen, block_size, width // 2)
-        _check_slabs(cache)
-        _check_match("page shape", pools[0].shape[1:], (block_size, heads, width // 2))
-        targets, sources, valid = _targets(tensors[0], block_ids, blocks)
-        slabs = np.lib.stride_tricks.as_strided(
-            cache,
-            (blocks, heads, 2 * block_size * width // 2),
-            (cache.strides[0], cache.strides[1], cache.dtype.itemsize),
-        )
-        mask = np.arange(block_size)[None, None, :, None] < valid[:, None, None, None]
-        content = slabs[targets]
-        for pool, index in zip(
-            pools, forms.cpu_slab_index(chosen, block_size, width // 2), strict=True
-        ):
-            new = pool[sources].transpose(0, 2, 1, 3)
-            content[:, :, index] = np.where(mask, new, content[:, :, index])
-        slabs[targets] = content
-        return
-    _, views = _role_pools(cache, name, era, None)
-    blocks = views[0][1].shape[0]
-    _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
-    targets, sources, valid = _targets(tensors[0], block_ids, blocks)
-    mask = np.arange(pools[0].shape[1])[None, :, None, None] < valid[:, None, None, None]
-    writes = [
-        (view, np.where(mask, pool[sources], view[targets]))
-        for (_, view), pool in zip(views, pools, strict=True)
-    ]
-    for view, content in writes:
-        view[targets] = content

@@ -30,7 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from hurray_wire.adapters.vllm import from_vllm, into_vllm
+from hurray_wire.adapters import from_vllm, into_vllm
 from hurray_wire.errors import (
     ArgumentTypeError,
     HurrayWireError,
@@ -472,7 +472,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 BlockPagedTensor.from_arrays(key, table, seq_ptr, seq_lens=lens, kv_role="key"),
                 BlockPagedTensor.from_arrays(value, table, seq_ptr, seq_lens=lens, kv_role="value"),
             )
-            # The one validated landing (hurray_wire.adapters.vllm.into_vllm): every check
+            # The one validated landing (hurray_wire.adapters.into_vllm): every check
             # before the first byte is written, only the pages' valid tokens.
             into_vllm(pair, cache, [targets], backend=self._backend, isa=self._isa)
 

@@ -1,0 +1,172 @@
+"""``into_vllm``: a tensor's pages written into a live vLLM cache at engine block ids.
+
+A KV connector's load: the cache is read by ``hurray_wire.adapters.vllm``'s rules (backend,
+era, CPU_ATTN ISA), everything is checked, then only the named blocks are written, in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hurray_wire._interop import is_torch
+from hurray_wire.adapters import _vllm_forms as forms
+from hurray_wire.adapters._common import Array, array, from_table, lens_of
+from hurray_wire.adapters.vllm import (
+    Pair,
+    _check_ids,
+    _check_slabs,
+    _fp8,
+    _role_pools,
+    _shape_error,
+    _tensors,
+)
+from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.tensor import BlockPagedTensor
+
+__all__ = ["into_vllm"]
+
+
+def _writable(kv_cache: Any) -> Array:
+    if is_torch(kv_cache) and kv_cache.device.type != "cpu":
+        raise InvalidTensorError(
+            "into_vllm writes CPU memory; this cache is on another device",
+            field="kv_cache",
+            found=str(kv_cache.device),
+        )
+    cache = array(kv_cache, "kv_cache")
+    if not cache.flags.writeable:
+        raise InvalidTensorError("the cache is read-only", field="kv_cache", found="read-only")
+    return cache
+
+
+def _targets(
+    tensor: BlockPagedTensor, block_ids: Any, num_blocks: int
+) -> tuple[Array, Array, Array]:
+    """``(engine block, tensor page, valid tokens)`` per written block, checked."""
+    counts = np.diff(tensor.seq_ptr.astype(np.int64))
+    page_size = tensor.layout.page_size
+    targets, _ = from_table(block_ids, counts * page_size, page_size)
+    sources = tensor.block_table.astype(np.int64)
+    lens = lens_of(tensor).astype(np.int64)
+    # Valid tokens of each page: full, except each sequence's last one.
+    valid = np.full(len(sources), page_size, np.int64)
+    ends = np.cumsum(counts) - 1
+    has_pages = counts > 0
+    valid[ends[has_pages]] = lens[has_pages] - (counts[has_pages] - 1) * page_size
+    if targets.size and (targets == 0).any():
+        bad = int(np.argmax(targets == 0))
+        raise IndexBufferError(
+            "block 0 is vLLM's null block: never written",
+            position=bad,
+            field="block_ids",
+            found=0,
+        )
+    _check_ids(targets, num_blocks, "block_ids")
+    order = np.argsort(targets, kind="stable")
+    t, s = targets[order], sources[order]
+    clash = (t[1:] == t[:-1]) & (s[1:] != s[:-1])
+    if clash.any():
+        bad = int(order[int(np.argmax(clash)) + 1])
+        raise IndexBufferError(
+            "two different pages are aimed at one engine block",
+            position=bad,
+            field="block_ids",
+            found=int(targets[bad]),
+        )
+    unique, first = np.unique(targets, return_index=True)
+    most = np.zeros(len(unique), np.int64)
+    np.maximum.at(most, np.searchsorted(unique, targets), valid)
+    return unique, sources[first], most
+
+
+def _check_match(name: str, found: Any, expected: Any) -> None:
+    if found != expected:
+        raise InvalidTensorError(
+            f"the tensor's {name} differs from the cache's",
+            field="kv_cache",
+            found=found,
+            expected=expected,
+        )
+
+
+def into_vllm(
+    tensor_or_pair: BlockPagedTensor | Pair,
+    kv_cache: Any,
+    block_ids: Any,
+    *,
+    backend: Any = None,
+    vllm_version: str | None = None,
+    isa: str | None = None,
+    kv_cache_dtype: str | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+) -> None:
+    """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load).
+
+    ``block_ids`` holds per sequence the engine blocks of its pages (ragged lists or a
+    padded ``[num_seqs, width]`` table, as vLLM's block table); each block receives its
+    page's valid tokens only (a partial last page leaves the block's tail untouched).
+    Everything is checked before the first byte is written: backend and era forms, dtype
+    (``kv_cache_dtype`` for a uint8 fp8 cache), geometry, ids in ``1 .. num_blocks - 1``
+    (block 0 is the null block), no block aimed at by two different pages, the engine's
+    ``k_scale`` / ``v_scale`` equal to the tensor's. The cache must be writable CPU memory
+    (a NumPy array or a CPU torch tensor, written in place).
+    """
+    name = forms.backend_name(backend) if backend is not None else None
+    if name is None:
+        raise ArgumentTypeError(
+            "backend is required", field="backend", found=None, expected=forms.BACKENDS
+        )
+    tensors = _tensors(tensor_or_pair, name)
+    cache = _fp8(_writable(kv_cache), kv_cache_dtype)
+    era = forms.era_of(vllm_version)
+    for tensor, given in zip(tensors, (k_scale, v_scale), strict=False):
+        engine = forms.scale_value(given, "k_scale" if tensor.kv_role != "value" else "v_scale")
+        if engine is not None and engine != (tensor.kv_scale or 1.0):
+            raise InvalidTensorError(
+                "the engine's fp8 scale differs from the tensor's (the values would be "
+                "dequantized with the wrong scale)",
+                field="k_scale" if tensor.kv_role != "value" else "v_scale",
+                found=engine,
+                expected=tensor.kv_scale or 1.0,
+            )
+    pools = [t.unpacked_page_pool() for t in tensors]
+    _check_match("dtype", str(pools[0].dtype), str(cache.dtype))
+    if name == forms.CPU_BACKEND:
+        chosen = forms.check_isa(isa)
+        if cache.ndim != 4 or cache.shape[3] % 2:
+            raise _shape_error(
+                "a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache
+            )
+        blocks, heads, block_size, width = cache.shape
+        forms.check_cpu_geometry(chosen, block_size, width // 2)
+        _check_slabs(cache)
+        _check_match("page shape", pools[0].shape[1:], (block_size, heads, width // 2))
+        targets, sources, valid = _targets(tensors[0], block_ids, blocks)
+        slabs = np.lib.stride_tricks.as_strided(
+            cache,
+            (blocks, heads, 2 * block_size * width // 2),
+            (cache.strides[0], cache.strides[1], cache.dtype.itemsize),
+        )
+        mask = np.arange(block_size)[None, None, :, None] < valid[:, None, None, None]
+        content = slabs[targets]
+        for pool, index in zip(
+            pools, forms.cpu_slab_index(chosen, block_size, width // 2), strict=True
+        ):
+            new = pool[sources].transpose(0, 2, 1, 3)
+            content[:, :, index] = np.where(mask, new, content[:, :, index])
+        slabs[targets] = content
+        return
+    _, views = _role_pools(cache, name, era, None)
+    blocks = views[0][1].shape[0]
+    _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
+    targets, sources, valid = _targets(tensors[0], block_ids, blocks)
+    mask = np.arange(pools[0].shape[1])[None, :, None, None] < valid[:, None, None, None]
+    writes = [
+        (view, np.where(mask, pool[sources], view[targets]))
+        for (_, view), pool in zip(views, pools, strict=True)
+    ]
+    for view, content in writes:
+        view[targets] = content
