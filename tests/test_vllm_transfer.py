@@ -23,6 +23,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.vllm import transfer as tr
+from hurray_wire.vllm.peers import NixlPeers
 
 B, H, D, LAYERS = 4, 2, 8, 2
 FP = EngineFingerprint(
@@ -252,9 +253,9 @@ def test_a_peer_that_is_not_there_is_a_transport_error() -> None:
 def test_pull_over_nixl_equals_the_socket_pull() -> None:
     pytest.importorskip("nixl_cu12")
     store = tr.TransferStore(FP, "m", LAYERS)
-    peers_p = tr.NixlPeers("t-prefill", timeout=20, arena_bytes=4 << 20)
+    peers_p = NixlPeers("t-prefill", timeout=20, arena_bytes=4 << 20)
     server = tr.TransferServer(store, "127.0.0.1", 0, timeout=20, nixl=peers_p)
-    peers_d = tr.NixlPeers("t-decode", timeout=20, arena_bytes=4 << 20)
+    peers_d = NixlPeers("t-decode", timeout=20, arena_bytes=4 << 20)
     try:
         layers = [pages(layer) for layer in range(LAYERS)]
         for n, first in enumerate((0, 2)):  # the second pull reuses the peered endpoints
@@ -281,7 +282,7 @@ def test_pull_over_nixl_equals_the_socket_pull() -> None:
 
 def test_a_socket_only_prefill_refuses_a_nixl_pull() -> None:
     pytest.importorskip("nixl_cu12")
-    peers = tr.NixlPeers("t-decode-2", timeout=5, arena_bytes=1 << 20)
+    peers = NixlPeers("t-decode-2", timeout=5, arena_bytes=1 << 20)
     try:
         with producer() as (_, params, _layers):
             result = tr.pull(params, FP, LAYERS, timeout=5, nixl=peers)
@@ -298,9 +299,9 @@ def test_concurrent_nixl_pulls_from_one_prefill_worker() -> None:
     pytest.importorskip("nixl_cu12")
     store = tr.TransferStore(FP, "m", LAYERS)
     server = tr.TransferServer(
-        store, "127.0.0.1", 0, timeout=20, nixl=tr.NixlPeers("c-prefill", arena_bytes=4 << 20)
+        store, "127.0.0.1", 0, timeout=20, nixl=NixlPeers("c-prefill", arena_bytes=4 << 20)
     )
-    peers = tr.NixlPeers("c-decode", timeout=20, arena_bytes=4 << 20)
+    peers = NixlPeers("c-decode", timeout=20, arena_bytes=4 << 20)
     all_params = []
     layers = [pages(layer) for layer in range(LAYERS)]
     for n in range(4):

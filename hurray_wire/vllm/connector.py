@@ -39,9 +39,9 @@ from hurray_wire.errors import (
 )
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.transfer import (
     LoadResult,
-    NixlPeers,
     TransferParams,
     TransferServer,
     TransferStore,

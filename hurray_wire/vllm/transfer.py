@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from hurray_wire.fingerprint import (
 )
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.repage import repage
+from hurray_wire.vllm.peers import NixlPeers
 
 __all__ = [
     "PARAM_KEYS",
@@ -376,73 +377,6 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
         writer.write(tensor, checksum=False, page_digests=True)
     writer.close()
     return writer.position
-
-
-class NixlPeers:
-    """NIXL endpoints of one worker, one per peer (an endpoint has one peer): the prefill
-    worker's senders by the decode agent's name, the decode worker's receivers by the
-    prefill worker's address. Agent metadata travels on the pull's control lines, base64."""
-
-    def __init__(self, name: str, *, timeout: float = 30.0, arena_bytes: int = 64 << 20):
-        self.name = name
-        self.timeout = timeout
-        self._arena = arena_bytes
-        self._senders: dict[str, Any] = {}
-        self._receivers: dict[tuple[str, int], Any] = {}
-        self._locks: dict[tuple[str, int], threading.Lock] = {}
-        self._peered: set[tuple[str, int]] = set()
-        self._lock = threading.Lock()
-
-    def sender(self, ask: Mapping[str, Any]) -> tuple[Any, str | None]:
-        """The sender for the asking agent, and this side's metadata if it is new."""
-        from hurray_wire.transport.nixl import NixlSender
-
-        agent = ask.get("agent")
-        if not isinstance(agent, str):
-            raise TransportError("a NIXL pull names no agent", field="agent")
-        if agent in self._senders:
-            return self._senders[agent], None
-        peer = ask.get("agent_metadata")
-        if not isinstance(peer, str):
-            raise TransportError("a NIXL pull from a new agent carries no metadata")
-        sender = NixlSender(f"{self.name}-to-{agent}", ucx_error_handling_mode="none",
-                            arena_bytes=self._arena)  # fmt: skip
-        mine = base64.b64encode(sender.metadata()).decode()
-        sender.add_peer(base64.b64decode(peer))
-        self._senders[agent] = sender
-        return sender, mine
-
-    def lock(self, host: str, port: int) -> threading.Lock:
-        """The lock that serialises pulls from one prefill worker."""
-        with self._lock:
-            return self._locks.setdefault((host, port), threading.Lock())
-
-    def receiver(self, host: str, port: int) -> tuple[Any, str | None]:
-        """The receiver for a prefill worker, and its metadata while it has no peer."""
-        from hurray_wire.transport.nixl import NixlReceiver
-
-        with self._lock:
-            if (host, port) not in self._receivers:
-                agent = f"{self.name}-{len(self._receivers)}"
-                self._receivers[(host, port)] = NixlReceiver(
-                    agent, ucx_error_handling_mode="none", arena_bytes=self._arena
-                )
-            receiver = self._receivers[(host, port)]
-            if (host, port) in self._peered:
-                return receiver, None
-            return receiver, base64.b64encode(receiver.metadata()).decode()
-
-    def peered(self, host: str, port: int) -> None:
-        """The receiver for ``host:port`` has its peer: later pulls send no metadata."""
-        with self._lock:
-            self._peered.add((host, port))
-
-    def close(self) -> None:
-        for endpoint in [*self._senders.values(), *self._receivers.values()]:
-            with contextlib.suppress(HurrayWireError):
-                endpoint.close()
-        self._senders.clear()
-        self._receivers.clear()
 
 
 class TransferServer:
@@ -777,8 +711,3 @@ def pull(
         layers.append((pair[0], pair[1]))
     held = params.num_tokens - first_block * ours.block_size
     return LoadResult(PulledPages(first_block, layers, held, wire, converted))
-
-
-def failed_blocks(block_ids: Iterable[int], failed_from: int) -> set[int]:
-    """The decode worker's block ids from position ``failed_from`` on."""
-    return set(list(block_ids)[failed_from:])
