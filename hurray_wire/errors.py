@@ -41,6 +41,7 @@ __all__ = [
     "SectionError",
     "StreamBlobTruncatedError",
     "StreamTruncatedError",
+    "TransferRefusedError",
     "TransportError",
     "TruncatedError",
     "UnsupportedLayoutError",
@@ -240,6 +241,16 @@ class TransportError(HurrayWireError):
 
 class InvalidTransferRecordError(TransportError, ValueError):
     """A transfer control record (docs/nixl.md § 3) that breaks its rules."""
+
+
+class TransferRefusedError(TransportError, ValueError):
+    """A KV transfer one side refused before any page moved: an unknown or already consumed
+    transfer id, a request or prompt that is not the one the transfer carries, block ids
+    that are not the transfer's. ``reason`` is the short machine-readable cause."""
+
+    def __init__(self, message: str, *, reason: str, **kw: Any) -> None:
+        self.reason = reason
+        super().__init__(message, **kw)
 
 
 class IntegrityError(HurrayWireError, ValueError):

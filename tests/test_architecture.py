@@ -32,6 +32,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("containers",),
     ("adapters", "reference_api"),
     ("transport",),
+    # hurray_wire.vllm imports vLLM: only an engine process imports it, never the core.
+    ("vllm",),
     ("report",),
     ("testing",),
     ("cli_text",),

@@ -1,0 +1,554 @@
+"""``HurrayConnector``: vLLM's ``KVConnectorBase_V1`` over hurray-wire (docs/vllm.md).
+
+Scheduler side (one per engine): decides which requests save (``kv_transfer_params`` with
+``do_remote_decode``) and which load (``do_remote_prefill``, asynchronously), and hands the
+decode side the transfer's identity in ``kv_transfer_params``. Worker side: the prefill
+worker copies each saving request's blocks out of every layer as it is computed
+(``save_kv_layer``) and serves them once over a socket (``transfer.TransferServer``); the
+decode worker pulls them on a thread, validates everything (fingerprint, identity, page
+digests, geometry) and only then lands the pages at its own block ids, on the engine's
+thread, in ``get_finished``. A failure is reported by ``get_block_ids_with_load_errors``
+so that vLLM's ``kv_load_failure_policy`` fails the request or recomputes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from hurray_wire.adapters import from_vllm, into_vllm
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    HurrayWireError,
+    InvalidTensorError,
+    TransportError,
+)
+from hurray_wire.fingerprint import EngineFingerprint
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.vllm.peers import NixlPeers
+from hurray_wire.vllm.transfer import (
+    LoadResult,
+    TransferParams,
+    TransferServer,
+    TransferStore,
+    prompt_digest,
+    pull,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+__all__ = ["HurrayConnector", "HurrayConnectorMetadata", "HurrayConnectorStats"]
+
+logger = logging.getLogger("hurray_wire.vllm")
+
+#: ``kv_connector_extra_config`` keys and their defaults (docs/vllm.md § options).
+OPTIONS: dict[str, Any] = {
+    "transport": "socket",
+    "host": "127.0.0.1",
+    "port": 14579,
+    "model_id": None,
+    "transfer_ttl": 120.0,
+    "timeout": 30.0,
+}
+_COUNTERS = (
+    "transfers",
+    "bytes_sent",
+    "bytes_received",
+    "pages_sent",
+    "pages_reused",
+    "verification_failures",
+    "transfer_time_s",
+)
+
+
+@dataclass
+class SaveSpec:
+    request_id: str
+    transfer_id: str
+    block_ids: list[int]
+    num_tokens: int
+    digest: str
+
+
+@dataclass
+class LoadSpec:
+    request_id: str
+    params: dict[str, Any]
+    block_ids: list[int]
+    first_block: int
+    digest: str  # of the decode request's own prompt: a transfer for another is refused
+
+
+@dataclass
+class HurrayConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    """One step's work for the workers: requests whose prompt completes this step (save)
+    and requests whose blocks were just allocated for a pull (load)."""
+
+    saves: list[SaveSpec] = field(default_factory=list)
+    loads: list[LoadSpec] = field(default_factory=list)
+
+
+@dataclass
+class HurrayConnectorStats(KVConnectorStats):  # type: ignore[misc]
+    """Counters since the last report: transfers, bytes and pages sent, pages the decode
+    side already held (``pages_reused``), verification failures, transfer seconds."""
+
+    def __post_init__(self) -> None:
+        for name in _COUNTERS:
+            self.data.setdefault(name, 0)
+
+    def reset(self) -> None:
+        empty: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
+        self.data = empty
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name in _COUNTERS:
+            self.data[name] = self.data.get(name, 0) + other.data.get(name, 0)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {name: self.data.get(name, 0) for name in _COUNTERS}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.get(name, 0) for name in _COUNTERS)
+
+
+def _pages(tensor: BlockPagedTensor) -> npt.NDArray[Any]:
+    """A one-sequence tensor's pages in sequence order, ``[pages, block_size, H, D]``."""
+    table = np.asarray(tensor.block_table).reshape(-1)
+    pages: npt.NDArray[Any] = np.asarray(tensor.page_pool)[table]
+    return pages
+
+
+def _option(extra: dict[str, Any], name: str) -> Any:
+    value = extra.get(name, OPTIONS[name])
+    default = OPTIONS[name]
+    if default is not None and value is not None and type(value) is not type(default):
+        if isinstance(default, float) and type(value) is int:
+            return float(value)
+        raise ArgumentTypeError(
+            f"kv_connector_extra_config[{name!r}] must be a {type(default).__name__}",
+            field=name,
+            found=repr(value),
+        )
+    return value
+
+
+class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
+    """A KV connector whose every transfer is verified before a page lands."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig | None = None,
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        unknown = sorted(set(extra) - set(OPTIONS))
+        if unknown:
+            raise ArgumentTypeError(
+                "unknown kv_connector_extra_config keys", field=unknown[0], found=unknown
+            )
+        self._options = {name: _option(extra, name) for name in OPTIONS}
+        if self._options["transport"] not in ("socket", "nixl"):
+            raise ArgumentTypeError(
+                "transport must be 'socket' or 'nixl'",
+                field="transport",
+                found=self._options["transport"],
+            )
+        self._block_size: int = vllm_config.cache_config.block_size
+        model = vllm_config.model_config
+        self._model_id: str = self._options["model_id"] or str(model.model)
+        self._num_layers: int = model.get_num_layers(vllm_config.parallel_config)
+        self._tp_size: int = vllm_config.parallel_config.tensor_parallel_size
+        # scheduler side
+        self._producing: dict[str, tuple[list[int], list[int]]] = {}  # id -> (blocks, prompt)
+        self._transfers: dict[str, TransferParams] = {}
+        self._local_hit: dict[str, int] = {}
+        self._loads: list[LoadSpec] = []
+        # worker side
+        self._caches: list[Any] = []
+        self._layer_of: dict[str, int] = {}
+        self._fingerprint: EngineFingerprint | None = None
+        self._backend = "CPU_ATTN"
+        self._isa: str | None = None
+        self._store: TransferStore | None = None
+        self._server: TransferServer | None = None
+        self._listener: socket.socket | None = None
+        self._nixl: NixlPeers | None = None
+        self._lock = threading.Lock()
+        self._threads: dict[str, threading.Thread] = {}
+        self._results: dict[str, tuple[LoadSpec, LoadResult, float]] = {}
+        self._invalid: set[int] = set()
+        self._stats = HurrayConnectorStats()
+        self._totals = HurrayConnectorStats()
+        self._logged: set[str] = set()
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """vLLM 0.33's sleep mode remaps the KV caches under a connector; this one keeps the
+        registered cache tensors between steps, so it opts out rather than land pages into
+        memory that moved."""
+        return False
+
+    # -- scheduler side ------------------------------------------------------------------
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill"):
+            return 0, False
+        count = len(request.prompt_token_ids or ()) - num_computed_tokens
+        if count <= 0:
+            return 0, False
+        self._local_hit[request.request_id] = num_computed_tokens
+        return count, True
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        params = request.kv_transfer_params
+        if not params:
+            return
+        rid = request.request_id
+        if params.get("do_remote_decode") and rid not in self._producing:
+            ids = list(blocks.get_block_ids()[0])
+            self._producing[rid] = (ids, list(request.prompt_token_ids or ()))
+        elif params.get("do_remote_prefill") and num_external_tokens > 0:
+            hit = self._local_hit.pop(rid, 0)
+            self._loads.append(
+                LoadSpec(
+                    rid,
+                    dict(params),
+                    list(blocks.get_block_ids()[0]),
+                    hit // self._block_size,
+                    prompt_digest(request.prompt_token_ids or ()),
+                )
+            )
+            params["do_remote_prefill"] = False  # one pull per request
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = HurrayConnectorMetadata(loads=self._loads)
+        self._loads = []
+        steps: list[tuple[str, int, list[int] | None]] = [
+            (r.req_id, r.num_computed_tokens, None) for r in scheduler_output.scheduled_new_reqs
+        ]
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            new = cached.new_block_ids[i]
+            steps.append((rid, cached.num_computed_tokens[i], list(new[0]) if new else []))
+        for rid, computed, new_blocks in steps:
+            if rid not in self._producing or rid in self._transfers:
+                continue
+            blocks, prompt = self._producing[rid]
+            if new_blocks:
+                blocks.extend(b for b in new_blocks if b not in blocks)
+            if computed + scheduler_output.num_scheduled_tokens.get(rid, 0) < len(prompt):
+                continue  # chunked prefill: the prompt completes in a later step
+            needed = -(-len(prompt) // self._block_size)
+            tid = TransferStore.new_id()
+            digest = prompt_digest(prompt)
+            self._transfers[rid] = TransferParams(
+                transfer_id=tid,
+                request_id=rid,
+                host=self._options["host"],
+                port=self._options["port"],
+                block_ids=tuple(blocks[:needed]),
+                num_tokens=len(prompt),
+                block_size=self._block_size,
+                prompt_digest=digest,
+            )
+            meta.saves.append(SaveSpec(rid, tid, blocks[:needed], len(prompt), digest))
+        return meta
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """The prefill side copied the pages while computing them: its blocks free now."""
+        rid = request.request_id
+        self._producing.pop(rid, None)
+        self._local_hit.pop(rid, None)
+        transfer = self._transfers.pop(rid, None)
+        return False, None if transfer is None else transfer.to_params()
+
+    # -- worker side ---------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        names = sorted(kv_caches, key=extract_layer_index)
+        self._layer_of = {name: i for i, name in enumerate(names)}
+        self._caches = [kv_caches[name] for name in names]
+        if len(names) != self._num_layers:
+            raise InvalidTensorError(
+                "one KV cache per attention layer expected",
+                field="kv_caches",
+                expected=self._num_layers,
+                found=len(names),
+            )
+        if self._kv_transfer_config.is_kv_producer and self._listener is None:
+            # Bind now: a taken port stops the engine at start, not at its first request.
+            address = (self._options["host"], self._options["port"])
+            try:
+                self._listener = socket.create_server(address)
+            except OSError as exc:
+                raise TransportError(
+                    f"cannot listen on {address[0]}:{address[1]}: {exc}", field="port"
+                ) from exc
+
+    def _engine_fingerprint(self) -> EngineFingerprint:
+        if self._fingerprint is None:
+            import vllm
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            ctx = self._vllm_config.compilation_config.static_forward_context
+            layer = next(iter(ctx.values())) if ctx else None
+            backend = layer.get_attn_backend().get_name() if layer is not None else "unknown"
+            isa = getattr(layer, "isa", None)
+            self._backend, self._isa = backend, isa
+            if backend != "CPU_ATTN":
+                raise InvalidTensorError(
+                    "HurrayConnector reads CPU_ATTN caches only so far",
+                    field="backend",
+                    found=backend,
+                )
+            try:
+                rank = get_tensor_model_parallel_rank()
+            except (AssertionError, RuntimeError):
+                rank = 0
+            self._fingerprint = EngineFingerprint(
+                model_id=self._model_id,
+                engine="vllm",
+                engine_version=vllm.__version__,
+                kv_cache_layout=f"{backend}/{isa}" if isa else backend,
+                cache_dtype=str(self._caches[0].dtype).removeprefix("torch."),
+                block_size=self._block_size,
+                tp_rank=rank,
+                tp_size=self._tp_size,
+            )
+        return self._fingerprint
+
+    def _producer_store(self) -> TransferStore:
+        if self._store is None:
+            self._store = TransferStore(
+                self._engine_fingerprint(),
+                self._model_id,
+                self._num_layers,
+                ttl=self._options["transfer_ttl"],
+            )
+            self._server = TransferServer(
+                self._store,
+                self._options["host"],
+                self._options["port"],
+                self._options["timeout"],
+                nixl=self._nixl_peers(),
+                listener=self._listener,
+            )
+        return self._store
+
+    def _nixl_peers(self) -> NixlPeers | None:
+        if self._options["transport"] != "nixl":
+            return None
+        if self._nixl is None:
+            self._nixl = NixlPeers(
+                f"hurray-{uuid.uuid4().hex[:12]}", timeout=self._options["timeout"]
+            )
+        return self._nixl
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, HurrayConnectorMetadata)
+        for load in meta.loads:
+            thread = threading.Thread(
+                target=self._pull, args=(load,), name=f"hurray-pull-{load.request_id}", daemon=True
+            )
+            with self._lock:
+                self._threads[load.request_id] = thread
+            thread.start()
+
+    def _pull(self, load: LoadSpec) -> None:
+        start = time.perf_counter()
+        try:
+            params = TransferParams.from_params(load.params)
+            result = pull(
+                params,
+                self._engine_fingerprint(),
+                self._num_layers,
+                first_block=load.first_block,
+                expect_digest=load.digest,
+                timeout=self._options["timeout"],
+                nixl=self._nixl_peers(),
+            )
+        except HurrayWireError as exc:
+            result = LoadResult(None, failed_from=load.first_block, error=exc)
+        with self._lock:
+            self._results[load.request_id] = (load, result, time.perf_counter() - start)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Loads are asynchronous (between steps): nothing to wait for inside a forward."""
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, HurrayConnectorMetadata)
+        if not meta.saves:
+            return
+        store = self._producer_store()
+        layer = self._layer_of[layer_name]
+        logger.debug("save_kv_layer %s -> %d", layer_name, layer)
+        self._engine_fingerprint()  # sets the backend and kernel ISA the reading needs
+        for save in meta.saves:
+            try:
+                self._save(store, save, kv_layer, layer)
+            except HurrayWireError as exc:
+                # the transfer stays incomplete: its pull is refused, the decode side
+                # applies its kv_load_failure_policy
+                store.drop(save.transfer_id, "failed")
+                self._log_once(save.request_id, exc, "KV save failed")
+
+    def _save(self, store: TransferStore, save: SaveSpec, kv_layer: Any, layer: int) -> None:
+        if not store.has(save.transfer_id):
+            store.begin(
+                save.transfer_id, save.request_id, save.block_ids, save.num_tokens, save.digest
+            )
+        # The one reading of vLLM's cache (hurray_wire.adapters.vllm): a copy of the
+        # request's blocks only, as the backend and its kernel ISA lay them out.
+        pair = from_vllm(
+            kv_layer,
+            [save.block_ids],
+            [save.num_tokens],
+            backend=self._backend,
+            isa=self._isa,
+            layer_index=layer,
+        )
+        assert isinstance(pair, tuple)  # a two-role cache reads as (key, value)
+        store.add_layer(save.transfer_id, layer, _pages(pair[0]), _pages(pair[1]))
+        if layer == 0:
+            self._count("pages_sent", len(save.block_ids))
+
+    def wait_for_save(self) -> None:
+        """Saves are copies taken in ``save_kv_layer``: done when it returns."""
+
+    def _land(self, load: LoadSpec, result: LoadResult) -> None:
+        pages = result.pages
+        assert pages is not None
+        count = pages.layers[0][0].shape[0]
+        targets = load.block_ids[pages.first_block : pages.first_block + count]
+        if len(targets) != count:
+            raise InvalidTensorError(
+                "the request holds fewer blocks than the transfer's pages",
+                field="block_ids",
+                expected=count,
+                found=len(targets),
+            )
+        tokens = pages.num_tokens
+        for cache, (key, value) in zip(self._caches, pages.layers, strict=True):
+            table = np.arange(count, dtype=np.uint32)
+            seq_ptr = np.array([0, count], dtype=np.uint32)
+            lens = np.array([tokens], dtype=np.uint32)
+            pair = (
+                BlockPagedTensor.from_arrays(key, table, seq_ptr, seq_lens=lens, kv_role="key"),
+                BlockPagedTensor.from_arrays(value, table, seq_ptr, seq_lens=lens, kv_role="value"),
+            )
+            # The one validated landing (hurray_wire.adapters.into_vllm): every check
+            # before the first byte is written, only the pages' valid tokens.
+            into_vllm(pair, cache, [targets], backend=self._backend, isa=self._isa)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        with self._lock:
+            done = list(self._results.items())
+            self._results.clear()
+            for rid, _ in done:
+                self._threads.pop(rid, None)
+        received: set[str] = set()
+        for rid, (load, result, seconds) in done:
+            received.add(rid)
+            if result.pages is not None:
+                try:
+                    self._land(load, result)
+                except HurrayWireError as exc:
+                    result = LoadResult(None, failed_from=load.first_block, error=exc)
+            if result.pages is None:
+                self._count("verification_failures", 1)
+                start = load.first_block if result.failed_from is None else result.failed_from
+                self._invalid.update(load.block_ids[start:])
+                self._log_once(rid, result.error)
+                continue
+            self._count("transfers", 1)
+            self._count("bytes_received", result.pages.wire_bytes)
+            self._count("pages_reused", load.first_block)
+            self._count("transfer_time_s", seconds)
+        self._sync_server()
+        return None, received or None
+
+    def _sync_server(self) -> None:
+        if self._server is not None:
+            sent, self._server.sent_bytes = self._server.sent_bytes, 0
+            self._count("bytes_sent", sent)
+
+    @property
+    def totals(self) -> dict[str, float]:
+        """Every counter since the connector started (tests and benchmarks read these)."""
+        self._sync_server()
+        return dict(self._totals.data)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        invalid, self._invalid = self._invalid, set()
+        return invalid
+
+    def _count(self, name: str, amount: float) -> None:
+        for stats in (self._stats, self._totals):
+            stats.data[name] = stats.data.get(name, 0) + amount
+
+    def _log_once(
+        self, request_id: str, error: BaseException | None, what: str = "KV load refused"
+    ) -> None:
+        if request_id in self._logged:
+            return
+        self._logged.add(request_id)
+        logger.error("HurrayConnector: request %s: %s: %s", request_id, what, error)
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, HurrayConnectorStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
+        return HurrayConnectorStats(data=dict(data or {}))
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()  # closes the NIXL senders too
+            self._server = None
+            self._nixl = None
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
+            thread.join(timeout=self._options["timeout"])
+        if self._nixl is not None:
+            self._nixl.close()
+            self._nixl = None
