@@ -37,7 +37,8 @@ TIMEOUT = 600  # seconds per page
 
 #: (page, text the block starts with) -> why it does not run here.
 SKIP: dict[tuple[str, str], str] = {
-    ("README.md", "pip install ."): "installs the package: the environment this test runs in",
+    ("README.md", "pip install ."): "installs the package, then `bash .ci/run` is the whole CI "
+    "(this test included)",
     ("docs/nixl.md", "python3 -m venv .venv"): "creates a venv and installs NIXL from the "
     "network: .ci/run does exactly this before the tests",
     ("docs/performance.md", 'pip install -e ".[bench]"'): "installs the bench extra, then runs "
