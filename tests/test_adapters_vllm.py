@@ -610,3 +610,19 @@ def test_backend_named_by_class_or_enum() -> None:
     assert same(key.sequence(0), keys[1])
     flash, _ = pair(hw.from_vllm(cache, [[1]], [32], backend=Member()))
     assert same(flash.sequence(0), cache[1].transpose(1, 0, 2)[:, :, :64])
+
+
+def test_from_vllm_results_are_typed_by_backend() -> None:
+    """``k, v = from_vllm(..., backend=...)`` type-checks (mypy --strict runs over tests):
+    a standard backend gives a pair, an MLA backend or ``kv_role`` one tensor."""
+    memory = np.arange(4 * 16 * 2 * 32, dtype=np.float16).reshape(4, 16, 2, 32)  # [N, B, H, 2D]
+    layer = memory.transpose(0, 2, 1, 3)  # the logical [N, H, B, 2D] vLLM hands connectors
+    k, v = hw.from_vllm(layer, [[1]], [3], backend="FLASH_ATTN")
+    assert (k.kv_role, v.kv_role) == ("key", "value")
+    one: hw.BlockPagedTensor = hw.from_vllm(  # one role's view [N, B, H, D]
+        memory[..., 16:], [[1]], [3], backend="TRITON_ATTN", kv_role="value"
+    )
+    assert np.array_equal(one.sequence(0), v.sequence(0))
+    mla = np.zeros((4, 1, 16, 576), np.float16)
+    latent: hw.BlockPagedTensor = hw.from_vllm(mla, [[1]], [3], backend="FLASHMLA")
+    assert latent.kv_role == "fused"

@@ -27,7 +27,7 @@ metadata under ``"vllm.skipped_tokens"``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -286,6 +286,84 @@ def _window(
     new_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     flat = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     return flat.astype(np.int64), new_ptr, new_lens, skipped
+
+
+#: vLLM's names of the backends whose layer is one ``(key, value)`` pair / one MLA latent
+#: (the overloads below let ``k, v = from_vllm(..., backend="FLASH_ATTN")`` type-check).
+PairBackend = Literal["FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "FLASHINFER", "CPU_ATTN"]
+MlaBackend = Literal[
+    "FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA", "CUTLASS_MLA", "FLASHINFER_MLA", "CPU_MLA"
+]
+
+
+@overload
+def from_vllm(
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    *,
+    backend: Any,
+    vllm_version: str | None = None,
+    kv_cache_layout: Any = None,
+    kv_role: Literal["key", "value"],
+    layer_index: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    kv_cache_dtype: str | None = None,
+    sliding_window: int | None = None,
+    isa: str | None = None,
+) -> BlockPagedTensor: ...
+@overload
+def from_vllm(
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    *,
+    backend: MlaBackend,
+    vllm_version: str | None = None,
+    kv_cache_layout: Any = None,
+    kv_role: None = None,
+    layer_index: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    kv_cache_dtype: str | None = None,
+    sliding_window: int | None = None,
+    isa: str | None = None,
+) -> BlockPagedTensor: ...
+@overload
+def from_vllm(
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    *,
+    backend: PairBackend,
+    vllm_version: str | None = None,
+    kv_cache_layout: Any = None,
+    kv_role: None = None,
+    layer_index: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    kv_cache_dtype: str | None = None,
+    sliding_window: int | None = None,
+    isa: str | None = None,
+) -> Pair: ...
+@overload
+def from_vllm(
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    *,
+    backend: Any = None,
+    vllm_version: str | None = None,
+    kv_cache_layout: Any = None,
+    kv_role: str | None = None,
+    layer_index: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    kv_cache_dtype: str | None = None,
+    sliding_window: int | None = None,
+    isa: str | None = None,
+) -> BlockPagedTensor | Pair: ...
 
 
 def from_vllm(
