@@ -46,6 +46,8 @@ from hurray_wire.fingerprint import (
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.repage import repage
 from hurray_wire.vllm.peers import NixlPeers
+from hurray_wire.wire.fast import item_dtype
+from hurray_wire.wire.transfer import PROMPT_TOKEN_ITEM
 
 __all__ = [
     "PARAM_KEYS",
@@ -81,7 +83,7 @@ def prompt_digest(token_ids: Sequence[int]) -> str:
     """What the pages are the keys and values of: xxh3-128 of the prompt's token ids (int64
     little endian), hex. A transfer carries it; a decode request whose own prompt gives
     another digest is refused (the stale-reference case of vLLM #52234)."""
-    ids = np.asarray(list(token_ids), dtype="<i8")
+    ids = np.asarray(list(token_ids), dtype=item_dtype(PROMPT_TOKEN_ITEM))
     return xxhash.xxh3_128_hexdigest(ids.tobytes())
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "KIND_OFFER",
     "KIND_READY",
     "LAYER_NONE",
+    "PROMPT_TOKEN_ITEM",
     "RECORD_CHECKSUM",
     "RECORD_FLAGS_KNOWN",
     "RECORD_KINDS",
@@ -84,3 +85,7 @@ TRANSFER_SEGMENT = c.Struct(
 
 # xxh3_64 (seed 0) of every byte of the record before it.
 RECORD_CHECKSUM = c.Struct("checksum" / c.Int64ul)
+
+#: One token id of the prompt digest a vLLM transfer carries (hurray_wire.vllm.transfer:
+#: xxh3-128 over the prompt's token ids as this item, in order).
+PROMPT_TOKEN_ITEM = c.Int64sl
