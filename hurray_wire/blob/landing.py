@@ -6,9 +6,10 @@ the pool into the engine's array and hashes each chunk right after copying it, w
 still in cache, so verification costs no second pass over memory (docs/performance.md,
 "Whole caches on disk"). Every other check is the pipeline's (``decoder.run``), and they
 all pass before the first byte lands: the destination's dtype and page shape, overlap with
-the input, framing, header, padding, the other sections' checksums, page digests, index
-invariants, metadata, fingerprint and the route's own checks (``accept``). The one check
-made while the bytes move is the pool's own section checksum (docs/integrity.md).
+the input, framing, header, padding, the other sections' checksums, page refs, index
+invariants, metadata, fingerprint and the route's own checks (``accept``). The checks
+made while the bytes move are the pool's own: its section checksum, its page digests and
+the store's referenced pages (docs/integrity.md, docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -86,11 +87,12 @@ def decode_into(
 
     ``page_pool``: a writable C-contiguous NumPy array with the pool's dtype and shape, or
     uint8 of its byte size, not overlapping ``data``. Everything is checked before the
-    first byte is written (on a refusal ``page_pool`` is untouched), except the pool's own
-    section checksum, hashed while the pool is copied (one pass over memory): on that
-    mismatch ``page_pool`` holds the refused bytes. A compressed pool is decompressed
-    straight into it (a packed one is decompressed first, its padding bits checked, then
-    copied); blobs with page digests or refs are verified page by page before the copy.
+    first byte is written (on a refusal ``page_pool`` is untouched), except what needs the
+    pool's bytes, checked while they are copied (one pass over memory): the pool's section
+    checksum, its page digests and the page store's referenced pages; on those refusals
+    ``page_pool`` holds the refused bytes (docs/decisions.md). A compressed pool is
+    decompressed straight into it (a packed one is decompressed first, its padding bits
+    checked, then copied).
     """
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
     return land_into(byte_view(data), page_pool, opts)
