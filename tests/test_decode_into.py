@@ -269,3 +269,26 @@ def test_paged_landing_refuses_as_decode_does(damage: str) -> None:
     assert str(info.value) == str(expected.value)
     untouched = bool((engine == np.float16(7)).all())
     assert untouched == (damage == "no store")
+
+
+@pytest.mark.parametrize("stored", [(), (1, 2)])
+def test_a_packed_paged_pool_lands_in_one_pass(
+    stored: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int4 pages of whole bytes with page digests (and refs): no padding bits, so the
+    one-pass landing takes them too; the engine array is uint8 of the pool's bytes."""
+    from hurray_wire import dtypes
+
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 16, 4 * 16 * 2 * 8, np.uint8)
+    pool = codes.view(dtypes.int4.numpy_dtype).reshape(4, 16, 2, 8)
+    t = hw.BlockPagedTensor.from_arrays(pool, [0, 1, 2, 3], [0, 4], kv_role="key", layer_index=1)
+    store = MemoryPageStore(1 << 20)
+    store_pages(store, t, list(stored))
+    blob = bytes(hw.encode(t, page_digests=True, known_pages=store.digests() if stored else None))
+    expected = hw.decode(blob, page_store=store)
+    _no_blob_side_pass(monkeypatch)
+    engine = np.full(expected.page_pool.nbytes, 0xAA, np.uint8)
+    out = hw.decode_into(blob, engine, page_store=store)
+    assert out.page_pool.tobytes() == expected.page_pool.tobytes()
+    assert np.shares_memory(out.page_pool, engine)

@@ -355,17 +355,20 @@ def _serve(
 
     real = nixl_sender.blob  # type: ignore[attr-defined]
 
-    class Hostile:
-        @staticmethod
-        def encode_into(_: Any, view: Any, **kw: Any) -> int:
-            np.frombuffer(view, np.uint8)[: len(blob)] = np.frombuffer(blob, np.uint8)
-            return len(blob)
-
+    class Hostile:  # the delta path encodes whole blobs
         @staticmethod
         def encode(_: Any, **kw: Any) -> memoryview:
             return memoryview(bytearray(blob))
 
+    def planned(_: Any, *args: Any) -> tuple[int, Callable[[Any], int]]:  # the staged path
+        def write(view: Any) -> int:
+            np.frombuffer(view, np.uint8)[: len(blob)] = np.frombuffer(blob, np.uint8)
+            return len(blob)
+
+        return len(blob), write
+
     monkeypatch.setattr(nixl_sender, "blob", Hostile)
+    monkeypatch.setattr(nixl_sender, "planned_into", planned)
     s = nixl.NixlSender("landing-sender", ucx_error_handling_mode="none", arena_bytes=1 << 20)
     r = nixl.NixlReceiver("landing-receiver", ucx_error_handling_mode="none",
                           arena_bytes=1 << 20, expect_fingerprint=fingerprint)  # fmt: skip

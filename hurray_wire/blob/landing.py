@@ -33,7 +33,7 @@ from hurray_wire.blob.decoder import (
     stored_section_checksum,
 )
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, paged_buffers
 from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import CODEC_RAW
@@ -117,9 +117,10 @@ def land_into(
     raw = pool_entry.codec == CODEC_RAW
     defer = opts.verify and plan.verify_sections and raw
     late = not raw and not paged and not plan.descriptor.element_type.is_packed
-    # A paged pool of whole-byte pages lands in one pass too (_PagedLanding): its rows
-    # are copied, hashed and digested chunk by chunk after every other check.
-    landing = raw and paged and not plan.descriptor.element_type.is_packed
+    # A paged pool lands in one pass too (_PagedLanding): its rows are copied, hashed and
+    # digested chunk by chunk after every other check. Page sections need whole-byte pages,
+    # so a packed pool here has no padding bits for assemble to find in the unwritten rows.
+    landing = raw and paged and paged_buffers(plan.descriptor).page_nbytes is not None
     work = partial(_PagedLanding, out, view, pool_entry, defer) if landing else None
     tensor = run(view, opts, accept=accept, plan=plan, work=work, defer_pool=defer,
                  late_pool=out if late else None)[0]  # fmt: skip
