@@ -2,6 +2,6 @@
 
 import sys
 
-from hurray_wire.cli import main
+from hurray_wire.cli_args import main
 
 sys.exit(main())

@@ -15,8 +15,7 @@ import json
 import os
 import struct
 import sys
-import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,8 +26,20 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from hurray_wire import cli_text as text_out
 from hurray_wire import report as summary
-from hurray_wire._version import __version__
 from hurray_wire.blob import encode_parts
+from hurray_wire.cli_args import (
+    _EXTENSIONS,
+    EXIT_CODES,
+    EXIT_FILE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_USAGE,
+    STDIO,
+    build_parser,
+    main,
+)
 from hurray_wire.cli_text import Item
 from hurray_wire.codecs import Compression
 from hurray_wire.containers import (
@@ -57,22 +68,20 @@ from hurray_wire.model.descriptor_codec import decode_descriptor, decode_header
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.blob import BLOB_MAGIC
 
-__all__ = ["EXIT_CODES", "build_parser", "identify", "main"]
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_FILE",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "build_parser",
+    "identify",
+    "main",
+    "run",
+]
 
-EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_FILE, EXIT_INTERNAL = 0, 1, 2, 3, 4
-EXIT_INTERRUPTED = 130
-EXIT_CODES = {
-    EXIT_OK: "ok: every input valid, the output written",
-    EXIT_INVALID: "invalid input: an input is not valid hurray-wire (validation failed)",
-    EXIT_USAGE: "usage: bad arguments or options, or an output format that cannot hold the "
-    "input (several tensors into one .hrwb blob)",
-    EXIT_FILE: "file access: an input cannot be read or the output cannot be written "
-    "(missing, a directory, no permission, or the output is an input)",
-    EXIT_INTERNAL: "internal error: a bug in hurray-wire, reported on one line (please "
-    "report it with the command and the input)",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C): no output file is left behind",
-}
-STDIO = "-"
 STREAM_KEY = "stream."  # .hrry file metadata keys that carry a blob stream header's fields
 
 
@@ -352,14 +361,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 # -- convert ---------------------------------------------------------------------------------
-_EXTENSIONS = {
-    ".hrwb": "blob",
-    ".hrws": "blob-stream",
-    ".hrrs": "reference-stream",
-    ".hrry": "hrry-file",
-}
-
-
 def _tensor_name(tensor: BlockPagedTensor, taken: set[str]) -> str:
     """``layer{L}.{role}`` (``layer_none`` for a layer-less tensor), made unique with a
     ``#n`` suffix when the input repeats a {layer, role}."""
@@ -551,102 +552,17 @@ def _guard(path: str, step: Callable[[], None],
 
 
 # -- entry -----------------------------------------------------------------------------------
-def _epilog() -> str:
-    lines = ["exit codes:"]
-    for code, text in EXIT_CODES.items():
-        lines += textwrap.wrap(text, 78, initial_indent=f"  {code:<4} ", subsequent_indent=" " * 7)
-    return "\n".join(lines)
-
-
-def _bound(text: str) -> float:
-    """``--max-input-bytes`` / ``--input-timeout``: a number in [0, 2**63) (NaN refused)."""
-    with suppress(ValueError):
-        if 0 <= float(text) < 2**63:
-            return int(text) if text.isdigit() else float(text)
-    raise argparse.ArgumentTypeError(f"not a number >= 0: {text!r}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the command."""
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog="hurray-wire",
-        description="Inspect, validate and convert Hurray block-paged KV-cache blobs, blob "
-        "streams, reference stream records and .hrry files.",
-        epilog=_epilog(),
-        formatter_class=formatter,
-    )
-    parser.add_argument("--version", action="version", version=f"hurray-wire {__version__}")
-    feedback = argparse.ArgumentParser(add_help=False)
-    group = feedback.add_mutually_exclusive_group()
-    group.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    group.add_argument("--progress", action="store_true",
-                       help="a progress bar on stderr even if it is not a terminal")  # fmt: skip
-    inputs = argparse.ArgumentParser(add_help=False)
-    for flag, default, text in (
-        ("--max-input-bytes", DEFAULT_MAX_INPUT_BYTES, "refuse a pipe, FIFO or device input "
-         "(read into memory; files are mapped) longer than this (default 1 GiB)"),
-        ("--input-timeout", DEFAULT_INPUT_IDLE, "refuse such an input after this many "
-         "seconds without a byte (default 30; 0: wait for ever)"),
-    ):  # fmt: skip
-        inputs.add_argument(flag, type=_bound, default=default, metavar="N", help=text)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(
-            name, help=text, parents=[feedback, inputs], epilog=_epilog(), formatter_class=formatter
-        )
-
-    dump = command("dump", "print a readable summary of each input")
-    dump.add_argument("paths", nargs="+", metavar="PATH",
-                      help="a descriptor, blob, blob stream, reference stream or .hrry file; "
-                      "- reads stdin")  # fmt: skip
-    shape = dump.add_mutually_exclusive_group()
-    shape.add_argument("--json", action="store_true", help="JSON (schemas/dump.schema.json)")
-    shape.add_argument("--hex", action="store_true",
-                       help="annotated hex of a descriptor, a blob or every record of a blob "
-                       "stream")  # fmt: skip
-    dump.add_argument("--no-verify", action="store_true", help="skip section checksums")
-    dump.add_argument(
-        "--index", action="store_true", help="the index arrays too: block_table, seq_ptr, seq_lens"
-    )
-    dump.set_defaults(func=cmd_dump)
-    validate = command("validate", "check every input: one line each, exit 1 if any is invalid")
-    validate.add_argument("paths", nargs="+", metavar="PATH",
-                          help="an input of any kind; - reads stdin")  # fmt: skip
-    validate.set_defaults(func=cmd_validate)
-    convert = command(
-        "convert", "convert between blob, blob stream, reference stream (.hrrs) and .hrry file"
-    )
-    convert.add_argument("input", metavar="IN", help="the input (any kind but a bare "
-                         "descriptor); - reads stdin")  # fmt: skip
-    convert.add_argument("output", metavar="OUT",
-                         help="the output, written atomically, never onto IN; - writes stdout "
-                         "(not for .hrry; needs --to)")  # fmt: skip
-    convert.add_argument(
-        "--to",
-        choices=sorted(set(_EXTENSIONS.values())),
-        help="output format (default: from OUT's extension)",
-    )
-    convert.add_argument(
-        "--compression",
-        default=None,
-        help="blob codec: none, zstd[:LEVEL], shuffle-zstd[:LEVEL], "
-        "chunked-shuffle-zstd[:LEVEL], default (chunked-shuffle-zstd:1)",
-    )
-    convert.add_argument("--no-checksum", action="store_true", help="blobs without checksums")
-    convert.set_defaults(func=cmd_convert)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: the exit code (``EXIT_CODES``); usage errors exit 2 through argparse."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command (``cli_args.main`` parses first, without loading this module):
+    the exit code (``EXIT_CODES``)."""
+    if args.max_input_bytes is None:  # argparse left them unset: the library's defaults
+        args.max_input_bytes = DEFAULT_MAX_INPUT_BYTES
+    if args.input_timeout is None:
+        args.input_timeout = DEFAULT_INPUT_IDLE
     args.worst = EXIT_OK  # the worst exit code so far: what a broken pipe returns
     try:
-        code: int = args.func(args)
-        return code
+        command = {"dump": cmd_dump, "validate": cmd_validate, "convert": cmd_convert}
+        return command[args.command](args)
     except KeyboardInterrupt:
         print("hurray-wire: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

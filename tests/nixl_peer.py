@@ -80,19 +80,26 @@ def main() -> int:
 
     corrupt = tuple(args.corrupt.split(":")) if args.corrupt else None
     if corrupt is not None:
-        from hurray_wire import blob
+        from hurray_wire.blob import encoder
+        from hurray_wire.transport import nixl_sender
 
-        real = blob.encode_into
+        real = encoder.planned_into
 
-        def flipping(tensor: hw.BlockPagedTensor, buffer: Any, **kw: Any) -> int:
-            """encode_into, then one flipped page-pool byte (after the checksums)."""
-            written = real(tensor, buffer, **kw)
-            if (str(tensor.layer_index), tensor.kv_role) == corrupt:
-                view = np.frombuffer(buffer, np.uint8)
-                view[4096 + 12345] ^= 0x10  # inside the page pool, past the header
-            return written
+        def flipping(tensor: hw.BlockPagedTensor, *args: Any) -> tuple[int, Any]:
+            """The staged blob's plan, written, then one flipped page-pool byte (after the
+            checksums)."""
+            size, write = real(tensor, *args)
 
-        blob.encode_into = flipping
+            def written(buffer: Any) -> int:
+                done = write(buffer)
+                if (str(tensor.layer_index), tensor.kv_role) == corrupt:
+                    view = np.frombuffer(buffer, np.uint8)
+                    view[4096 + 12345] ^= 0x10  # inside the page pool, past the header
+                return int(done)
+
+            return size, written
+
+        setattr(nixl_sender, "planned_into", flipping)  # noqa: B010 (a test fault)
     sender = NixlSender("nixl-test-sender", ucx_error_handling_mode=args.ucx, arena_bytes=96 << 20)
     pools = {}
     for layer in range(args.layers):

@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("vllm",),
     ("report",),
     ("testing",),
+    ("cli_args",),
     ("cli_text",),
     ("cli",),
     ("__main__",),
@@ -47,6 +48,8 @@ RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 ALLOWED_UPWARD = {
     # BlockPagedTensor's helper methods delegate to transforms/, which build tensors.
     ("tensor", "transforms"),
+    # The command's entry parses its arguments, then loads the commands (--help loads none).
+    ("cli_args", "cli"),
 }
 
 

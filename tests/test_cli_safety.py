@@ -471,6 +471,27 @@ def test_progress_moves_per_byte_for_every_output_kind_and_names_the_files(
         assert len(updates) > 4 * 16  # 4 tensors of 64 KiB: 16 slices each at least
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["convert", "--help"], ["--version"], ["nope"]])
+def test_help_loads_no_library_code(argv: list[str]) -> None:
+    """--help, --version and a usage error parse arguments only: no NumPy, no blob,
+    container or transport module (a command loads them once it runs)."""
+    probe = (
+        "import sys\n"
+        "from hurray_wire.cli_args import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = [m for m in sys.modules if m == 'numpy' or m.startswith(("
+        "'hurray_wire.blob', 'hurray_wire.containers', 'hurray_wire.transport', "
+        "'hurray_wire.cli_text')) or m == 'hurray_wire.cli']\n"
+        "print(heavy, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+
+
 def test_help_lists_exit_codes_and_explains_positionals(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["--help"], ["convert", "--help"], ["validate", "--help"]):
         with pytest.raises(SystemExit) as info:

@@ -12,6 +12,7 @@ import hurray_wire as hw
 from hurray_wire.blob import copying
 from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError
 from hurray_wire.integrity import MemoryPageStore, store_pages
+from tests import blob_reference as ref
 
 PAGE = (16, 4, 32)  # 4 KiB of float16 per page
 
@@ -189,3 +190,105 @@ def test_stream_file_lands_a_layer_in_the_engine(tmp_path: Path) -> None:
             _same(f.read(entry, page_pool=engine), x)
         with pytest.raises(ArgumentTypeError):
             f.tensor(2, "key", page_pool=np.empty(3, np.uint8))
+
+
+def _no_blob_side_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail if the pool is digested where it sits in the blob (the first of two passes)
+    or decoded into a new pool and then copied."""
+    from hurray_wire.blob import pages
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a second pass over the pool")
+
+    monkeypatch.setattr(pages, "digests_and_checksum", refuse)
+    monkeypatch.setattr(hw.blob.landing, "copy_and_hash", refuse)
+
+
+@pytest.mark.parametrize("digests", [True, False])
+@pytest.mark.parametrize(
+    "stored", [(), (0, 1, 2, 3, 4), tuple(range(0, 600, 7)), tuple(range(600))]
+)
+def test_paged_blobs_land_in_one_pass(
+    digests: bool, stored: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Page digests and page refs: the rows are copied, hashed and digested chunk by chunk
+    (600 pages of 4 KiB: three chunks), the referenced pages filled from the store; the
+    result is decode's, and no pass reads the pool before the copy."""
+    if not digests and not stored:
+        pytest.skip("no page sections: the plain landing")
+    t = _tensor(pages=600)
+    store = MemoryPageStore(1 << 24)
+    store_pages(store, t, list(stored))
+    blob = bytes(hw.encode(t, known_pages=store.digests() if stored else None,
+                           page_digests=digests))  # fmt: skip
+    expected = hw.decode(blob, page_store=store)
+    _no_blob_side_pass(monkeypatch)
+    engine = np.full(t.page_pool.shape, np.float16(7), np.float16)
+    out = hw.decode_into(blob, engine, page_store=store)
+    _same(out, t)
+    _same(out, expected)
+    assert out.page_pool is engine
+
+
+def _flip(blob: bytes, at: int) -> bytes:
+    changed = bytearray(blob)
+    changed[at] ^= 0x01
+    return bytes(changed)
+
+
+@pytest.mark.parametrize("damage", ["pool byte", "digest", "store miss", "no store"])
+def test_paged_landing_refuses_as_decode_does(damage: str) -> None:
+    """Every refusal of a paged blob is decode's (same type and message); a refusal found
+    before the pool lands leaves the engine array untouched, one found while it lands
+    (a pool checksum, a page digest, a store miss) leaves the rows copied so far."""
+    t = _tensor(pages=600)
+    store = MemoryPageStore(1 << 24)
+    store_pages(store, t, [1, 2, 3])
+    blob = bytes(hw.encode(t, known_pages=store.digests(), page_digests=True))
+    sent = blob.find(t.page_pool[0].tobytes())  # page 0 is sent, the first row
+    assert sent > 0
+    given: MemoryPageStore | None = store
+    if damage == "pool byte":
+        blob = _flip(blob, sent + 9)
+    elif damage == "digest":  # the last page's digest changed, the checksums kept valid
+        number = next(k for k in range(16) if ref.entry(blob, k)["kind"] == 0x04)
+        last = ref.entry(blob, number)["stored_size"] - 1
+        top = blob[ref.entry(blob, number)["offset"] + last]
+        blob = ref.patch_payload(blob, number, last, bytes([top ^ 1]))
+    elif damage == "store miss":
+        given = MemoryPageStore(1 << 24)
+        store_pages(given, t, [1, 2])
+    else:
+        given = None
+    with pytest.raises(HurrayWireError) as expected:
+        hw.decode(blob, page_store=given)
+    engine = np.full(t.page_pool.shape, np.float16(7), np.float16)
+    with pytest.raises(HurrayWireError) as info:
+        hw.decode_into(blob, engine, page_store=given)
+    assert type(info.value) is type(expected.value)
+    assert str(info.value) == str(expected.value)
+    untouched = bool((engine == np.float16(7)).all())
+    assert untouched == (damage == "no store")
+
+
+@pytest.mark.parametrize("stored", [(), (1, 2)])
+def test_a_packed_paged_pool_lands_in_one_pass(
+    stored: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int4 pages of whole bytes with page digests (and refs): no padding bits, so the
+    one-pass landing takes them too; the engine array is uint8 of the pool's bytes."""
+    from hurray_wire import dtypes
+
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 16, 4 * 16 * 2 * 8, np.uint8)
+    pool = codes.view(dtypes.int4.numpy_dtype).reshape(4, 16, 2, 8)
+    t = hw.BlockPagedTensor.from_arrays(pool, [0, 1, 2, 3], [0, 4], kv_role="key", layer_index=1)
+    store = MemoryPageStore(1 << 20)
+    store_pages(store, t, list(stored))
+    blob = bytes(hw.encode(t, page_digests=True, known_pages=store.digests() if stored else None))
+    expected = hw.decode(blob, page_store=store)
+    _no_blob_side_pass(monkeypatch)
+    engine = np.full(expected.page_pool.nbytes, 0xAA, np.uint8)
+    out = hw.decode_into(blob, engine, page_store=store)
+    assert out.page_pool.tobytes() == expected.page_pool.tobytes()
+    assert np.shares_memory(out.page_pool, engine)

@@ -311,6 +311,40 @@ def test_compressed_staged_blob_into_an_engine_array() -> None:
     r.close()
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_staged_blob_is_planned_once(
+    compression: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mode="staged" lays the blob out once: that plan's size is reserved in the arena and
+    the same plan is written there (issue 20: it was planned for its size, then again by
+    encode_into); the receiver gets the sender's pool."""
+    from hurray_wire.blob import encoder
+
+    plans: list[int] = []
+    real_plan = encoder._plan
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        plans.append(1)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(encoder, "_plan", counted)
+    s, r = _pair()
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    pool = np.zeros((16, *peer.PAGE_SHAPE), np.float16)
+    pool[::3] = 1.5
+    s.publish(peer.cache_tensor(pool, 2, "key"), mode="staged", compression=compression)
+    assert len(plans) == 1
+    thread = threading.Thread(target=s.wait, kwargs={"deadline": 10})
+    thread.start()
+    (got,) = r.receive(1, deadline=10)
+    thread.join()
+    np.testing.assert_array_equal(got.page_pool, pool)
+    assert len(plans) == 1
+    s.close()
+    r.close()
+
+
 def test_nixl_errors_are_wrapped_with_the_original_as_cause(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -5,8 +5,11 @@ Each hostile blob goes through every route that can carry it: ``decode``, ``deco
 ``decode_in_place`` and the NIXL receiver (``expect`` of an engine array, ``expect`` at
 page ids, ``expect_in_place``). Every route must refuse it with the same error (for NIXL:
 a ``TransportError`` whose cause is that error), and a destination the route copies into
-must be untouched. (NIXL's own DMA writes an expected array as the transfer lands: that
-array is the transfer's target, so only the refusal is compared there.)
+must be untouched, except where a copying route (``decode_into``, ``StreamFile``) makes the
+check while the pool lands, in its one pass over memory (``landed_check``: the pool's
+section checksum and page digests, docs/decisions.md "One pass over the pool"). (NIXL's
+own DMA writes an expected array as the transfer lands: that array is the transfer's
+target, so only the refusal is compared there.)
 """
 
 from __future__ import annotations
@@ -96,11 +99,12 @@ class Case:
     header: hw.StreamHeader | None = None  # the stream routes' header
     in_place: bool = True  # an in-place route can carry it (unpacked element types only)
     clean: Callable[[], hw.BlockPagedTensor] = lambda: _f16()  # what the NIXL sender offers
+    landed_check: bool = False  # decode_into / StreamFile find it while the pool lands
 
 
 CASES = [
     Case("int4 padding bits set", _padding_bits, PaddingError, in_place=False, clean=_int4),
-    Case("a wrong page digest", _bad_digest, PageDigestError),
+    Case("a wrong page digest", _bad_digest, PageDigestError, landed_check=True),
     Case(
         "another engine fingerprint",
         lambda: bytes(hw.encode(_f16(metadata=fingerprint_to_metadata(OTHER)))),
@@ -224,6 +228,7 @@ def route_decode_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]
 
 ROUTES = [route_decode, route_decode_into, route_stream_reader, route_stream_file]
 IN_PLACE_ROUTES = [route_reader_in_place, route_decode_in_place]
+LANDING_ROUTES = [route_decode_into, route_stream_file]  # one pass: copied, hashed, digested
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -235,6 +240,9 @@ def test_every_route_gives_the_same_verdict_and_leaves_the_destination(case: Cas
         cause = _cause(error)
         assert isinstance(cause, case.error), (route.__name__, error)
         verdicts[route.__name__] = (type(cause), untouched)
+        if case.landed_check and route in LANDING_ROUTES:
+            assert not untouched, f"{route.__name__}: the check is made while the pool lands"
+            continue
         assert untouched, f"{route.__name__} wrote its destination before refusing"
     assert len({v[0] for v in verdicts.values()}) == 1, verdicts
 
@@ -347,17 +355,20 @@ def _serve(
 
     real = nixl_sender.blob  # type: ignore[attr-defined]
 
-    class Hostile:
-        @staticmethod
-        def encode_into(_: Any, view: Any, **kw: Any) -> int:
-            np.frombuffer(view, np.uint8)[: len(blob)] = np.frombuffer(blob, np.uint8)
-            return len(blob)
-
+    class Hostile:  # the delta path encodes whole blobs
         @staticmethod
         def encode(_: Any, **kw: Any) -> memoryview:
             return memoryview(bytearray(blob))
 
+    def planned(_: Any, *args: Any) -> tuple[int, Callable[[Any], int]]:  # the staged path
+        def write(view: Any) -> int:
+            np.frombuffer(view, np.uint8)[: len(blob)] = np.frombuffer(blob, np.uint8)
+            return len(blob)
+
+        return len(blob), write
+
     monkeypatch.setattr(nixl_sender, "blob", Hostile)
+    monkeypatch.setattr(nixl_sender, "planned_into", planned)
     s = nixl.NixlSender("landing-sender", ucx_error_handling_mode="none", arena_bytes=1 << 20)
     r = nixl.NixlReceiver("landing-receiver", ucx_error_handling_mode="none",
                           arena_bytes=1 << 20, expect_fingerprint=fingerprint)  # fmt: skip

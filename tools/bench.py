@@ -415,19 +415,57 @@ def bench_import(repeat: int) -> None:
     against ``import numpy`` (its floor), the three taking turns."""
     print("\n[start-up: fresh interpreter, best of rounds, against import numpy]")
     python = sys.executable
-    cli = str(Path(python).with_name("hurray-wire"))
     runs = {
         "import numpy": [python, "-c", "import numpy"],
         "import hurray_wire": [python, "-c", "import hurray_wire"],
-        "hurray-wire --help": [cli, "--help"]
-        if Path(cli).exists()
-        else [python, "-m", "hurray_wire", "--help"],
+        # the entry point of this tree (an installed script may predate cli_args)
+        "hurray-wire --help": [
+            *(python, "-c", "from hurray_wire.cli_args import main; main()", "--help")
+        ],
     }
     best = interleaved({name: lambda a=argv: _run_seconds(a) for name, argv in runs.items()},
                        repeat=1, rounds=max(3, repeat))  # fmt: skip
     base = best["import numpy"]
     for name in ("import hurray_wire", "hurray-wire --help"):
         line(name, best[name], base, "import numpy")
+
+
+def bench_landing(repeat: int) -> None:
+    """decode_into of a blob with page digests (and with page refs) against decode + copy
+    (the two passes it replaces) and a memcpy of the pool, all in one run."""
+    print("\n[decode_into with page sections: one pass, against decode + copy and memcpy]")
+    from hurray_wire.integrity import MemoryPageStore, store_pages
+
+    pages, page = 2048, (16, 8, 128)  # 32 KiB pages, a 64 MiB pool
+    rng = np.random.default_rng(7)
+    pool = rng.integers(0, 1 << 16, (pages, *page), np.uint16).view(np.float16)
+    t = hw.BlockPagedTensor.from_arrays(
+        pool, np.arange(pages), [0, pages // 2, pages], kv_role="key", layer_index=0
+    )
+    store = MemoryPageStore(1 << 28)
+    store_pages(store, t, list(range(0, pages, 4)))  # a quarter of the pages referenced
+    blobs = {
+        "page digests": hw.encode(t, page_digests=True),
+        "page digests + refs (1/4)": hw.encode(t, page_digests=True, known_pages=store.digests()),
+    }
+    engine = np.empty_like(pool)
+    for name, data in blobs.items():
+
+        def two_pass(b: Any = data) -> None:
+            engine[...] = hw.decode(b, page_store=store).page_pool
+
+        best = interleaved(
+            {
+                "memcpy": lambda: np.copyto(engine, pool),
+                "decode + copy": two_pass,
+                "decode_into": lambda b=data: hw.decode_into(b, engine, page_store=store),
+            },
+            repeat=repeat,
+        )
+        for row in ("decode + copy", "decode_into"):
+            line(f"{name}: {row}", best[row], best["memcpy"], "memcpy", pool.nbytes)
+        print(f"  {name}: decode_into = {best['decode_into'] / best['decode + copy']:.3f}x "
+              "decode + copy")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     repeat = 3 if args.quick else 7
     print(f"hurray-wire {hw.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
     bench_import(repeat)
+    bench_landing(repeat)
     bench_reference(repeat)
     bench_small(repeat)
     bench_tiny_safe(repeat)

@@ -79,14 +79,14 @@ except ImportError:
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
         import hurray_wire as hw
-        from hurray_wire import cli
+        from hurray_wire import cli, cli_args
         from hurray_wire import containers as hws
         from hurray_wire import containers as reference
         from hurray_wire.crc32c import crc32c
         from hurray_wire.metadata import encode_metadata
 else:
     import hurray_wire as hw
-    from hurray_wire import cli
+    from hurray_wire import cli, cli_args
     from hurray_wire import containers as hws
     from hurray_wire import containers as reference
     from hurray_wire.crc32c import crc32c
@@ -349,7 +349,7 @@ def _stream_round_trip(reader: Any, tensors: list[Any]) -> None:
 # -- the command line ---------------------------------------------------------------------------
 # argparse builds the parser in ~2 ms, most of the CLI check's time: build it once. (It holds
 # no state between parse_args calls.) The commands themselves run unchanged.
-cli.build_parser = functools.lru_cache(maxsize=1)(cli.build_parser)
+cli_args.build_parser = functools.lru_cache(maxsize=1)(cli_args.build_parser)
 
 
 def check_cli(data: bytes) -> None:

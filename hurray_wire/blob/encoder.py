@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_dtype, item_struct
 
-__all__ = ["encode", "encode_into", "encode_parts"]
+__all__ = ["encode", "encode_into", "encode_parts", "planned_into"]
 
 _ZEROS = bytes(1 << 16)
 _SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
@@ -392,7 +393,31 @@ def encode_into(
     """Write the blob into the start of a caller-provided writable buffer; bytes written.
     Options as for :func:`encode`."""
     tensor = _compacted(tensor, compact)
+    return planned_into(tensor, compression, checksum, page_digests, known_pages)[1](buffer)
+
+
+def planned_into(
+    tensor: BlockPagedTensor,
+    compression: Compression | str | None = None,
+    checksum: bool = True,
+    page_digests: bool = False,
+    known_pages: Any = None,
+) -> tuple[int, Callable[[Any], int]]:
+    """The blob planned once (sizes known, small sections hashed, compressed sections
+    compressed): its size and the writer that copies it into a buffer (``encode_into``;
+    the NIXL sender reserves the size, then writes on its hashing thread)."""
     head, sections, total = _plan(tensor, compression, checksum, False, page_digests, known_pages)
+    return total, partial(_write_into, tensor, head, sections, total, checksum)
+
+
+def _write_into(
+    tensor: BlockPagedTensor,
+    head: bytes,
+    sections: list[_Section],
+    total: int,
+    checksum: bool,
+    buffer: Any,
+) -> int:
     view = byte_view(buffer, "buffer")
     if view.readonly:
         raise ArgumentTypeError(

@@ -6,13 +6,15 @@ the pool into the engine's array and hashes each chunk right after copying it, w
 still in cache, so verification costs no second pass over memory (docs/performance.md,
 "Whole caches on disk"). Every other check is the pipeline's (``decoder.run``), and they
 all pass before the first byte lands: the destination's dtype and page shape, overlap with
-the input, framing, header, padding, the other sections' checksums, page digests, index
-invariants, metadata, fingerprint and the route's own checks (``accept``). The one check
-made while the bytes move is the pool's own section checksum (docs/integrity.md).
+the input, framing, header, padding, the other sections' checksums, page refs, index
+invariants, metadata, fingerprint and the route's own checks (``accept``). The checks
+made while the bytes move are the pool's own: its section checksum, its page digests and
+the store's referenced pages (docs/integrity.md, docs/decisions.md).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,10 +33,12 @@ from hurray_wire.blob.decoder import (
     stored_section_checksum,
 )
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.buffers import byte_view
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, paged_buffers
+from hurray_wire.blob.sections import Entry
+from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.errors import ArgumentTypeError
-from hurray_wire.integrity import EngineFingerprint, PageStore
+from hurray_wire.integrity import EngineFingerprint, PageRecords, PageStore
 from hurray_wire.integrity.pool_store import engine_array
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor, pool_form
@@ -83,11 +87,12 @@ def decode_into(
 
     ``page_pool``: a writable C-contiguous NumPy array with the pool's dtype and shape, or
     uint8 of its byte size, not overlapping ``data``. Everything is checked before the
-    first byte is written (on a refusal ``page_pool`` is untouched), except the pool's own
-    section checksum, hashed while the pool is copied (one pass over memory): on that
-    mismatch ``page_pool`` holds the refused bytes. A compressed pool is decompressed
-    straight into it (a packed one is decompressed first, its padding bits checked, then
-    copied); blobs with page digests or refs are verified page by page before the copy.
+    first byte is written (on a refusal ``page_pool`` is untouched), except what needs the
+    pool's bytes, checked while they are copied (one pass over memory): the pool's section
+    checksum, its page digests and the page store's referenced pages; on those refusals
+    ``page_pool`` holds the refused bytes (docs/decisions.md). A compressed pool is
+    decompressed straight into it (a packed one is decompressed first, its padding bits
+    checked, then copied).
     """
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
     return land_into(byte_view(data), page_pool, opts)
@@ -108,24 +113,22 @@ def land_into(
             found="memory shared with data",
         )
     pool_entry = plan.buffers[0]
-    defer = (
-        opts.verify
-        and plan.verify_sections
-        and pool_entry.codec == CODEC_RAW
-        and plan.page_digests is None
-        and plan.page_refs is None
-    )
-    late = (
-        pool_entry.codec != CODEC_RAW
-        and plan.page_digests is None
-        and plan.page_refs is None
-        and not plan.descriptor.element_type.is_packed  # its padding bits are checked first
-    )
-    tensor = run(view, opts, accept=accept, plan=plan, defer_pool=defer,
+    paged = plan.page_digests is not None or plan.page_refs is not None
+    raw = pool_entry.codec == CODEC_RAW
+    defer = opts.verify and plan.verify_sections and raw
+    late = not raw and not paged and not plan.descriptor.element_type.is_packed
+    # A paged pool lands in one pass too (_PagedLanding): its rows are copied, hashed and
+    # digested chunk by chunk after every other check. Page sections need whole-byte pages,
+    # so a packed pool here has no padding bits for assemble to find in the unwritten rows.
+    landing = raw and paged and paged_buffers(plan.descriptor).page_nbytes is not None
+    work = partial(_PagedLanding, out, view, pool_entry, defer) if landing else None
+    tensor = run(view, opts, accept=accept, plan=plan, work=work, defer_pool=defer,
                  late_pool=out if late else None)[0]  # fmt: skip
     if late:  # the one pass: decompressed into the destination
         decompress_pool(view, pool_entry, opts.threads, out)
-    elif defer:  # the one pass: copied and hashed chunk by chunk
+    elif landing:
+        pass  # landed by _PagedLanding.finish
+    elif defer and not paged:  # the one pass: copied and hashed chunk by chunk
         hasher = xxhash.xxh3_64()
         copy_and_hash(out, whole[pool_entry.offset : pool_entry.offset + pool_entry.stored_size],
                       hasher)  # fmt: skip
@@ -140,3 +143,79 @@ def land_into(
     else:
         tensor.page_pool = out.view(pool.dtype).reshape(pool.shape)
     return tensor
+
+
+class _PagedLanding(PageWork):
+    """The page sections of a blob landed by ``land_into``: the pool's rows (the sent ones,
+    with page refs) are not copied out of the blob when the sections are read; the
+    pipeline's other checks and ``accept`` run on the typed destination, still unwritten,
+    then ``finish`` copies each chunk of rows into it and, while the chunk is in cache,
+    feeds it to buffer 0's section hasher and digests its pages; then the store fills the
+    referenced pages. A failure found there leaves the destination holding the rows
+    (docs/decisions.md, "One pass over the pool")."""
+
+    def __init__(
+        self, out: U8Array, view: memoryview, entry: Entry, hash_pool: bool, *args: Any,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.out, self.view, self.entry, self.hash_pool = out, view, entry, hash_pool
+        self.sent_buffers: list[U8Array] = []
+        self.pending: tuple[Any, ...] = (None, None, None, None)
+
+    def digest_rows(self, buffers: list[U8Array], refs: int | None) -> int:
+        return 0  # digested while landed (buffer 0's checksum is deferred: not compared)
+
+    def rebuild(
+        self,
+        buffers: list[U8Array],
+        digests_payload: U8Array | None,
+        digests_offset: int | None,
+        refs_payload: U8Array | None,
+        refs_offset: int | None,
+    ) -> list[U8Array]:
+        refs, sent, expected = self.sections(
+            digests_payload, digests_offset, refs_payload, refs_offset
+        )
+        self.sent_buffers = buffers
+        full = [self.out, *buffers[1:]]
+        if refs is not None:
+            full = self.place(buffers, sent, self.out)[0]
+        self.pending = (refs, sent, expected, full)
+        return full
+
+    def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
+        refs, sent, expected, full = self.pending
+        descriptor = self.descriptor
+        num_pages = descriptor.layout.num_pages
+        count = num_pages if sent is None else int(sent.size)
+        rows = page_rows(descriptor, self.sent_buffers, count)
+        landed = page_rows(descriptor, full, num_pages)
+        width = int(rows.pool.shape[1])
+        step = max(1, (1 << 20) // width) if width else max(count, 1)
+        hasher = xxhash.xxh3_64() if self.hash_pool else None
+        found = None if expected is None else np.empty(count, np.uint64)
+        for start in range(0, count, step):
+            stop = min(start + step, count)
+            if sent is None:  # the landed rows, digested and hashed while in cache
+                chunk = landed.pool[start:stop]
+                chunk[...] = rows.pool[start:stop]
+            else:  # scattered to their page ids: the source rows, just read, are hashed
+                landed.pool[sent[start:stop]] = chunk = rows.pool[start:stop]
+            if hasher is not None:
+                hasher.update(chunk.data)
+            if found is not None:
+                found[start:stop] = PageRecords(
+                    chunk,
+                    None if rows.scales is None else rows.scales[start:stop],
+                    None if rows.zero_points is None else rows.zero_points[start:stop],
+                ).digests()
+        if hasher is not None:
+            stored = stored_section_checksum(self.view, self.entry)
+            if hasher.intdigest() != stored:
+                raise checksum_mismatch(self.entry, int(hasher.intdigest()), stored)
+        if found is not None:
+            self.compare(found, expected, refs, sent)
+        if refs is not None:
+            self.fill_refs(refs, landed)
+        return super().finish(tensor)

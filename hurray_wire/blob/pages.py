@@ -217,9 +217,30 @@ class PageWork:
     ) -> list[U8Array]:
         """Check the sent rows against the digests, then (with refs) rebuild the full
         page-row buffers from the sent rows and the store. Returns the buffers to assemble."""
-        descriptor = self.descriptor
-        num_pages = descriptor.layout.num_pages
-        refs = None
+        refs, sent, expected = self.sections(
+            digests_payload, digests_offset, refs_payload, refs_offset
+        )
+        if expected is not None:
+            found = self._found
+            if found is None:
+                count = len(expected) if sent is None else int(sent.size)
+                found = page_rows(self.descriptor, buffers, count).digests()
+            self.compare(found, expected, refs, sent)
+        if refs is None:
+            return buffers
+        return self._expand(buffers, refs, sent)
+
+    def sections(
+        self,
+        digests_payload: U8Array | None,
+        digests_offset: int | None,
+        refs_payload: U8Array | None,
+        refs_offset: int | None,
+    ) -> tuple[PageRefs | None, Any, DigestArray | None]:
+        """The page refs (a page store required), the sent page ids (None: every page is
+        sent) and the expected digests (None: none, or not verifying)."""
+        num_pages = self.descriptor.layout.num_pages
+        refs = sent = expected = None
         if refs_payload is not None:
             refs = decode_page_refs(refs_payload, num_pages, base_offset=refs_offset or 0)
             if self.store is None:
@@ -229,40 +250,56 @@ class PageWork:
                     field="page_store",
                     pages=tuple(refs.pages.tolist()),
                 )
-        sent = refs.sent_pages(num_pages) if refs is not None else None
-        count = num_pages if sent is None else int(sent.size)
+            sent = refs.sent_pages(num_pages)
         if digests_payload is not None and self.verify:
             expected = decode_digest_section(
                 digests_payload, num_pages, base_offset=digests_offset or 0
             )
-            found = self._found
-            if found is None:
-                found = page_rows(descriptor, buffers, count).digests()
-            if sent is None:
-                self.mismatch = np.flatnonzero(found != expected)
-            else:
-                assert refs is not None
-                bad_sent = sent[found != expected[sent]]
-                bad_refs = refs.pages[refs.digests != expected[refs.pages]]
-                self.mismatch = np.union1d(bad_sent, bad_refs)
+        return refs, sent, expected
+
+    def compare(
+        self, found: DigestArray, expected: DigestArray, refs: PageRefs | None, sent: Any
+    ) -> None:
+        """Record the pages whose digest (of the sent rows ``found``, or carried by a ref)
+        is not the one the blob expects."""
         if refs is None:
-            return buffers
-        assert sent is not None and self.store is not None
-        return self._expand(buffers, refs, sent)
+            self.mismatch = np.flatnonzero(found != expected)
+        else:
+            bad_sent = sent[found != expected[sent]]
+            bad_refs = refs.pages[refs.digests != expected[refs.pages]]
+            self.mismatch = np.union1d(bad_sent, bad_refs)
 
     def _expand(self, buffers: list[U8Array], refs: PageRefs, sent: Any) -> list[U8Array]:
+        """The full page-row buffers (new arrays): the sent rows placed, the referenced ones
+        filled from the store."""
+        full, rows_out = self.place(buffers, sent)
+        self.fill_refs(refs, rows_out)
+        return full
+
+    def place(
+        self, buffers: list[U8Array], sent: Any, pool: U8Array | None = None
+    ) -> tuple[list[U8Array], PageRecords]:
+        """New full page-row buffers with the sent rows placed at their page ids, and their
+        rows. ``pool``: buffer 0 is that array, its rows left to the caller."""
         descriptor = self.descriptor
-        num_pages = descriptor.layout.num_pages
-        paged = paged_buffers(descriptor)
         full = list(buffers)
-        for index in paged.indexes:  # every row is written below: sent, filled or zeroed
+        for index in paged_buffers(descriptor).indexes:  # each row: sent, filled or zeroed
             full[index] = np.empty(descriptor.buffers[index].byte_size, np.uint8)
+        if pool is not None:
+            full[0] = pool
         rows_in = page_rows(descriptor, buffers, int(sent.size))
-        rows_out = page_rows(descriptor, full, num_pages)
-        for src, dst in ((rows_in.pool, rows_out.pool), (rows_in.scales, rows_out.scales),
-                         (rows_in.zero_points, rows_out.zero_points)):  # fmt: skip
+        rows_out = page_rows(descriptor, full, descriptor.layout.num_pages)
+        pairs = [(rows_in.scales, rows_out.scales), (rows_in.zero_points, rows_out.zero_points)]
+        if pool is None:
+            pairs.append((rows_in.pool, rows_out.pool))
+        for src, dst in pairs:
             if src is not None and dst is not None and sent.size:
                 dst[sent] = src
+        return full, rows_out
+
+    def fill_refs(self, refs: PageRefs, rows_out: PageRecords) -> None:
+        """Fill the referenced rows from the store; a failed page's rows are zeroed."""
+        num_pages = self.descriptor.layout.num_pages
         assert self.store is not None
         self.fill = fill_from_store(
             refs,
@@ -278,7 +315,6 @@ class PageWork:
             for part in (rows_out.pool, rows_out.scales, rows_out.zero_points):
                 if part is not None:
                     part[failed] = 0
-        return full
 
     def assemble(
         self,

@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from hurray_wire import blob
 from hurray_wire.blob import encode_parts
-from hurray_wire.blob.encoder import encode_deferred
+from hurray_wire.blob.encoder import encode_deferred, planned_into
 from hurray_wire.blob.envelope import pool_section as _pool_section
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.integrity import DeltaPlan, decode_known_pages
@@ -195,37 +195,31 @@ class NixlSender(_Endpoint):
                                        size)  # fmt: skip
             self._step()
             return
+        if mode == "staged":  # one plan: its size reserved now, written on the hasher
+            need, write = planned_into(tensor, compression, checksum)
+            start = self._take(need, _deadline(deadline), layer, role)
+            view = self._arena.buf[start : start + need]
+            future: Future[Any] = self._hasher.submit(write, view)
+            self._out[key] = _Outgoing(
+                tensor, layer, role, op == "WRITE", start, future, True, need
+            )
+            self._step()
+            return
         # One plan: the layout now (no hashing, no copy); the checksummed header later.
-        if checksum and mode == "zero-copy":
+        if checksum:
             parts, final = encode_deferred(tensor)
         else:
             parts, final = encode_parts(tensor, checksum=False), None
-        if old_ids is not None and mode == "zero-copy":  # the sent pages where they lie
+        if old_ids is not None:  # the sent pages where they lie
             parts = _pages_in_place(parts, source, old_ids)
         total = sum(len(p) for p in parts)
         copied = [
             k == 0 or len(p) < _ZERO_COPY_MIN or not self._registered(*_address(p))
             for k, p in enumerate(parts)
         ]
-        need = (
-            total
-            if mode == "staged"
-            else sum(len(p) for p, c in zip(parts, copied, strict=True) if c)
-        )
+        need = sum(len(p) for p, c in zip(parts, copied, strict=True) if c)
         start = self._take(need, _deadline(deadline), layer, role)
         out = self._arena.buf
-        if mode == "staged":
-            view = out[start : start + need]
-
-            def encode() -> int:
-                return blob.encode_into(tensor, view, compression=compression, checksum=checksum)
-
-            future: Future[Any] = self._hasher.submit(encode)
-            self._out[key] = _Outgoing(
-                tensor, layer, role, op == "WRITE", start, future, True, need
-            )
-            self._step()
-            return
         # zero-copy: small parts into the arena, large ones where they are.
         base = int(out.ctypes.data)
         segments: list[Segment] = []
