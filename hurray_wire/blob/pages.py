@@ -230,10 +230,12 @@ class PageWork:
                 )
         sent = refs.sent_pages(num_pages) if refs is not None else None
         count = num_pages if sent is None else int(sent.size)
-        if digests_payload is not None and self.verify:
+        expected = None  # the section's rules hold with verify=False too: only the
+        if digests_payload is not None:  # comparison with the pages is a checksum's work
             expected = decode_digest_section(
                 digests_payload, num_pages, base_offset=digests_offset or 0
             )
+        if expected is not None and self.verify:
             found = self._found
             if found is None:
                 found = page_rows(descriptor, buffers, count).digests()
