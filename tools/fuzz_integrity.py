@@ -160,7 +160,8 @@ def _typed(call: Callable[[], Any]) -> Any:
 
 
 def _u64(data: bytes) -> int:
-    return _U64.unpack(data[:8].ljust(8, b"\0"))[0]
+    value: int = _U64.unpack(data[:8].ljust(8, b"\0"))[0]
+    return value
 
 
 def _records(target: int, body: bytes) -> None:
@@ -183,7 +184,7 @@ def _records(target: int, body: bytes) -> None:
     elif target == 3:
         bloom = _typed(lambda: hi.decode_known_pages_bloom(rest, max_bytes=claimed + 64))
         if bloom is not None:
-            _typed(lambda: hi.bloom_candidates(bloom, np.array([5, 7, 9], np.uint64)))
+            _typed(lambda: hi.bloom_candidates(np.array([5, 7, 9], np.uint64), bloom))
     elif target == 4:
         fp = _typed(lambda: hi.decode_fingerprint(body))
         if fp is not None:
@@ -261,11 +262,12 @@ def _claimed(target: int, body: bytes) -> None:
             block_table_index_type="uint64"))  # fmt: skip
         if tensor is None:
             return
-        for call in (
+        work: tuple[Callable[[], Any], ...] = (
             lambda: hi.page_digests(tensor),
             lambda: hi.plan_delta(tensor, np.zeros(0, np.uint64)),
             lambda: hi.store_pages(hi.MemoryPageStore(1 << 16), tensor),
-        ):
+        )
+        for call in work:
             _typed(call)
 
 
