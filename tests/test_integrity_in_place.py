@@ -186,7 +186,9 @@ def test_full_blob_and_digests_only_blob_go_into_free_pages() -> None:
 
 def test_compressed_delta_blob() -> None:
     s = scene(seed=3)
-    got = hw.decode_in_place(delta_blob(s, compression="zstd:1"), pool_store=s.store, free_pages=s.free)
+    got = hw.decode_in_place(
+        delta_blob(s, compression="zstd:1"), pool_store=s.store, free_pages=s.free
+    )
     same_logical(got, s.tensor)
 
 
@@ -216,7 +218,9 @@ def test_empty_tensor_and_empty_pool() -> None:
     store = EnginePoolStore(np.zeros((8, PS, H, 0), np.float16))
     store.index([5])
     blob = hw.encode(t, known_pages=store.digests(), page_digests=True)
-    assert hw.decode_in_place(blob, pool_store=store, free_pages=[1]).block_table.tolist() == [5] * 3
+    assert (
+        hw.decode_in_place(blob, pool_store=store, free_pages=[1]).block_table.tolist() == [5] * 3
+    )
 
 
 # -- failures: stale, missing, corrupt -------------------------------------------------------

@@ -140,7 +140,9 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
             list(array.shape),
         )  # fmt: skip
     if array.dtype != etype.numpy_dtype:
-        raise _geometry_error("dtype", "pool_store.page_pool", str(etype.numpy_dtype), str(array.dtype))
+        raise _geometry_error(
+            "dtype", "pool_store.page_pool", str(etype.numpy_dtype), str(array.dtype)
+        )
     quant = descriptor.quantization
     slots = pool.num_pages * layout.page_size
     wanted: dict[str, np.dtype[Any] | None] = {"scales": None, "zero_points": None}
