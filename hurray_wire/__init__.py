@@ -3,9 +3,12 @@
 The public API mirrors the spec's names: ``BlockPagedLayout``, the quantization schemes,
 ``TensorDescriptor`` with ``encode_descriptor`` / ``decode_descriptor``, a
 ``BlockPagedTensor`` that ``encode`` frames into a blob and ``decode`` validates back into
-NumPy views. Element types live in ``hurray_wire.dtypes`` (``hurray_wire.float16`` works
-too, as the reference's Python API spells them); every error class is here and in
-``hurray_wire.errors``; everything else importable from its module. This module only
+NumPy views. ``BlockPagedTensor`` is the tensor every API takes and returns; ``Tensor`` is
+only the reference implementation's raw-buffer class (for code written against
+``hurray.Tensor``; ``Tensor.to_block_paged()`` converts). Element types live in
+``hurray_wire.dtypes`` (``hurray_wire.float16`` works too, as the reference's Python API
+spells them); every error class is here and in ``hurray_wire.errors``; everything else
+importable from its module. This module only
 re-exports, and loads each name's module on first use (``import hurray_wire`` costs the
 error tree alone; docs/performance.md).
 """

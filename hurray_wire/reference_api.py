@@ -38,7 +38,12 @@ def _bytes(value: object, name: str) -> memoryview:
 
 
 class Tensor:
-    """Raw buffers plus the block-paged layout that describes them (reference API shape)."""
+    """Raw buffers plus the block-paged layout that describes them (reference API shape).
+
+    Use it only to run code written against the reference's ``hurray.Tensor``. Everything
+    else in hurray-wire (``encode``, ``decode``, streams, files, adapters, NIXL) takes and
+    returns ``BlockPagedTensor``, which ``to_block_paged()`` converts to (and
+    ``from_block_paged`` back); ``encode`` refuses a ``Tensor``."""
 
     __slots__ = ("aux_buffers", "data", "descriptor", "seq_lens")
 

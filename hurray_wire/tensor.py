@@ -134,6 +134,10 @@ class BlockPagedTensor:
     type's dtype; packed sub-byte types keep their wire bytes as a 1-D uint8 array (see
     ``unpacked_page_pool``). ``block_table`` and ``seq_ptr`` use ``layout.index_dtype``.
     ``scales`` / ``zero_points`` are flat (per-block affine: one entry per page slot).
+
+    This is the library's tensor: every API takes and returns it. ``hurray_wire.Tensor`` is
+    only the reference implementation's raw-buffer API class, for code written against
+    ``hurray.Tensor``; ``Tensor.to_block_paged()`` converts.
     """
 
     __slots__ = (

@@ -156,7 +156,7 @@ def test_round_trip_with_90_percent_held(quantized: bool) -> None:
     blob = delta_blob(s)
     assert peek_in_place(blob) == (s.tensor.descriptor, 1)
     before = s.engine.copy()
-    got = hw.decode_in_place(blob, pool=s.store, free_pages=s.free)
+    got = hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
     same_logical(got, s.tensor)
     assert got.page_pool is s.engine and np.shares_memory(got.page_pool, s.engine)
     if quantized:
@@ -177,7 +177,7 @@ def test_full_blob_and_digests_only_blob_go_into_free_pages() -> None:
     for blob in (hw.encode(s.tensor), hw.encode(s.tensor, page_digests=True)):
         assert peek_in_place(blob)[1] == 10
         before = s.engine.copy()
-        report = hw.decode_in_place_report(blob, pool=s.store, free_pages=s.free)
+        report = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free)
         same_logical(report.tensor, s.tensor)
         assert report.ok and report.written.tolist() == s.free[:10].tolist()
         assert rows_changed(before, s.engine) <= set(s.free[:10].tolist())
@@ -186,7 +186,9 @@ def test_full_blob_and_digests_only_blob_go_into_free_pages() -> None:
 
 def test_compressed_delta_blob() -> None:
     s = scene(seed=3)
-    got = hw.decode_in_place(delta_blob(s, compression="zstd:1"), pool=s.store, free_pages=s.free)
+    got = hw.decode_in_place(
+        delta_blob(s, compression="zstd:1"), pool_store=s.store, free_pages=s.free
+    )
     same_logical(got, s.tensor)
 
 
@@ -195,11 +197,11 @@ def test_nothing_held_and_everything_held() -> None:
     blob = delta_blob(s)
     assert peek_in_place(blob)[1] == 0
     before = s.engine.copy()
-    got = hw.decode_in_place(blob, pool=s.store, free_pages=[])
+    got = hw.decode_in_place(blob, pool_store=s.store, free_pages=[])
     same_logical(got, s.tensor)
     assert s.engine.tobytes() == before.tobytes()
     s = scene(held=())
-    got = hw.decode_in_place(delta_blob(s), pool=s.store, free_pages=s.free)
+    got = hw.decode_in_place(delta_blob(s), pool_store=s.store, free_pages=s.free)
     same_logical(got, s.tensor)
 
 
@@ -208,7 +210,7 @@ def test_empty_tensor_and_empty_pool() -> None:
     store = EnginePoolStore(np.zeros((0, PS, H, D), np.float16))
     assert store.index([]).size == 0 and store.digests().size == 0
     for blob in (hw.encode(empty), hw.encode(empty, known_pages=store.digests())):
-        got = hw.decode_in_place(blob, pool=store, free_pages=np.zeros(0, np.int64))
+        got = hw.decode_in_place(blob, pool_store=store, free_pages=np.zeros(0, np.int64))
         assert got.layout.num_pages == 0 and got.block_table.size == 0
     assert page_digests(empty).size == 0
     # pages of no bytes: all equal, all referenced to the one indexed page
@@ -216,7 +218,9 @@ def test_empty_tensor_and_empty_pool() -> None:
     store = EnginePoolStore(np.zeros((8, PS, H, 0), np.float16))
     store.index([5])
     blob = hw.encode(t, known_pages=store.digests(), page_digests=True)
-    assert hw.decode_in_place(blob, pool=store, free_pages=[1]).block_table.tolist() == [5] * 3
+    assert (
+        hw.decode_in_place(blob, pool_store=store, free_pages=[1]).block_table.tolist() == [5] * 3
+    )
 
 
 # -- failures: stale, missing, corrupt -------------------------------------------------------
@@ -236,7 +240,7 @@ def test_stale_page_is_refused_at_its_logical_positions() -> None:
     s.engine[s.held_at[page], 1, 0, 3] += 1  # the engine overwrote it without forget()
     before = snapshot(s)
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(blob, pool=s.store, free_pages=s.free)
+        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
     assert not isinstance(caught.value, PageStoreMissError)
     assert caught.value.pages == (page,)
     assert caught.value.positions == ((0, 0), (1, 0))
@@ -252,7 +256,7 @@ def test_stale_page_reported_gets_a_zeroed_free_page() -> None:
     s.engine[s.held_at[page], 0, 0, 0] += 1
     indexed = s.store.indexed_pages()
     before = s.engine.copy()
-    report = hw.decode_in_place_report(blob, pool=s.store, free_pages=s.free)
+    report = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free)
     assert isinstance(report, InPlaceReport) and not report.ok
     spare = int(s.free[1])  # free_pages[0] took the sent page
     assert report.pages.tolist() == [spare] and report.corrupt.tolist() == [spare]
@@ -276,7 +280,7 @@ def test_stale_slot_scale_is_refused() -> None:
     assert s.scales is not None
     s.scales[s.held_at[page] * PS + 2] += 1
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(blob, pool=s.store, free_pages=s.free)
+        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
     assert caught.value.positions == ((0, 0), (1, 0))
 
 
@@ -287,15 +291,15 @@ def test_page_forgotten_since_planning_is_missing() -> None:
     s.store.forget([s.held_at[page]])
     before = snapshot(s)
     with pytest.raises(PageStoreMissError) as caught:
-        hw.decode_in_place(blob, pool=s.store, free_pages=s.free)
+        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
     assert caught.value.pages == (page,) and caught.value.positions == ((0, 1),)
     assert snapshot(s) == before
-    report = hw.decode_in_place_report(blob, pool=s.store, free_pages=s.free)
+    report = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free)
     assert report.missing.tolist() == [int(s.free[1])] and report.positions == ((0, 1),)
     assert report.stale.size == 0
     # too few free pages to report it in: raised as decode_in_place raises it
     with pytest.raises(PageStoreMissError, match="no page left"):
-        hw.decode_in_place_report(blob, pool=s.store, free_pages=s.free[:1])
+        hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free[:1])
 
 
 def corrupt_sent_page(blob: Any, s: Scene, *, keep_checksum: bool) -> bytes:
@@ -316,18 +320,18 @@ def test_corrupt_sent_page_is_refused_or_reported() -> None:
     before = snapshot(s)
     bad = corrupt_sent_page(delta_blob(s), s, keep_checksum=True)
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(bad, pool=s.store, free_pages=s.free)
+        hw.decode_in_place(bad, pool_store=s.store, free_pages=s.free)
     assert caught.value.field == "page_digests" and caught.value.pages == (sent,)
     assert list(caught.value.positions) == where
     assert snapshot(s) == before
-    report = hw.decode_in_place_report(bad, pool=s.store, free_pages=s.free)
+    report = hw.decode_in_place_report(bad, pool_store=s.store, free_pages=s.free)
     assert report.digest_mismatch.tolist() == [int(s.free[0])]
     assert not s.engine[int(s.free[0])].any()
     broken = corrupt_sent_page(delta_blob(s), s, keep_checksum=False)
     with pytest.raises(ChecksumError):
-        hw.decode_in_place(broken, pool=s.store, free_pages=s.free)
+        hw.decode_in_place(broken, pool_store=s.store, free_pages=s.free)
     # report mode: the digests localise the damaged pool section
-    assert hw.decode_in_place_report(broken, pool=s.store, free_pages=s.free).pages.size == 1
+    assert hw.decode_in_place_report(broken, pool_store=s.store, free_pages=s.free).pages.size == 1
 
 
 def test_other_section_corruption_raises_and_writes_nothing() -> None:
@@ -336,10 +340,10 @@ def test_other_section_corruption_raises_and_writes_nothing() -> None:
     blob[ref.entry(bytes(blob), 1)["offset"]] ^= 1  # the block table
     before = snapshot(s)
     with pytest.raises(ChecksumError):
-        hw.decode_in_place(blob, pool=s.store, free_pages=s.free)
+        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
     assert snapshot(s) == before
     with pytest.raises(ArgumentTypeError, match="fewer pages"):  # arguments first
-        hw.decode_in_place(blob, pool=s.store, free_pages=[])
+        hw.decode_in_place(blob, pool_store=s.store, free_pages=[])
 
 
 def test_verify_false_still_rehashes_the_referenced_pages() -> None:
@@ -347,7 +351,7 @@ def test_verify_false_still_rehashes_the_referenced_pages() -> None:
     blob = delta_blob(s)
     s.engine[s.held_at[shared_prefix_page(s)], 0, 1, 1] += 1
     with pytest.raises(PageDigestError):
-        hw.decode_in_place(blob, pool=s.store, free_pages=s.free, verify=False)
+        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free, verify=False)
 
 
 def test_the_pool_store_also_serves_the_copying_decode() -> None:
@@ -382,7 +386,7 @@ def test_bad_free_pages() -> None:
     before = snapshot(s)
     for value, message in cases:
         with pytest.raises(ArgumentTypeError, match=message) as caught:
-            hw.decode_in_place(blob, pool=s.store, free_pages=value)
+            hw.decode_in_place(blob, pool_store=s.store, free_pages=value)
         assert caught.value.field == "free_pages", value
         assert snapshot(s) == before
 
@@ -391,22 +395,22 @@ def test_pool_must_fit_the_blob() -> None:
     s = scene()
     blob = delta_blob(s)
     with pytest.raises(ArgumentTypeError, match="EnginePoolStore"):
-        hw.decode_in_place(blob, pool=MemoryPageStore(1 << 20), free_pages=s.free)  # type: ignore[arg-type]
+        hw.decode_in_place(blob, pool_store=MemoryPageStore(1 << 20), free_pages=s.free)  # type: ignore[arg-type]
     wrong: list[tuple[EnginePoolStore, str]] = [
-        (EnginePoolStore(np.zeros((CAPACITY, PS, H, D), np.float32)), "pool.page_pool"),
-        (EnginePoolStore(np.zeros((CAPACITY, PS, H, 2 * D), np.float16)), "pool.page_pool"),
-        (EnginePoolStore(np.zeros((CAPACITY, PS * H * D), np.float16)), "pool.page_pool"),
+        (EnginePoolStore(np.zeros((CAPACITY, PS, H, D), np.float32)), "pool_store.page_pool"),
+        (EnginePoolStore(np.zeros((CAPACITY, PS, H, 2 * D), np.float16)), "pool_store.page_pool"),
+        (EnginePoolStore(np.zeros((CAPACITY, PS * H * D), np.float16)), "pool_store.page_pool"),
         (
             EnginePoolStore(
                 np.zeros((CAPACITY, PS, H, D), np.float16),
                 scales=np.zeros(CAPACITY * PS, np.float16),
             ),
-            "pool.scales",
+            "pool_store.scales",
         ),
     ]
     for pool, field in wrong:
         with pytest.raises(InvalidTensorError) as caught:
-            hw.decode_in_place(blob, pool=pool, free_pages=[0])
+            hw.decode_in_place(blob, pool_store=pool, free_pages=[0])
         assert caught.value.field == field
         assert not pool.page_pool.any()
     q = scene(quantized=True)
@@ -420,7 +424,7 @@ def test_pool_must_fit_the_blob() -> None:
     ]
     for pool in bad_scales:
         with pytest.raises(InvalidTensorError):
-            hw.decode_in_place(qblob, pool=pool, free_pages=q.free)
+            hw.decode_in_place(qblob, pool_store=pool, free_pages=q.free)
 
 
 def test_store_construction_errors() -> None:
@@ -536,7 +540,7 @@ def test_encode_with_a_plan_from_cached_digests() -> None:
     plan = plan_delta(s.tensor, known, digests=cached)
     blob = hw.encode(s.tensor, known_pages=plan, page_digests=True)
     assert bytes(blob) == bytes(hw.encode(s.tensor, known_pages=known, page_digests=True))
-    same_logical(hw.decode_in_place(blob, pool=s.store, free_pages=s.free), s.tensor)
+    same_logical(hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free), s.tensor)
     other = scene(seed=5, pages=12)
     with pytest.raises(InvalidIntegrityRecordError):
         hw.encode(other.tensor, known_pages=plan)
@@ -554,7 +558,7 @@ def test_wrong_cached_digest_of_a_sent_page_is_refused_by_the_receiver() -> None
     plan = plan_delta(s.tensor, s.store.digests(), digests=cached)
     blob = hw.encode(s.tensor, known_pages=plan, page_digests=True)
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(blob, pool=s.store, free_pages=s.free)
+        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
     assert caught.value.pages == (sent,)
 
 
@@ -614,12 +618,12 @@ def test_in_place_round_trip_property(
     before = s.engine.copy()
     free = np.random.default_rng(seed).permutation(s.free)
     if report:
-        r = hw.decode_in_place_report(blob, pool=s.store, free_pages=free)
+        r = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=free)
         assert r.ok and r.stale.size == 0
         got = r.tensor
         assert r.written.tolist() == free[: 10 - len(held)].tolist()
     else:
-        got = hw.decode_in_place(blob, pool=s.store, free_pages=free)
+        got = hw.decode_in_place(blob, pool_store=s.store, free_pages=free)
     same_logical(got, s.tensor)
     assert rows_changed(before, s.engine) <= set(free[: 10 - len(held)].tolist())
 
@@ -637,10 +641,10 @@ def test_stale_pages_reported_at_every_position_property(seed: int, stale: set[i
     ]
     before = snapshot(s)
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(blob, pool=s.store, free_pages=s.free)
+        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
     assert list(caught.value.positions) == expected
     assert set(caught.value.pages) == stale and snapshot(s) == before
-    r = hw.decode_in_place_report(blob, pool=s.store, free_pages=s.free)
+    r = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free)
     assert list(r.positions) == expected
     assert set(r.stale.tolist()) == {s.held_at[p] for p in stale}
     assert set(r.written.tolist()) == set(s.free[: 1 + len(stale)].tolist())

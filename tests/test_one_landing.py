@@ -221,7 +221,7 @@ def route_decode_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]
     store, engine = _pool_store()
     before = engine.copy()
     with pytest.raises(HurrayWireError) as info:
-        hw.decode_in_place(blob, pool=store, free_pages=np.arange(PAGES),
+        hw.decode_in_place(blob, pool_store=store, free_pages=np.arange(PAGES),
                            expect_fingerprint=case.fingerprint)  # fmt: skip
     return info.value, engine.tobytes() == before.tobytes()
 

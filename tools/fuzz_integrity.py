@@ -225,7 +225,7 @@ def _delta(target: int, blob: bytes) -> None:
         before = _ENGINE.copy()
         try:
             _typed(lambda: hw.decode_in_place(
-                blob, pool=_POOL, free_pages=_ENGINE_FREE, limits=LIMITS))  # fmt: skip
+                blob, pool_store=_POOL, free_pages=_ENGINE_FREE, limits=LIMITS))  # fmt: skip
         finally:
             _ENGINE[:] = before  # the next input sees the same pool
     assert blob == original
@@ -242,7 +242,7 @@ def _claimed(target: int, body: bytes) -> None:
             lambda: hw.decode(data, page_store=_STORE, limits=LIMITS),
             lambda: hw.decode_report(data, page_store=_STORE),
             lambda: list(StreamReader(data, page_store=_STORE)),
-            lambda: hw.decode_in_place(data, pool=_POOL, free_pages=_ENGINE_FREE),
+            lambda: hw.decode_in_place(data, pool_store=_POOL, free_pages=_ENGINE_FREE),
         ):
             try:
                 got = call()

@@ -136,11 +136,13 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
     page = (layout.page_size, descriptor.shape[1], descriptor.shape[2])
     if array.ndim != 4 or tuple(array.shape[1:]) != page:
         raise _geometry_error(
-            "page shape", "pool.page_pool", f"[num_pages, {', '.join(map(str, page))}]",
+            "page shape", "pool_store.page_pool", f"[num_pages, {', '.join(map(str, page))}]",
             list(array.shape),
         )  # fmt: skip
     if array.dtype != etype.numpy_dtype:
-        raise _geometry_error("dtype", "pool.page_pool", str(etype.numpy_dtype), str(array.dtype))
+        raise _geometry_error(
+            "dtype", "pool_store.page_pool", str(etype.numpy_dtype), str(array.dtype)
+        )
     quant = descriptor.quantization
     slots = pool.num_pages * layout.page_size
     wanted: dict[str, np.dtype[Any] | None] = {"scales": None, "zero_points": None}
@@ -152,13 +154,13 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
         given: npt.NDArray[Any] | None = getattr(pool, name)
         if (given is None) != (dtype is None):
             raise _geometry_error(
-                f"per-page-slot {name}", f"pool.{name}",
+                f"per-page-slot {name}", f"pool_store.{name}",
                 "none" if dtype is None else f"{slots} entries of {dtype}",
                 "none" if given is None else f"an array of {given.size}",
             )  # fmt: skip
         if given is not None and (given.dtype != dtype or given.size != slots):
             raise _geometry_error(
-                f"per-page-slot {name}", f"pool.{name}", f"{slots} entries of {dtype}",
+                f"per-page-slot {name}", f"pool_store.{name}", f"{slots} entries of {dtype}",
                 f"{given.size} entries of {given.dtype}",
             )  # fmt: skip
 
@@ -366,7 +368,7 @@ def _failure(
 
 def land_in_place(
     view: memoryview,
-    pool: EnginePoolStore,
+    pool_store: EnginePoolStore,
     free_pages: object,
     opts: DecodeOptions,
     *,
@@ -376,13 +378,13 @@ def land_in_place(
     """The pipeline with the in-place landing (every in-place route: the functions below,
     ``StreamReader(in_place=)``, ``NixlReceiver.expect_in_place``). ``opts.page_store`` is
     ignored: the engine's pool is the store."""
-    if not isinstance(pool, EnginePoolStore):
+    if not isinstance(pool_store, EnginePoolStore):
         raise ArgumentTypeError(
-            "pool must be an EnginePoolStore over the engine's pool",
-            field="pool",
-            found=type(pool).__name__,
+            "pool_store must be an EnginePoolStore over the engine's pool",
+            field="pool_store",
+            found=type(pool_store).__name__,
         )
-    free = _free_pages(free_pages, pool)
+    free = _free_pages(free_pages, pool_store)
     plan = plan_of(view, opts)  # the header alone decides how many pages are sent
     needed = _sent_pages(plan)
     if free.size < needed:
@@ -392,8 +394,8 @@ def land_in_place(
             found=f"{free.size} pages",
             expected=f">= {needed}",
         )
-    work = functools.partial(_InPlaceWork, pool=pool, free=free)
-    opts = dataclasses.replace(opts, page_store=pool)
+    work = functools.partial(_InPlaceWork, pool=pool_store, free=free)
+    opts = dataclasses.replace(opts, page_store=pool_store)
     # Pages are written by _InPlaceWork.finish, the pipeline's last step (after accept).
     found = run(view, opts, report=report, work=work, accept=accept, plan=plan)[1]
     assert isinstance(found, InPlaceReport)
@@ -412,19 +414,19 @@ def _sent_pages(plan: Any) -> int:
 def decode_in_place(
     data: Any,
     *,
-    pool: EnginePoolStore,
+    pool_store: EnginePoolStore,
     free_pages: object,
     verify: bool = True,
     limits: DecodeLimits | None = None,
     threads: int = -1,
     expect_fingerprint: EngineFingerprint | None = None,
 ) -> BlockPagedTensor:
-    """Decode a blob (delta or full) into the engine's pool that ``pool`` wraps.
+    """Decode a blob (delta or full) into the engine's pool that ``pool_store`` wraps.
 
     The pages the blob carries are written into ``free_pages`` (engine page ids its
     allocator hands out: the first ``peek_in_place(data)[1]`` of them are used, in order,
     for the sent pages in ascending blob page order); referenced pages are not copied: the
-    returned tensor's ``page_pool`` is ``pool.page_pool`` and its ``block_table`` names
+    returned tensor's ``page_pool`` is ``pool_store.page_pool`` and its ``block_table`` names
     engine pages. Every referenced page is re-hashed in place against its digest; sent
     pages are checked against the page-digests section, sections against their checksums,
     as ``decode`` does. Any failure raises before anything is written (``PageDigestError``
@@ -433,16 +435,16 @@ def decode_in_place(
     repeated, out-of-range or indexed free page, too few of them) or
     ``InvalidTensorError`` (a pool of another page shape or dtype).
 
-    The engine should ``pool.index(...)`` the written pages it will keep, and must not
+    The engine should ``pool_store.index(...)`` the written pages it will keep, and must not
     overwrite indexed pages during the call (``forget`` them first)."""
     opts = decode_options(verify, limits, threads, None, expect_fingerprint)
-    return land_in_place(byte_view(data), pool, free_pages, opts).tensor
+    return land_in_place(byte_view(data), pool_store, free_pages, opts).tensor
 
 
 def decode_in_place_report(
     data: Any,
     *,
-    pool: EnginePoolStore,
+    pool_store: EnginePoolStore,
     free_pages: object,
     verify: bool = True,
     limits: DecodeLimits | None = None,
@@ -455,7 +457,7 @@ def decode_in_place_report(
     recompute, and the good pages are written. When ``free_pages`` is too short for that,
     the failure is raised as ``decode_in_place`` raises it. Every other check raises."""
     opts = decode_options(verify, limits, threads, None, expect_fingerprint)
-    return land_in_place(byte_view(data), pool, free_pages, opts, report=True)
+    return land_in_place(byte_view(data), pool_store, free_pages, opts, report=True)
 
 
 def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:

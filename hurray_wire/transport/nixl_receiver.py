@@ -69,7 +69,7 @@ class _Incoming:
     engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
     pages: PageLanding | None = None  # the landing at engine page ids, when expect() gave them
     target: PageLanding | None = None  # what expect() named (its array's dtype and shape)
-    in_place: tuple[EnginePoolStore, Any] | None = None  # expect_in_place's pool, free pages
+    in_place: tuple[EnginePoolStore, Any] | None = None  # expect_in_place's pool_store, free
     landed: bool = False
     started: bool = False  # its transfer posted (offers wait in a queue until then)
 
@@ -146,21 +146,21 @@ class NixlReceiver(_Endpoint):
             self._pools[(layer, role)] = page_landing(page_pool, flat, page_ids)
 
     def expect_in_place(
-        self, layer: int, role: str, pool: EnginePoolStore, free_pages: Any
+        self, layer: int, role: str, pool_store: EnginePoolStore, free_pages: Any
     ) -> None:
         """Decode blob {layer, role} in place into the engine's pool (``decode_in_place``):
         the pages it carries go to ``free_pages``, the pages it references are the ones
-        ``pool`` indexes, re-hashed where they are; the tensor is over the engine's pool.
-        The delta protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
-        pool.digests())`` first, and the sender publishes with ``known_pages`` (staged)."""
+        ``pool_store`` indexes, re-hashed where they are; the tensor is over the engine's
+        pool. The delta protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
+        pool_store.digests())`` first, and the sender publishes with ``known_pages`` (staged)."""
         key = _checked_key(layer, role)
-        if not isinstance(pool, EnginePoolStore):
-            raise ArgumentTypeError("pool must be an EnginePoolStore", field="pool",
-                                    found=type(pool).__name__)  # fmt: skip
+        if not isinstance(pool_store, EnginePoolStore):
+            raise ArgumentTypeError("pool_store must be an EnginePoolStore", field="pool_store",
+                                    found=type(pool_store).__name__)  # fmt: skip
         if key in self._pools:
             raise ArgumentTypeError("this blob is already expected in a page_pool",
                                     field="layer", found=f"{layer} {role}")  # fmt: skip
-        self._in_place[key] = (pool, free_pages)
+        self._in_place[key] = (pool_store, free_pages)
 
     def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
         """Yield ``count`` tensors in the order they land (each decoded and validated).
