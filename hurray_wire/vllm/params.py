@@ -1,0 +1,109 @@
+"""The ``kv_transfer_params`` of a HurrayConnector transfer and the prompt digest that names
+what its pages are the keys and values of (docs/vllm.md § params); no vLLM, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.wire.fast import item_dtype
+from hurray_wire.wire.transfer import PROMPT_TOKEN_ITEM
+
+__all__ = ["PARAM_KEYS", "TransferParams", "prompt_digest"]
+
+#: The keys of ``kv_transfer_params`` the connector reads and writes (docs/vllm.md § params).
+PARAM_KEYS = (
+    "do_remote_prefill",
+    "do_remote_decode",
+    "hurray_transfer_id",
+    "remote_request_id",
+    "remote_host",
+    "remote_port",
+    "remote_block_ids",
+    "remote_num_tokens",
+    "remote_block_size",
+    "prompt_digest",
+)
+
+
+def prompt_digest(token_ids: Sequence[int]) -> str:
+    """What the pages are the keys and values of: xxh3-128 of the prompt's token ids (int64
+    little endian), hex. A transfer carries it; a decode request whose own prompt gives
+    another digest is refused (the stale-reference case of vLLM #52234)."""
+    ids = np.asarray(list(token_ids), dtype=item_dtype(PROMPT_TOKEN_ITEM))
+    return xxhash.xxh3_128_hexdigest(ids.tobytes())
+
+
+@dataclass(frozen=True)
+class TransferParams:
+    """The ``kv_transfer_params`` a prefill engine returns and a decode request carries."""
+
+    transfer_id: str
+    request_id: str
+    host: str
+    port: int
+    block_ids: tuple[int, ...]
+    num_tokens: int
+    block_size: int
+    prompt_digest: str
+
+    def to_params(self) -> dict[str, Any]:
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "hurray_transfer_id": self.transfer_id,
+            "remote_request_id": self.request_id,
+            "remote_host": self.host,
+            "remote_port": self.port,
+            "remote_block_ids": list(self.block_ids),
+            "remote_num_tokens": self.num_tokens,
+            "remote_block_size": self.block_size,
+            "prompt_digest": self.prompt_digest,
+        }
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> TransferParams:
+        """Validated params; a missing or mistyped key raises ``ArgumentTypeError``."""
+
+        def get(name: str, kind: type) -> Any:
+            value = params.get(name)
+            if type(value) is not kind:
+                raise ArgumentTypeError(
+                    f"kv_transfer_params[{name!r}] must be a {kind.__name__}",
+                    field=name,
+                    found=repr(value),
+                )
+            return value
+
+        blocks = get("remote_block_ids", list)
+        if not all(type(b) is int and b >= 0 for b in blocks):
+            raise ArgumentTypeError(
+                "kv_transfer_params['remote_block_ids'] must be non-negative ints",
+                field="remote_block_ids",
+                found=repr(blocks[:8]),
+            )
+        port = get("remote_port", int)
+        tokens = get("remote_num_tokens", int)
+        size = get("remote_block_size", int)
+        for name, value, low, high in (
+            ("remote_port", port, 1, 65535),
+            ("remote_num_tokens", tokens, 0, 1 << 40),
+            ("remote_block_size", size, 1, 1 << 20),
+        ):
+            if not low <= value <= high:
+                raise ArgumentTypeError(f"{name} must be in {low}..{high}", field=name, found=value)
+        return cls(
+            transfer_id=get("hurray_transfer_id", str),
+            request_id=get("remote_request_id", str),
+            host=get("remote_host", str),
+            port=port,
+            block_ids=tuple(blocks),
+            num_tokens=tokens,
+            block_size=size,
+            prompt_digest=get("prompt_digest", str),
+        )
