@@ -145,16 +145,17 @@ def _request_pages(
             found=len(lens),
             expected=len(index),
         )
-    for position, row in enumerate(index.tolist()):
-        if row == 0 or row >= rows:
-            why = "row 0 is ReqToTokenPool's padding row (drop padded batch entries)"
-            raise IndexBufferError(
-                why if row == 0 else "row outside req_to_token",
-                position=position,
-                field="req_pool_indices",
-                found=row,
-                expected=f"1..{rows - 1}",
-            )
+    refused = np.flatnonzero((index == 0) | (index >= rows))  # one pass, the first named
+    if refused.size:
+        position, row = int(refused[0]), int(index[refused[0]])
+        why = "row 0 is ReqToTokenPool's padding row (drop padded batch entries)"
+        raise IndexBufferError(
+            why if row == 0 else "row outside req_to_token",
+            position=position,
+            field="req_pool_indices",
+            found=row,
+            expected=f"1..{rows - 1}",
+        )
     if lens.size and int(lens.max()) > width:
         seq = int(np.argmax(lens > width))
         raise IndexBufferError(
