@@ -30,7 +30,7 @@ def test_regenerating_reproduces_the_committed_bytes(tmp_path: Path) -> None:
     committed = sorted(
         p.relative_to(FIXTURES)
         for p in FIXTURES.rglob("*")
-        if p.is_file() and "conformance" not in p.parts
+        if p.is_file() and not {"conformance", "kv_sample"} & set(p.parts)  # copied, not made
     )
     regenerated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert committed == regenerated
@@ -116,3 +116,14 @@ def test_spec_example_values_follow_the_conformance_formula() -> None:
     reference = FIXTURES / "conformance/block_paged/streams/spec_example_f16_key_l3.hrrs"
     pool_bytes = reference.read_bytes()[133 : 133 + 640]
     assert tensor.page_pool.reshape(-1).view(np.uint8).tobytes() == pool_bytes
+
+
+def test_the_kv_sample_is_the_one_its_manifest_describes() -> None:
+    """fixtures/kv_sample/ is copied data (the compression study's input): every array has
+    the sha256 its manifest records, and nothing else sits beside them."""
+    folder = FIXTURES / "kv_sample"
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    arrays = {p.name for p in folder.glob("*.npy")}
+    assert arrays == set(manifest["files"]) | {"token_ids.npy", "doc_index.npy"}
+    for name, entry in manifest["files"].items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == entry["sha256"], name

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import xxhash
+from bench_scale import SMOKE, scaled
 
 import hurray_wire as hw
 from hurray_wire import blob
@@ -481,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also hurray-wire over NIXL vs raw NIXL between the same agents (tools/bench_nixl.py)",
     )
     args = parser.parse_args(argv)
-    repeat = 3 if args.quick else 7
+    repeat = scaled(3 if args.quick else 7, 1)
     print(f"hurray-wire {hw.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
     bench_import(repeat)
     bench_landing(repeat)
@@ -491,20 +492,20 @@ def main(argv: list[str] | None = None) -> int:
     bench_many_sequences(repeat)
     bench_descriptor_parsers(repeat)
     bench_index_check()
-    if not args.skip_flat:
+    if not (args.skip_flat or SMOKE):  # the 1 GiB case has no smoke size
         bench_decode_flat(repeat)
     if args.transfer:
         print("\n[loopback transfer: stream of blobs vs raw socket copy (tools/bench_transfer.py)]")
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import bench_transfer
 
-        bench_transfer.main(["rate", "--rounds", "3" if args.quick else "5"])
+        bench_transfer.main(["rate", "--rounds", str(scaled(3 if args.quick else 5, 1))])
     if args.nixl:
         print("\n[NIXL: hurray-wire blobs vs raw NIXL READs, same agents (tools/bench_nixl.py)]")
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import bench_nixl
 
-        bench_nixl.main(["--rounds", "3" if args.quick else "9"])
+        bench_nixl.main(["--rounds", str(scaled(3 if args.quick else 9, 1))])
     return 0
 
 

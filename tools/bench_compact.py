@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from bench_scale import scaled
 
 import hurray_wire as hw
 
@@ -56,8 +57,8 @@ def measure_full(tensor: hw.BlockPagedTensor, rounds: int) -> tuple[float, float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--pages", type=int, default=65536)
+    parser.add_argument("--rounds", type=int, default=scaled(3, 1))
+    parser.add_argument("--pages", type=int, default=scaled(65536, 1024))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     tensor = build(args.pages)

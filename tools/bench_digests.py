@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import xxhash
+from bench_scale import scaled
 
 import hurray_wire as hw
 from hurray_wire.containers import StreamHeader, StreamReader, StreamWriter
@@ -422,12 +423,12 @@ def transfer_run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--pages", type=int, default=4096)
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--request-pages", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=scaled(5, 1))
+    parser.add_argument("--pages", type=int, default=scaled(4096, 64))
+    parser.add_argument("--layers", type=int, default=scaled(32, 2))
+    parser.add_argument("--request-pages", type=int, default=scaled(512, 16))
     parser.add_argument("--shared", type=float, default=0.9)
-    parser.add_argument("--transfer-rounds", type=int, default=3)
+    parser.add_argument("--transfer-rounds", type=int, default=scaled(3, 1))
     parser.add_argument("--link-gbps", type=float, default=10.0, help="paced link; 0: skip")
     parser.add_argument("--only", default="", help="comma-separated sections, e.g. transfer")
     parser.add_argument("--json", action="store_true")

@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_scale import scaled
 
 import hurray_wire as hw
 
-LAYERS = 32
+LAYERS = scaled(32, 2)
 ROLES = ("key", "value")
-PAGES, PAGE_SIZE, HEADS, HEAD_DIM = 2048, 16, 8, 64  # 32 MiB of fp16 per tensor
+PAGES, PAGE_SIZE, HEADS, HEAD_DIM = scaled(2048, 64), 16, 8, 64  # 32 MiB of fp16 per tensor
 
 
 def make_cache() -> dict[tuple[int, str], hw.BlockPagedTensor]:
@@ -58,7 +59,7 @@ def best(fn: Callable[[], Any], rounds: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=scaled(5, 1))
     parser.add_argument("--dir", default=tempfile.gettempdir())
     args = parser.parse_args(argv)
     import safetensors.numpy as stn
@@ -117,18 +118,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def one_stream() -> None:
         with hw.StreamFile(hrws) as f:
-            np.copyto(engine, f.tensor(17, "value").page_pool.reshape(-1).view(np.uint8))
+            np.copyto(engine, f.tensor(LAYERS // 2, "value").page_pool.reshape(-1).view(np.uint8))
 
     def one_safetensors() -> None:
         from safetensors import safe_open
 
         with safe_open(str(st_path), framework="numpy") as f:
-            pool = f.get_tensor("layer17.value.page_pool")
+            pool = f.get_tensor(f"layer{LAYERS // 2}.value.page_pool")
             np.copyto(engine, pool.reshape(-1).view(np.uint8))
 
     def one_torch() -> None:
         loaded = torch.load(pt_path, mmap=True, weights_only=True)
-        np.copyto(engine, loaded["layer17.value.page_pool"].numpy().reshape(-1).view(np.uint8))
+        np.copyto(
+            engine, loaded[f"layer{LAYERS // 2}.value.page_pool"].numpy().reshape(-1).view(np.uint8)
+        )
 
     size = sum(t.nbytes for t in cache.values())
     print(f"[whole cache on disk: {LAYERS} layers x key/value, {size / 2**30:.2f} GiB, {work}]")
@@ -141,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     for round_number in range(args.rounds):  # the candidates take turns, each one first once
         for name in names[round_number % len(names) :] + names[: round_number % len(names)]:
             os.sync()  # no other save's dirty pages left to throttle this one
-            time.sleep(1.0)  # and the virtual disk a moment to take what sync handed it
+            time.sleep(
+                scaled(1000, 0) / 1000
+            )  # and the virtual disk a moment to take what sync handed it
             results[name] = min(results[name], best(saves[name], 1))
     base = results["safetensors save_file"]
     for name, seconds in results.items():

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_scale import scaled
 
 import hurray_wire as hw
 from hurray_wire.transport.nixl_endpoint import PEER_READ_NAP
@@ -259,8 +260,8 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--pages", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=scaled(8, 2))
+    parser.add_argument("--pages", type=int, default=scaled(1024, 64))
     parser.add_argument("--transports", default="shm,tcp")
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
     parser.add_argument(

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_scale import scaled
 
 import hurray_wire as hw
 from hurray_wire.containers import StreamHeader, StreamReader, StreamWriter
@@ -326,13 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = ["rate", "rss", "_sender", "_rss_reader", "_write_file"]
     parser.add_argument("what", nargs="?", default="rate", choices=commands)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--num-pages", type=int, default=640)
+    parser.add_argument("--rounds", type=int, default=scaled(5, 1))
+    parser.add_argument("--layers", type=int, default=scaled(8, 2))
+    parser.add_argument("--num-pages", type=int, default=scaled(640, 64))
     parser.add_argument("--fd", type=int)
     parser.add_argument("--schedule", default="")
-    parser.add_argument("--size-gib", type=float, default=2.0)
-    parser.add_argument("--blob-mib", type=int, default=32)
+    parser.add_argument("--size-gib", type=float, default=scaled(2048, 16) / 1024)
+    parser.add_argument("--blob-mib", type=int, default=scaled(32, 1))
     parser.add_argument("--via", choices=["pipe", "socket"], default="pipe")
     parser.add_argument("--path", default="/tmp/hurray_wire_rss_stream.hrws")
     parser.add_argument("--regenerate", action="store_true")

@@ -2,7 +2,7 @@
 
 Measures every codec and level hurray_wire.codecs offers, through its public functions,
 against plain zstd-3 and blosc2 (byte shuffle + zstd) on the real K/V activations in
-/work/shared/data/kv_sample. The machine is shared and noisy: candidates run interleaved,
+fixtures/kv_sample/. The machine is shared and noisy: candidates run interleaved,
 round after round, each speed is the best of all rounds, and speeds are also given as a
 ratio to zstd-3 measured in the same run. Results go to docs/compression.md.
 
@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 import zstandard
+from bench_scale import scaled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -267,8 +268,12 @@ def candidates() -> list[Candidate]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--data", type=Path, default=Path("/work/shared/data/kv_sample"))
+    parser.add_argument("--rounds", type=int, default=scaled(15, 1))
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent / "fixtures" / "kv_sample",
+    )
     parser.add_argument(
         "--tuning", action="store_true", help="also sweep zstd's hash_log on the top byte plane"
     )
