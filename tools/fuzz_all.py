@@ -168,7 +168,9 @@ def parse_log(name: str, text: str) -> Result:
     return result
 
 
-def command(name: str, work: Path, runs: int | None, seconds: int | None) -> list[str]:
+def command(
+    name: str, work: Path, runs: int | None, seconds: int | None, nice: int = 19
+) -> list[str]:
     script, flags, seeds = HARNESSES[name]
     corpus = work / "corpus" / name
     artifacts = work / "artifacts" / name
@@ -184,7 +186,7 @@ def command(name: str, work: Path, runs: int | None, seconds: int | None) -> lis
     return [
         "nice",
         "-n",
-        "19",
+        str(nice),
         sys.executable,
         str(TOOLS / script),
         *flags,
@@ -197,10 +199,10 @@ def command(name: str, work: Path, runs: int | None, seconds: int | None) -> lis
     ]
 
 
-def run(name: str, work: Path, runs: int | None, seconds: int | None) -> Result:
+def run(name: str, work: Path, runs: int | None, seconds: int | None, nice: int = 19) -> Result:
     log = work / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    argv = command(name, work, runs, seconds)
+    argv = command(name, work, runs, seconds, nice)
     started = time.monotonic()
     with log.open("w") as handle:
         handle.write(" ".join(argv) + "\n")
@@ -299,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         "--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "hw-fuzz"
     )
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
+    parser.add_argument(
+        "--nice", type=int, default=19, help="niceness of each fuzzer (default 19: shared machine)"
+    )
     parser.add_argument("--log-only", action="store_true", help="summarise existing logs")
     parser.add_argument(
         "--merge-into", type=Path, help="minimise the grown corpora into this folder (no fuzzing)"
@@ -318,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             result = parse_log(name, log.read_text(errors="replace"))
         else:
             print(f"fuzz_all: {name} ...", file=sys.stderr, flush=True)
-            result = run(name, args.work, args.runs, args.seconds)
+            result = run(name, args.work, args.runs, args.seconds, args.nice)
             print(
                 f"fuzz_all: {name}: {result.runs:,} runs, cov {result.cov_end}, "
                 f"ft {result.ft_end}, findings {len(result.findings)}",
