@@ -140,3 +140,39 @@ def test_f9_the_required_flag_of_the_page_sections(kind: int, flags: int) -> Non
         hw.decode(data, page_store=store)
     with pytest.raises(ref.ReferenceError, match="REQUIRED"):
         ref.read_blob(data, page_store={int(d): store.get(int(d)) for d in known})
+
+
+# -- F10: decode_into refused the untyped form of a uint8 pool ------------------------------
+# decode_into / check_landing take "the pool's dtype and shape, or uint8 of its byte size",
+# but for a pool whose NumPy dtype is itself uint8 (element type uint8) only the typed shape
+# was accepted: a flat uint8 array of the right size was refused with an ArgumentTypeError
+# whose message contradicted itself ("expected uint8 [4, 4, 1, 5] (80 bytes), or uint8 of
+# its bytes, found uint8 [80] (80 bytes)"). Found by the blob harness's new decode_into
+# check on its seeds. int4 and uint2 pools (int8 / uint8 elements in NumPy) are controls.
+
+
+def _uint8_pools() -> dict[str, hw.BlockPagedTensor]:
+    f = hw.BlockPagedTensor.from_arrays
+    pool = np.arange(4 * 4 * 1 * 8, dtype=np.uint8).reshape(4, 4, 1, 8)
+    return {
+        "uint8": f(pool, [0, 2], [0, 2], seq_lens=[7]),
+        "int4": f((pool % 8).astype(hw.int4.numpy_dtype), [1, 3], [0, 2], element_type=hw.int4),
+        "uint2": f((pool % 4).astype(hw.uint2.numpy_dtype), [0], [0, 1], element_type=hw.uint2),
+    }
+
+
+@pytest.mark.parametrize("digests", [False, True])
+@pytest.mark.parametrize("name", sorted(_uint8_pools()))
+def test_f10_decode_into_takes_flat_bytes_of_a_uint8_pool(name: str, digests: bool) -> None:
+    tensor = _uint8_pools()[name]
+    blob = bytes(hw.encode(tensor, page_digests=digests))
+    expected = hw.decode(blob)
+    flat = np.full(expected.page_pool.nbytes, 0xA5, np.uint8)
+    landed = hw.decode_into(blob, flat)
+    assert fuzz_blob.tensor_difference(landed, expected) is None
+    assert np.shares_memory(landed.page_pool, flat)
+    typed = np.empty_like(expected.page_pool)
+    assert hw.decode_into(blob, typed).page_pool is typed
+    for wrong in (np.empty(flat.size + 1, np.uint8), np.empty(flat.size, np.int8)):
+        with pytest.raises(hw.ArgumentTypeError, match="page_pool"):
+            hw.decode_into(blob, wrong)

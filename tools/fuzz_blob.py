@@ -401,6 +401,7 @@ def check_blob(data: bytes) -> None:
     if strict[1] is None and limited is not None:
         _same_outcome("small limits", strict, (limited, None))
 
+    _check_decode_into(data, strict)
     tensor = strict[0]
     if tensor is None:
         _independent_refusal(data, strict[1])
@@ -414,6 +415,43 @@ def check_blob(data: bytes) -> None:
         )
     _round_trip(data, tensor, total)
     _independent_reader(data, tensor)
+
+
+#: refusals of decode_into that may leave refused bytes in the destination, because they
+#: are found while the pool is copied (docs/decisions.md)
+_DIRTY_REFUSALS = (hw.ChecksumError, hw.PageDigestError, hw.errors.DecompressionError)
+
+
+def _pool_bytes(data: bytes) -> int | None:
+    """buffer 0's byte_size in the blob's descriptor (descriptor.md § 1.1), if it is there."""
+    if len(data) < 32:
+        return None
+    at = 32 + 48 * struct.unpack_from("<H", data, 20)[0] + 85
+    return int(_U64.unpack_from(data, at)[0]) if at + 8 <= len(data) else None
+
+
+def _check_decode_into(data: bytes, strict: tuple[Any, hw.HurrayWireError | None]) -> None:
+    """``decode_into`` (the pool landed in a caller's flat uint8 array, digests checked while
+    it is copied) gives decode's verdict and arrays; on a refusal found before the copy the
+    destination is untouched. (The error may differ: the pool's checksum is checked during
+    the copy, after the other sections, and the landing checks the pool's shape first.)"""
+    tensor, error = strict
+    size = tensor.page_pool.nbytes if tensor is not None else _pool_bytes(data)
+    if size is None or size > 1 << 20:
+        return
+    out = np.full(size, 0xA5, np.uint8)
+    landed, landed_error = outcome(lambda: hw.decode_into(data, out, threads=0))
+    if tensor is not None:
+        if landed_error is not None:
+            raise AssertionError(f"decode_into refuses what decode accepts: {landed_error!r}")
+        diff = tensor_difference(landed, tensor)
+        if diff is not None:
+            raise AssertionError(f"decode_into and decode differ in {diff}")
+        return
+    if landed is not None:
+        raise AssertionError(f"decode_into accepts what decode refuses: {error!r}")
+    if not isinstance(landed_error, _DIRTY_REFUSALS) and bool((out != 0xA5).any()):
+        raise AssertionError(f"decode_into wrote into page_pool, then refused: {landed_error!r}")
 
 
 def _load_independent_reader() -> Any:
@@ -1323,6 +1361,13 @@ def generated_seeds() -> dict[str, bytes]:
                 tensor, compression=hw.Compression(codecs.CODEC_ZSTD, min_size=0), checksum=False
             )
         )
+        try:  # with a page_digests section (0x04), raw and chunked
+            out[f"gen-{name}-digests.hrwb"] = bytes(hw.encode(tensor, page_digests=True))
+            chunked = hw.Compression(codecs.CODEC_CHUNKED, min_size=0)
+            digests = bytes(hw.encode(tensor, page_digests=True, compression=chunked))
+            out[f"gen-{name}-digests-chunked.hrwb"] = digests
+        except hw.HurrayWireError:  # pages that do not end on a byte boundary
+            pass
     out.update(chunked_seeds())
     return out
 
