@@ -91,6 +91,10 @@ HARNESSES: dict[str, tuple[str, list[str], list[Path]]] = {
     # integrity records, transfer records, delta blobs through every refs reader, and the
     # claimed-size paths (0-byte pages): its own generated seeds
     "integrity": ("fuzz_integrity.py", [], []),
+    # the vLLM connector's wire inputs (kv_transfer_params, the control line, a pull's
+    # answer and stream): its own generated seeds
+    "vllm": ("fuzz_vllm.py", [], []),
+    "vllm-fix": ("fuzz_vllm.py", ["--fix-checksums"], []),
 }
 
 #: which committed corpus folder feeds which harness
@@ -108,6 +112,8 @@ CORPUS_OF = {
     "containers": "containers",
     "containers-fix": "containers",
     "integrity": "integrity",
+    "vllm": "vllm",
+    "vllm-fix": "vllm",
 }
 
 _STATUS = re.compile(r"^#(\d+)\s+(\w+)\s+cov: (\d+) ft: (\d+)(?: corp: (\d+)/)?")
@@ -223,6 +229,8 @@ MERGE = {
     "blob": ("fuzz_blob.py", 65536, 600_000),
     "stream_file": ("fuzz_stream_file.py", 65536, 400_000),
     "containers": ("fuzz_containers.py", 65536, 500_000),
+    "integrity": ("fuzz_integrity.py", 16384, 200_000),
+    "vllm": ("fuzz_vllm.py", 65536, 80_000),
 }
 
 
