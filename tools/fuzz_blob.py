@@ -15,7 +15,10 @@ decoding the same bytes:
 * the same bytes seen through a ``memoryview`` at a non-zero (odd) offset of a larger buffer:
   the same verdict, the same error, equal arrays;
 * small ``DecodeLimits``: accept what the defaults accept or refuse with
-  ``LimitExceededError``, and never accept what the defaults refuse.
+  ``LimitExceededError``, and never accept what the defaults refuse;
+* ``decode_into`` a flat uint8 array of the pool's byte size (page digests checked while the
+  pool is copied): the same verdict and arrays; a refusal found before the copy (anything
+  but a checksum, page-digest or decompression error) leaves the array untouched.
 
 A blob that decodes must also:
 
@@ -27,7 +30,8 @@ A blob that decodes must also:
   deterministic, ``encode_parts`` joins to ``encode``, and chunked encoding gives the same
   bytes on 0 and 2 threads;
 * be accepted by the independent reader of ``tests/blob_reference.py`` (written from
-  docs/wire-format.md alone) with the same buffer bytes, seq_lens and metadata keys;
+  docs/wire-format.md and docs/integrity.md alone, page_digests and page_refs included)
+  with the same buffer bytes, seq_lens and metadata keys;
 * when it is in the writer's form (minor 0, every section raw, writer alignments, no
   unknown sections, seq_lens before metadata, metadata unflagged and non-empty), re-encode
   to exactly its own bytes (docs/wire-format.md § 2: encoding is deterministic). The reader

@@ -10,11 +10,14 @@ Every input goes through ``check_containers``, which feeds the same bytes to
   ``user_metadata``, and per tensor ``entry``, ``descriptor_header``, ``buffer_spans`` and
   ``tensor`` (each tensor on its own, so one bad tensor does not hide the others); and
   ``read_file`` on the bytes written to a scratch file (the mapped path);
-* ``hurray_wire.cli``: ``identify``, ``main(["validate", path])`` and ``main(["dump", "--json",
-  path])`` on the bytes written to a scratch file;
+* ``hurray_wire.cli``: ``identify``, ``main(["validate", path])``, ``main(["dump", "--json",
+  path])``, ``dump --index`` and (inputs up to 16 KiB) ``dump --hex`` on the bytes written
+  to a scratch file: exit 0 or 1 (``--hex`` of a kind it does not annotate: 2), every dump
+  accepting what ``validate`` accepts;
 * ``hurray_wire.containers``' blob stream: ``StreamReader`` from an
-  ``io.BytesIO`` and from the bytes, ``StreamReader`` with a small ``max_blob_bytes``, and
-  ``StreamFile``;
+  ``io.BytesIO`` and from the bytes, ``StreamReader`` with a small ``max_blob_bytes``,
+  ``StreamReader(on_page_error="report")``, ``StreamFile``, and ``load_cache`` of the
+  bytes as a ``.hrws`` file;
 
 and fails on any exception that is not a ``HurrayWireError`` and on any disagreement:
 
@@ -27,7 +30,11 @@ and fails on any exception that is not a ``HurrayWireError`` and on any disagree
 * the two ``StreamReader`` sources agree (tensors, error type, header, completeness); a
   small ``max_blob_bytes`` refuses only with ``LimitExceededError``; a stream that reads
   completely has the same entries and tensors through ``StreamFile``, and is written again
-  by ``StreamWriter`` to a stream that reads back to the same tensors.
+  by ``StreamWriter`` to a stream that reads back to the same tensors;
+* the report mode hands out the strict reader's tensors with empty reports, and goes
+  further only with a blob whose report names failed pages where the strict reader raised
+  ``PageDigestError`` / ``ChecksumError``; ``load_cache`` loads only a stream the strict
+  reader reads whole, to the same tensors.
 
 Modes. By default libFuzzer's byte mutations drive the search. ``--fix-checksums`` (or
 ``HW_FUZZ_FIX_CHECKSUMS=1``) installs a custom mutator that, after each mutation (a plain
