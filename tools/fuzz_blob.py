@@ -16,6 +16,8 @@ decoding the same bytes:
   the same verdict, the same error, equal arrays;
 * small ``DecodeLimits``: accept what the defaults accept or refuse with
   ``LimitExceededError``, and never accept what the defaults refuse;
+* ``decode_report``: accepts what ``decode`` accepts with no failed page, and hands out a
+  blob ``decode`` refuses only with failed pages, after a page-digest or checksum refusal;
 * ``decode_into`` a flat uint8 array of the pool's byte size (page digests checked while the
   pool is copied): the same verdict and arrays; a refusal found before the copy (anything
   but a checksum, page-digest or decompression error) leaves the array untouched.
@@ -406,6 +408,7 @@ def check_blob(data: bytes) -> None:
         _same_outcome("small limits", strict, (limited, None))
 
     _check_decode_into(data, strict)
+    _check_decode_report(data, strict)
     tensor = strict[0]
     if tensor is None:
         _independent_refusal(data, strict[1])
@@ -456,6 +459,24 @@ def _check_decode_into(data: bytes, strict: tuple[Any, hw.HurrayWireError | None
         raise AssertionError(f"decode_into accepts what decode refuses: {error!r}")
     if not isinstance(landed_error, _DIRTY_REFUSALS) and bool((out != 0xA5).any()):
         raise AssertionError(f"decode_into wrote into page_pool, then refused: {landed_error!r}")
+
+
+def _check_decode_report(data: bytes, strict: tuple[Any, hw.HurrayWireError | None]) -> None:
+    """``decode_report`` accepts what decode accepts, with no failed page and equal arrays;
+    it hands out a blob decode refuses only with failed pages named, after a page-digest
+    (or, with digests, a page-row checksum) refusal."""
+    tensor, error = strict
+    report, report_error = outcome(lambda: hw.decode_report(data, threads=0))
+    if tensor is not None:
+        if report is None or not report.ok:
+            raise AssertionError(f"decode_report vs decode: {report_error!r}, {report!r}")
+        diff = tensor_difference(report.tensor, tensor)
+        if diff is not None:
+            raise AssertionError(f"decode_report and decode differ in {diff}")
+    elif report is not None and (
+        report.ok or not isinstance(error, (hw.PageDigestError, hw.ChecksumError))
+    ):
+        raise AssertionError(f"decode_report hands out what decode refuses: {error!r}")
 
 
 def _load_independent_reader() -> Any:
