@@ -13,7 +13,9 @@ Every input goes through ``check_containers``, which feeds the same bytes to
 * ``hurray_wire.cli``: ``identify``, ``main(["validate", path])``, ``main(["dump", "--json",
   path])``, ``dump --index`` and (inputs up to 16 KiB) ``dump --hex`` on the bytes written
   to a scratch file: exit 0 or 1 (``--hex`` of a kind it does not annotate: 2), every dump
-  accepting what ``validate`` accepts;
+  accepting what ``validate`` accepts; ``convert`` to a ``.hrws`` file (every invalid input,
+  one valid input in 8 by its hash: the atomic write syncs), which converts what
+  ``validate`` accepts into a stream that validates;
 * ``hurray_wire.containers``' blob stream: ``StreamReader`` from an
   ``io.BytesIO`` and from the bytes, ``StreamReader`` with a small ``max_blob_bytes``,
   ``StreamReader(on_page_error="report")``, ``StreamFile``, and ``load_cache`` of the
@@ -432,11 +434,31 @@ def check_cli(data: bytes) -> None:
         if known is not None:
             return  # an open finding (the CLI lets it through as a traceback)
         codes.append(code)
+    if codes[0] != 0 or xxhash.xxh3_64_intdigest(data) % 8 == 0:  # a valid one fsyncs: 1 in 8
+        _check_convert(path, kind, codes[0])
     hex_usage = len(codes) == 4 and kind is not None and kind not in cli_text.HEX_KINDS
     if hex_usage and codes.pop() != cli.EXIT_USAGE:  # --hex annotates only some kinds
         raise AssertionError(f"dump --hex of a {kind} did not exit {cli.EXIT_USAGE}")
     if any(code not in (0, 1) for code in codes) or (codes[0] == 0 and any(codes[1:])):
         raise AssertionError(f"validate / dump --json / dump --index / dump --hex: {codes}")
+
+
+def _check_convert(path: Path, kind: str | None, valid: int) -> None:
+    """``convert IN OUT.hrws``: exit 0 or 1 (2 for a bare descriptor, which has no blob
+    form); an input ``validate`` accepts converts (unless a ``.hrry`` tensor is not
+    block-paged), and the output validates."""
+    out = path.with_name("converted.hrws")
+    out.unlink(missing_ok=True)
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        code = cli.main(["convert", str(path), str(out)])
+        again = cli.main(["validate", str(out)]) if code == 0 else None
+    if code == cli.EXIT_USAGE and kind == "descriptor":
+        return
+    # a .hrry file may hold tensors of other layouts: valid, but with no blob form
+    other_layout = "not a block-paged tensor, cannot convert" in sink.getvalue()
+    if code not in (0, 1) or (valid == 0 and code != 0 and not other_layout) or again:
+        raise AssertionError(f"convert: exit {code} (validate {valid}, of the output {again})")
 
 
 def check_containers(data: bytes) -> None:
