@@ -234,7 +234,7 @@ MERGE = {
 }
 
 
-def merge_corpora(work: Path, into: Path) -> None:
+def merge_corpora(work: Path, into: Path, nice: int = 19) -> None:
     """Minimise each grown corpus (every mode of a harness together) with libFuzzer's
     ``-merge=1`` into ``into/<folder>``: the inputs that keep the coverage, at most the
     folder's byte budget (the largest inputs are dropped first), named by their SHA-1."""
@@ -254,7 +254,7 @@ def merge_corpora(work: Path, into: Path) -> None:
                     if path.is_file() and path.stat().st_size <= max_len:
                         data = path.read_bytes()
                         (pool / hashlib.sha1(data).hexdigest()).write_bytes(data)
-            argv = ["nice", "-n", "19", sys.executable, str(TOOLS / script), "-merge=1"]
+            argv = ["nice", "-n", str(nice), sys.executable, str(TOOLS / script), "-merge=1"]
             argv += [f"-max_len={max_len}", "-timeout=20", str(merged), str(pool)]
             log = work / "logs" / f"merge-{folder}.log"
             # libFuzzer's merge runs the script itself again (argv[0], by its #! line):
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.merge_into is not None:
-        merge_corpora(args.work, args.merge_into)
+        merge_corpora(args.work, args.merge_into, args.nice)
         return 0
     if args.runs is None and args.seconds is None and not args.log_only:
         args.seconds = 60
