@@ -485,8 +485,8 @@ class DescriptorFields:
 
     def row_bytes(self, buffer: int) -> int | None:
         """Bytes per page of a page-row buffer (all its segments), None for other buffers."""
-        size = sum(n for b, n in self.segments() or () if b == buffer)
-        return size or None
+        parts = [n for b, n in self.segments() or () if b == buffer]
+        return sum(parts) if parts else None  # 0 for a pool of 0-byte pages
 
 
 @dataclass
@@ -653,7 +653,7 @@ def _page_sections(parsed: ParsedBlob, verify: bool, page_store: Any) -> None:
     """Kinds 4 and 5 (wire-format.md § 4, integrity.md § 2, 4, 6): the payloads, the pool
     rebuilt from the page store, and (with ``verify``) every page record's digest."""
     fields, pages = parsed.fields, parsed.fields.num_pages
-    rows = {b: n for b in range(len(parsed.buffers)) if (n := fields.row_bytes(b))}
+    rows = {b: n for b in range(len(parsed.buffers)) if (n := fields.row_bytes(b)) is not None}
     if fields.page_nbytes is None:
         raise ReferenceError("page_pool", None, "pages do not end on a byte boundary")
     for s in parsed.sections:
