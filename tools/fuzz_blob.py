@@ -110,9 +110,13 @@ except ImportError:  # the pytest smoke test replays the target without atheris
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
+
         import hurray_wire as hw
         from hurray_wire import codecs
         from hurray_wire.metadata import encode_metadata
+
+        _instrumented.import_all()
 else:
     import hurray_wire as hw
     from hurray_wire import codecs

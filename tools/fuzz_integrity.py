@@ -48,12 +48,15 @@ except ImportError:
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
         import numpy as np
 
         import hurray_wire as hw
         from hurray_wire import integrity as hi
         from hurray_wire.containers import StreamReader
         from hurray_wire.transport import records as tr
+
+        _instrumented.import_all()
 else:
     import numpy as np
 

@@ -46,6 +46,7 @@ except ImportError:
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
         import numpy as np
 
         import hurray_wire as hw
@@ -53,6 +54,8 @@ if atheris is not None and __name__ == "__main__":
         from hurray_wire.fingerprint import EngineFingerprint
         from hurray_wire.vllm import transfer as vt
         from hurray_wire.vllm.params import TransferParams, prompt_digest
+
+        _instrumented.import_all()
 else:
     import numpy as np
 
