@@ -23,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
+import _instrumented  # noqa: E402
 import fuzz_blob  # noqa: E402
 import fuzz_containers  # noqa: E402
 import fuzz_descriptor  # noqa: E402
@@ -119,3 +120,14 @@ def test_the_mutator_loop(name: str) -> None:
         except Exception as exc:
             raise AssertionError(f"{exc!r} on input {data.hex()}") from exc
     assert errors == [], errors[:3]
+
+
+def test_the_harnesses_instrument_the_lazy_package() -> None:
+    """``import hurray_wire`` loads nothing but the package: the harnesses import every
+    reader module inside atheris' instrumentation block (tools/_instrumented.py)."""
+    names = _instrumented.import_all()
+    for module in ("hurray_wire.blob.decoder", "hurray_wire.model.descriptor_codec",
+                   "hurray_wire.containers.blob_stream", "hurray_wire.vllm.transfer",
+                   "hurray_wire.cli", "hurray_wire.integrity.delta"):  # fmt: skip
+        assert module in names
+    assert not any(".adapters" in n or "connector" in n or "__main__" in n for n in names)
