@@ -34,7 +34,11 @@ BLOB_ALIGNMENT = 64
 KIND_BUFFER = 1
 KIND_SEQ_LENS = 2
 KIND_METADATA = 3
-KNOWN_KINDS = (KIND_BUFFER, KIND_SEQ_LENS, KIND_METADATA)
+KIND_PAGE_DIGESTS = 4  # wire-format.md § 4, integrity.md § 4
+KIND_PAGE_REFS = 5  # wire-format.md § 4, integrity.md § 6
+KNOWN_KINDS = (KIND_BUFFER, KIND_SEQ_LENS, KIND_METADATA, KIND_PAGE_DIGESTS, KIND_PAGE_REFS)
+#: the kinds of a 1.0 reader that predates the page sections (``read_blob(legacy=True)``)
+LEGACY_KINDS = (KIND_BUFFER, KIND_SEQ_LENS, KIND_METADATA)
 REQUIRED = 0x01
 
 CODEC_RAW = 0
@@ -43,6 +47,15 @@ CODEC_SHUFFLE_ZSTD = 2
 CODEC_CHUNKED = 3
 SHUFFLE_WIDTHS = (2, 4, 8)
 CHUNKED_WIDTHS = (1, 2, 4, 8)
+
+# descriptor.md § 4: bits per element of each assigned type tag
+TYPE_BITS = {
+    0x01: 16, 0x02: 16, 0x03: 32, 0x04: 64, 0x10: 8, 0x11: 8, 0x12: 16, 0x13: 16, 0x14: 32,
+    0x15: 32, 0x16: 64, 0x17: 64, 0x20: 1, 0x40: 8, 0x41: 8, 0x42: 8, 0x43: 4, 0x44: 6,
+    0x45: 6, 0x46: 128, 0x48: 4, 0x49: 4, 0x4A: 2, 0x4B: 2, 0x50: 64, 0x51: 128,
+}  # fmt: skip
+SCALE_BYTES = {1: 2, 2: 2, 3: 4}  # descriptor.md § 7, per-block affine scale_type_tag
+PER_BLOCK_AFFINE = 0x03
 
 CHECKSUM_NONE = 0
 CHECKSUM_XXH3 = 1
@@ -441,6 +454,39 @@ class DescriptorFields:
     index_width: int
     buffer_sizes: tuple[int, ...]
     buffer_alignments: tuple[int, ...]
+    #: per-block affine quantization (descriptor.md § 7): (scale buffer, zero-point buffer
+    #: or None when SYMMETRIC, scale bytes); None for any other pool
+    per_block: tuple[int, int | None, int] | None = None
+
+    @property
+    def page_nbytes(self) -> int | None:
+        """Bytes of one page of the pool when pages end on a byte boundary, else None
+        (wire-format.md § 4 kind 4; an unknown type tag: None too)."""
+        bits = TYPE_BITS.get(self.type_tag)
+        if bits is None:
+            return None
+        page_bits = self.page_size * self.shape[1] * self.shape[2] * bits
+        return None if page_bits % 8 else page_bits // 8
+
+    def segments(self) -> list[tuple[int, int]] | None:
+        """The parts of a page's record (integrity.md § 2), in record order, as (buffer,
+        bytes per page): the pool, then the per-block affine scales, then the zero points
+        (a shared buffer holds every scale, then every zero point). None when pages do not
+        end on a byte boundary."""
+        if self.page_nbytes is None:
+            return None
+        parts = [(0, self.page_nbytes)]
+        if self.per_block is not None:
+            scales, zero_points, scale_bytes = self.per_block
+            parts.append((scales, self.page_size * scale_bytes))
+            if zero_points is not None:
+                parts.append((zero_points, self.page_size * 4))
+        return parts
+
+    def row_bytes(self, buffer: int) -> int | None:
+        """Bytes per page of a page-row buffer (all its segments), None for other buffers."""
+        parts = [n for b, n in self.segments() or () if b == buffer]
+        return sum(parts) if parts else None  # 0 for a pool of 0-byte pages
 
 
 @dataclass
@@ -469,6 +515,8 @@ class ParsedBlob:
     sections: list[ParsedSection]
     buffers: list[bytes] = field(default_factory=list)
     seq_lens: list[int] | None = None
+    page_digests: list[int] | None = None
+    page_refs: list[tuple[int, int]] | None = None  # (physical page id, record digest)
     metadata: dict[str, Any] | None = None
     seq_ptr: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
@@ -499,6 +547,13 @@ def parse_descriptor_fields(desc: bytes, base: int) -> DescriptorFields:
         size, alignment = struct.unpack_from("<QI", desc, 85 + 16 * i)
         sizes.append(size)
         aligns.append(alignment)
+    per_block = None
+    quant = 85 + 16 * count  # descriptor.md § 1.1: u32 quantization_length, then the scheme
+    quantized = struct.unpack_from("<I", desc, 10)[0] & 1 and len(desc) >= quant + 4 + 21
+    if quantized and desc[quant + 4] == PER_BLOCK_AFFINE:
+        scales, zero_points = struct.unpack_from("<II", desc, quant + 4 + 12)
+        scale_bytes = SCALE_BYTES.get(desc[quant + 4 + 20], 0)
+        per_block = (scales, None if zero_points == 0xFFFFFFFF else zero_points, scale_bytes)
     return DescriptorFields(
         len(desc),
         desc[14],
@@ -509,6 +564,7 @@ def parse_descriptor_fields(desc: bytes, base: int) -> DescriptorFields:
         4 if index_type == 0 else 8,
         tuple(sizes),
         tuple(aligns),
+        per_block,
     )
 
 
@@ -559,9 +615,109 @@ def _decode_stored(s: ParsedSection, stored: bytes, where: str) -> bytes:
     return bytes(raw)
 
 
-def read_blob(data: Any, *, verify: bool = True, max_decompressed: int = 16 << 30) -> ParsedBlob:
-    """Parse and check a blob at the start of ``data`` in the order of § 8."""
+def _page_head(raw: bytes, where: str, offset: int) -> int:
+    """integrity.md § 4 / § 6: version 1, algorithm 1, reserved 0, then u32 count."""
+    if len(raw) < 8:
+        raise ReferenceError(where, offset, "shorter than its 8-byte head")
+    version, algorithm, reserved, count = struct.unpack_from("<BBHI", raw)
+    if version != 1 or algorithm != 1 or reserved:
+        raise ReferenceError(where, offset, "version, algorithm or reserved bytes")
+    return int(count)
+
+
+def _refs_count(data: bytes, count: int, fields: DescriptorFields) -> int:
+    """R from the page_refs entry's raw_size (8 + 16 R, R <= num_pages), read before the
+    buffers are checked (wire-format.md § 4 kind 5); 0 without a page_refs entry."""
+    for number in range(count):
+        at = entry_offset(number)
+        if data[at] == KIND_PAGE_REFS:
+            raw = U64.unpack_from(data, at + 24)[0]
+            refs, rest = divmod(raw - 8, 16)
+            if raw < 8 or rest or refs > fields.num_pages:
+                raise ReferenceError("page_refs", at + 24, "raw_size != 8 + 16 R, R <= pages")
+            return int(refs)
+    return 0
+
+
+def _record_rows(fields: DescriptorFields, pages: int) -> list[tuple[int, int, int]]:
+    """(buffer, start, bytes per page) of each record segment in buffers of ``pages`` pages:
+    page p's part of a segment is ``buffer[start + p * n : start + (p + 1) * n]``."""
+    out, used = [], dict.fromkeys(range(256), 0)
+    for b, n in fields.segments() or ():
+        out.append((b, used[b], n))
+        used[b] += pages * n
+    return out
+
+
+def _page_sections(parsed: ParsedBlob, verify: bool, page_store: Any) -> None:
+    """Kinds 4 and 5 (wire-format.md § 4, integrity.md § 2, 4, 6): the payloads, the pool
+    rebuilt from the page store, and (with ``verify``) every page record's digest."""
+    fields, pages = parsed.fields, parsed.fields.num_pages
+    rows = {b: n for b in range(len(parsed.buffers)) if (n := fields.row_bytes(b)) is not None}
+    if fields.page_nbytes is None:
+        raise ReferenceError("page_pool", None, "pages do not end on a byte boundary")
+    for s in parsed.sections:
+        if s.kind == KIND_PAGE_DIGESTS:
+            if s.raw_size != 8 + 8 * pages or _page_head(s.raw, "page_digests", s.offset) != pages:
+                raise ReferenceError("page_digests", s.offset, "not 8 + 8 * num_pages bytes")
+            parsed.page_digests = list(struct.unpack_from(f"<{pages}Q", s.raw, 8))
+        elif s.kind == KIND_PAGE_REFS:
+            count = _page_head(s.raw, "page_refs", s.offset)
+            if s.raw_size != 8 + 16 * count:
+                raise ReferenceError("page_refs", s.offset + 4, "count disagrees with raw_size")
+            ids = struct.unpack_from(f"<{count}Q", s.raw, 8)
+            digests = struct.unpack_from(f"<{count}Q", s.raw, 8 + 8 * count)
+            if any(b <= a for a, b in itertools.pairwise(ids)) or any(p >= pages for p in ids):
+                raise ReferenceError("page_refs", s.offset + 8, "ids not increasing below pages")
+            parsed.page_refs = list(zip(ids, digests, strict=True))
+    if parsed.page_refs is not None:
+        if page_store is None:
+            raise ReferenceError("page_refs", None, "a delta blob needs a page store")
+        refs = dict(parsed.page_refs)
+        sent = [p for p in range(pages) if p not in refs]
+        full = {b: bytearray(pages * n) for b, n in rows.items()}
+        pairs = zip(_record_rows(fields, len(sent)), _record_rows(fields, pages), strict=True)
+        for (b, short, n), (_, start, _) in pairs:  # the sent rows, ascending page id
+            for i, p in enumerate(sent):
+                row = parsed.buffers[b][short + i * n : short + (i + 1) * n]
+                full[b][start + p * n : start + (p + 1) * n] = row
+        for p, digest in parsed.page_refs:
+            record = page_store.get(digest)
+            if record is None or xxh3(record) != digest:
+                raise ReferenceError("page_refs", None, f"page {p}: no intact record in store")
+            if parsed.page_digests is not None and parsed.page_digests[p] != digest:
+                raise ReferenceError("page_refs", None, f"page {p}: digest differs from 0x04")
+            if len(record) != sum(rows.values()):
+                raise ReferenceError("page_refs", None, f"page {p}: record of another size")
+            at = 0
+            for b, start, n in _record_rows(fields, pages):
+                full[b][start + p * n : start + (p + 1) * n] = record[at : at + n]
+                at += n
+        for b in rows:
+            parsed.buffers[b] = bytes(full[b])
+    if verify and parsed.page_digests is not None:
+        parts = _record_rows(fields, pages)
+        for p, digest in enumerate(parsed.page_digests):
+            record = b"".join(parsed.buffers[b][a + p * n : a + (p + 1) * n] for b, a, n in parts)
+            if xxh3(record) != digest:
+                raise ReferenceError("page_digests", None, f"page {p}: digest mismatch")
+
+
+def read_blob(
+    data: Any,
+    *,
+    verify: bool = True,
+    max_decompressed: int = 16 << 30,
+    legacy: bool = False,
+    page_store: Any = None,
+) -> ParsedBlob:
+    """Parse and check a blob at the start of ``data`` in the order of § 8.
+
+    ``legacy``: read as a 1.0 reader that predates kinds 4 and 5 (it skips page_digests as an
+    unknown optional section and refuses the REQUIRED page_refs). ``page_store``: a mapping
+    digest -> page record, for a delta blob (page_refs)."""
     data = bytes(data)
+    known = LEGACY_KINDS if legacy else KNOWN_KINDS
     # 1. magic, major version, total_length
     if len(data) < 16:
         raise ReferenceError("header", len(data), "input ends inside the 16-byte prefix")
@@ -598,6 +754,14 @@ def read_blob(data: Any, *, verify: bool = True, max_decompressed: int = 16 << 3
         raise ReferenceError("descriptor", desc_start + 6, "descriptor_length disagrees")
     fields = parse_descriptor_fields(descriptor, desc_start)
     nbuf = len(fields.buffer_sizes)
+    refs = 0 if legacy else _refs_count(data, count, fields)
+    expected = list(fields.buffer_sizes)
+    for b in range(nbuf) if refs else ():  # the page-row buffers hold only the sent pages
+        row = fields.row_bytes(b)
+        if row is None and b == 0:
+            raise ReferenceError("page_pool", None, "pages do not end on a byte boundary")
+        if row is not None:
+            expected[b] = (fields.num_pages - refs) * row
     # 5. sections
     sections: list[ParsedSection] = []
     cursor = header_length + 8
@@ -622,11 +786,15 @@ def read_blob(data: Any, *, verify: bool = True, max_decompressed: int = 16 << 3
         if kind == KIND_BUFFER:
             if number != index or index >= nbuf:
                 raise ReferenceError(where, at + 4, "buffer sections not in table order")
-            if raw != fields.buffer_sizes[index]:
+            if raw != expected[index]:
                 raise ReferenceError(where, at + 24, "raw_size != descriptor byte_size")
             if alignment < fields.buffer_alignments[index]:
                 raise ReferenceError(where, at + 40, "alignment below the handle's")
-        elif kind in (KIND_SEQ_LENS, KIND_METADATA):
+        elif kind in known:  # an extension section
+            if kind == KIND_PAGE_DIGESTS and sflags & REQUIRED:
+                raise ReferenceError(where, at + 1, "page_digests flagged REQUIRED")
+            if kind == KIND_PAGE_REFS and not sflags & REQUIRED:
+                raise ReferenceError(where, at + 1, "page_refs not flagged REQUIRED")
             if number < nbuf:
                 raise ReferenceError(where, at, "extension section before the buffers")
             if index != 0 or kind in seen:
@@ -650,7 +818,7 @@ def read_blob(data: Any, *, verify: bool = True, max_decompressed: int = 16 << 3
                 raise ReferenceError(where, at + 3, "chunked shuffle width not 1, 2, 4 or 8")
         else:
             raise ReferenceError(where, at + 2, "unknown codec")
-        if codec != CODEC_RAW and kind in KNOWN_KINDS:
+        if codec != CODEC_RAW and kind in known:
             decompressed += raw
             if decompressed > max_decompressed:
                 raise ReferenceError(where, at + 24, "decompressed bytes above the limit")
@@ -662,7 +830,7 @@ def read_blob(data: Any, *, verify: bool = True, max_decompressed: int = 16 << 3
         s = ParsedSection(
             kind, sflags, codec, param, index, offset, stored, raw, checksum, alignment
         )
-        if kind in KNOWN_KINDS:
+        if kind in known:
             s.raw = _decode_stored(s, stored_bytes, where)
         sections.append(s)
         cursor = offset + stored
@@ -703,6 +871,8 @@ def read_blob(data: Any, *, verify: bool = True, max_decompressed: int = 16 << 3
         seq_ptr=seq_ptr,
         block_table=block_table,
     )
+    if not legacy and any(s.kind in (KIND_PAGE_DIGESTS, KIND_PAGE_REFS) for s in sections):
+        _page_sections(parsed, verify, page_store)
     for s in sections:
         if s.kind == KIND_SEQ_LENS:
             if s.raw_size != 8 * fields.num_seqs:

@@ -546,8 +546,8 @@ def test_a_reader_that_knows_neither_kind() -> None:
     skips the optional page_digests section and gets the same buffers, and it refuses a
     delta blob (its short pool, or the REQUIRED page_refs) instead of misreading it."""
     t = quantized()
-    parsed = ref.read_blob(bytes(encode(t, page_digests=True)))
+    parsed = ref.read_blob(bytes(encode(t, page_digests=True)), legacy=True)
     assert parsed.buffers == [b"".join(p.tobytes() for p in b) for b in t.buffer_arrays()]
     delta = bytes(encode(t, known_pages=np.sort(page_digests(t)[[0]])))
     with pytest.raises(ref.ReferenceError, match=r"REQUIRED|raw_size"):  # either refuses
-        ref.read_blob(delta)
+        ref.read_blob(delta, legacy=True)

@@ -91,6 +91,10 @@ HARNESSES: dict[str, tuple[str, list[str], list[Path]]] = {
     # integrity records, transfer records, delta blobs through every refs reader, and the
     # claimed-size paths (0-byte pages): its own generated seeds
     "integrity": ("fuzz_integrity.py", [], []),
+    # the vLLM connector's wire inputs (kv_transfer_params, the control line, a pull's
+    # answer and stream): its own generated seeds
+    "vllm": ("fuzz_vllm.py", [], []),
+    "vllm-fix": ("fuzz_vllm.py", ["--fix-checksums"], []),
 }
 
 #: which committed corpus folder feeds which harness
@@ -108,6 +112,8 @@ CORPUS_OF = {
     "containers": "containers",
     "containers-fix": "containers",
     "integrity": "integrity",
+    "vllm": "vllm",
+    "vllm-fix": "vllm",
 }
 
 _STATUS = re.compile(r"^#(\d+)\s+(\w+)\s+cov: (\d+) ft: (\d+)(?: corp: (\d+)/)?")
@@ -168,7 +174,9 @@ def parse_log(name: str, text: str) -> Result:
     return result
 
 
-def command(name: str, work: Path, runs: int | None, seconds: int | None) -> list[str]:
+def command(
+    name: str, work: Path, runs: int | None, seconds: int | None, nice: int = 19
+) -> list[str]:
     script, flags, seeds = HARNESSES[name]
     corpus = work / "corpus" / name
     artifacts = work / "artifacts" / name
@@ -184,7 +192,7 @@ def command(name: str, work: Path, runs: int | None, seconds: int | None) -> lis
     return [
         "nice",
         "-n",
-        "19",
+        str(nice),
         sys.executable,
         str(TOOLS / script),
         *flags,
@@ -197,10 +205,10 @@ def command(name: str, work: Path, runs: int | None, seconds: int | None) -> lis
     ]
 
 
-def run(name: str, work: Path, runs: int | None, seconds: int | None) -> Result:
+def run(name: str, work: Path, runs: int | None, seconds: int | None, nice: int = 19) -> Result:
     log = work / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    argv = command(name, work, runs, seconds)
+    argv = command(name, work, runs, seconds, nice)
     started = time.monotonic()
     with log.open("w") as handle:
         handle.write(" ".join(argv) + "\n")
@@ -221,10 +229,12 @@ MERGE = {
     "blob": ("fuzz_blob.py", 65536, 600_000),
     "stream_file": ("fuzz_stream_file.py", 65536, 400_000),
     "containers": ("fuzz_containers.py", 65536, 500_000),
+    "integrity": ("fuzz_integrity.py", 16384, 200_000),
+    "vllm": ("fuzz_vllm.py", 65536, 80_000),
 }
 
 
-def merge_corpora(work: Path, into: Path) -> None:
+def merge_corpora(work: Path, into: Path, nice: int = 19) -> None:
     """Minimise each grown corpus (every mode of a harness together) with libFuzzer's
     ``-merge=1`` into ``into/<folder>``: the inputs that keep the coverage, at most the
     folder's byte budget (the largest inputs are dropped first), named by their SHA-1."""
@@ -244,7 +254,7 @@ def merge_corpora(work: Path, into: Path) -> None:
                     if path.is_file() and path.stat().st_size <= max_len:
                         data = path.read_bytes()
                         (pool / hashlib.sha1(data).hexdigest()).write_bytes(data)
-            argv = ["nice", "-n", "19", sys.executable, str(TOOLS / script), "-merge=1"]
+            argv = ["nice", "-n", str(nice), sys.executable, str(TOOLS / script), "-merge=1"]
             argv += [f"-max_len={max_len}", "-timeout=20", str(merged), str(pool)]
             log = work / "logs" / f"merge-{folder}.log"
             # libFuzzer's merge runs the script itself again (argv[0], by its #! line):
@@ -299,13 +309,16 @@ def main(argv: list[str] | None = None) -> int:
         "--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "hw-fuzz"
     )
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
+    parser.add_argument(
+        "--nice", type=int, default=19, help="niceness of each fuzzer (default 19: shared machine)"
+    )
     parser.add_argument("--log-only", action="store_true", help="summarise existing logs")
     parser.add_argument(
         "--merge-into", type=Path, help="minimise the grown corpora into this folder (no fuzzing)"
     )
     args = parser.parse_args(argv)
     if args.merge_into is not None:
-        merge_corpora(args.work, args.merge_into)
+        merge_corpora(args.work, args.merge_into, args.nice)
         return 0
     if args.runs is None and args.seconds is None and not args.log_only:
         args.seconds = 60
@@ -318,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             result = parse_log(name, log.read_text(errors="replace"))
         else:
             print(f"fuzz_all: {name} ...", file=sys.stderr, flush=True)
-            result = run(name, args.work, args.runs, args.seconds)
+            result = run(name, args.work, args.runs, args.seconds, args.nice)
             print(
                 f"fuzz_all: {name}: {result.runs:,} runs, cov {result.cov_end}, "
                 f"ft {result.ft_end}, findings {len(result.findings)}",

@@ -15,7 +15,12 @@ decoding the same bytes:
 * the same bytes seen through a ``memoryview`` at a non-zero (odd) offset of a larger buffer:
   the same verdict, the same error, equal arrays;
 * small ``DecodeLimits``: accept what the defaults accept or refuse with
-  ``LimitExceededError``, and never accept what the defaults refuse.
+  ``LimitExceededError``, and never accept what the defaults refuse;
+* ``decode_report``: accepts what ``decode`` accepts with no failed page, and hands out a
+  blob ``decode`` refuses only with failed pages, after a page-digest or checksum refusal;
+* ``decode_into`` a flat uint8 array of the pool's byte size (page digests checked while the
+  pool is copied): the same verdict and arrays; a refusal found before the copy (anything
+  but a checksum, page-digest or decompression error) leaves the array untouched.
 
 A blob that decodes must also:
 
@@ -27,7 +32,8 @@ A blob that decodes must also:
   deterministic, ``encode_parts`` joins to ``encode``, and chunked encoding gives the same
   bytes on 0 and 2 threads;
 * be accepted by the independent reader of ``tests/blob_reference.py`` (written from
-  docs/wire-format.md alone) with the same buffer bytes, seq_lens and metadata keys;
+  docs/wire-format.md and docs/integrity.md alone, page_digests and page_refs included)
+  with the same buffer bytes, seq_lens and metadata keys;
 * when it is in the writer's form (minor 0, every section raw, writer alignments, no
   unknown sections, seq_lens before metadata, metadata unflagged and non-empty), re-encode
   to exactly its own bytes (docs/wire-format.md § 2: encoding is deterministic). The reader
@@ -104,9 +110,13 @@ except ImportError:  # the pytest smoke test replays the target without atheris
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
+
         import hurray_wire as hw
         from hurray_wire import codecs
         from hurray_wire.metadata import encode_metadata
+
+        _instrumented.import_all()
 else:
     import hurray_wire as hw
     from hurray_wire import codecs
@@ -401,6 +411,8 @@ def check_blob(data: bytes) -> None:
     if strict[1] is None and limited is not None:
         _same_outcome("small limits", strict, (limited, None))
 
+    _check_decode_into(data, strict)
+    _check_decode_report(data, strict)
     tensor = strict[0]
     if tensor is None:
         _independent_refusal(data, strict[1])
@@ -414,6 +426,61 @@ def check_blob(data: bytes) -> None:
         )
     _round_trip(data, tensor, total)
     _independent_reader(data, tensor)
+
+
+#: refusals of decode_into that may leave refused bytes in the destination, because they
+#: are found while the pool is copied (docs/decisions.md)
+_DIRTY_REFUSALS = (hw.ChecksumError, hw.PageDigestError, hw.errors.DecompressionError)
+
+
+def _pool_bytes(data: bytes) -> int | None:
+    """buffer 0's byte_size in the blob's descriptor (descriptor.md § 1.1), if it is there."""
+    if len(data) < 32:
+        return None
+    at = 32 + 48 * struct.unpack_from("<H", data, 20)[0] + 85
+    return int(_U64.unpack_from(data, at)[0]) if at + 8 <= len(data) else None
+
+
+def _check_decode_into(data: bytes, strict: tuple[Any, hw.HurrayWireError | None]) -> None:
+    """``decode_into`` (the pool landed in a caller's flat uint8 array, digests checked while
+    it is copied) gives decode's verdict and arrays; on a refusal found before the copy the
+    destination is untouched. (The error may differ: the pool's checksum is checked during
+    the copy, after the other sections, and the landing checks the pool's shape first.)"""
+    tensor, error = strict
+    size = tensor.page_pool.nbytes if tensor is not None else _pool_bytes(data)
+    if size is None or size > 1 << 20:
+        return
+    out = np.full(size, 0xA5, np.uint8)
+    landed, landed_error = outcome(lambda: hw.decode_into(data, out, threads=0))
+    if tensor is not None:
+        if landed_error is not None:
+            raise AssertionError(f"decode_into refuses what decode accepts: {landed_error!r}")
+        diff = tensor_difference(landed, tensor)
+        if diff is not None:
+            raise AssertionError(f"decode_into and decode differ in {diff}")
+        return
+    if landed is not None:
+        raise AssertionError(f"decode_into accepts what decode refuses: {error!r}")
+    if not isinstance(landed_error, _DIRTY_REFUSALS) and bool((out != 0xA5).any()):
+        raise AssertionError(f"decode_into wrote into page_pool, then refused: {landed_error!r}")
+
+
+def _check_decode_report(data: bytes, strict: tuple[Any, hw.HurrayWireError | None]) -> None:
+    """``decode_report`` accepts what decode accepts, with no failed page and equal arrays;
+    it hands out a blob decode refuses only with failed pages named, after a page-digest
+    (or, with digests, a page-row checksum) refusal."""
+    tensor, error = strict
+    report, report_error = outcome(lambda: hw.decode_report(data, threads=0))
+    if tensor is not None:
+        if report is None or not report.ok:
+            raise AssertionError(f"decode_report vs decode: {report_error!r}, {report!r}")
+        diff = tensor_difference(report.tensor, tensor)
+        if diff is not None:
+            raise AssertionError(f"decode_report and decode differ in {diff}")
+    elif report is not None and (
+        report.ok or not isinstance(error, (hw.PageDigestError, hw.ChecksumError))
+    ):
+        raise AssertionError(f"decode_report hands out what decode refuses: {error!r}")
 
 
 def _load_independent_reader() -> Any:
@@ -1323,6 +1390,13 @@ def generated_seeds() -> dict[str, bytes]:
                 tensor, compression=hw.Compression(codecs.CODEC_ZSTD, min_size=0), checksum=False
             )
         )
+        try:  # with a page_digests section (0x04), raw and chunked
+            out[f"gen-{name}-digests.hrwb"] = bytes(hw.encode(tensor, page_digests=True))
+            chunked = hw.Compression(codecs.CODEC_CHUNKED, min_size=0)
+            digests = bytes(hw.encode(tensor, page_digests=True, compression=chunked))
+            out[f"gen-{name}-digests-chunked.hrwb"] = digests
+        except hw.HurrayWireError:  # pages that do not end on a byte boundary
+            pass
     out.update(chunked_seeds())
     return out
 

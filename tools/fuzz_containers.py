@@ -10,11 +10,16 @@ Every input goes through ``check_containers``, which feeds the same bytes to
   ``user_metadata``, and per tensor ``entry``, ``descriptor_header``, ``buffer_spans`` and
   ``tensor`` (each tensor on its own, so one bad tensor does not hide the others); and
   ``read_file`` on the bytes written to a scratch file (the mapped path);
-* ``hurray_wire.cli``: ``identify``, ``main(["validate", path])`` and ``main(["dump", "--json",
-  path])`` on the bytes written to a scratch file;
+* ``hurray_wire.cli``: ``identify``, ``main(["validate", path])``, ``main(["dump", "--json",
+  path])``, ``dump --index`` and (inputs up to 16 KiB) ``dump --hex`` on the bytes written
+  to a scratch file: exit 0 or 1 (``--hex`` of a kind it does not annotate: 2), every dump
+  accepting what ``validate`` accepts; ``convert`` to a ``.hrws`` file (every invalid input,
+  one valid input in 8 by its hash: the atomic write syncs), which converts what
+  ``validate`` accepts into a stream that validates;
 * ``hurray_wire.containers``' blob stream: ``StreamReader`` from an
-  ``io.BytesIO`` and from the bytes, ``StreamReader`` with a small ``max_blob_bytes``, and
-  ``StreamFile``;
+  ``io.BytesIO`` and from the bytes, ``StreamReader`` with a small ``max_blob_bytes``,
+  ``StreamReader(on_page_error="report")``, ``StreamFile``, and ``load_cache`` of the
+  bytes as a ``.hrws`` file;
 
 and fails on any exception that is not a ``HurrayWireError`` and on any disagreement:
 
@@ -27,7 +32,11 @@ and fails on any exception that is not a ``HurrayWireError`` and on any disagree
 * the two ``StreamReader`` sources agree (tensors, error type, header, completeness); a
   small ``max_blob_bytes`` refuses only with ``LimitExceededError``; a stream that reads
   completely has the same entries and tensors through ``StreamFile``, and is written again
-  by ``StreamWriter`` to a stream that reads back to the same tensors.
+  by ``StreamWriter`` to a stream that reads back to the same tensors;
+* the report mode hands out the strict reader's tensors with empty reports, and goes
+  further only with a blob whose report names failed pages where the strict reader raised
+  ``PageDigestError`` / ``ChecksumError``; ``load_cache`` loads only a stream the strict
+  reader reads whole, to the same tensors.
 
 Modes. By default libFuzzer's byte mutations drive the search. ``--fix-checksums`` (or
 ``HW_FUZZ_FIX_CHECKSUMS=1``) installs a custom mutator that, after each mutation (a plain
@@ -78,15 +87,19 @@ except ImportError:
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
+
         import hurray_wire as hw
-        from hurray_wire import cli, cli_args
+        from hurray_wire import cli, cli_args, cli_text
         from hurray_wire import containers as hws
         from hurray_wire import containers as reference
         from hurray_wire.crc32c import crc32c
         from hurray_wire.metadata import encode_metadata
+
+        _instrumented.import_all()
 else:
     import hurray_wire as hw
-    from hurray_wire import cli, cli_args
+    from hurray_wire import cli, cli_args, cli_text
     from hurray_wire import containers as hws
     from hurray_wire import containers as reference
     from hurray_wire.crc32c import crc32c
@@ -323,6 +336,60 @@ def check_stream(data: bytes) -> None:
                 _same_tensors("StreamFile vs StreamReader", file_tensors, tensors)
     if error is None and reader is not None:
         _stream_round_trip(reader, tensors)
+    check_report_mode(data, tensors, error)
+    check_load_cache(data, tensors, error)
+
+
+def check_report_mode(data: bytes, tensors: list[Any], error: hw.HurrayWireError | None) -> None:
+    """``StreamReader(on_page_error="report")`` hands out what the strict reader reads, with
+    an empty report, and goes further only with a blob whose report names failed pages,
+    where the strict reader stopped with a page-digest (or deferred checksum) error."""
+    reader, opened = _outcome(lambda: hws.StreamReader(data, on_page_error="report"))
+    if reader is None:
+        if error is None:
+            raise AssertionError(f"on_page_error='report' refused a good stream: {opened!r}")
+        return
+    got: list[Any] = []
+    reports: list[Any] = []
+    while True:
+        tensor, failed = _outcome(lambda: next(reader, None))
+        if failed is not None or tensor is None:
+            break
+        got.append(tensor)
+        reports.append(reader.page_report)
+    bad = next((i for i, r in enumerate(reports) if r is None or not r.ok), None)
+    _same_tensors("on_page_error='report' vs 'raise'", got[:bad], tensors[: len(got[:bad])])
+    if bad is None:
+        if len(got) != len(tensors) or type(failed) is not type(error):
+            raise AssertionError(
+                f"on_page_error='report' vs 'raise': {len(got)} tensors, {failed!r} vs "
+                f"{len(tensors)} tensors, {error!r}"
+            )
+    elif (
+        reports[bad] is None
+        or len(tensors) != bad
+        or not isinstance(error, (hw.PageDigestError, hw.ChecksumError))
+    ):
+        raise AssertionError(
+            f"on_page_error='report' handed out blob {bad} with failed pages where the strict "
+            f"reader read {len(tensors)} blobs and raised {error!r}"
+        )
+
+
+def check_load_cache(data: bytes, tensors: list[Any], error: hw.HurrayWireError | None) -> None:
+    """``load_cache`` of the bytes as a ``.hrws`` file: a cache only of a stream the strict
+    reader reads whole, with a header naming every layer and role, and the same tensors."""
+    path = _scratch_file().with_suffix(".hrws")
+    path.write_bytes(data)
+    cache, _ = _outcome(lambda: hw.load_cache(path))
+    if cache is None:
+        return
+    if error is not None:
+        raise AssertionError(f"load_cache read a stream StreamReader refuses: {error!r}")
+    loaded = [cache.tensors[(t.layer_index, t.kv_role)] for t in tensors]
+    if len(cache.tensors) != len(tensors):
+        raise AssertionError("load_cache holds another number of tensors than the stream")
+    _same_tensors("load_cache vs StreamReader", loaded, tensors)
 
 
 def _stream_round_trip(reader: Any, tensors: list[Any]) -> None:
@@ -355,19 +422,47 @@ cli_args.build_parser = functools.lru_cache(maxsize=1)(cli_args.build_parser)
 def check_cli(data: bytes) -> None:
     """``identify`` answers or raises our error; ``validate`` and ``dump --json`` exit 0 or 1
     (a one-line message, never a traceback), and dump accepts whatever validate accepts."""
+    kind = None
     with contextlib.suppress(hw.HurrayWireError, cli.CliError):
-        cli.identify(data)
+        kind = cli.identify(data)
     path = _scratch_file().with_suffix(".bin")
     path.write_bytes(data)
     codes = []
-    for argv in (["validate", str(path)], ["dump", "--json", str(path)]):
+    commands = [["validate", str(path)], ["dump", "--json", str(path)]]
+    commands.append(["dump", "--index", str(path)])
+    if len(data) <= 16384:  # annotated hex: about 40 bytes of text per input byte
+        commands.append(["dump", "--hex", str(path)])
+    for argv in commands:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             code, known = _outcome(functools.partial(cli.main, argv))
         if known is not None:
             return  # an open finding (the CLI lets it through as a traceback)
         codes.append(code)
-    if any(code not in (0, 1) for code in codes) or codes == [0, 1]:
-        raise AssertionError(f"validate / dump exit codes {codes}")
+    if codes[0] != 0 or xxhash.xxh3_64_intdigest(data) % 8 == 0:  # a valid one fsyncs: 1 in 8
+        _check_convert(path, kind, codes[0])
+    hex_usage = len(codes) == 4 and kind is not None and kind not in cli_text.HEX_KINDS
+    if hex_usage and codes.pop() != cli.EXIT_USAGE:  # --hex annotates only some kinds
+        raise AssertionError(f"dump --hex of a {kind} did not exit {cli.EXIT_USAGE}")
+    if any(code not in (0, 1) for code in codes) or (codes[0] == 0 and any(codes[1:])):
+        raise AssertionError(f"validate / dump --json / dump --index / dump --hex: {codes}")
+
+
+def _check_convert(path: Path, kind: str | None, valid: int) -> None:
+    """``convert IN OUT.hrws``: exit 0 or 1 (2 for a bare descriptor, which has no blob
+    form); an input ``validate`` accepts converts (unless a ``.hrry`` tensor is not
+    block-paged), and the output validates."""
+    out = path.with_name("converted.hrws")
+    out.unlink(missing_ok=True)
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        code = cli.main(["convert", str(path), str(out)])
+        again = cli.main(["validate", str(out)]) if code == 0 else None
+    if code == cli.EXIT_USAGE and kind == "descriptor":
+        return
+    # a .hrry file may hold tensors of other layouts: valid, but with no blob form
+    other_layout = "not a block-paged tensor, cannot convert" in sink.getvalue()
+    if code not in (0, 1) or (valid == 0 and code != 0 and not other_layout) or again:
+        raise AssertionError(f"convert: exit {code} (validate {valid}, of the output {again})")
 
 
 def check_containers(data: bytes) -> None:
@@ -753,7 +848,7 @@ def generated_seeds() -> dict[str, bytes]:
     seeds: dict[str, bytes] = {}
     tensors = {}
     for name, data in fuzz_blob.generated_seeds().items():
-        if name.endswith("-shuffle.hrwb") or name.endswith("-nock.hrwb"):
+        if name.endswith(("-shuffle.hrwb", "-nock.hrwb", "-digests.hrwb", "-chunked.hrwb")):
             continue
         tensors[name[4:-5]] = hw.decode(data)
     small = [t for t in tensors.values() if t.nbytes < 2048]
@@ -805,6 +900,18 @@ def generated_seeds() -> dict[str, bytes]:
         for tensor in f16 + tagged[:1]:
             writer.write(tensor, compression=hw.Compression(2, min_size=0), pages="all")
     seeds["gen-stream-headerless.hrws"] = sink.getvalue()
+    sink = io.BytesIO()  # page digests: what on_page_error="report" reads
+    with hws.StreamWriter(sink, headers["full"]) as writer:
+        for tensor in tagged[:2]:
+            writer.write(tensor, page_digests=True, pages="all")
+    seeds["gen-stream-digests.hrws"] = sink.getvalue()
+    with tempfile.TemporaryDirectory() as folder:  # a whole-model cache (load_cache)
+        path = Path(folder) / "cache.hrws"
+        cache = [hw.BlockPagedTensor.from_arrays(
+            np.full((2, 4, 1, 8), i, np.float16), [1], [0, 1], seq_lens=[3],
+            kv_role=roles[i % 2], layer_index=i // 2) for i in range(4)]  # fmt: skip
+        hw.save_cache(path, cache, model="seed-model", metadata={"k": 1})
+        seeds["gen-model-cache.hrws"] = path.read_bytes()
     return seeds
 
 

@@ -50,7 +50,11 @@ except ImportError:  # tests/test_fuzz_smoke.py replays the target without ather
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
+
         import hurray_wire as hw
+
+        _instrumented.import_all()
 else:
     import hurray_wire as hw
 

@@ -11,7 +11,8 @@
   the same value;
 * delta blobs (a page-refs section, 0x05, and page digests, 0x04) through every reader that
   resolves refs: ``decode`` and ``decode_report`` with a ``page_store``,
-  ``decode_in_place`` into an engine pool (``EnginePoolStore``) and ``StreamReader`` with
+  ``decode_in_place`` and ``decode_in_place_report`` (the same verdict when no page fails)
+  into an engine pool (``EnginePoolStore``) and ``StreamReader`` with
   a ``page_store``; the blob's checksums are recomputed after the mutation when the target
   byte asks for it, so that the mutated fields reach the section rules;
 * **claimed sizes**: a small delta blob of 0-byte pages (``num_heads`` 0) whose descriptor's
@@ -47,12 +48,15 @@ except ImportError:
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
         import numpy as np
 
         import hurray_wire as hw
         from hurray_wire import integrity as hi
         from hurray_wire.containers import StreamReader
         from hurray_wire.transport import records as tr
+
+        _instrumented.import_all()
 else:
     import numpy as np
 
@@ -224,8 +228,17 @@ def _delta(target: int, blob: bytes) -> None:
     else:
         before = _ENGINE.copy()
         try:
-            _typed(lambda: hw.decode_in_place(
+            landed = _typed(lambda: hw.decode_in_place(
                 blob, pool_store=_POOL, free_pages=_ENGINE_FREE, limits=LIMITS))  # fmt: skip
+            _ENGINE[:] = before
+            report = _typed(lambda: hw.decode_in_place_report(
+                blob, pool_store=_POOL, free_pages=_ENGINE_FREE, limits=LIMITS))  # fmt: skip
+            # the report variant: accepts what decode_in_place accepts, with no failed page,
+            # and reports nothing failed only for what decode_in_place accepts
+            if landed is not None and (report is None or not report.ok):
+                raise AssertionError(f"decode_in_place_report vs decode_in_place: {report!r}")
+            if report is not None and report.ok and landed is None:
+                raise AssertionError("decode_in_place_report is ok where decode_in_place refuses")
         finally:
             _ENGINE[:] = before  # the next input sees the same pool
     assert blob == original

@@ -47,8 +47,12 @@ except ImportError:
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
+
         import hurray_wire as hw
         from hurray_wire.metadata import Int64, UInt64, decode_metadata, encode_metadata
+
+        _instrumented.import_all()
 else:
     import hurray_wire as hw
     from hurray_wire.metadata import Int64, UInt64, decode_metadata, encode_metadata

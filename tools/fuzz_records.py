@@ -52,8 +52,12 @@ except ImportError:
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
+
         import hurray_wire as hw
         from hurray_wire import containers as hws
+
+        _instrumented.import_all()
 else:
     import hurray_wire as hw
     from hurray_wire import containers as hws

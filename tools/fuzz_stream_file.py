@@ -14,6 +14,8 @@
   reads; the small limits of ``fuzz_blob.SMALL_LIMITS`` and ``max_blob_bytes=4096`` never
   read a blob the defaults refuse, and refuse one the defaults read only with
   ``LimitExceededError``;
+* every blob the mapped file reads lands in a caller's flat uint8 array
+  (``read(entry, page_pool=)``, the ``decode_into`` landing) as the same tensor;
 * the input bytes are never modified, and the mapped file is released on ``close``.
 
 Modes. By default libFuzzer's byte mutations; ``--fix-checksums`` installs the container
@@ -39,6 +41,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 try:
     import atheris  # type: ignore[import-untyped]
 except ImportError:
@@ -46,8 +50,12 @@ except ImportError:
 
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
+        import _instrumented  # the lazy package: every module now, instrumented
+
         import hurray_wire as hw
         from hurray_wire import containers as hws
+
+        _instrumented.import_all()
 else:
     import hurray_wire as hw
     from hurray_wire import containers as hws
@@ -74,8 +82,12 @@ def _error_key(error: hw.HurrayWireError | None) -> Any:
     return (type(error), error.section, error.field, error.offset)
 
 
-def _survey(source: Any, **options: Any) -> tuple[Any, list[tuple[Any, Any]], Any]:
-    """(summary, per-entry (tensor, error), opening error) of one StreamFile."""
+def _survey(
+    source: Any, land: bool = False, **options: Any
+) -> tuple[Any, list[tuple[Any, Any]], Any]:
+    """(summary, per-entry (tensor, error), opening error) of one StreamFile; ``land``: each
+    blob that reads is read again into a caller's array (``read(entry, page_pool=)``, the
+    ``decode_into`` landing) and must give the same tensor."""
     stream_file, error = fuzz_blob.outcome(lambda: hws.StreamFile(source, **options))
     if stream_file is None:
         return None, [], error
@@ -91,6 +103,17 @@ def _survey(source: Any, **options: Any) -> tuple[Any, list[tuple[Any, Any]], An
         reads = [
             fuzz_blob.outcome(functools.partial(stream_file.read, e)) for e in stream_file.entries
         ]
+        for entry, (tensor, _) in zip(stream_file.entries, reads, strict=True):
+            if land and tensor is not None and tensor.page_pool.nbytes <= 1 << 20:
+                out = np.full(tensor.page_pool.nbytes, 0xA5, np.uint8)
+                landed, error = fuzz_blob.outcome(
+                    functools.partial(stream_file.read, entry, page_pool=out)
+                )
+                diff = (
+                    "the verdict" if landed is None else fuzz_blob.tensor_difference(landed, tensor)
+                )
+                if diff is not None:
+                    raise AssertionError(f"read(page_pool=) differs in {diff}: {error!r}")
         for key in list(stream_file.keys()):
             fuzz_blob.outcome(functools.partial(stream_file.tensor, *key))
         # compare now: the tensors are views of the mapping, released by close()
@@ -127,7 +150,7 @@ def check_stream_file(data: bytes) -> None:
     path = _scratch()
     path.unlink(missing_ok=True)  # a new inode: a mapping still alive is never truncated
     path.write_bytes(data)
-    mapped = _survey(path)
+    mapped = _survey(path, land=True)
     padded = bytearray(b"xyz" + data + b"!")
     for label, source in (("bytes", data), ("memoryview at 3", memoryview(padded)[3:-1])):
         other = _survey(source)

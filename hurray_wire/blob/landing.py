@@ -58,11 +58,9 @@ def check_landing(
     if pages is not None:
         shape = (pages, *shape[1:])
     nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    if array.dtype == np.uint8 and dtype != np.uint8:
-        ok = array.nbytes == nbytes and (pages is None or array.shape[0] == pages)
-    else:
-        ok = array.dtype == dtype and tuple(array.shape) == tuple(shape)
-    if not ok:
+    typed = array.dtype == dtype and tuple(array.shape) == tuple(shape)
+    untyped = array.dtype == np.uint8 and array.nbytes == nbytes  # also for a uint8 pool
+    if not (typed or (untyped and (pages is None or array.shape[0] == pages))):
         raise ArgumentTypeError(
             "the engine array does not have the blob's page pool type and shape",
             field=field,
