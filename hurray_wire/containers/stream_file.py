@@ -242,9 +242,10 @@ class StreamFile(ClosesOnExit):
         kv_role: str | None = None,
         *,
         page_pool: npt.NDArray[Any] | None = None,
+        one_pass: bool = False,
     ) -> BlockPagedTensor:
         """The blob for ``{kv_role, layer_index}``, decoded now (and only it); with
-        ``page_pool`` its pool lands in that array (``decode_into``: verified while copied).
+        ``page_pool`` its pool lands in that array (as ``decode_into``, ``one_pass`` too).
         ``kv_role`` may be left out only when the stream holds one role for that layer (a
         key and a value are never guessed between)."""
         if layer_index is not None and (
@@ -270,7 +271,7 @@ class StreamFile(ClosesOnExit):
                 section="stream",
                 found=f"layer_index {layer_index!r}, kv_role {kv_role!r}",
             )
-        return self.read(entry, page_pool=page_pool)
+        return self.read(entry, page_pool=page_pool, one_pass=one_pass)
 
     def _find(self, layer_index: int | None, kv_role: str) -> StreamEntry | None:
         """The last blob of that key: from the dict once built, else from the index rows."""
@@ -287,12 +288,12 @@ class StreamFile(ClosesOnExit):
         return entries_of(rows[hits[-1:]])[0]
 
     def read(
-        self, entry: StreamEntry, *, page_pool: npt.NDArray[Any] | None = None
-    ) -> BlockPagedTensor:
+        self, entry: StreamEntry, *, page_pool: npt.NDArray[Any] | None = None,
+        one_pass: bool = False,
+    ) -> BlockPagedTensor:  # fmt: skip
         """Decode the blob at ``entry`` and check it is what the index says. With
-        ``page_pool`` (an engine's writable array of the pool's byte size) the pool is
-        copied into it and hashed in the same pass (``decode_into``); on an error its
-        contents are unspecified."""
+        ``page_pool`` the pool lands in that array as :func:`decode_into` lands it
+        (untouched on a refusal unless ``one_pass=True``)."""
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
         shrank = None if self._guard is None else self._guard.shrunk(entry.offset + entry.length)
@@ -324,7 +325,7 @@ class StreamFile(ClosesOnExit):
                 )
             if page_pool is None:
                 return run(byte_view(view), self._options, accept=accept)[0]
-            return land_into(byte_view(view), page_pool, self._options, accept)
+            return land_into(byte_view(view), page_pool, self._options, accept, one_pass is True)
         except HurrayWireError as exc:
             add_note(exc, f"in the {what}")
             raise
