@@ -210,18 +210,13 @@ class BlockPagedTensor:
     ) -> BlockPagedTensor:
         """Build a tensor from NumPy arrays (or index lists), deriving its descriptor.
 
-        ``total_tokens`` defaults to ``sum(seq_lens)`` when sequence lengths are given,
-        else to the block table's capacity (every page full). ``block_table_index_type``
-        defaults to uint32, or uint64 when the pool or the block table needs it ([A13]).
-        The caller's arrays are never modified. A C-contiguous host pool of the wire dtype
-        is shared (a view, page ids kept); a strided pool (an HND or per-layer view of an
-        engine cache, FlashInfer's combined form) or a torch tensor on another device is
-        never copied whole: only the pages the block table names are gathered, renumbered in
-        first-reference order as ``compact()`` does, so ``block_table`` then names pages of
-        that compact pool. Index arrays are copied when their dtype differs from the index
-        type. Torch tensors are taken through DLPack (``hurray_wire._interop``). ``kv_scale``
-        is the engine's fp8 scalar, stored in the reserved metadata key of the role
-        (``hurray.k_scale`` / ``hurray.v_scale``).
+        ``total_tokens`` defaults to ``sum(seq_lens)``, else to the block table's capacity;
+        ``block_table_index_type`` to uint32, or uint64 when needed ([A13]). The caller's arrays
+        are never modified. A C-contiguous host pool of the wire dtype is shared; a strided pool
+        or a device tensor is never copied whole: only the pages the block table names are
+        gathered, renumbered in first-reference order (as ``compact()``). Torch tensors come
+        through DLPack. ``kv_scale`` (an engine's fp8 scalar) goes to the role's reserved
+        metadata key (``hurray.k_scale`` / ``hurray.v_scale``).
         """
         if is_torch(page_pool) or (type(page_pool) is np.ndarray and is_strided_pool(page_pool)):
             page_pool, block_table, scales, zero_points = referenced_pages(

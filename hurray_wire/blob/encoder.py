@@ -476,24 +476,16 @@ def encode(
     page_digests: bool = False,
     known_pages: Any = None,
 ) -> memoryview:
-    """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, which
-    costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed. Large
-    blobs come from a pool that takes the memory back once the caller drops every reference
-    to the blob (``blob.output.OUTPUT_POOL``).
+    """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, far cheaper
+    than a fresh ``bytes``; large ones come from ``blob.output.OUTPUT_POOL``, which takes the
+    memory back once the caller drops the blob).
 
-    ``compression``: a :class:`Compression`, None (every section raw) or a text spec such
-    as ``"default"`` or ``"zstd:3"``, read once by :func:`~hurray_wire.codecs.parse_spec`
-    (as are the other encoders' and the stream writer's). ``compact=True`` encodes
-    ``tensor.compact()``: only the referenced pages.
-
-    ``page_digests=True`` adds the page-digests section (0x04: one xxh3_64 per physical
-    page record, docs/integrity.md § 4). ``known_pages`` (the sorted uint64 digests a
-    receiver holds, ``decode_known_pages``) makes a delta blob: every page whose digest it
-    holds travels as a reference in the REQUIRED page-refs section (0x05), the others as
-    bytes; decoding it needs the receiver's ``page_store`` (or ``decode_in_place`` into
-    the engine's pool). ``known_pages`` may instead be a ``DeltaPlan`` made for this tensor
-    (``plan_delta(tensor, known, digests=cached)``): an engine that digested each page once
-    when it filled it skips the digest pass (``check_plan``; docs/integrity.md § 5.3)."""
+    ``compression``: a :class:`Compression`, None (raw) or a text spec (``"zstd:3"``, read by
+    :func:`~hurray_wire.codecs.parse_spec`). ``compact=True`` encodes ``tensor.compact()``.
+    ``page_digests=True`` adds the page-digests section; ``known_pages`` (a receiver's sorted
+    digests, or a ``DeltaPlan`` made for this tensor) makes a delta blob whose known pages
+    travel as references (docs/integrity.md §§ 4-5).
+    """
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     if (

@@ -117,20 +117,13 @@ def _peek_blob(view: memoryview, limits: DecodeLimits) -> tuple[int | None, str]
 class StreamFile(ClosesOnExit):
     """Random access to a stream in a file (mapped with ``mmap``) or a bytes-like object.
 
-    Opening reads the stream header and the index: the end record's (found from the last
-    8 bytes of the file), or, without one, the walk of blob prefixes and headers. Neither
-    touches page data. A tensor is decoded, and its checksums verified, only when asked
-    for, as a read-only zero-copy view of the mapping. A damaged tail does not hide the
-    blobs before it: they are in ``entries`` and ``error`` says what stopped the walk.
-
-    A mapped file is checked (``os.fstat``) before each ``read``: a file another process
-    truncated raises a ``StreamTruncatedError`` instead of killing the process with
-    SIGBUS. Tensors already read still view the mapping, which no check can protect
-    (docs/security.md); ``mmap=False`` reads the file into memory instead.
-
-    ``page_store`` fills the pages of delta blobs and ``expect_fingerprint`` refuses a
-    stream whose header (or a blob) carries another engine fingerprint, as for
-    ``StreamReader`` (docs/integrity.md).
+    Opening reads the stream header and the index (the end record's, else the walk of blob
+    prefixes), never page data; a tensor is decoded and verified only when asked for, as a
+    read-only view of the mapping. A damaged tail does not hide the blobs before it
+    (``entries``; ``error`` says what stopped the walk). A mapped file is ``os.fstat``-checked
+    before each ``read`` (truncated: ``StreamTruncatedError``, not SIGBUS; docs/security.md);
+    ``mmap=False`` reads it into memory. ``page_store`` / ``expect_fingerprint``: as
+    ``StreamReader``'s.
     """
 
     def __init__(

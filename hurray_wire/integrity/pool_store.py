@@ -134,20 +134,15 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
 
 
 class EnginePoolStore(PageStore):
-    """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of
-    its own: an index digest -> physical page id of the pages the engine vouches for.
+    """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of its
+    own: an index digest -> physical page id of the pages the engine vouches for.
 
-    ``page_pool`` is the engine's array, ``[num_pages, ...]`` (for the in-place decode
-    ``[num_pages, page_size, num_heads, head_dim]`` of the cache's element type);
-    ``scales`` / ``zero_points`` the per-page-slot parameters of a per-block quantized cache
-    (``num_pages * page_size`` entries, any shape). All must be writable C-contiguous NumPy
-    arrays; the store keeps them (no copy) and never writes them itself.
-
-    ``get`` returns a view of the page (for a quantized cache the record spans the pool and
-    the parameter arrays, so ``get`` joins them: a copy of one page). ``put`` cannot choose a
-    slot in a pool the engine's allocator owns: it accepts a record only when a page with
-    that digest is already indexed, and otherwise raises ``PageStoreError``. One lock makes
-    every method thread-safe; hashing happens outside it.
+    ``page_pool`` (``[num_pages, ...]``; for the in-place decode ``[num_pages, page_size,
+    num_heads, head_dim]``) and per-slot ``scales`` / ``zero_points`` are writable C-contiguous
+    arrays the store keeps (no copy) and never writes. ``get`` views a page (joins a quantized
+    record: a copy); ``put`` only accepts a record whose digest is already indexed (the
+    engine's allocator owns the slots), else ``PageStoreError``. Thread-safe (one lock,
+    hashing outside it).
     """
 
     def __init__(
