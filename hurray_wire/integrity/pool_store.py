@@ -1,17 +1,11 @@
 """A page store over an engine's own KV pool (docs/integrity.md § 5.3): no copies.
 
-A decode worker with prefix caching already holds the shared pages of a new request in its
-pool (one preallocated array per {layer, kv_role}, pages at physical ids). An
-``EnginePoolStore`` wraps that array, plus its per-page-slot scales / zero points when the
-cache is per-block quantized, and indexes the pages the engine vouches for by the digest
-of their record (``digests.PageRecords``, the same record a ``MemoryPageStore`` keeps).
-The delta decode in place (``blob.in_place``) then points the new block table at those
-pages instead of copying them, after re-hashing each one where it sits.
-
-The engine owns the pool: it calls ``index(page_ids)`` when pages hold content it will keep
-(digesting them then), and ``forget(page_ids)`` before it frees or overwrites them. A page
-overwritten without ``forget`` is *stale*: its bytes no longer match the digest it is
-indexed under, and the re-hash of every referenced page refuses it.
+An ``EnginePoolStore`` wraps the engine's pool of one {layer, kv_role} (and its per-slot
+scales / zero points) and indexes the pages the engine vouches for by their record's
+digest, so that the in-place decode points a block table at them instead of copying. The
+engine ``index``-es pages it keeps and ``forget``-s them before freeing or overwriting
+them; a page overwritten without ``forget`` is stale, and the re-hash of every referenced
+page refuses it.
 """
 
 from __future__ import annotations
