@@ -1,15 +1,10 @@
 """StreamWriter / StreamReader: many blobs over one byte stream, written and read in order.
 
-The format is docs/streaming.md: ``[stream header] blob* [end record]``, every record framed
-by the blob's 16-byte prefix and told apart by magic. A blob knows nothing of the stream it
-sits in: the stream adds what a reader needs before and after the blobs (what to preallocate,
-where the stream ends, where each blob is), never the identity of a blob, which always comes
-from its own descriptor.
-
-Reading is bounded and typed: a record's length is checked against ``max_blob_bytes`` before
-anything is allocated, each blob gets its own buffer (so every tensor handed out stays valid
-whatever happens later), and every failure, including a broken connection, is a
-``HurrayWireError``. Sinks and sources are ``hurray_wire.containers.io``'s.
+The format is docs/streaming.md's: ``[stream header] blob* [end record]``, each record
+framed by the blob's 16-byte prefix; a blob's identity comes from its own descriptor,
+never from the stream. Reading is bounded (a record's length checked against
+``max_blob_bytes`` before allocating), each blob gets its own buffer, and every failure is
+a ``HurrayWireError``. Sinks and sources are ``containers.io``'s.
 """
 
 from __future__ import annotations
