@@ -114,13 +114,11 @@ def _geometry_key(
         return None
     if type(seq_ptr) is not np.ndarray:
         return None
-    key: tuple[Any, ...] = (pool.dtype, pool.shape, block_table.dtype, block_table.shape,
-                            seq_ptr.dtype, seq_ptr.shape)  # fmt: skip
-    for value in scalars:
-        if type(value) is tuple:  # no valid argument is a tuple; keep (1, True) from (1, 1)
-            return None
-        key += (type(value), value)
-    return key
+    types = tuple(map(type, scalars))
+    if tuple in types:  # no valid argument is a tuple; keep (1, True) from (1, 1)
+        return None
+    return (pool.dtype, pool.shape, block_table.dtype, block_table.shape, seq_ptr.dtype,
+            seq_ptr.shape, types, scalars)  # fmt: skip
 
 
 Array = npt.NDArray[Any]
@@ -280,8 +278,8 @@ class BlockPagedTensor:
         lens = None
         if seq_lens is not None:
             lens = np.ascontiguousarray(_as_index_array(seq_lens, "seq_lens", U64_MAX), SEQ_LENS)
-            if total_tokens is None:
-                total_tokens = int(lens.sum()) if lens.size else 0
+            if total_tokens is None:  # uint64 arithmetic, as lens.sum(); a list is faster
+                total_tokens = sum(lens.tolist()) % (1 << 64) if lens.size < 64 else int(lens.sum())
         if total_tokens is None:
             total_tokens = len(bt) * page_size
         tokens_key = (type(total_tokens), total_tokens)
