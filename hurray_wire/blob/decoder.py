@@ -49,6 +49,7 @@ from hurray_wire.errors import (
     IndexBufferError,
     InvalidMetadataError,
     PaddingError,
+    flag,
 )
 from hurray_wire.integrity import (
     EngineFingerprint,
@@ -265,8 +266,7 @@ def decode_options(
         and expect_fingerprint is None
     ):
         return DEFAULT_OPTIONS
-    if type(verify) is not bool:
-        raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
+    verify = flag(verify, "verify")
     checked = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
     if threads != -1:
         threads = check_threads(threads)

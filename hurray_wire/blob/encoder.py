@@ -23,7 +23,7 @@ from hurray_wire.blob.output import OUTPUT_POOL
 from hurray_wire.blob.pages import paged_buffers
 from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
-from hurray_wire.errors import ArgumentTypeError, InvalidBlobError, InvalidTensorError
+from hurray_wire.errors import ArgumentTypeError, InvalidBlobError, InvalidTensorError, flag
 from hurray_wire.integrity import (
     DeltaPlan,
     check_plan,
@@ -52,10 +52,7 @@ assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
 
 
 def _compacted(tensor: BlockPagedTensor, compact: object) -> BlockPagedTensor:
-    if type(compact) is not bool:
-        raise ArgumentTypeError(
-            "compact must be True or False", field="compact", found=repr(compact)
-        )
+    flag(compact, "compact")
     if compact and isinstance(tensor, BlockPagedTensor):
         return tensor.compact()
     return tensor
@@ -96,10 +93,7 @@ def _page_sections(
     """Plan the page sections (docs/integrity.md § 4, § 6): one digest pass, shared by
     the digests section and the delta plan. With ``fuse`` (a raw, checksummed, whole pool)
     the same pass also hashes the pool for buffer 0's section checksum."""
-    if type(page_digests) is not bool:
-        raise ArgumentTypeError(
-            "page_digests must be True or False", field="page_digests", found=repr(page_digests)
-        )
+    flag(page_digests, "page_digests")
     if not page_digests and known_pages is None:
         return None
     records = page_records(tensor)
@@ -184,10 +178,7 @@ def _plan(
     ``hash_sections=False``: the section checksums are left zero (``encode_deferred``)."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
-    if type(checksum) is not bool:
-        raise ArgumentTypeError(
-            "checksum must be True or False", field="checksum", found=repr(checksum)
-        )
+    flag(checksum, "checksum")
     if isinstance(compression, str):  # the documented text specs, read once at the API edge
         compression = parse_spec(compression)
     elif compression is not None and not isinstance(compression, Compression):

@@ -33,7 +33,7 @@ from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, paged_buff
 from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import CODEC_RAW
-from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.errors import ArgumentTypeError, flag
 from hurray_wire.integrity import EngineFingerprint, PageRecords, PageStore
 from hurray_wire.integrity.pool_store import engine_array
 from hurray_wire.model.descriptor import TensorDescriptor
@@ -88,9 +88,7 @@ def decode_into(
     while copying (and decompresses into ``page_pool``): faster, but on those refusals
     ``page_pool`` holds refused bytes (docs/decisions.md).
     """
-    if type(one_pass) is not bool:
-        raise ArgumentTypeError("one_pass must be True or False", field="one_pass",
-                                found=repr(one_pass))  # fmt: skip
+    one_pass = flag(one_pass, "one_pass")
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
     return land_into(byte_view(data), page_pool, opts, one_pass=one_pass)
 

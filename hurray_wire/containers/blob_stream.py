@@ -58,6 +58,7 @@ from hurray_wire.errors import (
     InvalidStreamError,
     StreamBlobTruncatedError,
     StreamTruncatedError,
+    flag,
 )
 from hurray_wire.integrity import (
     DeltaPlan,
@@ -286,8 +287,7 @@ class StreamReader(ClosesOnExit):
         self._expect = expect_fingerprint
         self._max = check_max_blob_bytes(max_blob_bytes)
         self._options = decode_options(verify, limits, -1, page_store)
-        if type(mmap) is not bool:
-            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        flag(mmap, "mmap")
         self._source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
         self._verify = verify
         self._limits = limits

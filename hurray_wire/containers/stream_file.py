@@ -48,6 +48,7 @@ from hurray_wire.errors import (
     MissingTensorError,
     StreamBlobTruncatedError,
     StreamTruncatedError,
+    flag,
 )
 from hurray_wire.integrity import EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.tensor import BlockPagedTensor
@@ -144,8 +145,7 @@ class StreamFile(ClosesOnExit):
         self._verify = verify
         self._limits = limits if limits is not None else DecodeLimits()
         self._options = decode_options(verify, self._limits, -1, page_store)
-        if type(mmap) is not bool:
-            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        flag(mmap, "mmap")
         self._guard: MappedFile | None = None
         if isinstance(source, (str, os.PathLike)):
             self._view, self._guard = map_file(source, use_mmap=mmap)
