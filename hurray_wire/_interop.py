@@ -34,7 +34,6 @@ __all__ = [
     "numpy_to_torch",
     "referenced_pages",
     "take_pages",
-    "torch_dtype_name",
     "torch_to_numpy",
 ]
 
@@ -81,11 +80,6 @@ def is_device_tensor(value: object) -> bool:
             value.device.type != "cpu"  # type: ignore[attr-defined]
         )
     )
-
-
-def torch_dtype_name(value: Any) -> str:
-    """``"bfloat16"`` for a torch tensor of torch.bfloat16 (its dtype without ``torch.``)."""
-    return str(value.dtype).removeprefix("torch.")
 
 
 def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -> Any:

@@ -117,6 +117,13 @@ class ArgumentTypeError(HurrayWireError, TypeError):
     """An argument of the wrong Python type (e.g. a str where bytes are needed)."""
 
 
+def flag(value: object, name: str) -> bool:
+    """``value`` if it is True or False (not 1, not None), else an ``ArgumentTypeError``."""
+    if type(value) is not bool:
+        raise ArgumentTypeError(f"{name} must be True or False", field=name, found=repr(value))
+    return value
+
+
 class CodecConfigError(HurrayWireError, ValueError):
     """A compression spec or codec argument with a bad value (not bad stored bytes)."""
 

@@ -1,33 +1,13 @@
 """Key/value metadata of a ``.hrry`` file (containers.md § B.4): a pure codec, bytes <-> dict.
 
-``encode_metadata`` writes the KV section exactly as the reference writer does (entries in
-mapping order, no trailing padding: the file writer adds the zero padding to 8 and keeps it out
-of ``kv_length``); ``decode_metadata`` reads exactly ``kv_length`` bytes of untrusted input and
-raises only ``InvalidMetadataError`` (or ``ArgumentTypeError`` for a non-bytes argument). Every
-length is checked against the bytes that remain before anything is sliced or allocated.
-
-Python types and value tags::
-
-    str                        01 string    (UTF-8)
-    int, Int64                 02 int64     (a plain int when it fits in int64)
-    int, UInt64                03 uint64    (a plain int above int64's max; UInt64 for any)
-    float                      04 float64   (NaN and its payload kept)
-    bool                       05 bool
-    bytes, bytearray, memoryview  06 bytes
-    list / tuple of one kind   07 array     (element tag from the elements, as above)
-
-int64 or uint64: Python has one ``int``, the wire has two tags, so the tag is chosen from the
-value and can be forced with a wrapper. A plain ``int`` is written as int64 when it fits
-(-2**63 .. 2**63-1), else as uint64 (up to 2**64-1), else refused. ``Int64(v)`` and
-``UInt64(v)`` are ``int`` subclasses that force their tag. Decoding gives a plain ``int`` for
-int64 and always a ``UInt64`` for uint64, so the decoded type names the tag and
-decode -> encode reproduces the bytes (``UInt64(4) == 4``, so comparisons with plain ints still
-hold). In arrays, a ``UInt64`` element makes the array uint64, an ``Int64`` element int64 (both
-together is a mixed array), and plain ints follow the same fits-in-int64 rule for the whole
-array.
-
-The one section that decodes but cannot be re-encoded is one with an empty array: the reference
-reader accepts a count of 0, its writer refuses empty arrays, and so does ``encode_metadata``.
+``encode_metadata`` writes the KV section as the reference writer does; ``decode_metadata``
+reads exactly ``kv_length`` bytes of untrusted input, checks every length against what
+remains before slicing, and raises only ``InvalidMetadataError`` (``ArgumentTypeError`` for
+a non-bytes argument). Tags: str 01, int64 02, uint64 03, float 04 (NaN payload kept), bool
+05, bytes-like 06, a list / tuple of one kind 07. A plain ``int`` is int64 when it fits,
+else uint64; ``Int64`` / ``UInt64`` force the tag (in arrays too), and uint64 decodes as
+``UInt64``, so decode -> encode keeps the bytes. An empty array decodes but is refused on
+encode, as the reference writer refuses it.
 """
 
 from __future__ import annotations

@@ -114,13 +114,11 @@ def _geometry_key(
         return None
     if type(seq_ptr) is not np.ndarray:
         return None
-    key: tuple[Any, ...] = (pool.dtype, pool.shape, block_table.dtype, block_table.shape,
-                            seq_ptr.dtype, seq_ptr.shape)  # fmt: skip
-    for value in scalars:
-        if type(value) is tuple:  # no valid argument is a tuple; keep (1, True) from (1, 1)
-            return None
-        key += (type(value), value)
-    return key
+    types = tuple(map(type, scalars))
+    if tuple in types:  # no valid argument is a tuple; keep (1, True) from (1, 1)
+        return None
+    return (pool.dtype, pool.shape, block_table.dtype, block_table.shape, seq_ptr.dtype,
+            seq_ptr.shape, types, scalars)  # fmt: skip
 
 
 Array = npt.NDArray[Any]
@@ -210,18 +208,13 @@ class BlockPagedTensor:
     ) -> BlockPagedTensor:
         """Build a tensor from NumPy arrays (or index lists), deriving its descriptor.
 
-        ``total_tokens`` defaults to ``sum(seq_lens)`` when sequence lengths are given,
-        else to the block table's capacity (every page full). ``block_table_index_type``
-        defaults to uint32, or uint64 when the pool or the block table needs it ([A13]).
-        The caller's arrays are never modified. A C-contiguous host pool of the wire dtype
-        is shared (a view, page ids kept); a strided pool (an HND or per-layer view of an
-        engine cache, FlashInfer's combined form) or a torch tensor on another device is
-        never copied whole: only the pages the block table names are gathered, renumbered in
-        first-reference order as ``compact()`` does, so ``block_table`` then names pages of
-        that compact pool. Index arrays are copied when their dtype differs from the index
-        type. Torch tensors are taken through DLPack (``hurray_wire._interop``). ``kv_scale``
-        is the engine's fp8 scalar, stored in the reserved metadata key of the role
-        (``hurray.k_scale`` / ``hurray.v_scale``).
+        ``total_tokens`` defaults to ``sum(seq_lens)``, else to the block table's capacity;
+        ``block_table_index_type`` to uint32, or uint64 when needed ([A13]). The caller's arrays
+        are never modified. A C-contiguous host pool of the wire dtype is shared; a strided pool
+        or a device tensor is never copied whole: only the pages the block table names are
+        gathered, renumbered in first-reference order (as ``compact()``). Torch tensors come
+        through DLPack. ``kv_scale`` (an engine's fp8 scalar) goes to the role's reserved
+        metadata key (``hurray.k_scale`` / ``hurray.v_scale``).
         """
         if is_torch(page_pool) or (type(page_pool) is np.ndarray and is_strided_pool(page_pool)):
             page_pool, block_table, scales, zero_points = referenced_pages(
@@ -285,8 +278,8 @@ class BlockPagedTensor:
         lens = None
         if seq_lens is not None:
             lens = np.ascontiguousarray(_as_index_array(seq_lens, "seq_lens", U64_MAX), SEQ_LENS)
-            if total_tokens is None:
-                total_tokens = int(lens.sum()) if lens.size else 0
+            if total_tokens is None:  # uint64 arithmetic, as lens.sum(); a list is faster
+                total_tokens = sum(lens.tolist()) % (1 << 64) if lens.size < 64 else int(lens.sum())
         if total_tokens is None:
             total_tokens = len(bt) * page_size
         tokens_key = (type(total_tokens), total_tokens)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import struct
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from hurray_wire.integrity import (
     store_pages,
 )
 from hurray_wire.integrity.digests import MAX_EMPTY_PAGES
+from tests.work import refused_within
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import fuzz_blob
@@ -64,10 +64,8 @@ def test_the_patched_blob_is_small_and_valid_below_the_cap() -> None:
 def test_a_delta_blob_claiming_free_pages_is_refused_fast(num_pages: int) -> None:
     blob = _claiming(num_pages)
     store = MemoryPageStore(1 << 20)
-    started = time.perf_counter()
-    with pytest.raises(LimitExceededError, match="max_empty_pages") as info:
-        hw.decode(blob, page_store=store)
-    assert info.value.field == "raw_size"
+    error = refused_within(lambda: hw.decode(blob, page_store=store), LimitExceededError, 5_000)
+    assert "max_empty_pages" in str(error) and error.field == "raw_size"  # nothing per page
     with pytest.raises(LimitExceededError, match="max_empty_pages"):
         hw.decode_report(blob, page_store=store)
     engine = EnginePoolStore(np.zeros((4, 16, 0, 64), np.float16))
@@ -76,7 +74,6 @@ def test_a_delta_blob_claiming_free_pages_is_refused_fast(num_pages: int) -> Non
     with pytest.raises(hw.HurrayWireError) as streamed:  # a stream of one bare blob
         list(StreamReader(blob, page_store=store))
     assert isinstance(streamed.value.__cause__ or streamed.value, LimitExceededError)
-    assert time.perf_counter() - started < 5  # not a timing assertion: 2^33 took minutes
 
 
 def test_the_cap_is_a_decode_limit() -> None:
@@ -116,11 +113,8 @@ def test_a_plain_blob_claiming_free_pages_builds_nothing_per_page() -> None:
 )
 def test_per_page_work_on_a_tensor_of_free_pages_is_refused(call: object) -> None:
     tensor = _empty_pages(HUGE)
-    started = time.perf_counter()
-    with pytest.raises(InvalidIntegrityRecordError, match="0 bytes") as info:
-        call(tensor)  # type: ignore[operator]
-    assert info.value.field == "num_pages"
-    assert time.perf_counter() - started < 5
+    error = refused_within(lambda: call(tensor), InvalidIntegrityRecordError, 5_000)  # type: ignore[operator]
+    assert "0 bytes" in str(error) and error.field == "num_pages"
     assert page_digests(_empty_pages(MAX_EMPTY_PAGES)).size == MAX_EMPTY_PAGES  # the cap
 
 

@@ -224,7 +224,7 @@ def test_paged_blobs_land_in_one_pass(
     expected = hw.decode(blob, page_store=store)
     _no_blob_side_pass(monkeypatch)
     engine = np.full(t.page_pool.shape, np.float16(7), np.float16)
-    out = hw.decode_into(blob, engine, page_store=store)
+    out = hw.decode_into(blob, engine, page_store=store, one_pass=True)
     _same(out, t)
     _same(out, expected)
     assert out.page_pool is engine
@@ -236,11 +236,12 @@ def _flip(blob: bytes, at: int) -> bytes:
     return bytes(changed)
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("damage", ["pool byte", "digest", "store miss", "no store"])
-def test_paged_landing_refuses_as_decode_does(damage: str) -> None:
-    """Every refusal of a paged blob is decode's (same type and message); a refusal found
-    before the pool lands leaves the engine array untouched, one found while it lands
-    (a pool checksum, a page digest, a store miss) leaves the rows copied so far."""
+def test_paged_landing_refuses_as_decode_does(damage: str, one_pass: bool) -> None:
+    """Every refusal of a paged blob is decode's (same type and message) and leaves the
+    engine array untouched; with ``one_pass=True`` one found while the pool lands (a pool
+    checksum, a page digest, a store miss) leaves the rows copied so far."""
     t = _tensor(pages=600)
     store = MemoryPageStore(1 << 24)
     store_pages(store, t, [1, 2, 3])
@@ -264,11 +265,11 @@ def test_paged_landing_refuses_as_decode_does(damage: str) -> None:
         hw.decode(blob, page_store=given)
     engine = np.full(t.page_pool.shape, np.float16(7), np.float16)
     with pytest.raises(HurrayWireError) as info:
-        hw.decode_into(blob, engine, page_store=given)
+        hw.decode_into(blob, engine, page_store=given, one_pass=one_pass)
     assert type(info.value) is type(expected.value)
     assert str(info.value) == str(expected.value)
     untouched = bool((engine == np.float16(7)).all())
-    assert untouched == (damage == "no store")
+    assert untouched == (not one_pass or damage == "no store")
 
 
 @pytest.mark.parametrize("stored", [(), (1, 2)])
@@ -289,6 +290,6 @@ def test_a_packed_paged_pool_lands_in_one_pass(
     expected = hw.decode(blob, page_store=store)
     _no_blob_side_pass(monkeypatch)
     engine = np.full(expected.page_pool.nbytes, 0xAA, np.uint8)
-    out = hw.decode_into(blob, engine, page_store=store)
+    out = hw.decode_into(blob, engine, page_store=store, one_pass=True)
     assert out.page_pool.tobytes() == expected.page_pool.tobytes()
     assert np.shares_memory(out.page_pool, engine)

@@ -5,11 +5,11 @@ Each hostile blob goes through every route that can carry it: ``decode``, ``deco
 ``decode_in_place`` and the NIXL receiver (``expect`` of an engine array, ``expect`` at
 page ids, ``expect_in_place``). Every route must refuse it with the same error (for NIXL:
 a ``TransportError`` whose cause is that error), and a destination the route copies into
-must be untouched, except where a copying route (``decode_into``, ``StreamFile``) makes the
-check while the pool lands, in its one pass over memory (``landed_check``: the pool's
-section checksum and page digests, docs/decisions.md "One pass over the pool"). (NIXL's
-own DMA writes an expected array as the transfer lands: that array is the transfer's
-target, so only the refusal is compared there.)
+must be untouched, the pool's own checks included (its section checksum, page digests,
+the page store's pages, decompression: docs/decisions.md "Nothing lands before every
+check"). Only ``one_pass=True``, an explicit opt-in, may leave refused bytes. (NIXL's own
+DMA writes an expected array as the transfer lands: that array is the transfer's target,
+so only the refusal is compared there.)
 """
 
 from __future__ import annotations
@@ -31,14 +31,23 @@ from hurray_wire.blob import peek_descriptor
 from hurray_wire.containers import StreamFile, StreamReader
 from hurray_wire.errors import (
     ArgumentTypeError,
+    ChecksumError,
+    DecompressionError,
     HurrayWireError,
     IncompatibleFingerprintError,
     IndexBufferError,
     InvalidStreamError,
     PaddingError,
     PageDigestError,
+    PageStoreMissError,
 )
-from hurray_wire.integrity import EngineFingerprint, EnginePoolStore, fingerprint_to_metadata
+from hurray_wire.integrity import (
+    EngineFingerprint,
+    EnginePoolStore,
+    MemoryPageStore,
+    fingerprint_to_metadata,
+    store_pages,
+)
 from tests import blob_reference as ref
 
 FP = EngineFingerprint("m", "vllm", "0.9", "NHD", "float16", 16, 0, 1)
@@ -82,6 +91,27 @@ def _padding_bits() -> bytes:
     return ref.patch_payload(blob, 0, last, bytes([byte | 0xF0]))  # checksums kept valid
 
 
+def _flipped_pool_byte() -> bytes:
+    blob = bytearray(hw.encode(_f16()))
+    blob[ref.entry(bytes(blob), 0)["offset"] + 5] ^= 1  # buffer[0], its checksum left
+    return bytes(blob)
+
+
+def _corrupt_frame() -> bytes:
+    blob = bytes(hw.encode(_f16(smooth=True), compression=ZSTD_ALL))
+    e = ref.entry(blob, 0)
+    assert e["codec"] == 1  # stored as one zstd frame
+    middle = e["stored_size"] // 2
+    return ref.patch_payload(blob, 0, middle, bytes(8))  # section checksum kept valid
+
+
+def _store_miss() -> bytes:
+    t = _f16()
+    store = MemoryPageStore(1 << 20)
+    store_pages(store, t, [0, 1])
+    return bytes(hw.encode(t, known_pages=store.digests()))  # the receiver's store is empty
+
+
 def _bad_digest() -> bytes:
     blob = bytes(hw.encode(_f16(), page_digests=True))
     number = _section_number(blob, PAGE_DIGESTS)
@@ -99,12 +129,15 @@ class Case:
     header: hw.StreamHeader | None = None  # the stream routes' header
     in_place: bool = True  # an in-place route can carry it (unpacked element types only)
     clean: Callable[[], hw.BlockPagedTensor] = lambda: _f16()  # what the NIXL sender offers
-    landed_check: bool = False  # decode_into / StreamFile find it while the pool lands
+    store: bool = False  # the copying routes get an empty page store
 
 
 CASES = [
     Case("int4 padding bits set", _padding_bits, PaddingError, in_place=False, clean=_int4),
-    Case("a wrong page digest", _bad_digest, PageDigestError, landed_check=True),
+    Case("a wrong page digest", _bad_digest, PageDigestError),
+    Case("a flipped pool byte", _flipped_pool_byte, ChecksumError),
+    Case("a corrupt zstd pool, checksum valid", _corrupt_frame, DecompressionError),
+    Case("a page the store lacks", _store_miss, PageStoreMissError, in_place=False, store=True),
     Case(
         "another engine fingerprint",
         lambda: bytes(hw.encode(_f16(metadata=fingerprint_to_metadata(OTHER)))),
@@ -175,10 +208,14 @@ def _pool_store() -> tuple[EnginePoolStore, np.ndarray[Any, Any]]:
     return EnginePoolStore(engine), engine
 
 
+def _store(case: Case) -> MemoryPageStore | None:
+    return MemoryPageStore(1 << 20) if case.store else None
+
+
 # -- the routes: each returns the error raised and whether its destination is untouched --
 def route_decode(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     with pytest.raises(HurrayWireError) as info:
-        hw.decode(blob, expect_fingerprint=case.fingerprint)
+        hw.decode(blob, expect_fingerprint=case.fingerprint, page_store=_store(case))
     return info.value, True
 
 
@@ -186,13 +223,15 @@ def route_decode_into(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     engine = _engine_like(blob)
     before = engine.copy()
     with pytest.raises(HurrayWireError) as info:
-        hw.decode_into(blob, engine, expect_fingerprint=case.fingerprint)
+        hw.decode_into(blob, engine, expect_fingerprint=case.fingerprint,
+                       page_store=_store(case))  # fmt: skip
     return info.value, engine.tobytes() == before.tobytes()
 
 
 def route_stream_reader(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     with pytest.raises(HurrayWireError) as info:
-        list(StreamReader(_stream(case, blob), expect_fingerprint=case.fingerprint))
+        list(StreamReader(_stream(case, blob), expect_fingerprint=case.fingerprint,
+                          page_store=_store(case)))  # fmt: skip
     return info.value, True
 
 
@@ -201,7 +240,9 @@ def route_stream_file(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     before = engine.copy()
     with (
         pytest.raises(HurrayWireError) as info,
-        StreamFile(_stream(case, blob), expect_fingerprint=case.fingerprint) as f,
+        StreamFile(
+            _stream(case, blob), expect_fingerprint=case.fingerprint, page_store=_store(case)
+        ) as f,
     ):
         f.read(f.entries[0], page_pool=engine)
     return info.value, engine.tobytes() == before.tobytes()
@@ -228,7 +269,6 @@ def route_decode_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]
 
 ROUTES = [route_decode, route_decode_into, route_stream_reader, route_stream_file]
 IN_PLACE_ROUTES = [route_reader_in_place, route_decode_in_place]
-LANDING_ROUTES = [route_decode_into, route_stream_file]  # one pass: copied, hashed, digested
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -240,9 +280,6 @@ def test_every_route_gives_the_same_verdict_and_leaves_the_destination(case: Cas
         cause = _cause(error)
         assert isinstance(cause, case.error), (route.__name__, error)
         verdicts[route.__name__] = (type(cause), untouched)
-        if case.landed_check and route in LANDING_ROUTES:
-            assert not untouched, f"{route.__name__}: the check is made while the pool lands"
-            continue
         assert untouched, f"{route.__name__} wrote its destination before refusing"
     assert len({v[0] for v in verdicts.values()}) == 1, verdicts
 
@@ -407,6 +444,8 @@ def test_nixl_routes_give_the_same_verdict(
     tensor = case.clean()
     if how == "in_place" and not case.in_place:
         pytest.skip("in place takes unpacked element types only")
+    if case.store:
+        pytest.skip("the NIXL sender offers whole pools (delta blobs: test_integrity_delta)")
     if how == "page_ids" and tensor.element_type.is_packed:
         pytest.skip("page ids take an engine pool of whole pages")
     engine = _engine_like(blob)
@@ -464,7 +503,27 @@ def test_nixl_landing_refuses_an_engine_array_of_another_dtype(
     assert isinstance(_cause(error), ArgumentTypeError) and "page pool type" in str(error)
 
 
-def test_a_compressed_pool_is_decompressed_into_the_destination() -> None:
+@pytest.mark.parametrize("make", [_bad_digest, _flipped_pool_byte])
+def test_one_pass_is_an_opt_in_that_may_leave_refused_bytes(make: Any) -> None:
+    """``one_pass=True`` checks the pool while it lands: the same verdict, but the
+    destination then holds the refused bytes (the default leaves it untouched, above)."""
+    blob = make()
+    expected = type(_cause(route_decode(CASES[0], blob)[0]))
+    lands: list[Callable[[Any], Any]] = [
+        lambda e: hw.decode_into(blob, e, one_pass=True),
+        lambda e: StreamFile(_stream(CASES[0], blob)).tensor(1, "key", page_pool=e, one_pass=True),
+    ]
+    for land in lands:
+        engine = _engine_like(blob)
+        before = engine.tobytes()
+        with pytest.raises(expected):
+            land(engine)
+        assert engine.tobytes() != before
+    with pytest.raises(ArgumentTypeError, match="one_pass"):
+        hw.decode_into(blob, _engine_like(blob), one_pass=1)  # type: ignore[arg-type]
+
+
+def test_one_pass_decompresses_the_pool_into_the_destination() -> None:
     """One pass: the pool is decompressed into the engine's array, never into a new 4 MiB
     array that is then copied (NumPy reports its allocations to tracemalloc)."""
     import tracemalloc
@@ -475,10 +534,10 @@ def test_a_compressed_pool_is_decompressed_into_the_destination() -> None:
     blob = bytes(hw.encode(t, compression=ZSTD_ALL))
     assert len(blob) < pool.nbytes // 8  # stored compressed
     engine = np.empty_like(pool)
-    hw.decode_into(blob, engine)  # warm: plans and memo
+    hw.decode_into(blob, engine, one_pass=True)  # warm: plans and memo
     tracemalloc.start()
     try:
-        got = hw.decode_into(blob, engine)
+        got = hw.decode_into(blob, engine, one_pass=True)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

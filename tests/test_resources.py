@@ -59,12 +59,7 @@ from hurray_wire.errors import (
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.wire import stream as ws
 from hurray_wire.wire.fast import derive
-
-
-def seconds(call: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
+from tests.work import python_lines, refused_within
 
 
 def refused_or_none(call: Callable[[], Any], error: type[Exception]) -> Exception | None:
@@ -93,19 +88,17 @@ def _frame_of_empty_blocks(stored: int, raw_size: int) -> bytes:
 @pytest.mark.parametrize("codec", [CODEC_ZSTD, CODEC_SHUFFLE_ZSTD])
 @pytest.mark.parametrize("raw_size", [0, 1])
 def test_a_flood_of_empty_zstd_blocks_costs_little(codec: int, raw_size: int) -> None:
-    """64 MiB of empty blocks (22 M): the Python walk took 6.1 s; libzstd now finds the
-    frame's end (~0.1 s)."""
+    """64 MiB of empty blocks (22 M): the Python walk ran ~10 lines a block (6.1 s); it now
+    stops after a bounded number of blocks and libzstd finds the frame's end."""
     frame = _frame_of_empty_blocks(64 << 20, raw_size)
     param = 2 if codec == CODEC_SHUFFLE_ZSTD else 0
     if codec == CODEC_SHUFFLE_ZSTD and raw_size % 2:
         pytest.skip("a shuffled section holds whole elements")
-    took = seconds(lambda: decompress(codec, param, frame, raw_size, threads=0))
-    assert took < 1.0, took
-    junk = frame + b"junk"  # and bytes after such a frame are still found, as fast
-    start = time.perf_counter()
-    with pytest.raises(DecompressionError, match="bytes after"):
-        decompress(codec, param, junk, raw_size, threads=0)
-    assert time.perf_counter() - start < 1.0
+    ran = python_lines(lambda: decompress(codec, param, frame, raw_size, threads=0))
+    assert ran < 100_000, ran  # 22 M blocks walked in Python: > 200 M lines
+    junk = frame + b"junk"  # and bytes after such a frame are still found, as cheaply
+    call = lambda: decompress(codec, param, junk, raw_size, threads=0)  # noqa: E731
+    assert "bytes after" in str(refused_within(call, DecompressionError, 100_000))
 
 
 @pytest.mark.parametrize("extra", [b"junk", bytes(7)])
@@ -172,10 +165,10 @@ def test_stream_header_metadata_obeys_max_metadata_bytes() -> None:
             except LimitExceededError as exc:
                 errors.append(exc)
 
-        took = seconds(read_header)
+        ran = python_lines(read_header)
         peak = _peak(read_header)  # nothing of the 32 MiB is read or allocated
         assert len(errors) == 2 and "decode limits" in str(errors[0])
-        assert took < 0.5 and peak < 1 << 20, (took, peak)
+        assert ran < 2_000 and peak < 1 << 20, (ran, peak)
         if isinstance(sources[0], io.BytesIO):
             assert sources[0].tell() == 16  # only the record prefix was consumed
     with pytest.raises(LimitExceededError, match="max_metadata_bytes") as info:
@@ -196,10 +189,10 @@ def test_metadata_entries_are_capped_before_decoding() -> None:
     first (``max_metadata_entries``, 65536 by default), in blobs and stream headers."""
     many = {f"{i:x}": True for i in range(70_000)}
     record = encode_stream_header(StreamHeader(metadata=many))
-    took = seconds(lambda: refused_or_none(lambda: decode_stream_header(record), Exception))
+    call = lambda: decode_stream_header(record)  # noqa: E731
+    refused_within(call, LimitExceededError, 2_000)  # refused before one entry is read
     with pytest.raises(LimitExceededError, match="max_metadata_entries"):
         decode_stream_header(record)
-    assert took < 0.2, took
     assert (
         len(decode_stream_header(record, limits=DecodeLimits(max_metadata_entries=70_000)).metadata)
         == 70_000
@@ -223,7 +216,8 @@ def test_metadata_decoding_is_cheap_per_entry() -> None:
     }
     data = encode_metadata(entries)
     assert decode_metadata(data) == entries
-    assert seconds(lambda: decode_metadata(data)) < 1.0
+    ran = python_lines(lambda: decode_metadata(data))
+    assert ran < 40 * len(entries), ran  # a few lines an entry, linear
     bad = bytearray(data)
     bad[-1] ^= 0xFF  # inside the last float: still a valid float, still equal length
     assert len(decode_metadata(bytes(bad))) == len(entries)
@@ -275,7 +269,7 @@ def test_end_record_index_is_checked_as_arrays() -> None:
     data = encode_stream_header(StreamHeader()) + record  # claims n blobs, holds none
     with pytest.raises(InvalidStreamError, match="disagrees"):
         list(StreamReader(io.BytesIO(data)))
-    assert seconds(lambda: refused_or_none(lambda: list(StreamReader(data)), Exception)) < 0.5
+    refused_within(lambda: list(StreamReader(data)), InvalidStreamError, 5_000)  # not per entry
 
 
 # -- a slow peer -----------------------------------------------------------------------------
@@ -493,23 +487,17 @@ def test_stream_file_index_stays_an_array_until_asked() -> None:
 
 def test_a_non_zero_byte_at_the_end_of_64_mib_of_padding_is_refused_quickly() -> None:
     """Padding is checked vectorised and without a copy: refusing one bad byte at the end of
-    a 64 MiB gap costs about what reading the gap does (was 2.9 s, byte by byte)."""
+    a 64 MiB gap runs no more Python than decoding the valid blob (was 2.9 s, byte by byte)."""
     pool = np.ones((1, 16, 8, 128), np.float16)
     tensor = hw.BlockPagedTensor.from_arrays(pool, [0], [0, 1], alignment=1 << 26)
     blob = bytearray(hw.encode(tensor, checksum=False))
     entry = ENTRY.unpack_dict(blob, entry_at(1))
     gap_end = entry["offset"]
     assert gap_end > 60 << 20  # section 1 starts past a gap of zero padding
-    start = time.perf_counter()
-    hw.decode(blob)  # the valid blob: the baseline
-    valid = time.perf_counter() - start
+    valid = python_lines(lambda: hw.decode(blob))  # the valid blob: the baseline
     blob[gap_end - 1] = 1
-    start = time.perf_counter()
-    with pytest.raises(hwe.PaddingError) as info:
-        hw.decode(blob)
-    refused = time.perf_counter() - start
-    assert info.value.offset == gap_end - 1
-    assert refused < max(1.0, 5 * valid)
+    error = refused_within(lambda: hw.decode(blob), hwe.PaddingError, valid + 2_000)
+    assert error.offset == gap_end - 1
 
 
 def test_a_stream_header_padded_to_64_mib_is_refused_quickly() -> None:
@@ -521,8 +509,5 @@ def test_a_stream_header_padded_to_64_mib_is_refused_quickly() -> None:
     struct.pack_into("<Q", padded, 8, len(padded) + 8)  # total_length
     padded[-1] = 1
     record = bytes(padded) + struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(padded)))
-    start = time.perf_counter()
-    with pytest.raises(hw.InvalidStreamError, match="padding") as info:
-        decode_stream_header(record)
-    assert time.perf_counter() - start < 1.0
-    assert info.value.offset == len(padded) - 1
+    error = refused_within(lambda: decode_stream_header(record), hw.InvalidStreamError, 2_000)
+    assert "padding" in str(error) and error.offset == len(padded) - 1

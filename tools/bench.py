@@ -432,9 +432,9 @@ def bench_import(repeat: int) -> None:
 
 
 def bench_landing(repeat: int) -> None:
-    """decode_into of a blob with page digests (and with page refs) against decode + copy
-    (the two passes it replaces) and a memcpy of the pool, all in one run."""
-    print("\n[decode_into with page sections: one pass, against decode + copy and memcpy]")
+    """decode_into (verified, then copied: untouched on refusal) and decode_into(one_pass=True)
+    against decode + copy and a memcpy of the pool, all in one run."""
+    print("\n[decode_into: the default and one_pass=True, against decode + copy and memcpy]")
     from hurray_wire.integrity import MemoryPageStore, store_pages
 
     pages, page = 2048, (16, 8, 128)  # 32 KiB pages, a 64 MiB pool
@@ -443,11 +443,17 @@ def bench_landing(repeat: int) -> None:
     t = hw.BlockPagedTensor.from_arrays(
         pool, np.arange(pages), [0, pages // 2, pages], kv_role="key", layer_index=0
     )
+    smooth = np.broadcast_to(np.linspace(0, 1, 128, dtype=np.float16), pool.shape).copy()
     store = MemoryPageStore(1 << 28)
     store_pages(store, t, list(range(0, pages, 4)))  # a quarter of the pages referenced
     blobs = {
+        "raw": hw.encode(t),
         "page digests": hw.encode(t, page_digests=True),
         "page digests + refs (1/4)": hw.encode(t, page_digests=True, known_pages=store.digests()),
+        "zstd": hw.encode(
+            hw.BlockPagedTensor.from_arrays(smooth, np.arange(pages), [0, pages // 2, pages]),
+            compression="zstd",
+        ),
     }
     engine = np.empty_like(pool)
     for name, data in blobs.items():
@@ -460,13 +466,17 @@ def bench_landing(repeat: int) -> None:
                 "memcpy": lambda: np.copyto(engine, pool),
                 "decode + copy": two_pass,
                 "decode_into": lambda b=data: hw.decode_into(b, engine, page_store=store),
+                "one_pass=True": lambda b=data: hw.decode_into(
+                    b, engine, page_store=store, one_pass=True
+                ),
             },
             repeat=repeat,
         )
-        for row in ("decode + copy", "decode_into"):
+        for row in ("decode + copy", "decode_into", "one_pass=True"):
             line(f"{name}: {row}", best[row], best["memcpy"], "memcpy", pool.nbytes)
-        print(f"  {name}: decode_into = {best['decode_into'] / best['decode + copy']:.3f}x "
-              "decode + copy")  # fmt: skip
+        base = best["decode + copy"]
+        print(f"  {name}: decode_into = {best['decode_into'] / base:.3f}x, one_pass=True = "
+              f"{best['one_pass=True'] / base:.3f}x decode + copy")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,9 @@ The cache: 32 layers x key/value, each a 32 MiB fp16 page pool (2 GiB in all) wi
 block table and seq_ptr. Saved as one hurray-wire stream file (``StreamWriter`` to a
 path: atomic, checksummed), as a safetensors file (``save_file``) and with ``torch.save``;
 then loaded warm (the files in the page cache), every layer, verified where the format
-can verify (``StreamFile.read`` then a copy, and ``read(entry, page_pool=engine)``, which
-hashes each chunk as it copies it into the engine's array); then one layer of 32.
+can verify (``StreamFile.read`` then a copy, and ``read(entry, page_pool=engine,
+one_pass=True)``, which hashes each chunk as it copies it into the engine's array); then
+one layer of 32.
 Prints each figure as a ratio to the peer's in the same run (best of rounds, the
 candidates taking turns). Run:
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     def load_stream_into(verify: bool = True) -> None:  # decode_into: hashed while copied
         with hw.StreamFile(hrws, verify=verify) as f:
             for entry in f.entries:
-                f.read(entry, page_pool=engine)
+                f.read(entry, page_pool=engine, one_pass=True)
 
     def load_torch() -> None:
         loaded = torch.load(pt_path, mmap=True, weights_only=True)

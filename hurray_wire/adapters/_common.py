@@ -301,10 +301,11 @@ def engine_element_view(values: Any, dtype: Any, name: str) -> Any:
 _TORCH_NAMES = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
 
 
-def per_tensor_scale(value: Any, name: str, why: str) -> float | None:
+def per_tensor_scale(value: Any, name: str, why: str, per_head: bool = False) -> float | None:
     """An engine's per-tensor fp8 scale as a float: a Python or NumPy number, or a tensor
     / array of one element (a 0-d ``torch.nn.Parameter`` as the attention layer keeps it).
-    Several elements are refused with ``why`` (the engine rule that allows only one)."""
+    ``per_head``: a vector of one equal value per KV head too (vLLM's checkpoints).
+    Several values are refused with ``why`` (the engine rule that allows only one)."""
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)):
@@ -315,19 +316,26 @@ def per_tensor_scale(value: Any, name: str, why: str) -> float | None:
         values = np.asarray(as_numpy(value, name))
     except (ValueError, TypeError):  # ragged nesting
         values = np.asarray(None)
-    if values.dtype.kind not in "fiu":
+    if values.dtype.kind not in "fiu" or (per_head and (values.ndim > 1 or values.size == 0)):
         raise ArgumentTypeError(
-            f"{name} must be a number or a one-element tensor",
+            f"{name} must be a number or a one-element tensor"
+            + (", or one value per KV head" if per_head else ""),
             field=name,
-            found=type(value).__name__,
+            found=type(value).__name__ if values.ndim < 2 else f"shape {values.shape}",
         )
-    if values.size != 1:
+    flat = values.astype(np.float64).reshape(-1)
+    if per_head and flat.size > 1:
+        if not np.all(flat == flat[0]):
+            raise InvalidTensorError(f"{name} differs between KV heads: {why}", field=name,
+                                     found=flat.tolist())  # fmt: skip
+        flat = flat[:1]
+    if flat.size != 1:
         raise InvalidTensorError(
             f"{name} must be one per-tensor scale: {why}",
             field=name,
             found=f"shape {values.shape}",
         )
-    return float(values.reshape(-1)[0])
+    return float(flat[0])
 
 
 def engine_outputs(values: tuple[Any, ...], names: tuple[str, ...], as_torch: bool) -> Any:

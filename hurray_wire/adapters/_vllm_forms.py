@@ -30,8 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import as_numpy
-from hurray_wire.adapters._common import Array
+from hurray_wire.adapters._common import Array, per_tensor_scale
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 
 #: Backends whose cache is (block, head, token, K|V) elements (see the module docstring).
@@ -271,41 +270,12 @@ def float8_name(kv_cache_dtype: object) -> str:
     return names[kv_cache_dtype]
 
 
-def scale_value(value: Any, name: str) -> float | None:
-    """vLLM's ``k_scale`` / ``v_scale`` as one float.
+#: vllm/model_executor/layers/quantization/kv_cache.py: "Only support per-tensor scaling
+#: factor for fp8 KV cache"; the wire carries one scale (spec A12).
+SCALE_RULE = "vLLM's fp8 cache has one scale per tensor and the wire carries one (spec A12)"
 
-    vLLM keeps them as a python float (``layer._k_scale_float``), a 0-d float32 tensor
-    (``layer._k_scale``) or, in checkpoints, one per KV head; its fp8 cache supports only
-    a per-tensor scale (vllm/model_executor/layers/quantization/kv_cache.py: "Only support
-    per-tensor scaling factor for fp8 KV cache"), so a vector must hold one value.
-    """
-    if value is None:
-        return None
-    if isinstance(value, (bool, np.bool_)):
-        raise ArgumentTypeError(f"{name} must be a number", field=name, found=repr(value))
-    array = as_numpy(value, name)
-    if isinstance(array, (list, tuple)):
-        array = np.asarray(array)
-    if isinstance(array, (int, float, np.integer, np.floating)):
-        return float(array)
-    if not isinstance(array, np.ndarray) or array.dtype.kind not in "fiu" or array.size == 0:
-        raise ArgumentTypeError(
-            f"{name} must be a float, a 0-d tensor or one value per KV head",
-            field=name,
-            found=repr(value) if not isinstance(array, np.ndarray) else f"array {array.dtype}",
-        )
-    if array.ndim > 1:
-        raise ArgumentTypeError(
-            f"{name} must be a float, a 0-d tensor or one value per KV head",
-            field=name,
-            found=f"shape {array.shape}",
-        )
-    flat = array.astype(np.float64).reshape(-1)
-    if not np.all(flat == flat[0]):
-        raise InvalidTensorError(
-            f"{name} differs between KV heads: vLLM's fp8 cache has one scale per tensor "
-            "and the wire carries one (spec A12)",
-            field=name,
-            found=flat.tolist(),
-        )
-    return float(flat[0])
+
+def scale_value(value: Any, name: str) -> float | None:
+    """vLLM's ``k_scale`` / ``v_scale`` (a float, a 0-d tensor, or one per KV head) as one
+    float."""
+    return per_tensor_scale(value, name, SCALE_RULE, per_head=True)

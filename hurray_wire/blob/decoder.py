@@ -49,6 +49,7 @@ from hurray_wire.errors import (
     IndexBufferError,
     InvalidMetadataError,
     PaddingError,
+    flag,
 )
 from hurray_wire.integrity import (
     EngineFingerprint,
@@ -265,8 +266,7 @@ def decode_options(
         and expect_fingerprint is None
     ):
         return DEFAULT_OPTIONS
-    if type(verify) is not bool:
-        raise ArgumentTypeError("verify must be True or False", field="verify", found=repr(verify))
+    verify = flag(verify, "verify")
     checked = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
     if threads != -1:
         threads = check_threads(threads)
@@ -290,18 +290,12 @@ def decode(
 ) -> BlockPagedTensor:
     """Validate one blob at the start of ``data`` and return its tensor.
 
-    Uncompressed buffers are NumPy views of ``data``; every array of the tensor, decompressed
-    ones included, is read-only exactly when ``data`` is (docs/wire-format.md). With
-    ``verify=False`` the section checksums and page digests are skipped; everything else
-    is still checked. ``threads`` (the caller included; -1 = every usable core, 0 = the
-    caller only) decompress the chunks of chunked sections.
-
-    Integrity (docs/integrity.md): a page-digests section is checked page by page
-    (``PageDigestError`` names the failed physical pages and logical positions); a blob
-    with page refs needs ``page_store``, from which the referenced pages are taken and
-    re-hashed (``PageStoreMissError`` / ``PageDigestError``; the pool is then a new array);
-    ``expect_fingerprint`` refuses a blob whose engine fingerprint differs or is missing
-    (``IncompatibleFingerprintError``). :func:`decode_report` reports failed pages instead.
+    Uncompressed buffers are views of ``data``; every array is read-only exactly when
+    ``data`` is. ``verify=False`` skips section checksums and page digests, nothing else.
+    ``threads`` (-1 every usable core, 0 the caller only) decompress chunked sections.
+    ``page_store`` fills (and re-hashes) the pages of a delta blob; ``expect_fingerprint``
+    refuses another or a missing engine fingerprint (docs/integrity.md);
+    :func:`decode_report` reports failed pages instead of raising.
     """
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
     return run(byte_view(data), opts)[0]

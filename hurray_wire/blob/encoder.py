@@ -23,7 +23,7 @@ from hurray_wire.blob.output import OUTPUT_POOL
 from hurray_wire.blob.pages import paged_buffers
 from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
-from hurray_wire.errors import ArgumentTypeError, InvalidBlobError, InvalidTensorError
+from hurray_wire.errors import ArgumentTypeError, InvalidBlobError, InvalidTensorError, flag
 from hurray_wire.integrity import (
     DeltaPlan,
     check_plan,
@@ -52,10 +52,7 @@ assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
 
 
 def _compacted(tensor: BlockPagedTensor, compact: object) -> BlockPagedTensor:
-    if type(compact) is not bool:
-        raise ArgumentTypeError(
-            "compact must be True or False", field="compact", found=repr(compact)
-        )
+    flag(compact, "compact")
     if compact and isinstance(tensor, BlockPagedTensor):
         return tensor.compact()
     return tensor
@@ -96,10 +93,7 @@ def _page_sections(
     """Plan the page sections (docs/integrity.md § 4, § 6): one digest pass, shared by
     the digests section and the delta plan. With ``fuse`` (a raw, checksummed, whole pool)
     the same pass also hashes the pool for buffer 0's section checksum."""
-    if type(page_digests) is not bool:
-        raise ArgumentTypeError(
-            "page_digests must be True or False", field="page_digests", found=repr(page_digests)
-        )
+    flag(page_digests, "page_digests")
     if not page_digests and known_pages is None:
         return None
     records = page_records(tensor)
@@ -184,10 +178,7 @@ def _plan(
     ``hash_sections=False``: the section checksums are left zero (``encode_deferred``)."""
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
-    if type(checksum) is not bool:
-        raise ArgumentTypeError(
-            "checksum must be True or False", field="checksum", found=repr(checksum)
-        )
+    flag(checksum, "checksum")
     if isinstance(compression, str):  # the documented text specs, read once at the API edge
         compression = parse_spec(compression)
     elif compression is not None and not isinstance(compression, Compression):
@@ -476,24 +467,16 @@ def encode(
     page_digests: bool = False,
     known_pages: Any = None,
 ) -> memoryview:
-    """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, which
-    costs far less than a fresh ``bytes``); ``bytes(blob)`` copies it if needed. Large
-    blobs come from a pool that takes the memory back once the caller drops every reference
-    to the blob (``blob.output.OUTPUT_POOL``).
+    """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, far cheaper
+    than a fresh ``bytes``; large ones come from ``blob.output.OUTPUT_POOL``, which takes the
+    memory back once the caller drops the blob).
 
-    ``compression``: a :class:`Compression`, None (every section raw) or a text spec such
-    as ``"default"`` or ``"zstd:3"``, read once by :func:`~hurray_wire.codecs.parse_spec`
-    (as are the other encoders' and the stream writer's). ``compact=True`` encodes
-    ``tensor.compact()``: only the referenced pages.
-
-    ``page_digests=True`` adds the page-digests section (0x04: one xxh3_64 per physical
-    page record, docs/integrity.md § 4). ``known_pages`` (the sorted uint64 digests a
-    receiver holds, ``decode_known_pages``) makes a delta blob: every page whose digest it
-    holds travels as a reference in the REQUIRED page-refs section (0x05), the others as
-    bytes; decoding it needs the receiver's ``page_store`` (or ``decode_in_place`` into
-    the engine's pool). ``known_pages`` may instead be a ``DeltaPlan`` made for this tensor
-    (``plan_delta(tensor, known, digests=cached)``): an engine that digested each page once
-    when it filled it skips the digest pass (``check_plan``; docs/integrity.md § 5.3)."""
+    ``compression``: a :class:`Compression`, None (raw) or a text spec (``"zstd:3"``, read by
+    :func:`~hurray_wire.codecs.parse_spec`). ``compact=True`` encodes ``tensor.compact()``.
+    ``page_digests=True`` adds the page-digests section; ``known_pages`` (a receiver's sorted
+    digests, or a ``DeltaPlan`` made for this tensor) makes a delta blob whose known pages
+    travel as references (docs/integrity.md §§ 4-5).
+    """
     if not isinstance(tensor, BlockPagedTensor):
         raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
     if (

@@ -1,20 +1,11 @@
 """Delta decode in place, into the engine's own KV pool (docs/integrity.md § 5.3).
 
-``decode`` with a page store rebuilds a new full pool: it copies every referenced page out
-of the store. An engine with prefix caching already holds those pages in its pool, so
-``decode_in_place`` writes only the pages the blob carries, into free physical pages the
-engine's allocator hands out, and points the new block table at the pages the engine holds
-(an ``EnginePoolStore`` over the pool): the returned tensor's ``page_pool`` *is* the
-engine's array and its ``block_table`` holds engine page ids.
-
-The blob is validated by the decoder's own machinery (envelope, section table, padding,
-section checksums, page digests of the sent pages, refs against the digests section,
-seq_lens, metadata, fingerprint); ``_InPlaceWork`` replaces only the step that builds the
-pool. Every referenced page is re-hashed where it sits in the engine's pool, so a page the
-engine overwrote since it indexed it (stale) or no longer indexes is refused, or reported
-at its logical positions. Nothing is written until every check has passed; on failure the
-pool is as it was (the report variant writes the good pages and zero-fills a free page for
-each failed one, for the engine to recompute).
+An engine with prefix caching already holds the referenced pages, so ``decode_in_place``
+writes only the pages the blob carries, into free pages its allocator hands out, and
+points the block table at the pages the engine holds (an ``EnginePoolStore``). The
+decoder's pipeline validates the blob; ``_InPlaceWork`` replaces only the step that builds
+the pool, and writes nothing until every check has passed (the report variant writes the
+good pages and zero-fills a free page for each failed one).
 """
 
 from __future__ import annotations
@@ -421,22 +412,16 @@ def decode_in_place(
     threads: int = -1,
     expect_fingerprint: EngineFingerprint | None = None,
 ) -> BlockPagedTensor:
-    """Decode a blob (delta or full) into the engine's pool that ``pool_store`` wraps.
+    """Decode a blob (delta or full) into the engine's pool that ``pool_store`` wraps
+    (docs/integrity.md § 5.3).
 
-    The pages the blob carries are written into ``free_pages`` (engine page ids its
-    allocator hands out: the first ``peek_in_place(data)[1]`` of them are used, in order,
-    for the sent pages in ascending blob page order); referenced pages are not copied: the
-    returned tensor's ``page_pool`` is ``pool_store.page_pool`` and its ``block_table`` names
-    engine pages. Every referenced page is re-hashed in place against its digest; sent
-    pages are checked against the page-digests section, sections against their checksums,
-    as ``decode`` does. Any failure raises before anything is written (``PageDigestError``
-    / ``PageStoreMissError`` with the blob's page ids and the logical positions), so free
-    pages are scratch only until success. Bad arguments raise ``ArgumentTypeError`` (a
-    repeated, out-of-range or indexed free page, too few of them) or
-    ``InvalidTensorError`` (a pool of another page shape or dtype).
-
-    The engine should ``pool_store.index(...)`` the written pages it will keep, and must not
-    overwrite indexed pages during the call (``forget`` them first)."""
+    The sent pages go into the first ``peek_in_place(data)[1]`` of ``free_pages``, in blob
+    page order; referenced pages are re-hashed where they sit, not copied; the tensor's
+    ``page_pool`` is ``pool_store.page_pool`` and its ``block_table`` names engine pages.
+    Every check of ``decode`` runs, and any failure raises before anything is written. The
+    engine ``pool_store.index(...)``-es the pages it keeps and must not overwrite indexed
+    pages during the call.
+    """
     opts = decode_options(verify, limits, threads, None, expect_fingerprint)
     return land_in_place(byte_view(data), pool_store, free_pages, opts).tensor
 

@@ -1,15 +1,11 @@
 """Decode a blob with its page pool landed in the caller's memory (an engine's KV pages).
 
-An engine that loads a layer copies its pool into memory it owns. ``decode`` followed by
-that copy reads the pool twice (the checksum pass, then the copy); ``decode_into`` copies
-the pool into the engine's array and hashes each chunk right after copying it, while it is
-still in cache, so verification costs no second pass over memory (docs/performance.md,
-"Whole caches on disk"). Every other check is the pipeline's (``decoder.run``), and they
-all pass before the first byte lands: the destination's dtype and page shape, overlap with
-the input, framing, header, padding, the other sections' checksums, page refs, index
-invariants, metadata, fingerprint and the route's own checks (``accept``). The checks
-made while the bytes move are the pool's own: its section checksum, its page digests and
-the store's referenced pages (docs/integrity.md, docs/decisions.md).
+Nothing lands before every check has passed, the pool's own included (its section
+checksum, page digests, the store's pages, decompression): the pool is verified where it
+is (or decompressed into scratch), then copied. ``one_pass=True`` opts into one pass over
+memory instead (each chunk copied, then hashed and digested while in cache; a compressed
+pool decompressed straight into the destination), at the price that a refusal of those
+checks leaves refused bytes in the destination (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, paged_buff
 from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import CODEC_RAW
-from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.errors import ArgumentTypeError, flag
 from hurray_wire.integrity import EngineFingerprint, PageRecords, PageStore
 from hurray_wire.integrity.pool_store import engine_array
 from hurray_wire.model.descriptor import TensorDescriptor
@@ -78,27 +74,27 @@ def decode_into(
     threads: int = -1,
     page_store: PageStore | None = None,
     expect_fingerprint: EngineFingerprint | None = None,
+    one_pass: bool = False,
 ) -> BlockPagedTensor:
     """Validate the blob at the start of ``data`` as :func:`decode` does, land its page
     pool in ``page_pool`` and return the tensor, whose ``page_pool`` is that array (viewed
     with the blob's dtype and shape when it is raw bytes).
 
     ``page_pool``: a writable C-contiguous NumPy array with the pool's dtype and shape, or
-    uint8 of its byte size, not overlapping ``data``. Everything is checked before the
-    first byte is written (on a refusal ``page_pool`` is untouched), except what needs the
-    pool's bytes, checked while they are copied (one pass over memory): the pool's section
-    checksum, its page digests and the page store's referenced pages; on those refusals
-    ``page_pool`` holds the refused bytes (docs/decisions.md). A compressed pool is
-    decompressed straight into it (a packed one is decompressed first, its padding bits
-    checked, then copied).
+    uint8 of its byte size, not overlapping ``data``. On any refusal it is untouched.
+    ``one_pass=True`` checks the pool's section checksum, page digests and store pages
+    while copying (and decompresses into ``page_pool``): faster, but on those refusals
+    ``page_pool`` holds refused bytes (docs/decisions.md).
     """
+    one_pass = flag(one_pass, "one_pass")
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
-    return land_into(byte_view(data), page_pool, opts)
+    return land_into(byte_view(data), page_pool, opts, one_pass=one_pass)
 
 
 def land_into(
-    view: memoryview, page_pool: Any, opts: DecodeOptions, accept: Accept | None = None
-) -> BlockPagedTensor:
+    view: memoryview, page_pool: Any, opts: DecodeOptions, accept: Accept | None = None,
+    one_pass: bool = False,
+) -> BlockPagedTensor:  # fmt: skip
     """The pipeline with the pool landed in ``page_pool`` (decode_into, StreamFile)."""
     out = engine_array(page_pool, "page_pool").reshape(-1).view(np.uint8)
     plan = plan_of(view, opts)
@@ -110,6 +106,10 @@ def land_into(
             field="page_pool",
             found="memory shared with data",
         )
+    if not one_pass:
+        tensor = run(view, opts, accept=accept, plan=plan)[0]
+        np.copyto(out, tensor.page_pool.reshape(-1).view(np.uint8))
+        return _typed(tensor, page_pool, out)
     pool_entry = plan.buffers[0]
     paged = plan.page_digests is not None or plan.page_refs is not None
     raw = pool_entry.codec == CODEC_RAW
@@ -135,6 +135,10 @@ def land_into(
             raise checksum_mismatch(pool_entry, int(hasher.intdigest()), stored)
     else:
         copy_and_hash(out, tensor.page_pool.reshape(-1).view(np.uint8), None)
+    return _typed(tensor, page_pool, out)
+
+
+def _typed(tensor: BlockPagedTensor, page_pool: Any, out: U8Array) -> BlockPagedTensor:
     pool = tensor.page_pool
     if page_pool.dtype == pool.dtype and page_pool.shape == pool.shape:
         tensor.page_pool = page_pool
@@ -149,8 +153,8 @@ class _PagedLanding(PageWork):
     pipeline's other checks and ``accept`` run on the typed destination, still unwritten,
     then ``finish`` copies each chunk of rows into it and, while the chunk is in cache,
     feeds it to buffer 0's section hasher and digests its pages; then the store fills the
-    referenced pages. A failure found there leaves the destination holding the rows
-    (docs/decisions.md, "One pass over the pool")."""
+    referenced pages (``one_pass=True`` only: a failure found there leaves the
+    destination holding the rows)."""
 
     def __init__(
         self, out: U8Array, view: memoryview, entry: Entry, hash_pool: bool, *args: Any,

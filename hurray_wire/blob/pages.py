@@ -1,16 +1,12 @@
-"""The blob's page sections (docs/integrity.md § 4, § 6; docs/wire-format.md § 2): page
-digests (0x04) and page refs (0x05).
+"""The blob's page sections, page digests (0x04) and page refs (0x05) (docs/integrity.md
+§§ 4, 6).
 
-A blob's buffers that hold one **row per physical page** are the page pool (buffer 0) and,
-for per-block affine quantization, the slot scale / zero-point buffer(s). With a page-refs
-section of ``R`` refs these buffers hold only the ``num_pages - R`` sent rows, ascending;
-the decoder rebuilds the full buffers (new arrays) from the sent rows and the receiver's
-page store. The row bytes are exactly a page's record (``integrity.digests``), so digests
-are checked on the rows as they arrive, before anything is rebuilt.
-
-``PageWork`` is what one decode does with these sections: it decides which section
-checksums ``decode_report`` may tolerate (the rows the digests localise), checks digests,
-rebuilds and fills, and after assembly turns failures into one error or a DecodeReport.
+The page-row buffers (the pool and per-block slot scales / zero points) of a blob with
+``R`` refs hold only the ``num_pages - R`` sent rows, ascending; a row is a page's record,
+so digests are checked on the rows as they arrive, before the decoder rebuilds full
+buffers from them and the receiver's page store. ``PageWork`` is what one decode does
+with these sections: which checksums ``decode_report`` may tolerate, digests, rebuild and
+fill, then one error or a ``DecodeReport``.
 """
 
 from __future__ import annotations

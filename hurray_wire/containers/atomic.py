@@ -1,28 +1,13 @@
 """The file-system edge of every container: atomic output and typed access errors.
 
-A writer that opens its target with ``open(path, "wb")`` truncates it first: if the bytes
-it is about to write are read from that same file (``convert F F``, a hard link, a
-symlink), the reader's memory map loses its pages (SIGBUS) and the input is gone; if the
-writer fails half-way (a bad codec level, a full disk, Ctrl-C), a partial file is left that
-looks like output. :func:`atomic_output` is the one way hurray-wire writes a file:
-
-* an output that is one of the inputs (same path, or same ``st_dev``/``st_ino``: hard links
-  and symlinks included) is refused before anything is opened for writing;
-* the bytes go to a temporary file in the target's directory (so the final rename never
-  crosses a file system), which is flushed, ``fsync``'d and renamed over the target only
-  when the ``with`` block ends normally; on any exception, ``KeyboardInterrupt`` included,
-  it is removed and the target is untouched;
-* a symlink target is followed: the file it points to is replaced, the link stays;
-* a target that exists and is not a regular file is never replaced: a FIFO or a character
-  device (``/dev/null``, a terminal) is *streamed into* (opened for writing, not
-  truncated, nothing to roll back: what was written before a failure stays written; a FIFO
-  that no process reads is refused rather than waited on), anything else (a block device,
-  a socket) is refused; a read-only regular file (no write bit, or not writable by us) is
-  refused too, not replaced behind its mode.
-
-:func:`file_access_error` turns the ``OSError`` of a library open (missing file, a
-directory, a path under a regular file, no permission) into a ``FileAccessError`` that
-names the path and keeps the ``OSError`` as its cause.
+:func:`atomic_output` is the one way hurray-wire writes a file, because ``open(path, "wb")``
+truncates first (SIGBUS and a lost input when the output is an input, a partial file on
+failure): an output that is an input (path or ``st_dev``/``st_ino``) is refused; the bytes
+go to a temporary file beside the target, ``fsync``'d and renamed over it only when the
+block ends normally (removed on any exception); a symlink's target is replaced, the link
+kept; a FIFO or character device is streamed into, a block device, socket or read-only file
+refused (docs/cli.md, "atomic output"). :func:`file_access_error` turns a library open's
+``OSError`` into a ``FileAccessError`` naming the path.
 """
 
 from __future__ import annotations

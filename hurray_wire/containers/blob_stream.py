@@ -1,15 +1,10 @@
 """StreamWriter / StreamReader: many blobs over one byte stream, written and read in order.
 
-The format is docs/streaming.md: ``[stream header] blob* [end record]``, every record framed
-by the blob's 16-byte prefix and told apart by magic. A blob knows nothing of the stream it
-sits in: the stream adds what a reader needs before and after the blobs (what to preallocate,
-where the stream ends, where each blob is), never the identity of a blob, which always comes
-from its own descriptor.
-
-Reading is bounded and typed: a record's length is checked against ``max_blob_bytes`` before
-anything is allocated, each blob gets its own buffer (so every tensor handed out stays valid
-whatever happens later), and every failure, including a broken connection, is a
-``HurrayWireError``. Sinks and sources are ``hurray_wire.containers.io``'s.
+The format is docs/streaming.md's: ``[stream header] blob* [end record]``, each record
+framed by the blob's 16-byte prefix; a blob's identity comes from its own descriptor,
+never from the stream. Reading is bounded (a record's length checked against
+``max_blob_bytes`` before allocating), each blob gets its own buffer, and every failure is
+a ``HurrayWireError``. Sinks and sources are ``containers.io``'s.
 """
 
 from __future__ import annotations
@@ -63,6 +58,7 @@ from hurray_wire.errors import (
     InvalidStreamError,
     StreamBlobTruncatedError,
     StreamTruncatedError,
+    flag,
 )
 from hurray_wire.integrity import (
     DeltaPlan,
@@ -242,45 +238,17 @@ class StreamWriter:
 
 
 class StreamReader(ClosesOnExit):
-    """Iterate the tensors of a stream as each blob arrives.
+    """Iterate the tensors of a stream as each blob arrives (docs/streaming.md).
 
-    ``source`` is a socket, a binary file-like object (file, pipe, ``BytesIO``), a path or
-    a bytes-like object. Sockets and file-likes are read exactly record by record: each blob
-    into a new buffer of its own (so every tensor handed out stays valid), nothing beyond
-    the end record is consumed, and at most one record is in flight. Paths are mapped with
-    ``mmap`` and bytes-like objects are used in place: their tensors are read-only zero-copy
-    views.
-
-    Iteration stops at the end record, or at a clean end of input on a record boundary when
-    the stream did not promise an end record. Anything else raises a ``HurrayWireError``:
-    a cut (``StreamTruncatedError``; inside a blob also a ``BlobTruncatedError``), a corrupt
-    blob (the decoder's error), a record over ``max_blob_bytes`` (``LimitExceededError``,
-    before allocating). After an error the reader raises the same error again.
-
-    ``page_store`` fills the pages of delta blobs (``decode``'s); ``on_page_error="report"``
-    hands out a blob whose pages fail their digests or are missing from the store (as
-    ``decode_report`` does: missing pages zero) and says which in ``page_report``, the
-    way ``hurray-wire dump`` names bad pages. ``in_place`` instead
-    decodes every blob into the engine's own pool (``decode_in_place``): it is called with
-    each blob's descriptor and the number of pages the blob carries, and returns the
-    ``EnginePoolStore`` of that layer and role and the free pages to write them into (the
-    engine's allocator); the tensors handed out view the engine's pool. A blob refused
-    after it was decoded (its own fingerprint differs from ``expect_fingerprint``) leaves
-    its pages in those free pages: scratch until success, as for ``decode_in_place``.
-    ``expect_fingerprint``
-    refuses, with ``IncompatibleFingerprintError`` before the first blob, a stream whose
-    header carries a different fingerprint or none (or that has no header), and any blob
-    that carries a fingerprint of its own that differs.
-
-    A mapped path is checked (``os.fstat``) before each record, so a file truncated by
-    another process ends the stream with a ``StreamTruncatedError`` instead of SIGBUS;
-    with ``mmap=False`` a path is read record by record instead of mapped.
-
-    ``record_deadline`` (seconds, default 30, None for none) bounds each record read from
-    a socket or file-like, plus 8 MiB/s of its length (``containers.io``): a peer that
-    dribbles bytes is cut with a ``StreamTruncatedError`` naming the record, its cause a
-    ``RecordDeadlineError``. ``limits`` also bound the stream header's metadata and the
-    end record's index, checked before either is read.
+    ``source``: a socket or binary file-like (read record by record, each blob into a buffer
+    of its own, nothing past the end record consumed), a path (mapped, ``os.fstat``-checked
+    before each record so a truncated file is a ``StreamTruncatedError``, not SIGBUS; read
+    record by record with ``mmap=False``) or a bytes-like object (read-only views). A cut, a
+    corrupt blob or a record over ``max_blob_bytes`` raises, and raises again after.
+    ``page_store``, ``on_page_error="report"`` (``page_report``), ``in_place`` (each blob into
+    the engine pool the callback names, as ``decode_in_place``; nothing written before every
+    check) and ``expect_fingerprint`` are docs/integrity.md's; ``record_deadline`` (seconds,
+    None for none) bounds each record read from a socket or file-like (``RecordDeadlineError``).
     """
 
     def __init__(
@@ -319,8 +287,7 @@ class StreamReader(ClosesOnExit):
         self._expect = expect_fingerprint
         self._max = check_max_blob_bytes(max_blob_bytes)
         self._options = decode_options(verify, limits, -1, page_store)
-        if type(mmap) is not bool:
-            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        flag(mmap, "mmap")
         self._source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
         self._verify = verify
         self._limits = limits

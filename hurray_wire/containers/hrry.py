@@ -43,6 +43,7 @@ from hurray_wire.errors import (
     HurrayWireError,
     InvalidContainerError,
     MissingTensorError,
+    flag,
 )
 from hurray_wire.metadata import MetadataValue, UInt64, decode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
@@ -106,8 +107,7 @@ class HrryFile(ClosesOnExit):
                 field="path",
                 found=type(path).__name__,
             )
-        if type(mmap) is not bool:
-            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        flag(mmap, "mmap")
         view, guard = map_file(path, use_mmap=mmap)
         source: Any = view.obj if guard is None else guard.mapping  # bytes, or the map
         view.release()

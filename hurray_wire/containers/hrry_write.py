@@ -86,21 +86,13 @@ def write_file(
 ) -> int:
     """Write a ``.hrry`` file exactly as the reference ``FileWriter`` does; its size in bytes.
 
-    The ``.hrry`` format has no data checksums (only its index has a CRC-32C): a flipped bit
-    in a page reads back silently. To keep a cache on disk, ``save_cache`` (a checksummed
-    blob stream) is the checked choice; this is for exchange with the reference.
-
-    Tensors go in mapping order (§ B.3: buffer 0 and each later buffer at the next multiple
-    of ``data_buffer_alignment``, no padding after the last buffer, then 8-byte padding); the
-    KV section only when there is an entry; file_flags 0x04 (+0x02 with ``sorted_index``),
-    never HAS_KV_METADATA ([A17]); CRC-32C over the index; tensor_count_hint unknown.
-    ``metadata`` entries come first, then ``hurray.seq_lens.<name>`` / ``hurray.metadata.<name>``
-    for tensors that have them. Everything is encoded first; the image is then written
-    beside ``path`` under a temporary name, fsync'd and renamed over it
-    (``containers.atomic.atomic_output``), so arrays still mapping an older file at ``path``
-    (``read_file`` -> ``write_file`` to the same path) stay valid and a failure leaves
-    ``path`` as it was. ``progress``, if given, is called with each tensor's data bytes once
-    they are written (for a progress bar).
+    ``.hrry`` has no data checksums (only its index has a CRC-32C): to keep a cache on disk,
+    ``save_cache`` is the checked choice; this is for exchange with the reference. The layout
+    (§ B.3 alignment, KV section only when there is an entry, file_flags, [A17]) is
+    docs/reference-containers.md's; ``metadata`` entries come first, then each tensor's
+    ``hurray.seq_lens.<name>`` / ``hurray.metadata.<name>``. The image is encoded first, then
+    written through ``atomic_output``, so arrays mapping an older file at ``path`` stay valid
+    and a failure leaves it as it was. ``progress`` gets each tensor's data bytes once written.
     """
     if not isinstance(tensors, Mapping):
         raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")

@@ -48,6 +48,7 @@ from hurray_wire.errors import (
     MissingTensorError,
     StreamBlobTruncatedError,
     StreamTruncatedError,
+    flag,
 )
 from hurray_wire.integrity import EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.tensor import BlockPagedTensor
@@ -117,20 +118,13 @@ def _peek_blob(view: memoryview, limits: DecodeLimits) -> tuple[int | None, str]
 class StreamFile(ClosesOnExit):
     """Random access to a stream in a file (mapped with ``mmap``) or a bytes-like object.
 
-    Opening reads the stream header and the index: the end record's (found from the last
-    8 bytes of the file), or, without one, the walk of blob prefixes and headers. Neither
-    touches page data. A tensor is decoded, and its checksums verified, only when asked
-    for, as a read-only zero-copy view of the mapping. A damaged tail does not hide the
-    blobs before it: they are in ``entries`` and ``error`` says what stopped the walk.
-
-    A mapped file is checked (``os.fstat``) before each ``read``: a file another process
-    truncated raises a ``StreamTruncatedError`` instead of killing the process with
-    SIGBUS. Tensors already read still view the mapping, which no check can protect
-    (docs/security.md); ``mmap=False`` reads the file into memory instead.
-
-    ``page_store`` fills the pages of delta blobs and ``expect_fingerprint`` refuses a
-    stream whose header (or a blob) carries another engine fingerprint, as for
-    ``StreamReader`` (docs/integrity.md).
+    Opening reads the stream header and the index (the end record's, else the walk of blob
+    prefixes), never page data; a tensor is decoded and verified only when asked for, as a
+    read-only view of the mapping. A damaged tail does not hide the blobs before it
+    (``entries``; ``error`` says what stopped the walk). A mapped file is ``os.fstat``-checked
+    before each ``read`` (truncated: ``StreamTruncatedError``, not SIGBUS; docs/security.md);
+    ``mmap=False`` reads it into memory. ``page_store`` / ``expect_fingerprint``: as
+    ``StreamReader``'s.
     """
 
     def __init__(
@@ -151,8 +145,7 @@ class StreamFile(ClosesOnExit):
         self._verify = verify
         self._limits = limits if limits is not None else DecodeLimits()
         self._options = decode_options(verify, self._limits, -1, page_store)
-        if type(mmap) is not bool:
-            raise ArgumentTypeError("mmap must be True or False", field="mmap", found=repr(mmap))
+        flag(mmap, "mmap")
         self._guard: MappedFile | None = None
         if isinstance(source, (str, os.PathLike)):
             self._view, self._guard = map_file(source, use_mmap=mmap)
@@ -242,9 +235,10 @@ class StreamFile(ClosesOnExit):
         kv_role: str | None = None,
         *,
         page_pool: npt.NDArray[Any] | None = None,
+        one_pass: bool = False,
     ) -> BlockPagedTensor:
         """The blob for ``{kv_role, layer_index}``, decoded now (and only it); with
-        ``page_pool`` its pool lands in that array (``decode_into``: verified while copied).
+        ``page_pool`` its pool lands in that array (as ``decode_into``, ``one_pass`` too).
         ``kv_role`` may be left out only when the stream holds one role for that layer (a
         key and a value are never guessed between)."""
         if layer_index is not None and (
@@ -270,7 +264,7 @@ class StreamFile(ClosesOnExit):
                 section="stream",
                 found=f"layer_index {layer_index!r}, kv_role {kv_role!r}",
             )
-        return self.read(entry, page_pool=page_pool)
+        return self.read(entry, page_pool=page_pool, one_pass=one_pass)
 
     def _find(self, layer_index: int | None, kv_role: str) -> StreamEntry | None:
         """The last blob of that key: from the dict once built, else from the index rows."""
@@ -287,12 +281,12 @@ class StreamFile(ClosesOnExit):
         return entries_of(rows[hits[-1:]])[0]
 
     def read(
-        self, entry: StreamEntry, *, page_pool: npt.NDArray[Any] | None = None
-    ) -> BlockPagedTensor:
+        self, entry: StreamEntry, *, page_pool: npt.NDArray[Any] | None = None,
+        one_pass: bool = False,
+    ) -> BlockPagedTensor:  # fmt: skip
         """Decode the blob at ``entry`` and check it is what the index says. With
-        ``page_pool`` (an engine's writable array of the pool's byte size) the pool is
-        copied into it and hashed in the same pass (``decode_into``); on an error its
-        contents are unspecified."""
+        ``page_pool`` the pool lands in that array as :func:`decode_into` lands it
+        (untouched on a refusal unless ``one_pass=True``)."""
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
         shrank = None if self._guard is None else self._guard.shrunk(entry.offset + entry.length)
@@ -324,7 +318,7 @@ class StreamFile(ClosesOnExit):
                 )
             if page_pool is None:
                 return run(byte_view(view), self._options, accept=accept)[0]
-            return land_into(byte_view(view), page_pool, self._options, accept)
+            return land_into(byte_view(view), page_pool, self._options, accept, one_pass is True)
         except HurrayWireError as exc:
             add_note(exc, f"in the {what}")
             raise

@@ -1,17 +1,11 @@
 """Per-page content digests (docs/integrity.md § 2): which physical page is corrupt, not
 only that the blob is.
 
-A page's **record** is its bytes in the pool, followed, for per-block affine quantization,
-by the bytes of its ``page_size`` slot scales and then of its slot zero points: everything a
-receiver needs to use that page and nothing shared with other pages. Its **digest** is
-xxh3_64 (seed 0) of the record. Tensor-wide parameters (per-tensor scale, per-channel
-scales, the fp8 ``kv_scale``) are not in any page's digest: the blob's header and section
-checksums cover them, and folding them in would make identical pages of two requests differ.
-
-Packed sub-byte pools are digested over the page's packed bytes, which needs every page to
-start on a byte boundary (``page_size * num_heads * head_dim * bit_width % 8 == 0``, true for
-every head_dim that is a multiple of 8); other geometries are refused, so one definition
-holds everywhere and the digest pass never copies the pool.
+A page's record is its pool bytes, then (per-block affine) its slot scales and zero
+points; its digest is xxh3_64 of the record. Tensor-wide parameters stay out of every
+digest (the section checksums cover them; identical pages of two requests keep one
+digest). Packed pools are digested over whole-byte pages only (other geometries refused),
+so the digest pass never copies the pool.
 """
 
 from __future__ import annotations

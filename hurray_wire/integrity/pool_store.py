@@ -1,17 +1,11 @@
 """A page store over an engine's own KV pool (docs/integrity.md § 5.3): no copies.
 
-A decode worker with prefix caching already holds the shared pages of a new request in its
-pool (one preallocated array per {layer, kv_role}, pages at physical ids). An
-``EnginePoolStore`` wraps that array, plus its per-page-slot scales / zero points when the
-cache is per-block quantized, and indexes the pages the engine vouches for by the digest
-of their record (``digests.PageRecords``, the same record a ``MemoryPageStore`` keeps).
-The delta decode in place (``blob.in_place``) then points the new block table at those
-pages instead of copying them, after re-hashing each one where it sits.
-
-The engine owns the pool: it calls ``index(page_ids)`` when pages hold content it will keep
-(digesting them then), and ``forget(page_ids)`` before it frees or overwrites them. A page
-overwritten without ``forget`` is *stale*: its bytes no longer match the digest it is
-indexed under, and the re-hash of every referenced page refuses it.
+An ``EnginePoolStore`` wraps the engine's pool of one {layer, kv_role} (and its per-slot
+scales / zero points) and indexes the pages the engine vouches for by their record's
+digest, so that the in-place decode points a block table at them instead of copying. The
+engine ``index``-es pages it keeps and ``forget``-s them before freeing or overwriting
+them; a page overwritten without ``forget`` is stale, and the re-hash of every referenced
+page refuses it.
 """
 
 from __future__ import annotations
@@ -134,20 +128,15 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
 
 
 class EnginePoolStore(PageStore):
-    """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of
-    its own: an index digest -> physical page id of the pages the engine vouches for.
+    """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of its
+    own: an index digest -> physical page id of the pages the engine vouches for.
 
-    ``page_pool`` is the engine's array, ``[num_pages, ...]`` (for the in-place decode
-    ``[num_pages, page_size, num_heads, head_dim]`` of the cache's element type);
-    ``scales`` / ``zero_points`` the per-page-slot parameters of a per-block quantized cache
-    (``num_pages * page_size`` entries, any shape). All must be writable C-contiguous NumPy
-    arrays; the store keeps them (no copy) and never writes them itself.
-
-    ``get`` returns a view of the page (for a quantized cache the record spans the pool and
-    the parameter arrays, so ``get`` joins them: a copy of one page). ``put`` cannot choose a
-    slot in a pool the engine's allocator owns: it accepts a record only when a page with
-    that digest is already indexed, and otherwise raises ``PageStoreError``. One lock makes
-    every method thread-safe; hashing happens outside it.
+    ``page_pool`` (``[num_pages, ...]``; for the in-place decode ``[num_pages, page_size,
+    num_heads, head_dim]``) and per-slot ``scales`` / ``zero_points`` are writable C-contiguous
+    arrays the store keeps (no copy) and never writes. ``get`` views a page (joins a quantized
+    record: a copy); ``put`` only accepts a record whose digest is already indexed (the
+    engine's allocator owns the slots), else ``PageStoreError``. Thread-safe (one lock,
+    hashing outside it).
     """
 
     def __init__(

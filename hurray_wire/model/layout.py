@@ -184,6 +184,10 @@ BlockPagedLayout.__delattr__ = _immutable  # type: ignore[assignment, method-ass
 
 def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
     """An integer array of any dtype whose values all fit the index type."""
+    if type(value) is np.ndarray and value.ndim == 1 and value.size:
+        given: npt.NDArray[Any] = value
+        if given.dtype.kind == "u" and index_max >= (1 << (8 * given.dtype.itemsize)) - 1:
+            return given  # every value of this dtype fits (the common case, checked first)
     try:
         array = np.asarray(value)
         inferred_float = array.dtype.kind == "f"

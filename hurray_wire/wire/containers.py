@@ -1,18 +1,11 @@
 """construct structs of the ``.hrry`` file container (containers.md Part B): bytes only, no rules.
 
-One ``Struct`` per part of the file, in file order: ``HrryHeader`` (64 bytes), the KV
-metadata section (``KvSection``, § B.4), the index (``HrryIndex`` of ``HrryIndexEntry``,
-§ B.5) and ``HrryTrailer`` (the last 40 bytes, § B.6). They are strict wherever construct
-can be: magic and reserved bytes are ``Const`` (``Padding`` would not check them), the KV
-value switch has ``default=Error``, bools are a ``Mapping`` of ``00``/``01`` only, and the
-variable sections end in ``Terminated`` so leftover bytes are refused.
-
-Text stays bytes here (index names and KV keys/strings): deciding what is valid UTF-8, what is
-unique and what the flags and offsets must satisfy belongs to the reader, which also turns
-construct's exceptions (``ConstError``, ``StreamError``, ``TerminatedError``,
-``ExplicitError``, ``MappingError``) into ``hurray_wire.errors``. The fast, hostile-input path
-for KV metadata is ``hurray_wire.metadata``; ``KvSection`` is its declarative twin, kept for
-documentation, ``dump`` and cross-checking.
+One ``Struct`` per part, in file order: ``HrryHeader``, ``KvSection`` (§ B.4), ``HrryIndex``
+of ``HrryIndexEntry`` (§ B.5), ``HrryTrailer`` (§ B.6); strict where construct can be
+(``Const`` magic and reserved bytes, ``default=Error`` switches, ``Mapping`` bools,
+``Terminated`` ends). Text stays bytes: the reader judges it and turns construct's
+exceptions into ``hurray_wire.errors``. ``KvSection`` is ``hurray_wire.metadata``'s
+declarative twin, kept for documentation, ``dump`` and cross-checks.
 """
 
 from __future__ import annotations
