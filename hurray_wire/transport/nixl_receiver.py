@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transport.nixl_endpoint import (
     _U8,
     DEFAULT_DEADLINE,
+    PEER_READ_NAP,
     T,
     _Arena,
     _bytes_of,
@@ -262,8 +263,21 @@ class NixlReceiver(_Endpoint):
                     layer=layer,
                     role=role,
                 )
-            busy = any(item.xfers for item in self._in.values())
-            time.sleep(0 if idle < 64 or busy else 0.0002)  # transfers move while we poll
+            if not moved:
+                self._nap(idle)
+
+    def _nap(self, idle: int) -> None:
+        """Wait between polls without taking the core the hashing needs (measured: a
+        spinning loop cost the sender's hasher and our decoder a third of the CPU).
+        READs of ours still moving: none (without a progress thread they move while we
+        poll). A decode in progress: until it ends, at most a nap. Else the peer's next
+        record: a nap, longer once nothing has happened for a while."""
+        if any(item.xfers for item in self._in.values()):
+            time.sleep(0)
+        elif self._decoding:
+            wait([self._decoding[0][1]], timeout=PEER_READ_NAP)
+        else:
+            time.sleep(PEER_READ_NAP if idle < 64 else 0.0002)
 
     def _guarded(self, item: _Incoming, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn``; any error names the blob and is sent to the peer as an abort."""
@@ -280,12 +294,15 @@ class NixlReceiver(_Endpoint):
             moved = True
             self._on_record(record)
         for item in self._in.values():
-            if item.landed or item.offer.write or not item.head_posted or not item.started:
+            if item.landed or item.offer.write or not item.started:
                 continue
-            if all(self._guarded(item, self._state, x) == "DONE" for x in item.xfers):
-                for x in item.xfers:
-                    x.release()
-                item.xfers.clear()
+            if item.xfers:  # finished READs let go at once: item.xfers is what still moves
+                states = [self._guarded(item, self._state, x) for x in item.xfers]
+                for x, state in zip(item.xfers, states, strict=True):
+                    if state == "DONE":
+                        x.release()
+                item.xfers = [x for x, st in zip(item.xfers, states, strict=True) if st != "DONE"]
+            if item.head_posted and not item.xfers:
                 item.landed = moved = True
                 r = item.offer
                 self._send(TransferRecord("done", r.session, r.layer, r.role))
