@@ -15,6 +15,9 @@ round after round, interleaved:
 * ``zero-copy`` / ``zero-copy-nohash``: the sender ``publish``es every tensor
   (``mode="zero-copy"``, with and without checksums), the receiver ``receive``s and decodes
   each one validated (checksums verified when present) while the next ones move.
+* ``zero-copy-write``: ``zero-copy`` with checksums, pushed (``op="WRITE"``) into the
+  receiver's write region, which copies each blob out before validating it (docs/nixl.md
+  § 3.1): what the WRITE trust model costs.
 * ``staged`` / ``staged-nohash``: the same with ``mode="staged"`` (``encode_into`` the
   sender's registered arena, then READ).
 
@@ -51,7 +54,8 @@ from hurray_wire.transport.nixl_endpoint import PEER_READ_NAP
 
 ROLES = ("key", "value")
 PAGE_SHAPE = (16, 8, 64)  # 16 KiB of float16 per page
-MODES = ("raw", "raw-notified", "zero-copy", "zero-copy-nohash", "staged", "staged-nohash")
+MODES = ("raw", "raw-notified", "zero-copy", "zero-copy-nohash", "zero-copy-write", "staged",
+         "staged-nohash")  # fmt: skip
 UCX_MODE = {"shm": "none", "tcp": "peer"}
 
 
@@ -120,9 +124,9 @@ def sender_main(args: argparse.Namespace) -> int:
                 time.sleep(PEER_READ_NAP)
             _send(args.out_fd, b"ok")
             continue
-        mode, checksum = command.split(":")
+        mode, checksum, op = command.split(":")
         for t in tensors:
-            sender.publish(t, mode=mode, checksum=checksum == "1")
+            sender.publish(t, mode=mode, checksum=checksum == "1", op=op)
         sender.wait(deadline=60)
         _send(args.out_fd, b"ok")
     sender.close()
@@ -204,7 +208,7 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
     blob = args.pages * int(np.prod(PAGE_SHAPE)) * 2
     total = count * blob
     receiver = NixlReceiver(f"bench-receiver-{transport}", ucx_error_handling_mode=ucx,
-                            arena_bytes=total + (16 << 20),
+                            arena_bytes=total + (16 << 20), write_arena_bytes=4 * blob + (1 << 20),
                             progress_thread=args.progress_thread)  # fmt: skip
     landing = np.zeros(total + (16 << 20), np.uint8)
     receiver.register(landing)
@@ -235,8 +239,9 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
                 elif mode == "raw-notified":
                     _raw_notified_round(receiver, landing, to_w, from_r)
                 else:
-                    name = mode.removesuffix("-nohash")
-                    _send(to_w, f"{name}:{0 if name != mode else 1}".encode())
+                    name = mode.removesuffix("-nohash").removesuffix("-write")
+                    op = "WRITE" if mode.endswith("-write") else "READ"
+                    _send(to_w, f"{name}:{0 if mode.endswith('-nohash') else 1}:{op}".encode())
                     for _tensor in receiver.receive(count, deadline=60):
                         pass
                     if _recv(from_r) != b"ok":
