@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -75,6 +76,12 @@ def _address(buffer: Any) -> tuple[int, int]:
             raise ArgumentTypeError("memory must be C-contiguous", found="strided array") from None
         array = array.reshape(-1).view(np.uint8)
     return int(array.ctypes.data), int(array.nbytes)
+
+
+def _no_descriptors() -> Any:
+    """An empty NIXL registration list (partial metadata with connection information only)."""
+    bind = sys.modules[_nixl.nixl_agent.__module__].nixlBind
+    return bind.nixlRegDList(bind.DRAM_SEG, [])
 
 
 def _bytes_of(array: Any, what: str) -> _U8:
@@ -160,6 +167,10 @@ def _pieces(
 class _Endpoint(ClosesOnExit):
     """One NIXL agent with a UCX backend, its registrations and its one peer."""
 
+    #: Whether ``metadata()`` hands the peer this side's registrations (the sender's: the
+    #: peer READs them); a receiver's metadata carries none, so it may register any time.
+    _exposes_registrations = True
+
     def __init__(
         self, name: str, *, ucx_error_handling_mode: str, arena_bytes: int, progress_thread: bool
     ) -> None:
@@ -188,10 +199,10 @@ class _Endpoint(ClosesOnExit):
 
     # -- memory and peers ------------------------------------------------------------------
     def register(self, array: Any) -> None:
-        """Register long-lived memory (an engine's KV pool) with NIXL. Only before
-        ``metadata()``: metadata taken earlier would not know it (NIXL: "no potential
-        backend found")."""
-        if self._published:
+        """Register long-lived memory (an engine's KV pool) with NIXL. On a sender, only
+        before ``metadata()``: metadata taken earlier would not know it (NIXL: "no potential
+        backend found"); a receiver's metadata names none of its memory."""
+        if self._published and self._exposes_registrations:
             raise TransportError(
                 "register memory before taking metadata(): the peer's copy would be stale"
             )

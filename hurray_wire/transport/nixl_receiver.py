@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +28,15 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transport.nixl_endpoint import (
     _U8,
     DEFAULT_DEADLINE,
+    PEER_READ_NAP,
     T,
+    _Arena,
     _bytes_of,
     _call,
     _deadline,
     _Endpoint,
     _named,
+    _no_descriptors,
     _origin,
     _pieces,
 )
@@ -47,7 +50,6 @@ from hurray_wire.transport.nixl_pages import (
     scatter_pages,
 )
 from hurray_wire.transport.records import (
-    MAX_SEGMENTS,
     ROLE_CODES,
     Segment,
     TransferRecord,
@@ -72,18 +74,27 @@ class _Incoming:
     in_place: tuple[EnginePoolStore, Any] | None = None  # expect_in_place's pool_store, free
     landed: bool = False
     started: bool = False  # its transfer posted (offers wait in a queue until then)
+    write_at: int | None = None  # WRITE: where the peer writes it in the write region
 
 
 class NixlReceiver(_Endpoint):
-    """The side that takes the KV cache: READs offered blobs or is written (WRITE) into its
-    landing region (``arena_bytes``, registered here) or, for a page pool the caller named
-    with ``expect``, straight into the engine's own array, then decodes each one validated
-    and zero-copy as soon as it has landed, while later ones are still in flight.
+    """The side that takes the KV cache: READs offered blobs into its landing region
+    (``arena_bytes``, registered here) or, for a page pool the caller named with
+    ``expect``, straight into the engine's own array, then decodes each one validated and
+    zero-copy as soon as it has landed, while later ones are still in flight.
+
+    The peer is given no handle to this side's memory (``metadata()`` carries connection
+    information only), except, with ``write_arena_bytes``, a write region of that size a
+    WRITE peer pushes into: each blob written there is copied out into the landing region
+    once its ``done`` record came, and only the copy is validated and used (docs/nixl.md
+    § 3.1). Without it, WRITE offers are refused.
 
     Tensors decoded from the landing region are views of it and stay valid until the next
     ``receive`` call, which reuses the region (so the blobs of one call must fit in it);
     page pools that landed in engine arrays are the engine's arrays.
     """
+
+    _exposes_registrations = False
 
     def __init__(
         self,
@@ -96,10 +107,27 @@ class NixlReceiver(_Endpoint):
         limits: DecodeLimits | None = None,
         page_store: PageStore | None = None,
         expect_fingerprint: EngineFingerprint | None = None,
+        write_arena_bytes: int = 0,
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
+        if (
+            isinstance(write_arena_bytes, bool)
+            or not isinstance(write_arena_bytes, int)
+            or not (write_arena_bytes == 0 or write_arena_bytes >= 64)
+        ):
+            raise ArgumentTypeError("write_arena_bytes is 0 (no WRITE) or an int >= 64",
+                                    field="write_arena_bytes",
+                                    found=repr(write_arena_bytes))  # fmt: skip
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
+        # The only memory a peer is told about: where a WRITE peer pushes (never read
+        # in place: each blob is copied out before it is checked).
+        self._write: _Arena | None = None
+        self._write_reg: Any = None
+        if write_arena_bytes:
+            self._write = _Arena(write_arena_bytes)
+            self.register(self._write.buf)
+            self._write_reg = self._regions[-1][3]
         self.verify = verify
         self.limits = limits
         self.page_store = page_store
@@ -113,6 +141,16 @@ class NixlReceiver(_Endpoint):
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl-decode")
         self._decoding: list[tuple[_Incoming, Future[Any]]] = []
         self._queued: list[_Incoming] = []  # offered, their transfers not yet posted
+
+    def metadata(self) -> bytes:
+        """This agent's NIXL metadata for the peer's ``add_peer``: connection information
+        and the write region (with ``write_arena_bytes``), nothing else. READs need no
+        handle to this side's memory, so the peer gets none: a transfer it aims at the
+        landing region or an engine pool fails in its own NIXL ("not found")."""
+        self._published = True
+        descs = self._write_reg if self._write_reg is not None else _no_descriptors()
+        return bytes(_call("get_partial_agent_metadata", self._agent.get_partial_agent_metadata,
+                           descs, True, ["UCX"]))  # fmt: skip
 
     def send_known_pages(self, digests: Any) -> None:
         """Tell the sender which pages this side's store holds (the known-pages record of
@@ -174,8 +212,9 @@ class NixlReceiver(_Endpoint):
         until = _deadline(deadline)
         self._peer_name()
         if not self._in and not self._decoding:
-            self._arena.top = 0
-            self._arena.live = 0
+            for arena in (self._arena, self._write):
+                if arena is not None:
+                    arena.top = arena.live = 0
         yielded = 0
         idle = 0
         while yielded < count:
@@ -200,10 +239,14 @@ class NixlReceiver(_Endpoint):
                 self._decoding.append((item, future))
             if self._queued:  # one transfer per turn: the blobs that landed get decoded
                 item = self._queued.pop(0)
-                self._guarded(item, self._start, item)  # an error aborts the peer, is raised
-                moved = True
+                if self._guarded(item, self._start, item):  # an error aborts the peer
+                    moved = True
+                else:  # a WRITE waiting for room in the write region
+                    self._queued.insert(0, item)
             if self._decoding and self._decoding[0][1].done():
                 item, future = self._decoding.pop(0)
+                if item.write_at is not None and self._write is not None:
+                    self._write.give()  # copied out: its room may be written again
                 tensor = self._guarded(item, future.result)
                 yielded += 1
                 idle = 0
@@ -220,8 +263,21 @@ class NixlReceiver(_Endpoint):
                     layer=layer,
                     role=role,
                 )
-            busy = any(item.xfers for item in self._in.values())
-            time.sleep(0 if idle < 64 or busy else 0.0002)  # transfers move while we poll
+            if not moved:
+                self._nap(idle)
+
+    def _nap(self, idle: int) -> None:
+        """Wait between polls without taking the core the hashing needs (measured: a
+        spinning loop cost the sender's hasher and our decoder a third of the CPU).
+        READs of ours still moving: none (without a progress thread they move while we
+        poll). A decode in progress: until it ends, at most a nap. Else the peer's next
+        record: a nap, longer once nothing has happened for a while."""
+        if any(item.xfers for item in self._in.values()):
+            time.sleep(0)
+        elif self._decoding:
+            wait([self._decoding[0][1]], timeout=PEER_READ_NAP)
+        else:
+            time.sleep(PEER_READ_NAP if idle < 64 else 0.0002)
 
     def _guarded(self, item: _Incoming, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn``; any error names the blob and is sent to the peer as an abort."""
@@ -238,12 +294,15 @@ class NixlReceiver(_Endpoint):
             moved = True
             self._on_record(record)
         for item in self._in.values():
-            if item.landed or item.offer.write or not item.head_posted or not item.started:
+            if item.landed or item.offer.write or not item.started:
                 continue
-            if all(self._guarded(item, self._state, x) == "DONE" for x in item.xfers):
-                for x in item.xfers:
-                    x.release()
-                item.xfers.clear()
+            if item.xfers:  # finished READs let go at once: item.xfers is what still moves
+                states = [self._guarded(item, self._state, x) for x in item.xfers]
+                for x, state in zip(item.xfers, states, strict=True):
+                    if state == "DONE":
+                        x.release()
+                item.xfers = [x for x, st in zip(item.xfers, states, strict=True) if st != "DONE"]
+            if item.head_posted and not item.xfers:
                 item.landed = moved = True
                 r = item.offer
                 self._send(TransferRecord("done", r.session, r.layer, r.role))
@@ -291,7 +350,14 @@ class NixlReceiver(_Endpoint):
             raise TransportError("offered page pool size differs from the engine's array",
                                  layer=r.layer, role=r.role, expected=pool.nbytes,
                                  found=r.pool_length)  # fmt: skip
-        split = pool is not None and r.pool_length > 0
+        if r.write and self._write is None:
+            raise TransportError("this receiver takes no WRITE: the peer would need write "
+                                 "access to its memory; READ (the default), or "
+                                 "NixlReceiver(write_arena_bytes=...)", layer=r.layer,
+                                 role=r.role)  # fmt: skip
+        # A WRITE blob is copied out of the write region whole, then landed as a
+        # compressed pool is: checked first, then copied into the engine's memory.
+        split = pool is not None and r.pool_length > 0 and not r.write
         own = r.total_length - r.pool_length if split else r.total_length
         start = self._arena.take(own)
         if start is None:
@@ -312,36 +378,48 @@ class NixlReceiver(_Endpoint):
                 segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
         else:
             segments = [Segment(0, r.total_length, base)]
-        if r.write and len(segments) > MAX_SEGMENTS:  # a grant record lists our segments
-            raise TransportError(f"page_ids form {len(segments) - 2} runs of consecutive pages; "
-                                 f"a WRITE grant lists at most {MAX_SEGMENTS} segments: let "
-                                 "the receiver READ (any number of runs)", layer=r.layer,
-                                 role=r.role)  # fmt: skip
         in_place = self._in_place.pop((r.layer, r.role), None)
         return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool,
                          pages=pages, target=expected, in_place=in_place)  # fmt: skip
 
-    def _start(self, item: _Incoming) -> None:
+    def _start(self, item: _Incoming) -> bool:
+        """Post an offered blob's transfer (READ) or grant (WRITE); False: not yet (no room
+        in the write region until earlier WRITE blobs are copied out)."""
         r = item.offer
-        item.started = True
         if r.write:
+            assert self._write is not None  # _land refused the offer otherwise
+            at = self._write.take(r.total_length)
+            if at is None:
+                if r.total_length > len(self._write.buf):
+                    raise TransportError("blob does not fit the receiver's write region",
+                                         layer=r.layer, role=r.role,
+                                         expected=f"<= {len(self._write.buf)}",
+                                         found=r.total_length)  # fmt: skip
+                return False
+            item.write_at = at
+            address = int(self._write.buf.ctypes.data) + at
             self._send(TransferRecord("grant", r.session, r.layer, r.role,
                                       total_length=r.total_length, pool_offset=r.pool_offset,
                                       pool_length=r.pool_length,
-                                      segments=item.segments))  # fmt: skip
-            return
+                                      segments=(Segment(0, r.total_length, address),)))  # fmt: skip
+            item.started = True
+            return True
+        item.started = True
         if r.ready:  # the whole blob is final: one READ
             local, remote = _pieces(item.segments, r.segments, 0, r.total_length)
             item.xfers.append(self._post("READ", local, remote))
             item.head_posted = True
-            return
+            return True
         head_end = _head_end(item)
         if head_end < r.total_length:
             local, remote = _pieces(item.segments, r.segments, head_end, r.total_length)
             item.xfers.append(self._post("READ", local, remote))
+        return True
 
     def _has_checksums(self, item: _Incoming) -> bool:
         """Whether the landed blob's header says its sections carry checksums."""
+        if item.write_at is not None and self._write is not None:
+            return pool_section(self._write.buf[item.write_at :])[3]
         return pool_section(self._arena.buf[item.landing :])[3]
 
     def close(self) -> None:
@@ -355,6 +433,10 @@ class NixlReceiver(_Endpoint):
         engine array are there already: that array is the transfer's target.)"""
         r = item.offer
         land = self._arena.buf[item.landing :]
+        if item.write_at is not None and self._write is not None:
+            # The copy the peer holds no handle to: what is checked is what is used.
+            size = r.total_length
+            land[:size] = self._write.buf[item.write_at : item.write_at + size]
         if blob_length(land) != r.total_length:
             raise TransportError("the offer's total_length is not the blob's", layer=r.layer,
                                  role=r.role, expected=blob_length(land),

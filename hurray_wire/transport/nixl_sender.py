@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,7 +270,7 @@ class NixlSender(_Endpoint):
             if time.monotonic() > until:
                 raise TransportError("deadline passed waiting for arena space", layer=layer,
                                      role=role)  # fmt: skip
-            time.sleep(self._pause(64))
+            self._nap(64)
 
     def _offer(self, item: _Outgoing) -> None:
         self._send(
@@ -299,17 +299,27 @@ class NixlSender(_Endpoint):
                 self._abort_peer(self.session, "sender deadline passed", layer, role)
                 raise TransportError(f"deadline passed with {len(pending)} blobs not done",
                                      layer=layer, role=role)  # fmt: skip
-            time.sleep(self._pause(idle))  # without a progress thread, we move the transfers
+            self._nap(idle)  # without a progress thread, we move the transfers
 
     def _pause(self, idle: int) -> float:
-        """How long to sleep between polls. Our own transfers move only while we poll (no
-        progress thread): none. The peer's READs need only our answers to its requests: a
-        short nap, leaving the core to the hashing thread. Otherwise back off."""
-        if idle < 64 or any(o.body is not None or o.head is not None for o in self._out.values()):
+        """How long to sleep between polls. Our own WRITEs move only while we poll (no
+        progress thread): none. A checksum being computed: ``_nap`` waits for it. The
+        peer's READs need only our answers to its requests: a short nap, leaving the core
+        to the hashing thread (measured: spinning 64 polls after every event cost the
+        hasher a third of a core). Otherwise back off."""
+        if any(o.body is not None or o.head is not None for o in self._out.values()):
             return 0.0
-        if any(item.offered and not item.done for item in self._out.values()):
+        if any(item.offered and not item.done for item in self._out.values()) or idle < 64:
             return PEER_READ_NAP
         return 0.0002
+
+    def _nap(self, idle: int) -> None:
+        pause = self._pause(idle)
+        hashing = [o.future for o in self._out.values() if not o.ready and not o.done]
+        if pause and hashing:  # wakes as soon as a header is final
+            wait(hashing, timeout=pause, return_when=FIRST_COMPLETED)
+        else:
+            time.sleep(pause)
 
     def poll(self) -> bool:
         """One round of progress without waiting; True if anything happened. For a sender
