@@ -40,14 +40,8 @@ from hurray_wire.errors import (
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.vllm.peers import NixlPeers
-from hurray_wire.vllm.transfer import (
-    LoadResult,
-    TransferParams,
-    TransferServer,
-    TransferStore,
-    prompt_digest,
-    pull,
-)
+from hurray_wire.vllm.receive import LoadResult, pull
+from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, prompt_digest
 
 if TYPE_CHECKING:
     import torch
