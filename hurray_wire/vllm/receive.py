@@ -299,13 +299,13 @@ def _fetch(
 
 def _failed_from(exc: BaseException, first_block: int, held: bool, nixl: bool) -> int:
     """The first block position a failed pull leaves unverified. Nothing lands, so never
-    after ``first_block``; a held page that failed moves it down to that page (a NIXL
-    receiver stops at the first failing blob: the later blobs' held pages are unchecked)."""
-    if held and isinstance(exc, PageDigestError):
-        if nixl:
-            return 0
-        if exc.positions:
-            return min(first_block, min(page for _, page in exc.positions))
+    after ``first_block``; with held pages, a failed held page moves it down to that page,
+    and over NIXL to 0 (its receiver stops at the first failing blob, a decode error
+    wrapped in a ``TransportError``: the later blobs' held pages are unchecked)."""
+    if held and nixl:
+        return 0
+    if held and isinstance(exc, PageDigestError) and exc.positions:
+        return min(first_block, min(page for _, page in exc.positions))
     return first_block
 
 
