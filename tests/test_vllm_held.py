@@ -1,6 +1,8 @@
-"""The prefix-cache delta of hurray_wire.vllm: pages the decode worker holds travel as page
-references (digest, no bytes) and are checked against the pages it holds, re-hashed there;
-a held page that differs fails the load from its block on, over the socket and NIXL."""
+"""The prefix-cache delta of hurray_wire.vllm: the decode worker sends the digests of the
+pages it holds (hashed where they sit), the prefill worker sends those pages as page
+references (digest, no bytes); a held page that went stale has a digest the transfer does
+not produce, so its page comes in full: the decode worker repairs it and reports the load
+failed from that block on, over the socket and NIXL."""
 
 from __future__ import annotations
 
@@ -35,39 +37,43 @@ def test_held_pages_travel_as_references_and_are_checked() -> None:
     np.testing.assert_array_equal(delta.pages.layers[1][1], layers[1][1][2:])
 
 
+def stale(layers: list[Any], layer: int, role: int, block: int) -> HeldPages:
+    held = [(k[:2].copy(), v[:2].copy()) for k, v in layers]
+    held[layer][role][block, 3, 1, 7] += 1e-3  # stale or poisoned in the engine's pool
+    return HeldPages.from_pages(held)
+
+
 @pytest.mark.parametrize(("layer", "role", "block"), [(0, 0, 0), (1, 1, 1), (1, 0, 1)])
-def test_a_held_page_that_differs_fails_from_its_block(layer: int, role: int, block: int) -> None:
+def test_a_stale_held_page_is_repaired_and_reported(layer: int, role: int, block: int) -> None:
     with producer() as (_, params, layers):
-        held = [(k[:2].copy(), v[:2].copy()) for k, v in layers]
-        held[layer][role][block, 3, 1, 7] += 1e-3  # stale or poisoned in the engine's pool
-        result = rc.pull(
-            params, FP, LAYERS, first_block=2, held=HeldPages.from_pages(held), timeout=5
-        )
-    assert result.pages is None and isinstance(result.error, PageDigestError)
-    assert result.failed_from == block
+        good = rc.pull(params, FP, LAYERS, first_block=2, held=held_of(layers, 2), timeout=5)
+    with producer() as (_, params, layers):
+        result = rc.pull(params, FP, LAYERS, first_block=2, held=stale(layers, layer, role, block),
+                         timeout=5)  # fmt: skip
+    assert isinstance(result.error, PageDigestError) and result.failed_from == block
+    assert result.pages is not None and result.pages.first_block == block
+    for (key, value), (k, v) in zip(result.pages.layers, layers, strict=True):
+        np.testing.assert_array_equal(key, k[block:])  # the transfer's pages, from the stale one
+        np.testing.assert_array_equal(value, v[block:])
+    assert good.pages is not None
+    assert result.pages.wire_bytes > good.pages.wire_bytes  # the stale page came in full
 
 
 def test_held_pages_over_nixl() -> None:
     pytest.importorskip("nixl_cu12")
-    with producer() as (server, params, layers):
-        server.nixl = NixlPeers("held-p", timeout=20)
-        peers = NixlPeers("held-d", timeout=20)
-        try:
-            good = rc.pull(params, FP, LAYERS, first_block=2, held=held_of(layers, 2),
-                           timeout=20, nixl=peers)  # fmt: skip
-        finally:
-            peers.close()
-    assert good.pages is not None, good.error
+    results = []
+    for name, held in (("good", lambda ls: held_of(ls, 2)), ("bad", lambda ls: stale(ls, 1, 0, 1))):
+        with producer() as (server, params, layers):
+            server.nixl = NixlPeers(f"held-p-{name}", timeout=20)
+            peers = NixlPeers(f"held-d-{name}", timeout=20)
+            try:
+                results.append(rc.pull(params, FP, LAYERS, first_block=2, held=held(layers),
+                                       timeout=20, nixl=peers))  # fmt: skip
+            finally:
+                peers.close()
+    good, bad = results
+    assert good.pages is not None and good.error is None, good.error
     np.testing.assert_array_equal(good.pages.layers[0][0], layers[0][0][2:])
-    with producer() as (server, params, layers):
-        server.nixl = NixlPeers("held-p2", timeout=20)
-        peers = NixlPeers("held-d2", timeout=20)
-        held = [(k[:2].copy(), v[:2].copy()) for k, v in layers]
-        held[1][0][1] += 1.0
-        try:
-            bad = rc.pull(params, FP, LAYERS, first_block=2, held=HeldPages.from_pages(held),
-                          timeout=20, nixl=peers)  # fmt: skip
-        finally:
-            peers.close()
-    assert bad.pages is None and "PageStoreMissError" in str(bad.error)
-    assert bad.failed_from == 0  # NIXL stops at the failing blob: later held pages unchecked
+    assert isinstance(bad.error, PageDigestError) and bad.failed_from == 1
+    assert bad.pages is not None and bad.pages.first_block == 1
+    np.testing.assert_array_equal(bad.pages.layers[1][0], layers[1][0][1:])

@@ -4,7 +4,8 @@ The engine tests start a prefill engine and a decode engine this way (vLLM's con
 parallel state are per process, so two engines cannot share one). Commands:
 ``{"generate": [{"prompt": [ids], "max_tokens": n, "params": {...}|null}, ...]}`` ->
 ``[{"tokens", "finish_reason", "params"}]`` plus the call's wall time in ``"seconds"``
-of the first entry; ``{"stats": true}`` -> the connector's totals;
+of the first entry; ``{"stats": true}`` -> the connector's totals; ``{"corrupt": {"layer", "delta"}}`` adds
+``delta`` to every page of that layer's cache (a control);
 ``{"quit": true}``.
 """
 
@@ -76,6 +77,15 @@ def main() -> None:
                 for r in results
             ]
             answer[0]["seconds"] = seconds
+        elif "corrupt" in cmd:
+            # A control: every page of one layer's cache in the decode engine's pool made
+            # stale (+delta), as a poisoned or stale prefix-cache page would be; blocks in
+            # use later are overwritten by vLLM or the connector, the cached ones are not.
+            from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+            cache = get_kv_transfer_group()._caches[cmd["corrupt"]["layer"]]
+            cache.add_(cmd["corrupt"]["delta"])
+            answer = {"ok": True}
         elif cmd.get("stats"):
             from vllm.distributed.kv_transfer import get_kv_transfer_group
 

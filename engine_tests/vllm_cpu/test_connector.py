@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from hurray_wire.fingerprint import EngineFingerprint
-from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, pull
+from hurray_wire.vllm.receive import pull
+from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore
 
 from .conftest import Engine, free_port
 
@@ -254,5 +255,34 @@ def test_shared_prefix_moves_only_new_pages(engines: dict[str, Engine], decoder:
     full = mid["bytes_received"] - before["bytes_received"]  # 4 pages of 100 tokens
     delta = after["bytes_received"] - mid["bytes_received"]  # 2 new pages of 124 tokens
     assert after["pages_reused"] - mid["pages_reused"] == 2
+    # the 2 held pages were re-hashed in the decode engine's pool and matched
+    assert after["verification_failures"] == mid["verification_failures"]
     assert delta < full * 0.6, (delta, full)
     print(json.dumps({"decoder": decoder, "full_bytes": full, "delta_bytes": delta}))
+
+
+@pytest.mark.parametrize(("decoder", "policy"), [("decode", "fail"), ("decode64", "recompute")])
+def test_a_stale_held_prefix_page_is_detected_not_served(
+    engines: dict[str, Engine], decoder: str, policy: str
+) -> None:
+    """The decode engine's prefix cache holds the shared prefix's blocks; they are made
+    stale in its pool before the second request. The held pages are re-hashed where they
+    sit against the prefill side's digests (sent as page references with equal block
+    sizes; compared with the repaged full transfer for decode64): the load fails from the
+    first held block, so vLLM fails the request ("fail") or recomputes it ("recompute"),
+    and the stale pages are never served."""
+    base = prompt(600 + len(decoder), 128)
+    first, second = base[:100], base[:64] + prompt(601 + len(decoder), 60)
+    p1 = prefill(engines, [first])[0]
+    assert decode(engines[decoder], [first], [p1])[0]["finish_reason"] == "length"
+    engines[decoder].ask({"corrupt": {"layer": 0, "delta": 0.25}})
+    before = engines[decoder].stats()
+    p2 = prefill(engines, [second])[0]
+    out = decode(engines[decoder], [second], [p2])[0]
+    after = engines[decoder].stats()
+    assert after["verification_failures"] - before["verification_failures"] == 1
+    if policy == "fail":
+        assert out["finish_reason"] == "error"
+    else:
+        assert out["finish_reason"] == "length"
+        assert out["tokens"] == single(engines, [second])[0]

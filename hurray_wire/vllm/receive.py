@@ -29,6 +29,7 @@ from hurray_wire.errors import (
     TransportError,
 )
 from hurray_wire.fingerprint import EngineFingerprint, differences, fingerprint_from_metadata
+from hurray_wire.integrity.delta import encode_known_pages
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.repage import repage
@@ -61,7 +62,9 @@ class PulledPages:
 @dataclass
 class LoadResult:
     """What a pull ended with: the pages, or the request's block positions that failed (from
-    ``failed_from`` on: vLLM recomputes from the first failed block anyway) and why."""
+    ``failed_from`` on: vLLM recomputes from the first failed block anyway) and why. Both
+    when a held page was stale: the pages (from ``failed_from``, repairing it) land, and
+    the blocks from ``failed_from`` are still reported."""
 
     pages: PulledPages | None
     failed_from: int | None = None
@@ -188,11 +191,7 @@ def _check_sizes(theirs: EngineFingerprint, params: TransferParams) -> None:
 def _read_stream(
     sock: socket.socket, ask: _Ask, store: PageStore | None
 ) -> tuple[Blobs, EngineFingerprint, int]:
-    """The transfer's stream; with held pages (refs filled from ``store``) every blob is
-    read and the failed pages of all of them raised at the end, so that the block
-    positions that failed are all known."""
-    reader = StreamReader(sock, record_deadline=ask.timeout, page_store=store,
-                          on_page_error="report" if store is not None else "raise")  # fmt: skip
+    reader = StreamReader(sock, record_deadline=ask.timeout, page_store=store)
     header = reader.header
     theirs, _ = _check_header(
         None if header is None else header.fingerprint,
@@ -201,23 +200,15 @@ def _read_stream(
     )
     _check_sizes(theirs, ask.params)
     tensors: Blobs = {}
-    failed: set[tuple[int, int]] = set()
     for layer in range(ask.num_layers):
         for role in ROLES:
             tensor = next(reader, None)
             if tensor is None:
                 raise TransportError("the stream ended early", layer=layer, role=role)
             _expect_tensor(tensor, layer, role, ask.pages, ask.tokens)
-            if reader.page_report is not None:
-                failed.update(reader.page_report.positions)
             tensors[(layer, role)] = tensor
     if next(reader, None) is not None:
         raise TransportError("the stream carries more blobs than layers")
-    if failed:
-        raise PageDigestError(
-            "pages of the transfer fail their digests or the held pages they reference",
-            positions=tuple(sorted(failed)),
-        )
     return tensors, theirs, reader.position
 
 
@@ -246,7 +237,8 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
             np.array(tensor.seq_ptr), seq_lens=np.array(tensor.seq_lens),
             kv_role=role, layer_index=layer,
         )  # fmt: skip
-        wire += tensor.page_pool.nbytes
+        # the pool bytes that travelled: the held pages came as references (no bytes)
+        wire += tensor.page_pool.nbytes // max(ask.pages, 1) * (ask.pages - ask.held)
     if found is None or len(tensors) != 2 * ask.num_layers:
         raise TransportError("the NIXL transfer ended early")
     _check_sizes(found[0], ask.params)
@@ -274,6 +266,8 @@ def _fetch(
             "decode_rank": ask.ours.tp_rank,
             "decode_tp_size": ask.ours.tp_size,
         }
+        if store is not None:  # the delta protocol: what this worker holds, by digest
+            line["known_pages"] = base64.b64encode(encode_known_pages(store.digests())).decode()
         if nixl is None:
             _send_line(sock, line)
             _answer(sock)
@@ -295,18 +289,6 @@ def _fetch(
             receiver.page_store = None
         _read_line(sock)  # the sender's "done"
         return found
-
-
-def _failed_from(exc: BaseException, first_block: int, held: bool, nixl: bool) -> int:
-    """The first block position a failed pull leaves unverified. Nothing lands, so never
-    after ``first_block``; with held pages, a failed held page moves it down to that page,
-    and over NIXL to 0 (its receiver stops at the first failing blob, a decode error
-    wrapped in a ``TransportError``: the later blobs' held pages are unchecked)."""
-    if held and nixl:
-        return 0
-    if held and isinstance(exc, PageDigestError) and exc.positions:
-        return min(first_block, min(page for _, page in exc.positions))
-    return first_block
 
 
 def pull(
@@ -383,21 +365,28 @@ def pull(
                 pool = np.asarray(tensor.page_pool)[np.asarray(tensor.block_table).reshape(-1)]
                 pair.append(pool)
             layers.append((pair[0], pair[1]))
-        bad = held.first_mismatch(layers) if held is not None and checking else None
-        if bad is not None:
-            raise PageDigestError(
-                "a page the decode worker holds (its prefix cache) is not the prefill "
-                "worker's page for that position", positions=((0, bad),),
-            )  # fmt: skip
     except (HurrayWireError, OSError) as exc:
         # A failed page digest leaves the later blobs unread: every block from first_block
         # on is unverified (PageDigestError.positions, named in the log, are the first).
         err = exc if isinstance(exc, HurrayWireError) else TransportError(f"connection: {exc}")
-        start = _failed_from(err, first_block, checking, nixl is not None)
-        return LoadResult(None, failed_from=start, error=err)
+        return LoadResult(None, failed_from=first_block, error=err)
+    # A held page that differs from the transfer's (stale or poisoned in the decode
+    # engine's pool) is repaired with the transfer's verified page, and the blocks from it
+    # on are still reported: vLLM fails the request or recomputes; either way the stale
+    # page is never served, and a retry's prefix-cache hit finds the repaired block.
+    bad = held.first_mismatch(layers) if held is not None and checking else None
+    start = first_block if bad is None else bad
     if first_page == 0:
-        layers = [(k[first_block:], v[first_block:]) for k, v in layers]
+        layers = [(k[start:], v[start:]) for k, v in layers]
     converted = tuple(k for k in ("tp_size", "block_size")
                       if getattr(params, k) != getattr(ours, k))  # fmt: skip
-    tokens = params.num_tokens - first_block * ours.block_size
-    return LoadResult(PulledPages(first_block, layers, tokens, wire, converted))
+    tokens = params.num_tokens - start * ours.block_size
+    pulled = PulledPages(start, layers, tokens, wire, converted)
+    if bad is None:
+        return LoadResult(pulled)
+    stale = PageDigestError(
+        "a page the decode worker holds (its prefix cache) is not the prefill worker's page "
+        "for that position: repaired from the transfer, the load reported failed from there",
+        positions=((0, bad),), field="held_pages", found=bad,
+    )  # fmt: skip
+    return LoadResult(pulled, failed_from=bad, error=stale)

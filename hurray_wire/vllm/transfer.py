@@ -15,6 +15,7 @@ request that is not the transfer's).
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
@@ -30,7 +31,7 @@ import numpy.typing as npt
 from hurray_wire.containers import StreamHeader, StreamWriter
 from hurray_wire.errors import HurrayWireError, TransferRefusedError, TransportError
 from hurray_wire.fingerprint import EngineFingerprint, fingerprint_to_metadata
-from hurray_wire.integrity.digests import page_digests
+from hurray_wire.integrity.delta import decode_known_pages
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.vllm.params import PARAM_KEYS, TransferParams, prompt_digest
 from hurray_wire.vllm.peers import NixlPeers
@@ -41,12 +42,12 @@ __all__ = [
     "TransferParams",
     "TransferServer",
     "TransferStore",
-    "held_digests",
+    "known_pages",
     "prompt_digest",
     "serve_one",
 ]
 
-MAX_LINE = 1 << 16  # bytes of one control line
+MAX_LINE = 1 << 20  # bytes of one control line (an ask carries the held pages' digests)
 MAX_TP = 1 << 16  # the most TP ranks a pull may name
 ROLES = ("key", "value")
 
@@ -222,7 +223,7 @@ def _read_line(sock: socket.socket) -> dict[str, Any]:
             raise TransportError("the peer closed the connection before its control line")
         buf += chunk
         if len(buf) > MAX_LINE:
-            raise TransportError("a control line over 64 KiB", found=len(buf))
+            raise TransportError(f"a control line over {MAX_LINE} bytes", found=len(buf))
     try:
         obj = json.loads(buf)
     except ValueError as exc:
@@ -262,13 +263,25 @@ def _tensors(
             )
 
 
-def held_digests(tensor: BlockPagedTensor, held: int) -> npt.NDArray[np.uint64] | None:
-    """The digests of the first ``held`` pages, which then travel as page references
-    (digest, no bytes: the delta protocol of docs/integrity.md § 5) for the decode worker
-    to re-hash where it holds them."""
-    if not held:
+def known_pages(ask: Mapping[str, Any], transfer: _Transfer, num_layers: int) -> Any:
+    """The digests the decode worker says it holds (its prefix-cache pages, hashed where
+    they sit): the known-pages record of the delta protocol (docs/integrity.md § 5.1),
+    base64 in the ask. Pages of the transfer with one of these digests travel as page
+    references; a held page that went stale has a digest the transfer does not produce,
+    so the transfer's page for it travels in full and the decode worker repairs it."""
+    record = ask.get("known_pages")
+    if record is None:
         return None
-    return np.unique(page_digests(tensor)[:held])
+    if not isinstance(record, str):
+        raise TransferRefusedError("known_pages must be base64", reason="known_pages",
+                                   field="known_pages", found=type(record).__name__)  # fmt: skip
+    try:
+        data = base64.b64decode(record, validate=True)
+        limit = 2 * num_layers * len(transfer.block_ids)
+        return decode_known_pages(data, max_entries=limit)
+    except (ValueError, HurrayWireError) as exc:
+        raise TransferRefusedError(f"known_pages: {exc}", reason="known_pages",
+                                   field="known_pages") from None  # fmt: skip
 
 
 def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None = None) -> int:
@@ -283,6 +296,7 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
                 "this prefill worker serves the socket transport only", reason="transport"
             )
         transfer, first, held = store.take(ask)
+        known = known_pages(ask, transfer, store.num_layers)
     except TransferRefusedError as exc:
         _send_line(conn, {"ok": False, "reason": exc.reason, "message": str(exc)})
         return 0
@@ -295,7 +309,7 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
         total = 0
         for tensor in _tensors(transfer, store.num_layers, first, meta):
             sender.publish(tensor, mode="staged", checksum=False, page_digests=True,
-                           known_pages=held_digests(tensor, held))  # fmt: skip
+                           known_pages=known)  # fmt: skip
             total += tensor.page_pool.nbytes
         sender.wait(deadline=nixl.timeout)
         _send_line(conn, {"done": True})
@@ -311,7 +325,7 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
     writer = StreamWriter(conn, header)
     for tensor in _tensors(transfer, store.num_layers, first):
         writer.write(tensor, checksum=False, page_digests=True,
-                     known_pages=held_digests(tensor, held))  # fmt: skip
+                     known_pages=known)  # fmt: skip
     writer.close()
     return writer.position
 
