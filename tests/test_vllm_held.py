@@ -62,12 +62,13 @@ def test_a_stale_held_page_is_repaired_and_reported(layer: int, role: int, block
 def test_held_pages_over_nixl() -> None:
     pytest.importorskip("nixl_cu12")
     results = []
-    for name, held in (("good", lambda ls: held_of(ls, 2)), ("bad", lambda ls: stale(ls, 1, 0, 1))):
+    for name in ("good", "bad"):
         with producer() as (server, params, layers):
+            held = held_of(layers, 2) if name == "good" else stale(layers, 1, 0, 1)
             server.nixl = NixlPeers(f"held-p-{name}", timeout=20)
             peers = NixlPeers(f"held-d-{name}", timeout=20)
             try:
-                results.append(rc.pull(params, FP, LAYERS, first_block=2, held=held(layers),
+                results.append(rc.pull(params, FP, LAYERS, first_block=2, held=held,
                                        timeout=20, nixl=peers))  # fmt: skip
             finally:
                 peers.close()
