@@ -1,8 +1,8 @@
 """The prefix-cache delta of hurray_wire.vllm: the decode worker sends the digests of the
 pages it holds (hashed where they sit), the prefill worker sends those pages as page
 references (digest, no bytes); a held page that went stale has a digest the transfer does
-not produce, so its page comes in full: the decode worker repairs it and reports the load
-failed from that block on, over the socket and NIXL."""
+not produce, so its page comes in full and the decode worker overwrites the held page (and
+every one after it) with the transfer's, over the socket and NIXL."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hurray_wire.errors import PageDigestError
 from hurray_wire.vllm import receive as rc
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.peers import NixlPeers
@@ -44,14 +43,17 @@ def stale(layers: list[Any], layer: int, role: int, block: int) -> HeldPages:
 
 
 @pytest.mark.parametrize(("layer", "role", "block"), [(0, 0, 0), (1, 1, 1), (1, 0, 1)])
-def test_a_stale_held_page_is_repaired_and_reported(layer: int, role: int, block: int) -> None:
+def test_a_stale_held_page_is_overwritten_with_the_transfers(
+    layer: int, role: int, block: int
+) -> None:
     with producer() as (_, params, layers):
         good = rc.pull(params, FP, LAYERS, first_block=2, held=held_of(layers, 2), timeout=5)
     with producer() as (_, params, layers):
         result = rc.pull(params, FP, LAYERS, first_block=2, held=stale(layers, layer, role, block),
                          timeout=5)  # fmt: skip
-    assert isinstance(result.error, PageDigestError) and result.failed_from == block
+    assert result.error is None and result.failed_from is None
     assert result.pages is not None and result.pages.first_block == block
+    assert result.pages.repaired == 2 - block
     for (key, value), (k, v) in zip(result.pages.layers, layers, strict=True):
         np.testing.assert_array_equal(key, k[block:])  # the transfer's pages, from the stale one
         np.testing.assert_array_equal(value, v[block:])
@@ -75,6 +77,6 @@ def test_held_pages_over_nixl() -> None:
     good, bad = results
     assert good.pages is not None and good.error is None, good.error
     np.testing.assert_array_equal(good.pages.layers[0][0], layers[0][0][2:])
-    assert isinstance(bad.error, PageDigestError) and bad.failed_from == 1
-    assert bad.pages is not None and bad.pages.first_block == 1
+    assert bad.error is None and bad.pages is not None
+    assert bad.pages.first_block == 1 and bad.pages.repaired == 1
     np.testing.assert_array_equal(bad.pages.layers[1][0], layers[1][0][1:])

@@ -205,5 +205,6 @@ def test_held_pages_are_checked_after_conversion() -> None:
     with prefill(4, 1, full) as (params, _):
         bad = rc.pull(params, ours, LAYERS, first_block=2, num_kv_heads=4, timeout=5,
                       held=HeldPages.from_pages(held))  # fmt: skip
-    assert bad.failed_from == 1 and bad.pages is not None and bad.pages.first_block == 1
+    assert bad.error is None and bad.pages is not None
+    assert bad.pages.first_block == 1 and bad.pages.repaired == 1
     np.testing.assert_array_equal(bad.pages.layers[1][1], full[1][1][1:, :, want])  # repaired

@@ -4,8 +4,8 @@ The engine tests start a prefill engine and a decode engine this way (vLLM's con
 parallel state are per process, so two engines cannot share one). Commands:
 ``{"generate": [{"prompt": [ids], "max_tokens": n, "params": {...}|null}, ...]}`` ->
 ``[{"tokens", "finish_reason", "params"}]`` plus the call's wall time in ``"seconds"``
-of the first entry; ``{"stats": true}`` -> the connector's totals; ``{"corrupt": {"layer", "delta"}}`` adds
-``delta`` to every page of that layer's cache (a control);
+of the first entry; ``{"stats": true}`` -> the connector's totals;
+``{"corrupt": {"layer", "delta"}}`` adds ``delta`` to that layer's whole cache (a control);
 ``{"quit": true}``.
 """
 
@@ -44,6 +44,10 @@ def main() -> None:
         kv_transfer_config=KVTransferConfig(**kv) if kv else None,
         seed=0,
         enforce_eager=spec.get("enforce_eager", True),
+        # TP > 1: vLLM's multiprocessing executor, one worker process (and connector
+        # worker) per rank; the engine core itself stays in this process.
+        tensor_parallel_size=spec.get("tp", 1),
+        distributed_executor_backend="mp" if spec.get("tp", 1) > 1 else None,
     )
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()

@@ -256,21 +256,22 @@ def test_shared_prefix_moves_only_new_pages(engines: dict[str, Engine], decoder:
     delta = after["bytes_received"] - mid["bytes_received"]  # 2 new pages of 124 tokens
     assert after["pages_reused"] - mid["pages_reused"] == 2
     # the 2 held pages were re-hashed in the decode engine's pool and matched
-    assert after["verification_failures"] == mid["verification_failures"]
+    assert after["pages_repaired"] == mid["pages_repaired"]
     assert delta < full * 0.6, (delta, full)
     print(json.dumps({"decoder": decoder, "full_bytes": full, "delta_bytes": delta}))
 
 
-@pytest.mark.parametrize(("decoder", "policy"), [("decode", "fail"), ("decode64", "recompute")])
+@pytest.mark.parametrize("decoder", ["decode", "decode_nixl", "decode64"])
 def test_a_stale_held_prefix_page_is_detected_not_served(
-    engines: dict[str, Engine], decoder: str, policy: str
+    engines: dict[str, Engine], decoder: str
 ) -> None:
     """The decode engine's prefix cache holds the shared prefix's blocks; they are made
     stale in its pool before the second request. The held pages are re-hashed where they
-    sit against the prefill side's digests (sent as page references with equal block
-    sizes; compared with the repaged full transfer for decode64): the load fails from the
-    first held block, so vLLM fails the request ("fail") or recomputes it ("recompute"),
-    and the stale pages are never served."""
+    sit: their digests no longer match the prefill side's pages (sent as page references
+    for the matching ones, in full for the others; compared with the repaged full transfer
+    for decode64), so the stale pages are overwritten with the transfer's verified pages
+    and the tokens are the single engine's. Without the check the stale page is served and
+    the tokens differ (seen while building this: from the third token on)."""
     base = prompt(600 + len(decoder), 128)
     first, second = base[:100], base[:64] + prompt(601 + len(decoder), 60)
     p1 = prefill(engines, [first])[0]
@@ -280,9 +281,8 @@ def test_a_stale_held_prefix_page_is_detected_not_served(
     p2 = prefill(engines, [second])[0]
     out = decode(engines[decoder], [second], [p2])[0]
     after = engines[decoder].stats()
-    assert after["verification_failures"] - before["verification_failures"] == 1
-    if policy == "fail":
-        assert out["finish_reason"] == "error"
-    else:
-        assert out["finish_reason"] == "length"
-        assert out["tokens"] == single(engines, [second])[0]
+    held = 2 if decoder != "decode64" else 1  # 64 shared tokens: blocks of 32 or of 64
+    assert after["pages_repaired"] - before["pages_repaired"] == held
+    assert after["pages_reused"] - before["pages_reused"] == 0
+    assert out["finish_reason"] == "length"
+    assert out["tokens"] == single(engines, [second])[0]

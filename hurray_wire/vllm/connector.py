@@ -72,6 +72,7 @@ _COUNTERS = (
     "bytes_received",
     "pages_sent",
     "pages_reused",
+    "pages_repaired",
     "verification_failures",
     "transfer_time_s",
 )
@@ -107,7 +108,8 @@ class HurrayConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 @dataclass
 class HurrayConnectorStats(KVConnectorStats):  # type: ignore[misc]
     """Counters since the last report: transfers, bytes and pages sent, pages the decode
-    side already held (``pages_reused``), verification failures, transfer seconds."""
+    side already held (``pages_reused``) and held pages that differed from the transfer's
+    and were overwritten (``pages_repaired``), verification failures, transfer seconds."""
 
     def __post_init__(self) -> None:
         for name in _COUNTERS:
@@ -515,7 +517,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     self._land(load, result)
                 except HurrayWireError as exc:
                     result = LoadResult(None, failed_from=load.first_block, error=exc)
-            if result.pages is None or result.failed_from is not None:
+            if result.pages is None:
                 self._count("verification_failures", 1)
                 start = load.first_block if result.failed_from is None else result.failed_from
                 self._invalid.update(load.block_ids[start:])
@@ -523,7 +525,12 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 continue
             self._count("transfers", 1)
             self._count("bytes_received", result.pages.wire_bytes)
-            self._count("pages_reused", load.first_block)
+            self._count("pages_reused", load.first_block - result.pages.repaired)
+            if result.pages.repaired:
+                self._count("pages_repaired", result.pages.repaired)
+                logger.warning("HurrayConnector: request %s: %d held prefix-cache pages differ "
+                               "from the transfer's, overwritten with them", rid,
+                               result.pages.repaired)  # fmt: skip
             self._count("transfer_time_s", seconds)
         self._sync_server()
         return None, received or None

@@ -24,7 +24,6 @@ from hurray_wire.errors import (
     ArgumentTypeError,
     HurrayWireError,
     IncompatibleFingerprintError,
-    PageDigestError,
     TransferRefusedError,
     TransportError,
 )
@@ -50,21 +49,22 @@ CONVERTIBLE = ("tp_rank", "tp_size", "block_size")
 class PulledPages:
     """Validated pages for the decode worker's blocks: per layer, key and value
     ``[pages, block_size, heads, head_dim]`` in the decode engine's block size, page ``i``
-    for the request's block ``first_block + i``."""
+    for the request's block ``first_block + i``. ``repaired``: held blocks (before the
+    request's first block to load) whose pages differed from the transfer's and are
+    overwritten with them."""
 
     first_block: int
     layers: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]
     num_tokens: int  # the tokens these pages hold (the last page may be partial)
     wire_bytes: int
     converted: tuple[str, ...] = ()
+    repaired: int = 0
 
 
 @dataclass
 class LoadResult:
     """What a pull ended with: the pages, or the request's block positions that failed (from
-    ``failed_from`` on: vLLM recomputes from the first failed block anyway) and why. Both
-    when a held page was stale: the pages (from ``failed_from``, repairing it) land, and
-    the blocks from ``failed_from`` are still reported."""
+    ``failed_from`` on: vLLM recomputes from the first failed block anyway) and why."""
 
     pages: PulledPages | None
     failed_from: int | None = None
@@ -370,10 +370,12 @@ def pull(
         # on is unverified (PageDigestError.positions, named in the log, are the first).
         err = exc if isinstance(exc, HurrayWireError) else TransportError(f"connection: {exc}")
         return LoadResult(None, failed_from=first_block, error=err)
-    # A held page that differs from the transfer's (stale or poisoned in the decode
-    # engine's pool) is repaired with the transfer's verified page, and the blocks from it
-    # on are still reported: vLLM fails the request or recomputes; either way the stale
-    # page is never served, and a retry's prefix-cache hit finds the repaired block.
+    # A held page that differs from the transfer's is overwritten with the transfer's
+    # verified page, with every page after it: a stale or poisoned prefix-cache page is
+    # never served. Not a load error: a held page the decode engine computed itself (another
+    # TP degree or batch shape) differs in its last bits from the prefill engine's, and for
+    # an async load vLLM's recompute would free the blocks and hit the same cached block
+    # again (v1/core/sched/scheduler.py, _update_waiting_for_remote_kv).
     bad = held.first_mismatch(layers) if held is not None and checking else None
     start = first_block if bad is None else bad
     if first_page == 0:
@@ -381,12 +383,4 @@ def pull(
     converted = tuple(k for k in ("tp_size", "block_size")
                       if getattr(params, k) != getattr(ours, k))  # fmt: skip
     tokens = params.num_tokens - start * ours.block_size
-    pulled = PulledPages(start, layers, tokens, wire, converted)
-    if bad is None:
-        return LoadResult(pulled)
-    stale = PageDigestError(
-        "a page the decode worker holds (its prefix cache) is not the prefill worker's page "
-        "for that position: repaired from the transfer, the load reported failed from there",
-        positions=((0, bad),), field="held_pages", found=bad,
-    )  # fmt: skip
-    return LoadResult(pulled, failed_from=bad, error=stale)
+    return LoadResult(PulledPages(start, layers, tokens, wire, converted, first_block - start))
