@@ -270,13 +270,17 @@ def test_a_stale_held_prefix_page_is_detected_not_served(
     sit: their digests no longer match the prefill side's pages (sent as page references
     for the matching ones, in full for the others; compared with the repaged full transfer
     for decode64), so the stale pages are overwritten with the transfer's verified pages
-    and the tokens are the single engine's. Without the check the stale page is served and
-    the tokens differ (seen while building this: from the third token on)."""
+    and the tokens are the single engine's; a local request served from the same stale
+    pages (no transfer, nothing to check against) gives other tokens."""
     base = prompt(600 + len(decoder), 128)
     first, second = base[:100], base[:64] + prompt(601 + len(decoder), 60)
     p1 = prefill(engines, [first])[0]
     assert decode(engines[decoder], [first], [p1])[0]["finish_reason"] == "length"
     engines[decoder].ask({"corrupt": {"layer": 0, "delta": 0.25}})
+    # the control: served from the stale prefix-cache pages, a local request's tokens differ
+    local = base[:64] + prompt(602 + len(decoder), 40)
+    served = engines[decoder].generate([{"prompt": local, "max_tokens": MAX_TOKENS}])[0]
+    assert served["tokens"] != single(engines, [local])[0]
     before = engines[decoder].stats()
     p2 = prefill(engines, [second])[0]
     out = decode(engines[decoder], [second], [p2])[0]
