@@ -22,6 +22,7 @@ from hurray_wire.errors import (
     TransportError,
 )
 from hurray_wire.fingerprint import EngineFingerprint
+from hurray_wire.vllm import receive as rc
 from hurray_wire.vllm import transfer as tr
 from hurray_wire.vllm.peers import NixlPeers
 
@@ -70,7 +71,7 @@ def producer(
 
 def test_pull_returns_the_stored_pages_and_counts_bytes() -> None:
     with producer() as (server, params, layers):
-        result = tr.pull(params, FP, LAYERS, expect_digest=tr.prompt_digest(PROMPT), timeout=5)
+        result = rc.pull(params, FP, LAYERS, expect_digest=tr.prompt_digest(PROMPT), timeout=5)
     assert result.error is None and result.pages is not None
     for (key, value), (k, v) in zip(result.pages.layers, layers, strict=True):
         np.testing.assert_array_equal(key, k)
@@ -96,9 +97,9 @@ def test_params_round_trip_and_bad_params() -> None:
 
 def test_prefix_pages_held_are_not_sent() -> None:
     with producer() as (_, params, layers):
-        full = tr.pull(params, FP, LAYERS, timeout=5)
+        full = rc.pull(params, FP, LAYERS, timeout=5)
     with producer() as (_, params, layers):
-        delta = tr.pull(params, FP, LAYERS, first_block=2, timeout=5)
+        delta = rc.pull(params, FP, LAYERS, first_block=2, timeout=5)
     assert full.pages is not None and delta.pages is not None
     # two pages fewer in each of the 4 blobs (the padded digest section keeps its size)
     saved = full.pages.wire_bytes - delta.pages.wire_bytes
@@ -110,7 +111,7 @@ def test_prefix_pages_held_are_not_sent() -> None:
 def test_other_block_size_is_repaged() -> None:
     ours = replace(FP, block_size=8)
     with producer() as (_, params, layers):
-        result = tr.pull(params, ours, LAYERS, timeout=5)
+        result = rc.pull(params, ours, LAYERS, timeout=5)
     assert result.pages is not None and result.pages.converted == ("block_size",)
     key = result.pages.layers[0][0]
     assert key.shape == (2, 8, H, D)
@@ -120,19 +121,18 @@ def test_other_block_size_is_repaged() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("model_id", "other"), ("cache_dtype", "bfloat16"), ("kv_cache_layout", "CPU_ATTN/amx"),
-     ("tp_size", 2)],
+    [("model_id", "other"), ("cache_dtype", "bfloat16"), ("kv_cache_layout", "CPU_ATTN/amx")],
 )  # fmt: skip
 def test_foreign_engine_is_refused_naming_the_field(field: str, value: Any) -> None:
     with producer() as (_, params, _layers):
-        result = tr.pull(params, replace(FP, **{field: value}), LAYERS, timeout=5)
+        result = rc.pull(params, replace(FP, **{field: value}), LAYERS, timeout=5)
     assert result.pages is None and result.failed_from == 0
     assert isinstance(result.error, IncompatibleFingerprintError)
     assert field in result.error.differences and field in str(result.error)
 
 
 def refused(params: tr.TransferParams, **kw: Any) -> TransferRefusedError:
-    result = tr.pull(params, FP, LAYERS, timeout=5, **kw)
+    result = rc.pull(params, FP, LAYERS, timeout=5, **kw)
     assert result.pages is None
     assert isinstance(result.error, TransferRefusedError), result.error
     return result.error
@@ -140,7 +140,7 @@ def refused(params: tr.TransferParams, **kw: Any) -> TransferRefusedError:
 
 def test_52234_consumed_reference_reused() -> None:
     with producer() as (_, params, _layers):
-        assert tr.pull(params, FP, LAYERS, timeout=5).pages is not None
+        assert rc.pull(params, FP, LAYERS, timeout=5).pages is not None
         assert refused(params).reason == "consumed"
 
 
@@ -159,7 +159,7 @@ def test_52234_references_that_are_not_the_transfer(change: dict[str, Any], reas
     with producer() as (_, params, _layers):
         assert refused(replace(params, **change)).reason == reason
         # the refused pull did not consume it
-        assert tr.pull(params, FP, LAYERS, timeout=5).pages is not None
+        assert rc.pull(params, FP, LAYERS, timeout=5).pages is not None
 
 
 def test_52234_stale_reference_for_another_prompt() -> None:
@@ -211,7 +211,7 @@ def flipping_proxy(target: int, where: float) -> Iterator[int]:
 @pytest.mark.parametrize("where", [0.3, 0.6, 0.9])
 def test_a_flipped_byte_fails_the_pull(where: float) -> None:
     with producer() as (_, params, _layers), flipping_proxy(params.port, where) as port:
-        result = tr.pull(replace(params, port=port), FP, LAYERS, first_block=1, timeout=5)
+        result = rc.pull(replace(params, port=port), FP, LAYERS, first_block=1, timeout=5)
     assert result.pages is None and result.failed_from == 1
     assert result.error is not None
 
@@ -246,7 +246,7 @@ def test_a_peer_that_is_not_there_is_a_transport_error() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     params = tr.TransferParams("t", "r", "127.0.0.1", port, (1,), 3, B, "d")
-    result = tr.pull(params, FP, LAYERS, timeout=2)
+    result = rc.pull(params, FP, LAYERS, timeout=2)
     assert isinstance(result.error, TransportError) and result.failed_from == 0
 
 
@@ -267,12 +267,12 @@ def test_pull_over_nixl_equals_the_socket_pull() -> None:
             store.begin(tid, f"r{n}", params.block_ids, len(PROMPT), params.prompt_digest)
             for layer, (key, value) in enumerate(layers):
                 store.add_layer(tid, layer, key, value)
-            result = tr.pull(params, FP, LAYERS, first_block=first, timeout=20, nixl=peers_d)
+            result = rc.pull(params, FP, LAYERS, first_block=first, timeout=20, nixl=peers_d)
             assert result.error is None and result.pages is not None
             for (key, value), (k, v) in zip(result.pages.layers, layers, strict=True):
                 np.testing.assert_array_equal(key, k[first:])
                 np.testing.assert_array_equal(value, v[first:])
-            again = tr.pull(params, FP, LAYERS, timeout=20, nixl=peers_d)
+            again = rc.pull(params, FP, LAYERS, timeout=20, nixl=peers_d)
             assert isinstance(again.error, TransferRefusedError)
             assert again.error.reason == "consumed"
     finally:
@@ -285,7 +285,7 @@ def test_a_socket_only_prefill_refuses_a_nixl_pull() -> None:
     peers = NixlPeers("t-decode-2", timeout=5, arena_bytes=1 << 20)
     try:
         with producer() as (_, params, _layers):
-            result = tr.pull(params, FP, LAYERS, timeout=5, nixl=peers)
+            result = rc.pull(params, FP, LAYERS, timeout=5, nixl=peers)
         assert isinstance(result.error, TransferRefusedError)
         assert result.error.reason == "transport"
     finally:
@@ -321,11 +321,11 @@ def test_concurrent_nixl_pulls_from_one_prefill_worker() -> None:
                 tr.prompt_digest(PROMPT),
             )
         )
-    results: list[tr.LoadResult] = []
+    results: list[rc.LoadResult] = []
     try:
         threads = [
             threading.Thread(
-                target=lambda p=p: results.append(tr.pull(p, FP, LAYERS, timeout=20, nixl=peers))
+                target=lambda p=p: results.append(rc.pull(p, FP, LAYERS, timeout=20, nixl=peers))
             )
             for p in all_params
         ]

@@ -91,7 +91,7 @@ def decode_params() -> dict[str, Any]:
             "hurray_transfer_id": "t" * 32, "remote_request_id": "p-1",
             "remote_host": "127.0.0.1", "remote_port": 24998, "remote_block_ids": [4, 5, 6],
             "remote_num_tokens": len(PROMPT), "remote_block_size": 32,
-            "prompt_digest": prompt_digest(PROMPT)}  # fmt: skip
+            "prompt_digest": prompt_digest(PROMPT), "remote_tp_size": 1}  # fmt: skip
 
 
 def waiting_load(model_dir: Path, policy: str) -> tuple[Any, Any, list[int]]:

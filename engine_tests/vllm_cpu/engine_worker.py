@@ -5,6 +5,7 @@ parallel state are per process, so two engines cannot share one). Commands:
 ``{"generate": [{"prompt": [ids], "max_tokens": n, "params": {...}|null}, ...]}`` ->
 ``[{"tokens", "finish_reason", "params"}]`` plus the call's wall time in ``"seconds"``
 of the first entry; ``{"stats": true}`` -> the connector's totals;
+``{"corrupt": {"layer", "delta"}}`` adds ``delta`` to that layer's whole cache (a control);
 ``{"quit": true}``.
 """
 
@@ -43,6 +44,10 @@ def main() -> None:
         kv_transfer_config=KVTransferConfig(**kv) if kv else None,
         seed=0,
         enforce_eager=spec.get("enforce_eager", True),
+        # TP > 1: vLLM's multiprocessing executor, one worker process (and connector
+        # worker) per rank; the engine core itself stays in this process.
+        tensor_parallel_size=spec.get("tp", 1),
+        distributed_executor_backend="mp" if spec.get("tp", 1) > 1 else None,
     )
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
@@ -76,6 +81,15 @@ def main() -> None:
                 for r in results
             ]
             answer[0]["seconds"] = seconds
+        elif "corrupt" in cmd:
+            # A control: every page of one layer's cache in the decode engine's pool made
+            # stale (+delta), as a poisoned or stale prefix-cache page would be; blocks in
+            # use later are overwritten by vLLM or the connector, the cached ones are not.
+            from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+            cache = get_kv_transfer_group()._caches[cmd["corrupt"]["layer"]]
+            cache.add_(cmd["corrupt"]["delta"])
+            answer = {"ok": True}
         elif cmd.get("stats"):
             from vllm.distributed.kv_transfer import get_kv_transfer_group
 

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from hurray_wire.fingerprint import EngineFingerprint
-from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, pull
+from hurray_wire.vllm.receive import pull
+from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore
 
 from .conftest import Engine, free_port
 
@@ -254,5 +255,38 @@ def test_shared_prefix_moves_only_new_pages(engines: dict[str, Engine], decoder:
     full = mid["bytes_received"] - before["bytes_received"]  # 4 pages of 100 tokens
     delta = after["bytes_received"] - mid["bytes_received"]  # 2 new pages of 124 tokens
     assert after["pages_reused"] - mid["pages_reused"] == 2
+    # the 2 held pages were re-hashed in the decode engine's pool and matched
+    assert after["pages_repaired"] == mid["pages_repaired"]
     assert delta < full * 0.6, (delta, full)
     print(json.dumps({"decoder": decoder, "full_bytes": full, "delta_bytes": delta}))
+
+
+@pytest.mark.parametrize("decoder", ["decode", "decode_nixl", "decode64"])
+def test_a_stale_held_prefix_page_is_detected_not_served(
+    engines: dict[str, Engine], decoder: str
+) -> None:
+    """The decode engine's prefix cache holds the shared prefix's blocks; they are made
+    stale in its pool before the second request. The held pages are re-hashed where they
+    sit: their digests no longer match the prefill side's pages (sent as page references
+    for the matching ones, in full for the others; compared with the repaged full transfer
+    for decode64), so the stale pages are overwritten with the transfer's verified pages
+    and the tokens are the single engine's; a local request served from the same stale
+    pages (no transfer, nothing to check against) gives other tokens."""
+    base = prompt(600 + len(decoder), 128)
+    first, second = base[:100], base[:64] + prompt(601 + len(decoder), 60)
+    p1 = prefill(engines, [first])[0]
+    assert decode(engines[decoder], [first], [p1])[0]["finish_reason"] == "length"
+    engines[decoder].ask({"corrupt": {"layer": 0, "delta": 0.25}})
+    # the control: served from the stale prefix-cache pages, a local request's tokens differ
+    local = base[:64] + prompt(602 + len(decoder), 40)
+    served = engines[decoder].generate([{"prompt": local, "max_tokens": MAX_TOKENS}])[0]
+    assert served["tokens"] != single(engines, [local])[0]
+    before = engines[decoder].stats()
+    p2 = prefill(engines, [second])[0]
+    out = decode(engines[decoder], [second], [p2])[0]
+    after = engines[decoder].stats()
+    held = 2 if decoder != "decode64" else 1  # 64 shared tokens: blocks of 32 or of 64
+    assert after["pages_repaired"] - before["pages_repaired"] == held
+    assert after["pages_reused"] - before["pages_reused"] == 0
+    assert out["finish_reason"] == "length"
+    assert out["tokens"] == single(engines, [second])[0]

@@ -39,15 +39,10 @@ from hurray_wire.errors import (
 )
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.peers import NixlPeers
-from hurray_wire.vllm.transfer import (
-    LoadResult,
-    TransferParams,
-    TransferServer,
-    TransferStore,
-    prompt_digest,
-    pull,
-)
+from hurray_wire.vllm.receive import LoadResult, pull
+from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, prompt_digest
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +72,7 @@ _COUNTERS = (
     "bytes_received",
     "pages_sent",
     "pages_reused",
+    "pages_repaired",
     "verification_failures",
     "transfer_time_s",
 )
@@ -112,7 +108,8 @@ class HurrayConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 @dataclass
 class HurrayConnectorStats(KVConnectorStats):  # type: ignore[misc]
     """Counters since the last report: transfers, bytes and pages sent, pages the decode
-    side already held (``pages_reused``), verification failures, transfer seconds."""
+    side already held (``pages_reused``) and held pages that differed from the transfer's
+    and were overwritten (``pages_repaired``), verification failures, transfer seconds."""
 
     def __post_init__(self) -> None:
         for name in _COUNTERS:
@@ -183,6 +180,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._model_id: str = self._options["model_id"] or str(model.model)
         self._num_layers: int = model.get_num_layers(vllm_config.parallel_config)
         self._tp_size: int = vllm_config.parallel_config.tensor_parallel_size
+        self._num_kv_heads: int = model.get_total_num_kv_heads()
         # scheduler side
         self._producing: dict[str, tuple[list[int], list[int]]] = {}  # id -> (blocks, prompt)
         self._transfers: dict[str, TransferParams] = {}
@@ -279,6 +277,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 num_tokens=len(prompt),
                 block_size=self._block_size,
                 prompt_digest=digest,
+                tp_size=self._tp_size,
             )
             meta.saves.append(SaveSpec(rid, tid, blocks[:needed], len(prompt), digest))
         return meta
@@ -309,7 +308,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             )
         if self._kv_transfer_config.is_kv_producer and self._listener is None:
             # Bind now: a taken port stops the engine at start, not at its first request.
-            address = (self._options["host"], self._options["port"])
+            # TP rank r serves its own heads on port + r (docs/vllm.md § TP).
+            address = (self._options["host"], self._options["port"] + self._tp_rank())
             try:
                 self._listener = socket.create_server(address)
             except OSError as exc:
@@ -320,7 +320,6 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def _engine_fingerprint(self) -> EngineFingerprint:
         if self._fingerprint is None:
             import vllm
-            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             ctx = self._vllm_config.compilation_config.static_forward_context
             layer = next(iter(ctx.values())) if ctx else None
@@ -333,10 +332,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     field="backend",
                     found=backend,
                 )
-            try:
-                rank = get_tensor_model_parallel_rank()
-            except (AssertionError, RuntimeError):
-                rank = 0
+            rank = self._tp_rank()
             self._fingerprint = EngineFingerprint(
                 model_id=self._model_id,
                 engine="vllm",
@@ -348,6 +344,14 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 tp_size=self._tp_size,
             )
         return self._fingerprint
+
+    def _tp_rank(self) -> int:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        try:
+            return int(get_tensor_model_parallel_rank())
+        except (AssertionError, RuntimeError):
+            return 0  # no TP group (a single-rank engine built without one)
 
     def _producer_store(self) -> TransferStore:
         if self._store is None:
@@ -390,20 +394,43 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def _pull(self, load: LoadSpec) -> None:
         start = time.perf_counter()
         try:
-            params = TransferParams.from_params(load.params)
-            result = pull(
-                params,
-                self._engine_fingerprint(),
-                self._num_layers,
-                first_block=load.first_block,
-                expect_digest=load.digest,
-                timeout=self._options["timeout"],
-                nixl=self._nixl_peers(),
-            )
+            held = self._held(load)
+        except HurrayWireError as exc:
+            held, result = None, LoadResult(None, failed_from=0, error=exc)
+        try:
+            if held is not None or not load.first_block:
+                params = TransferParams.from_params(load.params)
+                result = pull(
+                    params,
+                    self._engine_fingerprint(),
+                    self._num_layers,
+                    first_block=load.first_block,
+                    expect_digest=load.digest,
+                    timeout=self._options["timeout"],
+                    nixl=self._nixl_peers(),
+                    num_kv_heads=self._num_kv_heads,
+                    held=held,
+                )
         except HurrayWireError as exc:
             result = LoadResult(None, failed_from=load.first_block, error=exc)
         with self._lock:
             self._results[load.request_id] = (load, result, time.perf_counter() - start)
+
+    def _held(self, load: LoadSpec) -> HeldPages | None:
+        """The request's blocks this worker already holds (vLLM's prefix-cache hit), read
+        out of the engine's cache where they sit and hashed (held.py); cached full blocks
+        are not written while the request holds them, so a thread may read them."""
+        ids = load.block_ids[: load.first_block]
+        if not ids:
+            return None
+        self._engine_fingerprint()  # sets the backend and kernel ISA the reading needs
+        layers = []
+        for layer, cache in enumerate(self._caches):
+            pair = from_vllm(cache, [ids], [len(ids) * self._block_size], backend=self._backend,
+                             isa=self._isa, layer_index=layer)  # fmt: skip
+            assert isinstance(pair, tuple)
+            layers.append((_pages(pair[0]), _pages(pair[1])))
+        return HeldPages.from_pages(layers)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Loads are asynchronous (between steps): nothing to wait for inside a forward."""
@@ -498,7 +525,12 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 continue
             self._count("transfers", 1)
             self._count("bytes_received", result.pages.wire_bytes)
-            self._count("pages_reused", load.first_block)
+            self._count("pages_reused", load.first_block - result.pages.repaired)
+            if result.pages.repaired:
+                self._count("pages_repaired", result.pages.repaired)
+                logger.warning("HurrayConnector: request %s: %d held prefix-cache pages differ "
+                               "from the transfer's, overwritten with them", rid,
+                               result.pages.repaired)  # fmt: skip
             self._count("transfer_time_s", seconds)
         self._sync_server()
         return None, received or None

@@ -28,6 +28,7 @@ PARAM_KEYS = (
     "remote_num_tokens",
     "remote_block_size",
     "prompt_digest",
+    "remote_tp_size",
 )
 
 
@@ -51,6 +52,8 @@ class TransferParams:
     num_tokens: int
     block_size: int
     prompt_digest: str
+    #: The prefill engine's TP degree: its rank ``r`` serves its heads on ``port + r``.
+    tp_size: int = 1
 
     def to_params(self) -> dict[str, Any]:
         return {
@@ -64,6 +67,7 @@ class TransferParams:
             "remote_num_tokens": self.num_tokens,
             "remote_block_size": self.block_size,
             "prompt_digest": self.prompt_digest,
+            "remote_tp_size": self.tp_size,
         }
 
     @classmethod
@@ -90,13 +94,21 @@ class TransferParams:
         port = get("remote_port", int)
         tokens = get("remote_num_tokens", int)
         size = get("remote_block_size", int)
+        tp_size = get("remote_tp_size", int)
         for name, value, low, high in (
+            ("remote_tp_size", tp_size, 1, 1 << 16),
             ("remote_port", port, 1, 65535),
             ("remote_num_tokens", tokens, 0, 1 << 40),
             ("remote_block_size", size, 1, 1 << 20),
         ):
             if not low <= value <= high:
                 raise ArgumentTypeError(f"{name} must be in {low}..{high}", field=name, found=value)
+        if port + tp_size - 1 > 65535:
+            raise ArgumentTypeError(
+                "remote_port + remote_tp_size - 1 must be a port",
+                field="remote_tp_size",
+                found=tp_size,
+            )
         return cls(
             transfer_id=get("hurray_transfer_id", str),
             request_id=get("remote_request_id", str),
@@ -106,4 +118,5 @@ class TransferParams:
             num_tokens=tokens,
             block_size=size,
             prompt_digest=get("prompt_digest", str),
+            tp_size=tp_size,
         )

@@ -1,0 +1,386 @@
+"""The HurrayConnector's transfers, decode side, without vLLM: a pull from the prefill
+ranks a decode rank needs, and every check before a page may land (docs/vllm.md).
+
+Nothing is written into the engine here: ``pull`` returns validated pages in the decode
+engine's block size and TP shard (``tp.convert_heads``, ``repage``), or the first block
+position that cannot be used, for the connector to report through
+``get_block_ids_with_load_errors``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hurray_wire.containers import StreamReader
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    HurrayWireError,
+    IncompatibleFingerprintError,
+    TransferRefusedError,
+    TransportError,
+)
+from hurray_wire.fingerprint import EngineFingerprint, differences, fingerprint_from_metadata
+from hurray_wire.integrity.delta import encode_known_pages
+from hurray_wire.integrity.page_store import PageStore
+from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms.repage import repage
+from hurray_wire.vllm.held import HeldPages
+from hurray_wire.vllm.params import TransferParams
+from hurray_wire.vllm.peers import NixlPeers
+from hurray_wire.vllm.tp import check_convertible, convert_heads, sources
+from hurray_wire.vllm.transfer import ROLES, _read_line, _send_line
+
+__all__ = ["CONVERTIBLE", "LoadResult", "PulledPages", "pull"]
+
+#: Fingerprint fields the decode side converts instead of refusing (the converted pages'
+#: fingerprint is then checked to equal the decode rank's own, ``tp.convert_heads``).
+CONVERTIBLE = ("tp_rank", "tp_size", "block_size")
+
+
+@dataclass
+class PulledPages:
+    """Validated pages for the decode worker's blocks: per layer, key and value
+    ``[pages, block_size, heads, head_dim]`` in the decode engine's block size, page ``i``
+    for the request's block ``first_block + i``. ``repaired``: held blocks (before the
+    request's first block to load) whose pages differed from the transfer's and are
+    overwritten with them."""
+
+    first_block: int
+    layers: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]
+    num_tokens: int  # the tokens these pages hold (the last page may be partial)
+    wire_bytes: int
+    converted: tuple[str, ...] = ()
+    repaired: int = 0
+
+
+@dataclass
+class LoadResult:
+    """What a pull ended with: the pages, or the request's block positions that failed (from
+    ``failed_from`` on: vLLM recomputes from the first failed block anyway) and why."""
+
+    pages: PulledPages | None
+    failed_from: int | None = None
+    error: HurrayWireError | None = None
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """One pull from one prefill rank: what is asked and what the answer must be."""
+
+    params: TransferParams
+    ours: EngineFingerprint
+    num_layers: int
+    rank: int  # the prefill rank pulled (its port: params.port + rank)
+    first_page: int  # pages before it are not sent
+    held: int  # pages before it travel as references (first_page is then 0)
+    timeout: float
+
+    @property
+    def pages(self) -> int:
+        return len(self.params.block_ids) - self.first_page
+
+    @property
+    def tokens(self) -> int:
+        return self.params.num_tokens - self.first_page * self.params.block_size
+
+
+def _check_header(
+    theirs: EngineFingerprint | None, meta: Mapping[str, Any], ask: _Ask
+) -> tuple[EngineFingerprint, tuple[str, ...]]:
+    """The sender's fingerprint against ours and the transfer's identity against the
+    params; returns the fingerprint and the fields to convert (TP degree, block size)."""
+    ours, params = ask.ours, ask.params
+    if theirs is None:
+        raise IncompatibleFingerprintError(
+            "the transfer carries no engine fingerprint", differences={"fingerprint": (ours, None)}
+        )
+    diff = differences(ours, theirs, ignore=CONVERTIBLE)
+    if diff:
+        raise IncompatibleFingerprintError(
+            "the prefill engine's cache does not mean the same here: "
+            + ", ".join(f"{k} {a!r} here, {b!r} there" for k, (a, b) in diff.items()),
+            differences=diff,
+        )
+    expect = {
+        "vllm.transfer_id": params.transfer_id,
+        "vllm.request_id": params.request_id,
+        "vllm.prompt_digest": params.prompt_digest,
+        "vllm.first_page": ask.first_page,
+        "vllm.held_pages": ask.held,
+        "vllm.num_tokens": params.num_tokens,
+    }
+    for key, value in expect.items():
+        if meta.get(key) != value:
+            raise TransferRefusedError(
+                "the stream is not the transfer asked for",
+                reason="stale_content",
+                field=key,
+                expected=value,
+                found=meta.get(key),
+            )
+    for name, value in (("tp_rank", ask.rank), ("tp_size", params.tp_size)):
+        if getattr(theirs, name) != value:
+            raise TransferRefusedError(
+                "the transfer comes from another TP rank than the one asked",
+                reason="stale_content",
+                field=name,
+                expected=value,
+                found=getattr(theirs, name),
+            )
+    converted = tuple(
+        k for k in ("tp_size", "block_size") if getattr(theirs, k) != getattr(ours, k)
+    )
+    return theirs, converted
+
+
+def _expect_tensor(
+    tensor: BlockPagedTensor, layer: int, role: str, pages: int, tokens: int
+) -> None:
+    table = tensor.block_table
+    lens = tensor.seq_lens
+    ok = (
+        tensor.layer_index == layer
+        and tensor.kv_role == role
+        and tensor.page_pool.shape[0] == pages
+        and table is not None
+        and np.array_equal(np.asarray(table).reshape(-1), np.arange(pages))
+        and lens is not None
+        and np.asarray(lens).tolist() == [tokens]
+    )
+    if not ok:
+        raise TransferRefusedError(
+            "a blob that is not the next layer/role of this transfer",
+            reason="stale_content",
+            layer=layer,
+            role=role,
+        )
+
+
+def _answer(sock: socket.socket) -> dict[str, Any]:
+    answer = _read_line(sock)
+    if answer.get("ok") is not True:
+        reason = str(answer.get("reason", "refused"))
+        raise TransferRefusedError(
+            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
+        )
+    return answer
+
+
+Blobs = dict[tuple[int, str], BlockPagedTensor]
+
+
+def _check_sizes(theirs: EngineFingerprint, params: TransferParams) -> None:
+    if theirs.block_size != params.block_size:
+        raise TransferRefusedError(
+            "the transfer's block size is not the params'",
+            reason="stale_content",
+            field="block_size",
+            expected=params.block_size,
+            found=theirs.block_size,
+        )
+
+
+def _read_stream(
+    sock: socket.socket, ask: _Ask, store: PageStore | None
+) -> tuple[Blobs, EngineFingerprint, int]:
+    reader = StreamReader(sock, record_deadline=ask.timeout, page_store=store)
+    header = reader.header
+    theirs, _ = _check_header(
+        None if header is None else header.fingerprint,
+        {} if header is None else header.metadata,
+        ask,
+    )
+    _check_sizes(theirs, ask.params)
+    tensors: Blobs = {}
+    for layer in range(ask.num_layers):
+        for role in ROLES:
+            tensor = next(reader, None)
+            if tensor is None:
+                raise TransportError("the stream ended early", layer=layer, role=role)
+            _expect_tensor(tensor, layer, role, ask.pages, ask.tokens)
+            tensors[(layer, role)] = tensor
+    if next(reader, None) is not None:
+        raise TransportError("the stream carries more blobs than layers")
+    return tensors, theirs, reader.position
+
+
+def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, int]:
+    """Every blob of the transfer over NIXL (validated, page digests checked by the
+    receiver), each carrying the fingerprint and identity in its own metadata."""
+    tensors: Blobs = {}
+    found: tuple[EngineFingerprint, tuple[str, ...]] | None = None
+    wire = 0
+    for tensor in receiver.receive(2 * ask.num_layers, deadline=ask.timeout):
+        meta = tensor.metadata
+        checked = _check_header(fingerprint_from_metadata(meta), meta, ask)
+        if found is not None and checked != found:
+            raise TransferRefusedError("blobs of one transfer disagree", reason="stale_content")
+        found = checked
+        layer, role = tensor.layer_index, tensor.kv_role
+        if not isinstance(layer, int) or (layer, role) in tensors or layer >= ask.num_layers:
+            raise TransferRefusedError(
+                "a blob that is not one of this transfer's", reason="stale_content",
+                layer=layer, role=role,
+            )  # fmt: skip
+        _expect_tensor(tensor, layer, role, ask.pages, ask.tokens)
+        # the receiver's landing region is reused by the next receive: keep a copy
+        tensors[(layer, role)] = BlockPagedTensor.from_arrays(
+            np.array(tensor.page_pool, copy=True), np.array(tensor.block_table),
+            np.array(tensor.seq_ptr), seq_lens=np.array(tensor.seq_lens),
+            kv_role=role, layer_index=layer,
+        )  # fmt: skip
+        # the pool bytes that travelled: the held pages came as references (no bytes)
+        wire += tensor.page_pool.nbytes // max(ask.pages, 1) * (ask.pages - ask.held)
+    if found is None or len(tensors) != 2 * ask.num_layers:
+        raise TransportError("the NIXL transfer ended early")
+    _check_sizes(found[0], ask.params)
+    return tensors, found[0], wire
+
+
+def _fetch(
+    ask: _Ask, nixl: NixlPeers | None, store: PageStore | None
+) -> tuple[Blobs, EngineFingerprint, int]:
+    """One prefill rank's transfer: the ask on its control connection, then its blobs."""
+    params = ask.params
+    address = (params.host, params.port + ask.rank)
+    # One NIXL pull at a time per prefill worker: its endpoint pair and its (serial)
+    # listener are shared, and an ask sent before the listener reached it would wait.
+    serial = nixl.lock(*address) if nixl else contextlib.nullcontext()
+    with serial, socket.create_connection(address, timeout=ask.timeout) as sock:
+        sock.settimeout(ask.timeout)
+        line: dict[str, Any] = {
+            "transfer_id": params.transfer_id,
+            "request_id": params.request_id,
+            "prompt_digest": params.prompt_digest,
+            "block_ids": list(params.block_ids),
+            "first_page": ask.first_page,
+            "held_pages": ask.held,
+            "decode_rank": ask.ours.tp_rank,
+            "decode_tp_size": ask.ours.tp_size,
+        }
+        if store is not None:  # the delta protocol: what this worker holds, by digest
+            line["known_pages"] = base64.b64encode(encode_known_pages(store.digests())).decode()
+        if nixl is None:
+            _send_line(sock, line)
+            _answer(sock)
+            return _read_stream(sock, ask, store)
+        receiver, mine = nixl.receiver(*address)
+        line.update(transport="nixl", agent=receiver.name, agent_metadata=mine)
+        _send_line(sock, line)
+        answer = _answer(sock)
+        if mine is not None:
+            peer = answer.get("agent_metadata")
+            if not isinstance(peer, str):
+                raise TransportError("the prefill worker sent no NIXL metadata")
+            receiver.add_peer(base64.b64decode(peer))
+            nixl.peered(*address)
+        receiver.page_store = store
+        try:
+            found = _receive_nixl(receiver, ask)
+        finally:
+            receiver.page_store = None
+        _read_line(sock)  # the sender's "done"
+        return found
+
+
+def pull(
+    params: TransferParams,
+    ours: EngineFingerprint,
+    num_layers: int,
+    *,
+    first_block: int = 0,
+    expect_digest: str | None = None,
+    timeout: float = 30.0,
+    nixl: NixlPeers | None = None,
+    num_kv_heads: int | None = None,
+    held: HeldPages | None = None,
+) -> LoadResult:
+    """Pull a transfer for a decode request whose blocks before ``first_block`` the decode
+    worker already holds (its prefix cache). Nothing is written anywhere: the result is
+    validated pages in the decode engine's block size and TP shard, or the first block
+    position that cannot be used.
+
+    ``held``: those blocks' pages as the decode worker holds them; each is checked against
+    the prefill worker's page of the same position (sent as a page reference when no
+    conversion is needed, in full otherwise) and the load fails from the first that
+    differs. Without it the held blocks are not sent and not checked. ``num_kv_heads``:
+    the model's KV heads, needed when either side runs with TP > 1 (``tp.convert_heads``).
+    ``expect_digest``: the ``prompt_digest`` of the decode request's own prompt."""
+    same = params.block_size == ours.block_size and params.tp_size == ours.tp_size
+    held_pages = first_block if same and held is not None and first_block else 0
+    first_page = first_block if same and held is None else 0
+    sharded = params.tp_size != 1 or ours.tp_size != 1
+    checking = held is not None and first_block > 0
+    try:
+        if expect_digest is not None and expect_digest != params.prompt_digest:
+            raise TransferRefusedError(
+                "the transfer carries another prompt's keys and values (a stale reference)",
+                reason="stale_content",
+                field="prompt_digest",
+                expected=expect_digest,
+                found=params.prompt_digest,
+            )
+        needed = -(-params.num_tokens // params.block_size)
+        if first_page > len(params.block_ids) or needed != len(params.block_ids):
+            raise TransferRefusedError(
+                "remote_block_ids do not cover remote_num_tokens",
+                reason="block_ids",
+                field="remote_block_ids",
+                expected=f"{needed} blocks",
+                found=len(params.block_ids),
+            )
+        if sharded:
+            if num_kv_heads is None:
+                raise ArgumentTypeError(
+                    "a TP-sharded transfer needs the model's num_kv_heads", field="num_kv_heads"
+                )
+            check_convertible(num_kv_heads, params.tp_size, ours.tp_size)
+        fetched = []
+        wire = 0
+        for rank in sources(params.tp_size, ours.tp_size, ours.tp_rank):
+            ask = _Ask(params, ours, num_layers, rank, first_page, held_pages, timeout)
+            store = held.store if held_pages and held is not None else None
+            tensors, theirs, nbytes = _fetch(ask, nixl, store)
+            fetched.append((tensors, theirs))
+            wire += nbytes
+        layers = []
+        for layer in range(num_layers):
+            pair = []
+            for role in ROLES:
+                tensor = fetched[0][0][(layer, role)]
+                if sharded:
+                    assert num_kv_heads is not None
+                    shards = [(blobs[(layer, role)], fp) for blobs, fp in fetched]
+                    tensor = convert_heads(shards, ours, num_kv_heads)
+                if params.block_size != ours.block_size:
+                    tensor = repage(tensor, ours.block_size)
+                pool = np.asarray(tensor.page_pool)[np.asarray(tensor.block_table).reshape(-1)]
+                pair.append(pool)
+            layers.append((pair[0], pair[1]))
+    except (HurrayWireError, OSError) as exc:
+        # A failed page digest leaves the later blobs unread: every block from first_block
+        # on is unverified (PageDigestError.positions, named in the log, are the first).
+        err = exc if isinstance(exc, HurrayWireError) else TransportError(f"connection: {exc}")
+        return LoadResult(None, failed_from=first_block, error=err)
+    # A held page that differs from the transfer's is overwritten with the transfer's
+    # verified page, with every page after it: a stale or poisoned prefix-cache page is
+    # never served. Not a load error: a held page the decode engine computed itself (another
+    # TP degree or batch shape) differs in its last bits from the prefill engine's, and for
+    # an async load vLLM's recompute would free the blocks and hit the same cached block
+    # again (v1/core/sched/scheduler.py, _update_waiting_for_remote_kv).
+    bad = held.first_mismatch(layers) if held is not None and checking else None
+    start = first_block if bad is None else bad
+    if first_page == 0:
+        layers = [(k[start:], v[start:]) for k, v in layers]
+    converted = tuple(k for k in ("tp_size", "block_size")
+                      if getattr(params, k) != getattr(ours, k))  # fmt: skip
+    tokens = params.num_tokens - start * ours.block_size
+    return LoadResult(PulledPages(start, layers, tokens, wire, converted, first_block - start))
