@@ -221,3 +221,22 @@ def _quiet(s: Any) -> None:
 def test_write_arena_bytes_is_checked(value: Any) -> None:
     with pytest.raises(hw.ArgumentTypeError, match="write_arena_bytes"):
         hwnixl.NixlReceiver("x", write_arena_bytes=value)
+
+
+def test_a_receiver_registers_after_its_metadata() -> None:
+    """A receiver's metadata names none of its memory, so an engine pool registered after
+    the exchange takes a READ landing at once (a sender's registration would be stale)."""
+    s, r, evil = _pair()
+    engine = np.full((ENGINE_PAGES, *peer.PAGE_SHAPE), SENTINEL, np.float16)
+    r.register(engine)
+    pool = peer.cache_pool(5, "key", 4)
+    r.expect(5, "key", engine, page_ids=[12, 13, 0, 7])
+    s.publish(peer.cache_tensor(pool, 5, "key"))
+    (got,) = _move(s, r, 1)
+    np.testing.assert_array_equal(engine[[12, 13, 0, 7]], pool)
+    assert np.shares_memory(got.page_pool, engine)
+    assert _hostile_write(s, r, evil, _address(engine), _PAGE) != "DONE"
+    with pytest.raises(hw.TransportError, match="before taking metadata"):
+        s.register(np.zeros(64, np.uint8))
+    s.close()
+    r.close()
