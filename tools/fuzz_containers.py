@@ -79,16 +79,12 @@ except ImportError:
 if atheris is not None and __name__ == "__main__":
     with atheris.instrument_imports(include=["hurray_wire"]):
         import hurray_wire as hw
-        from hurray_wire import cli, cli_args
-        from hurray_wire import containers as hws
-        from hurray_wire import containers as reference
+        from hurray_wire import cli, cli_args, containers as hws, containers as reference
         from hurray_wire.crc32c import crc32c
         from hurray_wire.metadata import encode_metadata
 else:
     import hurray_wire as hw
-    from hurray_wire import cli, cli_args
-    from hurray_wire import containers as hws
-    from hurray_wire import containers as reference
+    from hurray_wire import cli, cli_args, containers as hws, containers as reference
     from hurray_wire.crc32c import crc32c
     from hurray_wire.metadata import encode_metadata
 
