@@ -61,83 +61,34 @@ if TYPE_CHECKING:
         load_cache,
         save_cache,
     )
-    from hurray_wire.dtypes import ElementType, preload
     from hurray_wire.dtypes import (  # typed module attributes, as the reference's API has them
+        ElementType,
         bfloat16 as bfloat16,
-    )
-    from hurray_wire.dtypes import (
         bool_ as bool_,
-    )
-    from hurray_wire.dtypes import (
         complex64 as complex64,
-    )
-    from hurray_wire.dtypes import (
         complex128 as complex128,
-    )
-    from hurray_wire.dtypes import (
         float4_e2m1 as float4_e2m1,
-    )
-    from hurray_wire.dtypes import (
         float6_e2m3 as float6_e2m3,
-    )
-    from hurray_wire.dtypes import (
         float6_e3m2 as float6_e3m2,
-    )
-    from hurray_wire.dtypes import (
         float8_e4m3 as float8_e4m3,
-    )
-    from hurray_wire.dtypes import (
         float8_e5m2 as float8_e5m2,
-    )
-    from hurray_wire.dtypes import (
         float8_e8m0 as float8_e8m0,
-    )
-    from hurray_wire.dtypes import (
         float16 as float16,
-    )
-    from hurray_wire.dtypes import (
         float32 as float32,
-    )
-    from hurray_wire.dtypes import (
         float64 as float64,
-    )
-    from hurray_wire.dtypes import (
         float128 as float128,
-    )
-    from hurray_wire.dtypes import (
         int2 as int2,
-    )
-    from hurray_wire.dtypes import (
         int4 as int4,
-    )
-    from hurray_wire.dtypes import (
         int8 as int8,
-    )
-    from hurray_wire.dtypes import (
         int16 as int16,
-    )
-    from hurray_wire.dtypes import (
         int32 as int32,
-    )
-    from hurray_wire.dtypes import (
         int64 as int64,
-    )
-    from hurray_wire.dtypes import (
+        preload,
         uint2 as uint2,
-    )
-    from hurray_wire.dtypes import (
         uint4 as uint4,
-    )
-    from hurray_wire.dtypes import (
         uint8 as uint8,
-    )
-    from hurray_wire.dtypes import (
         uint16 as uint16,
-    )
-    from hurray_wire.dtypes import (
         uint32 as uint32,
-    )
-    from hurray_wire.dtypes import (
         uint64 as uint64,
     )
     from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor

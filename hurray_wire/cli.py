@@ -24,8 +24,7 @@ from typing import IO, Any, BinaryIO
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
-from hurray_wire import cli_text as text_out
-from hurray_wire import report as summary
+from hurray_wire import cli_text as text_out, report as summary
 from hurray_wire.blob import encode_parts
 from hurray_wire.cli_args import (
     _EXTENSIONS,
@@ -49,11 +48,11 @@ from hurray_wire.containers import (
     StreamHeader,
     StreamReader,
     StreamWriter,
+    identify as identify_format,
     read_stream,
     write_file,
     write_stream,
 )
-from hurray_wire.containers import identify as identify_format
 from hurray_wire.containers.atomic import atomic_output, check_not_input
 from hurray_wire.containers.io import DEFAULT_INPUT_IDLE, DEFAULT_MAX_INPUT_BYTES, read_input
 from hurray_wire.containers.sniff import known_magic

@@ -124,6 +124,13 @@ def flag(value: object, name: str) -> bool:
     return value
 
 
+def non_negative(value: object, name: str) -> int:
+    """``value`` if it is an int >= 0 (not a bool), else an ``ArgumentTypeError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArgumentTypeError(f"{name} must be an int >= 0", field=name, found=repr(value))
+    return value
+
+
 class CodecConfigError(HurrayWireError, ValueError):
     """A compression spec or codec argument with a bad value (not bad stored bytes)."""
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire import blob as blob_codec
-from hurray_wire import codecs
+from hurray_wire import blob as blob_codec, codecs
 from hurray_wire.buffers import byte_view
 from hurray_wire.containers import HrryFile
 from hurray_wire.dtypes import element_type_from_tag
@@ -28,10 +27,7 @@ from hurray_wire.model.descriptor import (
 from hurray_wire.model.descriptor_codec import DescriptorHeader
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import blob as wire
-from hurray_wire.wire import containers as wc
-from hurray_wire.wire import descriptor as wd
-from hurray_wire.wire import stream as ws
+from hurray_wire.wire import blob as wire, containers as wc, descriptor as wd, stream as ws
 from hurray_wire.wire.fast import derive
 
 __all__ = [

@@ -9,8 +9,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import hurray_wire as hw
 from tests.adapter_reference import random_batch, random_values, ref_sglang_sequences

@@ -21,9 +21,7 @@ import pytest
 import zstandard
 
 import hurray_wire as hw
-from hurray_wire import codecs, dtypes
-from hurray_wire import errors as hwe
-from hurray_wire import metadata as hwm
+from hurray_wire import codecs, dtypes, errors as hwe, metadata as hwm
 from tests import blob_reference as ref
 from tests.conftest import random_pool
 

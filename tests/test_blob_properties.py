@@ -16,8 +16,7 @@ import struct
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import hurray_wire as hw
 from hurray_wire import dtypes

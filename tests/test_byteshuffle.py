@@ -12,13 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from hurray_wire import codecs
 from hurray_wire.codecs import byteshuffle
-from tests.blob_reference import shuffle as reference_shuffle
-from tests.blob_reference import unshuffle as reference_unshuffle
+from tests.blob_reference import shuffle as reference_shuffle, unshuffle as reference_unshuffle
 
 U8 = np.uint8
 HAVE_BLOSC2 = importlib.util.find_spec("blosc2") is not None

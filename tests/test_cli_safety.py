@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 import hurray_wire as hw
-from hurray_wire import cli
-from hurray_wire import containers as hc
+from hurray_wire import cli, containers as hc
 from hurray_wire.errors import InvalidBlobError
 from tests.conftest import BLOCK_PAGED, FIXTURES, ROOT
 

@@ -10,8 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hurray_wire import codecs
 from hurray_wire.codecs import (

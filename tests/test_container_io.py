@@ -28,9 +28,7 @@ from hurray_wire.errors import (
     HurrayWireError,
     StreamTruncatedError,
 )
-from hurray_wire.wire import containers as wc
-from hurray_wire.wire import descriptor as wd
-from hurray_wire.wire import stream as ws
+from hurray_wire.wire import containers as wc, descriptor as wd, stream as ws
 from hurray_wire.wire.fast import derive, offset_of
 from tests.conftest import BLOCK_PAGED
 

@@ -14,8 +14,7 @@ from typing import Any
 import construct as c
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from hurray_wire.crc32c import CRC32C_CHECK, crc32c
 from hurray_wire.errors import ArgumentTypeError

@@ -18,8 +18,7 @@ import contextlib
 import struct
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import hurray_wire as hw
 from hurray_wire.testing.strategies import block_paged_descriptors

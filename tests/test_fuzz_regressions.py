@@ -24,8 +24,7 @@ import pytest
 import zstandard
 
 import hurray_wire as hw
-from hurray_wire import containers as reference
-from hurray_wire import errors as hwe
+from hurray_wire import containers as reference, errors as hwe
 from tests.work import python_lines, refused_within
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 import hurray_wire as hw
-from hurray_wire import dtypes
-from hurray_wire import errors as hwe
+from hurray_wire import dtypes, errors as hwe
 from hurray_wire.blob import decode, decode_report, encode, encode_into, encode_parts
 from hurray_wire.blob.pages import DecodeReport
 from hurray_wire.integrity import (

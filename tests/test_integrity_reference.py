@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 import xxhash
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import hurray_wire as hw
 from hurray_wire.integrity import (

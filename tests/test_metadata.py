@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hurray_wire import metadata
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, InvalidMetadataError

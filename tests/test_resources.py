@@ -27,8 +27,7 @@ import xxhash
 import zstandard
 
 import hurray_wire as hw
-from hurray_wire import DecodeLimits
-from hurray_wire import errors as hwe
+from hurray_wire import DecodeLimits, errors as hwe
 from hurray_wire.blob.envelope import ENTRY, entry_at
 from hurray_wire.codecs import CODEC_SHUFFLE_ZSTD, CODEC_ZSTD, decompress
 from hurray_wire.containers import (

@@ -8,8 +8,7 @@ import construct as c
 import pytest
 
 import hurray_wire as hw
-from hurray_wire.wire import blob as wb
-from hurray_wire.wire import descriptor as wd
+from hurray_wire.wire import blob as wb, descriptor as wd
 from hurray_wire.wire.fast import derive
 from tests.conftest import BLOCK_PAGED, REFERENCE, load_manifest
 

@@ -178,8 +178,7 @@ def bench_reference(repeat: int) -> None:
         print("  pyarrow not installed")
     arrow_read = peers[0][2] if peers else None
     try:
-        from safetensors.numpy import load as st_load
-        from safetensors.numpy import save as st_save
+        from safetensors.numpy import load as st_load, save as st_save
 
         named = {"page_pool": arrays[0], "block_table": arrays[1], "seq_ptr": arrays[2]}
         st_blob = st_save(named)

@@ -90,18 +90,14 @@ if atheris is not None and __name__ == "__main__":
         import _instrumented  # the lazy package: every module now, instrumented
 
         import hurray_wire as hw
-        from hurray_wire import cli, cli_args, cli_text
-        from hurray_wire import containers as hws
-        from hurray_wire import containers as reference
+        from hurray_wire import cli, cli_args, cli_text, containers as hws, containers as reference
         from hurray_wire.crc32c import crc32c
         from hurray_wire.metadata import encode_metadata
 
         _instrumented.import_all()
 else:
     import hurray_wire as hw
-    from hurray_wire import cli, cli_args, cli_text
-    from hurray_wire import containers as hws
-    from hurray_wire import containers as reference
+    from hurray_wire import cli, cli_args, cli_text, containers as hws, containers as reference
     from hurray_wire.crc32c import crc32c
     from hurray_wire.metadata import encode_metadata
 

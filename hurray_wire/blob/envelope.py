@@ -22,9 +22,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
-from hurray_wire.wire import blob as w
-from hurray_wire.wire import descriptor as wd
-from hurray_wire.wire import stream as ws
+from hurray_wire.wire import blob as w, descriptor as wd, stream as ws
 from hurray_wire.wire.fast import derive
 
 __all__ = [

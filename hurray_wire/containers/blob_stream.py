@@ -70,8 +70,7 @@ from hurray_wire.integrity import (
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import referenced_pages
-from hurray_wire.wire import blob as wb
-from hurray_wire.wire import stream as ws
+from hurray_wire.wire import blob as wb, stream as ws
 
 __all__ = ["StreamReader", "StreamWriter"]
 

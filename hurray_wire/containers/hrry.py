@@ -54,8 +54,7 @@ from hurray_wire.model.descriptor_codec import (
     peek_descriptor_length,
 )
 from hurray_wire.tensor import BlockPagedTensor, assemble
-from hurray_wire.wire import containers as wc
-from hurray_wire.wire import descriptor as wd
+from hurray_wire.wire import containers as wc, descriptor as wd
 from hurray_wire.wire.fast import offset_of
 
 __all__ = ["FileHeader", "FileTrailer", "HrryFile", "IndexEntry", "read_file", "read_file_metadata"]

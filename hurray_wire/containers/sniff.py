@@ -13,10 +13,7 @@ from typing import Any
 
 from hurray_wire.blob import blob_length
 from hurray_wire.containers.io import map_source
-from hurray_wire.wire import blob as wb
-from hurray_wire.wire import containers as wc
-from hurray_wire.wire import descriptor as wd
-from hurray_wire.wire import stream as ws
+from hurray_wire.wire import blob as wb, containers as wc, descriptor as wd, stream as ws
 from hurray_wire.wire.fast import offset_of
 
 __all__ = ["Format", "identify", "known_magic"]

@@ -52,8 +52,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.integrity import EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import blob as wb
-from hurray_wire.wire import stream as ws
+from hurray_wire.wire import blob as wb, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
 from hurray_wire.wire.fast import derive
 

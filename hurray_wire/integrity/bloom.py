@@ -27,6 +27,7 @@ from hurray_wire.errors import (
     ArgumentTypeError,
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
+    non_negative,
 )
 from hurray_wire.integrity.delta import (
     KNOWN,
@@ -109,10 +110,7 @@ def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> by
 def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom:
     """The filter of a Bloom known-pages record; its bit set may be at most ``max_bytes``
     (checked before the checksum pass or any copy)."""
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-        raise ArgumentTypeError(
-            "max_bytes must be an int >= 0", field="max_bytes", found=repr(max_bytes)
-        )
+    non_negative(max_bytes, "max_bytes")
     view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_BLOOM)
     if len(view) < _KHEAD.size + _PARAMS.size:
         raise IntegrityRecordTruncatedError(

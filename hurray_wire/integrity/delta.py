@@ -29,6 +29,7 @@ from hurray_wire.errors import (
     LimitExceededError,
     PageDigestError,
     PageStoreMissError,
+    non_negative,
 )
 from hurray_wire.integrity.digests import (
     DigestArray,
@@ -68,12 +69,6 @@ _KHEAD = derive(w.KNOWN_PAGES_HEADER)
 _KSUM = derive(w.KNOWN_PAGES_CHECKSUM)
 _RHEAD = derive(w.PAGE_REFS_HEADER)
 _ITEM = w.DIGEST_ITEM.sizeof()
-
-
-def _count_arg(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ArgumentTypeError(f"{name} must be an int >= 0", field=name, found=repr(value))
-    return value
 
 
 def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
@@ -166,7 +161,7 @@ def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
     Refuses a ``count`` above ``max_entries`` before reading further, so a hostile peer
     cannot make us hold more than ``max_entries * 8`` bytes beyond its own input.
     """
-    limit = _count_arg(max_entries, "max_entries")
+    limit = non_negative(max_entries, "max_entries")
     view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_SORTED)
     count = head["count"]
     if count > limit:
@@ -227,7 +222,7 @@ class PageRefs:
         ``num_pages`` must exceed every ref's page id; the result has ``num_pages - refs``
         entries, so a count beyond memory is a ``LimitExceededError`` (the decoder passes
         only counts its blob paid for, ``DecodeLimits.max_empty_pages``)."""
-        count = _count_arg(num_pages, "num_pages")
+        count = non_negative(num_pages, "num_pages")
         if self.pages.size and int(self.pages[-1]) >= count:
             raise InvalidIntegrityRecordError(
                 "page id out of range",
@@ -257,7 +252,7 @@ def encode_page_refs(refs: PageRefs) -> bytes:
 def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> PageRefs:
     """The refs of a page-refs section payload, checked against the descriptor's
     ``num_pages`` (ids strictly increasing and below it)."""
-    limit = _count_arg(num_pages, "num_pages")
+    limit = non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
     head = check_head(
         view, _RHEAD, section=REFS, version=w.PAGE_REFS_VERSION, base_offset=base_offset
@@ -435,7 +430,7 @@ def _out_records(
                 "num_pages is needed unless out_pool is 4-D [num_pages, ...]", field="num_pages"
             )
         num_pages = int(out_pool.shape[0])
-    count = _count_arg(num_pages, "num_pages")
+    count = non_negative(num_pages, "num_pages")
 
     def rows(array: U8Array, name: str) -> U8Array:
         if count == 0 or array.size % count:

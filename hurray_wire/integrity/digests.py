@@ -23,6 +23,7 @@ from hurray_wire.errors import (
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
     PageDigestError,
+    non_negative,
 )
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
@@ -390,10 +391,7 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     ``num_pages`` comes from the blob's descriptor; ``base_offset`` is where the payload
     sits in the blob, so errors name blob offsets.
     """
-    if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 0:
-        raise ArgumentTypeError(
-            "num_pages must be an int >= 0", field="num_pages", found=repr(num_pages)
-        )
+    non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
     fields = check_head(
         view, _HEAD, section=SECTION, version=w.DIGEST_SECTION_VERSION, base_offset=base_offset

@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable, Sequence
 import numpy as np
 
 from hurray_wire.buffers import byte_view
-from hurray_wire.errors import ArgumentTypeError, PageDigestError, PageStoreError
+from hurray_wire.errors import ArgumentTypeError, PageDigestError, PageStoreError, non_negative
 from hurray_wire.integrity.digests import (
     DigestArray,
     check_digest_range,
@@ -110,10 +110,7 @@ class MemoryPageStore(PageStore):
     """
 
     def __init__(self, max_bytes: int) -> None:
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ArgumentTypeError(
-                "max_bytes must be an int >= 0", field="max_bytes", found=repr(max_bytes)
-            )
+        non_negative(max_bytes, "max_bytes")
         self.max_bytes = max_bytes
         self._pages: OrderedDict[int, bytes] = OrderedDict()
         self._nbytes = 0

@@ -30,23 +30,25 @@ from hurray_wire.model.descriptor import (
     TensorDescriptor,
     check_colocation,
 )
-from hurray_wire.model.descriptor_layout import AT as _AT
-from hurray_wire.model.descriptor_layout import BUFFER_TABLE_AT as _BP_FIXED_LEN
-from hurray_wire.model.descriptor_layout import COUNT_SIZE as _COUNT_SIZE
-from hurray_wire.model.descriptor_layout import FIXED as _FIXED
-from hurray_wire.model.descriptor_layout import HANDLE as _HANDLE
-from hurray_wire.model.descriptor_layout import HEADER as _HEADER
-from hurray_wire.model.descriptor_layout import MEMBER as _MEMBER
-from hurray_wire.model.descriptor_layout import QHEADER as _QHEADER
-from hurray_wire.model.descriptor_layout import QUANT_HEADER_AT as _QUANT_HEADER_AT
-from hurray_wire.model.descriptor_layout import QUANT_PAYLOAD_AT as _QUANT_PAYLOAD_AT
-from hurray_wire.model.descriptor_layout import SCHEME as _SCHEME
-from hurray_wire.model.descriptor_layout import STATS as _STATS
-from hurray_wire.model.descriptor_layout import U32 as _U32
-from hurray_wire.model.descriptor_layout import WIRE_NAMES as _WIRE_NAMES
-from hurray_wire.model.descriptor_layout import handle_at as _handle_at
-from hurray_wire.model.descriptor_layout import handle_places as _handle_places
-from hurray_wire.model.descriptor_layout import quant_places as _quant_places
+from hurray_wire.model.descriptor_layout import (
+    AT as _AT,
+    BUFFER_TABLE_AT as _BP_FIXED_LEN,
+    COUNT_SIZE as _COUNT_SIZE,
+    FIXED as _FIXED,
+    HANDLE as _HANDLE,
+    HEADER as _HEADER,
+    MEMBER as _MEMBER,
+    QHEADER as _QHEADER,
+    QUANT_HEADER_AT as _QUANT_HEADER_AT,
+    QUANT_PAYLOAD_AT as _QUANT_PAYLOAD_AT,
+    SCHEME as _SCHEME,
+    STATS as _STATS,
+    U32 as _U32,
+    WIRE_NAMES as _WIRE_NAMES,
+    handle_at as _handle_at,
+    handle_places as _handle_places,
+    quant_places as _quant_places,
+)
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import (
     MXFP,

@@ -10,13 +10,15 @@ from __future__ import annotations
 from hurray_wire import dtypes
 from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.descriptor_layout import FIXED as _FIXED
-from hurray_wire.model.descriptor_layout import HANDLE as _HANDLE
-from hurray_wire.model.descriptor_layout import MEMBER as _MEMBER
-from hurray_wire.model.descriptor_layout import QHEADER as _QHEADER
-from hurray_wire.model.descriptor_layout import SCHEME as _SCHEME
-from hurray_wire.model.descriptor_layout import STATS as _STATS
-from hurray_wire.model.descriptor_layout import U32 as _U32
+from hurray_wire.model.descriptor_layout import (
+    FIXED as _FIXED,
+    HANDLE as _HANDLE,
+    MEMBER as _MEMBER,
+    QHEADER as _QHEADER,
+    SCHEME as _SCHEME,
+    STATS as _STATS,
+    U32 as _U32,
+)
 from hurray_wire.model.quantization import (
     NO_BUFFER,
     PerBlockAffine,
