@@ -18,9 +18,7 @@ import pytest
 
 from hurray_wire.errors import IncompatibleFingerprintError, InvalidTensorError
 from hurray_wire.fingerprint import EngineFingerprint
-from hurray_wire.vllm import receive as rc
-from hurray_wire.vllm import tp
-from hurray_wire.vllm import transfer as tr
+from hurray_wire.vllm import receive as rc, tp, transfer as tr
 from hurray_wire.vllm.held import HeldPages
 
 B, D, LAYERS = 4, 8, 2

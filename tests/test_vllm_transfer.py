@@ -22,8 +22,7 @@ from hurray_wire.errors import (
     TransportError,
 )
 from hurray_wire.fingerprint import EngineFingerprint
-from hurray_wire.vllm import receive as rc
-from hurray_wire.vllm import transfer as tr
+from hurray_wire.vllm import receive as rc, transfer as tr
 from hurray_wire.vllm.peers import NixlPeers
 
 B, H, D, LAYERS = 4, 2, 8, 2
