@@ -80,3 +80,24 @@ def test_held_pages_over_nixl() -> None:
     assert bad.error is None and bad.pages is not None
     assert bad.pages.first_block == 1 and bad.pages.repaired == 1
     np.testing.assert_array_equal(bad.pages.layers[1][0], layers[1][0][1:])
+
+
+@pytest.mark.parametrize("record", ["not base64!", 7, "AAAA"])
+def test_a_known_pages_record_that_is_not_one_is_refused(record: object) -> None:
+    import json
+    import socket
+
+    from hurray_wire.vllm import transfer as tr
+
+    with producer() as (server, params, _layers):
+        ask = {
+            "transfer_id": params.transfer_id, "request_id": params.request_id,
+            "prompt_digest": params.prompt_digest, "block_ids": list(params.block_ids),
+            "held_pages": 2, "known_pages": record,
+        }  # fmt: skip
+        mine, theirs = socket.socketpair()
+        with mine, theirs:
+            mine.sendall(json.dumps(ask).encode() + b"\n")
+            assert tr.serve_one(server.store, theirs) == 0
+            answer = json.loads(mine.makefile().readline())
+    assert answer["ok"] is False and answer["reason"] == "known_pages"

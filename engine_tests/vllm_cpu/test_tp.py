@@ -161,3 +161,44 @@ def test_token_equality_prefill_tp1_decode_tp2(
     # a transfer both ranks have pulled is consumed: a retry is refused, never served
     again = decode(decode_tp2, prompts[1:], params[1:])
     assert again[0]["finish_reason"] == "error"
+
+
+@pytest.fixture(scope="module")
+def prefill_tp2(model_dir: Path) -> Iterator[Engine]:
+    logs = Path(tempfile.mkdtemp(prefix="hurray-vllm-tp2-"))
+    port = listeners(2)
+    base = port[0].getsockname()[1]
+    for sock in port:
+        sock.close()  # the engine's two workers bind base and base + 1
+    engine = Engine(
+        {
+            "model": str(model_dir),
+            "block_size": 32,
+            "tp": 2,
+            "prefix_caching": False,
+            "kv_transfer_config": connector("kv_producer", base),
+        },
+        logs / "prefill_tp2.log",
+    )
+    try:
+        engine.wait_ready()
+        yield engine
+    finally:
+        engine.close()
+
+
+def test_token_equality_prefill_tp2_decode_tp1(
+    engines: dict[str, Engine], prefill_tp2: Engine
+) -> None:
+    """Each prefill worker of a TP=2 engine serves its own head on port + rank; the TP=1
+    decode worker pulls both and merges them."""
+    prompts = [prompt(720 + i, n) for i, n in enumerate((70, 33))]
+    baseline = single(engines, prompts)
+    out = prefill_tp2.generate(
+        [{"prompt": q, "max_tokens": 1, "params": {"do_remote_decode": True}} for q in prompts]
+    )
+    params = [r["params"] for r in out]
+    assert [q["remote_tp_size"] for q in params] == [2, 2]
+    got = decode(engines["decode"], prompts, params)
+    assert [r["finish_reason"] for r in got] == ["length"] * len(prompts)
+    assert [r["tokens"] for r in got] == baseline

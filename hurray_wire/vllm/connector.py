@@ -394,23 +394,18 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def _pull(self, load: LoadSpec) -> None:
         start = time.perf_counter()
         try:
-            held = self._held(load)
-        except HurrayWireError as exc:
-            held, result = None, LoadResult(None, failed_from=0, error=exc)
-        try:
-            if held is not None or not load.first_block:
-                params = TransferParams.from_params(load.params)
-                result = pull(
-                    params,
-                    self._engine_fingerprint(),
-                    self._num_layers,
-                    first_block=load.first_block,
-                    expect_digest=load.digest,
-                    timeout=self._options["timeout"],
-                    nixl=self._nixl_peers(),
-                    num_kv_heads=self._num_kv_heads,
-                    held=held,
-                )
+            params = TransferParams.from_params(load.params)
+            result = pull(
+                params,
+                self._engine_fingerprint(),
+                self._num_layers,
+                first_block=load.first_block,
+                expect_digest=load.digest,
+                timeout=self._options["timeout"],
+                nixl=self._nixl_peers(),
+                num_kv_heads=self._num_kv_heads,
+                held=self._held(load),
+            )
         except HurrayWireError as exc:
             result = LoadResult(None, failed_from=load.first_block, error=exc)
         with self._lock:
