@@ -5,7 +5,8 @@ parallel state are per process, so two engines cannot share one). Commands:
 ``{"generate": [{"prompt": [ids], "max_tokens": n, "params": {...}|null}, ...]}`` ->
 ``[{"tokens", "finish_reason", "params"}]`` plus the call's wall time in ``"seconds"``
 of the first entry; ``{"stats": true}`` -> the connector's totals;
-``{"quit": true}``.
+``{"quit": true}``. ``"trace": path`` in the spec appends one line per call of the
+connector's methods and of the engine's steps to ``path`` (``tools/profile_vllm_connector.py``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,51 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def _traced(owner: Any, name: str, log: TextIO) -> None:
+    """Wrap ``owner.name`` to log ``start duration name thread`` (wall clock) per call."""
+    inner = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            end = time.time()
+            thread = threading.current_thread().name
+            log.write(f"{start:.6f} {end - start:.6f} {owner.__name__}.{name} {thread}\n")
+
+    setattr(owner, name, wrapper)
+
+
+def trace(path: str, kv: dict[str, Any] | None) -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    log = open(path, "a", buffering=1)  # noqa: SIM115 (open for the process' life)
+    _traced(EngineCore, "step", log)
+    if kv and kv.get("kv_connector") == "HurrayConnector":
+        from hurray_wire.vllm import connector, transfer
+
+        cls: Any = connector.HurrayConnector
+        for name in ("_pull", "_land", "_save"):
+            _traced(cls, name, log)
+        _traced(transfer, "serve_one", log)
+    else:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
+
+        cls = NixlConnector
+    for name in ("get_num_new_matched_tokens", "update_state_after_alloc",
+                 "build_connector_meta", "request_finished", "start_load_kv",
+                 "save_kv_layer", "wait_for_save", "get_finished"):  # fmt: skip
+        _traced(cls, name, log)
 
 
 def main() -> None:
@@ -31,6 +71,8 @@ def main() -> None:
     from vllm.config import KVTransferConfig
 
     kv = spec.get("kv_transfer_config")
+    if spec.get("trace"):
+        trace(spec["trace"], kv)
     llm = LLM(
         model=spec["model"],
         skip_tokenizer_init=True,
