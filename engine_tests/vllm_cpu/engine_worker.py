@@ -4,7 +4,9 @@ The engine tests start a prefill engine and a decode engine this way (vLLM's con
 parallel state are per process, so two engines cannot share one). Commands:
 ``{"generate": [{"prompt": [ids], "max_tokens": n, "params": {...}|null}, ...]}`` ->
 ``[{"tokens", "finish_reason", "params"}]`` plus the call's wall time in ``"seconds"``
-of the first entry; ``{"stats": true}`` -> the connector's totals;
+of the first entry; ``{"stats": true}`` -> the connector's totals; ``{"metrics": true}`` ->
+the engine's Prometheus samples (``"log_stats": true`` in the spec starts vLLM's stat
+loggers, as a server does), ``{name: value}`` without labels;
 ``{"quit": true}``. ``"trace": path`` in the spec appends one line per call of the
 connector's methods and of the engine's steps to ``path`` (``tools/profile_vllm_connector.py``).
 """
@@ -61,6 +63,19 @@ def trace(path: str, kv: dict[str, Any] | None) -> None:
         _traced(cls, name, log)
 
 
+def metrics() -> dict[str, float]:
+    """The process' Prometheus samples (what a server's /metrics shows), labels dropped
+    (one engine per process)."""
+    import prometheus_client
+
+    samples: dict[str, float] = {}
+    for line in prometheus_client.generate_latest().decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name.split("{", 1)[0] if "_bucket{" not in name else name] = float(value)
+    return samples
+
+
 def main() -> None:
     spec: dict[str, Any] = json.loads(sys.argv[1])
     os.environ.update(spec.get("env", {}))
@@ -85,6 +100,7 @@ def main() -> None:
         kv_transfer_config=KVTransferConfig(**kv) if kv else None,
         seed=0,
         enforce_eager=spec.get("enforce_eager", True),
+        disable_log_stats=not spec.get("log_stats", False),
     )
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
@@ -122,6 +138,8 @@ def main() -> None:
             from vllm.distributed.kv_transfer import get_kv_transfer_group
 
             answer = get_kv_transfer_group().totals
+        elif cmd.get("metrics"):
+            answer = metrics()
         else:
             answer = {"error": f"unknown command {sorted(cmd)}"}
         out.write(json.dumps(answer) + "\n")
