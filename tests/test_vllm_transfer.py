@@ -338,3 +338,42 @@ def test_concurrent_nixl_pulls_from_one_prefill_worker() -> None:
         peers.close()
     assert len(results) == 4
     assert all(r.error is None and r.pages is not None for r in results), results
+
+
+@pytest.mark.parametrize(
+    ("sent", "line", "rest"),
+    [
+        (b'{"ok":true}\nSTREAM', {"ok": True}, b"STREAM"),  # the stream after it stays unread
+        (b'{"a":1}\n{"b":2}\n', {"a": 1}, b'{"b":2}\n'),
+        (b'{"a":' + b" " * 70000 + b"1}\n", None, None),  # over 64 KiB
+        (b'{"a":1}', None, None),  # closed before its newline
+        (b"", None, None),  # closed before anything
+        (b"[1, 2]\n", None, None),  # not an object
+        (b"{nope\n", None, None),  # not JSON
+    ],
+)
+def test_control_line(sent: bytes, line: dict[str, Any] | None, rest: bytes | None) -> None:
+    """A control line is read up to its newline and not a byte further; anything else is a
+    TransportError (never a foreign exception or a hang)."""
+    a, b = socket.socketpair()
+    with a, b:
+        b.settimeout(5)
+
+        def send() -> None:
+            a.sendall(sent)
+            a.shutdown(socket.SHUT_WR)
+
+        writer = threading.Thread(target=send)
+        writer.start()
+        try:
+            if line is None:
+                with pytest.raises(TransportError):
+                    tr._read_line(b)
+            else:
+                assert tr._read_line(b) == line
+                got = b""
+                while chunk := b.recv(1 << 16):
+                    got += chunk
+                assert got == rest
+        finally:
+            writer.join(timeout=5)
