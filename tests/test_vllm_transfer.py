@@ -377,3 +377,28 @@ def test_control_line(sent: bytes, line: dict[str, Any] | None, rest: bytes | No
                 assert got == rest
         finally:
             writer.join(timeout=5)
+
+
+def test_a_failed_send_is_logged_once_with_the_request(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The prefill side logs a send that breaks off (here the stream writer's socket fails)
+    once, naming the request; the puller gets an error, never pages."""
+
+    class Broken:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def write(self, *args: Any, **kwargs: Any) -> None:
+            raise BrokenPipeError("peer gone")
+
+    monkeypatch.setattr(tr, "StreamWriter", Broken)
+    with caplog.at_level("ERROR", logger="hurray_wire.vllm"), producer() as (server, params, _):
+        result = tr.pull(params, FP, LAYERS, timeout=5)
+        assert result.pages is None and result.error is not None
+        again = tr.pull(params, FP, LAYERS, timeout=5)  # consumed: refused, not logged
+        assert isinstance(again.error, TransferRefusedError)
+        errors = list(server.errors)
+    lines = [r.getMessage() for r in caplog.records if "KV send failed" in r.getMessage()]
+    assert lines == ["HurrayConnector: request req-1: KV send failed: peer gone"]
+    assert len(errors) == 1 and isinstance(errors[0], BrokenPipeError)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import socket
 import threading
 import time
@@ -57,6 +58,7 @@ __all__ = [
     "pull",
 ]
 
+logger = logging.getLogger("hurray_wire.vllm")
 MAX_LINE = 1 << 16  # bytes of one control line
 ROLES = ("key", "value")
 # Fingerprint fields the decode side converts instead of refusing.
@@ -264,8 +266,25 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
     except TransferRefusedError as exc:
         _send_line(conn, {"ok": False, "reason": exc.reason, "message": str(exc)})
         return 0
+    try:
+        return _send(conn, store, transfer, ask, first, nixl)
+    except (OSError, HurrayWireError) as exc:
+        # once per transfer (a transfer is served once), with the request it was for
+        logger.error("HurrayConnector: request %s: KV send failed: %s", transfer.request_id, exc)
+        raise
+
+
+def _send(
+    conn: socket.socket,
+    store: TransferStore,
+    transfer: _Transfer,
+    ask: Mapping[str, Any],
+    first: int,
+    nixl: NixlPeers | None,
+) -> int:
+    """The accepted transfer's pages on ``conn`` (stream) or as NIXL blobs; bytes sent."""
     identity = _identity(transfer, ask["transfer_id"], first)
-    if wants_nixl:
+    if ask.get("transport") == "nixl":
         assert nixl is not None
         sender, mine = nixl.sender(ask)
         _send_line(conn, {"ok": True, "agent_metadata": mine})
