@@ -7,9 +7,10 @@ over the socket stream; NixlConnector over NIXL/UCX), all on the same random-wei
 
 * the time to the first decoded token (prefill call + a decode call of ``max_tokens=1``,
   the transfer included) and of the whole request (``max_tokens=32``), median over the
-  prompts, and their ratios against NixlConnector; all six engines run at once and the
+  prompts, and their ratios against NixlConnector; all six engines start at once and the
   handoffs alternate between the connectors prompt by prompt, so that the load of a shared
-  machine weighs on each alike; a line per round gives the ratios and the load average;
+  machine weighs on each alike, the pairs not measured paused (SIGSTOP: idle NixlConnector
+  engines keep a core busy); a line per round gives the ratios and the load average;
 * the bytes HurrayConnector's decode side received for a request whose first blocks its
   prefix cache holds, against a full transfer of a prompt of the same length.
 
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -67,6 +69,10 @@ class Engine:
             raise RuntimeError(f"engine died; see {self.log}")
         return json.loads(line)
 
+    def pause(self, stop: bool) -> None:
+        """SIGSTOP / SIGCONT: a paused engine's threads take no CPU from the pair measured."""
+        os.kill(self.proc.pid, signal.SIGSTOP if stop else signal.SIGCONT)
+
     def ready(self) -> None:
         assert self.proc.stdout is not None
         if not self.proc.stdout.readline():
@@ -102,6 +108,16 @@ def handoff(prefill: Engine, decode: Engine, p: list[int], new_tokens: int,
     if out[0]["finish_reason"] != "length":
         raise RuntimeError(f"decode failed: {out[0]}")
     return float(first[0]["seconds"] + out[0]["seconds"])
+
+
+def only(engines: dict[str, tuple[Engine, Engine]], name: str | None) -> None:
+    """Let the pair ``name`` run and pause every other (``None``: resume all). Idle
+    NixlConnector engines keep NIXL/UCX threads busy (about 1.1 CPU-seconds per second for
+    the pair on this machine, HurrayConnector's 0.02): left running, they would slow the
+    other connectors' handoffs and not their own."""
+    for other, pair in engines.items():
+        for engine in pair:
+            engine.pause(name is not None and other != name)
 
 
 def load_average() -> float:
@@ -160,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                     seq += 1  # a fresh prompt per handoff: no prefix-cache hits
                     p = [(t * 37 + 11 * seq) % 500 + 3 for t in range(args.prompt_len)]
                     for name, (prefill, decode) in engines.items():
+                        only(engines, name)
                         times[name][kind].append(handoff(prefill, decode, p, n, pairs[name][2]))
+            only(engines, None)
             k = args.prompts
             ref = {kind: statistics.median(v[-k:]) for kind, v in times["nixl-connector"].items()}
             line = {name: {kind: round(statistics.median(v[-k:]) / ref[kind], 2)
@@ -174,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = {name: prefix_bytes(*engines[name], args.prompt_len)
                  for name in ("hurray-nixl", "hurray-socket")}  # fmt: skip
     finally:
+        only(engines, None)
         for pair in engines.values():
             for engine in pair:
                 engine.close()
