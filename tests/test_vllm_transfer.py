@@ -337,3 +337,67 @@ def test_concurrent_nixl_pulls_from_one_prefill_worker() -> None:
         peers.close()
     assert len(results) == 4
     assert all(r.error is None and r.pages is not None for r in results), results
+
+
+@pytest.mark.parametrize(
+    ("sent", "line", "rest"),
+    [
+        (b'{"ok":true}\nSTREAM', {"ok": True}, b"STREAM"),  # the stream after it stays unread
+        (b'{"a":1}\n{"b":2}\n', {"a": 1}, b'{"b":2}\n'),
+        (b'{"a":' + b" " * 70000 + b"1}\n", None, None),  # over 64 KiB
+        (b'{"a":1}', None, None),  # closed before its newline
+        (b"", None, None),  # closed before anything
+        (b"[1, 2]\n", None, None),  # not an object
+        (b"{nope\n", None, None),  # not JSON
+    ],
+)
+def test_control_line(sent: bytes, line: dict[str, Any] | None, rest: bytes | None) -> None:
+    """A control line is read up to its newline and not a byte further; anything else is a
+    TransportError (never a foreign exception or a hang)."""
+    a, b = socket.socketpair()
+    with a, b:
+        b.settimeout(5)
+
+        def send() -> None:
+            a.sendall(sent)
+            a.shutdown(socket.SHUT_WR)
+
+        writer = threading.Thread(target=send)
+        writer.start()
+        try:
+            if line is None:
+                with pytest.raises(TransportError):
+                    tr._read_line(b)
+            else:
+                assert tr._read_line(b) == line
+                got = b""
+                while chunk := b.recv(1 << 16):
+                    got += chunk
+                assert got == rest
+        finally:
+            writer.join(timeout=5)
+
+
+def test_a_failed_send_is_logged_once_with_the_request(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The prefill side logs a send that breaks off (here the stream writer's socket fails)
+    once, naming the request; the puller gets an error, never pages."""
+
+    class Broken:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def write(self, *args: Any, **kwargs: Any) -> None:
+            raise BrokenPipeError("peer gone")
+
+    monkeypatch.setattr(tr, "StreamWriter", Broken)
+    with caplog.at_level("ERROR", logger="hurray_wire.vllm"), producer() as (server, params, _):
+        result = rc.pull(params, FP, LAYERS, timeout=5)
+        assert result.pages is None and result.error is not None
+        again = rc.pull(params, FP, LAYERS, timeout=5)  # consumed: refused, not logged
+        assert isinstance(again.error, TransferRefusedError)
+        errors = list(server.errors)
+    lines = [r.getMessage() for r in caplog.records if "KV send failed" in r.getMessage()]
+    assert lines == ["HurrayConnector: request req-1: KV send failed: peer gone"]
+    assert len(errors) == 1 and isinstance(errors[0], BrokenPipeError)

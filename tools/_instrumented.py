@@ -5,7 +5,8 @@ instruments only the modules imported inside ``atheris.instrument_imports()``: a
 that imported the package alone fuzzed an uninstrumented decoder (libFuzzer saw 32 edges
 of the descriptor codec instead of about 600). Each harness calls ``import_all()`` inside
 that block. Skipped: the engine-facing modules that are no reader of hostile bytes here
-(adapters, NIXL bindings, the vLLM connector class, the test strategies) and ``__main__``.
+(adapters, NIXL bindings, the vLLM connector class and its metrics, the test strategies)
+and ``__main__``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-SKIP = (".adapters", ".nixl", ".testing", ".vllm.connector", ".__main__")
+SKIP = (".adapters", ".nixl", ".testing", ".vllm.connector", ".vllm.metrics", ".__main__")
 
 
 def import_all() -> list[str]:

@@ -7,7 +7,10 @@ over the socket stream; NixlConnector over NIXL/UCX), all on the same random-wei
 
 * the time to the first decoded token (prefill call + a decode call of ``max_tokens=1``,
   the transfer included) and of the whole request (``max_tokens=32``), median over the
-  prompts, and their ratios against NixlConnector measured in the same run;
+  prompts, and their ratios against NixlConnector; all six engines start at once and the
+  handoffs alternate between the connectors prompt by prompt, so that the load of a shared
+  machine weighs on each alike, the pairs not measured paused (SIGSTOP: idle NixlConnector
+  engines keep a core busy); a line per round gives the ratios and the load average;
 * the bytes HurrayConnector's decode side received for a request whose first blocks its
   prefix cache holds, against a full transfer of a prompt of the same length.
 
@@ -20,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -65,6 +69,10 @@ class Engine:
             raise RuntimeError(f"engine died; see {self.log}")
         return json.loads(line)
 
+    def pause(self, stop: bool) -> None:
+        """SIGSTOP / SIGCONT: a paused engine's threads take no CPU from the pair measured."""
+        os.kill(self.proc.pid, signal.SIGSTOP if stop else signal.SIGCONT)
+
     def ready(self) -> None:
         assert self.proc.stdout is not None
         if not self.proc.stdout.readline():
@@ -91,25 +99,36 @@ def nixl_connector() -> dict[str, Any]:
             "kv_connector_extra_config": {"backends": ["UCX"]}}  # fmt: skip
 
 
-def run_pair(prefill: Engine, decode: Engine, prompts: list[list[int]], new_tokens: int,
-             params0: dict[str, Any]) -> dict[str, float]:  # fmt: skip
-    ttft, whole = [], []
-    for i, prompt in enumerate(prompts):
-        for n, bucket in ((1, ttft), (new_tokens, whole)):
-            p = [(t + i + 7 * n) % 500 + 3 for t in prompt]  # fresh prompt: no prefix hits
-            first = prefill.ask({"generate": [{"prompt": p, "max_tokens": 1, "params": params0}]})
-            out = decode.ask({"generate": [{"prompt": p, "max_tokens": n,
-                                            "params": first[0]["params"]}]})  # fmt: skip
-            if out[0]["finish_reason"] != "length":
-                raise RuntimeError(f"decode failed: {out[0]}")
-            bucket.append(first[0]["seconds"] + out[0]["seconds"])
-    return {"ttft_s": statistics.median(ttft), "request_s": statistics.median(whole)}
+def handoff(prefill: Engine, decode: Engine, p: list[int], new_tokens: int,
+            params0: dict[str, Any]) -> float:  # fmt: skip
+    """Seconds of one prefill call + decode call (``new_tokens`` decoded), engine-timed."""
+    first = prefill.ask({"generate": [{"prompt": p, "max_tokens": 1, "params": params0}]})
+    out = decode.ask({"generate": [{"prompt": p, "max_tokens": new_tokens,
+                                    "params": first[0]["params"]}]})  # fmt: skip
+    if out[0]["finish_reason"] != "length":
+        raise RuntimeError(f"decode failed: {out[0]}")
+    return float(first[0]["seconds"] + out[0]["seconds"])
+
+
+def only(engines: dict[str, tuple[Engine, Engine]], name: str | None) -> None:
+    """Let the pair ``name`` run and pause every other (``None``: resume all). Idle
+    NixlConnector engines keep NIXL/UCX threads busy (about 1.1 CPU-seconds per second for
+    the pair on this machine, HurrayConnector's 0.02): left running, they would slow the
+    other connectors' handoffs and not their own."""
+    for other, pair in engines.items():
+        for engine in pair:
+            engine.pause(name is not None and other != name)
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=5)
-    parser.add_argument("--prompt-len", type=int, default=200)
+    parser.add_argument("--prompts", type=int, default=5, help="handoffs per round and kind")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--model", default=str(Path(tempfile.gettempdir()) / "hurray-tiny-llama"))
     args = parser.parse_args(argv)
@@ -135,33 +154,60 @@ def main(argv: list[str] | None = None) -> int:
         {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
          "remote_block_ids": None, "remote_host": None, "remote_port": None},
     )  # fmt: skip
-    base_prompt = [(i * 37) % 500 + 3 for i in range(args.prompt_len)]
-    prompts = [base_prompt] * args.prompts
-    results: dict[str, dict[str, float]] = {}
-    for name, (p_spec, d_spec, params0) in pairs.items():
-        engines = [Engine(p_spec, logs / f"{name}-prefill.log"),
-                   Engine(d_spec, logs / f"{name}-decode.log")]  # fmt: skip
-        try:
-            for engine in engines:
+    # Every pair runs at once and the handoffs alternate between them, prompt by prompt:
+    # the machine's load then weighs on every connector alike.
+    engines: dict[str, tuple[Engine, Engine]] = {}
+    try:
+        for name, (p_spec, d_spec, _) in pairs.items():
+            engines[name] = (Engine(p_spec, logs / f"{name}-prefill.log"),
+                             Engine(d_spec, logs / f"{name}-decode.log"))  # fmt: skip
+        for pair in engines.values():
+            for engine in pair:
                 engine.ready()
-            prefill, decode = engines
-            run_pair(prefill, decode, prompts[:1], 2, params0)  # warm-up
-            results[name] = run_pair(prefill, decode, prompts, args.new_tokens, params0)
-            if name.startswith("hurray"):
-                results[name].update(prefix_bytes(prefill, decode, args.prompt_len))
-        finally:
-            for engine in engines:
+        times: dict[str, dict[str, list[float]]] = {n: {"ttft": [], "whole": []} for n in pairs}
+        seq = 0
+        for name, (prefill, decode) in engines.items():  # warm-up: agents, peers, kernels
+            handoff(prefill, decode, [(t * 7) % 500 + 3 for t in range(args.prompt_len)], 2,
+                    pairs[name][2])  # fmt: skip
+        for rnd in range(args.rounds):
+            load = load_average()
+            for _ in range(args.prompts):
+                for kind, n in (("ttft", 1), ("whole", args.new_tokens)):
+                    seq += 1  # a fresh prompt per handoff: no prefix-cache hits
+                    p = [(t * 37 + 11 * seq) % 500 + 3 for t in range(args.prompt_len)]
+                    for name, (prefill, decode) in engines.items():
+                        only(engines, name)
+                        times[name][kind].append(handoff(prefill, decode, p, n, pairs[name][2]))
+            only(engines, None)
+            k = args.prompts
+            ref = {kind: statistics.median(v[-k:]) for kind, v in times["nixl-connector"].items()}
+            line = {name: {kind: round(statistics.median(v[-k:]) / ref[kind], 2)
+                           for kind, v in times[name].items()}
+                    for name in ("hurray-nixl", "hurray-socket")}  # fmt: skip
+            print(
+                f"round {rnd}: load {load:.1f}->{load_average():.1f}, ratios {line}, "
+                f"NixlConnector {ref['ttft']:.3f} s / {ref['whole']:.3f} s",
+                flush=True,
+            )
+        extra = {name: prefix_bytes(*engines[name], args.prompt_len)
+                 for name in ("hurray-nixl", "hurray-socket")}  # fmt: skip
+    finally:
+        only(engines, None)
+        for pair in engines.values():
+            for engine in pair:
                 engine.close()
-        print(name, json.dumps(results[name]), flush=True)
-    ref = results["nixl-connector"]
+    ref_all = {kind: statistics.median(v) for kind, v in times["nixl-connector"].items()}
+    for name in pairs:
+        med = {kind: statistics.median(v) for kind, v in times[name].items()}
+        print(name, json.dumps({"ttft_s": med["ttft"], "request_s": med["whole"],
+                                **extra.get(name, {})}))  # fmt: skip
     for name in ("hurray-nixl", "hurray-socket"):
-        r = results[name]
-        ttft, whole = r["ttft_s"] / ref["ttft_s"], r["request_s"] / ref["request_s"]
-        share = r["prefix_bytes"] / r["full_bytes"]
+        t, w = (statistics.median(times[name][k]) / ref_all[k] for k in ("ttft", "whole"))
+        r = extra[name]
         print(
-            f"{name} / NixlConnector: time to first decoded token {ttft:.2f}x, "
-            f"whole request {whole:.2f}x; shared-prefix bytes {r['prefix_bytes']:.0f} / "
-            f"full {r['full_bytes']:.0f} = {share:.1%}"
+            f"{name} / NixlConnector: time to first decoded token {t:.2f}x, "
+            f"whole request {w:.2f}x; shared-prefix bytes {r['prefix_bytes']:.0f} / "
+            f"full {r['full_bytes']:.0f} = {r['prefix_bytes'] / r['full_bytes']:.1%}"
         )
     print(f"logs: {logs}")
     return 0

@@ -52,7 +52,7 @@ if atheris is not None and __name__ == "__main__":
         import hurray_wire as hw
         from hurray_wire.containers import StreamReader
         from hurray_wire.fingerprint import EngineFingerprint
-        from hurray_wire.vllm import transfer as vt
+        from hurray_wire.vllm import receive as vr, transfer as vt
         from hurray_wire.vllm.params import TransferParams, prompt_digest
 
         _instrumented.import_all()
@@ -62,7 +62,7 @@ else:
     import hurray_wire as hw
     from hurray_wire.containers import StreamReader
     from hurray_wire.fingerprint import EngineFingerprint
-    from hurray_wire.vllm import transfer as vt
+    from hurray_wire.vllm import receive as vr, transfer as vt
     from hurray_wire.vllm.params import TransferParams, prompt_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -184,7 +184,7 @@ def _pull(body: bytes) -> None:
         prompt_digest(PROMPT),
     )  # fmt: skip
     thread = peer.answer(body)
-    result = vt.pull(params, FINGERPRINT, LAYERS, timeout=5)
+    result = vr.pull(params, FINGERPRINT, LAYERS, timeout=5)
     thread.join()
     if result.pages is None:
         if not isinstance(result.error, hw.HurrayWireError):

@@ -28,7 +28,7 @@ def model_dir() -> Path:
     return make_tiny_llama(Path(os.environ.get("HURRAY_TINY_LLAMA", default)))
 
 
-def scheduler(model_dir: Path, role: str, policy: str = "fail") -> Any:
+def scheduler(model_dir: Path, role: str, policy: str = "fail", log_stats: bool = False) -> Any:
     import torch
     from vllm.config import (
         CacheConfig,
@@ -61,7 +61,8 @@ def scheduler(model_dir: Path, role: str, policy: str = "fail") -> Any:
     layers = [f"model.layers.{i}.self_attn.attn" for i in range(2)]
     kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(layers, spec)])  # fmt: skip
-    return Scheduler(config, kv, StructuredOutputManager(config), block_size=32)
+    return Scheduler(config, kv, StructuredOutputManager(config), block_size=32,
+                     log_stats=log_stats)  # fmt: skip
 
 
 def request(rid: str, max_tokens: int, params: dict[str, Any] | None) -> Any:

@@ -1,7 +1,7 @@
-"""Engines for the connector's tests: a prefill engine and three decode engines (block size
-32 with kv_load_failure_policy "fail" over the socket transport, the same over NIXL, block
-size 64 with "recompute"), each its own process (engine_worker.py), started once per session
-and stopped (killed if need be) at the end."""
+"""Engines for the connector's tests: two prefill engines (without and with vLLM's prefix
+cache) and three decode engines (block size 32 with kv_load_failure_policy "fail" over the
+socket transport, the same over NIXL, block size 64 with "recompute"), each its own process
+(engine_worker.py), started once per session and stopped (killed if need be) at the end."""
 
 from __future__ import annotations
 
@@ -139,7 +139,18 @@ def engines(
             "kv": connector("kv_producer", free_port(), transport="nixl"),
             "pc": False,
         },
-        "decode": {"block_size": 32, "kv": connector("kv_consumer", free_port(), "fail")},
+        "decode": {
+            "block_size": 32,
+            "kv": connector("kv_consumer", free_port(), "fail"),
+            "log_stats": True,
+        },
+        # A prefill engine with vLLM's prefix cache: a prompt sharing blocks with an earlier
+        # one is computed from the cached blocks on, and the transfer must still carry them.
+        "prefill_pc": {
+            "block_size": 32,
+            "kv": connector("kv_producer", free_port(), transport="nixl"),
+            "log_stats": True,
+        },
         "decode64": {"block_size": 64, "kv": connector("kv_consumer", free_port(), "recompute")},
         "decode_nixl": {
             "block_size": 32,
@@ -155,6 +166,7 @@ def engines(
                     "block_size": spec["block_size"],
                     "kv_transfer_config": spec["kv"],
                     "prefix_caching": spec.get("pc", True),
+                    "log_stats": spec.get("log_stats", False),
                 },
                 logs / f"{name}.log",
             )

@@ -4,9 +4,12 @@ The engine tests start a prefill engine and a decode engine this way (vLLM's con
 parallel state are per process, so two engines cannot share one). Commands:
 ``{"generate": [{"prompt": [ids], "max_tokens": n, "params": {...}|null}, ...]}`` ->
 ``[{"tokens", "finish_reason", "params"}]`` plus the call's wall time in ``"seconds"``
-of the first entry; ``{"stats": true}`` -> the connector's totals;
+of the first entry; ``{"stats": true}`` -> the connector's totals; ``{"metrics": true}`` ->
+the engine's Prometheus samples (``"log_stats": true`` in the spec starts vLLM's stat
+loggers, as a server does), ``{name: value}`` without labels;
 ``{"corrupt": {"layer", "delta"}}`` adds ``delta`` to that layer's whole cache (a control);
-``{"quit": true}``.
+``{"quit": true}``. ``"trace": path`` in the spec appends one line per call of the
+connector's methods and of the engine's steps to ``path`` (``tools/profile_vllm_connector.py``).
 """
 
 from __future__ import annotations
@@ -14,12 +17,64 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def _traced(owner: Any, name: str, log: TextIO) -> None:
+    """Wrap ``owner.name`` to log ``start duration name thread`` (wall clock) per call."""
+    inner = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            end = time.time()
+            thread = threading.current_thread().name
+            log.write(f"{start:.6f} {end - start:.6f} {owner.__name__}.{name} {thread}\n")
+
+    setattr(owner, name, wrapper)
+
+
+def trace(path: str, kv: dict[str, Any] | None) -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    log = open(path, "a", buffering=1)  # noqa: SIM115 (open for the process' life)
+    _traced(EngineCore, "step", log)
+    if kv and kv.get("kv_connector") == "HurrayConnector":
+        from hurray_wire.vllm import connector, transfer
+
+        cls: Any = connector.HurrayConnector
+        for name in ("_pull", "_land", "_save"):
+            _traced(cls, name, log)
+        _traced(transfer, "serve_one", log)
+    else:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
+
+        cls = NixlConnector
+    for name in ("get_num_new_matched_tokens", "update_state_after_alloc",
+                 "build_connector_meta", "request_finished", "start_load_kv",
+                 "save_kv_layer", "wait_for_save", "get_finished"):  # fmt: skip
+        _traced(cls, name, log)
+
+
+def metrics() -> dict[str, float]:
+    """The process' Prometheus samples (what a server's /metrics shows), labels dropped
+    (one engine per process)."""
+    import prometheus_client
+
+    samples: dict[str, float] = {}
+    for line in prometheus_client.generate_latest().decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name.split("{", 1)[0] if "_bucket{" not in name else name] = float(value)
+    return samples
 
 
 def main() -> None:
@@ -32,6 +87,8 @@ def main() -> None:
     from vllm.config import KVTransferConfig
 
     kv = spec.get("kv_transfer_config")
+    if spec.get("trace"):
+        trace(spec["trace"], kv)
     llm = LLM(
         model=spec["model"],
         skip_tokenizer_init=True,
@@ -48,6 +105,7 @@ def main() -> None:
         # worker) per rank; the engine core itself stays in this process.
         tensor_parallel_size=spec.get("tp", 1),
         distributed_executor_backend="mp" if spec.get("tp", 1) > 1 else None,
+        disable_log_stats=not spec.get("log_stats", False),
     )
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
@@ -94,6 +152,8 @@ def main() -> None:
             from vllm.distributed.kv_transfer import get_kv_transfer_group
 
             answer = get_kv_transfer_group().totals
+        elif cmd.get("metrics"):
+            answer = metrics()
         else:
             answer = {"error": f"unknown command {sorted(cmd)}"}
         out.write(json.dumps(answer) + "\n")

@@ -290,3 +290,90 @@ def test_a_stale_held_prefix_page_is_detected_not_served(
     assert after["pages_reused"] - before["pages_reused"] == 0
     assert out["finish_reason"] == "length"
     assert out["tokens"] == single(engines, [second])[0]
+
+
+def kv_of(model_dir: Any, p: list[int]) -> list[tuple[Any, Any]]:
+    """An independent forward pass's keys and values per layer, ``[tokens, H, D]``."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        cache = model(torch.tensor([p]), use_cache=True).past_key_values
+    return [
+        (layer.keys[0].transpose(0, 1).numpy(), layer.values[0].transpose(0, 1).numpy())
+        for layer in cache.layers
+    ]
+
+
+def test_prefill_prefix_cache_hit_sends_the_reused_blocks(
+    engines: dict[str, Engine], model_dir: Any
+) -> None:
+    """The prefill engine computes a prompt sharing two blocks with an earlier one from its
+    prefix cache on: the transfer still carries every page the decode worker needs, the
+    reused blocks included (read from vLLM's cache, checked against transformers), and the
+    decode engine's tokens equal a single engine's."""
+    engine = engines["prefill_pc"]
+    base = prompt(600, 128)
+    first, second = base[:100], base[:64] + prompt(601, 60)  # 2 shared blocks of 32
+    engine.generate([{"prompt": first, "max_tokens": 1, "params": {"do_remote_decode": True}}])
+    before = engine.ask({"metrics": True})
+    params = engine.generate(
+        [{"prompt": second, "max_tokens": 1, "params": {"do_remote_decode": True}}]
+    )[0]["params"]
+    after = engine.ask({"metrics": True})
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    assert hits == 64, "the second prompt's first two blocks came from the prefix cache"
+    assert params["remote_block_ids"] and len(params["remote_block_ids"]) == 4
+    result = pull(TransferParams.from_params(params), fingerprint(), 2)
+    assert result.pages is not None, result.error
+    assert result.pages.first_block == 0 and result.pages.layers[0][0].shape[0] == 4
+    for (key, value), (ref_k, ref_v) in zip(result.pages.layers, kv_of(model_dir, second),
+                                            strict=True):  # fmt: skip
+        got_k = key.reshape(-1, *key.shape[2:])[: len(second)]
+        got_v = value.reshape(-1, *value.shape[2:])[: len(second)]
+        np.testing.assert_allclose(got_k, ref_k, rtol=1e-3, atol=1e-3)  # reused blocks too
+        np.testing.assert_allclose(got_v, ref_v, rtol=1e-3, atol=1e-3)
+    # The same prompt once more (three full blocks cached now), decoded by another engine
+    # that holds none of it: every page travels and the tokens are the single engine's.
+    again = engine.generate(
+        [{"prompt": second, "max_tokens": 1, "params": {"do_remote_decode": True}}]
+    )[0]["params"]
+    before_d = engines["decode"].stats()
+    out = decode(engines["decode"], [second], [again])[0]
+    after_d = engines["decode"].stats()
+    assert out["tokens"] == single(engines, [second])[0]
+    assert after_d["pages_reused"] == before_d["pages_reused"]
+    assert after_d["transfers"] == before_d["transfers"] + 1
+
+
+def test_metrics_in_the_engines_prometheus(engines: dict[str, Engine]) -> None:
+    """vLLM's own Prometheus logger shows the connector's counters after a transfer, on the
+    decode engine (received, landed, time) and the prefill engine (pages sent), and a
+    refused pull as a verification failure."""
+    p = prompt(700, 90)  # 3 blocks
+    d_before, p_before = (
+        engines["decode"].ask({"metrics": True}),
+        engines["prefill_pc"].ask({"metrics": True}),
+    )
+    totals = engines["decode"].stats()
+    params = engines["prefill_pc"].generate(
+        [{"prompt": p, "max_tokens": 1, "params": {"do_remote_decode": True}}]
+    )[0]["params"]
+    assert decode(engines["decode"], [p], [params])[0]["finish_reason"] == "length"
+    assert decode(engines["decode"], [p], [params])[0]["finish_reason"] == "error"  # consumed
+    d_after, p_after = (
+        engines["decode"].ask({"metrics": True}),
+        engines["prefill_pc"].ask({"metrics": True}),
+    )
+    received = engines["decode"].stats()["bytes_received"] - totals["bytes_received"]
+
+    def grew(before: dict[str, float], after: dict[str, float], name: str) -> float:
+        return after.get(f"vllm:hurray_{name}", 0) - before.get(f"vllm:hurray_{name}", 0)
+
+    assert grew(d_before, d_after, "transfers_total") == 1
+    assert grew(d_before, d_after, "verification_failures_total") == 1
+    assert grew(d_before, d_after, "bytes_received_total") == received > 3 * 2 * 2 * 32 * 64 * 4
+    assert grew(d_before, d_after, "transfer_time_seconds_count") == 1
+    assert grew(d_before, d_after, "transfer_time_seconds_sum") > 0
+    assert grew(p_before, p_after, "pages_sent_total") == 3

@@ -40,6 +40,7 @@ from hurray_wire.errors import (
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.vllm.held import HeldPages
+from hurray_wire.vllm.metrics import COUNTERS, TIMES, HurrayConnectorStats, HurrayPromMetrics
 from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.receive import LoadResult, pull
 from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, prompt_digest
@@ -47,6 +48,7 @@ from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferSt
 if TYPE_CHECKING:
     import torch
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -66,16 +68,6 @@ OPTIONS: dict[str, Any] = {
     "transfer_ttl": 120.0,
     "timeout": 30.0,
 }
-_COUNTERS = (
-    "transfers",
-    "bytes_sent",
-    "bytes_received",
-    "pages_sent",
-    "pages_reused",
-    "pages_repaired",
-    "verification_failures",
-    "transfer_time_s",
-)
 
 
 @dataclass
@@ -103,32 +95,6 @@ class HurrayConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
     saves: list[SaveSpec] = field(default_factory=list)
     loads: list[LoadSpec] = field(default_factory=list)
-
-
-@dataclass
-class HurrayConnectorStats(KVConnectorStats):  # type: ignore[misc]
-    """Counters since the last report: transfers, bytes and pages sent, pages the decode
-    side already held (``pages_reused``) and held pages that differed from the transfer's
-    and were overwritten (``pages_repaired``), verification failures, transfer seconds."""
-
-    def __post_init__(self) -> None:
-        for name in _COUNTERS:
-            self.data.setdefault(name, 0)
-
-    def reset(self) -> None:
-        empty: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
-        self.data = empty
-
-    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for name in _COUNTERS:
-            self.data[name] = self.data.get(name, 0) + other.data.get(name, 0)
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        return {name: self.data.get(name, 0) for name in _COUNTERS}
-
-    def is_empty(self) -> bool:
-        return not any(self.data.get(name, 0) for name in _COUNTERS)
 
 
 def _pages(tensor: BlockPagedTensor) -> npt.NDArray[Any]:
@@ -201,8 +167,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._results: dict[str, tuple[LoadSpec, LoadResult, float]] = {}
         self._invalid: set[int] = set()
         self._stats = HurrayConnectorStats()
-        self._totals = HurrayConnectorStats()
-        self._logged: set[str] = set()
+        self._totals: dict[str, float] = dict.fromkeys((*COUNTERS, "transfer_time_s"), 0)
+        self._logged: dict[str, None] = {}  # request ids already logged, oldest first
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
@@ -527,6 +493,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                                "from the transfer's, overwritten with them", rid,
                                result.pages.repaired)  # fmt: skip
             self._count("transfer_time_s", seconds)
+            times: list[float] = self._stats.data[TIMES]
+            times.append(seconds)
         self._sync_server()
         return None, received or None
 
@@ -539,22 +507,25 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def totals(self) -> dict[str, float]:
         """Every counter since the connector started (tests and benchmarks read these)."""
         self._sync_server()
-        return dict(self._totals.data)
+        return dict(self._totals)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         invalid, self._invalid = self._invalid, set()
         return invalid
 
     def _count(self, name: str, amount: float) -> None:
-        for stats in (self._stats, self._totals):
-            stats.data[name] = stats.data.get(name, 0) + amount
+        if name in COUNTERS:
+            self._stats.count(name, amount)
+        self._totals[name] = self._totals.get(name, 0) + amount
 
     def _log_once(
         self, request_id: str, error: BaseException | None, what: str = "KV load refused"
     ) -> None:
         if request_id in self._logged:
             return
-        self._logged.add(request_id)
+        self._logged[request_id] = None
+        while len(self._logged) > 4096:  # bounded: a long-lived engine sees many requests
+            del self._logged[next(iter(self._logged))]
         logger.error("HurrayConnector: request %s: %s: %s", request_id, what, error)
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
@@ -566,6 +537,18 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
         return HurrayConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics:
+        """vLLM's Prometheus logger registers the connector's metrics through this
+        (``vllm:hurray_*``, hurray_wire.vllm.metrics)."""
+        return HurrayPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._server is not None:

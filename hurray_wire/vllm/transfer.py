@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import socket
 import threading
 import time
@@ -47,6 +48,7 @@ __all__ = [
     "serve_one",
 ]
 
+logger = logging.getLogger("hurray_wire.vllm")
 MAX_LINE = 1 << 20  # bytes of one control line (an ask carries the held pages' digests)
 MAX_TP = 1 << 16  # the most TP ranks a pull may name
 ROLES = ("key", "value")
@@ -216,14 +218,19 @@ def _send_line(sock: socket.socket, obj: Mapping[str, Any]) -> None:
 
 
 def _read_line(sock: socket.socket) -> dict[str, Any]:
+    """One JSON control line, and not a byte more (a stream may follow it on the socket):
+    peeked, then taken up to its newline, two system calls instead of one per byte."""
     buf = bytearray()
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(1)
+    while True:
+        chunk = sock.recv(MAX_LINE + 1, socket.MSG_PEEK)
         if not chunk:
             raise TransportError("the peer closed the connection before its control line")
-        buf += chunk
+        end = chunk.find(b"\n")
+        buf += sock.recv(len(chunk) if end < 0 else end + 1)
         if len(buf) > MAX_LINE:
             raise TransportError(f"a control line over {MAX_LINE} bytes", found=len(buf))
+        if end >= 0:
+            break
     try:
         obj = json.loads(buf)
     except ValueError as exc:
@@ -300,8 +307,27 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
     except TransferRefusedError as exc:
         _send_line(conn, {"ok": False, "reason": exc.reason, "message": str(exc)})
         return 0
+    try:
+        return _send(conn, store, transfer, ask, first, held, known, nixl)
+    except (OSError, HurrayWireError) as exc:
+        # once per transfer (a transfer is served once), with the request it was for
+        logger.error("HurrayConnector: request %s: KV send failed: %s", transfer.request_id, exc)
+        raise
+
+
+def _send(
+    conn: socket.socket,
+    store: TransferStore,
+    transfer: _Transfer,
+    ask: Mapping[str, Any],
+    first: int,
+    held: int,
+    known: Any,
+    nixl: NixlPeers | None,
+) -> int:
+    """The accepted transfer's pages on ``conn`` (stream) or as NIXL blobs; bytes sent."""
     identity = _identity(transfer, ask["transfer_id"], first, held)
-    if wants_nixl:
+    if ask.get("transport") == "nixl":
         assert nixl is not None
         sender, mine = nixl.sender(ask)
         _send_line(conn, {"ok": True, "agent_metadata": mine})
