@@ -175,7 +175,8 @@ class TransferStore:
                         found=ask.get(name),
                     )
             first = ask.get("first_page", 0)
-            pages = len(transfer.block_ids)
+            # pages from ``first`` on hold num_tokens - first * block_size >= 0 tokens
+            pages = min(len(transfer.block_ids), transfer.num_tokens // transfer.block_size)
             if type(first) is not int or not 0 <= first <= pages:
                 raise TransferRefusedError(
                     "first_page out of range",
