@@ -176,3 +176,36 @@ def test_f10_decode_into_takes_flat_bytes_of_a_uint8_pool(name: str, digests: bo
     for wrong in (np.empty(flat.size + 1, np.uint8), np.empty(flat.size, np.int8)):
         with pytest.raises(hw.ArgumentTypeError, match="page_pool"):
             hw.decode_into(blob, wrong)
+
+
+# -- F11: a puller's first_page past the prompt's tokens crashed the prefill server ----------
+# TransferStore.take accepted any first_page in 0..len(block_ids); with a partial last block
+# (20 tokens in two 16-token blocks) first_page 2 leaves -12 tokens, and serve_one raised a
+# foreign OverflowError building seq_lens, which TransferServer's thread does not catch (it
+# catches OSError and our errors): one control line ended the prefill worker's listener.
+# Found by tools/fuzz_vllm.py (plain mode) after about 60 s.
+
+
+@pytest.mark.parametrize(("first", "served"), [(0, True), (1, True), (2, False), (3, False)])
+def test_f11_first_page_is_bounded_by_the_tokens(first: int, served: bool) -> None:
+    import json
+    import socket
+
+    import fuzz_vllm
+
+    from hurray_wire.vllm import transfer as vt
+
+    store = fuzz_vllm._store()  # 20 tokens, block ids [5, 9] of 16 tokens
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(json.dumps({**fuzz_vllm.ASK, "first_page": first}).encode() + b"\n")
+        sent = vt.serve_one(store, ours)
+        ours.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := theirs.recv(1 << 16):
+            reply += chunk
+    line = json.loads(reply.split(b"\n", 1)[0])
+    assert (sent > 0) == served and line["ok"] is served
+    if not served:
+        assert line["reason"] == "block_ids" and "first_page out of range" in line["message"]
+        assert store.take(fuzz_vllm.ASK)[1] == 0  # a refused ask leaves the transfer servable

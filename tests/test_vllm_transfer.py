@@ -344,7 +344,7 @@ def test_concurrent_nixl_pulls_from_one_prefill_worker() -> None:
     [
         (b'{"ok":true}\nSTREAM', {"ok": True}, b"STREAM"),  # the stream after it stays unread
         (b'{"a":1}\n{"b":2}\n', {"a": 1}, b'{"b":2}\n'),
-        (b'{"a":' + b" " * 70000 + b"1}\n", None, None),  # over 64 KiB
+        (b'{"a":' + b" " * (tr.MAX_LINE + 10) + b"1}\n", None, None),  # over MAX_LINE
         (b'{"a":1}', None, None),  # closed before its newline
         (b"", None, None),  # closed before anything
         (b"[1, 2]\n", None, None),  # not an object

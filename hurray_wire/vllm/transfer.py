@@ -171,7 +171,8 @@ class TransferStore:
                     )
             first = ask.get("first_page", 0)
             held = ask.get("held_pages", 0)
-            pages = len(transfer.block_ids)
+            # pages from ``first`` on hold num_tokens - first * block_size >= 0 tokens (F11)
+            pages = min(len(transfer.block_ids), transfer.num_tokens // transfer.block_size)
             for name, value in (("first_page", first), ("held_pages", held)):
                 if type(value) is not int or not 0 <= value <= pages:
                     raise TransferRefusedError(
