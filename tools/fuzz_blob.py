@@ -457,9 +457,11 @@ def _check_decode_into(data: bytes, strict: tuple[Any, hw.HurrayWireError | None
         return
     for one_pass in (False, True):
         out = np.full(size, 0xA5, np.uint8)
-        landed, landed_error = outcome(
-            lambda o=out, p=one_pass: hw.decode_into(data, o, threads=0, one_pass=p)
-        )
+
+        def land(o: Any = out, p: bool = one_pass) -> Any:
+            return hw.decode_into(data, o, threads=0, one_pass=p)
+
+        landed, landed_error = outcome(land)
         if tensor is not None:
             if landed_error is not None:
                 raise AssertionError(f"decode_into refuses what decode accepts: {landed_error!r}")
