@@ -66,10 +66,12 @@ and are appended as a seed directory whenever every positional argument is a dir
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import io
 import random
+import shutil
 import struct
 import sys
 import tempfile
@@ -194,7 +196,9 @@ def check_reference_stream(data: bytes) -> None:
 # -- .hrry files -------------------------------------------------------------------------------
 def _scratch_file() -> Path:
     if not _SCRATCH:
-        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="hw-fuzz-")) / "roundtrip.hrry")
+        folder = tempfile.mkdtemp(prefix="hw-fuzz-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # no scratch left in /tmp
+        _SCRATCH.append(Path(folder) / "roundtrip.hrry")
     return _SCRATCH[0]
 
 

@@ -35,7 +35,9 @@ Generated streams (``fuzz_containers.generated_seeds``) go to
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -72,7 +74,9 @@ _SCRATCH: list[Path] = []
 
 def _scratch() -> Path:
     if not _SCRATCH:
-        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="hw-fuzz-sf-")) / "stream.hrws")
+        folder = tempfile.mkdtemp(prefix="hw-fuzz-sf-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # no scratch left in /tmp
+        _SCRATCH.append(Path(folder) / "stream.hrws")
     return _SCRATCH[0]
 
 
