@@ -209,3 +209,20 @@ def test_f11_first_page_is_bounded_by_the_tokens(first: int, served: bool) -> No
     if not served:
         assert line["reason"] == "block_ids" and "first_page out of range" in line["message"]
         assert store.take(fuzz_vllm.ASK)[1] == 0  # a refused ask leaves the transfer servable
+
+
+F12_BLOB = Path(__file__).resolve().parent / "fuzz_findings" / "f12-page-rows-of-2-70-bytes.hrwb"
+
+
+def test_f12_page_sections_of_pages_no_row_can_hold_are_refused() -> None:
+    """F12 (the third round, blob harness with checksums fixed): a pool of 0 pages of 2**70
+    bytes each (num_heads 2**64 - 8) with a page-digests section. ``decode`` reshaped the
+    empty pool into rows of a page's bytes before the pool's own geometry check and raised
+    NumPy's ValueError; the section table now refuses page records over 2**63 - 1 bytes,
+    as the pool's check refuses the same geometry without page sections."""
+    data = F12_BLOB.read_bytes()
+    with pytest.raises(hw.errors.SectionError) as info:
+        hw.decode(data)
+    assert (info.value.section, info.value.field) == ("page_digests[0]", "kind")
+    assert "2**63 - 1 bytes" in str(info.value)
+    fuzz_blob.check_blob(data)  # raised AssertionError (a foreign ValueError) before

@@ -157,8 +157,14 @@ def _buffer_sizes(
     return full
 
 
+#: The most bytes one page record (a pool row, a page's scales) may have: what NumPy can
+#: address as one row. A pool of 0 pages holds any geometry, so nothing else bounds it (F12).
+MAX_PAGE_RECORD_BYTES = (1 << 63) - 1
+
+
 def _check_pages_geometry(descriptor: TensorDescriptor, at: int, where: str) -> None:
-    if paged_buffers(descriptor).page_nbytes is None:
+    paged = paged_buffers(descriptor)
+    if paged.page_nbytes is None:
         raise _refused(
             SectionError,
             "page sections need pages that end on a byte boundary",
@@ -166,6 +172,17 @@ def _check_pages_geometry(descriptor: TensorDescriptor, at: int, where: str) -> 
             at,
             "kind",
             expected="page_size * num_heads * head_dim * bit_width % 8 == 0",
+        )
+    widest = max([paged.page_nbytes, *(sum(widths) for _, widths in paged.params)])
+    if widest > MAX_PAGE_RECORD_BYTES:
+        raise _refused(
+            SectionError,
+            "page sections need pages of at most 2**63 - 1 bytes",
+            where,
+            at,
+            "kind",
+            expected=f"<= {MAX_PAGE_RECORD_BYTES} bytes per page record",
+            found=f"{widest} bytes",
         )
 
 
