@@ -114,6 +114,21 @@ def connector(
     }
 
 
+def kv_of(model_dir: Any, tokens: list[int]) -> list[tuple[Any, Any]]:
+    """An independent transformers forward pass: per layer, its keys and values
+    ``[tokens, H, D]`` for ``tokens``."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        cache = model(torch.tensor([tokens]), use_cache=True).past_key_values
+    return [
+        (layer.keys[0].transpose(0, 1).numpy(), layer.values[0].transpose(0, 1).numpy())
+        for layer in cache.layers
+    ]
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     from make_tiny_llama import make_tiny_llama

@@ -23,7 +23,7 @@ from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.vllm.receive import pull
 from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore
 
-from .conftest import Engine, free_port
+from .conftest import Engine, free_port, kv_of
 
 MAX_TOKENS = 12
 
@@ -290,20 +290,6 @@ def test_a_stale_held_prefix_page_is_detected_not_served(
     assert after["pages_reused"] - before["pages_reused"] == 0
     assert out["finish_reason"] == "length"
     assert out["tokens"] == single(engines, [second])[0]
-
-
-def kv_of(model_dir: Any, p: list[int]) -> list[tuple[Any, Any]]:
-    """An independent forward pass's keys and values per layer, ``[tokens, H, D]``."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        cache = model(torch.tensor([p]), use_cache=True).past_key_values
-    return [
-        (layer.keys[0].transpose(0, 1).numpy(), layer.values[0].transpose(0, 1).numpy())
-        for layer in cache.layers
-    ]
 
 
 def test_prefill_prefix_cache_hit_sends_the_reused_blocks(

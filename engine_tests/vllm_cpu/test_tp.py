@@ -19,7 +19,7 @@ import pytest
 from hurray_wire.vllm.receive import pull
 from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore
 
-from .conftest import Engine, connector, free_port
+from .conftest import Engine, connector, free_port, kv_of
 from .test_connector import MAX_TOKENS, decode, fingerprint, prefill, prompt, single
 
 KV_HEADS = 2  # the tiny model's num_key_value_heads (tools/make_tiny_llama.py)
@@ -33,20 +33,6 @@ def vllm_heads(num_kv_heads: int, tp_size: int, rank: int) -> list[int]:
         return [rank // (tp_size // num_kv_heads)]
     per = num_kv_heads // tp_size
     return list(range(rank * per, rank * per + per))
-
-
-def reference(model_dir: Any, tokens: list[int]) -> list[tuple[Any, Any]]:
-    """Per layer, transformers' keys and values ``[T, H, D]`` for ``tokens``."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        cache = model(torch.tensor([tokens]), use_cache=True).past_key_values
-    return [
-        (layer.keys[0].transpose(0, 1).numpy(), layer.values[0].transpose(0, 1).numpy())
-        for layer in cache.layers
-    ]
 
 
 def listeners(count: int) -> list[socket.socket]:
@@ -73,7 +59,7 @@ def test_prefill_tp1_to_decode_ranks_of_tp2_get_their_heads(
 ) -> None:
     p = prompt(700, 75)
     params = TransferParams.from_params(prefill(engines, [p])[0])
-    ref = reference(model_dir, p)
+    ref = kv_of(model_dir, p)
     for rank in range(2):
         ours = replace(fingerprint(), tp_rank=rank, tp_size=2)
         result = pull(params, ours, 2, num_kv_heads=KV_HEADS)
@@ -121,7 +107,7 @@ def test_prefill_ranks_of_tp2_merge_for_a_tp1_decode_rank(
     result = pull(params, fingerprint(), 2, num_kv_heads=KV_HEADS)
     assert result.pages is not None, result.error
     assert result.pages.converted == ("tp_size",)
-    for (key, value), (ref_k, ref_v) in zip(result.pages.layers, reference(model_dir, p),
+    for (key, value), (ref_k, ref_v) in zip(result.pages.layers, kv_of(model_dir, p),
                                             strict=True):  # fmt: skip
         np.testing.assert_allclose(flat(key, len(p)), ref_k, rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(flat(value, len(p)), ref_v, rtol=1e-3, atol=1e-3)
