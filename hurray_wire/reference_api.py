@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hurray_wire.buffers import byte_view
 from hurray_wire.dtypes import ElementType, element_type_of
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
 from hurray_wire.model.descriptor import TensorDescriptor
@@ -23,18 +24,6 @@ from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
 
 __all__ = ["Tensor"]
-
-
-def _bytes(value: object, name: str) -> memoryview:
-    try:
-        view = memoryview(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ArgumentTypeError(
-            "expected a bytes-like buffer", field=name, found=type(value).__name__
-        ) from None
-    if not view.c_contiguous:
-        raise ArgumentTypeError("buffer must be C-contiguous", field=name)
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 class Tensor:
@@ -70,8 +59,10 @@ class Tensor:
                 field="aux_buffers",
                 found=type(aux_buffers).__name__,
             )
-        self.data = _bytes(data, "data")
-        self.aux_buffers = tuple(_bytes(b, f"aux_buffers[{i}]") for i, b in enumerate(aux_buffers))
+        self.data = byte_view(data, "data")
+        self.aux_buffers = tuple(
+            byte_view(b, f"aux_buffers[{i}]") for i, b in enumerate(aux_buffers)
+        )
         if len(self.aux_buffers) < 2:
             raise InvalidTensorError(
                 "a block-paged tensor needs block_table and seq_ptr buffers",
