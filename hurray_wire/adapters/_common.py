@@ -163,6 +163,39 @@ def lens_of(tensor: BlockPagedTensor) -> Array:
     return int32(np.diff(tensor.seq_ptr.astype(np.int64)) * tensor.layout.page_size, "seq_lens")
 
 
+def last_page_tokens(tensor: BlockPagedTensor) -> tuple[Array, Array]:
+    """``(pages, tokens in the last page)`` per sequence, int64 (0 tokens without pages)."""
+    counts = np.diff(tensor.seq_ptr.astype(np.int64))
+    lens = lens_of(tensor).astype(np.int64)
+    return counts, np.where(counts > 0, lens - (counts - 1) * tensor.layout.page_size, 0)
+
+
+def role_tensors(
+    pools: list[tuple[str, Any]],
+    table: Array,
+    seq_ptr: Array,
+    lens: Array,
+    layer_index: int | None,
+    scales: dict[str, float | None],
+    metadata: dict[str, Any] | None = None,
+) -> BlockPagedTensor | Pair:
+    """One tensor per ``(role, pool)`` over one index: the tensor alone, or the pair."""
+    tensors = tuple(
+        BlockPagedTensor.from_arrays(
+            pool,
+            table,
+            seq_ptr,
+            seq_lens=lens,
+            kv_role=role,
+            layer_index=layer_index,
+            kv_scale=scales.get(role),
+            metadata=metadata,
+        )
+        for role, pool in pools
+    )
+    return tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
+
+
 def check_pair(value: Any, name: str) -> Pair:
     """A ``(key, value)`` pair of tensors over one batch and pool geometry."""
     if not (
@@ -241,6 +274,18 @@ def engine_dtype_name(value: Any) -> str:
     if isinstance(value, (np.dtype, type)):
         return str(np.dtype(value).name)
     return str(value).removeprefix("torch.")
+
+
+def engine_buffer(value: Any, name: str, dtype: Any) -> Any:
+    """An engine's cache buffer as ``engine_element_view`` gives it: a host torch tensor as
+    its NumPy view, a device tensor kept (the referenced pages are gathered where it lives)."""
+    if is_torch(value) and value.device.type == "cpu":
+        value = as_numpy(value, name)
+    elif not is_torch(value) and not isinstance(value, np.ndarray):
+        raise ArgumentTypeError(
+            "expected a NumPy array or torch tensor", field=name, found=type(value).__name__
+        )
+    return engine_element_view(value, dtype, name)
 
 
 def engine_element_view(values: Any, dtype: Any, name: str) -> Any:

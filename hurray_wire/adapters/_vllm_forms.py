@@ -82,6 +82,13 @@ def stacked_axis(backend: str, era: int) -> int:
 
 def backend_name(backend: object) -> str:
     """vLLM's name of ``backend``: a name, an ``AttentionBackendEnum`` member or a class."""
+    if backend is None:
+        raise ArgumentTypeError(
+            "backend is required: vLLM's backends read the same shape differently",
+            field="backend",
+            found=None,
+            expected=BACKENDS,
+        )
     if isinstance(backend, str):
         name = backend
     elif callable(getattr(backend, "get_name", None)):

@@ -1,22 +1,11 @@
 """FlashInfer paged KV caches <-> BlockPagedTensor, as flashinfer-python 0.7.2's code reads them.
 
-The CSR arrays are the block-paged buffers under other names: ``kv_indptr`` is ``seq_ptr``
-and ``kv_indices`` is ``block_table``. Lengths are FlashInfer's ``get_seq_lens``
-(``flashinfer/page.py``): ``max(pages - 1, 0) * page_size + kv_last_page_len``; a length
-the request's pages cannot hold (an empty request with a nonzero ``kv_last_page_len``, a
-last page length above ``page_size``, or 0 on a request with pages) is refused.
-
-Caches, as ``_unpack_paged_kv_cache`` (``flashinfer/utils.py``) accepts them: a ``(k, v)``
-tuple of ``[pages, page_size, H, D]`` each, or ``[pages, H, D]`` for page size 1; one tensor
-``[pages, 2, page_size, H, D]``, or ``[pages, 2, H, D]`` for page size 1, holding both
-roles; ``kv_layout="HND"`` swaps ``page_size`` and ``H``. One role alone (``kv_role=``) is
-one element of the tuple form. A single 4-D tensor without ``kv_role`` is therefore the
-combined page-size-1 cache, never one role.
-
-Views and copies: a C-contiguous host NHD cache of one role is shared; HND and the combined
-form (strided views) and device tensors give only the pages ``kv_indices`` names (a compact
-copy, indices renumbered in first-reference order). ``to_flashinfer`` returns the pools
-themselves for NHD, copies for HND and the combined form.
+The CSR arrays are the block-paged buffers under other names (``kv_indptr`` is ``seq_ptr``,
+``kv_indices`` is ``block_table``); the cache forms are those ``_unpack_paged_kv_cache``
+(``flashinfer/utils.py``) accepts (docs/adapters.md), so a single 4-D tensor without
+``kv_role`` is the combined page-size-1 cache, never one role. Lengths are FlashInfer's
+``get_seq_lens`` (``flashinfer/page.py``), and one the request's pages cannot hold exactly
+is refused: FlashInfer would count tokens no page holds.
 """
 
 from __future__ import annotations
@@ -25,17 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import as_numpy, is_torch
+from hurray_wire._interop import is_torch
 from hurray_wire.adapters._common import (
     Array,
     check_choice,
     check_pair,
-    engine_element_view,
+    engine_buffer,
     engine_outputs,
     int32,
     int_vector,
-    lens_of,
+    last_page_tokens,
     per_tensor_scale,
+    role_tensors,
 )
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
@@ -43,18 +33,8 @@ from hurray_wire.tensor import BlockPagedTensor
 __all__ = ["from_flashinfer", "to_flashinfer"]
 
 _LAYOUTS = ("NHD", "HND")
+ROLES = ("key", "value")
 _SCALE_RULE = "FlashInfer's run() takes one k_scale / v_scale float"
-
-
-def _host(value: Any, name: str, dtype: Any) -> Any:
-    """A host torch tensor as its NumPy view; device tensors stay (gathered later)."""
-    if is_torch(value) and value.device.type == "cpu":
-        value = as_numpy(value, name)
-    elif not is_torch(value) and not isinstance(value, np.ndarray):
-        raise ArgumentTypeError(
-            "expected a NumPy array or torch tensor", field=name, found=type(value).__name__
-        )
-    return engine_element_view(value, dtype, name)
 
 
 def _role_pages(cache: Any, layout: str, name: str) -> Any:
@@ -83,10 +63,10 @@ def _caches(paged_kv_cache: Any, layout: str, kv_role: str | None, dtype: Any) -
                 found=f"{len(paged_kv_cache)} items, kv_role {kv_role!r}",
             )
         return [
-            ("key", _role_pages(_host(paged_kv_cache[0], "k_cache", dtype), layout, "k_cache")),
-            ("value", _role_pages(_host(paged_kv_cache[1], "v_cache", dtype), layout, "v_cache")),
+            (role, _role_pages(engine_buffer(part, name, dtype), layout, name))
+            for role, part, name in zip(ROLES, paged_kv_cache, ("k_cache", "v_cache"), strict=True)
         ]
-    cache = _host(paged_kv_cache, "paged_kv_cache", dtype)
+    cache = engine_buffer(paged_kv_cache, "paged_kv_cache", dtype)
     if kv_role is not None:
         if kv_role not in ("key", "value"):
             raise InvalidTensorError(
@@ -184,19 +164,7 @@ def from_flashinfer(
     lens = _seq_lens(indptr, int_vector(kv_last_page_len, "kv_last_page_len"), page_size)
     scales = {"key": per_tensor_scale(k_scale, "k_scale", _SCALE_RULE),
               "value": per_tensor_scale(v_scale, "v_scale", _SCALE_RULE)}  # fmt: skip
-    tensors = tuple(
-        BlockPagedTensor.from_arrays(
-            pool,
-            indices,
-            indptr,
-            seq_lens=lens,
-            kv_role=role,
-            layer_index=layer_index,
-            kv_scale=scales[role],
-        )
-        for role, pool in pages
-    )
-    return tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
+    return role_tensors(pages, indices, indptr, lens, layer_index, scales)
 
 
 def to_flashinfer(
@@ -233,10 +201,7 @@ def to_flashinfer(
         tensor, value = check_pair(tensor_or_pair, "tensor_or_pair")
         k, v = cache_of(tensor), cache_of(value)
         cache = np.stack((k, v), axis=1) if combined else (k, v)
-    page_size = tensor.layout.page_size
-    counts = np.diff(tensor.seq_ptr.astype(np.int64))
-    lens = lens_of(tensor).astype(np.int64)
-    last = np.where(counts > 0, lens - (counts - 1) * page_size, 0).astype(np.int32)
+    last = last_page_tokens(tensor)[1].astype(np.int32)
     indptr = int32(tensor.seq_ptr, "kv_indptr")
     indices = int32(tensor.block_table, "kv_indices")
     names = ("paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len")

@@ -1,31 +1,12 @@
 """SGLang token-slot pools <-> BlockPagedTensor, as sglang 0.5.23's own code keeps them.
 
-What SGLang hands you (``sglang/srt/mem_cache/memory_pool.py``):
-
-- ``MHATokenToKVPool``: per layer ``k_buffer[layer]`` / ``v_buffer[layer]`` of
-  ``[size + page_size, H, D]`` token slots (NHD, the default) or, with
-  ``SGLANG_USE_HND_KVCACHE``, ``[num_pages, H, page_size, D]`` (HND; slot ``s`` is
-  ``[s // page_size, :, s % page_size]``). The first page (slots ``0..page_size-1``) is
-  padding: the allocators hand out pages from 1 (``allocator/paged.py`` ``clear``) and
-  padded tokens write there.
-- ``MLATokenToKVPool``: one ``kv_buffer[layer]`` of ``[size + page_size, 1, 576]``
-  (``kv_lora_rank`` latent then the rope part); ``get_value_buffer`` is its first
-  ``kv_lora_rank`` dims, so it travels once, as a ``"fused"`` tensor.
-- fp8 (``float8_e4m3fn`` / ``float8_e5m2``) is stored as uint8 (``KVCache.store_dtype``)
-  and read through ``.view(dtype)``; the scales are per tensor, one ``k_scale`` /
-  ``v_scale`` per layer (``layers/quantization/kv_cache.py``: "Only support per-tensor
-  scaling factor"), stored ``k / k_scale`` and read ``q * k_scale``.
-- ``ReqToTokenPool.req_to_token``: ``[size + 1, max_context_len]`` int32, row 0 padding
-  (cuda-graph padded batches point there); request ``i`` of a batch is row
-  ``req_pool_indices[i]`` and its token ``t`` lives in slot ``req_to_token[row, t]``. With
-  ``page_size > 1`` a page's slots are contiguous and page-aligned (``alloc_extend``
-  keeps ``slot % page_size == t % page_size``), so page id = ``slot // page_size``, the
-  rule SGLang's disaggregation uses (``mem_cache/common.py`` ``kv_to_page_indices``).
-
-Views and copies: an NHD host buffer becomes the tensor's page pool without a copy; an HND
-buffer, or a torch tensor on a GPU, gives only the pages the requests reference (gathered
-where they live, then renumbered in first-reference order). ``to_sglang`` returns views of
-the tensor's pool for NHD when its page 0 is unused, copies otherwise (see its docstring).
+docs/adapters.md tabulates what SGLang keeps (``sglang/srt/mem_cache/memory_pool.py``) and
+where each rule comes from. What shapes this module: a pool is token slots, not pages, so a
+page exists only because SGLang's paged allocator keeps a page's slots contiguous and
+aligned (``slot % page_size == token % page_size``; page id = ``slot // page_size``, as
+its disaggregation does), which is checked per token; page 0 and row 0 of
+``req_to_token`` are padding, never data; fp8 is stored as uint8 and needs ``dtype``.
+An NHD host pool is shared; HND or device pools give only the referenced pages (a copy).
 """
 
 from __future__ import annotations
@@ -38,12 +19,13 @@ from hurray_wire._interop import as_numpy, is_torch
 from hurray_wire.adapters._common import (
     Array,
     check_pair,
-    engine_element_view,
+    engine_buffer,
     engine_outputs,
     int32,
     int_vector,
     lens_of,
     per_tensor_scale,
+    role_tensors,
 )
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
@@ -68,13 +50,7 @@ def _layout(value: object) -> str:
 
 def _pages(buffer: Any, name: str, page_size: int, layout: str, dtype: Any) -> Any:
     """The buffer as ``[num_pages, page_size, H, D]`` pages (a view, NumPy or torch kept)."""
-    if is_torch(buffer) and buffer.device.type == "cpu":
-        buffer = as_numpy(buffer, name)
-    elif not is_torch(buffer) and not isinstance(buffer, np.ndarray):
-        raise ArgumentTypeError(
-            "expected a NumPy array or torch tensor", field=name, found=type(buffer).__name__
-        )
-    buffer = engine_element_view(buffer, dtype, name)
+    buffer = engine_buffer(buffer, name, dtype)
     shape = tuple(int(d) for d in buffer.shape)
     if layout == "hnd":
         if len(shape) != 4 or shape[2] != page_size:
@@ -245,21 +221,12 @@ def from_sglang(
     table, seq_ptr, lens = _request_pages(
         req_to_token, req_pool_indices, seq_lens, size, int(k_pages.shape[0])
     )
-    scales = (per_tensor_scale(k_scale, "k_scale", _SCALE_RULE),
-              per_tensor_scale(v_scale, "v_scale", _SCALE_RULE))  # fmt: skip
-    key, value = (
-        BlockPagedTensor.from_arrays(
-            pages,
-            table,
-            seq_ptr,
-            seq_lens=lens,
-            kv_role=role,
-            layer_index=layer_index,
-            kv_scale=scale,
-        )
-        for role, pages, scale in (("key", k_pages, scales[0]), ("value", v_pages, scales[1]))
-    )
-    return key, value
+    scales = {"key": per_tensor_scale(k_scale, "k_scale", _SCALE_RULE),
+              "value": per_tensor_scale(v_scale, "v_scale", _SCALE_RULE)}  # fmt: skip
+    pools = [("key", k_pages), ("value", v_pages)]
+    pair = role_tensors(pools, table, seq_ptr, lens, layer_index, scales)
+    assert isinstance(pair, tuple)  # two roles
+    return pair
 
 
 def from_sglang_mla(
@@ -288,9 +255,10 @@ def from_sglang_mla(
     table, seq_ptr, lens = _request_pages(
         req_to_token, req_pool_indices, seq_lens, size, int(pages.shape[0])
     )
-    return BlockPagedTensor.from_arrays(
-        pages, table, seq_ptr, seq_lens=lens, kv_role="fused", layer_index=layer_index,
-        kv_scale=per_tensor_scale(kv_scale, "kv_scale", _SCALE_RULE))  # fmt: skip
+    scales = {"fused": per_tensor_scale(kv_scale, "kv_scale", _SCALE_RULE)}
+    tensor = role_tensors([("fused", pages)], table, seq_ptr, lens, layer_index, scales)
+    assert isinstance(tensor, BlockPagedTensor)  # one role
+    return tensor
 
 
 def _requests(

@@ -1,28 +1,12 @@
 """vLLM per-layer KV caches <-> BlockPagedTensor, read the way vLLM's attention reads them.
 
-The cache is read according to its attention ``backend``, named as vLLM names it
-(``"FLASH_ATTN"``, ``"TRITON_ATTN"``, ``"FLEX_ATTENTION"``, ``"FLASHINFER"``, ``"CPU_ATTN"``,
-the MLA backends, or the backend class), and the allocation era of ``vllm_version``
-(``hurray_wire.adapters._vllm_forms`` cites the vLLM code behind every rule):
-
-* vLLM >= 0.26 (``allocate_kv_cache``): ``[num_blocks, H, block_size, 2 * head_size]`` per
-  layer, K then V in the last axis; ``kv_cache_layout`` (a ``KVCacheLayout`` name, or vLLM's
-  aliases ``"NHD"`` / ``"HND"``) sets only the strides, so it is checked, never used to
-  reinterpret the axes. CPU_ATTN stores each (block, head) slab in its kernel ISA's order
-  (``isa=``). MLA: ``[num_blocks, 1, block_size, 576]`` -> one ``fused`` tensor.
-* vLLM 0.23-0.25: ``[num_blocks, 2, block_size, H, head_size]``; 0.20-0.22 the same for
-  FLASHINFER and TRITON_ATTN, ``[2, num_blocks, block_size, H, head_size]`` for FLASH_ATTN
-  and FLEX_ATTENTION; MLA ``[num_blocks, block_size, 576]`` before 0.26.
-* a one-role view ``[num_blocks, block_size, H, head_size]`` (the backends'
-  ``transpose(1, 2).split(head_size, -1)``) with ``kv_role``.
-
-vLLM's block table is ``[num_reqs, max_blocks]`` int32, zero padded; row ``s`` uses its first
-``ceil(seq_lens[s] / block_size)`` entries. Block 0 is vLLM's null block
-(vllm/v1/core/block_pool.py: the first block taken, ``is_null``): never a request's data. A
-sliding-window layer's row starts with null blocks for tokens outside the window
-(vllm/v1/core/single_type_kv_cache_manager.py ``remove_skipped_blocks``); with
-``sliding_window=`` they are dropped and the skipped token counts kept in the tensor's
-metadata under ``"vllm.skipped_tokens"``.
+The same tensor holds other bytes under another attention ``backend`` or allocation era
+(``vllm_version``), so both are inputs, never guessed; ``_vllm_forms`` cites the vLLM code
+behind every rule and docs/adapters.md tabulates them. ``kv_cache_layout`` sets only the
+strides, so it is checked, never used to reinterpret the axes. Block 0 is vLLM's null
+block (vllm/v1/core/block_pool.py), never a request's data, except as the leading blocks a
+sliding window has left (``sliding_window=``: dropped, counted under
+``"vllm.skipped_tokens"``).
 """
 
 from __future__ import annotations
@@ -40,6 +24,7 @@ from hurray_wire.adapters._common import (
     int_vector,
     lens_of,
     padded_table,
+    role_tensors,
 )
 from hurray_wire.dtypes import element_type_from_name
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
@@ -397,14 +382,7 @@ def from_vllm(
     cache is read as it is: a manager-block view whose blocks the attention splits into
     kernel blocks under a head-major layout (LBHNC) is not regrouped.
     """
-    name = forms.backend_name(backend) if backend is not None else None
-    if name is None:
-        raise ArgumentTypeError(
-            "backend is required: vLLM's backends read the same shape differently",
-            field="backend",
-            found=None,
-            expected=forms.BACKENDS,
-        )
+    name = forms.backend_name(backend)
     cache = _fp8(array(kv_cache, "kv_cache"), kv_cache_dtype)
     era = forms.era_of(vllm_version)
     scales = {
@@ -445,20 +423,7 @@ def from_vllm(
         table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, block_size, sliding_window)
         _check_ids(table, pools[0][1].shape[0], "block_table")
     metadata = None if skipped is None else {SKIPPED_TOKENS_KEY: skipped} if skipped else None
-    tensors = tuple(
-        BlockPagedTensor.from_arrays(
-            pool,
-            table,
-            seq_ptr,
-            seq_lens=lens,
-            kv_role=role,
-            layer_index=layer_index,
-            kv_scale=scales[role],
-            metadata=metadata,
-        )
-        for role, pool in pools
-    )
-    return tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
+    return role_tensors(pools, table, seq_ptr, lens, layer_index, scales, metadata)
 
 
 def _default_layout(name: str, era: int, kv_cache_layout: Any) -> str:
@@ -538,11 +503,7 @@ def to_vllm(
     key or value tensor gives the one-role view ``[num_blocks, block_size, H, head_size]``.
     float8 tensors come back as uint8, vLLM's storage. The table is int32, zero padded.
     """
-    name = forms.backend_name(backend) if backend is not None else None
-    if name is None:
-        raise ArgumentTypeError(
-            "backend is required", field="backend", found=None, expected=forms.BACKENDS
-        )
+    name = forms.backend_name(backend)
     era = forms.era_of(vllm_version)
     if era is None:
         raise ArgumentTypeError(

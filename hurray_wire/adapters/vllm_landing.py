@@ -12,7 +12,7 @@ import numpy as np
 
 from hurray_wire._interop import is_torch
 from hurray_wire.adapters import _vllm_forms as forms
-from hurray_wire.adapters._common import Array, array, from_table, lens_of
+from hurray_wire.adapters._common import Array, array, from_table, last_page_tokens
 from hurray_wire.adapters.vllm import (
     Pair,
     _check_ids,
@@ -22,7 +22,7 @@ from hurray_wire.adapters.vllm import (
     _shape_error,
     _tensors,
 )
-from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = ["into_vllm"]
@@ -45,16 +45,13 @@ def _targets(
     tensor: BlockPagedTensor, block_ids: Any, num_blocks: int
 ) -> tuple[Array, Array, Array]:
     """``(engine block, tensor page, valid tokens)`` per written block, checked."""
-    counts = np.diff(tensor.seq_ptr.astype(np.int64))
+    counts, last = last_page_tokens(tensor)
     page_size = tensor.layout.page_size
     targets, _ = from_table(block_ids, counts * page_size, page_size)
     sources = tensor.block_table.astype(np.int64)
-    lens = lens_of(tensor).astype(np.int64)
     # Valid tokens of each page: full, except each sequence's last one.
     valid = np.full(len(sources), page_size, np.int64)
-    ends = np.cumsum(counts) - 1
-    has_pages = counts > 0
-    valid[ends[has_pages]] = lens[has_pages] - (counts[has_pages] - 1) * page_size
+    valid[(np.cumsum(counts) - 1)[counts > 0]] = last[counts > 0]
     if targets.size and (targets == 0).any():
         bad = int(np.argmax(targets == 0))
         raise IndexBufferError(
@@ -114,11 +111,7 @@ def into_vllm(
     ``k_scale`` / ``v_scale`` equal to the tensor's. The cache must be writable CPU memory
     (a NumPy array or a CPU torch tensor, written in place).
     """
-    name = forms.backend_name(backend) if backend is not None else None
-    if name is None:
-        raise ArgumentTypeError(
-            "backend is required", field="backend", found=None, expected=forms.BACKENDS
-        )
+    name = forms.backend_name(backend)
     tensors = _tensors(tensor_or_pair, name)
     cache = _fp8(_writable(kv_cache), kv_cache_dtype)
     era = forms.era_of(vllm_version)
