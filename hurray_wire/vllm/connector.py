@@ -21,8 +21,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -38,9 +36,9 @@ from hurray_wire.errors import (
     TransportError,
 )
 from hurray_wire.fingerprint import EngineFingerprint
-from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.metrics import COUNTERS, TIMES, HurrayConnectorStats, HurrayPromMetrics
+from hurray_wire.vllm.params import one_sequence, sequence_pages
 from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.receive import LoadResult, pull
 from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, prompt_digest
@@ -95,13 +93,6 @@ class HurrayConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
     saves: list[SaveSpec] = field(default_factory=list)
     loads: list[LoadSpec] = field(default_factory=list)
-
-
-def _pages(tensor: BlockPagedTensor) -> npt.NDArray[Any]:
-    """A one-sequence tensor's pages in sequence order, ``[pages, block_size, H, D]``."""
-    table = np.asarray(tensor.block_table).reshape(-1)
-    pages: npt.NDArray[Any] = np.asarray(tensor.page_pool)[table]
-    return pages
 
 
 def _option(extra: dict[str, Any], name: str) -> Any:
@@ -390,7 +381,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             pair = from_vllm(cache, [ids], [len(ids) * self._block_size], backend=self._backend,
                              isa=self._isa, layer_index=layer)  # fmt: skip
             assert isinstance(pair, tuple)
-            layers.append((_pages(pair[0]), _pages(pair[1])))
+            layers.append((sequence_pages(pair[0]), sequence_pages(pair[1])))
         return HeldPages.from_pages(layers)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -432,7 +423,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             layer_index=layer,
         )
         assert isinstance(pair, tuple)  # a two-role cache reads as (key, value)
-        store.add_layer(save.transfer_id, layer, _pages(pair[0]), _pages(pair[1]))
+        store.add_layer(save.transfer_id, layer, sequence_pages(pair[0]), sequence_pages(pair[1]))
         if layer == 0:
             self._count("pages_sent", len(save.block_ids))
 
@@ -453,12 +444,9 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             )
         tokens = pages.num_tokens
         for cache, (key, value) in zip(self._caches, pages.layers, strict=True):
-            table = np.arange(count, dtype=np.uint32)
-            seq_ptr = np.array([0, count], dtype=np.uint32)
-            lens = np.array([tokens], dtype=np.uint32)
             pair = (
-                BlockPagedTensor.from_arrays(key, table, seq_ptr, seq_lens=lens, kv_role="key"),
-                BlockPagedTensor.from_arrays(value, table, seq_ptr, seq_lens=lens, kv_role="value"),
+                one_sequence(key, tokens, kv_role="key"),
+                one_sequence(value, tokens, kv_role="value"),
             )
             # The one validated landing (hurray_wire.adapters.into_vllm): every check
             # before the first byte is written, only the pages' valid tokens.

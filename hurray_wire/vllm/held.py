@@ -23,6 +23,7 @@ import numpy.typing as npt
 from hurray_wire.integrity.digests import DigestArray, page_digests
 from hurray_wire.integrity.page_store import MemoryPageStore, store_pages
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.vllm.params import one_sequence
 
 __all__ = ["HeldPages"]
 
@@ -30,13 +31,7 @@ Pages = npt.NDArray[Any]  # [pages, block_size, heads, head_dim], page i = reque
 
 
 def _tensor(pages: Pages) -> BlockPagedTensor:
-    count = pages.shape[0]
-    return BlockPagedTensor.from_arrays(
-        np.ascontiguousarray(pages),
-        np.arange(count, dtype=np.uint32),
-        np.array([0, count], dtype=np.uint32),
-        seq_lens=np.array([count * pages.shape[1]], dtype=np.uint32),
-    )
+    return one_sequence(np.ascontiguousarray(pages), pages.shape[0] * pages.shape[1])
 
 
 def digests_of(pages: Pages) -> DigestArray:

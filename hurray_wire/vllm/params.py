@@ -8,13 +8,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.fast import item_dtype
 from hurray_wire.wire.transfer import PROMPT_TOKEN_ITEM
 
-__all__ = ["PARAM_KEYS", "TransferParams", "prompt_digest"]
+__all__ = [
+    "PARAM_KEYS",
+    "TransferParams",
+    "identity",
+    "one_sequence",
+    "prompt_digest",
+    "sequence_pages",
+]
 
 #: The keys of ``kv_transfer_params`` the connector reads and writes (docs/vllm.md § params).
 PARAM_KEYS = (
@@ -38,6 +47,42 @@ def prompt_digest(token_ids: Sequence[int]) -> str:
     another digest is refused (the stale-reference case of vLLM #52234)."""
     ids = np.asarray(list(token_ids), dtype=item_dtype(PROMPT_TOKEN_ITEM))
     return xxhash.xxh3_128_hexdigest(ids.tobytes())
+
+
+def identity(
+    transfer_id: str, request_id: str, digest: str, first: int, held: int, num_tokens: int
+) -> dict[str, Any]:
+    """What a transfer's stream header (or each NIXL blob) says it is: the prefill side
+    writes it, the decode side compares it with what it asked for."""
+    return {
+        "vllm.transfer_id": transfer_id,
+        "vllm.request_id": request_id,
+        "vllm.prompt_digest": digest,
+        "vllm.first_page": first,
+        "vllm.held_pages": held,
+        "vllm.num_tokens": num_tokens,
+    }
+
+
+def one_sequence(pages: npt.NDArray[Any], num_tokens: int, **kwargs: Any) -> BlockPagedTensor:
+    """Pages ``[pages, block_size, H, D]`` as one sequence of ``num_tokens`` tokens, page
+    ``i`` its ``i``-th: the form a request's pages travel, are hashed and land in."""
+    count = pages.shape[0]
+    return BlockPagedTensor.from_arrays(
+        pages,
+        np.arange(count, dtype=np.uint32),
+        np.array([0, count], dtype=np.uint32),
+        seq_lens=np.array([num_tokens], dtype=np.uint32),
+        **kwargs,
+    )
+
+
+def sequence_pages(tensor: BlockPagedTensor) -> npt.NDArray[Any]:
+    """A one-sequence tensor's pages in sequence order, ``[pages, block_size, H, D]``."""
+    pages: npt.NDArray[Any] = np.asarray(tensor.page_pool)[
+        np.asarray(tensor.block_table).reshape(-1)
+    ]
+    return pages
 
 
 @dataclass(frozen=True)

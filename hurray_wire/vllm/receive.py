@@ -33,9 +33,9 @@ from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.repage import repage
 from hurray_wire.vllm.held import HeldPages
-from hurray_wire.vllm.params import TransferParams
+from hurray_wire.vllm.params import TransferParams, identity, one_sequence, sequence_pages
 from hurray_wire.vllm.peers import NixlPeers
-from hurray_wire.vllm.tp import check_convertible, convert_heads, sources
+from hurray_wire.vllm.tp import check_convertible, convert_heads, refuse_differences, sources
 from hurray_wire.vllm.transfer import ROLES, _read_line, _send_line
 
 __all__ = ["CONVERTIBLE", "LoadResult", "PulledPages", "pull"]
@@ -94,9 +94,9 @@ class _Ask:
 
 def _check_header(
     theirs: EngineFingerprint | None, meta: Mapping[str, Any], ask: _Ask
-) -> tuple[EngineFingerprint, tuple[str, ...]]:
+) -> EngineFingerprint:
     """The sender's fingerprint against ours and the transfer's identity against the
-    params; returns the fingerprint and the fields to convert (TP degree, block size)."""
+    params (the TP degree and block size are converted, so they must be the params')."""
     ours, params = ask.ours, ask.params
     if theirs is None:
         raise IncompatibleFingerprintError(
@@ -104,19 +104,9 @@ def _check_header(
         )
     diff = differences(ours, theirs, ignore=CONVERTIBLE)
     if diff:
-        raise IncompatibleFingerprintError(
-            "the prefill engine's cache does not mean the same here: "
-            + ", ".join(f"{k} {a!r} here, {b!r} there" for k, (a, b) in diff.items()),
-            differences=diff,
-        )
-    expect = {
-        "vllm.transfer_id": params.transfer_id,
-        "vllm.request_id": params.request_id,
-        "vllm.prompt_digest": params.prompt_digest,
-        "vllm.first_page": ask.first_page,
-        "vllm.held_pages": ask.held,
-        "vllm.num_tokens": params.num_tokens,
-    }
+        raise refuse_differences("the prefill engine's cache does not mean the same here", diff)
+    expect = identity(params.transfer_id, params.request_id, params.prompt_digest,
+                      ask.first_page, ask.held, params.num_tokens)  # fmt: skip
     for key, value in expect.items():
         if meta.get(key) != value:
             raise TransferRefusedError(
@@ -126,19 +116,20 @@ def _check_header(
                 expected=value,
                 found=meta.get(key),
             )
-    for name, value in (("tp_rank", ask.rank), ("tp_size", params.tp_size)):
+    for name, value, what in (
+        ("tp_rank", ask.rank, "another TP rank than the one asked"),
+        ("tp_size", params.tp_size, "another TP rank than the one asked"),
+        ("block_size", params.block_size, "another block size than the params'"),
+    ):
         if getattr(theirs, name) != value:
             raise TransferRefusedError(
-                "the transfer comes from another TP rank than the one asked",
+                f"the transfer comes from {what}",
                 reason="stale_content",
                 field=name,
                 expected=value,
                 found=getattr(theirs, name),
             )
-    converted = tuple(
-        k for k in ("tp_size", "block_size") if getattr(theirs, k) != getattr(ours, k)
-    )
-    return theirs, converted
+    return theirs
 
 
 def _expect_tensor(
@@ -177,28 +168,16 @@ def _answer(sock: socket.socket) -> dict[str, Any]:
 Blobs = dict[tuple[int, str], BlockPagedTensor]
 
 
-def _check_sizes(theirs: EngineFingerprint, params: TransferParams) -> None:
-    if theirs.block_size != params.block_size:
-        raise TransferRefusedError(
-            "the transfer's block size is not the params'",
-            reason="stale_content",
-            field="block_size",
-            expected=params.block_size,
-            found=theirs.block_size,
-        )
-
-
 def _read_stream(
     sock: socket.socket, ask: _Ask, store: PageStore | None
 ) -> tuple[Blobs, EngineFingerprint, int]:
     reader = StreamReader(sock, record_deadline=ask.timeout, page_store=store)
     header = reader.header
-    theirs, _ = _check_header(
+    theirs = _check_header(
         None if header is None else header.fingerprint,
         {} if header is None else header.metadata,
         ask,
     )
-    _check_sizes(theirs, ask.params)
     tensors: Blobs = {}
     for layer in range(ask.num_layers):
         for role in ROLES:
@@ -216,7 +195,7 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
     """Every blob of the transfer over NIXL (validated, page digests checked by the
     receiver), each carrying the fingerprint and identity in its own metadata."""
     tensors: Blobs = {}
-    found: tuple[EngineFingerprint, tuple[str, ...]] | None = None
+    found: EngineFingerprint | None = None
     wire = 0
     for tensor in receiver.receive(2 * ask.num_layers, deadline=ask.timeout):
         meta = tensor.metadata
@@ -232,17 +211,13 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
             )  # fmt: skip
         _expect_tensor(tensor, layer, role, ask.pages, ask.tokens)
         # the receiver's landing region is reused by the next receive: keep a copy
-        tensors[(layer, role)] = BlockPagedTensor.from_arrays(
-            np.array(tensor.page_pool, copy=True), np.array(tensor.block_table),
-            np.array(tensor.seq_ptr), seq_lens=np.array(tensor.seq_lens),
-            kv_role=role, layer_index=layer,
-        )  # fmt: skip
+        tensors[(layer, role)] = one_sequence(np.array(tensor.page_pool, copy=True), ask.tokens,
+                                              kv_role=role, layer_index=layer)  # fmt: skip
         # the pool bytes that travelled: the held pages came as references (no bytes)
         wire += tensor.page_pool.nbytes // max(ask.pages, 1) * (ask.pages - ask.held)
     if found is None or len(tensors) != 2 * ask.num_layers:
         raise TransportError("the NIXL transfer ended early")
-    _check_sizes(found[0], ask.params)
-    return tensors, found[0], wire
+    return tensors, found, wire
 
 
 def _fetch(
@@ -362,8 +337,7 @@ def pull(
                     tensor = convert_heads(shards, ours, num_kv_heads)
                 if params.block_size != ours.block_size:
                     tensor = repage(tensor, ours.block_size)
-                pool = np.asarray(tensor.page_pool)[np.asarray(tensor.block_table).reshape(-1)]
-                pair.append(pool)
+                pair.append(sequence_pages(tensor))
             layers.append((pair[0], pair[1]))
     except (HurrayWireError, OSError) as exc:
         # A failed page digest leaves the later blobs unread: every block from first_block

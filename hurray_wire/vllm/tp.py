@@ -39,7 +39,7 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import rebuild
 from hurray_wire.transforms.heads import head_ranges, merge_heads, split_heads
 
-__all__ = ["check_convertible", "convert_heads", "pullers", "sources"]
+__all__ = ["check_convertible", "convert_heads", "pullers", "refuse_differences", "sources"]
 
 
 def sources(prefill_tp: int, decode_tp: int, decode_rank: int) -> list[int]:
@@ -134,9 +134,13 @@ def convert_heads(
     assert got is not None  # every shard was tagged
     diff = differences(ours, got, ignore=("block_size",))
     if diff:
-        raise IncompatibleFingerprintError(
-            "the converted pages are not this rank's: "
-            + ", ".join(f"{k} {a!r} here, {b!r} there" for k, (a, b) in diff.items()),
-            differences=diff,
-        )
+        raise refuse_differences("the converted pages are not this rank's", diff)
     return out
+
+
+def refuse_differences(
+    message: str, diff: dict[str, tuple[object, object]]
+) -> IncompatibleFingerprintError:
+    """The refusal of fingerprints that differ, naming each field here and there."""
+    listed = ", ".join(f"{k} {a!r} here, {b!r} there" for k, (a, b) in diff.items())
+    return IncompatibleFingerprintError(f"{message}: {listed}", differences=diff)

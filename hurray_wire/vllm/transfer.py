@@ -34,7 +34,13 @@ from hurray_wire.errors import HurrayWireError, TransferRefusedError, TransportE
 from hurray_wire.fingerprint import EngineFingerprint, fingerprint_to_metadata
 from hurray_wire.integrity.delta import decode_known_pages
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.vllm.params import PARAM_KEYS, TransferParams, prompt_digest
+from hurray_wire.vllm.params import (
+    PARAM_KEYS,
+    TransferParams,
+    identity,
+    one_sequence,
+    prompt_digest,
+)
 from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.tp import pullers
 
@@ -241,34 +247,15 @@ def _read_line(sock: socket.socket) -> dict[str, Any]:
     return obj
 
 
-def _identity(transfer: _Transfer, transfer_id: str, first: int, held: int) -> dict[str, Any]:
-    return {
-        "vllm.held_pages": held,
-        "vllm.transfer_id": transfer_id,
-        "vllm.request_id": transfer.request_id,
-        "vllm.prompt_digest": transfer.digest,
-        "vllm.first_page": first,
-        "vllm.num_tokens": transfer.num_tokens,
-    }
-
-
 def _tensors(
     transfer: _Transfer, num_layers: int, first: int, metadata: Mapping[str, Any] | None = None
 ) -> Iterator[BlockPagedTensor]:
     """The transfer's blobs in order: key then value of each layer, pages ``first..``."""
     tokens = transfer.num_tokens - first * transfer.block_size
-    table = np.arange(len(transfer.block_ids) - first, dtype=np.uint32)
     for layer in range(num_layers):
         for role, pages in zip(ROLES, transfer.layers[layer], strict=True):
-            yield BlockPagedTensor.from_arrays(
-                np.ascontiguousarray(pages[first:]),
-                table,
-                np.array([0, table.size], dtype=np.uint32),
-                seq_lens=np.array([tokens], dtype=np.uint32),
-                kv_role=role,
-                layer_index=layer,
-                metadata=metadata,
-            )
+            yield one_sequence(np.ascontiguousarray(pages[first:]), tokens, kv_role=role,
+                               layer_index=layer, metadata=metadata)  # fmt: skip
 
 
 def known_pages(ask: Mapping[str, Any], transfer: _Transfer, num_layers: int) -> Any:
@@ -327,12 +314,13 @@ def _send(
     nixl: NixlPeers | None,
 ) -> int:
     """The accepted transfer's pages on ``conn`` (stream) or as NIXL blobs; bytes sent."""
-    identity = _identity(transfer, ask["transfer_id"], first, held)
+    claims = identity(ask["transfer_id"], transfer.request_id, transfer.digest, first, held,
+                      transfer.num_tokens)  # fmt: skip
     if ask.get("transport") == "nixl":
         assert nixl is not None
         sender, mine = nixl.sender(ask)
         _send_line(conn, {"ok": True, "agent_metadata": mine})
-        meta = {**identity, **fingerprint_to_metadata(store.fingerprint)}
+        meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
         total = 0
         for tensor in _tensors(transfer, store.num_layers, first, meta):
             sender.publish(tensor, mode="staged", checksum=False, page_digests=True,
@@ -347,7 +335,7 @@ def _send(
         num_layers=store.num_layers,
         kv_roles=ROLES,
         fingerprint=store.fingerprint,
-        metadata=identity,
+        metadata=claims,
     )
     writer = StreamWriter(conn, header)
     for tensor in _tensors(transfer, store.num_layers, first):
