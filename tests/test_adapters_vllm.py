@@ -565,6 +565,14 @@ def test_from_vllm_refuses_tables(table: Any, lens: Any, match: str) -> None:
             hw.from_vllm(LAYER, table, lens, backend=backend, isa=isa)
 
 
+@pytest.mark.parametrize("table", [np.asarray(1), 1, "1", b"1"])
+def test_from_vllm_refuses_a_table_that_is_no_table(table: Any) -> None:
+    """A 0-d array once reached len() and raised TypeError; now every such table is typed."""
+    for backend, isa in (("FLASH_ATTN", None), ("CPU_ATTN", "vec")):
+        with pytest.raises(hw.ArgumentTypeError, match="2-D table or a list of lists"):
+            hw.from_vllm(LAYER, table, [3], backend=backend, isa=isa)
+
+
 def test_to_vllm_refuses() -> None:
     key, value = pair(hw.from_vllm(LAYER, [[1]], [3], backend="FLASH_ATTN"))
     fused = hw.from_vllm(LAYER[:, :1], [[1]], [3], backend="FLASHMLA")

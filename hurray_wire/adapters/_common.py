@@ -62,16 +62,25 @@ def from_table(block_table: Any, lens: Array, page_size: int) -> tuple[Array, Ar
     need = pages_needed(lens, page_size)
     seq_ptr = np.concatenate(([0], np.cumsum(need))).astype(np.int64)
     block_table = as_numpy(block_table, "block_table")
+    if (
+        isinstance(block_table, (str, bytes))
+        or getattr(block_table, "ndim", 1) == 0
+        or not hasattr(block_table, "__len__")
+    ):
+        raise ArgumentTypeError(
+            "block_table must be a 2-D table or a list of lists",
+            field="block_table",
+            found=type(block_table).__name__,
+        )
+    if len(block_table) != len(lens):
+        raise IndexBufferError(
+            "block_table needs one row per sequence",
+            field="block_table",
+            found=len(block_table),
+            expected=len(lens),
+        )
     if isinstance(block_table, np.ndarray) and block_table.ndim == 2:
-        table = block_table
-        rows, width = table.shape
-        if rows != len(lens):
-            raise IndexBufferError(
-                "block_table needs one row per sequence",
-                field="block_table",
-                found=rows,
-                expected=len(lens),
-            )
+        table, width = block_table, block_table.shape[1]
         if table.dtype.kind not in "iu" and table.size:
             raise IndexBufferError(
                 "block_table must hold integers", field="block_table", found=f"dtype {table.dtype}"
@@ -85,35 +94,21 @@ def from_table(block_table: Any, lens: Array, page_size: int) -> tuple[Array, Ar
                 found=width,
                 expected=f">= {int(need[seq])}",
             )
-        used = np.arange(width)[None, :] < need[:, None]
-        flat = table[used]
+        flat = table[np.arange(width)[None, :] < need[:, None]]
     else:
-        if isinstance(block_table, (str, bytes)) or not hasattr(block_table, "__len__"):
-            raise ArgumentTypeError(
-                "block_table must be a 2-D table or a list of lists",
-                field="block_table",
-                found=type(block_table).__name__,
-            )
-        if len(block_table) != len(lens):
-            raise IndexBufferError(
-                "block_table needs one row per sequence",
-                field="block_table",
-                found=len(block_table),
-                expected=len(lens),
-            )
-        rows_ = [int_vector(row, f"block_table[{s}]") for s, row in enumerate(block_table)]
-        short = [s for s, row in enumerate(rows_) if len(row) < need[s]]
+        rows = [int_vector(row, f"block_table[{s}]") for s, row in enumerate(block_table)]
+        short = [s for s, row in enumerate(rows) if len(row) < need[s]]
         if short:
             s = short[0]
             raise IndexBufferError(
-                f"sequence {s} has {int(lens[s])} tokens but {len(rows_[s])} blocks",
+                f"sequence {s} has {int(lens[s])} tokens but {len(rows[s])} blocks",
                 position=s,
                 field="block_table",
-                found=len(rows_[s]),
+                found=len(rows[s]),
                 expected=f">= {int(need[s])}",
             )
         flat = np.concatenate(
-            [r[:n] for r, n in zip(rows_, need.tolist(), strict=True)] or [np.zeros(0, np.int64)]
+            [r[:n] for r, n in zip(rows, need.tolist(), strict=True)] or [np.zeros(0, np.int64)]
         )
     flat = np.asarray(flat)
     if flat.size and (flat < 0).any():
