@@ -298,26 +298,37 @@ def _requests(
     return rows, lens, width, int(rows.max()) + 1 if n else 1
 
 
-def _req_to_token(
-    tensor: BlockPagedTensor, table: Array, rows: Array, lens: Array, width: int, height: int
-) -> Array:
+def _to_sglang(
+    tensors: tuple[BlockPagedTensor, ...],
+    names: tuple[str, ...],
+    req_pool_indices: Any,
+    max_context_len: int | None,
+    layout: str,
+    as_torch: bool,
+) -> Any:
+    """The pools as SGLang's buffers, then ``req_to_token``, ``req_pool_indices``, ``seq_lens``.
+
+    Page 0 is SGLang's padding: pools whose page 0 a request uses get a zero page in front
+    (a copy) and every page id moves up by one."""
+    tensor = tensors[0]
+    rows, lens, width, height = _requests(tensor, req_pool_indices, max_context_len)
+    pools = [t.unpacked_page_pool() for t in tensors]
+    table = tensor.block_table.astype(np.int64)
+    if table.size and int(table.min()) == 0:
+        pools = [np.concatenate((np.zeros((1, *p.shape[1:]), p.dtype), p)) for p in pools]
+        table = table + 1
     size = tensor.layout.page_size
-    total = int(lens.sum())
     seq_of = np.repeat(np.arange(len(lens)), lens)
-    pos = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+    pos = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
     entries = tensor.seq_ptr[:-1].astype(np.int64)[seq_of] + pos // size
     req_to_token = np.zeros((height, width), np.int32)  # 0: SGLang's dummy slot
     req_to_token[rows[seq_of], pos] = int32(table[entries] * size + pos % size, "req_to_token")
-    return req_to_token
-
-
-def _padded_pools(pools: list[Array], table: Array) -> tuple[list[Array], Array]:
-    """The pools with page 0 free for SGLang's padding: as they are when no request uses
-    page 0, else behind a zero page (a copy) with every page id moved up by one."""
-    if table.size and int(table.min()) == 0:
-        pad = [np.zeros((1, *p.shape[1:]), p.dtype) for p in pools]
-        return [np.concatenate((z, p)) for z, p in zip(pad, pools, strict=True)], table + 1
-    return pools, table
+    if layout == "hnd":
+        buffers = [np.ascontiguousarray(p.transpose(0, 2, 1, 3)) for p in pools]
+    else:
+        buffers = [p.reshape(-1, *p.shape[2:]) for p in pools]
+    out = (*buffers, req_to_token, rows, lens)
+    return engine_outputs(out, (*names, "req_to_token", "req_pool_indices", "seq_lens"), as_torch)
 
 
 def to_sglang(
@@ -339,20 +350,11 @@ def to_sglang(
     ``as_torch=True`` gives CPU torch tensors of the same dtypes. ``req_to_token`` is int32
     ``[max(req_pool_indices) + 1, max_context_len]``, the other two int64.
     """
-    key, value = check_pair(pair, "pair")
+    pair = check_pair(pair, "pair")
     layout = _layout(kv_cache_layout)
-    rows, lens, width, height = _requests(key, req_pool_indices, max_context_len)
-    pools, table = _padded_pools(
-        [key.unpacked_page_pool(), value.unpacked_page_pool()], key.block_table.astype(np.int64)
+    result: tuple[Any, Any, Any, Any, Any] = _to_sglang(
+        pair, ("k_buffer", "v_buffer"), req_pool_indices, max_context_len, layout, as_torch
     )
-    req_to_token = _req_to_token(key, table, rows, lens, width, height)
-    if layout == "hnd":
-        buffers = [np.ascontiguousarray(p.transpose(0, 2, 1, 3)) for p in pools]
-    else:
-        buffers = [p.reshape(-1, *p.shape[2:]) for p in pools]
-    out = (buffers[0], buffers[1], req_to_token, rows, lens)
-    names = ("k_buffer", "v_buffer", "req_to_token", "req_pool_indices", "seq_lens")
-    result: tuple[Any, Any, Any, Any, Any] = engine_outputs(out, names, as_torch)
     return result
 
 
@@ -375,10 +377,7 @@ def to_sglang_mla(
             field="tensor",
             found=f"kv_role {tensor.kv_role!r}, {tensor.shape[1]} heads",
         )
-    rows, lens, width, height = _requests(tensor, req_pool_indices, max_context_len)
-    pools, table = _padded_pools([tensor.unpacked_page_pool()], tensor.block_table.astype(np.int64))
-    req_to_token = _req_to_token(tensor, table, rows, lens, width, height)
-    out = (pools[0].reshape(-1, *pools[0].shape[2:]), req_to_token, rows, lens)
-    names = ("kv_buffer", "req_to_token", "req_pool_indices", "seq_lens")
-    result: tuple[Any, Any, Any, Any] = engine_outputs(out, names, as_torch)
+    result: tuple[Any, Any, Any, Any] = _to_sglang(
+        (tensor,), ("kv_buffer",), req_pool_indices, max_context_len, "nhd", as_torch
+    )
     return result

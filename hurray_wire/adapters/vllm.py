@@ -79,21 +79,26 @@ def _check_layout(cache: Array, kv_cache_layout: object, era: int | None, role: 
     if name is None:
         return
     if era is not None and era < forms.ERA_LAYER_VIEWS:
-        if name not in _OLD_LAYOUTS:
-            raise ArgumentTypeError(
-                "vLLM before 0.26 has the NHD and HND layouts only",
-                field="kv_cache_layout",
-                found=repr(kv_cache_layout),
-                expected=("NHD", "HND"),
-            )
         lead = tuple(range(cache.ndim - 3))
-        tail = (0, 1, 2) if _OLD_LAYOUTS[name] == "NHD" else (1, 0, 2)
+        tail = (0, 1, 2) if _old_layout(name, kv_cache_layout) == "NHD" else (1, 0, 2)
         forms.check_strides(cache, lead + tuple(len(lead) + a for a in tail), name)
         return
     physical = forms.LAYOUTS[name]
     if role:
         physical = tuple(_ROLE_AXIS[a] for a in physical)  # type: ignore[assignment]
     forms.check_strides(cache, physical, name)
+
+
+def _old_layout(name: str, kv_cache_layout: object) -> str:
+    """Before 0.26: ``"NHD"`` or ``"HND"``, the stride order of ``[.., block_size, H, D]``."""
+    if name not in _OLD_LAYOUTS:
+        raise ArgumentTypeError(
+            "vLLM before 0.26 has the NHD and HND layouts only",
+            field="kv_cache_layout",
+            found=repr(kv_cache_layout),
+            expected=("NHD", "HND"),
+        )
+    return _OLD_LAYOUTS[name]
 
 
 def _check_dense(cache: Array) -> None:
@@ -440,13 +445,8 @@ def _default_layout(name: str, era: int, kv_cache_layout: Any) -> str:
                 found=None,
             )
         chosen = allowed[0] if allowed else "LBNHC"
-    if era < forms.ERA_LAYER_VIEWS and chosen not in _OLD_LAYOUTS:
-        raise ArgumentTypeError(
-            "vLLM before 0.26 has the NHD and HND layouts only",
-            field="kv_cache_layout",
-            found=repr(kv_cache_layout),
-            expected=("NHD", "HND"),
-        )
+    if era < forms.ERA_LAYER_VIEWS:
+        _old_layout(chosen, kv_cache_layout)
     if allowed and chosen not in allowed:
         raise InvalidTensorError(
             f"{name} supports only the layouts {allowed}",
