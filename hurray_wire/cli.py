@@ -63,7 +63,6 @@ from hurray_wire.errors import (
     HurrayWireError,
     UnsupportedLayoutError,
 )
-from hurray_wire.model.descriptor_codec import decode_descriptor, decode_header
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.blob import BLOB_MAGIC
 
@@ -301,10 +300,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tuple[int, list[str]]:
     """Check every record of ``data``; returns (tensors, what could not be verified)."""
     if kind == "descriptor":
-        try:
-            decode_descriptor(data)
-        except UnsupportedLayoutError:
-            decode_header(data)  # valid Hurray, another layout: check its common header
+        text_out.descriptor(data)
         return 0, []
     count, unchecked, by_reference = 0, 0, 0
     total = _count(data, kind)
@@ -337,13 +333,7 @@ def _validate_one(path: str, args: argparse.Namespace) -> None:
     data = _read(path, args)
     kind = identify(data)
     if kind == "descriptor":
-        try:
-            desc = decode_descriptor(data)
-            what = f"block_paged {desc.element_type.name} {list(desc.shape)}"
-        except UnsupportedLayoutError as exc:
-            decode_header(data)  # valid Hurray, another layout: check its common header
-            what = f"{exc.layout_name} layout, common header checked"
-        print(f"{path}: ok (descriptor, {what})")
+        print(f"{path}: ok (descriptor, {text_out.descriptor(data)[1]})")
         return
     count, notes = _check(data, kind, args)
     line = f"{path}: ok ({kind}, {count} tensor{'s' if count != 1 else ''})"
@@ -377,27 +367,22 @@ def _header_metadata(header: StreamHeader | None) -> dict[str, Any]:
     under ``stream.`` keys (those that are stated)."""
     if header is None:
         return {}
-    out: dict[str, Any] = dict(header.metadata)
-    if header.model:
-        out[STREAM_KEY + "model"] = header.model
-    if header.num_layers is not None:
-        out[STREAM_KEY + "num_layers"] = header.num_layers
-    if header.kv_roles:
-        out[STREAM_KEY + "kv_roles"] = list(header.kv_roles)
-    if header.element_type is not None:
-        out[STREAM_KEY + "element_type"] = header.element_type.name
-    if not header.end_record:
-        out[STREAM_KEY + "end_record"] = False
-    return out
+    stated = {
+        "model": header.model or None,
+        "num_layers": header.num_layers,
+        "kv_roles": list(header.kv_roles) or None,
+        "element_type": None if header.element_type is None else header.element_type.name,
+        "end_record": None if header.end_record else False,
+    }
+    return {**header.metadata, **{STREAM_KEY + k: v for k, v in stated.items() if v is not None}}
 
 
 def _metadata_header(metadata: dict[str, Any]) -> StreamHeader:
     """The reverse of :func:`_header_metadata`: ``.hrry`` file metadata as a stream header."""
     rest = {k: v for k, v in metadata.items() if not k.startswith(STREAM_KEY)}
-    model = metadata.get(STREAM_KEY + "model", "")
-    layers = metadata.get(STREAM_KEY + "num_layers")
-    roles = metadata.get(STREAM_KEY + "kv_roles", [])
-    element = metadata.get(STREAM_KEY + "element_type")
+    model, layers, roles, element = (
+        metadata.get(STREAM_KEY + k) for k in ("model", "num_layers", "kv_roles", "element_type")
+    )
     try:
         return StreamHeader(
             model=model if isinstance(model, str) else "",
@@ -420,7 +405,7 @@ class _Source:
     metadata: dict[str, Any] = field(default_factory=dict)  # a .hrry file's user metadata
 
 
-def _load(args: argparse.Namespace, data: Any, kind: str) -> _Source:
+def _load(args: argparse.Namespace, data: Any, kind: str, count: int | None) -> _Source:
     """Decode and check every tensor of the input (zero-copy views), one bar step each."""
     if kind == "descriptor":
         raise CliError("a bare descriptor has no buffers to convert")
@@ -433,7 +418,7 @@ def _load(args: argparse.Namespace, data: Any, kind: str) -> _Source:
         source.metadata = dict(HrryFile.from_buffer(view).user_metadata)
     taken: set[str] = set()
     name = Path(args.input).name if args.input != STDIO else "stdin"
-    with _bar(args, _count(data, kind), f"check {name}", "tensor") as bar:
+    with _bar(args, count, f"check {name}", "tensor") as bar:
         for item in _items(data, kind, True):
             if item.tensor is None:
                 raise CliError(f"{item.label}: not a block-paged tensor, cannot convert")
@@ -465,6 +450,12 @@ def _compression(spec: str | None) -> Compression | None:
         raise UsageError(f"--compression {spec}: {exc}") from None
 
 
+def _one_blob(target: str, path: str, held: int) -> None:
+    if target == "blob" and held != 1:
+        raise UsageError(f"a .hrwb blob holds one tensor; {path} holds {held}: convert to a "
+                         "blob stream (.hrws) or a .hrry file")  # fmt: skip
+
+
 def _output(path: str, inputs: list[str]) -> AbstractContextManager[BinaryIO]:
     """The output file: stdout's binary buffer for ``-``, else an atomic file at ``path``."""
     if path == STDIO:
@@ -480,16 +471,12 @@ def _convert(args: argparse.Namespace) -> None:
         check_not_input(args.output, inputs)  # before anything is opened for writing
     data = _read(args.input, args)
     kind = identify(data)
-    if target == "blob" and (_count(data, kind) or 1) > 1:  # before checking every tensor
-        raise UsageError(f"a .hrwb blob holds one tensor; {args.input} holds "
-                         f"{_count(data, kind)}: convert to a blob stream (.hrws) or a .hrry "
-                         "file")  # fmt: skip
-    source = _load(args, data, kind)
+    count = _count(data, kind)
+    _one_blob(target, args.input, count or 1)  # from the framing, before checking the tensors
+    source = _load(args, data, kind, count)
+    _one_blob(target, args.input, len(source.tensors))  # a reference stream is not counted
     tensors = source.tensors
     checksum = not args.no_checksum
-    if target == "blob" and len(tensors) != 1:
-        raise UsageError(f"a .hrwb blob holds one tensor; {args.input} holds {len(tensors)}: "
-                         "convert to a blob stream (.hrws) or a .hrry file")  # fmt: skip
     header = source.header
     if header is None:
         header = _metadata_header(source.metadata) if source.metadata else StreamHeader()

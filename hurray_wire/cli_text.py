@@ -16,7 +16,16 @@ from hurray_wire.errors import UnsupportedLayoutError
 from hurray_wire.model.descriptor_codec import decode_descriptor, decode_header
 from hurray_wire.tensor import BlockPagedTensor
 
-__all__ = ["HEX_KINDS", "Item", "context", "dump_item", "print_head", "print_hex", "print_item"]
+__all__ = [
+    "HEX_KINDS",
+    "Item",
+    "context",
+    "descriptor",
+    "dump_item",
+    "print_head",
+    "print_hex",
+    "print_item",
+]
 
 
 @dataclass
@@ -37,11 +46,7 @@ def dump_item(item: Item, verify: bool, arrays: bool = False) -> dict[str, Any]:
     """One item as the JSON of ``dump --json`` (``arrays``: the index arrays too)."""
     out: dict[str, Any] = {"item": item.label, "kind": item.kind}
     if item.descriptor_bytes is not None:
-        try:
-            desc = decode_descriptor(item.descriptor_bytes)
-            out["descriptor"] = summary.describe_descriptor(desc)
-        except UnsupportedLayoutError:
-            out["descriptor"] = summary.describe_header(decode_header(item.descriptor_bytes))
+        out["descriptor"] = descriptor(item.descriptor_bytes)[0]
         return out
     if "header" in item.extra:
         out["descriptor"] = summary.describe_header(item.extra["header"])
@@ -59,6 +64,18 @@ def dump_item(item: Item, verify: bool, arrays: bool = False) -> dict[str, Any]:
         out["arrays"] = summary.describe_arrays(tensor)
     out["metadata"] = {k: _jsonable(v) for k, v in tensor.metadata.items()}
     return out
+
+
+def descriptor(data: Any) -> tuple[dict[str, Any], str]:
+    """A bare descriptor, checked: its report and what it is in a few words. A descriptor of
+    another layout is valid Hurray: its common header is what can be checked."""
+    try:
+        desc = decode_descriptor(data)
+    except UnsupportedLayoutError as exc:
+        checked = summary.describe_header(decode_header(data))
+        return checked, f"{exc.layout_name} layout, common header checked"
+    what = f"block_paged {desc.element_type.name} {list(desc.shape)}"
+    return summary.describe_descriptor(desc), what
 
 
 def _jsonable(value: Any) -> Any:
