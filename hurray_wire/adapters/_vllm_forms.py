@@ -121,13 +121,7 @@ def era_of(vllm_version: object) -> int | None:
         vllm_version = _installed_vllm_version()
         if vllm_version is None:
             return None
-    if not isinstance(vllm_version, str):
-        raise ArgumentTypeError(
-            "vllm_version must be a version string such as '0.33.0'",
-            field="vllm_version",
-            found=repr(vllm_version),
-        )
-    match = re.match(r"^v?(\d+)\.(\d+)", vllm_version)
+    match = re.match(r"^v?(\d+)\.(\d+)", vllm_version) if isinstance(vllm_version, str) else None
     if match is None:
         raise ArgumentTypeError(
             "vllm_version must be a version string such as '0.33.0'",

@@ -375,14 +375,16 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         ids = load.block_ids[: load.first_block]
         if not ids:
             return None
+        tokens = len(ids) * self._block_size
+        return HeldPages.from_pages([self._read(c, ids, tokens) for c in self._caches])
+
+    def _read(self, cache: Any, block_ids: list[int], num_tokens: int) -> tuple[Any, Any]:
+        """The one reading of vLLM's cache (hurray_wire.adapters.vllm): a copy of these
+        blocks only, ``(key, value)`` pages as the backend and its kernel ISA lay them out."""
         self._engine_fingerprint()  # sets the backend and kernel ISA the reading needs
-        layers = []
-        for layer, cache in enumerate(self._caches):
-            pair = from_vllm(cache, [ids], [len(ids) * self._block_size], backend=self._backend,
-                             isa=self._isa, layer_index=layer)  # fmt: skip
-            assert isinstance(pair, tuple)
-            layers.append((sequence_pages(pair[0]), sequence_pages(pair[1])))
-        return HeldPages.from_pages(layers)
+        pair = from_vllm(cache, [block_ids], [num_tokens], backend=self._backend, isa=self._isa)
+        assert isinstance(pair, tuple)  # a two-role cache reads as (key, value)
+        return sequence_pages(pair[0]), sequence_pages(pair[1])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Loads are asynchronous (between steps): nothing to wait for inside a forward."""
@@ -397,7 +399,6 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         store = self._producer_store()
         layer = self._layer_of[layer_name]
         logger.debug("save_kv_layer %s -> %d", layer_name, layer)
-        self._engine_fingerprint()  # sets the backend and kernel ISA the reading needs
         for save in meta.saves:
             try:
                 self._save(store, save, kv_layer, layer)
@@ -412,18 +413,9 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             store.begin(
                 save.transfer_id, save.request_id, save.block_ids, save.num_tokens, save.digest
             )
-        # The one reading of vLLM's cache (hurray_wire.adapters.vllm): a copy of the
-        # request's blocks only, as the backend and its kernel ISA lay them out.
-        pair = from_vllm(
-            kv_layer,
-            [save.block_ids],
-            [save.num_tokens],
-            backend=self._backend,
-            isa=self._isa,
-            layer_index=layer,
+        store.add_layer(
+            save.transfer_id, layer, *self._read(kv_layer, save.block_ids, save.num_tokens)
         )
-        assert isinstance(pair, tuple)  # a two-role cache reads as (key, value)
-        store.add_layer(save.transfer_id, layer, sequence_pages(pair[0]), sequence_pages(pair[1]))
         if layer == 0:
             self._count("pages_sent", len(save.block_ids))
 
