@@ -192,18 +192,19 @@ def _role_pools(
     )
 
 
-def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Array]:
-    """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy)."""
-    if cache.ndim != 4:
+def _cpu_geometry(cache: Array, isa: str) -> tuple[int, int, int, int]:
+    """``(num_blocks, H, block_size, head_size)`` of a CPU_ATTN cache its kernel wrote."""
+    if cache.ndim != 4 or cache.shape[3] % 2:
         raise _shape_error("a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache)
     num_blocks, heads, block_size, width = cache.shape
-    if width % 2:
-        raise _shape_error(
-            "[num_blocks, H, block_size, 2 * head_size] needs an even last axis", cache
-        )
-    head_size = width // 2
-    forms.check_cpu_geometry(isa, block_size, head_size)
+    forms.check_cpu_geometry(isa, block_size, width // 2)
     _check_slabs(cache)
+    return num_blocks, heads, block_size, width // 2
+
+
+def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Array]:
+    """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy)."""
+    num_blocks, heads, block_size, head_size = _cpu_geometry(cache, isa)
     _check_ids(table, num_blocks, "block_table")
     used, pages = np.unique(table, return_inverse=True)
     slabs = cache[used].reshape(len(used), heads, 2 * block_size * head_size)

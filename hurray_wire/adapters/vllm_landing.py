@@ -16,10 +16,9 @@ from hurray_wire.adapters._common import Array, array, from_table, last_page_tok
 from hurray_wire.adapters.vllm import (
     Pair,
     _check_ids,
-    _check_slabs,
+    _cpu_geometry,
     _fp8,
     _role_pools,
-    _shape_error,
     _tensors,
 )
 from hurray_wire.errors import IndexBufferError, InvalidTensorError
@@ -116,12 +115,13 @@ def into_vllm(
     cache = _fp8(_writable(kv_cache), kv_cache_dtype)
     era = forms.era_of(vllm_version)
     for tensor, given in zip(tensors, (k_scale, v_scale), strict=False):
-        engine = forms.scale_value(given, "k_scale" if tensor.kv_role != "value" else "v_scale")
+        scale_name = "k_scale" if tensor.kv_role != "value" else "v_scale"
+        engine = forms.scale_value(given, scale_name)
         if engine is not None and engine != (tensor.kv_scale or 1.0):
             raise InvalidTensorError(
                 "the engine's fp8 scale differs from the tensor's (the values would be "
                 "dequantized with the wrong scale)",
-                field="k_scale" if tensor.kv_role != "value" else "v_scale",
+                field=scale_name,
                 found=engine,
                 expected=tensor.kv_scale or 1.0,
             )
@@ -129,27 +129,20 @@ def into_vllm(
     _check_match("dtype", str(pools[0].dtype), str(cache.dtype))
     if name == forms.CPU_BACKEND:
         chosen = forms.check_isa(isa)
-        if cache.ndim != 4 or cache.shape[3] % 2:
-            raise _shape_error(
-                "a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache
-            )
-        blocks, heads, block_size, width = cache.shape
-        forms.check_cpu_geometry(chosen, block_size, width // 2)
-        _check_slabs(cache)
-        _check_match("page shape", pools[0].shape[1:], (block_size, heads, width // 2))
+        blocks, heads, block_size, head_size = _cpu_geometry(cache, chosen)
+        _check_match("page shape", pools[0].shape[1:], (block_size, heads, head_size))
         targets, sources, valid = _targets(tensors[0], block_ids, blocks)
         bits = cache.view(f"u{cache.dtype.itemsize}")  # as_strided cannot take ml_dtypes
         slabs = np.lib.stride_tricks.as_strided(
             bits,
-            (blocks, heads, 2 * block_size * width // 2),
+            (blocks, heads, 2 * block_size * head_size),
             (cache.strides[0], cache.strides[1], cache.dtype.itemsize),
         )
         pools = [pool.view(bits.dtype) for pool in pools]
         mask = np.arange(block_size)[None, None, :, None] < valid[:, None, None, None]
         content = slabs[targets]
-        for pool, index in zip(
-            pools, forms.cpu_slab_index(chosen, block_size, width // 2), strict=True
-        ):
+        indexes = forms.cpu_slab_index(chosen, block_size, head_size)
+        for pool, index in zip(pools, indexes, strict=True):
             new = pool[sources].transpose(0, 2, 1, 3)
             content[:, :, index] = np.where(mask, new, content[:, :, index])
         slabs[targets] = content
