@@ -135,16 +135,13 @@ def _check_header(
 def _expect_tensor(
     tensor: BlockPagedTensor, layer: int, role: str, pages: int, tokens: int
 ) -> None:
-    table = tensor.block_table
-    lens = tensor.seq_lens
     ok = (
         tensor.layer_index == layer
         and tensor.kv_role == role
         and tensor.page_pool.shape[0] == pages
-        and table is not None
-        and np.array_equal(np.asarray(table).reshape(-1), np.arange(pages))
-        and lens is not None
-        and np.asarray(lens).tolist() == [tokens]
+        and np.array_equal(tensor.block_table, np.arange(pages))
+        and tensor.seq_lens is not None
+        and tensor.seq_lens.tolist() == [tokens]
     )
     if not ok:
         raise TransferRefusedError(

@@ -63,7 +63,6 @@ ROLES = ("key", "value")
 # -- prefill side ----------------------------------------------------------------------------
 @dataclass
 class _Transfer:
-    key: str
     request_id: str
     block_ids: tuple[int, ...]
     num_tokens: int
@@ -108,12 +107,7 @@ class TransferStore:
         with self._lock:
             self._expire()
             self._live[transfer_id] = _Transfer(
-                transfer_id,
-                request_id,
-                tuple(block_ids),
-                num_tokens,
-                digest,
-                self.fingerprint.block_size,
+                request_id, tuple(block_ids), num_tokens, digest, self.fingerprint.block_size
             )
 
     def has(self, transfer_id: str) -> bool:
@@ -215,8 +209,9 @@ class TransferStore:
             transfer.served.add(rank)
             transfer.decode_tp = size
             if transfer.served >= need:
-                del self._live[transfer.key]
-                self._gone[transfer.key] = "consumed"
+                assert isinstance(tid, str)  # it named a live transfer
+                del self._live[tid]
+                self._gone[tid] = "consumed"
             return transfer, first, held
 
 
