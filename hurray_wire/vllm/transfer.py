@@ -290,54 +290,33 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
     except TransferRefusedError as exc:
         _send_line(conn, {"ok": False, "reason": exc.reason, "message": str(exc)})
         return 0
+    claims = identity(ask["transfer_id"], transfer.request_id, transfer.digest, first, held,
+                      transfer.num_tokens)  # fmt: skip
     try:
-        return _send(conn, store, transfer, ask, first, held, known, nixl)
+        if nixl is not None and wants_nixl:  # the pages as NIXL blobs
+            sender, mine = nixl.sender(ask)
+            _send_line(conn, {"ok": True, "agent_metadata": mine})
+            meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
+            total = 0
+            for tensor in _tensors(transfer, store.num_layers, first, meta):
+                sender.publish(tensor, mode="staged", checksum=False, page_digests=True,
+                               known_pages=known)  # fmt: skip
+                total += tensor.page_pool.nbytes
+            sender.wait(deadline=nixl.timeout)
+            _send_line(conn, {"done": True})
+            return total
+        _send_line(conn, {"ok": True})  # the pages as a stream on conn
+        header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=ROLES,
+                              fingerprint=store.fingerprint, metadata=claims)  # fmt: skip
+        writer = StreamWriter(conn, header)
+        for tensor in _tensors(transfer, store.num_layers, first):
+            writer.write(tensor, checksum=False, page_digests=True, known_pages=known)
+        writer.close()
+        return writer.position
     except (OSError, HurrayWireError) as exc:
         # once per transfer (a transfer is served once), with the request it was for
         logger.error("HurrayConnector: request %s: KV send failed: %s", transfer.request_id, exc)
         raise
-
-
-def _send(
-    conn: socket.socket,
-    store: TransferStore,
-    transfer: _Transfer,
-    ask: Mapping[str, Any],
-    first: int,
-    held: int,
-    known: Any,
-    nixl: NixlPeers | None,
-) -> int:
-    """The accepted transfer's pages on ``conn`` (stream) or as NIXL blobs; bytes sent."""
-    claims = identity(ask["transfer_id"], transfer.request_id, transfer.digest, first, held,
-                      transfer.num_tokens)  # fmt: skip
-    if ask.get("transport") == "nixl":
-        assert nixl is not None
-        sender, mine = nixl.sender(ask)
-        _send_line(conn, {"ok": True, "agent_metadata": mine})
-        meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
-        total = 0
-        for tensor in _tensors(transfer, store.num_layers, first, meta):
-            sender.publish(tensor, mode="staged", checksum=False, page_digests=True,
-                           known_pages=known)  # fmt: skip
-            total += tensor.page_pool.nbytes
-        sender.wait(deadline=nixl.timeout)
-        _send_line(conn, {"done": True})
-        return total
-    _send_line(conn, {"ok": True})
-    header = StreamHeader(
-        model=store.model,
-        num_layers=store.num_layers,
-        kv_roles=ROLES,
-        fingerprint=store.fingerprint,
-        metadata=claims,
-    )
-    writer = StreamWriter(conn, header)
-    for tensor in _tensors(transfer, store.num_layers, first):
-        writer.write(tensor, checksum=False, page_digests=True,
-                     known_pages=known)  # fmt: skip
-    writer.close()
-    return writer.position
 
 
 class TransferServer:
