@@ -64,16 +64,6 @@ def _fp8(cache: Array, kv_cache_dtype: object) -> Array:
     return cache
 
 
-def _need_version(cache: Array) -> ArgumentTypeError:
-    return ArgumentTypeError(
-        "the vLLM version decides what this cache shape means: pass vllm_version= "
-        "(0.20-0.22 allocate [2, num_blocks, ...], 0.23-0.25 [num_blocks, 2, ...], "
-        ">= 0.26 one [num_blocks, H, block_size, 2 * head_size] view per layer)",
-        field="vllm_version",
-        found=f"shape {cache.shape}",
-    )
-
-
 def _check_layout(cache: Array, kv_cache_layout: object, era: int | None, role: bool) -> None:
     name = forms.layout_name(kv_cache_layout)
     if name is None:
@@ -167,7 +157,13 @@ def _role_pools(
         return "layer", [("key", layer[..., : width // 2]), ("value", layer[..., width // 2 :])]
     if cache.ndim == 5:
         if era is None:
-            raise _need_version(cache)
+            raise ArgumentTypeError(
+                "the vLLM version decides what this cache shape means: pass vllm_version= "
+                "(0.20-0.22 allocate [2, num_blocks, ...], 0.23-0.25 [num_blocks, 2, ...], "
+                ">= 0.26 one [num_blocks, H, block_size, 2 * head_size] view per layer)",
+                field="vllm_version",
+                found=f"shape {cache.shape}",
+            )
         if era >= forms.ERA_LAYER_VIEWS:
             raise _shape_error(
                 "vLLM >= 0.26 hands one 4-D view per layer; a 5-D tensor is a cross-layer "
@@ -482,11 +478,6 @@ def _tensors(tensor_or_pair: Any, name: str) -> tuple[BlockPagedTensor, ...]:
     return check_pair(tensor_or_pair, "tensor_or_pair")
 
 
-def _storage(pool: Array) -> Array:
-    """vLLM stores fp8 caches as uint8 (vllm/utils/torch_utils.py)."""
-    return pool.view(np.uint8) if pool.dtype.name.startswith("float8") else pool
-
-
 def to_vllm(
     tensor_or_pair: BlockPagedTensor | Pair,
     *,
@@ -519,7 +510,9 @@ def to_vllm(
     else:
         tensors = _tensors(tensor_or_pair, name)
     layout = _default_layout(name, era, kv_cache_layout)
-    pools = [_storage(t.unpacked_page_pool()) for t in tensors]
+    pools = [t.unpacked_page_pool() for t in tensors]
+    # vLLM stores fp8 caches as uint8 (vllm/utils/torch_utils.py)
+    pools = [p.view(np.uint8) if p.dtype.name.startswith("float8") else p for p in pools]
     pages, block_size, heads, dim = pools[0].shape
     blocks = pages + 1
     dtype = pools[0].dtype
