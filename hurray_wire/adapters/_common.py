@@ -49,17 +49,13 @@ def int_vector(value: Any, name: str) -> Array:
     return result.astype(np.int64)
 
 
-def pages_needed(lens: Array, page_size: int) -> Array:
-    return -(-lens // page_size)
-
-
 def from_table(block_table: Any, lens: Array, page_size: int) -> tuple[Array, Array]:
     """``(block_table, seq_ptr)`` from ragged per-sequence lists or a padded 2-D table.
 
     Row ``s`` uses its first ``ceil(seq_lens[s] / page_size)`` entries; the rest (padding or
     blocks allocated ahead) is ignored.
     """
-    need = pages_needed(lens, page_size)
+    need = -(-lens // page_size)  # pages per sequence
     seq_ptr = np.concatenate(([0], np.cumsum(need))).astype(np.int64)
     block_table = as_numpy(block_table, "block_table")
     if (
