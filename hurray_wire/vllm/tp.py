@@ -1,27 +1,13 @@
 """Tensor-parallel degree conversion for the HurrayConnector: which prefill ranks a decode
-rank pulls, and how their pages become that decode rank's heads (docs/vllm.md § TP).
+rank pulls, and how their pages become that decode rank's heads (docs/vllm.md § 6 has the
+table of TP pairs).
 
-vLLM shards the KV heads of a layer over the TP ranks as ``QKVParallelLinear`` loads the
-K/V weights (``vllm/model_executor/layers/linear.py``: ``num_kv_heads = divide(H, tp)``
-when ``tp < H``, else ``num_kv_head_replicas = divide(tp, H)``, and a rank loads the shard
-``tp_rank // num_kv_head_replicas``): rank ``r`` of ``n`` holds the contiguous heads
-``r*H/n .. (r+1)*H/n - 1``, or with more ranks than heads the single head
-``r // (n / H)``. That is ``transforms.heads.head_ranges``, so the conversion is
-``split_heads`` / ``merge_heads`` and the fingerprints they renumber come out exactly as
-the decode rank's own.
-
-The decode side converts: a prefill rank saves and serves its own heads without knowing
-the decode engine's TP degree; decode rank ``d`` of ``D`` pulls from prefill ranks
-``sources(P, D, d)`` of ``P``:
-
-- ``P == D``: rank ``d``;
-- ``D = k * P``: rank ``d // k``, split ``k`` ways, part ``d % k`` kept;
-- ``P = k * D``: ranks ``d*k .. d*k + k-1``, merged (replicas checked equal, one kept);
-- otherwise every prefill rank, merged to all ``H`` heads, then split ``D`` ways.
-
-Anything ``head_ranges`` cannot shard (``H`` neither divisible by nor dividing a TP
-degree) is refused with ``IncompatibleFingerprintError`` naming ``tp_size`` and
-``num_kv_heads``.
+vLLM shards a layer's KV heads as ``QKVParallelLinear`` loads them
+(``vllm/model_executor/layers/linear.py``), which is ``transforms.heads.head_ranges``: so
+the conversion is ``split_heads`` / ``merge_heads``, and the fingerprints they renumber
+come out exactly as the decode rank's own. The decode side converts: a prefill rank saves
+and serves its own heads without knowing the decode engine's TP degree. A pair the
+sharding cannot map is refused with ``IncompatibleFingerprintError``.
 """
 
 from __future__ import annotations
