@@ -26,25 +26,24 @@ import itertools
 import re
 import sys
 from importlib import metadata
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from hurray_wire.adapters._common import Array, per_tensor_scale
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 
-#: Backends whose cache is (block, head, token, K|V) elements (see the module docstring).
-STANDARD_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "FLASHINFER")
-#: MLA backends whose cache holds the plain latent vector per token.
-MLA_BACKENDS = (
-    "FLASHMLA",
-    "FLASH_ATTN_MLA",
-    "TRITON_MLA",
-    "CUTLASS_MLA",
-    "FLASHINFER_MLA",
-    "CPU_MLA",
-)
+#: vLLM's names of the backends whose layer is one ``(key, value)`` pair: those whose cache is
+#: (block, head, token, K|V) elements (see the module docstring), and CPU_ATTN; and of the
+#: MLA backends, whose cache holds the plain latent vector per token. Literal types, so that
+#: ``from_vllm``'s overloads type ``k, v = from_vllm(..., backend="FLASH_ATTN")``.
+PairBackend = Literal["FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "FLASHINFER", "CPU_ATTN"]
+MlaBackend = Literal[
+    "FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA", "CUTLASS_MLA", "FLASHINFER_MLA", "CPU_MLA"
+]
 CPU_BACKEND = "CPU_ATTN"
+STANDARD_BACKENDS = tuple(b for b in get_args(PairBackend) if b != CPU_BACKEND)
+MLA_BACKENDS: tuple[str, ...] = get_args(MlaBackend)
 BACKENDS = (*STANDARD_BACKENDS, CPU_BACKEND, *MLA_BACKENDS)
 #: ISAs whose CPU_ATTN block layout was checked against the compiled kernel.
 CPU_ISAS = ("amx", "vec", "vec16")

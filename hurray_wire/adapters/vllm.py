@@ -275,14 +275,6 @@ def _window(
     return flat.astype(np.int64), new_ptr, new_lens, skipped
 
 
-#: vLLM's names of the backends whose layer is one ``(key, value)`` pair / one MLA latent
-#: (the overloads below let ``k, v = from_vllm(..., backend="FLASH_ATTN")`` type-check).
-PairBackend = Literal["FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "FLASHINFER", "CPU_ATTN"]
-MlaBackend = Literal[
-    "FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA", "CUTLASS_MLA", "FLASHINFER_MLA", "CPU_MLA"
-]
-
-
 @overload
 def from_vllm(
     kv_cache: Any,
@@ -306,7 +298,7 @@ def from_vllm(
     block_table: Any,
     seq_lens: Any,
     *,
-    backend: MlaBackend,
+    backend: forms.MlaBackend,
     vllm_version: str | None = None,
     kv_cache_layout: Any = None,
     kv_role: None = None,
@@ -323,7 +315,7 @@ def from_vllm(
     block_table: Any,
     seq_lens: Any,
     *,
-    backend: PairBackend,
+    backend: forms.PairBackend,
     vllm_version: str | None = None,
     kv_cache_layout: Any = None,
     kv_role: None = None,
