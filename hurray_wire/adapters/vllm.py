@@ -38,8 +38,8 @@ SKIPPED_TOKENS_KEY = "vllm.skipped_tokens"
 # Axis of the one-role view [blocks, tokens, heads, dim] for each per-layer logical axis
 # (blocks, heads, tokens, content).
 _ROLE_AXIS = {0: 0, 1: 2, 2: 1, 3: 3}
-# Old eras' stride orders of [.., block_size, H, D] (get_kv_cache_stride_order).
-_OLD_LAYOUTS = {"LBNHC": "NHD", "LBHNC": "HND"}
+# Old eras' stride orders of [.., block_size, H, D] (get_kv_cache_stride_order): the aliases.
+_OLD_LAYOUTS = {member: alias for alias, member in forms.LAYOUT_ALIASES.items()}
 
 
 def _fp8(cache: Array, kv_cache_dtype: object) -> Array:
