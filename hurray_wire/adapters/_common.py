@@ -264,28 +264,22 @@ def engine_dtype_name(value: Any) -> str:
     return str(value).removeprefix("torch.")
 
 
-def engine_buffer(value: Any, name: str, dtype: Any) -> Any:
-    """An engine's cache buffer as ``engine_element_view`` gives it: a host torch tensor as
-    its NumPy view, a device tensor kept (the referenced pages are gathered where it lives)."""
-    if is_torch(value) and value.device.type == "cpu":
-        value = as_numpy(value, name)
-    elif not is_torch(value) and not isinstance(value, np.ndarray):
-        raise ArgumentTypeError(
-            "expected a NumPy array or torch tensor", field=name, found=type(value).__name__
-        )
-    return engine_element_view(value, dtype, name)
-
-
-def engine_element_view(values: Any, dtype: Any, name: str) -> Any:
-    """The engine's buffer viewed as the element type it holds (no copy).
+def engine_buffer(values: Any, name: str, dtype: Any) -> Any:
+    """An engine's cache buffer viewed as the element type it holds (no copy): a host torch
+    tensor as its NumPy view, a device tensor kept (its referenced pages are gathered where
+    it lives).
 
     Engines store fp8 caches as uint8 (SGLang ``KVCache.store_dtype``, vLLM's
     ``kv_cache_dtype``) because ``index_put`` lacks float8: such a buffer needs ``dtype``
     (the engine's cache dtype, e.g. ``torch.float8_e4m3fn`` or ``"fp8_e5m2"``) and is viewed
-    as that float8 type, so that fp8 travels as float8 (spec [A12]), never as uint8. Works
-    on NumPy arrays and torch tensors alike (torch stays torch: a device tensor is not
-    moved here).
+    as that float8 type, so that fp8 travels as float8 (spec [A12]), never as uint8.
     """
+    if is_torch(values) and values.device.type == "cpu":
+        values = as_numpy(values, name)
+    elif not is_torch(values) and not isinstance(values, np.ndarray):
+        raise ArgumentTypeError(
+            "expected a NumPy array or torch tensor", field=name, found=type(values).__name__
+        )
     stored = engine_dtype_name(values.dtype)
     if dtype is None:
         if stored in ("uint8", "int8"):
