@@ -478,6 +478,17 @@ def test_into_vllm_shared_prefix_page_once() -> None:
     assert all(same(a, b) for a, b in zip(back.sequences(), got[0].sequences(), strict=True))
 
 
+def test_into_vllm_names_block_ids_in_its_errors() -> None:
+    """from_table serves block_table and block_ids: its errors name the caller's argument."""
+    key, value = pair(hw.from_vllm(LAYER, [[1]], [3], backend="FLASH_ATTN"))
+    engine = np.zeros_like(LAYER)
+    for ids, match in (([], "one row per sequence"), ([[]], "blocks"), (np.asarray(1), "2-D")):
+        with pytest.raises(hw.HurrayWireError, match=match) as info:
+            hw.into_vllm((key, value), engine, ids, backend="FLASH_ATTN")
+        assert info.value.field == "block_ids"
+    assert not engine.any()
+
+
 def test_into_vllm_refuses_gpu_tensors() -> None:
     torch = pytest.importorskip("torch")
     _, target, got = into_case()

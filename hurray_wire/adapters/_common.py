@@ -49,29 +49,31 @@ def int_vector(value: Any, name: str) -> Array:
     return result.astype(np.int64)
 
 
-def from_table(block_table: Any, lens: Array, page_size: int) -> tuple[Array, Array]:
+def from_table(
+    block_table: Any, lens: Array, page_size: int, name: str = "block_table"
+) -> tuple[Array, Array]:
     """``(block_table, seq_ptr)`` from ragged per-sequence lists or a padded 2-D table.
 
     Row ``s`` uses its first ``ceil(seq_lens[s] / page_size)`` entries; the rest (padding or
-    blocks allocated ahead) is ignored.
+    blocks allocated ahead) is ignored. ``name``: the caller's argument, named by errors.
     """
     need = -(-lens // page_size)  # pages per sequence
     seq_ptr = np.concatenate(([0], np.cumsum(need))).astype(np.int64)
-    block_table = as_numpy(block_table, "block_table")
+    block_table = as_numpy(block_table, name)
     if (
         isinstance(block_table, (str, bytes))
         or getattr(block_table, "ndim", 1) == 0
         or not hasattr(block_table, "__len__")
     ):
         raise ArgumentTypeError(
-            "block_table must be a 2-D table or a list of lists",
-            field="block_table",
+            f"{name} must be a 2-D table or a list of lists",
+            field=name,
             found=type(block_table).__name__,
         )
     if len(block_table) != len(lens):
         raise IndexBufferError(
-            "block_table needs one row per sequence",
-            field="block_table",
+            f"{name} needs one row per sequence",
+            field=name,
             found=len(block_table),
             expected=len(lens),
         )
@@ -79,27 +81,27 @@ def from_table(block_table: Any, lens: Array, page_size: int) -> tuple[Array, Ar
         table, width = block_table, block_table.shape[1]
         if table.dtype.kind not in "iu" and table.size:
             raise IndexBufferError(
-                "block_table must hold integers", field="block_table", found=f"dtype {table.dtype}"
+                f"{name} must hold integers", field=name, found=f"dtype {table.dtype}"
             )
         if len(need) and int(need.max()) > width:
             seq = int(np.argmax(need > width))
             raise IndexBufferError(
                 f"sequence {seq} needs more blocks than the table has columns",
                 position=seq,
-                field="block_table",
+                field=name,
                 found=width,
                 expected=f">= {int(need[seq])}",
             )
         flat = table[np.arange(width)[None, :] < need[:, None]]
     else:
-        rows = [int_vector(row, f"block_table[{s}]") for s, row in enumerate(block_table)]
+        rows = [int_vector(row, f"{name}[{s}]") for s, row in enumerate(block_table)]
         short = [s for s, row in enumerate(rows) if len(row) < need[s]]
         if short:
             s = short[0]
             raise IndexBufferError(
                 f"sequence {s} has {int(lens[s])} tokens but {len(rows[s])} blocks",
                 position=s,
-                field="block_table",
+                field=name,
                 found=len(rows[s]),
                 expected=f">= {int(need[s])}",
             )
@@ -112,7 +114,7 @@ def from_table(block_table: Any, lens: Array, page_size: int) -> tuple[Array, Ar
         raise IndexBufferError(
             f"negative page id at used entry {bad}",
             position=bad,
-            field="block_table",
+            field=name,
             found=int(flat[bad]),
         )
     return flat.astype(np.int64), seq_ptr

@@ -46,7 +46,7 @@ def _targets(
     """``(engine block, tensor page, valid tokens)`` per written block, checked."""
     counts, last = last_page_tokens(tensor)
     page_size = tensor.layout.page_size
-    targets, _ = from_table(block_ids, counts * page_size, page_size)
+    targets, _ = from_table(block_ids, counts * page_size, page_size, "block_ids")
     sources = tensor.block_table.astype(np.int64)
     # Valid tokens of each page: full, except each sequence's last one.
     valid = np.full(len(sources), page_size, np.int64)
