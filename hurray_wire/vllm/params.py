@@ -16,29 +16,7 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.fast import item_dtype
 from hurray_wire.wire.transfer import PROMPT_TOKEN_ITEM
 
-__all__ = [
-    "PARAM_KEYS",
-    "TransferParams",
-    "identity",
-    "one_sequence",
-    "prompt_digest",
-    "sequence_pages",
-]
-
-#: The keys of ``kv_transfer_params`` the connector reads and writes (docs/vllm.md § params).
-PARAM_KEYS = (
-    "do_remote_prefill",
-    "do_remote_decode",
-    "hurray_transfer_id",
-    "remote_request_id",
-    "remote_host",
-    "remote_port",
-    "remote_block_ids",
-    "remote_num_tokens",
-    "remote_block_size",
-    "prompt_digest",
-    "remote_tp_size",
-)
+__all__ = ["TransferParams", "identity", "one_sequence", "prompt_digest", "sequence_pages"]
 
 
 def prompt_digest(token_ids: Sequence[int]) -> str:

@@ -35,7 +35,6 @@ from hurray_wire.fingerprint import EngineFingerprint, fingerprint_to_metadata
 from hurray_wire.integrity.delta import decode_known_pages
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.vllm.params import (
-    PARAM_KEYS,
     TransferParams,
     identity,
     one_sequence,
@@ -45,7 +44,6 @@ from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.tp import pullers
 
 __all__ = [
-    "PARAM_KEYS",
     "TransferParams",
     "TransferServer",
     "TransferStore",
