@@ -348,9 +348,8 @@ def run(
     them elsewhere; ``view`` then holds anything, e.g. zeros, in their range).
     ``defer_pool``: buffer 0's section checksum is left to the caller, which hashes it
     while copying it to its destination (``landing.land_into``). ``late_pool``: the
-    destination of a compressed buffer 0 of an unpacked pool, typed now and written by
-    the caller after ``run`` (``decompress_pool``): one pass, and nothing written before
-    the checks pass."""
+    destination of a compressed buffer 0, typed now and written by the page work's
+    ``finish`` (``decompress_pool``): one pass, and nothing written before the checks."""
     if plan is None:
         plan = plan_of(view, opts)
     if pool is not None:
