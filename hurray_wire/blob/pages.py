@@ -280,9 +280,8 @@ class PageWork:
         descriptor = self.descriptor
         full = list(buffers)
         for index in paged_buffers(descriptor).indexes:  # each row: sent, filled or zeroed
-            full[index] = np.empty(descriptor.buffers[index].byte_size, np.uint8)
-        if pool is not None:
-            full[0] = pool
+            size = descriptor.buffers[index].byte_size
+            full[index] = pool if index == 0 and pool is not None else np.empty(size, np.uint8)
         rows_in = page_rows(descriptor, buffers, int(sent.size))
         rows_out = page_rows(descriptor, full, descriptor.layout.num_pages)
         pairs = [(rows_in.scales, rows_out.scales), (rows_in.zero_points, rows_out.zero_points)]
