@@ -31,10 +31,11 @@ class Zstd(Codec):
     def decode_into(
         self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int
     ) -> U8Array:
-        """Check the frame header against ``raw_size``, then decode the one frame."""
+        """Check the frame header against ``raw_size``, then decode the one frame
+        (unshuffled by ``param`` for shuffle-zstd, which shares this)."""
         header = frame_header(stored, raw_size, self.name)
         dst = output(out, raw_size)
-        decode_frame(stored, dst, 1, self.name, header)
+        decode_frame(stored, dst, param or 1, self.name, header)
         return dst
 
 
