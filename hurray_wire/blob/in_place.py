@@ -179,25 +179,9 @@ class _InPlaceWork(PageWork):
     """PageWork that leaves the pool to the engine: refs are re-hashed in place, the sent
     rows kept until finish() writes them into free pages."""
 
-    def __init__(
-        self,
-        descriptor: TensorDescriptor,
-        *,
-        has_digests: bool,
-        page_store: Any,
-        report: bool,
-        verify: bool,
-        pool: EnginePoolStore,
-        free: IntArray,
-    ) -> None:
-        super().__init__(
-            descriptor,
-            has_digests=has_digests,
-            page_store=page_store,
-            report=report,
-            verify=verify,
-        )
-        check_pool_fits(descriptor, pool)
+    def __init__(self, *args: Any, pool: EnginePoolStore, free: IntArray, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        check_pool_fits(self.descriptor, pool)
         self.pool = pool
         self.free = free
         self.refs: PageRefs | None = None
