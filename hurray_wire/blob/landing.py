@@ -33,6 +33,7 @@ from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows
 from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import CODEC_RAW
+from hurray_wire.codecs.base import output
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, flag
 from hurray_wire.integrity import EngineFingerprint, PageRecords, PageStore
 from hurray_wire.integrity.pool_store import engine_array
@@ -123,7 +124,7 @@ def land_into(
     # The pool lands in _OnePass.finish, after every other check: a compressed one is
     # decompressed into the destination (its sent rows into scratch when page refs
     # scatter them), each page-row chunk copied, hashed and digested while in cache.
-    late = None if raw else out if plan.page_refs is None else np.empty(entry.raw_size, np.uint8)
+    late = None if raw else out if plan.page_refs is None else output(None, entry.raw_size)
     work = partial(_OnePass, out, view, entry, hashed, late, opts.threads)
     tensor = run(view, opts, accept=accept, plan=plan, work=work, defer_pool=hashed,
                  late_pool=late)[0]  # fmt: skip
