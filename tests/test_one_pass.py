@@ -11,6 +11,7 @@ verdict of the safe route (error type and message) and leave the documented dest
 
 from __future__ import annotations
 
+import io
 import struct
 import tracemalloc
 from collections.abc import Callable
@@ -23,6 +24,7 @@ import pytest
 import hurray_wire as hw
 from hurray_wire import dtypes
 from hurray_wire.blob import decoder, peek_descriptor
+from hurray_wire.containers import StreamFile
 from hurray_wire.errors import (
     ChecksumError,
     DecompressionError,
@@ -285,8 +287,22 @@ HOSTILE = [
 ]
 
 
+def _decode_into(blob: bytes, engine: Any, store: Any, one_pass: bool) -> None:
+    hw.decode_into(blob, engine, page_store=store, one_pass=one_pass)
+
+
+def _stream_file(blob: bytes, engine: Any, store: Any, one_pass: bool) -> None:
+    sink = io.BytesIO()
+    hw.StreamWriter(sink, hw.StreamHeader(), index=False).abort()  # the stream header
+    with StreamFile(sink.getvalue() + blob, page_store=store) as f:
+        f.read(f.entries[0], page_pool=engine, one_pass=one_pass)
+
+
+@pytest.mark.parametrize("land", [_decode_into, _stream_file])
 @pytest.mark.parametrize("case", HOSTILE, ids=lambda c: c.name)
-def test_one_pass_gives_the_safe_verdict_and_the_documented_destination(case: Hostile) -> None:
+def test_one_pass_gives_the_safe_verdict_and_the_documented_destination(
+    case: Hostile, land: Callable[[bytes, Any, Any, bool], None]
+) -> None:
     blob = case.blob()
     store = MemoryPageStore(1 << 20) if case.store else None
     errors, states = [], []
@@ -294,7 +310,7 @@ def test_one_pass_gives_the_safe_verdict_and_the_documented_destination(case: Ho
         engine = _engine(blob)
         before = engine.tobytes()
         with pytest.raises(HurrayWireError) as info:
-            hw.decode_into(blob, engine, page_store=store, one_pass=one_pass)
+            land(blob, engine, store, one_pass)
         errors.append(info.value)
         states.append(engine.tobytes())
         assert type(info.value) is case.error, info.value
