@@ -109,6 +109,7 @@ KINDS = [
     Kind("shuffle-zstd (one frame)", _f16, SHUFFLE, scratch="codec"),
     Kind("zstd, page digests", _f16, ZSTD, digests=True),
     Kind("zstd, page digests + refs", _f16, ZSTD, digests=True, refs=True, scratch="sent rows"),
+    Kind("zstd, page refs without digests", _f16, ZSTD, refs=True, scratch="sent rows"),
     Kind("zstd int8, per-block scales + page digests", _int8_scales, ZSTD, digests=True),
     Kind("zstd int4", _int4, ZSTD),
     Kind("chunked int4", _int4, CHUNKED),
