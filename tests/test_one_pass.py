@@ -23,7 +23,7 @@ import pytest
 
 import hurray_wire as hw
 from hurray_wire import dtypes
-from hurray_wire.blob import decoder, peek_descriptor
+from hurray_wire.blob import decoder, landing, peek_descriptor
 from hurray_wire.containers import StreamFile
 from hurray_wire.errors import (
     ChecksumError,
@@ -34,7 +34,7 @@ from hurray_wire.errors import (
     PageDigestError,
     PageStoreMissError,
 )
-from hurray_wire.integrity import MemoryPageStore, store_pages
+from hurray_wire.integrity import MemoryPageStore, PageRecords, store_pages
 from tests import blob_reference as ref
 
 PAGES, PAGE = 256, (16, 8, 64)  # 16 KiB float16 pages: a 4 MiB pool
@@ -143,9 +143,9 @@ def _land(
     real = decoder.decode_section  # type: ignore[attr-defined]
 
     def tracked(codec: int, param: int, stored: Any, raw_size: int, threads: int,
-                out: Any = None) -> Any:  # fmt: skip
+                out: Any = None, progress: Any = None) -> Any:  # fmt: skip
         calls.append((raw_size, out is not None))
-        return real(codec, param, stored, raw_size, threads, out)
+        return real(codec, param, stored, raw_size, threads, out, progress)
 
     monkeypatch.setattr(decoder, "decode_section", tracked)
     engine[...] = 0
@@ -329,3 +329,53 @@ def test_one_pass_gives_the_safe_verdict_and_the_documented_destination(
         stored = blob[e["offset"] : e["offset"] + e["stored_size"]]
         raw = hw.codecs.decompress(e["codec"], e["codec_param"], stored, e["raw_size"])
         assert states[1] == raw.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("compression", "refs", "while_decoding"),
+    [(None, False, False), (None, True, False), (ZSTD, False, True), (ZSTD, True, True),
+     (CHUNKED, False, True), (SHUFFLE, False, False)],
+    ids=["raw", "raw, refs", "zstd", "zstd, refs", "chunked", "shuffle-zstd (one frame)"],
+)  # fmt: skip
+def test_pages_are_digested_a_chunk_at_a_time_as_they_land(
+    compression: hw.Compression | None, refs: bool, while_decoding: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Each page is digested once, in chunks of at most ~1 MiB of rows; a compressed
+    pool's chunks while its frame is still being decoded (each in cache as it comes), but
+    for one byte-shuffled frame, whose planes end together."""
+    t = _f16()
+    store = _store_for(t) if refs else None
+    blob = bytes(hw.encode(t, compression=compression, page_digests=True,
+                           known_pages=None if store is None else store.digests()))  # fmt: skip
+    log: list[tuple[int, bool]] = []
+    decoding = [False]
+    real = decoder.decode_section  # type: ignore[attr-defined]
+
+    def tracked(*args: Any) -> Any:
+        decoding[0] = True
+        try:
+            return real(*args)
+        finally:
+            decoding[0] = False
+
+    class Records(PageRecords):
+        def digests(self) -> Any:
+            log.append((int(self.pool.shape[0]), decoding[0]))
+            return super().digests()
+
+    monkeypatch.setattr(decoder, "decode_section", tracked)
+    monkeypatch.setattr(landing, "PageRecords", Records)
+    engine = _engine(blob)
+    hw.decode_into(blob, engine, page_store=store, one_pass=True)
+    assert engine.tobytes() == t.page_pool.tobytes()
+    sent = PAGES - (len(store.digests()) if store is not None else 0)
+    assert sum(n for n, _ in log) == sent  # every sent page once
+    rows = (1 << 20) // (2 * int(np.prod(PAGE)))  # rows of 1 MiB
+    if while_decoding:
+        assert len(log) > 2 and all(during for _, during in log), log
+        assert max(n for n, _ in log) <= max(rows, CHUNK // (2 * int(np.prod(PAGE)))), log
+    elif compression is None:
+        assert len(log) > 2 and max(n for n, _ in log) <= rows, log
+    else:  # the whole pool at once, when the frame's last plane is in
+        assert [n for n, _ in log] == [sent]

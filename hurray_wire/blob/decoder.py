@@ -482,22 +482,27 @@ def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
 
 
 def _decompress(
-    e: Entry, stored: npt.NDArray[np.uint8], threads: int, out: U8Array | None = None
-) -> npt.NDArray[np.uint8]:
+    e: Entry, stored: npt.NDArray[np.uint8], threads: int, out: U8Array | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> npt.NDArray[np.uint8]:  # fmt: skip
     """Decode one compressed section into a new array (allocated after its layout checks)
     or ``out``; errors carry blob offsets. The section table checked the codec and its
     parameter."""
     try:
-        return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads, out)
+        return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads, out, progress)
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None and exc.offset <= stored.size else 0
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
 
 
-def decompress_pool(view: memoryview, e: Entry, threads: int, out: U8Array) -> None:
-    """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``."""
+def decompress_pool(
+    view: memoryview, e: Entry, threads: int, out: U8Array,
+    progress: Callable[[int], None] | None = None,
+) -> None:  # fmt: skip
+    """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``, telling
+    ``progress`` of each finished prefix (``Codec.decode_progressively``)."""
     whole = np.frombuffer(view, np.uint8)
-    _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out)
+    _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out, progress)
 
 
 def _digest_pass(

@@ -197,49 +197,68 @@ class _OnePass(PageWork):
         return assemble(descriptor, buffers, seq_lens, metadata, pool_later=True)
 
     def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
-        if self.late is not None:  # the one write of a compressed pool
-            decompress_pool(self.view, self.entry, self.threads, self.late)
+        refs, sent, expected, full = self.pending
+        rows = None if full is None else _Rows(self, sent, expected, full)
+        if self.late is not None:  # the one write of a compressed pool, rows checked as they come
+            decompress_pool(self.view, self.entry, self.threads, self.late,
+                            None if rows is None else rows.up_to_byte)  # fmt: skip
+        elif rows is not None:  # a raw pool's rows, copied a chunk at a time
+            for stop in range(rows.step, rows.count + rows.step, rows.step):
+                rows.up_to(min(stop, rows.count))
         descriptor = self.descriptor
         if descriptor.element_type.is_packed:  # O(1): the last bytes, just written
             try:
                 check_padding_bits(descriptor, self.out)
             except HurrayWireError as exc:  # placed as the decoder's assembly places it
                 raise exc.relocated(section="buffer[0]") from None
-        refs, sent, expected, full = self.pending
-        if full is not None:
-            self._land_rows(refs, sent, expected, full)
+        if rows is not None:
+            if rows.hasher is not None:
+                _compare(rows.hasher, self.view, self.entry)
+            if rows.found is not None:
+                self.compare(rows.found, expected, refs, sent)
+            if refs is not None:
+                self.fill_refs(refs, rows.landed)
         return super().finish(tensor)
 
-    def _land_rows(self, refs: Any, sent: Any, expected: Any, full: list[U8Array]) -> None:
-        descriptor = self.descriptor
+
+class _Rows:
+    """The page rows of a one-pass landing, landed in ascending chunks (``up_to``): each
+    chunk copied into place (scattered to its page ids with refs; already there when it
+    was decompressed into the destination), then, while in cache, fed to buffer 0's
+    section hasher and digested."""
+
+    def __init__(self, work: _OnePass, sent: Any, expected: Any, full: list[U8Array]) -> None:
+        descriptor = work.descriptor
         num_pages = descriptor.layout.num_pages
-        count = num_pages if sent is None else int(sent.size)
-        rows = page_rows(descriptor, self.sent_buffers, count)
-        landed = page_rows(descriptor, full, num_pages)
-        moved = self.sent_buffers[0] is not self.out  # else decompressed in place
-        width = int(rows.pool.shape[1])
-        step = max(1, (1 << 20) // width) if width else max(count, 1)
-        hasher = xxhash.xxh3_64() if self.hash_pool else None
-        found = None if expected is None else np.empty(count, np.uint64)
-        for start in range(0, count, step):
-            stop = min(start + step, count)
-            if sent is None:  # the landed rows, digested and hashed while in cache
-                chunk = landed.pool[start:stop]
-                if moved:
-                    chunk[...] = rows.pool[start:stop]
-            else:  # scattered to their page ids: the source rows, just read, are hashed
-                landed.pool[sent[start:stop]] = chunk = rows.pool[start:stop]
-            if hasher is not None:
-                hasher.update(chunk.data)
-            if found is not None:
-                found[start:stop] = PageRecords(
-                    chunk,
-                    None if rows.scales is None else rows.scales[start:stop],
-                    None if rows.zero_points is None else rows.zero_points[start:stop],
-                ).digests()
-        if hasher is not None:
-            _compare(hasher, self.view, self.entry)
-        if found is not None:
-            self.compare(found, expected, refs, sent)
-        if refs is not None:
-            self.fill_refs(refs, landed)
+        self.count = num_pages if sent is None else int(sent.size)
+        self.rows = page_rows(descriptor, work.sent_buffers, self.count)
+        self.landed = page_rows(descriptor, full, num_pages)
+        self.moved = work.sent_buffers[0] is not work.out  # else decompressed in place
+        self.sent, self.done = sent, 0
+        self.width = int(self.rows.pool.shape[1])
+        self.step = max(1, (1 << 20) // self.width) if self.width else max(self.count, 1)
+        self.hasher = xxhash.xxh3_64() if work.hash_pool else None
+        self.found = None if expected is None else np.empty(self.count, np.uint64)
+
+    def up_to_byte(self, end: int) -> None:
+        self.up_to(end // self.width if self.width else self.count)
+
+    def up_to(self, stop: int) -> None:
+        start, rows, sent = self.done, self.rows, self.sent
+        if stop <= start:
+            return
+        if sent is not None:  # scattered to their page ids: the source rows, just read
+            self.landed.pool[sent[start:stop]] = chunk = rows.pool[start:stop]
+        else:
+            chunk = self.landed.pool[start:stop]
+            if self.moved:
+                chunk[...] = rows.pool[start:stop]
+        if self.hasher is not None:
+            self.hasher.update(chunk.data)
+        if self.found is not None:
+            self.found[start:stop] = PageRecords(
+                chunk,
+                None if rows.scales is None else rows.scales[start:stop],
+                None if rows.zero_points is None else rows.zero_points[start:stop],
+            ).digests()
+        self.done = stop

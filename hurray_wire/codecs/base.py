@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
@@ -21,7 +22,10 @@ from hurray_wire.errors import LimitExceededError
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
 
-__all__ = ["Codec", "bytes_view", "local", "output", "scratch"]
+__all__ = ["Codec", "Progress", "bytes_view", "local", "output", "scratch"]
+
+#: ``progress(n)``: the first ``n`` bytes of a decode's output are final (n ascending).
+Progress = Callable[[int], None]
 
 #: Per-thread state of the codec modules: zstd contexts and a scratch buffer.
 local = threading.local()
@@ -72,6 +76,16 @@ class Codec(ABC):
         """Decode checked-legal ``param`` and ``stored`` into ``out`` (``raw_size`` bytes)
         or, when None, into a new array allocated once the stored layout has passed its
         checks; return the output. ``threads``: -1 every usable core, 0 the caller."""
+
+    def decode_progressively(
+        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int,
+        progress: Progress,
+    ) -> U8Array:  # fmt: skip
+        """``decode_into``, calling ``progress`` as the output becomes final, so that a
+        caller checks each piece while it is in cache (by default once, at the end)."""
+        dst = self.decode_into(param, stored, raw_size, out, threads)
+        progress(raw_size)
+        return dst
 
     def __repr__(self) -> str:
         return f"<codec {self.codec_id} {self.name}>"

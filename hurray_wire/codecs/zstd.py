@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hurray_wire.buffers import U8Array
-from hurray_wire.codecs.base import Codec, output
+from hurray_wire.codecs.base import Codec, Progress, output
 from hurray_wire.codecs.compressor import compress_frame, frame_threads
 from hurray_wire.codecs.frames import decode_frame, frame_header
 
@@ -31,11 +31,17 @@ class Zstd(Codec):
     def decode_into(
         self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int
     ) -> U8Array:
+        return self.decode_progressively(param, stored, raw_size, out, threads, None)
+
+    def decode_progressively(
+        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int,
+        progress: Progress | None,
+    ) -> U8Array:  # fmt: skip
         """Check the frame header against ``raw_size``, then decode the one frame
         (unshuffled by ``param`` for shuffle-zstd, which shares this)."""
         header = frame_header(stored, raw_size, self.name)
         dst = output(out, raw_size)
-        decode_frame(stored, dst, param or 1, self.name, header)
+        decode_frame(stored, dst, param or 1, self.name, header, progress)
         return dst
 
 
