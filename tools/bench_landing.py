@@ -74,10 +74,13 @@ def kinds(mib: int) -> dict[str, tuple[bytes, np.ndarray[Any, Any], Any]]:
         "shuffle-zstd": (hw.encode(t(smooth), compression=shuffled), smooth, None),
         "chunked-shuffle-zstd": (hw.encode(t(smooth), compression=chunked), smooth, None),
         "zstd, page digests": (
-            hw.encode(t(smooth), compression=shuffled, page_digests=True), smooth, None,
+            hw.encode(t(smooth), compression=plain, page_digests=True), smooth, None,
+        ),
+        "chunked, page digests": (
+            hw.encode(t(smooth), compression=chunked, page_digests=True), smooth, None,
         ),
         "zstd, page digests + refs (1/4)": (
-            hw.encode(zrefs_t, compression=shuffled, page_digests=True,
+            hw.encode(zrefs_t, compression=plain, page_digests=True,
                       known_pages=zstore.digests()),
             smooth, zstore,
         ),
