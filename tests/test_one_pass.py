@@ -379,3 +379,42 @@ def test_pages_are_digested_a_chunk_at_a_time_as_they_land(
         assert len(log) > 2 and max(n for n, _ in log) <= rows, log
     else:  # the whole pool at once, when the frame's last plane is in
         assert [n for n, _ in log] == [sent]
+
+
+@pytest.mark.parametrize(
+    "compression", [ZSTD, SHUFFLE, CHUNKED, hw.Compression(3, min_size=0, chunk_size=1 << 20)],
+    ids=["zstd", "shuffle-zstd", "chunked, 16 chunks", "chunked, 4 chunks"],
+)  # fmt: skip
+@pytest.mark.parametrize("threads", [0, -1])
+def test_decode_section_reports_only_final_prefixes(
+    compression: hw.Compression, threads: int
+) -> None:
+    """``progress(n)`` comes with ``n`` ascending, the output's first ``n`` bytes already
+    final when it comes (whatever order the chunks finish in), and ``n`` = raw size last;
+    a codec that cannot tell reports once, at the end."""
+    raw = _f16().page_pool.reshape(-1).view(np.uint8)
+    codec, param, stored = hw.codecs.compress(raw, compression, 2)
+    assert codec == compression.codec
+    out = np.zeros_like(raw)
+    seen: list[int] = []
+
+    def progress(n: int) -> None:
+        assert n > (seen[-1] if seen else 0)
+        assert out[:n].tobytes() == raw[:n].tobytes()  # final when reported
+        seen.append(n)
+
+    src = np.frombuffer(stored, np.uint8)
+    decoder.decode_section(codec, param, src, raw.size, threads, out, progress)  # type: ignore[attr-defined]
+    assert seen[-1] == raw.size and out.tobytes() == raw.tobytes()
+    if codec == SHUFFLE.codec:  # the planes end together
+        assert seen == [raw.size]
+    elif codec == ZSTD.codec or threads == 0:  # 1 MiB steps of a frame; chunk by chunk
+        step = compression.chunk_size if codec == CHUNKED.codec else 1 << 20
+        assert seen == list(range(step, raw.size + 1, step))
+
+
+def test_a_codec_that_cannot_tell_reports_its_output_at_the_end() -> None:
+    raw = np.arange(1000, dtype=np.uint8)
+    out, seen = np.zeros_like(raw), []
+    decoder.decode_section(0, 0, raw, raw.size, 0, out, seen.append)  # type: ignore[attr-defined]
+    assert seen == [raw.size] and out.tobytes() == raw.tobytes()

@@ -500,7 +500,7 @@ def decompress_pool(
     progress: Callable[[int], None] | None = None,
 ) -> None:  # fmt: skip
     """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``, telling
-    ``progress`` of each finished prefix (``Codec.decode_progressively``)."""
+    ``progress`` of each finished prefix (``codecs.decode_section``)."""
     whole = np.frombuffer(view, np.uint8)
     _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out, progress)
 

@@ -50,6 +50,9 @@ class Codec(ABC):
     compresses: ClassVar[bool] = True
     #: The ``threads`` a text spec such as "zstd:3" gives this codec.
     spec_threads: ClassVar[int] = 0
+    #: Whether ``decode_into`` takes a last argument ``progress``, called as the output
+    #: becomes final so that a caller checks each piece while in cache (``decode_section``).
+    progressive: ClassVar[bool] = False
 
     def valid_param(self, param: int) -> bool:
         """Whether ``param`` is a legal codec parameter of this codec."""
@@ -76,16 +79,6 @@ class Codec(ABC):
         """Decode checked-legal ``param`` and ``stored`` into ``out`` (``raw_size`` bytes)
         or, when None, into a new array allocated once the stored layout has passed its
         checks; return the output. ``threads``: -1 every usable core, 0 the caller."""
-
-    def decode_progressively(
-        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int,
-        progress: Progress,
-    ) -> U8Array:  # fmt: skip
-        """``decode_into``, calling ``progress`` as the output becomes final, so that a
-        caller checks each piece while it is in cache (by default once, at the end)."""
-        dst = self.decode_into(param, stored, raw_size, out, threads)
-        progress(raw_size)
-        return dst
 
     def __repr__(self) -> str:
         return f"<codec {self.codec_id} {self.name}>"

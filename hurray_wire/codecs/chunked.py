@@ -66,6 +66,7 @@ class Chunked(Codec):
     name = _NAME
     params = CHUNKED_WIDTHS
     spec_threads = -1  # "chunked-shuffle-zstd:L" compresses its chunks on every core
+    progressive = True
 
     def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
         """The chunk table, then each chunk's frame, shuffled by ``width`` (1 when the
@@ -74,13 +75,8 @@ class Chunked(Codec):
         return param, _chunked(src, config, param)
 
     def decode_into(
-        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int
-    ) -> U8Array:
-        return self.decode_progressively(param, stored, raw_size, out, threads, None)
-
-    def decode_progressively(
         self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int,
-        progress: Progress | None,
+        progress: Progress | None = None,
     ) -> U8Array:  # fmt: skip
         """Check the chunk table, then decode each chunk into its slice of the output
         (``progress``: told of each finished prefix, under a lock, in order)."""

@@ -201,11 +201,15 @@ def decode_section(
     """:func:`decompress` for arguments the caller has checked already (the blob decoder's
     section table checks codec, parameter and size; ``decode`` checks ``threads``):
     ``stored`` a flat uint8 array. It skips the argument checks, never the checks of the
-    stored bytes. ``progress``: see :meth:`Codec.decode_progressively`."""
+    stored bytes. ``progress(n)``: the output's first ``n`` bytes are final (``n``
+    ascending; see ``Codec.progressive``; at the end for another codec)."""
     found = BY_ID[codec]
-    if progress is None:
-        return found.decode_into(codec_param, stored, raw_size, out, threads)
-    return found.decode_progressively(codec_param, stored, raw_size, out, threads, progress)
+    if progress is not None and found.progressive:
+        return found.decode_into(codec_param, stored, raw_size, out, threads, progress)  # type: ignore[call-arg]
+    dst = found.decode_into(codec_param, stored, raw_size, out, threads)
+    if progress is not None:
+        progress(raw_size)
+    return dst
 
 
 def _decode_args(

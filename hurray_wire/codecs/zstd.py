@@ -23,19 +23,15 @@ class Zstd(Codec):
 
     codec_id = CODEC_ZSTD
     name = "zstd"
+    progressive = True
 
     def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
         """One frame at ``config.level``; zstd's own threads for sections of 1 MiB or more."""
         return 0, compress_frame(src, config.level, 1, frame_threads(config, src.size))
 
     def decode_into(
-        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int
-    ) -> U8Array:
-        return self.decode_progressively(param, stored, raw_size, out, threads, None)
-
-    def decode_progressively(
         self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int,
-        progress: Progress | None,
+        progress: Progress | None = None,
     ) -> U8Array:  # fmt: skip
         """Check the frame header against ``raw_size``, then decode the one frame
         (unshuffled by ``param`` for shuffle-zstd, which shares this)."""
