@@ -415,6 +415,6 @@ def test_decode_section_reports_only_final_prefixes(
 
 def test_a_codec_that_cannot_tell_reports_its_output_at_the_end() -> None:
     raw = np.arange(1000, dtype=np.uint8)
-    out, seen = np.zeros_like(raw), []
+    out, seen = np.zeros_like(raw), list[int]()
     decoder.decode_section(0, 0, raw, raw.size, 0, out, seen.append)  # type: ignore[attr-defined]
     assert seen == [raw.size] and out.tobytes() == raw.tobytes()
