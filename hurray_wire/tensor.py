@@ -44,6 +44,7 @@ __all__ = [
     "ZERO_POINTS",
     "BlockPagedTensor",
     "assemble",
+    "check_padding_bits",
     "check_seq_lens",
     "checked_indexes",
     "pool_form",
@@ -482,11 +483,14 @@ def assemble(
     buffers: Sequence[Array],
     seq_lens: Array | None = None,
     metadata: dict[str, Any] | None = None,
+    *,
+    pool_later: bool = False,
 ) -> BlockPagedTensor:
     """Type the raw buffers of a decoded descriptor (1-D uint8 arrays in table order, sizes
     already matched to the handles), check the index invariants and seq_lens, and build the
-    tensor. Shared by every decoder (blob, reference stream, .hrry) so they cannot drift."""
-    layout = descriptor.layout
+    tensor. Shared by every decoder (blob, reference stream, .hrry) so they cannot drift.
+    ``pool_later``: buffer 0 is written after this (a one-pass landing), which then runs
+    :func:`check_padding_bits` on it."""
     etype = descriptor.element_type
     pool = buffers[0]
     typing = descriptor.__dict__.get("_pool_typing")  # memoised: see _pool_typing
@@ -500,22 +504,29 @@ def assemble(
                 field="page_pool",
                 found=f"shape {list(shape)}",
             ) from None
-    else:
-        count = layout.num_pages * layout.page_size * descriptor.shape[1] * descriptor.shape[2]
-        bad = packing.first_padding_bit_byte(pool, etype, count)
-        if bad is not None:
-            raise PaddingError(
-                f"padding bits of the packed {etype.name} page pool must be zero "
-                f"(byte {bad} of the pool)",
-                field="page_pool",
-                offset=bad,
-                found=f"0x{int(pool[bad]):02X}",
-            )
+    elif not pool_later:
+        check_padding_bits(descriptor, pool)
     block_table, seq_ptr = checked_indexes(descriptor, buffers, seq_lens, metadata)
     scales, zero_points = typed_params(descriptor, buffers)
     return BlockPagedTensor._trusted(
         descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
     )
+
+
+def check_padding_bits(descriptor: TensorDescriptor, pool: Array) -> None:
+    """The padding bits of a packed pool (1-D uint8) are zero: O(1), only the last byte
+    (or 3-byte group) holds any."""
+    layout, etype = descriptor.layout, descriptor.element_type
+    count = layout.num_pages * layout.page_size * descriptor.shape[1] * descriptor.shape[2]
+    bad = packing.first_padding_bit_byte(pool, etype, count)
+    if bad is not None:
+        raise PaddingError(
+            f"padding bits of the packed {etype.name} page pool must be zero "
+            f"(byte {bad} of the pool)",
+            field="page_pool",
+            offset=bad,
+            found=f"0x{int(pool[bad]):02X}",
+        )
 
 
 def checked_indexes(

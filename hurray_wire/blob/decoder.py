@@ -348,9 +348,8 @@ def run(
     them elsewhere; ``view`` then holds anything, e.g. zeros, in their range).
     ``defer_pool``: buffer 0's section checksum is left to the caller, which hashes it
     while copying it to its destination (``landing.land_into``). ``late_pool``: the
-    destination of a compressed buffer 0 of an unpacked pool, typed now and written by
-    the caller after ``run`` (``decompress_pool``): one pass, and nothing written before
-    the checks pass."""
+    destination of a compressed buffer 0, typed now and written by the page work's
+    ``finish`` (``decompress_pool``): one pass, and nothing written before the checks."""
     if plan is None:
         plan = plan_of(view, opts)
     if pool is not None:
@@ -483,22 +482,27 @@ def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
 
 
 def _decompress(
-    e: Entry, stored: npt.NDArray[np.uint8], threads: int, out: U8Array | None = None
-) -> npt.NDArray[np.uint8]:
+    e: Entry, stored: npt.NDArray[np.uint8], threads: int, out: U8Array | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> npt.NDArray[np.uint8]:  # fmt: skip
     """Decode one compressed section into a new array (allocated after its layout checks)
     or ``out``; errors carry blob offsets. The section table checked the codec and its
     parameter."""
     try:
-        return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads, out)
+        return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads, out, progress)
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None and exc.offset <= stored.size else 0
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
 
 
-def decompress_pool(view: memoryview, e: Entry, threads: int, out: U8Array) -> None:
-    """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``."""
+def decompress_pool(
+    view: memoryview, e: Entry, threads: int, out: U8Array,
+    progress: Callable[[int], None] | None = None,
+) -> None:  # fmt: skip
+    """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``, telling
+    ``progress`` of each finished prefix (``codecs.decode_section``)."""
     whole = np.frombuffer(view, np.uint8)
-    _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out)
+    _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out, progress)
 
 
 def _digest_pass(

@@ -28,16 +28,13 @@ from hurray_wire.blob.decoder import (
 )
 from hurray_wire.blob.envelope import total_length
 from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
-from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, refs_count
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_failure, page_rows, refs_count
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.errors import (
     ArgumentTypeError,
-    ChecksumError,
     InvalidTensorError,
-    PageDigestError,
-    PageStoreMissError,
 )
-from hurray_wire.integrity import EngineFingerprint, EnginePoolStore, PageRefs, logical_positions
+from hurray_wire.integrity import EngineFingerprint, EnginePoolStore, PageRefs
 from hurray_wire.integrity.digests import IntArray
 from hurray_wire.integrity.pool_store import page_id_array
 from hurray_wire.model.descriptor import TensorDescriptor
@@ -182,25 +179,9 @@ class _InPlaceWork(PageWork):
     """PageWork that leaves the pool to the engine: refs are re-hashed in place, the sent
     rows kept until finish() writes them into free pages."""
 
-    def __init__(
-        self,
-        descriptor: TensorDescriptor,
-        *,
-        has_digests: bool,
-        page_store: Any,
-        report: bool,
-        verify: bool,
-        pool: EnginePoolStore,
-        free: IntArray,
-    ) -> None:
-        super().__init__(
-            descriptor,
-            has_digests=has_digests,
-            page_store=page_store,
-            report=report,
-            verify=verify,
-        )
-        check_pool_fits(descriptor, pool)
+    def __init__(self, *args: Any, pool: EnginePoolStore, free: IntArray, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        check_pool_fits(self.descriptor, pool)
         self.pool = pool
         self.free = free
         self.refs: PageRefs | None = None
@@ -279,18 +260,17 @@ class _InPlaceWork(PageWork):
         corrupt = ref_pages[(self.engine_refs >= 0) & ~self.ref_ok] if refs is not None else _NONE
         stale = np.unique(self.engine_refs[(self.engine_refs >= 0) & ~self.ref_ok])
         failed = np.union1d(self.mismatch, ref_pages[failed_refs]).astype(np.int64)
-        positions: tuple[tuple[int, int], ...] = ()
-        if failed.size:
-            _, seqs, in_seq = logical_positions(self.table, self.starts, failed)
-            positions = tuple(zip(seqs.tolist(), in_seq.tolist(), strict=True))
-            short = free.size < sent.size + int(failed_refs.sum())
-            if not self.report or short:
-                raise _failure(self.mismatch, corrupt, missing, failed, positions, stale, short)
-        elif self.damaged:
-            raise ChecksumError(
-                "section checksum mismatch that no page digest localises",
-                section=self.damaged[0],
-            )
+        positions = self.verdict(self.table, self.starts, failed)
+        short = free.size < sent.size + int(failed_refs.sum())
+        if failed.size and (not self.report or short):
+            raise page_failure(
+                self.mismatch, failed, positions, "blob pages",
+                f"{corrupt.size} referenced page(s) are stale in the engine's pool (engine "
+                f"pages {stale[:16].tolist()} no longer match their digest)" if corrupt.size
+                else None,
+                f"{missing.size} referenced page(s) are not indexed in the engine's pool",
+                "; free_pages has no page left to report them in" if short else "",
+            )  # fmt: skip
         self._write(failed)
         written = np.concatenate([remap[sent], remap[ref_pages[failed_refs]]]).astype(np.int64)
         return InPlaceReport(
@@ -320,41 +300,6 @@ class _InPlaceWork(PageWork):
             for part in (dst.pool, dst.scales, dst.zero_points):
                 if part is not None:
                     part[remap[failed]] = 0
-
-
-def _failure(
-    mismatch: IntArray,
-    corrupt: IntArray,
-    missing: IntArray,
-    failed: IntArray,
-    positions: tuple[tuple[int, int], ...],
-    stale: IntArray,
-    short: bool,
-) -> PageDigestError:
-    """The error decode_in_place raises: ``pages`` are the blob's physical page ids (as
-    ``decode`` names them), ``positions`` their logical places; the message adds the stale
-    engine pages."""
-    shown = failed[:16].tolist()
-    if mismatch.size:
-        kind: type[PageDigestError] = PageDigestError
-        what, field = f"{mismatch.size} page(s) do not match their digest", "page_digests"
-    elif corrupt.size:
-        kind, field = PageDigestError, "page_refs"
-        what = (
-            f"{corrupt.size} referenced page(s) are stale in the engine's pool (engine pages "
-            f"{stale[:16].tolist()} no longer match their digest)"
-        )
-    else:
-        kind, field = PageStoreMissError, "page_refs"
-        what = f"{missing.size} referenced page(s) are not indexed in the engine's pool"
-    spare = "; free_pages has no page left to report them in" if short else ""
-    return kind(
-        f"{what}: blob pages {shown}{' ...' * (failed.size > 16)}; logical positions "
-        f"{list(positions)[:16]}{spare}",
-        field=field,
-        pages=tuple(failed.tolist()),
-        positions=positions,
-    )
 
 
 def land_in_place(

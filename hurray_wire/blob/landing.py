@@ -29,15 +29,16 @@ from hurray_wire.blob.decoder import (
     stored_section_checksum,
 )
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, paged_buffers
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows
 from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import CODEC_RAW
-from hurray_wire.errors import ArgumentTypeError, flag
+from hurray_wire.codecs.base import output
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError, flag
 from hurray_wire.integrity import EngineFingerprint, PageRecords, PageStore
 from hurray_wire.integrity.pool_store import engine_array
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.tensor import BlockPagedTensor, pool_form
+from hurray_wire.tensor import BlockPagedTensor, assemble, check_padding_bits, pool_form
 
 __all__ = ["check_landing", "decode_into", "land_into"]
 
@@ -110,32 +111,31 @@ def land_into(
         tensor = run(view, opts, accept=accept, plan=plan)[0]
         np.copyto(out, tensor.page_pool.reshape(-1).view(np.uint8))
         return _typed(tensor, page_pool, out)
-    pool_entry = plan.buffers[0]
-    paged = plan.page_digests is not None or plan.page_refs is not None
-    raw = pool_entry.codec == CODEC_RAW
-    defer = opts.verify and plan.verify_sections and raw
-    late = not raw and not paged and not plan.descriptor.element_type.is_packed
-    # A paged pool lands in one pass too (_PagedLanding): its rows are copied, hashed and
-    # digested chunk by chunk after every other check. Page sections need whole-byte pages,
-    # so a packed pool here has no padding bits for assemble to find in the unwritten rows.
-    landing = raw and paged and paged_buffers(plan.descriptor).page_nbytes is not None
-    work = partial(_PagedLanding, out, view, pool_entry, defer) if landing else None
-    tensor = run(view, opts, accept=accept, plan=plan, work=work, defer_pool=defer,
-                 late_pool=out if late else None)[0]  # fmt: skip
-    if late:  # the one pass: decompressed into the destination
-        decompress_pool(view, pool_entry, opts.threads, out)
-    elif landing:
-        pass  # landed by _PagedLanding.finish
-    elif defer and not paged:  # the one pass: copied and hashed chunk by chunk
-        hasher = xxhash.xxh3_64()
-        copy_and_hash(out, whole[pool_entry.offset : pool_entry.offset + pool_entry.stored_size],
-                      hasher)  # fmt: skip
-        stored = stored_section_checksum(view, pool_entry)
-        if hasher.intdigest() != stored:
-            raise checksum_mismatch(pool_entry, int(hasher.intdigest()), stored)
-    else:
-        copy_and_hash(out, tensor.page_pool.reshape(-1).view(np.uint8), None)
+    entry = plan.buffers[0]
+    raw = entry.codec == CODEC_RAW
+    hashed = opts.verify and plan.verify_sections and raw  # buffer 0's checksum, as it lands
+    if raw and plan.page_digests is None and plan.page_refs is None:
+        tensor = run(view, opts, accept=accept, plan=plan, defer_pool=hashed)[0]
+        hasher = xxhash.xxh3_64() if hashed else None
+        copy_and_hash(out, whole[entry.offset : entry.offset + entry.stored_size], hasher)
+        if hasher is not None:
+            _compare(hasher, view, entry)
+        return _typed(tensor, page_pool, out)
+    # The pool lands in _OnePass.finish, after every other check: a compressed one is
+    # decompressed into the destination (its sent rows into scratch when page refs
+    # scatter them), each page-row chunk copied, hashed and digested while in cache.
+    late = None if raw else out if plan.page_refs is None else output(None, entry.raw_size)
+    work = partial(_OnePass, out, view, entry, hashed, late, opts.threads)
+    tensor = run(view, opts, accept=accept, plan=plan, work=work, defer_pool=hashed,
+                 late_pool=late)[0]  # fmt: skip
     return _typed(tensor, page_pool, out)
+
+
+def _compare(hasher: Any, view: memoryview, entry: Entry) -> None:
+    """Buffer 0's section checksum, hashed while it landed, against the stored one."""
+    stored = stored_section_checksum(view, entry)
+    if hasher.intdigest() != stored:
+        raise checksum_mismatch(entry, int(hasher.intdigest()), stored)
 
 
 def _typed(tensor: BlockPagedTensor, page_pool: Any, out: U8Array) -> BlockPagedTensor:
@@ -147,21 +147,22 @@ def _typed(tensor: BlockPagedTensor, page_pool: Any, out: U8Array) -> BlockPaged
     return tensor
 
 
-class _PagedLanding(PageWork):
-    """The page sections of a blob landed by ``land_into``: the pool's rows (the sent ones,
-    with page refs) are not copied out of the blob when the sections are read; the
-    pipeline's other checks and ``accept`` run on the typed destination, still unwritten,
-    then ``finish`` copies each chunk of rows into it and, while the chunk is in cache,
-    feeds it to buffer 0's section hasher and digests its pages; then the store fills the
-    referenced pages (``one_pass=True`` only: a failure found there leaves the
-    destination holding the rows)."""
+class _OnePass(PageWork):
+    """The pool landed by ``land_into(one_pass=True)`` in the pipeline's last step: the
+    other checks and ``accept`` run on the typed destination, still unwritten; ``finish``
+    then decompresses a compressed pool into it (or, with page refs, its sent rows into
+    ``late``) and checks a packed pool's padding bits, the last bytes just written; with
+    page sections it copies each ~1 MiB chunk of rows into place and, while the chunk is
+    in cache, feeds it to buffer 0's section hasher and digests its pages; then the store
+    fills the referenced pages. A failure found here leaves the destination written."""
 
     def __init__(
-        self, out: U8Array, view: memoryview, entry: Entry, hash_pool: bool, *args: Any,
-        **kwargs: Any,
+        self, out: U8Array, view: memoryview, entry: Entry, hash_pool: bool,
+        late: U8Array | None, threads: int, *args: Any, **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)
         self.out, self.view, self.entry, self.hash_pool = out, view, entry, hash_pool
+        self.late, self.threads = late, threads
         self.sent_buffers: list[U8Array] = []
         self.pending: tuple[Any, ...] = (None, None, None, None)
 
@@ -186,38 +187,78 @@ class _PagedLanding(PageWork):
         self.pending = (refs, sent, expected, full)
         return full
 
+    def assemble(
+        self,
+        descriptor: TensorDescriptor,
+        buffers: list[U8Array],
+        seq_lens: npt.NDArray[Any] | None,
+        metadata: dict[str, Any],
+    ) -> BlockPagedTensor:
+        return assemble(descriptor, buffers, seq_lens, metadata, pool_later=True)
+
     def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
         refs, sent, expected, full = self.pending
+        rows = None if full is None else _Rows(self, sent, expected, full)
+        if self.late is not None:  # the one write of a compressed pool, rows checked as they come
+            decompress_pool(self.view, self.entry, self.threads, self.late,
+                            None if rows is None else rows.up_to_byte)  # fmt: skip
+        elif rows is not None:  # a raw pool's rows, copied a chunk at a time
+            for stop in range(rows.step, rows.count + rows.step, rows.step):
+                rows.up_to(min(stop, rows.count))
         descriptor = self.descriptor
-        num_pages = descriptor.layout.num_pages
-        count = num_pages if sent is None else int(sent.size)
-        rows = page_rows(descriptor, self.sent_buffers, count)
-        landed = page_rows(descriptor, full, num_pages)
-        width = int(rows.pool.shape[1])
-        step = max(1, (1 << 20) // width) if width else max(count, 1)
-        hasher = xxhash.xxh3_64() if self.hash_pool else None
-        found = None if expected is None else np.empty(count, np.uint64)
-        for start in range(0, count, step):
-            stop = min(start + step, count)
-            if sent is None:  # the landed rows, digested and hashed while in cache
-                chunk = landed.pool[start:stop]
-                chunk[...] = rows.pool[start:stop]
-            else:  # scattered to their page ids: the source rows, just read, are hashed
-                landed.pool[sent[start:stop]] = chunk = rows.pool[start:stop]
-            if hasher is not None:
-                hasher.update(chunk.data)
-            if found is not None:
-                found[start:stop] = PageRecords(
-                    chunk,
-                    None if rows.scales is None else rows.scales[start:stop],
-                    None if rows.zero_points is None else rows.zero_points[start:stop],
-                ).digests()
-        if hasher is not None:
-            stored = stored_section_checksum(self.view, self.entry)
-            if hasher.intdigest() != stored:
-                raise checksum_mismatch(self.entry, int(hasher.intdigest()), stored)
-        if found is not None:
-            self.compare(found, expected, refs, sent)
-        if refs is not None:
-            self.fill_refs(refs, landed)
+        if descriptor.element_type.is_packed:  # O(1): the last bytes, just written
+            try:
+                check_padding_bits(descriptor, self.out)
+            except HurrayWireError as exc:  # placed as the decoder's assembly places it
+                raise exc.relocated(section="buffer[0]") from None
+        if rows is not None:
+            if rows.hasher is not None:
+                _compare(rows.hasher, self.view, self.entry)
+            if rows.found is not None:
+                self.compare(rows.found, expected, refs, sent)
+            if refs is not None:
+                self.fill_refs(refs, rows.landed)
         return super().finish(tensor)
+
+
+class _Rows:
+    """The page rows of a one-pass landing, landed in ascending chunks (``up_to``): each
+    chunk copied into place (scattered to its page ids with refs; already there when it
+    was decompressed into the destination), then, while in cache, fed to buffer 0's
+    section hasher and digested."""
+
+    def __init__(self, work: _OnePass, sent: Any, expected: Any, full: list[U8Array]) -> None:
+        descriptor = work.descriptor
+        num_pages = descriptor.layout.num_pages
+        self.count = num_pages if sent is None else int(sent.size)
+        self.rows = page_rows(descriptor, work.sent_buffers, self.count)
+        self.landed = page_rows(descriptor, full, num_pages)
+        self.moved = work.sent_buffers[0] is not work.out  # else decompressed in place
+        self.sent, self.done = sent, 0
+        self.width = int(self.rows.pool.shape[1])
+        self.step = max(1, (1 << 20) // self.width) if self.width else max(self.count, 1)
+        self.hasher = xxhash.xxh3_64() if work.hash_pool else None
+        self.found = None if expected is None else np.empty(self.count, np.uint64)
+
+    def up_to_byte(self, end: int) -> None:
+        self.up_to(end // self.width if self.width else self.count)
+
+    def up_to(self, stop: int) -> None:
+        start, rows, sent = self.done, self.rows, self.sent
+        if stop <= start:
+            return
+        if sent is not None:  # scattered to their page ids: the source rows, just read
+            self.landed.pool[sent[start:stop]] = chunk = rows.pool[start:stop]
+        else:
+            chunk = self.landed.pool[start:stop]
+            if self.moved:
+                chunk[...] = rows.pool[start:stop]
+        if self.hasher is not None:
+            self.hasher.update(chunk.data)
+        if self.found is not None:
+            self.found[start:stop] = PageRecords(
+                chunk,
+                None if rows.scales is None else rows.scales[start:stop],
+                None if rows.zero_points is None else rows.zero_points[start:stop],
+            ).digests()
+        self.done = stop

@@ -44,6 +44,7 @@ __all__ = [
     "DecodeReport",
     "PageWork",
     "PagedBuffers",
+    "page_failure",
     "paged_buffers",
     "refs_count",
     "sent_sizes",
@@ -280,9 +281,8 @@ class PageWork:
         descriptor = self.descriptor
         full = list(buffers)
         for index in paged_buffers(descriptor).indexes:  # each row: sent, filled or zeroed
-            full[index] = np.empty(descriptor.buffers[index].byte_size, np.uint8)
-        if pool is not None:
-            full[0] = pool
+            size = descriptor.buffers[index].byte_size
+            full[index] = pool if index == 0 and pool is not None else np.empty(size, np.uint8)
         rows_in = page_rows(descriptor, buffers, int(sent.size))
         rows_out = page_rows(descriptor, full, descriptor.layout.num_pages)
         pairs = [(rows_in.scales, rows_out.scales), (rows_in.zero_points, rows_out.zero_points)]
@@ -323,40 +323,32 @@ class PageWork:
         subclass puts the pages elsewhere (blob/in_place.py)."""
         return assemble(descriptor, buffers, seq_lens, metadata)
 
+    def verdict(self, table: Any, starts: Any, failed: npt.NDArray[np.int64]) -> Any:
+        """The logical positions of the ``failed`` pages; with none failed, a tolerated
+        section checksum that no digest localises refuses the blob as decode would."""
+        if failed.size:
+            _, seqs, in_seq = logical_positions(table, starts, failed)
+            return tuple(zip(seqs.tolist(), in_seq.tolist(), strict=True))
+        if self.damaged:
+            raise ChecksumError(
+                "section checksum mismatch that no page digest localises",
+                section=self.damaged[0],
+            )
+        return ()
+
     def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
         """The outcome for the assembled tensor: raises (decode) or reports (decode_report)."""
         fill = self.fill
         missing = fill.missing if fill is not None else _NONE
         corrupt = fill.corrupt if fill is not None else _NONE
         failed = np.union1d(np.union1d(missing, corrupt), self.mismatch).astype(np.int64)
-        positions: tuple[tuple[int, int], ...] = ()
-        if failed.size:
-            _, seqs, in_seq = logical_positions(tensor.block_table, tensor.seq_ptr, failed)
-            positions = tuple(zip(seqs.tolist(), in_seq.tolist(), strict=True))
-        elif self.damaged:
-            # A tolerated section checksum that no digest explains: not localised, so the
-            # blob is refused as decode would refuse it.
-            raise ChecksumError(
-                "section checksum mismatch that no page digest localises",
-                section=self.damaged[0],
-            )
+        positions = self.verdict(tensor.block_table, tensor.seq_ptr, failed)
         if failed.size and not self.report:
-            shown = failed[:16].tolist()
-            if self.mismatch.size:
-                kind: type[PageDigestError] = PageDigestError
-                what = f"{self.mismatch.size} page(s) do not match their digest"
-            elif corrupt.size:
-                kind, what = PageDigestError, f"{corrupt.size} stored page(s) are corrupt"
-            else:
-                kind = PageStoreMissError
-                what = f"{missing.size} referenced page(s) are missing from the page store"
-            raise kind(
-                f"{what}: physical pages {shown}{' ...' * (failed.size > 16)}; "
-                f"logical positions {list(positions)[:16]}",
-                field="page_digests" if self.mismatch.size else "page_refs",
-                pages=tuple(failed.tolist()),
-                positions=positions,
-            )
+            raise page_failure(
+                self.mismatch, failed, positions, "physical pages",
+                f"{corrupt.size} stored page(s) are corrupt" if corrupt.size else None,
+                f"{missing.size} referenced page(s) are missing from the page store",
+            )  # fmt: skip
         return DecodeReport(
             tensor,
             failed,
@@ -366,3 +358,25 @@ class PageWork:
             corrupt.astype(np.int64),
             self.has_digests,
         )
+
+
+def page_failure(
+    mismatch: Any, failed: Any, positions: Any, pages: str, corrupt: str | None, missing: str,
+    tail: str = "",
+) -> PageDigestError:  # fmt: skip
+    """The error of failed pages: a digest mismatch first, then ``corrupt`` (stored pages
+    that no longer match), then ``missing`` ones; ``pages`` names the ids shown."""
+    if mismatch.size:
+        kind: type[PageDigestError] = PageDigestError
+        field, what = "page_digests", f"{mismatch.size} page(s) do not match their digest"
+    elif corrupt is not None:
+        kind, field, what = PageDigestError, "page_refs", corrupt
+    else:
+        kind, field, what = PageStoreMissError, "page_refs", missing
+    return kind(
+        f"{what}: {pages} {failed[:16].tolist()}{' ...' * (failed.size > 16)}; "
+        f"logical positions {list(positions)[:16]}{tail}",
+        field=field,
+        pages=tuple(failed.tolist()),
+        positions=positions,
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
@@ -21,7 +22,10 @@ from hurray_wire.errors import LimitExceededError
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
 
-__all__ = ["Codec", "bytes_view", "local", "output", "scratch"]
+__all__ = ["Codec", "Progress", "bytes_view", "local", "output", "scratch"]
+
+#: ``progress(n)``: the first ``n`` bytes of a decode's output are final (n ascending).
+Progress = Callable[[int], None]
 
 #: Per-thread state of the codec modules: zstd contexts and a scratch buffer.
 local = threading.local()
@@ -46,6 +50,9 @@ class Codec(ABC):
     compresses: ClassVar[bool] = True
     #: The ``threads`` a text spec such as "zstd:3" gives this codec.
     spec_threads: ClassVar[int] = 0
+    #: Whether ``decode_into`` takes a last argument ``progress``, called as the output
+    #: becomes final so that a caller checks each piece while in cache (``decode_section``).
+    progressive: ClassVar[bool] = False
 
     def valid_param(self, param: int) -> bool:
         """Whether ``param`` is a legal codec parameter of this codec."""

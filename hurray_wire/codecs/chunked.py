@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from hurray_wire import parallel
 from hurray_wire.buffers import U8Array
-from hurray_wire.codecs.base import Codec, bytes_view, output
+from hurray_wire.codecs.base import Codec, Progress, bytes_view, output
 from hurray_wire.codecs.compressor import compress_frame
 from hurray_wire.codecs.frames import decode_frame, frame_header
 from hurray_wire.codecs.shuffle_zstd import SHUFFLE_WIDTHS
@@ -65,6 +66,7 @@ class Chunked(Codec):
     name = _NAME
     params = CHUNKED_WIDTHS
     spec_threads = -1  # "chunked-shuffle-zstd:L" compresses its chunks on every core
+    progressive = True
 
     def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
         """The chunk table, then each chunk's frame, shuffled by ``width`` (1 when the
@@ -73,12 +75,14 @@ class Chunked(Codec):
         return param, _chunked(src, config, param)
 
     def decode_into(
-        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int
-    ) -> U8Array:
-        """Check the chunk table, then decode each chunk into its slice of the output."""
+        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int,
+        progress: Progress | None = None,
+    ) -> U8Array:  # fmt: skip
+        """Check the chunk table, then decode each chunk into its slice of the output
+        (``progress``: told of each finished prefix, under a lock, in order)."""
         chunk_size, bounds = _chunk_table(stored, raw_size)
         dst = output(out, raw_size)
-        _decode_chunks(stored, dst, param, threads, chunk_size, bounds)
+        _decode_chunks(stored, dst, param, threads, chunk_size, bounds, progress)
         return dst
 
 
@@ -181,27 +185,41 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
 
 
 def _decode_chunks(
-    src: U8Array, dst: U8Array, width: int, threads: int, chunk_size: int, bounds: Sequence[int]
-) -> None:
+    src: U8Array, dst: U8Array, width: int, threads: int, chunk_size: int, bounds: Sequence[int],
+    progress: Progress | None = None,
+) -> None:  # fmt: skip
     """Decode every chunk of a checked chunk table into its slice of ``dst``."""
     count = len(bounds) - 1
     if count == 1:  # on the caller, without the pool's bookkeeping
-        _decode_chunk(src, dst, width, 0, bounds[0], bounds[1])
+        _decode_chunk(src, dst, width, 0, bounds[0], bounds[1], progress)
         return
+    finished, lock, prefix = bytearray(count), threading.Lock(), [0]
 
     def chunk(i: int) -> None:
         piece = dst[i * chunk_size : (i + 1) * chunk_size]
         _decode_chunk(src, piece, width, i, int(bounds[i]), int(bounds[i + 1]))
+        if progress is not None:
+            with lock:  # the chunks finished in order so far, each reported once
+                finished[i] = 1
+                k = prefix[0]
+                while k < count and finished[k]:
+                    k += 1
+                if k > prefix[0]:
+                    prefix[0] = k
+                    progress(min(k * chunk_size, dst.size))
 
     parallel.for_each(count, chunk, threads)
 
 
-def _decode_chunk(src: U8Array, piece: U8Array, width: int, i: int, begin: int, end: int) -> None:
+def _decode_chunk(
+    src: U8Array, piece: U8Array, width: int, i: int, begin: int, end: int,
+    progress: Progress | None = None,
+) -> None:  # fmt: skip
     """Decode chunk ``i`` (``src[begin:end]``) into ``piece``; errors name the chunk."""
     name = _NAME
     frame = src[begin:end]
     try:
-        decode_frame(frame, piece, width, name, frame_header(frame, piece.size, name))
+        decode_frame(frame, piece, width, name, frame_header(frame, piece.size, name), progress)
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None else 0
         raise exc.relocated(field=f"chunk {i}", offset=begin + inside) from None

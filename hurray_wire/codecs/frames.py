@@ -14,7 +14,7 @@ import zstandard
 
 from hurray_wire.buffers import U8Array
 from hurray_wire.codecs import byteshuffle
-from hurray_wire.codecs.base import bytes_view, local, scratch
+from hurray_wire.codecs.base import Progress, bytes_view, local, scratch
 from hurray_wire.errors import DecompressionError, LimitExceededError
 
 __all__ = ["FrameHeader", "decode_frame", "frame_header"]
@@ -110,6 +110,8 @@ _WALK_LIMIT = 1024
 # before the size check refuses it.
 _STEP_KNOWN_SIZE = 4 << 20
 _STEP_UNKNOWN_SIZE = 1 << 10
+#: The output reported at a time when a caller checks it as it comes (in L2 with its source).
+_PROGRESS_STEP = 1 << 20
 
 
 def _walk_blocks(
@@ -167,7 +169,9 @@ def _walk_blocks(
     return True
 
 
-def _decode_incrementally(src: U8Array, dst: U8Array, header: FrameHeader, codec_name: str) -> None:
+def _decode_incrementally(
+    src: U8Array, dst: U8Array, header: FrameHeader, codec_name: str, progress: Progress | None
+) -> None:
     """Decode a frame of many blocks into ``dst`` with libzstd finding its end: exactly
     ``dst.size`` bytes from exactly one frame that ends where ``src`` ends, or an error.
 
@@ -190,6 +194,8 @@ def _decode_incrementally(src: U8Array, dst: U8Array, header: FrameHeader, codec
                 _check_decoded_size(dst.size + 1, dst.size, codec_name)
             out[got : got + len(chunk)] = chunk
             got += len(chunk)
+            if progress is not None and chunk:
+                progress(got)
     except zstandard.ZstdError as exc:
         raise _corrupt(src, scratch(dst.size), codec_name, exc) from None
     if not dobj.eof:
@@ -211,23 +217,30 @@ def _decode_incrementally(src: U8Array, dst: U8Array, header: FrameHeader, codec
     _check_decoded_size(got, dst.size, codec_name)
 
 
-def _read_frame(dctx: Any, src: U8Array, dst: U8Array) -> tuple[int, bytes]:
-    """Stream one frame into ``dst``: (bytes written, whatever the frame had beyond)."""
+def _read_frame(
+    dctx: Any, src: U8Array, dst: U8Array, progress: Progress | None = None
+) -> tuple[int, bytes]:
+    """Stream one frame into ``dst``: (bytes written, whatever the frame had beyond);
+    with ``progress``, in steps of ``_PROGRESS_STEP`` bytes, each reported."""
     got = 0
+    step = dst.size if progress is None else _PROGRESS_STEP
     with dctx.stream_reader(bytes_view(src), read_across_frames=False) as reader:
         view = bytes_view(dst)
         while got < dst.size:
-            k = reader.readinto(view[got:])
+            k = reader.readinto(view[got : got + step])
             if not k:
                 break
             got += k
+            if progress is not None:
+                progress(got)
         extra = reader.read(1)
     return got, extra
 
 
 def decode_frame(
-    src: U8Array, dst: U8Array, width: int, codec_name: str, header: FrameHeader
-) -> None:
+    src: U8Array, dst: U8Array, width: int, codec_name: str, header: FrameHeader,
+    progress: Progress | None = None,
+) -> None:  # fmt: skip
     """Decompress one frame, its header checked, into ``dst`` (unshuffled when ``width`` >
     1): exactly ``dst.size`` bytes or a DecompressionError.
 
@@ -248,20 +261,22 @@ def decode_frame(
             raise _corrupt(src, scratch(dst.size), codec_name, exc) from None
         _check_decoded_size(len(plain), dst.size, codec_name)
         byteshuffle.unshuffle_into(plain, width, dst)
+        if progress is not None:  # the byte planes end together: the whole output at once
+            progress(dst.size)
         return
-    target = dst if width == 1 else scratch(dst.size)
+    target, streamed = (dst, progress) if width == 1 else (scratch(dst.size), None)
     if not _walk_blocks(src, header, codec_name):  # more blocks than the walk takes
-        _decode_incrementally(src, target, header, codec_name)
-        if width > 1:
-            byteshuffle.unshuffle_into(target, width, dst)
-        return
-    try:
-        got, extra = _read_frame(_decompressor(), src, target)
-    except zstandard.ZstdError as exc:
-        raise _corrupt(src, target, codec_name, exc) from None
-    _check_decoded_size(got if not extra else dst.size + 1, dst.size, codec_name)
+        _decode_incrementally(src, target, header, codec_name, streamed)
+    else:
+        try:
+            got, extra = _read_frame(_decompressor(), src, target, streamed)
+        except zstandard.ZstdError as exc:
+            raise _corrupt(src, target, codec_name, exc) from None
+        _check_decoded_size(got if not extra else dst.size + 1, dst.size, codec_name)
     if width > 1:
         byteshuffle.unshuffle_into(target, width, dst)
+        if progress is not None:
+            progress(dst.size)
 
 
 def _corrupt(

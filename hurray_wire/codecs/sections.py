@@ -16,7 +16,7 @@ import zstandard
 
 from hurray_wire.buffers import U8Array, u8_array, writable_u8
 from hurray_wire.codecs import byteshuffle
-from hurray_wire.codecs.base import bytes_view
+from hurray_wire.codecs.base import Progress, bytes_view
 from hurray_wire.codecs.config import Compression, check_threads, int_arg
 from hurray_wire.codecs.raw import CODEC_RAW
 from hurray_wire.codecs.registry import BY_ID, get
@@ -196,13 +196,20 @@ def decompress(
 
 def decode_section(
     codec: int, codec_param: int, stored: U8Array, raw_size: int, threads: int,
-    out: U8Array | None = None,
+    out: U8Array | None = None, progress: Progress | None = None,
 ) -> U8Array:  # fmt: skip
     """:func:`decompress` for arguments the caller has checked already (the blob decoder's
     section table checks codec, parameter and size; ``decode`` checks ``threads``):
     ``stored`` a flat uint8 array. It skips the argument checks, never the checks of the
-    stored bytes."""
-    return BY_ID[codec].decode_into(codec_param, stored, raw_size, out, threads)
+    stored bytes. ``progress(n)``: the output's first ``n`` bytes are final (``n``
+    ascending; see ``Codec.progressive``; at the end for another codec)."""
+    found = BY_ID[codec]
+    if progress is not None and found.progressive:
+        return found.decode_into(codec_param, stored, raw_size, out, threads, progress)  # type: ignore[call-arg]
+    dst = found.decode_into(codec_param, stored, raw_size, out, threads)
+    if progress is not None:
+        progress(raw_size)
+    return dst
 
 
 def _decode_args(

@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hurray_wire.buffers import U8Array
-from hurray_wire.codecs.base import Codec, output
+from hurray_wire.codecs.base import Codec
 from hurray_wire.codecs.compressor import compress_frame, frame_threads
-from hurray_wire.codecs.frames import decode_frame, frame_header
-from hurray_wire.codecs.zstd import ZSTD
+from hurray_wire.codecs.zstd import ZSTD, Zstd
 
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
@@ -26,7 +25,7 @@ CODEC_SHUFFLE_ZSTD = 2
 SHUFFLE_WIDTHS: frozenset[int] = frozenset({2, 4, 8})
 
 
-class ShuffleZstd(Codec):
+class ShuffleZstd(Zstd):
     """Byte shuffle, then one zstd frame: decodes on one thread, after the whole frame."""
 
     codec_id = CODEC_SHUFFLE_ZSTD
@@ -40,15 +39,6 @@ class ShuffleZstd(Codec):
     def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
         """One frame of the bytes shuffled by ``width`` (2, 4 or 8: see :meth:`for_width`)."""
         return width, compress_frame(src, config.level, width, frame_threads(config, src.size))
-
-    def decode_into(
-        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int
-    ) -> U8Array:
-        """Check the frame header against ``raw_size``, decode, unshuffle by ``param``."""
-        header = frame_header(stored, raw_size, self.name)
-        dst = output(out, raw_size)
-        decode_frame(stored, dst, param, self.name, header)
-        return dst
 
 
 SHUFFLE_ZSTD = ShuffleZstd()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hurray_wire.buffers import U8Array
-from hurray_wire.codecs.base import Codec, output
+from hurray_wire.codecs.base import Codec, Progress, output
 from hurray_wire.codecs.compressor import compress_frame, frame_threads
 from hurray_wire.codecs.frames import decode_frame, frame_header
 
@@ -23,18 +23,21 @@ class Zstd(Codec):
 
     codec_id = CODEC_ZSTD
     name = "zstd"
+    progressive = True
 
     def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
         """One frame at ``config.level``; zstd's own threads for sections of 1 MiB or more."""
         return 0, compress_frame(src, config.level, 1, frame_threads(config, src.size))
 
     def decode_into(
-        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int
-    ) -> U8Array:
-        """Check the frame header against ``raw_size``, then decode the one frame."""
+        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int,
+        progress: Progress | None = None,
+    ) -> U8Array:  # fmt: skip
+        """Check the frame header against ``raw_size``, then decode the one frame
+        (unshuffled by ``param`` for shuffle-zstd, which shares this)."""
         header = frame_header(stored, raw_size, self.name)
         dst = output(out, raw_size)
-        decode_frame(stored, dst, 1, self.name, header)
+        decode_frame(stored, dst, param or 1, self.name, header, progress)
         return dst
 
 
