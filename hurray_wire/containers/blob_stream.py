@@ -25,32 +25,28 @@ from hurray_wire.blob import (
 )
 from hurray_wire.blob.decoder import Accept, decode_options, run
 from hurray_wire.blob.in_place import land_in_place
+from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import Compression
 from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, ClosesOnExit, open_sink, open_source
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
-    END_RECORD_MIN,
     STREAM_HEADER_MIN,
     StreamEntry,
     StreamHeader,
     add_note,
-    check_against_header,
-    check_blob_fingerprint,
+    check_blob,
+    check_end_record,
     check_header_fingerprint,
-    check_max_blob_bytes,
-    check_record_limit,
     check_record_size,
-    decode_end_rows,
     decode_stream_header,
+    empty_input_error,
     encode_end_record,
     encode_stream_header,
-    max_end_record_bytes,
-    max_stream_header_bytes,
-    record_length,
-    rows_match,
+    frame_record,
+    record_kind,
 )
-from hurray_wire.containers.stream_file import empty_input_error
+from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.errors import (
     ArgumentTypeError,
     ClosedContainerError,
@@ -70,7 +66,7 @@ from hurray_wire.integrity import (
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import referenced_pages
-from hurray_wire.wire import blob as wb, stream as ws
+from hurray_wire.wire import stream as ws
 
 __all__ = ["StreamReader", "StreamWriter"]
 
@@ -78,8 +74,7 @@ __all__ = ["StreamReader", "StreamWriter"]
 #: EnginePoolStore of its layer and role, free page ids for those pages).
 InPlaceTarget = Callable[[TensorDescriptor, int], tuple[EnginePoolStore, Any]]
 
-_MAGICS = {wb.BLOB_MAGIC: "blob", ws.STREAM_MAGIC: "stream header", ws.END_MAGIC: "end record"}
-_MAGIC_SIZE = len(wb.BLOB_MAGIC)
+_MAGIC_SIZE = len(ws.STREAM_MAGIC)
 _DEFAULT_HEADER = StreamHeader()  # frozen: one shared default is safe
 
 
@@ -171,7 +166,7 @@ class StreamWriter:
             )
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
-        check_against_header(self._header, tensor, f"blob {self._count}")
+        check_blob(None, self._header, tensor, f"blob {self._count}")
         if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
             tensor, _ = referenced_pages(tensor, pages)
         parts = encode_parts(
@@ -281,15 +276,14 @@ class StreamReader(ClosesOnExit):
                 field="in_place",
                 found=type(in_place).__name__,
             )
-        self._store = page_store
         self._in_place = in_place
         self._expect = expect_fingerprint
-        self._max = check_max_blob_bytes(max_blob_bytes)
+        check_limit("max_blob_bytes", max_blob_bytes, STREAM_HEADER_MIN)
+        self._max = max_blob_bytes
         self._options = decode_options(verify, limits, -1, page_store)
+        self._limits = check_limits_argument(limits)
         flag(mmap, "mmap")
         self._source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
-        self._verify = verify
-        self._limits = limits
         self._position = 0
         self._pending: memoryview | None = None
         self._started = False
@@ -356,9 +350,7 @@ class StreamReader(ClosesOnExit):
         self._started = True
         prefix = self._read_prefix()
         if bytes(prefix[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
-            total = record_length(prefix, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN)
-            check_record_size(total, self._max, "stream header", 0)
-            check_record_limit(total, max_stream_header_bytes(self._limits), "stream header", 0)
+            total = frame_record(prefix, "stream header", 0, self._max, self._limits)
             record = self._read_record(prefix, total, "stream header")
             self._header = decode_stream_header(record, limits=self._limits)
             self._position = total
@@ -370,31 +362,15 @@ class StreamReader(ClosesOnExit):
         """The next record's 16-byte prefix; empty at a clean end of input."""
         self._source.begin_record()  # its deadline covers the prefix and the rest
         data, cause = self._source.read(BLOB_PREFIX_SIZE)
-        if len(data) == BLOB_PREFIX_SIZE:
-            return data
-        at = self._position + len(data)
-        if not data and cause is None:
-            return data
-        if not data:
+        if data and len(data) < BLOB_PREFIX_SIZE:
+            record_kind(data, self._position, cause)  # a prefix cut short: raises
+        if not data and cause is not None:
             raise StreamTruncatedError(
-                f"connection lost at a record boundary: {cause!r}", section="stream", offset=at
+                f"connection lost at a record boundary: {cause!r}",
+                section="stream",
+                offset=self._position,
             ) from cause
-        head = bytes(data[:_MAGIC_SIZE])
-        kinds = [k for m, k in _MAGICS.items() if m.startswith(head)]
-        kind = kinds[0] if len(kinds) == 1 else "record"
-        if not kinds:
-            raise InvalidStreamError(
-                "not a stream record", section="stream", field="magic", offset=self._position,
-                found=head.hex(" "),
-            )  # fmt: skip
-        error = StreamBlobTruncatedError if kind == "blob" else StreamTruncatedError
-        raise error(
-            f"stream ends inside a {kind} prefix" + (f" ({cause!r})" if cause else ""),
-            section=kind,
-            offset=at,
-            expected=BLOB_PREFIX_SIZE,
-            found=len(data),
-        ) from cause
+        return data
 
     def _read_record(self, prefix: memoryview, total: int, what: str) -> Any:
         buffer, got, cause = self._source.read_record(prefix, total)
@@ -429,25 +405,10 @@ class StreamReader(ClosesOnExit):
                     found=f"{len(self._seen)} blobs",
                 )
             return None
-        magic = bytes(prefix[:_MAGIC_SIZE])
-        if magic == wb.BLOB_MAGIC:
+        if record_kind(prefix, self._position) == "blob":
             return self._blob(prefix)
-        if magic == ws.END_MAGIC:
-            self._end_record(prefix)
-            return None
-        if magic == ws.STREAM_MAGIC:
-            raise InvalidStreamError(
-                "a stream header may only open the stream",
-                section="stream",
-                offset=self._position,
-            )
-        raise InvalidStreamError(
-            "not a stream record",
-            section="stream",
-            field="magic",
-            offset=self._position,
-            found=magic.hex(" "),
-        )
+        self._end_record(prefix)
+        return None
 
     def _blob(self, prefix: memoryview) -> BlockPagedTensor:
         """The blob whose prefix was just read: framed, read whole, decoded, checked."""
@@ -461,8 +422,7 @@ class StreamReader(ClosesOnExit):
         record = self._read_record(prefix, total, what)
 
         def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
-            check_blob_fingerprint(self._expect, tensor)
-            check_against_header(self._header, tensor, what)
+            check_blob(self._expect, self._header, tensor, what)
 
         try:
             view = byte_view(record)
@@ -494,20 +454,9 @@ class StreamReader(ClosesOnExit):
 
     def _end_record(self, prefix: memoryview) -> None:
         """The end record whose prefix was just read: it must agree with the blobs read."""
-        total = record_length(prefix, ws.END_MAGIC, "end record", END_RECORD_MIN)
-        check_record_size(total, self._max, "end record", self._position)
-        limit = max_end_record_bytes(self._limits)
-        check_record_limit(total, limit, "end record", self._position)
+        total = frame_record(prefix, "end record", self._position, self._max, self._limits)
         record = self._read_record(prefix, total, "end record")
-        count, rows = decode_end_rows(record, limits=self._limits)
-        if count != len(self._seen) or (rows is not None and not rows_match(rows, self._seen)):
-            raise InvalidStreamError(
-                "the end record disagrees with the blobs read",
-                section="end record",
-                offset=self._position,
-                expected=f"{len(self._seen)} blobs",
-                found=f"{count} blobs",
-            )
+        check_end_record(record, self._seen, self._position, self._limits)
         self._position += total
         self._complete = True
 

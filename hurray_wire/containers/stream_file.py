@@ -27,21 +27,21 @@ from hurray_wire.containers.records import (
     StreamEntry,
     StreamHeader,
     add_note,
-    check_against_header,
-    check_blob_fingerprint,
+    check_blob,
+    check_end_record,
     check_header_fingerprint,
-    check_max_blob_bytes,
     check_record_size,
     decode_end_rows,
     decode_stream_header,
+    empty_input_error,
     entries_of,
-    record_length,
-    rows_match,
+    frame_record,
+    record_kind,
 )
+from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.containers.sniff import identify
 from hurray_wire.errors import (
     ArgumentTypeError,
-    BlobTruncatedError,
     ClosedContainerError,
     HurrayWireError,
     InvalidStreamError,
@@ -56,12 +56,11 @@ from hurray_wire.wire import blob as wb, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
 from hurray_wire.wire.fast import derive
 
-__all__ = ["StreamFile", "empty_input_error"]
+__all__ = ["StreamFile"]
 
 _FOOTER = derive(ws.END_FOOTER)
 _FOOTER_TOTAL = _FOOTER.names.index("total_length")
 _MAGIC_SIZE = len(wb.BLOB_MAGIC)
-_MAGICS = (wb.BLOB_MAGIC, ws.STREAM_MAGIC, ws.END_MAGIC)
 
 
 _OTHER_READERS = {
@@ -88,32 +87,6 @@ def _check_is_stream(view: memoryview) -> None:
                              found=kind)  # fmt: skip
 
 
-def empty_input_error() -> StreamTruncatedError:
-    """No bytes at all is no stream: every stream holds at least one record (its header,
-    or, written with ``header=None``, a blob or the end record), so an empty input is a
-    stream cut at offset 0 (docs/streaming.md § 5). Shared by both readers, so they agree."""
-    return StreamTruncatedError(
-        "empty input: a stream holds at least one record", section="stream", offset=0
-    )
-
-
-def _not_a_record(head: bytes, pos: int) -> HurrayWireError:
-    """What to say about bytes at a record boundary that start no record."""
-    if len(head) < _MAGIC_SIZE and any(m.startswith(head) for m in _MAGICS):
-        return StreamTruncatedError(
-            "stream ends inside a record prefix", section="stream", offset=pos
-        )
-    return InvalidStreamError(
-        "not a stream record here", section="stream", field="magic", offset=pos, found=head.hex(" ")
-    )
-
-
-def _peek_blob(view: memoryview, limits: DecodeLimits) -> tuple[int | None, str]:
-    """(layer_index, kv_role) from a blob's checked header, without touching its sections."""
-    descriptor = peek_descriptor(view, limits=limits)
-    return descriptor.layout.layer_index, descriptor.layout.kv_role
-
-
 class StreamFile(ClosesOnExit):
     """Random access to a stream in a file (mapped with ``mmap``) or a bytes-like object.
 
@@ -138,10 +111,9 @@ class StreamFile(ClosesOnExit):
         expect_fingerprint: EngineFingerprint | None = None,
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
-        self._store = page_store
         self._expect = expect_fingerprint
-        self._max = check_max_blob_bytes(max_blob_bytes)
-        self._verify = verify
+        check_limit("max_blob_bytes", max_blob_bytes, STREAM_HEADER_MIN)
+        self._max = max_blob_bytes
         self._limits = limits if limits is not None else DecodeLimits()
         self._options = decode_options(verify, self._limits, -1, page_store)
         flag(mmap, "mmap")
@@ -157,10 +129,7 @@ class StreamFile(ClosesOnExit):
         try:
             _check_is_stream(self._view)
             if bytes(self._view[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
-                start = record_length(
-                    self._view, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN
-                )
-                check_record_size(start, self._max, "stream header", 0)
+                start = frame_record(self._view, "stream header", 0, self._max, self._limits)
                 self._header = decode_stream_header(self._view, limits=self._limits)
             check_header_fingerprint(self._expect, self._header)
         except BaseException:
@@ -300,7 +269,7 @@ class StreamFile(ClosesOnExit):
         view = self._view[entry.offset : entry.offset + entry.length]
 
         def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
-            check_blob_fingerprint(self._expect, tensor)
+            check_blob(self._expect, self._header, tensor, what)
             if (tensor.layer_index, tensor.kv_role) != (entry.layer_index, entry.kv_role):
                 raise InvalidStreamError(
                     "blob descriptor disagrees with the index",
@@ -308,7 +277,6 @@ class StreamFile(ClosesOnExit):
                     expected=(entry.layer_index, entry.kv_role),
                     found=(tensor.layer_index, tensor.kv_role),
                 )
-            check_against_header(self._header, tensor, what)
 
         try:
             if blob_length(view) != entry.length:
@@ -375,16 +343,11 @@ class StreamFile(ClosesOnExit):
         entries: list[StreamEntry] = []
         pos = start
         try:
-            if not len(view):
-                raise empty_input_error()
             while pos < len(view):
-                head = bytes(view[pos : pos + _MAGIC_SIZE])
-                if head == ws.END_MAGIC:
+                if record_kind(view[pos : pos + BLOB_PREFIX_SIZE], pos) == "end record":
                     self._end_record_at(pos, entries)
                     self._complete = True
                     return tuple(entries)
-                if head != wb.BLOB_MAGIC:
-                    raise _not_a_record(head, pos)
                 entries.append(self._blob_at(pos))
                 pos += entries[-1].length
             if self._header is not None and self._header.end_record:
@@ -400,17 +363,8 @@ class StreamFile(ClosesOnExit):
     def _end_record_at(self, pos: int, entries: list[StreamEntry]) -> None:
         """The end record at ``pos`` must agree with the blobs walked and end the stream."""
         view = self._view
-        total = record_length(view[pos:], ws.END_MAGIC, "end record", END_RECORD_MIN)
-        check_record_size(total, self._max, "end record", pos)
-        count, rows = decode_end_rows(view[pos:], limits=self._limits)
-        if count != len(entries) or (rows is not None and not rows_match(rows, entries)):
-            raise InvalidStreamError(
-                "the end record disagrees with the blobs found",
-                section="end record",
-                offset=pos,
-                expected=f"{len(entries)} blobs",
-                found=f"{count} blobs",
-            )
+        total = frame_record(view[pos:], "end record", pos, self._max, self._limits)
+        check_end_record(view[pos:], entries, pos, self._limits)
         if pos + total != len(view):
             raise InvalidStreamError(
                 "bytes after the end record", section="stream", offset=pos + total
@@ -420,12 +374,7 @@ class StreamFile(ClosesOnExit):
         """The blob at ``pos``, framed and its header and descriptor checked (not its data)."""
         view = self._view
         what = f"blob at stream offset {pos}"
-        try:
-            total = blob_length(view[pos : pos + BLOB_PREFIX_SIZE])
-        except BlobTruncatedError:
-            raise StreamBlobTruncatedError(
-                "stream ends inside a blob prefix", section=what, offset=len(view)
-            ) from None
+        total = blob_length(view[pos : pos + BLOB_PREFIX_SIZE])
         check_record_size(total, self._max, what, pos)
         if pos + total > len(view):
             raise StreamBlobTruncatedError(
@@ -436,11 +385,11 @@ class StreamFile(ClosesOnExit):
                 found=len(view) - pos,
             )
         try:
-            layer, role = _peek_blob(view[pos : pos + total], self._limits)
+            layout = peek_descriptor(view[pos : pos + total], limits=self._limits).layout
         except HurrayWireError as exc:
             add_note(exc, f"in the {what}")
             raise
-        return StreamEntry(pos, total, layer, role)
+        return StreamEntry(pos, total, layout.layer_index, layout.kv_role)
 
     @property
     def closed(self) -> bool:
