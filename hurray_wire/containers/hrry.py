@@ -7,8 +7,6 @@ asked for, so a file's other tensors are never read.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -26,7 +24,7 @@ from hurray_wire.containers.hrry_records import (
     parse_kv,
     parse_trailer,
 )
-from hurray_wire.containers.io import ClosesOnExit, MappedFile, map_file
+from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory
 from hurray_wire.containers.reference_common import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
     METADATA_KEY_PREFIX,
@@ -90,8 +88,6 @@ class HrryFile(ClosesOnExit):
     (docs/security.md); ``mmap=False`` reads the whole file into memory instead.
     """
 
-    _guard: MappedFile | None = None  # set for a mapped file: checks it did not shrink
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -107,19 +103,7 @@ class HrryFile(ClosesOnExit):
                 found=type(path).__name__,
             )
         flag(mmap, "mmap")
-        view, guard = map_file(path, use_mmap=mmap)
-        source: Any = view.obj if guard is None else guard.mapping  # bytes, or the map
-        view.release()
-        self._guard = guard
-        try:
-            _check_size(len(source))
-        except BaseException:
-            self._guard = None
-            if guard is not None:
-                guard.close()
-                guard.mapping.close()
-            raise
-        self._init(source, len(source), max_descriptor_length)
+        self._init(open_memory(path, use_mmap=mmap), max_descriptor_length)
 
     @classmethod
     def from_buffer(
@@ -127,25 +111,24 @@ class HrryFile(ClosesOnExit):
     ) -> HrryFile:
         """Read a ``.hrry`` image held in memory (arrays are then views of ``data``)."""
         check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
-        view = byte_view(data, "data")
         self = cls.__new__(cls)
-        _check_size(len(view))
-        self._init(view, len(view), max_descriptor_length)
+        self._init(MemorySource(byte_view(data, "data")), max_descriptor_length)
         return self
 
-    def _init(self, source: Any, size: int, max_descriptor_length: int) -> None:
-        self._buf: Any = source
-        with memoryview(source) as probe:  # arrays are read-only exactly when the input is
-            self._readonly = probe.readonly
-        self._size = size
+    def _init(self, source: MemorySource, max_descriptor_length: int) -> None:
+        self._source = source
+        self._buf: Any = source.view[:]  # arrays view this slice: it outlives close()
+        self._readonly = source.view.readonly  # arrays are read-only exactly when the input is
+        self._size = size = len(source.view)
         self._max_descriptor = max_descriptor_length
         self._descriptors: dict[str, TensorDescriptor] = {}
         self._closed = False
         try:
-            self.header: FileHeader = parse_header(source, size)
-            self.trailer: FileTrailer = parse_trailer(source, size, self.header)
-            self.entries: tuple[IndexEntry, ...] = parse_index(source, self.header, self.trailer)
-            self.metadata: dict[str, MetadataValue] = parse_kv(source, self.trailer)
+            _check_size(size)
+            self.header: FileHeader = parse_header(self._buf, size)
+            self.trailer: FileTrailer = parse_trailer(self._buf, size, self.header)
+            self.entries: tuple[IndexEntry, ...] = parse_index(self._buf, self.header, self.trailer)
+            self.metadata: dict[str, MetadataValue] = parse_kv(self._buf, self.trailer)
         except BaseException:
             self.close()
             raise
@@ -154,20 +137,8 @@ class HrryFile(ClosesOnExit):
     def _bytes(self, start: int, stop: int) -> bytes:
         """Bytes of the file, after checking that it still holds them (every read of the
         mapping but the tensor's views, which ``tensor`` checks: no SIGBUS on any name)."""
-        self._check_size(stop, "file")
+        self._source.require(stop, ContainerTruncatedError, "file")
         return bytes(self._buf[start:stop])
-
-    def _check_size(self, needed: int, section: str) -> None:
-        """A typed truncation error if another process cut the mapped file before
-        ``needed`` (touching the lost pages would be SIGBUS)."""
-        shrank = None if self._guard is None else self._guard.shrunk(needed)
-        if shrank is not None:
-            raise ContainerTruncatedError(
-                f"the file no longer holds {section}: {shrank}",
-                section=section,
-                offset=self._guard.current_size() if self._guard else None,
-                expected=f"{needed} bytes",
-            ) from shrank
 
     # -- public, per tensor -----------------------------------------------------------------
     @property
@@ -320,7 +291,7 @@ class HrryFile(ClosesOnExit):
         spans = self.buffer_spans(name)
         descriptor = self.descriptor(name)
         needed = max((at + size for at, size in spans), default=0)
-        self._check_size(needed, f"tensor {name!r}")  # its views' pages: else SIGBUS
+        self._source.require(needed, ContainerTruncatedError, f"tensor {name!r}")  # else SIGBUS
         buffers = [np.frombuffer(self._buf, np.uint8, size, at) for at, size in spans]
         seq_lens = self._seq_lens(name)
         metadata = self._tensor_metadata(name)
@@ -402,14 +373,8 @@ class HrryFile(ClosesOnExit):
         if self._closed:
             return
         self._closed = True
-        if self._guard is not None:
-            self._guard.close()
-        buf = self._buf
-        self._buf = None
-        if isinstance(buf, mmap.mmap):
-            # Views still exported: the map goes away with the last array.
-            with contextlib.suppress(BufferError):
-                buf.close()
+        self._buf = None  # views still exported keep the map until the last array is gone
+        self._source.close()
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name

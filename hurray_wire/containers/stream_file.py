@@ -7,8 +7,6 @@ only when asked for. docs/streaming.md § 5.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -19,7 +17,7 @@ from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, peek_d
 from hurray_wire.blob.decoder import decode_options, run
 from hurray_wire.blob.landing import land_into
 from hurray_wire.buffers import byte_view
-from hurray_wire.containers.io import ClosesOnExit, MappedFile, map_file, map_source, will_need
+from hurray_wire.containers.io import ClosesOnExit, open_memory, will_need
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -117,12 +115,8 @@ class StreamFile(ClosesOnExit):
         self._limits = limits if limits is not None else DecodeLimits()
         self._options = decode_options(verify, self._limits, -1, page_store)
         flag(mmap, "mmap")
-        self._guard: MappedFile | None = None
-        if isinstance(source, (str, os.PathLike)):
-            self._view, self._guard = map_file(source, use_mmap=mmap)
-            self._mapping = None if self._guard is None else self._guard.mapping
-        else:
-            self._view, self._mapping = map_source(source)
+        self._source = open_memory(source, use_mmap=mmap)
+        self._view = self._source.view
         self._closed = False
         self._header: StreamHeader | None = None
         start = 0
@@ -257,15 +251,8 @@ class StreamFile(ClosesOnExit):
         (untouched on a refusal unless ``one_pass=True``)."""
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
-        shrank = None if self._guard is None else self._guard.shrunk(entry.offset + entry.length)
-        if shrank is not None:  # reading the blob's pages now would be SIGBUS
-            raise StreamTruncatedError(
-                f"the file no longer holds the {what}: {shrank}",
-                section=what,
-                offset=self._guard.current_size() if self._guard else None,
-                expected=entry.offset + entry.length,
-            ) from shrank
-        will_need(self._mapping, entry.offset, entry.length)
+        self._source.require(entry.offset + entry.length, StreamTruncatedError, what)
+        will_need(self._source.mapping, entry.offset, entry.length)
         view = self._view[entry.offset : entry.offset + entry.length]
 
         def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
@@ -402,9 +389,4 @@ class StreamFile(ClosesOnExit):
     def close(self) -> None:
         """Drop the mapping (it stays mapped while tensors view it); idempotent."""
         self._closed = True
-        self._view.release()
-        if self._guard is not None:
-            self._guard.close()
-        if self._mapping is not None:
-            with contextlib.suppress(BufferError):
-                self._mapping.close()
+        self._source.close()
