@@ -8,8 +8,8 @@ asked for, so a file's other tensors are never read.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +58,7 @@ from hurray_wire.wire.fast import offset_of
 __all__ = ["FileHeader", "FileTrailer", "HrryFile", "IndexEntry", "read_file", "read_file_metadata"]
 
 Array = npt.NDArray[Any]
+_T = TypeVar("_T")
 
 _AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
 
@@ -160,10 +161,12 @@ class HrryFile(ClosesOnExit):
                 "no tensor of this name in the file", section="index", found=repr(name)
             ) from None
 
-    def _descriptor_bytes(self, entry: IndexEntry) -> bytes:
-        """The descriptor's bytes after the § B.8 step-6 placement and length checks."""
+    def _decoded(self, name: str, decode: Callable[[bytes], _T]) -> _T:
+        """``decode`` of ``name``'s descriptor after the § B.8 step-6 placement and length
+        checks, its errors placed in the file."""
+        entry = self.entry(name)
         offset, length = entry.descriptor_offset, entry.descriptor_length
-        section = f"tensor {entry.name!r}"
+        section = f"tensor {name!r}"
         if offset % wc.SECTION_ALIGNMENT or offset < self.header.first_descriptor_offset:
             raise InvalidContainerError(
                 "descriptor_offset must be 8-aligned and not before first_descriptor_offset",
@@ -191,28 +194,23 @@ class HrryFile(ClosesOnExit):
         raw = self._bytes(offset, offset + length)
         try:
             own = peek_descriptor_length(raw)
+            if own == length:
+                return decode(raw)
         except HurrayWireError as exc:
-            raise container_error(exc, section, offset + (exc.offset or 0)) from exc
-        if own != length:
-            raise InvalidContainerError(
-                "index descriptor_length differs from the descriptor's own",
-                section=section,
-                field="descriptor_length",
-                offset=offset + _AT_DESCRIPTOR_LENGTH,
-                expected=length,
-                found=own,
-            )
-        return raw
+            at = None if exc.offset is None else offset + exc.offset
+            raise container_error(exc, section, at) from exc
+        raise InvalidContainerError(
+            "index descriptor_length differs from the descriptor's own",
+            section=section,
+            field="descriptor_length",
+            offset=offset + _AT_DESCRIPTOR_LENGTH,
+            expected=length,
+            found=own,
+        )
 
     def descriptor_header(self, name: str) -> DescriptorHeader:
         """The common header of ``name``'s descriptor, whatever its layout (for listing)."""
-        entry = self.entry(name)
-        raw = self._descriptor_bytes(entry)
-        try:
-            return decode_header(raw)
-        except HurrayWireError as exc:
-            offset = None if exc.offset is None else entry.descriptor_offset + exc.offset
-            raise container_error(exc, f"tensor {name!r}", offset) from exc
+        return self._decoded(name, decode_header)
 
     def descriptor(self, name: str) -> TensorDescriptor:
         """``name``'s block-paged descriptor (parses only that descriptor).
@@ -221,17 +219,9 @@ class HrryFile(ClosesOnExit):
         """
         self._check_open()
         cached = self._descriptors.get(name)
-        if cached is not None:
-            return cached
-        entry = self.entry(name)
-        raw = self._descriptor_bytes(entry)
-        try:
-            descriptor = decode_descriptor(raw)
-        except HurrayWireError as exc:
-            offset = None if exc.offset is None else entry.descriptor_offset + exc.offset
-            raise container_error(exc, f"tensor {name!r}", offset) from exc
-        self._descriptors[name] = descriptor
-        return descriptor
+        if cached is None:
+            cached = self._descriptors[name] = self._decoded(name, decode_descriptor)
+        return cached
 
     def buffer_spans(self, name: str) -> tuple[tuple[int, int], ...]:
         """``(offset, byte_size)`` of each of ``name``'s buffers in the file, checked (§ B.3)."""
