@@ -28,7 +28,13 @@ from hurray_wire.blob.in_place import land_in_place
 from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import Compression
-from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, ClosesOnExit, open_sink, open_source
+from hurray_wire.containers.io import (
+    DEFAULT_RECORD_DEADLINE,
+    ClosesOnExit,
+    Source,
+    open_sink,
+    open_source,
+)
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     STREAM_HEADER_MIN,
@@ -68,7 +74,7 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import referenced_pages
 from hurray_wire.wire import stream as ws
 
-__all__ = ["StreamReader", "StreamWriter"]
+__all__ = ["RecordReader", "StreamReader", "StreamWriter"]
 
 #: ``StreamReader(in_place=...)``: (descriptor, pages the blob carries) -> (the
 #: EnginePoolStore of its layer and role, free page ids for those pages).
@@ -231,6 +237,104 @@ class StreamWriter:
             self.abort()
 
 
+class RecordReader:
+    """The records of a blob stream, framed from a source in order: the stream header, each
+    blob's bytes, the end record (checked against the blobs met). The one framing both
+    ``StreamReader`` and ``StreamFile`` (walking a stream without an index) use."""
+
+    def __init__(self, source: Source, max_blob_bytes: int, limits: DecodeLimits) -> None:
+        self.source = source
+        self.max_blob_bytes = max_blob_bytes
+        self.limits = limits
+        self.position = 0  # the stream offset of the next record
+        self.header: StreamHeader | None = None
+        self.seen: list[StreamEntry] = []  # the blobs accepted so far
+        self.complete = False  # the end record was read and agrees
+        self._pending: memoryview | None = None
+
+    def read_header(self) -> StreamHeader | None:
+        """The stream header, if the stream opens with one (else None)."""
+        prefix = self._read_prefix()
+        if bytes(prefix[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
+            total = frame_record(prefix, "stream header", 0, self.max_blob_bytes, self.limits)
+            record = self._read_record(prefix, total, "stream header")
+            self.header = decode_stream_header(record, limits=self.limits)
+            self.position = total
+        else:
+            self._pending = prefix
+        return self.header
+
+    def next_blob(self) -> tuple[Any, int, str] | None:
+        """The next blob's bytes, its length and its name for errors; None at the end of the
+        stream (after its end record, or where a stream without the promise of one ends)."""
+        if self._pending is not None:
+            prefix, self._pending = self._pending, None
+        else:
+            prefix = self._read_prefix()
+        if not prefix:
+            if self.position == 0 and self.header is None:
+                raise empty_input_error()
+            if self.header is not None and self.header.end_record:
+                raise StreamTruncatedError(
+                    "stream ended before the end record its header promised",
+                    section="stream",
+                    offset=self.position,
+                    found=f"{len(self.seen)} blobs",
+                )
+            return None
+        if record_kind(prefix, self.position) == "end record":
+            total = frame_record(
+                prefix, "end record", self.position, self.max_blob_bytes, self.limits
+            )
+            record = self._read_record(prefix, total, "end record")
+            check_end_record(record, self.seen, self.position, self.limits)
+            self.position += total
+            self.complete = True
+            return None
+        what = f"blob {len(self.seen)}"
+        try:
+            total = blob_length(prefix)
+        except HurrayWireError as exc:
+            add_note(exc, f"in {what} at stream offset {self.position}")
+            raise
+        check_record_size(total, self.max_blob_bytes, what, self.position)
+        return self._read_record(prefix, total, what), total, what
+
+    def accept(self, total: int, layer_index: int | None, kv_role: str) -> None:
+        """The blob ``next_blob`` returned passed the reader's checks: record it."""
+        self.seen.append(StreamEntry(self.position, total, layer_index, kv_role))
+        self.position += total
+
+    def _read_prefix(self) -> memoryview:
+        """The next record's 16-byte prefix; empty at a clean end of input."""
+        self.source.begin_record()  # its deadline covers the prefix and the rest
+        data, cause = self.source.read(BLOB_PREFIX_SIZE)
+        if data and len(data) < BLOB_PREFIX_SIZE:
+            record_kind(data, self.position, cause)  # a prefix cut short: raises
+        if not data and cause is not None:
+            raise StreamTruncatedError(
+                f"connection lost at a record boundary: {cause!r}",
+                section="stream",
+                offset=self.position,
+            ) from cause
+        return data
+
+    def _read_record(self, prefix: memoryview, total: int, what: str) -> Any:
+        buffer, got, cause = self.source.read_record(prefix, total)
+        if got < total:
+            error = StreamBlobTruncatedError if what.startswith("blob") else StreamTruncatedError
+            reason = "connection lost" if cause is not None else "stream ends"
+            raise error(
+                f"{reason} inside {what} starting at stream offset {self.position}"
+                + (f" ({cause!r})" if cause is not None else ""),
+                section=what,
+                offset=self.position + got,
+                expected=total,
+                found=got,
+            ) from cause
+        return buffer
+
+
 class StreamReader(ClosesOnExit):
     """Iterate the tensors of a stream as each blob arrives (docs/streaming.md).
 
@@ -283,13 +387,9 @@ class StreamReader(ClosesOnExit):
         self._options = decode_options(verify, limits, -1, page_store)
         self._limits = check_limits_argument(limits)
         flag(mmap, "mmap")
-        self._source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
-        self._position = 0
-        self._pending: memoryview | None = None
+        source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
+        self._records = RecordReader(source, max_blob_bytes, self._limits)
         self._started = False
-        self._header: StreamHeader | None = None
-        self._seen: list[StreamEntry] = []
-        self._complete = False
         self._done = False
         self._error: HurrayWireError | None = None
         self._closed = False
@@ -304,22 +404,22 @@ class StreamReader(ClosesOnExit):
                     "I/O operation on a closed StreamReader", section="stream"
                 )
             self._guarded(self._start)
-        return self._header
+        return self._records.header
 
     @property
     def complete(self) -> bool:
         """True once the end record has been read and agrees with the blobs read."""
-        return self._complete
+        return self._records.complete
 
     @property
     def position(self) -> int:
         """Stream offset of the next record: bytes consumed so far."""
-        return self._position
+        return self._records.position
 
     @property
     def entries(self) -> tuple[StreamEntry, ...]:
         """Every blob read so far: where it was and what its descriptor says it is."""
-        return tuple(self._seen)
+        return tuple(self._records.seen)
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[BlockPagedTensor]:
@@ -348,81 +448,21 @@ class StreamReader(ClosesOnExit):
 
     def _start(self) -> None:
         self._started = True
-        prefix = self._read_prefix()
-        if bytes(prefix[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
-            total = frame_record(prefix, "stream header", 0, self._max, self._limits)
-            record = self._read_record(prefix, total, "stream header")
-            self._header = decode_stream_header(record, limits=self._limits)
-            self._position = total
-        else:
-            self._pending = prefix
-        check_header_fingerprint(self._expect, self._header)  # before any blob is read
-
-    def _read_prefix(self) -> memoryview:
-        """The next record's 16-byte prefix; empty at a clean end of input."""
-        self._source.begin_record()  # its deadline covers the prefix and the rest
-        data, cause = self._source.read(BLOB_PREFIX_SIZE)
-        if data and len(data) < BLOB_PREFIX_SIZE:
-            record_kind(data, self._position, cause)  # a prefix cut short: raises
-        if not data and cause is not None:
-            raise StreamTruncatedError(
-                f"connection lost at a record boundary: {cause!r}",
-                section="stream",
-                offset=self._position,
-            ) from cause
-        return data
-
-    def _read_record(self, prefix: memoryview, total: int, what: str) -> Any:
-        buffer, got, cause = self._source.read_record(prefix, total)
-        if got < total:
-            error = StreamBlobTruncatedError if what.startswith("blob") else StreamTruncatedError
-            reason = "connection lost" if cause is not None else "stream ends"
-            raise error(
-                f"{reason} inside {what} starting at stream offset {self._position}"
-                + (f" ({cause!r})" if cause is not None else ""),
-                section=what,
-                offset=self._position + got,
-                expected=total,
-                found=got,
-            ) from cause
-        return buffer
+        header = self._records.read_header()
+        check_header_fingerprint(self._expect, header)  # before any blob is read
 
     def _next_blob(self) -> BlockPagedTensor | None:
+        """The next blob: framed, read whole, decoded, checked; None at the end."""
         if not self._started:
             self._start()
-        if self._pending is not None:
-            prefix, self._pending = self._pending, None
-        else:
-            prefix = self._read_prefix()
-        if not prefix:
-            if self._position == 0 and self._header is None:
-                raise empty_input_error()
-            if self._header is not None and self._header.end_record:
-                raise StreamTruncatedError(
-                    "stream ended before the end record its header promised",
-                    section="stream",
-                    offset=self._position,
-                    found=f"{len(self._seen)} blobs",
-                )
+        framed = self._records.next_blob()
+        if framed is None:
             return None
-        if record_kind(prefix, self._position) == "blob":
-            return self._blob(prefix)
-        self._end_record(prefix)
-        return None
-
-    def _blob(self, prefix: memoryview) -> BlockPagedTensor:
-        """The blob whose prefix was just read: framed, read whole, decoded, checked."""
-        what = f"blob {len(self._seen)}"
-        try:
-            total = blob_length(prefix)
-        except HurrayWireError as exc:
-            add_note(exc, f"in {what} at stream offset {self._position}")
-            raise
-        check_record_size(total, self._max, what, self._position)
-        record = self._read_record(prefix, total, what)
+        record, total, what = framed
+        header = self._records.header
 
         def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
-            check_blob(self._expect, self._header, tensor, what)
+            check_blob(self._expect, header, tensor, what)
 
         try:
             view = byte_view(record)
@@ -433,10 +473,9 @@ class StreamReader(ClosesOnExit):
                     view, self._options, report=self._report, accept=accept
                 )
         except HurrayWireError as exc:
-            add_note(exc, f"in {what} at stream offset {self._position}")
+            add_note(exc, f"in {what} at stream offset {self._records.position}")
             raise
-        self._seen.append(StreamEntry(self._position, total, tensor.layer_index, tensor.kv_role))
-        self._position += total
+        self._records.accept(total, tensor.layer_index, tensor.kv_role)
         return tensor
 
     def _decode_in_place(self, record: memoryview, accept: Accept) -> BlockPagedTensor:
@@ -452,17 +491,9 @@ class StreamReader(ClosesOnExit):
         pool, free = target
         return land_in_place(record, pool, free, self._options, accept=accept).tensor
 
-    def _end_record(self, prefix: memoryview) -> None:
-        """The end record whose prefix was just read: it must agree with the blobs read."""
-        total = frame_record(prefix, "end record", self._position, self._max, self._limits)
-        record = self._read_record(prefix, total, "end record")
-        check_end_record(record, self._seen, self._position, self._limits)
-        self._position += total
-        self._complete = True
-
     def close(self) -> None:
         """Release a mapped file (it stays mapped while tensors view it); sockets and file
         objects passed in are left open; idempotent."""
         self._closed = True
         self._done = True
-        self._source.close()
+        self._records.source.close()

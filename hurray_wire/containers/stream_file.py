@@ -13,11 +13,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, peek_descriptor
+from hurray_wire.blob import DecodeLimits, blob_length, peek_descriptor
 from hurray_wire.blob.decoder import decode_options, run
 from hurray_wire.blob.landing import land_into
+from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
-from hurray_wire.containers.io import ClosesOnExit, open_memory, will_need
+from hurray_wire.containers.blob_stream import RecordReader
+from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory, will_need
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -26,15 +28,10 @@ from hurray_wire.containers.records import (
     StreamHeader,
     add_note,
     check_blob,
-    check_end_record,
     check_header_fingerprint,
-    check_record_size,
     decode_end_rows,
-    decode_stream_header,
     empty_input_error,
     entries_of,
-    frame_record,
-    record_kind,
 )
 from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.containers.sniff import identify
@@ -44,7 +41,6 @@ from hurray_wire.errors import (
     HurrayWireError,
     InvalidStreamError,
     MissingTensorError,
-    StreamBlobTruncatedError,
     StreamTruncatedError,
     flag,
 )
@@ -112,19 +108,17 @@ class StreamFile(ClosesOnExit):
         self._expect = expect_fingerprint
         check_limit("max_blob_bytes", max_blob_bytes, STREAM_HEADER_MIN)
         self._max = max_blob_bytes
-        self._limits = limits if limits is not None else DecodeLimits()
+        self._limits = check_limits_argument(limits)
         self._options = decode_options(verify, self._limits, -1, page_store)
         flag(mmap, "mmap")
         self._source = open_memory(source, use_mmap=mmap)
         self._view = self._source.view
         self._closed = False
-        self._header: StreamHeader | None = None
-        start = 0
+        # the walk frames the view as StreamReader does (no mapping: page data stays unread)
+        records = RecordReader(MemorySource(self._view[:]), self._max, self._limits)
         try:
             _check_is_stream(self._view)
-            if bytes(self._view[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
-                start = frame_record(self._view, "stream header", 0, self._max, self._limits)
-                self._header = decode_stream_header(self._view, limits=self._limits)
+            self._header = records.read_header()
             check_header_fingerprint(self._expect, self._header)
         except BaseException:
             self.close()
@@ -133,11 +127,11 @@ class StreamFile(ClosesOnExit):
         # The end record's index stays a checked structured array until entries are asked
         # for: opening a stream of a million blobs builds no object per blob, and tensor()
         # finds its blob in the array.
-        self._rows = self._index_from_end(start)
+        self._rows = self._index_from_end(records.position)
         self._complete = self._rows is not None
         self._entries: tuple[StreamEntry, ...] | None = None
         if self._rows is None:
-            self._entries = self._walk(start)
+            self._entries = self._walk(records)
         self._keyed: dict[tuple[int | None, str], StreamEntry] | None = None
 
     @property
@@ -320,63 +314,29 @@ class StreamFile(ClosesOnExit):
         kept: npt.NDArray[Any] = rows.copy()  # a copy: later use never touches the mapping
         return kept
 
-    def _walk(self, start: int) -> tuple[StreamEntry, ...]:
+    def _walk(self, records: RecordReader) -> tuple[StreamEntry, ...]:
         """Frame every record from its prefix; read only blob headers and descriptors.
 
         Stops at the end record or at the first record that cannot be framed, keeping the
         blobs before it and the reason in ``error``.
         """
-        view = self._view
-        entries: list[StreamEntry] = []
-        pos = start
         try:
-            while pos < len(view):
-                if record_kind(view[pos : pos + BLOB_PREFIX_SIZE], pos) == "end record":
-                    self._end_record_at(pos, entries)
-                    self._complete = True
-                    return tuple(entries)
-                entries.append(self._blob_at(pos))
-                pos += entries[-1].length
-            if self._header is not None and self._header.end_record:
-                raise StreamTruncatedError(
-                    "stream ended before the end record its header promised",
-                    section="stream",
-                    offset=pos,
+            while (framed := records.next_blob()) is not None:
+                record, total, what = framed
+                try:
+                    layout = peek_descriptor(record, limits=self._limits).layout
+                except HurrayWireError as exc:
+                    add_note(exc, f"in {what} at stream offset {records.position}")
+                    raise
+                records.accept(total, layout.layer_index, layout.kv_role)
+            if records.complete and records.position != len(self._view):
+                raise InvalidStreamError(
+                    "bytes after the end record", section="stream", offset=records.position
                 )
         except HurrayWireError as exc:
             self._error = exc
-        return tuple(entries)
-
-    def _end_record_at(self, pos: int, entries: list[StreamEntry]) -> None:
-        """The end record at ``pos`` must agree with the blobs walked and end the stream."""
-        view = self._view
-        total = frame_record(view[pos:], "end record", pos, self._max, self._limits)
-        check_end_record(view[pos:], entries, pos, self._limits)
-        if pos + total != len(view):
-            raise InvalidStreamError(
-                "bytes after the end record", section="stream", offset=pos + total
-            )
-
-    def _blob_at(self, pos: int) -> StreamEntry:
-        """The blob at ``pos``, framed and its header and descriptor checked (not its data)."""
-        view = self._view
-        what = f"blob at stream offset {pos}"
-        total = blob_length(view[pos : pos + BLOB_PREFIX_SIZE])
-        check_record_size(total, self._max, what, pos)
-        if pos + total > len(view):
-            raise StreamBlobTruncatedError(
-                "stream ends inside a blob",
-                section=what,
-                offset=len(view),
-                expected=total,
-                found=len(view) - pos,
-            )
-        try:
-            layout = peek_descriptor(view[pos : pos + total], limits=self._limits).layout
-        except HurrayWireError as exc:
-            add_note(exc, f"in the {what}")
-            raise
-        return StreamEntry(pos, total, layout.layer_index, layout.kv_role)
+        self._complete = records.complete and self._error is None
+        return tuple(records.seen)
 
     @property
     def closed(self) -> bool:
