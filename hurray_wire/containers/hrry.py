@@ -63,18 +63,6 @@ _T = TypeVar("_T")
 _AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
 
 
-def _check_size(size: int) -> None:
-    """§ B.8 step 1: room for a header and a trailer, before either is read."""
-    if size < wc.MIN_FILE_SIZE:
-        raise ContainerTruncatedError(
-            "file shorter than a header and a trailer",
-            section="file",
-            offset=size,
-            expected=f">= {wc.MIN_FILE_SIZE} bytes",
-            found=f"{size} bytes",
-        )
-
-
 class HrryFile(ClosesOnExit):
     """A lazy, memory-mapped ``.hrry`` reader: ``with HrryFile(path) as f: f.tensor(name)``.
 
@@ -125,7 +113,6 @@ class HrryFile(ClosesOnExit):
         self._descriptors: dict[str, TensorDescriptor] = {}
         self._closed = False
         try:
-            _check_size(size)
             self.header: FileHeader = parse_header(self._buf, size)
             self.trailer: FileTrailer = parse_trailer(self._buf, size, self.header)
             self.entries: tuple[IndexEntry, ...] = parse_index(self._buf, self.header, self.trailer)
@@ -134,12 +121,6 @@ class HrryFile(ClosesOnExit):
             self.close()
             raise
         self._by_name = {entry.name: entry for entry in self.entries}
-
-    def _bytes(self, start: int, stop: int) -> bytes:
-        """Bytes of the file, after checking that it still holds them (every read of the
-        mapping but the tensor's views, which ``tensor`` checks: no SIGBUS on any name)."""
-        self._source.require(stop, ContainerTruncatedError, "file")
-        return bytes(self._buf[start:stop])
 
     # -- public, per tensor -----------------------------------------------------------------
     @property
@@ -191,7 +172,8 @@ class HrryFile(ClosesOnExit):
                 expected=f"end <= {self._size - wc.TRAILER_SIZE}",
                 found=f"end {offset + length}",
             )
-        raw = self._bytes(offset, offset + length)
+        self._source.require(offset + length, ContainerTruncatedError, "file")  # else SIGBUS
+        raw = bytes(self._buf[offset : offset + length])
         try:
             own = peek_descriptor_length(raw)
             if own == length:

@@ -15,7 +15,7 @@ import numpy as np
 
 from hurray_wire.containers.reference_common import container_error
 from hurray_wire.crc32c import crc32c
-from hurray_wire.errors import HurrayWireError, InvalidContainerError
+from hurray_wire.errors import ContainerTruncatedError, HurrayWireError, InvalidContainerError
 from hurray_wire.metadata import MetadataValue, decode_metadata
 from hurray_wire.wire import containers as wc
 from hurray_wire.wire.fast import derive
@@ -112,34 +112,23 @@ def check_alignment(value: object, offset: int | None = None) -> None:
 
 # -- § B.8 step 1: the header ----------------------------------------------------------------
 def parse_header(buf: Any, size: int) -> FileHeader:
-    """The 64-byte header, every field checked (★ rules included)."""
-    fields = dict(zip(HEADER.names, HEADER.struct.unpack_from(buf, 0), strict=True))
-    _check_header_identity(fields["magic"], fields["container_version_major"])
-    _check_header_reserved(fields)
-    _check_header_layout(
-        fields["file_flags"],
-        fields["data_buffer_alignment"],
-        fields["first_descriptor_offset"],
-        size,
-    )
-    return FileHeader(
-        (fields["container_version_major"], fields["container_version_minor"]),
-        fields["file_flags"],
-        fields["data_buffer_alignment"],
-        fields["first_descriptor_offset"],
-        fields["tensor_count_hint"],
-    )
-
-
-def _check_header_identity(magic: bytes, major: int) -> None:
+    """Room for a header and a trailer, then the 64-byte header, every field checked (★
+    rules included)."""
+    if size < wc.MIN_FILE_SIZE:
+        raise ContainerTruncatedError(
+            "file shorter than a header and a trailer",
+            section="file",
+            offset=size,
+            expected=f">= {wc.MIN_FILE_SIZE} bytes",
+            found=f"{size} bytes",
+        )
+    fields = HEADER.unpack_dict(buf)
+    magic, major = fields["magic"], fields["container_version_major"]
     if magic != wc.FILE_MAGIC:
         raise _field_error(
-            "header",
-            "magic",
-            "bad file magic",
-            expected=wc.FILE_MAGIC.hex(" "),
+            "header", "magic", "bad file magic", expected=wc.FILE_MAGIC.hex(" "),
             found=magic.hex(" "),
-        )
+        )  # fmt: skip
     if major != 1:
         raise _field_error(
             "header",
@@ -148,6 +137,15 @@ def _check_header_identity(magic: bytes, major: int) -> None:
             expected=1,
             found=major,
         )
+    _check_header_reserved(fields)
+    _check_header_layout(fields, size)
+    return FileHeader(
+        (major, fields["container_version_minor"]),
+        fields["file_flags"],
+        fields["data_buffer_alignment"],
+        fields["first_descriptor_offset"],
+        fields["tensor_count_hint"],
+    )
 
 
 def _check_header_reserved(fields: dict[str, Any]) -> None:
@@ -161,12 +159,13 @@ def _check_header_reserved(fields: dict[str, Any]) -> None:
             )
 
 
-def _check_header_layout(flags: int, alignment: int, first: int, size: int) -> None:
+def _check_header_layout(fields: dict[str, Any], size: int) -> None:
+    flags, first = fields["file_flags"], fields["first_descriptor_offset"]
     if flags & ~wc.FILE_FLAGS_KNOWN:
         raise _field_error(
             "header", "file_flags", "reserved file_flags bits set", found=f"0x{flags:08X}"
         )
-    check_alignment(alignment, HEADER.offsets["data_buffer_alignment"])
+    check_alignment(fields["data_buffer_alignment"], HEADER.offsets["data_buffer_alignment"])
     if first < wc.HEADER_SIZE or first % wc.SECTION_ALIGNMENT or first > size - wc.TRAILER_SIZE:
         raise _field_error(
             "header",
