@@ -1,11 +1,5 @@
-"""StreamWriter / StreamReader: many blobs over one byte stream, written and read in order.
-
-The format is docs/streaming.md's: ``[stream header] blob* [end record]``, each record
-framed by the blob's 16-byte prefix; a blob's identity comes from its own descriptor,
-never from the stream. Reading is bounded (a record's length checked against
-``max_blob_bytes`` before allocating), each blob gets its own buffer, and every failure is
-a ``HurrayWireError``. Sinks and sources are ``containers.io``'s.
-"""
+"""StreamWriter / StreamReader: many blobs over one byte stream, written and read in order
+(docs/streaming.md); ``RecordReader``, the framing both stream readers share."""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """Sinks and sources, once, for every container: sockets, files, pipes, bytes, ``mmap``.
 
-Both stream kinds (the blob stream and the reference stream) write through ``open_sink``
-and read through ``open_source``, so they agree on every edge case:
-
-* a sink must make progress: a ``write`` / ``sendmsg`` that returns 0 (or anything but an
-  int or ``None``) is an ``ArgumentTypeError``, never a busy loop; short writes are retried
-  from where they stopped; a text-mode file is refused before anything is written;
-* a source is read exactly (``recv_into`` with ``MSG_WAITALL``, ``readinto``, or ``read`` in
-  bounded chunks); an ``OSError`` while reading (a reset, a timeout) ends the read early and
-  is handed back as the *cause*, so the container raises its own truncation error with the
-  ``OSError`` as ``__cause__``; a non-blocking source with nothing ready, a text-mode file
-  and an object that is neither are ``ArgumentTypeError``; a closed file is a
-  ``ClosedContainerError``;
-* bytes-like inputs go through :func:`hurray_wire.buffers.byte_view` (the one coercion).
+Every container writes through ``open_sink`` and reads through ``open_source`` /
+``open_memory``, so they agree on every edge case: a sink that makes no progress is an
+``ArgumentTypeError``, never a busy loop; an ``OSError`` while reading ends the read and is
+handed back as the *cause* of the container's own truncation error.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """A whole model's KV cache in one file: ``save_cache`` and ``load_cache``.
 
-The file is a blob stream (docs/streaming.md): a header stating the model, the number of
-layers, the roles, the element type, the caller's metadata and the engine fingerprint;
-one checksummed blob per {layer, role}; the end record with its index. So every byte is
-covered by a checksum (xxh3_64 per section, unlike ``.hrry``, whose format has none), the
-file is written through ``containers.atomic`` (it appears whole at the end, or not at all,
-and never replaces one of its inputs), and ``hurray-wire validate`` / ``dump`` read it.
-
-Progress: ``progress=None`` shows a tqdm bar on stderr when stderr is a terminal (never in
-a log or a pipe), ``False`` none, and a callable is called with ``(bytes_done,
-bytes_total)`` after each tensor instead (a hook for a caller's own progress display).
+The file is a blob stream (docs/streaming.md) with one checksummed blob per {layer, role},
+so every byte is covered by a checksum (unlike ``.hrry``), and it is written atomically.
+``progress``: None (a tqdm bar when stderr is a terminal), False, or ``hook(done, total)``.
 """
 
 from __future__ import annotations

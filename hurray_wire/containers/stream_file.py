@@ -1,9 +1,5 @@
-"""StreamFile: random access to a blob stream held in a file (mapped) or in memory.
-
-Opening reads the stream header and the index (the end record's, found from the file's
-last bytes, or the walk of blob prefixes) without touching page data; a tensor is decoded
-only when asked for. docs/streaming.md § 5.
-"""
+"""StreamFile: random access to a blob stream held in a file (mapped) or in memory
+(docs/streaming.md § 5)."""
 
 from __future__ import annotations
 
