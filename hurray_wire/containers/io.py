@@ -105,19 +105,16 @@ class Sink:
         if self._flush is not None:
             self._flush()
 
-    def close(self) -> None:
-        """Finish the file this sink opened (a path: renamed into place); a caller's sink
-        stays open."""
-        if self._owned is not None:
-            owned, self._owned = self._owned, None
-            owned.__exit__(None, None, None)
+    def close(self, reason: BaseException | None = None) -> None:
+        """Finish the file this sink opened (a path: renamed into place; with a ``reason``,
+        dropped and the target left as it was); a caller's sink stays open."""
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            owned.__exit__(None if reason is None else type(reason), reason, None)
 
     def abort(self) -> None:
         """Drop the file this sink opened (a path: the target is left as it was)."""
-        if self._owned is not None:
-            owned, self._owned = self._owned, None
-            reason = _AbortedError("writer aborted")
-            owned.__exit__(_AbortedError, reason, None)
+        self.close(_AbortedError("writer aborted"))
 
 
 class _AbortedError(Exception):

@@ -488,8 +488,9 @@ def decode_end_rows(
     limits = check_limits_argument(limits)
     view = byte_view(data)
     at_count = _END.offsets["entry_count"]
-    if len(view) >= at_count + 4:  # the index size, before the record is checked or read
-        count = int.from_bytes(view[at_count : at_count + 4], "little")
+    end_count = at_count + _END.sizes["entry_count"]
+    if len(view) >= end_count:  # the index size, before the record is checked or read
+        count = int.from_bytes(view[at_count:end_count], "little")
         if count > limits.max_stream_entries:
             raise LimitExceededError(
                 "end record index has more entries than the decode limit allows",
