@@ -393,10 +393,7 @@ class StreamReader(ClosesOnExit):
     def header(self) -> StreamHeader | None:
         """The stream header (read from the source on first access), or None if absent."""
         if not self._started:
-            if self._closed:
-                raise ClosedContainerError(
-                    "I/O operation on a closed StreamReader", section="stream"
-                )
+            self._check_open()
             self._guarded(self._start)
         return self._records.header
 
@@ -420,8 +417,7 @@ class StreamReader(ClosesOnExit):
         return self
 
     def __next__(self) -> BlockPagedTensor:
-        if self._closed:
-            raise ClosedContainerError("I/O operation on a closed StreamReader", section="stream")
+        self._check_open()
         if self._error is not None:
             raise self._error
         if self._done:
@@ -431,6 +427,10 @@ class StreamReader(ClosesOnExit):
             self._done = True
             raise StopIteration
         return tensor
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedContainerError("I/O operation on a closed StreamReader", section="stream")
 
     def _guarded(self, step: Callable[[], Any]) -> Any:
         try:

@@ -320,7 +320,24 @@ def _index_entry(
     if fixed + ENTRY_FIXED.size > end:
         raise _index_short(where, pos, end)
     raw = bytes(buf[at_name:fixed])
-    name = _entry_name(raw, at_name, where, seen)
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidContainerError(
+            "tensor name is not valid UTF-8",
+            section="index",
+            field=f"{where}.name",
+            offset=at_name + exc.start,
+        ) from None
+    if raw in seen:
+        raise InvalidContainerError(
+            "duplicate tensor name",
+            section="index",
+            field=f"{where}.name",
+            offset=at_name,
+            found=repr(name),
+        )
+    seen.add(raw)
     d_off, d_len, data_off, data_len, flags = ENTRY_FIXED.struct.unpack_from(buf, fixed)
     if flags:
         raise InvalidContainerError(
@@ -332,29 +349,6 @@ def _index_entry(
         )
     entry = IndexEntry(name, d_off, d_len, data_off, data_len)
     return entry, raw, fixed + ENTRY_FIXED.size
-
-
-def _entry_name(raw: bytes, at: int, where: str, seen: set[bytes]) -> str:
-    """An index name: valid UTF-8 and not seen before (byte-exact)."""
-    try:
-        name = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidContainerError(
-            "tensor name is not valid UTF-8",
-            section="index",
-            field=f"{where}.name",
-            offset=at + exc.start,
-        ) from None
-    if raw in seen:
-        raise InvalidContainerError(
-            "duplicate tensor name",
-            section="index",
-            field=f"{where}.name",
-            offset=at,
-            found=repr(name),
-        )
-    seen.add(raw)
-    return name
 
 
 def _index_short(where: str, pos: int, end: int) -> InvalidContainerError:

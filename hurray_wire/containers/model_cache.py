@@ -58,20 +58,16 @@ class _Reporter:
             )
         self._hook = progress if callable(progress) and not isinstance(progress, bool) else None
         self._total = total
-        self._done = 0
+        self.done = 0  # bytes reported so far
         self._bar = None
         if self._hook is None and progress is not False:
             self._bar = tqdm(total=total, desc=what, unit="B", unit_scale=True,
                              disable=None if progress is None else False, leave=False)  # fmt: skip
 
-    @property
-    def done(self) -> int:
-        return self._done
-
     def update(self, size: int) -> None:
-        self._done += size
+        self.done += size
         if self._hook is not None:
-            self._hook(self._done, self._total)
+            self._hook(self.done, self._total)
         elif self._bar is not None:
             self._bar.update(size)
 
