@@ -1,11 +1,7 @@
 """Containers that carry blobs and descriptors: blob streams, reference streams, ``.hrry`` files.
 
-Modules, lowest first: ``atomic`` (atomic output and file-access errors, for every path
-written or opened), ``io`` (sinks and sources, once), ``records`` (stream header and end
-record), ``blob_stream`` (``StreamWriter`` / ``StreamReader``), ``stream_file``
-(``StreamFile``), ``reference_common`` / ``reference_stream`` (the hurray-io stream),
-``hrry_records`` / ``hrry`` / ``hrry_write`` (the ``.hrry`` file) and ``sniff`` (what bytes
-are). This package re-exports their public names.
+The modules and what each owns: docs/architecture.md. This package re-exports their public
+names.
 """
 
 from hurray_wire.containers.blob_stream import StreamReader, StreamWriter

@@ -1,13 +1,8 @@
 """The file-system edge of every container: atomic output and typed access errors.
 
 :func:`atomic_output` is the one way hurray-wire writes a file, because ``open(path, "wb")``
-truncates first (SIGBUS and a lost input when the output is an input, a partial file on
-failure): an output that is an input (path or ``st_dev``/``st_ino``) is refused; the bytes
-go to a temporary file beside the target, ``fsync``'d and renamed over it only when the
-block ends normally (removed on any exception); a symlink's target is replaced, the link
-kept; a FIFO or character device is streamed into, a block device, socket or read-only file
-refused (docs/cli.md, "atomic output"). :func:`file_access_error` turns a library open's
-``OSError`` into a ``FileAccessError`` naming the path.
+truncates first: SIGBUS and a lost input when the output is an input, a partial file on
+failure (docs/cli.md, "atomic output").
 """
 
 from __future__ import annotations

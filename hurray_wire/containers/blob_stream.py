@@ -1,11 +1,5 @@
-"""StreamWriter / StreamReader: many blobs over one byte stream, written and read in order.
-
-The format is docs/streaming.md's: ``[stream header] blob* [end record]``, each record
-framed by the blob's 16-byte prefix; a blob's identity comes from its own descriptor,
-never from the stream. Reading is bounded (a record's length checked against
-``max_blob_bytes`` before allocating), each blob gets its own buffer, and every failure is
-a ``HurrayWireError``. Sinks and sources are ``containers.io``'s.
-"""
+"""StreamWriter / StreamReader: many blobs over one byte stream, written and read in order
+(docs/streaming.md); ``RecordReader``, the framing both stream readers share."""
 
 from __future__ import annotations
 
@@ -25,32 +19,34 @@ from hurray_wire.blob import (
 )
 from hurray_wire.blob.decoder import Accept, decode_options, run
 from hurray_wire.blob.in_place import land_in_place
+from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import Compression
-from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, ClosesOnExit, open_sink, open_source
+from hurray_wire.containers.io import (
+    DEFAULT_RECORD_DEADLINE,
+    ClosesOnExit,
+    Source,
+    open_sink,
+    open_source,
+)
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
-    END_RECORD_MIN,
     STREAM_HEADER_MIN,
     StreamEntry,
     StreamHeader,
     add_note,
-    check_against_header,
-    check_blob_fingerprint,
+    check_blob,
+    check_end_record,
     check_header_fingerprint,
-    check_max_blob_bytes,
-    check_record_limit,
     check_record_size,
-    decode_end_rows,
     decode_stream_header,
+    empty_input_error,
     encode_end_record,
     encode_stream_header,
-    max_end_record_bytes,
-    max_stream_header_bytes,
-    record_length,
-    rows_match,
+    frame_record,
+    record_kind,
 )
-from hurray_wire.containers.stream_file import empty_input_error
+from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.errors import (
     ArgumentTypeError,
     ClosedContainerError,
@@ -70,16 +66,15 @@ from hurray_wire.integrity import (
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import referenced_pages
-from hurray_wire.wire import blob as wb, stream as ws
+from hurray_wire.wire import stream as ws
 
-__all__ = ["StreamReader", "StreamWriter"]
+__all__ = ["RecordReader", "StreamReader", "StreamWriter"]
 
 #: ``StreamReader(in_place=...)``: (descriptor, pages the blob carries) -> (the
 #: EnginePoolStore of its layer and role, free page ids for those pages).
 InPlaceTarget = Callable[[TensorDescriptor, int], tuple[EnginePoolStore, Any]]
 
-_MAGICS = {wb.BLOB_MAGIC: "blob", ws.STREAM_MAGIC: "stream header", ws.END_MAGIC: "end record"}
-_MAGIC_SIZE = len(wb.BLOB_MAGIC)
+_MAGIC_SIZE = len(ws.STREAM_MAGIC)
 _DEFAULT_HEADER = StreamHeader()  # frozen: one shared default is safe
 
 
@@ -171,7 +166,7 @@ class StreamWriter:
             )
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
-        check_against_header(self._header, tensor, f"blob {self._count}")
+        check_blob(None, self._header, tensor, f"blob {self._count}")
         if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
             tensor, _ = referenced_pages(tensor, pages)
         parts = encode_parts(
@@ -236,6 +231,104 @@ class StreamWriter:
             self.abort()
 
 
+class RecordReader:
+    """The records of a blob stream, framed from a source in order: the stream header, each
+    blob's bytes, the end record (checked against the blobs met). The one framing both
+    ``StreamReader`` and ``StreamFile`` (walking a stream without an index) use."""
+
+    def __init__(self, source: Source, max_blob_bytes: int, limits: DecodeLimits) -> None:
+        self.source = source
+        self.max_blob_bytes = max_blob_bytes
+        self.limits = limits
+        self.position = 0  # the stream offset of the next record
+        self.header: StreamHeader | None = None
+        self.seen: list[StreamEntry] = []  # the blobs accepted so far
+        self.complete = False  # the end record was read and agrees
+        self._pending: memoryview | None = None
+
+    def read_header(self) -> StreamHeader | None:
+        """The stream header, if the stream opens with one (else None)."""
+        prefix = self._read_prefix()
+        if bytes(prefix[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
+            total = frame_record(prefix, "stream header", 0, self.max_blob_bytes, self.limits)
+            record = self._read_record(prefix, total, "stream header")
+            self.header = decode_stream_header(record, limits=self.limits)
+            self.position = total
+        else:
+            self._pending = prefix
+        return self.header
+
+    def next_blob(self) -> tuple[Any, int, str] | None:
+        """The next blob's bytes, its length and its name for errors; None at the end of the
+        stream (after its end record, or where a stream without the promise of one ends)."""
+        if self._pending is not None:
+            prefix, self._pending = self._pending, None
+        else:
+            prefix = self._read_prefix()
+        if not prefix:
+            if self.position == 0 and self.header is None:
+                raise empty_input_error()
+            if self.header is not None and self.header.end_record:
+                raise StreamTruncatedError(
+                    "stream ended before the end record its header promised",
+                    section="stream",
+                    offset=self.position,
+                    found=f"{len(self.seen)} blobs",
+                )
+            return None
+        if record_kind(prefix, self.position) == "end record":
+            total = frame_record(
+                prefix, "end record", self.position, self.max_blob_bytes, self.limits
+            )
+            record = self._read_record(prefix, total, "end record")
+            check_end_record(record, self.seen, self.position, self.limits)
+            self.position += total
+            self.complete = True
+            return None
+        what = f"blob {len(self.seen)}"
+        try:
+            total = blob_length(prefix)
+        except HurrayWireError as exc:
+            add_note(exc, f"in {what} at stream offset {self.position}")
+            raise
+        check_record_size(total, self.max_blob_bytes, what, self.position)
+        return self._read_record(prefix, total, what), total, what
+
+    def accept(self, total: int, layer_index: int | None, kv_role: str) -> None:
+        """The blob ``next_blob`` returned passed the reader's checks: record it."""
+        self.seen.append(StreamEntry(self.position, total, layer_index, kv_role))
+        self.position += total
+
+    def _read_prefix(self) -> memoryview:
+        """The next record's 16-byte prefix; empty at a clean end of input."""
+        self.source.begin_record()  # its deadline covers the prefix and the rest
+        data, cause = self.source.read(BLOB_PREFIX_SIZE)
+        if data and len(data) < BLOB_PREFIX_SIZE:
+            record_kind(data, self.position, cause)  # a prefix cut short: raises
+        if not data and cause is not None:
+            raise StreamTruncatedError(
+                f"connection lost at a record boundary: {cause!r}",
+                section="stream",
+                offset=self.position,
+            ) from cause
+        return data
+
+    def _read_record(self, prefix: memoryview, total: int, what: str) -> Any:
+        buffer, got, cause = self.source.read_record(prefix, total)
+        if got < total:
+            error = StreamBlobTruncatedError if what.startswith("blob") else StreamTruncatedError
+            reason = "connection lost" if cause is not None else "stream ends"
+            raise error(
+                f"{reason} inside {what} starting at stream offset {self.position}"
+                + (f" ({cause!r})" if cause is not None else ""),
+                section=what,
+                offset=self.position + got,
+                expected=total,
+                found=got,
+            ) from cause
+        return buffer
+
+
 class StreamReader(ClosesOnExit):
     """Iterate the tensors of a stream as each blob arrives (docs/streaming.md).
 
@@ -281,21 +374,16 @@ class StreamReader(ClosesOnExit):
                 field="in_place",
                 found=type(in_place).__name__,
             )
-        self._store = page_store
         self._in_place = in_place
         self._expect = expect_fingerprint
-        self._max = check_max_blob_bytes(max_blob_bytes)
+        check_limit("max_blob_bytes", max_blob_bytes, STREAM_HEADER_MIN)
+        self._max = max_blob_bytes
         self._options = decode_options(verify, limits, -1, page_store)
+        self._limits = check_limits_argument(limits)
         flag(mmap, "mmap")
-        self._source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
-        self._verify = verify
-        self._limits = limits
-        self._position = 0
-        self._pending: memoryview | None = None
+        source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
+        self._records = RecordReader(source, max_blob_bytes, self._limits)
         self._started = False
-        self._header: StreamHeader | None = None
-        self._seen: list[StreamEntry] = []
-        self._complete = False
         self._done = False
         self._error: HurrayWireError | None = None
         self._closed = False
@@ -305,35 +393,31 @@ class StreamReader(ClosesOnExit):
     def header(self) -> StreamHeader | None:
         """The stream header (read from the source on first access), or None if absent."""
         if not self._started:
-            if self._closed:
-                raise ClosedContainerError(
-                    "I/O operation on a closed StreamReader", section="stream"
-                )
+            self._check_open()
             self._guarded(self._start)
-        return self._header
+        return self._records.header
 
     @property
     def complete(self) -> bool:
         """True once the end record has been read and agrees with the blobs read."""
-        return self._complete
+        return self._records.complete
 
     @property
     def position(self) -> int:
         """Stream offset of the next record: bytes consumed so far."""
-        return self._position
+        return self._records.position
 
     @property
     def entries(self) -> tuple[StreamEntry, ...]:
         """Every blob read so far: where it was and what its descriptor says it is."""
-        return tuple(self._seen)
+        return tuple(self._records.seen)
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[BlockPagedTensor]:
         return self
 
     def __next__(self) -> BlockPagedTensor:
-        if self._closed:
-            raise ClosedContainerError("I/O operation on a closed StreamReader", section="stream")
+        self._check_open()
         if self._error is not None:
             raise self._error
         if self._done:
@@ -343,6 +427,10 @@ class StreamReader(ClosesOnExit):
             self._done = True
             raise StopIteration
         return tensor
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedContainerError("I/O operation on a closed StreamReader", section="stream")
 
     def _guarded(self, step: Callable[[], Any]) -> Any:
         try:
@@ -354,115 +442,21 @@ class StreamReader(ClosesOnExit):
 
     def _start(self) -> None:
         self._started = True
-        prefix = self._read_prefix()
-        if bytes(prefix[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
-            total = record_length(prefix, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN)
-            check_record_size(total, self._max, "stream header", 0)
-            check_record_limit(total, max_stream_header_bytes(self._limits), "stream header", 0)
-            record = self._read_record(prefix, total, "stream header")
-            self._header = decode_stream_header(record, limits=self._limits)
-            self._position = total
-        else:
-            self._pending = prefix
-        check_header_fingerprint(self._expect, self._header)  # before any blob is read
-
-    def _read_prefix(self) -> memoryview:
-        """The next record's 16-byte prefix; empty at a clean end of input."""
-        self._source.begin_record()  # its deadline covers the prefix and the rest
-        data, cause = self._source.read(BLOB_PREFIX_SIZE)
-        if len(data) == BLOB_PREFIX_SIZE:
-            return data
-        at = self._position + len(data)
-        if not data and cause is None:
-            return data
-        if not data:
-            raise StreamTruncatedError(
-                f"connection lost at a record boundary: {cause!r}", section="stream", offset=at
-            ) from cause
-        head = bytes(data[:_MAGIC_SIZE])
-        kinds = [k for m, k in _MAGICS.items() if m.startswith(head)]
-        kind = kinds[0] if len(kinds) == 1 else "record"
-        if not kinds:
-            raise InvalidStreamError(
-                "not a stream record", section="stream", field="magic", offset=self._position,
-                found=head.hex(" "),
-            )  # fmt: skip
-        error = StreamBlobTruncatedError if kind == "blob" else StreamTruncatedError
-        raise error(
-            f"stream ends inside a {kind} prefix" + (f" ({cause!r})" if cause else ""),
-            section=kind,
-            offset=at,
-            expected=BLOB_PREFIX_SIZE,
-            found=len(data),
-        ) from cause
-
-    def _read_record(self, prefix: memoryview, total: int, what: str) -> Any:
-        buffer, got, cause = self._source.read_record(prefix, total)
-        if got < total:
-            error = StreamBlobTruncatedError if what.startswith("blob") else StreamTruncatedError
-            reason = "connection lost" if cause is not None else "stream ends"
-            raise error(
-                f"{reason} inside {what} starting at stream offset {self._position}"
-                + (f" ({cause!r})" if cause is not None else ""),
-                section=what,
-                offset=self._position + got,
-                expected=total,
-                found=got,
-            ) from cause
-        return buffer
+        header = self._records.read_header()
+        check_header_fingerprint(self._expect, header)  # before any blob is read
 
     def _next_blob(self) -> BlockPagedTensor | None:
+        """The next blob: framed, read whole, decoded, checked; None at the end."""
         if not self._started:
             self._start()
-        if self._pending is not None:
-            prefix, self._pending = self._pending, None
-        else:
-            prefix = self._read_prefix()
-        if not prefix:
-            if self._position == 0 and self._header is None:
-                raise empty_input_error()
-            if self._header is not None and self._header.end_record:
-                raise StreamTruncatedError(
-                    "stream ended before the end record its header promised",
-                    section="stream",
-                    offset=self._position,
-                    found=f"{len(self._seen)} blobs",
-                )
+        framed = self._records.next_blob()
+        if framed is None:
             return None
-        magic = bytes(prefix[:_MAGIC_SIZE])
-        if magic == wb.BLOB_MAGIC:
-            return self._blob(prefix)
-        if magic == ws.END_MAGIC:
-            self._end_record(prefix)
-            return None
-        if magic == ws.STREAM_MAGIC:
-            raise InvalidStreamError(
-                "a stream header may only open the stream",
-                section="stream",
-                offset=self._position,
-            )
-        raise InvalidStreamError(
-            "not a stream record",
-            section="stream",
-            field="magic",
-            offset=self._position,
-            found=magic.hex(" "),
-        )
-
-    def _blob(self, prefix: memoryview) -> BlockPagedTensor:
-        """The blob whose prefix was just read: framed, read whole, decoded, checked."""
-        what = f"blob {len(self._seen)}"
-        try:
-            total = blob_length(prefix)
-        except HurrayWireError as exc:
-            add_note(exc, f"in {what} at stream offset {self._position}")
-            raise
-        check_record_size(total, self._max, what, self._position)
-        record = self._read_record(prefix, total, what)
+        record, total, what = framed
+        header = self._records.header
 
         def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
-            check_blob_fingerprint(self._expect, tensor)
-            check_against_header(self._header, tensor, what)
+            check_blob(self._expect, header, tensor, what)
 
         try:
             view = byte_view(record)
@@ -473,10 +467,9 @@ class StreamReader(ClosesOnExit):
                     view, self._options, report=self._report, accept=accept
                 )
         except HurrayWireError as exc:
-            add_note(exc, f"in {what} at stream offset {self._position}")
+            add_note(exc, f"in {what} at stream offset {self._records.position}")
             raise
-        self._seen.append(StreamEntry(self._position, total, tensor.layer_index, tensor.kv_role))
-        self._position += total
+        self._records.accept(total, tensor.layer_index, tensor.kv_role)
         return tensor
 
     def _decode_in_place(self, record: memoryview, accept: Accept) -> BlockPagedTensor:
@@ -492,28 +485,9 @@ class StreamReader(ClosesOnExit):
         pool, free = target
         return land_in_place(record, pool, free, self._options, accept=accept).tensor
 
-    def _end_record(self, prefix: memoryview) -> None:
-        """The end record whose prefix was just read: it must agree with the blobs read."""
-        total = record_length(prefix, ws.END_MAGIC, "end record", END_RECORD_MIN)
-        check_record_size(total, self._max, "end record", self._position)
-        limit = max_end_record_bytes(self._limits)
-        check_record_limit(total, limit, "end record", self._position)
-        record = self._read_record(prefix, total, "end record")
-        count, rows = decode_end_rows(record, limits=self._limits)
-        if count != len(self._seen) or (rows is not None and not rows_match(rows, self._seen)):
-            raise InvalidStreamError(
-                "the end record disagrees with the blobs read",
-                section="end record",
-                offset=self._position,
-                expected=f"{len(self._seen)} blobs",
-                found=f"{count} blobs",
-            )
-        self._position += total
-        self._complete = True
-
     def close(self) -> None:
         """Release a mapped file (it stays mapped while tensors view it); sockets and file
         objects passed in are left open; idempotent."""
         self._closed = True
         self._done = True
-        self._source.close()
+        self._records.source.close()

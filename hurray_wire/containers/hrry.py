@@ -7,11 +7,9 @@ asked for, so a file's other tensors are never read.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +24,7 @@ from hurray_wire.containers.hrry_records import (
     parse_kv,
     parse_trailer,
 )
-from hurray_wire.containers.io import ClosesOnExit, MappedFile, map_file
+from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory
 from hurray_wire.containers.reference_common import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
     METADATA_KEY_PREFIX,
@@ -60,20 +58,9 @@ from hurray_wire.wire.fast import offset_of
 __all__ = ["FileHeader", "FileTrailer", "HrryFile", "IndexEntry", "read_file", "read_file_metadata"]
 
 Array = npt.NDArray[Any]
+_T = TypeVar("_T")
 
 _AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
-
-
-def _check_size(size: int) -> None:
-    """§ B.8 step 1: room for a header and a trailer, before either is read."""
-    if size < wc.MIN_FILE_SIZE:
-        raise ContainerTruncatedError(
-            "file shorter than a header and a trailer",
-            section="file",
-            offset=size,
-            expected=f">= {wc.MIN_FILE_SIZE} bytes",
-            found=f"{size} bytes",
-        )
 
 
 class HrryFile(ClosesOnExit):
@@ -90,8 +77,6 @@ class HrryFile(ClosesOnExit):
     (docs/security.md); ``mmap=False`` reads the whole file into memory instead.
     """
 
-    _guard: MappedFile | None = None  # set for a mapped file: checks it did not shrink
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -107,19 +92,7 @@ class HrryFile(ClosesOnExit):
                 found=type(path).__name__,
             )
         flag(mmap, "mmap")
-        view, guard = map_file(path, use_mmap=mmap)
-        source: Any = view.obj if guard is None else guard.mapping  # bytes, or the map
-        view.release()
-        self._guard = guard
-        try:
-            _check_size(len(source))
-        except BaseException:
-            self._guard = None
-            if guard is not None:
-                guard.close()
-                guard.mapping.close()
-            raise
-        self._init(source, len(source), max_descriptor_length)
+        self._init(open_memory(path, use_mmap=mmap), max_descriptor_length)
 
     @classmethod
     def from_buffer(
@@ -127,47 +100,27 @@ class HrryFile(ClosesOnExit):
     ) -> HrryFile:
         """Read a ``.hrry`` image held in memory (arrays are then views of ``data``)."""
         check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
-        view = byte_view(data, "data")
         self = cls.__new__(cls)
-        _check_size(len(view))
-        self._init(view, len(view), max_descriptor_length)
+        self._init(MemorySource(byte_view(data, "data")), max_descriptor_length)
         return self
 
-    def _init(self, source: Any, size: int, max_descriptor_length: int) -> None:
-        self._buf: Any = source
-        with memoryview(source) as probe:  # arrays are read-only exactly when the input is
-            self._readonly = probe.readonly
-        self._size = size
+    def _init(self, source: MemorySource, max_descriptor_length: int) -> None:
+        self._source = source
+        self._buf: Any = source.view[:]  # arrays view this slice: it outlives close()
+        self._readonly = source.view.readonly  # arrays are read-only exactly when the input is
+        self._size = size = len(source.view)
         self._max_descriptor = max_descriptor_length
         self._descriptors: dict[str, TensorDescriptor] = {}
         self._closed = False
         try:
-            self.header: FileHeader = parse_header(source, size)
-            self.trailer: FileTrailer = parse_trailer(source, size, self.header)
-            self.entries: tuple[IndexEntry, ...] = parse_index(source, self.header, self.trailer)
-            self.metadata: dict[str, MetadataValue] = parse_kv(source, self.trailer)
+            self.header: FileHeader = parse_header(self._buf, size)
+            self.trailer: FileTrailer = parse_trailer(self._buf, size, self.header)
+            self.entries: tuple[IndexEntry, ...] = parse_index(self._buf, self.header, self.trailer)
+            self.metadata: dict[str, MetadataValue] = parse_kv(self._buf, self.trailer)
         except BaseException:
             self.close()
             raise
         self._by_name = {entry.name: entry for entry in self.entries}
-
-    def _bytes(self, start: int, stop: int) -> bytes:
-        """Bytes of the file, after checking that it still holds them (every read of the
-        mapping but the tensor's views, which ``tensor`` checks: no SIGBUS on any name)."""
-        self._check_size(stop, "file")
-        return bytes(self._buf[start:stop])
-
-    def _check_size(self, needed: int, section: str) -> None:
-        """A typed truncation error if another process cut the mapped file before
-        ``needed`` (touching the lost pages would be SIGBUS)."""
-        shrank = None if self._guard is None else self._guard.shrunk(needed)
-        if shrank is not None:
-            raise ContainerTruncatedError(
-                f"the file no longer holds {section}: {shrank}",
-                section=section,
-                offset=self._guard.current_size() if self._guard else None,
-                expected=f"{needed} bytes",
-            ) from shrank
 
     # -- public, per tensor -----------------------------------------------------------------
     @property
@@ -189,10 +142,12 @@ class HrryFile(ClosesOnExit):
                 "no tensor of this name in the file", section="index", found=repr(name)
             ) from None
 
-    def _descriptor_bytes(self, entry: IndexEntry) -> bytes:
-        """The descriptor's bytes after the § B.8 step-6 placement and length checks."""
+    def _decoded(self, name: str, decode: Callable[[bytes], _T]) -> _T:
+        """``decode`` of ``name``'s descriptor after the § B.8 step-6 placement and length
+        checks, its errors placed in the file."""
+        entry = self.entry(name)
         offset, length = entry.descriptor_offset, entry.descriptor_length
-        section = f"tensor {entry.name!r}"
+        section = f"tensor {name!r}"
         if offset % wc.SECTION_ALIGNMENT or offset < self.header.first_descriptor_offset:
             raise InvalidContainerError(
                 "descriptor_offset must be 8-aligned and not before first_descriptor_offset",
@@ -217,31 +172,27 @@ class HrryFile(ClosesOnExit):
                 expected=f"end <= {self._size - wc.TRAILER_SIZE}",
                 found=f"end {offset + length}",
             )
-        raw = self._bytes(offset, offset + length)
+        self._source.require(offset + length, ContainerTruncatedError, "file")  # else SIGBUS
+        raw = bytes(self._buf[offset : offset + length])
         try:
             own = peek_descriptor_length(raw)
+            if own == length:
+                return decode(raw)
         except HurrayWireError as exc:
-            raise container_error(exc, section, offset + (exc.offset or 0)) from exc
-        if own != length:
-            raise InvalidContainerError(
-                "index descriptor_length differs from the descriptor's own",
-                section=section,
-                field="descriptor_length",
-                offset=offset + _AT_DESCRIPTOR_LENGTH,
-                expected=length,
-                found=own,
-            )
-        return raw
+            at = None if exc.offset is None else offset + exc.offset
+            raise container_error(exc, section, at) from exc
+        raise InvalidContainerError(
+            "index descriptor_length differs from the descriptor's own",
+            section=section,
+            field="descriptor_length",
+            offset=offset + _AT_DESCRIPTOR_LENGTH,
+            expected=length,
+            found=own,
+        )
 
     def descriptor_header(self, name: str) -> DescriptorHeader:
         """The common header of ``name``'s descriptor, whatever its layout (for listing)."""
-        entry = self.entry(name)
-        raw = self._descriptor_bytes(entry)
-        try:
-            return decode_header(raw)
-        except HurrayWireError as exc:
-            offset = None if exc.offset is None else entry.descriptor_offset + exc.offset
-            raise container_error(exc, f"tensor {name!r}", offset) from exc
+        return self._decoded(name, decode_header)
 
     def descriptor(self, name: str) -> TensorDescriptor:
         """``name``'s block-paged descriptor (parses only that descriptor).
@@ -250,17 +201,9 @@ class HrryFile(ClosesOnExit):
         """
         self._check_open()
         cached = self._descriptors.get(name)
-        if cached is not None:
-            return cached
-        entry = self.entry(name)
-        raw = self._descriptor_bytes(entry)
-        try:
-            descriptor = decode_descriptor(raw)
-        except HurrayWireError as exc:
-            offset = None if exc.offset is None else entry.descriptor_offset + exc.offset
-            raise container_error(exc, f"tensor {name!r}", offset) from exc
-        self._descriptors[name] = descriptor
-        return descriptor
+        if cached is None:
+            cached = self._descriptors[name] = self._decoded(name, decode_descriptor)
+        return cached
 
     def buffer_spans(self, name: str) -> tuple[tuple[int, int], ...]:
         """``(offset, byte_size)`` of each of ``name``'s buffers in the file, checked (§ B.3)."""
@@ -320,7 +263,7 @@ class HrryFile(ClosesOnExit):
         spans = self.buffer_spans(name)
         descriptor = self.descriptor(name)
         needed = max((at + size for at, size in spans), default=0)
-        self._check_size(needed, f"tensor {name!r}")  # its views' pages: else SIGBUS
+        self._source.require(needed, ContainerTruncatedError, f"tensor {name!r}")  # else SIGBUS
         buffers = [np.frombuffer(self._buf, np.uint8, size, at) for at, size in spans]
         seq_lens = self._seq_lens(name)
         metadata = self._tensor_metadata(name)
@@ -402,14 +345,8 @@ class HrryFile(ClosesOnExit):
         if self._closed:
             return
         self._closed = True
-        if self._guard is not None:
-            self._guard.close()
-        buf = self._buf
-        self._buf = None
-        if isinstance(buf, mmap.mmap):
-            # Views still exported: the map goes away with the last array.
-            with contextlib.suppress(BufferError):
-                buf.close()
+        self._buf = None  # views still exported keep the map until the last array is gone
+        self._source.close()
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name

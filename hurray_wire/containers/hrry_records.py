@@ -15,10 +15,10 @@ import numpy as np
 
 from hurray_wire.containers.reference_common import container_error
 from hurray_wire.crc32c import crc32c
-from hurray_wire.errors import HurrayWireError, InvalidContainerError
+from hurray_wire.errors import ContainerTruncatedError, HurrayWireError, InvalidContainerError
 from hurray_wire.metadata import MetadataValue, decode_metadata
 from hurray_wire.wire import containers as wc
-from hurray_wire.wire.fast import derive, offset_of
+from hurray_wire.wire.fast import derive
 
 __all__ = [
     "FileHeader",
@@ -31,17 +31,14 @@ __all__ = [
     "parse_trailer",
 ]
 
-_HEADER = derive(wc.HrryHeader)
-_TRAILER = derive(wc.HrryTrailer)
-_COUNT = derive(c.Struct(wc.HrryIndex.subcons[0]))  # entry_count
-_ENTRY_FIXED = derive(wc.HrryIndexEntryFixed)
-_NAME_LENGTH = derive(c.Struct(wc.HrryIndexEntry.subcons[0]))
-_AT_HEADER = {name: offset_of(wc.HrryHeader, name) for name in _HEADER.names}
-_AT_TRAILER = {name: offset_of(wc.HrryTrailer, name) for name in _TRAILER.names}
-_AT_ENTRY_FLAGS = offset_of(wc.HrryIndexEntryFixed, "flags")
-_MIN_ENTRY = _NAME_LENGTH.size + 1 + _ENTRY_FIXED.size  # a one-byte name
-_HEADER_RESERVED = {_HEADER.names[at]: value for at, value in _HEADER.consts if at}
-_TRAILER_RESERVED = dict(_TRAILER.consts)[_TRAILER.names.index("_reserved")]
+HEADER = derive(wc.HrryHeader)
+TRAILER = derive(wc.HrryTrailer)
+COUNT = derive(c.Struct(wc.HrryIndex.subcons[0]))  # entry_count
+ENTRY_FIXED = derive(wc.HrryIndexEntryFixed)
+NAME_LENGTH = derive(c.Struct(wc.HrryIndexEntry.subcons[0]))
+_MIN_ENTRY = NAME_LENGTH.size + 1 + ENTRY_FIXED.size  # a one-byte name
+_HEADER_RESERVED = {HEADER.names[at]: value for at, value in HEADER.consts if at}
+_TRAILER_RESERVED = dict(TRAILER.consts)[TRAILER.names.index("_reserved")]
 
 
 @dataclass(frozen=True)
@@ -89,56 +86,66 @@ class IndexEntry:
     data_length: int
 
 
-def check_alignment(value: object) -> bool:
+def _field_error(section: str, name: str, message: str, at: int = 0, **details: Any) -> Any:
+    """A header or trailer field (the trailer's starting at ``at``) that breaks a rule."""
+    fixed = HEADER if section == "header" else TRAILER
+    offset = at + fixed.offsets[name]
+    return InvalidContainerError(message, section=section, field=name, offset=offset, **details)
+
+
+def check_alignment(value: object, offset: int | None = None) -> None:
     """§ B.2: data_buffer_alignment is a power of two in 4096 .. 2 MiB."""
-    return (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and wc.MIN_DATA_BUFFER_ALIGNMENT <= value <= wc.MAX_DATA_BUFFER_ALIGNMENT
-        and not value & (value - 1)
-    )
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not wc.MIN_DATA_BUFFER_ALIGNMENT <= value <= wc.MAX_DATA_BUFFER_ALIGNMENT
+        or value & (value - 1)
+    ):
+        raise InvalidContainerError(
+            "data_buffer_alignment must be a power of two in 4096..2 MiB",
+            section="header",
+            field="data_buffer_alignment",
+            offset=offset,
+            found=repr(value),
+        )
 
 
 # -- § B.8 step 1: the header ----------------------------------------------------------------
 def parse_header(buf: Any, size: int) -> FileHeader:
-    """The 64-byte header, every field checked (★ rules included)."""
-    fields = dict(zip(_HEADER.names, _HEADER.struct.unpack_from(buf, 0), strict=True))
-    _check_header_identity(fields["magic"], fields["container_version_major"])
+    """Room for a header and a trailer, then the 64-byte header, every field checked (★
+    rules included)."""
+    if size < wc.MIN_FILE_SIZE:
+        raise ContainerTruncatedError(
+            "file shorter than a header and a trailer",
+            section="file",
+            offset=size,
+            expected=f">= {wc.MIN_FILE_SIZE} bytes",
+            found=f"{size} bytes",
+        )
+    fields = HEADER.unpack_dict(buf)
+    magic, major = fields["magic"], fields["container_version_major"]
+    if magic != wc.FILE_MAGIC:
+        raise _field_error(
+            "header", "magic", "bad file magic", expected=wc.FILE_MAGIC.hex(" "),
+            found=magic.hex(" "),
+        )  # fmt: skip
+    if major != 1:
+        raise _field_error(
+            "header",
+            "container_version_major",
+            "unsupported container major version",
+            expected=1,
+            found=major,
+        )
     _check_header_reserved(fields)
-    _check_header_layout(
-        fields["file_flags"],
-        fields["data_buffer_alignment"],
-        fields["first_descriptor_offset"],
-        size,
-    )
+    _check_header_layout(fields, size)
     return FileHeader(
-        (fields["container_version_major"], fields["container_version_minor"]),
+        (major, fields["container_version_minor"]),
         fields["file_flags"],
         fields["data_buffer_alignment"],
         fields["first_descriptor_offset"],
         fields["tensor_count_hint"],
     )
-
-
-def _check_header_identity(magic: bytes, major: int) -> None:
-    if magic != wc.FILE_MAGIC:
-        raise InvalidContainerError(
-            "bad file magic",
-            section="header",
-            field="magic",
-            offset=_AT_HEADER["magic"],
-            expected=wc.FILE_MAGIC.hex(" "),
-            found=magic.hex(" "),
-        )
-    if major != 1:
-        raise InvalidContainerError(
-            "unsupported container major version",
-            section="header",
-            field="container_version_major",
-            offset=_AT_HEADER["container_version_major"],
-            expected=1,
-            found=major,
-        )
 
 
 def _check_header_reserved(fields: dict[str, Any]) -> None:
@@ -148,33 +155,22 @@ def _check_header_reserved(fields: dict[str, Any]) -> None:
                 "reserved header bytes must be zero",
                 section="header",
                 field="_reserved",
-                offset=_AT_HEADER[name],
+                offset=HEADER.offsets[name],
             )
 
 
-def _check_header_layout(flags: int, alignment: int, first: int, size: int) -> None:
+def _check_header_layout(fields: dict[str, Any], size: int) -> None:
+    flags, first = fields["file_flags"], fields["first_descriptor_offset"]
     if flags & ~wc.FILE_FLAGS_KNOWN:
-        raise InvalidContainerError(
-            "reserved file_flags bits set",
-            section="header",
-            field="file_flags",
-            offset=_AT_HEADER["file_flags"],
-            found=f"0x{flags:08X}",
+        raise _field_error(
+            "header", "file_flags", "reserved file_flags bits set", found=f"0x{flags:08X}"
         )
-    if not check_alignment(alignment):
-        raise InvalidContainerError(
-            "data_buffer_alignment must be a power of two in 4096..2 MiB",
-            section="header",
-            field="data_buffer_alignment",
-            offset=_AT_HEADER["data_buffer_alignment"],
-            found=alignment,
-        )
+    check_alignment(fields["data_buffer_alignment"], HEADER.offsets["data_buffer_alignment"])
     if first < wc.HEADER_SIZE or first % wc.SECTION_ALIGNMENT or first > size - wc.TRAILER_SIZE:
-        raise InvalidContainerError(
+        raise _field_error(
+            "header",
+            "first_descriptor_offset",
             "first_descriptor_offset must be >= 64, 8-aligned and inside the file",
-            section="header",
-            field="first_descriptor_offset",
-            offset=_AT_HEADER["first_descriptor_offset"],
             found=first,
         )
 
@@ -183,7 +179,7 @@ def _check_header_layout(flags: int, alignment: int, first: int, size: int) -> N
 def parse_trailer(buf: Any, size: int, header: FileHeader) -> FileTrailer:
     """The trailer (magic checked before any field is trusted), its bounds, the index CRC."""
     at = size - wc.TRAILER_SIZE
-    values = _TRAILER.struct.unpack_from(buf, at)
+    values = TRAILER.struct.unpack_from(buf, at)
     index_offset, index_length, kv_offset, kv_length, crc, reserved, magic = values
     _check_trailer_frame(at, magic, reserved)
     _check_index_bounds(at, index_offset, index_length)
@@ -194,56 +190,50 @@ def parse_trailer(buf: Any, size: int, header: FileHeader) -> FileTrailer:
 
 def _check_trailer_frame(at: int, magic: bytes, reserved: bytes) -> None:
     if magic != wc.TRAILER_MAGIC:
-        raise InvalidContainerError(
+        raise _field_error(
+            "trailer",
+            "magic",
             "bad trailer magic (file truncated or not a .hrry file)",
-            section="trailer",
-            field="magic",
-            offset=at + _AT_TRAILER["magic"],
+            at,
             expected=wc.TRAILER_MAGIC.hex(" "),
             found=magic.hex(" "),
         )
     if reserved != _TRAILER_RESERVED:
-        raise InvalidContainerError(
-            "reserved trailer bytes must be zero",
-            section="trailer",
-            field="_reserved",
-            offset=at + _AT_TRAILER["_reserved"],
-        )
+        raise _field_error("trailer", "_reserved", "reserved trailer bytes must be zero", at)
 
 
 def _check_index_bounds(at: int, index_offset: int, index_length: int) -> None:
     if (
         index_offset < wc.HEADER_SIZE
-        or index_length < _COUNT.size
+        or index_length < COUNT.size
         or index_offset + index_length > at
     ):
-        raise InvalidContainerError(
+        raise _field_error(
+            "trailer",
+            "index_offset",
             "index outside the file body",
-            section="trailer",
-            field="index_offset",
-            offset=at + _AT_TRAILER["index_offset"],
-            expected=f"{wc.HEADER_SIZE} <= index_offset, {_COUNT.size} <= index_length, "
-            f"end <= {at}",
+            at,
+            expected=f"{wc.HEADER_SIZE} <= index_offset, {COUNT.size} <= index_length, end <= {at}",
             found=f"offset {index_offset}, length {index_length}",
         )
 
 
 def _check_kv_bounds(at: int, kv_offset: int, kv_length: int, has_kv: bool) -> None:
     if (kv_offset == 0) != (kv_length == 0) or (has_kv and kv_length == 0):
-        raise InvalidContainerError(
+        raise _field_error(
+            "trailer",
+            "kv_offset",
             "kv_offset and kv_length must both be 0 (no KV section) or both be set"
             + (", and HAS_KV_METADATA needs a section" if has_kv else ""),
-            section="trailer",
-            field="kv_offset",
-            offset=at + _AT_TRAILER["kv_offset"],
+            at,
             found=f"offset {kv_offset}, length {kv_length}",
         )
     if kv_length and (kv_offset < wc.HEADER_SIZE or kv_offset + kv_length > at):
-        raise InvalidContainerError(
+        raise _field_error(
+            "trailer",
+            "kv_offset",
             "KV section outside the file body",
-            section="trailer",
-            field="kv_offset",
-            offset=at + _AT_TRAILER["kv_offset"],
+            at,
             expected=f"{wc.HEADER_SIZE} <= kv_offset, end <= {at}",
             found=f"offset {kv_offset}, length {kv_length}",
         )
@@ -255,20 +245,20 @@ def _check_index_crc(
     if has_crc:
         computed = crc32c(np.frombuffer(buf, np.uint8, index_length, index_offset))
         if computed != crc:
-            raise InvalidContainerError(
+            raise _field_error(
+                "trailer",
+                "index_crc32c",
                 "index CRC-32C mismatch",
-                section="trailer",
-                field="index_crc32c",
-                offset=at + _AT_TRAILER["index_crc32c"],
+                at,
                 expected=f"0x{computed:08X}",
                 found=f"0x{crc:08X}",
             )
     elif crc != 0:
-        raise InvalidContainerError(
+        raise _field_error(
+            "trailer",
+            "index_crc32c",
             "index_crc32c must be 0 when HAS_INDEX_CRC32C is clear ([A21])",
-            section="trailer",
-            field="index_crc32c",
-            offset=at + _AT_TRAILER["index_crc32c"],
+            at,
             found=f"0x{crc:08X}",
         )
 
@@ -278,8 +268,8 @@ def parse_index(buf: Any, header: FileHeader, trailer: FileTrailer) -> tuple[Ind
     """Every index entry, no bytes left over, sorted if SORTED_INDEX says so."""
     start = trailer.index_offset
     end = start + trailer.index_length
-    count = _COUNT.struct.unpack_from(buf, start)[0]
-    room = (end - start - _COUNT.size) // _MIN_ENTRY
+    count = COUNT.struct.unpack_from(buf, start)[0]
+    room = (end - start - COUNT.size) // _MIN_ENTRY
     if count > room:
         raise InvalidContainerError(
             "entry_count larger than the index can hold",
@@ -289,7 +279,7 @@ def parse_index(buf: Any, header: FileHeader, trailer: FileTrailer) -> tuple[Ind
             expected=f"<= {room}",
             found=count,
         )
-    pos = start + _COUNT.size
+    pos = start + COUNT.size
     entries: list[IndexEntry] = []
     raw_names: list[bytes] = []
     seen: set[bytes] = set()
@@ -318,34 +308,18 @@ def _index_entry(
     buf: Any, pos: int, end: int, where: str, seen: set[bytes]
 ) -> tuple[IndexEntry, bytes, int]:
     """One entry at ``pos``: (the entry, its raw name, where the next one starts)."""
-    if pos + _NAME_LENGTH.size > end:
+    if pos + NAME_LENGTH.size > end:
         raise _index_short(where, pos, end)
-    name_length = _NAME_LENGTH.struct.unpack_from(buf, pos)[0]
+    name_length = NAME_LENGTH.struct.unpack_from(buf, pos)[0]
     if name_length == 0:
         raise InvalidContainerError(
             "empty tensor name", section="index", field=f"{where}.name_length", offset=pos
         )
-    at_name = pos + _NAME_LENGTH.size
+    at_name = pos + NAME_LENGTH.size
     fixed = at_name + name_length
-    if fixed + _ENTRY_FIXED.size > end:
+    if fixed + ENTRY_FIXED.size > end:
         raise _index_short(where, pos, end)
     raw = bytes(buf[at_name:fixed])
-    name = _entry_name(raw, at_name, where, seen)
-    d_off, d_len, data_off, data_len, flags = _ENTRY_FIXED.struct.unpack_from(buf, fixed)
-    if flags:
-        raise InvalidContainerError(
-            "index entry flags must be 0",
-            section="index",
-            field=f"{where}.flags",
-            offset=fixed + _AT_ENTRY_FLAGS,
-            found=flags,
-        )
-    entry = IndexEntry(name, d_off, d_len, data_off, data_len)
-    return entry, raw, fixed + _ENTRY_FIXED.size
-
-
-def _entry_name(raw: bytes, at: int, where: str, seen: set[bytes]) -> str:
-    """An index name: valid UTF-8 and not seen before (byte-exact)."""
     try:
         name = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -353,18 +327,28 @@ def _entry_name(raw: bytes, at: int, where: str, seen: set[bytes]) -> str:
             "tensor name is not valid UTF-8",
             section="index",
             field=f"{where}.name",
-            offset=at + exc.start,
+            offset=at_name + exc.start,
         ) from None
     if raw in seen:
         raise InvalidContainerError(
             "duplicate tensor name",
             section="index",
             field=f"{where}.name",
-            offset=at,
+            offset=at_name,
             found=repr(name),
         )
     seen.add(raw)
-    return name
+    d_off, d_len, data_off, data_len, flags = ENTRY_FIXED.struct.unpack_from(buf, fixed)
+    if flags:
+        raise InvalidContainerError(
+            "index entry flags must be 0",
+            section="index",
+            field=f"{where}.flags",
+            offset=fixed + ENTRY_FIXED.offsets["flags"],
+            found=flags,
+        )
+    entry = IndexEntry(name, d_off, d_len, data_off, data_len)
+    return entry, raw, fixed + ENTRY_FIXED.size
 
 
 def _index_short(where: str, pos: int, end: int) -> InvalidContainerError:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-import construct as c
-
 from hurray_wire.buffers import align
 from hurray_wire.containers.atomic import atomic_output
-from hurray_wire.containers.hrry_records import check_alignment
+from hurray_wire.containers.hrry_records import (
+    COUNT,
+    ENTRY_FIXED,
+    HEADER,
+    NAME_LENGTH,
+    TRAILER,
+    check_alignment,
+)
 from hurray_wire.containers.reference_common import (
     METADATA_KEY_PREFIX,
     RESERVED_PREFIXES,
@@ -22,15 +27,9 @@ from hurray_wire.metadata import MetadataInput, UInt64, encode_metadata
 from hurray_wire.model._checks import U16_MAX
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import containers as wc
-from hurray_wire.wire.fast import derive
 
 __all__ = ["write_file"]
 
-_HEADER = derive(wc.HrryHeader)
-_TRAILER = derive(wc.HrryTrailer)
-_ENTRY_FIXED = derive(wc.HrryIndexEntryFixed)
-_COUNT = derive(c.Struct(wc.HrryIndex.subcons[0]))  # entry_count
-_NAME_LENGTH = derive(c.Struct(wc.HrryIndexEntry.subcons[0]))
 _ZEROS = bytes(1 << 16)  # padding is written from this, a slice at a time
 
 
@@ -97,20 +96,14 @@ def write_file(
     if not isinstance(tensors, Mapping):
         raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")
     buffer_alignment = data_buffer_alignment
-    if not check_alignment(buffer_alignment):
-        raise InvalidContainerError(
-            "data_buffer_alignment must be a power of two in 4096..2 MiB",
-            section="header",
-            field="data_buffer_alignment",
-            found=repr(buffer_alignment),
-        )
+    check_alignment(buffer_alignment)
     records = []
     for name, tensor in tensors.items():
         records.append((_name_bytes(name), tensor_pieces(tensor)))
     kv_entries = _file_kv(tensors, metadata)
     kv = encode_metadata(kv_entries) if kv_entries else b""
     flags = wc.FILE_FLAG_HAS_INDEX_CRC32C | (wc.FILE_FLAG_SORTED_INDEX if sorted_index else 0)
-    header = _HEADER.pack(
+    header = HEADER.pack(
         container_version_major=1,
         container_version_minor=0,
         file_flags=flags,
@@ -175,7 +168,7 @@ def _write_image(
         index_offset = pos
         put(index_bytes)
         put(
-            _TRAILER.pack(
+            TRAILER.pack(
                 index_offset=index_offset,
                 index_length=len(index_bytes),
                 kv_offset=kv_offset,
@@ -188,12 +181,12 @@ def _write_image(
 
 def _index_bytes(index: list[tuple[bytes, int, int, int, int]]) -> bytes:
     """§ B.5: the index section, entry_count then each entry (the fields of the wire structs)."""
-    rows = [_COUNT.pack(entry_count=len(index))]
+    rows = [COUNT.pack(entry_count=len(index))]
     for raw_name, d_off, d_len, data_off, data_len in index:
-        rows.append(_NAME_LENGTH.pack(name_length=len(raw_name)))
+        rows.append(NAME_LENGTH.pack(name_length=len(raw_name)))
         rows.append(raw_name)
         rows.append(
-            _ENTRY_FIXED.pack(
+            ENTRY_FIXED.pack(
                 descriptor_offset=d_off,
                 descriptor_length=d_len,
                 data_offset=data_off,

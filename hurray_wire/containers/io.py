@@ -1,18 +1,9 @@
 """Sinks and sources, once, for every container: sockets, files, pipes, bytes, ``mmap``.
 
-Both stream kinds (the blob stream and the reference stream) write through ``open_sink``
-and read through ``open_source``, so they agree on every edge case:
-
-* a sink must make progress: a ``write`` / ``sendmsg`` that returns 0 (or anything but an
-  int or ``None``) is an ``ArgumentTypeError``, never a busy loop; short writes are retried
-  from where they stopped; a text-mode file is refused before anything is written;
-* a source is read exactly (``recv_into`` with ``MSG_WAITALL``, ``readinto``, or ``read`` in
-  bounded chunks); an ``OSError`` while reading (a reset, a timeout) ends the read early and
-  is handed back as the *cause*, so the container raises its own truncation error with the
-  ``OSError`` as ``__cause__``; a non-blocking source with nothing ready, a text-mode file
-  and an object that is neither are ``ArgumentTypeError``; a closed file is a
-  ``ClosedContainerError``;
-* bytes-like inputs go through :func:`hurray_wire.buffers.byte_view` (the one coercion).
+Every container writes through ``open_sink`` and reads through ``open_source`` /
+``open_memory``, so they agree on every edge case: a sink that makes no progress is an
+``ArgumentTypeError``, never a busy loop; an ``OSError`` while reading ends the read and is
+handed back as the *cause* of the container's own truncation error.
 """
 
 from __future__ import annotations
@@ -37,6 +28,7 @@ from hurray_wire.errors import (
     ArgumentTypeError,
     ClosedContainerError,
     FileAccessError,
+    HurrayWireError,
     LimitExceededError,
 )
 
@@ -48,14 +40,12 @@ __all__ = [
     "ClosesOnExit",
     "FileShrankError",
     "IOSource",
-    "MappedFile",
     "MemorySource",
     "RecordDeadlineError",
     "Sink",
     "Source",
     "check_record_deadline",
-    "map_file",
-    "map_source",
+    "open_memory",
     "open_sink",
     "open_source",
     "read_input",
@@ -70,7 +60,8 @@ _BYTES_LIKE = (bytes, bytearray, memoryview, mmap.mmap, np.ndarray)
 Array = npt.NDArray[np.uint8]
 
 
-def _check_not_text(stream: Any, name: str) -> None:
+def _check_binary_open(stream: Any, name: str) -> None:
+    """A sink or source passed in must be in binary mode and not closed."""
     if isinstance(stream, io.TextIOBase):
         raise ArgumentTypeError(
             f"{name} must be opened in binary mode",
@@ -78,9 +69,6 @@ def _check_not_text(stream: Any, name: str) -> None:
             expected="a binary file (mode 'wb' / 'rb'), a socket or a path",
             found=type(stream).__name__,
         )
-
-
-def _check_open(stream: Any, name: str) -> None:
     if getattr(stream, "closed", False) is True:
         raise ClosedContainerError(f"{name} is closed", field=name, found=type(stream).__name__)
 
@@ -117,19 +105,16 @@ class Sink:
         if self._flush is not None:
             self._flush()
 
-    def close(self) -> None:
-        """Finish the file this sink opened (a path: renamed into place); a caller's sink
-        stays open."""
-        if self._owned is not None:
-            owned, self._owned = self._owned, None
-            owned.__exit__(None, None, None)
+    def close(self, reason: BaseException | None = None) -> None:
+        """Finish the file this sink opened (a path: renamed into place; with a ``reason``,
+        dropped and the target left as it was); a caller's sink stays open."""
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            owned.__exit__(None if reason is None else type(reason), reason, None)
 
     def abort(self) -> None:
         """Drop the file this sink opened (a path: the target is left as it was)."""
-        if self._owned is not None:
-            owned, self._owned = self._owned, None
-            reason = _AbortedError("writer aborted")
-            owned.__exit__(_AbortedError, reason, None)
+        self.close(_AbortedError("writer aborted"))
 
 
 class _AbortedError(Exception):
@@ -142,15 +127,13 @@ def open_sink(sink: Any, *, allow_path: bool = True) -> Sink:
         output = atomic_output(sink)  # finished by Sink.close, dropped by Sink.abort
         handle = output.__enter__()
         return Sink(_write_sender(handle.write), handle, output)
-    _check_not_text(sink, "sink")
-    _check_open(sink, "sink")
+    _check_binary_open(sink, "sink")
     sendmsg = getattr(sink, "sendmsg", None)
     if callable(sendmsg):
         return Sink(_sendmsg_sender(sendmsg), sink, None)
-    sendall = getattr(sink, "sendall", None)
-    if callable(sendall):
-        return Sink(_sendall_sender(sendall), sink, None)
-    write = getattr(sink, "write", None)
+    write = getattr(sink, "sendall", None)  # returns None: all sent, as write's None
+    if not callable(write):
+        write = getattr(sink, "write", None)
     if not callable(write):
         raise ArgumentTypeError(
             "sink must be a path, a socket or a binary file-like object"
@@ -172,15 +155,6 @@ def _write_sender(write: Callable[[memoryview], Any]) -> Callable[[Sequence[memo
                 if isinstance(written, bool) or not isinstance(written, int) or written <= 0:
                     raise _no_progress("sink.write", written)
                 part = part[written:]
-
-    return send
-
-
-def _sendall_sender(sendall: Callable[[memoryview], Any]) -> Callable[..., None]:
-    def send(parts: Sequence[memoryview]) -> None:
-        for part in parts:
-            if len(part):
-                sendall(part)
 
     return send
 
@@ -212,70 +186,24 @@ class FileShrankError(OSError):
     stops before and raises its truncation error with this as the cause."""
 
 
-class MappedFile:
-    """A file mapped read-only whose descriptor stays open, so that each access can first
-    check (``os.fstat``) that no other process truncated it since (docs/security.md,
-    "Decisions and limits": what this can and cannot prevent)."""
-
-    def __init__(self, handle: Any, size: int, mapping: mmap.mmap) -> None:
-        self._handle = handle
-        self.size = size
-        self.mapping = mapping
-
-    def current_size(self) -> int:
-        """The file's size now (its size when mapped once the guard is closed)."""
-        if self._handle is None:
-            return self.size
-        try:
-            return int(os.fstat(self._handle.fileno()).st_size)
-        except (OSError, ValueError):
-            return self.size
-
-    def shrunk(self, needed: int | None = None) -> FileShrankError | None:
-        """A ``FileShrankError`` if the file now ends before ``needed`` (default: its size
-        when mapped), else None; a closed guard checks nothing."""
-        now = self.current_size()
-        if now >= (self.size if needed is None else needed):
-            return None
-        return FileShrankError(
-            f"the file shrank from {self.size} to {now} bytes since it was mapped (truncated "
-            "by another process?): its missing pages cannot be read"
-        )
-
-    def close(self) -> None:
-        """Close the descriptor (the mapping itself is closed by its owner)."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            handle.close()
-
-
-def map_file(path: Any, *, use_mmap: bool = True) -> tuple[memoryview, MappedFile | None]:
-    """A read-only view of the file at ``path``: mapped (with a :class:`MappedFile` guard)
-    or, with ``use_mmap=False``, read into memory (no guard needed: a truncation by another
-    process can no longer reach the bytes, at the cost of reading the whole file)."""
-    with reading(path):
-        handle = open(path, "rb")  # noqa: SIM115 - kept open by the guard
+def open_memory(source: Any, *, use_mmap: bool = True, name: str = "source") -> MemorySource:
+    """A :class:`MemorySource` over a bytes-like object, or over the file at a path: mapped
+    (its descriptor kept open, so each access can first check that no other process
+    truncated it since: docs/security.md) or, with ``use_mmap=False`` (or when empty), read
+    into memory, where a truncation can no longer reach the bytes."""
+    if not isinstance(source, (str, os.PathLike)):
+        return MemorySource(byte_view(source, name))
+    with reading(source):
+        handle = open(source, "rb")  # noqa: SIM115 - kept open by the MemorySource
     try:
-        size = os.fstat(handle.fileno()).st_size
-        if not use_mmap or size == 0:
+        if not use_mmap or os.fstat(handle.fileno()).st_size == 0:
             with handle:
-                return memoryview(handle.read()), None
+                return MemorySource(memoryview(handle.read()))
         mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     except BaseException:
         handle.close()
         raise
-    return memoryview(mapping), MappedFile(handle, size, mapping)
-
-
-def map_source(source: Any, name: str = "source") -> tuple[memoryview, mmap.mmap | None]:
-    """A read-only view of a file (mapped, never read) or of a bytes-like object."""
-    if isinstance(source, (str, os.PathLike)):
-        view, guard = map_file(source)
-        if guard is None:
-            return view, None
-        guard.close()
-        return view, guard.mapping
-    return byte_view(source, name), None
+    return MemorySource(memoryview(mapping), handle, mapping)
 
 
 #: Bytes the CLI reads from an input that is not a regular file (stdin, a pipe, a FIFO, a
@@ -392,24 +320,55 @@ def will_need(mapping: mmap.mmap | None, start: int, length: int) -> None:
 
 
 class MemorySource:
-    """Reads are slices of one read-only view (bytes, a mapped file): nothing is copied."""
+    """Reads are slices of one read-only view (bytes, a mapped file): nothing is copied.
+
+    A mapped file's descriptor (``handle``) stays open so that every read first checks
+    (``os.fstat``) that the file still holds the bytes: a truncated file ends the read
+    with a ``FileShrankError`` as the cause instead of SIGBUS.
+    """
 
     def __init__(
-        self, view: memoryview, mapping: mmap.mmap | None = None, guard: MappedFile | None = None
+        self, view: memoryview, handle: Any = None, mapping: mmap.mmap | None = None
     ) -> None:
         self.view = view
         self.mapping = mapping
-        self.guard = guard
+        self._handle = handle
         self.offset = 0  # bytes consumed
+
+    def current_size(self) -> int:
+        """The mapped file's size now (the view's length without a descriptor)."""
+        if self._handle is not None:
+            with contextlib.suppress(OSError, ValueError):
+                return int(os.fstat(self._handle.fileno()).st_size)
+        return len(self.view)
+
+    def shrunk(self, needed: int) -> FileShrankError | None:
+        """A ``FileShrankError`` if the file now ends before ``needed``, else None."""
+        now = self.current_size()
+        if now >= needed:
+            return None
+        return FileShrankError(
+            f"the file shrank from {len(self.view)} to {now} bytes since it was mapped "
+            "(truncated by another process?): its missing pages cannot be read"
+        )
+
+    def require(self, needed: int, error: type[HurrayWireError], section: str) -> None:
+        """The container's truncation ``error`` if the file no longer holds ``needed`` bytes."""
+        shrank = self.shrunk(needed)
+        if shrank is not None:
+            raise error(
+                f"the file no longer holds {section}: {shrank}",
+                section=section,
+                offset=self.current_size(),
+                expected=f"{needed} bytes",
+            ) from shrank
 
     def _available(self, stop: int) -> tuple[int, BaseException | None]:
         """``stop``, or where a mapped file now ends if another process truncated it."""
-        if self.guard is None:
-            return stop, None
-        shrank = self.guard.shrunk(stop)
+        shrank = self.shrunk(stop)
         if shrank is None:
             return stop, None
-        return max(self.offset, min(stop, self.guard.current_size())), shrank
+        return max(self.offset, min(stop, self.current_size())), shrank
 
     def begin_record(self) -> None:
         """Nothing to time: the bytes are all here."""
@@ -432,16 +391,15 @@ class MemorySource:
 
     def read_array(self, size: int) -> tuple[Array, int, BaseException | None]:
         """Up to ``size`` bytes as a uint8 view of the input, how many, and no cause."""
-        stop, cause = self._available(min(self.offset + max(0, size), len(self.view)))
-        got = stop - self.offset
-        array = np.frombuffer(self.view, np.uint8, got, self.offset)
-        self.offset += got
-        return array, got, cause
+        chunk, cause = self.read(max(0, size))
+        return np.frombuffer(chunk, np.uint8), len(chunk), cause
 
     def close(self) -> None:
+        """Release the view and the mapping (which tensors still viewing it keep alive)."""
         self.view.release()
-        if self.guard is not None:
-            self.guard.close()
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
         if self.mapping is not None:
             with contextlib.suppress(BufferError):  # tensors still view it: unmapped later
                 self.mapping.close()
@@ -647,8 +605,7 @@ def open_source(
                 handle = open(source, "rb")  # noqa: SIM115 - closed by IOSource.close
             return IOSource(handle.readinto, deadline=deadline, owned=handle)
         if allow_path:
-            view, guard = map_file(source)
-            return MemorySource(view, None if guard is None else guard.mapping, guard)
+            return open_memory(source)
         raise ArgumentTypeError(
             "source must be bytes-like or a binary file-like object / socket",
             field="source",
@@ -656,8 +613,7 @@ def open_source(
         )
     if isinstance(source, _BYTES_LIKE):
         return MemorySource(byte_view(source, "source"))
-    _check_not_text(source, "source")
-    _check_open(source, "source")
+    _check_binary_open(source, "source")
     recv_into = getattr(source, "recv_into", None)
     if callable(recv_into):
         flags = getattr(socket, "MSG_WAITALL", 0)

@@ -1,15 +1,8 @@
 """A whole model's KV cache in one file: ``save_cache`` and ``load_cache``.
 
-The file is a blob stream (docs/streaming.md): a header stating the model, the number of
-layers, the roles, the element type, the caller's metadata and the engine fingerprint;
-one checksummed blob per {layer, role}; the end record with its index. So every byte is
-covered by a checksum (xxh3_64 per section, unlike ``.hrry``, whose format has none), the
-file is written through ``containers.atomic`` (it appears whole at the end, or not at all,
-and never replaces one of its inputs), and ``hurray-wire validate`` / ``dump`` read it.
-
-Progress: ``progress=None`` shows a tqdm bar on stderr when stderr is a terminal (never in
-a log or a pipe), ``False`` none, and a callable is called with ``(bytes_done,
-bytes_total)`` after each tensor instead (a hook for a caller's own progress display).
+The file is a blob stream (docs/streaming.md) with one checksummed blob per {layer, role},
+so every byte is covered by a checksum (unlike ``.hrry``), and it is written atomically.
+``progress``: None (a tqdm bar when stderr is a terminal), False, or ``hook(done, total)``.
 """
 
 from __future__ import annotations
@@ -65,20 +58,16 @@ class _Reporter:
             )
         self._hook = progress if callable(progress) and not isinstance(progress, bool) else None
         self._total = total
-        self._done = 0
+        self.done = 0  # bytes reported so far
         self._bar = None
         if self._hook is None and progress is not False:
             self._bar = tqdm(total=total, desc=what, unit="B", unit_scale=True,
                              disable=None if progress is None else False, leave=False)  # fmt: skip
 
-    @property
-    def done(self) -> int:
-        return self._done
-
     def update(self, size: int) -> None:
-        self._done += size
+        self.done += size
         if self._hook is not None:
-            self._hook(self._done, self._total)
+            self._hook(self.done, self._total)
         elif self._bar is not None:
             self._bar.update(size)
 

@@ -1,8 +1,6 @@
-"""Stream records (docs/streaming.md § 2, § 4): the stream header and the end record.
-
-Encode and decode of the two records a blob stream adds around its blobs, plus the rules
-that tie a blob to the header it sits under. Byte positions come from the construct structs
-in ``hurray_wire.wire.stream`` (``offset_of``), never restated here.
+"""Stream records (docs/streaming.md § 2, § 4): the stream header and the end record, and the
+rules both stream readers apply to the records around their blobs. Byte positions come from
+the structs in ``hurray_wire.wire.stream``, never restated here.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from hurray_wire.errors import (
     HurrayWireError,
     InvalidStreamError,
     LimitExceededError,
+    StreamBlobTruncatedError,
     StreamTruncatedError,
 )
 from hurray_wire.integrity import (
@@ -38,9 +37,9 @@ from hurray_wire.integrity import (
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import stream as ws
+from hurray_wire.wire import blob as wb, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
-from hurray_wire.wire.fast import derive, item_dtype, item_struct, offset_of
+from hurray_wire.wire.fast import derive, item_dtype
 
 __all__ = [
     "DEFAULT_MAX_BLOB_BYTES",
@@ -49,114 +48,70 @@ __all__ = [
     "StreamEntry",
     "StreamHeader",
     "add_note",
-    "check_against_header",
-    "check_end_record_entries",
-    "check_header_metadata_length",
-    "check_max_blob_bytes",
-    "check_record_limit",
+    "check_blob",
+    "check_end_record",
+    "check_header_fingerprint",
     "check_record_size",
     "decode_end_record",
     "decode_end_rows",
     "decode_stream_header",
+    "empty_input_error",
     "encode_end_record",
     "encode_stream_header",
     "entries_of",
-    "max_end_record_bytes",
-    "max_stream_header_bytes",
-    "record_length",
-    "rows_match",
+    "frame_record",
+    "record_kind",
 ]
 
 DEFAULT_MAX_BLOB_BYTES = 4 << 30  # largest record a reader accepts unless told otherwise
 
-_PREFIX = derive(ws.RECORD_PREFIX)
 _SHEADER = derive(ws.STREAM_HEADER)
 _CHECKSUM = derive(ws.RECORD_CHECKSUM)
 _END = derive(ws.END_RECORD)
 _ENTRY = derive(ws.END_ENTRY)
 _FOOTER = derive(ws.END_FOOTER)
-STREAM_HEADER_MIN = align(_SHEADER.size + _CHECKSUM.size, ws.RECORD_ALIGNMENT)
-END_RECORD_MIN = align(_END.size + _FOOTER.size, ws.RECORD_ALIGNMENT)
-_AT_PREFIX = {name: offset_of(ws.RECORD_PREFIX, name) for name in _PREFIX.names}
-_AT_SHEADER = {name: offset_of(ws.STREAM_HEADER, name) for name in _SHEADER.names}
-_AT_END = {name: offset_of(ws.END_RECORD, name) for name in _END.names}
-_AT_ENTRY_ROLE = offset_of(ws.END_ENTRY, "kv_role")
-_AT_FOOTER_TOTAL = offset_of(ws.END_FOOTER, "total_length")
-_ROLES_KNOWN = sum(ws.ROLE_BITS.values())
-_ENTRY_COUNT = item_struct(ws.END_RECORD.entry_count.subcon)
+_PREFIX = derive(ws.RECORD_PREFIX)
+_MAGIC_SIZE = len(ws.STREAM_MAGIC)
 _ROLE_BY_CODE = {code: name for name, code in KV_ROLES.items()}
 _ROLE_CODES = np.array(sorted(_ROLE_BY_CODE), np.uint8)
+_MAX_NAME = 0xFFFF  # the model name's u16 length
 # One index entry as a NumPy record, from the wire struct (offsets and sizes derived).
 _ENTRY_DTYPE = np.dtype(
     {
         "names": list(_ENTRY.names),  # offset, length, layer_index, kv_role, _reserved
         "formats": [item_dtype(getattr(ws.END_ENTRY, n).subcon) for n in _ENTRY.names[:-1]]
         + [("u1", (_ENTRY.sizes["_reserved"],))],
-        "offsets": [offset_of(ws.END_ENTRY, n) for n in _ENTRY.names],
+        "offsets": [_ENTRY.offsets[n] for n in _ENTRY.names],
         "itemsize": _ENTRY.size,
     }
 )
-# The largest stream header a metadata limit admits: fixed part, longest model name (u16
-# length), the metadata, checksum and alignment. A reader checks a header's total_length
-# against it before reading the record.
-_MAX_NAME = 0xFFFF
+STREAM_HEADER_MIN = align(_SHEADER.size + _CHECKSUM.size, ws.RECORD_ALIGNMENT)
+END_RECORD_MIN = align(_END.size + _FOOTER.size, ws.RECORD_ALIGNMENT)
+#: The two records besides blobs: magic, struct, smallest total_length.
+_RECORDS = {
+    "stream header": (ws.STREAM_MAGIC, _SHEADER, STREAM_HEADER_MIN),
+    "end record": (ws.END_MAGIC, _END, END_RECORD_MIN),
+}
+_KIND_OF = {wb.BLOB_MAGIC: "blob", ws.STREAM_MAGIC: "stream header", ws.END_MAGIC: "end record"}
 
 
-def max_stream_header_bytes(limits: DecodeLimits | None) -> int:
-    """The longest stream header record ``limits`` can accept (its metadata at the limit)."""
-    limits = check_limits_argument(limits)
-    body = _SHEADER.size + _MAX_NAME + limits.max_metadata_bytes + _CHECKSUM.size
-    return align(body, ws.RECORD_ALIGNMENT)
-
-
-def check_header_metadata_length(meta_length: int, limits: DecodeLimits) -> None:
-    """A stream header's ``metadata_length`` against ``limits.max_metadata_bytes``."""
-    if meta_length > limits.max_metadata_bytes:
-        raise LimitExceededError(
-            "stream header metadata larger than the decode limit allows",
-            section="stream header",
-            field="metadata_length",
-            offset=_AT_SHEADER["metadata_length"],
-            expected=f"<= {limits.max_metadata_bytes} (DecodeLimits.max_metadata_bytes)",
-            found=meta_length,
-        )
-
-
-def max_end_record_bytes(limits: DecodeLimits | None) -> int:
-    """The longest end record ``limits`` can accept (its index at the limit)."""
-    limits = check_limits_argument(limits)
-    body = _END.size + _ENTRY.size * limits.max_stream_entries + _FOOTER.size
-    return align(body, ws.RECORD_ALIGNMENT)
-
-
-def check_end_record_entries(view: memoryview, limits: DecodeLimits) -> None:
-    """An end record's ``entry_count`` (read from its fixed part, which must be there)
-    against ``limits.max_stream_entries``, before the record is checked or decoded."""
-    if len(view) < _AT_END["entry_count"] + _ENTRY_COUNT.size:
-        return  # too short: the record's own checks say so
-    (count,) = _ENTRY_COUNT.unpack_from(view, _AT_END["entry_count"])
-    if count > limits.max_stream_entries:
-        raise LimitExceededError(
-            "end record index has more entries than the decode limit allows",
-            section="end record",
-            field="entry_count",
-            offset=_AT_END["entry_count"],
-            expected=f"<= {limits.max_stream_entries} (DecodeLimits.max_stream_entries)",
-            found=count,
-        )
+def _field_error(
+    what: str, name: str, message: str, at: int | None = None, **details: Any
+) -> InvalidStreamError:
+    """A stream header or end record field that breaks a rule, at the struct's offset."""
+    offset = _RECORDS[what][1].offsets[name] if at is None else at
+    return InvalidStreamError(message, section=what, field=name, offset=offset, **details)
 
 
 @dataclass(frozen=True)
 class StreamHeader:
     """What a stream carries, stated before the first blob so a reader can preallocate.
 
-    Every field may be left unstated (``""``, ``None``, ``()``). A reader checks each blob
-    against what is stated; which layer and role a blob holds still comes from the blob's
-    own descriptor. ``end_record`` is the writer's promise to end the stream with an end
-    record, which lets a reader tell a finished stream from one cut at a blob boundary.
-    ``fingerprint`` is the sending engine's (docs/integrity.md § 3), carried in the header's
-    metadata under the reserved ``hurray.engine_fingerprint`` key (``metadata`` given with
-    that key fills ``fingerprint`` from it; the key is never left in ``metadata``).
+    Every field may be left unstated (``""``, ``None``, ``()``); a blob's layer and role
+    still come from its own descriptor. ``end_record`` promises an end record, so a reader
+    tells a finished stream from one cut at a blob boundary. ``fingerprint`` travels in the
+    metadata under the reserved ``hurray.engine_fingerprint`` key (docs/integrity.md § 3):
+    ``metadata`` given with that key fills ``fingerprint``; the key never stays in it.
     """
 
     model: str = ""
@@ -174,7 +129,7 @@ class StreamHeader:
             name_length = len(self.model.encode("utf-8"))
         except UnicodeEncodeError:
             raise InvalidStreamError("model is not encodable as UTF-8", field="model") from None
-        if name_length > 0xFFFF:
+        if name_length > _MAX_NAME:
             raise InvalidStreamError(
                 "model name too long", field="model", expected="<= 65535 bytes", found=name_length
             )
@@ -237,7 +192,131 @@ class StreamEntry:
     kv_role: str
 
 
-# -- records ---------------------------------------------------------------------------------
+# -- framing ---------------------------------------------------------------------------------
+def _record_length(view: memoryview, what: str) -> int:
+    """total_length of a stream header or end record from its 16-byte prefix, checked."""
+    magic, _, minimum = _RECORDS[what]
+    if len(view) < BLOB_PREFIX_SIZE:
+        raise StreamTruncatedError(
+            f"input ends inside the {what} prefix",
+            section=what,
+            offset=len(view),
+            expected=BLOB_PREFIX_SIZE,
+            found=len(view),
+        )
+    found_magic, major, _minor, _flags, total = _PREFIX.struct.unpack_from(view, 0)
+    if found_magic != magic:
+        raise _field_error(
+            what, "magic", f"bad {what} magic", expected=magic.hex(" "), found=found_magic.hex(" ")
+        )
+    if major != 1:
+        raise _field_error(
+            what, "version_major", f"unsupported {what} major version", expected=1, found=major
+        )
+    if total < minimum or total % ws.RECORD_ALIGNMENT:
+        raise _field_error(
+            what,
+            "total_length",
+            f"total_length is not a valid {what} length",
+            expected=f"a multiple of {ws.RECORD_ALIGNMENT}, >= {minimum}",
+            found=total,
+        )
+    return int(total)
+
+
+def check_record_size(total: int, limit: int, what: str, offset: int, why: str = "") -> None:
+    """Refuse a record over a reader's limit before anything is allocated for it."""
+    if total > limit:
+        raise LimitExceededError(
+            f"{what} larger than " + (why or "max_blob_bytes"),
+            section=what,
+            field="total_length",
+            offset=offset + _PREFIX.offsets["total_length"],
+            expected=f"<= {limit}",
+            found=total,
+        )
+
+
+def frame_record(
+    prefix: Any, what: str, offset: int, max_blob_bytes: int, limits: DecodeLimits
+) -> int:
+    """total_length of the stream header or end record whose prefix starts at stream
+    ``offset``, checked against ``max_blob_bytes`` and against the longest record
+    ``limits`` admit (its metadata or index at the limit), before the record is read."""
+    total = _record_length(byte_view(prefix), what)
+    check_record_size(total, max_blob_bytes, what, offset)
+    if what == "stream header":
+        body = _SHEADER.size + _MAX_NAME + limits.max_metadata_bytes + _CHECKSUM.size
+    else:
+        body = _END.size + _ENTRY.size * limits.max_stream_entries + _FOOTER.size
+    why = "the decode limits admit (DecodeLimits.max_metadata_bytes / max_stream_entries)"
+    check_record_size(total, align(body, ws.RECORD_ALIGNMENT), what, offset, why)
+    return total
+
+
+def record_kind(prefix: Any, offset: int, cause: BaseException | None = None) -> str:
+    """What the record whose (up to 16-byte) prefix starts at stream ``offset`` is: "blob" or
+    "end record"; a prefix cut short, a stream header past the start and bytes that start no
+    record are refused (with ``cause``, the reason the input ended, chained)."""
+    head = bytes(prefix[:_MAGIC_SIZE])
+    kinds = [kind for magic, kind in _KIND_OF.items() if magic.startswith(head)]
+    if kinds and len(prefix) == BLOB_PREFIX_SIZE:
+        if kinds[0] == "stream header":
+            raise InvalidStreamError(
+                "a stream header may only open the stream", section="stream", offset=offset
+            )
+        return kinds[0]
+    if not kinds:
+        raise InvalidStreamError(
+            "not a stream record", section="stream", field="magic", offset=offset,
+            found=head.hex(" "),
+        )  # fmt: skip
+    kind = kinds[0] if len(kinds) == 1 else "record"
+    error = StreamBlobTruncatedError if kind == "blob" else StreamTruncatedError
+    raise error(
+        f"stream ends inside a {kind} prefix" + (f" ({cause!r})" if cause else ""),
+        section=kind,
+        offset=offset + len(prefix),
+        expected=BLOB_PREFIX_SIZE,
+        found=len(prefix),
+    ) from cause
+
+
+def _whole_record(view: memoryview, total: int, what: str) -> memoryview:
+    if len(view) < total:
+        raise StreamTruncatedError(
+            f"input ends inside the {what}",
+            section=what,
+            offset=len(view),
+            expected=total,
+            found=len(view),
+        )
+    return view[:total]
+
+
+def _check_checksum(view: memoryview, start: int, stored: int, what: str) -> None:
+    computed = xxhash.xxh3_64_intdigest(view[:start])
+    if computed != stored:
+        raise _field_error(
+            what,
+            "checksum",
+            f"{what} checksum mismatch",
+            at=start,
+            expected=f"0x{computed:016x}",
+            found=f"0x{stored:016x}",
+        )
+
+
+def _check_fixed(what: str, flags: int, known: int, reserved: bytes, name: str) -> None:
+    """A record's flags (only ``known`` bits) and its reserved bytes (zero)."""
+    fixed = _RECORDS[what][1]
+    if flags & ~known:
+        raise _field_error(what, name, f"unknown {name} bits set", found=flags)
+    if reserved != fixed.consts[-1][1]:
+        raise _field_error(what, "_reserved", "reserved bytes set")
+
+
+# -- stream header ---------------------------------------------------------------------------
 def encode_stream_header(header: StreamHeader) -> bytes:
     """The stream header record for ``header`` (docs/streaming.md § 2)."""
     if not isinstance(header, StreamHeader):
@@ -271,72 +350,6 @@ def encode_stream_header(header: StreamHeader) -> bytes:
     return head + _CHECKSUM.pack(checksum=xxhash.xxh3_64_intdigest(head))
 
 
-def record_length(prefix: Any, magic: bytes, what: str, minimum: int) -> int:
-    """total_length of a stream header or end record from its 16-byte prefix, checked."""
-    view = byte_view(prefix)
-    if len(view) < BLOB_PREFIX_SIZE:
-        raise StreamTruncatedError(
-            f"input ends inside the {what} prefix",
-            section=what,
-            offset=len(view),
-            expected=BLOB_PREFIX_SIZE,
-            found=len(view),
-        )
-    found_magic, major, _minor, _flags, total = _PREFIX.struct.unpack_from(view, 0)
-    if found_magic != magic:
-        raise InvalidStreamError(
-            f"bad {what} magic",
-            section=what,
-            field="magic",
-            offset=_AT_PREFIX["magic"],
-            expected=magic.hex(" "),
-            found=found_magic.hex(" "),
-        )
-    if major != 1:
-        raise InvalidStreamError(
-            f"unsupported {what} major version",
-            section=what,
-            field="version_major",
-            offset=_AT_PREFIX["version_major"],
-            expected=1,
-            found=major,
-        )
-    if total < minimum or total % ws.RECORD_ALIGNMENT:
-        raise InvalidStreamError(
-            f"total_length is not a valid {what} length",
-            section=what,
-            field="total_length",
-            offset=_AT_PREFIX["total_length"],
-            expected=f"a multiple of {ws.RECORD_ALIGNMENT}, >= {minimum}",
-            found=total,
-        )
-    return int(total)
-
-
-def _whole_record(view: memoryview, total: int, what: str) -> None:
-    if len(view) < total:
-        raise StreamTruncatedError(
-            f"input ends inside the {what}",
-            section=what,
-            offset=len(view),
-            expected=total,
-            found=len(view),
-        )
-
-
-def _check_checksum(view: memoryview, start: int, stored: int, what: str) -> None:
-    computed = xxhash.xxh3_64_intdigest(view[:start])
-    if computed != stored:
-        raise InvalidStreamError(
-            f"{what} checksum mismatch",
-            section=what,
-            field="checksum",
-            offset=start,
-            expected=f"0x{computed:016x}",
-            found=f"0x{stored:016x}",
-        )
-
-
 def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> StreamHeader:
     """Validate the stream header at the start of ``data`` (what follows it is ignored).
 
@@ -346,23 +359,31 @@ def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> St
     what = "stream header"
     limits = check_limits_argument(limits)
     view = byte_view(data)
-    total = record_length(view, ws.STREAM_MAGIC, what, STREAM_HEADER_MIN)
-    _whole_record(view, total, what)
-    view = view[:total]
+    total = _record_length(view, what)
+    view = _whole_record(view, total, what)
     (_, _, minor, flags, _, layers, roles, tag, name_length, meta_length, reserved) = (
         _SHEADER.struct.unpack_from(view, 0)
     )
-    check_header_metadata_length(meta_length, limits)
-    at_checksum = total - _CHECKSUM.size
-    _check_checksum(view, at_checksum, _CHECKSUM.struct.unpack_from(view, at_checksum)[0], what)
-    _check_sheader_fields(flags, reserved, roles)
-    body = _SHEADER.size + name_length + meta_length
-    if body > at_checksum:
-        raise InvalidStreamError(
-            "model name and metadata extend past total_length",
+    if meta_length > limits.max_metadata_bytes:
+        raise LimitExceededError(
+            "stream header metadata larger than the decode limit allows",
             section=what,
             field="metadata_length",
-            offset=_AT_SHEADER["metadata_length"],
+            offset=_SHEADER.offsets["metadata_length"],
+            expected=f"<= {limits.max_metadata_bytes} (DecodeLimits.max_metadata_bytes)",
+            found=meta_length,
+        )
+    at_checksum = total - _CHECKSUM.size
+    _check_checksum(view, at_checksum, _CHECKSUM.struct.unpack_from(view, at_checksum)[0], what)
+    _check_fixed(what, flags, ws.STREAM_FLAGS_KNOWN, reserved, "stream_flags")
+    if roles & ~sum(ws.ROLE_BITS.values()):
+        raise _field_error(what, "kv_roles", "unknown kv_roles bits set", found=roles)
+    body = _SHEADER.size + name_length + meta_length
+    if body > at_checksum:
+        raise _field_error(
+            what,
+            "metadata_length",
+            "model name and metadata extend past total_length",
             expected=f"<= {at_checksum - _SHEADER.size - name_length}",
             found=meta_length,
         )
@@ -371,8 +392,8 @@ def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> St
     try:
         model = bytes(view[_SHEADER.size : _SHEADER.size + name_length]).decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidStreamError(
-            "model name is not valid UTF-8", section=what, field="model_name", offset=_SHEADER.size
+        raise _field_error(
+            what, "model_name", "model name is not valid UTF-8", at=_SHEADER.size
         ) from None
     meta_start = _SHEADER.size + name_length
     metadata: dict[str, Any] = {}
@@ -394,7 +415,7 @@ def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> St
             element_type = element_type_from_tag(tag)
         except HurrayWireError as exc:
             raise exc.relocated(
-                section=what, field="element_type", offset=_AT_SHEADER["element_type"]
+                section=what, field="element_type", offset=_SHEADER.offsets["element_type"]
             ) from None
     return StreamHeader(
         model=model,
@@ -406,29 +427,18 @@ def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> St
     )
 
 
-def _check_sheader_fields(flags: int, reserved: bytes, roles: int) -> None:
-    """The stream header's flag, reserved and role bits: only known ones may be set."""
-    what = "stream header"
-    if flags & ~ws.STREAM_FLAGS_KNOWN:
-        raise InvalidStreamError(
-            "unknown stream flags set",
-            section=what,
-            field="stream_flags",
-            offset=_AT_SHEADER["stream_flags"],
-            found=flags,
+# -- end record ------------------------------------------------------------------------------
+def _entry_bytes(entries: Sequence[StreamEntry]) -> bytes:
+    """The index entries as the end record stores them."""
+    return b"".join(
+        _ENTRY.pack(
+            offset=e.offset,
+            length=e.length,
+            layer_index=LAYER_NONE if e.layer_index is None else e.layer_index,
+            kv_role=KV_ROLES[e.kv_role],
         )
-    if reserved != _SHEADER.consts[-1][1]:
-        raise InvalidStreamError(
-            "reserved bytes set", section=what, field="_reserved", offset=_AT_SHEADER["_reserved"]
-        )
-    if roles & ~_ROLES_KNOWN:
-        raise InvalidStreamError(
-            "unknown kv_roles bits set",
-            section=what,
-            field="kv_roles",
-            offset=_AT_SHEADER["kv_roles"],
-            found=roles,
-        )
+        for e in entries
+    )
 
 
 def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> bytes:
@@ -436,25 +446,15 @@ def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> byt
     rows = entries if entries is not None and len(entries) <= 0xFFFF_FFFF else []
     body = _END.size + _ENTRY.size * len(rows)
     total = align(body + _FOOTER.size, ws.RECORD_ALIGNMENT)
-    pieces = [
-        _END.pack(
-            version_major=1,
-            version_minor=0,
-            end_flags=0,
-            total_length=total,
-            blob_count=blob_count,
-            entry_count=len(rows),
-        )
-    ]
-    for e in rows:
-        layer = LAYER_NONE if e.layer_index is None else e.layer_index
-        pieces.append(
-            _ENTRY.pack(
-                offset=e.offset, length=e.length, layer_index=layer, kv_role=KV_ROLES[e.kv_role]
-            )
-        )
-    pieces.append(bytes(total - _FOOTER.size - body))
-    head = b"".join(pieces)
+    fixed = _END.pack(
+        version_major=1,
+        version_minor=0,
+        end_flags=0,
+        total_length=total,
+        blob_count=blob_count,
+        entry_count=len(rows),
+    )
+    head = b"".join((fixed, _entry_bytes(rows), bytes(total - _FOOTER.size - body)))
     return head + _FOOTER.pack(checksum=xxhash.xxh3_64_intdigest(head), total_length=total)
 
 
@@ -478,80 +478,53 @@ def entries_of(rows: npt.NDArray[Any]) -> tuple[StreamEntry, ...]:
     return tuple(map(StreamEntry, rows["offset"].tolist(), rows["length"].tolist(), layers, roles))
 
 
-def rows_match(rows: npt.NDArray[Any], entries: Sequence[StreamEntry]) -> bool:
-    """Index rows equal to ``entries`` (the blobs a reader met), compared as arrays."""
-    if len(rows) != len(entries):
-        return False
-    if not len(rows):
-        return True
-    offsets = np.fromiter((e.offset for e in entries), np.uint64, len(entries))
-    lengths = np.fromiter((e.length for e in entries), np.uint64, len(entries))
-    layers = np.fromiter(
-        (LAYER_NONE if e.layer_index is None else e.layer_index for e in entries),
-        np.uint64,
-        len(entries),
-    )
-    roles = np.fromiter((KV_ROLES[e.kv_role] for e in entries), np.uint8, len(entries))
-    return bool(
-        np.array_equal(rows["offset"], offsets)
-        and np.array_equal(rows["length"], lengths)
-        and np.array_equal(rows["layer_index"].astype(np.uint64), layers)
-        and np.array_equal(rows["kv_role"], roles)
-    )
-
-
 def decode_end_rows(
     data: Any, *, limits: DecodeLimits | None = None
 ) -> tuple[int, npt.NDArray[Any] | None]:
     """``decode_end_record`` without the objects: (blob_count, the checked index as a
-    structured array viewing ``data``, or None). What the readers use, so that an index
-    that disagrees with the stream is refused without building an object per entry."""
+    structured array viewing ``data``, or None), so that the readers refuse an index that
+    disagrees with the stream without building an object per entry."""
     what = "end record"
     limits = check_limits_argument(limits)
     view = byte_view(data)
-    check_end_record_entries(view, limits)
-    total = record_length(view, ws.END_MAGIC, what, END_RECORD_MIN)
-    _whole_record(view, total, what)
-    view = view[:total]
+    at_count = _END.offsets["entry_count"]
+    end_count = at_count + _END.sizes["entry_count"]
+    if len(view) >= end_count:  # the index size, before the record is checked or read
+        count = int.from_bytes(view[at_count:end_count], "little")
+        if count > limits.max_stream_entries:
+            raise LimitExceededError(
+                "end record index has more entries than the decode limit allows",
+                section=what,
+                field="entry_count",
+                offset=at_count,
+                expected=f"<= {limits.max_stream_entries} (DecodeLimits.max_stream_entries)",
+                found=count,
+            )
+    total = _record_length(view, what)
+    view = _whole_record(view, total, what)
     _, _, minor, flags, _, blob_count, count, reserved = _END.struct.unpack_from(view, 0)
     stored, again = _FOOTER.struct.unpack_from(view, total - _FOOTER.size)
     if again != total:
-        raise InvalidStreamError(
+        raise _field_error(
+            what,
+            "footer.total_length",
             "the footer's total_length disagrees with the prefix",
-            section=what,
-            field="footer.total_length",
-            offset=total - _FOOTER.size + _AT_FOOTER_TOTAL,
+            at=total - _FOOTER.size + _FOOTER.offsets["total_length"],
             expected=total,
             found=again,
         )
     _check_checksum(view, total - _FOOTER.size, stored, what)
-    if flags:
-        raise InvalidStreamError(
-            "unknown end record flags set",
-            section=what,
-            field="end_flags",
-            offset=_AT_END["end_flags"],
-            found=flags,
-        )
-    if reserved != _END.consts[-1][1]:
-        raise InvalidStreamError(
-            "reserved bytes set", section=what, field="_reserved", offset=_AT_END["_reserved"]
-        )
+    _check_fixed(what, flags, 0, reserved, "end_flags")
     body = _END.size + _ENTRY.size * count
     if body + _FOOTER.size > total:
-        raise InvalidStreamError(
-            "index entries extend past total_length",
-            section=what,
-            field="entry_count",
-            offset=_AT_END["entry_count"],
-            found=count,
+        raise _field_error(
+            what, "entry_count", "index entries extend past total_length", found=count
         )
     if count and count != blob_count:
-        raise InvalidStreamError(
+        raise _field_error(
+            what,
+            "entry_count",
             "the index must list every blob or none",
-            section=what,
-            field="entry_count",
-            offset=_AT_END["entry_count"],
             expected=blob_count,
             found=count,
         )
@@ -561,16 +534,35 @@ def decode_end_rows(
     bad = ~np.isin(rows["kv_role"], _ROLE_CODES) | rows["_reserved"].any(axis=1)
     if bad.any():
         number = int(np.argmax(bad))
-        raise InvalidStreamError(
+        raise _field_error(
+            what,
+            f"entries[{number}]",
             "bad kv_role or reserved bytes in an index entry",
-            section=what,
-            field=f"entries[{number}]",
-            offset=_END.size + _ENTRY.size * number + _AT_ENTRY_ROLE,
+            at=_END.size + _ENTRY.size * number + _ENTRY.offsets["kv_role"],
             found=int(rows["kv_role"][number]),
         )
     return blob_count, (rows if count or not blob_count else None)
 
 
+def check_end_record(
+    record: Any, entries: Sequence[StreamEntry], offset: int, limits: DecodeLimits | None
+) -> None:
+    """The end record at stream ``offset`` must agree with the blobs a reader met: their
+    count, and the index (if any) row for row, compared as bytes."""
+    count, rows = decode_end_rows(record, limits=limits)
+    if count != len(entries) or (
+        rows is not None and (len(rows) != len(entries) or rows.tobytes() != _entry_bytes(entries))
+    ):
+        raise InvalidStreamError(
+            "the end record disagrees with the blobs read",
+            section="end record",
+            offset=offset,
+            expected=f"{len(entries)} blobs",
+            found=f"{count} blobs",
+        )
+
+
+# -- a blob under its header -----------------------------------------------------------------
 def check_header_fingerprint(expect: EngineFingerprint | None, header: StreamHeader | None) -> None:
     """Refuse, before any blob, a stream whose header does not carry the expected engine
     fingerprint (a stream without a header carries none)."""
@@ -583,16 +575,17 @@ def check_header_fingerprint(expect: EngineFingerprint | None, header: StreamHea
         check_compatible(expect, carried)
 
 
-def check_blob_fingerprint(expect: EngineFingerprint | None, tensor: BlockPagedTensor) -> None:
-    """A blob that carries a fingerprint of its own must carry the expected one too."""
-    if expect is not None:
-        own = fingerprint_from_metadata(tensor.metadata)
-        if own is not None:
-            check_compatible(expect, own)
-
-
-def check_against_header(header: StreamHeader | None, tensor: BlockPagedTensor, at: str) -> None:
-    """A blob must be what the stream header says the stream holds."""
+def check_blob(
+    expect: EngineFingerprint | None,
+    header: StreamHeader | None,
+    tensor: BlockPagedTensor,
+    at: str,
+) -> None:
+    """A blob must carry the expected fingerprint if it carries one of its own, and be what
+    the stream header says the stream holds."""
+    own = None if expect is None else fingerprint_from_metadata(tensor.metadata)
+    if expect is not None and own is not None:
+        check_compatible(expect, own)
     if header is None:
         return
     layer = tensor.layer_index
@@ -622,43 +615,12 @@ def check_against_header(header: StreamHeader | None, tensor: BlockPagedTensor, 
         )
 
 
-def check_max_blob_bytes(max_blob_bytes: int) -> int:
-    """``max_blob_bytes`` checked: an int no smaller than the smallest record."""
-    if isinstance(max_blob_bytes, bool) or not isinstance(max_blob_bytes, int):
-        raise ArgumentTypeError("max_blob_bytes must be an int", found=repr(max_blob_bytes))
-    if max_blob_bytes < STREAM_HEADER_MIN:
-        raise ArgumentTypeError(
-            f"max_blob_bytes must be at least {STREAM_HEADER_MIN}", found=max_blob_bytes
-        )
-    return max_blob_bytes
-
-
-def check_record_limit(total: int, limit: int, what: str, offset: int) -> None:
-    """A header or end record longer than the decode limits admit, refused before it is
-    read (``max_stream_header_bytes`` / ``max_end_record_bytes``)."""
-    if total > limit:
-        raise LimitExceededError(
-            f"{what} longer than the decode limits admit (DecodeLimits.max_metadata_bytes / "
-            "max_stream_entries)",
-            section=what,
-            field="total_length",
-            offset=offset,
-            expected=f"<= {limit}",
-            found=total,
-        )
-
-
-def check_record_size(total: int, limit: int, what: str, offset: int) -> None:
-    """Refuse a record over the reader's limit before anything is allocated for it."""
-    if total > limit:
-        raise LimitExceededError(
-            f"{what} larger than max_blob_bytes",
-            section=what,
-            field="total_length",
-            offset=offset + _AT_PREFIX["total_length"],
-            expected=f"<= {limit}",
-            found=total,
-        )
+def empty_input_error() -> StreamTruncatedError:
+    """No bytes at all is a stream cut at offset 0: every stream holds at least one record
+    (its header, or without one a blob or the end record; docs/streaming.md § 5)."""
+    return StreamTruncatedError(
+        "empty input: a stream holds at least one record", section="stream", offset=0
+    )
 
 
 def add_note(exc: HurrayWireError, text: str) -> None:

@@ -1,10 +1,5 @@
-"""What the two reference containers share: limits, reserved KV keys, tensor pieces, errors.
-
-Both the reference stream (containers.md Part A) and the ``.hrry`` file (Part B) store a
-tensor as its encoded descriptor followed by its buffers in table order, and both report a
-descriptor, index-buffer or KV error as an ``InvalidContainerError`` at a place in the
-container (the original error chained as ``__cause__``).
-"""
+"""What the two reference containers (containers.md Parts A and B) share: limits, reserved
+KV keys, a tensor as its descriptor and buffers, and their errors placed in the container."""
 
 from __future__ import annotations
 

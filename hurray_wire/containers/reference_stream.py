@@ -1,11 +1,7 @@
 """The reference stream (containers.md Part A): hurray-io ``StreamWriter`` / ``StreamReader``.
 
-A stream is records back to back, each a descriptor followed by its buffers in table order,
-with no framing of its own: the descriptor's 10-byte prefix (magic, version,
-``descriptor_length``) is what frames a record. ``write_stream`` emits exactly what the
-reference emits for the same tensors; ``read_stream`` accepts it with every descriptor rule
-applied. Sinks and sources are ``hurray_wire.containers.io``'s, so a broken connection is a
-``ContainerTruncatedError`` with the ``OSError`` as ``__cause__``.
+Records back to back, each a descriptor and its buffers, with no framing of their own: the
+descriptor's 10-byte prefix (magic, version, ``descriptor_length``) frames a record.
 """
 
 from __future__ import annotations

@@ -6,13 +6,11 @@ restated here), never by decoding: the CLI prints the answer, readers do the che
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import os
 from typing import Any
 
 from hurray_wire.blob import blob_length
-from hurray_wire.containers.io import map_source
+from hurray_wire.containers.io import open_memory
 from hurray_wire.wire import blob as wb, containers as wc, descriptor as wd, stream as ws
 from hurray_wire.wire.fast import offset_of
 
@@ -44,16 +42,11 @@ def identify(data_or_path: Any) -> Format:
     exactly the input's length means one item, anything else a stream of them. A blob
     whose prefix is broken raises the blob decoder's error.
     """
-    if isinstance(data_or_path, (str, os.PathLike)):
-        view, mapping = map_source(data_or_path)
-        try:
-            return _identify(view)
-        finally:
-            view.release()
-            if mapping is not None:
-                with contextlib.suppress(BufferError):  # a view still held: unmapped later
-                    mapping.close()
-    return _identify(map_source(data_or_path, "data")[0])
+    source = open_memory(data_or_path, name="data")
+    try:
+        return _identify(source.view)
+    finally:
+        source.close()
 
 
 def known_magic(head: bytes) -> bool:

@@ -1,25 +1,21 @@
-"""StreamFile: random access to a blob stream held in a file (mapped) or in memory.
-
-Opening reads the stream header and the index (the end record's, found from the file's
-last bytes, or the walk of blob prefixes) without touching page data; a tensor is decoded
-only when asked for. docs/streaming.md § 5.
-"""
+"""StreamFile: random access to a blob stream held in a file (mapped) or in memory
+(docs/streaming.md § 5)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, blob_length, peek_descriptor
+from hurray_wire.blob import DecodeLimits, blob_length, peek_descriptor
 from hurray_wire.blob.decoder import decode_options, run
 from hurray_wire.blob.landing import land_into
+from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
-from hurray_wire.containers.io import ClosesOnExit, MappedFile, map_file, map_source, will_need
+from hurray_wire.containers.blob_stream import RecordReader
+from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory, will_need
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -27,26 +23,20 @@ from hurray_wire.containers.records import (
     StreamEntry,
     StreamHeader,
     add_note,
-    check_against_header,
-    check_blob_fingerprint,
+    check_blob,
     check_header_fingerprint,
-    check_max_blob_bytes,
-    check_record_size,
     decode_end_rows,
-    decode_stream_header,
+    empty_input_error,
     entries_of,
-    record_length,
-    rows_match,
 )
+from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.containers.sniff import identify
 from hurray_wire.errors import (
     ArgumentTypeError,
-    BlobTruncatedError,
     ClosedContainerError,
     HurrayWireError,
     InvalidStreamError,
     MissingTensorError,
-    StreamBlobTruncatedError,
     StreamTruncatedError,
     flag,
 )
@@ -56,12 +46,11 @@ from hurray_wire.wire import blob as wb, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
 from hurray_wire.wire.fast import derive
 
-__all__ = ["StreamFile", "empty_input_error"]
+__all__ = ["StreamFile"]
 
 _FOOTER = derive(ws.END_FOOTER)
 _FOOTER_TOTAL = _FOOTER.names.index("total_length")
 _MAGIC_SIZE = len(wb.BLOB_MAGIC)
-_MAGICS = (wb.BLOB_MAGIC, ws.STREAM_MAGIC, ws.END_MAGIC)
 
 
 _OTHER_READERS = {
@@ -88,32 +77,6 @@ def _check_is_stream(view: memoryview) -> None:
                              found=kind)  # fmt: skip
 
 
-def empty_input_error() -> StreamTruncatedError:
-    """No bytes at all is no stream: every stream holds at least one record (its header,
-    or, written with ``header=None``, a blob or the end record), so an empty input is a
-    stream cut at offset 0 (docs/streaming.md § 5). Shared by both readers, so they agree."""
-    return StreamTruncatedError(
-        "empty input: a stream holds at least one record", section="stream", offset=0
-    )
-
-
-def _not_a_record(head: bytes, pos: int) -> HurrayWireError:
-    """What to say about bytes at a record boundary that start no record."""
-    if len(head) < _MAGIC_SIZE and any(m.startswith(head) for m in _MAGICS):
-        return StreamTruncatedError(
-            "stream ends inside a record prefix", section="stream", offset=pos
-        )
-    return InvalidStreamError(
-        "not a stream record here", section="stream", field="magic", offset=pos, found=head.hex(" ")
-    )
-
-
-def _peek_blob(view: memoryview, limits: DecodeLimits) -> tuple[int | None, str]:
-    """(layer_index, kv_role) from a blob's checked header, without touching its sections."""
-    descriptor = peek_descriptor(view, limits=limits)
-    return descriptor.layout.layer_index, descriptor.layout.kv_role
-
-
 class StreamFile(ClosesOnExit):
     """Random access to a stream in a file (mapped with ``mmap``) or a bytes-like object.
 
@@ -138,30 +101,20 @@ class StreamFile(ClosesOnExit):
         expect_fingerprint: EngineFingerprint | None = None,
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
-        self._store = page_store
         self._expect = expect_fingerprint
-        self._max = check_max_blob_bytes(max_blob_bytes)
-        self._verify = verify
-        self._limits = limits if limits is not None else DecodeLimits()
+        check_limit("max_blob_bytes", max_blob_bytes, STREAM_HEADER_MIN)
+        self._max = max_blob_bytes
+        self._limits = check_limits_argument(limits)
         self._options = decode_options(verify, self._limits, -1, page_store)
         flag(mmap, "mmap")
-        self._guard: MappedFile | None = None
-        if isinstance(source, (str, os.PathLike)):
-            self._view, self._guard = map_file(source, use_mmap=mmap)
-            self._mapping = None if self._guard is None else self._guard.mapping
-        else:
-            self._view, self._mapping = map_source(source)
+        self._source = open_memory(source, use_mmap=mmap)
+        self._view = self._source.view
         self._closed = False
-        self._header: StreamHeader | None = None
-        start = 0
+        # the walk frames the view as StreamReader does (no mapping: page data stays unread)
+        records = RecordReader(MemorySource(self._view[:]), self._max, self._limits)
         try:
             _check_is_stream(self._view)
-            if bytes(self._view[:_MAGIC_SIZE]) == ws.STREAM_MAGIC:
-                start = record_length(
-                    self._view, ws.STREAM_MAGIC, "stream header", STREAM_HEADER_MIN
-                )
-                check_record_size(start, self._max, "stream header", 0)
-                self._header = decode_stream_header(self._view, limits=self._limits)
+            self._header = records.read_header()
             check_header_fingerprint(self._expect, self._header)
         except BaseException:
             self.close()
@@ -170,11 +123,11 @@ class StreamFile(ClosesOnExit):
         # The end record's index stays a checked structured array until entries are asked
         # for: opening a stream of a million blobs builds no object per blob, and tensor()
         # finds its blob in the array.
-        self._rows = self._index_from_end(start)
+        self._rows = self._index_from_end(records.position)
         self._complete = self._rows is not None
         self._entries: tuple[StreamEntry, ...] | None = None
         if self._rows is None:
-            self._entries = self._walk(start)
+            self._entries = self._walk(records)
         self._keyed: dict[tuple[int | None, str], StreamEntry] | None = None
 
     @property
@@ -288,19 +241,12 @@ class StreamFile(ClosesOnExit):
         (untouched on a refusal unless ``one_pass=True``)."""
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
-        shrank = None if self._guard is None else self._guard.shrunk(entry.offset + entry.length)
-        if shrank is not None:  # reading the blob's pages now would be SIGBUS
-            raise StreamTruncatedError(
-                f"the file no longer holds the {what}: {shrank}",
-                section=what,
-                offset=self._guard.current_size() if self._guard else None,
-                expected=entry.offset + entry.length,
-            ) from shrank
-        will_need(self._mapping, entry.offset, entry.length)
+        self._source.require(entry.offset + entry.length, StreamTruncatedError, what)
+        will_need(self._source.mapping, entry.offset, entry.length)
         view = self._view[entry.offset : entry.offset + entry.length]
 
         def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
-            check_blob_fingerprint(self._expect, tensor)
+            check_blob(self._expect, self._header, tensor, what)
             if (tensor.layer_index, tensor.kv_role) != (entry.layer_index, entry.kv_role):
                 raise InvalidStreamError(
                     "blob descriptor disagrees with the index",
@@ -308,7 +254,6 @@ class StreamFile(ClosesOnExit):
                     expected=(entry.layer_index, entry.kv_role),
                     found=(tensor.layer_index, tensor.kv_role),
                 )
-            check_against_header(self._header, tensor, what)
 
         try:
             if blob_length(view) != entry.length:
@@ -365,82 +310,29 @@ class StreamFile(ClosesOnExit):
         kept: npt.NDArray[Any] = rows.copy()  # a copy: later use never touches the mapping
         return kept
 
-    def _walk(self, start: int) -> tuple[StreamEntry, ...]:
+    def _walk(self, records: RecordReader) -> tuple[StreamEntry, ...]:
         """Frame every record from its prefix; read only blob headers and descriptors.
 
         Stops at the end record or at the first record that cannot be framed, keeping the
         blobs before it and the reason in ``error``.
         """
-        view = self._view
-        entries: list[StreamEntry] = []
-        pos = start
         try:
-            if not len(view):
-                raise empty_input_error()
-            while pos < len(view):
-                head = bytes(view[pos : pos + _MAGIC_SIZE])
-                if head == ws.END_MAGIC:
-                    self._end_record_at(pos, entries)
-                    self._complete = True
-                    return tuple(entries)
-                if head != wb.BLOB_MAGIC:
-                    raise _not_a_record(head, pos)
-                entries.append(self._blob_at(pos))
-                pos += entries[-1].length
-            if self._header is not None and self._header.end_record:
-                raise StreamTruncatedError(
-                    "stream ended before the end record its header promised",
-                    section="stream",
-                    offset=pos,
+            while (framed := records.next_blob()) is not None:
+                record, total, what = framed
+                try:
+                    layout = peek_descriptor(record, limits=self._limits).layout
+                except HurrayWireError as exc:
+                    add_note(exc, f"in {what} at stream offset {records.position}")
+                    raise
+                records.accept(total, layout.layer_index, layout.kv_role)
+            if records.complete and records.position != len(self._view):
+                raise InvalidStreamError(
+                    "bytes after the end record", section="stream", offset=records.position
                 )
         except HurrayWireError as exc:
             self._error = exc
-        return tuple(entries)
-
-    def _end_record_at(self, pos: int, entries: list[StreamEntry]) -> None:
-        """The end record at ``pos`` must agree with the blobs walked and end the stream."""
-        view = self._view
-        total = record_length(view[pos:], ws.END_MAGIC, "end record", END_RECORD_MIN)
-        check_record_size(total, self._max, "end record", pos)
-        count, rows = decode_end_rows(view[pos:], limits=self._limits)
-        if count != len(entries) or (rows is not None and not rows_match(rows, entries)):
-            raise InvalidStreamError(
-                "the end record disagrees with the blobs found",
-                section="end record",
-                offset=pos,
-                expected=f"{len(entries)} blobs",
-                found=f"{count} blobs",
-            )
-        if pos + total != len(view):
-            raise InvalidStreamError(
-                "bytes after the end record", section="stream", offset=pos + total
-            )
-
-    def _blob_at(self, pos: int) -> StreamEntry:
-        """The blob at ``pos``, framed and its header and descriptor checked (not its data)."""
-        view = self._view
-        what = f"blob at stream offset {pos}"
-        try:
-            total = blob_length(view[pos : pos + BLOB_PREFIX_SIZE])
-        except BlobTruncatedError:
-            raise StreamBlobTruncatedError(
-                "stream ends inside a blob prefix", section=what, offset=len(view)
-            ) from None
-        check_record_size(total, self._max, what, pos)
-        if pos + total > len(view):
-            raise StreamBlobTruncatedError(
-                "stream ends inside a blob",
-                section=what,
-                offset=len(view),
-                expected=total,
-                found=len(view) - pos,
-            )
-        try:
-            layer, role = _peek_blob(view[pos : pos + total], self._limits)
-        except HurrayWireError as exc:
-            add_note(exc, f"in the {what}")
-            raise
-        return StreamEntry(pos, total, layer, role)
+        self._complete = records.complete and self._error is None
+        return tuple(records.seen)
 
     @property
     def closed(self) -> bool:
@@ -453,9 +345,4 @@ class StreamFile(ClosesOnExit):
     def close(self) -> None:
         """Drop the mapping (it stays mapped while tensors view it); idempotent."""
         self._closed = True
-        self._view.release()
-        if self._guard is not None:
-            self._guard.close()
-        if self._mapping is not None:
-            with contextlib.suppress(BufferError):
-                self._mapping.close()
+        self._source.close()
