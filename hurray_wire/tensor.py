@@ -31,7 +31,7 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import (
     BlockPagedLayout,
     _as_index_array,
-    check_index_arrays,
+    check_indexes,
     check_seq_lens,
 )
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
@@ -274,7 +274,6 @@ class BlockPagedTensor:
                 )
         bt = np.ascontiguousarray(bt_any, dtype=index_dtype)
         sp = np.ascontiguousarray(sp_any, dtype=index_dtype)
-        check_index_arrays(sp, bt, num_pages, num_seqs)
         lens = None
         if seq_lens is not None:
             lens = np.ascontiguousarray(_as_index_array(seq_lens, "seq_lens", U64_MAX), SEQ_LENS)
@@ -282,6 +281,7 @@ class BlockPagedTensor:
                 total_tokens = sum(lens.tolist()) % (1 << 64) if lens.size < 64 else int(lens.sum())
         if total_tokens is None:
             total_tokens = len(bt) * page_size
+        check_indexes(sp, bt, num_pages, num_seqs, lens, page_size, total_tokens)
         tokens_key = (type(total_tokens), total_tokens)
         descriptor = None if known is None else known.descriptors.get(tokens_key)
         if descriptor is None:
@@ -306,8 +306,6 @@ class BlockPagedTensor:
                     alignment=alignment,
                 ),
             )
-        if lens is not None:
-            check_seq_lens(lens, sp, page_size, total_tokens)
         scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
         meta = with_kv_scale(dict(metadata or {}), kv_scale, layout.kv_role)
         if meta:
@@ -530,9 +528,8 @@ def checked_indexes(
     layout = descriptor.layout
     block_table = buffers[1].view(layout.index_dtype)
     seq_ptr = buffers[2].view(layout.index_dtype)
-    check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
-    if seq_lens is not None:
-        check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
+    check_indexes(seq_ptr, block_table, layout.num_pages, layout.num_seqs, seq_lens,
+                  layout.page_size, descriptor.shape[0])  # fmt: skip
     if metadata:
         check_reserved_metadata(metadata, layout.kv_role)
     return block_table, seq_ptr

@@ -37,7 +37,7 @@ from hurray_wire.integrity import (
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor_encode import encode_descriptor
-from hurray_wire.model.layout import check_index_arrays, check_seq_lens
+from hurray_wire.model.layout import check_indexes
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_dtype, item_struct
@@ -526,6 +526,5 @@ def check_contents(tensor: BlockPagedTensor) -> None:
             expected=str(dtype),
             found=f"{type(table).__name__} / {type(starts).__name__}",
         )
-    check_index_arrays(starts, table, layout.num_pages, layout.num_seqs)
-    if tensor.seq_lens is not None:
-        check_seq_lens(tensor.seq_lens, starts, layout.page_size, tensor.descriptor.shape[0])
+    check_indexes(starts, table, layout.num_pages, layout.num_seqs, tensor.seq_lens,
+                  layout.page_size, tensor.descriptor.shape[0])  # fmt: skip
