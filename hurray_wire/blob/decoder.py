@@ -61,9 +61,9 @@ from hurray_wire.integrity import (
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import decode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.tensor import BlockPagedTensor, assemble
+from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
-from hurray_wire.wire.fast import item_dtype, item_struct
+from hurray_wire.wire.fast import item_struct
 
 __all__ = [
     "DEFAULT_OPTIONS",
@@ -84,7 +84,6 @@ __all__ = [
 
 _U64 = item_struct(w.SECTION_ENTRY.checksum.subcon)  # an entry's checksum, read per call
 _U64_CODE = _U64.format[-1]
-_SEQ_LENS = item_dtype(w.SEQ_LENS_ITEM)
 _CHECKSUM_AT = ENTRY_AT["checksum"]
 _NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
@@ -552,7 +551,7 @@ def _assemble(
     with the containers), placing its errors at blob offsets."""
     descriptor = plan.descriptor
     raw_offset = _raw_offset
-    seq_lens = None if lens_payload is None else lens_payload.view(_SEQ_LENS)
+    seq_lens = None if lens_payload is None else lens_payload.view(SEQ_LENS)
     try:
         return (assemble if pages is None else pages.assemble)(
             descriptor, buffers, seq_lens, metadata
