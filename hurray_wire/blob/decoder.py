@@ -550,7 +550,6 @@ def _assemble(
     """Type the sections and check what needs their contents (tensor.assemble, shared
     with the containers), placing its errors at blob offsets."""
     descriptor = plan.descriptor
-    raw_offset = _raw_offset
     seq_lens = None if lens_payload is None else lens_payload.view(SEQ_LENS)
     try:
         return (assemble if pages is None else pages.assemble)(
@@ -558,17 +557,17 @@ def _assemble(
         )
     except IndexBufferError as exc:
         if exc.field == "seq_lens":
-            entry, section, width = plan.seq_lens, "seq_lens", 8
+            entry, section, width = plan.seq_lens, "seq_lens", SEQ_LENS.itemsize
         else:
             index = 1 if exc.field == "block_table" else 2
             entry, section = plan.buffers[index], f"buffer[{index}]"
             width = descriptor.layout.index_dtype.itemsize
-        start = raw_offset(entry)
+        start = _raw_offset(entry)
         offset = start + width * (exc.position or 0) if start is not None else None
         raise exc.relocated(section=section, offset=offset) from None
     except InvalidMetadataError as exc:  # a reserved key (kv_scale.check_reserved_metadata)
         raise exc.relocated(section="metadata") from None
     except HurrayWireError as exc:  # a pool error: its offset (if any) is within the pool
-        start = raw_offset(plan.buffers[0])
+        start = _raw_offset(plan.buffers[0])
         offset = None if start is None else start + (exc.offset or 0)
         raise exc.relocated(section="buffer[0]", offset=offset) from None
