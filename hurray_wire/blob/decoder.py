@@ -398,8 +398,14 @@ def _materialize(
         check_zero(view, start, stop, error=PaddingError, section=where)
     verify = opts.verify and plan.verify_sections
     moved = pool is not None or defer_pool
-    if verify and pages is None and not moved and _checksums_match(view, plan):
-        pass  # every section checksum matched, compared in one go
+    if (
+        verify
+        and pages is None
+        and not moved
+        and tuple(map(xxhash.xxh3_64_intdigest, map(view.__getitem__, plan.spans)))
+        == plan.stored_checksums.unpack_from(view)
+    ):
+        pass  # every section checksum matched, compared in one go (else: which one)
     elif verify:
         pool_entry = plan.buffers[0]
         pool_checksum = _digest_pass(view, plan, pages, pool)
@@ -438,8 +444,10 @@ def _materialize(
     if pool is not None:
         buffers[0] = pool
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
-    meta = None if plan.metadata is None else payload(plan.metadata)
-    metadata, found = _metadata(plan, meta, opts.limits.max_metadata_entries)
+    metadata: dict[str, Any] = {}
+    found = None
+    if plan.metadata is not None:
+        metadata, found = _metadata(plan, payload(plan.metadata), opts.limits)
     expect = opts.expect_fingerprint
     if expect is not None and found is not None:
         check_compatible(expect, found)  # the fingerprint parsed once, with the metadata
@@ -455,13 +463,6 @@ def _materialize(
             _raw_offset(refs),
         )
     return _assemble(plan, buffers, lens, metadata, pages)
-
-
-def _checksums_match(view: memoryview, plan: _Plan) -> bool:
-    """Every section's xxh3_64 equals its stored checksum (False: the entry loop finds the
-    first mismatch and raises, or tolerates it for decode_report)."""
-    computed = tuple(map(xxhash.xxh3_64_intdigest, map(view.__getitem__, plan.spans)))
-    return computed == plan.stored_checksums.unpack_from(view)
 
 
 def stored_section_checksum(view: memoryview, e: Entry) -> int:
@@ -523,15 +524,13 @@ def _raw_offset(e: Entry | None) -> int | None:
 
 
 def _metadata(
-    plan: _Plan, meta_payload: npt.NDArray[np.uint8] | None, max_entries: int
+    plan: _Plan, meta_payload: npt.NDArray[np.uint8], limits: DecodeLimits
 ) -> tuple[dict[str, Any], EngineFingerprint | None]:
-    """The metadata section decoded (at most ``max_entries`` entries), its errors placed at
-    blob offsets, and the engine fingerprint its reserved entry carries (which must be a
-    valid fingerprint record) or None."""
-    if meta_payload is None:
-        return {}, None
+    """The metadata section decoded (within the limits), its errors placed at blob
+    offsets, and the engine fingerprint its reserved entry carries (which must be a valid
+    fingerprint record) or None."""
     try:
-        metadata = dict(decode_metadata(meta_payload, max_entries=max_entries))
+        metadata = dict(decode_metadata(meta_payload, max_entries=limits.max_metadata_entries))
         found = require_fingerprint(None, metadata, section="metadata")
     except HurrayWireError as exc:
         start = _raw_offset(plan.metadata)
