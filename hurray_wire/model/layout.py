@@ -166,7 +166,7 @@ class BlockPagedLayout:
         """
         sp = _as_index_array(seq_ptr, "seq_ptr", self.index_max)
         bt = _as_index_array(block_table, "block_table", self.index_max)
-        check_index_arrays(sp, bt, self.num_pages, self.num_seqs)
+        check_indexes(sp, bt, self.num_pages, self.num_seqs)
 
     def validate_quantization_compatibility(self, quantization: Quantization | None) -> None:
         """Refuse a scheme that block-paged does not admit (block-paged.md § 7)."""
@@ -241,7 +241,7 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
 
 
 _SMALL = 512  # seq_ptr entries below which the ordering is checked on a Python list
-_SMALL_TABLE = 64  # block_table entries below which max() of a list beats a NumPy reduction
+_SMALL_TABLE = 64  # entries below which Python integers beat NumPy's calls (check_indexes)
 
 
 def check_index_arrays(
@@ -283,15 +283,7 @@ def check_index_arrays(
             found=last,
             expected=count,
         )
-    if (
-        count
-        and (
-            max(block_table.tolist())
-            if count < _SMALL_TABLE
-            else int(np.maximum.reduce(block_table))
-        )
-        >= num_pages
-    ):
+    if count and int(np.maximum.reduce(block_table)) >= num_pages:
         bad = int(np.argmax(block_table >= num_pages))
         raise IndexBufferError(
             f"page id at position {bad} is outside the pool",
