@@ -31,7 +31,7 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import (
     BlockPagedLayout,
     _as_index_array,
-    check_index_arrays,
+    check_indexes,
     check_seq_lens,
 )
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
@@ -102,24 +102,6 @@ class _Geometry:
 # Geometries by _geometry_key: 256 of them (each a few hundred bytes of model objects).
 _GEOMETRIES: BoundedMemo[_Geometry] = BoundedMemo(_MEMO_LIMIT, 1 << 20)
 _GEOMETRY_SIZE = 1024
-
-
-def _geometry_key(
-    pool: Any, block_table: Any, seq_ptr: Any, *scalars: Any
-) -> tuple[Any, ...] | None:
-    """Everything but the values that from_arrays' checks depend on: the three arrays'
-    dtypes and shapes (NumPy arrays only: a list's dtype depends on its values) and the
-    scalar arguments with their types (True is not 1, np.int64(3) is not 3). None when
-    there is no such key."""
-    if type(pool) is not np.ndarray or type(block_table) is not np.ndarray:
-        return None
-    if type(seq_ptr) is not np.ndarray:
-        return None
-    types = tuple(map(type, scalars))
-    if tuple in types:  # no valid argument is a tuple; keep (1, True) from (1, 1)
-        return None
-    return (pool.dtype, pool.shape, block_table.dtype, block_table.shape, seq_ptr.dtype,
-            seq_ptr.shape, types, scalars)  # fmt: skip
 
 
 Array = npt.NDArray[Any]
@@ -217,7 +199,7 @@ class BlockPagedTensor:
         through DLPack. ``kv_scale`` (an engine's fp8 scalar) goes to the role's reserved
         metadata key (``hurray.k_scale`` / ``hurray.v_scale``).
         """
-        if is_torch(page_pool) or (type(page_pool) is np.ndarray and is_strided_pool(page_pool)):
+        if is_strided_pool(page_pool) if type(page_pool) is np.ndarray else is_torch(page_pool):
             page_pool, block_table, scales, zero_points = referenced_pages(
                 page_pool, block_table, isinstance(quantization, PerBlockAffine), scales,
                 zero_points)  # fmt: skip
@@ -229,13 +211,22 @@ class BlockPagedTensor:
                 page_pool, block_table, seq_ptr, seq_lens, scales, zero_points = (
                     as_numpy(a, n) for a, n in zip(arrays, _ARRAY_ARGUMENTS, strict=True)
                 )
-        key = _geometry_key(page_pool, block_table, seq_ptr, element_type, kv_role, layer_index,
-                            block_table_index_type, quantization, alignment)  # fmt: skip
-        try:
-            known = None if key is None else _GEOMETRIES.get(key)
-        except TypeError:  # an unhashable argument: judged below, nothing memoised
-            key = known = None
-        pool = _pool_array(page_pool, element_type)
+        key: tuple[Any, ...] | None = None
+        known = None
+        if type(page_pool) is type(block_table) is type(seq_ptr) is np.ndarray:
+            # All that the checks below decide from but the values: the arrays' dtypes and
+            # shapes (a list's dtype depends on its values) and the scalar arguments with
+            # their types (True is not 1, np.int64(3) is not 3; only valid ones are stored).
+            key = (page_pool.dtype, page_pool.shape, block_table.dtype, block_table.shape,
+                   seq_ptr.dtype, seq_ptr.shape, element_type, kv_role, layer_index,
+                   block_table_index_type, quantization, alignment, type(element_type),
+                   type(kv_role), type(layer_index), type(block_table_index_type),
+                   type(quantization), type(alignment))  # fmt: skip
+            try:
+                known = _GEOMETRIES.get(key)
+            except TypeError:  # an unhashable argument: judged below, nothing memoised
+                key = None
+        pool = page_pool if type(page_pool) is np.ndarray else _pool_array(page_pool, element_type)
         if known is None:
             etype = element_type_of(element_type if element_type is not None else pool.dtype)
             _check_pool(pool, etype)
@@ -275,7 +266,6 @@ class BlockPagedTensor:
                 )
         bt = np.ascontiguousarray(bt_any, dtype=index_dtype)
         sp = np.ascontiguousarray(sp_any, dtype=index_dtype)
-        check_index_arrays(sp, bt, num_pages, num_seqs)
         lens = None
         if seq_lens is not None:
             lens = np.ascontiguousarray(_as_index_array(seq_lens, "seq_lens", U64_MAX), SEQ_LENS)
@@ -283,6 +273,7 @@ class BlockPagedTensor:
                 total_tokens = sum(lens.tolist()) % (1 << 64) if lens.size < 64 else int(lens.sum())
         if total_tokens is None:
             total_tokens = len(bt) * page_size
+        check_indexes(sp, bt, num_pages, num_seqs, lens, page_size, total_tokens)
         tokens_key = (type(total_tokens), total_tokens)
         descriptor = None if known is None else known.descriptors.get(tokens_key)
         if descriptor is None:
@@ -307,10 +298,12 @@ class BlockPagedTensor:
                     alignment=alignment,
                 ),
             )
-        if lens is not None:
-            check_seq_lens(lens, sp, page_size, total_tokens)
-        scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
-        meta = with_kv_scale(dict(metadata or {}), kv_scale, layout.kv_role)
+        scale_arr = zp_arr = None
+        if quantization is not None or scales is not None or zero_points is not None:
+            scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
+        meta = {}
+        if metadata or kv_scale is not None:
+            meta = with_kv_scale(dict(metadata or {}), kv_scale, layout.kv_role)
         if meta:
             check_reserved_metadata(meta, layout.kv_role)
             fingerprint_from_metadata(meta)  # a malformed hurray.engine_fingerprint: refused
@@ -497,8 +490,8 @@ def assemble(
     if typing is not None or not etype.is_packed:
         shape, dtype = typing or _pool_typing(descriptor)
         try:
-            pool = pool.view(dtype).reshape(shape)
-        except ValueError:  # e.g. a zero-size pool whose other dimensions exceed NumPy's
+            pool = np.ndarray(shape, dtype, pool)
+        except (ValueError, TypeError):  # e.g. a zero-size pool of pages NumPy cannot shape
             raise InvalidTensorError(
                 "page_pool shape cannot be represented as a NumPy array",
                 field="page_pool",
@@ -507,7 +500,9 @@ def assemble(
     elif not pool_later:
         check_padding_bits(descriptor, pool)
     block_table, seq_ptr = checked_indexes(descriptor, buffers, seq_lens, metadata)
-    scales, zero_points = typed_params(descriptor, buffers)
+    scales = zero_points = None
+    if descriptor.quantization is not None:
+        scales, zero_points = typed_params(descriptor, buffers)
     return BlockPagedTensor._trusted(
         descriptor, pool, block_table, seq_ptr, scales, zero_points, seq_lens, metadata
     )
@@ -539,11 +534,11 @@ def checked_indexes(
     contents checked (index invariants, seq_lens, reserved metadata): what every decoder's
     assembly checks, wherever it puts the pool (``assemble``, the in-place decode)."""
     layout = descriptor.layout
-    block_table = buffers[1].view(layout.index_dtype)
-    seq_ptr = buffers[2].view(layout.index_dtype)
-    check_index_arrays(seq_ptr, block_table, layout.num_pages, layout.num_seqs)
-    if seq_lens is not None:
-        check_seq_lens(seq_lens, seq_ptr, layout.page_size, descriptor.shape[0])
+    index_dtype = layout.index_dtype
+    block_table = buffers[1].view(index_dtype)
+    seq_ptr = buffers[2].view(index_dtype)
+    check_indexes(seq_ptr, block_table, layout.num_pages, layout.num_seqs, seq_lens,
+                  layout.page_size, descriptor.shape[0])  # fmt: skip
     if metadata:
         check_reserved_metadata(metadata, layout.kv_role)
     return block_table, seq_ptr

@@ -20,6 +20,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -360,10 +361,18 @@ def bench_tiny_safe(repeat: int) -> None:
             t = hw.BlockPagedTensor.from_arrays(pool, table, seq_ptr, seq_lens=lens)
             blob.decode(blob.encode(t))
 
-        timed = interleaved({"safe": safe, "ours": ours}, repeat)
+        stages = {  # each alone, on a fixed tensor / blob: where the round trip goes
+            "  from_arrays alone": partial(hw.BlockPagedTensor.from_arrays, pool, table,
+                                           seq_ptr, seq_lens=lens),
+            "  encode alone": partial(blob.encode, tensor),
+            "  decode alone": partial(blob.decode, data),
+        }  # fmt: skip
+        timed = interleaved({"safe": safe, "ours": ours, **stages}, repeat)
         what = "" if lens is None else ", seq_lens"
         line(f"hand-written safe decoder{what}", timed["safe"], timed["safe"], "safe")
         line(f"from_arrays + encode + decode{what}", timed["ours"], timed["safe"], "safe")
+        for name in stages:
+            line(name, timed[name], timed["safe"], "safe")
 
 
 def bench_descriptor_parsers(repeat: int) -> None:

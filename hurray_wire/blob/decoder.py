@@ -61,9 +61,9 @@ from hurray_wire.integrity import (
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import decode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.tensor import BlockPagedTensor, assemble
+from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
 from hurray_wire.wire import blob as w
-from hurray_wire.wire.fast import item_dtype, item_struct
+from hurray_wire.wire.fast import item_struct
 
 __all__ = [
     "DEFAULT_OPTIONS",
@@ -84,7 +84,6 @@ __all__ = [
 
 _U64 = item_struct(w.SECTION_ENTRY.checksum.subcon)  # an entry's checksum, read per call
 _U64_CODE = _U64.format[-1]
-_SEQ_LENS = item_dtype(w.SEQ_LENS_ITEM)
 _CHECKSUM_AT = ENTRY_AT["checksum"]
 _NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
@@ -398,8 +397,14 @@ def _materialize(
         check_zero(view, start, stop, error=PaddingError, section=where)
     verify = opts.verify and plan.verify_sections
     moved = pool is not None or defer_pool
-    if verify and pages is None and not moved and _checksums_match(view, plan):
-        pass  # every section checksum matched, compared in one go
+    if (
+        verify
+        and pages is None
+        and not moved
+        and tuple(map(xxhash.xxh3_64_intdigest, map(view.__getitem__, plan.spans)))
+        == plan.stored_checksums.unpack_from(view)
+    ):
+        pass  # every section checksum matched, compared in one go (else: which one)
     elif verify:
         pool_entry = plan.buffers[0]
         pool_checksum = _digest_pass(view, plan, pages, pool)
@@ -438,8 +443,10 @@ def _materialize(
     if pool is not None:
         buffers[0] = pool
     lens = None if plan.seq_lens is None else payload(plan.seq_lens)
-    meta = None if plan.metadata is None else payload(plan.metadata)
-    metadata, found = _metadata(plan, meta, opts.limits.max_metadata_entries)
+    metadata: dict[str, Any] = {}
+    found = None
+    if plan.metadata is not None:
+        metadata, found = _metadata(plan, payload(plan.metadata), opts.limits)
     expect = opts.expect_fingerprint
     if expect is not None and found is not None:
         check_compatible(expect, found)  # the fingerprint parsed once, with the metadata
@@ -455,13 +462,6 @@ def _materialize(
             _raw_offset(refs),
         )
     return _assemble(plan, buffers, lens, metadata, pages)
-
-
-def _checksums_match(view: memoryview, plan: _Plan) -> bool:
-    """Every section's xxh3_64 equals its stored checksum (False: the entry loop finds the
-    first mismatch and raises, or tolerates it for decode_report)."""
-    computed = tuple(map(xxhash.xxh3_64_intdigest, map(view.__getitem__, plan.spans)))
-    return computed == plan.stored_checksums.unpack_from(view)
 
 
 def stored_section_checksum(view: memoryview, e: Entry) -> int:
@@ -528,15 +528,13 @@ def _raw_offset(e: Entry | None) -> int | None:
 
 
 def _metadata(
-    plan: _Plan, meta_payload: npt.NDArray[np.uint8] | None, max_entries: int
+    plan: _Plan, meta_payload: npt.NDArray[np.uint8], limits: DecodeLimits
 ) -> tuple[dict[str, Any], EngineFingerprint | None]:
-    """The metadata section decoded (at most ``max_entries`` entries), its errors placed at
-    blob offsets, and the engine fingerprint its reserved entry carries (which must be a
-    valid fingerprint record) or None."""
-    if meta_payload is None:
-        return {}, None
+    """The metadata section decoded (within the limits), its errors placed at blob
+    offsets, and the engine fingerprint its reserved entry carries (which must be a valid
+    fingerprint record) or None."""
     try:
-        metadata = dict(decode_metadata(meta_payload, max_entries=max_entries))
+        metadata = dict(decode_metadata(meta_payload, max_entries=limits.max_metadata_entries))
         found = require_fingerprint(None, metadata, section="metadata")
     except HurrayWireError as exc:
         start = _raw_offset(plan.metadata)
@@ -555,25 +553,24 @@ def _assemble(
     """Type the sections and check what needs their contents (tensor.assemble, shared
     with the containers), placing its errors at blob offsets."""
     descriptor = plan.descriptor
-    raw_offset = _raw_offset
-    seq_lens = None if lens_payload is None else lens_payload.view(_SEQ_LENS)
+    seq_lens = None if lens_payload is None else lens_payload.view(SEQ_LENS)
     try:
         return (assemble if pages is None else pages.assemble)(
             descriptor, buffers, seq_lens, metadata
         )
     except IndexBufferError as exc:
         if exc.field == "seq_lens":
-            entry, section, width = plan.seq_lens, "seq_lens", 8
+            entry, section, width = plan.seq_lens, "seq_lens", SEQ_LENS.itemsize
         else:
             index = 1 if exc.field == "block_table" else 2
             entry, section = plan.buffers[index], f"buffer[{index}]"
             width = descriptor.layout.index_dtype.itemsize
-        start = raw_offset(entry)
+        start = _raw_offset(entry)
         offset = start + width * (exc.position or 0) if start is not None else None
         raise exc.relocated(section=section, offset=offset) from None
     except InvalidMetadataError as exc:  # a reserved key (kv_scale.check_reserved_metadata)
         raise exc.relocated(section="metadata") from None
     except HurrayWireError as exc:  # a pool error: its offset (if any) is within the pool
-        start = raw_offset(plan.buffers[0])
+        start = _raw_offset(plan.buffers[0])
         offset = None if start is None else start + (exc.offset or 0)
         raise exc.relocated(section="buffer[0]", offset=offset) from None

@@ -37,17 +37,16 @@ from hurray_wire.integrity import (
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor_encode import encode_descriptor
-from hurray_wire.model.layout import check_index_arrays, check_seq_lens
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.model.layout import check_indexes
+from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor
 from hurray_wire.wire import blob as w
-from hurray_wire.wire.fast import item_dtype, item_struct
+from hurray_wire.wire.fast import item_struct
 
 __all__ = ["encode", "encode_into", "encode_parts", "planned_into"]
 
 _ZEROS = bytes(1 << 16)
 _SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
 _SECTION_CHECKSUM = item_struct(w.SECTION_ENTRY.checksum.subcon)  # patched per call
-_SEQ_LENS = item_dtype(w.SEQ_LENS_ITEM)
 assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
 
 
@@ -149,7 +148,7 @@ def _sections(
                 section.stored_size = sum(len(p) for p in stored)
         sections.append(section)
     if tensor.seq_lens is not None:
-        lens = np.ascontiguousarray(tensor.seq_lens, _SEQ_LENS).view(np.uint8)
+        lens = np.ascontiguousarray(tensor.seq_lens, SEQ_LENS).view(np.uint8)
         sections.append(
             _Section(w.KIND_SEQ_LENS, 0, 64, lens.nbytes, [lens], flags=w.FLAG_REQUIRED)
         )
@@ -260,7 +259,7 @@ def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None
         return None  # before the metadata is encoded: the general path encodes it once
     lens_size = meta_size = -1
     if tensor.seq_lens is not None:
-        lens = np.ascontiguousarray(tensor.seq_lens, _SEQ_LENS)
+        lens = np.ascontiguousarray(tensor.seq_lens, SEQ_LENS)
         contents.append(lens)
         lens_size = lens.nbytes
     if tensor.metadata:
@@ -526,6 +525,5 @@ def check_contents(tensor: BlockPagedTensor) -> None:
             expected=str(dtype),
             found=f"{type(table).__name__} / {type(starts).__name__}",
         )
-    check_index_arrays(starts, table, layout.num_pages, layout.num_seqs)
-    if tensor.seq_lens is not None:
-        check_seq_lens(tensor.seq_lens, starts, layout.page_size, tensor.descriptor.shape[0])
+    check_indexes(starts, table, layout.num_pages, layout.num_seqs, tensor.seq_lens,
+                  layout.page_size, tensor.descriptor.shape[0])  # fmt: skip

@@ -26,6 +26,7 @@ __all__ = [
     "KV_ROLE_NAMES",
     "BlockPagedLayout",
     "check_index_arrays",
+    "check_indexes",
     "check_seq_lens",
 ]
 
@@ -165,7 +166,7 @@ class BlockPagedLayout:
         """
         sp = _as_index_array(seq_ptr, "seq_ptr", self.index_max)
         bt = _as_index_array(block_table, "block_table", self.index_max)
-        check_index_arrays(sp, bt, self.num_pages, self.num_seqs)
+        check_indexes(sp, bt, self.num_pages, self.num_seqs)
 
     def validate_quantization_compatibility(self, quantization: Quantization | None) -> None:
         """Refuse a scheme that block-paged does not admit (block-paged.md § 7)."""
@@ -240,7 +241,7 @@ def _as_index_array(value: Any, name: str, index_max: int) -> npt.NDArray[Any]:
 
 
 _SMALL = 512  # seq_ptr entries below which the ordering is checked on a Python list
-_SMALL_TABLE = 64  # block_table entries below which max() of a list beats a NumPy reduction
+_SMALL_TABLE = 64  # entries below which Python integers beat NumPy's calls (check_indexes)
 
 
 def check_index_arrays(
@@ -282,15 +283,7 @@ def check_index_arrays(
             found=last,
             expected=count,
         )
-    if (
-        count
-        and (
-            max(block_table.tolist())
-            if count < _SMALL_TABLE
-            else int(np.maximum.reduce(block_table))
-        )
-        >= num_pages
-    ):
+    if count and int(np.maximum.reduce(block_table)) >= num_pages:
         bad = int(np.argmax(block_table >= num_pages))
         raise IndexBufferError(
             f"page id at position {bad} is outside the pool",
@@ -299,6 +292,37 @@ def check_index_arrays(
             found=int(block_table[bad]),
             expected=f"< num_pages = {num_pages}",
         )
+
+
+def check_indexes(
+    seq_ptr: npt.NDArray[Any],
+    block_table: npt.NDArray[Any],
+    num_pages: int,
+    num_seqs: int,
+    lens: npt.NDArray[Any] | None = None,
+    page_size: int = 1,
+    total_tokens: int = 0,
+) -> None:
+    """Storage invariants 1-3 and, with ``lens``, the seq_lens rule: for a few sequences
+    one pass over exact Python integers (on a tiny table every NumPy call or function
+    layer costs more than the check); otherwise, or to name a failure,
+    :func:`check_index_arrays` and :func:`check_seq_lens`."""
+    if num_seqs < _SMALL_TABLE and len(seq_ptr) == num_seqs + 1 and len(block_table) < _SMALL_TABLE:
+        starts, table = seq_ptr.tolist(), block_table.tolist()
+        ok = starts[0] == 0 and starts[-1] == len(table) and starts == sorted(starts)
+        ok = ok and (not table or max(table) < num_pages)
+        if ok and lens is not None:
+            values = lens.tolist()
+            ok = len(values) == num_seqs and sum(values) == total_tokens
+            for k in range(num_seqs if ok else 0):
+                if -(-values[k] // page_size) != starts[k + 1] - starts[k]:
+                    ok = False
+                    break
+        if ok:
+            return
+    check_index_arrays(seq_ptr, block_table, num_pages, num_seqs)
+    if lens is not None:
+        check_seq_lens(lens, seq_ptr, page_size, total_tokens)
 
 
 def _page_count_mismatch(
