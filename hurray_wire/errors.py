@@ -131,6 +131,45 @@ def non_negative(value: object, name: str) -> int:
     return value
 
 
+def check_head(
+    view: Any,
+    head: Any,
+    expected: tuple[tuple[str, Any, str], ...],
+    *,
+    error: type[HurrayWireError],
+    truncated: type[HurrayWireError],
+    section: str,
+    base_offset: int = 0,
+    what: str = "record shorter than its head",
+) -> dict[str, Any]:
+    """The fields of the fixed head ``head`` (a ``wire.fast`` struct) at the start of
+    ``view``, each ``(name, value, message)`` of ``expected`` checked: a record's magic,
+    version and reserved bytes, refused with ``error`` naming the field and its offset
+    (``truncated`` when the head itself is cut)."""
+    if len(view) < head.size:
+        raise truncated(
+            what,
+            section=section,
+            offset=base_offset + len(view),
+            found=len(view),
+            expected=f">= {head.size} bytes",
+        )
+    fields: dict[str, Any] = head.unpack_dict(view)
+    for name, value, message in expected:
+        found = fields[name]
+        if found != value:
+            shown = (found.hex(), value.hex()) if isinstance(value, bytes) else (found, value)
+            raise error(
+                message,
+                section=section,
+                field=name,
+                offset=base_offset + head.offsets[name],
+                found=shown[0],
+                expected=shown[1],
+            )
+    return fields
+
+
 class CodecConfigError(HurrayWireError, ValueError):
     """A compression spec or codec argument with a bad value (not bad stored bytes)."""
 

@@ -29,6 +29,7 @@ from hurray_wire.errors import (
     HurrayWireError,
     IncompatibleFingerprintError,
     InvalidMetadataError,
+    check_head,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.wire import integrity as w
@@ -229,35 +230,21 @@ def encode_fingerprint(fp: EngineFingerprint) -> bytes:
 def decode_fingerprint(data: object) -> EngineFingerprint:
     """A fingerprint record back to the dataclass; InvalidMetadataError on any defect."""
     view = byte_view(data, "data", allow_copy=True)
-    if len(view) < _HEAD.size:
-        raise InvalidMetadataError(
-            "fingerprint shorter than its head",
-            section=SECTION,
-            offset=len(view),
-            found=len(view),
-            expected=f">= {_HEAD.size} bytes",
-        )
-    head = _HEAD.unpack_dict(view)
-    for name, expected in (("magic", w.FINGERPRINT_MAGIC), ("_reserved0", bytes(3)),
-                           ("_reserved1", bytes(4))):  # fmt: skip
-        if head[name] != expected:
-            raise InvalidMetadataError(
-                f"bad {name.strip('_')}",
-                section=SECTION,
-                field=name,
-                offset=_HEAD.offsets[name],
-                found=head[name].hex(),
-                expected=expected.hex(),
-            )
-    if head["version"] != w.FINGERPRINT_VERSION:
-        raise InvalidMetadataError(
-            "unsupported fingerprint version",
-            section=SECTION,
-            field="version",
-            offset=_HEAD.offsets["version"],
-            found=head["version"],
-            expected=w.FINGERPRINT_VERSION,
-        )
+    expected = (
+        ("magic", w.FINGERPRINT_MAGIC, "bad magic"),
+        ("_reserved0", bytes(3), "bad reserved0"),
+        ("_reserved1", bytes(4), "bad reserved1"),
+        ("version", w.FINGERPRINT_VERSION, "unsupported fingerprint version"),
+    )
+    head = check_head(
+        view,
+        _HEAD,
+        expected,
+        error=InvalidMetadataError,
+        truncated=InvalidMetadataError,
+        section=SECTION,
+        what="fingerprint shorter than its head",
+    )
     if head["body_length"] != len(view) - _HEAD.size:
         raise InvalidMetadataError(
             "body_length does not match the bytes after the head",

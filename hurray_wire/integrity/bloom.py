@@ -27,6 +27,7 @@ from hurray_wire.errors import (
     ArgumentTypeError,
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
+    check_head,
     non_negative,
 )
 from hurray_wire.integrity.delta import (
@@ -112,24 +113,17 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
     (checked before the checksum pass or any copy)."""
     non_negative(max_bytes, "max_bytes")
     view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_BLOOM)
-    if len(view) < _KHEAD.size + _PARAMS.size:
-        raise IntegrityRecordTruncatedError(
-            "record ends inside its Bloom parameters",
-            section=KNOWN,
-            offset=len(view),
-            found=len(view),
-            expected=f">= {_KHEAD.size + _PARAMS.size} bytes",
-        )
-    params = _PARAMS.unpack_dict(view, _KHEAD.size)
     at = _KHEAD.size
-    if params["_reserved"] != bytes(6):
-        raise InvalidIntegrityRecordError(
-            "reserved bytes must be zero",
-            section=KNOWN,
-            field="_reserved",
-            offset=at + _PARAMS.offsets["_reserved"],
-            found=params["_reserved"].hex(),
-        )
+    params = check_head(
+        view[at:],
+        _PARAMS,
+        (("_reserved", bytes(6), "reserved bytes must be zero"),),
+        error=InvalidIntegrityRecordError,
+        truncated=IntegrityRecordTruncatedError,
+        section=KNOWN,
+        base_offset=at,
+        what="record ends inside its Bloom parameters",
+    )
     for name, low, high in (("num_hashes", 1, MAX_HASHES),
                             ("log2_bits", MIN_LOG2_BITS, MAX_LOG2_BITS)):  # fmt: skip
         if not low <= params[name] <= high:

@@ -29,13 +29,14 @@ from hurray_wire.errors import (
     LimitExceededError,
     PageDigestError,
     PageStoreMissError,
+    check_head,
     non_negative,
 )
 from hurray_wire.integrity.digests import (
     DigestArray,
     IntArray,
     PageRecords,
-    check_head,
+    check_digest_head,
     digest_array,
     exact_length,
     logical_positions,
@@ -104,38 +105,23 @@ def encode_known_pages(digests: object) -> bytes:
 def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any]]:
     """The input as bytes and its checked 16-byte known-pages head (of ``form``)."""
     view = byte_view(data, "data")
-    if len(view) < _KHEAD.size:
-        raise IntegrityRecordTruncatedError(
-            "record shorter than its head",
-            section=KNOWN,
-            offset=len(view),
-            found=len(view),
-            expected=f">= {_KHEAD.size} bytes",
-        )
-    head: dict[str, Any] = _KHEAD.unpack_dict(view)
-    for name, expected in (("magic", w.KNOWN_PAGES_MAGIC), ("_reserved0", b"\0"),
-                           ("_reserved1", bytes(4))):  # fmt: skip
-        if head[name] != expected:
-            raise InvalidIntegrityRecordError(
-                f"bad {name.strip('_')}",
-                section=KNOWN,
-                field=name,
-                offset=_KHEAD.offsets[name],
-                found=head[name].hex(),
-                expected=expected.hex(),
-            )
-    for name, wanted in (("version", w.KNOWN_PAGES_VERSION), ("form", form),
-                         ("algorithm", w.DIGEST_ALGORITHM_XXH3_64)):  # fmt: skip
-        if head[name] != wanted:
-            bloom = name == "form" and head[name] == w.KNOWN_PAGES_FORM_BLOOM
-            raise InvalidIntegrityRecordError(
-                f"unsupported {name}" + (" (a Bloom record: decode_known_pages_bloom)" * bloom),
-                section=KNOWN,
-                field=name,
-                offset=_KHEAD.offsets[name],
-                found=head[name],
-                expected=wanted,
-            )
+    bloom = "" if form == w.KNOWN_PAGES_FORM_BLOOM else " (Bloom records: decode_known_pages_bloom)"
+    expected = (
+        ("magic", w.KNOWN_PAGES_MAGIC, "bad magic"),
+        ("_reserved0", b"\0", "bad reserved0"),
+        ("_reserved1", bytes(4), "bad reserved1"),
+        ("version", w.KNOWN_PAGES_VERSION, "unsupported version"),
+        ("form", form, "unsupported form" + bloom),
+        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
+    )
+    head = check_head(
+        view,
+        _KHEAD,
+        expected,
+        error=InvalidIntegrityRecordError,
+        truncated=IntegrityRecordTruncatedError,
+        section=KNOWN,
+    )
     return view, head
 
 
@@ -254,7 +240,7 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
     ``num_pages`` (ids strictly increasing and below it)."""
     limit = non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    head = check_head(
+    head = check_digest_head(
         view, _RHEAD, section=REFS, version=w.PAGE_REFS_VERSION, base_offset=base_offset
     )
     count = head["count"]

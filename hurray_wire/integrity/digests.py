@@ -23,6 +23,7 @@ from hurray_wire.errors import (
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
     PageDigestError,
+    check_head,
     non_negative,
 )
 from hurray_wire.model.quantization import PerBlockAffine
@@ -321,46 +322,24 @@ def encode_digest_section(digests: object) -> bytes:
     return head + values.astype(_DIGESTS, copy=False).tobytes()
 
 
-def check_head(
-    view: memoryview,
-    head: Any,
-    *,
-    section: str,
-    version: int,
-    base_offset: int,
+def check_digest_head(
+    view: memoryview, head: Any, *, section: str, version: int, base_offset: int
 ) -> dict[str, Any]:
     """Parse and check an 8-byte ``version | algorithm | reserved | count`` head."""
-    if len(view) < head.size:
-        raise IntegrityRecordTruncatedError(
-            "record shorter than its head",
-            section=section,
-            offset=base_offset + len(view),
-            found=len(view),
-            expected=f">= {head.size} bytes",
-        )
-    fields: dict[str, Any] = head.unpack_dict(view)
-    for name, expected, field in (
-        ("version", version, "version"),
-        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "algorithm"),
-    ):
-        if fields[name] != expected:
-            raise InvalidIntegrityRecordError(
-                f"unsupported {field}",
-                section=section,
-                field=field,
-                offset=base_offset + head.offsets[name],
-                found=fields[name],
-                expected=expected,
-            )
-    if fields["_reserved"] != bytes(2):
-        raise InvalidIntegrityRecordError(
-            "reserved bytes must be zero",
-            section=section,
-            field="_reserved",
-            offset=base_offset + head.offsets["_reserved"],
-            found=fields["_reserved"].hex(),
-        )
-    return fields
+    expected = (
+        ("version", version, "unsupported version"),
+        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
+        ("_reserved", bytes(2), "reserved bytes must be zero"),
+    )
+    return check_head(
+        view,
+        head,
+        expected,
+        error=InvalidIntegrityRecordError,
+        truncated=IntegrityRecordTruncatedError,
+        section=section,
+        base_offset=base_offset,
+    )
 
 
 def exact_length(
@@ -393,7 +372,7 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     """
     non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    fields = check_head(
+    fields = check_digest_head(
         view, _HEAD, section=SECTION, version=w.DIGEST_SECTION_VERSION, base_offset=base_offset
     )
     count = fields["count"]
