@@ -74,23 +74,7 @@ def _encode(descriptor: TensorDescriptor) -> bytes:
         body = _encode_quantization(descriptor.quantization) + descriptor.quantization_padding
         parts += [_U32.pack(len(body)), body]
     if descriptor.statistics is not None:
-        s = descriptor.statistics
-        parts.append(
-            _STATS.pack(
-                s.computed_mask,
-                s.nnz,
-                s.sparsity_ratio,
-                s.value_min,
-                s.value_max,
-                s.value_abs_max,
-                s.value_mean,
-                s.value_stddev,
-                s.nm_n,
-                s.nm_m,
-                s.has_nan,
-                s.has_inf,
-            )
-        )
+        parts.append(_STATS.pack(*vars(descriptor.statistics).values()))  # in field order
     if descriptor.composite_member is not None:
         parts.append(_MEMBER.pack(descriptor.composite_member))
     parts.append(descriptor.unknown_trailing)
