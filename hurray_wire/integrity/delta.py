@@ -41,6 +41,7 @@ from hurray_wire.integrity.digests import (
     exact_length,
     logical_positions,
     page_records,
+    page_rows,
 )
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
@@ -417,30 +418,12 @@ def _out_records(
             )
         num_pages = int(out_pool.shape[0])
     count = non_negative(num_pages, "num_pages")
-
-    def rows(array: U8Array, name: str) -> U8Array:
-        if count == 0 or array.size % count:
-            if count == 0 and array.size == 0:
-                return array.reshape(0, 0)
-            raise ArgumentTypeError(
-                f"{name} must hold a whole number of bytes per page",
-                field=name,
-                found=array.size,
-                expected=f"a multiple of num_pages {count}",
-            )
-        return array.reshape(count, -1)
-
-    scales = (
-        None
-        if out_scales is None
-        else rows(_writable_bytes(out_scales, "out_scales"), "out_scales")
+    parts = {"out_scales": out_scales, "out_zero_points": out_zero_points}
+    scales, zps = (
+        None if array is None else page_rows(_writable_bytes(array, name), count, name)
+        for name, array in parts.items()
     )
-    zps = (
-        None
-        if out_zero_points is None
-        else rows(_writable_bytes(out_zero_points, "out_zero_points"), "out_zero_points")
-    )
-    return PageRecords(rows(pool, "out_pool"), scales, zps)
+    return PageRecords(page_rows(pool, count, "out_pool"), scales, zps)
 
 
 def place_sent_pages(

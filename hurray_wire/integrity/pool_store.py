@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.buffers import U8Array
 from hurray_wire.errors import ArgumentTypeError, PageStoreError
 from hurray_wire.integrity.digests import (
     DigestArray,
@@ -24,6 +23,7 @@ from hurray_wire.integrity.digests import (
     PageRecords,
     check_digest_range,
     digest_array,
+    page_rows,
 )
 from hurray_wire.integrity.page_store import PageStore, check_record, held, sorted_digests
 
@@ -56,27 +56,6 @@ def engine_array(value: object, name: str) -> npt.NDArray[Any]:
             found="a read-only array",
         )
     return value
-
-
-def _rows(array: npt.NDArray[Any], num_pages: int, name: str) -> U8Array:
-    """``array`` as ``[num_pages, bytes per page]`` uint8 (a view)."""
-    flat = array.reshape(-1).view(np.uint8)
-    if flat.size == 0 and num_pages:  # pages of no bytes (a zero-sized dimension)
-        return flat.reshape(num_pages, 0)
-    if num_pages == 0:
-        if flat.size:
-            raise ArgumentTypeError(
-                f"{name} must be empty for an empty pool", field=name, found=flat.size
-            )
-        return flat.reshape(0, 0)
-    if flat.size % num_pages:
-        raise ArgumentTypeError(
-            f"{name} must hold a whole number of bytes per page",
-            field=name,
-            found=f"{flat.size} bytes",
-            expected=f"a multiple of num_pages {num_pages}",
-        )
-    return flat.reshape(num_pages, -1)
 
 
 def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = False) -> IntArray:
@@ -158,9 +137,9 @@ class EnginePoolStore(PageStore):
         self.scales = None if scales is None else engine_array(scales, "scales")
         self.zero_points = None if zero_points is None else engine_array(zero_points, "zero_points")
         self.records = PageRecords(
-            _rows(pool, count, "page_pool"),
-            None if self.scales is None else _rows(self.scales, count, "scales"),
-            None if self.zero_points is None else _rows(self.zero_points, count, "zero_points"),
+            page_rows(pool, count, "page_pool"),
+            None if self.scales is None else page_rows(self.scales, count, "scales"),
+            None if self.zero_points is None else page_rows(self.zero_points, count, "zero_points"),
         )
         self._digest_of: dict[int, int] = {}  # page -> digest
         self._pages_of: dict[int, list[int]] = {}  # digest -> pages holding it (first: used)
