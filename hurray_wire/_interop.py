@@ -96,11 +96,12 @@ def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -
 
 
 def first_reference_order(
-    block_table: npt.NDArray[Any],
+    block_table: npt.NDArray[Any], axis: int | None = None
 ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-    """``(old_ids, new_table)``: the distinct page ids in first-reference order, and the
-    block table renumbered so that ``old_ids[new_table] == block_table``."""
-    ids, first, inverse = np.unique(block_table, return_index=True, return_inverse=True)
+    """``(old_ids, new_table)``: the distinct page ids (rows of a 2-D table with ``axis=0``)
+    in first-reference order, and the table renumbered so that ``old_ids[new_table] ==
+    block_table``."""
+    ids, first, inverse = np.unique(block_table, return_index=True, return_inverse=True, axis=axis)
     order = np.argsort(first, kind="stable")
     rank = np.empty(len(ids), np.int64)
     rank[order] = np.arange(len(ids))
