@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn, SupportsIndex, TypeAlias
+from typing import Any, NoReturn, SupportsIndex, TypeAlias, cast
 
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidMetadataError, LimitExceededError
@@ -267,49 +267,34 @@ def _encode_array(values: Sequence[object], field: str) -> bytes:
                 expected=type(values[0]).__name__,
                 found=type(element).__name__,
             )
-    count = _U32.pack(len(values))
-    if first == KV_BOOL:
-        return bytes((KV_BOOL,)) + count + bytes(1 if v else 0 for v in values)
-    if first == KV_FLOAT64:
-        return (
-            bytes((KV_FLOAT64,))
-            + count
-            + array_struct(_FIXED_FORMAT[KV_FLOAT64], len(values)).pack(*values)
-        )
-    if first == KV_STRING:
-        body = b"".join(
-            _length_prefixed(_encode_text(v, f"{field}[{j}]", "string"), f"{field}[{j}]", "string")
-            for j, v in enumerate(values)
-            if isinstance(v, str)
-        )
-        return bytes((KV_STRING,)) + count + body
-    if first == KV_BYTES:
-        body = b"".join(
-            _length_prefixed(bytes(v), f"{field}[{j}]", "bytes value")
-            for j, v in enumerate(values)
-            if isinstance(v, (bytes, bytearray, memoryview))
-        )
-        return bytes((KV_BYTES,)) + count + body
-    ints = [v for v in values if isinstance(v, int)]
-    tag = _array_int_tag(ints, field)
-    return bytes((tag,)) + count + array_struct(_FIXED_FORMAT[tag], len(ints)).pack(*ints)
+    assert first is not None  # every element's kind was checked above
+    tag = _array_int_tag(cast("Sequence[int]", values), field) if first == KV_INT64 else first
+    if tag in _FIXED_FORMAT:  # one pack for the whole array
+        body = array_struct(_FIXED_FORMAT[tag], len(values)).pack(*values)
+    else:
+        body = b"".join(_payload(tag, v, f"{field}[{j}]") for j, v in enumerate(values))
+    return bytes((tag,)) + _U32.pack(len(values)) + body
+
+
+def _payload(kind: int, value: Any, field: str) -> bytes:
+    """The payload of one str, bytes, bool or float value, alone or in an array."""
+    if kind == KV_STRING:
+        return _length_prefixed(_encode_text(value, field, "string"), field, "string")
+    if kind == KV_BYTES:
+        return _length_prefixed(bytes(value), field, "bytes value")
+    if kind == KV_BOOL:
+        return b"\x01" if value else b"\x00"
+    return _F64.pack(value)
 
 
 def _encode_value(value: object, field: str) -> bytes:
     """Tag byte and payload of one value."""
-    if isinstance(value, bool):
-        return bytes((KV_BOOL, 1 if value else 0))
-    if isinstance(value, int):
+    kind = _kind(value)
+    if kind == KV_INT64 and isinstance(value, int):
         tag = _int_tag(value, field)
         return bytes((tag,)) + (_U64 if tag == KV_UINT64 else _I64).pack(value)
-    if isinstance(value, float):
-        return bytes((KV_FLOAT64,)) + _F64.pack(value)
-    if isinstance(value, str):
-        return bytes((KV_STRING,)) + _length_prefixed(
-            _encode_text(value, field, "string"), field, "string"
-        )
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes((KV_BYTES,)) + _length_prefixed(bytes(value), field, "bytes value")
+    if kind is not None:
+        return bytes((kind,)) + _payload(kind, value, field)
     if isinstance(value, (list, tuple)):
         return bytes((KV_ARRAY,)) + _encode_array(value, field)
     raise ArgumentTypeError(
