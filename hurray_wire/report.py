@@ -24,7 +24,8 @@ from hurray_wire.model.descriptor import (
     Statistics,
     TensorDescriptor,
 )
-from hurray_wire.model.descriptor_codec import DescriptorHeader
+from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_header
+from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wire, containers as wc, descriptor as wd, stream as ws
@@ -52,19 +53,17 @@ __all__ = [
 LAYER_NONE_TEXT = "none (0xFFFFFFFF)"
 
 
-def _handle(handle: BufferHandle, name: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {} if name is None else {"name": name}
-    out.update(
-        byte_size=handle.byte_size,
-        alignment=handle.alignment,
-        device=DEVICE_NAMES.get(handle.device_tag, f"private_0x{handle.device_tag:02X}"),
-        device_tag=handle.device_tag,
-        sync_mode=SYNC_MODE_NAMES[handle.sync_mode],
-        memory_class=MEMORY_CLASS_NAMES.get(
+def _handle(handle: BufferHandle) -> dict[str, Any]:
+    return {
+        "byte_size": handle.byte_size,
+        "alignment": handle.alignment,
+        "device": DEVICE_NAMES.get(handle.device_tag, f"private_0x{handle.device_tag:02X}"),
+        "device_tag": handle.device_tag,
+        "sync_mode": SYNC_MODE_NAMES[handle.sync_mode],
+        "memory_class": MEMORY_CLASS_NAMES.get(
             handle.memory_class, f"private_0x{handle.memory_class:02X}"
         ),
-    )
-    return out
+    }
 
 
 def _quantization(quant: Quantization | None) -> dict[str, Any] | None:
@@ -86,37 +85,22 @@ def _statistics(stats: Statistics | None) -> dict[str, Any] | None:
 
 
 def describe_descriptor(desc: TensorDescriptor) -> dict[str, Any]:
-    """Every field of a block-paged descriptor by its spec name."""
-    layout = desc.layout
-    return {
-        "version": f"{desc.version[0]}.{desc.version[1]}",
-        "descriptor_length": desc.descriptor_length,
-        "flags": f"0x{desc.flags:08X}",
-        "element_type": desc.element_type.name,
-        "type_tag": f"0x{desc.element_type.tag:02X}",
-        "shape": list(desc.shape),
-        "byte_offset": 0,
-        "layout": {
-            "name": "block_paged",
-            "tag": "0x0A",
-            "page_size": layout.page_size,
-            "num_pages": layout.num_pages,
-            "paged_axis": layout.paged_axis,
-            "num_seqs": layout.num_seqs,
-            "kv_role": layout.kv_role,
-            "layer_index": LAYER_NONE_TEXT if layout.layer_index is None else layout.layer_index,
-            "block_table_index_type": layout.block_table_index_type,
-        },
-        "buffers": [_handle(h, n) for h, n in zip(desc.buffers, desc.buffer_names, strict=True)],
-        "quantization": _quantization(desc.quantization),
-        "statistics": _statistics(desc.statistics),
-        "composite_member": desc.composite_member,
-        "unknown_trailing_bytes": len(desc.unknown_trailing),
-    }
+    """Every field of a block-paged descriptor by its spec name: its header's description
+    (as of any layout), the buffers named."""
+    out = describe_header(decode_header(encode_descriptor(desc)))
+    del out["has_shard"]  # never set on block-paged
+    out["buffers"] = [
+        {"name": name, **fields}
+        for fields, name in zip(out["buffers"], desc.buffer_names, strict=True)
+    ]
+    return out
 
 
 def describe_header(header: DescriptorHeader) -> dict[str, Any]:
     """The common header of a descriptor of any layout."""
+    layout = dict(header.layout_fields)
+    if "layer_index" in layout and layout["layer_index"] is None:
+        layout["layer_index"] = LAYER_NONE_TEXT  # block-paged, not layer-scoped
     return {
         "version": f"{header.version_major}.{header.version_minor}",
         "descriptor_length": header.descriptor_length,
@@ -128,7 +112,7 @@ def describe_header(header: DescriptorHeader) -> dict[str, Any]:
         "layout": {
             "name": header.layout_name,
             "tag": f"0x{header.layout_tag:02X}",
-            **{k: v for k, v in header.layout_fields.items() if isinstance(v, (int, str, list))},
+            **{k: v for k, v in layout.items() if isinstance(v, (int, str, list))},
         },
         "buffers": [_handle(h) for h in header.buffers],
         "quantization": _quantization(header.quantization),
