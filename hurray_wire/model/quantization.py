@@ -27,6 +27,7 @@ __all__ = [
     "PerTensorAffine",
     "Quantization",
     "check_block_paged_compatibility",
+    "parameter_fields",
 ]
 
 NO_BUFFER = 0xFFFFFFFF  # zero_point_buffer_index of a symmetric scheme
@@ -300,6 +301,17 @@ def _distinct(scale: int, zero_point: int | None) -> tuple[int, ...]:
     return (scale, zero_point)
 
 
+def parameter_fields(quant: object) -> list[tuple[str, int]]:
+    """(field name, buffer index) of each parameter buffer a scheme names."""
+    if not isinstance(quant, (PerChannelAffine, PerBlockAffine, NF4)):  # NF4: MXFP too
+        return []
+    fields = [("scale_buffer_index", quant.scale_buffer_index)]
+    zp = getattr(quant, "zero_point_buffer_index", None)
+    if zp is not None:
+        fields.append(("zero_point_buffer_index", zp))
+    return fields
+
+
 def check_block_paged_compatibility(quantization: object, page_size: int) -> None:
     """Refuse schemes block-paged does not admit (block-paged.md § 7, [A11])."""
     if quantization is None or isinstance(quantization, PerTensorAffine):
@@ -339,10 +351,7 @@ def check_block_paged_compatibility(quantization: object, page_size: int) -> Non
             found=repr(quantization),
             expected="PerTensorAffine, PerChannelAffine, PerBlockAffine or None",
         )
-    named = [("scale_buffer_index", quantization.scale_buffer_index)]
-    if quantization.zero_point_buffer_index is not None:
-        named.append(("zero_point_buffer_index", quantization.zero_point_buffer_index))
-    for name, index in named:
+    for name, index in parameter_fields(quantization):
         if index < 3:
             raise InvalidDescriptorError(
                 "quantization parameter buffers of a block-paged tensor start at index 3",
