@@ -28,6 +28,7 @@ from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_header
 from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms.compact import prefix_sharing
 from hurray_wire.wire import blob as wire, containers as wc, descriptor as wd, stream as ws
 from hurray_wire.wire.fast import derive
 
@@ -130,12 +131,7 @@ def describe_tensor(tensor: BlockPagedTensor) -> dict[str, Any]:
     table = tensor.block_table.astype(np.int64)
     num_pages = tensor.layout.num_pages
     referenced = np.unique(table)
-    shared = 0
-    if len(table) and tensor.num_seqs:
-        seq_of_entry = np.repeat(np.arange(tensor.num_seqs), pages)
-        pairs = np.unique(np.stack([table, seq_of_entry]), axis=1)
-        _, counts = np.unique(pairs[0], return_counts=True)
-        shared = int((counts > 1).sum())
+    shared = sum(len(seqs) > 1 for seqs in prefix_sharing(tensor).values())
     out: dict[str, Any] = {
         "sequences": tensor.num_seqs,
         "logical_pages": len(table),
