@@ -5,12 +5,9 @@ It sits beside ``kv_scale`` (layer 5, below the tensor) rather than in ``integri
 because ``BlockPagedTensor.from_arrays`` validates the reserved metadata entry, as it
 validates the fp8 scale; ``hurray_wire.integrity`` re-exports it.
 
-It travels as ONE reserved metadata entry, ``hurray.engine_fingerprint``, whose bytes value
-is a 24-byte head (magic, version, body length, xxh3_64 of the body) and a body in the KV
-metadata encoding the package already decodes defensively (every length checked before
-anything is sliced). A binary body was chosen over a JSON string because Python's JSON
-parser accepts NaN, duplicate keys, and nesting deep enough to raise RecursionError; the
-KV decoder accepts none of these and already raises only InvalidMetadataError.
+Its body is in the KV metadata encoding, not JSON: Python's JSON parser accepts NaN,
+duplicate keys, and nesting deep enough to raise RecursionError; the KV decoder accepts
+none of these and raises only InvalidMetadataError.
 """
 
 from __future__ import annotations

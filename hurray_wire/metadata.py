@@ -1,13 +1,10 @@
 """Key/value metadata of a ``.hrry`` file (containers.md § B.4): a pure codec, bytes <-> dict.
 
-``encode_metadata`` writes the KV section as the reference writer does; ``decode_metadata``
-reads exactly ``kv_length`` bytes of untrusted input, checks every length against what
-remains before slicing, and raises only ``InvalidMetadataError`` (``ArgumentTypeError`` for
-a non-bytes argument). Tags: str 01, int64 02, uint64 03, float 04 (NaN payload kept), bool
-05, bytes-like 06, a list / tuple of one kind 07. A plain ``int`` is int64 when it fits,
-else uint64; ``Int64`` / ``UInt64`` force the tag (in arrays too), and uint64 decodes as
-``UInt64``, so decode -> encode keeps the bytes. An empty array decodes but is refused on
-encode, as the reference writer refuses it.
+``decode_metadata`` reads untrusted input, checks every length against what remains before
+slicing, and raises only ``InvalidMetadataError`` (``ArgumentTypeError`` for a non-bytes
+argument). A plain ``int`` is int64 when it fits, else uint64; ``Int64`` / ``UInt64`` force
+the tag (in arrays too), and uint64 decodes as ``UInt64``, so decode -> encode keeps the
+bytes. An empty array decodes but is refused on encode, as the reference writer refuses it.
 """
 
 from __future__ import annotations

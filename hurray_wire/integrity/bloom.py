@@ -1,16 +1,7 @@
 """The Bloom form of the known-pages record (docs/integrity.md § 5.2): ~10 bits per held page
-instead of 64, for receivers whose store is large, with exact confirmation.
-
-A Bloom filter has false positives, and a false positive here would make the sender send a
-reference the receiver cannot fill. So the filter only *proposes*: the sender sends the
-candidate digests it found (``bloom_candidates``) as an ordinary sorted known-pages record,
-the receiver answers with the subset it really holds (``confirm_known``), and the sender
-plans with that exact set (``plan_delta``). False positives cost a few bytes in the
-confirmation round trip, never a wrong page.
-
-Digests are xxh3 outputs, uniform over 64 bits, so the ``k`` bit positions come from
-double hashing of the digest itself: ``(d + i * ((d >> 32) | 1)) mod 2**log2_bits`` for
-``i`` in ``[0, k)``, vectorised over all digests at once.
+instead of 64. A false positive would make the sender send a reference the receiver cannot
+fill, so the filter only proposes candidates (``bloom_candidates``) and the receiver
+confirms the ones it holds (``confirm_known``): false positives cost bytes, never a page.
 """
 
 from __future__ import annotations
@@ -57,7 +48,8 @@ MAX_HASHES = 16
 
 
 def _positions(digests: DigestArray, num_hashes: int, log2_bits: int) -> DigestArray:
-    """``[len(digests), num_hashes]`` bit positions (uint64 arithmetic wraps by design)."""
+    """``[len(digests), num_hashes]`` bit positions by double hashing of the digest itself
+    (xxh3 outputs are uniform over 64 bits; uint64 arithmetic wraps by design)."""
     d = digests.astype(np.uint64)[:, None]
     step = (d >> np.uint64(32)) | np.uint64(1)
     i = np.arange(num_hashes, dtype=np.uint64)[None, :]

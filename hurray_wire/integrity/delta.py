@@ -1,15 +1,7 @@
-"""The delta protocol (docs/integrity.md § 5): send only the pages the receiver lacks.
-
-1. The receiver sends ``encode_known_pages(store.digests())``.
-2. The sender decodes it (``decode_known_pages``, bounded by ``max_entries``) and calls
-   ``plan_delta(tensor, known)``: every physical page whose digest the receiver holds
-   becomes a reference (page id + digest), every other page is sent as bytes, in
-   ascending page-id order (the compacted pool).
-3. The blob carries the compacted pool and the page refs (``encode_page_refs``).
-4. The receiver allocates the full pool, ``place_sent_pages`` scatters the sent pages,
-   ``fill_from_store`` copies each referenced page out of its store after checking the
-   record's digest. A missing or corrupt page is never silently reused: it raises, or is
-   reported with its logical positions so the engine can recompute those blocks.
+"""The delta protocol (docs/integrity.md § 5, its steps there): send only the pages the
+receiver lacks. A referenced page is re-hashed before it is used: a missing or corrupt one
+is never silently reused (it raises, or is reported with its logical positions so that the
+engine can recompute those blocks).
 """
 
 from __future__ import annotations

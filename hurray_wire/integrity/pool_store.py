@@ -1,11 +1,5 @@
-"""A page store over an engine's own KV pool (docs/integrity.md § 5.3): no copies.
-
-An ``EnginePoolStore`` wraps the engine's pool of one {layer, kv_role} (and its per-slot
-scales / zero points) and indexes the pages the engine vouches for by their record's
-digest, so that the in-place decode points a block table at them instead of copying. The
-engine ``index``-es pages it keeps and ``forget``-s them before freeing or overwriting
-them; a page overwritten without ``forget`` is stale, and the re-hash of every referenced
-page refuses it.
+"""A page store over an engine's own KV pool (docs/integrity.md § 5.3): no copies, so that
+the in-place decode points a block table at the engine's pages instead of copying them.
 """
 
 from __future__ import annotations
@@ -108,14 +102,13 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
 
 class EnginePoolStore(PageStore):
     """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of its
-    own: an index digest -> physical page id of the pages the engine vouches for.
+    own: an index digest -> physical page id of the pages the engine vouches for (``index``;
+    ``forget`` before it frees or overwrites them: a page overwritten without it is stale,
+    and the re-hash of every referenced page refuses it).
 
-    ``page_pool`` (``[num_pages, ...]``; for the in-place decode ``[num_pages, page_size,
-    num_heads, head_dim]``) and per-slot ``scales`` / ``zero_points`` are writable C-contiguous
-    arrays the store keeps (no copy) and never writes. ``get`` views a page (joins a quantized
-    record: a copy); ``put`` only accepts a record whose digest is already indexed (the
-    engine's allocator owns the slots), else ``PageStoreError``. Thread-safe (one lock,
-    hashing outside it).
+    ``page_pool`` (``[num_pages, ...]``) and per-slot ``scales`` / ``zero_points`` are kept
+    (no copy) and never written; ``put`` accepts only a record already indexed (the engine's
+    allocator owns the slots). Thread-safe (one lock, hashing outside it).
     """
 
     def __init__(
