@@ -336,23 +336,11 @@ def _refuse_other_layout(raw: bytes, layout_tag: int) -> None:
 
 def _known_layout_name(tag: int) -> str:
     """The layout's name, or the error for an invalid, reserved or unknown layout tag."""
-    name = _layout_name(tag)
+    name = f"private_0x{tag:02X}" if 0xF0 <= tag <= 0xFE else w.LAYOUT_NAMES.get(tag)
     if name is None:
-        raise _error(
-            _layout_class(tag) + " layout tag", "layout_tag", _AT["layout_tag"],
-            found=f"0x{tag:02X}",
-        )  # fmt: skip
+        kind = "invalid" if tag in (0x00, 0xFF) else "reserved or unknown"
+        raise _error(f"{kind} layout tag", "layout_tag", _AT["layout_tag"], found=f"0x{tag:02X}")
     return name
-
-
-def _layout_name(tag: int) -> str | None:
-    if 0xF0 <= tag <= 0xFE:
-        return f"private_0x{tag:02X}"
-    return w.LAYOUT_NAMES.get(tag)
-
-
-def _layout_class(tag: int) -> str:
-    return "invalid" if tag in (0x00, 0xFF) else "reserved or unknown"
 
 
 def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
