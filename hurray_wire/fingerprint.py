@@ -155,13 +155,6 @@ class EngineFingerprint:
         return not differences(self, other, ignore=())
 
 
-def _as_dict(fp: EngineFingerprint) -> dict[str, Any]:
-    out: dict[str, Any] = {name: getattr(fp, name) for name in (*_STRINGS, *_INTS)}
-    for key, value in fp.extras.items():
-        out[_EXTRA_PREFIX + key] = value
-    return out
-
-
 def differences(
     a: EngineFingerprint, b: EngineFingerprint, *, ignore: tuple[str, ...] = ()
 ) -> dict[str, tuple[Any, Any]]:
@@ -219,7 +212,8 @@ def encode_fingerprint(fp: EngineFingerprint) -> bytes:
         raise ArgumentTypeError(
             "expected an EngineFingerprint", field="fp", found=type(fp).__name__
         )
-    body = encode_metadata(_as_dict(fp))
+    fields = {name: getattr(fp, name) for name in (*_STRINGS, *_INTS)}
+    body = encode_metadata(fields | {_EXTRA_PREFIX + k: v for k, v in fp.extras.items()})
     checksum = xxhash.xxh3_64_intdigest(body)
     return _HEAD.pack(w.FINGERPRINT_VERSION, len(body), checksum) + body
 

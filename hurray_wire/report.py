@@ -17,12 +17,12 @@ from hurray_wire.dtypes import element_type_from_tag
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
 from hurray_wire.integrity import MemoryPageStore
 from hurray_wire.model.descriptor import (
-    DEVICE_NAMES,
     MEMORY_CLASS_NAMES,
     SYNC_MODE_NAMES,
     BufferHandle,
     Statistics,
     TensorDescriptor,
+    device_name,
 )
 from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_header
 from hurray_wire.model.descriptor_encode import encode_descriptor
@@ -58,7 +58,7 @@ def _handle(handle: BufferHandle) -> dict[str, Any]:
     return {
         "byte_size": handle.byte_size,
         "alignment": handle.alignment,
-        "device": DEVICE_NAMES.get(handle.device_tag, f"private_0x{handle.device_tag:02X}"),
+        "device": device_name(handle.device_tag),
         "device_tag": handle.device_tag,
         "sync_mode": SYNC_MODE_NAMES[handle.sync_mode],
         "memory_class": MEMORY_CLASS_NAMES.get(

@@ -433,7 +433,7 @@ class TensorDescriptor:
         if self.quantization is not None:
             length += (
                 _QUANT_LENGTH_SIZE
-                + quantization_body_length(self.quantization)
+                + _QUANT_BODY_SIZES[self.quantization.scheme_tag]
                 + len(self.quantization_padding)
             )
         if self.statistics is not None:
@@ -547,8 +547,3 @@ def _parameters(quant: Quantization | None) -> dict[int, tuple[str, int, int]]:
     elif zp is not None:
         out[zp] = ("zero_points", _ZERO_POINT_BYTES, _ZERO_POINT_BYTES)
     return out
-
-
-def quantization_body_length(quant: Quantization) -> int:
-    """Bytes of a scheme's header + payload, without writer padding (descriptor.md § 8)."""
-    return _QUANT_BODY_SIZES[quant.scheme_tag]

@@ -348,15 +348,11 @@ def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
     known = _HANDLES.get(key)
     if known is not None:  # handles are immutable values: reuse the checked one
         return known
-    handle = _new_handle(raw, offset, index)
-    _HANDLES.put(key, handle, len(key))
-    return handle
-
-
-def _new_handle(raw: bytes, offset: int, index: int) -> BufferHandle:
     values = _HANDLE.struct.unpack_from(raw, offset)
     _check_consts(_HANDLE, values, offset, f"buffers[{index}].")
-    return _checked_handle(values[:5], offset, index)
+    handle = _checked_handle(values[:5], offset, index)
+    _HANDLES.put(key, handle, len(key))
+    return handle
 
 
 def _checked_handle(values: tuple[int, ...], offset: int, index: int) -> BufferHandle:

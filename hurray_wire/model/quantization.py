@@ -140,7 +140,10 @@ class _AffineBuffers:
 
     @property
     def parameter_buffers(self) -> tuple[int, ...]:
-        return _distinct(self.scale_buffer_index, self.zero_point_buffer_index)
+        zero_point = self.zero_point_buffer_index
+        if zero_point is None or zero_point == self.scale_buffer_index:
+            return (self.scale_buffer_index,)
+        return (self.scale_buffer_index, zero_point)
 
 
 @dataclass(frozen=True)
@@ -293,12 +296,6 @@ class MXFP(NF4):
 
 
 Quantization = Union[PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP]  # noqa: UP007
-
-
-def _distinct(scale: int, zero_point: int | None) -> tuple[int, ...]:
-    if zero_point is None or zero_point == scale:
-        return (scale,)
-    return (scale, zero_point)
 
 
 def parameter_fields(quant: object) -> list[tuple[str, int]]:
