@@ -74,20 +74,15 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
             field=name,
             found=f"dtype {array.dtype}, shape {array.shape}",
         )
-    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and int(array.max()) >= 1 << 63:
-        raise ArgumentTypeError(
-            f"{name}: page id out of range", field=name, found=int(array.max()),
-            expected=f"< num_pages {num_pages}",
-        )  # fmt: skip
-    ids = array.astype(np.int64)
-    bad = np.flatnonzero((ids < 0) | (ids >= num_pages))
+    bad = np.flatnonzero((array < 0) | (array >= num_pages))  # in the ids' own dtype
     if bad.size:
         raise ArgumentTypeError(
             f"{name}[{int(bad[0])}]: page id out of range (ids must lie in [0, num_pages))",
             field=name,
-            found=int(ids[bad[0]]),
+            found=int(array[bad[0]]),
             expected=f"0 <= id < num_pages {num_pages}",
         )
+    ids = array.astype(np.int64)
     if distinct and ids.size > 1:
         order = np.sort(ids)
         twice = np.flatnonzero(order[1:] == order[:-1])

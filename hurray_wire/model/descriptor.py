@@ -159,17 +159,11 @@ class Statistics:
         check_uint(self.nm_m, "statistics.nm_m", U8_MAX)
         for name in ("has_nan", "has_inf"):  # [A30]: only 0 and 1 round-trip
             check_uint(getattr(self, name), f"statistics.{name}", 1)
-        for name in (
-            "sparsity_ratio",
-            "value_min",
-            "value_max",
-            "value_abs_max",
-            "value_mean",
-            "value_stddev",
-        ):
-            if not isinstance(getattr(self, name), float):
+        for f in dataclasses.fields(self):  # the f64 fields
+            value = getattr(self, f.name)
+            if f.type == "float" and not isinstance(value, float):
                 raise InvalidDescriptorError(
-                    "must be a float", field=f"statistics.{name}", found=repr(getattr(self, name))
+                    "must be a float", field=f"statistics.{f.name}", found=repr(value)
                 )
 
     def __eq__(self, other: object) -> bool:  # NaN-aware: compare the float bits

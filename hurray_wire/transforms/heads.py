@@ -111,8 +111,7 @@ def _check_agree(base: BlockPagedTensor, other: BlockPagedTensor, rank: int) -> 
         fields = "a fingerprint" if a is None or b is None else differences(a, b)
         raise InvalidTensorError(f"shard {rank} is of another engine than shard 0",
                                  field="hurray.engine_fingerprint", found=fields)  # fmt: skip
-    for name, a_value, b_value in checks:
-        a, b = a_value, b_value
+    for name, a, b in checks:
         if a != b:
             raise InvalidTensorError(
                 f"shard {rank} differs from shard 0 in {name}", field=name, found=b, expected=a
