@@ -6,7 +6,7 @@ Every error carries the place it was found (``section``, ``field``, ``offset``) 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "ArgumentTypeError",
@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 _UNSET: Any = object()
+_T = TypeVar("_T")
 
 
 class HurrayWireError(Exception):
@@ -121,6 +122,16 @@ def flag(value: object, name: str) -> bool:
     """``value`` if it is True or False (not 1, not None), else an ``ArgumentTypeError``."""
     if type(value) is not bool:
         raise ArgumentTypeError(f"{name} must be True or False", field=name, found=repr(value))
+    return value
+
+
+def instance(value: object, cls: type[_T], name: str) -> _T:
+    """``value`` if it is a ``cls``, else an ``ArgumentTypeError`` naming ``name``."""
+    if not isinstance(value, cls):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise ArgumentTypeError(
+            f"expected {article} {cls.__name__}", field=name, found=type(value).__name__
+        )
     return value
 
 

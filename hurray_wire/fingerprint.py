@@ -27,6 +27,7 @@ from hurray_wire.errors import (
     IncompatibleFingerprintError,
     InvalidMetadataError,
     check_head,
+    instance,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.wire import integrity as w
@@ -168,11 +169,8 @@ def differences(
     for name in ignore:
         if not isinstance(name, str):
             raise ArgumentTypeError("ignore holds field names", field="ignore", found=repr(name))
-    for name, value in (("a", a), ("b", b)):
-        if not isinstance(value, EngineFingerprint):
-            raise ArgumentTypeError(
-                "expected an EngineFingerprint", field=name, found=type(value).__name__
-            )
+    instance(a, EngineFingerprint, "a")
+    instance(b, EngineFingerprint, "b")
     out: dict[str, tuple[Any, Any]] = {}
     for name in (*_STRINGS, *_INTS):
         if name not in ignore and getattr(a, name) != getattr(b, name):
@@ -208,10 +206,7 @@ def check_compatible(
 
 def encode_fingerprint(fp: EngineFingerprint) -> bytes:
     """The fingerprint record: head + KV-encoded body (fields in order, extras sorted)."""
-    if not isinstance(fp, EngineFingerprint):
-        raise ArgumentTypeError(
-            "expected an EngineFingerprint", field="fp", found=type(fp).__name__
-        )
+    instance(fp, EngineFingerprint, "fp")
     fields = {name: getattr(fp, name) for name in (*_STRINGS, *_INTS)}
     body = encode_metadata(fields | {_EXTRA_PREFIX + k: v for k, v in fp.extras.items()})
     checksum = xxhash.xxh3_64_intdigest(body)

@@ -19,6 +19,7 @@ from hurray_wire.errors import (
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
     check_head,
+    instance,
     non_negative,
 )
 from hurray_wire.integrity.delta import (
@@ -146,10 +147,7 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
 def bloom_candidates(digests: object, bloom: KnownPagesBloom) -> DigestArray:
     """Sorted unique digests of ``digests`` the filter may hold: what the sender asks the
     receiver to confirm (``encode_known_pages(candidates)``)."""
-    if not isinstance(bloom, KnownPagesBloom):
-        raise ArgumentTypeError(
-            "expected a KnownPagesBloom", field="bloom", found=type(bloom).__name__
-        )
+    instance(bloom, KnownPagesBloom, "bloom")
     values = digest_array(digests, None)
     return np.unique(values[bloom.might_contain(values)])
 

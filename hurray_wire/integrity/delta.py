@@ -22,6 +22,7 @@ from hurray_wire.errors import (
     PageDigestError,
     PageStoreMissError,
     check_head,
+    instance,
     non_negative,
 )
 from hurray_wire.integrity.digests import (
@@ -221,8 +222,7 @@ class PageRefs:
 
 def encode_page_refs(refs: PageRefs) -> bytes:
     """A page-refs section payload: 8-byte head, ``count`` u64 page ids, ``count`` digests."""
-    if not isinstance(refs, PageRefs):
-        raise ArgumentTypeError("expected PageRefs", field="refs", found=type(refs).__name__)
+    instance(refs, PageRefs, "refs")
     pages, digests = refs.pages, refs.digests  # checked by PageRefs
     head = _RHEAD.pack(w.PAGE_REFS_VERSION, w.DIGEST_ALGORITHM_XXH3_64, pages.size)
     return head + pages.astype(_DIGESTS).tobytes() + digests.astype(_DIGESTS, copy=False).tobytes()
@@ -351,8 +351,7 @@ def check_plan(plan: DeltaPlan, records: PageRecords) -> DigestArray:
     (that is the pass it saves): a wrong cached digest of a sent page fails the receiver's
     page-digest check, and of a referenced page makes the receiver use the page it holds
     under that digest (docs/integrity.md § 5.3)."""
-    if not isinstance(plan, DeltaPlan):
-        raise ArgumentTypeError("expected a DeltaPlan", field="known_pages", found=repr(plan))
+    instance(plan, DeltaPlan, "known_pages")
     digests = digest_array(plan.digests, records.num_pages, "known_pages.digests")
     refs = plan.refs
     if not isinstance(refs, PageRefs) or plan.record_nbytes != records.record_nbytes:
@@ -494,8 +493,7 @@ def fill_from_store(
     """
     if isinstance(refs, DeltaPlan):
         refs = refs.refs
-    if not isinstance(refs, PageRefs):
-        raise ArgumentTypeError("expected PageRefs", field="refs", found=type(refs).__name__)
+    refs = instance(refs, PageRefs, "refs")
     if not isinstance(store, PageStore):
         raise ArgumentTypeError("expected a PageStore", field="store", found=type(store).__name__)
     out = _out_records(out_pool, num_pages, out_scales, out_zero_points)

@@ -24,6 +24,7 @@ from hurray_wire.errors import (
     InvalidIntegrityRecordError,
     PageDigestError,
     check_head,
+    instance,
     non_negative,
 )
 from hurray_wire.model.quantization import PerBlockAffine
@@ -153,10 +154,7 @@ def digests_and_checksum(records: PageRecords) -> tuple[DigestArray, int]:
 
 def page_records(tensor: BlockPagedTensor) -> PageRecords:
     """The page records of ``tensor`` (views, no copy)."""
-    if not isinstance(tensor, BlockPagedTensor):
-        raise ArgumentTypeError(
-            "expected a BlockPagedTensor", field="tensor", found=type(tensor).__name__
-        )
+    instance(tensor, BlockPagedTensor, "tensor")
     layout = tensor.layout
     num_pages = layout.num_pages
     etype = tensor.element_type

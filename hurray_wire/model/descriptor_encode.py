@@ -8,7 +8,7 @@ themselves in (``FastStruct.pack``).
 from __future__ import annotations
 
 from hurray_wire import dtypes
-from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.errors import instance
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_layout import (
     FIXED as _FIXED,
@@ -33,8 +33,7 @@ __all__ = ["encode_descriptor"]
 
 def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
     """The exact bytes the reference writes for ``descriptor`` (always valid: see model)."""
-    if not isinstance(descriptor, TensorDescriptor):
-        raise ArgumentTypeError("expected a TensorDescriptor", found=type(descriptor).__name__)
+    instance(descriptor, TensorDescriptor, "descriptor")
     cached: bytes | None = descriptor.__dict__.get("_wire_bytes")
     if cached is None:
         cached = _encode(descriptor)
