@@ -1,11 +1,9 @@
 """Torch tensors <-> NumPy arrays through DLPack, without importing torch unless given one.
 
-Every entry point that takes arrays (``from_arrays`` and the engine adapters) passes its
-arguments through ``as_numpy``: a torch tensor is recognised by its type's module name, so
-hurray-wire never imports torch for NumPy callers. CPU tensors are shared, not copied;
-tensors on another device are never moved whole: ``take_pages`` copies only the pages a
-block table names. NumPy's DLPack cannot carry bfloat16 or the float8 types, so those cross
-as a same-width unsigned integer and are viewed back as the ``ml_dtypes`` type.
+A torch tensor is recognised by its type's module name, so NumPy callers never import
+torch. CPU tensors are shared, not copied; tensors on another device are never moved whole
+(``take_pages`` copies only the pages a block table names). NumPy's DLPack cannot carry
+bfloat16 or the float8 types: those cross as a same-width unsigned integer.
 
 Torch has no read-only tensors: ``numpy_to_torch`` shares a writable array's memory and
 copies a read-only one (``bytes``, a read-only mapping of a ``StreamFile``), so that no torch

@@ -157,14 +157,10 @@ def describe_arrays(tensor: BlockPagedTensor) -> dict[str, list[int] | None]:
 
 
 def check_blob(data: Any, verify: bool) -> tuple[BlockPagedTensor, dict[str, Any]]:
-    """Decode one blob for ``dump`` / ``validate``: the tensor and what its pages say.
-
-    With page digests a damaged page is named, not only its section: ``decode_report``
-    (``on_page_error="report"``) gives the physical pages that fail and their logical
-    ``(sequence, page_in_sequence)`` places. The pages a delta blob holds by reference
-    (in the receiver's page store, which a file on its own does not have) are listed and
-    left zero in the tensor. Every other check raises as ``decode`` does.
-    """
+    """Decode one blob for ``dump`` / ``validate``: the tensor and what its pages say (the
+    pages that fail their digest, by id and place, are named, not only their section; pages
+    held by reference in a receiver's store, which a file alone lacks, are listed and left
+    zero). Every other check raises as ``decode`` does."""
     report = blob_codec.decode_report(data, verify=verify, page_store=empty_page_store())
     return report.tensor, describe_pages(report)
 
