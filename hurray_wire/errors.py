@@ -150,22 +150,23 @@ def check_head(
     error: type[HurrayWireError],
     truncated: type[HurrayWireError],
     section: str,
+    at: int = 0,
     base_offset: int = 0,
     what: str = "record shorter than its head",
 ) -> dict[str, Any]:
-    """The fields of the fixed head ``head`` (a ``wire.fast`` struct) at the start of
-    ``view``, each ``(name, value, message)`` of ``expected`` checked: a record's magic,
-    version and reserved bytes, refused with ``error`` naming the field and its offset
-    (``truncated`` when the head itself is cut)."""
-    if len(view) < head.size:
+    """The fields of the fixed head ``head`` (a ``wire.fast`` struct) at ``view[at]``, each
+    ``(name, value, message)`` of ``expected`` checked: a record's magic, version and
+    reserved bytes, refused with ``error`` naming the field and its offset (``truncated``
+    when the head itself is cut; ``base_offset`` is where ``view`` sits in the input)."""
+    if len(view) < at + head.size:
         raise truncated(
             what,
             section=section,
             offset=base_offset + len(view),
             found=len(view),
-            expected=f">= {head.size} bytes",
+            expected=f">= {at + head.size} bytes",
         )
-    fields: dict[str, Any] = head.unpack_dict(view)
+    fields: dict[str, Any] = head.unpack_dict(view, at)
     for name, value, message in expected:
         found = fields[name]
         if found != value:
@@ -174,7 +175,7 @@ def check_head(
                 message,
                 section=section,
                 field=name,
-                offset=base_offset + head.offsets[name],
+                offset=base_offset + at + head.offsets[name],
                 found=shown[0],
                 expected=shown[1],
             )

@@ -108,13 +108,13 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
     view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_BLOOM)
     at = _KHEAD.size
     params = check_head(
-        view[at:],
+        view,
         _PARAMS,
         (("_reserved", bytes(6), "reserved bytes must be zero"),),
         error=InvalidIntegrityRecordError,
         truncated=IntegrityRecordTruncatedError,
         section=KNOWN,
-        base_offset=at,
+        at=at,
         what="record ends inside its Bloom parameters",
     )
     for name, low, high in (("num_hashes", 1, MAX_HASHES),
