@@ -1,11 +1,9 @@
 """Torch tensors <-> NumPy arrays through DLPack, without importing torch unless given one.
 
-Every entry point that takes arrays (``from_arrays`` and the engine adapters) passes its
-arguments through ``as_numpy``: a torch tensor is recognised by its type's module name, so
-hurray-wire never imports torch for NumPy callers. CPU tensors are shared, not copied;
-tensors on another device are never moved whole: ``take_pages`` copies only the pages a
-block table names. NumPy's DLPack cannot carry bfloat16 or the float8 types, so those cross
-as a same-width unsigned integer and are viewed back as the ``ml_dtypes`` type.
+A torch tensor is recognised by its type's module name, so NumPy callers never import
+torch. CPU tensors are shared, not copied; tensors on another device are never moved whole
+(``take_pages`` copies only the pages a block table names). NumPy's DLPack cannot carry
+bfloat16 or the float8 types: those cross as a same-width unsigned integer.
 
 Torch has no read-only tensors: ``numpy_to_torch`` shares a writable array's memory and
 copies a read-only one (``bytes``, a read-only mapping of a ``StreamFile``), so that no torch
@@ -96,11 +94,12 @@ def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -
 
 
 def first_reference_order(
-    block_table: npt.NDArray[Any],
+    block_table: npt.NDArray[Any], axis: int | None = None
 ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
-    """``(old_ids, new_table)``: the distinct page ids in first-reference order, and the
-    block table renumbered so that ``old_ids[new_table] == block_table``."""
-    ids, first, inverse = np.unique(block_table, return_index=True, return_inverse=True)
+    """``(old_ids, new_table)``: the distinct page ids (rows of a 2-D table with ``axis=0``)
+    in first-reference order, and the table renumbered so that ``old_ids[new_table] ==
+    block_table``."""
+    ids, first, inverse = np.unique(block_table, return_index=True, return_inverse=True, axis=axis)
     order = np.argsort(first, kind="stable")
     rank = np.empty(len(ids), np.int64)
     rank[order] = np.arange(len(ids))

@@ -6,7 +6,7 @@ Every error carries the place it was found (``section``, ``field``, ``offset``) 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "ArgumentTypeError",
@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 _UNSET: Any = object()
+_T = TypeVar("_T")
 
 
 class HurrayWireError(Exception):
@@ -124,11 +125,61 @@ def flag(value: object, name: str) -> bool:
     return value
 
 
+def instance(value: object, cls: type[_T], name: str) -> _T:
+    """``value`` if it is a ``cls``, else an ``ArgumentTypeError`` naming ``name``."""
+    if not isinstance(value, cls):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise ArgumentTypeError(
+            f"expected {article} {cls.__name__}", field=name, found=type(value).__name__
+        )
+    return value
+
+
 def non_negative(value: object, name: str) -> int:
     """``value`` if it is an int >= 0 (not a bool), else an ``ArgumentTypeError``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ArgumentTypeError(f"{name} must be an int >= 0", field=name, found=repr(value))
     return value
+
+
+def check_head(
+    view: Any,
+    head: Any,
+    expected: tuple[tuple[str, Any, str], ...],
+    *,
+    error: type[HurrayWireError],
+    truncated: type[HurrayWireError],
+    section: str,
+    at: int = 0,
+    base_offset: int = 0,
+    what: str = "record shorter than its head",
+) -> dict[str, Any]:
+    """The fields of the fixed head ``head`` (a ``wire.fast`` struct) at ``view[at]``, each
+    ``(name, value, message)`` of ``expected`` checked: a record's magic, version and
+    reserved bytes, refused with ``error`` naming the field and its offset (``truncated``
+    when the head itself is cut; ``base_offset`` is where ``view`` sits in the input)."""
+    if len(view) < at + head.size:
+        raise truncated(
+            what,
+            section=section,
+            offset=base_offset + len(view),
+            found=len(view),
+            expected=f">= {at + head.size} bytes",
+        )
+    fields: dict[str, Any] = head.unpack_dict(view, at)
+    for name, value, message in expected:
+        found = fields[name]
+        if found != value:
+            shown = (found.hex(), value.hex()) if isinstance(value, bytes) else (found, value)
+            raise error(
+                message,
+                section=section,
+                field=name,
+                offset=base_offset + at + head.offsets[name],
+                found=shown[0],
+                expected=shown[1],
+            )
+    return fields
 
 
 class CodecConfigError(HurrayWireError, ValueError):

@@ -5,12 +5,9 @@ It sits beside ``kv_scale`` (layer 5, below the tensor) rather than in ``integri
 because ``BlockPagedTensor.from_arrays`` validates the reserved metadata entry, as it
 validates the fp8 scale; ``hurray_wire.integrity`` re-exports it.
 
-It travels as ONE reserved metadata entry, ``hurray.engine_fingerprint``, whose bytes value
-is a 24-byte head (magic, version, body length, xxh3_64 of the body) and a body in the KV
-metadata encoding the package already decodes defensively (every length checked before
-anything is sliced). A binary body was chosen over a JSON string because Python's JSON
-parser accepts NaN, duplicate keys, and nesting deep enough to raise RecursionError; the
-KV decoder accepts none of these and already raises only InvalidMetadataError.
+Its body is in the KV metadata encoding, not JSON: Python's JSON parser accepts NaN,
+duplicate keys, and nesting deep enough to raise RecursionError; the KV decoder accepts
+none of these and raises only InvalidMetadataError.
 """
 
 from __future__ import annotations
@@ -29,6 +26,8 @@ from hurray_wire.errors import (
     HurrayWireError,
     IncompatibleFingerprintError,
     InvalidMetadataError,
+    check_head,
+    instance,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.wire import integrity as w
@@ -157,13 +156,6 @@ class EngineFingerprint:
         return not differences(self, other, ignore=())
 
 
-def _as_dict(fp: EngineFingerprint) -> dict[str, Any]:
-    out: dict[str, Any] = {name: getattr(fp, name) for name in (*_STRINGS, *_INTS)}
-    for key, value in fp.extras.items():
-        out[_EXTRA_PREFIX + key] = value
-    return out
-
-
 def differences(
     a: EngineFingerprint, b: EngineFingerprint, *, ignore: tuple[str, ...] = ()
 ) -> dict[str, tuple[Any, Any]]:
@@ -177,11 +169,8 @@ def differences(
     for name in ignore:
         if not isinstance(name, str):
             raise ArgumentTypeError("ignore holds field names", field="ignore", found=repr(name))
-    for name, value in (("a", a), ("b", b)):
-        if not isinstance(value, EngineFingerprint):
-            raise ArgumentTypeError(
-                "expected an EngineFingerprint", field=name, found=type(value).__name__
-            )
+    instance(a, EngineFingerprint, "a")
+    instance(b, EngineFingerprint, "b")
     out: dict[str, tuple[Any, Any]] = {}
     for name in (*_STRINGS, *_INTS):
         if name not in ignore and getattr(a, name) != getattr(b, name):
@@ -217,11 +206,9 @@ def check_compatible(
 
 def encode_fingerprint(fp: EngineFingerprint) -> bytes:
     """The fingerprint record: head + KV-encoded body (fields in order, extras sorted)."""
-    if not isinstance(fp, EngineFingerprint):
-        raise ArgumentTypeError(
-            "expected an EngineFingerprint", field="fp", found=type(fp).__name__
-        )
-    body = encode_metadata(_as_dict(fp))
+    instance(fp, EngineFingerprint, "fp")
+    fields = {name: getattr(fp, name) for name in (*_STRINGS, *_INTS)}
+    body = encode_metadata(fields | {_EXTRA_PREFIX + k: v for k, v in fp.extras.items()})
     checksum = xxhash.xxh3_64_intdigest(body)
     return _HEAD.pack(w.FINGERPRINT_VERSION, len(body), checksum) + body
 
@@ -229,35 +216,21 @@ def encode_fingerprint(fp: EngineFingerprint) -> bytes:
 def decode_fingerprint(data: object) -> EngineFingerprint:
     """A fingerprint record back to the dataclass; InvalidMetadataError on any defect."""
     view = byte_view(data, "data", allow_copy=True)
-    if len(view) < _HEAD.size:
-        raise InvalidMetadataError(
-            "fingerprint shorter than its head",
-            section=SECTION,
-            offset=len(view),
-            found=len(view),
-            expected=f">= {_HEAD.size} bytes",
-        )
-    head = _HEAD.unpack_dict(view)
-    for name, expected in (("magic", w.FINGERPRINT_MAGIC), ("_reserved0", bytes(3)),
-                           ("_reserved1", bytes(4))):  # fmt: skip
-        if head[name] != expected:
-            raise InvalidMetadataError(
-                f"bad {name.strip('_')}",
-                section=SECTION,
-                field=name,
-                offset=_HEAD.offsets[name],
-                found=head[name].hex(),
-                expected=expected.hex(),
-            )
-    if head["version"] != w.FINGERPRINT_VERSION:
-        raise InvalidMetadataError(
-            "unsupported fingerprint version",
-            section=SECTION,
-            field="version",
-            offset=_HEAD.offsets["version"],
-            found=head["version"],
-            expected=w.FINGERPRINT_VERSION,
-        )
+    expected = (
+        ("magic", w.FINGERPRINT_MAGIC, "bad magic"),
+        ("_reserved0", bytes(3), "bad reserved0"),
+        ("_reserved1", bytes(4), "bad reserved1"),
+        ("version", w.FINGERPRINT_VERSION, "unsupported fingerprint version"),
+    )
+    head = check_head(
+        view,
+        _HEAD,
+        expected,
+        error=InvalidMetadataError,
+        truncated=InvalidMetadataError,
+        section=SECTION,
+        what="fingerprint shorter than its head",
+    )
     if head["body_length"] != len(view) - _HEAD.size:
         raise InvalidMetadataError(
             "body_length does not match the bytes after the head",

@@ -17,16 +17,18 @@ from hurray_wire.dtypes import element_type_from_tag
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
 from hurray_wire.integrity import MemoryPageStore
 from hurray_wire.model.descriptor import (
-    DEVICE_NAMES,
     MEMORY_CLASS_NAMES,
     SYNC_MODE_NAMES,
     BufferHandle,
     Statistics,
     TensorDescriptor,
+    device_name,
 )
-from hurray_wire.model.descriptor_codec import DescriptorHeader
+from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_header
+from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms.compact import prefix_sharing
 from hurray_wire.wire import blob as wire, containers as wc, descriptor as wd, stream as ws
 from hurray_wire.wire.fast import derive
 
@@ -52,19 +54,17 @@ __all__ = [
 LAYER_NONE_TEXT = "none (0xFFFFFFFF)"
 
 
-def _handle(handle: BufferHandle, name: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {} if name is None else {"name": name}
-    out.update(
-        byte_size=handle.byte_size,
-        alignment=handle.alignment,
-        device=DEVICE_NAMES.get(handle.device_tag, f"private_0x{handle.device_tag:02X}"),
-        device_tag=handle.device_tag,
-        sync_mode=SYNC_MODE_NAMES[handle.sync_mode],
-        memory_class=MEMORY_CLASS_NAMES.get(
+def _handle(handle: BufferHandle) -> dict[str, Any]:
+    return {
+        "byte_size": handle.byte_size,
+        "alignment": handle.alignment,
+        "device": device_name(handle.device_tag),
+        "device_tag": handle.device_tag,
+        "sync_mode": SYNC_MODE_NAMES[handle.sync_mode],
+        "memory_class": MEMORY_CLASS_NAMES.get(
             handle.memory_class, f"private_0x{handle.memory_class:02X}"
         ),
-    )
-    return out
+    }
 
 
 def _quantization(quant: Quantization | None) -> dict[str, Any] | None:
@@ -86,37 +86,22 @@ def _statistics(stats: Statistics | None) -> dict[str, Any] | None:
 
 
 def describe_descriptor(desc: TensorDescriptor) -> dict[str, Any]:
-    """Every field of a block-paged descriptor by its spec name."""
-    layout = desc.layout
-    return {
-        "version": f"{desc.version[0]}.{desc.version[1]}",
-        "descriptor_length": desc.descriptor_length,
-        "flags": f"0x{desc.flags:08X}",
-        "element_type": desc.element_type.name,
-        "type_tag": f"0x{desc.element_type.tag:02X}",
-        "shape": list(desc.shape),
-        "byte_offset": 0,
-        "layout": {
-            "name": "block_paged",
-            "tag": "0x0A",
-            "page_size": layout.page_size,
-            "num_pages": layout.num_pages,
-            "paged_axis": layout.paged_axis,
-            "num_seqs": layout.num_seqs,
-            "kv_role": layout.kv_role,
-            "layer_index": LAYER_NONE_TEXT if layout.layer_index is None else layout.layer_index,
-            "block_table_index_type": layout.block_table_index_type,
-        },
-        "buffers": [_handle(h, n) for h, n in zip(desc.buffers, desc.buffer_names, strict=True)],
-        "quantization": _quantization(desc.quantization),
-        "statistics": _statistics(desc.statistics),
-        "composite_member": desc.composite_member,
-        "unknown_trailing_bytes": len(desc.unknown_trailing),
-    }
+    """Every field of a block-paged descriptor by its spec name: its header's description
+    (as of any layout), the buffers named."""
+    out = describe_header(decode_header(encode_descriptor(desc)))
+    del out["has_shard"]  # never set on block-paged
+    out["buffers"] = [
+        {"name": name, **fields}
+        for fields, name in zip(out["buffers"], desc.buffer_names, strict=True)
+    ]
+    return out
 
 
 def describe_header(header: DescriptorHeader) -> dict[str, Any]:
     """The common header of a descriptor of any layout."""
+    layout = dict(header.layout_fields)
+    if "layer_index" in layout and layout["layer_index"] is None:
+        layout["layer_index"] = LAYER_NONE_TEXT  # block-paged, not layer-scoped
     return {
         "version": f"{header.version_major}.{header.version_minor}",
         "descriptor_length": header.descriptor_length,
@@ -128,7 +113,7 @@ def describe_header(header: DescriptorHeader) -> dict[str, Any]:
         "layout": {
             "name": header.layout_name,
             "tag": f"0x{header.layout_tag:02X}",
-            **{k: v for k, v in header.layout_fields.items() if isinstance(v, (int, str, list))},
+            **{k: v for k, v in layout.items() if isinstance(v, (int, str, list))},
         },
         "buffers": [_handle(h) for h in header.buffers],
         "quantization": _quantization(header.quantization),
@@ -146,12 +131,7 @@ def describe_tensor(tensor: BlockPagedTensor) -> dict[str, Any]:
     table = tensor.block_table.astype(np.int64)
     num_pages = tensor.layout.num_pages
     referenced = np.unique(table)
-    shared = 0
-    if len(table) and tensor.num_seqs:
-        seq_of_entry = np.repeat(np.arange(tensor.num_seqs), pages)
-        pairs = np.unique(np.stack([table, seq_of_entry]), axis=1)
-        _, counts = np.unique(pairs[0], return_counts=True)
-        shared = int((counts > 1).sum())
+    shared = sum(len(seqs) > 1 for seqs in prefix_sharing(tensor).values())
     out: dict[str, Any] = {
         "sequences": tensor.num_seqs,
         "logical_pages": len(table),
@@ -177,14 +157,10 @@ def describe_arrays(tensor: BlockPagedTensor) -> dict[str, list[int] | None]:
 
 
 def check_blob(data: Any, verify: bool) -> tuple[BlockPagedTensor, dict[str, Any]]:
-    """Decode one blob for ``dump`` / ``validate``: the tensor and what its pages say.
-
-    With page digests a damaged page is named, not only its section: ``decode_report``
-    (``on_page_error="report"``) gives the physical pages that fail and their logical
-    ``(sequence, page_in_sequence)`` places. The pages a delta blob holds by reference
-    (in the receiver's page store, which a file on its own does not have) are listed and
-    left zero in the tensor. Every other check raises as ``decode`` does.
-    """
+    """Decode one blob for ``dump`` / ``validate``: the tensor and what its pages say (the
+    pages that fail their digest, by id and place, are named, not only their section; pages
+    held by reference in a receiver's store, which a file alone lacks, are listed and left
+    zero). Every other check raises as ``decode`` does."""
     report = blob_codec.decode_report(data, verify=verify, page_store=empty_page_store())
     return report.tensor, describe_pages(report)
 
@@ -297,6 +273,7 @@ def _label(name: str) -> str:
 
 
 def _value(raw: bytes, name: str) -> str:
+    """A field's value as a dump shows it: enumerations and sentinels by name."""
     if name == "magic":
         return repr(raw.decode("latin-1"))
     if name.startswith("_reserved"):
@@ -310,25 +287,38 @@ def _value(raw: bytes, name: str) -> str:
         return _INDEX_TYPE_NAMES.get(number, str(number))
     if name in ("flags", "type_tag", "layout_tag"):
         return f"0x{number:0{2 * len(raw)}X}"
+    if name == "checksum_type":
+        return _CHECKSUM_NAMES.get(number, str(number))
+    if name == "kind":
+        return wire.SECTION_KINDS.get(number, f"unknown 0x{number:02X}")
+    if name == "codec":
+        return codecs.registry.name_or_id(number)
+    if name == "checksum":
+        return f"0x{number:016x}"
     return str(number)
+
+
+def _fields(
+    fast: Any, view: Any, at: int = 0, prefix: str = "", base: int = 0, value: Any = _value
+) -> list[Annotation]:
+    """Every field of the struct ``fast`` that starts at ``view[at]``, named ``prefix`` +
+    its label, at offset ``base + at`` + the field's own."""
+    out: list[Annotation] = []
+    for offset, size, name in fast.fields:
+        label = _label(name)
+        piece = bytes(view[at + offset : at + offset + size])
+        out.append((base + at + offset, size, prefix + label, value(piece, label)))
+    return out
 
 
 def annotate_descriptor(raw: bytes, base: int = 0) -> list[Annotation]:
     """Named fields of a block-paged descriptor, for an annotated hex dump."""
-    out: list[Annotation] = []
-    for offset, size, name in _DESCRIPTOR.fields:
-        label = _label(name)
-        out.append((base + offset, size, label, _value(raw[offset : offset + size], label)))
+    out = _fields(_DESCRIPTOR, raw, base=base)
     at_count = _DESCRIPTOR.offsets["buffer_count"]
     count = raw[at_count] if len(raw) > at_count else 0
     for index in range(count):
         start = _DESCRIPTOR.size + _HANDLE.size * index
-        for offset, size, name in _HANDLE.fields:
-            piece = raw[start + offset : start + offset + size]
-            label = _label(name)
-            out.append(
-                (base + start + offset, size, f"buffers[{index}].{label}", _value(piece, label))
-            )
+        out += _fields(_HANDLE, raw, start, f"buffers[{index}].", base)
     end = _DESCRIPTOR.size + _HANDLE.size * count
     if end < len(raw):
         out.append((base + end, len(raw) - end, "optional sections", f"{len(raw) - end} bytes"))
@@ -339,30 +329,13 @@ def annotate_blob(data: Any) -> list[Annotation]:
     """Named fields of a blob's header, section table, descriptor and payload extents."""
     declared = blob_codec.blob_length(data)
     view = bytes(memoryview(data).cast("B")[:declared])
-    out: list[Annotation] = []
-    for offset, size, name in _BLOB_HEADER.fields:
-        label = _label(name)
-        value = _value(view[offset : offset + size], label)
-        if name == "checksum_type":
-            value = _CHECKSUM_NAMES.get(int(value), value)
-        out.append((offset, size, f"header.{label}", value))
+    out = _fields(_BLOB_HEADER, view, prefix="header.")
     head = _BLOB_HEADER.unpack_dict(view, 0)
     count = head["section_count"]
     header_length = head["header_length"]
     entries = [_ENTRY.unpack_dict(view, _entry_at(number)) for number in range(count)]
     for number in range(count):
-        start = _entry_at(number)
-        for offset, size, name in _ENTRY.fields:
-            piece = view[start + offset : start + offset + size]
-            name = _label(name)
-            value = _value(piece, name)
-            if name == "kind":
-                value = wire.SECTION_KINDS.get(piece[0], f"unknown 0x{piece[0]:02X}")
-            elif name == "codec":
-                value = codecs.registry.name_or_id(piece[0])
-            elif name == "checksum":
-                value = f"0x{int.from_bytes(piece, 'little'):016x}"
-            out.append((start + offset, size, f"section[{number}].{name}", value))
+        out += _fields(_ENTRY, view, _entry_at(number), f"section[{number}].")
     desc_start = _entry_at(count)
     out.extend(annotate_descriptor(view[desc_start:header_length], desc_start))
     (checksum,) = _CHECKSUM.struct.unpack_from(view, header_length)
@@ -392,10 +365,11 @@ def annotate_blob(data: Any) -> list[Annotation]:
     return out
 
 
-def _padding(view: bytes, start: int, stop: int) -> Annotation:
-    """Padding as it is: ``zero``, or how many of its bytes are not (a corrupt blob)."""
+def _padding(view: bytes, start: int, stop: int, base: int = 0) -> Annotation:
+    """Padding as it is: ``zero``, or how many of its bytes are not (a corrupt record)."""
     nonzero = sum(1 for b in view[start:stop] if b)
-    return (start, stop - start, "padding", f"NON-ZERO ({nonzero} bytes)" if nonzero else "zero")
+    text = f"NON-ZERO ({nonzero} bytes)" if nonzero else "zero"
+    return (base + start, stop - start, "padding", text)
 
 
 def annotate_chunk_table(
@@ -407,22 +381,12 @@ def annotate_chunk_table(
         return [(offset, stored, f"{name} payload", f"{kind}, {stored} bytes")]
     head = _CHUNK_HEAD.unpack_dict(view, offset)
     count = head["chunk_count"]
-    out: list[Annotation] = [
-        (offset + at, size, f"{name}.{field}", str(head[field]))
-        for at, size, field in _CHUNK_HEAD.fields
-    ]
+    out = _fields(_CHUNK_HEAD, view, offset, f"{name}.")
     frame_size = wire.CHUNK_FRAME_SIZE.sizeof()
     table_end = head_size + frame_size * count
     if table_end > stored:
-        out.append(
-            (
-                offset + head_size,
-                stored - head_size,
-                f"{name} payload",
-                f"{kind}, rest of the table",
-            )
-        )
-        return out
+        rest = stored - head_size
+        return [*out, (offset + head_size, rest, f"{name} payload", f"{kind}, rest of the table")]
     for i in range(count):
         at = offset + head_size + frame_size * i
         size = int.from_bytes(view[at : at + frame_size], "little")
@@ -468,27 +432,6 @@ def _stream_value(raw: bytes, name: str) -> str:
     return _value(raw, name)
 
 
-def _fixed(struct: Any, view: bytes, base: int, prefix: str) -> list[Annotation]:
-    out: list[Annotation] = []
-    for offset, size, name in struct.fields:
-        label = _label(name)
-        value = _stream_value(view[offset : offset + size], label)
-        out.append((base + offset, size, f"{prefix}.{label}", value))
-    return out
-
-
-def _tail(view: bytes, base: int, cursor: int, stop: int, out: list[Annotation]) -> None:
-    if stop > cursor:
-        out.append(
-            (
-                base + cursor,
-                stop - cursor,
-                "padding",
-                "zero" if not any(view[cursor:stop]) else "NON-ZERO",
-            )
-        )
-
-
 def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
     """Named fields of a stream header record (docs/streaming.md) that starts ``data``.
 
@@ -498,31 +441,19 @@ def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
     view = bytes(memoryview(data).cast("B"))
     head = _STREAM_HEADER.unpack_dict(view, 0)
     total = min(head["total_length"], len(view))
-    out = _fixed(_STREAM_HEADER, view, base, "stream_header")
+    out = _fields(_STREAM_HEADER, view, 0, "stream_header.", base, _stream_value)
     cursor = _STREAM_HEADER.size
     name_length, metadata_length = head["model_name_length"], head["metadata_length"]
-    model = view[cursor : cursor + name_length]
-    out.append(
-        (
-            base + cursor,
-            name_length,
-            "stream_header.model_name",
-            repr(model.decode("utf-8", "replace")),
-        )
-    )
+    model = repr(view[cursor : cursor + name_length].decode("utf-8", "replace"))
+    out.append((base + cursor, name_length, "stream_header.model_name", model))
     cursor += name_length
     if metadata_length:
-        out.append(
-            (
-                base + cursor,
-                metadata_length,
-                "stream_header.metadata",
-                f"KV section, {metadata_length} bytes",
-            )
-        )
+        what = f"KV section, {metadata_length} bytes"
+        out.append((base + cursor, metadata_length, "stream_header.metadata", what))
     cursor += metadata_length
     at_checksum = total - _RECORD_CHECKSUM.size
-    _tail(view, base, cursor, at_checksum, out)
+    if at_checksum > cursor:
+        out.append(_padding(view, cursor, at_checksum, base))
     (checksum,) = _RECORD_CHECKSUM.struct.unpack_from(view, at_checksum)
     out.append(
         (base + at_checksum, _RECORD_CHECKSUM.size, "stream_header.checksum", f"0x{checksum:016x}")
@@ -535,24 +466,19 @@ def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
     view = bytes(memoryview(data).cast("B"))
     head = _END_RECORD.unpack_dict(view, 0)
     total = min(head["total_length"], len(view))
-    out = _fixed(_END_RECORD, view, base, "end_record")
+    out = _fields(_END_RECORD, view, 0, "end_record.", base, _stream_value)
     cursor = _END_RECORD.size
     footer = total - _END_FOOTER.size
     for number in range(head["entry_count"]):
         if cursor + _END_ENTRY.size > footer:
             break
-        out.extend(_fixed(_END_ENTRY, view[cursor:], base + cursor, f"end_record.entry[{number}]"))
-        cursor += _END_ENTRY.size
-    _tail(view, base, cursor, footer, out)
-    for offset, size, name in _END_FOOTER.fields:
-        piece = view[footer + offset : footer + offset + size]
-        value = (
-            f"0x{int.from_bytes(piece, 'little'):016x}"
-            if name == "checksum"
-            else _value(piece, name)
+        out += _fields(
+            _END_ENTRY, view, cursor, f"end_record.entry[{number}].", base, _stream_value
         )
-        out.append((base + footer + offset, size, f"end_record.{name}", value))
-    return out
+        cursor += _END_ENTRY.size
+    if footer > cursor:
+        out.append(_padding(view, cursor, footer, base))
+    return out + _fields(_END_FOOTER, view, footer, "end_record.", base)
 
 
 def _whole_header(view: Any) -> bool:
@@ -575,62 +501,38 @@ def annotate_stream(data: Any) -> list[Annotation]:
     pos = 0
     number = 0
     while pos < len(view):
-        if len(view) - pos < _PREFIX.size:
-            out.append(
-                (
-                    pos,
-                    len(view) - pos,
-                    "cut record",
-                    f"{len(view) - pos} bytes, shorter than a record prefix",
-                )
-            )
+        rest = len(view) - pos
+        if rest < _PREFIX.size:
+            out.append((pos, rest, "cut record", f"{rest} bytes, shorter than a record prefix"))
             break
         prefix = _PREFIX.unpack_dict(view, pos)
         magic, total = prefix["magic"], prefix["total_length"]
         if magic not in (ws.STREAM_MAGIC, wire.BLOB_MAGIC, ws.END_MAGIC) or total < _PREFIX.size:
-            out.append(
-                (
-                    pos,
-                    len(view) - pos,
-                    "not a record",
-                    f"magic {magic.hex(' ')}, {len(view) - pos} bytes",
-                )
-            )
+            out.append((pos, rest, "not a record", f"magic {magic.hex(' ')}, {rest} bytes"))
             break
-        if pos + total > len(view) and magic == wire.BLOB_MAGIC and _whole_header(view[pos:]):
-            out.append((pos, 0, f"blob {number}", f"{total} bytes declared"))
-            out.extend(
-                (pos + at, size, f"blob[{number}].{name}", value)
-                for at, size, name, value in annotate_blob(view[pos:])
-            )
+        cut = total > rest
+        if cut and not (magic == wire.BLOB_MAGIC and _whole_header(view[pos:])):
+            what = f"{magic.decode('latin-1')!r}: {total} bytes declared, {rest} present"
+            out.append((pos, rest, "cut record", what))
             break
-        if pos + total > len(view):
-            out.append(
-                (
-                    pos,
-                    len(view) - pos,
-                    "cut record",
-                    f"{magic.decode('latin-1')!r}: {total} bytes declared, "
-                    f"{len(view) - pos} present",
-                )
-            )
-            break
-        record = view[pos : pos + total]
         minimum = _MINIMUM.get(magic, 0)
         if total < minimum:
             out.append((pos, total, "short record", f"{total} bytes, under {minimum}"))
             break
+        record = view[pos : pos + total]
         if magic == ws.STREAM_MAGIC:
             out.extend(annotate_stream_header(record, pos))
         elif magic == ws.END_MAGIC:
             out.extend(annotate_end_record(record, pos))
-        else:
-            out.append((pos, 0, f"blob {number}", f"{total} bytes"))
+        else:  # a blob, whole or (its header whole) cut
+            out.append((pos, 0, f"blob {number}", f"{total} bytes{' declared' * cut}"))
             out.extend(
                 (pos + at, size, f"blob[{number}].{name}", value)
                 for at, size, name, value in annotate_blob(record)
             )
             number += 1
+        if cut:
+            break
         pos += total
     return out
 
@@ -644,10 +546,7 @@ def annotate_hrry(data: Any) -> list[Annotation]:
     """A ``.hrry`` file: its header, each tensor's descriptor and data, the KV section,
     the index and the trailer (docs/reference-containers.md)."""
     view = bytes(memoryview(data).cast("B"))
-    out: list[Annotation] = [
-        (at, size, f"header.{_label(name)}", _value(view[at : at + size], _label(name)))
-        for at, size, name in _HRRY_HEADER.fields
-    ]
+    out = _fields(_HRRY_HEADER, view, prefix="header.")
     regions: list[tuple[int, list[Annotation]]] = []
     with HrryFile.from_buffer(data) as reader:
         for name in reader.names:
@@ -671,9 +570,4 @@ def annotate_hrry(data: Any) -> list[Annotation]:
                     f"KV section, {trailer.kv_length} bytes"))  # fmt: skip
     out.append((trailer.index_offset, trailer.index_length, "index",
                 f"{trailer.index_length} bytes, CRC-32C protected"))  # fmt: skip
-    base = len(view) - _HRRY_TRAILER.size
-    for at, size, name in _HRRY_TRAILER.fields:
-        piece = view[base + at : base + at + size]
-        value = repr(piece.decode("latin-1")) if name == "magic" else _value(piece, _label(name))
-        out.append((base + at, size, f"trailer.{_label(name)}", value))
-    return out
+    return out + _fields(_HRRY_TRAILER, view, len(view) - _HRRY_TRAILER.size, "trailer.")

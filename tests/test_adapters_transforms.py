@@ -247,6 +247,10 @@ def test_prefix_sharing_matches_a_loop() -> None:
     assert same_seq.prefix_sharing() == {1: (0,)}
     empty = hw.BlockPagedTensor.from_arrays(np.zeros((2, 1, 1, 1)), [], [0])
     assert empty.prefix_sharing() == {}
+    wide = hw.BlockPagedTensor.from_arrays(  # uint64 seq_ptr: NumPy refused its diff as counts
+        np.zeros((2, 1, 1, 1)), [1, 1, 0], [0, 1, 3], block_table_index_type="uint64"
+    )
+    assert wide.prefix_sharing() == {1: (0, 1)}
 
 
 # -- repage -----------------------------------------------------------------------------------

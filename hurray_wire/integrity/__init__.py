@@ -1,9 +1,7 @@
 """Integrity for KV transfers (docs/integrity.md): per-page digests that say *which* page is
 corrupt, an engine fingerprint that says whether a cache is meaningful here, and a
 content-addressed page store with a delta protocol that skips pages the receiver holds.
-
-The blob encoder/decoder, streams and transports call these functions; nothing here frames
-a blob.
+Nothing here frames a blob: the blob codec, streams and transports call these functions.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """The Bloom form of the known-pages record (docs/integrity.md § 5.2): ~10 bits per held page
-instead of 64, for receivers whose store is large, with exact confirmation.
-
-A Bloom filter has false positives, and a false positive here would make the sender send a
-reference the receiver cannot fill. So the filter only *proposes*: the sender sends the
-candidate digests it found (``bloom_candidates``) as an ordinary sorted known-pages record,
-the receiver answers with the subset it really holds (``confirm_known``), and the sender
-plans with that exact set (``plan_delta``). False positives cost a few bytes in the
-confirmation round trip, never a wrong page.
-
-Digests are xxh3 outputs, uniform over 64 bits, so the ``k`` bit positions come from
-double hashing of the digest itself: ``(d + i * ((d >> 32) | 1)) mod 2**log2_bits`` for
-``i`` in ``[0, k)``, vectorised over all digests at once.
+instead of 64. A false positive would make the sender send a reference the receiver cannot
+fill, so the filter only proposes candidates (``bloom_candidates``) and the receiver
+confirms the ones it holds (``confirm_known``): false positives cost bytes, never a page.
 """
 
 from __future__ import annotations
@@ -27,6 +18,8 @@ from hurray_wire.errors import (
     ArgumentTypeError,
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
+    check_head,
+    instance,
     non_negative,
 )
 from hurray_wire.integrity.delta import (
@@ -56,7 +49,8 @@ MAX_HASHES = 16
 
 
 def _positions(digests: DigestArray, num_hashes: int, log2_bits: int) -> DigestArray:
-    """``[len(digests), num_hashes]`` bit positions (uint64 arithmetic wraps by design)."""
+    """``[len(digests), num_hashes]`` bit positions by double hashing of the digest itself
+    (xxh3 outputs are uniform over 64 bits; uint64 arithmetic wraps by design)."""
     d = digests.astype(np.uint64)[:, None]
     step = (d >> np.uint64(32)) | np.uint64(1)
     i = np.arange(num_hashes, dtype=np.uint64)[None, :]
@@ -112,24 +106,17 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
     (checked before the checksum pass or any copy)."""
     non_negative(max_bytes, "max_bytes")
     view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_BLOOM)
-    if len(view) < _KHEAD.size + _PARAMS.size:
-        raise IntegrityRecordTruncatedError(
-            "record ends inside its Bloom parameters",
-            section=KNOWN,
-            offset=len(view),
-            found=len(view),
-            expected=f">= {_KHEAD.size + _PARAMS.size} bytes",
-        )
-    params = _PARAMS.unpack_dict(view, _KHEAD.size)
     at = _KHEAD.size
-    if params["_reserved"] != bytes(6):
-        raise InvalidIntegrityRecordError(
-            "reserved bytes must be zero",
-            section=KNOWN,
-            field="_reserved",
-            offset=at + _PARAMS.offsets["_reserved"],
-            found=params["_reserved"].hex(),
-        )
+    params = check_head(
+        view,
+        _PARAMS,
+        (("_reserved", bytes(6), "reserved bytes must be zero"),),
+        error=InvalidIntegrityRecordError,
+        truncated=IntegrityRecordTruncatedError,
+        section=KNOWN,
+        at=at,
+        what="record ends inside its Bloom parameters",
+    )
     for name, low, high in (("num_hashes", 1, MAX_HASHES),
                             ("log2_bits", MIN_LOG2_BITS, MAX_LOG2_BITS)):  # fmt: skip
         if not low <= params[name] <= high:
@@ -160,10 +147,7 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
 def bloom_candidates(digests: object, bloom: KnownPagesBloom) -> DigestArray:
     """Sorted unique digests of ``digests`` the filter may hold: what the sender asks the
     receiver to confirm (``encode_known_pages(candidates)``)."""
-    if not isinstance(bloom, KnownPagesBloom):
-        raise ArgumentTypeError(
-            "expected a KnownPagesBloom", field="bloom", found=type(bloom).__name__
-        )
+    instance(bloom, KnownPagesBloom, "bloom")
     values = digest_array(digests, None)
     return np.unique(values[bloom.might_contain(values)])
 

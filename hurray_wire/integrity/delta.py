@@ -1,15 +1,7 @@
-"""The delta protocol (docs/integrity.md § 5): send only the pages the receiver lacks.
-
-1. The receiver sends ``encode_known_pages(store.digests())``.
-2. The sender decodes it (``decode_known_pages``, bounded by ``max_entries``) and calls
-   ``plan_delta(tensor, known)``: every physical page whose digest the receiver holds
-   becomes a reference (page id + digest), every other page is sent as bytes, in
-   ascending page-id order (the compacted pool).
-3. The blob carries the compacted pool and the page refs (``encode_page_refs``).
-4. The receiver allocates the full pool, ``place_sent_pages`` scatters the sent pages,
-   ``fill_from_store`` copies each referenced page out of its store after checking the
-   record's digest. A missing or corrupt page is never silently reused: it raises, or is
-   reported with its logical positions so the engine can recompute those blocks.
+"""The delta protocol (docs/integrity.md § 5, its steps there): send only the pages the
+receiver lacks. A referenced page is re-hashed before it is used: a missing or corrupt one
+is never silently reused (it raises, or is reported with its logical positions so that the
+engine can recompute those blocks).
 """
 
 from __future__ import annotations
@@ -29,17 +21,20 @@ from hurray_wire.errors import (
     LimitExceededError,
     PageDigestError,
     PageStoreMissError,
+    check_head,
+    instance,
     non_negative,
 )
 from hurray_wire.integrity.digests import (
     DigestArray,
     IntArray,
     PageRecords,
-    check_head,
+    check_digest_head,
     digest_array,
     exact_length,
     logical_positions,
     page_records,
+    page_rows,
 )
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
@@ -104,38 +99,23 @@ def encode_known_pages(digests: object) -> bytes:
 def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any]]:
     """The input as bytes and its checked 16-byte known-pages head (of ``form``)."""
     view = byte_view(data, "data")
-    if len(view) < _KHEAD.size:
-        raise IntegrityRecordTruncatedError(
-            "record shorter than its head",
-            section=KNOWN,
-            offset=len(view),
-            found=len(view),
-            expected=f">= {_KHEAD.size} bytes",
-        )
-    head: dict[str, Any] = _KHEAD.unpack_dict(view)
-    for name, expected in (("magic", w.KNOWN_PAGES_MAGIC), ("_reserved0", b"\0"),
-                           ("_reserved1", bytes(4))):  # fmt: skip
-        if head[name] != expected:
-            raise InvalidIntegrityRecordError(
-                f"bad {name.strip('_')}",
-                section=KNOWN,
-                field=name,
-                offset=_KHEAD.offsets[name],
-                found=head[name].hex(),
-                expected=expected.hex(),
-            )
-    for name, wanted in (("version", w.KNOWN_PAGES_VERSION), ("form", form),
-                         ("algorithm", w.DIGEST_ALGORITHM_XXH3_64)):  # fmt: skip
-        if head[name] != wanted:
-            bloom = name == "form" and head[name] == w.KNOWN_PAGES_FORM_BLOOM
-            raise InvalidIntegrityRecordError(
-                f"unsupported {name}" + (" (a Bloom record: decode_known_pages_bloom)" * bloom),
-                section=KNOWN,
-                field=name,
-                offset=_KHEAD.offsets[name],
-                found=head[name],
-                expected=wanted,
-            )
+    bloom = "" if form == w.KNOWN_PAGES_FORM_BLOOM else " (Bloom records: decode_known_pages_bloom)"
+    expected = (
+        ("magic", w.KNOWN_PAGES_MAGIC, "bad magic"),
+        ("_reserved0", b"\0", "bad reserved0"),
+        ("_reserved1", bytes(4), "bad reserved1"),
+        ("version", w.KNOWN_PAGES_VERSION, "unsupported version"),
+        ("form", form, "unsupported form" + bloom),
+        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
+    )
+    head = check_head(
+        view,
+        _KHEAD,
+        expected,
+        error=InvalidIntegrityRecordError,
+        truncated=IntegrityRecordTruncatedError,
+        section=KNOWN,
+    )
     return view, head
 
 
@@ -242,8 +222,7 @@ class PageRefs:
 
 def encode_page_refs(refs: PageRefs) -> bytes:
     """A page-refs section payload: 8-byte head, ``count`` u64 page ids, ``count`` digests."""
-    if not isinstance(refs, PageRefs):
-        raise ArgumentTypeError("expected PageRefs", field="refs", found=type(refs).__name__)
+    instance(refs, PageRefs, "refs")
     pages, digests = refs.pages, refs.digests  # checked by PageRefs
     head = _RHEAD.pack(w.PAGE_REFS_VERSION, w.DIGEST_ALGORITHM_XXH3_64, pages.size)
     return head + pages.astype(_DIGESTS).tobytes() + digests.astype(_DIGESTS, copy=False).tobytes()
@@ -254,7 +233,7 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
     ``num_pages`` (ids strictly increasing and below it)."""
     limit = non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    head = check_head(
+    head = check_digest_head(
         view, _RHEAD, section=REFS, version=w.PAGE_REFS_VERSION, base_offset=base_offset
     )
     count = head["count"]
@@ -372,8 +351,7 @@ def check_plan(plan: DeltaPlan, records: PageRecords) -> DigestArray:
     (that is the pass it saves): a wrong cached digest of a sent page fails the receiver's
     page-digest check, and of a referenced page makes the receiver use the page it holds
     under that digest (docs/integrity.md § 5.3)."""
-    if not isinstance(plan, DeltaPlan):
-        raise ArgumentTypeError("expected a DeltaPlan", field="known_pages", found=repr(plan))
+    instance(plan, DeltaPlan, "known_pages")
     digests = digest_array(plan.digests, records.num_pages, "known_pages.digests")
     refs = plan.refs
     if not isinstance(refs, PageRefs) or plan.record_nbytes != records.record_nbytes:
@@ -431,30 +409,12 @@ def _out_records(
             )
         num_pages = int(out_pool.shape[0])
     count = non_negative(num_pages, "num_pages")
-
-    def rows(array: U8Array, name: str) -> U8Array:
-        if count == 0 or array.size % count:
-            if count == 0 and array.size == 0:
-                return array.reshape(0, 0)
-            raise ArgumentTypeError(
-                f"{name} must hold a whole number of bytes per page",
-                field=name,
-                found=array.size,
-                expected=f"a multiple of num_pages {count}",
-            )
-        return array.reshape(count, -1)
-
-    scales = (
-        None
-        if out_scales is None
-        else rows(_writable_bytes(out_scales, "out_scales"), "out_scales")
+    parts = {"out_scales": out_scales, "out_zero_points": out_zero_points}
+    scales, zps = (
+        None if array is None else page_rows(_writable_bytes(array, name), count, name)
+        for name, array in parts.items()
     )
-    zps = (
-        None
-        if out_zero_points is None
-        else rows(_writable_bytes(out_zero_points, "out_zero_points"), "out_zero_points")
-    )
-    return PageRecords(rows(pool, "out_pool"), scales, zps)
+    return PageRecords(page_rows(pool, count, "out_pool"), scales, zps)
 
 
 def place_sent_pages(
@@ -533,8 +493,7 @@ def fill_from_store(
     """
     if isinstance(refs, DeltaPlan):
         refs = refs.refs
-    if not isinstance(refs, PageRefs):
-        raise ArgumentTypeError("expected PageRefs", field="refs", found=type(refs).__name__)
+    refs = instance(refs, PageRefs, "refs")
     if not isinstance(store, PageStore):
         raise ArgumentTypeError("expected a PageStore", field="store", found=type(store).__name__)
     out = _out_records(out_pool, num_pages, out_scales, out_zero_points)

@@ -23,6 +23,8 @@ from hurray_wire.errors import (
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
     PageDigestError,
+    check_head,
+    instance,
     non_negative,
 )
 from hurray_wire.model.quantization import PerBlockAffine
@@ -97,40 +99,30 @@ class PageRecords:
         return b"".join(part[page].tobytes() for part in self._parts())
 
     def digests(self) -> DigestArray:
-        """xxh3_64 of every page record, in physical page order.
+        """xxh3_64 of every page record, in physical page order."""
+        return self.digests_at(None)
+
+    def digests_at(self, pages: IntArray | None) -> DigestArray:
+        """xxh3_64 of the records of the physical ``pages`` (every page for None; ids
+        already checked to lie in ``[0, num_pages)``), hashed where they sit: what a store
+        over an engine's own pool re-hashes instead of copying.
 
         A loop of one-shot xxh3 calls over row views: measured (tools/bench_digests.py) at
         ~1.3x one whole-pool xxh3 pass for 32 KiB pages, faster than any vectorised
         NumPy hash and than concatenating records first (a copy of the pool).
         """
-        count = self.num_pages
-        if self.scales is None and self.zero_points is None:
-            return np.fromiter(map(_xxh3, self.pool), np.uint64, count)
+        pool = self.pool
+        ids = range(self.num_pages) if pages is None else pages.tolist()
         params = [p for p in (self.scales, self.zero_points) if p is not None]
+        if not params:
+            rows = pool if pages is None else (pool[page] for page in ids)
+            return np.fromiter(map(_xxh3, rows), np.uint64, len(ids))
         tail = params[0] if len(params) == 1 else np.concatenate(params, axis=1)  # small
         hasher = xxhash.xxh3_64
-        out = np.empty(count, np.uint64)
-        for page in range(count):  # measured: two updates beat a record copy
-            h = hasher(self.pool[page])
-            h.update(tail[page])
-            out[page] = h.intdigest()
-        return out
-
-    def digests_at(self, pages: IntArray) -> DigestArray:
-        """xxh3_64 of the records of the physical ``pages`` (ids already checked to lie in
-        ``[0, num_pages)``), hashed where they sit: what a store over an engine's own pool
-        re-hashes instead of copying."""
-        ids = pages.tolist()
-        if self.scales is None and self.zero_points is None:
-            pool = self.pool
-            return np.fromiter((_xxh3(pool[page]) for page in ids), np.uint64, len(ids))
-        params = [p for p in (self.scales, self.zero_points) if p is not None]
-        hasher = xxhash.xxh3_64
         out = np.empty(len(ids), np.uint64)
-        for at, page in enumerate(ids):
-            h = hasher(self.pool[page])
-            for part in params:
-                h.update(part[page])
+        for at, page in enumerate(ids):  # measured: two updates beat a record copy
+            h = hasher(pool[page])
+            h.update(tail[page])
             out[at] = h.intdigest()
         return out
 
@@ -162,10 +154,7 @@ def digests_and_checksum(records: PageRecords) -> tuple[DigestArray, int]:
 
 def page_records(tensor: BlockPagedTensor) -> PageRecords:
     """The page records of ``tensor`` (views, no copy)."""
-    if not isinstance(tensor, BlockPagedTensor):
-        raise ArgumentTypeError(
-            "expected a BlockPagedTensor", field="tensor", found=type(tensor).__name__
-        )
+    instance(tensor, BlockPagedTensor, "tensor")
     layout = tensor.layout
     num_pages = layout.num_pages
     etype = tensor.element_type
@@ -200,6 +189,27 @@ def page_records(tensor: BlockPagedTensor) -> PageRecords:
             zp_width = layout.page_size * tensor.zero_points.dtype.itemsize
             zero_points = u8_array(tensor.zero_points, "zero_points").reshape(num_pages, zp_width)
     return PageRecords(pool, scales, zero_points)
+
+
+def page_rows(array: npt.NDArray[Any], num_pages: int, name: str) -> U8Array:
+    """``array`` as ``[num_pages, bytes per page]`` uint8 (a view)."""
+    flat = array.reshape(-1).view(np.uint8)
+    if flat.size == 0 and num_pages:  # pages of no bytes (a zero-sized dimension)
+        return flat.reshape(num_pages, 0)
+    if num_pages == 0:
+        if flat.size:
+            raise ArgumentTypeError(
+                f"{name} must be empty for an empty pool", field=name, found=flat.size
+            )
+        return flat.reshape(0, 0)
+    if flat.size % num_pages:
+        raise ArgumentTypeError(
+            f"{name} must hold a whole number of bytes per page",
+            field=name,
+            found=f"{flat.size} bytes",
+            expected=f"a multiple of num_pages {num_pages}",
+        )
+    return flat.reshape(num_pages, -1)
 
 
 def page_digests(tensor: BlockPagedTensor) -> DigestArray:
@@ -321,46 +331,24 @@ def encode_digest_section(digests: object) -> bytes:
     return head + values.astype(_DIGESTS, copy=False).tobytes()
 
 
-def check_head(
-    view: memoryview,
-    head: Any,
-    *,
-    section: str,
-    version: int,
-    base_offset: int,
+def check_digest_head(
+    view: memoryview, head: Any, *, section: str, version: int, base_offset: int
 ) -> dict[str, Any]:
     """Parse and check an 8-byte ``version | algorithm | reserved | count`` head."""
-    if len(view) < head.size:
-        raise IntegrityRecordTruncatedError(
-            "record shorter than its head",
-            section=section,
-            offset=base_offset + len(view),
-            found=len(view),
-            expected=f">= {head.size} bytes",
-        )
-    fields: dict[str, Any] = head.unpack_dict(view)
-    for name, expected, field in (
-        ("version", version, "version"),
-        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "algorithm"),
-    ):
-        if fields[name] != expected:
-            raise InvalidIntegrityRecordError(
-                f"unsupported {field}",
-                section=section,
-                field=field,
-                offset=base_offset + head.offsets[name],
-                found=fields[name],
-                expected=expected,
-            )
-    if fields["_reserved"] != bytes(2):
-        raise InvalidIntegrityRecordError(
-            "reserved bytes must be zero",
-            section=section,
-            field="_reserved",
-            offset=base_offset + head.offsets["_reserved"],
-            found=fields["_reserved"].hex(),
-        )
-    return fields
+    expected = (
+        ("version", version, "unsupported version"),
+        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
+        ("_reserved", bytes(2), "reserved bytes must be zero"),
+    )
+    return check_head(
+        view,
+        head,
+        expected,
+        error=InvalidIntegrityRecordError,
+        truncated=IntegrityRecordTruncatedError,
+        section=section,
+        base_offset=base_offset,
+    )
 
 
 def exact_length(
@@ -393,7 +381,7 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     """
     non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    fields = check_head(
+    fields = check_digest_head(
         view, _HEAD, section=SECTION, version=w.DIGEST_SECTION_VERSION, base_offset=base_offset
     )
     count = fields["count"]

@@ -1,11 +1,5 @@
-"""A page store over an engine's own KV pool (docs/integrity.md § 5.3): no copies.
-
-An ``EnginePoolStore`` wraps the engine's pool of one {layer, kv_role} (and its per-slot
-scales / zero points) and indexes the pages the engine vouches for by their record's
-digest, so that the in-place decode points a block table at them instead of copying. The
-engine ``index``-es pages it keeps and ``forget``-s them before freeing or overwriting
-them; a page overwritten without ``forget`` is stale, and the re-hash of every referenced
-page refuses it.
+"""A page store over an engine's own KV pool (docs/integrity.md § 5.3): no copies, so that
+the in-place decode points a block table at the engine's pages instead of copying them.
 """
 
 from __future__ import annotations
@@ -16,7 +10,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.buffers import U8Array
 from hurray_wire.errors import ArgumentTypeError, PageStoreError
 from hurray_wire.integrity.digests import (
     DigestArray,
@@ -24,6 +17,7 @@ from hurray_wire.integrity.digests import (
     PageRecords,
     check_digest_range,
     digest_array,
+    page_rows,
 )
 from hurray_wire.integrity.page_store import PageStore, check_record, held, sorted_digests
 
@@ -58,27 +52,6 @@ def engine_array(value: object, name: str) -> npt.NDArray[Any]:
     return value
 
 
-def _rows(array: npt.NDArray[Any], num_pages: int, name: str) -> U8Array:
-    """``array`` as ``[num_pages, bytes per page]`` uint8 (a view)."""
-    flat = array.reshape(-1).view(np.uint8)
-    if flat.size == 0 and num_pages:  # pages of no bytes (a zero-sized dimension)
-        return flat.reshape(num_pages, 0)
-    if num_pages == 0:
-        if flat.size:
-            raise ArgumentTypeError(
-                f"{name} must be empty for an empty pool", field=name, found=flat.size
-            )
-        return flat.reshape(0, 0)
-    if flat.size % num_pages:
-        raise ArgumentTypeError(
-            f"{name} must hold a whole number of bytes per page",
-            field=name,
-            found=f"{flat.size} bytes",
-            expected=f"a multiple of num_pages {num_pages}",
-        )
-    return flat.reshape(num_pages, -1)
-
-
 def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = False) -> IntArray:
     """``value`` (a 1-D sequence or array of integers) as int64 page ids in
     ``[0, num_pages)`` (and, with ``distinct``, none twice), else a typed error naming
@@ -101,20 +74,15 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
             field=name,
             found=f"dtype {array.dtype}, shape {array.shape}",
         )
-    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and int(array.max()) >= 1 << 63:
-        raise ArgumentTypeError(
-            f"{name}: page id out of range", field=name, found=int(array.max()),
-            expected=f"< num_pages {num_pages}",
-        )  # fmt: skip
-    ids = array.astype(np.int64)
-    bad = np.flatnonzero((ids < 0) | (ids >= num_pages))
+    bad = np.flatnonzero((array < 0) | (array >= num_pages))  # in the ids' own dtype
     if bad.size:
         raise ArgumentTypeError(
             f"{name}[{int(bad[0])}]: page id out of range (ids must lie in [0, num_pages))",
             field=name,
-            found=int(ids[bad[0]]),
+            found=int(array[bad[0]]),
             expected=f"0 <= id < num_pages {num_pages}",
         )
+    ids = array.astype(np.int64)
     if distinct and ids.size > 1:
         order = np.sort(ids)
         twice = np.flatnonzero(order[1:] == order[:-1])
@@ -129,14 +97,13 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
 
 class EnginePoolStore(PageStore):
     """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of its
-    own: an index digest -> physical page id of the pages the engine vouches for.
+    own: an index digest -> physical page id of the pages the engine vouches for (``index``;
+    ``forget`` before it frees or overwrites them: a page overwritten without it is stale,
+    and the re-hash of every referenced page refuses it).
 
-    ``page_pool`` (``[num_pages, ...]``; for the in-place decode ``[num_pages, page_size,
-    num_heads, head_dim]``) and per-slot ``scales`` / ``zero_points`` are writable C-contiguous
-    arrays the store keeps (no copy) and never writes. ``get`` views a page (joins a quantized
-    record: a copy); ``put`` only accepts a record whose digest is already indexed (the
-    engine's allocator owns the slots), else ``PageStoreError``. Thread-safe (one lock,
-    hashing outside it).
+    ``page_pool`` (``[num_pages, ...]``) and per-slot ``scales`` / ``zero_points`` are kept
+    (no copy) and never written; ``put`` accepts only a record already indexed (the engine's
+    allocator owns the slots). Thread-safe (one lock, hashing outside it).
     """
 
     def __init__(
@@ -158,9 +125,9 @@ class EnginePoolStore(PageStore):
         self.scales = None if scales is None else engine_array(scales, "scales")
         self.zero_points = None if zero_points is None else engine_array(zero_points, "zero_points")
         self.records = PageRecords(
-            _rows(pool, count, "page_pool"),
-            None if self.scales is None else _rows(self.scales, count, "scales"),
-            None if self.zero_points is None else _rows(self.zero_points, count, "zero_points"),
+            page_rows(pool, count, "page_pool"),
+            None if self.scales is None else page_rows(self.scales, count, "scales"),
+            None if self.zero_points is None else page_rows(self.zero_points, count, "zero_points"),
         )
         self._digest_of: dict[int, int] = {}  # page -> digest
         self._pages_of: dict[int, list[int]] = {}  # digest -> pages holding it (first: used)

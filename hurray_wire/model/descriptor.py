@@ -25,6 +25,7 @@ from hurray_wire.model.quantization import (
     PerChannelAffine,
     PerTensorAffine,
     Quantization,
+    parameter_fields,
 )
 from hurray_wire.wire import descriptor as w
 
@@ -158,17 +159,11 @@ class Statistics:
         check_uint(self.nm_m, "statistics.nm_m", U8_MAX)
         for name in ("has_nan", "has_inf"):  # [A30]: only 0 and 1 round-trip
             check_uint(getattr(self, name), f"statistics.{name}", 1)
-        for name in (
-            "sparsity_ratio",
-            "value_min",
-            "value_max",
-            "value_abs_max",
-            "value_mean",
-            "value_stddev",
-        ):
-            if not isinstance(getattr(self, name), float):
+        for f in dataclasses.fields(self):  # the f64 fields
+            value = getattr(self, f.name)
+            if f.type == "float" and not isinstance(value, float):
                 raise InvalidDescriptorError(
-                    "must be a float", field=f"statistics.{name}", found=repr(getattr(self, name))
+                    "must be a float", field=f"statistics.{f.name}", found=repr(value)
                 )
 
     def __eq__(self, other: object) -> bool:  # NaN-aware: compare the float bits
@@ -290,7 +285,7 @@ class TensorDescriptor:
                 found=count,
                 expected=expected,
             )
-        for name, index in _parameter_fields(self.quantization):
+        for name, index in parameter_fields(self.quantization):
             if index >= count:
                 raise InvalidDescriptorError(
                     "quantization parameter buffer index beyond the buffer table",
@@ -411,28 +406,15 @@ class TensorDescriptor:
     @property
     def buffer_names(self) -> tuple[str, ...]:
         """Names of the buffers in table order ("scales", "zero_points", "scales_zero_points")."""
-        names = list(BUFFER_NAMES)
-        quant = self.quantization
-        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-            zp = quant.zero_point_buffer_index
-            order = {quant.scale_buffer_index: "scales"}
-            if zp is not None:
-                order[zp] = (
-                    "scales_zero_points" if zp == quant.scale_buffer_index else "zero_points"
-                )
-            names.extend(order[i] for i in sorted(order))
-        return tuple(names)
+        params = _parameters(self.quantization)
+        return BUFFER_NAMES + tuple(params[i][0] for i in sorted(params))
 
     def element_widths(self) -> tuple[int, ...]:
         """Bytes per element of each buffer, in table order: the shuffle width a codec may
         use (1 for packed pools; a shared scale + zero-point buffer counts as scales)."""
         index_width = self.layout.index_dtype.itemsize
         widths = {0: self.element_type.itemsize, 1: index_width, 2: index_width}
-        quant = self.quantization
-        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-            if quant.zero_point_buffer_index is not None:
-                widths[quant.zero_point_buffer_index] = _ZERO_POINT_BYTES
-            widths[quant.scale_buffer_index] = quant.scale_type.itemsize
+        widths.update({i: width for i, (_, width, _) in _parameters(self.quantization).items()})
         return tuple(widths[i] for i in range(len(self.buffers)))
 
     def expected_buffer_sizes(self) -> tuple[int, ...]:
@@ -445,7 +427,7 @@ class TensorDescriptor:
         if self.quantization is not None:
             length += (
                 _QUANT_LENGTH_SIZE
-                + quantization_body_length(self.quantization)
+                + _QUANT_BODY_SIZES[self.quantization.scheme_tag]
                 + len(self.quantization_padding)
             )
         if self.statistics is not None:
@@ -535,38 +517,27 @@ def buffer_sizes(
         2: (layout.num_seqs + 1) * layout.index_dtype.itemsize,
     }
     quant = quantization
-    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-        if isinstance(quant, PerBlockAffine):
-            entries = layout.page_slots
-            scale_bytes = entries * quant.scale_type.itemsize
-        else:
-            entries = shape[quant.axis] if quant.axis < 3 else 0
-            scale_bytes = entries * dtypes.float32.itemsize
-        zp_bytes = entries * _ZERO_POINT_BYTES
-        sizes[quant.scale_buffer_index] = scale_bytes
-        zp = quant.zero_point_buffer_index
-        if zp is not None:
-            if zp == quant.scale_buffer_index:
-                sizes[zp] = scale_bytes + zp_bytes
-            else:
-                sizes[zp] = zp_bytes
-    elif isinstance(quant, (NF4, MXFP)):  # pragma: no cover - refused earlier
+    if isinstance(quant, (NF4, MXFP)):  # pragma: no cover - refused earlier
         raise InvalidDescriptorError("not defined for block-paged", field="quantization")
+    entries = 0  # of each parameter buffer
+    if isinstance(quant, PerBlockAffine):  # one per page slot
+        entries = layout.page_slots
+    elif isinstance(quant, PerChannelAffine) and quant.axis < 3:  # one per index of its axis
+        entries = shape[quant.axis]
+    sizes.update({i: entries * per for i, (_, _, per) in _parameters(quant).items()})
     return tuple(sizes.get(i, 0) for i in range(max(sizes) + 1))
 
 
-def _parameter_fields(quant: Quantization | None) -> list[tuple[str, int]]:
-    """(field name, buffer index) of each parameter buffer a scheme names."""
-    if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-        fields = [("scale_buffer_index", quant.scale_buffer_index)]
-        if quant.zero_point_buffer_index is not None:
-            fields.append(("zero_point_buffer_index", quant.zero_point_buffer_index))
-        return fields
-    if isinstance(quant, (NF4, MXFP)):
-        return [("scale_buffer_index", quant.scale_buffer_index)]
-    return []
-
-
-def quantization_body_length(quant: Quantization) -> int:
-    """Bytes of a scheme's header + payload, without writer padding (descriptor.md § 8)."""
-    return _QUANT_BODY_SIZES[quant.scheme_tag]
+def _parameters(quant: Quantization | None) -> dict[int, tuple[str, int, int]]:
+    """Buffer index -> (name, element width, bytes per entry) of each parameter buffer of an
+    affine scheme; a buffer shared by scales and zero points holds both per entry."""
+    if not isinstance(quant, (PerChannelAffine, PerBlockAffine)):
+        return {}
+    scale = quant.scale_type.itemsize
+    out = {quant.scale_buffer_index: ("scales", scale, scale)}
+    zp = quant.zero_point_buffer_index
+    if zp == quant.scale_buffer_index:
+        out[zp] = ("scales_zero_points", scale, scale + _ZERO_POINT_BYTES)
+    elif zp is not None:
+        out[zp] = ("zero_points", _ZERO_POINT_BYTES, _ZERO_POINT_BYTES)
+    return out

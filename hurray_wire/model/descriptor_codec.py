@@ -9,7 +9,6 @@ struct and checks the layout-independent rules (for ``dump``).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +73,7 @@ __all__ = [
 _HEADER_LEN = _HEADER.size  # 20
 _PREFIX_LEN = _AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
 _STATS_FIELDS = tuple(i for i in range(len(_STATS.names)) if i not in dict(_STATS.consts))
+_STATS_NAMES = tuple(_STATS.names[i] for i in _STATS_FIELDS)
 _KV_ROLE_NAMES = {v: k for k, v in w.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
@@ -266,16 +266,6 @@ def _locate(
     return error
 
 
-def _locate_handle_error(
-    exc: InvalidDescriptorError, table: int, count: int
-) -> InvalidDescriptorError:
-    error = exc.relocated(
-        section="descriptor", offset=_handle_places(table, count).get(exc.field or "")
-    )
-    assert isinstance(error, InvalidDescriptorError)
-    return error
-
-
 def _check_flags(flags: int, type_tag: int) -> None:
     """No reserved flag bit, and HAS_EXTENSION_TYPE exactly for private element types."""
     if flags & ~w.FLAGS_KNOWN:
@@ -346,23 +336,11 @@ def _refuse_other_layout(raw: bytes, layout_tag: int) -> None:
 
 def _known_layout_name(tag: int) -> str:
     """The layout's name, or the error for an invalid, reserved or unknown layout tag."""
-    name = _layout_name(tag)
+    name = f"private_0x{tag:02X}" if 0xF0 <= tag <= 0xFE else w.LAYOUT_NAMES.get(tag)
     if name is None:
-        raise _error(
-            _layout_class(tag) + " layout tag", "layout_tag", _AT["layout_tag"],
-            found=f"0x{tag:02X}",
-        )  # fmt: skip
+        kind = "invalid" if tag in (0x00, 0xFF) else "reserved or unknown"
+        raise _error(f"{kind} layout tag", "layout_tag", _AT["layout_tag"], found=f"0x{tag:02X}")
     return name
-
-
-def _layout_name(tag: int) -> str | None:
-    if 0xF0 <= tag <= 0xFE:
-        return f"private_0x{tag:02X}"
-    return w.LAYOUT_NAMES.get(tag)
-
-
-def _layout_class(tag: int) -> str:
-    return "invalid" if tag in (0x00, 0xFF) else "reserved or unknown"
 
 
 def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
@@ -370,16 +348,18 @@ def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
     known = _HANDLES.get(key)
     if known is not None:  # handles are immutable values: reuse the checked one
         return known
-    handle = _new_handle(raw, offset, index)
+    values = _HANDLE.struct.unpack_from(raw, offset)
+    _check_consts(_HANDLE, values, offset, f"buffers[{index}].")
+    handle = _checked_handle(values[:5], offset, index)
     _HANDLES.put(key, handle, len(key))
     return handle
 
 
-def _new_handle(raw: bytes, offset: int, index: int) -> BufferHandle:
-    values = _HANDLE.struct.unpack_from(raw, offset)
-    _check_consts(_HANDLE, values, offset, f"buffers[{index}].")
+def _checked_handle(values: tuple[int, ...], offset: int, index: int) -> BufferHandle:
+    """The handle of buffer ``index`` whose 16 bytes start at ``offset``; a model error is
+    located at its field's byte."""
     try:
-        return BufferHandle(*values[:5])
+        return BufferHandle(*values)
     except InvalidDescriptorError as exc:
         rel = _HANDLE.offsets.get(exc.field or "")
         raise exc.relocated(
@@ -576,21 +556,21 @@ def decode_header(data: Any) -> DescriptorHeader:
     parsed = _construct_parse(raw)
     pos = len(raw) - len(parsed.unknown_trailing)
     trailing = _trailing(raw, pos, minor)
-    handles = []
-    for index, h in enumerate(parsed.buffers):
-        try:
-            handles.append(
-                BufferHandle(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
-            )
-        except InvalidDescriptorError as exc:
-            rel = _HANDLE.offsets.get(exc.field or "")
-            start = _handle_at(index, parsed.buffer_table_offset + _COUNT_SIZE)
-            raise exc.relocated(
-                section="descriptor",
-                field=f"buffers[{index}].{exc.field}",
-                offset=None if rel is None else start + rel,
-            ) from None
-    _check_colocation(handles, parsed.buffer_table_offset)
+    table = parsed.buffer_table_offset + _COUNT_SIZE
+    handles = [
+        _checked_handle(
+            (h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class),
+            _handle_at(index, table),
+            index,
+        )
+        for index, h in enumerate(parsed.buffers)
+    ]
+    try:  # the model's one-device rule, located in the table
+        check_colocation(handles)
+    except InvalidDescriptorError as exc:
+        raise exc.relocated(
+            section="descriptor", offset=_handle_places(table, len(handles)).get(exc.field or "")
+        ) from None
     quant = None
     if parsed.quantization is not None:
         body = parsed.quantization.body
@@ -615,7 +595,7 @@ def decode_header(data: Any) -> DescriptorHeader:
     statistics = None
     if parsed.statistics is not None:
         s = parsed.statistics
-        statistics = Statistics(**{f.name: s[f.name] for f in dataclasses.fields(Statistics)})
+        statistics = Statistics(**{name: s[name] for name in _STATS_NAMES})
     ext = None
     if parsed.extension_type is not None:
         ext = {k: v for k, v in parsed.extension_type.items() if not k.startswith("_")}
@@ -656,14 +636,6 @@ def decode_header(data: Any) -> DescriptorHeader:
         member,
         trailing,
     )
-
-
-def _check_colocation(handles: list[BufferHandle], table: int) -> None:
-    """The model's one-device rule, located in a buffer table that starts at ``table``."""
-    try:
-        check_colocation(handles)
-    except InvalidDescriptorError as exc:
-        raise _locate_handle_error(exc, table + _COUNT_SIZE, len(handles)) from None
 
 
 def _construct_parse(raw: bytes) -> Any:

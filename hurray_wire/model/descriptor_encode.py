@@ -8,7 +8,7 @@ themselves in (``FastStruct.pack``).
 from __future__ import annotations
 
 from hurray_wire import dtypes
-from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.errors import instance
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_layout import (
     FIXED as _FIXED,
@@ -33,8 +33,7 @@ __all__ = ["encode_descriptor"]
 
 def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
     """The exact bytes the reference writes for ``descriptor`` (always valid: see model)."""
-    if not isinstance(descriptor, TensorDescriptor):
-        raise ArgumentTypeError("expected a TensorDescriptor", found=type(descriptor).__name__)
+    instance(descriptor, TensorDescriptor, "descriptor")
     cached: bytes | None = descriptor.__dict__.get("_wire_bytes")
     if cached is None:
         cached = _encode(descriptor)
@@ -74,23 +73,7 @@ def _encode(descriptor: TensorDescriptor) -> bytes:
         body = _encode_quantization(descriptor.quantization) + descriptor.quantization_padding
         parts += [_U32.pack(len(body)), body]
     if descriptor.statistics is not None:
-        s = descriptor.statistics
-        parts.append(
-            _STATS.pack(
-                s.computed_mask,
-                s.nnz,
-                s.sparsity_ratio,
-                s.value_min,
-                s.value_max,
-                s.value_abs_max,
-                s.value_mean,
-                s.value_stddev,
-                s.nm_n,
-                s.nm_m,
-                s.has_nan,
-                s.has_inf,
-            )
-        )
+        parts.append(_STATS.pack(*vars(descriptor.statistics).values()))  # in field order
     if descriptor.composite_member is not None:
         parts.append(_MEMBER.pack(descriptor.composite_member))
     parts.append(descriptor.unknown_trailing)

@@ -27,6 +27,7 @@ __all__ = [
     "PerTensorAffine",
     "Quantization",
     "check_block_paged_compatibility",
+    "parameter_fields",
 ]
 
 NO_BUFFER = 0xFFFFFFFF  # zero_point_buffer_index of a symmetric scheme
@@ -139,7 +140,10 @@ class _AffineBuffers:
 
     @property
     def parameter_buffers(self) -> tuple[int, ...]:
-        return _distinct(self.scale_buffer_index, self.zero_point_buffer_index)
+        zero_point = self.zero_point_buffer_index
+        if zero_point is None or zero_point == self.scale_buffer_index:
+            return (self.scale_buffer_index,)
+        return (self.scale_buffer_index, zero_point)
 
 
 @dataclass(frozen=True)
@@ -294,10 +298,15 @@ class MXFP(NF4):
 Quantization = Union[PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP]  # noqa: UP007
 
 
-def _distinct(scale: int, zero_point: int | None) -> tuple[int, ...]:
-    if zero_point is None or zero_point == scale:
-        return (scale,)
-    return (scale, zero_point)
+def parameter_fields(quant: object) -> list[tuple[str, int]]:
+    """(field name, buffer index) of each parameter buffer a scheme names."""
+    if not isinstance(quant, (PerChannelAffine, PerBlockAffine, NF4)):  # NF4: MXFP too
+        return []
+    fields = [("scale_buffer_index", quant.scale_buffer_index)]
+    zp = getattr(quant, "zero_point_buffer_index", None)
+    if zp is not None:
+        fields.append(("zero_point_buffer_index", zp))
+    return fields
 
 
 def check_block_paged_compatibility(quantization: object, page_size: int) -> None:
@@ -339,10 +348,7 @@ def check_block_paged_compatibility(quantization: object, page_size: int) -> Non
             found=repr(quantization),
             expected="PerTensorAffine, PerChannelAffine, PerBlockAffine or None",
         )
-    named = [("scale_buffer_index", quantization.scale_buffer_index)]
-    if quantization.zero_point_buffer_index is not None:
-        named.append(("zero_point_buffer_index", quantization.zero_point_buffer_index))
-    for name, index in named:
+    for name, index in parameter_fields(quantization):
         if index < 3:
             raise InvalidDescriptorError(
                 "quantization parameter buffers of a block-paged tensor start at index 3",

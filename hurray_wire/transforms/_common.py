@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError, instance
 from hurray_wire.fingerprint import fingerprint_from_metadata, fingerprint_to_metadata
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
@@ -43,11 +43,7 @@ def check_int(value: object, name: str, minimum: int = 0, maximum: int | None = 
 def check_tensor(value: object, name: str = "tensor") -> BlockPagedTensor:
     """The transforms' tensor argument: a ``BlockPagedTensor`` (``compact("x")`` is an
     ``ArgumentTypeError``, not an ``AttributeError`` from inside)."""
-    if not isinstance(value, BlockPagedTensor):
-        raise ArgumentTypeError(
-            "expected a BlockPagedTensor", field=name, found=type(value).__name__
-        )
-    return value
+    return instance(value, BlockPagedTensor, name)
 
 
 def check_seq(tensor: BlockPagedTensor, seq: object, name: str = "seq") -> int:

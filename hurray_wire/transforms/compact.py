@@ -68,7 +68,8 @@ def prefix_sharing(tensor: BlockPagedTensor) -> dict[int, tuple[int, ...]]:
         return {}
     counts = np.bincount(table)
     shared = counts[table] >= 2
-    seq_of = np.repeat(np.arange(tensor.num_seqs, dtype=np.int64), np.diff(tensor.seq_ptr))
+    pages: Array = np.diff(tensor.seq_ptr.astype(np.int64))  # uint64 counts: refused by repeat
+    seq_of = np.repeat(np.arange(tensor.num_seqs, dtype=np.int64), pages)
     pairs = np.unique(np.stack((table[shared], seq_of[shared]), axis=1), axis=0)
     if not len(pairs):
         return {}

@@ -10,6 +10,7 @@ kv_scale``; the scalar is not applied on top of a quantization scheme.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -25,18 +26,13 @@ _F32 = np.dtype(np.float32)
 
 
 def _check_dtype(dtype: Any) -> np.dtype[Any]:
-    if dtype is None:  # NumPy would read None as float64: say what is meant instead
-        raise ArgumentTypeError("dtype must be a NumPy floating dtype", field="dtype", found="None")
-    try:
-        result: np.dtype[Any] = np.dtype(dtype)
-    except TypeError:
-        raise ArgumentTypeError(
-            "dtype must be a NumPy floating dtype", field="dtype", found=repr(dtype)
-        ) from None
-    if result.kind != "f":
-        raise ArgumentTypeError(
-            "dtype must be a NumPy floating dtype", field="dtype", found=str(result)
-        )
+    result: np.dtype[Any] | None = None
+    if dtype is not None:  # NumPy would read None as float64: say what is meant instead
+        with contextlib.suppress(TypeError):
+            result = np.dtype(dtype)
+    if result is None or result.kind != "f":
+        found = repr(dtype) if result is None else str(result)
+        raise ArgumentTypeError("dtype must be a NumPy floating dtype", field="dtype", found=found)
     return result
 
 

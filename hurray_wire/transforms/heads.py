@@ -111,20 +111,18 @@ def _check_agree(base: BlockPagedTensor, other: BlockPagedTensor, rank: int) -> 
         fields = "a fingerprint" if a is None or b is None else differences(a, b)
         raise InvalidTensorError(f"shard {rank} is of another engine than shard 0",
                                  field="hurray.engine_fingerprint", found=fields)  # fmt: skip
-    for name, a_value, b_value in checks:
-        a, b = a_value, b_value
+    for name, a, b in checks:
         if a != b:
             raise InvalidTensorError(
                 f"shard {rank} differs from shard 0 in {name}", field=name, found=b, expected=a
             )
-    for name in ("block_table", "seq_ptr", "seq_lens"):
+    quant = base.quantization
+    shared: tuple[str, ...] = ("block_table", "seq_ptr", "seq_lens")
+    if not (isinstance(quant, PerChannelAffine) and quant.axis == 1):  # else sliced with heads
+        shared += ("scales", "zero_points")
+    for name in shared:
         if not _equal(getattr(base, name), getattr(other, name)):
             raise InvalidTensorError(f"shard {rank} differs from shard 0 in {name}", field=name)
-    quant = base.quantization
-    if not (isinstance(quant, PerChannelAffine) and quant.axis == 1):
-        for name in ("scales", "zero_points"):
-            if not _equal(getattr(base, name), getattr(other, name)):
-                raise InvalidTensorError(f"shard {rank} differs from shard 0 in {name}", field=name)
 
 
 def merge_heads(

@@ -19,6 +19,7 @@ import dataclasses
 
 import numpy as np
 
+from hurray_wire._interop import first_reference_order
 from hurray_wire.errors import InvalidTensorError
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
@@ -68,19 +69,15 @@ def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
     entry = entry_start[seq_of] + t // size
     keys = np.full((new_entries, size), -1, np.int64)
     keys[entry, t % size] = slots
-    if new_entries:
-        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        table, rows = _renumber(first, inverse.reshape(-1))
-    else:
-        table, rows = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    page_keys = keys[rows]  # [new pages, size]: source slot of each new slot, -1 unused
+    # [new pages, size]: source slot of each new slot (-1 unused), pages in first-use order
+    page_keys, table = first_reference_order(keys, axis=0) if new_entries else (keys, keys[:, 0])
     used = page_keys >= 0
     source = flat_pool(tensor)
-    pool = np.zeros((len(rows) * size, *source.shape[1:]), source.dtype)
+    pool = np.zeros((len(page_keys) * size, *source.shape[1:]), source.dtype)
     flat_keys = page_keys.reshape(-1)
     flat_used = used.reshape(-1)
     pool[flat_used] = source[flat_keys[flat_used]]
-    pool = pool.reshape((len(rows), size, *source.shape[1:]))
+    pool = pool.reshape((len(page_keys), size, *source.shape[1:]))
     new_quant = quant
     scales, zero_points = tensor.scales, tensor.zero_points
     if isinstance(quant, PerBlockAffine):
@@ -102,14 +99,6 @@ def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
         quantization=new_quant,
         metadata=with_fingerprint(tensor, block_size=size),  # the engine's block size now
     )
-
-
-def _renumber(first: np.ndarray, inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(block table, representative key row of each new page), pages in first-use order."""
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(len(first), np.int64)
-    rank[order] = np.arange(len(first))
-    return rank[inverse], first[order]
 
 
 def _per_slot(values: np.ndarray, keys: np.ndarray, used: np.ndarray, fill: int) -> np.ndarray:

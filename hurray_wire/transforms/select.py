@@ -57,15 +57,10 @@ def _seq_ids(tensor: BlockPagedTensor, seq_ids: Any) -> Array:
         raise ArgumentTypeError(
             "seq_ids must be a sequence of ints", field="seq_ids", found=repr(seq_ids)
         )
-    if isinstance(seq_ids, (list, tuple)) and any(
-        isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) for s in seq_ids
-    ):
-        bad = next(
-            s
-            for s in seq_ids
-            if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer))
-        )
-        raise ArgumentTypeError("seq_ids must hold ints", field="seq_ids", found=repr(bad))
+    if isinstance(seq_ids, (list, tuple)):
+        for s in seq_ids:
+            if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+                raise ArgumentTypeError("seq_ids must hold ints", field="seq_ids", found=repr(s))
     ids = np.asarray(seq_ids)
     if ids.size == 0:
         return np.zeros(0, np.int64)
