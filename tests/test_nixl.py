@@ -210,8 +210,11 @@ def test_arguments_are_checked() -> None:
         s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 2), 0, "key"), op="PUT")
     with pytest.raises(hw.ArgumentTypeError):
         hwnixl.NixlSender("x", ucx_error_handling_mode="rdma")
-    with pytest.raises(hw.TransportError, match="not in registered memory"):
-        r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16))
+    with pytest.raises(hw.TransportError, match="one_pass=True, page_pool is in registered"):
+        r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16), one_pass=True)
+    r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16))  # staged, then copied
+    with pytest.raises(hw.ArgumentTypeError, match="one_pass"):
+        r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16), one_pass=1)
     s.metadata()
     with pytest.raises(hw.TransportError, match="before taking metadata"):
         s.register(np.zeros(64, np.uint8))

@@ -140,6 +140,39 @@ class _Arena:
             self.top = 0
 
 
+class _Ring:
+    """A registered byte region handed out as a ring: pieces are given back one by one
+    (a blob's room once it is copied out), so later blobs land while earlier ones are
+    checked. Room freed behind the oldest live piece is reused only once it is given."""
+
+    def __init__(self, size: int) -> None:
+        self.buf = np.zeros(size, np.uint8)
+        self.live: dict[int, int] = {}  # start -> end, oldest first
+
+    def take(self, size: int) -> int | None:
+        if size > len(self.buf):
+            return None
+        if not self.live:
+            self.live[0] = size
+            return 0
+        head = next(iter(self.live))
+        last_start, top = next(reversed(self.live.items()))
+        top = (top + 63) & ~63
+        if last_start >= head and top + size <= len(self.buf):
+            start = top  # after the newest piece
+        elif last_start >= head and size <= head:
+            start = 0  # wrapped round to the front
+        elif last_start < head and top + size <= head:
+            start = top  # wrapped already: up to the oldest piece
+        else:
+            return None
+        self.live[start] = start + size
+        return start
+
+    def give(self, start: int) -> None:
+        self.live.pop(start, None)
+
+
 def _pieces(
     local: tuple[Segment, ...], remote: tuple[Segment, ...], lo: int, hi: int
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:

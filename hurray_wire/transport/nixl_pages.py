@@ -1,11 +1,11 @@
 """Landing a blob's pages at the engine's own page ids (``NixlReceiver.expect(page_ids=)``).
 
 An engine receiving a request's KV cache has allocated blocks for it in its pool: block
-ids, usually not contiguous. The blob's pool pages are read straight into those pages
-(one NIXL descriptor per run of consecutive ids), the pool checksum is computed over the
-pages in blob order where they landed, and the tensor handed back is over the engine's
-whole pool with its block table in engine page ids: what the engine's attention kernel
-indexes.
+ids, usually not contiguous. The blob's pool pages are read into the receiver's staging
+ring, checked there, then scattered to those pages (with ``one_pass=True``: read straight
+into them, one NIXL descriptor per run of consecutive ids, and checked in blob order where
+they landed); the tensor handed back is over the engine's whole pool with its block table
+in engine page ids: what the engine's attention kernel indexes.
 """
 
 from __future__ import annotations
@@ -44,10 +44,26 @@ class PageLanding:
     page_ids: _IDS | None = None  # engine page id of each blob page; None: the whole array
     page_bytes: int = 0  # bytes of one engine page (with page_ids)
     array: npt.NDArray[Any] | None = None  # the engine's array as given (its dtype, shape)
+    one_pass: bool = False  # READ straight into it (else staged, copied in once checked)
 
     @property
     def engine_pages(self) -> int:
         return self.flat.nbytes // self.page_bytes if self.page_bytes else 0
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The [start, end) addresses this landing writes."""
+        base = int(self.flat.ctypes.data)
+        if self.page_ids is None:
+            return [(base, base + self.flat.nbytes)]
+        size = self.page_bytes
+        ids = self.page_ids
+        return [
+            (base + int(ids[first]) * size, base + (int(ids[first]) + count) * size)
+            for first, count in self.runs()
+        ]
+
+    def overlaps(self, other: PageLanding) -> bool:
+        return any(a < d and c < b for a, b in self.spans() for c, d in other.spans())
 
     def runs(self) -> list[tuple[int, int]]:
         """(first blob page, page count) of each run of consecutive engine ids."""
@@ -60,7 +76,9 @@ class PageLanding:
         return [(s, e - s) for s, e in zip(starts, ends, strict=True)]
 
 
-def page_landing(page_pool: npt.NDArray[Any], flat: _U8, page_ids: object) -> PageLanding:
+def page_landing(
+    page_pool: npt.NDArray[Any], flat: _U8, page_ids: object, one_pass: bool = False
+) -> PageLanding:
     """Check ``page_ids`` against the engine's pool array ``[pages, ...]`` (distinct ids
     in range, an integer 1-D array or sequence) and describe the landing."""
     if page_pool.ndim < 2 or page_pool.shape[0] == 0:
@@ -71,7 +89,7 @@ def page_landing(page_pool: npt.NDArray[Any], flat: _U8, page_ids: object) -> Pa
         )
     engine_pages = int(page_pool.shape[0])
     ids = page_id_array(page_ids, engine_pages, "page_ids", distinct=True)
-    return PageLanding(flat, ids, flat.nbytes // engine_pages, page_pool)
+    return PageLanding(flat, ids, flat.nbytes // engine_pages, page_pool, one_pass)
 
 
 def page_segments(landing: PageLanding, pool_offset: int) -> list[Segment]:

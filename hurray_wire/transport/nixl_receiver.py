@@ -16,7 +16,7 @@ from hurray_wire.blob.decoder import Accept, DecodeOptions, decode_options, plan
 from hurray_wire.blob.envelope import pool_section
 from hurray_wire.blob.in_place import land_in_place
 from hurray_wire.codecs import CODEC_RAW
-from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError, flag
 from hurray_wire.integrity import (
     EngineFingerprint,
     EnginePoolStore,
@@ -30,7 +30,6 @@ from hurray_wire.transport.nixl_endpoint import (
     DEFAULT_DEADLINE,
     PEER_READ_NAP,
     T,
-    _Arena,
     _bytes_of,
     _call,
     _deadline,
@@ -39,6 +38,7 @@ from hurray_wire.transport.nixl_endpoint import (
     _no_descriptors,
     _origin,
     _pieces,
+    _Ring,
 )
 from hurray_wire.transport.nixl_pages import (
     PageLanding,
@@ -68,6 +68,7 @@ class _Incoming:
     segments: tuple[Segment, ...] = ()
     xfers: list[Any] = field(default_factory=list)
     head_posted: bool = False
+    head_final: bool = False  # its ready record came
     engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
     pages: PageLanding | None = None  # the landing at engine page ids, when expect() gave them
     target: PageLanding | None = None  # what expect() named (its array's dtype and shape)
@@ -75,6 +76,7 @@ class _Incoming:
     landed: bool = False
     started: bool = False  # its transfer posted (offers wait in a queue until then)
     write_at: int | None = None  # WRITE: where the peer writes it in the write region
+    staged_at: int | None = None  # a split pool checked in the staging ring, then copied
 
 
 class NixlReceiver(_Endpoint):
@@ -88,6 +90,11 @@ class NixlReceiver(_Endpoint):
     WRITE peer pushes into: each blob written there is copied out into the landing region
     once its ``done`` record came, and only the copy is validated and used (docs/nixl.md
     § 3.1). Without it, WRITE offers are refused.
+
+    An expected page pool (``expect``) is READ into a staging ring of ``staging_bytes``
+    (registered once, on the first such ``expect``) and copied into the engine's array
+    only once every check passed; ``expect(..., one_pass=True)`` READs it straight into
+    the engine's memory instead.
 
     Tensors decoded from the landing region are views of it and stay valid until the next
     ``receive`` call, which reuses the region (so the blobs of one call must fit in it);
@@ -108,26 +115,30 @@ class NixlReceiver(_Endpoint):
         page_store: PageStore | None = None,
         expect_fingerprint: EngineFingerprint | None = None,
         write_arena_bytes: int = 0,
+        staging_bytes: int = 64 << 20,
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
-        if (
-            isinstance(write_arena_bytes, bool)
-            or not isinstance(write_arena_bytes, int)
-            or not (write_arena_bytes == 0 or write_arena_bytes >= 64)
-        ):
-            raise ArgumentTypeError("write_arena_bytes is 0 (no WRITE) or an int >= 64",
-                                    field="write_arena_bytes",
-                                    found=repr(write_arena_bytes))  # fmt: skip
+        for name, value, zero in (("write_arena_bytes", write_arena_bytes, " (no WRITE)"),
+                                  ("staging_bytes", staging_bytes, ""),):  # fmt: skip
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not (value >= 64 or (zero and value == 0))
+            ):
+                rule = f"0{zero} or an int >= 64" if zero else "an int >= 64"
+                raise ArgumentTypeError(f"{name} is {rule}", field=name, found=repr(value))
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
         # The only memory a peer is told about: where a WRITE peer pushes (never read
         # in place: each blob is copied out before it is checked).
-        self._write: _Arena | None = None
+        self._write: _Ring | None = None
         self._write_reg: Any = None
         if write_arena_bytes:
-            self._write = _Arena(write_arena_bytes)
+            self._write = _Ring(write_arena_bytes)
             self.register(self._write.buf)
             self._write_reg = self._regions[-1][3]
+        self._staging_bytes = staging_bytes
+        self._staging: _Ring | None = None  # registered on the first safe expect()
         self.verify = verify
         self.limits = limits
         self.page_store = page_store
@@ -160,28 +171,54 @@ class NixlReceiver(_Endpoint):
         _call("send_notif", self._agent.send_notif, self._peer_name(), record)
 
     def expect(
-        self, layer: int, role: str, page_pool: npt.NDArray[Any], *, page_ids: Any = None
+        self,
+        layer: int,
+        role: str,
+        page_pool: npt.NDArray[Any],
+        *,
+        page_ids: Any = None,
+        one_pass: bool = False,
     ) -> None:
-        """Land the page pool of blob {layer, role} in the engine's ``page_pool``
-        (registered memory): the decoded tensor's page_pool then shares its memory.
+        """Land the page pool of blob {layer, role} in the engine's ``page_pool``: the
+        decoded tensor's page_pool then shares its memory.
 
-        Without ``page_ids`` the array is exactly the pool's size and takes it whole. With
-        ``page_ids`` it is the engine's whole pool ``[num_pages, ...]`` and blob page ``i``
-        lands on engine page ``page_ids[i]`` (the blocks the engine allocated for the
-        request: distinct, any order); the tensor returned is over the whole engine pool,
-        its block table in engine page ids (docs/nixl.md § 4)."""
+        Without ``page_ids`` the array has the pool's dtype and shape (or is uint8 of its
+        bytes) and takes it whole. With ``page_ids`` it is the engine's whole pool
+        ``[num_pages, ...]`` and blob page ``i`` lands on engine page ``page_ids[i]`` (the
+        blocks the engine allocated for the request: distinct, any order); the tensor
+        returned is over the whole engine pool, its block table in engine page ids
+        (docs/nixl.md § 4).
+
+        The pool is READ into the receiver's staging ring and copied into ``page_pool``
+        after every check passed: a refused blob leaves it untouched. ``one_pass=True``
+        (``page_pool`` then in registered memory) READs it straight into ``page_pool``, one
+        pass over memory; a blob refused after its READ (any check but the offered sizes)
+        leaves the bytes the peer sent in the pool's pages, and the rest untouched."""
         key = _checked_key(layer, role)
+        one_pass = flag(one_pass, "one_pass")
         if key in self._in_place:
             raise ArgumentTypeError("this blob is already expected in place",
                                     field="layer", found=f"{layer} {role}")  # fmt: skip
         flat = _bytes_of(page_pool, "page_pool")
-        if not self._registered(int(flat.ctypes.data), flat.nbytes):
-            raise TransportError("page_pool is not in registered memory", layer=layer,
-                                 role=role)  # fmt: skip
+        if one_pass and not self._registered(int(flat.ctypes.data), flat.nbytes):
+            raise TransportError("with one_pass=True, page_pool is in registered memory",
+                                 layer=layer, role=role)  # fmt: skip
         if page_ids is None:
-            self._pools[(layer, role)] = PageLanding(flat, array=page_pool)
+            landing = PageLanding(flat, array=page_pool, one_pass=one_pass)
         else:
-            self._pools[(layer, role)] = page_landing(page_pool, flat, page_ids)
+            landing = page_landing(page_pool, flat, page_ids, one_pass)
+        own = [r.buf for r in (self._arena, self._write, self._staging) if r is not None]
+        others = [v for k, v in self._pools.items() if k != key]
+        if any(np.may_share_memory(flat, buf) for buf in own) or any(
+            landing.overlaps(other) for other in others
+        ):
+            raise ArgumentTypeError("page_pool overlaps the receiver's own memory or the "
+                                    "pages another expected blob lands on", field="page_pool",
+                                    found=f"layer {layer} {role}")  # fmt: skip
+        if not one_pass and self._staging is None:
+            self._staging = _Ring(self._staging_bytes)
+            self.register(self._staging.buf)
+        self._pools[key] = landing
 
     def expect_in_place(
         self, layer: int, role: str, pool_store: EnginePoolStore, free_pages: Any
@@ -212,9 +249,10 @@ class NixlReceiver(_Endpoint):
         until = _deadline(deadline)
         self._peer_name()
         if not self._in and not self._decoding:
-            for arena in (self._arena, self._write):
-                if arena is not None:
-                    arena.top = arena.live = 0
+            self._arena.top = self._arena.live = 0
+            for ring in (self._write, self._staging):
+                if ring is not None:
+                    ring.live.clear()
         yielded = 0
         idle = 0
         while yielded < count:
@@ -241,12 +279,13 @@ class NixlReceiver(_Endpoint):
                 item = self._queued.pop(0)
                 if self._guarded(item, self._start, item):  # an error aborts the peer
                     moved = True
-                else:  # a WRITE waiting for room in the write region
+                else:  # waiting for room in the write region or staging ring
                     self._queued.insert(0, item)
             if self._decoding and self._decoding[0][1].done():
                 item, future = self._decoding.pop(0)
-                if item.write_at is not None and self._write is not None:
-                    self._write.give()  # copied out: its room may be written again
+                for ring, at in ((self._write, item.write_at), (self._staging, item.staged_at)):
+                    if ring is not None and at is not None:
+                        ring.give(at)  # copied out: its room may be written again
                 tensor = self._guarded(item, future.result)
                 yielded += 1
                 idle = 0
@@ -322,11 +361,13 @@ class NixlReceiver(_Endpoint):
             item = self._in[key] = self._land(r)
             self._queued.append(item)  # posted by receive(), one per turn
         elif r.kind == "ready" and item is not None and not item.offer.write:
-            if item.head_posted:
+            if item.head_posted or item.head_final:
                 raise TransportError("ready record twice", layer=r.layer, role=r.role)
-            local, remote = _pieces(item.segments, item.offer.segments, 0, _head_end(item))
-            item.xfers.append(self._guarded(item, self._post, "READ", local, remote))
-            item.head_posted = True
+            item.head_final = True
+            if item.started:  # else _start READs the whole blob at once
+                local, remote = _pieces(item.segments, item.offer.segments, 0, _head_end(item))
+                item.xfers.append(self._guarded(item, self._post, "READ", local, remote))
+                item.head_posted = True
         elif r.kind == "done" and item is not None and item.offer.write and not item.landed:
             item.landed = True
         else:
@@ -365,26 +406,49 @@ class NixlReceiver(_Endpoint):
                                  layer=r.layer, role=r.role,
                                  expected=f"<= {limit - self._arena.top}",
                                  found=own)  # fmt: skip
-        base = int(self._arena.buf.ctypes.data) + start
-        if split:
-            assert pool is not None
-            end = r.pool_offset + r.pool_length
-            segments = [Segment(0, r.pool_offset, base)]
-            if pages is not None:
-                segments += page_segments(pages, r.pool_offset)
-            else:
-                segments.append(Segment(r.pool_offset, r.pool_length, int(pool.ctypes.data)))
-            if end < r.total_length:
-                segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
-        else:
-            segments = [Segment(0, r.total_length, base)]
         in_place = self._in_place.pop((r.layer, r.role), None)
-        return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool,
-                         pages=pages, target=expected, in_place=in_place)  # fmt: skip
+        return _Incoming(r, start, pool if split else None, engine=pool, pages=pages,
+                         target=expected, in_place=in_place)  # fmt: skip
+
+    def _segments(self, item: _Incoming) -> bool:
+        """Where each byte of an offered READ blob lands (our segments): the arena, and
+        for a split pool the staging ring (False: no room yet) or, with ``one_pass``, the
+        engine's memory."""
+        r = item.offer
+        base = int(self._arena.buf.ctypes.data) + item.landing
+        if item.pool is None:
+            item.segments = (Segment(0, r.total_length, base),)
+            return True
+        target = item.target
+        assert target is not None
+        end = r.pool_offset + r.pool_length
+        segments = [Segment(0, r.pool_offset, base)]
+        if not target.one_pass:
+            assert self._staging is not None  # made by expect()
+            at = self._staging.take(r.pool_length)
+            if at is None:
+                if r.pool_length > len(self._staging.buf):
+                    raise TransportError("page pool does not fit the receiver's staging ring: "
+                                         "NixlReceiver(staging_bytes=...), or expect(..., "
+                                         "one_pass=True)", layer=r.layer, role=r.role,
+                                         expected=f"<= {len(self._staging.buf)}",
+                                         found=r.pool_length)  # fmt: skip
+                return False
+            item.staged_at = at
+            address = int(self._staging.buf.ctypes.data) + at
+            segments.append(Segment(r.pool_offset, r.pool_length, address))
+        elif item.pages is not None:
+            segments += page_segments(item.pages, r.pool_offset)
+        else:
+            segments.append(Segment(r.pool_offset, r.pool_length, int(item.pool.ctypes.data)))
+        if end < r.total_length:
+            segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
+        item.segments = tuple(segments)
+        return True
 
     def _start(self, item: _Incoming) -> bool:
         """Post an offered blob's transfer (READ) or grant (WRITE); False: not yet (no room
-        in the write region until earlier WRITE blobs are copied out)."""
+        in the write region or staging ring until earlier blobs are copied out)."""
         r = item.offer
         if r.write:
             assert self._write is not None  # _land refused the offer otherwise
@@ -404,8 +468,10 @@ class NixlReceiver(_Endpoint):
                                       segments=(Segment(0, r.total_length, address),)))  # fmt: skip
             item.started = True
             return True
+        if not self._segments(item):
+            return False  # no room in the staging ring until earlier pools are copied out
         item.started = True
-        if r.ready:  # the whole blob is final: one READ
+        if r.ready or item.head_final:  # the whole blob is final: one READ
             local, remote = _pieces(item.segments, r.segments, 0, r.total_length)
             item.xfers.append(self._post("READ", local, remote))
             item.head_posted = True
@@ -492,8 +558,17 @@ class NixlReceiver(_Endpoint):
                                  role=r.role, expected=f"{e.offset}+{e.stored_size}",
                                  found=f"{r.pool_offset}+{r.pool_length}")  # fmt: skip
         pages = item.pages
-        landed = item.pool if pages is None else gather_pages(pages)
+        if item.staged_at is not None and self._staging is not None:
+            landed = self._staging.buf[item.staged_at : item.staged_at + r.pool_length]
+        else:  # one_pass: where NIXL placed it
+            landed = item.pool if pages is None else gather_pages(pages)
         tensor = run(view, opts, accept=accept, plan=plan, pool=landed)[0]
+        if item.staged_at is not None:  # every check passed: now into the engine's memory
+            if pages is not None:
+                scatter_pages(pages, landed.reshape(tensor.page_pool.shape[0], -1), r.layer,
+                              r.role)  # fmt: skip
+            else:
+                np.copyto(item.pool, landed)
         if pages is not None:
             return engine_tensor(tensor, pages, r.layer, r.role)
         pool = tensor.page_pool
