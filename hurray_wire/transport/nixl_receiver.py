@@ -67,8 +67,7 @@ class _Incoming:
     pool: _U8 | None  # the engine's page pool array (flat bytes), when it lands there
     segments: tuple[Segment, ...] = ()
     xfers: list[Any] = field(default_factory=list)
-    head_posted: bool = False
-    head_final: bool = False  # its ready record came
+    head_posted: bool = False  # the header is in place (whole READ, or the ready record)
     engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
     pages: PageLanding | None = None  # the landing at engine page ids, when expect() gave them
     target: PageLanding | None = None  # what expect() named (its array's dtype and shape)
@@ -361,13 +360,17 @@ class NixlReceiver(_Endpoint):
             item = self._in[key] = self._land(r)
             self._queued.append(item)  # posted by receive(), one per turn
         elif r.kind == "ready" and item is not None and not item.offer.write:
-            if item.head_posted or item.head_final:
-                raise TransportError("ready record twice", layer=r.layer, role=r.role)
-            item.head_final = True
-            if item.started:  # else _start READs the whole blob at once
-                local, remote = _pieces(item.segments, item.offer.segments, 0, _head_end(item))
-                item.xfers.append(self._guarded(item, self._post, "READ", local, remote))
-                item.head_posted = True
+            if item.head_posted or item.offer.ready:
+                raise TransportError("unexpected ready record", layer=r.layer, role=r.role)
+            head = item.offer.segments[0].length
+            if len(r.header) != head:
+                raise TransportError("the ready record's header is not the offer's header "
+                                     "segment", layer=r.layer, role=r.role, expected=head,
+                                     found=len(r.header))  # fmt: skip
+            # The final header, placed where a READ of segment 0 would have put it (the
+            # pipeline frames and checks it with the rest, once everything has landed).
+            self._arena.buf[item.landing : item.landing + head] = np.frombuffer(r.header, np.uint8)
+            item.head_posted = True
         elif r.kind == "done" and item is not None and item.offer.write and not item.landed:
             item.landed = True
         else:
@@ -471,15 +474,13 @@ class NixlReceiver(_Endpoint):
         if not self._segments(item):
             return False  # no room in the staging ring until earlier pools are copied out
         item.started = True
-        if r.ready or item.head_final:  # the whole blob is final: one READ
-            local, remote = _pieces(item.segments, r.segments, 0, r.total_length)
-            item.xfers.append(self._post("READ", local, remote))
-            item.head_posted = True
-            return True
-        head_end = _head_end(item)
+        # One READ: the whole blob when its header is final, else all but the header
+        # segment, whose final bytes come in the ready record.
+        head_end = 0 if r.ready else r.segments[0].length
         if head_end < r.total_length:
             local, remote = _pieces(item.segments, r.segments, head_end, r.total_length)
             item.xfers.append(self._post("READ", local, remote))
+        item.head_posted |= r.ready
         return True
 
     def _has_checksums(self, item: _Incoming) -> bool:
@@ -585,8 +586,3 @@ def _checked_key(layer: object, role: object) -> tuple[int, str]:
                                 expected=sorted(ROLE_CODES))  # fmt: skip
     assert isinstance(role, str)
     return layer, role
-
-
-def _head_end(item: _Incoming) -> int:
-    """End of the sender's header segment (final only after its ready record)."""
-    return item.offer.segments[0].length

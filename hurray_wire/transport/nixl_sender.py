@@ -234,7 +234,10 @@ class NixlSender(_Endpoint):
             else:
                 address = _address(part)[0]
             last = segments[-1] if segments else None
-            if last is not None and last.address + last.length == address and copy:
+            # Deferred checksums: the header is a segment of its own (the ready record
+            # carries its final bytes; the peer READs the rest at once).
+            alone = final is not None and len(segments) == 1
+            if last is not None and last.address + last.length == address and copy and not alone:
                 segments[-1] = Segment(last.blob_offset, last.length + size, last.address)
             else:
                 segments.append(Segment(blob_offset, size, address))
@@ -394,8 +397,9 @@ class NixlSender(_Endpoint):
                 head = np.frombuffer(result, np.uint8)
                 self._arena.buf[item.arena_start : item.arena_start + len(head)] = head
                 item.ready = True
-                if not item.write:
-                    self._send(TransferRecord("ready", self.session, item.layer, item.role))
+                if not item.write:  # the final header itself: no READ of it (version 2)
+                    self._send(TransferRecord("ready", self.session, item.layer, item.role,
+                                              header=bytes(result)))  # fmt: skip
         if not item.write or item.grant is None:
             return moved
         if item.head_end is None:  # WRITE: split the blob once, at the grant
