@@ -467,3 +467,26 @@ def test_fingerprint_mismatch_is_refused_with_the_blob_named() -> None:
     assert isinstance(info.value.__cause__, IncompatibleFingerprintError)
     s.close()
     r.close()
+
+
+def test_arena_is_a_ring_of_pieces_given_back_one_by_one() -> None:
+    """The receiver's write and staging regions and the sender's arena: a piece given
+    back makes room once the pieces before it are given back too; nothing overlaps."""
+    from hurray_wire.transport.nixl_endpoint import _Arena
+
+    arena = _Arena(1024)
+    a, b, c = arena.take(256), arena.take(256), arena.take(256)
+    assert (a, b, c) == (0, 256, 512)
+    assert arena.take(512) is None  # 256 left at the end, none at the front yet
+    arena.give(256)  # a middle piece: its room waits for the oldest one
+    assert arena.take(300) is None
+    arena.give(0)  # the oldest two are back: wrap round to the front
+    assert arena.take(500) == 0
+    assert arena.take(100) is None  # up to the oldest live piece (512) only: 512 - 512
+    arena.give(512)
+    assert arena.take(100) == 512  # after the newest, the wrapped one at 0..500
+    assert arena.take(2048) is None
+    arena.shrink(512, 10)
+    assert arena.take(64) == 576
+    arena.clear()
+    assert arena.take(1024) == 0

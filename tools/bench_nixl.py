@@ -15,6 +15,10 @@ round after round, interleaved:
 * ``zero-copy`` / ``zero-copy-nohash``: the sender ``publish``es every tensor
   (``mode="zero-copy"``, with and without checksums), the receiver ``receive``s and decodes
   each one validated (checksums verified when present) while the next ones move.
+* ``expect`` / ``expect-one-pass``: ``zero-copy`` with checksums, each page pool expected
+  in an engine array of the receiver (``NixlReceiver.expect``): by default READ into the
+  receiver's staging ring, checked, then copied into the engine array (a refused blob
+  leaves it untouched); with ``one_pass=True`` READ straight into the engine array.
 * ``zero-copy-write``: ``zero-copy`` with checksums, pushed (``op="WRITE"``) into the
   receiver's write region, which copies each blob out before validating it (docs/nixl.md
   § 3.1): what the WRITE trust model costs.
@@ -55,8 +59,8 @@ from hurray_wire.transport.nixl_endpoint import PEER_READ_NAP
 
 ROLES = ("key", "value")
 PAGE_SHAPE = (16, 8, 64)  # 16 KiB of float16 per page
-MODES = ("raw", "raw-notified", "zero-copy", "zero-copy-nohash", "zero-copy-write", "staged",
-         "staged-nohash")  # fmt: skip
+MODES = ("raw", "raw-notified", "zero-copy", "zero-copy-nohash", "expect", "expect-one-pass",
+         "zero-copy-write", "staged", "staged-nohash")  # fmt: skip
 UCX_MODE = {"shm": "none", "tcp": "peer"}
 
 
@@ -213,6 +217,13 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
                             progress_thread=args.progress_thread)  # fmt: skip
     landing = np.zeros(total + (16 << 20), np.uint8)
     receiver.register(landing)
+    engine = {
+        (layer, role): np.zeros((args.pages, *PAGE_SHAPE), np.float16)
+        for layer in range(args.layers)
+        for role in ROLES
+    }
+    for array in engine.values():  # the engine's KV pools, registered once (one_pass READs)
+        receiver.register(array)
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
     argv = [sys.executable, str(Path(__file__).resolve()), "--sender", "--ucx", ucx,
@@ -240,7 +251,11 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
                 elif mode == "raw-notified":
                     _raw_notified_round(receiver, landing, to_w, from_r)
                 else:
+                    if mode.startswith("expect"):
+                        for (layer, role), array in engine.items():
+                            receiver.expect(layer, role, array, one_pass=mode.endswith("pass"))
                     name = mode.removesuffix("-nohash").removesuffix("-write")
+                    name = "zero-copy" if name.startswith("expect") else name
                     op = "WRITE" if mode.endswith("-write") else "READ"
                     _send(to_w, f"{name}:{0 if mode.endswith('-nohash') else 1}:{op}".encode())
                     for _tensor in receiver.receive(count, deadline=60):

@@ -112,38 +112,9 @@ def _origin(exc: HurrayWireError) -> BaseException:
 
 
 class _Arena:
-    """A registered byte region handed out front to back and reset when nothing is in it."""
-
-    def __init__(self, size: int) -> None:
-        self.buf = np.zeros(size, np.uint8)
-        self.top = 0
-        self.live = 0
-
-    def take(self, size: int) -> int | None:
-        start = (self.top + 63) & ~63
-        if start + size > len(self.buf):
-            if self.live or size > len(self.buf):
-                return None
-            start = 0
-        self.top = start + size
-        self.live += 1
-        return start
-
-    def shrink(self, start: int, taken: int, used: int) -> None:
-        """Give back the unused end of a piece, if it is still the last one taken."""
-        if self.top == start + taken:
-            self.top = start + used
-
-    def give(self) -> None:
-        self.live -= 1
-        if self.live == 0:
-            self.top = 0
-
-
-class _Ring:
-    """A registered byte region handed out as a ring: pieces are given back one by one
-    (a blob's room once it is copied out), so later blobs land while earlier ones are
-    checked. Room freed behind the oldest live piece is reused only once it is given."""
+    """A registered byte region handed out as a ring: each piece is given back on its own
+    (a blob's room once it is done with), and later pieces wrap round to the front once
+    the oldest ones are given back; ``clear`` forgets every piece."""
 
     def __init__(self, size: int) -> None:
         self.buf = np.zeros(size, np.uint8)
@@ -152,25 +123,33 @@ class _Ring:
     def take(self, size: int) -> int | None:
         if size > len(self.buf):
             return None
-        if not self.live:
-            self.live[0] = size
-            return 0
-        head = next(iter(self.live))
-        last_start, top = next(reversed(self.live.items()))
-        top = (top + 63) & ~63
-        if last_start >= head and top + size <= len(self.buf):
-            start = top  # after the newest piece
-        elif last_start >= head and size <= head:
-            start = 0  # wrapped round to the front
-        elif last_start < head and top + size <= head:
-            start = top  # wrapped already: up to the oldest piece
-        else:
-            return None
+        start = 0
+        if self.live:
+            head = next(iter(self.live))
+            last, top = next(reversed(self.live.items()))
+            top = (top + 63) & ~63
+            if last >= head:  # after the newest piece, else wrapped round to the front
+                if top + size <= len(self.buf):
+                    start = top
+                elif size > head:
+                    return None
+            elif top + size <= head:  # wrapped already: up to the oldest piece
+                start = top
+            else:
+                return None
         self.live[start] = start + size
         return start
 
+    def shrink(self, start: int, used: int) -> None:
+        """Give back the unused end of a piece."""
+        if start in self.live:
+            self.live[start] = start + used
+
     def give(self, start: int) -> None:
         self.live.pop(start, None)
+
+    def clear(self) -> None:
+        self.live.clear()
 
 
 def _pieces(

@@ -27,9 +27,9 @@ __all__ = [
     "check_target",
     "engine_tensor",
     "gather_pages",
+    "land_pool",
     "page_landing",
     "page_segments",
-    "scatter_pages",
 ]
 
 _U8 = npt.NDArray[np.uint8]
@@ -45,6 +45,11 @@ class PageLanding:
     page_bytes: int = 0  # bytes of one engine page (with page_ids)
     array: npt.NDArray[Any] | None = None  # the engine's array as given (its dtype, shape)
     one_pass: bool = False  # READ straight into it (else staged, copied in once checked)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the blob's pool fills: the array, or its pages at ``page_ids``."""
+        return self.flat.nbytes if self.page_ids is None else self.page_ids.size * self.page_bytes
 
     @property
     def engine_pages(self) -> int:
@@ -129,28 +134,35 @@ def check_target(
         )
 
 
-def scatter_pages(
+def land_pool(
     landing: PageLanding, pool: npt.NDArray[Any], layer: int | None, role: str | None
 ) -> None:
-    """Copy a decoded (decompressed) pool's pages to their engine pages, if it fits them."""
-    assert landing.page_ids is not None
+    """Copy a checked pool into the engine's memory: the whole array, or its pages to
+    their page ids (if it is ``page_ids`` pages of the engine's page size)."""
+    flat = pool.reshape(-1).view(np.uint8)
+    if landing.page_ids is None:
+        np.copyto(landing.flat, flat)
+        return
     count = landing.page_ids.size
     if pool.shape[0] != count or pool.nbytes != count * landing.page_bytes:
         raise TransportError("page pool differs from page_ids x the engine's page size",
                              layer=layer, role=role, expected=count * landing.page_bytes,
                              found=pool.nbytes)  # fmt: skip
     rows = landing.flat.reshape(landing.engine_pages, landing.page_bytes)
-    rows[landing.page_ids] = pool.reshape(landing.page_ids.size, -1).view(np.uint8)
+    rows[landing.page_ids] = flat.reshape(count, -1)
 
 
 def engine_tensor(
     tensor: BlockPagedTensor, landing: PageLanding, layer: int | None, role: str | None
 ) -> BlockPagedTensor:
-    """``tensor`` (decoded from the blob) over the engine's pool: the page pool is the
-    engine's array viewed with the blob's page shape and dtype, the block table in engine
-    page ids; everything else as decoded. Validated as any new tensor is."""
-    assert landing.page_ids is not None
+    """``tensor`` (decoded from the blob) over the engine's memory: its page pool the
+    engine's array viewed with the blob's dtype and shape; with page ids, the engine's
+    whole pool, the block table in engine page ids, everything else as decoded, validated
+    as any new tensor is."""
     pool = tensor.page_pool
+    if landing.page_ids is None:
+        tensor.page_pool = landing.flat.view(pool.dtype).reshape(pool.shape)
+        return tensor
     if landing.page_ids.size != pool.shape[0]:
         raise TransportError("page_ids do not match the blob's page count", layer=layer,
                              role=role, expected=int(pool.shape[0]),

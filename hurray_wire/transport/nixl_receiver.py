@@ -30,6 +30,7 @@ from hurray_wire.transport.nixl_endpoint import (
     DEFAULT_DEADLINE,
     PEER_READ_NAP,
     T,
+    _Arena,
     _bytes_of,
     _call,
     _deadline,
@@ -38,16 +39,15 @@ from hurray_wire.transport.nixl_endpoint import (
     _no_descriptors,
     _origin,
     _pieces,
-    _Ring,
 )
 from hurray_wire.transport.nixl_pages import (
     PageLanding,
     check_target,
     engine_tensor,
     gather_pages,
+    land_pool,
     page_landing,
     page_segments,
-    scatter_pages,
 )
 from hurray_wire.transport.records import (
     ROLE_CODES,
@@ -63,14 +63,12 @@ class _Incoming:
     """One offered blob on the receiver: where it lands and what is still in flight."""
 
     offer: TransferRecord
-    landing: int  # arena offset of the bytes that do not land in an engine array
-    pool: _U8 | None  # the engine's page pool array (flat bytes), when it lands there
+    landing: int  # arena offset of the bytes that are not READ apart (split)
+    target: PageLanding | None = None  # what expect() named: the engine array or its pages
+    split: bool = False  # its raw pool is READ apart: into staging, or with one_pass the target
     segments: tuple[Segment, ...] = ()
     xfers: list[Any] = field(default_factory=list)
     head_posted: bool = False  # the header is in place (whole READ, or the ready record)
-    engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
-    pages: PageLanding | None = None  # the landing at engine page ids, when expect() gave them
-    target: PageLanding | None = None  # what expect() named (its array's dtype and shape)
     in_place: tuple[EnginePoolStore, Any] | None = None  # expect_in_place's pool_store, free
     landed: bool = False
     started: bool = False  # its transfer posted (offers wait in a queue until then)
@@ -130,14 +128,14 @@ class NixlReceiver(_Endpoint):
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
         # The only memory a peer is told about: where a WRITE peer pushes (never read
         # in place: each blob is copied out before it is checked).
-        self._write: _Ring | None = None
+        self._write: _Arena | None = None
         self._write_reg: Any = None
         if write_arena_bytes:
-            self._write = _Ring(write_arena_bytes)
+            self._write = _Arena(write_arena_bytes)
             self.register(self._write.buf)
             self._write_reg = self._regions[-1][3]
         self._staging_bytes = staging_bytes
-        self._staging: _Ring | None = None  # registered on the first safe expect()
+        self._staging: _Arena | None = None  # registered on the first safe expect()
         self.verify = verify
         self.limits = limits
         self.page_store = page_store
@@ -215,7 +213,7 @@ class NixlReceiver(_Endpoint):
                                     "pages another expected blob lands on", field="page_pool",
                                     found=f"layer {layer} {role}")  # fmt: skip
         if not one_pass and self._staging is None:
-            self._staging = _Ring(self._staging_bytes)
+            self._staging = _Arena(self._staging_bytes)
             self.register(self._staging.buf)
         self._pools[key] = landing
 
@@ -248,10 +246,9 @@ class NixlReceiver(_Endpoint):
         until = _deadline(deadline)
         self._peer_name()
         if not self._in and not self._decoding:
-            self._arena.top = self._arena.live = 0
-            for ring in (self._write, self._staging):
-                if ring is not None:
-                    ring.live.clear()
+            for arena in (self._arena, self._write, self._staging):
+                if arena is not None:
+                    arena.clear()
         yielded = 0
         idle = 0
         while yielded < count:
@@ -379,20 +376,11 @@ class NixlReceiver(_Endpoint):
     def _land(self, r: TransferRecord) -> _Incoming:
         """Choose where each byte of an offered blob lands (our segments)."""
         assert r.layer is not None and r.role is not None
-        limit = len(self._arena.buf)
-        expected = self._pools.pop((r.layer, r.role), None)
-        pool = None if expected is None else expected.flat
-        pages = expected if expected is not None and expected.page_ids is not None else None
-        if pages is not None and r.pool_length:
-            assert pages.page_ids is not None
-            if pages.page_ids.size * pages.page_bytes != r.pool_length:
-                raise TransportError("offered page pool size differs from page_ids x the "
-                                     "engine's page size", layer=r.layer, role=r.role,
-                                     expected=pages.page_ids.size * pages.page_bytes,
-                                     found=r.pool_length)  # fmt: skip
-        elif pool is not None and r.pool_length and pool.nbytes != r.pool_length:
-            raise TransportError("offered page pool size differs from the engine's array",
-                                 layer=r.layer, role=r.role, expected=pool.nbytes,
+        target = self._pools.pop((r.layer, r.role), None)
+        if target is not None and r.pool_length and target.nbytes != r.pool_length:
+            raise TransportError("offered page pool size differs from the engine's array"
+                                 + ("" if target.page_ids is None else " pages at page_ids"),
+                                 layer=r.layer, role=r.role, expected=target.nbytes,
                                  found=r.pool_length)  # fmt: skip
         if r.write and self._write is None:
             raise TransportError("this receiver takes no WRITE: the peer would need write "
@@ -401,17 +389,16 @@ class NixlReceiver(_Endpoint):
                                  role=r.role)  # fmt: skip
         # A WRITE blob is copied out of the write region whole, then landed as a
         # compressed pool is: checked first, then copied into the engine's memory.
-        split = pool is not None and r.pool_length > 0 and not r.write
+        split = target is not None and r.pool_length > 0 and not r.write
         own = r.total_length - r.pool_length if split else r.total_length
         start = self._arena.take(own)
         if start is None:
             raise TransportError("blob does not fit the receiver's landing region",
                                  layer=r.layer, role=r.role,
-                                 expected=f"<= {limit - self._arena.top}",
+                                 expected=f"<= {len(self._arena.buf)}",
                                  found=own)  # fmt: skip
         in_place = self._in_place.pop((r.layer, r.role), None)
-        return _Incoming(r, start, pool if split else None, engine=pool, pages=pages,
-                         target=expected, in_place=in_place)  # fmt: skip
+        return _Incoming(r, start, target, split, in_place=in_place)
 
     def _segments(self, item: _Incoming) -> bool:
         """Where each byte of an offered READ blob lands (our segments): the arena, and
@@ -419,31 +406,26 @@ class NixlReceiver(_Endpoint):
         engine's memory."""
         r = item.offer
         base = int(self._arena.buf.ctypes.data) + item.landing
-        if item.pool is None:
+        target = item.target
+        if target is None or not item.split:
             item.segments = (Segment(0, r.total_length, base),)
             return True
-        target = item.target
-        assert target is not None
         end = r.pool_offset + r.pool_length
         segments = [Segment(0, r.pool_offset, base)]
         if not target.one_pass:
             assert self._staging is not None  # made by expect()
-            at = self._staging.take(r.pool_length)
+            at = _room(self._staging, r, r.pool_length, "page pool does not fit the "
+                       "receiver's staging region: NixlReceiver(staging_bytes=...), or "
+                       "expect(..., one_pass=True)")  # fmt: skip
             if at is None:
-                if r.pool_length > len(self._staging.buf):
-                    raise TransportError("page pool does not fit the receiver's staging ring: "
-                                         "NixlReceiver(staging_bytes=...), or expect(..., "
-                                         "one_pass=True)", layer=r.layer, role=r.role,
-                                         expected=f"<= {len(self._staging.buf)}",
-                                         found=r.pool_length)  # fmt: skip
                 return False
             item.staged_at = at
             address = int(self._staging.buf.ctypes.data) + at
             segments.append(Segment(r.pool_offset, r.pool_length, address))
-        elif item.pages is not None:
-            segments += page_segments(item.pages, r.pool_offset)
+        elif target.page_ids is not None:
+            segments += page_segments(target, r.pool_offset)
         else:
-            segments.append(Segment(r.pool_offset, r.pool_length, int(item.pool.ctypes.data)))
+            segments.append(Segment(r.pool_offset, r.pool_length, int(target.flat.ctypes.data)))
         if end < r.total_length:
             segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
         item.segments = tuple(segments)
@@ -455,13 +437,9 @@ class NixlReceiver(_Endpoint):
         r = item.offer
         if r.write:
             assert self._write is not None  # _land refused the offer otherwise
-            at = self._write.take(r.total_length)
+            at = _room(self._write, r, r.total_length, "blob does not fit the receiver's "
+                       "write region")  # fmt: skip
             if at is None:
-                if r.total_length > len(self._write.buf):
-                    raise TransportError("blob does not fit the receiver's write region",
-                                         layer=r.layer, role=r.role,
-                                         expected=f"<= {len(self._write.buf)}",
-                                         found=r.total_length)  # fmt: skip
                 return False
             item.write_at = at
             address = int(self._write.buf.ctypes.data) + at
@@ -524,17 +502,17 @@ class NixlReceiver(_Endpoint):
         if item.in_place is not None:
             pool, free = item.in_place
             return land_in_place(view, pool, free, opts, accept=accept).tensor
-        if item.pool is not None:
-            return self._decode_split(item, land, opts, accept)
-        tensor = run(view, opts, accept=accept)[0]
-        if item.pages is not None:  # a compressed pool: decompressed, then scattered
-            scatter_pages(item.pages, tensor.page_pool, r.layer, r.role)
-            return engine_tensor(tensor, item.pages, r.layer, r.role)
-        if item.engine is not None:  # a compressed pool: decompressed, then copied in
-            pool_array = tensor.page_pool
-            item.engine[...] = pool_array.reshape(-1).view(np.uint8)
-            tensor.page_pool = item.engine.view(pool_array.dtype).reshape(pool_array.shape)
-        return tensor
+        if item.split:
+            tensor = self._decode_split(item, land, opts, accept)
+        else:
+            tensor = run(view, opts, accept=accept)[0]
+        if target is None:
+            return tensor
+        # Every check passed: the pool into the engine's memory (unless NIXL READ it
+        # there, one_pass), and the tensor over the engine's array.
+        if not (item.split and target.one_pass):
+            land_pool(target, tensor.page_pool, r.layer, r.role)
+        return engine_tensor(tensor, target, r.layer, r.role)
 
     def _decode_split(self, item: _Incoming, land: _U8, opts: DecodeOptions, accept: Accept) -> Any:
         """Decode a blob whose page pool landed in the engine's array and the rest here.
@@ -546,7 +524,6 @@ class NixlReceiver(_Endpoint):
         check of ``decode``, checksums and page digests included.
         """
         r = item.offer
-        assert item.pool is not None
         end = r.pool_offset + r.pool_length
         shadow = np.zeros(r.total_length, np.uint8)
         shadow[: r.pool_offset] = land[: r.pool_offset]
@@ -558,23 +535,13 @@ class NixlReceiver(_Endpoint):
             raise TransportError("the offer's page pool range is not the blob's", layer=r.layer,
                                  role=r.role, expected=f"{e.offset}+{e.stored_size}",
                                  found=f"{r.pool_offset}+{r.pool_length}")  # fmt: skip
-        pages = item.pages
+        target = item.target
+        assert target is not None
         if item.staged_at is not None and self._staging is not None:
             landed = self._staging.buf[item.staged_at : item.staged_at + r.pool_length]
-        else:  # one_pass: where NIXL placed it
-            landed = item.pool if pages is None else gather_pages(pages)
-        tensor = run(view, opts, accept=accept, plan=plan, pool=landed)[0]
-        if item.staged_at is not None:  # every check passed: now into the engine's memory
-            if pages is not None:
-                scatter_pages(pages, landed.reshape(tensor.page_pool.shape[0], -1), r.layer,
-                              r.role)  # fmt: skip
-            else:
-                np.copyto(item.pool, landed)
-        if pages is not None:
-            return engine_tensor(tensor, pages, r.layer, r.role)
-        pool = tensor.page_pool
-        tensor.page_pool = item.pool.view(pool.dtype).reshape(pool.shape)
-        return tensor
+        else:  # one_pass: where NIXL placed it (in blob page order)
+            landed = target.flat if target.page_ids is None else gather_pages(target)
+        return run(view, opts, accept=accept, plan=plan, pool=landed)[0]
 
 
 def _checked_key(layer: object, role: object) -> tuple[int, str]:
@@ -586,3 +553,13 @@ def _checked_key(layer: object, role: object) -> tuple[int, str]:
                                 expected=sorted(ROLE_CODES))  # fmt: skip
     assert isinstance(role, str)
     return layer, role
+
+
+def _room(arena: _Arena, r: TransferRecord, size: int, too_big: str) -> int | None:
+    """Where ``size`` bytes of blob ``r`` go in ``arena``; None: not yet (earlier blobs
+    still hold it); a TransportError if they could never fit."""
+    at = arena.take(size)
+    if at is None and size > len(arena.buf):
+        raise TransportError(too_big, layer=r.layer, role=r.role,
+                             expected=f"<= {len(arena.buf)}", found=size)  # fmt: skip
+    return at

@@ -336,7 +336,7 @@ class NixlSender(_Endpoint):
         for item in self._out.values():
             if not item.done:
                 item.done = True
-                self._arena.give()
+                self._arena.give(item.arena_start)
 
     def _step(self) -> bool:
         """One round of progress; True if anything happened."""
@@ -374,7 +374,7 @@ class NixlSender(_Endpoint):
             item.grant = r
         elif r.kind == "done" and not item.write and item.ready:
             item.done = True
-            self._arena.give()
+            self._arena.give(item.arena_start)
         else:
             raise TransportError(f"unexpected {r.kind} record", layer=r.layer, role=r.role)
 
@@ -384,7 +384,7 @@ class NixlSender(_Endpoint):
             result = item.future.result()  # re-raises an encoding error
             moved = True
             if item.staged:
-                self._arena.shrink(item.arena_start, item.total, int(result))
+                self._arena.shrink(item.arena_start, int(result))
                 item.total = int(result)
                 address = int(self._arena.buf.ctypes.data) + item.arena_start
                 view = self._arena.buf[item.arena_start : item.arena_start + item.total]
@@ -424,7 +424,7 @@ class NixlSender(_Endpoint):
         if item.head is not None and self._state(item.head) == "DONE":
             item.head.release()
             item.head, item.done, moved = None, True, True
-            self._arena.give()
+            self._arena.give(item.arena_start)
         return moved
 
     def close(self) -> None:
