@@ -390,13 +390,6 @@ def _serve(
     """Publish ``tensor`` (staged) with its bytes replaced by ``blob``; the refusal."""
     from hurray_wire.transport import nixl_sender
 
-    real = nixl_sender.blob  # type: ignore[attr-defined]
-
-    class Hostile:  # the delta path encodes whole blobs
-        @staticmethod
-        def encode(_: Any, **kw: Any) -> memoryview:
-            return memoryview(bytearray(blob))
-
     def planned(_: Any, *args: Any) -> tuple[int, Callable[[Any], int]]:  # the staged path
         def write(view: Any) -> int:
             np.frombuffer(view, np.uint8)[: len(blob)] = np.frombuffer(blob, np.uint8)
@@ -404,7 +397,6 @@ def _serve(
 
         return len(blob), write
 
-    monkeypatch.setattr(nixl_sender, "blob", Hostile)
     monkeypatch.setattr(nixl_sender, "planned_into", planned)
     s = nixl.NixlSender("landing-sender", ucx_error_handling_mode="none", arena_bytes=1 << 20)
     r = nixl.NixlReceiver("landing-receiver", ucx_error_handling_mode="none",
@@ -429,7 +421,6 @@ def _serve(
             thread.join()
         return info.value
     finally:
-        monkeypatch.setattr(nixl_sender, "blob", real)
         s.close()
         r.close()
 

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire import blob
 from hurray_wire.blob import encode_parts
 from hurray_wire.blob.encoder import encode_deferred, planned_into
 from hurray_wire.blob.envelope import pool_section as _pool_section
@@ -179,24 +178,9 @@ class NixlSender(_Endpoint):
         old_ids = None
         if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
             tensor, old_ids = referenced_pages(tensor, pages)
-        if delta:  # the plan (a digest pass) decides the size: encode once, copy when staged
-            encoded = blob.encode(tensor, compression=compression, checksum=checksum,
-                                  page_digests=page_digests, known_pages=known_pages)  # fmt: skip
-            size = len(encoded)
-            begin = self._take(size, _deadline(deadline), layer, role)
-            target = self._arena.buf[begin : begin + size]
-
-            def stage() -> int:
-                target[...] = np.frombuffer(encoded, np.uint8)
-                return size
-
-            staged: Future[Any] = self._hasher.submit(stage)
-            self._out[key] = _Outgoing(tensor, layer, role, op == "WRITE", begin, staged, True,
-                                       size)  # fmt: skip
-            self._step()
-            return
-        if mode == "staged":  # one plan: its size reserved now, written on the hasher
-            need, write = planned_into(tensor, compression, checksum)
+        if mode == "staged":  # one plan (with a delta's digest pass): its size reserved
+            # now, written on the hasher
+            need, write = planned_into(tensor, compression, checksum, page_digests, known_pages)
             start = self._take(need, _deadline(deadline), layer, role)
             view = self._arena.buf[start : start + need]
             future: Future[Any] = self._hasher.submit(write, view)
