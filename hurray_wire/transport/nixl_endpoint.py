@@ -89,6 +89,13 @@ def _bytes_of(array: Any, what: str) -> _U8:
     return engine_array(array, what).reshape(-1).view(np.uint8)
 
 
+def _region_bytes(value: object, name: str) -> int:
+    """The size of a registered region: an int >= 64."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 64:
+        raise ArgumentTypeError(f"{name} must be an int >= 64", field=name, found=repr(value))
+    return value
+
+
 def _deadline(seconds: float) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
         raise ArgumentTypeError("deadline is a positive number of seconds", found=repr(seconds))
@@ -193,8 +200,7 @@ class _Endpoint(ClosesOnExit):
                 "ucx_error_handling_mode is 'none' (shared memory on one machine) or 'peer'",
                 found=repr(ucx_error_handling_mode),
             )
-        if isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes < 64:
-            raise ArgumentTypeError("arena_bytes must be an int >= 64", found=repr(arena_bytes))
+        _region_bytes(arena_bytes, "arena_bytes")
         self.name = name
         config = _nixl.nixl_agent_config(enable_prog_thread=bool(progress_thread), backends=[])
         self._agent = _call("agent creation", _nixl.nixl_agent, name, config)

@@ -39,6 +39,7 @@ from hurray_wire.transport.nixl_endpoint import (
     _no_descriptors,
     _origin,
     _pieces,
+    _region_bytes,
 )
 from hurray_wire.transport.nixl_pages import (
     PageLanding,
@@ -78,9 +79,8 @@ class _Incoming:
 
 class NixlReceiver(_Endpoint):
     """The side that takes the KV cache: READs offered blobs into its landing region
-    (``arena_bytes``, registered here) or, for a page pool the caller named with
-    ``expect``, straight into the engine's own array, then decodes each one validated and
-    zero-copy as soon as it has landed, while later ones are still in flight.
+    (``arena_bytes``, registered here), then decodes each one validated and zero-copy as
+    soon as it has landed, while later ones are still in flight.
 
     The peer is given no handle to this side's memory (``metadata()`` carries connection
     information only), except, with ``write_arena_bytes``, a write region of that size a
@@ -115,15 +115,9 @@ class NixlReceiver(_Endpoint):
         staging_bytes: int = 64 << 20,
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
-        for name, value, zero in (("write_arena_bytes", write_arena_bytes, " (no WRITE)"),
-                                  ("staging_bytes", staging_bytes, ""),):  # fmt: skip
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not (value >= 64 or (zero and value == 0))
-            ):
-                rule = f"0{zero} or an int >= 64" if zero else "an int >= 64"
-                raise ArgumentTypeError(f"{name} is {rule}", field=name, found=repr(value))
+        if write_arena_bytes != 0:  # 0: no WRITE
+            _region_bytes(write_arena_bytes, "write_arena_bytes")
+        self._staging_bytes = _region_bytes(staging_bytes, "staging_bytes")
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
         # The only memory a peer is told about: where a WRITE peer pushes (never read
@@ -134,7 +128,6 @@ class NixlReceiver(_Endpoint):
             self._write = _Arena(write_arena_bytes)
             self.register(self._write.buf)
             self._write_reg = self._regions[-1][3]
-        self._staging_bytes = staging_bytes
         self._staging: _Arena | None = None  # registered on the first safe expect()
         self.verify = verify
         self.limits = limits
