@@ -205,6 +205,36 @@ def _cpu_seconds(pid: int) -> tuple[float, float, float, float]:
     return (*_on_cpu(os.getpid()), *_on_cpu(pid))
 
 
+def _phases(receiver: Any, landing: np.ndarray[Any, Any], table: list[tuple[int, int]],
+            args: argparse.Namespace) -> dict[str, float]:  # fmt: skip
+    """CPU milliseconds a round of each phase of a checked transfer, each measured alone
+    on this thread (``time.thread_time``) for every blob of a round: what the per-thread
+    split of the rounds is made of."""
+    import xxhash
+
+    tensor = _cache(1, args.pages)[0]
+    blob = bytes(hw.encode(tensor))
+    pool = tensor.page_pool.reshape(-1).view(np.uint8)
+    engine = np.empty_like(pool)
+    count = 2 * args.layers
+
+    def cpu(fn: Any) -> float:
+        fn()  # warm
+        start = time.thread_time()
+        for _ in range(count):
+            fn()
+        return round(1000 * (time.thread_time() - start), 1)
+
+    return {
+        "READ of a blob (raw, the copy over shm)": cpu(lambda: _raw_round(receiver, landing,
+                                                                         table[:3])),
+        "xxh3 of the pool (once on each end)": cpu(lambda: xxhash.xxh3_64_intdigest(pool)),
+        "copy into the engine array (expect's default)": cpu(lambda: np.copyto(engine, pool)),
+        "plan and checks (decode, verify=False)": cpu(lambda: hw.decode(blob, verify=False)),
+        "decode with checksums (plan, checks, xxh3)": cpu(lambda: hw.decode(blob)),
+    }  # fmt: skip
+
+
 def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
     from hurray_wire.transport.nixl import NixlReceiver
 
@@ -268,6 +298,7 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
                                                        strict=True))  # fmt: skip
                     cpu[mode].append(sum(used))
                     split[mode].append(used)
+        phases = _phases(receiver, landing, table, args)
         _send(to_w, b"quit")
         child.wait(timeout=60)
     finally:
@@ -283,6 +314,8 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
         "blobs_per_round": count,
         "rounds": args.rounds,
         "progress_thread": args.progress_thread,
+        "load_average": os.getloadavg(),
+        "phases_cpu_ms_per_round": phases,
         "modes": {
             m: {
                 "best_gb_s": round(max(rates[m]), 3),
@@ -332,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
             parts = "/".join(f"{v:.0f}" for v in m["cpu_ms_split"])
             print(f"  {mode:18} {m['best_gb_s']:>10.2f} {m['median_gb_s']:>12.2f} "
                   f"{m['ratio_to_raw']:>7.3f} {m['cpu_ms_per_round']:>8.1f}   {parts}")  # fmt: skip
+        print("  CPU ms a round of each phase, alone on one thread:")
+        for phase, ms in r["phases_cpu_ms_per_round"].items():
+            print(f"    {phase:48} {ms:>8.1f}")
+        print("  load average at the end: " + ", ".join(f"{x:.1f}" for x in r["load_average"]))
     return 0
 
 
