@@ -490,3 +490,41 @@ def test_arena_is_a_ring_of_pieces_given_back_one_by_one() -> None:
     assert arena.take(64) == 576
     arena.clear()
     assert arena.take(1024) == 0
+
+
+@pytest.mark.parametrize(
+    ("tamper", "match"),
+    [
+        (lambda h: h + bytes(64), "ready record's header is not the offer's header segment"),
+        (lambda h: h[:100] + bytes([h[100] ^ 1]) + h[101:], "checksum"),
+        (lambda h: bytes(len(h)), "magic"),
+    ],
+    ids=["longer", "one flipped bit", "zeros"],
+)
+def test_the_header_in_the_ready_record_is_checked(
+    tamper: Any, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 2 carries the blob header in the ready record: its length must be the
+    offer's header segment, and the decode pipeline frames and checks it as any header."""
+    s, r = _pair()
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    real = s._send
+
+    def lying(record: Any) -> None:
+        if record.kind == "ready":
+            record = records.TransferRecord("ready", record.session, record.layer,
+                                            record.role, header=tamper(record.header))  # fmt: skip
+        real(record)
+
+    monkeypatch.setattr(s, "_send", lying)
+    tensor = peer.cache_tensor(peer.cache_pool(0, "key", 8), 0, "key")
+    s.publish(tensor)  # zero-copy, checksums: the header follows in the ready record
+    thread = threading.Thread(target=_quietly, args=(s.wait,))
+    thread.start()
+    with pytest.raises(hw.TransportError, match=match) as info:
+        list(r.receive(1, deadline=10))
+    thread.join()
+    assert (info.value.layer, info.value.role) == (0, "key")
+    s.close()
+    r.close()
