@@ -528,3 +528,38 @@ def test_the_header_in_the_ready_record_is_checked(
     assert (info.value.layer, info.value.role) == (0, "key")
     s.close()
     r.close()
+
+
+def test_an_offer_whose_header_segment_overlaps_its_pool_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ready record's header lands in front of the rest: an offer whose header segment
+    reaches into the page pool (which would write past the header's room) is refused
+    before any READ."""
+    s, r = _pair()
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    real = s._send
+
+    def lying(record: Any) -> None:
+        if record.kind == "offer":
+            whole = records.Segment(0, record.total_length, record.segments[0].address)
+            record = records.TransferRecord(
+                "offer", record.session, record.layer, record.role,
+                total_length=record.total_length, pool_offset=record.pool_offset,
+                pool_length=record.pool_length, segments=(whole,),
+            )  # fmt: skip
+        real(record)
+
+    monkeypatch.setattr(s, "_send", lying)
+    engine = np.full((8, *peer.PAGE_SHAPE), 7, np.float16)
+    r.expect(0, "key", engine)
+    s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 8), 0, "key"))
+    thread = threading.Thread(target=_quietly, args=(s.wait,))
+    thread.start()
+    with pytest.raises(hw.TransportError, match="header segment overlaps its page pool"):
+        list(r.receive(1, deadline=10))
+    thread.join()
+    assert (engine == 7).all()
+    s.close()
+    r.close()

@@ -226,7 +226,7 @@ def _phases(receiver: Any, landing: np.ndarray[Any, Any], table: list[tuple[int,
         return round(1000 * (time.thread_time() - start), 1)
 
     return {
-        "READ of a blob (raw, the copy over shm)": cpu(lambda: _raw_round(receiver, landing,
+        "READ of a blob (raw; over shm the copy itself)": cpu(lambda: _raw_round(receiver, landing,
                                                                          table[:3])),
         "xxh3 of the pool (once on each end)": cpu(lambda: xxhash.xxh3_64_intdigest(pool)),
         "copy into the engine array (expect's default)": cpu(lambda: np.copyto(engine, pool)),

@@ -51,6 +51,7 @@ from hurray_wire.transport.nixl_pages import (
     page_segments,
 )
 from hurray_wire.transport.records import (
+    MAX_HEADER_BYTES,
     ROLE_CODES,
     Segment,
     TransferRecord,
@@ -375,6 +376,12 @@ class NixlReceiver(_Endpoint):
                                  + ("" if target.page_ids is None else " pages at page_ids"),
                                  layer=r.layer, role=r.role, expected=target.nbytes,
                                  found=r.pool_length)  # fmt: skip
+        head = r.segments[0].length  # not ready: the header, which the ready record carries
+        if not r.ready and (head > MAX_HEADER_BYTES or (r.pool_length and head > r.pool_offset)):
+            raise TransportError("the offer's header segment overlaps its page pool or is "
+                                 "longer than a ready record carries", layer=r.layer,
+                                 role=r.role, expected=f"<= {MAX_HEADER_BYTES}, <= pool_offset",
+                                 found=head)  # fmt: skip
         if r.write and self._write is None:
             raise TransportError("this receiver takes no WRITE: the peer would need write "
                                  "access to its memory; READ (the default), or "
