@@ -83,7 +83,7 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      InvalidTransferRecordError, "reason"),
     ("ready=1", lambda: TransferRecord("offer", 1, ready=1), ArgumentTypeError, "ready"),  # type: ignore[arg-type]
     ("reason of 2-byte chars", lambda: TransferRecord("abort", 1, reason="é" * 513),
-     InvalidTransferRecordError, "reason_length"),
+     InvalidTransferRecordError, "tail_length"),
 ]  # fmt: skip
 
 
@@ -133,7 +133,7 @@ def test_a_record_with_too_many_segments_is_refused_before_any_segment_is_built(
     fixed = bytearray(good[: records._FIXED])
     at = records._RECORD_OFFSETS[records._RECORD.names.index("segment_count")]
     length_at = records._RECORD_OFFSETS[records._RECORD.names.index("record_length")]
-    reason_at = records._RECORD_OFFSETS[records._RECORD.names.index("reason_length")]
+    reason_at = records._RECORD_OFFSETS[records._RECORD.names.index("tail_length")]
     struct.pack_into("<H", fixed, at, count)
     struct.pack_into("<H", fixed, reason_at, 0)
     body = bytes(fixed) + bytes(records._SEGMENT * count)

@@ -210,8 +210,11 @@ def test_arguments_are_checked() -> None:
         s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 2), 0, "key"), op="PUT")
     with pytest.raises(hw.ArgumentTypeError):
         hwnixl.NixlSender("x", ucx_error_handling_mode="rdma")
-    with pytest.raises(hw.TransportError, match="not in registered memory"):
-        r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16))
+    with pytest.raises(hw.TransportError, match="one_pass=True, page_pool is in registered"):
+        r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16), one_pass=True)
+    r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16))  # staged, then copied
+    with pytest.raises(hw.ArgumentTypeError, match="one_pass"):
+        r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16), one_pass=1)
     s.metadata()
     with pytest.raises(hw.TransportError, match="before taking metadata"):
         s.register(np.zeros(64, np.uint8))
@@ -462,5 +465,101 @@ def test_fingerprint_mismatch_is_refused_with_the_blob_named() -> None:
     thread.join()
     assert (info.value.layer, info.value.role) == (2, "key")
     assert isinstance(info.value.__cause__, IncompatibleFingerprintError)
+    s.close()
+    r.close()
+
+
+def test_arena_is_a_ring_of_pieces_given_back_one_by_one() -> None:
+    """The receiver's write and staging regions and the sender's arena: a piece given
+    back makes room once the pieces before it are given back too; nothing overlaps."""
+    from hurray_wire.transport.nixl_endpoint import _Arena
+
+    arena = _Arena(1024)
+    a, b, c = arena.take(256), arena.take(256), arena.take(256)
+    assert (a, b, c) == (0, 256, 512)
+    assert arena.take(512) is None  # 256 left at the end, none at the front yet
+    arena.give(256)  # a middle piece: its room waits for the oldest one
+    assert arena.take(300) is None
+    arena.give(0)  # the oldest two are back: wrap round to the front
+    assert arena.take(500) == 0
+    assert arena.take(100) is None  # up to the oldest live piece (512) only: 512 - 512
+    arena.give(512)
+    assert arena.take(100) == 512  # after the newest, the wrapped one at 0..500
+    assert arena.take(2048) is None
+    arena.shrink(512, 10)
+    assert arena.take(64) == 576
+    arena.clear()
+    assert arena.take(1024) == 0
+
+
+@pytest.mark.parametrize(
+    ("tamper", "match"),
+    [
+        (lambda h: h + bytes(64), "ready record's header is not the offer's header segment"),
+        (lambda h: h[:100] + bytes([h[100] ^ 1]) + h[101:], "checksum"),
+        (lambda h: bytes(len(h)), "magic"),
+    ],
+    ids=["longer", "one flipped bit", "zeros"],
+)
+def test_the_header_in_the_ready_record_is_checked(
+    tamper: Any, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 2 carries the blob header in the ready record: its length must be the
+    offer's header segment, and the decode pipeline frames and checks it as any header."""
+    s, r = _pair()
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    real = s._send
+
+    def lying(record: Any) -> None:
+        if record.kind == "ready":
+            record = records.TransferRecord("ready", record.session, record.layer,
+                                            record.role, header=tamper(record.header))  # fmt: skip
+        real(record)
+
+    monkeypatch.setattr(s, "_send", lying)
+    tensor = peer.cache_tensor(peer.cache_pool(0, "key", 8), 0, "key")
+    s.publish(tensor)  # zero-copy, checksums: the header follows in the ready record
+    thread = threading.Thread(target=_quietly, args=(s.wait,))
+    thread.start()
+    with pytest.raises(hw.TransportError, match=match) as info:
+        list(r.receive(1, deadline=10))
+    thread.join()
+    assert (info.value.layer, info.value.role) == (0, "key")
+    s.close()
+    r.close()
+
+
+def test_an_offer_whose_header_segment_overlaps_its_pool_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ready record's header lands in front of the rest: an offer whose header segment
+    reaches into the page pool (which would write past the header's room) is refused
+    before any READ."""
+    s, r = _pair()
+    s.add_peer(r.metadata())
+    r.add_peer(s.metadata())
+    real = s._send
+
+    def lying(record: Any) -> None:
+        if record.kind == "offer":
+            whole = records.Segment(0, record.total_length, record.segments[0].address)
+            record = records.TransferRecord(
+                "offer", record.session, record.layer, record.role,
+                total_length=record.total_length, pool_offset=record.pool_offset,
+                pool_length=record.pool_length, segments=(whole,),
+            )  # fmt: skip
+        real(record)
+
+    monkeypatch.setattr(s, "_send", lying)
+    engine = np.full((8, *peer.PAGE_SHAPE), 7, np.float16)
+    r.expect(0, "key", engine)
+    s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 8), 0, "key"))
+    thread = threading.Thread(target=_quietly, args=(s.wait,))
+    thread.start()
+    with pytest.raises(hw.TransportError, match="header segment overlaps its page pool"):
+        list(r.receive(1, deadline=10))
+    thread.join()
+    assert (engine == 7).all()
     s.close()
     r.close()

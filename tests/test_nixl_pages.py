@@ -71,18 +71,26 @@ def test_pages_land_on_the_engine_page_ids(op: str, mode: str, compression: Any)
     r.close()
 
 
-def test_a_page_damaged_where_it_landed_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pool checksum is computed over the engine pages where the bytes landed."""
+@pytest.mark.parametrize("one_pass", [False, True], ids=["staged", "one_pass"])
+def test_a_page_damaged_where_it_landed_is_refused(
+    one_pass: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool checksum is computed over the bytes where they landed: the staging ring
+    (then the engine is untouched) or, with one_pass, the engine pages themselves."""
     pool = peer.cache_pool(0, "key", 8)
     tensor = peer.cache_tensor(pool, 0, "key")
     engine = _engine()
     s, r = _connected(engine, sender_arrays=(pool, tensor.block_table, tensor.seq_ptr))
     ids = np.array([12, 13, 14, 3, 4, 30, 31, 32])
-    r.expect(0, "key", engine, page_ids=ids)
+    r.expect(0, "key", engine, page_ids=ids, one_pass=one_pass)
     real = r._decode_split
+    before = engine.tobytes()
 
     def damaged(item: Any, land: Any, *rest: Any) -> Any:
-        engine[31].reshape(-1).view(np.uint8)[77] ^= 0x04  # blob page 6, after landing
+        if one_pass:
+            engine[31].reshape(-1).view(np.uint8)[77] ^= 0x04  # blob page 6, after landing
+        else:
+            r._staging.buf[item.staged_at + 6 * engine[0].nbytes + 77] ^= 0x04
         return real(item, land, *rest)
 
     monkeypatch.setattr(r, "_decode_split", damaged)
@@ -91,6 +99,7 @@ def test_a_page_damaged_where_it_landed_is_refused(monkeypatch: pytest.MonkeyPat
     assert (info.value.layer, info.value.role) == (0, "key")
     assert isinstance(info.value.__cause__, hw.ChecksumError)
     assert "buffer[0]" in str(info.value)
+    assert (engine.tobytes() == before) is not one_pass
     s.close()
     r.close()
 

@@ -221,6 +221,9 @@ def _quiet(s: Any) -> None:
 def test_write_arena_bytes_is_checked(value: Any) -> None:
     with pytest.raises(hw.ArgumentTypeError, match="write_arena_bytes"):
         hwnixl.NixlReceiver("x", write_arena_bytes=value)
+    for staging in (value, 0):  # the staging region has no "none": 0 is refused too
+        with pytest.raises(hw.ArgumentTypeError, match="staging_bytes"):
+            hwnixl.NixlReceiver("x", staging_bytes=staging)
 
 
 def test_a_receiver_registers_after_its_metadata() -> None:

@@ -7,9 +7,9 @@ page ids, ``expect_in_place``). Every route must refuse it with the same error (
 a ``TransportError`` whose cause is that error), and a destination the route copies into
 must be untouched, the pool's own checks included (its section checksum, page digests,
 the page store's pages, decompression: docs/decisions.md "Nothing lands before every
-check"). Only ``one_pass=True``, an explicit opt-in, may leave refused bytes. (NIXL's own
-DMA writes an expected array as the transfer lands: that array is the transfer's target,
-so only the refusal is compared there.)
+check"). Only ``one_pass=True``, an explicit opt-in, may leave refused bytes: for NIXL's
+``expect(..., one_pass=True)`` exactly the raw pool the peer sent, READ into the engine's
+memory before any check (the default READs it into the receiver's staging ring).
 """
 
 from __future__ import annotations
@@ -390,13 +390,6 @@ def _serve(
     """Publish ``tensor`` (staged) with its bytes replaced by ``blob``; the refusal."""
     from hurray_wire.transport import nixl_sender
 
-    real = nixl_sender.blob  # type: ignore[attr-defined]
-
-    class Hostile:  # the delta path encodes whole blobs
-        @staticmethod
-        def encode(_: Any, **kw: Any) -> memoryview:
-            return memoryview(bytearray(blob))
-
     def planned(_: Any, *args: Any) -> tuple[int, Callable[[Any], int]]:  # the staged path
         def write(view: Any) -> int:
             np.frombuffer(view, np.uint8)[: len(blob)] = np.frombuffer(blob, np.uint8)
@@ -404,7 +397,6 @@ def _serve(
 
         return len(blob), write
 
-    monkeypatch.setattr(nixl_sender, "blob", Hostile)
     monkeypatch.setattr(nixl_sender, "planned_into", planned)
     s = nixl.NixlSender("landing-sender", ucx_error_handling_mode="none", arena_bytes=1 << 20)
     r = nixl.NixlReceiver("landing-receiver", ucx_error_handling_mode="none",
@@ -429,16 +421,38 @@ def _serve(
             thread.join()
         return info.value
     finally:
-        monkeypatch.setattr(nixl_sender, "blob", real)
         s.close()
         r.close()
 
 
+def _expected_state(blob: bytes, engine: np.ndarray[Any, Any], ids: Any, before: bytes) -> bytes:
+    """What ``one_pass=True`` leaves on a refusal: NIXL READ a raw pool straight into the
+    engine's pages, so they hold the bytes the peer sent; a compressed pool is not split
+    (decompressed from the landing region after every check): untouched."""
+    e = ref.entry(blob, 0)
+    if e["codec"] != 0:
+        return before
+    sent = np.frombuffer(blob, np.uint8)[e["offset"] : e["offset"] + e["stored_size"]]
+    after = np.frombuffer(bytearray(before), np.uint8)
+    if ids is None:
+        after[...] = sent
+    else:
+        rows = after.reshape(engine.shape[0], -1)
+        rows[ids] = sent.reshape(len(ids), -1)
+    return after.tobytes()
+
+
+HOW = ["array", "page_ids", "in_place", "array one_pass", "page_ids one_pass"]
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("how", ["array", "page_ids", "in_place"])
+@pytest.mark.parametrize("how", HOW)
 def test_nixl_routes_give_the_same_verdict(
     case: Case, how: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Every NIXL landing refuses each hostile blob with the cause ``decode`` gives; the
+    engine's memory is untouched unless ``one_pass=True``, where it holds exactly the
+    bytes the peer sent (its raw pool) and nothing else changed."""
     nixl = _nixl()
     blob = case.blob()
     tensor = case.clean()
@@ -446,27 +460,29 @@ def test_nixl_routes_give_the_same_verdict(
         pytest.skip("in place takes unpacked element types only")
     if case.store:
         pytest.skip("the NIXL sender offers whole pools (delta blobs: test_integrity_delta)")
-    if how == "page_ids" and tensor.element_type.is_packed:
+    if how.startswith("page_ids") and tensor.element_type.is_packed:
         pytest.skip("page ids take an engine pool of whole pages")
+    one_pass = how.endswith("one_pass")
     engine = _engine_like(blob)
     store = None
-    if how == "page_ids" or how == "in_place":
+    ids = None
+    if how.startswith("page_ids") or how == "in_place":
         store, engine = _pool_store()
+        ids = np.arange(PAGES) + 3 if how.startswith("page_ids") else None
     before = engine.tobytes()
 
     def expect(r: Any) -> None:
         r.register(engine)
-        if how == "array":
-            r.expect(tensor.layer_index, tensor.kv_role, engine)
-        elif how == "page_ids":
-            r.expect(tensor.layer_index, tensor.kv_role, engine, page_ids=np.arange(PAGES) + 3)
-        else:
+        if how == "in_place":
             r.expect_in_place(tensor.layer_index, tensor.kv_role, store, np.arange(PAGES))
+        else:
+            r.expect(tensor.layer_index, tensor.kv_role, engine, page_ids=ids,
+                     one_pass=one_pass)  # fmt: skip
 
     error = _serve(nixl, blob, tensor, expect, case.fingerprint, monkeypatch)
     assert isinstance(_cause(error), case.error), error
-    if how == "in_place":  # landed in the arena, decoded into the pool: nothing written
-        assert engine.tobytes() == before
+    expected = _expected_state(blob, engine, ids, before) if one_pass else before
+    assert engine.tobytes() == expected
 
 
 def test_nixl_in_place_checks_the_offered_layer_before_writing(
@@ -487,20 +503,73 @@ def test_nixl_in_place_checks_the_offered_layer_before_writing(
     assert engine.tobytes() == before
 
 
-def test_nixl_landing_refuses_an_engine_array_of_another_dtype(
-    monkeypatch: pytest.MonkeyPatch,
+def _another_layer() -> tuple[bytes, Any]:
+    return bytes(hw.encode(_f16(layer=2))), _engine_like(bytes(hw.encode(_f16())))
+
+
+def _another_dtype() -> tuple[bytes, Any]:
+    return bytes(hw.encode(_f16())), np.full((PAGES, *PAGE), 7, dtypes.bfloat16.numpy_dtype)
+
+
+def _half_length() -> tuple[bytes, Any]:  # same bytes, float32 of half the length
+    return bytes(hw.encode(_f16())), np.full(PAGES * int(np.prod(PAGE)) // 2, 7, np.float32)
+
+
+def _short() -> tuple[bytes, Any]:  # one page short: refused at the offer, before any READ
+    return bytes(hw.encode(_f16())), np.full((PAGES - 1, *PAGE), 7, np.float16)
+
+
+MISFITS = {
+    "another layer than offered": (_another_layer, "not the one offered"),
+    "bfloat16 into float16": (_another_dtype, "page pool type"),
+    "float32 of half the length": (_half_length, "page pool type"),
+    "an array one page short": (_short, "differs from the engine's array"),
+}
+
+
+@pytest.mark.parametrize("name", list(MISFITS))
+@pytest.mark.parametrize("one_pass", [False, True], ids=["staged", "one_pass"])
+def test_nixl_landing_refuses_a_misfit(
+    name: str, one_pass: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A blob of another layer, an engine array of another dtype or length: refused by
+    default before the engine array is written; with one_pass the READ came first, so the
+    array holds the sent pool (except a size the offer already shows wrong: untouched)."""
     nixl = _nixl()
-    t = _f16()
-    blob = bytes(hw.encode(t))
-    engine = np.zeros(t.page_pool.shape, dtypes.bfloat16.numpy_dtype)
+    make, message = MISFITS[name]
+    blob, engine = make()
+    before = engine.tobytes()
 
     def expect(r: Any) -> None:
         r.register(engine)
-        r.expect(t.layer_index, t.kv_role, engine)
+        r.expect(1, "key", engine, one_pass=one_pass)
 
-    error = _serve(nixl, blob, t, expect, None, monkeypatch)
-    assert isinstance(_cause(error), ArgumentTypeError) and "page pool type" in str(error)
+    error = _serve(nixl, blob, _f16(), expect, None, monkeypatch)
+    assert message in str(error), error
+    landed = one_pass and name != "an array one page short"
+    assert engine.tobytes() == (_expected_state(blob, engine, None, before) if landed else before)
+
+
+def test_nixl_expect_refuses_overlapping_destinations() -> None:
+    """Two expected blobs on the same bytes, or a page_pool in the receiver's own memory
+    (a yielded tensor's view of its landing region): refused when expect() is called."""
+    nixl = _nixl()
+    r = nixl.NixlReceiver("overlap-receiver", ucx_error_handling_mode="none", arena_bytes=1 << 20)
+    try:
+        engine = np.zeros((ENGINE_PAGES, *PAGE), np.float16)
+        r.expect(0, "key", engine[:PAGES])
+        with pytest.raises(ArgumentTypeError, match="overlaps") as info:
+            r.expect(0, "value", engine[PAGES - 1 : 2 * PAGES - 1])
+        assert info.value.field == "page_pool"
+        r.expect(1, "key", engine, page_ids=[PAGES, PAGES + 2])  # other pages: fine
+        with pytest.raises(ArgumentTypeError, match="overlaps"):
+            r.expect(1, "value", engine, page_ids=[PAGES + 3, PAGES + 2])
+        r.expect(0, "key", engine[:PAGES])  # the same blob again replaces its landing
+        own = r._arena.buf[: engine[:PAGES].nbytes].view(np.float16).reshape(PAGES, *PAGE)
+        with pytest.raises(ArgumentTypeError, match="overlaps"):
+            r.expect(2, "key", own)
+    finally:
+        r.close()
 
 
 @pytest.mark.parametrize("make", [_bad_digest, _flipped_pool_byte])

@@ -35,7 +35,7 @@ RECORDS = [
         "offer", 2, 1, "key", ready=True, total_length=64, segments=(Segment(0, 64, 4096),)
     ),
     TransferRecord("grant", 7, 2, "fused", total_length=4608, segments=SEGMENTS),
-    TransferRecord("ready", 7, 2, "key"),
+    TransferRecord("ready", 7, 2, "key", header=bytes(range(117))),
     TransferRecord("done", 7, 0xFFFFFFFE, "value"),
     TransferRecord("abort", 7, reason="sender died: \u00e9t\u00e9"),
     TransferRecord("abort", 7, 5, "key", reason=""),
@@ -56,15 +56,18 @@ def test_round_trip(record: TransferRecord) -> None:
     data = encode_record(record)
     assert decode_record(data) == record
     assert decode_record(memoryview(bytearray(data))) == record
-    assert len(data) == 64 + 32 * len(record.segments) + len(record.reason.encode()) + 8
+    tail = len(record.reason.encode()) + len(record.header)
+    assert len(data) == 64 + 32 * len(record.segments) + tail + 8
     assert encode_record(decode_record(data)) == data
 
 
 def test_pinned_bytes() -> None:
-    data = encode_record(TransferRecord("ready", 0x0102030405060708, 9, "value"))
+    head = bytes(range(64))
+    data = encode_record(TransferRecord("ready", 0x0102030405060708, 9, "value", header=head))
     assert data[:-8] == (
-        b"HRWT\x01\x00\x02\x00" + struct.pack("<I", 72) + bytes.fromhex("0807060504030201")
-        + struct.pack("<I", 9) + b"\x01\x00\x00\x00" + bytes(24) + bytes(4) + bytes(8)
+        b"HRWT\x02\x00\x02\x00" + struct.pack("<I", 136) + bytes.fromhex("0807060504030201")
+        + struct.pack("<I", 9) + b"\x01\x00\x00\x00" + bytes(24) + bytes(2) + b"\x40\x00"
+        + bytes(8) + head
     )  # fmt: skip
     assert data[-8:] == struct.pack("<Q", xxhash.xxh3_64_intdigest(data[:-8]))
     assert w.TRANSFER_RECORD.sizeof() == 64 and w.TRANSFER_SEGMENT.sizeof() == 32
@@ -99,7 +102,8 @@ def test_checksum() -> None:
 # (offset, new bytes, field named in the error) on the encoded OFFER (two segments)
 FIELD_REJECTS = [
     (0, b"HRWX", "magic"),
-    (4, b"\x02", "version_major"),
+    (4, b"\x01", "version_major"),  # a version-1 peer (it READs the header after ready)
+    (4, b"\x03", "version_major"),
     (6, b"\x00", "kind"),
     (6, b"\x06", "kind"),
     (7, b"\x04", "flags"),
@@ -139,7 +143,7 @@ def test_count_fields_must_agree_with_the_length() -> None:
 
 
 def test_kind_rules() -> None:
-    ready = encode_record(TransferRecord("ready", 1, 0, "key"))
+    ready = encode_record(TransferRecord("ready", 1, 0, "key", header=bytes(64)))
     with pytest.raises(InvalidTransferRecordError, match="no total_length"):
         decode_record(patched(ready, 28, struct.pack("<Q", 64)))
     with pytest.raises(InvalidTransferRecordError, match="write or ready flag"):
@@ -198,3 +202,19 @@ def test_construct_structs_agree(record: TransferRecord) -> None:
             s.blob_offset, s.length, s.address, s.device_id,
         )  # fmt: skip
     assert w.RECORD_CHECKSUM.parse(data[-8:]).checksum == xxhash.xxh3_64_intdigest(data[:-8])
+
+
+def test_a_version_1_peer_and_a_ready_record_without_its_header_are_refused() -> None:
+    """Version 2 moved the blob header into the ready record: an older peer's records are
+    refused by version (naming what changed), never read as if they meant the same."""
+    old = patched(encode_record(TransferRecord("done", 1, 0, "key")), 4, b"\x01")
+    with pytest.raises(InvalidTransferRecordError, match="another hurray-wire release") as info:
+        decode_record(old)
+    assert (info.value.field, info.value.found, info.value.expected) == ("version_major", 1, 2)
+    for header in (b"", bytes(63), bytes(0x10000)):
+        with pytest.raises(InvalidTransferRecordError, match="carries the blob header"):
+            TransferRecord("ready", 1, 0, "key", header=header)
+    with pytest.raises(InvalidTransferRecordError, match="only a ready record"):
+        TransferRecord("done", 1, 0, "key", header=bytes(64))
+    with pytest.raises(hw.ArgumentTypeError, match="header must be bytes"):
+        TransferRecord("ready", 1, 0, "key", header=bytearray(64))  # type: ignore[arg-type]

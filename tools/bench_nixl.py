@@ -15,6 +15,10 @@ round after round, interleaved:
 * ``zero-copy`` / ``zero-copy-nohash``: the sender ``publish``es every tensor
   (``mode="zero-copy"``, with and without checksums), the receiver ``receive``s and decodes
   each one validated (checksums verified when present) while the next ones move.
+* ``expect`` / ``expect-one-pass``: ``zero-copy`` with checksums, each page pool expected
+  in an engine array of the receiver (``NixlReceiver.expect``): by default READ into the
+  receiver's staging ring, checked, then copied into the engine array (a refused blob
+  leaves it untouched); with ``one_pass=True`` READ straight into the engine array.
 * ``zero-copy-write``: ``zero-copy`` with checksums, pushed (``op="WRITE"``) into the
   receiver's write region, which copies each blob out before validating it (docs/nixl.md
   § 3.1): what the WRITE trust model costs.
@@ -55,8 +59,8 @@ from hurray_wire.transport.nixl_endpoint import PEER_READ_NAP
 
 ROLES = ("key", "value")
 PAGE_SHAPE = (16, 8, 64)  # 16 KiB of float16 per page
-MODES = ("raw", "raw-notified", "zero-copy", "zero-copy-nohash", "zero-copy-write", "staged",
-         "staged-nohash")  # fmt: skip
+MODES = ("raw", "raw-notified", "zero-copy", "zero-copy-nohash", "expect", "expect-one-pass",
+         "zero-copy-write", "staged", "staged-nohash")  # fmt: skip
 UCX_MODE = {"shm": "none", "tcp": "peer"}
 
 
@@ -201,6 +205,36 @@ def _cpu_seconds(pid: int) -> tuple[float, float, float, float]:
     return (*_on_cpu(os.getpid()), *_on_cpu(pid))
 
 
+def _phases(receiver: Any, landing: np.ndarray[Any, Any], table: list[tuple[int, int]],
+            args: argparse.Namespace) -> dict[str, float]:  # fmt: skip
+    """CPU milliseconds a round of each phase of a checked transfer, each measured alone
+    on this thread (``time.thread_time``) for every blob of a round: what the per-thread
+    split of the rounds is made of."""
+    import xxhash
+
+    tensor = _cache(1, args.pages)[0]
+    blob = bytes(hw.encode(tensor))
+    pool = tensor.page_pool.reshape(-1).view(np.uint8)
+    engine = np.empty_like(pool)
+    count = 2 * args.layers
+
+    def cpu(fn: Any) -> float:
+        fn()  # warm
+        start = time.thread_time()
+        for _ in range(count):
+            fn()
+        return round(1000 * (time.thread_time() - start), 1)
+
+    return {
+        "READ of a blob (raw; over shm the copy itself)": cpu(lambda: _raw_round(receiver, landing,
+                                                                         table[:3])),
+        "xxh3 of the pool (once on each end)": cpu(lambda: xxhash.xxh3_64_intdigest(pool)),
+        "copy into the engine array (expect's default)": cpu(lambda: np.copyto(engine, pool)),
+        "plan and checks (decode, verify=False)": cpu(lambda: hw.decode(blob, verify=False)),
+        "decode with checksums (plan, checks, xxh3)": cpu(lambda: hw.decode(blob)),
+    }  # fmt: skip
+
+
 def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
     from hurray_wire.transport.nixl import NixlReceiver
 
@@ -213,6 +247,13 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
                             progress_thread=args.progress_thread)  # fmt: skip
     landing = np.zeros(total + (16 << 20), np.uint8)
     receiver.register(landing)
+    engine = {
+        (layer, role): np.zeros((args.pages, *PAGE_SHAPE), np.float16)
+        for layer in range(args.layers)
+        for role in ROLES
+    }
+    for array in engine.values():  # the engine's KV pools, registered once (one_pass READs)
+        receiver.register(array)
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
     argv = [sys.executable, str(Path(__file__).resolve()), "--sender", "--ucx", ucx,
@@ -240,7 +281,11 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
                 elif mode == "raw-notified":
                     _raw_notified_round(receiver, landing, to_w, from_r)
                 else:
+                    if mode.startswith("expect"):
+                        for (layer, role), array in engine.items():
+                            receiver.expect(layer, role, array, one_pass=mode.endswith("pass"))
                     name = mode.removesuffix("-nohash").removesuffix("-write")
+                    name = "zero-copy" if name.startswith("expect") else name
                     op = "WRITE" if mode.endswith("-write") else "READ"
                     _send(to_w, f"{name}:{0 if mode.endswith('-nohash') else 1}:{op}".encode())
                     for _tensor in receiver.receive(count, deadline=60):
@@ -253,6 +298,7 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
                                                        strict=True))  # fmt: skip
                     cpu[mode].append(sum(used))
                     split[mode].append(used)
+        phases = _phases(receiver, landing, table, args)
         _send(to_w, b"quit")
         child.wait(timeout=60)
     finally:
@@ -268,6 +314,8 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
         "blobs_per_round": count,
         "rounds": args.rounds,
         "progress_thread": args.progress_thread,
+        "load_average": os.getloadavg(),
+        "phases_cpu_ms_per_round": phases,
         "modes": {
             m: {
                 "best_gb_s": round(max(rates[m]), 3),
@@ -317,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
             parts = "/".join(f"{v:.0f}" for v in m["cpu_ms_split"])
             print(f"  {mode:18} {m['best_gb_s']:>10.2f} {m['median_gb_s']:>12.2f} "
                   f"{m['ratio_to_raw']:>7.3f} {m['cpu_ms_per_round']:>8.1f}   {parts}")  # fmt: skip
+        print("  CPU ms a round of each phase, alone on one thread:")
+        for phase, ms in r["phases_cpu_ms_per_round"].items():
+            print(f"    {phase:48} {ms:>8.1f}")
+        print("  load average at the end: " + ", ".join(f"{x:.1f}" for x in r["load_average"]))
     return 0
 
 

@@ -89,6 +89,13 @@ def _bytes_of(array: Any, what: str) -> _U8:
     return engine_array(array, what).reshape(-1).view(np.uint8)
 
 
+def _region_bytes(value: object, name: str) -> int:
+    """The size of a registered region: an int >= 64."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 64:
+        raise ArgumentTypeError(f"{name} must be an int >= 64", field=name, found=repr(value))
+    return value
+
+
 def _deadline(seconds: float) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
         raise ArgumentTypeError("deadline is a positive number of seconds", found=repr(seconds))
@@ -112,32 +119,44 @@ def _origin(exc: HurrayWireError) -> BaseException:
 
 
 class _Arena:
-    """A registered byte region handed out front to back and reset when nothing is in it."""
+    """A registered byte region handed out as a ring: each piece is given back on its own
+    (a blob's room once it is done with), and later pieces wrap round to the front once
+    the oldest ones are given back; ``clear`` forgets every piece."""
 
     def __init__(self, size: int) -> None:
         self.buf = np.zeros(size, np.uint8)
-        self.top = 0
-        self.live = 0
+        self.live: dict[int, int] = {}  # start -> end, oldest first
 
     def take(self, size: int) -> int | None:
-        start = (self.top + 63) & ~63
-        if start + size > len(self.buf):
-            if self.live or size > len(self.buf):
+        if size > len(self.buf):
+            return None
+        start = 0
+        if self.live:
+            head = next(iter(self.live))
+            last, top = next(reversed(self.live.items()))
+            top = (top + 63) & ~63
+            if last >= head:  # after the newest piece, else wrapped round to the front
+                if top + size <= len(self.buf):
+                    start = top
+                elif size > head:
+                    return None
+            elif top + size <= head:  # wrapped already: up to the oldest piece
+                start = top
+            else:
                 return None
-            start = 0
-        self.top = start + size
-        self.live += 1
+        self.live[start] = start + size
         return start
 
-    def shrink(self, start: int, taken: int, used: int) -> None:
-        """Give back the unused end of a piece, if it is still the last one taken."""
-        if self.top == start + taken:
-            self.top = start + used
+    def shrink(self, start: int, used: int) -> None:
+        """Give back the unused end of a piece."""
+        if start in self.live:
+            self.live[start] = start + used
 
-    def give(self) -> None:
-        self.live -= 1
-        if self.live == 0:
-            self.top = 0
+    def give(self, start: int) -> None:
+        self.live.pop(start, None)
+
+    def clear(self) -> None:
+        self.live.clear()
 
 
 def _pieces(
@@ -181,8 +200,7 @@ class _Endpoint(ClosesOnExit):
                 "ucx_error_handling_mode is 'none' (shared memory on one machine) or 'peer'",
                 found=repr(ucx_error_handling_mode),
             )
-        if isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes < 64:
-            raise ArgumentTypeError("arena_bytes must be an int >= 64", found=repr(arena_bytes))
+        _region_bytes(arena_bytes, "arena_bytes")
         self.name = name
         config = _nixl.nixl_agent_config(enable_prog_thread=bool(progress_thread), backends=[])
         self._agent = _call("agent creation", _nixl.nixl_agent, name, config)

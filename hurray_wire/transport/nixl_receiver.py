@@ -16,7 +16,7 @@ from hurray_wire.blob.decoder import Accept, DecodeOptions, decode_options, plan
 from hurray_wire.blob.envelope import pool_section
 from hurray_wire.blob.in_place import land_in_place
 from hurray_wire.codecs import CODEC_RAW
-from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError, flag
 from hurray_wire.integrity import (
     EngineFingerprint,
     EnginePoolStore,
@@ -39,17 +39,19 @@ from hurray_wire.transport.nixl_endpoint import (
     _no_descriptors,
     _origin,
     _pieces,
+    _region_bytes,
 )
 from hurray_wire.transport.nixl_pages import (
     PageLanding,
     check_target,
     engine_tensor,
     gather_pages,
+    land_pool,
     page_landing,
     page_segments,
-    scatter_pages,
 )
 from hurray_wire.transport.records import (
+    MAX_HEADER_BYTES,
     ROLE_CODES,
     Segment,
     TransferRecord,
@@ -63,31 +65,34 @@ class _Incoming:
     """One offered blob on the receiver: where it lands and what is still in flight."""
 
     offer: TransferRecord
-    landing: int  # arena offset of the bytes that do not land in an engine array
-    pool: _U8 | None  # the engine's page pool array (flat bytes), when it lands there
+    landing: int  # arena offset of the bytes that are not READ apart (split)
+    target: PageLanding | None = None  # what expect() named: the engine array or its pages
+    split: bool = False  # its raw pool is READ apart: into staging, or with one_pass the target
     segments: tuple[Segment, ...] = ()
     xfers: list[Any] = field(default_factory=list)
-    head_posted: bool = False
-    engine: _U8 | None = None  # the expected page pool array (compressed pools are copied in)
-    pages: PageLanding | None = None  # the landing at engine page ids, when expect() gave them
-    target: PageLanding | None = None  # what expect() named (its array's dtype and shape)
+    head_posted: bool = False  # the header is in place (whole READ, or the ready record)
     in_place: tuple[EnginePoolStore, Any] | None = None  # expect_in_place's pool_store, free
     landed: bool = False
     started: bool = False  # its transfer posted (offers wait in a queue until then)
     write_at: int | None = None  # WRITE: where the peer writes it in the write region
+    staged_at: int | None = None  # a split pool checked in the staging ring, then copied
 
 
 class NixlReceiver(_Endpoint):
     """The side that takes the KV cache: READs offered blobs into its landing region
-    (``arena_bytes``, registered here) or, for a page pool the caller named with
-    ``expect``, straight into the engine's own array, then decodes each one validated and
-    zero-copy as soon as it has landed, while later ones are still in flight.
+    (``arena_bytes``, registered here), then decodes each one validated and zero-copy as
+    soon as it has landed, while later ones are still in flight.
 
     The peer is given no handle to this side's memory (``metadata()`` carries connection
     information only), except, with ``write_arena_bytes``, a write region of that size a
     WRITE peer pushes into: each blob written there is copied out into the landing region
     once its ``done`` record came, and only the copy is validated and used (docs/nixl.md
     § 3.1). Without it, WRITE offers are refused.
+
+    An expected page pool (``expect``) is READ into a staging ring of ``staging_bytes``
+    (registered once, on the first such ``expect``) and copied into the engine's array
+    only once every check passed; ``expect(..., one_pass=True)`` READs it straight into
+    the engine's memory instead.
 
     Tensors decoded from the landing region are views of it and stay valid until the next
     ``receive`` call, which reuses the region (so the blobs of one call must fit in it);
@@ -108,16 +113,12 @@ class NixlReceiver(_Endpoint):
         page_store: PageStore | None = None,
         expect_fingerprint: EngineFingerprint | None = None,
         write_arena_bytes: int = 0,
+        staging_bytes: int = 64 << 20,
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
-        if (
-            isinstance(write_arena_bytes, bool)
-            or not isinstance(write_arena_bytes, int)
-            or not (write_arena_bytes == 0 or write_arena_bytes >= 64)
-        ):
-            raise ArgumentTypeError("write_arena_bytes is 0 (no WRITE) or an int >= 64",
-                                    field="write_arena_bytes",
-                                    found=repr(write_arena_bytes))  # fmt: skip
+        if write_arena_bytes != 0:  # 0: no WRITE
+            _region_bytes(write_arena_bytes, "write_arena_bytes")
+        self._staging_bytes = _region_bytes(staging_bytes, "staging_bytes")
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
         # The only memory a peer is told about: where a WRITE peer pushes (never read
@@ -128,6 +129,7 @@ class NixlReceiver(_Endpoint):
             self._write = _Arena(write_arena_bytes)
             self.register(self._write.buf)
             self._write_reg = self._regions[-1][3]
+        self._staging: _Arena | None = None  # registered on the first safe expect()
         self.verify = verify
         self.limits = limits
         self.page_store = page_store
@@ -160,28 +162,54 @@ class NixlReceiver(_Endpoint):
         _call("send_notif", self._agent.send_notif, self._peer_name(), record)
 
     def expect(
-        self, layer: int, role: str, page_pool: npt.NDArray[Any], *, page_ids: Any = None
+        self,
+        layer: int,
+        role: str,
+        page_pool: npt.NDArray[Any],
+        *,
+        page_ids: Any = None,
+        one_pass: bool = False,
     ) -> None:
-        """Land the page pool of blob {layer, role} in the engine's ``page_pool``
-        (registered memory): the decoded tensor's page_pool then shares its memory.
+        """Land the page pool of blob {layer, role} in the engine's ``page_pool``: the
+        decoded tensor's page_pool then shares its memory.
 
-        Without ``page_ids`` the array is exactly the pool's size and takes it whole. With
-        ``page_ids`` it is the engine's whole pool ``[num_pages, ...]`` and blob page ``i``
-        lands on engine page ``page_ids[i]`` (the blocks the engine allocated for the
-        request: distinct, any order); the tensor returned is over the whole engine pool,
-        its block table in engine page ids (docs/nixl.md § 4)."""
+        Without ``page_ids`` the array has the pool's dtype and shape (or is uint8 of its
+        bytes) and takes it whole. With ``page_ids`` it is the engine's whole pool
+        ``[num_pages, ...]`` and blob page ``i`` lands on engine page ``page_ids[i]`` (the
+        blocks the engine allocated for the request: distinct, any order); the tensor
+        returned is over the whole engine pool, its block table in engine page ids
+        (docs/nixl.md § 4).
+
+        The pool is READ into the receiver's staging ring and copied into ``page_pool``
+        after every check passed: a refused blob leaves it untouched. ``one_pass=True``
+        (``page_pool`` then in registered memory) READs it straight into ``page_pool``, one
+        pass over memory; a blob refused after its READ (any check but the offered sizes)
+        leaves the bytes the peer sent in the pool's pages, and the rest untouched."""
         key = _checked_key(layer, role)
+        one_pass = flag(one_pass, "one_pass")
         if key in self._in_place:
             raise ArgumentTypeError("this blob is already expected in place",
                                     field="layer", found=f"{layer} {role}")  # fmt: skip
         flat = _bytes_of(page_pool, "page_pool")
-        if not self._registered(int(flat.ctypes.data), flat.nbytes):
-            raise TransportError("page_pool is not in registered memory", layer=layer,
-                                 role=role)  # fmt: skip
+        if one_pass and not self._registered(int(flat.ctypes.data), flat.nbytes):
+            raise TransportError("with one_pass=True, page_pool is in registered memory",
+                                 layer=layer, role=role)  # fmt: skip
         if page_ids is None:
-            self._pools[(layer, role)] = PageLanding(flat, array=page_pool)
+            landing = PageLanding(flat, array=page_pool, one_pass=one_pass)
         else:
-            self._pools[(layer, role)] = page_landing(page_pool, flat, page_ids)
+            landing = page_landing(page_pool, flat, page_ids, one_pass)
+        own = [r.buf for r in (self._arena, self._write, self._staging) if r is not None]
+        others = [v for k, v in self._pools.items() if k != key]
+        if any(np.may_share_memory(flat, buf) for buf in own) or any(
+            landing.overlaps(other) for other in others
+        ):
+            raise ArgumentTypeError("page_pool overlaps the receiver's own memory or the "
+                                    "pages another expected blob lands on", field="page_pool",
+                                    found=f"layer {layer} {role}")  # fmt: skip
+        if not one_pass and self._staging is None:
+            self._staging = _Arena(self._staging_bytes)
+            self.register(self._staging.buf)
+        self._pools[key] = landing
 
     def expect_in_place(
         self, layer: int, role: str, pool_store: EnginePoolStore, free_pages: Any
@@ -212,9 +240,9 @@ class NixlReceiver(_Endpoint):
         until = _deadline(deadline)
         self._peer_name()
         if not self._in and not self._decoding:
-            for arena in (self._arena, self._write):
+            for arena in (self._arena, self._write, self._staging):
                 if arena is not None:
-                    arena.top = arena.live = 0
+                    arena.clear()
         yielded = 0
         idle = 0
         while yielded < count:
@@ -241,12 +269,13 @@ class NixlReceiver(_Endpoint):
                 item = self._queued.pop(0)
                 if self._guarded(item, self._start, item):  # an error aborts the peer
                     moved = True
-                else:  # a WRITE waiting for room in the write region
+                else:  # waiting for room in the write region or staging ring
                     self._queued.insert(0, item)
             if self._decoding and self._decoding[0][1].done():
                 item, future = self._decoding.pop(0)
-                if item.write_at is not None and self._write is not None:
-                    self._write.give()  # copied out: its room may be written again
+                for ring, at in ((self._write, item.write_at), (self._staging, item.staged_at)):
+                    if ring is not None and at is not None:
+                        ring.give(at)  # copied out: its room may be written again
                 tensor = self._guarded(item, future.result)
                 yielded += 1
                 idle = 0
@@ -322,10 +351,16 @@ class NixlReceiver(_Endpoint):
             item = self._in[key] = self._land(r)
             self._queued.append(item)  # posted by receive(), one per turn
         elif r.kind == "ready" and item is not None and not item.offer.write:
-            if item.head_posted:
-                raise TransportError("ready record twice", layer=r.layer, role=r.role)
-            local, remote = _pieces(item.segments, item.offer.segments, 0, _head_end(item))
-            item.xfers.append(self._guarded(item, self._post, "READ", local, remote))
+            if item.head_posted or item.offer.ready:
+                raise TransportError("unexpected ready record", layer=r.layer, role=r.role)
+            head = item.offer.segments[0].length
+            if len(r.header) != head:
+                raise TransportError("the ready record's header is not the offer's header "
+                                     "segment", layer=r.layer, role=r.role, expected=head,
+                                     found=len(r.header))  # fmt: skip
+            # The final header, placed where a READ of segment 0 would have put it (the
+            # pipeline frames and checks it with the rest, once everything has landed).
+            self._arena.buf[item.landing : item.landing + head] = np.frombuffer(r.header, np.uint8)
             item.head_posted = True
         elif r.kind == "done" and item is not None and item.offer.write and not item.landed:
             item.landed = True
@@ -335,21 +370,18 @@ class NixlReceiver(_Endpoint):
     def _land(self, r: TransferRecord) -> _Incoming:
         """Choose where each byte of an offered blob lands (our segments)."""
         assert r.layer is not None and r.role is not None
-        limit = len(self._arena.buf)
-        expected = self._pools.pop((r.layer, r.role), None)
-        pool = None if expected is None else expected.flat
-        pages = expected if expected is not None and expected.page_ids is not None else None
-        if pages is not None and r.pool_length:
-            assert pages.page_ids is not None
-            if pages.page_ids.size * pages.page_bytes != r.pool_length:
-                raise TransportError("offered page pool size differs from page_ids x the "
-                                     "engine's page size", layer=r.layer, role=r.role,
-                                     expected=pages.page_ids.size * pages.page_bytes,
-                                     found=r.pool_length)  # fmt: skip
-        elif pool is not None and r.pool_length and pool.nbytes != r.pool_length:
-            raise TransportError("offered page pool size differs from the engine's array",
-                                 layer=r.layer, role=r.role, expected=pool.nbytes,
+        target = self._pools.pop((r.layer, r.role), None)
+        if target is not None and r.pool_length and target.nbytes != r.pool_length:
+            raise TransportError("offered page pool size differs from the engine's array"
+                                 + ("" if target.page_ids is None else " pages at page_ids"),
+                                 layer=r.layer, role=r.role, expected=target.nbytes,
                                  found=r.pool_length)  # fmt: skip
+        head = r.segments[0].length  # not ready: the header, which the ready record carries
+        if not r.ready and (head > MAX_HEADER_BYTES or (r.pool_length and head > r.pool_offset)):
+            raise TransportError("the offer's header segment overlaps its page pool or is "
+                                 "longer than a ready record carries", layer=r.layer,
+                                 role=r.role, expected=f"<= {MAX_HEADER_BYTES}, <= pool_offset",
+                                 found=head)  # fmt: skip
         if r.write and self._write is None:
             raise TransportError("this receiver takes no WRITE: the peer would need write "
                                  "access to its memory; READ (the default), or "
@@ -357,44 +389,57 @@ class NixlReceiver(_Endpoint):
                                  role=r.role)  # fmt: skip
         # A WRITE blob is copied out of the write region whole, then landed as a
         # compressed pool is: checked first, then copied into the engine's memory.
-        split = pool is not None and r.pool_length > 0 and not r.write
+        split = target is not None and r.pool_length > 0 and not r.write
         own = r.total_length - r.pool_length if split else r.total_length
         start = self._arena.take(own)
         if start is None:
             raise TransportError("blob does not fit the receiver's landing region",
                                  layer=r.layer, role=r.role,
-                                 expected=f"<= {limit - self._arena.top}",
+                                 expected=f"<= {len(self._arena.buf)}",
                                  found=own)  # fmt: skip
-        base = int(self._arena.buf.ctypes.data) + start
-        if split:
-            assert pool is not None
-            end = r.pool_offset + r.pool_length
-            segments = [Segment(0, r.pool_offset, base)]
-            if pages is not None:
-                segments += page_segments(pages, r.pool_offset)
-            else:
-                segments.append(Segment(r.pool_offset, r.pool_length, int(pool.ctypes.data)))
-            if end < r.total_length:
-                segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
-        else:
-            segments = [Segment(0, r.total_length, base)]
         in_place = self._in_place.pop((r.layer, r.role), None)
-        return _Incoming(r, start, pool if split else None, tuple(segments), engine=pool,
-                         pages=pages, target=expected, in_place=in_place)  # fmt: skip
+        return _Incoming(r, start, target, split, in_place=in_place)
+
+    def _segments(self, item: _Incoming) -> bool:
+        """Where each byte of an offered READ blob lands (our segments): the arena, and
+        for a split pool the staging ring (False: no room yet) or, with ``one_pass``, the
+        engine's memory."""
+        r = item.offer
+        base = int(self._arena.buf.ctypes.data) + item.landing
+        target = item.target
+        if target is None or not item.split:
+            item.segments = (Segment(0, r.total_length, base),)
+            return True
+        end = r.pool_offset + r.pool_length
+        segments = [Segment(0, r.pool_offset, base)]
+        if not target.one_pass:
+            assert self._staging is not None  # made by expect()
+            at = _room(self._staging, r, r.pool_length, "page pool does not fit the "
+                       "receiver's staging region: NixlReceiver(staging_bytes=...), or "
+                       "expect(..., one_pass=True)")  # fmt: skip
+            if at is None:
+                return False
+            item.staged_at = at
+            address = int(self._staging.buf.ctypes.data) + at
+            segments.append(Segment(r.pool_offset, r.pool_length, address))
+        elif target.page_ids is not None:
+            segments += page_segments(target, r.pool_offset)
+        else:
+            segments.append(Segment(r.pool_offset, r.pool_length, int(target.flat.ctypes.data)))
+        if end < r.total_length:
+            segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
+        item.segments = tuple(segments)
+        return True
 
     def _start(self, item: _Incoming) -> bool:
         """Post an offered blob's transfer (READ) or grant (WRITE); False: not yet (no room
-        in the write region until earlier WRITE blobs are copied out)."""
+        in the write region or staging ring until earlier blobs are copied out)."""
         r = item.offer
         if r.write:
             assert self._write is not None  # _land refused the offer otherwise
-            at = self._write.take(r.total_length)
+            at = _room(self._write, r, r.total_length, "blob does not fit the receiver's "
+                       "write region")  # fmt: skip
             if at is None:
-                if r.total_length > len(self._write.buf):
-                    raise TransportError("blob does not fit the receiver's write region",
-                                         layer=r.layer, role=r.role,
-                                         expected=f"<= {len(self._write.buf)}",
-                                         found=r.total_length)  # fmt: skip
                 return False
             item.write_at = at
             address = int(self._write.buf.ctypes.data) + at
@@ -404,16 +449,16 @@ class NixlReceiver(_Endpoint):
                                       segments=(Segment(0, r.total_length, address),)))  # fmt: skip
             item.started = True
             return True
+        if not self._segments(item):
+            return False  # no room in the staging ring until earlier pools are copied out
         item.started = True
-        if r.ready:  # the whole blob is final: one READ
-            local, remote = _pieces(item.segments, r.segments, 0, r.total_length)
-            item.xfers.append(self._post("READ", local, remote))
-            item.head_posted = True
-            return True
-        head_end = _head_end(item)
+        # One READ: the whole blob when its header is final, else all but the header
+        # segment, whose final bytes come in the ready record.
+        head_end = 0 if r.ready else r.segments[0].length
         if head_end < r.total_length:
             local, remote = _pieces(item.segments, r.segments, head_end, r.total_length)
             item.xfers.append(self._post("READ", local, remote))
+        item.head_posted |= r.ready
         return True
 
     def _has_checksums(self, item: _Incoming) -> bool:
@@ -457,31 +502,32 @@ class NixlReceiver(_Endpoint):
         if item.in_place is not None:
             pool, free = item.in_place
             return land_in_place(view, pool, free, opts, accept=accept).tensor
-        if item.pool is not None:
-            return self._decode_split(item, land, opts, accept)
-        tensor = run(view, opts, accept=accept)[0]
-        if item.pages is not None:  # a compressed pool: decompressed, then scattered
-            scatter_pages(item.pages, tensor.page_pool, r.layer, r.role)
-            return engine_tensor(tensor, item.pages, r.layer, r.role)
-        if item.engine is not None:  # a compressed pool: decompressed, then copied in
-            pool_array = tensor.page_pool
-            item.engine[...] = pool_array.reshape(-1).view(np.uint8)
-            tensor.page_pool = item.engine.view(pool_array.dtype).reshape(pool_array.shape)
-        return tensor
+        if item.split:
+            tensor = self._decode_split(item, land, opts, accept)
+        else:
+            tensor = run(view, opts, accept=accept)[0]
+        if target is None:
+            return tensor
+        # Every check passed: the pool into the engine's memory (unless NIXL READ it
+        # there, one_pass), and the tensor over the engine's array.
+        if not (item.split and target.one_pass):
+            land_pool(target, tensor.page_pool, r.layer, r.role)
+        return engine_tensor(tensor, target, r.layer, r.role)
 
     def _decode_split(self, item: _Incoming, land: _U8, opts: DecodeOptions, accept: Accept) -> Any:
-        """Decode a blob whose page pool landed in the engine's array and the rest here.
+        """Decode a blob whose page pool landed apart (staging, or the engine's memory
+        with one_pass) and the rest here.
 
-        The header and the small sections are copied into a zero-filled shadow of the blob's
-        size (its pool range is never written or read, so the OS never backs it with
-        memory), and the pipeline decodes it with the pool's bytes taken where they landed
-        (in blob page order: gathered from the engine's pages with ``page_ids``): every
-        check of ``decode``, checksums and page digests included.
+        The header and the small sections are copied into a shadow of the blob's size, and
+        the pipeline decodes it with the pool's bytes taken where they landed (in blob page
+        order: gathered from the engine's pages with ``page_ids``): every check of
+        ``decode``, checksums and page digests included.
         """
         r = item.offer
-        assert item.pool is not None
         end = r.pool_offset + r.pool_length
-        shadow = np.zeros(r.total_length, np.uint8)
+        # Not zeroed: its pool range is neither written nor read (np.zeros of 16 MiB cost
+        # a 2.6 ms memset: glibc serves it from the heap once one has been freed).
+        shadow = np.empty(r.total_length, np.uint8)
         shadow[: r.pool_offset] = land[: r.pool_offset]
         shadow[end:] = land[r.pool_offset : r.pool_offset + r.total_length - end]
         view = memoryview(shadow.data)
@@ -491,14 +537,13 @@ class NixlReceiver(_Endpoint):
             raise TransportError("the offer's page pool range is not the blob's", layer=r.layer,
                                  role=r.role, expected=f"{e.offset}+{e.stored_size}",
                                  found=f"{r.pool_offset}+{r.pool_length}")  # fmt: skip
-        pages = item.pages
-        landed = item.pool if pages is None else gather_pages(pages)
-        tensor = run(view, opts, accept=accept, plan=plan, pool=landed)[0]
-        if pages is not None:
-            return engine_tensor(tensor, pages, r.layer, r.role)
-        pool = tensor.page_pool
-        tensor.page_pool = item.pool.view(pool.dtype).reshape(pool.shape)
-        return tensor
+        target = item.target
+        assert target is not None
+        if item.staged_at is not None and self._staging is not None:
+            landed = self._staging.buf[item.staged_at : item.staged_at + r.pool_length]
+        else:  # one_pass: where NIXL placed it (in blob page order)
+            landed = target.flat if target.page_ids is None else gather_pages(target)
+        return run(view, opts, accept=accept, plan=plan, pool=landed)[0]
 
 
 def _checked_key(layer: object, role: object) -> tuple[int, str]:
@@ -512,6 +557,11 @@ def _checked_key(layer: object, role: object) -> tuple[int, str]:
     return layer, role
 
 
-def _head_end(item: _Incoming) -> int:
-    """End of the sender's header segment (final only after its ready record)."""
-    return item.offer.segments[0].length
+def _room(arena: _Arena, r: TransferRecord, size: int, too_big: str) -> int | None:
+    """Where ``size`` bytes of blob ``r`` go in ``arena``; None: not yet (earlier blobs
+    still hold it); a TransportError if they could never fit."""
+    at = arena.take(size)
+    if at is None and size > len(arena.buf):
+        raise TransportError(too_big, layer=r.layer, role=r.role,
+                             expected=f"<= {len(arena.buf)}", found=size)  # fmt: skip
+    return at

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire import blob
 from hurray_wire.blob import encode_parts
 from hurray_wire.blob.encoder import encode_deferred, planned_into
 from hurray_wire.blob.envelope import pool_section as _pool_section
@@ -179,24 +178,9 @@ class NixlSender(_Endpoint):
         old_ids = None
         if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
             tensor, old_ids = referenced_pages(tensor, pages)
-        if delta:  # the plan (a digest pass) decides the size: encode once, copy when staged
-            encoded = blob.encode(tensor, compression=compression, checksum=checksum,
-                                  page_digests=page_digests, known_pages=known_pages)  # fmt: skip
-            size = len(encoded)
-            begin = self._take(size, _deadline(deadline), layer, role)
-            target = self._arena.buf[begin : begin + size]
-
-            def stage() -> int:
-                target[...] = np.frombuffer(encoded, np.uint8)
-                return size
-
-            staged: Future[Any] = self._hasher.submit(stage)
-            self._out[key] = _Outgoing(tensor, layer, role, op == "WRITE", begin, staged, True,
-                                       size)  # fmt: skip
-            self._step()
-            return
-        if mode == "staged":  # one plan: its size reserved now, written on the hasher
-            need, write = planned_into(tensor, compression, checksum)
+        if mode == "staged":  # one plan (with a delta's digest pass): its size reserved
+            # now, written on the hasher
+            need, write = planned_into(tensor, compression, checksum, page_digests, known_pages)
             start = self._take(need, _deadline(deadline), layer, role)
             view = self._arena.buf[start : start + need]
             future: Future[Any] = self._hasher.submit(write, view)
@@ -234,7 +218,10 @@ class NixlSender(_Endpoint):
             else:
                 address = _address(part)[0]
             last = segments[-1] if segments else None
-            if last is not None and last.address + last.length == address and copy:
+            # Deferred checksums: the header is a segment of its own (the ready record
+            # carries its final bytes; the peer READs the rest at once).
+            alone = final is not None and len(segments) == 1
+            if last is not None and last.address + last.length == address and copy and not alone:
                 segments[-1] = Segment(last.blob_offset, last.length + size, last.address)
             else:
                 segments.append(Segment(blob_offset, size, address))
@@ -333,7 +320,7 @@ class NixlSender(_Endpoint):
         for item in self._out.values():
             if not item.done:
                 item.done = True
-                self._arena.give()
+                self._arena.give(item.arena_start)
 
     def _step(self) -> bool:
         """One round of progress; True if anything happened."""
@@ -371,7 +358,7 @@ class NixlSender(_Endpoint):
             item.grant = r
         elif r.kind == "done" and not item.write and item.ready:
             item.done = True
-            self._arena.give()
+            self._arena.give(item.arena_start)
         else:
             raise TransportError(f"unexpected {r.kind} record", layer=r.layer, role=r.role)
 
@@ -381,7 +368,7 @@ class NixlSender(_Endpoint):
             result = item.future.result()  # re-raises an encoding error
             moved = True
             if item.staged:
-                self._arena.shrink(item.arena_start, item.total, int(result))
+                self._arena.shrink(item.arena_start, int(result))
                 item.total = int(result)
                 address = int(self._arena.buf.ctypes.data) + item.arena_start
                 view = self._arena.buf[item.arena_start : item.arena_start + item.total]
@@ -394,8 +381,9 @@ class NixlSender(_Endpoint):
                 head = np.frombuffer(result, np.uint8)
                 self._arena.buf[item.arena_start : item.arena_start + len(head)] = head
                 item.ready = True
-                if not item.write:
-                    self._send(TransferRecord("ready", self.session, item.layer, item.role))
+                if not item.write:  # the final header itself: no READ of it (version 2)
+                    self._send(TransferRecord("ready", self.session, item.layer, item.role,
+                                              header=bytes(result)))  # fmt: skip
         if not item.write or item.grant is None:
             return moved
         if item.head_end is None:  # WRITE: split the blob once, at the grant
@@ -420,7 +408,7 @@ class NixlSender(_Endpoint):
         if item.head is not None and self._state(item.head) == "DONE":
             item.head.release()
             item.head, item.done, moved = None, True, True
-            self._arena.give()
+            self._arena.give(item.arena_start)
         return moved
 
     def close(self) -> None:

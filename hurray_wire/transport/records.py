@@ -22,6 +22,7 @@ from hurray_wire.wire.descriptor import KV_ROLES
 from hurray_wire.wire.fast import derive
 
 __all__ = [
+    "MAX_HEADER_BYTES",
     "MAX_REASON_BYTES",
     "MAX_SEGMENTS",
     "ROLE_CODES",
@@ -33,6 +34,7 @@ __all__ = [
 
 MAX_SEGMENTS = 256  # far above what one blob needs (header, pool, index arrays, padding)
 MAX_REASON_BYTES = 1024
+MAX_HEADER_BYTES = 0xFFFF  # a ready record's blob header (the u16 tail_length)
 ROLE_CODES = dict(KV_ROLES)  # the descriptor's codes (wire/descriptor.py): one role map
 _ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
 # construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
@@ -76,6 +78,7 @@ class TransferRecord:
     pool_length: int = 0
     segments: tuple[Segment, ...] = field(default_factory=tuple)
     reason: str = ""
+    header: bytes = b""  # ready: the final bytes of the offer's header segment
 
     def __post_init__(self) -> None:
         _check(self)
@@ -123,9 +126,18 @@ def _check(r: TransferRecord) -> None:
     except UnicodeEncodeError as exc:
         _bad("reason is not encodable as UTF-8", "reason", repr(r.reason[exc.start : exc.end]))
     if size > MAX_REASON_BYTES:
-        _bad("reason too long", "reason_length", f"{size} bytes", f"<= {MAX_REASON_BYTES} bytes")
+        _bad("reason too long", "tail_length", f"{size} bytes", f"<= {MAX_REASON_BYTES} bytes")
     if r.reason and r.kind != "abort":
-        _bad("only an abort record has a reason", "reason_length", len(r.reason), 0)
+        _bad("only an abort record has a reason", "tail_length", len(r.reason), 0)
+    if not isinstance(r.header, bytes):
+        raise ArgumentTypeError(
+            "header must be bytes", field="header", found=type(r.header).__name__
+        )
+    if r.kind == "ready" and not _ALIGNMENT <= len(r.header) <= MAX_HEADER_BYTES:
+        _bad("a ready record carries the blob header (version 2)", "tail_length",
+             len(r.header), f"64..{MAX_HEADER_BYTES}")  # fmt: skip
+    if r.header and r.kind != "ready":
+        _bad("only a ready record carries a header", "tail_length", len(r.header), 0)
     if (r.write or r.ready) and r.kind != "offer":
         _bad("only an offer record has the write or ready flag", "flags",
              w.FLAG_WRITE * r.write | w.FLAG_READY * r.ready, 0)  # fmt: skip
@@ -191,11 +203,11 @@ def encode_record(record: TransferRecord) -> bytes:
     """The record's bytes (it was checked when built)."""
     if not isinstance(record, TransferRecord):
         raise ArgumentTypeError("expected a TransferRecord", found=type(record).__name__)
-    reason = record.reason.encode("utf-8")
-    length = _FIXED + _SEGMENT * len(record.segments) + len(reason) + _CHECKSUM
+    tail = record.header or record.reason.encode("utf-8")
+    length = _FIXED + _SEGMENT * len(record.segments) + len(tail) + _CHECKSUM
     pieces = [
         _RECORD.pack(
-            1,
+            w.RECORD_VERSION,
             0,
             _KIND_CODES[record.kind],
             (w.FLAG_WRITE if record.write else 0) | (w.FLAG_READY if record.ready else 0),
@@ -207,12 +219,12 @@ def encode_record(record: TransferRecord) -> bytes:
             record.pool_offset,
             record.pool_length,
             len(record.segments),
-            len(reason),
+            len(tail),
         )
     ]
     for s in record.segments:  # Const fields (magic, reserved bytes) fill themselves in
         pieces.append(_SEG.pack(s.blob_offset, s.length, s.address, s.device_id))
-    pieces.append(reason)
+    pieces.append(tail)
     data = b"".join(pieces)
     return data + _U64.pack(xxhash.xxh3_64_intdigest(data))
 
@@ -241,10 +253,12 @@ def decode_record(data: Any) -> TransferRecord:
                 found=head[position].hex(" "),
             )
     (_, major, _, kind, flags, record_length, session, layer, role, _, total, pool_offset,
-     pool_length, segment_count, reason_length, _) = head  # fmt: skip
-    if major != 1:
-        _bad("unsupported record version", "version_major", major, 1, offset=_AT["version_major"])
-    expected = _FIXED + _SEGMENT * segment_count + reason_length + _CHECKSUM
+     pool_length, segment_count, tail_length, _) = head  # fmt: skip
+    if major != w.RECORD_VERSION:
+        _bad("unsupported transfer record version: the peer runs another hurray-wire "
+             "release (version 2 carries the blob header in the ready record)",
+             "version_major", major, w.RECORD_VERSION, offset=_AT["version_major"])  # fmt: skip
+    expected = _FIXED + _SEGMENT * segment_count + tail_length + _CHECKSUM
     if record_length != len(raw) or expected != len(raw):
         raise InvalidTransferRecordError(
             "record_length disagrees with the bytes received or with the counts",
@@ -288,10 +302,13 @@ def decode_record(data: Any) -> TransferRecord:
             )
         segments.append(Segment(blob_offset, length, address, device_id))
     start = _FIXED + _SEGMENT * segment_count
-    try:
-        reason = raw[start : start + reason_length].decode("utf-8")
-    except UnicodeDecodeError:
-        _bad("reason is not UTF-8", "reason", raw[start : start + 16].hex(" "), offset=start)
+    tail = raw[start : start + tail_length]
+    reason = ""
+    if kind != w.KIND_READY:
+        try:
+            reason = tail.decode("utf-8")
+        except UnicodeDecodeError:
+            _bad("reason is not UTF-8", "reason", tail[:16].hex(" "), offset=start)
     return TransferRecord(
         kind=w.RECORD_KINDS[kind],
         session=session,
@@ -304,4 +321,5 @@ def decode_record(data: Any) -> TransferRecord:
         pool_length=pool_length,
         segments=tuple(segments),
         reason=reason,
+        header=tail if kind == w.KIND_READY else b"",
     )

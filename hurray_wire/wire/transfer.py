@@ -3,8 +3,9 @@
 A control record tells the other side of a NIXL transfer which blob is where: an offer of a
 layer's blob (its length, where its page pool sits, the memory segments that hold it), the
 receiver's grant of landing memory, "header ready", "done" and "abort". Every record is
-``TRANSFER_RECORD`` (64 bytes), ``segment_count`` ``TRANSFER_SEGMENT`` (32 bytes each), the
-UTF-8 ``reason`` (abort only) and the xxh3_64 of all bytes before it (``RECORD_CHECKSUM``).
+``TRANSFER_RECORD`` (64 bytes), ``segment_count`` ``TRANSFER_SEGMENT`` (32 bytes each), a
+tail of ``tail_length`` bytes (an abort's UTF-8 reason; a ready record's blob header, since
+version 2) and the xxh3_64 of all bytes before it (``RECORD_CHECKSUM``).
 Magic and reserved bytes are ``Const``; which kinds, flags, roles and lengths are allowed is
 decided by ``hurray_wire.transport.records``.
 """
@@ -26,6 +27,7 @@ __all__ = [
     "RECORD_CHECKSUM",
     "RECORD_FLAGS_KNOWN",
     "RECORD_KINDS",
+    "RECORD_VERSION",
     "ROLE_NONE",
     "TRANSFER_MAGIC",
     "TRANSFER_RECORD",
@@ -33,9 +35,12 @@ __all__ = [
 ]
 
 TRANSFER_MAGIC = b"HRWT"
+#: version_major of the records written and read. 2: a ready record carries the blob's
+#: final header (1: the receiver READ it from the sender's memory after the ready record).
+RECORD_VERSION = 2
 
 KIND_OFFER = 0x01  # sender -> receiver: a blob, its layout and its source segments
-KIND_READY = 0x02  # sender -> receiver: the header segment (segment 0) now holds its final bytes
+KIND_READY = 0x02  # sender -> receiver: the final bytes of the header segment (segment 0)
 KIND_GRANT = 0x03  # receiver -> sender (WRITE): the landing segments for an offered blob
 KIND_DONE = 0x04  # READ: receiver -> sender, blob read; WRITE: sender -> receiver, blob written
 KIND_ABORT = 0x05  # either way: the transfer (or one layer of it) failed; reason says why
@@ -70,7 +75,7 @@ TRANSFER_RECORD = c.Struct(
     "pool_offset" / c.Int64ul,  # where the page pool section starts in the blob
     "pool_length" / c.Int64ul,  # its stored size; 0: not splittable (compressed)
     "segment_count" / c.Int16ul,
-    "reason_length" / c.Int16ul,
+    "tail_length" / c.Int16ul,  # abort: its reason; ready: the blob header
     "_reserved1" / c.Const(bytes(8)),
 )
 
