@@ -388,6 +388,12 @@ def test_a_failed_send_is_logged_once_with_the_request(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             pass
 
+        def __enter__(self) -> Broken:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
         def write(self, *args: Any, **kwargs: Any) -> None:
             raise BrokenPipeError("peer gone")
 
@@ -401,3 +407,42 @@ def test_a_failed_send_is_logged_once_with_the_request(
     lines = [r.getMessage() for r in caplog.records if "KV send failed" in r.getMessage()]
     assert lines == ["HurrayConnector: request req-1: KV send failed: peer gone"]
     assert len(errors) == 1 and isinstance(errors[0], BrokenPipeError)
+
+
+def test_a_send_that_fails_midway_aborts_its_stream_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send that breaks off after its first layer: serve_one raises, and its StreamWriter
+    is aborted (the puller sees a cut stream, no end record), not dropped unclosed."""
+    from hurray_wire.containers import StreamReader, StreamWriter
+    from hurray_wire.errors import StreamTruncatedError
+
+    store = tr.TransferStore(FP, "m", 1)
+    store.begin("t", "r", (1, 2, 3), len(PROMPT), tr.prompt_digest(PROMPT))
+    key, value = pages(0)
+    store.add_layer("t", 0, key, value)
+    real = tr._tensors
+    writers: list[StreamWriter] = []
+
+    def one_then_fail(*args: Any) -> Iterator[Any]:
+        yield next(iter(real(*args)))
+        raise OSError("the engine's pages went away")
+
+    class Recorded(StreamWriter):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            writers.append(self)
+
+    monkeypatch.setattr(tr, "_tensors", one_then_fail)
+    monkeypatch.setattr(tr, "StreamWriter", Recorded)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b'{"transfer_id":"t","request_id":"r","prompt_digest":"'
+                  + tr.prompt_digest(PROMPT).encode() + b'","block_ids":[1,2,3]}\n')  # fmt: skip
+        with pytest.raises(OSError, match="went away"):
+            tr.serve_one(store, b)
+        b.shutdown(socket.SHUT_WR)
+        data = bytearray()
+        while chunk := a.recv(1 << 16):
+            data += chunk
+    assert len(writers) == 1 and writers[0].closed
+    with pytest.raises(StreamTruncatedError):  # one layer, then cut: no end record
+        list(StreamReader(bytes(data[data.index(b"\n") + 1 :])))

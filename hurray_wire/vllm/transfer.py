@@ -306,10 +306,9 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
         _send_line(conn, {"ok": True})  # the pages as a stream on conn
         header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=ROLES,
                               fingerprint=store.fingerprint, metadata=claims)  # fmt: skip
-        writer = StreamWriter(conn, header)
-        for tensor in _tensors(transfer, store.num_layers, first):
-            writer.write(tensor, checksum=False, page_digests=True, known_pages=known)
-        writer.close()
+        with StreamWriter(conn, header) as writer:  # a failure aborts it: no end record
+            for tensor in _tensors(transfer, store.num_layers, first):
+                writer.write(tensor, checksum=False, page_digests=True, known_pages=known)
         return writer.position
     except (OSError, HurrayWireError) as exc:
         # once per transfer (a transfer is served once), with the request it was for
