@@ -27,7 +27,7 @@ from tests.conftest import FIXTURES, ROOT
 from tests.test_cli import check_snapshot
 
 HRRY = FIXTURES / "conformance/block_paged/files/layer0_kv.hrry"
-SCHEMA = json.loads((ROOT / "schemas/dump.schema.json").read_text(encoding="utf-8"))
+SCHEMA = json.loads((ROOT / "hurray_wire/schemas/dump.schema.json").read_text(encoding="utf-8"))
 
 
 def run(args: list[object], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -64,7 +64,8 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ("dump --hex", "An annotated hex dump of the envelope and the descriptor, field by field, "
      "like a protocol analyser (the first lines).",
      ["dump", "--hex", "fixtures/blobs/spec_example_f16_key_l3.hrwb"]),
-    ("dump --json", "The same as JSON, valid against `schemas/dump.schema.json` (abridged).",
+    ("dump --json", "The same as JSON, valid against `hurray_wire/schemas/dump.schema.json` "
+     "(installed with the package; `dump --help` prints its path) (abridged).",
      ["dump", "--json", "fixtures/blobs/empty_batch.hrwb"]),
     ("validate", "One line per input; what could not be verified is said on that line "
      "(blobs written without checksums, and formats that carry none: `.hrrs`, `.hrry`).",
@@ -223,7 +224,9 @@ def _convert_section() -> str:
     same = same.replace(str(target), "cache.hrry")
     return (
         "## convert\n\nBetween blob (`.hrwb`), blob stream (`.hrws`), reference stream "
-        "(`.hrrs`) and `.hrry` file, chosen by the output's extension or `--to`; "
+        "(`.hrrs`) and `.hrry` file, chosen by the output's extension or `--to` (a name: "
+        "`blob`, `blob-stream`, `reference-stream`, `hrry-file`, or an extension: `hrwb`, "
+        "`hrws`, `hrrs`, `hrry`); "
         "`--compression` re-encodes blobs (`none`, `zstd[:LEVEL]`, `shuffle-zstd[:LEVEL]`, "
         "`chunked-shuffle-zstd[:LEVEL]`, `default`). Every tensor is decoded and checked "
         "before the first byte is written.\n\n"
