@@ -106,6 +106,8 @@ def _read(path: str, args: argparse.Namespace) -> Any:
 
 def identify(data: Any) -> str:
     """What ``data`` is (``hurray_wire.containers.identify``), or a one-line CLI error."""
+    if not len(memoryview(data)):
+        raise CliError("empty (0 bytes): not a hurray-wire input")
     kind = identify_format(data)
     if kind is Format.UNKNOWN:
         head = bytes(memoryview(data)[: len(BLOB_MAGIC)])  # every format's magic is 4+ bytes

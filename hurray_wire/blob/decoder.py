@@ -421,7 +421,8 @@ def _materialize(
             if computed != stored_checksum:
                 if pages is not None and pages.tolerates(e.kind == w.KIND_BUFFER, e.index, e.where):
                     continue  # decode_report: the page digests localise the damage
-                raise checksum_mismatch(e, computed, stored_checksum)
+                mismatch = checksum_mismatch(e, computed, stored_checksum)
+                raise _localised(mismatch, view, plan, pages, e) if pool is None else mismatch
     whole = np.frombuffer(view, np.uint8, plan.total)
     readonly = view.readonly
     threads = opts.threads
@@ -479,6 +480,35 @@ def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
         expected=f"0x{stored:016x}",  # what the blob says the bytes hash to
         found=f"0x{computed:016x}",  # what they hash to now
     )
+
+
+def _localised(
+    error: ChecksumError, view: memoryview, plan: _Plan, pages: PageWork | None, e: Entry
+) -> ChecksumError:
+    """A page-row buffer's checksum mismatch with the pages the blob's digests name (raw
+    sections, no page refs): the error says which pages, and its offset is the first bad
+    page's row in the pool, not the section's start."""
+    digests = plan.page_digests
+    if (pages is None or digests is None or digests.codec != CODEC_RAW or not plan.raw_buffers
+            or plan.page_refs is not None or e.kind != w.KIND_BUFFER):  # fmt: skip
+        return error
+    whole = np.frombuffer(view, np.uint8, plan.total)
+    payload = whole[digests.offset : digests.offset + digests.stored_size]
+    rows = [whole[span] for span in plan.buffer_spans]
+    bad = pages.localise(rows, payload, digests.offset, e.index)
+    if bad is None or not bad.size:
+        return error  # the digests vouch for every page: the damage is elsewhere in it
+    listed = f"{bad[:16].tolist()}{' ...' * (bad.size > 16)}"
+    num_pages = plan.descriptor.layout.num_pages  # the pool's rows: one page each
+    located = ChecksumError(
+        f"section checksum mismatch: the page digests name physical page(s) {listed}",
+        section=e.where,
+        offset=e.offset + (int(bad[0]) * e.raw_size // num_pages if e.index == 0 else 0),
+        expected=error.expected,
+        found=error.found,
+    )
+    located.pages = tuple(bad.tolist())
+    return located
 
 
 def _decompress(

@@ -19,6 +19,7 @@ from hurray_wire.errors import (
     InvalidBlobError,
     LimitExceededError,
     PaddingError,
+    cut_inside,
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
@@ -134,7 +135,7 @@ def blob_length(data: Any) -> int:
     _check_magic(view)
     if len(view) < BLOB_PREFIX_SIZE:
         raise BlobTruncatedError(
-            "input ends inside the blob prefix",
+            cut_inside("blob prefix", len(view)),
             section="header",
             offset=len(view),
             expected=BLOB_PREFIX_SIZE,
