@@ -37,9 +37,10 @@ _EXTENSIONS = {
     ".hrrs": "reference-stream",
     ".hrry": "hrry-file",
 }
-#: The JSON Schema of ``dump --json``, installed with the package (package data).
-DUMP_SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas",
-                           "dump.schema.json")  # fmt: skip
+#: The JSON Schemas of ``dump --json`` and ``validate --json``, installed with the package.
+SCHEMAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas")
+DUMP_SCHEMA = os.path.join(SCHEMAS, "dump.schema.json")
+VALIDATE_SCHEMA = os.path.join(SCHEMAS, "validate.schema.json")
 
 
 # -- the parser --------------------------------------------------------------------------------
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate = command("validate", "check every input: one line each, exit 1 if any is invalid")
     validate.add_argument("paths", nargs="+", metavar="PATH",
                           help="an input of any kind; - reads stdin")  # fmt: skip
+    validate.add_argument("--json", action="store_true",
+                          help=f"one JSON array instead of lines, valid against the schema "
+                          f"{VALIDATE_SCHEMA}")  # fmt: skip
     convert = command(
         "convert", "convert between blob, blob stream, reference stream (.hrrs) and .hrry file"
     )

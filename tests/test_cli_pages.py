@@ -171,7 +171,10 @@ def test_dump_json_lists_failed_inputs_with_an_error(capsys: pytest.CaptureFixtu
     bad = documents[3]  # the tensor is shown, with its bad page named, and an error
     assert bad["items"][0]["pages"]["bad_pages"] == [2]
     assert "physical pages [2]" in bad["error"]["message"]
-    assert documents[4]["items"] == [] and "checksum mismatch" in documents[4]["error"]["message"]
+    corrupt = documents[4]  # its structure read without checksums, then the error and hint
+    assert [i["envelope"]["checksums_verified"] for i in corrupt["items"]] == [False]
+    assert "checksum mismatch" in corrupt["error"]["message"]
+    assert corrupt["error"]["type"] == "ChecksumError" and "--no-verify" in corrupt["error"]["hint"]
 
 
 # -- ChecksumError says expected = the stored value ----------------------------------------

@@ -195,7 +195,10 @@ def header_plan(
     header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
     dlen = head[I_DESCRIPTOR_LENGTH]
     check_limits(count, dlen, limits)
-    header = checked_header(view, head, header_length, count, dlen, total)
+    try:
+        header = checked_header(view, head, header_length, count, dlen, total)
+    except ChecksumError as exc:
+        raise _suspect(exc, view, header_length, total, limits) from None
     if not memoise:
         return _plan_from_header(header, total, limits)
     key = int.from_bytes(header, "little")
@@ -207,6 +210,26 @@ def header_plan(
         plan = _plan_from_header(header, total, limits)
         PLANS.put(memo_key, plan, 2 * header_length)
     return plan
+
+
+def _suspect(
+    exc: ChecksumError, view: memoryview, header_length: int, total: int, limits: DecodeLimits
+) -> ChecksumError:
+    """A header checksum mismatch, with the field that changed when the header read without
+    its checksum breaks a rule there (a flipped offset, size or descriptor field usually
+    does; a flipped value that stays valid cannot be named)."""
+    if exc.section != "header" or header_length > len(view):
+        return exc
+    try:
+        _plan_from_header(bytes(view[:header_length]), total, limits)
+    except HurrayWireError as inner:
+        if inner.field is None and inner.offset is None:
+            return exc
+        place = f"field {inner.field}" if inner.field else f"section {inner.section}"
+        at = "" if inner.offset is None else f" at byte offset {inner.offset}"
+        exc.message += f"; read without it, {place}{at} is invalid ({inner.message})"
+        exc.relocated()  # the text again, with the longer message
+    return exc
 
 
 def _plan_from_header(header: bytes, total: int, limits: DecodeLimits) -> _Plan:

@@ -272,9 +272,14 @@ def checked_header(
     (stored_hash,) = CHECKSUM.struct.unpack_from(view, header_length)
     computed = xxhash.xxh3_64_intdigest(header)
     if stored_hash != computed:
-        raise ChecksumError(
-            "header checksum mismatch",
+        raise ChecksumError(  # which byte changed, the hash cannot say: where it looks
+            f"header checksum mismatch: the xxh3_64 stored at bytes [{header_length}, "
+            f"{header_length + _CHECKSUM_SIZE}) covers bytes [0, {header_length}): the fixed "
+            f"header [0, {HEADER_SIZE}), the section table [{HEADER_SIZE}, {entry_at(count)}) "
+            f"and the descriptor [{entry_at(count)}, {header_length}); a byte there or in the "
+            "stored checksum changed",
             section="header",
+            field="header_checksum",
             offset=header_length,
             expected=f"0x{stored_hash:016x}",  # the stored value
             found=f"0x{computed:016x}",
