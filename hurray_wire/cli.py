@@ -209,6 +209,21 @@ def _details(exc: BaseException) -> dict[str, Any]:
     return details
 
 
+def _page_offsets(item: Item, page: int) -> dict[str, Any]:
+    """Where physical page ``page``'s row starts in a raw pool: in the blob (``offset``)
+    and in the input (``file_offset``)."""
+    tensor = item.tensor
+    if item.blob is None or tensor is None or not tensor.page_pool.shape[0]:
+        return {}
+    sections = summary.describe_blob_envelope(item.blob, True)["sections"]
+    pool = next(s for s in sections if s["kind"] == "buffer" and s["index"] == 0)
+    if pool["codec"] != "raw":
+        return {}
+    offset = pool["offset"] + page * (tensor.page_pool.nbytes // tensor.page_pool.shape[0])
+    start = item.extra.get("blob_offset", 0)
+    return {"section": "buffer[0]", "offset": offset, "file_offset": start + offset}
+
+
 def _bad_pages(item: Item) -> CliError | None:
     """The error of an item whose pages fail their digests, naming them."""
     pages = item.pages
@@ -221,6 +236,7 @@ def _bad_pages(item: Item) -> CliError | None:
     tensor = item.tensor
     where = {} if tensor is None else {"layer": tensor.layer_index, "role": tensor.kv_role}
     where.update((k, item.extra[k]) for k in ("blob", "blob_offset") if k in item.extra)
+    where.update(_page_offsets(item, bad[0]))
     details = {"type": "PageDigestError", "reason": reason, "field": "page_digests",
                "pages": bad, "positions": [list(p) for p in places], **where}  # fmt: skip
     return CliError(f"{item.label}: {reason}", details)
