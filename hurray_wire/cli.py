@@ -239,7 +239,13 @@ def _bad_pages(item: Item) -> CliError | None:
     where.update(_page_offsets(item, bad[0]))
     details = {"type": "PageDigestError", "reason": reason, "field": "page_digests",
                "pages": bad, "positions": [list(p) for p in places], **where}  # fmt: skip
-    return CliError(f"{item.label}: {reason}", details)
+    place = item.label
+    if tensor is not None:
+        layer = "" if tensor.layer_index is None else f"layer {tensor.layer_index} "
+        place += f" ({layer}{tensor.kv_role})"
+    if "file_offset" in where:
+        place += f", page {bad[0]} at file offset {where['file_offset']}"
+    return CliError(f"{place}: {reason}", details)
 
 
 def _count(data: Any, kind: str) -> int | None:
