@@ -17,6 +17,7 @@ import pytest
 import hurray_wire as hw
 from hurray_wire import cli, cli_args, report
 from tests.conftest import FIXTURES, ROOT
+from tests.test_model_cache import cache as whole_model
 
 STREAM = FIXTURES / "streams/whole_cache_2_layers.hrws"
 DUMP_SCHEMA: dict[str, Any] = json.loads(Path(cli_args.DUMP_SCHEMA).read_text(encoding="utf-8"))
@@ -57,15 +58,8 @@ PAGE_BYTES = 4 * 2 * 8 * 2  # a page: 4 tokens x 2 heads x 8 dims of float16
 
 
 def model(layers: int = 2) -> dict[tuple[int, str], hw.BlockPagedTensor]:
-    out = {}
-    for layer in range(layers):
-        for role in ("key", "value"):
-            rng = np.random.default_rng(layer * 2 + (role == "value"))
-            pool = rng.standard_normal((6, 4, 2, 8)).astype(np.float16)
-            out[layer, role] = hw.BlockPagedTensor.from_arrays(
-                pool, [0, 1, 2, 4], [0, 2, 4], seq_lens=[7, 5], kv_role=role, layer_index=layer
-            )
-    return out
+    """Two layers of test_model_cache's model (6 pages of 4 tokens, 2 heads of 8 dims)."""
+    return whole_model(layers)
 
 
 @dataclass(frozen=True)

@@ -132,16 +132,23 @@ open("bad.hrwb", "wb").write(blob)
 """
 
 
-def _pages_section() -> str:
+def _run_after(setup: str, commands: list[list[str]]) -> list[tuple[int, str]]:
+    """The commands' (exit code, output), run in a fresh folder after the page's ``setup``
+    block made their inputs there."""
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
         try:
-            exec(compile(PAGES_SETUP, "cli.md", "exec"), {})
-            code, output = run(["validate", "bad.hrwb"])
-            _, dumped = run(["dump", "--index", "bad.hrwb"])
+            exec(compile(setup, "cli.md", "exec"), {})
+            return [run(argv) for argv in commands]
         finally:
             os.chdir(cwd)
+
+
+def _pages_section() -> str:
+    (code, output), (_, dumped) = _run_after(
+        PAGES_SETUP, [["validate", "bad.hrwb"], ["dump", "--index", "bad.hrwb"]]
+    )
     tail = [line for line in dumped.split("\n") if line][-5:]
     return (
         "## bad pages, by physical id and logical place\n\nA blob written with page digests "
@@ -200,16 +207,11 @@ for name in ("damaged.hrws", "damaged-pages.hrws"):
 
 
 def _damaged_section() -> str:
-    cwd = os.getcwd()
-    with tempfile.TemporaryDirectory() as tmp:
-        os.chdir(tmp)
-        try:
-            exec(compile(DAMAGED_SETUP, "cli.md", "exec"), {})
-            code, listing = run(["validate", "damaged.hrws", "damaged-pages.hrws"])
-            _, as_json = run(["validate", "--json", "damaged.hrws"])
-            _, dumped = run(["dump", "damaged.hrws"])
-        finally:
-            os.chdir(cwd)
+    (code, listing), (_, as_json), (_, dumped) = _run_after(DAMAGED_SETUP, [
+        ["validate", "damaged.hrws", "damaged-pages.hrws"],
+        ["validate", "--json", "damaged.hrws"],
+        ["dump", "damaged.hrws"],
+    ])  # fmt: skip
     as_json = as_json.split("\nhurray-wire: ")[0].rstrip("\n")  # stdout; stderr as above
     head = [line for line in dumped.split("\n") if line.startswith(("  [", "    blob:"))]
     tail = "\n".join([*head[-2:], dumped.rstrip("\n").split("\n")[-1]])
