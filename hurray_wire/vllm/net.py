@@ -12,15 +12,19 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import os
 import socket
 import ssl
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from hurray_wire.errors import ArgumentTypeError, TransportError
+from hurray_wire.vllm.params import check_host
 
-__all__ = ["Deadline", "Tls", "connect", "listen"]
+__all__ = ["Deadline", "Tls", "connect", "endpoint", "listen"]
 
 
 def _shut(sock: socket.socket) -> None:
@@ -188,3 +192,24 @@ def listen(host: str, port: int) -> socket.socket:
         return socket.create_server((host, port), family=family, backlog=64)
     except (OSError, OverflowError, UnicodeError) as exc:
         raise TransportError(f"cannot listen on {host}:{port}: {exc}", field="port") from exc
+
+
+def endpoint(options: Mapping[str, Any]) -> tuple[str, Tls | None]:
+    """The connector's network options checked: ``host`` (the address handed to the decode
+    side, so never ``0.0.0.0``), ``bind_host`` (the listen address, ``host`` unless set;
+    ``0.0.0.0`` / ``::`` for every interface, e.g. behind NAT or in a container),
+    ``max_connections`` and the TLS files. Returns the bind address and the TLS settings
+    (None: plain TCP)."""
+    host = check_host(options["host"], "host")
+    bind = check_host(options["bind_host"] or host, "bind_host", bind=True)
+    count = options["max_connections"]
+    if type(count) is not int or not 1 <= count <= 4096:
+        raise ArgumentTypeError("max_connections must be an int in 1..4096",
+                                field="max_connections", found=repr(count))  # fmt: skip
+    files = {name: options[name] for name in ("tls_cert", "tls_key", "tls_ca")}
+    for name, path in files.items():
+        if path is not None and not os.path.isfile(path):
+            raise ArgumentTypeError(f"{name} must name a file", field=name, found=path)
+    if not any(files.values()):
+        return bind, None
+    return bind, Tls(files["tls_cert"], files["tls_key"], files["tls_ca"])

@@ -204,10 +204,11 @@ def _text(params: Mapping[str, Any], name: str, pattern: re.Pattern[str]) -> str
     return value
 
 
-def check_host(value: object, name: str) -> str:
+def check_host(value: object, name: str, *, bind: bool = False) -> str:
     """An IP address or a DNS name (ASCII labels of 1..63 letters, digits or inner hyphens,
     253 characters in all): what a connection may be opened to. Unspecified (``0.0.0.0``,
-    ``::``) and multicast addresses name no peer and are refused too."""
+    ``::``) and multicast addresses name no peer and are refused too (``bind``: an address
+    to listen on, where the unspecified ones mean every interface)."""
     if type(value) is not str or not 0 < len(value) <= 253:
         raise ArgumentTypeError(f"{name} must be an IP address or a DNS name",
                                 field=name, found=_brief(value))  # fmt: skip
@@ -218,6 +219,36 @@ def check_host(value: object, name: str) -> str:
             raise ArgumentTypeError(f"{name} must be an IP address or a DNS name",
                                     field=name, found=_brief(value)) from None  # fmt: skip
         return value
-    if address.is_unspecified or address.is_multicast:
+    if (address.is_unspecified and not bind) or address.is_multicast:
         raise ArgumentTypeError(f"{name} names no single peer", field=name, found=value)
     return value
+
+
+def request_kind(params: object) -> str:
+    """What a request's ``kv_transfer_params`` ask of the connector: ``"local"`` (none),
+    ``"save"`` (``do_remote_decode``: a prefill for another engine) or ``"load"``
+    (``do_remote_prefill``: pull the pages; the params are validated here, in full).
+    Malformed or contradictory params (not a mapping, flags that are not booleans, both
+    flags true) raise ``ArgumentTypeError``: the scheduler refuses them as a load error."""
+    if params is None or (isinstance(params, Mapping) and not params):
+        return "local"
+    if not isinstance(params, Mapping):
+        raise ArgumentTypeError(
+            "kv_transfer_params must be a mapping",
+            field="kv_transfer_params",
+            found=type(params).__name__,
+        )
+    flags = {name: params.get(name) for name in ("do_remote_prefill", "do_remote_decode")}
+    for name, value in flags.items():
+        if value is not None and type(value) is not bool:
+            raise ArgumentTypeError(f"kv_transfer_params[{name!r}] must be a bool",
+                                    field=name, found=_brief(value))  # fmt: skip
+    if flags["do_remote_prefill"] and flags["do_remote_decode"]:
+        raise ArgumentTypeError(
+            "kv_transfer_params ask for both a remote prefill and a remote decode",
+            field="do_remote_decode", found=True,
+        )  # fmt: skip
+    if flags["do_remote_prefill"]:
+        TransferParams.from_params(params)
+        return "load"
+    return "save" if flags["do_remote_decode"] else "local"
