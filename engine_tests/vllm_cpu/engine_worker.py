@@ -154,6 +154,10 @@ def main() -> None:
             answer = get_kv_transfer_group().totals
         elif cmd.get("metrics"):
             answer = metrics()
+        elif cmd.get("fingerprint"):  # its extras: the model digest (model_digest.py)
+            from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+            answer = dict(get_kv_transfer_group()._engine_fingerprint().extras)
         else:
             answer = {"error": f"unknown command {sorted(cmd)}"}
         out.write(json.dumps(answer) + "\n")

@@ -7,6 +7,7 @@ so every byte is covered by a checksum (unlike ``.hrry``), and it is written ato
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -144,14 +145,19 @@ def save_cache(
 
 
 def _check_whole(keys: set[CacheKey], layers: int, roles: tuple[str, ...]) -> None:
-    missing = [(layer, role) for layer in range(layers) for role in roles
-               if (layer, role) not in keys]  # fmt: skip
-    if missing:
-        shown = ", ".join(f"layer {layer} {role}" for layer, role in missing[:8])
-        raise InvalidStreamError(f"not a whole model's cache: missing {shown}"
-                                 f"{' ...' if len(missing) > 8 else ''}",
-                                 field="cache", expected=f"{layers} layers x {list(roles)}",
-                                 found=f"{len(keys)} tensors")  # fmt: skip
+    """Every {layer, role} of ``layers x roles`` in ``keys``. Work and memory grow with
+    ``keys`` (what arrived), not with ``layers`` (what a header claims): the first missing
+    ones are found among the first ``len(keys) + 8`` positions."""
+    inside = sum(1 for layer, role in keys if 0 <= layer < layers and role in roles)
+    if inside == layers * len(roles):
+        return
+    wanted = ((layer, role) for layer in range(layers) for role in roles)
+    missing = list(itertools.islice((k for k in wanted if k not in keys), 9))
+    shown = ", ".join(f"layer {layer} {role}" for layer, role in missing[:8])
+    raise InvalidStreamError(f"not a whole model's cache: missing {shown}"
+                             f"{' ...' if len(missing) > 8 else ''}",
+                             field="cache", expected=f"{layers} layers x {list(roles)}",
+                             found=f"{len(keys)} tensors")  # fmt: skip
 
 
 def load_cache(
