@@ -38,7 +38,7 @@ from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.metrics import COUNTERS, TIMES, HurrayConnectorStats, HurrayPromMetrics
 from hurray_wire.vllm.model_digest import engine_model_digest
 from hurray_wire.vllm.net import Deadline, endpoint, listen
-from hurray_wire.vllm.params import one_sequence, request_kind, sequence_pages
+from hurray_wire.vllm.params import one_sequence, refusal, request_kind, sequence_pages
 from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.pulls import Pulls
 from hurray_wire.vllm.receive import LoadResult, pull
@@ -187,6 +187,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return False
 
     # -- scheduler side ------------------------------------------------------------------
+    def on_new_request(self, request: Request) -> None:
+        """Params that are not a mapping become one the scheduler side refuses
+        (``params.refusal``): vLLM reads them with ``.get`` right after this call."""
+        stand_in = refusal(request.kv_transfer_params)
+        if stand_in is not None:
+            request.kv_transfer_params = stand_in
+
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:

@@ -24,6 +24,8 @@ __all__ = [
     "identity",
     "one_sequence",
     "prompt_digest",
+    "refusal",
+    "request_kind",
     "sequence_pages",
 ]
 
@@ -224,6 +226,20 @@ def check_host(value: object, name: str, *, bind: bool = False) -> str:
     return value
 
 
+#: The key a connector puts in place of params that are not a mapping (``refusal``), so
+#: that vLLM, which reads them with ``.get`` right after ``on_new_request``, sees a dict.
+REFUSED_KEY = "hurray_refused"
+
+
+def refusal(params: object) -> dict[str, str] | None:
+    """The stand-in for ``kv_transfer_params`` that are not None nor a mapping (a list, a
+    string: vLLM 0.32 and 0.33 would end their engine core on ``params.get``); None for
+    params that need none. ``request_kind`` refuses the stand-in."""
+    if params is None or isinstance(params, Mapping):
+        return None
+    return {REFUSED_KEY: f"kv_transfer_params must be a mapping, not {type(params).__name__}"}
+
+
 def request_kind(params: object) -> str:
     """What a request's ``kv_transfer_params`` ask of the connector: ``"local"`` (none),
     ``"save"`` (``do_remote_decode``: a prefill for another engine) or ``"load"``
@@ -238,6 +254,8 @@ def request_kind(params: object) -> str:
             field="kv_transfer_params",
             found=type(params).__name__,
         )
+    if REFUSED_KEY in params:
+        raise ArgumentTypeError(str(params[REFUSED_KEY]), field="kv_transfer_params")
     flags = {name: params.get(name) for name in ("do_remote_prefill", "do_remote_decode")}
     for name, value in flags.items():
         if value is not None and type(value) is not bool:
