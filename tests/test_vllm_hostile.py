@@ -10,7 +10,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from hurray_wire.errors import (
 from hurray_wire.vllm import net, pulls, receive as rc, transfer as tr
 from hurray_wire.vllm.params import check_host, request_kind
 from hurray_wire.vllm.peers import agent_metadata
-from tests.test_vllm_transfer import FP, LAYERS, PROMPT, producer
+from tests.test_vllm_transfer import FP, LAYERS, PROMPT, fake_peer, producer
 
 GOOD = tr.TransferParams(
     "0" * 32, "req-1", "127.0.0.1", 9, (5, 9, 2), len(PROMPT), FP.block_size,
@@ -174,25 +174,6 @@ def _real_then_cut(at: int) -> Callable[[int], Script]:
     return make
 
 
-@contextlib.contextmanager
-def fake_prefill(script: Script) -> Iterator[int]:
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(10)
-
-    def run() -> None:
-        with contextlib.suppress(OSError):
-            conn, _ = server.accept()
-            with conn:
-                script(conn)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        server.close()
-
-
 def _fixed(script: Script) -> Callable[[int], Script]:
     return lambda port: script
 
@@ -219,14 +200,14 @@ PEERS: dict[str, Callable[[int], Script]] = {
 def test_a_hostile_prefill_peer_ends_the_pull_with_a_typed_error(name: str) -> None:
     """Each case ends with a ``HurrayWireError`` (the bound: ``timeout``, 2 s here; no
     time is asserted); the pull never raises."""
-    with producer() as (_, params, _layers), fake_prefill(PEERS[name](params.port)) as port:
+    with producer() as (_, params, _layers), fake_peer(PEERS[name](params.port)) as port:
         result = rc.pull(replace(params, port=port), FP, LAYERS, timeout=2, first_block=1)
     assert result.pages is None and result.failed_from == 1
     assert isinstance(result.error, HurrayWireError), result.error
 
 
 def test_a_pull_cancelled_midway_ends_at_once() -> None:
-    with fake_prefill(_silent) as port:
+    with fake_peer(_silent) as port:
         params = replace(tr.TransferParams.from_params(GOOD), port=port)
         deadline = net.Deadline(120)
         threading.Timer(0.3, deadline.cancel).start()

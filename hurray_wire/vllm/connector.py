@@ -30,7 +30,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from hurray_wire.adapters import from_vllm, into_vllm
 from hurray_wire.errors import (
     ArgumentTypeError,
-    HurrayWireError,
     InvalidTensorError,
 )
 from hurray_wire.fingerprint import EngineFingerprint
@@ -40,7 +39,7 @@ from hurray_wire.vllm.model_digest import engine_model_digest
 from hurray_wire.vllm.net import Deadline, endpoint, listen
 from hurray_wire.vllm.params import one_sequence, refusal, request_kind, sequence_pages
 from hurray_wire.vllm.peers import NixlPeers
-from hurray_wire.vllm.pulls import Pulls
+from hurray_wire.vllm.pulls import Pulls, failure
 from hurray_wire.vllm.receive import LoadResult, pull
 from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, prompt_digest
 
@@ -431,7 +430,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for save in meta.saves:
             try:
                 self._save(store, save, kv_layer, layer)
-            except HurrayWireError as exc:
+            except Exception as exc:  # nothing may leave into vLLM's forward pass
                 # the transfer stays incomplete: its pull is refused, the decode side
                 # applies its kv_load_failure_policy
                 store.drop(save.transfer_id, "failed")
@@ -479,8 +478,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if result.pages is not None:
                 try:
                     self._land(load, result)
-                except HurrayWireError as exc:
-                    result = LoadResult(None, failed_from=load.first_block, error=exc)
+                except Exception as exc:  # a foreign one too: the request's load error
+                    result = failure(exc, load.first_block)
             if result.pages is None:
                 self._count("verification_failures", 1)
                 start = load.first_block if result.failed_from is None else result.failed_from

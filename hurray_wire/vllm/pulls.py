@@ -20,7 +20,7 @@ from hurray_wire.errors import HurrayWireError, TransportError
 from hurray_wire.vllm.net import Deadline
 from hurray_wire.vllm.receive import LoadResult
 
-__all__ = ["SLACK", "Pulls"]
+__all__ = ["SLACK", "Pulls", "failure"]
 
 #: Seconds past ``timeout`` after which the engine thread ends a pull whatever it is doing.
 SLACK = 5.0
