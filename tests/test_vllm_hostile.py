@@ -134,7 +134,9 @@ Script = Callable[[socket.socket], None]
 
 def _silent(conn: socket.socket) -> None:
     conn.recv(1 << 16)
-    time.sleep(30)
+    conn.settimeout(30)
+    while conn.recv(1 << 16):  # nothing sent, until the puller goes
+        pass
 
 
 def _drip(prefix: bytes) -> Script:
