@@ -208,9 +208,9 @@ def _text(params: Mapping[str, Any], name: str, pattern: re.Pattern[str]) -> str
 
 def check_host(value: object, name: str, *, bind: bool = False) -> str:
     """An IP address or a DNS name (ASCII labels of 1..63 letters, digits, underscores or
-    inner hyphens, 253 characters in all): what a connection may be opened to. Unspecified (``0.0.0.0``,
-    ``::``) and multicast addresses name no peer and are refused too (``bind``: an address
-    to listen on, where the unspecified ones mean every interface)."""
+    inner hyphens, 253 characters in all): what a connection may be opened to. Unspecified
+    (``0.0.0.0``, ``::``) and multicast addresses name no peer and are refused too
+    (``bind``: an address to listen on, where the unspecified ones mean every interface)."""
     if type(value) is not str or not 0 < len(value) <= 253:
         raise ArgumentTypeError(f"{name} must be an IP address or a DNS name",
                                 field=name, found=_brief(value))  # fmt: skip
