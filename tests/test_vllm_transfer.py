@@ -4,9 +4,10 @@ flipped byte, a foreign engine, a stream that is not the transfer asked for)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -178,16 +179,28 @@ def test_incomplete_and_expired_transfers() -> None:
 
 
 @contextmanager
-def flipping_proxy(target: int, where: float) -> Iterator[int]:
+def fake_peer(script: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A listener on 127.0.0.1 (its port yielded) running ``script`` on its one connection
+    on a daemon thread (a script may outlive the test: a peer that never answers)."""
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(10)
 
     def run() -> None:
-        try:
+        with contextlib.suppress(OSError):
             conn, _ = server.accept()
-        except OSError:
-            return
-        with conn, socket.create_connection(("127.0.0.1", target), timeout=5) as up:
+            with conn:
+                script(conn)
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+
+
+def flipping_proxy(target: int, where: float) -> contextlib.AbstractContextManager[int]:
+    def run(conn: socket.socket) -> None:
+        with socket.create_connection(("127.0.0.1", target), timeout=5) as up:
             ask = b""
             while not ask.endswith(b"\n"):
                 ask += conn.recv(1)
@@ -198,13 +211,7 @@ def flipping_proxy(target: int, where: float) -> Iterator[int]:
             answer[int(len(answer) * where)] ^= 0x04
             conn.sendall(answer)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        server.close()
-        thread.join(timeout=10)
+    return fake_peer(run)
 
 
 @pytest.mark.parametrize("where", [0.3, 0.6, 0.9])
@@ -406,7 +413,8 @@ def test_a_failed_send_is_logged_once_with_the_request(
         errors = list(server.errors)
     lines = [r.getMessage() for r in caplog.records if "KV send failed" in r.getMessage()]
     assert lines == ["HurrayConnector: request req-1: KV send failed: peer gone"]
-    assert len(errors) == 1 and isinstance(errors[0], BrokenPipeError)
+    assert len(errors) == 1 and isinstance(errors[0], TransportError)  # typed, with its cause
+    assert isinstance(errors[0].__cause__, BrokenPipeError)
 
 
 def test_a_send_that_fails_midway_aborts_its_stream_writer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -150,3 +150,56 @@ def test_prefill_side_plans_the_save_and_returns_params(model_dir: Path) -> None
     assert params["remote_num_tokens"] == len(PROMPT) and params["remote_port"] == 24999
     # the copy was taken while computing: the blocks are free again at once
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 63
+
+
+HOSTILE = [
+    ["not", "a", "mapping"],
+    {**decode_params(), "do_remote_decode": True},  # both flags
+    {**decode_params(), "remote_host": "a" * 64 + ".example"},  # a DNS label over 63
+    {**decode_params(), "remote_block_ids": [4, 5]},  # fewer than the tokens need
+    {**decode_params(), "remote_port": True},
+    {"do_remote_prefill": "yes"},
+]
+
+
+@pytest.mark.parametrize("params", HOSTILE, ids=range(len(HOSTILE)))
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_refused_params_are_a_failed_load_the_policy_ends(
+    model_dir: Path, params: Any, policy: str
+) -> None:
+    """Refused in get_num_new_matched_tokens as a load the worker fails at once: vLLM 0.33
+    waits on it (not skipped forever, as a None would be), then applies the policy."""
+    from vllm.v1.request import RequestStatus
+
+    sched = scheduler(model_dir, "kv_consumer", policy)
+    sched.add_request(request("d-1", 4, params))
+    out = sched.schedule()
+    (load,) = out.kv_connector_metadata.loads
+    assert load.refused and load.params == {}
+    assert sched.requests["d-1"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    sched.update_from_output(
+        out, runner_output([], finished_recving={"d-1"}, invalid_block_ids=set(load.block_ids))
+    )
+    nxt = sched.schedule()
+    req = sched.requests.get("d-1")
+    if policy == "fail":
+        assert req is None or req.status == RequestStatus.FINISHED_ERROR
+    else:  # computed locally, and not asked again (one pull per request)
+        assert nxt.num_scheduled_tokens.get("d-1") == len(PROMPT)
+        assert not nxt.kv_connector_metadata.loads
+
+
+def test_an_aborted_load_holds_its_blocks_until_the_worker_reports_it(model_dir: Path) -> None:
+    """vLLM 0.33 frees an aborted request's blocks only when the worker reports its load
+    received (finish_requests: delay_free while WAITING_FOR_REMOTE_KVS), which is what the
+    connector's worker does in the step that names it finished (pulls.Pulls.collect)."""
+    from vllm.v1.request import RequestStatus
+
+    sched, _out, _ = waiting_load(model_dir, "fail")
+    free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    sched.finish_requests("d-1", RequestStatus.FINISHED_ABORTED)
+    nxt = sched.schedule()
+    assert "d-1" in nxt.finished_req_ids  # what the worker's get_finished is given
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == free
+    sched.update_from_output(nxt, runner_output([], finished_recving={"d-1"}))
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == free + 3

@@ -22,6 +22,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 START_TIMEOUT = 600  # seconds for one engine to come up on a loaded 2-core machine
+#: The engines' fingerprint extras (the model digest), read from an engine once started:
+#: a test's own fingerprint must carry them to be the engines' (test_connector.fingerprint).
+ENGINE_EXTRAS: dict[str, Any] = {}
 
 
 def free_port() -> int:
@@ -187,6 +190,7 @@ def engines(
             )
         for engine in started.values():
             engine.wait_ready()
+        ENGINE_EXTRAS.update(started["decode"].ask({"fingerprint": True}))
         yield started
     finally:
         for engine in started.values():

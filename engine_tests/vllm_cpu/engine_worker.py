@@ -8,6 +8,10 @@ of the first entry; ``{"stats": true}`` -> the connector's totals; ``{"metrics":
 the engine's Prometheus samples (``"log_stats": true`` in the spec starts vLLM's stat
 loggers, as a server does), ``{name: value}`` without labels;
 ``{"corrupt": {"layer", "delta"}}`` adds ``delta`` to that layer's whole cache (a control);
+``{"abort": {"requests": [...], "after": s}}`` runs requests step by step and aborts them
+all after ``s`` seconds, as a client that disconnects -> ``{"seconds", "reasons"}``;
+``{"free_blocks": true}`` -> vLLM's own free-block count once the scheduler has nothing
+left to do; ``{"fingerprint": true}`` -> the connector's fingerprint extras;
 ``{"quit": true}``. ``"trace": path`` in the spec appends one line per call of the
 connector's methods and of the engine's steps to ``path`` (``tools/profile_vllm_connector.py``).
 """
@@ -109,6 +113,21 @@ def main() -> None:
     )
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
+    core = llm.llm_engine.engine_core.engine_core  # in process: the EngineCore itself
+
+    def sampling(req: dict[str, Any]) -> Any:
+        extra = {"kv_transfer_params": req["params"]} if req.get("params") else None
+        return SamplingParams(max_tokens=req["max_tokens"], temperature=0.0, ignore_eos=True,
+                              detokenize=False, extra_args=extra)  # fmt: skip
+
+    def settle(limit: float = 120.0) -> None:
+        """Step while the scheduler holds anything (finished requests not yet reported,
+        blocks waiting for the connector), as a server's busy loop does; bounded."""
+        start = time.monotonic()
+        while core.scheduler.has_requests() and time.monotonic() - start < limit:
+            llm.llm_engine.step()
+            time.sleep(0.005)
+
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("quit"):
@@ -116,16 +135,7 @@ def main() -> None:
         if "generate" in cmd:
             prompts, params = [], []
             for req in cmd["generate"]:
-                extra = {"kv_transfer_params": req["params"]} if req.get("params") else None
-                params.append(
-                    SamplingParams(
-                        max_tokens=req["max_tokens"],
-                        temperature=0.0,
-                        ignore_eos=True,
-                        detokenize=False,
-                        extra_args=extra,
-                    )
-                )
+                params.append(sampling(req))
                 prompts.append({"prompt_token_ids": req["prompt"]})
             start = time.perf_counter()
             results = llm.generate(prompts, params, use_tqdm=False)
@@ -154,6 +164,29 @@ def main() -> None:
             answer = get_kv_transfer_group().totals
         elif cmd.get("metrics"):
             answer = metrics()
+        elif "abort" in cmd:
+            engine, reasons = llm.llm_engine, {}
+            ids = [f"abort-{time.monotonic_ns()}-{i}" for i in range(len(cmd["abort"]["requests"]))]
+            for rid, req in zip(ids, cmd["abort"]["requests"], strict=True):
+                engine.add_request(rid, {"prompt_token_ids": req["prompt"]}, sampling(req))
+            start, aborted = time.perf_counter(), False
+            while engine.has_unfinished_requests() and time.perf_counter() - start < 300:
+                if not aborted and time.perf_counter() - start >= cmd["abort"]["after"]:
+                    engine.abort_request(ids)
+                    aborted = True
+                for output in engine.step():
+                    if output.finished:
+                        reasons[output.request_id] = output.outputs[0].finish_reason
+                time.sleep(0.005)
+            settle()
+            answer = {"seconds": time.perf_counter() - start, "reasons": reasons}
+        elif cmd.get("free_blocks"):
+            settle()
+            answer = {"free": core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()}
+        elif cmd.get("fingerprint"):  # its extras: the model digest (model_digest.py)
+            from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+            answer = dict(get_kv_transfer_group()._engine_fingerprint().extras)
         else:
             answer = {"error": f"unknown command {sorted(cmd)}"}
         out.write(json.dumps(answer) + "\n")

@@ -23,7 +23,7 @@ from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.vllm.receive import pull
 from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore
 
-from .conftest import Engine, free_port, kv_of
+from .conftest import ENGINE_EXTRAS, Engine, free_port, kv_of
 
 MAX_TOKENS = 12
 
@@ -44,6 +44,7 @@ def fingerprint(block_size: int = 32) -> EngineFingerprint:
         block_size=block_size,
         tp_rank=0,
         tp_size=1,
+        extras=ENGINE_EXTRAS,
     )
 
 

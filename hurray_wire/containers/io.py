@@ -14,6 +14,7 @@ import mmap
 import os
 import select
 import socket
+import ssl
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -129,7 +130,7 @@ def open_sink(sink: Any, *, allow_path: bool = True) -> Sink:
         return Sink(_write_sender(handle.write), handle, output)
     _check_binary_open(sink, "sink")
     sendmsg = getattr(sink, "sendmsg", None)
-    if callable(sendmsg):
+    if callable(sendmsg) and not isinstance(sink, ssl.SSLSocket):  # TLS has no sendmsg
         return Sink(_sendmsg_sender(sendmsg), sink, None)
     write = getattr(sink, "sendall", None)  # returns None: all sent, as write's None
     if not callable(write):
@@ -616,7 +617,8 @@ def open_source(
     _check_binary_open(source, "source")
     recv_into = getattr(source, "recv_into", None)
     if callable(recv_into):
-        flags = getattr(socket, "MSG_WAITALL", 0)
+        # an SSLSocket takes no flags: its recv_into returns what one TLS record holds
+        flags = 0 if isinstance(source, ssl.SSLSocket) else getattr(socket, "MSG_WAITALL", 0)
         timed = source if callable(getattr(source, "settimeout", None)) else None
         return IOSource(
             lambda view: recv_into(view, len(view), flags), deadline=deadline, sock=timed

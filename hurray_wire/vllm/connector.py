@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
-import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -31,15 +30,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from hurray_wire.adapters import from_vllm, into_vllm
 from hurray_wire.errors import (
     ArgumentTypeError,
-    HurrayWireError,
     InvalidTensorError,
-    TransportError,
 )
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.metrics import COUNTERS, TIMES, HurrayConnectorStats, HurrayPromMetrics
-from hurray_wire.vllm.params import one_sequence, sequence_pages
+from hurray_wire.vllm.model_digest import engine_model_digest
+from hurray_wire.vllm.net import Deadline, endpoint, listen
+from hurray_wire.vllm.params import one_sequence, refusal, request_kind, sequence_pages
 from hurray_wire.vllm.peers import NixlPeers
+from hurray_wire.vllm.pulls import Pulls, failure
 from hurray_wire.vllm.receive import LoadResult, pull
 from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, prompt_digest
 
@@ -65,6 +65,12 @@ OPTIONS: dict[str, Any] = {
     "model_id": None,
     "transfer_ttl": 120.0,
     "timeout": 30.0,
+    "bind_host": None,  # the listen address; None: ``host`` (the one handed to decode)
+    "max_connections": 32,
+    "tls_cert": None,
+    "tls_key": None,
+    "tls_ca": None,
+    "model_digest": "weights",  # or "config" (docs/vllm.md § model)
 }
 
 
@@ -84,6 +90,7 @@ class LoadSpec:
     block_ids: list[int]
     first_block: int
     digest: str  # of the decode request's own prompt: a transfer for another is refused
+    refused: str | None = None  # why its params were refused (the load fails at once)
 
 
 @dataclass
@@ -98,6 +105,9 @@ class HurrayConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 def _option(extra: dict[str, Any], name: str) -> Any:
     value = extra.get(name, OPTIONS[name])
     default = OPTIONS[name]
+    if default is None and value is not None and type(value) is not str:
+        raise ArgumentTypeError(f"kv_connector_extra_config[{name!r}] must be a str",
+                                field=name, found=repr(value))  # fmt: skip
     if default is not None and value is not None and type(value) is not type(default):
         if isinstance(default, float) and type(value) is int:
             return float(value)
@@ -132,17 +142,25 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 field="transport",
                 found=self._options["transport"],
             )
+        self._bind_host, self._tls = endpoint(self._options)
         self._block_size: int = vllm_config.cache_config.block_size
         model = vllm_config.model_config
         self._model_id: str = self._options["model_id"] or str(model.model)
         self._num_layers: int = model.get_num_layers(vllm_config.parallel_config)
         self._tp_size: int = vllm_config.parallel_config.tensor_parallel_size
         self._num_kv_heads: int = model.get_total_num_kv_heads()
+        self._head_dim: int = model.get_head_size()
+        self._model_digest = (  # the weights are checked, not named (model_digest.py)
+            engine_model_digest(vllm_config, self._options["model_digest"])
+            if role == KVConnectorRole.WORKER else None
+        )  # fmt: skip
         # scheduler side
         self._producing: dict[str, tuple[list[int], list[int]]] = {}  # id -> (blocks, prompt)
         self._transfers: dict[str, TransferParams] = {}
         self._local_hit: dict[str, int] = {}
         self._loads: list[LoadSpec] = []
+        self._issued: set[str] = set()  # requests whose one pull is issued
+        self._refused: dict[str, str] = {}  # requests whose params were refused: why
         # worker side
         self._caches: list[Any] = []
         self._layer_of: dict[str, int] = {}
@@ -153,9 +171,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._server: TransferServer | None = None
         self._listener: socket.socket | None = None
         self._nixl: NixlPeers | None = None
-        self._lock = threading.Lock()
-        self._threads: dict[str, threading.Thread] = {}
-        self._results: dict[str, tuple[LoadSpec, LoadResult, float]] = {}
+        self._pulls = Pulls(self._options["timeout"])
+        self._pulling: dict[str, LoadSpec] = {}
         self._invalid: set[int] = set()
         self._stats = HurrayConnectorStats()
         self._totals: dict[str, float] = dict.fromkeys((*COUNTERS, "transfer_time_s"), 0)
@@ -169,11 +186,18 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return False
 
     # -- scheduler side ------------------------------------------------------------------
+    def on_new_request(self, request: Request) -> None:
+        """Params that are not a mapping become one the scheduler side refuses
+        (``params.refusal``): vLLM reads them with ``.get`` right after this call."""
+        stand_in = refusal(request.kv_transfer_params)
+        if stand_in is not None:
+            request.kv_transfer_params = stand_in
+
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        params = request.kv_transfer_params
-        if not params or not params.get("do_remote_prefill"):
+        rid = request.request_id
+        if rid in self._issued or self._kind(request) != "load":
             return 0, False
         count = len(request.prompt_token_ids or ()) - num_computed_tokens
         if count <= 0:
@@ -181,28 +205,37 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._local_hit[request.request_id] = num_computed_tokens
         return count, True
 
+    def _kind(self, request: Request) -> str:
+        """``params.request_kind``; refused params are a load that fails (``refused``):
+        vLLM's ``kv_load_failure_policy`` then ends or recomputes the request."""
+        try:
+            return request_kind(request.kv_transfer_params)
+        except ArgumentTypeError as exc:
+            self._refused[request.request_id] = str(exc)
+            return "load"
+
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        params = request.kv_transfer_params
-        if not params:
-            return
         rid = request.request_id
-        if params.get("do_remote_decode") and rid not in self._producing:
+        kind = "local" if rid in self._issued else self._kind(request)
+        if kind == "save" and rid not in self._producing:
             ids = list(blocks.get_block_ids()[0])
             self._producing[rid] = (ids, list(request.prompt_token_ids or ()))
-        elif params.get("do_remote_prefill") and num_external_tokens > 0:
+        elif kind == "load" and num_external_tokens > 0:
             hit = self._local_hit.pop(rid, 0)
+            params = request.kv_transfer_params
             self._loads.append(
                 LoadSpec(
                     rid,
-                    dict(params),
+                    dict(params) if rid not in self._refused else {},
                     list(blocks.get_block_ids()[0]),
                     hit // self._block_size,
                     prompt_digest(request.prompt_token_ids or ()),
+                    self._refused.pop(rid, None),
                 )
             )
-            params["do_remote_prefill"] = False  # one pull per request
+            self._issued.add(rid)  # one pull per request
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = HurrayConnectorMetadata(loads=self._loads)
@@ -246,6 +279,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         rid = request.request_id
         self._producing.pop(rid, None)
         self._local_hit.pop(rid, None)
+        self._issued.discard(rid)
+        self._refused.pop(rid, None)
         transfer = self._transfers.pop(rid, None)
         return False, None if transfer is None else transfer.to_params()
 
@@ -266,13 +301,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if self._kv_transfer_config.is_kv_producer and self._listener is None:
             # Bind now: a taken port stops the engine at start, not at its first request.
             # TP rank r serves its own heads on port + r (docs/vllm.md § TP).
-            address = (self._options["host"], self._options["port"] + self._tp_rank())
-            try:
-                self._listener = socket.create_server(address)
-            except OSError as exc:
-                raise TransportError(
-                    f"cannot listen on {address[0]}:{address[1]}: {exc}", field="port"
-                ) from exc
+            self._listener = listen(self._bind_host, self._options["port"] + self._tp_rank())
 
     def _engine_fingerprint(self) -> EngineFingerprint:
         if self._fingerprint is None:
@@ -299,6 +328,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 block_size=self._block_size,
                 tp_rank=rank,
                 tp_size=self._tp_size,
+                extras={"model_digest": self._model_digest or "unknown"},
             )
         return self._fingerprint
 
@@ -325,6 +355,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._options["timeout"],
                 nixl=self._nixl_peers(),
                 listener=self._listener,
+                max_connections=self._options["max_connections"],
+                tls=self._tls,
             )
         return self._store
 
@@ -341,32 +373,28 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         meta = self._get_connector_metadata()
         assert isinstance(meta, HurrayConnectorMetadata)
         for load in meta.loads:
-            thread = threading.Thread(
-                target=self._pull, args=(load,), name=f"hurray-pull-{load.request_id}", daemon=True
-            )
-            with self._lock:
-                self._threads[load.request_id] = thread
-            thread.start()
+            self._pulling[load.request_id] = load
+            if load.refused is not None:
+                error = ArgumentTypeError(f"kv_transfer_params refused: {load.refused}")
+                self._pulls.fail(load.request_id, error, load.first_block)
+                continue
+            self._pulls.start(load.request_id, partial(self._pull, load), load.first_block)
 
-    def _pull(self, load: LoadSpec) -> None:
-        start = time.perf_counter()
-        try:
-            params = TransferParams.from_params(load.params)
-            result = pull(
-                params,
-                self._engine_fingerprint(),
-                self._num_layers,
-                first_block=load.first_block,
-                expect_digest=load.digest,
-                timeout=self._options["timeout"],
-                nixl=self._nixl_peers(),
-                num_kv_heads=self._num_kv_heads,
-                held=self._held(load),
-            )
-        except HurrayWireError as exc:
-            result = LoadResult(None, failed_from=load.first_block, error=exc)
-        with self._lock:
-            self._results[load.request_id] = (load, result, time.perf_counter() - start)
+    def _pull(self, load: LoadSpec, deadline: Deadline) -> LoadResult:
+        """On the pull's thread (``pulls.Pulls``: whatever this raises is its load error)."""
+        return pull(
+            TransferParams.from_params(load.params),
+            self._engine_fingerprint(),
+            self._num_layers,
+            first_block=load.first_block,
+            expect_digest=load.digest,
+            nixl=self._nixl_peers(),
+            num_kv_heads=self._num_kv_heads,
+            held=self._held(load),
+            head_dim=self._head_dim,
+            deadline=deadline,
+            tls=self._tls,
+        )
 
     def _held(self, load: LoadSpec) -> HeldPages | None:
         """The request's blocks this worker already holds (vLLM's prefix-cache hit), read
@@ -402,7 +430,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for save in meta.saves:
             try:
                 self._save(store, save, kv_layer, layer)
-            except HurrayWireError as exc:
+            except Exception as exc:  # nothing may leave into vLLM's forward pass
                 # the transfer stays incomplete: its pull is refused, the decode side
                 # applies its kv_load_failure_policy
                 store.drop(save.transfer_id, "failed")
@@ -439,19 +467,19 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             into_vllm(pair, cache, [targets], backend=self._backend, isa=self._isa)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        with self._lock:
-            done = list(self._results.items())
-            self._results.clear()
-            for rid, _ in done:
-                self._threads.pop(rid, None)
-        received: set[str] = set()
-        for rid, (load, result, seconds) in done:
+        # finished requests' pulls (a client's abort) are cancelled and reported received,
+        # nothing landed and no block named: vLLM frees their blocks (pulls.py)
+        done, received = self._pulls.collect(finished_req_ids & set(self._pulling))
+        for rid in received:
+            self._pulling.pop(rid, None)
+        for rid, result, seconds in done:
+            load = self._pulling.pop(rid)
             received.add(rid)
             if result.pages is not None:
                 try:
                     self._land(load, result)
-                except HurrayWireError as exc:
-                    result = LoadResult(None, failed_from=load.first_block, error=exc)
+                except Exception as exc:  # a foreign one too: the request's load error
+                    result = failure(exc, load.first_block)
             if result.pages is None:
                 self._count("verification_failures", 1)
                 start = load.first_block if result.failed_from is None else result.failed_from
@@ -474,8 +502,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def _sync_server(self) -> None:
         if self._server is not None:
-            sent, self._server.sent_bytes = self._server.sent_bytes, 0
-            self._count("bytes_sent", sent)
+            self._count("bytes_sent", self._server.take_sent())
 
     @property
     def totals(self) -> dict[str, float]:
@@ -529,10 +556,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._server.close()  # closes the NIXL senders too
             self._server = None
             self._nixl = None
-        with self._lock:
-            threads = list(self._threads.values())
-        for thread in threads:
-            thread.join(timeout=self._options["timeout"])
+        self._pulls.close()
         if self._nixl is not None:
             self._nixl.close()
             self._nixl = None

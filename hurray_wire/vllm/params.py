@@ -3,6 +3,8 @@ what its pages are the keys and values of (docs/vllm.md § params); no vLLM, no 
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,16 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.fast import item_dtype
 from hurray_wire.wire.transfer import PROMPT_TOKEN_ITEM
 
-__all__ = ["TransferParams", "identity", "one_sequence", "prompt_digest", "sequence_pages"]
+__all__ = [
+    "TransferParams",
+    "check_host",
+    "identity",
+    "one_sequence",
+    "prompt_digest",
+    "refusal",
+    "request_kind",
+    "sequence_pages",
+]
 
 
 def prompt_digest(token_ids: Sequence[int]) -> str:
@@ -94,52 +105,168 @@ class TransferParams:
         }
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> TransferParams:
-        """Validated params; a missing or mistyped key raises ``ArgumentTypeError``."""
-
-        def get(name: str, kind: type) -> Any:
-            value = params.get(name)
-            if type(value) is not kind:
-                raise ArgumentTypeError(
-                    f"kv_transfer_params[{name!r}] must be a {kind.__name__}",
-                    field=name,
-                    found=repr(value),
-                )
-            return value
-
-        blocks = get("remote_block_ids", list)
-        if not all(type(b) is int and b >= 0 for b in blocks):
+    def from_params(cls, params: object) -> TransferParams:
+        """Validated params: every field's type and range (bool is not an int), the host a
+        valid IP address or DNS name, the block ids exactly those ``num_tokens`` need. Any
+        departure raises ``ArgumentTypeError`` naming the field; nothing else escapes."""
+        if not isinstance(params, Mapping):
             raise ArgumentTypeError(
-                "kv_transfer_params['remote_block_ids'] must be non-negative ints",
-                field="remote_block_ids",
-                found=repr(blocks[:8]),
+                "kv_transfer_params must be a mapping",
+                field="kv_transfer_params",
+                found=type(params).__name__,
             )
-        port = get("remote_port", int)
-        tokens = get("remote_num_tokens", int)
-        size = get("remote_block_size", int)
-        tp_size = get("remote_tp_size", int)
-        for name, value, low, high in (
-            ("remote_tp_size", tp_size, 1, 1 << 16),
-            ("remote_port", port, 1, 65535),
-            ("remote_num_tokens", tokens, 0, 1 << 40),
-            ("remote_block_size", size, 1, 1 << 20),
+        if params.get("do_remote_prefill") is not True or params.get("do_remote_decode") not in (
+            None,
+            False,
         ):
-            if not low <= value <= high:
-                raise ArgumentTypeError(f"{name} must be in {low}..{high}", field=name, found=value)
+            raise ArgumentTypeError(
+                "kv_transfer_params of a pull need do_remote_prefill true and "
+                "do_remote_decode false", field="do_remote_decode",
+                found=repr((params.get("do_remote_prefill"), params.get("do_remote_decode"))),
+            )  # fmt: skip
+        ints = {name: _int(params, name, low, high) for name, (low, high) in _INT_FIELDS.items()}
+        port, tokens, size = (
+            ints["remote_port"],
+            ints["remote_num_tokens"],
+            ints["remote_block_size"],
+        )
+        tp_size = ints["remote_tp_size"]
         if port + tp_size - 1 > 65535:
             raise ArgumentTypeError(
                 "remote_port + remote_tp_size - 1 must be a port",
                 field="remote_tp_size",
                 found=tp_size,
             )
+        blocks = params.get("remote_block_ids")
+        needed = -(-tokens // size)
+        if type(blocks) is not list or len(blocks) != needed:
+            raise ArgumentTypeError(
+                "kv_transfer_params['remote_block_ids'] must list the blocks "
+                "remote_num_tokens / remote_block_size need", field="remote_block_ids",
+                expected=f"a list of {needed}", found=_brief(blocks),
+            )  # fmt: skip
+        if not all(type(b) is int and 0 <= b <= MAX_BLOCK_ID for b in blocks):
+            raise ArgumentTypeError(
+                f"kv_transfer_params['remote_block_ids'] must be ints in 0..{MAX_BLOCK_ID}",
+                field="remote_block_ids",
+                found=_brief(blocks),
+            )
         return cls(
-            transfer_id=get("hurray_transfer_id", str),
-            request_id=get("remote_request_id", str),
-            host=get("remote_host", str),
+            transfer_id=_text(params, "hurray_transfer_id", _TOKEN),
+            request_id=_text(params, "remote_request_id", _PRINTABLE),
+            host=check_host(params.get("remote_host"), "remote_host"),
             port=port,
             block_ids=tuple(blocks),
             num_tokens=tokens,
             block_size=size,
-            prompt_digest=get("prompt_digest", str),
+            prompt_digest=_text(params, "prompt_digest", _DIGEST),
             tp_size=tp_size,
         )
+
+
+MAX_TEXT = 256  # characters of an id in the params
+MAX_BLOCK_ID = (1 << 31) - 1  # vLLM's block tables are int32
+MAX_TOKENS = 1 << 24  # a prompt's tokens (16 M: over every model's context)
+MAX_TP = 1024
+_INT_FIELDS = {
+    "remote_port": (1, 65535),
+    "remote_num_tokens": (1, MAX_TOKENS),
+    "remote_block_size": (1, 1 << 16),
+    "remote_tp_size": (1, MAX_TP),
+}
+_TOKEN = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_TEXT}}}")
+_PRINTABLE = re.compile(rf"[\x21-\x7e]{{1,{MAX_TEXT}}}")  # printable ASCII, no space
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")  # "_": docker service names
+
+
+def _brief(value: object) -> str:
+    """A bounded repr of a value a peer sent (an int of 4,300 digits, a list of millions)."""
+    if isinstance(value, list):
+        return f"list of {len(value)}: " + ", ".join(_brief(v) for v in value[:4])[:120]
+    if type(value) is int and not -(10**18) < value < 10**18:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else None
+    return text[:120] if text is not None else type(value).__name__
+
+
+def _int(params: Mapping[str, Any], name: str, low: int, high: int) -> int:
+    value = params.get(name)
+    if type(value) is not int or not low <= value <= high:
+        raise ArgumentTypeError(f"kv_transfer_params[{name!r}] must be an int in {low}..{high}",
+                                field=name, found=_brief(value))  # fmt: skip
+    return value
+
+
+def _text(params: Mapping[str, Any], name: str, pattern: re.Pattern[str]) -> str:
+    value = params.get(name)
+    if type(value) is not str or not pattern.fullmatch(value):
+        raise ArgumentTypeError(f"kv_transfer_params[{name!r}] must match {pattern.pattern}",
+                                field=name, found=_brief(value))  # fmt: skip
+    return value
+
+
+def check_host(value: object, name: str, *, bind: bool = False) -> str:
+    """An IP address or a DNS name (ASCII labels of 1..63 letters, digits, underscores or
+    inner hyphens, 253 characters in all): what a connection may be opened to. Unspecified
+    (``0.0.0.0``, ``::``) and multicast addresses name no peer and are refused too
+    (``bind``: an address to listen on, where the unspecified ones mean every interface)."""
+    if type(value) is not str or not 0 < len(value) <= 253:
+        raise ArgumentTypeError(f"{name} must be an IP address or a DNS name",
+                                field=name, found=_brief(value))  # fmt: skip
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        if not all(_LABEL.fullmatch(label) for label in value.split(".")):
+            raise ArgumentTypeError(f"{name} must be an IP address or a DNS name",
+                                    field=name, found=_brief(value)) from None  # fmt: skip
+        return value
+    if (address.is_unspecified and not bind) or address.is_multicast:
+        raise ArgumentTypeError(f"{name} names no single peer", field=name, found=value)
+    return value
+
+
+#: The key a connector puts in place of params that are not a mapping (``refusal``), so
+#: that vLLM, which reads them with ``.get`` right after ``on_new_request``, sees a dict.
+REFUSED_KEY = "hurray_refused"
+
+
+def refusal(params: object) -> dict[str, str] | None:
+    """The stand-in for ``kv_transfer_params`` that are not None nor a mapping (a list, a
+    string: vLLM 0.32 and 0.33 would end their engine core on ``params.get``); None for
+    params that need none. ``request_kind`` refuses the stand-in."""
+    if params is None or isinstance(params, Mapping):
+        return None
+    return {REFUSED_KEY: f"kv_transfer_params must be a mapping, not {type(params).__name__}"}
+
+
+def request_kind(params: object) -> str:
+    """What a request's ``kv_transfer_params`` ask of the connector: ``"local"`` (none),
+    ``"save"`` (``do_remote_decode``: a prefill for another engine) or ``"load"``
+    (``do_remote_prefill``: pull the pages; the params are validated here, in full).
+    Malformed or contradictory params (not a mapping, flags that are not booleans, both
+    flags true) raise ``ArgumentTypeError``: the scheduler refuses them as a load error."""
+    if params is None or (isinstance(params, Mapping) and not params):
+        return "local"
+    if not isinstance(params, Mapping):
+        raise ArgumentTypeError(
+            "kv_transfer_params must be a mapping",
+            field="kv_transfer_params",
+            found=type(params).__name__,
+        )
+    if REFUSED_KEY in params:
+        raise ArgumentTypeError(str(params[REFUSED_KEY]), field="kv_transfer_params")
+    flags = {name: params.get(name) for name in ("do_remote_prefill", "do_remote_decode")}
+    for name, value in flags.items():
+        if value is not None and type(value) is not bool:
+            raise ArgumentTypeError(f"kv_transfer_params[{name!r}] must be a bool",
+                                    field=name, found=_brief(value))  # fmt: skip
+    if flags["do_remote_prefill"] and flags["do_remote_decode"]:
+        raise ArgumentTypeError(
+            "kv_transfer_params ask for both a remote prefill and a remote decode",
+            field="do_remote_decode", found=True,
+        )  # fmt: skip
+    if flags["do_remote_prefill"]:
+        TransferParams.from_params(params)
+        return "load"
+    return "save" if flags["do_remote_decode"] else "local"

@@ -16,7 +16,17 @@ from typing import Any
 
 from hurray_wire.errors import HurrayWireError, TransportError
 
-__all__ = ["NixlPeers"]
+__all__ = ["NixlPeers", "agent_metadata"]
+
+
+def agent_metadata(text: str) -> bytes:
+    """A peer's NIXL agent metadata from its base64 on a control line; anything that is
+    not base64 raises ``TransportError`` naming the field."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error, and non-ASCII text
+        raise TransportError("agent_metadata is not base64", field="agent_metadata",
+                             found=text[:40]) from None  # fmt: skip
 
 
 class NixlPeers:
@@ -49,7 +59,7 @@ class NixlPeers:
         sender = NixlSender(f"{self.name}-to-{agent}", ucx_error_handling_mode="none",
                             arena_bytes=self._arena)  # fmt: skip
         mine = base64.b64encode(sender.metadata()).decode()
-        sender.add_peer(base64.b64decode(peer))
+        sender.add_peer(agent_metadata(peer))
         self._senders[agent] = sender
         return sender, mine
 

@@ -10,7 +10,6 @@ position that cannot be used, for the connector to report through
 from __future__ import annotations
 
 import base64
-import contextlib
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.containers import StreamReader
+from hurray_wire.containers import DEFAULT_MAX_BLOB_BYTES, StreamReader
 from hurray_wire.errors import (
     ArgumentTypeError,
     HurrayWireError,
@@ -31,10 +30,12 @@ from hurray_wire.fingerprint import EngineFingerprint, differences, fingerprint_
 from hurray_wire.integrity.delta import encode_known_pages
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.transforms.heads import head_ranges
 from hurray_wire.transforms.repage import repage
 from hurray_wire.vllm.held import HeldPages
+from hurray_wire.vllm.net import Deadline, Tls, connect
 from hurray_wire.vllm.params import TransferParams, identity, one_sequence, sequence_pages
-from hurray_wire.vllm.peers import NixlPeers
+from hurray_wire.vllm.peers import NixlPeers, agent_metadata
 from hurray_wire.vllm.tp import check_convertible, convert_heads, refuse_differences, sources
 from hurray_wire.vllm.transfer import ROLES, _read_line, _send_line
 
@@ -82,6 +83,10 @@ class _Ask:
     first_page: int  # pages before it are not sent
     held: int  # pages before it travel as references (first_page is then 0)
     timeout: float
+    deadline: Deadline  # the whole pull's (every rank's connection)
+    num_kv_heads: int | None = None  # the model's: the heads each rank's pages must hold
+    head_dim: int | None = None
+    tls: Tls | None = None
 
     @property
     def pages(self) -> int:
@@ -132,6 +137,30 @@ def _check_header(
     return theirs
 
 
+def _expect_geometry(tensor: BlockPagedTensor, theirs: EngineFingerprint, ask: _Ask) -> None:
+    """Pages of the dtype and head shape the fingerprint checked names, refused at pull
+    time (not later, at landing): ``[pages, block_size, heads of the sending rank,
+    head_dim]`` of ``theirs.cache_dtype`` (fp8 caches are stored as uint8)."""
+    pool = tensor.page_pool
+    name = pool.dtype.name
+    same = name == theirs.cache_dtype or (
+        theirs.cache_dtype == "uint8" and name.startswith("float8")
+    )
+    shape: tuple[int | None, ...] = (theirs.block_size, None, ask.head_dim)
+    if ask.num_kv_heads is not None:
+        first, stop = head_ranges(ask.num_kv_heads, theirs.tp_size)[theirs.tp_rank]
+        shape = (theirs.block_size, stop - first, ask.head_dim)
+    found = tuple(pool.shape[1:])
+    fits = len(found) == 3 and all(e is None or e == f for e, f in zip(shape, found, strict=True))
+    if not same or not fits:
+        raise TransferRefusedError(
+            "pages of another dtype or head shape than the fingerprint checked",
+            reason="geometry", layer=tensor.layer_index, role=tensor.kv_role,
+            expected=f"{theirs.cache_dtype} [pages, {', '.join(map(str, shape))}]",
+            found=f"{name} {list(pool.shape)}",
+        )  # fmt: skip
+
+
 def _expect_tensor(
     tensor: BlockPagedTensor, layer: int, role: str, pages: int, tokens: int
 ) -> None:
@@ -165,10 +194,21 @@ def _answer(sock: socket.socket) -> dict[str, Any]:
 Blobs = dict[tuple[int, str], BlockPagedTensor]
 
 
+def _blob_bound(ask: _Ask) -> int:
+    """The most bytes one blob of this transfer may declare (its pages at 8 bytes an
+    element, the sending rank's heads, plus 1 MiB of records): a peer's blob cannot make
+    the decode worker allocate more than the transfer it asked for."""
+    if ask.num_kv_heads is None or ask.head_dim is None:
+        return DEFAULT_MAX_BLOB_BYTES
+    elements = max(ask.pages, 1) * ask.params.block_size * ask.num_kv_heads * ask.head_dim
+    return min(DEFAULT_MAX_BLOB_BYTES, 8 * elements + (1 << 20))
+
+
 def _read_stream(
     sock: socket.socket, ask: _Ask, store: PageStore | None
 ) -> tuple[Blobs, EngineFingerprint, int]:
-    reader = StreamReader(sock, record_deadline=ask.timeout, page_store=store)
+    reader = StreamReader(sock, record_deadline=ask.deadline.left(), page_store=store,
+                          max_blob_bytes=_blob_bound(ask))  # fmt: skip
     header = reader.header
     theirs = _check_header(
         None if header is None else header.fingerprint,
@@ -182,6 +222,7 @@ def _read_stream(
             if tensor is None:
                 raise TransportError("the stream ended early", layer=layer, role=role)
             _expect_tensor(tensor, layer, role, ask.pages, ask.tokens)
+            _expect_geometry(tensor, theirs, ask)
             tensors[(layer, role)] = tensor
     if next(reader, None) is not None:
         raise TransportError("the stream carries more blobs than layers")
@@ -194,7 +235,7 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
     tensors: Blobs = {}
     found: EngineFingerprint | None = None
     wire = 0
-    for tensor in receiver.receive(2 * ask.num_layers, deadline=ask.timeout):
+    for tensor in receiver.receive(2 * ask.num_layers, deadline=ask.deadline.left()):
         meta = tensor.metadata
         checked = _check_header(fingerprint_from_metadata(meta), meta, ask)
         if found is not None and checked != found:
@@ -207,6 +248,7 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
                 layer=layer, role=role,
             )  # fmt: skip
         _expect_tensor(tensor, layer, role, ask.pages, ask.tokens)
+        _expect_geometry(tensor, checked, ask)
         # the receiver's landing region is reused by the next receive: keep a copy
         tensors[(layer, role)] = one_sequence(np.array(tensor.page_pool, copy=True), ask.tokens,
                                               kv_role=role, layer_index=layer)  # fmt: skip
@@ -223,44 +265,58 @@ def _fetch(
     """One prefill rank's transfer: the ask on its control connection, then its blobs."""
     params = ask.params
     address = (params.host, params.port + ask.rank)
-    # One NIXL pull at a time per prefill worker: its endpoint pair and its (serial)
-    # listener are shared, and an ask sent before the listener reached it would wait.
-    serial = nixl.lock(*address) if nixl else contextlib.nullcontext()
-    with serial, socket.create_connection(address, timeout=ask.timeout) as sock:
-        sock.settimeout(ask.timeout)
-        line: dict[str, Any] = {
-            "transfer_id": params.transfer_id,
-            "request_id": params.request_id,
-            "prompt_digest": params.prompt_digest,
-            "block_ids": list(params.block_ids),
-            "first_page": ask.first_page,
-            "held_pages": ask.held,
-            "decode_rank": ask.ours.tp_rank,
-            "decode_tp_size": ask.ours.tp_size,
-        }
-        if store is not None:  # the delta protocol: what this worker holds, by digest
-            line["known_pages"] = base64.b64encode(encode_known_pages(store.digests())).decode()
-        if nixl is None:
-            _send_line(sock, line)
-            _answer(sock)
-            return _read_stream(sock, ask, store)
-        receiver, mine = nixl.receiver(*address)
-        line.update(transport="nixl", agent=receiver.name, agent_metadata=mine)
+    # One NIXL pull at a time per prefill worker: its endpoint pair is shared, and an ask
+    # sent before the listener reached it would wait.
+    serial = nixl.lock(*address) if nixl else None
+    if serial is not None and not serial.acquire(timeout=ask.deadline.left()):
+        raise ask.deadline.error()
+    try:
+        with connect(*address, ask.deadline, ask.tls) as sock:
+            return _ask(sock, ask, nixl, store)
+    finally:
+        if serial is not None:
+            serial.release()
+
+
+def _ask(
+    sock: socket.socket, ask: _Ask, nixl: NixlPeers | None, store: PageStore | None
+) -> tuple[Blobs, EngineFingerprint, int]:
+    """The ask on the control connection, its answer, then the blobs."""
+    params = ask.params
+    address = (params.host, params.port + ask.rank)
+    line: dict[str, Any] = {
+        "transfer_id": params.transfer_id,
+        "request_id": params.request_id,
+        "prompt_digest": params.prompt_digest,
+        "block_ids": list(params.block_ids),
+        "first_page": ask.first_page,
+        "held_pages": ask.held,
+        "decode_rank": ask.ours.tp_rank,
+        "decode_tp_size": ask.ours.tp_size,
+    }
+    if store is not None:  # the delta protocol: what this worker holds, by digest
+        line["known_pages"] = base64.b64encode(encode_known_pages(store.digests())).decode()
+    if nixl is None:
         _send_line(sock, line)
-        answer = _answer(sock)
-        if mine is not None:
-            peer = answer.get("agent_metadata")
-            if not isinstance(peer, str):
-                raise TransportError("the prefill worker sent no NIXL metadata")
-            receiver.add_peer(base64.b64decode(peer))
-            nixl.peered(*address)
-        receiver.page_store = store
-        try:
-            found = _receive_nixl(receiver, ask)
-        finally:
-            receiver.page_store = None
-        _read_line(sock)  # the sender's "done"
-        return found
+        _answer(sock)
+        return _read_stream(sock, ask, store)
+    receiver, mine = nixl.receiver(*address)
+    line.update(transport="nixl", agent=receiver.name, agent_metadata=mine)
+    _send_line(sock, line)
+    answer = _answer(sock)
+    if mine is not None:
+        peer = answer.get("agent_metadata")
+        if not isinstance(peer, str):
+            raise TransportError("the prefill worker sent no NIXL metadata")
+        receiver.add_peer(agent_metadata(peer))
+        nixl.peered(*address)
+    receiver.page_store = store
+    try:
+        found = _receive_nixl(receiver, ask)
+    finally:
+        receiver.page_store = None
+    _read_line(sock)  # the sender's "done"
+    return found
 
 
 def pull(
@@ -274,6 +330,9 @@ def pull(
     nixl: NixlPeers | None = None,
     num_kv_heads: int | None = None,
     held: HeldPages | None = None,
+    head_dim: int | None = None,
+    deadline: Deadline | None = None,
+    tls: Tls | None = None,
 ) -> LoadResult:
     """Pull a transfer for a decode request whose blocks before ``first_block`` the decode
     worker already holds (its prefix cache). Nothing is written anywhere: the result is
@@ -285,7 +344,38 @@ def pull(
     conversion is needed, in full otherwise) and the load fails from the first that
     differs. Without it the held blocks are not sent and not checked. ``num_kv_heads``:
     the model's KV heads, needed when either side runs with TP > 1 (``tp.convert_heads``).
-    ``expect_digest``: the ``prompt_digest`` of the decode request's own prompt."""
+    ``expect_digest``: the ``prompt_digest`` of the decode request's own prompt.
+    ``head_dim``: the model's, checked on every page with ``num_kv_heads``.
+
+    ``timeout`` bounds the whole pull (every connection, from its first byte to its last),
+    or ``deadline`` does, which the caller may also cancel (a request aborted mid-pull):
+    either way the pull's sockets are shut down and it returns a ``TransportError``.
+    Nothing raises: every failure, a foreign exception included, is the result's error."""
+    own = deadline is None
+    deadline = Deadline(timeout) if deadline is None else deadline
+    try:
+        return _pull(params, ours, num_layers, first_block, expect_digest, nixl,
+                     num_kv_heads, held, head_dim, deadline, tls)  # fmt: skip
+    except Exception as exc:  # a foreign exception from a peer's bytes: typed here
+        return LoadResult(None, failed_from=first_block, error=deadline.typed(exc))
+    finally:
+        if own:
+            deadline.close()
+
+
+def _pull(
+    params: TransferParams,
+    ours: EngineFingerprint,
+    num_layers: int,
+    first_block: int,
+    expect_digest: str | None,
+    nixl: NixlPeers | None,
+    num_kv_heads: int | None,
+    held: HeldPages | None,
+    head_dim: int | None,
+    deadline: Deadline,
+    tls: Tls | None,
+) -> LoadResult:
     same = params.block_size == ours.block_size and params.tp_size == ours.tp_size
     held_pages = first_block if same and held is not None and first_block else 0
     first_page = first_block if same and held is None else 0
@@ -318,7 +408,8 @@ def pull(
         fetched = []
         wire = 0
         for rank in sources(params.tp_size, ours.tp_size, ours.tp_rank):
-            ask = _Ask(params, ours, num_layers, rank, first_page, held_pages, timeout)
+            ask = _Ask(params, ours, num_layers, rank, first_page, held_pages,
+                       deadline.seconds, deadline, num_kv_heads, head_dim, tls)  # fmt: skip
             store = held.store if held_pages and held is not None else None
             tensors, theirs, nbytes = _fetch(ask, nixl, store)
             fetched.append((tensors, theirs))
@@ -336,11 +427,10 @@ def pull(
                     tensor = repage(tensor, ours.block_size)
                 pair.append(sequence_pages(tensor))
             layers.append((pair[0], pair[1]))
-    except (HurrayWireError, OSError) as exc:
+    except OSError as exc:
         # A failed page digest leaves the later blobs unread: every block from first_block
         # on is unverified (PageDigestError.positions, named in the log, are the first).
-        err = exc if isinstance(exc, HurrayWireError) else TransportError(f"connection: {exc}")
-        return LoadResult(None, failed_from=first_block, error=err)
+        raise TransportError(f"connection: {exc}") from exc
     # A held page that differs from the transfer's is overwritten with the transfer's
     # verified page, with every page after it: a stale or poisoned prefix-cache page is
     # never served. Not a load error: a held page the decode engine computed itself (another

@@ -16,9 +16,11 @@ request that is not the transfer's).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -34,7 +36,9 @@ from hurray_wire.errors import HurrayWireError, TransferRefusedError, TransportE
 from hurray_wire.fingerprint import EngineFingerprint, fingerprint_to_metadata
 from hurray_wire.integrity.delta import decode_known_pages
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.vllm.net import Deadline, Tls, listen
 from hurray_wire.vllm.params import (
+    MAX_BLOCK_ID,
     TransferParams,
     identity,
     one_sequence,
@@ -130,6 +134,11 @@ class TransferStore:
             if len(transfer.layers) == self.num_layers:
                 transfer.complete = True
 
+    def expire(self) -> None:
+        """Drop the transfers whose ``ttl`` passed (their pages are freed with them)."""
+        with self._lock:
+            self._expire()
+
     def _expire(self) -> None:
         now = time.monotonic()
         for tid in [t for t, tr in self._live.items() if now - tr.created > self.ttl]:
@@ -191,7 +200,7 @@ class TransferStore:
             fp = self.fingerprint
             ok = type(rank) is int and type(size) is int and 0 <= rank < size <= MAX_TP
             need = pullers(fp.tp_size, size, fp.tp_rank) if ok else set()
-            if rank not in need or transfer.decode_tp not in (None, size):
+            if not ok or rank not in need or transfer.decode_tp not in (None, size):
                 raise TransferRefusedError(
                     f"decode rank {rank!r} of {size!r} does not pull prefill rank "
                     f"{fp.tp_rank} of {fp.tp_size}", reason="tp", field="decode_rank",
@@ -217,27 +226,101 @@ def _send_line(sock: socket.socket, obj: Mapping[str, Any]) -> None:
     sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
 
-def _read_line(sock: socket.socket) -> dict[str, Any]:
-    """One JSON control line, and not a byte more (a stream may follow it on the socket):
-    peeked, then taken up to its newline, two system calls instead of one per byte."""
+def _read_line(sock: socket.socket, *, exact: bool = True) -> dict[str, Any]:
+    """One JSON control line of at most ``MAX_LINE`` bytes and ``MAX_DEPTH`` levels of
+    nesting. ``exact``: not a byte more is read (a stream may follow it on the socket):
+    peeked, then taken up to its newline (over TLS, which cannot peek, a byte at a time;
+    answer lines are short). Anything else raises ``TransportError``."""
     buf = bytearray()
+    tls = isinstance(sock, ssl.SSLSocket)
     while True:
-        chunk = sock.recv(MAX_LINE + 1, socket.MSG_PEEK)
+        if tls:
+            chunk = sock.recv(1 if exact else MAX_LINE + 1 - len(buf))
+        else:
+            chunk = sock.recv(MAX_LINE + 1 - len(buf), socket.MSG_PEEK if exact else 0)
         if not chunk:
             raise TransportError("the peer closed the connection before its control line")
         end = chunk.find(b"\n")
-        buf += sock.recv(len(chunk) if end < 0 else end + 1)
+        if exact and not tls:
+            chunk = sock.recv(len(chunk) if end < 0 else end + 1)
+        buf += chunk if end < 0 or exact else chunk[: end + 1]
         if len(buf) > MAX_LINE:
             raise TransportError(f"a control line over {MAX_LINE} bytes", found=len(buf))
         if end >= 0:
             break
+    return parse_line(bytes(buf))
+
+
+MAX_DEPTH = 4  # levels of nesting in a control line (the deepest today: a list in an object)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_line(data: bytes) -> dict[str, Any]:
+    """A control line's JSON object: no NaN or Infinity, ints of at most 4,300 digits,
+    at most ``MAX_DEPTH`` levels; anything else raises ``TransportError`` (json's own
+    RecursionError and ValueError included: a peer's line never raises anything else)."""
     try:
-        obj = json.loads(buf)
-    except ValueError as exc:
-        raise TransportError("a control line that is not JSON") from exc
+        obj = json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise TransportError(f"a control line that is not JSON: {type(exc).__name__}") from None
     if not isinstance(obj, dict):
         raise TransportError("a control line that is not a JSON object", found=type(obj).__name__)
+    if _too_deep(obj, MAX_DEPTH):
+        raise TransportError(f"a control line nested over {MAX_DEPTH} levels")
     return obj
+
+
+def _too_deep(value: object, budget: int) -> bool:
+    """Whether ``value`` nests deeper than ``budget`` levels (stops at the budget)."""
+    if not isinstance(value, (dict, list)):
+        return False
+    if budget == 0:
+        return True
+    items = value.values() if isinstance(value, dict) else value
+    return any(_too_deep(item, budget - 1) for item in items)
+
+
+#: The fields of a pull's ask and their types; a field present with another type is
+#: refused (``malformed``) before the store is asked (unknown keys are ignored;
+#: ``known_pages`` is ``known_pages``'s to check).
+_ASK: dict[str, type | tuple[type, ...]] = {
+    "transfer_id": str,
+    "request_id": str,
+    "prompt_digest": str,
+    "block_ids": list,
+    "first_page": int,
+    "held_pages": int,
+    "decode_rank": int,
+    "decode_tp_size": int,
+    "transport": str,
+    "agent": str,
+    "agent_metadata": (str, type(None)),
+}
+
+
+def check_ask(ask: Mapping[str, Any]) -> None:
+    """Every field of a pull's ask of its type (bool is not an int; ints and block ids
+    bounded); raises ``TransferRefusedError`` (``malformed``) naming the first that is not."""
+    for name, kind in _ASK.items():
+        if name not in ask:
+            continue
+        value = ask[name]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = type(value) in kinds
+        if ok and type(value) is int:
+            ok = 0 <= value <= MAX_BLOCK_ID
+        elif ok and type(value) is list:
+            ok = all(type(b) is int and 0 <= b <= MAX_BLOCK_ID for b in value)
+        elif ok and type(value) is str and name != "agent_metadata":
+            ok = len(value) <= 1024
+        if not ok:
+            raise TransferRefusedError(
+                f"the ask's {name} is not a {'/'.join(k.__name__ for k in kinds)} in range",
+                reason="malformed", field=name, found=type(value).__name__,
+            )  # fmt: skip
 
 
 def _tensors(
@@ -272,13 +355,19 @@ def known_pages(ask: Mapping[str, Any], transfer: _Transfer, num_layers: int) ->
                                    field="known_pages") from None  # fmt: skip
 
 
-def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None = None) -> int:
+def serve_one(
+    store: TransferStore,
+    conn: socket.socket,
+    nixl: NixlPeers | None = None,
+    nixl_lock: threading.Lock | None = None,
+) -> int:
     """Answer one pull on ``conn``; returns the bytes sent (0 when refused). A pull asking
-    for ``"transport": "nixl"`` gets the pages as NIXL blobs (``nixl`` holds the senders),
-    the connection carrying only the two control lines."""
-    ask = _read_line(conn)
+    for ``"transport": "nixl"`` gets the pages as NIXL blobs (``nixl`` holds the senders,
+    ``nixl_lock`` serialises them), the connection carrying only the two control lines."""
+    ask = _read_line(conn, exact=False)  # the decode worker sends nothing after its ask
     wants_nixl = ask.get("transport") == "nixl"
     try:
+        check_ask(ask)
         if wants_nixl and nixl is None:
             raise TransferRefusedError(
                 "this prefill worker serves the socket transport only", reason="transport"
@@ -292,17 +381,8 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
                       transfer.num_tokens)  # fmt: skip
     try:
         if nixl is not None and wants_nixl:  # the pages as NIXL blobs
-            sender, mine = nixl.sender(ask)
-            _send_line(conn, {"ok": True, "agent_metadata": mine})
-            meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
-            total = 0
-            for tensor in _tensors(transfer, store.num_layers, first, meta):
-                sender.publish(tensor, mode="staged", checksum=False, page_digests=True,
-                               known_pages=known)  # fmt: skip
-                total += tensor.page_pool.nbytes
-            sender.wait(deadline=nixl.timeout)
-            _send_line(conn, {"done": True})
-            return total
+            with nixl_lock or contextlib.nullcontext():
+                return _send_nixl(conn, nixl, store, transfer, first, claims, known, ask)
         _send_line(conn, {"ok": True})  # the pages as a stream on conn
         header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=ROLES,
                               fingerprint=store.fingerprint, metadata=claims)  # fmt: skip
@@ -316,10 +396,36 @@ def serve_one(store: TransferStore, conn: socket.socket, nixl: NixlPeers | None 
         raise
 
 
+def _send_nixl(
+    conn: socket.socket,
+    nixl: NixlPeers,
+    store: TransferStore,
+    transfer: _Transfer,
+    first: int,
+    claims: dict[str, Any],
+    known: Any,
+    ask: Mapping[str, Any],
+) -> int:
+    """The pages as NIXL blobs, the connection carrying the two control lines."""
+    sender, mine = nixl.sender(ask)
+    _send_line(conn, {"ok": True, "agent_metadata": mine})
+    meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
+    total = 0
+    for tensor in _tensors(transfer, store.num_layers, first, meta):
+        sender.publish(tensor, mode="staged", checksum=False, page_digests=True,
+                       known_pages=known)  # fmt: skip
+        total += tensor.page_pool.nbytes
+    sender.wait(deadline=nixl.timeout)
+    _send_line(conn, {"done": True})
+    return total
+
+
 class TransferServer:
     """The prefill worker's listener: one thread accepting pulls on ``host:port`` (port 0
-    picks a free one, read back from ``port``), each answered in turn, bounded by
-    ``timeout`` seconds per connection."""
+    picks a free one, read back from ``port``), each served on a thread of its own, at most
+    ``max_connections`` at once (more are refused as ``busy``), each connection bounded
+    as a whole by ``timeout`` seconds (``net.Deadline``). Nothing a client sends ends the
+    listener or delays another client's pull. ``tls``: the socket transport over TLS."""
 
     def __init__(
         self,
@@ -329,38 +435,91 @@ class TransferServer:
         timeout: float = 30.0,
         nixl: NixlPeers | None = None,
         listener: socket.socket | None = None,
+        *,
+        max_connections: int = 32,
+        tls: Tls | None = None,
     ):
         self.store = store
         self.nixl = nixl
         # ``listener``: a socket bound earlier (an engine binds at start, to fail there)
-        self._sock = listener if listener is not None else socket.create_server((host, port))
+        self._sock = listener if listener is not None else listen(host, port)
         self._sock.settimeout(0.2)
+        self._tls = None if tls is None else tls.server_context()
         self.host = host
         self.port: int = self._sock.getsockname()[1]
         self._timeout = timeout
         self._stop = threading.Event()
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._nixl_lock = threading.Lock()
+        self._count = threading.Lock()
         self.sent_bytes = 0
         self.refused = 0
+        self.busy = 0
         self.errors: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, name="hurray-serve", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        swept = time.monotonic()
         while not self._stop.is_set():
+            if time.monotonic() - swept > 1.0:  # expired transfers go without a new pull
+                swept = time.monotonic()
+                self.store.expire()
             try:
                 conn, _ = self._sock.accept()
-            except (TimeoutError, OSError):
+            except TimeoutError:
                 continue
-            with conn:
-                conn.settimeout(self._timeout)
-                try:
-                    sent = serve_one(self.store, conn, self.nixl)
-                except (OSError, HurrayWireError) as exc:
-                    self.errors.append(exc)  # the puller sees the cut connection
-                    del self.errors[:-16]
-                    continue
+            except Exception as exc:  # EMFILE, a closed listener: nothing ends this loop
+                self._error(exc)
+                self._stop.wait(0.05)
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._refuse_busy(conn)
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="hurray-conn",
+                                 daemon=True).start()  # fmt: skip
+            except Exception as exc:  # no thread to be had
+                self._slots.release()
+                self._refuse_busy(conn)
+                self._error(exc)
+
+    def _refuse_busy(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(Exception):
+            conn.setblocking(False)  # a line into an empty send buffer, or nothing
+            _send_line(conn, {"ok": False, "reason": "busy", "message": "too many pulls"})
+        with self._count:
+            self.busy += 1
+
+    def _serve(self, conn: socket.socket) -> None:
+        deadline = Deadline(self._timeout)
+        try:
+            deadline.attach(conn)
+            conn.settimeout(deadline.left())
+            if self._tls is not None:
+                conn = self._tls.wrap_socket(conn, server_side=True)
+                deadline.attach(conn)
+            sent = serve_one(self.store, conn, self.nixl, self._nixl_lock)
+            with self._count:
                 self.sent_bytes += sent
                 self.refused += sent == 0
+        except BaseException as exc:  # the thread's top: the puller sees the cut connection
+            self._error(deadline.typed(exc))
+        finally:
+            deadline.close()
+            conn.close()
+            self._slots.release()
+
+    def _error(self, exc: BaseException) -> None:
+        with self._count:
+            self.errors.append(exc)
+            del self.errors[:-16]
+
+    def take_sent(self) -> int:
+        """The bytes sent since the last call (the connector's ``bytes_sent`` counter)."""
+        with self._count:
+            sent, self.sent_bytes = self.sent_bytes, 0
+        return sent
 
     def close(self) -> None:
         self._stop.set()
