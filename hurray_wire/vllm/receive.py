@@ -32,17 +32,20 @@ from hurray_wire.integrity.delta import encode_known_pages
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.repage import repage
+from hurray_wire.vllm.backends import roles_of_layout
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.params import TransferParams, identity, one_sequence, sequence_pages
 from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.tp import check_convertible, convert_heads, refuse_differences, sources
-from hurray_wire.vllm.transfer import ROLES, _read_line, _send_line
+from hurray_wire.vllm.transfer import _read_line, _send_line
 
 __all__ = ["CONVERTIBLE", "LoadResult", "PulledPages", "pull"]
 
 #: Fingerprint fields the decode side converts instead of refusing (the converted pages'
-#: fingerprint is then checked to equal the decode rank's own, ``tp.convert_heads``).
-CONVERTIBLE = ("tp_rank", "tp_size", "block_size")
+#: fingerprint is then checked to equal the decode rank's own, ``tp.convert_heads``). Pages
+#: travel backend-free (``backends``), so the backend, layout and kernel block
+#: (``kv_cache_layout``) convert too; MLA against key/value pages does not (its roles).
+CONVERTIBLE = ("tp_rank", "tp_size", "block_size", "kv_cache_layout")
 
 
 @dataclass
@@ -54,7 +57,7 @@ class PulledPages:
     overwritten with them."""
 
     first_block: int
-    layers: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]
+    layers: list[tuple[npt.NDArray[Any], ...]]  # per layer, one array per role
     num_tokens: int  # the tokens these pages hold (the last page may be partial)
     wire_bytes: int
     converted: tuple[str, ...] = ()
@@ -84,6 +87,10 @@ class _Ask:
     timeout: float
 
     @property
+    def roles(self) -> tuple[str, ...]:
+        return roles_of_layout(self.ours.kv_cache_layout)
+
+    @property
     def pages(self) -> int:
         return len(self.params.block_ids) - self.first_page
 
@@ -103,6 +110,8 @@ def _check_header(
             "the transfer carries no engine fingerprint", differences={"fingerprint": (ours, None)}
         )
     diff = differences(ours, theirs, ignore=CONVERTIBLE)
+    if roles_of_layout(theirs.kv_cache_layout) != ask.roles:
+        diff["kv_cache_layout"] = (ours.kv_cache_layout, theirs.kv_cache_layout)
     if diff:
         raise refuse_differences("the prefill engine's cache does not mean the same here", diff)
     expect = identity(params.transfer_id, params.request_id, params.prompt_digest,
@@ -177,7 +186,7 @@ def _read_stream(
     )
     tensors: Blobs = {}
     for layer in range(ask.num_layers):
-        for role in ROLES:
+        for role in ask.roles:
             tensor = next(reader, None)
             if tensor is None:
                 raise TransportError("the stream ended early", layer=layer, role=role)
@@ -194,7 +203,7 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
     tensors: Blobs = {}
     found: EngineFingerprint | None = None
     wire = 0
-    for tensor in receiver.receive(2 * ask.num_layers, deadline=ask.timeout):
+    for tensor in receiver.receive(len(ask.roles) * ask.num_layers, deadline=ask.timeout):
         meta = tensor.metadata
         checked = _check_header(fingerprint_from_metadata(meta), meta, ask)
         if found is not None and checked != found:
@@ -212,7 +221,7 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
                                               kv_role=role, layer_index=layer)  # fmt: skip
         # the pool bytes that travelled: the held pages came as references (no bytes)
         wire += tensor.page_pool.nbytes // max(ask.pages, 1) * (ask.pages - ask.held)
-    if found is None or len(tensors) != 2 * ask.num_layers:
+    if found is None or len(tensors) != len(ask.roles) * ask.num_layers:
         raise TransportError("the NIXL transfer ended early")
     return tensors, found, wire
 
@@ -326,7 +335,7 @@ def pull(
         layers = []
         for layer in range(num_layers):
             pair = []
-            for role in ROLES:
+            for role in roles_of_layout(ours.kv_cache_layout):
                 tensor = fetched[0][0][(layer, role)]
                 if sharded:
                     assert num_kv_heads is not None
@@ -335,7 +344,7 @@ def pull(
                 if params.block_size != ours.block_size:
                     tensor = repage(tensor, ours.block_size)
                 pair.append(sequence_pages(tensor))
-            layers.append((pair[0], pair[1]))
+            layers.append(tuple(pair))
     except (HurrayWireError, OSError) as exc:
         # A failed page digest leaves the later blobs unread: every block from first_block
         # on is unverified (PageDigestError.positions, named in the log, are the first).
@@ -350,7 +359,7 @@ def pull(
     bad = held.first_mismatch(layers) if held is not None and checking else None
     start = first_block if bad is None else bad
     if first_page == 0:
-        layers = [(k[start:], v[start:]) for k, v in layers]
+        layers = [tuple(p[start:] for p in roles) for roles in layers]
     converted = tuple(k for k in ("tp_size", "block_size")
                       if getattr(params, k) != getattr(ours, k))  # fmt: skip
     tokens = params.num_tokens - start * ours.block_size

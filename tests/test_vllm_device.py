@@ -1,0 +1,159 @@
+"""The connector's device path (hurray_wire.vllm.device) and its reading and landing of every
+backend's cache (hurray_wire.vllm.backends), with torch only (no vLLM): each test takes the
+device as a parameter, "cpu" here and "cuda" wherever torch sees one. Caches are built as
+vLLM lays them out: the logical view ``[num_blocks, H, block_size, C]`` with the layout in
+its strides (vllm/v1/kv_cache_interface.py ``create_kv_cache_views``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hurray_wire.adapters import _vllm_forms as forms
+from hurray_wire.errors import HurrayWireError, IndexBufferError
+from hurray_wire.vllm.backends import CacheForm, kernel_ids
+from hurray_wire.vllm.device import gather, land, memory_order, needs_staging
+
+torch = pytest.importorskip("torch")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+H, D, MLA_DIM = 2, 32, 48
+# (backend, layout, isa, manager block, kernel block)
+FORMS = [
+    ("FLASH_ATTN", "LBNHC", None, 16, 16),
+    ("FLASH_ATTN", "LBHNC", None, 16, 16),
+    ("FLASHINFER", "LBHNC", None, 32, 16),  # vLLM split the 32-token blocks
+    ("TRITON_ATTN", "LHBNC", None, 16, 16),
+    ("FLEX_ATTENTION", "LBNHC", None, 16, 8),
+    ("FLASHMLA", "LBNHC", None, 32, 16),
+    ("CPU_ATTN", "LBHNC", "vec", 32, 32),
+]
+NUM_BLOCKS = 9  # scheduler blocks
+
+
+def cache_of(
+    backend: str, layout: str, kernel: int, ratio: int, device: str, dtype: Any = None
+) -> Any:
+    """A random cache of ``NUM_BLOCKS * ratio`` kernel blocks, memory in ``layout``'s order."""
+    dtype = dtype or torch.float16
+    heads, width = (1, MLA_DIM) if backend in forms.MLA_BACKENDS else (H, 2 * D)
+    shape = (NUM_BLOCKS * ratio, heads, kernel, width)
+    physical = forms.LAYOUTS[layout]
+    gen = torch.Generator().manual_seed(7)
+    memory = torch.randn([shape[a] for a in physical], generator=gen).to(dtype)
+    return memory.permute([physical.index(a) for a in range(4)]).to(device)
+
+
+def form_of(backend: str, layout: str, isa: str | None, block: int, kernel: int) -> CacheForm:
+    return CacheForm(backend, layout, isa, block, kernel, None, "float16")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("spec", FORMS, ids=lambda s: f"{s[0]}-{s[1]}-{s[3]}/{s[4]}")
+def test_gathered_pages_equal_the_direct_reading(device: str, spec: tuple[Any, ...]) -> None:
+    """Gather on the device, one host copy, read: the same pages as reading the whole cache
+    on the host; the gather keeps the cache's memory order (its layout)."""
+    backend, layout, _isa, block, kernel = spec
+    form = form_of(*spec)
+    cache = cache_of(backend, layout, kernel, form.ratio, device)
+    blocks = [5, 2, 7]
+    staged = gather(cache, kernel_ids([0, *blocks], form.ratio)).host()
+    assert staged.device.type == "cpu" and memory_order(staged) == memory_order(cache)
+    got = form.read(staged, range(1, 4), fresh=True)
+    want = form.read(cache.cpu(), blocks)
+    assert len(got) == len(form.roles) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == (3, block, *w.shape[2:])
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("spec", FORMS, ids=lambda s: f"{s[0]}-{s[1]}-{s[3]}/{s[4]}")
+def test_pages_are_the_backends_view(device: str, spec: tuple[Any, ...]) -> None:
+    """Token t of scheduler block b is kernel block b * ratio + t // kernel, row t % kernel,
+    of the backend's own view (``kv_cache.transpose(1, 2).split(D, -1)``; MLA
+    ``kv_cache.squeeze(1)``)."""
+    backend, layout, _isa, block, kernel = spec
+    form = form_of(*spec)
+    if backend == "CPU_ATTN":
+        pytest.skip("CPU_ATTN's slabs: engine_tests/oracle_vllm/test_cpu_attn.py")
+    cache = cache_of(backend, layout, kernel, form.ratio, device).cpu()
+    pages = form.read(cache, [4, 1])
+    if backend in forms.MLA_BACKENDS:
+        views = [cache.squeeze(1)[:, :, None, :]]
+    else:
+        views = list(cache.transpose(1, 2).split(D, dim=-1))
+    for role_pages, view in zip(pages, views, strict=True):
+        for i, b in enumerate((4, 1)):
+            for t in (0, kernel - 1, block - 1):
+                kb, row = b * form.ratio + t // kernel, t % kernel
+                np.testing.assert_array_equal(role_pages[i, t], view[kb, row].numpy())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("spec", FORMS, ids=lambda s: f"{s[0]}-{s[1]}-{s[3]}/{s[4]}")
+def test_staged_landing_equals_the_direct_one(device: str, spec: tuple[Any, ...]) -> None:
+    """Landing through a host copy (one host-to-device copy per layer) writes exactly what
+    into_vllm writes in place, the partial last block's tail kept, block 0 untouched."""
+    backend, layout, _isa, block, kernel = spec
+    form = form_of(*spec)
+    source = cache_of(backend, layout, kernel, form.ratio, "cpu")
+    pages = form.read(source, [3, 6])
+    tokens = block + block // 2 + 1  # the second block partial
+    direct = cache_of(backend, layout, kernel, form.ratio, "cpu", torch.float16) * 0 + 1
+    form.write(pages, tokens, direct, [2, 8])
+    staged_cache = (direct * 0 + 1).to(device)
+    before = staged_cache.clone()
+    ids = kernel_ids([0, 2, 8], form.ratio)
+    commit = land(staged_cache, ids, lambda host: form.write(pages, tokens, host, [1, 2]),
+                  skip=form.ratio)  # fmt: skip
+    assert torch.equal(staged_cache, before)  # nothing lands before the commit
+    commit()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    assert torch.equal(staged_cache.cpu(), direct)
+    assert not torch.equal(direct, before.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_refused_landing_writes_nothing(device: str) -> None:
+    form = form_of("FLASH_ATTN", "LBNHC", None, 16, 16)
+    cache = cache_of("FLASH_ATTN", "LBNHC", 16, 1, device)
+    before = cache.clone()
+    pages = form.read(cache.cpu(), [1, 2])
+
+    def bad(host: Any) -> None:
+        form.write(pages, 32, host, [1, 0])  # block 0: the null block
+
+    with pytest.raises(IndexBufferError, match="null block"):
+        land(cache, kernel_ids([0, 3, 4], 1), bad, skip=1)
+    assert torch.equal(cache, before)
+
+
+def test_staging_is_for_devices_only() -> None:
+    assert not needs_staging(torch.zeros(1))
+    if torch.cuda.is_available():
+        assert needs_staging(torch.zeros(1, device="cuda"))
+
+
+def test_the_engines_cache_is_never_shared_with_the_pages() -> None:
+    """An MLA cache's pool is C-contiguous (from_vllm shares it): the saved pages are a
+    copy, so the engine reusing its blocks cannot change a transfer."""
+    form = form_of("FLASHMLA", "LBNHC", None, 16, 16)
+    cache = cache_of("FLASHMLA", "LBNHC", 16, 1, "cpu").contiguous()
+    (pages,) = form.read(cache, [2])
+    keep = pages.copy()
+    cache.zero_()
+    np.testing.assert_array_equal(pages, keep)
+
+
+@pytest.mark.parametrize("field", ["layout", "dtype"])
+def test_a_cache_that_contradicts_the_form_is_refused(field: str) -> None:
+    form = form_of("FLASH_ATTN", "LBNHC", None, 16, 16)
+    cache = cache_of("FLASH_ATTN", "LBHNC", 16, 1, "cpu")
+    if field == "dtype":
+        cache = cache.to(torch.int8)
+    with pytest.raises(HurrayWireError):
+        form.check(cache)
