@@ -645,3 +645,127 @@ def test_from_vllm_results_are_typed_by_backend() -> None:
     mla = np.zeros((4, 1, 16, 576), np.float16)
     latent: hw.BlockPagedTensor = hw.from_vllm(mla, [[1]], [3], backend="FLASHMLA")
     assert latent.kv_role == "fused"
+
+
+# -- the kernel-block split: scheduler (manager) block ids -> kernel blocks -------------------
+def kernel_rows(table: list[list[int]], ratio: int) -> list[list[int]]:
+    """vLLM's ``map_to_kernel_block_table`` (vllm/v1/worker/utils.py): block ``b`` -> kernel
+    blocks ``b * ratio + j``, j in 0 .. ratio - 1."""
+    return [[b * ratio + j for b in row for j in range(ratio)] for row in table]
+
+
+KERNEL = 16  # the cache's own block axis
+SPLIT = allocate((16, 2, KERNEL, 32), LAYOUTS["LBNHC"], np.float16, seed=53)
+
+
+@pytest.mark.parametrize(
+    ("block_size", "table", "lens", "kernel_ids"),
+    [
+        (None, [[5]], [1], [[5]]),  # no block_size: ids are the tensor's own blocks
+        (16, [[5]], [16], [[5]]),  # block_size == kernel block size: ratio 1
+        (64, [[3]], [1], [[12]]),  # one token: kernel block b * 4
+        (64, [[3]], [16], [[12]]),  # one full kernel block
+        (64, [[3]], [17], [[12, 13]]),  # one token into the next kernel block
+        (64, [[3]], [64], [[12, 13, 14, 15]]),  # the whole manager block
+        (64, [[1, 3]], [65], [[4, 5, 6, 7, 12]]),  # into the second manager block
+        (32, [[7, 2], [7]], [40, 17], [[14, 15, 4], [14, 15]]),  # shared manager block
+        (32, np.array([[7, 2, 0], [6, 0, 0]], np.int32), [64, 5], [[14, 15, 4, 5], [12]]),
+    ],
+)
+def test_kernel_block_translation(
+    block_size: int | None, table: Any, lens: list[int], kernel_ids: list[list[int]]
+) -> None:
+    key, value = pair(hw.from_vllm(SPLIT, table, lens, backend="FLASH_ATTN", block_size=block_size))
+    check(key, ref_layer(SPLIT, kernel_ids, lens, 0))
+    check(value, ref_layer(SPLIT, kernel_ids, lens, 1))
+    target = np.zeros_like(SPLIT)
+    into_vllm((key, value), target, table, backend="FLASH_ATTN", block_size=block_size)
+    written = sorted({b for row in kernel_ids for b in row})
+    assert target[written].any() and not np.delete(target, written, axis=0).any()
+    back, _ = pair(hw.from_vllm(target, kernel_ids, lens, backend="FLASH_ATTN"))
+    check(back, ref_layer(SPLIT, kernel_ids, lens, 0))
+
+
+def test_kernel_blocks_read_without_block_size_are_wrong() -> None:
+    """The control: manager ids read as kernel blocks (or with another ratio) give other
+    values than the attention reads."""
+    lens, table = [30], [[3, 5]]
+    want = ref_layer(SPLIT, kernel_rows(table, 4), lens, 0)
+    for block_size in (None, 32):
+        key, _ = pair(hw.from_vllm(SPLIT, table, lens, backend="FLASH_ATTN", block_size=block_size))
+        assert not same(key.sequence(0), want[0])
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
+@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHMLA", "CPU_ATTN"])
+def test_to_vllm_kernel_block_allocation(layout: str, backend: str) -> None:
+    """``to_vllm(block_size=)`` allocates ``num_blocks * ratio`` kernel blocks, the table in
+    manager blocks; read back through the translation it gives the pages it was given."""
+    kw: dict[str, Any] = {"backend": backend, "kv_cache_layout": layout}
+    if backend == "FLASHMLA":
+        source: Any = values((9, 1, 32, 64), np.float16, seed=59)
+        kw.pop("kv_cache_layout")
+    elif backend == "CPU_ATTN":
+        if layout != "LBHNC":
+            pytest.skip("CPU_ATTN supports LBHNC only")
+        source, _, _ = cpu_cache("vec", 9, 2, 32, 32, np.float16, seed=59)
+        kw["isa"] = "vec"
+    else:
+        source = allocate((9, 2, 32, 64), LAYOUTS[layout], np.float16, seed=59)
+    table, lens = [[3, 5, 1], [3], [2, 7, 8]], [70, 20, 96]
+    got = hw.from_vllm(source, table, lens, **kw)
+    out, out_table, out_lens = hw.to_vllm(got, vllm_version="0.33.0", block_size=128, **kw)
+    # 2 + 1 + 1 manager blocks of 128 tokens, each 4 kernel blocks of 32; block 0 the null
+    assert out.shape[0] == 4 * 4 and not out[:4].any()
+    assert out_table.tolist() == [[1], [2], [3]] and out_lens.tolist() == lens
+    back = hw.from_vllm(out, out_table, out_lens, block_size=128, **kw)
+    pairs = zip(back, got, strict=True) if isinstance(got, tuple) else [(back, got)]
+    for a, b in pairs:
+        assert isinstance(a, hw.BlockPagedTensor) and isinstance(b, hw.BlockPagedTensor)
+        assert all(same(x, y) for x, y in zip(a.sequences(), b.sequences(), strict=True))
+    wide = hw.to_vllm(got, vllm_version="0.33.0", block_size=64, max_blocks=3, **kw)[1]
+    assert wide.tolist() == [[1, 2, 0], [3, 0, 0], [4, 5, 0]]
+
+
+def test_kernel_blocks_sliding_window() -> None:
+    """A manager null block is kernel blocks 0 .. ratio - 1: dropped as one window block."""
+    lens = [3 * 32 + 5]
+    key, _ = pair(
+        hw.from_vllm(
+            SPLIT, [[0, 3, 5, 6]], lens, backend="FLASH_ATTN", block_size=32, sliding_window=40
+        )
+    )
+    assert key.metadata["vllm.skipped_tokens"] == [32]
+    check(key, ref_layer(SPLIT, [[6, 7, 10, 11, 12]], [2 * 32 + 5], 0))
+    with pytest.raises(hw.IndexBufferError, match="null block"):
+        hw.from_vllm(SPLIT, [[0, 3, 5, 6]], lens, backend="FLASH_ATTN", block_size=32)
+
+
+@pytest.mark.parametrize(
+    ("cache", "table", "kw", "error", "match"),
+    [
+        (SPLIT, [[1]], {"block_size": 24}, hw.InvalidTensorError, "24.*not a multiple.*16"),
+        (SPLIT, [[1]], {"block_size": 8}, hw.InvalidTensorError, "8.*not a multiple.*16"),
+        (SPLIT, [[1]], {"block_size": 0}, hw.InvalidTensorError, "block_size"),
+        (SPLIT, [[1]], {"block_size": "64"}, hw.ArgumentTypeError, "block_size"),
+        (SPLIT[:15], [[1]], {"block_size": 64}, hw.InvalidTensorError, "num_blocks \\* 4"),
+        (SPLIT, [[4]], {"block_size": 64}, hw.IndexBufferError, "range"),
+        (SPLIT, [[0]], {"block_size": 64}, hw.IndexBufferError, "null block"),
+        (SPLIT, [[1]], {"block_size": 64, "kv_cache_layout": "BLNHC"}, hw.InvalidTensorError,
+         "LBNHC"),
+    ],
+)  # fmt: skip
+def test_kernel_block_refusals(
+    cache: Any, table: Any, kw: dict[str, Any], error: type[hw.HurrayWireError], match: str
+) -> None:
+    with pytest.raises(error, match=match) as info:
+        hw.from_vllm(cache, table, [3], backend="FLASH_ATTN", **kw)
+    if "range" in match:
+        assert info.value.expected == "< 4"  # manager blocks: 16 kernel blocks / 4
+    key, value = pair(hw.from_vllm(SPLIT, [[1]], [3], backend="FLASH_ATTN"))
+    target = np.zeros_like(cache)
+    land = {k: v for k, v in kw.items() if k != "kv_cache_layout"}
+    if "kv_cache_layout" not in kw:
+        with pytest.raises(error, match=match):
+            into_vllm((key, value), target, table, backend="FLASH_ATTN", **land)
+        assert not target.any()

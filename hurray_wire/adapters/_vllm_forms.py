@@ -63,6 +63,10 @@ LAYOUTS: dict[str, tuple[int, int, int, int]] = {
 #: cpu_attn.py:82); the others take any layout, vLLM's default LBNHC first
 #: (vllm/v1/attention/backends/utils.py ``_DEFAULT_LAYOUT_PREFERENCE``).
 BACKEND_LAYOUTS = {"FLEX_ATTENTION": ("LBNHC",), "CPU_ATTN": ("LBHNC",)}
+#: The layouts under which vLLM 0.33 splits a manager block into kernel blocks: the
+#: layer-compact ones whose blocks are dense pages (vllm/v1/kv_cache_interface.py
+#: ``create_kv_cache_views``: LHBNC puts other heads between a layer's blocks).
+SPLIT_LAYOUTS = ("LBNHC", "LBHNC")
 #: vllm/config/cache.py ``_LAYOUT_COMPAT_ALIASES``.
 LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 

@@ -20,6 +20,8 @@ from hurray_wire.adapters.vllm import (
     _fp8,
     _role_pools,
     _tensors,
+    kernel_ratio,
+    kernel_table,
 )
 from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
@@ -41,12 +43,15 @@ def _writable(kv_cache: Any) -> Array:
 
 
 def _targets(
-    tensor: BlockPagedTensor, block_ids: Any, num_blocks: int
+    tensor: BlockPagedTensor, block_ids: Any, num_blocks: int, block_size: int | None
 ) -> tuple[Array, Array, Array]:
-    """``(engine block, tensor page, valid tokens)`` per written block, checked."""
+    """``(engine kernel block, tensor page, valid tokens)`` per written block, checked
+    (``block_ids`` in manager blocks of ``block_size`` tokens when given)."""
     counts, last = last_page_tokens(tensor)
     page_size = tensor.layout.page_size
-    targets, _ = from_table(block_ids, counts * page_size, page_size, "block_ids")
+    ratio = kernel_ratio(block_size, page_size, num_blocks)
+    tokens = counts * page_size
+    targets, ptr = from_table(block_ids, tokens, page_size * ratio, "block_ids")
     sources = tensor.block_table.astype(np.int64)
     # Valid tokens of each page: full, except each sequence's last one.
     valid = np.full(len(sources), page_size, np.int64)
@@ -59,6 +64,7 @@ def _targets(
             field="block_ids",
             found=0,
         )
+    targets, _ = kernel_table(targets, ptr, tokens, ratio, (num_blocks, page_size), "block_ids")
     _check_ids(targets, num_blocks, "block_ids")
     order = np.argsort(targets, kind="stable")
     t, s = targets[order], sources[order]
@@ -98,6 +104,7 @@ def into_vllm(
     kv_cache_dtype: str | None = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    block_size: int | None = None,
 ) -> None:
     """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load).
 
@@ -109,6 +116,11 @@ def into_vllm(
     (block 0 is the null block), no block aimed at by two different pages, the engine's
     ``k_scale`` / ``v_scale`` equal to the tensor's. The cache must be writable CPU memory
     (a NumPy array or a CPU torch tensor, written in place).
+
+    ``block_size``: vLLM's scheduler block size when the cache is split into smaller kernel
+    blocks (the tensor's pages are kernel blocks): ``block_ids`` are then the scheduler's
+    manager block ids, and page ``i`` of a sequence lands in kernel block
+    ``block_ids[i // ratio] * ratio + i % ratio``, where the attention reads it.
     """
     name = forms.backend_name(backend)
     tensors = _tensors(tensor_or_pair, name)
@@ -131,7 +143,7 @@ def into_vllm(
         chosen = forms.check_isa(isa)
         blocks, heads, block_size, head_size = _cpu_geometry(cache, chosen)
         _check_match("page shape", pools[0].shape[1:], (block_size, heads, head_size))
-        targets, sources, valid = _targets(tensors[0], block_ids, blocks)
+        targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
         bits = cache.view(f"u{cache.dtype.itemsize}")  # as_strided cannot take ml_dtypes
         slabs = np.lib.stride_tricks.as_strided(
             bits,
@@ -150,7 +162,7 @@ def into_vllm(
     _, views = _role_pools(cache, name, era, None)
     blocks = views[0][1].shape[0]
     _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
-    targets, sources, valid = _targets(tensors[0], block_ids, blocks)
+    targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
     mask = np.arange(pools[0].shape[1])[None, :, None, None] < valid[:, None, None, None]
     writes = [
         (view, np.where(mask, pool[sources], view[targets]))
