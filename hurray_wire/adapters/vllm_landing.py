@@ -83,6 +83,14 @@ def _targets(
     return unique, sources[first], most
 
 
+def _pages(pool: Array, ids: Array) -> Array:
+    """``pool[ids]``: a view when the ids are consecutive (a sequence's pages in order)."""
+    if ids.size and (np.diff(ids) == 1).all():
+        return pool[int(ids[0]) : int(ids[0]) + ids.size]
+    taken: Array = pool[ids]
+    return taken
+
+
 def _check_match(name: str, found: Any, expected: Any) -> None:
     if found != expected:
         raise InvalidTensorError(
@@ -141,19 +149,19 @@ def into_vllm(
     _check_match("dtype", str(pools[0].dtype), str(cache.dtype))
     if name == forms.CPU_BACKEND:
         chosen = forms.check_isa(isa)
-        blocks, heads, block_size, head_size = _cpu_geometry(cache, chosen)
-        _check_match("page shape", pools[0].shape[1:], (block_size, heads, head_size))
+        blocks, heads, kernel_size, head_size = _cpu_geometry(cache, chosen)
+        _check_match("page shape", pools[0].shape[1:], (kernel_size, heads, head_size))
         targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
         bits = cache.view(f"u{cache.dtype.itemsize}")  # as_strided cannot take ml_dtypes
         slabs = np.lib.stride_tricks.as_strided(
             bits,
-            (blocks, heads, 2 * block_size * head_size),
+            (blocks, heads, 2 * kernel_size * head_size),
             (cache.strides[0], cache.strides[1], cache.dtype.itemsize),
         )
         pools = [pool.view(bits.dtype) for pool in pools]
-        mask = np.arange(block_size)[None, None, :, None] < valid[:, None, None, None]
+        mask = np.arange(kernel_size)[None, None, :, None] < valid[:, None, None, None]
         content = slabs[targets]
-        indexes = forms.cpu_slab_index(chosen, block_size, head_size)
+        indexes = forms.cpu_slab_index(chosen, kernel_size, head_size)
         for pool, index in zip(pools, indexes, strict=True):
             new = pool[sources].transpose(0, 2, 1, 3)
             content[:, :, index] = np.where(mask, new, content[:, :, index])
@@ -163,10 +171,14 @@ def into_vllm(
     blocks = views[0][1].shape[0]
     _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
     targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
-    mask = np.arange(pools[0].shape[1])[None, :, None, None] < valid[:, None, None, None]
-    writes = [
-        (view, np.where(mask, pool[sources], view[targets]))
+    # Whole pages are written as they are; only partial ones keep their block's tail.
+    part = valid < pools[0].shape[1]
+    mask = np.arange(pools[0].shape[1])[None, :, None, None] < valid[part, None, None, None]
+    tails = [
+        np.where(mask, pool[sources[part]], view[targets[part]])
         for (_, view), pool in zip(views, pools, strict=True)
     ]
-    for view, content in writes:
-        view[targets] = content
+    whole = ~part
+    for (_, view), pool, tail in zip(views, pools, tails, strict=True):
+        view[targets[whole]] = _pages(pool, sources[whole])
+        view[targets[part]] = tail

@@ -50,8 +50,9 @@ def roles_of_layout(kv_cache_layout: str) -> tuple[str, ...]:
 
 
 def kernel_ids(block_ids: Sequence[int], ratio: int) -> npt.NDArray[np.int64]:
-    """Scheduler block ids as the kernel blocks that hold them: block ``b`` is kernel blocks
-    ``b * ratio + j`` (vllm/v1/worker/utils.py ``map_to_kernel_block_table``)."""
+    """Scheduler block ids as the kernel blocks that hold them, block ``b`` kernel blocks
+    ``b * ratio + j`` (vllm/v1/worker/utils.py ``map_to_kernel_block_table``): what a
+    device gathers; the adapter translates the ids it reads itself (``block_size=``)."""
     ids = np.asarray(block_ids, np.int64)
     return (ids[:, None] * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)
 
@@ -83,7 +84,10 @@ class CacheForm:
         return "/".join(parts + ([self.isa] if self.isa else []))
 
     def _kw(self) -> dict[str, Any]:
-        return {"backend": self.backend, "isa": self.isa, "kv_cache_dtype": self.kv_cache_dtype}
+        """The adapter's reading of this engine's caches: manager block ids translated to
+        the kernel blocks the attention reads (``block_size=``)."""
+        return {"backend": self.backend, "isa": self.isa, "kv_cache_dtype": self.kv_cache_dtype,
+                "block_size": self.block_size}  # fmt: skip
 
     def read(
         self,
@@ -96,10 +100,9 @@ class CacheForm:
         """A copy of the pages of scheduler blocks ``block_ids`` (whole blocks), one array
         per role ``[pages, block_size, H, D]``. ``cache``: the engine's, or with ``fresh``
         a gathered copy nothing else writes (its pages are then not copied again)."""
-        ids = kernel_ids(block_ids, self.ratio)
-        tokens = len(ids) * self.kernel_block_size
+        tokens = len(block_ids) * self.block_size
         k_scale, v_scale = scales
-        read = from_vllm(cache, [ids], [tokens], k_scale=k_scale, v_scale=v_scale,
+        read = from_vllm(cache, [list(block_ids)], [tokens], k_scale=k_scale, v_scale=v_scale,
                          kv_cache_layout=self.layout, **self._kw())  # fmt: skip
         tensors = read if isinstance(read, tuple) else (read,)
         count = len(block_ids)
@@ -126,7 +129,6 @@ class CacheForm:
         layer's fp8 scales, which the prefill engine's equal (``scales_digest`` is in both
         fingerprints)."""
         needed = -(-num_tokens // self.kernel_block_size)  # kernel blocks holding the tokens
-        ids = kernel_ids(block_ids, self.ratio)[:needed]
         kernel = [p.reshape(-1, self.kernel_block_size, *p.shape[2:])[:needed] for p in pages]
         tensors = tuple(
             one_sequence(p, num_tokens, kv_role=role, kv_scale=s)
@@ -134,7 +136,8 @@ class CacheForm:
         )
         k_scale, v_scale = scales
         target = tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
-        into_vllm(target, cache, [ids], k_scale=k_scale, v_scale=v_scale, **self._kw())
+        into_vllm(target, cache, [list(block_ids)], k_scale=k_scale, v_scale=v_scale,
+                  **self._kw())  # fmt: skip
 
     def check(self, cache: Any) -> None:
         """Read nothing from ``cache`` with the adapter's rules: every refusal it would
