@@ -48,7 +48,8 @@ PROMPT = [(i * 37) % 500 + 3 for i in range(150)]
 LAYERS = vc.LAYERS  # the tiny Llama's two attention layers
 HEADS, HEAD_SIZE, MLA_SIZE = 2, 32, 576
 NUM_BLOCKS = 24
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "fp8": torch.uint8}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "fp8": torch.uint8,
+          "int8": torch.int8}  # fmt: skip
 
 #: Backends whose module needs a GPU library to import, as their source declares them:
 #: (file, kernel block sizes, cache dtypes).

@@ -166,3 +166,45 @@ def test_stated_backends_are_vllms() -> None:
         assert f"return {literal}" in source, (name, literal)
         for dtype in dtypes:
             assert f'"{dtype}"' in source, (name, dtype)
+
+
+def _registered(side: Side, layers: dict[str, Any], caches: dict[str, torch.Tensor]) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from hurray_wire.vllm import HurrayConnector
+
+    config = pd.vllm_config("kv_consumer", side.block, PORT)
+    config.cache_config.kv_cache_layout = side.layout
+    config.compilation_config.static_forward_context = layers
+    connector = HurrayConnector(config, KVConnectorRole.WORKER, None)
+    try:
+        connector.register_kv_caches(caches)
+    finally:
+        connector.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["FLASHMLA_SPARSE", "ROCM_ATTN"])
+def test_another_backend_is_refused_at_register_naming_it(backend: str) -> None:
+    """A backend whose cache the adapters do not read stops the engine at start
+    (register_kv_caches), not at its first forward pass."""
+    from hurray_wire.errors import InvalidTensorError
+
+    side = Side("FLASHMLA" if "MLA" in backend else "FLASH_ATTN", "LBNHC", "bfloat16", 64)
+    _, caches = side.caches(seed=5)
+    layers = side.layers()
+    other = type(backend, (), {"get_name": staticmethod(lambda: backend)})
+    for layer in layers.values():
+        layer.get_attn_backend = lambda: other
+    with pytest.raises(InvalidTensorError, match=backend) as info:
+        _registered(side, layers, caches)
+    assert info.value.field == "backend"
+
+
+def test_an_integer_cache_is_refused_at_register() -> None:
+    """TRITON_ATTN's int8 per-token-head cache keeps its scales inside the pages."""
+    from hurray_wire.errors import InvalidTensorError
+
+    side = Side("TRITON_ATTN", "LBNHC", "int8", 16)
+    _, caches = side.caches(seed=5)
+    with pytest.raises(InvalidTensorError, match="integer"):
+        _registered(side, side.layers(), caches)
