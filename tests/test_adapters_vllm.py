@@ -769,3 +769,19 @@ def test_kernel_block_refusals(
         with pytest.raises(error, match=match):
             into_vllm((key, value), target, table, backend="FLASH_ATTN", **land)
         assert not target.any()
+
+
+@pytest.mark.parametrize(
+    ("isa", "block", "dim"), [("vec", 32, 32), ("vec16", 16, 48), ("amx", 32, 64)]
+)
+def test_cpu_role_views_are_the_slab_index(isa: str, block: int, dim: int) -> None:
+    """The strided CPU_ATTN views hold each token's key and value where the slab index (the
+    kernel's loops) says: element for element on a cache of distinct values."""
+    from hurray_wire.adapters import _vllm_forms as forms
+
+    cache = np.arange(3 * 2 * block * 2 * dim, dtype=np.uint16).reshape(3, 2, block, 2 * dim)
+    slabs = cache.reshape(3, 2, -1)
+    for view, index in zip(forms.cpu_role_views(cache, isa), forms.cpu_slab_index(isa, block, dim),
+                           strict=True):  # fmt: skip
+        pages = np.ascontiguousarray(view).reshape(3, block, 2, dim)
+        np.testing.assert_array_equal(pages, slabs[:, :, index].transpose(0, 2, 1, 3))

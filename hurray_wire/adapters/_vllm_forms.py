@@ -244,6 +244,40 @@ def cpu_slab_index(isa: str, block_size: int, head_size: int) -> tuple[Array, Ar
     return key, value + block_size * head_size
 
 
+def cpu_role_views(cache: Array, isa: str) -> tuple[Array, Array]:
+    """The keys and the values of a CPU_ATTN cache ``[N, H, block_size, 2 * head_size]`` as
+    strided views (no copy), each ``[N, *token axes, H, *dim axes]`` whose token axes in C
+    order are the token and whose dim axes are the dimension: ``cpu_slab_index``'s order
+    written as strides (vec / vec16 keys ``[head_size, block_size]``, values ``[block_size,
+    head_size]``; amx keys ``[block_size / 16, head_size / 2, 16, 2]``, values
+    ``[head_size / 16, block_size / 2, 16, 2]``). ``pages[n, block_size, H, head_size]``
+    reshaped to ``(n, *view.shape[1:])`` matches a view element for element. Element type:
+    unsigned integers of the cache's item size (``as_strided`` cannot take ml_dtypes)."""
+    num_blocks, heads, block_size, width = cache.shape
+    dim = width // 2
+    bits = cache.view(f"u{cache.dtype.itemsize}")
+    inner: tuple[tuple[int, ...], tuple[int, ...]]
+    tokens: tuple[tuple[int, ...], tuple[int, ...]]
+    dims: tuple[tuple[int, ...], tuple[int, ...]]
+    if isa == "amx":
+        inner = ((block_size // 16, dim // 2, 16, 2), (dim // 16, block_size // 2, 16, 2))
+        tokens, dims = ((0, 2), (1, 3)), ((1, 3), (0, 2))
+    else:
+        inner = ((dim, block_size), (block_size, dim))
+        tokens, dims = ((1,), (0,)), ((0,), (1,))
+    views = []
+    for role, start in enumerate((0, block_size // 2)):  # values start bs * D into a slab
+        shape = inner[role]
+        steps = np.cumprod((1, *shape[:0:-1]))[::-1] * bits.itemsize
+        view = np.lib.stride_tricks.as_strided(
+            bits[:, :, start:], (num_blocks, heads, *shape),
+            (cache.strides[0], cache.strides[1], *(int(x) for x in steps)),
+        )  # fmt: skip
+        order = (0, *(2 + a for a in tokens[role]), 1, *(2 + a for a in dims[role]))
+        views.append(view.transpose(order))
+    return views[0], views[1]
+
+
 def check_cpu_geometry(isa: str, block_size: int, head_size: int) -> None:
     """The kernel's own constraints (a cache breaking them was not written by it)."""
     group = 16 if isa == "vec16" else 32

@@ -204,10 +204,11 @@ def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Arra
     num_blocks, heads, block_size, head_size = _cpu_geometry(cache, isa)
     _check_ids(table, num_blocks, "block_table")
     used, pages = np.unique(table, return_inverse=True)
-    slabs = cache[used].reshape(len(used), heads, 2 * block_size * head_size)
-    key_index, value_index = forms.cpu_slab_index(isa, block_size, head_size)
-    key = np.ascontiguousarray(slabs[:, :, key_index].transpose(0, 2, 1, 3))
-    value = np.ascontiguousarray(slabs[:, :, value_index].transpose(0, 2, 1, 3))
+    shape = (len(used), block_size, heads, head_size)
+    key, value = (
+        np.ascontiguousarray(view[used]).reshape(shape).view(cache.dtype)
+        for view in forms.cpu_role_views(cache, isa)
+    )  # one gather each, the kernel's slab order undone by the views' strides
     return key, value, pages.reshape(-1).astype(np.int64)
 
 
@@ -629,10 +630,8 @@ def to_vllm(
         chosen = forms.check_isa(isa)
         forms.check_cpu_geometry(chosen, page_size, dim)
         cache = np.zeros((blocks, heads, page_size, 2 * dim), dtype)
-        slabs = cache.reshape(blocks, heads, -1)
-        key_index, value_index = forms.cpu_slab_index(chosen, page_size, dim)
-        slabs[1:, :, key_index] = pools[0].transpose(0, 2, 1, 3)
-        slabs[1:, :, value_index] = pools[1].transpose(0, 2, 1, 3)
+        for view, pool in zip(forms.cpu_role_views(cache, chosen), pools, strict=True):
+            view[1:] = pool.view(view.dtype).reshape(pages, *view.shape[1:])
     elif single_role:
         order = forms.LAYOUTS[layout]
         cache = _allocate(

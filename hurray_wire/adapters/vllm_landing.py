@@ -6,6 +6,7 @@ era, CPU_ATTN ISA), everything is checked, then only the named blocks are writte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -152,33 +153,33 @@ def into_vllm(
         blocks, heads, kernel_size, head_size = _cpu_geometry(cache, chosen)
         _check_match("page shape", pools[0].shape[1:], (kernel_size, heads, head_size))
         targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
-        bits = cache.view(f"u{cache.dtype.itemsize}")  # as_strided cannot take ml_dtypes
-        slabs = np.lib.stride_tricks.as_strided(
-            bits,
-            (blocks, heads, 2 * kernel_size * head_size),
-            (cache.strides[0], cache.strides[1], cache.dtype.itemsize),
-        )
-        pools = [pool.view(bits.dtype) for pool in pools]
-        mask = np.arange(kernel_size)[None, None, :, None] < valid[:, None, None, None]
-        content = slabs[targets]
-        indexes = forms.cpu_slab_index(chosen, kernel_size, head_size)
-        for pool, index in zip(pools, indexes, strict=True):
-            new = pool[sources].transpose(0, 2, 1, 3)
-            content[:, :, index] = np.where(mask, new, content[:, :, index])
-        slabs[targets] = content
+        slabs = forms.cpu_role_views(cache, chosen)
+        _write(list(slabs), [p.view(slabs[0].dtype) for p in pools], targets, sources, valid,
+               kernel_size)  # fmt: skip
         return
     _, views = _role_pools(cache, name, era, None)
     blocks = views[0][1].shape[0]
     _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
     targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
-    # Whole pages are written as they are; only partial ones keep their block's tail.
-    part = valid < pools[0].shape[1]
-    mask = np.arange(pools[0].shape[1])[None, :, None, None] < valid[part, None, None, None]
-    tails = [
-        np.where(mask, pool[sources[part]], view[targets[part]])
-        for (_, view), pool in zip(views, pools, strict=True)
-    ]
+    _write([view for _, view in views], pools, targets, sources, valid, pools[0].shape[1])
+
+
+def _write(
+    views: Sequence[Array], pools: Sequence[Array], targets: Array, sources: Array, valid: Array,
+    page_size: int,
+) -> None:  # fmt: skip
+    """Each role's pages ``sources`` into its view's blocks ``targets``, every check done.
+    A view is ``[blocks, *token axes, H, *dim axes]`` (the token axes in C order are the
+    token: ``[blocks, page_size, H, D]``, or CPU_ATTN's slab order as strides): whole pages
+    are written as they are; a partial one keeps its block's tail."""
+    part = valid < page_size
     whole = ~part
-    for (_, view), pool, tail in zip(views, pools, tails, strict=True):
-        view[targets[whole]] = _pages(pool, sources[whole])
+    mask = np.arange(page_size)[None, :, None, None] < valid[part, None, None, None]
+    tails = []
+    for view, pool in zip(views, pools, strict=True):
+        shape = view.shape[1:]
+        held = np.ascontiguousarray(view[targets[part]]).reshape(-1, *pool.shape[1:])
+        tails.append(np.where(mask, pool[sources[part]], held).reshape(-1, *shape))
+    for view, pool, tail in zip(views, pools, tails, strict=True):
+        view[targets[whole]] = _pages(pool, sources[whole]).reshape(-1, *view.shape[1:])
         view[targets[part]] = tail
