@@ -157,3 +157,79 @@ def test_a_cache_that_contradicts_the_form_is_refused(field: str) -> None:
         cache = cache.to(torch.int8)
     with pytest.raises(HurrayWireError):
         form.check(cache)
+
+
+PAIRS = [
+    (("FLASHINFER", "LBHNC", None, 32, 16), ("FLASH_ATTN", "LBNHC", None, 32, 32)),
+    (("FLASHMLA", "LBNHC", None, 32, 16), ("TRITON_MLA", "LBHNC", None, 32, 32)),
+]
+
+
+@pytest.mark.parametrize("transport", ["socket", "nixl"])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("ours", "theirs"), PAIRS, ids=["flashinfer-flash", "flashmla-triton"])
+def test_a_transfer_between_backends_over_each_transport(
+    ours: tuple[Any, ...], theirs: tuple[Any, ...], device: str, transport: str
+) -> None:
+    """The connector's transfer path without vLLM: a prefill cache of one backend (split
+    into kernel blocks) gathered on the device, saved, served and pulled over the socket
+    or NIXL into a decode cache of another backend and layout; the decode backend's view
+    of every prompt token equals the prefill backend's (MLA: one fused role)."""
+    from hurray_wire.fingerprint import EngineFingerprint
+    from hurray_wire.vllm import receive as rc, transfer as tr
+    from hurray_wire.vllm.peers import NixlPeers
+
+    if transport == "nixl":
+        pytest.importorskip("nixl_cu12")
+    prefill, decode = form_of(*ours), form_of(*theirs)
+    source = cache_of(ours[0], ours[1], ours[4], prefill.ratio, device)
+    target = cache_of(theirs[0], theirs[1], theirs[4], decode.ratio, device)
+    before = target.clone()
+
+    def fp(form: CacheForm) -> EngineFingerprint:
+        return EngineFingerprint("m", "vllm", "0.33.0", form.fingerprint_layout, "float16",
+                                 form.block_size, 0, 1)  # fmt: skip
+
+    blocks, tokens = [6, 2, 4], 2 * 32 + 5
+    nixl = transport == "nixl"
+    peers = [NixlPeers(f"d-{n}", timeout=20, arena_bytes=8 << 20) for n in "pd"] if nixl else []
+    ends: list[Any] = peers or [None, None]
+    store = tr.TransferStore(fp(prefill), "m", 1)
+    server = tr.TransferServer(store, "127.0.0.1", 0, timeout=20, nixl=ends[0])
+    try:
+        params = tr.TransferParams("t" * 32, "r", "127.0.0.1", server.port, tuple(blocks),
+                                   tokens, 32, tr.prompt_digest(range(tokens)))  # fmt: skip
+        store.begin(params.transfer_id, "r", blocks, tokens, params.prompt_digest)
+        staged = gather(source, kernel_ids([0, *blocks], prefill.ratio)).host()
+        store.add_layer(params.transfer_id, 0, *prefill.read(staged, range(1, 4), fresh=True))
+        result = rc.pull(params, fp(decode), 1, timeout=20, nixl=ends[1])
+        assert result.pages is not None, result.error
+        (roles,) = result.pages.layers
+        land(
+            target,
+            kernel_ids([0, 3, 7, 1], decode.ratio),
+            lambda host: decode.write(roles, tokens, host, [1, 2, 3]),
+            skip=decode.ratio,
+        )()
+    finally:
+        server.close()
+        for p in peers:
+            p.close()
+    views = {}
+    for name, form, cache, ids in (
+        ("p", prefill, source, blocks),
+        ("d", decode, target, [3, 7, 1]),
+    ):
+        cache = cache.cpu()
+        if form.backend in forms.MLA_BACKENDS:
+            per_role = [cache.squeeze(1)]  # mla_attention.py: kv_cache.squeeze(1)
+        else:
+            per_role = list(cache.transpose(1, 2).split(D, dim=-1))  # flash_attn.py
+        t = torch.arange(tokens)
+        kernel = torch.tensor(ids)[t // 32] * form.ratio + (t % 32) // form.kernel_block_size
+        views[name] = [v[kernel, t % form.kernel_block_size] for v in per_role]
+    for p, d in zip(views["p"], views["d"], strict=True):
+        assert torch.equal(p, d)
+    untouched = [b for b in range(NUM_BLOCKS) if b not in (3, 7, 1)]
+    kernel_blocks = kernel_ids(untouched, decode.ratio).tolist()
+    assert torch.equal(target.cpu()[kernel_blocks], before.cpu()[kernel_blocks])

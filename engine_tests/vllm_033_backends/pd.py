@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import random
 import socket
 import sys
 import tempfile
@@ -173,17 +172,6 @@ class Side:
                                       _k_scale=torch.tensor(self.k_scale),
                                       _v_scale=torch.tensor(self.v_scale))
                 for name in LAYERS}  # fmt: skip
-
-
-def free_port() -> int:
-    for port in random.sample(range(20000, 32000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000..32000")
 
 
 @functools.cache

@@ -20,6 +20,7 @@ import torch
 from engine_tests.oracle_vllm import vllm_code as vc
 from engine_tests.vllm_033_backends import pd
 from engine_tests.vllm_033_backends.pd import Side
+from engine_tests.vllm_cpu.conftest import free_port
 
 pytest.importorskip("vllm.v1.core.sched.scheduler")
 
@@ -30,7 +31,7 @@ BACKENDS = ["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION", "CPU_AT
 #: second makes vLLM split it into kernel blocks (select_common_block_size) where it does.
 BLOCKS = {"CPU_ATTN": (32,), "FLASHMLA": (64, 128), "CUTLASS_MLA": (128, 256),
           "FLASHINFER": (64, 128), "FLASHINFER_MLA": (64, 128), "CPU_MLA": (16, 32)}  # fmt: skip
-PORT = pd.free_port()
+PORT = free_port()
 
 
 def cells() -> list[Any]:
