@@ -233,3 +233,66 @@ def test_a_transfer_between_backends_over_each_transport(
     untouched = [b for b in range(NUM_BLOCKS) if b not in (3, 7, 1)]
     kernel_blocks = kernel_ids(untouched, decode.ratio).tolist()
     assert torch.equal(target.cpu()[kernel_blocks], before.cpu()[kernel_blocks])
+
+
+class _Backend:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_name(self) -> str:
+        return self.name
+
+
+def _learn(caches: dict[str, Any], backends: dict[str, str], **config: Any) -> CacheForm:
+    from types import SimpleNamespace
+
+    from hurray_wire.vllm.backends import learn
+
+    settings = {"block_size": 32, "cache_dtype": "auto", "layout": "LBNHC", **config}
+    layout = settings.pop("layout")
+    cache_config = SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout, **settings)
+    layers = {n: SimpleNamespace(get_attn_backend=lambda b=b: _Backend(b), isa="vec")
+              for n, b in backends.items()}  # fmt: skip
+    return learn(cache_config, layers, caches)
+
+
+def test_learn_reads_the_engine_and_the_tensors() -> None:
+    """vLLM split the 32-token blocks into 16 (the tensors' own block axis); fp8 from the
+    uint8 storage and the engine's cache_dtype."""
+    cache = cache_of("FLASHINFER", "LBNHC", 16, 2, "cpu")
+    form = _learn({"a": cache, "b": cache.clone()}, {"a": "FLASHINFER", "b": "FLASHINFER"})
+    assert (form.backend, form.layout, form.block_size, form.kernel_block_size) == (
+        "FLASHINFER", "LBNHC", 32, 16)  # fmt: skip
+    assert form.fingerprint_layout == "FLASHINFER/LBNHC/kernel16" and form.roles == ("key", "value")
+    fp8 = cache_of("FLASH_ATTN", "LBNHC", 32, 1, "cpu", torch.uint8)
+    form = _learn({"a": fp8}, {"a": "FLASH_ATTN"}, cache_dtype="fp8")
+    assert form.cache_dtype == "float8_e4m3" and form.kv_cache_dtype == "fp8"
+
+
+def _case(backends: dict[str, str], dtype: Any = None) -> dict[str, Any]:
+    cache = cache_of("FLASH_ATTN", "LBNHC", 16, 1, "cpu", dtype)
+    return {"caches": {name: cache.clone() for name in ("a", "b")}, "backends": backends}
+
+
+SAME = {"a": "FLASH_ATTN", "b": "FLASH_ATTN"}
+REFUSALS = [
+    (_case({"a": "FLASHMLA_SPARSE", "b": "FLASHMLA_SPARSE"}), {}, "backend", "FLASHMLA_SPARSE"),
+    (_case({"a": "FLASH_ATTN", "b": "TRITON_ATTN"}), {}, "backend", "one attention backend"),
+    (_case({"a": "FLASH_ATTN"}), {}, "kv_caches", "without an attention layer"),
+    (_case(SAME), {"block_size": 24}, "block_size", "does not divide"),
+    (_case(SAME), {"layout": "LBHNC"}, "kv_caches", "strides"),
+    (_case(SAME, torch.int8), {}, "kv_caches", "integer"),
+    ({"caches": {}, "backends": SAME}, {}, "kv_caches", "no KV caches"),
+]
+
+
+@pytest.mark.parametrize(("case", "config", "field", "words"), REFUSALS,
+                         ids=[r[3].split()[0] for r in REFUSALS])  # fmt: skip
+def test_learn_refuses_what_cannot_move_naming_it(
+    case: dict[str, Any], config: dict[str, Any], field: str, words: str
+) -> None:
+    from hurray_wire.errors import InvalidTensorError
+
+    with pytest.raises(InvalidTensorError, match=words) as info:
+        _learn(case["caches"], case["backends"], **config)
+    assert info.value.field == field
