@@ -586,7 +586,7 @@ def test_from_vllm_refuses_a_table_that_is_no_table(table: Any) -> None:
 
 def test_to_vllm_refuses() -> None:
     key, value = pair(hw.from_vllm(LAYER, [[1]], [3], backend="FLASH_ATTN"))
-    fused = hw.from_vllm(LAYER[:, :1], [[1]], [3], backend="FLASHMLA")
+    fused = hw.from_vllm(LAYER[:, :1], [[1]], [3], backend="TRITON_MLA")
     with pytest.raises(hw.ArgumentTypeError, match="backend"):
         hw.to_vllm((key, value), vllm_version="0.33.0")
     with pytest.raises(hw.ArgumentTypeError, match="vllm_version"):
@@ -643,7 +643,7 @@ def test_from_vllm_results_are_typed_by_backend() -> None:
     )
     assert np.array_equal(one.sequence(0), v.sequence(0))
     mla = np.zeros((4, 1, 16, 576), np.float16)
-    latent: hw.BlockPagedTensor = hw.from_vllm(mla, [[1]], [3], backend="FLASHMLA")
+    latent: hw.BlockPagedTensor = hw.from_vllm(mla, [[1]], [3], backend="TRITON_MLA")
     assert latent.kv_role == "fused"
 
 
@@ -697,12 +697,12 @@ def test_kernel_blocks_read_without_block_size_are_wrong() -> None:
 
 
 @pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
-@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHMLA", "CPU_ATTN"])
+@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER_MLA", "CPU_ATTN"])
 def test_to_vllm_kernel_block_allocation(layout: str, backend: str) -> None:
     """``to_vllm(block_size=)`` allocates ``num_blocks * ratio`` kernel blocks, the table in
     manager blocks; read back through the translation it gives the pages it was given."""
     kw: dict[str, Any] = {"backend": backend, "kv_cache_layout": layout}
-    if backend == "FLASHMLA":
+    if backend == "FLASHINFER_MLA":
         source: Any = values((9, 1, 32, 64), np.float16, seed=59)
         kw.pop("kv_cache_layout")
     elif backend == "CPU_ATTN":
@@ -785,3 +785,74 @@ def test_cpu_role_views_are_the_slab_index(isa: str, block: int, dim: int) -> No
                            strict=True):  # fmt: skip
         pages = np.ascontiguousarray(view).reshape(3, block, 2, dim)
         np.testing.assert_array_equal(pages, slabs[:, :, index].transpose(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize(
+    ("backend", "shape", "layout", "takes"),
+    [
+        ("FLASH_ATTN", (4, 2, 1, 128), "LHBNC", "multiples of 16"),  # was: "pass kv_role"
+        ("FLASH_ATTN", (4, 2, 1, 128), "LBNHC", "multiples of 16"),
+        ("TRITON_ATTN", (4, 2, 8, 128), "LBHNC", "multiples of 16"),
+        ("FLASHINFER", (4, 2, 48, 128), "LBNHC", "16, 32, 64, 128"),
+        ("FLASHMLA", (4, 1, 32, 576), "LBNHC", "64"),
+        ("CUTLASS_MLA", (4, 1, 64, 576), "LBNHC", "128"),
+        ("CPU_MLA", (4, 1, 32, 576), "LBNHC", "16"),
+    ],
+)
+def test_block_sizes_no_kernel_takes_are_refused(
+    backend: str, shape: tuple[int, ...], layout: str, takes: str
+) -> None:
+    """vLLM allocates only kernel block sizes the backend takes (its
+    get_supported_kernel_block_sizes); any other is refused saying so, by all three."""
+    cache = allocate(shape, LAYOUTS[layout], np.float16, seed=61)
+    before = cache.copy()
+    match = f"{backend}'s kernels take no {shape[2]}-token blocks \\(only {takes}"
+    with pytest.raises(hw.InvalidTensorError, match=match):
+        hw.from_vllm(cache, [[1]], [1], backend=backend, kv_cache_layout=layout)
+    mla = "MLA" in backend
+    pages = values((2, shape[2], 1 if mla else shape[1], shape[3] if mla else shape[3] // 2),
+                   np.float16, seed=3)  # fmt: skip
+    roles = ("fused",) if mla else ("key", "value")
+    made = [hw.BlockPagedTensor.from_arrays(pages, [0, 1], [0, 2], kv_role=r) for r in roles]
+    given: Any = made[0] if mla else (made[0], made[1])
+    with pytest.raises(hw.InvalidTensorError, match=match):
+        into_vllm(given, cache, [[1, 2]], backend=backend)
+    assert same(cache, before)  # nothing written
+    with pytest.raises(hw.InvalidTensorError, match=match):
+        hw.to_vllm(given, backend=backend, vllm_version="0.33.0", kv_cache_layout=layout)
+
+
+def test_block_size_rule_is_vllm_0_26_and_later() -> None:
+    """The table is vLLM 0.33's; an older era's cache is read at any block size."""
+    old = allocate((2, 6, 8, 2, 64), (0, 1, 2, 3, 4), np.float16, seed=71)
+    key, _ = pair(hw.from_vllm(old, [[1, 2]], [12], backend="FLASH_ATTN", vllm_version="0.22.0"))
+    assert same(key.sequence(0), np.concatenate([old[0, 1], old[0, 2, :4]]))
+
+
+@pytest.mark.parametrize(
+    ("setting", "cache", "backend", "why"),
+    [
+        ("fp8_per_token_head", LAYER.view(np.uint8)[..., :136], "TRITON_ATTN", "float32 scale"),
+        ("int8_per_token_head", LAYER.view(np.int8)[..., :136], "TRITON_ATTN", "float32 scale"),
+        ("int4_per_token_head", LAYER.view(np.uint8)[..., :72], "TRITON_ATTN", "float32 scale"),
+        ("fp8_ds_mla", np.zeros((4, 1, 64, 656), np.uint8), "FLASHMLA", "656-byte"),
+        ("nvfp4", LAYER.view(np.uint8), "FLASHINFER", "fp4"),
+        ("turboquant_k8v4", LAYER.view(np.uint8), "TRITON_ATTN", "Lloyd-Max"),
+    ],
+)
+def test_page_quantized_cache_dtypes_are_not_supported(
+    setting: str, cache: Any, backend: str, why: str
+) -> None:
+    """vLLM's quantized settings whose pages hold scales or codes inline: "not supported",
+    with what the page holds (not "kv_cache_dtype must be vLLM's fp8 setting")."""
+    match = f"kv_cache_dtype '{setting}' is not supported: .*{why}"
+    with pytest.raises(hw.InvalidTensorError, match=match) as info:
+        hw.from_vllm(cache, [[1]], [1], backend=backend, kv_cache_dtype=setting)
+    assert info.value.field == "kv_cache_dtype"
+    given: Any = (
+        hw.from_vllm(LAYER[:, :1], [[1]], [1], backend="TRITON_MLA")
+        if "MLA" in backend
+        else pair(hw.from_vllm(LAYER, [[1]], [1], backend="FLASH_ATTN"))
+    )
+    with pytest.raises(hw.InvalidTensorError, match=match):
+        into_vllm(given, cache.copy(), [[1]], backend=backend, kv_cache_dtype=setting)

@@ -26,8 +26,9 @@ FORMS = [
     ("FLASH_ATTN", "LBHNC", None, 16, 16),
     ("FLASHINFER", "LBHNC", None, 32, 16),  # vLLM split the 32-token blocks
     ("TRITON_ATTN", "LHBNC", None, 16, 16),
-    ("FLEX_ATTENTION", "LBNHC", None, 16, 8),
-    ("FLASHMLA", "LBNHC", None, 32, 16),
+    ("FLEX_ATTENTION", "LBNHC", None, 16, 16),
+    ("FLASHMLA", "LBNHC", None, 128, 64),  # FlashMLA takes 64-token kernel blocks only
+    ("TRITON_MLA", "LBHNC", None, 16, 16),
     ("CPU_ATTN", "LBHNC", "vec", 32, 32),
 ]
 NUM_BLOCKS = 9  # scheduler blocks
@@ -141,8 +142,8 @@ def test_staging_is_for_devices_only() -> None:
 def test_the_engines_cache_is_never_shared_with_the_pages() -> None:
     """An MLA cache's pool is C-contiguous (from_vllm shares it): the saved pages are a
     copy, so the engine reusing its blocks cannot change a transfer."""
-    form = form_of("FLASHMLA", "LBNHC", None, 16, 16)
-    cache = cache_of("FLASHMLA", "LBNHC", 16, 1, "cpu").contiguous()
+    form = form_of("TRITON_MLA", "LBNHC", None, 16, 16)
+    cache = cache_of("TRITON_MLA", "LBNHC", 16, 1, "cpu").contiguous()
     (pages,) = form.read(cache, [2])
     keep = pages.copy()
     cache.zero_()
@@ -161,7 +162,7 @@ def test_a_cache_that_contradicts_the_form_is_refused(field: str) -> None:
 
 PAIRS = [
     (("FLASHINFER", "LBHNC", None, 32, 16), ("FLASH_ATTN", "LBNHC", None, 32, 32)),
-    (("FLASHMLA", "LBNHC", None, 32, 16), ("TRITON_MLA", "LBHNC", None, 32, 32)),
+    (("FLASHMLA", "LBNHC", None, 128, 64), ("TRITON_MLA", "LBHNC", None, 128, 128)),
 ]
 
 
@@ -190,7 +191,8 @@ def test_a_transfer_between_backends_over_each_transport(
         return EngineFingerprint("m", "vllm", "0.33.0", form.fingerprint_layout, "float16",
                                  form.block_size, 0, 1)  # fmt: skip
 
-    blocks, tokens = [6, 2, 4], 2 * 32 + 5
+    size = prefill.block_size
+    blocks, tokens = [6, 2, 4], 2 * size + 5
     nixl = transport == "nixl"
     peers = [NixlPeers(f"d-{n}", timeout=20, arena_bytes=8 << 20) for n in "pd"] if nixl else []
     ends: list[Any] = peers or [None, None]
@@ -198,7 +200,7 @@ def test_a_transfer_between_backends_over_each_transport(
     server = tr.TransferServer(store, "127.0.0.1", 0, timeout=20, nixl=ends[0])
     try:
         params = tr.TransferParams("t" * 32, "r", "127.0.0.1", server.port, tuple(blocks),
-                                   tokens, 32, tr.prompt_digest(range(tokens)))  # fmt: skip
+                                   tokens, size, tr.prompt_digest(range(tokens)))  # fmt: skip
         store.begin(params.transfer_id, "r", blocks, tokens, params.prompt_digest)
         staged = gather(source, kernel_ids([0, *blocks], prefill.ratio)).host()
         store.add_layer(params.transfer_id, 0, *prefill.read(staged, range(1, 4), fresh=True))
@@ -226,7 +228,7 @@ def test_a_transfer_between_backends_over_each_transport(
         else:
             per_role = list(cache.transpose(1, 2).split(D, dim=-1))  # flash_attn.py
         t = torch.arange(tokens)
-        kernel = torch.tensor(ids)[t // 32] * form.ratio + (t % 32) // form.kernel_block_size
+        kernel = torch.tensor(ids)[t // size] * form.ratio + (t % size) // form.kernel_block_size
         views[name] = [v[kernel, t % form.kernel_block_size] for v in per_role]
     for p, d in zip(views["p"], views["d"], strict=True):
         assert torch.equal(p, d)

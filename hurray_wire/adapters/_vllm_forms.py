@@ -67,6 +67,26 @@ BACKEND_LAYOUTS = {"FLEX_ATTENTION": ("LBNHC",), "CPU_ATTN": ("LBHNC",)}
 #: layer-compact ones whose blocks are dense pages (vllm/v1/kv_cache_interface.py
 #: ``create_kv_cache_views``: LHBNC puts other heads between a layer's blocks).
 SPLIT_LAYOUTS = ("LBNHC", "LBHNC")
+#: The kernel block sizes each backend's kernels take, vLLM 0.33's
+#: ``get_supported_kernel_block_sizes``: an int ``n`` for ``MultipleOf(n)``, a tuple for exact
+#: sizes (flash_attn.py, triton_attn.py, flex_attention.py: MultipleOf(16) (FlashAttention's
+#: XPU and FA4 sizes are multiples of 16 too); flashinfer.py: 16, 32, 64, up to 1024 on
+#: Blackwell; mla/flashmla.py 64; mla/flashattn_mla.py, mla/triton_mla.py MultipleOf(16);
+#: mla/cutlass_mla.py 128; mla/flashinfer_mla.py 32, 64; mla/cpu_mla.py 16). vLLM never
+#: allocates another size for them (``select_common_block_size`` refuses it at start);
+#: CPU_ATTN's sizes are its ISA's (``check_cpu_geometry``).
+KERNEL_BLOCK_SIZES: dict[str, int | tuple[int, ...]] = {
+    "FLASH_ATTN": 16,
+    "TRITON_ATTN": 16,
+    "FLEX_ATTENTION": 16,
+    "FLASHINFER": (16, 32, 64, 128, 256, 512, 1024),
+    "FLASHMLA": (64,),
+    "FLASH_ATTN_MLA": 16,
+    "TRITON_MLA": 16,
+    "CUTLASS_MLA": (128,),
+    "FLASHINFER_MLA": (32, 64),
+    "CPU_MLA": (16,),
+}
 #: vllm/config/cache.py ``_LAYOUT_COMPAT_ALIASES``.
 LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 
@@ -194,6 +214,27 @@ def check_strides(cache: Array, physical: tuple[int, ...], layout: str) -> None:
         )
 
 
+def check_kernel_block(backend: str, block_size: int, era: int | None) -> None:
+    """Refuse a cache whose block axis no kernel of ``backend`` takes (vLLM >= 0.26)."""
+    rule = KERNEL_BLOCK_SIZES.get(backend)
+    if rule is None or (era is not None and era < ERA_LAYER_VIEWS):
+        return
+    if isinstance(rule, int):
+        allowed, takes = block_size % rule == 0, f"multiples of {rule}"
+    else:
+        allowed, takes = block_size in rule, ", ".join(map(str, rule))
+    if not allowed:
+        raise InvalidTensorError(
+            f"{backend}'s kernels take no {block_size}-token blocks (only {takes}: its "
+            "get_supported_kernel_block_sizes), so vLLM never allocates this cache for it "
+            "(select_common_block_size refuses the block size at start, or splits a larger "
+            "one into kernel blocks it takes: then pass block_size=)",
+            field="kv_cache",
+            found=f"block size {block_size}",
+            expected=takes,
+        )
+
+
 def check_isa(isa: object) -> str:
     """A CPU_ATTN kernel ISA whose block layout hurray-wire knows."""
     if isa is None:
@@ -287,6 +328,43 @@ def check_cpu_geometry(isa: str, block_size: int, head_size: int) -> None:
             f"a multiple of {32 if isa == 'amx' else 16}",
             field="kv_cache",
             found=f"block_size {block_size}, head_size {head_size}",
+        )
+
+
+#: vLLM's ``kv_cache_dtype`` settings (vllm/config/cache.py ``CacheDType``) whose pages hold
+#: more than the values: their element layouts are not carried (prefix -> what the page holds).
+_PAGE_QUANT_SETTINGS = {
+    "int4_per_token_head": "per-token-head quantization: a float32 scale after each head's K "
+    "and V data inside every page (TritonAttentionBackend.customize_spec)",
+    "nvfp4_ds_mla": "DeepSeek MLA rows of packed fp4 values with their block scales",
+    "nvfp4": "packed fp4 values with fp8 block scales",
+    "fp8_ds_mla": "656-byte DeepSeek MLA rows of 512 fp8 values, 4 float32 scales and 64 "
+    "bf16 rope values (mla/flashmla_sparse.py)",
+    "fp8_inc": "Intel Neural Compressor's fp8 (Gaudi), not checked against its kernels",
+    "turboquant_": "Hadamard-rotated Lloyd-Max codes, K and V packed per slot",
+    "octave_": "Hadamard-rotated Lloyd-Max codes, K and V packed per slot (ROCm)",
+    "ultraquant_4bit": "packed fp4 values with UE8M0 group scales",
+}
+_PAGE_QUANT_SETTINGS["int8_per_token_head"] = _PAGE_QUANT_SETTINGS["int4_per_token_head"]
+_PAGE_QUANT_SETTINGS["fp8_per_token_head"] = _PAGE_QUANT_SETTINGS["int4_per_token_head"]
+#: The settings whose caches hurray-wire carries.
+CARRIED_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def check_cache_dtype(kv_cache_dtype: object) -> None:
+    """Refuse vLLM's quantized cache settings whose pages carry scales or codes inline."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype in CARRIED_CACHE_DTYPES:
+        return
+    reason = next(
+        (why for prefix, why in _PAGE_QUANT_SETTINGS.items() if kv_cache_dtype.startswith(prefix)),
+        None,
+    )
+    if reason is not None:
+        raise InvalidTensorError(
+            f"vLLM's kv_cache_dtype {kv_cache_dtype!r} is not supported: {reason}",
+            field="kv_cache_dtype",
+            found=repr(kv_cache_dtype),
+            expected=CARRIED_CACHE_DTYPES,
         )
 
 

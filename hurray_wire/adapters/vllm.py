@@ -45,6 +45,7 @@ _OLD_LAYOUTS = {member: alias for alias, member in forms.LAYOUT_ALIASES.items()}
 
 def _fp8(cache: Array, kv_cache_dtype: object) -> Array:
     """``cache`` with vLLM's uint8 fp8 storage viewed as its float8 type (no copy)."""
+    forms.check_cache_dtype(kv_cache_dtype)
     if cache.dtype == np.uint8:
         return cache.view(element_type_from_name(forms.float8_name(kv_cache_dtype)).numpy_dtype)
     if cache.dtype.kind in "iub":
@@ -97,7 +98,8 @@ def _check_dense(cache: Array) -> None:
     content axis innermost, the next axis C elements apart under every layout); one role's
     split leaves a gap of the other role's half between rows."""
     item, width = cache.dtype.itemsize, cache.shape[3]
-    nearest = min((abs(cache.strides[a]) for a in (1, 2) if cache.shape[a] > 1), default=None)
+    # the block axis too: under LHBNC with one-token blocks it is the next axis in
+    nearest = min((abs(cache.strides[a]) for a in (0, 1, 2) if cache.shape[a] > 1), default=None)
     if cache.strides[3] != item or nearest not in (None, width * item):
         raise _shape_error(
             "not a whole layer view [num_blocks, H, block_size, 2 * head_size] (its rows "
@@ -484,6 +486,7 @@ def from_vllm(
         kernel = pools[0][1].shape[:2]
         if kernel[1] < 1:
             raise _shape_error("block_size must be >= 1", cache)
+        forms.check_kernel_block(name, kernel[1], era)
     ratio = kernel_ratio(block_size, kernel[1], kernel[0], kv_cache_layout)
     manager = kernel[1] * ratio
     table, seq_ptr = from_table(block_table, lens, manager)
@@ -618,6 +621,7 @@ def to_vllm(
     if ratio > 1:
         pools, managers, manager_ptr = _split_pages(tensor, pools, ratio)
     pages, page_size, heads, dim = pools[0].shape
+    forms.check_kernel_block(name, page_size, era)
     blocks = pages + 1
     dtype = pools[0].dtype
     if name == forms.CPU_BACKEND:

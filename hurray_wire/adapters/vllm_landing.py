@@ -159,6 +159,7 @@ def into_vllm(
         return
     _, views = _role_pools(cache, name, era, None)
     blocks = views[0][1].shape[0]
+    forms.check_kernel_block(name, views[0][1].shape[1], era)
     _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
     targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
     _write([view for _, view in views], pools, targets, sources, valid, pools[0].shape[1])
