@@ -586,7 +586,7 @@ def test_from_vllm_refuses_a_table_that_is_no_table(table: Any) -> None:
 
 def test_to_vllm_refuses() -> None:
     key, value = pair(hw.from_vllm(LAYER, [[1]], [3], backend="FLASH_ATTN"))
-    fused = hw.from_vllm(LAYER[:, :1], [[1]], [3], backend="FLASHMLA")
+    fused = hw.from_vllm(LAYER[:, :1], [[1]], [3], backend="TRITON_MLA")
     with pytest.raises(hw.ArgumentTypeError, match="backend"):
         hw.to_vllm((key, value), vllm_version="0.33.0")
     with pytest.raises(hw.ArgumentTypeError, match="vllm_version"):
@@ -643,5 +643,216 @@ def test_from_vllm_results_are_typed_by_backend() -> None:
     )
     assert np.array_equal(one.sequence(0), v.sequence(0))
     mla = np.zeros((4, 1, 16, 576), np.float16)
-    latent: hw.BlockPagedTensor = hw.from_vllm(mla, [[1]], [3], backend="FLASHMLA")
+    latent: hw.BlockPagedTensor = hw.from_vllm(mla, [[1]], [3], backend="TRITON_MLA")
     assert latent.kv_role == "fused"
+
+
+# -- the kernel-block split: scheduler (manager) block ids -> kernel blocks -------------------
+def kernel_rows(table: list[list[int]], ratio: int) -> list[list[int]]:
+    """vLLM's ``map_to_kernel_block_table`` (vllm/v1/worker/utils.py): block ``b`` -> kernel
+    blocks ``b * ratio + j``, j in 0 .. ratio - 1."""
+    return [[b * ratio + j for b in row for j in range(ratio)] for row in table]
+
+
+KERNEL = 16  # the cache's own block axis
+SPLIT = allocate((16, 2, KERNEL, 32), LAYOUTS["LBNHC"], np.float16, seed=53)
+
+
+@pytest.mark.parametrize(
+    ("block_size", "table", "lens", "kernel_ids"),
+    [
+        (None, [[5]], [1], [[5]]),  # no block_size: ids are the tensor's own blocks
+        (16, [[5]], [16], [[5]]),  # block_size == kernel block size: ratio 1
+        (64, [[3]], [1], [[12]]),  # one token: kernel block b * 4
+        (64, [[3]], [16], [[12]]),  # one full kernel block
+        (64, [[3]], [17], [[12, 13]]),  # one token into the next kernel block
+        (64, [[3]], [64], [[12, 13, 14, 15]]),  # the whole manager block
+        (64, [[1, 3]], [65], [[4, 5, 6, 7, 12]]),  # into the second manager block
+        (32, [[7, 2], [7]], [40, 17], [[14, 15, 4], [14, 15]]),  # shared manager block
+        (32, np.array([[7, 2, 0], [6, 0, 0]], np.int32), [64, 5], [[14, 15, 4, 5], [12]]),
+    ],
+)
+def test_kernel_block_translation(
+    block_size: int | None, table: Any, lens: list[int], kernel_ids: list[list[int]]
+) -> None:
+    key, value = pair(hw.from_vllm(SPLIT, table, lens, backend="FLASH_ATTN", block_size=block_size))
+    check(key, ref_layer(SPLIT, kernel_ids, lens, 0))
+    check(value, ref_layer(SPLIT, kernel_ids, lens, 1))
+    target = np.zeros_like(SPLIT)
+    into_vllm((key, value), target, table, backend="FLASH_ATTN", block_size=block_size)
+    written = sorted({b for row in kernel_ids for b in row})
+    assert target[written].any() and not np.delete(target, written, axis=0).any()
+    back, _ = pair(hw.from_vllm(target, kernel_ids, lens, backend="FLASH_ATTN"))
+    check(back, ref_layer(SPLIT, kernel_ids, lens, 0))
+
+
+def test_kernel_blocks_read_without_block_size_are_wrong() -> None:
+    """The control: manager ids read as kernel blocks (or with another ratio) give other
+    values than the attention reads."""
+    lens, table = [30], [[3, 5]]
+    want = ref_layer(SPLIT, kernel_rows(table, 4), lens, 0)
+    for block_size in (None, 32):
+        key, _ = pair(hw.from_vllm(SPLIT, table, lens, backend="FLASH_ATTN", block_size=block_size))
+        assert not same(key.sequence(0), want[0])
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
+@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER_MLA", "CPU_ATTN"])
+def test_to_vllm_kernel_block_allocation(layout: str, backend: str) -> None:
+    """``to_vllm(block_size=)`` allocates ``num_blocks * ratio`` kernel blocks, the table in
+    manager blocks; read back through the translation it gives the pages it was given."""
+    kw: dict[str, Any] = {"backend": backend, "kv_cache_layout": layout}
+    if backend == "FLASHINFER_MLA":
+        source: Any = values((9, 1, 32, 64), np.float16, seed=59)
+        kw.pop("kv_cache_layout")
+    elif backend == "CPU_ATTN":
+        if layout != "LBHNC":
+            pytest.skip("CPU_ATTN supports LBHNC only")
+        source, _, _ = cpu_cache("vec", 9, 2, 32, 32, np.float16, seed=59)
+        kw["isa"] = "vec"
+    else:
+        source = allocate((9, 2, 32, 64), LAYOUTS[layout], np.float16, seed=59)
+    table, lens = [[3, 5, 1], [3], [2, 7, 8]], [70, 20, 96]
+    got = hw.from_vllm(source, table, lens, **kw)
+    out, out_table, out_lens = hw.to_vllm(got, vllm_version="0.33.0", block_size=128, **kw)
+    # 2 + 1 + 1 manager blocks of 128 tokens, each 4 kernel blocks of 32; block 0 the null
+    assert out.shape[0] == 4 * 4 and not out[:4].any()
+    assert out_table.tolist() == [[1], [2], [3]] and out_lens.tolist() == lens
+    back = hw.from_vllm(out, out_table, out_lens, block_size=128, **kw)
+    pairs = zip(back, got, strict=True) if isinstance(got, tuple) else [(back, got)]
+    for a, b in pairs:
+        assert isinstance(a, hw.BlockPagedTensor) and isinstance(b, hw.BlockPagedTensor)
+        assert all(same(x, y) for x, y in zip(a.sequences(), b.sequences(), strict=True))
+    wide = hw.to_vllm(got, vllm_version="0.33.0", block_size=64, max_blocks=3, **kw)[1]
+    assert wide.tolist() == [[1, 2, 0], [3, 0, 0], [4, 5, 0]]
+
+
+def test_kernel_blocks_sliding_window() -> None:
+    """A manager null block is kernel blocks 0 .. ratio - 1: dropped as one window block."""
+    lens = [3 * 32 + 5]
+    key, _ = pair(
+        hw.from_vllm(
+            SPLIT, [[0, 3, 5, 6]], lens, backend="FLASH_ATTN", block_size=32, sliding_window=40
+        )
+    )
+    assert key.metadata["vllm.skipped_tokens"] == [32]
+    check(key, ref_layer(SPLIT, [[6, 7, 10, 11, 12]], [2 * 32 + 5], 0))
+    with pytest.raises(hw.IndexBufferError, match="null block"):
+        hw.from_vllm(SPLIT, [[0, 3, 5, 6]], lens, backend="FLASH_ATTN", block_size=32)
+
+
+@pytest.mark.parametrize(
+    ("cache", "table", "kw", "error", "match"),
+    [
+        (SPLIT, [[1]], {"block_size": 24}, hw.InvalidTensorError, "24.*not a multiple.*16"),
+        (SPLIT, [[1]], {"block_size": 8}, hw.InvalidTensorError, "8.*not a multiple.*16"),
+        (SPLIT, [[1]], {"block_size": 0}, hw.InvalidTensorError, "block_size"),
+        (SPLIT, [[1]], {"block_size": "64"}, hw.ArgumentTypeError, "block_size"),
+        (SPLIT[:15], [[1]], {"block_size": 64}, hw.InvalidTensorError, "num_blocks \\* 4"),
+        (SPLIT, [[4]], {"block_size": 64}, hw.IndexBufferError, "range"),
+        (SPLIT, [[0]], {"block_size": 64}, hw.IndexBufferError, "null block"),
+        (SPLIT, [[1]], {"block_size": 64, "kv_cache_layout": "BLNHC"}, hw.InvalidTensorError,
+         "LBNHC"),
+    ],
+)  # fmt: skip
+def test_kernel_block_refusals(
+    cache: Any, table: Any, kw: dict[str, Any], error: type[hw.HurrayWireError], match: str
+) -> None:
+    with pytest.raises(error, match=match) as info:
+        hw.from_vllm(cache, table, [3], backend="FLASH_ATTN", **kw)
+    if "range" in match:
+        assert info.value.expected == "< 4"  # manager blocks: 16 kernel blocks / 4
+    key, value = pair(hw.from_vllm(SPLIT, [[1]], [3], backend="FLASH_ATTN"))
+    target = np.zeros_like(cache)
+    land = {k: v for k, v in kw.items() if k != "kv_cache_layout"}
+    if "kv_cache_layout" not in kw:
+        with pytest.raises(error, match=match):
+            into_vllm((key, value), target, table, backend="FLASH_ATTN", **land)
+        assert not target.any()
+
+
+@pytest.mark.parametrize(
+    ("isa", "block", "dim"), [("vec", 32, 32), ("vec16", 16, 48), ("amx", 32, 64)]
+)
+def test_cpu_role_views_are_the_slab_index(isa: str, block: int, dim: int) -> None:
+    """The strided CPU_ATTN views hold each token's key and value where the slab index (the
+    kernel's loops) says: element for element on a cache of distinct values."""
+    from hurray_wire.adapters import _vllm_forms as forms
+
+    cache = np.arange(3 * 2 * block * 2 * dim, dtype=np.uint16).reshape(3, 2, block, 2 * dim)
+    slabs = cache.reshape(3, 2, -1)
+    for view, index in zip(forms.cpu_role_views(cache, isa), forms.cpu_slab_index(isa, block, dim),
+                           strict=True):  # fmt: skip
+        pages = np.ascontiguousarray(view).reshape(3, block, 2, dim)
+        np.testing.assert_array_equal(pages, slabs[:, :, index].transpose(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize(
+    ("backend", "shape", "layout", "takes"),
+    [
+        ("FLASH_ATTN", (4, 2, 1, 128), "LHBNC", "multiples of 16"),  # was: "pass kv_role"
+        ("FLASH_ATTN", (4, 2, 1, 128), "LBNHC", "multiples of 16"),
+        ("TRITON_ATTN", (4, 2, 8, 128), "LBHNC", "multiples of 16"),
+        ("FLASHINFER", (4, 2, 48, 128), "LBNHC", "16, 32, 64, 128"),
+        ("FLASHMLA", (4, 1, 32, 576), "LBNHC", "64"),
+        ("CUTLASS_MLA", (4, 1, 64, 576), "LBNHC", "128"),
+        ("CPU_MLA", (4, 1, 32, 576), "LBNHC", "16"),
+    ],
+)
+def test_block_sizes_no_kernel_takes_are_refused(
+    backend: str, shape: tuple[int, ...], layout: str, takes: str
+) -> None:
+    """vLLM allocates only kernel block sizes the backend takes (its
+    get_supported_kernel_block_sizes); any other is refused saying so, by all three."""
+    cache = allocate(shape, LAYOUTS[layout], np.float16, seed=61)
+    before = cache.copy()
+    match = f"{backend}'s kernels take no {shape[2]}-token blocks \\(only {takes}"
+    with pytest.raises(hw.InvalidTensorError, match=match):
+        hw.from_vllm(cache, [[1]], [1], backend=backend, kv_cache_layout=layout)
+    mla = "MLA" in backend
+    pages = values((2, shape[2], 1 if mla else shape[1], shape[3] if mla else shape[3] // 2),
+                   np.float16, seed=3)  # fmt: skip
+    roles = ("fused",) if mla else ("key", "value")
+    made = [hw.BlockPagedTensor.from_arrays(pages, [0, 1], [0, 2], kv_role=r) for r in roles]
+    given: Any = made[0] if mla else (made[0], made[1])
+    with pytest.raises(hw.InvalidTensorError, match=match):
+        into_vllm(given, cache, [[1, 2]], backend=backend)
+    assert same(cache, before)  # nothing written
+    with pytest.raises(hw.InvalidTensorError, match=match):
+        hw.to_vllm(given, backend=backend, vllm_version="0.33.0", kv_cache_layout=layout)
+
+
+def test_block_size_rule_is_vllm_0_26_and_later() -> None:
+    """The table is vLLM 0.33's; an older era's cache is read at any block size."""
+    old = allocate((2, 6, 8, 2, 64), (0, 1, 2, 3, 4), np.float16, seed=71)
+    key, _ = pair(hw.from_vllm(old, [[1, 2]], [12], backend="FLASH_ATTN", vllm_version="0.22.0"))
+    assert same(key.sequence(0), np.concatenate([old[0, 1], old[0, 2, :4]]))
+
+
+@pytest.mark.parametrize(
+    ("setting", "cache", "backend", "why"),
+    [
+        ("fp8_per_token_head", LAYER.view(np.uint8)[..., :136], "TRITON_ATTN", "float32 scale"),
+        ("int8_per_token_head", LAYER.view(np.int8)[..., :136], "TRITON_ATTN", "float32 scale"),
+        ("int4_per_token_head", LAYER.view(np.uint8)[..., :72], "TRITON_ATTN", "float32 scale"),
+        ("fp8_ds_mla", np.zeros((4, 1, 64, 656), np.uint8), "FLASHMLA", "656-byte"),
+        ("nvfp4", LAYER.view(np.uint8), "FLASHINFER", "fp4"),
+        ("turboquant_k8v4", LAYER.view(np.uint8), "TRITON_ATTN", "Lloyd-Max"),
+    ],
+)
+def test_page_quantized_cache_dtypes_are_not_supported(
+    setting: str, cache: Any, backend: str, why: str
+) -> None:
+    """vLLM's quantized settings whose pages hold scales or codes inline: "not supported",
+    with what the page holds (not "kv_cache_dtype must be vLLM's fp8 setting")."""
+    match = f"kv_cache_dtype '{setting}' is not supported: .*{why}"
+    with pytest.raises(hw.InvalidTensorError, match=match) as info:
+        hw.from_vllm(cache, [[1]], [1], backend=backend, kv_cache_dtype=setting)
+    assert info.value.field == "kv_cache_dtype"
+    given: Any = (
+        hw.from_vllm(LAYER[:, :1], [[1]], [1], backend="TRITON_MLA")
+        if "MLA" in backend
+        else pair(hw.from_vllm(LAYER, [[1]], [1], backend="FLASH_ATTN"))
+    )
+    with pytest.raises(hw.InvalidTensorError, match=match):
+        into_vllm(given, cache.copy(), [[1]], backend=backend, kv_cache_dtype=setting)

@@ -121,7 +121,8 @@ def test_other_block_size_is_repaged() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("model_id", "other"), ("cache_dtype", "bfloat16"), ("kv_cache_layout", "CPU_ATTN/amx")],
+    [("model_id", "other"), ("cache_dtype", "bfloat16"),
+     ("kv_cache_layout", "FLASHMLA/LBNHC/kernel64")],
 )  # fmt: skip
 def test_foreign_engine_is_refused_naming_the_field(field: str, value: Any) -> None:
     with producer() as (_, params, _layers):
@@ -129,6 +130,16 @@ def test_foreign_engine_is_refused_naming_the_field(field: str, value: Any) -> N
     assert result.pages is None and result.failed_from == 0
     assert isinstance(result.error, IncompatibleFingerprintError)
     assert field in result.error.differences and field in str(result.error)
+
+
+@pytest.mark.parametrize("layout", ["CPU_ATTN/LBHNC/kernel32/amx", "FLASHINFER/LBNHC/kernel16"])
+def test_another_backend_or_layout_converts(layout: str) -> None:
+    """Pages travel backend-free: another backend, layout or kernel block (same roles)
+    takes them as they are; an MLA engine (one fused role) does not (above)."""
+    with producer() as (_, params, layers):
+        result = rc.pull(params, replace(FP, kv_cache_layout=layout), LAYERS, timeout=5)
+    assert result.pages is not None
+    np.testing.assert_array_equal(result.pages.layers[1][1], layers[1][1])
 
 
 def refused(params: tr.TransferParams, **kw: Any) -> TransferRefusedError:

@@ -108,6 +108,7 @@ def test_layer_view(
     backend: str, layout: KVCacheLayout, block: int, heads: int, dim: int, dtype: Any, setting: str
 ) -> None:
     spec = vc.attention_spec(block, heads, dim, dtype)
+    assert vc.kernel_block_size(backend, spec) == block  # vLLM allocates these unsplit
     caches = vc.allocate(spec, layout, num_blocks=24)
     for i, name in enumerate(vc.LAYERS):
         vc.fill(caches[name], seed=7 + i)

@@ -10,6 +10,7 @@ and ``test_view_expressions_are_vllms`` checks the installed file still says exa
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.core.block_pool import BlockPool
 
 try:
@@ -30,7 +32,7 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.worker.block_table import BlockTable
-from vllm.v1.worker.utils import allocate_kv_cache
+from vllm.v1.worker.utils import AttentionGroup, allocate_kv_cache, select_common_block_size
 
 LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
 
@@ -85,10 +87,74 @@ def plan(spec: Any, layout: KVCacheLayout, num_blocks: int) -> Any:
     return get_kv_cache_config_from_groups(config, groups, 1 << 40)  # type: ignore[arg-type]
 
 
-def allocate(spec: Any, layout: KVCacheLayout, num_blocks: int) -> dict[str, torch.Tensor]:
-    """Every layer's cache, as vLLM allocates it on this device (CPU)."""
-    caches = allocate_kv_cache(plan(spec, layout, num_blocks), torch.device("cpu"), layout)
+def allocate(
+    spec: Any, layout: KVCacheLayout, num_blocks: int, kernel_block_size: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Every layer's cache, as vLLM allocates it on this device (CPU); in kernel blocks
+    when ``kernel_block_size`` (the worker's ``allocate_kv_cache(..., kernel_block_sizes)``)."""
+    sizes = None if kernel_block_size is None else [kernel_block_size]
+    caches = allocate_kv_cache(plan(spec, layout, num_blocks), torch.device("cpu"), layout, sizes)
     return dict(caches)
+
+
+def backend_class(name: str) -> Any:
+    """vLLM's backend class, or where it cannot be imported here (its module needs CUDA or
+    the flashinfer package) a stand-in carrying the class's own
+    ``get_supported_kernel_block_sizes``, its source from the installed file run alone."""
+    member = AttentionBackendEnum[name]
+    try:
+        return member.get_class()
+    except (ImportError, AssertionError, RuntimeError):
+        pass
+    module, class_name = member.get_path().rsplit(".", 1)
+    tree = ast.parse(source_of(module))
+    namespace: dict[str, Any] = {}
+    for node in tree.body:  # the module's imports that import on CPU
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            try:
+                exec(compile(ast.Module([node], []), module, "exec"), namespace)
+            except (ImportError, AssertionError, RuntimeError):
+                continue
+    owner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    method = next(
+        n
+        for n in owner.body
+        if isinstance(n, ast.FunctionDef) and n.name == "get_supported_kernel_block_sizes"
+    )
+    method.decorator_list = []
+    exec(compile(ast.Module([method], []), module, "exec"), namespace)
+    return type(
+        class_name,
+        (),
+        {
+            "get_supported_kernel_block_sizes": staticmethod(namespace[method.name]),
+            "get_name": staticmethod(lambda: name),
+        },
+    )
+
+
+def kernel_block_size(name: str, spec: Any) -> int:
+    """The kernel block size vLLM's worker picks for ``spec`` under backend ``name``
+    (vllm/v1/worker/utils.py ``prepare_kernel_block_sizes`` for a layer-compact layout)."""
+    return int(select_common_block_size(spec.block_size, [backend_class(name)], [spec]))
+
+
+def kernel_table(name: str, spec: Any, kernel: int, table: np.ndarray) -> np.ndarray:
+    """vLLM's ``AttentionGroup.map_to_kernel_block_table`` of a scheduler block table, the
+    group set up as ``create_metadata_builders`` sets it for ``kernel``-token blocks."""
+    ratio = spec.block_size // kernel
+    rows, cols = table.shape
+    group = AttentionGroup(
+        backend=backend_class(name),
+        layer_names=list(LAYERS),
+        kv_cache_spec=spec,
+        kv_cache_group_id=0,
+        kernel_block_size=None if ratio == 1 else kernel,
+        kernel_block_table=torch.zeros(1, rows, cols * ratio, dtype=torch.int32),
+        kernel_block_offsets=torch.arange(ratio, dtype=torch.int32),
+    )
+    mapped = group.map_to_kernel_block_table(torch.from_numpy(table))
+    return np.array(mapped.numpy(), copy=True)
 
 
 def attention_spec(block_size: int, heads: int, head_size: int, dtype: torch.dtype) -> Any:

@@ -122,7 +122,13 @@ def from_table(
 
 def padded_table(tensor: BlockPagedTensor, width: int | None = None, pad: int = 0) -> Array:
     """The block table as ``[num_seqs, width]`` int32 rows padded with ``pad``."""
-    sp = tensor.seq_ptr.astype(np.int64)
+    return padded_rows(tensor.block_table, tensor.seq_ptr, width, pad)
+
+
+def padded_rows(values: Array, seq_ptr: Array, width: int | None = None, pad: int = 0) -> Array:
+    """Ragged rows (``values[seq_ptr[s]:seq_ptr[s + 1]]``) as ``[num_seqs, width]`` int32
+    padded with ``pad``."""
+    sp = seq_ptr.astype(np.int64)
     counts = np.diff(sp)
     longest = int(counts.max()) if counts.size else 0
     width = longest if width is None else width
@@ -133,10 +139,10 @@ def padded_table(tensor: BlockPagedTensor, width: int | None = None, pad: int = 
             found=width,
             expected=f">= {longest}",
         )
-    table = np.full((tensor.num_seqs, width), pad, np.int32)
-    rows = np.repeat(np.arange(tensor.num_seqs), counts)
-    cols = np.arange(len(tensor.block_table)) - np.repeat(sp[:-1], counts)
-    table[rows, cols] = int32(tensor.block_table, "block_table")
+    table = np.full((len(counts), width), pad, np.int32)
+    rows = np.repeat(np.arange(len(counts)), counts)
+    cols = np.arange(len(values)) - np.repeat(sp[:-1], counts)
+    table[rows, cols] = int32(values, "block_table")
     return table
 
 

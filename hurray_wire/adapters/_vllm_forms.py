@@ -63,6 +63,30 @@ LAYOUTS: dict[str, tuple[int, int, int, int]] = {
 #: cpu_attn.py:82); the others take any layout, vLLM's default LBNHC first
 #: (vllm/v1/attention/backends/utils.py ``_DEFAULT_LAYOUT_PREFERENCE``).
 BACKEND_LAYOUTS = {"FLEX_ATTENTION": ("LBNHC",), "CPU_ATTN": ("LBHNC",)}
+#: The layouts under which vLLM 0.33 splits a manager block into kernel blocks: the
+#: layer-compact ones whose blocks are dense pages (vllm/v1/kv_cache_interface.py
+#: ``create_kv_cache_views``: LHBNC puts other heads between a layer's blocks).
+SPLIT_LAYOUTS = ("LBNHC", "LBHNC")
+#: The kernel block sizes each backend's kernels take, vLLM 0.33's
+#: ``get_supported_kernel_block_sizes``: an int ``n`` for ``MultipleOf(n)``, a tuple for exact
+#: sizes (flash_attn.py, triton_attn.py, flex_attention.py: MultipleOf(16) (FlashAttention's
+#: XPU and FA4 sizes are multiples of 16 too); flashinfer.py: 16, 32, 64, up to 1024 on
+#: Blackwell; mla/flashmla.py 64; mla/flashattn_mla.py, mla/triton_mla.py MultipleOf(16);
+#: mla/cutlass_mla.py 128; mla/flashinfer_mla.py 32, 64; mla/cpu_mla.py 16). vLLM never
+#: allocates another size for them (``select_common_block_size`` refuses it at start);
+#: CPU_ATTN's sizes are its ISA's (``check_cpu_geometry``).
+KERNEL_BLOCK_SIZES: dict[str, int | tuple[int, ...]] = {
+    "FLASH_ATTN": 16,
+    "TRITON_ATTN": 16,
+    "FLEX_ATTENTION": 16,
+    "FLASHINFER": (16, 32, 64, 128, 256, 512, 1024),
+    "FLASHMLA": (64,),
+    "FLASH_ATTN_MLA": 16,
+    "TRITON_MLA": 16,
+    "CUTLASS_MLA": (128,),
+    "FLASHINFER_MLA": (32, 64),
+    "CPU_MLA": (16,),
+}
 #: vllm/config/cache.py ``_LAYOUT_COMPAT_ALIASES``.
 LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 
@@ -190,6 +214,27 @@ def check_strides(cache: Array, physical: tuple[int, ...], layout: str) -> None:
         )
 
 
+def check_kernel_block(backend: str, block_size: int, era: int | None) -> None:
+    """Refuse a cache whose block axis no kernel of ``backend`` takes (vLLM >= 0.26)."""
+    rule = KERNEL_BLOCK_SIZES.get(backend)
+    if rule is None or (era is not None and era < ERA_LAYER_VIEWS):
+        return
+    if isinstance(rule, int):
+        allowed, takes = block_size % rule == 0, f"multiples of {rule}"
+    else:
+        allowed, takes = block_size in rule, ", ".join(map(str, rule))
+    if not allowed:
+        raise InvalidTensorError(
+            f"{backend}'s kernels take no {block_size}-token blocks (only {takes}: its "
+            "get_supported_kernel_block_sizes), so vLLM never allocates this cache for it "
+            "(select_common_block_size refuses the block size at start, or splits a larger "
+            "one into kernel blocks it takes: then pass block_size=)",
+            field="kv_cache",
+            found=f"block size {block_size}",
+            expected=takes,
+        )
+
+
 def check_isa(isa: object) -> str:
     """A CPU_ATTN kernel ISA whose block layout hurray-wire knows."""
     if isa is None:
@@ -240,6 +285,40 @@ def cpu_slab_index(isa: str, block_size: int, head_size: int) -> tuple[Array, Ar
     return key, value + block_size * head_size
 
 
+def cpu_role_views(cache: Array, isa: str) -> tuple[Array, Array]:
+    """The keys and the values of a CPU_ATTN cache ``[N, H, block_size, 2 * head_size]`` as
+    strided views (no copy), each ``[N, *token axes, H, *dim axes]`` whose token axes in C
+    order are the token and whose dim axes are the dimension: ``cpu_slab_index``'s order
+    written as strides (vec / vec16 keys ``[head_size, block_size]``, values ``[block_size,
+    head_size]``; amx keys ``[block_size / 16, head_size / 2, 16, 2]``, values
+    ``[head_size / 16, block_size / 2, 16, 2]``). ``pages[n, block_size, H, head_size]``
+    reshaped to ``(n, *view.shape[1:])`` matches a view element for element. Element type:
+    unsigned integers of the cache's item size (``as_strided`` cannot take ml_dtypes)."""
+    num_blocks, heads, block_size, width = cache.shape
+    dim = width // 2
+    bits = cache.view(f"u{cache.dtype.itemsize}")
+    inner: tuple[tuple[int, ...], tuple[int, ...]]
+    tokens: tuple[tuple[int, ...], tuple[int, ...]]
+    dims: tuple[tuple[int, ...], tuple[int, ...]]
+    if isa == "amx":
+        inner = ((block_size // 16, dim // 2, 16, 2), (dim // 16, block_size // 2, 16, 2))
+        tokens, dims = ((0, 2), (1, 3)), ((1, 3), (0, 2))
+    else:
+        inner = ((dim, block_size), (block_size, dim))
+        tokens, dims = ((1,), (0,)), ((0,), (1,))
+    views = []
+    for role, start in enumerate((0, block_size // 2)):  # values start bs * D into a slab
+        shape = inner[role]
+        steps = np.cumprod((1, *shape[:0:-1]))[::-1] * bits.itemsize
+        view = np.lib.stride_tricks.as_strided(
+            bits[:, :, start:], (num_blocks, heads, *shape),
+            (cache.strides[0], cache.strides[1], *(int(x) for x in steps)),
+        )  # fmt: skip
+        order = (0, *(2 + a for a in tokens[role]), 1, *(2 + a for a in dims[role]))
+        views.append(view.transpose(order))
+    return views[0], views[1]
+
+
 def check_cpu_geometry(isa: str, block_size: int, head_size: int) -> None:
     """The kernel's own constraints (a cache breaking them was not written by it)."""
     group = 16 if isa == "vec16" else 32
@@ -249,6 +328,43 @@ def check_cpu_geometry(isa: str, block_size: int, head_size: int) -> None:
             f"a multiple of {32 if isa == 'amx' else 16}",
             field="kv_cache",
             found=f"block_size {block_size}, head_size {head_size}",
+        )
+
+
+#: vLLM's ``kv_cache_dtype`` settings (vllm/config/cache.py ``CacheDType``) whose pages hold
+#: more than the values: their element layouts are not carried (prefix -> what the page holds).
+_PAGE_QUANT_SETTINGS = {
+    "int4_per_token_head": "per-token-head quantization: a float32 scale after each head's K "
+    "and V data inside every page (TritonAttentionBackend.customize_spec)",
+    "nvfp4_ds_mla": "DeepSeek MLA rows of packed fp4 values with their block scales",
+    "nvfp4": "packed fp4 values with fp8 block scales",
+    "fp8_ds_mla": "656-byte DeepSeek MLA rows of 512 fp8 values, 4 float32 scales and 64 "
+    "bf16 rope values (mla/flashmla_sparse.py)",
+    "fp8_inc": "Intel Neural Compressor's fp8 (Gaudi), not checked against its kernels",
+    "turboquant_": "Hadamard-rotated Lloyd-Max codes, K and V packed per slot",
+    "octave_": "Hadamard-rotated Lloyd-Max codes, K and V packed per slot (ROCm)",
+    "ultraquant_4bit": "packed fp4 values with UE8M0 group scales",
+}
+_PAGE_QUANT_SETTINGS["int8_per_token_head"] = _PAGE_QUANT_SETTINGS["int4_per_token_head"]
+_PAGE_QUANT_SETTINGS["fp8_per_token_head"] = _PAGE_QUANT_SETTINGS["int4_per_token_head"]
+#: The settings whose caches hurray-wire carries.
+CARRIED_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def check_cache_dtype(kv_cache_dtype: object) -> None:
+    """Refuse vLLM's quantized cache settings whose pages carry scales or codes inline."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype in CARRIED_CACHE_DTYPES:
+        return
+    reason = next(
+        (why for prefix, why in _PAGE_QUANT_SETTINGS.items() if kv_cache_dtype.startswith(prefix)),
+        None,
+    )
+    if reason is not None:
+        raise InvalidTensorError(
+            f"vLLM's kv_cache_dtype {kv_cache_dtype!r} is not supported: {reason}",
+            field="kv_cache_dtype",
+            found=repr(kv_cache_dtype),
+            expected=CARRIED_CACHE_DTYPES,
         )
 
 

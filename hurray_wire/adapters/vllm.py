@@ -23,6 +23,7 @@ from hurray_wire.adapters._common import (
     from_table,
     int_vector,
     lens_of,
+    padded_rows,
     padded_table,
     role_tensors,
 )
@@ -44,6 +45,7 @@ _OLD_LAYOUTS = {member: alias for alias, member in forms.LAYOUT_ALIASES.items()}
 
 def _fp8(cache: Array, kv_cache_dtype: object) -> Array:
     """``cache`` with vLLM's uint8 fp8 storage viewed as its float8 type (no copy)."""
+    forms.check_cache_dtype(kv_cache_dtype)
     if cache.dtype == np.uint8:
         return cache.view(element_type_from_name(forms.float8_name(kv_cache_dtype)).numpy_dtype)
     if cache.dtype.kind in "iub":
@@ -96,7 +98,8 @@ def _check_dense(cache: Array) -> None:
     content axis innermost, the next axis C elements apart under every layout); one role's
     split leaves a gap of the other role's half between rows."""
     item, width = cache.dtype.itemsize, cache.shape[3]
-    nearest = min((abs(cache.strides[a]) for a in (1, 2) if cache.shape[a] > 1), default=None)
+    # the block axis too: under LHBNC with one-token blocks it is the next axis in
+    nearest = min((abs(cache.strides[a]) for a in (0, 1, 2) if cache.shape[a] > 1), default=None)
     if cache.strides[3] != item or nearest not in (None, width * item):
         raise _shape_error(
             "not a whole layer view [num_blocks, H, block_size, 2 * head_size] (its rows "
@@ -203,10 +206,11 @@ def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Arra
     num_blocks, heads, block_size, head_size = _cpu_geometry(cache, isa)
     _check_ids(table, num_blocks, "block_table")
     used, pages = np.unique(table, return_inverse=True)
-    slabs = cache[used].reshape(len(used), heads, 2 * block_size * head_size)
-    key_index, value_index = forms.cpu_slab_index(isa, block_size, head_size)
-    key = np.ascontiguousarray(slabs[:, :, key_index].transpose(0, 2, 1, 3))
-    value = np.ascontiguousarray(slabs[:, :, value_index].transpose(0, 2, 1, 3))
+    shape = (len(used), block_size, heads, head_size)
+    key, value = (
+        np.ascontiguousarray(view[used]).reshape(shape).view(cache.dtype)
+        for view in forms.cpu_role_views(cache, isa)
+    )  # one gather each, the kernel's slab order undone by the views' strides
     return key, value, pages.reshape(-1).astype(np.int64)
 
 
@@ -234,6 +238,69 @@ def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
             found=int(ids[bad]),
             expected=f"< {num_blocks}",
         )
+
+
+def kernel_ratio(
+    block_size: object, kernel_block_size: int, num_blocks: int | None, layout: object = None
+) -> int:
+    """Kernel blocks per scheduler (manager) block: 1 without ``block_size``.
+
+    vLLM 0.33 allocates a layer in kernel blocks when its backend cannot take the configured
+    block size (vllm/v1/worker/utils.py ``select_common_block_size``; kv_cache_interface.py
+    ``compute_layer_kv_cache_shape_bytes``: ``num_blocks * ratio`` blocks of
+    ``kernel_block_size`` tokens) while the scheduler's ids stay in manager blocks.
+    """
+    if block_size is None:
+        return 1
+    size = check_int(block_size, "block_size", minimum=1)
+    if size % kernel_block_size:
+        raise InvalidTensorError(
+            f"block_size {size} (vLLM's scheduler block size, cache_config.block_size) is "
+            f"not a multiple of the cache's kernel block size {kernel_block_size} (its own "
+            "block axis)",
+            field="block_size",
+            found=size,
+            expected=f"a multiple of {kernel_block_size}",
+        )
+    ratio = size // kernel_block_size
+    name = forms.layout_name(layout)
+    if ratio > 1 and name not in (None, *forms.SPLIT_LAYOUTS):
+        raise InvalidTensorError(
+            f"vLLM splits blocks into kernel blocks only under {forms.SPLIT_LAYOUTS} "
+            "(vllm/v1/kv_cache_interface.py create_kv_cache_views refuses other layouts; "
+            "vllm/v1/worker/utils.py prepare_kernel_block_sizes never splits "
+            "block-outermost ones)",
+            field="block_size",
+            found=f"block_size {size}, kernel block size {kernel_block_size}, {name}",
+        )
+    if num_blocks is not None and num_blocks % ratio:
+        raise InvalidTensorError(
+            f"a cache split into kernel blocks of {kernel_block_size} tokens holds "
+            f"num_blocks * {ratio} of them (block_size {size}); this one has {num_blocks}",
+            field="kv_cache",
+            found=num_blocks,
+            expected=f"a multiple of {ratio}",
+        )
+    return ratio
+
+
+def kernel_table(
+    table: Array, seq_ptr: Array, lens: Array, ratio: int, kernel_shape: tuple[int, int], name: str
+) -> tuple[Array, Array]:
+    """Manager block ids -> the kernel blocks the attention reads, ``b * ratio + j``
+    (vllm/v1/worker/utils.py ``AttentionGroup.map_to_kernel_block_table``), each sequence
+    keeping its first ``ceil(lens / kernel_block_size)``. ``kernel_shape``: the cache's
+    ``(num_blocks, kernel_block_size)``."""
+    if ratio == 1:
+        return table, seq_ptr
+    num_blocks, kernel_block_size = kernel_shape
+    _check_ids(table, num_blocks // ratio, name)
+    counts = np.diff(seq_ptr)
+    expanded = (table[:, None] * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)
+    need = -(-lens // kernel_block_size)
+    position = np.arange(expanded.size) - np.repeat(seq_ptr[:-1] * ratio, counts * ratio)
+    keep = position < np.repeat(need, counts * ratio)
+    return expanded[keep], np.concatenate(([0], np.cumsum(need))).astype(np.int64)
 
 
 def _window(
@@ -291,6 +358,7 @@ def from_vllm(
     kv_cache_dtype: str | None = None,
     sliding_window: int | None = None,
     isa: str | None = None,
+    block_size: int | None = None,
 ) -> BlockPagedTensor: ...
 @overload
 def from_vllm(
@@ -308,6 +376,7 @@ def from_vllm(
     kv_cache_dtype: str | None = None,
     sliding_window: int | None = None,
     isa: str | None = None,
+    block_size: int | None = None,
 ) -> BlockPagedTensor: ...
 @overload
 def from_vllm(
@@ -325,6 +394,7 @@ def from_vllm(
     kv_cache_dtype: str | None = None,
     sliding_window: int | None = None,
     isa: str | None = None,
+    block_size: int | None = None,
 ) -> Pair: ...
 @overload
 def from_vllm(
@@ -342,6 +412,7 @@ def from_vllm(
     kv_cache_dtype: str | None = None,
     sliding_window: int | None = None,
     isa: str | None = None,
+    block_size: int | None = None,
 ) -> BlockPagedTensor | Pair: ...
 
 
@@ -360,6 +431,7 @@ def from_vllm(
     kv_cache_dtype: str | None = None,
     sliding_window: int | None = None,
     isa: str | None = None,
+    block_size: int | None = None,
 ) -> BlockPagedTensor | Pair:
     """One layer's cache as a ``(key, value)`` pair, one role (``kv_role``) or MLA ``fused``.
 
@@ -372,9 +444,14 @@ def from_vllm(
 
     The page pools are views of the cache for every backend but CPU_ATTN (whose slabs are
     no strided layout: the referenced blocks are copied, numbered in ascending block id);
-    ``BlockPagedTensor.from_arrays`` shares a pool it can and copies a strided one. The
-    cache is read as it is: a manager-block view whose blocks the attention splits into
-    kernel blocks under a head-major layout (LBHNC) is not regrouped.
+    ``BlockPagedTensor.from_arrays`` shares a pool it can and copies a strided one.
+
+    ``block_size``: vLLM's scheduler block size (``cache_config.block_size``). When a backend
+    cannot take it, vLLM allocates the cache in smaller kernel blocks and hands connectors
+    exactly that tensor, while the scheduler's ``block_table`` stays in its own blocks: with
+    ``block_size`` given, each id ``b`` is read as kernel blocks ``b * ratio + j``, as the
+    attention reads it (``ratio = block_size // kernel block size``, the tensor's own block
+    axis; pages are kernel blocks). Without it the ids are the tensor's own blocks.
     """
     name = forms.backend_name(backend)
     cache = _fp8(array(kv_cache, "kv_cache"), kv_cache_dtype)
@@ -400,22 +477,26 @@ def from_vllm(
                 found=repr(kv_role),
             )
         chosen = forms.check_isa(isa)
-        if cache.ndim == 4:
-            _check_layout(cache, kv_cache_layout, era, role=False)
-        block_size = cache.shape[2] if cache.ndim == 4 else 0
-        table, seq_ptr = from_table(block_table, lens, max(block_size, 1))
-        table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, block_size, sliding_window)
-        key, value, table = _cpu_pools(cache, chosen, table)
-        pools = [("key", key), ("value", value)]
+        _cpu_geometry(cache, chosen)
+        _check_layout(cache, kv_cache_layout, era, role=False)
+        kernel = (cache.shape[0], cache.shape[2])
     else:
         kind, pools = _role_pools(cache, name, era, kv_role)
         _check_layout(cache, kv_cache_layout, era, role=kind == "role")
-        block_size = pools[0][1].shape[1]
-        if block_size < 1:
+        kernel = pools[0][1].shape[:2]
+        if kernel[1] < 1:
             raise _shape_error("block_size must be >= 1", cache)
-        table, seq_ptr = from_table(block_table, lens, block_size)
-        table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, block_size, sliding_window)
-        _check_ids(table, pools[0][1].shape[0], "block_table")
+        forms.check_kernel_block(name, kernel[1], era)
+    ratio = kernel_ratio(block_size, kernel[1], kernel[0], kv_cache_layout)
+    manager = kernel[1] * ratio
+    table, seq_ptr = from_table(block_table, lens, manager)
+    table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, manager, sliding_window)
+    table, seq_ptr = kernel_table(table, seq_ptr, lens, ratio, kernel, "block_table")
+    if name == forms.CPU_BACKEND:
+        key, value, table = _cpu_pools(cache, chosen, table)
+        pools = [("key", key), ("value", value)]
+    else:
+        _check_ids(table, kernel[0], "block_table")
     metadata = None if skipped is None else {SKIPPED_TOKENS_KEY: skipped} if skipped else None
     return role_tensors(pools, table, seq_ptr, lens, layer_index, scales, metadata)
 
@@ -470,6 +551,28 @@ def _tensors(tensor_or_pair: Any, name: str) -> tuple[BlockPagedTensor, ...]:
     return check_pair(tensor_or_pair, "tensor_or_pair")
 
 
+def _split_pages(
+    tensor: BlockPagedTensor, pools: list[Array], ratio: int
+) -> tuple[list[Array], Array, Array]:
+    """``(pools, manager ids, seq_ptr)`` of a kernel-block allocation: each sequence's pages
+    in fresh manager blocks ``1..``, page ``i`` of sequence ``s`` in kernel block
+    ``first_s * ratio + i``; pool entry ``k - 1`` is kernel block ``k`` (0 .. ratio - 1 are
+    the null manager block, left zero)."""
+    sp = tensor.seq_ptr.astype(np.int64)
+    counts = np.diff(sp)
+    managers = -(-counts // ratio)
+    manager_ptr = np.concatenate(([0], np.cumsum(managers))).astype(np.int64)
+    total = 1 + int(manager_ptr[-1])
+    slot = np.repeat((1 + manager_ptr[:-1]) * ratio - sp[:-1], counts) + np.arange(sp[-1])
+    pages = tensor.block_table.astype(np.int64)
+    split = []
+    for pool in pools:
+        new = np.zeros((total * ratio - 1, *pool.shape[1:]), pool.dtype)
+        new[slot - 1] = pool[pages]
+        split.append(new)
+    return split, np.arange(1, total, dtype=np.int64), manager_ptr
+
+
 def to_vllm(
     tensor_or_pair: BlockPagedTensor | Pair,
     *,
@@ -478,6 +581,7 @@ def to_vllm(
     kv_cache_layout: Any = None,
     isa: str | None = None,
     max_blocks: int | None = None,
+    block_size: int | None = None,
 ) -> tuple[Array, Array, Array]:
     """``(kv_cache, block_table, seq_lens)`` as vLLM allocates them for ``backend``.
 
@@ -486,6 +590,13 @@ def to_vllm(
     (``kv_cache_layout`` defaults to the backend's own, else vLLM's LBNHC / NHD). A single
     key or value tensor gives the one-role view ``[num_blocks, block_size, H, head_size]``.
     float8 tensors come back as uint8, vLLM's storage. The table is int32, zero padded.
+
+    ``block_size``: vLLM's scheduler block size, a multiple of the tensor's page size (the
+    kernel block size): the cache is then vLLM's kernel-block allocation, ``num_blocks *
+    ratio`` kernel blocks, and the table holds scheduler (manager) block ids ``b`` whose
+    kernel blocks ``b * ratio + j`` hold each sequence's pages in order (manager block 0,
+    kernel blocks ``0 .. ratio - 1``, stays the null block; ``max_blocks`` counts manager
+    blocks).
     """
     name = forms.backend_name(backend)
     era = forms.era_of(vllm_version)
@@ -505,7 +616,12 @@ def to_vllm(
     pools = [t.unpacked_page_pool() for t in tensors]
     # vLLM stores fp8 caches as uint8 (vllm/utils/torch_utils.py)
     pools = [p.view(np.uint8) if p.dtype.name.startswith("float8") else p for p in pools]
-    pages, block_size, heads, dim = pools[0].shape
+    tensor = tensors[0]
+    ratio = kernel_ratio(block_size, pools[0].shape[1], None, layout)
+    if ratio > 1:
+        pools, managers, manager_ptr = _split_pages(tensor, pools, ratio)
+    pages, page_size, heads, dim = pools[0].shape
+    forms.check_kernel_block(name, page_size, era)
     blocks = pages + 1
     dtype = pools[0].dtype
     if name == forms.CPU_BACKEND:
@@ -516,40 +632,40 @@ def to_vllm(
                 found=vllm_version,
             )
         chosen = forms.check_isa(isa)
-        forms.check_cpu_geometry(chosen, block_size, dim)
-        cache = np.zeros((blocks, heads, block_size, 2 * dim), dtype)
-        slabs = cache.reshape(blocks, heads, -1)
-        key_index, value_index = forms.cpu_slab_index(chosen, block_size, dim)
-        slabs[1:, :, key_index] = pools[0].transpose(0, 2, 1, 3)
-        slabs[1:, :, value_index] = pools[1].transpose(0, 2, 1, 3)
+        forms.check_cpu_geometry(chosen, page_size, dim)
+        cache = np.zeros((blocks, heads, page_size, 2 * dim), dtype)
+        for view, pool in zip(forms.cpu_role_views(cache, chosen), pools, strict=True):
+            view[1:] = pool.view(view.dtype).reshape(pages, *view.shape[1:])
     elif single_role:
         order = forms.LAYOUTS[layout]
         cache = _allocate(
-            (blocks, block_size, heads, dim), tuple(_ROLE_AXIS[a] for a in order), dtype
+            (blocks, page_size, heads, dim), tuple(_ROLE_AXIS[a] for a in order), dtype
         )
         cache[1:] = pools[0]
     elif name in forms.MLA_BACKENDS:
         if era >= forms.ERA_LAYER_VIEWS:
-            cache = np.zeros((blocks, 1, block_size, dim), dtype)
+            cache = np.zeros((blocks, 1, page_size, dim), dtype)
             cache[1:, 0] = pools[0][:, :, 0, :]
         else:
-            cache = np.zeros((blocks, block_size, dim), dtype)
+            cache = np.zeros((blocks, page_size, dim), dtype)
             cache[1:] = pools[0][:, :, 0, :]
     elif era >= forms.ERA_LAYER_VIEWS:
-        cache = _allocate((blocks, heads, block_size, 2 * dim), forms.LAYOUTS[layout], dtype)
+        cache = _allocate((blocks, heads, page_size, 2 * dim), forms.LAYOUTS[layout], dtype)
         layer = cache.transpose(0, 2, 1, 3)
         layer[1:, ..., :dim] = pools[0]
         layer[1:, ..., dim:] = pools[1]
     else:
         tail = (2, 3, 4) if _OLD_LAYOUTS[layout] == "NHD" else (3, 2, 4)
         if forms.stacked_axis(name, era) == 0:
-            cache = _allocate((2, blocks, block_size, heads, dim), (0, 1, *tail), dtype)
+            cache = _allocate((2, blocks, page_size, heads, dim), (0, 1, *tail), dtype)
             cache[0, 1:], cache[1, 1:] = pools
         else:
-            cache = _allocate((blocks, 2, block_size, heads, dim), (0, 1, *tail), dtype)
+            cache = _allocate((blocks, 2, page_size, heads, dim), (0, 1, *tail), dtype)
             cache[1:, 0], cache[1:, 1] = pools
-    tensor = tensors[0]
     width = None if max_blocks is None else check_int(max_blocks, "max_blocks")
-    table = padded_table(tensor, width, pad=-1)
-    table = np.where(table < 0, 0, table + 1).astype(np.int32)
+    if ratio > 1:
+        table = padded_rows(managers, manager_ptr, width)
+    else:
+        table = padded_table(tensor, width, pad=-1)
+        table = np.where(table < 0, 0, table + 1).astype(np.int32)
     return cache, table, lens_of(tensor)

@@ -6,6 +6,7 @@ era, CPU_ATTN ISA), everything is checked, then only the named blocks are writte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from hurray_wire.adapters.vllm import (
     _fp8,
     _role_pools,
     _tensors,
+    kernel_ratio,
+    kernel_table,
 )
 from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
@@ -41,12 +44,15 @@ def _writable(kv_cache: Any) -> Array:
 
 
 def _targets(
-    tensor: BlockPagedTensor, block_ids: Any, num_blocks: int
+    tensor: BlockPagedTensor, block_ids: Any, num_blocks: int, block_size: int | None
 ) -> tuple[Array, Array, Array]:
-    """``(engine block, tensor page, valid tokens)`` per written block, checked."""
+    """``(engine kernel block, tensor page, valid tokens)`` per written block, checked
+    (``block_ids`` in manager blocks of ``block_size`` tokens when given)."""
     counts, last = last_page_tokens(tensor)
     page_size = tensor.layout.page_size
-    targets, _ = from_table(block_ids, counts * page_size, page_size, "block_ids")
+    ratio = kernel_ratio(block_size, page_size, num_blocks)
+    tokens = counts * page_size
+    targets, ptr = from_table(block_ids, tokens, page_size * ratio, "block_ids")
     sources = tensor.block_table.astype(np.int64)
     # Valid tokens of each page: full, except each sequence's last one.
     valid = np.full(len(sources), page_size, np.int64)
@@ -59,6 +65,7 @@ def _targets(
             field="block_ids",
             found=0,
         )
+    targets, _ = kernel_table(targets, ptr, tokens, ratio, (num_blocks, page_size), "block_ids")
     _check_ids(targets, num_blocks, "block_ids")
     order = np.argsort(targets, kind="stable")
     t, s = targets[order], sources[order]
@@ -75,6 +82,14 @@ def _targets(
     most = np.zeros(len(unique), np.int64)
     np.maximum.at(most, np.searchsorted(unique, targets), valid)
     return unique, sources[first], most
+
+
+def _pages(pool: Array, ids: Array) -> Array:
+    """``pool[ids]``: a view when the ids are consecutive (a sequence's pages in order)."""
+    if ids.size and (np.diff(ids) == 1).all():
+        return pool[int(ids[0]) : int(ids[0]) + ids.size]
+    taken: Array = pool[ids]
+    return taken
 
 
 def _check_match(name: str, found: Any, expected: Any) -> None:
@@ -98,6 +113,7 @@ def into_vllm(
     kv_cache_dtype: str | None = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    block_size: int | None = None,
 ) -> None:
     """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load).
 
@@ -109,6 +125,11 @@ def into_vllm(
     (block 0 is the null block), no block aimed at by two different pages, the engine's
     ``k_scale`` / ``v_scale`` equal to the tensor's. The cache must be writable CPU memory
     (a NumPy array or a CPU torch tensor, written in place).
+
+    ``block_size``: vLLM's scheduler block size when the cache is split into smaller kernel
+    blocks (the tensor's pages are kernel blocks): ``block_ids`` are then the scheduler's
+    manager block ids, and page ``i`` of a sequence lands in kernel block
+    ``block_ids[i // ratio] * ratio + i % ratio``, where the attention reads it.
     """
     name = forms.backend_name(backend)
     tensors = _tensors(tensor_or_pair, name)
@@ -129,32 +150,37 @@ def into_vllm(
     _check_match("dtype", str(pools[0].dtype), str(cache.dtype))
     if name == forms.CPU_BACKEND:
         chosen = forms.check_isa(isa)
-        blocks, heads, block_size, head_size = _cpu_geometry(cache, chosen)
-        _check_match("page shape", pools[0].shape[1:], (block_size, heads, head_size))
-        targets, sources, valid = _targets(tensors[0], block_ids, blocks)
-        bits = cache.view(f"u{cache.dtype.itemsize}")  # as_strided cannot take ml_dtypes
-        slabs = np.lib.stride_tricks.as_strided(
-            bits,
-            (blocks, heads, 2 * block_size * head_size),
-            (cache.strides[0], cache.strides[1], cache.dtype.itemsize),
-        )
-        pools = [pool.view(bits.dtype) for pool in pools]
-        mask = np.arange(block_size)[None, None, :, None] < valid[:, None, None, None]
-        content = slabs[targets]
-        indexes = forms.cpu_slab_index(chosen, block_size, head_size)
-        for pool, index in zip(pools, indexes, strict=True):
-            new = pool[sources].transpose(0, 2, 1, 3)
-            content[:, :, index] = np.where(mask, new, content[:, :, index])
-        slabs[targets] = content
+        blocks, heads, kernel_size, head_size = _cpu_geometry(cache, chosen)
+        _check_match("page shape", pools[0].shape[1:], (kernel_size, heads, head_size))
+        targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
+        slabs = forms.cpu_role_views(cache, chosen)
+        _write(list(slabs), [p.view(slabs[0].dtype) for p in pools], targets, sources, valid,
+               kernel_size)  # fmt: skip
         return
     _, views = _role_pools(cache, name, era, None)
     blocks = views[0][1].shape[0]
+    forms.check_kernel_block(name, views[0][1].shape[1], era)
     _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
-    targets, sources, valid = _targets(tensors[0], block_ids, blocks)
-    mask = np.arange(pools[0].shape[1])[None, :, None, None] < valid[:, None, None, None]
-    writes = [
-        (view, np.where(mask, pool[sources], view[targets]))
-        for (_, view), pool in zip(views, pools, strict=True)
-    ]
-    for view, content in writes:
-        view[targets] = content
+    targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
+    _write([view for _, view in views], pools, targets, sources, valid, pools[0].shape[1])
+
+
+def _write(
+    views: Sequence[Array], pools: Sequence[Array], targets: Array, sources: Array, valid: Array,
+    page_size: int,
+) -> None:  # fmt: skip
+    """Each role's pages ``sources`` into its view's blocks ``targets``, every check done.
+    A view is ``[blocks, *token axes, H, *dim axes]`` (the token axes in C order are the
+    token: ``[blocks, page_size, H, D]``, or CPU_ATTN's slab order as strides): whole pages
+    are written as they are; a partial one keeps its block's tail."""
+    part = valid < page_size
+    whole = ~part
+    mask = np.arange(page_size)[None, :, None, None] < valid[part, None, None, None]
+    tails = []
+    for view, pool in zip(views, pools, strict=True):
+        shape = view.shape[1:]
+        held = np.ascontiguousarray(view[targets[part]]).reshape(-1, *pool.shape[1:])
+        tails.append(np.where(mask, pool[sources[part]], held).reshape(-1, *shape))
+    for view, pool, tail in zip(views, pools, tails, strict=True):
+        view[targets[whole]] = _pages(pool, sources[whole]).reshape(-1, *view.shape[1:])
+        view[targets[part]] = tail

@@ -27,17 +27,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from hurray_wire.adapters import from_vllm, into_vllm
 from hurray_wire.errors import (
     ArgumentTypeError,
     InvalidTensorError,
 )
 from hurray_wire.fingerprint import EngineFingerprint
+from hurray_wire.vllm.backends import CacheForm, kernel_ids, layer_scales, learn, scales_digest
+from hurray_wire.vllm.device import Staged, commit_all, gather, land, needs_staging, side_stream
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.metrics import COUNTERS, TIMES, HurrayConnectorStats, HurrayPromMetrics
 from hurray_wire.vllm.model_digest import engine_model_digest
 from hurray_wire.vllm.net import Deadline, endpoint, listen
-from hurray_wire.vllm.params import one_sequence, refusal, request_kind, sequence_pages
+from hurray_wire.vllm.params import refusal, request_kind
 from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.pulls import Pulls, failure
 from hurray_wire.vllm.receive import LoadResult, pull
@@ -165,8 +166,10 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._caches: list[Any] = []
         self._layer_of: dict[str, int] = {}
         self._fingerprint: EngineFingerprint | None = None
-        self._backend = "CPU_ATTN"
-        self._isa: str | None = None
+        self._form: CacheForm | None = None  # what the caches are (register_kv_caches)
+        self._scales: list[tuple[float | None, float | None]] = []  # fp8 scales per layer
+        self._stream: Any = None  # the side stream of device copies (device.py)
+        self._pending: list[tuple[list[SaveSpec], int, Staged]] = []  # device saves in flight
         self._store: TransferStore | None = None
         self._server: TransferServer | None = None
         self._listener: socket.socket | None = None
@@ -298,6 +301,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 expected=self._num_layers,
                 found=len(names),
             )
+        # Backend, layout, kernel blocks, dtype: learned and checked now, so that a cache
+        # the connector cannot move stops the engine at start, naming why (backends.py).
+        layers = self._vllm_config.compilation_config.static_forward_context
+        self._form = learn(self._vllm_config.cache_config, layers, {n: kv_caches[n] for n in names})
+        fp8 = self._form.kv_cache_dtype is not None
+        self._scales = [layer_scales(layers[n]) if fp8 else (None, None) for n in names]
+        self._stream = side_stream(self._caches[0].device)
         if self._kv_transfer_config.is_kv_producer and self._listener is None:
             # Bind now: a taken port stops the engine at start, not at its first request.
             # TP rank r serves its own heads on port + r (docs/vllm.md § TP).
@@ -307,30 +317,30 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if self._fingerprint is None:
             import vllm
 
-            ctx = self._vllm_config.compilation_config.static_forward_context
-            layer = next(iter(ctx.values())) if ctx else None
-            backend = layer.get_attn_backend().get_name() if layer is not None else "unknown"
-            isa = getattr(layer, "isa", None)
-            self._backend, self._isa = backend, isa
-            if backend != "CPU_ATTN":
-                raise InvalidTensorError(
-                    "HurrayConnector reads CPU_ATTN caches only so far",
-                    field="backend",
-                    found=backend,
-                )
+            form = self._cache_form()
             rank = self._tp_rank()
+            # backend, layout and kernel block convert (receive.CONVERTIBLE); fp8 pages
+            # need the same scales on both sides
+            extras = {"vllm.kv_scales": scales_digest(self._scales)} if form.kv_cache_dtype else {}
             self._fingerprint = EngineFingerprint(
                 model_id=self._model_id,
                 engine="vllm",
                 engine_version=vllm.__version__,
-                kv_cache_layout=f"{backend}/{isa}" if isa else backend,
-                cache_dtype=str(self._caches[0].dtype).removeprefix("torch."),
+                kv_cache_layout=form.fingerprint_layout,
+                cache_dtype=form.cache_dtype,
                 block_size=self._block_size,
                 tp_rank=rank,
                 tp_size=self._tp_size,
-                extras={"model_digest": self._model_digest or "unknown"},
+                extras={"model_digest": self._model_digest or "unknown", **extras},
             )
         return self._fingerprint
+
+    def _cache_form(self) -> CacheForm:
+        if self._form is None:
+            raise InvalidTensorError(
+                "register_kv_caches was not called", field="kv_caches", found=None
+            )
+        return self._form
 
     def _tp_rank(self) -> int:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -403,16 +413,17 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         ids = load.block_ids[: load.first_block]
         if not ids:
             return None
-        tokens = len(ids) * self._block_size
-        return HeldPages.from_pages([self._read(c, ids, tokens) for c in self._caches])
+        return HeldPages.from_pages([self._read(c, ids, i) for i, c in enumerate(self._caches)])
 
-    def _read(self, cache: Any, block_ids: list[int], num_tokens: int) -> tuple[Any, Any]:
-        """The one reading of vLLM's cache (hurray_wire.adapters.vllm): a copy of these
-        blocks only, ``(key, value)`` pages as the backend and its kernel ISA lay them out."""
-        self._engine_fingerprint()  # sets the backend and kernel ISA the reading needs
-        pair = from_vllm(cache, [block_ids], [num_tokens], backend=self._backend, isa=self._isa)
-        assert isinstance(pair, tuple)  # a two-role cache reads as (key, value)
-        return sequence_pages(pair[0]), sequence_pages(pair[1])
+    def _read(self, cache: Any, block_ids: list[int], layer: int) -> tuple[Any, ...]:
+        """The one reading of vLLM's cache (``CacheForm.read``, hurray_wire.adapters.vllm):
+        a copy of these blocks only, one array of pages per role; a device cache's blocks
+        gathered on the device first (device.py)."""
+        form = self._cache_form()
+        if not needs_staging(cache):
+            return form.read(cache, block_ids, self._scales[layer])
+        staged = gather(cache, kernel_ids([0, *block_ids], form.ratio), self._stream).host()
+        return form.read(staged, range(1, len(block_ids) + 1), self._scales[layer], fresh=True)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Loads are asynchronous (between steps): nothing to wait for inside a forward."""
@@ -427,44 +438,69 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         store = self._producer_store()
         layer = self._layer_of[layer_name]
         logger.debug("save_kv_layer %s -> %d", layer_name, layer)
+        if needs_staging(kv_layer):
+            # one gather of every saving request's blocks, copied to the host on the side
+            # stream; read in wait_for_save (the forward pass does not wait for it)
+            ids = [0, *(b for save in meta.saves for b in save.block_ids)]
+            staged = gather(kv_layer, kernel_ids(ids, self._cache_form().ratio), self._stream)
+            self._pending.append((meta.saves, layer, staged))
+            return
         for save in meta.saves:
-            try:
-                self._save(store, save, kv_layer, layer)
-            except Exception as exc:  # nothing may leave into vLLM's forward pass
-                # the transfer stays incomplete: its pull is refused, the decode side
-                # applies its kv_load_failure_policy
-                store.drop(save.transfer_id, "failed")
-                self._log_once(save.request_id, exc, "KV save failed")
+            self._save(store, save, layer, kv_layer, save.block_ids, fresh=False)
 
-    def _save(self, store: TransferStore, save: SaveSpec, kv_layer: Any, layer: int) -> None:
-        if not store.has(save.transfer_id):
-            store.begin(
-                save.transfer_id, save.request_id, save.block_ids, save.num_tokens, save.digest
-            )
-        store.add_layer(
-            save.transfer_id, layer, *self._read(kv_layer, save.block_ids, save.num_tokens)
-        )
+    def _save(self, store: TransferStore, save: SaveSpec, layer: int, cache: Any,
+              block_ids: Any, *, fresh: bool) -> None:  # fmt: skip
+        try:
+            if not store.has(save.transfer_id):
+                store.begin(save.transfer_id, save.request_id, save.block_ids,
+                            save.num_tokens, save.digest)  # fmt: skip
+            pages = self._cache_form().read(cache, block_ids, self._scales[layer], fresh=fresh)
+            store.add_layer(save.transfer_id, layer, *pages, copy=False)  # pages are copies
+        except Exception as exc:  # nothing may leave into vLLM's forward pass
+            # the transfer stays incomplete: its pull is refused, the decode side
+            # applies its kv_load_failure_policy
+            store.drop(save.transfer_id, "failed")
+            self._log_once(save.request_id, exc, "KV save failed")
+            return
         if layer == 0:
             self._count("pages_sent", len(save.block_ids))
 
     def wait_for_save(self) -> None:
-        """Saves are copies taken in ``save_kv_layer``: done when it returns."""
+        """Host caches are copied in ``save_kv_layer``; device caches' copies, started
+        there, are waited for and read here (after the forward pass)."""
+        pending, self._pending = self._pending, []
+        for saves, layer, staged in pending:
+            host, start = staged.host(), 1  # the gather's block 0 is the null block
+            for save in saves:
+                ids = range(start, start + len(save.block_ids))
+                start += len(save.block_ids)
+                self._save(self._producer_store(), save, layer, host, ids, fresh=True)
 
     def _land(self, load: LoadSpec, result: LoadResult) -> None:
         pages = result.pages
         assert pages is not None
+        form = self._cache_form()
         count = pages.layers[0][0].shape[0]
         # too few (the request holds fewer blocks than the pages): into_vllm refuses them
         targets = load.block_ids[pages.first_block : pages.first_block + count]
         tokens = pages.num_tokens
-        for cache, (key, value) in zip(self._caches, pages.layers, strict=True):
-            pair = (
-                one_sequence(key, tokens, kv_role="key"),
-                one_sequence(value, tokens, kv_role="value"),
-            )
-            # The one validated landing (hurray_wire.adapters.into_vllm): every check
-            # before the first byte is written, only the pages' valid tokens.
-            into_vllm(pair, cache, [targets], backend=self._backend, isa=self._isa)
+        layers = list(zip(self._caches, pages.layers, self._scales, strict=True))
+        if not needs_staging(self._caches[0]):
+            # The one validated landing (CacheForm.write: into_vllm): every check before
+            # the first byte is written, only the pages' valid tokens.
+            for cache, roles, scales in layers:
+                form.write(roles, tokens, cache, targets, scales)
+            return
+        # A device cache: each layer's target blocks staged on the host and written there
+        # (every check), then, once every layer passed, one host-to-device copy each.
+        ids = kernel_ids([0, *targets], form.ratio)  # block 0: the null block, not written
+        local = range(1, len(targets) + 1)
+        commits = [
+            land(cache, ids, partial(form.write, roles, tokens, block_ids=local, scales=scales),
+                 self._stream, skip=form.ratio)
+            for cache, roles, scales in layers
+        ]  # fmt: skip
+        commit_all(commits)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # finished requests' pulls (a client's abort) are cancelled and reported received,

@@ -41,36 +41,34 @@ def digests_of(pages: Pages) -> DigestArray:
 
 @dataclass
 class HeldPages:
-    """The first ``count`` pages of a request as the decode worker holds them: per layer the
-    key and value digests in block order, and a store of their records (refs are filled
-    from it)."""
+    """The first ``count`` pages of a request as the decode worker holds them: per layer each
+    role's digests (key and value, or MLA's fused latent) in block order, and a store of
+    their records (refs are filled from it)."""
 
     count: int
-    digests: list[tuple[DigestArray, DigestArray]]
+    digests: list[tuple[DigestArray, ...]]
     store: MemoryPageStore
 
     @classmethod
-    def from_pages(cls, layers: Sequence[tuple[Pages, Pages]]) -> HeldPages:
-        """``layers``: per layer, the held key and value pages read from the engine."""
+    def from_pages(cls, layers: Sequence[tuple[Pages, ...]]) -> HeldPages:
+        """``layers``: per layer, the held pages of each role read from the engine."""
         count = layers[0][0].shape[0] if layers else 0
-        total = sum(k.nbytes + v.nbytes for k, v in layers)
+        total = sum(p.nbytes for roles in layers for p in roles)
         store = MemoryPageStore(total)
         digests = []
-        for key, value in layers:
-            pair = []
-            for pages in (key, value):
+        for roles in layers:
+            for pages in roles:
                 if pages.shape[0]:
                     store_pages(store, _tensor(pages))
-                pair.append(digests_of(pages))
-            digests.append((pair[0], pair[1]))
+            digests.append(tuple(digests_of(pages) for pages in roles))
         return cls(count, digests, store)
 
-    def first_mismatch(self, layers: Sequence[tuple[Pages, Pages]]) -> int | None:
+    def first_mismatch(self, layers: Sequence[tuple[Pages, ...]]) -> int | None:
         """The first block position below ``count`` whose held page differs from the page
         the transfer carries for it (in any layer or role), or None when all agree."""
         worst: int | None = None
-        for (key, value), held in zip(layers, self.digests, strict=True):
-            for pages, mine in zip((key, value), held, strict=True):
+        for roles, held in zip(layers, self.digests, strict=True):
+            for pages, mine in zip(roles, held, strict=True):
                 theirs = digests_of(pages[: self.count])
                 bad = np.flatnonzero(theirs != mine)
                 if bad.size and (worst is None or int(bad[0]) < worst):

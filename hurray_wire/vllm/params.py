@@ -67,10 +67,13 @@ def one_sequence(pages: npt.NDArray[Any], num_tokens: int, **kwargs: Any) -> Blo
 
 
 def sequence_pages(tensor: BlockPagedTensor) -> npt.NDArray[Any]:
-    """A one-sequence tensor's pages in sequence order, ``[pages, block_size, H, D]``."""
-    pages: npt.NDArray[Any] = np.asarray(tensor.page_pool)[
-        np.asarray(tensor.block_table).reshape(-1)
-    ]
+    """A one-sequence tensor's pages in sequence order, ``[pages, block_size, H, D]``: a view
+    of its pool when they are consecutive pages of it (no copy), else a gathered copy."""
+    pool = np.asarray(tensor.page_pool)
+    table = np.asarray(tensor.block_table).reshape(-1).astype(np.int64)
+    if table.size and (np.diff(table) == 1).all():
+        return pool[int(table[0]) : int(table[0]) + table.size]
+    pages: npt.NDArray[Any] = pool[table]
     return pages
 
 

@@ -32,18 +32,21 @@ from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.heads import head_ranges
 from hurray_wire.transforms.repage import repage
+from hurray_wire.vllm.backends import roles_of_layout
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.net import Deadline, Tls, connect
 from hurray_wire.vllm.params import TransferParams, identity, one_sequence, sequence_pages
 from hurray_wire.vllm.peers import NixlPeers, agent_metadata
 from hurray_wire.vllm.tp import check_convertible, convert_heads, refuse_differences, sources
-from hurray_wire.vllm.transfer import ROLES, _read_line, _send_line
+from hurray_wire.vllm.transfer import _read_line, _send_line
 
 __all__ = ["CONVERTIBLE", "LoadResult", "PulledPages", "pull"]
 
 #: Fingerprint fields the decode side converts instead of refusing (the converted pages'
-#: fingerprint is then checked to equal the decode rank's own, ``tp.convert_heads``).
-CONVERTIBLE = ("tp_rank", "tp_size", "block_size")
+#: fingerprint is then checked to equal the decode rank's own, ``tp.convert_heads``). Pages
+#: travel backend-free (``backends``), so the backend, layout and kernel block
+#: (``kv_cache_layout``) convert too; MLA against key/value pages does not (its roles).
+CONVERTIBLE = ("tp_rank", "tp_size", "block_size", "kv_cache_layout")
 
 
 @dataclass
@@ -55,7 +58,7 @@ class PulledPages:
     overwritten with them."""
 
     first_block: int
-    layers: list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]
+    layers: list[tuple[npt.NDArray[Any], ...]]  # per layer, one array per role
     num_tokens: int  # the tokens these pages hold (the last page may be partial)
     wire_bytes: int
     converted: tuple[str, ...] = ()
@@ -89,6 +92,10 @@ class _Ask:
     tls: Tls | None = None
 
     @property
+    def roles(self) -> tuple[str, ...]:
+        return roles_of_layout(self.ours.kv_cache_layout)
+
+    @property
     def pages(self) -> int:
         return len(self.params.block_ids) - self.first_page
 
@@ -108,6 +115,8 @@ def _check_header(
             "the transfer carries no engine fingerprint", differences={"fingerprint": (ours, None)}
         )
     diff = differences(ours, theirs, ignore=CONVERTIBLE)
+    if roles_of_layout(theirs.kv_cache_layout) != ask.roles:
+        diff["kv_cache_layout"] = (ours.kv_cache_layout, theirs.kv_cache_layout)
     if diff:
         raise refuse_differences("the prefill engine's cache does not mean the same here", diff)
     expect = identity(params.transfer_id, params.request_id, params.prompt_digest,
@@ -217,7 +226,7 @@ def _read_stream(
     )
     tensors: Blobs = {}
     for layer in range(ask.num_layers):
-        for role in ROLES:
+        for role in ask.roles:
             tensor = next(reader, None)
             if tensor is None:
                 raise TransportError("the stream ended early", layer=layer, role=role)
@@ -235,7 +244,7 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
     tensors: Blobs = {}
     found: EngineFingerprint | None = None
     wire = 0
-    for tensor in receiver.receive(2 * ask.num_layers, deadline=ask.deadline.left()):
+    for tensor in receiver.receive(len(ask.roles) * ask.num_layers, deadline=ask.deadline.left()):
         meta = tensor.metadata
         checked = _check_header(fingerprint_from_metadata(meta), meta, ask)
         if found is not None and checked != found:
@@ -254,7 +263,7 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
                                               kv_role=role, layer_index=layer)  # fmt: skip
         # the pool bytes that travelled: the held pages came as references (no bytes)
         wire += tensor.page_pool.nbytes // max(ask.pages, 1) * (ask.pages - ask.held)
-    if found is None or len(tensors) != 2 * ask.num_layers:
+    if found is None or len(tensors) != len(ask.roles) * ask.num_layers:
         raise TransportError("the NIXL transfer ended early")
     return tensors, found, wire
 
@@ -417,7 +426,7 @@ def _pull(
         layers = []
         for layer in range(num_layers):
             pair = []
-            for role in ROLES:
+            for role in roles_of_layout(ours.kv_cache_layout):
                 tensor = fetched[0][0][(layer, role)]
                 if sharded:
                     assert num_kv_heads is not None
@@ -426,7 +435,7 @@ def _pull(
                 if params.block_size != ours.block_size:
                     tensor = repage(tensor, ours.block_size)
                 pair.append(sequence_pages(tensor))
-            layers.append((pair[0], pair[1]))
+            layers.append(tuple(pair))
     except OSError as exc:
         # A failed page digest leaves the later blobs unread: every block from first_block
         # on is unverified (PageDigestError.positions, named in the log, are the first).
@@ -440,7 +449,7 @@ def _pull(
     bad = held.first_mismatch(layers) if held is not None and checking else None
     start = first_block if bad is None else bad
     if first_page == 0:
-        layers = [(k[start:], v[start:]) for k, v in layers]
+        layers = [tuple(p[start:] for p in roles) for roles in layers]
     converted = tuple(k for k in ("tp_size", "block_size")
                       if getattr(params, k) != getattr(ours, k))  # fmt: skip
     tokens = params.num_tokens - start * ours.block_size

@@ -81,7 +81,8 @@ def convert_heads(
     """Decode rank ``ours.tp_rank``'s heads from the shards of prefill ranks
     ``sources(P, ours.tp_size, ours.tp_rank)``, each with the fingerprint it came with
     (rank ``p`` of ``P``). The result carries the converted fingerprint, checked to equal
-    ``ours`` in every field but ``block_size`` (repaged after this)."""
+    ``ours`` in every field but ``block_size`` (repaged after this) and ``kv_cache_layout``
+    (pages travel backend-free)."""
     prefill_tp = shards[0][1].tp_size
     check_convertible(num_kv_heads, prefill_tp, ours.tp_size)
     want = sources(prefill_tp, ours.tp_size, ours.tp_rank)
@@ -118,7 +119,7 @@ def convert_heads(
             out = split_heads(full, ours.tp_size)[ours.tp_rank]
     got = fingerprint_from_metadata(out.metadata)
     assert got is not None  # every shard was tagged
-    diff = differences(ours, got, ignore=("block_size",))
+    diff = differences(ours, got, ignore=("block_size", "kv_cache_layout"))
     if diff:
         raise refuse_differences("the converted pages are not this rank's", diff)
     return out

@@ -36,6 +36,7 @@ from hurray_wire.errors import HurrayWireError, TransferRefusedError, TransportE
 from hurray_wire.fingerprint import EngineFingerprint, fingerprint_to_metadata
 from hurray_wire.integrity.delta import decode_known_pages
 from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.vllm.backends import roles_of_layout
 from hurray_wire.vllm.net import Deadline, Tls, listen
 from hurray_wire.vllm.params import (
     MAX_BLOCK_ID,
@@ -70,7 +71,7 @@ class _Transfer:
     num_tokens: int
     digest: str
     block_size: int
-    layers: dict[int, tuple[npt.NDArray[Any], npt.NDArray[Any]]] = field(default_factory=dict)
+    layers: dict[int, tuple[npt.NDArray[Any], ...]] = field(default_factory=dict)
     complete: bool = False
     created: float = field(default_factory=time.monotonic)
     served: set[int] = field(default_factory=set)  # decode ranks that pulled it
@@ -123,14 +124,15 @@ class TransferStore:
             self._gone[transfer_id] = reason
 
     def add_layer(
-        self, transfer_id: str, layer_index: int, key: npt.NDArray[Any], value: npt.NDArray[Any]
+        self, transfer_id: str, layer_index: int, *pages: npt.NDArray[Any], copy: bool = True
     ) -> None:
-        """The layer's pages ``[pages, block_size, heads, head_dim]``, copied."""
+        """The layer's pages ``[pages, block_size, heads, head_dim]`` per role (key and value,
+        or MLA's fused latent), copied unless ``copy=False`` (the caller's own copies)."""
         with self._lock:
             transfer = self._live.get(transfer_id)
             if transfer is None:
                 return
-            transfer.layers[layer_index] = (np.array(key, copy=True), np.array(value, copy=True))
+            transfer.layers[layer_index] = tuple(np.array(p, copy=copy) for p in pages)
             if len(transfer.layers) == self.num_layers:
                 transfer.complete = True
 
@@ -324,12 +326,16 @@ def check_ask(ask: Mapping[str, Any]) -> None:
 
 
 def _tensors(
-    transfer: _Transfer, num_layers: int, first: int, metadata: Mapping[str, Any] | None = None
+    transfer: _Transfer,
+    num_layers: int,
+    first: int,
+    roles: tuple[str, ...],
+    metadata: Mapping[str, Any] | None = None,
 ) -> Iterator[BlockPagedTensor]:
-    """The transfer's blobs in order: key then value of each layer, pages ``first..``."""
+    """The transfer's blobs in order: each role of each layer, pages ``first..``."""
     tokens = transfer.num_tokens - first * transfer.block_size
     for layer in range(num_layers):
-        for role, pages in zip(ROLES, transfer.layers[layer], strict=True):
+        for role, pages in zip(roles, transfer.layers[layer], strict=True):
             yield one_sequence(np.ascontiguousarray(pages[first:]), tokens, kv_role=role,
                                layer_index=layer, metadata=metadata)  # fmt: skip
 
@@ -377,17 +383,18 @@ def serve_one(
     except TransferRefusedError as exc:
         _send_line(conn, {"ok": False, "reason": exc.reason, "message": str(exc)})
         return 0
+    roles = roles_of_layout(store.fingerprint.kv_cache_layout)
     claims = identity(ask["transfer_id"], transfer.request_id, transfer.digest, first, held,
                       transfer.num_tokens)  # fmt: skip
     try:
         if nixl is not None and wants_nixl:  # the pages as NIXL blobs
             with nixl_lock or contextlib.nullcontext():
-                return _send_nixl(conn, nixl, store, transfer, first, claims, known, ask)
+                return _send_nixl(conn, nixl, store, transfer, first, claims, known, ask, roles)
         _send_line(conn, {"ok": True})  # the pages as a stream on conn
-        header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=ROLES,
+        header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=roles,
                               fingerprint=store.fingerprint, metadata=claims)  # fmt: skip
         with StreamWriter(conn, header) as writer:  # a failure aborts it: no end record
-            for tensor in _tensors(transfer, store.num_layers, first):
+            for tensor in _tensors(transfer, store.num_layers, first, roles):
                 writer.write(tensor, checksum=False, page_digests=True, known_pages=known)
         return writer.position
     except (OSError, HurrayWireError) as exc:
@@ -405,13 +412,14 @@ def _send_nixl(
     claims: dict[str, Any],
     known: Any,
     ask: Mapping[str, Any],
+    roles: tuple[str, ...],
 ) -> int:
     """The pages as NIXL blobs, the connection carrying the two control lines."""
     sender, mine = nixl.sender(ask)
     _send_line(conn, {"ok": True, "agent_metadata": mine})
     meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
     total = 0
-    for tensor in _tensors(transfer, store.num_layers, first, meta):
+    for tensor in _tensors(transfer, store.num_layers, first, roles, meta):
         sender.publish(tensor, mode="staged", checksum=False, page_digests=True,
                        known_pages=known)  # fmt: skip
         total += tensor.page_pool.nbytes

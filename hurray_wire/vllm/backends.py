@@ -1,0 +1,248 @@
+"""What a vLLM engine's KV caches are, learned once at ``register_kv_caches`` (engine start),
+and the connector's one reading and writing of them (docs/vllm.md § backends).
+
+vLLM 0.33's own NixlConnector learns the same facts the same way
+(``distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py`` ~960-1085): the backend
+from the attention layers (``layer.get_attn_backend()``, kv_connector/utils.py
+``get_current_attn_backends``), the layout from ``cache_config.get_resolved_kv_cache_layout()``,
+the kernel block size from ``select_common_block_size``; here it is read off the registered
+tensors themselves, which ``allocate_kv_cache`` built in kernel blocks
+(``v1/worker/gpu_model_runner.py`` ``initialize_kv_cache``, ~7020-7054), so it cannot
+disagree with them. The CPU kernel's ISA is ``layer.isa`` (set by ``CPUAttentionMetadataBuilder``
+before the caches are registered); fp8 caches are uint8 storage of ``cache_config.cache_dtype``
+with the layer's ``_k_scale`` / ``_v_scale``.
+
+A cache is refused here, at start, when the adapters cannot read it (another backend, an
+integer cache, a layout its strides contradict), naming what is wrong.
+
+Pages travel in the backend-free form ``[pages, block_size, H, D]`` per role (``key`` and
+``value``, or MLA's ``fused`` latent) in the scheduler's block size, so engines with other
+backends, layouts or kernel blocks exchange them; a decode engine lands them with its own
+backend's rules (``into_vllm``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from hurray_wire.adapters import _vllm_forms as forms, from_vllm, into_vllm
+from hurray_wire.adapters._common import array
+from hurray_wire.errors import HurrayWireError, InvalidTensorError
+from hurray_wire.vllm.params import one_sequence, sequence_pages
+
+__all__ = ["CacheForm", "kernel_ids", "layer_scales", "learn", "roles_of_layout", "scales_digest"]
+
+Pages = npt.NDArray[Any]
+PAIR = ("key", "value")
+FUSED = ("fused",)
+
+
+def roles_of_layout(kv_cache_layout: str) -> tuple[str, ...]:
+    """The roles a transfer carries per layer, from the fingerprint's ``kv_cache_layout``
+    (``"<backend>/..."``): MLA's fused latent, else key and value."""
+    return FUSED if kv_cache_layout.split("/", 1)[0] in forms.MLA_BACKENDS else PAIR
+
+
+def kernel_ids(block_ids: Sequence[int], ratio: int) -> npt.NDArray[np.int64]:
+    """Scheduler block ids as the kernel blocks that hold them, block ``b`` kernel blocks
+    ``b * ratio + j`` (vllm/v1/worker/utils.py ``map_to_kernel_block_table``): what a
+    device gathers; the adapter translates the ids it reads itself (``block_size=``)."""
+    ids = np.asarray(block_ids, np.int64)
+    return (ids[:, None] * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)
+
+
+@dataclass(frozen=True)
+class CacheForm:
+    """One engine's caches: every layer has the same backend, layout and geometry."""
+
+    backend: str
+    layout: str | None  # the KVCacheLayout member vLLM resolved (None: it does not say)
+    isa: str | None  # CPU_ATTN's kernel ISA
+    block_size: int  # the scheduler's (manager) block size: the block ids it hands out
+    kernel_block_size: int  # the cache tensors' block size (smaller when vLLM split blocks)
+    kv_cache_dtype: str | None  # vLLM's fp8 setting when the cache is uint8 storage
+    cache_dtype: str  # the element type pages travel as
+
+    @property
+    def ratio(self) -> int:
+        return self.block_size // self.kernel_block_size
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return FUSED if self.backend in forms.MLA_BACKENDS else PAIR
+
+    @property
+    def fingerprint_layout(self) -> str:
+        """The fingerprint's ``kv_cache_layout``: backend, layout, ISA and kernel block."""
+        parts = [self.backend, self.layout or "-", f"kernel{self.kernel_block_size}"]
+        return "/".join(parts + ([self.isa] if self.isa else []))
+
+    def _kw(self) -> dict[str, Any]:
+        """The adapter's reading of this engine's caches: manager block ids translated to
+        the kernel blocks the attention reads (``block_size=``)."""
+        return {"backend": self.backend, "isa": self.isa, "kv_cache_dtype": self.kv_cache_dtype,
+                "block_size": self.block_size}  # fmt: skip
+
+    def read(
+        self,
+        cache: Any,
+        block_ids: Sequence[int],
+        scales: tuple[float | None, float | None] = (None, None),
+        *,
+        fresh: bool = False,
+    ) -> tuple[Pages, ...]:
+        """A copy of the pages of scheduler blocks ``block_ids`` (whole blocks), one array
+        per role ``[pages, block_size, H, D]``. ``cache``: the engine's, or with ``fresh``
+        a gathered copy nothing else writes (its pages are then not copied again)."""
+        tokens = len(block_ids) * self.block_size
+        k_scale, v_scale = scales
+        read = from_vllm(cache, [list(block_ids)], [tokens], k_scale=k_scale, v_scale=v_scale,
+                         kv_cache_layout=self.layout, **self._kw())  # fmt: skip
+        tensors = read if isinstance(read, tuple) else (read,)
+        count = len(block_ids)
+        source = None if fresh else array(cache, "kv_cache")
+        out = []
+        for t in tensors:
+            pages = sequence_pages(t).reshape(count, self.block_size, *t.page_pool.shape[2:])
+            # from_vllm shares a C-contiguous pool (MLA): the engine may overwrite it
+            shared = source is not None and np.may_share_memory(pages, source)
+            out.append(pages.copy() if shared else pages)
+        return tuple(out)
+
+    def write(
+        self,
+        pages: Sequence[Pages],
+        num_tokens: int,
+        cache: Any,
+        block_ids: Sequence[int],
+        scales: tuple[float | None, float | None] = (None, None),
+    ) -> None:
+        """Land pages (per role, ``[pages, block_size, H, D]``, ``num_tokens`` valid) at
+        scheduler blocks ``block_ids`` with the one validated landing (``into_vllm``):
+        every check before the first byte, only the valid tokens written. ``scales``: the
+        layer's fp8 scales, which the prefill engine's equal (``scales_digest`` is in both
+        fingerprints)."""
+        needed = -(-num_tokens // self.kernel_block_size)  # kernel blocks holding the tokens
+        kernel = [p.reshape(-1, self.kernel_block_size, *p.shape[2:])[:needed] for p in pages]
+        tensors = tuple(
+            one_sequence(p, num_tokens, kv_role=role, kv_scale=s)
+            for p, role, s in zip(kernel, self.roles, scales, strict=False)
+        )
+        k_scale, v_scale = scales
+        target = tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
+        into_vllm(target, cache, [list(block_ids)], k_scale=k_scale, v_scale=v_scale,
+                  **self._kw())  # fmt: skip
+
+    def check(self, cache: Any) -> None:
+        """Read nothing from ``cache`` with the adapter's rules: every refusal it would
+        give later (backend, shape, dtype, layout, ISA) given now."""
+        from_vllm(cache, [[]], [0], kv_cache_layout=self.layout, **self._kw())
+
+
+def _refuse(message: str, **kw: Any) -> InvalidTensorError:
+    return InvalidTensorError(f"HurrayConnector: {message}", **kw)
+
+
+def _layout(cache_config: Any) -> str | None:
+    resolve = getattr(cache_config, "get_resolved_kv_cache_layout", None)
+    try:
+        layout = resolve() if resolve is not None else None
+    except ValueError:  # not resolved (an engine built without its core)
+        return None
+    return forms.layout_name(layout) if layout is not None else None
+
+
+def _block_axis_size(cache: Any, backend: str) -> int:
+    shape = tuple(cache.shape)
+    if len(shape) != 4:
+        raise _refuse(
+            f"a {backend} cache of vLLM >= 0.26 is one 4-D view per layer",
+            field="kv_caches",
+            found=f"shape {shape}",
+        )
+    return int(shape[2])
+
+
+def learn(cache_config: Any, layers: Mapping[str, Any], kv_caches: Mapping[str, Any]) -> CacheForm:
+    """The engine's ``CacheForm`` from its cache config, its attention layers (vLLM's
+    ``static_forward_context``) and the caches it registers; refuses, naming the field,
+    anything the connector cannot move (it is called from ``register_kv_caches``)."""
+    if not kv_caches:
+        raise _refuse("no KV caches registered", field="kv_caches", found=0)
+    backends: dict[str, list[str]] = {}
+    isas: set[Any] = set()
+    for name in kv_caches:
+        layer = layers.get(name)
+        if layer is None or not hasattr(layer, "get_attn_backend"):
+            raise _refuse(
+                "a KV cache without an attention layer reporting its backend",
+                field="kv_caches",
+                found=name,
+            )
+        backends.setdefault(str(layer.get_attn_backend().get_name()), []).append(name)
+        isas.add(getattr(layer, "isa", None))
+    if len(backends) != 1:
+        raise _refuse(
+            "one attention backend for every layer is supported",
+            field="backend",
+            found=sorted(backends),
+        )
+    backend = next(iter(backends))
+    if backend not in forms.BACKENDS:
+        raise _refuse(
+            f"the {backend} attention backend's cache is not one hurray-wire reads",
+            field="backend",
+            found=backend,
+            expected=forms.BACKENDS,
+        )
+    block_size = int(cache_config.block_size)
+    first = next(iter(kv_caches.values()))
+    kernel = _block_axis_size(first, backend)
+    if kernel < 1 or block_size % kernel:
+        raise _refuse(
+            "the caches' block size does not divide the scheduler's",
+            field="block_size",
+            found=kernel,
+            expected=f"a divisor of {block_size}",
+        )
+    fp8 = str(first.dtype) == "torch.uint8"
+    setting = getattr(cache_config, "cache_dtype", None)
+    dtype = forms.float8_name(setting) if fp8 else str(first.dtype).removeprefix("torch.")
+    isa = isas.pop() if backend == forms.CPU_BACKEND and len(isas) == 1 else None
+    form = CacheForm(backend, _layout(cache_config), isa, block_size, kernel,
+                     str(setting) if fp8 else None, dtype)  # fmt: skip
+    for name, cache in kv_caches.items():
+        if tuple(cache.shape) != tuple(first.shape) or cache.dtype != first.dtype:
+            raise _refuse(
+                "every layer's cache has one shape and dtype",
+                field="kv_caches",
+                found=f"{name}: {tuple(cache.shape)} {cache.dtype}",
+                expected=f"{tuple(first.shape)} {first.dtype}",
+            )
+        try:
+            form.check(cache)
+        except HurrayWireError as exc:
+            raise _refuse(f"{name}: {exc}", field="kv_caches", found=backend) from None
+    return form
+
+
+def layer_scales(layer: Any) -> tuple[float | None, float | None]:
+    """An fp8 layer's ``(k_scale, v_scale)``: its ``_k_scale`` / ``_v_scale`` buffers (0-d or
+    one per KV head, vllm/model_executor/layers/attention/attention.py
+    ``set_default_quant_scales``), read once at engine start (they are loaded with the
+    weights, before the caches are allocated)."""
+    k, v = (forms.scale_value(getattr(layer, f"_{r}_scale", None), f"{r}_scale") for r in "kv")
+    return k, v
+
+
+def scales_digest(scales: Sequence[tuple[float | None, float | None]]) -> str:
+    """xxh3-64 of every layer's fp8 scales (float64, 1.0 when unset): a fingerprint extra,
+    so that pages quantized with other scales are refused, not dequantized wrong."""
+    values = np.array([[1.0 if s is None else s for s in pair] for pair in scales], np.float64)
+    return xxhash.xxh3_64_hexdigest(values.tobytes())

@@ -1,0 +1,141 @@
+"""KV caches in device memory: the request's blocks gathered on the device and copied to the
+host once per layer, and landed with one host-to-device copy per layer (docs/vllm.md
+§ device memory). Plain torch, device-agnostic: CUDA (or any accelerator torch drives
+through ``torch.get_device_module``) and CPU tensors take the same path.
+
+Saving: ``gather`` enqueues, on a side stream that first waits for the forward pass's
+stream, an ``index_select`` of the blocks (in the cache's memory order, so the copy keeps
+its layout) and a non-blocking copy into pinned host memory, then records an event; the
+forward pass goes on. ``Staged.host()`` waits for that event only (the connector calls it
+from ``wait_for_save``, after the forward), before anything reads the copy.
+
+Landing: ``land`` gathers the target blocks the same way (a partial last block keeps its
+tail), lets the caller write the checked pages into that host copy, then copies each layer
+back in one non-blocking host-to-device copy and an ``index_copy_`` on the side stream; the
+forward stream waits for it (``wait_stream``), the host does not. No per-block Python loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Staged", "gather", "land", "memory_order", "needs_staging"]
+
+
+def needs_staging(cache: Any) -> bool:
+    """A cache the host cannot address in place (``from_vllm`` / ``into_vllm`` read and
+    write host memory only)."""
+    return bool(cache.device.type != "cpu")
+
+
+def memory_order(tensor: Any) -> list[int]:
+    """The tensor's axes outermost first in memory (larger stride first; ties keep order)."""
+    strides = tensor.stride()
+    return sorted(range(tensor.dim()), key=lambda a: (-strides[a], a))
+
+
+def _module(device: Any) -> Any:
+    import torch
+
+    return None if device.type == "cpu" else torch.get_device_module(device.type)
+
+
+@dataclass
+class Staged:
+    """A host copy of some of a cache's blocks (block axis first: position ``i`` holds the
+    ``i``-th block gathered), complete once ``host()`` returns."""
+
+    _host: Any
+    _event: Any = None
+    _device: Any = None  # the gathered device tensor, alive until the copy is done
+
+    def host(self) -> Any:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event, self._device = None, None
+        return self._host
+
+
+def _index(ids: npt.NDArray[np.int64], device: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(ids, np.int64)).to(device, non_blocking=True)
+
+
+def _take(cache: Any, index: Any) -> Any:
+    """``cache``'s blocks at ``index`` (axis 0), gathered in the cache's memory order."""
+    order = memory_order(cache)
+    picked = cache.permute(order).index_select(order.index(0), index)
+    return picked.permute([order.index(a) for a in range(cache.dim())])
+
+
+def gather(cache: Any, block_ids: npt.NDArray[np.int64], stream: Any = None) -> Staged:
+    """Start copying ``cache``'s blocks ``block_ids`` to host memory (pinned on a device);
+    ``stream``: the side stream (from ``side_stream``), None on the CPU."""
+    import torch
+
+    module = _module(cache.device)
+    if module is None:
+        return Staged(_take(cache, _index(block_ids, cache.device)))
+    stream = stream if stream is not None else module.Stream(cache.device)
+    stream.wait_stream(module.current_stream(cache.device))  # the layer's KV is written
+    with module.stream(stream):
+        picked = _take(cache, _index(block_ids, cache.device))
+        host = torch.empty_strided(picked.shape, picked.stride(), dtype=picked.dtype,
+                                   device="cpu", pin_memory=True)  # fmt: skip
+        host.copy_(picked, non_blocking=True)
+        event = module.Event()
+        event.record(stream)
+    return Staged(host, event, picked)
+
+
+def land(
+    cache: Any,
+    block_ids: npt.NDArray[np.int64],
+    write: Callable[[Any], None],
+    stream: Any = None,
+    *,
+    skip: int = 0,
+) -> Callable[[], None]:
+    """Stage ``cache``'s blocks ``block_ids`` on the host, let ``write`` check and write
+    pages into that host copy (it raises to refuse: nothing reaches ``cache`` then), and
+    return the commit: one host-to-device copy and ``index_copy_`` of the blocks after the
+    first ``skip`` (read for ``write``'s numbering only, never written back), the forward
+    stream made to wait for it."""
+    staged = gather(cache, block_ids, stream).host()
+    write(staged)
+    ids = block_ids[skip:]
+
+    def commit() -> None:
+        module = _module(cache.device)
+        order = memory_order(cache)
+        target = cache.permute(order)
+        source = staged[skip:].permute(order)
+        if module is None:
+            target.index_copy_(order.index(0), _index(ids, cache.device), source)
+            return
+        side = stream if stream is not None else module.Stream(cache.device)
+        side.wait_stream(module.current_stream(cache.device))
+        with module.stream(side):
+            index = _index(ids, cache.device)
+            target.index_copy_(order.index(0), index, source.to(cache.device, non_blocking=True))
+        module.current_stream(cache.device).wait_stream(side)
+
+    return commit
+
+
+def side_stream(device: Any) -> Any:
+    """The stream a device's connector copies run on (None for the CPU)."""
+    module = _module(device)
+    return None if module is None else module.Stream(device)
+
+
+def commit_all(commits: Sequence[Callable[[], None]]) -> None:
+    """Run every layer's commit (after every layer's checks passed)."""
+    for commit in commits:
+        commit()

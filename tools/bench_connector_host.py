@@ -1,0 +1,121 @@
+"""HurrayConnector's host-side work per GB of KV, per backend layout, against the limit of one
+memcpy plus one xxh3 pass over the same bytes, measured in the same run (for the save, a
+memcpy into new memory: the saved copy is kept; for the load, into memory already there).
+
+* save: the copy out of the engine's cache (``CacheForm.read``: the request's pages, split
+  into roles, in the wire's layout) + the page digests the stream carries;
+* load: the digests checked (recomputed from the received pages and compared) + the landing
+  (``CacheForm.write``: into_vllm's checks and writes).
+
+``host`` reads and writes a host cache in place (a CPU engine). ``device`` is the host's
+share of a GPU engine's path (hurray_wire.vllm.device): the blocks arrive gathered by the
+device and copied by DMA into pinned memory, so the host reads that copy (and lands into
+the staged copy the DMA takes back); the device's gathers and copies are not host work.
+Ratios are within one run, the routes taking turns (``bench.interleaved``); target <= 1.3.
+
+    python tools/bench_connector_host.py [--mib M] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+from bench import interleaved
+from bench_scale import scaled
+
+from hurray_wire.adapters import _vllm_forms as forms
+from hurray_wire.integrity.digests import page_digests
+from hurray_wire.vllm.backends import CacheForm, kernel_ids
+from hurray_wire.vllm.device import gather
+from hurray_wire.vllm.params import one_sequence
+
+H, D, MLA_DIM = 8, 128, 576
+# (backend, layout, isa, scheduler block, kernel block)
+FORMS = [
+    ("FLASH_ATTN", "LBNHC", None, 16, 16),
+    ("FLASH_ATTN", "LBHNC", None, 16, 16),
+    ("FLASHINFER", "LBNHC", None, 128, 64),
+    ("FLASHINFER", "LBHNC", None, 128, 64),
+    ("FLASHMLA", "LBNHC", None, 128, 64),
+    ("CPU_ATTN", "LBHNC", "vec", 32, 32),
+]
+
+
+def cache_of(backend: str, layout: str, blocks: int, kernel: int, ratio: int) -> torch.Tensor:
+    """A random fp16 cache laid out as vLLM allocates it (the layout in its strides)."""
+    heads, width = (1, MLA_DIM) if backend in forms.MLA_BACKENDS else (H, 2 * D)
+    shape = (blocks * ratio, heads, kernel, width)
+    physical = forms.LAYOUTS[layout]
+    memory = torch.randn([shape[a] for a in physical], generator=torch.Generator().manual_seed(3))
+    return memory.half().permute([physical.index(a) for a in range(4)])
+
+
+def routes(spec: tuple[Any, ...], mib: int) -> tuple[int, dict[str, Callable[[], Any]]]:
+    backend, layout, isa, block, kernel = spec
+    form = CacheForm(backend, layout, isa, block, kernel, None, "float16")
+    per_block = block * (MLA_DIM if backend in forms.MLA_BACKENDS else 2 * H * D) * 2
+    count = max(2, (mib << 20) // per_block)
+    blocks = 2 * count + 1
+    cache = cache_of(backend, layout, blocks, kernel, form.ratio)
+    landing = cache.clone()
+    ids = list(np.random.default_rng(5).permutation(np.arange(1, blocks))[:count])
+    targets = ids[::-1]
+    tokens = count * block
+    pages = form.read(cache, ids)
+    nbytes = sum(p.nbytes for p in pages)
+    digests = [page_digests(one_sequence(p, tokens)) for p in pages]
+    staged = gather(cache, kernel_ids([0, *ids], form.ratio)).host()
+    staged_landing = gather(landing, kernel_ids([0, *targets], form.ratio)).host()
+    local = range(1, count + 1)
+    flat = np.concatenate([p.reshape(-1).view(np.uint8) for p in pages])
+    out = np.empty_like(flat)
+
+    def digest(read: tuple[Any, ...]) -> None:
+        for p in read:
+            page_digests(one_sequence(p, tokens))
+
+    def verify(read: tuple[Any, ...]) -> None:
+        for p, want in zip(read, digests, strict=True):
+            if not np.array_equal(page_digests(one_sequence(p, tokens)), want):
+                raise AssertionError("digest")
+
+    return nbytes, {
+        "memcpy": lambda: np.copyto(out, flat),
+        "memcpy new": lambda: flat.copy(),
+        "xxh3": lambda: xxhash.xxh3_64_intdigest(flat),
+        "save host": lambda: digest(form.read(cache, ids)),
+        "load host": lambda: (verify(pages), form.write(pages, tokens, landing, targets)),
+        "save device": lambda: digest(form.read(staged, local, fresh=True)),
+        "load device": lambda: (verify(pages), form.write(pages, tokens, staged_landing, local)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=scaled(64, 1), help="KV per request")
+    parser.add_argument("--repeat", type=int, default=scaled(3, 1))
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.mib} MiB of KV per request, fp16")
+    print(f"{'backend / layout / blocks':36} {'limit GB/s':>10} {'save x':>7} {'load x':>7} "
+          f"{'save dev x':>10} {'load dev x':>10}")  # fmt: skip
+    for spec in FORMS:
+        nbytes, fns = routes(spec, args.mib)
+        best = interleaved(fns, args.repeat)
+        limit = best["memcpy"] + best["xxh3"]  # load: into memory in place
+        fresh = best["memcpy new"] + best["xxh3"]  # save: a copy is kept, so its memory is new
+        split = f" (kernel {spec[4]})" if spec[4] != spec[3] else ""
+        ratios = [best["save host"] / fresh, best["load host"] / limit,
+                  best["save device"] / fresh, best["load device"] / limit]  # fmt: skip
+        print(f"{spec[0]} / {spec[1]} / {spec[3]}{split}".ljust(36),
+              f"{nbytes / limit / 1e9:10.2f} {ratios[0]:7.2f} {ratios[1]:7.2f} "
+              f"{ratios[2]:10.2f} {ratios[3]:10.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
