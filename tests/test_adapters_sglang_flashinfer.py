@@ -124,9 +124,14 @@ def test_sglang_mla_is_one_fused_tensor() -> None:
     assert same(fused.sequence(0), kv[req[2, :20]])
     out_kv, out_req, rows, _lens = hw.to_sglang_mla(fused)
     assert rows.tolist() == [1] and same(out_kv[out_req[1, :20]], kv[req[2, :20]])
-    with pytest.raises(hw.InvalidTensorError) as info:
+    with pytest.raises(hw.InvalidTensorError, match=r"MLATokenToKVPool.*from_sglang_mla"):
         hw.from_sglang(kv, kv[..., :512], req, [2], [20], page_size=16)
-    assert "from_sglang_mla" in str(info.value)
+    # two buffers of an MHA pool with v_head_dim < head_dim: not MLA, not supported
+    with pytest.raises(
+        hw.InvalidTensorError, match=r"v_head_dim != head_dim .*not supported"
+    ) as info:
+        hw.from_sglang(kv, kv[..., :512].copy(), req, [2], [20], page_size=16)
+    assert "from_sglang_mla" not in str(info.value)
     for bad in (hw.BlockPagedTensor.from_arrays(np.zeros((2, 4, 2, 8), np.float16), [1], [0, 1]),
                 "x"):  # fmt: skip
         with pytest.raises(hw.HurrayWireError):
@@ -393,3 +398,25 @@ def test_device_and_strided_pools_gather_only_referenced_pages() -> None:
     meta = pool.to("meta")  # a device tensor: never brought to host whole (meta cannot be)
     with pytest.raises(hw.IndexBufferError):
         hw.BlockPagedTensor.from_arrays(meta.permute(0, 2, 1, 3), [10], [0, 1])
+
+
+@pytest.mark.parametrize("width", [656, 132 * 4, 132 * 2 + 128])
+def test_sglang_dsa_fp8_mla_rows_are_refused(width: int) -> None:
+    """SGLang's DSA fp8 MLA row packs fp8 values, float32 scales and bf16 rope
+    (calculate_mla_kv_cache_dim): refused by name, never carried as plain float8."""
+    req = np.zeros((3, 40), np.int32)
+    req[2, :20] = np.r_[64:84]
+    raw = np.zeros((4 * 64, 1, width), np.uint8)
+    for buffer, dtype in (
+        (raw, ml_dtypes.float8_e4m3fn),
+        (raw.view(ml_dtypes.float8_e4m3fn), None),
+    ):
+        with pytest.raises(
+            hw.InvalidTensorError, match=r"DSA fp8 MLA pool .* not supported"
+        ) as info:
+            hw.from_sglang_mla(buffer, req, [2], [20], page_size=64, dtype=dtype)
+        assert info.value.field == "kv_buffer"
+    # the plain fp8 latent (kv_lora_rank + qk_rope_head_dim = 576) and a bf16 DSA row are read
+    for plain, dtype in ((np.zeros((256, 1, 576), np.uint8), ml_dtypes.float8_e4m3fn),
+                         (np.zeros((256, 1, width), ml_dtypes.bfloat16), None)):  # fmt: skip
+        assert hw.from_sglang_mla(plain, req, [2], [20], page_size=64, dtype=dtype).shape[0] == 20

@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
@@ -192,13 +190,7 @@ def test_kernel_blocks_sliding_window(block: int, window: int, tokens: int) -> N
     )  # fmt: skip
     kernel = vc.kernel_block_size("FLASHINFER", spec)
     assert kernel == 64
-    pool = BlockPool(12, enable_caching=False, hash_block_size=block)
-    manager = SlidingWindowManager(
-        spec, block_pool=pool, enable_caching=False, kv_cache_group_id=0, scheduler_block_size=block
-    )
-    manager.allocate_new_blocks("r", tokens, tokens)
-    manager.remove_skipped_blocks("r", tokens)
-    row = [b.block_id for b in manager.req_to_blocks["r"]]
+    row = vc.window_row(spec, 12, tokens)
     nulls = next((i for i, b in enumerate(row) if b != 0), len(row))
     assert nulls > 0
     layer = vc.allocate(spec, KVCacheLayout.LBNHC, 12, kernel)[vc.LAYERS[0]]

@@ -21,8 +21,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
@@ -158,13 +156,7 @@ def test_sliding_window_null_blocks(block: int, window: int, tokens: int) -> Non
     spec = SlidingWindowSpec(
         block_size=block, num_kv_heads=2, head_size=64, dtype=torch.float16, sliding_window=window
     )
-    pool = BlockPool(32, enable_caching=False, hash_block_size=block)
-    manager = SlidingWindowManager(
-        spec, block_pool=pool, enable_caching=False, kv_cache_group_id=0, scheduler_block_size=block
-    )
-    manager.allocate_new_blocks("r", tokens, tokens)
-    manager.remove_skipped_blocks("r", tokens)
-    row = [b.block_id for b in manager.req_to_blocks["r"]]
+    row = vc.window_row(spec, 32, tokens)
     nulls = next((i for i, b in enumerate(row) if b != 0), len(row))
     assert nulls == max(0, tokens - window + 1) // block  # vLLM nulls the blocks the window left
     caches = vc.allocate(

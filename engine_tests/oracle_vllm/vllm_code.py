@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 
 try:
     from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
@@ -205,6 +206,22 @@ class Requests:
         for s, row in enumerate(self.rows):
             table.add_row(row, s)
         return table.get_numpy_array()[: len(self.rows)].copy()
+
+
+def window_row(spec: Any, num_blocks: int, tokens: int) -> list[int]:
+    """One request's block ids from vLLM's SlidingWindowManager after it freed the blocks the
+    window has left (the null block, id 0, in their place)."""
+    pool = BlockPool(num_blocks, enable_caching=False, hash_block_size=spec.block_size)
+    manager = SlidingWindowManager(
+        spec,
+        block_pool=pool,
+        enable_caching=False,
+        kv_cache_group_id=0,
+        scheduler_block_size=spec.block_size,
+    )
+    manager.allocate_new_blocks("r", tokens, tokens)
+    manager.remove_skipped_blocks("r", tokens)
+    return [b.block_id for b in manager.req_to_blocks["r"]]
 
 
 def layer_view(backend: str, cache: torch.Tensor, head_size: int, layout: Any) -> Any:

@@ -20,6 +20,7 @@ from hurray_wire.adapters._common import (
     Array,
     check_pair,
     engine_buffer,
+    engine_dtype_name,
     engine_outputs,
     int32,
     int_vector,
@@ -76,6 +77,37 @@ def _pages(buffer: Any, name: str, page_size: int, layout: str, dtype: Any) -> A
             found=f"shape {shape}",
         )
     return buffer[: whole * page_size].reshape(whole, page_size, shape[1], shape[2])
+
+
+#: SGLang's DSA fp8 MLA row (mem_cache/kv_cache_configurator.py ``calculate_mla_kv_cache_dim``,
+#: ``DSATokenToKVPool``): ``kv_lora_rank`` fp8 values (a multiple of ``quant_block_size`` 128),
+#: one float32 scale per 128 of them, then ``qk_rope_head_dim`` (64, or 0: kernels/ops/
+#: quantization/dsa_quant_k_cache.py) rope values in bfloat16: ``132 * k + 2 * rope`` bytes.
+_DSA_TILE_BYTES, _DSA_ROPE_BYTES = 128 + 4, (2 * 64, 0)
+
+
+def _refuse_dsa_fp8_rows(pages: Any) -> None:
+    """An fp8 E4M3 MLA row as wide as a DSA fp8 row mixes three element types: refused."""
+    width = int(pages.shape[-1])
+    if engine_dtype_name(pages.dtype) not in ("float8_e4m3fn", "float8_e4m3"):
+        return
+    if any(width > rope and (width - rope) % _DSA_TILE_BYTES == 0 for rope in _DSA_ROPE_BYTES):
+        raise InvalidTensorError(
+            "SGLang's DSA fp8 MLA pool (DSATokenToKVPool with dsa_kv_cache_store_fp8) is not "
+            "supported: each row packs kv_lora_rank fp8 values, one float32 scale per 128 of "
+            "them and the rope dims in bfloat16 (calculate_mla_kv_cache_dim), three element "
+            "types that cannot travel as float8",
+            field="kv_buffer",
+            found=f"{width} fp8 bytes per token",
+            expected="kv_lora_rank + qk_rope_head_dim fp8 values (a plain MLATokenToKVPool)",
+        )
+
+
+def _data_start(buffer: Any) -> int:
+    """The address of a buffer's first element (torch or NumPy)."""
+    if is_torch(buffer):
+        return int(buffer.data_ptr())
+    return int(np.asarray(buffer).__array_interface__["data"][0])
 
 
 def _rows(req_to_token: Any, index: Array, width: int) -> Array:
@@ -210,10 +242,19 @@ def from_sglang(
     k_pages = _pages(k_buffer, "k_buffer", size, layout, dtype)
     v_pages = _pages(v_buffer, "v_buffer", size, layout, dtype)
     if tuple(k_pages.shape) != tuple(v_pages.shape):
-        mla = " (an MLATokenToKVPool has one kv_buffer: use from_sglang_mla)"
+        if _data_start(v_buffer) == _data_start(k_buffer) and int(k_pages.shape[2]) == 1:
+            why = (
+                "the value buffer is the start of the key buffer, as an MLATokenToKVPool's "
+                "get_kv_buffer gives them (one kv_buffer, the value its first kv_lora_rank "
+                "dims): read its kv_buffer with from_sglang_mla"
+            )
+        else:
+            why = (
+                "an MHATokenToKVPool built with v_head_dim != head_dim (memory_pool.py) is "
+                "not supported: a (key, value) pair has one head size"
+            )
         raise InvalidTensorError(
-            "k_buffer and v_buffer differ in shape (v_head_dim != head_dim is not carried)"
-            + mla * (int(v_pages.shape[-1]) < int(k_pages.shape[-1])),
+            f"k_buffer and v_buffer differ in shape: {why}",
             field="v_buffer",
             found=tuple(v_pages.shape),
             expected=tuple(k_pages.shape),
@@ -252,6 +293,7 @@ def from_sglang_mla(
             field="kv_buffer",
             found=f"shape {tuple(kv_buffer.shape)}",
         )
+    _refuse_dsa_fp8_rows(pages)
     table, seq_ptr, lens = _request_pages(
         req_to_token, req_pool_indices, seq_lens, size, int(pages.shape[0])
     )
