@@ -34,6 +34,11 @@ Route = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # socketserver's 5 resets clients arriving at once under load
+
+
 def _post(
     base: str, path: str, body: dict[str, Any], request_id: str, timeout: float
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
@@ -73,8 +78,7 @@ class PDProxy:
             def do_POST(self) -> None:
                 proxy.handle(self)
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), Handler)
         self.port: int = self.server.server_address[1]
         self.url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
