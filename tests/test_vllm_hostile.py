@@ -22,6 +22,7 @@ from hurray_wire.errors import (
     ArgumentTypeError,
     HurrayWireError,
     InvalidStreamError,
+    LimitExceededError,
     TransferRefusedError,
     TransportError,
 )
@@ -133,7 +134,9 @@ Script = Callable[[socket.socket], None]
 
 def _silent(conn: socket.socket) -> None:
     conn.recv(1 << 16)
-    time.sleep(30)
+    conn.settimeout(30)
+    while conn.recv(1 << 16):  # nothing sent, until the puller goes
+        pass
 
 
 def _drip(prefix: bytes) -> Script:
@@ -414,3 +417,20 @@ def test_load_cache_claiming_2_24_layers_is_a_typed_error(tmp_path: Path) -> Non
     assert path.stat().st_size < 4096
     with pytest.raises(InvalidStreamError, match="missing layer 1 key"):
         load_cache(str(path))
+
+
+def test_a_blob_over_what_the_transfer_needs_is_refused_before_it_is_read() -> None:
+    """The decode side bounds each blob by the pages it asked for (``receive._blob_bound``):
+    a peer's blob of 3 MB for a transfer of 2 heads x 8 dims is refused unread."""
+    store = tr.TransferStore(FP, "m", 1)
+    server = tr.TransferServer(store, "127.0.0.1", 0, timeout=5)
+    try:
+        big = np.zeros((3, FP.block_size, 2, 1 << 15), np.float32)
+        params = tr.TransferParams("t1", "r", "127.0.0.1", server.port, (1, 2, 3), len(PROMPT),
+                                   FP.block_size, tr.prompt_digest(PROMPT))  # fmt: skip
+        store.begin("t1", "r", params.block_ids, len(PROMPT), params.prompt_digest)
+        store.add_layer("t1", 0, big, big)
+        result = rc.pull(params, FP, 1, timeout=5, num_kv_heads=2, head_dim=8)
+        assert isinstance(result.error, LimitExceededError), result.error
+    finally:
+        server.close()

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.containers import StreamReader
+from hurray_wire.containers import DEFAULT_MAX_BLOB_BYTES, StreamReader
 from hurray_wire.errors import (
     ArgumentTypeError,
     HurrayWireError,
@@ -194,10 +194,21 @@ def _answer(sock: socket.socket) -> dict[str, Any]:
 Blobs = dict[tuple[int, str], BlockPagedTensor]
 
 
+def _blob_bound(ask: _Ask) -> int:
+    """The most bytes one blob of this transfer may declare (its pages at 8 bytes an
+    element, the sending rank's heads, plus 1 MiB of records): a peer's blob cannot make
+    the decode worker allocate more than the transfer it asked for."""
+    if ask.num_kv_heads is None or ask.head_dim is None:
+        return DEFAULT_MAX_BLOB_BYTES
+    elements = max(ask.pages, 1) * ask.params.block_size * ask.num_kv_heads * ask.head_dim
+    return min(DEFAULT_MAX_BLOB_BYTES, 8 * elements + (1 << 20))
+
+
 def _read_stream(
     sock: socket.socket, ask: _Ask, store: PageStore | None
 ) -> tuple[Blobs, EngineFingerprint, int]:
-    reader = StreamReader(sock, record_deadline=ask.deadline.left(), page_store=store)
+    reader = StreamReader(sock, record_deadline=ask.deadline.left(), page_store=store,
+                          max_blob_bytes=_blob_bound(ask))  # fmt: skip
     header = reader.header
     theirs = _check_header(
         None if header is None else header.fingerprint,
