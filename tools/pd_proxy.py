@@ -44,13 +44,17 @@ def _post(
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     url = urlsplit(base)
     conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=timeout)
-    conn.request(
-        "POST",
-        path,
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json", "X-Request-Id": request_id},
-    )
-    return conn, conn.getresponse()
+    try:
+        conn.request(
+            "POST",
+            path,
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json", "X-Request-Id": request_id},
+        )
+        return conn, conn.getresponse()
+    except BaseException:
+        conn.close()
+        raise
 
 
 class PDProxy:
