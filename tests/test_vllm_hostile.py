@@ -107,7 +107,7 @@ def test_request_kind(params: Any, kind: str | None) -> None:
 
 
 def test_hosts() -> None:
-    for ok in ("127.0.0.1", "::1", "prefill-0.pods.local", "a" * 63 + ".b"):
+    for ok in ("127.0.0.1", "::1", "prefill-0.pods.local", "prefill_1", "a" * 63 + ".b"):
         assert check_host(ok, "host") == ok
     assert check_host("0.0.0.0", "bind_host", bind=True) == "0.0.0.0"
     with pytest.raises(ArgumentTypeError, match="host"):

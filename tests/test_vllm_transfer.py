@@ -413,7 +413,8 @@ def test_a_failed_send_is_logged_once_with_the_request(
         errors = list(server.errors)
     lines = [r.getMessage() for r in caplog.records if "KV send failed" in r.getMessage()]
     assert lines == ["HurrayConnector: request req-1: KV send failed: peer gone"]
-    assert len(errors) == 1 and isinstance(errors[0], BrokenPipeError)
+    assert len(errors) == 1 and isinstance(errors[0], TransportError)  # typed, with its cause
+    assert isinstance(errors[0].__cause__, BrokenPipeError)
 
 
 def test_a_send_that_fails_midway_aborts_its_stream_writer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hurray_wire.errors import ArgumentTypeError, TransportError
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.vllm.params import check_host
 
 __all__ = ["Deadline", "Tls", "connect", "endpoint", "listen"]
@@ -57,6 +57,20 @@ class Deadline:
     def error(self) -> TransportError:
         what = "was cancelled" if self.reason == "cancelled" else f"took over {self.seconds} s"
         return TransportError(f"the transfer {what}", field="timeout", found=self.seconds)
+
+    def typed(self, exc: BaseException) -> HurrayWireError:
+        """What ended a connection, as the project's error: the deadline's (or the cancel's)
+        once it has passed, whatever surfaced first (a socket timeout set to the time
+        left fires with it); ``exc`` itself if it is one of ours; else a TransportError."""
+        if self.reason is None and time.monotonic() >= self.at:
+            self.expire()
+        if self.reason is not None:
+            return self.error()
+        if isinstance(exc, HurrayWireError):
+            return exc
+        error = TransportError(f"{type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return error
 
     def attach(self, sock: socket.socket) -> None:
         """Shut ``sock`` down when this deadline passes or is cancelled."""

@@ -177,7 +177,7 @@ _INT_FIELDS = {
 _TOKEN = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_TEXT}}}")
 _PRINTABLE = re.compile(rf"[\x21-\x7e]{{1,{MAX_TEXT}}}")  # printable ASCII, no space
 _DIGEST = re.compile(r"[0-9a-f]{32}")
-_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")  # "_": docker service names
 
 
 def _brief(value: object) -> str:
@@ -207,10 +207,10 @@ def _text(params: Mapping[str, Any], name: str, pattern: re.Pattern[str]) -> str
 
 
 def check_host(value: object, name: str, *, bind: bool = False) -> str:
-    """An IP address or a DNS name (ASCII labels of 1..63 letters, digits or inner hyphens,
-    253 characters in all): what a connection may be opened to. Unspecified (``0.0.0.0``,
-    ``::``) and multicast addresses name no peer and are refused too (``bind``: an address
-    to listen on, where the unspecified ones mean every interface)."""
+    """An IP address or a DNS name (ASCII labels of 1..63 letters, digits, underscores or
+    inner hyphens, 253 characters in all): what a connection may be opened to. Unspecified
+    (``0.0.0.0``, ``::``) and multicast addresses name no peer and are refused too
+    (``bind``: an address to listen on, where the unspecified ones mean every interface)."""
     if type(value) is not str or not 0 < len(value) <= 253:
         raise ArgumentTypeError(f"{name} must be an IP address or a DNS name",
                                 field=name, found=_brief(value))  # fmt: skip

@@ -357,13 +357,7 @@ def pull(
         return _pull(params, ours, num_layers, first_block, expect_digest, nixl,
                      num_kv_heads, held, head_dim, deadline, tls)  # fmt: skip
     except Exception as exc:  # a foreign exception from a peer's bytes: typed here
-        if deadline.reason is not None:
-            err: HurrayWireError = deadline.error()
-        elif isinstance(exc, HurrayWireError):
-            err = exc
-        else:
-            err = TransportError(f"{type(exc).__name__}: {exc}")
-        return LoadResult(None, failed_from=first_block, error=err)
+        return LoadResult(None, failed_from=first_block, error=deadline.typed(exc))
     finally:
         if own:
             deadline.close()

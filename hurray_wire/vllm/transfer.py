@@ -504,7 +504,7 @@ class TransferServer:
                 self.sent_bytes += sent
                 self.refused += sent == 0
         except BaseException as exc:  # the thread's top: the puller sees the cut connection
-            self._error(exc if deadline.reason is None else deadline.error())
+            self._error(deadline.typed(exc))
         finally:
             deadline.close()
             conn.close()
