@@ -45,16 +45,21 @@ def free_port() -> int:
 class Engine:
     """A vLLM engine process answering JSON commands."""
 
-    def __init__(self, spec: dict[str, Any], log: Path) -> None:
+    def __init__(self, spec: dict[str, Any], log: Path, prefix: tuple[str, ...] = ()) -> None:
+        """``prefix``: what the command runs under (``ip netns exec NAME``: another host)."""
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         env.update(
             VLLM_ENABLE_V1_MULTIPROCESSING="0",
             VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_CPU_OMP_THREADS_BIND="nobind",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            HF_HUB_OFFLINE="1",
         )
         self._log = log.open("w")
+        worker = str(Path(__file__).with_name("engine_worker.py"))
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("engine_worker.py")), json.dumps(spec)],
+            [*prefix, sys.executable, worker, json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
