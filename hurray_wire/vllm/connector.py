@@ -32,7 +32,14 @@ from hurray_wire.errors import (
     InvalidTensorError,
 )
 from hurray_wire.fingerprint import EngineFingerprint
-from hurray_wire.vllm.backends import CacheForm, kernel_ids, layer_scales, learn, scales_digest
+from hurray_wire.vllm.backends import (
+    PAIR,
+    CacheForm,
+    kernel_ids,
+    layer_scales,
+    learn,
+    scales_digest,
+)
 from hurray_wire.vllm.device import Staged, commit_all, gather, land, needs_staging, side_stream
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.metrics import COUNTERS, TIMES, HurrayConnectorStats, HurrayPromMetrics
@@ -399,12 +406,18 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             first_block=load.first_block,
             expect_digest=load.digest,
             nixl=self._nixl_peers(),
-            num_kv_heads=self._num_kv_heads,
             held=self._held(load),
-            head_dim=self._head_dim,
+            # MLA's fused latent row (one head, not sharded by TP) is the cache's own width
+            **self._page_geometry(),
             deadline=deadline,
             tls=self._tls,
         )
+
+    def _page_geometry(self) -> dict[str, int | None]:
+        """The heads and head size the pulled pages must have (receive.pull checks them)."""
+        if self._cache_form().roles == PAIR:
+            return {"num_kv_heads": self._num_kv_heads, "head_dim": self._head_dim}
+        return {"num_kv_heads": None, "head_dim": int(self._caches[0].shape[-1])}
 
     def _held(self, load: LoadSpec) -> HeldPages | None:
         """The request's blocks this worker already holds (vLLM's prefix-cache hit), read

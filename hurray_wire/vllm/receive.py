@@ -151,7 +151,7 @@ def _expect_geometry(tensor: BlockPagedTensor, theirs: EngineFingerprint, ask: _
     time (not later, at landing): ``[pages, block_size, heads of the sending rank,
     head_dim]`` of ``theirs.cache_dtype`` (fp8 caches are stored as uint8)."""
     pool = tensor.page_pool
-    name = pool.dtype.name
+    name = tensor.descriptor.element_type.name  # the wire's name (float8_e4m3, not e4m3fn)
     same = name == theirs.cache_dtype or (
         theirs.cache_dtype == "uint8" and name.startswith("float8")
     )
