@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from engine_tests import NO_TRAFFIC
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 START_TIMEOUT = 600  # seconds for one engine to come up on a loaded 2-core machine
@@ -43,7 +45,7 @@ class Engine:
     """A vLLM engine process answering JSON commands."""
 
     def __init__(self, spec: dict[str, Any], log: Path) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **NO_TRAFFIC)
         env.update(
             VLLM_ENABLE_V1_MULTIPROCESSING="0",
             VLLM_CPU_KVCACHE_SPACE="1",
