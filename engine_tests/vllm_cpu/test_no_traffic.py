@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine_tests import NO_TRAFFIC
-from engine_tests.vllm_cpu.conftest import Engine
+
+from .conftest import Engine
 
 
 def test_engines_start_with_no_traffic(engines: dict[str, Engine]) -> None:
