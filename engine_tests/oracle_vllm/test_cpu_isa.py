@@ -39,8 +39,8 @@ def test_probes_agree_with_cpuinfo() -> None:
 def test_every_probe_vllm_reads_is_known() -> None:
     """A probe a later vLLM adds to ``_get_attn_isa`` must be mapped to its flags here."""
     read = cpu_isa.probes_read()
-    assert read == {"_is_amx_tile_supported", "_is_avx512_supported"}
-    assert read <= cpu_isa.PROBE_FLAGS.keys()
+    assert "_is_amx_tile_supported" in read  # the source was found and read
+    assert read <= cpu_isa.PROBE_FLAGS.keys(), read - cpu_isa.PROBE_FLAGS.keys()
 
 
 def test_probes_restored() -> None:
