@@ -8,6 +8,7 @@
 #                               one) kept for the table. A failing step does not stop the run.
 #                               "budget N min" in the banner is the step's share of the 45
 #                               minutes; the table marks a step that took longer.
+#                               HURRAY_CI_DRY=1: banners and commands only, nothing run.
 #   finish                      the table of every step, then the closing line
 #                               `ci: N passed, N failed, N skipped`; returns 1 if any failed.
 #   cpu_torch PYTHON            install torch's CPU build into PYTHON's venv, after checking
@@ -43,7 +44,11 @@ step() {
     log="$_ci_logs/${#_ci_names[@]}.log"
     printf '\n==> [%s] %s: %s\n' "$(_ci_clock)" "$name" "$banner"
     start=${EPOCHREALTIME/./}
-    (set -euo pipefail; "$@") 2>&1 | tee "$log"  # a function step stops at its first error
+    if [ -n "${HURRAY_CI_DRY:-}" ]; then  # list the steps: banners and commands, none run
+        { printf '   '; printf ' %q' "$@"; echo; } | tee "$log"
+    else
+        (set -euo pipefail; "$@") 2>&1 | tee "$log"  # a function step stops at its first error
+    fi
     status=${PIPESTATUS[0]}
     line=$(grep -E '^(=+ )?(no tests ran|[0-9]+ [a-z]+.*) in [0-9.]+s' "$log" | tail -n 1)
     [[ $banner =~ budget\ ([0-9]+)\ min ]] && budget=$((BASH_REMATCH[1] * 60))
@@ -67,7 +72,7 @@ step() {
 }
 
 finish() {
-    local i over passed=0 failed=0 skipped=0 bad=0
+    local i over passed=0 failed=0 skipped=0 bad=0 budget=0
     printf '\n%-22s %-7s %8s %7s %8s %8s %7s %5s\n' \
         step result passed failed skipped seconds budget exit
     for i in "${!_ci_names[@]}"; do
@@ -79,11 +84,11 @@ finish() {
             "${_ci_passed[i]}" "${_ci_failed[i]}" "${_ci_skipped[i]}" "${_ci_seconds[i]}" \
             "${_ci_budgets[i]:--}" "${_ci_exits[i]}" "$over"
         passed=$((passed + _ci_passed[i])) failed=$((failed + _ci_failed[i]))
-        skipped=$((skipped + _ci_skipped[i]))
+        skipped=$((skipped + _ci_skipped[i])) budget=$((budget + ${_ci_budgets[i]:-0}))
         [ "${_ci_exits[i]}" -eq 0 ] || bad=$((bad + 1))
     done
-    printf '%-22s %-7s %8s %7s %8s %8s\n' total "$([ "$bad" -eq 0 ] && echo ok || echo FAILED)" \
-        "$passed" "$failed" "$skipped" "$(((${EPOCHREALTIME/./} - _ci_start) / 1000000))"
+    printf '%-22s %-7s %8s %7s %8s %8s %7s\n' total "$([ "$bad" -eq 0 ] && echo ok || echo FAILED)" \
+        "$passed" "$failed" "$skipped" "$(((${EPOCHREALTIME/./} - _ci_start) / 1000000))" "$budget"
     printf '\nci: %d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
     [ "$bad" -eq 0 ]
 }

