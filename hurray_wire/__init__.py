@@ -91,6 +91,7 @@ if TYPE_CHECKING:
         uint32 as uint32,
         uint64 as uint64,
     )
+    from hurray_wire.fingerprint import EngineFingerprint
     from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
     from hurray_wire.model.descriptor_codec import (
         DescriptorHeader,
@@ -122,6 +123,7 @@ __all__ = [
     "DecodeReport",
     "DescriptorHeader",
     "ElementType",
+    "EngineFingerprint",
     "HrryFile",
     "ModelCache",
     "PerBlockAffine",
@@ -179,6 +181,7 @@ _LAZY = {
         "hurray_wire.containers": "HrryFile ModelCache StreamFile StreamHeader StreamReader"
         " StreamWriter load_cache save_cache",
         "hurray_wire.dtypes": "ElementType preload",
+        "hurray_wire.fingerprint": "EngineFingerprint",
         "hurray_wire.model.descriptor": "BufferHandle Statistics TensorDescriptor",
         "hurray_wire.model.descriptor_codec": "DescriptorHeader decode_descriptor decode_header",
         "hurray_wire.model.descriptor_encode": "encode_descriptor",

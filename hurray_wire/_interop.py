@@ -32,6 +32,7 @@ __all__ = [
     "numpy_to_torch",
     "referenced_pages",
     "take_pages",
+    "tensor_to_torch",
     "torch_to_numpy",
 ]
 
@@ -196,3 +197,25 @@ def numpy_to_torch(array: npt.NDArray[Any], name: str = "array") -> Any:
             field=name,
             found=str(array.dtype),
         ) from None
+
+
+def tensor_to_torch(tensor: Any, device: Any = None) -> dict[str, Any]:
+    """A ``BlockPagedTensor``'s arrays as torch tensors by name (``adapters.to_torch``, and
+    ``load_cache(as_torch=True)``): shared or copied as :func:`numpy_to_torch` decides, a
+    packed pool unpacked first (one element per byte), then moved to ``device`` if given."""
+    pool = tensor.unpacked_page_pool()
+    if tensor.element_type.is_packed and pool.dtype.kind != "b":
+        pool = pool.astype("int8" if tensor.element_type.name.startswith("int") else "uint8")
+    arrays = {"page_pool": pool, "block_table": tensor.block_table, "seq_ptr": tensor.seq_ptr}
+    for name in ("scales", "zero_points", "seq_lens"):
+        value = getattr(tensor, name)
+        if value is not None:
+            arrays[name] = value
+    out = {name: numpy_to_torch(value, name) for name, value in arrays.items()}
+    if device is None:
+        return out
+    try:
+        return {name: value.to(device) for name, value in out.items()}
+    except (RuntimeError, TypeError, ValueError) as exc:  # an unknown or absent device
+        raise ArgumentTypeError(f"cannot move the tensors to device {device!r}: {exc}",
+                                field="device", found=repr(device)) from None  # fmt: skip

@@ -25,7 +25,7 @@ from typing import IO, Any, BinaryIO
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from hurray_wire import cli_text as text_out, report as summary
-from hurray_wire.blob import encode_parts
+from hurray_wire.blob import blob_length, encode_parts
 from hurray_wire.cli_args import (
     _EXTENSIONS,
     EXIT_CODES,
@@ -58,6 +58,7 @@ from hurray_wire.containers.io import DEFAULT_INPUT_IDLE, DEFAULT_MAX_INPUT_BYTE
 from hurray_wire.containers.sniff import known_magic
 from hurray_wire.dtypes import element_type_from_name
 from hurray_wire.errors import (
+    ChecksumError,
     CodecConfigError,
     FileAccessError,
     HurrayWireError,
@@ -84,7 +85,12 @@ STREAM_KEY = "stream."  # .hrry file metadata keys that carry a blob stream head
 
 
 class CliError(Exception):
-    """A problem with an input, reported on one line with exit code 1."""
+    """A problem with an input, reported on one line with exit code 1; ``details`` are its
+    structured fields for ``--json`` (as ``HurrayWireError.details`` gives them)."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = details or {}
 
 
 class UsageError(CliError):
@@ -106,6 +112,8 @@ def _read(path: str, args: argparse.Namespace) -> Any:
 
 def identify(data: Any) -> str:
     """What ``data`` is (``hurray_wire.containers.identify``), or a one-line CLI error."""
+    if not len(memoryview(data)):
+        raise CliError("empty (0 bytes): not a hurray-wire input")
     kind = identify_format(data)
     if kind is Format.UNKNOWN:
         head = bytes(memoryview(data)[: len(BLOB_MAGIC)])  # every format's magic is 4+ bytes
@@ -113,18 +121,43 @@ def identify(data: Any) -> str:
     return str(kind)
 
 
-def _items(data: Any, kind: str, verify: bool) -> Iterator[Item]:
+NO_VERIFY_HINT = "dump --no-verify reads past it without checking checksums"
+
+
+def _salvaged(exc: ChecksumError, label: str, blob: memoryview, extra: dict[str, Any]) -> Item:
+    """A blob whose section checksum failed, read again without checksums so that ``dump``
+    shows its structure before the error; else the error itself."""
+    if exc.section == "header":  # nothing after a bad header checksum can be trusted
+        raise exc
+    try:
+        tensor, pages = summary.check_blob(blob[: blob_length(blob)], False)
+    except HurrayWireError:
+        raise exc from None
+    return Item(label, "blob", tensor=tensor, blob=blob, pages=pages,
+                extra={**extra, "unverified": True})  # fmt: skip
+
+
+def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterator[Item]:
     """Every record of ``data`` in order, each checked as it comes.
 
     A lazy generator on purpose: a record that is cut or corrupt raises only after every
     record before it was handed out, so ``dump`` shows the intact part of a cut stream.
     Blobs are decoded as ``decode_report`` does, naming the pages that fail their digests.
+    ``salvage`` (dump): a blob whose section checksum fails is handed out read without
+    checksums (``extra["unverified"]``), then its error raised with the hint to
+    ``--no-verify``.
     """
     view = memoryview(data)
     if kind == "descriptor":
         yield Item("descriptor", kind, descriptor_bytes=bytes(view))
     elif kind == "blob":
-        tensor, pages = summary.check_blob(view, verify)
+        try:
+            tensor, pages = summary.check_blob(view, verify)
+        except ChecksumError as exc:
+            if not salvage:
+                raise
+            yield _salvaged(exc, "blob", view, {})
+            raise _hinted(exc) from None
         yield Item("blob", kind, tensor=tensor, blob=view, pages=pages)
     elif kind == "blob-stream":
         # The strict reader: header, every blob, the end record and nothing after it.
@@ -133,12 +166,20 @@ def _items(data: Any, kind: str, verify: bool) -> Iterator[Item]:
         reader.header  # noqa: B018 - reads the stream header: position is the first blob
         for number in range(sys.maxsize):
             start = reader.position
-            got = next(reader, None)
+            where = {"blob": number, "blob_offset": start}
+            try:
+                got = next(reader, None)
+            except ChecksumError as exc:
+                if not salvage:
+                    raise
+                yield _salvaged(exc, f"blob {number} @ {start}", view[start:], where)
+                raise _hinted(exc) from None
             if got is None or reader.page_report is None:
                 return
             piece = view[start : reader.position]
             pages = summary.describe_pages(reader.page_report)
-            yield Item(f"blob {number} @ {start}", "blob", tensor=got, blob=piece, pages=pages)
+            yield Item(f"blob {number} @ {start}", "blob", tensor=got, blob=piece, pages=pages,
+                       extra=where)  # fmt: skip
     elif kind == "reference-stream":
         for number, tensor in enumerate(read_stream(view)):
             yield Item(f"record {number}", kind, tensor=tensor)
@@ -152,15 +193,59 @@ def _items(data: Any, kind: str, verify: bool) -> Iterator[Item]:
                 yield Item(name, kind, extra={"name": name, "header": header})
 
 
+def _hinted(exc: ChecksumError) -> CliError:
+    """A section checksum failure, with what to try next."""
+    return CliError(f"{exc}; {NO_VERIFY_HINT}", {**_details(exc), "hint": NO_VERIFY_HINT})
+
+
+def _details(exc: BaseException) -> dict[str, Any]:
+    """An error's structured fields for ``--json`` (its own text as ``reason``)."""
+    if isinstance(exc, CliError):
+        return exc.details
+    if not isinstance(exc, HurrayWireError):
+        return {"type": type(exc).__name__}
+    details = exc.details()
+    details["reason"] = details.pop("message")
+    return details
+
+
+def _page_offsets(item: Item, page: int) -> dict[str, Any]:
+    """Where physical page ``page``'s row starts in a raw pool: in the blob (``offset``)
+    and in the input (``file_offset``)."""
+    tensor = item.tensor
+    if item.blob is None or tensor is None or not tensor.page_pool.shape[0]:
+        return {}
+    sections = summary.describe_blob_envelope(item.blob, True)["sections"]
+    pool = next(s for s in sections if s["kind"] == "buffer" and s["index"] == 0)
+    if pool["codec"] != "raw":
+        return {}
+    offset = pool["offset"] + page * (tensor.page_pool.nbytes // tensor.page_pool.shape[0])
+    start = item.extra.get("blob_offset", 0)
+    return {"section": "buffer[0]", "offset": offset, "file_offset": start + offset}
+
+
 def _bad_pages(item: Item) -> CliError | None:
     """The error of an item whose pages fail their digests, naming them."""
     pages = item.pages
     if not pages or not pages["bad_pages"]:
         return None
     bad, places = pages["bad_pages"], [tuple(p) for p in pages["bad_positions"]]
-    return CliError(f"{item.label}: {len(bad)} page(s) do not match their digest: physical "
-                    f"pages {bad[:16]}{' ...' * (len(bad) > 16)}; logical positions "
-                    f"(sequence, page) {places[:16]}{' ...' * (len(places) > 16)}")  # fmt: skip
+    reason = (f"{len(bad)} page(s) do not match their digest: physical pages "
+              f"{bad[:16]}{' ...' * (len(bad) > 16)}; logical positions (sequence, page) "
+              f"{places[:16]}{' ...' * (len(places) > 16)}")  # fmt: skip
+    tensor = item.tensor
+    where = {} if tensor is None else {"layer": tensor.layer_index, "role": tensor.kv_role}
+    where.update((k, item.extra[k]) for k in ("blob", "blob_offset") if k in item.extra)
+    where.update(_page_offsets(item, bad[0]))
+    details = {"type": "PageDigestError", "reason": reason, "field": "page_digests",
+               "pages": bad, "positions": [list(p) for p in places], **where}  # fmt: skip
+    place = item.label
+    if tensor is not None:
+        layer = "" if tensor.layer_index is None else f"layer {tensor.layer_index} "
+        place += f" ({layer}{tensor.kv_role})"
+    if "file_offset" in where:
+        place += f", page {bad[0]} at file offset {where['file_offset']}"
+    return CliError(f"{place}: {reason}", details)
 
 
 def _count(data: Any, kind: str) -> int | None:
@@ -250,8 +335,9 @@ def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> 
     total = _count(data, kind)
     bad: CliError | None = None
     with _bar(args, total if total and total > 1 else None, path, "record") as bar:
-        for item in _items(data, kind, verify):
-            described = text_out.dump_item(item, verify, arrays=args.index)
+        for item in _items(data, kind, verify, salvage=verify):
+            checked = verify and not item.extra.get("unverified")
+            described = text_out.dump_item(item, checked, arrays=args.index)
             if args.json:
                 document["items"].append(described)
             else:
@@ -286,8 +372,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
         document: dict[str, Any] = {"path": path, "kind": None, "size": None, "items": []}
         results.append(document)
 
-        def failed(code: int, message: str, document: dict[str, Any] = document) -> None:
-            document["error"] = {"message": message, "exit_code": code}
+        def failed(code: int, message: str, details: dict[str, Any],
+                   document: dict[str, Any] = document) -> None:  # fmt: skip
+            document["error"] = {**details, "message": message, "exit_code": code}
 
         args.worst = max(args.worst, _guard(path, partial(_dump_one, path, args, document),
                                             failed))  # fmt: skip
@@ -329,23 +416,42 @@ def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tupl
     return count, notes
 
 
-def _validate_one(path: str, args: argparse.Namespace) -> None:
+def _validate_one(path: str, args: argparse.Namespace, result: dict[str, Any]) -> None:
     data = _read(path, args)
     kind = identify(data)
+    result["kind"] = kind
     if kind == "descriptor":
-        print(f"{path}: ok (descriptor, {text_out.descriptor(data)[1]})")
+        what = text_out.descriptor(data)[1]
+        result["ok"] = True
+        if not args.json:
+            print(f"{path}: ok (descriptor, {what})")
         return
     count, notes = _check(data, kind, args)
+    result.update(ok=True, tensors=count, not_verified=notes)
     line = f"{path}: ok ({kind}, {count} tensor{'s' if count != 1 else ''})"
     if notes:
         line += "; NOT VERIFIED: " + "; ".join(notes)
-    print(line)
+    if not args.json:
+        print(line)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Check every input (all of them, whatever fails): one line each, exit 1 if any failed."""
+    """Check every input (all of them, whatever fails): one line each, exit 1 if any failed.
+    With ``--json`` one array on stdout instead (``schemas/validate.schema.json``)."""
+    results: list[dict[str, Any]] = []
     for path in args.paths:
-        args.worst = max(args.worst, _guard(path, partial(_validate_one, path, args)))
+        result: dict[str, Any] = {"path": path, "ok": False, "kind": None}
+        results.append(result)
+
+        def failed(code: int, message: str, details: dict[str, Any],
+                   result: dict[str, Any] = result) -> None:  # fmt: skip
+            result.update(ok=False, error={**details, "message": message, "exit_code": code})
+
+        step = partial(_validate_one, path, args, result)
+        args.worst = max(args.worst, _guard(path, step, failed))
+    if args.json:
+        json.dump(results, sys.stdout, indent=2, sort_keys=True)
+        print()
     return int(args.worst)
 
 
@@ -513,27 +619,31 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 # -- errors ----------------------------------------------------------------------------------
 def _guard(path: str, step: Callable[[], None],
-           failed: Callable[[int, str], None] | None = None) -> int:  # fmt: skip
+           failed: Callable[[int, str, dict[str, Any]], None] | None = None) -> int:  # fmt: skip
     """Run ``step`` for ``path``; print its failure as one line and return its exit code
-    (``failed`` is told the code and the line too: ``dump --json`` keeps it)."""
+    (``failed`` is told the code, the line and the error's structured fields too: the
+    ``--json`` outputs keep them)."""
+    error: BaseException
     try:
         step()
         return EXIT_OK
     except UsageError as exc:
-        code, message = EXIT_USAGE, str(exc)
+        code, message, error = EXIT_USAGE, str(exc), exc
     except FileAccessError as exc:  # its message starts with the path it is about
-        code, message = EXIT_FILE, str(exc)
+        code, message, error = EXIT_FILE, str(exc), exc
     except (HurrayWireError, CliError) as exc:
-        code, message = EXIT_INVALID, f"{path}: {exc}"
+        code, message, error = EXIT_INVALID, f"{path}: {exc}", exc
     except BrokenPipeError:
         raise
     except OSError as exc:  # a write that failed under us (disk full, ...)
         code, message = EXIT_FILE, f"{exc.filename or path}: {exc.strerror or exc}"
+        error = exc
     except Exception as exc:  # a bug: still one line, never a traceback (the contract)
         code, message = EXIT_INTERNAL, f"{path}: internal error: {type(exc).__name__}: {exc}"
+        error = exc
     print(f"hurray-wire: {message}", file=sys.stderr)
     if failed is not None:
-        failed(code, message)
+        failed(code, message, _details(error))
     return code
 
 

@@ -8,6 +8,7 @@ is imported only once a command runs (``main``).
 from __future__ import annotations
 
 import argparse
+import os
 import textwrap
 from collections.abc import Sequence
 from contextlib import suppress
@@ -36,6 +37,10 @@ _EXTENSIONS = {
     ".hrrs": "reference-stream",
     ".hrry": "hrry-file",
 }
+#: The JSON Schemas of ``dump --json`` and ``validate --json``, installed with the package.
+SCHEMAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas")
+DUMP_SCHEMA = os.path.join(SCHEMAS, "dump.schema.json")
+VALIDATE_SCHEMA = os.path.join(SCHEMAS, "validate.schema.json")
 
 
 # -- the parser --------------------------------------------------------------------------------
@@ -52,6 +57,11 @@ def _bound(text: str) -> float:
         if 0 <= float(text) < 2**63:
             return int(text) if text.isdigit() else float(text)
     raise argparse.ArgumentTypeError(f"not a number >= 0: {text!r}")
+
+
+def _format(text: str) -> str:
+    """``--to``: a format name, or the extension users think in (``hrwb``, ``.hrws``)."""
+    return _EXTENSIONS.get("." + text.removeprefix("."), text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a descriptor, blob, blob stream, reference stream or .hrry file; "
                       "- reads stdin")  # fmt: skip
     shape = dump.add_mutually_exclusive_group()
-    shape.add_argument("--json", action="store_true", help="JSON (schemas/dump.schema.json)")
+    shape.add_argument("--json", action="store_true",
+                       help=f"JSON, valid against the schema {DUMP_SCHEMA}")  # fmt: skip
     shape.add_argument("--hex", action="store_true",
                        help="annotated hex of a descriptor, a blob or every record of a blob "
                        "stream")  # fmt: skip
@@ -101,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate = command("validate", "check every input: one line each, exit 1 if any is invalid")
     validate.add_argument("paths", nargs="+", metavar="PATH",
                           help="an input of any kind; - reads stdin")  # fmt: skip
+    validate.add_argument("--json", action="store_true",
+                          help=f"one JSON array instead of lines, valid against the schema "
+                          f"{VALIDATE_SCHEMA}")  # fmt: skip
     convert = command(
         "convert", "convert between blob, blob stream, reference stream (.hrrs) and .hrry file"
     )
@@ -111,8 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "(not for .hrry; needs --to)")  # fmt: skip
     convert.add_argument(
         "--to",
+        type=_format,
         choices=sorted(set(_EXTENSIONS.values())),
-        help="output format (default: from OUT's extension)",
+        metavar="FORMAT",
+        help="output format, by name or extension: "
+        + ", ".join(f"{name} ({ext[1:]})" for ext, name in _EXTENSIONS.items())
+        + " (default: from OUT's extension)",
     )
     convert.add_argument(
         "--compression",

@@ -52,7 +52,21 @@ _T = TypeVar("_T")
 
 
 class HurrayWireError(Exception):
-    """Base of every error hurray-wire raises on bad input or bad arguments."""
+    """Base of every error hurray-wire raises on bad input or bad arguments.
+
+    An error met while reading a stream or a model cache is also ``located``: ``blob`` (its
+    index in the stream), ``blob_offset`` (where that blob starts), ``layer`` and ``role``
+    (when its descriptor could be read), ``file_offset`` (the bad byte counted from the
+    start of the input, where ``offset`` counts from the start of the blob) and ``pages``
+    (physical page ids that page digests name). ``details()`` gives all of it as data.
+    """
+
+    blob: int | None = None
+    blob_offset: int | None = None
+    file_offset: int | None = None
+    layer: int | None = None
+    role: str | None = None
+    pages: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -80,9 +94,18 @@ class HurrayWireError(Exception):
             where.append(f"section {self.section}")
         if self.field is not None:
             where.append(f"field {self.field}")
-        if self.offset is not None:
+        if self.file_offset is not None:
+            inside = self.offset is not None and self.offset != self.file_offset
+            where.append(f"at file offset {self.file_offset}"
+                         + (f" (byte {self.offset} of the blob)" if inside else ""))  # fmt: skip
+        elif self.offset is not None:
             where.append(f"at byte offset {self.offset}")
         text = f"{', '.join(where)}: {self.message}" if where else self.message
+        if self.blob is not None:
+            what = f"blob {self.blob}"
+            if self.layer is not None or self.role is not None:
+                what += f" (layer {self.layer} {self.role})"
+            text = f"{what} at stream offset {self.blob_offset}: {text}"
         details = []
         if self._expected is not _UNSET:
             details.append(f"expected {self._expected}")
@@ -113,6 +136,45 @@ class HurrayWireError(Exception):
         self.args = (self._text(), *self.args[1:])
         return self
 
+    def located(
+        self,
+        *,
+        blob: int,
+        blob_offset: int,
+        layer: int | None = None,
+        role: str | None = None,
+        file_offset: int | None = None,
+    ) -> HurrayWireError:
+        """This error, placed in a stream: blob ``blob`` starting at ``blob_offset`` (its
+        ``offset`` counted from there, unless ``file_offset`` is given: an offset the
+        stream reader knew itself). A second call changes nothing (the innermost reader
+        knew best). Updates the error in place and returns it, to be raised."""
+        if self.blob is not None:
+            return self
+        self.blob, self.blob_offset = blob, blob_offset
+        self.layer = self.layer if layer is None else layer
+        self.role = self.role if role is None else role
+        if file_offset is None and self.offset is not None:
+            file_offset = blob_offset + self.offset
+        self.file_offset = file_offset
+        return self.relocated()
+
+    def details(self) -> dict[str, Any]:
+        """What the error says, as JSON-able data (``dump --json`` / ``validate --json``):
+        its class, message and every place field that is known."""
+        out: dict[str, Any] = {"type": type(self).__name__, "message": self.message}
+        for name in ("section", "field", "offset", "file_offset", "blob", "blob_offset",
+                     "layer", "role"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.pages:
+            out["pages"] = [int(page) for page in self.pages]
+        for name, value in (("expected", self._expected), ("found", self._found)):
+            if value is not _UNSET:
+                out[name] = value if isinstance(value, (int, str)) or value is None else str(value)
+        return out
+
 
 class ArgumentTypeError(HurrayWireError, TypeError):
     """An argument of the wrong Python type (e.g. a str where bytes are needed)."""
@@ -140,6 +202,12 @@ def non_negative(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ArgumentTypeError(f"{name} must be an int >= 0", field=name, found=repr(value))
     return value
+
+
+def cut_inside(what: str, size: int) -> str:
+    """The message of an input of ``size`` bytes cut inside ``what``: an empty input is
+    called empty (a user's first mistake: a file that was never written)."""
+    return f"empty input (0 bytes): no {what}" if size == 0 else f"input ends inside the {what}"
 
 
 def check_head(

@@ -1,7 +1,7 @@
 """Plain-data summaries and hex annotations of descriptors and blobs, for ``dump``.
 
 Everything here returns JSON-ready dicts and lists; the CLI decides how to print them.
-The JSON shape is ``schemas/dump.schema.json``.
+The JSON shape is ``hurray_wire/schemas/dump.schema.json``.
 """
 
 from __future__ import annotations

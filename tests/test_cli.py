@@ -96,7 +96,7 @@ def test_layer_none_is_named_as_the_sentinel(capsys: pytest.CaptureFixture[str])
 
 
 def test_json_validates_against_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
-    schema = json.loads((ROOT / "schemas/dump.schema.json").read_text(encoding="utf-8"))
+    schema = json.loads((ROOT / "hurray_wire/schemas/dump.schema.json").read_text(encoding="utf-8"))
     paths = sorted(str(p.relative_to(ROOT)) for p in (FIXTURES / "blobs").iterdir())
     paths += [rel(FIXTURES / "streams/whole_cache_2_layers.hrws")]
     paths += sorted(rel(p) for p in (REFERENCE / "descriptors").iterdir())

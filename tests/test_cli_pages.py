@@ -27,7 +27,7 @@ from tests.conftest import FIXTURES, ROOT
 from tests.test_cli import check_snapshot
 
 HRRY = FIXTURES / "conformance/block_paged/files/layer0_kv.hrry"
-SCHEMA = json.loads((ROOT / "schemas/dump.schema.json").read_text(encoding="utf-8"))
+SCHEMA = json.loads((ROOT / "hurray_wire/schemas/dump.schema.json").read_text(encoding="utf-8"))
 
 
 def run(args: list[object], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -67,11 +67,13 @@ def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- bad pages named -----------------------------------------------------------------------
 def test_validate_and_dump_name_the_bad_page_of_a_blob(capsys: pytest.CaptureFixture[str]) -> None:
-    Path("bad.hrwb").write_bytes(damaged(bytes(hw.encode(tensor(), page_digests=True)), 1))
+    good = bytes(hw.encode(tensor(), page_digests=True))
+    Path("bad.hrwb").write_bytes(damaged(good, 1))
     code, out, err = run(["validate", "bad.hrwb"], capsys)
     assert (code, out) == (cli.EXIT_INVALID, "")
     assert err == (
-        "hurray-wire: bad.hrwb: blob: 1 page(s) do not match their digest: physical pages "
+        f"hurray-wire: bad.hrwb: blob (layer 0 key), page 1 at file offset "
+        f"{page_offset(good, 1)}: 1 page(s) do not match their digest: physical pages "
         "[1]; logical positions (sequence, page) [(0, 1), (2, 0)]\n"
     )  # page 1 is shared: both of its places are named
     code, out, err = run(["dump", "bad.hrwb"], capsys)
@@ -102,8 +104,10 @@ def test_validate_names_the_bad_page_of_a_stream_blob(capsys: pytest.CaptureFixt
     Path("bad.hrws").write_bytes(bytes(data))
     code, _, err = run(["validate", "bad.hrws"], capsys)
     assert code == cli.EXIT_INVALID
+    at = entry.offset + page_offset(blob, 4)
     assert (
-        f"blob 1 @ {entry.offset}: 1 page(s) do not match their digest: physical pages [4]" in err
+        f"blob 1 @ {entry.offset} (layer 1 key), page 4 at file offset {at}: 1 page(s) do not "
+        "match their digest: physical pages [4]" in err
     )
     assert "logical positions (sequence, page) [(2, 1)]" in err
 
@@ -171,7 +175,10 @@ def test_dump_json_lists_failed_inputs_with_an_error(capsys: pytest.CaptureFixtu
     bad = documents[3]  # the tensor is shown, with its bad page named, and an error
     assert bad["items"][0]["pages"]["bad_pages"] == [2]
     assert "physical pages [2]" in bad["error"]["message"]
-    assert documents[4]["items"] == [] and "checksum mismatch" in documents[4]["error"]["message"]
+    corrupt = documents[4]  # its structure read without checksums, then the error and hint
+    assert [i["envelope"]["checksums_verified"] for i in corrupt["items"]] == [False]
+    assert "checksum mismatch" in corrupt["error"]["message"]
+    assert corrupt["error"]["type"] == "ChecksumError" and "--no-verify" in corrupt["error"]["hint"]
 
 
 # -- ChecksumError says expected = the stored value ----------------------------------------

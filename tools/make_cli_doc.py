@@ -64,7 +64,8 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ("dump --hex", "An annotated hex dump of the envelope and the descriptor, field by field, "
      "like a protocol analyser (the first lines).",
      ["dump", "--hex", "fixtures/blobs/spec_example_f16_key_l3.hrwb"]),
-    ("dump --json", "The same as JSON, valid against `schemas/dump.schema.json` (abridged).",
+    ("dump --json", "The same as JSON, valid against `hurray_wire/schemas/dump.schema.json` "
+     "(installed with the package; `dump --help` prints its path) (abridged).",
      ["dump", "--json", "fixtures/blobs/empty_batch.hrwb"]),
     ("validate", "One line per input; what could not be verified is said on that line "
      "(blobs written without checksums, and formats that carry none: `.hrrs`, `.hrry`).",
@@ -112,6 +113,7 @@ def render() -> str:
             parts[-1] += f"\n(exit code {code})\n"
     parts.append(_pages_section())
     parts.append(_cut_section())
+    parts.append(_damaged_section())
     parts.append(_convert_section())
     return "\n".join(parts)
 
@@ -130,16 +132,23 @@ open("bad.hrwb", "wb").write(blob)
 """
 
 
-def _pages_section() -> str:
+def _run_after(setup: str, commands: list[list[str]]) -> list[tuple[int, str]]:
+    """The commands' (exit code, output), run in a fresh folder after the page's ``setup``
+    block made their inputs there."""
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
         try:
-            exec(compile(PAGES_SETUP, "cli.md", "exec"), {})
-            code, output = run(["validate", "bad.hrwb"])
-            _, dumped = run(["dump", "--index", "bad.hrwb"])
+            exec(compile(setup, "cli.md", "exec"), {})
+            return [run(argv) for argv in commands]
         finally:
             os.chdir(cwd)
+
+
+def _pages_section() -> str:
+    (code, output), (_, dumped) = _run_after(
+        PAGES_SETUP, [["validate", "bad.hrwb"], ["dump", "--index", "bad.hrwb"]]
+    )
     tail = [line for line in dumped.split("\n") if line][-5:]
     return (
         "## bad pages, by physical id and logical place\n\nA blob written with page digests "
@@ -172,6 +181,58 @@ def _cut_section() -> str:
         "exit code is 1 (abridged: the headers of the records shown, and the error line).\n\n"
         "```console\n$ head -c 140000 fixtures/streams/whole_cache_2_layers.hrws > cut.hrws\n"
         f"$ hurray-wire dump cut.hrws\n{body}\n```\n\n(exit code {code})\n"
+    )
+
+
+DAMAGED_SETUP = """\
+import numpy as np
+
+import hurray_wire as hw
+
+model = {
+    (layer, role): hw.BlockPagedTensor.from_arrays(
+        np.random.default_rng(2 * layer + (role == "value")).random((6, 4, 2, 8))
+        .astype(np.float16), [0, 1, 2, 4], [0, 2, 4], seq_lens=[7, 5],
+        kv_role=role, layer_index=layer)
+    for layer in range(2) for role in ("key", "value")
+}
+hw.save_cache("damaged.hrws", model)                       # section checksums
+hw.save_cache("damaged-pages.hrws", model, page_digests=True)  # and a digest per page
+for name in ("damaged.hrws", "damaged-pages.hrws"):
+    data = bytearray(open(name, "rb").read())
+    at = data.index(model[1, "key"].page_pool[2].tobytes()) + 5  # page 2 of layer 1's keys
+    data[at] ^= 0x10  # one bit flipped
+    open(name, "wb").write(data)
+"""
+
+
+def _damaged_section() -> str:
+    (code, listing), (_, as_json), (_, dumped) = _run_after(DAMAGED_SETUP, [
+        ["validate", "damaged.hrws", "damaged-pages.hrws"],
+        ["validate", "--json", "damaged.hrws"],
+        ["dump", "damaged.hrws"],
+    ])  # fmt: skip
+    as_json = as_json.split("\nhurray-wire: ")[0].rstrip("\n")  # stdout; stderr as above
+    head = [line for line in dumped.split("\n") if line.startswith(("  [", "    blob:"))]
+    tail = "\n".join([*head[-2:], dumped.rstrip("\n").split("\n")[-1]])
+    return (
+        "## a damaged cache, located\n\nAn error in a stream or a model cache names the blob "
+        "(its index and stream offset), its layer and role when its descriptor could be read, "
+        "the section and the **file** offset of the bad byte (with the byte's offset in its "
+        "blob); with page digests (`save_cache(..., page_digests=True)`, "
+        "`StreamWriter.write(..., page_digests=True)`) the pages too: their physical ids, "
+        "their logical places and the file offset of the first one. The library's errors carry "
+        "the same fields (`HurrayWireError.blob`, `.blob_offset`, `.layer`, `.role`, "
+        "`.file_offset`, `.pages`; `.details()`); `validate --json` and `dump --json` give "
+        "them structured (`hurray_wire/schemas/validate.schema.json`, "
+        "`dump.schema.json`). `dump` prints the records before the damaged one, then that "
+        "one read without checksums, then the error with the hint to `--no-verify` "
+        "(which reads past it).\n\n"
+        f"```python\n{DAMAGED_SETUP}```\n\n"
+        f"```console\n$ hurray-wire validate damaged.hrws damaged-pages.hrws\n{listing}"
+        f"$ hurray-wire validate --json damaged.hrws\n{as_json}\n"
+        f"$ hurray-wire dump damaged.hrws   # the last lines\n{tail}\n```\n"
+        f"\n(exit code {code})\n"
     )
 
 
@@ -223,7 +284,9 @@ def _convert_section() -> str:
     same = same.replace(str(target), "cache.hrry")
     return (
         "## convert\n\nBetween blob (`.hrwb`), blob stream (`.hrws`), reference stream "
-        "(`.hrrs`) and `.hrry` file, chosen by the output's extension or `--to`; "
+        "(`.hrrs`) and `.hrry` file, chosen by the output's extension or `--to` (a name: "
+        "`blob`, `blob-stream`, `reference-stream`, `hrry-file`, or an extension: `hrwb`, "
+        "`hrws`, `hrrs`, `hrry`); "
         "`--compression` re-encodes blobs (`none`, `zstd[:LEVEL]`, `shuffle-zstd[:LEVEL]`, "
         "`chunked-shuffle-zstd[:LEVEL]`, `default`). Every tensor is decoded and checked "
         "before the first byte is written.\n\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hurray_wire._interop import numpy_to_torch
+from hurray_wire._interop import tensor_to_torch
 from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.tensor import BlockPagedTensor
 
@@ -33,12 +33,4 @@ def to_torch(tensor: BlockPagedTensor) -> dict[str, Any]:
         raise ArgumentTypeError(
             "expected a BlockPagedTensor", field="tensor", found=type(tensor).__name__
         )
-    pool = tensor.unpacked_page_pool()
-    if tensor.element_type.is_packed and pool.dtype.kind != "b":
-        pool = pool.astype("int8" if tensor.element_type.name.startswith("int") else "uint8")
-    arrays = {"page_pool": pool, "block_table": tensor.block_table, "seq_ptr": tensor.seq_ptr}
-    for name in ("scales", "zero_points", "seq_lens"):
-        value = getattr(tensor, name)
-        if value is not None:
-            arrays[name] = value
-    return {name: numpy_to_torch(value, name) for name, value in arrays.items()}
+    return tensor_to_torch(tensor)

@@ -195,7 +195,10 @@ def header_plan(
     header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
     dlen = head[I_DESCRIPTOR_LENGTH]
     check_limits(count, dlen, limits)
-    header = checked_header(view, head, header_length, count, dlen, total)
+    try:
+        header = checked_header(view, head, header_length, count, dlen, total)
+    except ChecksumError as exc:
+        raise _suspect(exc, view, header_length, total, limits) from None
     if not memoise:
         return _plan_from_header(header, total, limits)
     key = int.from_bytes(header, "little")
@@ -207,6 +210,26 @@ def header_plan(
         plan = _plan_from_header(header, total, limits)
         PLANS.put(memo_key, plan, 2 * header_length)
     return plan
+
+
+def _suspect(
+    exc: ChecksumError, view: memoryview, header_length: int, total: int, limits: DecodeLimits
+) -> ChecksumError:
+    """A header checksum mismatch, with the field that changed when the header read without
+    its checksum breaks a rule there (a flipped offset, size or descriptor field usually
+    does; a flipped value that stays valid cannot be named)."""
+    if exc.section != "header" or header_length > len(view):
+        return exc
+    try:
+        _plan_from_header(bytes(view[:header_length]), total, limits)
+    except HurrayWireError as inner:
+        if inner.field is None and inner.offset is None:
+            return exc
+        place = f"field {inner.field}" if inner.field else f"section {inner.section}"
+        at = "" if inner.offset is None else f" at byte offset {inner.offset}"
+        exc.message += f"; read without it, {place}{at} is invalid ({inner.message})"
+        exc.relocated()  # the text again, with the longer message
+    return exc
 
 
 def _plan_from_header(header: bytes, total: int, limits: DecodeLimits) -> _Plan:
@@ -421,7 +444,8 @@ def _materialize(
             if computed != stored_checksum:
                 if pages is not None and pages.tolerates(e.kind == w.KIND_BUFFER, e.index, e.where):
                     continue  # decode_report: the page digests localise the damage
-                raise checksum_mismatch(e, computed, stored_checksum)
+                mismatch = checksum_mismatch(e, computed, stored_checksum)
+                raise _localised(mismatch, view, plan, pages, e) if pool is None else mismatch
     whole = np.frombuffer(view, np.uint8, plan.total)
     readonly = view.readonly
     threads = opts.threads
@@ -479,6 +503,35 @@ def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
         expected=f"0x{stored:016x}",  # what the blob says the bytes hash to
         found=f"0x{computed:016x}",  # what they hash to now
     )
+
+
+def _localised(
+    error: ChecksumError, view: memoryview, plan: _Plan, pages: PageWork | None, e: Entry
+) -> ChecksumError:
+    """A page-row buffer's checksum mismatch with the pages the blob's digests name (raw
+    sections, no page refs): the error says which pages, and its offset is the first bad
+    page's row in the pool, not the section's start."""
+    digests = plan.page_digests
+    if (pages is None or digests is None or digests.codec != CODEC_RAW or not plan.raw_buffers
+            or plan.page_refs is not None or e.kind != w.KIND_BUFFER):  # fmt: skip
+        return error
+    whole = np.frombuffer(view, np.uint8, plan.total)
+    payload = whole[digests.offset : digests.offset + digests.stored_size]
+    rows = [whole[span] for span in plan.buffer_spans]
+    bad = pages.localise(rows, payload, digests.offset, e.index)
+    if bad is None or not bad.size:
+        return error  # the digests vouch for every page: the damage is elsewhere in it
+    listed = f"{bad[:16].tolist()}{' ...' * (bad.size > 16)}"
+    num_pages = plan.descriptor.layout.num_pages  # the pool's rows: one page each
+    located = ChecksumError(
+        f"section checksum mismatch: the page digests name physical page(s) {listed}",
+        section=e.where,
+        offset=e.offset + (int(bad[0]) * e.raw_size // num_pages if e.index == 0 else 0),
+        expected=error.expected,
+        found=error.found,
+    )
+    located.pages = tuple(bad.tolist())
+    return located
 
 
 def _decompress(

@@ -19,6 +19,7 @@ from hurray_wire.errors import (
     InvalidBlobError,
     LimitExceededError,
     PaddingError,
+    cut_inside,
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
@@ -134,7 +135,7 @@ def blob_length(data: Any) -> int:
     _check_magic(view)
     if len(view) < BLOB_PREFIX_SIZE:
         raise BlobTruncatedError(
-            "input ends inside the blob prefix",
+            cut_inside("blob prefix", len(view)),
             section="header",
             offset=len(view),
             expected=BLOB_PREFIX_SIZE,
@@ -271,9 +272,14 @@ def checked_header(
     (stored_hash,) = CHECKSUM.struct.unpack_from(view, header_length)
     computed = xxhash.xxh3_64_intdigest(header)
     if stored_hash != computed:
-        raise ChecksumError(
-            "header checksum mismatch",
+        raise ChecksumError(  # which byte changed, the hash cannot say: where it looks
+            f"header checksum mismatch: the xxh3_64 stored at bytes [{header_length}, "
+            f"{header_length + _CHECKSUM_SIZE}) covers bytes [0, {header_length}): the fixed "
+            f"header [0, {HEADER_SIZE}), the section table [{HEADER_SIZE}, {entry_at(count)}) "
+            f"and the descriptor [{entry_at(count)}, {header_length}); a byte there or in the "
+            "stored checksum changed",
             section="header",
+            field="header_checksum",
             offset=header_length,
             expected=f"0x{stored_hash:016x}",  # the stored value
             found=f"0x{computed:016x}",

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from hurray_wire.buffers import U8Array
 from hurray_wire.errors import (
     ChecksumError,
+    HurrayWireError,
     PageDigestError,
     PageStoreMissError,
 )
@@ -203,6 +204,25 @@ class PageWork:
             return False
         self.damaged.append(where)
         return True
+
+    def localise(
+        self, buffers: list[U8Array], digests_payload: U8Array, digests_offset: int, index: int
+    ) -> npt.NDArray[np.int64] | None:
+        """The pages whose rows in the raw page-row buffer ``index`` disagree with the
+        blob's digests: where a section checksum mismatch of that buffer lies (None: not
+        a page-row buffer, or the digests section is itself unreadable)."""
+        if index not in paged_buffers(self.descriptor).indexes:
+            return None
+        num_pages = self.descriptor.layout.num_pages
+        try:
+            expected = decode_digest_section(digests_payload, num_pages,
+                                             base_offset=digests_offset)  # fmt: skip
+        except HurrayWireError:
+            return None
+        found = self._found
+        if found is None:
+            found = page_rows(self.descriptor, buffers, num_pages).digests()
+        return np.flatnonzero(found != expected).astype(np.int64)
 
     def rebuild(
         self,

@@ -34,7 +34,6 @@ from hurray_wire.containers.records import (
     STREAM_HEADER_MIN,
     StreamEntry,
     StreamHeader,
-    add_note,
     check_blob,
     check_end_record,
     check_header_fingerprint,
@@ -44,6 +43,7 @@ from hurray_wire.containers.records import (
     encode_end_record,
     encode_stream_header,
     frame_record,
+    locate,
     record_kind,
 )
 from hurray_wire.containers.reference_common import check_limit
@@ -288,10 +288,10 @@ class RecordReader:
         what = f"blob {len(self.seen)}"
         try:
             total = blob_length(prefix)
+            check_record_size(total, self.max_blob_bytes, what, self.position)
         except HurrayWireError as exc:
-            add_note(exc, f"in {what} at stream offset {self.position}")
+            locate(exc, len(self.seen), self.position, prefix)
             raise
-        check_record_size(total, self.max_blob_bytes, what, self.position)
         return self._read_record(prefix, total, what), total, what
 
     def accept(self, total: int, layer_index: int | None, kv_role: str) -> None:
@@ -316,16 +316,21 @@ class RecordReader:
     def _read_record(self, prefix: memoryview, total: int, what: str) -> Any:
         buffer, got, cause = self.source.read_record(prefix, total)
         if got < total:
-            error = StreamBlobTruncatedError if what.startswith("blob") else StreamTruncatedError
+            blob = what.startswith("blob")
+            error = StreamBlobTruncatedError if blob else StreamTruncatedError
             reason = "connection lost" if cause is not None else "stream ends"
-            raise error(
-                f"{reason} inside {what} starting at stream offset {self.position}"
-                + (f" ({cause!r})" if cause is not None else ""),
-                section=what,
+            start = "" if blob else f" starting at stream offset {self.position}"  # or located
+            cut = error(
+                f"{reason} inside {what}{start}" + (f" ({cause!r})" if cause is not None else ""),
+                section="stream" if blob else what,
                 offset=self.position + got,
                 expected=total,
                 found=got,
-            ) from cause
+            )
+            if blob:  # its offset is the stream's already: the file offset of the cut
+                cut.located(blob=len(self.seen), blob_offset=self.position,
+                            file_offset=self.position + got)  # fmt: skip
+            raise cut from cause
         return buffer
 
 
@@ -467,7 +472,7 @@ class StreamReader(ClosesOnExit):
                     view, self._options, report=self._report, accept=accept
                 )
         except HurrayWireError as exc:
-            add_note(exc, f"in {what} at stream offset {self._records.position}")
+            locate(exc, len(self._records.seen), self._records.position, record)
             raise
         self._records.accept(total, tensor.layer_index, tensor.kv_role)
         return tensor

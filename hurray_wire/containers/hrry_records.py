@@ -116,7 +116,7 @@ def parse_header(buf: Any, size: int) -> FileHeader:
     rules included)."""
     if size < wc.MIN_FILE_SIZE:
         raise ContainerTruncatedError(
-            "file shorter than a header and a trailer",
+            "empty input (0 bytes)" if size == 0 else "file shorter than a header and a trailer",
             section="file",
             offset=size,
             expected=f">= {wc.MIN_FILE_SIZE} bytes",

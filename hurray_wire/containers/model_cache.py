@@ -7,17 +7,20 @@ so every byte is covered by a checksum (unlike ``.hrry``), and it is written ato
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Literal, TypeVar, overload
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from hurray_wire._interop import tensor_to_torch
 from hurray_wire.codecs import Compression
 from hurray_wire.containers.blob_stream import StreamReader, StreamWriter
-from hurray_wire.containers.records import StreamHeader
-from hurray_wire.errors import ArgumentTypeError, InvalidStreamError
+from hurray_wire.containers.records import StreamHeader, locate
+from hurray_wire.errors import ArgumentTypeError, InvalidStreamError, MissingTensorError, flag
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.tensor import BlockPagedTensor
 
@@ -26,24 +29,46 @@ __all__ = ["ModelCache", "Progress", "load_cache", "save_cache"]
 #: ``progress=``: None (a bar on a terminal), False (none), or ``hook(done, total)`` bytes.
 Progress = Callable[[int, int], object] | bool | None
 CacheKey = tuple[int, str]
+_V = TypeVar("_V")
 
 
-@dataclass(frozen=True)
-class ModelCache:
-    """What ``load_cache`` returns: every tensor by ``(layer_index, kv_role)``, and what
-    the file says about them (the model, the caller's metadata, the engine fingerprint)."""
+@dataclass(frozen=True, eq=False)
+class ModelCache(Mapping[CacheKey, _V]):
+    """What ``load_cache`` returns: a read-only mapping ``(layer_index, kv_role)`` -> tensor
+    (``BlockPagedTensor``; with ``as_torch=True`` a dict of torch tensors by array name), in
+    layer then role order, as safetensors' ``load_file`` returns its mapping; and what the
+    file says about them (the model, the caller's metadata, the engine fingerprint)."""
 
-    tensors: dict[CacheKey, BlockPagedTensor]
+    tensors: Mapping[CacheKey, _V]
     model: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     fingerprint: EngineFingerprint | None = None
+
+    def __post_init__(self) -> None:
+        ordered = dict(sorted(self.tensors.items()))
+        object.__setattr__(self, "tensors", MappingProxyType(ordered))
 
     @property
     def num_layers(self) -> int:
         return 1 + max((layer for layer, _ in self.tensors), default=-1)
 
-    def __getitem__(self, key: CacheKey) -> BlockPagedTensor:
-        return self.tensors[key]
+    def __getitem__(self, key: CacheKey) -> _V:
+        try:
+            return self.tensors[key]
+        except KeyError:
+            raise MissingTensorError(
+                f"the cache holds no {key!r}: its keys are (layer, role) pairs, layers "
+                f"0..{self.num_layers - 1}, roles {sorted({r for _, r in self.tensors})}"
+            ) from None
+
+    def __iter__(self) -> Iterator[CacheKey]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.tensors
 
 
 class _Reporter:
@@ -77,15 +102,19 @@ class _Reporter:
 
 
 def _tensors(cache: object) -> list[BlockPagedTensor]:
-    """The tensors of ``cache`` (a mapping's values or an iterable), each once per
-    {layer, role}, in layer then role order."""
-    items = cache.values() if isinstance(cache, Mapping) else cache
-    if not isinstance(items, Iterable) or isinstance(items, (str, bytes)):
+    """The tensors of ``cache`` (a mapping ``(layer, role)`` -> tensor, each key checked
+    against the tensor's own layer and role, or an iterable), each once per {layer, role},
+    in layer then role order."""
+    mapping = isinstance(cache, Mapping)
+    if isinstance(cache, Mapping):
+        pairs: list[tuple[object, object]] = list(cache.items())
+    elif isinstance(cache, Iterable) and not isinstance(cache, (str, bytes)):
+        pairs = [(None, tensor) for tensor in cache]
+    else:
         raise ArgumentTypeError("cache must be an iterable of BlockPagedTensor or a mapping "
                                 "to them", field="cache", found=type(cache).__name__)  # fmt: skip
-    tensors = list(items)
     seen: set[CacheKey] = set()
-    for tensor in tensors:
+    for given, tensor in pairs:
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("cache holds something that is not a BlockPagedTensor",
                                     field="cache", found=type(tensor).__name__)  # fmt: skip
@@ -93,13 +122,33 @@ def _tensors(cache: object) -> list[BlockPagedTensor]:
             raise InvalidStreamError("every tensor of a model cache needs a layer_index",
                                      field="layer_index", found=None)  # fmt: skip
         key = (tensor.layer_index, tensor.kv_role)
+        if mapping:
+            _check_key(given, key)
         if key in seen:
             raise InvalidStreamError("the cache holds {layer, role} twice", field="cache",
                                      found=f"layer {key[0]} {key[1]}")  # fmt: skip
         seen.add(key)
-    if not tensors:
+    if not pairs:
         raise InvalidStreamError("the cache holds no tensor", field="cache")
+    tensors = [t for _, t in pairs if isinstance(t, BlockPagedTensor)]  # all of them
     return sorted(tensors, key=lambda t: (t.layer_index, t.kv_role))
+
+
+def _check_key(given: object, own: CacheKey) -> None:
+    """A mapping's key must name the tensor it maps to: the file stores the tensor's own
+    layer and role, so a key that says otherwise would load back under another key."""
+    if not isinstance(given, tuple) or len(given) != 2:
+        raise ArgumentTypeError("the keys of a cache mapping are (layer, kv_role) pairs",
+                                field="cache", found=repr(given))  # fmt: skip
+    if given != own:
+        raise InvalidStreamError(
+            f"key {given!r} maps to the tensor of layer {own[0]} {own[1]} (its layer_index "
+            "and kv_role): the file keeps the tensor's own, so it would load back under "
+            "another key",
+            field="cache",
+            expected=repr(given),
+            found=repr(own),
+        )
 
 
 def save_cache(
@@ -112,6 +161,7 @@ def save_cache(
     compression: Compression | str | None = None,
     checksum: bool = True,
     pages: str = "all",
+    page_digests: bool = False,
     progress: Progress = None,
 ) -> int:
     """Save every layer and role of a model's cache to ``path`` (a ``.hrws`` blob stream),
@@ -121,6 +171,8 @@ def save_cache(
     whose values they are. Every layer in ``0 .. max`` must have the same roles (a whole
     model, not a part: ``load_cache`` checks the same). ``pages="all"`` (the default) keeps
     the engine's pools as they are; ``"referenced"`` drops the pages no block table names.
+    ``page_digests=True`` adds a digest per page (docs/integrity.md), so that a damaged
+    byte is named down to its page on load.
     """
     tensors = _tensors(cache)
     layers = 1 + max(t.layer_index for t in tensors if t.layer_index is not None)
@@ -136,7 +188,8 @@ def save_cache(
     try:
         with StreamWriter(path, header) as writer:
             for tensor in tensors:
-                writer.write(tensor, compression=compression, checksum=checksum, pages=pages)
+                writer.write(tensor, compression=compression, checksum=checksum, pages=pages,
+                             page_digests=page_digests)  # fmt: skip
                 reporter.update(tensor.nbytes)
     finally:
         reporter.close()
@@ -144,14 +197,43 @@ def save_cache(
 
 
 def _check_whole(keys: set[CacheKey], layers: int, roles: tuple[str, ...]) -> None:
-    missing = [(layer, role) for layer in range(layers) for role in roles
-               if (layer, role) not in keys]  # fmt: skip
-    if missing:
-        shown = ", ".join(f"layer {layer} {role}" for layer, role in missing[:8])
-        raise InvalidStreamError(f"not a whole model's cache: missing {shown}"
-                                 f"{' ...' if len(missing) > 8 else ''}",
-                                 field="cache", expected=f"{layers} layers x {list(roles)}",
-                                 found=f"{len(keys)} tensors")  # fmt: skip
+    """Every layer in ``0 .. layers`` has every role. Counted, and the first few missing
+    found lazily: a header claiming 2**24 layers costs no list of them."""
+    present = sum(1 for layer, role in keys if 0 <= layer < layers and role in roles)
+    absent = layers * len(roles) - present
+    if not absent:
+        return
+    every = ((layer, role) for layer in range(layers) for role in roles)
+    missing = list(itertools.islice((k for k in every if k not in keys), 8))
+    shown = ", ".join(f"layer {layer} {role}" for layer, role in missing)
+    raise InvalidStreamError(f"not a whole model's cache: missing {shown}"
+                             f"{' ...' if absent > 8 else ''} ({absent} in all)",
+                             field="cache", expected=f"{layers} layers x {list(roles)}",
+                             found=f"{len(keys)} tensors")  # fmt: skip
+
+
+@overload
+def load_cache(
+    path: Any,
+    *,
+    verify: bool = ...,
+    expect_fingerprint: EngineFingerprint | None = ...,
+    progress: Progress = ...,
+    as_torch: Literal[False] = ...,
+    device: None = ...,
+) -> ModelCache[BlockPagedTensor]: ...
+
+
+@overload
+def load_cache(
+    path: Any,
+    *,
+    verify: bool = ...,
+    expect_fingerprint: EngineFingerprint | None = ...,
+    progress: Progress = ...,
+    as_torch: bool = ...,
+    device: Any = ...,
+) -> ModelCache[Any]: ...
 
 
 def load_cache(
@@ -160,17 +242,20 @@ def load_cache(
     verify: bool = True,
     expect_fingerprint: EngineFingerprint | None = None,
     progress: Progress = None,
-) -> ModelCache:
-    """Load a cache ``save_cache`` wrote: every blob checked (checksums, the stream's
-    framing and end record, the fingerprint when ``expect_fingerprint`` is given) and
-    every {layer, role} the header promises present. Tensors view the mapped file."""
+    as_torch: bool = False,
+    device: Any = None,
+) -> ModelCache[Any]:
+    """Load a cache ``save_cache`` wrote: every blob checked (checksums, page digests, the
+    stream's framing and end record, the fingerprint when ``expect_fingerprint`` is given)
+    and every {layer, role} the header promises present. An error names the blob, its
+    layer and role, and the file offset (``HurrayWireError.located``). Tensors view the
+    mapped file; ``as_torch=True`` (or a ``device``, e.g. ``"cpu"``; torch is imported only
+    then) gives each as ``to_torch`` does: a dict of torch tensors by array name."""
+    as_torch = flag(as_torch, "as_torch") or device is not None
     with StreamReader(path, verify=verify, expect_fingerprint=expect_fingerprint) as reader:
         header = reader.header
         if header is None or header.num_layers is None or not header.kv_roles:
-            raise InvalidStreamError(
-                "not a model cache: the stream header does not state num_layers and kv_roles",
-                section="stream header",
-            )
+            raise _not_a_cache(reader, header)
         tensors: dict[CacheKey, BlockPagedTensor] = {}
         total = os.path.getsize(path) if isinstance(path, (str, os.PathLike)) else 0
         reporter = _Reporter(progress, total, "load")
@@ -179,11 +264,34 @@ def load_cache(
                 key = (tensor.layer_index if tensor.layer_index is not None else -1,
                        tensor.kv_role)  # fmt: skip
                 if key in tensors:
-                    raise InvalidStreamError("the cache holds {layer, role} twice",
-                                             found=f"layer {key[0]} {key[1]}")  # fmt: skip
+                    entry = reader.entries[-1]
+                    raise locate(InvalidStreamError("the cache holds {layer, role} twice",
+                                                    found=f"layer {key[0]} {key[1]}"),
+                                 len(tensors), entry.offset, layer=key[0], role=key[1])  # fmt: skip
                 tensors[key] = tensor
                 reporter.update(reader.position - reporter.done)
         finally:
             reporter.close()
     _check_whole(set(tensors), header.num_layers, header.kv_roles)
-    return ModelCache(tensors, header.model, dict(header.metadata), header.fingerprint)
+    values: dict[CacheKey, Any] = dict(tensors)
+    if as_torch:
+        values = {key: tensor_to_torch(tensor, device) for key, tensor in tensors.items()}
+    return ModelCache(values, header.model, dict(header.metadata), header.fingerprint)
+
+
+def _not_a_cache(reader: StreamReader, header: StreamHeader | None) -> InvalidStreamError:
+    """Why a stream is no model cache: a lone blob (``decode`` reads it), blobs without a
+    stream header, or a header that does not state the model's layers and roles. (An
+    empty input raises the reader's own "empty input (0 bytes)".)"""
+    if header is None:
+        first, second = next(reader, None), next(reader, None)
+        if first is not None and second is None:
+            return InvalidStreamError("this is a blob, not a blob stream: hw.decode reads one "
+                                      "blob; load_cache reads the stream save_cache writes",
+                                      section="stream")  # fmt: skip
+        return InvalidStreamError("not a model cache: blobs without a stream header (which "
+                                  "states num_layers and kv_roles)", section="stream")  # fmt: skip
+    return InvalidStreamError(
+        "not a model cache: the stream header does not state num_layers and kv_roles",
+        section="stream header",
+    )

@@ -5,6 +5,7 @@ the structs in ``hurray_wire.wire.stream``, never restated here.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -14,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from hurray_wire.blob import BLOB_PREFIX_SIZE
+from hurray_wire.blob import BLOB_PREFIX_SIZE, peek_descriptor
 from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
 from hurray_wire.buffers import align, byte_view, check_zero
 from hurray_wire.dtypes import ElementType, element_type_from_tag, element_type_of
@@ -47,7 +48,6 @@ __all__ = [
     "STREAM_HEADER_MIN",
     "StreamEntry",
     "StreamHeader",
-    "add_note",
     "check_blob",
     "check_end_record",
     "check_header_fingerprint",
@@ -60,6 +60,7 @@ __all__ = [
     "encode_stream_header",
     "entries_of",
     "frame_record",
+    "locate",
     "record_kind",
 ]
 
@@ -619,12 +620,24 @@ def empty_input_error() -> StreamTruncatedError:
     """No bytes at all is a stream cut at offset 0: every stream holds at least one record
     (its header, or without one a blob or the end record; docs/streaming.md § 5)."""
     return StreamTruncatedError(
-        "empty input: a stream holds at least one record", section="stream", offset=0
+        "empty input (0 bytes): a stream holds at least one record", section="stream", offset=0
     )
 
 
-def add_note(exc: HurrayWireError, text: str) -> None:
-    """Say where in the stream an error from the blob decoder happened (Python >= 3.11)."""
-    note = getattr(exc, "add_note", None)
-    if note is not None:
-        note(text)
+def locate(
+    exc: HurrayWireError,
+    blob: int,
+    at: int,
+    record: Any = None,
+    *,
+    layer: int | None = None,
+    role: str | None = None,
+) -> HurrayWireError:
+    """``exc``, met in blob ``blob`` of a stream (starting at stream offset ``at``), placed
+    there (``HurrayWireError.located``): its layer and role from ``record``'s descriptor
+    when the caller does not know them and the header can still be read."""
+    if layer is None and role is None and record is not None:
+        with contextlib.suppress(HurrayWireError):
+            layout = peek_descriptor(record).layout
+            layer, role = layout.layer_index, layout.kv_role
+    return exc.located(blob=blob, blob_offset=at, layer=layer, role=role)

@@ -22,12 +22,12 @@ from hurray_wire.containers.records import (
     STREAM_HEADER_MIN,
     StreamEntry,
     StreamHeader,
-    add_note,
     check_blob,
     check_header_fingerprint,
     decode_end_rows,
     empty_input_error,
     entries_of,
+    locate,
 )
 from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.containers.sniff import identify
@@ -264,7 +264,8 @@ class StreamFile(ClosesOnExit):
                 return run(byte_view(view), self._options, accept=accept)[0]
             return land_into(byte_view(view), page_pool, self._options, accept, one_pass is True)
         except HurrayWireError as exc:
-            add_note(exc, f"in the {what}")
+            number = next((n for n, e in enumerate(self.entries) if e.offset == entry.offset), -1)
+            locate(exc, number, entry.offset, layer=entry.layer_index, role=entry.kv_role)
             raise
 
     def _index_from_end(self, start: int) -> npt.NDArray[Any] | None:
@@ -318,11 +319,11 @@ class StreamFile(ClosesOnExit):
         """
         try:
             while (framed := records.next_blob()) is not None:
-                record, total, what = framed
+                record, total, _ = framed
                 try:
                     layout = peek_descriptor(record, limits=self._limits).layout
                 except HurrayWireError as exc:
-                    add_note(exc, f"in {what} at stream offset {records.position}")
+                    locate(exc, len(records.seen), records.position, record)
                     raise
                 records.accept(total, layout.layer_index, layout.kv_role)
             if records.complete and records.position != len(self._view):

@@ -21,6 +21,7 @@ from hurray_wire.errors import (
     DescriptorTruncatedError,
     InvalidDescriptorError,
     UnsupportedLayoutError,
+    cut_inside,
 )
 from hurray_wire.memo import BoundedMemo
 from hurray_wire.model.descriptor import (
@@ -98,7 +99,7 @@ def peek_descriptor_length(data: Any) -> int:
         )
     if len(view) < _PREFIX_LEN:
         raise DescriptorTruncatedError(
-            "input ends inside the descriptor prefix",
+            cut_inside("descriptor prefix", len(view)),
             section="descriptor",
             offset=len(view),
             expected=f"at least {_PREFIX_LEN} bytes",
