@@ -12,6 +12,8 @@
 # so a second run with the same inputs does nothing. Wheels are taken from $HURRAY_WHEELS
 # (default /work/wheels) when present there, else from the package index.
 set -euo pipefail
+# shellcheck source=.ci/lib.sh
+. "$(dirname "$0")/lib.sh"
 venv=${1:?usage: .ci/venv_oracle_sglang.sh <venv-path>}
 here="$(cd "$(dirname "$0")" && pwd)"
 pins="$here/pins/oracle-sglang-0.5.23-cpu.txt"
@@ -24,10 +26,10 @@ fi
 python3 -m venv "$venv"
 py="$venv/bin/python"
 "$py" -m pip install -q --upgrade pip
-"$py" -m pip install -q torch==2.13.0
+cpu_torch "$py"  # torch 2.13.0, the CPU build, checked before any download (lib.sh)
 local_wheels=()
 for pattern in "sglang-0.5.23-*.whl" "flashinfer_python-0.7.2.post1-*.whl"; do
-    found=$(ls "$wheels"/$pattern 2>/dev/null | head -1 || true)
+    found=$(compgen -G "$wheels/$pattern" | head -n 1 || true)
     [ -n "$found" ] && local_wheels+=("$found")
 done
 if [ ${#local_wheels[@]} -eq 2 ]; then

@@ -7,6 +7,8 @@
 # PYTHONPATH (.ci/run). Idempotent: a stamp of this script and the pins skips a built venv.
 # Usage: .ci/venv_oracle_vllm.sh VENV_PATH
 set -euo pipefail
+# shellcheck source=.ci/lib.sh
+. "$(dirname "$0")/lib.sh"
 venv=${1:?usage: .ci/venv_oracle_vllm.sh VENV_PATH}
 here=$(cd "$(dirname "$0")" && pwd)
 pins="$here/pins/vllm-0.33.0-oracle.txt"
@@ -19,7 +21,7 @@ rm -rf "$venv"
 python3 -m venv "$venv"
 py="$venv/bin/python"
 "$py" -m pip install -q --upgrade pip
-"$py" -m pip install -q torch==2.13.0  # the CPU build here (2.13.0+cpu)
+cpu_torch "$py"  # torch 2.13.0, the CPU build, checked before any download (lib.sh)
 "$py" -m pip install -q --no-deps -r "$pins"
 "$py" - <<'PY'
 import torch

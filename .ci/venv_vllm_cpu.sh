@@ -6,6 +6,8 @@
 # then this project --no-deps and pytest. A stamp of the pin file's hash makes a second run a
 # no-op; a changed pin file rebuilds into the same venv.
 set -euo pipefail
+# shellcheck source=.ci/lib.sh
+. "$(dirname "$0")/lib.sh"
 if [ $# -ne 1 ]; then
     echo "usage: $0 <venv-path>" >&2
     exit 2
@@ -22,7 +24,7 @@ fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$venv/bin/python"
 "$py" -m pip install -q --upgrade pip
-"$py" -m pip install -q torch==2.13.0
+cpu_torch "$py"  # torch 2.13.0, the CPU build, checked before any download (lib.sh)
 "$py" -m pip install -q --no-deps -r "$pins"
 "$py" -m pip install -q --no-deps -e "$root"
 "$py" -m pip install -q pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1

@@ -121,9 +121,17 @@ def _copy_of_the_repository(directory: Path) -> None:
             shutil.copy2(source, directory / name)
 
 
+def _fresh_machine(directory: Path) -> Path:
+    """Where a fresh-machine page's venv goes: beside its directory (out of the page's sight),
+    removed after the test, pass or fail (1.6 GB with torch)."""
+    return directory.parent / f"{directory.name}-fresh-machine"
+
+
 def _environment(directory: Path, *, fresh: bool) -> dict[str, str]:
     shims = directory / ".shims"
     shims.mkdir()
+    scratch = directory / ".tmp"  # the page's mkdtemp / mktemp -d: gone with tmp_path
+    scratch.mkdir()
     shim = shims / "hurray-wire"
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hurray_wire "$@"\n')
     shim.chmod(0o755)
@@ -131,7 +139,7 @@ def _environment(directory: Path, *, fresh: bool) -> dict[str, str]:
     extra = {}
     if fresh:
         _copy_of_the_repository(directory)
-        machine = directory.parent / f"{directory.name}-fresh-machine"
+        machine = _fresh_machine(directory)
         subprocess.run([sys.executable, "-m", "venv", str(machine)], check=True)
         first = [str(machine / "bin"), *first]
         extra = {"HW_DOCS_SHELL_UNSET": " ".join(FRESH_UNSET)}
@@ -141,7 +149,7 @@ def _environment(directory: Path, *, fresh: bool) -> dict[str, str]:
     path = os.pathsep.join([*first, str(Path(sys.executable).parent), os.environ["PATH"]])
     return {
         **os.environ, "PATH": path, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
-        "HURRAY_BENCH_SMOKE": "1", **extra,
+        "HURRAY_BENCH_SMOKE": "1", "TMPDIR": str(scratch), **extra,
     }  # fmt: skip
 
 
@@ -155,10 +163,13 @@ def test_page_runs_as_written(page: Path, tmp_path: Path) -> None:
     listing.write_text(json.dumps([vars(b) for b in found]))
     driver = tmp_path / ".driver.py"
     driver.write_text(DRIVER)
-    done = subprocess.run(
-        [sys.executable, str(driver), str(page.relative_to(ROOT)), str(listing)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, str(driver), str(page.relative_to(ROOT)), str(listing)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(_fresh_machine(tmp_path), ignore_errors=True)
     assert done.returncode == 0, (done.stdout[-3000:] + "\n" + done.stderr[-5000:]).strip()
 
 

