@@ -12,6 +12,7 @@ import contextlib
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ from .test_connector import MAX_TOKENS, decode, prefill, prompt, single, via
 #: Out of an int32 block id's range; vLLM's own SamplingParams refuses extra_args ints
 #: beyond int64/uint64 (the 4,300-digit case is the unit tests', tests/test_vllm_hostile.py).
 BIG = (1 << 63) - 1
+#: The extra prefill engine's ``transfer_ttl`` (seconds): long enough for the pulls its other
+#: tests make at once, short enough for a test to outwait it.
+TTL = 20.0
 
 
 def free_blocks(engine: Engine) -> int:
@@ -42,9 +46,11 @@ def other_weights(engines: dict[str, Engine]) -> Iterator[Engine]:
 
     folder = Path(tempfile.gettempdir()) / "hurray-tiny-llama-seed1"
     logs = Path(tempfile.mkdtemp(prefix="hurray-vllm-faults-"))
+    config = connector("kv_producer", free_port())
+    config["kv_connector_extra_config"]["transfer_ttl"] = TTL
     engine = Engine(
         {"model": str(make_tiny_llama(folder, seed=1)), "block_size": 32,
-         "kv_transfer_config": connector("kv_producer", free_port()), "prefix_caching": False},
+         "kv_transfer_config": config, "prefix_caching": False},
         logs / "other_weights.log",
     )  # fmt: skip
     try:
@@ -146,6 +152,29 @@ def test_other_weights_under_the_same_model_id_are_refused(
     assert served[0]["finish_reason"] != "error"
     assert served[0]["tokens"] == single(engines, [p])[0]
     assert free_blocks(engines["decode"]) == baseline["decode"]
+
+
+def test_a_transfer_pulled_after_its_ttl_is_refused_and_its_blocks_freed(
+    engines: dict[str, Engine], other_weights: Engine, baseline: dict[str, int]
+) -> None:
+    """A transfer the prefill side dropped at its TTL (memory returned, the id remembered
+    as expired): the decode request ends by policy, "fail" with an error naming the expiry,
+    "recompute" with the single engine's tokens, and no decode block stays held."""
+    p = prompt(47, 70)
+    params = other_weights.generate(
+        [{"prompt": p, "max_tokens": 1, "params": {"do_remote_decode": True}}] * 2
+    )
+    time.sleep(TTL + 3.0)  # the listener sweeps expired transfers every second
+    log = Path(engines["decode"].log)
+    before = log.read_text().count("expired")
+    failed = decode(engines["decode"], [p], [params[0]["params"]])
+    assert failed[0]["finish_reason"] == "error"
+    assert log.read_text().count("expired") > before
+    recomputed = decode(engines["decode64"], [p], [params[1]["params"]])
+    assert recomputed[0]["finish_reason"] != "error"
+    assert recomputed[0]["tokens"] == single(engines, [p])[0]
+    assert free_blocks(engines["decode"]) == baseline["decode"]
+    assert free_blocks(engines["decode64"]) == baseline["decode64"]
 
 
 def test_a_prefill_engine_killed_mid_transfer_ends_the_pull(

@@ -399,6 +399,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def _pull(self, load: LoadSpec, deadline: Deadline) -> LoadResult:
         """On the pull's thread (``pulls.Pulls``: whatever this raises is its load error)."""
+        heads, head_dim = self._page_geometry()
         return pull(
             TransferParams.from_params(load.params),
             self._engine_fingerprint(),
@@ -407,17 +408,18 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             expect_digest=load.digest,
             nixl=self._nixl_peers(),
             held=self._held(load),
-            # MLA's fused latent row (one head, not sharded by TP) is the cache's own width
-            **self._page_geometry(),
+            num_kv_heads=heads,
+            head_dim=head_dim,
             deadline=deadline,
             tls=self._tls,
         )
 
-    def _page_geometry(self) -> dict[str, int | None]:
-        """The heads and head size the pulled pages must have (receive.pull checks them)."""
+    def _page_geometry(self) -> tuple[int | None, int]:
+        """The heads and head size the pulled pages must have (receive.pull checks them):
+        MLA's fused latent row (one head, not sharded by TP) is the cache's own width."""
         if self._cache_form().roles == PAIR:
-            return {"num_kv_heads": self._num_kv_heads, "head_dim": self._head_dim}
-        return {"num_kv_heads": None, "head_dim": int(self._caches[0].shape[-1])}
+            return self._num_kv_heads, self._head_dim
+        return None, int(self._caches[0].shape[-1])
 
     def _held(self, load: LoadSpec) -> HeldPages | None:
         """The request's blocks this worker already holds (vLLM's prefix-cache hit), read
