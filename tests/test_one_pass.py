@@ -348,9 +348,10 @@ def test_pages_are_digested_a_chunk_at_a_time_as_they_land(
     compression: hw.Compression | None, refs: bool, while_decoding: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """Each page is digested once, in chunks of at most ~1 MiB of rows; a compressed
-    pool's chunks while its frame is still being decoded (each in cache as it comes), but
-    for one byte-shuffled frame, whose planes end together."""
+    """Each page is digested once, in chunks of at most ~1 MiB of rows however far a
+    threaded decompression's final prefix jumps; a compressed pool's chunks while its frame
+    is still being decoded (each in cache as it comes), but for one byte-shuffled frame,
+    whose planes end together."""
     t = _f16()
     store = _store_for(t) if refs else None
     blob = bytes(hw.encode(t, compression=compression, page_digests=True,
@@ -384,8 +385,39 @@ def test_pages_are_digested_a_chunk_at_a_time_as_they_land(
         assert max(n for n, _ in log) <= max(rows, CHUNK // (2 * int(np.prod(PAGE)))), log
     elif compression is None:
         assert len(log) > 2 and max(n for n, _ in log) <= rows, log
-    else:  # the whole pool at once, when the frame's last plane is in
-        assert [n for n, _ in log] == [sent]
+    else:  # all of the pool when the frame's last plane is in, still ~1 MiB at a time
+        assert [n for n, _ in log] == [rows] * (sent // rows), log
+
+
+def test_a_final_prefix_that_jumps_is_still_digested_a_chunk_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Threads may finish a pool's first chunk last, so its final prefix jumps from nothing
+    to all of it at once (here forced): the rows are still digested ~1 MiB at a time."""
+    t = _f16()
+    blob = bytes(hw.encode(t, compression=CHUNKED, page_digests=True))
+    real = decoder.decode_section  # type: ignore[attr-defined]
+
+    def one_jump(*args: Any) -> Any:
+        *head, progress = args
+        result = real(*head, lambda n: None)  # type: ignore[call-arg]
+        progress(args[3])  # raw_size: everything final at once
+        return result
+
+    log: list[int] = []
+
+    class Records(PageRecords):
+        def digests(self) -> Any:
+            log.append(int(self.pool.shape[0]))
+            return super().digests()
+
+    monkeypatch.setattr(decoder, "decode_section", one_jump)
+    monkeypatch.setattr(landing, "PageRecords", Records)
+    engine = _engine(blob)
+    hw.decode_into(blob, engine, one_pass=True)
+    assert engine.tobytes() == t.page_pool.tobytes()
+    rows = (1 << 20) // (2 * int(np.prod(PAGE)))
+    assert log == [rows] * (PAGES // rows), log
 
 
 @pytest.mark.parametrize(

@@ -203,8 +203,7 @@ class _OnePass(PageWork):
             decompress_pool(self.view, self.entry, self.threads, self.late,
                             None if rows is None else rows.up_to_byte)  # fmt: skip
         elif rows is not None:  # a raw pool's rows, copied a chunk at a time
-            for stop in range(rows.step, rows.count + rows.step, rows.step):
-                rows.up_to(min(stop, rows.count))
+            rows.up_to(rows.count)
         descriptor = self.descriptor
         if descriptor.element_type.is_packed:  # O(1): the last bytes, just written
             try:
@@ -244,9 +243,13 @@ class _Rows:
         self.up_to(end // self.width if self.width else self.count)
 
     def up_to(self, stop: int) -> None:
+        """Lands rows up to ``stop`` in chunks of at most ``step`` (~1 MiB) rows, however
+        far a threaded decompression's final prefix jumped at once."""
+        while self.done < stop:
+            self._chunk(min(stop, self.done + self.step))
+
+    def _chunk(self, stop: int) -> None:
         start, rows, sent = self.done, self.rows, self.sent
-        if stop <= start:
-            return
         if sent is not None:  # scattered to their page ids: the source rows, just read
             self.landed.pool[sent[start:stop]] = chunk = rows.pool[start:stop]
         else:

@@ -85,7 +85,6 @@ class _Ask:
     rank: int  # the prefill rank pulled (its port: params.port + rank)
     first_page: int  # pages before it are not sent
     held: int  # pages before it travel as references (first_page is then 0)
-    timeout: float
     deadline: Deadline  # the whole pull's (every rank's connection)
     num_kv_heads: int | None = None  # the model's: the heads each rank's pages must hold
     head_dim: int | None = None
@@ -418,7 +417,7 @@ def _pull(
         wire = 0
         for rank in sources(params.tp_size, ours.tp_size, ours.tp_rank):
             ask = _Ask(params, ours, num_layers, rank, first_page, held_pages,
-                       deadline.seconds, deadline, num_kv_heads, head_dim, tls)  # fmt: skip
+                       deadline, num_kv_heads, head_dim, tls)  # fmt: skip
             store = held.store if held_pages and held is not None else None
             tensors, theirs, nbytes = _fetch(ask, nixl, store)
             fetched.append((tensors, theirs))
