@@ -8,6 +8,7 @@ and lazy.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import itertools
 import mmap
@@ -953,7 +954,8 @@ def _layered_file(path: Path, layers: int, *, end: bool, pages: int = 64) -> lis
     with StreamWriter(path, header) as writer:
         for layer in range(layers):
             writer.write(make_tensor(layer, pages=pages, heads=8, dim=64), pages="all")
-    return list(StreamFile(path).entries)
+    with StreamFile(path) as mapped:
+        return list(mapped.entries)
 
 
 @pytest.mark.parametrize("end", [True, False], ids=["index", "walk"])
@@ -1032,8 +1034,8 @@ def test_empty_and_header_only_files(tmp_path: Path) -> None:
     with pytest.raises(StreamTruncatedError, match="empty input"):  # at open (issue 23)
         StreamFile(path)
     path.write_bytes(encode_stream_header(HEADER))
-    mapped = StreamFile(path)
-    assert isinstance(mapped.error, StreamTruncatedError)
+    with StreamFile(path) as mapped:
+        assert isinstance(mapped.error, StreamTruncatedError)
 
 
 def test_stream_file_iteration_is_lazy() -> None:
@@ -1101,3 +1103,35 @@ def test_a_request_over_an_engine_pool_sends_only_its_pages() -> None:
         writer.write(everything)
     (same,) = hw.StreamReader(out.getvalue())
     np.testing.assert_array_equal(same.block_table, [3, 1, 0, 2])
+
+
+def _held(path: Path) -> int:
+    """Descriptors of this process open on ``path`` (a mapping holds one of its own)."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve()))
+
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mapped", "read"])
+@pytest.mark.parametrize("ending", ["end record", "cut"])
+def test_a_reader_lets_go_of_the_path_it_opened_when_its_stream_ends(
+    tmp_path: Path, mmap: bool, ending: str
+) -> None:
+    """Iterated to its end or to its error without ``with``, a reader holds no descriptor
+    of a path it opened itself (a mapping lives on while tensors view it); what it
+    read stays readable, the error is raised again."""
+    path = tmp_path / "s.hrws"
+    data = stream_bytes(SMALL[:2])
+    path.write_bytes(data if ending == "end record" else data[:-5])
+    reader = StreamReader(path, mmap=mmap)
+    assert _held(path) == (2 if mmap else 1)
+    got, error = read_all(reader)
+    assert len(got) == 2 and (error is None) == (ending == "end record")
+    assert _held(path) == (1 if mmap else 0)  # the mapping's, while the tensors view it
+    assert len(reader.entries) == 2 and reader.header is not None
+    if error is not None:
+        with pytest.raises(type(error)):
+            next(reader)
+    assert_same(got[1], SMALL[1])
+    del got, reader, error
+    gc.collect()
+    assert _held(path) == 0

@@ -430,6 +430,7 @@ class StreamReader(ClosesOnExit):
         tensor: BlockPagedTensor | None = self._guarded(self._next_blob)
         if tensor is None:
             self._done = True
+            self._records.source.close()  # a path opened here is not held past its end
             raise StopIteration
         return tensor
 
@@ -443,6 +444,7 @@ class StreamReader(ClosesOnExit):
         except HurrayWireError as exc:
             self._error = exc
             self._done = True
+            self._records.source.close()  # nothing more is read: a path opened here is let go
             raise
 
     def _start(self) -> None:
