@@ -1,10 +1,12 @@
-"""Memo caches bounded by entries *and* bytes, so hostile inputs cannot make them grow.
+"""The plan cache: bounded by entries *and* by the bytes its entries keep alive.
 
-Decoders memoise verdicts on header bytes (equal bytes, equal verdict). A cache bounded by
-entry count alone lets a peer pin gigabytes with a few huge, valid headers; this one also
-counts the bytes of its keys and values (as the caller sizes them) and forgets everything
-when either bound would be passed. Clearing rather than evicting one entry keeps every
-operation O(1) and the common case (a few geometries, reused) unaffected.
+A ``Decoder`` or ``Encoder`` (``hurray_wire.blob``) holds one: equal header bytes, equal
+plan. A cache bounded by entry count alone lets a peer pin gigabytes with a few huge,
+valid headers, so each entry also has a weight: what its key and value keep alive, by a
+formula in the bytes they were built from (``Plan.weight``) that a test checks against
+the memory actually held (tests/test_codec_objects.py fills a cache with distinct
+descriptors and measures it). Past either bound the cache forgets everything: O(1) per
+operation, and the common case (a few geometries, reused) unaffected.
 """
 
 from __future__ import annotations
@@ -13,13 +15,25 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["BoundedMemo"]
+__all__ = ["PER_BYTE", "PER_ENTRY", "BoundedMemo", "weight"]
 
 V = TypeVar("V")
 
+#: What a cache entry keeps alive, by the bytes it was built from: the Python objects of a
+#: parsed header measure ~16 bytes per header byte (tests/test_codec_objects.py checks
+#: the bound against the memory a full cache holds), plus the cache's slot and the key.
+PER_BYTE = 32
+PER_ENTRY = 1024
+
+
+def weight(nbytes: int) -> int:
+    """The plan cache's weight of an entry built from ``nbytes`` bytes of header."""
+    return PER_ENTRY + PER_BYTE * nbytes
+
 
 class BoundedMemo(Generic[V]):
-    """A dict-like memo with at most ``max_entries`` entries and ``max_bytes`` bytes.
+    """A dict-like cache with at most ``max_entries`` entries and ``max_bytes`` bytes
+    (the weights ``put`` is given).
 
     Safe to share between threads: a reader sees either a complete entry or none.
     """
@@ -33,20 +47,23 @@ class BoundedMemo(Generic[V]):
 
     def _reset(self) -> None:
         self._items: dict[Hashable, V] = {}
-        #: The value memoised under a key, or None (the dict's own ``get``: on hot paths).
+        #: The value cached under a key, or None (the dict's own ``get``: on hot paths).
         self.get: Callable[[Hashable], V | None] = self._items.get
         self._bytes = 0
 
-    def put(self, key: Hashable, value: V, size: int) -> None:
-        """Remember ``value`` under ``key``; ``size`` is what the entry keeps alive."""
+    def put(self, key: Hashable, value: V, size: int) -> V:
+        """Remember ``value`` under ``key``; ``size``: the bytes the entry keeps alive (key,
+        value and the cache's own slot). Returns ``value``."""
         if size > self.max_bytes:
-            return  # larger than the whole cache: not worth keeping
+            return value  # larger than the whole cache: not worth keeping
         with self._lock:
+            if key in self._items:
+                return value
             if len(self._items) >= self.max_entries or self._bytes + size > self.max_bytes:
                 self._reset()
-            if key not in self._items:
-                self._bytes += size
+            self._bytes += size
             self._items[key] = value
+        return value
 
     def clear(self) -> None:
         with self._lock:
@@ -54,7 +71,7 @@ class BoundedMemo(Generic[V]):
 
     @property
     def nbytes(self) -> int:
-        """Bytes the entries are accounted for."""
+        """Bytes the entries keep alive, by their weights."""
         return self._bytes
 
     def __len__(self) -> int:

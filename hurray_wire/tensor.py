@@ -23,7 +23,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.fingerprint import fingerprint_from_metadata
 from hurray_wire.kv_scale import check_reserved_metadata, kv_scale_of, with_kv_scale
-from hurray_wire.memo import BoundedMemo
+from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model import packing
 from hurray_wire.model._checks import U32_MAX, U64_MAX
@@ -48,6 +48,7 @@ __all__ = [
     "check_seq_lens",
     "checked_indexes",
     "pool_form",
+    "pool_typing",
     "typed_params",
 ]
 
@@ -55,53 +56,50 @@ __all__ = [
 ZERO_POINTS: np.dtype[Any] = np.dtype(item_dtype(ZERO_POINT_ITEM))
 SEQ_LENS: np.dtype[Any] = np.dtype(item_dtype(SEQ_LENS_ITEM))
 
-T = TypeVar("T")
-
-# Layouts and descriptors are immutable, and building one validates every field (~50 us):
-# from_arrays reuses the one built for equal arguments, so the 100+ blobs of one request
-# that share a geometry validate it once (and share its memoised encoded bytes).
-_LAYOUTS: dict[tuple[Any, ...], BlockPagedLayout] = {}
-_DESCRIPTORS: dict[tuple[Any, ...], TensorDescriptor] = {}
-_MEMO_LIMIT = 256
-
-
-def _memoised(cache: dict[tuple[Any, ...], T], args: tuple[Any, ...], build: Callable[[], T]) -> T:
-    """``build()``, reused for arguments equal in value *and* type (True is not 1, and
-    np.int64(3) is not 3: each gets its own validation); unhashable arguments build."""
-    try:
-        key = _typed(args)
-        found = cache.get(key)
-    except TypeError:  # an unhashable argument: let build() judge it
-        return build()
-    if found is None:
-        found = build()
-        if len(cache) >= _MEMO_LIMIT:
-            cache.clear()
-        cache[key] = found
-    return found
-
-
-def _typed(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple((type(a), _typed(a) if type(a) is tuple else a) for a in args)
-
 
 @dataclass(frozen=True)
 class _Geometry:
     """What from_arrays decided from the arrays' dtypes and shapes and the scalar arguments
     alone (so equal for equal keys): the element type, the pool's dimensions, the layout,
-    which index arrays need a range reduction, and the descriptors by total_tokens."""
+    which index arrays need a range reduction, and the descriptors of the last few
+    ``total_tokens`` (at most ``_TOKENS_PER_GEOMETRY``, all in its weight)."""
 
     etype: ElementType
     dims: tuple[int, int, int, int]
     layout: BlockPagedLayout
-    layout_args: tuple[Any, ...]
     ranged: tuple[str, ...]
     descriptors: dict[tuple[type, Any], TensorDescriptor]
 
 
-# Geometries by _geometry_key: 256 of them (each a few hundred bytes of model objects).
-_GEOMETRIES: BoundedMemo[_Geometry] = BoundedMemo(_MEMO_LIMIT, 1 << 20)
-_GEOMETRY_SIZE = 1024
+# Building a layout and a descriptor validates every field (~50 us): from_arrays reuses
+# the ones built for an equal geometry key (and, for descriptors, total_tokens), so the
+# 100+ tensors of one request that share a geometry validate it once. One cache, weighed
+# by the bytes each entry keeps alive (tests/test_codec_objects.py measures it).
+_BUILT: BoundedMemo[Any] = BoundedMemo(512, 16 << 20)
+_DESCRIPTOR_BYTES = 256  # a block-paged descriptor's wire bytes, with its quantization
+_TOKENS_PER_GEOMETRY = 8
+#: A geometry: the key's dtypes, shapes and scalars, a layout, and its descriptors.
+_GEOMETRY_WEIGHT = weight(256) + _TOKENS_PER_GEOMETRY * weight(_DESCRIPTOR_BYTES)
+
+T = TypeVar("T")
+
+
+def _reused(args: tuple[Any, ...], build: Callable[[], T], nbytes: int) -> T:
+    """``build()``, reused for arguments equal in value *and* type (True is not 1, and
+    np.int64(3) is not 3: each gets its own validation); unhashable arguments build.
+    ``nbytes``: what the result keeps alive, in the units of ``memo.weight``."""
+    try:
+        key = _typed(args)
+        found: T | None = _BUILT.get(key)
+    except TypeError:  # an unhashable argument: let build() judge it
+        return build()
+    if found is None:
+        found = _BUILT.put(key, build(), weight(nbytes))
+    return found
+
+
+def _typed(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple((type(a), _typed(a) if type(a) is tuple else a) for a in args)
 
 
 Array = npt.NDArray[Any]
@@ -223,7 +221,7 @@ class BlockPagedTensor:
                    type(kv_role), type(layer_index), type(block_table_index_type),
                    type(quantization), type(alignment))  # fmt: skip
             try:
-                known = _GEOMETRIES.get(key)
+                known = _BUILT.get(key)
             except TypeError:  # an unhashable argument: judged below, nothing memoised
                 key = None
         pool = page_pool if type(page_pool) is np.ndarray else _pool_array(page_pool, element_type)
@@ -246,7 +244,7 @@ class BlockPagedTensor:
                 block_table_index_type = "uint64" if big else "uint32"
             layout_args = (page_size, num_pages, 0, num_seqs, kv_role, layer_index,
                            block_table_index_type)  # fmt: skip
-            layout = _memoised(_LAYOUTS, layout_args, lambda: BlockPagedLayout(*layout_args))
+            layout = _reused(layout_args, lambda: BlockPagedLayout(*layout_args), 128)
             index_dtype = layout.index_dtype
             ranged = tuple(
                 name
@@ -254,7 +252,7 @@ class BlockPagedTensor:
                 if arr.dtype.itemsize > index_dtype.itemsize or arr.dtype.kind != "u"
             )  # the others are unsigned and no wider than the index type: every value fits
         else:
-            layout, layout_args, ranged = known.layout, known.layout_args, known.ranged
+            layout, ranged = known.layout, known.ranged
             index_dtype = layout.index_dtype
         for name in ranged:
             arr = bt_any if name == "block_table" else sp_any
@@ -277,18 +275,9 @@ class BlockPagedTensor:
         tokens_key = (type(total_tokens), total_tokens)
         descriptor = None if known is None else known.descriptors.get(tokens_key)
         if descriptor is None:
-            descriptor = _memoised(
-                _DESCRIPTORS,
-                (
-                    layout_args,
-                    total_tokens,
-                    num_heads,
-                    head_dim,
-                    etype,
-                    len(bt),
-                    quantization,
-                    alignment,
-                ),
+            descriptor = _reused(
+                (layout, total_tokens, num_heads, head_dim, etype, len(bt), quantization,
+                 alignment),
                 lambda: TensorDescriptor.block_paged(
                     layout,
                     (total_tokens, num_heads, head_dim),
@@ -297,7 +286,8 @@ class BlockPagedTensor:
                     quantization=quantization,
                     alignment=alignment,
                 ),
-            )
+                _DESCRIPTOR_BYTES,
+            )  # fmt: skip
         scale_arr = zp_arr = None
         if quantization is not None or scales is not None or zero_points is not None:
             scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
@@ -311,11 +301,11 @@ class BlockPagedTensor:
         if key is not None:  # every check passed: remember what the geometry decided
             if known is None:
                 known = _Geometry(etype, (num_pages, page_size, num_heads, head_dim), layout,
-                                  layout_args, ranged, {})  # fmt: skip
-                _GEOMETRIES.put(key, known, _GEOMETRY_SIZE)
+                                  ranged, {})  # fmt: skip
+                _BUILT.put(key, known, _GEOMETRY_WEIGHT)
             if tokens_key not in known.descriptors:
-                if len(known.descriptors) >= _MEMO_LIMIT:
-                    known.descriptors.clear()
+                if len(known.descriptors) >= _TOKENS_PER_GEOMETRY:
+                    known.descriptors.clear()  # its weight counts this many, never more
                 known.descriptors[tokens_key] = descriptor
         return cls._trusted(descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, meta)
 
@@ -478,17 +468,18 @@ def assemble(
     metadata: dict[str, Any] | None = None,
     *,
     pool_later: bool = False,
+    typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None,
 ) -> BlockPagedTensor:
     """Type the raw buffers of a decoded descriptor (1-D uint8 arrays in table order, sizes
     already matched to the handles), check the index invariants and seq_lens, and build the
     tensor. Shared by every decoder (blob, reference stream, .hrry) so they cannot drift.
     ``pool_later``: buffer 0 is written after this (a one-pass landing), which then runs
-    :func:`check_padding_bits` on it."""
+    :func:`check_padding_bits` on it. ``typing``: the pool's :func:`pool_typing`, when a
+    decoder's plan holds it already."""
     etype = descriptor.element_type
     pool = buffers[0]
-    typing = descriptor.__dict__.get("_pool_typing")  # memoised: see _pool_typing
     if typing is not None or not etype.is_packed:
-        shape, dtype = typing or _pool_typing(descriptor)
+        shape, dtype = typing or pool_typing(descriptor)
         try:
             pool = np.ndarray(shape, dtype, pool)
         except (ValueError, TypeError):  # e.g. a zero-size pool of pages NumPy cannot shape
@@ -562,12 +553,9 @@ def typed_params(
     return payload.view(scale_dtype), None if zp is None else buffers[zp].view(ZERO_POINTS)
 
 
-def _pool_typing(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """The pool's shape and dtype for an unpacked element type, checked once per descriptor
-    (descriptors are immutable values; the decoders' memo hands back the same object)."""
-    cached: tuple[tuple[int, ...], np.dtype[Any]] | None = descriptor.__dict__.get("_pool_typing")
-    if cached is not None:
-        return cached
+def pool_typing(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """The pool's shape and dtype for an unpacked element type, checked (a decoder's plan
+    holds it, so a known header does not work it out again)."""
     layout, etype = descriptor.layout, descriptor.element_type
     page_bytes = layout.page_size * descriptor.shape[1] * descriptor.shape[2] * etype.itemsize
     if page_bytes >= 2**63:  # NumPy cannot even shape an empty pool of such pages
@@ -577,9 +565,7 @@ def _pool_typing(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtyp
             found=f"page_size {layout.page_size} x shape {list(descriptor.shape[1:])}",
         )
     shape = (layout.num_pages, layout.page_size, descriptor.shape[1], descriptor.shape[2])
-    cached = (shape, etype.numpy_dtype)
-    object.__setattr__(descriptor, "_pool_typing", cached)  # immutable: memoise
-    return cached
+    return shape, etype.numpy_dtype
 
 
 def _check_pool(pool: Array, etype: ElementType) -> None:
@@ -694,4 +680,4 @@ def pool_form(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtype[A
     pool is its wire bytes, 1-D uint8."""
     if descriptor.element_type.is_packed:
         return (descriptor.buffers[0].byte_size,), np.dtype(np.uint8)
-    return _pool_typing(descriptor)
+    return pool_typing(descriptor)

@@ -105,14 +105,13 @@ def test_parameter_buffers_and_options_take_the_general_path() -> None:
         hw.encode(plain, checksum=1)  # type: ignore[arg-type]
 
 
-def test_raw_layouts_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    memo: BoundedMemo[Any] = BoundedMemo(4, 1 << 20)
-    monkeypatch.setattr(encoder, "RAW_LAYOUTS", memo)
+def test_raw_layouts_are_bounded() -> None:
+    encoder_ = encoder.Encoder(layouts=BoundedMemo(4, 1 << 20))
     for layer in range(10):
         tensor = _tiny(layer_index=layer)
-        assert bytes(hw.encode(tensor)) == _general(tensor)
-        assert len(memo) <= 4
-    assert memo.nbytes <= 1 << 20
+        assert bytes(encoder_.encode(tensor)) == _general(tensor)
+        assert len(encoder_.layouts) <= 4
+    assert encoder_.layouts.nbytes <= 1 << 20
 
 
 # -- from_arrays: the geometry memo ---------------------------------------------------------
@@ -201,16 +200,19 @@ def test_geometries_and_their_descriptors_are_bounded(monkeypatch: pytest.Monkey
     from hurray_wire import tensor as tensor_module
 
     memo: BoundedMemo[Any] = BoundedMemo(4, 1 << 20)
-    monkeypatch.setattr(tensor_module, "_GEOMETRIES", memo)
+    monkeypatch.setattr(tensor_module, "_BUILT", memo)
     pool, table, seq_ptr = _arrays()
     for layer in range(10):
         assert _build(pool, table, seq_ptr, layer_index=layer).layer_index == layer
         assert len(memo) <= 4
-    monkeypatch.setattr(tensor_module, "_MEMO_LIMIT", 2)  # descriptors per geometry
+    memo = BoundedMemo(64, 1 << 20)
+    monkeypatch.setattr(tensor_module, "_BUILT", memo)
+    monkeypatch.setattr(tensor_module, "_TOKENS_PER_GEOMETRY", 2)  # descriptors per geometry
     for tokens in [1, 2, 3, 4, 5, 6, 1, 2]:
         assert _build(pool, table, seq_ptr, total_tokens=tokens).shape[0] == tokens
-        (geometry,) = (g for g in memo._items.values() if g.layout.layer_index is None)
+        (geometry,) = (g for g in memo._items.values() if getattr(g, "descriptors", None))
         assert 1 <= len(geometry.descriptors) <= 2
+    assert memo.nbytes <= 1 << 20
 
 
 # -- decode: the per-plan checks in one unpack ----------------------------------------------

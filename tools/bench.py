@@ -243,11 +243,8 @@ def bench_reference(repeat: int) -> None:
     if arrow_read:
         msg += f" = {dec_fast / arrow_read:5.2f}x pyarrow IPC read ({arrow_read * 1e6:.1f} us)"
     print(f"  decode(verify=False)                         {msg}")
-    hw.model.descriptor_codec.DECODED.clear()
-    decoder.PLANS.clear()
-    cold = best_of(
-        lambda: (decoder.PLANS.clear(), blob.decode(blob_checked, verify=False)), repeat, 200
-    )
+    plans = decoder.DEFAULT_DECODER.plans
+    cold = best_of(lambda: (plans.clear(), blob.decode(blob_checked, verify=False)), repeat, 200)
     print(f"  decode(verify=False), header not memoised    {cold * 1e6:8.1f} us")
     dec = timed["dec"]
     from_bytes = bytes(blob_checked)
@@ -377,7 +374,6 @@ def bench_tiny_safe(repeat: int) -> None:
 
 def bench_descriptor_parsers(repeat: int) -> None:
     """Why the fast path: plain construct vs compiled construct vs the derived structs."""
-    from hurray_wire.model import descriptor_codec
     from hurray_wire.wire import descriptor as wd
     from hurray_wire.wire.fast import derive, offset_of
 
@@ -392,9 +388,7 @@ def bench_descriptor_parsers(repeat: int) -> None:
         ("construct, plain: the 32-byte payload", lambda: wd.BLOCK_PAGED_PAYLOAD.parse(payload)),
         ("construct, compiled: the 32-byte payload", lambda: compiled.parse(payload)),
         ("derived struct.Struct: the 32-byte payload", lambda: derived.unpack(payload)),
-        ("decode_descriptor, not memoised (all checks)",
-         lambda: (descriptor_codec.DECODED.clear(), hw.decode_descriptor(data))),
-        ("decode_descriptor, memoised", lambda: hw.decode_descriptor(data)),
+        ("decode_descriptor (all checks)", lambda: hw.decode_descriptor(data)),
     ]  # fmt: skip
     for name, fn in rows:
         print(f"  {name:<46} {best_of(fn, repeat, 2000) * 1e6:8.2f} us")

@@ -196,14 +196,11 @@ def probe_caches(count: int = 32) -> None:
     print(f"caches: {count} blobs with 16 MiB descriptors decoded and dropped in "
           f"{time.perf_counter() - start:.1f} s: resident +{after - before:.0f} MiB "
           f"({(after - before) / count:.0f} MiB per blob), peak {_peak_mib():.0f} MiB")  # fmt: skip
-    # Which cache holds it (private names, read here only to attribute the memory).
-    from hurray_wire.blob import decoder
-    from hurray_wire.model import descriptor_codec
+    # The cache that holds it: the default decoder's one plan cache.
+    from hurray_wire.blob import DEFAULT_DECODER
 
     caches: tuple[tuple[str, Any], ...] = (
-        ("blob.decoder.PLANS (header int keys, plans)", decoder.PLANS),
-        ("blob.decoder._MASKS (checksum masks)", decoder._MASKS),
-        ("descriptor_codec.DECODED (descriptor bytes keys)", descriptor_codec.DECODED),
+        ("the default Decoder's plan cache (plans, masks, descriptors)", DEFAULT_DECODER.plans),
     )
     for label, cache in caches:
         entries = len(cache)

@@ -2,14 +2,29 @@
 
 The byte layout is docs/wire-format.md. ``envelope`` owns the fixed header and framing,
 ``sections`` the section table's rules, ``encoder`` and ``decoder`` the two directions,
-``limits`` what a blob may make the decoder do. Decoding validates the whole blob
-(envelope, descriptor, buffer sizes, index invariants, seq_lens, padding, checksums,
-decompressed sizes, limits) before it returns anything; uncompressed buffers come back as
-NumPy views of the input.
+``limits`` what a blob may make the decoder do. A ``Decoder`` (an ``Encoder``) holds the
+options and one plan (layout) cache; the module functions are thin calls on
+``DEFAULT_DECODER`` (``DEFAULT_ENCODER``). Decoding validates
+the whole blob (envelope, descriptor, buffer sizes, index invariants, seq_lens, padding,
+checksums, decompressed sizes, limits) before it returns anything; uncompressed buffers
+come back as NumPy views of the input.
 """
 
-from hurray_wire.blob.decoder import DecodeReport, decode, decode_report, peek_descriptor
-from hurray_wire.blob.encoder import encode, encode_into, encode_parts
+from hurray_wire.blob.decoder import (
+    DEFAULT_DECODER,
+    Decoder,
+    DecodeReport,
+    decode,
+    decode_report,
+    peek_descriptor,
+)
+from hurray_wire.blob.encoder import (
+    DEFAULT_ENCODER,
+    Encoder,
+    encode,
+    encode_into,
+    encode_parts,
+)
 from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
 from hurray_wire.blob.in_place import (
     InPlaceReport,
@@ -22,9 +37,13 @@ from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
 
 __all__ = [
     "BLOB_PREFIX_SIZE",
+    "DEFAULT_DECODER",
+    "DEFAULT_ENCODER",
     "DEFAULT_LIMITS",
     "DecodeLimits",
     "DecodeReport",
+    "Decoder",
+    "Encoder",
     "InPlaceReport",
     "blob_length",
     "decode",

@@ -1,17 +1,20 @@
 """Decoding: validate one blob, then hand back its tensor (NumPy views of the input).
 
-Everything the header bytes decide (envelope, descriptor, section table) is checked once
-per distinct header and memoised, keyed by a copy of those bytes with the section
-checksums masked out: equal bytes, equal verdict, whatever the caller does to its buffer
-meanwhile. Padding, section checksums and the contents (index invariants, seq_lens,
-metadata) are checked on every call.
+A :class:`Decoder` holds the options, checked once, and one plan cache (msgspec's
+``Decoder``, pyarrow's ``IpcReadOptions``); ``decode`` and the other module functions are
+thin calls on a default instance. Everything the header bytes decide (envelope,
+descriptor, section table) is checked once per distinct header and cached as a plan,
+keyed by a copy of those bytes with the section checksums masked out: equal bytes, equal
+verdict, whatever the caller does to its buffer meanwhile. Padding, section checksums and
+the contents (index invariants, seq_lens, metadata) are checked on every call.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import suppress
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,6 +53,7 @@ from hurray_wire.errors import (
     InvalidMetadataError,
     PaddingError,
     flag,
+    instance,
 )
 from hurray_wire.integrity import (
     EngineFingerprint,
@@ -58,24 +62,25 @@ from hurray_wire.integrity import (
     check_integrity_arguments,
     require_fingerprint,
 )
-from hurray_wire.memo import BoundedMemo
+from hurray_wire.memo import PER_ENTRY, BoundedMemo, weight
 from hurray_wire.metadata import decode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
+from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble, pool_typing
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_struct
 
 __all__ = [
-    "DEFAULT_OPTIONS",
+    "DEFAULT_DECODER",
     "Accept",
-    "DecodeOptions",
     "DecodeReport",
+    "Decoder",
     "checksum_mismatch",
     "decode",
     "decode_options",
     "decode_report",
     "decompress_pool",
     "header_plan",
+    "new_plan_cache",
     "peek_descriptor",
     "plan_of",
     "run",
@@ -130,6 +135,9 @@ class _Plan:
         object.__setattr__(
             self, "spans", tuple(slice(e.offset, e.offset + e.stored_size) for e in self.entries)
         )
+        if not self.descriptor.element_type.is_packed:
+            with suppress(HurrayWireError):  # else refused by assemble, in its place
+                object.__setattr__(self, "pool_typing", pool_typing(self.descriptor))
 
     paddings: tuple[tuple[int, int, str], ...] = ()
     #: One unpack of every small padding region, and the zero bytes each must hold.
@@ -145,6 +153,7 @@ class _Plan:
     metadata: Entry | None = None
     page_digests: Entry | None = None
     page_refs: Entry | None = None
+    pool_typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None
 
 
 def _spans_struct(spans: list[tuple[int, int]], code: str = "s") -> struct.Struct:
@@ -159,36 +168,40 @@ def _spans_struct(spans: list[tuple[int, int]], code: str = "s") -> struct.Struc
     return struct.Struct("".join(fmt))
 
 
-#: Plans by masked header bytes and limits: 512 headers or 64 MiB of them, whichever first.
-PLANS: BoundedMemo[_Plan] = BoundedMemo(512, 64 << 20)
+def new_plan_cache() -> BoundedMemo[Any]:
+    """A decoder's one plan cache: plans by masked header bytes and limits, the checksum
+    masks by header geometry, descriptors by their bytes (``peek_descriptor``) and the
+    in-place landing's engine descriptors; 512 entries or 64 MiB they keep alive."""
+    return BoundedMemo(512, 64 << 20)
 
 
-#: Masks over a header's bytes that clear its section checksums, by (length, count).
-_MASKS: BoundedMemo[int] = BoundedMemo(512, 16 << 20)
-
-
-def _checksum_mask(header_length: int, count: int) -> int:
+def _checksum_mask(plans: BoundedMemo[Any], header_length: int, count: int) -> int:
     """All-ones over ``header_length`` bytes but the section checksums (little-endian):
     built once per header geometry, in time linear in its size."""
-    mask = _MASKS.get((header_length, count))
+    key = ("mask", header_length, count)
+    mask: int | None = plans.get(key)
     if mask is None:
         ones = bytearray(b"\xff") * header_length
         table = np.frombuffer(ones, np.uint8, ENTRY.size * count, HEADER_SIZE)
         table.reshape(count, ENTRY.size)[:, _CHECKSUM_AT:_CHECKSUM_END] = 0
-        mask = int.from_bytes(ones, "little")
-        _MASKS.put((header_length, count), mask, header_length)
+        mask = plans.put(key, int.from_bytes(ones, "little"), PER_ENTRY + header_length)
     return mask
 
 
 def header_plan(
-    view: memoryview, total: int, limits: DecodeLimits, *, memoise: bool, head: Any = None
+    view: memoryview,
+    total: int,
+    limits: DecodeLimits,
+    plans: BoundedMemo[Any] | None,
+    head: Any = None,
 ) -> _Plan:
     """The validated plan of the blob at the start of ``view``: limits first (on the fixed
-    header alone, ``head`` if already unpacked), then the header checksum, then the memo or
-    a full check.
+    header alone, ``head`` if already unpacked), then the header checksum, then the plan
+    cache (None: none) or a full check.
 
-    The memo key is the checked copy of the header as one integer, section checksums masked
-    out (they are checked per call; with checksum_type 0 they must stay zero, so stay in).
+    The cache key is the checked copy of the header as one integer, section checksums
+    masked out (they are checked per call; with checksum_type 0 they must stay zero, so
+    stay in).
     """
     if head is None:
         head = fixed_header(view)
@@ -199,16 +212,18 @@ def header_plan(
         header = checked_header(view, head, header_length, count, dlen, total)
     except ChecksumError as exc:
         raise _suspect(exc, view, header_length, total, limits) from None
-    if not memoise:
+    if plans is None:
         return _plan_from_header(header, total, limits)
     key = int.from_bytes(header, "little")
     if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
-        key &= _MASKS.get((header_length, count)) or _checksum_mask(header_length, count)
-    memo_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
-    plan = PLANS.get(memo_key)
+        key &= plans.get(("mask", header_length, count)) or _checksum_mask(
+            plans, header_length, count
+        )
+    plan_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
+    plan: _Plan | None = plans.get(plan_key)
     if plan is None:
         plan = _plan_from_header(header, total, limits)
-        PLANS.put(memo_key, plan, 2 * header_length)
+        plans.put(plan_key, plan, weight(header_length) + sum(map(len, plan.zeros[1])))
     return plan
 
 
@@ -247,29 +262,70 @@ def _plan_from_header(header: bytes, total: int, limits: DecodeLimits) -> _Plan:
 def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorDescriptor:
     """The descriptor of the blob at the start of ``data``, after checking the blob's header
     and header checksum, without reading its sections (``data`` may end after the header)."""
-    view = byte_view(data)
-    limits = check_limits_argument(limits)
-    total = total_length(view, whole=False)
-    head = fixed_header(view)
-    count, dlen = head[I_SECTION_COUNT], head[I_DESCRIPTOR_LENGTH]
-    check_limits(count, dlen, limits)
-    header = checked_header(view, head, head[I_HEADER_LENGTH], count, dlen, min(total, len(view)))
-    return embedded_descriptor(header, entry_at(count))
+    return decode_options(limits=limits).peek_descriptor(data)
 
 
-@dataclass(frozen=True)
-class DecodeOptions:
-    """A decode's options, checked once (``decode_options``): what every route into memory
-    (the functions, the stream readers, the NIXL receiver) hands to :func:`run`."""
+@dataclass(frozen=True, eq=False)
+class Decoder:
+    """Decode options, checked once, and one plan cache: ``Decoder(verify=False)`` then
+    ``.decode(blob)`` per blob. Every route into memory (the module functions, the stream
+    readers, the NIXL receiver) hands one to :func:`run`; the module functions use
+    :data:`DEFAULT_DECODER` (or one sharing its cache, for other options).
+
+    ``verify=False`` skips section checksums and page digests, nothing else. ``limits``
+    caps what a blob may make the decoder do (None: the defaults). ``threads`` (-1 every
+    usable core, 0 the caller only) decompress chunked sections. ``page_store`` fills (and
+    re-hashes) the pages of a delta blob; ``expect_fingerprint`` refuses another or a
+    missing engine fingerprint (docs/integrity.md). ``plans``: the plan cache (a new one
+    unless given); safe to share between threads.
+    """
 
     verify: bool = True
     limits: DecodeLimits = DEFAULT_LIMITS
     threads: int = -1
     page_store: PageStore | None = None
     expect_fingerprint: EngineFingerprint | None = None
+    plans: BoundedMemo[Any] = field(default_factory=new_plan_cache, repr=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise the checked options once, here
+        set_(self, "verify", flag(self.verify, "verify"))
+        set_(self, "limits", check_limits_argument(self.limits))
+        if self.threads != -1:
+            set_(self, "threads", check_threads(self.threads))
+        check_integrity_arguments(self.page_store, self.expect_fingerprint)
+        instance(self.plans, BoundedMemo, "plans")
+
+    def decode(self, data: Any) -> BlockPagedTensor:
+        """Validate one blob at the start of ``data`` and return its tensor: uncompressed
+        buffers are views of ``data``; every array is read-only exactly when ``data`` is."""
+        return run(byte_view(data), self)[0]
+
+    def decode_report(self, data: Any) -> DecodeReport:
+        """As :meth:`decode`, but failed pages reported, not raised (:func:`decode_report`)."""
+        report = run(byte_view(data), self, report=True)[1]
+        assert report is not None  # run reports whenever asked to
+        return report
+
+    def peek_descriptor(self, data: Any) -> TensorDescriptor:
+        """The descriptor of the blob at the start of ``data`` (:func:`peek_descriptor`)."""
+        view = byte_view(data)
+        total = total_length(view, whole=False)
+        head = fixed_header(view)
+        count, dlen = head[I_SECTION_COUNT], head[I_DESCRIPTOR_LENGTH]
+        check_limits(count, dlen, self.limits)
+        end = min(total, len(view))
+        header = checked_header(view, head, head[I_HEADER_LENGTH], count, dlen, end)
+        start = entry_at(count)
+        key = header[start:]  # bytes: no plan key is
+        found: TensorDescriptor | None = self.plans.get(key)
+        if found is None:
+            found = self.plans.put(key, embedded_descriptor(header, start), weight(len(key)))
+        return found
 
 
-DEFAULT_OPTIONS = DecodeOptions()
+#: The decoder the module functions use (and whose plan cache the others share).
+DEFAULT_DECODER = Decoder()
 
 
 def decode_options(
@@ -278,8 +334,9 @@ def decode_options(
     threads: int = -1,
     page_store: PageStore | None = None,
     expect_fingerprint: EngineFingerprint | None = None,
-) -> DecodeOptions:
-    """The options checked: typed errors naming the argument."""
+) -> Decoder:
+    """The decoder for these options, checked (typed errors naming the argument), sharing
+    the default decoder's plan cache."""
     if (
         verify is True
         and limits is None
@@ -287,13 +344,15 @@ def decode_options(
         and page_store is None
         and expect_fingerprint is None
     ):
-        return DEFAULT_OPTIONS
-    verify = flag(verify, "verify")
-    checked = DEFAULT_LIMITS if limits is None else check_limits_argument(limits)
-    if threads != -1:
-        threads = check_threads(threads)
-    check_integrity_arguments(page_store, expect_fingerprint)
-    return DecodeOptions(verify, checked, threads, page_store, expect_fingerprint)
+        return DEFAULT_DECODER
+    return Decoder(
+        verify,  # type: ignore[arg-type]  # checked by Decoder
+        DEFAULT_LIMITS if limits is None else limits,
+        threads,
+        page_store,
+        expect_fingerprint,
+        DEFAULT_DECODER.plans,
+    )
 
 
 #: A route's own check of the validated tensor (stream header, index entry, offered
@@ -317,7 +376,8 @@ def decode(
     ``threads`` (-1 every usable core, 0 the caller only) decompress chunked sections.
     ``page_store`` fills (and re-hashes) the pages of a delta blob; ``expect_fingerprint``
     refuses another or a missing engine fingerprint (docs/integrity.md);
-    :func:`decode_report` reports failed pages instead of raising.
+    :func:`decode_report` reports failed pages instead of raising. :class:`Decoder` holds
+    the options for many blobs.
     """
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
     return run(byte_view(data), opts)[0]
@@ -338,20 +398,18 @@ def decode_report(
     checksum mismatch of a page-row buffer (the pool, per-block scales / zero points) does
     not abort: the digests say which pages are bad. Every other check still raises."""
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
-    report = run(byte_view(data), opts, report=True)[1]
-    assert report is not None  # run reports whenever asked to
-    return report
+    return opts.decode_report(data)
 
 
-def plan_of(view: memoryview, opts: DecodeOptions) -> _Plan:
-    """The validated (memoised) plan of the whole blob at the start of ``view``."""
+def plan_of(view: memoryview, opts: Decoder) -> _Plan:
+    """The validated (cached) plan of the whole blob at the start of ``view``."""
     head = whole_blob_header(view)
-    return header_plan(view, head[I_TOTAL_LENGTH], opts.limits, memoise=True, head=head)
+    return header_plan(view, head[I_TOTAL_LENGTH], opts.limits, opts.plans, head)
 
 
 def run(
     view: memoryview,
-    opts: DecodeOptions,
+    opts: Decoder,
     *,
     report: bool = False,
     work: Callable[..., PageWork] | None = None,
@@ -405,7 +463,7 @@ def run(
 def _materialize(
     view: memoryview,
     plan: _Plan,
-    opts: DecodeOptions,
+    opts: Decoder,
     pages: PageWork | None,
     pool: U8Array | None,
     defer_pool: bool,
@@ -608,9 +666,9 @@ def _assemble(
     descriptor = plan.descriptor
     seq_lens = None if lens_payload is None else lens_payload.view(SEQ_LENS)
     try:
-        return (assemble if pages is None else pages.assemble)(
-            descriptor, buffers, seq_lens, metadata
-        )
+        if pages is None:
+            return assemble(descriptor, buffers, seq_lens, metadata, typing=plan.pool_typing)
+        return pages.assemble(descriptor, buffers, seq_lens, metadata)
     except IndexBufferError as exc:
         if exc.field == "seq_lens":
             entry, section, width = plan.seq_lens, "seq_lens", SEQ_LENS.itemsize

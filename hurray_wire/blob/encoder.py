@@ -1,15 +1,18 @@
 """Encoding: one BlockPagedTensor into one blob, as pieces, into a buffer, or new.
 
-Sections are laid out once (``_plan``); large raw sections are copied and hashed chunk by
-chunk while still in cache, on two cores when there are two idle ones. A small raw blob
-of a known geometry reuses its memoised layout (``_RawLayout``): the header with zero
-checksums and the padding between sections, into which only the checksums are patched.
+An :class:`Encoder` holds the options, checked once, and one layout cache; ``encode`` and
+the other module functions are thin calls on a default instance. Sections are laid out
+once per call (``_plan``); large raw sections are copied and hashed chunk by chunk while
+still in cache, on two cores when there are two idle ones. A small raw blob of a known
+geometry reuses its cached layout (``_RawLayout``): the header with zero checksums and
+the padding between sections, into which only the checksums are patched. The cache also
+holds each descriptor's wire bytes, by the descriptor's identity.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -23,7 +26,13 @@ from hurray_wire.blob.output import OUTPUT_POOL
 from hurray_wire.blob.pages import paged_buffers
 from hurray_wire.buffers import align, byte_view
 from hurray_wire.codecs import CODEC_RAW, Compression, compress_parts, parse_spec
-from hurray_wire.errors import ArgumentTypeError, InvalidBlobError, InvalidTensorError, flag
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    InvalidBlobError,
+    InvalidTensorError,
+    flag,
+    instance,
+)
 from hurray_wire.integrity import (
     DeltaPlan,
     check_plan,
@@ -34,15 +43,26 @@ from hurray_wire.integrity import (
     page_records,
     plan_delta,
 )
-from hurray_wire.memo import BoundedMemo
+from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.metadata import encode_metadata
+from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.model.layout import check_indexes
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_struct
 
-__all__ = ["encode", "encode_into", "encode_parts", "planned_into"]
+__all__ = [
+    "DEFAULT_ENCODER",
+    "Encoder",
+    "encode",
+    "encode_deferred",
+    "encode_into",
+    "encode_parts",
+    "encoder_for",
+    "new_layout_cache",
+    "planned_into",
+]
 
 _ZEROS = bytes(1 << 16)
 _SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
@@ -50,11 +70,26 @@ _SECTION_CHECKSUM = item_struct(w.SECTION_ENTRY.checksum.subcon)  # patched per 
 assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
 
 
-def _compacted(tensor: BlockPagedTensor, compact: object) -> BlockPagedTensor:
-    flag(compact, "compact")
-    if compact and isinstance(tensor, BlockPagedTensor):
-        return tensor.compact()
-    return tensor
+def new_layout_cache() -> BoundedMemo[Any]:
+    """An encoder's one cache: small raw blobs' layouts by geometry and descriptors' wire
+    bytes by identity; 512 entries or 16 MiB they keep alive."""
+    return BoundedMemo(512, 16 << 20)
+
+
+def _wire(layouts: BoundedMemo[Any], descriptor: TensorDescriptor) -> bytes:
+    """The descriptor's wire bytes, cached by its identity: the entry holds the descriptor,
+    so no other object can have its id while the entry lives."""
+    found = layouts.get(id(descriptor))
+    if found is not None and found[0] is descriptor:
+        return found[1]  # type: ignore[no-any-return]
+    wire = encode_descriptor(descriptor)
+    layouts.put(id(descriptor), (descriptor, wire), weight(2 * len(wire)))
+    return wire
+
+
+def _check_tensor(tensor: object) -> None:
+    if not isinstance(tensor, BlockPagedTensor):
+        raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
 
 
 @dataclass
@@ -92,7 +127,6 @@ def _page_sections(
     """Plan the page sections (docs/integrity.md § 4, § 6): one digest pass, shared by
     the digests section and the delta plan. With ``fuse`` (a raw, checksummed, whole pool)
     the same pass also hashes the pool for buffer 0's section checksum."""
-    flag(page_digests, "page_digests")
     if not page_digests and known_pages is None:
         return None
     records = page_records(tensor)
@@ -166,31 +200,21 @@ def _sections(
 
 def _plan(
     tensor: BlockPagedTensor,
-    compression: Compression | str | None,
-    checksum: bool,
+    options: Encoder,
     hash_raw: bool,
-    page_digests: bool = False,
     known_pages: object = None,
     hash_sections: bool = True,
 ) -> tuple[bytes, list[_Section], int]:
     """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total).
     ``hash_sections=False``: the section checksums are left zero (``encode_deferred``)."""
-    if not isinstance(tensor, BlockPagedTensor):
-        raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
-    flag(checksum, "checksum")
-    if isinstance(compression, str):  # the documented text specs, read once at the API edge
-        compression = parse_spec(compression)
-    elif compression is not None and not isinstance(compression, Compression):
-        raise ArgumentTypeError(
-            "compression must be a str, a Compression or None",
-            field="compression",
-            found=type(compression).__name__,
-        )
+    _check_tensor(tensor)
     check_contents(tensor)  # the arrays may have changed since from_arrays
+    compression, checksum = options.compression, options.checksum
+    assert not isinstance(compression, str)  # parsed by Encoder
     fuse = checksum and compression is None
-    pages = _page_sections(tensor, page_digests, known_pages, fuse)
+    pages = _page_sections(tensor, options.page_digests, known_pages, fuse)
     sections = _sections(tensor, compression, pages)
-    descriptor = encode_descriptor(tensor.descriptor)
+    descriptor = _wire(options.layouts, tensor.descriptor)
     total = _place(sections, descriptor)
     for section in sections:
         if (
@@ -225,10 +249,6 @@ class _RawLayout:
     total: int
 
 
-#: Raw layouts by (descriptor bytes, checksum, content sizes): 512 geometries or 16 MiB.
-RAW_LAYOUTS: BoundedMemo[_RawLayout] = BoundedMemo(512, 16 << 20)
-
-
 def _raw_layout(tensor: BlockPagedTensor, checksum: bool, descriptor: bytes) -> _RawLayout:
     sections = _sections(tensor, None, None)
     total = _place(sections, descriptor)
@@ -242,7 +262,9 @@ def _raw_layout(tensor: BlockPagedTensor, checksum: bool, descriptor: bytes) -> 
     return _RawLayout(tuple(gaps), at, len(header) - CHECKSUM.size, total)
 
 
-def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None:
+def _encode_small(
+    tensor: BlockPagedTensor, checksum: bool, layouts: BoundedMemo[Any]
+) -> memoryview | None:
     """encode() of a small blob without compression or page sections from its memoised
     layout: one join of the contents and the gaps, then the checksums patched in. None when
     the general path must do it (a blob of 64 KiB or more, parameter buffers, or contents
@@ -266,12 +288,12 @@ def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None
         meta = encode_metadata(tensor.metadata)
         contents.append(meta)
         meta_size = len(meta)
-    wire = encode_descriptor(descriptor)
+    wire = _wire(layouts, descriptor)
     key = (wire, checksum, sizes, lens_size, meta_size)
-    layout = RAW_LAYOUTS.get(key)
+    layout: _RawLayout | None = layouts.get(key)
     if layout is None:
         layout = _raw_layout(tensor, checksum, wire)
-        RAW_LAYOUTS.put(key, layout, layout.total)
+        layouts.put(key, layout, weight(2 * len(wire)) + layout.total)
     check_contents(tensor)  # the arrays may have changed since from_arrays
     pieces: list[Any] = [None] * (2 * len(contents) + 1)
     pieces[0::2] = layout.gaps
@@ -297,6 +319,11 @@ def _header(descriptor: bytes, sections: list[_Section], total: int, checksum: b
         for s in sections
     ]  # fmt: skip
     return pack_header(descriptor, entries, total, checksum)
+
+
+def _descriptor_in(head: bytes, sections: list[_Section]) -> bytes:
+    """The descriptor's bytes in a planned header (between the table and the checksum)."""
+    return head[entry_at(len(sections)) : len(head) - CHECKSUM.size]
 
 
 def _hash_parts(parts: list[Any]) -> int:
@@ -328,9 +355,8 @@ def encode_parts(
     ``compact=True`` sends only the referenced pages (``BlockPagedTensor.compact``).
     ``page_digests`` and ``known_pages`` as for :func:`encode`.
     """
-    tensor = _compacted(tensor, compact)
-    head, sections, total = _plan(tensor, compression, checksum, True, page_digests, known_pages)
-    return _pieces(head, sections, total)
+    options = encoder_for(compression, checksum, compact, page_digests)
+    return options.encode_parts(tensor, known_pages=known_pages)
 
 
 def _pieces(head: bytes, sections: list[_Section], total: int) -> list[memoryview]:
@@ -358,14 +384,14 @@ def encode_deferred(tensor: BlockPagedTensor) -> tuple[list[memoryview], Callabl
     (``checksum=True``), their header holding zero section checksums, and a function that
     hashes the sections and returns the final header (a transport sends the pool while the
     checksums are computed beside it: NixlSender's zero-copy publish)."""
-    head, sections, total = _plan(tensor, None, True, True, hash_sections=False)
+    head, sections, total = _plan(tensor, DEFAULT_ENCODER, True, hash_sections=False)
     parts = _pieces(head, sections, total)
 
     def final_header() -> bytes:
         for section in sections:
             if section.checksum == 0:
                 section.checksum = _hash_parts(section.parts)
-        return _header(encode_descriptor(tensor.descriptor), sections, total, True)
+        return _header(_descriptor_in(head, sections), sections, total, True)
 
     return parts, final_header
 
@@ -382,8 +408,8 @@ def encode_into(
 ) -> int:
     """Write the blob into the start of a caller-provided writable buffer; bytes written.
     Options as for :func:`encode`."""
-    tensor = _compacted(tensor, compact)
-    return planned_into(tensor, compression, checksum, page_digests, known_pages)[1](buffer)
+    options = encoder_for(compression, checksum, compact, page_digests)
+    return options.encode_into(tensor, buffer, known_pages=known_pages)
 
 
 def planned_into(
@@ -396,8 +422,9 @@ def planned_into(
     """The blob planned once (sizes known, small sections hashed, compressed sections
     compressed): its size and the writer that copies it into a buffer (``encode_into``;
     the NIXL sender reserves the size, then writes on its hashing thread)."""
-    head, sections, total = _plan(tensor, compression, checksum, False, page_digests, known_pages)
-    return total, partial(_write_into, tensor, head, sections, total, checksum)
+    options = encoder_for(compression, checksum, False, page_digests)
+    head, sections, total = _plan(tensor, options, False, known_pages)
+    return total, partial(_write_into, tensor, head, sections, total, options.checksum)
 
 
 def _write_into(
@@ -453,7 +480,7 @@ def _write(
         cursor = position
     out[cursor:total] = 0
     if late:
-        head = _header(encode_descriptor(tensor.descriptor), sections, total, checksum)
+        head = _header(_descriptor_in(head, sections), sections, total, checksum)
     out[: len(head)] = np.frombuffer(head, np.uint8)
 
 
@@ -474,34 +501,112 @@ def encode(
     :func:`~hurray_wire.codecs.parse_spec`). ``compact=True`` encodes ``tensor.compact()``.
     ``page_digests=True`` adds the page-digests section; ``known_pages`` (a receiver's sorted
     digests, or a ``DeltaPlan`` made for this tensor) makes a delta blob whose known pages
-    travel as references (docs/integrity.md §§ 4-5).
+    travel as references (docs/integrity.md §§ 4-5). :class:`Encoder` holds the options
+    for many tensors.
     """
-    if not isinstance(tensor, BlockPagedTensor):
-        raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
-    if (
-        compression is None
-        and compact is False
-        and page_digests is False
-        and known_pages is None
-        and (checksum is True or checksum is False)
-    ):
-        small = _encode_small(tensor, checksum)
-        if small is not None:
-            return small
-    tensor = _compacted(tensor, compact)
-    if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
-        pieces = encode_parts(
-            tensor,
-            compression=compression,
-            checksum=checksum,
-            page_digests=page_digests,
-            known_pages=known_pages,
-        )
-        return memoryview(bytearray().join(pieces))
-    head, sections, total = _plan(tensor, compression, checksum, False, page_digests, known_pages)
-    out = OUTPUT_POOL.take(total)  # recycled once the caller drops the blob: no page faults
-    _write(tensor, out, head, sections, total, checksum)
-    return memoryview(out.data)
+    _check_tensor(tensor)
+    options = encoder_for(compression, checksum, compact, page_digests)
+    return options.encode(tensor, known_pages=known_pages)
+
+
+@dataclass(frozen=True, eq=False)
+class Encoder:
+    """Encode options, checked once, and one layout cache: ``Encoder(compression="zstd:3")``
+    then ``.encode(tensor)`` per tensor (msgspec's ``Encoder``); the module functions use
+    :data:`DEFAULT_ENCODER` (or one sharing its cache, for other options).
+
+    ``compression``: a :class:`Compression`, None (raw) or a text spec (``"zstd:3"``).
+    ``checksum=False`` leaves every checksum zero. ``compact=True`` encodes
+    ``tensor.compact()``. ``page_digests=True`` adds the page-digests section.
+    ``layouts``: the layout cache (a new one unless given); safe to share between threads.
+    """
+
+    compression: Compression | str | None = None  # a text spec is parsed on construction
+    checksum: bool = True
+    compact: bool = False
+    page_digests: bool = False
+    layouts: BoundedMemo[Any] = field(default_factory=new_layout_cache, repr=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise the checked options once, here
+        set_(self, "compact", flag(self.compact, "compact"))
+        set_(self, "checksum", flag(self.checksum, "checksum"))
+        compression: object = self.compression
+        if isinstance(compression, str):  # the documented text specs, read once here
+            set_(self, "compression", parse_spec(compression))
+        elif compression is not None and not isinstance(compression, Compression):
+            raise ArgumentTypeError(
+                "compression must be a str, a Compression or None",
+                field="compression",
+                found=type(compression).__name__,
+            )
+        set_(self, "page_digests", flag(self.page_digests, "page_digests"))
+        instance(self.layouts, BoundedMemo, "layouts")
+
+    def _compacted(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
+        return tensor.compact() if self.compact and isinstance(tensor, BlockPagedTensor) else tensor
+
+    def encode(self, tensor: BlockPagedTensor, *, known_pages: Any = None) -> memoryview:
+        """The blob in a new buffer (:func:`encode`); ``known_pages`` makes a delta blob."""
+        _check_tensor(tensor)
+        if (
+            self.compression is None
+            and not self.compact
+            and not self.page_digests
+            and known_pages is None
+        ):
+            small = _encode_small(tensor, self.checksum, self.layouts)
+            if small is not None:
+                return small
+        tensor = self._compacted(tensor)
+        if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
+            head, sections, total = _plan(tensor, self, True, known_pages)
+            return memoryview(bytearray().join(_pieces(head, sections, total)))
+        head, sections, total = _plan(tensor, self, False, known_pages)
+        out = OUTPUT_POOL.take(total)  # recycled once the caller drops the blob: no faults
+        _write(tensor, out, head, sections, total, self.checksum)
+        return memoryview(out.data)
+
+    def encode_parts(
+        self, tensor: BlockPagedTensor, *, known_pages: Any = None
+    ) -> list[memoryview]:
+        """The blob as scatter-gather pieces (:func:`encode_parts`)."""
+        tensor = self._compacted(tensor)
+        head, sections, total = _plan(tensor, self, True, known_pages)
+        return _pieces(head, sections, total)
+
+    def encode_into(self, tensor: BlockPagedTensor, buffer: Any, *, known_pages: Any = None) -> int:
+        """Write the blob into the start of ``buffer``; bytes written (:func:`encode_into`)."""
+        tensor = self._compacted(tensor)
+        head, sections, total = _plan(tensor, self, False, known_pages)
+        return _write_into(tensor, head, sections, total, self.checksum, buffer)
+
+
+#: The encoder the module functions use (and whose cache the others share).
+DEFAULT_ENCODER = Encoder()
+_NO_CHECKSUM = Encoder(checksum=False, layouts=DEFAULT_ENCODER.layouts)
+
+
+def encoder_for(
+    compression: Compression | str | None = None,
+    checksum: object = True,
+    compact: object = False,
+    page_digests: object = False,
+) -> Encoder:
+    """The encoder for these options, checked (typed errors naming the argument), sharing
+    the default encoder's cache."""
+    if compression is None and compact is False and page_digests is False:
+        if checksum is True:
+            return DEFAULT_ENCODER
+        if checksum is False:
+            return _NO_CHECKSUM
+    return Encoder(
+        compression,
+        checksum,  # type: ignore[arg-type]  # checked by Encoder
+        compact,  # type: ignore[arg-type]
+        page_digests,  # type: ignore[arg-type]
+        DEFAULT_ENCODER.layouts,
+    )
 
 
 def check_contents(tensor: BlockPagedTensor) -> None:

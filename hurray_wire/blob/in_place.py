@@ -20,14 +20,14 @@ import numpy.typing as npt
 
 from hurray_wire.blob.decoder import (
     Accept,
-    DecodeOptions,
+    Decoder,
     decode_options,
     header_plan,
     plan_of,
     run,
 )
 from hurray_wire.blob.envelope import total_length
-from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
+from hurray_wire.blob.limits import DecodeLimits
 from hurray_wire.blob.pages import DecodeReport, PageWork, page_failure, page_rows, refs_count
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.errors import (
@@ -37,6 +37,7 @@ from hurray_wire.errors import (
 from hurray_wire.integrity import EngineFingerprint, EnginePoolStore, PageRefs
 from hurray_wire.integrity.digests import IntArray
 from hurray_wire.integrity.pool_store import page_id_array
+from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, checked_indexes, typed_params
@@ -65,16 +66,17 @@ class InPlaceReport(DecodeReport):
     written: npt.NDArray[np.int64]
 
 
-def _engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
-    """The blob's descriptor over the engine's pool of ``num_pages`` pages, memoised on the
-    (immutable) descriptor itself for its last engine size: no global cache keyed by
-    descriptors, which can hold megabytes."""
-    cached = descriptor.__dict__.get("_engine_descriptor")
-    if cached is not None and cached[0] == num_pages:
-        return cached[1]  # type: ignore[no-any-return]
-    engine = _build_engine_descriptor(descriptor, num_pages)
-    object.__setattr__(descriptor, "_engine_descriptor", (num_pages, engine))
-    return engine
+def _engine_descriptor(
+    plans: BoundedMemo[Any], descriptor: TensorDescriptor, num_pages: int
+) -> TensorDescriptor:
+    """The blob's descriptor over the engine's pool of ``num_pages`` pages, from the
+    decoder's plan cache (which weighs the descriptors it keeps)."""
+    key = ("engine", descriptor, num_pages)
+    found: TensorDescriptor | None = plans.get(key)
+    if found is None:
+        found = _build_engine_descriptor(descriptor, num_pages)
+        plans.put(key, found, weight(2 * descriptor.descriptor_length))  # the key's, and it
+    return found
 
 
 def _build_engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
@@ -179,11 +181,15 @@ class _InPlaceWork(PageWork):
     """PageWork that leaves the pool to the engine: refs are re-hashed in place, the sent
     rows kept until finish() writes them into free pages."""
 
-    def __init__(self, *args: Any, pool: EnginePoolStore, free: IntArray, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, pool: EnginePoolStore, free: IntArray, plans: BoundedMemo[Any],
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)
         check_pool_fits(self.descriptor, pool)
         self.pool = pool
         self.free = free
+        self.plans = plans
         self.refs: PageRefs | None = None
         self.engine_refs = _NONE  # engine page of each ref (-1: not indexed)
         self.ref_ok = np.zeros(0, bool)  # indexed, and its bytes re-hash to the digest
@@ -230,7 +236,7 @@ class _InPlaceWork(PageWork):
             remap[refs.pages[failed]] = spare if self.report else 0  # raise mode: discarded
         self.rows, self.sent, self.remap = buffers, sent, remap
         self.table, self.starts = table, starts
-        engine = _engine_descriptor(descriptor, self.pool.num_pages)
+        engine = _engine_descriptor(self.plans, descriptor, self.pool.num_pages)
         index = engine.layout.index_dtype
         scales, zero_points = typed_params(descriptor, buffers)  # per-channel: the blob's
         if isinstance(descriptor.quantization, PerBlockAffine):  # the engine's per-slot arrays
@@ -306,7 +312,7 @@ def land_in_place(
     view: memoryview,
     pool_store: EnginePoolStore,
     free_pages: object,
-    opts: DecodeOptions,
+    opts: Decoder,
     *,
     report: bool = False,
     accept: Accept | None = None,
@@ -330,7 +336,7 @@ def land_in_place(
             found=f"{free.size} pages",
             expected=f">= {needed}",
         )
-    work = functools.partial(_InPlaceWork, pool=pool_store, free=free)
+    work = functools.partial(_InPlaceWork, pool=pool_store, free=free, plans=opts.plans)
     opts = dataclasses.replace(opts, page_store=pool_store)
     # Pages are written by _InPlaceWork.finish, the pipeline's last step (after accept).
     found = run(view, opts, report=report, work=work, accept=accept, plan=plan)[1]
@@ -395,6 +401,6 @@ def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[Ten
     pages the blob carries), from its checked header alone: what an engine's allocator
     needs before the decode (the stream reader's ``in_place`` callback receives both)."""
     view = byte_view(data)
-    plan = header_plan(view, total_length(view, whole=True), check_limits_argument(limits),
-                        memoise=True)  # fmt: skip
+    opts = decode_options(limits=limits)
+    plan = header_plan(view, total_length(view, whole=True), opts.limits, opts.plans)
     return plan.descriptor, _sent_pages(plan)

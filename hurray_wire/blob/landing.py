@@ -20,7 +20,7 @@ import xxhash
 from hurray_wire.blob.copying import copy_and_hash
 from hurray_wire.blob.decoder import (
     Accept,
-    DecodeOptions,
+    Decoder,
     checksum_mismatch,
     decode_options,
     decompress_pool,
@@ -93,7 +93,7 @@ def decode_into(
 
 
 def land_into(
-    view: memoryview, page_pool: Any, opts: DecodeOptions, accept: Accept | None = None,
+    view: memoryview, page_pool: Any, opts: Decoder, accept: Accept | None = None,
     one_pass: bool = False,
 ) -> BlockPagedTensor:  # fmt: skip
     """The pipeline with the pool landed in ``page_pool`` (decode_into, StreamFile)."""

@@ -23,7 +23,6 @@ from hurray_wire.errors import (
     UnsupportedLayoutError,
     cut_inside,
 )
-from hurray_wire.memo import BoundedMemo
 from hurray_wire.model.descriptor import (
     BufferHandle,
     Statistics,
@@ -63,7 +62,6 @@ from hurray_wire.model.quantization import (
 from hurray_wire.wire import descriptor as w
 
 __all__ = [
-    "DECODED",
     "DescriptorHeader",
     "decode_descriptor",
     "decode_header",
@@ -78,9 +76,6 @@ _STATS_NAMES = tuple(_STATS.names[i] for i in _STATS_FIELDS)
 _KV_ROLE_NAMES = {v: k for k, v in w.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
-# Decoded descriptors by their bytes (immutable values): 1024 of them or 64 MiB of bytes.
-DECODED: BoundedMemo[TensorDescriptor] = BoundedMemo(1024, 64 << 20)
-_HANDLES: BoundedMemo[BufferHandle] = BoundedMemo(1024, 1 << 20)
 
 
 def _error(
@@ -145,13 +140,7 @@ def decode_descriptor(data: Any) -> TensorDescriptor:
 
     A valid descriptor of another layout raises ``UnsupportedLayoutError``.
     """
-    raw = _descriptor_bytes(data)
-    cached = DECODED.get(raw)
-    if cached is not None:
-        return cached
-    descriptor = _decode_block_paged(raw)
-    DECODED.put(raw, descriptor, 2 * len(raw))  # the key and the unknown/padding bytes kept
-    return descriptor
+    return _decode_block_paged(_descriptor_bytes(data))
 
 
 def _check_consts(fast: Any, values: tuple[Any, ...], base: int, section: str) -> None:
@@ -345,15 +334,9 @@ def _known_layout_name(tag: int) -> str:
 
 
 def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
-    key = raw[offset : offset + _HANDLE.size]
-    known = _HANDLES.get(key)
-    if known is not None:  # handles are immutable values: reuse the checked one
-        return known
     values = _HANDLE.struct.unpack_from(raw, offset)
     _check_consts(_HANDLE, values, offset, f"buffers[{index}].")
-    handle = _checked_handle(values[:5], offset, index)
-    _HANDLES.put(key, handle, len(key))
-    return handle
+    return _checked_handle(values[:5], offset, index)
 
 
 def _checked_handle(values: tuple[int, ...], offset: int, index: int) -> BufferHandle:

@@ -34,14 +34,6 @@ __all__ = ["encode_descriptor"]
 def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
     """The exact bytes the reference writes for ``descriptor`` (always valid: see model)."""
     instance(descriptor, TensorDescriptor, "descriptor")
-    cached: bytes | None = descriptor.__dict__.get("_wire_bytes")
-    if cached is None:
-        cached = _encode(descriptor)
-        object.__setattr__(descriptor, "_wire_bytes", cached)  # immutable: memoise
-    return cached
-
-
-def _encode(descriptor: TensorDescriptor) -> bytes:
     layout = descriptor.layout
     major, minor = descriptor.version
     parts = [

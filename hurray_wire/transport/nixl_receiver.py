@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.blob import DecodeLimits, blob_length
-from hurray_wire.blob.decoder import Accept, DecodeOptions, decode_options, plan_of, run
+from hurray_wire.blob.decoder import Accept, Decoder, decode_options, plan_of, run
 from hurray_wire.blob.envelope import pool_section
 from hurray_wire.blob.in_place import land_in_place
 from hurray_wire.codecs import CODEC_RAW
@@ -514,7 +514,7 @@ class NixlReceiver(_Endpoint):
             land_pool(target, tensor.page_pool, r.layer, r.role)
         return engine_tensor(tensor, target, r.layer, r.role)
 
-    def _decode_split(self, item: _Incoming, land: _U8, opts: DecodeOptions, accept: Accept) -> Any:
+    def _decode_split(self, item: _Incoming, land: _U8, opts: Decoder, accept: Accept) -> Any:
         """Decode a blob whose page pool landed apart (staging, or the engine's memory
         with one_pass) and the rest here.
 
