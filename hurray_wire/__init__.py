@@ -39,7 +39,9 @@ if TYPE_CHECKING:
     )
     from hurray_wire.blob import (
         DecodeLimits,
+        Decoder,
         DecodeReport,
+        Encoder,
         blob_length,
         decode,
         decode_in_place,
@@ -121,8 +123,10 @@ __all__ = [
     "Compression",
     "DecodeLimits",
     "DecodeReport",
+    "Decoder",
     "DescriptorHeader",
     "ElementType",
+    "Encoder",
     "EngineFingerprint",
     "HrryFile",
     "ModelCache",
@@ -175,7 +179,8 @@ _LAZY = {
     for module, names in {
         "hurray_wire.adapters": "from_flashinfer from_sglang from_sglang_mla from_torch from_vllm"
         " into_vllm to_flashinfer to_sglang to_sglang_mla to_torch to_vllm",
-        "hurray_wire.blob": "DecodeLimits DecodeReport blob_length decode decode_in_place"
+        "hurray_wire.blob": "DecodeLimits DecodeReport Decoder Encoder blob_length decode"
+        " decode_in_place"
         " decode_in_place_report decode_into decode_report encode encode_into encode_parts",
         "hurray_wire.codecs": "Compression",
         "hurray_wire.containers": "HrryFile ModelCache StreamFile StreamHeader StreamReader"
