@@ -178,7 +178,7 @@ def new_plan_cache() -> BoundedMemo[Any]:
 def _checksum_mask(plans: BoundedMemo[Any], header_length: int, count: int) -> int:
     """All-ones over ``header_length`` bytes but the section checksums (little-endian):
     built once per header geometry, in time linear in its size."""
-    key = ("mask", header_length, count)
+    key = (header_length, count)  # no other key of the cache is a pair
     mask: int | None = plans.get(key)
     if mask is None:
         ones = bytearray(b"\xff") * header_length
@@ -216,9 +216,7 @@ def header_plan(
         return _plan_from_header(header, total, limits)
     key = int.from_bytes(header, "little")
     if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
-        key &= plans.get(("mask", header_length, count)) or _checksum_mask(
-            plans, header_length, count
-        )
+        key &= plans.get((header_length, count)) or _checksum_mask(plans, header_length, count)
     plan_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
     plan: _Plan | None = plans.get(plan_key)
     if plan is None:
@@ -326,6 +324,7 @@ class Decoder:
 
 #: The decoder the module functions use (and whose plan cache the others share).
 DEFAULT_DECODER = Decoder()
+_NO_VERIFY = Decoder(verify=False, plans=DEFAULT_DECODER.plans)
 
 
 def decode_options(
@@ -337,14 +336,11 @@ def decode_options(
 ) -> Decoder:
     """The decoder for these options, checked (typed errors naming the argument), sharing
     the default decoder's plan cache."""
-    if (
-        verify is True
-        and limits is None
-        and threads == -1
-        and page_store is None
-        and expect_fingerprint is None
-    ):
-        return DEFAULT_DECODER
+    if limits is None and threads == -1 and page_store is None and expect_fingerprint is None:
+        if verify is True:
+            return DEFAULT_DECODER
+        if verify is False:
+            return _NO_VERIFY
     return Decoder(
         verify,  # type: ignore[arg-type]  # checked by Decoder
         DEFAULT_LIMITS if limits is None else limits,
