@@ -3,7 +3,7 @@
 A ``Decoder`` or ``Encoder`` (``hurray_wire.blob``) holds one: equal header bytes, equal
 plan. A cache bounded by entry count alone lets a peer pin gigabytes with a few huge,
 valid headers, so each entry also has a weight: what its key and value keep alive, by a
-formula in the bytes they were built from (``Plan.weight``) that a test checks against
+formula in the bytes they were built from (:func:`weight`) that a test checks against
 the memory actually held (tests/test_codec_objects.py fills a cache with distinct
 descriptors and measures it). Past either bound the cache forgets everything: O(1) per
 operation, and the common case (a few geometries, reused) unaffected.
@@ -20,14 +20,14 @@ __all__ = ["PER_BYTE", "PER_ENTRY", "BoundedMemo", "weight"]
 V = TypeVar("V")
 
 #: What a cache entry keeps alive, by the bytes it was built from: the Python objects of a
-#: parsed header measure ~16 bytes per header byte (tests/test_codec_objects.py checks
+#: parsed header measure 5-17 bytes per header byte (tests/test_codec_objects.py checks
 #: the bound against the memory a full cache holds), plus the cache's slot and the key.
 PER_BYTE = 32
 PER_ENTRY = 1024
 
 
 def weight(nbytes: int) -> int:
-    """The plan cache's weight of an entry built from ``nbytes`` bytes of header."""
+    """The weight of a cache entry built from ``nbytes`` bytes (a header, a descriptor)."""
     return PER_ENTRY + PER_BYTE * nbytes
 
 

@@ -336,7 +336,8 @@ def decode_options(
 ) -> Decoder:
     """The decoder for these options, checked (typed errors naming the argument), sharing
     the default decoder's plan cache."""
-    if limits is None and threads == -1 and page_store is None and expect_fingerprint is None:
+    default_limits = limits is None or limits is DEFAULT_LIMITS
+    if default_limits and threads == -1 and page_store is None and expect_fingerprint is None:
         if verify is True:
             return DEFAULT_DECODER
         if verify is False:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob import DecodeLimits, blob_length, peek_descriptor
+from hurray_wire.blob import DecodeLimits, blob_length
 from hurray_wire.blob.decoder import decode_options, run
 from hurray_wire.blob.landing import land_into
 from hurray_wire.blob.limits import check_limits_argument
@@ -321,7 +321,7 @@ class StreamFile(ClosesOnExit):
             while (framed := records.next_blob()) is not None:
                 record, total, _ = framed
                 try:
-                    layout = peek_descriptor(record, limits=self._limits).layout
+                    layout = self._options.peek_descriptor(record).layout
                 except HurrayWireError as exc:
                     locate(exc, len(records.seen), records.position, record)
                     raise
