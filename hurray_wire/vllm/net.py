@@ -212,8 +212,8 @@ def endpoint(options: Mapping[str, Any]) -> tuple[str, Tls | None]:
     """The connector's network options checked: ``host`` (the address handed to the decode
     side, so never ``0.0.0.0``), ``bind_host`` (the listen address, ``host`` unless set;
     ``0.0.0.0`` / ``::`` for every interface, e.g. behind NAT or in a container),
-    ``max_connections``, ``nixl_max_peers`` and the TLS files. Returns the bind address and the TLS settings
-    (None: plain TCP)."""
+    ``max_connections``, ``nixl_max_peers`` and the TLS files. Returns the bind address and
+    the TLS settings (None: plain TCP)."""
     host = check_host(options["host"], "host")
     bind = check_host(options["bind_host"] or host, "bind_host", bind=True)
     for name in ("max_connections", "nixl_max_peers"):

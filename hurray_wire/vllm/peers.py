@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from hurray_wire.errors import HurrayWireError, TransferRefusedError
 from hurray_wire.vllm.net import Deadline
@@ -59,7 +59,10 @@ def _close(peers: list[Peer]) -> None:
                 peer.endpoint.close()
 
 
-class _Bounded:
+K = TypeVar("K", bound=Hashable)
+
+
+class _Bounded(Generic[K]):
     """At most ``limit`` peers' endpoints, least recently used first, each leased to one
     pull at a time: a second pull with the same peer waits for the first (until its
     deadline); a new peer replaces the least recently used idle one, or is refused."""
@@ -67,18 +70,22 @@ class _Bounded:
     def __init__(self, limit: int, field: str) -> None:
         self.limit = limit
         self._field = field
-        self._peers: OrderedDict[Hashable, Peer] = OrderedDict()
-        self._busy: set[Hashable] = set()
+        self._peers: OrderedDict[K, Peer] = OrderedDict()
+        self._busy: set[K] = set()
         self._cond = threading.Condition()
+        self._closed = False
 
     @contextlib.contextmanager
-    def lease(self, key: Hashable, deadline: Deadline) -> Iterator[Peer]:
+    def lease(self, key: K, deadline: Deadline) -> Iterator[Peer]:
         """``key``'s endpoint for one pull; on an exception after ``used`` it is closed."""
         stale: list[Peer] = []
         with self._cond:
             while key in self._busy:  # its previous pull ends by that pull's own deadline
                 self._cond.wait(timeout=deadline.left())  # raises once this one's passed
             peer = self._peers.get(key)
+            if self._closed:
+                raise TransferRefusedError("this worker's NIXL endpoints are closed",
+                                           reason="busy", field=self._field)  # fmt: skip
             if peer is None:
                 if len(self._peers) >= self.limit:
                     idle = next((k for k in self._peers if k not in self._busy), None)
@@ -100,20 +107,23 @@ class _Bounded:
         finally:
             with self._cond:
                 self._busy.discard(key)
-                if (failed and peer.used) or peer.endpoint is None:
+                if (failed and peer.used) or peer.endpoint is None or self._closed:
                     self._peers.pop(key, None)
                     stale = [peer]
                 self._cond.notify_all()
             _close(stale)
 
-    def keys(self) -> list[Hashable]:
+    def keys(self) -> list[K]:
         """The peers held, least recently used first."""
         with self._cond:
             return list(self._peers)
 
     def close(self) -> None:
+        """Close the idle endpoints now, those in use when their pull ends."""
         with self._cond:
-            peers, self._peers = list(self._peers.values()), OrderedDict()
+            self._closed = True
+            idle = [k for k in self._peers if k not in self._busy]
+            peers = [self._peers.pop(k) for k in idle]
         _close(peers)
 
 
@@ -134,8 +144,8 @@ class NixlPeers:
         self.timeout = timeout
         self._arena = arena_bytes
         self._names = itertools.count()
-        self._senders = _Bounded(max_peers, "agent")
-        self._receivers = _Bounded(max_peers, "remote_host")
+        self._senders = _Bounded[str](max_peers, "agent")
+        self._receivers = _Bounded[tuple[str, int]](max_peers, "remote_host")
 
     @contextlib.contextmanager
     def sending(self, ask: Mapping[str, Any], deadline: Deadline) -> Iterator[Peer]:
@@ -204,11 +214,11 @@ class NixlPeers:
         peer.endpoint.add_peer(agent_metadata(text))
         peer.peered = True
 
-    def senders(self) -> list[Hashable]:
+    def senders(self) -> list[str]:
         """The decode agents this side holds a sender for, least recently used first."""
         return self._senders.keys()
 
-    def receivers(self) -> list[Hashable]:
+    def receivers(self) -> list[tuple[str, int]]:
         """The prefill addresses this side holds a receiver for, least recently used first."""
         return self._receivers.keys()
 

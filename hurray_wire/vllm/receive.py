@@ -193,9 +193,11 @@ def _answer(sock: socket.socket) -> dict[str, Any]:
     answer = _read_line(sock)
     if answer.get("ok") is not True:
         reason = str(answer.get("reason", "refused"))
+        field = answer.get("field")  # the ask's field refused, when one is
         raise TransferRefusedError(
-            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
-        )
+            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason,
+            field=field[:100] if isinstance(field, str) else None,
+        )  # fmt: skip
     return answer
 
 

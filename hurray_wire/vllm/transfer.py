@@ -390,7 +390,8 @@ def serve_one(
             transfer, first, held = store.take(ask)
             known = known_pages(ask, transfer, store.num_layers)
         except TransferRefusedError as exc:
-            _send_line(conn, {"ok": False, "reason": exc.reason, "message": str(exc)})
+            refusal = {"ok": False, "reason": exc.reason, "message": str(exc)}
+            _send_line(conn, refusal if exc.field is None else {**refusal, "field": exc.field})
             return 0
         roles = roles_of_layout(store.fingerprint.kv_cache_layout)
         claims = identity(ask["transfer_id"], transfer.request_id, transfer.digest, first, held,
