@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -239,3 +240,20 @@ def test_the_decode_side_keeps_at_most_max_peers_receivers() -> None:
         assert isinstance(result.error, TransferRefusedError)
         assert (result.error.reason, result.error.field) == ("busy", "remote_host")
         assert pulled(offer(one), decode).error is None
+
+
+def test_agents_pull_side_by_side() -> None:
+    """Three decode agents pulling at once from one prefill worker: each through its own
+    sender, every pull whole."""
+    with prefill() as (server, peers), decoders("x", "y", "z") as agents:
+        work = [(offer(server), decode) for decode in agents]
+        results: list[rc.LoadResult] = []
+        threads = [
+            threading.Thread(target=lambda p=p, d=d: results.append(pulled(p, d))) for p, d in work
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=2 * LONG)
+        assert len(results) == 3 and all(r.error is None for r in results), results
+        assert sorted(peers.senders()) == sorted(agent_of(d) for d in agents)
