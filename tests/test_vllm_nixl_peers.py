@@ -208,6 +208,18 @@ def test_the_least_recently_used_idle_sender_goes_and_its_agent_pairs_afresh() -
         assert peers.senders() == [agent_of(c), agent_of(a)]
 
 
+def test_an_ask_without_a_live_transfer_makes_or_closes_no_sender() -> None:
+    """A sender is made (and an idle one closed for it) only for a live transfer's ask:
+    an agent without a valid transfer id cannot churn the senders."""
+    with prefill(max_peers=1) as (server, peers), decoders("a") as (a,):
+        assert pulled(offer(server), a).error is None
+        bogus = replace(offer(server), transfer_id="0" * 32)
+        hostile = Hostile("h", bogus)
+        hostile.close()
+        assert (hostile.answer["ok"], hostile.answer["reason"]) == (False, "unknown")
+        assert peers.senders() == [agent_of(a)]
+
+
 def test_a_new_agent_is_refused_by_name_while_every_sender_is_in_use() -> None:
     with prefill(max_peers=2) as (server, peers), decoders("late") as (late,):
         hostiles = [Hostile(f"h{n}", offer(server)) for n in range(2)]

@@ -105,6 +105,7 @@ class _Bounded(Generic[K]):
             yield peer
             failed = False
         finally:
+            stale = []
             with self._cond:
                 self._busy.discard(key)
                 if (failed and peer.used) or peer.endpoint is None or self._closed:

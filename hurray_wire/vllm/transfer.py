@@ -149,11 +149,12 @@ class TransferStore:
         while len(self._gone) > 4096:
             self._gone.pop(next(iter(self._gone)))
 
-    def take(self, ask: Mapping[str, Any]) -> tuple[_Transfer, int, int]:
+    def take(self, ask: Mapping[str, Any], *, commit: bool = True) -> tuple[_Transfer, int, int]:
         """The transfer a pull names, the first page to send and the pages before it to send
         as references (``held_pages``: the decode worker holds them); every mismatch raises
         ``TransferRefusedError`` naming it. A transfer is served once to each decode rank
-        that needs this prefill rank's heads (``tp.pullers``), then removed."""
+        that needs this prefill rank's heads (``tp.pullers``), then removed; with
+        ``commit=False`` only checked, nothing marked served."""
         tid = ask.get("transfer_id")
         with self._lock:
             self._expire()
@@ -215,6 +216,8 @@ class TransferStore:
                 raise TransferRefusedError(
                     f"transfer {tid} is incomplete", reason="incomplete", field="transfer_id"
                 )
+            if not commit:
+                return transfer, first, held
             transfer.served.add(rank)
             transfer.decode_tp = size
             if transfer.served >= need:
@@ -385,7 +388,9 @@ def serve_one(
                 if deadline is None:  # a caller's own connection: bounded all the same
                     deadline = Deadline(nixl.timeout)
                     leases.callback(deadline.close)
+                # a sender only for a live transfer's ask (its id is the bearer token), and
                 # before the transfer is taken: a refused agent consumes nothing
+                store.take(ask, commit=False)
                 peer = leases.enter_context(nixl.sending(ask, deadline))
             transfer, first, held = store.take(ask)
             known = known_pages(ask, transfer, store.num_layers)
