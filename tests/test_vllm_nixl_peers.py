@@ -5,9 +5,6 @@ peer refused by name when all are in use); a pull after a failed one pairs afres
 
 from __future__ import annotations
 
-import base64
-import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +26,7 @@ from hurray_wire.vllm.peers import NixlPeers
 from tests.test_vllm_transfer import FP, LAYERS, PROMPT, pages
 
 pytest.importorskip("nixl_cu12")
-from hurray_wire.transport.nixl import NixlReceiver
+from tests.nixl_hostile import Hostile
 
 ARENA = 1 << 20
 LONG = 60.0  # a deadline no pull here should reach unless it is made to
@@ -89,52 +86,6 @@ def agent_of(peers: NixlPeers) -> str:
             return str(peer.endpoint.name)
     finally:
         deadline.close()
-
-
-class Hostile:
-    """A decode agent that asks for a transfer over NIXL, pairs, and never reads a blob."""
-
-    def __init__(self, name: str, params: tr.TransferParams) -> None:
-        self.name = name
-        self.receiver = NixlReceiver(name, ucx_error_handling_mode="none", arena_bytes=ARENA)
-        self.sock = socket.create_connection(("127.0.0.1", params.port), timeout=LONG)
-        ask = {
-            "transfer_id": params.transfer_id, "request_id": params.request_id,
-            "prompt_digest": params.prompt_digest, "block_ids": list(params.block_ids),
-            "transport": "nixl", "agent": name,
-            "agent_metadata": base64.b64encode(self.receiver.metadata()).decode(),
-        }  # fmt: skip
-        self.sock.sendall(json.dumps(ask).encode() + b"\n")
-        self.answer = tr._read_line(self.sock)
-        if self.answer.get("ok"):
-            self.receiver.add_peer(base64.b64decode(self.answer["agent_metadata"]))
-
-    def still_served(self) -> bool:
-        """Whether the prefill side still holds this pull open (no "done", no close)."""
-        self.sock.setblocking(False)
-        try:
-            self.sock.recv(1, socket.MSG_PEEK)  # a line or the close: the pull ended
-        except BlockingIOError:
-            return True
-        finally:
-            self.sock.setblocking(True)
-        return False
-
-    def ended(self) -> bytes:
-        """What the prefill side sent before closing the pull (waits for the close)."""
-        self.sock.settimeout(2 * LONG)
-        data = b""
-        while chunk := self.sock.recv(4096):
-            data += chunk
-        return data
-
-    def poison(self) -> None:
-        """A notification that is no transfer record: the sender's wait fails on it."""
-        self.receiver.agent.send_notif(self.receiver.peer, b"not a record")
-
-    def close(self) -> None:
-        self.sock.close()
-        self.receiver.close()
 
 
 def errors_of(server: tr.TransferServer, count: int) -> list[BaseException]:
