@@ -286,6 +286,7 @@ def _fetch(
 def _fetch_once(
     ask: _Ask, nixl: NixlPeers | None, store: PageStore | None
 ) -> tuple[Blobs, EngineFingerprint, int]:
+    """One attempt: over the socket, or through this prefill worker's leased receiver."""
     params = ask.params
     address = (params.host, params.port + ask.rank)
     if nixl is None:
