@@ -171,6 +171,22 @@ def test_an_ask_without_a_live_transfer_makes_or_closes_no_sender() -> None:
         assert peers.senders() == [agent_of(a)]
 
 
+def test_an_ask_with_metadata_pairs_a_new_sender_even_for_a_known_agent() -> None:
+    """An agent that sends its metadata again (it never saw the answer that paired it)
+    gets a new sender, not the old one its new receiver cannot talk to."""
+    with prefill() as (server, peers), decoders("d") as (decode,):
+        assert pulled(offer(server), decode).error is None
+        again = Hostile(agent_of(decode), offer(server))  # the same name, a new receiver
+        try:
+            assert again.answer["ok"] is True
+            assert isinstance(again.answer["agent_metadata"], str)  # a new sender's
+            again.poison()
+            again.ended()
+        finally:
+            again.close()
+        assert peers.senders() == []  # the new sender failed: closed; the old one replaced
+
+
 def test_a_new_agent_is_refused_by_name_while_every_sender_is_in_use() -> None:
     with prefill(max_peers=2) as (server, peers), decoders("late") as (late,):
         hostiles = [Hostile(f"h{n}", offer(server)) for n in range(2)]
