@@ -183,7 +183,7 @@ def test_a_nixl_client_that_never_reads_delays_no_other_decode(
     """A client asks the prefill engine for a transfer over NIXL, pairs, and never reads a
     blob: it holds only its own sender. The NIXL decode engine's pull from the same
     prefill worker goes on meanwhile with the single engine's tokens (before, every NIXL
-    send waited on one lock: the decode request failed at its 30 s timeout); the client's
+    send waited on one lock: the decode pull waited out the client's 30 s); the client's
     pull ends, typed, when it sends a notification that is no transfer record, and the
     listener serves the next pull."""
     pytest.importorskip("nixl_cu12")
