@@ -30,6 +30,7 @@ from tests.nixl_hostile import Hostile
 
 ARENA = 1 << 20
 LONG = 60.0  # a deadline no pull here should reach unless it is made to
+SHORT = 5.0  # the deadline a test waits out (a NIXL agent is made well within it)
 
 
 @contextmanager
@@ -120,7 +121,7 @@ def test_a_client_that_never_reads_delays_no_other_agents_pull() -> None:
 def test_a_client_that_never_reads_ends_by_its_deadline_and_its_agent_pulls_afresh() -> None:
     """The prefill side's pull ends by the connection's deadline with a typed error, its
     sender closed: the next pull from that agent name pairs with a new one."""
-    with prefill(timeout=2.0) as (server, peers), decoders("d") as (decode,):
+    with prefill(timeout=SHORT) as (server, peers), decoders("d") as (decode,):
         hostile = Hostile("d-r0", offer(server))  # the name d's first receiver takes
         try:
             assert hostile.answer["ok"] is True
@@ -136,7 +137,7 @@ def test_a_client_that_never_reads_ends_by_its_deadline_and_its_agent_pulls_afre
 
 
 def test_a_decode_pull_that_failed_midway_pairs_afresh() -> None:
-    with prefill(timeout=2.0) as (server, _), decoders("d") as (decode,):
+    with prefill(timeout=SHORT) as (server, _), decoders("d") as (decode,):
         # the decode side refuses the first blob (another model): its receiver is closed
         refused = rc.pull(offer(server), replace(FP, model_id="other"), LAYERS, timeout=LONG,
                           nixl=decode)  # fmt: skip
