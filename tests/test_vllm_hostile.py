@@ -110,15 +110,18 @@ def test_hosts() -> None:
     for ok in ("127.0.0.1", "::1", "prefill-0.pods.local", "prefill_1", "a" * 63 + ".b"):
         assert check_host(ok, "host") == ok
     assert check_host("0.0.0.0", "bind_host", bind=True) == "0.0.0.0"
+    base = {"host": "10.1.2.3", "bind_host": None, "max_connections": 4, "nixl_max_peers": 4,
+            "tls_cert": None, "tls_key": None, "tls_ca": None}  # fmt: skip
     with pytest.raises(ArgumentTypeError, match="host"):
-        net.endpoint({"host": "0.0.0.0", "bind_host": None, "max_connections": 4,
-                      "tls_cert": None, "tls_key": None, "tls_ca": None})  # fmt: skip
-    bind, tls = net.endpoint({"host": "10.1.2.3", "bind_host": "0.0.0.0", "max_connections": 4,
-                              "tls_cert": None, "tls_key": None, "tls_ca": None})  # fmt: skip
-    assert (bind, tls) == ("0.0.0.0", None)
+        net.endpoint({**base, "host": "0.0.0.0"})
+    assert net.endpoint({**base, "bind_host": "0.0.0.0"}) == ("0.0.0.0", None)
     with pytest.raises(ArgumentTypeError, match="tls_ca"):
-        net.endpoint({"host": "10.1.2.3", "bind_host": None, "max_connections": 4,
-                      "tls_cert": None, "tls_key": None, "tls_ca": "/nonexistent"})  # fmt: skip
+        net.endpoint({**base, "tls_ca": "/nonexistent"})
+    for name in ("max_connections", "nixl_max_peers"):
+        for bad in (0, 4097, True, 2.0):
+            with pytest.raises(ArgumentTypeError, match=name) as info:
+                net.endpoint({**base, name: bad})
+            assert info.value.field == name
 
 
 def test_agent_metadata_that_is_not_base64() -> None:

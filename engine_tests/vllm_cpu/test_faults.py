@@ -177,6 +177,34 @@ def test_a_transfer_pulled_after_its_ttl_is_refused_and_its_blocks_freed(
     assert free_blocks(engines["decode64"]) == baseline["decode64"]
 
 
+def test_a_nixl_client_that_never_reads_delays_no_other_decode(
+    engines: dict[str, Engine],
+) -> None:
+    """A client asks the prefill engine for a transfer over NIXL, pairs, and never reads a
+    blob: it holds only its own sender. The NIXL decode engine's pull from the same
+    prefill worker goes on meanwhile with the single engine's tokens (before, every NIXL
+    send waited on one lock: the decode pull waited out the client's 30 s); the client's
+    pull ends, typed, when it sends a notification that is no transfer record, and the
+    listener serves the next pull."""
+    pytest.importorskip("nixl_cu12")
+    from hurray_wire.vllm.params import TransferParams
+    from tests.nixl_hostile import Hostile
+
+    held, good = prefill(engines, [prompt(48, 70), prompt(49, 90)])
+    hostile = Hostile("hostile-agent", TransferParams.from_params(held))
+    try:
+        assert hostile.answer["ok"] is True
+        out = decode(engines["decode_nixl"], [prompt(49, 90)], [good])
+        assert out[0]["tokens"] == single(engines, [prompt(49, 90)])[0]
+        assert hostile.still_served()  # the decode pull ended while the hostile's ran
+        hostile.poison()
+        assert b"done" not in hostile.ended()
+    finally:
+        hostile.close()
+    again = decode(engines["decode_nixl"], [prompt(50, 60)], prefill(engines, [prompt(50, 60)]))
+    assert again[0]["tokens"] == single(engines, [prompt(50, 60)])[0]
+
+
 def test_a_prefill_engine_killed_mid_transfer_ends_the_pull(
     engines: dict[str, Engine], other_weights: Engine, baseline: dict[str, int]
 ) -> None:

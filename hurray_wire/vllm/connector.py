@@ -75,6 +75,7 @@ OPTIONS: dict[str, Any] = {
     "timeout": 30.0,
     "bind_host": None,  # the listen address; None: ``host`` (the one handed to decode)
     "max_connections": 32,
+    "nixl_max_peers": 32,  # unless set: max_connections (peers.py)
     "tls_cert": None,
     "tls_key": None,
     "tls_ca": None,
@@ -150,6 +151,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 field="transport",
                 found=self._options["transport"],
             )
+        if "nixl_max_peers" not in extra:  # a sender per pull served at once is enough
+            self._options["nixl_max_peers"] = self._options["max_connections"]
         self._bind_host, self._tls = endpoint(self._options)
         self._block_size: int = vllm_config.cache_config.block_size
         model = vllm_config.model_config
@@ -381,9 +384,9 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if self._options["transport"] != "nixl":
             return None
         if self._nixl is None:
-            self._nixl = NixlPeers(
-                f"hurray-{uuid.uuid4().hex[:12]}", timeout=self._options["timeout"]
-            )
+            self._nixl = NixlPeers(f"hurray-{uuid.uuid4().hex[:12]}",
+                                   timeout=self._options["timeout"],
+                                   max_peers=self._options["nixl_max_peers"])  # fmt: skip
         return self._nixl
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:

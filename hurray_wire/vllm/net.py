@@ -212,14 +212,15 @@ def endpoint(options: Mapping[str, Any]) -> tuple[str, Tls | None]:
     """The connector's network options checked: ``host`` (the address handed to the decode
     side, so never ``0.0.0.0``), ``bind_host`` (the listen address, ``host`` unless set;
     ``0.0.0.0`` / ``::`` for every interface, e.g. behind NAT or in a container),
-    ``max_connections`` and the TLS files. Returns the bind address and the TLS settings
-    (None: plain TCP)."""
+    ``max_connections``, ``nixl_max_peers`` and the TLS files. Returns the bind address and
+    the TLS settings (None: plain TCP)."""
     host = check_host(options["host"], "host")
     bind = check_host(options["bind_host"] or host, "bind_host", bind=True)
-    count = options["max_connections"]
-    if type(count) is not int or not 1 <= count <= 4096:
-        raise ArgumentTypeError("max_connections must be an int in 1..4096",
-                                field="max_connections", found=repr(count))  # fmt: skip
+    for name in ("max_connections", "nixl_max_peers"):
+        count = options[name]
+        if type(count) is not int or not 1 <= count <= 4096:
+            raise ArgumentTypeError(f"{name} must be an int in 1..4096", field=name,
+                                    found=repr(count))  # fmt: skip
     files = {name: options[name] for name in ("tls_cert", "tls_key", "tls_ca")}
     for name, path in files.items():
         if path is not None and not os.path.isfile(path):

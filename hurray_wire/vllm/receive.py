@@ -36,7 +36,7 @@ from hurray_wire.vllm.backends import roles_of_layout
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.net import Deadline, Tls, connect
 from hurray_wire.vllm.params import TransferParams, identity, one_sequence, sequence_pages
-from hurray_wire.vllm.peers import NixlPeers, agent_metadata
+from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.tp import check_convertible, convert_heads, refuse_differences, sources
 from hurray_wire.vllm.transfer import _read_line, _send_line
 
@@ -193,9 +193,11 @@ def _answer(sock: socket.socket) -> dict[str, Any]:
     answer = _read_line(sock)
     if answer.get("ok") is not True:
         reason = str(answer.get("reason", "refused"))
+        field = answer.get("field")  # the ask's field refused, when one is
         raise TransferRefusedError(
-            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
-        )
+            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason,
+            field=field[:100] if isinstance(field, str) else None,
+        )  # fmt: skip
     return answer
 
 
@@ -270,28 +272,58 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
 def _fetch(
     ask: _Ask, nixl: NixlPeers | None, store: PageStore | None
 ) -> tuple[Blobs, EngineFingerprint, int]:
-    """One prefill rank's transfer: the ask on its control connection, then its blobs."""
+    """One prefill rank's transfer: the ask on its control connection, then its blobs;
+    over NIXL once more, paired afresh, if the prefill worker no longer holds this
+    worker's pair (refused as ``agent``: it closed it, e.g. as the least recently used)."""
+    try:
+        return _fetch_once(ask, nixl, store)
+    except TransferRefusedError as exc:
+        if nixl is None or exc.reason != "agent":
+            raise
+    return _fetch_once(ask, nixl, store)
+
+
+def _fetch_once(
+    ask: _Ask, nixl: NixlPeers | None, store: PageStore | None
+) -> tuple[Blobs, EngineFingerprint, int]:
+    """One attempt: over the socket, or through this prefill worker's leased receiver."""
     params = ask.params
     address = (params.host, params.port + ask.rank)
-    # One NIXL pull at a time per prefill worker: its endpoint pair is shared, and an ask
-    # sent before the listener reached it would wait.
-    serial = nixl.lock(*address) if nixl else None
-    if serial is not None and not serial.acquire(timeout=ask.deadline.left()):
-        raise ask.deadline.error()
-    try:
+    if nixl is None:
         with connect(*address, ask.deadline, ask.tls) as sock:
-            return _ask(sock, ask, nixl, store)
-    finally:
-        if serial is not None:
-            serial.release()
+            _ask(sock, ask, store)
+            return _read_stream(sock, ask, store)
+    # One NIXL pull at a time per prefill worker: its endpoint pair is leased (a failed
+    # pull closes it), and an ask sent before the listener reached it would wait.
+    with nixl.receiving(*address, ask.deadline) as peer:
+        receiver, mine = nixl.receiver(peer)
+        with connect(*address, ask.deadline, ask.tls) as sock:
+            peer.used = True  # from the ask on, a failure leaves the pair in an unknown state
+            try:
+                answer = _ask(sock, ask, store, agent=(receiver.name, mine))
+            except TransferRefusedError as exc:  # refused before any page moved: the pair
+                peer.used = exc.reason == "agent"  # is as it was, unless the sender is gone
+                raise
+            if mine is not None:
+                nixl.pair(peer, answer.get("agent_metadata"))
+            receiver.page_store = store
+            try:
+                found = _receive_nixl(receiver, ask)
+            finally:
+                receiver.page_store = None
+            _read_line(sock)  # the sender's "done"
+            return found
 
 
 def _ask(
-    sock: socket.socket, ask: _Ask, nixl: NixlPeers | None, store: PageStore | None
-) -> tuple[Blobs, EngineFingerprint, int]:
-    """The ask on the control connection, its answer, then the blobs."""
+    sock: socket.socket,
+    ask: _Ask,
+    store: PageStore | None,
+    agent: tuple[str, str | None] | None = None,
+) -> dict[str, Any]:
+    """The ask on the control connection, and its answer (``agent``: a NIXL pull's
+    receiver name and, while it has no peer, its metadata)."""
     params = ask.params
-    address = (params.host, params.port + ask.rank)
     line: dict[str, Any] = {
         "transfer_id": params.transfer_id,
         "request_id": params.request_id,
@@ -304,27 +336,10 @@ def _ask(
     }
     if store is not None:  # the delta protocol: what this worker holds, by digest
         line["known_pages"] = base64.b64encode(encode_known_pages(store.digests())).decode()
-    if nixl is None:
-        _send_line(sock, line)
-        _answer(sock)
-        return _read_stream(sock, ask, store)
-    receiver, mine = nixl.receiver(*address)
-    line.update(transport="nixl", agent=receiver.name, agent_metadata=mine)
+    if agent is not None:
+        line.update(transport="nixl", agent=agent[0], agent_metadata=agent[1])
     _send_line(sock, line)
-    answer = _answer(sock)
-    if mine is not None:
-        peer = answer.get("agent_metadata")
-        if not isinstance(peer, str):
-            raise TransportError("the prefill worker sent no NIXL metadata")
-        receiver.add_peer(agent_metadata(peer))
-        nixl.peered(*address)
-    receiver.page_store = store
-    try:
-        found = _receive_nixl(receiver, ask)
-    finally:
-        receiver.page_store = None
-    _read_line(sock)  # the sender's "done"
-    return found
+    return _answer(sock)
 
 
 def pull(

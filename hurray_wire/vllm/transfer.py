@@ -149,11 +149,12 @@ class TransferStore:
         while len(self._gone) > 4096:
             self._gone.pop(next(iter(self._gone)))
 
-    def take(self, ask: Mapping[str, Any]) -> tuple[_Transfer, int, int]:
+    def take(self, ask: Mapping[str, Any], *, commit: bool = True) -> tuple[_Transfer, int, int]:
         """The transfer a pull names, the first page to send and the pages before it to send
         as references (``held_pages``: the decode worker holds them); every mismatch raises
         ``TransferRefusedError`` naming it. A transfer is served once to each decode rank
-        that needs this prefill rank's heads (``tp.pullers``), then removed."""
+        that needs this prefill rank's heads (``tp.pullers``), then removed; with
+        ``commit=False`` only checked, nothing marked served."""
         tid = ask.get("transfer_id")
         with self._lock:
             self._expire()
@@ -215,6 +216,8 @@ class TransferStore:
                 raise TransferRefusedError(
                     f"transfer {tid} is incomplete", reason="incomplete", field="transfer_id"
                 )
+            if not commit:
+                return transfer, first, held
             transfer.served.add(rank)
             transfer.decode_tp = size
             if transfer.served >= need:
@@ -365,65 +368,80 @@ def serve_one(
     store: TransferStore,
     conn: socket.socket,
     nixl: NixlPeers | None = None,
-    nixl_lock: threading.Lock | None = None,
+    deadline: Deadline | None = None,
 ) -> int:
     """Answer one pull on ``conn``; returns the bytes sent (0 when refused). A pull asking
-    for ``"transport": "nixl"`` gets the pages as NIXL blobs (``nixl`` holds the senders,
-    ``nixl_lock`` serialises them), the connection carrying only the two control lines."""
+    for ``"transport": "nixl"`` gets the pages as NIXL blobs through its agent's own sender
+    (``nixl`` holds them, leased one pull at a time), the connection carrying only the two
+    control lines; ``deadline`` (the connection's) bounds the NIXL send too."""
     ask = _read_line(conn, exact=False)  # the decode worker sends nothing after its ask
     wants_nixl = ask.get("transport") == "nixl"
-    try:
-        check_ask(ask)
-        if wants_nixl and nixl is None:
-            raise TransferRefusedError(
-                "this prefill worker serves the socket transport only", reason="transport"
-            )
-        transfer, first, held = store.take(ask)
-        known = known_pages(ask, transfer, store.num_layers)
-    except TransferRefusedError as exc:
-        _send_line(conn, {"ok": False, "reason": exc.reason, "message": str(exc)})
-        return 0
-    roles = roles_of_layout(store.fingerprint.kv_cache_layout)
-    claims = identity(ask["transfer_id"], transfer.request_id, transfer.digest, first, held,
-                      transfer.num_tokens)  # fmt: skip
-    try:
-        if nixl is not None and wants_nixl:  # the pages as NIXL blobs
-            with nixl_lock or contextlib.nullcontext():
-                return _send_nixl(conn, nixl, store, transfer, first, claims, known, ask, roles)
-        _send_line(conn, {"ok": True})  # the pages as a stream on conn
-        header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=roles,
-                              fingerprint=store.fingerprint, metadata=claims)  # fmt: skip
-        with StreamWriter(conn, header) as writer:  # a failure aborts it: no end record
-            for tensor in _tensors(transfer, store.num_layers, first, roles):
-                writer.write(tensor, checksum=False, page_digests=True, known_pages=known)
-        return writer.position
-    except (OSError, HurrayWireError) as exc:
-        # once per transfer (a transfer is served once), with the request it was for
-        logger.error("HurrayConnector: request %s: KV send failed: %s", transfer.request_id, exc)
-        raise
+    with contextlib.ExitStack() as leases:
+        try:
+            check_ask(ask)
+            peer = None
+            if wants_nixl:
+                if nixl is None:
+                    raise TransferRefusedError(
+                        "this prefill worker serves the socket transport only", reason="transport"
+                    )
+                if deadline is None:  # a caller's own connection: bounded all the same
+                    deadline = Deadline(nixl.timeout)
+                    leases.callback(deadline.close)
+                # a sender only for a live transfer's ask (its id is the bearer token), and
+                # before the transfer is taken: a refused agent consumes nothing
+                store.take(ask, commit=False)
+                peer = leases.enter_context(nixl.sending(ask, deadline))
+            transfer, first, held = store.take(ask)
+            known = known_pages(ask, transfer, store.num_layers)
+        except TransferRefusedError as exc:
+            refusal = {"ok": False, "reason": exc.reason, "message": str(exc)}
+            _send_line(conn, refusal if exc.field is None else {**refusal, "field": exc.field})
+            return 0
+        roles = roles_of_layout(store.fingerprint.kv_cache_layout)
+        claims = identity(ask["transfer_id"], transfer.request_id, transfer.digest, first, held,
+                          transfer.num_tokens)  # fmt: skip
+        try:
+            if nixl is not None and peer is not None and deadline is not None:  # NIXL blobs
+                sender, mine = nixl.sender(peer)
+                return _send_nixl(conn, sender, mine, deadline, store, transfer, first, claims,
+                                  known, roles)  # fmt: skip
+            _send_line(conn, {"ok": True})  # the pages as a stream on conn
+            header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=roles,
+                                  fingerprint=store.fingerprint, metadata=claims)  # fmt: skip
+            with StreamWriter(conn, header) as writer:  # a failure aborts it: no end record
+                for tensor in _tensors(transfer, store.num_layers, first, roles):
+                    writer.write(tensor, checksum=False, page_digests=True, known_pages=known)
+            return writer.position
+        except (OSError, HurrayWireError) as exc:
+            # once per transfer (a transfer is served once), with the request it was for
+            logger.error("HurrayConnector: request %s: KV send failed: %s",
+                         transfer.request_id, exc)  # fmt: skip
+            raise
 
 
 def _send_nixl(
     conn: socket.socket,
-    nixl: NixlPeers,
+    sender: Any,
+    mine: str | None,
+    deadline: Deadline,
     store: TransferStore,
     transfer: _Transfer,
     first: int,
     claims: dict[str, Any],
     known: Any,
-    ask: Mapping[str, Any],
     roles: tuple[str, ...],
 ) -> int:
-    """The pages as NIXL blobs, the connection carrying the two control lines."""
-    sender, mine = nixl.sender(ask)
+    """The pages as NIXL blobs through ``sender``, every wait (for arena space, for the
+    peer's READs) within ``deadline``, the connection carrying the two control lines."""
     _send_line(conn, {"ok": True, "agent_metadata": mine})
     meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
     total = 0
     for tensor in _tensors(transfer, store.num_layers, first, roles, meta):
         sender.publish(tensor, mode="staged", checksum=False, page_digests=True,
-                       known_pages=known)  # fmt: skip
+                       known_pages=known, deadline=deadline.left())  # fmt: skip
         total += tensor.page_pool.nbytes
-    sender.wait(deadline=nixl.timeout)
+    sender.wait(deadline=deadline.left())
     _send_line(conn, {"done": True})
     return total
 
@@ -458,7 +476,6 @@ class TransferServer:
         self._timeout = timeout
         self._stop = threading.Event()
         self._slots = threading.BoundedSemaphore(max_connections)
-        self._nixl_lock = threading.Lock()
         self._count = threading.Lock()
         self.sent_bytes = 0
         self.refused = 0
@@ -507,7 +524,7 @@ class TransferServer:
             if self._tls is not None:
                 conn = self._tls.wrap_socket(conn, server_side=True)
                 deadline.attach(conn)
-            sent = serve_one(self.store, conn, self.nixl, self._nixl_lock)
+            sent = serve_one(self.store, conn, self.nixl, deadline)
             with self._count:
                 self.sent_bytes += sent
                 self.refused += sent == 0
