@@ -7,10 +7,10 @@ NumPy views. ``BlockPagedTensor`` is the tensor every API takes and returns; ``T
 only the reference implementation's raw-buffer class (for code written against
 ``hurray.Tensor``; ``Tensor.to_block_paged()`` converts). Element types live in
 ``hurray_wire.dtypes`` (``hurray_wire.float16`` works too, as the reference's Python API
-spells them); every error class is here and in ``hurray_wire.errors``; everything else
-importable from its module. This module only
-re-exports, and loads each name's module on first use (``import hurray_wire`` costs the
-error tree alone; docs/performance.md).
+spells them); the error tree is one namespace, ``hurray_wire.errors``
+(``hw.errors.ChecksumError``; its base ``HurrayWireError`` is here too); everything else
+importable from its module. This module only re-exports, and loads each name's module on
+first use (``import hurray_wire`` costs the error tree alone; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from hurray_wire import errors as _errors
+from hurray_wire import errors
 from hurray_wire._version import __version__
-from hurray_wire.errors import *  # noqa: F403 (the error tree, re-exported whole)
+from hurray_wire.errors import HurrayWireError
 
 if TYPE_CHECKING:
     from hurray_wire import dtypes
@@ -125,6 +125,7 @@ __all__ = [
     "ElementType",
     "EngineFingerprint",
     "HrryFile",
+    "HurrayWireError",
     "ModelCache",
     "PerBlockAffine",
     "PerChannelAffine",
@@ -151,6 +152,7 @@ __all__ = [
     "encode_descriptor",
     "encode_into",
     "encode_parts",
+    "errors",
     "from_flashinfer",
     "from_sglang",
     "from_sglang_mla",
@@ -167,7 +169,6 @@ __all__ = [
     "to_torch",
     "to_vllm",
 ]
-__all__ += _errors.__all__  # every error a decode can raise
 
 #: Each public name but the errors, by the module that defines it (imported on first use).
 _LAZY = {
@@ -216,6 +217,9 @@ def __getattr__(name: str) -> Any:
         types = importlib.import_module("hurray_wire.dtypes")
         if name in types.__all__:
             return getattr(types, name)
+        if name in errors.__all__:
+            raise AttributeError(f"module 'hurray_wire' has no attribute {name!r}: the errors"
+                                 f" are in one namespace, hurray_wire.errors.{name}")  # fmt: skip
     raise AttributeError(f"module 'hurray_wire' has no attribute {name!r}")
 
 
