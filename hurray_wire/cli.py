@@ -161,7 +161,7 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
     elif kind == "blob-stream":
         # The strict reader: header, every blob, the end record and nothing after it.
         reader = StreamReader(view, verify=verify, page_store=summary.empty_page_store(),
-                              on_page_error="report")  # fmt: skip
+                              report=True)  # fmt: skip
         reader.header  # noqa: B018 - reads the stream header: position is the first blob
         for number in range(sys.maxsize):
             start = reader.position

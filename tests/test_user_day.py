@@ -127,11 +127,11 @@ def test_stream_reader_reports_bad_pages_when_asked() -> None:
     data[data.index(pool[2].tobytes()) + 1] ^= 0x04  # physical page 2: logical (0, 0)
     with pytest.raises(errors.ChecksumError):
         list(hw.StreamReader(bytes(data)))
-    reader = hw.StreamReader(bytes(data), on_page_error="report")
+    reader = hw.StreamReader(bytes(data), report=True)
     (got,) = reader
     assert reader.page_report is not None and reader.page_report.pages.tolist() == [2]
     assert reader.page_report.positions == ((0, 0),)
     assert not np.array_equal(got.page_pool[2], pool[2])  # as it came: named, not hidden
-    for bad in ("ignore", None):
-        with pytest.raises(hw.errors.ArgumentTypeError, match="on_page_error"):
-            hw.StreamReader(b"", on_page_error=bad)  # type: ignore[arg-type]
+    for bad in ("report", None):
+        with pytest.raises(hw.errors.ArgumentTypeError, match="report"):
+            hw.StreamReader(b"", report=bad)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ Every input goes through ``check_containers``, which feeds the same bytes to
   ``validate`` accepts into a stream that validates;
 * ``hurray_wire.containers``' blob stream: ``StreamReader`` from an
   ``io.BytesIO`` and from the bytes, ``StreamReader`` with a small ``max_blob_bytes``,
-  ``StreamReader(on_page_error="report")``, ``StreamFile``, and ``load_cache`` of the
+  ``StreamReader(report=True)``, ``StreamFile``, and ``load_cache`` of the
   bytes as a ``.hrws`` file;
 
 and fails on any exception that is not a ``HurrayWireError`` and on any disagreement:
@@ -341,13 +341,13 @@ def check_stream(data: bytes) -> None:
 
 
 def check_report_mode(data: bytes, tensors: list[Any], error: hw.HurrayWireError | None) -> None:
-    """``StreamReader(on_page_error="report")`` hands out what the strict reader reads, with
+    """``StreamReader(report=True)`` hands out what the strict reader reads, with
     an empty report, and goes further only with a blob whose report names failed pages,
     where the strict reader stopped with a page-digest (or deferred checksum) error."""
-    reader, opened = _outcome(lambda: hws.StreamReader(data, on_page_error="report"))
+    reader, opened = _outcome(lambda: hws.StreamReader(data, report=True))
     if reader is None:
         if error is None:
-            raise AssertionError(f"on_page_error='report' refused a good stream: {opened!r}")
+            raise AssertionError(f"report=True refused a good stream: {opened!r}")
         return
     got: list[Any] = []
     reports: list[Any] = []
@@ -358,11 +358,11 @@ def check_report_mode(data: bytes, tensors: list[Any], error: hw.HurrayWireError
         got.append(tensor)
         reports.append(reader.page_report)
     bad = next((i for i, r in enumerate(reports) if r is None or not r.ok), None)
-    _same_tensors("on_page_error='report' vs 'raise'", got[:bad], tensors[: len(got[:bad])])
+    _same_tensors("report=True vs the strict reader", got[:bad], tensors[: len(got[:bad])])
     if bad is None:
         if len(got) != len(tensors) or type(failed) is not type(error):
             raise AssertionError(
-                f"on_page_error='report' vs 'raise': {len(got)} tensors, {failed!r} vs "
+                f"report=True vs the strict reader: {len(got)} tensors, {failed!r} vs "
                 f"{len(tensors)} tensors, {error!r}"
             )
     elif (
@@ -371,7 +371,7 @@ def check_report_mode(data: bytes, tensors: list[Any], error: hw.HurrayWireError
         or not isinstance(error, (hw.errors.PageDigestError, hw.errors.ChecksumError))
     ):
         raise AssertionError(
-            f"on_page_error='report' handed out blob {bad} with failed pages where the strict "
+            f"report=True handed out blob {bad} with failed pages where the strict "
             f"reader read {len(tensors)} blobs and raised {error!r}"
         )
 
@@ -900,7 +900,7 @@ def generated_seeds() -> dict[str, bytes]:
         for tensor in f16 + tagged[:1]:
             writer.write(tensor, compression=hw.Compression(2, min_size=0), pages="all")
     seeds["gen-stream-headerless.hrws"] = sink.getvalue()
-    sink = io.BytesIO()  # page digests: what on_page_error="report" reads
+    sink = io.BytesIO()  # page digests: what report=True reads
     with hws.StreamWriter(sink, headers["full"]) as writer:
         for tensor in tagged[:2]:
             writer.write(tensor, page_digests=True, pages="all")
