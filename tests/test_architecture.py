@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hurray_wire"
 
 # Lowest first. A module belongs to the longest prefix that names it.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "_version"),
+    ("errors", "_version", "_lazy"),
     ("wire", "buffers", "parallel", "memo"),
     ("dtypes", "crc32c"),
     ("model",),

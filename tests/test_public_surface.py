@@ -68,5 +68,5 @@ def test_import_loads_no_subpackage() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split("\n")
-    assert out[0] == "['hurray_wire._version', 'hurray_wire.errors'] False"
+    assert out[0] == "['hurray_wire._lazy', 'hurray_wire._version', 'hurray_wire.errors'] False"
     assert out[1] == "True"

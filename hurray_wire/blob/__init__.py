@@ -8,17 +8,24 @@ decompressed sizes, limits) before it returns anything; uncompressed buffers com
 NumPy views of the input.
 """
 
-from hurray_wire.blob.decoder import DecodeReport, decode, decode_report, peek_descriptor
-from hurray_wire.blob.encoder import encode, encode_into, encode_parts
-from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
-from hurray_wire.blob.in_place import (
-    InPlaceReport,
-    decode_in_place,
-    decode_in_place_report,
-    peek_in_place,
-)
-from hurray_wire.blob.landing import decode_into
-from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hurray_wire._lazy import exports
+
+if TYPE_CHECKING:
+    from hurray_wire.blob.decoder import DecodeReport, decode, decode_report, peek_descriptor
+    from hurray_wire.blob.encoder import encode, encode_into, encode_parts
+    from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
+    from hurray_wire.blob.in_place import (
+        InPlaceReport,
+        decode_in_place,
+        decode_in_place_report,
+        peek_in_place,
+    )
+    from hurray_wire.blob.landing import decode_into
+    from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
 
 __all__ = [
     "BLOB_PREFIX_SIZE",
@@ -38,3 +45,17 @@ __all__ = [
     "peek_descriptor",
     "peek_in_place",
 ]
+
+#: Each name by the module that defines it, imported on first use (hurray_wire._lazy).
+__getattr__, __dir__ = exports(
+    __name__,
+    {
+        "hurray_wire.blob.decoder": "DecodeReport decode decode_report peek_descriptor",
+        "hurray_wire.blob.encoder": "encode encode_into encode_parts",
+        "hurray_wire.blob.envelope": "BLOB_PREFIX_SIZE blob_length",
+        "hurray_wire.blob.in_place": "InPlaceReport decode_in_place decode_in_place_report"
+        " peek_in_place",
+        "hurray_wire.blob.landing": "decode_into",
+        "hurray_wire.blob.limits": "DEFAULT_LIMITS DecodeLimits",
+    },
+)

@@ -1,0 +1,76 @@
+"""Start-up of the decode path: ``from hurray_wire import decode, encode, BlockPagedTensor``
+against ``import numpy`` (its floor), each in fresh interpreters taking turns, median of
+``--rounds``; and which modules it loads (issue 31: <= 1.5x ``import numpy``).
+
+Run: python tools/bench_import.py [--rounds 9] [--modules]
+(``PYTHONPATH`` pointing at the tree to measure.) ``--modules`` prints the hurray_wire
+modules loaded and the ten largest self times from ``python -X importtime``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+NUMPY = "import numpy"
+DECODE_PATH = "from hurray_wire import decode, encode, BlockPagedTensor"
+
+
+def seconds(code: str) -> float:
+    """Wall time of a fresh interpreter running ``code`` (``-S``-free, as users start it)."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    return time.perf_counter() - start
+
+
+def loaded(code: str) -> list[str]:
+    """The hurray_wire modules ``code`` leaves in ``sys.modules``."""
+    probe = (
+        f"{code}\nimport sys\nprint(sorted(m for m in sys.modules if m.startswith('hurray_wire')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    return list(eval(out))  # a printed list of str, from our own probe
+
+
+def self_times(code: str, top: int = 10) -> list[tuple[int, str]]:
+    """(self microseconds, module) of the ``top`` slowest imports under ``-X importtime``."""
+    err = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stderr  # fmt: skip
+    rows = []
+    for text in err.splitlines():
+        if text.startswith("import time:") and "|" in text and "self" not in text:
+            own, _, name = text[len("import time:") :].split("|")
+            rows.append((int(own), name.strip()))
+    return sorted(rows, reverse=True)[:top]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--modules", action="store_true")
+    args = parser.parse_args()
+    times: dict[str, list[float]] = {NUMPY: [], DECODE_PATH: []}
+    for _ in range(args.rounds):  # taking turns: both see the same load
+        for code, runs in times.items():
+            runs.append(seconds(code))
+    base = statistics.median(times[NUMPY])
+    for code, runs in times.items():
+        mid = statistics.median(runs)
+        print(f"{code:60s} median {mid * 1e3:7.1f} ms  {mid / base:5.2f}x import numpy")
+    modules = loaded(DECODE_PATH)
+    print(f"hurray_wire modules loaded: {len(modules)}")
+    if args.modules:
+        print(" ".join(modules))
+        for own, name in self_times(DECODE_PATH):
+            print(f"{own:8d} us  {name}")
+
+
+if __name__ == "__main__":
+    main()
