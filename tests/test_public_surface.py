@@ -70,3 +70,24 @@ def test_import_loads_no_subpackage() -> None:
     ).stdout.split("\n")
     assert out[0] == "['hurray_wire._lazy', 'hurray_wire._version', 'hurray_wire.errors'] False"
     assert out[1] == "True"
+
+
+def test_the_decode_path_loads_only_what_decode_and_encode_need() -> None:
+    """Issue 31: ``from hurray_wire import decode, encode, BlockPagedTensor`` loads the
+    decoder, the encoder and their imports; the packages re-export lazily, so the landings,
+    the Bloom filter, the engine pool store and every layer above ``blob/`` stay unloaded."""
+    code = (
+        "import sys\n"
+        "from hurray_wire import decode, encode, BlockPagedTensor\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('hurray_wire'))))\n"
+    )
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.split()
+    )
+    assert {"hurray_wire.blob.decoder", "hurray_wire.blob.encoder", "hurray_wire.tensor"} <= loaded
+    unloaded = {"blob.landing", "blob.in_place", "integrity.bloom", "integrity.pool_store"}
+    assert not loaded & {f"hurray_wire.{m}" for m in unloaded}
+    above = ("containers", "adapters", "reference_api", "transport", "vllm", "report", "cli")
+    assert not [m for m in loaded if m.partition(".")[2].startswith(above)]

@@ -10,6 +10,7 @@ modules loaded and the ten largest self times from ``python -X importtime``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -17,12 +18,17 @@ import time
 
 NUMPY = "import numpy"
 DECODE_PATH = "from hurray_wire import decode, encode, BlockPagedTensor"
+#: As users run it: with bytecode caches (a warm-up round writes them for a source tree;
+#: without them each start compiles every module, which says nothing about the imports).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def seconds(code: str) -> float:
-    """Wall time of a fresh interpreter running ``code`` (``-S``-free, as users start it)."""
+def seconds(code: str, tree: str | None = None) -> float:
+    """Wall time of a fresh interpreter running ``code`` (``-S``-free, as users start it),
+    importing from ``tree`` (a source tree, put first on the path) when given."""
+    env = ENV if tree is None else {**ENV, "PYTHONPATH": tree}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env, cwd=tree)
     return time.perf_counter() - start
 
 
@@ -32,7 +38,12 @@ def loaded(code: str) -> list[str]:
         f"{code}\nimport sys\nprint(sorted(m for m in sys.modules if m.startswith('hurray_wire')))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env=ENV,
     ).stdout
     return list(eval(out))  # a printed list of str, from our own probe
 
@@ -41,7 +52,7 @@ def self_times(code: str, top: int = 10) -> list[tuple[int, str]]:
     """(self microseconds, module) of the ``top`` slowest imports under ``-X importtime``."""
     err = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
-        capture_output=True, text=True, check=True, timeout=120,
+        capture_output=True, text=True, check=True, timeout=120, env=ENV,
     ).stderr  # fmt: skip
     rows = []
     for text in err.splitlines():
@@ -55,15 +66,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--modules", action="store_true")
+    parser.add_argument("--before", help="another source tree (e.g. a `git archive` of main)"
+                        " whose decode path is measured in the same rounds")  # fmt: skip
     args = parser.parse_args()
-    times: dict[str, list[float]] = {NUMPY: [], DECODE_PATH: []}
-    for _ in range(args.rounds):  # taking turns: both see the same load
-        for code, runs in times.items():
-            runs.append(seconds(code))
+    runs = {NUMPY: (NUMPY, None), DECODE_PATH: (DECODE_PATH, None)}
+    if args.before:
+        runs[f"{DECODE_PATH} (--before)"] = (DECODE_PATH, args.before)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for code, tree in runs.values():  # warm-up: bytecode caches written, files cached
+        seconds(code, tree)
+    for _ in range(args.rounds):  # taking turns: all see the same load
+        for name, (code, tree) in runs.items():
+            times[name].append(seconds(code, tree))
     base = statistics.median(times[NUMPY])
-    for code, runs in times.items():
-        mid = statistics.median(runs)
-        print(f"{code:60s} median {mid * 1e3:7.1f} ms  {mid / base:5.2f}x import numpy")
+    for name, spent in times.items():
+        mid = statistics.median(spent)
+        print(f"{name:70s} median {mid * 1e3:7.1f} ms  {mid / base:5.2f}x import numpy")
     modules = loaded(DECODE_PATH)
     print(f"hurray_wire modules loaded: {len(modules)}")
     if args.modules:
