@@ -1,8 +1,10 @@
 """Start-up of the decode path: ``from hurray_wire import decode, encode, BlockPagedTensor``
-against ``import numpy`` (its floor), each in fresh interpreters taking turns, median of
-``--rounds``; and which modules it loads (issue 31: <= 1.5x ``import numpy``).
+against ``import numpy`` (its floor), each in fresh interpreters taking turns, median and
+best of ``--rounds`` (on a shared machine the best is the steadier figure), and the same
+less an empty interpreter's start (``python -c pass``); and which modules it loads
+(issue 31: <= 1.5x ``import numpy``).
 
-Run: python tools/bench_import.py [--rounds 9] [--modules]
+Run: python tools/bench_import.py [--rounds 21] [--modules] [--before TREE]
 (``PYTHONPATH`` pointing at the tree to measure.) ``--modules`` prints the hurray_wire
 modules loaded and the ten largest self times from ``python -X importtime``.
 """
@@ -16,6 +18,9 @@ import subprocess
 import sys
 import time
 
+from bench_scale import scaled
+
+EMPTY = "pass"
 NUMPY = "import numpy"
 DECODE_PATH = "from hurray_wire import decode, encode, BlockPagedTensor"
 #: As users run it: with bytecode caches (a warm-up round writes them for a source tree;
@@ -64,12 +69,12 @@ def self_times(code: str, top: int = 10) -> list[tuple[int, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=scaled(21, 1))
     parser.add_argument("--modules", action="store_true")
     parser.add_argument("--before", help="another source tree (e.g. a `git archive` of main)"
                         " whose decode path is measured in the same rounds")  # fmt: skip
     args = parser.parse_args()
-    runs = {NUMPY: (NUMPY, None), DECODE_PATH: (DECODE_PATH, None)}
+    runs = {EMPTY: (EMPTY, None), NUMPY: (NUMPY, None), DECODE_PATH: (DECODE_PATH, None)}
     if args.before:
         runs[f"{DECODE_PATH} (--before)"] = (DECODE_PATH, args.before)
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -78,10 +83,17 @@ def main() -> None:
     for _ in range(args.rounds):  # taking turns: all see the same load
         for name, (code, tree) in runs.items():
             times[name].append(seconds(code, tree))
+    empty = statistics.median(times.pop(EMPTY))
     base = statistics.median(times[NUMPY])
+    low = min(times[NUMPY])
     for name, spent in times.items():
-        mid = statistics.median(spent)
-        print(f"{name:70s} median {mid * 1e3:7.1f} ms  {mid / base:5.2f}x import numpy")
+        mid, best = statistics.median(spent), min(spent)
+        print(f"{name:70s} median {mid * 1e3:6.1f} ms {mid / base:5.2f}x, best {best * 1e3:6.1f}"
+              f" ms {best / low:5.2f}x import numpy")  # fmt: skip
+    print(f"imports alone (each median less an empty interpreter's, {empty * 1e3:.1f} ms):")
+    for name, spent in times.items():
+        cost = statistics.median(spent) - empty
+        print(f"  {name:68s} {cost * 1e3:6.1f} ms {cost / (base - empty):5.2f}x import numpy")
     modules = loaded(DECODE_PATH)
     print(f"hurray_wire modules loaded: {len(modules)}")
     if args.modules:
