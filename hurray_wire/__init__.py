@@ -7,10 +7,10 @@ NumPy views. ``BlockPagedTensor`` is the tensor every API takes and returns; ``T
 only the reference implementation's raw-buffer class (for code written against
 ``hurray.Tensor``; ``Tensor.to_block_paged()`` converts). Element types live in
 ``hurray_wire.dtypes`` (``hurray_wire.float16`` works too, as the reference's Python API
-spells them); every error class is here and in ``hurray_wire.errors``; everything else
-importable from its module. This module only
-re-exports, and loads each name's module on first use (``import hurray_wire`` costs the
-error tree alone; docs/performance.md).
+spells them); the error tree is one namespace, ``hurray_wire.errors``
+(``hw.errors.ChecksumError``; its base ``HurrayWireError`` is here too); everything else
+importable from its module. This module only re-exports, and loads each name's module on
+first use (``import hurray_wire`` costs the error tree alone; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from hurray_wire import errors as _errors
+from hurray_wire import errors
+from hurray_wire._lazy import exports
 from hurray_wire._version import __version__
-from hurray_wire.errors import *  # noqa: F403 (the error tree, re-exported whole)
+from hurray_wire.errors import HurrayWireError
 
 if TYPE_CHECKING:
     from hurray_wire import dtypes
@@ -129,6 +130,7 @@ __all__ = [
     "Encoder",
     "EngineFingerprint",
     "HrryFile",
+    "HurrayWireError",
     "ModelCache",
     "PerBlockAffine",
     "PerChannelAffine",
@@ -155,6 +157,7 @@ __all__ = [
     "encode_descriptor",
     "encode_into",
     "encode_parts",
+    "errors",
     "from_flashinfer",
     "from_sglang",
     "from_sglang_mla",
@@ -171,18 +174,43 @@ __all__ = [
     "to_torch",
     "to_vllm",
 ]
-__all__ += _errors.__all__  # every error a decode can raise
+
+_SUBPACKAGES = frozenset(
+    {"adapters", "blob", "cli", "codecs", "containers", "dtypes", "fingerprint", "integrity",
+     "kv_scale", "metadata", "model", "parallel", "reference_api", "report", "tensor",
+     "testing", "transforms", "transport", "wire"}
+)  # fmt: skip
+
+
+def _other(name: str) -> Any:
+    """A subpackage; ``hurray_wire.float16`` and the other names of ``hurray_wire.dtypes``
+    (the reference's Python API has them at its top level; not in ``__all__``); an error's
+    old top-level name says where it went."""
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"hurray_wire.{name}")
+    if not name.startswith("_"):
+        types = importlib.import_module("hurray_wire.dtypes")
+        if name in types.__all__:
+            return getattr(types, name)
+        if name in errors.__all__:
+            raise AttributeError(f"module 'hurray_wire' has no attribute {name!r}: the errors"
+                                 f" are in one namespace, hurray_wire.errors.{name}")  # fmt: skip
+    raise AttributeError(f"module 'hurray_wire' has no attribute {name!r}")
+
 
 #: Each public name but the errors, by the module that defines it (imported on first use).
-_LAZY = {
-    name: module
-    for module, names in {
+__getattr__, _listing = exports(
+    __name__,
+    {
         "hurray_wire.adapters": "from_flashinfer from_sglang from_sglang_mla from_torch from_vllm"
         " into_vllm to_flashinfer to_sglang to_sglang_mla to_torch to_vllm",
-        "hurray_wire.blob": "DecodeLimits DecodeReport Decoder Encoder blob_length decode"
-        " decode_in_place"
-        " decode_in_place_report decode_into decode_report encode encode_into encode_parts",
-        "hurray_wire.codecs": "Compression",
+        "hurray_wire.blob.decoder": "DecodeReport Decoder decode decode_report",
+        "hurray_wire.blob.encoder": "Encoder encode encode_into encode_parts",
+        "hurray_wire.blob.envelope": "blob_length",
+        "hurray_wire.blob.in_place": "decode_in_place decode_in_place_report",
+        "hurray_wire.blob.landing": "decode_into",
+        "hurray_wire.blob.limits": "DecodeLimits",
+        "hurray_wire.codecs.config": "Compression",
         "hurray_wire.containers": "HrryFile ModelCache StreamFile StreamHeader StreamReader"
         " StreamWriter load_cache save_cache",
         "hurray_wire.dtypes": "ElementType preload",
@@ -196,34 +224,11 @@ _LAZY = {
         "hurray_wire.reference_api": "Tensor",
         "hurray_wire.tensor": "BlockPagedTensor",
         "hurray_wire.transforms.heads": "merge_heads",
-    }.items()
-    for name in names.split()
-}  # fmt: skip
-_SUBPACKAGES = frozenset(
-    {"adapters", "blob", "cli", "codecs", "containers", "dtypes", "fingerprint", "integrity",
-     "kv_scale", "metadata", "model", "parallel", "reference_api", "report", "tensor",
-     "testing", "transforms", "transport", "wire"}
+    },
+    _other,
 )  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:
-    """The public names, loaded from their modules on first use; ``hurray_wire.float16``
-    and the other names of ``hurray_wire.dtypes`` (the reference's Python API has them at
-    its top level; not in ``__all__``)."""
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"hurray_wire.{name}")
-    if not name.startswith("_"):
-        types = importlib.import_module("hurray_wire.dtypes")
-        if name in types.__all__:
-            return getattr(types, name)
-    raise AttributeError(f"module 'hurray_wire' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     types = importlib.import_module("hurray_wire.dtypes")
-    return sorted(set(globals()) | set(__all__) | set(types.__all__))
+    return sorted(set(_listing()) | set(__all__) | set(types.__all__))

@@ -15,7 +15,7 @@ import json
 import os
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,7 +26,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from hurray_wire import cli_text as text_out, report as summary
 from hurray_wire.blob import blob_length, encode_parts
-from hurray_wire.cli_args import (
+from hurray_wire.cli_parser import (
     _EXTENSIONS,
     EXIT_CODES,
     EXIT_FILE,
@@ -37,7 +37,6 @@ from hurray_wire.cli_args import (
     EXIT_USAGE,
     STDIO,
     build_parser,
-    main,
 )
 from hurray_wire.cli_text import Item
 from hurray_wire.codecs import Compression
@@ -162,7 +161,7 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
     elif kind == "blob-stream":
         # The strict reader: header, every blob, the end record and nothing after it.
         reader = StreamReader(view, verify=verify, page_store=summary.empty_page_store(),
-                              on_page_error="report")  # fmt: skip
+                              report=True)  # fmt: skip
         reader.header  # noqa: B018 - reads the stream header: position is the first blob
         for number in range(sys.maxsize):
             start = reader.position
@@ -666,6 +665,12 @@ def run(args: argparse.Namespace) -> int:
         with suppress(OSError, ValueError), open(os.devnull, "wb") as devnull:
             os.dup2(devnull.fileno(), sys.stdout.fileno())
         return int(args.worst)  # invalid inputs seen before the reader left still count
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the command, in one call (for callers that have the library
+    loaded already; the console script is ``cli_args.main``)."""
+    return run(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover

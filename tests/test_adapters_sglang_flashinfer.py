@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import hurray_wire as hw
+from hurray_wire import errors as hwe
 from tests.adapter_reference import random_batch, random_values, ref_sglang_sequences
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
@@ -86,7 +87,7 @@ def test_sglang_fp8_travels_as_float8_with_its_scales() -> None:
     p = sglang_pool(16, ml_dtypes.float8_e4m3fn, 5)
     raw_k, raw_v = p["k"].view(np.uint8), p["v"].view(np.uint8)  # as SGLang stores fp8
     args = (p["req"], p["rows"], p["lens"])
-    with pytest.raises(hw.InvalidTensorError) as info:
+    with pytest.raises(hwe.InvalidTensorError) as info:
         hw.from_sglang(raw_k, raw_v, *args, page_size=16)
     assert info.value.field == "dtype" and "dtype=" in str(info.value)
     for dtype in ("float8_e4m3fn", "fp8_e4m3", np.dtype(ml_dtypes.float8_e4m3fn)):
@@ -101,12 +102,12 @@ def test_sglang_fp8_travels_as_float8_with_its_scales() -> None:
     e5 = hw.from_sglang(raw_k, raw_v, *args, page_size=16, dtype="fp8_e5m2")[0]
     assert e5.element_type == hw.float8_e5m2
     bad: list[tuple[dict[str, Any], type[hw.HurrayWireError], str]] = [
-        ({"dtype": "int4"}, hw.ArgumentTypeError, "dtype"),
-        ({"dtype": "bfloat16"}, hw.InvalidTensorError, "k_buffer"),  # uint8 is not bf16
-        ({"dtype": "fp8", "k_scale": np.ones(2)}, hw.InvalidTensorError, "k_scale"),
-        ({"dtype": "fp8", "v_scale": "1"}, hw.ArgumentTypeError, "v_scale"),
-        ({"dtype": "fp8", "k_scale": True}, hw.ArgumentTypeError, "k_scale"),
-        ({"dtype": "fp8", "k_scale": -1.0}, hw.InvalidMetadataError, "kv_scale"),
+        ({"dtype": "int4"}, hwe.ArgumentTypeError, "dtype"),
+        ({"dtype": "bfloat16"}, hwe.InvalidTensorError, "k_buffer"),  # uint8 is not bf16
+        ({"dtype": "fp8", "k_scale": np.ones(2)}, hwe.InvalidTensorError, "k_scale"),
+        ({"dtype": "fp8", "v_scale": "1"}, hwe.ArgumentTypeError, "v_scale"),
+        ({"dtype": "fp8", "k_scale": True}, hwe.ArgumentTypeError, "k_scale"),
+        ({"dtype": "fp8", "k_scale": -1.0}, hwe.InvalidMetadataError, "kv_scale"),
     ]
     for kw, error, field in bad:
         with pytest.raises(error) as caught:
@@ -124,11 +125,11 @@ def test_sglang_mla_is_one_fused_tensor() -> None:
     assert same(fused.sequence(0), kv[req[2, :20]])
     out_kv, out_req, rows, _lens = hw.to_sglang_mla(fused)
     assert rows.tolist() == [1] and same(out_kv[out_req[1, :20]], kv[req[2, :20]])
-    with pytest.raises(hw.InvalidTensorError, match=r"MLATokenToKVPool.*from_sglang_mla"):
+    with pytest.raises(hwe.InvalidTensorError, match=r"MLATokenToKVPool.*from_sglang_mla"):
         hw.from_sglang(kv, kv[..., :512], req, [2], [20], page_size=16)
     # two buffers of an MHA pool with v_head_dim < head_dim: not MLA, not supported
     with pytest.raises(
-        hw.InvalidTensorError, match=r"v_head_dim != head_dim .*not supported"
+        hwe.InvalidTensorError, match=r"v_head_dim != head_dim .*not supported"
     ) as info:
         hw.from_sglang(kv, kv[..., :512].copy(), req, [2], [20], page_size=16)
     assert "from_sglang_mla" not in str(info.value)
@@ -136,7 +137,7 @@ def test_sglang_mla_is_one_fused_tensor() -> None:
                 "x"):  # fmt: skip
         with pytest.raises(hw.HurrayWireError):
             hw.to_sglang_mla(bad)  # type: ignore[arg-type]
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hwe.InvalidTensorError):
         hw.from_sglang_mla(np.zeros((32, 2, 576), np.float16), req, [2], [20], page_size=16)
 
 
@@ -152,30 +153,31 @@ def test_sglang_refuses() -> None:
         return table
 
     cases: list[tuple[Any, Any, Any, Any, Any, dict[str, Any], type[hw.HurrayWireError], str]] = [
-        (buf, buf, good, None, [6], {}, hw.ArgumentTypeError, "req_pool_indices"),
-        (buf, buf, good, [2], None, {}, hw.ArgumentTypeError, "seq_lens"),
-        (buf, buf, good, [0], [6], {}, hw.IndexBufferError, "req_pool_indices"),  # padding row
-        (buf, buf, good, [3], [6], {}, hw.IndexBufferError, "req_pool_indices"),
-        (buf, buf, good, [2, 1], [6], {}, hw.IndexBufferError, "seq_lens"),
-        (buf, buf, good, [2], [7], {}, hw.IndexBufferError, "seq_lens"),  # > max_context_len
-        (buf, buf, good, [-1], [6], {}, hw.IndexBufferError, "req_pool_indices"),
-        (buf, buf, req(4, 6, 5, 7), [2], [4], {}, hw.IndexBufferError, "req_to_token"),
-        (buf, buf, req(5, 6, 7, 8), [2], [4], {}, hw.IndexBufferError, "req_to_token"),
-        (buf, buf, req(0, 1), [2], [2], {}, hw.IndexBufferError, "req_to_token"),  # padding page
-        (buf, buf, req(12, 13), [2], [2], {}, hw.IndexBufferError, "req_to_token"),
-        (buf, buf, np.zeros((3, 6), np.float32), [2], [6], {}, hw.IndexBufferError, "req_to_token"),
-        (buf, buf, [[4, 5]], [2], [6], {}, hw.IndexBufferError, "req_to_token"),
-        (buf, buf[:8], good, [2], [6], {}, hw.InvalidTensorError, "v_buffer"),
-        (buf[:3], buf[:3], good, [2], [6], {}, hw.InvalidTensorError, "k_buffer"),
-        (buf[0], buf[0], good, [2], [6], {}, hw.InvalidTensorError, "k_buffer"),
-        (buf[None], buf[None], good, [2], [6], {}, hw.InvalidTensorError, "k_buffer"),  # HND?
-        (buf, buf, good, [2], [6], {"kv_cache_layout": "hnd"}, hw.InvalidTensorError, "k_buffer"),
-        (buf, buf, good, [2], [6], {"kv_cache_layout": "NDH"}, hw.ArgumentTypeError,
+        (buf, buf, good, None, [6], {}, hwe.ArgumentTypeError, "req_pool_indices"),
+        (buf, buf, good, [2], None, {}, hwe.ArgumentTypeError, "seq_lens"),
+        (buf, buf, good, [0], [6], {}, hwe.IndexBufferError, "req_pool_indices"),  # padding row
+        (buf, buf, good, [3], [6], {}, hwe.IndexBufferError, "req_pool_indices"),
+        (buf, buf, good, [2, 1], [6], {}, hwe.IndexBufferError, "seq_lens"),
+        (buf, buf, good, [2], [7], {}, hwe.IndexBufferError, "seq_lens"),  # > max_context_len
+        (buf, buf, good, [-1], [6], {}, hwe.IndexBufferError, "req_pool_indices"),
+        (buf, buf, req(4, 6, 5, 7), [2], [4], {}, hwe.IndexBufferError, "req_to_token"),
+        (buf, buf, req(5, 6, 7, 8), [2], [4], {}, hwe.IndexBufferError, "req_to_token"),
+        (buf, buf, req(0, 1), [2], [2], {}, hwe.IndexBufferError, "req_to_token"),  # padding page
+        (buf, buf, req(12, 13), [2], [2], {}, hwe.IndexBufferError, "req_to_token"),
+        (buf, buf, np.zeros((3, 6), np.float32), [2], [6], {}, hwe.IndexBufferError,
+         "req_to_token"),
+        (buf, buf, [[4, 5]], [2], [6], {}, hwe.IndexBufferError, "req_to_token"),
+        (buf, buf[:8], good, [2], [6], {}, hwe.InvalidTensorError, "v_buffer"),
+        (buf[:3], buf[:3], good, [2], [6], {}, hwe.InvalidTensorError, "k_buffer"),
+        (buf[0], buf[0], good, [2], [6], {}, hwe.InvalidTensorError, "k_buffer"),
+        (buf[None], buf[None], good, [2], [6], {}, hwe.InvalidTensorError, "k_buffer"),  # HND?
+        (buf, buf, good, [2], [6], {"kv_cache_layout": "hnd"}, hwe.InvalidTensorError, "k_buffer"),
+        (buf, buf, good, [2], [6], {"kv_cache_layout": "NDH"}, hwe.ArgumentTypeError,
          "kv_cache_layout"),
-        (buf, buf, good, [2], [6], {"page_size": 0}, hw.InvalidTensorError, "page_size"),
-        (buf, buf, good, [2], [6], {"page_size": True}, hw.ArgumentTypeError, "page_size"),
-        ([1], buf, good, [2], [6], {}, hw.ArgumentTypeError, "k_buffer"),
-        (buf.astype(np.int16), buf.astype(np.int16), good, [2], [6], {}, hw.InvalidTensorError,
+        (buf, buf, good, [2], [6], {"page_size": 0}, hwe.InvalidTensorError, "page_size"),
+        (buf, buf, good, [2], [6], {"page_size": True}, hwe.ArgumentTypeError, "page_size"),
+        ([1], buf, good, [2], [6], {}, hwe.ArgumentTypeError, "k_buffer"),
+        (buf.astype(np.int16), buf.astype(np.int16), good, [2], [6], {}, hwe.InvalidTensorError,
          "k_buffer"),
     ]  # fmt: skip
     for k, v, table, rows, lens, kw, error, field in cases:
@@ -185,16 +187,16 @@ def test_sglang_refuses() -> None:
         assert info.value.field == field, (field, info.value)
     key, value = hw.from_sglang(buf, buf, good, [2], [6], page_size=4)
     refusals: list[tuple[dict[str, Any], type[hw.HurrayWireError]]] = [
-        ({"max_context_len": 5}, hw.InvalidTensorError),
-        ({"req_pool_indices": [0]}, hw.IndexBufferError),
-        ({"req_pool_indices": [1, 2]}, hw.IndexBufferError),
-        ({"kv_cache_layout": "x"}, hw.ArgumentTypeError),
-        ({"as_torch": 1}, hw.ArgumentTypeError),
+        ({"max_context_len": 5}, hwe.InvalidTensorError),
+        ({"req_pool_indices": [0]}, hwe.IndexBufferError),
+        ({"req_pool_indices": [1, 2]}, hwe.IndexBufferError),
+        ({"kv_cache_layout": "x"}, hwe.ArgumentTypeError),
+        ({"as_torch": 1}, hwe.ArgumentTypeError),
     ]
     for options, refusal in refusals:
         with pytest.raises(refusal):
             hw.to_sglang((key, value), **options)
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hwe.ArgumentTypeError):
         hw.to_sglang(key)  # type: ignore[arg-type]
 
 
@@ -291,7 +293,7 @@ def test_flashinfer_lengths_follow_get_seq_lens() -> None:
     assert key.seq_lens.tolist() == [0, 5]
     # get_seq_lens: max(pages - 1, 0) * page_size + last; lengths the pages cannot hold refused
     for indptr, last in (([0, 0, 2], [7, 1]), ([0, 1, 2], [0, 2]), ([0, 1, 2], [5, 2])):
-        with pytest.raises(hw.IndexBufferError) as info:
+        with pytest.raises(hwe.IndexBufferError) as info:
             hw.from_flashinfer(pool, indptr, [0, 1], last, kv_role="key")
         assert info.value.field == "kv_last_page_len"
     wide = hw.BlockPagedTensor.from_arrays(
@@ -306,24 +308,25 @@ def test_flashinfer_refuses() -> None:
     ok = ([0, 1, 2], [0, 1], [4, 2])
     hw.from_flashinfer(pool, *ok, kv_role="key")
     cases: list[tuple[Any, tuple[Any, ...], dict[str, Any], type[hw.HurrayWireError], str]] = [
-        (pool, ok, {}, hw.InvalidTensorError, "paged_kv_cache"),  # 4-D: combined page size 1
-        (pool, ([0, 1, 2], [0, 1], [4]), {"kv_role": "key"}, hw.IndexBufferError,
+        (pool, ok, {}, hwe.InvalidTensorError, "paged_kv_cache"),  # 4-D: combined page size 1
+        (pool, ([0, 1, 2], [0, 1], [4]), {"kv_role": "key"}, hwe.IndexBufferError,
          "kv_last_page_len"),
-        (pool, ([0, 2, 1], [0, 1], [4, 2]), {"kv_role": "key"}, hw.IndexBufferError, "kv_indptr"),
-        (pool, ([1, 1, 2], [0, 1], [4, 2]), {"kv_role": "key"}, hw.IndexBufferError, "kv_indptr"),
-        (pool, ([0, 1, 2], [0, 7], [4, 2]), {"kv_role": "key"}, hw.IndexBufferError, "block_table"),
-        (pool, ok, {"kv_role": "key", "kv_layout": "nhd"}, hw.ArgumentTypeError, "kv_layout"),
-        (pool, ok, {"kv_role": "fused"}, hw.InvalidTensorError, "kv_role"),
-        ((pool,), ok, {}, hw.InvalidTensorError, "paged_kv_cache"),
-        ((pool, pool[:, :2]), ok, {}, hw.InvalidTensorError, "paged_kv_cache"),
-        ((pool, pool), ok, {"kv_role": "key"}, hw.InvalidTensorError, "paged_kv_cache"),
-        (np.zeros((4, 3, 4, 2, 8), np.float16), ok, {}, hw.InvalidTensorError, "paged_kv_cache"),
-        (np.zeros((4, 2), np.float16), ok, {"kv_role": "key"}, hw.InvalidTensorError,
+        (pool, ([0, 2, 1], [0, 1], [4, 2]), {"kv_role": "key"}, hwe.IndexBufferError, "kv_indptr"),
+        (pool, ([1, 1, 2], [0, 1], [4, 2]), {"kv_role": "key"}, hwe.IndexBufferError, "kv_indptr"),
+        (pool, ([0, 1, 2], [0, 7], [4, 2]), {"kv_role": "key"}, hwe.IndexBufferError,
+         "block_table"),
+        (pool, ok, {"kv_role": "key", "kv_layout": "nhd"}, hwe.ArgumentTypeError, "kv_layout"),
+        (pool, ok, {"kv_role": "fused"}, hwe.InvalidTensorError, "kv_role"),
+        ((pool,), ok, {}, hwe.InvalidTensorError, "paged_kv_cache"),
+        ((pool, pool[:, :2]), ok, {}, hwe.InvalidTensorError, "paged_kv_cache"),
+        ((pool, pool), ok, {"kv_role": "key"}, hwe.InvalidTensorError, "paged_kv_cache"),
+        (np.zeros((4, 3, 4, 2, 8), np.float16), ok, {}, hwe.InvalidTensorError, "paged_kv_cache"),
+        (np.zeros((4, 2), np.float16), ok, {"kv_role": "key"}, hwe.InvalidTensorError,
          "paged_kv_cache"),
-        (pool.view(np.uint16).astype(np.uint8), ok, {"kv_role": "key"}, hw.InvalidTensorError,
+        (pool.view(np.uint16).astype(np.uint8), ok, {"kv_role": "key"}, hwe.InvalidTensorError,
          "dtype"),
-        ("cache", ok, {"kv_role": "key"}, hw.ArgumentTypeError, "paged_kv_cache"),
-        (pool, ok, {"kv_role": "key", "k_scale": [1.0, 2.0]}, hw.InvalidTensorError, "k_scale"),
+        ("cache", ok, {"kv_role": "key"}, hwe.ArgumentTypeError, "paged_kv_cache"),
+        (pool, ok, {"kv_role": "key", "k_scale": [1.0, 2.0]}, hwe.InvalidTensorError, "k_scale"),
     ]  # fmt: skip
     for cache, args, kw, error, field in cases:
         with pytest.raises(error) as info:
@@ -331,9 +334,9 @@ def test_flashinfer_refuses() -> None:
         assert info.value.field == field, (field, info.value)
     key = hw.from_flashinfer(pool, *ok, kv_role="key")
     assert isinstance(key, hw.BlockPagedTensor)
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hwe.ArgumentTypeError):
         hw.to_flashinfer(key, combined=1)  # type: ignore[arg-type]
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hwe.InvalidTensorError):
         hw.to_flashinfer(key, combined=True)
 
 
@@ -396,7 +399,7 @@ def test_device_and_strided_pools_gather_only_referenced_pages() -> None:
     assert t.layout.num_pages == 2 and t.block_table.tolist() == [0, 1, 0]
     assert same(t.sequence(0), view[[7, 2]].reshape(8, 2, 8)[:6].numpy())
     meta = pool.to("meta")  # a device tensor: never brought to host whole (meta cannot be)
-    with pytest.raises(hw.IndexBufferError):
+    with pytest.raises(hwe.IndexBufferError):
         hw.BlockPagedTensor.from_arrays(meta.permute(0, 2, 1, 3), [10], [0, 1])
 
 
@@ -412,7 +415,7 @@ def test_sglang_dsa_fp8_mla_rows_are_refused(width: int) -> None:
         (raw.view(ml_dtypes.float8_e4m3fn), None),
     ):
         with pytest.raises(
-            hw.InvalidTensorError, match=r"DSA fp8 MLA pool .* not supported"
+            hwe.InvalidTensorError, match=r"DSA fp8 MLA pool .* not supported"
         ) as info:
             hw.from_sglang_mla(buffer, req, [2], [20], page_size=64, dtype=dtype)
         assert info.value.field == "kv_buffer"

@@ -97,7 +97,7 @@ def test_to_torch_quantized_and_packed() -> None:
     assert out["scales"].dtype == torch.bfloat16 and out["zero_points"].tolist() == list(range(8))
     assert out["page_pool"].dtype == torch.int8
     assert np.array_equal(out["page_pool"].numpy(), pool.astype(np.int8))
-    with pytest.raises(hurray.ArgumentTypeError):
+    with pytest.raises(hurray.errors.ArgumentTypeError):
         hurray.to_torch(pool)  # type: ignore[arg-type]
 
 
@@ -142,7 +142,7 @@ def test_torch_strided_and_engine_inputs() -> None:
     sk, _ = hurray.from_sglang(k_buf, k_buf, req, torch.tensor([1]), torch.tensor([3]),
                                page_size=16)  # fmt: skip
     assert sk.element_type == hurray.float8_e4m3
-    with pytest.warns(UserWarning), pytest.raises(hurray.ArgumentTypeError):
+    with pytest.warns(UserWarning), pytest.raises(hurray.errors.ArgumentTypeError):
         hurray.BlockPagedTensor.from_arrays(
             torch.zeros(1, 1, 1, 1, dtype=torch.complex32), [0], [0, 1]
         )
@@ -209,27 +209,43 @@ def test_reference_tensor_refuses() -> None:
         (
             (pool[:-2], hurray.float16, [9, 2, 8]),
             {"aux_buffers": [bt, sp]},
-            hurray.InvalidTensorError,
+            hurray.errors.InvalidTensorError,
         ),
-        ((pool, hurray.float16, [9, 2]), {"aux_buffers": [bt, sp]}, hurray.InvalidDescriptorError),
-        ((pool, hurray.float16, [9, 2, 8]), {"aux_buffers": [bt]}, hurray.InvalidTensorError),
+        (
+            (pool, hurray.float16, [9, 2]),
+            {"aux_buffers": [bt, sp]},
+            hurray.errors.InvalidDescriptorError,
+        ),
+        (
+            (pool, hurray.float16, [9, 2, 8]),
+            {"aux_buffers": [bt]},
+            hurray.errors.InvalidTensorError,
+        ),
         (
             (pool, hurray.float16, [9, 2, 8]),
             {"aux_buffers": [bt[:-1], sp]},
-            hurray.InvalidTensorError,
+            hurray.errors.InvalidTensorError,
         ),
         (
             (pool, hurray.float16, [9, 2, 8]),
             {"aux_buffers": [bt, sp, sp]},
-            hurray.InvalidTensorError,
+            hurray.errors.InvalidTensorError,
         ),
-        ((pool, hurray.float16, [9, 2, 8]), {"aux_buffers": bt}, hurray.ArgumentTypeError),
-        ((pool, hurray.float16, [9, 2, 8]), {"aux_buffers": [bt, 5]}, hurray.ArgumentTypeError),
-        (("pool", hurray.float16, [9, 2, 8]), {"aux_buffers": [bt, sp]}, hurray.ArgumentTypeError),
+        ((pool, hurray.float16, [9, 2, 8]), {"aux_buffers": bt}, hurray.errors.ArgumentTypeError),
+        (
+            (pool, hurray.float16, [9, 2, 8]),
+            {"aux_buffers": [bt, 5]},
+            hurray.errors.ArgumentTypeError,
+        ),
+        (
+            ("pool", hurray.float16, [9, 2, 8]),
+            {"aux_buffers": [bt, sp]},
+            hurray.errors.ArgumentTypeError,
+        ),
         (
             (pool, hurray.float16, [9, 2, 8]),
             {"aux_buffers": [bt, sp], "layout": "bp"},
-            hurray.ArgumentTypeError,
+            hurray.errors.ArgumentTypeError,
         ),
     ]
     for args, kw, error in cases:
@@ -237,17 +253,17 @@ def test_reference_tensor_refuses() -> None:
             hurray.Tensor(*args, **{"layout": layout, **kw})
     bad_sp = np.array([0, 2, 4], "<u4").tobytes()
     t = hurray.Tensor(pool, hurray.float16, [9, 2, 8], aux_buffers=[bt, bad_sp], layout=layout)
-    with pytest.raises(hurray.IndexBufferError):
+    with pytest.raises(hurray.errors.IndexBufferError):
         t.to_block_paged()
     bad_bt = np.array([0, 5, 0], "<u4").tobytes()
     t = hurray.Tensor(pool, hurray.float16, [9, 2, 8], aux_buffers=[bad_bt, sp], layout=layout)
-    with pytest.raises(hurray.IndexBufferError):
+    with pytest.raises(hurray.errors.IndexBufferError):
         t.to_block_paged()
     for lens in ([9, 0], [-1, 10], [[6, 3]]):
         t = hurray.Tensor(
             pool, hurray.float16, [9, 2, 8], aux_buffers=[bt, sp], layout=layout, seq_lens=lens
         )
-        with pytest.raises(hurray.IndexBufferError):
+        with pytest.raises(hurray.errors.IndexBufferError):
             t.to_block_paged()
 
 
@@ -264,15 +280,15 @@ def test_guide_layout_examples() -> None:
     )
     assert layout.tag == 0x0A and layout.buffer_count == 3
     layout.validate_against_shape([9, 2, 8])
-    with pytest.raises(hurray.InvalidDescriptorError):
+    with pytest.raises(hurray.errors.InvalidDescriptorError):
         layout.validate_against_shape([9, 2])
     layout.validate_index_buffers(seq_ptr=[0, 2, 3], block_table=[0, 1, 0])
     layout.validate_index_buffers([0, 2, 3], [0, 1, 0])  # positional: (seq_ptr, block_table)
-    with pytest.raises(hurray.InvalidDescriptorError):
+    with pytest.raises(hurray.errors.InvalidDescriptorError):
         layout.validate_index_buffers(seq_ptr=[0, 2, 3], block_table=[0, 5, 0])
-    with pytest.raises(hurray.IndexBufferError):
+    with pytest.raises(hurray.errors.IndexBufferError):
         layout.validate_index_buffers([0, 2, 3], [0, 5, 0])
-    with pytest.raises(hurray.IndexBufferError):  # block_table given as seq_ptr: refused
+    with pytest.raises(hurray.errors.IndexBufferError):  # block_table given as seq_ptr: refused
         layout.validate_index_buffers([0, 1, 0], [0, 2, 3])
 
 
@@ -289,9 +305,9 @@ def test_guide_quantization_examples_and_scheme_tags() -> None:
         ),
         hurray.PerChannelAffine.symmetric(axis=0, scale_buffer_index=3),
     ):
-        with pytest.raises(hurray.InvalidDescriptorError):
+        with pytest.raises(hurray.errors.InvalidDescriptorError):
             layout.validate_quantization_compatibility(incompatible)
     for tag in (0x03, 0x02, 1, True, "per_block_affine"):
-        with pytest.raises(hurray.InvalidDescriptorError, match="PerBlockAffine") as info:
+        with pytest.raises(hurray.errors.InvalidDescriptorError, match="PerBlockAffine") as info:
             layout.validate_quantization_compatibility(tag)  # type: ignore[arg-type]
         assert "PerTensorAffine" in str(info.value) and "PerChannelAffine" in str(info.value)

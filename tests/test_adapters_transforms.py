@@ -97,17 +97,17 @@ def test_sequences_match_the_loop_reference(seed: int) -> None:
 def test_sequence_refuses() -> None:
     t = tensor_of(0)
     for bad in (True, "0", 0.0, None, [0]):
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             t.sequence(bad)  # type: ignore[arg-type]
     for bad in (-1, t.num_seqs, 2**70):
-        with pytest.raises(hw.InvalidTensorError):
+        with pytest.raises(hw.errors.InvalidTensorError):
             t.sequence(bad)
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         t.sequence(0, dequantize=1)  # type: ignore[arg-type]
     bare = hw.BlockPagedTensor.from_arrays(t.page_pool, t.block_table, t.seq_ptr)
-    with pytest.raises(hw.InvalidTensorError, match="seq_lens"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="seq_lens"):
         bare.sequence(0)
-    with pytest.raises(hw.InvalidTensorError, match="seq_lens"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="seq_lens"):
         bare.sequences()
 
 
@@ -124,10 +124,10 @@ def test_select(ids: Any) -> None:
 def test_select_refuses() -> None:
     t = tensor_of(3, num_seqs=4)
     for bad in (1, "01", [True], [0.5], np.array([0.0]), np.zeros((1, 1), int), [None]):
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             t.select(bad)
     for bad_ids in ([4], [-1], [0, 9]):
-        with pytest.raises(hw.InvalidTensorError):
+        with pytest.raises(hw.errors.InvalidTensorError):
             t.select(bad_ids)
 
 
@@ -163,10 +163,10 @@ def test_dequantize_fp8_with_kv_scale_and_plain() -> None:
     plain = hw.BlockPagedTensor.from_arrays(pool.astype(np.float16), [2, 0], [0, 2])
     assert plain.kv_scale is None and same(plain.dequantize(), pool.astype(np.float32))
     for bad in (np.int32, "float8", object, None):
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             t.dequantize(bad)
     cplx = hw.BlockPagedTensor.from_arrays(np.zeros((1, 2, 1, 1), np.complex64), [0], [0, 1])
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hw.errors.InvalidTensorError):
         cplx.dequantize()
 
 
@@ -177,12 +177,12 @@ def test_kv_scale_is_validated_on_construction_and_decode() -> None:
     assert v.kv_scale == 2.0 and v.metadata == {"hurray.v_scale": 2.0}
     assert hw.decode(hw.encode(v)).kv_scale == 2.0
     for bad, error in (
-        (0.0, hw.InvalidMetadataError),
-        (-1.0, hw.InvalidMetadataError),
-        (float("nan"), hw.InvalidMetadataError),
-        (float("inf"), hw.InvalidMetadataError),
-        (True, hw.ArgumentTypeError),
-        ("0.5", hw.ArgumentTypeError),
+        (0.0, hw.errors.InvalidMetadataError),
+        (-1.0, hw.errors.InvalidMetadataError),
+        (float("nan"), hw.errors.InvalidMetadataError),
+        (float("inf"), hw.errors.InvalidMetadataError),
+        (True, hw.errors.ArgumentTypeError),
+        ("0.5", hw.errors.ArgumentTypeError),
     ):
         with pytest.raises(error):
             hw.BlockPagedTensor.from_arrays(pool, [1], [0, 1], kv_scale=bad)  # type: ignore[arg-type]
@@ -192,9 +192,9 @@ def test_kv_scale_is_validated_on_construction_and_decode() -> None:
         {"hurray.v_scale": 0.5},
         {"hurray.k_scale": -0.5},
     ):
-        with pytest.raises(hw.InvalidMetadataError):
+        with pytest.raises(hw.errors.InvalidMetadataError):
             hw.BlockPagedTensor.from_arrays(pool, [1], [0, 1], metadata=meta)
-    with pytest.raises(hw.InvalidMetadataError):
+    with pytest.raises(hw.errors.InvalidMetadataError):
         hw.BlockPagedTensor.from_arrays(
             pool, [1], [0, 1], kv_scale=0.5, metadata={"hurray.k_scale": 0.25}
         )
@@ -203,7 +203,7 @@ def test_kv_scale_is_validated_on_construction_and_decode() -> None:
     good = struct.pack("<d", 0.5)
     assert blob.count(good) == 1
     for value in (-0.5, 0.0, float("nan")):
-        with pytest.raises(hw.InvalidMetadataError):
+        with pytest.raises(hw.errors.InvalidMetadataError):
             hw.decode(blob.replace(good, struct.pack("<d", value)))
 
 
@@ -337,7 +337,7 @@ def test_repage_per_block_scales_move_with_their_tokens(asym: bool) -> None:
         for a, b in zip(r.sequences(dequantize=True), t.sequences(dequantize=True), strict=True):
             assert same(a, b)
     for bad in (3, 1, 24):
-        with pytest.raises(hw.InvalidTensorError):
+        with pytest.raises(hw.errors.InvalidTensorError):
             t.repage(bad)
     for scheme in ("tensor", "channel1"):
         q = quantized(5, scheme)
@@ -350,10 +350,10 @@ def test_repage_per_block_scales_move_with_their_tokens(asym: bool) -> None:
 def test_repage_refuses() -> None:
     t = tensor_of(1)
     for bad in (0, -4):
-        with pytest.raises(hw.InvalidTensorError):
+        with pytest.raises(hw.errors.InvalidTensorError):
             t.repage(bad)
     for bad_type in (True, 2.0, "8", None):
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             t.repage(bad_type)  # type: ignore[arg-type]
 
 
@@ -394,28 +394,28 @@ def test_split_heads_keeps_scales_per_slice(scheme: str) -> None:
 def test_split_and_merge_refuse() -> None:
     t = tensor_of(2, heads=4, head_dim=8)
     for bad in (3, 6, 0):
-        with pytest.raises(hw.InvalidTensorError):
+        with pytest.raises(hw.errors.InvalidTensorError):
             t.split_heads(bad)
     for bad_type in (True, 2.0):
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             t.split_heads(bad_type)  # type: ignore[arg-type]
     a, b = t.split_heads(2)
     other = tensor_of(3, heads=2, head_dim=8)
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hw.errors.InvalidTensorError):
         hw.merge_heads([a, other])
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hw.errors.InvalidTensorError):
         hw.merge_heads([])
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         hw.merge_heads(a)  # type: ignore[arg-type]
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         hw.merge_heads([a, "b"])  # type: ignore[list-item]
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hw.errors.InvalidTensorError):
         hw.merge_heads([a, b], num_heads=1)  # two-head shards are not replicas
     r0, r1, r2, r3 = t.split_heads(1)[0].split_heads(4)
     one = t.split_heads(8)
-    with pytest.raises(hw.InvalidTensorError, match="replicate"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="replicate"):
         hw.merge_heads([one[0], one[2], one[2], one[4]], num_heads=2)
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hw.errors.InvalidTensorError):
         hw.merge_heads(one, num_heads=3)
     meta = hw.BlockPagedTensor.from_arrays(
         b.page_pool,
@@ -426,7 +426,7 @@ def test_split_and_merge_refuse() -> None:
         layer_index=5,
         metadata={"model": "other"},
     )
-    with pytest.raises(hw.InvalidTensorError, match="metadata"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="metadata"):
         hw.merge_heads([a, meta])
     assert r0.shape[1] == 1 and r3.shape[1] == 1 and r1 is not r2
 

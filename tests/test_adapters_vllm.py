@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import hurray_wire as hw
+from hurray_wire import errors as hwe
 from hurray_wire.adapters import into_vllm
 
 LAYOUTS = {  # KVCacheLayout member -> memory order of (block, head, token, content)
@@ -167,7 +168,7 @@ def test_layer_view_from_torch_and_the_permuted_array_is_refused() -> None:
     key, _ = pair(hw.from_vllm(tcache, TABLE, torch.tensor(lens), backend="FLASH_ATTN"))
     check(key, ref_layer(cache, TABLE, lens, 0))
     physical = np.ascontiguousarray(cache.transpose(0, 2, 1, 3))  # [N, B, H, 2D] in memory order
-    with pytest.raises(hw.InvalidTensorError, match="strides"):
+    with pytest.raises(hwe.InvalidTensorError, match="strides"):
         hw.from_vllm(physical, TABLE, lens, backend="FLASH_ATTN", kv_cache_layout="NHD")
 
 
@@ -247,7 +248,7 @@ def test_older_eras(version: str, backend: str, stacked: int, layout: str) -> No
         )
     )
     check(key, ref_pool(key_pool, TABLE, lens))
-    with pytest.raises(hw.ArgumentTypeError, match="vllm_version"):
+    with pytest.raises(hwe.ArgumentTypeError, match="vllm_version"):
         hw.from_vllm(cache, TABLE, lens, backend=backend)
     out, table, out_lens = hw.to_vllm(
         (key, value), backend=backend, vllm_version=version, kv_cache_layout=layout
@@ -277,13 +278,13 @@ def test_one_role_view() -> None:
     cache = allocate((8, 2, 16, 128), LAYOUTS["LBNHC"], np.float16, seed=13)
     key_view = cache.transpose(0, 2, 1, 3)[..., :64]  # the backends' split
     lens = lens_for(16)
-    with pytest.raises(hw.InvalidTensorError, match="kv_role"):
+    with pytest.raises(hwe.InvalidTensorError, match="kv_role"):
         hw.from_vllm(key_view, TABLE, lens, backend="FLASH_ATTN")  # not a layer: refused
     key = hw.from_vllm(key_view, TABLE, lens, backend="FLASH_ATTN", kv_role="key")
     assert isinstance(key, hw.BlockPagedTensor) and key.kv_role == "key"
     check(key, ref_layer(cache, TABLE, lens, 0))
     hw.from_vllm(key_view, TABLE, lens, backend="FLASH_ATTN", kv_role="key", kv_cache_layout="NHD")
-    with pytest.raises(hw.InvalidTensorError, match="strides"):
+    with pytest.raises(hwe.InvalidTensorError, match="strides"):
         hw.from_vllm(
             key_view, TABLE, lens, backend="FLASH_ATTN", kv_role="key", kv_cache_layout="HND"
         )
@@ -359,13 +360,13 @@ def test_sliding_window_null_blocks_are_not_pages() -> None:
     assert key.seq_lens is not None and key.seq_lens.tolist() == [block + 5, block + 1]
     assert key.metadata["vllm.skipped_tokens"] == [2 * block, 0]
     check(key, ref_layer(cache, [[5, 1], [3, 7]], [block + 5, block + 1], 0))
-    with pytest.raises(hw.IndexBufferError, match="null block"):
+    with pytest.raises(hwe.IndexBufferError, match="null block"):
         hw.from_vllm(cache, table, lens, backend="FLASH_ATTN")
-    with pytest.raises(hw.IndexBufferError, match="window"):
+    with pytest.raises(hwe.IndexBufferError, match="window"):
         hw.from_vllm(
             cache, [[0, 0, 0, 1], [3, 7]], lens, backend="FLASH_ATTN", sliding_window=window
         )
-    with pytest.raises(hw.IndexBufferError, match="window"):
+    with pytest.raises(hwe.IndexBufferError, match="window"):
         hw.from_vllm(
             cache, [[5, 0, 2, 1], [3, 7]], lens, backend="FLASH_ATTN", sliding_window=window
         )
@@ -442,18 +443,26 @@ IDS = [[9, 2, 4], [9, 8], [1], [3, 6]]
 @pytest.mark.parametrize(
     ("change", "error", "match"),
     [
-        ({"block_ids": [[9, 2, 10], [9, 8], [1], [3, 6]]}, hw.IndexBufferError, "range"),
-        ({"block_ids": [[9, 2, 0], [9, 8], [1], [3, 6]]}, hw.IndexBufferError, "null"),
-        ({"block_ids": [[9, 2, 4], [5, 8], [4], [3, 6]]}, hw.IndexBufferError, "two different"),
-        ({"block_ids": [[9, 2], [9, 8], [1], [3, 6]]}, hw.IndexBufferError, "blocks"),
-        ({"target_dtype": np.float32}, hw.InvalidTensorError, "dtype"),
-        ({"target_shape": (10, 2, 32, 128)}, hw.InvalidTensorError, "page shape"),
-        ({"backend": "CPU_ATTN", "isa": "vec"}, hw.InvalidTensorError, "CPU_ATTN|slab|dtype|block"),
-        ({"backend": "TRITON_MLA"}, hw.InvalidTensorError, "fused"),
-        ({"backend": None}, hw.ArgumentTypeError, "backend"),
-        ({"k_scale": 2.0}, hw.InvalidTensorError, "scale"),
-        ({"read_only": True}, hw.InvalidTensorError, "read-only"),
-        ({"kv_cache_dtype": "fp8"}, hw.InvalidTensorError, "kv_cache_dtype"),
+        ({"block_ids": [[9, 2, 10], [9, 8], [1], [3, 6]]}, hwe.IndexBufferError, "range"),
+        ({"block_ids": [[9, 2, 0], [9, 8], [1], [3, 6]]}, hwe.IndexBufferError, "null"),
+        (
+            {"block_ids": [[9, 2, 4], [5, 8], [4], [3, 6]]},
+            hwe.IndexBufferError,
+            "two different",
+        ),
+        ({"block_ids": [[9, 2], [9, 8], [1], [3, 6]]}, hwe.IndexBufferError, "blocks"),
+        ({"target_dtype": np.float32}, hwe.InvalidTensorError, "dtype"),
+        ({"target_shape": (10, 2, 32, 128)}, hwe.InvalidTensorError, "page shape"),
+        (
+            {"backend": "CPU_ATTN", "isa": "vec"},
+            hwe.InvalidTensorError,
+            "CPU_ATTN|slab|dtype|block",
+        ),
+        ({"backend": "TRITON_MLA"}, hwe.InvalidTensorError, "fused"),
+        ({"backend": None}, hwe.ArgumentTypeError, "backend"),
+        ({"k_scale": 2.0}, hwe.InvalidTensorError, "scale"),
+        ({"read_only": True}, hwe.InvalidTensorError, "read-only"),
+        ({"kv_cache_dtype": "fp8"}, hwe.InvalidTensorError, "kv_cache_dtype"),
     ],
 )
 def test_into_vllm_refuses_before_writing(change: dict[str, Any], error: type, match: str) -> None:
@@ -493,7 +502,7 @@ def test_into_vllm_refuses_gpu_tensors() -> None:
     torch = pytest.importorskip("torch")
     _, target, got = into_case()
     meta = torch.empty(target.shape, dtype=torch.float16, device="meta")
-    with pytest.raises(hw.InvalidTensorError, match="device"):
+    with pytest.raises(hwe.InvalidTensorError, match="device"):
         into_vllm(got, meta, IDS, backend="FLASH_ATTN")
 
 
@@ -516,44 +525,44 @@ NHD_MEMORY = LAYER.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)
 @pytest.mark.parametrize(
     ("cache", "kw", "error", "match"),
     [
-        (LAYER, {}, hw.ArgumentTypeError, "backend is required"),
-        (LAYER, {"backend": "FLASH_ATTENTION"}, hw.ArgumentTypeError, "backend"),
-        (LAYER, {"backend": 3}, hw.ArgumentTypeError, "backend"),
-        (LAYER, {"backend": "CPU_ATTN"}, hw.ArgumentTypeError, "isa"),
-        (LAYER, {"backend": "CPU_ATTN", "isa": "neon"}, hw.InvalidTensorError, "not supported"),
-        (LAYER, {"backend": "CPU_ATTN", "isa": "avx"}, hw.ArgumentTypeError, "isa"),
-        (LAYER, cpu(kv_role="key"), hw.InvalidTensorError, "slab"),
-        (LAYER, cpu(vllm_version="0.24"), hw.InvalidTensorError, "0.26"),
-        (LAYER[:, :, :16], cpu(), hw.InvalidTensorError, "multiple"),
-        (NHD_MEMORY, cpu(), hw.InvalidTensorError, "contiguous"),
-        (LAYER, fa(kv_cache_layout="NDH"), hw.ArgumentTypeError, "kv_cache_layout"),
-        (LAYER, fa(kv_cache_layout="LBNHC"), hw.InvalidTensorError, "strides"),
-        (LAYER, fa(vllm_version="0.24.0"), hw.InvalidTensorError, "kv_role"),
-        (LAYER, fa(vllm_version="v0.19.0"), hw.InvalidTensorError, "0.20"),
-        (LAYER, fa(vllm_version="latest"), hw.ArgumentTypeError, "version"),
-        (LAYER, fa(vllm_version=26), hw.ArgumentTypeError, "version"),
-        (LAYER[..., :127], {"backend": "FLASH_ATTN"}, hw.InvalidTensorError, "even"),
-        (LAYER, fa(kv_role="keys"), hw.ArgumentTypeError, "kv_role"),
-        (LAYER[0], fa(kv_role="key"), hw.InvalidTensorError, "one-role"),
-        (LAYER[0], {"backend": "FLASH_ATTN"}, hw.InvalidTensorError, "4-D"),
-        (FIVE, {"backend": "FLASH_ATTN"}, hw.ArgumentTypeError, "vllm_version"),
-        (FIVE, fa(vllm_version="0.30"), hw.InvalidTensorError, "cross-layer"),
-        (FIVE, fa(vllm_version="0.23.1"), hw.InvalidTensorError, "allocates"),
-        (FIVE, fa(vllm_version="0.21", kv_cache_layout="LHBNC"), hw.ArgumentTypeError, "NHD"),
-        (LAYER, {"backend": "FLASHMLA"}, hw.InvalidTensorError, "MLA"),
-        (LAYER[:, :1], {"backend": "FLASHMLA", "kv_role": "key"}, hw.InvalidTensorError, "fused"),
-        (LAYER[:, 0], {"backend": "FLASHMLA"}, hw.InvalidTensorError, "MLA"),
-        (LAYER.view(np.uint8), {"backend": "FLASH_ATTN"}, hw.ArgumentTypeError, "kv_cache_dtype"),
-        (LAYER.view(np.uint8), fa(kv_cache_dtype="int8"), hw.ArgumentTypeError, "kv_cache_dtype"),
-        (LAYER, fa(kv_cache_dtype="fp8"), hw.InvalidTensorError, "kv_cache_dtype"),
-        (LAYER.view(np.int16), fa(), hw.InvalidTensorError, "integer"),
-        (LAYER, fa(k_scale=True), hw.ArgumentTypeError, "k_scale"),
-        (LAYER, fa(k_scale="0.5"), hw.ArgumentTypeError, "k_scale"),
-        (LAYER, fa(v_scale=np.ones((2, 2))), hw.ArgumentTypeError, "v_scale"),
-        (LAYER, fa(k_scale=[0.5, 0.25]), hw.InvalidTensorError, "differs"),
-        (LAYER, fa(k_scale=-1.0), hw.InvalidMetadataError, "kv_scale"),
-        (LAYER, fa(sliding_window=0), hw.ArgumentTypeError, "sliding_window"),
-        ("cache", {"backend": "FLASH_ATTN"}, hw.ArgumentTypeError, "kv_cache"),
+        (LAYER, {}, hwe.ArgumentTypeError, "backend is required"),
+        (LAYER, {"backend": "FLASH_ATTENTION"}, hwe.ArgumentTypeError, "backend"),
+        (LAYER, {"backend": 3}, hwe.ArgumentTypeError, "backend"),
+        (LAYER, {"backend": "CPU_ATTN"}, hwe.ArgumentTypeError, "isa"),
+        (LAYER, {"backend": "CPU_ATTN", "isa": "neon"}, hwe.InvalidTensorError, "not supported"),
+        (LAYER, {"backend": "CPU_ATTN", "isa": "avx"}, hwe.ArgumentTypeError, "isa"),
+        (LAYER, cpu(kv_role="key"), hwe.InvalidTensorError, "slab"),
+        (LAYER, cpu(vllm_version="0.24"), hwe.InvalidTensorError, "0.26"),
+        (LAYER[:, :, :16], cpu(), hwe.InvalidTensorError, "multiple"),
+        (NHD_MEMORY, cpu(), hwe.InvalidTensorError, "contiguous"),
+        (LAYER, fa(kv_cache_layout="NDH"), hwe.ArgumentTypeError, "kv_cache_layout"),
+        (LAYER, fa(kv_cache_layout="LBNHC"), hwe.InvalidTensorError, "strides"),
+        (LAYER, fa(vllm_version="0.24.0"), hwe.InvalidTensorError, "kv_role"),
+        (LAYER, fa(vllm_version="v0.19.0"), hwe.InvalidTensorError, "0.20"),
+        (LAYER, fa(vllm_version="latest"), hwe.ArgumentTypeError, "version"),
+        (LAYER, fa(vllm_version=26), hwe.ArgumentTypeError, "version"),
+        (LAYER[..., :127], {"backend": "FLASH_ATTN"}, hwe.InvalidTensorError, "even"),
+        (LAYER, fa(kv_role="keys"), hwe.ArgumentTypeError, "kv_role"),
+        (LAYER[0], fa(kv_role="key"), hwe.InvalidTensorError, "one-role"),
+        (LAYER[0], {"backend": "FLASH_ATTN"}, hwe.InvalidTensorError, "4-D"),
+        (FIVE, {"backend": "FLASH_ATTN"}, hwe.ArgumentTypeError, "vllm_version"),
+        (FIVE, fa(vllm_version="0.30"), hwe.InvalidTensorError, "cross-layer"),
+        (FIVE, fa(vllm_version="0.23.1"), hwe.InvalidTensorError, "allocates"),
+        (FIVE, fa(vllm_version="0.21", kv_cache_layout="LHBNC"), hwe.ArgumentTypeError, "NHD"),
+        (LAYER, {"backend": "FLASHMLA"}, hwe.InvalidTensorError, "MLA"),
+        (LAYER[:, :1], {"backend": "FLASHMLA", "kv_role": "key"}, hwe.InvalidTensorError, "fused"),
+        (LAYER[:, 0], {"backend": "FLASHMLA"}, hwe.InvalidTensorError, "MLA"),
+        (LAYER.view(np.uint8), {"backend": "FLASH_ATTN"}, hwe.ArgumentTypeError, "kv_cache_dtype"),
+        (LAYER.view(np.uint8), fa(kv_cache_dtype="int8"), hwe.ArgumentTypeError, "kv_cache_dtype"),
+        (LAYER, fa(kv_cache_dtype="fp8"), hwe.InvalidTensorError, "kv_cache_dtype"),
+        (LAYER.view(np.int16), fa(), hwe.InvalidTensorError, "integer"),
+        (LAYER, fa(k_scale=True), hwe.ArgumentTypeError, "k_scale"),
+        (LAYER, fa(k_scale="0.5"), hwe.ArgumentTypeError, "k_scale"),
+        (LAYER, fa(v_scale=np.ones((2, 2))), hwe.ArgumentTypeError, "v_scale"),
+        (LAYER, fa(k_scale=[0.5, 0.25]), hwe.InvalidTensorError, "differs"),
+        (LAYER, fa(k_scale=-1.0), hwe.InvalidMetadataError, "kv_scale"),
+        (LAYER, fa(sliding_window=0), hwe.ArgumentTypeError, "sliding_window"),
+        ("cache", {"backend": "FLASH_ATTN"}, hwe.ArgumentTypeError, "kv_cache"),
     ],
 )  # fmt: skip
 def test_from_vllm_refuses(cache: Any, kw: dict[str, Any], error: type, match: str) -> None:
@@ -572,7 +581,7 @@ def test_from_vllm_refuses(cache: Any, kw: dict[str, Any], error: type, match: s
 )
 def test_from_vllm_refuses_tables(table: Any, lens: Any, match: str) -> None:
     for backend, isa in (("FLASH_ATTN", None), ("CPU_ATTN", "vec")):
-        with pytest.raises(hw.IndexBufferError, match=match):
+        with pytest.raises(hwe.IndexBufferError, match=match):
             hw.from_vllm(LAYER, table, lens, backend=backend, isa=isa)
 
 
@@ -580,38 +589,38 @@ def test_from_vllm_refuses_tables(table: Any, lens: Any, match: str) -> None:
 def test_from_vllm_refuses_a_table_that_is_no_table(table: Any) -> None:
     """A 0-d array once reached len() and raised TypeError; now every such table is typed."""
     for backend, isa in (("FLASH_ATTN", None), ("CPU_ATTN", "vec")):
-        with pytest.raises(hw.ArgumentTypeError, match="2-D table or a list of lists"):
+        with pytest.raises(hwe.ArgumentTypeError, match="2-D table or a list of lists"):
             hw.from_vllm(LAYER, table, [3], backend=backend, isa=isa)
 
 
 def test_to_vllm_refuses() -> None:
     key, value = pair(hw.from_vllm(LAYER, [[1]], [3], backend="FLASH_ATTN"))
     fused = hw.from_vllm(LAYER[:, :1], [[1]], [3], backend="TRITON_MLA")
-    with pytest.raises(hw.ArgumentTypeError, match="backend"):
+    with pytest.raises(hwe.ArgumentTypeError, match="backend"):
         hw.to_vllm((key, value), vllm_version="0.33.0")
-    with pytest.raises(hw.ArgumentTypeError, match="vllm_version"):
+    with pytest.raises(hwe.ArgumentTypeError, match="vllm_version"):
         hw.to_vllm((key, value), backend="FLASH_ATTN")
-    with pytest.raises(hw.ArgumentTypeError, match="kv_cache_layout"):
+    with pytest.raises(hwe.ArgumentTypeError, match="kv_cache_layout"):
         hw.to_vllm((key, value), backend="FLASHINFER", vllm_version="0.33.0")
-    with pytest.raises(hw.InvalidTensorError, match="LBNHC"):
+    with pytest.raises(hwe.InvalidTensorError, match="LBNHC"):
         hw.to_vllm(
             (key, value), backend="FLEX_ATTENTION", vllm_version="0.33.0", kv_cache_layout="HND"
         )
-    with pytest.raises(hw.ArgumentTypeError, match="NHD"):
+    with pytest.raises(hwe.ArgumentTypeError, match="NHD"):
         hw.to_vllm(
             (key, value), backend="FLASH_ATTN", vllm_version="0.22.0", kv_cache_layout="BLHNC"
         )
-    with pytest.raises(hw.InvalidTensorError, match="CPU_ATTN"):
+    with pytest.raises(hwe.InvalidTensorError, match="CPU_ATTN"):
         hw.to_vllm((key, value), backend="CPU_ATTN", vllm_version="0.25.0", isa="vec")
-    with pytest.raises(hw.ArgumentTypeError, match="isa"):
+    with pytest.raises(hwe.ArgumentTypeError, match="isa"):
         hw.to_vllm((key, value), backend="CPU_ATTN", vllm_version="0.33.0")
-    with pytest.raises(hw.InvalidTensorError, match="fused"):
+    with pytest.raises(hwe.InvalidTensorError, match="fused"):
         hw.to_vllm((key, value), backend="FLASHMLA", vllm_version="0.33.0")
-    with pytest.raises(hw.InvalidTensorError, match="pair"):
+    with pytest.raises(hwe.InvalidTensorError, match="pair"):
         hw.to_vllm(fused, backend="FLASH_ATTN", vllm_version="0.33.0")
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hwe.InvalidTensorError):
         hw.to_vllm((value, key), backend="FLASH_ATTN", vllm_version="0.33.0")
-    with pytest.raises(hw.InvalidTensorError, match="max_blocks"):
+    with pytest.raises(hwe.InvalidTensorError, match="max_blocks"):
         hw.to_vllm((key, value), backend="FLASH_ATTN", vllm_version="0.33.0", max_blocks=0)
 
 
@@ -737,21 +746,21 @@ def test_kernel_blocks_sliding_window() -> None:
     )
     assert key.metadata["vllm.skipped_tokens"] == [32]
     check(key, ref_layer(SPLIT, [[6, 7, 10, 11, 12]], [2 * 32 + 5], 0))
-    with pytest.raises(hw.IndexBufferError, match="null block"):
+    with pytest.raises(hwe.IndexBufferError, match="null block"):
         hw.from_vllm(SPLIT, [[0, 3, 5, 6]], lens, backend="FLASH_ATTN", block_size=32)
 
 
 @pytest.mark.parametrize(
     ("cache", "table", "kw", "error", "match"),
     [
-        (SPLIT, [[1]], {"block_size": 24}, hw.InvalidTensorError, "24.*not a multiple.*16"),
-        (SPLIT, [[1]], {"block_size": 8}, hw.InvalidTensorError, "8.*not a multiple.*16"),
-        (SPLIT, [[1]], {"block_size": 0}, hw.InvalidTensorError, "block_size"),
-        (SPLIT, [[1]], {"block_size": "64"}, hw.ArgumentTypeError, "block_size"),
-        (SPLIT[:15], [[1]], {"block_size": 64}, hw.InvalidTensorError, "num_blocks \\* 4"),
-        (SPLIT, [[4]], {"block_size": 64}, hw.IndexBufferError, "range"),
-        (SPLIT, [[0]], {"block_size": 64}, hw.IndexBufferError, "null block"),
-        (SPLIT, [[1]], {"block_size": 64, "kv_cache_layout": "BLNHC"}, hw.InvalidTensorError,
+        (SPLIT, [[1]], {"block_size": 24}, hwe.InvalidTensorError, "24.*not a multiple.*16"),
+        (SPLIT, [[1]], {"block_size": 8}, hwe.InvalidTensorError, "8.*not a multiple.*16"),
+        (SPLIT, [[1]], {"block_size": 0}, hwe.InvalidTensorError, "block_size"),
+        (SPLIT, [[1]], {"block_size": "64"}, hwe.ArgumentTypeError, "block_size"),
+        (SPLIT[:15], [[1]], {"block_size": 64}, hwe.InvalidTensorError, "num_blocks \\* 4"),
+        (SPLIT, [[4]], {"block_size": 64}, hwe.IndexBufferError, "range"),
+        (SPLIT, [[0]], {"block_size": 64}, hwe.IndexBufferError, "null block"),
+        (SPLIT, [[1]], {"block_size": 64, "kv_cache_layout": "BLNHC"}, hwe.InvalidTensorError,
          "LBNHC"),
     ],
 )  # fmt: skip
@@ -807,7 +816,7 @@ def test_block_sizes_no_kernel_takes_are_refused(
     cache = allocate(shape, LAYOUTS[layout], np.float16, seed=61)
     before = cache.copy()
     match = f"{backend}'s kernels take no {shape[2]}-token blocks \\(only {takes}"
-    with pytest.raises(hw.InvalidTensorError, match=match):
+    with pytest.raises(hwe.InvalidTensorError, match=match):
         hw.from_vllm(cache, [[1]], [1], backend=backend, kv_cache_layout=layout)
     mla = "MLA" in backend
     pages = values((2, shape[2], 1 if mla else shape[1], shape[3] if mla else shape[3] // 2),
@@ -815,10 +824,10 @@ def test_block_sizes_no_kernel_takes_are_refused(
     roles = ("fused",) if mla else ("key", "value")
     made = [hw.BlockPagedTensor.from_arrays(pages, [0, 1], [0, 2], kv_role=r) for r in roles]
     given: Any = made[0] if mla else (made[0], made[1])
-    with pytest.raises(hw.InvalidTensorError, match=match):
+    with pytest.raises(hwe.InvalidTensorError, match=match):
         into_vllm(given, cache, [[1, 2]], backend=backend)
     assert same(cache, before)  # nothing written
-    with pytest.raises(hw.InvalidTensorError, match=match):
+    with pytest.raises(hwe.InvalidTensorError, match=match):
         hw.to_vllm(given, backend=backend, vllm_version="0.33.0", kv_cache_layout=layout)
 
 
@@ -846,7 +855,7 @@ def test_page_quantized_cache_dtypes_are_not_supported(
     """vLLM's quantized settings whose pages hold scales or codes inline: "not supported",
     with what the page holds (not "kv_cache_dtype must be vLLM's fp8 setting")."""
     match = f"kv_cache_dtype '{setting}' is not supported: .*{why}"
-    with pytest.raises(hw.InvalidTensorError, match=match) as info:
+    with pytest.raises(hwe.InvalidTensorError, match=match) as info:
         hw.from_vllm(cache, [[1]], [1], backend=backend, kv_cache_dtype=setting)
     assert info.value.field == "kv_cache_dtype"
     given: Any = (
@@ -854,5 +863,5 @@ def test_page_quantized_cache_dtypes_are_not_supported(
         if "MLA" in backend
         else pair(hw.from_vllm(LAYER, [[1]], [1], backend="FLASH_ATTN"))
     )
-    with pytest.raises(hw.InvalidTensorError, match=match):
+    with pytest.raises(hwe.InvalidTensorError, match=match):
         into_vllm(given, cache.copy(), [[1]], backend=backend, kv_cache_dtype=setting)

@@ -512,7 +512,7 @@ def test_encode_into_errors() -> None:
 
 def test_encode_rejects_bad_arguments() -> None:
     for function in (hw.encode_parts, lambda t, **kw: hw.encode_into(t, bytearray(4096), **kw)):
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             function("tensor")  # type: ignore[arg-type]  # a str, on purpose
     for bad in ("lz4", "zstd:99", 3):
         with pytest.raises(hw.HurrayWireError):
@@ -521,7 +521,7 @@ def test_encode_rejects_bad_arguments() -> None:
 
 def test_encode_rejects_non_tensors() -> None:
     """Regression: encode read tensor.nbytes before its type check (AttributeError)."""
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         hw.encode("tensor")  # type: ignore[arg-type]
 
 
@@ -665,11 +665,11 @@ def test_blob_length_errors() -> None:
     blob = bytes(hw.encode(spec_tensor()))
     with pytest.raises(hwe.BlobTruncatedError):
         hw.blob_length(blob[:15])
-    with pytest.raises(hw.InvalidBlobError):
+    with pytest.raises(hw.errors.InvalidBlobError):
         hw.blob_length(b"HRRY" + blob[4:])
-    with pytest.raises(hw.InvalidBlobError):
+    with pytest.raises(hw.errors.InvalidBlobError):
         hw.blob_length(ref.patch_header(blob, "version_major", 2))
-    with pytest.raises(hw.InvalidBlobError):
+    with pytest.raises(hw.errors.InvalidBlobError):
         hw.blob_length(ref.patch_header(blob, "total_length", 100))
 
 
@@ -770,15 +770,15 @@ def test_crafted_baseline_is_our_encoding() -> None:
 
 
 def test_bad_magic() -> None:
-    rejects(ref.patch_header(BASE_BLOB, "magic", b"HRWC"), hw.InvalidBlobError,
+    rejects(ref.patch_header(BASE_BLOB, "magic", b"HRWC"), hw.errors.InvalidBlobError,
             section="header", offset=0, field="magic")  # fmt: skip
-    rejects(b"HRRY" + BASE_BLOB[4:], hw.InvalidBlobError, offset=0)
-    rejects(b"\x00" * 64, hw.InvalidBlobError, offset=0)
+    rejects(b"HRRY" + BASE_BLOB[4:], hw.errors.InvalidBlobError, offset=0)
+    rejects(b"\x00" * 64, hw.errors.InvalidBlobError, offset=0)
 
 
 @pytest.mark.parametrize("major", [0, 2, 255])
 def test_major_version(major: int) -> None:
-    rejects(ref.patch_header(BASE_BLOB, "version_major", major), hw.InvalidBlobError,
+    rejects(ref.patch_header(BASE_BLOB, "version_major", major), hw.errors.InvalidBlobError,
             section="header", offset=4, field="version_major")  # fmt: skip
 
 
@@ -790,34 +790,34 @@ def test_any_minor_version_is_accepted(minor: int) -> None:
 
 @pytest.mark.parametrize("flags", [1, 0x8000])
 def test_header_flags(flags: int) -> None:
-    rejects(ref.patch_header(BASE_BLOB, "header_flags", flags), hw.InvalidBlobError,
+    rejects(ref.patch_header(BASE_BLOB, "header_flags", flags), hw.errors.InvalidBlobError,
             section="header", offset=6, field="header_flags")  # fmt: skip
 
 
 def test_header_reserved_bytes() -> None:
-    rejects(ref.patch_header(BASE_BLOB, "reserved23", 1), hw.InvalidBlobError,
+    rejects(ref.patch_header(BASE_BLOB, "reserved23", 1), hw.errors.InvalidBlobError,
             section="header", offset=23)  # fmt: skip
     for value in (b"\x01\x00\x00\x00", b"\x00\x00\x00\x80"):
-        rejects(ref.patch_header(BASE_BLOB, "reserved28", value), hw.InvalidBlobError,
+        rejects(ref.patch_header(BASE_BLOB, "reserved28", value), hw.errors.InvalidBlobError,
                 section="header", offset=28)  # fmt: skip
 
 
 @pytest.mark.parametrize("ctype", [2, 255])
 def test_checksum_type(ctype: int) -> None:
-    rejects(craft(checksum_type=ctype), hw.InvalidBlobError,
+    rejects(craft(checksum_type=ctype), hw.errors.InvalidBlobError,
             section="header", offset=22, field="checksum_type")  # fmt: skip
 
 
 @pytest.mark.parametrize("delta", [-1, 1, 32, 63])
 def test_total_length_not_multiple_of_64(delta: int) -> None:
     blob = ref.patch_header(BASE_BLOB, "total_length", len(BASE_BLOB) + delta)
-    rejects(blob + bytes(64), hw.InvalidBlobError, section="header", offset=8,
+    rejects(blob + bytes(64), hw.errors.InvalidBlobError, section="header", offset=8,
             field="total_length")  # fmt: skip
 
 
 @pytest.mark.parametrize("total", [0, 32])
 def test_total_length_too_small(total: int) -> None:
-    rejects(ref.patch_header(BASE_BLOB, "total_length", total), hw.InvalidBlobError,
+    rejects(ref.patch_header(BASE_BLOB, "total_length", total), hw.errors.InvalidBlobError,
             section="header", offset=8)  # fmt: skip
 
 
@@ -829,7 +829,7 @@ def test_total_length_beyond_input() -> None:
 
 def test_total_length_cuts_the_last_section() -> None:
     blob = ref.patch_header(BASE_BLOB, "total_length", len(BASE_BLOB) - 64)
-    exc = rejects(blob, hw.InvalidBlobError, section="metadata")
+    exc = rejects(blob, hw.errors.InvalidBlobError, section="metadata")
     assert exc.offset == ref.entry_offset(4) + 16
 
 
@@ -837,47 +837,49 @@ def test_total_length_cuts_the_last_section() -> None:
 def test_header_length_mismatch(delta: int) -> None:
     # the header checksum is re-computed where the wrong header_length puts it
     blob = ref.patch_header(BASE_BLOB, "header_length", HEADER_LENGTH + delta)
-    rejects(blob, hw.InvalidBlobError, section="header", offset=16, field="header_length")
+    rejects(blob, hw.errors.InvalidBlobError, section="header", offset=16, field="header_length")
 
 
 @pytest.mark.parametrize("header_length", [2**32 - 1, len(BASE_BLOB) - 7])
 def test_header_length_beyond_total_length(header_length: int) -> None:
     blob = ref.patch_header(BASE_BLOB, "header_length", header_length, rehash=False)
-    rejects(blob, hw.InvalidBlobError, section="header", offset=16, field="header_length")
+    rejects(blob, hw.errors.InvalidBlobError, section="header", offset=16, field="header_length")
 
 
 def test_header_length_checked_before_the_checksum() -> None:
     """Regression (§ 8 order): a wrong header_length was reported as a checksum error at
     the offset it claimed."""
     blob = ref.patch_header(BASE_BLOB, "header_length", HEADER_LENGTH + 1, rehash=False)
-    rejects(blob, hw.InvalidBlobError, section="header", offset=16, field="header_length")
+    rejects(blob, hw.errors.InvalidBlobError, section="header", offset=16, field="header_length")
 
 
 def test_section_count_and_descriptor_length_against_header_length() -> None:
-    rejects(craft(section_count=4), hw.InvalidBlobError, section="header", offset=16)
-    rejects(craft(section_count=6), hw.InvalidBlobError, section="header", offset=16)
-    rejects(craft(descriptor_length=len(DESC) + 1), hw.InvalidBlobError, offset=16)
+    rejects(craft(section_count=4), hw.errors.InvalidBlobError, section="header", offset=16)
+    rejects(craft(section_count=6), hw.errors.InvalidBlobError, section="header", offset=16)
+    rejects(craft(descriptor_length=len(DESC) + 1), hw.errors.InvalidBlobError, offset=16)
 
 
 def test_header_checksum() -> None:
     for position in (HEADER_LENGTH, HEADER_LENGTH + 7):
         mutated = bytearray(BASE_BLOB)
         mutated[position] ^= 0x80
-        rejects(bytes(mutated), hw.ChecksumError, section="header", offset=HEADER_LENGTH)
-    rejects(craft(header_checksum=0), hw.ChecksumError, offset=HEADER_LENGTH)
+        rejects(bytes(mutated), hw.errors.ChecksumError, section="header", offset=HEADER_LENGTH)
+    rejects(craft(header_checksum=0), hw.errors.ChecksumError, offset=HEADER_LENGTH)
     # a field edit without re-hashing is caught by the checksum
-    rejects(ref.patch_entry(BASE_BLOB, 0, "raw_size", 64, rehash=False), hw.ChecksumError)
-    rejects(ref.patch_header(BASE_BLOB, "version_minor", 1, rehash=False), hw.ChecksumError)
+    rejects(ref.patch_entry(BASE_BLOB, 0, "raw_size", 64, rehash=False), hw.errors.ChecksumError)
+    rejects(ref.patch_header(BASE_BLOB, "version_minor", 1, rehash=False), hw.errors.ChecksumError)
 
 
 def test_descriptor_length_mismatch() -> None:
     # the header says 8 more bytes than the descriptor's own descriptor_length
-    exc = rejects(craft(descriptor=DESC + bytes(8)), hw.InvalidBlobError, section="descriptor")
+    exc = rejects(
+        craft(descriptor=DESC + bytes(8)), hw.errors.InvalidBlobError, section="descriptor"
+    )
     assert exc.offset is not None and exc.offset >= 32 + 48 * 5
     # the descriptor says more than the header gives it
     longer = bytearray(DESC)
     struct.pack_into("<I", longer, 6, len(DESC) + 8)
-    rejects(craft(descriptor=bytes(longer)), hw.InvalidDescriptorError, section="descriptor")
+    rejects(craft(descriptor=bytes(longer)), hw.errors.InvalidDescriptorError, section="descriptor")
     shorter = bytearray(DESC)
     struct.pack_into("<I", shorter, 6, len(DESC) - 1)
     rejects(craft(descriptor=bytes(shorter)), hw.HurrayWireError, section="descriptor")
@@ -893,8 +895,8 @@ def test_descriptor_rules_reached_through_the_blob(position: int, value: bytes) 
     desc[position : position + len(value)] = value
     exc = rejects(craft(descriptor=bytes(desc)), hw.HurrayWireError, section="descriptor")
     assert exc.offset is None or exc.offset >= DESC_START
-    assert isinstance(exc, (hw.InvalidDescriptorError, hw.UnsupportedLayoutError,
-                            hw.InvalidBlobError))  # fmt: skip
+    assert isinstance(exc, (hw.errors.InvalidDescriptorError, hw.errors.UnsupportedLayoutError,
+                            hw.errors.InvalidBlobError))  # fmt: skip
 
 
 def test_quantization_buffer_size_in_descriptor() -> None:
@@ -903,7 +905,7 @@ def test_quantization_buffer_size_in_descriptor() -> None:
     struct.pack_into("<Q", desc, 85 + 16 * 3, 20 * 2 + 2)  # scales: 20 bf16 + 2 bytes
     sections = ref_sections(tensor)
     sections[3] = ref.section(ref.KIND_BUFFER, sections[3].stored + b"\0\0", index=3)
-    rejects(ref.write_blob(bytes(desc), sections), hw.InvalidDescriptorError,
+    rejects(ref.write_blob(bytes(desc), sections), hw.errors.InvalidDescriptorError,
             section="descriptor")  # fmt: skip
 
 
@@ -958,9 +960,9 @@ def test_section_beyond_total_length() -> None:
     blob = ref.patch_entry(BASE_BLOB, 4, "stored_size", 2**20)
     rejects(blob, hwe.BlobTruncatedError, section="metadata", offset=ref.entry_offset(4) + 16)
     blob = ref.patch_entry(BASE_BLOB, 4, "stored_size", 2**64 - 1)
-    rejects(blob, hw.InvalidBlobError, section="metadata")
+    rejects(blob, hw.errors.InvalidBlobError, section="metadata")
     blob = ref.patch_entry(BASE_BLOB, 4, "offset", 2**64 - 64)
-    rejects(blob, hw.InvalidBlobError, section="metadata")
+    rejects(blob, hw.errors.InvalidBlobError, section="metadata")
 
 
 def _previous_end(number: int) -> int:
@@ -1003,7 +1005,7 @@ def test_extra_trailing_block_is_refused() -> None:
     blob = craft(extra_trailing=64)
     with pytest.raises(ref.ReferenceError):
         ref.read_blob(blob)
-    rejects(blob, hw.InvalidBlobError, section="header", limits=cold_limits())
+    rejects(blob, hw.errors.InvalidBlobError, section="header", limits=cold_limits())
 
 
 def _swap(i: int, j: int) -> Callable[[list[ref.Section]], None]:
@@ -1104,14 +1106,14 @@ def test_shuffle_width(width: int) -> None:
     pool = buffers_of(BASE)[0]
     stored = ref.compress(pool, ref.CODEC_ZSTD)
     blob = craft(edit=_compressed(0, ref.CODEC_SHUFFLE_ZSTD, width, stored=stored))
-    exc = rejects(blob, hw.InvalidBlobError, section="buffer[0]")
+    exc = rejects(blob, hw.errors.InvalidBlobError, section="buffer[0]")
     assert isinstance(exc, (hwe.DecompressionError, hwe.SectionError))
     assert exc.field == "codec_param" or "width" in str(exc)
 
 
 def test_zstd_with_codec_param() -> None:
     blob = craft(edit=_compressed(0, ref.CODEC_ZSTD, 2))
-    rejects(blob, hw.InvalidBlobError, section="buffer[0]")
+    rejects(blob, hw.errors.InvalidBlobError, section="buffer[0]")
 
 
 @pytest.mark.parametrize("required", [True, False])
@@ -1135,7 +1137,7 @@ def test_unknown_section_kind(required: bool, position: str) -> None:
 def test_unknown_section_is_still_checked() -> None:
     x40 = b"x" * 40
     number = 5
-    rejects(craft(edit=_unknown(x40, checksum=1)), hw.ChecksumError, section="0x41")
+    rejects(craft(edit=_unknown(x40, checksum=1)), hw.errors.ChecksumError, section="0x41")
     rejects(craft(edit=_unknown(x40, padding_fill=1)), hwe.PaddingError, section="0x41")
     rejects(craft(edit=_unknown(x40, extra_padding=64)), hwe.SectionError,
             offset=ref.entry_offset(number) + 8)  # fmt: skip
@@ -1173,7 +1175,7 @@ def test_unknown_section_codec_param_is_checked(codec: int, param: int) -> None:
     blob = craft(edit=_unknown(stored=stored, raw_size=100, codec=codec, codec_param=param))
     with pytest.raises(ref.ReferenceError):
         ref.read_blob(blob)
-    rejects(blob, hw.InvalidBlobError, section="0x41", limits=cold_limits())
+    rejects(blob, hw.errors.InvalidBlobError, section="0x41", limits=cold_limits())
 
 
 def test_unknown_section_index_is_checked() -> None:
@@ -1237,7 +1239,7 @@ def test_seq_lens_wrong_length() -> None:
 
 @pytest.mark.parametrize("values", [[6, 2], [7, 3], [5, 3], [2**63, 2**63 + 9], [2**64 - 1, 10]])
 def test_seq_lens_wrong_sum(values: list[int]) -> None:
-    rejects(_with_lens(values), hw.IndexBufferError, section="seq_lens", field="seq_lens")
+    rejects(_with_lens(values), hw.errors.IndexBufferError, section="seq_lens", field="seq_lens")
 
 
 @pytest.mark.parametrize("values", [[4, 5], [9, 0], [0, 9], [8, 1]])
@@ -1247,7 +1249,7 @@ def test_seq_lens_wrong_page_counts(values: list[int]) -> None:
         decoded = hw.decode(_with_lens(values))  # 8 tokens fill two pages exactly: valid
         assert decoded.seq_lens is not None and decoded.seq_lens.tolist() == [8, 1]
         return
-    exc = rejects(_with_lens(values), hw.IndexBufferError, section="seq_lens")
+    exc = rejects(_with_lens(values), hw.errors.IndexBufferError, section="seq_lens")
     assert "page" in str(exc)
 
 
@@ -1281,11 +1283,11 @@ def test_seq_lens_section_compressed() -> None:
 )
 def test_metadata_garbage(payload: bytes) -> None:
     blob = craft(edit=_set(4, stored=payload, raw_size=len(payload)))
-    rejects(blob, hw.InvalidMetadataError, section="metadata")
+    rejects(blob, hw.errors.InvalidMetadataError, section="metadata")
 
 
 def test_metadata_limit() -> None:
-    rejects(BASE_BLOB, hw.LimitExceededError, section="metadata",
+    rejects(BASE_BLOB, hw.errors.LimitExceededError, section="metadata",
             limits=hw.DecodeLimits(max_metadata_bytes=4))  # fmt: skip
 
 
@@ -1296,9 +1298,9 @@ def test_section_checksum_mismatch(number: int) -> None:
     for position in (0, e["stored_size"] - 1):
         mutated = bytearray(BASE_BLOB)
         mutated[e["offset"] + position] ^= 0x04
-        rejects(bytes(mutated), hw.ChecksumError, section=name, offset=e["offset"])
+        rejects(bytes(mutated), hw.errors.ChecksumError, section=name, offset=e["offset"])
     wrong = ref.patch_entry(BASE_BLOB, number, "checksum", e["checksum"] ^ 1)
-    rejects(wrong, hw.ChecksumError, section=name, offset=e["offset"])
+    rejects(wrong, hw.errors.ChecksumError, section=name, offset=e["offset"])
     assert_same_tensor(hw.decode(wrong, verify=False), BASE)  # verify=False skips it
 
 
@@ -1311,13 +1313,13 @@ def test_verify_false_skips_section_checksums_only() -> None:
     # the header checksum, padding and index invariants are still checked
     header = bytearray(BASE_BLOB)
     header[HEADER_LENGTH] ^= 1
-    rejects(bytes(header), hw.ChecksumError, verify=False)
+    rejects(bytes(header), hw.errors.ChecksumError, verify=False)
     padding = bytearray(BASE_BLOB)
     padding[HEADER_LENGTH + 8] = 1
     rejects(bytes(padding), hwe.PaddingError, verify=False)
     seq_ptr = bytearray(BASE_BLOB)
     seq_ptr[ref.entry(BASE_BLOB, 2)["offset"]] = 1
-    rejects(bytes(seq_ptr), hw.IndexBufferError, verify=False)
+    rejects(bytes(seq_ptr), hw.errors.IndexBufferError, verify=False)
 
 
 @pytest.mark.parametrize("number", [0, 3, 4])
@@ -1417,7 +1419,7 @@ def test_decompression_bomb_refused_without_allocating(limits: Any) -> None:
     assert len(blob) < 1024
     tracemalloc.start()
     try:
-        with pytest.raises((hw.LimitExceededError, hwe.DecompressionError)) as info:
+        with pytest.raises((hw.errors.LimitExceededError, hwe.DecompressionError)) as info:
             hw.decode(blob, limits=limits)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -1430,7 +1432,9 @@ def test_bomb_within_limit_still_refused_by_size() -> None:
     """A frame that declares its (allowed) raw size but holds far fewer bytes."""
     blob = _bomb_blob(1 << 24)
     rejects(blob, hwe.DecompressionError, section="buffer[0]")
-    rejects(blob, hw.LimitExceededError, limits=hw.DecodeLimits(max_decompressed_bytes=1 << 20))
+    rejects(
+        blob, hw.errors.LimitExceededError, limits=hw.DecodeLimits(max_decompressed_bytes=1 << 20)
+    )
 
 
 def test_unknown_size_frame_with_a_huge_window() -> None:
@@ -1438,7 +1442,7 @@ def test_unknown_size_frame_with_a_huge_window() -> None:
     blob = craft(edit=_compressed(0, ref.CODEC_ZSTD, 0, stored=frame))
     tracemalloc.start()
     try:
-        with pytest.raises((hw.LimitExceededError, hwe.DecompressionError)):
+        with pytest.raises((hw.errors.LimitExceededError, hwe.DecompressionError)):
             hw.decode(blob)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -1447,20 +1451,20 @@ def test_unknown_size_frame_with_a_huge_window() -> None:
 
 
 def test_limits_on_sections_and_descriptor() -> None:
-    rejects(BASE_BLOB, hw.LimitExceededError, section="header", offset=20,
+    rejects(BASE_BLOB, hw.errors.LimitExceededError, section="header", offset=20,
             limits=hw.DecodeLimits(max_sections=4))  # fmt: skip
-    rejects(BASE_BLOB, hw.LimitExceededError, section="header", offset=24,
+    rejects(BASE_BLOB, hw.errors.LimitExceededError, section="header", offset=24,
             limits=hw.DecodeLimits(max_descriptor_length=100))  # fmt: skip
     assert_same_tensor(hw.decode(BASE_BLOB, limits=hw.DecodeLimits(max_sections=5)), BASE)
     compressed = bytes(hw.encode(BASE, compression=COMPRESSIONS[-1]))
-    rejects(compressed, hw.LimitExceededError,
+    rejects(compressed, hw.errors.LimitExceededError,
             limits=hw.DecodeLimits(max_decompressed_bytes=100))  # fmt: skip
     hw.decode(compressed, limits=hw.DecodeLimits(max_decompressed_bytes=640))
 
 
 def test_section_count_at_u16_max_is_refused_cheaply() -> None:
     blob = ref.patch_header(BASE_BLOB, "section_count", 0xFFFF)
-    rejects(blob, hw.InvalidBlobError, section="header")
+    rejects(blob, hw.errors.InvalidBlobError, section="header")
 
 
 # -- index invariants inside the buffers ------------------------------------------------------
@@ -1493,7 +1497,7 @@ def _indices(block_table: list[int], seq_ptr: list[int], *, width: int = 4) -> b
 )
 def test_index_invariants(block_table: list[int], seq_ptr: list[int], section: str,
                           width: int) -> None:  # fmt: skip
-    exc = rejects(_indices(block_table, seq_ptr, width=width), hw.IndexBufferError,
+    exc = rejects(_indices(block_table, seq_ptr, width=width), hw.errors.IndexBufferError,
                   section=section)  # fmt: skip
     assert exc.field in ("seq_ptr", "block_table")
     assert exc.expected is not None or exc.found is not None
@@ -1508,14 +1512,14 @@ def test_index_invariants_valid_variants() -> None:
 
 def test_index_invariant_errors_name_the_offset() -> None:
     blob = _indices([0, 5, 0], [0, 2, 3])
-    exc = rejects(blob, hw.IndexBufferError, section="buffer[1]")
+    exc = rejects(blob, hw.errors.IndexBufferError, section="buffer[1]")
     assert exc.offset == ref.entry(blob, 1)["offset"] + 4
 
 
 @pytest.mark.parametrize("values", [[6, 2], [4, 5]])
 def test_seq_lens_errors_name_the_offset(values: list[int]) -> None:
     blob = _with_lens(values)
-    exc = rejects(blob, hw.IndexBufferError, section="seq_lens")
+    exc = rejects(blob, hw.errors.IndexBufferError, section="seq_lens")
     e = ref.entry(blob, 3)
     assert exc.offset is not None
     assert e["offset"] <= exc.offset < e["offset"] + e["stored_size"]
@@ -1535,7 +1539,7 @@ def test_decompression_errors_name_the_offset() -> None:
 def test_metadata_error_offset_is_a_blob_offset() -> None:
     payload = b"\x01\x00\x00\x00\x01\x00a\x09" + bytes(8)
     blob = craft(edit=_set(4, stored=payload, raw_size=len(payload)))
-    exc = rejects(blob, hw.InvalidMetadataError, section="metadata")
+    exc = rejects(blob, hw.errors.InvalidMetadataError, section="metadata")
     assert exc.offset == ref.entry(blob, 4)["offset"] + 7
 
 

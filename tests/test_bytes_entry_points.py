@@ -74,7 +74,7 @@ def test_strided_buffers(name: str, read: Callable[[Any], Any], valid: bytes, co
         if copies:
             assert _same(read(strided), read(valid))
         else:
-            with pytest.raises(hw.ArgumentTypeError, match="C-contiguous"):
+            with pytest.raises(hw.errors.ArgumentTypeError, match="C-contiguous"):
                 read(strided)
 
 
@@ -84,7 +84,7 @@ def test_released_memoryviews_are_refused(
 ) -> None:
     view = memoryview(bytearray(valid))
     view.release()
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         read(view)
 
 
@@ -97,17 +97,17 @@ def test_closed_mmaps_are_refused(
         f.flush()
         mapped = mmap.mmap(f.fileno(), 0)
         mapped.close()
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             read(mapped)
 
 
 def test_encode_into_refuses_read_only_strided_and_wrong_buffers() -> None:
     for bad in (bytes(len(BLOB)), memoryview(bytearray(2 * len(BLOB)))[::2], "x" * 4096, 12):
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             hw.encode_into(TENSOR, bad)
     released = memoryview(bytearray(len(BLOB)))
     released.release()
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         hw.encode_into(TENSOR, released)
 
 

@@ -185,13 +185,13 @@ def test_dump_json_lists_failed_inputs_with_an_error(capsys: pytest.CaptureFixtu
 def test_checksum_error_expected_is_the_stored_checksum() -> None:
     blob = bytes(hw.encode(tensor()))
     stored = hw.report.describe_blob_envelope(blob, False)["sections"][0]["checksum"]
-    with pytest.raises(hw.ChecksumError) as info:
+    with pytest.raises(hw.errors.ChecksumError) as info:
         hw.decode(damaged(blob, 0))
     assert info.value.expected == stored and info.value.found != stored
     header = bytearray(blob)
     header[40] ^= 1  # a byte of the section table: the header checksum fails
     stored_header = int.from_bytes(blob[info_header_at(blob) :][:8], "little")
-    with pytest.raises(hw.ChecksumError) as info:
+    with pytest.raises(hw.errors.ChecksumError) as info:
         hw.decode(bytes(header))
     assert info.value.expected == f"0x{stored_header:016x}"
 

@@ -71,7 +71,7 @@ def test_decoder_options_act() -> None:
     blob = bytearray(hw.encode(_tensor()))
     pool_at = int(hw.blob.envelope.ENTRY.unpack_dict(blob, hw.blob.envelope.entry_at(0))["offset"])
     blob[pool_at] ^= 1  # only a checksum can tell
-    with pytest.raises(hw.ChecksumError):
+    with pytest.raises(hw.errors.ChecksumError):
         Decoder().decode(blob)
     assert Decoder(verify=False).decode(blob).layer_index == 0
     tight = Decoder(limits=hw.DecodeLimits(max_sections=2))

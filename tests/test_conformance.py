@@ -114,7 +114,7 @@ def test_tolerant_descriptor_is_accepted(case: dict[str, Any]) -> None:
 def test_invalid_vector_is_rejected(case: dict[str, Any]) -> None:
     data = (BLOCK_PAGED / case["file"]).read_bytes()
     assert data.hex() == case["hex"]
-    with pytest.raises(hw.InvalidDescriptorError) as info:
+    with pytest.raises(hw.errors.InvalidDescriptorError) as info:
         hw.decode_descriptor(data)
     assert info.value.offset is not None, "every descriptor error names its byte offset"
 
@@ -141,10 +141,10 @@ def test_reference_vector_common_header(case: dict[str, Any]) -> None:
 @pytest.mark.parametrize("case", REF["descriptors"], ids=lambda case: case["file"])
 def test_reference_vector_is_unsupported_layout_not_invalid(case: dict[str, Any]) -> None:
     data = (REFERENCE / case["file"]).read_bytes()
-    with pytest.raises(hw.UnsupportedLayoutError) as info:
+    with pytest.raises(hw.errors.UnsupportedLayoutError) as info:
         hw.decode_descriptor(data)
     assert info.value.layout_tag == case["expect"]["layout_tag"]
-    assert not isinstance(info.value, hw.InvalidDescriptorError)
+    assert not isinstance(info.value, hw.errors.InvalidDescriptorError)
 
 
 def test_block_paged_vectors_also_decode_through_the_general_path() -> None:

@@ -109,10 +109,10 @@ def rejects(
     data: bytes,
     field: str | None,
     offset: int | None,
-    error: type[hw.InvalidDescriptorError] = hw.InvalidDescriptorError,
+    error: type[hw.errors.InvalidDescriptorError] = hw.errors.InvalidDescriptorError,
     *,
     header_too: bool = False,
-) -> hw.InvalidDescriptorError:
+) -> hw.errors.InvalidDescriptorError:
     """decode_descriptor refuses ``data`` with ``error`` naming ``field`` at ``offset``."""
     with pytest.raises(error) as info:
         hw.decode_descriptor(data)
@@ -122,7 +122,7 @@ def rejects(
     assert exc.section == "descriptor"
     assert str(exc), "the message says what is wrong"
     if header_too:
-        with pytest.raises(hw.InvalidDescriptorError):
+        with pytest.raises(hw.errors.InvalidDescriptorError):
             hw.decode_header(data)
     return exc
 
@@ -246,7 +246,7 @@ def test_rank_other_than_3(rank: int) -> None:
 
 @pytest.mark.parametrize("rank", [65, 1000, 0xFFFFFFFF])
 def test_rank_above_64_on_the_general_path(rank: int) -> None:
-    with pytest.raises(hw.InvalidDescriptorError) as info:
+    with pytest.raises(hw.errors.InvalidDescriptorError) as info:
         hw.decode_header(put(SPEC, 16, "I", rank))
     assert (info.value.field, info.value.offset) == ("rank", 16)
 
@@ -329,7 +329,7 @@ def test_empty_batch_with_tokens() -> None:
 @pytest.mark.parametrize("count", [0, 1, 2, 4, 5, 0xFF])
 def test_buffer_count_flipped_alone(count: int) -> None:
     """Only the count byte changes, so the table no longer fits descriptor_length."""
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         hw.decode_descriptor(put(SPEC, 84, "B", count))
 
 
@@ -465,7 +465,7 @@ def test_valid_device_memory_class_pair(device: int, memory: int) -> None:
 def test_buffers_on_different_devices(data: bytes, index: int) -> None:
     at = handle_at(index) + 12
     rejects(put(data, at, "B", 0x01), f"buffers[{index}].device_tag", at)
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         hw.decode_header(put(data, at, "B", 0x01))
 
 
@@ -716,7 +716,7 @@ def test_scale_buffer_index_beyond_the_buffer_table(data: bytes, position: int, 
 @pytest.mark.parametrize("index", [0, 1, 2, 5, 0xFFFFFFFE])
 def test_zero_point_buffer_index_out_of_place_is_rejected(index: int) -> None:
     q = quant_at(PBA_ASYM)
-    with pytest.raises(hw.InvalidDescriptorError) as info:
+    with pytest.raises(hw.errors.InvalidDescriptorError) as info:
         hw.decode_descriptor(put(PBA_ASYM, q + 20, "I", index))
     assert (info.value.field or "").startswith("quantization.")
 
@@ -775,7 +775,7 @@ def test_quantization_padding_is_accepted_and_kept(data: bytes, padding: bytes) 
 
 
 def test_has_quantization_flag_cleared_on_a_quantized_descriptor() -> None:
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         hw.decode_descriptor(put(PBA_SYM, 10, "I", 0))
 
 
@@ -803,7 +803,7 @@ def test_nf4_and_mxfp_are_not_defined_for_block_paged(
     data = _with_scheme(storage_tag, scheme_tag, block_size)
     header = hw.decode_header(data)  # valid for the layout-independent path
     assert header.quantization is not None and header.quantization.scheme_tag == scheme_tag
-    rejects(data, "quantization", 149, hw.QuantizationNotDefinedError)
+    rejects(data, "quantization", 149, hw.errors.QuantizationNotDefinedError)
 
 
 # == 7. Statistics section (§ 9.2) ============================================================
@@ -826,10 +826,10 @@ def test_statistics_reserved_byte(position: int) -> None:
 @pytest.mark.parametrize(("name", "position"), [("has_nan", 66), ("has_inf", 67)])
 def test_statistics_boolean_byte_not_0_or_1(name: str, position: int, value: int) -> None:
     """[A30]: only 0 and 1 round-trip."""
-    with pytest.raises(hw.InvalidDescriptorError) as info:
+    with pytest.raises(hw.errors.InvalidDescriptorError) as info:
         hw.decode_descriptor(put(STATS, STATS_AT + position, "B", value))
     assert info.value.field == f"statistics.{name}"
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         hw.decode_header(put(STATS, STATS_AT + position, "B", value))
 
 
@@ -860,12 +860,12 @@ def test_composite_member_roles_0_and_1(role: int) -> None:
 
 @pytest.mark.parametrize("position", range(1, 16))
 def test_composite_member_reserved_byte(position: int) -> None:
-    with pytest.raises(hw.InvalidDescriptorError) as info:
+    with pytest.raises(hw.errors.InvalidDescriptorError) as info:
         hw.decode_descriptor(put(MEMBER, MEMBER_AT + position, "B", 0x01))
     assert info.value.field == "composite_member._reserved"
     # the field starts at +1; the code names the field, not the non-zero byte
     assert info.value.offset in (MEMBER_AT + 1, MEMBER_AT + position)
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         hw.decode_header(put(MEMBER, MEMBER_AT + position, "B", 0x01))
 
 
@@ -884,7 +884,7 @@ def test_truncation_at_every_length(name: str, data: bytes) -> None:
         for decode in (hw.decode_descriptor, hw.decode_header):
             with pytest.raises(hwe.DescriptorTruncatedError) as info:
                 decode(data[:size])
-            assert isinstance(info.value, hw.InvalidDescriptorError)
+            assert isinstance(info.value, hw.errors.InvalidDescriptorError)
             assert info.value.offset == size, (size, str(info.value))
 
 
@@ -897,7 +897,7 @@ def test_truncation_with_a_repaired_descriptor_length(name: str, data: bytes) ->
             if name == "minor1" and size >= 133:
                 decode(cut)  # only unknown trailing bytes were cut: still valid
                 continue
-            with pytest.raises(hw.InvalidDescriptorError):
+            with pytest.raises(hw.errors.InvalidDescriptorError):
                 decode(cut)
 
 
@@ -999,7 +999,7 @@ BAD_LAYOUTS: list[tuple[dict[str, Any], str]] = [
 
 @pytest.mark.parametrize(("changes", "field"), BAD_LAYOUTS, ids=[f for _, f in BAD_LAYOUTS])
 def test_model_refuses_a_bad_layout(changes: dict[str, Any], field: str) -> None:
-    with pytest.raises(hw.InvalidDescriptorError) as info:
+    with pytest.raises(hw.errors.InvalidDescriptorError) as info:
         _layout(**changes)
     assert info.value.field == field
 
@@ -1030,7 +1030,7 @@ BAD_HANDLES: list[tuple[dict[str, Any], str]] = [
 def test_model_refuses_a_bad_handle(changes: dict[str, Any], field: str) -> None:
     fields: dict[str, Any] = {"byte_size": 64}
     fields.update(changes)
-    with pytest.raises(hw.InvalidDescriptorError) as info:
+    with pytest.raises(hw.errors.InvalidDescriptorError) as info:
         hw.BufferHandle(**fields)
     assert info.value.field == field
 
@@ -1113,7 +1113,7 @@ BAD_DESCRIPTORS = _bad_descriptors()
     ("build", "field"), [c[1:] for c in BAD_DESCRIPTORS], ids=[c[0] for c in BAD_DESCRIPTORS]
 )
 def test_model_refuses_a_bad_descriptor(build: Callable[[], object], field: str | None) -> None:
-    with pytest.raises(hw.InvalidDescriptorError) as info:
+    with pytest.raises(hw.errors.InvalidDescriptorError) as info:
         build()
     assert info.value.field == field
 
@@ -1129,14 +1129,14 @@ def test_model_refuses_nf4_and_mxfp_on_block_paged(quantization: hw.Quantization
         if isinstance(quantization, hw.NF4) and not isinstance(quantization, hw.MXFP)
         else hw.float8_e4m3
     )
-    with pytest.raises(hw.QuantizationNotDefinedError):
+    with pytest.raises(hw.errors.QuantizationNotDefinedError):
         hw.TensorDescriptor.block_paged(
             _layout(), [9, 2, 8], storage, num_logical_pages=3, quantization=quantization
         )
-    with pytest.raises(hw.QuantizationNotDefinedError):
+    with pytest.raises(hw.errors.QuantizationNotDefinedError):
         _layout().validate_quantization_compatibility(quantization)
     spec = _spec()
-    with pytest.raises(hw.QuantizationNotDefinedError):
+    with pytest.raises(hw.errors.QuantizationNotDefinedError):
         dataclasses.replace(
             spec, element_type=storage, quantization=quantization,
             buffers=(*spec.buffers, hw.BufferHandle(80)),
@@ -1144,14 +1144,14 @@ def test_model_refuses_nf4_and_mxfp_on_block_paged(quantization: hw.Quantization
 
 
 def test_encoder_refuses_what_is_not_a_descriptor() -> None:
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         hw.encode_descriptor(SPEC)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("data", ["HRRY", 133, None, [1, 2, 3]])
 def test_decoder_refuses_what_is_not_bytes(data: object) -> None:
     for decode in (hw.decode_descriptor, hw.decode_header):
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             decode(data)
 
 
@@ -1171,7 +1171,7 @@ def test_model_with_buffers_none_raises_our_error() -> None:
 
 
 def test_model_refuses_element_type_none() -> None:
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         hw.TensorDescriptor.block_paged(_layout(), [9, 2, 8], None, num_logical_pages=3)
 
 
@@ -1187,7 +1187,7 @@ def test_decode_header_quantization_errors_carry_absolute_offsets(
     position: int, fmt: str, value: int, field: str
 ) -> None:
     q = quant_at(PBA_SYM)
-    with pytest.raises(hw.InvalidDescriptorError) as info:
+    with pytest.raises(hw.errors.InvalidDescriptorError) as info:
         hw.decode_header(put(PBA_SYM, q + position, fmt, value))
     assert info.value.field == field
     assert info.value.offset in (None, q + position)

@@ -60,9 +60,9 @@ def test_sequence_index_numpy_int_and_range() -> None:
     t = small()
     assert t.gather_sequence(np.int64(1)).shape == (3, 2, 8)
     assert list(t.sequence_pages(np.uint32(0))) == [0, 2]
-    with pytest.raises(hw.InvalidTensorError, match="out of range"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="out of range"):
         t.gather_sequence(2)
-    with pytest.raises(hw.InvalidTensorError, match="out of range"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="out of range"):
         t.sequence_pages(-1)
 
 
@@ -136,7 +136,7 @@ def test_nested_list_pool_needs_an_element_type() -> None:
     assert info.value.field == "page_pool"
     t = hw.BlockPagedTensor.from_arrays(nested, [0, 1], [0, 2], element_type="float16")
     assert t.page_pool.dtype == np.float16
-    with pytest.raises(hw.InvalidTensorError, match="page_pool"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="page_pool"):
         hw.BlockPagedTensor.from_arrays([[["x"]]], [0], [0, 1], element_type="float16")
 
 
@@ -309,7 +309,7 @@ def test_memo_verdict_follows_the_bytes_not_the_buffer() -> None:
     blob = bytearray(hw.encode(tensor))
     assert _same(hw.decode(blob), tensor)
     _with_header_flags(blob, 1)
-    with pytest.raises(hw.InvalidBlobError, match="reserved header flag"):
+    with pytest.raises(hw.errors.InvalidBlobError, match="reserved header flag"):
         hw.decode(blob)
     _with_header_flags(blob, 0)
     assert _same(hw.decode(blob), tensor)

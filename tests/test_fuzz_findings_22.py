@@ -174,7 +174,7 @@ def test_f10_decode_into_takes_flat_bytes_of_a_uint8_pool(name: str, digests: bo
     typed = np.empty_like(expected.page_pool)
     assert hw.decode_into(blob, typed).page_pool is typed
     for wrong in (np.empty(flat.size + 1, np.uint8), np.empty(flat.size, np.int8)):
-        with pytest.raises(hw.ArgumentTypeError, match="page_pool"):
+        with pytest.raises(hw.errors.ArgumentTypeError, match="page_pool"):
             hw.decode_into(blob, wrong)
 
 

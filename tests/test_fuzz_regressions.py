@@ -121,14 +121,14 @@ def test_parse_then_build_reproduces_every_fixture_blob(path: Path) -> None:
 def test_fix_checksums_makes_a_changed_blob_decode() -> None:
     data = bytearray((ROOT / "fixtures" / "blobs" / "spec_example_f16_key_l3.hrwb").read_bytes())
     data[384:386] = b"\x00\x3c"  # page_pool[0, 0, 0, 0] = 1.0
-    with pytest.raises(hw.ChecksumError):
+    with pytest.raises(hw.errors.ChecksumError):
         hw.decode(bytes(data))
     fixed = fuzz_blob.fix_checksums(bytes(data))
     assert hw.decode(fixed).page_pool[0, 0, 0, 0] == 1.0
     data[22] = 7  # checksum_type: first the header checksum catches it, then the field check
-    with pytest.raises(hw.ChecksumError):
+    with pytest.raises(hw.errors.ChecksumError):
         hw.decode(bytes(data))
-    with pytest.raises(hw.InvalidBlobError, match="checksum_type"):
+    with pytest.raises(hw.errors.InvalidBlobError, match="checksum_type"):
         hw.decode(fuzz_blob.fix_checksums(bytes(data)))
     assert fuzz_blob.fix_checksums(fixed) == fixed
 
@@ -185,7 +185,7 @@ def test_fix_hrry_crc_makes_a_changed_index_read() -> None:
     names = reference.HrryFile.from_buffer(bytes(data)).names
     at = bytes(data).rindex(names[0].encode())  # the name in the index, near the end
     data[at] ^= 0x01
-    with pytest.raises(hw.InvalidContainerError, match="CRC-32C"):
+    with pytest.raises(hw.errors.InvalidContainerError, match="CRC-32C"):
         reference.HrryFile.from_buffer(bytes(data))
     renamed = reference.HrryFile.from_buffer(fuzz_containers.fix_checksums(bytes(data)))
     assert renamed.names[0] != names[0]
@@ -280,7 +280,7 @@ def test_f1_dimension_of_2_63_reference_stream() -> None:
 
 
 def test_f1_blob_decode() -> None:
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hw.errors.InvalidTensorError):
         hw.decode(F1_BLOB)
 
 
@@ -409,7 +409,9 @@ import probe_resources  # noqa: E402
 def test_f3_section_table_over_the_limit_is_refused_at_once() -> None:
     data = probe_resources.section_table_blob(16384)
     limits = hw.DecodeLimits(max_sections=16)
-    error = refused_within(lambda: hw.decode(data, limits=limits), hw.LimitExceededError, 2_000)
+    error = refused_within(
+        lambda: hw.decode(data, limits=limits), hw.errors.LimitExceededError, 2_000
+    )
     assert "too many sections" in str(error)  # before one entry of 16384 is read
 
 
@@ -429,13 +431,13 @@ def _big_metadata_stream() -> bytes:
 
 def test_f5_stream_reader_applies_max_metadata_bytes_to_the_header() -> None:
     limits = hw.DecodeLimits(max_metadata_bytes=96)
-    with pytest.raises(hw.LimitExceededError):
+    with pytest.raises(hw.errors.LimitExceededError):
         list(reference.StreamReader(_big_metadata_stream(), limits=limits))
 
 
 def test_f5_stream_file_applies_max_metadata_bytes_to_the_header() -> None:
     limits = hw.DecodeLimits(max_metadata_bytes=96)
-    with pytest.raises(hw.LimitExceededError):
+    with pytest.raises(hw.errors.LimitExceededError):
         reference.StreamFile(_big_metadata_stream(), limits=limits)
 
 

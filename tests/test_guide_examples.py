@@ -26,7 +26,7 @@ def test_building_a_descriptor() -> None:
     try:
         layout.validate_against_shape([9, 2])
         raise AssertionError("rank-2 should be refused")
-    except hurray.InvalidDescriptorError:
+    except hurray.errors.InvalidDescriptorError:
         pass
 
 
@@ -65,7 +65,7 @@ def test_validating_the_storage_invariants() -> None:
     try:
         layout.validate_index_buffers(seq_ptr=[0, 2, 3], block_table=[0, 5, 0])
         raise AssertionError("page 5 == num_pages should be refused")
-    except hurray.InvalidDescriptorError as exc:
+    except hurray.errors.InvalidDescriptorError as exc:
         print(exc)
 
 
@@ -92,5 +92,5 @@ def test_quantization_compatibility() -> None:
         try:
             layout.validate_quantization_compatibility(incompatible)
             raise AssertionError("should be refused")
-        except hurray.InvalidDescriptorError:
+        except hurray.errors.InvalidDescriptorError:
             pass

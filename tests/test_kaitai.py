@@ -245,7 +245,7 @@ def decoder_fields(data: bytes) -> dict[str, Any]:
     if header.layout_tag == BLOCK_PAGED_TAG:
         try:
             desc = hurray_wire.decode_descriptor(data)
-        except hurray_wire.InvalidDescriptorError:
+        except hurray_wire.errors.InvalidDescriptorError:
             return fields  # valid common header, block-paged rules broken (e.g. pool size)
         assert list(desc.shape) == fields["shape"]
         assert desc.layout.layer_index == fields["layer_index"]

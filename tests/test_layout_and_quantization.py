@@ -186,7 +186,7 @@ def test_layout_replace() -> None:
     changed = value.replace(num_seqs=7, kv_role="value")
     assert changed == layout(num_seqs=7, kv_role="value")
     assert value == layout()  # the original is untouched
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         value.replace(page_size=0)
 
 
@@ -205,7 +205,7 @@ INTEGER_FIELDS = {
 def test_layout_integer_fields_refuse_non_integers(name: str, value: Any) -> None:
     if name == "layer_index" and value is None:
         return  # None is the "not layer-scoped" value
-    refused(hw.InvalidDescriptorError, name, layout, **{name: value})
+    refused(hw.errors.InvalidDescriptorError, name, layout, **{name: value})
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,7 @@ def test_layout_integer_fields_out_of_range(name: str, value: int) -> None:
     changes: dict[str, Any] = {name: value}
     if name == "num_pages":
         changes["block_table_index_type"] = "uint64"
-    exc = refused(hw.InvalidDescriptorError, name, layout, **changes)
+    exc = refused(hw.errors.InvalidDescriptorError, name, layout, **changes)
     assert exc.found == value
 
 
@@ -242,12 +242,12 @@ def test_layout_integer_fields_at_their_limits(name: str) -> None:
 
 @pytest.mark.parametrize("axis", [1, 2, 3, 0xFFFFFFFF])
 def test_layout_paged_axis_must_be_0(axis: int) -> None:
-    exc = refused(hw.InvalidDescriptorError, "paged_axis", layout, paged_axis=axis)
+    exc = refused(hw.errors.InvalidDescriptorError, "paged_axis", layout, paged_axis=axis)
     assert exc.found == axis
 
 
 def test_layout_layer_index_sentinel_is_refused_explicitly() -> None:
-    exc = refused(hw.InvalidDescriptorError, "layer_index", layout, layer_index=0xFFFFFFFF)
+    exc = refused(hw.errors.InvalidDescriptorError, "layer_index", layout, layer_index=0xFFFFFFFF)
     assert "None" in str(exc)
 
 
@@ -258,7 +258,7 @@ def test_layout_layer_0_is_not_none() -> None:
 
 @pytest.mark.parametrize("role", ["Key", "keys", "k", "", "kv", 0, 1, None, b"key"])
 def test_layout_unknown_kv_role(role: Any) -> None:
-    exc = refused(hw.InvalidDescriptorError, "kv_role", layout, kv_role=role)
+    exc = refused(hw.errors.InvalidDescriptorError, "kv_role", layout, kv_role=role)
     assert exc.expected == KV_ROLE_NAMES
 
 
@@ -268,14 +268,14 @@ def test_layout_kv_roles(role: str) -> None:
 
 
 def test_layout_kv_role_array_raises_our_error() -> None:
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         layout(kv_role=np.array(["key", "value"]))
 
 
 @pytest.mark.parametrize("index_type", ["int32", "uint16", "u4", "UINT32", "", 0, 1, None])
 def test_layout_unknown_block_table_index_type(index_type: Any) -> None:
     exc = refused(
-        hw.InvalidDescriptorError,
+        hw.errors.InvalidDescriptorError,
         "block_table_index_type",
         layout,
         block_table_index_type=index_type,
@@ -285,7 +285,7 @@ def test_layout_unknown_block_table_index_type(index_type: Any) -> None:
 
 @pytest.mark.parametrize("num_pages", [2**32, 2**32 + 1, 2**64 - 1])
 def test_layout_uint32_with_a_huge_pool(num_pages: int) -> None:
-    exc = refused(hw.InvalidDescriptorError, "num_pages", layout, num_pages=num_pages)
+    exc = refused(hw.errors.InvalidDescriptorError, "num_pages", layout, num_pages=num_pages)
     assert exc.found == num_pages
     assert layout(num_pages=num_pages, block_table_index_type="uint64").num_pages == num_pages
 
@@ -319,7 +319,7 @@ def test_validate_against_shape_accepts(shape: Any) -> None:
 
 @pytest.mark.parametrize("shape", [[], [9], [9, 2], [9, 2, 8, 1], [1] * 65])
 def test_validate_against_shape_rank(shape: list[int]) -> None:
-    exc = refused(hw.InvalidDescriptorError, "rank", layout().validate_against_shape, shape)
+    exc = refused(hw.errors.InvalidDescriptorError, "rank", layout().validate_against_shape, shape)
     assert (exc.found, exc.expected) == (len(shape), 3)
 
 
@@ -328,25 +328,31 @@ def test_validate_against_shape_rank(shape: list[int]) -> None:
 def test_validate_against_shape_dimension_values(axis: int, bad: Any) -> None:
     shape: list[Any] = [9, 2, 8]
     shape[axis] = bad
-    refused(hw.InvalidDescriptorError, f"shape[{axis}]", layout().validate_against_shape, shape)
+    refused(
+        hw.errors.InvalidDescriptorError, f"shape[{axis}]", layout().validate_against_shape, shape
+    )
 
 
 @pytest.mark.parametrize("axis", range(3))
 def test_validate_against_shape_dynamic_dimension(axis: int) -> None:
     shape = [9, 2, 8]
     shape[axis] = DYNAMIC_DIM
-    refused(hw.InvalidDescriptorError, f"shape[{axis}]", layout().validate_against_shape, shape)
+    refused(
+        hw.errors.InvalidDescriptorError, f"shape[{axis}]", layout().validate_against_shape, shape
+    )
 
 
 @pytest.mark.parametrize("shape", [None, 5, 3.0])
 def test_validate_against_shape_not_a_sequence(shape: Any) -> None:
-    refused(hw.InvalidDescriptorError, "shape", layout().validate_against_shape, shape)
+    refused(hw.errors.InvalidDescriptorError, "shape", layout().validate_against_shape, shape)
 
 
 def test_validate_against_shape_empty_batch_has_no_tokens() -> None:
     empty = layout(num_seqs=0)
     empty.validate_against_shape([0, 2, 8])
-    exc = refused(hw.InvalidDescriptorError, "shape[0]", empty.validate_against_shape, [1, 2, 8])
+    exc = refused(
+        hw.errors.InvalidDescriptorError, "shape[0]", empty.validate_against_shape, [1, 2, 8]
+    )
     assert exc.found == 1
 
 
@@ -361,9 +367,9 @@ def check(value: hw.BlockPagedLayout, seq_ptr: Any, block_table: Any) -> None:
 
 
 def index_error(value: hw.BlockPagedLayout, seq_ptr: Any, block_table: Any, field: str) -> Any:
-    with pytest.raises(hw.IndexBufferError) as info:
+    with pytest.raises(hw.errors.IndexBufferError) as info:
         check(value, seq_ptr, block_table)
-    assert isinstance(info.value, hw.InvalidDescriptorError)
+    assert isinstance(info.value, hw.errors.InvalidDescriptorError)
     assert info.value.field == field, str(info.value)
     return info.value
 
@@ -584,12 +590,12 @@ def test_per_tensor_scale_is_rounded_to_float32(value: float) -> None:
     "scale", [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-46, -1e-46, 3.5e38, 1e300]
 )
 def test_per_tensor_scale_zero_or_not_finite_after_rounding(scale: float) -> None:
-    refused(hw.InvalidDescriptorError, "scale", hw.PerTensorAffine, scale)
+    refused(hw.errors.InvalidDescriptorError, "scale", hw.PerTensorAffine, scale)
 
 
 @pytest.mark.parametrize("scale", ["1.0", None, [1.0], 1j, b"\x00"])
 def test_per_tensor_scale_not_a_number(scale: Any) -> None:
-    refused(hw.InvalidDescriptorError, "scale", hw.PerTensorAffine, scale)
+    refused(hw.errors.InvalidDescriptorError, "scale", hw.PerTensorAffine, scale)
 
 
 def test_per_tensor_scale_from_numpy_and_int() -> None:
@@ -599,13 +605,13 @@ def test_per_tensor_scale_from_numpy_and_int() -> None:
 
 
 def test_per_tensor_scale_refuses_a_bool() -> None:
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         hw.PerTensorAffine(True)
 
 
 @pytest.mark.parametrize("zero_point", [-(2**31) - 1, 2**31, True, 0.0, "0", None])
 def test_per_tensor_zero_point_errors(zero_point: Any) -> None:
-    refused(hw.InvalidDescriptorError, "zero_point", hw.PerTensorAffine, 1.0, zero_point)
+    refused(hw.errors.InvalidDescriptorError, "zero_point", hw.PerTensorAffine, 1.0, zero_point)
 
 
 @pytest.mark.parametrize("zero_point", [-(2**31), 2**31 - 1, np.int8(-5)])
@@ -622,7 +628,7 @@ def test_scheme_version_errors(version: Any) -> None:
         lambda: hw.NF4(0, 8, 3, version),
         lambda: hw.MXFP(0, 32, 3, version),
     ):
-        refused(hw.InvalidDescriptorError, "scheme_version", build)
+        refused(hw.errors.InvalidDescriptorError, "scheme_version", build)
 
 
 def test_scheme_version_0_is_accepted() -> None:
@@ -664,7 +670,7 @@ def test_per_channel_constructors() -> None:
 def test_per_channel_field_errors(kwargs: dict[str, Any], field: str) -> None:
     fields: dict[str, Any] = {"axis": 1, "scale_buffer_index": 3}
     fields.update(kwargs)
-    refused(hw.InvalidDescriptorError, field, hw.PerChannelAffine, **fields)
+    refused(hw.errors.InvalidDescriptorError, field, hw.PerChannelAffine, **fields)
 
 
 def test_per_block_constructors() -> None:
@@ -688,7 +694,7 @@ def test_per_block_scale_type_coerced(scale_type: Any) -> None:
 
 @pytest.mark.parametrize("block_size", [0, 1, 3, 6, 12, 2**32 - 1, -2, True, 4.0])
 def test_per_block_block_size_errors(block_size: Any) -> None:
-    refused(hw.InvalidDescriptorError, "block_size", hw.PerBlockAffine, 0, block_size, 3)
+    refused(hw.errors.InvalidDescriptorError, "block_size", hw.PerBlockAffine, 0, block_size, 3)
 
 
 @pytest.mark.parametrize("block_size", [2, 4, 2**31])
@@ -700,12 +706,12 @@ def test_per_block_block_sizes(block_size: int) -> None:
     "scale_type", [hw.int8, hw.float64, hw.float8_e4m3, hw.float8_e8m0, "uint8"]
 )
 def test_per_block_scale_type_not_f16_bf16_f32(scale_type: Any) -> None:
-    refused(hw.InvalidDescriptorError, "scale_type", hw.PerBlockAffine, 0, 4, 3, scale_type)
+    refused(hw.errors.InvalidDescriptorError, "scale_type", hw.PerBlockAffine, 0, 4, 3, scale_type)
 
 
 @pytest.mark.parametrize("scale_type", ["bogus", 3, object()])
 def test_per_block_scale_type_not_an_element_type_names_scale_type(scale_type: Any) -> None:
-    refused(hw.InvalidDescriptorError, "scale_type", hw.PerBlockAffine, 0, 4, 3, scale_type)
+    refused(hw.errors.InvalidDescriptorError, "scale_type", hw.PerBlockAffine, 0, 4, 3, scale_type)
 
 
 @pytest.mark.parametrize(
@@ -721,7 +727,7 @@ def test_per_block_scale_type_not_an_element_type_names_scale_type(scale_type: A
 def test_per_block_field_errors(kwargs: dict[str, Any], field: str) -> None:
     fields: dict[str, Any] = {"axis": 0, "block_size": 4, "scale_buffer_index": 3}
     fields.update(kwargs)
-    refused(hw.InvalidDescriptorError, field, hw.PerBlockAffine, **fields)
+    refused(hw.errors.InvalidDescriptorError, field, hw.PerBlockAffine, **fields)
 
 
 @pytest.mark.parametrize(
@@ -736,7 +742,7 @@ def test_nf4_and_mxfp_block_sizes(scheme: Any, good: list[int], bad: list[int]) 
         q = scheme(0, block_size, 3)
         assert (q.block_size, q.flags, q.parameter_buffers) == (block_size, 0, (3,))
     for block_size in bad:
-        refused(hw.InvalidDescriptorError, "block_size", scheme, 0, block_size, 3)
+        refused(hw.errors.InvalidDescriptorError, "block_size", scheme, 0, block_size, 3)
 
 
 def test_nf4_and_mxfp_tags_and_storage() -> None:
@@ -791,9 +797,9 @@ def test_quantization_equality_across_schemes() -> None:
 
 
 def test_replace_revalidates() -> None:
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         dataclasses.replace(hw.PerBlockAffine(0, 4, 3), block_size=3)
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         dataclasses.replace(hw.PerTensorAffine(1.0), scale=0.0)
 
 
@@ -819,16 +825,32 @@ def test_block_paged_compatible(q: Any) -> None:
 @pytest.mark.parametrize(
     ("q", "field", "error"),
     [
-        (hw.NF4(0, 8, 3), "quantization", hw.QuantizationNotDefinedError),
-        (hw.MXFP(0, 32, 3), "quantization", hw.QuantizationNotDefinedError),
-        (hw.PerChannelAffine.symmetric(0, 3), "quantization.axis", hw.InvalidDescriptorError),
-        (hw.PerChannelAffine.symmetric(3, 3), "quantization.axis", hw.InvalidDescriptorError),
-        (hw.PerBlockAffine(1, 4, 3), "quantization.axis", hw.InvalidDescriptorError),
-        (hw.PerBlockAffine(0, 8, 3), "quantization.block_size", hw.InvalidDescriptorError),
-        (hw.PerBlockAffine(0, 2, 3), "quantization.block_size", hw.InvalidDescriptorError),
-        (hw.PerBlockAffine(0, 4, 2), "quantization.scale_buffer_index", hw.InvalidDescriptorError),
-        (hw.PerChannelAffine(1, 0), "quantization.scale_buffer_index", hw.InvalidDescriptorError),
-        ("per_block_affine", "quantization", hw.InvalidDescriptorError),
+        (hw.NF4(0, 8, 3), "quantization", hw.errors.QuantizationNotDefinedError),
+        (hw.MXFP(0, 32, 3), "quantization", hw.errors.QuantizationNotDefinedError),
+        (
+            hw.PerChannelAffine.symmetric(0, 3),
+            "quantization.axis",
+            hw.errors.InvalidDescriptorError,
+        ),
+        (
+            hw.PerChannelAffine.symmetric(3, 3),
+            "quantization.axis",
+            hw.errors.InvalidDescriptorError,
+        ),
+        (hw.PerBlockAffine(1, 4, 3), "quantization.axis", hw.errors.InvalidDescriptorError),
+        (hw.PerBlockAffine(0, 8, 3), "quantization.block_size", hw.errors.InvalidDescriptorError),
+        (hw.PerBlockAffine(0, 2, 3), "quantization.block_size", hw.errors.InvalidDescriptorError),
+        (
+            hw.PerBlockAffine(0, 4, 2),
+            "quantization.scale_buffer_index",
+            hw.errors.InvalidDescriptorError,
+        ),
+        (
+            hw.PerChannelAffine(1, 0),
+            "quantization.scale_buffer_index",
+            hw.errors.InvalidDescriptorError,
+        ),
+        ("per_block_affine", "quantization", hw.errors.InvalidDescriptorError),
     ],
     ids=lambda value: str(value)[:40],
 )
@@ -840,7 +862,7 @@ def test_per_block_with_page_size_1_has_no_legal_block_size() -> None:
     """[A9]: block_size must be a power of two >= 2, so page_size 1 cannot be quantized."""
     for block_size in (2, 4):
         refused(
-            hw.InvalidDescriptorError,
+            hw.errors.InvalidDescriptorError,
             "quantization.block_size",
             layout(page_size=1).validate_quantization_compatibility,
             hw.PerBlockAffine(0, block_size, 3),
@@ -925,7 +947,7 @@ def test_packed_byte_sizes_from_the_spec() -> None:
 
 @pytest.mark.parametrize("tag", [t for t in range(256) if t not in {row[0] for row in TABLE}])
 def test_element_type_from_unassigned_tag(tag: int) -> None:
-    exc = refused(hw.InvalidDescriptorError, "type_tag", hw.element_type_from_tag, tag)
+    exc = refused(hw.errors.InvalidDescriptorError, "type_tag", hw.element_type_from_tag, tag)
     assert exc.found == f"0x{tag:02X}"
     word = (
         "invalid"
@@ -941,16 +963,16 @@ def test_element_type_from_unassigned_tag(tag: int) -> None:
 
 @pytest.mark.parametrize("name", ["float", "bool_", "Float16", "fp16", "", None, 1])
 def test_element_type_from_unknown_name(name: Any) -> None:
-    refused(hw.InvalidDescriptorError, "element_type", hw.element_type_from_name, name)
+    refused(hw.errors.InvalidDescriptorError, "element_type", hw.element_type_from_name, name)
 
 
 @pytest.mark.parametrize("value", [">f4", np.dtype(">i8"), "V16", "U3", object, "not-a-dtype", 3.5])
 def test_element_type_of_unknown(value: Any) -> None:
-    refused(hw.InvalidDescriptorError, "element_type", hw.element_type_of, value)
+    refused(hw.errors.InvalidDescriptorError, "element_type", hw.element_type_of, value)
 
 
 def test_element_type_of_none_is_refused() -> None:
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         hw.element_type_of(None)
 
 

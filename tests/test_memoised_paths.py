@@ -101,7 +101,7 @@ def test_parameter_buffers_and_options_take_the_general_path() -> None:
     assert bytes(hw.encode(tensor)) == _general(tensor)
     plain = _tiny()
     assert bytes(hw.encode(plain, compact=True)) == _general(plain.compact())
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         hw.encode(plain, checksum=1)  # type: ignore[arg-type]
 
 
@@ -140,7 +140,7 @@ def test_every_value_check_runs_after_a_memoised_geometry(table_dtype: Any) -> N
     if np.dtype(table_dtype).kind == "i":
         cases.append(([0, -1, 1], [0, 2, 3], "block_table"))  # negative
     for bad_table, bad_ptr, field in cases:  # the same geometry, other values
-        with pytest.raises(hw.IndexBufferError) as info:
+        with pytest.raises(hw.errors.IndexBufferError) as info:
             _build(pool, np.array(bad_table, table_dtype), np.array(bad_ptr, table_dtype))
         assert info.value.field == field
         assert _build(pool, table, seq_ptr).block_table.tolist() == [0, 3, 1]
@@ -150,12 +150,12 @@ def test_values_that_do_not_fit_the_index_type_after_a_memoised_geometry() -> No
     pool, table, seq_ptr = _arrays(np.uint64)
     _build(pool, table, seq_ptr)
     big = np.array([0, 3, 2**33], np.uint64)
-    with pytest.raises(hw.IndexBufferError, match="do not fit uint32") as info:
+    with pytest.raises(hw.errors.IndexBufferError, match="do not fit uint32") as info:
         _build(pool, big, seq_ptr)
     assert info.value.field == "block_table"
     wide = _build(pool, table, seq_ptr, block_table_index_type="uint64")
     assert wide.layout.block_table_index_type == "uint64"
-    with pytest.raises(hw.IndexBufferError, match="outside the pool"):  # fits, but no page
+    with pytest.raises(hw.errors.IndexBufferError, match="outside the pool"):  # fits, but no page
         _build(pool, big, seq_ptr, block_table_index_type="uint64")
 
 
@@ -168,12 +168,12 @@ def test_seq_lens_metadata_and_total_tokens_after_a_memoised_geometry() -> None:
     assert other.shape[0] == 5 and other.descriptor is first.descriptor
     longer = _build(pool, table, seq_ptr, seq_lens=np.array([4, 2], np.uint64))
     assert longer.shape[0] == 6
-    with pytest.raises(hw.IndexBufferError) as info:  # 5 tokens need 3 pages of 2, not 2
+    with pytest.raises(hw.errors.IndexBufferError) as info:  # 5 tokens need 3 pages of 2, not 2
         _build(pool, table, seq_ptr, seq_lens=np.array([5, 1], np.uint64))
     assert info.value.field == "seq_lens"
     with pytest.raises(hw.HurrayWireError):
         _build(pool, table, seq_ptr, seq_lens=lens, total_tokens=4)
-    with pytest.raises(hw.InvalidMetadataError):
+    with pytest.raises(hw.errors.InvalidMetadataError):
         _build(pool, table, seq_ptr, metadata={"hurray.k_scale": "not a float"})
     assert _build(pool, table, seq_ptr, total_tokens=np.int64(5)).shape[0] == 5
 
@@ -190,9 +190,9 @@ def test_geometry_key_separates_types_and_skips_what_it_cannot_key() -> None:
     with pytest.raises(hw.HurrayWireError):
         _build(pool, table, seq_ptr, kv_role=["key"])  # unhashable
     assert _build(pool, [0, 3, 1], [0, 2, 3]).descriptor == _build(pool, table, seq_ptr).descriptor
-    with pytest.raises(hw.InvalidTensorError):  # same shape, another dtype: its own geometry
+    with pytest.raises(hw.errors.InvalidTensorError):  # same shape, another dtype: its own geometry
         _build(pool.astype(np.float32), table, seq_ptr, element_type=hw.float16)
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hw.errors.InvalidTensorError):
         _build(pool.reshape(4, 2, 8), table, seq_ptr)
 
 
@@ -225,7 +225,7 @@ def test_padding_and_checksums_checked_on_every_decode_of_a_memoised_plan() -> N
     for number, entry in enumerate(entries):
         damaged = bytearray(blob)
         damaged[entry["offset"]] ^= 1
-        with pytest.raises(hw.ChecksumError) as info:
+        with pytest.raises(hw.errors.ChecksumError) as info:
             hw.decode(damaged)
         assert info.value.offset == entry["offset"]
         if number == 0:  # pool bytes: only the checksum can tell

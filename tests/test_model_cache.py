@@ -62,7 +62,7 @@ def test_another_engine_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "model.hrws"
     hw.save_cache(path, cache(), fingerprint=FP, progress=False)
     other = EngineFingerprint("tiny-llm", "vllm", "0.9.1", "NHD", "float16", 16, 0, 1)
-    with pytest.raises(hw.IncompatibleFingerprintError, match="block_size"):
+    with pytest.raises(hw.errors.IncompatibleFingerprintError, match="block_size"):
         hw.load_cache(path, expect_fingerprint=other, progress=False)
 
 
@@ -90,14 +90,14 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary(
 @pytest.mark.parametrize(
     "bad, error, match",
     [
-        ({k: v for k, v in cache().items() if k != (1, "value")}, hw.InvalidStreamError,
+        ({k: v for k, v in cache().items() if k != (1, "value")}, hw.errors.InvalidStreamError,
          "missing layer 1 value"),
-        ([], hw.InvalidStreamError, "no tensor"),
-        ([*cache().values(), cache()[0, "key"]], hw.InvalidStreamError, "twice"),
-        ([np.zeros(3)], hw.ArgumentTypeError, "not a BlockPagedTensor"),
-        (b"bytes", hw.ArgumentTypeError, "iterable"),
+        ([], hw.errors.InvalidStreamError, "no tensor"),
+        ([*cache().values(), cache()[0, "key"]], hw.errors.InvalidStreamError, "twice"),
+        ([np.zeros(3)], hw.errors.ArgumentTypeError, "not a BlockPagedTensor"),
+        (b"bytes", hw.errors.ArgumentTypeError, "iterable"),
         ([hw.BlockPagedTensor.from_arrays(np.zeros((2, 4, 1, 2), np.float16), [0], [0, 1])],
-         hw.InvalidStreamError, "layer_index"),
+         hw.errors.InvalidStreamError, "layer_index"),
     ],
 )  # fmt: skip
 def test_what_is_not_a_whole_model_cache_is_refused(
@@ -115,11 +115,11 @@ def test_load_refuses_a_stream_that_misses_a_layer(tmp_path: Path) -> None:
         for key, tensor in cache().items():
             if key != (2, "key"):
                 writer.write(tensor)
-    with pytest.raises(hw.InvalidStreamError, match="missing layer 2 key"):
+    with pytest.raises(hw.errors.InvalidStreamError, match="missing layer 2 key"):
         hw.load_cache(path, progress=False)
     with hw.StreamWriter(path) as writer:  # no num_layers / kv_roles: not a model cache
         writer.write(cache()[0, "key"])
-    with pytest.raises(hw.InvalidStreamError, match="num_layers and kv_roles"):
+    with pytest.raises(hw.errors.InvalidStreamError, match="num_layers and kv_roles"):
         hw.load_cache(path, progress=False)
 
 
@@ -139,5 +139,5 @@ def test_progress_hook_sees_every_byte_and_no_bar_off_a_terminal(
     hw.save_cache(path, cache())  # progress=None: stderr is not a terminal here, no bar
     hw.load_cache(path)
     assert capsys.readouterr().err == ""
-    with pytest.raises(hw.ArgumentTypeError, match="progress"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="progress"):
         hw.save_cache(path, cache(), progress="yes")  # type: ignore[arg-type]

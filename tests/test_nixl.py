@@ -29,7 +29,7 @@ from hurray_wire.transport import records
 
 try:
     from hurray_wire.transport import nixl as hwnixl
-except hw.TransportError as exc:  # NIXL not installed or its libraries do not load
+except hw.errors.TransportError as exc:  # NIXL not installed or its libraries do not load
     pytest.skip(f"NIXL cannot load here: {exc}", allow_module_level=True)
 
 __all__ = ["hwnixl", "peer"]  # shared with test_nixl_pages.py
@@ -105,11 +105,11 @@ def test_multi_layer_cache_every_value(receiver: Any) -> None:
 def test_corrupted_byte_names_layer_and_role(receiver: Any) -> None:
     sender = Sender(receiver, "--corrupt", "2:value", layers=3, pages=64)
     got = []
-    with pytest.raises(hw.TransportError) as info:
+    with pytest.raises(hw.errors.TransportError) as info:
         for tensor in receiver.receive(6, deadline=20):
             got.append((tensor.layer_index, tensor.kv_role))
     assert (info.value.layer, info.value.role) == (2, "value")
-    assert isinstance(info.value.__cause__, hw.ChecksumError)
+    assert isinstance(info.value.__cause__, hw.errors.ChecksumError)
     assert "buffer[0]" in str(info.value)
     assert (2, "value") not in got
     sender.finish()
@@ -120,10 +120,10 @@ def test_corrupted_byte_in_engine_array(receiver: Any) -> None:
     receiver.register(pool)
     sender = Sender(receiver, "--corrupt", "0:key", layers=1, pages=64)
     receiver.expect(0, "key", pool)
-    with pytest.raises(hw.TransportError) as info:
+    with pytest.raises(hw.errors.TransportError) as info:
         list(receiver.receive(2, deadline=20))
     assert (info.value.layer, info.value.role) == (0, "key")
-    assert isinstance(info.value.__cause__, hw.ChecksumError)
+    assert isinstance(info.value.__cause__, hw.errors.ChecksumError)
     sender.finish()
 
 
@@ -131,7 +131,7 @@ def test_killed_sender_is_a_clean_error_within_the_deadline(receiver: Any) -> No
     sender = Sender(receiver, "--die-after", "3", layers=4, pages=64)
     got = []
     start = time.monotonic()
-    with pytest.raises(hw.TransportError, match="deadline passed"):
+    with pytest.raises(hw.errors.TransportError, match="deadline passed"):
         for tensor in receiver.receive(8, deadline=4):
             got.append(tensor.layer_index)
     assert time.monotonic() - start < 15
@@ -142,7 +142,7 @@ def test_killed_sender_is_a_clean_error_within_the_deadline(receiver: Any) -> No
 def test_abort_ends_the_transfer_at_once(receiver: Any) -> None:
     sender = Sender(receiver, "--abort-at", "2", layers=4, pages=64)
     start = time.monotonic()
-    with pytest.raises(hw.TransportError, match="the sender aborted: test abort after 2"):
+    with pytest.raises(hw.errors.TransportError, match="the sender aborted: test abort after 2"):
         list(receiver.receive(8, deadline=30))
     assert time.monotonic() - start < 10
     assert sender.finish() == 0
@@ -151,7 +151,7 @@ def test_abort_ends_the_transfer_at_once(receiver: Any) -> None:
 # -- in one process: two agents, the sender driven from a thread ---------------------------
 def _quietly(wait: Any) -> None:
     """Drive a sender whose peer is about to abort (the abort is the test's subject)."""
-    with contextlib.suppress(hw.TransportError):
+    with contextlib.suppress(hw.errors.TransportError):
         wait(deadline=10)
 
 
@@ -188,12 +188,12 @@ def test_lying_offer_length_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) ->
         again); the receiver's abort after validating reaches it if it is still waiting."""
         try:
             s.wait(deadline=10)
-        except hw.TransportError as exc:
+        except hw.errors.TransportError as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=drive)
     thread.start()
-    with pytest.raises(hw.TransportError, match="total_length is not the blob's") as info:
+    with pytest.raises(hw.errors.TransportError, match="total_length is not the blob's") as info:
         list(r.receive(1, deadline=10))
     thread.join()
     assert (info.value.layer, info.value.role) == (0, "key")
@@ -204,23 +204,23 @@ def test_lying_offer_length_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_arguments_are_checked() -> None:
     s, r = _pair()
-    with pytest.raises(hw.TransportError, match="no peer"):
+    with pytest.raises(hw.errors.TransportError, match="no peer"):
         s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 2), 0, "key"))
-    with pytest.raises(hw.ArgumentTypeError, match="op is"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="op is"):
         s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 2), 0, "key"), op="PUT")
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         hwnixl.NixlSender("x", ucx_error_handling_mode="rdma")
-    with pytest.raises(hw.TransportError, match="one_pass=True, page_pool is in registered"):
+    with pytest.raises(hw.errors.TransportError, match="one_pass=True, page_pool is in registered"):
         r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16), one_pass=True)
     r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16))  # staged, then copied
-    with pytest.raises(hw.ArgumentTypeError, match="one_pass"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="one_pass"):
         r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16), one_pass=1)
     s.metadata()
-    with pytest.raises(hw.TransportError, match="before taking metadata"):
+    with pytest.raises(hw.errors.TransportError, match="before taking metadata"):
         s.register(np.zeros(64, np.uint8))
     r.metadata()
     r.register(np.zeros(64, np.uint8))  # a receiver's metadata names none of its memory
-    with pytest.raises(hw.ArgumentTypeError, match="deadline"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="deadline"):
         next(iter(r.receive(1, deadline=0)))
     s.close()
     r.close()
@@ -266,22 +266,22 @@ def test_failed_write_aborts_the_receiver_at_once(monkeypatch: pytest.MonkeyPatc
     r.add_peer(s.metadata())
 
     def failing(op: str, *args: Any) -> Any:
-        raise hw.TransportError(f"NIXL {op} failed to post (simulated)")
+        raise hw.errors.TransportError(f"NIXL {op} failed to post (simulated)")
 
     monkeypatch.setattr(s, "_post", failing)
     s.publish(peer.cache_tensor(peer.cache_pool(1, "value", 8), 1, "value"), op="WRITE")
-    errors: list[hw.TransportError] = []
+    errors: list[hw.errors.TransportError] = []
 
     def drive() -> None:
         try:
             s.wait(deadline=10)
-        except hw.TransportError as exc:
+        except hw.errors.TransportError as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=drive)
     thread.start()
     start = time.monotonic()
-    with pytest.raises(hw.TransportError, match="the sender aborted") as info:
+    with pytest.raises(hw.errors.TransportError, match="the sender aborted") as info:
         list(r.receive(1, deadline=10))
     assert time.monotonic() - start < 5
     thread.join()
@@ -311,9 +311,9 @@ def test_compressed_staged_blob_into_an_engine_array() -> None:
     for tensor in got.values():
         np.testing.assert_array_equal(tensor.page_pool, pool)
     assert np.shares_memory(got["key"].page_pool, engine)
-    with pytest.raises(hw.ArgumentTypeError, match="compression needs mode='staged'"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="compression needs mode='staged'"):
         s.publish(peer.cache_tensor(pool, 5, "key"), compression="zstd")
-    with pytest.raises(hw.ArgumentTypeError, match="unknown kv_role"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="unknown kv_role"):
         r.expect(0, "query", engine)
     s.close()
     r.close()
@@ -377,7 +377,7 @@ def test_nixl_errors_are_wrapped_with_the_original_as_cause(
     s.publish(peer.cache_tensor(peer.cache_pool(0, "value", 4), 0, "value"), mode="staged")
     thread = threading.Thread(target=_quietly, args=(s.wait,))
     thread.start()
-    with pytest.raises(hw.TransportError, match="NIXL") as info:
+    with pytest.raises(hw.errors.TransportError, match="NIXL") as info:
         list(r.receive(1, deadline=10))
     thread.join()
     assert (info.value.layer, info.value.role) == (0, "value")
@@ -415,7 +415,7 @@ def test_delta_transfer_with_known_pages_and_fingerprint() -> None:
     tensor = hw.BlockPagedTensor.from_arrays(
         now, old.block_table, old.seq_ptr, layer_index=0, kv_role="key", metadata=meta
     )
-    with pytest.raises(hw.ArgumentTypeError, match="mode='staged'"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="mode='staged'"):
         s.publish(tensor, known_pages=store.digests())
     seen: list[Any] = []
 
@@ -433,7 +433,7 @@ def test_delta_transfer_with_known_pages_and_fingerprint() -> None:
     assert seen[0].size == 32
     np.testing.assert_array_equal(got.page_pool, now)
     assert len(hw.encode(tensor, known_pages=seen[0])) < len(hw.encode(tensor)) // 4
-    with pytest.raises(hw.TransportError, match="known-pages"):
+    with pytest.raises(hw.errors.TransportError, match="known-pages"):
         r._on_known_pages(b"")  # a receiver never takes a known-pages record
     s.close()
     r.close()
@@ -460,7 +460,7 @@ def test_fingerprint_mismatch_is_refused_with_the_blob_named() -> None:
     s.publish(odd, mode="staged")
     thread = threading.Thread(target=_quietly, args=(s.wait,))
     thread.start()
-    with pytest.raises(hw.TransportError, match="kv_cache_layout") as info:
+    with pytest.raises(hw.errors.TransportError, match="kv_cache_layout") as info:
         list(r.receive(1, deadline=10))
     thread.join()
     assert (info.value.layer, info.value.role) == (2, "key")
@@ -522,7 +522,7 @@ def test_the_header_in_the_ready_record_is_checked(
     s.publish(tensor)  # zero-copy, checksums: the header follows in the ready record
     thread = threading.Thread(target=_quietly, args=(s.wait,))
     thread.start()
-    with pytest.raises(hw.TransportError, match=match) as info:
+    with pytest.raises(hw.errors.TransportError, match=match) as info:
         list(r.receive(1, deadline=10))
     thread.join()
     assert (info.value.layer, info.value.role) == (0, "key")
@@ -557,7 +557,7 @@ def test_an_offer_whose_header_segment_overlaps_its_pool_is_refused(
     s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 8), 0, "key"))
     thread = threading.Thread(target=_quietly, args=(s.wait,))
     thread.start()
-    with pytest.raises(hw.TransportError, match="header segment overlaps its page pool"):
+    with pytest.raises(hw.errors.TransportError, match="header segment overlaps its page pool"):
         list(r.receive(1, deadline=10))
     thread.join()
     assert (engine == 7).all()

@@ -97,19 +97,21 @@ def test_a_page_damaged_where_it_landed_is_refused(
     s.publish(tensor)
     info = _refused(s, r)
     assert (info.value.layer, info.value.role) == (0, "key")
-    assert isinstance(info.value.__cause__, hw.ChecksumError)
+    assert isinstance(info.value.__cause__, hw.errors.ChecksumError)
     assert "buffer[0]" in str(info.value)
     assert (engine.tobytes() == before) is not one_pass
     s.close()
     r.close()
 
 
-def _refused(s: Any, r: Any, match: str | None = None) -> pytest.ExceptionInfo[hw.TransportError]:
+def _refused(
+    s: Any, r: Any, match: str | None = None
+) -> pytest.ExceptionInfo[hw.errors.TransportError]:
     """The receiver refuses the one blob offered while the sender is driven to its end."""
     thread = threading.Thread(target=lambda: _quiet(s))
     thread.start()
     try:
-        with pytest.raises(hw.TransportError, match=match) as info:
+        with pytest.raises(hw.errors.TransportError, match=match) as info:
             list(r.receive(1, deadline=10))
     finally:
         thread.join()
@@ -117,7 +119,7 @@ def _refused(s: Any, r: Any, match: str | None = None) -> pytest.ExceptionInfo[h
 
 
 def _quiet(s: Any) -> None:
-    with contextlib.suppress(hw.TransportError):
+    with contextlib.suppress(hw.errors.TransportError):
         s.wait(deadline=10)
 
 
@@ -148,12 +150,12 @@ def test_bad_page_ids_are_typed_errors(page_ids: Any, field: str, message: str) 
     engine = _engine()
     r = hwnixl.NixlReceiver("pages-args", ucx_error_handling_mode="none", arena_bytes=1 << 20)
     r.register(engine)
-    with pytest.raises(hw.ArgumentTypeError, match=message) as info:
+    with pytest.raises(hw.errors.ArgumentTypeError, match=message) as info:
         r.expect(0, "key", engine, page_ids=page_ids)
     assert info.value.field == field
     flat = np.zeros(1 << 16, np.uint8)
     r.register(flat)
-    with pytest.raises(hw.ArgumentTypeError) as info:
+    with pytest.raises(hw.errors.ArgumentTypeError) as info:
         r.expect(0, "key", flat[:0], page_ids=[0])
     assert info.value.field == "page_pool"
     r.close()
@@ -221,7 +223,7 @@ def test_a_delta_decodes_in_place_into_the_engine_pool() -> None:
     r.add_peer(s.metadata())
     free = np.array([3, 4, 5, 6, 7])
     r.expect_in_place(5, "value", store, free)
-    with pytest.raises(hw.ArgumentTypeError, match="already expected in place"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="already expected in place"):
         r.expect(5, "value", engine)
 
     def send() -> None:
@@ -241,7 +243,7 @@ def test_a_delta_decodes_in_place_into_the_engine_pool() -> None:
     written = np.flatnonzero(changed.reshape(ENGINE_PAGES, -1).any(axis=1))
     assert set(written.tolist()) <= set(free.tolist()) and written.size == 4
     assert set(np.unique(got.block_table).tolist()) <= set(held[:12].tolist()) | set(free[:4])
-    with pytest.raises(hw.ArgumentTypeError, match="EnginePoolStore"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="EnginePoolStore"):
         r.expect_in_place(6, "key", engine, free)  # type: ignore[arg-type]
     s.close()
     r.close()
@@ -293,7 +295,7 @@ def test_pages_all_still_sends_the_whole_pool() -> None:
     got = _move(s, r, 1)[2, "key"]
     np.testing.assert_array_equal(got.page_pool, pool)
     np.testing.assert_array_equal(got.block_table, [3, 4])
-    with pytest.raises(hw.ArgumentTypeError, match="pages"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="pages"):
         s.publish(tensor, pages="some")
     s.close()
     r.close()

@@ -118,7 +118,7 @@ def test_an_extra_write_at_an_engine_page_not_granted_is_refused(
         monkeypatch.setattr(s, "_post", with_page_zero)
     s.publish(peer.cache_tensor(pool, 0, "key"), op=op)
     if op == "WRITE":
-        with pytest.raises(hw.TransportError, match="the sender aborted"):
+        with pytest.raises(hw.errors.TransportError, match="the sender aborted"):
             _move(s, r, 1)
     else:
         _move(s, r, 1)
@@ -147,9 +147,9 @@ def test_write_mode_lands_in_engine_pages_only_after_validation(
 
     monkeypatch.setattr(r, "_decode", damaged)
     s.publish(peer.cache_tensor(pool, 2, "value"), op="WRITE")
-    with pytest.raises(hw.TransportError) as info:
+    with pytest.raises(hw.errors.TransportError) as info:
         _move(s, r, 1)
-    assert isinstance(info.value.__cause__, hw.ChecksumError)
+    assert isinstance(info.value.__cause__, hw.errors.ChecksumError)
     assert (engine == SENTINEL).all()
     s.close()
     r.close()
@@ -179,17 +179,17 @@ def test_write_lands_whole_and_at_page_ids(mode: str) -> None:
 def test_a_receiver_without_a_write_region_refuses_write() -> None:
     s, r, evil = _pair()
     s.publish(peer.cache_tensor(peer.cache_pool(0, "value", 2), 0, "value"), op="WRITE")
-    errors: list[hw.TransportError] = []
+    errors: list[hw.errors.TransportError] = []
 
     def drive() -> None:
         try:
             s.wait(deadline=10)
-        except hw.TransportError as exc:
+        except hw.errors.TransportError as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=drive)
     thread.start()
-    with pytest.raises(hw.TransportError, match="takes no WRITE") as info:
+    with pytest.raises(hw.errors.TransportError, match="takes no WRITE") as info:
         list(r.receive(1, deadline=10))
     thread.join()
     assert (info.value.layer, info.value.role) == (0, "value")
@@ -204,7 +204,7 @@ def test_a_write_blob_larger_than_the_write_region_is_refused() -> None:
     s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 8), 0, "key"), op="WRITE")
     thread = threading.Thread(target=lambda: _quiet(s))
     thread.start()
-    with pytest.raises(hw.TransportError, match="write region") as info:
+    with pytest.raises(hw.errors.TransportError, match="write region") as info:
         list(r.receive(1, deadline=10))
     thread.join()
     assert "<= 65536" in str(info.value)
@@ -213,16 +213,16 @@ def test_a_write_blob_larger_than_the_write_region_is_refused() -> None:
 
 
 def _quiet(s: Any) -> None:
-    with contextlib.suppress(hw.TransportError):
+    with contextlib.suppress(hw.errors.TransportError):
         s.wait(deadline=10)
 
 
 @pytest.mark.parametrize("value", [-1, 1, 63, 1.5, True, "64"])
 def test_write_arena_bytes_is_checked(value: Any) -> None:
-    with pytest.raises(hw.ArgumentTypeError, match="write_arena_bytes"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="write_arena_bytes"):
         hwnixl.NixlReceiver("x", write_arena_bytes=value)
     for staging in (value, 0):  # the staging region has no "none": 0 is refused too
-        with pytest.raises(hw.ArgumentTypeError, match="staging_bytes"):
+        with pytest.raises(hw.errors.ArgumentTypeError, match="staging_bytes"):
             hwnixl.NixlReceiver("x", staging_bytes=staging)
 
 
@@ -239,7 +239,7 @@ def test_a_receiver_registers_after_its_metadata() -> None:
     np.testing.assert_array_equal(engine[[12, 13, 0, 7]], pool)
     assert np.shares_memory(got.page_pool, engine)
     assert _hostile_write(s, r, evil, _address(engine), _PAGE) != "DONE"
-    with pytest.raises(hw.TransportError, match="before taking metadata"):
+    with pytest.raises(hw.errors.TransportError, match="before taking metadata"):
         s.register(np.zeros(64, np.uint8))
     s.close()
     r.close()

@@ -163,7 +163,7 @@ CASES = [
 
 def _cause(exc: BaseException) -> BaseException:
     """The route-independent cause: a transport error's cause, else the error itself."""
-    if isinstance(exc, hw.TransportError) and exc.__cause__ is not None:
+    if isinstance(exc, hw.errors.TransportError) and exc.__cause__ is not None:
         return exc.__cause__
     return exc
 
@@ -378,7 +378,7 @@ def test_encode_refuses_index_arrays_changed_after_from_arrays(edit: Any) -> Non
 def _nixl() -> Any:
     try:
         from hurray_wire.transport import nixl
-    except hw.TransportError as exc:
+    except hw.errors.TransportError as exc:
         pytest.skip(f"NIXL cannot load here: {exc}")
     return nixl
 
@@ -409,13 +409,13 @@ def _serve(
         s.publish(tensor, mode="staged", page_digests=digests)
 
         def drive() -> None:
-            with contextlib.suppress(hw.TransportError):
+            with contextlib.suppress(hw.errors.TransportError):
                 s.wait(deadline=10)
 
         thread = threading.Thread(target=drive)
         thread.start()
         try:
-            with pytest.raises(hw.TransportError) as info:
+            with pytest.raises(hw.errors.TransportError) as info:
                 list(r.receive(1, deadline=10))
         finally:
             thread.join()

@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from hurray_wire import cli_args
+from hurray_wire import cli_args, cli_parser
 from tests.conftest import ROOT
 
 
@@ -29,7 +29,7 @@ def test_the_licenses_match_the_declared_expression() -> None:
 
 
 def test_the_help_points_at_the_installed_schema(capsys: pytest.CaptureFixture[str]) -> None:
-    schema = Path(cli_args.DUMP_SCHEMA)
+    schema = Path(cli_parser.DUMP_SCHEMA)
     assert schema == ROOT / "hurray_wire" / "schemas" / "dump.schema.json"
     jsonschema.Draft202012Validator.check_schema(json.loads(schema.read_text(encoding="utf-8")))
     with pytest.raises(SystemExit):

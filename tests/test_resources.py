@@ -472,9 +472,9 @@ def test_stream_file_index_stays_an_array_until_asked() -> None:
     mapped = StreamFile(buffer.getvalue())
     assert mapped.complete and len(mapped) == 600
     assert mapped.tensor(299, "value").layer_index == 299
-    with pytest.raises(hw.MissingTensorError):
+    with pytest.raises(hw.errors.MissingTensorError):
         mapped.tensor(300, "key")
-    with pytest.raises(hw.MissingTensorError):
+    with pytest.raises(hw.errors.MissingTensorError):
         mapped.tensor(2**40, "key")
     with pytest.raises(ArgumentTypeError, match="layer_index"):
         mapped.tensor([1], "key")  # type: ignore[arg-type]
@@ -508,5 +508,7 @@ def test_a_stream_header_padded_to_64_mib_is_refused_quickly() -> None:
     struct.pack_into("<Q", padded, 8, len(padded) + 8)  # total_length
     padded[-1] = 1
     record = bytes(padded) + struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(padded)))
-    error = refused_within(lambda: decode_stream_header(record), hw.InvalidStreamError, 2_000)
+    error = refused_within(
+        lambda: decode_stream_header(record), hw.errors.InvalidStreamError, 2_000
+    )
     assert "padding" in str(error) and error.offset == len(padded) - 1

@@ -40,7 +40,7 @@ def test_page_counts_match_a_plain_ceil(
     if bad is None:
         check_seq_lens(arr, seq_ptr, page, sum(lens))
     else:
-        with pytest.raises(hw.IndexBufferError) as info:
+        with pytest.raises(hw.errors.IndexBufferError) as info:
             check_seq_lens(arr, seq_ptr, page, sum(lens))
         assert info.value.position == bad
 
@@ -48,7 +48,7 @@ def test_page_counts_match_a_plain_ceil(
 def test_lengths_near_two_to_the_64_take_the_exact_path() -> None:
     lens = np.array([2**64 - 5, 1], np.uint64)
     seq_ptr = np.array([0, 2**60 - 1, 2**60], np.uint64)  # seq 0 needs 2**60 pages
-    with pytest.raises(hw.IndexBufferError) as info:
+    with pytest.raises(hw.errors.IndexBufferError) as info:
         check_seq_lens(lens, seq_ptr, 16, 2**64 - 4)
     assert info.value.position == 0
 
@@ -56,7 +56,7 @@ def test_lengths_near_two_to_the_64_take_the_exact_path() -> None:
 def _verdict(call: Callable[[], None]) -> tuple[str, str | None, int | None] | None:
     try:
         call()
-    except hw.IndexBufferError as exc:
+    except hw.errors.IndexBufferError as exc:
         return str(exc), exc.field, exc.position
     return None
 

@@ -1096,7 +1096,7 @@ def test_a_request_over_an_engine_pool_sends_only_its_pages() -> None:
     (full,) = hw.StreamReader(whole.getvalue())
     np.testing.assert_array_equal(full.page_pool, pool)
     everything = hw.BlockPagedTensor.from_arrays(pool[:4], [3, 1, 0, 2], [0, 4])
-    with hw.StreamWriter(io.BytesIO()) as writer, pytest.raises(hw.ArgumentTypeError):
+    with hw.StreamWriter(io.BytesIO()) as writer, pytest.raises(hw.errors.ArgumentTypeError):
         writer.write(everything, pages=True)  # type: ignore[arg-type]
     out = io.BytesIO()
     with hw.StreamWriter(out) as writer:

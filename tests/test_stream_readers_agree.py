@@ -51,11 +51,11 @@ def _same(file_error: object, reader_error: object) -> None:
 @pytest.mark.parametrize(
     ("cut", "error", "offset"),
     [
-        (3, hw.StreamTruncatedError, 3),  # "HRW": which record is not known yet
-        (10, hw.StreamBlobTruncatedError, 10),  # inside the blob's prefix
-        (200, hw.StreamBlobTruncatedError, 200),  # inside the blob
-        (-70, hw.StreamTruncatedError, -70),  # inside the end record
-        (-1, hw.StreamTruncatedError, -1),
+        (3, hw.errors.StreamTruncatedError, 3),  # "HRW": which record is not known yet
+        (10, hw.errors.StreamBlobTruncatedError, 10),  # inside the blob's prefix
+        (200, hw.errors.StreamBlobTruncatedError, 200),  # inside the blob
+        (-70, hw.errors.StreamTruncatedError, -70),  # inside the end record
+        (-1, hw.errors.StreamTruncatedError, -1),
     ],
 )
 def test_a_cut_stream_gets_one_verdict(cut: int, error: type, offset: int) -> None:
@@ -70,7 +70,7 @@ def test_a_cut_stream_gets_one_verdict(cut: int, error: type, offset: int) -> No
 def test_a_stream_header_past_the_start_gets_one_verdict() -> None:
     data, header = _stream()
     file_error, reader_error = _errors(data[:header] + hwc.encode_stream_header(hwc.StreamHeader()))
-    assert isinstance(reader_error, hw.InvalidStreamError)
+    assert isinstance(reader_error, hw.errors.InvalidStreamError)
     assert "a stream header may only open the stream" in str(reader_error)
     _same(file_error, reader_error)
 
@@ -84,6 +84,6 @@ def test_a_header_padded_past_the_limits_is_refused_by_both() -> None:
     struct.pack_into("<Q", padded, 8, total)
     padded += struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(padded)))
     file_error, reader_error = _errors(bytes(padded) + data[header:], limits)
-    assert isinstance(reader_error, hw.LimitExceededError)
+    assert isinstance(reader_error, hw.errors.LimitExceededError)
     assert "decode limits" in str(reader_error)
     _same(file_error, reader_error)

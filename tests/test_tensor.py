@@ -81,17 +81,17 @@ def test_element_type_by_name_and_object() -> None:
 
 @pytest.mark.parametrize("shape", [(5, 4, 16), (5, 64), (640,), (5, 4, 2, 8, 1), ()])
 def test_page_pool_must_be_4d(shape: tuple[int, ...]) -> None:
-    with pytest.raises(hw.InvalidTensorError) as info:
+    with pytest.raises(hw.errors.InvalidTensorError) as info:
         build(np.zeros(shape, np.float16))
     assert info.value.field == "page_pool"
 
 
 def test_page_pool_dtype_must_match_element_type() -> None:
-    with pytest.raises(hw.InvalidTensorError) as info:
+    with pytest.raises(hw.errors.InvalidTensorError) as info:
         build(f16(5, 4, 2, 8), element_type="float32")
     assert info.value.field == "page_pool"
     assert "float32" in str(info.value) and "float16" in str(info.value)
-    with pytest.raises(hw.InvalidTensorError):
+    with pytest.raises(hw.errors.InvalidTensorError):
         build(np.zeros((5, 4, 2, 8), np.uint8), element_type="int4")  # pass unpacked values
 
 
@@ -118,7 +118,7 @@ def test_strided_pools_give_only_their_referenced_pages() -> None:
             assert np.array_equal(tensor.sequence(seq), whole.sequence(seq))
         np.testing.assert_array_equal(pool, before)
         assert hw.decode(hw.encode(tensor)).page_pool.tobytes() == pool[[3, 1]].tobytes()
-    with pytest.raises(hw.IndexBufferError) as info:  # checked before any page is read
+    with pytest.raises(hw.errors.IndexBufferError) as info:  # checked before any page is read
         build(base[..., ::2], block_table=(0, 5, 0))
     assert (info.value.field, info.value.found) == ("block_table", 5)
     strided = np.array([0, 9, 1, 9, 0], np.uint32)[::2]
@@ -161,24 +161,24 @@ def test_index_type_default_is_uint32() -> None:
 
 @pytest.mark.parametrize("index_type", [None, "uint32"])
 def test_values_that_do_not_fit_uint32_are_refused(index_type: str | None) -> None:
-    with pytest.raises(hw.IndexBufferError) as info:
+    with pytest.raises(hw.errors.IndexBufferError) as info:
         build(block_table=[0, U32_MAX + 1, 0], block_table_index_type=index_type)
     assert info.value.field == "block_table"
-    with pytest.raises(hw.IndexBufferError) as info:
+    with pytest.raises(hw.errors.IndexBufferError) as info:
         build(seq_ptr=[0, 2, U32_MAX + 1], block_table_index_type=index_type)
     assert info.value.field == "seq_ptr"
 
 
 def test_uint64_values_reach_the_pool_bound() -> None:
     # with uint64 the value fits the type, and is then refused as a page id
-    with pytest.raises(hw.IndexBufferError) as info:
+    with pytest.raises(hw.errors.IndexBufferError) as info:
         build(block_table=[0, U32_MAX + 1, 0], block_table_index_type="uint64")
     assert "num_pages" in str(info.value)
 
 
 @pytest.mark.parametrize("index_type", ["uint16", "int32", "", "u4"])
 def test_unknown_index_type(index_type: str) -> None:
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         build(block_table_index_type=index_type)
 
 
@@ -200,27 +200,27 @@ def test_unknown_index_type(index_type: str) -> None:
     ],
 )
 def test_index_arrays_refused(block_table: Any, seq_ptr: Any) -> None:
-    with pytest.raises(hw.IndexBufferError):
+    with pytest.raises(hw.errors.IndexBufferError):
         hw.BlockPagedTensor.from_arrays(f16(5, 4, 2, 8), block_table, seq_ptr)
 
 
 def test_empty_pool_needs_empty_block_table() -> None:
     tensor = hw.BlockPagedTensor.from_arrays(np.zeros((0, 4, 2, 8), np.float16), [], [0, 0])
     assert tensor.num_seqs == 1 and tensor.shape[0] == 0
-    with pytest.raises(hw.IndexBufferError):
+    with pytest.raises(hw.errors.IndexBufferError):
         hw.BlockPagedTensor.from_arrays(np.zeros((0, 4, 2, 8), np.float16), [0], [0, 1])
 
 
 @pytest.mark.parametrize(
     ("kwargs", "exc"),
     [
-        ({"kv_role": "query"}, hw.InvalidDescriptorError),
-        ({"kv_role": 0}, hw.InvalidDescriptorError),
-        ({"layer_index": U32_MAX}, hw.InvalidDescriptorError),
-        ({"layer_index": -1}, hw.InvalidDescriptorError),
-        ({"alignment": 3}, hw.InvalidDescriptorError),
-        ({"alignment": 32}, hw.InvalidDescriptorError),
-        ({"total_tokens": 13}, hw.InvalidDescriptorError),  # beyond 3 pages x 4
+        ({"kv_role": "query"}, hw.errors.InvalidDescriptorError),
+        ({"kv_role": 0}, hw.errors.InvalidDescriptorError),
+        ({"layer_index": U32_MAX}, hw.errors.InvalidDescriptorError),
+        ({"layer_index": -1}, hw.errors.InvalidDescriptorError),
+        ({"alignment": 3}, hw.errors.InvalidDescriptorError),
+        ({"alignment": 32}, hw.errors.InvalidDescriptorError),
+        ({"total_tokens": 13}, hw.errors.InvalidDescriptorError),  # beyond 3 pages x 4
     ],
 )
 def test_layout_arguments_refused(kwargs: dict[str, Any], exc: type[Exception]) -> None:
@@ -229,7 +229,7 @@ def test_layout_arguments_refused(kwargs: dict[str, Any], exc: type[Exception]) 
 
 
 def test_page_size_zero_refused() -> None:
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         build(np.zeros((5, 0, 2, 8), np.float16), [], [0])
 
 
@@ -256,7 +256,7 @@ def test_page_size_zero_refused() -> None:
 def test_seq_lens_refused(seq_lens: Any, extra: dict[str, Any]) -> None:
     with pytest.raises(hw.HurrayWireError) as info:
         build(seq_lens=seq_lens, **extra)
-    assert isinstance(info.value, (hw.IndexBufferError, hw.InvalidDescriptorError))
+    assert isinstance(info.value, (hw.errors.IndexBufferError, hw.errors.InvalidDescriptorError))
 
 
 @pytest.mark.parametrize("seq_lens", [[5, 1], [8, 4], [6, 3], [7, 2]])
@@ -333,7 +333,7 @@ def test_quantization_scales_may_be_shaped() -> None:
 )
 def test_quantization_arrays_refused(quant: Any, scales: Any, zero_points: Any,
                                      field: str) -> None:  # fmt: skip
-    with pytest.raises(hw.InvalidTensorError) as info:
+    with pytest.raises(hw.errors.InvalidTensorError) as info:
         build(I8, quantization=quant, scales=scales, zero_points=zero_points)
     assert info.value.field == field
 
@@ -341,21 +341,21 @@ def test_quantization_arrays_refused(quant: Any, scales: Any, zero_points: Any,
 @pytest.mark.parametrize(
     ("pool", "quant", "scales", "exc"),
     [
-        (f16(5, 4, 2, 8), PBA_SYM, np.ones(20, np.float16), hw.InvalidDescriptorError),
+        (f16(5, 4, 2, 8), PBA_SYM, np.ones(20, np.float16), hw.errors.InvalidDescriptorError),
         (np.zeros((5, 4, 2, 8), dtypes.float8_e4m3.numpy_dtype), PBA_SYM,
-         np.ones(20, np.float16), hw.InvalidDescriptorError),
+         np.ones(20, np.float16), hw.errors.InvalidDescriptorError),
         (I8, hw.PerBlockAffine.symmetric(0, 8, 3, dtypes.float16), np.ones(20, np.float16),
-         hw.InvalidDescriptorError),
+         hw.errors.InvalidDescriptorError),
         (I8, hw.PerBlockAffine.symmetric(1, 4, 3, dtypes.float16), np.ones(20, np.float16),
-         hw.InvalidDescriptorError),
+         hw.errors.InvalidDescriptorError),
         (I8, hw.PerChannelAffine.symmetric(0, 3), np.ones(20, np.float32),
-         hw.InvalidDescriptorError),
+         hw.errors.InvalidDescriptorError),
         (I8, hw.PerChannelAffine.symmetric(1, 1), np.ones(2, np.float32),
-         hw.InvalidDescriptorError),
+         hw.errors.InvalidDescriptorError),
         (I8, hw.PerChannelAffine.symmetric(1, 5), np.ones(2, np.float32),
-         hw.InvalidDescriptorError),
+         hw.errors.InvalidDescriptorError),
         (np.zeros((5, 4, 2, 8), dtypes.uint4.numpy_dtype), hw.NF4(0, 64, 3),
-         np.ones(2, np.float32), hw.QuantizationNotDefinedError),
+         np.ones(2, np.float32), hw.errors.QuantizationNotDefinedError),
     ],
 )  # fmt: skip
 def test_quantization_schemes_refused(pool: Any, quant: Any, scales: Any,
@@ -393,9 +393,9 @@ def test_gather_sequence_trims_partial_pages() -> None:
 def test_gather_sequence_out_of_range() -> None:
     tensor = build()
     for seq in (-1, 2, 100):
-        with pytest.raises(hw.InvalidTensorError):
+        with pytest.raises(hw.errors.InvalidTensorError):
             tensor.gather_sequence(seq)
-        with pytest.raises(hw.InvalidTensorError):
+        with pytest.raises(hw.errors.InvalidTensorError):
             tensor.sequence_pages(seq)
 
 

@@ -74,8 +74,8 @@ def test_pinned_bytes() -> None:
 
 
 def test_errors_are_transport_errors() -> None:
-    assert issubclass(InvalidTransferRecordError, hw.TransportError)
-    assert issubclass(hw.TransportError, hw.HurrayWireError)
+    assert issubclass(InvalidTransferRecordError, hw.errors.TransportError)
+    assert issubclass(hw.errors.TransportError, hw.HurrayWireError)
 
 
 @pytest.mark.parametrize("cut", [0, 1, 63, 71, 100, 135])
@@ -176,13 +176,13 @@ def test_kind_rules() -> None:
 
 
 def test_argument_types() -> None:
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         decode_record("HRWT")
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         encode_record(b"x")  # type: ignore[arg-type]
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         TransferRecord("ready", True, 0, "key")
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hw.errors.ArgumentTypeError):
         TransferRecord("offer", 1, 0, "key", total_length=64, segments=[Segment(0, 64, 1)])  # type: ignore[arg-type]
 
 
@@ -216,5 +216,5 @@ def test_a_version_1_peer_and_a_ready_record_without_its_header_are_refused() ->
             TransferRecord("ready", 1, 0, "key", header=header)
     with pytest.raises(InvalidTransferRecordError, match="only a ready record"):
         TransferRecord("done", 1, 0, "key", header=bytes(64))
-    with pytest.raises(hw.ArgumentTypeError, match="header must be bytes"):
+    with pytest.raises(hw.errors.ArgumentTypeError, match="header must be bytes"):
         TransferRecord("ready", 1, 0, "key", header=bytearray(64))  # type: ignore[arg-type]

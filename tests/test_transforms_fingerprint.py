@@ -68,7 +68,7 @@ def test_merge_heads_refuses_other_engines_in_one_short_line(
     second: EngineFingerprint | None, match: str
 ) -> None:
     first = tensor(dataclasses.replace(FP, tp_rank=0, tp_size=4), heads=4)
-    with pytest.raises(hw.InvalidTensorError, match=match) as info:
+    with pytest.raises(hw.errors.InvalidTensorError, match=match) as info:
         hw.merge_heads([first, tensor(second, heads=4)])
     assert len(str(info.value)) < 300 and "\\x" not in str(info.value)
 
@@ -79,6 +79,6 @@ def test_merge_heads_names_differing_metadata_keys_not_their_bytes() -> None:
         a.page_pool, a.block_table, a.seq_ptr, seq_lens=a.seq_lens,
         metadata={**a.metadata, "request": "r-2", "blob": bytes(500)},
     )  # fmt: skip
-    with pytest.raises(hw.InvalidTensorError, match=r"keys \['blob', 'request'\]") as info:
+    with pytest.raises(hw.errors.InvalidTensorError, match=r"keys \['blob', 'request'\]") as info:
         hw.merge_heads([a, b])
     assert len(str(info.value)) < 200

@@ -38,7 +38,7 @@ def test_a_stream_writer_never_closed_warns_and_leaves_no_file(tmp_path: Path) -
             ok.write(small())
         del ok
         hw.StreamWriter(io.BytesIO()).abort()
-        with pytest.raises(hw.ArgumentTypeError):
+        with pytest.raises(hw.errors.ArgumentTypeError):
             hw.StreamWriter(io.BytesIO(), header="no")  # type: ignore[arg-type]
         gc.collect()
 
@@ -47,13 +47,13 @@ def test_a_stream_writer_never_closed_warns_and_leaves_no_file(tmp_path: Path) -
     "content, error, match",
     [
         (b"", errors.StreamTruncatedError, "empty input"),
-        (b"hello, this is a text file\n" * 4, hw.InvalidStreamError, "no hurray-wire input"),
+        (b"hello, this is a text file\n" * 4, hw.errors.InvalidStreamError, "no hurray-wire input"),
         ((FIXTURES / "conformance/block_paged/files/layer0_kv.hrry").read_bytes(),
-         hw.InvalidStreamError, r"a \.hrry file: use HrryFile or read_file"),
+         hw.errors.InvalidStreamError, r"a \.hrry file: use HrryFile or read_file"),
         ((FIXTURES / "conformance/block_paged/streams/multi_record.hrrs").read_bytes(),
-         hw.InvalidStreamError, "a reference stream: use"),
+         hw.errors.InvalidStreamError, "a reference stream: use"),
         ((FIXTURES / "conformance/block_paged/descriptors/bp_layer_none_f16_key.bin")
-         .read_bytes(), hw.InvalidStreamError, "a bare descriptor"),
+         .read_bytes(), hw.errors.InvalidStreamError, "a bare descriptor"),
     ],
 )  # fmt: skip
 def test_stream_file_refuses_what_is_no_stream_saying_what_it_is(
@@ -68,17 +68,19 @@ def test_stream_file_refuses_what_is_no_stream_saying_what_it_is(
 
 
 def test_decode_of_a_stream_says_it_is_a_stream() -> None:
-    with pytest.raises(hw.InvalidBlobError, match=r"this is a blob stream .* StreamReader"):
+    with pytest.raises(hw.errors.InvalidBlobError, match=r"this is a blob stream .* StreamReader"):
         hw.decode(STREAM.read_bytes())
-    with pytest.raises(hw.InvalidBlobError, match=r"bare descriptor or a \.hrry file"):
+    with pytest.raises(hw.errors.InvalidBlobError, match=r"bare descriptor or a \.hrry file"):
         hw.decode((FIXTURES / "conformance/block_paged/files/layer0_kv.hrry").read_bytes())
-    with pytest.raises(hw.InvalidBlobError, match="bad blob magic"):
+    with pytest.raises(hw.errors.InvalidBlobError, match="bad blob magic"):
         hw.decode(b"NOPE" + bytes(60))
 
 
 def test_stream_file_tensor_does_not_guess_the_role() -> None:
     with hw.StreamFile(STREAM) as stream:
-        with pytest.raises(hw.ArgumentTypeError, match=r"roles \['key', 'value'\]: pass kv_role"):
+        with pytest.raises(
+            hw.errors.ArgumentTypeError, match=r"roles \['key', 'value'\]: pass kv_role"
+        ):
             stream.tensor(0)
         assert stream.tensor(0, "value").kv_role == "value"
     out = io.BytesIO()
@@ -88,17 +90,17 @@ def test_stream_file_tensor_does_not_guess_the_role() -> None:
         assert stream.tensor(0).kv_role == "value"  # the one role there is
 
 
-def test_dtypes_and_errors_are_at_the_top_level_typed() -> None:
+def test_dtypes_at_the_top_level_and_errors_in_one_namespace_typed() -> None:
     element: hw.ElementType = hw.float16  # mypy --strict checks this line: not Any
     assert element is hw.dtypes.float16
     names = dir(hw)
     for name in ("float16", "bfloat16", "float8_e4m3", "uint4", "bool_", "complex128"):
         assert name in names and isinstance(getattr(hw, name), hw.ElementType)
     for name in errors.__all__:
-        assert getattr(hw, name) is getattr(errors, name) and name in hw.__all__
-    truncated: type[hw.HurrayWireError] = hw.StreamTruncatedError
-    assert issubclass(truncated, hw.TruncatedError) and issubclass(
-        hw.PageDigestError, hw.IntegrityError
+        assert getattr(hw.errors, name) is getattr(errors, name)
+    truncated: type[hw.HurrayWireError] = hw.errors.StreamTruncatedError
+    assert issubclass(truncated, hw.errors.TruncatedError) and issubclass(
+        hw.errors.PageDigestError, hw.errors.IntegrityError
     )
 
 
@@ -125,11 +127,11 @@ def test_stream_reader_reports_bad_pages_when_asked() -> None:
     data[data.index(pool[2].tobytes()) + 1] ^= 0x04  # physical page 2: logical (0, 0)
     with pytest.raises(errors.ChecksumError):
         list(hw.StreamReader(bytes(data)))
-    reader = hw.StreamReader(bytes(data), on_page_error="report")
+    reader = hw.StreamReader(bytes(data), report=True)
     (got,) = reader
     assert reader.page_report is not None and reader.page_report.pages.tolist() == [2]
     assert reader.page_report.positions == ((0, 0),)
     assert not np.array_equal(got.page_pool[2], pool[2])  # as it came: named, not hidden
-    for bad in ("ignore", None):
-        with pytest.raises(hw.ArgumentTypeError, match="on_page_error"):
-            hw.StreamReader(b"", on_page_error=bad)  # type: ignore[arg-type]
+    for bad in ("report", None):
+        with pytest.raises(hw.errors.ArgumentTypeError, match="report"):
+            hw.StreamReader(b"", report=bad)  # type: ignore[arg-type]

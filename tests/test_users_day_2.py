@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 import hurray_wire as hw
-from hurray_wire import cli, cli_args, report
+from hurray_wire import cli, cli_parser, errors as hwe, report
 from tests.conftest import FIXTURES, ROOT
 from tests.test_model_cache import cache as whole_model
 
 STREAM = FIXTURES / "streams/whole_cache_2_layers.hrws"
-DUMP_SCHEMA: dict[str, Any] = json.loads(Path(cli_args.DUMP_SCHEMA).read_text(encoding="utf-8"))
+DUMP_SCHEMA: dict[str, Any] = json.loads(Path(cli_parser.DUMP_SCHEMA).read_text(encoding="utf-8"))
 VALIDATE_SCHEMA: dict[str, Any] = json.loads(
-    Path(cli_args.VALIDATE_SCHEMA).read_text(encoding="utf-8")
+    Path(cli_parser.VALIDATE_SCHEMA).read_text(encoding="utf-8")
 )
 
 
@@ -77,11 +77,11 @@ class Damage:
 
 
 DAMAGES = [
-    Damage("header checksum", 2, "header_checksum", False, hw.ChecksumError, "header",
+    Damage("header checksum", 2, "header_checksum", False, hwe.ChecksumError, "header",
            located_layer=False),
-    Damage("descriptor", 1, "descriptor", False, hw.ChecksumError, "header", located_layer=False),
-    Damage("pool section", 3, "pool", False, hw.ChecksumError, "buffer[0]"),
-    Damage("page, with digests", 1, "pool", True, hw.ChecksumError, "buffer[0]", pages=(2,)),
+    Damage("descriptor", 1, "descriptor", False, hwe.ChecksumError, "header", located_layer=False),
+    Damage("pool section", 3, "pool", False, hwe.ChecksumError, "buffer[0]"),
+    Damage("page, with digests", 1, "pool", True, hwe.ChecksumError, "buffer[0]", pages=(2,)),
 ]  # fmt: skip
 
 
@@ -166,7 +166,7 @@ def test_a_cut_cache_names_the_blob_and_the_file_offset(tmp_path: Path) -> None:
     with hw.StreamFile(path) as stream:
         entry = stream.entries[2]
     path.write_bytes(path.read_bytes()[: entry.offset + 100])
-    with pytest.raises(hw.StreamBlobTruncatedError) as info:
+    with pytest.raises(hwe.StreamBlobTruncatedError) as info:
         hw.load_cache(path, progress=False)
     assert (info.value.blob, info.value.blob_offset) == (2, entry.offset)
     assert info.value.file_offset == entry.offset + 100
@@ -176,7 +176,7 @@ def test_the_error_schemas_agree() -> None:
     """``validate --json`` and ``dump --json`` describe an error with one definition."""
     assert VALIDATE_SCHEMA["$defs"]["error"] == DUMP_SCHEMA["$defs"]["error"]
     fields = set(DUMP_SCHEMA["$defs"]["error"]["properties"])
-    error = hw.PageDigestError("x", section="s", field="f", offset=1, expected=1, found=2)
+    error = hwe.PageDigestError("x", section="s", field="f", offset=1, expected=1, found=2)
     error.located(blob=0, blob_offset=0, layer=0, role="key")
     assert set(error.details()) - {"message"} <= fields
 
@@ -199,7 +199,7 @@ def test_dump_shows_the_blob_whose_checksum_fails_then_suggests_no_verify(
 def test_a_header_checksum_mismatch_names_the_field_that_reads_invalid() -> None:
     blob = bytearray(hw.encode(model(1)[0, "key"]))
     blob[40] ^= 0x40  # section 0's offset (32 + the entry's offset field)
-    with pytest.raises(hw.ChecksumError) as info:
+    with pytest.raises(hwe.ChecksumError) as info:
         hw.decode(bytes(blob))
     assert info.value.field == "header_checksum"
     assert "read without it, field offset at byte offset 40 is invalid" in str(info.value)
@@ -219,7 +219,7 @@ def test_load_cache_is_a_read_only_mapping(tmp_path: Path) -> None:
     assert dict(cache.items()).keys() == source.keys()
     with pytest.raises(KeyError, match=r"no \(5, 'value'\)"):
         cache[5, "value"]
-    with pytest.raises(hw.MissingTensorError):
+    with pytest.raises(hwe.MissingTensorError):
         cache[0, "fused"]
     with pytest.raises(TypeError):
         cache[0, "key"] = source[0, "key"]  # type: ignore[index]
@@ -230,11 +230,11 @@ def test_load_cache_is_a_read_only_mapping(tmp_path: Path) -> None:
 
 def test_a_key_that_names_another_tensor_is_refused(tmp_path: Path) -> None:
     source = model()
-    with pytest.raises(hw.InvalidStreamError, match=r"key \(5, 'value'\) maps to the tensor of "
+    with pytest.raises(hwe.InvalidStreamError, match=r"key \(5, 'value'\) maps to the tensor of "
                        r"layer 0 key") as info:  # fmt: skip
         hw.save_cache(tmp_path / "x.hrws", {(5, "value"): source[0, "key"]}, progress=False)
     assert (info.value.expected, info.value.found) == ("(5, 'value')", "(0, 'key')")
-    with pytest.raises(hw.ArgumentTypeError, match=r"\(layer, kv_role\) pairs"):
+    with pytest.raises(hwe.ArgumentTypeError, match=r"\(layer, kv_role\) pairs"):
         hw.save_cache(tmp_path / "x.hrws", {"layer0.key": source[0, "key"]}, progress=False)
     assert not (tmp_path / "x.hrws").exists()
 
@@ -252,23 +252,23 @@ def test_load_cache_as_torch(tmp_path: Path) -> None:
         )
         np.testing.assert_array_equal(got["page_pool"].numpy(), source[1, "key"].page_pool)
         assert got["block_table"].tolist() == [0, 1, 2, 4]
-    with pytest.raises(hw.ArgumentTypeError, match="device"):
+    with pytest.raises(hwe.ArgumentTypeError, match="device"):
         hw.load_cache(path, progress=False, device="no-such-device")
-    with pytest.raises(hw.ArgumentTypeError, match="as_torch"):
+    with pytest.raises(hwe.ArgumentTypeError, match="as_torch"):
         hw.load_cache(path, progress=False, as_torch=1)  # type: ignore[call-overload]
 
 
 def test_load_cache_says_what_a_non_cache_is(tmp_path: Path) -> None:
     path = tmp_path / "x.hrws"
     path.write_bytes(hw.encode(model(1)[0, "key"]))
-    with pytest.raises(hw.InvalidStreamError, match="this is a blob, not a blob stream"):
+    with pytest.raises(hwe.InvalidStreamError, match="this is a blob, not a blob stream"):
         hw.load_cache(path, progress=False)
     path.write_bytes(b"")
-    with pytest.raises(hw.StreamTruncatedError, match=r"empty input \(0 bytes\)"):
+    with pytest.raises(hwe.StreamTruncatedError, match=r"empty input \(0 bytes\)"):
         hw.load_cache(path, progress=False)
-    with pytest.raises(hw.BlobTruncatedError, match=r"empty input \(0 bytes\)"):
+    with pytest.raises(hwe.BlobTruncatedError, match=r"empty input \(0 bytes\)"):
         hw.decode(b"")
-    with pytest.raises(hw.ContainerTruncatedError, match=r"empty input \(0 bytes\)"):
+    with pytest.raises(hwe.ContainerTruncatedError, match=r"empty input \(0 bytes\)"):
         hw.HrryFile.from_buffer(b"")
     assert cli.main(["validate", "-q", str(path)]) == cli.EXIT_INVALID
 
@@ -292,7 +292,7 @@ def test_a_header_claiming_2_24_layers_is_refused_without_listing_them(tmp_path:
     with hw.StreamWriter(path, header) as writer:
         writer.write(model(1)[0, "key"])
     assert path.stat().st_size < 2048
-    with pytest.raises(hw.InvalidStreamError, match=r"missing layer 0 value, layer 1 key, .* "
+    with pytest.raises(hwe.InvalidStreamError, match=r"missing layer 0 value, layer 1 key, .* "
                        r"\.\.\. \(33554431 in all\)"):  # fmt: skip
         hw.load_cache(path, progress=False)
 
@@ -306,5 +306,5 @@ def test_save_cache_writes_page_digests(tmp_path: Path) -> None:
         blob = stream.buffer[stream.entries[0].offset :]
         kinds = [s["kind"] for s in report.describe_blob_envelope(blob, True)["sections"]]
     assert "page_digests" in kinds
-    with pytest.raises(hw.ArgumentTypeError):
+    with pytest.raises(hwe.ArgumentTypeError):
         hw.save_cache(plain, model(), page_digests="yes", progress=False)  # type: ignore[arg-type]

@@ -114,5 +114,5 @@ def test_unknown_layout_tag_is_an_error_not_silence() -> None:
     data[15] = 0x0C
     with pytest.raises(c.ExplicitError):
         wd.DESCRIPTOR.parse(bytes(data))
-    with pytest.raises(hw.InvalidDescriptorError):
+    with pytest.raises(hw.errors.InvalidDescriptorError):
         hw.decode_header(bytes(data))

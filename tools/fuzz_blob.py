@@ -391,7 +391,7 @@ def check_blob(data: bytes) -> None:
     loose = outcome(lambda: hw.decode(data, verify=False))
     # verify=False skips the section checksums and the comparison of pages with their
     # digests (the page_digests section's own rules hold with either: F8)
-    if not isinstance(strict[1], (hw.ChecksumError, hw.PageDigestError)):
+    if not isinstance(strict[1], (hw.errors.ChecksumError, hw.errors.PageDigestError)):
         _same_outcome("verify=True vs verify=False", strict, loose)
 
     # The chunks of chunked sections decode on two threads: the same verdict, the same
@@ -409,7 +409,7 @@ def check_blob(data: bytes) -> None:
     if (
         strict[1] is None
         and limit_error is not None
-        and not isinstance(limit_error, hw.LimitExceededError)
+        and not isinstance(limit_error, hw.errors.LimitExceededError)
     ):
         raise AssertionError(f"small limits refused a valid blob with {limit_error!r}")
     if strict[1] is None and limited is not None:
@@ -435,7 +435,7 @@ def check_blob(data: bytes) -> None:
 #: refusals of decode_into(one_pass=True) that may leave refused bytes in the destination,
 #: found while the pool is copied or decompressed into it (docs/decisions.md); also a
 #: chunk frame's window over the limit (``LimitExceededError``, field ``chunk i``)
-_DIRTY_REFUSALS = (hw.ChecksumError, hw.PageDigestError, hw.errors.DecompressionError)
+_DIRTY_REFUSALS = (hw.errors.ChecksumError, hw.errors.PageDigestError, hw.errors.DecompressionError)
 
 
 def _pool_bytes(data: bytes) -> int | None:
@@ -472,7 +472,7 @@ def _check_decode_into(data: bytes, strict: tuple[Any, hw.HurrayWireError | None
         if landed is not None:
             raise AssertionError(f"decode_into accepts what decode refuses: {error!r}")
         chunk_limit = (  # a later chunk's frame refused as it is decompressed (its window)
-            isinstance(landed_error, hw.LimitExceededError)
+            isinstance(landed_error, hw.errors.LimitExceededError)
             and landed_error.section == "buffer[0]"
             and (landed_error.field or "").startswith("chunk ")
         )
@@ -497,7 +497,7 @@ def _check_decode_report(data: bytes, strict: tuple[Any, hw.HurrayWireError | No
         if diff is not None:
             raise AssertionError(f"decode_report and decode differ in {diff}")
     elif report is not None and (
-        report.ok or not isinstance(error, (hw.PageDigestError, hw.ChecksumError))
+        report.ok or not isinstance(error, (hw.errors.PageDigestError, hw.errors.ChecksumError))
     ):
         raise AssertionError(f"decode_report hands out what decode refuses: {error!r}")
 

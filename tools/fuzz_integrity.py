@@ -259,7 +259,7 @@ def _claimed(target: int, body: bytes) -> None:
         ):
             try:
                 got = call()
-            except hw.LimitExceededError:
+            except hw.errors.LimitExceededError:
                 assert count > (1 << 12)  # refused only above the smallest cap tried
                 continue
             except hw.HurrayWireError:

@@ -173,7 +173,7 @@ def check_stream_file(data: bytes) -> None:
         if e1 is None and e2 is not None:
             raise AssertionError(f"verify=False refused entry {number}: {e2!r}")
     small = _survey(data, limits=fuzz_blob.SMALL_LIMITS, max_blob_bytes=4096)
-    if small[2] is not None and not isinstance(small[2], hw.LimitExceededError):
+    if small[2] is not None and not isinstance(small[2], hw.errors.LimitExceededError):
         raise AssertionError(f"small limits refused to open with {small[2]!r}")
     if small[0] is not None:
         by_entry = dict(zip(summary[1], reads, strict=True))
@@ -183,7 +183,7 @@ def check_stream_file(data: bytes) -> None:
             e1 = by_entry[entry][1]
             if e1 is not None and e2 is None:
                 raise AssertionError(f"small limits read a blob the defaults refuse: {e1!r}")
-            if e1 is None and e2 is not None and not isinstance(e2, hw.LimitExceededError):
+            if e1 is None and e2 is not None and not isinstance(e2, hw.errors.LimitExceededError):
                 raise AssertionError(f"small limits refused a good blob with {e2!r}")
 
 

@@ -124,7 +124,7 @@ def test_lengths_flashinfer_gives_that_pages_cannot_hold_are_refused(
     assert (pages != torch.diff(indptr)).any()  # FlashInfer's own lengths disagree with pages
     cache = torch.zeros(4, page_size, 1, 8, dtype=torch.float16)
     indices = torch.zeros(int(indptr[-1]), dtype=torch.int32)
-    with pytest.raises(hw.IndexBufferError) as info:
+    with pytest.raises(hw.errors.IndexBufferError) as info:
         hw.from_flashinfer((cache, cache), indptr, indices, torch.tensor(last), kv_layout="NHD")
     assert info.value.field == "kv_last_page_len"
 

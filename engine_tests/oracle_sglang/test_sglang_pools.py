@@ -176,7 +176,7 @@ def test_mha_pool_read_and_written_back_as_sglang_reads_it(
     try:
         bad, _ = hw.from_sglang(pool.k_buffer[1], pool.v_buffer[1], table, wrong, seq_lens,
                                 page_size=page_size, kv_cache_layout=layout, **raw)  # fmt: skip
-    except hw.IndexBufferError:
+    except hw.errors.IndexBufferError:
         pass
     else:
         assert any(not np.array_equal(bits(bad.sequence(s)), bits(key.sequence(s)))

@@ -40,7 +40,9 @@ def test_dsa_fp8_mla_pool_is_refused() -> None:
     rows, lens = torch.tensor(batch.rows), torch.tensor(batch.lens)
     table = batch.rows_pool.req_to_token
     for buffer, dtype in ((pool.kv_buffer[1], pool.dtype), (pool.get_key_buffer(1), None)):
-        with pytest.raises(hw.InvalidTensorError, match=r"DSA fp8 MLA pool .*not supported") as e:
+        with pytest.raises(
+            hw.errors.InvalidTensorError, match=r"DSA fp8 MLA pool .*not supported"
+        ) as e:
             hw.from_sglang_mla(buffer, table, rows, lens, page_size=64, dtype=dtype)
         assert e.value.field == "kv_buffer" and "656 fp8 bytes per token" in str(e.value)
     # the same DSA pool in bfloat16 holds the plain latent (kv_lora_rank + rope): read
@@ -57,11 +59,13 @@ def test_v_head_dim_refusals_name_the_pool() -> None:
     assert mha.k_buffer[0].shape[-1] == 128 and mha.v_buffer[0].shape[-1] == 64
     table = torch.zeros((2, 32), dtype=torch.int32)
     table[1, :20] = torch.arange(16, 36)
-    with pytest.raises(hw.InvalidTensorError, match=r"v_head_dim != head_dim .*not supported") as e:
+    with pytest.raises(
+        hw.errors.InvalidTensorError, match=r"v_head_dim != head_dim .*not supported"
+    ) as e:
         hw.from_sglang(mha.k_buffer[0], mha.v_buffer[0], table, [1], [20], page_size=16)
     assert "from_sglang_mla" not in str(e.value)
     mla = MLATokenToKVPool(size=64, page_size=16, dtype=torch.bfloat16, kv_lora_rank=512,
                            qk_rope_head_dim=64, layer_num=1, device="cpu",
                            enable_memory_saver=False)  # fmt: skip
-    with pytest.raises(hw.InvalidTensorError, match=r"MLATokenToKVPool.*from_sglang_mla"):
+    with pytest.raises(hw.errors.InvalidTensorError, match=r"MLATokenToKVPool.*from_sglang_mla"):
         hw.from_sglang(*mla.get_kv_buffer(0), table, [1], [20], page_size=16)

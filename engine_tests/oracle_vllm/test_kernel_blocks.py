@@ -204,7 +204,7 @@ def test_kernel_blocks_sliding_window(block: int, window: int, tokens: int) -> N
     t = torch.arange(skipped, tokens)
     want = bits(k_view[torch.from_numpy(mapped).long()[t // kernel], t % kernel])
     assert np.array_equal(bits(key.sequence(0)), want)
-    with pytest.raises(hw.IndexBufferError, match="null block"):
+    with pytest.raises(hw.errors.IndexBufferError, match="null block"):
         hw.from_vllm(layer, [row], [tokens], **kw)
 
 
@@ -217,8 +217,8 @@ def test_no_split_under_other_layouts() -> None:
     whole = vc.attention_spec(64, HEADS, HEAD_SIZE, torch.float16)
     layer = vc.allocate(whole, KVCacheLayout.LHBNC, 8)[vc.LAYERS[0]]
     kw: dict[str, Any] = {"backend": "FLASHINFER", "kv_cache_layout": "LHBNC"}
-    with pytest.raises(hw.InvalidTensorError, match="LBNHC"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="LBNHC"):
         hw.from_vllm(layer, [[1]], [3], block_size=128, **kw)
     pair = hw.from_vllm(layer, [[1]], [3], block_size=64, **kw)
-    with pytest.raises(hw.InvalidTensorError, match="kernel blocks only under"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="kernel blocks only under"):
         hw.to_vllm(pair, vllm_version="0.33.0", block_size=128, **kw)

@@ -173,5 +173,5 @@ def test_sliding_window_null_blocks(block: int, window: int, tokens: int) -> Non
     want = bits(k_view[torch.tensor(row)[t // block], t % block])
     assert np.array_equal(bits(key.sequence(0)), want)
     if nulls:
-        with pytest.raises(hw.IndexBufferError, match="null block"):
+        with pytest.raises(hw.errors.IndexBufferError, match="null block"):
             hw.from_vllm(layer, [row], [tokens], backend="FLASH_ATTN")

@@ -163,7 +163,7 @@ def test_one_role_split_needs_kv_role(layout: KVCacheLayout) -> None:
     k_view, v_view = vc.layer_view("FLASH_ATTN", layer, 64, layout)
     lens = [20, 16]
     reqs = vc.Requests(12, 16, lens, share=1)
-    with pytest.raises(hw.InvalidTensorError, match="kv_role"):
+    with pytest.raises(hw.errors.InvalidTensorError, match="kv_role"):
         hw.from_vllm(k_view, reqs.table(), lens, backend="FLASH_ATTN")
     value = hw.from_vllm(v_view, reqs.table(), lens, backend="FLASH_ATTN", kv_role="value")
     assert isinstance(value, hw.BlockPagedTensor)

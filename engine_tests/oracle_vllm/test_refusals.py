@@ -51,7 +51,7 @@ def test_lhbnc_one_token_blocks() -> None:
     for backend in forms.STANDARD_BACKENDS:
         with pytest.raises(ValueError, match="No common block size"):
             vc.kernel_block_size(backend, spec)
-        with pytest.raises(hw.InvalidTensorError, match="take no 1-token blocks") as info:
+        with pytest.raises(hw.errors.InvalidTensorError, match="take no 1-token blocks") as info:
             hw.from_vllm(layer, [[1]], [1], backend=backend, kv_cache_layout="LHBNC")
         assert "kv_role" not in str(info.value)
 
@@ -70,7 +70,8 @@ def test_triton_per_token_head_cache_is_not_supported() -> None:
     layer = vc.allocate(spec, KVCacheLayout.LBNHC, 6)[vc.LAYERS[0]]
     assert tuple(layer.shape) == (6, 2, 16, 2 * 64 + 8) and layer.dtype == torch.uint8
     with pytest.raises(
-        hw.InvalidTensorError, match=r"'fp8_per_token_head' is not supported: .*float32 scale"
+        hw.errors.InvalidTensorError,
+        match=r"'fp8_per_token_head' is not supported: .*float32 scale",
     ):
         hw.from_vllm(layer, [[1]], [3], backend="TRITON_ATTN", kv_cache_dtype="fp8_per_token_head")
 
@@ -80,5 +81,5 @@ def test_every_cache_dtype_is_carried_or_named_not_supported(setting: str) -> No
     if setting in forms.CARRIED_CACHE_DTYPES:
         forms.check_cache_dtype(setting)
         return
-    with pytest.raises(hw.InvalidTensorError, match=f"'{setting}' is not supported: "):
+    with pytest.raises(hw.errors.InvalidTensorError, match=f"'{setting}' is not supported: "):
         forms.check_cache_dtype(setting)

@@ -10,30 +10,31 @@ checksums, decompressed sizes, limits) before it returns anything; uncompressed 
 come back as NumPy views of the input.
 """
 
-from hurray_wire.blob.decoder import (
-    DEFAULT_DECODER,
-    Decoder,
-    DecodeReport,
-    decode,
-    decode_report,
-    peek_descriptor,
-)
-from hurray_wire.blob.encoder import (
-    DEFAULT_ENCODER,
-    Encoder,
-    encode,
-    encode_into,
-    encode_parts,
-)
-from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
-from hurray_wire.blob.in_place import (
-    InPlaceReport,
-    decode_in_place,
-    decode_in_place_report,
-    peek_in_place,
-)
-from hurray_wire.blob.landing import decode_into
-from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hurray_wire._lazy import exports
+
+if TYPE_CHECKING:
+    from hurray_wire.blob.decoder import (
+        DEFAULT_DECODER,
+        Decoder,
+        DecodeReport,
+        decode,
+        decode_report,
+        peek_descriptor,
+    )
+    from hurray_wire.blob.encoder import DEFAULT_ENCODER, Encoder, encode, encode_into, encode_parts
+    from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
+    from hurray_wire.blob.in_place import (
+        InPlaceReport,
+        decode_in_place,
+        decode_in_place_report,
+        peek_in_place,
+    )
+    from hurray_wire.blob.landing import decode_into
+    from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
 
 __all__ = [
     "BLOB_PREFIX_SIZE",
@@ -57,3 +58,18 @@ __all__ = [
     "peek_descriptor",
     "peek_in_place",
 ]
+
+#: Each name by the module that defines it, imported on first use (hurray_wire._lazy).
+__getattr__, __dir__ = exports(
+    __name__,
+    {
+        "hurray_wire.blob.decoder": "DEFAULT_DECODER Decoder DecodeReport decode decode_report"
+        " peek_descriptor",
+        "hurray_wire.blob.encoder": "DEFAULT_ENCODER Encoder encode encode_into encode_parts",
+        "hurray_wire.blob.envelope": "BLOB_PREFIX_SIZE blob_length",
+        "hurray_wire.blob.in_place": "InPlaceReport decode_in_place decode_in_place_report"
+        " peek_in_place",
+        "hurray_wire.blob.landing": "decode_into",
+        "hurray_wire.blob.limits": "DEFAULT_LIMITS DecodeLimits",
+    },
+)

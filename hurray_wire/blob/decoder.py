@@ -391,7 +391,7 @@ def decode_report(
 ) -> DecodeReport:
     """As :func:`decode`, but pages that fail their digest, or that the page store lacks or
     holds corrupt, are reported (``DecodeReport.pages`` / ``.positions``) rather than raised
-    (``on_page_error="report"`` of docs/integrity.md). With page digests present, a
+    (docs/integrity.md § 7.2; a stream reader takes ``report=True``). With page digests present, a
     checksum mismatch of a page-row buffer (the pool, per-block scales / zero points) does
     not abort: the digests say which pages are bad. Every other check still raises."""
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)

@@ -12,17 +12,14 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 
 from hurray_wire.buffers import U8Array
 from hurray_wire.errors import LimitExceededError
 
-if TYPE_CHECKING:
-    from hurray_wire.codecs.config import Compression
-
-__all__ = ["Codec", "Progress", "bytes_view", "local", "output", "scratch"]
+__all__ = ["Codec", "Progress", "Settings", "bytes_view", "local", "output", "scratch"]
 
 #: ``progress(n)``: the first ``n`` bytes of a decode's output are final (n ascending).
 Progress = Callable[[int], None]
@@ -30,6 +27,19 @@ Progress = Callable[[int], None]
 #: Per-thread state of the codec modules: zstd contexts and a scratch buffer.
 local = threading.local()
 _SCRATCH_MAX = 8 << 20
+
+
+class Settings(Protocol):
+    """What a codec's ``encode`` reads of a checked :class:`~hurray_wire.codecs.config.Compression`:
+    a protocol, so that the codecs never import the configuration that selects among them
+    (config imports the codecs, not the other way: no import circle)."""
+
+    @property
+    def level(self) -> int: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def chunk_size(self) -> int: ...
 
 
 class Codec(ABC):
@@ -68,7 +78,7 @@ class Codec(ABC):
         return self
 
     @abstractmethod
-    def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
+    def encode(self, src: U8Array, config: Settings, width: int) -> tuple[int, list[bytes]]:
         """``(codec_param, stored pieces)`` of ``src``, a non-empty flat uint8 array of
         ``width``-byte elements; the pieces are written one after the other."""
 

@@ -12,22 +12,19 @@ import functools
 import itertools
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
 from hurray_wire import parallel
 from hurray_wire.buffers import U8Array
-from hurray_wire.codecs.base import Codec, Progress, bytes_view, output
+from hurray_wire.codecs.base import Codec, Progress, Settings, bytes_view, output
 from hurray_wire.codecs.compressor import compress_frame
 from hurray_wire.codecs.frames import decode_frame, frame_header
 from hurray_wire.codecs.shuffle_zstd import SHUFFLE_WIDTHS
 from hurray_wire.errors import DecompressionError, HurrayWireError
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire.fast import array_struct, derive, item_dtype, item_struct
-
-if TYPE_CHECKING:
-    from hurray_wire.codecs.config import Compression
 
 __all__ = [
     "CHUNKED",
@@ -68,7 +65,7 @@ class Chunked(Codec):
     spec_threads = -1  # "chunked-shuffle-zstd:L" compresses its chunks on every core
     progressive = True
 
-    def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
+    def encode(self, src: U8Array, config: Settings, width: int) -> tuple[int, list[bytes]]:
         """The chunk table, then each chunk's frame, shuffled by ``width`` (1 when the
         shuffle is the identity); chunks compress on ``config.threads``."""
         param = width if width in SHUFFLE_WIDTHS else 1  # inline: once per section
@@ -86,7 +83,7 @@ class Chunked(Codec):
         return dst
 
 
-def _chunked(src: U8Array, compression: Compression, width: int) -> list[bytes]:
+def _chunked(src: U8Array, compression: Settings, width: int) -> list[bytes]:
     """The chunked codec's stored bytes as pieces: chunk table, then each chunk's frame."""
     chunk = compression.chunk_size
     level = compression.level

@@ -7,17 +7,14 @@ content size, which the decoders' fast path relies on.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zstandard
 
 from hurray_wire.buffers import U8Array
 from hurray_wire.codecs import byteshuffle
-from hurray_wire.codecs.base import local, scratch
+from hurray_wire.codecs.base import Settings, local, scratch
 from hurray_wire.codecs.entropy import LOW_ENTROPY_BITS, LOW_ENTROPY_HASH_LOG, entropy_bits
-
-if TYPE_CHECKING:
-    from hurray_wire.codecs.config import Compression
 
 __all__ = ["compress_frame", "frame_threads"]
 
@@ -31,7 +28,7 @@ _ZSTD_BLOCK = 128 << 10  # zstd's largest block: one-shot compression cuts block
 _THREADS_MIN_SIZE = 1 << 20
 
 
-def frame_threads(config: Compression, size: int) -> int:
+def frame_threads(config: Settings, size: int) -> int:
     """zstd's own worker count for one frame of ``size`` bytes under ``config``."""
     return config.threads if size >= _THREADS_MIN_SIZE else 0
 

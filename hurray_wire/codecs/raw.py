@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from hurray_wire.buffers import U8Array
-from hurray_wire.codecs.base import Codec, output
+from hurray_wire.codecs.base import Codec, Settings, output
 from hurray_wire.errors import DecompressionError
-
-if TYPE_CHECKING:
-    from hurray_wire.codecs.config import Compression
 
 __all__ = ["CODEC_RAW", "RAW", "Raw"]
 
@@ -26,7 +21,7 @@ class Raw(Codec):
     name = "raw"
     compresses = False
 
-    def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
+    def encode(self, src: U8Array, config: Settings, width: int) -> tuple[int, list[bytes]]:
         """The raw bytes themselves, as one piece (a copy: blob encoders never call this,
         a raw section is written from the tensor's own arrays)."""
         return 0, [src.tobytes()]

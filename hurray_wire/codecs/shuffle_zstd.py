@@ -7,15 +7,10 @@ the shuffle width.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hurray_wire.buffers import U8Array
-from hurray_wire.codecs.base import Codec
+from hurray_wire.codecs.base import Codec, Settings
 from hurray_wire.codecs.compressor import compress_frame, frame_threads
 from hurray_wire.codecs.zstd import ZSTD, Zstd
-
-if TYPE_CHECKING:
-    from hurray_wire.codecs.config import Compression
 
 __all__ = ["CODEC_SHUFFLE_ZSTD", "SHUFFLE_WIDTHS", "SHUFFLE_ZSTD", "ShuffleZstd"]
 
@@ -36,7 +31,7 @@ class ShuffleZstd(Zstd):
         """Plain zstd for elements whose shuffle is the identity (int8, fp8)."""
         return self if width in SHUFFLE_WIDTHS else ZSTD
 
-    def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
+    def encode(self, src: U8Array, config: Settings, width: int) -> tuple[int, list[bytes]]:
         """One frame of the bytes shuffled by ``width`` (2, 4 or 8: see :meth:`for_width`)."""
         return width, compress_frame(src, config.level, width, frame_threads(config, src.size))
 

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hurray_wire.buffers import U8Array
-from hurray_wire.codecs.base import Codec, Progress, output
+from hurray_wire.codecs.base import Codec, Progress, Settings, output
 from hurray_wire.codecs.compressor import compress_frame, frame_threads
 from hurray_wire.codecs.frames import decode_frame, frame_header
-
-if TYPE_CHECKING:
-    from hurray_wire.codecs.config import Compression
 
 __all__ = ["CODEC_ZSTD", "ZSTD", "Zstd"]
 
@@ -25,7 +20,7 @@ class Zstd(Codec):
     name = "zstd"
     progressive = True
 
-    def encode(self, src: U8Array, config: Compression, width: int) -> tuple[int, list[bytes]]:
+    def encode(self, src: U8Array, config: Settings, width: int) -> tuple[int, list[bytes]]:
         """One frame at ``config.level``; zstd's own threads for sections of 1 MiB or more."""
         return 0, compress_frame(src, config.level, 1, frame_threads(config, src.size))
 

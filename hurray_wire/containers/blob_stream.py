@@ -342,7 +342,7 @@ class StreamReader(ClosesOnExit):
     before each record so a truncated file is a ``StreamTruncatedError``, not SIGBUS; read
     record by record with ``mmap=False``) or a bytes-like object (read-only views). A cut, a
     corrupt blob or a record over ``max_blob_bytes`` raises, and raises again after.
-    ``page_store``, ``on_page_error="report"`` (``page_report``), ``in_place`` (each blob into
+    ``page_store``, ``report=True`` (``page_report``), ``in_place`` (each blob into
     the engine pool the callback names, as ``decode_in_place``; nothing written before every
     check) and ``expect_fingerprint`` are docs/integrity.md's; ``record_deadline`` (seconds,
     None for none) bounds each record read from a socket or file-like (``RecordDeadlineError``).
@@ -360,16 +360,15 @@ class StreamReader(ClosesOnExit):
         record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
         mmap: bool = True,
         in_place: InPlaceTarget | None = None,
-        on_page_error: str = "raise",
+        report: bool = False,
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
-        if on_page_error not in ("raise", "report") or (
-            in_place is not None and (on_page_error == "report")
-        ):
-            raise ArgumentTypeError("on_page_error is 'raise' or 'report' (not with in_place)",
-                                    field="on_page_error", found=repr(on_page_error))  # fmt: skip
-        self._report = on_page_error == "report"
-        #: ``on_page_error="report"``: the DecodeReport of the last blob read (its failed
+        self._report = flag(report, "report")
+        if self._report and in_place is not None:
+            raise ArgumentTypeError("report=True reports failed pages of blobs handed out, "
+                                    "in_place lands them: not both", field="report",
+                                    found=True)  # fmt: skip
+        #: ``report=True``: the DecodeReport of the last blob read (its failed
         #: pages by physical id and logical place, as ``decode_report``), else None.
         self.page_report: DecodeReport | None = None
         if in_place is not None and (not callable(in_place) or page_store is not None):
