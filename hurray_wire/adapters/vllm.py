@@ -15,6 +15,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
+from hurray_wire._interop import first_reference_order, gather_rows
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import (
     Array,
@@ -205,13 +206,13 @@ def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Arra
     """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy)."""
     num_blocks, heads, block_size, head_size = _cpu_geometry(cache, isa)
     _check_ids(table, num_blocks, "block_table")
-    used, pages = np.unique(table, return_inverse=True)
+    used, pages = first_reference_order(table)  # a sequence's pages in order: no re-gather
     shape = (len(used), block_size, heads, head_size)
     key, value = (
-        np.ascontiguousarray(view[used]).reshape(shape).view(cache.dtype)
+        gather_rows(view, used).reshape(shape).view(cache.dtype)
         for view in forms.cpu_role_views(cache, isa)
     )  # one gather each, the kernel's slab order undone by the views' strides
-    return key, value, pages.reshape(-1).astype(np.int64)
+    return key, value, pages
 
 
 def _check_slabs(cache: Array) -> None:
@@ -443,7 +444,7 @@ def from_vllm(
     ``k_scale`` / ``v_scale``: a float, a 0-d tensor or one equal value per KV head.
 
     The page pools are views of the cache for every backend but CPU_ATTN (whose slabs are
-    no strided layout: the referenced blocks are copied, numbered in ascending block id);
+    no strided layout: the referenced blocks are copied, numbered in order of first reference);
     ``BlockPagedTensor.from_arrays`` shares a pool it can and copies a strided one.
 
     ``block_size``: vLLM's scheduler block size (``cache_config.block_size``). When a backend

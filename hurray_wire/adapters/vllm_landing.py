@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import is_torch
+from hurray_wire._interop import is_torch, scatter_rows
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import Array, array, from_table, last_page_tokens
 from hurray_wire.adapters.vllm import (
@@ -81,7 +81,10 @@ def _targets(
     unique, first = np.unique(targets, return_index=True)
     most = np.zeros(len(unique), np.int64)
     np.maximum.at(most, np.searchsorted(unique, targets), valid)
-    return unique, sources[first], most
+    # in the order the tensor names them: a sequence's pages stay one slice of the pool
+    # (``_pages``), not a gathered copy
+    by_use = np.argsort(first, kind="stable")
+    return unique[by_use], sources[first[by_use]], most[by_use]
 
 
 def _pages(pool: Array, ids: Array) -> Array:
@@ -182,5 +185,7 @@ def _write(
         held = np.ascontiguousarray(view[targets[part]]).reshape(-1, *pool.shape[1:])
         tails.append(np.where(mask, pool[sources[part]], held).reshape(-1, *shape))
     for view, pool, tail in zip(views, pools, tails, strict=True):
-        view[targets[whole]] = _pages(pool, sources[whole]).reshape(-1, *view.shape[1:])
+        scatter_rows(
+            view, targets[whole], _pages(pool, sources[whole]).reshape(-1, *view.shape[1:])
+        )
         view[targets[part]] = tail
