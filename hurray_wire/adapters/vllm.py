@@ -44,7 +44,7 @@ _ROLE_AXIS = {0: 0, 1: 2, 2: 1, 3: 3}
 _OLD_LAYOUTS = {member: alias for alias, member in forms.LAYOUT_ALIASES.items()}
 
 
-def _fp8(cache: Array, kv_cache_dtype: object) -> Array:
+def fp8_view(cache: Array, kv_cache_dtype: object) -> Array:
     """``cache`` with vLLM's uint8 fp8 storage viewed as its float8 type (no copy)."""
     forms.check_cache_dtype(kv_cache_dtype)
     if cache.dtype == np.uint8:
@@ -126,7 +126,7 @@ def _role_pools(
                 expected="fused",
             )
         if cache.ndim == 4 and cache.shape[1] == 1 and era in (None, forms.ERA_LAYER_VIEWS):
-            return "mla", [("fused", cache[:, 0, :, None, :])]
+            return "mla", [("fused", forms.page_views(cache, mla=True)[0])]
         if cache.ndim == 3 and era is not None and era < forms.ERA_LAYER_VIEWS:
             return "mla", [("fused", cache[:, :, None, :])]
         raise _shape_error(
@@ -157,8 +157,7 @@ def _role_pools(
                 cache,
             )
         _check_dense(cache)
-        layer = cache.transpose(0, 2, 1, 3)  # the backends' kv_cache.transpose(1, 2)
-        return "layer", [("key", layer[..., : width // 2]), ("value", layer[..., width // 2 :])]
+        return "layer", list(zip(("key", "value"), forms.page_views(cache, mla=False), strict=True))
     if cache.ndim == 5:
         if era is None:
             raise ArgumentTypeError(
@@ -455,7 +454,7 @@ def from_vllm(
     axis; pages are kernel blocks). Without it the ids are the tensor's own blocks.
     """
     name = forms.backend_name(backend)
-    cache = _fp8(array(kv_cache, "kv_cache"), kv_cache_dtype)
+    cache = fp8_view(array(kv_cache, "kv_cache"), kv_cache_dtype)
     era = forms.era_of(vllm_version)
     scales = {
         "key": forms.scale_value(k_scale, "k_scale"),

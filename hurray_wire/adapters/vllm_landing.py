@@ -11,16 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import is_torch, scatter_rows
+from hurray_wire._interop import consecutive, is_torch, scatter_rows
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import Array, array, from_table, last_page_tokens
 from hurray_wire.adapters.vllm import (
     Pair,
     _check_ids,
     _cpu_geometry,
-    _fp8,
     _role_pools,
     _tensors,
+    fp8_view,
     kernel_ratio,
     kernel_table,
 )
@@ -89,9 +89,8 @@ def _targets(
 
 def _pages(pool: Array, ids: Array) -> Array:
     """``pool[ids]``: a view when the ids are consecutive (a sequence's pages in order)."""
-    if ids.size and (np.diff(ids) == 1).all():
-        return pool[int(ids[0]) : int(ids[0]) + ids.size]
-    taken: Array = pool[ids]
+    run = consecutive(ids)
+    taken: Array = pool[ids if run is None else run]
     return taken
 
 
@@ -136,7 +135,7 @@ def into_vllm(
     """
     name = forms.backend_name(backend)
     tensors = _tensors(tensor_or_pair, name)
-    cache = _fp8(_writable(kv_cache), kv_cache_dtype)
+    cache = fp8_view(_writable(kv_cache), kv_cache_dtype)
     era = forms.era_of(vllm_version)
     for tensor, given in zip(tensors, (k_scale, v_scale), strict=False):
         scale_name = "k_scale" if tensor.kv_role != "value" else "v_scale"
