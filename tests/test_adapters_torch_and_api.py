@@ -311,7 +311,9 @@ def test_rows_gathered_and_scattered_in_chunks_equal_fancy_indexing(axes: tuple[
     taken = gather_rows(view, ids)
     assert taken.flags.c_contiguous and np.array_equal(taken, view[ids])
     expected, target = memory.copy(), memory.copy()
-    rows = taken + 1
-    expected.transpose([axes.index(a) for a in range(4)])[:, :, :, :5][ids] = rows
-    scatter_rows(target.transpose([axes.index(a) for a in range(4)])[:, :, :, :5], ids, rows)
+    logical = [a.transpose([axes.index(x) for x in range(4)]) for a in (expected, target)]
+    rows = [taken + 1, np.ascontiguousarray(logical[0][:, :, :, 5:][ids]) + 2]  # keys, values
+    logical[0][:, :, :, :5][ids] = rows[0]
+    logical[0][:, :, :, 5:][ids] = rows[1]
+    scatter_rows([logical[1][:, :, :, :5], logical[1][:, :, :, 5:]], ids, rows)
     assert np.array_equal(target, expected)

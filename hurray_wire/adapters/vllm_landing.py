@@ -183,8 +183,10 @@ def _write(
         shape = view.shape[1:]
         held = np.ascontiguousarray(view[targets[part]]).reshape(-1, *pool.shape[1:])
         tails.append(np.where(mask, pool[sources[part]], held).reshape(-1, *shape))
-    for view, pool, tail in zip(views, pools, tails, strict=True):
-        scatter_rows(
-            view, targets[whole], _pages(pool, sources[whole]).reshape(-1, *view.shape[1:])
-        )
+    rows = [
+        _pages(pool, sources[whole]).reshape(-1, *v.shape[1:])
+        for v, pool in zip(views, pools, strict=True)
+    ]
+    scatter_rows(views, targets[whole], rows)
+    for view, tail in zip(views, tails, strict=True):
         view[targets[part]] = tail
