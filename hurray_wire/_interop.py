@@ -133,29 +133,35 @@ def scatter_rows(
     arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any], rows: Sequence[npt.NDArray[Any]]
 ) -> None:
     """``array[ids] = rows`` for each array (axis 0, ids checked, distinct; the arrays views
-    of one memory, e.g. a layer's keys and values), a cache-sized chunk of ids at a time:
-    every array's rows of a chunk are written while its lines are in cache (measured 10-15%
-    faster than one pass per array for K and V interleaved in a block). Rows whose last axis
-    is strided (CPU_ATTN's key slabs: one element per 64 bytes) are first put in the array's
-    memory order in cache: measured 2x faster than NumPy's element-wise scatter."""
+    of one memory, e.g. a layer's keys and values), a cache-sized chunk of ids at a time.
+    Arrays of contiguous runs (a vLLM layer's K and V heads) take turns per chunk, so each
+    chunk's lines are written while in cache (measured 10-25% faster than one pass per
+    array). Rows whose last axis is strided (CPU_ATTN's key slabs: one element per 64
+    bytes) are first put in the array's memory order in cache, one array after the other
+    (measured 2x faster than NumPy's element-wise scatter; taking turns was slower)."""
     if not ids.size:
         return
-    first = arrays[0][ids[:1]]
-    step = max(1, GATHER_CHUNK // max(1, first.nbytes * len(arrays)))
+    step = max(1, GATHER_CHUNK // max(1, arrays[0][ids[:1]].nbytes))
     held = [
         None if a.strides[-1] == a.itemsize else np.empty_like(a[ids[:step]])  # order="K"
         for a in arrays
     ]
-    for start in range(0, len(ids), step):
-        part = ids[start : start + step]
-        run = consecutive(part)
-        at = part if run is None else run
-        for array, source, buffer in zip(arrays, rows, held, strict=True):
-            chunk = source[start : start + step]
-            if buffer is not None:
-                buffer[: len(part)] = chunk
-                chunk = buffer[: len(part)]
-            array[at] = chunk
+    if all(buffer is None for buffer in held):
+        for start in range(0, len(ids), step):
+            part = ids[start : start + step]
+            run = consecutive(part)
+            for array, source in zip(arrays, rows, strict=True):
+                array[part if run is None else run] = source[start : start + step]
+        return
+    run = consecutive(ids)
+    for array, source, buffer in zip(arrays, rows, held, strict=True):
+        if buffer is None:  # one NumPy scatter of the whole: chunks only add calls here
+            array[ids if run is None else run] = source
+            continue
+        for start in range(0, len(ids), step):
+            part = ids[start : start + step]
+            buffer[: len(part)] = source[start : start + step]
+            array[part] = buffer[: len(part)]
 
 
 def first_reference_order(
