@@ -135,7 +135,7 @@ def scatter_rows(
     """``array[ids] = rows`` for each array (axis 0, ids checked, distinct; the arrays views
     of one memory, e.g. a layer's keys and values), a cache-sized chunk of ids at a time.
     Arrays of contiguous runs (a vLLM layer's K and V heads) take turns per chunk, so each
-    chunk's lines are written while in cache (measured 10-25% faster than one pass per
+    chunk's lines are written while in cache (measured 4-20% faster than one pass per
     array). Rows whose last axis is strided (CPU_ATTN's key slabs: one element per 64
     bytes) are first put in the array's memory order in cache, one array after the other
     (measured 2x faster than NumPy's element-wise scatter; taking turns was slower)."""
