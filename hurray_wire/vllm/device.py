@@ -4,8 +4,9 @@ host once per layer, and landed with one host-to-device copy per layer (docs/vll
 through ``torch.get_device_module``) and CPU tensors take the same path.
 
 Saving: ``gather`` enqueues, on a side stream that first waits for the forward pass's
-stream, an ``index_select`` of the blocks (in the cache's memory order, so the copy keeps
-its layout) and a non-blocking copy into pinned host memory, then records an event; the
+stream, an ``index_select`` of each role's pages on the backend's own views (the wire's
+page layout, C order: the role split is done on the device, the host only reads and
+digests) and a non-blocking copy into pinned host memory, then records an event; the
 forward pass goes on. ``Staged.host()`` waits for that event only (the connector calls it
 from ``wait_for_save``, after the forward), before anything reads the copy.
 
