@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -25,12 +26,15 @@ from hurray_wire.model.layout import _as_index_array
 
 __all__ = [
     "as_numpy",
+    "consecutive",
     "first_reference_order",
+    "gather_rows",
     "is_device_tensor",
     "is_strided_pool",
     "is_torch",
     "numpy_to_torch",
     "referenced_pages",
+    "scatter_rows",
     "take_pages",
     "tensor_to_torch",
     "torch_to_numpy",
@@ -91,7 +95,73 @@ def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -
         torch = _torch()
         index = torch.from_numpy(np.ascontiguousarray(page_ids, np.int64)).to(pool.device)
         return torch_to_numpy(pool.detach().index_select(0, index).contiguous(), name)
-    return np.ascontiguousarray(pool[page_ids])
+    return gather_rows(pool, page_ids)
+
+
+#: Bytes gathered per round by ``gather_rows``: the gathered rows and their C-ordered
+#: copy both stay in a core's L2 (measured best at 256 KiB-1 MiB, tools/bench_connector_host.py).
+GATHER_CHUNK = 1 << 19
+
+
+def consecutive(ids: npt.NDArray[Any]) -> slice | None:
+    """``ids`` (1-D, not empty) as the slice they are when consecutive ascending (a
+    sequence's pages in order, an engine's freshly allocated blocks), else None."""
+    if ids.size and (np.diff(ids) == 1).all():
+        return slice(int(ids[0]), int(ids[0]) + ids.size)
+    return None
+
+
+def gather_rows(array: npt.NDArray[Any], ids: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``array[ids]`` (axis 0, ids checked) as a new C-contiguous array, in one pass over
+    memory. NumPy's fancy indexing keeps a strided row's memory order (a vLLM cache's
+    head-major pages come out head-major), so a C-ordered result would cost a second full
+    copy: such rows are gathered a chunk at a time and reordered while still in cache."""
+    run = consecutive(ids)
+    if run is not None:  # one strided copy, no index
+        return np.ascontiguousarray(array[run])
+    first = array[ids[:1]]
+    if first.flags.c_contiguous:  # the rows come out in C order: one gather
+        return np.ascontiguousarray(array[ids])
+    out = np.empty((len(ids), *array.shape[1:]), array.dtype)
+    step = max(1, GATHER_CHUNK // max(1, first.nbytes))
+    for start in range(0, len(ids), step):
+        out[start : start + step] = array[ids[start : start + step]]
+    return out
+
+
+def scatter_rows(
+    arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any], rows: Sequence[npt.NDArray[Any]]
+) -> None:
+    """``array[ids] = rows`` for each array (axis 0, ids checked, distinct; the arrays views
+    of one memory, e.g. a layer's keys and values), a cache-sized chunk of ids at a time.
+    Arrays of contiguous runs (a vLLM layer's K and V heads) take turns per chunk, so each
+    chunk's lines are written while in cache (measured 4-20% faster than one pass per
+    array). Rows whose last axis is strided (CPU_ATTN's key slabs: one element per 64
+    bytes) are first put in the array's memory order in cache, one array after the other
+    (measured 2x faster than NumPy's element-wise scatter; taking turns was slower)."""
+    if not ids.size:
+        return
+    step = max(1, GATHER_CHUNK // max(1, arrays[0][ids[:1]].nbytes))
+    held = [
+        None if a.strides[-1] == a.itemsize else np.empty_like(a[ids[:step]])  # order="K"
+        for a in arrays
+    ]
+    if all(buffer is None for buffer in held):
+        for start in range(0, len(ids), step):
+            part = ids[start : start + step]
+            run = consecutive(part)
+            for array, source in zip(arrays, rows, strict=True):
+                array[part if run is None else run] = source[start : start + step]
+        return
+    run = consecutive(ids)
+    for array, source, buffer in zip(arrays, rows, held, strict=True):
+        if buffer is None:  # one NumPy scatter of the whole: chunks only add calls here
+            array[ids if run is None else run] = source
+            continue
+        for start in range(0, len(ids), step):
+            part = ids[start : start + step]
+            buffer[: len(part)] = source[start : start + step]
+            array[part] = buffer[: len(part)]
 
 
 def first_reference_order(

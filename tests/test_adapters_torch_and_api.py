@@ -311,3 +311,25 @@ def test_guide_quantization_examples_and_scheme_tags() -> None:
         with pytest.raises(hurray.errors.InvalidDescriptorError, match="PerBlockAffine") as info:
             layout.validate_quantization_compatibility(tag)  # type: ignore[arg-type]
         assert "PerTensorAffine" in str(info.value) and "PerChannelAffine" in str(info.value)
+
+
+@pytest.mark.parametrize("axes", [(0, 1, 2, 3), (0, 2, 1, 3), (2, 0, 1, 3), (0, 1, 3, 2)])
+def test_rows_gathered_and_scattered_in_chunks_equal_fancy_indexing(axes: tuple[int, ...]) -> None:
+    """``gather_rows`` / ``scatter_rows`` over strided views (a vLLM cache's head-major pages,
+    a CPU slab's element-strided keys): NumPy's fancy indexing element for element, over
+    more rows than one chunk holds, every other row untouched."""
+    from hurray_wire._interop import GATHER_CHUNK, gather_rows, scatter_rows
+
+    shape = (3 * GATHER_CHUNK // (16 * 4 * 8 * 2) + 5, 16, 4, 8)
+    memory = np.arange(np.prod(shape), dtype=np.uint16).reshape([shape[a] for a in axes])
+    view = memory.transpose([axes.index(a) for a in range(4)])[:, :, :, :5]
+    ids = np.random.default_rng(1).permutation(len(view))[: len(view) - 3]
+    taken = gather_rows(view, ids)
+    assert taken.flags.c_contiguous and np.array_equal(taken, view[ids])
+    expected, target = memory.copy(), memory.copy()
+    logical = [a.transpose([axes.index(x) for x in range(4)]) for a in (expected, target)]
+    rows = [taken + 1, np.ascontiguousarray(logical[0][:, :, :, 5:][ids]) + 2]  # keys, values
+    logical[0][:, :, :, :5][ids] = rows[0]
+    logical[0][:, :, :, 5:][ids] = rows[1]
+    scatter_rows([logical[1][:, :, :, :5], logical[1][:, :, :, 5:]], ids, rows)
+    assert np.array_equal(target, expected)

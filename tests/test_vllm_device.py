@@ -52,22 +52,51 @@ def form_of(backend: str, layout: str, isa: str | None, block: int, kernel: int)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("split", [False, True], ids=["blocks", "pages"])
 @pytest.mark.parametrize("spec", FORMS, ids=lambda s: f"{s[0]}-{s[1]}-{s[3]}/{s[4]}")
-def test_gathered_pages_equal_the_direct_reading(device: str, spec: tuple[Any, ...]) -> None:
+def test_gathered_pages_equal_the_direct_reading(
+    device: str, split: bool, spec: tuple[Any, ...]
+) -> None:
     """Gather on the device, one host copy, read: the same pages as reading the whole cache
-    on the host; the gather keeps the cache's memory order (its layout)."""
+    on the host; whole blocks keep the cache's memory order (its layout), pages gathered
+    with the backend's views (the role split on the device) come in the wire's C order."""
     backend, layout, _isa, block, kernel = spec
     form = form_of(*spec)
+    if split and form.page_views is None:
+        pytest.skip("CPU_ATTN's slabs are never on a device")
     cache = cache_of(backend, layout, kernel, form.ratio, device)
     blocks = [5, 2, 7]
-    staged = gather(cache, kernel_ids([0, *blocks], form.ratio)).host()
-    assert staged.device.type == "cpu" and memory_order(staged) == memory_order(cache)
+    views = form.page_views if split else None
+    staged = gather(cache, kernel_ids([0, *blocks], form.ratio), views=views).host()
+    if split:
+        assert len(staged) == len(form.roles)
+        assert all(t.device.type == "cpu" and t.is_contiguous() for t in staged)
+    else:
+        assert staged.device.type == "cpu" and memory_order(staged) == memory_order(cache)
     got = form.read(staged, range(1, 4), fresh=True)
     want = form.read(cache.cpu(), blocks)
     assert len(got) == len(form.roles) == len(want)
     for g, w in zip(got, want, strict=True):
         assert g.shape == (3, block, *w.shape[2:])
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8"])
+def test_pages_gathered_on_the_device_keep_the_element_type(device: str, dtype: str) -> None:
+    """bf16 pages, and fp8 pages from vLLM's uint8 storage, split on the device: the same
+    elements and element type as the host's reading (FlashInfer's split 32 -> 16 blocks)."""
+    spec = ("FLASHINFER", "LBHNC", None, 32, 16)
+    storage = torch.uint8 if dtype == "fp8" else torch.bfloat16
+    form = CacheForm(*spec, "fp8" if dtype == "fp8" else None,
+                     "float8_e4m3" if dtype == "fp8" else "bfloat16")  # fmt: skip
+    cache = cache_of(spec[0], spec[1], spec[4], form.ratio, device, storage)
+    staged = gather(cache, kernel_ids([0, 6, 3], form.ratio), views=form.page_views).host()
+    got = form.read(staged, [2, 1], fresh=True)
+    want = form.read(cache.cpu(), [3, 6])
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and str(g.dtype).startswith(form.cache_dtype)
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
 
 
 @pytest.mark.parametrize("device", DEVICES)

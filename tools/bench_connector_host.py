@@ -8,9 +8,11 @@ memcpy into new memory: the saved copy is kept; for the load, into memory alread
   (``CacheForm.write``: into_vllm's checks and writes).
 
 ``host`` reads and writes a host cache in place (a CPU engine). ``device`` is the host's
-share of a GPU engine's path (hurray_wire.vllm.device): the blocks arrive gathered by the
-device and copied by DMA into pinned memory, so the host reads that copy (and lands into
-the staged copy the DMA takes back); the device's gathers and copies are not host work.
+share of a GPU engine's path (hurray_wire.vllm.device): each role's pages arrive gathered
+by the device in the wire's layout and copied by DMA into pinned memory, so the host only
+digests them (CPU_ATTN, never on a device: whole blocks, split on the host); a landing
+writes into the staged copy of the target blocks the DMA takes back; the device's gathers
+and copies are not host work.
 Ratios are within one run, the routes taking turns (``bench.interleaved``); target <= 1.3.
 
     python tools/bench_connector_host.py [--mib M] [--repeat N]
@@ -70,7 +72,8 @@ def routes(spec: tuple[Any, ...], mib: int) -> tuple[int, dict[str, Callable[[],
     pages = form.read(cache, ids)
     nbytes = sum(p.nbytes for p in pages)
     digests = [page_digests(one_sequence(p, tokens)) for p in pages]
-    staged = gather(cache, kernel_ids([0, *ids], form.ratio)).host()
+    # a GPU's role split is done on the device (gather with the backend's page views)
+    staged = gather(cache, kernel_ids([0, *ids], form.ratio), views=form.page_views).host()
     staged_landing = gather(landing, kernel_ids([0, *targets], form.ratio)).host()
     local = range(1, count + 1)
     flat = np.concatenate([p.reshape(-1).view(np.uint8) for p in pages])

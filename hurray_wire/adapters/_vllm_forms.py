@@ -319,6 +319,18 @@ def cpu_role_views(cache: Array, isa: str) -> tuple[Array, Array]:
     return views[0], views[1]
 
 
+def page_views(cache: Any, mla: bool) -> list[Any]:
+    """Each role's pages ``[num_blocks, block_size, H, D]`` of a >= 0.26 layer cache, as the
+    backends read it: ``kv_cache.transpose(1, 2).split(head_size, -1)`` (keys, values), MLA
+    ``kv_cache.squeeze(1)`` with a head axis of 1. Views, no copy; NumPy arrays and torch
+    tensors on any device alike (a device gathers its pages with them, device.py)."""
+    if mla:
+        return [cache[:, 0, :, None, :]]
+    layer = cache.swapaxes(1, 2)
+    half = cache.shape[3] // 2
+    return [layer[..., :half], layer[..., half:]]
+
+
 def check_cpu_geometry(isa: str, block_size: int, head_size: int) -> None:
     """The kernel's own constraints (a cache breaking them was not written by it)."""
     group = 16 if isa == "vec16" else 32

@@ -15,6 +15,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
+from hurray_wire._interop import first_reference_order, gather_rows
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import (
     Array,
@@ -43,7 +44,7 @@ _ROLE_AXIS = {0: 0, 1: 2, 2: 1, 3: 3}
 _OLD_LAYOUTS = {member: alias for alias, member in forms.LAYOUT_ALIASES.items()}
 
 
-def _fp8(cache: Array, kv_cache_dtype: object) -> Array:
+def fp8_view(cache: Array, kv_cache_dtype: object) -> Array:
     """``cache`` with vLLM's uint8 fp8 storage viewed as its float8 type (no copy)."""
     forms.check_cache_dtype(kv_cache_dtype)
     if cache.dtype == np.uint8:
@@ -125,7 +126,7 @@ def _role_pools(
                 expected="fused",
             )
         if cache.ndim == 4 and cache.shape[1] == 1 and era in (None, forms.ERA_LAYER_VIEWS):
-            return "mla", [("fused", cache[:, 0, :, None, :])]
+            return "mla", [("fused", forms.page_views(cache, mla=True)[0])]
         if cache.ndim == 3 and era is not None and era < forms.ERA_LAYER_VIEWS:
             return "mla", [("fused", cache[:, :, None, :])]
         raise _shape_error(
@@ -156,8 +157,7 @@ def _role_pools(
                 cache,
             )
         _check_dense(cache)
-        layer = cache.transpose(0, 2, 1, 3)  # the backends' kv_cache.transpose(1, 2)
-        return "layer", [("key", layer[..., : width // 2]), ("value", layer[..., width // 2 :])]
+        return "layer", list(zip(("key", "value"), forms.page_views(cache, mla=False), strict=True))
     if cache.ndim == 5:
         if era is None:
             raise ArgumentTypeError(
@@ -205,13 +205,13 @@ def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Arra
     """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy)."""
     num_blocks, heads, block_size, head_size = _cpu_geometry(cache, isa)
     _check_ids(table, num_blocks, "block_table")
-    used, pages = np.unique(table, return_inverse=True)
+    used, pages = first_reference_order(table)  # a sequence's pages in order: no re-gather
     shape = (len(used), block_size, heads, head_size)
     key, value = (
-        np.ascontiguousarray(view[used]).reshape(shape).view(cache.dtype)
+        gather_rows(view, used).reshape(shape).view(cache.dtype)
         for view in forms.cpu_role_views(cache, isa)
     )  # one gather each, the kernel's slab order undone by the views' strides
-    return key, value, pages.reshape(-1).astype(np.int64)
+    return key, value, pages
 
 
 def _check_slabs(cache: Array) -> None:
@@ -443,7 +443,7 @@ def from_vllm(
     ``k_scale`` / ``v_scale``: a float, a 0-d tensor or one equal value per KV head.
 
     The page pools are views of the cache for every backend but CPU_ATTN (whose slabs are
-    no strided layout: the referenced blocks are copied, numbered in ascending block id);
+    no strided layout: the referenced blocks are copied, numbered in order of first reference);
     ``BlockPagedTensor.from_arrays`` shares a pool it can and copies a strided one.
 
     ``block_size``: vLLM's scheduler block size (``cache_config.block_size``). When a backend
@@ -454,7 +454,7 @@ def from_vllm(
     axis; pages are kernel blocks). Without it the ids are the tensor's own blocks.
     """
     name = forms.backend_name(backend)
-    cache = _fp8(array(kv_cache, "kv_cache"), kv_cache_dtype)
+    cache = fp8_view(array(kv_cache, "kv_cache"), kv_cache_dtype)
     era = forms.era_of(vllm_version)
     scales = {
         "key": forms.scale_value(k_scale, "k_scale"),

@@ -11,16 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import is_torch
+from hurray_wire._interop import consecutive, is_torch, scatter_rows
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import Array, array, from_table, last_page_tokens
 from hurray_wire.adapters.vllm import (
     Pair,
     _check_ids,
     _cpu_geometry,
-    _fp8,
     _role_pools,
     _tensors,
+    fp8_view,
     kernel_ratio,
     kernel_table,
 )
@@ -81,14 +81,16 @@ def _targets(
     unique, first = np.unique(targets, return_index=True)
     most = np.zeros(len(unique), np.int64)
     np.maximum.at(most, np.searchsorted(unique, targets), valid)
-    return unique, sources[first], most
+    # in the order the tensor names them: a sequence's pages stay one slice of the pool
+    # (``_pages``), not a gathered copy
+    by_use = np.argsort(first, kind="stable")
+    return unique[by_use], sources[first[by_use]], most[by_use]
 
 
 def _pages(pool: Array, ids: Array) -> Array:
     """``pool[ids]``: a view when the ids are consecutive (a sequence's pages in order)."""
-    if ids.size and (np.diff(ids) == 1).all():
-        return pool[int(ids[0]) : int(ids[0]) + ids.size]
-    taken: Array = pool[ids]
+    run = consecutive(ids)
+    taken: Array = pool[ids if run is None else run]
     return taken
 
 
@@ -133,7 +135,7 @@ def into_vllm(
     """
     name = forms.backend_name(backend)
     tensors = _tensors(tensor_or_pair, name)
-    cache = _fp8(_writable(kv_cache), kv_cache_dtype)
+    cache = fp8_view(_writable(kv_cache), kv_cache_dtype)
     era = forms.era_of(vllm_version)
     for tensor, given in zip(tensors, (k_scale, v_scale), strict=False):
         scale_name = "k_scale" if tensor.kv_role != "value" else "v_scale"
@@ -181,6 +183,10 @@ def _write(
         shape = view.shape[1:]
         held = np.ascontiguousarray(view[targets[part]]).reshape(-1, *pool.shape[1:])
         tails.append(np.where(mask, pool[sources[part]], held).reshape(-1, *shape))
-    for view, pool, tail in zip(views, pools, tails, strict=True):
-        view[targets[whole]] = _pages(pool, sources[whole]).reshape(-1, *view.shape[1:])
+    rows = [
+        _pages(pool, sources[whole]).reshape(-1, *v.shape[1:])
+        for v, pool in zip(views, pools, strict=True)
+    ]
+    scatter_rows(views, targets[whole], rows)
+    for view, tail in zip(views, tails, strict=True):
         view[targets[part]] = tail

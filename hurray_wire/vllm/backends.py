@@ -23,16 +23,19 @@ backend's rules (``into_vllm``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from hurray_wire._interop import consecutive
 from hurray_wire.adapters import _vllm_forms as forms, from_vllm, into_vllm
 from hurray_wire.adapters._common import array
+from hurray_wire.adapters.vllm import fp8_view
 from hurray_wire.errors import HurrayWireError, InvalidTensorError
 from hurray_wire.vllm.params import one_sequence, sequence_pages
 
@@ -83,6 +86,15 @@ class CacheForm:
         parts = [self.backend, self.layout or "-", f"kernel{self.kernel_block_size}"]
         return "/".join(parts + ([self.isa] if self.isa else []))
 
+    @property
+    def page_views(self) -> Callable[[Any], list[Any]] | None:
+        """The backend's page views of a cache (``forms.page_views``) for a device to gather
+        pages with in the wire's layout (device.py ``gather``); None for CPU_ATTN, whose
+        slabs are never on a device."""
+        if self.backend == forms.CPU_BACKEND:
+            return None
+        return partial(forms.page_views, mla=self.backend in forms.MLA_BACKENDS)
+
     def _kw(self) -> dict[str, Any]:
         """The adapter's reading of this engine's caches: manager block ids translated to
         the kernel blocks the attention reads (``block_size=``)."""
@@ -99,7 +111,11 @@ class CacheForm:
     ) -> tuple[Pages, ...]:
         """A copy of the pages of scheduler blocks ``block_ids`` (whole blocks), one array
         per role ``[pages, block_size, H, D]``. ``cache``: the engine's, or with ``fresh``
-        a gathered copy nothing else writes (its pages are then not copied again)."""
+        a gathered copy nothing else writes (its pages are then not copied again): whole
+        kernel blocks, or a device's pages already in the wire's layout (a tuple per role,
+        ``gather(views=page_views)``)."""
+        if isinstance(cache, tuple):
+            return tuple(self._gathered(t, block_ids) for t in cache)
         tokens = len(block_ids) * self.block_size
         k_scale, v_scale = scales
         read = from_vllm(cache, [list(block_ids)], [tokens], k_scale=k_scale, v_scale=v_scale,
@@ -114,6 +130,16 @@ class CacheForm:
             shared = source is not None and np.may_share_memory(pages, source)
             out.append(pages.copy() if shared else pages)
         return tuple(out)
+
+    def _gathered(self, pages: Any, block_ids: Sequence[int]) -> Pages:
+        """Scheduler blocks ``block_ids`` of one role's gathered kernel-block pages
+        ``[kernel blocks, kernel_block_size, H, D]`` (C order): views, ``[pages,
+        block_size, H, D]`` (fp8 storage as its float8 type)."""
+        rows = fp8_view(array(pages, "kv_cache"), self.kv_cache_dtype)
+        ids = kernel_ids(block_ids, self.ratio)
+        run = consecutive(ids)
+        taken = rows[ids if run is None else run]
+        return taken.reshape(len(block_ids), self.block_size, *rows.shape[2:])
 
     def write(
         self,

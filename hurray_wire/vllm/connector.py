@@ -440,7 +440,8 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         form = self._cache_form()
         if not needs_staging(cache):
             return form.read(cache, block_ids, self._scales[layer])
-        staged = gather(cache, kernel_ids([0, *block_ids], form.ratio), self._stream).host()
+        staged = gather(cache, kernel_ids([0, *block_ids], form.ratio), self._stream,
+                        views=form.page_views).host()  # fmt: skip
         return form.read(staged, range(1, len(block_ids) + 1), self._scales[layer], fresh=True)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -460,7 +461,9 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             # one gather of every saving request's blocks, copied to the host on the side
             # stream; read in wait_for_save (the forward pass does not wait for it)
             ids = [0, *(b for save in meta.saves for b in save.block_ids)]
-            staged = gather(kv_layer, kernel_ids(ids, self._cache_form().ratio), self._stream)
+            form = self._cache_form()  # the role split on the device: the host reads pages
+            staged = gather(kv_layer, kernel_ids(ids, form.ratio), self._stream,
+                            views=form.page_views)  # fmt: skip
             self._pending.append((meta.saves, layer, staged))
             return
         for save in meta.saves:

@@ -4,8 +4,9 @@ host once per layer, and landed with one host-to-device copy per layer (docs/vll
 through ``torch.get_device_module``) and CPU tensors take the same path.
 
 Saving: ``gather`` enqueues, on a side stream that first waits for the forward pass's
-stream, an ``index_select`` of the blocks (in the cache's memory order, so the copy keeps
-its layout) and a non-blocking copy into pinned host memory, then records an event; the
+stream, an ``index_select`` of each role's pages on the backend's own views (the wire's
+page layout, C order: the role split is done on the device, the host only reads and
+digests) and a non-blocking copy into pinned host memory, then records an event; the
 forward pass goes on. ``Staged.host()`` waits for that event only (the connector calls it
 from ``wait_for_save``, after the forward), before anything reads the copy.
 
@@ -74,24 +75,45 @@ def _take(cache: Any, index: Any) -> Any:
     return picked.permute([order.index(a) for a in range(cache.dim())])
 
 
-def gather(cache: Any, block_ids: npt.NDArray[np.int64], stream: Any = None) -> Staged:
+def gather(
+    cache: Any,
+    block_ids: npt.NDArray[np.int64],
+    stream: Any = None,
+    *,
+    views: Callable[[Any], list[Any]] | None = None,
+) -> Staged:
     """Start copying ``cache``'s blocks ``block_ids`` to host memory (pinned on a device);
-    ``stream``: the side stream (from ``side_stream``), None on the CPU."""
-    import torch
+    ``stream``: the side stream (from ``side_stream``), None on the CPU. ``views``: the
+    backend's page views (``CacheForm.page_views``): each role's pages are then gathered
+    on the device into the wire's page layout (a tuple, one C-ordered tensor per role), so
+    the host's role split is done there; None: whole blocks in the cache's memory order."""
+
+    def pick(index: Any) -> Any:
+        if views is None:
+            return _take(cache, index)
+        return tuple(v.index_select(0, index).contiguous() for v in views(cache))
 
     module = _module(cache.device)
     if module is None:
-        return Staged(_take(cache, _index(block_ids, cache.device)))
+        return Staged(pick(_index(block_ids, cache.device)))
     stream = stream if stream is not None else module.Stream(cache.device)
     stream.wait_stream(module.current_stream(cache.device))  # the layer's KV is written
     with module.stream(stream):
-        picked = _take(cache, _index(block_ids, cache.device))
-        host = torch.empty_strided(picked.shape, picked.stride(), dtype=picked.dtype,
-                                   device="cpu", pin_memory=True)  # fmt: skip
-        host.copy_(picked, non_blocking=True)
+        picked = pick(_index(block_ids, cache.device))
+        host = tuple(map(_pinned, picked)) if views is not None else _pinned(picked)
         event = module.Event()
         event.record(stream)
     return Staged(host, event, picked)
+
+
+def _pinned(picked: Any) -> Any:
+    """A non-blocking copy of ``picked`` into pinned host memory (its strides kept)."""
+    import torch
+
+    host = torch.empty_strided(picked.shape, picked.stride(), dtype=picked.dtype,
+                               device="cpu", pin_memory=True)  # fmt: skip
+    host.copy_(picked, non_blocking=True)
+    return host
 
 
 def land(

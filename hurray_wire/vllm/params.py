@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from hurray_wire._interop import consecutive
 from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.fast import item_dtype
@@ -71,9 +72,8 @@ def sequence_pages(tensor: BlockPagedTensor) -> npt.NDArray[Any]:
     of its pool when they are consecutive pages of it (no copy), else a gathered copy."""
     pool = np.asarray(tensor.page_pool)
     table = np.asarray(tensor.block_table).reshape(-1).astype(np.int64)
-    if table.size and (np.diff(table) == 1).all():
-        return pool[int(table[0]) : int(table[0]) + table.size]
-    pages: npt.NDArray[Any] = pool[table]
+    run = consecutive(table)
+    pages: npt.NDArray[Any] = pool[table if run is None else run]
     return pages
 
 
