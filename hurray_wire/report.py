@@ -255,7 +255,6 @@ _ENTRY = derive(wire.SECTION_ENTRY)
 _CHECKSUM = derive(wire.HEADER_CHECKSUM)
 _CHUNK_HEAD = derive(wire.CHUNK_TABLE_HEADER)
 _CHECKSUM_NAMES = {wire.CHECKSUM_NONE: "none", wire.CHECKSUM_XXH3_64: "xxh3_64"}
-_ROLE_NAMES = {code: name for name, code in wd.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {code: name for name, code in wd.INDEX_TYPES.items()}
 _SHAPE_LABELS = {
     "shape[0]": "shape[0] total_tokens",
@@ -279,10 +278,10 @@ def _value(raw: bytes, name: str) -> str:
     if name.startswith("_reserved"):
         return "zero" if not any(raw) else "NON-ZERO"
     number = int.from_bytes(raw, "little")
-    if name == "layer_index" and number == 0xFFFFFFFF:
+    if name == "layer_index" and number == wd.LAYER_NONE:
         return LAYER_NONE_TEXT
     if name == "kv_role":
-        return _ROLE_NAMES.get(number, str(number))
+        return wd.KV_ROLE_BY_CODE.get(number, str(number))
     if name == "block_table_index_type":
         return _INDEX_TYPE_NAMES.get(number, str(number))
     if name in ("flags", "type_tag", "layout_tag"):
@@ -409,7 +408,6 @@ _MINIMUM = {
     ws.STREAM_MAGIC: _STREAM_HEADER.size + _RECORD_CHECKSUM.size,
     ws.END_MAGIC: _END_RECORD.size + _END_FOOTER.size,
 }
-_ROLE_BIT_NAMES = {bit: name for name, bit in ws.ROLE_BITS.items()}
 
 
 def _stream_value(raw: bytes, name: str) -> str:
@@ -418,7 +416,7 @@ def _stream_value(raw: bytes, name: str) -> str:
     if name == "num_layers" and number == ws.NUM_LAYERS_UNKNOWN:
         return "unknown (0xFFFFFFFF)"
     if name == "kv_roles":
-        roles = [role for bit, role in _ROLE_BIT_NAMES.items() if number & bit]
+        roles = [role for role, bit in ws.ROLE_BITS.items() if number & bit]
         return f"0x{number:02X} ({', '.join(roles) or 'unstated'})"
     if name == "element_type":
         if number == ws.ELEMENT_TYPE_UNKNOWN:

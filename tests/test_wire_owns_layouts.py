@@ -101,10 +101,15 @@ def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
 
 
 def test_one_role_map() -> None:
-    """The kv_role codes are the descriptor's, everywhere (streams, transfer records)."""
+    """The kv_role codes are the descriptor's, everywhere (streams, transfer records), and
+    only wire/ reads them the other way (no module outside it inverts the map)."""
     from hurray_wire.transport.records import ROLE_CODES
-    from hurray_wire.wire.descriptor import KV_ROLES
+    from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
+    from hurray_wire.wire.stream import ROLE_BITS
 
-    assert ROLE_CODES == KV_ROLES
-    sources = [p for p in _modules() if '"fused": 2' in p.read_text()]
+    assert ROLE_CODES is KV_ROLES
+    assert {KV_ROLES[name] for name in KV_ROLE_BY_CODE.values()} == set(KV_ROLE_BY_CODE)
+    assert ROLE_BITS == {"key": 0x01, "value": 0x02, "fused": 0x04}
+    restated = ('"fused": 2', "KV_ROLES.items()", "ROLE_BITS.items()}", "ROLE_CODES.items()")
+    sources = [p for p in _modules() if any(text in p.read_text() for text in restated)]
     assert sources == [], sources

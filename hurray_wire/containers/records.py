@@ -39,7 +39,7 @@ from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb, stream as ws
-from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
+from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES, LAYER_NONE
 from hurray_wire.wire.fast import derive, item_dtype
 
 __all__ = [
@@ -73,8 +73,7 @@ _ENTRY = derive(ws.END_ENTRY)
 _FOOTER = derive(ws.END_FOOTER)
 _PREFIX = derive(ws.RECORD_PREFIX)
 _MAGIC_SIZE = len(ws.STREAM_MAGIC)
-_ROLE_BY_CODE = {code: name for name, code in KV_ROLES.items()}
-_ROLE_CODES = np.array(sorted(_ROLE_BY_CODE), np.uint8)
+_ROLE_CODES = np.array(sorted(KV_ROLE_BY_CODE), np.uint8)
 _MAX_NAME = 0xFFFF  # the model name's u16 length
 # One index entry as a NumPy record, from the wire struct (offsets and sizes derived).
 _ENTRY_DTYPE = np.dtype(
@@ -475,7 +474,7 @@ def decode_end_record(
 def entries_of(rows: npt.NDArray[Any]) -> tuple[StreamEntry, ...]:
     """The ``StreamEntry`` objects of checked index rows (~1-2 us each: call it last)."""
     layers = [None if v == LAYER_NONE else v for v in rows["layer_index"].tolist()]
-    roles = [_ROLE_BY_CODE[v] for v in rows["kv_role"].tolist()]
+    roles = [KV_ROLE_BY_CODE[v] for v in rows["kv_role"].tolist()]
     return tuple(map(StreamEntry, rows["offset"].tolist(), rows["length"].tolist(), layers, roles))
 
 

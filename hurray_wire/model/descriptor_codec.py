@@ -75,7 +75,6 @@ _HEADER_LEN = _HEADER.size  # 20
 _PREFIX_LEN = _AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
 _STATS_FIELDS = tuple(i for i in range(len(_STATS.names)) if i not in dict(_STATS.consts))
 _STATS_NAMES = tuple(_STATS.names[i] for i in _STATS_FIELDS)
-_KV_ROLE_NAMES = {v: k for k, v in w.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 # Decoded descriptors by their bytes (immutable values): 1024 of them or 64 MiB of bytes.
@@ -187,7 +186,7 @@ def _decode_block_paged(raw: bytes) -> TensorDescriptor:
             found=byte_offset,
         )  # fmt: skip
     _check_consts(_FIXED, fixed, 0, "")
-    role = _KV_ROLE_NAMES.get(role_byte)
+    role = w.KV_ROLE_BY_CODE.get(role_byte)
     if role is None:
         raise _error(
             "unknown kv_role", "kv_role", _AT["kv_role"], expected="0, 1 or 2", found=role_byte

@@ -18,7 +18,7 @@ from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
 from hurray_wire.wire import transfer as w
 from hurray_wire.wire.blob import BLOB_ALIGNMENT
-from hurray_wire.wire.descriptor import KV_ROLES
+from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
 from hurray_wire.wire.fast import derive
 
 __all__ = [
@@ -35,8 +35,7 @@ __all__ = [
 MAX_SEGMENTS = 256  # far above what one blob needs (header, pool, index arrays, padding)
 MAX_REASON_BYTES = 1024
 MAX_HEADER_BYTES = 0xFFFF  # a ready record's blob header (the u16 tail_length)
-ROLE_CODES = dict(KV_ROLES)  # the descriptor's codes (wire/descriptor.py): one role map
-_ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
+ROLE_CODES = KV_ROLES  # the descriptor's codes (wire/descriptor.py): one role map
 # construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
 # formats (wire/fast.py), checking the Const fields by hand.
 _RECORD = derive(w.TRANSFER_RECORD)
@@ -283,8 +282,10 @@ def decode_record(data: Any) -> TransferRecord:
         _bad("unknown record kind", "kind", kind, sorted(w.RECORD_KINDS), offset=_AT["kind"])
     if flags & ~w.RECORD_FLAGS_KNOWN:
         _bad("unknown record flag bits", "flags", f"0x{flags:02X}", offset=_AT["flags"])
-    if role != w.ROLE_NONE and role not in _ROLE_NAMES:
-        _bad("unknown kv_role code", "kv_role", role, sorted(_ROLE_NAMES), offset=_AT["kv_role"])
+    if role != w.ROLE_NONE and role not in KV_ROLE_BY_CODE:
+        _bad(
+            "unknown kv_role code", "kv_role", role, sorted(KV_ROLE_BY_CODE), offset=_AT["kv_role"]
+        )
     if segment_count > MAX_SEGMENTS:  # before any Segment is built
         at = _AT["segment_count"]
         _bad("segment count out of range", "segment_count", segment_count,
@@ -313,7 +314,7 @@ def decode_record(data: Any) -> TransferRecord:
         kind=w.RECORD_KINDS[kind],
         session=session,
         layer=None if layer == w.LAYER_NONE else layer,
-        role=None if role == w.ROLE_NONE else _ROLE_NAMES[role],
+        role=None if role == w.ROLE_NONE else KV_ROLE_BY_CODE[role],
         write=bool(flags & w.FLAG_WRITE),
         ready=bool(flags & w.FLAG_READY),
         total_length=total,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import construct as c
 
+from hurray_wire.wire.descriptor import KV_ROLES
+
 __all__ = [
     "ELEMENT_TYPE_UNKNOWN",
     "END_ENTRY",
@@ -36,7 +38,7 @@ RECORD_ALIGNMENT = 64  # every record's total_length is a multiple of this
 STREAM_FLAG_END_RECORD = 0x0001  # the writer promises to finish the stream with an end record
 STREAM_FLAGS_KNOWN = STREAM_FLAG_END_RECORD
 
-ROLE_BITS = {"key": 0x01, "value": 0x02, "fused": 0x04}  # bit (1 << descriptor kv_role code)
+ROLE_BITS = {name: 1 << code for name, code in KV_ROLES.items()}  # bit 1 << descriptor code
 NUM_LAYERS_UNKNOWN = 0xFFFFFFFF
 ELEMENT_TYPE_UNKNOWN = 0x00  # tag 0x00 is invalid as an element type, so free to mean "unset"
 
