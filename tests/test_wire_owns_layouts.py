@@ -113,3 +113,23 @@ def test_one_role_map() -> None:
     restated = ('"fused": 2', "KV_ROLES.items()", "ROLE_BITS.items()}", "ROLE_CODES.items()")
     sources = [p for p in _modules() if any(text in p.read_text() for text in restated)]
     assert sources == [], sources
+
+
+def test_one_seal() -> None:
+    """Every record checksum field is the seal's item (wire/seal.py computes and places it)."""
+    from hurray_wire.wire import blob, integrity, stream, transfer
+    from hurray_wire.wire.fast import derive
+    from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
+
+    for struct in (
+        blob.HEADER_CHECKSUM,
+        stream.RECORD_CHECKSUM,
+        integrity.KNOWN_PAGES_CHECKSUM,
+        transfer.RECORD_CHECKSUM,
+    ):
+        assert derive(struct).struct.format == "<Q"
+    assert derive(integrity.FINGERPRINT_HEADER).sizes["body_checksum"] == SEAL_SIZE
+    sealed = seal(b"123456789")  # xxh3_64 (seed 0) of the check string, little-endian after it
+    assert sealed == b"123456789" + bytes.fromhex("ff7da1678bb1dc72")
+    assert unseal(sealed, 9) == (0x72DCB18B67A17DFF, 0x72DCB18B67A17DFF)
+    assert unseal(b"123456780" + sealed[9:], 9)[0] != unseal(b"123456780" + sealed[9:], 9)[1]

@@ -41,6 +41,7 @@ from hurray_wire.model.layout import check_indexes
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_struct
+from hurray_wire.wire.seal import checksum_of
 
 __all__ = ["encode", "encode_into", "encode_parts", "planned_into"]
 
@@ -286,7 +287,7 @@ def _encode_small(tensor: BlockPagedTensor, checksum: bool) -> memoryview | None
         for at, content in zip(layout.checksum_at, contents, strict=True):
             pack(out, at, xxhash.xxh3_64_intdigest(content))
         end = layout.header_length
-        CHECKSUM.struct.pack_into(out, end, xxhash.xxh3_64_intdigest(view[:end]))
+        CHECKSUM.struct.pack_into(out, end, checksum_of(view[:end]))
     return view
 
 

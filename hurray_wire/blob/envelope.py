@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import xxhash
-
 from hurray_wire.blob.limits import DecodeLimits
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import (
@@ -25,6 +23,7 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
 from hurray_wire.wire import blob as w, descriptor as wd, stream as ws
 from hurray_wire.wire.fast import derive
+from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
     "AT",
@@ -98,7 +97,7 @@ def pack_header(
     pieces += [ENTRY.pack(*fields) for fields in entries]
     pieces.append(descriptor)
     head = b"".join(pieces)
-    return head + CHECKSUM.pack(xxhash.xxh3_64_intdigest(head))
+    return seal(head)
 
 
 _OTHER_MAGICS = {
@@ -270,7 +269,7 @@ def checked_header(
         )
     header = bytes(view[:header_length])
     (stored_hash,) = CHECKSUM.struct.unpack_from(view, header_length)
-    computed = xxhash.xxh3_64_intdigest(header)
+    computed = checksum_of(header)
     if stored_hash != computed:
         raise ChecksumError(  # which byte changed, the hash cannot say: where it looks
             f"header checksum mismatch: the xxh3_64 stored at bytes [{header_length}, "

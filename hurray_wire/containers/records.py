@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE, peek_descriptor
 from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
@@ -41,6 +40,7 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES, LAYER_NONE
 from hurray_wire.wire.fast import derive, item_dtype
+from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
     "DEFAULT_MAX_BLOB_BYTES",
@@ -295,7 +295,7 @@ def _whole_record(view: memoryview, total: int, what: str) -> memoryview:
 
 
 def _check_checksum(view: memoryview, start: int, stored: int, what: str) -> None:
-    computed = xxhash.xxh3_64_intdigest(view[:start])
+    computed = checksum_of(view[:start])
     if computed != stored:
         raise _field_error(
             what,
@@ -347,7 +347,7 @@ def encode_stream_header(header: StreamHeader) -> bytes:
         metadata_length=len(meta),
     )
     head = b"".join((fixed, name, meta, bytes(total - _CHECKSUM.size - body)))
-    return head + _CHECKSUM.pack(checksum=xxhash.xxh3_64_intdigest(head))
+    return seal(head)
 
 
 def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> StreamHeader:
@@ -455,7 +455,7 @@ def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> byt
         entry_count=len(rows),
     )
     head = b"".join((fixed, _entry_bytes(rows), bytes(total - _FOOTER.size - body)))
-    return head + _FOOTER.pack(checksum=xxhash.xxh3_64_intdigest(head), total_length=total)
+    return head + _FOOTER.pack(checksum=checksum_of(head), total_length=total)
 
 
 def decode_end_record(

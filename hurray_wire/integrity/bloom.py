@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from hurray_wire.buffers import U8Array
 from hurray_wire.errors import (
@@ -32,6 +31,7 @@ from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.wire import integrity as w
 from hurray_wire.wire.fast import derive
+from hurray_wire.wire.seal import seal
 
 __all__ = [
     "KnownPagesBloom",
@@ -97,8 +97,7 @@ def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> by
     head = _KHEAD.pack(
         w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_BLOOM, w.DIGEST_ALGORITHM_XXH3_64, values.size
     )
-    body = head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes()
-    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+    return seal(head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes())
 
 
 def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom:

@@ -40,6 +40,7 @@ from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import integrity as w
 from hurray_wire.wire.fast import derive, item_dtype
+from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
 
 _DIGESTS = item_dtype(w.DIGEST_ITEM)  # arrays of digests and page ids on the wire
 
@@ -61,7 +62,6 @@ __all__ = [
 KNOWN = "known_pages"
 REFS = "page_refs"
 _KHEAD = derive(w.KNOWN_PAGES_HEADER)
-_KSUM = derive(w.KNOWN_PAGES_CHECKSUM)
 _RHEAD = derive(w.PAGE_REFS_HEADER)
 _ITEM = w.DIGEST_ITEM.sizeof()
 
@@ -93,7 +93,7 @@ def encode_known_pages(digests: object) -> bytes:
         )
         + values.astype(_DIGESTS, copy=False).tobytes()
     )
-    return body + _KSUM.pack(xxhash.xxh3_64_intdigest(body))
+    return seal(body)
 
 
 def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any]]:
@@ -121,9 +121,8 @@ def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any
 
 def check_known_checksum(view: memoryview, end: int) -> None:
     """The record is exactly ``end`` bytes plus the checksum, and the checksum matches."""
-    exact_length(view, end + _KSUM.size, section=KNOWN, base_offset=0, what="body/checksum")
-    (stored,) = _KSUM.struct.unpack_from(view, end)
-    computed = xxhash.xxh3_64_intdigest(view[:end])
+    exact_length(view, end + SEAL_SIZE, section=KNOWN, base_offset=0, what="body/checksum")
+    stored, computed = unseal(view, end)
     if stored != computed:
         raise InvalidIntegrityRecordError(
             "known-pages checksum mismatch",

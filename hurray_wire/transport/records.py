@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, NoReturn
 
-import xxhash
-
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
 from hurray_wire.wire import transfer as w
 from hurray_wire.wire.blob import BLOB_ALIGNMENT
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
 from hurray_wire.wire.fast import derive
+from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -42,8 +41,7 @@ _RECORD = derive(w.TRANSFER_RECORD)
 _SEG = derive(w.TRANSFER_SEGMENT)
 _FIXED = _RECORD.size  # 64
 _SEGMENT = _SEG.size  # 32
-_U64 = derive(w.RECORD_CHECKSUM).struct
-_CHECKSUM = _U64.size
+_CHECKSUM = SEAL_SIZE
 _RECORD_OFFSETS = list(accumulate((sub.sizeof() for sub in w.TRANSFER_RECORD.subcons), initial=0))
 _AT = _RECORD.offsets
 _SEGMENT_RESERVED_AT = _SEG.offsets["_reserved"]
@@ -224,8 +222,7 @@ def encode_record(record: TransferRecord) -> bytes:
     for s in record.segments:  # Const fields (magic, reserved bytes) fill themselves in
         pieces.append(_SEG.pack(s.blob_offset, s.length, s.address, s.device_id))
     pieces.append(tail)
-    data = b"".join(pieces)
-    return data + _U64.pack(xxhash.xxh3_64_intdigest(data))
+    return seal(b"".join(pieces))
 
 
 def decode_record(data: Any) -> TransferRecord:
@@ -267,8 +264,7 @@ def decode_record(data: Any) -> TransferRecord:
             expected=f"{len(raw)} (received) == {expected} (counts)",
             found=record_length,
         )
-    stored = _U64.unpack_from(raw, len(raw) - _CHECKSUM)[0]
-    computed = xxhash.xxh3_64_intdigest(memoryview(raw)[:-_CHECKSUM])
+    stored, computed = unseal(memoryview(raw), len(raw) - _CHECKSUM)
     if stored != computed:
         raise InvalidTransferRecordError(
             "record checksum mismatch",
