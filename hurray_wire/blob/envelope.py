@@ -22,7 +22,7 @@ from hurray_wire.errors import (
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
 from hurray_wire.wire import blob as w, descriptor as wd, stream as ws
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.fast import derive, item_struct
 from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
@@ -124,8 +124,11 @@ def _check_magic(view: memoryview) -> None:
         )
 
 
-def _u64(view: memoryview, at: int) -> int:
-    return int.from_bytes(view[at : at + 8], "little")
+_TOTAL_LENGTH = item_struct(w.BLOB_HEADER.total_length)
+
+
+def _total_length(view: memoryview) -> int:
+    return int(_TOTAL_LENGTH.unpack_from(view, AT["total_length"])[0])
 
 
 def blob_length(data: Any) -> int:
@@ -150,7 +153,7 @@ def blob_length(data: Any) -> int:
             expected=1,
             found=major,
         )
-    total = _u64(view, AT["total_length"])
+    total = _total_length(view)
     if total < _MIN_TOTAL or total % w.BLOB_ALIGNMENT:
         raise InvalidBlobError(
             "total_length is not a valid blob length",
@@ -167,7 +170,7 @@ def total_length(view: memoryview, *, whole: bool) -> int:
     (and, with ``whole``, all of it); otherwise the precise framing error."""
     magic = len(w.BLOB_MAGIC)
     if len(view) >= HEADER_SIZE and view[:magic] == w.BLOB_MAGIC and view[AT["version_major"]] == 1:
-        total = _u64(view, AT["total_length"])
+        total = _total_length(view)
         plausible = total >= _MIN_TOTAL and not total % w.BLOB_ALIGNMENT
         if plausible and (not whole or total <= len(view)):
             return total

@@ -140,7 +140,7 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
             expected=expected_count,
             found=count,
         )
-    table_end = _CHUNK_HEAD.size + 4 * count
+    table_end = _CHUNK_HEAD.size + _U32.size * count
     if table_end > n:
         raise DecompressionError(
             f"{name} section ends inside its chunk table",

@@ -650,7 +650,9 @@ def _construct_parse(raw: bytes) -> Any:
         raise _error(f"unknown tag ({exc.path})", None, None) from None
     except (c.StreamError, c.ConstructError) as exc:
         raise _error(
-            f"descriptor_length too small for the content ({exc.path})", "descriptor_length", 6
+            f"descriptor_length too small for the content ({exc.path})",
+            "descriptor_length",
+            _AT["descriptor_length"],
         ) from None
     except RecursionError:
-        raise _error("tiled payload nested too deeply", "layout", 52) from None
+        raise _error("tiled payload nested too deeply", "layout", _AT["layout"]) from None
