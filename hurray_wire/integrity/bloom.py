@@ -30,6 +30,7 @@ from hurray_wire.integrity.delta import (
 from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.wire import integrity as w
+from hurray_wire.wire.digest_records import KNOWN_PAGES
 from hurray_wire.wire.fast import derive
 from hurray_wire.wire.seal import seal
 
@@ -41,7 +42,7 @@ __all__ = [
     "encode_known_pages_bloom",
 ]
 
-_KHEAD = derive(w.KNOWN_PAGES_HEADER)
+_KHEAD = KNOWN_PAGES.head
 _PARAMS = derive(w.BLOOM_PARAMS)
 MIN_LOG2_BITS = 6  # 8 bytes
 MAX_LOG2_BITS = 32  # 512 MiB of filter, for 400M pages; the decoder also has max_bytes
