@@ -30,7 +30,19 @@ from hurray_wire.model.descriptor import (
     TensorDescriptor,
     check_colocation,
 )
-from hurray_wire.model.descriptor_layout import (
+from hurray_wire.model.layout import BlockPagedLayout
+from hurray_wire.model.quantization import (
+    MXFP,
+    NF4,
+    NO_BUFFER,
+    SYMMETRIC,
+    PerBlockAffine,
+    PerChannelAffine,
+    PerTensorAffine,
+    Quantization,
+)
+from hurray_wire.wire import descriptor as w
+from hurray_wire.wire.descriptor_layout import (
     AT as _AT,
     BUFFER_TABLE_AT as _BP_FIXED_LEN,
     COUNT_SIZE as _COUNT_SIZE,
@@ -49,18 +61,6 @@ from hurray_wire.model.descriptor_layout import (
     handle_places as _handle_places,
     quant_places as _quant_places,
 )
-from hurray_wire.model.layout import BlockPagedLayout
-from hurray_wire.model.quantization import (
-    MXFP,
-    NF4,
-    NO_BUFFER,
-    SYMMETRIC,
-    PerBlockAffine,
-    PerChannelAffine,
-    PerTensorAffine,
-    Quantization,
-)
-from hurray_wire.wire import descriptor as w
 
 __all__ = [
     "DECODED",
