@@ -29,7 +29,6 @@ from hurray_wire.errors import (
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.wire import integrity as w
-from hurray_wire.wire.fast import derive
 from hurray_wire.wire.seal import checksum_of
 
 __all__ = [
@@ -48,7 +47,7 @@ __all__ = [
 FINGERPRINT_METADATA_KEY = w.FINGERPRINT_METADATA_KEY
 ExtraValue = str | int | float | bool
 SECTION = "engine_fingerprint"
-_HEAD = derive(w.FINGERPRINT_HEADER)
+_HEAD = w.FAST_FINGERPRINT_HEADER
 _STRINGS = ("model_id", "engine", "engine_version", "kv_cache_layout", "cache_dtype")
 _INTS = ("block_size", "tp_rank", "tp_size")
 _EXTRA_PREFIX = "extra."

@@ -30,7 +30,7 @@ from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import prefix_sharing
 from hurray_wire.wire import blob as wire, containers as wc, descriptor as wd, stream as ws
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.descriptor_layout import FIXED as _DESCRIPTOR, HANDLE as _HANDLE
 
 __all__ = [
     "annotate_blob",
@@ -248,12 +248,10 @@ def _entry_at(number: int) -> int:
 # -- annotated hex --------------------------------------------------------------------------
 Annotation = tuple[int, int, str, str]  # offset, size, field name, value text
 
-_DESCRIPTOR = derive(wd.BLOCK_PAGED_FIXED)
-_HANDLE = derive(wd.BUFFER_HANDLE)
-_BLOB_HEADER = derive(wire.BLOB_HEADER)
-_ENTRY = derive(wire.SECTION_ENTRY)
-_CHECKSUM = derive(wire.HEADER_CHECKSUM)
-_CHUNK_HEAD = derive(wire.CHUNK_TABLE_HEADER)
+_BLOB_HEADER = wire.FAST_BLOB_HEADER
+_ENTRY = wire.FAST_SECTION_ENTRY
+_CHECKSUM = wire.FAST_HEADER_CHECKSUM
+_CHUNK_HEAD = wire.FAST_CHUNK_TABLE_HEADER
 _CHECKSUM_NAMES = {wire.CHECKSUM_NONE: "none", wire.CHECKSUM_XXH3_64: "xxh3_64"}
 _INDEX_TYPE_NAMES = {code: name for name, code in wd.INDEX_TYPES.items()}
 _SHAPE_LABELS = {
@@ -398,12 +396,12 @@ def annotate_chunk_table(
 
 
 # -- annotated hex of a blob stream ---------------------------------------------------------
-_PREFIX = derive(ws.RECORD_PREFIX)
-_STREAM_HEADER = derive(ws.STREAM_HEADER)
-_END_RECORD = derive(ws.END_RECORD)
-_END_ENTRY = derive(ws.END_ENTRY)
-_END_FOOTER = derive(ws.END_FOOTER)
-_RECORD_CHECKSUM = derive(ws.RECORD_CHECKSUM)
+_PREFIX = ws.FAST_RECORD_PREFIX
+_STREAM_HEADER = ws.FAST_STREAM_HEADER
+_END_RECORD = ws.FAST_END_RECORD
+_END_ENTRY = ws.FAST_END_ENTRY
+_END_FOOTER = ws.FAST_END_FOOTER
+_RECORD_CHECKSUM = ws.FAST_RECORD_CHECKSUM
 _MINIMUM = {
     ws.STREAM_MAGIC: _STREAM_HEADER.size + _RECORD_CHECKSUM.size,
     ws.END_MAGIC: _END_RECORD.size + _END_FOOTER.size,
@@ -536,8 +534,8 @@ def annotate_stream(data: Any) -> list[Annotation]:
 
 
 # -- annotated hex of a .hrry file -----------------------------------------------------------
-_HRRY_HEADER = derive(wc.HrryHeader)
-_HRRY_TRAILER = derive(wc.HrryTrailer)
+_HRRY_HEADER = wc.FAST_HRRY_HEADER
+_HRRY_TRAILER = wc.FAST_HRRY_TRAILER
 
 
 def annotate_hrry(data: Any) -> list[Annotation]:

@@ -211,3 +211,16 @@ def test_one_seal() -> None:
     assert sealed == b"123456789" + bytes.fromhex("ff7da1678bb1dc72")
     assert unseal(sealed, 9) == (0x72DCB18B67A17DFF, 0x72DCB18B67A17DFF)
     assert unseal(b"123456780" + sealed[9:], 9)[0] != unseal(b"123456780" + sealed[9:], 9)[1]
+
+
+def test_records_are_derived_once_in_wire() -> None:
+    """A fixed record's fast struct (format, offsets, packing) is derived in wire/ only;
+    every other module imports it (``ws.FAST_END_FOOTER``, ``descriptor_layout.FIXED``)."""
+    calls = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            func = node.func if isinstance(node, ast.Call) else None
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "derive":
+                calls.append((path.relative_to(PACKAGE).as_posix(), node.lineno))  # type: ignore[attr-defined]
+    assert calls == [], calls

@@ -22,7 +22,7 @@ from hurray_wire.errors import (
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
 from hurray_wire.wire import blob as w, descriptor as wd, stream as ws
-from hurray_wire.wire.fast import derive, item_struct
+from hurray_wire.wire.fast import item_struct
 from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
@@ -51,9 +51,9 @@ __all__ = [
     "whole_blob_header",
 ]
 
-HEADER = derive(w.BLOB_HEADER)
-ENTRY = derive(w.SECTION_ENTRY)
-CHECKSUM = derive(w.HEADER_CHECKSUM)
+HEADER = w.FAST_BLOB_HEADER
+ENTRY = w.FAST_SECTION_ENTRY
+CHECKSUM = w.FAST_HEADER_CHECKSUM
 AT = HEADER.offsets  # byte offset of each fixed-header field
 ENTRY_AT = ENTRY.offsets  # byte offset of each field within a section entry
 HEADER_SIZE = HEADER.size

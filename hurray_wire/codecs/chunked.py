@@ -24,7 +24,7 @@ from hurray_wire.codecs.frames import decode_frame, frame_header
 from hurray_wire.codecs.shuffle_zstd import SHUFFLE_WIDTHS
 from hurray_wire.errors import DecompressionError, HurrayWireError
 from hurray_wire.wire import blob as wb
-from hurray_wire.wire.fast import array_struct, derive, item_dtype, item_struct
+from hurray_wire.wire.fast import array_struct, item_dtype, item_struct
 
 if TYPE_CHECKING:
     from hurray_wire.codecs.config import Compression
@@ -46,7 +46,7 @@ CHUNKED_WIDTHS: frozenset[int] = frozenset({1, 2, 4, 8})
 CHUNK_SIZE_MIN: int = 1 << 12
 CHUNK_SIZE_MAX: int = 1 << 30
 _NAME = "chunked-shuffle-zstd"
-_CHUNK_TABLE = derive(wb.CHUNK_TABLE_HEADER)
+_CHUNK_TABLE = wb.FAST_CHUNK_TABLE_HEADER
 _TABLE_AT = _CHUNK_TABLE.offsets
 _CHUNK_HEAD = _CHUNK_TABLE.struct  # chunk_size, chunk_count; then the sizes
 _U32 = item_struct(wb.CHUNK_FRAME_SIZE)

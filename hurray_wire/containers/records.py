@@ -39,7 +39,7 @@ from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES, LAYER_NONE
-from hurray_wire.wire.fast import derive, item_dtype
+from hurray_wire.wire.fast import item_dtype
 from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
@@ -66,12 +66,12 @@ __all__ = [
 
 DEFAULT_MAX_BLOB_BYTES = 4 << 30  # largest record a reader accepts unless told otherwise
 
-_SHEADER = derive(ws.STREAM_HEADER)
-_CHECKSUM = derive(ws.RECORD_CHECKSUM)
-_END = derive(ws.END_RECORD)
-_ENTRY = derive(ws.END_ENTRY)
-_FOOTER = derive(ws.END_FOOTER)
-_PREFIX = derive(ws.RECORD_PREFIX)
+_SHEADER = ws.FAST_STREAM_HEADER
+_CHECKSUM = ws.FAST_RECORD_CHECKSUM
+_END = ws.FAST_END_RECORD
+_ENTRY = ws.FAST_END_ENTRY
+_FOOTER = ws.FAST_END_FOOTER
+_PREFIX = ws.FAST_RECORD_PREFIX
 _MAGIC_SIZE = len(ws.STREAM_MAGIC)
 _ROLE_CODES = np.array(sorted(KV_ROLE_BY_CODE), np.uint8)
 _MAX_NAME = 0xFFFF  # the model name's u16 length

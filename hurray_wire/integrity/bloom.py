@@ -31,7 +31,6 @@ from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.wire import integrity as w
 from hurray_wire.wire.digest_records import KNOWN_PAGES
-from hurray_wire.wire.fast import derive
 from hurray_wire.wire.seal import seal
 
 __all__ = [
@@ -43,7 +42,7 @@ __all__ = [
 ]
 
 _KHEAD = KNOWN_PAGES.head
-_PARAMS = derive(w.BLOOM_PARAMS)
+_PARAMS = w.FAST_BLOOM_PARAMS
 MIN_LOG2_BITS = 6  # 8 bytes
 MAX_LOG2_BITS = 32  # 512 MiB of filter, for 400M pages; the decoder also has max_bytes
 MAX_HASHES = 16

@@ -17,7 +17,6 @@ from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
 from hurray_wire.wire import transfer as w
 from hurray_wire.wire.blob import BLOB_ALIGNMENT
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
-from hurray_wire.wire.fast import derive
 from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
 
 __all__ = [
@@ -37,8 +36,8 @@ MAX_HEADER_BYTES = 0xFFFF  # a ready record's blob header (the u16 tail_length)
 ROLE_CODES = KV_ROLES  # the descriptor's codes (wire/descriptor.py): one role map
 # construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
 # formats (wire/fast.py), checking the Const fields by hand.
-_RECORD = derive(w.TRANSFER_RECORD)
-_SEG = derive(w.TRANSFER_SEGMENT)
+_RECORD = w.FAST_TRANSFER_RECORD
+_SEG = w.FAST_TRANSFER_SEGMENT
 _FIXED = _RECORD.size  # 64
 _SEGMENT = _SEG.size  # 32
 _CHECKSUM = SEAL_SIZE
