@@ -396,15 +396,9 @@ def annotate_chunk_table(
 
 
 # -- annotated hex of a blob stream ---------------------------------------------------------
-_PREFIX = ws.FAST_RECORD_PREFIX
-_STREAM_HEADER = ws.FAST_STREAM_HEADER
-_END_RECORD = ws.FAST_END_RECORD
-_END_ENTRY = ws.FAST_END_ENTRY
-_END_FOOTER = ws.FAST_END_FOOTER
-_RECORD_CHECKSUM = ws.FAST_RECORD_CHECKSUM
 _MINIMUM = {
-    ws.STREAM_MAGIC: _STREAM_HEADER.size + _RECORD_CHECKSUM.size,
-    ws.END_MAGIC: _END_RECORD.size + _END_FOOTER.size,
+    ws.STREAM_MAGIC: ws.FAST_STREAM_HEADER.size + ws.FAST_RECORD_CHECKSUM.size,
+    ws.END_MAGIC: ws.FAST_END_RECORD.size + ws.FAST_END_FOOTER.size,
 }
 
 
@@ -435,10 +429,10 @@ def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
     record's slice of the stream.
     """
     view = bytes(memoryview(data).cast("B"))
-    head = _STREAM_HEADER.unpack_dict(view, 0)
+    head = ws.FAST_STREAM_HEADER.unpack_dict(view, 0)
     total = min(head["total_length"], len(view))
-    out = _fields(_STREAM_HEADER, view, 0, "stream_header.", base, _stream_value)
-    cursor = _STREAM_HEADER.size
+    out = _fields(ws.FAST_STREAM_HEADER, view, 0, "stream_header.", base, _stream_value)
+    cursor = ws.FAST_STREAM_HEADER.size
     name_length, metadata_length = head["model_name_length"], head["metadata_length"]
     model = repr(view[cursor : cursor + name_length].decode("utf-8", "replace"))
     out.append((base + cursor, name_length, "stream_header.model_name", model))
@@ -447,12 +441,17 @@ def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
         what = f"KV section, {metadata_length} bytes"
         out.append((base + cursor, metadata_length, "stream_header.metadata", what))
     cursor += metadata_length
-    at_checksum = total - _RECORD_CHECKSUM.size
+    at_checksum = total - ws.FAST_RECORD_CHECKSUM.size
     if at_checksum > cursor:
         out.append(_padding(view, cursor, at_checksum, base))
-    (checksum,) = _RECORD_CHECKSUM.struct.unpack_from(view, at_checksum)
+    (checksum,) = ws.FAST_RECORD_CHECKSUM.struct.unpack_from(view, at_checksum)
     out.append(
-        (base + at_checksum, _RECORD_CHECKSUM.size, "stream_header.checksum", f"0x{checksum:016x}")
+        (
+            base + at_checksum,
+            ws.FAST_RECORD_CHECKSUM.size,
+            "stream_header.checksum",
+            f"0x{checksum:016x}",
+        )
     )
     return out
 
@@ -460,21 +459,21 @@ def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
 def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
     """Named fields of an end record: the fixed part, each index entry, the footer."""
     view = bytes(memoryview(data).cast("B"))
-    head = _END_RECORD.unpack_dict(view, 0)
+    head = ws.FAST_END_RECORD.unpack_dict(view, 0)
     total = min(head["total_length"], len(view))
-    out = _fields(_END_RECORD, view, 0, "end_record.", base, _stream_value)
-    cursor = _END_RECORD.size
-    footer = total - _END_FOOTER.size
+    out = _fields(ws.FAST_END_RECORD, view, 0, "end_record.", base, _stream_value)
+    cursor = ws.FAST_END_RECORD.size
+    footer = total - ws.FAST_END_FOOTER.size
     for number in range(head["entry_count"]):
-        if cursor + _END_ENTRY.size > footer:
+        if cursor + ws.FAST_END_ENTRY.size > footer:
             break
         out += _fields(
-            _END_ENTRY, view, cursor, f"end_record.entry[{number}].", base, _stream_value
+            ws.FAST_END_ENTRY, view, cursor, f"end_record.entry[{number}].", base, _stream_value
         )
-        cursor += _END_ENTRY.size
+        cursor += ws.FAST_END_ENTRY.size
     if footer > cursor:
         out.append(_padding(view, cursor, footer, base))
-    return out + _fields(_END_FOOTER, view, footer, "end_record.", base)
+    return out + _fields(ws.FAST_END_FOOTER, view, footer, "end_record.", base)
 
 
 def _whole_header(view: Any) -> bool:
@@ -498,12 +497,15 @@ def annotate_stream(data: Any) -> list[Annotation]:
     number = 0
     while pos < len(view):
         rest = len(view) - pos
-        if rest < _PREFIX.size:
+        if rest < ws.FAST_RECORD_PREFIX.size:
             out.append((pos, rest, "cut record", f"{rest} bytes, shorter than a record prefix"))
             break
-        prefix = _PREFIX.unpack_dict(view, pos)
+        prefix = ws.FAST_RECORD_PREFIX.unpack_dict(view, pos)
         magic, total = prefix["magic"], prefix["total_length"]
-        if magic not in (ws.STREAM_MAGIC, wire.BLOB_MAGIC, ws.END_MAGIC) or total < _PREFIX.size:
+        if (
+            magic not in (ws.STREAM_MAGIC, wire.BLOB_MAGIC, ws.END_MAGIC)
+            or total < ws.FAST_RECORD_PREFIX.size
+        ):
             out.append((pos, rest, "not a record", f"magic {magic.hex(' ')}, {rest} bytes"))
             break
         cut = total > rest
