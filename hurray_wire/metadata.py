@@ -499,7 +499,11 @@ def _array(cursor: _Cursor, field: str) -> list[Any]:
     return [_scalar(cursor, tag, f"{field}[{j}]") for j in range(count)]
 
 
-_FIXED_SCALAR = {KV_INT64: _I64, KV_UINT64: _U64, KV_FLOAT64: _F64}
+#: A fixed-width scalar tag: its reader and its width.
+_FIXED_SCALAR = {
+    tag: (s.unpack_from, s.size)
+    for tag, s in ((KV_INT64, _I64), (KV_UINT64, _U64), (KV_FLOAT64, _F64))
+}
 
 
 class _NotPlainError(Exception):
@@ -537,12 +541,12 @@ def _entries(cursor: _Cursor, count: int) -> dict[str, MetadataValue]:
                 value = view[pos] == 1
                 pos += 1
             elif tag in _FIXED_SCALAR:
-                scalar = _FIXED_SCALAR[tag]
-                if pos + scalar.size > end:
+                unpack, width = _FIXED_SCALAR[tag]
+                if pos + width > end:
                     raise _NotPlainError
-                number = scalar.unpack_from(view, pos)[0]
+                number = unpack(view, pos)[0]
                 value = UInt64(number) if tag == KV_UINT64 else number
-                pos += scalar.size
+                pos += width
             elif tag in (KV_STRING, KV_BYTES):
                 if pos + w32 > end:
                     raise _NotPlainError

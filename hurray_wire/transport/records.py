@@ -9,7 +9,6 @@ tile the blob exactly. Nothing here imports NIXL; nothing here uses pickle.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any, NoReturn
 
 from hurray_wire.buffers import byte_view
@@ -41,7 +40,6 @@ _SEG = w.FAST_TRANSFER_SEGMENT
 _FIXED = _RECORD.size  # 64
 _SEGMENT = _SEG.size  # 32
 _CHECKSUM = SEAL_SIZE
-_RECORD_OFFSETS = list(accumulate((sub.sizeof() for sub in w.TRANSFER_RECORD.subcons), initial=0))
 _AT = _RECORD.offsets
 _SEGMENT_RESERVED_AT = _SEG.offsets["_reserved"]
 _U64_MAX = (1 << 64) - 1
@@ -239,7 +237,7 @@ def decode_record(data: Any) -> TransferRecord:
     for position, expected_bytes in _RECORD.consts:
         if head[position] != expected_bytes:
             name = _RECORD.names[position]
-            at = _RECORD_OFFSETS[position]
+            at = _RECORD.offsets[name]
             raise InvalidTransferRecordError(
                 "bad magic" if name == "magic" else "reserved bytes must be zero",
                 section="transfer record",
