@@ -42,8 +42,6 @@ EXCEPTIONS = {
     ("adapters/_common.py", "<u4"): "an engine array's dtype checked as given (input, not wire)",
     ("adapters/_common.py", "<i4"): "an engine array's dtype checked as given (input, not wire)",
     ("tensor.py", "<f4"): "the default scale element type (float32) of a built quantization",
-    ("containers/hrry.py", "<u8"): "seq_lens of the reference's .hrry files (issue 22's module "
-    "this round; to derive from wire.blob.SEQ_LENS_ITEM)",
     ("blob/decoder.py", ""): "the empty placeholder struct of a plan's derived fields",
     ("model/packing.py", "4 * count"): "6-bit codes: 4 codes in 3 bytes (bit packing of "
     "elements, docs/spec § element types, not a record)",
