@@ -18,8 +18,6 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-import xxhash
-
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -31,7 +29,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.wire import integrity as w
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.seal import checksum_of
 
 __all__ = [
     "FINGERPRINT_METADATA_KEY",
@@ -49,7 +47,7 @@ __all__ = [
 FINGERPRINT_METADATA_KEY = w.FINGERPRINT_METADATA_KEY
 ExtraValue = str | int | float | bool
 SECTION = "engine_fingerprint"
-_HEAD = derive(w.FINGERPRINT_HEADER)
+_HEAD = w.FAST_FINGERPRINT_HEADER
 _STRINGS = ("model_id", "engine", "engine_version", "kv_cache_layout", "cache_dtype")
 _INTS = ("block_size", "tp_rank", "tp_size")
 _EXTRA_PREFIX = "extra."
@@ -209,8 +207,7 @@ def encode_fingerprint(fp: EngineFingerprint) -> bytes:
     instance(fp, EngineFingerprint, "fp")
     fields = {name: getattr(fp, name) for name in (*_STRINGS, *_INTS)}
     body = encode_metadata(fields | {_EXTRA_PREFIX + k: v for k, v in fp.extras.items()})
-    checksum = xxhash.xxh3_64_intdigest(body)
-    return _HEAD.pack(w.FINGERPRINT_VERSION, len(body), checksum) + body
+    return _HEAD.pack(w.FINGERPRINT_VERSION, len(body), checksum_of(body)) + body
 
 
 def decode_fingerprint(data: object) -> EngineFingerprint:
@@ -241,7 +238,7 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
             expected=len(view) - _HEAD.size,
         )
     body = view[_HEAD.size :]
-    computed = xxhash.xxh3_64_intdigest(body)
+    computed = checksum_of(body)
     if computed != head["body_checksum"]:
         raise InvalidMetadataError(
             "fingerprint checksum mismatch",

@@ -499,7 +499,11 @@ def _array(cursor: _Cursor, field: str) -> list[Any]:
     return [_scalar(cursor, tag, f"{field}[{j}]") for j in range(count)]
 
 
-_FIXED_SCALAR = {KV_INT64: _I64, KV_UINT64: _U64, KV_FLOAT64: _F64}
+#: A fixed-width scalar tag: its reader and its width.
+_FIXED_SCALAR = {
+    tag: (s.unpack_from, s.size)
+    for tag, s in ((KV_INT64, _I64), (KV_UINT64, _U64), (KV_FLOAT64, _F64))
+}
 
 
 class _NotPlainError(Exception):
@@ -514,18 +518,19 @@ def _entries(cursor: _Cursor, count: int) -> dict[str, MetadataValue]:
     read by the checked reader in place."""
     view, end, pos = cursor.view, cursor.end, cursor.pos
     u16, u32 = _U16.unpack_from, _U32.unpack_from
+    w16, w32 = _U16.size, _U32.size  # a key length, a string / bytes length
     entries: dict[str, MetadataValue] = {}
     value: MetadataValue
     for index in range(count):
         start = pos
         try:
-            if pos + 2 > end:
+            if pos + w16 > end:
                 raise _NotPlainError
             (key_length,) = u16(view, pos)
-            stop = pos + 2 + key_length
+            stop = pos + w16 + key_length
             if not key_length or stop >= end:
                 raise _NotPlainError
-            key = str(view[pos + 2 : stop], "utf-8")
+            key = str(view[pos + w16 : stop], "utf-8")
             if key in entries:
                 raise _NotPlainError
             tag = view[stop]
@@ -536,20 +541,22 @@ def _entries(cursor: _Cursor, count: int) -> dict[str, MetadataValue]:
                 value = view[pos] == 1
                 pos += 1
             elif tag in _FIXED_SCALAR:
-                if pos + 8 > end:
+                unpack, width = _FIXED_SCALAR[tag]
+                if pos + width > end:
                     raise _NotPlainError
-                number = _FIXED_SCALAR[tag].unpack_from(view, pos)[0]
+                number = unpack(view, pos)[0]
                 value = UInt64(number) if tag == KV_UINT64 else number
-                pos += 8
+                pos += width
             elif tag in (KV_STRING, KV_BYTES):
-                if pos + 4 > end:
+                if pos + w32 > end:
                     raise _NotPlainError
                 (length,) = u32(view, pos)
-                if pos + 4 + length > end:
+                pos += w32
+                if pos + length > end:
                     raise _NotPlainError
-                raw = view[pos + 4 : pos + 4 + length]
+                raw = view[pos : pos + length]
                 value = bytes(raw) if tag == KV_BYTES else str(raw, "utf-8")
-                pos += 4 + length
+                pos += length
             elif tag == KV_ARRAY:  # checked as it is read: its payload dominates its cost
                 cursor.pos = pos
                 value = _array(cursor, f"entries[{index}]({key!r}).value")

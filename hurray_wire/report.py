@@ -30,7 +30,7 @@ from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import prefix_sharing
 from hurray_wire.wire import blob as wire, containers as wc, descriptor as wd, stream as ws
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.descriptor_layout import FIXED as _DESCRIPTOR, HANDLE as _HANDLE
 
 __all__ = [
     "annotate_blob",
@@ -248,14 +248,11 @@ def _entry_at(number: int) -> int:
 # -- annotated hex --------------------------------------------------------------------------
 Annotation = tuple[int, int, str, str]  # offset, size, field name, value text
 
-_DESCRIPTOR = derive(wd.BLOCK_PAGED_FIXED)
-_HANDLE = derive(wd.BUFFER_HANDLE)
-_BLOB_HEADER = derive(wire.BLOB_HEADER)
-_ENTRY = derive(wire.SECTION_ENTRY)
-_CHECKSUM = derive(wire.HEADER_CHECKSUM)
-_CHUNK_HEAD = derive(wire.CHUNK_TABLE_HEADER)
+_BLOB_HEADER = wire.FAST_BLOB_HEADER
+_ENTRY = wire.FAST_SECTION_ENTRY
+_CHECKSUM = wire.FAST_HEADER_CHECKSUM
+_CHUNK_HEAD = wire.FAST_CHUNK_TABLE_HEADER
 _CHECKSUM_NAMES = {wire.CHECKSUM_NONE: "none", wire.CHECKSUM_XXH3_64: "xxh3_64"}
-_ROLE_NAMES = {code: name for name, code in wd.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {code: name for name, code in wd.INDEX_TYPES.items()}
 _SHAPE_LABELS = {
     "shape[0]": "shape[0] total_tokens",
@@ -279,10 +276,10 @@ def _value(raw: bytes, name: str) -> str:
     if name.startswith("_reserved"):
         return "zero" if not any(raw) else "NON-ZERO"
     number = int.from_bytes(raw, "little")
-    if name == "layer_index" and number == 0xFFFFFFFF:
+    if name == "layer_index" and number == wd.LAYER_NONE:
         return LAYER_NONE_TEXT
     if name == "kv_role":
-        return _ROLE_NAMES.get(number, str(number))
+        return wd.KV_ROLE_BY_CODE.get(number, str(number))
     if name == "block_table_index_type":
         return _INDEX_TYPE_NAMES.get(number, str(number))
     if name in ("flags", "type_tag", "layout_tag"):
@@ -399,17 +396,10 @@ def annotate_chunk_table(
 
 
 # -- annotated hex of a blob stream ---------------------------------------------------------
-_PREFIX = derive(ws.RECORD_PREFIX)
-_STREAM_HEADER = derive(ws.STREAM_HEADER)
-_END_RECORD = derive(ws.END_RECORD)
-_END_ENTRY = derive(ws.END_ENTRY)
-_END_FOOTER = derive(ws.END_FOOTER)
-_RECORD_CHECKSUM = derive(ws.RECORD_CHECKSUM)
 _MINIMUM = {
-    ws.STREAM_MAGIC: _STREAM_HEADER.size + _RECORD_CHECKSUM.size,
-    ws.END_MAGIC: _END_RECORD.size + _END_FOOTER.size,
+    ws.STREAM_MAGIC: ws.FAST_STREAM_HEADER.size + ws.FAST_RECORD_CHECKSUM.size,
+    ws.END_MAGIC: ws.FAST_END_RECORD.size + ws.FAST_END_FOOTER.size,
 }
-_ROLE_BIT_NAMES = {bit: name for name, bit in ws.ROLE_BITS.items()}
 
 
 def _stream_value(raw: bytes, name: str) -> str:
@@ -418,7 +408,7 @@ def _stream_value(raw: bytes, name: str) -> str:
     if name == "num_layers" and number == ws.NUM_LAYERS_UNKNOWN:
         return "unknown (0xFFFFFFFF)"
     if name == "kv_roles":
-        roles = [role for bit, role in _ROLE_BIT_NAMES.items() if number & bit]
+        roles = [role for role, bit in ws.ROLE_BITS.items() if number & bit]
         return f"0x{number:02X} ({', '.join(roles) or 'unstated'})"
     if name == "element_type":
         if number == ws.ELEMENT_TYPE_UNKNOWN:
@@ -439,10 +429,10 @@ def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
     record's slice of the stream.
     """
     view = bytes(memoryview(data).cast("B"))
-    head = _STREAM_HEADER.unpack_dict(view, 0)
+    head = ws.FAST_STREAM_HEADER.unpack_dict(view, 0)
     total = min(head["total_length"], len(view))
-    out = _fields(_STREAM_HEADER, view, 0, "stream_header.", base, _stream_value)
-    cursor = _STREAM_HEADER.size
+    out = _fields(ws.FAST_STREAM_HEADER, view, 0, "stream_header.", base, _stream_value)
+    cursor = ws.FAST_STREAM_HEADER.size
     name_length, metadata_length = head["model_name_length"], head["metadata_length"]
     model = repr(view[cursor : cursor + name_length].decode("utf-8", "replace"))
     out.append((base + cursor, name_length, "stream_header.model_name", model))
@@ -451,12 +441,17 @@ def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
         what = f"KV section, {metadata_length} bytes"
         out.append((base + cursor, metadata_length, "stream_header.metadata", what))
     cursor += metadata_length
-    at_checksum = total - _RECORD_CHECKSUM.size
+    at_checksum = total - ws.FAST_RECORD_CHECKSUM.size
     if at_checksum > cursor:
         out.append(_padding(view, cursor, at_checksum, base))
-    (checksum,) = _RECORD_CHECKSUM.struct.unpack_from(view, at_checksum)
+    (checksum,) = ws.FAST_RECORD_CHECKSUM.struct.unpack_from(view, at_checksum)
     out.append(
-        (base + at_checksum, _RECORD_CHECKSUM.size, "stream_header.checksum", f"0x{checksum:016x}")
+        (
+            base + at_checksum,
+            ws.FAST_RECORD_CHECKSUM.size,
+            "stream_header.checksum",
+            f"0x{checksum:016x}",
+        )
     )
     return out
 
@@ -464,21 +459,21 @@ def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
 def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
     """Named fields of an end record: the fixed part, each index entry, the footer."""
     view = bytes(memoryview(data).cast("B"))
-    head = _END_RECORD.unpack_dict(view, 0)
+    head = ws.FAST_END_RECORD.unpack_dict(view, 0)
     total = min(head["total_length"], len(view))
-    out = _fields(_END_RECORD, view, 0, "end_record.", base, _stream_value)
-    cursor = _END_RECORD.size
-    footer = total - _END_FOOTER.size
+    out = _fields(ws.FAST_END_RECORD, view, 0, "end_record.", base, _stream_value)
+    cursor = ws.FAST_END_RECORD.size
+    footer = total - ws.FAST_END_FOOTER.size
     for number in range(head["entry_count"]):
-        if cursor + _END_ENTRY.size > footer:
+        if cursor + ws.FAST_END_ENTRY.size > footer:
             break
         out += _fields(
-            _END_ENTRY, view, cursor, f"end_record.entry[{number}].", base, _stream_value
+            ws.FAST_END_ENTRY, view, cursor, f"end_record.entry[{number}].", base, _stream_value
         )
-        cursor += _END_ENTRY.size
+        cursor += ws.FAST_END_ENTRY.size
     if footer > cursor:
         out.append(_padding(view, cursor, footer, base))
-    return out + _fields(_END_FOOTER, view, footer, "end_record.", base)
+    return out + _fields(ws.FAST_END_FOOTER, view, footer, "end_record.", base)
 
 
 def _whole_header(view: Any) -> bool:
@@ -502,12 +497,15 @@ def annotate_stream(data: Any) -> list[Annotation]:
     number = 0
     while pos < len(view):
         rest = len(view) - pos
-        if rest < _PREFIX.size:
+        if rest < ws.FAST_RECORD_PREFIX.size:
             out.append((pos, rest, "cut record", f"{rest} bytes, shorter than a record prefix"))
             break
-        prefix = _PREFIX.unpack_dict(view, pos)
+        prefix = ws.FAST_RECORD_PREFIX.unpack_dict(view, pos)
         magic, total = prefix["magic"], prefix["total_length"]
-        if magic not in (ws.STREAM_MAGIC, wire.BLOB_MAGIC, ws.END_MAGIC) or total < _PREFIX.size:
+        if (
+            magic not in (ws.STREAM_MAGIC, wire.BLOB_MAGIC, ws.END_MAGIC)
+            or total < ws.FAST_RECORD_PREFIX.size
+        ):
             out.append((pos, rest, "not a record", f"magic {magic.hex(' ')}, {rest} bytes"))
             break
         cut = total > rest
@@ -538,8 +536,8 @@ def annotate_stream(data: Any) -> list[Annotation]:
 
 
 # -- annotated hex of a .hrry file -----------------------------------------------------------
-_HRRY_HEADER = derive(wc.HrryHeader)
-_HRRY_TRAILER = derive(wc.HrryTrailer)
+_HRRY_HEADER = wc.FAST_HRRY_HEADER
+_HRRY_TRAILER = wc.FAST_HRRY_TRAILER
 
 
 def annotate_hrry(data: Any) -> list[Annotation]:

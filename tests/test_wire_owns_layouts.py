@@ -7,7 +7,15 @@ from the construct structs (``wire.fast.derive``, ``item_struct``, ``item_dtype`
 - a ``struct`` call (``Struct``, ``pack``, ``unpack``, ``pack_into``, ``unpack_from``,
   ``iter_unpack``, ``calcsize``) whose format is a literal or an f-string;
 - a NumPy dtype literal of a little-endian item (``"<u8"``, ``"<i4"``, ...);
-- a literal non-zero ``offset=`` in an error (an offset must come from the structs).
+- a literal non-zero ``offset=`` in an error (an offset must come from the structs), or an
+  ``offset=`` computed with a literal width (``offset=at + 8``), or a literal offset passed
+  by position to an error (``_error(message, field, 6)``);
+- a literal width or offset used on bytes: a slice of a byte buffer (``view[at : at + 8]``,
+  ``src[:4]``), ``int.from_bytes(x[a:b])`` with a literal bound, ``.to_bytes(8, ...)``, a
+  cursor moved by a literal (``pos + 4``) and a table sized by one (``4 * count``).
+
+A literal here is an integer other than 0 and 1 (so -1 too) (a first byte, the next one and "to the
+end" are not widths).
 
 The exceptions below are listed with the reason each is not a restated layout.
 """
@@ -19,6 +27,11 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hurray_wire"
+#: Names a byte buffer goes by in this package (slices of them are byte ranges).
+BUFFERS = {"view", "data", "raw", "buf", "buffer", "src", "dst", "blob", "header", "head",
+           "body", "record", "payload", "tail", "chunk", "stored"}  # fmt: skip
+#: Names a read position goes by (moving one by a literal steps over a literal width).
+CURSORS = {"pos", "at", "offset", "start", "end", "stop"}
 STRUCT_CALLS = {"Struct", "pack", "unpack", "pack_into", "unpack_from", "iter_unpack", "calcsize"}
 ITEM_DTYPE = re.compile(r"^<[uif][1248]$|^<[QIHBqihbdfL]$")
 
@@ -29,14 +42,73 @@ EXCEPTIONS = {
     ("adapters/_common.py", "<u4"): "an engine array's dtype checked as given (input, not wire)",
     ("adapters/_common.py", "<i4"): "an engine array's dtype checked as given (input, not wire)",
     ("tensor.py", "<f4"): "the default scale element type (float32) of a built quantization",
-    ("containers/hrry.py", "<u8"): "seq_lens of the reference's .hrry files (issue 22's module "
-    "this round; to derive from wire.blob.SEQ_LENS_ITEM)",
     ("blob/decoder.py", ""): "the empty placeholder struct of a plan's derived fields",
+    ("model/packing.py", "4 * count"): "6-bit codes: 4 codes in 3 bytes (bit packing of "
+    "elements, docs/spec § element types, not a record)",
+    ("model/packing.py", "slice[3]"): "the same 4-codes-in-3-bytes packing",
+    ("model/packing.py", "slice[4]"): "the same 4-codes-in-3-bytes packing",
+    ("cli_text.py", "slice[16]"): "a hex dump's row of 16 bytes (display width)",
+    ("transport/records.py", "slice[16]"): "the first 16 bytes of a bad reason, shown",
 }
 
 
 def _modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if "wire" not in p.relative_to(PACKAGE).parts)
+
+
+def _widths(node: ast.AST | None) -> list[int]:
+    """The integer literals in ``node`` that can be a width or an offset (not 0, 1, -1)."""
+    if node is None:
+        return []
+    return [
+        n.value
+        for n in ast.walk(node)  # -1 parses as a minus applied to 1
+        if isinstance(n, ast.Constant) and type(n.value) is int and n.value not in (0, 1)
+    ]
+
+
+def _base(node: ast.AST) -> str:
+    """The name an expression starts from (``view`` of ``view.obj[2:]``)."""
+    while isinstance(node, ast.Attribute | ast.Subscript | ast.Call):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _slice_widths(node: ast.AST) -> list[int]:
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
+        return _widths(node.slice.lower) + _widths(node.slice.upper)
+    return []
+
+
+def _call_findings(node: ast.Call) -> list[str]:
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    owner = func.value if isinstance(func, ast.Attribute) else None
+    found = []
+    is_struct = name in STRUCT_CALLS and (
+        (isinstance(owner, ast.Name) and owner.id == "struct") or name == "Struct"
+    )
+    if is_struct and node.args:
+        fmt = node.args[0]
+        if isinstance(fmt, ast.Constant) and isinstance(fmt.value, str):
+            found.append(fmt.value)
+        elif isinstance(fmt, ast.JoinedStr):
+            found.append("f-string")
+    for kw in node.keywords:
+        value = kw.value
+        if kw.arg == "offset" and isinstance(value, ast.Constant):
+            if type(value.value) is int and value.value:
+                found.append(f"offset={value.value}")
+        elif kw.arg == "offset" and _widths(value):
+            found.append(f"offset={ast.unparse(value)}")
+    if name == "to_bytes" and node.args and _widths(node.args[0]):
+        found.append(f"to_bytes({ast.unparse(node.args[0])})")
+    if name == "from_bytes" and node.args and _slice_widths(node.args[0]):
+        found.append(f"from_bytes({ast.unparse(node.args[0])})")
+    if name.endswith(("Error", "_error", "_bad")):
+        literals = [a for a in node.args[1:] if isinstance(a, ast.Constant)]
+        found += [f"error offset {w}" for a in literals for w in _widths(a)]
+    return found
 
 
 def _findings(path: Path, root: Path = PACKAGE) -> list[tuple[str, str, int]]:
@@ -45,34 +117,30 @@ def _findings(path: Path, root: Path = PACKAGE) -> list[tuple[str, str, int]]:
     tree = ast.parse(path.read_text(), str(path))
     found = []
     for node in ast.walk(tree):
+        whats: list[str] = []
         if isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            owner = func.value if isinstance(func, ast.Attribute) else None
-            is_struct = name in STRUCT_CALLS and (
-                (isinstance(owner, ast.Name) and owner.id == "struct") or name == "Struct"
-            )
-            if is_struct and node.args:
-                fmt = node.args[0]
-                if isinstance(fmt, ast.Constant) and isinstance(fmt.value, str):
-                    found.append((rel, fmt.value, node.lineno))
-                elif isinstance(fmt, ast.JoinedStr):
-                    found.append((rel, "f-string", node.lineno))
-            for kw in node.keywords:
-                value = kw.value
+            whats += _call_findings(node)
+        if isinstance(node, ast.Subscript) and _base(node.value) in BUFFERS:
+            whats += [f"slice[{w}]" for w in _slice_widths(node)]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
+            for a, b in ((node.left, node.right), (node.right, node.left)):
+                if isinstance(b, ast.Name) and b.id in CURSORS and isinstance(a, ast.Constant):
+                    whats += [f"{b.id} + {w}" for w in _widths(a)]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for a, b in ((node.left, node.right), (node.right, node.left)):
                 if (
-                    kw.arg == "offset"
-                    and isinstance(value, ast.Constant)
-                    and isinstance(value.value, int)
-                    and value.value
+                    isinstance(a, ast.Constant)
+                    and a.value in (2, 4, 8, 16)
+                    and "count" in ast.unparse(b)
                 ):
-                    found.append((rel, f"offset={value.value}", node.lineno))
+                    whats.append(f"{a.value} * count")
         if (
             isinstance(node, ast.Constant)
             and isinstance(node.value, str)
             and ITEM_DTYPE.match(node.value)
         ):
-            found.append((rel, node.value, node.lineno))
+            whats.append(node.value)
+        found += [(rel, what, getattr(node, "lineno", 0)) for what in whats]
     return found
 
 
@@ -95,16 +163,78 @@ def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
         "import struct\nimport numpy as np\n"
         'A = struct.Struct("<Q")\nB = struct.unpack_from(f"<{3}I", b"")\n'
         'C = np.dtype("<u8")\nD = dict(offset=24)\n'
+        "E = int.from_bytes(b[at : at + 8], 'little')\nF = (7).to_bytes(8, 'little')\n"
+        "G = view[pos + 2 : stop]\nH = src[:4]\nI = pos + 4\nJ = 4 * count\n"
+        "K = dict(offset=at + 8)\nL = _error('short', 'descriptor_length', 6)\n"
+        "M = view[1:]\nN = data[:-1]\nO = other[:4]\nP = dict(offset=at)\n"
     )
     whats = {f[1] for f in _findings(sample, tmp_path)}
-    assert whats == {"<Q", "f-string", "<u8", "offset=24"}
+    assert whats == {
+        "<Q", "f-string", "<u8", "offset=24", "from_bytes(b[at:at + 8])", "to_bytes(8)",
+        "slice[2]", "slice[4]", "pos + 2", "pos + 4", "at + 8", "4 * count", "offset=at + 8",
+        "error offset 6",
+    }  # fmt: skip
 
 
 def test_one_role_map() -> None:
-    """The kv_role codes are the descriptor's, everywhere (streams, transfer records)."""
+    """The kv_role codes are the descriptor's, everywhere (streams, transfer records), and
+    only wire/ reads them the other way (no module outside it inverts the map)."""
     from hurray_wire.transport.records import ROLE_CODES
-    from hurray_wire.wire.descriptor import KV_ROLES
+    from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
+    from hurray_wire.wire.stream import ROLE_BITS
 
-    assert ROLE_CODES == KV_ROLES
-    sources = [p for p in _modules() if '"fused": 2' in p.read_text()]
+    assert ROLE_CODES is KV_ROLES
+    assert {KV_ROLES[name] for name in KV_ROLE_BY_CODE.values()} == set(KV_ROLE_BY_CODE)
+    assert ROLE_BITS == {"key": 0x01, "value": 0x02, "fused": 0x04}
+    restated = ('"fused": 2', "KV_ROLES.items()", "ROLE_BITS.items()}", "ROLE_CODES.items()")
+    sources = [p for p in _modules() if any(text in p.read_text() for text in restated)]
     assert sources == [], sources
+
+
+def test_one_seal() -> None:
+    """Every record checksum field is the seal's item (wire/seal.py computes and places it)."""
+    from hurray_wire.wire import blob, integrity, stream, transfer
+    from hurray_wire.wire.fast import derive
+    from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
+
+    for struct in (
+        blob.HEADER_CHECKSUM,
+        stream.RECORD_CHECKSUM,
+        integrity.KNOWN_PAGES_CHECKSUM,
+        transfer.RECORD_CHECKSUM,
+    ):
+        assert derive(struct).struct.format == "<Q"
+    assert derive(integrity.FINGERPRINT_HEADER).sizes["body_checksum"] == SEAL_SIZE
+    sealed = seal(b"123456789")  # xxh3_64 (seed 0) of the check string, little-endian after it
+    assert sealed == b"123456789" + bytes.fromhex("ff7da1678bb1dc72")
+    assert unseal(sealed, 9) == (0x72DCB18B67A17DFF, 0x72DCB18B67A17DFF)
+    assert unseal(b"123456780" + sealed[9:], 9)[0] != unseal(b"123456780" + sealed[9:], 9)[1]
+
+
+def test_records_are_derived_once_in_wire() -> None:
+    """A fixed record's fast struct (format, offsets, packing) is derived in wire/ only;
+    every other module imports it (``ws.FAST_END_FOOTER``, ``descriptor_layout.FIXED``)."""
+    calls = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            func = node.func if isinstance(node, ast.Call) else None
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "derive":
+                calls.append((path.relative_to(PACKAGE).as_posix(), node.lineno))  # type: ignore[attr-defined]
+    assert calls == [], calls
+
+
+def test_digest_records_locate_their_items() -> None:
+    """Head, runs and sizes of the integrity records, from wire/digest_records.py."""
+    import numpy as np
+
+    from hurray_wire.wire.digest_records import DIGEST_SECTION, KNOWN_PAGES, PAGE_REFS
+
+    assert (DIGEST_SECTION.head.size, KNOWN_PAGES.head.size, PAGE_REFS.head.size) == (8, 16, 8)
+    assert DIGEST_SECTION.at(4, 1) == 8 + 32 and PAGE_REFS.at(3, 1, 2) == 8 + 24 + 16
+    assert [PAGE_REFS.count_of(n) for n in (7, 8, 16, 24, 56)] == [None, 0, None, 1, 3]
+    packed = PAGE_REFS.pack(1, 1, 2, runs=(np.array([3, 5]), np.array([7, 9], np.uint64)))
+    assert packed == bytes([1, 1, 0, 0, 2, 0, 0, 0]) + b"".join(
+        v.to_bytes(8, "little") for v in (3, 5, 7, 9)
+    )
+    assert [r.tolist() for r in PAGE_REFS.runs(packed, 2)] == [[3, 5], [7, 9]]

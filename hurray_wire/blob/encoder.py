@@ -51,6 +51,7 @@ from hurray_wire.model.layout import check_indexes
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_struct
+from hurray_wire.wire.seal import checksum_of
 
 __all__ = [
     "DEFAULT_ENCODER",
@@ -308,7 +309,7 @@ def _encode_small(
         for at, content in zip(layout.checksum_at, contents, strict=True):
             pack(out, at, xxhash.xxh3_64_intdigest(content))
         end = layout.header_length
-        CHECKSUM.struct.pack_into(out, end, xxhash.xxh3_64_intdigest(view[:end]))
+        CHECKSUM.struct.pack_into(out, end, checksum_of(view[:end]))
     return view
 
 

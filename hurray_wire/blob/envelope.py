@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import xxhash
-
 from hurray_wire.blob.limits import DecodeLimits
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import (
@@ -24,7 +22,8 @@ from hurray_wire.errors import (
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
 from hurray_wire.wire import blob as w, descriptor as wd, stream as ws
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.fast import item_struct
+from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
     "AT",
@@ -52,9 +51,9 @@ __all__ = [
     "whole_blob_header",
 ]
 
-HEADER = derive(w.BLOB_HEADER)
-ENTRY = derive(w.SECTION_ENTRY)
-CHECKSUM = derive(w.HEADER_CHECKSUM)
+HEADER = w.FAST_BLOB_HEADER
+ENTRY = w.FAST_SECTION_ENTRY
+CHECKSUM = w.FAST_HEADER_CHECKSUM
 AT = HEADER.offsets  # byte offset of each fixed-header field
 ENTRY_AT = ENTRY.offsets  # byte offset of each field within a section entry
 HEADER_SIZE = HEADER.size
@@ -98,7 +97,7 @@ def pack_header(
     pieces += [ENTRY.pack(*fields) for fields in entries]
     pieces.append(descriptor)
     head = b"".join(pieces)
-    return head + CHECKSUM.pack(xxhash.xxh3_64_intdigest(head))
+    return seal(head)
 
 
 _OTHER_MAGICS = {
@@ -125,8 +124,11 @@ def _check_magic(view: memoryview) -> None:
         )
 
 
-def _u64(view: memoryview, at: int) -> int:
-    return int.from_bytes(view[at : at + 8], "little")
+_TOTAL_LENGTH = item_struct(w.BLOB_HEADER.total_length)
+
+
+def _total_length(view: memoryview) -> int:
+    return int(_TOTAL_LENGTH.unpack_from(view, AT["total_length"])[0])
 
 
 def blob_length(data: Any) -> int:
@@ -151,7 +153,7 @@ def blob_length(data: Any) -> int:
             expected=1,
             found=major,
         )
-    total = _u64(view, AT["total_length"])
+    total = _total_length(view)
     if total < _MIN_TOTAL or total % w.BLOB_ALIGNMENT:
         raise InvalidBlobError(
             "total_length is not a valid blob length",
@@ -168,7 +170,7 @@ def total_length(view: memoryview, *, whole: bool) -> int:
     (and, with ``whole``, all of it); otherwise the precise framing error."""
     magic = len(w.BLOB_MAGIC)
     if len(view) >= HEADER_SIZE and view[:magic] == w.BLOB_MAGIC and view[AT["version_major"]] == 1:
-        total = _u64(view, AT["total_length"])
+        total = _total_length(view)
         plausible = total >= _MIN_TOTAL and not total % w.BLOB_ALIGNMENT
         if plausible and (not whole or total <= len(view)):
             return total
@@ -270,7 +272,7 @@ def checked_header(
         )
     header = bytes(view[:header_length])
     (stored_hash,) = CHECKSUM.struct.unpack_from(view, header_length)
-    computed = xxhash.xxh3_64_intdigest(header)
+    computed = checksum_of(header)
     if stored_hash != computed:
         raise ChecksumError(  # which byte changed, the hash cannot say: where it looks
             f"header checksum mismatch: the xxh3_64 stored at bytes [{header_length}, "

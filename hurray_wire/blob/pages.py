@@ -39,7 +39,7 @@ from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, assemble
-from hurray_wire.wire import integrity as wi
+from hurray_wire.wire.digest_records import DIGEST_SECTION, PAGE_REFS
 
 __all__ = [
     "DecodeReport",
@@ -52,10 +52,6 @@ __all__ = [
 ]
 
 _ZERO_POINT_BYTES = ZERO_POINTS.itemsize
-_DIGEST_ITEM: int = wi.DIGEST_ITEM.sizeof()
-_REFS_HEAD: int = wi.PAGE_REFS_HEADER.sizeof()  # then a page id and a digest per ref
-_REF_ITEM = 2 * _DIGEST_ITEM
-_DIGESTS_HEAD: int = wi.DIGEST_SECTION_HEADER.sizeof()  # then a digest per page
 
 
 @dataclass(frozen=True)
@@ -101,14 +97,12 @@ def paged_buffers(descriptor: TensorDescriptor) -> PagedBuffers:
 def refs_count(raw_size: int) -> int | None:
     """The number of refs a page-refs section of ``raw_size`` bytes holds (None: no whole
     number of refs)."""
-    if raw_size < _REFS_HEAD or (raw_size - _REFS_HEAD) % _REF_ITEM:
-        return None
-    return (raw_size - _REFS_HEAD) // _REF_ITEM
+    return PAGE_REFS.count_of(raw_size)
 
 
 def digests_size(num_pages: int) -> int:
     """raw_size of the page-digests section of a tensor of ``num_pages`` pages."""
-    return _DIGESTS_HEAD + _DIGEST_ITEM * num_pages
+    return DIGEST_SECTION.at(num_pages, 1)
 
 
 def sent_sizes(descriptor: TensorDescriptor, sent: int) -> tuple[int, ...]:

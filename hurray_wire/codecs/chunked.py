@@ -24,7 +24,7 @@ from hurray_wire.codecs.frames import decode_frame, frame_header
 from hurray_wire.codecs.shuffle_zstd import SHUFFLE_WIDTHS
 from hurray_wire.errors import DecompressionError, HurrayWireError
 from hurray_wire.wire import blob as wb
-from hurray_wire.wire.fast import array_struct, derive, item_dtype, item_struct
+from hurray_wire.wire.fast import array_struct, item_dtype, item_struct
 
 __all__ = [
     "CHUNKED",
@@ -43,7 +43,7 @@ CHUNKED_WIDTHS: frozenset[int] = frozenset({1, 2, 4, 8})
 CHUNK_SIZE_MIN: int = 1 << 12
 CHUNK_SIZE_MAX: int = 1 << 30
 _NAME = "chunked-shuffle-zstd"
-_CHUNK_TABLE = derive(wb.CHUNK_TABLE_HEADER)
+_CHUNK_TABLE = wb.FAST_CHUNK_TABLE_HEADER
 _TABLE_AT = _CHUNK_TABLE.offsets
 _CHUNK_HEAD = _CHUNK_TABLE.struct  # chunk_size, chunk_count; then the sizes
 _U32 = item_struct(wb.CHUNK_FRAME_SIZE)
@@ -137,7 +137,7 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
             expected=expected_count,
             found=count,
         )
-    table_end = _CHUNK_HEAD.size + 4 * count
+    table_end = _CHUNK_HEAD.size + _U32.size * count
     if table_end > n:
         raise DecompressionError(
             f"{name} section ends inside its chunk table",

@@ -20,6 +20,10 @@ from hurray_wire.errors import DecompressionError, LimitExceededError
 __all__ = ["FrameHeader", "decode_frame", "frame_header"]
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# zstd's own layout (RFC 8878 § 3.1.1), not hurray-wire's: the 3-byte block header
+# (last_block bit, 2-bit type, 21-bit size) and the optional 4-byte content checksum.
+_BLOCK_HEAD = 3
+_CONTENT_CHECKSUM = 4
 # zstd allocates a window only when a frame does not declare its content size; such a
 # frame may ask for at most max(raw size, this) bytes of window.
 _UNKNOWN_SIZE_WINDOW_LIMIT = 8 << 20
@@ -47,13 +51,13 @@ def frame_header(src: U8Array, raw_size: int, codec_name: str) -> FrameHeader:
     a dictionary, or asks for a window beyond its output is refused here.
     """
     n = src.size
-    if n < 4 or src[:4].tobytes() != _ZSTD_MAGIC:
+    if n < len(_ZSTD_MAGIC) or src[: len(_ZSTD_MAGIC)].tobytes() != _ZSTD_MAGIC:
         raise DecompressionError(
             f"{codec_name} section is not a zstd frame",
             field="stored",
             offset=0,
             expected=f"magic {_ZSTD_MAGIC.hex()}",
-            found=src[:4].tobytes().hex() if n else "no bytes",
+            found=src[: len(_ZSTD_MAGIC)].tobytes().hex() if n else "no bytes",
         )
     view = bytes_view(src)
     try:
@@ -128,35 +132,35 @@ def _walk_blocks(
     n = src.size
     pos = header.size
     for _ in range(limit):
-        if pos + 3 > n:
+        if pos + _BLOCK_HEAD > n:
             raise DecompressionError(
                 f"{codec_name} section ends inside a zstd block header",
                 field="stored",
                 offset=pos,
-                expected=f">= {pos + 3} stored bytes",
+                expected=f">= {pos + _BLOCK_HEAD} stored bytes",
                 found=n,
             )
-        block = view[pos] | view[pos + 1] << 8 | view[pos + 2] << 16
+        block = int.from_bytes(view[pos : pos + _BLOCK_HEAD], "little")
         block_type = (block >> 1) & 3
         if block_type == 3:
             raise DecompressionError(
                 f"{codec_name} frame has a reserved zstd block type", field="stored", offset=pos
             )
         body = 1 if block_type == 1 else block >> 3  # an RLE block stores one byte
-        if pos + 3 + body > n:
+        if pos + _BLOCK_HEAD + body > n:
             raise DecompressionError(
                 f"{codec_name} section ends inside a zstd block",
                 field="stored",
                 offset=pos,
-                expected=f">= {pos + 3 + body} stored bytes",
+                expected=f">= {pos + _BLOCK_HEAD + body} stored bytes",
                 found=n,
             )
-        pos += 3 + body
+        pos += _BLOCK_HEAD + body
         if block & 1:
             break
     else:
         return False
-    end = pos + 4 if header.has_checksum else pos
+    end = pos + _CONTENT_CHECKSUM if header.has_checksum else pos
     if end != n:
         raise DecompressionError(
             f"{codec_name} section "

@@ -51,7 +51,7 @@ from hurray_wire.model.descriptor_codec import (
     decode_header,
     peek_descriptor_length,
 )
-from hurray_wire.tensor import BlockPagedTensor, assemble
+from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
 from hurray_wire.wire import containers as wc, descriptor as wd
 from hurray_wire.wire.fast import offset_of
 
@@ -314,7 +314,7 @@ class HrryFile(ClosesOnExit):
                 field=key,
                 found=type(value).__name__,
             )
-        lens = np.array([int(v) for v in value], dtype="<u8")
+        lens = np.array([int(v) for v in value], dtype=SEQ_LENS)
         lens.flags.writeable = not self._readonly  # the rule of every decoded array
         return lens
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import construct as c
 import numpy as np
 
 from hurray_wire.containers.reference_common import container_error
@@ -18,7 +17,6 @@ from hurray_wire.crc32c import crc32c
 from hurray_wire.errors import ContainerTruncatedError, HurrayWireError, InvalidContainerError
 from hurray_wire.metadata import MetadataValue, decode_metadata
 from hurray_wire.wire import containers as wc
-from hurray_wire.wire.fast import derive
 
 __all__ = [
     "FileHeader",
@@ -31,11 +29,11 @@ __all__ = [
     "parse_trailer",
 ]
 
-HEADER = derive(wc.HrryHeader)
-TRAILER = derive(wc.HrryTrailer)
-COUNT = derive(c.Struct(wc.HrryIndex.subcons[0]))  # entry_count
-ENTRY_FIXED = derive(wc.HrryIndexEntryFixed)
-NAME_LENGTH = derive(c.Struct(wc.HrryIndexEntry.subcons[0]))
+HEADER = wc.FAST_HRRY_HEADER
+TRAILER = wc.FAST_HRRY_TRAILER
+COUNT = wc.FAST_HRRY_INDEX_COUNT  # entry_count
+ENTRY_FIXED = wc.FAST_HRRY_INDEX_ENTRY_FIXED
+NAME_LENGTH = wc.FAST_HRRY_NAME_LENGTH
 _MIN_ENTRY = NAME_LENGTH.size + 1 + ENTRY_FIXED.size  # a one-byte name
 _HEADER_RESERVED = {HEADER.names[at]: value for at, value in HEADER.consts if at}
 _TRAILER_RESERVED = dict(TRAILER.consts)[TRAILER.names.index("_reserved")]

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE, peek_descriptor
 from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
@@ -39,8 +38,9 @@ from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb, stream as ws
-from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
-from hurray_wire.wire.fast import derive, item_dtype
+from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES, LAYER_NONE
+from hurray_wire.wire.fast import item_dtype
+from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
     "DEFAULT_MAX_BLOB_BYTES",
@@ -66,15 +66,14 @@ __all__ = [
 
 DEFAULT_MAX_BLOB_BYTES = 4 << 30  # largest record a reader accepts unless told otherwise
 
-_SHEADER = derive(ws.STREAM_HEADER)
-_CHECKSUM = derive(ws.RECORD_CHECKSUM)
-_END = derive(ws.END_RECORD)
-_ENTRY = derive(ws.END_ENTRY)
-_FOOTER = derive(ws.END_FOOTER)
-_PREFIX = derive(ws.RECORD_PREFIX)
+_SHEADER = ws.FAST_STREAM_HEADER
+_CHECKSUM = ws.FAST_RECORD_CHECKSUM
+_END = ws.FAST_END_RECORD
+_ENTRY = ws.FAST_END_ENTRY
+_FOOTER = ws.FAST_END_FOOTER
+_PREFIX = ws.FAST_RECORD_PREFIX
 _MAGIC_SIZE = len(ws.STREAM_MAGIC)
-_ROLE_BY_CODE = {code: name for name, code in KV_ROLES.items()}
-_ROLE_CODES = np.array(sorted(_ROLE_BY_CODE), np.uint8)
+_ROLE_CODES = np.array(sorted(KV_ROLE_BY_CODE), np.uint8)
 _MAX_NAME = 0xFFFF  # the model name's u16 length
 # One index entry as a NumPy record, from the wire struct (offsets and sizes derived).
 _ENTRY_DTYPE = np.dtype(
@@ -296,7 +295,7 @@ def _whole_record(view: memoryview, total: int, what: str) -> memoryview:
 
 
 def _check_checksum(view: memoryview, start: int, stored: int, what: str) -> None:
-    computed = xxhash.xxh3_64_intdigest(view[:start])
+    computed = checksum_of(view[:start])
     if computed != stored:
         raise _field_error(
             what,
@@ -348,7 +347,7 @@ def encode_stream_header(header: StreamHeader) -> bytes:
         metadata_length=len(meta),
     )
     head = b"".join((fixed, name, meta, bytes(total - _CHECKSUM.size - body)))
-    return head + _CHECKSUM.pack(checksum=xxhash.xxh3_64_intdigest(head))
+    return seal(head)
 
 
 def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> StreamHeader:
@@ -456,7 +455,7 @@ def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> byt
         entry_count=len(rows),
     )
     head = b"".join((fixed, _entry_bytes(rows), bytes(total - _FOOTER.size - body)))
-    return head + _FOOTER.pack(checksum=xxhash.xxh3_64_intdigest(head), total_length=total)
+    return head + _FOOTER.pack(checksum=checksum_of(head), total_length=total)
 
 
 def decode_end_record(
@@ -475,7 +474,7 @@ def decode_end_record(
 def entries_of(rows: npt.NDArray[Any]) -> tuple[StreamEntry, ...]:
     """The ``StreamEntry`` objects of checked index rows (~1-2 us each: call it last)."""
     layers = [None if v == LAYER_NONE else v for v in rows["layer_index"].tolist()]
-    roles = [_ROLE_BY_CODE[v] for v in rows["kv_role"].tolist()]
+    roles = [KV_ROLE_BY_CODE[v] for v in rows["kv_role"].tolist()]
     return tuple(map(StreamEntry, rows["offset"].tolist(), rows["length"].tolist(), layers, roles))
 
 

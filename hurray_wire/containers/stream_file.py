@@ -44,11 +44,10 @@ from hurray_wire.integrity import EngineFingerprint, PageStore, check_integrity_
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import blob as wb, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
-from hurray_wire.wire.fast import derive
 
 __all__ = ["StreamFile"]
 
-_FOOTER = derive(ws.END_FOOTER)
+_FOOTER = ws.FAST_END_FOOTER
 _FOOTER_TOTAL = _FOOTER.names.index("total_length")
 _MAGIC_SIZE = len(wb.BLOB_MAGIC)
 

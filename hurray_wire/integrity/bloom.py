@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from hurray_wire.buffers import U8Array
 from hurray_wire.errors import (
@@ -31,7 +30,8 @@ from hurray_wire.integrity.delta import (
 from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.wire import integrity as w
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.digest_records import KNOWN_PAGES
+from hurray_wire.wire.seal import seal
 
 __all__ = [
     "KnownPagesBloom",
@@ -41,8 +41,8 @@ __all__ = [
     "encode_known_pages_bloom",
 ]
 
-_KHEAD = derive(w.KNOWN_PAGES_HEADER)
-_PARAMS = derive(w.BLOOM_PARAMS)
+_KHEAD = KNOWN_PAGES.head
+_PARAMS = w.FAST_BLOOM_PARAMS
 MIN_LOG2_BITS = 6  # 8 bytes
 MAX_LOG2_BITS = 32  # 512 MiB of filter, for 400M pages; the decoder also has max_bytes
 MAX_HASHES = 16
@@ -97,8 +97,7 @@ def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> by
     head = _KHEAD.pack(
         w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_BLOOM, w.DIGEST_ALGORITHM_XXH3_64, values.size
     )
-    body = head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes()
-    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+    return seal(head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes())
 
 
 def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom:

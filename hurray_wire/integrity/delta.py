@@ -39,9 +39,8 @@ from hurray_wire.integrity.digests import (
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import integrity as w
-from hurray_wire.wire.fast import derive, item_dtype
-
-_DIGESTS = item_dtype(w.DIGEST_ITEM)  # arrays of digests and page ids on the wire
+from hurray_wire.wire.digest_records import COUNT_MAX, KNOWN_PAGES, PAGE_REFS
+from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
 
 __all__ = [
     "DeltaPlan",
@@ -60,10 +59,8 @@ __all__ = [
 
 KNOWN = "known_pages"
 REFS = "page_refs"
-_KHEAD = derive(w.KNOWN_PAGES_HEADER)
-_KSUM = derive(w.KNOWN_PAGES_CHECKSUM)
-_RHEAD = derive(w.PAGE_REFS_HEADER)
-_ITEM = w.DIGEST_ITEM.sizeof()
+_KHEAD = KNOWN_PAGES.head
+_RHEAD = PAGE_REFS.head
 
 
 def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
@@ -80,20 +77,12 @@ def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
 def encode_known_pages(digests: object) -> bytes:
     """The known-pages record of ``digests`` (sorted and deduplicated here)."""
     values = np.unique(digest_array(digests, None))
-    if values.size > 0xFFFF_FFFF:
+    if values.size > COUNT_MAX:
         raise InvalidIntegrityRecordError(
             "too many digests for a u32 count", section=KNOWN, field="count", found=values.size
         )
-    body = (
-        _KHEAD.pack(
-            w.KNOWN_PAGES_VERSION,
-            w.KNOWN_PAGES_FORM_SORTED,
-            w.DIGEST_ALGORITHM_XXH3_64,
-            values.size,
-        )
-        + values.astype(_DIGESTS, copy=False).tobytes()
-    )
-    return body + _KSUM.pack(xxhash.xxh3_64_intdigest(body))
+    head = (w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_SORTED, w.DIGEST_ALGORITHM_XXH3_64)
+    return seal(KNOWN_PAGES.pack(*head, values.size, runs=(values,)))
 
 
 def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any]]:
@@ -121,9 +110,8 @@ def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any
 
 def check_known_checksum(view: memoryview, end: int) -> None:
     """The record is exactly ``end`` bytes plus the checksum, and the checksum matches."""
-    exact_length(view, end + _KSUM.size, section=KNOWN, base_offset=0, what="body/checksum")
-    (stored,) = _KSUM.struct.unpack_from(view, end)
-    computed = xxhash.xxh3_64_intdigest(view[:end])
+    exact_length(view, end + SEAL_SIZE, section=KNOWN, base_offset=0, what="body/checksum")
+    stored, computed = unseal(view, end)
     if stored != computed:
         raise InvalidIntegrityRecordError(
             "known-pages checksum mismatch",
@@ -153,15 +141,15 @@ def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
             found=count,
             expected=f"<= {limit}",
         )
-    check_known_checksum(view, _KHEAD.size + _ITEM * count)
-    values = np.frombuffer(view, _DIGESTS, count, _KHEAD.size).astype(np.uint64)  # owned copy
+    check_known_checksum(view, KNOWN_PAGES.at(count, 1))
+    values = KNOWN_PAGES.runs(view, count)[0].astype(np.uint64)  # owned copy
     bad = _first_unsorted(values)
     if bad is not None:
         raise InvalidIntegrityRecordError(
             "known pages must be strictly increasing (sorted, unique)",
             section=KNOWN,
             field=f"digests[{bad}]",
-            offset=_KHEAD.size + _ITEM * bad,
+            offset=KNOWN_PAGES.at(count, 0, bad),
             found=f"0x{int(values[bad]):016X} after 0x{int(values[bad - 1]):016X}",
         )
     return values
@@ -224,8 +212,8 @@ def encode_page_refs(refs: PageRefs) -> bytes:
     """A page-refs section payload: 8-byte head, ``count`` u64 page ids, ``count`` digests."""
     instance(refs, PageRefs, "refs")
     pages, digests = refs.pages, refs.digests  # checked by PageRefs
-    head = _RHEAD.pack(w.PAGE_REFS_VERSION, w.DIGEST_ALGORITHM_XXH3_64, pages.size)
-    return head + pages.astype(_DIGESTS).tobytes() + digests.astype(_DIGESTS, copy=False).tobytes()
+    head = (w.PAGE_REFS_VERSION, w.DIGEST_ALGORITHM_XXH3_64, pages.size)
+    return PAGE_REFS.pack(*head, runs=(pages, digests))
 
 
 def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> PageRefs:
@@ -248,20 +236,19 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
         )
     exact_length(
         view,
-        _RHEAD.size + 2 * _ITEM * count,
+        PAGE_REFS.at(count, 2),
         section=REFS,
         base_offset=base_offset,
         what="page ids/digests",
     )
-    raw_pages = np.frombuffer(view, _DIGESTS, count, _RHEAD.size)
-    digests = np.frombuffer(view, _DIGESTS, count, _RHEAD.size + _ITEM * count)
+    raw_pages, digests = PAGE_REFS.runs(view, count)
     bad = _first_unsorted(raw_pages)
     if bad is not None:
         raise InvalidIntegrityRecordError(
             "page ids must be strictly increasing",
             section=REFS,
             field=f"pages[{bad}]",
-            offset=base_offset + _RHEAD.size + _ITEM * bad,
+            offset=base_offset + PAGE_REFS.at(count, 0, bad),
             found=int(raw_pages[bad]),
         )
     if count and int(raw_pages[-1]) >= limit:
@@ -269,7 +256,7 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
             "page id out of range",
             section=REFS,
             field=f"pages[{count - 1}]",
-            offset=base_offset + _RHEAD.size + _ITEM * (count - 1),
+            offset=base_offset + PAGE_REFS.at(count, 0, count - 1),
             found=int(raw_pages[-1]),
             expected=f"< num_pages {limit}",
         )

@@ -30,9 +30,7 @@ from hurray_wire.errors import (
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import integrity as w
-from hurray_wire.wire.fast import derive, item_dtype
-
-_DIGESTS = item_dtype(w.DIGEST_ITEM)  # arrays of digests (and page ids) on the wire
+from hurray_wire.wire.digest_records import COUNT_MAX, DIGEST_SECTION
 
 __all__ = [
     "MAX_EMPTY_PAGES",
@@ -54,8 +52,7 @@ DigestArray = npt.NDArray[np.uint64]
 IntArray = npt.NDArray[np.int64]
 
 SECTION = "page_digests"
-_HEAD = derive(w.DIGEST_SECTION_HEADER)
-_ITEM = w.DIGEST_ITEM.sizeof()
+_HEAD = DIGEST_SECTION.head
 _xxh3 = xxhash.xxh3_64_intdigest
 U64_MAX = (1 << 64) - 1
 #: Pages of 0 bytes (``num_heads`` or ``head_dim`` 0) a tensor or a blob may have: nothing
@@ -323,12 +320,13 @@ def verify_page_digests(tensor: BlockPagedTensor, digests: object) -> PageDigest
 def encode_digest_section(digests: object) -> bytes:
     """The payload of a page-digest section: 8-byte head, then the digests as u64 LE."""
     values = digest_array(digests, None)
-    if values.size > 0xFFFF_FFFF:
+    if values.size > COUNT_MAX:
         raise InvalidIntegrityRecordError(
             "too many digests for a u32 count", section=SECTION, field="count", found=values.size
         )
-    head = _HEAD.pack(w.DIGEST_SECTION_VERSION, w.DIGEST_ALGORITHM_XXH3_64, values.size)
-    return head + values.astype(_DIGESTS, copy=False).tobytes()
+    return DIGEST_SECTION.pack(
+        w.DIGEST_SECTION_VERSION, w.DIGEST_ALGORITHM_XXH3_64, values.size, runs=(values,)
+    )
 
 
 def check_digest_head(
@@ -395,9 +393,10 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
             expected=num_pages,
         )
     exact_length(
-        view, _HEAD.size + _ITEM * count, section=SECTION, base_offset=base_offset, what="digests"
+        view, DIGEST_SECTION.at(count, 1), section=SECTION, base_offset=base_offset, what="digests"
     )
-    return np.frombuffer(view, _DIGESTS, count, _HEAD.size).astype(np.uint64, copy=False)
+    (digests,) = DIGEST_SECTION.runs(view, count)
+    return digests.astype(np.uint64, copy=False)
 
 
 def check_digest_range(value: object, name: str = "digest") -> int:

@@ -29,7 +29,19 @@ from hurray_wire.model.descriptor import (
     TensorDescriptor,
     check_colocation,
 )
-from hurray_wire.model.descriptor_layout import (
+from hurray_wire.model.layout import BlockPagedLayout
+from hurray_wire.model.quantization import (
+    MXFP,
+    NF4,
+    NO_BUFFER,
+    SYMMETRIC,
+    PerBlockAffine,
+    PerChannelAffine,
+    PerTensorAffine,
+    Quantization,
+)
+from hurray_wire.wire import descriptor as w
+from hurray_wire.wire.descriptor_layout import (
     AT as _AT,
     BUFFER_TABLE_AT as _BP_FIXED_LEN,
     COUNT_SIZE as _COUNT_SIZE,
@@ -48,18 +60,6 @@ from hurray_wire.model.descriptor_layout import (
     handle_places as _handle_places,
     quant_places as _quant_places,
 )
-from hurray_wire.model.layout import BlockPagedLayout
-from hurray_wire.model.quantization import (
-    MXFP,
-    NF4,
-    NO_BUFFER,
-    SYMMETRIC,
-    PerBlockAffine,
-    PerChannelAffine,
-    PerTensorAffine,
-    Quantization,
-)
-from hurray_wire.wire import descriptor as w
 
 __all__ = [
     "DescriptorHeader",
@@ -73,7 +73,6 @@ _HEADER_LEN = _HEADER.size  # 20
 _PREFIX_LEN = _AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
 _STATS_FIELDS = tuple(i for i in range(len(_STATS.names)) if i not in dict(_STATS.consts))
 _STATS_NAMES = tuple(_STATS.names[i] for i in _STATS_FIELDS)
-_KV_ROLE_NAMES = {v: k for k, v in w.KV_ROLES.items()}
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 
@@ -176,7 +175,7 @@ def _decode_block_paged(raw: bytes) -> TensorDescriptor:
             found=byte_offset,
         )  # fmt: skip
     _check_consts(_FIXED, fixed, 0, "")
-    role = _KV_ROLE_NAMES.get(role_byte)
+    role = w.KV_ROLE_BY_CODE.get(role_byte)
     if role is None:
         raise _error(
             "unknown kv_role", "kv_role", _AT["kv_role"], expected="0, 1 or 2", found=role_byte
@@ -634,7 +633,9 @@ def _construct_parse(raw: bytes) -> Any:
         raise _error(f"unknown tag ({exc.path})", None, None) from None
     except (c.StreamError, c.ConstructError) as exc:
         raise _error(
-            f"descriptor_length too small for the content ({exc.path})", "descriptor_length", 6
+            f"descriptor_length too small for the content ({exc.path})",
+            "descriptor_length",
+            _AT["descriptor_length"],
         ) from None
     except RecursionError:
-        raise _error("tiled payload nested too deeply", "layout", 52) from None
+        raise _error("tiled payload nested too deeply", "layout", _AT["layout"]) from None

@@ -10,15 +10,6 @@ from __future__ import annotations
 from hurray_wire import dtypes
 from hurray_wire.errors import instance
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.descriptor_layout import (
-    FIXED as _FIXED,
-    HANDLE as _HANDLE,
-    MEMBER as _MEMBER,
-    QHEADER as _QHEADER,
-    SCHEME as _SCHEME,
-    STATS as _STATS,
-    U32 as _U32,
-)
 from hurray_wire.model.quantization import (
     NO_BUFFER,
     PerBlockAffine,
@@ -27,6 +18,15 @@ from hurray_wire.model.quantization import (
     Quantization,
 )
 from hurray_wire.wire import descriptor as w
+from hurray_wire.wire.descriptor_layout import (
+    FIXED as _FIXED,
+    HANDLE as _HANDLE,
+    MEMBER as _MEMBER,
+    QHEADER as _QHEADER,
+    SCHEME as _SCHEME,
+    STATS as _STATS,
+    U32 as _U32,
+)
 
 __all__ = ["encode_descriptor"]
 

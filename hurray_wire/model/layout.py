@@ -17,7 +17,7 @@ import numpy.typing as npt
 from hurray_wire.errors import IndexBufferError, InvalidDescriptorError
 from hurray_wire.model._checks import U32_MAX, U64_MAX, check_uint
 from hurray_wire.model.quantization import Quantization, check_block_paged_compatibility
-from hurray_wire.wire.descriptor import INDEX_ITEMS
+from hurray_wire.wire.descriptor import INDEX_ITEMS, KV_ROLES
 from hurray_wire.wire.fast import item_dtype
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
     "check_seq_lens",
 ]
 
-KV_ROLE_NAMES = ("key", "value", "fused")
+KV_ROLE_NAMES = tuple(KV_ROLES)  # in code order: key, value, fused
 INDEX_TYPE_NAMES = ("uint32", "uint64")
 DYNAMIC_DIM = U64_MAX  # the shape's "size unknown" sentinel: refused for block-paged ([A38])
 _INDEX_DTYPES: dict[str, np.dtype[Any]] = {

@@ -9,17 +9,14 @@ tile the blob exactly. Nothing here imports NIXL; nothing here uses pickle.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any, NoReturn
-
-import xxhash
 
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
 from hurray_wire.wire import transfer as w
 from hurray_wire.wire.blob import BLOB_ALIGNMENT
-from hurray_wire.wire.descriptor import KV_ROLES
-from hurray_wire.wire.fast import derive
+from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
+from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -35,17 +32,14 @@ __all__ = [
 MAX_SEGMENTS = 256  # far above what one blob needs (header, pool, index arrays, padding)
 MAX_REASON_BYTES = 1024
 MAX_HEADER_BYTES = 0xFFFF  # a ready record's blob header (the u16 tail_length)
-ROLE_CODES = dict(KV_ROLES)  # the descriptor's codes (wire/descriptor.py): one role map
-_ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
+ROLE_CODES = KV_ROLES  # the descriptor's codes (wire/descriptor.py): one role map
 # construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
 # formats (wire/fast.py), checking the Const fields by hand.
-_RECORD = derive(w.TRANSFER_RECORD)
-_SEG = derive(w.TRANSFER_SEGMENT)
+_RECORD = w.FAST_TRANSFER_RECORD
+_SEG = w.FAST_TRANSFER_SEGMENT
 _FIXED = _RECORD.size  # 64
 _SEGMENT = _SEG.size  # 32
-_U64 = derive(w.RECORD_CHECKSUM).struct
-_CHECKSUM = _U64.size
-_RECORD_OFFSETS = list(accumulate((sub.sizeof() for sub in w.TRANSFER_RECORD.subcons), initial=0))
+_CHECKSUM = SEAL_SIZE
 _AT = _RECORD.offsets
 _SEGMENT_RESERVED_AT = _SEG.offsets["_reserved"]
 _U64_MAX = (1 << 64) - 1
@@ -225,8 +219,7 @@ def encode_record(record: TransferRecord) -> bytes:
     for s in record.segments:  # Const fields (magic, reserved bytes) fill themselves in
         pieces.append(_SEG.pack(s.blob_offset, s.length, s.address, s.device_id))
     pieces.append(tail)
-    data = b"".join(pieces)
-    return data + _U64.pack(xxhash.xxh3_64_intdigest(data))
+    return seal(b"".join(pieces))
 
 
 def decode_record(data: Any) -> TransferRecord:
@@ -244,7 +237,7 @@ def decode_record(data: Any) -> TransferRecord:
     for position, expected_bytes in _RECORD.consts:
         if head[position] != expected_bytes:
             name = _RECORD.names[position]
-            at = _RECORD_OFFSETS[position]
+            at = _RECORD.offsets[name]
             raise InvalidTransferRecordError(
                 "bad magic" if name == "magic" else "reserved bytes must be zero",
                 section="transfer record",
@@ -268,8 +261,7 @@ def decode_record(data: Any) -> TransferRecord:
             expected=f"{len(raw)} (received) == {expected} (counts)",
             found=record_length,
         )
-    stored = _U64.unpack_from(raw, len(raw) - _CHECKSUM)[0]
-    computed = xxhash.xxh3_64_intdigest(memoryview(raw)[:-_CHECKSUM])
+    stored, computed = unseal(memoryview(raw), len(raw) - _CHECKSUM)
     if stored != computed:
         raise InvalidTransferRecordError(
             "record checksum mismatch",
@@ -283,8 +275,10 @@ def decode_record(data: Any) -> TransferRecord:
         _bad("unknown record kind", "kind", kind, sorted(w.RECORD_KINDS), offset=_AT["kind"])
     if flags & ~w.RECORD_FLAGS_KNOWN:
         _bad("unknown record flag bits", "flags", f"0x{flags:02X}", offset=_AT["flags"])
-    if role != w.ROLE_NONE and role not in _ROLE_NAMES:
-        _bad("unknown kv_role code", "kv_role", role, sorted(_ROLE_NAMES), offset=_AT["kv_role"])
+    if role != w.ROLE_NONE and role not in KV_ROLE_BY_CODE:
+        _bad(
+            "unknown kv_role code", "kv_role", role, sorted(KV_ROLE_BY_CODE), offset=_AT["kv_role"]
+        )
     if segment_count > MAX_SEGMENTS:  # before any Segment is built
         at = _AT["segment_count"]
         _bad("segment count out of range", "segment_count", segment_count,
@@ -313,7 +307,7 @@ def decode_record(data: Any) -> TransferRecord:
         kind=w.RECORD_KINDS[kind],
         session=session,
         layer=None if layer == w.LAYER_NONE else layer,
-        role=None if role == w.ROLE_NONE else _ROLE_NAMES[role],
+        role=None if role == w.ROLE_NONE else KV_ROLE_BY_CODE[role],
         write=bool(flags & w.FLAG_WRITE),
         ready=bool(flags & w.FLAG_READY),
         total_length=total,

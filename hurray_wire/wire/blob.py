@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import construct as c
 
+from hurray_wire.wire.fast import derive
+
 __all__ = [
     "BLOB_ALIGNMENT",
     "BLOB_HEADER",
@@ -12,6 +14,10 @@ __all__ = [
     "CHECKSUM_XXH3_64",
     "CHUNK_FRAME_SIZE",
     "CHUNK_TABLE_HEADER",
+    "FAST_BLOB_HEADER",
+    "FAST_CHUNK_TABLE_HEADER",
+    "FAST_HEADER_CHECKSUM",
+    "FAST_SECTION_ENTRY",
     "FLAG_REQUIRED",
     "HEADER_CHECKSUM",
     "KIND_BUFFER",
@@ -84,3 +90,11 @@ SEQ_LENS_ITEM = c.Int64ul
 
 # xxh3_64 of bytes [0, header_length): fixed header, section table and descriptor.
 HEADER_CHECKSUM = c.Struct("header_checksum" / c.Int64ul)
+
+
+# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
+# packing with the Const fields filled in. Other modules use these, never derive their own.
+FAST_BLOB_HEADER = derive(BLOB_HEADER)
+FAST_SECTION_ENTRY = derive(SECTION_ENTRY)
+FAST_HEADER_CHECKSUM = derive(HEADER_CHECKSUM)
+FAST_CHUNK_TABLE_HEADER = derive(CHUNK_TABLE_HEADER)

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import construct as c
 
+from hurray_wire.wire.fast import derive
+
 __all__ = [
+    "FAST_HRRY_HEADER",
+    "FAST_HRRY_INDEX_COUNT",
+    "FAST_HRRY_INDEX_ENTRY_FIXED",
+    "FAST_HRRY_NAME_LENGTH",
+    "FAST_HRRY_TRAILER",
     "FILE_FLAGS_KNOWN",
     "FILE_FLAG_HAS_INDEX_CRC32C",
     "FILE_FLAG_HAS_KV_METADATA",
@@ -177,3 +184,12 @@ KvSection = c.Struct(
     "entries" / c.Array(c.this.kv_count, KvEntry),
     c.Terminated,
 )
+
+
+# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
+# packing with the Const fields filled in. Other modules use these, never derive their own.
+FAST_HRRY_HEADER = derive(HrryHeader)
+FAST_HRRY_TRAILER = derive(HrryTrailer)
+FAST_HRRY_INDEX_ENTRY_FIXED = derive(HrryIndexEntryFixed)
+FAST_HRRY_INDEX_COUNT = derive(c.Struct(HrryIndex.subcons[0]))  # entry_count
+FAST_HRRY_NAME_LENGTH = derive(c.Struct(HrryIndexEntry.subcons[0]))

@@ -31,6 +31,7 @@ __all__ = [
     "INDEX_ITEMS",
     "INDEX_TYPES",
     "KV_ROLES",
+    "KV_ROLE_BY_CODE",
     "LAYER_NONE",
     "LAYOUT_NAMES",
     "MAGIC",
@@ -62,6 +63,8 @@ FLAGS_KNOWN = 0x1F
 PRIVATE_TYPE_TAGS = range(0xF0, 0xFF)  # element type tags of private extension types
 
 KV_ROLES = {"key": 0, "value": 1, "fused": 2}  # the one role map (streams, transfer records)
+#: The same map read the other way (a wire code to its role name); nothing else inverts it.
+KV_ROLE_BY_CODE = {code: name for name, code in KV_ROLES.items()}
 INDEX_TYPES = {"uint32": 0, "uint64": 1}
 #: The element of block_table / seq_ptr for each index type.
 INDEX_ITEMS = {"uint32": c.Int32ul, "uint64": c.Int64ul}

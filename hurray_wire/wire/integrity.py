@@ -20,6 +20,7 @@ from __future__ import annotations
 import construct as c
 
 from hurray_wire.wire.blob import KIND_PAGE_DIGESTS, KIND_PAGE_REFS
+from hurray_wire.wire.fast import derive
 
 __all__ = [
     "BLOOM_PARAMS",
@@ -27,6 +28,8 @@ __all__ = [
     "DIGEST_ITEM",
     "DIGEST_SECTION_HEADER",
     "DIGEST_SECTION_VERSION",
+    "FAST_BLOOM_PARAMS",
+    "FAST_FINGERPRINT_HEADER",
     "FINGERPRINT_HEADER",
     "FINGERPRINT_MAGIC",
     "FINGERPRINT_METADATA_KEY",
@@ -110,3 +113,9 @@ FINGERPRINT_HEADER = c.Struct(
     "_reserved1" / c.Const(bytes(4)),
     "body_checksum" / c.Int64ul,
 )
+
+
+# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
+# packing with the Const fields filled in. Other modules use these, never derive their own.
+FAST_FINGERPRINT_HEADER = derive(FINGERPRINT_HEADER)
+FAST_BLOOM_PARAMS = derive(BLOOM_PARAMS)

@@ -12,12 +12,21 @@ from __future__ import annotations
 
 import construct as c
 
+from hurray_wire.wire.descriptor import KV_ROLES
+from hurray_wire.wire.fast import derive
+
 __all__ = [
     "ELEMENT_TYPE_UNKNOWN",
     "END_ENTRY",
     "END_FOOTER",
     "END_MAGIC",
     "END_RECORD",
+    "FAST_END_ENTRY",
+    "FAST_END_FOOTER",
+    "FAST_END_RECORD",
+    "FAST_RECORD_CHECKSUM",
+    "FAST_RECORD_PREFIX",
+    "FAST_STREAM_HEADER",
     "NUM_LAYERS_UNKNOWN",
     "RECORD_ALIGNMENT",
     "RECORD_CHECKSUM",
@@ -36,7 +45,7 @@ RECORD_ALIGNMENT = 64  # every record's total_length is a multiple of this
 STREAM_FLAG_END_RECORD = 0x0001  # the writer promises to finish the stream with an end record
 STREAM_FLAGS_KNOWN = STREAM_FLAG_END_RECORD
 
-ROLE_BITS = {"key": 0x01, "value": 0x02, "fused": 0x04}  # bit (1 << descriptor kv_role code)
+ROLE_BITS = {name: 1 << code for name, code in KV_ROLES.items()}  # bit 1 << descriptor code
 NUM_LAYERS_UNKNOWN = 0xFFFFFFFF
 ELEMENT_TYPE_UNKNOWN = 0x00  # tag 0x00 is invalid as an element type, so free to mean "unset"
 
@@ -95,3 +104,13 @@ END_FOOTER = c.Struct(
     "checksum" / c.Int64ul,  # xxh3_64 of the end record's bytes before the footer
     "total_length" / c.Int64ul,  # the end record's total_length, again
 )
+
+
+# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
+# packing with the Const fields filled in. Other modules use these, never derive their own.
+FAST_RECORD_PREFIX = derive(RECORD_PREFIX)
+FAST_STREAM_HEADER = derive(STREAM_HEADER)
+FAST_RECORD_CHECKSUM = derive(RECORD_CHECKSUM)
+FAST_END_RECORD = derive(END_RECORD)
+FAST_END_ENTRY = derive(END_ENTRY)
+FAST_END_FOOTER = derive(END_FOOTER)

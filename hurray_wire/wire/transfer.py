@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import construct as c
 
+from hurray_wire.wire.fast import derive
+
 __all__ = [
+    "FAST_TRANSFER_RECORD",
+    "FAST_TRANSFER_SEGMENT",
     "FLAG_READY",
     "FLAG_WRITE",
     "KIND_ABORT",
@@ -94,3 +98,9 @@ RECORD_CHECKSUM = c.Struct("checksum" / c.Int64ul)
 #: One token id of the prompt digest a vLLM transfer carries (hurray_wire.vllm.transfer:
 #: xxh3-128 over the prompt's token ids as this item, in order).
 PROMPT_TOKEN_ITEM = c.Int64sl
+
+
+# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
+# packing with the Const fields filled in. Other modules use these, never derive their own.
+FAST_TRANSFER_RECORD = derive(TRANSFER_RECORD)
+FAST_TRANSFER_SEGMENT = derive(TRANSFER_SEGMENT)
