@@ -194,10 +194,12 @@ def _answer(sock: socket.socket) -> dict[str, Any]:
     if answer.get("ok") is not True:
         reason = str(answer.get("reason", "refused"))
         field = answer.get("field")  # the ask's field refused, when one is
-        raise TransferRefusedError(
-            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason,
-            field=field[:100] if isinstance(field, str) else None,
-        )  # fmt: skip
+        refused = TransferRefusedError(
+            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
+        )
+        # the field as data only: the prefill worker's message already names it
+        refused.field = field[:100] if isinstance(field, str) else None
+        raise refused
     return answer
 
 
