@@ -1,0 +1,234 @@
+"""Whole records: each record type frames itself, places and checks its seal, and says where
+every part of it sits (its fixed head's fields, the variable runs after it, padding, seal).
+
+A ``Record`` is one record type (the blob's prefix, the stream header, the end record, a
+transfer record, a known-pages record, the engine fingerprint). The modules that hold the
+rules (``containers.records``, ``transport.records``, ``integrity``, ``fingerprint``,
+``blob.envelope``) bind it to their error classes (``Record.raising``: wire/ imports nothing
+of the package) and read every byte position from it, as ``report`` does to annotate one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hurray_wire.wire import (
+    blob as wb,
+    descriptor as wd,
+    digest_records as dr,
+    integrity as wi,
+    stream as ws,
+    transfer as wt,
+)
+from hurray_wire.wire.fast import FastStruct, derive
+from hurray_wire.wire.seal import checksum_of
+
+__all__ = [
+    "BLOB",
+    "END_RECORD",
+    "FINGERPRINT",
+    "KNOWN_PAGES",
+    "PREFIX",
+    "RECORDS_BY_MAGIC",
+    "STREAM_HEADER",
+    "TRANSFER",
+    "Record",
+    "Spans",
+    "align",
+]
+
+Spans = dict[str, tuple[int, int]]  # part name -> [start, stop)
+PREFIX = ws.FAST_RECORD_PREFIX  # the 16 bytes every stream record and blob starts with
+_MAGIC = PREFIX.sizes["magic"]
+
+
+def align(size: int, alignment: int) -> int:
+    """``size`` rounded up to a multiple of ``alignment``."""
+    return -(-size // alignment) * alignment
+
+
+def _fault(message: str, **details: Any) -> Exception:
+    """What a record raises before a module binds its own error classes to it."""
+    return ValueError(message, details)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record type: its fixed ``head``, the ``tail`` that closes it (its seal, or a footer
+    that starts with one), the magic and smallest length a reader frames it by.
+
+    ``what`` names it in errors (their ``section`` unless ``section`` is given);
+    ``invalid`` / ``truncated`` are the error classes of the module that binds it.
+    """
+
+    what: str
+    head: FastStruct
+    tail: FastStruct | None = None
+    magic: bytes = b""
+    alignment: int = 1
+    section: str = ""
+    hints: Mapping[bytes, str] = field(default_factory=dict)  # a wrong magic that is known
+    invalid: Callable[..., Exception] = _fault
+    truncated: Callable[..., Exception] = _fault
+
+    def raising(
+        self, invalid: Callable[..., Exception], truncated: Callable[..., Exception]
+    ) -> Record:
+        """This record bound to a module's error classes."""
+        return replace(self, invalid=invalid, truncated=truncated)
+
+    @property
+    def tail_size(self) -> int:
+        return 0 if self.tail is None else self.tail.size
+
+    @property
+    def minimum(self) -> int:
+        """The smallest total_length: the head and the tail, aligned."""
+        return align(self.head.size + self.tail_size, self.alignment)
+
+    def total_for(self, runs: int) -> int:
+        """total_length of a record whose variable runs take ``runs`` bytes."""
+        return align(self.head.size + runs + self.tail_size, self.alignment)
+
+    def at(self, name: str) -> int:
+        """Byte offset of a field of the head."""
+        return self.head.offsets[name]
+
+    def error(
+        self, name: str | None, message: str, at: int | None = None, **details: Any
+    ) -> Exception:
+        """``invalid`` naming field ``name`` of the head (at its offset unless ``at``)."""
+        offset = self.head.offsets[name] if at is None and name is not None else at
+        section = self.section or self.what
+        return self.invalid(message, section=section, field=name, offset=offset, **details)
+
+    # -- framing ------------------------------------------------------------------------
+    def frame(self, view: Any) -> int:
+        """total_length of the record whose 16-byte prefix starts ``view``: magic, major
+        version 1 and an aligned length of at least ``minimum``, checked in that order."""
+        head = bytes(view[:_MAGIC])
+        if head != self.magic[: len(head)]:
+            raise self.error(
+                "magic", self.hints.get(head, f"bad {self.what} magic"),
+                expected=self.magic.hex(" "), found=head.hex(" "),
+            )  # fmt: skip
+        if len(view) < PREFIX.size:
+            raise self.truncated(
+                ("empty input (0 bytes): no " if not len(view) else "input ends inside the ")
+                + f"{self.what} prefix",
+                section=self.section or self.what,
+                offset=len(view),
+                expected=PREFIX.size,
+                found=len(view),
+            )
+        _, major, _, _, total = PREFIX.struct.unpack_from(view, 0)
+        if major != 1:
+            raise self.error(
+                "version_major", f"unsupported {self.what} major version", expected=1, found=major
+            )
+        if total < self.minimum or total % self.alignment:
+            raise self.error(
+                "total_length",
+                f"total_length is not a valid {self.what} length",
+                expected=f"a multiple of {self.alignment}, >= {self.minimum}",
+                found=total,
+            )
+        return int(total)
+
+    def whole(self, view: Any, total: int) -> Any:
+        """The record's ``total`` bytes of ``view``, or the truncation error."""
+        if len(view) < total:
+            raise self.truncated(
+                f"input ends inside the {self.what}",
+                section=self.section or self.what,
+                offset=len(view),
+                expected=total,
+                found=len(view),
+            )
+        return view[:total]
+
+    # -- parts and seal -----------------------------------------------------------------
+    def spans(self, total: int, runs: Sequence[tuple[str, int]] = ()) -> Spans:
+        """Where each part of a ``total``-byte record sits: ``head``, the variable ``runs``
+        (name, size) in order, ``padding`` up to the tail, and ``tail``."""
+        at = self.head.size
+        out: Spans = {"head": (0, at)}
+        for name, size in runs:
+            out[name] = (at, at + size)
+            at += size
+        end = total - self.tail_size
+        out["padding"] = (at, end)
+        out["tail"] = (end, total)
+        return out
+
+    def close(self, body: bytes, total: int) -> bytes:
+        """``body`` (head and runs) zero-padded to the tail, then the tail: the seal of
+        every byte before it (a footer also repeats ``total``)."""
+        assert self.tail is not None
+        padded = body + bytes(total - self.tail_size - len(body))
+        values = (checksum_of(padded), total)[: len(self.tail.names)]
+        return padded + self.tail.pack(*values)
+
+    def check_seal(self, view: Any, end: int) -> None:
+        """The seal at byte ``end`` (the tail's first field) must be that of ``view[:end]``."""
+        assert self.tail is not None
+        (stored, *_) = self.tail.struct.unpack_from(view, end)
+        self.check_checksum(stored, checksum_of(view[:end]), "checksum", end)
+
+    def check_checksum(self, stored: int, computed: int, name: str, at: int) -> None:
+        if stored != computed:
+            raise self.error(
+                name, f"{self.what} checksum mismatch", at,
+                expected=f"0x{computed:016x}", found=f"0x{stored:016x}",
+            )  # fmt: skip
+
+    def check_consts(self, fields: Sequence[Any], skip: int = 0) -> None:
+        """The head's Const fields (magic, reserved bytes) past the first ``skip`` of them,
+        from its unpacked ``fields``: the first that differs is refused."""
+        for position, expected in self.head.consts[skip:]:
+            if fields[position] != expected:
+                name = self.head.names[position]
+                magic = name == "magic"
+                raise self.error(
+                    "magic" if magic else "_reserved",
+                    "bad magic" if magic else "reserved bytes must be zero",
+                    self.head.offsets[name],
+                    found=fields[position].hex(" "),
+                )
+
+
+_ANOTHER = "this is {}, not one blob: read the stream with StreamReader or StreamFile"
+#: The blob as a record: framed by its prefix; its seal (``HEADER_CHECKSUM``) follows the
+#: header, whose length the fixed header says.
+BLOB = Record(
+    "blob",
+    wb.FAST_BLOB_HEADER,
+    wb.FAST_HEADER_CHECKSUM,
+    wb.BLOB_MAGIC,
+    wb.BLOB_ALIGNMENT,
+    section="header",
+    hints={
+        ws.STREAM_MAGIC: "this is a blob stream (its header record), not one blob: read it with "
+        "StreamReader or StreamFile",
+        ws.END_MAGIC: _ANOTHER.format("a blob stream's end record"),
+        wd.MAGIC: "this is a bare descriptor or a .hrry file, not a blob: use decode_descriptor, "
+        "HrryFile or read_file",
+    },
+)
+STREAM_HEADER = Record(
+    "stream header",
+    ws.FAST_STREAM_HEADER,
+    ws.FAST_RECORD_CHECKSUM,
+    ws.STREAM_MAGIC,
+    ws.RECORD_ALIGNMENT,
+)
+END_RECORD = Record(
+    "end record", ws.FAST_END_RECORD, ws.FAST_END_FOOTER, ws.END_MAGIC, ws.RECORD_ALIGNMENT
+)
+TRANSFER = Record("transfer record", wt.FAST_TRANSFER_RECORD, derive(wt.RECORD_CHECKSUM))
+KNOWN_PAGES = Record("known_pages", dr.KNOWN_PAGES.head, derive(wi.KNOWN_PAGES_CHECKSUM))
+FINGERPRINT = Record("engine_fingerprint", wi.FAST_FINGERPRINT_HEADER)
+#: The records a stream holds, by magic (what frames each one).
+RECORDS_BY_MAGIC = {r.magic: r for r in (BLOB, STREAM_HEADER, END_RECORD)}
