@@ -28,7 +28,7 @@ from hurray_wire.errors import (
     instance,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
-from hurray_wire.wire import integrity as w
+from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.seal import checksum_of
 
 __all__ = [
@@ -47,7 +47,8 @@ __all__ = [
 FINGERPRINT_METADATA_KEY = w.FINGERPRINT_METADATA_KEY
 ExtraValue = str | int | float | bool
 SECTION = "engine_fingerprint"
-_HEAD = w.FAST_FINGERPRINT_HEADER
+_RECORD = wr.FINGERPRINT.raising(InvalidMetadataError, InvalidMetadataError)
+_HEAD = _RECORD.head
 _STRINGS = ("model_id", "engine", "engine_version", "kv_cache_layout", "cache_dtype")
 _INTS = ("block_size", "tp_rank", "tp_size")
 _EXTRA_PREFIX = "extra."
@@ -238,16 +239,8 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
             expected=len(view) - _HEAD.size,
         )
     body = view[_HEAD.size :]
-    computed = checksum_of(body)
-    if computed != head["body_checksum"]:
-        raise InvalidMetadataError(
-            "fingerprint checksum mismatch",
-            section=SECTION,
-            field="body_checksum",
-            offset=_HEAD.offsets["body_checksum"],
-            found=f"0x{head['body_checksum']:016X}",
-            expected=f"0x{computed:016X}",
-        )
+    at = _RECORD.at("body_checksum")
+    _RECORD.check_checksum(head["body_checksum"], checksum_of(body), "body_checksum", at)
     try:
         entries = decode_metadata(body, base_offset=_HEAD.size)
     except HurrayWireError as exc:

@@ -422,7 +422,7 @@ def decode_end_rows(
     fields = _END.head.struct.unpack_from(view, 0)
     _, _, minor, flags, total, blob_count, count, _ = fields
     spans = _END.spans(total, (("entries", _ENTRY.size * count),))
-    footer, _ = spans["tail"]
+    footer, _ = spans["seal"]
     footer_total = footer + ws.FAST_END_FOOTER.offsets["total_length"]
     (again,) = _FOOTER_TOTAL.unpack_from(view, footer_total)
     if again != total:

@@ -23,6 +23,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.integrity.delta import (
     KNOWN,
+    KNOWN_RECORD,
     check_known_checksum,
     encode_known_pages,
     known_pages_head,
@@ -31,7 +32,6 @@ from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.wire import integrity as w
 from hurray_wire.wire.digest_records import KNOWN_PAGES
-from hurray_wire.wire.seal import seal
 
 __all__ = [
     "KnownPagesBloom",
@@ -97,7 +97,7 @@ def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> by
     head = _KHEAD.pack(
         w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_BLOOM, w.DIGEST_ALGORITHM_XXH3_64, values.size
     )
-    return seal(head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes())
+    return KNOWN_RECORD.close(head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes())
 
 
 def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom:

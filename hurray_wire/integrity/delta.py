@@ -38,9 +38,8 @@ from hurray_wire.integrity.digests import (
 )
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import integrity as w
+from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.digest_records import COUNT_MAX, KNOWN_PAGES, PAGE_REFS
-from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
 
 __all__ = [
     "DeltaPlan",
@@ -60,6 +59,8 @@ __all__ = [
 KNOWN = "known_pages"
 REFS = "page_refs"
 _KHEAD = KNOWN_PAGES.head
+#: The known-pages record sealed (wire/records.py), raising this module's errors.
+KNOWN_RECORD = wr.KNOWN_PAGES.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 _RHEAD = PAGE_REFS.head
 
 
@@ -82,7 +83,7 @@ def encode_known_pages(digests: object) -> bytes:
             "too many digests for a u32 count", section=KNOWN, field="count", found=values.size
         )
     head = (w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_SORTED, w.DIGEST_ALGORITHM_XXH3_64)
-    return seal(KNOWN_PAGES.pack(*head, values.size, runs=(values,)))
+    return KNOWN_RECORD.close(KNOWN_PAGES.pack(*head, values.size, runs=(values,)))
 
 
 def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any]]:
@@ -110,17 +111,10 @@ def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any
 
 def check_known_checksum(view: memoryview, end: int) -> None:
     """The record is exactly ``end`` bytes plus the checksum, and the checksum matches."""
-    exact_length(view, end + SEAL_SIZE, section=KNOWN, base_offset=0, what="body/checksum")
-    stored, computed = unseal(view, end)
-    if stored != computed:
-        raise InvalidIntegrityRecordError(
-            "known-pages checksum mismatch",
-            section=KNOWN,
-            field="checksum",
-            offset=end,
-            found=f"0x{stored:016X}",
-            expected=f"0x{computed:016X}",
-        )
+    exact_length(
+        view, end + KNOWN_RECORD.tail_size, section=KNOWN, base_offset=0, what="body/checksum"
+    )
+    KNOWN_RECORD.check_seal(view, end)
 
 
 def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:

@@ -152,7 +152,8 @@ class Record:
     # -- parts and seal -----------------------------------------------------------------
     def spans(self, total: int, runs: Sequence[tuple[str, int]] = ()) -> Spans:
         """Where each part of a ``total``-byte record sits: ``head``, the variable ``runs``
-        (name, size) in order, ``padding`` up to the tail, and ``tail``."""
+        (name, size) in order, ``padding`` up to the tail, and the tail as ``seal`` (a
+        seal, or a footer that starts with one)."""
         at = self.head.size
         out: Spans = {"head": (0, at)}
         for name, size in runs:
@@ -160,13 +161,16 @@ class Record:
             at += size
         end = total - self.tail_size
         out["padding"] = (at, end)
-        out["tail"] = (end, total)
+        out["seal"] = (end, total)
         return out
 
-    def close(self, body: bytes, total: int) -> bytes:
-        """``body`` (head and runs) zero-padded to the tail, then the tail: the seal of
-        every byte before it (a footer also repeats ``total``)."""
+    def close(self, body: bytes, total: int | None = None) -> bytes:
+        """``body`` (head and runs) zero-padded to the tail (to ``total`` bytes, by default
+        the fewest), then the tail: the seal of every byte before it (a footer also repeats
+        ``total``)."""
         assert self.tail is not None
+        if total is None:
+            total = self.total_for(len(body) - self.head.size)
         padded = body + bytes(total - self.tail_size - len(body))
         values = (checksum_of(padded), total)[: len(self.tail.names)]
         return padded + self.tail.pack(*values)
