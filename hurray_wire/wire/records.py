@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 from hurray_wire.wire import (
     blob as wb,
@@ -23,7 +23,7 @@ from hurray_wire.wire import (
     transfer as wt,
 )
 from hurray_wire.wire.fast import FastStruct, derive
-from hurray_wire.wire.seal import checksum_of
+from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
     "BLOB",
@@ -72,21 +72,19 @@ class Record:
     hints: Mapping[bytes, str] = field(default_factory=dict)  # a wrong magic that is known
     invalid: Callable[..., Exception] = _fault
     truncated: Callable[..., Exception] = _fault
+    tail_size: int = field(init=False)
+    minimum: int = field(init=False)  # the smallest total_length: head and tail, aligned
+
+    def __post_init__(self) -> None:
+        tail = 0 if self.tail is None else self.tail.size
+        object.__setattr__(self, "tail_size", tail)
+        object.__setattr__(self, "minimum", align(self.head.size + tail, self.alignment))
 
     def raising(
         self, invalid: Callable[..., Exception], truncated: Callable[..., Exception]
     ) -> Record:
         """This record bound to a module's error classes."""
         return replace(self, invalid=invalid, truncated=truncated)
-
-    @property
-    def tail_size(self) -> int:
-        return 0 if self.tail is None else self.tail.size
-
-    @property
-    def minimum(self) -> int:
-        """The smallest total_length: the head and the tail, aligned."""
-        return align(self.head.size + self.tail_size, self.alignment)
 
     def total_for(self, runs: int) -> int:
         """total_length of a record whose variable runs take ``runs`` bytes."""
@@ -108,6 +106,10 @@ class Record:
     def frame(self, view: Any) -> int:
         """total_length of the record whose 16-byte prefix starts ``view``: magic, major
         version 1 and an aligned length of at least ``minimum``, checked in that order."""
+        if len(view) >= PREFIX.size:  # the common case in one unpack
+            magic, major, _, _, total = PREFIX.struct.unpack_from(view, 0)
+            if magic == self.magic and major == 1 and self.minimum <= total:
+                return int(total) if not total % self.alignment else self._length_error(total)
         head = bytes(view[:_MAGIC])
         if head != self.magic[: len(head)]:
             raise self.error(
@@ -129,13 +131,16 @@ class Record:
                 "version_major", f"unsupported {self.what} major version", expected=1, found=major
             )
         if total < self.minimum or total % self.alignment:
-            raise self.error(
-                "total_length",
-                f"total_length is not a valid {self.what} length",
-                expected=f"a multiple of {self.alignment}, >= {self.minimum}",
-                found=total,
-            )
+            self._length_error(total)
         return int(total)
+
+    def _length_error(self, total: int) -> NoReturn:
+        raise self.error(
+            "total_length",
+            f"total_length is not a valid {self.what} length",
+            expected=f"a multiple of {self.alignment}, >= {self.minimum}",
+            found=total,
+        )
 
     def whole(self, view: Any, total: int) -> Any:
         """The record's ``total`` bytes of ``view``, or the truncation error."""
@@ -170,6 +175,8 @@ class Record:
         ``total``)."""
         assert self.tail is not None
         if total is None:
+            if self.alignment == 1 and len(self.tail.names) == 1:
+                return seal(body)
             total = self.total_for(len(body) - self.head.size)
         padded = body + bytes(total - self.tail_size - len(body))
         values = (checksum_of(padded), total)[: len(self.tail.names)]
