@@ -21,7 +21,6 @@ from hurray_wire.errors import (
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
 from hurray_wire.wire import blob as w, records as wr
-from hurray_wire.wire.fast import item_struct
 from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
@@ -60,7 +59,6 @@ HEADER_SIZE = HEADER.size
 BLOB_PREFIX_SIZE = wr.PREFIX.size
 _BLOB = wr.BLOB.raising(InvalidBlobError, BlobTruncatedError)
 _MIN_TOTAL = _BLOB.minimum
-_TOTAL_LENGTH = item_struct(w.BLOB_HEADER.total_length)
 _ENTRY_SIZE = ENTRY.size  # the FastStruct properties, read once for the per-call paths
 _CHECKSUM_SIZE = CHECKSUM.size
 #: Positions of the fixed header's fields in ``HEADER.struct.unpack``'s tuple.
@@ -109,13 +107,7 @@ def blob_length(data: Any) -> int:
 def total_length(view: memoryview, *, whole: bool) -> int:
     """total_length of the blob at the start of ``view`` once its fixed header is there
     (and, with ``whole``, all of it); otherwise the precise framing error."""
-    magic = len(w.BLOB_MAGIC)
-    if len(view) >= HEADER_SIZE and view[:magic] == w.BLOB_MAGIC and view[AT["version_major"]] == 1:
-        total = int(_TOTAL_LENGTH.unpack_from(view, AT["total_length"])[0])
-        plausible = total >= _MIN_TOTAL and not total % w.BLOB_ALIGNMENT
-        if plausible and (not whole or total <= len(view)):
-            return total
-    total = blob_length(view)  # raises for bad magic, version or total_length
+    total = _BLOB.frame(view)
     if len(view) < HEADER_SIZE:
         raise BlobTruncatedError(
             "input ends inside the blob header",
@@ -124,14 +116,16 @@ def total_length(view: memoryview, *, whole: bool) -> int:
             expected=HEADER_SIZE,
             found=len(view),
         )
-    raise BlobTruncatedError(
-        "input is shorter than total_length",
-        section="header",
-        field="total_length",
-        offset=len(view),
-        expected=total,
-        found=len(view),
-    )
+    if whole and total > len(view):
+        raise BlobTruncatedError(
+            "input is shorter than total_length",
+            section="header",
+            field="total_length",
+            offset=len(view),
+            expected=total,
+            found=len(view),
+        )
+    return total
 
 
 def whole_blob_header(view: memoryview) -> tuple[Any, ...]:
