@@ -71,7 +71,7 @@ _RECORDS = {"stream header": _HEADER, "end record": _END}
 _ENTRY = ws.FAST_END_ENTRY
 _FOOTER_TOTAL = item_struct(ws.END_FOOTER.total_length)
 _ROLE_CODES = np.array(sorted(KV_ROLE_BY_CODE), np.uint8)
-_MAX_NAME = (1 << 8 * _HEADER.head.sizes["model_name_length"]) - 1  # its u16 length
+_MAX_NAME = _HEADER.head.limit("model_name_length")
 # One index entry as a NumPy record, from the wire struct (offsets and sizes derived).
 _ENTRY_DTYPE = np.dtype(
     {
@@ -114,7 +114,10 @@ class StreamHeader:
             raise InvalidStreamError("model is not encodable as UTF-8", field="model") from None
         if name_length > _MAX_NAME:
             raise InvalidStreamError(
-                "model name too long", field="model", expected="<= 65535 bytes", found=name_length
+                "model name too long",
+                field="model",
+                expected=f"<= {_MAX_NAME} bytes",
+                found=name_length,
             )
         layers = self.num_layers
         if layers is not None and (
@@ -253,7 +256,7 @@ def encode_stream_header(header: StreamHeader) -> bytes:
     if header.fingerprint is not None:
         entries.update(fingerprint_to_metadata(header.fingerprint))
     meta = encode_metadata(entries) if entries else b""
-    if len(meta) > 0xFFFF_FFFF:
+    if len(meta) > _HEADER.head.limit("metadata_length"):
         raise InvalidStreamError("stream metadata too long", field="metadata", found=len(meta))
     total = _HEADER.total_for(len(name) + len(meta))
     roles = 0
@@ -363,7 +366,7 @@ def _entry_bytes(entries: Sequence[StreamEntry]) -> bytes:
 
 def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> bytes:
     """The end record: end-of-stream marker, blob count and (optionally) the index."""
-    rows = entries if entries is not None and len(entries) <= 0xFFFF_FFFF else []
+    rows = entries if entries is not None and len(entries) <= _END.head.limit("entry_count") else []
     total = _END.total_for(_ENTRY.size * len(rows))
     fixed = _END.head.pack(
         version_major=1,

@@ -30,7 +30,6 @@ __all__ = [
 
 MAX_SEGMENTS = 256  # far above what one blob needs (header, pool, index arrays, padding)
 MAX_REASON_BYTES = 1024
-MAX_HEADER_BYTES = 0xFFFF  # a ready record's blob header (the u16 tail_length)
 ROLE_CODES = KV_ROLES  # the descriptor's codes (wire/descriptor.py): one role map
 # construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
 # formats (wire/fast.py); the record (wire/records.py) checks its Const fields and its seal.
@@ -39,6 +38,7 @@ _RECORD = _TRANSFER.head
 _SEG = w.FAST_TRANSFER_SEGMENT
 _SEGMENT = _SEG.size  # 32
 _AT = _RECORD.offsets
+MAX_HEADER_BYTES = _RECORD.limit("tail_length")  # a ready record's blob header
 _SEGMENT_RESERVED_AT = _SEG.offsets["_reserved"]
 _U64_MAX = (1 << 64) - 1
 _ALIGNMENT = BLOB_ALIGNMENT  # blob total_length and section offsets are multiples of it

@@ -47,6 +47,10 @@ class FastStruct:
     def size(self) -> int:
         return self.struct.size
 
+    def limit(self, name: str) -> int:
+        """The largest value unsigned field ``name`` holds (a length or count's maximum)."""
+        return (1 << 8 * self.sizes[name]) - 1
+
     def unpack_dict(self, buffer: Any, offset: int = 0) -> dict[str, Any]:
         """The fields at ``offset`` by name (for cold paths: dumps, reports)."""
         return dict(zip(self.names, self.struct.unpack_from(buffer, offset), strict=True))
