@@ -24,7 +24,6 @@ from hurray_wire.errors import (
     HurrayWireError,
     IncompatibleFingerprintError,
     InvalidMetadataError,
-    check_head,
     instance,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
@@ -220,15 +219,7 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
         ("_reserved1", bytes(4), "bad reserved1"),
         ("version", w.FINGERPRINT_VERSION, "unsupported fingerprint version"),
     )
-    head = check_head(
-        view,
-        _HEAD,
-        expected,
-        error=InvalidMetadataError,
-        truncated=InvalidMetadataError,
-        section=SECTION,
-        what="fingerprint shorter than its head",
-    )
+    head = _RECORD.read_head(view, expected, what="fingerprint shorter than its head")
     if head["body_length"] != len(view) - _HEAD.size:
         raise InvalidMetadataError(
             "body_length does not match the bytes after the head",

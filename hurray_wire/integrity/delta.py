@@ -21,7 +21,6 @@ from hurray_wire.errors import (
     LimitExceededError,
     PageDigestError,
     PageStoreMissError,
-    check_head,
     instance,
     non_negative,
 )
@@ -61,6 +60,7 @@ REFS = "page_refs"
 _KHEAD = KNOWN_PAGES.head
 #: The known-pages record sealed (wire/records.py), raising this module's errors.
 KNOWN_RECORD = wr.KNOWN_PAGES.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
+_REFS_RECORD = wr.PAGE_REFS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 _RHEAD = PAGE_REFS.head
 
 
@@ -98,15 +98,7 @@ def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any
         ("form", form, "unsupported form" + bloom),
         ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
     )
-    head = check_head(
-        view,
-        _KHEAD,
-        expected,
-        error=InvalidIntegrityRecordError,
-        truncated=IntegrityRecordTruncatedError,
-        section=KNOWN,
-    )
-    return view, head
+    return view, KNOWN_RECORD.read_head(view, expected)
 
 
 def check_known_checksum(view: memoryview, end: int) -> None:
@@ -216,7 +208,7 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
     limit = non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
     head = check_digest_head(
-        view, _RHEAD, section=REFS, version=w.PAGE_REFS_VERSION, base_offset=base_offset
+        view, _REFS_RECORD, version=w.PAGE_REFS_VERSION, base_offset=base_offset
     )
     count = head["count"]
     if count > limit:

@@ -23,13 +23,12 @@ from hurray_wire.errors import (
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
     PageDigestError,
-    check_head,
     instance,
     non_negative,
 )
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import integrity as w
+from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.digest_records import COUNT_MAX, DIGEST_SECTION
 
 __all__ = [
@@ -53,6 +52,9 @@ IntArray = npt.NDArray[np.int64]
 
 SECTION = "page_digests"
 _HEAD = DIGEST_SECTION.head
+DIGEST_RECORD = wr.DIGEST_SECTION.raising(
+    InvalidIntegrityRecordError, IntegrityRecordTruncatedError
+)
 _xxh3 = xxhash.xxh3_64_intdigest
 U64_MAX = (1 << 64) - 1
 #: Pages of 0 bytes (``num_heads`` or ``head_dim`` 0) a tensor or a blob may have: nothing
@@ -330,23 +332,15 @@ def encode_digest_section(digests: object) -> bytes:
 
 
 def check_digest_head(
-    view: memoryview, head: Any, *, section: str, version: int, base_offset: int
+    view: memoryview, record: wr.Record, *, version: int, base_offset: int
 ) -> dict[str, Any]:
     """Parse and check an 8-byte ``version | algorithm | reserved | count`` head."""
     expected = (
         ("version", version, "unsupported version"),
         ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
-        ("_reserved", bytes(2), "reserved bytes must be zero"),
+        ("_reserved", bytes(record.head.sizes["_reserved"]), "reserved bytes must be zero"),
     )
-    return check_head(
-        view,
-        head,
-        expected,
-        error=InvalidIntegrityRecordError,
-        truncated=IntegrityRecordTruncatedError,
-        section=section,
-        base_offset=base_offset,
-    )
+    return record.read_head(view, expected, base=base_offset)
 
 
 def exact_length(
@@ -380,7 +374,7 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
     fields = check_digest_head(
-        view, _HEAD, section=SECTION, version=w.DIGEST_SECTION_VERSION, base_offset=base_offset
+        view, DIGEST_RECORD, version=w.DIGEST_SECTION_VERSION, base_offset=base_offset
     )
     count = fields["count"]
     if count != num_pages:

@@ -27,9 +27,12 @@ from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
     "BLOB",
+    "BLOOM_PARAMS",
+    "DIGEST_SECTION",
     "END_RECORD",
     "FINGERPRINT",
     "KNOWN_PAGES",
+    "PAGE_REFS",
     "PREFIX",
     "RECORDS_BY_MAGIC",
     "STREAM_HEADER",
@@ -101,6 +104,36 @@ class Record:
         offset = self.head.offsets[name] if at is None and name is not None else at
         section = self.section or self.what
         return self.invalid(message, section=section, field=name, offset=offset, **details)
+
+    def read_head(
+        self,
+        view: Any,
+        expected: Sequence[tuple[str, Any, str]] = (),
+        *,
+        at: int = 0,
+        base: int = 0,
+        what: str = "record shorter than its head",
+    ) -> dict[str, Any]:
+        """The head's fields at ``view[at]``, each ``(name, value, message)`` of
+        ``expected`` checked in order (magic, versions, reserved bytes), refused naming the
+        field and its offset (``base``: where ``view`` sits in the input); ``truncated``
+        when the head itself is cut."""
+        if len(view) < at + self.head.size:
+            raise self.truncated(
+                what,
+                section=self.section or self.what,
+                offset=base + len(view),
+                found=len(view),
+                expected=f">= {at + self.head.size} bytes",
+            )
+        fields = self.head.unpack_dict(view, at)
+        for name, value, message in expected:
+            found = fields[name]
+            if found != value:
+                shown = (found.hex(), value.hex()) if isinstance(value, bytes) else (found, value)
+                offset = base + at + self.head.offsets[name]
+                raise self.error(name, message, offset, found=shown[0], expected=shown[1])
+        return fields
 
     # -- framing ------------------------------------------------------------------------
     def frame(self, view: Any) -> int:
@@ -238,6 +271,9 @@ STREAM_HEADER = Record(
 END_RECORD = Record(
     "end record", ws.FAST_END_RECORD, ws.FAST_END_FOOTER, ws.END_MAGIC, ws.RECORD_ALIGNMENT
 )
+DIGEST_SECTION = Record("page_digests", dr.DIGEST_SECTION.head)
+PAGE_REFS = Record("page_refs", dr.PAGE_REFS.head)
+BLOOM_PARAMS = Record("known_pages", wi.FAST_BLOOM_PARAMS)  # after the known-pages head
 TRANSFER = Record("transfer record", wt.FAST_TRANSFER_RECORD, derive(wt.RECORD_CHECKSUM))
 KNOWN_PAGES = Record("known_pages", dr.KNOWN_PAGES.head, derive(wi.KNOWN_PAGES_CHECKSUM))
 FINGERPRINT = Record("engine_fingerprint", wi.FAST_FINGERPRINT_HEADER)
