@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from hurray_wire.wire import (
     blob as wb,
+    containers as wc,
     descriptor as wd,
     digest_records as dr,
     integrity as wi,
@@ -31,6 +32,8 @@ __all__ = [
     "DIGEST_SECTION",
     "END_RECORD",
     "FINGERPRINT",
+    "HRRY_HEADER",
+    "HRRY_TRAILER",
     "KNOWN_PAGES",
     "PAGE_REFS",
     "PREFIX",
@@ -98,10 +101,11 @@ class Record:
         return self.head.offsets[name]
 
     def error(
-        self, name: str | None, message: str, at: int | None = None, **details: Any
+        self, name: str | None, message: str, at: int | None = None, base: int = 0, **details: Any
     ) -> Exception:
-        """``invalid`` naming field ``name`` of the head (at its offset unless ``at``)."""
-        offset = self.head.offsets[name] if at is None and name is not None else at
+        """``invalid`` naming field ``name`` of the head (at ``base`` + its offset unless
+        ``at``: ``base`` is where the head sits in the input)."""
+        offset = base + self.head.offsets[name] if at is None and name is not None else at
         section = self.section or self.what
         return self.invalid(message, section=section, field=name, offset=offset, **details)
 
@@ -271,6 +275,8 @@ STREAM_HEADER = Record(
 END_RECORD = Record(
     "end record", ws.FAST_END_RECORD, ws.FAST_END_FOOTER, ws.END_MAGIC, ws.RECORD_ALIGNMENT
 )
+HRRY_HEADER = Record("header", wc.FAST_HRRY_HEADER)  # the .hrry file's first 64 bytes
+HRRY_TRAILER = Record("trailer", wc.FAST_HRRY_TRAILER)  # and its last 40
 DIGEST_SECTION = Record("page_digests", dr.DIGEST_SECTION.head)
 PAGE_REFS = Record("page_refs", dr.PAGE_REFS.head)
 BLOOM_PARAMS = Record("known_pages", wi.FAST_BLOOM_PARAMS)  # after the known-pages head
