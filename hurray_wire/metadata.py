@@ -612,7 +612,7 @@ def _entry(
             f"entry {index} has an empty key",
             f"entries[{index}].key_length",
             cursor.pos - _U16.size,
-            expected="1..65535",
+            expected=f"1..{U16_MAX}",
             found=0,
         )
     key_at = cursor.pos

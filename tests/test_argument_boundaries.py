@@ -40,7 +40,7 @@ from hurray_wire.transport.records import (
     decode_record,
     encode_record,
 )
-from hurray_wire.wire.transfer import FAST_TRANSFER_RECORD
+from hurray_wire.wire.transfer import FAST_TRANSFER_RECORD, FAST_TRANSFER_SEGMENT
 
 POOL = np.arange(5 * 4 * 2 * 8, dtype=np.float16).reshape(5, 4, 2, 8)
 T = hw.BlockPagedTensor.from_arrays(POOL, np.array([0, 1, 2]), np.array([0, 3]))
@@ -131,15 +131,15 @@ def test_a_record_with_too_many_segments_is_refused_before_any_segment_is_built(
 ) -> None:
     count = 65535
     good = encode_record(TransferRecord("abort", 7, reason="x"))
-    fixed = bytearray(good[: records._FIXED])
+    fixed = bytearray(good[: FAST_TRANSFER_RECORD.size])
     at = FAST_TRANSFER_RECORD.offsets["segment_count"]
     length_at = FAST_TRANSFER_RECORD.offsets["record_length"]
     reason_at = FAST_TRANSFER_RECORD.offsets["tail_length"]
     struct.pack_into("<H", fixed, at, count)
     struct.pack_into("<H", fixed, reason_at, 0)
-    body = bytes(fixed) + bytes(records._SEGMENT * count)
+    body = bytes(fixed) + bytes(FAST_TRANSFER_SEGMENT.size * count)
     struct.pack_into("<I", fixed, length_at, len(body) + 8)
-    body = bytes(fixed) + bytes(records._SEGMENT * count)
+    body = bytes(fixed) + bytes(FAST_TRANSFER_SEGMENT.size * count)
     data = body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
     built: list[int] = []
     real = records.Segment
