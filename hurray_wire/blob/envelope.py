@@ -108,23 +108,9 @@ def total_length(view: memoryview, *, whole: bool) -> int:
     """total_length of the blob at the start of ``view`` once its fixed header is there
     (and, with ``whole``, all of it); otherwise the precise framing error."""
     total = _BLOB.frame(view)
-    if len(view) < HEADER_SIZE:
-        raise BlobTruncatedError(
-            "input ends inside the blob header",
-            section="header",
-            offset=len(view),
-            expected=HEADER_SIZE,
-            found=len(view),
-        )
-    if whole and total > len(view):
-        raise BlobTruncatedError(
-            "input is shorter than total_length",
-            section="header",
-            field="total_length",
-            offset=len(view),
-            expected=total,
-            found=len(view),
-        )
+    _BLOB.whole(view, total, HEADER_SIZE)
+    if whole:
+        _BLOB.whole(view, total)
     return total
 
 

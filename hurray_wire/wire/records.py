@@ -23,7 +23,7 @@ from hurray_wire.wire import (
     stream as ws,
     transfer as wt,
 )
-from hurray_wire.wire.fast import FastStruct, derive
+from hurray_wire.wire.fast import FastStruct, align, derive
 from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
@@ -42,17 +42,11 @@ __all__ = [
     "TRANSFER",
     "Record",
     "Spans",
-    "align",
 ]
 
 Spans = dict[str, tuple[int, int]]  # part name -> [start, stop)
 PREFIX = ws.FAST_RECORD_PREFIX  # the 16 bytes every stream record and blob starts with
 _MAGIC = PREFIX.sizes["magic"]
-
-
-def align(size: int, alignment: int) -> int:
-    """``size`` rounded up to a multiple of ``alignment``."""
-    return -(-size // alignment) * alignment
 
 
 def _fault(message: str, **details: Any) -> Exception:
@@ -179,14 +173,17 @@ class Record:
             found=total,
         )
 
-    def whole(self, view: Any, total: int) -> Any:
-        """The record's ``total`` bytes of ``view``, or the truncation error."""
-        if len(view) < total:
+    def whole(self, view: Any, total: int, size: int | None = None) -> Any:
+        """The record's ``total`` bytes of ``view``, or the truncation error (which, with
+        ``size``, is said of the first ``size`` bytes: a blob's fixed header)."""
+        if len(view) < (total if size is None else size):
+            cut = self.what if size is None else f"{self.what} header"
             raise self.truncated(
-                f"input ends inside the {self.what}",
+                f"input ends inside the {cut}",
                 section=self.section or self.what,
+                field=None if size is not None else "total_length",
                 offset=len(view),
-                expected=total,
+                expected=total if size is None else size,
                 found=len(view),
             )
         return view[:total]
@@ -247,7 +244,6 @@ class Record:
                 )
 
 
-_ANOTHER = "this is {}, not one blob: read the stream with StreamReader or StreamFile"
 #: The blob as a record: framed by its prefix; its seal (``HEADER_CHECKSUM``) follows the
 #: header, whose length the fixed header says.
 BLOB = Record(
@@ -260,7 +256,8 @@ BLOB = Record(
     hints={
         ws.STREAM_MAGIC: "this is a blob stream (its header record), not one blob: read it with "
         "StreamReader or StreamFile",
-        ws.END_MAGIC: _ANOTHER.format("a blob stream's end record"),
+        ws.END_MAGIC: "this is a blob stream's end record, not a blob: read the stream with "
+        "StreamReader or StreamFile",
         wd.MAGIC: "this is a bare descriptor or a .hrry file, not a blob: use decode_descriptor, "
         "HrryFile or read_file",
     },
