@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
-from hurray_wire.wire import records as wr, transfer as w
+from hurray_wire.wire import transfer as w
 from hurray_wire.wire.blob import BLOB_ALIGNMENT
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
 
@@ -33,7 +33,7 @@ MAX_REASON_BYTES = 1024
 ROLE_CODES = KV_ROLES  # the descriptor's codes (wire/descriptor.py): one role map
 # construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
 # formats (wire/fast.py); the record (wire/records.py) checks its Const fields and its seal.
-_TRANSFER = wr.TRANSFER.raising(InvalidTransferRecordError, InvalidTransferRecordError)
+_TRANSFER = w.TRANSFER.raising(InvalidTransferRecordError, InvalidTransferRecordError)
 _RECORD = _TRANSFER.head
 _SEG = w.FAST_TRANSFER_SEGMENT
 _SEGMENT = _SEG.size  # 32

@@ -1,11 +1,13 @@
 """Whole records: each record type frames itself, places and checks its seal, and says where
 every part of it sits (its fixed head's fields, the variable runs after it, padding, seal).
 
-A ``Record`` is one record type (the blob's prefix, the stream header, the end record, a
-transfer record, a known-pages record, the engine fingerprint). The modules that hold the
-rules (``containers.records``, ``transport.records``, ``integrity``, ``fingerprint``,
-``blob.envelope``) bind it to their error classes (``Record.raising``: wire/ imports nothing
-of the package) and read every byte position from it, as ``report`` does to annotate one.
+A ``Record`` is one record type: the blob's prefix, the stream header, the end record, a
+known-pages record, the engine fingerprint, the ``.hrry`` header and trailer (a transfer
+record's is ``wire.transfer.TRANSFER``: decoding loads no transfer code). The modules that
+hold the rules (``containers.records``, ``transport.records``, ``integrity``,
+``fingerprint``, ``blob.envelope``, ``containers.hrry_records``) bind it to their error
+classes (``Record.raising``: wire/ imports nothing of the package) and read every byte
+position from it, as ``report`` does to annotate one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from hurray_wire.wire import (
     digest_records as dr,
     integrity as wi,
     stream as ws,
-    transfer as wt,
 )
 from hurray_wire.wire.fast import FastStruct, align, derive
 from hurray_wire.wire.seal import checksum_of, seal
@@ -39,7 +40,6 @@ __all__ = [
     "PREFIX",
     "RECORDS_BY_MAGIC",
     "STREAM_HEADER",
-    "TRANSFER",
     "Record",
     "Spans",
 ]
@@ -277,7 +277,6 @@ HRRY_TRAILER = Record("trailer", wc.FAST_HRRY_TRAILER)  # and its last 40
 DIGEST_SECTION = Record("page_digests", dr.DIGEST_SECTION.head)
 PAGE_REFS = Record("page_refs", dr.PAGE_REFS.head)
 BLOOM_PARAMS = Record("known_pages", wi.FAST_BLOOM_PARAMS)  # after the known-pages head
-TRANSFER = Record("transfer record", wt.FAST_TRANSFER_RECORD, derive(wt.RECORD_CHECKSUM))
 KNOWN_PAGES = Record("known_pages", dr.KNOWN_PAGES.head, derive(wi.KNOWN_PAGES_CHECKSUM))
 FINGERPRINT = Record("engine_fingerprint", wi.FAST_FINGERPRINT_HEADER)
 #: The records a stream holds, by magic (what frames each one).
