@@ -88,7 +88,8 @@ class Record:
 
     def total_for(self, runs: int) -> int:
         """total_length of a record whose variable runs take ``runs`` bytes."""
-        return align(self.head.size + runs + self.tail_size, self.alignment)
+        size = self.head.size + runs + self.tail_size
+        return size if self.alignment == 1 else align(size, self.alignment)
 
     def at(self, name: str) -> int:
         """Byte offset of a field of the head."""
@@ -219,8 +220,10 @@ class Record:
     def check_seal(self, view: Any, end: int) -> None:
         """The seal at byte ``end`` (the tail's first field) must be that of ``view[:end]``."""
         assert self.tail is not None
-        (stored, *_) = self.tail.struct.unpack_from(view, end)
-        self.check_checksum(stored, checksum_of(view[:end]), "checksum", end)
+        stored = self.tail.struct.unpack_from(view, end)[0]
+        computed = checksum_of(view[:end])
+        if stored != computed:
+            self.check_checksum(stored, computed, "checksum", end)
 
     def check_checksum(self, stored: int, computed: int, name: str, at: int) -> None:
         if stored != computed:
