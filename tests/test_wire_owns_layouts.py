@@ -324,3 +324,19 @@ def test_records_frame_seal_and_place_their_parts() -> None:
     assert wr.END_RECORD.close(end[:32]) == end
     with pytest.raises(ValueError, match="bad blob magic"):  # unbound: wire/ imports no errors
         wr.BLOB.frame(b"XXXX")
+
+
+def test_seals_are_checked_by_their_records() -> None:
+    """Outside wire/ no module unseals a record or hashes one to compare by hand: a record's
+    Record checks its seal. What computes one, and why, is listed."""
+    allowed = {
+        "blob/envelope.py": "the blob header's checksum, its long message naming the ranges",
+        "blob/encoder.py": "writes the header checksum into the encoder's output in place",
+        "fingerprint.py": "the body checksum its head holds (written, and compared by the Record)",
+    }
+    users = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in _modules()
+        if re.search(r"\b(unseal|checksum_of)\b", path.read_text())
+    }
+    assert users == set(allowed), sorted(users ^ set(allowed))
