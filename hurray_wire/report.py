@@ -32,7 +32,6 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import prefix_sharing
 from hurray_wire.wire import (
     blob as wire,
-    containers as wc,
     descriptor as wd,
     records as wr,
     stream as ws,
@@ -250,9 +249,9 @@ def blob_has_checksums(data: Any) -> bool:
 # -- annotated hex --------------------------------------------------------------------------
 Annotation = tuple[int, int, str, str]  # offset, size, field name, value text
 
-_BLOB_HEADER = wire.FAST_BLOB_HEADER
+_BLOB_HEADER = wr.BLOB.head  # each part of a record as the record places it (wire/records.py)
 _ENTRY = wire.FAST_SECTION_ENTRY
-_CHECKSUM = wire.FAST_HEADER_CHECKSUM
+_CHECKSUM = wire.FAST_HEADER_CHECKSUM  # the blob record's seal
 _CHUNK_HEAD = wire.FAST_CHUNK_TABLE_HEADER
 _CHECKSUM_NAMES = {wire.CHECKSUM_NONE: "none", wire.CHECKSUM_XXH3_64: "xxh3_64"}
 _INDEX_TYPE_NAMES = {code: name for name, code in wd.INDEX_TYPES.items()}
@@ -527,8 +526,8 @@ def annotate_stream(data: Any) -> list[Annotation]:
 
 
 # -- annotated hex of a .hrry file -----------------------------------------------------------
-_HRRY_HEADER = wc.FAST_HRRY_HEADER
-_HRRY_TRAILER = wc.FAST_HRRY_TRAILER
+_HRRY_HEADER = wr.HRRY_HEADER.head
+_HRRY_TRAILER = wr.HRRY_TRAILER.head
 
 
 def annotate_hrry(data: Any) -> list[Annotation]:
