@@ -30,7 +30,6 @@ from hurray_wire.integrity.digests import (
     PageRecords,
     check_digest_head,
     digest_array,
-    exact_length,
     logical_positions,
     page_records,
     page_rows,
@@ -103,9 +102,7 @@ def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any
 
 def check_known_checksum(view: memoryview, end: int) -> None:
     """The record is exactly ``end`` bytes plus the checksum, and the checksum matches."""
-    exact_length(
-        view, end + KNOWN_RECORD.tail_size, section=KNOWN, base_offset=0, what="body/checksum"
-    )
+    KNOWN_RECORD.exact(view, end + KNOWN_RECORD.tail_size, what="body/checksum")
     KNOWN_RECORD.check_seal(view, end)
 
 
@@ -220,13 +217,7 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
             found=count,
             expected=f"<= num_pages {limit}",
         )
-    exact_length(
-        view,
-        PAGE_REFS.at(count, 2),
-        section=REFS,
-        base_offset=base_offset,
-        what="page ids/digests",
-    )
+    _REFS_RECORD.exact(view, PAGE_REFS.at(count, 2), base=base_offset, what="page ids/digests")
     raw_pages, digests = PAGE_REFS.runs(view, count)
     bad = _first_unsorted(raw_pages)
     if bad is not None:

@@ -343,28 +343,6 @@ def check_digest_head(
     return record.read_head(view, expected, base=base_offset)
 
 
-def exact_length(
-    view: memoryview, needed: int, *, section: str, base_offset: int, what: str
-) -> None:
-    """Refuse input shorter (truncated) or longer (trailing bytes) than ``needed``."""
-    if len(view) < needed:
-        raise IntegrityRecordTruncatedError(
-            f"record ends inside its {what}",
-            section=section,
-            offset=base_offset + len(view),
-            found=len(view),
-            expected=needed,
-        )
-    if len(view) > needed:
-        raise InvalidIntegrityRecordError(
-            "trailing bytes after the record",
-            section=section,
-            offset=base_offset + needed,
-            found=len(view),
-            expected=needed,
-        )
-
-
 def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0) -> DigestArray:
     """The digests of a page-digest section payload (a read-only view of ``data``).
 
@@ -386,9 +364,7 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
             found=count,
             expected=num_pages,
         )
-    exact_length(
-        view, DIGEST_SECTION.at(count, 1), section=SECTION, base_offset=base_offset, what="digests"
-    )
+    DIGEST_RECORD.exact(view, DIGEST_SECTION.at(count, 1), base=base_offset, what="digests")
     (digests,) = DIGEST_SECTION.runs(view, count)
     return digests.astype(np.uint64, copy=False)
 

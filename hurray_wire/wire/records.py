@@ -134,6 +134,19 @@ class Record:
                 raise self.error(name, message, offset, found=shown[0], expected=shown[1])
         return fields
 
+    def exact(self, view: Any, size: int, *, base: int = 0, what: str = "body") -> None:
+        """A record that must fill ``view``: shorter than ``size`` is cut inside ``what``,
+        longer has trailing bytes (``base``: where ``view`` sits in the input)."""
+        if len(view) != size:
+            cut = len(view) < size
+            raise (self.truncated if cut else self.invalid)(
+                f"record ends inside its {what}" if cut else "trailing bytes after the record",
+                section=self.section or self.what,
+                offset=base + min(len(view), size),
+                found=len(view),
+                expected=size,
+            )
+
     # -- framing ------------------------------------------------------------------------
     def frame(self, view: Any) -> int:
         """total_length of the record whose 16-byte prefix starts ``view``: magic, major
