@@ -139,28 +139,29 @@ def decode_descriptor(data: Any) -> TensorDescriptor:
 
     A valid descriptor of another layout raises ``UnsupportedLayoutError``.
     """
-    read, quant_padding, quant_at = _read(_descriptor_bytes(data), general=False)
+    values, quant_padding, quant_at = _read(_descriptor_bytes(data), general=False)
+    (major, minor, *_, element_type, _, _, _, shape, _, fields, handles, quant, _, statistics,
+     _, member, trailing) = values  # fmt: skip
     try:
-        layout = BlockPagedLayout(*read.layout_fields.values())
         return TensorDescriptor(
-            read.element_type,  # type: ignore[arg-type]  # None only on the general path
-            read.shape,  # type: ignore[arg-type]  # rank 3
-            layout,
-            read.buffers,
-            read.quantization,
-            (read.version_major, read.version_minor),
-            read.statistics,
-            read.composite_member,
+            element_type,
+            shape,
+            BlockPagedLayout(*fields),
+            handles,
+            quant,
+            (major, minor),
+            statistics,
+            member,
             quant_padding,
-            read.unknown_trailing,
+            trailing,
         )
     except InvalidDescriptorError as exc:
-        raise _locate(exc, len(read.buffers), quant_at, read.quantization) from None
+        raise _locate(exc, len(handles), quant_at, quant) from None
 
 
 def decode_header(data: Any) -> DescriptorHeader:
     """Decode and check the layout-independent parts of a descriptor of any layout."""
-    return _read(_descriptor_bytes(data), general=True)[0]
+    return DescriptorHeader(*_read(_descriptor_bytes(data), general=True)[0])
 
 
 def _check_consts(fast: Any, values: tuple[Any, ...], base: int, section: str) -> None:
@@ -177,17 +178,18 @@ def _check_consts(fast: Any, values: tuple[Any, ...], base: int, section: str) -
             )
 
 
-def _read(raw: bytes, general: bool) -> tuple[DescriptorHeader, bytes, int]:
+def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     """The one descriptor decoder: a rank-3 block-paged descriptor through its derived
     fixed struct (``general=False`` refuses anything else), any other layout's payload
-    through construct (``general=True``), then the sections every layout shares; with the
-    quantization's writer padding and offset."""
+    through construct (``general=True``), then the sections every layout shares: the
+    ``DescriptorHeader``'s fields, the quantization's writer padding and its offset."""
     length = len(raw)
     _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
     _check_flags(flags, type_tag)
     private = type_tag in w.PRIVATE_TYPE_TAGS
     element_type = None if general and private else _element_type(type_tag)
-    name = _known_layout_name(layout_tag)
+    name = "block_paged" if layout_tag == 0x0A else _known_layout_name(layout_tag)
+    fields: Any
     if not general:
         if layout_tag != 0x0A:
             _read(raw, general=True)  # an invalid descriptor of another layout is an input error
@@ -275,7 +277,7 @@ def _read(raw: bytes, general: bool) -> tuple[DescriptorHeader, bytes, int]:
                 None,
                 found=member,
             )
-    header = DescriptorHeader(
+    header = (
         major, minor, length, flags, type_tag, element_type, layout_tag, name, rank, shape,
         byte_offset, fields, handles, quant, shard, statistics, extension, member,
         _trailing(raw, pos, minor),
@@ -283,9 +285,9 @@ def _read(raw: bytes, general: bool) -> tuple[DescriptorHeader, bytes, int]:
     return header, quant_padding, quant_at
 
 
-def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, dict[str, Any], int]:
+def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, tuple[Any, ...], int]:
     """The fixed part of a rank-3 block-paged descriptor: shape, byte_offset, the layout's
-    fields (as ``BlockPagedLayout`` takes them) and where the buffer table starts."""
+    arguments (to ``BlockPagedLayout``) and where the buffer table starts."""
     _need(length, _BP_FIXED_LEN, "the block-paged payload and buffer_count")
     fixed = _FIXED.struct.unpack_from(raw, 0)
     (*_, shape0, shape1, shape2, byte_offset, page_size, num_pages, paged_axis, num_seqs,
@@ -310,15 +312,8 @@ def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, dict[st
             expected="0 or 1",
             found=index_byte,
         )
-    fields = {
-        "page_size": page_size,
-        "num_pages": num_pages,
-        "paged_axis": paged_axis,
-        "num_seqs": num_seqs,
-        "kv_role": role,
-        "layer_index": None if layer == w.LAYER_NONE else layer,
-        "block_table_index_type": index_type,
-    }
+    layer_index = None if layer == w.LAYER_NONE else layer
+    fields = (page_size, num_pages, paged_axis, num_seqs, role, layer_index, index_type)
     return (shape0, shape1, shape2), byte_offset, fields, _BP_FIXED_LEN - _COUNT_SIZE
 
 
