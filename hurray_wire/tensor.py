@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 
 from hurray_wire._interop import as_numpy, is_strided_pool, is_torch, referenced_pages
 from hurray_wire.dtypes import ElementType, element_type_of
@@ -22,7 +21,7 @@ from hurray_wire.errors import (
     PaddingError,
 )
 from hurray_wire.fingerprint import fingerprint_from_metadata
-from hurray_wire.kv_scale import check_reserved_metadata, kv_scale_of, with_kv_scale
+from hurray_wire.kv_scale import check_reserved_metadata, with_kv_scale
 from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model import packing
@@ -35,6 +34,7 @@ from hurray_wire.model.layout import (
     check_seq_lens,
 )
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
+from hurray_wire.tensor_core import Array, TensorCore
 from hurray_wire.wire.blob import SEQ_LENS_ITEM
 from hurray_wire.wire.descriptor import ZERO_POINT_ITEM
 from hurray_wire.wire.fast import item_dtype
@@ -102,11 +102,10 @@ def _typed(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((type(a), _typed(a) if type(a) is tuple else a) for a in args)
 
 
-Array = npt.NDArray[Any]
 _ARRAY_ARGUMENTS = ("page_pool", "block_table", "seq_ptr", "seq_lens", "scales", "zero_points")
 
 
-class BlockPagedTensor:
+class BlockPagedTensor(TensorCore):
     """A block-paged tensor: ``descriptor`` and the arrays it describes.
 
     ``page_pool`` has shape ``[num_pages, page_size, num_heads, head_dim]`` in the element
@@ -119,52 +118,7 @@ class BlockPagedTensor:
     ``hurray.Tensor``; ``Tensor.to_block_paged()`` converts.
     """
 
-    __slots__ = (
-        "block_table",
-        "descriptor",
-        "metadata",
-        "page_pool",
-        "scales",
-        "seq_lens",
-        "seq_ptr",
-        "zero_points",
-    )
-
-    descriptor: TensorDescriptor
-    page_pool: Array
-    block_table: Array
-    seq_ptr: Array
-    scales: Array | None
-    zero_points: Array | None
-    seq_lens: Array | None
-    metadata: dict[str, Any]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise ArgumentTypeError("build a BlockPagedTensor with BlockPagedTensor.from_arrays(...)")
-
-    @classmethod
-    def _trusted(
-        cls,
-        descriptor: TensorDescriptor,
-        page_pool: Array,
-        block_table: Array,
-        seq_ptr: Array,
-        scales: Array | None = None,
-        zero_points: Array | None = None,
-        seq_lens: Array | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> BlockPagedTensor:
-        """Assemble from parts already validated (by ``from_arrays`` or the decoder)."""
-        self = object.__new__(cls)
-        self.descriptor = descriptor
-        self.page_pool = page_pool
-        self.block_table = block_table
-        self.seq_ptr = seq_ptr
-        self.scales = scales
-        self.zero_points = zero_points
-        self.seq_lens = seq_lens
-        self.metadata = {} if metadata is None else metadata
-        return self
+    __slots__ = ()
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -309,100 +263,6 @@ class BlockPagedTensor:
                 known.descriptors[tokens_key] = descriptor
         return cls._trusted(descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, meta)
 
-    # -- views of the descriptor -----------------------------------------------------------
-    @property
-    def layout(self) -> BlockPagedLayout:
-        return self.descriptor.layout
-
-    @property
-    def element_type(self) -> ElementType:
-        return self.descriptor.element_type
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """Logical shape ``(total_tokens, num_heads, head_dim)``."""
-        return self.descriptor.shape
-
-    @property
-    def kv_role(self) -> str:
-        return self.descriptor.layout.kv_role
-
-    @property
-    def layer_index(self) -> int | None:
-        return self.descriptor.layout.layer_index
-
-    @property
-    def quantization(self) -> Quantization | None:
-        return self.descriptor.quantization
-
-    @property
-    def num_seqs(self) -> int:
-        return self.descriptor.layout.num_seqs
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of all buffers together."""
-        return sum(h.byte_size for h in self.descriptor.buffers)
-
-    def buffer_arrays(self) -> tuple[tuple[Array, ...], ...]:
-        """The arrays of each descriptor buffer, in table order, as 1-D uint8 views.
-
-        A buffer holding both scales and zero points (one shared index) has two parts.
-        """
-        parts: list[tuple[Array, ...]] = [
-            (_bytes_view(self.page_pool),),
-            (_bytes_view(self.block_table),),
-            (_bytes_view(self.seq_ptr),),
-        ]
-        quant = self.descriptor.quantization
-        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-            assert self.scales is not None
-            by_index: dict[int, list[Array]] = {quant.scale_buffer_index: [self.scales]}
-            zp = quant.zero_point_buffer_index
-            if zp is not None:
-                assert self.zero_points is not None
-                by_index.setdefault(zp, []).append(self.zero_points)
-            for index in sorted(by_index):
-                parts.append(tuple(_bytes_view(a) for a in by_index[index]))
-        return tuple(parts)
-
-    def unpacked_page_pool(self) -> Array:
-        """The pool as ``[num_pages, page_size, num_heads, head_dim]`` of the element dtype.
-
-        For packed sub-byte types this unpacks (a copy); otherwise it is ``page_pool``.
-        """
-        etype = self.element_type
-        if not etype.is_packed:
-            return self.page_pool
-        layout = self.layout
-        shape = (layout.num_pages, layout.page_size, self.shape[1], self.shape[2])
-        count = int(np.prod(shape, dtype=np.uint64))
-        return packing.unpack(self.page_pool, etype, count).reshape(shape)
-
-    def sequence_pages(self, seq: int) -> Array:
-        """Physical page ids of sequence ``seq``, in logical order."""
-        seq = _seq_index(seq, self.num_seqs)
-        return self.block_table[int(self.seq_ptr[seq]) : int(self.seq_ptr[seq + 1])]
-
-    def gather_sequence(self, seq: int) -> Array:
-        """Tokens of sequence ``seq`` as a new ``[tokens, num_heads, head_dim]`` array.
-
-        Uses ``seq_lens`` when present; otherwise returns every slot of its pages (the
-        reference's page-capacity bound, [A14]).
-        """
-        pages = self.sequence_pages(seq)
-        pool = self.unpacked_page_pool()
-        tokens = pool[pages].reshape(-1, pool.shape[2], pool.shape[3])
-        if self.seq_lens is not None:
-            tokens = tokens[: int(self.seq_lens[seq])]
-        return tokens
-
-    # -- helpers (algorithms in hurray_wire.transforms) -------------------------------------
-    @property
-    def kv_scale(self) -> float | None:
-        """The engine's fp8 scalar (vLLM ``k_scale`` / ``v_scale``), or None."""
-        return kv_scale_of(self.metadata, self.kv_role)
-
     def sequence(self, seq: int, *, dequantize: bool = False) -> Array:
         """Tokens of ``seq`` as ``[tokens, num_heads, head_dim]`` (needs ``seq_lens``)."""
         from hurray_wire.transforms.select import sequence
@@ -450,15 +310,6 @@ class BlockPagedTensor:
         from hurray_wire.transforms.heads import split_heads
 
         return split_heads(self, n)
-
-    def __repr__(self) -> str:
-        d = self.descriptor
-        return (
-            f"BlockPagedTensor({d.element_type.name}, shape={d.shape}, kv_role={self.kv_role!r}, "
-            f"layer_index={self.layer_index!r}, num_pages={d.layout.num_pages}, "
-            f"page_size={d.layout.page_size}, num_seqs={d.layout.num_seqs}, "
-            f"quantization={None if d.quantization is None else d.quantization.name})"
-        )
 
 
 def assemble(
@@ -607,27 +458,6 @@ def _pool_array(page_pool: Any, element_type: ElementType | str | None) -> Array
             field="page_pool",
             found=type(page_pool).__name__,
         ) from None
-
-
-def _seq_index(seq: object, num_seqs: int) -> int:
-    """``seq`` as a sequence index: a Python or NumPy integer, not a bool (``True`` is not
-    sequence 1), in ``0..num_seqs-1``; a str or float would otherwise fail inside a
-    comparison with a foreign ``TypeError`` or index by accident."""
-    if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)):
-        raise ArgumentTypeError(
-            "seq must be an int (bools are refused)", field="seq", found=repr(seq), expected="int"
-        )
-    index = int(seq)
-    if not 0 <= index < num_seqs:
-        raise InvalidTensorError(
-            "sequence out of range", field="seq", found=index, expected=f"0..{num_seqs - 1}"
-        )
-    return index
-
-
-def _bytes_view(array: Array) -> Array:
-    """A 1-D uint8 view of a C-contiguous array (no copy)."""
-    return array.reshape(-1).view(np.uint8)
 
 
 def _quantization_arrays(

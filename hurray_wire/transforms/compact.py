@@ -13,7 +13,7 @@ import numpy as np
 from hurray_wire._interop import first_reference_order
 from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.model.quantization import PerBlockAffine
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorCore, TensorT
 from hurray_wire.transforms._common import Array, check_tensor, rebuild
 
 __all__ = ["PAGES", "compact", "first_reference_order", "prefix_sharing", "referenced_pages"]
@@ -23,7 +23,7 @@ __all__ = ["PAGES", "compact", "first_reference_order", "prefix_sharing", "refer
 PAGES = ("referenced", "all")
 
 
-def compact(tensor: BlockPagedTensor) -> BlockPagedTensor:
+def compact(tensor: TensorT) -> TensorT:
     """The same sequences over a pool of only the pages the block table names."""
     old_ids, table = first_reference_order(check_tensor(tensor).block_table)
     pool = tensor.unpacked_page_pool()[old_ids]
@@ -38,9 +38,7 @@ def compact(tensor: BlockPagedTensor) -> BlockPagedTensor:
                    zero_points=zero_points)  # fmt: skip
 
 
-def referenced_pages(
-    tensor: BlockPagedTensor, pages: object = "referenced"
-) -> tuple[BlockPagedTensor, Array | None]:
+def referenced_pages(tensor: TensorT, pages: object = "referenced") -> tuple[TensorT, Array | None]:
     """What to send of ``tensor`` for ``pages=``: ``(tensor, None)`` when the whole pool goes
     (``"all"``, or every page is referenced), else ``(compact(tensor), old_ids)``, where
     ``old_ids[i]`` is the source page of sent page ``i`` (a zero-copy sender reads them
@@ -59,7 +57,7 @@ def referenced_pages(
     return compact(tensor), old_ids
 
 
-def prefix_sharing(tensor: BlockPagedTensor) -> dict[int, tuple[int, ...]]:
+def prefix_sharing(tensor: TensorCore) -> dict[int, tuple[int, ...]]:
     """``{page_id: (seq, ...)}`` for every physical page that two or more block-table
     entries name, with the distinct sequences naming it in ascending order (one sequence
     naming a page twice gives a 1-tuple). Pages in ascending order."""

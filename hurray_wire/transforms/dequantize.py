@@ -17,7 +17,7 @@ import numpy as np
 
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, PerTensorAffine
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorCore
 from hurray_wire.transforms._common import Array, check_tensor
 
 __all__ = ["dequantize", "dequantize_slots"]
@@ -36,7 +36,7 @@ def _check_dtype(dtype: Any) -> np.dtype[Any]:
     return result
 
 
-def dequantize(tensor: BlockPagedTensor, dtype: Any = np.float32) -> Array:
+def dequantize(tensor: TensorCore, dtype: Any = np.float32) -> Array:
     """The whole pool ``[num_pages, page_size, num_heads, head_dim]`` in ``dtype``."""
     out = _check_dtype(dtype)
     pool = check_tensor(tensor).unpacked_page_pool()
@@ -46,7 +46,7 @@ def dequantize(tensor: BlockPagedTensor, dtype: Any = np.float32) -> Array:
 
 
 def dequantize_slots(
-    tensor: BlockPagedTensor, values: Array, slots: Array, dtype: np.dtype[Any]
+    tensor: TensorCore, values: Array, slots: Array, dtype: np.dtype[Any]
 ) -> Array:
     """Dequantize ``values`` (``slots.shape + [heads, head_dim]``) read from ``slots``."""
     if values.dtype.kind == "c":

@@ -22,7 +22,7 @@ from hurray_wire.fingerprint import (
     fingerprint_from_metadata,
 )
 from hurray_wire.model.quantization import PerChannelAffine
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorCore, TensorT
 from hurray_wire.transforms._common import check_int, check_tensor, rebuild, with_fingerprint
 
 __all__ = ["MAX_RANKS", "head_ranges", "merge_heads", "split_heads"]
@@ -48,9 +48,7 @@ def head_ranges(num_heads: int, n: int) -> list[tuple[int, int]]:
     )
 
 
-def _slice(
-    tensor: BlockPagedTensor, first: int, stop: int, metadata: dict[str, Any]
-) -> BlockPagedTensor:
+def _slice(tensor: TensorT, first: int, stop: int, metadata: dict[str, Any]) -> TensorT:
     pool = tensor.unpacked_page_pool()[:, :, first:stop, :]
     scales, zero_points = tensor.scales, tensor.zero_points
     quant = tensor.quantization
@@ -62,7 +60,7 @@ def _slice(
                    metadata=metadata)  # fmt: skip
 
 
-def split_heads(tensor: BlockPagedTensor, n: object) -> list[BlockPagedTensor]:
+def split_heads(tensor: TensorT, n: object) -> list[TensorT]:
     """One tensor per rank (see the module docstring for which heads each holds).
 
     An engine fingerprint in the metadata is made each shard's own: a source at rank ``a``
@@ -72,7 +70,7 @@ def split_heads(tensor: BlockPagedTensor, n: object) -> list[BlockPagedTensor]:
     ranges = head_ranges(tensor.shape[1], ranks)
     fp = fingerprint_from_metadata(tensor.metadata)
     out = []
-    built: dict[tuple[int, int], BlockPagedTensor] = {}
+    built: dict[tuple[int, int], TensorT] = {}
     for rank, heads in enumerate(ranges):
         if fp is None:  # replicas are one tensor, built once
             if heads not in built:
@@ -91,7 +89,7 @@ def _equal(a: Any, b: Any) -> bool:
     return bool(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)))
 
 
-def _check_agree(base: BlockPagedTensor, other: BlockPagedTensor, rank: int) -> None:
+def _check_agree(base: TensorCore, other: TensorCore, rank: int) -> None:
     checks: list[tuple[str, Any, Any]] = [
         ("layout", base.layout, other.layout),
         ("element_type", base.element_type, other.element_type),
@@ -125,9 +123,7 @@ def _check_agree(base: BlockPagedTensor, other: BlockPagedTensor, rank: int) -> 
             raise InvalidTensorError(f"shard {rank} differs from shard 0 in {name}", field=name)
 
 
-def merge_heads(
-    tensors: Sequence[BlockPagedTensor], *, num_heads: int | None = None
-) -> BlockPagedTensor:
+def merge_heads(tensors: Sequence[TensorT], *, num_heads: int | None = None) -> TensorT:
     """The inverse of ``split_heads``: one tensor with every head.
 
     ``num_heads`` (the merged head count) defaults to the sum of the shards' heads, i.e.
@@ -135,7 +131,7 @@ def merge_heads(
     each group of ``len(tensors) // num_heads`` one-head shards must be identical, and one
     of each is kept.
     """
-    if isinstance(tensors, BlockPagedTensor) or not isinstance(tensors, Sequence):
+    if isinstance(tensors, TensorCore) or not isinstance(tensors, Sequence):
         raise ArgumentTypeError(
             "merge_heads takes a sequence of BlockPagedTensor",
             field="tensors",
@@ -145,7 +141,7 @@ def merge_heads(
     if not shards:
         raise InvalidTensorError("merge_heads needs at least one tensor", field="tensors")
     for rank, shard in enumerate(shards):
-        if not isinstance(shard, BlockPagedTensor):
+        if not isinstance(shard, TensorCore):
             raise ArgumentTypeError(
                 f"tensors[{rank}] is not a BlockPagedTensor",
                 field="tensors",
@@ -191,7 +187,7 @@ def merge_heads(
                                                     for t in tensors]))  # fmt: skip
 
 
-def _merged_metadata(base: BlockPagedTensor, fps: list[Any]) -> dict[str, Any]:
+def _merged_metadata(base: TensorCore, fps: list[Any]) -> dict[str, Any]:
     """The shards' metadata with the fingerprint of the merged tensor: shards at ranks
     ``k * n .. k * n + n - 1`` of ``s`` merge to rank ``k`` of ``s / n``; shards that all
     carry one rank (made without the split's renumbering) keep it."""

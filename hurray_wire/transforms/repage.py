@@ -22,7 +22,7 @@ import numpy as np
 from hurray_wire._interop import first_reference_order
 from hurray_wire.errors import InvalidTensorError
 from hurray_wire.model.quantization import PerBlockAffine
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorT
 from hurray_wire.transforms._common import (
     check_int,
     check_tensor,
@@ -41,7 +41,7 @@ __all__ = ["MAX_PAGE_SIZE", "repage"]
 MAX_PAGE_SIZE = 1 << 16
 
 
-def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
+def repage(tensor: TensorT, page_size: object) -> TensorT:
     """The tensor on pages of ``page_size`` tokens (any size >= 1)."""
     check_tensor(tensor)
     size = check_int(page_size, "page_size", minimum=1, maximum=MAX_PAGE_SIZE)
