@@ -1,10 +1,6 @@
-"""The ``hurray-wire`` command: dump, validate and convert. The only module that prints.
-
-It parses arguments, asks the library (``containers.identify`` decides what bytes are,
-the containers read and write them, ``report`` describes them) and prints. Every failure
-is one line on stderr, ``hurray-wire: PATH: problem``, and an exit code from ``EXIT_CODES``;
-never a traceback. Files are written only through ``containers.atomic.atomic_output``, so a
-failed or interrupted command leaves no partial output and never writes onto its input.
+"""The ``hurray-wire`` command: dump, validate and convert; the only module that prints.
+Every failure is one line on stderr and an exit code from ``EXIT_CODES``, never a traceback;
+files are written through ``atomic_output`` only (no partial output, never onto an input).
 """
 
 from __future__ import annotations
@@ -137,15 +133,9 @@ def _salvaged(exc: ChecksumError, label: str, blob: memoryview, extra: dict[str,
 
 
 def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterator[Item]:
-    """Every record of ``data`` in order, each checked as it comes.
-
-    A lazy generator on purpose: a record that is cut or corrupt raises only after every
-    record before it was handed out, so ``dump`` shows the intact part of a cut stream.
-    Blobs are decoded as ``decode_report`` does, naming the pages that fail their digests.
-    ``salvage`` (dump): a blob whose section checksum fails is handed out read without
-    checksums (``extra["unverified"]``), then its error raised with the hint to
-    ``--no-verify``.
-    """
+    """Every record of ``data``, each checked as it comes (lazily: ``dump`` shows the intact
+    part of a cut stream). ``salvage``: a blob failing a section checksum is handed out
+    unverified (``extra["unverified"]``), then its error raised with the ``--no-verify`` hint."""
     view = memoryview(data)
     if kind == "descriptor":
         yield Item("descriptor", kind, descriptor_bytes=bytes(view))

@@ -1,8 +1,5 @@
-"""BlockPagedTensor: one validated {kv_role, layer} snapshot, a descriptor plus its arrays.
-
-``from_arrays`` derives the layout and descriptor from the arrays and checks them the way
-the blob decoder does, so a tensor that exists is one that encodes and decodes cleanly.
-"""
+"""BlockPagedTensor: ``from_arrays`` derives the descriptor from the arrays and checks them
+as the blob decoder does, so a tensor that exists encodes and decodes cleanly."""
 
 from __future__ import annotations
 
@@ -59,10 +56,8 @@ SEQ_LENS: np.dtype[Any] = np.dtype(item_dtype(SEQ_LENS_ITEM))
 
 @dataclass(frozen=True)
 class _Geometry:
-    """What from_arrays decided from the arrays' dtypes and shapes and the scalar arguments
-    alone (so equal for equal keys): the element type, the pool's dimensions, the layout,
-    which index arrays need a range reduction, and the descriptors of the last few
-    ``total_tokens`` (at most ``_TOKENS_PER_GEOMETRY``, all in its weight)."""
+    """What from_arrays decided from dtypes, shapes and scalars alone (equal for equal
+    keys), with the descriptors of at most ``_TOKENS_PER_GEOMETRY`` ``total_tokens``."""
 
     etype: ElementType
     dims: tuple[int, int, int, int]
@@ -106,17 +101,10 @@ _ARRAY_ARGUMENTS = ("page_pool", "block_table", "seq_ptr", "seq_lens", "scales",
 
 
 class BlockPagedTensor(TensorCore):
-    """A block-paged tensor: ``descriptor`` and the arrays it describes.
-
-    ``page_pool`` has shape ``[num_pages, page_size, num_heads, head_dim]`` in the element
-    type's dtype; packed sub-byte types keep their wire bytes as a 1-D uint8 array (see
-    ``unpacked_page_pool``). ``block_table`` and ``seq_ptr`` use ``layout.index_dtype``.
-    ``scales`` / ``zero_points`` are flat (per-block affine: one entry per page slot).
-
-    This is the library's tensor: every API takes and returns it. ``hurray_wire.Tensor`` is
-    only the reference implementation's raw-buffer API class, for code written against
-    ``hurray.Tensor``; ``Tensor.to_block_paged()`` converts.
-    """
+    """The library's tensor: ``descriptor`` and its arrays. ``page_pool`` is
+    ``[num_pages, page_size, num_heads, head_dim]`` of the element dtype (packed sub-byte
+    types: 1-D uint8 wire bytes); ``scales`` / ``zero_points`` flat. ``hurray_wire.Tensor``
+    is the reference's raw-buffer class; ``Tensor.to_block_paged()`` converts."""
 
     __slots__ = ()
 
@@ -141,16 +129,12 @@ class BlockPagedTensor(TensorCore):
         alignment: int = 64,
         kv_scale: float | None = None,
     ) -> BlockPagedTensor:
-        """Build a tensor from NumPy arrays (or index lists), deriving its descriptor.
+        """Build a tensor from NumPy arrays, torch tensors or index lists, deriving its
+        descriptor, the caller's arrays never modified: a C-contiguous host pool is shared; of
+        a strided or device pool only the referenced pages are gathered (as ``compact()``).
 
-        ``total_tokens`` defaults to ``sum(seq_lens)``, else to the block table's capacity;
-        ``block_table_index_type`` to uint32, or uint64 when needed ([A13]). The caller's arrays
-        are never modified. A C-contiguous host pool of the wire dtype is shared; a strided pool
-        or a device tensor is never copied whole: only the pages the block table names are
-        gathered, renumbered in first-reference order (as ``compact()``). Torch tensors come
-        through DLPack. ``kv_scale`` (an engine's fp8 scalar) goes to the role's reserved
-        metadata key (``hurray.k_scale`` / ``hurray.v_scale``).
-        """
+        ``total_tokens`` defaults to ``sum(seq_lens)``, else the block table's capacity;
+        ``kv_scale`` (an fp8 scalar) goes to the role's reserved metadata key."""
         if is_strided_pool(page_pool) if type(page_pool) is np.ndarray else is_torch(page_pool):
             page_pool, block_table, scales, zero_points = referenced_pages(
                 page_pool, block_table, isinstance(quantization, PerBlockAffine), scales,
@@ -321,12 +305,9 @@ def assemble(
     pool_later: bool = False,
     typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None,
 ) -> BlockPagedTensor:
-    """Type the raw buffers of a decoded descriptor (1-D uint8 arrays in table order, sizes
-    already matched to the handles), check the index invariants and seq_lens, and build the
-    tensor. Shared by every decoder (blob, reference stream, .hrry) so they cannot drift.
-    ``pool_later``: buffer 0 is written after this (a one-pass landing), which then runs
-    :func:`check_padding_bits` on it. ``typing``: the pool's :func:`pool_typing`, when a
-    decoder's plan holds it already."""
+    """Every decoder's one assembly: type a decoded descriptor's raw buffers (1-D uint8, in
+    table order, sizes matched), check the index invariants and seq_lens, build the tensor.
+    ``pool_later``: buffer 0 lands after this (and its padding bits are checked then)."""
     etype = descriptor.element_type
     pool = buffers[0]
     if typing is not None or not etype.is_packed:

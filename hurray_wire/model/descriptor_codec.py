@@ -72,7 +72,6 @@ __all__ = [
 _HEADER_LEN = _HEADER.size  # 20
 _PREFIX_LEN = _AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
 _STATS_FIELDS = tuple(i for i in range(len(_STATS.names)) if i not in dict(_STATS.consts))
-_STATS_NAMES = tuple(_STATS.names[i] for i in _STATS_FIELDS)
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 

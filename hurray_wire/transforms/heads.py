@@ -1,11 +1,7 @@
-"""Head re-sharding for tensor parallelism: split a tensor over ranks, merge shards back.
-
-Engines shard a KV cache by heads. With ``n`` ranks and ``H`` heads: when ``n`` divides
-``H`` rank ``r`` holds the contiguous heads ``r*H/n .. (r+1)*H/n - 1``; when ``H`` divides
-``n`` (GQA with more ranks than KV heads) every rank holds one head, replicated: rank ``r``
-holds head ``r // (n // H)``. Block table, seq_ptr, seq_lens and metadata are the same on
-every shard. Per-block scales (per page slot, shared by all heads) and per-tensor parameters
-go to every shard unchanged; per-channel scales on the head axis are sliced with the heads.
+"""Head re-sharding for tensor parallelism. With ``n`` ranks and ``H`` heads, rank ``r`` holds
+heads ``r*H/n .. (r+1)*H/n - 1`` when ``n`` divides ``H``, else (GQA, ``H`` divides ``n``)
+the one head ``r // (n // H)``; indexes, metadata and per-block / per-tensor parameters go
+to every shard, per-channel scales on the head axis are sliced with the heads.
 """
 
 from __future__ import annotations
@@ -124,13 +120,8 @@ def _check_agree(base: TensorCore, other: TensorCore, rank: int) -> None:
 
 
 def merge_heads(tensors: Sequence[TensorT], *, num_heads: int | None = None) -> TensorT:
-    """The inverse of ``split_heads``: one tensor with every head.
-
-    ``num_heads`` (the merged head count) defaults to the sum of the shards' heads, i.e.
-    contiguous shards; pass it when the shards are replicas (fewer heads than ranks): then
-    each group of ``len(tensors) // num_heads`` one-head shards must be identical, and one
-    of each is kept.
-    """
+    """The inverse of ``split_heads``; ``num_heads`` (default: the shards' sum) when the
+    shards are replicas: each group of ``len(tensors) // num_heads`` must be identical."""
     if isinstance(tensors, TensorCore) or not isinstance(tensors, Sequence):
         raise ArgumentTypeError(
             "merge_heads takes a sequence of BlockPagedTensor",
