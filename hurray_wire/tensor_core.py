@@ -114,10 +114,8 @@ class TensorCore:
         return sum(h.byte_size for h in self.descriptor.buffers)
 
     def buffer_arrays(self) -> tuple[tuple[Array, ...], ...]:
-        """The arrays of each descriptor buffer, in table order, as 1-D uint8 views.
-
-        A buffer holding both scales and zero points (one shared index) has two parts.
-        """
+        """The arrays of each descriptor buffer, in table order, as 1-D uint8 views (scales
+        and zero points sharing one index: two parts)."""
         parts: list[tuple[Array, ...]] = [
             (_bytes_view(self.page_pool),),
             (_bytes_view(self.block_table),),
@@ -136,10 +134,8 @@ class TensorCore:
         return tuple(parts)
 
     def unpacked_page_pool(self) -> Array:
-        """The pool as ``[num_pages, page_size, num_heads, head_dim]`` of the element dtype.
-
-        For packed sub-byte types this unpacks (a copy); otherwise it is ``page_pool``.
-        """
+        """The pool as ``[num_pages, page_size, num_heads, head_dim]`` of the element dtype
+        (packed sub-byte types unpacked: a copy)."""
         etype = self.element_type
         if not etype.is_packed:
             return self.page_pool
@@ -154,11 +150,8 @@ class TensorCore:
         return self.block_table[int(self.seq_ptr[seq]) : int(self.seq_ptr[seq + 1])]
 
     def gather_sequence(self, seq: int) -> Array:
-        """Tokens of sequence ``seq`` as a new ``[tokens, num_heads, head_dim]`` array.
-
-        Uses ``seq_lens`` when present; otherwise returns every slot of its pages (the
-        reference's page-capacity bound, [A14]).
-        """
+        """Tokens of sequence ``seq`` as a new ``[tokens, num_heads, head_dim]`` array (without
+        ``seq_lens``: every slot of its pages, [A14])."""
         pages = self.sequence_pages(seq)
         pool = self.unpacked_page_pool()
         tokens = pool[pages].reshape(-1, pool.shape[2], pool.shape[3])

@@ -1,10 +1,6 @@
-"""Codec 3, chunked-shuffle-zstd: a chunk table, then one zstd frame per chunk.
-
-Each chunk of ``chunk_size`` raw bytes is byte-shuffled on its own and compressed as its
-own frame, so several cores compress and decompress one section and each chunk is
-unshuffled while it is in cache (docs/wire-format.md section 6, docs/compression.md). The
-table is checked against the stored and raw sizes before anything is allocated.
-"""
+"""Codec 3, chunked-shuffle-zstd: a chunk table, then one shuffled zstd frame per chunk, so
+several cores share a section and each chunk is unshuffled in cache (docs/wire-format.md
+§ 6); the table is checked against the sizes before anything is allocated."""
 
 from __future__ import annotations
 

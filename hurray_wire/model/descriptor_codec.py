@@ -133,11 +133,8 @@ def _descriptor_bytes(data: Any) -> bytes:
 
 
 def decode_descriptor(data: Any) -> TensorDescriptor:
-    """Decode one block-paged descriptor from the start of ``data``; reads exactly
-    ``descriptor_length`` bytes (``result.descriptor_length`` says how many).
-
-    A valid descriptor of another layout raises ``UnsupportedLayoutError``.
-    """
+    """Decode the block-paged descriptor at the start of ``data`` (exactly its
+    ``descriptor_length`` bytes); another layout raises ``UnsupportedLayoutError``."""
     values, quant_padding, quant_at = _read(_descriptor_bytes(data), general=False)
     (major, minor, *_, element_type, _, _, _, shape, _, fields, handles, quant, _, statistics,
      _, member, trailing) = values  # fmt: skip
@@ -178,10 +175,9 @@ def _check_consts(fast: Any, values: tuple[Any, ...], base: int, section: str) -
 
 
 def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
-    """The one descriptor decoder: a rank-3 block-paged descriptor through its derived
-    fixed struct (``general=False`` refuses anything else), any other layout's payload
-    through construct (``general=True``), then the sections every layout shares: the
-    ``DescriptorHeader``'s fields, the quantization's writer padding and its offset."""
+    """The one descriptor decoder: rank-3 block-paged through its fixed struct (``general``:
+    any other layout's payload through construct), then the shared sections; returns the
+    ``DescriptorHeader``'s fields, the quantization's writer padding and offset."""
     length = len(raw)
     _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
     _check_flags(flags, type_tag)

@@ -1,10 +1,5 @@
-"""Dropping unreferenced pages, and reporting which pages sequences share.
-
-``compact`` renumbers the referenced pages in first-reference order (the order a reader
-walking the block table meets them), so compacting a compact tensor changes nothing and a
-receiver's pool fills front to back. Sharing is preserved: every block-table entry naming
-one old page names the same new page.
-"""
+"""Dropping unreferenced pages (renumbered in first-reference order, sharing kept: compact
+is idempotent and a receiver's pool fills front to back), and which pages sequences share."""
 
 from __future__ import annotations
 
@@ -39,11 +34,8 @@ def compact(tensor: TensorT) -> TensorT:
 
 
 def referenced_pages(tensor: TensorT, pages: object = "referenced") -> tuple[TensorT, Array | None]:
-    """What to send of ``tensor`` for ``pages=``: ``(tensor, None)`` when the whole pool goes
-    (``"all"``, or every page is referenced), else ``(compact(tensor), old_ids)``, where
-    ``old_ids[i]`` is the source page of sent page ``i`` (a zero-copy sender reads them
-    where they lie). A request's block table over a 4096-page engine pool sends its pages,
-    not the pool."""
+    """What to send for ``pages=``: ``(tensor, None)`` for the whole pool (``"all"`` or all
+    referenced), else ``(compact(tensor), old_ids)``, ``old_ids[i]`` the source of page ``i``."""
     if not isinstance(pages, str) or pages not in PAGES:
         raise ArgumentTypeError("pages is 'referenced' or 'all'", field="pages",
                                 found=repr(pages))  # fmt: skip

@@ -1,11 +1,6 @@
-"""Real values of a (possibly quantized) pool, by the spec's formulas.
-
-Per-tensor and per-channel affine: ``x = scale * (q - zero_point)``; per-channel scales run
-along axis 1 (heads) or 2 (head_dim) of ``[tokens, heads, head_dim]``. Per-block affine on
-block-paged: one scale (and zero point) per physical page slot, shared by all heads and dims
-(block-paged.md § 7). Subtraction is integer, the multiply float32; f16/bf16 scales widen
-exactly. An unquantized tensor with an fp8 engine scalar (``kv_scale``) is ``float32(q) *
-kv_scale``; the scalar is not applied on top of a quantization scheme.
+"""Real values of a pool by the spec's formulas: ``x = scale * (q - zero_point)`` (integer
+subtraction, float32 multiply), per channel along heads or head_dim, per block one per page
+slot (block-paged.md § 7); unquantized fp8 with ``kv_scale``: ``float32(q) * kv_scale``.
 """
 
 from __future__ import annotations

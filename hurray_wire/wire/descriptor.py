@@ -1,12 +1,7 @@
-"""construct structs of the Hurray Tensor Descriptor (descriptor.md §§ 1-9): bytes only, no rules.
-
-Each wire section is one ``Struct``; the structs are strict where construct can be
-(``Const`` for magic and reserved bytes, ``Mapping`` for the block-paged enumerations,
-``default=Error`` on switches) and say nothing about cross-field rules, which live with the
-model (``hurray_wire.model``). The decoder reads ``struct.Struct`` formats derived from
-these definitions (``wire/descriptor_layout.py``); only another layout's payload is parsed
-by construct (``LAYOUT_PREFIX``). ``DESCRIPTOR`` is the whole, for tests and the Kaitai check.
-"""
+"""construct structs of the Hurray Tensor Descriptor (descriptor.md §§ 1-9): bytes only, as
+strict as construct can be (``Const``, ``Mapping``, ``default=Error``), rules in the model.
+The decoder reads formats derived from them (``descriptor_layout.py``), construct only for
+another layout's payload (``LAYOUT_PREFIX``); ``DESCRIPTOR`` is the whole, for tests."""
 
 from __future__ import annotations
 
