@@ -490,7 +490,6 @@ def encode(
     travel as references (docs/integrity.md §§ 4-5). :class:`Encoder` holds the options
     for many tensors.
     """
-    _check_tensor(tensor)
     options = encoder_for(compression, checksum, compact, page_digests)
     return options.encode(tensor, known_pages=known_pages)
 

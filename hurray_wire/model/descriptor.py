@@ -35,7 +35,7 @@ _QUANT_BODY_SIZES: dict[int, int] = {
 }
 _STATISTICS_SIZE: int = w.STATISTICS.sizeof()
 _MEMBER_SIZE: int = w.COMPOSITE_MEMBER.sizeof()
-_ZERO_POINT_BYTES = 4  # zero points are int32 (descriptor.md § 8)
+_ZERO_POINT_BYTES: int = w.ZERO_POINT_ITEM.sizeof()  # int32 (descriptor.md § 8)
 
 __all__ = [
     "BUFFER_NAMES",

@@ -71,7 +71,9 @@ __all__ = [
 
 _HEADER_LEN = _HEADER.size  # 20
 _PREFIX_LEN = _AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
-_STATS_FIELDS = tuple(i for i in range(len(_STATS.names)) if i not in dict(_STATS.consts))
+_STATS_FIELDS, _HANDLE_FIELDS = (
+    tuple(i for i in range(len(f.names)) if i not in dict(f.consts)) for f in (_STATS, _HANDLE)
+)  # the positions of a struct's values that are not reserved bytes
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 
@@ -395,16 +397,11 @@ def _known_layout_name(tag: int) -> str:
 
 
 def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
+    """Buffer handle ``index`` at ``offset``; a model error located at its field's byte."""
     values = _HANDLE.struct.unpack_from(raw, offset)
     _check_consts(_HANDLE, values, offset, f"buffers[{index}].")
-    return _checked_handle(values[:5], offset, index)
-
-
-def _checked_handle(values: tuple[int, ...], offset: int, index: int) -> BufferHandle:
-    """The handle of buffer ``index`` whose 16 bytes start at ``offset``; a model error is
-    located at its field's byte."""
     try:
-        return BufferHandle(*values)
+        return BufferHandle(*(values[i] for i in _HANDLE_FIELDS))
     except InvalidDescriptorError as exc:
         rel = _HANDLE.offsets.get(exc.field or "")
         raise exc.relocated(
