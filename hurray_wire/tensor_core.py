@@ -17,7 +17,7 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
-__all__ = ["Array", "TensorCore", "TensorT"]
+__all__ = ["Array", "TensorCore", "TensorT", "seq_index"]
 
 Array = npt.NDArray[Any]
 TensorT = TypeVar("TensorT", bound="TensorCore")
@@ -146,7 +146,7 @@ class TensorCore:
 
     def sequence_pages(self, seq: int) -> Array:
         """Physical page ids of sequence ``seq``, in logical order."""
-        seq = _seq_index(seq, self.num_seqs)
+        seq = seq_index(seq, self.num_seqs)
         return self.block_table[int(self.seq_ptr[seq]) : int(self.seq_ptr[seq + 1])]
 
     def gather_sequence(self, seq: int) -> Array:
@@ -175,7 +175,7 @@ class TensorCore:
         )
 
 
-def _seq_index(seq: object, num_seqs: int) -> int:
+def seq_index(seq: object, num_seqs: int) -> int:
     """``seq`` as a sequence index: a Python or NumPy integer, not a bool (``True`` is not
     sequence 1), in ``0..num_seqs-1``; a str or float would otherwise fail inside a
     comparison with a foreign ``TypeError`` or index by accident."""

@@ -46,20 +46,6 @@ def check_tensor(value: object, name: str = "tensor") -> TensorCore:
     return instance(value, TensorCore, name)
 
 
-def check_seq(tensor: TensorCore, seq: object, name: str = "seq") -> int:
-    """A sequence index in ``0..num_seqs-1``."""
-    check_tensor(tensor)
-    index = check_int(seq, name, minimum=-(2**63))
-    if not 0 <= index < tensor.num_seqs:
-        raise InvalidTensorError(
-            "sequence index out of range",
-            field=name,
-            found=index,
-            expected=f"0..{tensor.num_seqs - 1}",
-        )
-    return index
-
-
 def need_seq_lens(tensor: TensorCore, what: str) -> Array:
     """``seq_lens`` as int64, or a typed error saying ``what`` needs them."""
     if tensor.seq_lens is None:

@@ -7,10 +7,9 @@ from typing import Any
 import numpy as np
 
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
-from hurray_wire.tensor_core import TensorCore, TensorT
+from hurray_wire.tensor_core import TensorCore, TensorT, seq_index
 from hurray_wire.transforms._common import (
     Array,
-    check_seq,
     check_tensor,
     flat_pool,
     need_seq_lens,
@@ -36,11 +35,10 @@ def _values(tensor: TensorCore, slots: Array, dequantize: bool) -> Array:
 
 def sequence(tensor: TensorCore, seq: object, *, dequantize: bool = False) -> Array:
     """Tokens of one sequence, ``[seq_lens[seq], num_heads, head_dim]`` (a new array)."""
-    index = check_seq(tensor, seq)
+    index = seq_index(seq, check_tensor(tensor).num_seqs)
     lens = need_seq_lens(tensor, "sequence()")
     page_size = tensor.layout.page_size
-    start = int(tensor.seq_ptr[index])
-    pages = tensor.block_table[start : int(tensor.seq_ptr[index + 1])].astype(np.int64)
+    pages = tensor.sequence_pages(index).astype(np.int64)
     t = np.arange(int(lens[index]), dtype=np.int64)
     return _values(tensor, pages[t // page_size] * page_size + t % page_size, dequantize)
 
