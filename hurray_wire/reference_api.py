@@ -17,11 +17,12 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
+from hurray_wire.tensor_core import DescriptorViews
 
 __all__ = ["Tensor"]
 
 
-class Tensor:
+class Tensor(DescriptorViews):
     """Raw buffers and their block-paged layout, for code written against ``hurray.Tensor``;
     the rest of hurray-wire takes ``BlockPagedTensor`` (``to_block_paged()`` /
     ``from_block_paged``)."""
@@ -102,22 +103,6 @@ class Tensor:
     @property
     def buffer_count(self) -> int:
         return len(self.descriptor.buffers)
-
-    @property
-    def layout(self) -> BlockPagedLayout:
-        return self.descriptor.layout
-
-    @property
-    def element_type(self) -> ElementType:
-        return self.descriptor.element_type
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.descriptor.shape)
-
-    @property
-    def quantization(self) -> Quantization | None:
-        return self.descriptor.quantization
 
     def to_block_paged(self) -> BlockPagedTensor:
         """The validated ``BlockPagedTensor`` over these buffers (views, no copy)."""

@@ -17,13 +17,49 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
-__all__ = ["Array", "TensorCore", "TensorT", "seq_index"]
+__all__ = ["Array", "DescriptorViews", "TensorCore", "TensorT", "seq_index"]
 
 Array = npt.NDArray[Any]
 TensorT = TypeVar("TensorT", bound="TensorCore")
 
 
-class TensorCore:
+class DescriptorViews:
+    """What a tensor's descriptor says, as properties (``TensorCore``, ``reference_api.Tensor``)."""
+
+    __slots__ = ()
+    descriptor: TensorDescriptor
+
+    @property
+    def layout(self) -> BlockPagedLayout:
+        return self.descriptor.layout
+
+    @property
+    def element_type(self) -> ElementType:
+        return self.descriptor.element_type
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Logical shape ``(total_tokens, num_heads, head_dim)``."""
+        return self.descriptor.shape
+
+    @property
+    def kv_role(self) -> str:
+        return self.descriptor.layout.kv_role
+
+    @property
+    def layer_index(self) -> int | None:
+        return self.descriptor.layout.layer_index
+
+    @property
+    def quantization(self) -> Quantization | None:
+        return self.descriptor.quantization
+
+    @property
+    def num_seqs(self) -> int:
+        return self.descriptor.layout.num_seqs
+
+
+class TensorCore(DescriptorViews):
     """A descriptor and its arrays; the one concrete kind is ``BlockPagedTensor``."""
 
     __slots__ = (
@@ -77,36 +113,6 @@ class TensorCore:
     def from_arrays(cls: type[TensorT], *args: Any, **kwargs: Any) -> TensorT:
         """Build and validate a tensor (``BlockPagedTensor.from_arrays``)."""
         raise NotImplementedError
-
-    # -- views of the descriptor -----------------------------------------------------------
-    @property
-    def layout(self) -> BlockPagedLayout:
-        return self.descriptor.layout
-
-    @property
-    def element_type(self) -> ElementType:
-        return self.descriptor.element_type
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """Logical shape ``(total_tokens, num_heads, head_dim)``."""
-        return self.descriptor.shape
-
-    @property
-    def kv_role(self) -> str:
-        return self.descriptor.layout.kv_role
-
-    @property
-    def layer_index(self) -> int | None:
-        return self.descriptor.layout.layer_index
-
-    @property
-    def quantization(self) -> Quantization | None:
-        return self.descriptor.quantization
-
-    @property
-    def num_seqs(self) -> int:
-        return self.descriptor.layout.num_seqs
 
     @property
     def nbytes(self) -> int:
