@@ -3,9 +3,9 @@ as the blob decoder does, so a tensor that exists encodes and decodes cleanly.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -66,36 +66,15 @@ class _Geometry:
     descriptors: dict[tuple[type, Any], TensorDescriptor]
 
 
-# Building a layout and a descriptor validates every field (~50 us): from_arrays reuses
-# the ones built for an equal geometry key (and, for descriptors, total_tokens), so the
-# 100+ tensors of one request that share a geometry validate it once. One cache, weighed
-# by the bytes each entry keeps alive (tests/test_codec_objects.py measures it).
+# Building a layout and a descriptor validates every field (~50 us): from_arrays reuses the
+# ones built for an equal geometry key of arrays (and, for descriptors, total_tokens), so
+# the 100+ tensors of one request validate their geometry once. Each entry weighed by the
+# bytes it keeps alive (tests/test_codec_objects.py measures it).
 _BUILT: BoundedMemo[Any] = BoundedMemo(512, 16 << 20)
 _DESCRIPTOR_BYTES = 256  # a block-paged descriptor's wire bytes, with its quantization
 _TOKENS_PER_GEOMETRY = 8
 #: A geometry: the key's dtypes, shapes and scalars, a layout, and its descriptors.
 _GEOMETRY_WEIGHT = weight(256) + _TOKENS_PER_GEOMETRY * weight(_DESCRIPTOR_BYTES)
-
-T = TypeVar("T")
-
-
-def _reused(args: tuple[Any, ...], build: Callable[[], T], nbytes: int) -> T:
-    """``build()``, reused for arguments equal in value *and* type (True is not 1, and
-    np.int64(3) is not 3: each gets its own validation); unhashable arguments build.
-    ``nbytes``: what the result keeps alive, in the units of ``memo.weight``."""
-    try:
-        key = _typed(args)
-        found: T | None = _BUILT.get(key)
-    except TypeError:  # an unhashable argument: let build() judge it
-        return build()
-    if found is None:
-        found = _BUILT.put(key, build(), weight(nbytes))
-    return found
-
-
-def _typed(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple((type(a), _typed(a) if type(a) is tuple else a) for a in args)
-
 
 _ARRAY_ARGUMENTS = ("page_pool", "block_table", "seq_ptr", "seq_lens", "scales", "zero_points")
 
@@ -147,22 +126,21 @@ class BlockPagedTensor(TensorCore):
                 page_pool, block_table, seq_ptr, seq_lens, scales, zero_points = (
                     as_numpy(a, n) for a, n in zip(arrays, _ARRAY_ARGUMENTS, strict=True)
                 )
-        key: tuple[Any, ...] | None = None
-        known = None
-        if type(page_pool) is type(block_table) is type(seq_ptr) is np.ndarray:
-            # All that the checks below decide from but the values: the arrays' dtypes and
-            # shapes (a list's dtype depends on its values) and the scalar arguments with
-            # their types (True is not 1, np.int64(3) is not 3; only valid ones are stored).
-            key = (page_pool.dtype, page_pool.shape, block_table.dtype, block_table.shape,
-                   seq_ptr.dtype, seq_ptr.shape, element_type, kv_role, layer_index,
-                   block_table_index_type, quantization, alignment, type(element_type),
-                   type(kv_role), type(layer_index), type(block_table_index_type),
-                   type(quantization), type(alignment))  # fmt: skip
-            try:
-                known = _BUILT.get(key)
-            except TypeError:  # an unhashable argument: judged below, nothing memoised
-                key = None
         pool = page_pool if type(page_pool) is np.ndarray else _pool_array(page_pool, element_type)
+        bt_any = _as_index_array(block_table, "block_table", U64_MAX)
+        sp_any = _as_index_array(seq_ptr, "seq_ptr", U64_MAX)
+        # All that the checks below decide from but the values: the arrays' dtypes and shapes
+        # and the scalar arguments with their types (True is not 1, np.int64(3) is not 3).
+        key: tuple[Any, ...] | None = (
+            pool.dtype, pool.shape, bt_any.dtype, bt_any.shape, sp_any.dtype, sp_any.shape,
+            element_type, kv_role, layer_index, block_table_index_type, quantization, alignment,
+            type(element_type), type(kv_role), type(layer_index), type(block_table_index_type),
+            type(quantization), type(alignment),
+        )  # fmt: skip
+        try:
+            known = _BUILT.get(key)
+        except TypeError:  # an unhashable argument: judged below, nothing memoised
+            key = known = None
         if known is None:
             etype = element_type_of(element_type if element_type is not None else pool.dtype)
             _check_pool(pool, etype)
@@ -171,8 +149,6 @@ class BlockPagedTensor(TensorCore):
             etype = known.etype
             num_pages, page_size, num_heads, head_dim = known.dims
         stored_pool = packing.pack(pool, etype) if etype.is_packed else np.ascontiguousarray(pool)
-        bt_any = _as_index_array(block_table, "block_table", U64_MAX)
-        sp_any = _as_index_array(seq_ptr, "seq_ptr", U64_MAX)
         num_seqs = len(sp_any) - 1
         if known is None:
             if num_seqs < 0:
@@ -180,9 +156,8 @@ class BlockPagedTensor(TensorCore):
             if block_table_index_type is None:
                 big = num_pages > U32_MAX or len(bt_any) > U32_MAX
                 block_table_index_type = "uint64" if big else "uint32"
-            layout_args = (page_size, num_pages, 0, num_seqs, kv_role, layer_index,
-                           block_table_index_type)  # fmt: skip
-            layout = _reused(layout_args, lambda: BlockPagedLayout(*layout_args), 128)
+            layout = BlockPagedLayout(page_size, num_pages, 0, num_seqs, kv_role, layer_index,
+                                      block_table_index_type)  # fmt: skip
             index_dtype = layout.index_dtype
             ranged = tuple(
                 name
@@ -213,19 +188,14 @@ class BlockPagedTensor(TensorCore):
         tokens_key = (type(total_tokens), total_tokens)
         descriptor = None if known is None else known.descriptors.get(tokens_key)
         if descriptor is None:
-            descriptor = _reused(
-                (layout, total_tokens, num_heads, head_dim, etype, len(bt), quantization,
-                 alignment),
-                lambda: TensorDescriptor.block_paged(
-                    layout,
-                    (total_tokens, num_heads, head_dim),
-                    etype,
-                    num_logical_pages=len(bt),
-                    quantization=quantization,
-                    alignment=alignment,
-                ),
-                _DESCRIPTOR_BYTES,
-            )  # fmt: skip
+            descriptor = TensorDescriptor.block_paged(
+                layout,
+                (total_tokens, num_heads, head_dim),
+                etype,
+                num_logical_pages=len(bt),
+                quantization=quantization,
+                alignment=alignment,
+            )
         scale_arr = zp_arr = None
         if quantization is not None or scales is not None or zero_points is not None:
             scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
