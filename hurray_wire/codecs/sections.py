@@ -74,10 +74,10 @@ def checksum(data: Buffer) -> int:
 # -- byte shuffle ----------------------------------------------------------------------
 
 
-def _width_arg(width: object) -> int:
-    w = int_arg(width, "width")
+def _width_arg(width: object, name: str = "width") -> int:
+    w = int_arg(width, name)
     if w < 1:
-        raise CodecConfigError("shuffle width must be at least 1", field="width", found=w)
+        raise CodecConfigError(f"{name} must be at least 1", field=name, found=w)
     return w
 
 
@@ -131,11 +131,7 @@ def compress_parts(
             field="compression",
             found=type(compression).__name__,
         )
-    width = int_arg(element_width, "element_width")
-    if width < 1:
-        raise CodecConfigError(
-            "element_width must be at least 1", field="element_width", found=width
-        )
+    width = _width_arg(element_width, "element_width")
     src = u8_array(data, "data")
     size = src.size
     if size == 0 or size < compression.min_size:
