@@ -453,17 +453,9 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
         )
     values = fast.struct.unpack_from(raw, pos + _QUANT_PAYLOAD_AT)
     _check_consts(fast, values, pos + _QUANT_PAYLOAD_AT, "quantization.")
-    quant = _quant_from_fields(scheme_tag, version, qflags, values, pos)
-    return quant, raw[pos + _QUANT_HEADER_AT + body : end], end
-
-
-def _quant_from_fields(
-    scheme_tag: int, version: int, qflags: int, values: tuple[Any, ...], pos: int
-) -> Quantization:
-    """Build a scheme object from its unpacked payload; ``pos`` is the section offset."""
     places = _quant_places(pos, scheme_tag)
     try:
-        return _build_quantization(scheme_tag, version, qflags, values, places)
+        quant = _build_quantization(scheme_tag, version, qflags, values, places)
     except InvalidDescriptorError as exc:
         if exc.offset is not None:
             raise
@@ -473,6 +465,7 @@ def _quant_from_fields(
         raise exc.relocated(
             section="descriptor", field=field, offset=places.get(field, pos)
         ) from None
+    return quant, raw[pos + _QUANT_HEADER_AT + body : end], end
 
 
 def _build_quantization(
