@@ -99,13 +99,15 @@ def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -
     return gather_rows(pool, page_ids)
 
 
-#: Bytes gathered per round by ``gather_rows``: the gathered rows and their C-ordered
-#: copy both stay in a core's L2 (measured best at 256 KiB-1 MiB, tools/bench_connector_host.py).
+#: Bytes per chunk of rows (``gather_many`` / ``scatter_rows`` where rows are not copied one
+#: call each): the chunk and its reordered copy both stay in a core's L2 (measured best at
+#: 256 KiB-1 MiB, tools/bench_connector_host.py).
 GATHER_CHUNK = 1 << 19
 #: Strided rows of at least this many bytes are copied one NumPy call per row (each
 #: array's row in turn), smaller ones a chunk of rows at a time by fancy indexing. Measured
 #: for a layer's keys and values (32 MiB, 2 shared cores): 4 KiB rows 13.1 ms per row
-#: against 15.4 ms in chunks, 32 KiB rows 8.5 against 13.9 ms (docs/performance.md).
+#: against 15.4 ms in chunks, 32 KiB rows 8.5 against 13.9 ms (docs/performance.md); 4 KiB
+#: is the smallest row measured, below it the calls' own cost grows per byte.
 ROW_CALL_MIN = 4 << 10
 
 
