@@ -223,8 +223,12 @@ def route_decode_into(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     engine = _engine_like(blob)
     before = engine.copy()
     with pytest.raises(HurrayWireError) as info:
-        hw.decode_into(blob, engine, expect_fingerprint=case.fingerprint,
-                       page_store=_store(case))  # fmt: skip
+        hw.decode(
+            blob,
+            into=hw.IntoArray(engine),
+            expect_fingerprint=case.fingerprint,
+            page_store=_store(case),
+        )
     return info.value, engine.tobytes() == before.tobytes()
 
 
@@ -244,17 +248,17 @@ def route_stream_file(case: Case, blob: bytes) -> tuple[BaseException, bool]:
             _stream(case, blob), expect_fingerprint=case.fingerprint, page_store=_store(case)
         ) as f,
     ):
-        f.read(f.entries[0], page_pool=engine)
+        f.read(f.entries[0], into=hw.IntoArray(engine))
     return info.value, engine.tobytes() == before.tobytes()
 
 
 def route_reader_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     store, engine = _pool_store()
     before = engine.copy()
-    target = (store, np.arange(ENGINE_PAGES - PAGES, ENGINE_PAGES))
+    target = hw.InPlace(store, np.arange(ENGINE_PAGES - PAGES, ENGINE_PAGES))
     with pytest.raises(HurrayWireError) as info:
         list(StreamReader(_stream(case, blob), expect_fingerprint=case.fingerprint,
-                          in_place=lambda d, n: target))  # fmt: skip
+                          into=lambda d, n: target))  # fmt: skip
     return info.value, engine.tobytes() == before.tobytes()
 
 
@@ -262,8 +266,9 @@ def route_decode_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]
     store, engine = _pool_store()
     before = engine.copy()
     with pytest.raises(HurrayWireError) as info:
-        hw.decode_in_place(blob, pool_store=store, free_pages=np.arange(PAGES),
-                           expect_fingerprint=case.fingerprint)  # fmt: skip
+        hw.decode(
+            blob, into=hw.InPlace(store, np.arange(PAGES)), expect_fingerprint=case.fingerprint
+        )
     return info.value, engine.tobytes() == before.tobytes()
 
 
@@ -311,13 +316,13 @@ def test_landing_refuses_an_array_of_another_type_or_shape(make: Any) -> None:
     engine = make(t.page_pool.shape)
     before = engine.tobytes()
     with pytest.raises(ArgumentTypeError) as info:
-        hw.decode_into(blob, engine)
+        hw.decode(blob, into=hw.IntoArray(engine))
     assert info.value.field == "page_pool" and engine.tobytes() == before
     with (
         StreamFile(_stream(Case("", lambda: blob, HurrayWireError), blob)) as f,
         pytest.raises(ArgumentTypeError),
     ):
-        f.read(f.entries[0], page_pool=engine)
+        f.read(f.entries[0], into=hw.IntoArray(engine))
     assert engine.tobytes() == before
 
 
@@ -325,7 +330,7 @@ def test_landing_takes_the_pool_dtype_and_shape_or_its_bytes() -> None:
     t = _f16()
     blob = bytes(hw.encode(t))
     for engine in (np.empty_like(t.page_pool), np.empty(t.page_pool.nbytes, np.uint8)):
-        got = hw.decode_into(blob, engine)
+        got = hw.decode(blob, into=hw.IntoArray(engine))
         assert got.page_pool.tobytes() == t.page_pool.tobytes()
         assert np.shares_memory(got.page_pool, engine)
 
@@ -339,11 +344,13 @@ def test_decode_into_refuses_a_destination_overlapping_its_input() -> None:
     for start in (at, at + 64, 0):
         engine = whole[start : start + t.page_pool.nbytes]
         with pytest.raises(ArgumentTypeError, match="overlaps"):
-            hw.decode_into(memoryview(buffer), engine)
+            hw.decode(memoryview(buffer), into=hw.IntoArray(engine))
         assert bytes(buffer) == before
     # the spare bytes after the blob do not overlap it
     tail = whole[len(before) - t.page_pool.nbytes :]
-    assert hw.decode_into(memoryview(buffer)[: len(before) - t.page_pool.nbytes], tail)
+    assert hw.decode(
+        memoryview(buffer)[: len(before) - t.page_pool.nbytes], into=hw.IntoArray(tail)
+    )
 
 
 @pytest.mark.parametrize(
@@ -579,8 +586,10 @@ def test_one_pass_is_an_opt_in_that_may_leave_refused_bytes(make: Any) -> None:
     blob = make()
     expected = type(_cause(route_decode(CASES[0], blob)[0]))
     lands: list[Callable[[Any], Any]] = [
-        lambda e: hw.decode_into(blob, e, one_pass=True),
-        lambda e: StreamFile(_stream(CASES[0], blob)).tensor(1, "key", page_pool=e, one_pass=True),
+        lambda e: hw.decode(blob, into=hw.IntoArray(e, one_pass=True)),
+        lambda e: StreamFile(_stream(CASES[0], blob)).tensor(
+            1, "key", into=hw.IntoArray(e, one_pass=True)
+        ),
     ]
     for land in lands:
         engine = _engine_like(blob)
@@ -589,7 +598,7 @@ def test_one_pass_is_an_opt_in_that_may_leave_refused_bytes(make: Any) -> None:
             land(engine)
         assert engine.tobytes() != before
     with pytest.raises(ArgumentTypeError, match="one_pass"):
-        hw.decode_into(blob, _engine_like(blob), one_pass=1)  # type: ignore[arg-type]
+        hw.decode(blob, into=hw.IntoArray(_engine_like(blob), one_pass=1))  # type: ignore[arg-type]
 
 
 def test_one_pass_decompresses_the_pool_into_the_destination() -> None:
@@ -603,10 +612,10 @@ def test_one_pass_decompresses_the_pool_into_the_destination() -> None:
     blob = bytes(hw.encode(t, compression=ZSTD_ALL))
     assert len(blob) < pool.nbytes // 8  # stored compressed
     engine = np.empty_like(pool)
-    hw.decode_into(blob, engine, one_pass=True)  # warm: plans and memo
+    hw.decode(blob, into=hw.IntoArray(engine, one_pass=True))  # warm: plans and memo
     tracemalloc.start()
     try:
-        got = hw.decode_into(blob, engine, one_pass=True)
+        got = hw.decode(blob, into=hw.IntoArray(engine, one_pass=True))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

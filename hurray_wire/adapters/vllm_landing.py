@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import consecutive, is_torch, scatter_rows
+from hurray_wire._interop import consecutive, engine_array, scatter_rows
 from hurray_wire.adapters import _vllm_forms as forms
-from hurray_wire.adapters._common import Array, array, from_table, last_page_tokens
+from hurray_wire.adapters._common import Array, from_table, last_page_tokens
 from hurray_wire.adapters.vllm import (
     Pair,
     _check_ids,
@@ -28,19 +28,6 @@ from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = ["into_vllm"]
-
-
-def _writable(kv_cache: Any) -> Array:
-    if is_torch(kv_cache) and kv_cache.device.type != "cpu":
-        raise InvalidTensorError(
-            "into_vllm writes CPU memory; this cache is on another device",
-            field="kv_cache",
-            found=str(kv_cache.device),
-        )
-    cache = array(kv_cache, "kv_cache")
-    if not cache.flags.writeable:
-        raise InvalidTensorError("the cache is read-only", field="kv_cache", found="read-only")
-    return cache
 
 
 def _targets(
@@ -135,7 +122,7 @@ def into_vllm(
     """
     name = forms.backend_name(backend)
     tensors = _tensors(tensor_or_pair, name)
-    cache = fp8_view(_writable(kv_cache), kv_cache_dtype)
+    cache = fp8_view(engine_array(kv_cache, "kv_cache", contiguous=False), kv_cache_dtype)
     era = forms.era_of(vllm_version)
     for tensor, given in zip(tensors, (k_scale, v_scale), strict=False):
         scale_name = "k_scale" if tensor.kv_role != "value" else "v_scale"
