@@ -6,7 +6,8 @@ era, CPU_ATTN ISA), everything is checked, then only the named blocks are writte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from hurray_wire.adapters.vllm import (
 from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 
-__all__ = ["into_vllm"]
+__all__ = ["checked_write", "into_vllm"]
 
 
 def _targets(
@@ -120,6 +121,27 @@ def into_vllm(
     manager block ids, and page ``i`` of a sequence lands in kernel block
     ``block_ids[i // ratio] * ratio + i % ratio``, where the attention reads it.
     """
+    checked_write(tensor_or_pair, kv_cache, block_ids, backend=backend, vllm_version=vllm_version,
+                  isa=isa, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
+                  block_size=block_size)()  # fmt: skip
+
+
+def checked_write(
+    tensor_or_pair: BlockPagedTensor | Pair,
+    kv_cache: Any,
+    block_ids: Any,
+    *,
+    backend: Any = None,
+    vllm_version: str | None = None,
+    isa: str | None = None,
+    kv_cache_dtype: str | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    block_size: int | None = None,
+) -> Callable[[], None]:
+    """Every check of :func:`into_vllm`, nothing written: returns the write, to run once
+    every check of every layer of a transfer passed (the connector's transfer-atomic
+    landing: a refusal at the last layer leaves every layer's blocks untouched)."""
     name = forms.backend_name(backend)
     tensors = _tensors(tensor_or_pair, name)
     cache = fp8_view(engine_array(kv_cache, "kv_cache", contiguous=False), kv_cache_dtype)
@@ -143,15 +165,15 @@ def into_vllm(
         _check_match("page shape", pools[0].shape[1:], (kernel_size, heads, head_size))
         targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
         slabs = forms.cpu_role_views(cache, chosen)
-        _write(list(slabs), [p.view(slabs[0].dtype) for p in pools], targets, sources, valid,
-               kernel_size)  # fmt: skip
-        return
+        return partial(_write, list(slabs), [p.view(slabs[0].dtype) for p in pools], targets,
+                       sources, valid, kernel_size)  # fmt: skip
     _, views = _role_pools(cache, name, era, None)
     blocks = views[0][1].shape[0]
     forms.check_kernel_block(name, views[0][1].shape[1], era)
     _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
     targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
-    _write([view for _, view in views], pools, targets, sources, valid, pools[0].shape[1])
+    return partial(_write, [view for _, view in views], pools, targets, sources, valid,
+                   pools[0].shape[1])  # fmt: skip
 
 
 def _write(
