@@ -239,37 +239,11 @@ def route_decode(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     return info.value, True
 
 
-def route_decode_into(case: Case, blob: bytes) -> tuple[BaseException, bool]:
-    engine = _engine_like(blob)
-    before = engine.copy()
-    with pytest.raises(HurrayWireError) as info:
-        hw.decode(
-            blob,
-            into=hw.IntoArray(engine),
-            expect_fingerprint=case.fingerprint,
-            page_store=_store(case),
-        )
-    return info.value, engine.tobytes() == before.tobytes()
-
-
 def route_stream_reader(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     with pytest.raises(HurrayWireError) as info:
         list(StreamReader(_stream(case, blob), expect_fingerprint=case.fingerprint,
                           page_store=_store(case)))  # fmt: skip
     return info.value, True
-
-
-def route_stream_file(case: Case, blob: bytes) -> tuple[BaseException, bool]:
-    engine = _engine_like(blob)
-    before = engine.copy()
-    with (
-        pytest.raises(HurrayWireError) as info,
-        StreamFile(
-            _stream(case, blob), expect_fingerprint=case.fingerprint, page_store=_store(case)
-        ) as f,
-    ):
-        f.read(f.entries[0], into=hw.IntoArray(engine))
-    return info.value, engine.tobytes() == before.tobytes()
 
 
 def route_reader_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]:
@@ -302,26 +276,48 @@ def _engine_pool(blob: bytes) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any
     return pool.view(like.dtype), ids
 
 
-def route_decode_into_pages(case: Case, blob: bytes) -> tuple[BaseException, bool]:
-    engine, ids = _engine_pool(blob)
-    before = engine.copy()
-    with pytest.raises(HurrayWireError) as info:
-        hw.decode(blob, into=hw.IntoPages(engine, ids), expect_fingerprint=case.fingerprint,
-                  page_store=_store(case))  # fmt: skip
-    return info.value, engine.tobytes() == before.tobytes()
+def _into_array(blob: bytes) -> tuple[Any, np.ndarray[Any, Any]]:
+    engine = _engine_like(blob)
+    return hw.IntoArray(engine), engine
 
 
-def route_stream_file_pages(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+def _into_pages(blob: bytes) -> tuple[Any, np.ndarray[Any, Any]]:
     engine, ids = _engine_pool(blob)
-    before = engine.copy()
-    with (
-        pytest.raises(HurrayWireError) as info,
-        StreamFile(
-            _stream(case, blob), expect_fingerprint=case.fingerprint, page_store=_store(case)
-        ) as f,
-    ):
-        f.read(f.entries[0], into=hw.IntoPages(engine, ids))
-    return info.value, engine.tobytes() == before.tobytes()
+    return hw.IntoPages(engine, ids), engine
+
+
+def _decode_route(make: Callable[[bytes], tuple[Any, Any]]) -> Callable[..., Any]:
+    def route(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+        target, engine = make(blob)
+        before = engine.copy()
+        with pytest.raises(HurrayWireError) as info:
+            hw.decode(blob, into=target, expect_fingerprint=case.fingerprint,
+                      page_store=_store(case))  # fmt: skip
+        return info.value, engine.tobytes() == before.tobytes()
+
+    return route
+
+
+def _stream_file_route(make: Callable[[bytes], tuple[Any, Any]]) -> Callable[..., Any]:
+    def route(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+        target, engine = make(blob)
+        before = engine.copy()
+        with (
+            pytest.raises(HurrayWireError) as info,
+            StreamFile(
+                _stream(case, blob), expect_fingerprint=case.fingerprint, page_store=_store(case)
+            ) as f,
+        ):
+            f.read(f.entries[0], into=target)
+        return info.value, engine.tobytes() == before.tobytes()
+
+    return route
+
+
+route_decode_into = _decode_route(_into_array)
+route_decode_into_pages = _decode_route(_into_pages)
+route_stream_file = _stream_file_route(_into_array)
+route_stream_file_pages = _stream_file_route(_into_pages)
 
 
 def _vllm_cache() -> np.ndarray[Any, Any]:
@@ -364,30 +360,33 @@ def test_the_vllm_route_lands_a_valid_blob() -> None:
     assert changed.tolist() == [False, True, True, False]
 
 
-ROUTES = [
-    route_decode,
-    route_decode_into,
-    route_decode_into_pages,
-    route_stream_reader,
-    route_stream_file,
-    route_stream_file_pages,
-    route_vllm_landing,
-]
-IN_PLACE_ROUTES = [route_reader_in_place, route_decode_in_place]
+ROUTES = {
+    "decode": route_decode,
+    "decode into an array": route_decode_into,
+    "decode at page ids": route_decode_into_pages,
+    "StreamReader": route_stream_reader,
+    "StreamFile into an array": route_stream_file,
+    "StreamFile at page ids": route_stream_file_pages,
+    "the vLLM landing": route_vllm_landing,
+}
+IN_PLACE_ROUTES = {
+    "StreamReader in place": route_reader_in_place,
+    "decode in place": route_decode_in_place,
+}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_every_route_gives_the_same_verdict_and_leaves_the_destination(case: Case) -> None:
     blob = case.blob()
     verdicts = {}
-    routes = [r for r in ROUTES if case.pages or "pages" not in r.__name__]
-    for route in routes + (IN_PLACE_ROUTES if case.in_place else []):
+    routes = {n: r for n, r in ROUTES.items() if case.pages or "page ids" not in n}
+    for name, route in {**routes, **(IN_PLACE_ROUTES if case.in_place else {})}.items():
         error, untouched = route(case, blob)
         cause = _cause(error)
-        assert isinstance(cause, case.error), (route.__name__, error)
+        assert isinstance(cause, case.error), (name, error)
         assert isinstance(cause, HurrayWireError)
-        verdicts[route.__name__] = (type(cause), cause.field, cause.section)
-        assert untouched, f"{route.__name__} wrote its destination before refusing"
+        verdicts[name] = (type(cause), cause.field, cause.section)
+        assert untouched, f"{name} wrote its destination before refusing"
     assert len(set(verdicts.values())) == 1, verdicts
 
 
