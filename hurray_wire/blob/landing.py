@@ -117,8 +117,43 @@ def _with_tensor(found: DecodeReport | None, tensor: BlockPagedTensor) -> Decode
     return None if found is None else dataclasses.replace(found, tensor=tensor)
 
 
+class _Copied:
+    """What ``IntoArray`` and ``IntoPages`` share: a copy of the verified pool as the
+    pipeline's last step."""
+
+    flat: U8Array
+    one_pass: bool
+
+    def check(self, descriptor: TensorDescriptor) -> None:
+        raise NotImplementedError
+
+    def _write(self, pool: U8Array) -> None:
+        raise NotImplementedError
+
+    def _typed(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
+        raise NotImplementedError
+
+    def land(
+        self, view: memoryview, opts: Decoder, *, report: bool = False,
+        accept: Accept | None = None, pool: U8Array | None = None, placed: bool = False,
+    ) -> Landed:  # fmt: skip
+        """Checked against the blob's header, the pipeline, then the pool written
+        (``pool``: buffer 0 landed apart, NIXL's split blob; ``placed``: it is already
+        there). ``IntoArray(one_pass=True)`` checks while writing (``_one_pass``)."""
+        plan = plan_of(view, opts)
+        self.check(plan.descriptor)
+        _refuse_overlap(self.flat, view)
+        if isinstance(self, IntoArray) and self.one_pass and pool is None:
+            return self._one_pass(view, opts, plan, report, accept)
+        tensor, found = run(view, opts, report=report, accept=accept, plan=plan, pool=pool)
+        if not placed:
+            self._write(tensor.page_pool.reshape(-1).view(np.uint8))
+        tensor = self._typed(tensor)
+        return tensor, _with_tensor(found, tensor)
+
+
 @dataclass(frozen=True, eq=False)
-class IntoArray:
+class IntoArray(_Copied):
     """The pool lands whole in ``page_pool``: a writable C-contiguous engine array (NumPy,
     torch on the CPU, DLPack) with the pool's dtype and shape, or uint8 of its byte size,
     not overlapping the input; the tensor's ``page_pool`` is then that array (viewed with
@@ -150,22 +185,8 @@ class IntoArray:
         """The array can hold this blob's pool (raised before anything is read into it)."""
         _check_form(descriptor, self.array)
 
-    def land(
-        self, view: memoryview, opts: Decoder, *, report: bool = False,
-        accept: Accept | None = None, pool: U8Array | None = None, placed: bool = False,
-    ) -> Landed:  # fmt: skip
-        """The pipeline, then the pool copied in (``pool``: buffer 0 landed apart, NIXL's
-        split blob; ``placed``: it is already in this array)."""
-        plan = plan_of(view, opts)
-        self.check(plan.descriptor)
-        _refuse_overlap(self.flat, view)
-        if self.one_pass and pool is None:
-            return self._one_pass(view, opts, plan, report, accept)
-        tensor, found = run(view, opts, report=report, accept=accept, plan=plan, pool=pool)
-        if not placed:
-            np.copyto(self.flat, tensor.page_pool.reshape(-1).view(np.uint8))
-        tensor = self._typed(tensor)
-        return tensor, _with_tensor(found, tensor)
+    def _write(self, pool: U8Array) -> None:
+        np.copyto(self.flat, pool)
 
     def _typed(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
         pool, array = tensor.page_pool, self.array
@@ -204,7 +225,7 @@ class IntoArray:
 
 
 @dataclass(frozen=True, eq=False)
-class IntoPages:
+class IntoPages(_Copied):
     """Blob page ``i`` lands on page ``page_ids[i]`` of ``page_pool``, the engine's whole
     pool ``[num_pages, ...]`` (an engine array as ``IntoArray`` takes; ``page_ids``
     distinct, in range, any order: the blocks the engine allocated for the request). The
@@ -281,27 +302,14 @@ class IntoPages:
                 found=int(self.ids.size),
             )
 
-    def land(
-        self, view: memoryview, opts: Decoder, *, report: bool = False,
-        accept: Accept | None = None, pool: U8Array | None = None, placed: bool = False,
-    ) -> Landed:  # fmt: skip
-        """The pipeline, then the pool's pages scattered to their ids (``pool``, ``placed``:
-        as ``IntoArray.land``)."""
-        plan = plan_of(view, opts)
-        self.check(plan.descriptor)
-        _refuse_overlap(self.flat, view)
-        tensor, found = run(view, opts, report=report, accept=accept, plan=plan, pool=pool)
-        if not placed:
-            rows = tensor.page_pool.reshape(self.ids.size, -1).view(np.uint8)
-            scatter_rows([self.rows], self.ids, [rows])
-        tensor = self._engine_tensor(tensor)
-        return tensor, _with_tensor(found, tensor)
+    def _write(self, pool: U8Array) -> None:
+        scatter_rows([self.rows], self.ids, [pool.reshape(self.ids.size, -1)])
 
     def gathered(self) -> U8Array:
         """The landed pages in blob order, as the blob's pool bytes (one copy)."""
         return self.rows[self.ids].reshape(-1)
 
-    def _engine_tensor(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
+    def _typed(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
         """``tensor`` over the engine's whole pool, its block table in engine page ids,
         everything else as decoded, validated as any new tensor is."""
         pool = tensor.page_pool
