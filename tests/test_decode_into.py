@@ -11,7 +11,7 @@ import pytest
 import hurray_wire as hw
 from hurray_wire.blob import copying
 from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError
-from hurray_wire.integrity import MemoryPageStore, store_pages
+from hurray_wire.integrity import EnginePoolStore, MemoryPageStore, store_pages
 from tests import blob_reference as ref
 
 PAGE = (16, 4, 32)  # 4 KiB of float16 per page
@@ -293,3 +293,41 @@ def test_a_packed_paged_pool_lands_in_one_pass(
     out = hw.decode(blob, into=hw.IntoArray(engine, one_pass=True), page_store=store)
     assert out.page_pool.tobytes() == expected.page_pool.tobytes()
     assert np.shares_memory(out.page_pool, engine)
+
+
+# -- one intake of engine arrays (issue 31): a torch tensor wherever an array is taken -----
+def test_a_torch_tensor_is_taken_wherever_an_array_is() -> None:
+    """``decode(into=IntoArray(t))``, ``IntoPages(t, ids)`` and ``into_vllm`` share the
+    intake (``_interop.engine_array``): a CPU torch tensor is written in place, shared."""
+    torch = pytest.importorskip("torch")
+    t = _tensor(pages=4)
+    blob = hw.encode(t)
+    whole = torch.zeros(t.page_pool.shape, dtype=torch.float16)
+    _same(hw.decode(blob, into=hw.IntoArray(whole)), t)
+    assert whole.numpy().tobytes() == t.page_pool.tobytes()  # bit patterns: NaNs included
+    engine = torch.zeros((9, *t.page_pool.shape[1:]), dtype=torch.float16)
+    got = hw.decode(blob, into=hw.IntoPages(engine, [8, 1, 5, 3]))
+    assert engine.numpy()[[8, 1, 5, 3]].tobytes() == t.page_pool.tobytes()
+    assert np.shares_memory(got.page_pool, engine.numpy())
+
+
+def test_every_intake_refuses_a_read_only_or_foreign_array_alike() -> None:
+    """The same error type and field wherever an engine array enters (the array's own name:
+    ``page_pool`` for a decode target, ``kv_cache`` for ``into_vllm``)."""
+    t = _tensor(pages=4)
+    engine = np.zeros_like(t.page_pool)
+    engine.flags.writeable = False
+    refusals = []
+    for land in (
+        lambda: hw.IntoArray(engine),
+        lambda: hw.IntoPages(engine, [0, 1, 2, 3]),
+        lambda: EnginePoolStore(engine),
+        lambda: hw.into_vllm(t, engine, [[1]], backend="FLASH_ATTN"),
+    ):  # fmt: skip
+        with pytest.raises(ArgumentTypeError, match="writable") as info:
+            land()
+        refusals.append(info.value.field)
+    assert refusals == ["page_pool", "page_pool", "page_pool", "kv_cache"]
+    with pytest.raises(ArgumentTypeError) as caught:
+        hw.decode(hw.encode(t), into=engine.copy())  # an array is not a target: say so
+    assert caught.value.field == "into"
