@@ -169,7 +169,7 @@ def test_an_intact_second_holder_serves_a_digest_whose_first_holder_is_stale() -
     # the in-place delta decode takes the intact holder instead of refusing
     tensor = hw.BlockPagedTensor.from_arrays(engine[5:6].copy(), np.array([0]), np.array([0, 1]))
     blob = hw.encode(tensor, known_pages=np.array([digest], np.uint64))
-    out = hw.decode_in_place(blob, pool_store=store, free_pages=[0, 1])
+    out = hw.decode(blob, into=hw.InPlace(store, [0, 1]))
     assert out.block_table.tolist() == [5]
     assert np.array_equal(out.page_pool[out.block_table[0]], engine[5])
 
