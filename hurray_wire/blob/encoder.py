@@ -38,6 +38,7 @@ from hurray_wire.integrity import (
     page_records,
     plan_delta,
 )
+from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
@@ -118,23 +119,37 @@ class _PageSections:
 
 
 def _page_sections(
-    tensor: BlockPagedTensor, page_digests: object, known_pages: object, fuse: bool
+    tensor: BlockPagedTensor,
+    page_digests: object,
+    known_pages: object,
+    fuse: bool,
+    given: DigestArray | None = None,
 ) -> _PageSections | None:
     """Plan the page sections (docs/integrity.md § 4, § 6): one digest pass, shared by
     the digests section and the delta plan. With ``fuse`` (a raw, checksummed, whole pool)
-    the same pass also hashes the pool for buffer 0's section checksum."""
-    if not page_digests and known_pages is None:
+    the same pass also hashes the pool for buffer 0's section checksum. ``given``: the
+    caller's digests of exactly these pages (:func:`precomputed`), no pass at all."""
+    if not page_digests and known_pages is None and given is None:
         return None
     records = page_records(tensor)
     pool_checksum = None
     planned = known_pages if isinstance(known_pages, DeltaPlan) else None
-    if planned is not None:  # the engine's cached digests, planned by the caller
+    if given is not None:
+        if planned is not None:
+            raise ArgumentTypeError(
+                "page_digests as an array and a DeltaPlan both give the digests: pass one",
+                field="page_digests",
+                found="an array with known_pages=DeltaPlan",
+            )
+        digests = digest_array(given, records.num_pages, "page_digests")
+    elif planned is not None:  # the engine's cached digests, planned by the caller
         digests = check_plan(planned, records)
     elif fuse and known_pages is None:
         digests, pool_checksum = digests_and_checksum(records)
     else:
         digests = records.digests()
-    out = _PageSections(encode_digest_section(digests) if page_digests else None)
+    wanted = page_digests or given is not None
+    out = _PageSections(encode_digest_section(digests) if wanted else None)
     out.pool_checksum = pool_checksum
     if known_pages is not None:
         plan = planned or plan_delta(tensor, known_pages, digests=digests)
@@ -200,15 +215,17 @@ def _plan(
     hash_raw: bool,
     known_pages: object = None,
     hash_sections: bool = True,
+    given: DigestArray | None = None,
 ) -> tuple[bytes, list[_Section], int]:
     """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total).
-    ``hash_sections=False``: the section checksums are left zero (``encode_deferred``)."""
+    ``hash_sections=False``: the section checksums are left zero (``encode_deferred``);
+    ``given``: precomputed page digests (:func:`precomputed`)."""
     _check_tensor(tensor)
     check_contents(tensor)  # the arrays may have changed since from_arrays
     compression, checksum = options.compression, options.checksum
     assert not isinstance(compression, str)  # parsed by Encoder
     fuse = checksum and compression is None
-    pages = _page_sections(tensor, options.page_digests, known_pages, fuse)
+    pages = _page_sections(tensor, options.page_digests, known_pages, fuse, given)
     sections = _sections(tensor, compression, pages)
     descriptor = _wire(options.layouts, tensor.descriptor)
     total = _place(sections, descriptor)
@@ -339,14 +356,15 @@ def encode_parts(
     compression: Compression | str | None = None,
     checksum: bool = True,
     compact: bool = False,
-    page_digests: bool = False,
+    page_digests: bool | DigestArray = False,
     known_pages: Any = None,
 ) -> list[memoryview]:
     """The blob as scatter-gather pieces (for ``socket.sendmsg``, ``writelines``, an RDMA
     registration): each uncompressed buffer a view of the tensor's own array, no page data
     copied. Options as for :func:`encode`."""
-    options = encoder_for(compression, checksum, compact, page_digests)
-    return options.encode_parts(tensor, known_pages=known_pages)
+    wanted, given = precomputed(page_digests)
+    options = encoder_for(compression, checksum, compact, wanted)
+    return options.encode_parts(tensor, known_pages=known_pages, page_digests=given)
 
 
 def _pieces(head: bytes, sections: list[_Section], total: int) -> list[memoryview]:
@@ -391,27 +409,29 @@ def encode_into(
     compression: Compression | str | None = None,
     checksum: bool = True,
     compact: bool = False,
-    page_digests: bool = False,
+    page_digests: bool | DigestArray = False,
     known_pages: Any = None,
 ) -> int:
     """Write the blob into the start of a caller-provided writable buffer; bytes written.
     Options as for :func:`encode`."""
-    options = encoder_for(compression, checksum, compact, page_digests)
-    return options.encode_into(tensor, buffer, known_pages=known_pages)
+    wanted, given = precomputed(page_digests)
+    options = encoder_for(compression, checksum, compact, wanted)
+    return options.encode_into(tensor, buffer, known_pages=known_pages, page_digests=given)
 
 
 def planned_into(
     tensor: BlockPagedTensor,
     compression: Compression | str | None = None,
     checksum: bool = True,
-    page_digests: bool = False,
+    page_digests: bool | DigestArray = False,
     known_pages: Any = None,
 ) -> tuple[int, Callable[[Any], int]]:
     """The blob planned once (sizes known, small sections hashed, compressed sections
     compressed): its size and the writer that copies it into a buffer (``encode_into``;
     the NIXL sender reserves the size, then writes on its hashing thread)."""
-    options = encoder_for(compression, checksum, False, page_digests)
-    head, sections, total = _plan(tensor, options, False, known_pages)
+    wanted, given = precomputed(page_digests)
+    options = encoder_for(compression, checksum, False, wanted)
+    head, sections, total = _plan(tensor, options, False, known_pages, given=given)
     return total, partial(_write_into, tensor, head, sections, total, options.checksum)
 
 
@@ -476,7 +496,7 @@ def encode(
     compression: Compression | str | None = None,
     checksum: bool = True,
     compact: bool = False,
-    page_digests: bool = False,
+    page_digests: bool | DigestArray = False,
     known_pages: Any = None,
 ) -> memoryview:
     """The blob in a new buffer (a writable ``memoryview`` of a NumPy allocation, far cheaper
@@ -485,13 +505,29 @@ def encode(
 
     ``compression``: a :class:`Compression`, None (raw) or a text spec (``"zstd:3"``, read by
     :func:`~hurray_wire.codecs.parse_spec`). ``compact=True`` encodes ``tensor.compact()``.
-    ``page_digests=True`` adds the page-digests section; ``known_pages`` (a receiver's sorted
+    ``page_digests=True`` adds the page-digests section (an array: that section with
+    these precomputed digests, :func:`precomputed`); ``known_pages`` (a receiver's sorted
     digests, or a ``DeltaPlan`` made for this tensor) makes a delta blob whose known pages
     travel as references (docs/integrity.md §§ 4-5). :class:`Encoder` holds the options
     for many tensors.
     """
-    options = encoder_for(compression, checksum, compact, page_digests)
-    return options.encode(tensor, known_pages=known_pages)
+    wanted, given = precomputed(page_digests)
+    options = encoder_for(compression, checksum, compact, wanted)
+    return options.encode(tensor, known_pages=known_pages, page_digests=given)
+
+
+def precomputed(page_digests: object) -> tuple[object, DigestArray | None]:
+    """``page_digests=`` read as ``(the flag, the precomputed digests or None)``: a NumPy
+    array is the digests of exactly the tensor's physical pages, in pool order, which the
+    caller computed over the very bytes encoded (the HurrayConnector digests each page
+    right after its copy out of the engine's cache, while in cache, and never writes the
+    copy again: docs/performance.md § issue 30). Its dtype and count are checked
+    (``digest_array``: typed errors naming ``page_digests``); its values cannot be without
+    the pass it saves, so a wrong one is caught by the receiver's page-digest check, not
+    here: pass only digests of the bytes you encode."""
+    if isinstance(page_digests, np.ndarray):
+        return True, page_digests
+    return page_digests, None
 
 
 @dataclass(frozen=True, eq=False)
@@ -525,39 +561,68 @@ class Encoder:
     def _compacted(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
         return tensor.compact() if self.compact and isinstance(tensor, BlockPagedTensor) else tensor
 
-    def encode(self, tensor: BlockPagedTensor, *, known_pages: Any = None) -> memoryview:
-        """The blob in a new buffer (:func:`encode`); ``known_pages`` makes a delta blob."""
+    def _given(self, page_digests: object) -> DigestArray | None:
+        """The method's ``page_digests=`` (None, or an array: :func:`precomputed`)."""
+        if page_digests is None:
+            return None
+        if self.compact:  # compact() renumbers the pages the digests were computed for
+            raise ArgumentTypeError(
+                "precomputed page_digests are of the tensor's own pages: not with compact=True",
+                field="page_digests",
+                found="compact=True",
+            )
+        return digest_array(page_digests, None, "page_digests")
+
+    def encode(
+        self, tensor: BlockPagedTensor, *, known_pages: Any = None, page_digests: Any = None
+    ) -> memoryview:
+        """The blob in a new buffer (:func:`encode`); ``known_pages`` makes a delta blob;
+        ``page_digests``: this tensor's precomputed page digests (:func:`precomputed`),
+        which also add the digests section."""
         _check_tensor(tensor)
+        given = self._given(page_digests)
         if (
             self.compression is None
             and not self.compact
             and not self.page_digests
             and known_pages is None
+            and given is None
         ):
             small = _encode_small(tensor, self.checksum, self.layouts)
             if small is not None:
                 return small
         tensor = self._compacted(tensor)
         if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
-            head, sections, total = _plan(tensor, self, True, known_pages)
+            head, sections, total = _plan(tensor, self, True, known_pages, given=given)
             return memoryview(bytearray().join(_pieces(head, sections, total)))
-        head, sections, total = _plan(tensor, self, False, known_pages)
+        head, sections, total = _plan(tensor, self, False, known_pages, given=given)
         out = OUTPUT_POOL.take(total)  # recycled once the caller drops the blob: no faults
         _write(tensor, out, head, sections, total, self.checksum)
         return memoryview(out.data)
 
     def encode_parts(
-        self, tensor: BlockPagedTensor, *, known_pages: Any = None
+        self, tensor: BlockPagedTensor, *, known_pages: Any = None, page_digests: Any = None
     ) -> list[memoryview]:
-        """The blob as scatter-gather pieces (:func:`encode_parts`)."""
+        """The blob as scatter-gather pieces (:func:`encode_parts`; ``page_digests`` as
+        for :meth:`encode`)."""
+        given = self._given(page_digests)
         tensor = self._compacted(tensor)
-        head, sections, total = _plan(tensor, self, True, known_pages)
+        head, sections, total = _plan(tensor, self, True, known_pages, given=given)
         return _pieces(head, sections, total)
 
-    def encode_into(self, tensor: BlockPagedTensor, buffer: Any, *, known_pages: Any = None) -> int:
-        """Write the blob into the start of ``buffer``; bytes written (:func:`encode_into`)."""
+    def encode_into(
+        self,
+        tensor: BlockPagedTensor,
+        buffer: Any,
+        *,
+        known_pages: Any = None,
+        page_digests: Any = None,
+    ) -> int:
+        """Write the blob into the start of ``buffer``; bytes written (:func:`encode_into`;
+        ``page_digests`` as for :meth:`encode`)."""
+        given = self._given(page_digests)
         tensor = self._compacted(tensor)
-        head, sections, total = _plan(tensor, self, False, known_pages)
+        head, sections, total = _plan(tensor, self, False, known_pages, given=given)
         return _write_into(tensor, head, sections, total, self.checksum, buffer)
 
 
