@@ -23,7 +23,9 @@ from hurray_wire.errors import (
     TransportError,
 )
 from hurray_wire.fingerprint import EngineFingerprint
+from hurray_wire.integrity.digests import page_digests
 from hurray_wire.vllm import receive as rc, transfer as tr
+from hurray_wire.vllm.params import one_sequence
 from hurray_wire.vllm.peers import NixlPeers
 
 B, H, D, LAYERS = 4, 2, 8, 2
@@ -282,8 +284,9 @@ def test_pull_over_nixl_equals_the_socket_pull() -> None:
                 tr.prompt_digest(PROMPT),
             )  # fmt: skip
             store.begin(tid, f"r{n}", params.block_ids, len(PROMPT), params.prompt_digest)
-            for layer, (key, value) in enumerate(layers):
-                store.add_layer(tid, layer, key, value)
+            for layer, (key, value) in enumerate(layers):  # held digests: the save's (issue 30)
+                held = [page_digests(one_sequence(p, len(PROMPT))) for p in (key, value)]
+                store.add_layer(tid, layer, key, value, digests=held if n else None)
             result = rc.pull(params, FP, LAYERS, first_block=first, timeout=20, nixl=peers_d)
             assert result.error is None and result.pages is not None
             for (key, value), (k, v) in zip(result.pages.layers, layers, strict=True):

@@ -32,12 +32,13 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from hurray_wire._interop import consecutive
+from hurray_wire._interop import PageSink, consecutive, digesting
 from hurray_wire.adapters import _vllm_forms as forms, from_vllm
 from hurray_wire.adapters._common import array
 from hurray_wire.adapters.vllm import fp8_view
 from hurray_wire.adapters.vllm_landing import checked_write
 from hurray_wire.errors import HurrayWireError, InvalidTensorError
+from hurray_wire.integrity.digests import DigestArray, PageRecords, page_rows
 from hurray_wire.vllm.params import one_sequence, sequence_pages
 
 __all__ = [
@@ -140,6 +141,25 @@ class CacheForm:
             out.append(pages.copy() if shared else pages)
         return tuple(out)
 
+    def read_digested(
+        self,
+        cache: Any,
+        block_ids: Sequence[int],
+        scales: tuple[float | None, float | None] = (None, None),
+        *,
+        fresh: bool = False,
+    ) -> tuple[tuple[Pages, ...], tuple[DigestArray, ...]]:
+        """:meth:`read` and each role's page digests (``integrity.digests``, one per wire
+        page, what the encoder's pass would give), taken as each chunk of pages is copied
+        out of the cache, while in cache (``_interop.digesting``): the save's copy and
+        digest in one pass over memory (docs/performance.md § issue 30). A role whose
+        copy the gather did not make (a device's staged pages, a copy of a shared pool) is
+        digested after the read."""
+        sink = PageSink(self.ratio, _row_digests)
+        with digesting(sink):
+            pages = self.read(cache, block_ids, scales, fresh=fresh)
+        return pages, tuple(_digests_of(p, sink) for p in pages)
+
     def _gathered(self, pages: Any, block_ids: Sequence[int]) -> Pages:
         """Scheduler blocks ``block_ids`` of one role's gathered kernel-block pages
         ``[kernel blocks, kernel_block_size, H, D]`` (C order): views, ``[pages,
@@ -190,6 +210,27 @@ class CacheForm:
         """Read nothing from ``cache`` with the adapter's rules: every refusal it would
         give later (backend, shape, dtype, layout, ISA) given now."""
         from_vllm(cache, [[]], [0], kv_cache_layout=self.layout, **self._kw())
+
+
+def _row_digests(rows: npt.NDArray[np.uint8]) -> DigestArray:
+    """The page digests of whole pages given as ``[pages, bytes]`` rows."""
+    return PageRecords(rows).digests()
+
+
+def _digests_of(pages: Pages, sink: PageSink) -> DigestArray:
+    """The digests ``sink`` took of exactly these bytes (the gather's own output, page
+    ``i`` the same byte range of it), else digested now. Safe to reuse: the output is the
+    read's fresh memory, which nothing writes after the gather (the held copy)."""
+    for out, digests in sink.outputs:
+        if (
+            pages.flags.c_contiguous
+            and out.flags.c_contiguous
+            and pages.nbytes == out.nbytes
+            and len(digests) == len(pages)
+            and pages.ctypes.data == out.ctypes.data
+        ):
+            return digests
+    return _row_digests(page_rows(pages, len(pages), "pages"))
 
 
 def land_layers(

@@ -476,8 +476,12 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if not store.has(save.transfer_id):
                 store.begin(save.transfer_id, save.request_id, save.block_ids,
                             save.num_tokens, save.digest)  # fmt: skip
-            pages = self._cache_form().read(cache, block_ids, self._scales[layer], fresh=fresh)
-            store.add_layer(save.transfer_id, layer, *pages, copy=False)  # pages are copies
+            # each page digested as it is copied, while in cache; the pull sends these
+            pages, digests = self._cache_form().read_digested(
+                cache, block_ids, self._scales[layer], fresh=fresh
+            )
+            store.add_layer(save.transfer_id, layer, *pages, copy=False,  # pages are copies
+                            digests=digests)  # fmt: skip
         except Exception as exc:  # nothing may leave into vLLM's forward pass
             # the transfer stays incomplete: its pull is refused, the decode side
             # applies its kv_load_failure_policy

@@ -72,6 +72,8 @@ class _Transfer:
     digest: str
     block_size: int
     layers: dict[int, tuple[npt.NDArray[Any], ...]] = field(default_factory=dict)
+    # per layer, each role's page digests taken at the copy (CacheForm.read_digested)
+    digests: dict[int, tuple[npt.NDArray[np.uint64], ...]] = field(default_factory=dict)
     complete: bool = False
     created: float = field(default_factory=time.monotonic)
     served: set[int] = field(default_factory=set)  # decode ranks that pulled it
@@ -124,15 +126,26 @@ class TransferStore:
             self._gone[transfer_id] = reason
 
     def add_layer(
-        self, transfer_id: str, layer_index: int, *pages: npt.NDArray[Any], copy: bool = True
+        self,
+        transfer_id: str,
+        layer_index: int,
+        *pages: npt.NDArray[Any],
+        copy: bool = True,
+        digests: Sequence[npt.NDArray[np.uint64]] | None = None,
     ) -> None:
         """The layer's pages ``[pages, block_size, heads, head_dim]`` per role (key and value,
-        or MLA's fused latent), copied unless ``copy=False`` (the caller's own copies)."""
+        or MLA's fused latent), copied unless ``copy=False`` (the caller's own copies).
+        ``digests``: each role's page digests of exactly these bytes, taken as they were
+        copied (``CacheForm.read_digested``); the pull sends them instead of hashing the
+        held pages again. Safe because the held pages are the store's own memory, never
+        written after the copy (the transports only read them): docs/performance.md."""
         with self._lock:
             transfer = self._live.get(transfer_id)
             if transfer is None:
                 return
             transfer.layers[layer_index] = tuple(np.array(p, copy=copy) for p in pages)
+            if digests is not None:
+                transfer.digests[layer_index] = tuple(digests)
             if len(transfer.layers) == self.num_layers:
                 transfer.complete = True
 
@@ -334,13 +347,17 @@ def _tensors(
     first: int,
     roles: tuple[str, ...],
     metadata: Mapping[str, Any] | None = None,
-) -> Iterator[BlockPagedTensor]:
-    """The transfer's blobs in order: each role of each layer, pages ``first..``."""
+) -> Iterator[tuple[BlockPagedTensor, Any]]:
+    """The transfer's blobs in order: each role of each layer, pages ``first..``, with the
+    encoder's ``page_digests=``: the digests taken at the save (of exactly these pages,
+    the tensor's whole pool: ``one_sequence`` references every page), else True."""
     tokens = transfer.num_tokens - first * transfer.block_size
     for layer in range(num_layers):
-        for role, pages in zip(roles, transfer.layers[layer], strict=True):
-            yield one_sequence(np.ascontiguousarray(pages[first:]), tokens, kv_role=role,
-                               layer_index=layer, metadata=metadata)  # fmt: skip
+        held = transfer.digests.get(layer) or (None,) * len(roles)
+        for role, pages, digests in zip(roles, transfer.layers[layer], held, strict=True):
+            tensor = one_sequence(np.ascontiguousarray(pages[first:]), tokens, kv_role=role,
+                                  layer_index=layer, metadata=metadata)  # fmt: skip
+            yield tensor, True if digests is None else digests[first:]
 
 
 def known_pages(ask: Mapping[str, Any], transfer: _Transfer, num_layers: int) -> Any:
@@ -410,8 +427,9 @@ def serve_one(
             header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=roles,
                                   fingerprint=store.fingerprint, metadata=claims)  # fmt: skip
             with StreamWriter(conn, header) as writer:  # a failure aborts it: no end record
-                for tensor in _tensors(transfer, store.num_layers, first, roles):
-                    writer.write(tensor, checksum=False, page_digests=True, known_pages=known)
+                for tensor, digests in _tensors(transfer, store.num_layers, first, roles):
+                    # StreamWriter forwards page_digests to the encoder, which takes the array
+                    writer.write(tensor, checksum=False, page_digests=digests, known_pages=known)
             return writer.position
         except (OSError, HurrayWireError) as exc:
             # once per transfer (a transfer is served once), with the request it was for
@@ -437,8 +455,8 @@ def _send_nixl(
     _send_line(conn, {"ok": True, "agent_metadata": mine})
     meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
     total = 0
-    for tensor in _tensors(transfer, store.num_layers, first, roles, meta):
-        sender.publish(tensor, mode="staged", checksum=False, page_digests=True,
+    for tensor, digests in _tensors(transfer, store.num_layers, first, roles, meta):
+        sender.publish(tensor, mode="staged", checksum=False, page_digests=digests,
                        known_pages=known, deadline=deadline.left())  # fmt: skip
         total += tensor.page_pool.nbytes
     sender.wait(deadline=deadline.left())
