@@ -27,7 +27,7 @@ from hurray_wire.adapters._common import (
     per_tensor_scale,
     role_tensors,
 )
-from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.errors import IndexBufferError, InvalidTensorError, flag
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = ["from_flashinfer", "to_flashinfer"]
@@ -182,8 +182,7 @@ def to_flashinfer(
     ``as_torch=True`` gives CPU torch tensors of the same dtypes (bfloat16, float8).
     """
     layout = check_choice(kv_layout, "kv_layout", _LAYOUTS)
-    if not isinstance(combined, bool):
-        raise ArgumentTypeError("combined must be a bool", field="combined", found=repr(combined))
+    combined = flag(combined, "combined")
 
     def cache_of(t: BlockPagedTensor) -> Array:
         pool = t.unpacked_page_pool()

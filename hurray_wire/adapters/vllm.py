@@ -19,13 +19,13 @@ from hurray_wire._interop import first_reference_order, gather_rows
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import (
     Array,
+    Pair as Pair,  # vllm_landing imports it from here
     array,
     check_pair,
     from_table,
     int_vector,
     lens_of,
     padded_rows,
-    padded_table,
     role_tensors,
 )
 from hurray_wire.dtypes import element_type_from_name
@@ -35,7 +35,6 @@ from hurray_wire.transforms._common import check_int
 
 __all__ = ["from_vllm", "to_vllm"]
 
-Pair = tuple[BlockPagedTensor, BlockPagedTensor]
 SKIPPED_TOKENS_KEY = "vllm.skipped_tokens"
 # Axis of the one-role view [blocks, tokens, heads, dim] for each per-layer logical axis
 # (blocks, heads, tokens, content).
@@ -435,23 +434,9 @@ def from_vllm(
 ) -> BlockPagedTensor | Pair:
     """One layer's cache as a ``(key, value)`` pair, one role (``kv_role``) or MLA ``fused``.
 
-    ``backend`` is required (the same shape means other bytes under CPU_ATTN and
-    FLASH_ATTN); ``vllm_version`` when the shape's meaning depends on it (5-D caches, MLA
-    before 0.26; the installed vLLM's version otherwise); ``isa`` for CPU_ATTN
-    (``"amx"``, ``"vec"``, ``"vec16"``: the attention impl's ``.isa``); ``kv_cache_dtype``
-    (vLLM's "fp8", "fp8_e4m3", "fp8_e5m2") for a uint8 cache, which then travels as float8.
-    ``k_scale`` / ``v_scale``: a float, a 0-d tensor or one equal value per KV head.
-
-    The page pools are views of the cache for every backend but CPU_ATTN (whose slabs are
-    no strided layout: the referenced blocks are copied, numbered in order of first reference);
-    ``BlockPagedTensor.from_arrays`` shares a pool it can and copies a strided one.
-
-    ``block_size``: vLLM's scheduler block size (``cache_config.block_size``). When a backend
-    cannot take it, vLLM allocates the cache in smaller kernel blocks and hands connectors
-    exactly that tensor, while the scheduler's ``block_table`` stays in its own blocks: with
-    ``block_size`` given, each id ``b`` is read as kernel blocks ``b * ratio + j``, as the
-    attention reads it (``ratio = block_size // kernel block size``, the tensor's own block
-    axis; pages are kernel blocks). Without it the ids are the tensor's own blocks.
+    ``backend`` is required: the same shape holds other bytes under CPU_ATTN and FLASH_ATTN;
+    ``vllm_version`` where the shape's meaning depends on it; ``block_size`` (vLLM's
+    ``cache_config.block_size``) reads each id as kernel blocks (docs/adapters.md § vLLM).
     """
     name = forms.backend_name(backend)
     cache = fp8_view(array(kv_cache, "kv_cache"), kv_cache_dtype)
@@ -583,21 +568,10 @@ def to_vllm(
     max_blocks: int | None = None,
     block_size: int | None = None,
 ) -> tuple[Array, Array, Array]:
-    """``(kv_cache, block_table, seq_lens)`` as vLLM allocates them for ``backend``.
-
-    A new cache of ``pages + 1`` blocks (block 0 is vLLM's null block, left zero; page
-    ``p`` is block ``p + 1``), logical shape and strides as vLLM's for the era and layout
-    (``kv_cache_layout`` defaults to the backend's own, else vLLM's LBNHC / NHD). A single
-    key or value tensor gives the one-role view ``[num_blocks, block_size, H, head_size]``.
-    float8 tensors come back as uint8, vLLM's storage. The table is int32, zero padded.
-
-    ``block_size``: vLLM's scheduler block size, a multiple of the tensor's page size (the
-    kernel block size): the cache is then vLLM's kernel-block allocation, ``num_blocks *
-    ratio`` kernel blocks, and the table holds scheduler (manager) block ids ``b`` whose
-    kernel blocks ``b * ratio + j`` hold each sequence's pages in order (manager block 0,
-    kernel blocks ``0 .. ratio - 1``, stays the null block; ``max_blocks`` counts manager
-    blocks).
-    """
+    """``(kv_cache, block_table, seq_lens)`` as vLLM allocates them for ``backend``: a new
+    cache whose block 0 is vLLM's null block (page ``p`` in block ``p + 1``), shape and
+    strides as vLLM's for the era and layout, fp8 as uint8, the table int32 zero padded;
+    ``block_size``: vLLM's kernel-block allocation (docs/adapters.md § vLLM)."""
     name = forms.backend_name(backend)
     era = forms.era_of(vllm_version)
     if era is None:
@@ -663,9 +637,6 @@ def to_vllm(
             cache = _allocate((blocks, 2, page_size, heads, dim), (0, 1, *tail), dtype)
             cache[1:, 0], cache[1:, 1] = pools
     width = None if max_blocks is None else check_int(max_blocks, "max_blocks")
-    if ratio > 1:
-        table = padded_rows(managers, manager_ptr, width)
-    else:
-        table = padded_table(tensor, width, pad=-1)
-        table = np.where(table < 0, 0, table + 1).astype(np.int32)
-    return cache, table, lens_of(tensor)
+    if ratio == 1:  # page p in block p + 1
+        managers, manager_ptr = tensor.block_table.astype(np.int64) + 1, tensor.seq_ptr
+    return cache, padded_rows(managers, manager_ptr, width), lens_of(tensor)
