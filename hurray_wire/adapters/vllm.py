@@ -11,7 +11,7 @@ sliding window has left (``sliding_window=``: dropped, counted under
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from hurray_wire.dtypes import element_type_from_name
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import check_int
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["from_vllm", "to_vllm"]
 
@@ -341,6 +344,20 @@ def _window(
     return flat.astype(np.int64), new_ptr, new_lens, skipped
 
 
+class _Options(TypedDict, total=False):
+    """``from_vllm``'s keywords that do not decide what it returns."""
+
+    vllm_version: str | None
+    kv_cache_layout: Any
+    layer_index: int | None
+    k_scale: Any
+    v_scale: Any
+    kv_cache_dtype: str | None
+    sliding_window: int | None
+    isa: str | None
+    block_size: int | None
+
+
 @overload
 def from_vllm(
     kv_cache: Any,
@@ -348,16 +365,8 @@ def from_vllm(
     seq_lens: Any,
     *,
     backend: Any,
-    vllm_version: str | None = None,
-    kv_cache_layout: Any = None,
     kv_role: Literal["key", "value"],
-    layer_index: int | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    kv_cache_dtype: str | None = None,
-    sliding_window: int | None = None,
-    isa: str | None = None,
-    block_size: int | None = None,
+    **options: Unpack[_Options],
 ) -> BlockPagedTensor: ...
 @overload
 def from_vllm(
@@ -366,16 +375,8 @@ def from_vllm(
     seq_lens: Any,
     *,
     backend: forms.MlaBackend,
-    vllm_version: str | None = None,
-    kv_cache_layout: Any = None,
     kv_role: None = None,
-    layer_index: int | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    kv_cache_dtype: str | None = None,
-    sliding_window: int | None = None,
-    isa: str | None = None,
-    block_size: int | None = None,
+    **options: Unpack[_Options],
 ) -> BlockPagedTensor: ...
 @overload
 def from_vllm(
@@ -384,16 +385,8 @@ def from_vllm(
     seq_lens: Any,
     *,
     backend: forms.PairBackend,
-    vllm_version: str | None = None,
-    kv_cache_layout: Any = None,
     kv_role: None = None,
-    layer_index: int | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    kv_cache_dtype: str | None = None,
-    sliding_window: int | None = None,
-    isa: str | None = None,
-    block_size: int | None = None,
+    **options: Unpack[_Options],
 ) -> Pair: ...
 @overload
 def from_vllm(
@@ -402,16 +395,8 @@ def from_vllm(
     seq_lens: Any,
     *,
     backend: Any = None,
-    vllm_version: str | None = None,
-    kv_cache_layout: Any = None,
     kv_role: str | None = None,
-    layer_index: int | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    kv_cache_dtype: str | None = None,
-    sliding_window: int | None = None,
-    isa: str | None = None,
-    block_size: int | None = None,
+    **options: Unpack[_Options],
 ) -> BlockPagedTensor | Pair: ...
 
 
