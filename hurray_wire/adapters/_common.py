@@ -248,8 +248,6 @@ _ENGINE_DTYPES = {
 
 def engine_dtype_name(value: Any) -> str:
     """A dtype name from a torch dtype, a NumPy dtype or a string (``torch.`` dropped)."""
-    if isinstance(value, str):
-        return value.removeprefix("torch.")
     if isinstance(value, (np.dtype, type)):
         return str(np.dtype(value).name)
     return str(value).removeprefix("torch.")

@@ -182,31 +182,22 @@ def _read(
     slots = table[used]
     pos = np.broadcast_to(cols, table.shape)[used]
     num_slots = int(pools[0][1].shape[0]) * page_size
-    outside = (slots < page_size) | (slots >= num_slots)
-    if outside.any():
-        bad = int(np.argmax(outside))
-        seq = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
-        raise IndexBufferError(
-            f"request {seq}, token {int(pos[bad])}: slot in the padding page or outside the pool",
-            position=bad,
-            field="req_to_token",
-            found=int(slots[bad]),
-            expected=f"{page_size}..{num_slots - 1}",
-        )
     offset = pos % page_size
     page_start = slots[np.arange(len(slots)) - offset]
-    broken = (slots != page_start + offset) | (page_start % page_size != 0)
-    if broken.any():
-        bad = int(np.argmax(broken))
-        seq = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
-        raise IndexBufferError(
-            f"request {seq}: token {int(pos[bad])}'s slot is not contiguous and page-aligned "
-            f"within its page of {page_size} (SGLang's paged allocator keeps "
-            "slot % page_size == token % page_size)",
-            position=bad,
-            field="req_to_token",
-            found=int(slots[bad]),
-        )
+    rules = (
+        ((slots < page_size) | (slots >= num_slots), "is in the padding page or outside the "
+         "pool", f"{page_size}..{num_slots - 1}"),
+        ((slots != page_start + offset) | (page_start % page_size != 0), "is not contiguous "
+         f"and page-aligned within its page of {page_size} (SGLang's paged allocator)",
+         "slot % page_size == token % page_size"),
+    )  # fmt: skip
+    for broken, why, expected in rules:
+        if broken.any():
+            bad = int(np.argmax(broken))
+            seq = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
+            raise IndexBufferError(f"request {seq}: token {int(pos[bad])}'s slot {why}",
+                                   position=bad, field="req_to_token", found=int(slots[bad]),
+                                   expected=expected)  # fmt: skip
     block_table = slots[offset == 0] // page_size
     seq_ptr = np.concatenate(([0], np.cumsum(-(-lens // page_size)))).astype(np.int64)
     return role_tensors(pools, block_table, seq_ptr, lens, layer_index, scales)

@@ -21,6 +21,7 @@ from hurray_wire.adapters._common import (
     Array,
     Pair as Pair,  # vllm_landing imports it from here
     array,
+    check_choice,
     check_pair,
     from_table,
     int_vector,
@@ -137,10 +138,7 @@ def _role_pools(
             cache,
         )
     if kv_role is not None:
-        if kv_role not in ("key", "value"):
-            raise ArgumentTypeError(
-                "kv_role must be 'key' or 'value'", field="kv_role", found=repr(kv_role)
-            )
+        check_choice(kv_role, "kv_role", ("key", "value"))
         if cache.ndim != 4:
             raise _shape_error("a one-role cache is [num_blocks, block_size, H, head_size]", cache)
         return "role", [(kv_role, cache)]
