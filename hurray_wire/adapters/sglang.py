@@ -1,12 +1,9 @@
 """SGLang token-slot pools <-> BlockPagedTensor, as sglang 0.5.23's own code keeps them.
 
-docs/adapters.md tabulates what SGLang keeps (``sglang/srt/mem_cache/memory_pool.py``) and
-where each rule comes from. What shapes this module: a pool is token slots, not pages, so a
-page exists only because SGLang's paged allocator keeps a page's slots contiguous and
-aligned (``slot % page_size == token % page_size``; page id = ``slot // page_size``, as
-its disaggregation does), which is checked per token; page 0 and row 0 of
-``req_to_token`` are padding, never data; fp8 is stored as uint8 and needs ``dtype``.
-An NHD host pool is shared; HND or device pools give only the referenced pages (a copy).
+A pool is token slots, not pages: a page exists only because SGLang's paged allocator keeps
+a page's slots contiguous and aligned (page id ``slot // page_size``, as its disaggregation
+reads it), which is checked per token. docs/adapters.md tabulates the rest
+(``sglang/srt/mem_cache/memory_pool.py``).
 """
 
 from __future__ import annotations
@@ -261,10 +258,8 @@ def from_sglang_mla(
     kv_scale: Any = None,
     layer_index: int | None = None,
 ) -> BlockPagedTensor:
-    """One layer of an ``MLATokenToKVPool``: ``pool.kv_buffer[layer]``
-    (``[size + page_size, 1, kv_lora_rank + qk_rope_head_dim]``) as one ``"fused"`` tensor
-    of ``H = 1``; the value SGLang reads is its first ``kv_lora_rank`` dims. Otherwise as
-    ``from_sglang``."""
+    """One layer of an ``MLATokenToKVPool`` (``pool.kv_buffer[layer]``) as one ``"fused"``
+    tensor of one head; otherwise as ``from_sglang``."""
     size = check_int(page_size, "page_size", minimum=1)
     pages = _pages(kv_buffer, "kv_buffer", size, "nhd", dtype)
     if int(pages.shape[2]) != 1:

@@ -1,9 +1,6 @@
-"""PyTorch: tensors in and out through DLPack; torch is imported only inside the calls.
-
-CPU tensors are shared, never copied; bfloat16 and the float8 types cross as same-width
-integers (NumPy's DLPack cannot name them) and are viewed back on the other side. Going out,
-torch has no read-only tensors: memory that is read-only (a tensor decoded from ``bytes`` or
-from a ``StreamFile`` mapping) is copied, never aliased.
+"""PyTorch: tensors in and out through DLPack (``_interop``), torch imported only inside the
+calls. CPU tensors are shared; read-only memory (a tensor decoded from ``bytes`` or a mapped
+file) is copied going out, as torch has no read-only tensors.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """vLLM per-layer KV caches <-> BlockPagedTensor, read the way vLLM's attention reads them.
 
-The same tensor holds other bytes under another attention ``backend`` or allocation era
-(``vllm_version``), so both are inputs, never guessed; ``_vllm_forms`` cites the vLLM code
-behind every rule and docs/adapters.md tabulates them. ``kv_cache_layout`` sets only the
-strides, so it is checked, never used to reinterpret the axes. Block 0 is vLLM's null
-block (vllm/v1/core/block_pool.py), never a request's data, except as the leading blocks a
-sliding window has left (``sliding_window=``: dropped, counted under
-``"vllm.skipped_tokens"``).
+The same tensor holds other bytes under another ``backend`` or ``vllm_version``, so both are
+inputs, never guessed (``_vllm_forms`` cites the vLLM code, docs/adapters.md tabulates it);
+``kv_cache_layout`` is checked against the strides, never used to reinterpret the axes.
+Block 0 is vLLM's null block (vllm/v1/core/block_pool.py), never a request's data.
 """
 
 from __future__ import annotations
@@ -112,8 +109,8 @@ def _check_dense(cache: Array) -> None:
         )
 
 
-def _shape_error(message: str, cache: Array, **kw: Any) -> InvalidTensorError:
-    return InvalidTensorError(message, field="kv_cache", found=f"shape {cache.shape}", **kw)
+def _shape_error(message: str, cache: Array) -> InvalidTensorError:
+    return InvalidTensorError(message, field="kv_cache", found=f"shape {cache.shape}")
 
 
 def _role_pools(
@@ -202,11 +199,11 @@ def _cpu_geometry(cache: Array, isa: str) -> tuple[int, int, int, int]:
 
 
 def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Array]:
-    """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy)."""
-    num_blocks, heads, block_size, head_size = _cpu_geometry(cache, isa)
-    _check_ids(table, num_blocks, "block_table")
+    """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy) in a
+    cache ``_cpu_geometry`` checked."""
+    _, heads, block_size, width = cache.shape
     used, pages = first_reference_order(table)  # a sequence's pages in order: no re-gather
-    shape = (len(used), block_size, heads, head_size)
+    shape = (len(used), block_size, heads, width // 2)
     key, value = (
         gather_rows(view, used).reshape(shape).view(cache.dtype)
         for view in forms.cpu_role_views(cache, isa)
@@ -243,13 +240,9 @@ def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
 def kernel_ratio(
     block_size: object, kernel_block_size: int, num_blocks: int | None, layout: object = None
 ) -> int:
-    """Kernel blocks per scheduler (manager) block: 1 without ``block_size``.
-
-    vLLM 0.33 allocates a layer in kernel blocks when its backend cannot take the configured
-    block size (vllm/v1/worker/utils.py ``select_common_block_size``; kv_cache_interface.py
-    ``compute_layer_kv_cache_shape_bytes``: ``num_blocks * ratio`` blocks of
-    ``kernel_block_size`` tokens) while the scheduler's ids stay in manager blocks.
-    """
+    """Kernel blocks per scheduler (manager) block, 1 without ``block_size``: vLLM 0.33
+    allocates kernel blocks when a backend cannot take the block size (vllm/v1/worker/utils.py
+    ``select_common_block_size``) while the scheduler's ids stay in manager blocks."""
     if block_size is None:
         return 1
     size = check_int(block_size, "block_size", minimum=1)
@@ -424,11 +417,8 @@ def from_vllm(
     name = forms.backend_name(backend)
     cache = fp8_view(array(kv_cache, "kv_cache"), kv_cache_dtype)
     era = forms.era_of(vllm_version)
-    scales = {
-        "key": forms.scale_value(k_scale, "k_scale"),
-        "fused": forms.scale_value(k_scale, "k_scale"),
-        "value": forms.scale_value(v_scale, "v_scale"),
-    }
+    key_scale = forms.scale_value(k_scale, "k_scale")
+    scales = {"key": key_scale, "fused": key_scale, "value": forms.scale_value(v_scale, "v_scale")}
     lens = int_vector(seq_lens, "seq_lens")
     if name == forms.CPU_BACKEND:
         if era is not None and era < forms.ERA_LAYER_VIEWS:
@@ -460,12 +450,11 @@ def from_vllm(
     table, seq_ptr = from_table(block_table, lens, manager)
     table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, manager, sliding_window)
     table, seq_ptr = kernel_table(table, seq_ptr, lens, ratio, kernel, "block_table")
+    _check_ids(table, kernel[0], "block_table")
     if name == forms.CPU_BACKEND:
         key, value, table = _cpu_pools(cache, chosen, table)
         pools = [("key", key), ("value", value)]
-    else:
-        _check_ids(table, kernel[0], "block_table")
-    metadata = None if skipped is None else {SKIPPED_TOKENS_KEY: skipped} if skipped else None
+    metadata = {SKIPPED_TOKENS_KEY: skipped} if skipped else None
     return role_tensors(pools, table, seq_ptr, lens, layer_index, scales, metadata)
 
 

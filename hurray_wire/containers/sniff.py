@@ -36,12 +36,8 @@ class Format(str, enum.Enum):
 
 
 def identify(data_or_path: Any) -> Format:
-    """The format of a bytes-like object or of the file at a path (``UNKNOWN`` if none).
-
-    A lone blob and a lone descriptor are told from a stream by their own length field:
-    exactly the input's length means one item, anything else a stream of them. A blob
-    whose prefix is broken raises the blob decoder's error.
-    """
+    """The format of a bytes-like object or of the file at a path (``UNKNOWN`` if none); a
+    lone blob or descriptor is one whose own length field is exactly the input's length."""
     source = open_memory(data_or_path, name="data")
     try:
         view = source.view
