@@ -172,8 +172,8 @@ def _role_pools(
             )
         axis = forms.stacked_axis(backend, era)
         if cache.shape[axis] == 2:
-            halves = (cache[0], cache[1]) if axis == 0 else (cache[:, 0], cache[:, 1])
-            return "old", [("key", halves[0]), ("value", halves[1])]  # views
+            roles = np.moveaxis(cache, axis, 0)
+            return "old", [("key", roles[0]), ("value", roles[1])]  # views
         raise _shape_error(
             f"{backend} in this vLLM version allocates "
             + (
@@ -194,7 +194,14 @@ def _cpu_geometry(cache: Array, isa: str) -> tuple[int, int, int, int]:
         raise _shape_error("a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache)
     num_blocks, heads, block_size, width = cache.shape
     forms.check_cpu_geometry(isa, block_size, width // 2)
-    _check_slabs(cache)
+    item = cache.dtype.itemsize  # the kernel's kv_cache.view(N, H, 2 * block_size, -1)
+    if cache.strides[3] != item or (block_size > 1 and cache.strides[2] != width * item):
+        raise InvalidTensorError(
+            "a CPU_ATTN cache keeps each (block, head) slab contiguous (kv_cache_layout "
+            "LBHNC, the one CPUAttentionBackend.supported_kv_cache_layouts allows)",
+            field="kv_cache",
+            found=f"strides {cache.strides}",
+        )
     return num_blocks, heads, block_size, width // 2
 
 
@@ -209,20 +216,6 @@ def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Arra
         for view in forms.cpu_role_views(cache, isa)
     )  # one gather each, the kernel's slab order undone by the views' strides
     return key, value, pages
-
-
-def _check_slabs(cache: Array) -> None:
-    """CPU_ATTN's ``kv_cache.view(N, H, 2 * block_size, -1)`` needs each slab contiguous."""
-    item = cache.dtype.itemsize
-    if cache.strides[3] != item or (
-        cache.shape[2] > 1 and cache.strides[2] != cache.shape[3] * item
-    ):
-        raise InvalidTensorError(
-            "a CPU_ATTN cache keeps each (block, head) slab contiguous (kv_cache_layout "
-            "LBHNC, the one CPUAttentionBackend.supported_kv_cache_layouts allows)",
-            field="kv_cache",
-            found=f"strides {cache.strides}",
-        )
 
 
 def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
@@ -588,13 +581,10 @@ def to_vllm(
             (blocks, page_size, heads, dim), tuple(_ROLE_AXIS[a] for a in order), dtype
         )
         cache[1:] = pools[0]
-    elif name in forms.MLA_BACKENDS:
-        if era >= forms.ERA_LAYER_VIEWS:
-            cache = np.zeros((blocks, 1, page_size, dim), dtype)
-            cache[1:, 0] = pools[0][:, :, 0, :]
-        else:
-            cache = np.zeros((blocks, page_size, dim), dtype)
-            cache[1:] = pools[0][:, :, 0, :]
+    elif name in forms.MLA_BACKENDS:  # one head: [pages, page_size, 1, dim] reshapes freely
+        shape = (1, page_size, dim) if era >= forms.ERA_LAYER_VIEWS else (page_size, dim)
+        cache = np.zeros((blocks, *shape), dtype)
+        cache[1:] = pools[0].reshape(pages, *shape)
     elif era >= forms.ERA_LAYER_VIEWS:
         cache = _allocate((blocks, heads, page_size, 2 * dim), forms.LAYOUTS[layout], dtype)
         layer = cache.transpose(0, 2, 1, 3)
@@ -602,12 +592,11 @@ def to_vllm(
         layer[1:, ..., dim:] = pools[1]
     else:
         tail = (2, 3, 4) if _OLD_LAYOUTS[layout] == "NHD" else (3, 2, 4)
-        if forms.stacked_axis(name, era) == 0:
-            cache = _allocate((2, blocks, page_size, heads, dim), (0, 1, *tail), dtype)
-            cache[0, 1:], cache[1, 1:] = pools
-        else:
-            cache = _allocate((blocks, 2, page_size, heads, dim), (0, 1, *tail), dtype)
-            cache[1:, 0], cache[1:, 1] = pools
+        axis = forms.stacked_axis(name, era)  # where the 2 roles sit: before or after blocks
+        shape = (2, blocks) if axis == 0 else (blocks, 2)
+        cache = _allocate((*shape, page_size, heads, dim), (0, 1, *tail), dtype)
+        roles = np.moveaxis(cache, axis, 0)
+        roles[0, 1:], roles[1, 1:] = pools
     width = None if max_blocks is None else check_int(max_blocks, "max_blocks")
     if ratio == 1:  # page p in block p + 1
         managers, manager_ptr = tensor.block_table.astype(np.int64) + 1, tensor.seq_ptr
