@@ -28,6 +28,7 @@ __all__ = [
     "as_numpy",
     "consecutive",
     "first_reference_order",
+    "gather_many",
     "gather_rows",
     "is_device_tensor",
     "is_strided_pool",
@@ -98,9 +99,16 @@ def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -
     return gather_rows(pool, page_ids)
 
 
-#: Bytes gathered per round by ``gather_rows``: the gathered rows and their C-ordered
-#: copy both stay in a core's L2 (measured best at 256 KiB-1 MiB, tools/bench_connector_host.py).
+#: Bytes per chunk of rows (``gather_many`` / ``scatter_rows`` where rows are not copied one
+#: call each): the chunk and its reordered copy both stay in a core's L2 (measured best at
+#: 256 KiB-1 MiB, tools/bench_connector_host.py).
 GATHER_CHUNK = 1 << 19
+#: Strided rows of at least this many bytes are copied one NumPy call per row (each
+#: array's row in turn), smaller ones a chunk of rows at a time by fancy indexing. Measured
+#: for a layer's keys and values (32 MiB, 2 shared cores): 4 KiB rows 13.1 ms per row
+#: against 15.4 ms in chunks, 32 KiB rows 8.5 against 13.9 ms (docs/performance.md); 4 KiB
+#: is the smallest row measured, below it the calls' own cost grows per byte.
+ROW_CALL_MIN = 4 << 10
 
 
 def consecutive(ids: npt.NDArray[Any]) -> slice | None:
@@ -113,48 +121,89 @@ def consecutive(ids: npt.NDArray[Any]) -> slice | None:
 
 def gather_rows(array: npt.NDArray[Any], ids: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """``array[ids]`` (axis 0, ids checked) as a new C-contiguous array, in one pass over
-    memory. NumPy's fancy indexing keeps a strided row's memory order (a vLLM cache's
-    head-major pages come out head-major), so a C-ordered result would cost a second full
-    copy: such rows are gathered a chunk at a time and reordered while still in cache."""
+    memory (:func:`gather_many` of one array)."""
+    return gather_many([array], ids)[0]
+
+
+def gather_many(
+    arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any]
+) -> list[npt.NDArray[Any]]:
+    """``[array[ids] for array in arrays]`` (axis 0, ids checked), each a new C-contiguous
+    array, in one pass over memory. For views of one memory (a layer's keys and values,
+    their rows interleaved), each array's row is copied in turn: the memory of a row is
+    read once, while a pass per array reads it twice (the hardware prefetcher pulls the
+    other array's lines too; measured 17.7 against 22.2 ms for 64 MiB).
+
+    NumPy's fancy indexing keeps a strided row's memory order (a head-major page comes out
+    head-major), so a C-ordered result of it would cost a second full copy: strided rows
+    of contiguous runs are copied one call per row into their place (:data:`ROW_CALL_MIN`),
+    other strided rows (CPU_ATTN's key slabs, one element per 64 bytes) gathered a chunk
+    at a time and reordered while in cache; C-contiguous rows in one gather. Arrays of
+    both kinds (a CPU_ATTN slab's keys and values, separate halves of it) take their
+    routes one after the other (measured 25.8 against 29.1 ms taking turns)."""
+    shapes = [(len(ids), *a.shape[1:]) for a in arrays]
+    if not ids.size:
+        return [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
     run = consecutive(ids)
-    if run is not None:  # one strided copy, no index
-        return np.ascontiguousarray(array[run])
-    first = array[ids[:1]]
-    if first.flags.c_contiguous:  # the rows come out in C order: one gather
-        return np.ascontiguousarray(array[ids])
-    out = np.empty((len(ids), *array.shape[1:]), array.dtype)
-    step = max(1, GATHER_CHUNK // max(1, first.nbytes))
+    probe = int(ids[0])
+    if run is None and all(a[probe].flags.c_contiguous for a in arrays):  # one gather each
+        return [np.ascontiguousarray(a[ids]) for a in arrays]
+    runs = [a.strides[-1] == a.itemsize for a in arrays]  # not CPU_ATTN's key slabs
+    if len(arrays) > 1 and not all(runs):  # each on its own route, one after the other
+        return [gather_many([a], ids)[0] for a in arrays]
+    outs = [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
+    row_nbytes = sum(out[0].nbytes for out in outs)
+    pairs = list(zip(arrays, outs, strict=True))
+    if run is None and runs[0] and min(out[0].nbytes for out in outs) >= ROW_CALL_MIN:
+        for at, row in enumerate(ids.tolist()):
+            for array, out in pairs:
+                out[at] = array[row]
+        return outs
+    step = max(1, GATHER_CHUNK // max(1, row_nbytes))
     for start in range(0, len(ids), step):
-        out[start : start + step] = array[ids[start : start + step]]
-    return out
+        part = ids[start : start + step]
+        slot = consecutive(part)
+        for array, out in pairs:
+            out[start : start + step] = array[part if slot is None else slot]
+    return outs
 
 
 def scatter_rows(
     arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any], rows: Sequence[npt.NDArray[Any]]
 ) -> None:
     """``array[ids] = rows`` for each array (axis 0, ids checked, distinct; the arrays views
-    of one memory, e.g. a layer's keys and values), a cache-sized chunk of ids at a time.
-    Arrays of contiguous runs (a vLLM layer's K and V heads) take turns per chunk, so each
-    chunk's lines are written while in cache (measured 4-20% faster than one pass per
-    array). Rows whose last axis is strided (CPU_ATTN's key slabs: one element per 64
-    bytes) are first put in the array's memory order in cache, one array after the other
-    (measured 2x faster than NumPy's element-wise scatter; taking turns was slower)."""
+    of one memory, e.g. a layer's keys and values). Arrays of contiguous runs (a vLLM
+    layer's K and V heads) take turns, so each block's lines are written while in cache
+    (measured 4-20% faster than one pass per array): a row per NumPy call when rows hold
+    at least :data:`ROW_CALL_MIN` bytes (measured 12.5 against 14.4 ms for 64 MiB in
+    chunks of rows), else a cache-sized chunk of ids at a time; consecutive ids as slices.
+    Rows whose last axis is strided (CPU_ATTN's key slabs: one element per 64 bytes) are
+    first put in the array's memory order in cache, one array after the other (measured
+    2x faster than NumPy's element-wise scatter; taking turns was slower)."""
     if not ids.size:
         return
-    step = max(1, GATHER_CHUNK // max(1, arrays[0][ids[:1]].nbytes))
+    row_nbytes = arrays[0][ids[:1]].nbytes
+    step = max(1, GATHER_CHUNK // max(1, row_nbytes))
     held = [
         None if a.strides[-1] == a.itemsize else np.empty_like(a[ids[:step]])  # order="K"
         for a in arrays
     ]
+    pairs = list(zip(arrays, rows, strict=True))
     if all(buffer is None for buffer in held):
+        run = consecutive(ids)
+        if run is None and row_nbytes >= ROW_CALL_MIN:
+            for at, target in enumerate(ids.tolist()):
+                for array, source in pairs:
+                    array[target] = source[at]
+            return
         for start in range(0, len(ids), step):
             part = ids[start : start + step]
-            run = consecutive(part)
-            for array, source in zip(arrays, rows, strict=True):
-                array[part if run is None else run] = source[start : start + step]
+            slot = consecutive(part)
+            for array, source in pairs:
+                array[part if slot is None else slot] = source[start : start + step]
         return
     run = consecutive(ids)
-    for array, source, buffer in zip(arrays, rows, held, strict=True):
+    for (array, source), buffer in zip(pairs, held, strict=True):
         if buffer is None:  # one NumPy scatter of the whole: chunks only add calls here
             array[ids if run is None else run] = source
             continue

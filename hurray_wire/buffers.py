@@ -1,11 +1,6 @@
-"""Bytes-like arguments, once: every public entry point that takes bytes coerces them here.
-
-One rule for the whole package: a buffer is any object that exports the buffer protocol
-(``bytes``, ``bytearray``, ``memoryview``, ``mmap``, NumPy arrays, ...), C-contiguous, not a
-``str``, not released. Anything else is an :class:`~hurray_wire.errors.ArgumentTypeError`
-naming the argument, never a ``BufferError``, ``TypeError`` or ``ValueError`` from the
-buffer protocol itself.
-"""
+"""Bytes-like arguments, coerced here by every entry point: a C-contiguous, unreleased
+buffer-protocol object that is not a ``str``; anything else an ``ArgumentTypeError`` naming
+the argument, never the buffer protocol's own ``BufferError`` or ``TypeError``."""
 
 from __future__ import annotations
 
@@ -32,11 +27,8 @@ def _not_bytes(name: str, data: object) -> ArgumentTypeError:
 
 
 def byte_view(data: object, name: str = "data", *, allow_copy: bool = False) -> memoryview:
-    """A flat unsigned-byte memoryview of a C-contiguous bytes-like object (no copy).
-
-    With ``allow_copy`` a strided buffer is copied into C order instead of refused (for
-    readers whose result does not keep views of their input: checksums, metadata).
-    """
+    """A flat unsigned-byte memoryview of a C-contiguous bytes-like object (no copy);
+    ``allow_copy``: a strided one copied instead of refused (checksums, metadata)."""
     if type(data) is bytes:  # the common cases, fast
         return memoryview(data)
     if type(data) is memoryview:  # e.g. encode()'s output
@@ -66,11 +58,8 @@ def byte_view(data: object, name: str = "data", *, allow_copy: bool = False) -> 
 
 
 def u8_array(data: object, name: str = "data", *, allow_copy: bool = False) -> U8Array:
-    """A flat uint8 NumPy view of a C-contiguous bytes-like object or array (no copy).
-
-    NumPy arrays of any plain dtype are viewed through ``reshape`` + ``view``, which also
-    covers dtypes that cannot export a buffer (bfloat16, the float8 types).
-    """
+    """A flat uint8 NumPy view of a C-contiguous bytes-like object or array (no copy; also
+    dtypes that export no buffer: bfloat16, the float8 types)."""
     if isinstance(data, np.ndarray):
         if data.dtype.hasobject:
             raise ArgumentTypeError(
@@ -120,11 +109,8 @@ def check_zero(
     section: str,
     base: int = 0,
 ) -> None:
-    """Raise ``error`` at the first non-zero byte of ``view[start:stop]`` (padding, reserved).
-
-    Vectorised and copy-free, so refusing a large padded region costs what reading it does;
-    the offset reported is ``base + position``.
-    """
+    """Raise ``error`` at ``base +`` the first non-zero byte of ``view[start:stop]``
+    (padding, reserved bytes), vectorised and copy-free."""
     if stop <= start:
         return
     if stop - start <= _SMALL_REGION and not int.from_bytes(view[start:stop], "little"):

@@ -1,10 +1,6 @@
-"""The ``hurray-wire`` command: dump, validate and convert. The only module that prints.
-
-It parses arguments, asks the library (``containers.identify`` decides what bytes are,
-the containers read and write them, ``report`` describes them) and prints. Every failure
-is one line on stderr, ``hurray-wire: PATH: problem``, and an exit code from ``EXIT_CODES``;
-never a traceback. Files are written only through ``containers.atomic.atomic_output``, so a
-failed or interrupted command leaves no partial output and never writes onto its input.
+"""The ``hurray-wire`` command: dump, validate and convert; the only module that prints.
+Every failure is one line on stderr and an exit code from ``EXIT_CODES``, never a traceback;
+files are written through ``atomic_output`` only (no partial output, never onto an input).
 """
 
 from __future__ import annotations
@@ -137,15 +133,9 @@ def _salvaged(exc: ChecksumError, label: str, blob: memoryview, extra: dict[str,
 
 
 def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterator[Item]:
-    """Every record of ``data`` in order, each checked as it comes.
-
-    A lazy generator on purpose: a record that is cut or corrupt raises only after every
-    record before it was handed out, so ``dump`` shows the intact part of a cut stream.
-    Blobs are decoded as ``decode_report`` does, naming the pages that fail their digests.
-    ``salvage`` (dump): a blob whose section checksum fails is handed out read without
-    checksums (``extra["unverified"]``), then its error raised with the hint to
-    ``--no-verify``.
-    """
+    """Every record of ``data``, each checked as it comes (lazily: ``dump`` shows the intact
+    part of a cut stream). ``salvage``: a blob failing a section checksum is handed out
+    unverified (``extra["unverified"]``), then its error raised with the ``--no-verify`` hint."""
     view = memoryview(data)
     if kind == "descriptor":
         yield Item("descriptor", kind, descriptor_bytes=bytes(view))
@@ -363,24 +353,39 @@ def _dump_hex(data: Any, kind: str) -> None:
     _check(data, kind)
 
 
-def cmd_dump(args: argparse.Namespace) -> int:
-    """Every input in turn: intact records are printed, the first bad one ends that input.
-    With ``--json`` every input is in the array; one that failed has an ``error``."""
+def _each_input(
+    args: argparse.Namespace,
+    fresh: Callable[[str], dict[str, Any]],
+    one: Callable[[str, argparse.Namespace, dict[str, Any]], None],
+    failed: Callable[[dict[str, Any], dict[str, Any]], None],
+) -> int:
+    """``one(path, args, result)`` for every input, whatever fails (``failed(result, error)``
+    records it); with ``--json`` the results as one array on stdout; the worst exit code."""
     results: list[dict[str, Any]] = []
     for path in args.paths:
-        document: dict[str, Any] = {"path": path, "kind": None, "size": None, "items": []}
-        results.append(document)
+        result = fresh(path)
+        results.append(result)
 
-        def failed(code: int, message: str, details: dict[str, Any],
-                   document: dict[str, Any] = document) -> None:  # fmt: skip
-            document["error"] = {**details, "message": message, "exit_code": code}
+        def record(code: int, message: str, details: dict[str, Any],
+                   result: dict[str, Any] = result) -> None:  # fmt: skip
+            failed(result, {**details, "message": message, "exit_code": code})
 
-        args.worst = max(args.worst, _guard(path, partial(_dump_one, path, args, document),
-                                            failed))  # fmt: skip
+        args.worst = max(args.worst, _guard(path, partial(one, path, args, result), record))
     if args.json:
         json.dump(results, sys.stdout, indent=2, sort_keys=True)
         print()
     return int(args.worst)
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    """Every input in turn: intact records are printed, the first bad one ends that input.
+    With ``--json`` every input is in the array; one that failed has an ``error``."""
+    return _each_input(
+        args,
+        lambda path: {"path": path, "kind": None, "size": None, "items": []},
+        _dump_one,
+        lambda result, error: result.update(error=error),
+    )
 
 
 def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tuple[int, list[str]]:
@@ -437,21 +442,12 @@ def _validate_one(path: str, args: argparse.Namespace, result: dict[str, Any]) -
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check every input (all of them, whatever fails): one line each, exit 1 if any failed.
     With ``--json`` one array on stdout instead (``schemas/validate.schema.json``)."""
-    results: list[dict[str, Any]] = []
-    for path in args.paths:
-        result: dict[str, Any] = {"path": path, "ok": False, "kind": None}
-        results.append(result)
-
-        def failed(code: int, message: str, details: dict[str, Any],
-                   result: dict[str, Any] = result) -> None:  # fmt: skip
-            result.update(ok=False, error={**details, "message": message, "exit_code": code})
-
-        step = partial(_validate_one, path, args, result)
-        args.worst = max(args.worst, _guard(path, step, failed))
-    if args.json:
-        json.dump(results, sys.stdout, indent=2, sort_keys=True)
-        print()
-    return int(args.worst)
+    return _each_input(
+        args,
+        lambda path: {"path": path, "ok": False, "kind": None},
+        _validate_one,
+        lambda result, error: result.update(ok=False, error=error),
+    )
 
 
 # -- convert ---------------------------------------------------------------------------------

@@ -1,9 +1,5 @@
-"""The ``hurray-wire`` command's entry (the console script ``hurray_wire.cli_args:main``).
-
-It parses with ``cli_parser`` (argparse only: ``--help`` and a usage error load nothing of
-the library), then imports the commands (``cli``) and runs one. It sits above ``cli`` in
-the layers, so the lazy import points down: no import circle.
-"""
+"""The console script's entry: parses with ``cli_parser`` (``--help`` loads nothing of the
+library), then imports the commands (``cli``, below it: no circle) and runs one."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The ``hurray-wire`` command's arguments: the parser and the exit codes.
-
-Split from ``cli.py`` so that ``hurray-wire --help`` (and a usage error) loads argparse and
-nothing of the library: the entry (``cli_args.main``) parses with this module, and imports
-the commands (``cli``), and through them the blob and container code, once one runs.
-"""
+"""The ``hurray-wire`` command's parser and exit codes, apart from ``cli.py`` so that
+``--help`` and a usage error load argparse and nothing of the library."""
 
 from __future__ import annotations
 

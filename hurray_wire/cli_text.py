@@ -1,8 +1,5 @@
-"""What ``dump`` and ``validate`` print: the text and JSON of each input, from ``report``'s data.
-
-Split from ``cli.py`` (arguments, inputs, exit codes) so that each stays readable; like the
-CLI, the only other module that prints, and only to the stream it is handed.
-"""
+"""What ``dump`` and ``validate`` print (text and JSON, from ``report``'s data), to the
+stream it is handed: with ``cli.py``, the only modules that print."""
 
 from __future__ import annotations
 

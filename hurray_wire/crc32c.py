@@ -1,10 +1,5 @@
-"""CRC-32C (Castagnoli) over any buffer, through google-crc32c's C implementation.
-
-Used for the ``.hrry`` trailer's ``index_crc32c`` (containers.md § B.6). Not zlib's CRC-32:
-reflected polynomial 0x82F63B78, init and final XOR 0xFFFFFFFF; ``crc32c(b"123456789")`` is
-0xE3069283. google-crc32c's C functions accept only ``bytes`` and NumPy arrays, so other
-buffers are handed over as a zero-copy ``uint8`` view instead of being copied.
-"""
+"""CRC-32C (Castagnoli; ``crc32c(b"123456789") == 0xE3069283``) for the ``.hrry`` trailer
+(containers.md § B.6), through google-crc32c, handed a zero-copy ``uint8`` view."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Element types of the Hurray format (descriptor.md § 4): wire tag, name, bit width, NumPy dtype.
-
-The narrow float types come from ``ml_dtypes`` (the library JAX uses), so their bit patterns,
-NaN payloads included, survive a round trip exactly. ``ml_dtypes`` costs about 0.5 s to
-import, so it is imported the first time one of its types' NumPy dtype is asked for, not
-when ``hurray_wire`` is imported.
-"""
+"""Element types (descriptor.md § 4): wire tag, name, bit width, NumPy dtype; the narrow
+floats from ``ml_dtypes`` (exact bit patterns), imported when first asked for (~0.5 s)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The error tree: one base, so a caller can catch every input problem with one clause.
-
-Every error carries the place it was found (``section``, ``field``, ``offset``) and what was
-``expected`` versus ``found`` when known, and says all of it in its message.
-"""
+"""The error tree: one base, so one clause catches every input problem; each error names
+its place (``section``, ``field``, ``offset``), ``expected`` and ``found``, in its message."""
 
 from __future__ import annotations
 
@@ -52,14 +49,9 @@ _T = TypeVar("_T")
 
 
 class HurrayWireError(Exception):
-    """Base of every error hurray-wire raises on bad input or bad arguments.
-
-    An error met while reading a stream or a model cache is also ``located``: ``blob`` (its
-    index in the stream), ``blob_offset`` (where that blob starts), ``layer`` and ``role``
-    (when its descriptor could be read), ``file_offset`` (the bad byte counted from the
-    start of the input, where ``offset`` counts from the start of the blob) and ``pages``
-    (physical page ids that page digests name). ``details()`` gives all of it as data.
-    """
+    """Base of every error hurray-wire raises on bad input or bad arguments. In a stream it is
+    also ``located`` (``blob``, ``blob_offset``, ``layer``, ``role``, ``file_offset``: the
+    bad byte in the input; ``offset`` counts in the blob); ``details()`` gives it as data."""
 
     blob: int | None = None
     blob_offset: int | None = None
@@ -122,11 +114,8 @@ class HurrayWireError(Exception):
         field: str | None = None,
         offset: int | None = None,
     ) -> HurrayWireError:
-        """This error, its place filled in by a caller that knows where the bytes sit.
-
-        Model constructors know the field but not the byte offset; the decoder that read the
-        field knows the offset. Updates the error in place and returns it, to be raised.
-        """
+        """This error (updated in place, to be raised), its place filled in by the caller that
+        knows where the bytes sit: a model constructor knows the field, its decoder the offset."""
         if section is not None:
             self.section = section
         if field is not None:
@@ -145,10 +134,9 @@ class HurrayWireError(Exception):
         role: str | None = None,
         file_offset: int | None = None,
     ) -> HurrayWireError:
-        """This error, placed in a stream: blob ``blob`` starting at ``blob_offset`` (its
-        ``offset`` counted from there, unless ``file_offset`` is given: an offset the
-        stream reader knew itself). A second call changes nothing (the innermost reader
-        knew best). Updates the error in place and returns it, to be raised."""
+        """This error (updated in place, to be raised) placed in a stream: blob ``blob`` at
+        ``blob_offset``, its ``offset`` counted from there unless ``file_offset`` is given.
+        A second call changes nothing: the innermost reader knew best."""
         if self.blob is not None:
             return self
         self.blob, self.blob_offset = blob, blob_offset
@@ -222,10 +210,9 @@ def check_head(
     base_offset: int = 0,
     what: str = "record shorter than its head",
 ) -> dict[str, Any]:
-    """The fields of the fixed head ``head`` (a ``wire.fast`` struct) at ``view[at]``, each
-    ``(name, value, message)`` of ``expected`` checked: a record's magic, version and
-    reserved bytes, refused with ``error`` naming the field and its offset (``truncated``
-    when the head itself is cut; ``base_offset`` is where ``view`` sits in the input)."""
+    """The fields of the fixed ``head`` (a ``wire.fast`` struct) at ``view[at]``, each
+    ``(name, value, message)`` of ``expected`` checked (magic, version, reserved bytes) and
+    refused with ``error`` at its offset; ``truncated`` when the head itself is cut."""
     if len(view) < at + head.size:
         raise truncated(
             what,
@@ -259,10 +246,8 @@ class InvalidDescriptorError(HurrayWireError, ValueError):
 
 
 class IndexBufferError(InvalidDescriptorError):
-    """block_table / seq_ptr / seq_lens contents that break the storage invariants.
-
-    ``position`` is the index of the first offending element, when there is one.
-    """
+    """block_table / seq_ptr / seq_lens contents that break the storage invariants;
+    ``position``: the first offending element's index, when there is one."""
 
     def __init__(self, message: str, *, position: int | None = None, **kw: Any) -> None:
         self.position = position
@@ -401,14 +386,9 @@ class IntegrityRecordTruncatedError(TruncatedError, InvalidIntegrityRecordError)
 
 
 class PageDigestError(IntegrityError, InvalidBlobError):
-    """Pages whose bytes do not match their digest.
-
-    Both an integrity failure and an invalid blob: ``except InvalidBlobError`` around a
-    decode catches it as it catches a section checksum mismatch (docs/integrity.md).
-
-    ``pages`` are the physical page ids (block_table values) that failed; ``positions`` their
-    logical places as ``(sequence, page_in_sequence)`` pairs, when a block table was known.
-    """
+    """Pages whose bytes do not match their digest (also an ``InvalidBlobError``, as a
+    checksum mismatch is): ``pages``, the physical page ids; ``positions``, their
+    ``(sequence, page_in_sequence)`` when a block table was known."""
 
     def __init__(
         self,
@@ -442,15 +422,9 @@ class IncompatibleFingerprintError(IntegrityError):
 
 
 class FileAccessError(HurrayWireError, OSError):
-    """A path the library was asked to open, create or replace that the file system refused.
-
-    Raised for ``FileNotFoundError``, ``IsADirectoryError``, ``NotADirectoryError``,
-    ``PermissionError`` and other ``OSError`` from the library's own opens (and for an
-    output that is one of the inputs), with the ``OSError`` as ``__cause__``. It is also an
-    ``OSError`` (``errno``, ``strerror`` and ``filename`` copied from the cause), so code that
-    caught ``except OSError`` around a path-taking call keeps working, and code that catches
-    ``HurrayWireError`` sees every failure of a call in one clause.
-    """
+    """A path the file system refused to open, create or replace (or an output that is an
+    input), the ``OSError`` as ``__cause__``; also an ``OSError`` with its ``errno``,
+    ``strerror`` and ``filename``, so ``except OSError`` keeps working."""
 
     def __init__(self, message: str, *, cause: OSError | None = None, **kw: Any) -> None:
         super().__init__(message, **kw)

@@ -1,10 +1,6 @@
-"""The fp8 engine scalar (vLLM's ``k_scale`` / ``v_scale``) as a validated part of a tensor.
-
-An fp8 cache travels unquantized ([A12]); the engine's per-tensor dequantization scalar rides
-in the reserved metadata key ``hurray.k_scale`` (key and fused tensors) or ``hurray.v_scale``
-(value tensors) as a float64. Both ``from_arrays`` and every decoder (through ``assemble``)
-check it here, so a tensor never holds a scale it could not dequantize with.
-"""
+"""The fp8 engine scalar (vLLM's ``k_scale`` / ``v_scale``; an fp8 cache travels
+unquantized, [A12]) in the reserved metadata key ``hurray.k_scale`` / ``hurray.v_scale``,
+checked by ``from_arrays`` and every decoder."""
 
 from __future__ import annotations
 
@@ -72,10 +68,7 @@ def with_kv_scale(metadata: dict[str, Any], kv_scale: object, kv_role: str) -> d
 
 
 def check_reserved_metadata(metadata: Mapping[str, Any], kv_role: str) -> None:
-    """Refuse a ``hurray.`` key this version does not define, then check the scale keys.
-
-    Run by ``from_arrays`` and (through ``assemble``) by every decoder.
-    """
+    """Refuse a ``hurray.`` key this version does not define, then check the scale keys."""
     for key in metadata:
         reserved = isinstance(key, str) and key.startswith(RESERVED_PREFIX)
         if reserved and key not in RESERVED_TENSOR_KEYS:

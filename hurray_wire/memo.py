@@ -1,13 +1,6 @@
-"""The plan cache: bounded by entries *and* by the bytes its entries keep alive.
-
-A ``Decoder`` or ``Encoder`` (``hurray_wire.blob``) holds one: equal header bytes, equal
-plan. A cache bounded by entry count alone lets a peer pin gigabytes with a few huge,
-valid headers, so each entry also has a weight: what its key and value keep alive, by a
-formula in the bytes they were built from (:func:`weight`) that a test checks against
-the memory actually held (tests/test_codec_objects.py fills a cache with distinct
-descriptors and measures it). Past either bound the cache forgets everything: O(1) per
-operation, and the common case (a few geometries, reused) unaffected.
-"""
+"""The plan cache of a ``Decoder`` or ``Encoder``, bounded by entries *and* by what they keep
+alive (:func:`weight`, checked against measured memory by tests/test_codec_objects.py), so
+a few huge valid headers cannot pin gigabytes; past a bound it forgets everything."""
 
 from __future__ import annotations
 
@@ -32,11 +25,8 @@ def weight(nbytes: int) -> int:
 
 
 class BoundedMemo(Generic[V]):
-    """A dict-like cache with at most ``max_entries`` entries and ``max_bytes`` bytes
-    (the weights ``put`` is given).
-
-    Safe to share between threads: a reader sees either a complete entry or none.
-    """
+    """A dict-like cache of at most ``max_entries`` entries and ``max_bytes`` (of the weights
+    ``put`` is given); thread-safe: a reader sees a complete entry or none."""
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.max_entries = max_entries

@@ -1,16 +1,6 @@
-"""Work on a second core, without ever waiting on it.
-
-:func:`for_each` (and :func:`run_tasks`, which collects results) runs independent tasks,
-such as compressing or decompressing the chunks of a section, on the calling thread *and*
-on pool threads, which all pull the next task from one shared counter. The caller never
-idles while a task it could run sits in a queue, so a busy or missing second core costs
-nothing beyond the serial time. :func:`submit` hands the pool a job for patterns of the
-same kind (the blob encoder's copy-and-hash).
-
-NumPy's copies and ufuncs, xxhash and zstd release the GIL on large buffers, which is what
-makes threads pay here. The pool is shared by the process, sized to the usable cores
-minus the caller, created on first use and dropped in a forked child.
-"""
+"""Work on a second core, without ever waiting on it: :func:`for_each` runs tasks on the
+caller *and* pool threads pulling from one counter, so a busy second core costs nothing
+beyond the serial time (NumPy, xxhash and zstd release the GIL on large buffers)."""
 
 from __future__ import annotations
 
@@ -64,11 +54,8 @@ _load_reading: tuple[float, int] = (-1.0, 0)
 
 
 def idle_cores() -> int:
-    """Usable cores minus the threads of other work that are running right now, at least 1
-    (the caller's own). A second thread on a core that is already busy makes Python
-    threads slower than one thread (time slices, and the GIL held by a descheduled
-    thread), so "every core" means every idle one. Reads the run queue of
-    /proc/loadavg at most every 10 ms; elsewhere every usable core counts as idle."""
+    """Usable cores minus other work running now (/proc/loadavg, read at most every 10 ms),
+    at least 1: a thread on a busy core makes Python threads slower than one."""
     global _load_reading
     cores = usable_cores()
     if cores == 1:
@@ -139,13 +126,9 @@ def run_tasks(tasks: Sequence[Callable[[], T]], threads: int) -> list[T]:
 
 
 def for_each(count: int, call: Callable[[int], object], threads: int) -> None:
-    """``call(i)`` once for every ``i`` in ``range(count)``, on the caller and pool threads.
-
-    ``threads`` counts the caller (see :func:`resolve_threads`). Nothing is built per
-    index up front, so ``count`` may be large. If calls raise, the exception of the
-    lowest failing index is raised, whatever the timing, and indexes above a known
-    failure are skipped.
-    """
+    """``call(i)`` for every ``i`` in ``range(count)`` on the caller and pool threads
+    (``threads`` counts the caller); raises the lowest failing index's exception, whatever
+    the timing, skipping indexes above a known failure."""
     helpers = min(resolve_threads(threads), count) - 1 if count > 1 else 0
     if helpers <= 0:
         for index in range(count):

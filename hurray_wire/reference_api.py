@@ -1,11 +1,6 @@
-"""The reference implementation's Python ``Tensor`` for block-paged data.
-
-The reference's own Python tests build a block-paged tensor as ``hurray.Tensor(pool_bytes,
-hurray.float16, [tokens, heads, dim], aux_buffers=[block_table_bytes, seq_ptr_bytes],
-layout=layout)``. This class accepts exactly that (plus quantization parameter buffers after
-the two index buffers), checks every buffer size against the descriptor it derives, and
-converts to ``BlockPagedTensor`` through ``assemble``, the decoders' one assembly point, so
-it refuses what the blob decoder refuses.
+"""The reference's Python ``Tensor(pool, dtype, shape, aux_buffers=[block_table, seq_ptr,
+params...], layout=...)`` for block-paged data: buffer sizes checked against the derived
+descriptor, converted through ``assemble``, so it refuses what the blob decoder refuses.
 """
 
 from __future__ import annotations
@@ -22,17 +17,15 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
+from hurray_wire.tensor_core import DescriptorViews
 
 __all__ = ["Tensor"]
 
 
-class Tensor:
-    """Raw buffers plus the block-paged layout that describes them (reference API shape).
-
-    Use it only to run code written against the reference's ``hurray.Tensor``. Everything
-    else in hurray-wire (``encode``, ``decode``, streams, files, adapters, NIXL) takes and
-    returns ``BlockPagedTensor``, which ``to_block_paged()`` converts to (and
-    ``from_block_paged`` back); ``encode`` refuses a ``Tensor``."""
+class Tensor(DescriptorViews):
+    """Raw buffers and their block-paged layout, for code written against ``hurray.Tensor``;
+    the rest of hurray-wire takes ``BlockPagedTensor`` (``to_block_paged()`` /
+    ``from_block_paged``)."""
 
     __slots__ = ("aux_buffers", "data", "descriptor", "seq_lens")
 
@@ -110,22 +103,6 @@ class Tensor:
     @property
     def buffer_count(self) -> int:
         return len(self.descriptor.buffers)
-
-    @property
-    def layout(self) -> BlockPagedLayout:
-        return self.descriptor.layout
-
-    @property
-    def element_type(self) -> ElementType:
-        return self.descriptor.element_type
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.descriptor.shape)
-
-    @property
-    def quantization(self) -> Quantization | None:
-        return self.descriptor.quantization
 
     def to_block_paged(self) -> BlockPagedTensor:
         """The validated ``BlockPagedTensor`` over these buffers (views, no copy)."""

@@ -1,17 +1,13 @@
-"""BlockPagedTensor: one validated {kv_role, layer} snapshot, a descriptor plus its arrays.
-
-``from_arrays`` derives the layout and descriptor from the arrays and checks them the way
-the blob decoder does, so a tensor that exists is one that encodes and decodes cleanly.
-"""
+"""BlockPagedTensor: ``from_arrays`` derives the descriptor from the arrays and checks them
+as the blob decoder does, so a tensor that exists encodes and decodes cleanly."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from hurray_wire._interop import as_numpy, is_strided_pool, is_torch, referenced_pages
 from hurray_wire.dtypes import ElementType, element_type_of
@@ -22,7 +18,7 @@ from hurray_wire.errors import (
     PaddingError,
 )
 from hurray_wire.fingerprint import fingerprint_from_metadata
-from hurray_wire.kv_scale import check_reserved_metadata, kv_scale_of, with_kv_scale
+from hurray_wire.kv_scale import check_reserved_metadata, with_kv_scale
 from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model import packing
@@ -35,6 +31,7 @@ from hurray_wire.model.layout import (
     check_seq_lens,
 )
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
+from hurray_wire.tensor_core import Array, TensorCore
 from hurray_wire.wire.blob import SEQ_LENS_ITEM
 from hurray_wire.wire.descriptor import ZERO_POINT_ITEM
 from hurray_wire.wire.fast import item_dtype
@@ -59,10 +56,8 @@ SEQ_LENS: np.dtype[Any] = np.dtype(item_dtype(SEQ_LENS_ITEM))
 
 @dataclass(frozen=True)
 class _Geometry:
-    """What from_arrays decided from the arrays' dtypes and shapes and the scalar arguments
-    alone (so equal for equal keys): the element type, the pool's dimensions, the layout,
-    which index arrays need a range reduction, and the descriptors of the last few
-    ``total_tokens`` (at most ``_TOKENS_PER_GEOMETRY``, all in its weight)."""
+    """What from_arrays decided from dtypes, shapes and scalars alone (equal for equal
+    keys), with the descriptors of at most ``_TOKENS_PER_GEOMETRY`` ``total_tokens``."""
 
     etype: ElementType
     dims: tuple[int, int, int, int]
@@ -71,100 +66,26 @@ class _Geometry:
     descriptors: dict[tuple[type, Any], TensorDescriptor]
 
 
-# Building a layout and a descriptor validates every field (~50 us): from_arrays reuses
-# the ones built for an equal geometry key (and, for descriptors, total_tokens), so the
-# 100+ tensors of one request that share a geometry validate it once. One cache, weighed
-# by the bytes each entry keeps alive (tests/test_codec_objects.py measures it).
+# Building a layout and a descriptor validates every field (~50 us): from_arrays reuses the
+# ones built for an equal geometry key of arrays (and, for descriptors, total_tokens), so
+# the 100+ tensors of one request validate their geometry once. Each entry weighed by the
+# bytes it keeps alive (tests/test_codec_objects.py measures it).
 _BUILT: BoundedMemo[Any] = BoundedMemo(512, 16 << 20)
 _DESCRIPTOR_BYTES = 256  # a block-paged descriptor's wire bytes, with its quantization
 _TOKENS_PER_GEOMETRY = 8
 #: A geometry: the key's dtypes, shapes and scalars, a layout, and its descriptors.
 _GEOMETRY_WEIGHT = weight(256) + _TOKENS_PER_GEOMETRY * weight(_DESCRIPTOR_BYTES)
 
-T = TypeVar("T")
-
-
-def _reused(args: tuple[Any, ...], build: Callable[[], T], nbytes: int) -> T:
-    """``build()``, reused for arguments equal in value *and* type (True is not 1, and
-    np.int64(3) is not 3: each gets its own validation); unhashable arguments build.
-    ``nbytes``: what the result keeps alive, in the units of ``memo.weight``."""
-    try:
-        key = _typed(args)
-        found: T | None = _BUILT.get(key)
-    except TypeError:  # an unhashable argument: let build() judge it
-        return build()
-    if found is None:
-        found = _BUILT.put(key, build(), weight(nbytes))
-    return found
-
-
-def _typed(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple((type(a), _typed(a) if type(a) is tuple else a) for a in args)
-
-
-Array = npt.NDArray[Any]
 _ARRAY_ARGUMENTS = ("page_pool", "block_table", "seq_ptr", "seq_lens", "scales", "zero_points")
 
 
-class BlockPagedTensor:
-    """A block-paged tensor: ``descriptor`` and the arrays it describes.
+class BlockPagedTensor(TensorCore):
+    """The library's tensor: ``descriptor`` and its arrays. ``page_pool`` is
+    ``[num_pages, page_size, num_heads, head_dim]`` of the element dtype (packed sub-byte
+    types: 1-D uint8 wire bytes); ``scales`` / ``zero_points`` flat. ``hurray_wire.Tensor``
+    is the reference's raw-buffer class; ``Tensor.to_block_paged()`` converts."""
 
-    ``page_pool`` has shape ``[num_pages, page_size, num_heads, head_dim]`` in the element
-    type's dtype; packed sub-byte types keep their wire bytes as a 1-D uint8 array (see
-    ``unpacked_page_pool``). ``block_table`` and ``seq_ptr`` use ``layout.index_dtype``.
-    ``scales`` / ``zero_points`` are flat (per-block affine: one entry per page slot).
-
-    This is the library's tensor: every API takes and returns it. ``hurray_wire.Tensor`` is
-    only the reference implementation's raw-buffer API class, for code written against
-    ``hurray.Tensor``; ``Tensor.to_block_paged()`` converts.
-    """
-
-    __slots__ = (
-        "block_table",
-        "descriptor",
-        "metadata",
-        "page_pool",
-        "scales",
-        "seq_lens",
-        "seq_ptr",
-        "zero_points",
-    )
-
-    descriptor: TensorDescriptor
-    page_pool: Array
-    block_table: Array
-    seq_ptr: Array
-    scales: Array | None
-    zero_points: Array | None
-    seq_lens: Array | None
-    metadata: dict[str, Any]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise ArgumentTypeError("build a BlockPagedTensor with BlockPagedTensor.from_arrays(...)")
-
-    @classmethod
-    def _trusted(
-        cls,
-        descriptor: TensorDescriptor,
-        page_pool: Array,
-        block_table: Array,
-        seq_ptr: Array,
-        scales: Array | None = None,
-        zero_points: Array | None = None,
-        seq_lens: Array | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> BlockPagedTensor:
-        """Assemble from parts already validated (by ``from_arrays`` or the decoder)."""
-        self = object.__new__(cls)
-        self.descriptor = descriptor
-        self.page_pool = page_pool
-        self.block_table = block_table
-        self.seq_ptr = seq_ptr
-        self.scales = scales
-        self.zero_points = zero_points
-        self.seq_lens = seq_lens
-        self.metadata = {} if metadata is None else metadata
-        return self
+    __slots__ = ()
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -187,16 +108,12 @@ class BlockPagedTensor:
         alignment: int = 64,
         kv_scale: float | None = None,
     ) -> BlockPagedTensor:
-        """Build a tensor from NumPy arrays (or index lists), deriving its descriptor.
+        """Build a tensor from NumPy arrays, torch tensors or index lists, deriving its
+        descriptor, the caller's arrays never modified: a C-contiguous host pool is shared; of
+        a strided or device pool only the referenced pages are gathered (as ``compact()``).
 
-        ``total_tokens`` defaults to ``sum(seq_lens)``, else to the block table's capacity;
-        ``block_table_index_type`` to uint32, or uint64 when needed ([A13]). The caller's arrays
-        are never modified. A C-contiguous host pool of the wire dtype is shared; a strided pool
-        or a device tensor is never copied whole: only the pages the block table names are
-        gathered, renumbered in first-reference order (as ``compact()``). Torch tensors come
-        through DLPack. ``kv_scale`` (an engine's fp8 scalar) goes to the role's reserved
-        metadata key (``hurray.k_scale`` / ``hurray.v_scale``).
-        """
+        ``total_tokens`` defaults to ``sum(seq_lens)``, else the block table's capacity;
+        ``kv_scale`` (an fp8 scalar) goes to the role's reserved metadata key."""
         if is_strided_pool(page_pool) if type(page_pool) is np.ndarray else is_torch(page_pool):
             page_pool, block_table, scales, zero_points = referenced_pages(
                 page_pool, block_table, isinstance(quantization, PerBlockAffine), scales,
@@ -209,22 +126,21 @@ class BlockPagedTensor:
                 page_pool, block_table, seq_ptr, seq_lens, scales, zero_points = (
                     as_numpy(a, n) for a, n in zip(arrays, _ARRAY_ARGUMENTS, strict=True)
                 )
-        key: tuple[Any, ...] | None = None
-        known = None
-        if type(page_pool) is type(block_table) is type(seq_ptr) is np.ndarray:
-            # All that the checks below decide from but the values: the arrays' dtypes and
-            # shapes (a list's dtype depends on its values) and the scalar arguments with
-            # their types (True is not 1, np.int64(3) is not 3; only valid ones are stored).
-            key = (page_pool.dtype, page_pool.shape, block_table.dtype, block_table.shape,
-                   seq_ptr.dtype, seq_ptr.shape, element_type, kv_role, layer_index,
-                   block_table_index_type, quantization, alignment, type(element_type),
-                   type(kv_role), type(layer_index), type(block_table_index_type),
-                   type(quantization), type(alignment))  # fmt: skip
-            try:
-                known = _BUILT.get(key)
-            except TypeError:  # an unhashable argument: judged below, nothing memoised
-                key = None
         pool = page_pool if type(page_pool) is np.ndarray else _pool_array(page_pool, element_type)
+        bt_any = _as_index_array(block_table, "block_table", U64_MAX)
+        sp_any = _as_index_array(seq_ptr, "seq_ptr", U64_MAX)
+        # All that the checks below decide from but the values: the arrays' dtypes and shapes
+        # and the scalar arguments with their types (True is not 1, np.int64(3) is not 3).
+        key: tuple[Any, ...] | None = (
+            pool.dtype, pool.shape, bt_any.dtype, bt_any.shape, sp_any.dtype, sp_any.shape,
+            element_type, kv_role, layer_index, block_table_index_type, quantization, alignment,
+            type(element_type), type(kv_role), type(layer_index), type(block_table_index_type),
+            type(quantization), type(alignment),
+        )  # fmt: skip
+        try:
+            known = _BUILT.get(key)
+        except TypeError:  # an unhashable argument: judged below, nothing memoised
+            key = known = None
         if known is None:
             etype = element_type_of(element_type if element_type is not None else pool.dtype)
             _check_pool(pool, etype)
@@ -233,8 +149,6 @@ class BlockPagedTensor:
             etype = known.etype
             num_pages, page_size, num_heads, head_dim = known.dims
         stored_pool = packing.pack(pool, etype) if etype.is_packed else np.ascontiguousarray(pool)
-        bt_any = _as_index_array(block_table, "block_table", U64_MAX)
-        sp_any = _as_index_array(seq_ptr, "seq_ptr", U64_MAX)
         num_seqs = len(sp_any) - 1
         if known is None:
             if num_seqs < 0:
@@ -242,9 +156,8 @@ class BlockPagedTensor:
             if block_table_index_type is None:
                 big = num_pages > U32_MAX or len(bt_any) > U32_MAX
                 block_table_index_type = "uint64" if big else "uint32"
-            layout_args = (page_size, num_pages, 0, num_seqs, kv_role, layer_index,
-                           block_table_index_type)  # fmt: skip
-            layout = _reused(layout_args, lambda: BlockPagedLayout(*layout_args), 128)
+            layout = BlockPagedLayout(page_size, num_pages, 0, num_seqs, kv_role, layer_index,
+                                      block_table_index_type)  # fmt: skip
             index_dtype = layout.index_dtype
             ranged = tuple(
                 name
@@ -275,19 +188,14 @@ class BlockPagedTensor:
         tokens_key = (type(total_tokens), total_tokens)
         descriptor = None if known is None else known.descriptors.get(tokens_key)
         if descriptor is None:
-            descriptor = _reused(
-                (layout, total_tokens, num_heads, head_dim, etype, len(bt), quantization,
-                 alignment),
-                lambda: TensorDescriptor.block_paged(
-                    layout,
-                    (total_tokens, num_heads, head_dim),
-                    etype,
-                    num_logical_pages=len(bt),
-                    quantization=quantization,
-                    alignment=alignment,
-                ),
-                _DESCRIPTOR_BYTES,
-            )  # fmt: skip
+            descriptor = TensorDescriptor.block_paged(
+                layout,
+                (total_tokens, num_heads, head_dim),
+                etype,
+                num_logical_pages=len(bt),
+                quantization=quantization,
+                alignment=alignment,
+            )
         scale_arr = zp_arr = None
         if quantization is not None or scales is not None or zero_points is not None:
             scale_arr, zp_arr = _quantization_arrays(descriptor, scales, zero_points)
@@ -308,100 +216,6 @@ class BlockPagedTensor:
                     known.descriptors.clear()  # its weight counts this many, never more
                 known.descriptors[tokens_key] = descriptor
         return cls._trusted(descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, meta)
-
-    # -- views of the descriptor -----------------------------------------------------------
-    @property
-    def layout(self) -> BlockPagedLayout:
-        return self.descriptor.layout
-
-    @property
-    def element_type(self) -> ElementType:
-        return self.descriptor.element_type
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """Logical shape ``(total_tokens, num_heads, head_dim)``."""
-        return self.descriptor.shape
-
-    @property
-    def kv_role(self) -> str:
-        return self.descriptor.layout.kv_role
-
-    @property
-    def layer_index(self) -> int | None:
-        return self.descriptor.layout.layer_index
-
-    @property
-    def quantization(self) -> Quantization | None:
-        return self.descriptor.quantization
-
-    @property
-    def num_seqs(self) -> int:
-        return self.descriptor.layout.num_seqs
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of all buffers together."""
-        return sum(h.byte_size for h in self.descriptor.buffers)
-
-    def buffer_arrays(self) -> tuple[tuple[Array, ...], ...]:
-        """The arrays of each descriptor buffer, in table order, as 1-D uint8 views.
-
-        A buffer holding both scales and zero points (one shared index) has two parts.
-        """
-        parts: list[tuple[Array, ...]] = [
-            (_bytes_view(self.page_pool),),
-            (_bytes_view(self.block_table),),
-            (_bytes_view(self.seq_ptr),),
-        ]
-        quant = self.descriptor.quantization
-        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-            assert self.scales is not None
-            by_index: dict[int, list[Array]] = {quant.scale_buffer_index: [self.scales]}
-            zp = quant.zero_point_buffer_index
-            if zp is not None:
-                assert self.zero_points is not None
-                by_index.setdefault(zp, []).append(self.zero_points)
-            for index in sorted(by_index):
-                parts.append(tuple(_bytes_view(a) for a in by_index[index]))
-        return tuple(parts)
-
-    def unpacked_page_pool(self) -> Array:
-        """The pool as ``[num_pages, page_size, num_heads, head_dim]`` of the element dtype.
-
-        For packed sub-byte types this unpacks (a copy); otherwise it is ``page_pool``.
-        """
-        etype = self.element_type
-        if not etype.is_packed:
-            return self.page_pool
-        layout = self.layout
-        shape = (layout.num_pages, layout.page_size, self.shape[1], self.shape[2])
-        count = int(np.prod(shape, dtype=np.uint64))
-        return packing.unpack(self.page_pool, etype, count).reshape(shape)
-
-    def sequence_pages(self, seq: int) -> Array:
-        """Physical page ids of sequence ``seq``, in logical order."""
-        seq = _seq_index(seq, self.num_seqs)
-        return self.block_table[int(self.seq_ptr[seq]) : int(self.seq_ptr[seq + 1])]
-
-    def gather_sequence(self, seq: int) -> Array:
-        """Tokens of sequence ``seq`` as a new ``[tokens, num_heads, head_dim]`` array.
-
-        Uses ``seq_lens`` when present; otherwise returns every slot of its pages (the
-        reference's page-capacity bound, [A14]).
-        """
-        pages = self.sequence_pages(seq)
-        pool = self.unpacked_page_pool()
-        tokens = pool[pages].reshape(-1, pool.shape[2], pool.shape[3])
-        if self.seq_lens is not None:
-            tokens = tokens[: int(self.seq_lens[seq])]
-        return tokens
-
-    # -- helpers (algorithms in hurray_wire.transforms) -------------------------------------
-    @property
-    def kv_scale(self) -> float | None:
-        """The engine's fp8 scalar (vLLM ``k_scale`` / ``v_scale``), or None."""
-        return kv_scale_of(self.metadata, self.kv_role)
 
     def sequence(self, seq: int, *, dequantize: bool = False) -> Array:
         """Tokens of ``seq`` as ``[tokens, num_heads, head_dim]`` (needs ``seq_lens``)."""
@@ -451,15 +265,6 @@ class BlockPagedTensor:
 
         return split_heads(self, n)
 
-    def __repr__(self) -> str:
-        d = self.descriptor
-        return (
-            f"BlockPagedTensor({d.element_type.name}, shape={d.shape}, kv_role={self.kv_role!r}, "
-            f"layer_index={self.layer_index!r}, num_pages={d.layout.num_pages}, "
-            f"page_size={d.layout.page_size}, num_seqs={d.layout.num_seqs}, "
-            f"quantization={None if d.quantization is None else d.quantization.name})"
-        )
-
 
 def assemble(
     descriptor: TensorDescriptor,
@@ -470,12 +275,9 @@ def assemble(
     pool_later: bool = False,
     typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None,
 ) -> BlockPagedTensor:
-    """Type the raw buffers of a decoded descriptor (1-D uint8 arrays in table order, sizes
-    already matched to the handles), check the index invariants and seq_lens, and build the
-    tensor. Shared by every decoder (blob, reference stream, .hrry) so they cannot drift.
-    ``pool_later``: buffer 0 is written after this (a one-pass landing), which then runs
-    :func:`check_padding_bits` on it. ``typing``: the pool's :func:`pool_typing`, when a
-    decoder's plan holds it already."""
+    """Every decoder's one assembly: type a decoded descriptor's raw buffers (1-D uint8, in
+    table order, sizes matched), check the index invariants and seq_lens, build the tensor.
+    ``pool_later``: buffer 0 lands after this (and its padding bits are checked then)."""
     etype = descriptor.element_type
     pool = buffers[0]
     if typing is not None or not etype.is_packed:
@@ -607,27 +409,6 @@ def _pool_array(page_pool: Any, element_type: ElementType | str | None) -> Array
             field="page_pool",
             found=type(page_pool).__name__,
         ) from None
-
-
-def _seq_index(seq: object, num_seqs: int) -> int:
-    """``seq`` as a sequence index: a Python or NumPy integer, not a bool (``True`` is not
-    sequence 1), in ``0..num_seqs-1``; a str or float would otherwise fail inside a
-    comparison with a foreign ``TypeError`` or index by accident."""
-    if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)):
-        raise ArgumentTypeError(
-            "seq must be an int (bools are refused)", field="seq", found=repr(seq), expected="int"
-        )
-    index = int(seq)
-    if not 0 <= index < num_seqs:
-        raise InvalidTensorError(
-            "sequence out of range", field="seq", found=index, expected=f"0..{num_seqs - 1}"
-        )
-    return index
-
-
-def _bytes_view(array: Array) -> Array:
-    """A 1-D uint8 view of a C-contiguous array (no copy)."""
-    return array.reshape(-1).view(np.uint8)
 
 
 def _quantization_arrays(

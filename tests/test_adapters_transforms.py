@@ -408,7 +408,7 @@ def test_split_and_merge_refuse() -> None:
     with pytest.raises(hw.errors.ArgumentTypeError):
         hw.merge_heads(a)  # type: ignore[arg-type]
     with pytest.raises(hw.errors.ArgumentTypeError):
-        hw.merge_heads([a, "b"])  # type: ignore[list-item]
+        hw.merge_heads([a, "b"])  # type: ignore[type-var]
     with pytest.raises(hw.errors.InvalidTensorError):
         hw.merge_heads([a, b], num_heads=1)  # two-head shards are not replicas
     r0, r1, r2, r3 = t.split_heads(1)[0].split_heads(4)

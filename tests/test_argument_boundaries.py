@@ -54,12 +54,12 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("repage 2**40", lambda: repage(T, 2**40), InvalidTensorError, "page_size"),
     ("repage 2**20", lambda: repage(T, 2**20), InvalidTensorError, "page_size"),
     ("split_heads 2**40", lambda: split_heads(T, 2**40), InvalidTensorError, "n"),
-    ("compact str", lambda: compact("x"), ArgumentTypeError, "tensor"),  # type: ignore[arg-type]
+    ("compact str", lambda: compact("x"), ArgumentTypeError, "tensor"),  # type: ignore[type-var]
     ("prefix_sharing str", lambda: prefix_sharing("x"), ArgumentTypeError, "tensor"),  # type: ignore[arg-type]
-    ("repage str", lambda: repage("x", 4), ArgumentTypeError, "tensor"),  # type: ignore[arg-type]
-    ("split_heads str", lambda: split_heads("x", 2), ArgumentTypeError, "tensor"),  # type: ignore[arg-type]
+    ("repage str", lambda: repage("x", 4), ArgumentTypeError, "tensor"),  # type: ignore[type-var]
+    ("split_heads str", lambda: split_heads("x", 2), ArgumentTypeError, "tensor"),
     ("dequantize str", lambda: dequantize("x"), ArgumentTypeError, "tensor"),  # type: ignore[arg-type]
-    ("select str", lambda: select("x", [0]), ArgumentTypeError, "tensor"),  # type: ignore[arg-type]
+    ("select str", lambda: select("x", [0]), ArgumentTypeError, "tensor"),  # type: ignore[type-var]
     ("sequences str", lambda: sequences("x"), ArgumentTypeError, "tensor"),  # type: ignore[arg-type]
     ("check_compatible ignore=5", lambda: check_compatible(FP, FP, ignore=5),  # type: ignore[arg-type]
      ArgumentTypeError, "ignore"),

@@ -14,21 +14,25 @@ digests them (CPU_ATTN, never on a device: whole blocks, split on the host); a l
 writes into the staged copy of the target blocks the DMA takes back; the device's gathers
 and copies are not host work.
 Ratios are within one run, the routes taking turns (``bench.interleaved``); target <= 1.3.
+Every route runs on the calling thread alone (the limit is one core's). ``--clock cpu`` times
+with this thread's CPU time instead of the wall clock: steadier on a shared machine (time
+spent descheduled is not counted; contention for memory still is).
 
-    python tools/bench_connector_host.py [--mib M] [--repeat N]
+    python tools/bench_connector_host.py [--mib M] [--repeat N] [--clock wall|cpu]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
+import bench
 import numpy as np
 import torch
 import xxhash
-from bench import interleaved
 from bench_scale import scaled
 
 from hurray_wire.adapters import _vllm_forms as forms
@@ -103,13 +107,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=scaled(64, 1), help="KV per request")
     parser.add_argument("--repeat", type=int, default=scaled(3, 1))
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.2f}; {args.mib} MiB of KV per request, fp16")
+    if args.clock == "cpu":  # bench.best_of reads time.perf_counter
+        bench.time = argparse.Namespace(perf_counter=time.thread_time)  # type: ignore[attr-defined]
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.mib} MiB of KV per request, fp16; "
+          f"{args.clock} clock, one thread")  # fmt: skip
     print(f"{'backend / layout / blocks':36} {'limit GB/s':>10} {'save x':>7} {'load x':>7} "
           f"{'save dev x':>10} {'load dev x':>10}")  # fmt: skip
     for spec in FORMS:
         nbytes, fns = routes(spec, args.mib)
-        best = interleaved(fns, args.repeat)
+        best = bench.interleaved(fns, args.repeat)
         limit = best["memcpy"] + best["xxh3"]  # load: into memory in place
         fresh = best["memcpy new"] + best["xxh3"]  # save: a copy is kept, so its memory is new
         split = f" (kernel {spec[4]})" if spec[4] != spec[3] else ""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import numpy as np
 
-from hurray_wire._interop import first_reference_order, gather_rows
+from hurray_wire._interop import first_reference_order, gather_many
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import (
     Array,
@@ -207,15 +207,23 @@ def _cpu_geometry(cache: Array, isa: str) -> tuple[int, int, int, int]:
 
 def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Array]:
     """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy) in a
-    cache ``_cpu_geometry`` checked."""
+    cache ``_cpu_geometry`` checked; the views' strides undo the kernel's slab order."""
     _, heads, block_size, width = cache.shape
-    used, pages = first_reference_order(table)  # a sequence's pages in order: no re-gather
-    shape = (len(used), block_size, heads, width // 2)
-    key, value = (
-        gather_rows(view, used).reshape(shape).view(cache.dtype)
-        for view in forms.cpu_role_views(cache, isa)
-    )  # one gather each, the kernel's slab order undone by the views' strides
-    return key, value, pages
+    views = list(zip(("key", "value"), forms.cpu_role_views(cache, isa), strict=True))
+    ((_, key), (_, value)), pages = _gathered(views, table)
+    shape = (len(key), block_size, heads, width // 2)
+    return key.reshape(shape).view(cache.dtype), value.reshape(shape).view(cache.dtype), pages
+
+
+def _gathered(
+    pools: list[tuple[str, Array]], table: Array
+) -> tuple[list[tuple[str, Array]], Array]:
+    """The pools' pages that ``table`` references, both roles gathered in one pass over
+    the cache (``gather_many``: their rows interleave), numbered in first-reference order
+    (a sequence's pages in order: no re-gather); and the table renumbered."""
+    used, renumbered = first_reference_order(table)
+    gathered = gather_many([pool for _, pool in pools], used)
+    return [(role, pages) for (role, _), pages in zip(pools, gathered, strict=True)], renumbered
 
 
 def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
@@ -447,6 +455,8 @@ def from_vllm(
     if name == forms.CPU_BACKEND:
         key, value, table = _cpu_pools(cache, chosen, table)
         pools = [("key", key), ("value", value)]
+    elif kind == "layer":  # K and V rows interleave: gathered together, not by from_arrays
+        pools, table = _gathered(pools, table)
     metadata = {SKIPPED_TOKENS_KEY: skipped} if skipped else None
     return role_tensors(pools, table, seq_ptr, lens, layer_index, scales, metadata)
 

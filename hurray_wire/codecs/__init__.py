@@ -1,16 +1,6 @@
-"""Storage codecs and checksums of blob sections: pure functions of bytes.
-
-A section is stored raw, as one zstd frame, as one zstd frame of its byte-shuffled bytes
-(the byte planes of 2/4/8-byte elements side by side, so that exponent bytes compress
-together), or cut into chunks that are shuffled and compressed independently, so that
-several cores can compress and decompress one section and each chunk is unshuffled while
-it is in cache (docs/wire-format.md section 6; choices measured in docs/compression.md).
-
-Each codec is one module implementing :class:`~hurray_wire.codecs.base.Codec`, looked up
-by id in :mod:`~hurray_wire.codecs.registry`; :class:`Compression` is the configuration, a
-value object. Decoding trusts nothing, and every failure is a
-:class:`~hurray_wire.errors.HurrayWireError`. This module only re-exports.
-"""
+"""Storage codecs of blob sections, pure functions of bytes (re-exports only): raw, zstd,
+byte-shuffled zstd, and independent shuffled chunks that several cores (de)compress
+(docs/wire-format.md § 6, docs/compression.md); one module per codec, by id in ``registry``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The one interface every storage codec implements, and what their modules share.
-
-A codec is a stateless object named by its id in the section table (docs/wire-format.md
-section 6). It turns a section's raw bytes into stored pieces and back; its configuration
-(:class:`~hurray_wire.codecs.config.Compression`) is data kept apart from the bytes, and
-the only thing stored beside them is the codec parameter. Adding a codec means one module
-with one subclass, registered in :mod:`hurray_wire.codecs.registry`.
-"""
+"""The interface every storage codec implements (a stateless object named by its id in the
+section table, docs/wire-format.md § 6), and what their modules share; adding a codec is
+one module with one subclass, registered in :mod:`hurray_wire.codecs.registry`."""
 
 from __future__ import annotations
 
@@ -43,12 +38,9 @@ class Settings(Protocol):
 
 
 class Codec(ABC):
-    """A storage codec: ``encode`` into stored pieces, ``decode_into`` a given output.
-
-    Decoding trusts nothing: ``decode_into`` checks the stored layout against the raw size
-    before it allocates or decompresses anything, and every failure is a
-    :class:`~hurray_wire.errors.HurrayWireError` whose offset is relative to ``stored``.
-    """
+    """A storage codec: ``encode`` into stored pieces, ``decode_into`` a given output, which
+    checks the stored layout against the raw size before allocating or decompressing
+    (every failure a ``HurrayWireError``, its offset relative to ``stored``)."""
 
     #: The id in the section table's ``codec`` byte.
     codec_id: ClassVar[int]
@@ -113,12 +105,8 @@ def output(out: U8Array | None, raw_size: int) -> U8Array:
 
 
 def scratch(size: int) -> U8Array:
-    """A per-thread reusable uint8 buffer for shuffled bytes.
-
-    Fresh memory below NumPy's huge-page threshold costs a page fault per 4 KiB (a 400 KB
-    section shuffled ~3x slower into fresh memory); big buffers are allocated each time,
-    so a thread keeps at most _SCRATCH_MAX bytes.
-    """
+    """A per-thread reusable uint8 buffer for shuffled bytes (fresh small memory faults per
+    4 KiB: ~3x slower); a thread keeps at most _SCRATCH_MAX bytes."""
     if size > _SCRATCH_MAX:
         return np.empty(size, np.uint8)
     buf: U8Array | None = getattr(local, "scratch", None)

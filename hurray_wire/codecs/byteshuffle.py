@@ -1,17 +1,10 @@
-"""The byte-shuffle filter's two kernels, on checked flat uint8 arrays.
+"""The byte-shuffle filter's kernels on checked flat uint8 arrays (docs/wire-format.md § 6).
 
-Shuffling ``width``-byte elements puts byte j of every element into plane j, then copies
-the ``size % width`` tail bytes unchanged (docs/wire-format.md section 6). NumPy has no
-byte interleave: its best unshuffle (two widening ufunc passes) runs at ~10 GB/s, which
-on a 384 KiB fp16 chunk is a fifth of the decode time. c-blosc2 exports SIMD kernels for
-this exact transform (``blosc2_shuffle`` / ``blosc2_unshuffle``, public API of its
-``blosc2.h``) and python-blosc2 ships that library, so when it is installed the kernels
-are called through ``ctypes`` (memcpy speed, GIL released); python-blosc2 itself is never
-imported (it takes ~0.5 s). The NumPy kernels stay the definition and the fallback: the
-library is used only after it has reproduced them on a self-test, once, on first use.
-
-``HURRAY_WIRE_SHUFFLE=numpy`` forces the NumPy kernels; ``HURRAY_WIRE_BLOSC2_LIBRARY``
-names a libblosc2 to use instead of python-blosc2's. See docs/decisions.md.
+NumPy's unshuffle (~10 GB/s) is a fifth of a chunk's decode time, so c-blosc2's SIMD
+kernels (python-blosc2's library, through ``ctypes``, never importing python-blosc2) run
+when present, after reproducing the NumPy definition on a self-test once.
+``HURRAY_WIRE_SHUFFLE=numpy`` forces NumPy; ``HURRAY_WIRE_BLOSC2_LIBRARY`` names a
+libblosc2 (docs/decisions.md).
 """
 
 from __future__ import annotations

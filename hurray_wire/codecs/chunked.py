@@ -1,10 +1,6 @@
-"""Codec 3, chunked-shuffle-zstd: a chunk table, then one zstd frame per chunk.
-
-Each chunk of ``chunk_size`` raw bytes is byte-shuffled on its own and compressed as its
-own frame, so several cores compress and decompress one section and each chunk is
-unshuffled while it is in cache (docs/wire-format.md section 6, docs/compression.md). The
-table is checked against the stored and raw sizes before anything is allocated.
-"""
+"""Codec 3, chunked-shuffle-zstd: a chunk table, then one shuffled zstd frame per chunk, so
+several cores share a section and each chunk is unshuffled in cache (docs/wire-format.md
+§ 6); the table is checked against the sizes before anything is allocated."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ from hurray_wire.codecs.compressor import compress_frame
 from hurray_wire.codecs.frames import decode_frame, frame_header
 from hurray_wire.codecs.shuffle_zstd import SHUFFLE_WIDTHS
 from hurray_wire.errors import DecompressionError, HurrayWireError
-from hurray_wire.wire import blob as wb
-from hurray_wire.wire.fast import array_struct, item_dtype, item_struct
+from hurray_wire.wire import chunked as wc
 
 __all__ = [
     "CHUNKED",
@@ -43,12 +38,7 @@ CHUNKED_WIDTHS: frozenset[int] = frozenset({1, 2, 4, 8})
 CHUNK_SIZE_MIN: int = 1 << 12
 CHUNK_SIZE_MAX: int = 1 << 30
 _NAME = "chunked-shuffle-zstd"
-_CHUNK_TABLE = wb.FAST_CHUNK_TABLE_HEADER
-_TABLE_AT = _CHUNK_TABLE.offsets
-_CHUNK_HEAD = _CHUNK_TABLE.struct  # chunk_size, chunk_count; then the sizes
-_U32 = item_struct(wb.CHUNK_FRAME_SIZE)
-_FRAME_SIZES = item_dtype(wb.CHUNK_FRAME_SIZE)
-_SMALL_TABLE = 64
+_CHUNK_HEAD = wc.HEAD
 
 
 def is_chunk_size(value: int) -> bool:
@@ -95,13 +85,7 @@ def _chunked(src: U8Array, compression: Settings, width: int) -> list[bytes]:
             functools.partial(compress_frame, src[a : a + chunk], level, width, 0) for a in starts
         ]
         frames = parallel.run_tasks(tasks, compression.threads)
-    sizes = [sum(map(len, f)) for f in frames]
-    if len(sizes) <= _SMALL_TABLE:
-        table = _CHUNK_HEAD.pack(chunk, len(sizes)) + array_struct(
-            wb.CHUNK_FRAME_SIZE, len(sizes)
-        ).pack(*sizes)
-    else:
-        table = _CHUNK_HEAD.pack(chunk, len(sizes)) + np.array(sizes, _FRAME_SIZES).tobytes()
+    table = wc.pack_table(chunk, [sum(map(len, f)) for f in frames])
     return [table, *(piece for frame in frames for piece in frame)]
 
 
@@ -119,12 +103,12 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
             found=n,
         )
     view = bytes_view(src)
-    chunk_size, count = _CHUNK_HEAD.unpack_from(view)
+    chunk_size, count = _CHUNK_HEAD.struct.unpack_from(view)
     if not is_chunk_size(chunk_size):
         raise DecompressionError(
             f"{name} chunk_size must be a power of two",
             field="chunk_size",
-            offset=_TABLE_AT["chunk_size"],
+            offset=_CHUNK_HEAD.offsets["chunk_size"],
             expected=f"{CHUNK_SIZE_MIN}..{CHUNK_SIZE_MAX}",
             found=chunk_size,
         )
@@ -133,11 +117,11 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
         raise DecompressionError(
             f"{name} chunk_count must be ceil(raw size / chunk_size)",
             field="chunk_count",
-            offset=_TABLE_AT["chunk_count"],
+            offset=_CHUNK_HEAD.offsets["chunk_count"],
             expected=expected_count,
             found=count,
         )
-    table_end = _CHUNK_HEAD.size + _U32.size * count
+    table_end = wc.table_size(count)
     if table_end > n:
         raise DecompressionError(
             f"{name} section ends inside its chunk table",
@@ -147,17 +131,13 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
             found=n,
         )
     bounds: Sequence[int]
-    if count <= _SMALL_TABLE:  # a struct unpack beats NumPy's fixed costs here
-        if count == 1:
-            bounds = [table_end, table_end + _U32.unpack_from(view, _CHUNK_HEAD.size)[0]]
-        else:
-            sizes_u32 = array_struct(wb.CHUNK_FRAME_SIZE, count).unpack_from(view, _CHUNK_HEAD.size)
-            bounds = list(itertools.accumulate(sizes_u32, initial=table_end))
+    if count <= wc.SMALL_TABLE:  # a struct unpack beats NumPy's fixed costs here
+        bounds = list(itertools.accumulate(wc.unpack_sizes(view, count), initial=table_end))
     else:  # an array: a big table costs 8 bytes per chunk, not a Python int each
         starts = np.empty(count + 1, np.int64)
         starts[0] = 0
         np.cumsum(
-            src[_CHUNK_HEAD.size : table_end].view(_FRAME_SIZES), dtype=np.int64, out=starts[1:]
+            src[_CHUNK_HEAD.size : table_end].view(wc.FRAME_SIZES), dtype=np.int64, out=starts[1:]
         )
         starts += table_end
         bounds = cast("Sequence[int]", starts)

@@ -1,9 +1,5 @@
-"""Writing one zstd frame, byte-shuffled or not: cached contexts and plane-aligned blocks.
-
-Shared by the zstd, shuffle-zstd and chunked codecs; the choices are measured in
-docs/compression.md. Every frame written here is one standard zstd frame that declares its
-content size, which the decoders' fast path relies on.
-"""
+"""Writing one zstd frame, byte-shuffled or not (cached contexts, plane-aligned blocks;
+docs/compression.md); each declares its content size, which the decoders' fast path uses."""
 
 from __future__ import annotations
 
@@ -34,12 +30,8 @@ def frame_threads(config: Settings, size: int) -> int:
 
 
 def _compressor(level: int, size: int, threads: int, hash_log: int | None) -> Any:
-    """A zstd compressor for this level and input size, cached per thread.
-
-    Contexts cost ~30 us to build, ten times the compression of a 4 KiB section, and
-    deriving the parameters ~8 us, so the context is also looked up by these arguments
-    (sections of one size, as the layers of a model are, skip both).
-    """
+    """A zstd compressor for this level and input size, cached per thread by them: a context
+    costs ~30 us, ten times compressing a 4 KiB section."""
     by_args: dict[tuple[int, int, int, int | None], Any] | None = getattr(local, "by_args", None)
     if by_args is None:
         by_args = local.by_args = {}

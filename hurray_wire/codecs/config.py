@@ -1,10 +1,6 @@
-"""How encode compresses: the :class:`Compression` value object, and text specs read once.
-
-Configuration is data, kept apart from the stored bytes (the numcodecs rule): a
-``Compression`` is checked once, when it is built, so encoding never re-reads it. Text
-specs (``"default"``, ``"zstd:3"``) belong to the edges, the CLI and the documented
-``encode(t, compression="default")``, and go through :func:`parse_spec`.
-"""
+"""How encode compresses: :class:`Compression`, a value object checked once when built
+(configuration is data, kept apart from the bytes), and the edges' text specs
+(``"zstd:3"``), read by :func:`parse_spec`."""
 
 from __future__ import annotations
 
@@ -57,17 +53,10 @@ def _names(names: list[str]) -> str:
 
 @dataclass(frozen=True)
 class Compression:
-    """How encode compresses sections; a value object, kept apart from the stored bytes.
-
-    ``codec`` is a compressing codec's id (docs/wire-format.md section 6; no compression
-    is None, not raw). ``level`` is the zstd level (1-22; level 1 is the measured default
-    and fastest). ``threads``: for the chunked codec, the threads that compress a
-    section's chunks, the caller included; for zstd and shuffle-zstd, zstd's own worker
-    count for sections of 1 MiB or more. 0 compresses on the calling thread, -1 uses
-    every usable core. ``min_size``: smaller sections stay raw, because a frame header
-    costs more than it saves there. ``chunk_size``: raw bytes per chunk of the chunked
-    codec (a power of two, 4 KiB to 1 GiB); ignored by the others.
-    """
+    """How encode compresses sections: ``codec``, a compressing codec's id; ``level``, zstd's
+    (1-22); ``threads`` (0: the caller, -1: every usable core) for the chunked codec's
+    chunks or zstd's workers from 1 MiB; ``min_size``, below which sections stay raw;
+    ``chunk_size``, the chunked codec's (a power of two, 4 KiB to 1 GiB)."""
 
     codec: int
     level: int = 1

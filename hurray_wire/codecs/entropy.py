@@ -1,9 +1,5 @@
-"""The entropy heuristic of the shuffled codecs: is a byte plane better left to Huffman?
-
-A top byte plane with fewer bits of order-0 entropy than :data:`LOW_ENTROPY_BITS` is coded
-better by Huffman literals than by matches (bf16 exponents), so zstd level 1 gets a tiny
-hash table for it (docs/compression.md, "A tiny hash table for low-entropy top planes").
-"""
+"""Is a byte plane better left to Huffman? A top plane below :data:`LOW_ENTROPY_BITS` of
+order-0 entropy (bf16 exponents) gets zstd a tiny hash table (docs/compression.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Reading one zstd frame of untrusted bytes: header checks, the block walk, decoding.
-
-Every zstd frame of a section must declare the caller's raw size (or no size), end where
-its stored bytes end, and decompress to exactly that size (docs/wire-format.md section 6);
-these checks run before zstd allocates anything. Shared by the zstd, shuffle-zstd and
-chunked codecs, whose name each error carries.
-"""
+"""One zstd frame of untrusted bytes: it declares the raw size (or none), ends where its
+stored bytes end and decodes to exactly that size (docs/wire-format.md section 6), checked
+before zstd allocates anything. Shared by the zstd codecs, whose name each error carries."""
 
 from __future__ import annotations
 
@@ -45,11 +41,8 @@ class FrameHeader(NamedTuple):
 
 
 def frame_header(src: U8Array, raw_size: int, codec_name: str) -> FrameHeader:
-    """Check the zstd frame header of ``src`` against ``raw_size``.
-
-    Runs before zstd allocates anything: a frame that declares another content size, needs
-    a dictionary, or asks for a window beyond its output is refused here.
-    """
+    """Check the frame header of ``src`` against ``raw_size`` before zstd allocates: another
+    content size, a dictionary or a window beyond the output is refused."""
     n = src.size
     if n < len(_ZSTD_MAGIC) or src[: len(_ZSTD_MAGIC)].tobytes() != _ZSTD_MAGIC:
         raise DecompressionError(
@@ -121,13 +114,9 @@ _PROGRESS_STEP = 1 << 20
 def _walk_blocks(
     src: U8Array, header: FrameHeader, codec_name: str, limit: int = _WALK_LIMIT
 ) -> bool:
-    """Check that the blocks after a checked header make exactly one frame that ends where
-    ``src`` ends. python-zstandard has no call that finds a frame's end; this walk over
-    the block headers does, and names the block that is cut short.
-
-    Walks at most ``limit`` blocks: returns False (nothing refused, nothing proven) for a
-    frame with more, which ``_decode_incrementally`` then checks at C speed.
-    """
+    """Check that the blocks make exactly one frame ending where ``src`` ends, naming a cut
+    block (python-zstandard cannot find a frame's end). False, nothing proven, past
+    ``limit`` blocks: ``_decode_incrementally`` checks those at C speed."""
     view = bytes_view(src)
     n = src.size
     pos = header.size
@@ -176,12 +165,9 @@ def _walk_blocks(
 def _decode_incrementally(
     src: U8Array, dst: U8Array, header: FrameHeader, codec_name: str, progress: Progress | None
 ) -> None:
-    """Decode a frame of many blocks into ``dst`` with libzstd finding its end: exactly
-    ``dst.size`` bytes from exactly one frame that ends where ``src`` ends, or an error.
-
-    Linear in the stored size at libzstd's speed, whatever the block count; output is
-    checked against ``dst`` after every step, so no step writes more than a bound.
-    """
+    """Decode a frame of many blocks into ``dst``, libzstd finding its end: exactly
+    ``dst.size`` bytes from one frame ending where ``src`` ends, or an error; linear at C
+    speed, each step's output bounded by ``dst``."""
     known = header.content_size != zstandard.CONTENTSIZE_UNKNOWN
     step = _STEP_KNOWN_SIZE if known else _STEP_UNKNOWN_SIZE
     view = bytes_view(src)
@@ -246,15 +232,8 @@ def decode_frame(
     progress: Progress | None = None,
 ) -> None:  # fmt: skip
     """Decompress one frame, its header checked, into ``dst`` (unshuffled when ``width`` >
-    1): exactly ``dst.size`` bytes or a DecompressionError.
-
-    A shuffled frame that declares its size is decoded in one zstd call that refuses bytes
-    after the frame (as fast as streaming into a scratch buffer, without the Python block
-    walk first); the walk then only runs to name what a refused frame got wrong. Other
-    frames are walked first and streamed, bounded by ``dst``; a frame of more than
-    ``_WALK_LIMIT`` blocks is decoded by libzstd step by step instead
-    (``_decode_incrementally``), so no input costs a Python loop per block.
-    """
+    1): exactly ``dst.size`` bytes or a DecompressionError. A sized shuffled frame is one
+    zstd call (the block walk only names a refusal); others are walked, then streamed."""
     # (not for an empty frame: python-zstandard returns b"" for a declared size of 0 without
     # reading the blocks, so bytes after the frame would pass)
     if width > 1 and header.content_size == dst.size > 0:
@@ -305,13 +284,8 @@ def _check_decoded_size(got: int, raw_size: int, codec_name: str) -> None:
 
 
 def fresh_reason(src: U8Array, dst: U8Array) -> str | None:
-    """libzstd's reason for refusing ``src``, from a new context.
-
-    The per-thread context keeps buffers sized by the frames it decoded before, and
-    libzstd words the same fault differently depending on them ("Destination buffer is
-    too small" or "Data corruption detected"); a new context gives one answer for the same
-    bytes on every thread. Only runs on the error path.
-    """
+    """libzstd's reason for refusing ``src`` from a new context: a reused one words the
+    same fault by what it decoded before; this gives one answer on every thread."""
     try:
         _read_frame(zstandard.ZstdDecompressor(), src, dst)
     except zstandard.ZstdError as exc:

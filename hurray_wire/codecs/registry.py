@@ -1,9 +1,5 @@
-"""The codecs by id and by name: the one place that knows which codecs exist.
-
-Lookups replace dispatch on bare integers: the blob decoder, the report and the text specs
-all ask here. Registering a codec (one module, one :class:`~hurray_wire.codecs.base.Codec`
-subclass) is all it takes for them to know it.
-"""
+"""The codecs by id and by name: the one place that knows which codecs exist (the decoder,
+the report and the text specs ask here; registering a codec is all it takes)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""One section's stored bytes by codec id: the checked entry points over the registry.
-
-These take arguments from callers (bytes-like objects, ints), check them once, and hand
-flat uint8 arrays to a codec; :func:`decode_section` is the blob decoder's unchecked
-entry, whose section table has checked codec, parameter and size already. Bad stored
-bytes are refused by the codecs themselves, whatever the entry.
-"""
+"""One section's stored bytes by codec id: entry points that check a caller's arguments
+once (:func:`decode_section`: the blob decoder's, whose table checked them); the codecs
+refuse bad stored bytes whatever the entry."""
 
 from __future__ import annotations
 
@@ -78,10 +74,10 @@ def checksum(data: Buffer) -> int:
 # -- byte shuffle ----------------------------------------------------------------------
 
 
-def _width_arg(width: object) -> int:
-    w = int_arg(width, "width")
+def _width_arg(width: object, name: str = "width") -> int:
+    w = int_arg(width, name)
     if w < 1:
-        raise CodecConfigError("shuffle width must be at least 1", field="width", found=w)
+        raise CodecConfigError(f"{name} must be at least 1", field=name, found=w)
     return w
 
 
@@ -95,10 +91,9 @@ def _shuffle_operands(src: Buffer, width: int, out: U8Array | None) -> tuple[U8A
 
 
 def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
-    """Group byte j of every ``width``-byte element into plane j; a tail of
-    ``len(src) % width`` bytes is copied unchanged at the end. Returns ``out`` (the same
-    object when given, any C-contiguous shape of the right size). Runs c-blosc2's SIMD
-    kernel when python-blosc2 is installed (:mod:`hurray_wire.codecs.byteshuffle`)."""
+    """Group byte j of every ``width``-byte element into plane j, a tail of
+    ``len(src) % width`` bytes copied unchanged; returns ``out`` (c-blosc2's SIMD kernel
+    when installed: :mod:`hurray_wire.codecs.byteshuffle`)."""
     s, w, o = _shuffle_operands(src, width, out)
     byteshuffle.shuffle_into(s, w, o)
     return o if out is None else out
@@ -115,14 +110,9 @@ def unshuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Ar
 
 
 def compress(data: Buffer, compression: Compression, element_width: int) -> tuple[int, int, Buffer]:
-    """Compress one section; returns ``(codec_id, codec_param, stored_bytes)``.
-
-    ``element_width`` is the byte width of the section's elements. Shuffle applies to
-    widths 2, 4 and 8; other widths (int8, fp8) get plain zstd (shuffle width 1 in the
-    chunked codec), since a shuffle of 1-byte elements is the identity. Sections below
-    ``compression.min_size``, and sections zstd cannot shrink, come back as
-    ``(CODEC_RAW, 0, data)``: the same object.
-    """
+    """Compress one section of ``element_width``-byte elements (shuffled when 2, 4 or 8):
+    ``(codec_id, codec_param, stored_bytes)``, or ``(CODEC_RAW, 0, data)`` for a section
+    below ``compression.min_size`` or one zstd cannot shrink."""
     codec, param, parts = compress_parts(data, compression, element_width)
     if codec == CODEC_RAW:
         return codec, param, data
@@ -141,11 +131,7 @@ def compress_parts(
             field="compression",
             found=type(compression).__name__,
         )
-    width = int_arg(element_width, "element_width")
-    if width < 1:
-        raise CodecConfigError(
-            "element_width must be at least 1", field="element_width", found=width
-        )
+    width = _width_arg(element_width, "element_width")
     src = u8_array(data, "data")
     size = src.size
     if size == 0 or size < compression.min_size:
@@ -166,15 +152,9 @@ def compress_parts(
 def decompress_into(
     codec: int, codec_param: int, stored: Buffer, out: U8Array, *, threads: int = -1
 ) -> None:
-    """Decode a stored section straight into ``out`` (its declared raw size).
-
-    Never allocates more than ``out.size`` bytes on behalf of the stored bytes (a bomb is
-    refused from its frame header, or after ``out.size + 1`` bytes when the frame does
-    not say its size). Bad stored bytes, an unknown codec or a bad shuffle width raise
-    :class:`DecompressionError` (:class:`LimitExceededError` for an oversized window).
-    ``threads`` (the caller included, -1 = every usable core) decode the chunks of a
-    chunked section.
-    """
+    """Decode a stored section into ``out`` (its raw size), never allocating more on the
+    stored bytes' behalf; bad bytes, codec or width raise :class:`DecompressionError`.
+    ``threads`` (-1: every usable core) decode a chunked section's chunks."""
     codec, param, threads, src = _decode_args(codec, codec_param, threads, stored)
     dst = _writable_u8(out, None, "out")
     _check_no_overlap(src, dst, "stored and out")
@@ -198,11 +178,9 @@ def decode_section(
     codec: int, codec_param: int, stored: U8Array, raw_size: int, threads: int,
     out: U8Array | None = None, progress: Progress | None = None,
 ) -> U8Array:  # fmt: skip
-    """:func:`decompress` for arguments the caller has checked already (the blob decoder's
-    section table checks codec, parameter and size; ``decode`` checks ``threads``):
-    ``stored`` a flat uint8 array. It skips the argument checks, never the checks of the
-    stored bytes. ``progress(n)``: the output's first ``n`` bytes are final (``n``
-    ascending; see ``Codec.progressive``; at the end for another codec)."""
+    """:func:`decompress` without the argument checks (the blob decoder's section table made
+    them), never without the stored bytes' checks. ``progress(n)``: the output's first
+    ``n`` bytes are final (``Codec.progressive``)."""
     found = BY_ID[codec]
     if progress is not None and found.progressive:
         return found.decode_into(codec_param, stored, raw_size, out, threads, progress)  # type: ignore[call-arg]

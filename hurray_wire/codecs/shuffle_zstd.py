@@ -1,9 +1,5 @@
-"""Codec 2, shuffle-zstd: one zstd frame of the byte-shuffled raw bytes.
-
-The shuffle puts byte j of every element into plane j, so that the sign/exponent bytes of
-float16/bfloat16 compress together (docs/wire-format.md section 6); the codec parameter is
-the shuffle width.
-"""
+"""Codec 2, shuffle-zstd: one zstd frame of the raw bytes shuffled by the codec parameter's
+width, so that float exponents compress together (docs/wire-format.md § 6)."""
 
 from __future__ import annotations
 

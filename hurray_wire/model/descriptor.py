@@ -1,8 +1,5 @@
-"""TensorDescriptor: the validated model of one block-paged Hurray descriptor.
-
-Objects are checked when they are built, so an object that exists is one the decoder would
-accept: that is how the codec (``hurray_wire.model.descriptor_codec``) never writes a descriptor
-it would reject. Rules: descriptor.md §§ 2-9 and block-paged.md §§ 2-3, 7.
+"""TensorDescriptor, checked when built (descriptor.md §§ 2-9, block-paged.md §§ 2-3, 7):
+an object that exists is one the decoder accepts, so the encoder never writes what it refuses.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ _QUANT_BODY_SIZES: dict[int, int] = {
 }
 _STATISTICS_SIZE: int = w.STATISTICS.sizeof()
 _MEMBER_SIZE: int = w.COMPOSITE_MEMBER.sizeof()
-_ZERO_POINT_BYTES = 4  # zero points are int32 (descriptor.md § 8)
+_ZERO_POINT_BYTES: int = w.ZERO_POINT_ITEM.sizeof()  # int32 (descriptor.md § 8)
 
 __all__ = [
     "BUFFER_NAMES",
@@ -193,13 +190,9 @@ def _int_range(element_type: ElementType) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class TensorDescriptor:
-    """A block-paged descriptor: element type, logical shape, layout, buffers, quantization.
-
-    ``shape`` is ``(total_tokens, num_heads, head_dim)``. ``byte_offset`` is always 0 and
-    not stored. ``quantization_padding`` and ``unknown_trailing`` keep bytes that a
-    reader must tolerate ([A31], minor versions > 0) so that a decoded descriptor
-    re-encodes to the same bytes.
-    """
+    """A block-paged descriptor; ``shape`` is ``(total_tokens, num_heads, head_dim)``;
+    ``quantization_padding`` and ``unknown_trailing`` keep the bytes a reader tolerates
+    ([A31], minor > 0), so a decoded descriptor re-encodes to its bytes."""
 
     element_type: ElementType
     shape: tuple[int, int, int]
@@ -452,11 +445,8 @@ class TensorDescriptor:
         memory_class: int = 0,
         statistics: Statistics | None = None,
     ) -> TensorDescriptor:
-        """Derive the buffer table of a block-paged tensor and build its descriptor.
-
-        Scale buffers follow the block-paged sizing (num_pages * page_size entries for
-        per-block affine), not the generic per-block formula ([A7]).
-        """
+        """Derive the buffer table of a block-paged tensor and build its descriptor (per-block
+        scales sized num_pages * page_size, not by the generic formula: [A7])."""
         etype = dtypes.element_type_of(element_type)
         pages = check_uint(num_logical_pages, "num_logical_pages", U64_MAX)
         if not isinstance(layout, BlockPagedLayout):

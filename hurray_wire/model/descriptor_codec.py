@@ -1,10 +1,8 @@
 """encode_descriptor / decode_descriptor: TensorDescriptor <-> the reference's exact bytes.
 
-Fast path: ``struct.Struct`` formats derived from the construct definitions in
-``hurray_wire.wire.descriptor`` (see ``hurray_wire.wire.fast``), with every MUST-reject rule
-of descriptor.md § 11 checked explicitly here or in the model constructors. General path:
-``decode_header`` parses a descriptor of any layout with the construct ``DESCRIPTOR``
-struct and checks the layout-independent rules (for ``dump``).
+One decoder (``_read``): ``struct.Struct`` formats derived from ``hurray_wire.wire.descriptor``,
+every MUST-reject rule of descriptor.md § 11 checked here or in the model constructors;
+``decode_header`` reads any layout (for ``dump``), its payload through construct.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ from hurray_wire.wire.descriptor_layout import (
     AT as _AT,
     BUFFER_TABLE_AT as _BP_FIXED_LEN,
     COUNT_SIZE as _COUNT_SIZE,
+    EXTENSION as _EXTENSION,
     FIXED as _FIXED,
     HANDLE as _HANDLE,
     HEADER as _HEADER,
@@ -59,6 +58,7 @@ from hurray_wire.wire.descriptor_layout import (
     handle_at as _handle_at,
     handle_places as _handle_places,
     quant_places as _quant_places,
+    shard_struct,
 )
 
 __all__ = [
@@ -71,8 +71,9 @@ __all__ = [
 
 _HEADER_LEN = _HEADER.size  # 20
 _PREFIX_LEN = _AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
-_STATS_FIELDS = tuple(i for i in range(len(_STATS.names)) if i not in dict(_STATS.consts))
-_STATS_NAMES = tuple(_STATS.names[i] for i in _STATS_FIELDS)
+_STATS_FIELDS, _HANDLE_FIELDS = (
+    tuple(i for i in range(len(f.names)) if i not in dict(f.consts)) for f in (_STATS, _HANDLE)
+)  # the positions of a struct's values that are not reserved bytes
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 
@@ -134,12 +135,31 @@ def _descriptor_bytes(data: Any) -> bytes:
 
 
 def decode_descriptor(data: Any) -> TensorDescriptor:
-    """Decode one block-paged descriptor from the start of ``data``; reads exactly
-    ``descriptor_length`` bytes (``result.descriptor_length`` says how many).
+    """Decode the block-paged descriptor at the start of ``data`` (exactly its
+    ``descriptor_length`` bytes); another layout raises ``UnsupportedLayoutError``."""
+    values, quant_padding, quant_at = _read(_descriptor_bytes(data), general=False)
+    (major, minor, *_, element_type, _, _, _, shape, _, fields, handles, quant, _, statistics,
+     _, member, trailing) = values  # fmt: skip
+    try:
+        return TensorDescriptor(
+            element_type,
+            shape,
+            BlockPagedLayout(*fields),
+            handles,
+            quant,
+            (major, minor),
+            statistics,
+            member,
+            quant_padding,
+            trailing,
+        )
+    except InvalidDescriptorError as exc:
+        raise _locate(exc, len(handles), quant_at, quant) from None
 
-    A valid descriptor of another layout raises ``UnsupportedLayoutError``.
-    """
-    return _decode_block_paged(_descriptor_bytes(data))
+
+def decode_header(data: Any) -> DescriptorHeader:
+    """Decode and check the layout-independent parts of a descriptor of any layout."""
+    return DescriptorHeader(*_read(_descriptor_bytes(data), general=True)[0])
 
 
 def _check_consts(fast: Any, values: tuple[Any, ...], base: int, section: str) -> None:
@@ -156,19 +176,119 @@ def _check_consts(fast: Any, values: tuple[Any, ...], base: int, section: str) -
             )
 
 
-def _decode_block_paged(raw: bytes) -> TensorDescriptor:
+def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
+    """The one descriptor decoder: rank-3 block-paged through its fixed struct (``general``:
+    any other layout's payload through construct), then the shared sections; returns the
+    ``DescriptorHeader``'s fields, the quantization's writer padding and offset."""
     length = len(raw)
     _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
     _check_flags(flags, type_tag)
-    element_type = _element_type(type_tag)
-    if layout_tag != 0x0A:
-        _refuse_other_layout(raw, layout_tag)
-    if rank != 3:
-        raise _error("block-paged tensors have rank 3", "rank", _AT["rank"], expected=3, found=rank)
-    need = _need(length, _BP_FIXED_LEN, "the block-paged payload and buffer_count")
+    private = type_tag in w.PRIVATE_TYPE_TAGS
+    element_type = None if general and private else _element_type(type_tag)
+    name = "block_paged" if layout_tag == 0x0A else _known_layout_name(layout_tag)
+    fields: Any
+    if not general:
+        if layout_tag != 0x0A:
+            _read(raw, general=True)  # an invalid descriptor of another layout is an input error
+            raise UnsupportedLayoutError(
+                f"descriptor has layout {name} (0x{layout_tag:02X}); hurray-wire decodes "
+                "block_paged (0x0A) tensors, use decode_header() for the common header",
+                layout_tag=layout_tag,
+                layout_name=name,
+                section="descriptor",
+                field="layout_tag",
+                offset=_AT["layout_tag"],
+            )
+        if rank != 3:
+            raise _error(
+                "block-paged tensors have rank 3", "rank", _AT["rank"], expected=3, found=rank
+            )
+        shape, byte_offset, fields, pos = _block_paged(raw, length)
+    else:
+        if rank > 64:
+            raise _error("rank above 64", "rank", _AT["rank"], found=rank)
+        prefix = _construct_parse(raw)
+        shape, byte_offset, pos = (
+            tuple(prefix.shape),
+            prefix.byte_offset,
+            prefix.buffer_table_offset,
+        )
+        fields = {}
+        if isinstance(prefix.layout, dict):
+            fields = {k: v for k, v in prefix.layout.items() if not k.startswith("_")}
+    table = pos + _COUNT_SIZE
+    count = raw[_need(length, table, "buffer_count") - _COUNT_SIZE]
+    pos = _need(length, _handle_at(count, table), f"{count} buffer handles")
+    handles = tuple(_handle(raw, _handle_at(i, table), i) for i in range(count))
+    if general:
+        try:  # the model's one-device rule, located in the table
+            check_colocation(handles)
+        except InvalidDescriptorError as exc:
+            places = _handle_places(table, count)
+            raise exc.relocated(section="descriptor", offset=places.get(exc.field or "")) from None
+    quant: Quantization | None = None
+    quant_padding = b""
+    quant_at = pos
+    if flags & w.FLAG_HAS_QUANTIZATION:
+        quant, quant_padding, pos = _quantization(raw, pos, length)
+        if general:
+            for index in quant.parameter_buffers:
+                if index >= count or index == 0:
+                    raise _error(
+                        "quantization parameter buffer index out of range",
+                        "quantization.scale_buffer_index",
+                        None,
+                        found=index,
+                    )
+    shard = None
+    if flags & w.FLAG_HAS_SHARD:
+        if not general:
+            raise _error(
+                "a block-paged tensor must not carry a shard section",
+                "flags",
+                _AT["flags"],
+                found=f"0x{flags:08X}",
+            )
+        axes = shard_struct(rank)
+        end = _need(length, pos + axes.size, "the shard section")
+        values = axes.unpack_from(raw, pos)
+        shard, pos = (values[:rank], values[rank:]), end
+    statistics = None
+    if flags & w.FLAG_HAS_STATISTICS:
+        statistics, pos = _statistics(raw, pos, length)
+    extension = None
+    if flags & w.FLAG_HAS_EXTENSION_TYPE:
+        end = _need(length, pos + _EXTENSION.size, "the extension type section")
+        values = _EXTENSION.struct.unpack_from(raw, pos)
+        _check_consts(_EXTENSION, values, pos, "extension_type.")
+        consts = dict(_EXTENSION.consts)
+        extension = {n: values[i] for i, n in enumerate(_EXTENSION.names) if i not in consts}
+        pos = end
+    member = None
+    if flags & w.FLAG_HAS_COMPOSITE_MEMBER:
+        member, pos = _composite_member(raw, pos, length)
+        if layout_tag == 0x0B:
+            raise _error(
+                "invalid composite member section",
+                "composite_member.member_role",
+                None,
+                found=member,
+            )
+    header = (
+        major, minor, length, flags, type_tag, element_type, layout_tag, name, rank, shape,
+        byte_offset, fields, handles, quant, shard, statistics, extension, member,
+        _trailing(raw, pos, minor),
+    )  # fmt: skip
+    return header, quant_padding, quant_at
+
+
+def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, tuple[Any, ...], int]:
+    """The fixed part of a rank-3 block-paged descriptor: shape, byte_offset, the layout's
+    arguments (to ``BlockPagedLayout``) and where the buffer table starts."""
+    _need(length, _BP_FIXED_LEN, "the block-paged payload and buffer_count")
     fixed = _FIXED.struct.unpack_from(raw, 0)
     (*_, shape0, shape1, shape2, byte_offset, page_size, num_pages, paged_axis, num_seqs,
-     role_byte, layer, index_byte, _, count) = fixed  # fmt: skip
+     role_byte, layer, index_byte, _, _) = fixed  # fmt: skip
     if byte_offset != 0:
         raise _error(
             "byte_offset must be 0 for block-paged", "byte_offset", _AT["byte_offset"],
@@ -189,51 +309,9 @@ def _decode_block_paged(raw: bytes) -> TensorDescriptor:
             expected="0 or 1",
             found=index_byte,
         )
-    pos = _need(length, _handle_at(count), f"{count} buffer handles") if count else need
-    handles = tuple(_handle(raw, _handle_at(i), i) for i in range(count))
-    quant: Quantization | None = None
-    quant_padding = b""
-    quant_at = pos
-    if flags & w.FLAG_HAS_QUANTIZATION:
-        quant, quant_padding, pos = _quantization(raw, pos, length)
-    if flags & w.FLAG_HAS_SHARD:
-        raise _error(
-            "a block-paged tensor must not carry a shard section",
-            "flags",
-            _AT["flags"],
-            found=f"0x{flags:08X}",
-        )
-    statistics = None
-    if flags & w.FLAG_HAS_STATISTICS:
-        statistics, pos = _statistics(raw, pos, length)
-    member = None
-    if flags & w.FLAG_HAS_COMPOSITE_MEMBER:
-        member, pos = _composite_member(raw, pos, length)
-    trailing = _trailing(raw, pos, minor)
-    try:
-        layout = BlockPagedLayout(
-            page_size,
-            num_pages,
-            paged_axis,
-            num_seqs,
-            role,
-            None if layer == w.LAYER_NONE else layer,
-            index_type,
-        )
-        return TensorDescriptor(
-            element_type,
-            (shape0, shape1, shape2),
-            layout,
-            handles,
-            quant,
-            (major, minor),
-            statistics,
-            member,
-            quant_padding,
-            trailing,
-        )
-    except InvalidDescriptorError as exc:
-        raise _locate(exc, count, quant_at, quant) from None
+    layer_index = None if layer == w.LAYER_NONE else layer
+    fields = (page_size, num_pages, paged_axis, num_seqs, role, layer_index, index_type)
+    return (shape0, shape1, shape2), byte_offset, fields, _BP_FIXED_LEN - _COUNT_SIZE
 
 
 def _locate(
@@ -309,20 +387,6 @@ def _element_type(type_tag: int) -> ElementType:
         raise exc.relocated(section="descriptor", offset=_AT["type_tag"]) from None
 
 
-def _refuse_other_layout(raw: bytes, layout_tag: int) -> None:
-    name = _known_layout_name(layout_tag)
-    decode_header(raw)  # an invalid descriptor of another layout is an input error
-    raise UnsupportedLayoutError(
-        f"descriptor has layout {name} (0x{layout_tag:02X}); hurray-wire decodes block_paged "
-        "(0x0A) tensors, use decode_header() for the common header",
-        layout_tag=layout_tag,
-        layout_name=name,
-        section="descriptor",
-        field="layout_tag",
-        offset=_AT["layout_tag"],
-    )
-
-
 def _known_layout_name(tag: int) -> str:
     """The layout's name, or the error for an invalid, reserved or unknown layout tag."""
     name = f"private_0x{tag:02X}" if 0xF0 <= tag <= 0xFE else w.LAYOUT_NAMES.get(tag)
@@ -333,16 +397,11 @@ def _known_layout_name(tag: int) -> str:
 
 
 def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
+    """Buffer handle ``index`` at ``offset``; a model error located at its field's byte."""
     values = _HANDLE.struct.unpack_from(raw, offset)
     _check_consts(_HANDLE, values, offset, f"buffers[{index}].")
-    return _checked_handle(values[:5], offset, index)
-
-
-def _checked_handle(values: tuple[int, ...], offset: int, index: int) -> BufferHandle:
-    """The handle of buffer ``index`` whose 16 bytes start at ``offset``; a model error is
-    located at its field's byte."""
     try:
-        return BufferHandle(*values)
+        return BufferHandle(*(values[i] for i in _HANDLE_FIELDS))
     except InvalidDescriptorError as exc:
         rel = _HANDLE.offsets.get(exc.field or "")
         raise exc.relocated(
@@ -394,17 +453,9 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
         )
     values = fast.struct.unpack_from(raw, pos + _QUANT_PAYLOAD_AT)
     _check_consts(fast, values, pos + _QUANT_PAYLOAD_AT, "quantization.")
-    quant = _quant_from_fields(scheme_tag, version, qflags, values, pos)
-    return quant, raw[pos + _QUANT_HEADER_AT + body : end], end
-
-
-def _quant_from_fields(
-    scheme_tag: int, version: int, qflags: int, values: tuple[Any, ...], pos: int
-) -> Quantization:
-    """Build a scheme object from its unpacked payload; ``pos`` is the section offset."""
     places = _quant_places(pos, scheme_tag)
     try:
-        return _build_quantization(scheme_tag, version, qflags, values, places)
+        quant = _build_quantization(scheme_tag, version, qflags, values, places)
     except InvalidDescriptorError as exc:
         if exc.offset is not None:
             raise
@@ -414,6 +465,7 @@ def _quant_from_fields(
         raise exc.relocated(
             section="descriptor", field=field, offset=places.get(field, pos)
         ) from None
+    return quant, raw[pos + _QUANT_HEADER_AT + body : end], end
 
 
 def _build_quantization(
@@ -486,7 +538,6 @@ def _composite_member(raw: bytes, pos: int, length: int) -> tuple[int, int]:
     return role, end
 
 
-# -- the general path: the common header of any descriptor -----------------------------------
 @dataclass(frozen=True)
 class DescriptorHeader:
     """What any valid Hurray descriptor says, whatever its layout (for dump and triage)."""
@@ -524,107 +575,10 @@ class DescriptorHeader:
         return tuple(h.byte_size for h in self.buffers)
 
 
-def decode_header(data: Any) -> DescriptorHeader:
-    """Decode and check the layout-independent parts of a descriptor of any layout."""
-    raw = _descriptor_bytes(data)
-    length = len(raw)
-    _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
-    _check_flags(flags, type_tag)
-    element_type = None
-    if type_tag not in w.PRIVATE_TYPE_TAGS:
-        element_type = _element_type(type_tag)
-    name = _known_layout_name(layout_tag)
-    if rank > 64:
-        raise _error("rank above 64", "rank", _AT["rank"], found=rank)
-    parsed = _construct_parse(raw)
-    pos = len(raw) - len(parsed.unknown_trailing)
-    trailing = _trailing(raw, pos, minor)
-    table = parsed.buffer_table_offset + _COUNT_SIZE
-    handles = [
-        _checked_handle(
-            (h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class),
-            _handle_at(index, table),
-            index,
-        )
-        for index, h in enumerate(parsed.buffers)
-    ]
-    try:  # the model's one-device rule, located in the table
-        check_colocation(handles)
-    except InvalidDescriptorError as exc:
-        raise exc.relocated(
-            section="descriptor", offset=_handle_places(table, len(handles)).get(exc.field or "")
-        ) from None
-    quant = None
-    if parsed.quantization is not None:
-        body = parsed.quantization.body
-        payload = body.payload
-        fast = _SCHEME[body.header.scheme_tag]
-        values = tuple(payload[n] for n in fast.names)
-        quant = _quant_from_fields(
-            body.header.scheme_tag,
-            body.header.scheme_version,
-            body.header.flags,
-            values,
-            parsed.quantization_offset,
-        )
-        for index in quant.parameter_buffers:
-            if index >= len(handles) or index == 0:
-                raise _error(
-                    "quantization parameter buffer index out of range",
-                    "quantization.scale_buffer_index",
-                    None,
-                    found=index,
-                )
-    statistics = None
-    if parsed.statistics is not None:
-        s = parsed.statistics
-        statistics = Statistics(**{name: s[name] for name in _STATS_NAMES})
-    ext = None
-    if parsed.extension_type is not None:
-        ext = {k: v for k, v in parsed.extension_type.items() if not k.startswith("_")}
-    member = None
-    if parsed.composite_member is not None:
-        member = parsed.composite_member.member_role
-        if member > 1 or layout_tag == 0x0B:
-            raise _error(
-                "invalid composite member section",
-                "composite_member.member_role",
-                None,
-                found=member,
-            )
-    shard = None
-    if parsed.shard is not None:
-        shard = (tuple(parsed.shard.parent_shape), tuple(parsed.shard.shard_offset))
-    layout_fields: dict[str, Any] = {}
-    if isinstance(parsed.layout, dict):
-        layout_fields = {k: v for k, v in parsed.layout.items() if not k.startswith("_")}
-    return DescriptorHeader(
-        major,
-        minor,
-        length,
-        flags,
-        type_tag,
-        element_type,
-        layout_tag,
-        name,
-        rank,
-        tuple(parsed.shape),
-        parsed.byte_offset,
-        layout_fields,
-        tuple(handles),
-        quant,
-        shard,
-        statistics,
-        ext,
-        member,
-        trailing,
-    )
-
-
 def _construct_parse(raw: bytes) -> Any:
     """Parse with the declarative struct, translating construct's errors into ours."""
     try:
-        return w.DESCRIPTOR.parse(raw)
+        return w.LAYOUT_PREFIX.parse(raw)
     except c.ConstError as exc:
         raise _error(f"reserved bytes must be zero ({exc.path})", None, None) from None
     except c.MappingError as exc:

@@ -1,9 +1,5 @@
-"""encode_descriptor: a TensorDescriptor as the exact bytes the reference writes.
-
-The model objects validate themselves on construction, so the encoder cannot write what
-the decoder (``descriptor_codec``) refuses; Const fields (magic, reserved bytes) fill
-themselves in (``FastStruct.pack``).
-"""
+"""encode_descriptor: a TensorDescriptor as the exact bytes the reference writes (Const
+fields fill themselves in: ``FastStruct.pack``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""BlockPagedLayout (layout tag 0x0A) and the rules that protect it (block-paged.md §§ 2-4, 7-8):
-the storage invariants of its index buffers and of seq_lens included.
-
-The layout is the 32-byte payload of the descriptor: page geometry, kv role, layer and the
-index type. It knows nothing of bytes; ``hurray_wire.wire.descriptor`` holds the struct.
-"""
+"""BlockPagedLayout (layout tag 0x0A: page geometry, kv role, layer, index type) and its
+rules, the storage invariants of the index buffers and seq_lens included (block-paged.md
+§§ 2-4, 7-8); ``hurray_wire.wire.descriptor`` holds its bytes."""
 
 from __future__ import annotations
 
@@ -158,12 +155,8 @@ class BlockPagedLayout:
             )
 
     def validate_index_buffers(self, seq_ptr: Any, block_table: Any) -> None:
-        """Check the storage invariants (block-paged.md § 4) of the two index buffers.
-
-        Accepts lists or NumPy arrays of any integer dtype; vectorised. The message names
-        the first offending position and value. Positional order ``(seq_ptr, block_table)``
-        as in the spec's guide.
-        """
+        """Check the storage invariants (block-paged.md § 4) of ``(seq_ptr, block_table)``,
+        lists or integer arrays, vectorised; the message names the first offending entry."""
         sp = _as_index_array(seq_ptr, "seq_ptr", self.index_max)
         bt = _as_index_array(block_table, "block_table", self.index_max)
         check_indexes(sp, bt, self.num_pages, self.num_seqs)
@@ -303,9 +296,8 @@ def check_indexes(
     page_size: int = 1,
     total_tokens: int = 0,
 ) -> None:
-    """Storage invariants 1-3 and, with ``lens``, the seq_lens rule: for a few sequences
-    one pass over exact Python integers (on a tiny table every NumPy call or function
-    layer costs more than the check); otherwise, or to name a failure,
+    """Storage invariants 1-3 and, with ``lens``, the seq_lens rule: for a few sequences one
+    pass over Python integers (cheaper than NumPy there); otherwise, or to name a failure,
     :func:`check_index_arrays` and :func:`check_seq_lens`."""
     if num_seqs < _SMALL_TABLE and len(seq_ptr) == num_seqs + 1 and len(block_table) < _SMALL_TABLE:
         starts, table = seq_ptr.tolist(), block_table.tolist()
@@ -328,13 +320,9 @@ def check_indexes(
 def _page_count_mismatch(
     lens: npt.NDArray[Any], seq_ptr: npt.NDArray[Any], page_size: int, largest: int
 ) -> int | None:
-    """The first sequence whose page count is not ceil(len / page_size), or None.
-
-    For a power-of-two page size (every engine's) that is ``(len + P - 1) >> log2(P)``,
-    compared with the ``seq_ptr`` differences in one pass: no uint64 division. Otherwise
-    ``pages * P - P < len <= pages * P``, in blocks. Both where no term can wrap (lengths
-    and page capacity well below 2**64); the exact division form otherwise.
-    """
+    """The first sequence whose page count is not ceil(len / page_size), or None: a shift
+    for a power-of-two page size, else ``pages * P - P < len <= pages * P`` (no uint64
+    division), where no term can wrap; the exact division otherwise."""
     capacity = int(seq_ptr[-1]) * page_size
     exact = capacity + page_size >= 2**64 or largest + page_size >= 2**64
     size = np.uint64(page_size)

@@ -86,13 +86,8 @@ def unpack(data: npt.NDArray[np.uint8], element_type: ElementType, count: int) -
 def first_padding_bit_byte(
     data: npt.NDArray[np.uint8], element_type: ElementType, count: int
 ) -> int | None:
-    """The index of the first byte of ``data`` holding a set padding bit, or None.
-
-    ``count`` elements fill ``byte_size(count)`` bytes; the bits after the last element
-    (only in the last byte, or the last 3-byte group of a 6-bit type) and any bytes beyond
-    must be zero (descriptor.md § 4), so two encoders of one tensor agree byte for byte and
-    no bits hide in a pool. Costs O(1) plus a vectorised scan of any bytes beyond.
-    """
+    """The index of the first byte of ``data`` holding a set padding bit (after ``count``
+    elements: descriptor.md § 4 wants them zero, so no bits hide in a pool), or None."""
     used = element_type.byte_size(count)
     if data.size > used:
         beyond = data[used:]

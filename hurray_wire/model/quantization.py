@@ -1,10 +1,6 @@
-"""Quantization schemes (descriptor.md § 8, quantization.md) and their block-paged rules.
-
-Objects are immutable values. Field-level rules are checked on construction; rules that
-need the descriptor (storage type, buffer indices vs buffer_count) live in
-``hurray_wire.model.descriptor``; the block-paged admission rules in
-``check_block_paged_compatibility``.
-"""
+"""Quantization schemes (descriptor.md § 8, quantization.md): immutable values checked on
+construction; rules that need the descriptor live there, the block-paged admission in
+``check_block_paged_compatibility``."""
 
 from __future__ import annotations
 
@@ -180,10 +176,8 @@ class PerChannelAffine(_AffineBuffers):
 
 @dataclass(frozen=True)
 class PerBlockAffine(_AffineBuffers):
-    """Scales (and int32 zero points) per block of ``block_size`` along ``axis``.
-
-    On block-paged: axis 0 and block_size == page_size, i.e. one scale per page slot.
-    """
+    """Scales (and int32 zero points) per block of ``block_size`` along ``axis`` (block-paged:
+    axis 0, block_size == page_size: one per page slot)."""
 
     axis: int
     block_size: int

@@ -1,16 +1,7 @@
-"""Hypothesis strategies that draw valid block-paged descriptors (test-only module).
-
-Shipped in the package, as zarr ships its strategies, so that users of hurray-wire can
-property-test their own code against every descriptor shape the format allows. Importing
-this module imports ``hypothesis``, which is a test dependency only (``pip install
-hurray-wire[test]``); nothing else in the package imports it.
-
-Everything drawn here is valid by construction: ``block_paged_descriptors()`` builds each
-descriptor through ``TensorDescriptor.block_paged`` (which derives the exact buffer sizes,
-block-paged.md § 3) and the model's own checks, so an example that fails to build is a bug
-in the model, not in the strategy. Sizes stay small (a few pages, heads and dims) so that
-hundreds of examples build in well under a second; ``num_pages`` alone is sometimes huge,
-because a descriptor only carries sizes, never the buffers themselves.
+"""Hypothesis strategies of valid block-paged descriptors, shipped (as zarr's are) for
+users' property tests; imports ``hypothesis`` (``hurray-wire[test]``). Each descriptor is
+built by the model (``TensorDescriptor.block_paged``), so a failure to build is the
+model's bug; sizes stay small but ``num_pages``, which is only a number, is sometimes huge.
 """
 
 from __future__ import annotations
@@ -151,11 +142,8 @@ def statistics() -> st.SearchStrategy[Statistics]:
 
 @st.composite
 def buffer_placements(draw: st.DrawFn) -> tuple[int, int, tuple[int, ...]]:
-    """A valid (device_tag, memory_class, sync modes to pick from) for a tensor's buffers.
-
-    Colocation (one device and one memory class per descriptor) is the caller's business;
-    sync_mode may differ between handles, except on the CPU where it must be 0.
-    """
+    """A valid (device_tag, memory_class, sync modes to pick from) for a tensor's buffers
+    (sync_mode may differ between handles, but for the CPU's 0)."""
     device, memory = draw(_PLACEMENTS)
     if device == _PRIVATE:
         device = draw(_PRIVATE_TAGS)
@@ -192,13 +180,9 @@ def _quantizations(element_type: ElementType, page_size: int) -> st.SearchStrate
 
 @st.composite
 def block_paged_descriptors(draw: st.DrawFn) -> TensorDescriptor:
-    """Random valid block-paged ``TensorDescriptor`` objects covering every optional part.
-
-    Element types, kv roles, layers (None, 0, 0xFFFFFFFE, ...), both index types, the
-    empty batch, huge pools, per-tensor / per-channel / per-block affine quantization with
-    writer padding, statistics, a composite-member section, version 1.x with unknown
-    trailing bytes, and handles on every device / memory class / sync mode combination.
-    """
+    """Random valid block-paged ``TensorDescriptor`` objects covering every optional part:
+    quantizations with writer padding, statistics, composite member, 1.x trailing bytes,
+    the empty batch, huge pools, every device / memory class / sync mode."""
     quantized = draw(_QUANTIZED)
     if quantized == "per_block":
         layout = draw(_PER_BLOCK_LAYOUTS)

@@ -11,13 +11,13 @@ import numpy.typing as npt
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError, instance
 from hurray_wire.fingerprint import fingerprint_from_metadata, fingerprint_to_metadata
 from hurray_wire.model.quantization import Quantization
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorCore, TensorT
 
 Array = npt.NDArray[Any]
 _KEEP: Any = object()
 
 
-def with_fingerprint(tensor: BlockPagedTensor, **changes: Any) -> dict[str, Any]:
+def with_fingerprint(tensor: TensorCore, **changes: Any) -> dict[str, Any]:
     """``tensor``'s metadata with its engine fingerprint's fields changed (``block_size``
     after repage, ``tp_rank`` / ``tp_size`` after a head split or merge), so that the
     fingerprint keeps describing the tensor; unchanged when it carries none."""
@@ -40,27 +40,13 @@ def check_int(value: object, name: str, minimum: int = 0, maximum: int | None = 
     return number
 
 
-def check_tensor(value: object, name: str = "tensor") -> BlockPagedTensor:
+def check_tensor(value: object, name: str = "tensor") -> TensorCore:
     """The transforms' tensor argument: a ``BlockPagedTensor`` (``compact("x")`` is an
     ``ArgumentTypeError``, not an ``AttributeError`` from inside)."""
-    return instance(value, BlockPagedTensor, name)
+    return instance(value, TensorCore, name)
 
 
-def check_seq(tensor: BlockPagedTensor, seq: object, name: str = "seq") -> int:
-    """A sequence index in ``0..num_seqs-1``."""
-    check_tensor(tensor)
-    index = check_int(seq, name, minimum=-(2**63))
-    if not 0 <= index < tensor.num_seqs:
-        raise InvalidTensorError(
-            "sequence index out of range",
-            field=name,
-            found=index,
-            expected=f"0..{tensor.num_seqs - 1}",
-        )
-    return index
-
-
-def need_seq_lens(tensor: BlockPagedTensor, what: str) -> Array:
+def need_seq_lens(tensor: TensorCore, what: str) -> Array:
     """``seq_lens`` as int64, or a typed error saying ``what`` needs them."""
     if tensor.seq_lens is None:
         raise InvalidTensorError(
@@ -69,14 +55,14 @@ def need_seq_lens(tensor: BlockPagedTensor, what: str) -> Array:
     return tensor.seq_lens.astype(np.int64)
 
 
-def lens_or_full(tensor: BlockPagedTensor) -> Array:
+def lens_or_full(tensor: TensorCore) -> Array:
     """``seq_lens`` as int64, or every page full when the tensor has none."""
     if tensor.seq_lens is not None:
         return tensor.seq_lens.astype(np.int64)
     return np.diff(tensor.seq_ptr.astype(np.int64)) * tensor.layout.page_size
 
 
-def token_slots(tensor: BlockPagedTensor, lens: Array) -> Array:
+def token_slots(tensor: TensorCore, lens: Array) -> Array:
     """Physical page slot (page * page_size + offset) of every token of every sequence,
     sequence after sequence: the vectorised form of the spec's element lookup (§ 5)."""
     page_size = tensor.layout.page_size
@@ -89,14 +75,14 @@ def token_slots(tensor: BlockPagedTensor, lens: Array) -> Array:
     return slots
 
 
-def flat_pool(tensor: BlockPagedTensor) -> Array:
+def flat_pool(tensor: TensorCore) -> Array:
     """The unpacked pool as ``[page_slots, num_heads, head_dim]`` (a view when unpacked)."""
     pool = tensor.unpacked_page_pool()  # explicit sizes: -1 is ambiguous for 0 heads
     return pool.reshape(pool.shape[0] * pool.shape[1], pool.shape[2], pool.shape[3])
 
 
 def rebuild(
-    tensor: BlockPagedTensor,
+    tensor: TensorT,
     *,
     page_pool: Any,
     block_table: Any = _KEEP,
@@ -106,7 +92,7 @@ def rebuild(
     zero_points: Any = _KEEP,
     quantization: Quantization | None = _KEEP,
     metadata: Any = _KEEP,
-) -> BlockPagedTensor:
+) -> TensorT:
     """A new tensor like ``tensor`` with some arrays replaced, validated by from_arrays.
 
     The pool is made C-contiguous first: a transform keeps every page and its page ids
@@ -118,7 +104,7 @@ def rebuild(
     index_type = tensor.layout.block_table_index_type
     if isinstance(page_pool, np.ndarray):
         page_pool = np.ascontiguousarray(page_pool)
-    return BlockPagedTensor.from_arrays(
+    return type(tensor).from_arrays(
         page_pool,
         keep(block_table, tensor.block_table),
         keep(seq_ptr, tensor.seq_ptr),

@@ -1,10 +1,5 @@
-"""Dropping unreferenced pages, and reporting which pages sequences share.
-
-``compact`` renumbers the referenced pages in first-reference order (the order a reader
-walking the block table meets them), so compacting a compact tensor changes nothing and a
-receiver's pool fills front to back. Sharing is preserved: every block-table entry naming
-one old page names the same new page.
-"""
+"""Dropping unreferenced pages (renumbered in first-reference order, sharing kept: compact
+is idempotent and a receiver's pool fills front to back), and which pages sequences share."""
 
 from __future__ import annotations
 
@@ -13,7 +8,7 @@ import numpy as np
 from hurray_wire._interop import first_reference_order
 from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.model.quantization import PerBlockAffine
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorCore, TensorT
 from hurray_wire.transforms._common import Array, check_tensor, rebuild
 
 __all__ = ["PAGES", "compact", "first_reference_order", "prefix_sharing", "referenced_pages"]
@@ -23,7 +18,7 @@ __all__ = ["PAGES", "compact", "first_reference_order", "prefix_sharing", "refer
 PAGES = ("referenced", "all")
 
 
-def compact(tensor: BlockPagedTensor) -> BlockPagedTensor:
+def compact(tensor: TensorT) -> TensorT:
     """The same sequences over a pool of only the pages the block table names."""
     old_ids, table = first_reference_order(check_tensor(tensor).block_table)
     pool = tensor.unpacked_page_pool()[old_ids]
@@ -38,14 +33,9 @@ def compact(tensor: BlockPagedTensor) -> BlockPagedTensor:
                    zero_points=zero_points)  # fmt: skip
 
 
-def referenced_pages(
-    tensor: BlockPagedTensor, pages: object = "referenced"
-) -> tuple[BlockPagedTensor, Array | None]:
-    """What to send of ``tensor`` for ``pages=``: ``(tensor, None)`` when the whole pool goes
-    (``"all"``, or every page is referenced), else ``(compact(tensor), old_ids)``, where
-    ``old_ids[i]`` is the source page of sent page ``i`` (a zero-copy sender reads them
-    where they lie). A request's block table over a 4096-page engine pool sends its pages,
-    not the pool."""
+def referenced_pages(tensor: TensorT, pages: object = "referenced") -> tuple[TensorT, Array | None]:
+    """What to send for ``pages=``: ``(tensor, None)`` for the whole pool (``"all"`` or all
+    referenced), else ``(compact(tensor), old_ids)``, ``old_ids[i]`` the source of page ``i``."""
     if not isinstance(pages, str) or pages not in PAGES:
         raise ArgumentTypeError("pages is 'referenced' or 'all'", field="pages",
                                 found=repr(pages))  # fmt: skip
@@ -59,7 +49,7 @@ def referenced_pages(
     return compact(tensor), old_ids
 
 
-def prefix_sharing(tensor: BlockPagedTensor) -> dict[int, tuple[int, ...]]:
+def prefix_sharing(tensor: TensorCore) -> dict[int, tuple[int, ...]]:
     """``{page_id: (seq, ...)}`` for every physical page that two or more block-table
     entries name, with the distinct sequences naming it in ascending order (one sequence
     naming a page twice gives a 1-tuple). Pages in ascending order."""

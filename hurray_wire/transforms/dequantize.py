@@ -1,11 +1,6 @@
-"""Real values of a (possibly quantized) pool, by the spec's formulas.
-
-Per-tensor and per-channel affine: ``x = scale * (q - zero_point)``; per-channel scales run
-along axis 1 (heads) or 2 (head_dim) of ``[tokens, heads, head_dim]``. Per-block affine on
-block-paged: one scale (and zero point) per physical page slot, shared by all heads and dims
-(block-paged.md § 7). Subtraction is integer, the multiply float32; f16/bf16 scales widen
-exactly. An unquantized tensor with an fp8 engine scalar (``kv_scale``) is ``float32(q) *
-kv_scale``; the scalar is not applied on top of a quantization scheme.
+"""Real values of a pool by the spec's formulas: ``x = scale * (q - zero_point)`` (integer
+subtraction, float32 multiply), per channel along heads or head_dim, per block one per page
+slot (block-paged.md § 7); unquantized fp8 with ``kv_scale``: ``float32(q) * kv_scale``.
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ import numpy as np
 
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, PerTensorAffine
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorCore
 from hurray_wire.transforms._common import Array, check_tensor
 
 __all__ = ["dequantize", "dequantize_slots"]
@@ -36,7 +31,7 @@ def _check_dtype(dtype: Any) -> np.dtype[Any]:
     return result
 
 
-def dequantize(tensor: BlockPagedTensor, dtype: Any = np.float32) -> Array:
+def dequantize(tensor: TensorCore, dtype: Any = np.float32) -> Array:
     """The whole pool ``[num_pages, page_size, num_heads, head_dim]`` in ``dtype``."""
     out = _check_dtype(dtype)
     pool = check_tensor(tensor).unpacked_page_pool()
@@ -46,7 +41,7 @@ def dequantize(tensor: BlockPagedTensor, dtype: Any = np.float32) -> Array:
 
 
 def dequantize_slots(
-    tensor: BlockPagedTensor, values: Array, slots: Array, dtype: np.dtype[Any]
+    tensor: TensorCore, values: Array, slots: Array, dtype: np.dtype[Any]
 ) -> Array:
     """Dequantize ``values`` (``slots.shape + [heads, head_dim]``) read from ``slots``."""
     if values.dtype.kind == "c":

@@ -1,11 +1,7 @@
-"""Head re-sharding for tensor parallelism: split a tensor over ranks, merge shards back.
-
-Engines shard a KV cache by heads. With ``n`` ranks and ``H`` heads: when ``n`` divides
-``H`` rank ``r`` holds the contiguous heads ``r*H/n .. (r+1)*H/n - 1``; when ``H`` divides
-``n`` (GQA with more ranks than KV heads) every rank holds one head, replicated: rank ``r``
-holds head ``r // (n // H)``. Block table, seq_ptr, seq_lens and metadata are the same on
-every shard. Per-block scales (per page slot, shared by all heads) and per-tensor parameters
-go to every shard unchanged; per-channel scales on the head axis are sliced with the heads.
+"""Head re-sharding for tensor parallelism. With ``n`` ranks and ``H`` heads, rank ``r`` holds
+heads ``r*H/n .. (r+1)*H/n - 1`` when ``n`` divides ``H``, else (GQA, ``H`` divides ``n``)
+the one head ``r // (n // H)``; indexes, metadata and per-block / per-tensor parameters go
+to every shard, per-channel scales on the head axis are sliced with the heads.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from hurray_wire.fingerprint import (
     fingerprint_from_metadata,
 )
 from hurray_wire.model.quantization import PerChannelAffine
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorCore, TensorT
 from hurray_wire.transforms._common import check_int, check_tensor, rebuild, with_fingerprint
 
 __all__ = ["MAX_RANKS", "head_ranges", "merge_heads", "split_heads"]
@@ -48,9 +44,7 @@ def head_ranges(num_heads: int, n: int) -> list[tuple[int, int]]:
     )
 
 
-def _slice(
-    tensor: BlockPagedTensor, first: int, stop: int, metadata: dict[str, Any]
-) -> BlockPagedTensor:
+def _slice(tensor: TensorT, first: int, stop: int, metadata: dict[str, Any]) -> TensorT:
     pool = tensor.unpacked_page_pool()[:, :, first:stop, :]
     scales, zero_points = tensor.scales, tensor.zero_points
     quant = tensor.quantization
@@ -62,7 +56,7 @@ def _slice(
                    metadata=metadata)  # fmt: skip
 
 
-def split_heads(tensor: BlockPagedTensor, n: object) -> list[BlockPagedTensor]:
+def split_heads(tensor: TensorT, n: object) -> list[TensorT]:
     """One tensor per rank (see the module docstring for which heads each holds).
 
     An engine fingerprint in the metadata is made each shard's own: a source at rank ``a``
@@ -72,7 +66,7 @@ def split_heads(tensor: BlockPagedTensor, n: object) -> list[BlockPagedTensor]:
     ranges = head_ranges(tensor.shape[1], ranks)
     fp = fingerprint_from_metadata(tensor.metadata)
     out = []
-    built: dict[tuple[int, int], BlockPagedTensor] = {}
+    built: dict[tuple[int, int], TensorT] = {}
     for rank, heads in enumerate(ranges):
         if fp is None:  # replicas are one tensor, built once
             if heads not in built:
@@ -91,7 +85,7 @@ def _equal(a: Any, b: Any) -> bool:
     return bool(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)))
 
 
-def _check_agree(base: BlockPagedTensor, other: BlockPagedTensor, rank: int) -> None:
+def _check_agree(base: TensorCore, other: TensorCore, rank: int) -> None:
     checks: list[tuple[str, Any, Any]] = [
         ("layout", base.layout, other.layout),
         ("element_type", base.element_type, other.element_type),
@@ -125,17 +119,10 @@ def _check_agree(base: BlockPagedTensor, other: BlockPagedTensor, rank: int) -> 
             raise InvalidTensorError(f"shard {rank} differs from shard 0 in {name}", field=name)
 
 
-def merge_heads(
-    tensors: Sequence[BlockPagedTensor], *, num_heads: int | None = None
-) -> BlockPagedTensor:
-    """The inverse of ``split_heads``: one tensor with every head.
-
-    ``num_heads`` (the merged head count) defaults to the sum of the shards' heads, i.e.
-    contiguous shards; pass it when the shards are replicas (fewer heads than ranks): then
-    each group of ``len(tensors) // num_heads`` one-head shards must be identical, and one
-    of each is kept.
-    """
-    if isinstance(tensors, BlockPagedTensor) or not isinstance(tensors, Sequence):
+def merge_heads(tensors: Sequence[TensorT], *, num_heads: int | None = None) -> TensorT:
+    """The inverse of ``split_heads``; ``num_heads`` (default: the shards' sum) when the
+    shards are replicas: each group of ``len(tensors) // num_heads`` must be identical."""
+    if isinstance(tensors, TensorCore) or not isinstance(tensors, Sequence):
         raise ArgumentTypeError(
             "merge_heads takes a sequence of BlockPagedTensor",
             field="tensors",
@@ -145,7 +132,7 @@ def merge_heads(
     if not shards:
         raise InvalidTensorError("merge_heads needs at least one tensor", field="tensors")
     for rank, shard in enumerate(shards):
-        if not isinstance(shard, BlockPagedTensor):
+        if not isinstance(shard, TensorCore):
             raise ArgumentTypeError(
                 f"tensors[{rank}] is not a BlockPagedTensor",
                 field="tensors",
@@ -191,7 +178,7 @@ def merge_heads(
                                                     for t in tensors]))  # fmt: skip
 
 
-def _merged_metadata(base: BlockPagedTensor, fps: list[Any]) -> dict[str, Any]:
+def _merged_metadata(base: TensorCore, fps: list[Any]) -> dict[str, Any]:
     """The shards' metadata with the fingerprint of the merged tensor: shards at ranks
     ``k * n .. k * n + n - 1`` of ``s`` merge to rank ``k`` of ``s / n``; shards that all
     carry one rank (made without the split's renumbering) keep it."""

@@ -1,16 +1,7 @@
-"""Re-paging: the same tokens per sequence on pages of another size.
-
-Each new page is identified by the source page slots it holds, in order: its positions
-up to the sequence's source page capacity (a partial last page's unused slots included, so
-a partial page that another sequence fills is not split off). New pages with identical slot
-lists become one physical page, so whatever two sequences share at the same logical
-positions in the source stays shared wherever a new page lies inside it (and nothing else
-is merged: equal slots mean equal contents). Pages are numbered in first-reference order,
-unreferenced source pages are dropped, and positions past the source capacity are zero
-(per-block scale 1.0, zero point 0, as [A15] asks of writers).
-
-Without ``seq_lens`` every source page counts as full; the result then carries ``seq_lens``
-only when some sequence no longer fills its last page.
+"""Re-paging: the same tokens per sequence on pages of another size. A new page is named by
+the source slots it holds (up to the source capacity), so new pages with equal slot lists
+are one physical page and sharing survives; pages numbered in first-reference order,
+positions past the source capacity zero (scale 1.0, zero point 0: [A15]).
 """
 
 from __future__ import annotations
@@ -22,7 +13,7 @@ import numpy as np
 from hurray_wire._interop import first_reference_order
 from hurray_wire.errors import InvalidTensorError
 from hurray_wire.model.quantization import PerBlockAffine
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorT
 from hurray_wire.transforms._common import (
     check_int,
     check_tensor,
@@ -41,7 +32,7 @@ __all__ = ["MAX_PAGE_SIZE", "repage"]
 MAX_PAGE_SIZE = 1 << 16
 
 
-def repage(tensor: BlockPagedTensor, page_size: object) -> BlockPagedTensor:
+def repage(tensor: TensorT, page_size: object) -> TensorT:
     """The tensor on pages of ``page_size`` tokens (any size >= 1)."""
     check_tensor(tensor)
     size = check_int(page_size, "page_size", minimum=1, maximum=MAX_PAGE_SIZE)

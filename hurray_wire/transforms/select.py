@@ -7,10 +7,9 @@ from typing import Any
 import numpy as np
 
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
-from hurray_wire.tensor import BlockPagedTensor
+from hurray_wire.tensor_core import TensorCore, TensorT, seq_index
 from hurray_wire.transforms._common import (
     Array,
-    check_seq,
     check_tensor,
     flat_pool,
     need_seq_lens,
@@ -21,7 +20,7 @@ from hurray_wire.transforms._common import (
 __all__ = ["select", "sequence", "sequences"]
 
 
-def _values(tensor: BlockPagedTensor, slots: Array, dequantize: bool) -> Array:
+def _values(tensor: TensorCore, slots: Array, dequantize: bool) -> Array:
     if not isinstance(dequantize, bool):
         raise ArgumentTypeError(
             "dequantize must be a bool", field="dequantize", found=repr(dequantize)
@@ -34,25 +33,24 @@ def _values(tensor: BlockPagedTensor, slots: Array, dequantize: bool) -> Array:
     return values
 
 
-def sequence(tensor: BlockPagedTensor, seq: object, *, dequantize: bool = False) -> Array:
+def sequence(tensor: TensorCore, seq: object, *, dequantize: bool = False) -> Array:
     """Tokens of one sequence, ``[seq_lens[seq], num_heads, head_dim]`` (a new array)."""
-    index = check_seq(tensor, seq)
+    index = seq_index(seq, check_tensor(tensor).num_seqs)
     lens = need_seq_lens(tensor, "sequence()")
     page_size = tensor.layout.page_size
-    start = int(tensor.seq_ptr[index])
-    pages = tensor.block_table[start : int(tensor.seq_ptr[index + 1])].astype(np.int64)
+    pages = tensor.sequence_pages(index).astype(np.int64)
     t = np.arange(int(lens[index]), dtype=np.int64)
     return _values(tensor, pages[t // page_size] * page_size + t % page_size, dequantize)
 
 
-def sequences(tensor: BlockPagedTensor, *, dequantize: bool = False) -> list[Array]:
+def sequences(tensor: TensorCore, *, dequantize: bool = False) -> list[Array]:
     """Every sequence's tokens: one gather of the whole batch, split per sequence."""
     lens = need_seq_lens(check_tensor(tensor), "sequences()")
     values = _values(tensor, token_slots(tensor, lens), dequantize)
     return np.split(values, np.cumsum(lens)[:-1]) if len(lens) else []
 
 
-def _seq_ids(tensor: BlockPagedTensor, seq_ids: Any) -> Array:
+def _seq_ids(tensor: TensorCore, seq_ids: Any) -> Array:
     if isinstance(seq_ids, (str, bytes, int, np.integer)) or not hasattr(seq_ids, "__len__"):
         raise ArgumentTypeError(
             "seq_ids must be a sequence of ints", field="seq_ids", found=repr(seq_ids)
@@ -82,7 +80,7 @@ def _seq_ids(tensor: BlockPagedTensor, seq_ids: Any) -> Array:
     return ids.astype(np.int64)
 
 
-def select(tensor: BlockPagedTensor, seq_ids: Any) -> BlockPagedTensor:
+def select(tensor: TensorT, seq_ids: Any) -> TensorT:
     """The sequences ``seq_ids`` (in the given order; repeats allowed) over the same pool
     and parameters: only block_table, seq_ptr and seq_lens change."""
     ids = _seq_ids(check_tensor(tensor), seq_ids)

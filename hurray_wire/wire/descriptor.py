@@ -1,12 +1,7 @@
-"""construct structs of the Hurray Tensor Descriptor (descriptor.md §§ 1-9): bytes only, no rules.
-
-Each wire section is one ``Struct``; the structs are strict where construct can be
-(``Const`` for magic and reserved bytes, ``Mapping`` for the block-paged enumerations,
-``default=Error`` on switches) and say nothing about cross-field rules, which live with the
-model (``hurray_wire.model``). ``DESCRIPTOR`` parses any layout and is the slow, general path
-(used by ``decode_header`` and ``dump``); the block-paged fast path uses ``struct.Struct``
-formats derived from these same definitions by ``hurray_wire.wire.fast``.
-"""
+"""construct structs of the Hurray Tensor Descriptor (descriptor.md §§ 1-9): bytes only, as
+strict as construct can be (``Const``, ``Mapping``, ``default=Error``), rules in the model.
+The decoder reads formats derived from them (``descriptor_layout.py``), construct only for
+another layout's payload (``LAYOUT_PREFIX``); ``DESCRIPTOR`` is the whole, for tests."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ import construct as c
 __all__ = [
     "BLOCK_PAGED_FIXED",
     "BLOCK_PAGED_PAYLOAD",
+    "BUFFER_COUNT",
     "BUFFER_HANDLE",
     "COMPOSITE_MEMBER",
     "DESCRIPTOR",
@@ -34,6 +30,7 @@ __all__ = [
     "KV_ROLE_BY_CODE",
     "LAYER_NONE",
     "LAYOUT_NAMES",
+    "LAYOUT_PREFIX",
     "MAGIC",
     "MXFP",
     "NF4",
@@ -45,6 +42,7 @@ __all__ = [
     "QUANT_HEADER",
     "QUANT_LENGTH",
     "SCHEME_PAYLOADS",
+    "SHARD",
     "STATISTICS",
     "ZERO_POINT_ITEM",
 ]
@@ -293,8 +291,9 @@ def _flag(bit: int) -> Any:
     return lambda this: bool(this._root.header.flags & bit)
 
 
-# § 1: the whole descriptor, sections in wire order (statistics before extension type).
-DESCRIPTOR = c.Struct(
+# § 1 up to the buffer table, any layout: what the decoder reads with construct for layouts
+# other than rank-3 block-paged (their payloads vary with rank and nest).
+LAYOUT_PREFIX = c.Struct(
     "header" / FIXED_HEADER,
     "shape" / _per_axis(c.Int64ul),
     "byte_offset" / c.Int64ul,
@@ -305,14 +304,16 @@ DESCRIPTOR = c.Struct(
         default=c.Error,
     ),
     "buffer_table_offset" / c.Tell,
-    "buffers" / c.PrefixedArray(c.Int8ul, BUFFER_HANDLE),
+)
+BUFFER_COUNT = c.Int8ul
+SHARD = c.Struct("parent_shape" / _per_axis(c.Int64ul), "shard_offset" / _per_axis(c.Int64ul))
+# § 1: the whole descriptor, sections in wire order (statistics before extension type).
+DESCRIPTOR = c.Struct(
+    *LAYOUT_PREFIX.subcons,
+    "buffers" / c.PrefixedArray(BUFFER_COUNT, BUFFER_HANDLE),
     "quantization_offset" / c.Tell,
     "quantization" / c.If(_flag(FLAG_HAS_QUANTIZATION), QUANTIZATION_SECTION),
-    "shard"
-    / c.If(
-        _flag(FLAG_HAS_SHARD),
-        c.Struct("parent_shape" / _per_axis(c.Int64ul), "shard_offset" / _per_axis(c.Int64ul)),
-    ),
+    "shard" / c.If(_flag(FLAG_HAS_SHARD), SHARD),
     "statistics" / c.If(_flag(FLAG_HAS_STATISTICS), STATISTICS),
     "extension_type" / c.If(_flag(FLAG_HAS_EXTENSION_TYPE), EXTENSION_TYPE),
     "composite_member" / c.If(_flag(FLAG_HAS_COMPOSITE_MEMBER), COMPOSITE_MEMBER),

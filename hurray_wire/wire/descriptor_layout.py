@@ -3,13 +3,16 @@ with every field's offset (``wire/fast.py``), shared by the decoder and the enco
 
 from __future__ import annotations
 
+from struct import Struct
+
 from hurray_wire.wire import descriptor as w
-from hurray_wire.wire.fast import derive, item_struct
+from hurray_wire.wire.fast import array_struct, derive, item_struct
 
 __all__ = [
     "AT",
     "BUFFER_TABLE_AT",
     "COUNT_SIZE",
+    "EXTENSION",
     "FIXED",
     "HANDLE",
     "HEADER",
@@ -24,6 +27,7 @@ __all__ = [
     "handle_at",
     "handle_places",
     "quant_places",
+    "shard_struct",
 ]
 
 HEADER = derive(w.FIXED_HEADER)
@@ -32,12 +36,14 @@ HANDLE = derive(w.BUFFER_HANDLE)
 QHEADER = derive(w.QUANT_HEADER)
 SCHEME = {tag: derive(defn) for tag, defn in w.SCHEME_PAYLOADS.items()}
 STATS = derive(w.STATISTICS)
+EXTENSION = derive(w.EXTENSION_TYPE)
 MEMBER = derive(w.COMPOSITE_MEMBER)
 U32 = item_struct(w.QUANT_LENGTH)  # quantization_length
 
 AT = FIXED.offsets  # byte offset of every fixed field, e.g. AT["flags"] == 10
 BUFFER_TABLE_AT = FIXED.size  # 85: the buffer handles of a rank-3 descriptor start here
-COUNT_SIZE = FIXED.size - AT["buffer_count"]  # the u8 buffer_count before the handles
+COUNT_SIZE = item_struct(w.BUFFER_COUNT).size  # the u8 buffer_count before the handles
+assert FIXED.size - AT["buffer_count"] == COUNT_SIZE
 QUANT_HEADER_AT = U32.size  # a quantization section's scheme header follows its length
 QUANT_PAYLOAD_AT = U32.size + QHEADER.size  # and its payload follows the header
 #: Model field names that differ from the wire's.
@@ -71,3 +77,9 @@ def quant_places(pos: int, scheme_tag: int) -> dict[str, int]:
     places.update({m: places[w] for m, w in WIRE_NAMES.items() if w in places})
     places.update({f"quantization.{n}": at for n, at in list(places.items())})
     return places
+
+
+def shard_struct(rank: int) -> Struct:
+    """The shard section of a rank-``rank`` descriptor: parent_shape, then shard_offset."""
+    item = w.SHARD.parent_shape.subcon.subcon
+    return array_struct(item, len(w.SHARD.subcons) * rank)
