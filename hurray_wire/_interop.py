@@ -27,6 +27,7 @@ from hurray_wire.model.layout import _as_index_array
 __all__ = [
     "as_numpy",
     "consecutive",
+    "engine_array",
     "first_reference_order",
     "gather_many",
     "gather_rows",
@@ -269,6 +270,51 @@ def referenced_pages(
             moved.append(values)
         scales, zero_points = moved
     return take_pages(page_pool, old_ids), new_table, scales, zero_points
+
+
+def engine_array(value: object, name: str, *, contiguous: bool = True) -> npt.NDArray[Any]:
+    """One of the engine's arrays, to be written in place: a NumPy array, a CPU torch
+    tensor or any host DLPack tensor (shared, never copied), writable, of plain data and
+    (unless ``contiguous=False``: a vLLM cache's strided role views) C-contiguous. The one
+    intake of every landing target (``decode(into=)``, in place, NIXL, ``into_vllm``)."""
+    array = value
+    if not isinstance(value, np.ndarray):
+        if is_device_tensor(value):
+            raise ArgumentTypeError(
+                f"{name} must be in host memory (it is written in place, never moved)",
+                field=name,
+                found=str(value.device),  # type: ignore[attr-defined]
+            )
+        if is_torch(value):
+            array = torch_to_numpy(value, name)
+        elif hasattr(value, "__dlpack__"):
+            try:
+                array = np.from_dlpack(value)
+            except (BufferError, TypeError, RuntimeError, ValueError) as exc:
+                raise ArgumentTypeError(f"{name}: no host DLPack view ({exc})", field=name,
+                                        found=type(value).__name__) from None  # fmt: skip
+        else:
+            raise ArgumentTypeError(
+                f"{name} must be the engine's array (NumPy, torch or DLPack; written in place)",
+                field=name,
+                found=type(value).__name__,
+            )
+    assert isinstance(array, np.ndarray)
+    if array.dtype.hasobject or array.dtype.fields is not None:
+        raise ArgumentTypeError(f"{name} must hold plain data", field=name, found=str(array.dtype))
+    if contiguous and not array.flags.c_contiguous:
+        raise ArgumentTypeError(
+            f"{name} must be C-contiguous",
+            field=name,
+            found=f"contiguous False, strides {array.strides}",
+        )
+    if not array.flags.writeable:
+        raise ArgumentTypeError(
+            f"{name} must be writable (new pages are written into it)",
+            field=name,
+            found="a read-only array",
+        )
+    return array
 
 
 def as_numpy(value: Any, name: str) -> Any:

@@ -198,45 +198,6 @@ def cut_inside(what: str, size: int) -> str:
     return f"empty input (0 bytes): no {what}" if size == 0 else f"input ends inside the {what}"
 
 
-def check_head(
-    view: Any,
-    head: Any,
-    expected: tuple[tuple[str, Any, str], ...],
-    *,
-    error: type[HurrayWireError],
-    truncated: type[HurrayWireError],
-    section: str,
-    at: int = 0,
-    base_offset: int = 0,
-    what: str = "record shorter than its head",
-) -> dict[str, Any]:
-    """The fields of the fixed ``head`` (a ``wire.fast`` struct) at ``view[at]``, each
-    ``(name, value, message)`` of ``expected`` checked (magic, version, reserved bytes) and
-    refused with ``error`` at its offset; ``truncated`` when the head itself is cut."""
-    if len(view) < at + head.size:
-        raise truncated(
-            what,
-            section=section,
-            offset=base_offset + len(view),
-            found=len(view),
-            expected=f">= {at + head.size} bytes",
-        )
-    fields: dict[str, Any] = head.unpack_dict(view, at)
-    for name, value, message in expected:
-        found = fields[name]
-        if found != value:
-            shown = (found.hex(), value.hex()) if isinstance(value, bytes) else (found, value)
-            raise error(
-                message,
-                section=section,
-                field=name,
-                offset=base_offset + at + head.offsets[name],
-                found=shown[0],
-                expected=shown[1],
-            )
-    return fields
-
-
 class CodecConfigError(HurrayWireError, ValueError):
     """A compression spec or codec argument with a bad value (not bad stored bytes)."""
 

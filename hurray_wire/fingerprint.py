@@ -24,11 +24,10 @@ from hurray_wire.errors import (
     HurrayWireError,
     IncompatibleFingerprintError,
     InvalidMetadataError,
-    check_head,
     instance,
 )
 from hurray_wire.metadata import decode_metadata, encode_metadata
-from hurray_wire.wire import integrity as w
+from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.seal import checksum_of
 
 __all__ = [
@@ -47,7 +46,8 @@ __all__ = [
 FINGERPRINT_METADATA_KEY = w.FINGERPRINT_METADATA_KEY
 ExtraValue = str | int | float | bool
 SECTION = "engine_fingerprint"
-_HEAD = w.FAST_FINGERPRINT_HEADER
+_RECORD = wr.FINGERPRINT.raising(InvalidMetadataError, InvalidMetadataError)
+_HEAD = _RECORD.head
 _STRINGS = ("model_id", "engine", "engine_version", "kv_cache_layout", "cache_dtype")
 _INTS = ("block_size", "tp_rank", "tp_size")
 _EXTRA_PREFIX = "extra."
@@ -219,15 +219,7 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
         ("_reserved1", bytes(4), "bad reserved1"),
         ("version", w.FINGERPRINT_VERSION, "unsupported fingerprint version"),
     )
-    head = check_head(
-        view,
-        _HEAD,
-        expected,
-        error=InvalidMetadataError,
-        truncated=InvalidMetadataError,
-        section=SECTION,
-        what="fingerprint shorter than its head",
-    )
+    head = _RECORD.read_head(view, expected, what="fingerprint shorter than its head")
     if head["body_length"] != len(view) - _HEAD.size:
         raise InvalidMetadataError(
             "body_length does not match the bytes after the head",
@@ -238,16 +230,8 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
             expected=len(view) - _HEAD.size,
         )
     body = view[_HEAD.size :]
-    computed = checksum_of(body)
-    if computed != head["body_checksum"]:
-        raise InvalidMetadataError(
-            "fingerprint checksum mismatch",
-            section=SECTION,
-            field="body_checksum",
-            offset=_HEAD.offsets["body_checksum"],
-            found=f"0x{head['body_checksum']:016X}",
-            expected=f"0x{computed:016X}",
-        )
+    at = _RECORD.at("body_checksum")
+    _RECORD.check_checksum(head["body_checksum"], checksum_of(body), "body_checksum", at)
     try:
         entries = decode_metadata(body, base_offset=_HEAD.size)
     except HurrayWireError as exc:

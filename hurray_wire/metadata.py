@@ -21,6 +21,7 @@ from hurray_wire.wire.containers import (
     KV_BYTES,
     KV_FLOAT64,
     KV_INT64,
+    KV_LEAST_PAYLOAD,
     KV_SCALAR_PAYLOADS,
     KV_STRING,
     KV_TAG_NAMES,
@@ -46,29 +47,26 @@ SECTION = "kv_metadata"
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 UINT64_MAX = (1 << 64) - 1
-U16_MAX = 0xFFFF
-U32_MAX = 0xFFFF_FFFF  # string/bytes lengths, array counts, kv_count, and the trailer's kv_length
-
 # Every format from the wire structs (wire/containers.py, § B.4).
 _U16 = item_struct(KvEntry.key_length)  # key lengths
 _U32 = item_struct(KvSection.kv_count)  # kv_count, array counts, string / bytes lengths
 _I64 = item_struct(KV_SCALAR_PAYLOADS[KV_INT64])
 _U64 = item_struct(KV_SCALAR_PAYLOADS[KV_UINT64])
 _F64 = item_struct(KV_SCALAR_PAYLOADS[KV_FLOAT64])
+U16_MAX = (1 << 8 * _U16.size) - 1
+U32_MAX = (1 << 8 * _U32.size) - 1  # string/bytes lengths, array counts, kv_count, kv_length
 
 # Smallest payload of one array element of each tag: a u32 count of 4 billion is refused
 # by arithmetic before any list is built.
-_MIN_ELEMENT_SIZE = {
-    KV_STRING: 4,
-    KV_INT64: 8,
-    KV_UINT64: 8,
-    KV_FLOAT64: 8,
-    KV_BOOL: 1,
-    KV_BYTES: 4,
-}
+_MIN_ELEMENT_SIZE = KV_LEAST_PAYLOAD
 _FIXED_FORMAT = {tag: KV_SCALAR_PAYLOADS[tag] for tag in (KV_INT64, KV_UINT64, KV_FLOAT64)}
-# Smallest entry: key length (2), a 1-byte key, the tag and a bool's byte.
-_MIN_ENTRY_SIZE = 5
+#: A fixed-width scalar tag: its reader and its width.
+_FIXED_SCALAR = {
+    tag: (s.unpack_from, s.size)
+    for tag, s in ((KV_INT64, _I64), (KV_UINT64, _U64), (KV_FLOAT64, _F64))
+}
+# Smallest entry: key length, a 1-byte key, the tag and the smallest payload (a bool's byte).
+_MIN_ENTRY_SIZE = _U16.size + 1 + 1 + min(KV_LEAST_PAYLOAD.values())
 
 
 def _checked_int(value: SupportsIndex, lo: int, hi: int, type_name: str) -> int:
@@ -399,11 +397,11 @@ class _Cursor:
         return self.view[self.need(1, field, what)]
 
     def u16(self, field: str, what: str) -> int:
-        value: int = _U16.unpack_from(self.view, self.need(2, field, what))[0]
+        value: int = _U16.unpack_from(self.view, self.need(_U16.size, field, what))[0]
         return value
 
     def u32(self, field: str, what: str) -> int:
-        value: int = _U32.unpack_from(self.view, self.need(4, field, what))[0]
+        value: int = _U32.unpack_from(self.view, self.need(_U32.size, field, what))[0]
         return value
 
     def text(self, size: int, field: str, what: str) -> str:
@@ -453,12 +451,9 @@ def _scalar(cursor: _Cursor, tag: int, field: str) -> Any:
         return cursor.blob(cursor.u32(f"{field}.length", "bytes length"), field, "bytes value")
     if tag == KV_BOOL:
         return _bool(cursor, field)
-    start = cursor.need(8, field, KV_TAG_NAMES[tag])
-    if tag == KV_INT64:
-        return _I64.unpack_from(cursor.view, start)[0]
-    if tag == KV_UINT64:
-        return UInt64(_U64.unpack_from(cursor.view, start)[0])
-    return _F64.unpack_from(cursor.view, start)[0]
+    unpack, width = _FIXED_SCALAR[tag]
+    value = unpack(cursor.view, cursor.need(width, field, KV_TAG_NAMES[tag]))[0]
+    return UInt64(value) if tag == KV_UINT64 else value
 
 
 def _array(cursor: _Cursor, field: str) -> list[Any]:
@@ -497,13 +492,6 @@ def _array(cursor: _Cursor, field: str) -> list[Any]:
             )
         return [b == 1 for b in raw]
     return [_scalar(cursor, tag, f"{field}[{j}]") for j in range(count)]
-
-
-#: A fixed-width scalar tag: its reader and its width.
-_FIXED_SCALAR = {
-    tag: (s.unpack_from, s.size)
-    for tag, s in ((KV_INT64, _I64), (KV_UINT64, _U64), (KV_FLOAT64, _F64))
-}
 
 
 class _NotPlainError(Exception):
@@ -623,8 +611,8 @@ def _entry(
         raise cursor.fail(
             f"entry {index} has an empty key",
             f"entries[{index}].key_length",
-            cursor.pos - 2,
-            expected="1..65535",
+            cursor.pos - _U16.size,
+            expected=f"1..{U16_MAX}",
             found=0,
         )
     key_at = cursor.pos

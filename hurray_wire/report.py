@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hurray_wire import blob as blob_codec, codecs
+from hurray_wire.blob.envelope import entry_at
 from hurray_wire.buffers import byte_view
 from hurray_wire.containers import HrryFile
 from hurray_wire.dtypes import element_type_from_tag
@@ -29,7 +30,12 @@ from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import prefix_sharing
-from hurray_wire.wire import blob as wire, containers as wc, descriptor as wd, stream as ws
+from hurray_wire.wire import (
+    blob as wire,
+    descriptor as wd,
+    records as wr,
+    stream as ws,
+)
 from hurray_wire.wire.descriptor_layout import FIXED as _DESCRIPTOR, HANDLE as _HANDLE
 
 __all__ = [
@@ -207,7 +213,7 @@ def describe_blob_envelope(data: Any, verified: bool) -> dict[str, Any]:
     checksummed = head["checksum_type"] == wire.CHECKSUM_XXH3_64
     sections = []
     for number in range(head["section_count"]):
-        entry = _ENTRY.unpack_dict(view, _entry_at(number))
+        entry = _ENTRY.unpack_dict(view, entry_at(number))
         kind = wire.SECTION_KINDS.get(entry["kind"], f"unknown_0x{entry['kind']:02X}")
         sections.append(
             {
@@ -240,17 +246,12 @@ def blob_has_checksums(data: Any) -> bool:
     return bool(head["checksum_type"] == wire.CHECKSUM_XXH3_64)
 
 
-def _entry_at(number: int) -> int:
-    """Byte offset of section entry ``number``: the table follows the fixed header."""
-    return _BLOB_HEADER.size + _ENTRY.size * number
-
-
 # -- annotated hex --------------------------------------------------------------------------
 Annotation = tuple[int, int, str, str]  # offset, size, field name, value text
 
-_BLOB_HEADER = wire.FAST_BLOB_HEADER
+_BLOB_HEADER = wr.BLOB.head  # each part of a record as the record places it (wire/records.py)
 _ENTRY = wire.FAST_SECTION_ENTRY
-_CHECKSUM = wire.FAST_HEADER_CHECKSUM
+_CHECKSUM = wire.FAST_HEADER_CHECKSUM  # the blob record's seal
 _CHUNK_HEAD = wire.FAST_CHUNK_TABLE_HEADER
 _CHECKSUM_NAMES = {wire.CHECKSUM_NONE: "none", wire.CHECKSUM_XXH3_64: "xxh3_64"}
 _INDEX_TYPE_NAMES = {code: name for name, code in wd.INDEX_TYPES.items()}
@@ -330,10 +331,10 @@ def annotate_blob(data: Any) -> list[Annotation]:
     head = _BLOB_HEADER.unpack_dict(view, 0)
     count = head["section_count"]
     header_length = head["header_length"]
-    entries = [_ENTRY.unpack_dict(view, _entry_at(number)) for number in range(count)]
+    entries = [_ENTRY.unpack_dict(view, entry_at(number)) for number in range(count)]
     for number in range(count):
-        out += _fields(_ENTRY, view, _entry_at(number), f"section[{number}].")
-    desc_start = _entry_at(count)
+        out += _fields(_ENTRY, view, entry_at(number), f"section[{number}].")
+    desc_start = entry_at(count)
     out.extend(annotate_descriptor(view[desc_start:header_length], desc_start))
     (checksum,) = _CHECKSUM.struct.unpack_from(view, header_length)
     out.append((header_length, _CHECKSUM.size, "header_checksum", f"0x{checksum:016x}"))
@@ -396,10 +397,8 @@ def annotate_chunk_table(
 
 
 # -- annotated hex of a blob stream ---------------------------------------------------------
-_MINIMUM = {
-    ws.STREAM_MAGIC: ws.FAST_STREAM_HEADER.size + ws.FAST_RECORD_CHECKSUM.size,
-    ws.END_MAGIC: ws.FAST_END_RECORD.size + ws.FAST_END_FOOTER.size,
-}
+#: The fewest bytes that hold a stream record's head and tail (a blob's: its header's).
+_MINIMUM = {r.magic: r.head.size + r.tail_size for r in (wr.STREAM_HEADER, wr.END_RECORD)}
 
 
 def _stream_value(raw: bytes, name: str) -> str:
@@ -429,51 +428,45 @@ def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
     record's slice of the stream.
     """
     view = bytes(memoryview(data).cast("B"))
-    head = ws.FAST_STREAM_HEADER.unpack_dict(view, 0)
-    total = min(head["total_length"], len(view))
-    out = _fields(ws.FAST_STREAM_HEADER, view, 0, "stream_header.", base, _stream_value)
-    cursor = ws.FAST_STREAM_HEADER.size
-    name_length, metadata_length = head["model_name_length"], head["metadata_length"]
-    model = repr(view[cursor : cursor + name_length].decode("utf-8", "replace"))
-    out.append((base + cursor, name_length, "stream_header.model_name", model))
-    cursor += name_length
-    if metadata_length:
-        what = f"KV section, {metadata_length} bytes"
-        out.append((base + cursor, metadata_length, "stream_header.metadata", what))
-    cursor += metadata_length
-    at_checksum = total - ws.FAST_RECORD_CHECKSUM.size
-    if at_checksum > cursor:
-        out.append(_padding(view, cursor, at_checksum, base))
-    (checksum,) = ws.FAST_RECORD_CHECKSUM.struct.unpack_from(view, at_checksum)
-    out.append(
-        (
-            base + at_checksum,
-            ws.FAST_RECORD_CHECKSUM.size,
-            "stream_header.checksum",
-            f"0x{checksum:016x}",
-        )
-    )
-    return out
+    head = wr.STREAM_HEADER.head.unpack_dict(view, 0)
+    runs = (("model_name", head["model_name_length"]), ("metadata", head["metadata_length"]))
+    spans = wr.STREAM_HEADER.spans(min(head["total_length"], len(view)), runs)
+    out = _fields(wr.STREAM_HEADER.head, view, 0, "stream_header.", base, _stream_value)
+    start, stop = spans["model_name"]
+    model = repr(view[start:stop].decode("utf-8", "replace"))
+    out.append((base + start, stop - start, "stream_header.model_name", model))
+    start, stop = spans["metadata"]
+    if stop > start:
+        what = f"KV section, {stop - start} bytes"
+        out.append((base + start, stop - start, "stream_header.metadata", what))
+    return out + _closing(wr.STREAM_HEADER, view, spans, "stream_header.", base)
+
+
+def _closing(
+    record: wr.Record, view: bytes, spans: wr.Spans, name: str, base: int
+) -> list[Annotation]:
+    """A record's padding (if any) and its tail: the seal, or a footer."""
+    (start, stop), (seal, _) = spans["padding"], spans["seal"]
+    out = [_padding(view, start, stop, base)] if stop > start else []
+    assert record.tail is not None
+    return out + _fields(record.tail, view, seal, name, base)
 
 
 def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
     """Named fields of an end record: the fixed part, each index entry, the footer."""
     view = bytes(memoryview(data).cast("B"))
-    head = ws.FAST_END_RECORD.unpack_dict(view, 0)
+    head = wr.END_RECORD.head.unpack_dict(view, 0)
+    count = head["entry_count"]
     total = min(head["total_length"], len(view))
-    out = _fields(ws.FAST_END_RECORD, view, 0, "end_record.", base, _stream_value)
-    cursor = ws.FAST_END_RECORD.size
-    footer = total - ws.FAST_END_FOOTER.size
-    for number in range(head["entry_count"]):
-        if cursor + ws.FAST_END_ENTRY.size > footer:
-            break
-        out += _fields(
-            ws.FAST_END_ENTRY, view, cursor, f"end_record.entry[{number}].", base, _stream_value
-        )
-        cursor += ws.FAST_END_ENTRY.size
-    if footer > cursor:
-        out.append(_padding(view, cursor, footer, base))
-    return out + _fields(ws.FAST_END_FOOTER, view, footer, "end_record.", base)
+    out = _fields(wr.END_RECORD.head, view, 0, "end_record.", base, _stream_value)
+    entry = ws.FAST_END_ENTRY
+    cursor, footer = wr.END_RECORD.head.size, total - wr.END_RECORD.tail_size
+    shown = min(count, max(0, footer - cursor) // entry.size)  # those before the footer
+    for number in range(shown):
+        at = cursor + entry.size * number
+        out += _fields(entry, view, at, f"end_record.entry[{number}].", base, _stream_value)
+    spans = wr.END_RECORD.spans(total, (("entries", entry.size * shown),))
+    return out + _closing(wr.END_RECORD, view, spans, "end_record.", base)
 
 
 def _whole_header(view: Any) -> bool:
@@ -497,15 +490,12 @@ def annotate_stream(data: Any) -> list[Annotation]:
     number = 0
     while pos < len(view):
         rest = len(view) - pos
-        if rest < ws.FAST_RECORD_PREFIX.size:
+        if rest < wr.PREFIX.size:
             out.append((pos, rest, "cut record", f"{rest} bytes, shorter than a record prefix"))
             break
-        prefix = ws.FAST_RECORD_PREFIX.unpack_dict(view, pos)
+        prefix = wr.PREFIX.unpack_dict(view, pos)
         magic, total = prefix["magic"], prefix["total_length"]
-        if (
-            magic not in (ws.STREAM_MAGIC, wire.BLOB_MAGIC, ws.END_MAGIC)
-            or total < ws.FAST_RECORD_PREFIX.size
-        ):
+        if magic not in wr.RECORDS_BY_MAGIC or total < wr.PREFIX.size:
             out.append((pos, rest, "not a record", f"magic {magic.hex(' ')}, {rest} bytes"))
             break
         cut = total > rest
@@ -536,8 +526,8 @@ def annotate_stream(data: Any) -> list[Annotation]:
 
 
 # -- annotated hex of a .hrry file -----------------------------------------------------------
-_HRRY_HEADER = wc.FAST_HRRY_HEADER
-_HRRY_TRAILER = wc.FAST_HRRY_TRAILER
+_HRRY_HEADER = wr.HRRY_HEADER.head
+_HRRY_TRAILER = wr.HRRY_TRAILER.head
 
 
 def annotate_hrry(data: Any) -> list[Annotation]:

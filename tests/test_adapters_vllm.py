@@ -461,7 +461,7 @@ IDS = [[9, 2, 4], [9, 8], [1], [3, 6]]
         ({"backend": "TRITON_MLA"}, hwe.InvalidTensorError, "fused"),
         ({"backend": None}, hwe.ArgumentTypeError, "backend"),
         ({"k_scale": 2.0}, hwe.InvalidTensorError, "scale"),
-        ({"read_only": True}, hwe.InvalidTensorError, "read-only"),
+        ({"read_only": True}, hwe.ArgumentTypeError, "read-only"),
         ({"kv_cache_dtype": "fp8"}, hwe.InvalidTensorError, "kv_cache_dtype"),
     ],
 )
@@ -502,8 +502,9 @@ def test_into_vllm_refuses_gpu_tensors() -> None:
     torch = pytest.importorskip("torch")
     _, target, got = into_case()
     meta = torch.empty(target.shape, dtype=torch.float16, device="meta")
-    with pytest.raises(hwe.InvalidTensorError, match="device"):
+    with pytest.raises(hwe.ArgumentTypeError, match="host memory") as info:
         into_vllm(got, meta, IDS, backend="FLASH_ATTN")
+    assert info.value.field == "kv_cache"
 
 
 # -- every refusal of from_vllm / to_vllm -----------------------------------------------------

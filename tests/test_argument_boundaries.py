@@ -40,7 +40,7 @@ from hurray_wire.transport.records import (
     decode_record,
     encode_record,
 )
-from hurray_wire.wire.transfer import FAST_TRANSFER_RECORD
+from hurray_wire.wire.transfer import FAST_TRANSFER_RECORD, FAST_TRANSFER_SEGMENT
 
 POOL = np.arange(5 * 4 * 2 * 8, dtype=np.float16).reshape(5, 4, 2, 8)
 T = hw.BlockPagedTensor.from_arrays(POOL, np.array([0, 1, 2]), np.array([0, 3]))
@@ -131,15 +131,15 @@ def test_a_record_with_too_many_segments_is_refused_before_any_segment_is_built(
 ) -> None:
     count = 65535
     good = encode_record(TransferRecord("abort", 7, reason="x"))
-    fixed = bytearray(good[: records._FIXED])
+    fixed = bytearray(good[: FAST_TRANSFER_RECORD.size])
     at = FAST_TRANSFER_RECORD.offsets["segment_count"]
     length_at = FAST_TRANSFER_RECORD.offsets["record_length"]
     reason_at = FAST_TRANSFER_RECORD.offsets["tail_length"]
     struct.pack_into("<H", fixed, at, count)
     struct.pack_into("<H", fixed, reason_at, 0)
-    body = bytes(fixed) + bytes(records._SEGMENT * count)
+    body = bytes(fixed) + bytes(FAST_TRANSFER_SEGMENT.size * count)
     struct.pack_into("<I", fixed, length_at, len(body) + 8)
-    body = bytes(fixed) + bytes(records._SEGMENT * count)
+    body = bytes(fixed) + bytes(FAST_TRANSFER_SEGMENT.size * count)
     data = body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
     built: list[int] = []
     real = records.Segment
@@ -169,7 +169,7 @@ def test_an_intact_second_holder_serves_a_digest_whose_first_holder_is_stale() -
     # the in-place delta decode takes the intact holder instead of refusing
     tensor = hw.BlockPagedTensor.from_arrays(engine[5:6].copy(), np.array([0]), np.array([0, 1]))
     blob = hw.encode(tensor, known_pages=np.array([digest], np.uint64))
-    out = hw.decode_in_place(blob, pool_store=store, free_pages=[0, 1])
+    out = hw.decode(blob, into=hw.InPlace(store, [0, 1]))
     assert out.block_table.tolist() == [5]
     assert np.array_equal(out.page_pool[out.block_table[0]], engine[5])
 

@@ -70,7 +70,7 @@ def test_a_delta_blob_claiming_free_pages_is_refused_fast(num_pages: int) -> Non
         hw.decode_report(blob, page_store=store)
     engine = EnginePoolStore(np.zeros((4, 16, 0, 64), np.float16))
     with pytest.raises(LimitExceededError, match="max_empty_pages"):
-        hw.decode_in_place(blob, pool_store=engine, free_pages=[0, 1, 2, 3])
+        hw.decode(blob, into=hw.InPlace(engine, [0, 1, 2, 3]))
     with pytest.raises(hw.HurrayWireError) as streamed:  # a stream of one bare blob
         list(StreamReader(blob, page_store=store))
     assert isinstance(streamed.value.__cause__ or streamed.value, LimitExceededError)

@@ -11,7 +11,7 @@ import pytest
 import hurray_wire as hw
 from hurray_wire.blob import copying
 from hurray_wire.errors import ArgumentTypeError, ChecksumError, HurrayWireError
-from hurray_wire.integrity import MemoryPageStore, store_pages
+from hurray_wire.integrity import EnginePoolStore, MemoryPageStore, store_pages
 from tests import blob_reference as ref
 
 PAGE = (16, 4, 32)  # 4 KiB of float16 per page
@@ -50,7 +50,7 @@ def test_lands_in_the_engine_array_verified(
     t = _tensor()
     blob = bytes(hw.encode(t))
     engine = np.full(t.page_pool.shape, np.float16(7), np.float16)
-    out = hw.decode_into(blob, engine)
+    out = hw.decode(blob, into=hw.IntoArray(engine))
     _same(out, t)
     assert out.page_pool is engine  # the engine's own array object
     assert not np.shares_memory(out.block_table, engine)
@@ -59,7 +59,7 @@ def test_lands_in_the_engine_array_verified(
 def test_a_byte_array_is_viewed_with_the_blob_dtype_and_shape() -> None:
     t = _tensor()
     engine = np.zeros(t.page_pool.nbytes, np.uint8)
-    out = hw.decode_into(hw.encode(t), engine)
+    out = hw.decode(hw.encode(t), into=hw.IntoArray(engine))
     _same(out, t)
     assert np.shares_memory(out.page_pool, engine)
     assert engine.tobytes() == t.page_pool.tobytes()
@@ -75,12 +75,12 @@ def test_a_corrupted_pool_byte_is_refused(parallel: bool, monkeypatch: pytest.Mo
     blob[at] ^= 0x01
     before = bytes(blob)
     with pytest.raises(ChecksumError) as info:
-        hw.decode_into(blob, np.empty_like(t.page_pool))
+        hw.decode(blob, into=hw.IntoArray(np.empty_like(t.page_pool)))
     assert info.value.section == "buffer[0]"
     assert bytes(blob) == before  # the input is never written
     # verify=False accepts it, as decode(verify=False) does, and lands the bytes as sent
     engine = np.empty_like(t.page_pool)
-    hw.decode_into(blob, engine, verify=False)
+    hw.decode(blob, into=hw.IntoArray(engine), verify=False)
     assert (
         engine.view(np.uint8).reshape(-1)[at - _pool_offset(before, t)]
         != (t.page_pool.view(np.uint8).reshape(-1)[at - _pool_offset(before, t)])
@@ -93,35 +93,35 @@ def test_a_corrupted_small_section_is_refused() -> None:
     at = bytes(blob).find(b"hello world")
     blob[at] ^= 0x20  # still valid text: only the checksum can tell
     with pytest.raises(ChecksumError) as info:
-        hw.decode_into(blob, np.empty_like(t.page_pool))
+        hw.decode(blob, into=hw.IntoArray(np.empty_like(t.page_pool)))
     assert info.value.section == "metadata[0]"
 
 
 def test_without_checksums_it_copies() -> None:
     t = _tensor()
     engine = np.empty_like(t.page_pool)
-    _same(hw.decode_into(hw.encode(t, checksum=False), engine), t)
+    _same(hw.decode(hw.encode(t, checksum=False), into=hw.IntoArray(engine)), t)
 
 
 def test_a_compressed_pool_is_decompressed_into_the_array() -> None:
     t = _tensor()
     blob = bytearray(hw.encode(t, compression="zstd:1"))
     engine = np.empty_like(t.page_pool)
-    _same(hw.decode_into(blob, engine), t)
+    _same(hw.decode(blob, into=hw.IntoArray(engine)), t)
     blob[len(blob) // 2] ^= 0xFF
     with pytest.raises(HurrayWireError):
-        hw.decode_into(blob, np.empty_like(t.page_pool))
+        hw.decode(blob, into=hw.IntoArray(np.empty_like(t.page_pool)))
 
 
 def test_page_digests_and_delta_blobs_take_the_page_checks() -> None:
     t = _tensor(pages=8)
     blob = bytearray(hw.encode(t, page_digests=True))
-    _same(hw.decode_into(blob, np.empty_like(t.page_pool)), t)
+    _same(hw.decode(blob, into=hw.IntoArray(np.empty_like(t.page_pool))), t)
     blob[_pool_offset(bytes(blob), t) + 5] ^= 0x01
     with pytest.raises(ChecksumError) as expected:
         hw.decode(blob)
     with pytest.raises(ChecksumError) as info:  # the same refusal as decode's
-        hw.decode_into(blob, np.empty_like(t.page_pool))
+        hw.decode(blob, into=hw.IntoArray(np.empty_like(t.page_pool)))
     assert str(info.value) == str(expected.value)
     report = hw.decode_report(blob)
     assert report.pages.tolist() == [0]  # decode_report says which page
@@ -129,7 +129,7 @@ def test_page_digests_and_delta_blobs_take_the_page_checks() -> None:
     store_pages(store, t, [0, 1, 2, 3, 4])
     delta = hw.encode(t, known_pages=store.digests(), page_digests=True)
     assert len(delta) < len(blob) // 2
-    _same(hw.decode_into(delta, np.empty_like(t.page_pool), page_store=store), t)
+    _same(hw.decode(delta, into=hw.IntoArray(np.empty_like(t.page_pool)), page_store=store), t)
 
 
 @pytest.mark.parametrize(
@@ -147,7 +147,7 @@ def test_bad_engine_arrays_are_typed_errors(engine: Any, found: str) -> None:
     t = _tensor()
     blob = hw.encode(t)
     with pytest.raises(ArgumentTypeError) as info:
-        hw.decode_into(blob, engine)
+        hw.decode(blob, into=hw.IntoArray(engine))
     assert info.value.field == "page_pool"
     assert found in str(info.value)
 
@@ -157,16 +157,16 @@ def test_a_read_only_engine_array_is_refused() -> None:
     engine = np.empty_like(t.page_pool)
     engine.flags.writeable = False
     with pytest.raises(ArgumentTypeError, match="writable"):
-        hw.decode_into(hw.encode(t), engine)
+        hw.decode(hw.encode(t), into=hw.IntoArray(engine))
 
 
 def test_decode_errors_are_decodes() -> None:
     t = _tensor()
     blob = bytearray(hw.encode(t))
     with pytest.raises(HurrayWireError):
-        hw.decode_into(blob[:100], np.empty_like(t.page_pool))
+        hw.decode(blob[:100], into=hw.IntoArray(np.empty_like(t.page_pool)))
     with pytest.raises(ArgumentTypeError):
-        hw.decode_into(blob, np.empty_like(t.page_pool), verify=1)  # type: ignore[arg-type]
+        hw.decode(blob, into=hw.IntoArray(np.empty_like(t.page_pool)), verify=1)  # type: ignore[arg-type]
 
 
 def test_stream_file_lands_a_layer_in_the_engine(tmp_path: Path) -> None:
@@ -183,13 +183,13 @@ def test_stream_file_lands_a_layer_in_the_engine(tmp_path: Path) -> None:
             writer.write(x)
     engine = np.empty_like(tensors[0].page_pool)
     with hw.StreamFile(path) as f:
-        got = f.tensor(1, "key", page_pool=engine)
+        got = f.tensor(1, "key", into=hw.IntoArray(engine))
         assert got.page_pool is engine
         _same(got, tensors[1])
         for entry, x in zip(f.entries, tensors, strict=True):
-            _same(f.read(entry, page_pool=engine), x)
+            _same(f.read(entry, into=hw.IntoArray(engine)), x)
         with pytest.raises(ArgumentTypeError):
-            f.tensor(2, "key", page_pool=np.empty(3, np.uint8))
+            f.tensor(2, "key", into=hw.IntoArray(np.empty(3, np.uint8)))
 
 
 def _no_blob_side_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +224,7 @@ def test_paged_blobs_land_in_one_pass(
     expected = hw.decode(blob, page_store=store)
     _no_blob_side_pass(monkeypatch)
     engine = np.full(t.page_pool.shape, np.float16(7), np.float16)
-    out = hw.decode_into(blob, engine, page_store=store, one_pass=True)
+    out = hw.decode(blob, into=hw.IntoArray(engine, one_pass=True), page_store=store)
     _same(out, t)
     _same(out, expected)
     assert out.page_pool is engine
@@ -265,7 +265,7 @@ def test_paged_landing_refuses_as_decode_does(damage: str, one_pass: bool) -> No
         hw.decode(blob, page_store=given)
     engine = np.full(t.page_pool.shape, np.float16(7), np.float16)
     with pytest.raises(HurrayWireError) as info:
-        hw.decode_into(blob, engine, page_store=given, one_pass=one_pass)
+        hw.decode(blob, into=hw.IntoArray(engine, one_pass=one_pass), page_store=given)
     assert type(info.value) is type(expected.value)
     assert str(info.value) == str(expected.value)
     untouched = bool((engine == np.float16(7)).all())
@@ -290,6 +290,44 @@ def test_a_packed_paged_pool_lands_in_one_pass(
     expected = hw.decode(blob, page_store=store)
     _no_blob_side_pass(monkeypatch)
     engine = np.full(expected.page_pool.nbytes, 0xAA, np.uint8)
-    out = hw.decode_into(blob, engine, page_store=store, one_pass=True)
+    out = hw.decode(blob, into=hw.IntoArray(engine, one_pass=True), page_store=store)
     assert out.page_pool.tobytes() == expected.page_pool.tobytes()
     assert np.shares_memory(out.page_pool, engine)
+
+
+# -- one intake of engine arrays (issue 31): a torch tensor wherever an array is taken -----
+def test_a_torch_tensor_is_taken_wherever_an_array_is() -> None:
+    """``decode(into=IntoArray(t))``, ``IntoPages(t, ids)`` and ``into_vllm`` share the
+    intake (``_interop.engine_array``): a CPU torch tensor is written in place, shared."""
+    torch = pytest.importorskip("torch")
+    t = _tensor(pages=4)
+    blob = hw.encode(t)
+    whole = torch.zeros(t.page_pool.shape, dtype=torch.float16)
+    _same(hw.decode(blob, into=hw.IntoArray(whole)), t)
+    assert whole.numpy().tobytes() == t.page_pool.tobytes()  # bit patterns: NaNs included
+    engine = torch.zeros((9, *t.page_pool.shape[1:]), dtype=torch.float16)
+    got = hw.decode(blob, into=hw.IntoPages(engine, [8, 1, 5, 3]))
+    assert engine.numpy()[[8, 1, 5, 3]].tobytes() == t.page_pool.tobytes()
+    assert np.shares_memory(got.page_pool, engine.numpy())
+
+
+def test_every_intake_refuses_a_read_only_or_foreign_array_alike() -> None:
+    """The same error type and field wherever an engine array enters (the array's own name:
+    ``page_pool`` for a decode target, ``kv_cache`` for ``into_vllm``)."""
+    t = _tensor(pages=4)
+    engine = np.zeros_like(t.page_pool)
+    engine.flags.writeable = False
+    refusals = []
+    for land in (
+        lambda: hw.IntoArray(engine),
+        lambda: hw.IntoPages(engine, [0, 1, 2, 3]),
+        lambda: EnginePoolStore(engine),
+        lambda: hw.into_vllm(t, engine, [[1]], backend="FLASH_ATTN"),
+    ):  # fmt: skip
+        with pytest.raises(ArgumentTypeError, match="writable") as info:
+            land()
+        refusals.append(info.value.field)
+    assert refusals == ["page_pool", "page_pool", "page_pool", "kv_cache"]
+    with pytest.raises(ArgumentTypeError) as caught:
+        hw.decode(hw.encode(t), into=engine.copy())  # an array is not a target: say so
+    assert caught.value.field == "into"

@@ -168,14 +168,14 @@ def test_f10_decode_into_takes_flat_bytes_of_a_uint8_pool(name: str, digests: bo
     blob = bytes(hw.encode(tensor, page_digests=digests))
     expected = hw.decode(blob)
     flat = np.full(expected.page_pool.nbytes, 0xA5, np.uint8)
-    landed = hw.decode_into(blob, flat)
+    landed = hw.decode(blob, into=hw.IntoArray(flat))
     assert fuzz_blob.tensor_difference(landed, expected) is None
     assert np.shares_memory(landed.page_pool, flat)
     typed = np.empty_like(expected.page_pool)
-    assert hw.decode_into(blob, typed).page_pool is typed
+    assert hw.decode(blob, into=hw.IntoArray(typed)).page_pool is typed
     for wrong in (np.empty(flat.size + 1, np.uint8), np.empty(flat.size, np.int8)):
         with pytest.raises(hw.errors.ArgumentTypeError, match="page_pool"):
-            hw.decode_into(blob, wrong)
+            hw.decode(blob, into=hw.IntoArray(wrong))
 
 
 # -- F11: a puller's first_page past the prompt's tokens crashed the prefill server ----------

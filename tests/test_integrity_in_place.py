@@ -41,6 +41,13 @@ PS, H, D = 4, 2, 8
 CAPACITY = 40
 
 
+def _in_place_report(blob: Any, store: EnginePoolStore, free: Any, **kw: Any) -> InPlaceReport:
+    """``decode_report(into=InPlace(...))``, whose report is an ``InPlaceReport``."""
+    report = hw.decode_report(blob, into=hw.InPlace(store, free), **kw)
+    assert isinstance(report, InPlaceReport)
+    return report
+
+
 def random_pages(rng: np.random.Generator, count: int) -> np.ndarray:
     return rng.standard_normal((count, PS, H, D)).astype(np.float16)
 
@@ -155,7 +162,7 @@ def test_round_trip_with_90_percent_held(quantized: bool) -> None:
     blob = delta_blob(s)
     assert peek_in_place(blob) == (s.tensor.descriptor, 1)
     before = s.engine.copy()
-    got = hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
+    got = hw.decode(blob, into=hw.InPlace(s.store, s.free))
     same_logical(got, s.tensor)
     assert got.page_pool is s.engine and np.shares_memory(got.page_pool, s.engine)
     if quantized:
@@ -176,7 +183,7 @@ def test_full_blob_and_digests_only_blob_go_into_free_pages() -> None:
     for blob in (hw.encode(s.tensor), hw.encode(s.tensor, page_digests=True)):
         assert peek_in_place(blob)[1] == 10
         before = s.engine.copy()
-        report = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free)
+        report = _in_place_report(blob, s.store, s.free)
         same_logical(report.tensor, s.tensor)
         assert report.ok and report.written.tolist() == s.free[:10].tolist()
         assert rows_changed(before, s.engine) <= set(s.free[:10].tolist())
@@ -185,9 +192,7 @@ def test_full_blob_and_digests_only_blob_go_into_free_pages() -> None:
 
 def test_compressed_delta_blob() -> None:
     s = scene(seed=3)
-    got = hw.decode_in_place(
-        delta_blob(s, compression="zstd:1"), pool_store=s.store, free_pages=s.free
-    )
+    got = hw.decode(delta_blob(s, compression="zstd:1"), into=hw.InPlace(s.store, s.free))
     same_logical(got, s.tensor)
 
 
@@ -196,11 +201,11 @@ def test_nothing_held_and_everything_held() -> None:
     blob = delta_blob(s)
     assert peek_in_place(blob)[1] == 0
     before = s.engine.copy()
-    got = hw.decode_in_place(blob, pool_store=s.store, free_pages=[])
+    got = hw.decode(blob, into=hw.InPlace(s.store, []))
     same_logical(got, s.tensor)
     assert s.engine.tobytes() == before.tobytes()
     s = scene(held=())
-    got = hw.decode_in_place(delta_blob(s), pool_store=s.store, free_pages=s.free)
+    got = hw.decode(delta_blob(s), into=hw.InPlace(s.store, s.free))
     same_logical(got, s.tensor)
 
 
@@ -209,7 +214,7 @@ def test_empty_tensor_and_empty_pool() -> None:
     store = EnginePoolStore(np.zeros((0, PS, H, D), np.float16))
     assert store.index([]).size == 0 and store.digests().size == 0
     for blob in (hw.encode(empty), hw.encode(empty, known_pages=store.digests())):
-        got = hw.decode_in_place(blob, pool_store=store, free_pages=np.zeros(0, np.int64))
+        got = hw.decode(blob, into=hw.InPlace(store, np.zeros(0, np.int64)))
         assert got.layout.num_pages == 0 and got.block_table.size == 0
     assert page_digests(empty).size == 0
     # pages of no bytes: all equal, all referenced to the one indexed page
@@ -217,9 +222,7 @@ def test_empty_tensor_and_empty_pool() -> None:
     store = EnginePoolStore(np.zeros((8, PS, H, 0), np.float16))
     store.index([5])
     blob = hw.encode(t, known_pages=store.digests(), page_digests=True)
-    assert (
-        hw.decode_in_place(blob, pool_store=store, free_pages=[1]).block_table.tolist() == [5] * 3
-    )
+    assert hw.decode(blob, into=hw.InPlace(store, [1])).block_table.tolist() == [5] * 3
 
 
 # -- failures: stale, missing, corrupt -------------------------------------------------------
@@ -239,7 +242,7 @@ def test_stale_page_is_refused_at_its_logical_positions() -> None:
     s.engine[s.held_at[page], 1, 0, 3] += 1  # the engine overwrote it without forget()
     before = snapshot(s)
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
+        hw.decode(blob, into=hw.InPlace(s.store, s.free))
     assert not isinstance(caught.value, PageStoreMissError)
     assert caught.value.pages == (page,)
     assert caught.value.positions == ((0, 0), (1, 0))
@@ -255,7 +258,7 @@ def test_stale_page_reported_gets_a_zeroed_free_page() -> None:
     s.engine[s.held_at[page], 0, 0, 0] += 1
     indexed = s.store.indexed_pages()
     before = s.engine.copy()
-    report = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free)
+    report = _in_place_report(blob, s.store, s.free)
     assert isinstance(report, InPlaceReport) and not report.ok
     spare = int(s.free[1])  # free_pages[0] took the sent page
     assert report.pages.tolist() == [spare] and report.corrupt.tolist() == [spare]
@@ -279,7 +282,7 @@ def test_stale_slot_scale_is_refused() -> None:
     assert s.scales is not None
     s.scales[s.held_at[page] * PS + 2] += 1
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
+        hw.decode(blob, into=hw.InPlace(s.store, s.free))
     assert caught.value.positions == ((0, 0), (1, 0))
 
 
@@ -290,15 +293,15 @@ def test_page_forgotten_since_planning_is_missing() -> None:
     s.store.forget([s.held_at[page]])
     before = snapshot(s)
     with pytest.raises(PageStoreMissError) as caught:
-        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
+        hw.decode(blob, into=hw.InPlace(s.store, s.free))
     assert caught.value.pages == (page,) and caught.value.positions == ((0, 1),)
     assert snapshot(s) == before
-    report = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free)
+    report = _in_place_report(blob, s.store, s.free)
     assert report.missing.tolist() == [int(s.free[1])] and report.positions == ((0, 1),)
     assert report.stale.size == 0
     # too few free pages to report it in: raised as decode_in_place raises it
     with pytest.raises(PageStoreMissError, match="no page left"):
-        hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free[:1])
+        _in_place_report(blob, s.store, s.free[:1])
 
 
 def corrupt_sent_page(blob: Any, s: Scene, *, keep_checksum: bool) -> bytes:
@@ -319,18 +322,18 @@ def test_corrupt_sent_page_is_refused_or_reported() -> None:
     before = snapshot(s)
     bad = corrupt_sent_page(delta_blob(s), s, keep_checksum=True)
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(bad, pool_store=s.store, free_pages=s.free)
+        hw.decode(bad, into=hw.InPlace(s.store, s.free))
     assert caught.value.field == "page_digests" and caught.value.pages == (sent,)
     assert list(caught.value.positions) == where
     assert snapshot(s) == before
-    report = hw.decode_in_place_report(bad, pool_store=s.store, free_pages=s.free)
+    report = _in_place_report(bad, s.store, s.free)
     assert report.digest_mismatch.tolist() == [int(s.free[0])]
     assert not s.engine[int(s.free[0])].any()
     broken = corrupt_sent_page(delta_blob(s), s, keep_checksum=False)
     with pytest.raises(ChecksumError):
-        hw.decode_in_place(broken, pool_store=s.store, free_pages=s.free)
+        hw.decode(broken, into=hw.InPlace(s.store, s.free))
     # report mode: the digests localise the damaged pool section
-    assert hw.decode_in_place_report(broken, pool_store=s.store, free_pages=s.free).pages.size == 1
+    assert _in_place_report(broken, s.store, s.free).pages.size == 1
 
 
 def test_other_section_corruption_raises_and_writes_nothing() -> None:
@@ -339,10 +342,10 @@ def test_other_section_corruption_raises_and_writes_nothing() -> None:
     blob[ref.entry(bytes(blob), 1)["offset"]] ^= 1  # the block table
     before = snapshot(s)
     with pytest.raises(ChecksumError):
-        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
+        hw.decode(blob, into=hw.InPlace(s.store, s.free))
     assert snapshot(s) == before
     with pytest.raises(ArgumentTypeError, match="fewer pages"):  # arguments first
-        hw.decode_in_place(blob, pool_store=s.store, free_pages=[])
+        hw.decode(blob, into=hw.InPlace(s.store, []))
 
 
 def test_verify_false_still_rehashes_the_referenced_pages() -> None:
@@ -350,7 +353,7 @@ def test_verify_false_still_rehashes_the_referenced_pages() -> None:
     blob = delta_blob(s)
     s.engine[s.held_at[shared_prefix_page(s)], 0, 1, 1] += 1
     with pytest.raises(PageDigestError):
-        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free, verify=False)
+        hw.decode(blob, into=hw.InPlace(s.store, s.free), verify=False)
 
 
 def test_the_pool_store_also_serves_the_copying_decode() -> None:
@@ -385,7 +388,7 @@ def test_bad_free_pages() -> None:
     before = snapshot(s)
     for value, message in cases:
         with pytest.raises(ArgumentTypeError, match=message) as caught:
-            hw.decode_in_place(blob, pool_store=s.store, free_pages=value)
+            hw.decode(blob, into=hw.InPlace(s.store, value))
         assert caught.value.field == "free_pages", value
         assert snapshot(s) == before
 
@@ -394,7 +397,7 @@ def test_pool_must_fit_the_blob() -> None:
     s = scene()
     blob = delta_blob(s)
     with pytest.raises(ArgumentTypeError, match="EnginePoolStore"):
-        hw.decode_in_place(blob, pool_store=MemoryPageStore(1 << 20), free_pages=s.free)  # type: ignore[arg-type]
+        hw.decode(blob, into=hw.InPlace(MemoryPageStore(1 << 20), s.free))  # type: ignore[arg-type]
     wrong: list[tuple[EnginePoolStore, str]] = [
         (EnginePoolStore(np.zeros((CAPACITY, PS, H, D), np.float32)), "pool_store.page_pool"),
         (EnginePoolStore(np.zeros((CAPACITY, PS, H, 2 * D), np.float16)), "pool_store.page_pool"),
@@ -409,7 +412,7 @@ def test_pool_must_fit_the_blob() -> None:
     ]
     for pool, field in wrong:
         with pytest.raises(InvalidTensorError) as caught:
-            hw.decode_in_place(blob, pool_store=pool, free_pages=[0])
+            hw.decode(blob, into=hw.InPlace(pool, [0]))
         assert caught.value.field == field
         assert not pool.page_pool.any()
     q = scene(quantized=True)
@@ -423,7 +426,7 @@ def test_pool_must_fit_the_blob() -> None:
     ]
     for pool in bad_scales:
         with pytest.raises(InvalidTensorError):
-            hw.decode_in_place(qblob, pool_store=pool, free_pages=q.free)
+            hw.decode(qblob, into=hw.InPlace(pool, q.free))
 
 
 def test_store_construction_errors() -> None:
@@ -431,7 +434,7 @@ def test_store_construction_errors() -> None:
     readonly = pool.copy()
     readonly.flags.writeable = False
     for value, message in [
-        (pool.tolist(), "NumPy array"),
+        (pool.tolist(), "NumPy, torch or DLPack"),
         (readonly, "writable"),
         (pool[:, ::2], "C-contiguous"),
         (np.zeros(4, np.float16), "2 dimensions"),
@@ -539,7 +542,7 @@ def test_encode_with_a_plan_from_cached_digests() -> None:
     plan = plan_delta(s.tensor, known, digests=cached)
     blob = hw.encode(s.tensor, known_pages=plan, page_digests=True)
     assert bytes(blob) == bytes(hw.encode(s.tensor, known_pages=known, page_digests=True))
-    same_logical(hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free), s.tensor)
+    same_logical(hw.decode(blob, into=hw.InPlace(s.store, s.free)), s.tensor)
     other = scene(seed=5, pages=12)
     with pytest.raises(InvalidIntegrityRecordError):
         hw.encode(other.tensor, known_pages=plan)
@@ -557,7 +560,7 @@ def test_wrong_cached_digest_of_a_sent_page_is_refused_by_the_receiver() -> None
     plan = plan_delta(s.tensor, s.store.digests(), digests=cached)
     blob = hw.encode(s.tensor, known_pages=plan, page_digests=True)
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
+        hw.decode(blob, into=hw.InPlace(s.store, s.free))
     assert caught.value.pages == (sent,)
 
 
@@ -572,13 +575,13 @@ def test_stream_reader_decodes_in_place() -> None:
             writer.write(sc.tensor, known_pages=sc.store.digests(), page_digests=True)
     asked: list[int] = []
 
-    def target(descriptor: hw.TensorDescriptor, pages: int) -> tuple[EnginePoolStore, Any]:
+    def target(descriptor: hw.TensorDescriptor, pages: int) -> hw.InPlace:
         asked.append(pages)
         sc = scenes[len(asked) - 1]
         assert descriptor == sc.tensor.descriptor
-        return sc.store, sc.free[:pages]
+        return hw.InPlace(sc.store, sc.free[:pages])
 
-    got = list(StreamReader(io.BytesIO(sink.getvalue()), in_place=target))
+    got = list(StreamReader(io.BytesIO(sink.getvalue()), into=target))
     assert asked == [1, 1, 1] and len(got) == 3
     for t, sc in zip(got, scenes, strict=True):
         same_logical(t, sc.tensor)
@@ -587,15 +590,13 @@ def test_stream_reader_decodes_in_place() -> None:
 
 def test_stream_reader_in_place_arguments() -> None:
     s = scene()
-    with pytest.raises(ArgumentTypeError, match="in_place"):
-        StreamReader(io.BytesIO(b""), in_place=s.store.index, page_store=MemoryPageStore(1))  # type: ignore[arg-type]
-    with pytest.raises(ArgumentTypeError, match="in_place"):
-        StreamReader(io.BytesIO(b""), in_place=5)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match="into"):
+        StreamReader(io.BytesIO(b""), into=5)  # type: ignore[arg-type]
     sink = io.BytesIO()
     with StreamWriter(sink) as writer:
         writer.write(s.tensor)
-    reader = StreamReader(io.BytesIO(sink.getvalue()), in_place=lambda d, n: None)  # type: ignore[arg-type,return-value]
-    with pytest.raises(ArgumentTypeError, match="must return"):
+    reader = StreamReader(io.BytesIO(sink.getvalue()), into=lambda d, n: (s.store, s.free))
+    with pytest.raises(ArgumentTypeError, match="landing target"):
         next(reader)
 
 
@@ -617,12 +618,12 @@ def test_in_place_round_trip_property(
     before = s.engine.copy()
     free = np.random.default_rng(seed).permutation(s.free)
     if report:
-        r = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=free)
+        r = _in_place_report(blob, s.store, free)
         assert r.ok and r.stale.size == 0
         got = r.tensor
         assert r.written.tolist() == free[: 10 - len(held)].tolist()
     else:
-        got = hw.decode_in_place(blob, pool_store=s.store, free_pages=free)
+        got = hw.decode(blob, into=hw.InPlace(s.store, free))
     same_logical(got, s.tensor)
     assert rows_changed(before, s.engine) <= set(free[: 10 - len(held)].tolist())
 
@@ -640,10 +641,10 @@ def test_stale_pages_reported_at_every_position_property(seed: int, stale: set[i
     ]
     before = snapshot(s)
     with pytest.raises(PageDigestError) as caught:
-        hw.decode_in_place(blob, pool_store=s.store, free_pages=s.free)
+        hw.decode(blob, into=hw.InPlace(s.store, s.free))
     assert list(caught.value.positions) == expected
     assert set(caught.value.pages) == stale and snapshot(s) == before
-    r = hw.decode_in_place_report(blob, pool_store=s.store, free_pages=s.free)
+    r = _in_place_report(blob, s.store, s.free)
     assert list(r.positions) == expected
     assert set(r.stale.tolist()) == {s.held_at[p] for p in stale}
     assert set(r.written.tolist()) == set(s.free[: 1 + len(stale)].tolist())

@@ -1,15 +1,18 @@
-"""Every route into memory runs the same checks in the same order (issue 20).
+"""Every route into memory runs the same checks in the same order (issues 20, 31).
 
-Each hostile blob goes through every route that can carry it: ``decode``, ``decode_into``,
-``StreamReader`` (plain and ``in_place``), ``StreamFile.tensor(page_pool=)``,
-``decode_in_place`` and the NIXL receiver (``expect`` of an engine array, ``expect`` at
-page ids, ``expect_in_place``). Every route must refuse it with the same error (for NIXL:
-a ``TransportError`` whose cause is that error), and a destination the route copies into
-must be untouched, the pool's own checks included (its section checksum, page digests,
-the page store's pages, decompression: docs/decisions.md "Nothing lands before every
-check"). Only ``one_pass=True``, an explicit opt-in, may leave refused bytes: for NIXL's
-``expect(..., one_pass=True)`` exactly the raw pool the peer sent, READ into the engine's
-memory before any check (the default READs it into the receiver's staging ring).
+Each hostile blob goes through every route that can carry it: ``decode``, ``decode`` into
+an engine array (``IntoArray``) and at page ids (``IntoPages``), ``StreamReader`` (plain and
+``into=InPlace``), ``StreamFile.read(into=)`` (array and page ids), ``decode`` in place
+(``InPlace``), the connector's vLLM landing (``checked_write``) and the NIXL receiver
+(``expect`` of an engine array, ``expect`` at page ids, ``expect_in_place``). Every route
+must refuse it with the same error (type, field and section; for NIXL a ``TransportError``
+whose cause is that error), a blob with two defects with the same one first, and a
+destination the route copies into must be untouched, the pool's own checks included (its
+section checksum, page digests, the page store's pages, decompression: docs/decisions.md
+"Nothing lands before every check"). Only ``one_pass=True``, an explicit opt-in, may leave
+refused bytes: for NIXL's ``expect(..., one_pass=True)`` exactly the raw pool the peer
+sent, READ into the engine's memory before any check (the default READs it into the
+receiver's staging ring).
 """
 
 from __future__ import annotations
@@ -91,8 +94,8 @@ def _padding_bits() -> bytes:
     return ref.patch_payload(blob, 0, last, bytes([byte | 0xF0]))  # checksums kept valid
 
 
-def _flipped_pool_byte() -> bytes:
-    blob = bytearray(hw.encode(_f16()))
+def _flipped_pool_byte(metadata: Any = None) -> bytes:
+    blob = bytearray(hw.encode(_f16(metadata=metadata)))
     blob[ref.entry(bytes(blob), 0)["offset"] + 5] ^= 1  # buffer[0], its checksum left
     return bytes(blob)
 
@@ -130,10 +133,18 @@ class Case:
     in_place: bool = True  # an in-place route can carry it (unpacked element types only)
     clean: Callable[[], hw.BlockPagedTensor] = lambda: _f16()  # what the NIXL sender offers
     store: bool = False  # the copying routes get an empty page store
+    pages: bool = True  # the page-id routes can carry it (an engine pool of whole pages)
 
 
 CASES = [
-    Case("int4 padding bits set", _padding_bits, PaddingError, in_place=False, clean=_int4),
+    Case(
+        "int4 padding bits set",
+        _padding_bits,
+        PaddingError,
+        in_place=False,
+        clean=_int4,
+        pages=False,
+    ),
     Case("a wrong page digest", _bad_digest, PageDigestError),
     Case("a flipped pool byte", _flipped_pool_byte, ChecksumError),
     Case("a corrupt zstd pool, checksum valid", _corrupt_frame, DecompressionError),
@@ -157,6 +168,15 @@ CASES = [
         fingerprint=FP,
         header=hw.StreamHeader(fingerprint=FP),
         clean=lambda: _f16(metadata=fingerprint_to_metadata(OTHER), smooth=True),
+    ),
+    Case(  # two defects: every route names the same one first (the pool's checksum is
+        # checked before the metadata holding the fingerprint is read)
+        "a flipped pool byte and another engine fingerprint",
+        lambda: _flipped_pool_byte(metadata=fingerprint_to_metadata(OTHER)),
+        ChecksumError,
+        fingerprint=FP,
+        header=hw.StreamHeader(fingerprint=FP),
+        clean=lambda: _f16(metadata=fingerprint_to_metadata(OTHER)),
     ),
 ]
 
@@ -219,15 +239,6 @@ def route_decode(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     return info.value, True
 
 
-def route_decode_into(case: Case, blob: bytes) -> tuple[BaseException, bool]:
-    engine = _engine_like(blob)
-    before = engine.copy()
-    with pytest.raises(HurrayWireError) as info:
-        hw.decode_into(blob, engine, expect_fingerprint=case.fingerprint,
-                       page_store=_store(case))  # fmt: skip
-    return info.value, engine.tobytes() == before.tobytes()
-
-
 def route_stream_reader(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     with pytest.raises(HurrayWireError) as info:
         list(StreamReader(_stream(case, blob), expect_fingerprint=case.fingerprint,
@@ -235,26 +246,13 @@ def route_stream_reader(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     return info.value, True
 
 
-def route_stream_file(case: Case, blob: bytes) -> tuple[BaseException, bool]:
-    engine = _engine_like(blob)
-    before = engine.copy()
-    with (
-        pytest.raises(HurrayWireError) as info,
-        StreamFile(
-            _stream(case, blob), expect_fingerprint=case.fingerprint, page_store=_store(case)
-        ) as f,
-    ):
-        f.read(f.entries[0], page_pool=engine)
-    return info.value, engine.tobytes() == before.tobytes()
-
-
 def route_reader_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]:
     store, engine = _pool_store()
     before = engine.copy()
-    target = (store, np.arange(ENGINE_PAGES - PAGES, ENGINE_PAGES))
+    target = hw.InPlace(store, np.arange(ENGINE_PAGES - PAGES, ENGINE_PAGES))
     with pytest.raises(HurrayWireError) as info:
         list(StreamReader(_stream(case, blob), expect_fingerprint=case.fingerprint,
-                          in_place=lambda d, n: target))  # fmt: skip
+                          into=lambda d, n: target))  # fmt: skip
     return info.value, engine.tobytes() == before.tobytes()
 
 
@@ -262,30 +260,138 @@ def route_decode_in_place(case: Case, blob: bytes) -> tuple[BaseException, bool]
     store, engine = _pool_store()
     before = engine.copy()
     with pytest.raises(HurrayWireError) as info:
-        hw.decode_in_place(blob, pool_store=store, free_pages=np.arange(PAGES),
-                           expect_fingerprint=case.fingerprint)  # fmt: skip
+        hw.decode(
+            blob, into=hw.InPlace(store, np.arange(PAGES)), expect_fingerprint=case.fingerprint
+        )
     return info.value, engine.tobytes() == before.tobytes()
 
 
-ROUTES = [route_decode, route_decode_into, route_stream_reader, route_stream_file]
-IN_PLACE_ROUTES = [route_reader_in_place, route_decode_in_place]
+def _engine_pool(blob: bytes) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """An engine pool of ENGINE_PAGES pages of the blob's page form (every byte SENTINEL)
+    and the distinct, unordered page ids the blob's pages land on."""
+    like = _engine_like(blob)
+    page = like[:1].view(np.uint8).shape  # one page as bytes
+    pool = np.full((ENGINE_PAGES, *page[1:]), SENTINEL, np.uint8)
+    ids = np.arange(like.shape[0])[::-1] * 2 + 1  # every other page, descending
+    return pool.view(like.dtype), ids
+
+
+def _into_array(blob: bytes) -> tuple[Any, np.ndarray[Any, Any]]:
+    engine = _engine_like(blob)
+    return hw.IntoArray(engine), engine
+
+
+def _into_pages(blob: bytes) -> tuple[Any, np.ndarray[Any, Any]]:
+    engine, ids = _engine_pool(blob)
+    return hw.IntoPages(engine, ids), engine
+
+
+def _decode_route(make: Callable[[bytes], tuple[Any, Any]]) -> Callable[..., Any]:
+    def route(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+        target, engine = make(blob)
+        before = engine.copy()
+        with pytest.raises(HurrayWireError) as info:
+            hw.decode(blob, into=target, expect_fingerprint=case.fingerprint,
+                      page_store=_store(case))  # fmt: skip
+        return info.value, engine.tobytes() == before.tobytes()
+
+    return route
+
+
+def _stream_file_route(make: Callable[[bytes], tuple[Any, Any]]) -> Callable[..., Any]:
+    def route(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+        target, engine = make(blob)
+        before = engine.copy()
+        with (
+            pytest.raises(HurrayWireError) as info,
+            StreamFile(
+                _stream(case, blob), expect_fingerprint=case.fingerprint, page_store=_store(case)
+            ) as f,
+        ):
+            f.read(f.entries[0], into=target)
+        return info.value, engine.tobytes() == before.tobytes()
+
+    return route
+
+
+route_decode_into = _decode_route(_into_array)
+route_decode_into_pages = _decode_route(_into_pages)
+route_stream_file = _stream_file_route(_into_array)
+route_stream_file_pages = _stream_file_route(_into_pages)
+
+
+def _vllm_cache() -> np.ndarray[Any, Any]:
+    """A FLASH_ATTN layer cache as vLLM lays it out ([blocks, H, block_size, 2 * D], memory
+    in LBNHC order: create_kv_cache_views' strides), 16-token blocks, every byte SENTINEL."""
+    memory = np.full((4, 16, PAGE[1], 4 * PAGE[2]), SENTINEL, np.uint8).view(np.float16)
+    cache: np.ndarray[Any, Any] = memory.transpose(0, 2, 1, 3)
+    return cache
+
+
+def _vllm_land(case: Case, blob: bytes, cache: np.ndarray[Any, Any]) -> None:
+    """The connector's landing of one layer: the blob decoded (its pages in the engine's
+    16-token blocks, key and value alike), then every check of every layer before the
+    write (``backends.land_layers`` over ``into_vllm``'s ``checked_write``)."""
+    from hurray_wire.adapters.vllm_landing import checked_write
+    from hurray_wire.transforms.repage import repage
+
+    key = repage(hw.decode(blob, expect_fingerprint=case.fingerprint, page_store=_store(case)), 16)
+    value = hw.BlockPagedTensor.from_arrays(
+        key.page_pool, key.block_table, key.seq_ptr, seq_lens=key.seq_lens, kv_role="value",
+        layer_index=key.layer_index,
+    )  # fmt: skip
+    checked_write((key, value), cache, [[1], [2]], backend="FLASH_ATTN")()
+
+
+def route_vllm_landing(case: Case, blob: bytes) -> tuple[BaseException, bool]:
+    cache = _vllm_cache()
+    before = cache.copy()
+    with pytest.raises(HurrayWireError) as info:
+        _vllm_land(case, blob, cache)
+    return info.value, cache.tobytes() == before.tobytes()
+
+
+def test_the_vllm_route_lands_a_valid_blob() -> None:
+    """The control of ``route_vllm_landing``: a valid blob lands, in blocks 1 and 2 only."""
+    cache = _vllm_cache()
+    before = cache.copy()
+    _vllm_land(Case("valid", lambda: b"", HurrayWireError), bytes(hw.encode(_f16())), cache)
+    changed = (cache != before).reshape(cache.shape[0], -1).any(axis=1)
+    assert changed.tolist() == [False, True, True, False]
+
+
+ROUTES = {
+    "decode": route_decode,
+    "decode into an array": route_decode_into,
+    "decode at page ids": route_decode_into_pages,
+    "StreamReader": route_stream_reader,
+    "StreamFile into an array": route_stream_file,
+    "StreamFile at page ids": route_stream_file_pages,
+    "the vLLM landing": route_vllm_landing,
+}
+IN_PLACE_ROUTES = {
+    "StreamReader in place": route_reader_in_place,
+    "decode in place": route_decode_in_place,
+}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_every_route_gives_the_same_verdict_and_leaves_the_destination(case: Case) -> None:
     blob = case.blob()
     verdicts = {}
-    for route in ROUTES + (IN_PLACE_ROUTES if case.in_place else []):
+    routes = {n: r for n, r in ROUTES.items() if case.pages or "page ids" not in n}
+    for name, route in {**routes, **(IN_PLACE_ROUTES if case.in_place else {})}.items():
         error, untouched = route(case, blob)
         cause = _cause(error)
-        assert isinstance(cause, case.error), (route.__name__, error)
-        verdicts[route.__name__] = (type(cause), untouched)
-        assert untouched, f"{route.__name__} wrote its destination before refusing"
-    assert len({v[0] for v in verdicts.values()}) == 1, verdicts
+        assert isinstance(cause, case.error), (name, error)
+        assert isinstance(cause, HurrayWireError)
+        verdicts[name] = (type(cause), cause.field, cause.section)
+        assert untouched, f"{name} wrote its destination before refusing"
+    assert len(set(verdicts.values())) == 1, verdicts
 
 
 def test_the_stream_header_is_checked_before_an_in_place_write() -> None:
-    """StreamReader(in_place=) checked the stream header after writing the free pages."""
+    """StreamReader(into=InPlace) checked the stream header after writing the free pages."""
     blob = bytes(hw.encode(_f16(layer=5)))
     case = Case("layer outside num_layers", lambda: blob, InvalidStreamError,
                 header=hw.StreamHeader(num_layers=2))  # fmt: skip
@@ -311,13 +417,13 @@ def test_landing_refuses_an_array_of_another_type_or_shape(make: Any) -> None:
     engine = make(t.page_pool.shape)
     before = engine.tobytes()
     with pytest.raises(ArgumentTypeError) as info:
-        hw.decode_into(blob, engine)
+        hw.decode(blob, into=hw.IntoArray(engine))
     assert info.value.field == "page_pool" and engine.tobytes() == before
     with (
         StreamFile(_stream(Case("", lambda: blob, HurrayWireError), blob)) as f,
         pytest.raises(ArgumentTypeError),
     ):
-        f.read(f.entries[0], page_pool=engine)
+        f.read(f.entries[0], into=hw.IntoArray(engine))
     assert engine.tobytes() == before
 
 
@@ -325,7 +431,7 @@ def test_landing_takes_the_pool_dtype_and_shape_or_its_bytes() -> None:
     t = _f16()
     blob = bytes(hw.encode(t))
     for engine in (np.empty_like(t.page_pool), np.empty(t.page_pool.nbytes, np.uint8)):
-        got = hw.decode_into(blob, engine)
+        got = hw.decode(blob, into=hw.IntoArray(engine))
         assert got.page_pool.tobytes() == t.page_pool.tobytes()
         assert np.shares_memory(got.page_pool, engine)
 
@@ -339,11 +445,13 @@ def test_decode_into_refuses_a_destination_overlapping_its_input() -> None:
     for start in (at, at + 64, 0):
         engine = whole[start : start + t.page_pool.nbytes]
         with pytest.raises(ArgumentTypeError, match="overlaps"):
-            hw.decode_into(memoryview(buffer), engine)
+            hw.decode(memoryview(buffer), into=hw.IntoArray(engine))
         assert bytes(buffer) == before
     # the spare bytes after the blob do not overlap it
     tail = whole[len(before) - t.page_pool.nbytes :]
-    assert hw.decode_into(memoryview(buffer)[: len(before) - t.page_pool.nbytes], tail)
+    assert hw.decode(
+        memoryview(buffer)[: len(before) - t.page_pool.nbytes], into=hw.IntoArray(tail)
+    )
 
 
 @pytest.mark.parametrize(
@@ -579,8 +687,10 @@ def test_one_pass_is_an_opt_in_that_may_leave_refused_bytes(make: Any) -> None:
     blob = make()
     expected = type(_cause(route_decode(CASES[0], blob)[0]))
     lands: list[Callable[[Any], Any]] = [
-        lambda e: hw.decode_into(blob, e, one_pass=True),
-        lambda e: StreamFile(_stream(CASES[0], blob)).tensor(1, "key", page_pool=e, one_pass=True),
+        lambda e: hw.decode(blob, into=hw.IntoArray(e, one_pass=True)),
+        lambda e: StreamFile(_stream(CASES[0], blob)).tensor(
+            1, "key", into=hw.IntoArray(e, one_pass=True)
+        ),
     ]
     for land in lands:
         engine = _engine_like(blob)
@@ -589,7 +699,7 @@ def test_one_pass_is_an_opt_in_that_may_leave_refused_bytes(make: Any) -> None:
             land(engine)
         assert engine.tobytes() != before
     with pytest.raises(ArgumentTypeError, match="one_pass"):
-        hw.decode_into(blob, _engine_like(blob), one_pass=1)  # type: ignore[arg-type]
+        hw.decode(blob, into=hw.IntoArray(_engine_like(blob), one_pass=1))  # type: ignore[arg-type]
 
 
 def test_one_pass_decompresses_the_pool_into_the_destination() -> None:
@@ -603,10 +713,10 @@ def test_one_pass_decompresses_the_pool_into_the_destination() -> None:
     blob = bytes(hw.encode(t, compression=ZSTD_ALL))
     assert len(blob) < pool.nbytes // 8  # stored compressed
     engine = np.empty_like(pool)
-    hw.decode_into(blob, engine, one_pass=True)  # warm: plans and memo
+    hw.decode(blob, into=hw.IntoArray(engine, one_pass=True))  # warm: plans and memo
     tracemalloc.start()
     try:
-        got = hw.decode_into(blob, engine, one_pass=True)
+        got = hw.decode(blob, into=hw.IntoArray(engine, one_pass=True))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -139,7 +139,7 @@ def _land(
     wrapped: (destination, peak bytes allocated, (raw_size, into caller's out) per
     decode_section call)."""
     engine = _engine(blob)
-    hw.decode_into(blob, engine, page_store=store, one_pass=one_pass)  # plans, memo
+    hw.decode(blob, into=hw.IntoArray(engine, one_pass=one_pass), page_store=store)  # plans, memo
     calls: list[tuple[int, bool]] = []
     real = decoder.decode_section  # type: ignore[attr-defined]
 
@@ -152,7 +152,7 @@ def _land(
     engine[...] = 0
     tracemalloc.start()
     try:
-        hw.decode_into(blob, engine, page_store=store, one_pass=one_pass)
+        hw.decode(blob, into=hw.IntoArray(engine, one_pass=one_pass), page_store=store)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -290,14 +290,14 @@ HOSTILE = [
 
 
 def _decode_into(blob: bytes, engine: Any, store: Any, one_pass: bool) -> None:
-    hw.decode_into(blob, engine, page_store=store, one_pass=one_pass)
+    hw.decode(blob, into=hw.IntoArray(engine, one_pass=one_pass), page_store=store)
 
 
 def _stream_file(blob: bytes, engine: Any, store: Any, one_pass: bool) -> None:
     sink = io.BytesIO()
     hw.StreamWriter(sink, hw.StreamHeader(), index=False).abort()  # the stream header
     with StreamFile(sink.getvalue() + blob, page_store=store) as f:
-        f.read(f.entries[0], page_pool=engine, one_pass=one_pass)
+        f.read(f.entries[0], into=hw.IntoArray(engine, one_pass=one_pass))
 
 
 def _unplaced(error: HurrayWireError) -> dict[str, Any]:
@@ -376,7 +376,7 @@ def test_pages_are_digested_a_chunk_at_a_time_as_they_land(
     monkeypatch.setattr(decoder, "decode_section", tracked)
     monkeypatch.setattr(landing, "PageRecords", Records)
     engine = _engine(blob)
-    hw.decode_into(blob, engine, page_store=store, one_pass=True)
+    hw.decode(blob, into=hw.IntoArray(engine, one_pass=True), page_store=store)
     assert engine.tobytes() == t.page_pool.tobytes()
     sent = PAGES - (len(store.digests()) if store is not None else 0)
     assert sum(n for n, _ in log) == sent  # every sent page once
@@ -415,7 +415,7 @@ def test_a_final_prefix_that_jumps_is_still_digested_a_chunk_at_a_time(
     monkeypatch.setattr(decoder, "decode_section", one_jump)
     monkeypatch.setattr(landing, "PageRecords", Records)
     engine = _engine(blob)
-    hw.decode_into(blob, engine, one_pass=True)
+    hw.decode(blob, into=hw.IntoArray(engine, one_pass=True))
     assert engine.tobytes() == t.page_pool.tobytes()
     rows = (1 << 20) // (2 * int(np.prod(PAGE)))
     assert log == [rows] * (PAGES // rows), log

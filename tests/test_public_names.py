@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 import hurray_wire as hw
-from hurray_wire.blob.in_place import land_in_place
 from hurray_wire.errors import TransportError
 
-IN_PLACE: list[Callable[..., Any]] = [hw.decode_in_place, hw.decode_in_place_report, land_in_place]
+IN_PLACE: list[Callable[..., Any]] = [hw.InPlace]
 
 
 @pytest.mark.parametrize("route", IN_PLACE, ids=lambda f: f.__name__)

@@ -12,7 +12,12 @@ from the construct structs (``wire.fast.derive``, ``item_struct``, ``item_dtype`
   by position to an error (``_error(message, field, 6)``);
 - a literal width or offset used on bytes: a slice of a byte buffer (``view[at : at + 8]``,
   ``src[:4]``), ``int.from_bytes(x[a:b])`` with a literal bound, ``.to_bytes(8, ...)``, a
-  cursor moved by a literal (``pos + 4``) and a table sized by one (``4 * count``).
+  cursor moved by a literal (``pos + 4``, ``cursor.pos - 2``) and a table sized by one
+  (``4 * count``);
+- a literal width handed to a reader (``cursor.need(8, ...)``, ``read(4)``), a literal offset
+  handed to an unpack (``unpack_from(view, 8)``, ``np.frombuffer(buf, dtype, n, 16)``), and
+  a width or offset kept under a name (``_HEADER_SIZE = 64``, ``_WIDTH = {tag: 8}``,
+  ``_COUNT_AT = 4``).
 
 A literal here is an integer other than 0 and 1 (so -1 too) (a first byte, the next one and "to the
 end" are not widths).
@@ -30,8 +35,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hurray_wire"
 #: Names a byte buffer goes by in this package (slices of them are byte ranges).
 BUFFERS = {"view", "data", "raw", "buf", "buffer", "src", "dst", "blob", "header", "head",
            "body", "record", "payload", "tail", "chunk", "stored"}  # fmt: skip
-#: Names a read position goes by (moving one by a literal steps over a literal width).
+#: Names a read position goes by (moving one by a literal steps over a literal width), as a
+#: variable or an attribute (``cursor.pos``).
 CURSORS = {"pos", "at", "offset", "start", "end", "stop"}
+#: Readers that take a width (``need(8, ...)``) and unpacks that take an offset.
+READERS = {"need", "read", "read_exact", "skip", "take"}
+OFFSET_ARGS = {"unpack_from": 1, "pack_into": 1, "frombuffer": 3}  # call -> the offset's position
+#: A module-level name that keeps a byte width or offset.
+LAYOUT_NAME = re.compile(r"(^|_)(SIZE|SIZES|WIDTH|WIDTHS|AT|OFFSET)$")
 STRUCT_CALLS = {"Struct", "pack", "unpack", "pack_into", "unpack_from", "iter_unpack", "calcsize"}
 ITEM_DTYPE = re.compile(r"^<[uif][1248]$|^<[QIHBqihbdfL]$")
 
@@ -50,6 +61,13 @@ EXCEPTIONS = {
     ("cli_text.py", "slice[16]"): "a hex dump's row of 16 bytes (display width)",
     ("transport/records.py", "slice[16]"): "the first 16 bytes of a bad reason, shown",
 }
+
+
+#: Literals in modules another branch owns, each as (module, what) -> "file:line on that
+#: branch, what clears it": allowed here until the lead merges that branch, then removed.
+#: Empty: the two the issue named (``codecs/chunked.py`` ~143, ``model/descriptor_codec.py``
+#: ~652-656) are gone from main and from branch lean-core (15e0477), by this scan.
+_PENDING_OTHER_BRANCH: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> list[Path]:
@@ -108,7 +126,30 @@ def _call_findings(node: ast.Call) -> list[str]:
     if name.endswith(("Error", "_error", "_bad")):
         literals = [a for a in node.args[1:] if isinstance(a, ast.Constant)]
         found += [f"error offset {w}" for a in literals for w in _widths(a)]
+    if name in READERS and node.args and isinstance(node.args[0], ast.Constant):
+        found += [f"{name}({w})" for w in _widths(node.args[0])]
+    at = OFFSET_ARGS.get(name)
+    if at is not None and len(node.args) > at and _widths(node.args[at]):
+        found.append(f"{name}(..., {ast.unparse(node.args[at])})")
     return found
+
+
+def _cursor(node: ast.AST) -> str:
+    """The cursor name of ``pos`` or ``cursor.pos``, else ""."""
+    if isinstance(node, ast.Name) and node.id in CURSORS:
+        return node.id
+    if isinstance(node, ast.Attribute) and node.attr in CURSORS:
+        return ast.unparse(node)
+    return ""
+
+
+def _named_layout(node: ast.Assign) -> list[str]:
+    """A width or offset kept under a layout name at module level (``_HEADER_SIZE = 64``)."""
+    names = [t.id for t in node.targets if isinstance(t, ast.Name) and LAYOUT_NAME.search(t.id)]
+    value = node.value
+    values = value.values if isinstance(value, ast.Dict) else [value]
+    literal = [w for v in values if isinstance(v, ast.Constant) for w in _widths(v)]
+    return [f"{n} = {w}" for n in names for w in literal]
 
 
 def _findings(path: Path, root: Path = PACKAGE) -> list[tuple[str, str, int]]:
@@ -124,8 +165,10 @@ def _findings(path: Path, root: Path = PACKAGE) -> list[tuple[str, str, int]]:
             whats += [f"slice[{w}]" for w in _slice_widths(node)]
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
             for a, b in ((node.left, node.right), (node.right, node.left)):
-                if isinstance(b, ast.Name) and b.id in CURSORS and isinstance(a, ast.Constant):
-                    whats += [f"{b.id} + {w}" for w in _widths(a)]
+                if _cursor(b) and isinstance(a, ast.Constant):
+                    whats += [f"{_cursor(b)} + {w}" for w in _widths(a)]
+        if isinstance(node, ast.Assign) and node in tree.body:
+            whats += _named_layout(node)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             for a, b in ((node.left, node.right), (node.right, node.left)):
                 if (
@@ -146,7 +189,8 @@ def _findings(path: Path, root: Path = PACKAGE) -> list[tuple[str, str, int]]:
 
 def test_no_layout_is_restated_outside_wire() -> None:
     findings = [f for path in _modules() for f in _findings(path)]
-    unexplained = sorted({f for f in findings if (f[0], f[1]) not in EXCEPTIONS})
+    allowed = EXCEPTIONS.keys() | _PENDING_OTHER_BRANCH.keys()
+    unexplained = sorted({f for f in findings if (f[0], f[1]) not in allowed})
     assert not unexplained, "byte layouts restated outside wire/ (derive them): " + str(unexplained)
 
 
@@ -167,12 +211,16 @@ def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
         "G = view[pos + 2 : stop]\nH = src[:4]\nI = pos + 4\nJ = 4 * count\n"
         "K = dict(offset=at + 8)\nL = _error('short', 'descriptor_length', 6)\n"
         "M = view[1:]\nN = data[:-1]\nO = other[:4]\nP = dict(offset=at)\n"
+        "Q = cursor.pos - 2\nR = cursor.need(8, 'f', 'int64')\nS = s.unpack_from(view, 8)\n"
+        "T = np.frombuffer(buf, np.uint8, 4, 16)\n_HEADER_SIZE = 64\n_WIDTH = {1: 4, 2: 1}\n"
+        "U = cursor.need(width, 'f', 'x')\nV = s.unpack_from(view, at)\n_TABLE = {1: 4}\n"
     )
     whats = {f[1] for f in _findings(sample, tmp_path)}
     assert whats == {
         "<Q", "f-string", "<u8", "offset=24", "from_bytes(b[at:at + 8])", "to_bytes(8)",
         "slice[2]", "slice[4]", "pos + 2", "pos + 4", "at + 8", "4 * count", "offset=at + 8",
-        "error offset 6",
+        "error offset 6", "cursor.pos + 2", "need(8)", "unpack_from(..., 8)",
+        "frombuffer(..., 16)", "_HEADER_SIZE = 64", "_WIDTH = 4",
     }  # fmt: skip
 
 
@@ -238,3 +286,57 @@ def test_digest_records_locate_their_items() -> None:
         v.to_bytes(8, "little") for v in (3, 5, 7, 9)
     )
     assert [r.tolist() for r in PAGE_REFS.runs(packed, 2)] == [[3, 5], [7, 9]]
+
+
+def test_records_frame_seal_and_place_their_parts() -> None:
+    """A wire Record frames its prefix (magic, major version, total_length, in that order),
+    places every part of the record, closes it with its seal and checks the seal."""
+    import pytest
+
+    from hurray_wire.containers.records import StreamHeader, encode_end_record, encode_stream_header
+    from hurray_wire.errors import InvalidStreamError, StreamTruncatedError
+    from hurray_wire.wire import records as wr
+
+    record = wr.STREAM_HEADER.raising(InvalidStreamError, StreamTruncatedError)
+    data = encode_stream_header(StreamHeader(model="m"))
+    assert record.frame(data) == len(data) == record.minimum == 64
+    spans = record.spans(64, (("model_name", 1), ("metadata", 0)))
+    assert spans == {"head": (0, 32), "model_name": (32, 33), "metadata": (33, 33),
+                     "padding": (33, 56), "seal": (56, 64)}  # fmt: skip
+    assert record.close(data[:33], 64) == data
+    record.check_seal(data, 56)
+    with pytest.raises(InvalidStreamError, match="stream header checksum mismatch") as info:
+        record.check_seal(data[:40] + b"\1" + data[41:], 56)
+    assert (info.value.field, info.value.offset) == ("checksum", 56)
+    cases = [
+        (b"HRW", StreamTruncatedError, None),
+        (b"HRWX" + data[4:16], InvalidStreamError, "magic"),
+        (data[:4] + b"\2" + data[5:16], InvalidStreamError, "version_major"),
+        (data[:8] + (65).to_bytes(8, "little"), InvalidStreamError, "total_length"),
+        (data[:8] + (0).to_bytes(8, "little"), InvalidStreamError, "total_length"),
+    ]
+    for prefix, error, field in cases:
+        with pytest.raises(error) as caught:
+            record.frame(prefix)
+        assert caught.value.field == field
+    end = encode_end_record([], 0)  # its footer: the seal, then total_length again
+    assert wr.END_RECORD.spans(64)["seal"] == (48, 64) and end[56:] == (64).to_bytes(8, "little")
+    assert wr.END_RECORD.close(end[:32]) == end
+    with pytest.raises(ValueError, match="bad blob magic"):  # unbound: wire/ imports no errors
+        wr.BLOB.frame(b"XXXX")
+
+
+def test_seals_are_checked_by_their_records() -> None:
+    """Outside wire/ no module unseals a record or hashes one to compare by hand: a record's
+    Record checks its seal. What computes one, and why, is listed."""
+    allowed = {
+        "blob/envelope.py": "the blob header's checksum, its long message naming the ranges",
+        "blob/encoder.py": "writes the header checksum into the encoder's output in place",
+        "fingerprint.py": "the body checksum its head holds (written, and compared by the Record)",
+    }
+    users = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in _modules()
+        if re.search(r"\b(unseal|checksum_of)\b", path.read_text())
+    }
+    assert users == set(allowed), sorted(users ^ set(allowed))

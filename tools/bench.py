@@ -467,9 +467,11 @@ def bench_landing(repeat: int) -> None:
             {
                 "memcpy": lambda: np.copyto(engine, pool),
                 "decode + copy": two_pass,
-                "decode_into": lambda b=data: hw.decode_into(b, engine, page_store=store),
-                "one_pass=True": lambda b=data: hw.decode_into(
-                    b, engine, page_store=store, one_pass=True
+                "decode_into": lambda b=data: hw.decode(
+                    b, into=hw.IntoArray(engine), page_store=store
+                ),
+                "one_pass=True": lambda b=data: hw.decode(
+                    b, into=hw.IntoArray(engine, one_pass=True), page_store=store
                 ),
             },
             repeat=repeat,

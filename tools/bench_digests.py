@@ -19,7 +19,7 @@
    checksum pass it rides with).
    In the same run, the in-place receiver (docs/integrity.md § 5.3): the engine's pool of
    each {layer, role} holds the earlier request's pages, indexed by an EnginePoolStore;
-   the reader (StreamReader(in_place=...)) writes only the sent pages into free pages and
+   the reader (StreamReader(into=...)) writes only the sent pages into free pages and
    re-hashes the referenced ones where they sit. Twice: the sender digesting every page
    per transfer (known_pages=known), and with the digests cached since it filled the
    pages (known_pages=plan_delta(t, known, digests=cached)).
@@ -280,11 +280,11 @@ class EnginePools:
     def digests(self) -> np.ndarray:
         return np.unique(np.concatenate([s.digests() for s in self.stores.values()]))
 
-    def target(self, descriptor: Any, count: int) -> tuple[EnginePoolStore, np.ndarray]:
-        """StreamReader(in_place=...): the pool of the blob's layer and role, and ``count``
+    def target(self, descriptor: Any, count: int) -> hw.InPlace:
+        """StreamReader(into=...): the pool of the blob's layer and role, and ``count``
         free pages from its allocator (the same ones each round: nothing is kept)."""
         key = (descriptor.layout.layer_index, descriptor.layout.kv_role)
-        return self.stores[key], self.free[key][:count]
+        return hw.InPlace(self.stores[key], self.free[key][:count])
 
 
 def _transfer(
@@ -338,7 +338,7 @@ def _transfer(
             b.sendall(record)
         count = 0
         reader = (
-            StreamReader(b, in_place=store.target)
+            StreamReader(b, into=store.target)
             if isinstance(store, EnginePools)
             else StreamReader(b, page_store=store)
         )

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     def load_stream_into(verify: bool = True) -> None:  # decode_into: hashed while copied
         with hw.StreamFile(hrws, verify=verify) as f:
             for entry in f.entries:
-                f.read(entry, page_pool=engine, one_pass=True)
+                f.read(entry, into=hw.IntoArray(engine, one_pass=True))
 
     def load_torch() -> None:
         loaded = torch.load(pt_path, mmap=True, weights_only=True)

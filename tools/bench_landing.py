@@ -106,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         want = hw.decode(blob, page_store=store).page_pool
         fns: dict[str, Callable[[], Any]] = {
             "memcpy": lambda p=pool, e=engine: np.copyto(e, p),
-            "safe": lambda b=blob, e=engine, s=store: hw.decode_into(b, e, page_store=s),
-            "one_pass": lambda b=blob, e=engine, s=store: hw.decode_into(
-                b, e, page_store=s, one_pass=True
+            "safe": lambda b=blob, e=engine, s=store: hw.decode(
+                b, into=hw.IntoArray(e), page_store=s
+            ),
+            "one_pass": lambda b=blob, e=engine, s=store: hw.decode(
+                b, into=hw.IntoArray(e, one_pass=True), page_store=s
             ),
         }
         best = interleaved(fns, repeat=scaled(args.repeat, 1))

@@ -459,7 +459,7 @@ def _check_decode_into(data: bytes, strict: tuple[Any, hw.HurrayWireError | None
         out = np.full(size, 0xA5, np.uint8)
 
         def land(o: Any = out, p: bool = one_pass) -> Any:
-            return hw.decode_into(data, o, threads=0, one_pass=p)
+            return hw.decode(data, into=hw.IntoArray(o, one_pass=p), threads=0)
 
         landed, landed_error = outcome(land)
         if tensor is not None:

@@ -228,11 +228,13 @@ def _delta(target: int, blob: bytes) -> None:
     else:
         before = _ENGINE.copy()
         try:
-            landed = _typed(lambda: hw.decode_in_place(
-                blob, pool_store=_POOL, free_pages=_ENGINE_FREE, limits=LIMITS))  # fmt: skip
+            landed = _typed(
+                lambda: hw.decode(blob, into=hw.InPlace(_POOL, _ENGINE_FREE), limits=LIMITS)
+            )
             _ENGINE[:] = before
-            report = _typed(lambda: hw.decode_in_place_report(
-                blob, pool_store=_POOL, free_pages=_ENGINE_FREE, limits=LIMITS))  # fmt: skip
+            report = _typed(
+                lambda: hw.decode_report(blob, into=hw.InPlace(_POOL, _ENGINE_FREE), limits=LIMITS)
+            )
             # the report variant: accepts what decode_in_place accepts, with no failed page,
             # and reports nothing failed only for what decode_in_place accepts
             if landed is not None and (report is None or not report.ok):
@@ -255,7 +257,7 @@ def _claimed(target: int, body: bytes) -> None:
             lambda: hw.decode(data, page_store=_STORE, limits=LIMITS),
             lambda: hw.decode_report(data, page_store=_STORE),
             lambda: list(StreamReader(data, page_store=_STORE)),
-            lambda: hw.decode_in_place(data, pool_store=_POOL, free_pages=_ENGINE_FREE),
+            lambda: hw.decode(data, into=hw.InPlace(_POOL, _ENGINE_FREE)),
         ):
             try:
                 got = call()
@@ -269,9 +271,14 @@ def _claimed(target: int, body: bytes) -> None:
     else:  # a tensor of 0-byte pages claiming ``count`` pages
         count = min(count, 1 << 40)  # NumPy refuses larger shapes, even of 0 bytes
         pool = np.zeros((count, 4, 0, 8), np.float16)
-        tensor = _typed(lambda: hw.BlockPagedTensor.from_arrays(
-            pool, np.array([0]) % max(count, 1), np.array([0, min(count, 1)]),
-            block_table_index_type="uint64"))  # fmt: skip
+        tensor = _typed(
+            lambda: hw.BlockPagedTensor.from_arrays(
+                pool,
+                np.array([0]) % max(count, 1),
+                np.array([0, min(count, 1)]),
+                block_table_index_type="uint64",
+            )
+        )
         if tensor is None:
             return
         for work in (

@@ -111,7 +111,7 @@ def _survey(
             if land and tensor is not None and tensor.page_pool.nbytes <= 1 << 20:
                 out = np.full(tensor.page_pool.nbytes, 0xA5, np.uint8)
                 landed, error = fuzz_blob.outcome(
-                    functools.partial(stream_file.read, entry, page_pool=out)
+                    functools.partial(stream_file.read, entry, into=hw.IntoArray(out))
                 )
                 diff = (
                     "the verdict" if landed is None else fuzz_blob.tensor_difference(landed, tensor)

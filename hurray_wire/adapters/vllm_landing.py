@@ -6,14 +6,15 @@ era, CPU_ATTN ISA), everything is checked, then only the named blocks are writte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import consecutive, is_torch, scatter_rows
+from hurray_wire._interop import consecutive, engine_array, scatter_rows
 from hurray_wire.adapters import _vllm_forms as forms
-from hurray_wire.adapters._common import Array, array, from_table, last_page_tokens
+from hurray_wire.adapters._common import Array, from_table, last_page_tokens
 from hurray_wire.adapters.vllm import (
     Pair,
     _check_ids,
@@ -27,20 +28,7 @@ from hurray_wire.adapters.vllm import (
 from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 
-__all__ = ["into_vllm"]
-
-
-def _writable(kv_cache: Any) -> Array:
-    if is_torch(kv_cache) and kv_cache.device.type != "cpu":
-        raise InvalidTensorError(
-            "into_vllm writes CPU memory; this cache is on another device",
-            field="kv_cache",
-            found=str(kv_cache.device),
-        )
-    cache = array(kv_cache, "kv_cache")
-    if not cache.flags.writeable:
-        raise InvalidTensorError("the cache is read-only", field="kv_cache", found="read-only")
-    return cache
+__all__ = ["checked_write", "into_vllm"]
 
 
 def _targets(
@@ -133,9 +121,30 @@ def into_vllm(
     manager block ids, and page ``i`` of a sequence lands in kernel block
     ``block_ids[i // ratio] * ratio + i % ratio``, where the attention reads it.
     """
+    checked_write(tensor_or_pair, kv_cache, block_ids, backend=backend, vllm_version=vllm_version,
+                  isa=isa, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
+                  block_size=block_size)()  # fmt: skip
+
+
+def checked_write(
+    tensor_or_pair: BlockPagedTensor | Pair,
+    kv_cache: Any,
+    block_ids: Any,
+    *,
+    backend: Any = None,
+    vllm_version: str | None = None,
+    isa: str | None = None,
+    kv_cache_dtype: str | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    block_size: int | None = None,
+) -> Callable[[], None]:
+    """Every check of :func:`into_vllm`, nothing written: returns the write, to run once
+    every check of every layer of a transfer passed (the connector's transfer-atomic
+    landing: a refusal at the last layer leaves every layer's blocks untouched)."""
     name = forms.backend_name(backend)
     tensors = _tensors(tensor_or_pair, name)
-    cache = fp8_view(_writable(kv_cache), kv_cache_dtype)
+    cache = fp8_view(engine_array(kv_cache, "kv_cache", contiguous=False), kv_cache_dtype)
     era = forms.era_of(vllm_version)
     for tensor, given in zip(tensors, (k_scale, v_scale), strict=False):
         scale_name = "k_scale" if tensor.kv_role != "value" else "v_scale"
@@ -156,15 +165,15 @@ def into_vllm(
         _check_match("page shape", pools[0].shape[1:], (kernel_size, heads, head_size))
         targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
         slabs = forms.cpu_role_views(cache, chosen)
-        _write(list(slabs), [p.view(slabs[0].dtype) for p in pools], targets, sources, valid,
-               kernel_size)  # fmt: skip
-        return
+        return partial(_write, list(slabs), [p.view(slabs[0].dtype) for p in pools], targets,
+                       sources, valid, kernel_size)  # fmt: skip
     _, views = _role_pools(cache, name, era, None)
     blocks = views[0][1].shape[0]
     forms.check_kernel_block(name, views[0][1].shape[1], era)
     _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
     targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
-    _write([view for _, view in views], pools, targets, sources, valid, pools[0].shape[1])
+    return partial(_write, [view for _, view in views], pools, targets, sources, valid,
+                   pools[0].shape[1])  # fmt: skip
 
 
 def _write(

@@ -27,13 +27,13 @@ if TYPE_CHECKING:
     )
     from hurray_wire.blob.encoder import DEFAULT_ENCODER, Encoder, encode, encode_into, encode_parts
     from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
-    from hurray_wire.blob.in_place import (
+    from hurray_wire.blob.landing import (
+        InPlace,
         InPlaceReport,
-        decode_in_place,
-        decode_in_place_report,
+        IntoArray,
+        IntoPages,
         peek_in_place,
     )
-    from hurray_wire.blob.landing import decode_into
     from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
 
 __all__ = [
@@ -45,12 +45,12 @@ __all__ = [
     "DecodeReport",
     "Decoder",
     "Encoder",
+    "InPlace",
     "InPlaceReport",
+    "IntoArray",
+    "IntoPages",
     "blob_length",
     "decode",
-    "decode_in_place",
-    "decode_in_place_report",
-    "decode_into",
     "decode_report",
     "encode",
     "encode_into",
@@ -67,9 +67,7 @@ __getattr__, __dir__ = exports(
         " peek_descriptor",
         "hurray_wire.blob.encoder": "DEFAULT_ENCODER Encoder encode encode_into encode_parts",
         "hurray_wire.blob.envelope": "BLOB_PREFIX_SIZE blob_length",
-        "hurray_wire.blob.in_place": "InPlaceReport decode_in_place decode_in_place_report"
-        " peek_in_place",
-        "hurray_wire.blob.landing": "decode_into",
+        "hurray_wire.blob.landing": "InPlace InPlaceReport IntoArray IntoPages peek_in_place",
         "hurray_wire.blob.limits": "DEFAULT_LIMITS DecodeLimits",
     },
 )

@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -74,12 +74,14 @@ __all__ = [
     "Accept",
     "DecodeReport",
     "Decoder",
+    "Landing",
     "checksum_mismatch",
     "decode",
     "decode_options",
     "decode_report",
     "decompress_pool",
     "header_plan",
+    "landing_target",
     "new_plan_cache",
     "peek_descriptor",
     "plan_of",
@@ -294,16 +296,25 @@ class Decoder:
         check_integrity_arguments(self.page_store, self.expect_fingerprint)
         instance(self.plans, BoundedMemo, "plans")
 
-    def decode(self, data: Any) -> BlockPagedTensor:
+    def decode(self, data: Any, *, into: object = None) -> BlockPagedTensor:
         """Validate one blob at the start of ``data`` and return its tensor: uncompressed
-        buffers are views of ``data``; every array is read-only exactly when ``data`` is."""
-        return run(byte_view(data), self)[0]
+        buffers are views of ``data``; every array is read-only exactly when ``data`` is.
+        ``into``: where its pool lands (:func:`decode`)."""
+        return self._run(data, into, False)[0]
 
-    def decode_report(self, data: Any) -> DecodeReport:
+    def decode_report(self, data: Any, *, into: object = None) -> DecodeReport:
         """As :meth:`decode`, but failed pages reported, not raised (:func:`decode_report`)."""
-        report = run(byte_view(data), self, report=True)[1]
+        report = self._run(data, into, True)[1]
         assert report is not None  # run reports whenever asked to
         return report
+
+    def _run(
+        self, data: Any, into: object, report: bool
+    ) -> tuple[BlockPagedTensor, DecodeReport | None]:
+        """The pipeline, with the landing target's last step when there is one."""
+        if into is None:
+            return run(byte_view(data), self, report=report)
+        return landing_target(into).land(byte_view(data), self, report=report)
 
     def peek_descriptor(self, data: Any) -> TensorDescriptor:
         """The descriptor of the blob at the start of ``data`` (:func:`peek_descriptor`)."""
@@ -357,6 +368,28 @@ def decode_options(
 Accept = Callable[[BlockPagedTensor], None]
 
 
+class Landing(Protocol):
+    """Where a blob's pool lands in caller memory (``blob.landing``: ``IntoArray``,
+    ``IntoPages``, ``InPlace``): checked against the blob's header, then :func:`run`, then
+    written as the last step. ``pool`` / ``placed``: buffer 0 landed apart (NIXL)."""
+
+    def land(
+        self, view: memoryview, opts: Decoder, *, report: bool = False,
+        accept: Accept | None = None, pool: U8Array | None = None, placed: bool = False,
+    ) -> tuple[BlockPagedTensor, DecodeReport | None]: ...  # fmt: skip
+
+
+def landing_target(into: object) -> Landing:
+    """``into`` checked to be a landing target (``decode(into=)``, the stream readers)."""
+    if not callable(getattr(into, "land", None)):
+        raise ArgumentTypeError(
+            "into must be a landing target: IntoArray(engine_array), IntoPages or InPlace",
+            field="into",
+            found=type(into).__name__,
+        )
+    return into  # type: ignore[return-value]  # checked: it lands
+
+
 def decode(
     data: Any,
     *,
@@ -365,6 +398,7 @@ def decode(
     threads: int = -1,
     page_store: PageStore | None = None,
     expect_fingerprint: EngineFingerprint | None = None,
+    into: object = None,
 ) -> BlockPagedTensor:
     """Validate one blob at the start of ``data`` and return its tensor.
 
@@ -375,9 +409,13 @@ def decode(
     refuses another or a missing engine fingerprint (docs/integrity.md);
     :func:`decode_report` reports failed pages instead of raising. :class:`Decoder` holds
     the options for many blobs.
+
+    ``into``: where the pool lands in caller memory (``blob.landing``): an engine array
+    (``IntoArray``), ``IntoPages(pool, page_ids)``, ``InPlace(pool_store, free_pages)``;
+    checked against the blob's header, written after every check (untouched on refusal).
     """
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
-    return run(byte_view(data), opts)[0]
+    return opts.decode(data, into=into)
 
 
 def decode_report(
@@ -388,14 +426,16 @@ def decode_report(
     threads: int = -1,
     page_store: PageStore | None = None,
     expect_fingerprint: EngineFingerprint | None = None,
+    into: object = None,
 ) -> DecodeReport:
     """As :func:`decode`, but pages that fail their digest, or that the page store lacks or
     holds corrupt, are reported (``DecodeReport.pages`` / ``.positions``) rather than raised
     (docs/integrity.md § 7.2; a stream reader takes ``report=True``). With page digests present, a
     checksum mismatch of a page-row buffer (the pool, per-block scales / zero points) does
-    not abort: the digests say which pages are bad. Every other check still raises."""
+    not abort: the digests say which pages are bad. Every other check still raises.
+    ``into=InPlace(...)`` returns an ``InPlaceReport`` (engine page ids)."""
     opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
-    return opts.decode_report(data)
+    return opts.decode_report(data, into=into)
 
 
 def plan_of(view: memoryview, opts: Decoder) -> _Plan:
@@ -424,7 +464,7 @@ def run(
     ``pool``: the raw bytes of buffer 0 when they are not in ``view`` (a transport landed
     them elsewhere; ``view`` then holds anything, e.g. zeros, in their range).
     ``defer_pool``: buffer 0's section checksum is left to the caller, which hashes it
-    while copying it to its destination (``landing.land_into``). ``late_pool``: the
+    while copying it to its destination (``landing.IntoArray``). ``late_pool``: the
     destination of a compressed buffer 0, typed now and written by the page work's
     ``finish`` (``decompress_pool``): one pass, and nothing written before the checks."""
     if plan is None:
@@ -515,7 +555,7 @@ def _materialize(
 
     if plan.raw_buffers:  # every buffer stored raw: views at spans decided by the plan
         buffers = [whole[span] for span in plan.buffer_spans]
-    elif late_pool is not None:  # decompressed into it after every check (land_into)
+    elif late_pool is not None:  # decompressed into it after every check (IntoArray)
         buffers = [late_pool, *(payload(e) for e in plan.buffers[1:])]
     else:
         buffers = [payload(e) for e in plan.buffers]

@@ -17,12 +17,10 @@ from hurray_wire.errors import (
     InvalidBlobError,
     LimitExceededError,
     PaddingError,
-    cut_inside,
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
-from hurray_wire.wire import blob as w, descriptor as wd, stream as ws
-from hurray_wire.wire.fast import item_struct
+from hurray_wire.wire import blob as w, records as wr
 from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
@@ -58,8 +56,9 @@ AT = HEADER.offsets  # byte offset of each fixed-header field
 ENTRY_AT = ENTRY.offsets  # byte offset of each field within a section entry
 HEADER_SIZE = HEADER.size
 #: magic, versions, flags and total_length: what frames a blob in a stream.
-BLOB_PREFIX_SIZE = AT["header_length"]
-_MIN_TOTAL = HEADER_SIZE + CHECKSUM.size
+BLOB_PREFIX_SIZE = wr.PREFIX.size
+_BLOB = wr.BLOB.raising(InvalidBlobError, BlobTruncatedError)
+_MIN_TOTAL = _BLOB.minimum
 _ENTRY_SIZE = ENTRY.size  # the FastStruct properties, read once for the per-call paths
 _CHECKSUM_SIZE = CHECKSUM.size
 #: Positions of the fixed header's fields in ``HEADER.struct.unpack``'s tuple.
@@ -100,97 +99,19 @@ def pack_header(
     return seal(head)
 
 
-_OTHER_MAGICS = {
-    ws.STREAM_MAGIC: "this is a blob stream (its header record), not one blob: read it with "
-    "StreamReader or StreamFile",
-    ws.END_MAGIC: "this is a blob stream's end record, not a blob: read the stream with "
-    "StreamReader or StreamFile",
-    wd.MAGIC: "this is a bare descriptor or a .hrry file, not a blob: use decode_descriptor, "
-    "HrryFile or read_file",
-}
-
-
-def _check_magic(view: memoryview) -> None:
-    size = len(w.BLOB_MAGIC)
-    head = bytes(view[:size])
-    if head != w.BLOB_MAGIC[: len(head)]:
-        raise InvalidBlobError(
-            _OTHER_MAGICS.get(head, "bad blob magic"),
-            section="header",
-            field="magic",
-            offset=AT["magic"],
-            expected=w.BLOB_MAGIC.hex(" "),
-            found=head.hex(" "),
-        )
-
-
-_TOTAL_LENGTH = item_struct(w.BLOB_HEADER.total_length)
-
-
-def _total_length(view: memoryview) -> int:
-    return int(_TOTAL_LENGTH.unpack_from(view, AT["total_length"])[0])
-
-
 def blob_length(data: Any) -> int:
     """total_length of the blob at the start of ``data`` (needs 16 bytes): for framing."""
-    view = byte_view(data)
-    _check_magic(view)
-    if len(view) < BLOB_PREFIX_SIZE:
-        raise BlobTruncatedError(
-            cut_inside("blob prefix", len(view)),
-            section="header",
-            offset=len(view),
-            expected=BLOB_PREFIX_SIZE,
-            found=len(view),
-        )
-    major = view[AT["version_major"]]
-    if major != 1:
-        raise InvalidBlobError(
-            "unsupported blob major version",
-            section="header",
-            field="version_major",
-            offset=AT["version_major"],
-            expected=1,
-            found=major,
-        )
-    total = _total_length(view)
-    if total < _MIN_TOTAL or total % w.BLOB_ALIGNMENT:
-        raise InvalidBlobError(
-            "total_length is not a valid blob length",
-            section="header",
-            field="total_length",
-            offset=AT["total_length"],
-            found=total,
-        )
-    return total
+    return _BLOB.frame(byte_view(data))
 
 
 def total_length(view: memoryview, *, whole: bool) -> int:
     """total_length of the blob at the start of ``view`` once its fixed header is there
     (and, with ``whole``, all of it); otherwise the precise framing error."""
-    magic = len(w.BLOB_MAGIC)
-    if len(view) >= HEADER_SIZE and view[:magic] == w.BLOB_MAGIC and view[AT["version_major"]] == 1:
-        total = _total_length(view)
-        plausible = total >= _MIN_TOTAL and not total % w.BLOB_ALIGNMENT
-        if plausible and (not whole or total <= len(view)):
-            return total
-    total = blob_length(view)  # raises for bad magic, version or total_length
-    if len(view) < HEADER_SIZE:
-        raise BlobTruncatedError(
-            "input ends inside the blob header",
-            section="header",
-            offset=len(view),
-            expected=HEADER_SIZE,
-            found=len(view),
-        )
-    raise BlobTruncatedError(
-        "input is shorter than total_length",
-        section="header",
-        field="total_length",
-        offset=len(view),
-        expected=total,
-        found=len(view),
-    )
+    total = _BLOB.frame(view)
+    _BLOB.whole(view, total, HEADER_SIZE)
+    if whole:
+        _BLOB.whole(view, total)
+    return total
 
 
 def whole_blob_header(view: memoryview) -> tuple[Any, ...]:

@@ -1,15 +1,23 @@
-"""Decode a blob with its page pool landed in the caller's memory (an engine's KV pages).
+"""Landing: where a blob's page pool goes in caller memory, as a value passed with the
+bytes (``decode(data, into=...)``, ``decode_report``, the stream readers, NIXL's receiver).
 
-Nothing lands before every check has passed, the pool's own included (its section
-checksum, page digests, the store's pages, decompression): the pool is verified where it
-is (or decompressed into scratch), then copied. ``one_pass=True`` opts into one pass over
-memory instead (each chunk copied, then hashed and digested while in cache; a compressed
-pool decompressed straight into the destination), at the price that a refusal of those
-checks leaves refused bytes in the destination (docs/decisions.md).
+A target is one of ``IntoArray`` (an engine array takes the pool whole), ``IntoPages``
+(blob page ``i`` lands on page ``page_ids[i]`` of an engine pool) and ``InPlace`` (a delta
+blob into the engine's own pool: the sent pages into free pages, the referenced ones
+re-hashed where they sit, docs/integrity.md § 5.3). Its arrays are taken when it is made
+(``_interop.engine_array``: NumPy, torch, DLPack), its form checked against the blob's
+header before a section is read, and it is written once, as the decode pipeline's last
+step (``land``): a refusal leaves it untouched. ``IntoArray(one_pass=True)`` opts into one
+pass over memory instead (each chunk copied, then hashed and digested while in cache; a
+compressed pool decompressed straight into the destination), at the price that a refusal
+of those checks leaves refused bytes in the destination (docs/decisions.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -17,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from hurray_wire._interop import engine_array, scatter_rows
 from hurray_wire.blob.copying import copy_and_hash
 from hurray_wire.blob.decoder import (
     Accept,
@@ -24,26 +33,54 @@ from hurray_wire.blob.decoder import (
     checksum_mismatch,
     decode_options,
     decompress_pool,
+    header_plan,
     plan_of,
     run,
     stored_section_checksum,
 )
+from hurray_wire.blob.envelope import total_length
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows
+from hurray_wire.blob.pages import (
+    DecodeReport,
+    PageWork,
+    page_failure,
+    page_rows,
+    refs_count,
+)
 from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.codecs.base import output
-from hurray_wire.errors import ArgumentTypeError, HurrayWireError, flag
-from hurray_wire.integrity import EngineFingerprint, PageRecords, PageStore
-from hurray_wire.integrity.pool_store import engine_array
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError, InvalidTensorError, flag
+from hurray_wire.integrity import EnginePoolStore, PageRecords, PageRefs
+from hurray_wire.integrity.digests import IntArray
+from hurray_wire.integrity.pool_store import page_id_array
+from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.tensor import BlockPagedTensor, assemble, check_padding_bits, pool_form
+from hurray_wire.model.quantization import PerBlockAffine
+from hurray_wire.tensor import (
+    ZERO_POINTS,
+    BlockPagedTensor,
+    assemble,
+    check_padding_bits,
+    checked_indexes,
+    pool_form,
+    typed_params,
+)
 
-__all__ = ["check_landing", "decode_into", "land_into"]
+__all__ = [
+    "InPlace",
+    "InPlaceReport",
+    "IntoArray",
+    "IntoPages",
+    "peek_in_place",
+]
+
+_NONE = np.zeros(0, np.int64)
+Landed = tuple[BlockPagedTensor, DecodeReport | None]
 
 
-def check_landing(
+def _check_form(
     descriptor: TensorDescriptor, array: npt.NDArray[Any], *, pages: int | None = None,
     field: str = "page_pool",
 ) -> None:  # fmt: skip
@@ -66,69 +103,285 @@ def check_landing(
         )
 
 
-def decode_into(
-    data: Any,
-    page_pool: npt.NDArray[Any],
-    *,
-    verify: bool = True,
-    limits: DecodeLimits | None = None,
-    threads: int = -1,
-    page_store: PageStore | None = None,
-    expect_fingerprint: EngineFingerprint | None = None,
-    one_pass: bool = False,
-) -> BlockPagedTensor:
-    """Validate the blob at the start of ``data`` as :func:`decode` does, land its page
-    pool in ``page_pool`` and return the tensor, whose ``page_pool`` is that array (viewed
-    with the blob's dtype and shape when it is raw bytes).
-
-    ``page_pool``: a writable C-contiguous NumPy array with the pool's dtype and shape, or
-    uint8 of its byte size, not overlapping ``data``. On any refusal it is untouched.
-    ``one_pass=True`` checks the pool's section checksum, page digests and store pages
-    while copying (and decompresses into ``page_pool``): faster, but on those refusals
-    ``page_pool`` holds refused bytes (docs/decisions.md).
-    """
-    one_pass = flag(one_pass, "one_pass")
-    opts = decode_options(verify, limits, threads, page_store, expect_fingerprint)
-    return land_into(byte_view(data), page_pool, opts, one_pass=one_pass)
-
-
-def land_into(
-    view: memoryview, page_pool: Any, opts: Decoder, accept: Accept | None = None,
-    one_pass: bool = False,
-) -> BlockPagedTensor:  # fmt: skip
-    """The pipeline with the pool landed in ``page_pool`` (decode_into, StreamFile)."""
-    out = engine_array(page_pool, "page_pool").reshape(-1).view(np.uint8)
-    plan = plan_of(view, opts)
-    check_landing(plan.descriptor, page_pool)
+def _refuse_overlap(flat: U8Array, view: memoryview) -> None:
     whole = np.frombuffer(view, np.uint8)
-    if out.size and whole.size and np.may_share_memory(out, whole):
+    if flat.size and whole.size and np.may_share_memory(flat, whole):
         raise ArgumentTypeError(
             "page_pool overlaps the blob being decoded",
             field="page_pool",
             found="memory shared with data",
         )
-    if not one_pass:
-        tensor = run(view, opts, accept=accept, plan=plan)[0]
-        np.copyto(out, tensor.page_pool.reshape(-1).view(np.uint8))
-        return _typed(tensor, page_pool, out)
-    entry = plan.buffers[0]
-    raw = entry.codec == CODEC_RAW
-    hashed = opts.verify and plan.verify_sections and raw  # buffer 0's checksum, as it lands
-    if raw and plan.page_digests is None and plan.page_refs is None:
-        tensor = run(view, opts, accept=accept, plan=plan, defer_pool=hashed)[0]
-        hasher = xxhash.xxh3_64() if hashed else None
-        copy_and_hash(out, whole[entry.offset : entry.offset + entry.stored_size], hasher)
-        if hasher is not None:
-            _compare(hasher, view, entry)
-        return _typed(tensor, page_pool, out)
-    # The pool lands in _OnePass.finish, after every other check: a compressed one is
-    # decompressed into the destination (its sent rows into scratch when page refs
-    # scatter them), each page-row chunk copied, hashed and digested while in cache.
-    late = None if raw else out if plan.page_refs is None else output(None, entry.raw_size)
-    work = partial(_OnePass, out, view, entry, hashed, late, opts.threads)
-    tensor = run(view, opts, accept=accept, plan=plan, work=work, defer_pool=hashed,
-                 late_pool=late)[0]  # fmt: skip
-    return _typed(tensor, page_pool, out)
+
+
+def _with_tensor(found: DecodeReport | None, tensor: BlockPagedTensor) -> DecodeReport | None:
+    return None if found is None else dataclasses.replace(found, tensor=tensor)
+
+
+class _Copied:
+    """What ``IntoArray`` and ``IntoPages`` share: a copy of the verified pool as the
+    pipeline's last step."""
+
+    flat: U8Array
+    one_pass: bool
+
+    def check(self, descriptor: TensorDescriptor) -> None:
+        raise NotImplementedError
+
+    def _write(self, pool: U8Array) -> None:
+        raise NotImplementedError
+
+    def _typed(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
+        raise NotImplementedError
+
+    def land(
+        self, view: memoryview, opts: Decoder, *, report: bool = False,
+        accept: Accept | None = None, pool: U8Array | None = None, placed: bool = False,
+    ) -> Landed:  # fmt: skip
+        """Checked against the blob's header, the pipeline, then the pool written
+        (``pool``: buffer 0 landed apart, NIXL's split blob; ``placed``: it is already
+        there). ``IntoArray(one_pass=True)`` checks while writing (``_one_pass``)."""
+        plan = plan_of(view, opts)
+        self.check(plan.descriptor)
+        _refuse_overlap(self.flat, view)
+        if isinstance(self, IntoArray) and self.one_pass and pool is None:
+            return self._one_pass(view, opts, plan, report, accept)
+        tensor, found = run(view, opts, report=report, accept=accept, plan=plan, pool=pool)
+        if not placed:
+            self._write(tensor.page_pool.reshape(-1).view(np.uint8))
+        tensor = self._typed(tensor)
+        return tensor, _with_tensor(found, tensor)
+
+
+@dataclass(frozen=True, eq=False)
+class IntoArray(_Copied):
+    """The pool lands whole in ``page_pool``: a writable C-contiguous engine array (NumPy,
+    torch on the CPU, DLPack) with the pool's dtype and shape, or uint8 of its byte size,
+    not overlapping the input; the tensor's ``page_pool`` is then that array (viewed with
+    the blob's dtype and shape when it is raw bytes). ``one_pass=True``: checked while
+    copied (module docstring); for NIXL, READ straight into it."""
+
+    page_pool: Any
+    one_pass: bool = False
+    array: npt.NDArray[Any] = field(init=False, repr=False)
+    flat: U8Array = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        array = engine_array(self.page_pool, "page_pool")
+        object.__setattr__(self, "one_pass", flag(self.one_pass, "one_pass"))
+        object.__setattr__(self, "array", array)
+        object.__setattr__(self, "flat", array.reshape(-1).view(np.uint8))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the blob's pool fills."""
+        return int(self.flat.nbytes)
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The [start, end) addresses this landing writes."""
+        base = int(self.flat.ctypes.data)
+        return [(base, base + self.flat.nbytes)]
+
+    def check(self, descriptor: TensorDescriptor) -> None:
+        """The array can hold this blob's pool (raised before anything is read into it)."""
+        _check_form(descriptor, self.array)
+
+    def _write(self, pool: U8Array) -> None:
+        np.copyto(self.flat, pool)
+
+    def _typed(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
+        pool, array = tensor.page_pool, self.array
+        if array.dtype == pool.dtype and array.shape == pool.shape:
+            tensor.page_pool = array
+        else:
+            tensor.page_pool = self.flat.view(pool.dtype).reshape(pool.shape)
+        return tensor
+
+    def _one_pass(
+        self, view: memoryview, opts: Decoder, plan: Any, report: bool, accept: Accept | None
+    ) -> Landed:
+        out = self.flat
+        whole = np.frombuffer(view, np.uint8)
+        entry = plan.buffers[0]
+        raw = entry.codec == CODEC_RAW
+        hashed = opts.verify and plan.verify_sections and raw  # buffer 0's checksum, as it lands
+        if raw and plan.page_digests is None and plan.page_refs is None:
+            tensor, found = run(view, opts, report=report, accept=accept, plan=plan,
+                                defer_pool=hashed)  # fmt: skip
+            hasher = xxhash.xxh3_64() if hashed else None
+            copy_and_hash(out, whole[entry.offset : entry.offset + entry.stored_size], hasher)
+            if hasher is not None:
+                _compare(hasher, view, entry)
+            tensor = self._typed(tensor)
+            return tensor, _with_tensor(found, tensor)
+        # The pool lands in _OnePass.finish, after every other check: a compressed one is
+        # decompressed into the destination (its sent rows into scratch when page refs
+        # scatter them), each page-row chunk copied, hashed and digested while in cache.
+        late = None if raw else out if plan.page_refs is None else output(None, entry.raw_size)
+        work = partial(_OnePass, out, view, entry, hashed, late, opts.threads)
+        tensor, found = run(view, opts, report=report, accept=accept, plan=plan, work=work,
+                            defer_pool=hashed, late_pool=late)  # fmt: skip
+        tensor = self._typed(tensor)
+        return tensor, _with_tensor(found, tensor)
+
+
+@dataclass(frozen=True, eq=False)
+class IntoPages(_Copied):
+    """Blob page ``i`` lands on page ``page_ids[i]`` of ``page_pool``, the engine's whole
+    pool ``[num_pages, ...]`` (an engine array as ``IntoArray`` takes; ``page_ids``
+    distinct, in range, any order: the blocks the engine allocated for the request). The
+    tensor is then over the whole engine pool, its block table in engine page ids: what
+    the engine's attention kernel indexes. An unquantized pool only (per-page scales would
+    need an engine-sized scale array). ``one_pass``: NIXL's, READ straight to the pages."""
+
+    page_pool: Any
+    page_ids: Any
+    one_pass: bool = False
+    array: npt.NDArray[Any] = field(init=False, repr=False)
+    flat: U8Array = field(init=False, repr=False)
+    ids: IntArray = field(init=False, repr=False)
+    page_bytes: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        array = engine_array(self.page_pool, "page_pool")
+        if array.ndim < 2 or array.shape[0] == 0:
+            raise ArgumentTypeError(
+                "with page_ids, page_pool is the engine's pool: [num_pages, ...] with pages",
+                field="page_pool",
+                found=f"shape {tuple(array.shape)}",
+            )
+        pages = int(array.shape[0])
+        set_ = object.__setattr__
+        set_(self, "one_pass", flag(self.one_pass, "one_pass"))
+        set_(self, "array", array)
+        set_(self, "flat", array.reshape(-1).view(np.uint8))
+        set_(self, "ids", page_id_array(self.page_ids, pages, "page_ids", distinct=True))
+        set_(self, "page_bytes", array.nbytes // pages)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the blob's pool fills: its pages at ``page_ids``."""
+        return int(self.ids.size) * self.page_bytes
+
+    @property
+    def rows(self) -> U8Array:
+        """The engine pool as one row of bytes per page."""
+        return self.flat.reshape(self.array.shape[0], self.page_bytes)
+
+    def runs(self) -> list[tuple[int, int]]:
+        """(first blob page, page count) of each run of consecutive engine ids."""
+        ids = self.ids
+        if not ids.size:
+            return []
+        breaks = (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
+        return [(s, e - s) for s, e in zip([0, *breaks], [*breaks, int(ids.size)], strict=True)]
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The [start, end) addresses this landing writes."""
+        base, size, ids = int(self.flat.ctypes.data), self.page_bytes, self.ids
+        return [
+            (base + int(ids[first]) * size, base + (int(ids[first]) + count) * size)
+            for first, count in self.runs()
+        ]
+
+    def check(self, descriptor: TensorDescriptor) -> None:
+        """The engine pool has the blob's dtype and page shape, takes as many pages as the
+        blob holds, and the blob is unquantized."""
+        _check_form(descriptor, self.array, pages=int(self.array.shape[0]))
+        if descriptor.quantization is not None:
+            raise ArgumentTypeError(
+                "page_ids take an unquantized pool (per-page scales would need an "
+                "engine-sized scale array); land this blob without page_ids",
+                field="page_ids",
+                found=type(descriptor.quantization).__name__,
+            )
+        if self.ids.size != descriptor.layout.num_pages:
+            raise ArgumentTypeError(
+                "page_ids do not match the blob's page count",
+                field="page_ids",
+                expected=descriptor.layout.num_pages,
+                found=int(self.ids.size),
+            )
+
+    def _write(self, pool: U8Array) -> None:
+        scatter_rows([self.rows], self.ids, [pool.reshape(self.ids.size, -1)])
+
+    def gathered(self) -> U8Array:
+        """The landed pages in blob order, as the blob's pool bytes (one copy)."""
+        return self.rows[self.ids].reshape(-1)
+
+    def _typed(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
+        """``tensor`` over the engine's whole pool, its block table in engine page ids,
+        everything else as decoded, validated as any new tensor is."""
+        pool = tensor.page_pool
+        engine = self.flat.view(pool.dtype).reshape(self.array.shape[0], *pool.shape[1:])
+        return BlockPagedTensor.from_arrays(
+            engine,
+            self.ids[np.asarray(tensor.block_table, np.int64)],
+            tensor.seq_ptr,
+            seq_lens=tensor.seq_lens,
+            total_tokens=tensor.shape[0],
+            kv_role=tensor.kv_role,
+            layer_index=tensor.layer_index,
+            element_type=tensor.element_type,
+            metadata=tensor.metadata,
+            alignment=tensor.descriptor.buffers[0].alignment,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class InPlace:
+    """A blob (delta or full) decoded into the engine's pool that ``pool_store`` wraps
+    (docs/integrity.md § 5.3): the sent pages go into the first ``peek_in_place(data)[1]``
+    of ``free_pages``, in blob page order; referenced pages are re-hashed where they sit,
+    not copied; the tensor's ``page_pool`` is ``pool_store.page_pool`` and its
+    ``block_table`` names engine pages. The engine ``pool_store.index(...)``-es the pages it
+    keeps and must not overwrite indexed pages during the call. With ``report=True`` pages
+    that fail (a digest mismatch, a referenced page not indexed, or stale in the pool) are
+    reported (``InPlaceReport``), not raised: each failed page gets a further free page
+    (after those of the sent pages), zero-filled, for the engine to recompute, and the good
+    pages are written; when ``free_pages`` is too short for that, the failure is raised.
+    The decoder's ``page_store`` is ignored: the engine's pool is the store."""
+
+    pool_store: EnginePoolStore
+    free_pages: Any
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pool_store, EnginePoolStore):
+            raise ArgumentTypeError(
+                "pool_store must be an EnginePoolStore over the engine's pool",
+                field="pool_store",
+                found=type(self.pool_store).__name__,
+            )
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The [start, end) addresses this landing may write: the engine's whole pool."""
+        flat = self.pool_store.page_pool.reshape(-1).view(np.uint8)
+        base = int(flat.ctypes.data)
+        return [(base, base + flat.nbytes)]
+
+    def land(
+        self, view: memoryview, opts: Decoder, *, report: bool = False,
+        accept: Accept | None = None, pool: U8Array | None = None, placed: bool = False,
+    ) -> Landed:  # fmt: skip
+        """The pipeline with the pages written by ``_InPlaceWork.finish``, its last step."""
+        if pool is not None:
+            raise ArgumentTypeError("an in-place landing takes the whole blob", field="pool")
+        store = self.pool_store
+        free = _free_pages(self.free_pages, store)
+        plan = plan_of(view, opts)  # the header alone decides how many pages are sent
+        needed = _sent_pages(plan)
+        if free.size < needed:
+            raise ArgumentTypeError(
+                "free_pages has fewer pages than the blob sends",
+                field="free_pages",
+                found=f"{free.size} pages",
+                expected=f">= {needed}",
+            )
+        check_pool_fits(plan.descriptor, store)
+        work = functools.partial(_InPlaceWork, pool=store, free=free, plans=opts.plans)
+        opts = dataclasses.replace(opts, page_store=store)
+        tensor, found = run(view, opts, report=report, work=work, accept=accept, plan=plan)
+        return tensor, found if report else None
 
 
 def _compare(hasher: Any, view: memoryview, entry: Entry) -> None:
@@ -136,15 +389,6 @@ def _compare(hasher: Any, view: memoryview, entry: Entry) -> None:
     stored = stored_section_checksum(view, entry)
     if hasher.intdigest() != stored:
         raise checksum_mismatch(entry, int(hasher.intdigest()), stored)
-
-
-def _typed(tensor: BlockPagedTensor, page_pool: Any, out: U8Array) -> BlockPagedTensor:
-    pool = tensor.page_pool
-    if page_pool.dtype == pool.dtype and page_pool.shape == pool.shape:
-        tensor.page_pool = page_pool
-    else:
-        tensor.page_pool = out.view(pool.dtype).reshape(pool.shape)
-    return tensor
 
 
 class _OnePass(PageWork):
@@ -265,3 +509,276 @@ class _Rows:
                 None if rows.zero_points is None else rows.zero_points[start:stop],
             ).digests()
         self.done = stop
+
+
+@dataclass(frozen=True)
+class InPlaceReport(DecodeReport):
+    """What ``decode_in_place_report`` returns. As DecodeReport, in the engine's page ids:
+    ``pages`` are where ``tensor.block_table`` points for every failed page (free pages,
+    zero-filled, for the engine to recompute), ``positions`` their logical places;
+    ``missing`` / ``corrupt`` / ``digest_mismatch`` split ``pages`` by cause. ``stale`` are
+    the indexed engine pages whose bytes no longer match their digest (``forget`` them);
+    ``written`` the free pages used, in the order taken from ``free_pages`` (a prefix)."""
+
+    stale: npt.NDArray[np.int64]
+    written: npt.NDArray[np.int64]
+
+
+def _engine_descriptor(
+    plans: BoundedMemo[Any], descriptor: TensorDescriptor, num_pages: int
+) -> TensorDescriptor:
+    """The blob's descriptor over the engine's pool of ``num_pages`` pages, from the
+    decoder's plan cache (which weighs the descriptors it keeps)."""
+    key = ("engine", descriptor, num_pages)
+    found: TensorDescriptor | None = plans.get(key)
+    if found is None:
+        found = _build_engine_descriptor(descriptor, num_pages)
+        plans.put(key, found, weight(2 * descriptor.descriptor_length))  # the key's, and it
+    return found
+
+
+def _build_engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
+    layout = descriptor.layout
+    index_type = layout.block_table_index_type
+    if num_pages and num_pages - 1 > layout.index_max:
+        index_type = "uint64"
+    engine = dataclasses.replace(layout, num_pages=num_pages, block_table_index_type=index_type)
+    handle = descriptor.buffers[0]
+    return TensorDescriptor.block_paged(
+        engine,
+        descriptor.shape,
+        descriptor.element_type,
+        num_logical_pages=descriptor.buffers[1].byte_size // layout.index_dtype.itemsize,
+        quantization=descriptor.quantization,
+        alignment=handle.alignment,
+        device_tag=handle.device_tag,
+        sync_mode=handle.sync_mode,
+        memory_class=handle.memory_class,
+        statistics=descriptor.statistics,
+    )
+
+
+def _geometry_error(what: str, field: str, expected: object, found: object) -> InvalidTensorError:
+    return InvalidTensorError(
+        f"the engine's pool does not fit the blob: {what}",
+        field=field,
+        expected=expected,
+        found=found,
+    )
+
+
+def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None:
+    """The engine's arrays have the blob's page shape and dtypes (and slot parameters
+    exactly when the blob is per-block quantized), so page records mean the same on both
+    sides."""
+    etype = descriptor.element_type
+    if etype.is_packed:
+        raise _geometry_error(
+            "an in-place decode needs an unpacked element type (engines keep no packed pools)",
+            "element_type",
+            "a type of whole bytes",
+            etype.name,
+        )
+    layout = descriptor.layout
+    array = pool.page_pool
+    page = (layout.page_size, descriptor.shape[1], descriptor.shape[2])
+    if array.ndim != 4 or tuple(array.shape[1:]) != page:
+        raise _geometry_error(
+            "page shape", "pool_store.page_pool", f"[num_pages, {', '.join(map(str, page))}]",
+            list(array.shape),
+        )  # fmt: skip
+    if array.dtype != etype.numpy_dtype:
+        raise _geometry_error(
+            "dtype", "pool_store.page_pool", str(etype.numpy_dtype), str(array.dtype)
+        )
+    quant = descriptor.quantization
+    slots = pool.num_pages * layout.page_size
+    wanted: dict[str, np.dtype[Any] | None] = {"scales": None, "zero_points": None}
+    if isinstance(quant, PerBlockAffine):
+        wanted["scales"] = quant.scale_type.numpy_dtype
+        if quant.zero_point_buffer_index is not None:
+            wanted["zero_points"] = ZERO_POINTS
+    for name, dtype in wanted.items():
+        given: npt.NDArray[Any] | None = getattr(pool, name)
+        if (given is None) != (dtype is None):
+            raise _geometry_error(
+                f"per-page-slot {name}", f"pool_store.{name}",
+                "none" if dtype is None else f"{slots} entries of {dtype}",
+                "none" if given is None else f"an array of {given.size}",
+            )  # fmt: skip
+        if given is not None and (given.dtype != dtype or given.size != slots):
+            raise _geometry_error(
+                f"per-page-slot {name}", f"pool_store.{name}", f"{slots} entries of {dtype}",
+                f"{given.size} entries of {given.dtype}",
+            )  # fmt: skip
+
+
+def _free_pages(free_pages: object, pool: EnginePoolStore) -> IntArray:
+    """The engine's free page ids, checked: in range, unique, none of them indexed."""
+    free = page_id_array(free_pages, pool.num_pages, "free_pages", distinct=True)
+    held = np.flatnonzero(pool.indexed(free))
+    if held.size:
+        raise ArgumentTypeError(
+            "free_pages must not include pages the pool store indexes (forget them first)",
+            field="free_pages",
+            found=f"free_pages[{int(held[0])}] = page {int(free[held[0]])}, indexed",
+        )
+    return free
+
+
+def _slots(free: IntArray, start: int, count: int) -> IntArray:
+    """``count`` free pages from ``start``; past the end, placeholders (page 0: the tensor
+    is then never handed out, finish() raises first)."""
+    taken = free[start : start + count]
+    if taken.size < count:
+        taken = np.concatenate([taken, np.zeros(count - taken.size, np.int64)])
+    return taken
+
+
+class _InPlaceWork(PageWork):
+    """PageWork that leaves the pool to the engine: refs are re-hashed in place, the sent
+    rows kept until finish() writes them into free pages."""
+
+    def __init__(
+        self, *args: Any, pool: EnginePoolStore, free: IntArray, plans: BoundedMemo[Any],
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.pool = pool
+        self.free = free
+        self.plans = plans
+        self.refs: PageRefs | None = None
+        self.engine_refs = _NONE  # engine page of each ref (-1: not indexed)
+        self.ref_ok = np.zeros(0, bool)  # indexed, and its bytes re-hash to the digest
+        self.rows: list[U8Array] = []
+        self.sent = _NONE
+        self.remap = _NONE
+        self.table = _NONE
+        self.starts = _NONE
+
+    def _expand(self, buffers: list[U8Array], refs: PageRefs, sent: Any) -> list[U8Array]:
+        engine = self.pool.pages_for(refs.digests)
+        held = engine >= 0
+        ok = held.copy()
+        if held.any():  # the re-hash where the pages sit: never trusted unchecked
+            ok[held] = self.pool.records.digests_at(engine[held]) == refs.digests[held]
+        self.refs, self.engine_refs, self.ref_ok = refs, engine, ok
+        return buffers
+
+    def _failed_refs(self) -> npt.NDArray[np.bool_]:
+        refs = self.refs
+        if refs is None:
+            return np.zeros(0, bool)
+        return ~self.ref_ok | np.isin(refs.pages, self.mismatch)
+
+    def assemble(
+        self,
+        descriptor: TensorDescriptor,
+        buffers: list[U8Array],
+        seq_lens: npt.NDArray[Any] | None,
+        metadata: dict[str, Any],
+    ) -> BlockPagedTensor:
+        """The blob's index arrays checked as ``tensor.assemble`` checks them, then the
+        tensor over the engine's pool with the block table remapped to engine pages."""
+        num_pages = descriptor.layout.num_pages
+        table, starts = checked_indexes(descriptor, buffers, seq_lens, metadata)  # assemble's
+        refs = self.refs
+        sent = np.arange(num_pages) if refs is None else refs.sent_pages(num_pages)
+        remap = np.empty(num_pages, np.int64)
+        remap[sent] = _slots(self.free, 0, sent.size)
+        if refs is not None:
+            failed = self._failed_refs()
+            remap[refs.pages] = self.engine_refs
+            spare = _slots(self.free, sent.size, int(failed.sum()))
+            remap[refs.pages[failed]] = spare if self.report else 0  # raise mode: discarded
+        self.rows, self.sent, self.remap = buffers, sent, remap
+        self.table, self.starts = table, starts
+        engine = _engine_descriptor(self.plans, descriptor, self.pool.num_pages)
+        index = engine.layout.index_dtype
+        scales, zero_points = typed_params(descriptor, buffers)  # per-channel: the blob's
+        if isinstance(descriptor.quantization, PerBlockAffine):  # the engine's per-slot arrays
+            assert self.pool.scales is not None
+            zps = self.pool.zero_points
+            scales = self.pool.scales.reshape(-1)
+            zero_points = None if zps is None else zps.reshape(-1)
+        return BlockPagedTensor._trusted(
+            engine,
+            self.pool.page_pool,
+            remap[table].astype(index) if table.size else np.zeros(0, index),
+            starts if starts.dtype == index else starts.astype(index),
+            scales,
+            zero_points,
+            seq_lens,
+            metadata,
+        )
+
+    def finish(self, tensor: BlockPagedTensor) -> InPlaceReport:
+        """Raise (or, for the report variant, decide what to report) before writing; then
+        write the sent pages into their free pages and zero-fill the failed ones."""
+        refs, sent, free, remap = self.refs, self.sent, self.free, self.remap
+        assert free.size >= sent.size  # _run checked it on the header
+        failed_refs = self._failed_refs()
+        ref_pages = refs.pages if refs is not None else _NONE
+        missing = ref_pages[self.engine_refs < 0] if refs is not None else _NONE
+        corrupt = ref_pages[(self.engine_refs >= 0) & ~self.ref_ok] if refs is not None else _NONE
+        stale = np.unique(self.engine_refs[(self.engine_refs >= 0) & ~self.ref_ok])
+        failed = np.union1d(self.mismatch, ref_pages[failed_refs]).astype(np.int64)
+        positions = self.verdict(self.table, self.starts, failed)
+        short = free.size < sent.size + int(failed_refs.sum())
+        if failed.size and (not self.report or short):
+            raise page_failure(
+                self.mismatch, failed, positions, "blob pages",
+                f"{corrupt.size} referenced page(s) are stale in the engine's pool (engine "
+                f"pages {stale[:16].tolist()} no longer match their digest)" if corrupt.size
+                else None,
+                f"{missing.size} referenced page(s) are not indexed in the engine's pool",
+                "; free_pages has no page left to report them in" if short else "",
+            )  # fmt: skip
+        self._write(failed)
+        written = np.concatenate([remap[sent], remap[ref_pages[failed_refs]]]).astype(np.int64)
+        return InPlaceReport(
+            tensor,
+            np.unique(remap[failed]),
+            positions,
+            np.unique(remap[self.mismatch]),
+            np.unique(remap[missing]),
+            np.unique(remap[corrupt]),
+            self.has_digests,
+            stale,
+            written,
+        )
+
+    def _write(self, failed: IntArray) -> None:
+        """The sent rows into their free pages; every failed page's free page zeroed."""
+        dst = self.pool.records
+        sent, remap = self.sent, self.remap
+        if sent.size:
+            src = page_rows(self.descriptor, self.rows, int(sent.size))
+            slots = remap[sent]
+            for into, rows in ((dst.pool, src.pool), (dst.scales, src.scales),
+                               (dst.zero_points, src.zero_points)):  # fmt: skip
+                if into is not None and rows is not None:
+                    into[slots] = rows
+        if failed.size:
+            for part in (dst.pool, dst.scales, dst.zero_points):
+                if part is not None:
+                    part[remap[failed]] = 0
+
+
+def _sent_pages(plan: Any) -> int:
+    num_pages: int = plan.descriptor.layout.num_pages
+    if plan.page_refs is None:
+        return num_pages
+    refs = refs_count(plan.page_refs.raw_size)
+    assert refs is not None  # the section table refused any other size
+    return num_pages - refs
+
+
+def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
+    """The blob's descriptor and the number of free pages ``decode_in_place`` writes (the
+    pages the blob carries), from its checked header alone: what an engine's allocator
+    needs before the decode (the stream reader's ``in_place`` callback receives both)."""
+    view = byte_view(data)
+    opts = decode_options(limits=limits)
+    plan = header_plan(view, total_length(view, whole=True), opts.limits, opts.plans)
+    return plan.descriptor, _sent_pages(plan)

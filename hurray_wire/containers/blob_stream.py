@@ -15,10 +15,9 @@ from hurray_wire.blob import (
     DecodeReport,
     blob_length,
     encode_parts,
-    peek_in_place,
 )
-from hurray_wire.blob.decoder import Accept, decode_options, run
-from hurray_wire.blob.in_place import land_in_place
+from hurray_wire.blob.decoder import decode_options, landing_target, run
+from hurray_wire.blob.landing import peek_in_place
 from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import Compression
@@ -59,7 +58,6 @@ from hurray_wire.errors import (
 from hurray_wire.integrity import (
     DeltaPlan,
     EngineFingerprint,
-    EnginePoolStore,
     PageStore,
     check_integrity_arguments,
 )
@@ -70,9 +68,9 @@ from hurray_wire.wire import stream as ws
 
 __all__ = ["RecordReader", "StreamReader", "StreamWriter"]
 
-#: ``StreamReader(in_place=...)``: (descriptor, pages the blob carries) -> (the
-#: EnginePoolStore of its layer and role, free page ids for those pages).
-InPlaceTarget = Callable[[TensorDescriptor, int], tuple[EnginePoolStore, Any]]
+#: ``StreamReader(into=...)``: (descriptor, pages the blob carries) -> where its pool lands
+#: (``blob.landing``: ``IntoArray``, ``IntoPages``, ``InPlace`` for those pages).
+Into = Callable[[TensorDescriptor, int], object]
 
 _MAGIC_SIZE = len(ws.STREAM_MAGIC)
 _DEFAULT_HEADER = StreamHeader()  # frozen: one shared default is safe
@@ -342,10 +340,11 @@ class StreamReader(ClosesOnExit):
     before each record so a truncated file is a ``StreamTruncatedError``, not SIGBUS; read
     record by record with ``mmap=False``) or a bytes-like object (read-only views). A cut, a
     corrupt blob or a record over ``max_blob_bytes`` raises, and raises again after.
-    ``page_store``, ``report=True`` (``page_report``), ``in_place`` (each blob into
-    the engine pool the callback names, as ``decode_in_place``; nothing written before every
-    check) and ``expect_fingerprint`` are docs/integrity.md's; ``record_deadline`` (seconds,
-    None for none) bounds each record read from a socket or file-like (``RecordDeadlineError``).
+    ``page_store``, ``report=True`` (``page_report``), ``into`` (each blob's pool lands
+    where the callback says, as ``decode(into=)``: ``InPlace`` into the engine pool;
+    nothing written before every check) and ``expect_fingerprint`` are docs/integrity.md's;
+    ``record_deadline`` (seconds, None for none) bounds each record read from a socket or
+    file-like (``RecordDeadlineError``).
     """
 
     def __init__(
@@ -359,26 +358,21 @@ class StreamReader(ClosesOnExit):
         expect_fingerprint: EngineFingerprint | None = None,
         record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
         mmap: bool = True,
-        in_place: InPlaceTarget | None = None,
+        into: Into | None = None,
         report: bool = False,
     ) -> None:
         check_integrity_arguments(page_store, expect_fingerprint)
         self._report = flag(report, "report")
-        if self._report and in_place is not None:
-            raise ArgumentTypeError("report=True reports failed pages of blobs handed out, "
-                                    "in_place lands them: not both", field="report",
-                                    found=True)  # fmt: skip
         #: ``report=True``: the DecodeReport of the last blob read (its failed
         #: pages by physical id and logical place, as ``decode_report``), else None.
         self.page_report: DecodeReport | None = None
-        if in_place is not None and (not callable(in_place) or page_store is not None):
+        if into is not None and not callable(into):
             raise ArgumentTypeError(
-                "in_place must be a callable (descriptor, pages) -> (EnginePoolStore, "
-                "free_pages), and excludes page_store",
-                field="in_place",
-                found=type(in_place).__name__,
+                "into must be a callable (descriptor, pages) -> a landing target",
+                field="into",
+                found=type(into).__name__,
             )
-        self._in_place = in_place
+        self._into = into
         self._expect = expect_fingerprint
         check_limit("max_blob_bytes", max_blob_bytes, STREAM_HEADER_MIN)
         self._max = max_blob_bytes
@@ -466,8 +460,12 @@ class StreamReader(ClosesOnExit):
 
         try:
             view = byte_view(record)
-            if self._in_place is not None:
-                tensor = self._decode_in_place(view, accept)
+            if self._into is not None:
+                descriptor, pages = peek_in_place(view, limits=self._limits)
+                target = landing_target(self._into(descriptor, pages))
+                tensor, self.page_report = target.land(
+                    view, self._options, report=self._report, accept=accept
+                )
             else:
                 tensor, self.page_report = run(
                     view, self._options, report=self._report, accept=accept
@@ -477,19 +475,6 @@ class StreamReader(ClosesOnExit):
             raise
         self._records.accept(total, tensor.layer_index, tensor.kv_role)
         return tensor
-
-    def _decode_in_place(self, record: memoryview, accept: Accept) -> BlockPagedTensor:
-        assert self._in_place is not None
-        descriptor, pages = peek_in_place(record, limits=self._limits)
-        target = self._in_place(descriptor, pages)
-        if not isinstance(target, tuple) or len(target) != 2:
-            raise ArgumentTypeError(
-                "the in_place callable must return (EnginePoolStore, free_pages)",
-                field="in_place",
-                found=type(target).__name__,
-            )
-        pool, free = target
-        return land_in_place(record, pool, free, self._options, accept=accept).tensor
 
     def close(self) -> None:
         """Release a mapped file (it stays mapped while tensors view it); sockets and file

@@ -16,7 +16,7 @@ from hurray_wire.containers.reference_common import container_error
 from hurray_wire.crc32c import crc32c
 from hurray_wire.errors import ContainerTruncatedError, HurrayWireError, InvalidContainerError
 from hurray_wire.metadata import MetadataValue, decode_metadata
-from hurray_wire.wire import containers as wc
+from hurray_wire.wire import containers as wc, records as wr
 
 __all__ = [
     "FileHeader",
@@ -29,14 +29,28 @@ __all__ = [
     "parse_trailer",
 ]
 
-HEADER = wc.FAST_HRRY_HEADER
-TRAILER = wc.FAST_HRRY_TRAILER
+_HEADER = wr.HRRY_HEADER.raising(InvalidContainerError, ContainerTruncatedError)
+_TRAILER = wr.HRRY_TRAILER.raising(InvalidContainerError, ContainerTruncatedError)
+HEADER = _HEADER.head
+TRAILER = _TRAILER.head
 COUNT = wc.FAST_HRRY_INDEX_COUNT  # entry_count
 ENTRY_FIXED = wc.FAST_HRRY_INDEX_ENTRY_FIXED
 NAME_LENGTH = wc.FAST_HRRY_NAME_LENGTH
 _MIN_ENTRY = NAME_LENGTH.size + 1 + ENTRY_FIXED.size  # a one-byte name
-_HEADER_RESERVED = {HEADER.names[at]: value for at, value in HEADER.consts if at}
-_TRAILER_RESERVED = dict(TRAILER.consts)[TRAILER.names.index("_reserved")]
+#: The header's magic, major version and reserved bytes, checked in this order.
+_HEADER_FIXED = (
+    ("magic", wc.FILE_MAGIC, "bad file magic"),
+    ("container_version_major", 1, "unsupported container major version"),
+    *((HEADER.names[at], zero, "reserved header bytes must be zero")
+      for at, zero in HEADER.consts if at),
+)  # fmt: skip
+#: The trailer's magic first (a cut file or no .hrry file), then its reserved bytes.
+_TRAILER_FIXED = tuple(
+    (name, value, "bad trailer magic (file truncated or not a .hrry file)" if name == "magic"
+     else "reserved trailer bytes must be zero")
+    for name, value in sorted(((TRAILER.names[at], v) for at, v in TRAILER.consts),
+                              key=lambda f: f[0] != "magic")
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -84,13 +98,6 @@ class IndexEntry:
     data_length: int
 
 
-def _field_error(section: str, name: str, message: str, at: int = 0, **details: Any) -> Any:
-    """A header or trailer field (the trailer's starting at ``at``) that breaks a rule."""
-    fixed = HEADER if section == "header" else TRAILER
-    offset = at + fixed.offsets[name]
-    return InvalidContainerError(message, section=section, field=name, offset=offset, **details)
-
-
 def check_alignment(value: object, offset: int | None = None) -> None:
     """§ B.2: data_buffer_alignment is a power of two in 4096 .. 2 MiB."""
     if (
@@ -120,25 +127,10 @@ def parse_header(buf: Any, size: int) -> FileHeader:
             expected=f">= {wc.MIN_FILE_SIZE} bytes",
             found=f"{size} bytes",
         )
-    fields = HEADER.unpack_dict(buf)
-    magic, major = fields["magic"], fields["container_version_major"]
-    if magic != wc.FILE_MAGIC:
-        raise _field_error(
-            "header", "magic", "bad file magic", expected=wc.FILE_MAGIC.hex(" "),
-            found=magic.hex(" "),
-        )  # fmt: skip
-    if major != 1:
-        raise _field_error(
-            "header",
-            "container_version_major",
-            "unsupported container major version",
-            expected=1,
-            found=major,
-        )
-    _check_header_reserved(fields)
+    fields = _HEADER.read_head(buf, _HEADER_FIXED)
     _check_header_layout(fields, size)
     return FileHeader(
-        (major, fields["container_version_minor"]),
+        (fields["container_version_major"], fields["container_version_minor"]),
         fields["file_flags"],
         fields["data_buffer_alignment"],
         fields["first_descriptor_offset"],
@@ -146,27 +138,13 @@ def parse_header(buf: Any, size: int) -> FileHeader:
     )
 
 
-def _check_header_reserved(fields: dict[str, Any]) -> None:
-    for name, zero in _HEADER_RESERVED.items():
-        if fields[name] != zero:
-            raise InvalidContainerError(
-                "reserved header bytes must be zero",
-                section="header",
-                field="_reserved",
-                offset=HEADER.offsets[name],
-            )
-
-
 def _check_header_layout(fields: dict[str, Any], size: int) -> None:
     flags, first = fields["file_flags"], fields["first_descriptor_offset"]
     if flags & ~wc.FILE_FLAGS_KNOWN:
-        raise _field_error(
-            "header", "file_flags", "reserved file_flags bits set", found=f"0x{flags:08X}"
-        )
+        raise _HEADER.error("file_flags", "reserved file_flags bits set", found=f"0x{flags:08X}")
     check_alignment(fields["data_buffer_alignment"], HEADER.offsets["data_buffer_alignment"])
     if first < wc.HEADER_SIZE or first % wc.SECTION_ALIGNMENT or first > size - wc.TRAILER_SIZE:
-        raise _field_error(
-            "header",
+        raise _HEADER.error(
             "first_descriptor_offset",
             "first_descriptor_offset must be >= 64, 8-aligned and inside the file",
             found=first,
@@ -177,27 +155,13 @@ def _check_header_layout(fields: dict[str, Any], size: int) -> None:
 def parse_trailer(buf: Any, size: int, header: FileHeader) -> FileTrailer:
     """The trailer (magic checked before any field is trusted), its bounds, the index CRC."""
     at = size - wc.TRAILER_SIZE
-    values = TRAILER.struct.unpack_from(buf, at)
-    index_offset, index_length, kv_offset, kv_length, crc, reserved, magic = values
-    _check_trailer_frame(at, magic, reserved)
+    fields = _TRAILER.read_head(buf, _TRAILER_FIXED, at=at)
+    names = ("index_offset", "index_length", "kv_offset", "kv_length", "index_crc32c")
+    index_offset, index_length, kv_offset, kv_length, crc = map(fields.__getitem__, names)
     _check_index_bounds(at, index_offset, index_length)
     _check_kv_bounds(at, kv_offset, kv_length, header.has_kv_metadata_flag)
     _check_index_crc(buf, at, index_offset, index_length, crc, header.has_index_crc32c)
     return FileTrailer(index_offset, index_length, kv_offset, kv_length, crc)
-
-
-def _check_trailer_frame(at: int, magic: bytes, reserved: bytes) -> None:
-    if magic != wc.TRAILER_MAGIC:
-        raise _field_error(
-            "trailer",
-            "magic",
-            "bad trailer magic (file truncated or not a .hrry file)",
-            at,
-            expected=wc.TRAILER_MAGIC.hex(" "),
-            found=magic.hex(" "),
-        )
-    if reserved != _TRAILER_RESERVED:
-        raise _field_error("trailer", "_reserved", "reserved trailer bytes must be zero", at)
 
 
 def _check_index_bounds(at: int, index_offset: int, index_length: int) -> None:
@@ -206,11 +170,10 @@ def _check_index_bounds(at: int, index_offset: int, index_length: int) -> None:
         or index_length < COUNT.size
         or index_offset + index_length > at
     ):
-        raise _field_error(
-            "trailer",
+        raise _TRAILER.error(
             "index_offset",
             "index outside the file body",
-            at,
+            base=at,
             expected=f"{wc.HEADER_SIZE} <= index_offset, {COUNT.size} <= index_length, end <= {at}",
             found=f"offset {index_offset}, length {index_length}",
         )
@@ -218,20 +181,18 @@ def _check_index_bounds(at: int, index_offset: int, index_length: int) -> None:
 
 def _check_kv_bounds(at: int, kv_offset: int, kv_length: int, has_kv: bool) -> None:
     if (kv_offset == 0) != (kv_length == 0) or (has_kv and kv_length == 0):
-        raise _field_error(
-            "trailer",
+        raise _TRAILER.error(
             "kv_offset",
             "kv_offset and kv_length must both be 0 (no KV section) or both be set"
             + (", and HAS_KV_METADATA needs a section" if has_kv else ""),
-            at,
+            base=at,
             found=f"offset {kv_offset}, length {kv_length}",
         )
     if kv_length and (kv_offset < wc.HEADER_SIZE or kv_offset + kv_length > at):
-        raise _field_error(
-            "trailer",
+        raise _TRAILER.error(
             "kv_offset",
             "KV section outside the file body",
-            at,
+            base=at,
             expected=f"{wc.HEADER_SIZE} <= kv_offset, end <= {at}",
             found=f"offset {kv_offset}, length {kv_length}",
         )
@@ -243,20 +204,18 @@ def _check_index_crc(
     if has_crc:
         computed = crc32c(np.frombuffer(buf, np.uint8, index_length, index_offset))
         if computed != crc:
-            raise _field_error(
-                "trailer",
+            raise _TRAILER.error(
                 "index_crc32c",
                 "index CRC-32C mismatch",
-                at,
+                base=at,
                 expected=f"0x{computed:08X}",
                 found=f"0x{crc:08X}",
             )
     elif crc != 0:
-        raise _field_error(
-            "trailer",
+        raise _TRAILER.error(
             "index_crc32c",
             "index_crc32c must be 0 when HAS_INDEX_CRC32C is clear ([A21])",
-            at,
+            base=at,
             found=f"0x{crc:08X}",
         )
 

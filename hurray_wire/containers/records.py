@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob import BLOB_PREFIX_SIZE, peek_descriptor
+from hurray_wire.blob import peek_descriptor
 from hurray_wire.blob.limits import DecodeLimits, check_limits_argument
-from hurray_wire.buffers import align, byte_view, check_zero
+from hurray_wire.buffers import byte_view, check_zero
 from hurray_wire.dtypes import ElementType, element_type_from_tag, element_type_of
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -37,10 +37,9 @@ from hurray_wire.integrity import (
 from hurray_wire.metadata import decode_metadata, encode_metadata
 from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import blob as wb, stream as ws
+from hurray_wire.wire import records as wr, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES, LAYER_NONE
-from hurray_wire.wire.fast import item_dtype
-from hurray_wire.wire.seal import checksum_of, seal
+from hurray_wire.wire.fast import item_dtype, item_struct
 
 __all__ = [
     "DEFAULT_MAX_BLOB_BYTES",
@@ -66,15 +65,13 @@ __all__ = [
 
 DEFAULT_MAX_BLOB_BYTES = 4 << 30  # largest record a reader accepts unless told otherwise
 
-_SHEADER = ws.FAST_STREAM_HEADER
-_CHECKSUM = ws.FAST_RECORD_CHECKSUM
-_END = ws.FAST_END_RECORD
+_HEADER = wr.STREAM_HEADER.raising(InvalidStreamError, StreamTruncatedError)
+_END = wr.END_RECORD.raising(InvalidStreamError, StreamTruncatedError)
+_RECORDS = {"stream header": _HEADER, "end record": _END}
 _ENTRY = ws.FAST_END_ENTRY
-_FOOTER = ws.FAST_END_FOOTER
-_PREFIX = ws.FAST_RECORD_PREFIX
-_MAGIC_SIZE = len(ws.STREAM_MAGIC)
+_FOOTER_TOTAL = item_struct(ws.END_FOOTER.total_length)
 _ROLE_CODES = np.array(sorted(KV_ROLE_BY_CODE), np.uint8)
-_MAX_NAME = 0xFFFF  # the model name's u16 length
+_MAX_NAME = _HEADER.head.limit("model_name_length")
 # One index entry as a NumPy record, from the wire struct (offsets and sizes derived).
 _ENTRY_DTYPE = np.dtype(
     {
@@ -85,22 +82,8 @@ _ENTRY_DTYPE = np.dtype(
         "itemsize": _ENTRY.size,
     }
 )
-STREAM_HEADER_MIN = align(_SHEADER.size + _CHECKSUM.size, ws.RECORD_ALIGNMENT)
-END_RECORD_MIN = align(_END.size + _FOOTER.size, ws.RECORD_ALIGNMENT)
-#: The two records besides blobs: magic, struct, smallest total_length.
-_RECORDS = {
-    "stream header": (ws.STREAM_MAGIC, _SHEADER, STREAM_HEADER_MIN),
-    "end record": (ws.END_MAGIC, _END, END_RECORD_MIN),
-}
-_KIND_OF = {wb.BLOB_MAGIC: "blob", ws.STREAM_MAGIC: "stream header", ws.END_MAGIC: "end record"}
-
-
-def _field_error(
-    what: str, name: str, message: str, at: int | None = None, **details: Any
-) -> InvalidStreamError:
-    """A stream header or end record field that breaks a rule, at the struct's offset."""
-    offset = _RECORDS[what][1].offsets[name] if at is None else at
-    return InvalidStreamError(message, section=what, field=name, offset=offset, **details)
+STREAM_HEADER_MIN = _HEADER.minimum
+END_RECORD_MIN = _END.minimum
 
 
 @dataclass(frozen=True)
@@ -131,7 +114,10 @@ class StreamHeader:
             raise InvalidStreamError("model is not encodable as UTF-8", field="model") from None
         if name_length > _MAX_NAME:
             raise InvalidStreamError(
-                "model name too long", field="model", expected="<= 65535 bytes", found=name_length
+                "model name too long",
+                field="model",
+                expected=f"<= {_MAX_NAME} bytes",
+                found=name_length,
             )
         layers = self.num_layers
         if layers is not None and (
@@ -193,37 +179,6 @@ class StreamEntry:
 
 
 # -- framing ---------------------------------------------------------------------------------
-def _record_length(view: memoryview, what: str) -> int:
-    """total_length of a stream header or end record from its 16-byte prefix, checked."""
-    magic, _, minimum = _RECORDS[what]
-    if len(view) < BLOB_PREFIX_SIZE:
-        raise StreamTruncatedError(
-            f"input ends inside the {what} prefix",
-            section=what,
-            offset=len(view),
-            expected=BLOB_PREFIX_SIZE,
-            found=len(view),
-        )
-    found_magic, major, _minor, _flags, total = _PREFIX.struct.unpack_from(view, 0)
-    if found_magic != magic:
-        raise _field_error(
-            what, "magic", f"bad {what} magic", expected=magic.hex(" "), found=found_magic.hex(" ")
-        )
-    if major != 1:
-        raise _field_error(
-            what, "version_major", f"unsupported {what} major version", expected=1, found=major
-        )
-    if total < minimum or total % ws.RECORD_ALIGNMENT:
-        raise _field_error(
-            what,
-            "total_length",
-            f"total_length is not a valid {what} length",
-            expected=f"a multiple of {ws.RECORD_ALIGNMENT}, >= {minimum}",
-            found=total,
-        )
-    return int(total)
-
-
 def check_record_size(total: int, limit: int, what: str, offset: int, why: str = "") -> None:
     """Refuse a record over a reader's limit before anything is allocated for it."""
     if total > limit:
@@ -231,7 +186,7 @@ def check_record_size(total: int, limit: int, what: str, offset: int, why: str =
             f"{what} larger than " + (why or "max_blob_bytes"),
             section=what,
             field="total_length",
-            offset=offset + _PREFIX.offsets["total_length"],
+            offset=offset + wr.PREFIX.offsets["total_length"],
             expected=f"<= {limit}",
             found=total,
         )
@@ -243,14 +198,14 @@ def frame_record(
     """total_length of the stream header or end record whose prefix starts at stream
     ``offset``, checked against ``max_blob_bytes`` and against the longest record
     ``limits`` admit (its metadata or index at the limit), before the record is read."""
-    total = _record_length(byte_view(prefix), what)
+    total = _RECORDS[what].frame(byte_view(prefix))
     check_record_size(total, max_blob_bytes, what, offset)
     if what == "stream header":
-        body = _SHEADER.size + _MAX_NAME + limits.max_metadata_bytes + _CHECKSUM.size
+        longest = _HEADER.total_for(_MAX_NAME + limits.max_metadata_bytes)
     else:
-        body = _END.size + _ENTRY.size * limits.max_stream_entries + _FOOTER.size
+        longest = _END.total_for(_ENTRY.size * limits.max_stream_entries)
     why = "the decode limits admit (DecodeLimits.max_metadata_bytes / max_stream_entries)"
-    check_record_size(total, align(body, ws.RECORD_ALIGNMENT), what, offset, why)
+    check_record_size(total, longest, what, offset, why)
     return total
 
 
@@ -258,9 +213,9 @@ def record_kind(prefix: Any, offset: int, cause: BaseException | None = None) ->
     """What the record whose (up to 16-byte) prefix starts at stream ``offset`` is: "blob" or
     "end record"; a prefix cut short, a stream header past the start and bytes that start no
     record are refused (with ``cause``, the reason the input ended, chained)."""
-    head = bytes(prefix[:_MAGIC_SIZE])
-    kinds = [kind for magic, kind in _KIND_OF.items() if magic.startswith(head)]
-    if kinds and len(prefix) == BLOB_PREFIX_SIZE:
+    head = bytes(prefix[: len(ws.STREAM_MAGIC)])
+    kinds = [r.what for magic, r in wr.RECORDS_BY_MAGIC.items() if magic.startswith(head)]
+    if kinds and len(prefix) == wr.PREFIX.size:
         if kinds[0] == "stream header":
             raise InvalidStreamError(
                 "a stream header may only open the stream", section="stream", offset=offset
@@ -277,43 +232,18 @@ def record_kind(prefix: Any, offset: int, cause: BaseException | None = None) ->
         f"stream ends inside a {kind} prefix" + (f" ({cause!r})" if cause else ""),
         section=kind,
         offset=offset + len(prefix),
-        expected=BLOB_PREFIX_SIZE,
+        expected=wr.PREFIX.size,
         found=len(prefix),
     ) from cause
 
 
-def _whole_record(view: memoryview, total: int, what: str) -> memoryview:
-    if len(view) < total:
-        raise StreamTruncatedError(
-            f"input ends inside the {what}",
-            section=what,
-            offset=len(view),
-            expected=total,
-            found=len(view),
-        )
-    return view[:total]
-
-
-def _check_checksum(view: memoryview, start: int, stored: int, what: str) -> None:
-    computed = checksum_of(view[:start])
-    if computed != stored:
-        raise _field_error(
-            what,
-            "checksum",
-            f"{what} checksum mismatch",
-            at=start,
-            expected=f"0x{computed:016x}",
-            found=f"0x{stored:016x}",
-        )
-
-
-def _check_fixed(what: str, flags: int, known: int, reserved: bytes, name: str) -> None:
+def _check_flags(
+    record: wr.Record, fields: tuple[Any, ...], flags: int, known: int, name: str
+) -> None:
     """A record's flags (only ``known`` bits) and its reserved bytes (zero)."""
-    fixed = _RECORDS[what][1]
     if flags & ~known:
-        raise _field_error(what, name, f"unknown {name} bits set", found=flags)
-    if reserved != fixed.consts[-1][1]:
-        raise _field_error(what, "_reserved", "reserved bytes set")
+        raise record.error(name, f"unknown {name} bits set", found=flags)
+    record.check_consts(fields, skip=1)
 
 
 # -- stream header ---------------------------------------------------------------------------
@@ -326,14 +256,13 @@ def encode_stream_header(header: StreamHeader) -> bytes:
     if header.fingerprint is not None:
         entries.update(fingerprint_to_metadata(header.fingerprint))
     meta = encode_metadata(entries) if entries else b""
-    if len(meta) > 0xFFFF_FFFF:
+    if len(meta) > _HEADER.head.limit("metadata_length"):
         raise InvalidStreamError("stream metadata too long", field="metadata", found=len(meta))
-    body = _SHEADER.size + len(name) + len(meta)
-    total = align(body + _CHECKSUM.size, ws.RECORD_ALIGNMENT)
+    total = _HEADER.total_for(len(name) + len(meta))
     roles = 0
     for role in header.kv_roles:
         roles |= ws.ROLE_BITS[role]
-    fixed = _SHEADER.pack(
+    fixed = _HEADER.head.pack(
         version_major=1,
         version_minor=0,
         stream_flags=ws.STREAM_FLAG_END_RECORD if header.end_record else 0,
@@ -346,8 +275,7 @@ def encode_stream_header(header: StreamHeader) -> bytes:
         model_name_length=len(name),
         metadata_length=len(meta),
     )
-    head = b"".join((fixed, name, meta, bytes(total - _CHECKSUM.size - body)))
-    return seal(head)
+    return _HEADER.close(b"".join((fixed, name, meta)), total)
 
 
 def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> StreamHeader:
@@ -359,43 +287,38 @@ def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> St
     what = "stream header"
     limits = check_limits_argument(limits)
     view = byte_view(data)
-    total = _record_length(view, what)
-    view = _whole_record(view, total, what)
-    (_, _, minor, flags, _, layers, roles, tag, name_length, meta_length, reserved) = (
-        _SHEADER.struct.unpack_from(view, 0)
-    )
+    view = _HEADER.whole(view, _HEADER.frame(view))
+    fields = _HEADER.head.struct.unpack_from(view, 0)
+    (_, _, minor, flags, total, layers, roles, tag, name_length, meta_length, _) = fields
     if meta_length > limits.max_metadata_bytes:
         raise LimitExceededError(
             "stream header metadata larger than the decode limit allows",
             section=what,
             field="metadata_length",
-            offset=_SHEADER.offsets["metadata_length"],
+            offset=_HEADER.at("metadata_length"),
             expected=f"<= {limits.max_metadata_bytes} (DecodeLimits.max_metadata_bytes)",
             found=meta_length,
         )
-    at_checksum = total - _CHECKSUM.size
-    _check_checksum(view, at_checksum, _CHECKSUM.struct.unpack_from(view, at_checksum)[0], what)
-    _check_fixed(what, flags, ws.STREAM_FLAGS_KNOWN, reserved, "stream_flags")
+    spans = _HEADER.spans(total, (("model_name", name_length), ("metadata", meta_length)))
+    body, at_checksum = spans["padding"]
+    _HEADER.check_seal(view, at_checksum)
+    _check_flags(_HEADER, fields, flags, ws.STREAM_FLAGS_KNOWN, "stream_flags")
     if roles & ~sum(ws.ROLE_BITS.values()):
-        raise _field_error(what, "kv_roles", "unknown kv_roles bits set", found=roles)
-    body = _SHEADER.size + name_length + meta_length
+        raise _HEADER.error("kv_roles", "unknown kv_roles bits set", found=roles)
     if body > at_checksum:
-        raise _field_error(
-            what,
+        raise _HEADER.error(
             "metadata_length",
             "model name and metadata extend past total_length",
-            expected=f"<= {at_checksum - _SHEADER.size - name_length}",
+            expected=f"<= {at_checksum - spans['metadata'][0]}",
             found=meta_length,
         )
     if minor == 0:  # a newer minor may append fields here; 1.0 has only padding
         check_zero(view, body, at_checksum, error=InvalidStreamError, section=what)
+    name_at, meta_start = spans["model_name"]
     try:
-        model = bytes(view[_SHEADER.size : _SHEADER.size + name_length]).decode("utf-8")
+        model = bytes(view[name_at:meta_start]).decode("utf-8")
     except UnicodeDecodeError:
-        raise _field_error(
-            what, "model_name", "model name is not valid UTF-8", at=_SHEADER.size
-        ) from None
-    meta_start = _SHEADER.size + name_length
+        raise _HEADER.error("model_name", "model name is not valid UTF-8", name_at) from None
     metadata: dict[str, Any] = {}
     if meta_length:
         metadata = dict(
@@ -415,7 +338,7 @@ def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> St
             element_type = element_type_from_tag(tag)
         except HurrayWireError as exc:
             raise exc.relocated(
-                section=what, field="element_type", offset=_SHEADER.offsets["element_type"]
+                section=what, field="element_type", offset=_HEADER.at("element_type")
             ) from None
     return StreamHeader(
         model=model,
@@ -443,10 +366,9 @@ def _entry_bytes(entries: Sequence[StreamEntry]) -> bytes:
 
 def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> bytes:
     """The end record: end-of-stream marker, blob count and (optionally) the index."""
-    rows = entries if entries is not None and len(entries) <= 0xFFFF_FFFF else []
-    body = _END.size + _ENTRY.size * len(rows)
-    total = align(body + _FOOTER.size, ws.RECORD_ALIGNMENT)
-    fixed = _END.pack(
+    rows = entries if entries is not None and len(entries) <= _END.head.limit("entry_count") else []
+    total = _END.total_for(_ENTRY.size * len(rows))
+    fixed = _END.head.pack(
         version_major=1,
         version_minor=0,
         end_flags=0,
@@ -454,8 +376,7 @@ def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> byt
         blob_count=blob_count,
         entry_count=len(rows),
     )
-    head = b"".join((fixed, _entry_bytes(rows), bytes(total - _FOOTER.size - body)))
-    return head + _FOOTER.pack(checksum=checksum_of(head), total_length=total)
+    return _END.close(fixed + _entry_bytes(rows), total)
 
 
 def decode_end_record(
@@ -487,8 +408,8 @@ def decode_end_rows(
     what = "end record"
     limits = check_limits_argument(limits)
     view = byte_view(data)
-    at_count = _END.offsets["entry_count"]
-    end_count = at_count + _END.sizes["entry_count"]
+    at_count = _END.at("entry_count")
+    end_count = at_count + _END.head.sizes["entry_count"]
     if len(view) >= end_count:  # the index size, before the record is checked or read
         count = int.from_bytes(view[at_count:end_count], "little")
         if count > limits.max_stream_entries:
@@ -500,45 +421,43 @@ def decode_end_rows(
                 expected=f"<= {limits.max_stream_entries} (DecodeLimits.max_stream_entries)",
                 found=count,
             )
-    total = _record_length(view, what)
-    view = _whole_record(view, total, what)
-    _, _, minor, flags, _, blob_count, count, reserved = _END.struct.unpack_from(view, 0)
-    stored, again = _FOOTER.struct.unpack_from(view, total - _FOOTER.size)
+    view = _END.whole(view, _END.frame(view))
+    fields = _END.head.struct.unpack_from(view, 0)
+    _, _, minor, flags, total, blob_count, count, _ = fields
+    spans = _END.spans(total, (("entries", _ENTRY.size * count),))
+    footer, _ = spans["seal"]
+    footer_total = footer + ws.FAST_END_FOOTER.offsets["total_length"]
+    (again,) = _FOOTER_TOTAL.unpack_from(view, footer_total)
     if again != total:
-        raise _field_error(
-            what,
+        raise _END.error(
             "footer.total_length",
             "the footer's total_length disagrees with the prefix",
-            at=total - _FOOTER.size + _FOOTER.offsets["total_length"],
+            footer_total,
             expected=total,
             found=again,
         )
-    _check_checksum(view, total - _FOOTER.size, stored, what)
-    _check_fixed(what, flags, 0, reserved, "end_flags")
-    body = _END.size + _ENTRY.size * count
-    if body + _FOOTER.size > total:
-        raise _field_error(
-            what, "entry_count", "index entries extend past total_length", found=count
-        )
+    _END.check_seal(view, footer)
+    _check_flags(_END, fields, flags, 0, "end_flags")
+    body = spans["padding"][0]
+    if body > footer:
+        raise _END.error("entry_count", "index entries extend past total_length", found=count)
     if count and count != blob_count:
-        raise _field_error(
-            what,
+        raise _END.error(
             "entry_count",
             "the index must list every blob or none",
             expected=blob_count,
             found=count,
         )
     if minor == 0:
-        check_zero(view, body, total - _FOOTER.size, error=InvalidStreamError, section=what)
-    rows = np.frombuffer(view, _ENTRY_DTYPE, count, _END.size)
+        check_zero(view, body, footer, error=InvalidStreamError, section=what)
+    rows = np.frombuffer(view, _ENTRY_DTYPE, count, spans["entries"][0])
     bad = ~np.isin(rows["kv_role"], _ROLE_CODES) | rows["_reserved"].any(axis=1)
     if bad.any():
         number = int(np.argmax(bad))
-        raise _field_error(
-            what,
+        raise _END.error(
             f"entries[{number}]",
             "bad kv_role or reserved bytes in an index entry",
-            at=_END.size + _ENTRY.size * number + _ENTRY.offsets["kv_role"],
+            spans["entries"][0] + _ENTRY.size * number + _ENTRY.offsets["kv_role"],
             found=int(rows["kv_role"][number]),
         )
     return blob_count, (rows if count or not blob_count else None)

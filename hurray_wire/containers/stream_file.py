@@ -10,8 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.blob import DecodeLimits, blob_length
-from hurray_wire.blob.decoder import decode_options, run
-from hurray_wire.blob.landing import land_into
+from hurray_wire.blob.decoder import decode_options, landing_target, run
 from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
 from hurray_wire.containers.blob_stream import RecordReader
@@ -185,11 +184,11 @@ class StreamFile(ClosesOnExit):
         layer_index: int | None,
         kv_role: str | None = None,
         *,
-        page_pool: npt.NDArray[Any] | None = None,
-        one_pass: bool = False,
+        into: object = None,
     ) -> BlockPagedTensor:
-        """The blob for ``{kv_role, layer_index}``, decoded now (and only it); with
-        ``page_pool`` its pool lands in that array (as ``decode_into``, ``one_pass`` too).
+        """The blob for ``{kv_role, layer_index}``, decoded now (and only it); ``into``:
+        where its pool lands (as ``decode(into=)``: ``IntoArray(engine_array)``,
+        ``IntoPages``).
         ``kv_role`` may be left out only when the stream holds one role for that layer (a
         key and a value are never guessed between)."""
         if layer_index is not None and (
@@ -215,7 +214,7 @@ class StreamFile(ClosesOnExit):
                 section="stream",
                 found=f"layer_index {layer_index!r}, kv_role {kv_role!r}",
             )
-        return self.read(entry, page_pool=page_pool, one_pass=one_pass)
+        return self.read(entry, into=into)
 
     def _find(self, layer_index: int | None, kv_role: str) -> StreamEntry | None:
         """The last blob of that key: from the dict once built, else from the index rows."""
@@ -231,13 +230,10 @@ class StreamFile(ClosesOnExit):
             return None
         return entries_of(rows[hits[-1:]])[0]
 
-    def read(
-        self, entry: StreamEntry, *, page_pool: npt.NDArray[Any] | None = None,
-        one_pass: bool = False,
-    ) -> BlockPagedTensor:  # fmt: skip
-        """Decode the blob at ``entry`` and check it is what the index says. With
-        ``page_pool`` the pool lands in that array as :func:`decode_into` lands it
-        (untouched on a refusal unless ``one_pass=True``)."""
+    def read(self, entry: StreamEntry, *, into: object = None) -> BlockPagedTensor:
+        """Decode the blob at ``entry`` and check it is what the index says. ``into``: where
+        its pool lands, as :func:`decode` lands it (untouched on a refusal unless
+        ``IntoArray(..., one_pass=True)``)."""
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
         self._source.require(entry.offset + entry.length, StreamTruncatedError, what)
@@ -259,9 +255,9 @@ class StreamFile(ClosesOnExit):
                 raise InvalidStreamError(
                     "blob total_length differs from the index", section=what, found=entry.length
                 )
-            if page_pool is None:
+            if into is None:
                 return run(byte_view(view), self._options, accept=accept)[0]
-            return land_into(byte_view(view), page_pool, self._options, accept, one_pass is True)
+            return landing_target(into).land(byte_view(view), self._options, accept=accept)[0]
         except HurrayWireError as exc:
             number = next((n for n, e in enumerate(self.entries) if e.offset == entry.offset), -1)
             locate(exc, number, entry.offset, layer=entry.layer_index, role=entry.kv_role)

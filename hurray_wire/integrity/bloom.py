@@ -17,21 +17,20 @@ from hurray_wire.errors import (
     ArgumentTypeError,
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
-    check_head,
     instance,
     non_negative,
 )
 from hurray_wire.integrity.delta import (
     KNOWN,
+    KNOWN_RECORD,
     check_known_checksum,
     encode_known_pages,
     known_pages_head,
 )
 from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.integrity.page_store import PageStore
-from hurray_wire.wire import integrity as w
+from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.digest_records import KNOWN_PAGES
-from hurray_wire.wire.seal import seal
 
 __all__ = [
     "KnownPagesBloom",
@@ -42,7 +41,8 @@ __all__ = [
 ]
 
 _KHEAD = KNOWN_PAGES.head
-_PARAMS = w.FAST_BLOOM_PARAMS
+_BLOOM = wr.BLOOM_PARAMS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
+_PARAMS = _BLOOM.head
 MIN_LOG2_BITS = 6  # 8 bytes
 MAX_LOG2_BITS = 32  # 512 MiB of filter, for 400M pages; the decoder also has max_bytes
 MAX_HASHES = 16
@@ -97,7 +97,7 @@ def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> by
     head = _KHEAD.pack(
         w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_BLOOM, w.DIGEST_ALGORITHM_XXH3_64, values.size
     )
-    return seal(head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes())
+    return KNOWN_RECORD.close(head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes())
 
 
 def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom:
@@ -106,16 +106,8 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
     non_negative(max_bytes, "max_bytes")
     view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_BLOOM)
     at = _KHEAD.size
-    params = check_head(
-        view,
-        _PARAMS,
-        (("_reserved", bytes(6), "reserved bytes must be zero"),),
-        error=InvalidIntegrityRecordError,
-        truncated=IntegrityRecordTruncatedError,
-        section=KNOWN,
-        at=at,
-        what="record ends inside its Bloom parameters",
-    )
+    reserved = (("_reserved", _PARAMS.consts[0][1], "reserved bytes must be zero"),)
+    params = _BLOOM.read_head(view, reserved, at=at, what="record ends inside its Bloom parameters")
     for name, low, high in (("num_hashes", 1, MAX_HASHES),
                             ("log2_bits", MIN_LOG2_BITS, MAX_LOG2_BITS)):  # fmt: skip
         if not low <= params[name] <= high:

@@ -21,7 +21,6 @@ from hurray_wire.errors import (
     LimitExceededError,
     PageDigestError,
     PageStoreMissError,
-    check_head,
     instance,
     non_negative,
 )
@@ -31,16 +30,14 @@ from hurray_wire.integrity.digests import (
     PageRecords,
     check_digest_head,
     digest_array,
-    exact_length,
     logical_positions,
     page_records,
     page_rows,
 )
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import integrity as w
+from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.digest_records import COUNT_MAX, KNOWN_PAGES, PAGE_REFS
-from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
 
 __all__ = [
     "DeltaPlan",
@@ -60,6 +57,9 @@ __all__ = [
 KNOWN = "known_pages"
 REFS = "page_refs"
 _KHEAD = KNOWN_PAGES.head
+#: The known-pages record sealed (wire/records.py), raising this module's errors.
+KNOWN_RECORD = wr.KNOWN_PAGES.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
+_REFS_RECORD = wr.PAGE_REFS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 _RHEAD = PAGE_REFS.head
 
 
@@ -82,7 +82,7 @@ def encode_known_pages(digests: object) -> bytes:
             "too many digests for a u32 count", section=KNOWN, field="count", found=values.size
         )
     head = (w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_SORTED, w.DIGEST_ALGORITHM_XXH3_64)
-    return seal(KNOWN_PAGES.pack(*head, values.size, runs=(values,)))
+    return KNOWN_RECORD.close(KNOWN_PAGES.pack(*head, values.size, runs=(values,)))
 
 
 def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any]]:
@@ -97,30 +97,13 @@ def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any
         ("form", form, "unsupported form" + bloom),
         ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
     )
-    head = check_head(
-        view,
-        _KHEAD,
-        expected,
-        error=InvalidIntegrityRecordError,
-        truncated=IntegrityRecordTruncatedError,
-        section=KNOWN,
-    )
-    return view, head
+    return view, KNOWN_RECORD.read_head(view, expected)
 
 
 def check_known_checksum(view: memoryview, end: int) -> None:
     """The record is exactly ``end`` bytes plus the checksum, and the checksum matches."""
-    exact_length(view, end + SEAL_SIZE, section=KNOWN, base_offset=0, what="body/checksum")
-    stored, computed = unseal(view, end)
-    if stored != computed:
-        raise InvalidIntegrityRecordError(
-            "known-pages checksum mismatch",
-            section=KNOWN,
-            field="checksum",
-            offset=end,
-            found=f"0x{stored:016X}",
-            expected=f"0x{computed:016X}",
-        )
+    KNOWN_RECORD.exact(view, end + KNOWN_RECORD.tail_size, what="body/checksum")
+    KNOWN_RECORD.check_seal(view, end)
 
 
 def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
@@ -222,7 +205,7 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
     limit = non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
     head = check_digest_head(
-        view, _RHEAD, section=REFS, version=w.PAGE_REFS_VERSION, base_offset=base_offset
+        view, _REFS_RECORD, version=w.PAGE_REFS_VERSION, base_offset=base_offset
     )
     count = head["count"]
     if count > limit:
@@ -234,13 +217,7 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
             found=count,
             expected=f"<= num_pages {limit}",
         )
-    exact_length(
-        view,
-        PAGE_REFS.at(count, 2),
-        section=REFS,
-        base_offset=base_offset,
-        what="page ids/digests",
-    )
+    _REFS_RECORD.exact(view, PAGE_REFS.at(count, 2), base=base_offset, what="page ids/digests")
     raw_pages, digests = PAGE_REFS.runs(view, count)
     bad = _first_unsorted(raw_pages)
     if bad is not None:

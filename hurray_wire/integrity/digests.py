@@ -23,13 +23,12 @@ from hurray_wire.errors import (
     IntegrityRecordTruncatedError,
     InvalidIntegrityRecordError,
     PageDigestError,
-    check_head,
     instance,
     non_negative,
 )
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import integrity as w
+from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.digest_records import COUNT_MAX, DIGEST_SECTION
 
 __all__ = [
@@ -53,6 +52,9 @@ IntArray = npt.NDArray[np.int64]
 
 SECTION = "page_digests"
 _HEAD = DIGEST_SECTION.head
+DIGEST_RECORD = wr.DIGEST_SECTION.raising(
+    InvalidIntegrityRecordError, IntegrityRecordTruncatedError
+)
 _xxh3 = xxhash.xxh3_64_intdigest
 U64_MAX = (1 << 64) - 1
 #: Pages of 0 bytes (``num_heads`` or ``head_dim`` 0) a tensor or a blob may have: nothing
@@ -330,45 +332,15 @@ def encode_digest_section(digests: object) -> bytes:
 
 
 def check_digest_head(
-    view: memoryview, head: Any, *, section: str, version: int, base_offset: int
+    view: memoryview, record: wr.Record, *, version: int, base_offset: int
 ) -> dict[str, Any]:
     """Parse and check an 8-byte ``version | algorithm | reserved | count`` head."""
     expected = (
         ("version", version, "unsupported version"),
         ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
-        ("_reserved", bytes(2), "reserved bytes must be zero"),
+        ("_reserved", bytes(record.head.sizes["_reserved"]), "reserved bytes must be zero"),
     )
-    return check_head(
-        view,
-        head,
-        expected,
-        error=InvalidIntegrityRecordError,
-        truncated=IntegrityRecordTruncatedError,
-        section=section,
-        base_offset=base_offset,
-    )
-
-
-def exact_length(
-    view: memoryview, needed: int, *, section: str, base_offset: int, what: str
-) -> None:
-    """Refuse input shorter (truncated) or longer (trailing bytes) than ``needed``."""
-    if len(view) < needed:
-        raise IntegrityRecordTruncatedError(
-            f"record ends inside its {what}",
-            section=section,
-            offset=base_offset + len(view),
-            found=len(view),
-            expected=needed,
-        )
-    if len(view) > needed:
-        raise InvalidIntegrityRecordError(
-            "trailing bytes after the record",
-            section=section,
-            offset=base_offset + needed,
-            found=len(view),
-            expected=needed,
-        )
+    return record.read_head(view, expected, base=base_offset)
 
 
 def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0) -> DigestArray:
@@ -380,7 +352,7 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
     fields = check_digest_head(
-        view, _HEAD, section=SECTION, version=w.DIGEST_SECTION_VERSION, base_offset=base_offset
+        view, DIGEST_RECORD, version=w.DIGEST_SECTION_VERSION, base_offset=base_offset
     )
     count = fields["count"]
     if count != num_pages:
@@ -392,9 +364,7 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
             found=count,
             expected=num_pages,
         )
-    exact_length(
-        view, DIGEST_SECTION.at(count, 1), section=SECTION, base_offset=base_offset, what="digests"
-    )
+    DIGEST_RECORD.exact(view, DIGEST_SECTION.at(count, 1), base=base_offset, what="digests")
     (digests,) = DIGEST_SECTION.runs(view, count)
     return digests.astype(np.uint64, copy=False)
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hurray_wire._interop import engine_array
 from hurray_wire.errors import ArgumentTypeError, PageStoreError
 from hurray_wire.integrity.digests import (
     DigestArray,
@@ -21,35 +22,7 @@ from hurray_wire.integrity.digests import (
 )
 from hurray_wire.integrity.page_store import PageStore, check_record, held, sorted_digests
 
-__all__ = ["EnginePoolStore", "engine_array", "page_id_array"]
-
-
-def engine_array(value: object, name: str) -> npt.NDArray[Any]:
-    """One of the engine's arrays: a writable, C-contiguous NumPy array of plain data (it is
-    written in place, so nothing that would make a copy is accepted: pass ``t.numpy()`` for
-    a CPU torch tensor). The one check of every landing target (decode_into, in place,
-    NIXL's expected arrays)."""
-    if not isinstance(value, np.ndarray):
-        raise ArgumentTypeError(
-            f"{name} must be the engine's NumPy array (written in place, never copied)",
-            field=name,
-            found=type(value).__name__,
-        )
-    if value.dtype.hasobject or value.dtype.fields is not None:
-        raise ArgumentTypeError(f"{name} must hold plain data", field=name, found=str(value.dtype))
-    if not value.flags.c_contiguous:
-        raise ArgumentTypeError(
-            f"{name} must be C-contiguous",
-            field=name,
-            found=f"contiguous False, strides {value.strides}",
-        )
-    if not value.flags.writeable:
-        raise ArgumentTypeError(
-            f"{name} must be writable (new pages are written into it)",
-            field=name,
-            found="a read-only array",
-        )
-    return value
+__all__ = ["EnginePoolStore", "page_id_array"]
 
 
 def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = False) -> IntArray:

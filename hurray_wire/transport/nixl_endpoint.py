@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from hurray_wire._interop import engine_array
 from hurray_wire.containers.io import ClosesOnExit
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
-from hurray_wire.integrity.pool_store import engine_array
 from hurray_wire.transport.records import (
     Segment,
     TransferRecord,

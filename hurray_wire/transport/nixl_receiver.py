@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -14,7 +15,7 @@ import numpy.typing as npt
 from hurray_wire.blob import DecodeLimits, blob_length
 from hurray_wire.blob.decoder import Accept, Decoder, decode_options, plan_of, run
 from hurray_wire.blob.envelope import pool_section
-from hurray_wire.blob.in_place import land_in_place
+from hurray_wire.blob.landing import InPlace, IntoArray, IntoPages
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError, flag
 from hurray_wire.integrity import (
@@ -31,7 +32,6 @@ from hurray_wire.transport.nixl_endpoint import (
     PEER_READ_NAP,
     T,
     _Arena,
-    _bytes_of,
     _call,
     _deadline,
     _Endpoint,
@@ -40,15 +40,6 @@ from hurray_wire.transport.nixl_endpoint import (
     _origin,
     _pieces,
     _region_bytes,
-)
-from hurray_wire.transport.nixl_pages import (
-    PageLanding,
-    check_target,
-    engine_tensor,
-    gather_pages,
-    land_pool,
-    page_landing,
-    page_segments,
 )
 from hurray_wire.transport.records import (
     MAX_HEADER_BYTES,
@@ -66,12 +57,11 @@ class _Incoming:
 
     offer: TransferRecord
     landing: int  # arena offset of the bytes that are not READ apart (split)
-    target: PageLanding | None = None  # what expect() named: the engine array or its pages
+    target: IntoArray | IntoPages | InPlace | None = None  # what expect*() named
     split: bool = False  # its raw pool is READ apart: into staging, or with one_pass the target
     segments: tuple[Segment, ...] = ()
     xfers: list[Any] = field(default_factory=list)
     head_posted: bool = False  # the header is in place (whole READ, or the ready record)
-    in_place: tuple[EnginePoolStore, Any] | None = None  # expect_in_place's pool_store, free
     landed: bool = False
     started: bool = False  # its transfer posted (offers wait in a queue until then)
     write_at: int | None = None  # WRITE: where the peer writes it in the write region
@@ -135,8 +125,7 @@ class NixlReceiver(_Endpoint):
         self.page_store = page_store
         self.expect_fingerprint = expect_fingerprint
         self.session: int | None = None
-        self._pools: dict[tuple[int, str], PageLanding] = {}
-        self._in_place: dict[tuple[int, str], tuple[EnginePoolStore, Any]] = {}
+        self._targets: dict[tuple[int, str], IntoArray | IntoPages | InPlace] = {}
         self._in: dict[tuple[int, str], _Incoming] = {}
         # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
         # of the GIL), while this thread keeps the later transfers moving.
@@ -187,21 +176,22 @@ class NixlReceiver(_Endpoint):
         leaves the bytes the peer sent in the pool's pages, and the rest untouched."""
         key = _checked_key(layer, role)
         one_pass = flag(one_pass, "one_pass")
-        if key in self._in_place:
+        if isinstance(self._targets.get(key), InPlace):
             raise ArgumentTypeError("this blob is already expected in place",
                                     field="layer", found=f"{layer} {role}")  # fmt: skip
-        flat = _bytes_of(page_pool, "page_pool")
+        target: IntoArray | IntoPages = (
+            IntoArray(page_pool, one_pass)
+            if page_ids is None
+            else IntoPages(page_pool, page_ids, one_pass)
+        )
+        flat = target.flat
         if one_pass and not self._registered(int(flat.ctypes.data), flat.nbytes):
             raise TransportError("with one_pass=True, page_pool is in registered memory",
                                  layer=layer, role=role)  # fmt: skip
-        if page_ids is None:
-            landing = PageLanding(flat, array=page_pool, one_pass=one_pass)
-        else:
-            landing = page_landing(page_pool, flat, page_ids, one_pass)
         own = [r.buf for r in (self._arena, self._write, self._staging) if r is not None]
-        others = [v for k, v in self._pools.items() if k != key]
+        others = [v for k, v in self._targets.items() if k != key and not isinstance(v, InPlace)]
         if any(np.may_share_memory(flat, buf) for buf in own) or any(
-            landing.overlaps(other) for other in others
+            _overlaps(target, other) for other in others
         ):
             raise ArgumentTypeError("page_pool overlaps the receiver's own memory or the "
                                     "pages another expected blob lands on", field="page_pool",
@@ -209,7 +199,7 @@ class NixlReceiver(_Endpoint):
         if not one_pass and self._staging is None:
             self._staging = _Arena(self._staging_bytes)
             self.register(self._staging.buf)
-        self._pools[key] = landing
+        self._targets[key] = target
 
     def expect_in_place(
         self, layer: int, role: str, pool_store: EnginePoolStore, free_pages: Any
@@ -220,13 +210,11 @@ class NixlReceiver(_Endpoint):
         pool. The delta protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
         pool_store.digests())`` first, and the sender publishes with ``known_pages`` (staged)."""
         key = _checked_key(layer, role)
-        if not isinstance(pool_store, EnginePoolStore):
-            raise ArgumentTypeError("pool_store must be an EnginePoolStore", field="pool_store",
-                                    found=type(pool_store).__name__)  # fmt: skip
-        if key in self._pools:
+        target = InPlace(pool_store, free_pages)
+        if key in self._targets and not isinstance(self._targets[key], InPlace):
             raise ArgumentTypeError("this blob is already expected in a page_pool",
                                     field="layer", found=f"{layer} {role}")  # fmt: skip
-        self._in_place[key] = (pool_store, free_pages)
+        self._targets[key] = target
 
     def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
         """Yield ``count`` tensors in the order they land (each decoded and validated).
@@ -370,11 +358,12 @@ class NixlReceiver(_Endpoint):
     def _land(self, r: TransferRecord) -> _Incoming:
         """Choose where each byte of an offered blob lands (our segments)."""
         assert r.layer is not None and r.role is not None
-        target = self._pools.pop((r.layer, r.role), None)
-        if target is not None and r.pool_length and target.nbytes != r.pool_length:
+        target = self._targets.pop((r.layer, r.role), None)
+        apart = None if isinstance(target, InPlace) else target  # a pool READ apart, or not
+        if apart is not None and r.pool_length and apart.nbytes != r.pool_length:
             raise TransportError("offered page pool size differs from the engine's array"
-                                 + ("" if target.page_ids is None else " pages at page_ids"),
-                                 layer=r.layer, role=r.role, expected=target.nbytes,
+                                 + (" pages at page_ids" if isinstance(apart, IntoPages) else ""),
+                                 layer=r.layer, role=r.role, expected=apart.nbytes,
                                  found=r.pool_length)  # fmt: skip
         head = r.segments[0].length  # not ready: the header, which the ready record carries
         if not r.ready and (head > MAX_HEADER_BYTES or (r.pool_length and head > r.pool_offset)):
@@ -389,7 +378,7 @@ class NixlReceiver(_Endpoint):
                                  role=r.role)  # fmt: skip
         # A WRITE blob is copied out of the write region whole, then landed as a
         # compressed pool is: checked first, then copied into the engine's memory.
-        split = target is not None and r.pool_length > 0 and not r.write
+        split = apart is not None and r.pool_length > 0 and not r.write
         own = r.total_length - r.pool_length if split else r.total_length
         start = self._arena.take(own)
         if start is None:
@@ -397,8 +386,7 @@ class NixlReceiver(_Endpoint):
                                  layer=r.layer, role=r.role,
                                  expected=f"<= {len(self._arena.buf)}",
                                  found=own)  # fmt: skip
-        in_place = self._in_place.pop((r.layer, r.role), None)
-        return _Incoming(r, start, target, split, in_place=in_place)
+        return _Incoming(r, start, target, split)
 
     def _segments(self, item: _Incoming) -> bool:
         """Where each byte of an offered READ blob lands (our segments): the arena, and
@@ -407,7 +395,7 @@ class NixlReceiver(_Endpoint):
         r = item.offer
         base = int(self._arena.buf.ctypes.data) + item.landing
         target = item.target
-        if target is None or not item.split:
+        if target is None or isinstance(target, InPlace) or not item.split:
             item.segments = (Segment(0, r.total_length, base),)
             return True
         end = r.pool_offset + r.pool_length
@@ -422,8 +410,12 @@ class NixlReceiver(_Endpoint):
             item.staged_at = at
             address = int(self._staging.buf.ctypes.data) + at
             segments.append(Segment(r.pool_offset, r.pool_length, address))
-        elif target.page_ids is not None:
-            segments += page_segments(target, r.pool_offset)
+        elif isinstance(target, IntoPages):  # one NIXL descriptor per run of consecutive ids
+            size, ids, at = target.page_bytes, target.ids, int(target.flat.ctypes.data)
+            segments += [
+                Segment(r.pool_offset + first * size, count * size, at + int(ids[first]) * size)
+                for first, count in target.runs()
+            ]
         else:
             segments.append(Segment(r.pool_offset, r.pool_length, int(target.flat.ctypes.data)))
         if end < r.total_length:
@@ -495,24 +487,15 @@ class NixlReceiver(_Endpoint):
                 raise TransportError("the blob is not the one offered", layer=r.layer,
                                      role=r.role, found=f"layer {tensor.layer_index} "
                                      f"{tensor.kv_role}")  # fmt: skip
-            if target is not None:
-                check_target(tensor, target, r.layer, r.role)
 
         view = memoryview(land[: r.total_length].data)
-        if item.in_place is not None:
-            pool, free = item.in_place
-            return land_in_place(view, pool, free, opts, accept=accept).tensor
-        if item.split:
-            tensor = self._decode_split(item, land, opts, accept)
-        else:
-            tensor = run(view, opts, accept=accept)[0]
         if target is None:
-            return tensor
-        # Every check passed: the pool into the engine's memory (unless NIXL READ it
-        # there, one_pass), and the tensor over the engine's array.
-        if not (item.split and target.one_pass):
-            land_pool(target, tensor.page_pool, r.layer, r.role)
-        return engine_tensor(tensor, target, r.layer, r.role)
+            return run(view, opts, accept=accept)[0]
+        if item.split:
+            return self._decode_split(item, land, opts, accept)
+        if not isinstance(target, InPlace) and target.one_pass:  # decoded here: not placed
+            target = dataclasses.replace(target, one_pass=False)
+        return target.land(view, opts, accept=accept)[0]
 
     def _decode_split(self, item: _Incoming, land: _U8, opts: Decoder, accept: Accept) -> Any:
         """Decode a blob whose page pool landed apart (staging, or the engine's memory
@@ -538,12 +521,18 @@ class NixlReceiver(_Endpoint):
                                  role=r.role, expected=f"{e.offset}+{e.stored_size}",
                                  found=f"{r.pool_offset}+{r.pool_length}")  # fmt: skip
         target = item.target
-        assert target is not None
+        assert isinstance(target, (IntoArray, IntoPages))
         if item.staged_at is not None and self._staging is not None:
             landed = self._staging.buf[item.staged_at : item.staged_at + r.pool_length]
         else:  # one_pass: where NIXL placed it (in blob page order)
-            landed = target.flat if target.page_ids is None else gather_pages(target)
-        return run(view, opts, accept=accept, plan=plan, pool=landed)[0]
+            landed = target.flat if isinstance(target, IntoArray) else target.gathered()
+        placed = target.one_pass
+        return target.land(view, opts, accept=accept, pool=landed, placed=placed)[0]
+
+
+def _overlaps(a: IntoArray | IntoPages, b: IntoArray | IntoPages) -> bool:
+    """Whether two landings write a common byte."""
+    return any(x < w and v < y for x, y in a.spans() for v, w in b.spans())
 
 
 def _checked_key(layer: object, role: object) -> tuple[int, str]:

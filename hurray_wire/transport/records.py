@@ -16,7 +16,6 @@ from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
 from hurray_wire.wire import transfer as w
 from hurray_wire.wire.blob import BLOB_ALIGNMENT
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
-from hurray_wire.wire.seal import SEAL_SIZE, seal, unseal
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -31,16 +30,15 @@ __all__ = [
 
 MAX_SEGMENTS = 256  # far above what one blob needs (header, pool, index arrays, padding)
 MAX_REASON_BYTES = 1024
-MAX_HEADER_BYTES = 0xFFFF  # a ready record's blob header (the u16 tail_length)
 ROLE_CODES = KV_ROLES  # the descriptor's codes (wire/descriptor.py): one role map
 # construct parsing costs ~50 us per struct: the hot path unpacks the derived struct.Struct
-# formats (wire/fast.py), checking the Const fields by hand.
-_RECORD = w.FAST_TRANSFER_RECORD
+# formats (wire/fast.py); the record (wire/records.py) checks its Const fields and its seal.
+_TRANSFER = w.TRANSFER.raising(InvalidTransferRecordError, InvalidTransferRecordError)
+_RECORD = _TRANSFER.head
 _SEG = w.FAST_TRANSFER_SEGMENT
-_FIXED = _RECORD.size  # 64
 _SEGMENT = _SEG.size  # 32
-_CHECKSUM = SEAL_SIZE
 _AT = _RECORD.offsets
+MAX_HEADER_BYTES = _RECORD.limit("tail_length")  # a ready record's blob header
 _SEGMENT_RESERVED_AT = _SEG.offsets["_reserved"]
 _U64_MAX = (1 << 64) - 1
 _ALIGNMENT = BLOB_ALIGNMENT  # blob total_length and section offsets are multiples of it
@@ -198,7 +196,7 @@ def encode_record(record: TransferRecord) -> bytes:
     if not isinstance(record, TransferRecord):
         raise ArgumentTypeError("expected a TransferRecord", found=type(record).__name__)
     tail = record.header or record.reason.encode("utf-8")
-    length = _FIXED + _SEGMENT * len(record.segments) + len(tail) + _CHECKSUM
+    length = _TRANSFER.total_for(_SEGMENT * len(record.segments) + len(tail))
     pieces = [
         _RECORD.pack(
             w.RECORD_VERSION,
@@ -219,39 +217,29 @@ def encode_record(record: TransferRecord) -> bytes:
     for s in record.segments:  # Const fields (magic, reserved bytes) fill themselves in
         pieces.append(_SEG.pack(s.blob_offset, s.length, s.address, s.device_id))
     pieces.append(tail)
-    return seal(b"".join(pieces))
+    return _TRANSFER.close(b"".join(pieces))
 
 
 def decode_record(data: Any) -> TransferRecord:
     """Parse and validate one record that must fill ``data`` exactly."""
     raw = bytes(byte_view(data, "record"))
-    if len(raw) < _FIXED + _CHECKSUM:
+    if len(raw) < _TRANSFER.minimum:
         raise InvalidTransferRecordError(
             "record shorter than its fixed part and checksum",
             section="transfer record",
             offset=len(raw),
-            expected=_FIXED + _CHECKSUM,
+            expected=_TRANSFER.minimum,
             found=len(raw),
         )
     head = _RECORD.struct.unpack_from(raw)
-    for position, expected_bytes in _RECORD.consts:
-        if head[position] != expected_bytes:
-            name = _RECORD.names[position]
-            at = _RECORD.offsets[name]
-            raise InvalidTransferRecordError(
-                "bad magic" if name == "magic" else "reserved bytes must be zero",
-                section="transfer record",
-                field="magic" if name == "magic" else "_reserved",
-                offset=at,
-                found=head[position].hex(" "),
-            )
+    _TRANSFER.check_consts(head)
     (_, major, _, kind, flags, record_length, session, layer, role, _, total, pool_offset,
      pool_length, segment_count, tail_length, _) = head  # fmt: skip
     if major != w.RECORD_VERSION:
         _bad("unsupported transfer record version: the peer runs another hurray-wire "
              "release (version 2 carries the blob header in the ready record)",
              "version_major", major, w.RECORD_VERSION, offset=_AT["version_major"])  # fmt: skip
-    expected = _FIXED + _SEGMENT * segment_count + tail_length + _CHECKSUM
+    expected = _TRANSFER.total_for(_SEGMENT * segment_count + tail_length)
     if record_length != len(raw) or expected != len(raw):
         raise InvalidTransferRecordError(
             "record_length disagrees with the bytes received or with the counts",
@@ -261,16 +249,9 @@ def decode_record(data: Any) -> TransferRecord:
             expected=f"{len(raw)} (received) == {expected} (counts)",
             found=record_length,
         )
-    stored, computed = unseal(memoryview(raw), len(raw) - _CHECKSUM)
-    if stored != computed:
-        raise InvalidTransferRecordError(
-            "record checksum mismatch",
-            section="transfer record",
-            field="checksum",
-            offset=len(raw) - _CHECKSUM,
-            expected=f"0x{computed:016x}",
-            found=f"0x{stored:016x}",
-        )
+    spans = _TRANSFER.spans(len(raw), (("segments", _SEGMENT * segment_count),
+                                       ("tail", tail_length)))  # fmt: skip
+    _TRANSFER.check_seal(memoryview(raw), spans["seal"][0])
     if kind not in w.RECORD_KINDS:
         _bad("unknown record kind", "kind", kind, sorted(w.RECORD_KINDS), offset=_AT["kind"])
     if flags & ~w.RECORD_FLAGS_KNOWN:
@@ -284,19 +265,19 @@ def decode_record(data: Any) -> TransferRecord:
         _bad("segment count out of range", "segment_count", segment_count,
              f"<= {MAX_SEGMENTS}", offset=at)  # fmt: skip
     segments = []
+    first, start = spans["segments"]
     for k, (blob_offset, length, address, device_id, reserved) in enumerate(
-        _SEG.struct.iter_unpack(raw[_FIXED : _FIXED + _SEGMENT * segment_count])
+        _SEG.struct.iter_unpack(raw[first:start])
     ):
         if any(reserved):
             raise InvalidTransferRecordError(
                 "reserved bytes must be zero",
                 section="transfer record",
                 field=f"segment[{k}]._reserved",
-                offset=_FIXED + _SEGMENT * k + _SEGMENT_RESERVED_AT,
+                offset=first + _SEGMENT * k + _SEGMENT_RESERVED_AT,
             )
         segments.append(Segment(blob_offset, length, address, device_id))
-    start = _FIXED + _SEGMENT * segment_count
-    tail = raw[start : start + tail_length]
+    tail = raw[slice(*spans["tail"])]
     reason = ""
     if kind != w.KIND_READY:
         try:

@@ -33,13 +33,22 @@ import numpy.typing as npt
 import xxhash
 
 from hurray_wire._interop import consecutive
-from hurray_wire.adapters import _vllm_forms as forms, from_vllm, into_vllm
+from hurray_wire.adapters import _vllm_forms as forms, from_vllm
 from hurray_wire.adapters._common import array
 from hurray_wire.adapters.vllm import fp8_view
+from hurray_wire.adapters.vllm_landing import checked_write
 from hurray_wire.errors import HurrayWireError, InvalidTensorError
 from hurray_wire.vllm.params import one_sequence, sequence_pages
 
-__all__ = ["CacheForm", "kernel_ids", "layer_scales", "learn", "roles_of_layout", "scales_digest"]
+__all__ = [
+    "CacheForm",
+    "kernel_ids",
+    "land_layers",
+    "layer_scales",
+    "learn",
+    "roles_of_layout",
+    "scales_digest",
+]
 
 Pages = npt.NDArray[Any]
 PAIR = ("key", "value")
@@ -154,6 +163,18 @@ class CacheForm:
         every check before the first byte, only the valid tokens written. ``scales``: the
         layer's fp8 scales, which the prefill engine's equal (``scales_digest`` is in both
         fingerprints)."""
+        self.checked(pages, num_tokens, cache, block_ids, scales)()
+
+    def checked(
+        self,
+        pages: Sequence[Pages],
+        num_tokens: int,
+        cache: Any,
+        block_ids: Sequence[int],
+        scales: tuple[float | None, float | None] = (None, None),
+    ) -> Callable[[], None]:
+        """Every check of :meth:`write`, nothing written: the write, for the connector to
+        run once every layer of a transfer passed (``vllm_landing.checked_write``)."""
         needed = -(-num_tokens // self.kernel_block_size)  # kernel blocks holding the tokens
         kernel = [p.reshape(-1, self.kernel_block_size, *p.shape[2:])[:needed] for p in pages]
         tensors = tuple(
@@ -162,13 +183,29 @@ class CacheForm:
         )
         k_scale, v_scale = scales
         target = tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
-        into_vllm(target, cache, [list(block_ids)], k_scale=k_scale, v_scale=v_scale,
-                  **self._kw())  # fmt: skip
+        return checked_write(target, cache, [list(block_ids)], k_scale=k_scale,
+                             v_scale=v_scale, **self._kw())  # fmt: skip
 
     def check(self, cache: Any) -> None:
         """Read nothing from ``cache`` with the adapter's rules: every refusal it would
         give later (backend, shape, dtype, layout, ISA) given now."""
         from_vllm(cache, [[]], [0], kv_cache_layout=self.layout, **self._kw())
+
+
+def land_layers(
+    form: CacheForm,
+    layers: Sequence[tuple[Any, Sequence[Pages], tuple[float | None, float | None]]],
+    num_tokens: int,
+    block_ids: Sequence[int],
+) -> None:
+    """A transfer's pages landed in host caches, transfer-atomically: ``layers`` holds per
+    layer ``(cache, pages per role, fp8 scales)``; every check of every layer
+    (``CacheForm.checked``) passes before the first block is written, so a refusal at the
+    last layer leaves every layer's blocks as they were."""
+    writes = [form.checked(pages, num_tokens, cache, block_ids, scales)
+              for cache, pages, scales in layers]  # fmt: skip
+    for write in writes:
+        write()
 
 
 def _refuse(message: str, **kw: Any) -> InvalidTensorError:

@@ -36,6 +36,7 @@ from hurray_wire.vllm.backends import (
     PAIR,
     CacheForm,
     kernel_ids,
+    land_layers,
     layer_scales,
     learn,
     scales_digest,
@@ -507,10 +508,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         tokens = pages.num_tokens
         layers = list(zip(self._caches, pages.layers, self._scales, strict=True))
         if not needs_staging(self._caches[0]):
-            # The one validated landing (CacheForm.write: into_vllm): every check before
-            # the first byte is written, only the pages' valid tokens.
-            for cache, roles, scales in layers:
-                form.write(roles, tokens, cache, targets, scales)
+            land_layers(form, layers, tokens, targets)  # transfer-atomic: every check first
             return
         # A device cache: each layer's target blocks staged on the host and written there
         # (every check), then, once every layer passed, one host-to-device copy each.

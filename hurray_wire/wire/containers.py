@@ -32,6 +32,7 @@ __all__ = [
     "KV_BYTES",
     "KV_FLOAT64",
     "KV_INT64",
+    "KV_LEAST_PAYLOAD",
     "KV_SCALAR_PAYLOADS",
     "KV_STRING",
     "KV_TAG_NAMES",
@@ -156,6 +157,12 @@ KV_SCALAR_PAYLOADS = {
     KV_FLOAT64: c.Float64l,
     KV_BOOL: KvBool,
     KV_BYTES: KvBytes,
+}
+#: The fewest payload bytes of each scalar tag (a length-prefixed one: its length alone):
+#: what a decoder multiplies a claimed count by before it trusts the count.
+KV_LEAST_PAYLOAD = {
+    tag: getattr(payload, "lengthfield", payload).sizeof()
+    for tag, payload in KV_SCALAR_PAYLOADS.items()
 }
 # Tag 07: one element tag, a count, then untagged payloads back to back.
 KvArray = c.Struct(

@@ -24,7 +24,6 @@ __all__ = ["DIGEST_SECTION", "ITEM_DTYPE", "KNOWN_PAGES", "PAGE_REFS", "DigestRe
 ITEM_DTYPE = item_dtype(w.DIGEST_ITEM)  # one digest or page id on the wire
 ITEM_SIZE: int = w.DIGEST_ITEM.sizeof()
 _ITEM = np.dtype(ITEM_DTYPE)
-COUNT_MAX: int = (1 << 8 * w.DIGEST_SECTION_HEADER.count.sizeof()) - 1  # a u32 count
 
 
 @dataclass(frozen=True)
@@ -65,5 +64,6 @@ class DigestRecord:
 
 
 DIGEST_SECTION = DigestRecord(derive(w.DIGEST_SECTION_HEADER), 1)
+COUNT_MAX = DIGEST_SECTION.head.limit("count")  # a u32 count
 PAGE_REFS = DigestRecord(derive(w.PAGE_REFS_HEADER), 2)
 KNOWN_PAGES = DigestRecord(derive(w.KNOWN_PAGES_HEADER), 1)

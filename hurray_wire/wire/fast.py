@@ -18,7 +18,20 @@ from typing import Any
 
 import construct as c
 
-__all__ = ["FastStruct", "array_struct", "derive", "item_dtype", "item_struct", "offset_of"]
+__all__ = [
+    "FastStruct",
+    "align",
+    "array_struct",
+    "derive",
+    "item_dtype",
+    "item_struct",
+    "offset_of",
+]
+
+
+def align(value: int, alignment: int) -> int:
+    """``value`` rounded up to a multiple of ``alignment`` (a positive integer)."""
+    return -(-value // alignment) * alignment
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,10 @@ class FastStruct:
     @property
     def size(self) -> int:
         return self.struct.size
+
+    def limit(self, name: str) -> int:
+        """The largest value unsigned field ``name`` holds (a length or count's maximum)."""
+        return (1 << 8 * self.sizes[name]) - 1
 
     def unpack_dict(self, buffer: Any, offset: int = 0) -> dict[str, Any]:
         """The fields at ``offset`` by name (for cold paths: dumps, reports)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import construct as c
 
 from hurray_wire.wire.fast import derive
+from hurray_wire.wire.records import Record
 
 __all__ = [
     "FAST_TRANSFER_RECORD",
@@ -33,6 +34,7 @@ __all__ = [
     "RECORD_KINDS",
     "RECORD_VERSION",
     "ROLE_NONE",
+    "TRANSFER",
     "TRANSFER_MAGIC",
     "TRANSFER_RECORD",
     "TRANSFER_SEGMENT",
@@ -104,3 +106,5 @@ PROMPT_TOKEN_ITEM = c.Int64sl
 # packing with the Const fields filled in. Other modules use these, never derive their own.
 FAST_TRANSFER_RECORD = derive(TRANSFER_RECORD)
 FAST_TRANSFER_SEGMENT = derive(TRANSFER_SEGMENT)
+#: The whole record (wire/records.py): its seal, its parts' places.
+TRANSFER = Record("transfer record", FAST_TRANSFER_RECORD, derive(RECORD_CHECKSUM))
