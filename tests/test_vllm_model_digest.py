@@ -59,6 +59,20 @@ def test_the_file_cache_serves_a_restart(checkpoint: Path) -> None:
     assert md.checkpoint_digest(checkpoint, CONFIG) == first
 
 
+def test_the_memory_memo_keeps_the_most_recent_files(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(md, "MAX_FILES", 2)
+    md._memo.clear()
+    paths = [checkpoint / "model-1.safetensors", checkpoint / "sub" / "model-2.bin"]
+    paths.append(checkpoint / "config.json")  # any file digests; three of them
+    digests = [md.file_digest(path) for path in paths]
+    assert len(md._memo) == 2 and list(md._memo.values()) == digests[1:]
+    assert md.file_digest(paths[1]) == digests[1]  # a hit moves to the most recent end
+    assert list(md._memo.values()) == [digests[2], digests[1]]
+    assert md.file_digest(paths[0]) == digests[0]  # hashed again: the same digest
+
+
 def test_config_only_and_bad_mode() -> None:
     assert md.checkpoint_digest(None, CONFIG) == md.checkpoint_digest(None, dict(CONFIG))
     assert md.checkpoint_digest(None, CONFIG) != md.checkpoint_digest(None, {"hidden_size": 1})

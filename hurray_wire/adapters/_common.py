@@ -9,7 +9,7 @@ import numpy.typing as npt
 
 from hurray_wire._interop import as_numpy, is_torch, numpy_to_torch
 from hurray_wire.dtypes import element_type_of
-from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError, flag
 from hurray_wire.tensor import BlockPagedTensor
 
 Array = npt.NDArray[Any]
@@ -78,10 +78,10 @@ def from_table(
             expected=len(lens),
         )
     if isinstance(block_table, np.ndarray) and block_table.ndim == 2:
-        table, width = block_table, block_table.shape[1]
-        if table.dtype.kind not in "iu" and table.size:
+        width = block_table.shape[1]
+        if block_table.dtype.kind not in "iu" and block_table.size:
             raise IndexBufferError(
-                f"{name} must hold integers", field=name, found=f"dtype {table.dtype}"
+                f"{name} must hold integers", field=name, found=f"dtype {block_table.dtype}"
             )
         if len(need) and int(need.max()) > width:
             seq = int(np.argmax(need > width))
@@ -92,42 +92,25 @@ def from_table(
                 found=width,
                 expected=f">= {int(need[seq])}",
             )
-        flat = table[np.arange(width)[None, :] < need[:, None]]
-    else:
-        rows = [int_vector(row, f"{name}[{s}]") for s, row in enumerate(block_table)]
-        short = [s for s, row in enumerate(rows) if len(row) < need[s]]
-        if short:
-            s = short[0]
-            raise IndexBufferError(
-                f"sequence {s} has {int(lens[s])} tokens but {len(rows[s])} blocks",
-                position=s,
-                field=name,
-                found=len(rows[s]),
-                expected=f">= {int(need[s])}",
-            )
-        flat = np.concatenate(
-            [r[:n] for r, n in zip(rows, need.tolist(), strict=True)] or [np.zeros(0, np.int64)]
-        )
-    flat = np.asarray(flat)
-    if flat.size and (flat < 0).any():
-        bad = int(np.argmax(flat < 0))
+        return int_vector(block_table[np.arange(width)[None, :] < need[:, None]], name), seq_ptr
+    rows = [int_vector(row, f"{name}[{s}]") for s, row in enumerate(block_table)]
+    short = [s for s, row in enumerate(rows) if len(row) < need[s]]
+    if short:
+        s = short[0]
         raise IndexBufferError(
-            f"negative page id at used entry {bad}",
-            position=bad,
+            f"sequence {s} has {int(lens[s])} tokens but {len(rows[s])} blocks",
+            position=s,
             field=name,
-            found=int(flat[bad]),
+            found=len(rows[s]),
+            expected=f">= {int(need[s])}",
         )
-    return flat.astype(np.int64), seq_ptr
+    used = [r[:n] for r, n in zip(rows, need.tolist(), strict=True)]
+    return np.concatenate(used or [np.zeros(0, np.int64)]), seq_ptr
 
 
-def padded_table(tensor: BlockPagedTensor, width: int | None = None, pad: int = 0) -> Array:
-    """The block table as ``[num_seqs, width]`` int32 rows padded with ``pad``."""
-    return padded_rows(tensor.block_table, tensor.seq_ptr, width, pad)
-
-
-def padded_rows(values: Array, seq_ptr: Array, width: int | None = None, pad: int = 0) -> Array:
+def padded_rows(values: Array, seq_ptr: Array, width: int | None = None) -> Array:
     """Ragged rows (``values[seq_ptr[s]:seq_ptr[s + 1]]``) as ``[num_seqs, width]`` int32
-    padded with ``pad``."""
+    padded with zeros."""
     sp = seq_ptr.astype(np.int64)
     counts = np.diff(sp)
     longest = int(counts.max()) if counts.size else 0
@@ -139,7 +122,7 @@ def padded_rows(values: Array, seq_ptr: Array, width: int | None = None, pad: in
             found=width,
             expected=f">= {longest}",
         )
-    table = np.full((len(counts), width), pad, np.int32)
+    table = np.zeros((len(counts), width), np.int32)
     rows = np.repeat(np.arange(len(counts)), counts)
     cols = np.arange(len(values)) - np.repeat(sp[:-1], counts)
     table[rows, cols] = int32(values, "block_table")
@@ -265,29 +248,17 @@ _ENGINE_DTYPES = {
 
 def engine_dtype_name(value: Any) -> str:
     """A dtype name from a torch dtype, a NumPy dtype or a string (``torch.`` dropped)."""
-    if isinstance(value, str):
-        return value.removeprefix("torch.")
     if isinstance(value, (np.dtype, type)):
         return str(np.dtype(value).name)
     return str(value).removeprefix("torch.")
 
 
 def engine_buffer(values: Any, name: str, dtype: Any) -> Any:
-    """An engine's cache buffer viewed as the element type it holds (no copy): a host torch
-    tensor as its NumPy view, a device tensor kept (its referenced pages are gathered where
-    it lives).
-
-    Engines store fp8 caches as uint8 (SGLang ``KVCache.store_dtype``, vLLM's
-    ``kv_cache_dtype``) because ``index_put`` lacks float8: such a buffer needs ``dtype``
-    (the engine's cache dtype, e.g. ``torch.float8_e4m3fn`` or ``"fp8_e5m2"``) and is viewed
-    as that float8 type, so that fp8 travels as float8 (spec [A12]), never as uint8.
-    """
-    if is_torch(values) and values.device.type == "cpu":
-        values = as_numpy(values, name)
-    elif not is_torch(values) and not isinstance(values, np.ndarray):
-        raise ArgumentTypeError(
-            "expected a NumPy array or torch tensor", field=name, found=type(values).__name__
-        )
+    """An engine's cache buffer viewed as the element type it holds, without a copy (a device
+    tensor stays where it is). Engines store fp8 as uint8 (``index_put`` lacks float8): such a
+    buffer needs ``dtype``, the engine's cache dtype, so that fp8 travels as float8 (spec [A12])."""
+    if not (is_torch(values) and values.device.type != "cpu"):
+        values = array(values, name)
     stored = engine_dtype_name(values.dtype)
     if dtype is None:
         if stored in ("uint8", "int8"):
@@ -337,10 +308,9 @@ _TORCH_NAMES = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
 
 
 def per_tensor_scale(value: Any, name: str, why: str, per_head: bool = False) -> float | None:
-    """An engine's per-tensor fp8 scale as a float: a Python or NumPy number, or a tensor
-    / array of one element (a 0-d ``torch.nn.Parameter`` as the attention layer keeps it).
-    ``per_head``: a vector of one equal value per KV head too (vLLM's checkpoints).
-    Several values are refused with ``why`` (the engine rule that allows only one)."""
+    """An engine's per-tensor fp8 scale as a float (a number, or a one-element tensor as the
+    attention layer keeps it; ``per_head``: one equal value per KV head too, as vLLM's
+    checkpoints hold it). Several values are refused with ``why``, the engine's rule."""
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)):
@@ -374,13 +344,9 @@ def per_tensor_scale(value: Any, name: str, why: str, per_head: bool = False) ->
 
 
 def engine_outputs(values: tuple[Any, ...], names: tuple[str, ...], as_torch: bool) -> Any:
-    """``values`` as they are (NumPy), or with every array as a CPU torch tensor of the
-    same dtype (bfloat16 and float8 included; shared memory when writable, a copy when
-    read-only: see ``hurray_wire._interop.numpy_to_torch``). Tuples inside are mapped too.
-    The one way ``to_sglang`` / ``to_flashinfer`` (and ``to_vllm``) hand torch tensors out."""
-    if not isinstance(as_torch, bool):
-        raise ArgumentTypeError("as_torch must be a bool", field="as_torch", found=repr(as_torch))
-    if not as_torch:
+    """``values`` as they are (NumPy), or as CPU torch tensors of the same dtypes (tuples
+    inside mapped too; ``_interop.numpy_to_torch``): the one way adapters hand torch out."""
+    if not flag(as_torch, "as_torch"):
         return values
 
     def convert(value: Any, name: str) -> Any:

@@ -1,11 +1,9 @@
 """FlashInfer paged KV caches <-> BlockPagedTensor, as flashinfer-python 0.7.2's code reads them.
 
-The CSR arrays are the block-paged buffers under other names (``kv_indptr`` is ``seq_ptr``,
-``kv_indices`` is ``block_table``); the cache forms are those ``_unpack_paged_kv_cache``
-(``flashinfer/utils.py``) accepts (docs/adapters.md), so a single 4-D tensor without
-``kv_role`` is the combined page-size-1 cache, never one role. Lengths are FlashInfer's
-``get_seq_lens`` (``flashinfer/page.py``), and one the request's pages cannot hold exactly
-is refused: FlashInfer would count tokens no page holds.
+``kv_indptr`` is ``seq_ptr`` and ``kv_indices`` is ``block_table``; the cache forms are those
+``_unpack_paged_kv_cache`` (``flashinfer/utils.py``) accepts, so a 4-D tensor without
+``kv_role`` is the combined page-size-1 cache; lengths are ``get_seq_lens``
+(``flashinfer/page.py``), refused where the pages cannot hold them exactly.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from hurray_wire.adapters._common import (
     per_tensor_scale,
     role_tensors,
 )
-from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.errors import IndexBufferError, InvalidTensorError, flag
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = ["from_flashinfer", "to_flashinfer"]
@@ -143,12 +141,8 @@ def from_flashinfer(
     v_scale: Any = None,
     layer_index: int | None = None,
 ) -> BlockPagedTensor | tuple[BlockPagedTensor, BlockPagedTensor]:
-    """A ``(key, value)`` pair, or one tensor for a one-role cache given with ``kv_role``.
-
-    ``dtype``: the cache dtype when fp8 is held as uint8 (float8 tensors need none);
-    ``k_scale`` / ``v_scale``: the per-tensor floats passed to FlashInfer's ``run()``,
-    kept as ``kv_scale``.
-    """
+    """A ``(key, value)`` pair, or one tensor for a one-role cache given with ``kv_role``;
+    ``dtype`` for fp8 held as uint8; ``k_scale`` / ``v_scale``: the floats ``run()`` takes."""
     layout = check_choice(kv_layout, "kv_layout", _LAYOUTS)
     pages = _caches(paged_kv_cache, layout, kv_role, dtype)
     if tuple(pages[0][1].shape) != tuple(pages[-1][1].shape):
@@ -174,16 +168,11 @@ def to_flashinfer(
     combined: bool = False,
     as_torch: bool = False,
 ) -> tuple[Any, Any, Any, Any]:
-    """``(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len)``, the indices int32.
-
-    A pair gives a ``(k, v)`` tuple (the pools themselves for NHD, copies for HND), or with
-    ``combined=True`` one ``[pages, 2, page_size, H, D]`` copy; one tensor gives its pool.
-    ``kv_last_page_len`` is 0 for an empty request (so ``get_seq_lens`` gives 0).
-    ``as_torch=True`` gives CPU torch tensors of the same dtypes (bfloat16, float8).
-    """
+    """``(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len)``, the indices int32: a
+    pair's ``(k, v)`` (NHD: the pools themselves), or one ``[pages, 2, page_size, H, D]``
+    copy with ``combined=True``; an empty request's ``kv_last_page_len`` is 0."""
     layout = check_choice(kv_layout, "kv_layout", _LAYOUTS)
-    if not isinstance(combined, bool):
-        raise ArgumentTypeError("combined must be a bool", field="combined", found=repr(combined))
+    combined = flag(combined, "combined")
 
     def cache_of(t: BlockPagedTensor) -> Array:
         pool = t.unpacked_page_pool()

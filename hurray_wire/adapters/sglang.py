@@ -1,12 +1,9 @@
 """SGLang token-slot pools <-> BlockPagedTensor, as sglang 0.5.23's own code keeps them.
 
-docs/adapters.md tabulates what SGLang keeps (``sglang/srt/mem_cache/memory_pool.py``) and
-where each rule comes from. What shapes this module: a pool is token slots, not pages, so a
-page exists only because SGLang's paged allocator keeps a page's slots contiguous and
-aligned (``slot % page_size == token % page_size``; page id = ``slot // page_size``, as
-its disaggregation does), which is checked per token; page 0 and row 0 of
-``req_to_token`` are padding, never data; fp8 is stored as uint8 and needs ``dtype``.
-An NHD host pool is shared; HND or device pools give only the referenced pages (a copy).
+A pool is token slots, not pages: a page exists only because SGLang's paged allocator keeps
+a page's slots contiguous and aligned (page id ``slot // page_size``, as its disaggregation
+reads it), which is checked per token. docs/adapters.md tabulates the rest
+(``sglang/srt/mem_cache/memory_pool.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from hurray_wire.adapters._common import (
     per_tensor_scale,
     role_tensors,
 )
-from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError, instance
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import check_int
 
@@ -119,14 +116,16 @@ def _rows(req_to_token: Any, index: Array, width: int) -> Array:
     return np.asarray(req_to_token[index, :width], np.int64)
 
 
-def _request_pages(
+def _read(
+    pools: list[tuple[str, Any]],
     req_to_token: Any,
     req_pool_indices: Any,
     seq_lens: Any,
     page_size: int,
-    num_pages: int,
-) -> tuple[Array, Array, Array]:
-    """``(block_table, seq_ptr, seq_lens)`` of the requests, every rule of SGLang checked."""
+    layer_index: int | None,
+    scales: dict[str, float | None],
+) -> BlockPagedTensor | tuple[BlockPagedTensor, BlockPagedTensor]:
+    """The requests' pages of ``pools`` as tensors, every rule of SGLang checked."""
     if req_pool_indices is None or seq_lens is None:
         raise ArgumentTypeError(
             "pass req_pool_indices (the batch's rows of req_to_token: forward_batch."
@@ -179,35 +178,26 @@ def _request_pages(
     used = cols < lens[:, None]
     slots = table[used]
     pos = np.broadcast_to(cols, table.shape)[used]
-    num_slots = num_pages * page_size
-    outside = (slots < page_size) | (slots >= num_slots)
-    if outside.any():
-        bad = int(np.argmax(outside))
-        seq = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
-        raise IndexBufferError(
-            f"request {seq}, token {int(pos[bad])}: slot in the padding page or outside the pool",
-            position=bad,
-            field="req_to_token",
-            found=int(slots[bad]),
-            expected=f"{page_size}..{num_slots - 1}",
-        )
+    num_slots = int(pools[0][1].shape[0]) * page_size
     offset = pos % page_size
     page_start = slots[np.arange(len(slots)) - offset]
-    broken = (slots != page_start + offset) | (page_start % page_size != 0)
-    if broken.any():
-        bad = int(np.argmax(broken))
-        seq = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
-        raise IndexBufferError(
-            f"request {seq}: token {int(pos[bad])}'s slot is not contiguous and page-aligned "
-            f"within its page of {page_size} (SGLang's paged allocator keeps "
-            "slot % page_size == token % page_size)",
-            position=bad,
-            field="req_to_token",
-            found=int(slots[bad]),
-        )
+    rules = (
+        ((slots < page_size) | (slots >= num_slots), "is in the padding page or outside the "
+         "pool", f"{page_size}..{num_slots - 1}"),
+        ((slots != page_start + offset) | (page_start % page_size != 0), "is not contiguous "
+         f"and page-aligned within its page of {page_size} (SGLang's paged allocator)",
+         "slot % page_size == token % page_size"),
+    )  # fmt: skip
+    for broken, why, expected in rules:
+        if broken.any():
+            bad = int(np.argmax(broken))
+            seq = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
+            raise IndexBufferError(f"request {seq}: token {int(pos[bad])}'s slot {why}",
+                                   position=bad, field="req_to_token", found=int(slots[bad]),
+                                   expected=expected)  # fmt: skip
     block_table = slots[offset == 0] // page_size
     seq_ptr = np.concatenate(([0], np.cumsum(-(-lens // page_size)))).astype(np.int64)
-    return block_table, seq_ptr, lens
+    return role_tensors(pools, block_table, seq_ptr, lens, layer_index, scales)
 
 
 def from_sglang(
@@ -224,19 +214,9 @@ def from_sglang(
     v_scale: Any = None,
     layer_index: int | None = None,
 ) -> tuple[BlockPagedTensor, BlockPagedTensor]:
-    """The ``(key, value)`` pair of one layer of an ``MHATokenToKVPool``.
-
-    ``k_buffer`` / ``v_buffer``: ``pool.k_buffer[layer]`` (uint8 for fp8: pass
-    ``dtype=pool.dtype``) or ``pool.get_key_buffer(layer)`` (already viewed as float8);
-    ``kv_cache_layout``: ``pool.kv_cache_layout``; ``req_to_token``:
-    ``req_to_token_pool.req_to_token``; ``req_pool_indices`` and ``seq_lens``: the batch's
-    (``forward_batch.req_pool_indices``, ``forward_batch.seq_lens``), request ``i`` being
-    row ``req_pool_indices[i]``. ``k_scale`` / ``v_scale``: the attention layer's per-tensor
-    fp8 scales (``layer.k_scale`` or ``layer.k_scale_float``), kept as ``kv_scale``.
-
-    An NHD host pool is shared (a view); HND or device pools give only the referenced
-    pages (a compact copy, table renumbered). Index arrays are always new arrays.
-    """
+    """The ``(key, value)`` pair of one layer of an ``MHATokenToKVPool`` (``pool.k_buffer[layer]``
+    with ``dtype=pool.dtype`` for fp8); request ``i`` is row ``req_pool_indices[i]`` of
+    ``req_to_token`` (docs/adapters.md § SGLang)."""
     size = check_int(page_size, "page_size", minimum=1)
     layout = _layout(kv_cache_layout)
     k_pages = _pages(k_buffer, "k_buffer", size, layout, dtype)
@@ -259,13 +239,10 @@ def from_sglang(
             found=tuple(v_pages.shape),
             expected=tuple(k_pages.shape),
         )
-    table, seq_ptr, lens = _request_pages(
-        req_to_token, req_pool_indices, seq_lens, size, int(k_pages.shape[0])
-    )
     scales = {"key": per_tensor_scale(k_scale, "k_scale", _SCALE_RULE),
               "value": per_tensor_scale(v_scale, "v_scale", _SCALE_RULE)}  # fmt: skip
     pools = [("key", k_pages), ("value", v_pages)]
-    pair = role_tensors(pools, table, seq_ptr, lens, layer_index, scales)
+    pair = _read(pools, req_to_token, req_pool_indices, seq_lens, size, layer_index, scales)
     assert isinstance(pair, tuple)  # two roles
     return pair
 
@@ -281,10 +258,8 @@ def from_sglang_mla(
     kv_scale: Any = None,
     layer_index: int | None = None,
 ) -> BlockPagedTensor:
-    """One layer of an ``MLATokenToKVPool``: ``pool.kv_buffer[layer]``
-    (``[size + page_size, 1, kv_lora_rank + qk_rope_head_dim]``) as one ``"fused"`` tensor
-    of ``H = 1``; the value SGLang reads is its first ``kv_lora_rank`` dims. Otherwise as
-    ``from_sglang``."""
+    """One layer of an ``MLATokenToKVPool`` (``pool.kv_buffer[layer]``) as one ``"fused"``
+    tensor of one head; otherwise as ``from_sglang``."""
     size = check_int(page_size, "page_size", minimum=1)
     pages = _pages(kv_buffer, "kv_buffer", size, "nhd", dtype)
     if int(pages.shape[2]) != 1:
@@ -294,11 +269,9 @@ def from_sglang_mla(
             found=f"shape {tuple(kv_buffer.shape)}",
         )
     _refuse_dsa_fp8_rows(pages)
-    table, seq_ptr, lens = _request_pages(
-        req_to_token, req_pool_indices, seq_lens, size, int(pages.shape[0])
-    )
     scales = {"fused": per_tensor_scale(kv_scale, "kv_scale", _SCALE_RULE)}
-    tensor = role_tensors([("fused", pages)], table, seq_ptr, lens, layer_index, scales)
+    tensor = _read([("fused", pages)], req_to_token, req_pool_indices, seq_lens, size,
+                   layer_index, scales)  # fmt: skip
     assert isinstance(tensor, BlockPagedTensor)  # one role
     return tensor
 
@@ -348,10 +321,8 @@ def _to_sglang(
     layout: str,
     as_torch: bool,
 ) -> Any:
-    """The pools as SGLang's buffers, then ``req_to_token``, ``req_pool_indices``, ``seq_lens``.
-
-    Page 0 is SGLang's padding: pools whose page 0 a request uses get a zero page in front
-    (a copy) and every page id moves up by one."""
+    """The pools as SGLang's buffers, then ``req_to_token``, ``req_pool_indices``, ``seq_lens``;
+    page 0 is SGLang's padding: a pool whose page 0 is used gets a zero page in front."""
     tensor = tensors[0]
     rows, lens, width, height = _requests(tensor, req_pool_indices, max_context_len)
     pools = [t.unpacked_page_pool() for t in tensors]
@@ -382,16 +353,8 @@ def to_sglang(
     as_torch: bool = False,
 ) -> tuple[Any, Any, Any, Any, Any]:
     """``(k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens)`` as SGLang keeps
-    them: request ``i`` in row ``req_pool_indices[i]`` (default ``1..n``; row 0, the
-    padding row, is never written and stays 0, as is every unused entry: the dummy slot).
-
-    NHD buffers ``[slots, H, D]`` are the tensor's pools reshaped (views) when page 0 is
-    unreferenced (it becomes SGLang's padding page); otherwise a zero padding page is put in
-    front (a copy) and page ids move up by one. HND buffers ``[pages, H, page_size, D]`` are
-    copies. fp8 stays float8 (SGLang's ``k_buffer`` holds it as uint8: ``.view(uint8)``).
-    ``as_torch=True`` gives CPU torch tensors of the same dtypes. ``req_to_token`` is int32
-    ``[max(req_pool_indices) + 1, max_context_len]``, the other two int64.
-    """
+    them, request ``i`` in row ``req_pool_indices[i]`` (default ``1..n``; row 0 is SGLang's
+    padding row); NHD pools are views unless page 0, SGLang's padding page, is used."""
     pair = check_pair(pair, "pair")
     layout = _layout(kv_cache_layout)
     result: tuple[Any, Any, Any, Any, Any] = _to_sglang(
@@ -409,11 +372,7 @@ def to_sglang_mla(
 ) -> tuple[Any, Any, Any, Any]:
     """``(kv_buffer, req_to_token, req_pool_indices, seq_lens)`` of an MLA pool from a
     ``"fused"`` tensor of one head; the rest as ``to_sglang``."""
-    if not isinstance(tensor, BlockPagedTensor):
-        raise ArgumentTypeError(
-            "expected a BlockPagedTensor", field="tensor", found=type(tensor).__name__
-        )
-    if tensor.kv_role != "fused" or tensor.shape[1] != 1:
+    if instance(tensor, BlockPagedTensor, "tensor").kv_role != "fused" or tensor.shape[1] != 1:
         raise InvalidTensorError(
             "an MLA pool holds a 'fused' tensor of one head",
             field="tensor",

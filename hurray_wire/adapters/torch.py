@@ -1,9 +1,6 @@
-"""PyTorch: tensors in and out through DLPack; torch is imported only inside the calls.
-
-CPU tensors are shared, never copied; bfloat16 and the float8 types cross as same-width
-integers (NumPy's DLPack cannot name them) and are viewed back on the other side. Going out,
-torch has no read-only tensors: memory that is read-only (a tensor decoded from ``bytes`` or
-from a ``StreamFile`` mapping) is copied, never aliased.
+"""PyTorch: tensors in and out through DLPack (``_interop``), torch imported only inside the
+calls. CPU tensors are shared; read-only memory (a tensor decoded from ``bytes`` or a mapped
+file) is copied going out, as torch has no read-only tensors.
 """
 
 from __future__ import annotations
@@ -11,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from hurray_wire._interop import tensor_to_torch
-from hurray_wire.errors import ArgumentTypeError
+from hurray_wire.errors import instance
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = ["from_torch", "to_torch"]
@@ -23,14 +20,7 @@ def from_torch(page_pool: Any, block_table: Any, seq_ptr: Any, **kwargs: Any) ->
 
 
 def to_torch(tensor: BlockPagedTensor) -> dict[str, Any]:
-    """The tensor's arrays as CPU torch tensors, keyed by array name: ``page_pool``,
-    ``block_table``, ``seq_ptr``, and ``scales``, ``zero_points``, ``seq_lens`` when
-    present. Writable arrays are shared (a write through torch changes the tensor); read-only
-    ones (decoded from ``bytes`` or a ``StreamFile`` mapping) are copied. A packed pool (bool,
-    int4, ...) is unpacked first (a copy), one element per byte: torch.bool, or int8 / uint8
-    for the sub-byte integers."""
-    if not isinstance(tensor, BlockPagedTensor):
-        raise ArgumentTypeError(
-            "expected a BlockPagedTensor", field="tensor", found=type(tensor).__name__
-        )
-    return tensor_to_torch(tensor)
+    """The tensor's arrays as CPU torch tensors by array name (``page_pool``, ``block_table``,
+    ``seq_ptr``, and ``scales``, ``zero_points``, ``seq_lens`` when present); a packed pool
+    (bool, int4, ...) is unpacked first, one element per byte."""
+    return tensor_to_torch(instance(tensor, BlockPagedTensor, "tensor"))

@@ -1,17 +1,14 @@
 """vLLM per-layer KV caches <-> BlockPagedTensor, read the way vLLM's attention reads them.
 
-The same tensor holds other bytes under another attention ``backend`` or allocation era
-(``vllm_version``), so both are inputs, never guessed; ``_vllm_forms`` cites the vLLM code
-behind every rule and docs/adapters.md tabulates them. ``kv_cache_layout`` sets only the
-strides, so it is checked, never used to reinterpret the axes. Block 0 is vLLM's null
-block (vllm/v1/core/block_pool.py), never a request's data, except as the leading blocks a
-sliding window has left (``sliding_window=``: dropped, counted under
-``"vllm.skipped_tokens"``).
+The same tensor holds other bytes under another ``backend`` or ``vllm_version``, so both are
+inputs, never guessed (``_vllm_forms`` cites the vLLM code, docs/adapters.md tabulates it);
+``kv_cache_layout`` is checked against the strides, never used to reinterpret the axes.
+Block 0 is vLLM's null block (vllm/v1/core/block_pool.py), never a request's data.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import numpy as np
 
@@ -19,13 +16,14 @@ from hurray_wire._interop import first_reference_order, gather_many
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import (
     Array,
+    Pair as Pair,  # vllm_landing imports it from here
     array,
+    check_choice,
     check_pair,
     from_table,
     int_vector,
     lens_of,
     padded_rows,
-    padded_table,
     role_tensors,
 )
 from hurray_wire.dtypes import element_type_from_name
@@ -33,9 +31,11 @@ from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTenso
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms._common import check_int
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["from_vllm", "to_vllm"]
 
-Pair = tuple[BlockPagedTensor, BlockPagedTensor]
 SKIPPED_TOKENS_KEY = "vllm.skipped_tokens"
 # Axis of the one-role view [blocks, tokens, heads, dim] for each per-layer logical axis
 # (blocks, heads, tokens, content).
@@ -109,8 +109,8 @@ def _check_dense(cache: Array) -> None:
         )
 
 
-def _shape_error(message: str, cache: Array, **kw: Any) -> InvalidTensorError:
-    return InvalidTensorError(message, field="kv_cache", found=f"shape {cache.shape}", **kw)
+def _shape_error(message: str, cache: Array) -> InvalidTensorError:
+    return InvalidTensorError(message, field="kv_cache", found=f"shape {cache.shape}")
 
 
 def _role_pools(
@@ -135,10 +135,7 @@ def _role_pools(
             cache,
         )
     if kv_role is not None:
-        if kv_role not in ("key", "value"):
-            raise ArgumentTypeError(
-                "kv_role must be 'key' or 'value'", field="kv_role", found=repr(kv_role)
-            )
+        check_choice(kv_role, "kv_role", ("key", "value"))
         if cache.ndim != 4:
             raise _shape_error("a one-role cache is [num_blocks, block_size, H, head_size]", cache)
         return "role", [(kv_role, cache)]
@@ -175,8 +172,8 @@ def _role_pools(
             )
         axis = forms.stacked_axis(backend, era)
         if cache.shape[axis] == 2:
-            halves = (cache[0], cache[1]) if axis == 0 else (cache[:, 0], cache[:, 1])
-            return "old", [("key", halves[0]), ("value", halves[1])]  # views
+            roles = np.moveaxis(cache, axis, 0)
+            return "old", [("key", roles[0]), ("value", roles[1])]  # views
         raise _shape_error(
             f"{backend} in this vLLM version allocates "
             + (
@@ -197,18 +194,24 @@ def _cpu_geometry(cache: Array, isa: str) -> tuple[int, int, int, int]:
         raise _shape_error("a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache)
     num_blocks, heads, block_size, width = cache.shape
     forms.check_cpu_geometry(isa, block_size, width // 2)
-    _check_slabs(cache)
+    item = cache.dtype.itemsize  # the kernel's kv_cache.view(N, H, 2 * block_size, -1)
+    if cache.strides[3] != item or (block_size > 1 and cache.strides[2] != width * item):
+        raise InvalidTensorError(
+            "a CPU_ATTN cache keeps each (block, head) slab contiguous (kv_cache_layout "
+            "LBHNC, the one CPUAttentionBackend.supported_kv_cache_layouts allows)",
+            field="kv_cache",
+            found=f"strides {cache.strides}",
+        )
     return num_blocks, heads, block_size, width // 2
 
 
 def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Array]:
-    """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy)."""
-    num_blocks, heads, block_size, head_size = _cpu_geometry(cache, isa)
-    _check_ids(table, num_blocks, "block_table")
-    # the kernel's slab order undone by the views' strides
+    """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy) in a
+    cache ``_cpu_geometry`` checked; the views' strides undo the kernel's slab order."""
+    _, heads, block_size, width = cache.shape
     views = list(zip(("key", "value"), forms.cpu_role_views(cache, isa), strict=True))
     ((_, key), (_, value)), pages = _gathered(views, table)
-    shape = (len(key), block_size, heads, head_size)
+    shape = (len(key), block_size, heads, width // 2)
     return key.reshape(shape).view(cache.dtype), value.reshape(shape).view(cache.dtype), pages
 
 
@@ -221,20 +224,6 @@ def _gathered(
     used, renumbered = first_reference_order(table)
     gathered = gather_many([pool for _, pool in pools], used)
     return [(role, pages) for (role, _), pages in zip(pools, gathered, strict=True)], renumbered
-
-
-def _check_slabs(cache: Array) -> None:
-    """CPU_ATTN's ``kv_cache.view(N, H, 2 * block_size, -1)`` needs each slab contiguous."""
-    item = cache.dtype.itemsize
-    if cache.strides[3] != item or (
-        cache.shape[2] > 1 and cache.strides[2] != cache.shape[3] * item
-    ):
-        raise InvalidTensorError(
-            "a CPU_ATTN cache keeps each (block, head) slab contiguous (kv_cache_layout "
-            "LBHNC, the one CPUAttentionBackend.supported_kv_cache_layouts allows)",
-            field="kv_cache",
-            found=f"strides {cache.strides}",
-        )
 
 
 def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
@@ -252,13 +241,9 @@ def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
 def kernel_ratio(
     block_size: object, kernel_block_size: int, num_blocks: int | None, layout: object = None
 ) -> int:
-    """Kernel blocks per scheduler (manager) block: 1 without ``block_size``.
-
-    vLLM 0.33 allocates a layer in kernel blocks when its backend cannot take the configured
-    block size (vllm/v1/worker/utils.py ``select_common_block_size``; kv_cache_interface.py
-    ``compute_layer_kv_cache_shape_bytes``: ``num_blocks * ratio`` blocks of
-    ``kernel_block_size`` tokens) while the scheduler's ids stay in manager blocks.
-    """
+    """Kernel blocks per scheduler (manager) block, 1 without ``block_size``: vLLM 0.33
+    allocates kernel blocks when a backend cannot take the block size (vllm/v1/worker/utils.py
+    ``select_common_block_size``) while the scheduler's ids stay in manager blocks."""
     if block_size is None:
         return 1
     size = check_int(block_size, "block_size", minimum=1)
@@ -351,6 +336,20 @@ def _window(
     return flat.astype(np.int64), new_ptr, new_lens, skipped
 
 
+class _Options(TypedDict, total=False):
+    """``from_vllm``'s keywords that do not decide what it returns."""
+
+    vllm_version: str | None
+    kv_cache_layout: Any
+    layer_index: int | None
+    k_scale: Any
+    v_scale: Any
+    kv_cache_dtype: str | None
+    sliding_window: int | None
+    isa: str | None
+    block_size: int | None
+
+
 @overload
 def from_vllm(
     kv_cache: Any,
@@ -358,16 +357,8 @@ def from_vllm(
     seq_lens: Any,
     *,
     backend: Any,
-    vllm_version: str | None = None,
-    kv_cache_layout: Any = None,
     kv_role: Literal["key", "value"],
-    layer_index: int | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    kv_cache_dtype: str | None = None,
-    sliding_window: int | None = None,
-    isa: str | None = None,
-    block_size: int | None = None,
+    **options: Unpack[_Options],
 ) -> BlockPagedTensor: ...
 @overload
 def from_vllm(
@@ -376,16 +367,8 @@ def from_vllm(
     seq_lens: Any,
     *,
     backend: forms.MlaBackend,
-    vllm_version: str | None = None,
-    kv_cache_layout: Any = None,
     kv_role: None = None,
-    layer_index: int | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    kv_cache_dtype: str | None = None,
-    sliding_window: int | None = None,
-    isa: str | None = None,
-    block_size: int | None = None,
+    **options: Unpack[_Options],
 ) -> BlockPagedTensor: ...
 @overload
 def from_vllm(
@@ -394,16 +377,8 @@ def from_vllm(
     seq_lens: Any,
     *,
     backend: forms.PairBackend,
-    vllm_version: str | None = None,
-    kv_cache_layout: Any = None,
     kv_role: None = None,
-    layer_index: int | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    kv_cache_dtype: str | None = None,
-    sliding_window: int | None = None,
-    isa: str | None = None,
-    block_size: int | None = None,
+    **options: Unpack[_Options],
 ) -> Pair: ...
 @overload
 def from_vllm(
@@ -412,16 +387,8 @@ def from_vllm(
     seq_lens: Any,
     *,
     backend: Any = None,
-    vllm_version: str | None = None,
-    kv_cache_layout: Any = None,
     kv_role: str | None = None,
-    layer_index: int | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    kv_cache_dtype: str | None = None,
-    sliding_window: int | None = None,
-    isa: str | None = None,
-    block_size: int | None = None,
+    **options: Unpack[_Options],
 ) -> BlockPagedTensor | Pair: ...
 
 
@@ -444,32 +411,15 @@ def from_vllm(
 ) -> BlockPagedTensor | Pair:
     """One layer's cache as a ``(key, value)`` pair, one role (``kv_role``) or MLA ``fused``.
 
-    ``backend`` is required (the same shape means other bytes under CPU_ATTN and
-    FLASH_ATTN); ``vllm_version`` when the shape's meaning depends on it (5-D caches, MLA
-    before 0.26; the installed vLLM's version otherwise); ``isa`` for CPU_ATTN
-    (``"amx"``, ``"vec"``, ``"vec16"``: the attention impl's ``.isa``); ``kv_cache_dtype``
-    (vLLM's "fp8", "fp8_e4m3", "fp8_e5m2") for a uint8 cache, which then travels as float8.
-    ``k_scale`` / ``v_scale``: a float, a 0-d tensor or one equal value per KV head.
-
-    The page pools are views of the cache for every backend but CPU_ATTN (whose slabs are
-    no strided layout: the referenced blocks are copied, numbered in order of first reference);
-    ``BlockPagedTensor.from_arrays`` shares a pool it can and copies a strided one.
-
-    ``block_size``: vLLM's scheduler block size (``cache_config.block_size``). When a backend
-    cannot take it, vLLM allocates the cache in smaller kernel blocks and hands connectors
-    exactly that tensor, while the scheduler's ``block_table`` stays in its own blocks: with
-    ``block_size`` given, each id ``b`` is read as kernel blocks ``b * ratio + j``, as the
-    attention reads it (``ratio = block_size // kernel block size``, the tensor's own block
-    axis; pages are kernel blocks). Without it the ids are the tensor's own blocks.
+    ``backend`` is required: the same shape holds other bytes under CPU_ATTN and FLASH_ATTN;
+    ``vllm_version`` where the shape's meaning depends on it; ``block_size`` (vLLM's
+    ``cache_config.block_size``) reads each id as kernel blocks (docs/adapters.md § vLLM).
     """
     name = forms.backend_name(backend)
     cache = fp8_view(array(kv_cache, "kv_cache"), kv_cache_dtype)
     era = forms.era_of(vllm_version)
-    scales = {
-        "key": forms.scale_value(k_scale, "k_scale"),
-        "fused": forms.scale_value(k_scale, "k_scale"),
-        "value": forms.scale_value(v_scale, "v_scale"),
-    }
+    key_scale = forms.scale_value(k_scale, "k_scale")
+    scales = {"key": key_scale, "fused": key_scale, "value": forms.scale_value(v_scale, "v_scale")}
     lens = int_vector(seq_lens, "seq_lens")
     if name == forms.CPU_BACKEND:
         if era is not None and era < forms.ERA_LAYER_VIEWS:
@@ -501,14 +451,13 @@ def from_vllm(
     table, seq_ptr = from_table(block_table, lens, manager)
     table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, manager, sliding_window)
     table, seq_ptr = kernel_table(table, seq_ptr, lens, ratio, kernel, "block_table")
+    _check_ids(table, kernel[0], "block_table")
     if name == forms.CPU_BACKEND:
         key, value, table = _cpu_pools(cache, chosen, table)
         pools = [("key", key), ("value", value)]
-    else:
-        _check_ids(table, kernel[0], "block_table")
-        if kind == "layer":  # K and V rows interleave: gathered together, not by from_arrays
-            pools, table = _gathered(pools, table)
-    metadata = None if skipped is None else {SKIPPED_TOKENS_KEY: skipped} if skipped else None
+    elif kind == "layer":  # K and V rows interleave: gathered together, not by from_arrays
+        pools, table = _gathered(pools, table)
+    metadata = {SKIPPED_TOKENS_KEY: skipped} if skipped else None
     return role_tensors(pools, table, seq_ptr, lens, layer_index, scales, metadata)
 
 
@@ -594,21 +543,10 @@ def to_vllm(
     max_blocks: int | None = None,
     block_size: int | None = None,
 ) -> tuple[Array, Array, Array]:
-    """``(kv_cache, block_table, seq_lens)`` as vLLM allocates them for ``backend``.
-
-    A new cache of ``pages + 1`` blocks (block 0 is vLLM's null block, left zero; page
-    ``p`` is block ``p + 1``), logical shape and strides as vLLM's for the era and layout
-    (``kv_cache_layout`` defaults to the backend's own, else vLLM's LBNHC / NHD). A single
-    key or value tensor gives the one-role view ``[num_blocks, block_size, H, head_size]``.
-    float8 tensors come back as uint8, vLLM's storage. The table is int32, zero padded.
-
-    ``block_size``: vLLM's scheduler block size, a multiple of the tensor's page size (the
-    kernel block size): the cache is then vLLM's kernel-block allocation, ``num_blocks *
-    ratio`` kernel blocks, and the table holds scheduler (manager) block ids ``b`` whose
-    kernel blocks ``b * ratio + j`` hold each sequence's pages in order (manager block 0,
-    kernel blocks ``0 .. ratio - 1``, stays the null block; ``max_blocks`` counts manager
-    blocks).
-    """
+    """``(kv_cache, block_table, seq_lens)`` as vLLM allocates them for ``backend``: a new
+    cache whose block 0 is vLLM's null block (page ``p`` in block ``p + 1``), shape and
+    strides as vLLM's for the era and layout, fp8 as uint8, the table int32 zero padded;
+    ``block_size``: vLLM's kernel-block allocation (docs/adapters.md § vLLM)."""
     name = forms.backend_name(backend)
     era = forms.era_of(vllm_version)
     if era is None:
@@ -653,13 +591,10 @@ def to_vllm(
             (blocks, page_size, heads, dim), tuple(_ROLE_AXIS[a] for a in order), dtype
         )
         cache[1:] = pools[0]
-    elif name in forms.MLA_BACKENDS:
-        if era >= forms.ERA_LAYER_VIEWS:
-            cache = np.zeros((blocks, 1, page_size, dim), dtype)
-            cache[1:, 0] = pools[0][:, :, 0, :]
-        else:
-            cache = np.zeros((blocks, page_size, dim), dtype)
-            cache[1:] = pools[0][:, :, 0, :]
+    elif name in forms.MLA_BACKENDS:  # one head: [pages, page_size, 1, dim] reshapes freely
+        shape = (1, page_size, dim) if era >= forms.ERA_LAYER_VIEWS else (page_size, dim)
+        cache = np.zeros((blocks, *shape), dtype)
+        cache[1:] = pools[0].reshape(pages, *shape)
     elif era >= forms.ERA_LAYER_VIEWS:
         cache = _allocate((blocks, heads, page_size, 2 * dim), forms.LAYOUTS[layout], dtype)
         layer = cache.transpose(0, 2, 1, 3)
@@ -667,16 +602,12 @@ def to_vllm(
         layer[1:, ..., dim:] = pools[1]
     else:
         tail = (2, 3, 4) if _OLD_LAYOUTS[layout] == "NHD" else (3, 2, 4)
-        if forms.stacked_axis(name, era) == 0:
-            cache = _allocate((2, blocks, page_size, heads, dim), (0, 1, *tail), dtype)
-            cache[0, 1:], cache[1, 1:] = pools
-        else:
-            cache = _allocate((blocks, 2, page_size, heads, dim), (0, 1, *tail), dtype)
-            cache[1:, 0], cache[1:, 1] = pools
+        axis = forms.stacked_axis(name, era)  # where the 2 roles sit: before or after blocks
+        shape = (2, blocks) if axis == 0 else (blocks, 2)
+        cache = _allocate((*shape, page_size, heads, dim), (0, 1, *tail), dtype)
+        roles = np.moveaxis(cache, axis, 0)
+        roles[0, 1:], roles[1, 1:] = pools
     width = None if max_blocks is None else check_int(max_blocks, "max_blocks")
-    if ratio > 1:
-        table = padded_rows(managers, manager_ptr, width)
-    else:
-        table = padded_table(tensor, width, pad=-1)
-        table = np.where(table < 0, 0, table + 1).astype(np.int32)
-    return cache, table, lens_of(tensor)
+    if ratio == 1:  # page p in block p + 1
+        managers, manager_ptr = tensor.block_table.astype(np.int64) + 1, tensor.seq_ptr
+    return cache, padded_rows(managers, manager_ptr, width), lens_of(tensor)

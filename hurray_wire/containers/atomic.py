@@ -39,43 +39,24 @@ def reading(path: PathLike) -> Iterator[None]:
         raise file_access_error(exc, path, "open for reading") from exc
 
 
-def _same_file(a: PathLike, b: PathLike) -> bool:
-    if os.path.abspath(a) == os.path.abspath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)  # st_dev + st_ino: hard links and symlinks too
-    except OSError:  # one of them does not exist (yet): not the same file
-        return False
-
-
 def check_not_input(path: PathLike, inputs: Iterable[PathLike]) -> None:
     """Refuse to write ``path`` if it is, or names the same file as, one of ``inputs``."""
     for source in inputs:
-        if _same_file(path, source):
+        same = os.path.abspath(path) == os.path.abspath(source)
+        with contextlib.suppress(OSError):  # one of them does not exist (yet): not the same
+            same = same or os.path.samefile(path, source)  # hard links and symlinks too
+        if same:
             raise FileAccessError(
                 f"{os.fspath(path)}: refusing to write onto the input {os.fspath(source)!r} "
                 "(the same file); write to another path, then rename"
             )
 
 
-def _mode_for(target: str) -> int:
-    """The new file's permissions: the replaced file's, else what ``open`` would give."""
-    with contextlib.suppress(OSError):
-        return stat.S_IMODE(os.stat(target).st_mode)
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 @contextlib.contextmanager
 def atomic_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> Iterator[BinaryIO]:
-    """A binary file that becomes ``path`` only if the ``with`` block ends normally.
-
-    ``inputs`` are the files the caller reads while writing: ``path`` may be none of them.
-    Errors of the file system (missing directory, ``path`` is a directory, no permission,
-    a failed rename) are ``FileAccessError``; the caller's own exceptions pass through
-    unchanged, after the temporary file is removed.
-    """
+    """A binary file that becomes ``path`` only if the ``with`` block ends normally, never
+    onto one of ``inputs``; file-system errors are ``FileAccessError``, the caller's own
+    exceptions pass through after the temporary file is removed."""
     check_not_input(path, inputs)
     target = os.path.realpath(path)  # follow a symlink: replace the file, keep the link
     if os.path.isdir(target):
@@ -100,7 +81,7 @@ def atomic_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> Iterato
         raise file_access_error(exc, path, "create a file in its directory") from exc
     handle = os.fdopen(fd, "wb")
     try:
-        os.fchmod(fd, _mode_for(target))
+        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else _umasked(0o666))
         yield handle
         try:
             handle.flush()
@@ -144,6 +125,13 @@ def _streamed(path: PathLike, target: str, mode: int) -> Iterator[BinaryIO]:
             handle.flush()
         except OSError as exc:
             raise file_access_error(exc, path, "write") from exc
+
+
+def _umasked(mode: int) -> int:
+    """What ``open`` gives a new file: ``mode`` under the process umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
 
 
 def _sync_directory(directory: str) -> None:

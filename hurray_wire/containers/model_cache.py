@@ -1,8 +1,5 @@
-"""A whole model's KV cache in one file: ``save_cache`` and ``load_cache``.
-
-The file is a blob stream (docs/streaming.md) with one checksummed blob per {layer, role},
-so every byte is covered by a checksum (unlike ``.hrry``), and it is written atomically.
-``progress``: None (a tqdm bar when stderr is a terminal), False, or ``hook(done, total)``.
+"""A whole model's KV cache in one file, written atomically: a blob stream (docs/streaming.md)
+of one checksummed blob per {layer, role}, so that every byte is covered (unlike ``.hrry``).
 """
 
 from __future__ import annotations
@@ -34,10 +31,9 @@ _V = TypeVar("_V")
 
 @dataclass(frozen=True, eq=False)
 class ModelCache(Mapping[CacheKey, _V]):
-    """What ``load_cache`` returns: a read-only mapping ``(layer_index, kv_role)`` -> tensor
-    (``BlockPagedTensor``; with ``as_torch=True`` a dict of torch tensors by array name), in
-    layer then role order, as safetensors' ``load_file`` returns its mapping; and what the
-    file says about them (the model, the caller's metadata, the engine fingerprint)."""
+    """What ``load_cache`` returns, as safetensors' ``load_file`` does: a read-only mapping
+    ``(layer_index, kv_role)`` -> tensor in layer then role order, and what the file says of
+    them (the model, the caller's metadata, the engine fingerprint)."""
 
     tensors: Mapping[CacheKey, _V]
     model: str = ""
@@ -102,9 +98,8 @@ class _Reporter:
 
 
 def _tensors(cache: object) -> list[BlockPagedTensor]:
-    """The tensors of ``cache`` (a mapping ``(layer, role)`` -> tensor, each key checked
-    against the tensor's own layer and role, or an iterable), each once per {layer, role},
-    in layer then role order."""
+    """The tensors of ``cache`` (an iterable, or a mapping whose keys name each tensor's own
+    layer and role), each {layer, role} once, in layer then role order."""
     mapping = isinstance(cache, Mapping)
     if isinstance(cache, Mapping):
         pairs: list[tuple[object, object]] = list(cache.items())
@@ -135,8 +130,8 @@ def _tensors(cache: object) -> list[BlockPagedTensor]:
 
 
 def _check_key(given: object, own: CacheKey) -> None:
-    """A mapping's key must name the tensor it maps to: the file stores the tensor's own
-    layer and role, so a key that says otherwise would load back under another key."""
+    """The file stores the tensor's own layer and role, so a key that says otherwise would
+    load back under another key."""
     if not isinstance(given, tuple) or len(given) != 2:
         raise ArgumentTypeError("the keys of a cache mapping are (layer, kv_role) pairs",
                                 field="cache", found=repr(given))  # fmt: skip
@@ -164,16 +159,10 @@ def save_cache(
     page_digests: bool = False,
     progress: Progress = None,
 ) -> int:
-    """Save every layer and role of a model's cache to ``path`` (a ``.hrws`` blob stream),
-    atomically, with section checksums; returns the file's size in bytes.
-
-    ``cache``: the tensors (each with its ``layer_index`` and ``kv_role``), or a mapping
-    whose values they are. Every layer in ``0 .. max`` must have the same roles (a whole
-    model, not a part: ``load_cache`` checks the same). ``pages="all"`` (the default) keeps
-    the engine's pools as they are; ``"referenced"`` drops the pages no block table names.
-    ``page_digests=True`` adds a digest per page (docs/integrity.md), so that a damaged
-    byte is named down to its page on load.
-    """
+    """Save every layer and role of a model's cache (every layer in ``0 .. max`` with the
+    same roles) to ``path``, a ``.hrws`` blob stream; returns the file's size in bytes.
+    ``pages="referenced"`` drops the pages no block table names; ``progress``: None (a bar
+    on a terminal), False, or ``hook(done, total)``."""
     tensors = _tensors(cache)
     layers = 1 + max(t.layer_index for t in tensors if t.layer_index is not None)
     roles = tuple(sorted({t.kv_role for t in tensors}))
@@ -197,8 +186,8 @@ def save_cache(
 
 
 def _check_whole(keys: set[CacheKey], layers: int, roles: tuple[str, ...]) -> None:
-    """Every layer in ``0 .. layers`` has every role. Counted, and the first few missing
-    found lazily: a header claiming 2**24 layers costs no list of them."""
+    """Every layer in ``0 .. layers`` has every role (counted: a header claiming 2**24
+    layers costs no list of them)."""
     present = sum(1 for layer, role in keys if 0 <= layer < layers and role in roles)
     absent = layers * len(roles) - present
     if not absent:
@@ -245,12 +234,9 @@ def load_cache(
     as_torch: bool = False,
     device: Any = None,
 ) -> ModelCache[Any]:
-    """Load a cache ``save_cache`` wrote: every blob checked (checksums, page digests, the
-    stream's framing and end record, the fingerprint when ``expect_fingerprint`` is given)
-    and every {layer, role} the header promises present. An error names the blob, its
-    layer and role, and the file offset (``HurrayWireError.located``). Tensors view the
-    mapped file; ``as_torch=True`` (or a ``device``, e.g. ``"cpu"``; torch is imported only
-    then) gives each as ``to_torch`` does: a dict of torch tensors by array name."""
+    """Load a cache ``save_cache`` wrote, every blob checked and every {layer, role} the
+    header promises present; tensors view the mapped file, or with ``as_torch=True`` (or a
+    ``device``) are dicts of torch tensors as ``to_torch`` gives them."""
     as_torch = flag(as_torch, "as_torch") or device is not None
     with StreamReader(path, verify=verify, expect_fingerprint=expect_fingerprint) as reader:
         header = reader.header
@@ -280,9 +266,8 @@ def load_cache(
 
 
 def _not_a_cache(reader: StreamReader, header: StreamHeader | None) -> InvalidStreamError:
-    """Why a stream is no model cache: a lone blob (``decode`` reads it), blobs without a
-    stream header, or a header that does not state the model's layers and roles. (An
-    empty input raises the reader's own "empty input (0 bytes)".)"""
+    """Why a stream is no model cache: a lone blob, blobs without a stream header, or a
+    header that does not state the model's layers and roles."""
     if header is None:
         first, second = next(reader, None), next(reader, None)
         if first is not None and second is None:

@@ -36,15 +36,24 @@ class Format(str, enum.Enum):
 
 
 def identify(data_or_path: Any) -> Format:
-    """The format of a bytes-like object or of the file at a path (``UNKNOWN`` if none).
-
-    A lone blob and a lone descriptor are told from a stream by their own length field:
-    exactly the input's length means one item, anything else a stream of them. A blob
-    whose prefix is broken raises the blob decoder's error.
-    """
+    """The format of a bytes-like object or of the file at a path (``UNKNOWN`` if none); a
+    lone blob or descriptor is one whose own length field is exactly the input's length."""
     source = open_memory(data_or_path, name="data")
     try:
-        return _identify(source.view)
+        view = source.view
+        head = bytes(view[:_PEEK])
+        if head.startswith(ws.STREAM_MAGIC):
+            return Format.BLOB_STREAM
+        if head.startswith(wb.BLOB_MAGIC):
+            return Format.BLOB if blob_length(view) == len(view) else Format.BLOB_STREAM
+        if head.startswith(wc.FILE_MAGIC):
+            return Format.HRRY_FILE
+        if head.startswith(wd.MAGIC):
+            length = 0
+            if len(view) >= _LENGTH_END:
+                length = int.from_bytes(view[_AT_LENGTH:_LENGTH_END], "little")
+            return Format.DESCRIPTOR if length == len(view) else Format.REFERENCE_STREAM
+        return Format.UNKNOWN
     finally:
         source.close()
 
@@ -54,19 +63,3 @@ def known_magic(head: bytes) -> bool:
     source, ``/dev/urandom``, can stop after its first bytes)."""
     magics = (ws.STREAM_MAGIC, wb.BLOB_MAGIC, wc.FILE_MAGIC, wd.MAGIC)
     return any(head.startswith(m[: len(head)]) for m in magics)
-
-
-def _identify(view: memoryview) -> Format:
-    head = bytes(view[:_PEEK])
-    if head.startswith(ws.STREAM_MAGIC):
-        return Format.BLOB_STREAM
-    if head.startswith(wb.BLOB_MAGIC):
-        return Format.BLOB if blob_length(view) == len(view) else Format.BLOB_STREAM
-    if head.startswith(wc.FILE_MAGIC):
-        return Format.HRRY_FILE
-    if head.startswith(wd.MAGIC):
-        length = 0
-        if len(view) >= _LENGTH_END:
-            length = int.from_bytes(view[_AT_LENGTH:_LENGTH_END], "little")
-        return Format.DESCRIPTOR if length == len(view) else Format.REFERENCE_STREAM
-    return Format.UNKNOWN

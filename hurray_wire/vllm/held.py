@@ -1,14 +1,7 @@
-"""Pages a decode worker already holds for a request (vLLM's prefix cache), hashed where they
-sit, so that they are checked rather than trusted (docs/vllm.md § prefix reuse).
-
-vLLM asks the connector only for the tokens after its local prefix-cache hit. Those held
-blocks are read out of the decode engine's own cache (the adapter's reading of the
-backend's layout: CPU_ATTN keeps each page's keys transposed, so a page in the Hurray layout
-is never a region of vLLM's memory and cannot be hashed as one; a gather of the held blocks
-only) and hashed now. The prefill worker sends the same pages as page references (digest,
-no bytes: the delta protocol of docs/integrity.md § 5), filled from ``store``; every page
-of the request before ``count`` must then equal the prefill worker's page of the same
-position, digest for digest, or the load fails from the first that does not.
+"""Pages a decode worker already holds for a request (vLLM's prefix cache), checked rather than
+trusted (docs/vllm.md § prefix reuse): read through the adapter (a page in the Hurray layout
+is not a region of every backend's memory) and hashed; the prefill worker sends them as page
+references (docs/integrity.md § 5), and each must match its digest or the load fails there.
 """
 
 from __future__ import annotations
@@ -41,9 +34,8 @@ def digests_of(pages: Pages) -> DigestArray:
 
 @dataclass
 class HeldPages:
-    """The first ``count`` pages of a request as the decode worker holds them: per layer each
-    role's digests (key and value, or MLA's fused latent) in block order, and a store of
-    their records (refs are filled from it)."""
+    """The first ``count`` pages of a request: per layer each role's digests in block order,
+    and a store of their records (refs are filled from it)."""
 
     count: int
     digests: list[tuple[DigestArray, ...]]
@@ -64,8 +56,8 @@ class HeldPages:
         return cls(count, digests, store)
 
     def first_mismatch(self, layers: Sequence[tuple[Pages, ...]]) -> int | None:
-        """The first block position below ``count`` whose held page differs from the page
-        the transfer carries for it (in any layer or role), or None when all agree."""
+        """The first block position below ``count`` whose held page differs from the
+        transfer's (in any layer or role), or None."""
         worst: int | None = None
         for roles, held in zip(layers, self.digests, strict=True):
             for pages, mine in zip(roles, held, strict=True):

@@ -1,13 +1,7 @@
-"""The HurrayConnector's metrics, as vLLM's own connectors report theirs (docs/vllm.md § 4).
-
-``HurrayConnectorStats`` is what the worker hands vLLM each step
-(``get_kv_connector_stats``): counters since the last report and the seconds of each pull.
-vLLM sums the workers' stats (``aggregate``), ships ``data`` to its stat loggers, rebuilds the
-object there (``build_kv_connector_stats``), logs ``reduce()`` ("KV Transfer metrics: ...")
-and hands ``data`` to ``HurrayPromMetrics.observe``, which ``build_prom_metrics`` registers
-with vLLM's Prometheus logger as NixlConnector's ``NixlPromMetrics`` does
-(``vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py``): ``vllm:hurray_*`` counters
-and a transfer-time histogram, labelled per engine.
+"""The HurrayConnector's metrics, as vLLM's own connectors report theirs (docs/vllm.md § 4):
+``HurrayConnectorStats`` each step (vLLM sums, logs ``reduce()`` and ships ``data``), and
+``HurrayPromMetrics``, registered as NixlConnector's ``NixlPromMetrics`` is
+(``vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py``).
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ class HurrayConnectorStats(KVConnectorStats):  # type: ignore[misc]
     data: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in COUNTERS:
-            self.data.setdefault(name, 0)
+        self.data = {**dict.fromkeys(COUNTERS, 0), **self.data}
         self.data[TIMES] = list(self.data.get(TIMES) or ())
 
     def reset(self) -> None:

@@ -1,12 +1,7 @@
 """What determines a model's KV, as a digest the engine fingerprint carries (docs/vllm.md
-§ model): the model config as the engine parsed it and every byte of the checkpoint's
-weight files. Two engines under the same ``model_id`` with other weights, or a checkpoint
-replaced in place, then differ in ``extras.model_digest`` and their transfers are refused.
-
-The weights are hashed once per file version: xxh3-128 over the mapped file (safetensors:
-its header, i.e. names, dtypes, shapes and offsets, and the tensor bytes), kept in
-memory and in a small JSON cache keyed by (real path, size, mtime, inode), so a restart
-with the same files reads nothing again.
+§ model): the parsed model config and every byte of the weight files, so that two engines
+under one ``model_id`` with other weights are refused. Each file version is hashed once,
+remembered in memory and in a JSON cache file, so a restart reads nothing again.
 """
 
 from __future__ import annotations
@@ -30,7 +25,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _CHUNK = 64 << 20
 #: Keys of a config that name where it was loaded from, not what it computes.
 _WHERE = ("_name_or_path", "name_or_path", "_commit_hash", "transformers_version")
-_memo: dict[tuple[str, int, int, int], str] = {}
+#: File versions remembered, in memory (``_memo``, by the cache file's keys) and in the file.
+MAX_FILES = 4096
+_memo: dict[str, str] = {}
 
 
 def _cache_path() -> Path:
@@ -50,7 +47,7 @@ def _store_cache(entries: Mapping[str, str]) -> None:
     path = _cache_path()
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        kept = dict(list({**_load_cache(), **entries}.items())[-4096:])  # bounded
+        kept = dict(list({**_load_cache(), **entries}.items())[-MAX_FILES:])
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(kept))
         tmp.replace(path)
@@ -60,26 +57,25 @@ def file_digest(path: Path, cache: dict[str, str] | None = None) -> str:
     """xxh3-128 of a file's bytes, hex; remembered by (real path, size, mtime, inode)."""
     real = path.resolve()
     st = real.stat()
-    key = (str(real), st.st_size, st.st_mtime_ns, st.st_ino)
-    text = json.dumps(key)
-    if key in _memo:
-        return _memo[key]
-    if cache is not None and text in cache:
-        _memo[key] = cache[text]
-        return _memo[key]
-    digest = xxhash.xxh3_128()
-    if st.st_size:
-        with real.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            view = memoryview(m)
-            try:
-                for start in range(0, len(view), _CHUNK):
-                    digest.update(view[start : start + _CHUNK])
-            finally:
-                view.release()
-    _memo[key] = digest.hexdigest()
+    key = json.dumps((str(real), st.st_size, st.st_mtime_ns, st.st_ino))
+    found = _memo.pop(key, None) or (cache or {}).get(key)
+    if found is None:
+        digest = xxhash.xxh3_128()
+        if st.st_size:
+            with real.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                view = memoryview(m)
+                try:
+                    for start in range(0, len(view), _CHUNK):
+                        digest.update(view[start : start + _CHUNK])
+                finally:
+                    view.release()
+        found = digest.hexdigest()
     if cache is not None:
-        cache[text] = _memo[key]
-    return _memo[key]
+        cache[key] = found
+    _memo[key] = found  # the most recent last, the oldest dropped past MAX_FILES
+    while len(_memo) > MAX_FILES:
+        del _memo[next(iter(_memo))]
+    return found
 
 
 def _where_left_out(value: Any) -> Any:
@@ -89,10 +85,8 @@ def _where_left_out(value: Any) -> Any:
 
 
 def checkpoint_digest(directory: Path | str | None, config: Mapping[str, Any] | None = None) -> str:
-    """xxh3-128 over ``config`` (canonical JSON, the keys that only say where it was loaded
-    from left out) and each weight file of ``directory`` (its name relative to the
-    directory, its size and its bytes' digest), in name order. A directory without weight
-    files digests its config alone."""
+    """xxh3-128 over ``config`` (canonical JSON, without the keys that say only where it was
+    loaded from) and each weight file of ``directory`` in name order (name, size, digest)."""
     root = Path(directory or ".")
     files = (
         []
@@ -127,11 +121,9 @@ def _model_directory(model_config: Any) -> Path | None:
 
 
 def engine_model_digest(vllm_config: Any, mode: str = "weights") -> str:
-    """The digest of what determines this engine's KV: vLLM's parsed model config
-    (``hf_config``), the dtype it runs in, its quantization, and (``mode="weights"``) the
-    checkpoint's weight files (``checkpoint_digest``). ``mode="config"``, or a model whose
-    files cannot be found locally, digests the config alone, and says so (a
-    ``config-only:`` prefix)."""
+    """The digest of vLLM's parsed model config, dtype, quantization and (``mode="weights"``)
+    weight files; the config alone (``mode="config"``, or no local files) is marked with a
+    ``config-only:`` prefix."""
     if mode not in ("weights", "config"):
         raise ArgumentTypeError("model_digest must be 'weights' or 'config'",
                                 field="model_digest", found=repr(mode))  # fmt: skip

@@ -1,10 +1,7 @@
-"""The HurrayConnector's sockets (docs/vllm.md § trust): a whole-connection deadline that
-also serves as a cancel button, optional TLS, and the one way to connect and listen.
-
-A socket timeout bounds one ``recv``; a peer that drips a byte a second never trips it.
-A :class:`Deadline` bounds the whole connection instead: when it passes (or ``cancel`` is
-called, e.g. for a decode request aborted by its client) every socket attached to it is
-shut down, which wakes any thread blocked on it, whatever it is blocked in.
+"""The HurrayConnector's sockets (docs/vllm.md § trust): optional TLS, the one way to connect
+and listen, and a whole-connection :class:`Deadline` (a socket timeout bounds one ``recv``,
+never a peer that drips a byte a second): when it passes or is cancelled, every socket
+attached to it is shut down, which wakes any thread blocked on it.
 """
 
 from __future__ import annotations
@@ -48,23 +45,23 @@ class Deadline:
     def left(self) -> float:
         """Seconds left; ``TransportError`` once passed or cancelled."""
         now = time.monotonic()
-        if self.reason is None and now >= self.at:
-            self.expire()
-        if self.reason is not None:
+        if self._ended(now):
             raise self.error()
         return self.at - now
+
+    def _ended(self, now: float) -> bool:
+        if self.reason is None and now >= self.at:
+            self.expire()
+        return self.reason is not None
 
     def error(self) -> TransportError:
         what = "was cancelled" if self.reason == "cancelled" else f"took over {self.seconds} s"
         return TransportError(f"the transfer {what}", field="timeout", found=self.seconds)
 
     def typed(self, exc: BaseException) -> HurrayWireError:
-        """What ended a connection, as the project's error: the deadline's (or the cancel's)
-        once it has passed, whatever surfaced first (a socket timeout set to the time
-        left fires with it); ``exc`` itself if it is one of ours; else a TransportError."""
-        if self.reason is None and time.monotonic() >= self.at:
-            self.expire()
-        if self.reason is not None:
+        """What ended a connection: the deadline's (or the cancel's) error once it has passed,
+        whatever surfaced first; ``exc`` itself if it is one of ours; else a TransportError."""
+        if self._ended(time.monotonic()):
             return self.error()
         if isinstance(exc, HurrayWireError):
             return exc
@@ -151,11 +148,8 @@ _REAPER = _Reaper()
 
 @dataclass(frozen=True)
 class Tls:
-    """TLS for the socket transport (stdlib ``ssl``). Prefill side: ``cert``/``key`` are
-    its certificate and key; with ``ca`` it also requires decode workers to present a
-    certificate that ``ca`` signed. Decode side: ``ca`` verifies the prefill worker's
-    certificate against ``remote_host``; ``cert``/``key`` are its own, if the prefill side
-    asks for one."""
+    """TLS for the socket transport: ``cert``/``key`` are this side's own; ``ca`` verifies the
+    peer's (the prefill side then requires decode workers to present one)."""
 
     cert: str | None = None
     key: str | None = None
@@ -209,11 +203,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def endpoint(options: Mapping[str, Any]) -> tuple[str, Tls | None]:
-    """The connector's network options checked: ``host`` (the address handed to the decode
-    side, so never ``0.0.0.0``), ``bind_host`` (the listen address, ``host`` unless set;
-    ``0.0.0.0`` / ``::`` for every interface, e.g. behind NAT or in a container),
-    ``max_connections``, ``nixl_max_peers`` and the TLS files. Returns the bind address and
-    the TLS settings (None: plain TCP)."""
+    """The bind address and TLS settings (None: plain TCP) of the connector's checked network
+    options: ``host`` is handed to the decode side (never ``0.0.0.0``), ``bind_host``
+    (``host`` unless set) is listened on."""
     host = check_host(options["host"], "host")
     bind = check_host(options["bind_host"] or host, "bind_host", bind=True)
     for name in ("max_connections", "nixl_max_peers"):

@@ -109,15 +109,9 @@ class TransferParams:
 
     @classmethod
     def from_params(cls, params: object) -> TransferParams:
-        """Validated params: every field's type and range (bool is not an int), the host a
-        valid IP address or DNS name, the block ids exactly those ``num_tokens`` need. Any
-        departure raises ``ArgumentTypeError`` naming the field; nothing else escapes."""
-        if not isinstance(params, Mapping):
-            raise ArgumentTypeError(
-                "kv_transfer_params must be a mapping",
-                field="kv_transfer_params",
-                found=type(params).__name__,
-            )
+        """Every field's type and range checked (bool is not an int), the block ids exactly
+        those ``num_tokens`` need; any departure is an ``ArgumentTypeError`` naming the field."""
+        params = _mapping(params)
         if params.get("do_remote_prefill") is not True or params.get("do_remote_decode") not in (
             None,
             False,
@@ -128,12 +122,8 @@ class TransferParams:
                 found=repr((params.get("do_remote_prefill"), params.get("do_remote_decode"))),
             )  # fmt: skip
         ints = {name: _int(params, name, low, high) for name, (low, high) in _INT_FIELDS.items()}
-        port, tokens, size = (
-            ints["remote_port"],
-            ints["remote_num_tokens"],
-            ints["remote_block_size"],
-        )
-        tp_size = ints["remote_tp_size"]
+        port, tp_size = ints["remote_port"], ints["remote_tp_size"]
+        tokens, size = ints["remote_num_tokens"], ints["remote_block_size"]
         if port + tp_size - 1 > 65535:
             raise ArgumentTypeError(
                 "remote_port + remote_tp_size - 1 must be a port",
@@ -193,6 +183,16 @@ def _brief(value: object) -> str:
     return text[:120] if text is not None else type(value).__name__
 
 
+def _mapping(params: object) -> Mapping[str, Any]:
+    if not isinstance(params, Mapping):
+        raise ArgumentTypeError(
+            "kv_transfer_params must be a mapping",
+            field="kv_transfer_params",
+            found=type(params).__name__,
+        )
+    return params
+
+
 def _int(params: Mapping[str, Any], name: str, low: int, high: int) -> int:
     value = params.get(name)
     if type(value) is not int or not low <= value <= high:
@@ -210,10 +210,9 @@ def _text(params: Mapping[str, Any], name: str, pattern: re.Pattern[str]) -> str
 
 
 def check_host(value: object, name: str, *, bind: bool = False) -> str:
-    """An IP address or a DNS name (ASCII labels of 1..63 letters, digits, underscores or
-    inner hyphens, 253 characters in all): what a connection may be opened to. Unspecified
-    (``0.0.0.0``, ``::``) and multicast addresses name no peer and are refused too
-    (``bind``: an address to listen on, where the unspecified ones mean every interface)."""
+    """An IP address or a DNS name a connection may be opened to; unspecified and multicast
+    addresses name no peer (``bind``: an address to listen on, where ``0.0.0.0`` and ``::``
+    mean every interface)."""
     if type(value) is not str or not 0 < len(value) <= 253:
         raise ArgumentTypeError(f"{name} must be an IP address or a DNS name",
                                 field=name, found=_brief(value))  # fmt: skip
@@ -244,19 +243,12 @@ def refusal(params: object) -> dict[str, str] | None:
 
 
 def request_kind(params: object) -> str:
-    """What a request's ``kv_transfer_params`` ask of the connector: ``"local"`` (none),
-    ``"save"`` (``do_remote_decode``: a prefill for another engine) or ``"load"``
-    (``do_remote_prefill``: pull the pages; the params are validated here, in full).
-    Malformed or contradictory params (not a mapping, flags that are not booleans, both
-    flags true) raise ``ArgumentTypeError``: the scheduler refuses them as a load error."""
+    """``"local"``, ``"save"`` (``do_remote_decode``) or ``"load"`` (``do_remote_prefill``,
+    the params validated in full); malformed or contradictory params raise
+    ``ArgumentTypeError``, which the scheduler refuses as a load error."""
     if params is None or (isinstance(params, Mapping) and not params):
         return "local"
-    if not isinstance(params, Mapping):
-        raise ArgumentTypeError(
-            "kv_transfer_params must be a mapping",
-            field="kv_transfer_params",
-            found=type(params).__name__,
-        )
+    params = _mapping(params)
     if REFUSED_KEY in params:
         raise ArgumentTypeError(str(params[REFUSED_KEY]), field="kv_transfer_params")
     flags = {name: params.get(name) for name in ("do_remote_prefill", "do_remote_decode")}

@@ -1,14 +1,7 @@
-"""The NIXL endpoints of one vLLM worker (``hurray_wire.transport.nixl``), one per peer, bounded.
-
-A ``NixlSender`` or ``NixlReceiver`` has exactly one peer and is driven by one thread at a
-time, so a prefill worker keeps a sender per decode agent and a decode worker a receiver per
-prefill worker, each leased to one pull at a time; pulls through different endpoints run side
-by side (one slow peer delays only its own pulls). At most ``max_peers`` endpoints are kept:
-a new peer closes the least recently used idle one, and is refused (``busy``) when every one
-is in use. An endpoint whose pull failed is closed, never reused in an unknown state; the
-next pull with that peer pairs afresh. The agents' metadata travels on the pull's control
-lines (``hurray_wire.vllm.transfer``, docs/vllm.md § 9), base64. NIXL is imported only when
-the first endpoint is made.
+"""The NIXL endpoints of one vLLM worker, one per peer (an endpoint has one peer and one
+driving thread), each leased to one pull at a time, so one slow peer delays only its own
+pulls. At most ``max_peers`` are kept: a new peer closes the least recently used idle one,
+or is refused (``busy``); an endpoint whose pull failed is closed, never reused (docs/vllm.md § 9).
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ __all__ = ["NixlPeers", "Peer", "agent_metadata"]
 
 
 def agent_metadata(text: str) -> bytes:
-    """A peer's NIXL agent metadata from its base64 on a control line; anything that is
-    not base64 is refused (``malformed``) naming the field."""
+    """A peer's NIXL agent metadata from its base64 on a control line (else ``malformed``)."""
     try:
         return base64.b64decode(text, validate=True)
     except ValueError:  # binascii.Error, and non-ASCII text
@@ -40,9 +32,8 @@ def agent_metadata(text: str) -> bytes:
 
 @dataclass
 class Peer:
-    """One peer's endpoint, leased to one pull at a time. ``metadata``: the peer's, sent
-    with this pull (the endpoint is then made afresh and paired with it); ``used``: the
-    pull moved data through the endpoint, so a failure leaves it in an unknown state."""
+    """One peer's endpoint, leased to one pull. ``metadata``: the peer's, sent with this pull
+    (the endpoint is made afresh); ``used``: a failure leaves the endpoint in an unknown state."""
 
     key: Hashable
     endpoint: Any = None
@@ -63,9 +54,8 @@ K = TypeVar("K", bound=Hashable)
 
 
 class _Bounded(Generic[K]):
-    """At most ``limit`` peers' endpoints, least recently used first, each leased to one
-    pull at a time: a second pull with the same peer waits for the first (until its
-    deadline); a new peer replaces the least recently used idle one, or is refused."""
+    """At most ``limit`` peers' endpoints, least recently used first; a second pull with the
+    same peer waits for the first (until its deadline)."""
 
     def __init__(self, limit: int, field: str) -> None:
         self.limit = limit
@@ -129,9 +119,8 @@ class _Bounded(Generic[K]):
 
 
 class NixlPeers:
-    """NIXL endpoints of one worker, one per peer (an endpoint has one peer): the prefill
-    worker's senders by the decode agent's name, the decode worker's receivers by the
-    prefill worker's address; at most ``max_peers`` of each (module docstring)."""
+    """The prefill worker's senders by the decode agent's name, the decode worker's receivers
+    by the prefill worker's address; at most ``max_peers`` of each."""
 
     def __init__(
         self,
@@ -150,10 +139,8 @@ class NixlPeers:
 
     @contextlib.contextmanager
     def sending(self, ask: Mapping[str, Any], deadline: Deadline) -> Iterator[Peer]:
-        """The asking agent's sender for one pull (``sender`` makes it when new). Refused
-        before anything is made or consumed: an agent unknown here without its metadata
-        (``agent``: this side forgot it, the decode side pairs afresh), every sender in
-        use (``busy``)."""
+        """The asking agent's sender for one pull (``sender`` makes it); an agent unknown here
+        without its metadata is refused (``agent``: the decode side then pairs afresh)."""
         agent = ask.get("agent")
         if not isinstance(agent, str):
             raise TransferRefusedError("a NIXL pull names no agent", reason="malformed",
@@ -170,8 +157,8 @@ class NixlPeers:
             yield peer
 
     def sender(self, peer: Peer) -> tuple[Any, str | None]:
-        """The leased sender, made afresh and paired when the ask carried the agent's
-        metadata, and this side's metadata then."""
+        """The leased sender, made afresh and paired (with this side's metadata) when the ask
+        carried the agent's."""
         from hurray_wire.transport.nixl import NixlSender
 
         peer.used = True
@@ -190,9 +177,7 @@ class NixlPeers:
     def receiving(
         self, host: str, port: int, deadline: Deadline
     ) -> contextlib.AbstractContextManager[Peer]:
-        """The receiver for a prefill worker, leased for one pull (waiting, until
-        ``deadline``, for this worker's previous pull: an ask sent before its listener
-        reached it would wait); ``receiver`` makes it when new."""
+        """The receiver for a prefill worker, leased for one pull (``receiver`` makes it)."""
         return self._receivers.lease((host, port), deadline)
 
     def receiver(self, peer: Peer) -> tuple[Any, str | None]:

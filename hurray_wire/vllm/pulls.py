@@ -1,12 +1,7 @@
-"""The decode worker's pulls in flight (docs/vllm.md § bounds): one thread each, and every
-one ends, on the engine's own thread if need be.
-
-A pull's own ``Deadline`` shuts its sockets down at ``timeout``; the engine thread
-(``collect``, from ``get_finished``) also ends any pull still running at ``timeout +
-SLACK`` (a thread stuck where no socket can wake it: a DNS lookup, a NIXL wait) and
-cancels the pulls of requests vLLM finished (a client's abort), which are then reported
-received with nothing landed, so the scheduler frees their blocks. A result that comes
-late, for a pull already ended, is dropped: only the engine thread lands pages.
+"""The decode worker's pulls in flight (docs/vllm.md § bounds), one thread each, and every one
+ends: its ``Deadline`` shuts its sockets at ``timeout``; the engine thread (``collect``) ends
+one still running at ``timeout + SLACK`` (stuck where no socket wakes it: DNS, NIXL) and
+cancels those of requests vLLM finished. A late result is dropped: only the engine thread lands.
 """
 
 from __future__ import annotations
@@ -55,11 +50,9 @@ class Pulls:
 
     def start(self, key: str, work: Callable[[Deadline], LoadResult], failed_from: int) -> None:
         """Run ``work(deadline)`` on a thread of its own; whatever it raises is its result."""
-        entry = _Pull(Deadline(self.timeout), failed_from)
+        entry = self._add(key, failed_from)
         entry.thread = threading.Thread(target=self._run, args=(key, entry, work),
                                         name=f"hurray-pull-{key}"[:64], daemon=True)  # fmt: skip
-        with self._lock:
-            self._live[key] = entry
         try:
             entry.thread.start()
         except Exception as exc:  # no thread to be had: the load fails now
@@ -67,10 +60,13 @@ class Pulls:
 
     def fail(self, key: str, error: BaseException, failed_from: int) -> None:
         """A load that fails before it starts (its params were refused)."""
+        self._finish(key, self._add(key, failed_from), failure(error, failed_from))
+
+    def _add(self, key: str, failed_from: int) -> _Pull:
         entry = _Pull(Deadline(self.timeout), failed_from)
         with self._lock:
             self._live[key] = entry
-        self._finish(key, entry, failure(error, failed_from))
+        return entry
 
     def _run(self, key: str, entry: _Pull, work: Callable[[Deadline], LoadResult]) -> None:
         try:
@@ -91,9 +87,8 @@ class Pulls:
     def collect(
         self, finished: Iterable[str] = ()
     ) -> tuple[list[tuple[str, LoadResult, float]], set[str]]:
-        """The pulls that ended (by themselves, or overdue: ended here), and the ids of
-        those cancelled because vLLM finished their request (``finished``: its aborted
-        requests among them): those are to be reported received, nothing landed."""
+        """The pulls that ended (by themselves, or overdue: ended here), and the ids of those
+        cancelled because vLLM finished their request: reported received, nothing landed."""
         now = time.monotonic()
         gone = set(finished)
         done: list[tuple[str, LoadResult, float]] = []

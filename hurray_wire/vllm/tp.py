@@ -1,13 +1,7 @@
-"""Tensor-parallel degree conversion for the HurrayConnector: which prefill ranks a decode
-rank pulls, and how their pages become that decode rank's heads (docs/vllm.md § 6 has the
-table of TP pairs).
-
-vLLM shards a layer's KV heads as ``QKVParallelLinear`` loads them
-(``vllm/model_executor/layers/linear.py``), which is ``transforms.heads.head_ranges``: so
-the conversion is ``split_heads`` / ``merge_heads``, and the fingerprints they renumber
-come out exactly as the decode rank's own. The decode side converts: a prefill rank saves
-and serves its own heads without knowing the decode engine's TP degree. A pair the
-sharding cannot map is refused with ``IncompatibleFingerprintError``.
+"""TP degree conversion (docs/vllm.md § 6): which prefill ranks a decode rank pulls, and their
+pages as its heads. vLLM shards KV heads as ``QKVParallelLinear`` loads them
+(``vllm/model_executor/layers/linear.py``), which is ``transforms.heads.head_ranges``; the
+decode side converts, so a prefill rank serves its own heads without knowing the decode TP.
 """
 
 from __future__ import annotations
@@ -78,11 +72,9 @@ def convert_heads(
     ours: EngineFingerprint,
     num_kv_heads: int,
 ) -> BlockPagedTensor:
-    """Decode rank ``ours.tp_rank``'s heads from the shards of prefill ranks
-    ``sources(P, ours.tp_size, ours.tp_rank)``, each with the fingerprint it came with
-    (rank ``p`` of ``P``). The result carries the converted fingerprint, checked to equal
-    ``ours`` in every field but ``block_size`` (repaged after this) and ``kv_cache_layout``
-    (pages travel backend-free)."""
+    """Decode rank ``ours.tp_rank``'s heads from the shards of its ``sources``, each with its
+    fingerprint; the converted fingerprint must equal ``ours`` but for ``block_size``
+    (repaged after this) and ``kv_cache_layout`` (pages travel backend-free)."""
     prefill_tp = shards[0][1].tp_size
     check_convertible(num_kv_heads, prefill_tp, ours.tp_size)
     want = sources(prefill_tp, ours.tp_size, ours.tp_rank)
