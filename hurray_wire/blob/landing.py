@@ -1,16 +1,9 @@
-"""Landing: where a blob's page pool goes in caller memory, as a value passed with the
-bytes (``decode(data, into=...)``, ``decode_report``, the stream readers, NIXL's receiver).
-
-A target is one of ``IntoArray`` (an engine array takes the pool whole), ``IntoPages``
-(blob page ``i`` lands on page ``page_ids[i]`` of an engine pool) and ``InPlace`` (a delta
-blob into the engine's own pool: the sent pages into free pages, the referenced ones
-re-hashed where they sit, docs/integrity.md § 5.3). Its arrays are taken when it is made
-(``_interop.engine_array``: NumPy, torch, DLPack), its form checked against the blob's
-header before a section is read, and it is written once, as the decode pipeline's last
-step (``land``): a refusal leaves it untouched. ``IntoArray(one_pass=True)`` opts into one
-pass over memory instead (each chunk copied, then hashed and digested while in cache; a
-compressed pool decompressed straight into the destination), at the price that a refusal
-of those checks leaves refused bytes in the destination (docs/decisions.md).
+"""Landing: where a blob's page pool goes in caller memory, a value passed with the bytes
+(``decode(data, into=...)``, the stream readers, NIXL's receiver): ``IntoArray`` (whole),
+``IntoPages`` (at engine page ids), ``InPlace`` (a delta blob into the engine's own pool,
+docs/integrity.md § 5.3). Checked against the header before a section is read, written once
+as the pipeline's last step: a refusal leaves it untouched (``IntoArray(one_pass=True)``
+trades that for one pass over memory, docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -267,20 +260,16 @@ class IntoPages(_Copied):
         """The engine pool as one row of bytes per page."""
         return self.flat.reshape(self.array.shape[0], self.page_bytes)
 
-    def runs(self) -> list[tuple[int, int]]:
-        """(first blob page, page count) of each run of consecutive engine ids."""
-        ids = self.ids
+    def spans(self) -> list[tuple[int, int]]:
+        """The [start, end) addresses this landing writes, in blob page order: one per run
+        of consecutive engine ids."""
+        base, size, ids = int(self.flat.ctypes.data), self.page_bytes, self.ids
         if not ids.size:
             return []
         breaks = (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
-        return [(s, e - s) for s, e in zip([0, *breaks], [*breaks, int(ids.size)], strict=True)]
-
-    def spans(self) -> list[tuple[int, int]]:
-        """The [start, end) addresses this landing writes."""
-        base, size, ids = int(self.flat.ctypes.data), self.page_bytes, self.ids
         return [
-            (base + int(ids[first]) * size, base + (int(ids[first]) + count) * size)
-            for first, count in self.runs()
+            (base + int(ids[s]) * size, base + (int(ids[e - 1]) + 1) * size)
+            for s, e in zip([0, *breaks], [*breaks, int(ids.size)], strict=True)
         ]
 
     def check(self, descriptor: TensorDescriptor) -> None:
@@ -352,12 +341,6 @@ class InPlace:
                 field="pool_store",
                 found=type(self.pool_store).__name__,
             )
-
-    def spans(self) -> list[tuple[int, int]]:
-        """The [start, end) addresses this landing may write: the engine's whole pool."""
-        flat = self.pool_store.page_pool.reshape(-1).view(np.uint8)
-        base = int(flat.ctypes.data)
-        return [(base, base + flat.nbytes)]
 
     def land(
         self, view: memoryview, opts: Decoder, *, report: bool = False,
@@ -531,20 +514,15 @@ def _engine_descriptor(
     decoder's plan cache (which weighs the descriptors it keeps)."""
     key = ("engine", descriptor, num_pages)
     found: TensorDescriptor | None = plans.get(key)
-    if found is None:
-        found = _build_engine_descriptor(descriptor, num_pages)
-        plans.put(key, found, weight(2 * descriptor.descriptor_length))  # the key's, and it
-    return found
-
-
-def _build_engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
+    if found is not None:
+        return found
     layout = descriptor.layout
     index_type = layout.block_table_index_type
     if num_pages and num_pages - 1 > layout.index_max:
         index_type = "uint64"
     engine = dataclasses.replace(layout, num_pages=num_pages, block_table_index_type=index_type)
     handle = descriptor.buffers[0]
-    return TensorDescriptor.block_paged(
+    found = TensorDescriptor.block_paged(
         engine,
         descriptor.shape,
         descriptor.element_type,
@@ -556,6 +534,8 @@ def _build_engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> Te
         memory_class=handle.memory_class,
         statistics=descriptor.statistics,
     )
+    plans.put(key, found, weight(2 * descriptor.descriptor_length))  # the key's, and it
+    return found
 
 
 def _geometry_error(what: str, field: str, expected: object, found: object) -> InvalidTensorError:

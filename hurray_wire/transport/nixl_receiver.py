@@ -190,8 +190,9 @@ class NixlReceiver(_Endpoint):
                                  layer=layer, role=role)  # fmt: skip
         own = [r.buf for r in (self._arena, self._write, self._staging) if r is not None]
         others = [v for k, v in self._targets.items() if k != key and not isinstance(v, InPlace)]
+        spans = [(x, y) for other in others for x, y in other.spans()]
         if any(np.may_share_memory(flat, buf) for buf in own) or any(
-            _overlaps(target, other) for other in others
+            x < w and v < y for x, y in target.spans() for v, w in spans
         ):
             raise ArgumentTypeError("page_pool overlaps the receiver's own memory or the "
                                     "pages another expected blob lands on", field="page_pool",
@@ -244,7 +245,10 @@ class NixlReceiver(_Endpoint):
                 # Checksums are hashed on the decoder thread, beside the next transfer;
                 # the rest of a decode is a few microseconds, cheaper than a hand-off
                 # (measured: GIL hand-offs doubled the time between transfers).
-                if self.verify and self._has_checksums(item):
+                held = self._arena.buf[item.landing :]
+                if item.write_at is not None and self._write is not None:
+                    held = self._write.buf[item.write_at :]
+                if self.verify and pool_section(held)[3]:  # the header: sections checksummed
                     future = self._decoder.submit(self._decode, item)
                 else:  # the last one, a few microseconds: no thread hand-off
                     future = Future()
@@ -410,14 +414,11 @@ class NixlReceiver(_Endpoint):
             item.staged_at = at
             address = int(self._staging.buf.ctypes.data) + at
             segments.append(Segment(r.pool_offset, r.pool_length, address))
-        elif isinstance(target, IntoPages):  # one NIXL descriptor per run of consecutive ids
-            size, ids, at = target.page_bytes, target.ids, int(target.flat.ctypes.data)
-            segments += [
-                Segment(r.pool_offset + first * size, count * size, at + int(ids[first]) * size)
-                for first, count in target.runs()
-            ]
-        else:
-            segments.append(Segment(r.pool_offset, r.pool_length, int(target.flat.ctypes.data)))
+        else:  # one NIXL descriptor per run of consecutive engine pages
+            at = r.pool_offset
+            for lo, hi in target.spans():
+                segments.append(Segment(at, hi - lo, lo))
+                at += hi - lo
         if end < r.total_length:
             segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
         item.segments = tuple(segments)
@@ -452,12 +453,6 @@ class NixlReceiver(_Endpoint):
             item.xfers.append(self._post("READ", local, remote))
         item.head_posted |= r.ready
         return True
-
-    def _has_checksums(self, item: _Incoming) -> bool:
-        """Whether the landed blob's header says its sections carry checksums."""
-        if item.write_at is not None and self._write is not None:
-            return pool_section(self._write.buf[item.write_at :])[3]
-        return pool_section(self._arena.buf[item.landing :])[3]
 
     def close(self) -> None:
         self._decoder.shutdown(wait=True)
@@ -528,11 +523,6 @@ class NixlReceiver(_Endpoint):
             landed = target.flat if isinstance(target, IntoArray) else target.gathered()
         placed = target.one_pass
         return target.land(view, opts, accept=accept, pool=landed, placed=placed)[0]
-
-
-def _overlaps(a: IntoArray | IntoPages, b: IntoArray | IntoPages) -> bool:
-    """Whether two landings write a common byte."""
-    return any(x < w and v < y for x, y in a.spans() for v, w in b.spans())
 
 
 def _checked_key(layer: object, role: object) -> tuple[int, str]:
