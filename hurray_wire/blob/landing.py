@@ -562,17 +562,10 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
             wanted["zero_points"] = ZERO_POINTS
     for name, dtype in wanted.items():
         given: npt.NDArray[Any] | None = getattr(pool, name)
-        if (given is None) != (dtype is None):
-            raise _geometry_error(
-                f"per-page-slot {name}", f"pool_store.{name}",
-                "none" if dtype is None else f"{slots} entries of {dtype}",
-                "none" if given is None else f"an array of {given.size}",
-            )  # fmt: skip
-        if given is not None and (given.dtype != dtype or given.size != slots):
-            raise _geometry_error(
-                f"per-page-slot {name}", f"pool_store.{name}", f"{slots} entries of {dtype}",
-                f"{given.size} entries of {given.dtype}",
-            )  # fmt: skip
+        want = "none" if dtype is None else f"{slots} entries of {dtype}"
+        got = "none" if given is None else f"{given.size} entries of {given.dtype}"
+        if want != got:
+            raise _geometry_error(f"per-page-slot {name}", f"pool_store.{name}", want, got)
 
 
 def _free_pages(free_pages: object, pool: EnginePoolStore) -> IntArray:

@@ -159,21 +159,13 @@ class NixlReceiver(_Endpoint):
         page_ids: Any = None,
         one_pass: bool = False,
     ) -> None:
-        """Land the page pool of blob {layer, role} in the engine's ``page_pool``: the
-        decoded tensor's page_pool then shares its memory.
+        """Land the page pool of blob {layer, role} in the engine's ``page_pool``, whole
+        (``IntoArray``) or at ``page_ids`` (``IntoPages``, docs/nixl.md § 4).
 
-        Without ``page_ids`` the array has the pool's dtype and shape (or is uint8 of its
-        bytes) and takes it whole. With ``page_ids`` it is the engine's whole pool
-        ``[num_pages, ...]`` and blob page ``i`` lands on engine page ``page_ids[i]`` (the
-        blocks the engine allocated for the request: distinct, any order); the tensor
-        returned is over the whole engine pool, its block table in engine page ids
-        (docs/nixl.md § 4).
-
-        The pool is READ into the receiver's staging ring and copied into ``page_pool``
-        after every check passed: a refused blob leaves it untouched. ``one_pass=True``
-        (``page_pool`` then in registered memory) READs it straight into ``page_pool``, one
-        pass over memory; a blob refused after its READ (any check but the offered sizes)
-        leaves the bytes the peer sent in the pool's pages, and the rest untouched."""
+        The pool is READ into the staging ring and copied into ``page_pool`` after every
+        check passed: a refused blob leaves it untouched. ``one_pass=True`` (``page_pool``
+        in registered memory) READs it straight there; a blob refused after its READ
+        leaves the bytes the peer sent in the pool's pages."""
         key = _checked_key(layer, role)
         one_pass = flag(one_pass, "one_pass")
         if isinstance(self._targets.get(key), InPlace):
@@ -205,11 +197,9 @@ class NixlReceiver(_Endpoint):
     def expect_in_place(
         self, layer: int, role: str, pool_store: EnginePoolStore, free_pages: Any
     ) -> None:
-        """Decode blob {layer, role} in place into the engine's pool (``decode_in_place``):
-        the pages it carries go to ``free_pages``, the pages it references are the ones
-        ``pool_store`` indexes, re-hashed where they are; the tensor is over the engine's
-        pool. The delta protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
-        pool_store.digests())`` first, and the sender publishes with ``known_pages`` (staged)."""
+        """Decode blob {layer, role} into the engine's pool (``InPlace``), the delta
+        protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
+        pool_store.digests())`` first, and the sender publishes with ``known_pages``."""
         key = _checked_key(layer, role)
         target = InPlace(pool_store, free_pages)
         if key in self._targets and not isinstance(self._targets[key], InPlace):
