@@ -241,9 +241,13 @@ def decode_record(data: Any) -> TransferRecord:
              "version_major", major, w.RECORD_VERSION, offset=_AT["version_major"])  # fmt: skip
     expected = _TRANSFER.total_for(_SEGMENT * segment_count + tail_length)
     if record_length != len(raw) or expected != len(raw):
-        _bad("record_length disagrees with the bytes received or with the counts",
-             "record_length", record_length, f"{len(raw)} (received) == {expected} (counts)",
-             offset=_AT["record_length"])  # fmt: skip
+        _bad(
+            "record_length disagrees with the bytes received or with the counts",
+            "record_length",
+            record_length,
+            f"{len(raw)} (received) == {expected} (counts)",
+            offset=_AT["record_length"],
+        )
     spans = _TRANSFER.spans(len(raw), (("segments", _SEGMENT * segment_count),
                                        ("tail", tail_length)))  # fmt: skip
     _TRANSFER.check_seal(memoryview(raw), spans["seal"][0])
@@ -256,8 +260,13 @@ def decode_record(data: Any) -> TransferRecord:
             "unknown kv_role code", "kv_role", role, sorted(KV_ROLE_BY_CODE), offset=_AT["kv_role"]
         )
     if segment_count > MAX_SEGMENTS:  # before any Segment is built
-        _bad("segment count out of range", "segment_count", segment_count,
-             f"<= {MAX_SEGMENTS}", offset=_AT["segment_count"])  # fmt: skip
+        _bad(
+            "segment count out of range",
+            "segment_count",
+            segment_count,
+            f"<= {MAX_SEGMENTS}",
+            offset=_AT["segment_count"],
+        )
     segments = []
     first, start = spans["segments"]
     for k, (blob_offset, length, address, device_id, reserved) in enumerate(
