@@ -435,10 +435,8 @@ class _OnePass(PageWork):
 
 
 class _Rows:
-    """The page rows of a one-pass landing, landed in ascending chunks (``up_to``): each
-    chunk copied into place (scattered to its page ids with refs; already there when it
-    was decompressed into the destination), then, while in cache, fed to buffer 0's
-    section hasher and digested."""
+    """The page rows of a one-pass landing, landed in ascending chunks (``up_to``), each
+    hashed and digested while in cache."""
 
     def __init__(self, work: _OnePass, sent: Any, expected: Any, full: list[U8Array]) -> None:
         descriptor = work.descriptor

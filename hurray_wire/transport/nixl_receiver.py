@@ -79,10 +79,7 @@ class NixlReceiver(_Endpoint):
     once its ``done`` record came, and only the copy is validated and used (docs/nixl.md
     § 3.1). Without it, WRITE offers are refused.
 
-    An expected page pool (``expect``) is READ into a staging ring of ``staging_bytes``
-    (registered once, on the first such ``expect``) and copied into the engine's array
-    only once every check passed; ``expect(..., one_pass=True)`` READs it straight into
-    the engine's memory instead.
+    ``staging_bytes``: the ring ``expect`` READs pools into (registered on first use).
 
     Tensors decoded from the landing region are views of it and stay valid until the next
     ``receive`` call, which reuses the region (so the blobs of one call must fit in it);
