@@ -260,13 +260,9 @@ def decode_record(data: Any) -> TransferRecord:
             "unknown kv_role code", "kv_role", role, sorted(KV_ROLE_BY_CODE), offset=_AT["kv_role"]
         )
     if segment_count > MAX_SEGMENTS:  # before any Segment is built
-        _bad(
-            "segment count out of range",
-            "segment_count",
-            segment_count,
-            f"<= {MAX_SEGMENTS}",
-            offset=_AT["segment_count"],
-        )
+        at = _AT["segment_count"]
+        _bad("segment count out of range", "segment_count", segment_count,
+             f"<= {MAX_SEGMENTS}", offset=at)  # fmt: skip
     segments = []
     first, start = spans["segments"]
     for k, (blob_offset, length, address, device_id, reserved) in enumerate(
