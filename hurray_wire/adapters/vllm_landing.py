@@ -92,38 +92,10 @@ def _check_match(name: str, found: Any, expected: Any) -> None:
         )
 
 
-def into_vllm(
-    tensor_or_pair: BlockPagedTensor | Pair,
-    kv_cache: Any,
-    block_ids: Any,
-    *,
-    backend: Any = None,
-    vllm_version: str | None = None,
-    isa: str | None = None,
-    kv_cache_dtype: str | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    block_size: int | None = None,
-) -> None:
-    """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load).
-
-    ``block_ids`` holds per sequence the engine blocks of its pages (ragged lists or a
-    padded ``[num_seqs, width]`` table, as vLLM's block table); each block receives its
-    page's valid tokens only (a partial last page leaves the block's tail untouched).
-    Everything is checked before the first byte is written: backend and era forms, dtype
-    (``kv_cache_dtype`` for a uint8 fp8 cache), geometry, ids in ``1 .. num_blocks - 1``
-    (block 0 is the null block), no block aimed at by two different pages, the engine's
-    ``k_scale`` / ``v_scale`` equal to the tensor's. The cache must be writable CPU memory
-    (a NumPy array or a CPU torch tensor, written in place).
-
-    ``block_size``: vLLM's scheduler block size when the cache is split into smaller kernel
-    blocks (the tensor's pages are kernel blocks): ``block_ids`` are then the scheduler's
-    manager block ids, and page ``i`` of a sequence lands in kernel block
-    ``block_ids[i // ratio] * ratio + i % ratio``, where the attention reads it.
-    """
-    checked_write(tensor_or_pair, kv_cache, block_ids, backend=backend, vllm_version=vllm_version,
-                  isa=isa, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
-                  block_size=block_size)()  # fmt: skip
+def into_vllm(*args: Any, **kwargs: Any) -> None:
+    """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load):
+    :func:`checked_write`'s arguments and checks, its write run at once."""
+    checked_write(*args, **kwargs)()
 
 
 def checked_write(
@@ -139,9 +111,23 @@ def checked_write(
     v_scale: Any = None,
     block_size: int | None = None,
 ) -> Callable[[], None]:
-    """Every check of :func:`into_vllm`, nothing written: returns the write, to run once
-    every check of every layer of a transfer passed (the connector's transfer-atomic
-    landing: a refusal at the last layer leaves every layer's blocks untouched)."""
+    """Every check of a write of the tensor's pages into an engine cache at vLLM block ids,
+    nothing written: returns the write, to run once every layer of a transfer passed (the
+    connector's transfer-atomic landing; :func:`into_vllm` runs it at once).
+
+    ``block_ids`` holds per sequence the engine blocks of its pages (ragged lists or a
+    padded ``[num_seqs, width]`` table, as vLLM's block table); each block receives its
+    page's valid tokens only (a partial last page leaves the block's tail untouched).
+    Checked: backend and era forms, dtype (``kv_cache_dtype`` for a uint8 fp8 cache),
+    geometry, ids in ``1 .. num_blocks - 1`` (block 0 is the null block), no block aimed at
+    by two different pages, the engine's ``k_scale`` / ``v_scale`` equal to the tensor's.
+    The cache is writable CPU memory (a NumPy array or a CPU torch tensor, written in place).
+
+    ``block_size``: vLLM's scheduler block size when the cache is split into smaller kernel
+    blocks (the tensor's pages are kernel blocks): ``block_ids`` are then manager block ids,
+    and page ``i`` of a sequence lands in kernel block ``block_ids[i // ratio] * ratio +
+    i % ratio``, where the attention reads it.
+    """
     name = forms.backend_name(backend)
     tensors = _tensors(tensor_or_pair, name)
     cache = fp8_view(engine_array(kv_cache, "kv_cache", contiguous=False), kv_cache_dtype)

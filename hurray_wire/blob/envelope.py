@@ -135,24 +135,19 @@ def whole_blob_header(view: memoryview) -> tuple[Any, ...]:
 def check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
     """Refuse a header whose section table or descriptor is above the decode limits:
     checked on the fixed header alone, before any work that grows with either."""
-    if count > limits.max_sections:
-        raise LimitExceededError(
-            "too many sections",
-            section="header",
-            field="section_count",
-            offset=AT["section_count"],
-            found=count,
-            expected=f"<= {limits.max_sections}",
-        )
-    if dlen > limits.max_descriptor_length:
-        raise LimitExceededError(
-            "descriptor too long",
-            section="header",
-            field="descriptor_length",
-            offset=AT["descriptor_length"],
-            found=dlen,
-            expected=f"<= {limits.max_descriptor_length}",
-        )
+    for what, name, found, most in (
+        ("too many sections", "section_count", count, limits.max_sections),
+        ("descriptor too long", "descriptor_length", dlen, limits.max_descriptor_length),
+    ):
+        if found > most:
+            raise LimitExceededError(
+                what,
+                section="header",
+                field=name,
+                offset=AT[name],
+                found=found,
+                expected=f"<= {most}",
+            )
 
 
 def pool_section(head: Any) -> tuple[int, int, bool, bool]:

@@ -1,16 +1,9 @@
-"""Landing: where a blob's page pool goes in caller memory, as a value passed with the
-bytes (``decode(data, into=...)``, ``decode_report``, the stream readers, NIXL's receiver).
-
-A target is one of ``IntoArray`` (an engine array takes the pool whole), ``IntoPages``
-(blob page ``i`` lands on page ``page_ids[i]`` of an engine pool) and ``InPlace`` (a delta
-blob into the engine's own pool: the sent pages into free pages, the referenced ones
-re-hashed where they sit, docs/integrity.md § 5.3). Its arrays are taken when it is made
-(``_interop.engine_array``: NumPy, torch, DLPack), its form checked against the blob's
-header before a section is read, and it is written once, as the decode pipeline's last
-step (``land``): a refusal leaves it untouched. ``IntoArray(one_pass=True)`` opts into one
-pass over memory instead (each chunk copied, then hashed and digested while in cache; a
-compressed pool decompressed straight into the destination), at the price that a refusal
-of those checks leaves refused bytes in the destination (docs/decisions.md).
+"""Landing: where a blob's page pool goes in caller memory, a value passed with the bytes
+(``decode(data, into=...)``, the stream readers, NIXL's receiver): ``IntoArray`` (whole),
+``IntoPages`` (at engine page ids), ``InPlace`` (a delta blob into the engine's own pool,
+docs/integrity.md § 5.3). Checked against the header before a section is read, written once
+as the pipeline's last step: a refusal leaves it untouched (``IntoArray(one_pass=True)``
+trades that for one pass over memory, docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -84,10 +77,8 @@ def _check_form(
     descriptor: TensorDescriptor, array: npt.NDArray[Any], *, pages: int | None = None,
     field: str = "page_pool",
 ) -> None:  # fmt: skip
-    """``array`` can hold the blob's pool as the engine reads it: the pool's dtype and
-    shape (``pages``: an engine pool of that many pages of the blob's page shape), or
-    untyped bytes (uint8) of the same byte size. A float16 array for a bfloat16 pool, or a
-    float32 array of half the length, is refused: the engine would read other values."""
+    """``array`` has the pool's dtype and shape (``pages``: that many pages of its page
+    shape) or is uint8 of its byte size: any other type would read other values."""
     shape, dtype = pool_form(descriptor)
     if pages is not None:
         shape = (pages, *shape[1:])
@@ -118,11 +109,19 @@ def _with_tensor(found: DecodeReport | None, tensor: BlockPagedTensor) -> Decode
 
 
 class _Copied:
-    """What ``IntoArray`` and ``IntoPages`` share: a copy of the verified pool as the
-    pipeline's last step."""
+    """What ``IntoArray`` and ``IntoPages`` share: the engine array's intake, and a copy of
+    the verified pool as the pipeline's last step."""
 
-    flat: U8Array
+    page_pool: Any
     one_pass: bool
+    array: npt.NDArray[Any]
+    flat: U8Array
+
+    def __post_init__(self) -> None:
+        array = engine_array(self.page_pool, "page_pool")
+        object.__setattr__(self, "one_pass", flag(self.one_pass, "one_pass"))
+        object.__setattr__(self, "array", array)
+        object.__setattr__(self, "flat", array.reshape(-1).view(np.uint8))
 
     def check(self, descriptor: TensorDescriptor) -> None:
         raise NotImplementedError
@@ -155,21 +154,14 @@ class _Copied:
 @dataclass(frozen=True, eq=False)
 class IntoArray(_Copied):
     """The pool lands whole in ``page_pool``: a writable C-contiguous engine array (NumPy,
-    torch on the CPU, DLPack) with the pool's dtype and shape, or uint8 of its byte size,
-    not overlapping the input; the tensor's ``page_pool`` is then that array (viewed with
-    the blob's dtype and shape when it is raw bytes). ``one_pass=True``: checked while
-    copied (module docstring); for NIXL, READ straight into it."""
+    torch on the CPU, DLPack) with the pool's dtype and shape, or uint8 of its byte size;
+    the tensor's ``page_pool`` is then that array. ``one_pass=True``: checked while copied
+    (module docstring); for NIXL, READ straight into it."""
 
     page_pool: Any
     one_pass: bool = False
     array: npt.NDArray[Any] = field(init=False, repr=False)
     flat: U8Array = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        array = engine_array(self.page_pool, "page_pool")
-        object.__setattr__(self, "one_pass", flag(self.one_pass, "one_pass"))
-        object.__setattr__(self, "array", array)
-        object.__setattr__(self, "flat", array.reshape(-1).view(np.uint8))
 
     @property
     def nbytes(self) -> int:
@@ -226,12 +218,10 @@ class IntoArray(_Copied):
 
 @dataclass(frozen=True, eq=False)
 class IntoPages(_Copied):
-    """Blob page ``i`` lands on page ``page_ids[i]`` of ``page_pool``, the engine's whole
-    pool ``[num_pages, ...]`` (an engine array as ``IntoArray`` takes; ``page_ids``
-    distinct, in range, any order: the blocks the engine allocated for the request). The
-    tensor is then over the whole engine pool, its block table in engine page ids: what
-    the engine's attention kernel indexes. An unquantized pool only (per-page scales would
-    need an engine-sized scale array). ``one_pass``: NIXL's, READ straight to the pages."""
+    """Blob page ``i`` lands on page ``page_ids[i]`` (distinct, any order) of
+    ``page_pool``, the engine's whole pool ``[num_pages, ...]``; the tensor is then over
+    that pool, its block table in engine page ids. Unquantized pools only (per-page scales
+    would need an engine-sized scale array). ``one_pass``: NIXL's, READ straight there."""
 
     page_pool: Any
     page_ids: Any
@@ -242,7 +232,8 @@ class IntoPages(_Copied):
     page_bytes: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        array = engine_array(self.page_pool, "page_pool")
+        super().__post_init__()
+        array = self.array
         if array.ndim < 2 or array.shape[0] == 0:
             raise ArgumentTypeError(
                 "with page_ids, page_pool is the engine's pool: [num_pages, ...] with pages",
@@ -250,12 +241,9 @@ class IntoPages(_Copied):
                 found=f"shape {tuple(array.shape)}",
             )
         pages = int(array.shape[0])
-        set_ = object.__setattr__
-        set_(self, "one_pass", flag(self.one_pass, "one_pass"))
-        set_(self, "array", array)
-        set_(self, "flat", array.reshape(-1).view(np.uint8))
-        set_(self, "ids", page_id_array(self.page_ids, pages, "page_ids", distinct=True))
-        set_(self, "page_bytes", array.nbytes // pages)
+        ids = page_id_array(self.page_ids, pages, "page_ids", distinct=True)
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "page_bytes", array.nbytes // pages)
 
     @property
     def nbytes(self) -> int:
@@ -267,20 +255,16 @@ class IntoPages(_Copied):
         """The engine pool as one row of bytes per page."""
         return self.flat.reshape(self.array.shape[0], self.page_bytes)
 
-    def runs(self) -> list[tuple[int, int]]:
-        """(first blob page, page count) of each run of consecutive engine ids."""
-        ids = self.ids
+    def spans(self) -> list[tuple[int, int]]:
+        """The [start, end) addresses this landing writes, in blob page order: one per run
+        of consecutive engine ids."""
+        base, size, ids = int(self.flat.ctypes.data), self.page_bytes, self.ids
         if not ids.size:
             return []
         breaks = (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
-        return [(s, e - s) for s, e in zip([0, *breaks], [*breaks, int(ids.size)], strict=True)]
-
-    def spans(self) -> list[tuple[int, int]]:
-        """The [start, end) addresses this landing writes."""
-        base, size, ids = int(self.flat.ctypes.data), self.page_bytes, self.ids
         return [
-            (base + int(ids[first]) * size, base + (int(ids[first]) + count) * size)
-            for first, count in self.runs()
+            (base + int(ids[s]) * size, base + (int(ids[e - 1]) + 1) * size)
+            for s, e in zip([0, *breaks], [*breaks, int(ids.size)], strict=True)
         ]
 
     def check(self, descriptor: TensorDescriptor) -> None:
@@ -332,15 +316,10 @@ class IntoPages(_Copied):
 class InPlace:
     """A blob (delta or full) decoded into the engine's pool that ``pool_store`` wraps
     (docs/integrity.md § 5.3): the sent pages go into the first ``peek_in_place(data)[1]``
-    of ``free_pages``, in blob page order; referenced pages are re-hashed where they sit,
-    not copied; the tensor's ``page_pool`` is ``pool_store.page_pool`` and its
-    ``block_table`` names engine pages. The engine ``pool_store.index(...)``-es the pages it
-    keeps and must not overwrite indexed pages during the call. With ``report=True`` pages
-    that fail (a digest mismatch, a referenced page not indexed, or stale in the pool) are
-    reported (``InPlaceReport``), not raised: each failed page gets a further free page
-    (after those of the sent pages), zero-filled, for the engine to recompute, and the good
-    pages are written; when ``free_pages`` is too short for that, the failure is raised.
-    The decoder's ``page_store`` is ignored: the engine's pool is the store."""
+    of ``free_pages``; referenced pages are re-hashed where they sit; the tensor is over
+    ``pool_store.page_pool``, its block table in engine pages. Reported failed pages
+    (``InPlaceReport``) each get a further free page, zero-filled, for the engine to
+    recompute. The decoder's ``page_store`` is ignored: the engine's pool is the store."""
 
     pool_store: EnginePoolStore
     free_pages: Any
@@ -352,12 +331,6 @@ class InPlace:
                 field="pool_store",
                 found=type(self.pool_store).__name__,
             )
-
-    def spans(self) -> list[tuple[int, int]]:
-        """The [start, end) addresses this landing may write: the engine's whole pool."""
-        flat = self.pool_store.page_pool.reshape(-1).view(np.uint8)
-        base = int(flat.ctypes.data)
-        return [(base, base + flat.nbytes)]
 
     def land(
         self, view: memoryview, opts: Decoder, *, report: bool = False,
@@ -392,13 +365,10 @@ def _compare(hasher: Any, view: memoryview, entry: Entry) -> None:
 
 
 class _OnePass(PageWork):
-    """The pool landed by ``land_into(one_pass=True)`` in the pipeline's last step: the
-    other checks and ``accept`` run on the typed destination, still unwritten; ``finish``
-    then decompresses a compressed pool into it (or, with page refs, its sent rows into
-    ``late``) and checks a packed pool's padding bits, the last bytes just written; with
-    page sections it copies each ~1 MiB chunk of rows into place and, while the chunk is
-    in cache, feeds it to buffer 0's section hasher and digests its pages; then the store
-    fills the referenced pages. A failure found here leaves the destination written."""
+    """``IntoArray(one_pass=True)``'s pool, landed in the pipeline's last step (``finish``):
+    the other checks and ``accept`` run first on the unwritten destination, then each ~1 MiB
+    chunk of rows is copied (or decompressed) into place, hashed and digested while in
+    cache. A failure found here leaves the destination written."""
 
     def __init__(
         self, out: U8Array, view: memoryview, entry: Entry, hash_pool: bool,
@@ -465,10 +435,8 @@ class _OnePass(PageWork):
 
 
 class _Rows:
-    """The page rows of a one-pass landing, landed in ascending chunks (``up_to``): each
-    chunk copied into place (scattered to its page ids with refs; already there when it
-    was decompressed into the destination), then, while in cache, fed to buffer 0's
-    section hasher and digested."""
+    """The page rows of a one-pass landing, landed in ascending chunks (``up_to``), each
+    hashed and digested while in cache."""
 
     def __init__(self, work: _OnePass, sent: Any, expected: Any, full: list[U8Array]) -> None:
         descriptor = work.descriptor
@@ -489,36 +457,31 @@ class _Rows:
     def up_to(self, stop: int) -> None:
         """Lands rows up to ``stop`` in chunks of at most ``step`` (~1 MiB) rows, however
         far a threaded decompression's final prefix jumped at once."""
+        rows, sent = self.rows, self.sent
         while self.done < stop:
-            self._chunk(min(stop, self.done + self.step))
-
-    def _chunk(self, stop: int) -> None:
-        start, rows, sent = self.done, self.rows, self.sent
-        if sent is not None:  # scattered to their page ids: the source rows, just read
-            self.landed.pool[sent[start:stop]] = chunk = rows.pool[start:stop]
-        else:
-            chunk = self.landed.pool[start:stop]
-            if self.moved:
-                chunk[...] = rows.pool[start:stop]
-        if self.hasher is not None:
-            self.hasher.update(chunk.data)
-        if self.found is not None:
-            self.found[start:stop] = PageRecords(
-                chunk,
-                None if rows.scales is None else rows.scales[start:stop],
-                None if rows.zero_points is None else rows.zero_points[start:stop],
-            ).digests()
-        self.done = stop
+            start, end = self.done, min(stop, self.done + self.step)
+            if sent is not None:  # scattered to their page ids: the source rows, just read
+                self.landed.pool[sent[start:end]] = chunk = rows.pool[start:end]
+            else:
+                chunk = self.landed.pool[start:end]
+                if self.moved:
+                    chunk[...] = rows.pool[start:end]
+            if self.hasher is not None:
+                self.hasher.update(chunk.data)
+            if self.found is not None:
+                self.found[start:end] = PageRecords(
+                    chunk,
+                    None if rows.scales is None else rows.scales[start:end],
+                    None if rows.zero_points is None else rows.zero_points[start:end],
+                ).digests()
+            self.done = end
 
 
 @dataclass(frozen=True)
 class InPlaceReport(DecodeReport):
-    """What ``decode_in_place_report`` returns. As DecodeReport, in the engine's page ids:
-    ``pages`` are where ``tensor.block_table`` points for every failed page (free pages,
-    zero-filled, for the engine to recompute), ``positions`` their logical places;
-    ``missing`` / ``corrupt`` / ``digest_mismatch`` split ``pages`` by cause. ``stale`` are
-    the indexed engine pages whose bytes no longer match their digest (``forget`` them);
-    ``written`` the free pages used, in the order taken from ``free_pages`` (a prefix)."""
+    """``decode_report(into=InPlace(...))``'s: a DecodeReport in engine page ids (failed
+    pages: zero-filled free pages to recompute). ``stale``: indexed engine pages whose bytes
+    no longer match their digest (``forget`` them); ``written``: the free pages used."""
 
     stale: npt.NDArray[np.int64]
     written: npt.NDArray[np.int64]
@@ -531,20 +494,15 @@ def _engine_descriptor(
     decoder's plan cache (which weighs the descriptors it keeps)."""
     key = ("engine", descriptor, num_pages)
     found: TensorDescriptor | None = plans.get(key)
-    if found is None:
-        found = _build_engine_descriptor(descriptor, num_pages)
-        plans.put(key, found, weight(2 * descriptor.descriptor_length))  # the key's, and it
-    return found
-
-
-def _build_engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> TensorDescriptor:
+    if found is not None:
+        return found
     layout = descriptor.layout
     index_type = layout.block_table_index_type
     if num_pages and num_pages - 1 > layout.index_max:
         index_type = "uint64"
     engine = dataclasses.replace(layout, num_pages=num_pages, block_table_index_type=index_type)
     handle = descriptor.buffers[0]
-    return TensorDescriptor.block_paged(
+    found = TensorDescriptor.block_paged(
         engine,
         descriptor.shape,
         descriptor.element_type,
@@ -556,6 +514,8 @@ def _build_engine_descriptor(descriptor: TensorDescriptor, num_pages: int) -> Te
         memory_class=handle.memory_class,
         statistics=descriptor.statistics,
     )
+    plans.put(key, found, weight(2 * descriptor.descriptor_length))  # the key's, and it
+    return found
 
 
 def _geometry_error(what: str, field: str, expected: object, found: object) -> InvalidTensorError:
@@ -600,17 +560,10 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
             wanted["zero_points"] = ZERO_POINTS
     for name, dtype in wanted.items():
         given: npt.NDArray[Any] | None = getattr(pool, name)
-        if (given is None) != (dtype is None):
-            raise _geometry_error(
-                f"per-page-slot {name}", f"pool_store.{name}",
-                "none" if dtype is None else f"{slots} entries of {dtype}",
-                "none" if given is None else f"an array of {given.size}",
-            )  # fmt: skip
-        if given is not None and (given.dtype != dtype or given.size != slots):
-            raise _geometry_error(
-                f"per-page-slot {name}", f"pool_store.{name}", f"{slots} entries of {dtype}",
-                f"{given.size} entries of {given.dtype}",
-            )  # fmt: skip
+        want = "none" if dtype is None else f"{slots} entries of {dtype}"
+        got = "none" if given is None else f"{given.size} entries of {given.dtype}"
+        if want != got:
+            raise _geometry_error(f"per-page-slot {name}", f"pool_store.{name}", want, got)
 
 
 def _free_pages(free_pages: object, pool: EnginePoolStore) -> IntArray:
@@ -718,9 +671,9 @@ class _InPlaceWork(PageWork):
         refs, sent, free, remap = self.refs, self.sent, self.free, self.remap
         assert free.size >= sent.size  # _run checked it on the header
         failed_refs = self._failed_refs()
-        ref_pages = refs.pages if refs is not None else _NONE
-        missing = ref_pages[self.engine_refs < 0] if refs is not None else _NONE
-        corrupt = ref_pages[(self.engine_refs >= 0) & ~self.ref_ok] if refs is not None else _NONE
+        ref_pages = refs.pages if refs is not None else _NONE  # engine_refs, ref_ok: empty
+        missing = ref_pages[self.engine_refs < 0]
+        corrupt = ref_pages[(self.engine_refs >= 0) & ~self.ref_ok]
         stale = np.unique(self.engine_refs[(self.engine_refs >= 0) & ~self.ref_ok])
         failed = np.union1d(self.mismatch, ref_pages[failed_refs]).astype(np.int64)
         positions = self.verdict(self.table, self.starts, failed)

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire._interop import engine_array
 from hurray_wire.containers.io import ClosesOnExit
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.transport.records import (
@@ -82,11 +81,6 @@ def _no_descriptors() -> Any:
     """An empty NIXL registration list (partial metadata with connection information only)."""
     bind = sys.modules[_nixl.nixl_agent.__module__].nixlBind
     return bind.nixlRegDList(bind.DRAM_SEG, [])
-
-
-def _bytes_of(array: Any, what: str) -> _U8:
-    """A writable C-contiguous array as flat bytes (a view, never a copy)."""
-    return engine_array(array, what).reshape(-1).view(np.uint8)
 
 
 def _region_bytes(value: object, name: str) -> int:

@@ -79,10 +79,7 @@ class NixlReceiver(_Endpoint):
     once its ``done`` record came, and only the copy is validated and used (docs/nixl.md
     § 3.1). Without it, WRITE offers are refused.
 
-    An expected page pool (``expect``) is READ into a staging ring of ``staging_bytes``
-    (registered once, on the first such ``expect``) and copied into the engine's array
-    only once every check passed; ``expect(..., one_pass=True)`` READs it straight into
-    the engine's memory instead.
+    ``staging_bytes``: the ring ``expect`` READs pools into (registered on first use).
 
     Tensors decoded from the landing region are views of it and stay valid until the next
     ``receive`` call, which reuses the region (so the blobs of one call must fit in it);
@@ -159,21 +156,13 @@ class NixlReceiver(_Endpoint):
         page_ids: Any = None,
         one_pass: bool = False,
     ) -> None:
-        """Land the page pool of blob {layer, role} in the engine's ``page_pool``: the
-        decoded tensor's page_pool then shares its memory.
+        """Land the page pool of blob {layer, role} in the engine's ``page_pool``, whole
+        (``IntoArray``) or at ``page_ids`` (``IntoPages``, docs/nixl.md § 4).
 
-        Without ``page_ids`` the array has the pool's dtype and shape (or is uint8 of its
-        bytes) and takes it whole. With ``page_ids`` it is the engine's whole pool
-        ``[num_pages, ...]`` and blob page ``i`` lands on engine page ``page_ids[i]`` (the
-        blocks the engine allocated for the request: distinct, any order); the tensor
-        returned is over the whole engine pool, its block table in engine page ids
-        (docs/nixl.md § 4).
-
-        The pool is READ into the receiver's staging ring and copied into ``page_pool``
-        after every check passed: a refused blob leaves it untouched. ``one_pass=True``
-        (``page_pool`` then in registered memory) READs it straight into ``page_pool``, one
-        pass over memory; a blob refused after its READ (any check but the offered sizes)
-        leaves the bytes the peer sent in the pool's pages, and the rest untouched."""
+        The pool is READ into the staging ring and copied into ``page_pool`` after every
+        check passed: a refused blob leaves it untouched. ``one_pass=True`` (``page_pool``
+        in registered memory) READs it straight there; a blob refused after its READ
+        leaves the bytes the peer sent in the pool's pages."""
         key = _checked_key(layer, role)
         one_pass = flag(one_pass, "one_pass")
         if isinstance(self._targets.get(key), InPlace):
@@ -190,8 +179,9 @@ class NixlReceiver(_Endpoint):
                                  layer=layer, role=role)  # fmt: skip
         own = [r.buf for r in (self._arena, self._write, self._staging) if r is not None]
         others = [v for k, v in self._targets.items() if k != key and not isinstance(v, InPlace)]
+        spans = [(x, y) for other in others for x, y in other.spans()]
         if any(np.may_share_memory(flat, buf) for buf in own) or any(
-            _overlaps(target, other) for other in others
+            x < w and v < y for x, y in target.spans() for v, w in spans
         ):
             raise ArgumentTypeError("page_pool overlaps the receiver's own memory or the "
                                     "pages another expected blob lands on", field="page_pool",
@@ -204,11 +194,9 @@ class NixlReceiver(_Endpoint):
     def expect_in_place(
         self, layer: int, role: str, pool_store: EnginePoolStore, free_pages: Any
     ) -> None:
-        """Decode blob {layer, role} in place into the engine's pool (``decode_in_place``):
-        the pages it carries go to ``free_pages``, the pages it references are the ones
-        ``pool_store`` indexes, re-hashed where they are; the tensor is over the engine's
-        pool. The delta protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
-        pool_store.digests())`` first, and the sender publishes with ``known_pages`` (staged)."""
+        """Decode blob {layer, role} into the engine's pool (``InPlace``), the delta
+        protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
+        pool_store.digests())`` first, and the sender publishes with ``known_pages``."""
         key = _checked_key(layer, role)
         target = InPlace(pool_store, free_pages)
         if key in self._targets and not isinstance(self._targets[key], InPlace):
@@ -244,7 +232,10 @@ class NixlReceiver(_Endpoint):
                 # Checksums are hashed on the decoder thread, beside the next transfer;
                 # the rest of a decode is a few microseconds, cheaper than a hand-off
                 # (measured: GIL hand-offs doubled the time between transfers).
-                if self.verify and self._has_checksums(item):
+                held = self._arena.buf[item.landing :]
+                if item.write_at is not None and self._write is not None:
+                    held = self._write.buf[item.write_at :]
+                if self.verify and pool_section(held)[3]:  # the header: sections checksummed
                     future = self._decoder.submit(self._decode, item)
                 else:  # the last one, a few microseconds: no thread hand-off
                     future = Future()
@@ -410,14 +401,11 @@ class NixlReceiver(_Endpoint):
             item.staged_at = at
             address = int(self._staging.buf.ctypes.data) + at
             segments.append(Segment(r.pool_offset, r.pool_length, address))
-        elif isinstance(target, IntoPages):  # one NIXL descriptor per run of consecutive ids
-            size, ids, at = target.page_bytes, target.ids, int(target.flat.ctypes.data)
-            segments += [
-                Segment(r.pool_offset + first * size, count * size, at + int(ids[first]) * size)
-                for first, count in target.runs()
-            ]
-        else:
-            segments.append(Segment(r.pool_offset, r.pool_length, int(target.flat.ctypes.data)))
+        else:  # one NIXL descriptor per run of consecutive engine pages
+            at = r.pool_offset
+            for lo, hi in target.spans():
+                segments.append(Segment(at, hi - lo, lo))
+                at += hi - lo
         if end < r.total_length:
             segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
         item.segments = tuple(segments)
@@ -452,12 +440,6 @@ class NixlReceiver(_Endpoint):
             item.xfers.append(self._post("READ", local, remote))
         item.head_posted |= r.ready
         return True
-
-    def _has_checksums(self, item: _Incoming) -> bool:
-        """Whether the landed blob's header says its sections carry checksums."""
-        if item.write_at is not None and self._write is not None:
-            return pool_section(self._write.buf[item.write_at :])[3]
-        return pool_section(self._arena.buf[item.landing :])[3]
 
     def close(self) -> None:
         self._decoder.shutdown(wait=True)
@@ -528,11 +510,6 @@ class NixlReceiver(_Endpoint):
             landed = target.flat if isinstance(target, IntoArray) else target.gathered()
         placed = target.one_pass
         return target.land(view, opts, accept=accept, pool=landed, placed=placed)[0]
-
-
-def _overlaps(a: IntoArray | IntoPages, b: IntoArray | IntoPages) -> bool:
-    """Whether two landings write a common byte."""
-    return any(x < w and v < y for x, y in a.spans() for v, w in b.spans())
 
 
 def _checked_key(layer: object, role: object) -> tuple[int, str]:

@@ -288,20 +288,16 @@ class NixlSender(_Endpoint):
                                      layer=layer, role=role)  # fmt: skip
             self._nap(idle)  # without a progress thread, we move the transfers
 
-    def _pause(self, idle: int) -> float:
-        """How long to sleep between polls. Our own WRITEs move only while we poll (no
-        progress thread): none. A checksum being computed: ``_nap`` waits for it. The
-        peer's READs need only our answers to its requests: a short nap, leaving the core
-        to the hashing thread (measured: spinning 64 polls after every event cost the
-        hasher a third of a core). Otherwise back off."""
-        if any(o.body is not None or o.head is not None for o in self._out.values()):
-            return 0.0
-        if any(item.offered and not item.done for item in self._out.values()) or idle < 64:
-            return PEER_READ_NAP
-        return 0.0002
-
     def _nap(self, idle: int) -> None:
-        pause = self._pause(idle)
+        """Sleep between polls. Our own WRITEs move only while we poll (no progress
+        thread): no nap. A checksum being computed: wait for it. The peer's READs need only
+        our answers: a short nap, leaving the core to the hashing thread (measured: spinning
+        cost the hasher a third of a core). Otherwise back off."""
+        pause = 0.0002
+        if any(o.body is not None or o.head is not None for o in self._out.values()):
+            pause = 0.0
+        elif any(item.offered and not item.done for item in self._out.values()) or idle < 64:
+            pause = PEER_READ_NAP
         hashing = [o.future for o in self._out.values() if not o.ready and not o.done]
         if pause and hashing:  # wakes as soon as a header is final
             wait(hashing, timeout=pause, return_when=FIRST_COMPLETED)
@@ -334,12 +330,9 @@ class NixlSender(_Endpoint):
             try:
                 moved |= self._advance(item)
             except HurrayWireError as exc:
-                self._fail(item, exc)
+                self._abort_peer(self.session, str(exc), item.layer, item.role)
+                raise _named(exc, item.layer, item.role) from _origin(exc)
         return moved
-
-    def _fail(self, item: _Outgoing, exc: HurrayWireError) -> None:
-        self._abort_peer(self.session, str(exc), item.layer, item.role)
-        raise _named(exc, item.layer, item.role) from _origin(exc)
 
     def _on_record(self, r: TransferRecord) -> None:
         if r.session != self.session:

@@ -241,13 +241,12 @@ def decode_record(data: Any) -> TransferRecord:
              "version_major", major, w.RECORD_VERSION, offset=_AT["version_major"])  # fmt: skip
     expected = _TRANSFER.total_for(_SEGMENT * segment_count + tail_length)
     if record_length != len(raw) or expected != len(raw):
-        raise InvalidTransferRecordError(
+        _bad(
             "record_length disagrees with the bytes received or with the counts",
-            section="transfer record",
-            field="record_length",
+            "record_length",
+            record_length,
+            f"{len(raw)} (received) == {expected} (counts)",
             offset=_AT["record_length"],
-            expected=f"{len(raw)} (received) == {expected} (counts)",
-            found=record_length,
         )
     spans = _TRANSFER.spans(len(raw), (("segments", _SEGMENT * segment_count),
                                        ("tail", tail_length)))  # fmt: skip
