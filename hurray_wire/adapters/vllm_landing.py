@@ -92,10 +92,27 @@ def _check_match(name: str, found: Any, expected: Any) -> None:
         )
 
 
-def into_vllm(*args: Any, **kwargs: Any) -> None:
+def into_vllm(
+    tensor_or_pair: BlockPagedTensor | Pair,
+    kv_cache: Any,
+    block_ids: Any,
+    *,
+    backend: Any = None,
+    vllm_version: str | None = None,
+    isa: str | None = None,
+    kv_cache_dtype: str | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    block_size: int | None = None,
+) -> None:
     """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load):
-    :func:`checked_write`'s arguments and checks, its write run at once."""
-    checked_write(*args, **kwargs)()
+    :func:`checked_write`'s arguments and checks, its write run at once (the signature is
+    written out so that a caller's keywords are type-checked)."""
+    checked_write(
+        tensor_or_pair, kv_cache, block_ids, backend=backend, vllm_version=vllm_version,
+        isa=isa, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
+        block_size=block_size,
+    )()  # fmt: skip
 
 
 def checked_write(
