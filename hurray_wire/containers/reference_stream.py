@@ -34,8 +34,7 @@ _PREFIX_LEN = offset_of(wd.FIXED_HEADER, "flags")
 _AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
 _HANDLE_SIZE: int = wd.BUFFER_HANDLE.sizeof()
 _AT_BYTE_SIZE = offset_of(wd.BUFFER_HANDLE, "byte_size")
-_BUFFERS = next(sub for sub in wd.DESCRIPTOR.subcons if sub.name == "buffers")
-_BUFFER_COUNT_SIZE = len(_BUFFERS.build([]))  # the buffer table's count prefix
+_BUFFER_COUNT_SIZE: int = wd.BUFFER_COUNT.sizeof()  # the buffer table's count prefix
 
 
 def write_stream(
@@ -163,7 +162,7 @@ def _check_prefix(prefix: memoryview, number: int, start: int, max_length: int) 
 def _byte_size_offset(raw: bytes, index: int) -> int | None:
     """Where handle ``index``'s byte_size sits in the descriptor ``raw`` (error path only)."""
     try:
-        table = wd.DESCRIPTOR.parse(raw).buffer_table_offset
+        table = wd.LAYOUT_PREFIX.parse(raw).buffer_table_offset
     except c.ConstructError:  # pragma: no cover - raw already decoded
         return None
     return int(table) + _BUFFER_COUNT_SIZE + _HANDLE_SIZE * index + _AT_BYTE_SIZE
