@@ -544,29 +544,19 @@ def _target(args: argparse.Namespace) -> str:
     return target
 
 
-def _compression(spec: str | None) -> Compression | None:
-    try:
-        return None if spec is None else Compression.parse(spec)  # text specs end here
-    except CodecConfigError as exc:
-        raise UsageError(f"--compression {spec}: {exc}") from None
-
-
 def _one_blob(target: str, path: str, held: int) -> None:
     if target == "blob" and held != 1:
         raise UsageError(f"a .hrwb blob holds one tensor; {path} holds {held}: convert to a "
                          "blob stream (.hrws) or a .hrry file")  # fmt: skip
 
 
-def _output(path: str, inputs: list[str]) -> AbstractContextManager[BinaryIO]:
-    """The output file: stdout's binary buffer for ``-``, else an atomic file at ``path``."""
-    if path == STDIO:
-        return nullcontext(sys.stdout.buffer)
-    return atomic_output(path, inputs=inputs)
-
-
 def _convert(args: argparse.Namespace) -> None:
     target = _target(args)
-    compression = _compression(args.compression)
+    spec = args.compression
+    try:
+        compression = None if spec is None else Compression.parse(spec)  # text specs end here
+    except CodecConfigError as exc:
+        raise UsageError(f"--compression {spec}: {exc}") from None
     inputs = [] if args.input == STDIO else [args.input]
     if args.output != STDIO:
         check_not_input(args.output, inputs)  # before anything is opened for writing
@@ -589,7 +579,12 @@ def _convert(args: argparse.Namespace) -> None:
             write_file(args.output, dict(tensors), metadata, progress=partial(_advance, bar))
             bar.update(total - bar.n)
             return
-        with _output(args.output, inputs) as out:
+        output: AbstractContextManager[BinaryIO] = (
+            nullcontext(sys.stdout.buffer)
+            if args.output == STDIO
+            else atomic_output(args.output, inputs=inputs)
+        )
+        with output as out:
             sink = _Counted(out, bar)
             if target == "blob":
                 sink.writelines(encode_parts(tensors[0][1], compression=compression,
@@ -605,11 +600,6 @@ def _convert(args: argparse.Namespace) -> None:
                     write_stream(sink, tensor)
             sink.flush()
             bar.update(total - bar.n)
-
-
-def cmd_convert(args: argparse.Namespace) -> int:
-    """Convert one input to one output; errors name the file they are about."""
-    return _guard(args.input, lambda: _convert(args))
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -652,8 +642,9 @@ def run(args: argparse.Namespace) -> int:
         args.input_timeout = DEFAULT_INPUT_IDLE
     args.worst = EXIT_OK  # the worst exit code so far: what a broken pipe returns
     try:
-        command = {"dump": cmd_dump, "validate": cmd_validate, "convert": cmd_convert}
-        return command[args.command](args)
+        if args.command == "convert":  # one input, one output; errors name the input
+            return _guard(args.input, lambda: _convert(args))
+        return {"dump": cmd_dump, "validate": cmd_validate}[args.command](args)
     except KeyboardInterrupt:
         print("hurray-wire: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
