@@ -119,17 +119,21 @@ def identify(data: Any) -> str:
 NO_VERIFY_HINT = "dump --no-verify reads past it without checking checksums"
 
 
-def _salvaged(exc: ChecksumError, label: str, blob: memoryview, extra: dict[str, Any]) -> Item:
-    """A blob whose section checksum failed, read again without checksums so that ``dump``
-    shows its structure before the error; else the error itself."""
-    if exc.section == "header":  # nothing after a bad header checksum can be trusted
+def _salvaged(
+    exc: ChecksumError, salvage: bool, label: str, blob: memoryview, extra: dict[str, Any]
+) -> Iterator[Item]:
+    """With ``salvage``, a blob whose section checksum failed, read again without checksums
+    so that ``dump`` shows its structure, then the error with the ``--no-verify`` hint; else
+    (or when that fails too) the error itself."""
+    if not salvage or exc.section == "header":  # nothing after a bad header can be trusted
         raise exc
     try:
         tensor, pages = summary.check_blob(blob[: blob_length(blob)], False)
     except HurrayWireError:
         raise exc from None
-    return Item(label, "blob", tensor=tensor, blob=blob, pages=pages,
-                extra={**extra, "unverified": True})  # fmt: skip
+    yield Item(label, "blob", tensor=tensor, blob=blob, pages=pages,
+               extra={**extra, "unverified": True})  # fmt: skip
+    raise CliError(f"{exc}; {NO_VERIFY_HINT}", {**_details(exc), "hint": NO_VERIFY_HINT}) from None
 
 
 def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterator[Item]:
@@ -143,10 +147,7 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
         try:
             tensor, pages = summary.check_blob(view, verify)
         except ChecksumError as exc:
-            if not salvage:
-                raise
-            yield _salvaged(exc, "blob", view, {})
-            raise _hinted(exc) from None
+            yield from _salvaged(exc, salvage, "blob", view, {})
         yield Item("blob", kind, tensor=tensor, blob=view, pages=pages)
     elif kind == "blob-stream":
         # The strict reader: header, every blob, the end record and nothing after it.
@@ -159,10 +160,7 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
             try:
                 got = next(reader, None)
             except ChecksumError as exc:
-                if not salvage:
-                    raise
-                yield _salvaged(exc, f"blob {number} @ {start}", view[start:], where)
-                raise _hinted(exc) from None
+                yield from _salvaged(exc, salvage, f"blob {number} @ {start}", view[start:], where)
             if got is None or reader.page_report is None:
                 return
             piece = view[start : reader.position]
@@ -180,11 +178,6 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
             except UnsupportedLayoutError:
                 header = reader_file.descriptor_header(name)
                 yield Item(name, kind, extra={"name": name, "header": header})
-
-
-def _hinted(exc: ChecksumError) -> CliError:
-    """A section checksum failure, with what to try next."""
-    return CliError(f"{exc}; {NO_VERIFY_HINT}", {**_details(exc), "hint": NO_VERIFY_HINT})
 
 
 def _details(exc: BaseException) -> dict[str, Any]:
