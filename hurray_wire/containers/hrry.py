@@ -36,7 +36,6 @@ from hurray_wire.containers.reference_common import (
 )
 from hurray_wire.errors import (
     ArgumentTypeError,
-    ClosedContainerError,
     ContainerTruncatedError,
     HurrayWireError,
     InvalidContainerError,
@@ -77,6 +76,8 @@ class HrryFile(ClosesOnExit):
     (docs/security.md); ``mmap=False`` reads the whole file into memory instead.
     """
 
+    _section = "file"
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -111,7 +112,6 @@ class HrryFile(ClosesOnExit):
         self._size = size = len(source.view)
         self._max_descriptor = max_descriptor_length
         self._descriptors: dict[str, TensorDescriptor] = {}
-        self._closed = False
         try:
             self.header: FileHeader = parse_header(self._buf, size)
             self.trailer: FileTrailer = parse_trailer(self._buf, size, self.header)
@@ -336,10 +336,6 @@ class HrryFile(ClosesOnExit):
             raise container_error(exc, "kv_metadata", None) from exc
 
     # -- lifetime ---------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedContainerError("I/O operation on a closed HrryFile", section="file")
-
     def close(self) -> None:
         """Unmap the file; arrays still alive keep the map until they are gone."""
         if self._closed:

@@ -646,7 +646,19 @@ class ClosesOnExit:
     """``with reader: ...`` closes the reader, however the block ends (readers, files and
     endpoints all release what they hold the same way)."""
 
-    close: Callable[[], None]  # each class's own
+    close: Callable[[], None]  # each class's own: sets ``_closed``
+    _closed = False
+    _section = "stream"  # what a ClosedContainerError names
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedContainerError(
+                f"I/O operation on a closed {type(self).__name__}", section=self._section
+            )
 
     def __enter__(self: _C) -> _C:
         return self

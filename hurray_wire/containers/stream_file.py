@@ -32,7 +32,6 @@ from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.containers.sniff import identify
 from hurray_wire.errors import (
     ArgumentTypeError,
-    ClosedContainerError,
     HurrayWireError,
     InvalidStreamError,
     MissingTensorError,
@@ -106,7 +105,6 @@ class StreamFile(ClosesOnExit):
         flag(mmap, "mmap")
         self._source = open_memory(source, use_mmap=mmap)
         self._view = self._source.view
-        self._closed = False
         # the walk frames the view as StreamReader does (no mapping: page data stays unread)
         records = RecordReader(MemorySource(self._view[:]), self._max, self._limits)
         try:
@@ -316,14 +314,6 @@ class StreamFile(ClosesOnExit):
             self._error = exc
         self._complete = records.complete and self._error is None
         return tuple(records.seen)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedContainerError("I/O operation on a closed StreamFile", section="stream")
 
     def close(self) -> None:
         """Drop the mapping (it stays mapped while tensors view it); idempotent."""
