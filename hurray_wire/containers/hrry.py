@@ -51,15 +51,12 @@ from hurray_wire.model.descriptor_codec import (
     peek_descriptor_length,
 )
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
-from hurray_wire.wire import containers as wc, descriptor as wd
-from hurray_wire.wire.fast import offset_of
+from hurray_wire.wire import containers as wc, descriptor_layout as dl
 
 __all__ = ["FileHeader", "FileTrailer", "HrryFile", "IndexEntry", "read_file", "read_file_metadata"]
 
 Array = npt.NDArray[Any]
 _T = TypeVar("_T")
-
-_AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
 
 
 class HrryFile(ClosesOnExit):
@@ -185,7 +182,7 @@ class HrryFile(ClosesOnExit):
             "index descriptor_length differs from the descriptor's own",
             section=section,
             field="descriptor_length",
-            offset=offset + _AT_DESCRIPTOR_LENGTH,
+            offset=offset + dl.AT["descriptor_length"],
             expected=length,
             found=own,
         )

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import construct as c
-
 from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, Source, open_sink, open_source
 from hurray_wire.containers.reference_common import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
@@ -24,17 +22,13 @@ from hurray_wire.errors import ContainerTruncatedError, HurrayWireError, Invalid
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor, peek_descriptor_length
 from hurray_wire.tensor import BlockPagedTensor, assemble
-from hurray_wire.wire import descriptor as wd
-from hurray_wire.wire.fast import offset_of
+from hurray_wire.wire import descriptor_layout as dl
 
 __all__ = ["read_stream", "write_stream"]
 
 # A.2 step 2: magic, version and descriptor_length frame a record; flags is the next field.
-_PREFIX_LEN = offset_of(wd.FIXED_HEADER, "flags")
-_AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
-_HANDLE_SIZE: int = wd.BUFFER_HANDLE.sizeof()
-_AT_BYTE_SIZE = offset_of(wd.BUFFER_HANDLE, "byte_size")
-_BUFFER_COUNT_SIZE: int = wd.BUFFER_COUNT.sizeof()  # the buffer table's count prefix
+_PREFIX_LEN = dl.AT["flags"]
+_AT_DESCRIPTOR_LENGTH = dl.AT["descriptor_length"]
 
 
 def write_stream(
@@ -159,15 +153,6 @@ def _check_prefix(prefix: memoryview, number: int, start: int, max_length: int) 
     return length
 
 
-def _byte_size_offset(raw: bytes, index: int) -> int | None:
-    """Where handle ``index``'s byte_size sits in the descriptor ``raw`` (error path only)."""
-    try:
-        table = wd.LAYOUT_PREFIX.parse(raw).buffer_table_offset
-    except c.ConstructError:  # pragma: no cover - raw already decoded
-        return None
-    return int(table) + _BUFFER_COUNT_SIZE + _HANDLE_SIZE * index + _AT_BYTE_SIZE
-
-
 def _record_descriptor(
     raw: bytes, number: int, start: int, max_buffer_size: int | None, cross_machine: bool
 ) -> TensorDescriptor:
@@ -181,12 +166,11 @@ def _record_descriptor(
     if max_buffer_size is not None:
         for index, handle in enumerate(descriptor.buffers):
             if handle.byte_size > max_buffer_size:
-                at = _byte_size_offset(raw, index)
                 raise InvalidContainerError(
                     "buffer byte_size above the limit",
                     section=where,
                     field=f"buffers[{index}].byte_size",
-                    offset=None if at is None else start + at,
+                    offset=start + dl.handle_at(index) + dl.HANDLE.offsets["byte_size"],
                     expected=f"<= {max_buffer_size}",
                     found=handle.byte_size,
                 )
