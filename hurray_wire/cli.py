@@ -119,17 +119,21 @@ def identify(data: Any) -> str:
 NO_VERIFY_HINT = "dump --no-verify reads past it without checking checksums"
 
 
-def _salvaged(exc: ChecksumError, label: str, blob: memoryview, extra: dict[str, Any]) -> Item:
-    """A blob whose section checksum failed, read again without checksums so that ``dump``
-    shows its structure before the error; else the error itself."""
-    if exc.section == "header":  # nothing after a bad header checksum can be trusted
+def _salvaged(
+    exc: ChecksumError, salvage: bool, label: str, blob: memoryview, extra: dict[str, Any]
+) -> Iterator[Item]:
+    """With ``salvage``, a blob whose section checksum failed, read again without checksums
+    so that ``dump`` shows its structure, then the error with the ``--no-verify`` hint; else
+    (or when that fails too) the error itself."""
+    if not salvage or exc.section == "header":  # nothing after a bad header can be trusted
         raise exc
     try:
         tensor, pages = summary.check_blob(blob[: blob_length(blob)], False)
     except HurrayWireError:
         raise exc from None
-    return Item(label, "blob", tensor=tensor, blob=blob, pages=pages,
-                extra={**extra, "unverified": True})  # fmt: skip
+    yield Item(label, "blob", tensor=tensor, blob=blob, pages=pages,
+               extra={**extra, "unverified": True})  # fmt: skip
+    raise CliError(f"{exc}; {NO_VERIFY_HINT}", {**_details(exc), "hint": NO_VERIFY_HINT}) from None
 
 
 def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterator[Item]:
@@ -143,10 +147,7 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
         try:
             tensor, pages = summary.check_blob(view, verify)
         except ChecksumError as exc:
-            if not salvage:
-                raise
-            yield _salvaged(exc, "blob", view, {})
-            raise _hinted(exc) from None
+            yield from _salvaged(exc, salvage, "blob", view, {})
         yield Item("blob", kind, tensor=tensor, blob=view, pages=pages)
     elif kind == "blob-stream":
         # The strict reader: header, every blob, the end record and nothing after it.
@@ -159,10 +160,7 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
             try:
                 got = next(reader, None)
             except ChecksumError as exc:
-                if not salvage:
-                    raise
-                yield _salvaged(exc, f"blob {number} @ {start}", view[start:], where)
-                raise _hinted(exc) from None
+                yield from _salvaged(exc, salvage, f"blob {number} @ {start}", view[start:], where)
             if got is None or reader.page_report is None:
                 return
             piece = view[start : reader.position]
@@ -180,11 +178,6 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
             except UnsupportedLayoutError:
                 header = reader_file.descriptor_header(name)
                 yield Item(name, kind, extra={"name": name, "header": header})
-
-
-def _hinted(exc: ChecksumError) -> CliError:
-    """A section checksum failure, with what to try next."""
-    return CliError(f"{exc}; {NO_VERIFY_HINT}", {**_details(exc), "hint": NO_VERIFY_HINT})
 
 
 def _details(exc: BaseException) -> dict[str, Any]:
@@ -544,29 +537,19 @@ def _target(args: argparse.Namespace) -> str:
     return target
 
 
-def _compression(spec: str | None) -> Compression | None:
-    try:
-        return None if spec is None else Compression.parse(spec)  # text specs end here
-    except CodecConfigError as exc:
-        raise UsageError(f"--compression {spec}: {exc}") from None
-
-
 def _one_blob(target: str, path: str, held: int) -> None:
     if target == "blob" and held != 1:
         raise UsageError(f"a .hrwb blob holds one tensor; {path} holds {held}: convert to a "
                          "blob stream (.hrws) or a .hrry file")  # fmt: skip
 
 
-def _output(path: str, inputs: list[str]) -> AbstractContextManager[BinaryIO]:
-    """The output file: stdout's binary buffer for ``-``, else an atomic file at ``path``."""
-    if path == STDIO:
-        return nullcontext(sys.stdout.buffer)
-    return atomic_output(path, inputs=inputs)
-
-
 def _convert(args: argparse.Namespace) -> None:
     target = _target(args)
-    compression = _compression(args.compression)
+    spec = args.compression
+    try:
+        compression = None if spec is None else Compression.parse(spec)  # text specs end here
+    except CodecConfigError as exc:
+        raise UsageError(f"--compression {spec}: {exc}") from None
     inputs = [] if args.input == STDIO else [args.input]
     if args.output != STDIO:
         check_not_input(args.output, inputs)  # before anything is opened for writing
@@ -589,7 +572,12 @@ def _convert(args: argparse.Namespace) -> None:
             write_file(args.output, dict(tensors), metadata, progress=partial(_advance, bar))
             bar.update(total - bar.n)
             return
-        with _output(args.output, inputs) as out:
+        output: AbstractContextManager[BinaryIO] = (
+            nullcontext(sys.stdout.buffer)
+            if args.output == STDIO
+            else atomic_output(args.output, inputs=inputs)
+        )
+        with output as out:
             sink = _Counted(out, bar)
             if target == "blob":
                 sink.writelines(encode_parts(tensors[0][1], compression=compression,
@@ -605,11 +593,6 @@ def _convert(args: argparse.Namespace) -> None:
                     write_stream(sink, tensor)
             sink.flush()
             bar.update(total - bar.n)
-
-
-def cmd_convert(args: argparse.Namespace) -> int:
-    """Convert one input to one output; errors name the file they are about."""
-    return _guard(args.input, lambda: _convert(args))
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -652,8 +635,9 @@ def run(args: argparse.Namespace) -> int:
         args.input_timeout = DEFAULT_INPUT_IDLE
     args.worst = EXIT_OK  # the worst exit code so far: what a broken pipe returns
     try:
-        command = {"dump": cmd_dump, "validate": cmd_validate, "convert": cmd_convert}
-        return command[args.command](args)
+        if args.command == "convert":  # one input, one output; errors name the input
+            return _guard(args.input, lambda: _convert(args))
+        return {"dump": cmd_dump, "validate": cmd_validate}[args.command](args)
     except KeyboardInterrupt:
         print("hurray-wire: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

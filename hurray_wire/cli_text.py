@@ -170,45 +170,32 @@ def print_item(item: dict[str, Any], out: IO[str]) -> None:
         print(f"    statistics: {d['statistics']}", file=out)
     stats = item.get("index")
     if stats:
-        _print_index(stats, layout["num_pages"], out)
-    _print_pages(item.get("pages"), out)
+        print(f"    sequences: {stats['sequences']}, logical pages {stats['logical_pages']}",
+              file=out)  # fmt: skip
+        for unit in ("pages", "tokens"):
+            spread = stats[f"{unit}_per_sequence"]
+            if spread:
+                print(f"    {unit} per sequence: min {spread['min']} / median "
+                      f"{spread['median']} / max {spread['max']}", file=out)  # fmt: skip
+            elif unit == "tokens":
+                print("    tokens per sequence: unknown (no seq_lens)", file=out)
+        print(f"    shared pages: {stats['shared_pages']}", file=out)
+        print(f"    pool occupancy: {stats['pool_pages_referenced']} of {layout['num_pages']} "
+              f"pages referenced ({stats['pool_occupancy']:.1%})", file=out)  # fmt: skip
+    pages = item.get("pages")  # what the page sections said
+    if pages and pages["bad_pages"]:
+        places = [tuple(p) for p in pages["bad_positions"]]
+        print(f"    BAD PAGES (digest mismatch): physical {pages['bad_pages']}, logical "
+              f"(sequence, page) {places}", file=out)  # fmt: skip
+    elif pages and pages["digests"]:
+        print("    page digests: every page matches", file=out)
+    if pages and pages["by_reference"]:
+        print(f"    pages by reference: {pages['by_reference']} (held in the receiver's page "
+              "store: not in this input, shown as zero)", file=out)  # fmt: skip
     for name, values in (item.get("arrays") or {}).items():
         print(f"    {name}: {'none' if values is None else values}", file=out)
     if item.get("metadata"):
         print(f"    metadata: {json.dumps(item['metadata'], sort_keys=True)}", file=out)
-
-
-def _print_pages(pages: dict[str, Any] | None, out: IO[str]) -> None:
-    """What the page sections said: bad pages by physical id and logical place, and the
-    pages a delta blob holds by reference."""
-    if not pages:
-        return
-    if pages["bad_pages"]:
-        places = [tuple(p) for p in pages["bad_positions"]]
-        print(f"    BAD PAGES (digest mismatch): physical {pages['bad_pages']}, logical "
-              f"(sequence, page) {places}", file=out)  # fmt: skip
-    elif pages["digests"]:
-        print("    page digests: every page matches", file=out)
-    if pages["by_reference"]:
-        print(f"    pages by reference: {pages['by_reference']} (held in the receiver's page "
-              "store: not in this input, shown as zero)", file=out)  # fmt: skip
-
-
-def _print_index(stats: dict[str, Any], num_pages: int, out: IO[str]) -> None:
-    pages = stats["pages_per_sequence"]
-    tokens = stats["tokens_per_sequence"]
-    print(f"    sequences: {stats['sequences']}, logical pages {stats['logical_pages']}", file=out)
-    if pages:
-        print(f"    pages per sequence: min {pages['min']} / median {pages['median']} / "
-              f"max {pages['max']}", file=out)  # fmt: skip
-    if tokens:
-        print(f"    tokens per sequence: min {tokens['min']} / median {tokens['median']} / "
-              f"max {tokens['max']}", file=out)  # fmt: skip
-    else:
-        print("    tokens per sequence: unknown (no seq_lens)", file=out)
-    print(f"    shared pages: {stats['shared_pages']}", file=out)
-    print(f"    pool occupancy: {stats['pool_pages_referenced']} of {num_pages} pages "
-          f"referenced ({stats['pool_occupancy']:.1%})", file=out)  # fmt: skip
 
 
 HEX_KINDS = ("descriptor", "blob", "blob-stream", "hrry-file")

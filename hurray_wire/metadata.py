@@ -422,16 +422,6 @@ class _Cursor:
         return bytes(self.view[start : start + size])
 
 
-def _bool(cursor: _Cursor, field: str) -> bool:
-    at = cursor.pos
-    byte = cursor.u8(field, "bool")
-    if byte > 1:
-        raise cursor.fail(
-            "bool must be 0x00 or 0x01", field, at, expected="0x00 or 0x01", found=f"0x{byte:02X}"
-        )
-    return byte == 1
-
-
 def _bad_tag(cursor: _Cursor, tag: int, field: str, at: int, *, element: bool) -> NoReturn:
     if tag == KV_ARRAY and element:
         message = "arrays do not nest: element tag 0x07 is not allowed"
@@ -450,7 +440,11 @@ def _scalar(cursor: _Cursor, tag: int, field: str) -> Any:
     if tag == KV_BYTES:
         return cursor.blob(cursor.u32(f"{field}.length", "bytes length"), field, "bytes value")
     if tag == KV_BOOL:
-        return _bool(cursor, field)
+        byte = cursor.u8(field, "bool")
+        if byte > 1:
+            raise cursor.fail("bool must be 0x00 or 0x01", field, cursor.pos - 1,
+                              expected="0x00 or 0x01", found=f"0x{byte:02X}")  # fmt: skip
+        return byte == 1
     unpack, width = _FIXED_SCALAR[tag]
     value = unpack(cursor.view, cursor.need(width, field, KV_TAG_NAMES[tag]))[0]
     return UInt64(value) if tag == KV_UINT64 else value

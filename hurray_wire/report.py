@@ -42,10 +42,8 @@ __all__ = [
     "annotate_blob",
     "annotate_chunk_table",
     "annotate_descriptor",
-    "annotate_end_record",
     "annotate_hrry",
     "annotate_stream",
-    "annotate_stream_header",
     "blob_has_checksums",
     "check_blob",
     "describe_arrays",
@@ -262,14 +260,6 @@ _SHAPE_LABELS = {
 }
 
 
-def _label(name: str) -> str:
-    """The name a dump shows: reserved fields are all ``_reserved``; shape axes say what
-    they count."""
-    if name.startswith("_reserved"):
-        return "_reserved"
-    return _SHAPE_LABELS.get(name, name)
-
-
 def _value(raw: bytes, name: str) -> str:
     """A field's value as a dump shows it: enumerations and sentinels by name."""
     if name == "magic":
@@ -300,10 +290,11 @@ def _fields(
     fast: Any, view: Any, at: int = 0, prefix: str = "", base: int = 0, value: Any = _value
 ) -> list[Annotation]:
     """Every field of the struct ``fast`` that starts at ``view[at]``, named ``prefix`` +
-    its label, at offset ``base + at`` + the field's own."""
+    its label (reserved fields all ``_reserved``; shape axes say what they count), at
+    offset ``base + at`` + the field's own."""
     out: list[Annotation] = []
     for offset, size, name in fast.fields:
-        label = _label(name)
+        label = "_reserved" if name.startswith("_reserved") else _SHAPE_LABELS.get(name, name)
         piece = bytes(view[at + offset : at + offset + size])
         out.append((base + at + offset, size, prefix + label, value(piece, label)))
     return out
@@ -469,14 +460,6 @@ def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
     return out + _closing(wr.END_RECORD, view, spans, "end_record.", base)
 
 
-def _whole_header(view: Any) -> bool:
-    """Whether a (possibly cut) blob holds its whole header and header checksum."""
-    if len(view) < _BLOB_HEADER.size:
-        return False
-    head = _BLOB_HEADER.unpack_dict(bytes(view[: _BLOB_HEADER.size]), 0)
-    return bool(head["header_length"] + _CHECKSUM.size <= len(view))
-
-
 def annotate_stream(data: Any) -> list[Annotation]:
     """Every record of a blob stream: the stream header, each blob, the end record.
 
@@ -499,7 +482,12 @@ def annotate_stream(data: Any) -> list[Annotation]:
             out.append((pos, rest, "not a record", f"magic {magic.hex(' ')}, {rest} bytes"))
             break
         cut = total > rest
-        if cut and not (magic == wire.BLOB_MAGIC and _whole_header(view[pos:])):
+        whole_header = (  # a cut blob whose header and header checksum are there
+            magic == wire.BLOB_MAGIC
+            and rest >= _BLOB_HEADER.size
+            and _BLOB_HEADER.unpack_dict(view, pos)["header_length"] + _CHECKSUM.size <= rest
+        )
+        if cut and not whole_header:
             what = f"{magic.decode('latin-1')!r}: {total} bytes declared, {rest} present"
             out.append((pos, rest, "cut record", what))
             break

@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,10 +127,8 @@ def test_a_failure_while_writing_leaves_no_output_and_no_temporary(
     elif ext == ".hrws":
         original = hc.StreamWriter.write
         monkeypatch.setattr(hc.StreamWriter, "write", failing)
-    else:
-        import hurray_wire.containers.hrry_write as hrry_write
-
-        monkeypatch.setattr(hrry_write, "_write_image", _failing_image(failure))
+    else:  # the failure comes from write_file's progress call, after a tensor's bytes
+        monkeypatch.setattr(cli, "write_file", _failing_image(failure))
     code, _, err = run(["convert", source, target], capsys)
     assert code == exit_code
     one_line(err)
@@ -138,25 +136,15 @@ def test_a_failure_while_writing_leaves_no_output_and_no_temporary(
 
 
 def _failing_image(failure: BaseException) -> Any:
-    import hurray_wire.containers.hrry_write as hrry_write
+    real = hc.write_file  # as cli.py imports it
 
-    real = hrry_write._write_image
-
-    def image(
-        path: str | os.PathLike[str],
-        header: bytes,
-        records: list[tuple[bytes, tuple[bytes, list[list[memoryview]]]]],
-        kv: bytes,
-        buffer_alignment: int,
-        sorted_index: bool,
-        progress: Callable[[int], object] | None,
-    ) -> int:
+    def write_file(path: Any, tensors: Any, metadata: Any = None, **kw: Any) -> int:
         def explode(_: int) -> None:
             raise failure
 
-        return real(path, header, records, kv, buffer_alignment, sorted_index, explode)
+        return real(path, tensors, metadata, **{**kw, "progress": explode})
 
-    return image
+    return write_file
 
 
 # -- found: a missing directory or a directory gave a traceback ------------------------------

@@ -231,6 +231,8 @@ def test_stream_limits() -> None:
     with pytest.raises(InvalidContainerError, match="above the limit") as info:
         list(ref.read_stream(data, max_buffer_size=639))
     assert info.value.field == "buffers[0].byte_size"
+    at = info.value.offset  # the handle's byte_size in the stream, as stored
+    assert at is not None and int.from_bytes(data[at : at + 8], "little") > 639
     assert len(list(ref.read_stream(data, max_buffer_size=640))) == 4
     with pytest.raises(ArgumentTypeError):
         ref.read_stream(data, max_descriptor_length=10)

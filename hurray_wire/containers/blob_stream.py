@@ -48,7 +48,6 @@ from hurray_wire.containers.records import (
 from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.errors import (
     ArgumentTypeError,
-    ClosedContainerError,
     HurrayWireError,
     InvalidStreamError,
     StreamBlobTruncatedError,
@@ -384,7 +383,6 @@ class StreamReader(ClosesOnExit):
         self._started = False
         self._done = False
         self._error: HurrayWireError | None = None
-        self._closed = False
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -426,10 +424,6 @@ class StreamReader(ClosesOnExit):
             self._records.source.close()  # a path opened here is not held past its end
             raise StopIteration
         return tensor
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedContainerError("I/O operation on a closed StreamReader", section="stream")
 
     def _guarded(self, step: Callable[[], Any]) -> Any:
         try:

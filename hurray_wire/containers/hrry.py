@@ -36,7 +36,6 @@ from hurray_wire.containers.reference_common import (
 )
 from hurray_wire.errors import (
     ArgumentTypeError,
-    ClosedContainerError,
     ContainerTruncatedError,
     HurrayWireError,
     InvalidContainerError,
@@ -52,15 +51,12 @@ from hurray_wire.model.descriptor_codec import (
     peek_descriptor_length,
 )
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
-from hurray_wire.wire import containers as wc, descriptor as wd
-from hurray_wire.wire.fast import offset_of
+from hurray_wire.wire import containers as wc, descriptor_layout as dl
 
 __all__ = ["FileHeader", "FileTrailer", "HrryFile", "IndexEntry", "read_file", "read_file_metadata"]
 
 Array = npt.NDArray[Any]
 _T = TypeVar("_T")
-
-_AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
 
 
 class HrryFile(ClosesOnExit):
@@ -76,6 +72,8 @@ class HrryFile(ClosesOnExit):
     Arrays handed out earlier still view the map, which no check can protect
     (docs/security.md); ``mmap=False`` reads the whole file into memory instead.
     """
+
+    _section = "file"
 
     def __init__(
         self,
@@ -111,7 +109,6 @@ class HrryFile(ClosesOnExit):
         self._size = size = len(source.view)
         self._max_descriptor = max_descriptor_length
         self._descriptors: dict[str, TensorDescriptor] = {}
-        self._closed = False
         try:
             self.header: FileHeader = parse_header(self._buf, size)
             self.trailer: FileTrailer = parse_trailer(self._buf, size, self.header)
@@ -185,7 +182,7 @@ class HrryFile(ClosesOnExit):
             "index descriptor_length differs from the descriptor's own",
             section=section,
             field="descriptor_length",
-            offset=offset + _AT_DESCRIPTOR_LENGTH,
+            offset=offset + dl.AT["descriptor_length"],
             expected=length,
             found=own,
         )
@@ -336,10 +333,6 @@ class HrryFile(ClosesOnExit):
             raise container_error(exc, "kv_metadata", None) from exc
 
     # -- lifetime ---------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedContainerError("I/O operation on a closed HrryFile", section="file")
-
     def close(self) -> None:
         """Unmap the file; arrays still alive keep the map until they are gone."""
         if self._closed:

@@ -1,7 +1,7 @@
 """The fixed parts of a ``.hrry`` file (containers.md § B.2, B.5, B.6), parsed and checked.
 
-``parse_header``, ``parse_trailer``, ``parse_index`` and ``parse_kv`` are § B.8 steps 1-5,
-each split into one small function per rule group. Byte positions come from the construct
+``parse_header``, ``parse_trailer``, ``parse_index`` and ``parse_kv`` are § B.8 steps 1-5.
+Byte positions come from the construct
 structs in ``hurray_wire.wire.containers`` (``offset_of``), never restated here.
 """
 
@@ -128,17 +128,6 @@ def parse_header(buf: Any, size: int) -> FileHeader:
             found=f"{size} bytes",
         )
     fields = _HEADER.read_head(buf, _HEADER_FIXED)
-    _check_header_layout(fields, size)
-    return FileHeader(
-        (fields["container_version_major"], fields["container_version_minor"]),
-        fields["file_flags"],
-        fields["data_buffer_alignment"],
-        fields["first_descriptor_offset"],
-        fields["tensor_count_hint"],
-    )
-
-
-def _check_header_layout(fields: dict[str, Any], size: int) -> None:
     flags, first = fields["file_flags"], fields["first_descriptor_offset"]
     if flags & ~wc.FILE_FLAGS_KNOWN:
         raise _HEADER.error("file_flags", "reserved file_flags bits set", found=f"0x{flags:08X}")
@@ -149,6 +138,13 @@ def _check_header_layout(fields: dict[str, Any], size: int) -> None:
             "first_descriptor_offset must be >= 64, 8-aligned and inside the file",
             found=first,
         )
+    return FileHeader(
+        (fields["container_version_major"], fields["container_version_minor"]),
+        flags,
+        fields["data_buffer_alignment"],
+        first,
+        fields["tensor_count_hint"],
+    )
 
 
 # -- § B.8 steps 2-3: the trailer ------------------------------------------------------------
@@ -158,13 +154,6 @@ def parse_trailer(buf: Any, size: int, header: FileHeader) -> FileTrailer:
     fields = _TRAILER.read_head(buf, _TRAILER_FIXED, at=at)
     names = ("index_offset", "index_length", "kv_offset", "kv_length", "index_crc32c")
     index_offset, index_length, kv_offset, kv_length, crc = map(fields.__getitem__, names)
-    _check_index_bounds(at, index_offset, index_length)
-    _check_kv_bounds(at, kv_offset, kv_length, header.has_kv_metadata_flag)
-    _check_index_crc(buf, at, index_offset, index_length, crc, header.has_index_crc32c)
-    return FileTrailer(index_offset, index_length, kv_offset, kv_length, crc)
-
-
-def _check_index_bounds(at: int, index_offset: int, index_length: int) -> None:
     if (
         index_offset < wc.HEADER_SIZE
         or index_length < COUNT.size
@@ -177,9 +166,7 @@ def _check_index_bounds(at: int, index_offset: int, index_length: int) -> None:
             expected=f"{wc.HEADER_SIZE} <= index_offset, {COUNT.size} <= index_length, end <= {at}",
             found=f"offset {index_offset}, length {index_length}",
         )
-
-
-def _check_kv_bounds(at: int, kv_offset: int, kv_length: int, has_kv: bool) -> None:
+    has_kv = header.has_kv_metadata_flag
     if (kv_offset == 0) != (kv_length == 0) or (has_kv and kv_length == 0):
         raise _TRAILER.error(
             "kv_offset",
@@ -196,12 +183,7 @@ def _check_kv_bounds(at: int, kv_offset: int, kv_length: int, has_kv: bool) -> N
             expected=f"{wc.HEADER_SIZE} <= kv_offset, end <= {at}",
             found=f"offset {kv_offset}, length {kv_length}",
         )
-
-
-def _check_index_crc(
-    buf: Any, at: int, index_offset: int, index_length: int, crc: int, has_crc: bool
-) -> None:
-    if has_crc:
+    if header.has_index_crc32c:
         computed = crc32c(np.frombuffer(buf, np.uint8, index_length, index_offset))
         if computed != crc:
             raise _TRAILER.error(
@@ -218,6 +200,7 @@ def _check_index_crc(
             base=at,
             found=f"0x{crc:08X}",
         )
+    return FileTrailer(index_offset, index_length, kv_offset, kv_length, crc)
 
 
 # -- § B.8 step 4: the index -----------------------------------------------------------------

@@ -111,20 +111,7 @@ def write_file(
         first_descriptor_offset=wc.HEADER_SIZE,
         tensor_count_hint=wc.TENSOR_COUNT_UNKNOWN,
     )
-    return _write_image(path, header, records, kv, buffer_alignment, sorted_index, progress)
-
-
-def _write_image(
-    path: str | os.PathLike[str],
-    header: bytes,
-    records: list[tuple[bytes, tuple[bytes, list[list[memoryview]]]]],
-    kv: bytes,
-    buffer_alignment: int,
-    sorted_index: bool,
-    progress: Callable[[int], object] | None,
-) -> int:
-    """Lay the file out (§ B.3-B.6) into a temporary file that becomes ``path``; its size."""
-    with atomic_output(path) as out:
+    with atomic_output(path) as out:  # § B.3-B.6, into a file that becomes ``path``
         pos = 0
 
         def put(piece: bytes | memoryview) -> None:
@@ -164,7 +151,10 @@ def _write_image(
             pad_to(wc.SECTION_ALIGNMENT)
         if sorted_index:
             index.sort(key=lambda entry: entry[0])
-        index_bytes = _index_bytes(index)
+        rows = [COUNT.pack(entry_count=len(index))]  # § B.5: the entry fields in wire order
+        for raw_name, *fields in index:  # descriptor offset, length; data offset, length
+            rows += (NAME_LENGTH.pack(len(raw_name)), raw_name, ENTRY_FIXED.pack(*fields, 0))
+        index_bytes = b"".join(rows)
         index_offset = pos
         put(index_bytes)
         put(
@@ -177,21 +167,3 @@ def _write_image(
             )
         )
     return pos
-
-
-def _index_bytes(index: list[tuple[bytes, int, int, int, int]]) -> bytes:
-    """§ B.5: the index section, entry_count then each entry (the fields of the wire structs)."""
-    rows = [COUNT.pack(entry_count=len(index))]
-    for raw_name, d_off, d_len, data_off, data_len in index:
-        rows.append(NAME_LENGTH.pack(name_length=len(raw_name)))
-        rows.append(raw_name)
-        rows.append(
-            ENTRY_FIXED.pack(
-                descriptor_offset=d_off,
-                descriptor_length=d_len,
-                data_offset=data_off,
-                data_length=data_len,
-                flags=0,
-            )
-        )
-    return b"".join(rows)

@@ -74,13 +74,16 @@ def _check_binary_open(stream: Any, name: str) -> None:
         raise ClosedContainerError(f"{name} is closed", field=name, found=type(stream).__name__)
 
 
-def _no_progress(name: str, result: object) -> ArgumentTypeError:
-    return ArgumentTypeError(
-        f"{name} made no progress (a non-blocking or broken sink?)",
-        field=name,
-        expected="a positive byte count or None",
-        found=repr(result),
-    )
+def _progress(name: str, result: object) -> int:
+    """The byte count a sink's write / sendmsg returned, refused unless positive."""
+    if isinstance(result, bool) or not isinstance(result, int) or result <= 0:
+        raise ArgumentTypeError(
+            f"{name} made no progress (a non-blocking or broken sink?)",
+            field=name,
+            expected="a positive byte count or None",
+            found=repr(result),
+        )
+    return result
 
 
 # -- sinks -----------------------------------------------------------------------------------
@@ -153,9 +156,7 @@ def _write_sender(write: Callable[[memoryview], Any]) -> Callable[[Sequence[memo
                 written = write(part)
                 if written is None:  # a file-like that returns nothing took it all
                     break
-                if isinstance(written, bool) or not isinstance(written, int) or written <= 0:
-                    raise _no_progress("sink.write", written)
-                part = part[written:]
+                part = part[_progress("sink.write", written) :]
 
     return send
 
@@ -165,9 +166,7 @@ def _sendmsg_sender(sendmsg: Callable[[list[memoryview]], int]) -> Callable[...,
         pending = [p for p in parts if len(p)]
         first = 0
         while first < len(pending):
-            sent = sendmsg(pending[first : first + _IOV_MAX])
-            if isinstance(sent, bool) or not isinstance(sent, int) or sent <= 0:
-                raise _no_progress("sink.sendmsg", sent)
+            sent = _progress("sink.sendmsg", sendmsg(pending[first : first + _IOV_MAX]))
             while sent:  # a partial send ends anywhere: drop what went, trim the next piece
                 size = len(pending[first])
                 if sent >= size:
@@ -646,7 +645,19 @@ class ClosesOnExit:
     """``with reader: ...`` closes the reader, however the block ends (readers, files and
     endpoints all release what they hold the same way)."""
 
-    close: Callable[[], None]  # each class's own
+    close: Callable[[], None]  # each class's own: sets ``_closed``
+    _closed = False
+    _section = "stream"  # what a ClosedContainerError names
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedContainerError(
+                f"I/O operation on a closed {type(self).__name__}", section=self._section
+            )
 
     def __enter__(self: _C) -> _C:
         return self

@@ -39,7 +39,7 @@ from hurray_wire.model.layout import KV_ROLE_NAMES
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import records as wr, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES, LAYER_NONE
-from hurray_wire.wire.fast import item_dtype, item_struct
+from hurray_wire.wire.fast import item_dtype
 
 __all__ = [
     "DEFAULT_MAX_BLOB_BYTES",
@@ -69,7 +69,6 @@ _HEADER = wr.STREAM_HEADER.raising(InvalidStreamError, StreamTruncatedError)
 _END = wr.END_RECORD.raising(InvalidStreamError, StreamTruncatedError)
 _RECORDS = {"stream header": _HEADER, "end record": _END}
 _ENTRY = ws.FAST_END_ENTRY
-_FOOTER_TOTAL = item_struct(ws.END_FOOTER.total_length)
 _ROLE_CODES = np.array(sorted(KV_ROLE_BY_CODE), np.uint8)
 _MAX_NAME = _HEADER.head.limit("model_name_length")
 # One index entry as a NumPy record, from the wire struct (offsets and sizes derived).
@@ -427,7 +426,7 @@ def decode_end_rows(
     spans = _END.spans(total, (("entries", _ENTRY.size * count),))
     footer, _ = spans["seal"]
     footer_total = footer + ws.FAST_END_FOOTER.offsets["total_length"]
-    (again,) = _FOOTER_TOTAL.unpack_from(view, footer_total)
+    again = ws.FAST_END_FOOTER.unpack_dict(view, footer)["total_length"]
     if again != total:
         raise _END.error(
             "footer.total_length",

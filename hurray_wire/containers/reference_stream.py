@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import construct as c
-
 from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, Source, open_sink, open_source
 from hurray_wire.containers.reference_common import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
@@ -21,21 +19,15 @@ from hurray_wire.containers.reference_common import (
     tensor_pieces,
 )
 from hurray_wire.errors import ContainerTruncatedError, HurrayWireError, InvalidContainerError
-from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor, peek_descriptor_length
 from hurray_wire.tensor import BlockPagedTensor, assemble
-from hurray_wire.wire import descriptor as wd
-from hurray_wire.wire.fast import offset_of
+from hurray_wire.wire import descriptor_layout as dl
 
 __all__ = ["read_stream", "write_stream"]
 
 # A.2 step 2: magic, version and descriptor_length frame a record; flags is the next field.
-_PREFIX_LEN = offset_of(wd.FIXED_HEADER, "flags")
-_AT_DESCRIPTOR_LENGTH = offset_of(wd.FIXED_HEADER, "descriptor_length")
-_HANDLE_SIZE: int = wd.BUFFER_HANDLE.sizeof()
-_AT_BYTE_SIZE = offset_of(wd.BUFFER_HANDLE, "byte_size")
-_BUFFERS = next(sub for sub in wd.DESCRIPTOR.subcons if sub.name == "buffers")
-_BUFFER_COUNT_SIZE = len(_BUFFERS.build([]))  # the buffer table's count prefix
+_PREFIX_LEN = dl.AT["flags"]
+_AT_DESCRIPTOR_LENGTH = dl.AT["descriptor_length"]
 
 
 def write_stream(
@@ -104,14 +96,42 @@ def _records(
             raise _truncated(
                 number, "descriptor prefix", src.offset, _PREFIX_LEN, len(prefix), cause
             ) from cause
-        length = _check_prefix(prefix, number, start, max_length)
+        where = f"record {number}"
+        try:  # A.2 step 3: descriptor_length from the first 10 bytes, within the limit
+            length = peek_descriptor_length(prefix)
+        except HurrayWireError as exc:
+            raise container_error(exc, where, start + (exc.offset or 0)) from exc
+        if length > max_length:
+            raise InvalidContainerError(
+                "descriptor_length above the limit",
+                section=where,
+                field="descriptor_length",
+                offset=start + _AT_DESCRIPTOR_LENGTH,
+                expected=f"<= {max_length}",
+                found=length,
+            )
         body, got, cause = src.read_array(length - _PREFIX_LEN)
         if got < length - _PREFIX_LEN:
             raise _truncated(
                 number, "descriptor", src.offset, length, _PREFIX_LEN + got, cause
             ) from cause
-        raw = bytes(prefix) + body[:got].tobytes()
-        descriptor = _record_descriptor(raw, number, start, max_buffer, cross_machine)
+        try:  # A.2 steps 4-6
+            descriptor = decode_descriptor(bytes(prefix) + body[:got].tobytes())
+        except HurrayWireError as exc:
+            at = None if exc.offset is None else start + exc.offset
+            raise container_error(exc, where, at) from exc
+        for index, handle in enumerate(descriptor.buffers):
+            if max_buffer is not None and handle.byte_size > max_buffer:
+                raise InvalidContainerError(
+                    "buffer byte_size above the limit",
+                    section=where,
+                    field=f"buffers[{index}].byte_size",
+                    offset=start + dl.handle_at(index) + dl.HANDLE.offsets["byte_size"],
+                    expected=f"<= {max_buffer}",
+                    found=handle.byte_size,
+                )
+        if cross_machine:
+            check_cross_machine(descriptor, section=where)
         buffers = []
         for index, handle in enumerate(descriptor.buffers):
             array, got, cause = src.read_array(handle.byte_size)
@@ -123,7 +143,7 @@ def _records(
         try:
             tensor = assemble(descriptor, buffers)
         except HurrayWireError as exc:
-            raise container_error(exc, f"record {number}", start) from exc
+            raise container_error(exc, where, start) from exc
         yield tensor
         number += 1
 
@@ -140,57 +160,3 @@ def _truncated(
         expected=f"{needed} bytes",
         found=f"{got} bytes",
     )
-
-
-def _check_prefix(prefix: memoryview, number: int, start: int, max_length: int) -> int:
-    """descriptor_length of a record from its first 10 bytes, within the limits (A.2 step 3)."""
-    try:
-        length = peek_descriptor_length(prefix)
-    except HurrayWireError as exc:
-        raise container_error(exc, f"record {number}", start + (exc.offset or 0)) from exc
-    if length > max_length:
-        raise InvalidContainerError(
-            "descriptor_length above the limit",
-            section=f"record {number}",
-            field="descriptor_length",
-            offset=start + _AT_DESCRIPTOR_LENGTH,
-            expected=f"<= {max_length}",
-            found=length,
-        )
-    return length
-
-
-def _byte_size_offset(raw: bytes, index: int) -> int | None:
-    """Where handle ``index``'s byte_size sits in the descriptor ``raw`` (error path only)."""
-    try:
-        table = wd.DESCRIPTOR.parse(raw).buffer_table_offset
-    except c.ConstructError:  # pragma: no cover - raw already decoded
-        return None
-    return int(table) + _BUFFER_COUNT_SIZE + _HANDLE_SIZE * index + _AT_BYTE_SIZE
-
-
-def _record_descriptor(
-    raw: bytes, number: int, start: int, max_buffer_size: int | None, cross_machine: bool
-) -> TensorDescriptor:
-    """The record's descriptor, decoded, within the buffer limit (A.2 steps 4-6)."""
-    where = f"record {number}"
-    try:
-        descriptor = decode_descriptor(raw)
-    except HurrayWireError as exc:
-        offset = None if exc.offset is None else start + exc.offset
-        raise container_error(exc, where, offset) from exc
-    if max_buffer_size is not None:
-        for index, handle in enumerate(descriptor.buffers):
-            if handle.byte_size > max_buffer_size:
-                at = _byte_size_offset(raw, index)
-                raise InvalidContainerError(
-                    "buffer byte_size above the limit",
-                    section=where,
-                    field=f"buffers[{index}].byte_size",
-                    offset=None if at is None else start + at,
-                    expected=f"<= {max_buffer_size}",
-                    found=handle.byte_size,
-                )
-    if cross_machine:
-        check_cross_machine(descriptor, section=where)
-    return descriptor

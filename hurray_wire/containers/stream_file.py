@@ -32,7 +32,6 @@ from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.containers.sniff import identify
 from hurray_wire.errors import (
     ArgumentTypeError,
-    ClosedContainerError,
     HurrayWireError,
     InvalidStreamError,
     MissingTensorError,
@@ -46,8 +45,7 @@ from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
 
 __all__ = ["StreamFile"]
 
-_FOOTER = ws.FAST_END_FOOTER
-_FOOTER_TOTAL = _FOOTER.names.index("total_length")
+_END_FOOTER = ws.FAST_END_FOOTER  # wire.records.END_RECORD's tail
 _MAGIC_SIZE = len(wb.BLOB_MAGIC)
 
 
@@ -107,7 +105,6 @@ class StreamFile(ClosesOnExit):
         flag(mmap, "mmap")
         self._source = open_memory(source, use_mmap=mmap)
         self._view = self._source.view
-        self._closed = False
         # the walk frames the view as StreamReader does (no mapping: page data stays unread)
         records = RecordReader(MemorySource(self._view[:]), self._max, self._limits)
         try:
@@ -264,44 +261,32 @@ class StreamFile(ClosesOnExit):
             raise
 
     def _index_from_end(self, start: int) -> npt.NDArray[Any] | None:
-        """The end record's index rows if the stream ends with a valid, consistent one."""
-        view = self._view
-        size = len(view)
+        """The end record's index rows if the stream ends with a valid, consistent one (the
+        footer's total_length finds it; a bad one is left for the walk to report)."""
+        view, size = self._view, len(self._view)
         if size - start < END_RECORD_MIN:
             return None
-        total = _FOOTER.struct.unpack_from(view, size - _FOOTER.size)[_FOOTER_TOTAL]
-        if total % ws.RECORD_ALIGNMENT or not END_RECORD_MIN <= total <= min(
-            size - start, self._max
-        ):
+        footer = _END_FOOTER.unpack_dict(view, size - _END_FOOTER.size)
+        total = footer["total_length"]
+        if not END_RECORD_MIN <= total <= min(size - start, self._max):
             return None
         end = size - total
-        if bytes(view[end : end + _MAGIC_SIZE]) != ws.END_MAGIC:
-            return None
         try:
             _count, rows = decode_end_rows(view[end:], limits=self._limits)
         except HurrayWireError:
-            return None  # the walk will meet this record and report what is wrong
+            return None
         if rows is None:
             return None
         # the index must tile [start, end) with blobs of aligned, bounded lengths: checked
         # as arrays, so a bogus index costs no object per entry
         offsets = rows["offset"].astype(np.uint64)
         lengths = rows["length"].astype(np.uint64)
-        if len(rows):
-            expected = np.empty(len(rows), np.uint64)
-            expected[0] = start
-            np.cumsum(lengths[:-1], out=expected[1:])
-            expected[1:] += np.uint64(start)
-            lengths_ok = (
-                (lengths % ws.RECORD_ALIGNMENT == 0)
-                & (lengths >= wb.BLOB_ALIGNMENT)
-                & (lengths <= self._max)
-            )
-            if not (np.array_equal(offsets, expected) and lengths_ok.all()):
-                return None
-            if int(offsets[-1]) + int(lengths[-1]) != end:
-                return None
-        elif start != end:
+        starts = np.concatenate((np.array([start], np.uint64), offsets + lengths))
+        if not (
+            np.array_equal(starts, np.append(offsets, np.uint64(end)))
+            and (lengths % ws.RECORD_ALIGNMENT == 0).all()
+            and ((lengths >= wb.BLOB_ALIGNMENT) & (lengths <= self._max)).all()
+        ):
             return None
         kept: npt.NDArray[Any] = rows.copy()  # a copy: later use never touches the mapping
         return kept
@@ -329,14 +314,6 @@ class StreamFile(ClosesOnExit):
             self._error = exc
         self._complete = records.complete and self._error is None
         return tuple(records.seen)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedContainerError("I/O operation on a closed StreamFile", section="stream")
 
     def close(self) -> None:
         """Drop the mapping (it stays mapped while tensors view it); idempotent."""
