@@ -60,6 +60,7 @@ from hurray_wire.integrity import (
     PageStore,
     check_integrity_arguments,
 )
+from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import referenced_pages
@@ -142,7 +143,7 @@ class StreamWriter:
         *,
         compression: Compression | str | None = None,
         checksum: bool = True,
-        page_digests: bool = False,
+        page_digests: bool | DigestArray = False,
         known_pages: Any = None,
         pages: str = "referenced",
     ) -> int:

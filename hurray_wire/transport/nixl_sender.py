@@ -16,6 +16,7 @@ from hurray_wire.blob.encoder import encode_deferred, planned_into
 from hurray_wire.blob.envelope import pool_section as _pool_section
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.integrity import DeltaPlan, decode_known_pages
+from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import referenced_pages
 from hurray_wire.transport.nixl_endpoint import (
@@ -133,7 +134,7 @@ class NixlSender(_Endpoint):
         compression: Any = None,
         checksum: bool = True,
         deadline: float = DEFAULT_DEADLINE,
-        page_digests: bool = False,
+        page_digests: bool | DigestArray = False,
         known_pages: Any = None,
         pages: str = "referenced",
     ) -> None:
