@@ -8,8 +8,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 import hurray_wire as hw
+
+#: Hypothesis's per-example deadline (200 ms by default) is a timed assertion: on a loaded or
+#: slow machine a correct example fails it. Every property test runs without one; how long
+#: a suite may take is its CI budget's concern.
+settings.register_profile("no-deadline", deadline=None)
+settings.load_profile("no-deadline")
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
