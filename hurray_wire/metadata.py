@@ -379,14 +379,13 @@ def _ends_inside(what: str, field: str, at: int, size: int, end: int, base: int)
     )
 
 
-def _not_utf8(exc: UnicodeDecodeError, raw: memoryview, at: int, field: str, what: str,
-              base: int) -> NoReturn:  # fmt: skip
+def _not_utf8(exc: UnicodeDecodeError, at: int, field: str, what: str, base: int) -> NoReturn:
     raise _error(
         f"{what} is not valid UTF-8 ({exc.reason})",
         field,
         base + at + exc.start,
         expected="UTF-8",
-        found=f"bytes {bytes(raw[exc.start : exc.end]).hex(' ')}",
+        found=f"bytes {exc.object[exc.start : exc.end].hex(' ')}",
     ) from None
 
 
@@ -406,33 +405,44 @@ def _bad_tag(tag: int, field: str, at: int, *, element: bool) -> NoReturn:
     raise _error(message, field, at, expected=expected, found=f"0x{tag:02X}")
 
 
-_BYTES_NAMES = ("bytes value", "bytes length")
-
-
 def _value(index: int, key: str, element: int | None = None) -> str:
     """The field name of entry ``index``'s value (or of one of its array's elements)."""
     field = f"entries[{index}]({key!r}).value"
     return field if element is None else f"{field}[{element}]"
 
 
+def _sized_fault(tag: int, where: tuple[int, str, int | None], at: int, end: int, base: int,
+                 length: int | None = None, exc: UnicodeDecodeError | None = None
+                 ) -> NoReturn:  # fmt: skip
+    """The fault of a string or bytes payload at ``at``: its u32 length cut short (no
+    ``length``), its bytes cut short, or (``exc``) a string not UTF-8. ``where``: ``_value``'s
+    arguments."""
+    what = "string" if tag == KV_STRING else "bytes value"
+    if exc is not None:
+        _not_utf8(exc, at, _value(*where), what, base)
+    if length is None:
+        length_name = "string length" if tag == KV_STRING else "bytes length"
+        _ends_inside(length_name, f"{_value(*where)}.length", at, _U32.size, end, base)
+    _ends_inside(what, _value(*where), at, length, end, base)
+
+
 def _sized(view: memoryview, pos: int, end: int, tag: int, base: int,
            where: tuple[int, str, int | None]) -> tuple[str | bytes, int]:  # fmt: skip
-    """A string or bytes payload (u32 length, then the bytes) at ``pos``, and the end of it;
-    ``where`` names it (``_value``'s arguments) if it is faulty."""
-    what, length_name = ("string", "string length") if tag == KV_STRING else _BYTES_NAMES
+    """A string or bytes array element (u32 length, then the bytes) at ``pos``, and the end
+    of it (the entry loop reads a scalar one inline, the same way)."""
     if pos + _U32.size > end:
-        _ends_inside(length_name, f"{_value(*where)}.length", pos, _U32.size, end, base)
+        _sized_fault(tag, where, pos, end, base)
     (length,) = _U32.unpack_from(view, pos)
     pos += _U32.size
     if pos + length > end:
-        _ends_inside(what, _value(*where), pos, length, end, base)
+        _sized_fault(tag, where, pos, end, base, length)
     raw = view[pos : pos + length]
     if tag == KV_BYTES:
         return bytes(raw), pos + length
     try:
         return str(raw, "utf-8"), pos + length
     except UnicodeDecodeError as exc:
-        _not_utf8(exc, raw, pos, _value(*where), what, base)
+        _sized_fault(tag, where, pos, end, base, exc=exc)
 
 
 def _array(view: memoryview, pos: int, end: int, base: int, index: int, key: str
@@ -482,6 +492,7 @@ def _entries(view: memoryview, count: int, base: int) -> dict[str, MetadataValue
     end = len(view)
     pos = _U32.size
     u16, w16, w8 = _U16.unpack_from, _U16.size, _TAG
+    u32, w32 = _U32.unpack_from, _U32.size
     entries: dict[str, MetadataValue] = {}
     value: MetadataValue
     for index in range(count):
@@ -500,8 +511,7 @@ def _entries(view: memoryview, count: int, base: int) -> dict[str, MetadataValue
         try:
             key = str(view[pos:stop], "utf-8")
         except UnicodeDecodeError as exc:
-            _not_utf8(exc, view[pos:stop], pos, f"entries[{index}].key", f"key of entry {index}",
-                      base)  # fmt: skip
+            _not_utf8(exc, pos, f"entries[{index}].key", f"key of entry {index}", base)
         if key in entries:
             raise _error(
                 f"duplicate key {key!r} (first used by entries[{list(entries).index(key)}])",
@@ -531,7 +541,21 @@ def _entries(view: memoryview, count: int, base: int) -> dict[str, MetadataValue
             value = UInt64(number) if tag == KV_UINT64 else number
             pos += width
         elif tag in (KV_STRING, KV_BYTES):
-            value, pos = _sized(view, pos, end, tag, base, (index, key, None))
+            if pos + w32 > end:
+                _sized_fault(tag, (index, key, None), pos, end, base)
+            (length,) = u32(view, pos)
+            pos += w32
+            if pos + length > end:
+                _sized_fault(tag, (index, key, None), pos, end, base, length)
+            raw = view[pos : pos + length]
+            if tag == KV_BYTES:
+                value = bytes(raw)
+            else:
+                try:
+                    value = str(raw, "utf-8")
+                except UnicodeDecodeError as exc:
+                    _sized_fault(tag, (index, key, None), pos, end, base, exc=exc)
+            pos += length
         elif tag == KV_ARRAY:
             value, pos = _array(view, pos, end, base, index, key)
         else:
