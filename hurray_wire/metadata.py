@@ -53,6 +53,8 @@ _U32 = item_struct(KvSection.kv_count)  # kv_count, array counts, string / bytes
 _I64 = item_struct(KV_SCALAR_PAYLOADS[KV_INT64])
 _U64 = item_struct(KV_SCALAR_PAYLOADS[KV_UINT64])
 _F64 = item_struct(KV_SCALAR_PAYLOADS[KV_FLOAT64])
+_TAG = item_struct(KvEntry.value_tag).size  # a value tag, an array's element tag
+_BOOL = KV_LEAST_PAYLOAD[KV_BOOL]  # a bool's one byte
 U16_MAX = (1 << 8 * _U16.size) - 1
 U32_MAX = (1 << 8 * _U32.size) - 1  # string/bytes lengths, array counts, kv_count, kv_length
 
@@ -66,7 +68,7 @@ _FIXED_SCALAR = {
     for tag, s in ((KV_INT64, _I64), (KV_UINT64, _U64), (KV_FLOAT64, _F64))
 }
 # Smallest entry: key length, a 1-byte key, the tag and the smallest payload (a bool's byte).
-_MIN_ENTRY_SIZE = _U16.size + 1 + 1 + min(KV_LEAST_PAYLOAD.values())
+_MIN_ENTRY_SIZE = _U16.size + 1 + _TAG + min(KV_LEAST_PAYLOAD.values())
 
 
 def _checked_int(value: SupportsIndex, lo: int, hi: int, type_name: str) -> int:
@@ -363,66 +365,36 @@ def encode_metadata(entries: Mapping[str, MetadataInput]) -> bytes:
 # Decoding
 # --------------------------------------------------------------------------------------------
 
-
-class _Cursor:
-    """A read position over the section that refuses to read past its end."""
-
-    __slots__ = ("base", "end", "pos", "view")
-
-    def __init__(self, view: memoryview, base: int) -> None:
-        self.view = view
-        self.base = base
-        self.pos = 0
-        self.end = len(view)
-
-    def fail(self, message: str, field: str, at: int, **kw: Any) -> InvalidMetadataError:
-        return _error(message, field, self.base + at, **kw)
-
-    def need(self, size: int, field: str, what: str) -> int:
-        """Check that ``size`` bytes remain; return the start offset and advance past them."""
-        remaining = self.end - self.pos
-        if size > remaining:
-            raise self.fail(
-                f"section ends inside {what}",
-                field,
-                self.pos,
-                expected=f"{size} bytes",
-                found=f"{remaining} bytes left",
-            )
-        start = self.pos
-        self.pos += size
-        return start
-
-    def u8(self, field: str, what: str) -> int:
-        return self.view[self.need(1, field, what)]
-
-    def u16(self, field: str, what: str) -> int:
-        value: int = _U16.unpack_from(self.view, self.need(_U16.size, field, what))[0]
-        return value
-
-    def u32(self, field: str, what: str) -> int:
-        value: int = _U32.unpack_from(self.view, self.need(_U32.size, field, what))[0]
-        return value
-
-    def text(self, size: int, field: str, what: str) -> str:
-        start = self.need(size, field, what)
-        try:
-            return str(self.view[start : start + size], "utf-8")
-        except UnicodeDecodeError as exc:
-            raise self.fail(
-                f"{what} is not valid UTF-8 ({exc.reason})",
-                field,
-                start + exc.start,
-                expected="UTF-8",
-                found=f"bytes {bytes(self.view[start + exc.start : start + exc.end]).hex(' ')}",
-            ) from None
-
-    def blob(self, size: int, field: str, what: str) -> bytes:
-        start = self.need(size, field, what)
-        return bytes(self.view[start : start + size])
+# One reader: each check sits where the fast loop reads, and a fault raises there, named by
+# field and file offset (``base`` + position); field names are built only for an error.
 
 
-def _bad_tag(cursor: _Cursor, tag: int, field: str, at: int, *, element: bool) -> NoReturn:
+def _ends_inside(what: str, field: str, at: int, size: int, end: int, base: int) -> NoReturn:
+    raise _error(
+        f"section ends inside {what}",
+        field,
+        base + at,
+        expected=f"{size} bytes",
+        found=f"{end - at} bytes left",
+    )
+
+
+def _not_utf8(exc: UnicodeDecodeError, at: int, field: str, what: str, base: int) -> NoReturn:
+    raise _error(
+        f"{what} is not valid UTF-8 ({exc.reason})",
+        field,
+        base + at + exc.start,
+        expected="UTF-8",
+        found=f"bytes {exc.object[exc.start : exc.end].hex(' ')}",
+    ) from None
+
+
+def _bad_bool(byte: int, field: str, at: int) -> NoReturn:
+    raise _error("bool must be 0x00 or 0x01", field, at, expected="0x00 or 0x01",
+                 found=f"0x{byte:02X}")  # fmt: skip
+
+
+def _bad_tag(tag: int, field: str, at: int, *, element: bool) -> NoReturn:
     if tag == KV_ARRAY and element:
         message = "arrays do not nest: element tag 0x07 is not allowed"
     elif 0xF0 <= tag <= 0xFE:
@@ -430,132 +402,171 @@ def _bad_tag(cursor: _Cursor, tag: int, field: str, at: int, *, element: bool) -
     else:
         message = f"unknown value tag 0x{tag:02X}"
     expected = "an element tag 0x01-0x06" if element else "a value tag 0x01-0x07"
-    raise cursor.fail(message, field, at, expected=expected, found=f"0x{tag:02X}")
+    raise _error(message, field, at, expected=expected, found=f"0x{tag:02X}")
 
 
-def _scalar(cursor: _Cursor, tag: int, field: str) -> Any:
-    """One payload of a known scalar tag (01-06) at the cursor."""
-    if tag == KV_STRING:
-        return cursor.text(cursor.u32(f"{field}.length", "string length"), field, "string")
+def _value(index: int, key: str, element: int | None = None) -> str:
+    """The field name of entry ``index``'s value (or of one of its array's elements)."""
+    field = f"entries[{index}]({key!r}).value"
+    return field if element is None else f"{field}[{element}]"
+
+
+def _sized_fault(tag: int, where: tuple[int, str, int | None], at: int, end: int, base: int,
+                 length: int | None = None, exc: UnicodeDecodeError | None = None
+                 ) -> NoReturn:  # fmt: skip
+    """The fault of a string or bytes payload at ``at``: its u32 length cut short (no
+    ``length``), its bytes cut short, or (``exc``) a string not UTF-8. ``where``: ``_value``'s
+    arguments."""
+    what = "string" if tag == KV_STRING else "bytes value"
+    if exc is not None:
+        _not_utf8(exc, at, _value(*where), what, base)
+    if length is None:
+        length_name = "string length" if tag == KV_STRING else "bytes length"
+        _ends_inside(length_name, f"{_value(*where)}.length", at, _U32.size, end, base)
+    _ends_inside(what, _value(*where), at, length, end, base)
+
+
+def _sized(view: memoryview, pos: int, end: int, tag: int, base: int,
+           where: tuple[int, str, int | None]) -> tuple[str | bytes, int]:  # fmt: skip
+    """A string or bytes array element (u32 length, then the bytes) at ``pos``, and the end
+    of it (the entry loop reads a scalar one inline, the same way)."""
+    if pos + _U32.size > end:
+        _sized_fault(tag, where, pos, end, base)
+    (length,) = _U32.unpack_from(view, pos)
+    pos += _U32.size
+    if pos + length > end:
+        _sized_fault(tag, where, pos, end, base, length)
+    raw = view[pos : pos + length]
     if tag == KV_BYTES:
-        return cursor.blob(cursor.u32(f"{field}.length", "bytes length"), field, "bytes value")
-    if tag == KV_BOOL:
-        byte = cursor.u8(field, "bool")
-        if byte > 1:
-            raise cursor.fail("bool must be 0x00 or 0x01", field, cursor.pos - 1,
-                              expected="0x00 or 0x01", found=f"0x{byte:02X}")  # fmt: skip
-        return byte == 1
-    unpack, width = _FIXED_SCALAR[tag]
-    value = unpack(cursor.view, cursor.need(width, field, KV_TAG_NAMES[tag]))[0]
-    return UInt64(value) if tag == KV_UINT64 else value
+        return bytes(raw), pos + length
+    try:
+        return str(raw, "utf-8"), pos + length
+    except UnicodeDecodeError as exc:
+        _sized_fault(tag, where, pos, end, base, exc=exc)
 
 
-def _array(cursor: _Cursor, field: str) -> list[Any]:
-    at = cursor.pos
-    tag = cursor.u8(f"{field}.element_tag", "array element tag")
+def _array(view: memoryview, pos: int, end: int, base: int, index: int, key: str
+           ) -> tuple[list[Any], int]:  # fmt: skip
+    """Entry ``index``'s array payload at ``pos`` (element tag, u32 count, elements), and
+    the end of it."""
+    if pos + _TAG > end:
+        _ends_inside("array element tag", f"{_value(index, key)}.element_tag", pos, _TAG, end, base)
+    tag = view[pos]
     if tag not in _MIN_ELEMENT_SIZE:
-        _bad_tag(cursor, tag, f"{field}.element_tag", at, element=True)
-    count_at = cursor.pos
-    count = cursor.u32(f"{field}.count", "array count")
+        _bad_tag(tag, f"{_value(index, key)}.element_tag", base + pos, element=True)
+    pos += _TAG
+    if pos + _U32.size > end:
+        _ends_inside("array count", f"{_value(index, key)}.count", pos, _U32.size, end, base)
+    (count,) = _U32.unpack_from(view, pos)
+    pos += _U32.size
     least = count * _MIN_ELEMENT_SIZE[tag]
-    remaining = cursor.end - cursor.pos
+    remaining = end - pos
     if least > remaining:
-        raise cursor.fail(
+        raise _error(
             f"array count too large: {count} {KV_TAG_NAMES[tag]} elements need at least "
             f"{least} bytes but the section has {remaining} left",
-            f"{field}.count",
-            count_at,
+            f"{_value(index, key)}.count",
+            base + pos - _U32.size,
             expected=f"at most {remaining // _MIN_ELEMENT_SIZE[tag]} elements",
             found=count,
         )
-    if tag in _FIXED_FORMAT:
-        start = cursor.need(least, field, "array elements")
-        values = list(array_struct(_FIXED_FORMAT[tag], count).unpack_from(cursor.view, start))
-        return [UInt64(v) for v in values] if tag == KV_UINT64 else values
+    if tag in _FIXED_FORMAT:  # the count check above covers the whole payload
+        values = list(array_struct(_FIXED_FORMAT[tag], count).unpack_from(view, pos))
+        return ([UInt64(v) for v in values] if tag == KV_UINT64 else values), pos + least
     if tag == KV_BOOL:
-        start = cursor.need(count, field, "array elements")
-        raw = bytes(cursor.view[start : start + count])
+        raw = bytes(view[pos : pos + least])
         if raw.translate(None, b"\x00\x01"):
             j = next(j for j, b in enumerate(raw) if b > 1)
-            raise cursor.fail(
-                "bool must be 0x00 or 0x01",
-                f"{field}[{j}]",
-                start + j,
-                expected="0x00 or 0x01",
-                found=f"0x{raw[j]:02X}",
-            )
-        return [b == 1 for b in raw]
-    return [_scalar(cursor, tag, f"{field}[{j}]") for j in range(count)]
+            _bad_bool(raw[j], _value(index, key, j), base + pos + j)
+        return [b == 1 for b in raw], pos + least
+    values = []
+    for j in range(count):
+        value, pos = _sized(view, pos, end, tag, base, (index, key, j))
+        values.append(value)
+    return values, pos
 
 
-class _NotPlainError(Exception):
-    """An entry the inline reader leaves to the checked one (``_entry``)."""
-
-
-def _entries(cursor: _Cursor, count: int) -> dict[str, MetadataValue]:
-    """The entries, in one pass. A scalar entry is read inline with no per-entry
-    bookkeeping (no field names, no bounds helper): ~1 us an entry instead of ~4.5.
-    Anything that is not plainly valid is read again from the entry's start by
-    ``_entry``, which checks and names every read (and so names the fault); an array is
-    read by the checked reader in place."""
-    view, end, pos = cursor.view, cursor.end, cursor.pos
-    u16, u32 = _U16.unpack_from, _U32.unpack_from
-    w16, w32 = _U16.size, _U32.size  # a key length, a string / bytes length
+def _entries(view: memoryview, count: int, base: int) -> dict[str, MetadataValue]:
+    """The ``count`` entries after ``kv_count``, in one pass with no per-entry bookkeeping
+    (~1 us a scalar entry): every read is checked where it happens, and a fault raises there."""
+    end = len(view)
+    pos = _U32.size
+    u16, w16, w8 = _U16.unpack_from, _U16.size, _TAG
+    u32, w32 = _U32.unpack_from, _U32.size
     entries: dict[str, MetadataValue] = {}
     value: MetadataValue
     for index in range(count):
-        start = pos
+        if pos + w16 > end:
+            _ends_inside(f"key length of entry {index}", f"entries[{index}].key_length", pos,
+                         w16, end, base)  # fmt: skip
+        (key_length,) = u16(view, pos)
+        if not key_length:
+            raise _error(f"entry {index} has an empty key", f"entries[{index}].key_length",
+                         base + pos, expected=f"1..{U16_MAX}", found=0)  # fmt: skip
+        pos += w16
+        stop = pos + key_length
+        if stop > end:
+            _ends_inside(f"key of entry {index}", f"entries[{index}].key", pos, key_length, end,
+                         base)  # fmt: skip
         try:
-            if pos + w16 > end:
-                raise _NotPlainError
-            (key_length,) = u16(view, pos)
-            stop = pos + w16 + key_length
-            if not key_length or stop >= end:
-                raise _NotPlainError
-            key = str(view[pos + w16 : stop], "utf-8")
-            if key in entries:
-                raise _NotPlainError
-            tag = view[stop]
-            pos = stop + 1
-            if tag == KV_BOOL:
-                if pos >= end or view[pos] > 1:
-                    raise _NotPlainError
-                value = view[pos] == 1
-                pos += 1
-            elif tag in _FIXED_SCALAR:
-                unpack, width = _FIXED_SCALAR[tag]
-                if pos + width > end:
-                    raise _NotPlainError
-                number = unpack(view, pos)[0]
-                value = UInt64(number) if tag == KV_UINT64 else number
-                pos += width
-            elif tag in (KV_STRING, KV_BYTES):
-                if pos + w32 > end:
-                    raise _NotPlainError
-                (length,) = u32(view, pos)
-                pos += w32
-                if pos + length > end:
-                    raise _NotPlainError
-                raw = view[pos : pos + length]
-                value = bytes(raw) if tag == KV_BYTES else str(raw, "utf-8")
-                pos += length
-            elif tag == KV_ARRAY:  # checked as it is read: its payload dominates its cost
-                cursor.pos = pos
-                value = _array(cursor, f"entries[{index}]({key!r}).value")
-                pos = cursor.pos
+            key = str(view[pos:stop], "utf-8")
+        except UnicodeDecodeError as exc:
+            _not_utf8(exc, pos, f"entries[{index}].key", f"key of entry {index}", base)
+        if key in entries:
+            raise _error(
+                f"duplicate key {key!r} (first used by entries[{list(entries).index(key)}])",
+                f"entries[{index}].key",
+                base + pos,
+                expected="unique keys",
+                found=repr(key),
+            )
+        if stop + w8 > end:
+            _ends_inside("value tag", f"{_value(index, key)}_tag", stop, w8, end, base)
+        tag = view[stop]
+        pos = stop + w8
+        if tag == KV_BOOL:
+            if pos + _BOOL > end:
+                _ends_inside("bool", _value(index, key), pos, _BOOL, end, base)
+            byte = view[pos]
+            if byte > 1:
+                _bad_bool(byte, _value(index, key), base + pos)
+            value = byte == 1
+            pos += _BOOL
+        elif tag in _FIXED_SCALAR:
+            unpack, width = _FIXED_SCALAR[tag]
+            if pos + width > end:
+                _ends_inside(KV_TAG_NAMES[tag], _value(index, key), pos, width,
+                             end, base)  # fmt: skip
+            number = unpack(view, pos)[0]
+            value = UInt64(number) if tag == KV_UINT64 else number
+            pos += width
+        elif tag in (KV_STRING, KV_BYTES):
+            if pos + w32 > end:
+                _sized_fault(tag, (index, key, None), pos, end, base)
+            (length,) = u32(view, pos)
+            pos += w32
+            if pos + length > end:
+                _sized_fault(tag, (index, key, None), pos, end, base, length)
+            raw = view[pos : pos + length]
+            if tag == KV_BYTES:
+                value = bytes(raw)
             else:
-                raise _NotPlainError
-        except (_NotPlainError, UnicodeDecodeError):
-            cursor.pos = start
-            key, value = _entry(cursor, index, entries)
-            pos = cursor.pos
+                try:
+                    value = str(raw, "utf-8")
+                except UnicodeDecodeError as exc:
+                    _sized_fault(tag, (index, key, None), pos, end, base, exc=exc)
+            pos += length
+        elif tag == KV_ARRAY:
+            value, pos = _array(view, pos, end, base, index, key)
+        else:
+            _bad_tag(tag, f"{_value(index, key)}_tag", base + stop, element=False)
         entries[key] = value
     if pos != end:
-        raise cursor.fail(
+        raise _error(
             f"trailing bytes after the last of {count} entries (kv_count too small, or junk)",
             "kv_count",
-            pos,
-            expected=f"section end at {cursor.base + pos}",
+            base + pos,
+            expected=f"section end at {base + pos}",
             found=f"{end - pos} trailing bytes",
         )
     return entries
@@ -579,10 +590,12 @@ def decode_metadata(
             expected="int >= 0",
             found=repr(base_offset),
         )
-    cursor = _Cursor(byte_view(data, "data", allow_copy=True), base_offset)
-    count = cursor.u32("kv_count", "kv_count")
+    view = byte_view(data, "data", allow_copy=True)
+    if len(view) < _U32.size:
+        _ends_inside("kv_count", "kv_count", 0, _U32.size, len(view), base_offset)
+    (count,) = _U32.unpack_from(view, 0)
     # (a count the section cannot even hold is a malformed section, said by the reader)
-    fits = count * _MIN_ENTRY_SIZE <= cursor.end - cursor.pos
+    fits = count * _MIN_ENTRY_SIZE <= len(view) - _U32.size
     if max_entries is not None and count > max_entries and fits:
         raise LimitExceededError(
             "metadata has more entries than the decode limit allows",
@@ -592,38 +605,4 @@ def decode_metadata(
             expected=f"<= {max_entries} (DecodeLimits.max_metadata_entries)",
             found=count,
         )
-    return _entries(cursor, count)
-
-
-def _entry(
-    cursor: _Cursor, index: int, entries: dict[str, MetadataValue]
-) -> tuple[str, MetadataValue]:
-    """Entry ``index`` at the cursor, every read bounds-checked and named: the reader that
-    says what is wrong (``entries`` are those before it, for the duplicate-key check)."""
-    key_length = cursor.u16(f"entries[{index}].key_length", f"key length of entry {index}")
-    if key_length == 0:
-        raise cursor.fail(
-            f"entry {index} has an empty key",
-            f"entries[{index}].key_length",
-            cursor.pos - _U16.size,
-            expected=f"1..{U16_MAX}",
-            found=0,
-        )
-    key_at = cursor.pos
-    key = cursor.text(key_length, f"entries[{index}].key", f"key of entry {index}")
-    if key in entries:
-        raise cursor.fail(
-            f"duplicate key {key!r} (first used by entries[{list(entries).index(key)}])",
-            f"entries[{index}].key",
-            key_at,
-            expected="unique keys",
-            found=repr(key),
-        )
-    field = f"entries[{index}]({key!r}).value"
-    tag_at = cursor.pos
-    tag = cursor.u8(f"{field}_tag", "value tag")
-    if tag == KV_ARRAY:
-        return key, _array(cursor, field)
-    if tag not in _MIN_ELEMENT_SIZE:
-        _bad_tag(cursor, tag, f"{field}_tag", tag_at, element=False)
-    return key, _scalar(cursor, tag, field)
+    return _entries(view, count, base_offset)
