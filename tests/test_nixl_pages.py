@@ -1,4 +1,4 @@
-"""NixlReceiver.expect(page_ids=): blob pages land on the engine's own (scattered) pages."""
+"""NixlReceiver.expect(layer, role, IntoPages(...)): blob pages land on the engine's pages."""
 
 from __future__ import annotations
 

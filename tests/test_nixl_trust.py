@@ -99,7 +99,7 @@ def test_a_yielded_tensor_cannot_be_written_by_the_peer(op: str) -> None:
 def test_an_extra_write_at_an_engine_page_not_granted_is_refused(
     op: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """expect(page_ids=[3, 4, 9, 10]); the peer adds a WRITE descriptor for engine page 0
+    """expect(IntoPages(pool, [3, 4, 9, 10])); the peer adds a WRITE descriptor for engine page 0
     to its transfer (WRITE) or posts one of its own (READ): NIXL refuses it, page 0 and
     every other page not granted keep their bytes."""
     engine = np.full((ENGINE_PAGES, *peer.PAGE_SHAPE), SENTINEL, np.float16)

@@ -4,13 +4,13 @@ Each hostile blob goes through every route that can carry it: ``decode``, ``deco
 an engine array (``IntoArray``) and at page ids (``IntoPages``), ``StreamReader`` (plain and
 ``into=InPlace``), ``StreamFile.read(into=)`` (array and page ids), ``decode`` in place
 (``InPlace``), the connector's vLLM landing (``checked_write``) and the NIXL receiver
-(``expect`` of an engine array, ``expect`` at page ids, ``expect_in_place``). Every route
+(``expect`` into ``IntoArray``, ``IntoPages`` and ``InPlace``). Every route
 must refuse it with the same error (type, field and section; for NIXL a ``TransportError``
 whose cause is that error), a blob with two defects with the same one first, and a
 destination the route copies into must be untouched, the pool's own checks included (its
 section checksum, page digests, the page store's pages, decompression: docs/decisions.md
 "Nothing lands before every check"). Only ``one_pass=True``, an explicit opt-in, may leave
-refused bytes: for NIXL's ``expect(..., one_pass=True)`` exactly the raw pool the peer
+refused bytes: for NIXL's ``IntoArray(..., one_pass=True)`` exactly the raw pool the peer
 sent, READ into the engine's memory before any check (the default READs it into the
 receiver's staging ring).
 """
@@ -601,7 +601,7 @@ def test_nixl_routes_give_the_same_verdict(
 def test_nixl_in_place_checks_the_offered_layer_before_writing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """expect_in_place wrote the free pages, then found the blob was another layer's."""
+    """expect(InPlace) wrote the free pages, then found the blob was another layer's."""
     nixl = _nixl()
     offered = _f16(layer=1)
     blob = bytes(hw.encode(_f16(layer=2)))  # same layout, another layer
