@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import hurray_wire as hw
+from hurray_wire.integrity import EnginePoolStore
 from hurray_wire.transport import records
 
 try:
@@ -87,7 +88,7 @@ def test_multi_layer_cache_every_value(receiver: Any) -> None:
             receiver.register(engine[layer, role])
     sender = Sender(receiver, layers=layers, pages=pages)
     for (layer, role), pool in engine.items():
-        receiver.expect(layer, role, pool)
+        receiver.expect(layer, role, hw.IntoArray(pool))
     seen = []
     for tensor in receiver.receive(2 * layers, deadline=60):
         key = (tensor.layer_index, tensor.kv_role)
@@ -119,7 +120,7 @@ def test_corrupted_byte_in_engine_array(receiver: Any) -> None:
     pool = np.zeros((64, *peer.PAGE_SHAPE), np.float16)
     receiver.register(pool)
     sender = Sender(receiver, "--corrupt", "0:key", layers=1, pages=64)
-    receiver.expect(0, "key", pool)
+    receiver.expect(0, "key", hw.IntoArray(pool))
     with pytest.raises(hw.errors.TransportError) as info:
         list(receiver.receive(2, deadline=20))
     assert (info.value.layer, info.value.role) == (0, "key")
@@ -210,11 +211,26 @@ def test_arguments_are_checked() -> None:
         s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 2), 0, "key"), op="PUT")
     with pytest.raises(hw.errors.ArgumentTypeError):
         hwnixl.NixlSender("x", ucx_error_handling_mode="rdma")
+    pool = np.zeros((2, *peer.PAGE_SHAPE), np.float16)
     with pytest.raises(hw.errors.TransportError, match="one_pass=True, page_pool is in registered"):
-        r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16), one_pass=True)
-    r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16))  # staged, then copied
+        r.expect(0, "key", hw.IntoArray(pool, one_pass=True))
+    r.expect(0, "key", hw.IntoArray(pool))  # staged, then copied
     with pytest.raises(hw.errors.ArgumentTypeError, match="one_pass"):
-        r.expect(0, "key", np.zeros((2, *peer.PAGE_SHAPE), np.float16), one_pass=1)
+        r.expect(0, "key", hw.IntoArray(pool, one_pass=1))  # type: ignore[arg-type]
+    in_place = hw.InPlace(EnginePoolStore(np.zeros((4, *peer.PAGE_SHAPE), np.float16)), [0])
+    with pytest.raises(hw.errors.ArgumentTypeError, match="already expected in a page_pool"):
+        r.expect(0, "key", in_place)
+    r.expect(1, "key", in_place)
+    with pytest.raises(hw.errors.ArgumentTypeError, match="already expected in place"):
+        r.expect(1, "key", hw.IntoArray(np.zeros_like(pool)))
+
+    class Landing:  # lands (decode would take it) but is none of the receiver's targets
+        def land(self) -> None: ...
+
+    for wrong, found in [(pool, "ndarray"), (None, "NoneType"), (Landing(), "Landing")]:
+        with pytest.raises(hw.errors.ArgumentTypeError, match="landing target") as info:
+            r.expect(2, "key", wrong)
+        assert (info.value.field, info.value.found) == ("into", found)
     s.metadata()
     with pytest.raises(hw.errors.TransportError, match="before taking metadata"):
         s.register(np.zeros(64, np.uint8))
@@ -301,7 +317,7 @@ def test_compressed_staged_blob_into_an_engine_array() -> None:
     r.add_peer(s.metadata())
     pool = np.zeros((16, *peer.PAGE_SHAPE), np.float16)
     pool[::3] = 1.5  # compressible
-    r.expect(4, "key", engine)
+    r.expect(4, "key", hw.IntoArray(engine))
     s.publish(peer.cache_tensor(pool, 4, "key"), mode="staged", compression="zstd")
     s.publish(peer.cache_tensor(pool, 4, "value"), mode="staged", compression="zstd", op="WRITE")
     thread = threading.Thread(target=s.wait, kwargs={"deadline": 10})
@@ -314,7 +330,7 @@ def test_compressed_staged_blob_into_an_engine_array() -> None:
     with pytest.raises(hw.errors.ArgumentTypeError, match="compression needs mode='staged'"):
         s.publish(peer.cache_tensor(pool, 5, "key"), compression="zstd")
     with pytest.raises(hw.errors.ArgumentTypeError, match="unknown kv_role"):
-        r.expect(0, "query", engine)
+        r.expect(0, "query", hw.IntoArray(engine))
     s.close()
     r.close()
 
@@ -553,7 +569,7 @@ def test_an_offer_whose_header_segment_overlaps_its_pool_is_refused(
 
     monkeypatch.setattr(s, "_send", lying)
     engine = np.full((8, *peer.PAGE_SHAPE), 7, np.float16)
-    r.expect(0, "key", engine)
+    r.expect(0, "key", hw.IntoArray(engine))
     s.publish(peer.cache_tensor(peer.cache_pool(0, "key", 8), 0, "key"))
     thread = threading.Thread(target=_quietly, args=(s.wait,))
     thread.start()

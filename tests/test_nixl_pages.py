@@ -1,4 +1,4 @@
-"""NixlReceiver.expect(page_ids=): blob pages land on the engine's own (scattered) pages."""
+"""NixlReceiver.expect(layer, role, IntoPages(...)): blob pages land on the engine's pages."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_pages_land_on_the_engine_page_ids(op: str, mode: str, compression: Any)
     engine = _engine()
     ids = np.array([7, 8, 9, 30, 2, 3, 4, 5, 39, 0, 20, 21])  # runs and single pages
     s, r = _connected(engine, sender_arrays=(pool, tensor.block_table, tensor.seq_ptr))
-    r.expect(3, "value", engine, page_ids=ids)
+    r.expect(3, "value", hw.IntoPages(engine, ids))
     s.publish(tensor, op=op, mode=mode, compression=compression)
     got = _move(s, r, 1)[3, "value"]
     assert got.page_pool.shape == engine.shape and np.shares_memory(got.page_pool, engine)
@@ -82,7 +82,7 @@ def test_a_page_damaged_where_it_landed_is_refused(
     engine = _engine()
     s, r = _connected(engine, sender_arrays=(pool, tensor.block_table, tensor.seq_ptr))
     ids = np.array([12, 13, 14, 3, 4, 30, 31, 32])
-    r.expect(0, "key", engine, page_ids=ids, one_pass=one_pass)
+    r.expect(0, "key", hw.IntoPages(engine, ids, one_pass=one_pass))
     real = r._decode_split
     before = engine.tobytes()
 
@@ -127,7 +127,7 @@ def test_page_count_that_differs_from_the_offer_is_a_typed_error() -> None:
     pool = peer.cache_pool(1, "key", 8)
     engine = _engine()
     s, r = _connected(engine)
-    r.expect(1, "key", engine, page_ids=np.arange(6))  # the blob has 8 pages
+    r.expect(1, "key", hw.IntoPages(engine, np.arange(6)))  # the blob has 8 pages
     s.publish(peer.cache_tensor(pool, 1, "key"))
     info = _refused(s, r, "page_ids")
     assert (info.value.layer, info.value.role) == (1, "key")
@@ -151,12 +151,12 @@ def test_bad_page_ids_are_typed_errors(page_ids: Any, field: str, message: str) 
     r = hwnixl.NixlReceiver("pages-args", ucx_error_handling_mode="none", arena_bytes=1 << 20)
     r.register(engine)
     with pytest.raises(hw.errors.ArgumentTypeError, match=message) as info:
-        r.expect(0, "key", engine, page_ids=page_ids)
+        r.expect(0, "key", hw.IntoPages(engine, page_ids))
     assert info.value.field == field
     flat = np.zeros(1 << 16, np.uint8)
     r.register(flat)
     with pytest.raises(hw.errors.ArgumentTypeError) as info:
-        r.expect(0, "key", flat[:0], page_ids=[0])
+        r.expect(0, "key", hw.IntoPages(flat[:0], [0]))
     assert info.value.field == "page_pool"
     r.close()
 
@@ -173,7 +173,7 @@ def test_a_quantized_blob_is_refused_with_page_ids() -> None:
         pool, [0, 1, 2, 3], [0, 4], kv_role="key", layer_index=0,
         quantization=quantization, scales=scales,
     )  # fmt: skip
-    r.expect(0, "key", engine, page_ids=[5, 6, 7, 8])
+    r.expect(0, "key", hw.IntoPages(engine, [5, 6, 7, 8]))
     s.publish(tensor)
     _refused(s, r, "unquantized")
     s.close()
@@ -188,7 +188,7 @@ def test_page_ids_in_300_runs_are_read_in_one_transfer() -> None:
     engine = np.zeros((2 * pages, *peer.PAGE_SHAPE), np.float16)
     ids = np.arange(0, 2 * pages, 2)  # every other page: 300 runs of one page
     s, r = _connected(engine)
-    r.expect(2, "key", engine, page_ids=ids)
+    r.expect(2, "key", hw.IntoPages(engine, ids))
     s.publish(peer.cache_tensor(pool, 2, "key"))
     got = _move(s, r, 1)[2, "key"]
     np.testing.assert_array_equal(engine[ids], pool)
@@ -222,9 +222,9 @@ def test_a_delta_decodes_in_place_into_the_engine_pool() -> None:
     s.add_peer(r.metadata())
     r.add_peer(s.metadata())
     free = np.array([3, 4, 5, 6, 7])
-    r.expect_in_place(5, "value", store, free)
+    r.expect(5, "value", hw.InPlace(store, free))
     with pytest.raises(hw.errors.ArgumentTypeError, match="already expected in place"):
-        r.expect(5, "value", engine)
+        r.expect(5, "value", hw.IntoArray(engine))
 
     def send() -> None:
         known = s.known_pages(deadline=10)
@@ -244,7 +244,7 @@ def test_a_delta_decodes_in_place_into_the_engine_pool() -> None:
     assert set(written.tolist()) <= set(free.tolist()) and written.size == 4
     assert set(np.unique(got.block_table).tolist()) <= set(held[:12].tolist()) | set(free[:4])
     with pytest.raises(hw.errors.ArgumentTypeError, match="EnginePoolStore"):
-        r.expect_in_place(6, "key", engine, free)  # type: ignore[arg-type]
+        r.expect(6, "key", hw.InPlace(engine, free))  # type: ignore[arg-type]
     s.close()
     r.close()
 
@@ -269,7 +269,7 @@ def test_a_request_sends_only_its_pages_read_where_they_lie(op: str) -> None:
         return send(record)
 
     s._send = spy
-    r.expect(0, "key", engine, page_ids=[5, 9, 2])
+    r.expect(0, "key", hw.IntoPages(engine, [5, 9, 2]))
     s.publish(tensor, op=op)
     got = _move(s, r, 1)[0, "key"]
     page = pool[0].nbytes

@@ -99,14 +99,14 @@ def test_a_yielded_tensor_cannot_be_written_by_the_peer(op: str) -> None:
 def test_an_extra_write_at_an_engine_page_not_granted_is_refused(
     op: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """expect(page_ids=[3, 4, 9, 10]); the peer adds a WRITE descriptor for engine page 0
+    """expect(IntoPages(pool, [3, 4, 9, 10])); the peer adds a WRITE descriptor for engine page 0
     to its transfer (WRITE) or posts one of its own (READ): NIXL refuses it, page 0 and
     every other page not granted keep their bytes."""
     engine = np.full((ENGINE_PAGES, *peer.PAGE_SHAPE), SENTINEL, np.float16)
     s, r, evil = _pair(1 << 20, engine)
     pool = peer.cache_pool(0, "key", 4)
     ids = [3, 4, 9, 10]
-    r.expect(0, "key", engine, page_ids=ids)
+    r.expect(0, "key", hw.IntoPages(engine, ids))
     real = s._post
 
     def with_page_zero(kind: str, local: Any, remote: Any, notif: bytes = b"") -> Any:
@@ -138,7 +138,7 @@ def test_write_mode_lands_in_engine_pages_only_after_validation(
     engine = np.full((ENGINE_PAGES, *peer.PAGE_SHAPE), SENTINEL, np.float16)
     s, r, _ = _pair(1 << 20, engine)
     pool = peer.cache_pool(2, "value", 4)
-    r.expect(2, "value", engine, page_ids=[5, 6, 1, 2])
+    r.expect(2, "value", hw.IntoPages(engine, [5, 6, 1, 2]))
     real = r._decode
 
     def damaged(item: Any) -> Any:
@@ -164,7 +164,7 @@ def test_write_lands_whole_and_at_page_ids(mode: str) -> None:
     engine = np.full((2 * pages, *peer.PAGE_SHAPE), SENTINEL, np.float16)
     ids = np.arange(0, 2 * pages, 2)[::-1]
     s, r, _ = _pair(8 << 20, engine)
-    r.expect(3, "key", engine, page_ids=ids)
+    r.expect(3, "key", hw.IntoPages(engine, ids))
     sent = peer.cache_tensor(pool, 3, "key")
     s.publish(sent, op="WRITE", mode=mode)
     (got,) = _move(s, r, 1)
@@ -233,7 +233,7 @@ def test_a_receiver_registers_after_its_metadata() -> None:
     engine = np.full((ENGINE_PAGES, *peer.PAGE_SHAPE), SENTINEL, np.float16)
     r.register(engine)
     pool = peer.cache_pool(5, "key", 4)
-    r.expect(5, "key", engine, page_ids=[12, 13, 0, 7])
+    r.expect(5, "key", hw.IntoPages(engine, [12, 13, 0, 7]))
     s.publish(peer.cache_tensor(pool, 5, "key"))
     (got,) = _move(s, r, 1)
     np.testing.assert_array_equal(engine[[12, 13, 0, 7]], pool)

@@ -4,13 +4,13 @@ Each hostile blob goes through every route that can carry it: ``decode``, ``deco
 an engine array (``IntoArray``) and at page ids (``IntoPages``), ``StreamReader`` (plain and
 ``into=InPlace``), ``StreamFile.read(into=)`` (array and page ids), ``decode`` in place
 (``InPlace``), the connector's vLLM landing (``checked_write``) and the NIXL receiver
-(``expect`` of an engine array, ``expect`` at page ids, ``expect_in_place``). Every route
+(``expect`` into ``IntoArray``, ``IntoPages`` and ``InPlace``). Every route
 must refuse it with the same error (type, field and section; for NIXL a ``TransportError``
 whose cause is that error), a blob with two defects with the same one first, and a
 destination the route copies into must be untouched, the pool's own checks included (its
 section checksum, page digests, the page store's pages, decompression: docs/decisions.md
 "Nothing lands before every check"). Only ``one_pass=True``, an explicit opt-in, may leave
-refused bytes: for NIXL's ``expect(..., one_pass=True)`` exactly the raw pool the peer
+refused bytes: for NIXL's ``IntoArray(..., one_pass=True)`` exactly the raw pool the peer
 sent, READ into the engine's memory before any check (the default READs it into the
 receiver's staging ring).
 """
@@ -582,10 +582,15 @@ def test_nixl_routes_give_the_same_verdict(
     def expect(r: Any) -> None:
         r.register(engine)
         if how == "in_place":
-            r.expect_in_place(tensor.layer_index, tensor.kv_role, store, np.arange(PAGES))
+            assert store is not None  # made above for in_place
+            r.expect(tensor.layer_index, tensor.kv_role, hw.InPlace(store, np.arange(PAGES)))
         else:
-            r.expect(tensor.layer_index, tensor.kv_role, engine, page_ids=ids,
-                     one_pass=one_pass)  # fmt: skip
+            into = (
+                hw.IntoArray(engine, one_pass=one_pass)
+                if ids is None
+                else hw.IntoPages(engine, ids, one_pass=one_pass)
+            )
+            r.expect(tensor.layer_index, tensor.kv_role, into)
 
     error = _serve(nixl, blob, tensor, expect, case.fingerprint, monkeypatch)
     assert isinstance(_cause(error), case.error), error
@@ -596,7 +601,7 @@ def test_nixl_routes_give_the_same_verdict(
 def test_nixl_in_place_checks_the_offered_layer_before_writing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """expect_in_place wrote the free pages, then found the blob was another layer's."""
+    """expect(InPlace) wrote the free pages, then found the blob was another layer's."""
     nixl = _nixl()
     offered = _f16(layer=1)
     blob = bytes(hw.encode(_f16(layer=2)))  # same layout, another layer
@@ -604,7 +609,7 @@ def test_nixl_in_place_checks_the_offered_layer_before_writing(
     before = engine.tobytes()
 
     def expect(r: Any) -> None:
-        r.expect_in_place(1, "key", store, np.arange(PAGES))
+        r.expect(1, "key", hw.InPlace(store, np.arange(PAGES)))
 
     error = _serve(nixl, blob, offered, expect, None, monkeypatch)
     assert "not the one offered" in str(error)
@@ -650,7 +655,7 @@ def test_nixl_landing_refuses_a_misfit(
 
     def expect(r: Any) -> None:
         r.register(engine)
-        r.expect(1, "key", engine, one_pass=one_pass)
+        r.expect(1, "key", hw.IntoArray(engine, one_pass=one_pass))
 
     error = _serve(nixl, blob, _f16(), expect, None, monkeypatch)
     assert message in str(error), error
@@ -665,17 +670,17 @@ def test_nixl_expect_refuses_overlapping_destinations() -> None:
     r = nixl.NixlReceiver("overlap-receiver", ucx_error_handling_mode="none", arena_bytes=1 << 20)
     try:
         engine = np.zeros((ENGINE_PAGES, *PAGE), np.float16)
-        r.expect(0, "key", engine[:PAGES])
+        r.expect(0, "key", hw.IntoArray(engine[:PAGES]))
         with pytest.raises(ArgumentTypeError, match="overlaps") as info:
-            r.expect(0, "value", engine[PAGES - 1 : 2 * PAGES - 1])
+            r.expect(0, "value", hw.IntoArray(engine[PAGES - 1 : 2 * PAGES - 1]))
         assert info.value.field == "page_pool"
-        r.expect(1, "key", engine, page_ids=[PAGES, PAGES + 2])  # other pages: fine
+        r.expect(1, "key", hw.IntoPages(engine, [PAGES, PAGES + 2]))  # other pages: fine
         with pytest.raises(ArgumentTypeError, match="overlaps"):
-            r.expect(1, "value", engine, page_ids=[PAGES + 3, PAGES + 2])
-        r.expect(0, "key", engine[:PAGES])  # the same blob again replaces its landing
+            r.expect(1, "value", hw.IntoPages(engine, [PAGES + 3, PAGES + 2]))
+        r.expect(0, "key", hw.IntoArray(engine[:PAGES]))  # the same blob again replaces its landing
         own = r._arena.buf[: engine[:PAGES].nbytes].view(np.float16).reshape(PAGES, *PAGE)
         with pytest.raises(ArgumentTypeError, match="overlaps"):
-            r.expect(2, "key", own)
+            r.expect(2, "key", hw.IntoArray(own))
     finally:
         r.close()
 

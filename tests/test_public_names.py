@@ -24,13 +24,13 @@ def test_the_engine_pool_store_keyword_is_pool_store(route: Callable[..., Any]) 
     assert "page_pool" not in params
 
 
-def test_nixl_expect_in_place_names_pool_store() -> None:
+def test_nixl_expect_takes_a_landing_target() -> None:
     try:
         from hurray_wire.transport.nixl_receiver import NixlReceiver
     except TransportError:
         pytest.skip("NIXL cannot load here")
-    params = inspect.signature(NixlReceiver.expect_in_place).parameters
-    assert list(params) == ["self", "layer", "role", "pool_store", "free_pages"]
+    params = inspect.signature(NixlReceiver.expect).parameters
+    assert list(params) == ["self", "layer", "role", "into"]
 
 
 def test_tensor_and_block_paged_tensor_name_each_other() -> None:

@@ -283,7 +283,9 @@ def run_transport(transport: str, args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     if mode.startswith("expect"):
                         for (layer, role), array in engine.items():
-                            receiver.expect(layer, role, array, one_pass=mode.endswith("pass"))
+                            receiver.expect(
+                                layer, role, hw.IntoArray(array, one_pass=mode.endswith("pass"))
+                            )
                     name = mode.removesuffix("-nohash").removesuffix("-write")
                     name = "zero-copy" if name.startswith("expect") else name
                     op = "WRITE" if mode.endswith("-write") else "READ"

@@ -379,9 +379,10 @@ class Landing(Protocol):
     ) -> tuple[BlockPagedTensor, DecodeReport | None]: ...  # fmt: skip
 
 
-def landing_target(into: object) -> Landing:
-    """``into`` checked to be a landing target (``decode(into=)``, the stream readers)."""
-    if not callable(getattr(into, "land", None)):
+def landing_target(into: object, kinds: tuple[type, ...] = ()) -> Landing:
+    """``into`` checked to be a landing target (``decode(into=)``, the stream readers;
+    ``kinds``: only these, NIXL's receiver)."""
+    if not callable(getattr(into, "land", None)) or (kinds and not isinstance(into, kinds)):
         raise ArgumentTypeError(
             "into must be a landing target: IntoArray(engine_array), IntoPages or InPlace",
             field="into",

@@ -10,17 +10,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from hurray_wire.blob import DecodeLimits, blob_length
-from hurray_wire.blob.decoder import Accept, Decoder, decode_options, plan_of, run
+from hurray_wire.blob.decoder import (
+    Accept,
+    Decoder,
+    decode_options,
+    landing_target,
+    plan_of,
+    run,
+)
 from hurray_wire.blob.envelope import pool_section
 from hurray_wire.blob.landing import InPlace, IntoArray, IntoPages
 from hurray_wire.codecs import CODEC_RAW
-from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError, flag
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.integrity import (
     EngineFingerprint,
-    EnginePoolStore,
     PageStore,
     check_integrity_arguments,
     encode_known_pages,
@@ -57,7 +62,7 @@ class _Incoming:
 
     offer: TransferRecord
     landing: int  # arena offset of the bytes that are not READ apart (split)
-    target: IntoArray | IntoPages | InPlace | None = None  # what expect*() named
+    target: IntoArray | IntoPages | InPlace | None = None  # what expect() named
     split: bool = False  # its raw pool is READ apart: into staging, or with one_pass the target
     segments: tuple[Segment, ...] = ()
     xfers: list[Any] = field(default_factory=list)
@@ -147,34 +152,31 @@ class NixlReceiver(_Endpoint):
         record = encode_known_pages(digests)
         _call("send_notif", self._agent.send_notif, self._peer_name(), record)
 
-    def expect(
-        self,
-        layer: int,
-        role: str,
-        page_pool: npt.NDArray[Any],
-        *,
-        page_ids: Any = None,
-        one_pass: bool = False,
-    ) -> None:
-        """Land the page pool of blob {layer, role} in the engine's ``page_pool``, whole
-        (``IntoArray``) or at ``page_ids`` (``IntoPages``, docs/nixl.md § 4).
+    def expect(self, layer: int, role: str, into: IntoArray | IntoPages | InPlace) -> None:
+        """Land blob {layer, role} where ``into`` says, as ``decode(data, into=...)``
+        (docs/nixl.md § 4): ``IntoArray(pool)`` whole, ``IntoPages(pool, page_ids)``,
+        ``InPlace(pool_store, free_pages)`` (the delta protocol's end, docs/integrity.md § 5.3).
 
-        The pool is READ into the staging ring and copied into ``page_pool`` after every
-        check passed: a refused blob leaves it untouched. ``one_pass=True`` (``page_pool``
-        in registered memory) READs it straight there; a blob refused after its READ
-        leaves the bytes the peer sent in the pool's pages."""
+        A pool is READ into the staging ring and copied after every check passed: a
+        refused blob leaves it untouched. ``one_pass=True`` (the pool in registered memory)
+        READs it straight there; a blob refused after its READ leaves the sent bytes."""
         key = _checked_key(layer, role)
-        one_pass = flag(one_pass, "one_pass")
-        if isinstance(self._targets.get(key), InPlace):
-            raise ArgumentTypeError("this blob is already expected in place",
+        landing_target(into, (IntoArray, IntoPages, InPlace))  # decode's check, these kinds
+        held = self._targets.get(key)
+        if held is not None and isinstance(held, InPlace) != isinstance(into, InPlace):
+            where = "in place" if isinstance(held, InPlace) else "in a page_pool"
+            raise ArgumentTypeError(f"this blob is already expected {where}",
                                     field="layer", found=f"{layer} {role}")  # fmt: skip
-        target: IntoArray | IntoPages = (
-            IntoArray(page_pool, one_pass)
-            if page_ids is None
-            else IntoPages(page_pool, page_ids, one_pass)
-        )
+        if not isinstance(into, InPlace):
+            self._check_pool(key, into)
+        self._targets[key] = into
+
+    def _check_pool(self, key: tuple[int, str], target: IntoArray | IntoPages) -> None:
+        """A pool target lands in registered memory (one_pass) and on no bytes the
+        receiver or another expected blob uses; the staging ring made for it."""
+        layer, role = key
         flat = target.flat
-        if one_pass and not self._registered(int(flat.ctypes.data), flat.nbytes):
+        if target.one_pass and not self._registered(int(flat.ctypes.data), flat.nbytes):
             raise TransportError("with one_pass=True, page_pool is in registered memory",
                                  layer=layer, role=role)  # fmt: skip
         own = [r.buf for r in (self._arena, self._write, self._staging) if r is not None]
@@ -186,23 +188,9 @@ class NixlReceiver(_Endpoint):
             raise ArgumentTypeError("page_pool overlaps the receiver's own memory or the "
                                     "pages another expected blob lands on", field="page_pool",
                                     found=f"layer {layer} {role}")  # fmt: skip
-        if not one_pass and self._staging is None:
+        if not target.one_pass and self._staging is None:
             self._staging = _Arena(self._staging_bytes)
             self.register(self._staging.buf)
-        self._targets[key] = target
-
-    def expect_in_place(
-        self, layer: int, role: str, pool_store: EnginePoolStore, free_pages: Any
-    ) -> None:
-        """Decode blob {layer, role} into the engine's pool (``InPlace``), the delta
-        protocol's receiving end (docs/integrity.md § 5.3): ``send_known_pages(
-        pool_store.digests())`` first, and the sender publishes with ``known_pages``."""
-        key = _checked_key(layer, role)
-        target = InPlace(pool_store, free_pages)
-        if key in self._targets and not isinstance(self._targets[key], InPlace):
-            raise ArgumentTypeError("this blob is already expected in a page_pool",
-                                    field="layer", found=f"{layer} {role}")  # fmt: skip
-        self._targets[key] = target
 
     def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
         """Yield ``count`` tensors in the order they land (each decoded and validated).
@@ -395,7 +383,7 @@ class NixlReceiver(_Endpoint):
             assert self._staging is not None  # made by expect()
             at = _room(self._staging, r, r.pool_length, "page pool does not fit the "
                        "receiver's staging region: NixlReceiver(staging_bytes=...), or "
-                       "expect(..., one_pass=True)")  # fmt: skip
+                       "expect(..., IntoArray(pool, one_pass=True))")  # fmt: skip
             if at is None:
                 return False
             item.staged_at = at
