@@ -1,5 +1,5 @@
 """Delta decode in place into an engine's own pool (docs/integrity.md § 5.3): the
-EnginePoolStore, decode_in_place / decode_in_place_report, the stream reader's in_place
+EnginePoolStore, decode(into=InPlace) / decode_report(into=InPlace), the stream reader's in_place
 option, and encode(known_pages=DeltaPlan) for cached digests."""
 
 from __future__ import annotations
@@ -299,7 +299,7 @@ def test_page_forgotten_since_planning_is_missing() -> None:
     report = _in_place_report(blob, s.store, s.free)
     assert report.missing.tolist() == [int(s.free[1])] and report.positions == ((0, 1),)
     assert report.stale.size == 0
-    # too few free pages to report it in: raised as decode_in_place raises it
+    # too few free pages to report it in: raised as decode(into=InPlace) raises it
     with pytest.raises(PageStoreMissError, match="no page left"):
         _in_place_report(blob, s.store, s.free[:1])
 

@@ -11,7 +11,7 @@
   the same value;
 * delta blobs (a page-refs section, 0x05, and page digests, 0x04) through every reader that
   resolves refs: ``decode`` and ``decode_report`` with a ``page_store``,
-  ``decode_in_place`` and ``decode_in_place_report`` (the same verdict when no page fails)
+  ``decode(into=InPlace)`` and ``decode_report(into=InPlace)`` (the same verdict when no page fails)
   into an engine pool (``EnginePoolStore``) and ``StreamReader`` with
   a ``page_store``; the blob's checksums are recomputed after the mutation when the target
   byte asks for it, so that the mutated fields reach the section rules;
@@ -235,12 +235,12 @@ def _delta(target: int, blob: bytes) -> None:
             report = _typed(
                 lambda: hw.decode_report(blob, into=hw.InPlace(_POOL, _ENGINE_FREE), limits=LIMITS)
             )
-            # the report variant: accepts what decode_in_place accepts, with no failed page,
-            # and reports nothing failed only for what decode_in_place accepts
+            # the report variant: accepts what decode(into=InPlace) accepts, with no failed page,
+            # and reports nothing failed only for what decode(into=InPlace) accepts
             if landed is not None and (report is None or not report.ok):
-                raise AssertionError(f"decode_in_place_report vs decode_in_place: {report!r}")
+                raise AssertionError(f"in-place report vs in-place decode: {report!r}")
             if report is not None and report.ok and landed is None:
-                raise AssertionError("decode_in_place_report is ok where decode_in_place refuses")
+                raise AssertionError("the in-place report is ok where the in-place decode refuses")
         finally:
             _ENGINE[:] = before  # the next input sees the same pool
     assert blob == original

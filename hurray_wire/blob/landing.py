@@ -728,7 +728,7 @@ def _sent_pages(plan: Any) -> int:
 
 
 def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
-    """The blob's descriptor and the number of free pages ``decode_in_place`` writes (the
+    """The blob's descriptor and the number of free pages ``decode(into=InPlace)`` writes (the
     pages the blob carries), from its checked header alone: what an engine's allocator
     needs before the decode (the stream reader's ``in_place`` callback receives both)."""
     view = byte_view(data)
