@@ -39,6 +39,7 @@ from hurray_wire.adapters.vllm import fp8_view
 from hurray_wire.adapters.vllm_landing import checked_write
 from hurray_wire.errors import HurrayWireError, InvalidTensorError
 from hurray_wire.integrity.digests import DigestArray, PageRecords, page_rows
+from hurray_wire.vllm.device import land_pages, stand_in
 from hurray_wire.vllm.params import one_sequence, sequence_pages
 
 __all__ = [
@@ -205,6 +206,29 @@ class CacheForm:
         target = tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
         return checked_write(target, cache, [list(block_ids)], k_scale=k_scale,
                              v_scale=v_scale, **self._kw())  # fmt: skip
+
+    def checked_device(
+        self,
+        pages: Sequence[Pages],
+        num_tokens: int,
+        cache: Any,
+        block_ids: Sequence[int],
+        scales: tuple[float | None, float | None] = (None, None),
+        stream: Any = None,
+    ) -> Callable[[], None]:
+        """:meth:`checked` for a cache in device memory: every check run against a host
+        stand-in of the cache's shape, strides and dtype (``device.stand_in``: nothing is
+        read or written through it), and the commit the device's (``device.land_pages``):
+        the checked pages in the wire's layout copied once per role, the device scattering
+        them into its views, a partial last block's tail kept."""
+        views = self.page_views
+        assert views is not None  # CPU_ATTN caches are never on a device
+        self.checked(pages, num_tokens, stand_in(cache), block_ids, scales)
+        needed = -(-num_tokens // self.kernel_block_size)
+        kernel = [p.reshape(-1, self.kernel_block_size, *p.shape[2:])[:needed] for p in pages]
+        ids = kernel_ids(block_ids, self.ratio)[:needed]
+        valid = num_tokens - (needed - 1) * self.kernel_block_size
+        return land_pages(cache, views, ids, kernel, valid, stream)
 
     def check(self, cache: Any) -> None:
         """Read nothing from ``cache`` with the adapter's rules: every refusal it would

@@ -41,7 +41,7 @@ from hurray_wire.vllm.backends import (
     learn,
     scales_digest,
 )
-from hurray_wire.vllm.device import Staged, commit_all, gather, land, needs_staging, side_stream
+from hurray_wire.vllm.device import Staged, commit_all, gather, needs_staging, side_stream
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.metrics import COUNTERS, TIMES, HurrayConnectorStats, HurrayPromMetrics
 from hurray_wire.vllm.model_digest import engine_model_digest
@@ -514,15 +514,11 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if not needs_staging(self._caches[0]):
             land_layers(form, layers, tokens, targets)  # transfer-atomic: every check first
             return
-        # A device cache: each layer's target blocks staged on the host and written there
-        # (every check), then, once every layer passed, one host-to-device copy each.
-        ids = kernel_ids([0, *targets], form.ratio)  # block 0: the null block, not written
-        local = range(1, len(targets) + 1)
-        commits = [
-            land(cache, ids, partial(form.write, roles, tokens, block_ids=local, scales=scales),
-                 self._stream, skip=form.ratio)
-            for cache, roles, scales in layers
-        ]  # fmt: skip
+        # A device cache: every layer's checks first (the pages stay in the wire's layout),
+        # then, once every layer passed, each role's pages copied to the device once and
+        # scattered there into the backend's views (device.py ``land_pages``).
+        commits = [form.checked_device(roles, tokens, cache, targets, scales, self._stream)
+                   for cache, roles, scales in layers]  # fmt: skip
         commit_all(commits)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
