@@ -158,11 +158,13 @@ def land(
 def stand_in(cache: Any) -> Any:
     """A host tensor of ``cache``'s shape, strides and dtype for the landing's checks to
     inspect: backed by an anonymous mapping the kernel fills with zero pages only when
-    touched, so it costs address space, not memory or a copy (nothing writes it)."""
+    touched, so it costs address space, not memory or a copy (nothing writes it; no swap
+    reserved for it either)."""
     import torch
 
     span = 1 + sum((n - 1) * s for n, s in zip(cache.shape, cache.stride(), strict=True))
-    memory = mmap.mmap(-1, max(span, 1) * cache.element_size())
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+    memory = mmap.mmap(-1, max(span, 1) * cache.element_size(), flags=flags)
     flat = torch.frombuffer(memory, dtype=cache.dtype)
     return flat.as_strided(tuple(cache.shape), tuple(cache.stride()))
 
