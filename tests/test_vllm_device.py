@@ -159,6 +159,10 @@ def test_a_refused_landing_writes_nothing(device: str) -> None:
 
     with pytest.raises(IndexBufferError, match="null block"):
         land(cache, kernel_ids([0, 3, 4], 1), bad, skip=1)
+    with pytest.raises(IndexBufferError, match="null block"):  # the device's landing
+        form.checked(pages, 32, cache, [1, 0], device=True)
+    with pytest.raises(HurrayWireError):
+        form.checked(pages, 32, cache, [1, NUM_BLOCKS], device=True)  # past the last block
     assert torch.equal(cache, before)
 
 
@@ -363,23 +367,10 @@ def test_device_landing_equals_the_host_staged_one(device: str, case: tuple[Any,
     staged, landed = cache.clone(), cache.clone()
     write = lambda host: form.write(pages, tokens, host, range(1, len(targets) + 1))  # noqa: E731
     land(staged, kernel_ids([0, *targets], form.ratio), write, skip=form.ratio)()
-    commit = form.checked_device(pages, tokens, landed, targets)
+    commit = form.checked(pages, tokens, landed, targets, device=True)
     assert torch.equal(landed, cache)  # nothing lands before the commit
     commit()
     if device != "cpu":
         torch.cuda.synchronize()
     assert torch.equal(landed.cpu(), staged.cpu())
     assert not torch.equal(landed.cpu(), cache.cpu())
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_refused_device_landing_writes_nothing(device: str) -> None:
-    form = form_of("FLASHINFER", "LBHNC", None, 32, 16)
-    cache = cache_of("FLASHINFER", "LBHNC", 16, 2, device)
-    before = cache.clone()
-    pages = form.read(cache.cpu(), [1, 2])
-    with pytest.raises(IndexBufferError, match="null block"):
-        form.checked_device(pages, 64, cache, [1, 0])
-    with pytest.raises(HurrayWireError):
-        form.checked_device(pages, 64, cache, [1, NUM_BLOCKS])  # past the last block
-    assert torch.equal(cache, before)

@@ -13,8 +13,8 @@ memcpy into new memory: the saved copy is kept; for the load, into memory alread
 share of a GPU engine's path (hurray_wire.vllm.device): each role's pages arrive gathered
 by the device in the wire's layout and copied by DMA into pinned memory, so the host only
 digests them (CPU_ATTN, never on a device: whole blocks, split on the host). A landing
-(``dev``): the digests checked, every check of ``CacheForm.checked_device`` and one copy of
-the pages as they came (the wire's layout) into host memory the DMA reads (the driver's
+(``dev``): the digests checked, every check of ``CacheForm.checked(device=True)`` and one
+copy of the pages as they came (the wire's layout) into host memory the DMA reads (the driver's
 bounce copy of pageable memory, or a copy into pinned memory: one memcpy either way); the
 device scatters them into its views. ``staged``: the route before it (``device.land``:
 the pages written into a host copy of the target blocks the DMA takes back whole). The
@@ -107,7 +107,7 @@ def routes(spec: tuple[Any, ...], mib: int) -> tuple[int, dict[str, Callable[[],
         verify(pages)
         for host, p in zip(pinned, pages, strict=True):
             np.copyto(host, p)
-        form.checked_device(pages, tokens, landing, targets)  # the commit is the device's
+        form.checked(pages, tokens, landing, targets, device=True)  # the commit: the device's
 
     return nbytes, {
         "memcpy": lambda: np.copyto(out, flat),

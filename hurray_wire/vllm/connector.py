@@ -41,7 +41,7 @@ from hurray_wire.vllm.backends import (
     learn,
     scales_digest,
 )
-from hurray_wire.vllm.device import Staged, commit_all, gather, needs_staging, side_stream
+from hurray_wire.vllm.device import Staged, gather, needs_staging, side_stream
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.metrics import COUNTERS, TIMES, HurrayConnectorStats, HurrayPromMetrics
 from hurray_wire.vllm.model_digest import engine_model_digest
@@ -511,15 +511,9 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         targets = load.block_ids[pages.first_block : pages.first_block + count]
         tokens = pages.num_tokens
         layers = list(zip(self._caches, pages.layers, self._scales, strict=True))
-        if not needs_staging(self._caches[0]):
-            land_layers(form, layers, tokens, targets)  # transfer-atomic: every check first
-            return
-        # A device cache: every layer's checks first (the pages stay in the wire's layout),
-        # then, once every layer passed, each role's pages copied to the device once and
-        # scattered there into the backend's views (device.py ``land_pages``).
-        commits = [form.checked_device(roles, tokens, cache, targets, scales, self._stream)
-                   for cache, roles, scales in layers]  # fmt: skip
-        commit_all(commits)
+        # every check of every layer first; a device cache's pages then copied once per
+        # role and scattered on the device into its views (device.py ``land_pages``)
+        land_layers(form, layers, tokens, targets, self._stream)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # finished requests' pulls (a client's abort) are cancelled and reported received,

@@ -34,8 +34,8 @@ __all__ = ["Staged", "gather", "land", "land_pages", "memory_order", "needs_stag
 
 def needs_staging(cache: Any) -> bool:
     """A cache the host cannot address in place (``from_vllm`` / ``into_vllm`` read and
-    write host memory only)."""
-    return bool(cache.device.type != "cpu")
+    write host memory only; a NumPy array's ``device`` is the string "cpu")."""
+    return getattr(cache.device, "type", "cpu") != "cpu"
 
 
 def memory_order(tensor: Any) -> list[int]:
