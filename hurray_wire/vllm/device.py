@@ -213,9 +213,3 @@ def side_stream(device: Any) -> Any:
     """The stream a device's connector copies run on (None for the CPU)."""
     module = _module(device)
     return None if module is None else module.Stream(device)
-
-
-def commit_all(commits: Sequence[Callable[[], None]]) -> None:
-    """Run every layer's commit (after every layer's checks passed)."""
-    for commit in commits:
-        commit()
