@@ -159,6 +159,10 @@ def test_a_refused_landing_writes_nothing(device: str) -> None:
 
     with pytest.raises(IndexBufferError, match="null block"):
         land(cache, kernel_ids([0, 3, 4], 1), bad, skip=1)
+    with pytest.raises(IndexBufferError, match="null block"):  # the device's landing
+        form.checked(pages, 32, cache, [1, 0], device=True)
+    with pytest.raises(HurrayWireError):
+        form.checked(pages, 32, cache, [1, NUM_BLOCKS], device=True)  # past the last block
     assert torch.equal(cache, before)
 
 
@@ -327,3 +331,46 @@ def test_learn_refuses_what_cannot_move_naming_it(
     with pytest.raises(InvalidTensorError, match=words) as info:
         _learn(case["caches"], case["backends"], **config)
     assert info.value.field == field
+
+
+DEVICE_LANDINGS = [  # (spec, storage dtype, source blocks, targets, tokens)
+    (FORMS[0], "float16", [3, 6], [2, 8], 16 + 9),  # partial last page, non-consecutive
+    (FORMS[1], "bfloat16", [1, 2, 3], [7, 4, 5], 48),  # whole pages, out of order
+    (FORMS[2], "float16", [3, 6], [2, 8], 32 + 5),  # kernel split: last block's 1st half
+    (FORMS[2], "fp8", [4, 1], [5, 3], 32 + 17),  # fp8 uint8 cache, 2nd kernel block partial
+    (FORMS[3], "float16", [5], [1], 1),  # one token
+    (FORMS[5], "bfloat16", [2, 3], [6, 4], 128 + 64 + 3),  # MLA, 64-token kernel blocks
+    (FORMS[6], "fp8", [1, 8], [8, 1], 16 + 15),  # MLA fp8, one slot short
+]
+
+
+def _storage(dtype: str) -> tuple[Any, str | None, str]:
+    """(torch storage dtype, kv_cache_dtype setting, CacheForm dtype) of a table row."""
+    if dtype == "fp8":
+        return torch.uint8, "fp8", "float8_e4m3"
+    return getattr(torch, dtype), None, dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", DEVICE_LANDINGS, ids=lambda c: f"{c[0][0]}-{c[1]}-{c[4]}")
+def test_device_landing_equals_the_host_staged_one(device: str, case: tuple[Any, ...]) -> None:
+    """Pages landed by the device (wire layout copied once, scattered into the views) give
+    exactly the cache the host-staged landing gives: tails kept, other blocks untouched."""
+    spec, dtype, sources, targets, tokens = case
+    storage, setting, name = _storage(dtype)
+    backend, layout, isa, block, kernel = spec
+    form = CacheForm(backend, layout, isa, block, kernel, setting, name)
+    pages = form.read(cache_of(backend, layout, kernel, form.ratio, "cpu", storage), sources)
+    fresh = cache_of(backend, layout, kernel, form.ratio, device, storage)
+    cache = fresh + 1
+    assert cache.stride() == fresh.stride()  # the layout's memory order kept
+    staged, landed = cache.clone(), cache.clone()
+    write = lambda host: form.write(pages, tokens, host, range(1, len(targets) + 1))  # noqa: E731
+    land(staged, kernel_ids([0, *targets], form.ratio), write, skip=form.ratio)()
+    commit = form.checked(pages, tokens, landed, targets, device=True)
+    assert torch.equal(landed, cache)  # nothing lands before the commit
+    commit()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    assert torch.equal(landed.cpu(), staged.cpu())
+    assert not torch.equal(landed.cpu(), cache.cpu())

@@ -39,6 +39,7 @@ from hurray_wire.adapters.vllm import fp8_view
 from hurray_wire.adapters.vllm_landing import checked_write
 from hurray_wire.errors import HurrayWireError, InvalidTensorError
 from hurray_wire.integrity.digests import DigestArray, PageRecords, page_rows
+from hurray_wire.vllm.device import land_pages, needs_staging, stand_in
 from hurray_wire.vllm.params import one_sequence, sequence_pages
 
 __all__ = [
@@ -192,9 +193,18 @@ class CacheForm:
         cache: Any,
         block_ids: Sequence[int],
         scales: tuple[float | None, float | None] = (None, None),
+        stream: Any = None,
+        *,
+        device: bool | None = None,
     ) -> Callable[[], None]:
         """Every check of :meth:`write`, nothing written: the write, for the connector to
-        run once every layer of a transfer passed (``vllm_landing.checked_write``)."""
+        run once every layer of a transfer passed (``vllm_landing.checked_write``). A cache
+        in device memory is checked through a host stand-in of its shape, strides and dtype
+        (``device.stand_in``: nothing read or written through it), and its write is the
+        device's (``device.land_pages`` on ``stream``): each role's pages, in the wire's
+        layout, copied once and scattered into its views, a partial last block's tail kept.
+        ``device``: that route (None: for a cache not in host memory; True runs it on a CPU
+        tensor, which the tests and the bench do)."""
         needed = -(-num_tokens // self.kernel_block_size)  # kernel blocks holding the tokens
         kernel = [p.reshape(-1, self.kernel_block_size, *p.shape[2:])[:needed] for p in pages]
         tensors = tuple(
@@ -203,8 +213,15 @@ class CacheForm:
         )
         k_scale, v_scale = scales
         target = tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
-        return checked_write(target, cache, [list(block_ids)], k_scale=k_scale,
-                             v_scale=v_scale, **self._kw())  # fmt: skip
+        device, views = needs_staging(cache) if device is None else device, self.page_views
+        write = checked_write(target, stand_in(cache) if device else cache, [list(block_ids)],
+                              k_scale=k_scale, v_scale=v_scale, **self._kw())  # fmt: skip
+        if not device:
+            return write
+        assert views is not None  # CPU_ATTN caches are never on a device
+        ids = kernel_ids(block_ids, self.ratio)[:needed]
+        valid = num_tokens - (needed - 1) * self.kernel_block_size
+        return land_pages(cache, views, ids, kernel, valid, stream)
 
     def check(self, cache: Any) -> None:
         """Read nothing from ``cache`` with the adapter's rules: every refusal it would
@@ -238,12 +255,13 @@ def land_layers(
     layers: Sequence[tuple[Any, Sequence[Pages], tuple[float | None, float | None]]],
     num_tokens: int,
     block_ids: Sequence[int],
+    stream: Any = None,
 ) -> None:
-    """A transfer's pages landed in host caches, transfer-atomically: ``layers`` holds per
-    layer ``(cache, pages per role, fp8 scales)``; every check of every layer
-    (``CacheForm.checked``) passes before the first block is written, so a refusal at the
-    last layer leaves every layer's blocks as they were."""
-    writes = [form.checked(pages, num_tokens, cache, block_ids, scales)
+    """A transfer's pages landed, transfer-atomically: ``layers`` holds per layer ``(cache,
+    pages per role, fp8 scales)``; every check of every layer (``CacheForm.checked``)
+    passes before the first block is written, so a refusal at the last layer leaves every
+    layer's blocks as they were. ``stream``: a device's side stream (device.py)."""
+    writes = [form.checked(pages, num_tokens, cache, block_ids, scales, stream)
               for cache, pages, scales in layers]  # fmt: skip
     for write in writes:
         write()

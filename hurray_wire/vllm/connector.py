@@ -41,7 +41,7 @@ from hurray_wire.vllm.backends import (
     learn,
     scales_digest,
 )
-from hurray_wire.vllm.device import Staged, commit_all, gather, land, needs_staging, side_stream
+from hurray_wire.vllm.device import Staged, gather, needs_staging, side_stream
 from hurray_wire.vllm.held import HeldPages
 from hurray_wire.vllm.metrics import COUNTERS, TIMES, HurrayConnectorStats, HurrayPromMetrics
 from hurray_wire.vllm.model_digest import engine_model_digest
@@ -511,19 +511,9 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         targets = load.block_ids[pages.first_block : pages.first_block + count]
         tokens = pages.num_tokens
         layers = list(zip(self._caches, pages.layers, self._scales, strict=True))
-        if not needs_staging(self._caches[0]):
-            land_layers(form, layers, tokens, targets)  # transfer-atomic: every check first
-            return
-        # A device cache: each layer's target blocks staged on the host and written there
-        # (every check), then, once every layer passed, one host-to-device copy each.
-        ids = kernel_ids([0, *targets], form.ratio)  # block 0: the null block, not written
-        local = range(1, len(targets) + 1)
-        commits = [
-            land(cache, ids, partial(form.write, roles, tokens, block_ids=local, scales=scales),
-                 self._stream, skip=form.ratio)
-            for cache, roles, scales in layers
-        ]  # fmt: skip
-        commit_all(commits)
+        # every check of every layer first; a device cache's pages then copied once per
+        # role and scattered on the device into its views (device.py ``land_pages``)
+        land_layers(form, layers, tokens, targets, self._stream)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # finished requests' pulls (a client's abort) are cancelled and reported received,

@@ -10,14 +10,18 @@ digests) and a non-blocking copy into pinned host memory, then records an event;
 forward pass goes on. ``Staged.host()`` waits for that event only (the connector calls it
 from ``wait_for_save``, after the forward), before anything reads the copy.
 
-Landing: ``land`` gathers the target blocks the same way (a partial last block keeps its
-tail), lets the caller write the checked pages into that host copy, then copies each layer
-back in one non-blocking host-to-device copy and an ``index_copy_`` on the side stream; the
-forward stream waits for it (``wait_stream``), the host does not. No per-block Python loop.
+Landing: ``land_pages`` (the connector's): every check runs on the host against a stand-in
+of the cache (``stand_in``), the pages stay in the wire's layout, and the commit copies each
+role's pages host-to-device once per layer and scatters them on the device into the
+backend's views (``index_copy_``; a partial last block: only its valid token slots), on the
+side stream; the forward stream waits for it (``wait_stream``), the host does not.
+``land``, the host-staged landing (the target blocks gathered into a host copy, written
+there, copied back whole), is the reference it is tested and benchmarked against.
 """
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,13 +29,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Staged", "gather", "land", "memory_order", "needs_staging"]
+__all__ = ["Staged", "gather", "land", "land_pages", "memory_order", "needs_staging", "stand_in"]
 
 
 def needs_staging(cache: Any) -> bool:
     """A cache the host cannot address in place (``from_vllm`` / ``into_vllm`` read and
-    write host memory only)."""
-    return bool(cache.device.type != "cpu")
+    write host memory only; a NumPy array's ``device`` is the string "cpu")."""
+    return getattr(cache.device, "type", "cpu") != "cpu"
 
 
 def memory_order(tensor: Any) -> list[int]:
@@ -151,13 +155,61 @@ def land(
     return commit
 
 
+def stand_in(cache: Any) -> Any:
+    """A host tensor of ``cache``'s shape, strides and dtype for the landing's checks to
+    inspect: backed by an anonymous mapping the kernel fills with zero pages only when
+    touched, so it costs address space, not memory or a copy (nothing writes it; no swap
+    reserved for it either)."""
+    import torch
+
+    span = 1 + sum((n - 1) * s for n, s in zip(cache.shape, cache.stride(), strict=True))
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+    memory = mmap.mmap(-1, max(span, 1) * cache.element_size(), flags=flags)
+    flat = torch.frombuffer(memory, dtype=cache.dtype)
+    return flat.as_strided(tuple(cache.shape), tuple(cache.stride()))
+
+
+def land_pages(
+    cache: Any,
+    views: Callable[[Any], list[Any]],
+    ids: npt.NDArray[np.int64],
+    pages: Sequence[npt.NDArray[Any]],
+    valid: int,
+    stream: Any = None,
+) -> Callable[[], None]:
+    """The commit of checked pages landed by the device: each role's pages (host arrays in
+    the wire's layout, ``[len(ids), kernel_block_size, H, D]``) copied host-to-device once,
+    then written on the device into the backend's own ``views`` (the inverse of
+    ``gather(views=)``): whole kernel blocks ``ids`` by ``index_copy_``, the last one's
+    first ``valid`` token slots only (its tail kept). The host neither stages nor
+    scatters; the forward stream waits for the side stream, the host does not."""
+    import torch
+
+    def run() -> None:
+        index = _index(ids, cache.device)
+        whole = len(ids) if valid == pages[0].shape[1] else len(ids) - 1
+        for view, role in zip(views(cache), pages, strict=True):
+            raw = torch.from_numpy(np.ascontiguousarray(role).view(np.uint8))
+            source = raw.to(cache.device, non_blocking=True).view(cache.dtype)
+            view.index_copy_(0, index[:whole], source[:whole])
+            if whole < len(ids):
+                view[int(ids[-1]), :valid] = source[-1, :valid]
+
+    def commit() -> None:
+        module = _module(cache.device)
+        if module is None:
+            run()
+            return
+        side = stream if stream is not None else module.Stream(cache.device)
+        side.wait_stream(module.current_stream(cache.device))
+        with module.stream(side):
+            run()
+        module.current_stream(cache.device).wait_stream(side)
+
+    return commit
+
+
 def side_stream(device: Any) -> Any:
     """The stream a device's connector copies run on (None for the CPU)."""
     module = _module(device)
     return None if module is None else module.Stream(device)
-
-
-def commit_all(commits: Sequence[Callable[[], None]]) -> None:
-    """Run every layer's commit (after every layer's checks passed)."""
-    for commit in commits:
-        commit()
