@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -108,7 +109,7 @@ def _with_tensor(found: DecodeReport | None, tensor: BlockPagedTensor) -> Decode
     return None if found is None else dataclasses.replace(found, tensor=tensor)
 
 
-class _Copied:
+class _Copied(ABC):
     """What ``IntoArray`` and ``IntoPages`` share: the engine array's intake, and a copy of
     the verified pool as the pipeline's last step."""
 
@@ -123,14 +124,15 @@ class _Copied:
         object.__setattr__(self, "array", array)
         object.__setattr__(self, "flat", array.reshape(-1).view(np.uint8))
 
+    @abstractmethod
     def check(self, descriptor: TensorDescriptor) -> None:
-        raise NotImplementedError
+        """The target's form against the blob's header (each target its own)."""
 
-    def _write(self, pool: U8Array) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _write(self, pool: U8Array) -> None: ...
 
-    def _typed(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
-        raise NotImplementedError
+    @abstractmethod
+    def _typed(self, tensor: BlockPagedTensor) -> BlockPagedTensor: ...
 
     def land(
         self, view: memoryview, opts: Decoder, *, report: bool = False,
