@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from hurray_wire.adapters import _vllm_forms as forms
-from hurray_wire.errors import HurrayWireError, IndexBufferError
+from hurray_wire.errors import HurrayWireError, IndexBufferError, TransportError
+from hurray_wire.vllm import device
 from hurray_wire.vllm.backends import CacheForm, kernel_ids
 from hurray_wire.vllm.device import gather, land, memory_order, needs_staging
 
@@ -374,3 +375,17 @@ def test_device_landing_equals_the_host_staged_one(device: str, case: tuple[Any,
         torch.cuda.synchronize()
     assert torch.equal(landed.cpu(), staged.cpu())
     assert not torch.equal(landed.cpu(), cache.cpu())
+
+
+def test_a_stand_in_without_address_space_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No host address space for the checks' stand-in (overcommit off): a TransportError
+    naming the cache, not the OSError of mmap."""
+    import mmap
+
+    def refuse(*args: object, **kwargs: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)  # the module device.py maps with
+    with pytest.raises(TransportError) as err:
+        device.stand_in(torch.zeros(4, 8))
+    assert err.value.field == "kv_cache" and isinstance(err.value.__cause__, OSError)

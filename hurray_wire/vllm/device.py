@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hurray_wire.errors import TransportError
+
 __all__ = ["Staged", "gather", "land", "land_pages", "memory_order", "needs_staging", "stand_in"]
 
 
@@ -164,7 +166,13 @@ def stand_in(cache: Any) -> Any:
 
     span = 1 + sum((n - 1) * s for n, s in zip(cache.shape, cache.stride(), strict=True))
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
-    memory = mmap.mmap(-1, max(span, 1) * cache.element_size(), flags=flags)
+    try:
+        memory = mmap.mmap(-1, max(span, 1) * cache.element_size(), flags=flags)
+    except (OSError, OverflowError) as err:  # e.g. overcommit off: no address space for it
+        raise TransportError(
+            f"no host address space for the landing's stand-in of the cache: {err}",
+            field="kv_cache", found=f"{span * cache.element_size()} bytes",
+        ) from err  # fmt: skip
     flat = torch.frombuffer(memory, dtype=cache.dtype)
     return flat.as_strided(tuple(cache.shape), tuple(cache.stride()))
 
