@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.errors import ArgumentTypeError, InvalidTensorError, instance
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.fingerprint import fingerprint_from_metadata, fingerprint_to_metadata
 from hurray_wire.model.quantization import Quantization
-from hurray_wire.tensor_core import TensorCore, TensorT
+from hurray_wire.tensor_core import TensorCore, TensorT, check_int as check_int
 
 Array = npt.NDArray[Any]
 _KEEP: Any = object()
@@ -28,22 +28,14 @@ def with_fingerprint(tensor: TensorCore, **changes: Any) -> dict[str, Any]:
     return metadata
 
 
-def check_int(value: object, name: str, minimum: int = 0, maximum: int | None = None) -> int:
-    """A Python or NumPy integer (not a bool) in ``minimum..maximum``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ArgumentTypeError(f"{name} must be an int", field=name, found=repr(value))
-    number = int(value)
-    if number < minimum:
-        raise InvalidTensorError(f"{name} must be >= {minimum}", field=name, found=number)
-    if maximum is not None and number > maximum:
-        raise InvalidTensorError(f"{name} must be <= {maximum}", field=name, found=number)
-    return number
-
-
 def check_tensor(value: object, name: str = "tensor") -> TensorCore:
     """The transforms' tensor argument: a ``BlockPagedTensor`` (``compact("x")`` is an
     ``ArgumentTypeError``, not an ``AttributeError`` from inside)."""
-    return instance(value, TensorCore, name)
+    if not isinstance(value, TensorCore):
+        raise ArgumentTypeError(
+            "expected a BlockPagedTensor", field=name, found=type(value).__name__
+        )
+    return value
 
 
 def need_seq_lens(tensor: TensorCore, what: str) -> Array:

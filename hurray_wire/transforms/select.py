@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
-from hurray_wire.tensor_core import TensorCore, TensorT, seq_index
+from hurray_wire.tensor_core import TensorCore, TensorT, check_int
 from hurray_wire.transforms._common import (
     Array,
     check_tensor,
@@ -35,7 +35,7 @@ def _values(tensor: TensorCore, slots: Array, dequantize: bool) -> Array:
 
 def sequence(tensor: TensorCore, seq: object, *, dequantize: bool = False) -> Array:
     """Tokens of one sequence, ``[seq_lens[seq], num_heads, head_dim]`` (a new array)."""
-    index = seq_index(seq, check_tensor(tensor).num_seqs)
+    index = check_int(seq, "seq", 0, check_tensor(tensor).num_seqs - 1)
     lens = need_seq_lens(tensor, "sequence()")
     page_size = tensor.layout.page_size
     pages = tensor.sequence_pages(index).astype(np.int64)
