@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +15,7 @@ from hurray_wire.tensor_core import TensorCore, TensorT, check_int as check_int
 
 Array = npt.NDArray[Any]
 _KEEP: Any = object()
+_V = TypeVar("_V")
 
 
 def with_fingerprint(tensor: TensorCore, **changes: Any) -> dict[str, Any]:
@@ -28,7 +29,7 @@ def with_fingerprint(tensor: TensorCore, **changes: Any) -> dict[str, Any]:
     return metadata
 
 
-def check_tensor(value: object, name: str = "tensor") -> TensorCore:
+def check_tensor(value: _V, name: str = "tensor") -> _V:
     """The transforms' tensor argument: a ``BlockPagedTensor`` (``compact("x")`` is an
     ``ArgumentTypeError``, not an ``AttributeError`` from inside)."""
     if not isinstance(value, TensorCore):
