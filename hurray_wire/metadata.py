@@ -74,10 +74,9 @@ class _TaggedInt(int):
     RANGE: ClassVar[tuple[int, int]]
 
     def __new__(cls: type[_TI], value: SupportsIndex) -> _TI:
-        name = cls.__name__
         if isinstance(value, bool) or not hasattr(value, "__index__"):
             raise ArgumentTypeError(
-                f"{name}() takes an integer",
+                f"{cls.__name__}() takes an integer",
                 section=SECTION,
                 expected="int",
                 found=type(value).__name__,
@@ -86,7 +85,7 @@ class _TaggedInt(int):
         lo, hi = cls.RANGE
         if not lo <= number <= hi:
             raise InvalidMetadataError(
-                f"{number} is out of range for {name}",
+                f"{number} is out of range for {cls.__name__}",
                 section=SECTION,
                 expected=f"{lo} <= value <= {hi}",
                 found=number,
@@ -164,21 +163,18 @@ def _length_prefixed(payload: bytes, field: str, what: str) -> bytes:
     return _U32.pack(len(payload)) + payload
 
 
-#: The tag family of each scalar type (02 for every int; bool before int: it is one).
-_KINDS: tuple[tuple[type | tuple[type, ...], int], ...] = (
-    (bool, KV_BOOL),
-    (int, KV_INT64),
-    (float, KV_FLOAT64),
-    (str, KV_STRING),
-    ((bytes, bytearray, memoryview), KV_BYTES),
-)
-
-
 def _kind(value: object) -> int | None:
-    """The tag family of a scalar, or None if it is not a scalar."""
-    for types, tag in _KINDS:
-        if isinstance(value, types):
-            return tag
+    """The tag family of a scalar (02 for every int), or None if it is not a scalar."""
+    if isinstance(value, bool):
+        return KV_BOOL
+    if isinstance(value, int):
+        return KV_INT64
+    if isinstance(value, float):
+        return KV_FLOAT64
+    if isinstance(value, str):
+        return KV_STRING
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return KV_BYTES
     return None
 
 
