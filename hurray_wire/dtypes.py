@@ -26,7 +26,10 @@ class ElementType:
         """The NumPy dtype of one unpacked element."""
         dtype = _NUMPY_DTYPES.get(self.tag)
         if dtype is None:
-            dtype = _NUMPY_DTYPES[self.tag] = _resolve(self.dtype_source)
+            source = self.dtype_source
+            if isinstance(source, str) and source.startswith("ml_dtypes."):
+                source = getattr(importlib.import_module("ml_dtypes"), source.split(".", 1)[1])
+            dtype = _NUMPY_DTYPES[self.tag] = np.dtype(source)  # type: ignore[call-overload]
         return dtype
 
     @property
@@ -59,12 +62,6 @@ class ElementType:
 
 
 _NUMPY_DTYPES: dict[int, np.dtype[np.generic]] = {}
-
-
-def _resolve(source: object) -> np.dtype[np.generic]:
-    if isinstance(source, str) and source.startswith("ml_dtypes."):
-        source = getattr(importlib.import_module("ml_dtypes"), source.split(".", 1)[1])
-    return np.dtype(source)  # type: ignore[call-overload, no-any-return]
 
 
 float16 = ElementType(0x01, "float16", 16, np.float16)
@@ -129,18 +126,6 @@ def preload() -> None:
         element_type.numpy_dtype  # noqa: B018 - resolves and caches it
 
 
-def _by_dtype(dtype: np.dtype[np.generic]) -> ElementType:
-    """The element type of a NumPy dtype; the ml_dtypes ones join the table on first miss
-    (a caller holding such a dtype has imported ml_dtypes already)."""
-    found = _BY_DTYPE.get(dtype)
-    if found is None and len(_BY_DTYPE) < len(ELEMENT_TYPES) - 1:
-        _BY_DTYPE.update({t.numpy_dtype: t for t in ELEMENT_TYPES if t.tag != 0x46})
-        found = _BY_DTYPE.get(dtype)
-    if found is None:
-        raise KeyError(dtype)
-    return found
-
-
 def element_type_from_tag(tag: int) -> ElementType:
     """The element type of a wire tag; invalid, reserved and unknown tags are refused."""
     try:
@@ -190,9 +175,14 @@ def element_type_of(value: object) -> ElementType:
         raise InvalidDescriptorError(
             "not an element type", field="element_type", found=repr(value)
         ) from None
-    try:
-        return _by_dtype(dtype)
-    except KeyError:
+    found = _BY_DTYPE.get(dtype)
+    if found is None and len(_BY_DTYPE) < len(ELEMENT_TYPES) - 1:
+        # the ml_dtypes types join the table on a first miss (their dtype's holder has
+        # imported ml_dtypes already)
+        _BY_DTYPE.update({t.numpy_dtype: t for t in ELEMENT_TYPES if t.tag != 0x46})
+        found = _BY_DTYPE.get(dtype)
+    if found is None:
         raise InvalidDescriptorError(
             "NumPy dtype has no Hurray element type", field="element_type", found=str(dtype)
-        ) from None
+        )
+    return found

@@ -20,20 +20,15 @@ __all__ = ["dequantize", "dequantize_slots"]
 _F32 = np.dtype(np.float32)
 
 
-def _check_dtype(dtype: Any) -> np.dtype[Any]:
-    result: np.dtype[Any] | None = None
-    if dtype is not None:  # NumPy would read None as float64: say what is meant instead
-        with contextlib.suppress(TypeError):
-            result = np.dtype(dtype)
-    if result is None or result.kind != "f":
-        found = repr(dtype) if result is None else str(result)
-        raise ArgumentTypeError("dtype must be a NumPy floating dtype", field="dtype", found=found)
-    return result
-
-
 def dequantize(tensor: TensorCore, dtype: Any = np.float32) -> Array:
     """The whole pool ``[num_pages, page_size, num_heads, head_dim]`` in ``dtype``."""
-    out = _check_dtype(dtype)
+    out: np.dtype[Any] | None = None
+    if dtype is not None:  # NumPy would read None as float64: say what is meant instead
+        with contextlib.suppress(TypeError):
+            out = np.dtype(dtype)
+    if out is None or out.kind != "f":
+        found = repr(dtype) if out is None else str(out)
+        raise ArgumentTypeError("dtype must be a NumPy floating dtype", field="dtype", found=found)
     pool = check_tensor(tensor).unpacked_page_pool()
     layout = tensor.layout
     slots = np.arange(layout.page_slots, dtype=np.int64).reshape(layout.num_pages, -1)

@@ -50,7 +50,10 @@ def sequences(tensor: TensorCore, *, dequantize: bool = False) -> list[Array]:
     return np.split(values, np.cumsum(lens)[:-1]) if len(lens) else []
 
 
-def _seq_ids(tensor: TensorCore, seq_ids: Any) -> Array:
+def select(tensor: TensorT, seq_ids: Any) -> TensorT:
+    """The sequences ``seq_ids`` (in the given order; repeats allowed) over the same pool
+    and parameters: only block_table, seq_ptr and seq_lens change."""
+    check_tensor(tensor)
     if isinstance(seq_ids, (str, bytes, int, np.integer)) or not hasattr(seq_ids, "__len__"):
         raise ArgumentTypeError(
             "seq_ids must be a sequence of ints", field="seq_ids", found=repr(seq_ids)
@@ -60,8 +63,7 @@ def _seq_ids(tensor: TensorCore, seq_ids: Any) -> Array:
             if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
                 raise ArgumentTypeError("seq_ids must hold ints", field="seq_ids", found=repr(s))
     ids = np.asarray(seq_ids)
-    if ids.size == 0:
-        return np.zeros(0, np.int64)
+    ids = ids if ids.size else np.zeros(0, np.int64)  # an empty one of any shape: none
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise ArgumentTypeError(
             "seq_ids must be a 1-D sequence of ints",
@@ -77,13 +79,7 @@ def _seq_ids(tensor: TensorCore, seq_ids: Any) -> Array:
             found=int(ids[position]),
             expected=f"0..{tensor.num_seqs - 1}",
         )
-    return ids.astype(np.int64)
-
-
-def select(tensor: TensorT, seq_ids: Any) -> TensorT:
-    """The sequences ``seq_ids`` (in the given order; repeats allowed) over the same pool
-    and parameters: only block_table, seq_ptr and seq_lens change."""
-    ids = _seq_ids(check_tensor(tensor), seq_ids)
+    ids = ids.astype(np.int64)
     sp = tensor.seq_ptr.astype(np.int64)
     counts = sp[ids + 1] - sp[ids]
     new_sp = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
