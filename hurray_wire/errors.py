@@ -59,11 +59,8 @@ class HurrayWireError(Exception):
             if self.layer is not None or self.role is not None:
                 what += f" (layer {self.layer} {self.role})"
             text = f"{what} at stream offset {self.blob_offset}: {text}"
-        details = []
-        if self._expected is not _UNSET:
-            details.append(f"expected {self._expected}")
-        if self._found is not _UNSET:
-            details.append(f"found {self._found}")
+        given = (("expected", self._expected), ("found", self._found))
+        details = [f"{name} {value}" for name, value in given if value is not _UNSET]
         if details:
             text = f"{text} ({', '.join(details)})"
         return text
