@@ -124,9 +124,7 @@ class TensorCore(DescriptorViews):
         """The arrays of each descriptor buffer, in table order, as 1-D uint8 views (scales
         and zero points sharing one index: two parts)."""
         parts: list[tuple[Array, ...]] = [
-            (_bytes_view(self.page_pool),),
-            (_bytes_view(self.block_table),),
-            (_bytes_view(self.seq_ptr),),
+            (_bytes_view(a),) for a in (self.page_pool, self.block_table, self.seq_ptr)
         ]
         quant = self.descriptor.quantization
         if isinstance(quant, (PerChannelAffine, PerBlockAffine)):

@@ -62,36 +62,24 @@ def layer_indices() -> st.SearchStrategy[int | None]:
     return _LAYERS
 
 
+@st.composite
 def block_paged_layouts(
+    draw: st.DrawFn,
     *,
     page_sizes: st.SearchStrategy[int] | None = None,
     num_seqs: st.SearchStrategy[int] | None = None,
     huge_pools: bool = True,
-) -> st.SearchStrategy[BlockPagedLayout]:
-    """Valid ``BlockPagedLayout`` values; uint64 indices when the pool needs them."""
-    return _layouts(
-        _PAGE_SIZES if page_sizes is None else page_sizes,
-        _NUM_SEQS if num_seqs is None else num_seqs,
-        huge_pools,
-    )
-
-
-@st.composite
-def _layouts(
-    draw: st.DrawFn,
-    page_sizes: st.SearchStrategy[int],
-    seq_counts: st.SearchStrategy[int],
-    huge_pools: bool,
 ) -> BlockPagedLayout:
+    """Valid ``BlockPagedLayout`` values; uint64 indices when the pool needs them."""
     index_type = draw(_INDEX_TYPES)
     num_pages = draw(_SMALL_POOLS)
     if huge_pools and draw(_RARELY):
         num_pages = draw(_HUGE_POOLS[index_type])
     return BlockPagedLayout(
-        page_size=draw(page_sizes),
+        page_size=draw(_PAGE_SIZES if page_sizes is None else page_sizes),
         num_pages=num_pages,
         paged_axis=0,
-        num_seqs=draw(seq_counts),
+        num_seqs=draw(_NUM_SEQS if num_seqs is None else num_seqs),
         kv_role=draw(_KV_ROLES),
         layer_index=draw(_LAYERS),
         block_table_index_type=index_type,
