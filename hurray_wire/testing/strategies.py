@@ -89,13 +89,9 @@ def block_paged_layouts(
 @functools.cache
 def per_tensor_affine(storage: ElementType) -> st.SearchStrategy[PerTensorAffine]:
     """A finite non-zero f32 scale and an int32 zero point inside ``storage``'s range."""
-    bits = storage.bit_width
-    low, high = (
-        (0, 2**bits - 1)
-        if storage.name.startswith("u")
-        else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-    )
-    high = min(high, 2**31 - 1)  # the wire field is i32 (uint32 storage cannot reach 2**32-1)
+    bits, signed = storage.bit_width, not storage.name.startswith("u")
+    low = -(2 ** (bits - 1)) if signed else 0
+    high = min(2 ** (bits - signed) - 1, 2**31 - 1)  # the wire field is i32 (not 2**32-1)
     return st.builds(
         PerTensorAffine,
         scale=_F32_SCALES,
@@ -159,8 +155,7 @@ def _quantizations(element_type: ElementType, page_size: int) -> st.SearchStrate
     """Every scheme the element type and page size admit on block-paged."""
     options: list[st.SearchStrategy[Quantization]] = []
     if element_type in AFFINE_STORAGE:
-        options.append(per_tensor_affine(element_type))
-        options.append(_PER_CHANNEL)
+        options += [per_tensor_affine(element_type), _PER_CHANNEL]
     if element_type in PER_BLOCK_STORAGE and page_size >= 2 and page_size & (page_size - 1) == 0:
         options.append(per_block_affine(page_size))
     return st.one_of(options)
