@@ -39,19 +39,15 @@ def check_tensor(value: _V, name: str = "tensor") -> _V:
     return value
 
 
-def need_seq_lens(tensor: TensorCore, what: str) -> Array:
-    """``seq_lens`` as int64, or a typed error saying ``what`` needs them."""
-    if tensor.seq_lens is None:
-        raise InvalidTensorError(
-            f"{what} needs seq_lens (the tensor was built without them)", field="seq_lens"
-        )
-    return tensor.seq_lens.astype(np.int64)
-
-
-def lens_or_full(tensor: TensorCore) -> Array:
-    """``seq_lens`` as int64, or every page full when the tensor has none."""
+def token_counts(tensor: TensorCore, needed_by: str | None = None) -> Array:
+    """``seq_lens`` as int64; without them, every page full, or a typed error saying what
+    (``needed_by``) needs them."""
     if tensor.seq_lens is not None:
         return tensor.seq_lens.astype(np.int64)
+    if needed_by is not None:
+        raise InvalidTensorError(
+            f"{needed_by} needs seq_lens (the tensor was built without them)", field="seq_lens"
+        )
     return np.diff(tensor.seq_ptr.astype(np.int64)) * tensor.layout.page_size
 
 

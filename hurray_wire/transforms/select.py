@@ -12,8 +12,8 @@ from hurray_wire.transforms._common import (
     Array,
     check_tensor,
     flat_pool,
-    need_seq_lens,
     rebuild,
+    token_counts,
     token_slots,
 )
 
@@ -36,7 +36,7 @@ def _values(tensor: TensorCore, slots: Array, dequantize: bool) -> Array:
 def sequence(tensor: TensorCore, seq: object, *, dequantize: bool = False) -> Array:
     """Tokens of one sequence, ``[seq_lens[seq], num_heads, head_dim]`` (a new array)."""
     index = check_int(seq, "seq", 0, check_tensor(tensor).num_seqs - 1)
-    lens = need_seq_lens(tensor, "sequence()")
+    lens = token_counts(tensor, "sequence()")
     page_size = tensor.layout.page_size
     pages = tensor.sequence_pages(index).astype(np.int64)
     t = np.arange(int(lens[index]), dtype=np.int64)
@@ -45,7 +45,7 @@ def sequence(tensor: TensorCore, seq: object, *, dequantize: bool = False) -> Ar
 
 def sequences(tensor: TensorCore, *, dequantize: bool = False) -> list[Array]:
     """Every sequence's tokens: one gather of the whole batch, split per sequence."""
-    lens = need_seq_lens(check_tensor(tensor), "sequences()")
+    lens = token_counts(check_tensor(tensor), "sequences()")
     values = _values(tensor, token_slots(tensor, lens), dequantize)
     return np.split(values, np.cumsum(lens)[:-1]) if len(lens) else []
 
