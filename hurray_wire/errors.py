@@ -41,6 +41,9 @@ class HurrayWireError(Exception):
         self.offset = offset
         super().__init__(self._text())
 
+    def __str__(self) -> str:  # the text (KeyError would repr() it, OSError show errno)
+        return str(self.args[0]) if self.args else ""
+
     def _text(self) -> str:
         where = []
         if self.section is not None:
@@ -233,11 +236,7 @@ class StreamTruncatedError(TruncatedError, InvalidStreamError): ...  # or its co
 class StreamBlobTruncatedError(StreamTruncatedError, BlobTruncatedError): ...
 
 
-class MissingTensorError(HurrayWireError, KeyError):
-    """A lookup by name or by {layer, role} that the container or stream does not hold."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
+class MissingTensorError(HurrayWireError, KeyError): ...  # by name or by {layer, role}
 
 
 class ClosedContainerError(HurrayWireError, ValueError): ...  # used after close(), as a file
@@ -327,9 +326,6 @@ class FileAccessError(HurrayWireError, OSError):
             self.strerror = cause.strerror
             self.filename = cause.filename
             self.__cause__ = cause
-
-    def __str__(self) -> str:  # OSError would format errno and strerror instead of the text
-        return str(self.args[0]) if self.args else ""
 
 
 __all__ = sorted(
