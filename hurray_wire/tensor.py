@@ -215,7 +215,7 @@ class BlockPagedTensor(TensorCore):
 
     def dequantize(self, dtype: Any = np.float32) -> Array:
         """The pool ``[num_pages, page_size, num_heads, head_dim]`` in real values."""
-        from hurray_wire.transforms.dequantize import dequantize
+        from hurray_wire.transforms.select import dequantize
 
         return dequantize(self, dtype)
 
