@@ -18,54 +18,54 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from hurray_wire import errors
+from hurray_wire import errors as errors
 from hurray_wire._lazy import exports
-from hurray_wire._version import __version__
-from hurray_wire.errors import HurrayWireError
+from hurray_wire._version import __version__ as __version__
+from hurray_wire.errors import HurrayWireError as HurrayWireError
 
 if TYPE_CHECKING:
-    from hurray_wire import dtypes
+    from hurray_wire import dtypes as dtypes
     from hurray_wire.adapters import (
-        from_flashinfer,
-        from_sglang,
-        from_sglang_mla,
-        from_torch,
-        from_vllm,
-        into_vllm,
-        to_flashinfer,
-        to_sglang,
-        to_sglang_mla,
-        to_torch,
-        to_vllm,
+        from_flashinfer as from_flashinfer,
+        from_sglang as from_sglang,
+        from_sglang_mla as from_sglang_mla,
+        from_torch as from_torch,
+        from_vllm as from_vllm,
+        into_vllm as into_vllm,
+        to_flashinfer as to_flashinfer,
+        to_sglang as to_sglang,
+        to_sglang_mla as to_sglang_mla,
+        to_torch as to_torch,
+        to_vllm as to_vllm,
     )
     from hurray_wire.blob import (
-        DecodeLimits,
-        Decoder,
-        DecodeReport,
-        Encoder,
-        InPlace,
-        IntoArray,
-        IntoPages,
-        blob_length,
-        decode,
-        decode_report,
-        encode,
-        encode_into,
-        encode_parts,
+        DecodeLimits as DecodeLimits,
+        Decoder as Decoder,
+        DecodeReport as DecodeReport,
+        Encoder as Encoder,
+        InPlace as InPlace,
+        IntoArray as IntoArray,
+        IntoPages as IntoPages,
+        blob_length as blob_length,
+        decode as decode,
+        decode_report as decode_report,
+        encode as encode,
+        encode_into as encode_into,
+        encode_parts as encode_parts,
     )
-    from hurray_wire.codecs import Compression
+    from hurray_wire.codecs import Compression as Compression
     from hurray_wire.containers import (
-        HrryFile,
-        ModelCache,
-        StreamFile,
-        StreamHeader,
-        StreamReader,
-        StreamWriter,
-        load_cache,
-        save_cache,
+        HrryFile as HrryFile,
+        ModelCache as ModelCache,
+        StreamFile as StreamFile,
+        StreamHeader as StreamHeader,
+        StreamReader as StreamReader,
+        StreamWriter as StreamWriter,
+        load_cache as load_cache,
+        save_cache as save_cache,
     )
     from hurray_wire.dtypes import (  # typed module attributes, as the reference's API has them
-        ElementType,
+        ElementType as ElementType,
         bfloat16 as bfloat16,
         bool_ as bool_,
         complex64 as complex64,
@@ -86,7 +86,7 @@ if TYPE_CHECKING:
         int16 as int16,
         int32 as int32,
         int64 as int64,
-        preload,
+        preload as preload,
         uint2 as uint2,
         uint4 as uint4,
         uint8 as uint8,
@@ -94,86 +94,31 @@ if TYPE_CHECKING:
         uint32 as uint32,
         uint64 as uint64,
     )
-    from hurray_wire.fingerprint import EngineFingerprint
-    from hurray_wire.model.descriptor import BufferHandle, Statistics, TensorDescriptor
+    from hurray_wire.fingerprint import EngineFingerprint as EngineFingerprint
+    from hurray_wire.model.descriptor import (
+        BufferHandle as BufferHandle,
+        Statistics as Statistics,
+        TensorDescriptor as TensorDescriptor,
+    )
     from hurray_wire.model.descriptor_codec import (
-        DescriptorHeader,
-        decode_descriptor,
-        decode_header,
+        DescriptorHeader as DescriptorHeader,
+        decode_descriptor as decode_descriptor,
+        decode_header as decode_header,
     )
-    from hurray_wire.model.descriptor_encode import encode_descriptor
-    from hurray_wire.model.layout import BlockPagedLayout
+    from hurray_wire.model.descriptor_encode import encode_descriptor as encode_descriptor
+    from hurray_wire.model.layout import BlockPagedLayout as BlockPagedLayout
     from hurray_wire.model.quantization import (
-        MXFP,
-        NF4,
-        PerBlockAffine,
-        PerChannelAffine,
-        PerTensorAffine,
-        Quantization,
+        MXFP as MXFP,
+        NF4 as NF4,
+        PerBlockAffine as PerBlockAffine,
+        PerChannelAffine as PerChannelAffine,
+        PerTensorAffine as PerTensorAffine,
+        Quantization as Quantization,
     )
-    from hurray_wire.reference_api import Tensor
-    from hurray_wire.tensor import BlockPagedTensor
-    from hurray_wire.transforms.heads import merge_heads
+    from hurray_wire.reference_api import Tensor as Tensor
+    from hurray_wire.tensor import BlockPagedTensor as BlockPagedTensor
+    from hurray_wire.transforms.heads import merge_heads as merge_heads
 
-__all__ = [
-    "MXFP",
-    "NF4",
-    "BlockPagedLayout",
-    "BlockPagedTensor",
-    "BufferHandle",
-    "Compression",
-    "DecodeLimits",
-    "DecodeReport",
-    "Decoder",
-    "DescriptorHeader",
-    "ElementType",
-    "Encoder",
-    "EngineFingerprint",
-    "HrryFile",
-    "HurrayWireError",
-    "InPlace",
-    "IntoArray",
-    "IntoPages",
-    "ModelCache",
-    "PerBlockAffine",
-    "PerChannelAffine",
-    "PerTensorAffine",
-    "Quantization",
-    "Statistics",
-    "StreamFile",
-    "StreamHeader",
-    "StreamReader",
-    "StreamWriter",
-    "Tensor",
-    "TensorDescriptor",
-    "__version__",
-    "blob_length",
-    "decode",
-    "decode_descriptor",
-    "decode_header",
-    "decode_report",
-    "dtypes",
-    "encode",
-    "encode_descriptor",
-    "encode_into",
-    "encode_parts",
-    "errors",
-    "from_flashinfer",
-    "from_sglang",
-    "from_sglang_mla",
-    "from_torch",
-    "from_vllm",
-    "into_vllm",
-    "load_cache",
-    "merge_heads",
-    "preload",
-    "save_cache",
-    "to_flashinfer",
-    "to_sglang",
-    "to_sglang_mla",
-    "to_torch",
-    "to_vllm",
-]
 
 _SUBPACKAGES = frozenset(
     {"adapters", "blob", "cli", "codecs", "containers", "dtypes", "fingerprint", "integrity",
@@ -199,33 +144,33 @@ def _other(name: str) -> Any:
 
 
 #: Each public name but the errors, by the module that defines it (imported on first use).
-__getattr__, _listing = exports(
-    __name__,
-    {
-        "hurray_wire.adapters": "from_flashinfer from_sglang from_sglang_mla from_torch from_vllm"
-        " into_vllm to_flashinfer to_sglang to_sglang_mla to_torch to_vllm",
-        "hurray_wire.blob.decoder": "DecodeReport Decoder decode decode_report",
-        "hurray_wire.blob.encoder": "Encoder encode encode_into encode_parts",
-        "hurray_wire.blob.envelope": "blob_length",
-        "hurray_wire.blob.landing": "InPlace IntoArray IntoPages",
-        "hurray_wire.blob.limits": "DecodeLimits",
-        "hurray_wire.codecs.config": "Compression",
-        "hurray_wire.containers": "HrryFile ModelCache StreamFile StreamHeader StreamReader"
-        " StreamWriter load_cache save_cache",
-        "hurray_wire.dtypes": "ElementType preload",
-        "hurray_wire.fingerprint": "EngineFingerprint",
-        "hurray_wire.model.descriptor": "BufferHandle Statistics TensorDescriptor",
-        "hurray_wire.model.descriptor_codec": "DescriptorHeader decode_descriptor decode_header",
-        "hurray_wire.model.descriptor_encode": "encode_descriptor",
-        "hurray_wire.model.layout": "BlockPagedLayout",
-        "hurray_wire.model.quantization": "MXFP NF4 PerBlockAffine PerChannelAffine"
-        " PerTensorAffine Quantization",
-        "hurray_wire.reference_api": "Tensor",
-        "hurray_wire.tensor": "BlockPagedTensor",
-        "hurray_wire.transforms.heads": "merge_heads",
-    },
-    _other,
-)  # fmt: skip
+_EXPORTS = {
+    "hurray_wire.adapters": "from_flashinfer from_sglang from_sglang_mla from_torch from_vllm"
+    " into_vllm to_flashinfer to_sglang to_sglang_mla to_torch to_vllm",
+    "hurray_wire.blob.decoder": "DecodeReport Decoder decode decode_report",
+    "hurray_wire.blob.encoder": "Encoder encode encode_into encode_parts",
+    "hurray_wire.blob.envelope": "blob_length",
+    "hurray_wire.blob.landing": "InPlace IntoArray IntoPages",
+    "hurray_wire.blob.limits": "DecodeLimits",
+    "hurray_wire.codecs.config": "Compression",
+    "hurray_wire.containers": "HrryFile ModelCache StreamFile StreamHeader StreamReader"
+    " StreamWriter load_cache save_cache",
+    "hurray_wire.dtypes": "ElementType preload",
+    "hurray_wire.fingerprint": "EngineFingerprint",
+    "hurray_wire.model.descriptor": "BufferHandle Statistics TensorDescriptor",
+    "hurray_wire.model.descriptor_codec": "DescriptorHeader decode_descriptor decode_header",
+    "hurray_wire.model.descriptor_encode": "encode_descriptor",
+    "hurray_wire.model.layout": "BlockPagedLayout",
+    "hurray_wire.model.quantization": "MXFP NF4 PerBlockAffine PerChannelAffine"
+    " PerTensorAffine Quantization",
+    "hurray_wire.reference_api": "Tensor",
+    "hurray_wire.tensor": "BlockPagedTensor",
+    "hurray_wire.transforms.heads": "merge_heads",
+}
+__getattr__, _listing = exports(__name__, _EXPORTS, _other)
+__all__ = sorted(
+    ["HurrayWireError", "__version__", "dtypes", "errors", *" ".join(_EXPORTS.values()).split()]
+)
 
 
 def __dir__() -> list[str]:

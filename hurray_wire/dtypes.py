@@ -10,41 +10,6 @@ import numpy as np
 
 from hurray_wire.errors import InvalidDescriptorError
 
-__all__ = [
-    "ELEMENT_TYPES",
-    "ElementType",
-    "bfloat16",
-    "bool_",
-    "complex64",
-    "complex128",
-    "element_type_from_name",
-    "element_type_from_tag",
-    "element_type_of",
-    "float4_e2m1",
-    "float6_e2m3",
-    "float6_e3m2",
-    "float8_e4m3",
-    "float8_e5m2",
-    "float8_e8m0",
-    "float16",
-    "float32",
-    "float64",
-    "float128",
-    "int2",
-    "int4",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "preload",
-    "uint2",
-    "uint4",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-]
-
 
 @dataclass(frozen=True, repr=False)
 class ElementType:
@@ -61,7 +26,10 @@ class ElementType:
         """The NumPy dtype of one unpacked element."""
         dtype = _NUMPY_DTYPES.get(self.tag)
         if dtype is None:
-            dtype = _NUMPY_DTYPES[self.tag] = _resolve(self.dtype_source)
+            source = self.dtype_source
+            if isinstance(source, str) and source.startswith("ml_dtypes."):
+                source = getattr(importlib.import_module("ml_dtypes"), source.split(".", 1)[1])
+            dtype = _NUMPY_DTYPES[self.tag] = np.dtype(source)  # type: ignore[call-overload]
         return dtype
 
     @property
@@ -96,42 +64,34 @@ class ElementType:
 _NUMPY_DTYPES: dict[int, np.dtype[np.generic]] = {}
 
 
-def _resolve(source: object) -> np.dtype[np.generic]:
-    if isinstance(source, str) and source.startswith("ml_dtypes."):
-        source = getattr(importlib.import_module("ml_dtypes"), source.split(".", 1)[1])
-    return np.dtype(source)  # type: ignore[call-overload, no-any-return]
-
-
-def _et(tag: int, name: str, bits: int, dtype: object) -> ElementType:
-    return ElementType(tag, name, bits, dtype)
-
-
-float16 = _et(0x01, "float16", 16, np.float16)
-bfloat16 = _et(0x02, "bfloat16", 16, "ml_dtypes.bfloat16")
-float32 = _et(0x03, "float32", 32, np.float32)
-float64 = _et(0x04, "float64", 64, np.float64)
-int8 = _et(0x10, "int8", 8, np.int8)
-uint8 = _et(0x11, "uint8", 8, np.uint8)
-int16 = _et(0x12, "int16", 16, np.int16)
-uint16 = _et(0x13, "uint16", 16, np.uint16)
-int32 = _et(0x14, "int32", 32, np.int32)
-uint32 = _et(0x15, "uint32", 32, np.uint32)
-int64 = _et(0x16, "int64", 64, np.int64)
-uint64 = _et(0x17, "uint64", 64, np.uint64)
-bool_ = _et(0x20, "bool", 1, np.bool_)
-float8_e4m3 = _et(0x40, "float8_e4m3", 8, "ml_dtypes.float8_e4m3fn")
-float8_e5m2 = _et(0x41, "float8_e5m2", 8, "ml_dtypes.float8_e5m2")
-float8_e8m0 = _et(0x42, "float8_e8m0", 8, "ml_dtypes.float8_e8m0fnu")
-float4_e2m1 = _et(0x43, "float4_e2m1", 4, "ml_dtypes.float4_e2m1fn")
-float6_e2m3 = _et(0x44, "float6_e2m3", 6, "ml_dtypes.float6_e2m3fn")
-float6_e3m2 = _et(0x45, "float6_e3m2", 6, "ml_dtypes.float6_e3m2fn")
-float128 = _et(0x46, "float128", 128, "V16")  # no IEEE binary128 dtype in NumPy: raw 16 bytes
-int4 = _et(0x48, "int4", 4, "ml_dtypes.int4")
-uint4 = _et(0x49, "uint4", 4, "ml_dtypes.uint4")
-int2 = _et(0x4A, "int2", 2, "ml_dtypes.int2")
-uint2 = _et(0x4B, "uint2", 2, "ml_dtypes.uint2")
-complex64 = _et(0x50, "complex64", 64, np.complex64)
-complex128 = _et(0x51, "complex128", 128, np.complex128)
+float16 = ElementType(0x01, "float16", 16, np.float16)
+bfloat16 = ElementType(0x02, "bfloat16", 16, "ml_dtypes.bfloat16")
+float32 = ElementType(0x03, "float32", 32, np.float32)
+float64 = ElementType(0x04, "float64", 64, np.float64)
+int8 = ElementType(0x10, "int8", 8, np.int8)
+uint8 = ElementType(0x11, "uint8", 8, np.uint8)
+int16 = ElementType(0x12, "int16", 16, np.int16)
+uint16 = ElementType(0x13, "uint16", 16, np.uint16)
+int32 = ElementType(0x14, "int32", 32, np.int32)
+uint32 = ElementType(0x15, "uint32", 32, np.uint32)
+int64 = ElementType(0x16, "int64", 64, np.int64)
+uint64 = ElementType(0x17, "uint64", 64, np.uint64)
+bool_ = ElementType(0x20, "bool", 1, np.bool_)
+float8_e4m3 = ElementType(0x40, "float8_e4m3", 8, "ml_dtypes.float8_e4m3fn")
+float8_e5m2 = ElementType(0x41, "float8_e5m2", 8, "ml_dtypes.float8_e5m2")
+float8_e8m0 = ElementType(0x42, "float8_e8m0", 8, "ml_dtypes.float8_e8m0fnu")
+float4_e2m1 = ElementType(0x43, "float4_e2m1", 4, "ml_dtypes.float4_e2m1fn")
+float6_e2m3 = ElementType(0x44, "float6_e2m3", 6, "ml_dtypes.float6_e2m3fn")
+float6_e3m2 = ElementType(0x45, "float6_e3m2", 6, "ml_dtypes.float6_e3m2fn")
+float128 = ElementType(
+    0x46, "float128", 128, "V16"
+)  # no IEEE binary128 dtype in NumPy: raw 16 bytes
+int4 = ElementType(0x48, "int4", 4, "ml_dtypes.int4")
+uint4 = ElementType(0x49, "uint4", 4, "ml_dtypes.uint4")
+int2 = ElementType(0x4A, "int2", 2, "ml_dtypes.int2")
+uint2 = ElementType(0x4B, "uint2", 2, "ml_dtypes.uint2")
+complex64 = ElementType(0x50, "complex64", 64, np.complex64)
+complex128 = ElementType(0x51, "complex128", 128, np.complex128)
 
 ELEMENT_TYPES: tuple[ElementType, ...] = (
     float16, bfloat16, float32, float64, int8, uint8, int16, uint16, int32, uint32, int64,
@@ -139,6 +99,15 @@ ELEMENT_TYPES: tuple[ElementType, ...] = (
     float6_e3m2, float128, int4, uint4, int2, uint2, complex64, complex128,
 )  # fmt: skip
 
+__all__ = [
+    "ELEMENT_TYPES",
+    "ElementType",
+    "element_type_from_name",
+    "element_type_from_tag",
+    "element_type_of",
+    "preload",
+    *(repr(t).removeprefix("hurray_wire.") for t in ELEMENT_TYPES),  # float16, ..., bool_
+]
 _BY_TAG = {t.tag: t for t in ELEMENT_TYPES}
 _BY_NAME = {t.name: t for t in ELEMENT_TYPES}
 _BY_DTYPE: dict[np.dtype[np.generic], ElementType] = {
@@ -155,18 +124,6 @@ def preload() -> None:
     request does not pay it."""
     for element_type in ELEMENT_TYPES:
         element_type.numpy_dtype  # noqa: B018 - resolves and caches it
-
-
-def _by_dtype(dtype: np.dtype[np.generic]) -> ElementType:
-    """The element type of a NumPy dtype; the ml_dtypes ones join the table on first miss
-    (a caller holding such a dtype has imported ml_dtypes already)."""
-    found = _BY_DTYPE.get(dtype)
-    if found is None and len(_BY_DTYPE) < len(ELEMENT_TYPES) - 1:
-        _BY_DTYPE.update({t.numpy_dtype: t for t in ELEMENT_TYPES if t.tag != 0x46})
-        found = _BY_DTYPE.get(dtype)
-    if found is None:
-        raise KeyError(dtype)
-    return found
 
 
 def element_type_from_tag(tag: int) -> ElementType:
@@ -218,9 +175,14 @@ def element_type_of(value: object) -> ElementType:
         raise InvalidDescriptorError(
             "not an element type", field="element_type", found=repr(value)
         ) from None
-    try:
-        return _by_dtype(dtype)
-    except KeyError:
+    found = _BY_DTYPE.get(dtype)
+    if found is None and len(_BY_DTYPE) < len(ELEMENT_TYPES) - 1:
+        # the ml_dtypes types join the table on a first miss (their dtype's holder has
+        # imported ml_dtypes already)
+        _BY_DTYPE.update({t.numpy_dtype: t for t in ELEMENT_TYPES if t.tag != 0x46})
+        found = _BY_DTYPE.get(dtype)
+    if found is None:
         raise InvalidDescriptorError(
             "NumPy dtype has no Hurray element type", field="element_type", found=str(dtype)
-        ) from None
+        )
+    return found

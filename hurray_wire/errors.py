@@ -5,45 +5,6 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-__all__ = [
-    "ArgumentTypeError",
-    "BlobTruncatedError",
-    "ChecksumError",
-    "ClosedContainerError",
-    "CodecConfigError",
-    "ContainerTruncatedError",
-    "DecompressionError",
-    "DescriptorTruncatedError",
-    "FileAccessError",
-    "HurrayWireError",
-    "IncompatibleFingerprintError",
-    "IndexBufferError",
-    "IntegrityError",
-    "IntegrityRecordTruncatedError",
-    "InvalidBlobError",
-    "InvalidContainerError",
-    "InvalidDescriptorError",
-    "InvalidIntegrityRecordError",
-    "InvalidMetadataError",
-    "InvalidStreamError",
-    "InvalidTensorError",
-    "InvalidTransferRecordError",
-    "LimitExceededError",
-    "MissingTensorError",
-    "PaddingError",
-    "PageDigestError",
-    "PageStoreError",
-    "PageStoreMissError",
-    "QuantizationNotDefinedError",
-    "SectionError",
-    "StreamBlobTruncatedError",
-    "StreamTruncatedError",
-    "TransferRefusedError",
-    "TransportError",
-    "TruncatedError",
-    "UnsupportedLayoutError",
-]
-
 _UNSET: Any = object()
 _T = TypeVar("_T")
 
@@ -80,6 +41,9 @@ class HurrayWireError(Exception):
         self.offset = offset
         super().__init__(self._text())
 
+    def __str__(self) -> str:  # the text (KeyError would repr() it, OSError show errno)
+        return str(self.args[0]) if self.args else ""
+
     def _text(self) -> str:
         where = []
         if self.section is not None:
@@ -98,11 +62,8 @@ class HurrayWireError(Exception):
             if self.layer is not None or self.role is not None:
                 what += f" (layer {self.layer} {self.role})"
             text = f"{what} at stream offset {self.blob_offset}: {text}"
-        details = []
-        if self._expected is not _UNSET:
-            details.append(f"expected {self._expected}")
-        if self._found is not _UNSET:
-            details.append(f"found {self._found}")
+        given = (("expected", self._expected), ("found", self._found))
+        details = [f"{name} {value}" for name, value in given if value is not _UNSET]
         if details:
             text = f"{text} ({', '.join(details)})"
         return text
@@ -116,12 +77,9 @@ class HurrayWireError(Exception):
     ) -> HurrayWireError:
         """This error (updated in place, to be raised), its place filled in by the caller that
         knows where the bytes sit: a model constructor knows the field, its decoder the offset."""
-        if section is not None:
-            self.section = section
-        if field is not None:
-            self.field = field
-        if offset is not None:
-            self.offset = offset
+        for name, value in (("section", section), ("field", field), ("offset", offset)):
+            if value is not None:
+                setattr(self, name, value)
         self.args = (self._text(), *self.args[1:])
         return self
 
@@ -164,8 +122,7 @@ class HurrayWireError(Exception):
         return out
 
 
-class ArgumentTypeError(HurrayWireError, TypeError):
-    """An argument of the wrong Python type (e.g. a str where bytes are needed)."""
+class ArgumentTypeError(HurrayWireError, TypeError): ...  # e.g. a str where bytes are needed
 
 
 def flag(value: object, name: str) -> bool:
@@ -198,12 +155,21 @@ def cut_inside(what: str, size: int) -> str:
     return f"empty input (0 bytes): no {what}" if size == 0 else f"input ends inside the {what}"
 
 
-class CodecConfigError(HurrayWireError, ValueError):
-    """A compression spec or codec argument with a bad value (not bad stored bytes)."""
+# The families: each names the structure whose rules the input breaks; a truncation is also a
+# ``TruncatedError`` (the input ended before the structure it announces).
+class TruncatedError(HurrayWireError, ValueError): ...
 
 
-class InvalidDescriptorError(HurrayWireError, ValueError):
-    """A tensor descriptor, layout or quantization that breaks a rule of the spec."""
+class CodecConfigError(HurrayWireError, ValueError): ...  # a bad compression spec or argument
+
+
+class InvalidDescriptorError(HurrayWireError, ValueError): ...  # descriptor, layout, scheme
+
+
+class DescriptorTruncatedError(TruncatedError, InvalidDescriptorError): ...
+
+
+class QuantizationNotDefinedError(InvalidDescriptorError): ...  # NF4, MXFP on block-paged
 
 
 class IndexBufferError(InvalidDescriptorError):
@@ -215,10 +181,6 @@ class IndexBufferError(InvalidDescriptorError):
         super().__init__(message, **kw)
 
 
-class QuantizationNotDefinedError(InvalidDescriptorError):
-    """A quantization scheme the spec does not define for block-paged (NF4, MXFP)."""
-
-
 class UnsupportedLayoutError(HurrayWireError, ValueError):
     """A valid Hurray descriptor of a layout other than block-paged: not an input error."""
 
@@ -228,79 +190,56 @@ class UnsupportedLayoutError(HurrayWireError, ValueError):
         super().__init__(message, **kw)
 
 
-class TruncatedError(HurrayWireError, ValueError):
-    """The input ended before the structure it announces."""
+# A blob's envelope (docs/wire-format.md): its checksums, padding, sections, compressed
+# payloads and the decoder's limits.
+class InvalidBlobError(HurrayWireError, ValueError): ...
 
 
-class DescriptorTruncatedError(TruncatedError, InvalidDescriptorError):
-    """A descriptor shorter than its own descriptor_length or its sections."""
+class BlobTruncatedError(TruncatedError, InvalidBlobError): ...  # or a section outside it
 
 
-class InvalidBlobError(HurrayWireError, ValueError):
-    """A hurray-wire blob whose envelope breaks a rule of docs/wire-format.md."""
+class ChecksumError(InvalidBlobError): ...
 
 
-class BlobTruncatedError(TruncatedError, InvalidBlobError):
-    """A blob shorter than its total_length, or a section outside the blob."""
+class PaddingError(InvalidBlobError): ...  # a non-zero byte, or padding where none is allowed
 
 
-class ChecksumError(InvalidBlobError):
-    """A stored checksum that does not match the bytes it protects."""
+class SectionError(InvalidBlobError): ...  # out of bounds, overlapping, duplicated, unknown
 
 
-class PaddingError(InvalidBlobError):
-    """A padding byte that is not zero, or padding where none is allowed."""
+class DecompressionError(InvalidBlobError): ...  # not exactly the declared raw size
 
 
-class SectionError(InvalidBlobError):
-    """A section entry that is out of bounds, overlapping, duplicated, missing or unknown."""
+class LimitExceededError(InvalidBlobError): ...  # more than the decoder's limits allow
 
 
-class DecompressionError(InvalidBlobError):
-    """A compressed section that fails to decompress to exactly its declared raw size."""
+class InvalidTensorError(HurrayWireError, ValueError): ...  # arrays that disagree
 
 
-class LimitExceededError(InvalidBlobError):
-    """A blob that would make the decoder allocate or read more than its limits allow."""
+class InvalidMetadataError(HurrayWireError, ValueError): ...  # key/value metadata
 
 
-class InvalidTensorError(HurrayWireError, ValueError):
-    """Arrays passed to build a tensor that do not agree with each other or the layout."""
+# A reference stream record or .hrry file; a stream of blobs (docs/streaming.md), a cut
+# inside one of its blobs being both.
+class InvalidContainerError(HurrayWireError, ValueError): ...
 
 
-class InvalidMetadataError(HurrayWireError, ValueError):
-    """Key/value metadata that cannot be encoded or decoded."""
+class ContainerTruncatedError(TruncatedError, InvalidContainerError): ...
 
 
-class InvalidContainerError(HurrayWireError, ValueError):
-    """A reference stream record or .hrry file that breaks docs of the containers."""
+class InvalidStreamError(HurrayWireError, ValueError): ...
 
 
-class ContainerTruncatedError(TruncatedError, InvalidContainerError):
-    """A reference stream or .hrry file that ends inside a structure."""
+class StreamTruncatedError(TruncatedError, InvalidStreamError): ...  # or its connection broke
 
 
-class InvalidStreamError(HurrayWireError, ValueError):
-    """A stream header, end record or record sequence that breaks docs/streaming.md."""
+class StreamBlobTruncatedError(StreamTruncatedError, BlobTruncatedError): ...
 
 
-class StreamTruncatedError(TruncatedError, InvalidStreamError):
-    """The stream ended, or its connection broke, before the stream was complete."""
+class MissingTensorError(HurrayWireError, KeyError): ...  # by name or by {layer, role}
 
 
-class StreamBlobTruncatedError(StreamTruncatedError, BlobTruncatedError):
-    """The stream was cut inside a blob: both a stream cut and a truncated blob."""
-
-
-class MissingTensorError(HurrayWireError, KeyError):
-    """A lookup by name or by {layer, role} that the container or stream does not hold."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
-
-
-class ClosedContainerError(HurrayWireError, ValueError):
-    """Use of a container reader after ``close()`` (a ValueError, like a closed file)."""
+class ClosedContainerError(HurrayWireError, ValueError): ...  # used after close(), as a file
 
 
 class TransportError(HurrayWireError):
@@ -318,8 +257,7 @@ class TransportError(HurrayWireError):
         super().__init__(message, **kw)
 
 
-class InvalidTransferRecordError(TransportError, ValueError):
-    """A transfer control record (docs/nixl.md § 3) that breaks its rules."""
+class InvalidTransferRecordError(TransportError, ValueError): ...  # docs/nixl.md § 3
 
 
 class TransferRefusedError(TransportError, ValueError):
@@ -332,18 +270,18 @@ class TransferRefusedError(TransportError, ValueError):
         super().__init__(message, **kw)
 
 
-class IntegrityError(HurrayWireError, ValueError):
-    """A page digest, page store, delta record or engine fingerprint check that failed
-    (docs/integrity.md); the base of the integrity errors below."""
+# docs/integrity.md: a page digest, page store, delta record or engine fingerprint check that
+# failed; a record's bytes that break its rules (version, count, order, checksum, limits).
+class IntegrityError(HurrayWireError, ValueError): ...
 
 
-class InvalidIntegrityRecordError(IntegrityError):
-    """A digest section, page-refs section, known-pages record or fingerprint whose bytes
-    break the rules of docs/integrity.md (version, count, order, checksum, limits)."""
+class InvalidIntegrityRecordError(IntegrityError): ...
 
 
-class IntegrityRecordTruncatedError(TruncatedError, InvalidIntegrityRecordError):
-    """An integrity record that ends before the structure it announces."""
+class IntegrityRecordTruncatedError(TruncatedError, InvalidIntegrityRecordError): ...
+
+
+class PageStoreError(IntegrityError): ...  # a page larger than the store, a bad digest key
 
 
 class PageDigestError(IntegrityError, InvalidBlobError):
@@ -364,13 +302,7 @@ class PageDigestError(IntegrityError, InvalidBlobError):
         super().__init__(message, **kw)
 
 
-class PageStoreError(IntegrityError):
-    """A page store that refuses a put (a page larger than the store, a bad digest key)."""
-
-
-class PageStoreMissError(PageDigestError):
-    """Referenced pages whose digest the page store does not hold (``pages``/``positions``
-    name them); the engine recomputes them or asks for a full transfer."""
+class PageStoreMissError(PageDigestError): ...  # pages whose digest the page store lacks
 
 
 class IncompatibleFingerprintError(IntegrityError):
@@ -395,5 +327,7 @@ class FileAccessError(HurrayWireError, OSError):
             self.filename = cause.filename
             self.__cause__ = cause
 
-    def __str__(self) -> str:  # OSError would format errno and strerror instead of the text
-        return str(self.args[0]) if self.args else ""
+
+__all__ = sorted(
+    n for n, v in globals().items() if isinstance(v, type) and issubclass(v, HurrayWireError)
+)

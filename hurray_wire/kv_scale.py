@@ -17,9 +17,7 @@ __all__ = [
     "KV_SCALE_KEYS",
     "RESERVED_PREFIX",
     "RESERVED_TENSOR_KEYS",
-    "check_kv_scale",
     "check_reserved_metadata",
-    "kv_scale_key",
     "kv_scale_of",
     "with_kv_scale",
 ]
@@ -32,11 +30,6 @@ RESERVED_PREFIX = "hurray."
 #: old file already holding it with another (docs/security.md, "Decisions and limits").
 RESERVED_TENSOR_KEYS = frozenset((*KV_SCALE_KEYS, FINGERPRINT_METADATA_KEY))
 _BY_ROLE = {"key": "hurray.k_scale", "value": "hurray.v_scale", "fused": "hurray.k_scale"}
-
-
-def kv_scale_key(kv_role: str) -> str:
-    """The reserved metadata key that holds the scale of a tensor of ``kv_role``."""
-    return _BY_ROLE[kv_role]
 
 
 def _checked(value: object, field: str) -> float:
@@ -56,7 +49,7 @@ def with_kv_scale(metadata: dict[str, Any], kv_scale: object, kv_role: str) -> d
     ):
         raise ArgumentTypeError("kv_scale must be a float", field="kv_scale", found=repr(kv_scale))
     value = _checked(float(kv_scale), "kv_scale")
-    key = kv_scale_key(kv_role)
+    key = _BY_ROLE[kv_role]
     if key in metadata and metadata[key] != value:
         raise InvalidMetadataError(
             f"kv_scale disagrees with metadata[{key!r}]",
@@ -68,7 +61,8 @@ def with_kv_scale(metadata: dict[str, Any], kv_scale: object, kv_role: str) -> d
 
 
 def check_reserved_metadata(metadata: Mapping[str, Any], kv_role: str) -> None:
-    """Refuse a ``hurray.`` key this version does not define, then check the scale keys."""
+    """Refuse a ``hurray.`` key this version does not define, and a scale key that is not
+    the role's or not a finite positive float."""
     for key in metadata:
         reserved = isinstance(key, str) and key.startswith(RESERVED_PREFIX)
         if reserved and key not in RESERVED_TENSOR_KEYS:
@@ -79,25 +73,19 @@ def check_reserved_metadata(metadata: Mapping[str, Any], kv_role: str) -> None:
                 expected=sorted(RESERVED_TENSOR_KEYS),
                 found=repr(key),
             )
-    check_kv_scale(metadata, kv_role)
-
-
-def check_kv_scale(metadata: Mapping[str, Any], kv_role: str) -> None:
-    """Refuse a reserved scale key that is not a finite positive float, or not the role's."""
-    expected = kv_scale_key(kv_role)
+    expected = _BY_ROLE[kv_role]
     for key in KV_SCALE_KEYS:
-        if key not in metadata:
-            continue
-        if key != expected:
+        if key in metadata and key != expected:
             raise InvalidMetadataError(
                 f"a {kv_role} tensor carries its scale in {expected!r}",
                 field=key,
                 found=repr(metadata[key]),
             )
-        _checked(metadata[key], key)
+        if key in metadata:
+            _checked(metadata[key], key)
 
 
 def kv_scale_of(metadata: Mapping[str, Any], kv_role: str) -> float | None:
     """The (already validated) scale, or None."""
-    value = metadata.get(kv_scale_key(kv_role))
+    value = metadata.get(_BY_ROLE[kv_role])
     return None if value is None else float(value)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn, SupportsIndex, TypeAlias, cast
+from typing import Any, ClassVar, NoReturn, SupportsIndex, TypeAlias, TypeVar, cast
 
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidMetadataError, LimitExceededError
@@ -50,73 +50,66 @@ UINT64_MAX = (1 << 64) - 1
 # Every format from the wire structs (wire/containers.py, § B.4).
 _U16 = item_struct(KvEntry.key_length)  # key lengths
 _U32 = item_struct(KvSection.kv_count)  # kv_count, array counts, string / bytes lengths
-_I64 = item_struct(KV_SCALAR_PAYLOADS[KV_INT64])
-_U64 = item_struct(KV_SCALAR_PAYLOADS[KV_UINT64])
-_F64 = item_struct(KV_SCALAR_PAYLOADS[KV_FLOAT64])
+#: The fixed-width scalar tags (int64, uint64, float64): their formats and structs.
+_FIXED_FORMAT = {tag: KV_SCALAR_PAYLOADS[tag] for tag in (KV_INT64, KV_UINT64, KV_FLOAT64)}
+_FIXED = {tag: item_struct(form) for tag, form in _FIXED_FORMAT.items()}
 _TAG = item_struct(KvEntry.value_tag).size  # a value tag, an array's element tag
 _BOOL = KV_LEAST_PAYLOAD[KV_BOOL]  # a bool's one byte
 U16_MAX = (1 << 8 * _U16.size) - 1
 U32_MAX = (1 << 8 * _U32.size) - 1  # string/bytes lengths, array counts, kv_count, kv_length
 
-# Smallest payload of one array element of each tag: a u32 count of 4 billion is refused
-# by arithmetic before any list is built.
-_MIN_ELEMENT_SIZE = KV_LEAST_PAYLOAD
-_FIXED_FORMAT = {tag: KV_SCALAR_PAYLOADS[tag] for tag in (KV_INT64, KV_UINT64, KV_FLOAT64)}
-#: A fixed-width scalar tag: its reader and its width.
-_FIXED_SCALAR = {
-    tag: (s.unpack_from, s.size)
-    for tag, s in ((KV_INT64, _I64), (KV_UINT64, _U64), (KV_FLOAT64, _F64))
-}
+#: A fixed-width scalar tag: its reader and its width (the decoder's loop).
+_FIXED_SCALAR = {tag: (s.unpack_from, s.size) for tag, s in _FIXED.items()}
 # Smallest entry: key length, a 1-byte key, the tag and the smallest payload (a bool's byte).
 _MIN_ENTRY_SIZE = _U16.size + 1 + _TAG + min(KV_LEAST_PAYLOAD.values())
 
 
-def _checked_int(value: SupportsIndex, lo: int, hi: int, type_name: str) -> int:
-    """The integer of ``value`` if it lies in [lo, hi]: shared by the two wrappers."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ArgumentTypeError(
-            f"{type_name}() takes an integer",
-            section=SECTION,
-            expected="int",
-            found=type(value).__name__,
-        )
-    number = operator.index(value)
-    if not lo <= number <= hi:
-        raise InvalidMetadataError(
-            f"{number} is out of range for {type_name}",
-            section=SECTION,
-            expected=f"{lo} <= value <= {hi}",
-            found=number,
-        )
-    return number
+_TI = TypeVar("_TI", bound="_TaggedInt")
 
 
-class Int64(int):
+class _TaggedInt(int):
+    """An ``int`` whose value tag is chosen by its class, not by its value."""
+
+    __slots__ = ()
+    RANGE: ClassVar[tuple[int, int]]
+
+    def __new__(cls: type[_TI], value: SupportsIndex) -> _TI:
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise ArgumentTypeError(
+                f"{cls.__name__}() takes an integer",
+                section=SECTION,
+                expected="int",
+                found=type(value).__name__,
+            )
+        number = operator.index(value)
+        lo, hi = cls.RANGE
+        if not lo <= number <= hi:
+            raise InvalidMetadataError(
+                f"{number} is out of range for {cls.__name__}",
+                section=SECTION,
+                expected=f"{lo} <= value <= {hi}",
+                found=number,
+            )
+        return super().__new__(cls, number)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({int(self)})"
+
+    __str__ = int.__repr__
+
+
+class Int64(_TaggedInt):
     """An ``int`` written with tag 02 (int64) whatever its value, e.g. inside a uint64 context."""
 
     __slots__ = ()
-
-    def __new__(cls, value: SupportsIndex) -> Int64:
-        return super().__new__(cls, _checked_int(value, INT64_MIN, INT64_MAX, "Int64"))
-
-    def __repr__(self) -> str:
-        return f"Int64({int(self)})"
-
-    __str__ = int.__repr__
+    RANGE = (INT64_MIN, INT64_MAX)
 
 
-class UInt64(int):
+class UInt64(_TaggedInt):
     """An ``int`` written with tag 03 (uint64): how uint64 values below 2**63 keep their tag."""
 
     __slots__ = ()
-
-    def __new__(cls, value: SupportsIndex) -> UInt64:
-        return super().__new__(cls, _checked_int(value, 0, UINT64_MAX, "UInt64"))
-
-    def __repr__(self) -> str:
-        return f"UInt64({int(self)})"
-
-    __str__ = int.__repr__
+    RANGE = (0, UINT64_MAX)
 
 
 MetadataScalar: TypeAlias = str | int | float | bool | bytes
@@ -281,7 +274,7 @@ def _payload(kind: int, value: Any, field: str) -> bytes:
         return _length_prefixed(bytes(value), field, "bytes value")
     if kind == KV_BOOL:
         return b"\x01" if value else b"\x00"
-    return _F64.pack(value)
+    return _FIXED[KV_FLOAT64].pack(value)
 
 
 def _encode_value(value: object, field: str) -> bytes:
@@ -289,7 +282,7 @@ def _encode_value(value: object, field: str) -> bytes:
     kind = _kind(value)
     if kind == KV_INT64 and isinstance(value, int):
         tag = _int_tag(value, field)
-        return bytes((tag,)) + (_U64 if tag == KV_UINT64 else _I64).pack(value)
+        return bytes((tag,)) + _FIXED[tag].pack(value)
     if kind is not None:
         return bytes((kind,)) + _payload(kind, value, field)
     if isinstance(value, (list, tuple)):
@@ -452,14 +445,14 @@ def _array(view: memoryview, pos: int, end: int, base: int, index: int, key: str
     if pos + _TAG > end:
         _ends_inside("array element tag", f"{_value(index, key)}.element_tag", pos, _TAG, end, base)
     tag = view[pos]
-    if tag not in _MIN_ELEMENT_SIZE:
+    if tag not in KV_LEAST_PAYLOAD:
         _bad_tag(tag, f"{_value(index, key)}.element_tag", base + pos, element=True)
     pos += _TAG
     if pos + _U32.size > end:
         _ends_inside("array count", f"{_value(index, key)}.count", pos, _U32.size, end, base)
     (count,) = _U32.unpack_from(view, pos)
     pos += _U32.size
-    least = count * _MIN_ELEMENT_SIZE[tag]
+    least = count * KV_LEAST_PAYLOAD[tag]  # a count of 4 billion: refused before any list
     remaining = end - pos
     if least > remaining:
         raise _error(
@@ -467,7 +460,7 @@ def _array(view: memoryview, pos: int, end: int, base: int, index: int, key: str
             f"{least} bytes but the section has {remaining} left",
             f"{_value(index, key)}.count",
             base + pos - _U32.size,
-            expected=f"at most {remaining // _MIN_ELEMENT_SIZE[tag]} elements",
+            expected=f"at most {remaining // KV_LEAST_PAYLOAD[tag]} elements",
             found=count,
         )
     if tag in _FIXED_FORMAT:  # the count check above covers the whole payload

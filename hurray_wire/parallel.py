@@ -21,7 +21,6 @@ __all__ = [
     "running_others",
     "shared_pool",
     "submit",
-    "submit_to",
     "usable_cores",
     "using_pool",
 ]
@@ -100,16 +99,12 @@ def shared_pool() -> ThreadPoolExecutor:
     return pool
 
 
-def submit(call: Callable[[], T]) -> Future[T] | None:
-    """Run ``call`` on a pool thread; None once the interpreter is shutting down. Callers
-    must never wait for it without first doing its work themselves (``cancel()`` it, or
-    make it find nothing left to do): the pool may be busy."""
-    return submit_to(shared_pool(), call)
-
-
-def submit_to(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T] | None:
+def submit(call: Callable[[], T], pool: ThreadPoolExecutor | None = None) -> Future[T] | None:
+    """Run ``call`` on a thread of ``pool`` (the shared one); None once the interpreter is
+    shutting down. Callers must never wait for it without first doing its work themselves
+    (``cancel()`` it, or make it find nothing left to do): the pool may be busy."""
     try:
-        return pool.submit(call)
+        return (pool or shared_pool()).submit(call)
     except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
         return None
 
@@ -155,7 +150,7 @@ def for_each(count: int, call: Callable[[int], object], threads: int) -> None:
 
     futures = []
     for _ in range(helpers):
-        future = submit_to(pool, work)
+        future = submit(work, pool)
         if future is not None:
             futures.append(future)
     work()

@@ -12,9 +12,10 @@ import numpy as np
 
 from hurray_wire.buffers import byte_view
 from hurray_wire.dtypes import ElementType, element_type_of
-from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
+from hurray_wire.model._checks import U64_MAX
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.layout import BlockPagedLayout
+from hurray_wire.model.layout import BlockPagedLayout, _as_index_array
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
 from hurray_wire.tensor_core import DescriptorViews
@@ -107,15 +108,10 @@ class Tensor(DescriptorViews):
     def to_block_paged(self) -> BlockPagedTensor:
         """The validated ``BlockPagedTensor`` over these buffers (views, no copy)."""
         lens = None
-        if self.seq_lens is not None:
-            raw = np.asarray(self.seq_lens)
-            if raw.ndim != 1 or (raw.size and (raw.dtype.kind not in "iu" or raw.min() < 0)):
-                raise IndexBufferError(
-                    "seq_lens must be non-negative integers",
-                    field="seq_lens",
-                    found=f"dtype {raw.dtype}, shape {raw.shape}",
-                )
-            lens = np.ascontiguousarray(raw, SEQ_LENS)
+        if self.seq_lens is not None:  # checked as from_arrays checks it
+            lens = np.ascontiguousarray(
+                _as_index_array(self.seq_lens, "seq_lens", U64_MAX), SEQ_LENS
+            )
         arrays = [np.frombuffer(b, np.uint8) for b in self.buffers]
         return assemble(self.descriptor, arrays, lens)
 

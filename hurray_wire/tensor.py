@@ -70,7 +70,7 @@ class _Geometry:
 # ones built for an equal geometry key of arrays (and, for descriptors, total_tokens), so
 # the 100+ tensors of one request validate their geometry once. Each entry weighed by the
 # bytes it keeps alive (tests/test_codec_objects.py measures it).
-_BUILT: BoundedMemo[Any] = BoundedMemo(512, 16 << 20)
+_BUILT: BoundedMemo[_Geometry] = BoundedMemo(512, 16 << 20)
 _DESCRIPTOR_BYTES = 256  # a block-paged descriptor's wire bytes, with its quantization
 _TOKENS_PER_GEOMETRY = 8
 #: A geometry: the key's dtypes, shapes and scalars, a layout, and its descriptors.
@@ -141,33 +141,12 @@ class BlockPagedTensor(TensorCore):
             known = _BUILT.get(key)
         except TypeError:  # an unhashable argument: judged below, nothing memoised
             key = known = None
-        if known is None:
-            etype = element_type_of(element_type if element_type is not None else pool.dtype)
-            _check_pool(pool, etype)
-            num_pages, page_size, num_heads, head_dim = (int(d) for d in pool.shape)
-        else:
-            etype = known.etype
-            num_pages, page_size, num_heads, head_dim = known.dims
-        stored_pool = packing.pack(pool, etype) if etype.is_packed else np.ascontiguousarray(pool)
-        num_seqs = len(sp_any) - 1
-        if known is None:
-            if num_seqs < 0:
-                raise IndexBufferError("seq_ptr needs num_seqs + 1 >= 1 entries", field="seq_ptr")
-            if block_table_index_type is None:
-                big = num_pages > U32_MAX or len(bt_any) > U32_MAX
-                block_table_index_type = "uint64" if big else "uint32"
-            layout = BlockPagedLayout(page_size, num_pages, 0, num_seqs, kv_role, layer_index,
+        geometry = known or _geometry(pool, bt_any, sp_any, element_type, kv_role, layer_index,
                                       block_table_index_type)  # fmt: skip
-            index_dtype = layout.index_dtype
-            ranged = tuple(
-                name
-                for name, arr in (("block_table", bt_any), ("seq_ptr", sp_any))
-                if arr.dtype.itemsize > index_dtype.itemsize or arr.dtype.kind != "u"
-            )  # the others are unsigned and no wider than the index type: every value fits
-        else:
-            layout, ranged = known.layout, known.ranged
-            index_dtype = layout.index_dtype
-        for name in ranged:
+        etype, layout = geometry.etype, geometry.layout
+        num_pages, page_size, num_heads, head_dim = geometry.dims
+        stored_pool = packing.pack(pool, etype) if etype.is_packed else np.ascontiguousarray(pool)
+        for name in geometry.ranged:
             arr = bt_any if name == "block_table" else sp_any
             if arr.size and int(arr.max()) > layout.index_max:
                 raise IndexBufferError(
@@ -175,6 +154,7 @@ class BlockPagedTensor(TensorCore):
                     field=name,
                     found=int(arr.max()),
                 )
+        index_dtype = layout.index_dtype
         bt = np.ascontiguousarray(bt_any, dtype=index_dtype)
         sp = np.ascontiguousarray(sp_any, dtype=index_dtype)
         lens = None
@@ -184,9 +164,9 @@ class BlockPagedTensor(TensorCore):
                 total_tokens = sum(lens.tolist()) % (1 << 64) if lens.size < 64 else int(lens.sum())
         if total_tokens is None:
             total_tokens = len(bt) * page_size
-        check_indexes(sp, bt, num_pages, num_seqs, lens, page_size, total_tokens)
+        check_indexes(sp, bt, num_pages, layout.num_seqs, lens, page_size, total_tokens)
         tokens_key = (type(total_tokens), total_tokens)
-        descriptor = None if known is None else known.descriptors.get(tokens_key)
+        descriptor = geometry.descriptors.get(tokens_key)
         if descriptor is None:
             descriptor = TensorDescriptor.block_paged(
                 layout,
@@ -208,13 +188,11 @@ class BlockPagedTensor(TensorCore):
             encode_metadata(meta)  # refuse now what could not be encoded later
         if key is not None:  # every check passed: remember what the geometry decided
             if known is None:
-                known = _Geometry(etype, (num_pages, page_size, num_heads, head_dim), layout,
-                                  ranged, {})  # fmt: skip
-                _BUILT.put(key, known, _GEOMETRY_WEIGHT)
-            if tokens_key not in known.descriptors:
-                if len(known.descriptors) >= _TOKENS_PER_GEOMETRY:
-                    known.descriptors.clear()  # its weight counts this many, never more
-                known.descriptors[tokens_key] = descriptor
+                _BUILT.put(key, geometry, _GEOMETRY_WEIGHT)
+            if tokens_key not in geometry.descriptors:
+                if len(geometry.descriptors) >= _TOKENS_PER_GEOMETRY:
+                    geometry.descriptors.clear()  # its weight counts this many, never more
+                geometry.descriptors[tokens_key] = descriptor
         return cls._trusted(descriptor, stored_pool, bt, sp, scale_arr, zp_arr, lens, meta)
 
     def sequence(self, seq: int, *, dequantize: bool = False) -> Array:
@@ -237,7 +215,7 @@ class BlockPagedTensor(TensorCore):
 
     def dequantize(self, dtype: Any = np.float32) -> Array:
         """The pool ``[num_pages, page_size, num_heads, head_dim]`` in real values."""
-        from hurray_wire.transforms.dequantize import dequantize
+        from hurray_wire.transforms.select import dequantize
 
         return dequantize(self, dtype)
 
@@ -370,7 +348,17 @@ def pool_typing(descriptor: TensorDescriptor) -> tuple[tuple[int, ...], np.dtype
     return shape, etype.numpy_dtype
 
 
-def _check_pool(pool: Array, etype: ElementType) -> None:
+def _geometry(
+    pool: Array,
+    block_table: Array,
+    seq_ptr: Array,
+    element_type: ElementType | str | None,
+    kv_role: str,
+    layer_index: int | None,
+    block_table_index_type: str | None,
+) -> _Geometry:
+    """What ``from_arrays`` decides from dtypes, shapes and scalars alone, checked."""
+    etype = element_type_of(element_type if element_type is not None else pool.dtype)
     if pool.ndim != 4:
         raise InvalidTensorError(
             "page_pool must be 4-D [num_pages, page_size, num_heads, head_dim]",
@@ -384,6 +372,21 @@ def _check_pool(pool: Array, etype: ElementType) -> None:
             found=str(pool.dtype),
             expected=str(etype.numpy_dtype),
         )
+    num_pages, page_size, num_heads, head_dim = (int(d) for d in pool.shape)
+    if len(seq_ptr) < 1:
+        raise IndexBufferError("seq_ptr needs num_seqs + 1 >= 1 entries", field="seq_ptr")
+    if block_table_index_type is None:
+        big = num_pages > U32_MAX or len(block_table) > U32_MAX
+        block_table_index_type = "uint64" if big else "uint32"
+    layout = BlockPagedLayout(page_size, num_pages, 0, len(seq_ptr) - 1, kv_role, layer_index,
+                              block_table_index_type)  # fmt: skip
+    index_dtype = layout.index_dtype
+    ranged = tuple(
+        name
+        for name, arr in (("block_table", block_table), ("seq_ptr", seq_ptr))
+        if arr.dtype.itemsize > index_dtype.itemsize or arr.dtype.kind != "u"
+    )  # the others are unsigned and no wider than the index type: every value fits
+    return _Geometry(etype, (num_pages, page_size, num_heads, head_dim), layout, ranged, {})
 
 
 def _pool_array(page_pool: Any, element_type: ElementType | str | None) -> Array:

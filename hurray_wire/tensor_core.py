@@ -4,6 +4,7 @@ base, below ``transforms/`` (which read tensors and build new ones through
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, TypeVar
 
 import numpy as np
@@ -17,7 +18,7 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
 
-__all__ = ["Array", "DescriptorViews", "TensorCore", "TensorT", "seq_index"]
+__all__ = ["Array", "DescriptorViews", "TensorCore", "TensorT", "check_int"]
 
 Array = npt.NDArray[Any]
 TensorT = TypeVar("TensorT", bound="TensorCore")
@@ -110,9 +111,9 @@ class TensorCore(DescriptorViews):
         return self
 
     @classmethod
+    @abstractmethod  # for mypy (no ABCMeta: isinstance on the hot paths stays a type check)
     def from_arrays(cls: type[TensorT], *args: Any, **kwargs: Any) -> TensorT:
         """Build and validate a tensor (``BlockPagedTensor.from_arrays``)."""
-        raise NotImplementedError
 
     @property
     def nbytes(self) -> int:
@@ -123,9 +124,7 @@ class TensorCore(DescriptorViews):
         """The arrays of each descriptor buffer, in table order, as 1-D uint8 views (scales
         and zero points sharing one index: two parts)."""
         parts: list[tuple[Array, ...]] = [
-            (_bytes_view(self.page_pool),),
-            (_bytes_view(self.block_table),),
-            (_bytes_view(self.seq_ptr),),
+            (_bytes_view(a),) for a in (self.page_pool, self.block_table, self.seq_ptr)
         ]
         quant = self.descriptor.quantization
         if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
@@ -152,7 +151,7 @@ class TensorCore(DescriptorViews):
 
     def sequence_pages(self, seq: int) -> Array:
         """Physical page ids of sequence ``seq``, in logical order."""
-        seq = seq_index(seq, self.num_seqs)
+        seq = check_int(seq, "seq", 0, self.num_seqs - 1)
         return self.block_table[int(self.seq_ptr[seq]) : int(self.seq_ptr[seq + 1])]
 
     def gather_sequence(self, seq: int) -> Array:
@@ -181,20 +180,19 @@ class TensorCore(DescriptorViews):
         )
 
 
-def seq_index(seq: object, num_seqs: int) -> int:
-    """``seq`` as a sequence index: a Python or NumPy integer, not a bool (``True`` is not
-    sequence 1), in ``0..num_seqs-1``; a str or float would otherwise fail inside a
-    comparison with a foreign ``TypeError`` or index by accident."""
-    if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)):
-        raise ArgumentTypeError(
-            "seq must be an int (bools are refused)", field="seq", found=repr(seq), expected="int"
-        )
-    index = int(seq)
-    if not 0 <= index < num_seqs:
+def check_int(value: object, name: str, minimum: int = 0, maximum: int | None = None) -> int:
+    """A Python or NumPy integer (not a bool: ``True`` is not sequence 1) in
+    ``minimum..maximum``; a str or float would otherwise fail inside a comparison with a
+    foreign ``TypeError`` or index by accident."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentTypeError(f"{name} must be an int", field=name, found=repr(value))
+    number = int(value)
+    if number < minimum or (maximum is not None and number > maximum):
+        expected = f">= {minimum}" if maximum is None else f"{minimum}..{maximum}"
         raise InvalidTensorError(
-            "sequence out of range", field="seq", found=index, expected=f"0..{num_seqs - 1}"
+            f"{name} out of range", field=name, found=number, expected=expected
         )
-    return index
+    return number
 
 
 def _bytes_view(array: Array) -> Array:

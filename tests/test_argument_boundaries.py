@@ -29,10 +29,9 @@ from hurray_wire.integrity import (
     store_pages,
 )
 from hurray_wire.transforms.compact import compact, prefix_sharing
-from hurray_wire.transforms.dequantize import dequantize
 from hurray_wire.transforms.heads import split_heads
 from hurray_wire.transforms.repage import repage
-from hurray_wire.transforms.select import select, sequences
+from hurray_wire.transforms.select import dequantize, select, sequences
 from hurray_wire.transport import records
 from hurray_wire.transport.records import (
     MAX_REASON_BYTES,

@@ -131,7 +131,7 @@ def test_a_shut_down_pool_runs_everything_on_the_caller() -> None:
 
     dead = ThreadPoolExecutor(1)
     dead.shutdown()
-    assert parallel.submit_to(dead, lambda: 1) is None
+    assert parallel.submit(lambda: 1, dead) is None
     with parallel.using_pool(dead):
         tasks = [lambda i=i: i for i in range(5)]
         assert parallel.run_tasks(tasks, 4) == list(range(5))

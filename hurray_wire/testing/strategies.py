@@ -62,36 +62,24 @@ def layer_indices() -> st.SearchStrategy[int | None]:
     return _LAYERS
 
 
+@st.composite
 def block_paged_layouts(
+    draw: st.DrawFn,
     *,
     page_sizes: st.SearchStrategy[int] | None = None,
     num_seqs: st.SearchStrategy[int] | None = None,
     huge_pools: bool = True,
-) -> st.SearchStrategy[BlockPagedLayout]:
-    """Valid ``BlockPagedLayout`` values; uint64 indices when the pool needs them."""
-    return _layouts(
-        _PAGE_SIZES if page_sizes is None else page_sizes,
-        _NUM_SEQS if num_seqs is None else num_seqs,
-        huge_pools,
-    )
-
-
-@st.composite
-def _layouts(
-    draw: st.DrawFn,
-    page_sizes: st.SearchStrategy[int],
-    seq_counts: st.SearchStrategy[int],
-    huge_pools: bool,
 ) -> BlockPagedLayout:
+    """Valid ``BlockPagedLayout`` values; uint64 indices when the pool needs them."""
     index_type = draw(_INDEX_TYPES)
     num_pages = draw(_SMALL_POOLS)
     if huge_pools and draw(_RARELY):
         num_pages = draw(_HUGE_POOLS[index_type])
     return BlockPagedLayout(
-        page_size=draw(page_sizes),
+        page_size=draw(_PAGE_SIZES if page_sizes is None else page_sizes),
         num_pages=num_pages,
         paged_axis=0,
-        num_seqs=draw(seq_counts),
+        num_seqs=draw(_NUM_SEQS if num_seqs is None else num_seqs),
         kv_role=draw(_KV_ROLES),
         layer_index=draw(_LAYERS),
         block_table_index_type=index_type,
@@ -101,13 +89,9 @@ def _layouts(
 @functools.cache
 def per_tensor_affine(storage: ElementType) -> st.SearchStrategy[PerTensorAffine]:
     """A finite non-zero f32 scale and an int32 zero point inside ``storage``'s range."""
-    bits = storage.bit_width
-    low, high = (
-        (0, 2**bits - 1)
-        if storage.name.startswith("u")
-        else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-    )
-    high = min(high, 2**31 - 1)  # the wire field is i32 (uint32 storage cannot reach 2**32-1)
+    bits, signed = storage.bit_width, not storage.name.startswith("u")
+    low = -(2 ** (bits - 1)) if signed else 0
+    high = min(2 ** (bits - signed) - 1, 2**31 - 1)  # the wire field is i32 (not 2**32-1)
     return st.builds(
         PerTensorAffine,
         scale=_F32_SCALES,
@@ -171,8 +155,7 @@ def _quantizations(element_type: ElementType, page_size: int) -> st.SearchStrate
     """Every scheme the element type and page size admit on block-paged."""
     options: list[st.SearchStrategy[Quantization]] = []
     if element_type in AFFINE_STORAGE:
-        options.append(per_tensor_affine(element_type))
-        options.append(_PER_CHANNEL)
+        options += [per_tensor_affine(element_type), _PER_CHANNEL]
     if element_type in PER_BLOCK_STORAGE and page_size >= 2 and page_size & (page_size - 1) == 0:
         options.append(per_block_affine(page_size))
     return st.one_of(options)

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.errors import ArgumentTypeError, InvalidTensorError, instance
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.fingerprint import fingerprint_from_metadata, fingerprint_to_metadata
 from hurray_wire.model.quantization import Quantization
-from hurray_wire.tensor_core import TensorCore, TensorT
+from hurray_wire.tensor_core import TensorCore, TensorT, check_int as check_int
 
 Array = npt.NDArray[Any]
 _KEEP: Any = object()
+_V = TypeVar("_V")
 
 
 def with_fingerprint(tensor: TensorCore, **changes: Any) -> dict[str, Any]:
@@ -28,37 +29,25 @@ def with_fingerprint(tensor: TensorCore, **changes: Any) -> dict[str, Any]:
     return metadata
 
 
-def check_int(value: object, name: str, minimum: int = 0, maximum: int | None = None) -> int:
-    """A Python or NumPy integer (not a bool) in ``minimum..maximum``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ArgumentTypeError(f"{name} must be an int", field=name, found=repr(value))
-    number = int(value)
-    if number < minimum:
-        raise InvalidTensorError(f"{name} must be >= {minimum}", field=name, found=number)
-    if maximum is not None and number > maximum:
-        raise InvalidTensorError(f"{name} must be <= {maximum}", field=name, found=number)
-    return number
-
-
-def check_tensor(value: object, name: str = "tensor") -> TensorCore:
+def check_tensor(value: _V, name: str = "tensor") -> _V:
     """The transforms' tensor argument: a ``BlockPagedTensor`` (``compact("x")`` is an
     ``ArgumentTypeError``, not an ``AttributeError`` from inside)."""
-    return instance(value, TensorCore, name)
-
-
-def need_seq_lens(tensor: TensorCore, what: str) -> Array:
-    """``seq_lens`` as int64, or a typed error saying ``what`` needs them."""
-    if tensor.seq_lens is None:
-        raise InvalidTensorError(
-            f"{what} needs seq_lens (the tensor was built without them)", field="seq_lens"
+    if not isinstance(value, TensorCore):
+        raise ArgumentTypeError(
+            "expected a BlockPagedTensor", field=name, found=type(value).__name__
         )
-    return tensor.seq_lens.astype(np.int64)
+    return value
 
 
-def lens_or_full(tensor: TensorCore) -> Array:
-    """``seq_lens`` as int64, or every page full when the tensor has none."""
+def token_counts(tensor: TensorCore, needed_by: str | None = None) -> Array:
+    """``seq_lens`` as int64; without them, every page full, or a typed error saying what
+    (``needed_by``) needs them."""
     if tensor.seq_lens is not None:
         return tensor.seq_lens.astype(np.int64)
+    if needed_by is not None:
+        raise InvalidTensorError(
+            f"{needed_by} needs seq_lens (the tensor was built without them)", field="seq_lens"
+        )
     return np.diff(tensor.seq_ptr.astype(np.int64)) * tensor.layout.page_size
 
 

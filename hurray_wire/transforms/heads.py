@@ -128,16 +128,9 @@ def merge_heads(tensors: Sequence[TensorT], *, num_heads: int | None = None) -> 
             field="tensors",
             found=type(tensors).__name__,
         )
-    shards = list(tensors)
+    shards = [check_tensor(shard, f"tensors[{rank}]") for rank, shard in enumerate(tensors)]
     if not shards:
         raise InvalidTensorError("merge_heads needs at least one tensor", field="tensors")
-    for rank, shard in enumerate(shards):
-        if not isinstance(shard, TensorCore):
-            raise ArgumentTypeError(
-                f"tensors[{rank}] is not a BlockPagedTensor",
-                field="tensors",
-                found=type(shard).__name__,
-            )
     base = shards[0]
     for rank, shard in enumerate(shards[1:], start=1):
         _check_agree(base, shard, rank)

@@ -18,8 +18,8 @@ from hurray_wire.transforms._common import (
     check_int,
     check_tensor,
     flat_pool,
-    lens_or_full,
     rebuild,
+    token_counts,
     token_slots,
     with_fingerprint,
 )
@@ -44,7 +44,7 @@ def repage(tensor: TensorT, page_size: object) -> TensorT:
             field="page_size",
             found=size,
         )
-    lens = lens_or_full(tensor)
+    lens = token_counts(tensor)
     pages_per_seq = -(-lens // size)
     new_entries = int(pages_per_seq.sum()) if lens.size else 0
     # A new page holds every source slot its positions reach, up to the sequence's page
