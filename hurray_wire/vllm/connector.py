@@ -1,14 +1,11 @@
 """``HurrayConnector``: vLLM's ``KVConnectorBase_V1`` over hurray-wire (docs/vllm.md).
 
-Scheduler side (one per engine): decides which requests save (``kv_transfer_params`` with
-``do_remote_decode``) and which load (``do_remote_prefill``, asynchronously), and hands the
-decode side the transfer's identity in ``kv_transfer_params``. Worker side: the prefill
-worker copies each saving request's blocks out of every layer as it is computed
-(``save_kv_layer``) and serves them once over a socket (``transfer.TransferServer``); the
-decode worker pulls them on a thread, validates everything (fingerprint, identity, page
-digests, geometry) and only then lands the pages at its own block ids, on the engine's
-thread, in ``get_finished``. A failure is reported by ``get_block_ids_with_load_errors``
-so that vLLM's ``kv_load_failure_policy`` fails the request or recomputes it.
+The scheduler side picks the requests that save (``do_remote_decode``) and load
+(``do_remote_prefill``) and hands the decode side the transfer's identity. The prefill worker
+copies each saving request's blocks as every layer is computed and serves them once
+(``transfer``); the decode worker pulls on a thread, checks everything (``receive``) and lands
+on the engine's thread in ``get_finished``; a failure goes to vLLM's ``kv_load_failure_policy``
+through ``get_block_ids_with_load_errors``.
 """
 
 from __future__ import annotations
@@ -27,10 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from hurray_wire.errors import (
-    ArgumentTypeError,
-    InvalidTensorError,
-)
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.vllm.backends import (
     PAIR,
@@ -113,20 +107,15 @@ class HurrayConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
 
 def _option(extra: dict[str, Any], name: str) -> Any:
-    value = extra.get(name, OPTIONS[name])
-    default = OPTIONS[name]
-    if default is None and value is not None and type(value) is not str:
-        raise ArgumentTypeError(f"kv_connector_extra_config[{name!r}] must be a str",
-                                field=name, found=repr(value))  # fmt: skip
-    if default is not None and value is not None and type(value) is not type(default):
-        if isinstance(default, float) and type(value) is int:
-            return float(value)
-        raise ArgumentTypeError(
-            f"kv_connector_extra_config[{name!r}] must be a {type(default).__name__}",
-            field=name,
-            found=repr(value),
-        )
-    return value
+    """An option of its default's type (str where the default is None; an int for a float)."""
+    value, default = extra.get(name, OPTIONS[name]), OPTIONS[name]
+    kind = str if default is None else type(default)
+    if value is None or type(value) is kind:
+        return value
+    if kind is float and type(value) is int:
+        return float(value)
+    raise ArgumentTypeError(f"kv_connector_extra_config[{name!r}] must be a {kind.__name__}",
+                            field=name, found=repr(value))  # fmt: skip
 
 
 class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
