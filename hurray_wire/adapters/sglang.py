@@ -23,6 +23,7 @@ from hurray_wire.adapters._common import (
     int_vector,
     lens_of,
     per_tensor_scale,
+    refuse_first,
     role_tensors,
 )
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError, instance
@@ -163,15 +164,8 @@ def _read(
             found=row,
             expected=f"1..{rows - 1}",
         )
-    if lens.size and int(lens.max()) > width:
-        seq = int(np.argmax(lens > width))
-        raise IndexBufferError(
-            f"request {seq} is longer than max_context_len",
-            position=seq,
-            field="seq_lens",
-            found=int(lens[seq]),
-            expected=f"<= {width}",
-        )
+    too_long = "request {} is longer than max_context_len"
+    refuse_first(lens > width, lens, too_long, "seq_lens", expected=f"<= {width}")
     longest = int(lens.max()) if lens.size else 0
     table = _rows(req_to_token, index, longest)
     cols = np.arange(longest)[None, :]

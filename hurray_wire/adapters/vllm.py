@@ -24,6 +24,7 @@ from hurray_wire.adapters._common import (
     int_vector,
     lens_of,
     padded_rows,
+    refuse_first,
     role_tensors,
 )
 from hurray_wire.dtypes import element_type_from_name
@@ -231,15 +232,13 @@ def _gathered(
 
 
 def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
-    if ids.size and int(ids.max()) >= num_blocks:
-        bad = int(np.argmax(ids >= num_blocks))
-        raise IndexBufferError(
-            f"block id out of range at used entry {bad}",
-            position=bad,
-            field=name,
-            found=int(ids[bad]),
-            expected=f"< {num_blocks}",
-        )
+    refuse_first(
+        ids >= num_blocks,
+        ids,
+        "block id out of range at used entry {}",
+        name,
+        expected=f"< {num_blocks}",
+    )
 
 
 def kernel_ratio(
@@ -306,15 +305,11 @@ def _window(
 ) -> tuple[Array, Array, Array, list[int] | None]:
     """Drop each row's leading null blocks (sliding window); refuse any other block 0."""
     if sliding_window is None:
-        if table.size and (table == 0).any():
-            bad = int(np.argmax(table == 0))
-            raise IndexBufferError(
-                "block 0 is vLLM's null block, never a request's data (a sliding-window "
-                "layer's table has it for blocks outside the window: pass sliding_window)",
-                position=bad,
-                field="block_table",
-                found=0,
-            )
+        null = (
+            "block 0 is vLLM's null block, never a request's data (a sliding-window layer's "
+            "table has it for blocks outside the window: pass sliding_window)"
+        )
+        refuse_first(table == 0, table, null, "block_table")
         return table, seq_ptr, lens, None
     window = check_int(sliding_window, "sliding_window")
     if window < 1:
