@@ -43,7 +43,7 @@ from hurray_wire.vllm.net import Deadline, endpoint, listen
 from hurray_wire.vllm.params import refusal, request_kind
 from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.pulls import Pulls, failure
-from hurray_wire.vllm.receive import LoadResult, pull
+from hurray_wire.vllm.receive import LoadResult, PulledPages, pull
 from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, prompt_digest
 
 if TYPE_CHECKING:
@@ -391,8 +391,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._pulls.start(load.request_id, partial(self._pull, load), load.first_block)
 
     def _pull(self, load: LoadSpec, deadline: Deadline) -> LoadResult:
-        """On the pull's thread (``pulls.Pulls``: whatever this raises is its load error)."""
-        heads, head_dim = self._page_geometry()
+        """On the pull's thread (``pulls.Pulls``: whatever this raises is its load error). The
+        pages' heads and head size are checked; MLA's latent (one head, not sharded by TP) is
+        as wide as the cache's row."""
+        heads: int | None = self._num_kv_heads
+        head_dim = self._head_dim
+        if self._cache_form().roles != PAIR:
+            heads, head_dim = None, int(self._caches[0].shape[-1])
         return pull(
             TransferParams.from_params(load.params),
             self._engine_fingerprint(),
@@ -406,13 +411,6 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             deadline=deadline,
             tls=self._tls,
         )
-
-    def _page_geometry(self) -> tuple[int | None, int]:
-        """The heads and head size the pulled pages must have (receive.pull checks them):
-        MLA's fused latent row (one head, not sharded by TP) is the cache's own width."""
-        if self._cache_form().roles == PAIR:
-            return self._num_kv_heads, self._head_dim
-        return None, int(self._caches[0].shape[-1])
 
     def _held(self, load: LoadSpec) -> HeldPages | None:
         """The request's blocks this worker already holds (vLLM's prefix-cache hit), read
@@ -491,18 +489,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 start += len(save.block_ids)
                 self._save(self._producer_store(), save, layer, host, ids, fresh=True)
 
-    def _land(self, load: LoadSpec, result: LoadResult) -> None:
-        pages = result.pages
-        assert pages is not None
-        form = self._cache_form()
+    def _land(self, load: LoadSpec, pages: PulledPages) -> None:
+        """Every check of every layer before the first block is written (``land_layers``);
+        fewer blocks than pages are refused there."""
         count = pages.layers[0][0].shape[0]
-        # too few (the request holds fewer blocks than the pages): into_vllm refuses them
         targets = load.block_ids[pages.first_block : pages.first_block + count]
-        tokens = pages.num_tokens
         layers = list(zip(self._caches, pages.layers, self._scales, strict=True))
-        # every check of every layer first; a device cache's pages then copied once per
-        # role and scattered on the device into its views (device.py ``land_pages``)
-        land_layers(form, layers, tokens, targets, self._stream)
+        land_layers(self._cache_form(), layers, pages.num_tokens, targets, self._stream)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # finished requests' pulls (a client's abort) are cancelled and reported received,
@@ -515,7 +508,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             received.add(rid)
             if result.pages is not None:
                 try:
-                    self._land(load, result)
+                    self._land(load, result.pages)
                 except Exception as exc:  # a foreign one too: the request's load error
                     result = failure(exc, load.first_block)
             if result.pages is None:

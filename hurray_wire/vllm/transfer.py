@@ -170,8 +170,7 @@ class TransferStore:
                         expected=mine if name != "block_ids" else f"{len(mine)} block ids",
                         found=ask.get(name),
                     )
-            first = ask.get("first_page", 0)
-            held = ask.get("held_pages", 0)
+            first, held = ask.get("first_page", 0), ask.get("held_pages", 0)
             # pages from ``first`` on hold num_tokens - first * block_size >= 0 tokens (F11)
             pages = min(len(transfer.block_ids), transfer.num_tokens // transfer.block_size)
             for name, value in (("first_page", first), ("held_pages", held)):
@@ -326,9 +325,8 @@ def _tensors(
     roles: tuple[str, ...],
     metadata: Mapping[str, Any] | None = None,
 ) -> Iterator[tuple[BlockPagedTensor, Any]]:
-    """The transfer's blobs in order: each role of each layer, pages ``first..``, with the
-    encoder's ``page_digests=``: the digests taken at the save (of exactly these pages,
-    the tensor's whole pool: ``one_sequence`` references every page), else True."""
+    """Each role of each layer, pages ``first..``, with the encoder's ``page_digests=``: those
+    taken at the save (the tensor's whole pool, which ``one_sequence`` references), else True."""
     tokens = transfer.num_tokens - first * transfer.block_size
     for layer in range(num_layers):
         held = transfer.digests.get(layer) or (None,) * len(roles)
@@ -339,11 +337,9 @@ def _tensors(
 
 
 def known_pages(ask: Mapping[str, Any], transfer: _Transfer, num_layers: int) -> Any:
-    """The digests the decode worker says it holds (its prefix-cache pages, hashed where
-    they sit): the known-pages record of the delta protocol (docs/integrity.md § 5.1),
-    base64 in the ask. Pages of the transfer with one of these digests travel as page
-    references; a held page that went stale has a digest the transfer does not produce,
-    so the transfer's page for it travels in full and the decode worker repairs it."""
+    """The known-pages record (docs/integrity.md § 5.1, base64 in the ask) of the digests the
+    decode worker holds: those pages travel as references; a stale held page's digest matches
+    nothing, so its page travels in full and the decode worker repairs it."""
     record = ask.get("known_pages")
     if record is None:
         return None
@@ -399,8 +395,17 @@ def serve_one(
         try:
             if nixl is not None and peer is not None and deadline is not None:  # NIXL blobs
                 sender, mine = nixl.sender(peer)
-                return _send_nixl(conn, sender, mine, deadline, store, transfer, first, claims,
-                                  known, roles)  # fmt: skip
+                _send_line(conn, {"ok": True, "agent_metadata": mine})
+                meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
+                total = 0
+                # every wait (for arena space, for the peer's READs) within the deadline
+                for tensor, digests in _tensors(transfer, store.num_layers, first, roles, meta):
+                    sender.publish(tensor, mode="staged", checksum=False, page_digests=digests,
+                                   known_pages=known, deadline=deadline.left())  # fmt: skip
+                    total += tensor.page_pool.nbytes
+                sender.wait(deadline=deadline.left())
+                _send_line(conn, {"done": True})
+                return total
             _send_line(conn, {"ok": True})  # the pages as a stream on conn
             header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=roles,
                                   fingerprint=store.fingerprint, metadata=claims)  # fmt: skip
@@ -414,32 +419,6 @@ def serve_one(
             logger.error("HurrayConnector: request %s: KV send failed: %s",
                          transfer.request_id, exc)  # fmt: skip
             raise
-
-
-def _send_nixl(
-    conn: socket.socket,
-    sender: Any,
-    mine: str | None,
-    deadline: Deadline,
-    store: TransferStore,
-    transfer: _Transfer,
-    first: int,
-    claims: dict[str, Any],
-    known: Any,
-    roles: tuple[str, ...],
-) -> int:
-    """The pages as NIXL blobs through ``sender``, every wait (for arena space, for the
-    peer's READs) within ``deadline``, the connection carrying the two control lines."""
-    _send_line(conn, {"ok": True, "agent_metadata": mine})
-    meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
-    total = 0
-    for tensor, digests in _tensors(transfer, store.num_layers, first, roles, meta):
-        sender.publish(tensor, mode="staged", checksum=False, page_digests=digests,
-                       known_pages=known, deadline=deadline.left())  # fmt: skip
-        total += tensor.page_pool.nbytes
-    sender.wait(deadline=deadline.left())
-    _send_line(conn, {"done": True})
-    return total
 
 
 class TransferServer:
