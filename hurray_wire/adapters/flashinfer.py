@@ -83,8 +83,7 @@ def _caches(paged_kv_cache: Any, layout: str, kv_role: str | None, dtype: Any) -
             found=f"shape {tuple(cache.shape)}",
         )
     return [
-        ("key", _role_pages(cache[:, 0], layout, "paged_kv_cache")),
-        ("value", _role_pages(cache[:, 1], layout, "paged_kv_cache")),
+        (role, _role_pages(cache[:, i], layout, "paged_kv_cache")) for i, role in enumerate(ROLES)
     ]
 
 

@@ -568,7 +568,6 @@ def to_vllm(
                 field="tensor_or_pair",
                 found=vllm_version,
             )
-        forms.check_cpu_geometry(forms.check_isa(isa), page_size, dim)
         shape, physical = (blocks, heads, page_size, 2 * dim), (0, 1, 2, 3)
     elif single_role:
         shape, physical = (blocks, page_size, heads, dim), order
@@ -582,7 +581,7 @@ def to_vllm(
         pair = (2, blocks) if forms.stacked_axis(name, era) == 0 else (blocks, 2)
         shape, physical = (*pair, page_size, heads, dim), (0, *(1 + a for a in order))
     cache = _allocate(shape, physical, pools[0].dtype)
-    # written through the views from_vllm reads: one route for both directions
+    # written through the views from_vllm reads (their checks too): one route both ways
     _, views = _role_pools(cache, name, era, tensor.kv_role if single_role else None, isa)
     for (_, view), pool in zip(views, pools, strict=True):
         view[1:] = pool.view(view.dtype).reshape(pages, *view.shape[1:])

@@ -476,7 +476,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._log_once(save.request_id, exc, "KV save failed")
             return
         if layer == 0:
-            self._count("pages_sent", len(save.block_ids))
+            self._count(pages_sent=len(save.block_ids))
 
     def wait_for_save(self) -> None:
         """Host caches are copied in ``save_kv_layer``; device caches' copies, started
@@ -512,28 +512,27 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 except Exception as exc:  # a foreign one too: the request's load error
                     result = failure(exc, load.first_block)
             if result.pages is None:
-                self._count("verification_failures", 1)
+                self._count(verification_failures=1)
                 start = load.first_block if result.failed_from is None else result.failed_from
                 self._invalid.update(load.block_ids[start:])
                 self._log_once(rid, result.error)
                 continue
-            self._count("transfers", 1)
-            self._count("bytes_received", result.pages.wire_bytes)
-            self._count("pages_reused", load.first_block - result.pages.repaired)
-            if result.pages.repaired:
-                self._count("pages_repaired", result.pages.repaired)
+            repaired = result.pages.repaired
+            self._count(
+                transfers=1, bytes_received=result.pages.wire_bytes, transfer_time_s=seconds
+            )
+            self._count(pages_reused=load.first_block - repaired, pages_repaired=repaired)
+            self._stats.data[TIMES].append(seconds)
+            if repaired:
                 logger.warning("HurrayConnector: request %s: %d held prefix-cache pages differ "
                                "from the transfer's, overwritten with them", rid,
-                               result.pages.repaired)  # fmt: skip
-            self._count("transfer_time_s", seconds)
-            times: list[float] = self._stats.data[TIMES]
-            times.append(seconds)
+                               repaired)  # fmt: skip
         self._sync_server()
         return None, received or None
 
     def _sync_server(self) -> None:
         if self._server is not None:
-            self._count("bytes_sent", self._server.take_sent())
+            self._count(bytes_sent=self._server.take_sent())
 
     @property
     def totals(self) -> dict[str, float]:
@@ -545,10 +544,11 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         invalid, self._invalid = self._invalid, set()
         return invalid
 
-    def _count(self, name: str, amount: float) -> None:
-        if name in COUNTERS:
-            self._stats.count(name, amount)
-        self._totals[name] = self._totals.get(name, 0) + amount
+    def _count(self, **amounts: float) -> None:
+        for name, amount in amounts.items():
+            if name in COUNTERS:
+                self._stats.count(name, amount)
+            self._totals[name] = self._totals.get(name, 0) + amount
 
     def _log_once(
         self, request_id: str, error: BaseException | None, what: str = "KV load refused"
