@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire._interop import as_numpy, is_torch, numpy_to_torch
+from hurray_wire._interop import _torch, as_numpy, is_device_tensor, is_torch, numpy_to_torch
 from hurray_wire.dtypes import element_type_of
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError, flag
 from hurray_wire.tensor import BlockPagedTensor
@@ -253,7 +252,7 @@ def engine_buffer(values: Any, name: str, dtype: Any) -> Any:
     """An engine's cache buffer viewed as the element type it holds, without a copy (a device
     tensor stays where it is). Engines store fp8 as uint8 (``index_put`` lacks float8): such a
     buffer needs ``dtype``, the engine's cache dtype, so that fp8 travels as float8 (spec [A12])."""
-    if not (is_torch(values) and values.device.type != "cpu"):
+    if not is_device_tensor(values):
         values = array(values, name)
     stored = engine_dtype_name(values.dtype)
     if dtype is None:
@@ -292,8 +291,7 @@ def engine_buffer(values: Any, name: str, dtype: Any) -> Any:
             expected=want_name,
         )
     if is_torch(values):  # torch's names: float8_e4m3fn, float8_e5m2
-        torch = importlib.import_module("torch")
-        return values.view(getattr(torch, want_name + "fn" * (want_name == "float8_e4m3")))
+        return values.view(getattr(_torch(), want_name + "fn" * (want_name == "float8_e4m3")))
     return values.view(element_type_of(want_name).numpy_dtype)
 
 

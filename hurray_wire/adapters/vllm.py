@@ -96,21 +96,6 @@ def _old_layout(name: str, kv_cache_layout: object) -> None:
         )
 
 
-def _check_dense(cache: Array) -> None:
-    """A layer view's K|V content rows are whole and packed (create_kv_cache_views: the
-    content axis innermost, the next axis C elements apart under every layout); one role's
-    split leaves a gap of the other role's half between rows."""
-    item, width = cache.dtype.itemsize, cache.shape[3]
-    # the block axis too: under LHBNC with one-token blocks it is the next axis in
-    nearest = min((abs(cache.strides[a]) for a in (0, 1, 2) if cache.shape[a] > 1), default=None)
-    if cache.strides[3] != item or nearest not in (None, width * item):
-        raise _shape_error(
-            "not a whole layer view [num_blocks, H, block_size, 2 * head_size] (its rows "
-            "leave gaps): one role's view [num_blocks, block_size, H, head_size] needs kv_role",
-            cache,
-        )
-
-
 def _shape_error(message: str, cache: Array) -> InvalidTensorError:
     return InvalidTensorError(message, field="kv_cache", found=f"shape {cache.shape}")
 
@@ -168,7 +153,18 @@ def _role_pools(
                 "one-role [num_blocks, block_size, H, head_size] cache needs kv_role)",
                 cache,
             )
-        _check_dense(cache)
+        # a layer view's K|V rows are whole and packed (create_kv_cache_views: the content
+        # axis innermost, the next one, the block axis too under LHBNC with one-token
+        # blocks, C elements apart); one role's split leaves the other half between rows
+        item = cache.dtype.itemsize
+        near = min((abs(cache.strides[a]) for a in (0, 1, 2) if cache.shape[a] > 1), default=None)
+        if cache.strides[3] != item or near not in (None, width * item):
+            raise _shape_error(
+                "not a whole layer view [num_blocks, H, block_size, 2 * head_size] (its rows "
+                "leave gaps): one role's view [num_blocks, block_size, H, head_size] needs "
+                "kv_role",
+                cache,
+            )
         return "layer", list(zip(("key", "value"), forms.page_views(cache, mla=False), strict=True))
     if cache.ndim == 5:
         if era is None:
