@@ -280,10 +280,9 @@ def kernel_ratio(
 def kernel_table(
     table: Array, seq_ptr: Array, lens: Array, ratio: int, kernel_shape: tuple[int, int], name: str
 ) -> tuple[Array, Array]:
-    """Manager block ids -> the kernel blocks the attention reads, ``b * ratio + j``
-    (vllm/v1/worker/utils.py ``AttentionGroup.map_to_kernel_block_table``), each sequence
-    keeping its first ``ceil(lens / kernel_block_size)``. ``kernel_shape``: the cache's
-    ``(num_blocks, kernel_block_size)``."""
+    """Manager block ids -> the kernel blocks ``b * ratio + j`` the attention reads (vllm/v1/
+    worker/utils.py ``map_to_kernel_block_table``), each sequence keeping the ones its tokens
+    fill. ``kernel_shape``: the cache's ``(num_blocks, kernel_block_size)``."""
     if ratio == 1:
         return table, seq_ptr
     num_blocks, kernel_block_size = kernel_shape
@@ -495,10 +494,9 @@ def _tensors(tensor_or_pair: Any, name: str) -> tuple[BlockPagedTensor, ...]:
 def _split_pages(
     tensor: BlockPagedTensor, pools: list[Array], ratio: int
 ) -> tuple[list[Array], Array, Array]:
-    """``(pools, manager ids, seq_ptr)`` of a kernel-block allocation: each sequence's pages
-    in fresh manager blocks ``1..``, page ``i`` of sequence ``s`` in kernel block
-    ``first_s * ratio + i``; pool entry ``k - 1`` is kernel block ``k`` (0 .. ratio - 1 are
-    the null manager block, left zero)."""
+    """``(pools, manager ids, seq_ptr)`` of a kernel-block allocation: each sequence in fresh
+    manager blocks ``1..``, page ``i`` in kernel block ``first_s * ratio + i``; pool entry
+    ``k - 1`` is kernel block ``k`` (kernel blocks ``0 .. ratio - 1``: the null block)."""
     sp = tensor.seq_ptr.astype(np.int64)
     counts = np.diff(sp)
     managers = -(-counts // ratio)

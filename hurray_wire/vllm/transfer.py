@@ -361,10 +361,9 @@ def serve_one(
     nixl: NixlPeers | None = None,
     deadline: Deadline | None = None,
 ) -> int:
-    """Answer one pull on ``conn``; returns the bytes sent (0 when refused). A pull asking
-    for ``"transport": "nixl"`` gets the pages as NIXL blobs through its agent's own sender
-    (``nixl`` holds them, leased one pull at a time), the connection carrying only the two
-    control lines; ``deadline`` (the connection's) bounds the NIXL send too."""
+    """Answer one pull on ``conn``; the bytes sent (0: refused). ``"transport": "nixl"``: the
+    pages as NIXL blobs through the agent's leased sender, ``conn`` carrying the control lines
+    only, the NIXL send bounded by ``deadline`` (the connection's) too."""
     ask = _read_line(conn, exact=False)  # the decode worker sends nothing after its ask
     wants_nixl = ask.get("transport") == "nixl"
     with contextlib.ExitStack() as leases:
@@ -422,11 +421,9 @@ def serve_one(
 
 
 class TransferServer:
-    """The prefill worker's listener: one thread accepting pulls on ``host:port`` (port 0
-    picks a free one, read back from ``port``), each served on a thread of its own, at most
-    ``max_connections`` at once (more are refused as ``busy``), each connection bounded
-    as a whole by ``timeout`` seconds (``net.Deadline``). Nothing a client sends ends the
-    listener or delays another client's pull. ``tls``: the socket transport over TLS."""
+    """The prefill worker's listener on ``host:port`` (0: a free one, read from ``port``): a
+    thread per pull, at most ``max_connections`` (more are refused as ``busy``), each bounded
+    by ``timeout`` (``net.Deadline``); nothing a client sends ends it or delays another."""
 
     def __init__(
         self,
