@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire._interop import as_numpy, is_torch, numpy_to_torch
+from hurray_wire._interop import _torch, as_numpy, is_device_tensor, is_torch, numpy_to_torch
 from hurray_wire.dtypes import element_type_of
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError, flag
 from hurray_wire.tensor import BlockPagedTensor
@@ -41,12 +41,17 @@ def int_vector(value: Any, name: str) -> Array:
             field=name,
             found=f"dtype {result.dtype}, shape {result.shape}",
         )
-    if (result < 0).any():
-        bad = int(np.argmax(result < 0))
-        raise IndexBufferError(
-            f"negative value at position {bad}", position=bad, field=name, found=int(result[bad])
-        )
+    refuse_first(result < 0, result, "negative value at position {}", name)
     return result.astype(np.int64)
+
+
+def refuse_first(broken: Array, values: Array, message: str, name: str, **kw: Any) -> None:
+    """An ``IndexBufferError`` at the first True of ``broken`` (its position fills ``{}`` in
+    ``message``), naming the value there: the one form of every per-entry refusal."""
+    if broken.any():
+        bad = int(np.argmax(broken))
+        raise IndexBufferError(message.format(bad), position=bad, field=name,
+                               found=int(values[bad]), **kw)  # fmt: skip
 
 
 def from_table(
@@ -195,21 +200,16 @@ def check_pair(value: Any, name: str) -> Pair:
         raise InvalidTensorError(
             "the pair must be (key, value)", field=name, found=(key.kv_role, val.kv_role)
         )
-    for attr in ("shape", "element_type"):
-        if getattr(key, attr) != getattr(val, attr):
+    for what, mine, theirs in (
+        ("shape", key.shape, val.shape),
+        ("element_type", key.element_type, val.element_type),
+        ("their layout", key.layout.replace(kv_role="value"), val.layout),
+    ):
+        if mine != theirs:
+            expected = key.layout if what == "their layout" else mine
             raise InvalidTensorError(
-                f"key and value differ in {attr}",
-                field=name,
-                found=getattr(val, attr),
-                expected=getattr(key, attr),
+                f"key and value differ in {what}", field=name, found=theirs, expected=expected
             )
-    if key.layout.replace(kv_role="value") != val.layout:
-        raise InvalidTensorError(
-            "key and value differ in their layout",
-            field=name,
-            found=val.layout,
-            expected=key.layout,
-        )
     for attr in ("block_table", "seq_ptr", "seq_lens"):
         a, b = getattr(key, attr), getattr(val, attr)
         if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
@@ -229,20 +229,15 @@ def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
 
 # Engine dtype names (torch's, and the engines' cache-dtype settings) -> hurray element types.
 _ENGINE_DTYPES = {
-    "float16": "float16",
-    "half": "float16",
-    "fp16": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float32": "float32",
-    "float": "float32",
-    "fp32": "float32",
-    "float8_e4m3fn": "float8_e4m3",
-    "float8_e4m3": "float8_e4m3",
-    "fp8_e4m3": "float8_e4m3",
-    "fp8": "float8_e4m3",
-    "float8_e5m2": "float8_e5m2",
-    "fp8_e5m2": "float8_e5m2",
+    alias: element
+    for element, aliases in (
+        ("float16", "float16 half fp16"),
+        ("bfloat16", "bfloat16 bf16"),
+        ("float32", "float32 float fp32"),
+        ("float8_e4m3", "float8_e4m3fn float8_e4m3 fp8_e4m3 fp8"),
+        ("float8_e5m2", "float8_e5m2 fp8_e5m2"),
+    )
+    for alias in aliases.split()
 }
 
 
@@ -257,7 +252,7 @@ def engine_buffer(values: Any, name: str, dtype: Any) -> Any:
     """An engine's cache buffer viewed as the element type it holds, without a copy (a device
     tensor stays where it is). Engines store fp8 as uint8 (``index_put`` lacks float8): such a
     buffer needs ``dtype``, the engine's cache dtype, so that fp8 travels as float8 (spec [A12])."""
-    if not (is_torch(values) and values.device.type != "cpu"):
+    if not is_device_tensor(values):
         values = array(values, name)
     stored = engine_dtype_name(values.dtype)
     if dtype is None:
@@ -269,8 +264,7 @@ def engine_buffer(values: Any, name: str, dtype: Any) -> Any:
                 field="dtype",
                 found=f"{name} of {stored}, dtype None",
             )
-        want = _ENGINE_DTYPES.get(stored)
-        if want is None:
+        if stored not in _ENGINE_DTYPES:
             raise InvalidTensorError(
                 "no engine KV cache has this element type",
                 field=name,
@@ -296,15 +290,9 @@ def engine_buffer(values: Any, name: str, dtype: Any) -> Any:
             found=stored,
             expected=want_name,
         )
-    if is_torch(values):
-        import importlib
-
-        torch = importlib.import_module("torch")
-        return values.view(getattr(torch, _TORCH_NAMES[want_name]))
+    if is_torch(values):  # torch's names: float8_e4m3fn, float8_e5m2
+        return values.view(getattr(_torch(), want_name + "fn" * (want_name == "float8_e4m3")))
     return values.view(element_type_of(want_name).numpy_dtype)
-
-
-_TORCH_NAMES = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
 
 
 def per_tensor_scale(value: Any, name: str, why: str, per_head: bool = False) -> float | None:

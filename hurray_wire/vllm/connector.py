@@ -1,14 +1,11 @@
 """``HurrayConnector``: vLLM's ``KVConnectorBase_V1`` over hurray-wire (docs/vllm.md).
 
-Scheduler side (one per engine): decides which requests save (``kv_transfer_params`` with
-``do_remote_decode``) and which load (``do_remote_prefill``, asynchronously), and hands the
-decode side the transfer's identity in ``kv_transfer_params``. Worker side: the prefill
-worker copies each saving request's blocks out of every layer as it is computed
-(``save_kv_layer``) and serves them once over a socket (``transfer.TransferServer``); the
-decode worker pulls them on a thread, validates everything (fingerprint, identity, page
-digests, geometry) and only then lands the pages at its own block ids, on the engine's
-thread, in ``get_finished``. A failure is reported by ``get_block_ids_with_load_errors``
-so that vLLM's ``kv_load_failure_policy`` fails the request or recomputes it.
+The scheduler side picks the requests that save (``do_remote_decode``) and load
+(``do_remote_prefill``) and hands the decode side the transfer's identity. The prefill worker
+copies each saving request's blocks as every layer is computed and serves them once
+(``transfer``); the decode worker pulls on a thread, checks everything (``receive``) and lands
+on the engine's thread in ``get_finished``; a failure goes to vLLM's ``kv_load_failure_policy``
+through ``get_block_ids_with_load_errors``.
 """
 
 from __future__ import annotations
@@ -27,10 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from hurray_wire.errors import (
-    ArgumentTypeError,
-    InvalidTensorError,
-)
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.vllm.backends import (
     PAIR,
@@ -49,7 +43,7 @@ from hurray_wire.vllm.net import Deadline, endpoint, listen
 from hurray_wire.vllm.params import refusal, request_kind
 from hurray_wire.vllm.peers import NixlPeers
 from hurray_wire.vllm.pulls import Pulls, failure
-from hurray_wire.vllm.receive import LoadResult, pull
+from hurray_wire.vllm.receive import LoadResult, PulledPages, pull
 from hurray_wire.vllm.transfer import TransferParams, TransferServer, TransferStore, prompt_digest
 
 if TYPE_CHECKING:
@@ -113,20 +107,15 @@ class HurrayConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
 
 def _option(extra: dict[str, Any], name: str) -> Any:
-    value = extra.get(name, OPTIONS[name])
-    default = OPTIONS[name]
-    if default is None and value is not None and type(value) is not str:
-        raise ArgumentTypeError(f"kv_connector_extra_config[{name!r}] must be a str",
-                                field=name, found=repr(value))  # fmt: skip
-    if default is not None and value is not None and type(value) is not type(default):
-        if isinstance(default, float) and type(value) is int:
-            return float(value)
-        raise ArgumentTypeError(
-            f"kv_connector_extra_config[{name!r}] must be a {type(default).__name__}",
-            field=name,
-            found=repr(value),
-        )
-    return value
+    """An option of its default's type (str where the default is None; an int for a float)."""
+    value, default = extra.get(name, OPTIONS[name]), OPTIONS[name]
+    kind = str if default is None else type(default)
+    if value is None or type(value) is kind:
+        return value
+    if kind is float and type(value) is int:
+        return float(value)
+    raise ArgumentTypeError(f"kv_connector_extra_config[{name!r}] must be a {kind.__name__}",
+                            field=name, found=repr(value))  # fmt: skip
 
 
 class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
@@ -402,8 +391,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._pulls.start(load.request_id, partial(self._pull, load), load.first_block)
 
     def _pull(self, load: LoadSpec, deadline: Deadline) -> LoadResult:
-        """On the pull's thread (``pulls.Pulls``: whatever this raises is its load error)."""
-        heads, head_dim = self._page_geometry()
+        """On the pull's thread (``pulls.Pulls``: whatever this raises is its load error). The
+        pages' heads and head size are checked; MLA's latent (one head, not sharded by TP) is
+        as wide as the cache's row."""
+        heads: int | None = self._num_kv_heads
+        head_dim = self._head_dim
+        if self._cache_form().roles != PAIR:
+            heads, head_dim = None, int(self._caches[0].shape[-1])
         return pull(
             TransferParams.from_params(load.params),
             self._engine_fingerprint(),
@@ -417,13 +411,6 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             deadline=deadline,
             tls=self._tls,
         )
-
-    def _page_geometry(self) -> tuple[int | None, int]:
-        """The heads and head size the pulled pages must have (receive.pull checks them):
-        MLA's fused latent row (one head, not sharded by TP) is the cache's own width."""
-        if self._cache_form().roles == PAIR:
-            return self._num_kv_heads, self._head_dim
-        return None, int(self._caches[0].shape[-1])
 
     def _held(self, load: LoadSpec) -> HeldPages | None:
         """The request's blocks this worker already holds (vLLM's prefix-cache hit), read
@@ -489,7 +476,7 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._log_once(save.request_id, exc, "KV save failed")
             return
         if layer == 0:
-            self._count("pages_sent", len(save.block_ids))
+            self._count(pages_sent=len(save.block_ids))
 
     def wait_for_save(self) -> None:
         """Host caches are copied in ``save_kv_layer``; device caches' copies, started
@@ -502,18 +489,13 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 start += len(save.block_ids)
                 self._save(self._producer_store(), save, layer, host, ids, fresh=True)
 
-    def _land(self, load: LoadSpec, result: LoadResult) -> None:
-        pages = result.pages
-        assert pages is not None
-        form = self._cache_form()
+    def _land(self, load: LoadSpec, pages: PulledPages) -> None:
+        """Every check of every layer before the first block is written (``land_layers``);
+        fewer blocks than pages are refused there."""
         count = pages.layers[0][0].shape[0]
-        # too few (the request holds fewer blocks than the pages): into_vllm refuses them
         targets = load.block_ids[pages.first_block : pages.first_block + count]
-        tokens = pages.num_tokens
         layers = list(zip(self._caches, pages.layers, self._scales, strict=True))
-        # every check of every layer first; a device cache's pages then copied once per
-        # role and scattered on the device into its views (device.py ``land_pages``)
-        land_layers(form, layers, tokens, targets, self._stream)
+        land_layers(self._cache_form(), layers, pages.num_tokens, targets, self._stream)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # finished requests' pulls (a client's abort) are cancelled and reported received,
@@ -526,32 +508,31 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
             received.add(rid)
             if result.pages is not None:
                 try:
-                    self._land(load, result)
+                    self._land(load, result.pages)
                 except Exception as exc:  # a foreign one too: the request's load error
                     result = failure(exc, load.first_block)
             if result.pages is None:
-                self._count("verification_failures", 1)
+                self._count(verification_failures=1)
                 start = load.first_block if result.failed_from is None else result.failed_from
                 self._invalid.update(load.block_ids[start:])
                 self._log_once(rid, result.error)
                 continue
-            self._count("transfers", 1)
-            self._count("bytes_received", result.pages.wire_bytes)
-            self._count("pages_reused", load.first_block - result.pages.repaired)
-            if result.pages.repaired:
-                self._count("pages_repaired", result.pages.repaired)
+            repaired = result.pages.repaired
+            self._count(
+                transfers=1, bytes_received=result.pages.wire_bytes, transfer_time_s=seconds
+            )
+            self._count(pages_reused=load.first_block - repaired, pages_repaired=repaired)
+            self._stats.data[TIMES].append(seconds)
+            if repaired:
                 logger.warning("HurrayConnector: request %s: %d held prefix-cache pages differ "
                                "from the transfer's, overwritten with them", rid,
-                               result.pages.repaired)  # fmt: skip
-            self._count("transfer_time_s", seconds)
-            times: list[float] = self._stats.data[TIMES]
-            times.append(seconds)
+                               repaired)  # fmt: skip
         self._sync_server()
         return None, received or None
 
     def _sync_server(self) -> None:
         if self._server is not None:
-            self._count("bytes_sent", self._server.take_sent())
+            self._count(bytes_sent=self._server.take_sent())
 
     @property
     def totals(self) -> dict[str, float]:
@@ -563,10 +544,11 @@ class HurrayConnector(KVConnectorBase_V1):  # type: ignore[misc]
         invalid, self._invalid = self._invalid, set()
         return invalid
 
-    def _count(self, name: str, amount: float) -> None:
-        if name in COUNTERS:
-            self._stats.count(name, amount)
-        self._totals[name] = self._totals.get(name, 0) + amount
+    def _count(self, **amounts: float) -> None:
+        for name, amount in amounts.items():
+            if name in COUNTERS:
+                self._stats.count(name, amount)
+            self._totals[name] = self._totals.get(name, 0) + amount
 
     def _log_once(
         self, request_id: str, error: BaseException | None, what: str = "KV load refused"

@@ -40,6 +40,7 @@ class Deadline:
         self.reason: str | None = None  # why it ended early: "cancelled" or "deadline"
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
+        self.closed = False  # ended by itself: the reaper drops it
         _REAPER.add(self)
 
     def left(self) -> float:
@@ -96,51 +97,42 @@ class Deadline:
         """The connection ended by itself: forget its sockets (they are the caller's)."""
         with self._lock:
             self._socks = []
-        _REAPER.discard(self)
+        self.closed = True
 
 
 class _Reaper:
-    """One daemon thread expiring deadlines in time order (started on first use)."""
+    """One daemon thread expiring deadlines in time order (started on first use); a closed
+    deadline leaves the heap when it reaches the top."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Deadline]] = []
-        self._live: set[int] = set()
         self._count = itertools.count()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def add(self, deadline: Deadline) -> None:
         with self._wake:
-            key = next(self._count)
-            heapq.heappush(self._heap, (deadline.at, key, deadline))
-            self._live.add(id(deadline))
+            heapq.heappush(self._heap, (deadline.at, next(self._count), deadline))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="hurray-deadlines",
                                                 daemon=True)  # fmt: skip
                 self._thread.start()
             self._wake.notify()
 
-    def discard(self, deadline: Deadline) -> None:
-        with self._wake:
-            self._live.discard(id(deadline))
-
     def _run(self) -> None:
         while True:
             with self._wake:
                 now = time.monotonic()
                 due = []
-                while self._heap and (self._heap[0][0] <= now
-                                      or id(self._heap[0][2]) not in self._live):  # fmt: skip
-                    _, _, deadline = heapq.heappop(self._heap)
-                    if id(deadline) in self._live:
-                        self._live.discard(id(deadline))
-                        due.append(deadline)
+                while self._heap and (self._heap[0][0] <= now or self._heap[0][2].closed):
+                    due.append(heapq.heappop(self._heap)[2])
                 wait = self._heap[0][0] - now if self._heap else 60.0
                 if not due:
                     self._wake.wait(timeout=min(wait, 60.0))
             for deadline in due:
-                with contextlib.suppress(Exception):  # nothing may end this thread
-                    deadline.expire()
+                if not deadline.closed:
+                    with contextlib.suppress(Exception):  # nothing may end this thread
+                        deadline.expire()
 
 
 _REAPER = _Reaper()

@@ -1,8 +1,8 @@
-"""The ``kv_transfer_params`` of a HurrayConnector transfer and the prompt digest that names
-what its pages are the keys and values of (docs/vllm.md § params); no vLLM, no I/O."""
+"""A transfer's ``kv_transfer_params`` and prompt digest (docs/vllm.md § params)."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
@@ -32,9 +32,8 @@ __all__ = [
 
 
 def prompt_digest(token_ids: Sequence[int]) -> str:
-    """What the pages are the keys and values of: xxh3-128 of the prompt's token ids (int64
-    little endian), hex. A transfer carries it; a decode request whose own prompt gives
-    another digest is refused (the stale-reference case of vLLM #52234)."""
+    """xxh3-128 (hex) of the prompt's token ids as int64 LE: a decode request whose prompt
+    gives another is refused (vLLM #52234's stale reference)."""
     ids = np.asarray(list(token_ids), dtype=item_dtype(PROMPT_TOKEN_ITEM))
     return xxhash.xxh3_128_hexdigest(ids.tobytes())
 
@@ -42,8 +41,7 @@ def prompt_digest(token_ids: Sequence[int]) -> str:
 def identity(
     transfer_id: str, request_id: str, digest: str, first: int, held: int, num_tokens: int
 ) -> dict[str, Any]:
-    """What a transfer's stream header (or each NIXL blob) says it is: the prefill side
-    writes it, the decode side compares it with what it asked for."""
+    """What a transfer's stream header (or NIXL blob) says it is, checked by the decode side."""
     return {
         "vllm.transfer_id": transfer_id,
         "vllm.request_id": request_id,
@@ -55,8 +53,8 @@ def identity(
 
 
 def one_sequence(pages: npt.NDArray[Any], num_tokens: int, **kwargs: Any) -> BlockPagedTensor:
-    """Pages ``[pages, block_size, H, D]`` as one sequence of ``num_tokens`` tokens, page
-    ``i`` its ``i``-th: the form a request's pages travel, are hashed and land in."""
+    """Pages ``[pages, block_size, H, D]`` as one sequence of ``num_tokens`` tokens: the form
+    a request's pages travel, are hashed and land in."""
     count = pages.shape[0]
     return BlockPagedTensor.from_arrays(
         pages,
@@ -68,8 +66,7 @@ def one_sequence(pages: npt.NDArray[Any], num_tokens: int, **kwargs: Any) -> Blo
 
 
 def sequence_pages(tensor: BlockPagedTensor) -> npt.NDArray[Any]:
-    """A one-sequence tensor's pages in sequence order, ``[pages, block_size, H, D]``: a view
-    of its pool when they are consecutive pages of it (no copy), else a gathered copy."""
+    """A one-sequence tensor's pages in order: a view of its pool when consecutive."""
     pool = np.asarray(tensor.page_pool)
     table = np.asarray(tensor.block_table).reshape(-1).astype(np.int64)
     run = consecutive(table)
@@ -109,8 +106,8 @@ class TransferParams:
 
     @classmethod
     def from_params(cls, params: object) -> TransferParams:
-        """Every field's type and range checked (bool is not an int), the block ids exactly
-        those ``num_tokens`` need; any departure is an ``ArgumentTypeError`` naming the field."""
+        """Every field's type and range checked (bool is not an int), the block ids those
+        ``num_tokens`` need; else an ``ArgumentTypeError`` naming the field."""
         params = _mapping(params)
         if params.get("do_remote_prefill") is not True or params.get("do_remote_decode") not in (
             None,
@@ -210,22 +207,18 @@ def _text(params: Mapping[str, Any], name: str, pattern: re.Pattern[str]) -> str
 
 
 def check_host(value: object, name: str, *, bind: bool = False) -> str:
-    """An IP address or a DNS name a connection may be opened to; unspecified and multicast
-    addresses name no peer (``bind``: an address to listen on, where ``0.0.0.0`` and ``::``
-    mean every interface)."""
-    if type(value) is not str or not 0 < len(value) <= 253:
+    """An IP address or DNS name to connect to (``bind``: to listen on, where ``0.0.0.0`` and
+    ``::`` mean every interface); unspecified and multicast addresses name no peer."""
+    text = value if type(value) is str and 0 < len(value) <= 253 else ""
+    address = None
+    with contextlib.suppress(ValueError):
+        address = ipaddress.ip_address(text)
+    if address is None and not (text and all(map(_LABEL.fullmatch, text.split(".")))):
         raise ArgumentTypeError(f"{name} must be an IP address or a DNS name",
                                 field=name, found=_brief(value))  # fmt: skip
-    try:
-        address = ipaddress.ip_address(value)
-    except ValueError:
-        if not all(_LABEL.fullmatch(label) for label in value.split(".")):
-            raise ArgumentTypeError(f"{name} must be an IP address or a DNS name",
-                                    field=name, found=_brief(value)) from None  # fmt: skip
-        return value
-    if (address.is_unspecified and not bind) or address.is_multicast:
+    if address is not None and ((address.is_unspecified and not bind) or address.is_multicast):
         raise ArgumentTypeError(f"{name} names no single peer", field=name, found=value)
-    return value
+    return text
 
 
 #: The key a connector puts in place of params that are not a mapping (``refusal``), so
@@ -234,9 +227,8 @@ REFUSED_KEY = "hurray_refused"
 
 
 def refusal(params: object) -> dict[str, str] | None:
-    """The stand-in for ``kv_transfer_params`` that are not None nor a mapping (a list, a
-    string: vLLM 0.32 and 0.33 would end their engine core on ``params.get``); None for
-    params that need none. ``request_kind`` refuses the stand-in."""
+    """A stand-in for params that are neither None nor a mapping (vLLM 0.32 / 0.33 would end
+    their engine core on ``params.get``), which ``request_kind`` refuses; else None."""
     if params is None or isinstance(params, Mapping):
         return None
     return {REFUSED_KEY: f"kv_transfer_params must be a mapping, not {type(params).__name__}"}
@@ -244,8 +236,7 @@ def refusal(params: object) -> dict[str, str] | None:
 
 def request_kind(params: object) -> str:
     """``"local"``, ``"save"`` (``do_remote_decode``) or ``"load"`` (``do_remote_prefill``,
-    the params validated in full); malformed or contradictory params raise
-    ``ArgumentTypeError``, which the scheduler refuses as a load error."""
+    checked in full); bad params raise ``ArgumentTypeError`` (the scheduler's load error)."""
     if params is None or (isinstance(params, Mapping) and not params):
         return "local"
     params = _mapping(params)

@@ -1,16 +1,10 @@
-"""The HurrayConnector's transfers, prefill side, without vLLM: what a prefill worker keeps
-and what it serves (docs/vllm.md); the decode side's checks are ``hurray_wire.vllm.receive``.
-
-A transfer is one request's prompt pages, copied out of the prefill engine's pool as each
-layer is computed and kept under a fresh ``transfer_id`` until each decode rank that needs
-them pulled them (once) or it expires. The pull is one JSON line from the decode worker
-naming the transfer, the request, the prompt digest and the prefill-side block ids it was
-told, answered by one JSON line and, when accepted, a hurray-wire stream (``StreamWriter``
-/ ``StreamReader``): a header carrying the engine fingerprint and the transfer's identity,
-then a key and a value blob per layer with page digests (pages the decode worker holds as
-page references). The three failures of vLLM #52234 are refused by name: out-of-range or
-foreign block ids, a consumed transfer pulled again, a stale reference (a prompt digest or
-request that is not the transfer's).
+"""The HurrayConnector's transfers, prefill side, without vLLM (docs/vllm.md); the decode
+side is ``receive``. A transfer (one request's prompt pages, copied as each layer is computed)
+is kept under a fresh ``transfer_id`` until each decode rank that needs it pulled it once, or
+it expires. A pull is one JSON line naming the transfer, request, prompt digest and block ids,
+answered by one JSON line and then a hurray-wire stream (fingerprint and identity in its
+header, a blob per layer and role with page digests). vLLM #52234's three failures are refused
+by name: foreign block ids, a consumed transfer, a stale reference.
 """
 
 from __future__ import annotations
@@ -82,11 +76,9 @@ class _Transfer:
 
 @dataclass
 class TransferStore:
-    """Transfers a prefill worker holds until pulled once or ``ttl`` seconds pass.
-
-    The pages are copies (``add_layer``), so blocks the engine frees and reuses afterwards
-    cannot change what a later pull receives. Consumed and expired ids are remembered
-    (bounded) so that a second pull is refused as ``consumed`` rather than ``unknown``."""
+    """Transfers a prefill worker holds until pulled once or ``ttl`` seconds pass: copies, so
+    blocks the engine reuses cannot change them; consumed and expired ids are remembered
+    (bounded), so a second pull is refused as ``consumed``, not ``unknown``."""
 
     fingerprint: EngineFingerprint
     model: str
@@ -95,25 +87,16 @@ class TransferStore:
     _live: dict[str, _Transfer] = field(default_factory=dict)
     _gone: dict[str, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    stats: dict[str, float] = field(default_factory=dict)
 
     @staticmethod
     def new_id() -> str:
         return uuid.uuid4().hex
 
-    def begin(
-        self,
-        transfer_id: str,
-        request_id: str,
-        block_ids: Sequence[int],
-        num_tokens: int,
-        digest: str,
-    ) -> None:
+    def begin(self, tid: str, rid: str, block_ids: Sequence[int], tokens: int, digest: str) -> None:
         with self._lock:
             self._expire()
-            self._live[transfer_id] = _Transfer(
-                request_id, tuple(block_ids), num_tokens, digest, self.fingerprint.block_size
-            )
+            size = self.fingerprint.block_size
+            self._live[tid] = _Transfer(rid, tuple(block_ids), tokens, digest, size)
 
     def has(self, transfer_id: str) -> bool:
         with self._lock:
@@ -133,12 +116,9 @@ class TransferStore:
         copy: bool = True,
         digests: Sequence[npt.NDArray[np.uint64]] | None = None,
     ) -> None:
-        """The layer's pages ``[pages, block_size, heads, head_dim]`` per role (key and value,
-        or MLA's fused latent), copied unless ``copy=False`` (the caller's own copies).
-        ``digests``: each role's page digests of exactly these bytes, taken as they were
-        copied (``CacheForm.read_digested``); the pull sends them instead of hashing the
-        held pages again. Safe because the held pages are the store's own memory, never
-        written after the copy (the transports only read them): docs/performance.md."""
+        """Each role's pages ``[pages, block_size, H, D]``, copied unless ``copy=False``;
+        ``digests``, taken at the copy, are sent instead of hashing again: the store's own
+        memory is never written after it (docs/performance.md)."""
         with self._lock:
             transfer = self._live.get(transfer_id)
             if transfer is None:
@@ -163,11 +143,9 @@ class TransferStore:
             self._gone.pop(next(iter(self._gone)))
 
     def take(self, ask: Mapping[str, Any], *, commit: bool = True) -> tuple[_Transfer, int, int]:
-        """The transfer a pull names, the first page to send and the pages before it to send
-        as references (``held_pages``: the decode worker holds them); every mismatch raises
-        ``TransferRefusedError`` naming it. A transfer is served once to each decode rank
-        that needs this prefill rank's heads (``tp.pullers``), then removed; with
-        ``commit=False`` only checked, nothing marked served."""
+        """``(transfer, first page to send, pages before it sent as references)``; every
+        mismatch a ``TransferRefusedError`` naming it. Served once to each decode rank that
+        needs this rank's heads (``tp.pullers``); ``commit=False``: only checked."""
         tid = ask.get("transfer_id")
         with self._lock:
             self._expire()
@@ -192,8 +170,7 @@ class TransferStore:
                         expected=mine if name != "block_ids" else f"{len(mine)} block ids",
                         found=ask.get(name),
                     )
-            first = ask.get("first_page", 0)
-            held = ask.get("held_pages", 0)
+            first, held = ask.get("first_page", 0), ask.get("held_pages", 0)
             # pages from ``first`` on hold num_tokens - first * block_size >= 0 tokens (F11)
             pages = min(len(transfer.block_ids), transfer.num_tokens // transfer.block_size)
             for name, value in (("first_page", first), ("held_pages", held)):
@@ -348,9 +325,8 @@ def _tensors(
     roles: tuple[str, ...],
     metadata: Mapping[str, Any] | None = None,
 ) -> Iterator[tuple[BlockPagedTensor, Any]]:
-    """The transfer's blobs in order: each role of each layer, pages ``first..``, with the
-    encoder's ``page_digests=``: the digests taken at the save (of exactly these pages,
-    the tensor's whole pool: ``one_sequence`` references every page), else True."""
+    """Each role of each layer, pages ``first..``, with the encoder's ``page_digests=``: those
+    taken at the save (the tensor's whole pool, which ``one_sequence`` references), else True."""
     tokens = transfer.num_tokens - first * transfer.block_size
     for layer in range(num_layers):
         held = transfer.digests.get(layer) or (None,) * len(roles)
@@ -361,11 +337,9 @@ def _tensors(
 
 
 def known_pages(ask: Mapping[str, Any], transfer: _Transfer, num_layers: int) -> Any:
-    """The digests the decode worker says it holds (its prefix-cache pages, hashed where
-    they sit): the known-pages record of the delta protocol (docs/integrity.md § 5.1),
-    base64 in the ask. Pages of the transfer with one of these digests travel as page
-    references; a held page that went stale has a digest the transfer does not produce,
-    so the transfer's page for it travels in full and the decode worker repairs it."""
+    """The known-pages record (docs/integrity.md § 5.1, base64 in the ask) of the digests the
+    decode worker holds: those pages travel as references; a stale held page's digest matches
+    nothing, so its page travels in full and the decode worker repairs it."""
     record = ask.get("known_pages")
     if record is None:
         return None
@@ -387,10 +361,9 @@ def serve_one(
     nixl: NixlPeers | None = None,
     deadline: Deadline | None = None,
 ) -> int:
-    """Answer one pull on ``conn``; returns the bytes sent (0 when refused). A pull asking
-    for ``"transport": "nixl"`` gets the pages as NIXL blobs through its agent's own sender
-    (``nixl`` holds them, leased one pull at a time), the connection carrying only the two
-    control lines; ``deadline`` (the connection's) bounds the NIXL send too."""
+    """Answer one pull on ``conn``; the bytes sent (0: refused). ``"transport": "nixl"``: the
+    pages as NIXL blobs through the agent's leased sender, ``conn`` carrying the control lines
+    only, the NIXL send bounded by ``deadline`` (the connection's) too."""
     ask = _read_line(conn, exact=False)  # the decode worker sends nothing after its ask
     wants_nixl = ask.get("transport") == "nixl"
     with contextlib.ExitStack() as leases:
@@ -421,8 +394,17 @@ def serve_one(
         try:
             if nixl is not None and peer is not None and deadline is not None:  # NIXL blobs
                 sender, mine = nixl.sender(peer)
-                return _send_nixl(conn, sender, mine, deadline, store, transfer, first, claims,
-                                  known, roles)  # fmt: skip
+                _send_line(conn, {"ok": True, "agent_metadata": mine})
+                meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
+                total = 0
+                # every wait (for arena space, for the peer's READs) within the deadline
+                for tensor, digests in _tensors(transfer, store.num_layers, first, roles, meta):
+                    sender.publish(tensor, mode="staged", checksum=False, page_digests=digests,
+                                   known_pages=known, deadline=deadline.left())  # fmt: skip
+                    total += tensor.page_pool.nbytes
+                sender.wait(deadline=deadline.left())
+                _send_line(conn, {"done": True})
+                return total
             _send_line(conn, {"ok": True})  # the pages as a stream on conn
             header = StreamHeader(model=store.model, num_layers=store.num_layers, kv_roles=roles,
                                   fingerprint=store.fingerprint, metadata=claims)  # fmt: skip
@@ -438,38 +420,10 @@ def serve_one(
             raise
 
 
-def _send_nixl(
-    conn: socket.socket,
-    sender: Any,
-    mine: str | None,
-    deadline: Deadline,
-    store: TransferStore,
-    transfer: _Transfer,
-    first: int,
-    claims: dict[str, Any],
-    known: Any,
-    roles: tuple[str, ...],
-) -> int:
-    """The pages as NIXL blobs through ``sender``, every wait (for arena space, for the
-    peer's READs) within ``deadline``, the connection carrying the two control lines."""
-    _send_line(conn, {"ok": True, "agent_metadata": mine})
-    meta = {**claims, **fingerprint_to_metadata(store.fingerprint)}
-    total = 0
-    for tensor, digests in _tensors(transfer, store.num_layers, first, roles, meta):
-        sender.publish(tensor, mode="staged", checksum=False, page_digests=digests,
-                       known_pages=known, deadline=deadline.left())  # fmt: skip
-        total += tensor.page_pool.nbytes
-    sender.wait(deadline=deadline.left())
-    _send_line(conn, {"done": True})
-    return total
-
-
 class TransferServer:
-    """The prefill worker's listener: one thread accepting pulls on ``host:port`` (port 0
-    picks a free one, read back from ``port``), each served on a thread of its own, at most
-    ``max_connections`` at once (more are refused as ``busy``), each connection bounded
-    as a whole by ``timeout`` seconds (``net.Deadline``). Nothing a client sends ends the
-    listener or delays another client's pull. ``tls``: the socket transport over TLS."""
+    """The prefill worker's listener on ``host:port`` (0: a free one, read from ``port``): a
+    thread per pull, at most ``max_connections`` (more are refused as ``busy``), each bounded
+    by ``timeout`` (``net.Deadline``); nothing a client sends ends it or delays another."""
 
     def __init__(
         self,
@@ -496,8 +450,6 @@ class TransferServer:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._count = threading.Lock()
         self.sent_bytes = 0
-        self.refused = 0
-        self.busy = 0
         self.errors: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, name="hurray-serve", daemon=True)
         self._thread.start()
@@ -531,8 +483,6 @@ class TransferServer:
         with conn, contextlib.suppress(Exception):
             conn.setblocking(False)  # a line into an empty send buffer, or nothing
             _send_line(conn, {"ok": False, "reason": "busy", "message": "too many pulls"})
-        with self._count:
-            self.busy += 1
 
     def _serve(self, conn: socket.socket) -> None:
         deadline = Deadline(self._timeout)
@@ -545,7 +495,6 @@ class TransferServer:
             sent = serve_one(self.store, conn, self.nixl, deadline)
             with self._count:
                 self.sent_bytes += sent
-                self.refused += sent == 0
         except BaseException as exc:  # the thread's top: the puller sees the cut connection
             self._error(deadline.typed(exc))
         finally:
