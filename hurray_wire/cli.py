@@ -13,10 +13,9 @@ import struct
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
@@ -287,19 +286,6 @@ class _Counted(io.RawIOBase):
         self._sink.flush()
 
 
-def _emit(text: str, out: IO[str], bar: Any) -> None:
-    """Print ``text`` to stdout without tearing a progress bar drawn on the same terminal."""
-    if not text:
-        return
-    if bar is not None and not bar.disable:
-        bar.clear()
-        out.write(text)
-        out.flush()
-        bar.refresh()
-    else:
-        out.write(text)
-
-
 def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> None:
     """Print one input record by record; an error after some records leaves them printed.
     A blob whose pages fail their digests is printed with them named, then reported."""
@@ -322,10 +308,9 @@ def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> 
             described = text_out.dump_item(item, checked, arrays=args.index)
             if args.json:
                 document["items"].append(described)
-            else:
-                text = io.StringIO()
-                text_out.print_item(described, text)
-                _emit(text.getvalue(), sys.stdout, bar)
+            else:  # cleared and redrawn around the text: a bar on the same terminal stays whole
+                with tqdm.external_write_mode(file=sys.stdout):
+                    text_out.print_item(described, sys.stdout)
             bar.update(1)
             bad = bad or _bad_pages(item)
     if bad is not None:
@@ -346,39 +331,24 @@ def _dump_hex(data: Any, kind: str) -> None:
     _check(data, kind)
 
 
-def _each_input(
-    args: argparse.Namespace,
-    fresh: Callable[[str], dict[str, Any]],
-    one: Callable[[str, argparse.Namespace, dict[str, Any]], None],
-    failed: Callable[[dict[str, Any], dict[str, Any]], None],
-) -> int:
-    """``one(path, args, result)`` for every input, whatever fails (``failed(result, error)``
-    records it); with ``--json`` the results as one array on stdout; the worst exit code."""
+def _each_input(args: argparse.Namespace) -> int:
+    """``dump`` or ``validate`` every input, whatever fails (its result gets an ``error``);
+    with ``--json`` the results as one array on stdout; the worst exit code."""
+    dump = args.command == "dump"
+    one = _dump_one if dump else _validate_one
     results: list[dict[str, Any]] = []
     for path in args.paths:
-        result = fresh(path)
+        result: dict[str, Any] = {"path": path, "kind": None}
+        if dump:
+            result.update(size=None, items=[])
+        else:
+            result["ok"] = False
         results.append(result)
-
-        def record(code: int, message: str, details: dict[str, Any],
-                   result: dict[str, Any] = result) -> None:  # fmt: skip
-            failed(result, {**details, "message": message, "exit_code": code})
-
-        args.worst = max(args.worst, _guard(path, partial(one, path, args, result), record))
+        args.worst = max(args.worst, _guard(path, partial(one, path, args, result), result))
     if args.json:
         json.dump(results, sys.stdout, indent=2, sort_keys=True)
         print()
     return int(args.worst)
-
-
-def cmd_dump(args: argparse.Namespace) -> int:
-    """Every input in turn: intact records are printed, the first bad one ends that input.
-    With ``--json`` every input is in the array; one that failed has an ``error``."""
-    return _each_input(
-        args,
-        lambda path: {"path": path, "kind": None, "size": None, "items": []},
-        _dump_one,
-        lambda result, error: result.update(error=error),
-    )
 
 
 def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tuple[int, list[str]]:
@@ -415,32 +385,17 @@ def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tupl
 
 def _validate_one(path: str, args: argparse.Namespace, result: dict[str, Any]) -> None:
     data = _read(path, args)
-    kind = identify(data)
-    result["kind"] = kind
+    kind = result["kind"] = identify(data)
     if kind == "descriptor":
-        what = text_out.descriptor(data)[1]
-        result["ok"] = True
-        if not args.json:
-            print(f"{path}: ok (descriptor, {what})")
-        return
-    count, notes = _check(data, kind, args)
-    result.update(ok=True, tensors=count, not_verified=notes)
-    line = f"{path}: ok ({kind}, {count} tensor{'s' if count != 1 else ''})"
-    if notes:
-        line += "; NOT VERIFIED: " + "; ".join(notes)
+        line = f"{path}: ok (descriptor, {text_out.descriptor(data)[1]})"
+    else:
+        count, notes = _check(data, kind, args)
+        result.update(tensors=count, not_verified=notes)
+        line = f"{path}: ok ({kind}, {count} tensor{'s' if count != 1 else ''})"
+        line += "; NOT VERIFIED: " + "; ".join(notes) if notes else ""
     if not args.json:
         print(line)
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    """Check every input (all of them, whatever fails): one line each, exit 1 if any failed.
-    With ``--json`` one array on stdout instead (``schemas/validate.schema.json``)."""
-    return _each_input(
-        args,
-        lambda path: {"path": path, "ok": False, "kind": None},
-        _validate_one,
-        lambda result, error: result.update(ok=False, error=error),
-    )
+    result["ok"] = True
 
 
 # -- convert ---------------------------------------------------------------------------------
@@ -490,26 +445,13 @@ def _metadata_header(metadata: dict[str, Any]) -> StreamHeader:
         raise CliError(f"file metadata {STREAM_KEY}* is not a valid stream header: {exc}") from None
 
 
-@dataclass
-class _Source:
-    """What a conversion reads: named tensors and what the container said about itself."""
-
-    tensors: list[tuple[str, BlockPagedTensor]]
-    header: StreamHeader | None = None  # a blob stream's header
-    metadata: dict[str, Any] = field(default_factory=dict)  # a .hrry file's user metadata
-
-
-def _load(args: argparse.Namespace, data: Any, kind: str, count: int | None) -> _Source:
+def _load(
+    args: argparse.Namespace, data: Any, kind: str, count: int | None
+) -> list[tuple[str, BlockPagedTensor]]:
     """Decode and check every tensor of the input (zero-copy views), one bar step each."""
     if kind == "descriptor":
         raise CliError("a bare descriptor has no buffers to convert")
-    view = memoryview(data)
-    source = _Source([])
-    if kind == "blob-stream":
-        with StreamFile(view, verify=False) as stream:
-            source.header = stream.header
-    elif kind == "hrry-file":
-        source.metadata = dict(HrryFile.from_buffer(view).user_metadata)
+    tensors: list[tuple[str, BlockPagedTensor]] = []
     taken: set[str] = set()
     name = Path(args.input).name if args.input != STDIO else "stdin"
     with _bar(args, count, f"check {name}", "tensor") as bar:
@@ -517,9 +459,9 @@ def _load(args: argparse.Namespace, data: Any, kind: str, count: int | None) -> 
             if item.tensor is None:
                 raise CliError(f"{item.label}: not a block-paged tensor, cannot convert")
             name = item.extra.get("name") or _tensor_name(item.tensor, taken)
-            source.tensors.append((name, item.tensor))
+            tensors.append((name, item.tensor))
             bar.update(1)
-    return source
+    return tensors
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -557,18 +499,21 @@ def _convert(args: argparse.Namespace) -> None:
     kind = identify(data)
     count = _count(data, kind)
     _one_blob(target, args.input, count or 1)  # from the framing, before checking the tensors
-    source = _load(args, data, kind, count)
-    _one_blob(target, args.input, len(source.tensors))  # a reference stream is not counted
-    tensors = source.tensors
+    header, metadata = None, {}  # what the container says about itself
+    if kind == "blob-stream":
+        with StreamFile(memoryview(data), verify=False) as stream:
+            header = stream.header
+    elif kind == "hrry-file":
+        metadata = dict(HrryFile.from_buffer(data).user_metadata)
+    tensors = _load(args, data, kind, count)
+    _one_blob(target, args.input, len(tensors))  # a reference stream is not counted
     checksum = not args.no_checksum
-    header = source.header
-    if header is None:
-        header = _metadata_header(source.metadata) if source.metadata else StreamHeader()
+    stream_header = header or (_metadata_header(metadata) if metadata else StreamHeader())
     total = sum(t.nbytes for _, t in tensors)  # the data; a compressed output ends short
     bar = _bar(args, total, Path(args.output).name if args.output != STDIO else "stdout", "B")
     with bar:
         if target == "hrry-file":
-            metadata = source.metadata or _header_metadata(source.header)
+            metadata = metadata or _header_metadata(header)
             write_file(args.output, dict(tensors), metadata, progress=partial(_advance, bar))
             bar.update(total - bar.n)
             return
@@ -583,7 +528,7 @@ def _convert(args: argparse.Namespace) -> None:
                 sink.writelines(encode_parts(tensors[0][1], compression=compression,
                                              checksum=checksum))  # fmt: skip
             elif target == "blob-stream":
-                with StreamWriter(sink, header) as writer:
+                with StreamWriter(sink, stream_header) as writer:
                     for _, tensor in tensors:
                         writer.write(
                             tensor, compression=compression, checksum=checksum, pages="all"
@@ -596,11 +541,9 @@ def _convert(args: argparse.Namespace) -> None:
 
 
 # -- errors ----------------------------------------------------------------------------------
-def _guard(path: str, step: Callable[[], None],
-           failed: Callable[[int, str, dict[str, Any]], None] | None = None) -> int:  # fmt: skip
+def _guard(path: str, step: Callable[[], None], result: dict[str, Any] | None = None) -> int:
     """Run ``step`` for ``path``; print its failure as one line and return its exit code
-    (``failed`` is told the code, the line and the error's structured fields too: the
-    ``--json`` outputs keep them)."""
+    (``result["error"]``: the code, the line and the error's structured fields, for ``--json``)."""
     error: BaseException
     try:
         step()
@@ -620,8 +563,8 @@ def _guard(path: str, step: Callable[[], None],
         code, message = EXIT_INTERNAL, f"{path}: internal error: {type(exc).__name__}: {exc}"
         error = exc
     print(f"hurray-wire: {message}", file=sys.stderr)
-    if failed is not None:
-        failed(code, message, _details(error))
+    if result is not None:
+        result["error"] = {**_details(error), "message": message, "exit_code": code}
     return code
 
 
@@ -637,7 +580,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.command == "convert":  # one input, one output; errors name the input
             return _guard(args.input, lambda: _convert(args))
-        return {"dump": cmd_dump, "validate": cmd_validate}[args.command](args)
+        return _each_input(args)
     except KeyboardInterrupt:
         print("hurray-wire: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
