@@ -190,42 +190,29 @@ def _details(exc: BaseException) -> dict[str, Any]:
     return details
 
 
-def _page_offsets(item: Item, page: int) -> dict[str, Any]:
-    """Where physical page ``page``'s row starts in a raw pool: in the blob (``offset``)
-    and in the input (``file_offset``)."""
-    tensor = item.tensor
-    if item.blob is None or tensor is None or not tensor.page_pool.shape[0]:
-        return {}
-    sections = summary.describe_blob_envelope(item.blob, True)["sections"]
-    pool = next(s for s in sections if s["kind"] == "buffer" and s["index"] == 0)
-    if pool["codec"] != "raw":
-        return {}
-    offset = pool["offset"] + page * (tensor.page_pool.nbytes // tensor.page_pool.shape[0])
-    start = item.extra.get("blob_offset", 0)
-    return {"section": "buffer[0]", "offset": offset, "file_offset": start + offset}
-
-
 def _bad_pages(item: Item) -> CliError | None:
-    """The error of an item whose pages fail their digests, naming them."""
-    pages = item.pages
-    if not pages or not pages["bad_pages"]:
+    """The error of an item whose pages fail their digests, naming them (and where the first
+    one's row starts, in the blob and in the input, when the pool is stored raw)."""
+    pages, tensor = item.pages, item.tensor
+    if not pages or not pages["bad_pages"] or tensor is None:
         return None
     bad, places = pages["bad_pages"], [tuple(p) for p in pages["bad_positions"]]
     reason = (f"{len(bad)} page(s) do not match their digest: physical pages "
               f"{bad[:16]}{' ...' * (len(bad) > 16)}; logical positions (sequence, page) "
               f"{places[:16]}{' ...' * (len(places) > 16)}")  # fmt: skip
-    tensor = item.tensor
-    where = {} if tensor is None else {"layer": tensor.layer_index, "role": tensor.kv_role}
+    where = {"layer": tensor.layer_index, "role": tensor.kv_role}
     where.update((k, item.extra[k]) for k in ("blob", "blob_offset") if k in item.extra)
-    where.update(_page_offsets(item, bad[0]))
+    layer = "" if tensor.layer_index is None else f"layer {tensor.layer_index} "
+    place = f"{item.label} ({layer}{tensor.kv_role})"
+    sections = summary.describe_blob_envelope(item.blob, True)["sections"]
+    pool = next(s for s in sections if s["kind"] == "buffer" and s["index"] == 0)
+    if pool["codec"] == "raw":
+        offset = pool["offset"] + bad[0] * (tensor.page_pool.nbytes // tensor.page_pool.shape[0])
+        start = item.extra.get("blob_offset", 0)
+        where.update(section="buffer[0]", offset=offset, file_offset=start + offset)
+        place += f", page {bad[0]} at file offset {start + offset}"
     details = {"type": "PageDigestError", "reason": reason, "field": "page_digests",
                "pages": bad, "positions": [list(p) for p in places], **where}  # fmt: skip
-    place = item.label
-    if tensor is not None:
-        layer = "" if tensor.layer_index is None else f"layer {tensor.layer_index} "
-        place += f" ({layer}{tensor.kv_role})"
-    if "file_offset" in where:
-        place += f", page {bad[0]} at file offset {where['file_offset']}"
     return CliError(f"{place}: {reason}", details)
 
 
@@ -245,11 +232,11 @@ def _count(data: Any, kind: str) -> int | None:
 
 
 # -- progress --------------------------------------------------------------------------------
-def _bar(args: argparse.Namespace, total: int | None, desc: str, unit: str) -> Any:
+def _bar(args: argparse.Namespace | None, total: int | None, desc: str, unit: str) -> Any:
     """A tqdm bar on stderr: shown when stderr is a terminal (or ``--progress``), never with
-    ``--quiet``; a disabled bar costs nothing and prints nothing."""
+    ``--quiet`` or without ``args``; a disabled bar costs nothing and prints nothing."""
     terminal = sys.stderr.isatty()
-    shown = not args.quiet and (args.progress or terminal)
+    shown = args is not None and not args.quiet and (args.progress or terminal)
     # On a terminal the bar is erased when done; into a log (--progress) its last state stays.
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not shown,
                 leave=not terminal, dynamic_ncols=True, unit_scale=unit == "B")  # fmt: skip
@@ -358,9 +345,7 @@ def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tupl
         return 0, []
     count, unchecked, by_reference = 0, 0, 0
     total = _count(data, kind)
-    shown = args is not None and total is not None and total > 1
-    with nullcontext(None) if args is None else _bar(args, total if shown else None, "check",
-                                                     "record") as bar:  # fmt: skip
+    with _bar(args, total if total and total > 1 else None, "check", "record") as bar:
         for item in _items(data, kind, True):
             count += 1
             error = _bad_pages(item)
@@ -369,8 +354,7 @@ def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tupl
             if item.blob is not None and not summary.blob_has_checksums(item.blob):
                 unchecked += 1
             by_reference += len(item.pages["by_reference"]) if item.pages else 0
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
     notes = []
     if kind in ("reference-stream", "hrry-file"):
         notes.append(f"a {kind} carries no data checksums: structure checked, values not")
