@@ -211,22 +211,15 @@ def describe_blob_envelope(data: Any, verified: bool) -> dict[str, Any]:
     checksummed = head["checksum_type"] == wire.CHECKSUM_XXH3_64
     sections = []
     for number in range(head["section_count"]):
-        entry = _ENTRY.unpack_dict(view, entry_at(number))
-        kind = wire.SECTION_KINDS.get(entry["kind"], f"unknown_0x{entry['kind']:02X}")
-        sections.append(
-            {
-                "kind": kind,
-                "index": entry["index"],
-                "required": bool(entry["section_flags"] & wire.FLAG_REQUIRED),
-                "codec": codecs.registry.name_or_id(entry["codec"]),
-                "codec_param": entry["codec_param"],
-                "offset": entry["offset"],
-                "stored_size": entry["stored_size"],
-                "raw_size": entry["raw_size"],
-                "alignment": entry["alignment"],
-                "checksum": f"0x{entry['checksum']:016x}" if head["checksum_type"] else None,
-            }
+        entry = _ENTRY.unpack_dict(view, entry_at(number))  # every field but these, as stored
+        kind, flags, _ = entry.pop("kind"), entry.pop("section_flags"), entry.pop("_reserved")
+        entry.update(
+            kind=wire.SECTION_KINDS.get(kind, f"unknown_0x{kind:02X}"),
+            required=bool(flags & wire.FLAG_REQUIRED),
+            codec=codecs.registry.name_or_id(entry["codec"]),
+            checksum=f"0x{entry['checksum']:016x}" if head["checksum_type"] else None,
         )
+        sections.append(entry)
     return {
         "version": f"{head['version_major']}.{head['version_minor']}",
         "total_length": head["total_length"],
@@ -252,7 +245,11 @@ _ENTRY = wire.FAST_SECTION_ENTRY
 _CHECKSUM = wire.FAST_HEADER_CHECKSUM  # the blob record's seal
 _CHUNK_HEAD = wire.FAST_CHUNK_TABLE_HEADER
 _CHECKSUM_NAMES = {wire.CHECKSUM_NONE: "none", wire.CHECKSUM_XXH3_64: "xxh3_64"}
-_INDEX_TYPE_NAMES = {code: name for name, code in wd.INDEX_TYPES.items()}
+_CODE_NAMES = {  # fields whose codes have names
+    "kv_role": wd.KV_ROLE_BY_CODE,
+    "block_table_index_type": {code: name for name, code in wd.INDEX_TYPES.items()},
+    "checksum_type": _CHECKSUM_NAMES,
+}
 _SHAPE_LABELS = {
     "shape[0]": "shape[0] total_tokens",
     "shape[1]": "shape[1] num_heads",
@@ -261,22 +258,31 @@ _SHAPE_LABELS = {
 
 
 def _value(raw: bytes, name: str) -> str:
-    """A field's value as a dump shows it: enumerations and sentinels by name."""
+    """A field's value as a dump shows it: enumerations, sentinels and bit sets by name."""
     if name == "magic":
         return repr(raw.decode("latin-1"))
     if name.startswith("_reserved"):
         return "zero" if not any(raw) else "NON-ZERO"
     number = int.from_bytes(raw, "little")
+    hexed = f"0x{number:0{2 * len(raw)}X}"
+    if name in _CODE_NAMES:
+        return _CODE_NAMES[name].get(number, str(number))
+    if name in ("flags", "type_tag", "layout_tag", "stream_flags", "end_flags"):
+        return hexed
     if name == "layer_index" and number == wd.LAYER_NONE:
         return LAYER_NONE_TEXT
-    if name == "kv_role":
-        return wd.KV_ROLE_BY_CODE.get(number, str(number))
-    if name == "block_table_index_type":
-        return _INDEX_TYPE_NAMES.get(number, str(number))
-    if name in ("flags", "type_tag", "layout_tag"):
-        return f"0x{number:0{2 * len(raw)}X}"
-    if name == "checksum_type":
-        return _CHECKSUM_NAMES.get(number, str(number))
+    if name == "num_layers" and number == ws.NUM_LAYERS_UNKNOWN:
+        return "unknown (0xFFFFFFFF)"
+    if name == "kv_roles":
+        roles = [role for role, bit in ws.ROLE_BITS.items() if number & bit]
+        return f"{hexed} ({', '.join(roles) or 'unstated'})"
+    if name == "element_type":
+        if number == ws.ELEMENT_TYPE_UNKNOWN:
+            return "unstated (0x00)"
+        try:
+            return f"{element_type_from_tag(number).name} ({hexed})"
+        except HurrayWireError:
+            return hexed
     if name == "kind":
         return wire.SECTION_KINDS.get(number, f"unknown 0x{number:02X}")
     if name == "codec":
@@ -286,9 +292,7 @@ def _value(raw: bytes, name: str) -> str:
     return str(number)
 
 
-def _fields(
-    fast: Any, view: Any, at: int = 0, prefix: str = "", base: int = 0, value: Any = _value
-) -> list[Annotation]:
+def _fields(fast: Any, view: Any, at: int = 0, prefix: str = "", base: int = 0) -> list[Annotation]:
     """Every field of the struct ``fast`` that starts at ``view[at]``, named ``prefix`` +
     its label (reserved fields all ``_reserved``; shape axes say what they count), at
     offset ``base + at`` + the field's own."""
@@ -296,7 +300,7 @@ def _fields(
     for offset, size, name in fast.fields:
         label = "_reserved" if name.startswith("_reserved") else _SHAPE_LABELS.get(name, name)
         piece = bytes(view[at + offset : at + offset + size])
-        out.append((base + at + offset, size, prefix + label, value(piece, label)))
+        out.append((base + at + offset, size, prefix + label, _value(piece, label)))
     return out
 
 
@@ -392,26 +396,6 @@ def annotate_chunk_table(
 _MINIMUM = {r.magic: r.head.size + r.tail_size for r in (wr.STREAM_HEADER, wr.END_RECORD)}
 
 
-def _stream_value(raw: bytes, name: str) -> str:
-    """A stream record field as a dump shows it: sentinels and bit sets by name."""
-    number = int.from_bytes(raw, "little")
-    if name == "num_layers" and number == ws.NUM_LAYERS_UNKNOWN:
-        return "unknown (0xFFFFFFFF)"
-    if name == "kv_roles":
-        roles = [role for role, bit in ws.ROLE_BITS.items() if number & bit]
-        return f"0x{number:02X} ({', '.join(roles) or 'unstated'})"
-    if name == "element_type":
-        if number == ws.ELEMENT_TYPE_UNKNOWN:
-            return "unstated (0x00)"
-        try:
-            return f"{element_type_from_tag(number).name} (0x{number:02X})"
-        except HurrayWireError:
-            return f"0x{number:02X}"
-    if name in ("stream_flags", "end_flags"):
-        return f"0x{number:04X}"
-    return _value(raw, name)
-
-
 def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
     """Named fields of a stream header record (docs/streaming.md) that starts ``data``.
 
@@ -422,7 +406,7 @@ def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
     head = wr.STREAM_HEADER.head.unpack_dict(view, 0)
     runs = (("model_name", head["model_name_length"]), ("metadata", head["metadata_length"]))
     spans = wr.STREAM_HEADER.spans(min(head["total_length"], len(view)), runs)
-    out = _fields(wr.STREAM_HEADER.head, view, 0, "stream_header.", base, _stream_value)
+    out = _fields(wr.STREAM_HEADER.head, view, 0, "stream_header.", base)
     start, stop = spans["model_name"]
     model = repr(view[start:stop].decode("utf-8", "replace"))
     out.append((base + start, stop - start, "stream_header.model_name", model))
@@ -449,13 +433,13 @@ def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
     head = wr.END_RECORD.head.unpack_dict(view, 0)
     count = head["entry_count"]
     total = min(head["total_length"], len(view))
-    out = _fields(wr.END_RECORD.head, view, 0, "end_record.", base, _stream_value)
+    out = _fields(wr.END_RECORD.head, view, 0, "end_record.", base)
     entry = ws.FAST_END_ENTRY
     cursor, footer = wr.END_RECORD.head.size, total - wr.END_RECORD.tail_size
     shown = min(count, max(0, footer - cursor) // entry.size)  # those before the footer
     for number in range(shown):
         at = cursor + entry.size * number
-        out += _fields(entry, view, at, f"end_record.entry[{number}].", base, _stream_value)
+        out += _fields(entry, view, at, f"end_record.entry[{number}].", base)
     spans = wr.END_RECORD.spans(total, (("entries", entry.size * shown),))
     return out + _closing(wr.END_RECORD, view, spans, "end_record.", base)
 
