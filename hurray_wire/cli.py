@@ -100,7 +100,9 @@ def _read(path: str, args: argparse.Namespace) -> Any:
         source = sys.stdin.buffer
         with suppress(OSError, ValueError):  # a descriptor, unless stdin was replaced
             source = source.fileno()
-    limit, idle = int(args.max_input_bytes), args.input_timeout or None
+    # argparse leaves them unset: the library's defaults
+    limit = DEFAULT_MAX_INPUT_BYTES if args.max_input_bytes is None else int(args.max_input_bytes)
+    idle = DEFAULT_INPUT_IDLE if args.input_timeout is None else args.input_timeout or None
     return read_input(source, max_bytes=limit, idle_timeout=idle, head_ok=known_magic)
 
 
@@ -312,9 +314,9 @@ def _dump_hex(data: Any, kind: str) -> None:
     try:
         text_out.print_hex(data, kind, sys.stdout)
     except (struct.error, IndexError, HurrayWireError) as exc:  # bytes that are no record
-        sys.stdout.flush()
         raise CliError(f"cannot annotate further: {exc}") from None
-    sys.stdout.flush()
+    finally:
+        sys.stdout.flush()
     _check(data, kind)
 
 
@@ -556,10 +558,6 @@ def _guard(path: str, step: Callable[[], None], result: dict[str, Any] | None = 
 def run(args: argparse.Namespace) -> int:
     """Run the parsed command (``cli_args.main`` parses first, without loading this module):
     the exit code (``EXIT_CODES``)."""
-    if args.max_input_bytes is None:  # argparse left them unset: the library's defaults
-        args.max_input_bytes = DEFAULT_MAX_INPUT_BYTES
-    if args.input_timeout is None:
-        args.input_timeout = DEFAULT_INPUT_IDLE
     args.worst = EXIT_OK  # the worst exit code so far: what a broken pipe returns
     try:
         if args.command == "convert":  # one input, one output; errors name the input
@@ -578,7 +576,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command, in one call (for callers that have the library
     loaded already; the console script is ``cli_args.main``)."""
     return run(build_parser().parse_args(argv))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
