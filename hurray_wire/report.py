@@ -16,7 +16,7 @@ from hurray_wire.buffers import byte_view
 from hurray_wire.containers import HrryFile
 from hurray_wire.dtypes import element_type_from_tag
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
-from hurray_wire.integrity import MemoryPageStore
+from hurray_wire.integrity import MemoryPageStore, logical_positions
 from hurray_wire.model.descriptor import (
     MEMORY_CLASS_NAMES,
     SYNC_MODE_NAMES,
@@ -152,12 +152,8 @@ def describe_tensor(tensor: BlockPagedTensor) -> dict[str, Any]:
 
 def describe_arrays(tensor: BlockPagedTensor) -> dict[str, list[int] | None]:
     """The index arrays themselves (``dump --index``): block_table, seq_ptr, seq_lens."""
-    seq_lens = tensor.seq_lens
-    return {
-        "block_table": tensor.block_table.astype(np.int64).tolist(),
-        "seq_ptr": tensor.seq_ptr.astype(np.int64).tolist(),
-        "seq_lens": None if seq_lens is None else seq_lens.astype(np.int64).tolist(),
-    }
+    arrays = {name: getattr(tensor, name) for name in ("block_table", "seq_ptr", "seq_lens")}
+    return {k: None if a is None else a.astype(np.int64).tolist() for k, a in arrays.items()}
 
 
 def check_blob(data: Any, verify: bool) -> tuple[BlockPagedTensor, dict[str, Any]]:
@@ -178,18 +174,11 @@ def describe_pages(report: Any) -> dict[str, Any]:
     """A ``DecodeReport`` as data: bad pages (digest mismatch) by physical id and logical
     ``[sequence, page_in_sequence]``, and the pages held by reference."""
     bad = np.union1d(report.digest_mismatch, report.corrupt).astype(np.int64)
-    tensor = report.tensor
-    table = tensor.block_table.astype(np.int64)
-    wanted = set(bad.tolist())
-    positions = [
-        [seq, at]
-        for seq, at in report.positions
-        if int(table[int(tensor.seq_ptr[seq]) + at]) in wanted
-    ]
+    _, seqs, at = logical_positions(report.tensor.block_table, report.tensor.seq_ptr, bad)
     return {
         "digests": bool(report.has_digests),
         "bad_pages": bad.tolist(),
-        "bad_positions": positions,
+        "bad_positions": [list(p) for p in zip(seqs.tolist(), at.tolist(), strict=True)],
         "by_reference": report.missing.astype(np.int64).tolist(),
     }
 
