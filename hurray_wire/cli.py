@@ -245,8 +245,7 @@ def _bar(args: argparse.Namespace | None, total: int | None, desc: str, unit: st
 
 
 def _advance(bar: Any, size: int) -> None:
-    """Move a bar of ``total`` data bytes by ``size`` written bytes, never past 100%
-    (the framing around the data is written too)."""
+    """Move a bar of data bytes by written bytes, never past 100% (framing is written too)."""
     bar.update(max(0, min(size, bar.total - bar.n)))
 
 
@@ -276,8 +275,8 @@ class _Counted(io.RawIOBase):
 
 
 def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> None:
-    """Print one input record by record; an error after some records leaves them printed.
-    A blob whose pages fail their digests is printed with them named, then reported."""
+    """Print one input record by record (an error leaves those before it printed); pages
+    that fail their digests are named in their blob, then reported."""
     verify = not args.no_verify
     data = _read(path, args)
     kind = identify(data)
@@ -556,8 +555,7 @@ def _guard(path: str, step: Callable[[], None], result: dict[str, Any] | None = 
 
 # -- entry -----------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed command (``cli_args.main`` parses first, without loading this module):
-    the exit code (``EXIT_CODES``)."""
+    """Run the command ``cli_args.main`` parsed (without loading this module): its exit code."""
     args.worst = EXIT_OK  # the worst exit code so far: what a broken pipe returns
     try:
         if args.command == "convert":  # one input, one output; errors name the input
@@ -573,6 +571,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` and run the command, in one call (for callers that have the library
-    loaded already; the console script is ``cli_args.main``)."""
+    """Parse ``argv`` and run the command (the console script is ``cli_args.main``)."""
     return run(build_parser().parse_args(argv))

@@ -157,10 +157,8 @@ def describe_arrays(tensor: BlockPagedTensor) -> dict[str, list[int] | None]:
 
 
 def check_blob(data: Any, verify: bool) -> tuple[BlockPagedTensor, dict[str, Any]]:
-    """Decode one blob for ``dump`` / ``validate``: the tensor and what its pages say (the
-    pages that fail their digest, by id and place, are named, not only their section; pages
-    held by reference in a receiver's store, which a file alone lacks, are listed and left
-    zero). Every other check raises as ``decode`` does."""
+    """Decode one blob for ``dump`` / ``validate``: the tensor and its pages (those failing
+    their digest named by id and place, those held by reference listed and left zero)."""
     report = blob_codec.decode_report(data, verify=verify, page_store=empty_page_store())
     return report.tensor, describe_pages(report)
 
@@ -282,9 +280,8 @@ def _value(raw: bytes, name: str) -> str:
 
 
 def _fields(fast: Any, view: Any, at: int = 0, prefix: str = "", base: int = 0) -> list[Annotation]:
-    """Every field of the struct ``fast`` that starts at ``view[at]``, named ``prefix`` +
-    its label (reserved fields all ``_reserved``; shape axes say what they count), at
-    offset ``base + at`` + the field's own."""
+    """Every field of the struct ``fast`` at ``view[at]``, as ``prefix`` + its label, at
+    offset ``base + at`` + its own (reserved fields all ``_reserved``)."""
     out: list[Annotation] = []
     for offset, size, name in fast.fields:
         label = "_reserved" if name.startswith("_reserved") else _SHAPE_LABELS.get(name, name)
@@ -386,11 +383,8 @@ _MINIMUM = {r.magic: r.head.size + r.tail_size for r in (wr.STREAM_HEADER, wr.EN
 
 
 def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
-    """Named fields of a stream header record (docs/streaming.md) that starts ``data``.
-
-    Offsets are ``base`` + the offset in the record: the stream offset when ``data`` is the
-    record's slice of the stream.
-    """
+    """Named fields of a stream header record (docs/streaming.md) that starts ``data``, at
+    ``base`` + their offset in it (``base``: where the record sits in the stream)."""
     view = bytes(memoryview(data).cast("B"))
     head = wr.STREAM_HEADER.head.unpack_dict(view, 0)
     runs = (("model_name", head["model_name_length"]), ("metadata", head["metadata_length"]))
@@ -434,16 +428,11 @@ def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
 
 
 def annotate_stream(data: Any) -> list[Annotation]:
-    """Every record of a blob stream: the stream header, each blob, the end record.
-
-    Records are framed by their 16-byte prefix and told apart by magic; a record that the
-    input cuts short, or bytes that are no record, end the listing with one line saying so
-    (the dump shows what is there; ``validate`` says what is wrong).
-    """
+    """Every record of a blob stream, framed by its prefix and told apart by magic; a cut
+    record or bytes that are no record end the listing with one line (``validate`` says why)."""
     view = memoryview(data).cast("B")
     out: list[Annotation] = []
-    pos = 0
-    number = 0
+    pos = number = 0
     while pos < len(view):
         rest = len(view) - pos
         if rest < wr.PREFIX.size:
