@@ -11,7 +11,7 @@ import json
 import os
 import struct
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from functools import partial
 from pathlib import Path
@@ -38,7 +38,6 @@ from hurray_wire.codecs import Compression
 from hurray_wire.containers import (
     Format,
     HrryFile,
-    StreamFile,
     StreamHeader,
     StreamReader,
     StreamWriter,
@@ -220,17 +219,9 @@ def _bad_pages(item: Item) -> CliError | None:
 
 def _count(data: Any, kind: str) -> int | None:
     """How many records ``data`` holds, from its framing alone (for a progress bar)."""
-    if kind in ("descriptor", "blob"):
-        return 1
-    try:
-        if kind == "blob-stream":
-            with StreamFile(memoryview(data), verify=False) as stream:
-                return len(stream.entries)
-        if kind == "hrry-file":
-            return len(HrryFile.from_buffer(data).names)
-    except HurrayWireError:
-        return None  # the checking pass will say what is wrong
-    return None  # a reference stream is not indexed: walked, not counted
+    with suppress(HurrayWireError):  # the checking pass will say what is wrong
+        return text_out.framing(data, kind).records
+    return None
 
 
 # -- progress --------------------------------------------------------------------------------
@@ -284,11 +275,12 @@ def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> 
     if args.hex:
         _dump_hex(data, kind)
         return
-    context = text_out.context(data, kind)
+    frame = text_out.framing(data, kind)
+    context = text_out.context(kind, frame)
     document.update(context)
     if not args.json:
         text_out.print_head(path, kind, len(data), context, sys.stdout)
-    total = _count(data, kind)
+    total = frame.records
     bad: CliError | None = None
     with _bar(args, total if total and total > 1 else None, path, "record") as bar:
         for item in _items(data, kind, verify, salvage=verify):
@@ -411,7 +403,7 @@ def _header_metadata(header: StreamHeader | None) -> dict[str, Any]:
     return {**header.metadata, **{STREAM_KEY + k: v for k, v in stated.items() if v is not None}}
 
 
-def _metadata_header(metadata: dict[str, Any]) -> StreamHeader:
+def _metadata_header(metadata: Mapping[str, Any]) -> StreamHeader:
     """The reverse of :func:`_header_metadata`: ``.hrry`` file metadata as a stream header."""
     rest = {k: v for k, v in metadata.items() if not k.startswith(STREAM_KEY)}
     model, layers, roles, element = (
@@ -482,14 +474,8 @@ def _convert(args: argparse.Namespace) -> None:
         check_not_input(args.output, inputs)  # before anything is opened for writing
     data = _read(args.input, args)
     kind = identify(data)
-    count = _count(data, kind)
+    count, header, _, metadata = text_out.framing(data, kind)
     _one_blob(target, args.input, count or 1)  # from the framing, before checking the tensors
-    header, metadata = None, {}  # what the container says about itself
-    if kind == "blob-stream":
-        with StreamFile(memoryview(data), verify=False) as stream:
-            header = stream.header
-    elif kind == "hrry-file":
-        metadata = dict(HrryFile.from_buffer(data).user_metadata)
     tensors = _load(args, data, kind, count)
     _one_blob(target, args.input, len(tensors))  # a reference stream is not counted
     checksum = not args.no_checksum

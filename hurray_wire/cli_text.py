@@ -4,21 +4,24 @@ stream it is handed: with ``cli.py``, the only modules that print."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from hurray_wire import report as summary
-from hurray_wire.containers import HrryFile, StreamFile
+from hurray_wire.containers import HrryFile, StreamFile, StreamHeader
 from hurray_wire.errors import UnsupportedLayoutError
 from hurray_wire.model.descriptor_codec import decode_descriptor, decode_header
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = [
     "HEX_KINDS",
+    "Framing",
     "Item",
     "context",
     "descriptor",
     "dump_item",
+    "framing",
     "print_head",
     "print_hex",
     "print_item",
@@ -83,26 +86,43 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def context(data: Any, kind: str) -> dict[str, Any]:
-    """What a container says about itself: the stream header, the .hrry file metadata."""
+class Framing(NamedTuple):
+    """What an input's framing says before any record is decoded."""
+
+    records: int | None  # how many (None: a reference stream is walked, not indexed)
+    header: StreamHeader | None = None  # a blob stream's header
+    complete: bool = False  # the blob stream ends with its end record
+    metadata: Mapping[str, Any] = {}  # a .hrry file's user metadata
+
+
+def framing(data: Any, kind: str) -> Framing:
     if kind == "blob-stream":
         with StreamFile(memoryview(data), verify=False) as stream:
-            header, complete = stream.header, stream.complete
-        described: dict[str, Any] | None = None
-        if header is not None:
-            described = {
-                "model": header.model,
-                "num_layers": header.num_layers,
-                "kv_roles": list(header.kv_roles),
-                "element_type": None if header.element_type is None else header.element_type.name,
-                "end_record": header.end_record,
-                "metadata": {k: _jsonable(v) for k, v in header.metadata.items()},
-            }
-        return {"stream_header": described, "stream_complete": complete}
+            return Framing(len(stream.entries), stream.header, stream.complete)
     if kind == "hrry-file":
         reader = HrryFile.from_buffer(data)
-        return {"metadata": {k: _jsonable(v) for k, v in reader.user_metadata.items()}}
-    return {}
+        return Framing(len(reader.names), metadata=dict(reader.user_metadata))
+    return Framing(None if kind == "reference-stream" else 1)
+
+
+def context(kind: str, frame: Framing) -> dict[str, Any]:
+    """What a container says about itself: the stream header, the .hrry file metadata."""
+    if kind == "hrry-file":
+        return {"metadata": {k: _jsonable(v) for k, v in frame.metadata.items()}}
+    if kind != "blob-stream":
+        return {}
+    header = frame.header
+    described: dict[str, Any] | None = None
+    if header is not None:
+        described = {
+            "model": header.model,
+            "num_layers": header.num_layers,
+            "kv_roles": list(header.kv_roles),
+            "element_type": None if header.element_type is None else header.element_type.name,
+            "end_record": header.end_record,
+            "metadata": {k: _jsonable(v) for k, v in header.metadata.items()},
+        }
+    return {"stream_header": described, "stream_complete": frame.complete}
 
 
 def print_head(path: str, kind: str, size: int, context: dict[str, Any], out: IO[str]) -> None:
