@@ -379,8 +379,8 @@ def _validate_one(path: str, args: argparse.Namespace, result: dict[str, Any]) -
 def _tensor_name(tensor: BlockPagedTensor, taken: set[str]) -> str:
     """``layer{L}.{role}`` (``layer_none`` for a layer-less tensor), made unique with a
     ``#n`` suffix when the input repeats a {layer, role}."""
-    layer = "none" if tensor.layer_index is None else str(tensor.layer_index)
-    base = f"layer{'_' if layer == 'none' else ''}{layer}.{tensor.kv_role}"
+    layer = "_none" if tensor.layer_index is None else tensor.layer_index
+    base = f"layer{layer}.{tensor.kv_role}"
     name, number = base, 1
     while name in taken:
         name, number = f"{base}#{number}", number + 1
@@ -481,34 +481,33 @@ def _convert(args: argparse.Namespace) -> None:
     checksum = not args.no_checksum
     stream_header = header or (_metadata_header(metadata) if metadata else StreamHeader())
     total = sum(t.nbytes for _, t in tensors)  # the data; a compressed output ends short
-    bar = _bar(args, total, Path(args.output).name if args.output != STDIO else "stdout", "B")
-    with bar:
+    name = Path(args.output).name if args.output != STDIO else "stdout"
+    with _bar(args, total, name, "B") as bar:
         if target == "hrry-file":
             metadata = metadata or _header_metadata(header)
             write_file(args.output, dict(tensors), metadata, progress=partial(_advance, bar))
-            bar.update(total - bar.n)
-            return
-        output: AbstractContextManager[BinaryIO] = (
-            nullcontext(sys.stdout.buffer)
-            if args.output == STDIO
-            else atomic_output(args.output, inputs=inputs)
-        )
-        with output as out:
-            sink = _Counted(out, bar)
-            if target == "blob":
-                sink.writelines(encode_parts(tensors[0][1], compression=compression,
-                                             checksum=checksum))  # fmt: skip
-            elif target == "blob-stream":
-                with StreamWriter(sink, stream_header) as writer:
+        else:
+            output: AbstractContextManager[BinaryIO] = (
+                nullcontext(sys.stdout.buffer)
+                if args.output == STDIO
+                else atomic_output(args.output, inputs=inputs)
+            )
+            with output as out:
+                sink = _Counted(out, bar)
+                if target == "blob":
+                    parts = encode_parts(tensors[0][1], compression=compression, checksum=checksum)
+                    sink.writelines(parts)
+                elif target == "blob-stream":
+                    with StreamWriter(sink, stream_header) as writer:
+                        for _, tensor in tensors:  # a conversion keeps every page
+                            writer.write(
+                                tensor, compression=compression, checksum=checksum, pages="all"
+                            )
+                else:
                     for _, tensor in tensors:
-                        writer.write(
-                            tensor, compression=compression, checksum=checksum, pages="all"
-                        )  # a conversion keeps every page
-            else:
-                for _, tensor in tensors:
-                    write_stream(sink, tensor)
-            sink.flush()
-            bar.update(total - bar.n)
+                        write_stream(sink, tensor)
+                sink.flush()
+        bar.update(total - bar.n)
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -559,3 +558,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command (the console script is ``cli_args.main``)."""
     return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m hurray_wire.cli
+    sys.exit(main())
