@@ -136,18 +136,16 @@ def describe_tensor(tensor: BlockPagedTensor) -> dict[str, Any]:
     num_pages = tensor.layout.num_pages
     referenced = np.unique(table)
     shared = sum(len(seqs) > 1 for seqs in prefix_sharing(tensor).values())
-    out: dict[str, Any] = {
+    seq_lens = tensor.seq_lens
+    return {
         "sequences": tensor.num_seqs,
         "logical_pages": len(table),
         "pages_per_sequence": _spread(pages),
-        "tokens_per_sequence": None,
+        "tokens_per_sequence": None if seq_lens is None else _spread(seq_lens.astype(np.int64)),
         "shared_pages": shared,
         "pool_pages_referenced": len(referenced),
         "pool_occupancy": (len(referenced) / num_pages) if num_pages else 0.0,
     }
-    if tensor.seq_lens is not None:
-        out["tokens_per_sequence"] = _spread(tensor.seq_lens.astype(np.int64))
-    return out
 
 
 def describe_arrays(tensor: BlockPagedTensor) -> dict[str, list[int] | None]:
@@ -274,7 +272,7 @@ def _value(raw: bytes, name: str) -> str:
         return wire.SECTION_KINDS.get(number, f"unknown 0x{number:02X}")
     if name == "codec":
         return codecs.registry.name_or_id(number)
-    if name == "checksum":
+    if name in ("checksum", "header_checksum"):
         return f"0x{number:016x}"
     return str(number)
 
@@ -317,8 +315,7 @@ def annotate_blob(data: Any) -> list[Annotation]:
         out += _fields(_ENTRY, view, entry_at(number), f"section[{number}].")
     desc_start = entry_at(count)
     out.extend(annotate_descriptor(view[desc_start:header_length], desc_start))
-    (checksum,) = _CHECKSUM.struct.unpack_from(view, header_length)
-    out.append((header_length, _CHECKSUM.size, "header_checksum", f"0x{checksum:016x}"))
+    out += _fields(_CHECKSUM, view, header_length)
     cursor = header_length + _CHECKSUM.size
     for number, entry in enumerate(entries):
         offset, stored = entry["offset"], entry["stored_size"]
