@@ -4,7 +4,7 @@ stream it is handed: with ``cli.py``, the only modules that print."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, NamedTuple
 
@@ -218,20 +218,19 @@ def print_item(item: dict[str, Any], out: IO[str]) -> None:
         print(f"    metadata: {json.dumps(item['metadata'], sort_keys=True)}", file=out)
 
 
-HEX_KINDS = ("descriptor", "blob", "blob-stream", "hrry-file")
+_ANNOTATE: dict[str, Callable[[Any], list[summary.Annotation]]] = {
+    "descriptor": summary.annotate_descriptor,
+    "blob": summary.annotate_blob,
+    "blob-stream": summary.annotate_stream,
+    "hrry-file": summary.annotate_hrry,
+}
+HEX_KINDS = tuple(_ANNOTATE)
 
 
 def print_hex(data: Any, kind: str, out: IO[str]) -> None:
     """The annotated hex of ``data`` (a kind in ``HEX_KINDS``): one line per field."""
-    if kind == "descriptor":
-        notes = summary.annotate_descriptor(bytes(memoryview(data)))
-    elif kind == "blob":
-        notes = summary.annotate_blob(data)
-    elif kind == "blob-stream":
-        notes = summary.annotate_stream(data)
-    else:
-        notes = summary.annotate_hrry(data)
     raw = memoryview(data)
+    notes = _ANNOTATE[kind](bytes(raw) if kind == "descriptor" else data)
     for offset, size, name, value in notes:
         shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
         more = " .." if size > 16 else ""

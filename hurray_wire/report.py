@@ -6,6 +6,7 @@ The JSON shape is ``hurray_wire/schemas/dump.schema.json``.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -60,10 +61,8 @@ LAYER_NONE_TEXT = "none (0xFFFFFFFF)"
 
 def _handle(handle: BufferHandle) -> dict[str, Any]:
     return {
-        "byte_size": handle.byte_size,
-        "alignment": handle.alignment,
+        **asdict(handle),  # byte_size, alignment, device_tag as they are; the codes named:
         "device": device_name(handle.device_tag),
-        "device_tag": handle.device_tag,
         "sync_mode": SYNC_MODE_NAMES[handle.sync_mode],
         "memory_class": MEMORY_CLASS_NAMES.get(
             handle.memory_class, f"private_0x{handle.memory_class:02X}"
