@@ -378,49 +378,36 @@ def annotate_chunk_table(
 _MINIMUM = {r.magic: r.head.size + r.tail_size for r in (wr.STREAM_HEADER, wr.END_RECORD)}
 
 
-def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
-    """Named fields of a stream header record (docs/streaming.md) that starts ``data``, at
-    ``base`` + their offset in it (``base``: where the record sits in the stream)."""
+def annotate_stream_record(record: wr.Record, data: Any, base: int = 0) -> list[Annotation]:
+    """Named fields of a stream header or end record (docs/streaming.md) that starts ``data``,
+    at ``base`` + their offset in it: the head, its runs (model name and metadata, or the
+    index entries before the footer), padding, the seal or footer."""
     view = bytes(memoryview(data).cast("B"))
-    head = wr.STREAM_HEADER.head.unpack_dict(view, 0)
-    runs = (("model_name", head["model_name_length"]), ("metadata", head["metadata_length"]))
-    spans = wr.STREAM_HEADER.spans(min(head["total_length"], len(view)), runs)
-    out = _fields(wr.STREAM_HEADER.head, view, 0, "stream_header.", base)
-    start, stop = spans["model_name"]
-    model = repr(view[start:stop].decode("utf-8", "replace"))
-    out.append((base + start, stop - start, "stream_header.model_name", model))
-    start, stop = spans["metadata"]
-    if stop > start:
-        what = f"KV section, {stop - start} bytes"
-        out.append((base + start, stop - start, "stream_header.metadata", what))
-    return out + _closing(wr.STREAM_HEADER, view, spans, "stream_header.", base)
-
-
-def _closing(
-    record: wr.Record, view: bytes, spans: wr.Spans, name: str, base: int
-) -> list[Annotation]:
-    """A record's padding (if any) and its tail: the seal, or a footer."""
+    name = "stream_header." if record is wr.STREAM_HEADER else "end_record."
+    head = record.head.unpack_dict(view, 0)
+    total = min(head["total_length"], len(view))
+    out = _fields(record.head, view, 0, name, base)
+    if record is wr.STREAM_HEADER:
+        runs = (("model_name", head["model_name_length"]), ("metadata", head["metadata_length"]))
+        spans = record.spans(total, runs)
+        start, stop = spans["model_name"]
+        model = repr(view[start:stop].decode("utf-8", "replace"))
+        out.append((base + start, stop - start, name + "model_name", model))
+        start, stop = spans["metadata"]
+        if stop > start:
+            what = f"KV section, {stop - start} bytes"
+            out.append((base + start, stop - start, name + "metadata", what))
+    else:
+        entry, cursor = ws.FAST_END_ENTRY, record.head.size
+        shown = min(head["entry_count"], max(0, total - record.tail_size - cursor) // entry.size)
+        for number in range(shown):  # those before the footer
+            at = cursor + entry.size * number
+            out += _fields(entry, view, at, f"{name}entry[{number}].", base)
+        spans = record.spans(total, (("entries", entry.size * shown),))
     (start, stop), (seal, _) = spans["padding"], spans["seal"]
-    out = [_padding(view, start, stop, base)] if stop > start else []
+    out += [_padding(view, start, stop, base)] if stop > start else []
     assert record.tail is not None
     return out + _fields(record.tail, view, seal, name, base)
-
-
-def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
-    """Named fields of an end record: the fixed part, each index entry, the footer."""
-    view = bytes(memoryview(data).cast("B"))
-    head = wr.END_RECORD.head.unpack_dict(view, 0)
-    count = head["entry_count"]
-    total = min(head["total_length"], len(view))
-    out = _fields(wr.END_RECORD.head, view, 0, "end_record.", base)
-    entry = ws.FAST_END_ENTRY
-    cursor, footer = wr.END_RECORD.head.size, total - wr.END_RECORD.tail_size
-    shown = min(count, max(0, footer - cursor) // entry.size)  # those before the footer
-    for number in range(shown):
-        at = cursor + entry.size * number
-        out += _fields(entry, view, at, f"end_record.entry[{number}].", base)
-    spans = wr.END_RECORD.spans(total, (("entries", entry.size * shown),))
-    return out + _closing(wr.END_RECORD, view, spans, "end_record.", base)
 
 
 def annotate_stream(data: Any) -> list[Annotation]:
@@ -454,10 +441,8 @@ def annotate_stream(data: Any) -> list[Annotation]:
             out.append((pos, total, "short record", f"{total} bytes, under {minimum}"))
             break
         record = view[pos : pos + total]
-        if magic == ws.STREAM_MAGIC:
-            out.extend(annotate_stream_header(record, pos))
-        elif magic == ws.END_MAGIC:
-            out.extend(annotate_end_record(record, pos))
+        if magic != wire.BLOB_MAGIC:
+            out.extend(annotate_stream_record(wr.RECORDS_BY_MAGIC[magic], record, pos))
         else:  # a blob, whole or (its header whole) cut
             out.append((pos, 0, f"blob {number}", f"{total} bytes{' declared' * cut}"))
             out.extend(
