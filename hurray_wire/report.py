@@ -234,11 +234,8 @@ _CODE_NAMES = {  # fields whose codes have names
     "block_table_index_type": {code: name for name, code in wd.INDEX_TYPES.items()},
     "checksum_type": _CHECKSUM_NAMES,
 }
-_SHAPE_LABELS = {
-    "shape[0]": "shape[0] total_tokens",
-    "shape[1]": "shape[1] num_heads",
-    "shape[2]": "shape[2] head_dim",
-}
+_AXES = ("total_tokens", "num_heads", "head_dim")  # what each block-paged shape axis counts
+_SHAPE_LABELS = {f"shape[{i}]": f"shape[{i}] {axis}" for i, axis in enumerate(_AXES)}
 
 
 def _value(raw: bytes, name: str) -> str:
