@@ -57,6 +57,7 @@ from hurray_wire.errors import (
     HurrayWireError,
     UnsupportedLayoutError,
 )
+from hurray_wire.integrity import MemoryPageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.blob import BLOB_MAGIC
 
@@ -151,8 +152,7 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
         yield Item("blob", kind, tensor=tensor, blob=view, pages=pages)
     elif kind == "blob-stream":
         # The strict reader: header, every blob, the end record and nothing after it.
-        reader = StreamReader(view, verify=verify, page_store=summary.empty_page_store(),
-                              report=True)  # fmt: skip
+        reader = StreamReader(view, verify=verify, page_store=MemoryPageStore(0), report=True)
         reader.header  # noqa: B018 - reads the stream header: position is the first blob
         for number in range(sys.maxsize):
             start = reader.position
@@ -344,8 +344,9 @@ def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tupl
             error = _bad_pages(item)
             if error is not None:
                 raise error
-            if item.blob is not None and not summary.blob_has_checksums(item.blob):
-                unchecked += 1
+            if item.blob is not None:  # a blob written with --no-checksum / checksum=False
+                envelope = summary.describe_blob_envelope(item.blob, True)
+                unchecked += not envelope["checksums_verified"]
             by_reference += len(item.pages["by_reference"]) if item.pages else 0
             bar.update(1)
     notes = []

@@ -45,7 +45,6 @@ __all__ = [
     "annotate_descriptor",
     "annotate_hrry",
     "annotate_stream",
-    "blob_has_checksums",
     "check_blob",
     "describe_arrays",
     "describe_blob_envelope",
@@ -53,7 +52,6 @@ __all__ = [
     "describe_header",
     "describe_pages",
     "describe_tensor",
-    "empty_page_store",
 ]
 
 LAYER_NONE_TEXT = "none (0xFFFFFFFF)"
@@ -156,13 +154,9 @@ def describe_arrays(tensor: BlockPagedTensor) -> dict[str, list[int] | None]:
 def check_blob(data: Any, verify: bool) -> tuple[BlockPagedTensor, dict[str, Any]]:
     """Decode one blob for ``dump`` / ``validate``: the tensor and its pages (those failing
     their digest named by id and place, those held by reference listed and left zero)."""
-    report = blob_codec.decode_report(data, verify=verify, page_store=empty_page_store())
+    store = MemoryPageStore(0)  # holds nothing: a delta blob read without its receiver's store
+    report = blob_codec.decode_report(data, verify=verify, page_store=store)
     return report.tensor, describe_pages(report)
-
-
-def empty_page_store() -> MemoryPageStore:
-    """A store that holds nothing: a delta blob read without its receiver's store."""
-    return MemoryPageStore(0)
 
 
 def describe_pages(report: Any) -> dict[str, Any]:
@@ -212,13 +206,6 @@ def describe_blob_envelope(data: Any, verified: bool) -> dict[str, Any]:
         "checksums_verified": verified and checksummed,
         "sections": sections,
     }
-
-
-def blob_has_checksums(data: Any) -> bool:
-    """Whether a blob's header says its sections carry checksums (``checksum=False``:
-    decoding checks the structure only)."""
-    head = _BLOB_HEADER.unpack_dict(byte_view(data), 0)
-    return bool(head["checksum_type"] == wire.CHECKSUM_XXH3_64)
 
 
 # -- annotated hex --------------------------------------------------------------------------
