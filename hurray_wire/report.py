@@ -71,13 +71,10 @@ def _handle(handle: BufferHandle) -> dict[str, Any]:
 def _quantization(quant: Quantization | None) -> dict[str, Any] | None:
     if quant is None:
         return None
-    fields: dict[str, Any] = {"scheme": quant.name, "scheme_tag": quant.scheme_tag}
-    for key, value in vars(quant).items():
-        fields[key] = getattr(value, "name", value)
-    scale_type = getattr(quant, "scale_type", None)
-    if scale_type is not None:
-        fields["scale_type"] = scale_type.name
-    return fields
+    fields = {"scheme": quant.name, "scheme_tag": quant.scheme_tag, **vars(quant)}
+    if (scale_type := getattr(quant, "scale_type", None)) is not None:  # a property, not in vars
+        fields["scale_type"] = scale_type
+    return {k: getattr(v, "name", v) for k, v in fields.items()}  # element types by name
 
 
 def _statistics(stats: Statistics | None) -> dict[str, Any] | None:
