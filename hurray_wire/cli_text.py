@@ -144,7 +144,7 @@ def print_head(path: str, kind: str, size: int, context: dict[str, Any], out: IO
 
 def print_item(item: dict[str, Any], out: IO[str]) -> None:
     print(f"  [{item['item']}]", file=out)
-    envelope = item.get("envelope")
+    envelope = item.get("envelope") or {}
     if envelope:
         status = "verified" if envelope["checksums_verified"] else "not verified"
         print(f"    blob: version {envelope['version']}, total_length "
@@ -161,9 +161,7 @@ def print_item(item: dict[str, Any], out: IO[str]) -> None:
         if key not in ("name", "tag"):
             print(f"      {key}: {value}", file=out)
     print("    buffers:", file=out)
-    sections = {
-        s["index"]: s for s in (envelope or {}).get("sections", []) if s["kind"] == "buffer"
-    }
+    sections = {s["index"]: s for s in envelope.get("sections", []) if s["kind"] == "buffer"}
     for index, buf in enumerate(d["buffers"]):
         name = buf.get("name", f"buffer {index}")
         line = (
@@ -176,7 +174,7 @@ def print_item(item: dict[str, Any], out: IO[str]) -> None:
             if section["checksum"]:
                 line += f"  checksum {section['checksum']}"
         print(line, file=out)
-    for section in [s for s in (envelope or {}).get("sections", []) if s["kind"] != "buffer"]:
+    for section in [s for s in envelope.get("sections", []) if s["kind"] != "buffer"]:
         print(f"    section {section['kind']}: @ {section['offset']}  {section['codec']} "
               f"stored {section['stored_size']} raw {section['raw_size']}"
               f"{'  required' if section['required'] else ''}", file=out)  # fmt: skip
