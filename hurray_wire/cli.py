@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
-from hurray_wire import cli_text as text_out, report as summary
+from hurray_wire import report as summary
 from hurray_wire.blob import blob_length, encode_parts
 from hurray_wire.cli_parser import (
     _EXTENSIONS,
@@ -33,7 +33,6 @@ from hurray_wire.cli_parser import (
     STDIO,
     build_parser,
 )
-from hurray_wire.cli_text import Item
 from hurray_wire.codecs import Compression
 from hurray_wire.containers import (
     Format,
@@ -58,6 +57,7 @@ from hurray_wire.errors import (
     UnsupportedLayoutError,
 )
 from hurray_wire.integrity import MemoryPageStore
+from hurray_wire.report import Item
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.blob import BLOB_MAGIC
 
@@ -69,6 +69,7 @@ __all__ = [
     "EXIT_INVALID",
     "EXIT_OK",
     "EXIT_USAGE",
+    "HEX_KINDS",
     "build_parser",
     "identify",
     "main",
@@ -220,7 +221,7 @@ def _bad_pages(item: Item) -> CliError | None:
 def _count(data: Any, kind: str) -> int | None:
     """How many records ``data`` holds, from its framing alone (for a progress bar)."""
     with suppress(HurrayWireError):  # the checking pass will say what is wrong
-        return text_out.framing(data, kind).records
+        return summary.framing(data, kind).records
     return None
 
 
@@ -265,6 +266,117 @@ class _Counted(io.RawIOBase):
         self._sink.flush()
 
 
+# -- printing --------------------------------------------------------------------------------
+def _print_head(path: str, kind: str, size: int, context: dict[str, Any], out: IO[str]) -> None:
+    print(f"{path}: {kind}, {size} bytes", file=out)
+    if "stream_header" in context:
+        header = context["stream_header"]
+        if header is None:
+            print("  stream header: none (bare concatenated blobs)", file=out)
+        else:
+            print(f"  stream header: model {header['model']!r}, num_layers "
+                  f"{header['num_layers']}, kv_roles {header['kv_roles']}, element_type "
+                  f"{header['element_type']}", file=out)  # fmt: skip
+            if header["metadata"]:
+                print(f"    metadata: {json.dumps(header['metadata'], sort_keys=True)}", file=out)
+        print(f"  end record: {'yes' if context['stream_complete'] else 'no'}", file=out)
+    if context.get("metadata"):
+        print(f"  file metadata: {json.dumps(context['metadata'], sort_keys=True)}", file=out)
+
+
+def _print_item(item: dict[str, Any], out: IO[str]) -> None:
+    print(f"  [{item['item']}]", file=out)
+    envelope = item.get("envelope") or {}
+    if envelope:
+        status = "verified" if envelope["checksums_verified"] else "not verified"
+        print(f"    blob: version {envelope['version']}, total_length "
+              f"{envelope['total_length']}, checksums {envelope['checksum_type']} ({status})",
+              file=out)  # fmt: skip
+    d = item["descriptor"]
+    print(f"    descriptor: Hurray {d['version']}, {d['descriptor_length']} bytes, "
+          f"flags {d['flags']}", file=out)  # fmt: skip
+    print(f"    element_type: {d['element_type']} ({d['type_tag']})", file=out)
+    print(f"    shape: {d['shape']}", file=out)
+    layout = d["layout"]
+    print(f"    layout: {layout['name']} ({layout['tag']})", file=out)
+    for key, value in layout.items():
+        if key not in ("name", "tag"):
+            print(f"      {key}: {value}", file=out)
+    print("    buffers:", file=out)
+    sections = {s["index"]: s for s in envelope.get("sections", []) if s["kind"] == "buffer"}
+    for index, buf in enumerate(d["buffers"]):
+        name = buf.get("name", f"buffer {index}")
+        line = (
+            f"      [{index}] {name:<12} {buf['byte_size']:>12} bytes  align "
+            f"{buf['alignment']}  {buf['device']}/{buf['memory_class']}/{buf['sync_mode']}"
+        )
+        section = sections.get(index)
+        if section:
+            line += f"  @ {section['offset']}  {section['codec']} stored {section['stored_size']}"
+            if section["checksum"]:
+                line += f"  checksum {section['checksum']}"
+        print(line, file=out)
+    for section in [s for s in envelope.get("sections", []) if s["kind"] != "buffer"]:
+        print(f"    section {section['kind']}: @ {section['offset']}  {section['codec']} "
+              f"stored {section['stored_size']} raw {section['raw_size']}"
+              f"{'  required' if section['required'] else ''}", file=out)  # fmt: skip
+    quant = d["quantization"]
+    if quant is None:
+        print("    quantization: none", file=out)
+    else:
+        fields = ", ".join(f"{k}={v}" for k, v in quant.items() if k != "scheme")
+        print(f"    quantization: {quant['scheme']} ({fields})", file=out)
+    if d.get("statistics"):
+        print(f"    statistics: {d['statistics']}", file=out)
+    stats = item.get("index")
+    if stats:
+        print(f"    sequences: {stats['sequences']}, logical pages {stats['logical_pages']}",
+              file=out)  # fmt: skip
+        for unit in ("pages", "tokens"):
+            spread = stats[f"{unit}_per_sequence"]
+            if spread:
+                print(f"    {unit} per sequence: min {spread['min']} / median "
+                      f"{spread['median']} / max {spread['max']}", file=out)  # fmt: skip
+            elif unit == "tokens":
+                print("    tokens per sequence: unknown (no seq_lens)", file=out)
+        print(f"    shared pages: {stats['shared_pages']}", file=out)
+        print(f"    pool occupancy: {stats['pool_pages_referenced']} of {layout['num_pages']} "
+              f"pages referenced ({stats['pool_occupancy']:.1%})", file=out)  # fmt: skip
+    pages = item.get("pages")  # what the page sections said
+    if pages and pages["bad_pages"]:
+        places = [tuple(p) for p in pages["bad_positions"]]
+        print(f"    BAD PAGES (digest mismatch): physical {pages['bad_pages']}, logical "
+              f"(sequence, page) {places}", file=out)  # fmt: skip
+    elif pages and pages["digests"]:
+        print("    page digests: every page matches", file=out)
+    if pages and pages["by_reference"]:
+        print(f"    pages by reference: {pages['by_reference']} (held in the receiver's page "
+              "store: not in this input, shown as zero)", file=out)  # fmt: skip
+    for name, values in (item.get("arrays") or {}).items():
+        print(f"    {name}: {'none' if values is None else values}", file=out)
+    if item.get("metadata"):
+        print(f"    metadata: {json.dumps(item['metadata'], sort_keys=True)}", file=out)
+
+
+_ANNOTATE: dict[str, Callable[[Any], list[summary.Annotation]]] = {
+    "descriptor": summary.annotate_descriptor,
+    "blob": summary.annotate_blob,
+    "blob-stream": summary.annotate_stream,
+    "hrry-file": summary.annotate_hrry,
+}
+HEX_KINDS = tuple(_ANNOTATE)
+
+
+def _print_hex(data: Any, kind: str, out: IO[str]) -> None:
+    """The annotated hex of ``data`` (a kind in ``HEX_KINDS``): one line per field."""
+    raw = memoryview(data)
+    notes = _ANNOTATE[kind](bytes(raw) if kind == "descriptor" else data)
+    for offset, size, name, value in notes:
+        shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
+        more = " .." if size > 16 else ""
+        print(f"{offset:08x}  {shown + more:<51}  {name} = {value}", file=out)
+
+
 def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> None:
     """Print one input record by record (an error leaves those before it printed); pages
     that fail their digests are named in their blob, then reported."""
@@ -275,22 +387,22 @@ def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> 
     if args.hex:
         _dump_hex(data, kind)
         return
-    frame = text_out.framing(data, kind)
-    context = text_out.context(kind, frame)
+    frame = summary.framing(data, kind)
+    context = summary.describe_container(kind, frame)
     document.update(context)
     if not args.json:
-        text_out.print_head(path, kind, len(data), context, sys.stdout)
+        _print_head(path, kind, len(data), context, sys.stdout)
     total = frame.records
     bad: CliError | None = None
     with _bar(args, total if total and total > 1 else None, path, "record") as bar:
         for item in _items(data, kind, verify, salvage=verify):
             checked = verify and not item.extra.get("unverified")
-            described = text_out.dump_item(item, checked, arrays=args.index)
+            described = summary.dump_item(item, checked, arrays=args.index)
             if args.json:
                 document["items"].append(described)
             else:  # cleared and redrawn around the text: a bar on the same terminal stays whole
                 with tqdm.external_write_mode(file=sys.stdout):
-                    text_out.print_item(described, sys.stdout)
+                    _print_item(described, sys.stdout)
             bar.update(1)
             bad = bad or _bad_pages(item)
     if bad is not None:
@@ -300,10 +412,10 @@ def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> 
 def _dump_hex(data: Any, kind: str) -> None:
     """The annotated hex, then the same checks as ``validate``: a corrupt or cut input is
     shown as far as it goes and exits 1."""
-    if kind not in text_out.HEX_KINDS:
-        raise UsageError(f"--hex is available for {', '.join(text_out.HEX_KINDS)}, not {kind}")
+    if kind not in HEX_KINDS:
+        raise UsageError(f"--hex is available for {', '.join(HEX_KINDS)}, not {kind}")
     try:
-        text_out.print_hex(data, kind, sys.stdout)
+        _print_hex(data, kind, sys.stdout)
     except (struct.error, IndexError, HurrayWireError) as exc:  # bytes that are no record
         raise CliError(f"cannot annotate further: {exc}") from None
     finally:
@@ -334,7 +446,7 @@ def _each_input(args: argparse.Namespace) -> int:
 def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tuple[int, list[str]]:
     """Check every record of ``data``; returns (tensors, what could not be verified)."""
     if kind == "descriptor":
-        text_out.descriptor(data)
+        summary.bare_descriptor(data)
         return 0, []
     count, unchecked, by_reference = 0, 0, 0
     total = _count(data, kind)
@@ -365,7 +477,7 @@ def _validate_one(path: str, args: argparse.Namespace, result: dict[str, Any]) -
     data = _read(path, args)
     kind = result["kind"] = identify(data)
     if kind == "descriptor":
-        line = f"{path}: ok (descriptor, {text_out.descriptor(data)[1]})"
+        line = f"{path}: ok (descriptor, {summary.bare_descriptor(data)[1]})"
     else:
         count, notes = _check(data, kind, args)
         result.update(tensors=count, not_verified=notes)
@@ -475,7 +587,7 @@ def _convert(args: argparse.Namespace) -> None:
         check_not_input(args.output, inputs)  # before anything is opened for writing
     data = _read(args.input, args)
     kind = identify(data)
-    count, header, _, metadata = text_out.framing(data, kind)
+    count, header, _, metadata = summary.framing(data, kind)
     _one_blob(target, args.input, count or 1)  # from the framing, before checking the tensors
     tensors = _load(args, data, kind, count)
     _one_blob(target, args.input, len(tensors))  # a reference stream is not counted

@@ -6,15 +6,16 @@ The JSON shape is ``hurray_wire/schemas/dump.schema.json``.
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from hurray_wire import blob as blob_codec, codecs
 from hurray_wire.blob.envelope import entry_at
 from hurray_wire.buffers import byte_view
-from hurray_wire.containers import HrryFile
+from hurray_wire.containers import HrryFile, StreamFile, StreamHeader
 from hurray_wire.dtypes import element_type_from_tag
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
 from hurray_wire.integrity import MemoryPageStore, logical_positions
@@ -26,7 +27,7 @@ from hurray_wire.model.descriptor import (
     TensorDescriptor,
     device_name,
 )
-from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_header
+from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_descriptor, decode_header
 from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
@@ -40,18 +41,24 @@ from hurray_wire.wire import (
 from hurray_wire.wire.descriptor_layout import FIXED as _DESCRIPTOR, HANDLE as _HANDLE
 
 __all__ = [
+    "Framing",
+    "Item",
     "annotate_blob",
     "annotate_chunk_table",
     "annotate_descriptor",
     "annotate_hrry",
     "annotate_stream",
+    "bare_descriptor",
     "check_blob",
     "describe_arrays",
     "describe_blob_envelope",
+    "describe_container",
     "describe_descriptor",
     "describe_header",
     "describe_pages",
     "describe_tensor",
+    "dump_item",
+    "framing",
 ]
 
 LAYER_NONE_TEXT = "none (0xFFFFFFFF)"
@@ -203,6 +210,104 @@ def describe_blob_envelope(data: Any, verified: bool) -> dict[str, Any]:
         "checksums_verified": verified and checksummed,
         "sections": sections,
     }
+
+
+# -- what dump shows of an input ------------------------------------------------------------
+@dataclass
+class Item:
+    """One thing found in an input: a tensor (with its blob bytes) or a descriptor;
+    ``pages`` is what the blob's page sections said (``check_blob``)."""
+
+    label: str
+    kind: str
+    tensor: BlockPagedTensor | None = None
+    blob: Any = None
+    descriptor_bytes: bytes | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    pages: dict[str, Any] | None = None
+
+
+def dump_item(item: Item, verify: bool, arrays: bool = False) -> dict[str, Any]:
+    """One item as the JSON of ``dump --json`` (``arrays``: the index arrays too)."""
+    out: dict[str, Any] = {"item": item.label, "kind": item.kind}
+    if item.descriptor_bytes is not None:
+        out["descriptor"] = bare_descriptor(item.descriptor_bytes)[0]
+        return out
+    if "header" in item.extra:
+        out["descriptor"] = describe_header(item.extra["header"])
+        return out
+    tensor = item.tensor
+    assert tensor is not None
+    if item.blob is not None:
+        out["envelope"] = describe_blob_envelope(item.blob, verify)
+    out["descriptor"] = describe_descriptor(tensor.descriptor)
+    out["index"] = describe_tensor(tensor)
+    out["seq_lens_present"] = tensor.seq_lens is not None
+    if item.pages is not None:
+        out["pages"] = item.pages
+    if arrays:
+        out["arrays"] = describe_arrays(tensor)
+    out["metadata"] = {k: _jsonable(v) for k, v in tensor.metadata.items()}
+    return out
+
+
+def bare_descriptor(data: Any) -> tuple[dict[str, Any], str]:
+    """A bare descriptor, checked: its report and what it is in a few words. A descriptor of
+    another layout is valid Hurray: its common header is what can be checked."""
+    try:
+        desc = decode_descriptor(data)
+    except UnsupportedLayoutError as exc:
+        checked = describe_header(decode_header(data))
+        return checked, f"{exc.layout_name} layout, common header checked"
+    what = f"block_paged {desc.element_type.name} {list(desc.shape)}"
+    return describe_descriptor(desc), what
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class Framing(NamedTuple):
+    """What an input's framing says before any record is decoded."""
+
+    records: int | None  # how many (None: a reference stream is walked, not indexed)
+    header: StreamHeader | None = None  # a blob stream's header
+    complete: bool = False  # the blob stream ends with its end record
+    metadata: Mapping[str, Any] = {}  # a .hrry file's user metadata
+
+
+def framing(data: Any, kind: str) -> Framing:
+    if kind == "blob-stream":
+        with StreamFile(memoryview(data), verify=False) as stream:
+            return Framing(len(stream.entries), stream.header, stream.complete)
+    if kind == "hrry-file":
+        reader = HrryFile.from_buffer(data)
+        return Framing(len(reader.names), metadata=dict(reader.user_metadata))
+    return Framing(None if kind == "reference-stream" else 1)
+
+
+def describe_container(kind: str, frame: Framing) -> dict[str, Any]:
+    """What a container says about itself: the stream header, the .hrry file metadata."""
+    if kind == "hrry-file":
+        return {"metadata": {k: _jsonable(v) for k, v in frame.metadata.items()}}
+    if kind != "blob-stream":
+        return {}
+    header = frame.header
+    described: dict[str, Any] | None = None
+    if header is not None:
+        described = {
+            "model": header.model,
+            "num_layers": header.num_layers,
+            "kv_roles": list(header.kv_roles),
+            "element_type": None if header.element_type is None else header.element_type.name,
+            "end_record": header.end_record,
+            "metadata": {k: _jsonable(v) for k, v in header.metadata.items()},
+        }
+    return {"stream_header": described, "stream_complete": frame.complete}
 
 
 # -- annotated hex --------------------------------------------------------------------------
