@@ -218,13 +218,6 @@ def _bad_pages(item: Item) -> CliError | None:
     return CliError(f"{place}: {reason}", details)
 
 
-def _count(data: Any, kind: str) -> int | None:
-    """How many records ``data`` holds, from its framing alone (for a progress bar)."""
-    with suppress(HurrayWireError):  # the checking pass will say what is wrong
-        return summary.framing(data, kind).records
-    return None
-
-
 # -- progress --------------------------------------------------------------------------------
 def _bar(args: argparse.Namespace | None, total: int | None, desc: str, unit: str) -> Any:
     """A tqdm bar on stderr: shown when stderr is a terminal (or ``--progress``), never with
@@ -448,8 +441,9 @@ def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tupl
     if kind == "descriptor":
         summary.bare_descriptor(data)
         return 0, []
-    count, unchecked, by_reference = 0, 0, 0
-    total = _count(data, kind)
+    count, unchecked, by_reference, total = 0, 0, 0, None
+    with suppress(HurrayWireError):  # for the bar; the checking pass says what is wrong
+        total = summary.framing(data, kind).records
     with _bar(args, total if total and total > 1 else None, "check", "record") as bar:
         for item in _items(data, kind, True):
             count += 1
