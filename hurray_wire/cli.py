@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
@@ -260,42 +260,42 @@ class _Counted(io.RawIOBase):
 
 
 # -- printing --------------------------------------------------------------------------------
-def _print_head(path: str, kind: str, size: int, context: dict[str, Any], out: IO[str]) -> None:
-    print(f"{path}: {kind}, {size} bytes", file=out)
+def _print_head(path: str, kind: str, size: int, context: dict[str, Any]) -> None:
+    print(f"{path}: {kind}, {size} bytes")
     if "stream_header" in context:
         header = context["stream_header"]
         if header is None:
-            print("  stream header: none (bare concatenated blobs)", file=out)
+            print("  stream header: none (bare concatenated blobs)")
         else:
             print(f"  stream header: model {header['model']!r}, num_layers "
                   f"{header['num_layers']}, kv_roles {header['kv_roles']}, element_type "
-                  f"{header['element_type']}", file=out)  # fmt: skip
+                  f"{header['element_type']}")  # fmt: skip
             if header["metadata"]:
-                print(f"    metadata: {json.dumps(header['metadata'], sort_keys=True)}", file=out)
-        print(f"  end record: {'yes' if context['stream_complete'] else 'no'}", file=out)
+                print(f"    metadata: {json.dumps(header['metadata'], sort_keys=True)}")
+        print(f"  end record: {'yes' if context['stream_complete'] else 'no'}")
     if context.get("metadata"):
-        print(f"  file metadata: {json.dumps(context['metadata'], sort_keys=True)}", file=out)
+        print(f"  file metadata: {json.dumps(context['metadata'], sort_keys=True)}")
 
 
-def _print_item(item: dict[str, Any], out: IO[str]) -> None:
-    print(f"  [{item['item']}]", file=out)
+def _print_item(item: dict[str, Any]) -> None:
+    print(f"  [{item['item']}]")
     envelope = item.get("envelope") or {}
     if envelope:
         status = "verified" if envelope["checksums_verified"] else "not verified"
-        print(f"    blob: version {envelope['version']}, total_length "
-              f"{envelope['total_length']}, checksums {envelope['checksum_type']} ({status})",
-              file=out)  # fmt: skip
+        print(f"    blob: version {envelope['version']}, total_length {envelope['total_length']}, "
+              f"checksums {envelope['checksum_type']} ({status})")  # fmt: skip
     d = item["descriptor"]
-    print(f"    descriptor: Hurray {d['version']}, {d['descriptor_length']} bytes, "
-          f"flags {d['flags']}", file=out)  # fmt: skip
-    print(f"    element_type: {d['element_type']} ({d['type_tag']})", file=out)
-    print(f"    shape: {d['shape']}", file=out)
+    print(
+        f"    descriptor: Hurray {d['version']}, {d['descriptor_length']} bytes, flags {d['flags']}"
+    )
+    print(f"    element_type: {d['element_type']} ({d['type_tag']})")
+    print(f"    shape: {d['shape']}")
     layout = d["layout"]
-    print(f"    layout: {layout['name']} ({layout['tag']})", file=out)
+    print(f"    layout: {layout['name']} ({layout['tag']})")
     for key, value in layout.items():
         if key not in ("name", "tag"):
-            print(f"      {key}: {value}", file=out)
-    print("    buffers:", file=out)
+            print(f"      {key}: {value}")
+    print("    buffers:")
     sections = {s["index"]: s for s in envelope.get("sections", []) if s["kind"] == "buffer"}
     for index, buf in enumerate(d["buffers"]):
         name = buf.get("name", f"buffer {index}")
@@ -308,47 +308,46 @@ def _print_item(item: dict[str, Any], out: IO[str]) -> None:
             line += f"  @ {section['offset']}  {section['codec']} stored {section['stored_size']}"
             if section["checksum"]:
                 line += f"  checksum {section['checksum']}"
-        print(line, file=out)
+        print(line)
     for section in [s for s in envelope.get("sections", []) if s["kind"] != "buffer"]:
         print(f"    section {section['kind']}: @ {section['offset']}  {section['codec']} "
               f"stored {section['stored_size']} raw {section['raw_size']}"
-              f"{'  required' if section['required'] else ''}", file=out)  # fmt: skip
+              f"{'  required' if section['required'] else ''}")  # fmt: skip
     quant = d["quantization"]
     if quant is None:
-        print("    quantization: none", file=out)
+        print("    quantization: none")
     else:
         fields = ", ".join(f"{k}={v}" for k, v in quant.items() if k != "scheme")
-        print(f"    quantization: {quant['scheme']} ({fields})", file=out)
+        print(f"    quantization: {quant['scheme']} ({fields})")
     if d.get("statistics"):
-        print(f"    statistics: {d['statistics']}", file=out)
+        print(f"    statistics: {d['statistics']}")
     stats = item.get("index")
     if stats:
-        print(f"    sequences: {stats['sequences']}, logical pages {stats['logical_pages']}",
-              file=out)  # fmt: skip
+        print(f"    sequences: {stats['sequences']}, logical pages {stats['logical_pages']}")
         for unit in ("pages", "tokens"):
             spread = stats[f"{unit}_per_sequence"]
             if spread:
                 print(f"    {unit} per sequence: min {spread['min']} / median "
-                      f"{spread['median']} / max {spread['max']}", file=out)  # fmt: skip
+                      f"{spread['median']} / max {spread['max']}")  # fmt: skip
             elif unit == "tokens":
-                print("    tokens per sequence: unknown (no seq_lens)", file=out)
-        print(f"    shared pages: {stats['shared_pages']}", file=out)
+                print("    tokens per sequence: unknown (no seq_lens)")
+        print(f"    shared pages: {stats['shared_pages']}")
         print(f"    pool occupancy: {stats['pool_pages_referenced']} of {layout['num_pages']} "
-              f"pages referenced ({stats['pool_occupancy']:.1%})", file=out)  # fmt: skip
+              f"pages referenced ({stats['pool_occupancy']:.1%})")  # fmt: skip
     pages = item.get("pages")  # what the page sections said
     if pages and pages["bad_pages"]:
         places = [tuple(p) for p in pages["bad_positions"]]
         print(f"    BAD PAGES (digest mismatch): physical {pages['bad_pages']}, logical "
-              f"(sequence, page) {places}", file=out)  # fmt: skip
+              f"(sequence, page) {places}")  # fmt: skip
     elif pages and pages["digests"]:
-        print("    page digests: every page matches", file=out)
+        print("    page digests: every page matches")
     if pages and pages["by_reference"]:
         print(f"    pages by reference: {pages['by_reference']} (held in the receiver's page "
-              "store: not in this input, shown as zero)", file=out)  # fmt: skip
+              "store: not in this input, shown as zero)")  # fmt: skip
     for name, values in (item.get("arrays") or {}).items():
-        print(f"    {name}: {'none' if values is None else values}", file=out)
+        print(f"    {name}: {'none' if values is None else values}")
     if item.get("metadata"):
-        print(f"    metadata: {json.dumps(item['metadata'], sort_keys=True)}", file=out)
+        print(f"    metadata: {json.dumps(item['metadata'], sort_keys=True)}")
 
 
 _ANNOTATE: dict[str, Callable[[Any], list[summary.Annotation]]] = {
@@ -360,14 +359,14 @@ _ANNOTATE: dict[str, Callable[[Any], list[summary.Annotation]]] = {
 HEX_KINDS = tuple(_ANNOTATE)
 
 
-def _print_hex(data: Any, kind: str, out: IO[str]) -> None:
+def _print_hex(data: Any, kind: str) -> None:
     """The annotated hex of ``data`` (a kind in ``HEX_KINDS``): one line per field."""
     raw = memoryview(data)
     notes = _ANNOTATE[kind](bytes(raw) if kind == "descriptor" else data)
     for offset, size, name, value in notes:
         shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
         more = " .." if size > 16 else ""
-        print(f"{offset:08x}  {shown + more:<51}  {name} = {value}", file=out)
+        print(f"{offset:08x}  {shown + more:<51}  {name} = {value}")
 
 
 def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> None:
@@ -384,7 +383,7 @@ def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> 
     context = summary.describe_container(kind, frame)
     document.update(context)
     if not args.json:
-        _print_head(path, kind, len(data), context, sys.stdout)
+        _print_head(path, kind, len(data), context)
     total = frame.records
     bad: CliError | None = None
     with _bar(args, total if total and total > 1 else None, path, "record") as bar:
@@ -395,7 +394,7 @@ def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> 
                 document["items"].append(described)
             else:  # cleared and redrawn around the text: a bar on the same terminal stays whole
                 with tqdm.external_write_mode(file=sys.stdout):
-                    _print_item(described, sys.stdout)
+                    _print_item(described)
             bar.update(1)
             bad = bad or _bad_pages(item)
     if bad is not None:
@@ -408,7 +407,7 @@ def _dump_hex(data: Any, kind: str) -> None:
     if kind not in HEX_KINDS:
         raise UsageError(f"--hex is available for {', '.join(HEX_KINDS)}, not {kind}")
     try:
-        _print_hex(data, kind, sys.stdout)
+        _print_hex(data, kind)
     except (struct.error, IndexError, HurrayWireError) as exc:  # bytes that are no record
         raise CliError(f"cannot annotate further: {exc}") from None
     finally:
