@@ -11,16 +11,15 @@ import json
 import os
 import struct
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
-from hurray_wire import cli_text as text_out, report as summary
+from hurray_wire import report as summary
 from hurray_wire.blob import blob_length, encode_parts
 from hurray_wire.cli_parser import (
     _EXTENSIONS,
@@ -34,12 +33,10 @@ from hurray_wire.cli_parser import (
     STDIO,
     build_parser,
 )
-from hurray_wire.cli_text import Item
 from hurray_wire.codecs import Compression
 from hurray_wire.containers import (
     Format,
     HrryFile,
-    StreamFile,
     StreamHeader,
     StreamReader,
     StreamWriter,
@@ -59,6 +56,8 @@ from hurray_wire.errors import (
     HurrayWireError,
     UnsupportedLayoutError,
 )
+from hurray_wire.integrity import MemoryPageStore
+from hurray_wire.report import Item
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.blob import BLOB_MAGIC
 
@@ -70,6 +69,7 @@ __all__ = [
     "EXIT_INVALID",
     "EXIT_OK",
     "EXIT_USAGE",
+    "HEX_KINDS",
     "build_parser",
     "identify",
     "main",
@@ -101,7 +101,9 @@ def _read(path: str, args: argparse.Namespace) -> Any:
         source = sys.stdin.buffer
         with suppress(OSError, ValueError):  # a descriptor, unless stdin was replaced
             source = source.fileno()
-    limit, idle = int(args.max_input_bytes), args.input_timeout or None
+    # argparse leaves them unset: the library's defaults
+    limit = DEFAULT_MAX_INPUT_BYTES if args.max_input_bytes is None else int(args.max_input_bytes)
+    idle = DEFAULT_INPUT_IDLE if args.input_timeout is None else args.input_timeout or None
     return read_input(source, max_bytes=limit, idle_timeout=idle, head_ok=known_magic)
 
 
@@ -151,8 +153,7 @@ def _items(data: Any, kind: str, verify: bool, salvage: bool = False) -> Iterato
         yield Item("blob", kind, tensor=tensor, blob=view, pages=pages)
     elif kind == "blob-stream":
         # The strict reader: header, every blob, the end record and nothing after it.
-        reader = StreamReader(view, verify=verify, page_store=summary.empty_page_store(),
-                              report=True)  # fmt: skip
+        reader = StreamReader(view, verify=verify, page_store=MemoryPageStore(0), report=True)
         reader.header  # noqa: B018 - reads the stream header: position is the first blob
         for number in range(sys.maxsize):
             start = reader.position
@@ -191,74 +192,45 @@ def _details(exc: BaseException) -> dict[str, Any]:
     return details
 
 
-def _page_offsets(item: Item, page: int) -> dict[str, Any]:
-    """Where physical page ``page``'s row starts in a raw pool: in the blob (``offset``)
-    and in the input (``file_offset``)."""
-    tensor = item.tensor
-    if item.blob is None or tensor is None or not tensor.page_pool.shape[0]:
-        return {}
-    sections = summary.describe_blob_envelope(item.blob, True)["sections"]
-    pool = next(s for s in sections if s["kind"] == "buffer" and s["index"] == 0)
-    if pool["codec"] != "raw":
-        return {}
-    offset = pool["offset"] + page * (tensor.page_pool.nbytes // tensor.page_pool.shape[0])
-    start = item.extra.get("blob_offset", 0)
-    return {"section": "buffer[0]", "offset": offset, "file_offset": start + offset}
-
-
 def _bad_pages(item: Item) -> CliError | None:
-    """The error of an item whose pages fail their digests, naming them."""
-    pages = item.pages
-    if not pages or not pages["bad_pages"]:
+    """The error of an item whose pages fail their digests, naming them (and where the first
+    one's row starts, in the blob and in the input, when the pool is stored raw)."""
+    pages, tensor = item.pages, item.tensor
+    if not pages or not pages["bad_pages"] or tensor is None:
         return None
     bad, places = pages["bad_pages"], [tuple(p) for p in pages["bad_positions"]]
     reason = (f"{len(bad)} page(s) do not match their digest: physical pages "
               f"{bad[:16]}{' ...' * (len(bad) > 16)}; logical positions (sequence, page) "
               f"{places[:16]}{' ...' * (len(places) > 16)}")  # fmt: skip
-    tensor = item.tensor
-    where = {} if tensor is None else {"layer": tensor.layer_index, "role": tensor.kv_role}
+    where = {"layer": tensor.layer_index, "role": tensor.kv_role}
     where.update((k, item.extra[k]) for k in ("blob", "blob_offset") if k in item.extra)
-    where.update(_page_offsets(item, bad[0]))
+    layer = "" if tensor.layer_index is None else f"layer {tensor.layer_index} "
+    place = f"{item.label} ({layer}{tensor.kv_role})"
+    sections = summary.describe_blob_envelope(item.blob, True)["sections"]
+    pool = next(s for s in sections if s["kind"] == "buffer" and s["index"] == 0)
+    if pool["codec"] == "raw":
+        offset = pool["offset"] + bad[0] * (tensor.page_pool.nbytes // tensor.page_pool.shape[0])
+        start = item.extra.get("blob_offset", 0)
+        where.update(section="buffer[0]", offset=offset, file_offset=start + offset)
+        place += f", page {bad[0]} at file offset {start + offset}"
     details = {"type": "PageDigestError", "reason": reason, "field": "page_digests",
                "pages": bad, "positions": [list(p) for p in places], **where}  # fmt: skip
-    place = item.label
-    if tensor is not None:
-        layer = "" if tensor.layer_index is None else f"layer {tensor.layer_index} "
-        place += f" ({layer}{tensor.kv_role})"
-    if "file_offset" in where:
-        place += f", page {bad[0]} at file offset {where['file_offset']}"
     return CliError(f"{place}: {reason}", details)
 
 
-def _count(data: Any, kind: str) -> int | None:
-    """How many records ``data`` holds, from its framing alone (for a progress bar)."""
-    if kind in ("descriptor", "blob"):
-        return 1
-    try:
-        if kind == "blob-stream":
-            with StreamFile(memoryview(data), verify=False) as stream:
-                return len(stream.entries)
-        if kind == "hrry-file":
-            return len(HrryFile.from_buffer(data).names)
-    except HurrayWireError:
-        return None  # the checking pass will say what is wrong
-    return None  # a reference stream is not indexed: walked, not counted
-
-
 # -- progress --------------------------------------------------------------------------------
-def _bar(args: argparse.Namespace, total: int | None, desc: str, unit: str) -> Any:
+def _bar(args: argparse.Namespace | None, total: int | None, desc: str, unit: str) -> Any:
     """A tqdm bar on stderr: shown when stderr is a terminal (or ``--progress``), never with
-    ``--quiet``; a disabled bar costs nothing and prints nothing."""
+    ``--quiet`` or without ``args``; a disabled bar costs nothing and prints nothing."""
     terminal = sys.stderr.isatty()
-    shown = not args.quiet and (args.progress or terminal)
+    shown = args is not None and not args.quiet and (args.progress or terminal)
     # On a terminal the bar is erased when done; into a log (--progress) its last state stays.
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not shown,
                 leave=not terminal, dynamic_ncols=True, unit_scale=unit == "B")  # fmt: skip
 
 
 def _advance(bar: Any, size: int) -> None:
-    """Move a bar of ``total`` data bytes by ``size`` written bytes, never past 100%
-    (the framing around the data is written too)."""
+    """Move a bar of data bytes by written bytes, never past 100% (framing is written too)."""
     bar.update(max(0, min(size, bar.total - bar.n)))
 
 
@@ -287,22 +259,119 @@ class _Counted(io.RawIOBase):
         self._sink.flush()
 
 
-def _emit(text: str, out: IO[str], bar: Any) -> None:
-    """Print ``text`` to stdout without tearing a progress bar drawn on the same terminal."""
-    if not text:
-        return
-    if bar is not None and not bar.disable:
-        bar.clear()
-        out.write(text)
-        out.flush()
-        bar.refresh()
+# -- printing --------------------------------------------------------------------------------
+def _print_head(path: str, kind: str, size: int, context: dict[str, Any]) -> None:
+    print(f"{path}: {kind}, {size} bytes")
+    if "stream_header" in context:
+        header = context["stream_header"]
+        if header is None:
+            print("  stream header: none (bare concatenated blobs)")
+        else:
+            print(f"  stream header: model {header['model']!r}, num_layers "
+                  f"{header['num_layers']}, kv_roles {header['kv_roles']}, element_type "
+                  f"{header['element_type']}")  # fmt: skip
+            if header["metadata"]:
+                print(f"    metadata: {json.dumps(header['metadata'], sort_keys=True)}")
+        print(f"  end record: {'yes' if context['stream_complete'] else 'no'}")
+    if context.get("metadata"):
+        print(f"  file metadata: {json.dumps(context['metadata'], sort_keys=True)}")
+
+
+def _print_item(item: dict[str, Any]) -> None:
+    print(f"  [{item['item']}]")
+    envelope = item.get("envelope") or {}
+    if envelope:
+        status = "verified" if envelope["checksums_verified"] else "not verified"
+        print(f"    blob: version {envelope['version']}, total_length {envelope['total_length']}, "
+              f"checksums {envelope['checksum_type']} ({status})")  # fmt: skip
+    d = item["descriptor"]
+    print(
+        f"    descriptor: Hurray {d['version']}, {d['descriptor_length']} bytes, flags {d['flags']}"
+    )
+    print(f"    element_type: {d['element_type']} ({d['type_tag']})")
+    print(f"    shape: {d['shape']}")
+    layout = d["layout"]
+    print(f"    layout: {layout['name']} ({layout['tag']})")
+    for key, value in layout.items():
+        if key not in ("name", "tag"):
+            print(f"      {key}: {value}")
+    print("    buffers:")
+    sections = {s["index"]: s for s in envelope.get("sections", []) if s["kind"] == "buffer"}
+    for index, buf in enumerate(d["buffers"]):
+        name = buf.get("name", f"buffer {index}")
+        line = (
+            f"      [{index}] {name:<12} {buf['byte_size']:>12} bytes  align "
+            f"{buf['alignment']}  {buf['device']}/{buf['memory_class']}/{buf['sync_mode']}"
+        )
+        section = sections.get(index)
+        if section:
+            line += f"  @ {section['offset']}  {section['codec']} stored {section['stored_size']}"
+            if section["checksum"]:
+                line += f"  checksum {section['checksum']}"
+        print(line)
+    for section in [s for s in envelope.get("sections", []) if s["kind"] != "buffer"]:
+        print(f"    section {section['kind']}: @ {section['offset']}  {section['codec']} "
+              f"stored {section['stored_size']} raw {section['raw_size']}"
+              f"{'  required' if section['required'] else ''}")  # fmt: skip
+    quant = d["quantization"]
+    if quant is None:
+        print("    quantization: none")
     else:
-        out.write(text)
+        fields = ", ".join(f"{k}={v}" for k, v in quant.items() if k != "scheme")
+        print(f"    quantization: {quant['scheme']} ({fields})")
+    if d.get("statistics"):
+        print(f"    statistics: {d['statistics']}")
+    stats = item.get("index")
+    if stats:
+        print(f"    sequences: {stats['sequences']}, logical pages {stats['logical_pages']}")
+        for unit in ("pages", "tokens"):
+            spread = stats[f"{unit}_per_sequence"]
+            if spread:
+                print(f"    {unit} per sequence: min {spread['min']} / median "
+                      f"{spread['median']} / max {spread['max']}")  # fmt: skip
+            elif unit == "tokens":
+                print("    tokens per sequence: unknown (no seq_lens)")
+        print(f"    shared pages: {stats['shared_pages']}")
+        print(f"    pool occupancy: {stats['pool_pages_referenced']} of {layout['num_pages']} "
+              f"pages referenced ({stats['pool_occupancy']:.1%})")  # fmt: skip
+    pages = item.get("pages")  # what the page sections said
+    if pages and pages["bad_pages"]:
+        places = [tuple(p) for p in pages["bad_positions"]]
+        print(f"    BAD PAGES (digest mismatch): physical {pages['bad_pages']}, logical "
+              f"(sequence, page) {places}")  # fmt: skip
+    elif pages and pages["digests"]:
+        print("    page digests: every page matches")
+    if pages and pages["by_reference"]:
+        print(f"    pages by reference: {pages['by_reference']} (held in the receiver's page "
+              "store: not in this input, shown as zero)")  # fmt: skip
+    for name, values in (item.get("arrays") or {}).items():
+        print(f"    {name}: {'none' if values is None else values}")
+    if item.get("metadata"):
+        print(f"    metadata: {json.dumps(item['metadata'], sort_keys=True)}")
+
+
+_ANNOTATE: dict[str, Callable[[Any], list[summary.Annotation]]] = {
+    "descriptor": summary.annotate_descriptor,
+    "blob": summary.annotate_blob,
+    "blob-stream": summary.annotate_stream,
+    "hrry-file": summary.annotate_hrry,
+}
+HEX_KINDS = tuple(_ANNOTATE)
+
+
+def _print_hex(data: Any, kind: str) -> None:
+    """The annotated hex of ``data`` (a kind in ``HEX_KINDS``): one line per field."""
+    raw = memoryview(data)
+    notes = _ANNOTATE[kind](bytes(raw) if kind == "descriptor" else data)
+    for offset, size, name, value in notes:
+        shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
+        more = " .." if size > 16 else ""
+        print(f"{offset:08x}  {shown + more:<51}  {name} = {value}")
 
 
 def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> None:
-    """Print one input record by record; an error after some records leaves them printed.
-    A blob whose pages fail their digests is printed with them named, then reported."""
+    """Print one input record by record (an error leaves those before it printed); pages
+    that fail their digests are named in their blob, then reported."""
     verify = not args.no_verify
     data = _read(path, args)
     kind = identify(data)
@@ -310,22 +379,22 @@ def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> 
     if args.hex:
         _dump_hex(data, kind)
         return
-    context = text_out.context(data, kind)
+    frame = summary.framing(data, kind)
+    context = summary.describe_container(kind, frame)
     document.update(context)
     if not args.json:
-        text_out.print_head(path, kind, len(data), context, sys.stdout)
-    total = _count(data, kind)
+        _print_head(path, kind, len(data), context)
+    total = frame.records
     bad: CliError | None = None
     with _bar(args, total if total and total > 1 else None, path, "record") as bar:
         for item in _items(data, kind, verify, salvage=verify):
             checked = verify and not item.extra.get("unverified")
-            described = text_out.dump_item(item, checked, arrays=args.index)
+            described = summary.dump_item(item, checked, arrays=args.index)
             if args.json:
                 document["items"].append(described)
-            else:
-                text = io.StringIO()
-                text_out.print_item(described, text)
-                _emit(text.getvalue(), sys.stdout, bar)
+            else:  # cleared and redrawn around the text: a bar on the same terminal stays whole
+                with tqdm.external_write_mode(file=sys.stdout):
+                    _print_item(described)
             bar.update(1)
             bad = bad or _bad_pages(item)
     if bad is not None:
@@ -335,72 +404,56 @@ def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> 
 def _dump_hex(data: Any, kind: str) -> None:
     """The annotated hex, then the same checks as ``validate``: a corrupt or cut input is
     shown as far as it goes and exits 1."""
-    if kind not in text_out.HEX_KINDS:
-        raise UsageError(f"--hex is available for {', '.join(text_out.HEX_KINDS)}, not {kind}")
+    if kind not in HEX_KINDS:
+        raise UsageError(f"--hex is available for {', '.join(HEX_KINDS)}, not {kind}")
     try:
-        text_out.print_hex(data, kind, sys.stdout)
+        _print_hex(data, kind)
     except (struct.error, IndexError, HurrayWireError) as exc:  # bytes that are no record
-        sys.stdout.flush()
         raise CliError(f"cannot annotate further: {exc}") from None
-    sys.stdout.flush()
+    finally:
+        sys.stdout.flush()
     _check(data, kind)
 
 
-def _each_input(
-    args: argparse.Namespace,
-    fresh: Callable[[str], dict[str, Any]],
-    one: Callable[[str, argparse.Namespace, dict[str, Any]], None],
-    failed: Callable[[dict[str, Any], dict[str, Any]], None],
-) -> int:
-    """``one(path, args, result)`` for every input, whatever fails (``failed(result, error)``
-    records it); with ``--json`` the results as one array on stdout; the worst exit code."""
+def _each_input(args: argparse.Namespace) -> int:
+    """``dump`` or ``validate`` every input, whatever fails (its result gets an ``error``);
+    with ``--json`` the results as one array on stdout; the worst exit code."""
+    dump = args.command == "dump"
+    one = _dump_one if dump else _validate_one
     results: list[dict[str, Any]] = []
     for path in args.paths:
-        result = fresh(path)
+        result: dict[str, Any] = {"path": path, "kind": None}
+        if dump:
+            result.update(size=None, items=[])
+        else:
+            result["ok"] = False
         results.append(result)
-
-        def record(code: int, message: str, details: dict[str, Any],
-                   result: dict[str, Any] = result) -> None:  # fmt: skip
-            failed(result, {**details, "message": message, "exit_code": code})
-
-        args.worst = max(args.worst, _guard(path, partial(one, path, args, result), record))
+        args.worst = max(args.worst, _guard(path, partial(one, path, args, result), result))
     if args.json:
         json.dump(results, sys.stdout, indent=2, sort_keys=True)
         print()
     return int(args.worst)
 
 
-def cmd_dump(args: argparse.Namespace) -> int:
-    """Every input in turn: intact records are printed, the first bad one ends that input.
-    With ``--json`` every input is in the array; one that failed has an ``error``."""
-    return _each_input(
-        args,
-        lambda path: {"path": path, "kind": None, "size": None, "items": []},
-        _dump_one,
-        lambda result, error: result.update(error=error),
-    )
-
-
 def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tuple[int, list[str]]:
     """Check every record of ``data``; returns (tensors, what could not be verified)."""
     if kind == "descriptor":
-        text_out.descriptor(data)
+        summary.bare_descriptor(data)
         return 0, []
-    count, unchecked, by_reference = 0, 0, 0
-    total = _count(data, kind)
-    shown = args is not None and total is not None and total > 1
-    with nullcontext(None) if args is None else _bar(args, total if shown else None, "check",
-                                                     "record") as bar:  # fmt: skip
+    count, unchecked, by_reference, total = 0, 0, 0, None
+    with suppress(HurrayWireError):  # for the bar; the checking pass says what is wrong
+        total = summary.framing(data, kind).records
+    with _bar(args, total if total and total > 1 else None, "check", "record") as bar:
         for item in _items(data, kind, True):
             count += 1
             error = _bad_pages(item)
             if error is not None:
                 raise error
-            if item.blob is not None and not summary.blob_has_checksums(item.blob):
-                unchecked += 1
+            if item.blob is not None:  # a blob written with --no-checksum / checksum=False
+                envelope = summary.describe_blob_envelope(item.blob, True)
+                unchecked += not envelope["checksums_verified"]
             by_reference += len(item.pages["by_reference"]) if item.pages else 0
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
     notes = []
     if kind in ("reference-stream", "hrry-file"):
         notes.append(f"a {kind} carries no data checksums: structure checked, values not")
@@ -415,40 +468,25 @@ def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tupl
 
 def _validate_one(path: str, args: argparse.Namespace, result: dict[str, Any]) -> None:
     data = _read(path, args)
-    kind = identify(data)
-    result["kind"] = kind
+    kind = result["kind"] = identify(data)
     if kind == "descriptor":
-        what = text_out.descriptor(data)[1]
-        result["ok"] = True
-        if not args.json:
-            print(f"{path}: ok (descriptor, {what})")
-        return
-    count, notes = _check(data, kind, args)
-    result.update(ok=True, tensors=count, not_verified=notes)
-    line = f"{path}: ok ({kind}, {count} tensor{'s' if count != 1 else ''})"
-    if notes:
-        line += "; NOT VERIFIED: " + "; ".join(notes)
+        line = f"{path}: ok (descriptor, {summary.bare_descriptor(data)[1]})"
+    else:
+        count, notes = _check(data, kind, args)
+        result.update(tensors=count, not_verified=notes)
+        line = f"{path}: ok ({kind}, {count} tensor{'s' if count != 1 else ''})"
+        line += "; NOT VERIFIED: " + "; ".join(notes) if notes else ""
     if not args.json:
         print(line)
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    """Check every input (all of them, whatever fails): one line each, exit 1 if any failed.
-    With ``--json`` one array on stdout instead (``schemas/validate.schema.json``)."""
-    return _each_input(
-        args,
-        lambda path: {"path": path, "ok": False, "kind": None},
-        _validate_one,
-        lambda result, error: result.update(ok=False, error=error),
-    )
+    result["ok"] = True
 
 
 # -- convert ---------------------------------------------------------------------------------
 def _tensor_name(tensor: BlockPagedTensor, taken: set[str]) -> str:
     """``layer{L}.{role}`` (``layer_none`` for a layer-less tensor), made unique with a
     ``#n`` suffix when the input repeats a {layer, role}."""
-    layer = "none" if tensor.layer_index is None else str(tensor.layer_index)
-    base = f"layer{'_' if layer == 'none' else ''}{layer}.{tensor.kv_role}"
+    layer = "_none" if tensor.layer_index is None else tensor.layer_index
+    base = f"layer{layer}.{tensor.kv_role}"
     name, number = base, 1
     while name in taken:
         name, number = f"{base}#{number}", number + 1
@@ -471,7 +509,7 @@ def _header_metadata(header: StreamHeader | None) -> dict[str, Any]:
     return {**header.metadata, **{STREAM_KEY + k: v for k, v in stated.items() if v is not None}}
 
 
-def _metadata_header(metadata: dict[str, Any]) -> StreamHeader:
+def _metadata_header(metadata: Mapping[str, Any]) -> StreamHeader:
     """The reverse of :func:`_header_metadata`: ``.hrry`` file metadata as a stream header."""
     rest = {k: v for k, v in metadata.items() if not k.startswith(STREAM_KEY)}
     model, layers, roles, element = (
@@ -490,26 +528,13 @@ def _metadata_header(metadata: dict[str, Any]) -> StreamHeader:
         raise CliError(f"file metadata {STREAM_KEY}* is not a valid stream header: {exc}") from None
 
 
-@dataclass
-class _Source:
-    """What a conversion reads: named tensors and what the container said about itself."""
-
-    tensors: list[tuple[str, BlockPagedTensor]]
-    header: StreamHeader | None = None  # a blob stream's header
-    metadata: dict[str, Any] = field(default_factory=dict)  # a .hrry file's user metadata
-
-
-def _load(args: argparse.Namespace, data: Any, kind: str, count: int | None) -> _Source:
+def _load(
+    args: argparse.Namespace, data: Any, kind: str, count: int | None
+) -> list[tuple[str, BlockPagedTensor]]:
     """Decode and check every tensor of the input (zero-copy views), one bar step each."""
     if kind == "descriptor":
         raise CliError("a bare descriptor has no buffers to convert")
-    view = memoryview(data)
-    source = _Source([])
-    if kind == "blob-stream":
-        with StreamFile(view, verify=False) as stream:
-            source.header = stream.header
-    elif kind == "hrry-file":
-        source.metadata = dict(HrryFile.from_buffer(view).user_metadata)
+    tensors: list[tuple[str, BlockPagedTensor]] = []
     taken: set[str] = set()
     name = Path(args.input).name if args.input != STDIO else "stdin"
     with _bar(args, count, f"check {name}", "tensor") as bar:
@@ -517,9 +542,9 @@ def _load(args: argparse.Namespace, data: Any, kind: str, count: int | None) -> 
             if item.tensor is None:
                 raise CliError(f"{item.label}: not a block-paged tensor, cannot convert")
             name = item.extra.get("name") or _tensor_name(item.tensor, taken)
-            source.tensors.append((name, item.tensor))
+            tensors.append((name, item.tensor))
             bar.update(1)
-    return source
+    return tensors
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -555,52 +580,46 @@ def _convert(args: argparse.Namespace) -> None:
         check_not_input(args.output, inputs)  # before anything is opened for writing
     data = _read(args.input, args)
     kind = identify(data)
-    count = _count(data, kind)
+    count, header, _, metadata = summary.framing(data, kind)
     _one_blob(target, args.input, count or 1)  # from the framing, before checking the tensors
-    source = _load(args, data, kind, count)
-    _one_blob(target, args.input, len(source.tensors))  # a reference stream is not counted
-    tensors = source.tensors
+    tensors = _load(args, data, kind, count)
+    _one_blob(target, args.input, len(tensors))  # a reference stream is not counted
     checksum = not args.no_checksum
-    header = source.header
-    if header is None:
-        header = _metadata_header(source.metadata) if source.metadata else StreamHeader()
+    stream_header = header or (_metadata_header(metadata) if metadata else StreamHeader())
     total = sum(t.nbytes for _, t in tensors)  # the data; a compressed output ends short
-    bar = _bar(args, total, Path(args.output).name if args.output != STDIO else "stdout", "B")
-    with bar:
+    name = Path(args.output).name if args.output != STDIO else "stdout"
+    with _bar(args, total, name, "B") as bar:
         if target == "hrry-file":
-            metadata = source.metadata or _header_metadata(source.header)
+            metadata = metadata or _header_metadata(header)
             write_file(args.output, dict(tensors), metadata, progress=partial(_advance, bar))
-            bar.update(total - bar.n)
-            return
-        output: AbstractContextManager[BinaryIO] = (
-            nullcontext(sys.stdout.buffer)
-            if args.output == STDIO
-            else atomic_output(args.output, inputs=inputs)
-        )
-        with output as out:
-            sink = _Counted(out, bar)
-            if target == "blob":
-                sink.writelines(encode_parts(tensors[0][1], compression=compression,
-                                             checksum=checksum))  # fmt: skip
-            elif target == "blob-stream":
-                with StreamWriter(sink, header) as writer:
+        else:
+            output: AbstractContextManager[BinaryIO] = (
+                nullcontext(sys.stdout.buffer)
+                if args.output == STDIO
+                else atomic_output(args.output, inputs=inputs)
+            )
+            with output as out:
+                sink = _Counted(out, bar)
+                if target == "blob":
+                    parts = encode_parts(tensors[0][1], compression=compression, checksum=checksum)
+                    sink.writelines(parts)
+                elif target == "blob-stream":
+                    with StreamWriter(sink, stream_header) as writer:
+                        for _, tensor in tensors:  # a conversion keeps every page
+                            writer.write(
+                                tensor, compression=compression, checksum=checksum, pages="all"
+                            )
+                else:
                     for _, tensor in tensors:
-                        writer.write(
-                            tensor, compression=compression, checksum=checksum, pages="all"
-                        )  # a conversion keeps every page
-            else:
-                for _, tensor in tensors:
-                    write_stream(sink, tensor)
-            sink.flush()
-            bar.update(total - bar.n)
+                        write_stream(sink, tensor)
+                sink.flush()
+        bar.update(total - bar.n)
 
 
 # -- errors ----------------------------------------------------------------------------------
-def _guard(path: str, step: Callable[[], None],
-           failed: Callable[[int, str, dict[str, Any]], None] | None = None) -> int:  # fmt: skip
+def _guard(path: str, step: Callable[[], None], result: dict[str, Any] | None = None) -> int:
     """Run ``step`` for ``path``; print its failure as one line and return its exit code
-    (``failed`` is told the code, the line and the error's structured fields too: the
-    ``--json`` outputs keep them)."""
+    (``result["error"]``: the code, the line and the error's structured fields, for ``--json``)."""
     error: BaseException
     try:
         step()
@@ -620,24 +639,19 @@ def _guard(path: str, step: Callable[[], None],
         code, message = EXIT_INTERNAL, f"{path}: internal error: {type(exc).__name__}: {exc}"
         error = exc
     print(f"hurray-wire: {message}", file=sys.stderr)
-    if failed is not None:
-        failed(code, message, _details(error))
+    if result is not None:
+        result["error"] = {**_details(error), "message": message, "exit_code": code}
     return code
 
 
 # -- entry -----------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed command (``cli_args.main`` parses first, without loading this module):
-    the exit code (``EXIT_CODES``)."""
-    if args.max_input_bytes is None:  # argparse left them unset: the library's defaults
-        args.max_input_bytes = DEFAULT_MAX_INPUT_BYTES
-    if args.input_timeout is None:
-        args.input_timeout = DEFAULT_INPUT_IDLE
+    """Run the command ``cli_args.main`` parsed (without loading this module): its exit code."""
     args.worst = EXIT_OK  # the worst exit code so far: what a broken pipe returns
     try:
         if args.command == "convert":  # one input, one output; errors name the input
             return _guard(args.input, lambda: _convert(args))
-        return {"dump": cmd_dump, "validate": cmd_validate}[args.command](args)
+        return _each_input(args)
     except KeyboardInterrupt:
         print("hurray-wire: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -648,10 +662,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` and run the command, in one call (for callers that have the library
-    loaded already; the console script is ``cli_args.main``)."""
+    """Parse ``argv`` and run the command (the console script is ``cli_args.main``)."""
     return run(build_parser().parse_args(argv))
 
 
-if __name__ == "__main__":  # pragma: no cover
+if __name__ == "__main__":  # pragma: no cover - python -m hurray_wire.cli
     sys.exit(main())

@@ -70,24 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
     )
     parser.add_argument("--version", action="version", version=f"hurray-wire {__version__}")
-    feedback = argparse.ArgumentParser(add_help=False)
-    group = feedback.add_mutually_exclusive_group()
+    common = argparse.ArgumentParser(add_help=False)  # what every command takes
+    group = common.add_mutually_exclusive_group()
     group.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     group.add_argument("--progress", action="store_true",
                        help="a progress bar on stderr even if it is not a terminal")  # fmt: skip
-    inputs = argparse.ArgumentParser(add_help=False)
     for flag, text in (  # the defaults are containers.io's, set by cli.run
         ("--max-input-bytes", "refuse a pipe, FIFO or device input "
          "(read into memory; files are mapped) longer than this (default 1 GiB)"),
         ("--input-timeout", "refuse such an input after this many "
          "seconds without a byte (default 30; 0: wait for ever)"),
     ):  # fmt: skip
-        inputs.add_argument(flag, type=_bound, default=None, metavar="N", help=text)
+        common.add_argument(flag, type=_bound, default=None, metavar="N", help=text)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(
-            name, help=text, parents=[feedback, inputs], epilog=_epilog(), formatter_class=formatter
+            name, help=text, parents=[common], epilog=_epilog(), formatter_class=formatter
         )
 
     dump = command("dump", "print a readable summary of each input")

@@ -6,17 +6,19 @@ The JSON shape is ``hurray_wire/schemas/dump.schema.json``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from hurray_wire import blob as blob_codec, codecs
 from hurray_wire.blob.envelope import entry_at
 from hurray_wire.buffers import byte_view
-from hurray_wire.containers import HrryFile
+from hurray_wire.containers import HrryFile, StreamFile, StreamHeader
 from hurray_wire.dtypes import element_type_from_tag
 from hurray_wire.errors import HurrayWireError, UnsupportedLayoutError
-from hurray_wire.integrity import MemoryPageStore
+from hurray_wire.integrity import MemoryPageStore, logical_positions
 from hurray_wire.model.descriptor import (
     MEMORY_CLASS_NAMES,
     SYNC_MODE_NAMES,
@@ -25,7 +27,7 @@ from hurray_wire.model.descriptor import (
     TensorDescriptor,
     device_name,
 )
-from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_header
+from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_descriptor, decode_header
 from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
@@ -39,20 +41,24 @@ from hurray_wire.wire import (
 from hurray_wire.wire.descriptor_layout import FIXED as _DESCRIPTOR, HANDLE as _HANDLE
 
 __all__ = [
+    "Framing",
+    "Item",
     "annotate_blob",
     "annotate_chunk_table",
     "annotate_descriptor",
     "annotate_hrry",
     "annotate_stream",
-    "blob_has_checksums",
+    "bare_descriptor",
     "check_blob",
     "describe_arrays",
     "describe_blob_envelope",
+    "describe_container",
     "describe_descriptor",
     "describe_header",
     "describe_pages",
     "describe_tensor",
-    "empty_page_store",
+    "dump_item",
+    "framing",
 ]
 
 LAYER_NONE_TEXT = "none (0xFFFFFFFF)"
@@ -60,10 +66,8 @@ LAYER_NONE_TEXT = "none (0xFFFFFFFF)"
 
 def _handle(handle: BufferHandle) -> dict[str, Any]:
     return {
-        "byte_size": handle.byte_size,
-        "alignment": handle.alignment,
+        **asdict(handle),  # byte_size, alignment, device_tag as they are; the codes named:
         "device": device_name(handle.device_tag),
-        "device_tag": handle.device_tag,
         "sync_mode": SYNC_MODE_NAMES[handle.sync_mode],
         "memory_class": MEMORY_CLASS_NAMES.get(
             handle.memory_class, f"private_0x{handle.memory_class:02X}"
@@ -74,13 +78,10 @@ def _handle(handle: BufferHandle) -> dict[str, Any]:
 def _quantization(quant: Quantization | None) -> dict[str, Any] | None:
     if quant is None:
         return None
-    fields: dict[str, Any] = {"scheme": quant.name, "scheme_tag": quant.scheme_tag}
-    for key, value in vars(quant).items():
-        fields[key] = getattr(value, "name", value)
-    scale_type = getattr(quant, "scale_type", None)
-    if scale_type is not None:
-        fields["scale_type"] = scale_type.name
-    return fields
+    fields = {"scheme": quant.name, "scheme_tag": quant.scheme_tag, **vars(quant)}
+    if (scale_type := getattr(quant, "scale_type", None)) is not None:  # a property, not in vars
+        fields["scale_type"] = scale_type
+    return {k: getattr(v, "name", v) for k, v in fields.items()}  # element types by name
 
 
 def _statistics(stats: Statistics | None) -> dict[str, Any] | None:
@@ -136,60 +137,41 @@ def describe_tensor(tensor: BlockPagedTensor) -> dict[str, Any]:
     num_pages = tensor.layout.num_pages
     referenced = np.unique(table)
     shared = sum(len(seqs) > 1 for seqs in prefix_sharing(tensor).values())
-    out: dict[str, Any] = {
+    seq_lens = tensor.seq_lens
+    return {
         "sequences": tensor.num_seqs,
         "logical_pages": len(table),
         "pages_per_sequence": _spread(pages),
-        "tokens_per_sequence": None,
+        "tokens_per_sequence": None if seq_lens is None else _spread(seq_lens.astype(np.int64)),
         "shared_pages": shared,
         "pool_pages_referenced": len(referenced),
         "pool_occupancy": (len(referenced) / num_pages) if num_pages else 0.0,
     }
-    if tensor.seq_lens is not None:
-        out["tokens_per_sequence"] = _spread(tensor.seq_lens.astype(np.int64))
-    return out
 
 
 def describe_arrays(tensor: BlockPagedTensor) -> dict[str, list[int] | None]:
     """The index arrays themselves (``dump --index``): block_table, seq_ptr, seq_lens."""
-    seq_lens = tensor.seq_lens
-    return {
-        "block_table": tensor.block_table.astype(np.int64).tolist(),
-        "seq_ptr": tensor.seq_ptr.astype(np.int64).tolist(),
-        "seq_lens": None if seq_lens is None else seq_lens.astype(np.int64).tolist(),
-    }
+    arrays = {name: getattr(tensor, name) for name in ("block_table", "seq_ptr", "seq_lens")}
+    return {k: None if a is None else a.astype(np.int64).tolist() for k, a in arrays.items()}
 
 
 def check_blob(data: Any, verify: bool) -> tuple[BlockPagedTensor, dict[str, Any]]:
-    """Decode one blob for ``dump`` / ``validate``: the tensor and what its pages say (the
-    pages that fail their digest, by id and place, are named, not only their section; pages
-    held by reference in a receiver's store, which a file alone lacks, are listed and left
-    zero). Every other check raises as ``decode`` does."""
-    report = blob_codec.decode_report(data, verify=verify, page_store=empty_page_store())
+    """Decode one blob for ``dump`` / ``validate``: the tensor and its pages (those failing
+    their digest named by id and place, those held by reference listed and left zero)."""
+    store = MemoryPageStore(0)  # holds nothing: a delta blob read without its receiver's store
+    report = blob_codec.decode_report(data, verify=verify, page_store=store)
     return report.tensor, describe_pages(report)
-
-
-def empty_page_store() -> MemoryPageStore:
-    """A store that holds nothing: a delta blob read without its receiver's store."""
-    return MemoryPageStore(0)
 
 
 def describe_pages(report: Any) -> dict[str, Any]:
     """A ``DecodeReport`` as data: bad pages (digest mismatch) by physical id and logical
     ``[sequence, page_in_sequence]``, and the pages held by reference."""
     bad = np.union1d(report.digest_mismatch, report.corrupt).astype(np.int64)
-    tensor = report.tensor
-    table = tensor.block_table.astype(np.int64)
-    wanted = set(bad.tolist())
-    positions = [
-        [seq, at]
-        for seq, at in report.positions
-        if int(table[int(tensor.seq_ptr[seq]) + at]) in wanted
-    ]
+    _, seqs, at = logical_positions(report.tensor.block_table, report.tensor.seq_ptr, bad)
     return {
         "digests": bool(report.has_digests),
         "bad_pages": bad.tolist(),
-        "bad_positions": positions,
+        "bad_positions": [list(p) for p in zip(seqs.tolist(), at.tolist(), strict=True)],
         "by_reference": report.missing.astype(np.int64).tolist(),
     }
 
@@ -211,22 +193,15 @@ def describe_blob_envelope(data: Any, verified: bool) -> dict[str, Any]:
     checksummed = head["checksum_type"] == wire.CHECKSUM_XXH3_64
     sections = []
     for number in range(head["section_count"]):
-        entry = _ENTRY.unpack_dict(view, entry_at(number))
-        kind = wire.SECTION_KINDS.get(entry["kind"], f"unknown_0x{entry['kind']:02X}")
-        sections.append(
-            {
-                "kind": kind,
-                "index": entry["index"],
-                "required": bool(entry["section_flags"] & wire.FLAG_REQUIRED),
-                "codec": codecs.registry.name_or_id(entry["codec"]),
-                "codec_param": entry["codec_param"],
-                "offset": entry["offset"],
-                "stored_size": entry["stored_size"],
-                "raw_size": entry["raw_size"],
-                "alignment": entry["alignment"],
-                "checksum": f"0x{entry['checksum']:016x}" if head["checksum_type"] else None,
-            }
+        entry = _ENTRY.unpack_dict(view, entry_at(number))  # every field but these, as stored
+        kind, flags, _ = entry.pop("kind"), entry.pop("section_flags"), entry.pop("_reserved")
+        entry.update(
+            kind=wire.SECTION_KINDS.get(kind, f"unknown_0x{kind:02X}"),
+            required=bool(flags & wire.FLAG_REQUIRED),
+            codec=codecs.registry.name_or_id(entry["codec"]),
+            checksum=f"0x{entry['checksum']:016x}" if head["checksum_type"] else None,
         )
+        sections.append(entry)
     return {
         "version": f"{head['version_major']}.{head['version_minor']}",
         "total_length": head["total_length"],
@@ -237,11 +212,102 @@ def describe_blob_envelope(data: Any, verified: bool) -> dict[str, Any]:
     }
 
 
-def blob_has_checksums(data: Any) -> bool:
-    """Whether a blob's header says its sections carry checksums (``checksum=False``:
-    decoding checks the structure only)."""
-    head = _BLOB_HEADER.unpack_dict(byte_view(data), 0)
-    return bool(head["checksum_type"] == wire.CHECKSUM_XXH3_64)
+# -- what dump shows of an input ------------------------------------------------------------
+@dataclass
+class Item:
+    """One thing found in an input: a tensor (with its blob bytes) or a descriptor;
+    ``pages`` is what the blob's page sections said (``check_blob``)."""
+
+    label: str
+    kind: str
+    tensor: BlockPagedTensor | None = None
+    blob: Any = None
+    descriptor_bytes: bytes | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    pages: dict[str, Any] | None = None
+
+
+def dump_item(item: Item, verify: bool, arrays: bool = False) -> dict[str, Any]:
+    """One item as the JSON of ``dump --json`` (``arrays``: the index arrays too)."""
+    out: dict[str, Any] = {"item": item.label, "kind": item.kind}
+    if item.descriptor_bytes is not None:
+        out["descriptor"] = bare_descriptor(item.descriptor_bytes)[0]
+        return out
+    if "header" in item.extra:
+        out["descriptor"] = describe_header(item.extra["header"])
+        return out
+    tensor = item.tensor
+    assert tensor is not None
+    if item.blob is not None:
+        out["envelope"] = describe_blob_envelope(item.blob, verify)
+    out["descriptor"] = describe_descriptor(tensor.descriptor)
+    out["index"] = describe_tensor(tensor)
+    out["seq_lens_present"] = tensor.seq_lens is not None
+    if item.pages is not None:
+        out["pages"] = item.pages
+    if arrays:
+        out["arrays"] = describe_arrays(tensor)
+    out["metadata"] = {k: _jsonable(v) for k, v in tensor.metadata.items()}
+    return out
+
+
+def bare_descriptor(data: Any) -> tuple[dict[str, Any], str]:
+    """A bare descriptor, checked: its report and what it is in a few words. A descriptor of
+    another layout is valid Hurray: its common header is what can be checked."""
+    try:
+        desc = decode_descriptor(data)
+    except UnsupportedLayoutError as exc:
+        checked = describe_header(decode_header(data))
+        return checked, f"{exc.layout_name} layout, common header checked"
+    what = f"block_paged {desc.element_type.name} {list(desc.shape)}"
+    return describe_descriptor(desc), what
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class Framing(NamedTuple):
+    """What an input's framing says before any record is decoded."""
+
+    records: int | None  # how many (None: a reference stream is walked, not indexed)
+    header: StreamHeader | None = None  # a blob stream's header
+    complete: bool = False  # the blob stream ends with its end record
+    metadata: Mapping[str, Any] = {}  # a .hrry file's user metadata
+
+
+def framing(data: Any, kind: str) -> Framing:
+    if kind == "blob-stream":
+        with StreamFile(memoryview(data), verify=False) as stream:
+            return Framing(len(stream.entries), stream.header, stream.complete)
+    if kind == "hrry-file":
+        reader = HrryFile.from_buffer(data)
+        return Framing(len(reader.names), metadata=dict(reader.user_metadata))
+    return Framing(None if kind == "reference-stream" else 1)
+
+
+def describe_container(kind: str, frame: Framing) -> dict[str, Any]:
+    """What a container says about itself: the stream header, the .hrry file metadata."""
+    if kind == "hrry-file":
+        return {"metadata": {k: _jsonable(v) for k, v in frame.metadata.items()}}
+    if kind != "blob-stream":
+        return {}
+    header = frame.header
+    described: dict[str, Any] | None = None
+    if header is not None:
+        described = {
+            "model": header.model,
+            "num_layers": header.num_layers,
+            "kv_roles": list(header.kv_roles),
+            "element_type": None if header.element_type is None else header.element_type.name,
+            "end_record": header.end_record,
+            "metadata": {k: _jsonable(v) for k, v in header.metadata.items()},
+        }
+    return {"stream_header": described, "stream_complete": frame.complete}
 
 
 # -- annotated hex --------------------------------------------------------------------------
@@ -252,51 +318,58 @@ _ENTRY = wire.FAST_SECTION_ENTRY
 _CHECKSUM = wire.FAST_HEADER_CHECKSUM  # the blob record's seal
 _CHUNK_HEAD = wire.FAST_CHUNK_TABLE_HEADER
 _CHECKSUM_NAMES = {wire.CHECKSUM_NONE: "none", wire.CHECKSUM_XXH3_64: "xxh3_64"}
-_INDEX_TYPE_NAMES = {code: name for name, code in wd.INDEX_TYPES.items()}
-_SHAPE_LABELS = {
-    "shape[0]": "shape[0] total_tokens",
-    "shape[1]": "shape[1] num_heads",
-    "shape[2]": "shape[2] head_dim",
+_CODE_NAMES = {  # fields whose codes have names
+    "kv_role": wd.KV_ROLE_BY_CODE,
+    "block_table_index_type": {code: name for name, code in wd.INDEX_TYPES.items()},
+    "checksum_type": _CHECKSUM_NAMES,
 }
+_AXES = ("total_tokens", "num_heads", "head_dim")  # what each block-paged shape axis counts
+_SHAPE_LABELS = {f"shape[{i}]": f"shape[{i}] {axis}" for i, axis in enumerate(_AXES)}
 
 
 def _value(raw: bytes, name: str) -> str:
-    """A field's value as a dump shows it: enumerations and sentinels by name."""
+    """A field's value as a dump shows it: enumerations, sentinels and bit sets by name."""
     if name == "magic":
         return repr(raw.decode("latin-1"))
     if name.startswith("_reserved"):
         return "zero" if not any(raw) else "NON-ZERO"
     number = int.from_bytes(raw, "little")
+    hexed = f"0x{number:0{2 * len(raw)}X}"
+    if name in _CODE_NAMES:
+        return _CODE_NAMES[name].get(number, str(number))
+    if name in ("flags", "type_tag", "layout_tag", "stream_flags", "end_flags"):
+        return hexed
     if name == "layer_index" and number == wd.LAYER_NONE:
         return LAYER_NONE_TEXT
-    if name == "kv_role":
-        return wd.KV_ROLE_BY_CODE.get(number, str(number))
-    if name == "block_table_index_type":
-        return _INDEX_TYPE_NAMES.get(number, str(number))
-    if name in ("flags", "type_tag", "layout_tag"):
-        return f"0x{number:0{2 * len(raw)}X}"
-    if name == "checksum_type":
-        return _CHECKSUM_NAMES.get(number, str(number))
+    if name == "num_layers" and number == ws.NUM_LAYERS_UNKNOWN:
+        return "unknown (0xFFFFFFFF)"
+    if name == "kv_roles":
+        roles = [role for role, bit in ws.ROLE_BITS.items() if number & bit]
+        return f"{hexed} ({', '.join(roles) or 'unstated'})"
+    if name == "element_type":
+        if number == ws.ELEMENT_TYPE_UNKNOWN:
+            return "unstated (0x00)"
+        try:
+            return f"{element_type_from_tag(number).name} ({hexed})"
+        except HurrayWireError:
+            return hexed
     if name == "kind":
         return wire.SECTION_KINDS.get(number, f"unknown 0x{number:02X}")
     if name == "codec":
         return codecs.registry.name_or_id(number)
-    if name == "checksum":
+    if name in ("checksum", "header_checksum"):
         return f"0x{number:016x}"
     return str(number)
 
 
-def _fields(
-    fast: Any, view: Any, at: int = 0, prefix: str = "", base: int = 0, value: Any = _value
-) -> list[Annotation]:
-    """Every field of the struct ``fast`` that starts at ``view[at]``, named ``prefix`` +
-    its label (reserved fields all ``_reserved``; shape axes say what they count), at
-    offset ``base + at`` + the field's own."""
+def _fields(fast: Any, view: Any, at: int = 0, prefix: str = "", base: int = 0) -> list[Annotation]:
+    """Every field of the struct ``fast`` at ``view[at]``, as ``prefix`` + its label, at
+    offset ``base + at`` + its own (reserved fields all ``_reserved``)."""
     out: list[Annotation] = []
     for offset, size, name in fast.fields:
         label = "_reserved" if name.startswith("_reserved") else _SHAPE_LABELS.get(name, name)
         piece = bytes(view[at + offset : at + offset + size])
-        out.append((base + at + offset, size, prefix + label, value(piece, label)))
+        out.append((base + at + offset, size, prefix + label, _value(piece, label)))
     return out
 
 
@@ -327,8 +400,7 @@ def annotate_blob(data: Any) -> list[Annotation]:
         out += _fields(_ENTRY, view, entry_at(number), f"section[{number}].")
     desc_start = entry_at(count)
     out.extend(annotate_descriptor(view[desc_start:header_length], desc_start))
-    (checksum,) = _CHECKSUM.struct.unpack_from(view, header_length)
-    out.append((header_length, _CHECKSUM.size, "header_checksum", f"0x{checksum:016x}"))
+    out += _fields(_CHECKSUM, view, header_length)
     cursor = header_length + _CHECKSUM.size
     for number, entry in enumerate(entries):
         offset, stored = entry["offset"], entry["stored_size"]
@@ -392,85 +464,44 @@ def annotate_chunk_table(
 _MINIMUM = {r.magic: r.head.size + r.tail_size for r in (wr.STREAM_HEADER, wr.END_RECORD)}
 
 
-def _stream_value(raw: bytes, name: str) -> str:
-    """A stream record field as a dump shows it: sentinels and bit sets by name."""
-    number = int.from_bytes(raw, "little")
-    if name == "num_layers" and number == ws.NUM_LAYERS_UNKNOWN:
-        return "unknown (0xFFFFFFFF)"
-    if name == "kv_roles":
-        roles = [role for role, bit in ws.ROLE_BITS.items() if number & bit]
-        return f"0x{number:02X} ({', '.join(roles) or 'unstated'})"
-    if name == "element_type":
-        if number == ws.ELEMENT_TYPE_UNKNOWN:
-            return "unstated (0x00)"
-        try:
-            return f"{element_type_from_tag(number).name} (0x{number:02X})"
-        except HurrayWireError:
-            return f"0x{number:02X}"
-    if name in ("stream_flags", "end_flags"):
-        return f"0x{number:04X}"
-    return _value(raw, name)
-
-
-def annotate_stream_header(data: Any, base: int = 0) -> list[Annotation]:
-    """Named fields of a stream header record (docs/streaming.md) that starts ``data``.
-
-    Offsets are ``base`` + the offset in the record: the stream offset when ``data`` is the
-    record's slice of the stream.
-    """
+def annotate_stream_record(record: wr.Record, data: Any, base: int = 0) -> list[Annotation]:
+    """Named fields of a stream header or end record (docs/streaming.md) that starts ``data``,
+    at ``base`` + their offset in it: the head, its runs (model name and metadata, or the
+    index entries before the footer), padding, the seal or footer."""
     view = bytes(memoryview(data).cast("B"))
-    head = wr.STREAM_HEADER.head.unpack_dict(view, 0)
-    runs = (("model_name", head["model_name_length"]), ("metadata", head["metadata_length"]))
-    spans = wr.STREAM_HEADER.spans(min(head["total_length"], len(view)), runs)
-    out = _fields(wr.STREAM_HEADER.head, view, 0, "stream_header.", base, _stream_value)
-    start, stop = spans["model_name"]
-    model = repr(view[start:stop].decode("utf-8", "replace"))
-    out.append((base + start, stop - start, "stream_header.model_name", model))
-    start, stop = spans["metadata"]
-    if stop > start:
-        what = f"KV section, {stop - start} bytes"
-        out.append((base + start, stop - start, "stream_header.metadata", what))
-    return out + _closing(wr.STREAM_HEADER, view, spans, "stream_header.", base)
-
-
-def _closing(
-    record: wr.Record, view: bytes, spans: wr.Spans, name: str, base: int
-) -> list[Annotation]:
-    """A record's padding (if any) and its tail: the seal, or a footer."""
+    name = "stream_header." if record is wr.STREAM_HEADER else "end_record."
+    head = record.head.unpack_dict(view, 0)
+    total = min(head["total_length"], len(view))
+    out = _fields(record.head, view, 0, name, base)
+    if record is wr.STREAM_HEADER:
+        runs = (("model_name", head["model_name_length"]), ("metadata", head["metadata_length"]))
+        spans = record.spans(total, runs)
+        start, stop = spans["model_name"]
+        model = repr(view[start:stop].decode("utf-8", "replace"))
+        out.append((base + start, stop - start, name + "model_name", model))
+        start, stop = spans["metadata"]
+        if stop > start:
+            what = f"KV section, {stop - start} bytes"
+            out.append((base + start, stop - start, name + "metadata", what))
+    else:
+        entry, cursor = ws.FAST_END_ENTRY, record.head.size
+        shown = min(head["entry_count"], max(0, total - record.tail_size - cursor) // entry.size)
+        for number in range(shown):  # those before the footer
+            at = cursor + entry.size * number
+            out += _fields(entry, view, at, f"{name}entry[{number}].", base)
+        spans = record.spans(total, (("entries", entry.size * shown),))
     (start, stop), (seal, _) = spans["padding"], spans["seal"]
-    out = [_padding(view, start, stop, base)] if stop > start else []
+    out += [_padding(view, start, stop, base)] if stop > start else []
     assert record.tail is not None
     return out + _fields(record.tail, view, seal, name, base)
 
 
-def annotate_end_record(data: Any, base: int = 0) -> list[Annotation]:
-    """Named fields of an end record: the fixed part, each index entry, the footer."""
-    view = bytes(memoryview(data).cast("B"))
-    head = wr.END_RECORD.head.unpack_dict(view, 0)
-    count = head["entry_count"]
-    total = min(head["total_length"], len(view))
-    out = _fields(wr.END_RECORD.head, view, 0, "end_record.", base, _stream_value)
-    entry = ws.FAST_END_ENTRY
-    cursor, footer = wr.END_RECORD.head.size, total - wr.END_RECORD.tail_size
-    shown = min(count, max(0, footer - cursor) // entry.size)  # those before the footer
-    for number in range(shown):
-        at = cursor + entry.size * number
-        out += _fields(entry, view, at, f"end_record.entry[{number}].", base, _stream_value)
-    spans = wr.END_RECORD.spans(total, (("entries", entry.size * shown),))
-    return out + _closing(wr.END_RECORD, view, spans, "end_record.", base)
-
-
 def annotate_stream(data: Any) -> list[Annotation]:
-    """Every record of a blob stream: the stream header, each blob, the end record.
-
-    Records are framed by their 16-byte prefix and told apart by magic; a record that the
-    input cuts short, or bytes that are no record, end the listing with one line saying so
-    (the dump shows what is there; ``validate`` says what is wrong).
-    """
+    """Every record of a blob stream, framed by its prefix and told apart by magic; a cut
+    record or bytes that are no record end the listing with one line (``validate`` says why)."""
     view = memoryview(data).cast("B")
     out: list[Annotation] = []
-    pos = 0
-    number = 0
+    pos = number = 0
     while pos < len(view):
         rest = len(view) - pos
         if rest < wr.PREFIX.size:
@@ -496,10 +527,8 @@ def annotate_stream(data: Any) -> list[Annotation]:
             out.append((pos, total, "short record", f"{total} bytes, under {minimum}"))
             break
         record = view[pos : pos + total]
-        if magic == ws.STREAM_MAGIC:
-            out.extend(annotate_stream_header(record, pos))
-        elif magic == ws.END_MAGIC:
-            out.extend(annotate_end_record(record, pos))
+        if magic != wire.BLOB_MAGIC:
+            out.extend(annotate_stream_record(wr.RECORDS_BY_MAGIC[magic], record, pos))
         else:  # a blob, whole or (its header whole) cut
             out.append((pos, 0, f"blob {number}", f"{total} bytes{' declared' * cut}"))
             out.extend(

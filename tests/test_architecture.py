@@ -40,7 +40,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("report",),
     ("testing",),
     ("cli_parser",),
-    ("cli_text",),
     ("cli",),
     # The console script's entry: parses (cli_parser), then loads the commands (cli).
     ("cli_args",),

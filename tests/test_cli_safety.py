@@ -471,7 +471,7 @@ def test_help_loads_no_library_code(argv: list[str]) -> None:
         "    pass\n"
         "heavy = [m for m in sys.modules if m == 'numpy' or m.startswith(("
         "'hurray_wire.blob', 'hurray_wire.containers', 'hurray_wire.transport', "
-        "'hurray_wire.cli_text')) or m == 'hurray_wire.cli']\n"
+        "'hurray_wire.report')) or m == 'hurray_wire.cli']\n"
         "print(heavy, file=sys.stderr)\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

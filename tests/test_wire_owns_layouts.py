@@ -58,7 +58,7 @@ EXCEPTIONS = {
     "elements, docs/spec § element types, not a record)",
     ("model/packing.py", "slice[3]"): "the same 4-codes-in-3-bytes packing",
     ("model/packing.py", "slice[4]"): "the same 4-codes-in-3-bytes packing",
-    ("cli_text.py", "slice[16]"): "a hex dump's row of 16 bytes (display width)",
+    ("cli.py", "slice[16]"): "a hex dump's row of 16 bytes (display width)",
     ("transport/records.py", "slice[16]"): "the first 16 bytes of a bad reason, shown",
 }
 

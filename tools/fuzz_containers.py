@@ -92,14 +92,14 @@ if atheris is not None and __name__ == "__main__":
         import _instrumented  # the lazy package: every module now, instrumented
 
         import hurray_wire as hw
-        from hurray_wire import cli, cli_text, containers as hws, containers as reference
+        from hurray_wire import cli, containers as hws, containers as reference
         from hurray_wire.crc32c import crc32c
         from hurray_wire.metadata import encode_metadata
 
         _instrumented.import_all()
 else:
     import hurray_wire as hw
-    from hurray_wire import cli, cli_text, containers as hws, containers as reference
+    from hurray_wire import cli, containers as hws, containers as reference
     from hurray_wire.crc32c import crc32c
     from hurray_wire.metadata import encode_metadata
 
@@ -440,7 +440,7 @@ def check_cli(data: bytes) -> None:
         codes.append(code)
     if codes[0] != 0 or xxhash.xxh3_64_intdigest(data) % 8 == 0:  # a valid one fsyncs: 1 in 8
         _check_convert(path, kind, codes[0])
-    hex_usage = len(codes) == 4 and kind is not None and kind not in cli_text.HEX_KINDS
+    hex_usage = len(codes) == 4 and kind is not None and kind not in cli.HEX_KINDS
     if hex_usage and codes.pop() != cli.EXIT_USAGE:  # --hex annotates only some kinds
         raise AssertionError(f"dump --hex of a {kind} did not exit {cli.EXIT_USAGE}")
     if any(code not in (0, 1) for code in codes) or (codes[0] == 0 and any(codes[1:])):
