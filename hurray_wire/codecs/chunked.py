@@ -15,9 +15,7 @@ import numpy as np
 from hurray_wire import parallel
 from hurray_wire.buffers import U8Array
 from hurray_wire.codecs.base import Codec, Progress, Settings, bytes_view, output
-from hurray_wire.codecs.compressor import compress_frame
-from hurray_wire.codecs.frames import decode_frame, frame_header
-from hurray_wire.codecs.shuffle_zstd import SHUFFLE_WIDTHS
+from hurray_wire.codecs.zstd import SHUFFLE_WIDTHS, compress_frame, decode_frame, frame_header
 from hurray_wire.errors import DecompressionError, HurrayWireError
 from hurray_wire.wire import chunked as wc
 

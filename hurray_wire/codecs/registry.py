@@ -3,11 +3,9 @@ the report and the text specs ask here; registering a codec is all it takes)."""
 
 from __future__ import annotations
 
-from hurray_wire.codecs.base import Codec
+from hurray_wire.codecs.base import RAW, Codec
 from hurray_wire.codecs.chunked import CHUNKED
-from hurray_wire.codecs.raw import RAW
-from hurray_wire.codecs.shuffle_zstd import SHUFFLE_ZSTD
-from hurray_wire.codecs.zstd import ZSTD
+from hurray_wire.codecs.zstd import SHUFFLE_ZSTD, ZSTD
 from hurray_wire.errors import CodecConfigError, DecompressionError
 
 __all__ = [

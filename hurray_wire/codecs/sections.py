@@ -12,9 +12,8 @@ import zstandard
 
 from hurray_wire.buffers import U8Array, u8_array, writable_u8
 from hurray_wire.codecs import byteshuffle
-from hurray_wire.codecs.base import Progress, bytes_view
+from hurray_wire.codecs.base import CODEC_RAW, Progress, bytes_view
 from hurray_wire.codecs.config import Compression, check_threads, int_arg
-from hurray_wire.codecs.raw import CODEC_RAW
 from hurray_wire.codecs.registry import BY_ID, get
 from hurray_wire.errors import (
     ArgumentTypeError,
