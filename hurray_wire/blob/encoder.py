@@ -17,7 +17,7 @@ import numpy.typing as npt
 import xxhash
 
 from hurray_wire.blob.copying import copy_and_hash
-from hurray_wire.blob.envelope import CHECKSUM, ENTRY, ENTRY_AT, entry_at, pack_header
+from hurray_wire.blob.envelope import CHECKSUM, ENTRY, ENTRY_AT, HEADER, entry_at
 from hurray_wire.blob.output import OUTPUT_POOL
 from hurray_wire.blob.pages import paged_buffers
 from hurray_wire.buffers import align, byte_view
@@ -48,7 +48,7 @@ from hurray_wire.model.layout import check_indexes
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_struct
-from hurray_wire.wire.seal import checksum_of
+from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
     "DEFAULT_ENCODER",
@@ -225,8 +225,9 @@ class _Layout:
 
 
 def _layout(wire: bytes, entries: list[_Entry], counts: list[int], checksum: bool) -> _Layout:
-    """Give each section its aligned offset after the header; pack the header."""
-    cursor = entry_at(len(entries)) + len(wire) + CHECKSUM.size
+    """Give each section its aligned offset after the header; pack and seal the header."""
+    length = entry_at(len(entries)) + len(wire)  # header_length: its checksum follows
+    cursor = length + CHECKSUM.size
     fields, gaps, offsets, bounds = [], [], [], [0]
     for (kind, flags, codec, param, index, stored, raw, alignment), count in zip(
         entries, counts, strict=True
@@ -239,7 +240,9 @@ def _layout(wire: bytes, entries: list[_Entry], counts: list[int], checksum: boo
         cursor = offset + stored
     total = align(cursor, w.BLOB_ALIGNMENT)
     gaps.append(bytes(total - cursor))
-    header = pack_header(wire, fields, total, checksum)
+    kind = w.CHECKSUM_XXH3_64 if checksum else w.CHECKSUM_NONE
+    fixed = HEADER.pack(1, 0, 0, total, length, len(entries), kind, len(wire))
+    header = seal(b"".join([fixed, *(ENTRY.pack(*f) for f in fields), wire]))
     at = range(_FIRST_CHECKSUM, _FIRST_CHECKSUM + _ENTRY_SIZE * len(entries), _ENTRY_SIZE)
     return _Layout(header, tuple(gaps), tuple(offsets), tuple(bounds), total, at)
 
