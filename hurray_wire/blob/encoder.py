@@ -8,7 +8,7 @@ the padding; the sections' pieces) and writes it by joining, as views or into a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,7 @@ assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
 _FIRST_CHECKSUM = entry_at(0) + ENTRY_AT["checksum"]  # then one every ENTRY.size bytes
 _ENTRY_SIZE = ENTRY.size
 _SEAL = CHECKSUM.struct
+_UNHASHED = (0,) * 5  # the checksums of a cached layout's (at most 5) sections: none yet
 #: A section entry but its offset and checksum: (kind, flags, codec, codec_param, index,
 #: stored_size, raw_size, alignment).
 _Entry = tuple[int, int, int, int, int, int, int, int]
@@ -247,6 +248,37 @@ def _layout(wire: bytes, entries: list[_Entry], counts: list[int], checksum: boo
     return _Layout(header, tuple(gaps), tuple(offsets), tuple(bounds), total, at)
 
 
+def _join(layout: _Layout, contents: list[Any]) -> tuple[memoryview, list[Any]]:
+    """The blob in a new bytearray, its checksums not patched in yet, and the contents
+    as joined (strided arrays copied)."""
+    pieces: list[Any] = [None] * (2 * len(contents) + 2)
+    pieces[0] = layout.header
+    pieces[1::2] = layout.gaps
+    pieces[2::2] = contents
+    try:
+        return memoryview(bytearray().join(pieces)), contents
+    except (TypeError, ValueError, BufferError):  # strided arrays: copied
+        return _join(layout, [_u8(piece) for piece in contents])
+
+
+def _seal(out: memoryview, layout: _Layout, contents: list[Any], sums: Sequence[int]) -> None:
+    """Patch the section checksums into the header at the start of ``out`` (hashing the
+    sections whose sum is 0) and reseal it."""
+    pack = _SECTION_CHECKSUM.pack_into
+    if sums is _UNHASHED:  # a cached layout: one piece each, none hashed
+        for at, piece in zip(layout.checksum_at, contents, strict=True):
+            pack(out, at, checksum_of(piece))
+    elif len(contents) == len(layout.offsets):  # one piece each
+        for at, value, piece in zip(layout.checksum_at, sums, contents, strict=False):
+            pack(out, at, value or checksum_of(piece))
+    else:
+        b = layout.bounds
+        for n, at in enumerate(layout.checksum_at):
+            pack(out, at, sums[n] or _hash(contents[b[n] : b[n + 1]]))
+    end = len(layout.header) - _SEAL.size
+    _SEAL.pack_into(out, end, checksum_of(out[:end]))
+
+
 @dataclass(slots=True)
 class _Plan:
     """One blob planned: its layout, its sections' stored pieces and checksums (0: not
@@ -256,28 +288,11 @@ class _Plan:
     contents: list[Any]
     sums: list[int] | None
 
-    def _seal(self, out: memoryview) -> None:
-        """Patch the section checksums into the header at the start of ``out`` (hashing
-        the sections not hashed yet) and reseal it."""
-        sums, contents = self.sums, self.contents
-        if sums is None:
-            return
-        pack = _SECTION_CHECKSUM.pack_into
-        ats = self.layout.checksum_at
-        if len(contents) == len(sums):  # one piece each
-            for at, value, piece in zip(ats, sums, contents, strict=True):
-                pack(out, at, value or checksum_of(piece))
-        else:
-            b = self.layout.bounds
-            for n, at in enumerate(ats):
-                pack(out, at, sums[n] or _hash(contents[b[n] : b[n + 1]]))
-        end = len(self.layout.header) - _SEAL.size
-        _SEAL.pack_into(out, end, checksum_of(out[:end]))
-
     def header(self) -> bytes:
         """The header, every section hashed."""
         out = bytearray(self.layout.header)
-        self._seal(memoryview(out))
+        if self.sums is not None:
+            _seal(memoryview(out), self.layout, self.contents, self.sums)
         return bytes(out)
 
     def _flatten(self) -> None:
@@ -295,18 +310,10 @@ class _Plan:
 
     def joined(self) -> memoryview:
         """The blob in a new bytearray: one join, then the checksums patched in."""
-        pieces: list[Any] = [None] * (2 * len(self.contents) + 2)
-        pieces[0] = self.layout.header
-        pieces[1::2] = self.layout.gaps
-        pieces[2::2] = self.contents
-        try:
-            out = bytearray().join(pieces)
-        except (TypeError, ValueError, BufferError):  # strided arrays: copied
-            self._flatten()
-            return self.joined()
-        view = memoryview(out)
-        self._seal(view)
-        return view
+        out, self.contents = _join(self.layout, self.contents)
+        if self.sums is not None:
+            _seal(out, self.layout, self.contents, self.sums)
+        return out
 
     def write_into(self, buffer: Any) -> int:
         """Write the blob into the start of a caller's writable buffer; bytes written."""
@@ -490,9 +497,9 @@ class Encoder:
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
         if self._plain and known_pages is None and page_digests is None:
-            plan = self._cached(tensor)
-            if plan is not None:
-                return plan
+            found = self._cached(tensor)
+            if found is not None:
+                return _Plan(*found, [0] * len(found[1]) if self.checksum else None)
         given = None if page_digests is None else self._given(page_digests)
         if self.compact:
             tensor = tensor.compact()
@@ -508,7 +515,7 @@ class Encoder:
         layout = _layout(self._wire(tensor.descriptor), entries, counts, checksum)
         return _Plan(layout, contents, sums)
 
-    def _cached(self, tensor: BlockPagedTensor) -> _Plan | None:
+    def _cached(self, tensor: BlockPagedTensor) -> tuple[_Layout, list[Any]] | None:
         """A raw blob's plan from its layout cached by geometry (3x faster for small
         blobs); None when the general route must plan it (parameter buffers, contents
         that are not arrays)."""
@@ -522,14 +529,13 @@ class Encoder:
             return None
         check_contents(tensor)  # the arrays may have changed since from_arrays
         contents: list[Any] = [pool, table, starts]
-        kinds = []
-        if tensor.seq_lens is not None or tensor.metadata:
-            for kind, _, payload in _extras(tensor, None):
+        lens = tensor.seq_lens is not None
+        if lens or tensor.metadata:  # seq_lens (an array), then metadata (bytes)
+            for _, _, payload in _extras(tensor, None):
                 contents.append(payload)
-                kinds.append(kind)
                 sizes.append(len(payload) if isinstance(payload, bytes) else payload.nbytes)
         wire = self._wire(descriptor)
-        key = (wire, self.checksum, *kinds, *sizes)
+        key = (wire, self.checksum, lens, *sizes)  # lens: which kind a 4th section is
         layout: _Layout | None = self.layouts.get(key)
         if layout is None:
             arrays = [(pool,), (table,), (starts,)]
@@ -537,7 +543,7 @@ class Encoder:
             layout = _layout(wire, entries, counts, self.checksum)
             size = len(layout.header) + sum(map(len, layout.gaps))
             self.layouts.put(key, layout, weight(size + 64 * len(contents)))
-        return _Plan(layout, contents, [0] * len(contents) if self.checksum else None)
+        return layout, contents
 
     def _given(self, page_digests: object) -> DigestArray | None:
         """The method's ``page_digests=`` (an array: :func:`precomputed`)."""
@@ -555,6 +561,13 @@ class Encoder:
         """The blob in a new buffer (:func:`encode`); ``known_pages`` makes a delta blob;
         ``page_digests``: this tensor's precomputed page digests (:func:`precomputed`),
         which also add the digests section."""
+        if self._plain and known_pages is None and isinstance(tensor, BlockPagedTensor):
+            found = None if page_digests is not None else self._cached(tensor)
+            if found is not None and found[0].total < _SMALL_BLOB:  # the hot path, inline
+                blob, contents = _join(*found)
+                if self.checksum:
+                    _seal(blob, found[0], contents, _UNHASHED)
+                return blob
         plan = self._plan(tensor, known_pages, page_digests)
         total = plan.layout.total
         if total < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
