@@ -94,8 +94,6 @@ def _hash(parts: Any) -> int:
 
 
 def _size(parts: Any) -> int:
-    if len(parts) == 1:
-        return len(parts[0]) if isinstance(parts[0], bytes) else int(parts[0].nbytes)
     return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
 
 
@@ -372,9 +370,7 @@ def encode_deferred(tensor: BlockPagedTensor) -> tuple[list[memoryview], Callabl
     """The pieces of :func:`encode_parts` with zero section checksums, and a function that
     hashes them and returns the final header: NixlSender sends the pool meanwhile."""
     plan = DEFAULT_ENCODER._plan(tensor)
-    parts = plan.pieces(hashed=False)
-
-    return parts, plan.header
+    return plan.pieces(hashed=False), plan.header
 
 
 def encode_into(
@@ -436,14 +432,10 @@ def encode(
 
 
 def precomputed(page_digests: object) -> tuple[object, DigestArray | None]:
-    """``page_digests=`` read as ``(the flag, the precomputed digests or None)``: a NumPy
-    array is the digests of exactly the tensor's physical pages, in pool order, which the
-    caller computed over the very bytes encoded (the HurrayConnector digests each page
-    right after its copy out of the engine's cache, while in cache, and never writes the
-    copy again: docs/performance.md § issue 30). Its dtype and count are checked
-    (``digest_array``: typed errors naming ``page_digests``); its values cannot be without
-    the pass it saves, so a wrong one is caught by the receiver's page-digest check, not
-    here: pass only digests of the bytes you encode."""
+    """``page_digests=`` read as ``(the flag, the precomputed digests or None)``: an array
+    holds the digests of the tensor's physical pages, in pool order, over the very bytes
+    encoded (docs/performance.md § issue 30). Dtype and count are checked; the values
+    cannot be without the pass they save: the receiver's page-digest check catches them."""
     if isinstance(page_digests, np.ndarray):
         return True, page_digests
     return page_digests, None
