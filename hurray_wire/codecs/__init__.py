@@ -1,6 +1,7 @@
 """Storage codecs of blob sections, pure functions of bytes (re-exports only): raw, zstd,
 byte-shuffled zstd, and independent shuffled chunks that several cores (de)compress
-(docs/wire-format.md § 6, docs/compression.md); one module per codec, by id in ``registry``."""
+(docs/wire-format.md § 6, docs/compression.md): raw in ``base`` beside the interface, both
+zstd codecs and their frames in ``zstd``, ``chunked``; by id in ``registry``."""
 
 from __future__ import annotations
 
