@@ -58,7 +58,6 @@ __all__ = [
     "encode_into",
     "encode_parts",
     "encoder_for",
-    "new_layout_cache",
     "planned_into",
 ]
 
@@ -72,12 +71,6 @@ _UNHASHED = (0,) * 5  # the checksums of a cached layout's (at most 5) sections:
 #: A section entry but its offset and checksum: (kind, flags, codec, codec_param, index,
 #: stored_size, raw_size, alignment).
 _Entry = tuple[int, int, int, int, int, int, int, int]
-
-
-def new_layout_cache() -> BoundedMemo[Any]:
-    """An encoder's one cache: raw blobs' layouts by geometry and descriptors' wire bytes
-    by identity; 512 entries or 16 MiB they keep alive."""
-    return BoundedMemo(512, 16 << 20)
 
 
 def _u8(piece: Any) -> Any:
@@ -139,8 +132,7 @@ def _page_sections(
     else:
         digests = records.digests()
     wanted = page_digests or given is not None
-    out = _PageSections(encode_digest_section(digests) if wanted else None)
-    out.pool_checksum = pool_checksum
+    out = _PageSections(encode_digest_section(digests) if wanted else None, None, {}, pool_checksum)
     if known_pages is not None:
         plan = planned or plan_delta(tensor, known_pages, digests=digests)
         sent = gather_sent(tensor, plan)
@@ -451,7 +443,11 @@ class Encoder:
     checksum: bool = True
     compact: bool = False
     page_digests: bool = False
-    layouts: BoundedMemo[Any] = field(default_factory=new_layout_cache, repr=False)
+    #: Raw blobs' layouts by geometry, descriptors' wire bytes by identity: 512 entries or
+    #: 16 MiB they keep alive.
+    layouts: BoundedMemo[Any] = field(
+        default_factory=lambda: BoundedMemo(512, 16 << 20), repr=False
+    )
     _plain: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from hurray_wire.blob.envelope import AT, ENTRY, ENTRY_AT, entry_at
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import digests_size, paged_buffers, refs_count, sent_sizes
+from hurray_wire.blob.pages import paged_buffers, refs_count, sent_sizes
 from hurray_wire.buffers import align
 from hurray_wire.codecs import CODEC_RAW, registry
 from hurray_wire.errors import (
@@ -25,6 +25,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.wire import blob as w
+from hurray_wire.wire.digest_records import DIGEST_SECTION
 
 __all__ = ["Entry", "check_entries"]
 
@@ -299,7 +300,7 @@ class _Walk:
             )
         if not required:
             self.check_pages_geometry()
-            expected = digests_size(self.descriptor.layout.num_pages)
+            expected = DIGEST_SECTION.at(self.descriptor.layout.num_pages, 1)  # head + one per page
             if e["raw_size"] != expected:
                 raise self.refused(
                     "raw_size",
