@@ -46,9 +46,8 @@ def register(codec: Codec) -> Codec:
     return codec
 
 
-def find(codec_id: int) -> Codec | None:
-    """The codec with this id, or None."""
-    return BY_ID.get(codec_id)
+#: The codec with this id, or None.
+find = BY_ID.get
 
 
 def get(codec_id: int) -> Codec:
@@ -62,9 +61,8 @@ def get(codec_id: int) -> Codec:
     return codec
 
 
-def find_name(name: str) -> Codec | None:
-    """The codec with this name ("zstd", "chunked-shuffle-zstd", ...), or None."""
-    return _BY_NAME.get(name)
+#: The codec with this name ("zstd", "chunked-shuffle-zstd", ...), or None.
+find_name = _BY_NAME.get
 
 
 def by_name(name: str) -> Codec:
