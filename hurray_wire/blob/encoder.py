@@ -517,13 +517,16 @@ class Encoder:
             return None
         check_contents(tensor)  # the arrays may have changed since from_arrays
         contents: list[Any] = [pool, table, starts]
-        lens = tensor.seq_lens is not None
-        if lens or tensor.metadata:  # seq_lens (an array), then metadata (bytes)
-            for _, _, payload in _extras(tensor, None):
-                contents.append(payload)
-                sizes.append(len(payload) if isinstance(payload, bytes) else payload.nbytes)
+        lens = tensor.seq_lens
+        if lens is not None:  # as _extras has them, without its tuples (the hot path)
+            lens = np.ascontiguousarray(lens, SEQ_LENS)
+            contents.append(lens)
+            sizes.append(lens.nbytes)
+        if tensor.metadata:
+            contents.append(encode_metadata(tensor.metadata))
+            sizes.append(len(contents[-1]))
         wire = self._wire(descriptor)
-        key = (wire, self.checksum, lens, *sizes)  # lens: which kind a 4th section is
+        key = (wire, self.checksum, lens is None, *sizes)  # which kind a 4th section is
         layout: _Layout | None = self.layouts.get(key)
         if layout is None:
             arrays = [(pool,), (table,), (starts,)]
