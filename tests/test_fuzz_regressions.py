@@ -324,7 +324,7 @@ def test_f1_inputs_are_well_formed_up_to_the_bug() -> None:
     assert fuzz_containers.fix_checksums(F1_HRRY) == F1_HRRY
 
 
-# F2 (fixed: codecs.frames.fresh_reason asks a new zstd context for the reason). The reason
+# F2 (fixed: codecs.zstd.fresh_reason asks a new zstd context for the reason). The reason
 # libzstd gives for a corrupt zstd frame depends on what the decoding
 # thread decoded before. hurray_wire.codecs keeps one zstandard.ZstdDecompressor per thread
 # and reads every frame through its stream_reader; libzstd keeps the streaming buffers it
@@ -466,7 +466,7 @@ def test_f6_decoding_big_descriptors_leaves_no_big_cache_behind() -> None:
 # width 8, raw_size 0, 33 stored bytes: the frame header 28b52ffd 24 00 (single segment,
 # content checksum, content size 0), a last raw block of 0 bytes, a frame checksum that is
 # wrong (ffd8e999; XXH64 of nothing ends 51d8e999) and 20 bytes after the frame. Every
-# checksum of the blob is right. codecs.frames.decode_frame takes its one-call path
+# checksum of the blob is right. codecs.zstd.decode_frame takes its one-call path
 # (width > 1 and content_size == raw_size) and python-zstandard's decompress returns b""
 # for a frame declaring size 0 without reading its blocks, so neither the frame checksum
 # nor allow_extra_data is checked, and the block walk runs only when zstd refuses. The

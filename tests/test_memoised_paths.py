@@ -22,8 +22,9 @@ def _tiny(**kwargs: Any) -> hw.BlockPagedTensor:
 
 
 def _general(tensor: hw.BlockPagedTensor, checksum: bool = True) -> bytes:
-    """The blob as the general planner lays it out (encode_parts never memoises)."""
-    return b"".join(encoder.encode_parts(tensor, checksum=checksum))
+    """The blob as the planner lays it out without a cache, as pieces."""
+    uncached = encoder.Encoder(checksum=checksum, layouts=BoundedMemo(1, 0))
+    return b"".join(uncached.encode_parts(tensor))
 
 
 TINY_VARIANTS: list[dict[str, Any]] = [

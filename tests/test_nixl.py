@@ -345,13 +345,13 @@ def test_a_staged_blob_is_planned_once(
     from hurray_wire.blob import encoder
 
     plans: list[int] = []
-    real_plan = encoder._plan
+    real_plan = encoder.Encoder._plan
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         plans.append(1)
         return real_plan(*args, **kwargs)
 
-    monkeypatch.setattr(encoder, "_plan", counted)
+    monkeypatch.setattr(encoder.Encoder, "_plan", counted)
     s, r = _pair()
     s.add_peer(r.metadata())
     r.add_peer(s.metadata())

@@ -38,7 +38,7 @@ from hurray_wire.codecs import (
     Compression,
     byteshuffle,
 )
-from hurray_wire.codecs.entropy import entropy_bits
+from hurray_wire.codecs.zstd import entropy_bits
 
 U8 = npt.NDArray[np.uint8]
 Encoded = tuple[int, int, Any]

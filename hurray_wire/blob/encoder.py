@@ -1,22 +1,23 @@
 """Encoding: one BlockPagedTensor into one blob, as pieces, into a buffer, or new.
 
-An :class:`Encoder` holds the options and one layout cache (small raw blobs' layouts,
-descriptors' wire bytes); the module functions are thin calls on a default instance.
+An :class:`Encoder` holds the options and one layout cache (raw blobs' layouts by
+geometry, descriptors' wire bytes); the module functions are thin calls on a default
+instance. Every route plans a :class:`_Plan` (a layout: the header with zero checksums and
+the padding; the sections' pieces) and writes it by joining, as views or into a buffer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from hurray_wire.blob.copying import COPY_CHUNK, copy_and_hash
-from hurray_wire.blob.envelope import CHECKSUM, ENTRY, ENTRY_AT, entry_at, pack_header
+from hurray_wire.blob.copying import copy_and_hash
+from hurray_wire.blob.envelope import CHECKSUM, ENTRY, ENTRY_AT, HEADER, entry_at
 from hurray_wire.blob.output import OUTPUT_POOL
 from hurray_wire.blob.pages import paged_buffers
 from hurray_wire.buffers import align, byte_view
@@ -47,7 +48,7 @@ from hurray_wire.model.layout import check_indexes
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_struct
-from hurray_wire.wire.seal import checksum_of
+from hurray_wire.wire.seal import checksum_of, seal
 
 __all__ = [
     "DEFAULT_ENCODER",
@@ -57,54 +58,36 @@ __all__ = [
     "encode_into",
     "encode_parts",
     "encoder_for",
-    "new_layout_cache",
     "planned_into",
 ]
 
-_ZEROS = bytes(1 << 16)
 _SMALL_BLOB = 1 << 16  # below this, encode() joins pieces instead of slicing a NumPy buffer
 _SECTION_CHECKSUM = item_struct(w.SECTION_ENTRY.checksum.subcon)  # patched per call
 assert _SECTION_CHECKSUM.size == ENTRY.sizes["checksum"]
+_FIRST_CHECKSUM = entry_at(0) + ENTRY_AT["checksum"]  # then one every ENTRY.size bytes
+_ENTRY_SIZE = ENTRY.size
+_SEAL = CHECKSUM.struct
+_UNHASHED = (0,) * 5  # the checksums of a cached layout's (at most 5) sections: none yet
+#: A section entry but its offset and checksum: (kind, flags, codec, codec_param, index,
+#: stored_size, raw_size, alignment).
+_Entry = tuple[int, int, int, int, int, int, int, int]
 
 
-def new_layout_cache() -> BoundedMemo[Any]:
-    """An encoder's one cache: small raw blobs' layouts by geometry and descriptors' wire
-    bytes by identity; 512 entries or 16 MiB they keep alive."""
-    return BoundedMemo(512, 16 << 20)
+def _u8(piece: Any) -> Any:
+    """A stored piece as flat bytes (strided arrays copied)."""
+    return piece if isinstance(piece, bytes) else piece.reshape(-1).view(np.uint8)
 
 
-def _wire(layouts: BoundedMemo[Any], descriptor: TensorDescriptor) -> bytes:
-    """The descriptor's wire bytes, cached by its identity: the entry holds the descriptor,
-    so no other object can have its id while the entry lives."""
-    found = layouts.get(id(descriptor))
-    if found is not None and found[0] is descriptor:
-        return found[1]  # type: ignore[no-any-return]
-    wire = encode_descriptor(descriptor)
-    layouts.put(id(descriptor), (descriptor, wire), weight(2 * len(wire)))
-    return wire
+def _hash(parts: Any) -> int:
+    """xxh3_64 of the pieces one after the other."""
+    hasher = xxhash.xxh3_64()
+    for part in parts:
+        hasher.update(part)
+    return int(hasher.intdigest())
 
 
-def _check_tensor(tensor: object) -> None:
-    if not isinstance(tensor, BlockPagedTensor):
-        raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
-
-
-@dataclass
-class _Section:
-    kind: int
-    index: int
-    alignment: int
-    raw_size: int
-    parts: list[Any]  # stored bytes, as 1-D uint8 arrays / bytes
-    codec: int = CODEC_RAW
-    codec_param: int = 0
-    flags: int = 0
-    checksum: int = 0
-    offset: int = 0
-    stored_size: int = 0
-
-    def __post_init__(self) -> None:
-        self.stored_size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
+def _size(parts: Any) -> int:
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
 
 
 @dataclass
@@ -114,8 +97,8 @@ class _PageSections:
 
     digests: bytes | None = None
     refs: bytes | None = None
-    parts: dict[int, list[Any]] | None = None
-    pool_checksum: int | None = None  # buffer 0's section checksum, from the digest pass
+    parts: dict[int, list[Any]] = field(default_factory=dict)
+    pool_checksum: int = 0  # buffer 0's section checksum, from the digest pass (0: none)
 
 
 def _page_sections(
@@ -132,7 +115,7 @@ def _page_sections(
     if not page_digests and known_pages is None and given is None:
         return None
     records = page_records(tensor)
-    pool_checksum = None
+    pool_checksum = 0
     planned = known_pages if isinstance(known_pages, DeltaPlan) else None
     if given is not None:
         if planned is not None:
@@ -149,205 +132,213 @@ def _page_sections(
     else:
         digests = records.digests()
     wanted = page_digests or given is not None
-    out = _PageSections(encode_digest_section(digests) if wanted else None)
-    out.pool_checksum = pool_checksum
+    out = _PageSections(encode_digest_section(digests) if wanted else None, None, {}, pool_checksum)
     if known_pages is not None:
         plan = planned or plan_delta(tensor, known_pages, digests=digests)
         sent = gather_sent(tensor, plan)
         out.refs = encode_page_refs(plan.refs)
         rows = [sent.scales, sent.zero_points]
-        out.parts = {0: [sent.pool.reshape(-1)]}
+        out.parts[0] = [sent.pool.reshape(-1)]
         for index, widths in paged_buffers(tensor.descriptor).params:
             taken, rows = rows[: len(widths)], rows[len(widths) :]
             out.parts[index] = [r.reshape(-1) for r in taken if r is not None]
     return out
 
 
+def _extras(tensor: BlockPagedTensor, pages: _PageSections | None) -> list[tuple[int, int, Any]]:
+    """The sections after the buffers that the blob has: (kind, flags, payload)."""
+    extras: list[tuple[int, int, Any]] = []
+    if tensor.seq_lens is not None:
+        lens = np.ascontiguousarray(tensor.seq_lens, SEQ_LENS)
+        extras.append((w.KIND_SEQ_LENS, w.FLAG_REQUIRED, lens))
+    if tensor.metadata:
+        extras.append((w.KIND_METADATA, 0, encode_metadata(tensor.metadata)))
+    if pages is not None and pages.digests is not None:
+        extras.append((w.KIND_PAGE_DIGESTS, 0, pages.digests))
+    if pages is not None and pages.refs is not None:
+        extras.append((w.KIND_PAGE_REFS, w.FLAG_REQUIRED, pages.refs))
+    return extras
+
+
 def _sections(
-    tensor: BlockPagedTensor, compression: Compression | None, pages: _PageSections | None
-) -> list[_Section]:
+    tensor: BlockPagedTensor,
+    arrays: Any,
+    compression: Compression | None,
+    pages: _PageSections | None,
+) -> tuple[list[_Entry], list[Any], list[int]]:
+    """Each section's entry, the stored pieces of all, and how many each has: the buffers
+    (``arrays``: each one's parts), compressed or (with refs) only the sent rows, then
+    seq_lens, metadata and the page sections."""
     desc = tensor.descriptor
-    sections = []
+    entries: list[_Entry] = []
+    contents: list[Any] = []
+    counts: list[int] = []
     widths = desc.element_widths() if compression is not None else ()
-    sent = pages.parts if pages is not None and pages.parts is not None else {}
-    for index, (parts, handle) in enumerate(zip(tensor.buffer_arrays(), desc.buffers, strict=True)):
-        section = _Section(
-            w.KIND_BUFFER,
-            index,
-            max(64, handle.alignment),
-            handle.byte_size,
-            list(parts),
-            flags=w.FLAG_REQUIRED,
-        )
+    sent = pages.parts if pages is not None else {}
+    buffers = desc.buffers
+    for index, parts in enumerate(arrays):
+        handle = buffers[index]
+        raw = handle.byte_size
         if index in sent:  # delta: only the sent pages' rows, ascending (page_refs)
-            section.parts = sent[index]
-            section.raw_size = section.stored_size = sum(p.nbytes for p in section.parts)
-        if index == 0 and pages is not None and pages.pool_checksum is not None:
-            section.checksum = pages.pool_checksum  # hashed in the digest pass
-        if compression is not None and section.raw_size:
-            data = section.parts[0] if len(section.parts) == 1 else np.concatenate(section.parts)
+            parts = sent[index] or [b""]
+            raw = _size(parts)
+        codec = param = 0
+        if compression is not None and raw:
+            data = parts[0] if len(parts) == 1 else np.concatenate(parts)
             codec, param, stored = compress_parts(data, compression, widths[index])
             if codec != CODEC_RAW:
-                section.codec, section.codec_param = codec, param
-                section.parts = stored
-                section.stored_size = sum(len(p) for p in stored)
-        sections.append(section)
-    if tensor.seq_lens is not None:
-        lens = np.ascontiguousarray(tensor.seq_lens, SEQ_LENS).view(np.uint8)
-        sections.append(
-            _Section(w.KIND_SEQ_LENS, 0, 64, lens.nbytes, [lens], flags=w.FLAG_REQUIRED)
-        )
-    if tensor.metadata:
-        meta = encode_metadata(tensor.metadata)
-        sections.append(_Section(w.KIND_METADATA, 0, 64, len(meta), [meta]))
-    if pages is not None and pages.digests is not None:
-        sections.append(_Section(w.KIND_PAGE_DIGESTS, 0, 64, len(pages.digests), [pages.digests]))
-    if pages is not None and pages.refs is not None:
-        sections.append(
-            _Section(w.KIND_PAGE_REFS, 0, 64, len(pages.refs), [pages.refs], flags=w.FLAG_REQUIRED)
-        )
-    return sections
-
-
-def _plan(
-    tensor: BlockPagedTensor,
-    options: Encoder,
-    hash_raw: bool,
-    known_pages: object = None,
-    hash_sections: bool = True,
-    given: DigestArray | None = None,
-) -> tuple[bytes, list[_Section], int]:
-    """Lay out a blob: (header bytes incl. its checksum, sections with offsets, total).
-    ``hash_sections=False``: the section checksums are left zero (``encode_deferred``);
-    ``given``: precomputed page digests (:func:`precomputed`)."""
-    _check_tensor(tensor)
-    check_contents(tensor)  # the arrays may have changed since from_arrays
-    compression, checksum = options.compression, options.checksum
-    assert not isinstance(compression, str)  # parsed by Encoder
-    fuse = checksum and compression is None
-    pages = _page_sections(tensor, options.page_digests, known_pages, fuse, given)
-    sections = _sections(tensor, compression, pages)
-    descriptor = _wire(options.layouts, tensor.descriptor)
-    total = _place(sections, descriptor)
-    for section in sections:
-        if (
-            checksum
-            and hash_sections
-            and section.checksum == 0
-            and (hash_raw or section.codec != CODEC_RAW or section.raw_size < COPY_CHUNK)
-        ):
-            section.checksum = _hash_parts(section.parts)
-    return _header(descriptor, sections, total, checksum), sections, total
-
-
-def _place(sections: list[_Section], descriptor: bytes) -> int:
-    """Give each section its aligned offset after the header; the blob's total length."""
-    cursor = entry_at(len(sections)) + len(descriptor) + CHECKSUM.size
-    for section in sections:
-        section.offset = align(cursor, section.alignment)
-        cursor = section.offset + section.stored_size
-    return align(cursor, w.BLOB_ALIGNMENT)
+                parts = stored
+        alignment = handle.alignment if handle.alignment > 64 else 64
+        entries.append((w.KIND_BUFFER, w.FLAG_REQUIRED, codec, param, index, _size(parts), raw,
+                        alignment))  # fmt: skip
+        contents += parts
+        counts.append(len(parts))
+    for kind, flags, payload in _extras(tensor, pages):
+        size = len(payload) if isinstance(payload, bytes) else payload.nbytes
+        entries.append((kind, flags, CODEC_RAW, 0, 0, size, size, 64))
+        contents.append(payload)
+        counts.append(1)
+    return entries, contents, counts
 
 
 @dataclass(frozen=True)
-class _RawLayout:
-    """A raw blob of one geometry without its checksums: the bytes between the contents
-    (``gaps[0]``: the header and first padding) and where each checksum goes. Built by the
-    general planner, so the bytes cannot drift from it."""
+class _Layout:
+    """A blob but its sections' stored pieces: the header (sealed, section checksums 0),
+    ``gaps[k]`` (zeros) before piece k and ``gaps[-1]`` after the last, each section's
+    offset and its pieces ``[bounds[i], bounds[i + 1])``."""
 
+    header: bytes
     gaps: tuple[bytes, ...]
-    checksum_at: tuple[int, ...]
-    header_length: int
+    offsets: tuple[int, ...]
+    bounds: tuple[int, ...]
     total: int
+    checksum_at: range  # of each section's checksum field
 
 
-def _raw_layout(tensor: BlockPagedTensor, checksum: bool, descriptor: bytes) -> _RawLayout:
-    sections = _sections(tensor, None, None)
-    total = _place(sections, descriptor)
-    header = _header(descriptor, sections, total, checksum)  # section checksums still 0
-    gaps, cursor, previous = [], 0, header
-    for section in sections:
-        gaps.append(previous + bytes(section.offset - cursor - len(previous)))
-        cursor, previous = section.offset + section.stored_size, b""
+def _layout(wire: bytes, entries: list[_Entry], counts: list[int], checksum: bool) -> _Layout:
+    """Give each section its aligned offset after the header; pack and seal the header."""
+    length = entry_at(len(entries)) + len(wire)  # header_length: its checksum follows
+    cursor = length + CHECKSUM.size
+    fields, gaps, offsets, bounds = [], [], [], [0]
+    for (kind, flags, codec, param, index, stored, raw, alignment), count in zip(
+        entries, counts, strict=True
+    ):
+        offset = align(cursor, alignment)
+        fields.append((kind, flags, codec, param, index, offset, stored, raw, 0, alignment))
+        gaps += [bytes(offset - cursor)] + [b""] * (count - 1)
+        offsets.append(offset)
+        bounds.append(bounds[-1] + count)
+        cursor = offset + stored
+    total = align(cursor, w.BLOB_ALIGNMENT)
     gaps.append(bytes(total - cursor))
-    at = tuple(entry_at(i) + ENTRY_AT["checksum"] for i in range(len(sections)))
-    return _RawLayout(tuple(gaps), at, len(header) - CHECKSUM.size, total)
+    kind = w.CHECKSUM_XXH3_64 if checksum else w.CHECKSUM_NONE
+    fixed = HEADER.pack(1, 0, 0, total, length, len(entries), kind, len(wire))
+    header = seal(b"".join([fixed, *(ENTRY.pack(*f) for f in fields), wire]))
+    at = range(_FIRST_CHECKSUM, _FIRST_CHECKSUM + _ENTRY_SIZE * len(entries), _ENTRY_SIZE)
+    return _Layout(header, tuple(gaps), tuple(offsets), tuple(bounds), total, at)
 
 
-def _encode_small(
-    tensor: BlockPagedTensor, checksum: bool, layouts: BoundedMemo[Any]
-) -> memoryview | None:
-    """encode() of a small raw blob from its cached layout: one join, then the checksums
-    patched in (3x faster than planning). None when the general path must do it (64 KiB or
-    more, parameter buffers, contents that are not C-contiguous arrays)."""
-    descriptor = tensor.descriptor
-    if len(descriptor.buffers) != 3:
-        return None
-    contents: list[Any] = [tensor.page_pool, tensor.block_table, tensor.seq_ptr]
+def _join(layout: _Layout, contents: list[Any]) -> tuple[memoryview, list[Any]]:
+    """The blob in a new bytearray, its checksums not patched in yet, and the contents
+    as joined (strided arrays copied)."""
+    pieces: list[Any] = [None] * (2 * len(contents) + 2)
+    pieces[0] = layout.header
+    pieces[1::2] = layout.gaps
+    pieces[2::2] = contents
     try:
-        sizes = (contents[0].nbytes, contents[1].nbytes, contents[2].nbytes)
-    except AttributeError:  # not arrays: the general path judges them
-        return None
-    if sum(sizes) >= _SMALL_BLOB:
-        return None  # before the metadata is encoded: the general path encodes it once
-    lens_size = meta_size = -1
-    if tensor.seq_lens is not None:
-        lens = np.ascontiguousarray(tensor.seq_lens, SEQ_LENS)
-        contents.append(lens)
-        lens_size = lens.nbytes
-    if tensor.metadata:
-        meta = encode_metadata(tensor.metadata)
-        contents.append(meta)
-        meta_size = len(meta)
-    wire = _wire(layouts, descriptor)
-    key = (wire, checksum, sizes, lens_size, meta_size)
-    layout: _RawLayout | None = layouts.get(key)
-    if layout is None:
-        layout = _raw_layout(tensor, checksum, wire)
-        layouts.put(key, layout, weight(2 * len(wire)) + layout.total)
-    check_contents(tensor)  # the arrays may have changed since from_arrays
-    pieces: list[Any] = [None] * (2 * len(contents) + 1)
-    pieces[0::2] = layout.gaps
-    pieces[1::2] = contents
-    try:
-        out = bytearray().join(pieces)
-    except (TypeError, ValueError, BufferError):  # strided or exotic arrays: copied there
-        return None
-    view = memoryview(out)
-    if checksum:
-        pack = _SECTION_CHECKSUM.pack_into
-        for at, content in zip(layout.checksum_at, contents, strict=True):
-            pack(out, at, xxhash.xxh3_64_intdigest(content))
-        end = layout.header_length
-        CHECKSUM.struct.pack_into(out, end, checksum_of(view[:end]))
-    return view
+        return memoryview(bytearray().join(pieces)), contents
+    except (TypeError, ValueError, BufferError):  # strided arrays: copied
+        return _join(layout, [_u8(piece) for piece in contents])
 
 
-def _header(descriptor: bytes, sections: list[_Section], total: int, checksum: bool) -> bytes:
-    entries = [
-        (s.kind, s.flags, s.codec, s.codec_param, s.index, s.offset, s.stored_size, s.raw_size,
-         s.checksum, s.alignment)
-        for s in sections
-    ]  # fmt: skip
-    return pack_header(descriptor, entries, total, checksum)
+def _seal(out: memoryview, layout: _Layout, contents: list[Any], sums: Sequence[int]) -> None:
+    """Patch the section checksums into the header at the start of ``out`` (hashing the
+    sections whose sum is 0) and reseal it."""
+    pack = _SECTION_CHECKSUM.pack_into
+    if sums is _UNHASHED:  # a cached layout: one piece each, none hashed
+        for at, piece in zip(layout.checksum_at, contents, strict=True):
+            pack(out, at, checksum_of(piece))
+    elif len(contents) == len(layout.offsets):  # one piece each
+        for at, value, piece in zip(layout.checksum_at, sums, contents, strict=False):
+            pack(out, at, value or checksum_of(piece))
+    else:
+        b = layout.bounds
+        for n, at in enumerate(layout.checksum_at):
+            pack(out, at, sums[n] or _hash(contents[b[n] : b[n + 1]]))
+    end = len(layout.header) - _SEAL.size
+    _SEAL.pack_into(out, end, checksum_of(out[:end]))
 
 
-def _descriptor_in(head: bytes, sections: list[_Section]) -> bytes:
-    """The descriptor's bytes in a planned header (between the table and the checksum)."""
-    return head[entry_at(len(sections)) : len(head) - CHECKSUM.size]
+@dataclass(slots=True)
+class _Plan:
+    """One blob planned: its layout, its sections' stored pieces and checksums (0: not
+    hashed yet; ``sums`` None without checksums). Every route writes from here."""
 
+    layout: _Layout
+    contents: list[Any]
+    sums: list[int] | None
 
-def _hash_parts(parts: list[Any]) -> int:
-    if len(parts) == 1:
-        return int(xxhash.xxh3_64_intdigest(parts[0]))
-    hasher = xxhash.xxh3_64()
-    for part in parts:
-        hasher.update(part)
-    return int(hasher.intdigest())
+    def header(self) -> bytes:
+        """The header, every section hashed."""
+        out = bytearray(self.layout.header)
+        if self.sums is not None:
+            _seal(memoryview(out), self.layout, self.contents, self.sums)
+        return bytes(out)
 
+    def _flatten(self) -> None:
+        """Each piece as flat bytes (strided arrays copied), for views and hashing."""
+        self.contents = [_u8(piece) for piece in self.contents]
 
-def _zeros(count: int) -> memoryview:
-    return memoryview(_ZEROS)[:count] if count <= len(_ZEROS) else memoryview(bytes(count))
+    def pieces(self, hashed: bool = True) -> list[memoryview]:
+        """The blob as views: header, zero padding, each section's own arrays (without
+        ``hashed``: with zero section checksums)."""
+        self._flatten()
+        out = [memoryview(self.header() if hashed else self.layout.header)]
+        for gap, piece in zip(self.layout.gaps, [*self.contents, b""], strict=True):
+            out += [memoryview(p) for p in (gap, piece) if len(p)]
+        return out
+
+    def joined(self) -> memoryview:
+        """The blob in a new bytearray: one join, then the checksums patched in."""
+        out, self.contents = _join(self.layout, self.contents)
+        if self.sums is not None:
+            _seal(out, self.layout, self.contents, self.sums)
+        return out
+
+    def write_into(self, buffer: Any) -> int:
+        """Write the blob into the start of a caller's writable buffer; bytes written."""
+        view = byte_view(buffer, "buffer")
+        if view.readonly:
+            raise ArgumentTypeError(
+                "buffer must be writable", field="buffer", found=type(buffer).__name__
+            )
+        out = np.frombuffer(view, np.uint8)
+        if len(out) < self.layout.total:
+            raise InvalidBlobError(
+                "buffer too small for the blob", section="buffer", expected=self.layout.total,
+                found=len(out),
+            )  # fmt: skip
+        self.write(out)
+        return self.layout.total
+
+    def write(self, out: npt.NDArray[np.uint8]) -> None:
+        """Copy the blob into ``out``, each section hashed chunk by chunk while in cache (no
+        extra pass over memory); the header, which holds the checksums, goes last."""
+        self._flatten()
+        layout, sums = self.layout, self.sums
+        cursor = len(layout.header)
+        for number, at in enumerate(layout.offsets):
+            out[cursor:at] = 0
+            hasher = xxhash.xxh3_64() if sums is not None and not sums[number] else None
+            for piece in self.contents[layout.bounds[number] : layout.bounds[number + 1]]:
+                src = np.frombuffer(piece, np.uint8)
+                copy_and_hash(out[at : at + src.nbytes], src, hasher)
+                at += src.nbytes
+            if sums is not None and hasher is not None:
+                sums[number] = int(hasher.intdigest())
+            cursor = at
+        out[cursor : layout.total] = 0
+        out[: len(layout.header)] = np.frombuffer(self.header(), np.uint8)
 
 
 def encode_parts(
@@ -367,39 +358,11 @@ def encode_parts(
     return options.encode_parts(tensor, known_pages=known_pages, page_digests=given)
 
 
-def _pieces(head: bytes, sections: list[_Section], total: int) -> list[memoryview]:
-    """The planned blob as views: header, zero padding, each section's own arrays."""
-    parts = [memoryview(head)]
-    cursor = len(head)
-    for section in sections:
-        if section.offset > cursor:
-            parts.append(_zeros(section.offset - cursor))
-        for piece in section.parts:
-            if len(piece):
-                parts.append(
-                    memoryview(piece).cast("B")
-                    if not isinstance(piece, bytes)
-                    else memoryview(piece)
-                )
-        cursor = section.offset + section.stored_size
-    if total > cursor:
-        parts.append(_zeros(total - cursor))
-    return parts
-
-
 def encode_deferred(tensor: BlockPagedTensor) -> tuple[list[memoryview], Callable[[], bytes]]:
     """The pieces of :func:`encode_parts` with zero section checksums, and a function that
     hashes them and returns the final header: NixlSender sends the pool meanwhile."""
-    head, sections, total = _plan(tensor, DEFAULT_ENCODER, True, hash_sections=False)
-    parts = _pieces(head, sections, total)
-
-    def final_header() -> bytes:
-        for section in sections:
-            if section.checksum == 0:
-                section.checksum = _hash_parts(section.parts)
-        return _header(_descriptor_in(head, sections), sections, total, True)
-
-    return parts, final_header
+    plan = DEFAULT_ENCODER._plan(tensor)
+    return plan.pieces(hashed=False), plan.header
 
 
 def encode_into(
@@ -426,68 +389,12 @@ def planned_into(
     page_digests: bool | DigestArray = False,
     known_pages: Any = None,
 ) -> tuple[int, Callable[[Any], int]]:
-    """The blob planned once (sizes known, small sections hashed, compressed sections
-    compressed): its size and the writer that copies it into a buffer (``encode_into``;
-    the NIXL sender reserves the size, then writes on its hashing thread)."""
+    """The blob planned once (sizes known, compressed sections compressed): its size and
+    the writer that copies and hashes it into a buffer (``encode_into``; the NIXL sender
+    reserves the size, then writes on its hashing thread)."""
     wanted, given = precomputed(page_digests)
-    options = encoder_for(compression, checksum, False, wanted)
-    head, sections, total = _plan(tensor, options, False, known_pages, given=given)
-    return total, partial(_write_into, tensor, head, sections, total, options.checksum)
-
-
-def _write_into(
-    tensor: BlockPagedTensor,
-    head: bytes,
-    sections: list[_Section],
-    total: int,
-    checksum: bool,
-    buffer: Any,
-) -> int:
-    view = byte_view(buffer, "buffer")
-    if view.readonly:
-        raise ArgumentTypeError(
-            "buffer must be writable", field="buffer", found=type(buffer).__name__
-        )
-    out = np.frombuffer(view, np.uint8)
-    if len(out) < total:
-        raise InvalidBlobError(
-            "buffer too small for the blob", section="buffer", expected=total, found=len(out)
-        )
-    _write(tensor, out, head, sections, total, checksum)
-    return total
-
-
-def _write(
-    tensor: BlockPagedTensor,
-    out: npt.NDArray[np.uint8],
-    head: bytes,
-    sections: list[_Section],
-    total: int,
-    checksum: bool,
-) -> None:
-    """Copy the planned blob into ``out``, large raw sections hashed chunk by chunk while in
-    cache (no extra pass over memory); the header, which holds the checksums, goes last."""
-    cursor = len(head)
-    late = False
-    for section in sections:
-        out[cursor : section.offset] = 0
-        position = section.offset
-        hasher = None
-        if checksum and section.checksum == 0 and section.raw_size >= COPY_CHUNK:
-            hasher = xxhash.xxh3_64()
-        for piece in section.parts:
-            src = np.frombuffer(piece, np.uint8) if isinstance(piece, bytes) else piece
-            size = src.nbytes
-            copy_and_hash(out[position : position + size], src, hasher)
-            position += size
-        if hasher is not None:
-            section.checksum = int(hasher.intdigest())
-            late = True
-        cursor = position
-    out[cursor:total] = 0
-    if late:
-        head = _header(_descriptor_in(head, sections), sections, total, checksum)
-    out[: len(head)] = np.frombuffer(head, np.uint8)
+    plan = encoder_for(compression, checksum, False, wanted)._plan(tensor, known_pages, given)
+    return plan.layout.total, plan.write_into
 
 
 def encode(
@@ -517,14 +424,10 @@ def encode(
 
 
 def precomputed(page_digests: object) -> tuple[object, DigestArray | None]:
-    """``page_digests=`` read as ``(the flag, the precomputed digests or None)``: a NumPy
-    array is the digests of exactly the tensor's physical pages, in pool order, which the
-    caller computed over the very bytes encoded (the HurrayConnector digests each page
-    right after its copy out of the engine's cache, while in cache, and never writes the
-    copy again: docs/performance.md § issue 30). Its dtype and count are checked
-    (``digest_array``: typed errors naming ``page_digests``); its values cannot be without
-    the pass it saves, so a wrong one is caught by the receiver's page-digest check, not
-    here: pass only digests of the bytes you encode."""
+    """``page_digests=`` read as ``(the flag, the precomputed digests or None)``: an array
+    holds the digests of the tensor's physical pages, in pool order, over the very bytes
+    encoded (docs/performance.md § issue 30). Dtype and count are checked; the values
+    cannot be without the pass they save: the receiver's page-digest check catches them."""
     if isinstance(page_digests, np.ndarray):
         return True, page_digests
     return page_digests, None
@@ -540,7 +443,12 @@ class Encoder:
     checksum: bool = True
     compact: bool = False
     page_digests: bool = False
-    layouts: BoundedMemo[Any] = field(default_factory=new_layout_cache, repr=False)
+    #: Raw blobs' layouts by geometry, descriptors' wire bytes by identity: 512 entries or
+    #: 16 MiB they keep alive.
+    layouts: BoundedMemo[Any] = field(
+        default_factory=lambda: BoundedMemo(512, 16 << 20), repr=False
+    )
+    _plain: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise the checked options once, here
@@ -557,14 +465,79 @@ class Encoder:
             )
         set_(self, "page_digests", flag(self.page_digests, "page_digests"))
         instance(self.layouts, BoundedMemo, "layouts")
+        plain = self.compression is None and not self.compact and not self.page_digests
+        set_(self, "_plain", plain)  # raw blobs: layouts cached by geometry
 
-    def _compacted(self, tensor: BlockPagedTensor) -> BlockPagedTensor:
-        return tensor.compact() if self.compact and isinstance(tensor, BlockPagedTensor) else tensor
+    def _wire(self, descriptor: TensorDescriptor) -> bytes:
+        """The descriptor's wire bytes, cached by its identity: the entry holds the
+        descriptor, so no other object can have its id while the entry lives."""
+        found = self.layouts.get(id(descriptor))
+        if found is not None and found[0] is descriptor:
+            return found[1]  # type: ignore[no-any-return]
+        wire = encode_descriptor(descriptor)
+        self.layouts.put(id(descriptor), (descriptor, wire), weight(2 * len(wire)))
+        return wire
+
+    def _plan(
+        self, tensor: BlockPagedTensor, known_pages: Any = None, page_digests: Any = None
+    ) -> _Plan:
+        """Lay out a blob of ``tensor`` (``page_digests``: precomputed, :func:`precomputed`)."""
+        if not isinstance(tensor, BlockPagedTensor):
+            raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+        if self._plain and known_pages is None and page_digests is None:
+            found = self._cached(tensor)
+            if found is not None:
+                return _Plan(*found, [0] * len(found[1]) if self.checksum else None)
+        given = None if page_digests is None else self._given(page_digests)
+        if self.compact:
+            tensor = tensor.compact()
+        check_contents(tensor)  # the arrays may have changed since from_arrays
+        compression, checksum = self.compression, self.checksum
+        assert not isinstance(compression, str)  # parsed on construction
+        fuse = checksum and compression is None
+        pages = _page_sections(tensor, self.page_digests, known_pages, fuse, given)
+        entries, contents, counts = _sections(tensor, tensor.buffer_arrays(), compression, pages)
+        sums = [0] * len(entries) if checksum else None
+        if sums is not None and pages is not None:
+            sums[0] = pages.pool_checksum
+        layout = _layout(self._wire(tensor.descriptor), entries, counts, checksum)
+        return _Plan(layout, contents, sums)
+
+    def _cached(self, tensor: BlockPagedTensor) -> tuple[_Layout, list[Any]] | None:
+        """A raw blob's plan from its layout cached by geometry (3x faster for small
+        blobs); None when the general route must plan it (parameter buffers, contents
+        that are not arrays)."""
+        descriptor = tensor.descriptor
+        pool, table, starts = tensor.page_pool, tensor.block_table, tensor.seq_ptr
+        try:
+            if len(descriptor.buffers) != 3:
+                return None
+            sizes = [pool.nbytes, table.nbytes, starts.nbytes]
+        except AttributeError:  # not arrays: the general route judges them
+            return None
+        check_contents(tensor)  # the arrays may have changed since from_arrays
+        contents: list[Any] = [pool, table, starts]
+        lens = tensor.seq_lens
+        if lens is not None:  # as _extras has them, without its tuples (the hot path)
+            lens = np.ascontiguousarray(lens, SEQ_LENS)
+            contents.append(lens)
+            sizes.append(lens.nbytes)
+        if tensor.metadata:
+            contents.append(encode_metadata(tensor.metadata))
+            sizes.append(len(contents[-1]))
+        wire = self._wire(descriptor)
+        key = (wire, self.checksum, lens is None, *sizes)  # which kind a 4th section is
+        layout: _Layout | None = self.layouts.get(key)
+        if layout is None:
+            arrays = [(pool,), (table,), (starts,)]
+            entries, _, counts = _sections(tensor, arrays, None, None)
+            layout = _layout(wire, entries, counts, self.checksum)
+            size = len(layout.header) + sum(map(len, layout.gaps))
+            self.layouts.put(key, layout, weight(size + 64 * len(contents)))
+        return layout, contents
 
     def _given(self, page_digests: object) -> DigestArray | None:
-        """The method's ``page_digests=`` (None, or an array: :func:`precomputed`)."""
-        if page_digests is None:
-            return None
+        """The method's ``page_digests=`` (an array: :func:`precomputed`)."""
         if self.compact:  # compact() renumbers the pages the digests were computed for
             raise ArgumentTypeError(
                 "precomputed page_digests are of the tensor's own pages: not with compact=True",
@@ -579,25 +552,19 @@ class Encoder:
         """The blob in a new buffer (:func:`encode`); ``known_pages`` makes a delta blob;
         ``page_digests``: this tensor's precomputed page digests (:func:`precomputed`),
         which also add the digests section."""
-        _check_tensor(tensor)
-        given = self._given(page_digests)
-        if (
-            self.compression is None
-            and not self.compact
-            and not self.page_digests
-            and known_pages is None
-            and given is None
-        ):
-            small = _encode_small(tensor, self.checksum, self.layouts)
-            if small is not None:
-                return small
-        tensor = self._compacted(tensor)
-        if tensor.nbytes < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
-            head, sections, total = _plan(tensor, self, True, known_pages, given=given)
-            return memoryview(bytearray().join(_pieces(head, sections, total)))
-        head, sections, total = _plan(tensor, self, False, known_pages, given=given)
+        if self._plain and known_pages is None and isinstance(tensor, BlockPagedTensor):
+            found = None if page_digests is not None else self._cached(tensor)
+            if found is not None and found[0].total < _SMALL_BLOB:  # the hot path, inline
+                blob, contents = _join(*found)
+                if self.checksum:
+                    _seal(blob, found[0], contents, _UNHASHED)
+                return blob
+        plan = self._plan(tensor, known_pages, page_digests)
+        total = plan.layout.total
+        if total < _SMALL_BLOB:  # tiny blobs: joining a few pieces beats NumPy slicing
+            return plan.joined()
         out = OUTPUT_POOL.take(total)  # recycled once the caller drops the blob: no faults
-        _write(tensor, out, head, sections, total, self.checksum)
+        plan.write(out)
         return memoryview(out.data)
 
     def encode_parts(
@@ -605,10 +572,7 @@ class Encoder:
     ) -> list[memoryview]:
         """The blob as scatter-gather pieces (:func:`encode_parts`; ``page_digests`` as
         for :meth:`encode`)."""
-        given = self._given(page_digests)
-        tensor = self._compacted(tensor)
-        head, sections, total = _plan(tensor, self, True, known_pages, given=given)
-        return _pieces(head, sections, total)
+        return self._plan(tensor, known_pages, page_digests).pieces()
 
     def encode_into(
         self,
@@ -620,10 +584,7 @@ class Encoder:
     ) -> int:
         """Write the blob into the start of ``buffer``; bytes written (:func:`encode_into`;
         ``page_digests`` as for :meth:`encode`)."""
-        given = self._given(page_digests)
-        tensor = self._compacted(tensor)
-        head, sections, total = _plan(tensor, self, False, known_pages, given=given)
-        return _write_into(tensor, head, sections, total, self.checksum, buffer)
+        return self._plan(tensor, known_pages, page_digests).write_into(buffer)
 
 
 #: The encoder the module functions use (and whose cache the others share).

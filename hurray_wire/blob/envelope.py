@@ -21,7 +21,7 @@ from hurray_wire.errors import (
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor
 from hurray_wire.wire import blob as w, records as wr
-from hurray_wire.wire.seal import checksum_of, seal
+from hurray_wire.wire.seal import checksum_of
 
 __all__ = [
     "AT",
@@ -43,7 +43,6 @@ __all__ = [
     "embedded_descriptor",
     "entry_at",
     "fixed_header",
-    "pack_header",
     "pool_section",
     "total_length",
     "whole_blob_header",
@@ -74,29 +73,6 @@ I_TOTAL_LENGTH = HEADER.names.index("total_length")
 def entry_at(number: int) -> int:
     """Byte offset of section entry ``number``: the table follows the fixed header."""
     return HEADER_SIZE + _ENTRY_SIZE * number
-
-
-def pack_header(
-    descriptor: bytes, entries: list[tuple[Any, ...]], total: int, checksum: bool
-) -> bytes:
-    """Fixed header + section table (``entries``: the non-Const entry fields in order) +
-    descriptor, followed by their xxh3_64."""
-    pieces = [
-        HEADER.pack(
-            1,
-            0,
-            0,
-            total,
-            entry_at(len(entries)) + len(descriptor),
-            len(entries),
-            w.CHECKSUM_XXH3_64 if checksum else w.CHECKSUM_NONE,
-            len(descriptor),
-        )
-    ]
-    pieces += [ENTRY.pack(*fields) for fields in entries]
-    pieces.append(descriptor)
-    head = b"".join(pieces)
-    return seal(head)
 
 
 def blob_length(data: Any) -> int:

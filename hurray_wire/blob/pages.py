@@ -39,7 +39,7 @@ from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, assemble
-from hurray_wire.wire.digest_records import DIGEST_SECTION, PAGE_REFS
+from hurray_wire.wire.digest_records import PAGE_REFS
 
 __all__ = [
     "DecodeReport",
@@ -98,11 +98,6 @@ def refs_count(raw_size: int) -> int | None:
     """The number of refs a page-refs section of ``raw_size`` bytes holds (None: no whole
     number of refs)."""
     return PAGE_REFS.count_of(raw_size)
-
-
-def digests_size(num_pages: int) -> int:
-    """raw_size of the page-digests section of a tensor of ``num_pages`` pages."""
-    return DIGEST_SECTION.at(num_pages, 1)
 
 
 def sent_sizes(descriptor: TensorDescriptor, sent: int) -> tuple[int, ...]:

@@ -1,14 +1,14 @@
 """Storage codecs of blob sections, pure functions of bytes (re-exports only): raw, zstd,
 byte-shuffled zstd, and independent shuffled chunks that several cores (de)compress
-(docs/wire-format.md § 6, docs/compression.md); one module per codec, by id in ``registry``."""
+(docs/wire-format.md § 6, docs/compression.md): raw in ``base`` beside the interface, both
+zstd codecs and their frames in ``zstd``, ``chunked``; by id in ``registry``."""
 
 from __future__ import annotations
 
 from hurray_wire.codecs import byteshuffle, registry
-from hurray_wire.codecs.base import Codec
+from hurray_wire.codecs.base import CODEC_RAW, Codec
 from hurray_wire.codecs.chunked import CHUNK_SIZE_MAX, CHUNK_SIZE_MIN, CHUNKED_WIDTHS, CODEC_CHUNKED
 from hurray_wire.codecs.config import DEFAULT_COMPRESSION, Compression, check_threads, parse_spec
-from hurray_wire.codecs.raw import CODEC_RAW
 from hurray_wire.codecs.sections import (
     Buffer,
     checksum,
@@ -21,8 +21,7 @@ from hurray_wire.codecs.sections import (
     unshuffle_bytes,
     valid_codec_param,
 )
-from hurray_wire.codecs.shuffle_zstd import CODEC_SHUFFLE_ZSTD, SHUFFLE_WIDTHS
-from hurray_wire.codecs.zstd import CODEC_ZSTD
+from hurray_wire.codecs.zstd import CODEC_SHUFFLE_ZSTD, CODEC_ZSTD, SHUFFLE_WIDTHS
 from hurray_wire.errors import CodecConfigError
 
 __all__ = [

@@ -1,6 +1,7 @@
 """The interface every storage codec implements (a stateless object named by its id in the
-section table, docs/wire-format.md § 6), and what their modules share; adding a codec is
-one module with one subclass, registered in :mod:`hurray_wire.codecs.registry`."""
+section table, docs/wire-format.md § 6), what their modules share, and codec 0, raw;
+adding a codec is one module with one subclass, registered in
+:mod:`hurray_wire.codecs.registry`."""
 
 from __future__ import annotations
 
@@ -12,9 +13,22 @@ from typing import Any, ClassVar, Protocol, cast
 import numpy as np
 
 from hurray_wire.buffers import U8Array
-from hurray_wire.errors import LimitExceededError
+from hurray_wire.errors import DecompressionError, LimitExceededError
 
-__all__ = ["Codec", "Progress", "Settings", "bytes_view", "local", "output", "scratch"]
+__all__ = [
+    "CODEC_RAW",
+    "RAW",
+    "Codec",
+    "Progress",
+    "Raw",
+    "Settings",
+    "bytes_view",
+    "local",
+    "output",
+    "scratch",
+]
+
+CODEC_RAW = 0
 
 #: ``progress(n)``: the first ``n`` bytes of a decode's output are final (n ascending).
 Progress = Callable[[int], None]
@@ -113,3 +127,36 @@ def scratch(size: int) -> U8Array:
     if buf is None or buf.size < size:
         buf = local.scratch = np.empty(size, np.uint8)
     return buf[:size]
+
+
+class Raw(Codec):
+    """No compression: the stored bytes are the raw bytes. No :class:`Compression` selects
+    it (that is None); encoders store a section raw when it is small or compression would
+    not shrink it."""
+
+    codec_id = CODEC_RAW
+    name = "raw"
+    compresses = False
+
+    def encode(self, src: U8Array, config: Settings, width: int) -> tuple[int, list[bytes]]:
+        """The raw bytes themselves, as one piece (a copy: blob encoders never call this,
+        a raw section is written from the tensor's own arrays)."""
+        return 0, [src.tobytes()]
+
+    def decode_into(
+        self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int
+    ) -> U8Array:
+        """Copy ``stored``, which must be exactly ``raw_size`` bytes."""
+        if stored.size != raw_size:
+            raise DecompressionError(
+                "raw section's stored size differs from its raw size",
+                field="stored",
+                expected=raw_size,
+                found=stored.size,
+            )
+        dst = output(out, raw_size)
+        np.copyto(dst, stored)
+        return dst
+
+
+RAW = Raw()

@@ -15,9 +15,7 @@ import numpy as np
 from hurray_wire import parallel
 from hurray_wire.buffers import U8Array
 from hurray_wire.codecs.base import Codec, Progress, Settings, bytes_view, output
-from hurray_wire.codecs.compressor import compress_frame
-from hurray_wire.codecs.frames import decode_frame, frame_header
-from hurray_wire.codecs.shuffle_zstd import SHUFFLE_WIDTHS
+from hurray_wire.codecs.zstd import SHUFFLE_WIDTHS, compress_frame, decode_frame, frame_header
 from hurray_wire.errors import DecompressionError, HurrayWireError
 from hurray_wire.wire import chunked as wc
 
@@ -59,7 +57,17 @@ class Chunked(Codec):
         """The chunk table, then each chunk's frame, shuffled by ``width`` (1 when the
         shuffle is the identity); chunks compress on ``config.threads``."""
         param = width if width in SHUFFLE_WIDTHS else 1  # inline: once per section
-        return param, _chunked(src, config, param)
+        chunk, level = config.chunk_size, config.level
+        if src.size <= chunk:  # one chunk, on the caller: no task list (~5% of a 384 KiB one)
+            frames = [compress_frame(src, level, param, 0)]
+        else:
+            tasks = [
+                functools.partial(compress_frame, src[a : a + chunk], level, param, 0)
+                for a in range(0, src.size, chunk)
+            ]
+            frames = parallel.run_tasks(tasks, config.threads)
+        table = wc.pack_table(chunk, [sum(map(len, f)) for f in frames])
+        return param, [table, *(piece for frame in frames for piece in frame)]
 
     def decode_into(
         self, param: int, stored: U8Array, raw_size: int, out: U8Array | None, threads: int,
@@ -71,22 +79,6 @@ class Chunked(Codec):
         dst = output(out, raw_size)
         _decode_chunks(stored, dst, param, threads, chunk_size, bounds, progress)
         return dst
-
-
-def _chunked(src: U8Array, compression: Settings, width: int) -> list[bytes]:
-    """The chunked codec's stored bytes as pieces: chunk table, then each chunk's frame."""
-    chunk = compression.chunk_size
-    level = compression.level
-    if src.size <= chunk:  # one chunk, on the caller: no task list (~5% of a 384 KiB one)
-        frames = [compress_frame(src, level, width, 0)]
-    else:
-        starts = range(0, src.size, chunk)
-        tasks = [
-            functools.partial(compress_frame, src[a : a + chunk], level, width, 0) for a in starts
-        ]
-        frames = parallel.run_tasks(tasks, compression.threads)
-    table = wc.pack_table(chunk, [sum(map(len, f)) for f in frames])
-    return [table, *(piece for frame in frames for piece in frame)]
 
 
 def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
@@ -193,10 +185,10 @@ def _decode_chunk(
     progress: Progress | None = None,
 ) -> None:  # fmt: skip
     """Decode chunk ``i`` (``src[begin:end]``) into ``piece``; errors name the chunk."""
-    name = _NAME
     frame = src[begin:end]
     try:
-        decode_frame(frame, piece, width, name, frame_header(frame, piece.size, name), progress)
+        header = frame_header(frame, piece.size, _NAME)
+        decode_frame(frame, piece, width, _NAME, header, progress)
     except HurrayWireError as exc:
         inside = exc.offset if exc.offset is not None else 0
         raise exc.relocated(field=f"chunk {i}", offset=begin + inside) from None

@@ -3,11 +3,9 @@ the report and the text specs ask here; registering a codec is all it takes)."""
 
 from __future__ import annotations
 
-from hurray_wire.codecs.base import Codec
+from hurray_wire.codecs.base import RAW, Codec
 from hurray_wire.codecs.chunked import CHUNKED
-from hurray_wire.codecs.raw import RAW
-from hurray_wire.codecs.shuffle_zstd import SHUFFLE_ZSTD
-from hurray_wire.codecs.zstd import ZSTD
+from hurray_wire.codecs.zstd import SHUFFLE_ZSTD, ZSTD
 from hurray_wire.errors import CodecConfigError, DecompressionError
 
 __all__ = [
@@ -48,9 +46,8 @@ def register(codec: Codec) -> Codec:
     return codec
 
 
-def find(codec_id: int) -> Codec | None:
-    """The codec with this id, or None."""
-    return BY_ID.get(codec_id)
+#: The codec with this id, or None.
+find = BY_ID.get
 
 
 def get(codec_id: int) -> Codec:
@@ -64,9 +61,8 @@ def get(codec_id: int) -> Codec:
     return codec
 
 
-def find_name(name: str) -> Codec | None:
-    """The codec with this name ("zstd", "chunked-shuffle-zstd", ...), or None."""
-    return _BY_NAME.get(name)
+#: The codec with this name ("zstd", "chunked-shuffle-zstd", ...), or None.
+find_name = _BY_NAME.get
 
 
 def by_name(name: str) -> Codec:

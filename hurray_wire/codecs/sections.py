@@ -12,9 +12,8 @@ import zstandard
 
 from hurray_wire.buffers import U8Array, u8_array, writable_u8
 from hurray_wire.codecs import byteshuffle
-from hurray_wire.codecs.base import Progress, bytes_view
+from hurray_wire.codecs.base import CODEC_RAW, Progress, bytes_view
 from hurray_wire.codecs.config import Compression, check_threads, int_arg
-from hurray_wire.codecs.raw import CODEC_RAW
 from hurray_wire.codecs.registry import BY_ID, get
 from hurray_wire.errors import (
     ArgumentTypeError,
@@ -81,29 +80,26 @@ def _width_arg(width: object, name: str = "width") -> int:
     return w
 
 
-def _shuffle_operands(src: Buffer, width: int, out: U8Array | None) -> tuple[U8Array, int, U8Array]:
-    """Checked (source, width, output) of shuffle_bytes / unshuffle_bytes."""
+def _shuffled(src: Buffer, width: int, out: U8Array | None, kernel: Any) -> U8Array:
+    """Check the operands of shuffle_bytes / unshuffle_bytes, then run ``kernel``."""
     s = u8_array(src, "src")
     w = _width_arg(width)
     o = np.empty(s.size, np.uint8) if out is None else _writable_u8(out, s.size, "out")
     _check_no_overlap(s, o, "src and out")
-    return s, w, o
+    kernel(s, w, o)
+    return o if out is None else out
 
 
 def shuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
     """Group byte j of every ``width``-byte element into plane j, a tail of
     ``len(src) % width`` bytes copied unchanged; returns ``out`` (c-blosc2's SIMD kernel
     when installed: :mod:`hurray_wire.codecs.byteshuffle`)."""
-    s, w, o = _shuffle_operands(src, width, out)
-    byteshuffle.shuffle_into(s, w, o)
-    return o if out is None else out
+    return _shuffled(src, width, out, byteshuffle.shuffle_into)
 
 
 def unshuffle_bytes(src: Buffer, width: int, out: U8Array | None = None) -> U8Array:
     """Inverse of :func:`shuffle_bytes` for the same ``width``. Returns ``out``."""
-    s, w, o = _shuffle_operands(src, width, out)
-    byteshuffle.unshuffle_into(s, w, o)
-    return o if out is None else out
+    return _shuffled(src, width, out, byteshuffle.unshuffle_into)
 
 
 # -- compression -----------------------------------------------------------------------
