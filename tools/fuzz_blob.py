@@ -195,11 +195,11 @@ class KnownFinding(hw.HurrayWireError):
 #: Open findings: id -> (exception type, message fragments, (file, function) raising it).
 #: F1 (fixed in ede8fce) was: "F1": (ValueError, ("array is too big", "Maximum allowed
 #: dimension exceeded"), ("hurray_wire/tensor.py", "assemble")). F2 (fixed in session 2,
-#: codecs.frames.fresh_reason) was a disagreement the target itself reports (``_same_outcome``,
+#: codecs.zstd.fresh_reason) was a disagreement the target itself reports (``_same_outcome``,
 #: which consults this table before raising): "F2": (AssertionError, (ZSTD_REASON_ONLY,),
 #: ("tools/fuzz_blob.py", "_same_outcome")), the reason libzstd gives for a corrupt frame
 #: depending on what the thread's cached decompression context decoded before.
-#: F7 (fixed: codecs.frames checks the end of a frame that declares content size 0) was a
+#: F7 (fixed: codecs.zstd checks the end of a frame that declares content size 0) was a
 #: shuffle-zstd section of raw_size 0 accepted whatever followed its frame header; the
 #: independent reader refused it. No finding is open.
 KNOWN_FINDINGS: dict[str, tuple[type[BaseException], tuple[str, ...], tuple[str, str]]] = {}
