@@ -21,7 +21,6 @@ from hurray_wire.errors import (
     non_negative,
 )
 from hurray_wire.integrity.delta import (
-    KNOWN,
     KNOWN_RECORD,
     check_known_checksum,
     encode_known_pages,
@@ -111,24 +110,15 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
     for name, low, high in (("num_hashes", 1, MAX_HASHES),
                             ("log2_bits", MIN_LOG2_BITS, MAX_LOG2_BITS)):  # fmt: skip
         if not low <= params[name] <= high:
-            raise InvalidIntegrityRecordError(
-                f"{name} out of range",
-                section=KNOWN,
-                field=name,
-                offset=at + _PARAMS.offsets[name],
-                found=params[name],
-                expected=f"{low}..{high}",
+            expected = f"{low}..{high}"
+            raise _BLOOM.error(
+                name, f"{name} out of range", base=at, found=params[name], expected=expected
             )
     nbytes = (1 << params["log2_bits"]) // 8
     if nbytes > max_bytes:
-        raise InvalidIntegrityRecordError(
-            "Bloom filter larger than max_bytes allows",
-            section=KNOWN,
-            field="log2_bits",
-            offset=at + _PARAMS.offsets["log2_bits"],
-            found=f"{nbytes} bytes",
-            expected=f"<= {max_bytes}",
-        )
+        msg = "Bloom filter larger than max_bytes allows"
+        found = f"{nbytes} bytes"
+        raise _BLOOM.error("log2_bits", msg, base=at, found=found, expected=f"<= {max_bytes}")
     start = at + _PARAMS.size
     check_known_checksum(view, start + nbytes)
     bits = np.frombuffer(view, np.uint8, nbytes, start).copy()

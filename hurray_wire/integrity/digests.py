@@ -50,8 +50,6 @@ __all__ = [
 DigestArray = npt.NDArray[np.uint64]
 IntArray = npt.NDArray[np.int64]
 
-SECTION = "page_digests"
-_HEAD = DIGEST_SECTION.head
 DIGEST_RECORD = wr.DIGEST_SECTION.raising(
     InvalidIntegrityRecordError, IntegrityRecordTruncatedError
 )
@@ -92,6 +90,11 @@ class PageRecords:
 
     def _parts(self) -> tuple[U8Array, ...]:
         return tuple(p for p in (self.pool, self.scales, self.zero_points) if p is not None)
+
+    def take(self, rows: Any) -> PageRecords:
+        """The records of ``rows`` (a slice: views; an array of page ids: copies)."""
+        params = (None if p is None else p[rows] for p in (self.scales, self.zero_points))
+        return PageRecords(self.pool[rows], *params)
 
     def record(self, page: int) -> bytes:
         """The record of physical page ``page`` as one bytes object (for a page store)."""
@@ -141,11 +144,7 @@ def digests_and_checksum(records: PageRecords) -> tuple[DigestArray, int]:
     hasher = xxhash.xxh3_64()
     out = np.empty(count, np.uint64)
     for start in range(0, count, step):  # ~16 rounds for 16 MiB: the per-page loop inside
-        part = PageRecords(
-            pool[start : start + step],
-            None if records.scales is None else records.scales[start : start + step],
-            None if records.zero_points is None else records.zero_points[start : start + step],
-        )
+        part = records.take(slice(start, start + step))
         out[start : start + step] = part.digests()
         hasher.update(part.pool.data)
     return out, int(hasher.intdigest())
@@ -257,8 +256,20 @@ def logical_positions(
     return table[entries], seqs.astype(np.int64), entries - starts[seqs]
 
 
+class FailedPlaces:
+    """The logical places of failed pages a report lists (its last three arrays)."""
+
+    sequences: IntArray
+    pages_in_sequence: IntArray
+
+    @property
+    def positions(self) -> tuple[tuple[int, int], ...]:
+        """``(sequence, page_in_sequence)`` of every failed logical page."""
+        return tuple(zip(self.sequences.tolist(), self.pages_in_sequence.tolist(), strict=True))
+
+
 @dataclass(frozen=True)
-class PageDigestReport:
+class PageDigestReport(FailedPlaces):
     """The outcome of checking a tensor's pages against digests.
 
     ``pages`` (ascending physical ids) with ``expected`` / ``found`` digests; then one row
@@ -277,11 +288,6 @@ class PageDigestReport:
     @property
     def ok(self) -> bool:
         return self.pages.size == 0
-
-    @property
-    def positions(self) -> tuple[tuple[int, int], ...]:
-        """``(sequence, page_in_sequence)`` of every failed logical page."""
-        return tuple(zip(self.sequences.tolist(), self.pages_in_sequence.tolist(), strict=True))
 
     def raise_if_failed(self) -> None:
         """Raise :class:`PageDigestError` naming every failed page and place, if any."""
@@ -321,14 +327,18 @@ def verify_page_digests(tensor: BlockPagedTensor, digests: object) -> PageDigest
 
 def encode_digest_section(digests: object) -> bytes:
     """The payload of a page-digest section: 8-byte head, then the digests as u64 LE."""
-    values = digest_array(digests, None)
-    if values.size > COUNT_MAX:
-        raise InvalidIntegrityRecordError(
-            "too many digests for a u32 count", section=SECTION, field="count", found=values.size
-        )
+    values = u32_count(digest_array(digests, None), DIGEST_RECORD)
     return DIGEST_SECTION.pack(
         w.DIGEST_SECTION_VERSION, w.DIGEST_ALGORITHM_XXH3_64, values.size, runs=(values,)
     )
+
+
+def u32_count(values: DigestArray, record: wr.Record) -> DigestArray:
+    """``values`` if their count fits the record's u32 ``count``."""
+    if values.size > COUNT_MAX:
+        msg = "too many digests for a u32 count"
+        raise record.invalid(msg, section=record.what, field="count", found=values.size)
+    return values
 
 
 def check_digest_head(
@@ -356,14 +366,8 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     )
     count = fields["count"]
     if count != num_pages:
-        raise InvalidIntegrityRecordError(
-            "digest count must equal the descriptor's num_pages",
-            section=SECTION,
-            field="count",
-            offset=base_offset + _HEAD.offsets["count"],
-            found=count,
-            expected=num_pages,
-        )
+        msg = "digest count must equal the descriptor's num_pages"
+        raise DIGEST_RECORD.error("count", msg, base=base_offset, found=count, expected=num_pages)
     DIGEST_RECORD.exact(view, DIGEST_SECTION.at(count, 1), base=base_offset, what="digests")
     (digests,) = DIGEST_SECTION.runs(view, count)
     return digests.astype(np.uint64, copy=False)
