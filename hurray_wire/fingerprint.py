@@ -221,14 +221,9 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
     )
     head = _RECORD.read_head(view, expected, what="fingerprint shorter than its head")
     if head["body_length"] != len(view) - _HEAD.size:
-        raise InvalidMetadataError(
-            "body_length does not match the bytes after the head",
-            section=SECTION,
-            field="body_length",
-            offset=_HEAD.offsets["body_length"],
-            found=head["body_length"],
-            expected=len(view) - _HEAD.size,
-        )
+        msg = "body_length does not match the bytes after the head"
+        found, size = head["body_length"], len(view) - _HEAD.size
+        raise _RECORD.error("body_length", msg, found=found, expected=size)
     body = view[_HEAD.size :]
     at = _RECORD.at("body_checksum")
     _RECORD.check_checksum(head["body_checksum"], checksum_of(body), "body_checksum", at)

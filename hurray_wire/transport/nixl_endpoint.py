@@ -146,6 +146,18 @@ class _Arena:
         if start in self.live:
             self.live[start] = start + used
 
+    def claim(
+        self, size: int, too_big: str, layer: int | None, role: str | None, now: bool = False
+    ) -> int | None:
+        """Where ``size`` bytes of blob {layer, role} go; None: not yet (earlier pieces
+        hold the room); ``too_big`` as a TransportError if they never could (or, ``now``,
+        cannot at once)."""
+        start = self.take(size)
+        if start is None and (now or size > len(self.buf)):
+            raise TransportError(too_big, layer=layer, role=role,
+                                 expected=f"<= {len(self.buf)}", found=size)  # fmt: skip
+        return start
+
     def give(self, start: int) -> None:
         self.live.pop(start, None)
 
@@ -183,6 +195,9 @@ class _Endpoint(ClosesOnExit):
     #: Whether ``metadata()`` hands the peer this side's registrations (the sender's: the
     #: peer READs them); a receiver's metadata carries none, so it may register any time.
     _exposes_registrations = True
+    #: The transfer's id: the sender's own, the receiver's from the first offer.
+    session: int | None = None
+    _peer_side = "peer"  # who the peer is, in an abort's message
 
     def __init__(
         self, name: str, *, ucx_error_handling_mode: str, arena_bytes: int, progress_thread: bool
@@ -285,8 +300,16 @@ class _Endpoint(ClosesOnExit):
             for m in messages:
                 if bytes(m[: len(wi.KNOWN_PAGES_MAGIC)]) == wi.KNOWN_PAGES_MAGIC:
                     self._on_known_pages(bytes(m))
-                else:
-                    out.append(decode_record(m))
+                    continue
+                r = decode_record(m)
+                if self.session is None and r.kind == "offer":
+                    self.session = r.session
+                if r.session != self.session:
+                    raise TransportError("record of another session", found=f"0x{r.session:016x}")
+                if r.kind == "abort":
+                    raise TransportError(f"the {self._peer_side} aborted: {r.reason}",
+                                         layer=r.layer, role=r.role)  # fmt: skip
+                out.append(r)
         return out
 
     def _on_known_pages(self, data: bytes) -> None:
@@ -312,7 +335,18 @@ class _Endpoint(ClosesOnExit):
             raise TransportError("NIXL transfer ended in error")
         return state
 
-    def _abort_peer(self, session: int, reason: str, layer: int | None, role: str | None) -> None:
+    def _abort_peer(self, reason: str, layer: int | None, role: str | None) -> None:
         """Tell the peer we stopped (best effort: the peer may be gone)."""
         with contextlib.suppress(Exception):
-            self._send(TransferRecord("abort", session, layer, role, reason=reason[:1000]))
+            abort = TransferRecord("abort", self.session or 0, layer, role, reason=reason[:1000])
+            self._send(abort)
+
+    def _guarded(self, blob: Any, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn``; any error names the blob (its ``layer`` and ``role``) and is sent to
+        the peer as an abort."""
+        layer, role = blob.layer, blob.role
+        try:
+            return fn(*args)
+        except HurrayWireError as exc:
+            self._abort_peer(str(exc), layer, role)
+            raise _named(exc, layer, role) from _origin(exc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,14 +35,11 @@ from hurray_wire.transport.nixl_endpoint import (
     _U8,
     DEFAULT_DEADLINE,
     PEER_READ_NAP,
-    T,
     _Arena,
     _call,
     _deadline,
     _Endpoint,
-    _named,
     _no_descriptors,
-    _origin,
     _pieces,
     _region_bytes,
 )
@@ -92,6 +89,7 @@ class NixlReceiver(_Endpoint):
     """
 
     _exposes_registrations = False
+    _peer_side = "sender"
 
     def __init__(
         self,
@@ -126,7 +124,6 @@ class NixlReceiver(_Endpoint):
         self.limits = limits
         self.page_store = page_store
         self.expect_fingerprint = expect_fingerprint
-        self.session: int | None = None
         self._targets: dict[tuple[int, str], IntoArray | IntoPages | InPlace] = {}
         self._in: dict[tuple[int, str], _Incoming] = {}
         # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
@@ -213,7 +210,7 @@ class NixlReceiver(_Endpoint):
             try:
                 moved = self._step()
             except TransportError as exc:
-                self._abort_peer(self.session or 0, str(exc), exc.layer, exc.role)
+                self._abort_peer(str(exc), exc.layer, exc.role)
                 raise
             for key in [k for k, item in self._in.items() if item.landed]:
                 item = self._in.pop(key)
@@ -234,7 +231,7 @@ class NixlReceiver(_Endpoint):
                 self._decoding.append((item, future))
             if self._queued:  # one transfer per turn: the blobs that landed get decoded
                 item = self._queued.pop(0)
-                if self._guarded(item, self._start, item):  # an error aborts the peer
+                if self._guarded(item.offer, self._start, item):  # an error aborts the peer
                     moved = True
                 else:  # waiting for room in the write region or staging ring
                     self._queued.insert(0, item)
@@ -243,7 +240,7 @@ class NixlReceiver(_Endpoint):
                 for ring, at in ((self._write, item.write_at), (self._staging, item.staged_at)):
                     if ring is not None and at is not None:
                         ring.give(at)  # copied out: its room may be written again
-                tensor = self._guarded(item, future.result)
+                tensor = self._guarded(item.offer, future.result)
                 yielded += 1
                 idle = 0
                 yield tensor
@@ -252,7 +249,7 @@ class NixlReceiver(_Endpoint):
             if time.monotonic() > until and yielded < count:
                 pending = [k for k, item in self._in.items() if not item.landed]
                 layer, role = pending[0] if pending else (None, None)
-                self._abort_peer(self.session or 0, "receiver deadline passed", layer, role)
+                self._abort_peer("receiver deadline passed", layer, role)
                 raise TransportError(
                     f"deadline passed: {yielded} of {count} blobs received, "
                     f"{len(pending)} in flight",
@@ -275,15 +272,6 @@ class NixlReceiver(_Endpoint):
         else:
             time.sleep(PEER_READ_NAP if idle < 64 else 0.0002)
 
-    def _guarded(self, item: _Incoming, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn``; any error names the blob and is sent to the peer as an abort."""
-        layer, role = item.offer.layer, item.offer.role
-        try:
-            return fn(*args)
-        except HurrayWireError as exc:
-            self._abort_peer(self.session or 0, str(exc), layer, role)
-            raise _named(exc, layer, role) from _origin(exc)
-
     def _step(self) -> bool:
         moved = False
         for record in self._records():
@@ -293,7 +281,7 @@ class NixlReceiver(_Endpoint):
             if item.landed or item.offer.write or not item.started:
                 continue
             if item.xfers:  # finished READs let go at once: item.xfers is what still moves
-                states = [self._guarded(item, self._state, x) for x in item.xfers]
+                states = [self._guarded(item.offer, self._state, x) for x in item.xfers]
                 for x, state in zip(item.xfers, states, strict=True):
                     if state == "DONE":
                         x.release()
@@ -305,12 +293,6 @@ class NixlReceiver(_Endpoint):
         return moved
 
     def _on_record(self, r: TransferRecord) -> None:
-        if self.session is None and r.kind == "offer":
-            self.session = r.session
-        if r.session != self.session:
-            raise TransportError("record of another session", found=f"0x{r.session:016x}")
-        if r.kind == "abort":
-            raise TransportError(f"the sender aborted: {r.reason}", layer=r.layer, role=r.role)
         assert r.layer is not None and r.role is not None  # records.py: all but abort name both
         key = (r.layer, r.role)
         item = self._in.get(key)
@@ -359,12 +341,9 @@ class NixlReceiver(_Endpoint):
         # compressed pool is: checked first, then copied into the engine's memory.
         split = apart is not None and r.pool_length > 0 and not r.write
         own = r.total_length - r.pool_length if split else r.total_length
-        start = self._arena.take(own)
-        if start is None:
-            raise TransportError("blob does not fit the receiver's landing region",
-                                 layer=r.layer, role=r.role,
-                                 expected=f"<= {len(self._arena.buf)}",
-                                 found=own)  # fmt: skip
+        too_big = "blob does not fit the receiver's landing region"
+        start = self._arena.claim(own, too_big, r.layer, r.role, now=True)
+        assert start is not None
         return _Incoming(r, start, target, split)
 
     def _segments(self, item: _Incoming) -> bool:
@@ -381,9 +360,10 @@ class NixlReceiver(_Endpoint):
         segments = [Segment(0, r.pool_offset, base)]
         if not target.one_pass:
             assert self._staging is not None  # made by expect()
-            at = _room(self._staging, r, r.pool_length, "page pool does not fit the "
-                       "receiver's staging region: NixlReceiver(staging_bytes=...), or "
-                       "expect(..., IntoArray(pool, one_pass=True))")  # fmt: skip
+            at = self._staging.claim(r.pool_length, "page pool does not fit the receiver's "
+                                     "staging region: NixlReceiver(staging_bytes=...), or "
+                                     "expect(..., IntoArray(pool, one_pass=True))",
+                                     r.layer, r.role)  # fmt: skip
             if at is None:
                 return False
             item.staged_at = at
@@ -405,8 +385,8 @@ class NixlReceiver(_Endpoint):
         r = item.offer
         if r.write:
             assert self._write is not None  # _land refused the offer otherwise
-            at = _room(self._write, r, r.total_length, "blob does not fit the receiver's "
-                       "write region")  # fmt: skip
+            too_big = "blob does not fit the receiver's write region"
+            at = self._write.claim(r.total_length, too_big, r.layer, r.role)
             if at is None:
                 return False
             item.write_at = at
@@ -509,13 +489,3 @@ def _checked_key(layer: object, role: object) -> tuple[int, str]:
                                 expected=sorted(ROLE_CODES))  # fmt: skip
     assert isinstance(role, str)
     return layer, role
-
-
-def _room(arena: _Arena, r: TransferRecord, size: int, too_big: str) -> int | None:
-    """Where ``size`` bytes of blob ``r`` go in ``arena``; None: not yet (earlier blobs
-    still hold it); a TransportError if they could never fit."""
-    at = arena.take(size)
-    if at is None and size > len(arena.buf):
-        raise TransportError(too_big, layer=r.layer, role=r.role,
-                             expected=f"<= {len(arena.buf)}", found=size)  # fmt: skip
-    return at

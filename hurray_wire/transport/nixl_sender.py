@@ -14,7 +14,7 @@ import numpy.typing as npt
 from hurray_wire.blob import encode_parts
 from hurray_wire.blob.encoder import encode_deferred, planned_into
 from hurray_wire.blob.envelope import pool_section as _pool_section
-from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
+from hurray_wire.errors import ArgumentTypeError, TransportError
 from hurray_wire.integrity import DeltaPlan, decode_known_pages
 from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.tensor import BlockPagedTensor
@@ -27,8 +27,6 @@ from hurray_wire.transport.nixl_endpoint import (
     _address,
     _deadline,
     _Endpoint,
-    _named,
-    _origin,
     _pieces,
 )
 from hurray_wire.transport.records import (
@@ -94,6 +92,8 @@ class NixlSender(_Endpoint):
     index arrays (zero-copy) and for whole blobs (``mode="staged"``).
     """
 
+    _peer_side = "receiver"
+
     def __init__(
         self,
         name: str,
@@ -104,7 +104,7 @@ class NixlSender(_Endpoint):
     ) -> None:
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
-        self.session = secrets.randbits(64)
+        self.session: int = secrets.randbits(64)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl")
         self._out: dict[tuple[int, str], _Outgoing] = {}
         self._known: npt.NDArray[np.uint64] | None = None
@@ -246,19 +246,14 @@ class NixlSender(_Endpoint):
 
     def _take(self, size: int, until: float, layer: int, role: str) -> int:
         """Arena space for one blob's copied bytes, waiting for earlier blobs to finish."""
-        while True:
-            start = self._arena.take(size)
-            if start is not None:
-                return start
-            if size > len(self._arena.buf):
-                raise TransportError("blob does not fit the sender's arena", layer=layer,
-                                     role=role, expected=f"<= {len(self._arena.buf)}",
-                                     found=size)  # fmt: skip
+        too_big = "blob does not fit the sender's arena"
+        while (start := self._arena.claim(size, too_big, layer, role)) is None:
             self._step()
             if time.monotonic() > until:
                 raise TransportError("deadline passed waiting for arena space", layer=layer,
                                      role=role)  # fmt: skip
             self._nap(64)
+        return start
 
     def _offer(self, item: _Outgoing) -> None:
         self._send(
@@ -284,7 +279,7 @@ class NixlSender(_Endpoint):
             if time.monotonic() > until:
                 pending = [k for k, o in self._out.items() if not o.done]
                 layer, role = pending[0]
-                self._abort_peer(self.session, "sender deadline passed", layer, role)
+                self._abort_peer("sender deadline passed", layer, role)
                 raise TransportError(f"deadline passed with {len(pending)} blobs not done",
                                      layer=layer, role=role)  # fmt: skip
             self._nap(idle)  # without a progress thread, we move the transfers
@@ -313,7 +308,7 @@ class NixlSender(_Endpoint):
 
     def abort(self, reason: str = "aborted by the sender") -> None:
         """End the transfer: the peer's receive() raises TransportError at once."""
-        self._abort_peer(self.session, reason, None, None)
+        self._abort_peer(reason, None, None)
         for item in self._out.values():
             if not item.done:
                 item.done = True
@@ -328,18 +323,10 @@ class NixlSender(_Endpoint):
         for item in self._out.values():
             if item.done:
                 continue
-            try:
-                moved |= self._advance(item)
-            except HurrayWireError as exc:
-                self._abort_peer(self.session, str(exc), item.layer, item.role)
-                raise _named(exc, item.layer, item.role) from _origin(exc)
+            moved |= self._guarded(item, self._advance, item)
         return moved
 
     def _on_record(self, r: TransferRecord) -> None:
-        if r.session != self.session:
-            raise TransportError("record of another session", found=f"0x{r.session:016x}")
-        if r.kind == "abort":
-            raise TransportError(f"the receiver aborted: {r.reason}", layer=r.layer, role=r.role)
         item = self._out.get((r.layer, r.role)) if r.layer is not None and r.role else None
         if item is None or item.done:
             raise TransportError(f"{r.kind} record for a blob not in flight", layer=r.layer,
