@@ -5,6 +5,7 @@ the in-place decode points a block table at the engine's pages instead of copyin
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from hurray_wire.integrity.digests import (
     digest_array,
     page_rows,
 )
-from hurray_wire.integrity.page_store import PageStore, check_record, held, sorted_digests
+from hurray_wire.integrity.page_store import KeyedStore, check_record
 
 __all__ = ["EnginePoolStore", "page_id_array"]
 
@@ -68,7 +69,7 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
     return ids
 
 
-class EnginePoolStore(PageStore):
+class EnginePoolStore(KeyedStore):
     """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of its
     own: an index digest -> physical page id of the pages the engine vouches for (``index``;
     ``forget`` before it frees or overwrites them: a page overwritten without it is stale,
@@ -229,8 +230,5 @@ class EnginePoolStore(PageStore):
                 found=f"0x{key:016X}",
             )
 
-    def __contains__(self, digest: object) -> bool:
-        return held(digest, self._pages_of.keys(), self._lock)
-
-    def digests(self) -> DigestArray:
-        return sorted_digests(self._pages_of.keys(), self._lock)
+    def _keys(self) -> Collection[int]:
+        return self._pages_of.keys()

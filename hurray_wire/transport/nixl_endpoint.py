@@ -96,22 +96,6 @@ def _deadline(seconds: float) -> float:
     return time.monotonic() + float(seconds)
 
 
-def _named(exc: HurrayWireError, layer: int | None, role: str | None) -> TransportError:
-    """``exc`` as a TransportError naming the blob (itself if it names one already)."""
-    if isinstance(exc, TransportError):
-        if exc.layer is not None:
-            return exc
-        return TransportError(exc.message, layer=layer, role=role)
-    return TransportError(f"{type(exc).__name__}: {exc}", layer=layer, role=role)
-
-
-def _origin(exc: HurrayWireError) -> BaseException:
-    """The error to chain as ``__cause__``: NIXL's own, when ``exc`` merely wraps it."""
-    if isinstance(exc, TransportError) and exc.layer is None and exc.__cause__ is not None:
-        return exc.__cause__
-    return exc
-
-
 class _Arena:
     """A registered byte region handed out as a ring: each piece is given back on its own
     (a blob's room once it is done with), and later pieces wrap round to the front once
@@ -342,11 +326,17 @@ class _Endpoint(ClosesOnExit):
             self._send(abort)
 
     def _guarded(self, blob: Any, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn``; any error names the blob (its ``layer`` and ``role``) and is sent to
-        the peer as an abort."""
+        """Run ``fn``; any error is sent to the peer as an abort and raised as a
+        TransportError naming the blob (its ``layer`` and ``role``)."""
         layer, role = blob.layer, blob.role
         try:
             return fn(*args)
         except HurrayWireError as exc:
             self._abort_peer(str(exc), layer, role)
-            raise _named(exc, layer, role) from _origin(exc)
+            if not isinstance(exc, TransportError):
+                name = type(exc).__name__
+                raise TransportError(f"{name}: {exc}", layer=layer, role=role) from exc
+            if exc.layer is not None:
+                raise
+            cause = exc.__cause__ or exc  # NIXL's own error, when ``exc`` merely wraps it
+            raise TransportError(exc.message, layer=layer, role=role) from cause
