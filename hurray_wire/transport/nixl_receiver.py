@@ -13,8 +13,6 @@ import numpy as np
 
 from hurray_wire.blob import DecodeLimits, blob_length
 from hurray_wire.blob.decoder import (
-    Accept,
-    Decoder,
     decode_options,
     landing_target,
     plan_of,
@@ -32,7 +30,6 @@ from hurray_wire.integrity import (
 )
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transport.nixl_endpoint import (
-    _U8,
     DEFAULT_DEADLINE,
     PEER_READ_NAP,
     _Arena,
@@ -72,20 +69,13 @@ class _Incoming:
 
 class NixlReceiver(_Endpoint):
     """The side that takes the KV cache: READs offered blobs into its landing region
-    (``arena_bytes``, registered here), then decodes each one validated and zero-copy as
-    soon as it has landed, while later ones are still in flight.
+    (``arena_bytes``) and decodes each one, validated and zero-copy, as soon as it has landed.
 
-    The peer is given no handle to this side's memory (``metadata()`` carries connection
-    information only), except, with ``write_arena_bytes``, a write region of that size a
-    WRITE peer pushes into: each blob written there is copied out into the landing region
-    once its ``done`` record came, and only the copy is validated and used (docs/nixl.md
-    § 3.1). Without it, WRITE offers are refused.
-
-    ``staging_bytes``: the ring ``expect`` READs pools into (registered on first use).
-
-    Tensors decoded from the landing region are views of it and stay valid until the next
-    ``receive`` call, which reuses the region (so the blobs of one call must fit in it);
-    page pools that landed in engine arrays are the engine's arrays.
+    The peer gets no handle to this side's memory but the write region of
+    ``write_arena_bytes`` (WRITE peers; each blob is copied out before it is checked:
+    docs/nixl.md § 3.1; without it WRITE offers are refused). ``staging_bytes``: the ring
+    ``expect`` READs pools into. Tensors decoded from the landing region are views of it,
+    valid until the next ``receive`` call (so the blobs of one call must fit in it).
     """
 
     _exposes_registrations = False
@@ -111,8 +101,7 @@ class NixlReceiver(_Endpoint):
         self._staging_bytes = _region_bytes(staging_bytes, "staging_bytes")
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
-        # The only memory a peer is told about: where a WRITE peer pushes (never read
-        # in place: each blob is copied out before it is checked).
+        # The only memory a peer is told about (never read in place).
         self._write: _Arena | None = None
         self._write_reg: Any = None
         if write_arena_bytes:
@@ -133,30 +122,24 @@ class NixlReceiver(_Endpoint):
         self._queued: list[_Incoming] = []  # offered, their transfers not yet posted
 
     def metadata(self) -> bytes:
-        """This agent's NIXL metadata for the peer's ``add_peer``: connection information
-        and the write region (with ``write_arena_bytes``), nothing else. READs need no
-        handle to this side's memory, so the peer gets none: a transfer it aims at the
-        landing region or an engine pool fails in its own NIXL ("not found")."""
+        """Connection information and the write region, nothing else: a transfer the peer
+        aims at the landing region or an engine pool fails in its own NIXL ("not found")."""
         self._published = True
         descs = self._write_reg if self._write_reg is not None else _no_descriptors()
         return bytes(_call("get_partial_agent_metadata", self._agent.get_partial_agent_metadata,
                            descs, True, ["UCX"]))  # fmt: skip
 
     def send_known_pages(self, digests: Any) -> None:
-        """Tell the sender which pages this side's store holds (the known-pages record of
-        docs/integrity.md § 5.1, sent as one notification, before the sender publishes):
-        it then sends those pages as references, filled from ``page_store`` on decode."""
+        """Tell the sender which pages ``page_store`` holds (docs/integrity.md § 5.1), before
+        it publishes: it then sends those pages as references."""
         record = encode_known_pages(digests)
         _call("send_notif", self._agent.send_notif, self._peer_name(), record)
 
     def expect(self, layer: int, role: str, into: IntoArray | IntoPages | InPlace) -> None:
         """Land blob {layer, role} where ``into`` says, as ``decode(data, into=...)``
-        (docs/nixl.md § 4): ``IntoArray(pool)`` whole, ``IntoPages(pool, page_ids)``,
-        ``InPlace(pool_store, free_pages)`` (the delta protocol's end, docs/integrity.md § 5.3).
-
-        A pool is READ into the staging ring and copied after every check passed: a
-        refused blob leaves it untouched. ``one_pass=True`` (the pool in registered memory)
-        READs it straight there; a blob refused after its READ leaves the sent bytes."""
+        (docs/nixl.md § 4). A pool is READ into the staging ring and copied once every
+        check passed; ``one_pass=True`` READs it straight into (registered) engine memory,
+        so a blob refused after its READ leaves the sent bytes there."""
         key = _checked_key(layer, role)
         landing_target(into, (IntoArray, IntoPages, InPlace))  # decode's check, these kinds
         held = self._targets.get(key)
@@ -190,12 +173,8 @@ class NixlReceiver(_Endpoint):
             self.register(self._staging.buf)
 
     def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
-        """Yield ``count`` tensors in the order they land (each decoded and validated).
-
-        Raises TransportError naming the layer and role on a corrupted blob (its checksum),
-        a peer that lies (lengths, layer, role), an abort by the peer, a failed transfer,
-        or when ``deadline`` seconds pass before all ``count`` have come.
-        """
+        """Yield ``count`` tensors in the order they land (each decoded and validated);
+        TransportError naming the blob on any failure, or once ``deadline`` seconds pass."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ArgumentTypeError("count must be an int >= 0", found=repr(count))
         until = _deadline(deadline)
@@ -250,21 +229,15 @@ class NixlReceiver(_Endpoint):
                 pending = [k for k, item in self._in.items() if not item.landed]
                 layer, role = pending[0] if pending else (None, None)
                 self._abort_peer("receiver deadline passed", layer, role)
-                raise TransportError(
-                    f"deadline passed: {yielded} of {count} blobs received, "
-                    f"{len(pending)} in flight",
-                    layer=layer,
-                    role=role,
-                )
+                message = f"deadline passed: {yielded} of {count} blobs received, "
+                raise TransportError(f"{message}{len(pending)} in flight", layer=layer, role=role)
             if not moved:
                 self._nap(idle)
 
     def _nap(self, idle: int) -> None:
-        """Wait between polls without taking the core the hashing needs (measured: a
-        spinning loop cost the sender's hasher and our decoder a third of the CPU).
-        READs of ours still moving: none (without a progress thread they move while we
-        poll). A decode in progress: until it ends, at most a nap. Else the peer's next
-        record: a nap, longer once nothing has happened for a while."""
+        """Wait between polls without taking the core the hashing needs (measured: spinning
+        cost the sender's hasher and our decoder a third of the CPU); our own READs move
+        only while we poll."""
         if any(item.xfers for item in self._in.values()):
             time.sleep(0)
         elif self._decoding:
@@ -346,39 +319,6 @@ class NixlReceiver(_Endpoint):
         assert start is not None
         return _Incoming(r, start, target, split)
 
-    def _segments(self, item: _Incoming) -> bool:
-        """Where each byte of an offered READ blob lands (our segments): the arena, and
-        for a split pool the staging ring (False: no room yet) or, with ``one_pass``, the
-        engine's memory."""
-        r = item.offer
-        base = int(self._arena.buf.ctypes.data) + item.landing
-        target = item.target
-        if target is None or isinstance(target, InPlace) or not item.split:
-            item.segments = (Segment(0, r.total_length, base),)
-            return True
-        end = r.pool_offset + r.pool_length
-        segments = [Segment(0, r.pool_offset, base)]
-        if not target.one_pass:
-            assert self._staging is not None  # made by expect()
-            at = self._staging.claim(r.pool_length, "page pool does not fit the receiver's "
-                                     "staging region: NixlReceiver(staging_bytes=...), or "
-                                     "expect(..., IntoArray(pool, one_pass=True))",
-                                     r.layer, r.role)  # fmt: skip
-            if at is None:
-                return False
-            item.staged_at = at
-            address = int(self._staging.buf.ctypes.data) + at
-            segments.append(Segment(r.pool_offset, r.pool_length, address))
-        else:  # one NIXL descriptor per run of consecutive engine pages
-            at = r.pool_offset
-            for lo, hi in target.spans():
-                segments.append(Segment(at, hi - lo, lo))
-                at += hi - lo
-        if end < r.total_length:
-            segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
-        item.segments = tuple(segments)
-        return True
-
     def _start(self, item: _Incoming) -> bool:
         """Post an offered blob's transfer (READ) or grant (WRITE); False: not yet (no room
         in the write region or staging ring until earlier blobs are copied out)."""
@@ -397,8 +337,32 @@ class NixlReceiver(_Endpoint):
                                       segments=(Segment(0, r.total_length, address),)))  # fmt: skip
             item.started = True
             return True
-        if not self._segments(item):
-            return False  # no room in the staging ring until earlier pools are copied out
+        base = int(self._arena.buf.ctypes.data) + item.landing
+        target = item.target
+        item.segments = (Segment(0, r.total_length, base),)
+        if item.split:  # the pool apart: into the staging ring or (one_pass) engine memory
+            assert target is not None and not isinstance(target, InPlace)
+            end = r.pool_offset + r.pool_length
+            segments = [Segment(0, r.pool_offset, base)]
+            if not target.one_pass:
+                assert self._staging is not None  # made by expect()
+                at = self._staging.claim(r.pool_length, "page pool does not fit the "
+                                         "receiver's staging region: NixlReceiver("
+                                         "staging_bytes=...), or expect(..., IntoArray(pool, "
+                                         "one_pass=True))", r.layer, r.role)  # fmt: skip
+                if at is None:
+                    return False
+                item.staged_at = at
+                address = int(self._staging.buf.ctypes.data) + at
+                segments.append(Segment(r.pool_offset, r.pool_length, address))
+            else:  # one NIXL descriptor per run of consecutive engine pages
+                at = r.pool_offset
+                for lo, hi in target.spans():
+                    segments.append(Segment(at, hi - lo, lo))
+                    at += hi - lo
+            if end < r.total_length:
+                segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
+            item.segments = tuple(segments)
         item.started = True
         # One READ: the whole blob when its header is final, else all but the header
         # segment, whose final bytes come in the ready record.
@@ -414,10 +378,12 @@ class NixlReceiver(_Endpoint):
         super().close()
 
     def _decode(self, item: _Incoming) -> Any:
-        """Validate the landed blob and return its tensor (zero-copy): the pipeline, with
-        the offer's layer and role and the engine array's type checked (``accept``) before
-        anything is copied into engine memory. (Bytes NIXL itself placed in an expected
-        engine array are there already: that array is the transfer's target.)"""
+        """The landed blob validated by the pipeline, with the offer's layer and role
+        checked (``accept``) before anything is copied into engine memory.
+
+        A pool that landed apart (staging, or one_pass engine memory) is decoded in a shadow
+        of the blob holding the rest, the pool's bytes taken where they landed (in blob page
+        order): every check of ``decode``, checksums and page digests included."""
         r = item.offer
         land = self._arena.buf[item.landing :]
         if item.write_at is not None and self._write is not None:
@@ -441,22 +407,11 @@ class NixlReceiver(_Endpoint):
         view = memoryview(land[: r.total_length].data)
         if target is None:
             return run(view, opts, accept=accept)[0]
-        if item.split:
-            return self._decode_split(item, land, opts, accept)
-        if not isinstance(target, InPlace) and target.one_pass:  # decoded here: not placed
-            target = dataclasses.replace(target, one_pass=False)
-        return target.land(view, opts, accept=accept)[0]
-
-    def _decode_split(self, item: _Incoming, land: _U8, opts: Decoder, accept: Accept) -> Any:
-        """Decode a blob whose page pool landed apart (staging, or the engine's memory
-        with one_pass) and the rest here.
-
-        The header and the small sections are copied into a shadow of the blob's size, and
-        the pipeline decodes it with the pool's bytes taken where they landed (in blob page
-        order: gathered from the engine's pages with ``page_ids``): every check of
-        ``decode``, checksums and page digests included.
-        """
-        r = item.offer
+        if not item.split:
+            if not isinstance(target, InPlace) and target.one_pass:  # decoded here: not placed
+                target = dataclasses.replace(target, one_pass=False)
+            return target.land(view, opts, accept=accept)[0]
+        assert isinstance(target, (IntoArray, IntoPages))
         end = r.pool_offset + r.pool_length
         # Not zeroed: its pool range is neither written nor read (np.zeros of 16 MiB cost
         # a 2.6 ms memset: glibc serves it from the heap once one has been freed).
@@ -464,20 +419,16 @@ class NixlReceiver(_Endpoint):
         shadow[: r.pool_offset] = land[: r.pool_offset]
         shadow[end:] = land[r.pool_offset : r.pool_offset + r.total_length - end]
         view = memoryview(shadow.data)
-        plan = plan_of(view, opts)
-        e = plan.buffers[0]
+        e = plan_of(view, opts).buffers[0]
         if (e.offset, e.stored_size, e.codec) != (r.pool_offset, r.pool_length, CODEC_RAW):
             raise TransportError("the offer's page pool range is not the blob's", layer=r.layer,
                                  role=r.role, expected=f"{e.offset}+{e.stored_size}",
                                  found=f"{r.pool_offset}+{r.pool_length}")  # fmt: skip
-        target = item.target
-        assert isinstance(target, (IntoArray, IntoPages))
         if item.staged_at is not None and self._staging is not None:
             landed = self._staging.buf[item.staged_at : item.staged_at + r.pool_length]
         else:  # one_pass: where NIXL placed it (in blob page order)
             landed = target.flat if isinstance(target, IntoArray) else target.gathered()
-        placed = target.one_pass
-        return target.land(view, opts, accept=accept, pool=landed, placed=placed)[0]
+        return target.land(view, opts, accept=accept, pool=landed, placed=target.one_pass)[0]
 
 
 def _checked_key(layer: object, role: object) -> tuple[int, str]:
