@@ -272,8 +272,9 @@ class _Endpoint(ClosesOnExit):
     def _send(self, record: TransferRecord) -> None:
         _call("send_notif", self._agent.send_notif, self._peer_name(), encode_record(record))
 
-    def _records(self) -> list[TransferRecord]:
-        """New records from the peer, validated; anything else is an error."""
+    def _records(self) -> bool:
+        """Handle the peer's new records, validated (anything else is an error); True if
+        there were any."""
         found = _call("get_new_notifs", self._agent.get_new_notifs)
         out: list[TransferRecord] = []
         for agent, messages in found.items():
@@ -294,7 +295,13 @@ class _Endpoint(ClosesOnExit):
                     raise TransportError(f"the {self._peer_side} aborted: {r.reason}",
                                          layer=r.layer, role=r.role)  # fmt: skip
                 out.append(r)
-        return out
+        for r in out:
+            self._on_record(r)
+        return bool(out)
+
+    def _on_record(self, r: TransferRecord) -> None:
+        """One record of this session's peer (not an abort)."""
+        raise NotImplementedError
 
     def _on_known_pages(self, data: bytes) -> None:
         """A known-pages record (docs/integrity.md § 5.1): only a sender takes one."""

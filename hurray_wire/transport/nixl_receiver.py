@@ -246,10 +246,7 @@ class NixlReceiver(_Endpoint):
             time.sleep(PEER_READ_NAP if idle < 64 else 0.0002)
 
     def _step(self) -> bool:
-        moved = False
-        for record in self._records():
-            moved = True
-            self._on_record(record)
+        moved = self._records()
         for item in self._in.values():
             if item.landed or item.offer.write or not item.started:
                 continue

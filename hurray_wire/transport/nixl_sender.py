@@ -62,6 +62,11 @@ class _Outgoing:
     head: Any = None
     done: bool = False
 
+    def place(self, header: Any) -> None:
+        """The page pool's place, from the blob's header (0, 0: not raw, so not split)."""
+        offset, length, raw, _ = _pool_section(header)
+        self.pool_offset, self.pool_length = (offset, length) if raw else (0, 0)
+
 
 def _pages_in_place(
     parts: list[memoryview], source: BlockPagedTensor, old_ids: npt.NDArray[np.int64]
@@ -203,41 +208,31 @@ class NixlSender(_Endpoint):
             for k, p in enumerate(parts)
         ]
         need = sum(len(p) for p, c in zip(parts, copied, strict=True) if c)
-        start = self._take(need, _deadline(deadline), layer, role)
+        start = cursor = self._take(need, _deadline(deadline), layer, role)
         out = self._arena.buf
-        # zero-copy: small parts into the arena, large ones where they are.
-        base = int(out.ctypes.data)
         segments: list[Segment] = []
-        cursor = start
-        blob_offset = 0
         for part, copy in zip(parts, copied, strict=True):
             size = len(part)
-            if copy:
-                out[cursor : cursor + size] = np.frombuffer(part, np.uint8)
-                address = base + cursor
-                cursor += size
-            else:
-                address = _address(part)[0]
-            last = segments[-1] if segments else None
+            address = int(out.ctypes.data) + cursor if copy else _address(part)[0]
+            last = segments[-1] if segments else Segment(0, 0, 1)  # none yet: offset 0
             # Deferred checksums: the header is a segment of its own (the ready record
             # carries its final bytes; the peer READs the rest at once).
             alone = final is not None and len(segments) == 1
-            if last is not None and last.address + last.length == address and copy and not alone:
+            if copy:
+                out[cursor : cursor + size] = np.frombuffer(part, np.uint8)
+                cursor += size
+            if segments and last.address + last.length == address and copy and not alone:
                 segments[-1] = Segment(last.blob_offset, last.length + size, last.address)
             else:
-                segments.append(Segment(blob_offset, size, address))
-            blob_offset += size
-        if segments[0].length < len(parts[0]):
-            raise TransportError("internal: header segment shorter than the header")
-        pool_offset, pool_length, raw, _ = _pool_section(parts[0])
-
+                segments.append(Segment(last.blob_offset + last.length, size, address))
+        assert segments[0].length >= len(parts[0])  # the header is one segment's start
         if final is not None:
             future = self._hasher.submit(final)
         else:  # the header in the arena is final already: the offer says so
             future = Future()
             future.set_result(None)
         item = _Outgoing(tensor, layer, role, op == "WRITE", start, future, False, total)
-        item.pool_offset, item.pool_length = (pool_offset, pool_length) if raw else (0, 0)
+        item.place(parts[0])
         item.segments = tuple(segments)
         item.ready = not checksum
         self._out[key] = item
@@ -266,16 +261,12 @@ class NixlSender(_Endpoint):
         item.offered = True
 
     def wait(self, *, deadline: float = DEFAULT_DEADLINE) -> None:
-        """Drive every published blob to the end: READ, until the peer says it has read it;
-        WRITE, until this side has written it. Raises TransportError on an abort, a failed
-        transfer or when ``deadline`` seconds pass."""
+        """Drive every published blob to the end (READ: the peer said it has read it; WRITE:
+        this side wrote it); TransportError on any failure, or once ``deadline`` passes."""
         until = _deadline(deadline)
         idle = 0
         while not all(o.done for o in self._out.values()):
-            if self._step():
-                idle = 0
-            else:
-                idle += 1
+            idle = 0 if self._step() else idle + 1
             if time.monotonic() > until:
                 pending = [k for k, o in self._out.items() if not o.done]
                 layer, role = pending[0]
@@ -285,10 +276,9 @@ class NixlSender(_Endpoint):
             self._nap(idle)  # without a progress thread, we move the transfers
 
     def _nap(self, idle: int) -> None:
-        """Sleep between polls. Our own WRITEs move only while we poll (no progress
-        thread): no nap. A checksum being computed: wait for it. The peer's READs need only
-        our answers: a short nap, leaving the core to the hashing thread (measured: spinning
-        cost the hasher a third of a core). Otherwise back off."""
+        """Sleep between polls: not while our own WRITEs move (only while we poll), until a
+        header's checksums are in, else a short nap that leaves the core to the hashing
+        thread (measured: spinning cost the hasher a third of a core), then back off."""
         pause = 0.0002
         if any(o.body is not None or o.head is not None for o in self._out.values()):
             pause = 0.0
@@ -316,10 +306,7 @@ class NixlSender(_Endpoint):
 
     def _step(self) -> bool:
         """One round of progress; True if anything happened."""
-        moved = False
-        for record in self._records():
-            moved = True
-            self._on_record(record)
+        moved = self._records()
         for item in self._out.values():
             if item.done:
                 continue
@@ -352,9 +339,7 @@ class NixlSender(_Endpoint):
                 self._arena.shrink(item.arena_start, int(result))
                 item.total = int(result)
                 address = int(self._arena.buf.ctypes.data) + item.arena_start
-                view = self._arena.buf[item.arena_start : item.arena_start + item.total]
-                offset, length, raw, _ = _pool_section(view)
-                item.pool_offset, item.pool_length = (offset, length) if raw else (0, 0)
+                item.place(self._arena.buf[item.arena_start : item.arena_start + item.total])
                 item.segments = (Segment(0, item.total, address),)
                 item.ready = True
                 self._offer(item)  # with the ready flag: the blob is complete
