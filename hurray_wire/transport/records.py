@@ -77,9 +77,17 @@ class TransferRecord:
 
 
 _KIND_CODES = {name: code for code, name in w.RECORD_KINDS.items()}
+_TYPES = (
+    ("write", bool, "a bool"),
+    ("ready", bool, "a bool"),
+    ("reason", str, "a str"),
+    ("header", bytes, "bytes"),
+)
 
 
-def _bad(message: str, field_name: str, found: Any, expected: Any = None, **kw: Any) -> NoReturn:
+def _bad(
+    message: str, field_name: str | None, found: Any, expected: Any = None, **kw: Any
+) -> NoReturn:
     extra = {} if expected is None else {"expected": expected}
     raise InvalidTransferRecordError(
         message, section="transfer record", field=field_name, found=found, **extra, **kw
@@ -106,13 +114,10 @@ def _check(r: TransferRecord) -> None:
         _bad("unknown kv_role", "kv_role", repr(r.role), sorted(ROLE_CODES))
     for name in ("total_length", "pool_offset", "pool_length"):
         _uint(getattr(r, name), name, 64)
-    for name in ("write", "ready"):
-        if not isinstance(getattr(r, name), bool):
-            raise ArgumentTypeError(
-                f"{name} must be a bool", field=name, found=repr(getattr(r, name))
-            )
-    if not isinstance(r.reason, str):
-        raise ArgumentTypeError("reason must be a str", field="reason", found=repr(r.reason))
+    for name, kind, what in _TYPES:
+        if not isinstance(value := getattr(r, name), kind):
+            shown = type(value).__name__ if kind is bytes else repr(value)
+            raise ArgumentTypeError(f"{name} must be {what}", field=name, found=shown)
     try:  # strict: what encode_record writes (a lone surrogate is no UTF-8)
         size = len(r.reason.encode("utf-8"))
     except UnicodeEncodeError as exc:
@@ -121,10 +126,6 @@ def _check(r: TransferRecord) -> None:
         _bad("reason too long", "tail_length", f"{size} bytes", f"<= {MAX_REASON_BYTES} bytes")
     if r.reason and r.kind != "abort":
         _bad("only an abort record has a reason", "tail_length", len(r.reason), 0)
-    if not isinstance(r.header, bytes):
-        raise ArgumentTypeError(
-            "header must be bytes", field="header", found=type(r.header).__name__
-        )
     if r.kind == "ready" and not _ALIGNMENT <= len(r.header) <= MAX_HEADER_BYTES:
         _bad("a ready record carries the blob header (version 2)", "tail_length",
              len(r.header), f"64..{MAX_HEADER_BYTES}")  # fmt: skip
@@ -224,13 +225,8 @@ def decode_record(data: Any) -> TransferRecord:
     """Parse and validate one record that must fill ``data`` exactly."""
     raw = bytes(byte_view(data, "record"))
     if len(raw) < _TRANSFER.minimum:
-        raise InvalidTransferRecordError(
-            "record shorter than its fixed part and checksum",
-            section="transfer record",
-            offset=len(raw),
-            expected=_TRANSFER.minimum,
-            found=len(raw),
-        )
+        message = "record shorter than its fixed part and checksum"
+        _bad(message, None, len(raw), _TRANSFER.minimum, offset=len(raw))
     head = _RECORD.struct.unpack_from(raw)
     _TRANSFER.check_consts(head)
     (_, major, _, kind, flags, record_length, session, layer, role, _, total, pool_offset,
@@ -269,11 +265,9 @@ def decode_record(data: Any) -> TransferRecord:
         _SEG.struct.iter_unpack(raw[first:start])
     ):
         if any(reserved):
-            raise InvalidTransferRecordError(
-                "reserved bytes must be zero",
-                section="transfer record",
-                field=f"segment[{k}]._reserved",
-                offset=first + _SEGMENT * k + _SEGMENT_RESERVED_AT,
+            at = first + _SEGMENT * k + _SEGMENT_RESERVED_AT
+            _bad(
+                "reserved bytes must be zero", f"segment[{k}]._reserved", reserved.hex(), offset=at
             )
         segments.append(Segment(blob_offset, length, address, device_id))
     tail = raw[slice(*spans["tail"])]
