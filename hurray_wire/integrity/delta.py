@@ -33,7 +33,6 @@ from hurray_wire.integrity.digests import (
     digest_array,
     logical_positions,
     page_records,
-    page_rows,
     u32_count,
 )
 from hurray_wire.integrity.page_store import PageStore
@@ -346,12 +345,9 @@ def _out_records(
             )
         num_pages = int(out_pool.shape[0])
     count = non_negative(num_pages, "num_pages")
-    parts = {"out_scales": out_scales, "out_zero_points": out_zero_points}
-    scales, zps = (
-        None if array is None else page_rows(_writable_bytes(array, name), count, name)
-        for name, array in parts.items()
-    )
-    return PageRecords(page_rows(pool, count, "out_pool"), scales, zps)
+    params = {"out_scales": out_scales, "out_zero_points": out_zero_points}
+    writable = {k: None if a is None else _writable_bytes(a, k) for k, a in params.items()}
+    return PageRecords.of(count, out_pool=pool, **writable)
 
 
 def place_sent_pages(

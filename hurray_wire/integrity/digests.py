@@ -91,6 +91,14 @@ class PageRecords:
     def _parts(self) -> tuple[U8Array, ...]:
         return tuple(p for p in (self.pool, self.scales, self.zero_points) if p is not None)
 
+    @classmethod
+    def of(cls, count: int, **arrays: Any) -> PageRecords:
+        """The records of ``count`` pages in the pool, scales and zero points ``arrays``
+        (by their argument names, for errors; each None or an array), as rows (views)."""
+        pool, *params = (None if a is None else page_rows(a, count, k) for k, a in arrays.items())
+        assert pool is not None  # the first one, never None
+        return cls(pool, *params)
+
     def take(self, rows: Any) -> PageRecords:
         """The records of ``rows`` (a slice: views; an array of page ids: copies)."""
         params = (None if p is None else p[rows] for p in (self.scales, self.zero_points))

@@ -19,7 +19,6 @@ from hurray_wire.integrity.digests import (
     PageRecords,
     check_digest_range,
     digest_array,
-    page_rows,
 )
 from hurray_wire.integrity.page_store import KeyedStore, check_record
 
@@ -98,10 +97,8 @@ class EnginePoolStore(KeyedStore):
         self.page_pool: npt.NDArray[Any] = pool
         self.scales = None if scales is None else engine_array(scales, "scales")
         self.zero_points = None if zero_points is None else engine_array(zero_points, "zero_points")
-        self.records = PageRecords(
-            page_rows(pool, count, "page_pool"),
-            None if self.scales is None else page_rows(self.scales, count, "scales"),
-            None if self.zero_points is None else page_rows(self.zero_points, count, "zero_points"),
+        self.records = PageRecords.of(
+            count, page_pool=pool, scales=self.scales, zero_points=self.zero_points
         )
         self._digest_of: dict[int, int] = {}  # page -> digest
         self._pages_of: dict[int, list[int]] = {}  # digest -> pages holding it (first: used)
@@ -111,11 +108,6 @@ class EnginePoolStore(KeyedStore):
     def num_pages(self) -> int:
         """Physical pages of the engine's pool."""
         return self.records.num_pages
-
-    @property
-    def record_nbytes(self) -> int:
-        """Bytes of one page record (page bytes + slot parameters)."""
-        return self.records.record_nbytes
 
     def __len__(self) -> int:
         """Indexed pages."""
