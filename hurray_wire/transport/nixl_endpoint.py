@@ -10,6 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
@@ -176,12 +177,10 @@ def _pieces(
 class _Endpoint(ClosesOnExit):
     """One NIXL agent with a UCX backend, its registrations and its one peer."""
 
-    #: Whether ``metadata()`` hands the peer this side's registrations (the sender's: the
-    #: peer READs them); a receiver's metadata carries none, so it may register any time.
-    _exposes_registrations = True
     #: The transfer's id: the sender's own, the receiver's from the first offer.
     session: int | None = None
     _peer_side = "peer"  # who the peer is, in an abort's message
+    _worker_name = "hurray-wire-nixl"  # the one thread that hashes (sender) or decodes
 
     def __init__(
         self, name: str, *, ucx_error_handling_mode: str, arena_bytes: int, progress_thread: bool
@@ -203,17 +202,18 @@ class _Endpoint(ClosesOnExit):
         params["ucx_error_handling_mode"] = ucx_error_handling_mode
         _call("create_backend(UCX)", self._agent.create_backend, "UCX", params)
         self._regions: list[tuple[int, int, Any, Any]] = []  # (start, end, array, reg list)
-        self._published = False
+        self._published = False  # metadata() handed the peer our registrations
         self._peer: str | None = None
         self._arena = _Arena(arena_bytes)
         self.register(self._arena.buf)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix=self._worker_name)
 
     # -- memory and peers ------------------------------------------------------------------
     def register(self, array: Any) -> None:
         """Register long-lived memory (an engine's KV pool) with NIXL. On a sender, only
         before ``metadata()``: metadata taken earlier would not know it (NIXL: "no potential
         backend found"); a receiver's metadata names none of its memory."""
-        if self._published and self._exposes_registrations:
+        if self._published:
             raise TransportError(
                 "register memory before taking metadata(): the peer's copy would be stale"
             )
@@ -259,6 +259,7 @@ class _Endpoint(ClosesOnExit):
 
     def close(self) -> None:
         """Deregister memory and forget the peer (best effort: for shutdown paths)."""
+        self._worker.shutdown(wait=True)
         for _, _, _, reg in self._regions:
             with contextlib.suppress(Exception):  # shutdown must not raise for a stale handle
                 self._agent.deregister_memory(reg)

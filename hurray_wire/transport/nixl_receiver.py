@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,8 +78,10 @@ class NixlReceiver(_Endpoint):
     valid until the next ``receive`` call (so the blobs of one call must fit in it).
     """
 
-    _exposes_registrations = False
     _peer_side = "sender"
+    # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
+    # of the GIL), while this thread keeps the later transfers moving.
+    _worker_name = "hurray-wire-nixl-decode"
 
     def __init__(
         self,
@@ -115,16 +117,12 @@ class NixlReceiver(_Endpoint):
         self.expect_fingerprint = expect_fingerprint
         self._targets: dict[tuple[int, str], IntoArray | IntoPages | InPlace] = {}
         self._in: dict[tuple[int, str], _Incoming] = {}
-        # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
-        # of the GIL), while this thread keeps the later transfers moving.
-        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl-decode")
         self._decoding: list[tuple[_Incoming, Future[Any]]] = []
         self._queued: list[_Incoming] = []  # offered, their transfers not yet posted
 
     def metadata(self) -> bytes:
         """Connection information and the write region, nothing else: a transfer the peer
         aims at the landing region or an engine pool fails in its own NIXL ("not found")."""
-        self._published = True
         descs = self._write_reg if self._write_reg is not None else _no_descriptors()
         return bytes(_call("get_partial_agent_metadata", self._agent.get_partial_agent_metadata,
                            descs, True, ["UCX"]))  # fmt: skip
@@ -200,7 +198,7 @@ class NixlReceiver(_Endpoint):
                 if item.write_at is not None and self._write is not None:
                     held = self._write.buf[item.write_at :]
                 if self.verify and pool_section(held)[3]:  # the header: sections checksummed
-                    future = self._decoder.submit(self._decode, item)
+                    future = self._worker.submit(self._decode, item)
                 else:  # the last one, a few microseconds: no thread hand-off
                     future = Future()
                     try:
@@ -369,10 +367,6 @@ class NixlReceiver(_Endpoint):
             item.xfers.append(self._post("READ", local, remote))
         item.head_posted |= r.ready
         return True
-
-    def close(self) -> None:
-        self._decoder.shutdown(wait=True)
-        super().close()
 
     def _decode(self, item: _Incoming) -> Any:
         """The landed blob validated by the pipeline, with the offer's layer and role

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +110,6 @@ class NixlSender(_Endpoint):
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
         self.session: int = secrets.randbits(64)
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl")
         self._out: dict[tuple[int, str], _Outgoing] = {}
         self._known: npt.NDArray[np.uint64] | None = None
 
@@ -189,7 +188,7 @@ class NixlSender(_Endpoint):
             need, write = planned_into(tensor, compression, checksum, page_digests, known_pages)
             start = self._take(need, _deadline(deadline), layer, role)
             view = self._arena.buf[start : start + need]
-            future: Future[Any] = self._hasher.submit(write, view)
+            future: Future[Any] = self._worker.submit(write, view)
             self._out[key] = _Outgoing(
                 tensor, layer, role, op == "WRITE", start, future, True, need
             )
@@ -227,7 +226,7 @@ class NixlSender(_Endpoint):
                 segments.append(Segment(last.blob_offset + last.length, size, address))
         assert segments[0].length >= len(parts[0])  # the header is one segment's start
         if final is not None:
-            future = self._hasher.submit(final)
+            future = self._worker.submit(final)
         else:  # the header in the arena is final already: the offer says so
             future = Future()
             future.set_result(None)
@@ -376,7 +375,3 @@ class NixlSender(_Endpoint):
             item.head, item.done, moved = None, True, True
             self._arena.give(item.arena_start)
         return moved
-
-    def close(self) -> None:
-        self._hasher.shutdown(wait=True)
-        super().close()
