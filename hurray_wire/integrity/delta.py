@@ -100,11 +100,8 @@ def check_known_checksum(view: memoryview, end: int) -> None:
 
 
 def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
-    """The sorted unique digests of a known-pages record (an owned copy).
-
-    Refuses a ``count`` above ``max_entries`` before reading further, so a hostile peer
-    cannot make us hold more than ``max_entries * 8`` bytes beyond its own input.
-    """
+    """The sorted unique digests of a known-pages record (an owned copy); a ``count`` above
+    ``max_entries`` is refused first, so a peer cannot make us hold more than that."""
     limit = non_negative(max_entries, "max_entries")
     view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_SORTED)
     count = head["count"]
@@ -154,11 +151,9 @@ class PageRefs:
         object.__setattr__(self, "digests", digests)
 
     def sent_pages(self, num_pages: int) -> IntArray:
-        """The physical ids of the pages sent as bytes: the complement, ascending.
-
-        ``num_pages`` must exceed every ref's page id; the result has ``num_pages - refs``
-        entries, so a count beyond memory is a ``LimitExceededError`` (the decoder passes
-        only counts its blob paid for, ``DecodeLimits.max_empty_pages``)."""
+        """The physical ids of the pages sent as bytes: the complement, ascending (a count
+        beyond memory is a ``LimitExceededError``; the decoder passes only counts its blob
+        paid for, ``DecodeLimits.max_empty_pages``)."""
         count = non_negative(num_pages, "num_pages")
         if self.pages.size and int(self.pages[-1]) >= count:
             raise InvalidIntegrityRecordError(
@@ -223,11 +218,8 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
 
 @dataclass(frozen=True)
 class DeltaPlan:
-    """Which physical pages are sent as bytes and which as references.
-
-    ``sent_pages`` (ascending) is the order of the compacted pool the blob carries;
-    ``refs`` the page-refs section. Byte counts are of page records (pool + slot params).
-    """
+    """Which physical pages are sent as bytes (``sent_pages``, ascending: the compacted
+    pool's order) and which as references (``refs``); byte counts are of page records."""
 
     digests: DigestArray
     sent_pages: IntArray
@@ -266,13 +258,8 @@ def _sorted_known(known: object) -> DigestArray:
 
 
 def plan_delta(tensor: BlockPagedTensor, known: object, *, digests: object = None) -> DeltaPlan:
-    """Plan a delta transfer of ``tensor`` to a receiver holding ``known`` (sorted digests).
-
-    Vectorised: one searchsorted of the page digests into ``known``. Pass ``digests`` when
-    already computed (``page_digests``) to skip the digest pass. Every physical page is
-    planned, referenced by the block table or not (compact the tensor first to drop
-    unreferenced pages).
-    """
+    """Plan a delta transfer of every physical page of ``tensor`` to a receiver holding
+    ``known`` (sorted digests): one searchsorted. ``digests``: already computed ones."""
     records = page_records(tensor)
     values = records.digests() if digests is None else digest_array(digests, records.num_pages)
     table = _sorted_known(known)

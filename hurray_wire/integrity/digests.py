@@ -1,11 +1,8 @@
 """Per-page content digests (docs/integrity.md § 2): which physical page is corrupt, not
-only that the blob is.
-
-A page's record is its pool bytes, then (per-block affine) its slot scales and zero
-points; its digest is xxh3_64 of the record. Tensor-wide parameters stay out of every
-digest (the section checksums cover them; identical pages of two requests keep one
-digest). Packed pools are digested over whole-byte pages only (other geometries refused),
-so the digest pass never copies the pool.
+only that the blob is. A page's record is its pool bytes, then (per-block affine) its slot
+scales and zero points; its digest is xxh3_64 of the record. Tensor-wide parameters stay out
+(identical pages of two requests keep one digest); packed pools are digested over whole-byte
+pages only, so the digest pass never copies the pool.
 """
 
 from __future__ import annotations
@@ -68,12 +65,8 @@ def record_digest(record: object) -> int:
 
 @dataclass(frozen=True)
 class PageRecords:
-    """A pool and its per-slot parameters as rows of bytes, one row per physical page.
-
-    ``pool`` is ``[num_pages, page_nbytes]`` uint8; ``scales`` / ``zero_points`` are
-    ``[num_pages, page_size * itemsize]`` uint8 or None. All are views (writable when the
-    arrays they view are), so the same object serves digesting, sending and filling.
-    """
+    """A pool and its per-slot parameters as uint8 rows, one per physical page: views
+    (writable when their arrays are), so one object serves digesting, sending and filling."""
 
     pool: U8Array
     scales: U8Array | None = None
@@ -113,14 +106,10 @@ class PageRecords:
         return self.digests_at(None)
 
     def digests_at(self, pages: IntArray | None) -> DigestArray:
-        """xxh3_64 of the records of the physical ``pages`` (every page for None; ids
-        already checked to lie in ``[0, num_pages)``), hashed where they sit: what a store
-        over an engine's own pool re-hashes instead of copying.
-
-        A loop of one-shot xxh3 calls over row views: measured (tools/bench_digests.py) at
-        ~1.3x one whole-pool xxh3 pass for 32 KiB pages, faster than any vectorised
-        NumPy hash and than concatenating records first (a copy of the pool).
-        """
+        """xxh3_64 of the records of the (checked) ``pages``, every page for None, hashed
+        where they sit. One-shot xxh3 calls over row views: measured (tools/bench_digests.py)
+        ~1.3x one whole-pool pass for 32 KiB pages, faster than any vectorised NumPy hash and
+        than concatenating records first (a copy)."""
         pool = self.pool
         ids = range(self.num_pages) if pages is None else pages.tolist()
         params = [p for p in (self.scales, self.zero_points) if p is not None]
@@ -138,13 +127,9 @@ class PageRecords:
 
 
 def digests_and_checksum(records: PageRecords) -> tuple[DigestArray, int]:
-    """The page digests and, in the same pass over memory, xxh3_64 of the whole pool (the
-    blob's section checksum of buffer 0): pages are digested a chunk (~1 MiB) at a time,
-    and each chunk is fed to the pool's hasher while it is still in cache.
-
-    Measured (16 MiB pools of 32 KiB pages): 1.6x one plain xxh3 pass, against 3.0x for a
-    digest pass followed by a separate checksum pass.
-    """
+    """The page digests and xxh3_64 of the whole pool (buffer 0's section checksum) in one
+    pass: each ~1 MiB chunk is digested, then hashed while in cache. Measured (16 MiB pools
+    of 32 KiB pages): 1.6x one plain xxh3 pass, against 3.0x for two passes."""
     count = records.num_pages
     pool = records.pool
     width = int(pool.shape[1]) if pool.ndim == 2 else 0
@@ -248,11 +233,8 @@ def digest_array(value: object, count: int | None, name: str = "digests") -> Dig
 def logical_positions(
     block_table: npt.NDArray[Any], seq_ptr: npt.NDArray[Any], pages: npt.NDArray[Any]
 ) -> tuple[IntArray, IntArray, IntArray]:
-    """Every logical place of the physical ``pages``: ``(page, sequence, page_in_sequence)``,
-    one triple per block-table entry naming one of them, in block-table order.
-
-    Vectorised: a page shared by several sequences (a prefix) yields each of its places.
-    """
+    """Every logical place ``(page, sequence, page_in_sequence)`` of the physical ``pages``,
+    in block-table order (a page shared by several sequences yields each of its places)."""
     table = np.asarray(block_table, np.int64)
     starts = np.asarray(seq_ptr, np.int64)
     wanted = np.zeros(int(table.max()) + 1 if table.size else 0, bool)
@@ -278,13 +260,9 @@ class FailedPlaces:
 
 @dataclass(frozen=True)
 class PageDigestReport(FailedPlaces):
-    """The outcome of checking a tensor's pages against digests.
-
-    ``pages`` (ascending physical ids) with ``expected`` / ``found`` digests; then one row
-    per logical place of a failed page: ``position_pages``, ``sequences``,
-    ``pages_in_sequence``. For a tensor built from an engine's block table the physical ids
-    are the engine's block ids (vLLM's ``get_block_ids_with_load_errors()``).
-    """
+    """The failed ``pages`` (ascending physical ids: an engine's block ids, for vLLM's
+    ``get_block_ids_with_load_errors()``) with ``expected`` / ``found`` digests, then one
+    row per logical place of a failed page."""
 
     pages: IntArray
     expected: DigestArray
@@ -362,11 +340,8 @@ def check_digest_head(
 
 
 def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0) -> DigestArray:
-    """The digests of a page-digest section payload (a read-only view of ``data``).
-
-    ``num_pages`` comes from the blob's descriptor; ``base_offset`` is where the payload
-    sits in the blob, so errors name blob offsets.
-    """
+    """The digests of a page-digest section payload (a read-only view of ``data``);
+    ``base_offset``: where it sits in the blob, for the errors' offsets."""
     non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
     fields = check_digest_head(

@@ -1,10 +1,6 @@
-"""Content-addressed page stores (docs/integrity.md § 5): the pages a receiver already holds,
-keyed by their digest, so a sender can send a reference instead of the bytes.
-
-A store holds page **records** (page bytes, then slot scales and zero points for per-block
-quantization; digests.py), so a quantized page and its parameters come back together and
-the key covers both. Every ``put`` recomputes the digest and refuses bytes that do not
-match: a store can never hand out a page under a digest it does not have.
+"""Content-addressed page stores (docs/integrity.md § 5): the page records (digests.py) a
+receiver holds, by digest, so that a sender can send a reference instead of the bytes.
+Every ``put`` re-hashes: a store never hands out a page under a digest it does not have.
 """
 
 from __future__ import annotations
@@ -124,12 +120,8 @@ class KeyedStore(PageStore):
 
 
 class MemoryPageStore(KeyedStore):
-    """An in-process LRU store bounded by bytes; one lock makes every method thread-safe.
-
-    ``get`` counts as a use. A ``put`` of a record larger than ``max_bytes`` is refused
-    (PageStoreError); otherwise least recently used records are evicted until the total
-    is within the bound.
-    """
+    """An in-process LRU store bounded by ``max_bytes`` (``get`` counts as a use; a record
+    larger than the bound is refused), thread-safe under one lock."""
 
     def __init__(self, max_bytes: int) -> None:
         non_negative(max_bytes, "max_bytes")

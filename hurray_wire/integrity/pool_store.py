@@ -69,15 +69,11 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
 
 
 class EnginePoolStore(KeyedStore):
-    """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of its
-    own: an index digest -> physical page id of the pages the engine vouches for (``index``;
-    ``forget`` before it frees or overwrites them: a page overwritten without it is stale,
-    and the re-hash of every referenced page refuses it).
-
-    ``page_pool`` (``[num_pages, ...]``) and per-slot ``scales`` / ``zero_points`` are kept
-    (no copy) and never written; ``put`` accepts only a record already indexed (the engine's
-    allocator owns the slots). Thread-safe (one lock, hashing outside it).
-    """
+    """A ``PageStore`` over an engine's pool for one {layer, kv_role} that holds no bytes:
+    digest -> page id of the pages the engine vouches for (``index``; ``forget`` before it
+    frees or overwrites them, else the re-hash of every referenced page refuses them). The
+    arrays are never written; ``put`` accepts only indexed records (the engine's allocator
+    owns the slots). Thread-safe (one lock, hashing outside it)."""
 
     def __init__(
         self, page_pool: object, *, scales: object = None, zero_points: object = None
