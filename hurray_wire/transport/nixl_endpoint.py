@@ -1,5 +1,4 @@
-"""The parts both NIXL endpoints share: NIXL loaded once, the agent, registered memory,
-control records over notifications, arenas and deadlines (docs/nixl.md)."""
+"""What both NIXL endpoints share: NIXL, the agent, memory, records, arenas (docs/nixl.md)."""
 
 from __future__ import annotations
 

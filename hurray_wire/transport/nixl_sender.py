@@ -91,11 +91,8 @@ def _pages_in_place(
 
 
 class NixlSender(_Endpoint):
-    """The side that holds the KV cache: publishes blobs for the peer to READ, or WRITEs them.
-
-    ``arena_bytes`` is a registered region of the sender's own for blob headers and small
-    index arrays (zero-copy) and for whole blobs (``mode="staged"``).
-    """
+    """The side that holds the KV cache: publishes blobs for the peer to READ, or WRITEs
+    them; ``arena_bytes``: its registered region for headers, small parts and staged blobs."""
 
     _peer_side = "receiver"
 
@@ -144,19 +141,14 @@ class NixlSender(_Endpoint):
     ) -> None:
         """Offer one blob to the peer and return at once (``wait`` drives it to the end).
 
-        ``op="READ"``: the peer pulls; ``"WRITE"``: this side pushes into memory the peer
-        grants. ``mode="zero-copy"``: the blob's large parts are the tensor's own arrays,
-        which must lie in registered memory; the small parts are copied into the arena and
-        the checksums are computed in a thread while the peer already moves the page pool.
-        Parts outside registered memory are copied into the arena too (a copy, but it works).
-        ``mode="staged"``: the blob is ``encode_into`` the arena (compression allowed).
-        ``deadline`` bounds the wait for arena space. The tensor's arrays must not change
-        until ``wait`` returns. ``page_digests`` / ``known_pages`` as for ``encode`` (a
-        delta blob: pages the receiver holds go as references; ``known_pages()`` gives what
-        it said it holds); both need ``mode="staged"``, and the blob is encoded here.
-        ``pages="referenced"`` (the default) sends only the pages the block table names
-        (``StreamWriter.write``'s rule): zero-copy, the peer READs them where they lie in the
-        engine's pool, one segment per run of adjacent pages; ``"all"`` sends the pool.
+        ``op="READ"``: the peer pulls; ``"WRITE"``: this side pushes into memory it grants.
+        ``mode="zero-copy"``: the large parts are the tensor's own (registered) arrays, the
+        small ones are copied into the arena, checksums computed in a thread while the peer
+        already moves the pool; ``"staged"``: the blob is encoded into the arena (compression,
+        ``page_digests`` and ``known_pages`` as for ``encode``). The tensor's arrays must not
+        change until ``wait`` returns; ``deadline`` bounds the wait for arena space.
+        ``pages="referenced"`` sends only the pages the block table names (one segment per
+        run of adjacent pages where they lie); ``"all"`` sends the pool.
         """
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)

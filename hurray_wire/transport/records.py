@@ -1,9 +1,7 @@
 """Transfer control records: validated model <-> bytes (structs in hurray_wire.wire.transfer).
 
-The records are the only thing one side of a NIXL transfer learns from the other besides the
-blob bytes themselves, so they are parsed like any other hostile input: exact length,
-magic, version, known kind and flags, zero reserved bytes, a checksum, and segments that
-tile the blob exactly. Nothing here imports NIXL; nothing here uses pickle.
+All one side of a NIXL transfer learns from the other besides the blob bytes, so they are
+parsed as hostile input (segments must tile the blob exactly). No NIXL, no pickle here.
 """
 
 from __future__ import annotations
@@ -173,10 +171,8 @@ def _check_layout(r: TransferRecord) -> None:
         if not isinstance(s, Segment):
             raise ArgumentTypeError("segments holds Segment objects", found=type(s).__name__)
         where = f"segment[{number}]"
-        _uint(s.blob_offset, f"{where}.blob_offset", 64)
-        _uint(s.length, f"{where}.length", 64)
-        _uint(s.address, f"{where}.address", 64)
-        _uint(s.device_id, f"{where}.device_id", 32)
+        for name, bits in (("blob_offset", 64), ("length", 64), ("address", 64), ("device_id", 32)):
+            _uint(getattr(s, name), f"{where}.{name}", bits)
         if s.blob_offset != cursor:
             _bad("segments must tile the blob in order", f"{where}.blob_offset", s.blob_offset,
                  cursor)  # fmt: skip
