@@ -78,14 +78,10 @@ class KnownPagesBloom:
 
 def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> bytes:
     """A Bloom known-pages record of ``digests`` (~1% false positives at 10 bits/entry)."""
-    if isinstance(bits_per_entry, bool) or not isinstance(bits_per_entry, int):
-        raise ArgumentTypeError(
-            "bits_per_entry must be an int", field="bits_per_entry", found=repr(bits_per_entry)
-        )
-    if not 1 <= bits_per_entry <= 64:
-        raise ArgumentTypeError(
-            "bits_per_entry must be in [1, 64]", field="bits_per_entry", found=bits_per_entry
-        )
+    per = bits_per_entry
+    if isinstance(per, bool) or not isinstance(per, int) or not 1 <= per <= 64:
+        message = "bits_per_entry must be an int in [1, 64]"
+        raise ArgumentTypeError(message, field="bits_per_entry", found=repr(per))
     values = np.unique(digest_array(digests, None))
     wanted = max(1, values.size * bits_per_entry)
     log2_bits = min(max(MIN_LOG2_BITS, math.ceil(math.log2(wanted))), MAX_LOG2_BITS)

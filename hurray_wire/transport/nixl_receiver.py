@@ -199,7 +199,7 @@ class NixlReceiver(_Endpoint):
                     held = self._write.buf[item.write_at :]
                 if self.verify and pool_section(held)[3]:  # the header: sections checksummed
                     future = self._worker.submit(self._decode, item)
-                else:  # the last one, a few microseconds: no thread hand-off
+                else:  # a few microseconds: no thread hand-off
                     future = Future()
                     try:
                         future.set_result(self._decode(item))
