@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from hurray_wire.buffers import byte_view
-from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
+from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError, instance
 from hurray_wire.wire import transfer as w
 from hurray_wire.wire.blob import BLOB_ALIGNMENT
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
@@ -190,31 +190,27 @@ def _check_layout(r: TransferRecord) -> None:
 
 def encode_record(record: TransferRecord) -> bytes:
     """The record's bytes (it was checked when built)."""
-    if not isinstance(record, TransferRecord):
-        raise ArgumentTypeError("expected a TransferRecord", found=type(record).__name__)
+    instance(record, TransferRecord, "record")
     tail = record.header or record.reason.encode("utf-8")
     length = _TRANSFER.total_for(_SEGMENT * len(record.segments) + len(tail))
-    pieces = [
-        _RECORD.pack(
-            w.RECORD_VERSION,
-            0,
-            _KIND_CODES[record.kind],
-            (w.FLAG_WRITE if record.write else 0) | (w.FLAG_READY if record.ready else 0),
-            length,
-            record.session,
-            w.LAYER_NONE if record.layer is None else record.layer,
-            w.ROLE_NONE if record.role is None else ROLE_CODES[record.role],
-            record.total_length,
-            record.pool_offset,
-            record.pool_length,
-            len(record.segments),
-            len(tail),
-        )
-    ]
-    for s in record.segments:  # Const fields (magic, reserved bytes) fill themselves in
-        pieces.append(_SEG.pack(s.blob_offset, s.length, s.address, s.device_id))
-    pieces.append(tail)
-    return _TRANSFER.close(b"".join(pieces))
+    head = _RECORD.pack(
+        w.RECORD_VERSION,
+        0,
+        _KIND_CODES[record.kind],
+        (w.FLAG_WRITE if record.write else 0) | (w.FLAG_READY if record.ready else 0),
+        length,
+        record.session,
+        w.LAYER_NONE if record.layer is None else record.layer,
+        w.ROLE_NONE if record.role is None else ROLE_CODES[record.role],
+        record.total_length,
+        record.pool_offset,
+        record.pool_length,
+        len(record.segments),
+        len(tail),
+    )
+    # Const fields (magic, reserved bytes) fill themselves in.
+    segments = (_SEG.pack(s.blob_offset, s.length, s.address, s.device_id) for s in record.segments)
+    return _TRANSFER.close(b"".join((head, *segments, tail)))
 
 
 def decode_record(data: Any) -> TransferRecord:
