@@ -51,7 +51,6 @@ DEFAULT_DEADLINE = 30.0
 #: Seconds a sender naps between polls while only the peer's READs are moving.
 PEER_READ_NAP = 0.00005
 _ZERO_COPY_MIN = 4096  # smaller parts are copied into the arena: one segment instead of many
-_U8 = npt.NDArray[np.uint8]
 T = TypeVar("T")
 
 
