@@ -16,9 +16,10 @@ from hurray_wire.blob import (
     blob_length,
     encode_parts,
 )
-from hurray_wire.blob.decoder import decode_options, landing_target, run
+from hurray_wire.blob.decoder import decode_options, landing_target
 from hurray_wire.blob.landing import peek_in_place
 from hurray_wire.blob.limits import check_limits_argument
+from hurray_wire.blob.pipeline import run
 from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import Compression
 from hurray_wire.containers.io import (
@@ -69,7 +70,7 @@ from hurray_wire.wire import stream as ws
 __all__ = ["RecordReader", "StreamReader", "StreamWriter"]
 
 #: ``StreamReader(into=...)``: (descriptor, pages the blob carries) -> where its pool lands
-#: (``blob.landing``: ``IntoArray``, ``IntoPages``, ``InPlace`` for those pages).
+#: (``IntoArray``, ``IntoPages``, ``InPlace`` for those pages).
 Into = Callable[[TensorDescriptor, int], object]
 
 _MAGIC_SIZE = len(ws.STREAM_MAGIC)

@@ -10,8 +10,9 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.blob import DecodeLimits, blob_length
-from hurray_wire.blob.decoder import decode_options, landing_target, run
+from hurray_wire.blob.decoder import decode_options, landing_target
 from hurray_wire.blob.limits import check_limits_argument
+from hurray_wire.blob.pipeline import run
 from hurray_wire.buffers import byte_view
 from hurray_wire.containers.blob_stream import RecordReader
 from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory, will_need
