@@ -1,13 +1,9 @@
 """The engine fingerprint (docs/integrity.md § 3): refuse KV bytes from an engine whose cache
 would not mean the same thing here (another model, layout, dtype, block size or TP split).
 
-It sits beside ``kv_scale`` (layer 5, below the tensor) rather than in ``integrity/``
-because ``BlockPagedTensor.from_arrays`` validates the reserved metadata entry, as it
-validates the fp8 scale; ``hurray_wire.integrity`` re-exports it.
-
-Its body is in the KV metadata encoding, not JSON: Python's JSON parser accepts NaN,
-duplicate keys, and nesting deep enough to raise RecursionError; the KV decoder accepts
-none of these and raises only InvalidMetadataError.
+Not in ``integrity/``: ``BlockPagedTensor.from_arrays`` validates its metadata entry. Its
+body is in the KV metadata encoding, not JSON (which accepts NaN, duplicate keys and nesting
+deep enough to raise RecursionError).
 """
 
 from __future__ import annotations
@@ -102,12 +98,9 @@ def _check_extra(value: object, name: str) -> ExtraValue:
 
 @dataclass(frozen=True)
 class EngineFingerprint:
-    """What must agree between two engines for one's KV pages to be valid in the other.
-
-    ``tp_rank`` is usually ignored by :func:`check_compatible` (every rank of a TP group
-    sends), the rest must match. ``extras`` holds engine-specific facts (e.g. rope scaling,
-    sliding window); keys are non-empty strings, values str / int / float / bool.
-    """
+    """What must agree between two engines for one's KV pages to be valid in the other
+    (``tp_rank`` aside: every rank of a TP group sends). ``extras``: engine-specific facts
+    (e.g. rope scaling), str keys, str / int / float / bool values."""
 
     model_id: str
     engine: str
@@ -221,14 +214,9 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
     )
     head = _RECORD.read_head(view, expected, what="fingerprint shorter than its head")
     if head["body_length"] != len(view) - _HEAD.size:
-        raise InvalidMetadataError(
-            "body_length does not match the bytes after the head",
-            section=SECTION,
-            field="body_length",
-            offset=_HEAD.offsets["body_length"],
-            found=head["body_length"],
-            expected=len(view) - _HEAD.size,
-        )
+        msg = "body_length does not match the bytes after the head"
+        found, size = head["body_length"], len(view) - _HEAD.size
+        raise _RECORD.error("body_length", msg, found=found, expected=size)
     body = view[_HEAD.size :]
     at = _RECORD.at("body_checksum")
     _RECORD.check_checksum(head["body_checksum"], checksum_of(body), "body_checksum", at)
@@ -299,13 +287,9 @@ def require_fingerprint(
     section: str = SECTION,
     ignore: tuple[str, ...] = ("tp_rank",),
 ) -> EngineFingerprint | None:
-    """The fingerprint ``metadata`` carries (validated: InvalidMetadataError when the
-    reserved entry is malformed), checked against ``expected`` when one is given.
-
-    A receiver configured with its own fingerprint refuses, with one
-    IncompatibleFingerprintError, a cache whose fingerprint differs in any field (all named)
-    or that carries none: a cache of unknown origin is not decoded as if it were ours.
-    """
+    """The fingerprint ``metadata`` carries (validated), checked against ``expected`` when
+    one is given: a cache that carries none is refused too (of unknown origin, it is not
+    decoded as if it were ours)."""
     found = fingerprint_from_metadata(metadata)
     if expected is None:
         return found

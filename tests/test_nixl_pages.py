@@ -83,17 +83,17 @@ def test_a_page_damaged_where_it_landed_is_refused(
     s, r = _connected(engine, sender_arrays=(pool, tensor.block_table, tensor.seq_ptr))
     ids = np.array([12, 13, 14, 3, 4, 30, 31, 32])
     r.expect(0, "key", hw.IntoPages(engine, ids, one_pass=one_pass))
-    real = r._decode_split
+    real = r._decode
     before = engine.tobytes()
 
-    def damaged(item: Any, land: Any, *rest: Any) -> Any:
+    def damaged(item: Any) -> Any:
         if one_pass:
             engine[31].reshape(-1).view(np.uint8)[77] ^= 0x04  # blob page 6, after landing
         else:
             r._staging.buf[item.staged_at + 6 * engine[0].nbytes + 77] ^= 0x04
-        return real(item, land, *rest)
+        return real(item)
 
-    monkeypatch.setattr(r, "_decode_split", damaged)
+    monkeypatch.setattr(r, "_decode", damaged)
     s.publish(tensor)
     info = _refused(s, r)
     assert (info.value.layer, info.value.role) == (0, "key")

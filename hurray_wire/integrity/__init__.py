@@ -22,9 +22,6 @@ if TYPE_CHECKING:
         fingerprint_to_metadata as fingerprint_to_metadata,
         require_fingerprint as require_fingerprint,
     )
-    from hurray_wire.integrity.arguments import (
-        check_integrity_arguments as check_integrity_arguments,
-    )
     from hurray_wire.integrity.bloom import (
         KnownPagesBloom as KnownPagesBloom,
         bloom_candidates as bloom_candidates,
@@ -61,6 +58,7 @@ if TYPE_CHECKING:
     from hurray_wire.integrity.page_store import (
         MemoryPageStore as MemoryPageStore,
         PageStore as PageStore,
+        check_integrity_arguments as check_integrity_arguments,
         store_pages as store_pages,
     )
     from hurray_wire.integrity.pool_store import EnginePoolStore as EnginePoolStore
@@ -71,7 +69,6 @@ _NAMES = {
     " decode_fingerprint differences encode_fingerprint"
     " fingerprint_from_metadata fingerprint_to_metadata"
     " require_fingerprint",
-    "hurray_wire.integrity.arguments": "check_integrity_arguments",
     "hurray_wire.integrity.bloom": "KnownPagesBloom bloom_candidates confirm_known"
     " decode_known_pages_bloom encode_known_pages_bloom",
     "hurray_wire.integrity.delta": "DeltaPlan FillReport PageRefs check_plan"
@@ -82,7 +79,8 @@ _NAMES = {
     " digests_and_checksum encode_digest_section"
     " logical_positions page_digests page_records"
     " record_digest verify_page_digests",
-    "hurray_wire.integrity.page_store": "MemoryPageStore PageStore store_pages",
+    "hurray_wire.integrity.page_store": "MemoryPageStore PageStore check_integrity_arguments"
+    " store_pages",
     "hurray_wire.integrity.pool_store": "EnginePoolStore",
 }
 __all__ = sorted(name for names in _NAMES.values() for name in names.split())

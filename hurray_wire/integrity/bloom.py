@@ -21,7 +21,6 @@ from hurray_wire.errors import (
     non_negative,
 )
 from hurray_wire.integrity.delta import (
-    KNOWN,
     KNOWN_RECORD,
     check_known_checksum,
     encode_known_pages,
@@ -79,14 +78,10 @@ class KnownPagesBloom:
 
 def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> bytes:
     """A Bloom known-pages record of ``digests`` (~1% false positives at 10 bits/entry)."""
-    if isinstance(bits_per_entry, bool) or not isinstance(bits_per_entry, int):
-        raise ArgumentTypeError(
-            "bits_per_entry must be an int", field="bits_per_entry", found=repr(bits_per_entry)
-        )
-    if not 1 <= bits_per_entry <= 64:
-        raise ArgumentTypeError(
-            "bits_per_entry must be in [1, 64]", field="bits_per_entry", found=bits_per_entry
-        )
+    per = bits_per_entry
+    if isinstance(per, bool) or not isinstance(per, int) or not 1 <= per <= 64:
+        message = "bits_per_entry must be an int in [1, 64]"
+        raise ArgumentTypeError(message, field="bits_per_entry", found=repr(per))
     values = np.unique(digest_array(digests, None))
     wanted = max(1, values.size * bits_per_entry)
     log2_bits = min(max(MIN_LOG2_BITS, math.ceil(math.log2(wanted))), MAX_LOG2_BITS)
@@ -111,24 +106,15 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
     for name, low, high in (("num_hashes", 1, MAX_HASHES),
                             ("log2_bits", MIN_LOG2_BITS, MAX_LOG2_BITS)):  # fmt: skip
         if not low <= params[name] <= high:
-            raise InvalidIntegrityRecordError(
-                f"{name} out of range",
-                section=KNOWN,
-                field=name,
-                offset=at + _PARAMS.offsets[name],
-                found=params[name],
-                expected=f"{low}..{high}",
+            expected = f"{low}..{high}"
+            raise _BLOOM.error(
+                name, f"{name} out of range", base=at, found=params[name], expected=expected
             )
     nbytes = (1 << params["log2_bits"]) // 8
     if nbytes > max_bytes:
-        raise InvalidIntegrityRecordError(
-            "Bloom filter larger than max_bytes allows",
-            section=KNOWN,
-            field="log2_bits",
-            offset=at + _PARAMS.offsets["log2_bits"],
-            found=f"{nbytes} bytes",
-            expected=f"<= {max_bytes}",
-        )
+        msg = "Bloom filter larger than max_bytes allows"
+        found = f"{nbytes} bytes"
+        raise _BLOOM.error("log2_bits", msg, base=at, found=found, expected=f"<= {max_bytes}")
     start = at + _PARAMS.size
     check_known_checksum(view, start + nbytes)
     bits = np.frombuffer(view, np.uint8, nbytes, start).copy()

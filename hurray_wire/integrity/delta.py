@@ -26,18 +26,19 @@ from hurray_wire.errors import (
 )
 from hurray_wire.integrity.digests import (
     DigestArray,
+    FailedPlaces,
     IntArray,
     PageRecords,
     check_digest_head,
     digest_array,
     logical_positions,
     page_records,
-    page_rows,
+    u32_count,
 )
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import integrity as w, records as wr
-from hurray_wire.wire.digest_records import COUNT_MAX, KNOWN_PAGES, PAGE_REFS
+from hurray_wire.wire.digest_records import KNOWN_PAGES, PAGE_REFS
 
 __all__ = [
     "DeltaPlan",
@@ -54,13 +55,9 @@ __all__ = [
     "plan_delta",
 ]
 
-KNOWN = "known_pages"
-REFS = "page_refs"
-_KHEAD = KNOWN_PAGES.head
 #: The known-pages record sealed (wire/records.py), raising this module's errors.
 KNOWN_RECORD = wr.KNOWN_PAGES.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 _REFS_RECORD = wr.PAGE_REFS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
-_RHEAD = PAGE_REFS.head
 
 
 def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
@@ -76,11 +73,7 @@ def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
 
 def encode_known_pages(digests: object) -> bytes:
     """The known-pages record of ``digests`` (sorted and deduplicated here)."""
-    values = np.unique(digest_array(digests, None))
-    if values.size > COUNT_MAX:
-        raise InvalidIntegrityRecordError(
-            "too many digests for a u32 count", section=KNOWN, field="count", found=values.size
-        )
+    values = u32_count(np.unique(digest_array(digests, None)), KNOWN_RECORD)
     head = (w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_SORTED, w.DIGEST_ALGORITHM_XXH3_64)
     return KNOWN_RECORD.close(KNOWN_PAGES.pack(*head, values.size, runs=(values,)))
 
@@ -107,32 +100,22 @@ def check_known_checksum(view: memoryview, end: int) -> None:
 
 
 def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
-    """The sorted unique digests of a known-pages record (an owned copy).
-
-    Refuses a ``count`` above ``max_entries`` before reading further, so a hostile peer
-    cannot make us hold more than ``max_entries * 8`` bytes beyond its own input.
-    """
+    """The sorted unique digests of a known-pages record (an owned copy); a ``count`` above
+    ``max_entries`` is refused first, so a peer cannot make us hold more than that."""
     limit = non_negative(max_entries, "max_entries")
     view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_SORTED)
     count = head["count"]
     if count > limit:
-        raise InvalidIntegrityRecordError(
-            "more known pages than max_entries allows",
-            section=KNOWN,
-            field="count",
-            offset=_KHEAD.offsets["count"],
-            found=count,
-            expected=f"<= {limit}",
-        )
+        msg = "more known pages than max_entries allows"
+        raise KNOWN_RECORD.error("count", msg, found=count, expected=f"<= {limit}")
     check_known_checksum(view, KNOWN_PAGES.at(count, 1))
     values = KNOWN_PAGES.runs(view, count)[0].astype(np.uint64)  # owned copy
     bad = _first_unsorted(values)
     if bad is not None:
-        raise InvalidIntegrityRecordError(
+        raise KNOWN_RECORD.error(
+            f"digests[{bad}]",
             "known pages must be strictly increasing (sorted, unique)",
-            section=KNOWN,
-            field=f"digests[{bad}]",
-            offset=KNOWN_PAGES.at(count, 0, bad),
+            KNOWN_PAGES.at(count, 0, bad),
             found=f"0x{int(values[bad]):016X} after 0x{int(values[bad - 1]):016X}",
         )
     return values
@@ -168,11 +151,9 @@ class PageRefs:
         object.__setattr__(self, "digests", digests)
 
     def sent_pages(self, num_pages: int) -> IntArray:
-        """The physical ids of the pages sent as bytes: the complement, ascending.
-
-        ``num_pages`` must exceed every ref's page id; the result has ``num_pages - refs``
-        entries, so a count beyond memory is a ``LimitExceededError`` (the decoder passes
-        only counts its blob paid for, ``DecodeLimits.max_empty_pages``)."""
+        """The physical ids of the pages sent as bytes: the complement, ascending (a count
+        beyond memory is a ``LimitExceededError``; the decoder passes only counts its blob
+        paid for, ``DecodeLimits.max_empty_pages``)."""
         count = non_negative(num_pages, "num_pages")
         if self.pages.size and int(self.pages[-1]) >= count:
             raise InvalidIntegrityRecordError(
@@ -209,31 +190,23 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
     )
     count = head["count"]
     if count > limit:
-        raise InvalidIntegrityRecordError(
-            "more page refs than pages",
-            section=REFS,
-            field="count",
-            offset=base_offset + _RHEAD.offsets["count"],
-            found=count,
-            expected=f"<= num_pages {limit}",
+        msg = "more page refs than pages"
+        raise _REFS_RECORD.error(
+            "count", msg, base=base_offset, found=count, expected=f"<= num_pages {limit}"
         )
     _REFS_RECORD.exact(view, PAGE_REFS.at(count, 2), base=base_offset, what="page ids/digests")
     raw_pages, digests = PAGE_REFS.runs(view, count)
     bad = _first_unsorted(raw_pages)
     if bad is not None:
-        raise InvalidIntegrityRecordError(
-            "page ids must be strictly increasing",
-            section=REFS,
-            field=f"pages[{bad}]",
-            offset=base_offset + PAGE_REFS.at(count, 0, bad),
-            found=int(raw_pages[bad]),
-        )
+        at = base_offset + PAGE_REFS.at(count, 0, bad)
+        msg = "page ids must be strictly increasing"
+        raise _REFS_RECORD.error(f"pages[{bad}]", msg, at, found=int(raw_pages[bad]))
     if count and int(raw_pages[-1]) >= limit:
-        raise InvalidIntegrityRecordError(
+        at = base_offset + PAGE_REFS.at(count, 0, count - 1)
+        raise _REFS_RECORD.error(
+            f"pages[{count - 1}]",
             "page id out of range",
-            section=REFS,
-            field=f"pages[{count - 1}]",
-            offset=base_offset + PAGE_REFS.at(count, 0, count - 1),
+            at,
             found=int(raw_pages[-1]),
             expected=f"< num_pages {limit}",
         )
@@ -245,11 +218,8 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
 
 @dataclass(frozen=True)
 class DeltaPlan:
-    """Which physical pages are sent as bytes and which as references.
-
-    ``sent_pages`` (ascending) is the order of the compacted pool the blob carries;
-    ``refs`` the page-refs section. Byte counts are of page records (pool + slot params).
-    """
+    """Which physical pages are sent as bytes (``sent_pages``, ascending: the compacted
+    pool's order) and which as references (``refs``); byte counts are of page records."""
 
     digests: DigestArray
     sent_pages: IntArray
@@ -288,13 +258,8 @@ def _sorted_known(known: object) -> DigestArray:
 
 
 def plan_delta(tensor: BlockPagedTensor, known: object, *, digests: object = None) -> DeltaPlan:
-    """Plan a delta transfer of ``tensor`` to a receiver holding ``known`` (sorted digests).
-
-    Vectorised: one searchsorted of the page digests into ``known``. Pass ``digests`` when
-    already computed (``page_digests``) to skip the digest pass. Every physical page is
-    planned, referenced by the block table or not (compact the tensor first to drop
-    unreferenced pages).
-    """
+    """Plan a delta transfer of every physical page of ``tensor`` to a receiver holding
+    ``known`` (sorted digests): one searchsorted. ``digests``: already computed ones."""
     records = page_records(tensor)
     values = records.digests() if digests is None else digest_array(digests, records.num_pages)
     table = _sorted_known(known)
@@ -343,13 +308,7 @@ def check_plan(plan: DeltaPlan, records: PageRecords) -> DigestArray:
 
 def gather_sent(tensor: BlockPagedTensor, plan: DeltaPlan) -> PageRecords:
     """The compacted pool and slot parameters to send (copies of the sent rows)."""
-    records = page_records(tensor)
-    rows = plan.sent_pages
-    return PageRecords(
-        records.pool[rows],
-        None if records.scales is None else records.scales[rows],
-        None if records.zero_points is None else records.zero_points[rows],
-    )
+    return page_records(tensor).take(plan.sent_pages)
 
 
 # -- receiver --------------------------------------------------------------------------------
@@ -373,12 +332,9 @@ def _out_records(
             )
         num_pages = int(out_pool.shape[0])
     count = non_negative(num_pages, "num_pages")
-    parts = {"out_scales": out_scales, "out_zero_points": out_zero_points}
-    scales, zps = (
-        None if array is None else page_rows(_writable_bytes(array, name), count, name)
-        for name, array in parts.items()
-    )
-    return PageRecords(page_rows(pool, count, "out_pool"), scales, zps)
+    params = {"out_scales": out_scales, "out_zero_points": out_zero_points}
+    writable = {k: None if a is None else _writable_bytes(a, k) for k, a in params.items()}
+    return PageRecords.of(count, out_pool=pool, **writable)
 
 
 def place_sent_pages(
@@ -410,7 +366,7 @@ def place_sent_pages(
 
 
 @dataclass(frozen=True)
-class FillReport:
+class FillReport(FailedPlaces):
     """What ``fill_from_store`` did: ``filled`` pages, ``missing`` (not in the store) and
     ``corrupt`` (stored record fails its digest) pages, plus the logical positions of the
     failed pages (when the block table was given) as in PageDigestReport."""
@@ -429,10 +385,6 @@ class FillReport:
     @property
     def failed(self) -> IntArray:
         return np.union1d(self.missing, self.corrupt)
-
-    @property
-    def positions(self) -> tuple[tuple[int, int], ...]:
-        return tuple(zip(self.sequences.tolist(), self.pages_in_sequence.tolist(), strict=True))
 
 
 def fill_from_store(

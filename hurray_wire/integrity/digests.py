@@ -1,11 +1,8 @@
 """Per-page content digests (docs/integrity.md § 2): which physical page is corrupt, not
-only that the blob is.
-
-A page's record is its pool bytes, then (per-block affine) its slot scales and zero
-points; its digest is xxh3_64 of the record. Tensor-wide parameters stay out of every
-digest (the section checksums cover them; identical pages of two requests keep one
-digest). Packed pools are digested over whole-byte pages only (other geometries refused),
-so the digest pass never copies the pool.
+only that the blob is. A page's record is its pool bytes, then (per-block affine) its slot
+scales and zero points; its digest is xxh3_64 of the record. Tensor-wide parameters stay out
+(identical pages of two requests keep one digest); packed pools are digested over whole-byte
+pages only, so the digest pass never copies the pool.
 """
 
 from __future__ import annotations
@@ -50,8 +47,6 @@ __all__ = [
 DigestArray = npt.NDArray[np.uint64]
 IntArray = npt.NDArray[np.int64]
 
-SECTION = "page_digests"
-_HEAD = DIGEST_SECTION.head
 DIGEST_RECORD = wr.DIGEST_SECTION.raising(
     InvalidIntegrityRecordError, IntegrityRecordTruncatedError
 )
@@ -70,12 +65,8 @@ def record_digest(record: object) -> int:
 
 @dataclass(frozen=True)
 class PageRecords:
-    """A pool and its per-slot parameters as rows of bytes, one row per physical page.
-
-    ``pool`` is ``[num_pages, page_nbytes]`` uint8; ``scales`` / ``zero_points`` are
-    ``[num_pages, page_size * itemsize]`` uint8 or None. All are views (writable when the
-    arrays they view are), so the same object serves digesting, sending and filling.
-    """
+    """A pool and its per-slot parameters as uint8 rows, one per physical page: views
+    (writable when their arrays are), so one object serves digesting, sending and filling."""
 
     pool: U8Array
     scales: U8Array | None = None
@@ -93,6 +84,19 @@ class PageRecords:
     def _parts(self) -> tuple[U8Array, ...]:
         return tuple(p for p in (self.pool, self.scales, self.zero_points) if p is not None)
 
+    @classmethod
+    def of(cls, count: int, **arrays: Any) -> PageRecords:
+        """The records of ``count`` pages in the pool, scales and zero points ``arrays``
+        (by their argument names, for errors; each None or an array), as rows (views)."""
+        pool, *params = (None if a is None else page_rows(a, count, k) for k, a in arrays.items())
+        assert pool is not None  # the first one, never None
+        return cls(pool, *params)
+
+    def take(self, rows: Any) -> PageRecords:
+        """The records of ``rows`` (a slice: views; an array of page ids: copies)."""
+        params = (None if p is None else p[rows] for p in (self.scales, self.zero_points))
+        return PageRecords(self.pool[rows], *params)
+
     def record(self, page: int) -> bytes:
         """The record of physical page ``page`` as one bytes object (for a page store)."""
         return b"".join(part[page].tobytes() for part in self._parts())
@@ -102,14 +106,10 @@ class PageRecords:
         return self.digests_at(None)
 
     def digests_at(self, pages: IntArray | None) -> DigestArray:
-        """xxh3_64 of the records of the physical ``pages`` (every page for None; ids
-        already checked to lie in ``[0, num_pages)``), hashed where they sit: what a store
-        over an engine's own pool re-hashes instead of copying.
-
-        A loop of one-shot xxh3 calls over row views: measured (tools/bench_digests.py) at
-        ~1.3x one whole-pool xxh3 pass for 32 KiB pages, faster than any vectorised
-        NumPy hash and than concatenating records first (a copy of the pool).
-        """
+        """xxh3_64 of the records of the (checked) ``pages``, every page for None, hashed
+        where they sit. One-shot xxh3 calls over row views: measured (tools/bench_digests.py)
+        ~1.3x one whole-pool pass for 32 KiB pages, faster than any vectorised NumPy hash and
+        than concatenating records first (a copy)."""
         pool = self.pool
         ids = range(self.num_pages) if pages is None else pages.tolist()
         params = [p for p in (self.scales, self.zero_points) if p is not None]
@@ -127,13 +127,9 @@ class PageRecords:
 
 
 def digests_and_checksum(records: PageRecords) -> tuple[DigestArray, int]:
-    """The page digests and, in the same pass over memory, xxh3_64 of the whole pool (the
-    blob's section checksum of buffer 0): pages are digested a chunk (~1 MiB) at a time,
-    and each chunk is fed to the pool's hasher while it is still in cache.
-
-    Measured (16 MiB pools of 32 KiB pages): 1.6x one plain xxh3 pass, against 3.0x for a
-    digest pass followed by a separate checksum pass.
-    """
+    """The page digests and xxh3_64 of the whole pool (buffer 0's section checksum) in one
+    pass: each ~1 MiB chunk is digested, then hashed while in cache. Measured (16 MiB pools
+    of 32 KiB pages): 1.6x one plain xxh3 pass, against 3.0x for two passes."""
     count = records.num_pages
     pool = records.pool
     width = int(pool.shape[1]) if pool.ndim == 2 else 0
@@ -141,11 +137,7 @@ def digests_and_checksum(records: PageRecords) -> tuple[DigestArray, int]:
     hasher = xxhash.xxh3_64()
     out = np.empty(count, np.uint64)
     for start in range(0, count, step):  # ~16 rounds for 16 MiB: the per-page loop inside
-        part = PageRecords(
-            pool[start : start + step],
-            None if records.scales is None else records.scales[start : start + step],
-            None if records.zero_points is None else records.zero_points[start : start + step],
-        )
+        part = records.take(slice(start, start + step))
         out[start : start + step] = part.digests()
         hasher.update(part.pool.data)
     return out, int(hasher.intdigest())
@@ -241,11 +233,8 @@ def digest_array(value: object, count: int | None, name: str = "digests") -> Dig
 def logical_positions(
     block_table: npt.NDArray[Any], seq_ptr: npt.NDArray[Any], pages: npt.NDArray[Any]
 ) -> tuple[IntArray, IntArray, IntArray]:
-    """Every logical place of the physical ``pages``: ``(page, sequence, page_in_sequence)``,
-    one triple per block-table entry naming one of them, in block-table order.
-
-    Vectorised: a page shared by several sequences (a prefix) yields each of its places.
-    """
+    """Every logical place ``(page, sequence, page_in_sequence)`` of the physical ``pages``,
+    in block-table order (a page shared by several sequences yields each of its places)."""
     table = np.asarray(block_table, np.int64)
     starts = np.asarray(seq_ptr, np.int64)
     wanted = np.zeros(int(table.max()) + 1 if table.size else 0, bool)
@@ -257,15 +246,23 @@ def logical_positions(
     return table[entries], seqs.astype(np.int64), entries - starts[seqs]
 
 
-@dataclass(frozen=True)
-class PageDigestReport:
-    """The outcome of checking a tensor's pages against digests.
+class FailedPlaces:
+    """The logical places of failed pages a report lists (its last three arrays)."""
 
-    ``pages`` (ascending physical ids) with ``expected`` / ``found`` digests; then one row
-    per logical place of a failed page: ``position_pages``, ``sequences``,
-    ``pages_in_sequence``. For a tensor built from an engine's block table the physical ids
-    are the engine's block ids (vLLM's ``get_block_ids_with_load_errors()``).
-    """
+    sequences: IntArray
+    pages_in_sequence: IntArray
+
+    @property
+    def positions(self) -> tuple[tuple[int, int], ...]:
+        """``(sequence, page_in_sequence)`` of every failed logical page."""
+        return tuple(zip(self.sequences.tolist(), self.pages_in_sequence.tolist(), strict=True))
+
+
+@dataclass(frozen=True)
+class PageDigestReport(FailedPlaces):
+    """The failed ``pages`` (ascending physical ids: an engine's block ids, for vLLM's
+    ``get_block_ids_with_load_errors()``) with ``expected`` / ``found`` digests, then one
+    row per logical place of a failed page."""
 
     pages: IntArray
     expected: DigestArray
@@ -277,11 +274,6 @@ class PageDigestReport:
     @property
     def ok(self) -> bool:
         return self.pages.size == 0
-
-    @property
-    def positions(self) -> tuple[tuple[int, int], ...]:
-        """``(sequence, page_in_sequence)`` of every failed logical page."""
-        return tuple(zip(self.sequences.tolist(), self.pages_in_sequence.tolist(), strict=True))
 
     def raise_if_failed(self) -> None:
         """Raise :class:`PageDigestError` naming every failed page and place, if any."""
@@ -321,14 +313,18 @@ def verify_page_digests(tensor: BlockPagedTensor, digests: object) -> PageDigest
 
 def encode_digest_section(digests: object) -> bytes:
     """The payload of a page-digest section: 8-byte head, then the digests as u64 LE."""
-    values = digest_array(digests, None)
-    if values.size > COUNT_MAX:
-        raise InvalidIntegrityRecordError(
-            "too many digests for a u32 count", section=SECTION, field="count", found=values.size
-        )
+    values = u32_count(digest_array(digests, None), DIGEST_RECORD)
     return DIGEST_SECTION.pack(
         w.DIGEST_SECTION_VERSION, w.DIGEST_ALGORITHM_XXH3_64, values.size, runs=(values,)
     )
+
+
+def u32_count(values: DigestArray, record: wr.Record) -> DigestArray:
+    """``values`` if their count fits the record's u32 ``count``."""
+    if values.size > COUNT_MAX:
+        msg = "too many digests for a u32 count"
+        raise record.invalid(msg, section=record.what, field="count", found=values.size)
+    return values
 
 
 def check_digest_head(
@@ -344,11 +340,8 @@ def check_digest_head(
 
 
 def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0) -> DigestArray:
-    """The digests of a page-digest section payload (a read-only view of ``data``).
-
-    ``num_pages`` comes from the blob's descriptor; ``base_offset`` is where the payload
-    sits in the blob, so errors name blob offsets.
-    """
+    """The digests of a page-digest section payload (a read-only view of ``data``);
+    ``base_offset``: where it sits in the blob, for the errors' offsets."""
     non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
     fields = check_digest_head(
@@ -356,14 +349,8 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     )
     count = fields["count"]
     if count != num_pages:
-        raise InvalidIntegrityRecordError(
-            "digest count must equal the descriptor's num_pages",
-            section=SECTION,
-            field="count",
-            offset=base_offset + _HEAD.offsets["count"],
-            found=count,
-            expected=num_pages,
-        )
+        msg = "digest count must equal the descriptor's num_pages"
+        raise DIGEST_RECORD.error("count", msg, base=base_offset, found=count, expected=num_pages)
     DIGEST_RECORD.exact(view, DIGEST_SECTION.at(count, 1), base=base_offset, what="digests")
     (digests,) = DIGEST_SECTION.runs(view, count)
     return digests.astype(np.uint64, copy=False)

@@ -1,10 +1,6 @@
-"""Content-addressed page stores (docs/integrity.md § 5): the pages a receiver already holds,
-keyed by their digest, so a sender can send a reference instead of the bytes.
-
-A store holds page **records** (page bytes, then slot scales and zero points for per-block
-quantization; digests.py), so a quantized page and its parameters come back together and
-the key covers both. Every ``put`` recomputes the digest and refuses bytes that do not
-match: a store can never hand out a page under a digest it does not have.
+"""Content-addressed page stores (docs/integrity.md § 5): the page records (digests.py) a
+receiver holds, by digest, so that a sender can send a reference instead of the bytes.
+Every ``put`` re-hashes: a store never hands out a page under a digest it does not have.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import numpy as np
 
 from hurray_wire.buffers import byte_view
 from hurray_wire.errors import ArgumentTypeError, PageDigestError, PageStoreError, non_negative
+from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.integrity.digests import (
     DigestArray,
     check_digest_range,
@@ -27,11 +24,11 @@ from hurray_wire.integrity.digests import (
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = [
+    "KeyedStore",
     "MemoryPageStore",
     "PageStore",
+    "check_integrity_arguments",
     "check_record",
-    "held",
-    "sorted_digests",
     "store_pages",
 ]
 
@@ -85,29 +82,46 @@ def check_record(key: int, page_bytes: object) -> None:
         )
 
 
-def held(digest: object, keys: Collection[int], lock: threading.Lock) -> bool:
-    """``digest in keys`` for a store's ``__contains__``: False for anything not an integer."""
-    if isinstance(digest, (bool, np.bool_)) or not isinstance(digest, (int, np.integer)):
-        return False
-    with lock:
-        return int(digest) in keys
+def check_integrity_arguments(page_store: object, expect_fingerprint: object) -> None:
+    """``page_store`` is a PageStore or None, ``expect_fingerprint`` an EngineFingerprint
+    or None (decode, the stream readers, the NIXL receiver)."""
+    rules = (
+        (page_store, PageStore, "page_store", "a PageStore"),
+        (expect_fingerprint, EngineFingerprint, "expect_fingerprint", "an EngineFingerprint"),
+    )
+    for value, cls, name, kind in rules:
+        if value is not None and not isinstance(value, cls):
+            raise ArgumentTypeError(
+                f"{name} must be {kind} or None", field=name, found=type(value).__name__
+            )
 
 
-def sorted_digests(keys: Collection[int], lock: threading.Lock) -> DigestArray:
-    """The keys of a store as the sorted uint64 array ``PageStore.digests`` returns."""
-    with lock:
-        out = np.fromiter(keys, np.uint64, len(keys))
-    out.sort()
-    return out
+class KeyedStore(PageStore):
+    """A store whose digests are the keys of one collection guarded by ``_lock``."""
+
+    _lock: threading.Lock
+
+    @abc.abstractmethod
+    def _keys(self) -> Collection[int]: ...
+
+    def __contains__(self, digest: object) -> bool:
+        """False for anything not an integer."""
+        if isinstance(digest, (bool, np.bool_)) or not isinstance(digest, (int, np.integer)):
+            return False
+        with self._lock:
+            return int(digest) in self._keys()
+
+    def digests(self) -> DigestArray:
+        with self._lock:
+            keys = self._keys()
+            out = np.fromiter(keys, np.uint64, len(keys))
+        out.sort()
+        return out
 
 
-class MemoryPageStore(PageStore):
-    """An in-process LRU store bounded by bytes; one lock makes every method thread-safe.
-
-    ``get`` counts as a use. A ``put`` of a record larger than ``max_bytes`` is refused
-    (PageStoreError); otherwise least recently used records are evicted until the total
-    is within the bound.
-    """
+class MemoryPageStore(KeyedStore):
+    """An in-process LRU store bounded by ``max_bytes`` (``get`` counts as a use; a record
+    larger than the bound is refused), thread-safe under one lock."""
 
     def __init__(self, max_bytes: int) -> None:
         non_negative(max_bytes, "max_bytes")
@@ -173,11 +187,8 @@ class MemoryPageStore(PageStore):
                 _, evicted = self._pages.popitem(last=False)
                 self._nbytes -= len(evicted)
 
-    def __contains__(self, digest: object) -> bool:
-        return held(digest, self._pages.keys(), self._lock)
-
-    def digests(self) -> DigestArray:
-        return sorted_digests(self._pages.keys(), self._lock)
+    def _keys(self) -> Collection[int]:
+        return self._pages.keys()
 
     def lru_order(self) -> list[int]:
         """Digests from least to most recently used (what eviction takes first)."""

@@ -5,6 +5,7 @@ the in-place decode points a block table at the engine's pages instead of copyin
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -18,9 +19,8 @@ from hurray_wire.integrity.digests import (
     PageRecords,
     check_digest_range,
     digest_array,
-    page_rows,
 )
-from hurray_wire.integrity.page_store import PageStore, check_record, held, sorted_digests
+from hurray_wire.integrity.page_store import KeyedStore, check_record
 
 __all__ = ["EnginePoolStore", "page_id_array"]
 
@@ -68,16 +68,12 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
     return ids
 
 
-class EnginePoolStore(PageStore):
-    """A ``PageStore`` over an engine's pool for one {layer, kv_role}, holding no bytes of its
-    own: an index digest -> physical page id of the pages the engine vouches for (``index``;
-    ``forget`` before it frees or overwrites them: a page overwritten without it is stale,
-    and the re-hash of every referenced page refuses it).
-
-    ``page_pool`` (``[num_pages, ...]``) and per-slot ``scales`` / ``zero_points`` are kept
-    (no copy) and never written; ``put`` accepts only a record already indexed (the engine's
-    allocator owns the slots). Thread-safe (one lock, hashing outside it).
-    """
+class EnginePoolStore(KeyedStore):
+    """A ``PageStore`` over an engine's pool for one {layer, kv_role} that holds no bytes:
+    digest -> page id of the pages the engine vouches for (``index``; ``forget`` before it
+    frees or overwrites them, else the re-hash of every referenced page refuses them). The
+    arrays are never written; ``put`` accepts only indexed records (the engine's allocator
+    owns the slots). Thread-safe (one lock, hashing outside it)."""
 
     def __init__(
         self, page_pool: object, *, scales: object = None, zero_points: object = None
@@ -97,10 +93,8 @@ class EnginePoolStore(PageStore):
         self.page_pool: npt.NDArray[Any] = pool
         self.scales = None if scales is None else engine_array(scales, "scales")
         self.zero_points = None if zero_points is None else engine_array(zero_points, "zero_points")
-        self.records = PageRecords(
-            page_rows(pool, count, "page_pool"),
-            None if self.scales is None else page_rows(self.scales, count, "scales"),
-            None if self.zero_points is None else page_rows(self.zero_points, count, "zero_points"),
+        self.records = PageRecords.of(
+            count, page_pool=pool, scales=self.scales, zero_points=self.zero_points
         )
         self._digest_of: dict[int, int] = {}  # page -> digest
         self._pages_of: dict[int, list[int]] = {}  # digest -> pages holding it (first: used)
@@ -110,11 +104,6 @@ class EnginePoolStore(PageStore):
     def num_pages(self) -> int:
         """Physical pages of the engine's pool."""
         return self.records.num_pages
-
-    @property
-    def record_nbytes(self) -> int:
-        """Bytes of one page record (page bytes + slot parameters)."""
-        return self.records.record_nbytes
 
     def __len__(self) -> int:
         """Indexed pages."""
@@ -229,8 +218,5 @@ class EnginePoolStore(PageStore):
                 found=f"0x{key:016X}",
             )
 
-    def __contains__(self, digest: object) -> bool:
-        return held(digest, self._pages_of.keys(), self._lock)
-
-    def digests(self) -> DigestArray:
-        return sorted_digests(self._pages_of.keys(), self._lock)
+    def _keys(self) -> Collection[int]:
+        return self._pages_of.keys()

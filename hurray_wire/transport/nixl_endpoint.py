@@ -1,5 +1,4 @@
-"""The parts both NIXL endpoints share: NIXL loaded once, the agent, registered memory,
-control records over notifications, arenas and deadlines (docs/nixl.md)."""
+"""What both NIXL endpoints share: NIXL, the agent, memory, records, arenas (docs/nixl.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
@@ -51,7 +51,6 @@ DEFAULT_DEADLINE = 30.0
 #: Seconds a sender naps between polls while only the peer's READs are moving.
 PEER_READ_NAP = 0.00005
 _ZERO_COPY_MIN = 4096  # smaller parts are copied into the arena: one segment instead of many
-_U8 = npt.NDArray[np.uint8]
 T = TypeVar("T")
 
 
@@ -96,22 +95,6 @@ def _deadline(seconds: float) -> float:
     return time.monotonic() + float(seconds)
 
 
-def _named(exc: HurrayWireError, layer: int | None, role: str | None) -> TransportError:
-    """``exc`` as a TransportError naming the blob (itself if it names one already)."""
-    if isinstance(exc, TransportError):
-        if exc.layer is not None:
-            return exc
-        return TransportError(exc.message, layer=layer, role=role)
-    return TransportError(f"{type(exc).__name__}: {exc}", layer=layer, role=role)
-
-
-def _origin(exc: HurrayWireError) -> BaseException:
-    """The error to chain as ``__cause__``: NIXL's own, when ``exc`` merely wraps it."""
-    if isinstance(exc, TransportError) and exc.layer is None and exc.__cause__ is not None:
-        return exc.__cause__
-    return exc
-
-
 class _Arena:
     """A registered byte region handed out as a ring: each piece is given back on its own
     (a blob's room once it is done with), and later pieces wrap round to the front once
@@ -145,6 +128,18 @@ class _Arena:
         """Give back the unused end of a piece."""
         if start in self.live:
             self.live[start] = start + used
+
+    def claim(
+        self, size: int, too_big: str, layer: int | None, role: str | None, now: bool = False
+    ) -> int | None:
+        """Where ``size`` bytes of blob {layer, role} go; None: not yet (earlier pieces
+        hold the room); ``too_big`` as a TransportError if they never could (or, ``now``,
+        cannot at once)."""
+        start = self.take(size)
+        if start is None and (now or size > len(self.buf)):
+            raise TransportError(too_big, layer=layer, role=role,
+                                 expected=f"<= {len(self.buf)}", found=size)  # fmt: skip
+        return start
 
     def give(self, start: int) -> None:
         self.live.pop(start, None)
@@ -180,9 +175,10 @@ def _pieces(
 class _Endpoint(ClosesOnExit):
     """One NIXL agent with a UCX backend, its registrations and its one peer."""
 
-    #: Whether ``metadata()`` hands the peer this side's registrations (the sender's: the
-    #: peer READs them); a receiver's metadata carries none, so it may register any time.
-    _exposes_registrations = True
+    #: The transfer's id: the sender's own, the receiver's from the first offer.
+    session: int | None = None
+    _peer_side = "peer"  # who the peer is, in an abort's message
+    _worker_name = "hurray-wire-nixl"  # the one thread that hashes (sender) or decodes
 
     def __init__(
         self, name: str, *, ucx_error_handling_mode: str, arena_bytes: int, progress_thread: bool
@@ -204,17 +200,18 @@ class _Endpoint(ClosesOnExit):
         params["ucx_error_handling_mode"] = ucx_error_handling_mode
         _call("create_backend(UCX)", self._agent.create_backend, "UCX", params)
         self._regions: list[tuple[int, int, Any, Any]] = []  # (start, end, array, reg list)
-        self._published = False
+        self._published = False  # metadata() handed the peer our registrations
         self._peer: str | None = None
         self._arena = _Arena(arena_bytes)
         self.register(self._arena.buf)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix=self._worker_name)
 
     # -- memory and peers ------------------------------------------------------------------
     def register(self, array: Any) -> None:
         """Register long-lived memory (an engine's KV pool) with NIXL. On a sender, only
         before ``metadata()``: metadata taken earlier would not know it (NIXL: "no potential
         backend found"); a receiver's metadata names none of its memory."""
-        if self._published and self._exposes_registrations:
+        if self._published:
             raise TransportError(
                 "register memory before taking metadata(): the peer's copy would be stale"
             )
@@ -260,6 +257,7 @@ class _Endpoint(ClosesOnExit):
 
     def close(self) -> None:
         """Deregister memory and forget the peer (best effort: for shutdown paths)."""
+        self._worker.shutdown(wait=True)
         for _, _, _, reg in self._regions:
             with contextlib.suppress(Exception):  # shutdown must not raise for a stale handle
                 self._agent.deregister_memory(reg)
@@ -273,8 +271,9 @@ class _Endpoint(ClosesOnExit):
     def _send(self, record: TransferRecord) -> None:
         _call("send_notif", self._agent.send_notif, self._peer_name(), encode_record(record))
 
-    def _records(self) -> list[TransferRecord]:
-        """New records from the peer, validated; anything else is an error."""
+    def _records(self) -> bool:
+        """Handle the peer's new records, validated (anything else is an error); True if
+        there were any."""
         found = _call("get_new_notifs", self._agent.get_new_notifs)
         out: list[TransferRecord] = []
         for agent, messages in found.items():
@@ -285,9 +284,23 @@ class _Endpoint(ClosesOnExit):
             for m in messages:
                 if bytes(m[: len(wi.KNOWN_PAGES_MAGIC)]) == wi.KNOWN_PAGES_MAGIC:
                     self._on_known_pages(bytes(m))
-                else:
-                    out.append(decode_record(m))
-        return out
+                    continue
+                r = decode_record(m)
+                if self.session is None and r.kind == "offer":
+                    self.session = r.session
+                if r.session != self.session:
+                    raise TransportError("record of another session", found=f"0x{r.session:016x}")
+                if r.kind == "abort":
+                    raise TransportError(f"the {self._peer_side} aborted: {r.reason}",
+                                         layer=r.layer, role=r.role)  # fmt: skip
+                out.append(r)
+        for r in out:
+            self._on_record(r)
+        return bool(out)
+
+    def _on_record(self, r: TransferRecord) -> None:
+        """One record of this session's peer (not an abort)."""
+        raise NotImplementedError
 
     def _on_known_pages(self, data: bytes) -> None:
         """A known-pages record (docs/integrity.md § 5.1): only a sender takes one."""
@@ -312,7 +325,24 @@ class _Endpoint(ClosesOnExit):
             raise TransportError("NIXL transfer ended in error")
         return state
 
-    def _abort_peer(self, session: int, reason: str, layer: int | None, role: str | None) -> None:
+    def _abort_peer(self, reason: str, layer: int | None, role: str | None) -> None:
         """Tell the peer we stopped (best effort: the peer may be gone)."""
         with contextlib.suppress(Exception):
-            self._send(TransferRecord("abort", session, layer, role, reason=reason[:1000]))
+            abort = TransferRecord("abort", self.session or 0, layer, role, reason=reason[:1000])
+            self._send(abort)
+
+    def _guarded(self, blob: Any, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn``; any error is sent to the peer as an abort and raised as a
+        TransportError naming the blob (its ``layer`` and ``role``)."""
+        layer, role = blob.layer, blob.role
+        try:
+            return fn(*args)
+        except HurrayWireError as exc:
+            self._abort_peer(str(exc), layer, role)
+            if not isinstance(exc, TransportError):
+                name = type(exc).__name__
+                raise TransportError(f"{name}: {exc}", layer=layer, role=role) from exc
+            if exc.layer is not None:
+                raise
+            cause = exc.__cause__ or exc  # NIXL's own error, when ``exc`` merely wraps it
+            raise TransportError(exc.message, layer=layer, role=role) from cause

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Iterator
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hurray_wire.blob import DecodeLimits, blob_length
-from hurray_wire.blob.decoder import Decoder, decode_options, landing_target
+from hurray_wire.blob.decoder import decode_options, landing_target
 from hurray_wire.blob.envelope import pool_section
 from hurray_wire.blob.landing import InPlace, IntoArray, IntoPages
-from hurray_wire.blob.pipeline import Accept, plan_of, run
+from hurray_wire.blob.pipeline import plan_of, run
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.integrity import (
@@ -26,17 +26,13 @@ from hurray_wire.integrity import (
 )
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transport.nixl_endpoint import (
-    _U8,
     DEFAULT_DEADLINE,
     PEER_READ_NAP,
-    T,
     _Arena,
     _call,
     _deadline,
     _Endpoint,
-    _named,
     _no_descriptors,
-    _origin,
     _pieces,
     _region_bytes,
 )
@@ -69,23 +65,19 @@ class _Incoming:
 
 class NixlReceiver(_Endpoint):
     """The side that takes the KV cache: READs offered blobs into its landing region
-    (``arena_bytes``, registered here), then decodes each one validated and zero-copy as
-    soon as it has landed, while later ones are still in flight.
+    (``arena_bytes``) and decodes each one, validated and zero-copy, as soon as it has landed.
 
-    The peer is given no handle to this side's memory (``metadata()`` carries connection
-    information only), except, with ``write_arena_bytes``, a write region of that size a
-    WRITE peer pushes into: each blob written there is copied out into the landing region
-    once its ``done`` record came, and only the copy is validated and used (docs/nixl.md
-    § 3.1). Without it, WRITE offers are refused.
-
-    ``staging_bytes``: the ring ``expect`` READs pools into (registered on first use).
-
-    Tensors decoded from the landing region are views of it and stay valid until the next
-    ``receive`` call, which reuses the region (so the blobs of one call must fit in it);
-    page pools that landed in engine arrays are the engine's arrays.
+    The peer gets no handle to this side's memory but the write region of
+    ``write_arena_bytes`` (WRITE peers; each blob is copied out before it is checked:
+    docs/nixl.md § 3.1; without it WRITE offers are refused). ``staging_bytes``: the ring
+    ``expect`` READs pools into. Tensors decoded from the landing region are views of it,
+    valid until the next ``receive`` call (so the blobs of one call must fit in it).
     """
 
-    _exposes_registrations = False
+    _peer_side = "sender"
+    # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
+    # of the GIL), while this thread keeps the later transfers moving.
+    _worker_name = "hurray-wire-nixl-decode"
 
     def __init__(
         self,
@@ -107,8 +99,7 @@ class NixlReceiver(_Endpoint):
         self._staging_bytes = _region_bytes(staging_bytes, "staging_bytes")
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
-        # The only memory a peer is told about: where a WRITE peer pushes (never read
-        # in place: each blob is copied out before it is checked).
+        # The only memory a peer is told about (never read in place).
         self._write: _Arena | None = None
         self._write_reg: Any = None
         if write_arena_bytes:
@@ -120,40 +111,29 @@ class NixlReceiver(_Endpoint):
         self.limits = limits
         self.page_store = page_store
         self.expect_fingerprint = expect_fingerprint
-        self.session: int | None = None
         self._targets: dict[tuple[int, str], IntoArray | IntoPages | InPlace] = {}
         self._in: dict[tuple[int, str], _Incoming] = {}
-        # Landed blobs are decoded and their checksums verified on one thread (xxh3 lets go
-        # of the GIL), while this thread keeps the later transfers moving.
-        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl-decode")
         self._decoding: list[tuple[_Incoming, Future[Any]]] = []
         self._queued: list[_Incoming] = []  # offered, their transfers not yet posted
 
     def metadata(self) -> bytes:
-        """This agent's NIXL metadata for the peer's ``add_peer``: connection information
-        and the write region (with ``write_arena_bytes``), nothing else. READs need no
-        handle to this side's memory, so the peer gets none: a transfer it aims at the
-        landing region or an engine pool fails in its own NIXL ("not found")."""
-        self._published = True
+        """Connection information and the write region, nothing else: a transfer the peer
+        aims at the landing region or an engine pool fails in its own NIXL ("not found")."""
         descs = self._write_reg if self._write_reg is not None else _no_descriptors()
         return bytes(_call("get_partial_agent_metadata", self._agent.get_partial_agent_metadata,
                            descs, True, ["UCX"]))  # fmt: skip
 
     def send_known_pages(self, digests: Any) -> None:
-        """Tell the sender which pages this side's store holds (the known-pages record of
-        docs/integrity.md § 5.1, sent as one notification, before the sender publishes):
-        it then sends those pages as references, filled from ``page_store`` on decode."""
+        """Tell the sender which pages ``page_store`` holds (docs/integrity.md § 5.1), before
+        it publishes: it then sends those pages as references."""
         record = encode_known_pages(digests)
         _call("send_notif", self._agent.send_notif, self._peer_name(), record)
 
     def expect(self, layer: int, role: str, into: IntoArray | IntoPages | InPlace) -> None:
         """Land blob {layer, role} where ``into`` says, as ``decode(data, into=...)``
-        (docs/nixl.md § 4): ``IntoArray(pool)`` whole, ``IntoPages(pool, page_ids)``,
-        ``InPlace(pool_store, free_pages)`` (the delta protocol's end, docs/integrity.md § 5.3).
-
-        A pool is READ into the staging ring and copied after every check passed: a
-        refused blob leaves it untouched. ``one_pass=True`` (the pool in registered memory)
-        READs it straight there; a blob refused after its READ leaves the sent bytes."""
+        (docs/nixl.md § 4). A pool is READ into the staging ring and copied once every
+        check passed; ``one_pass=True`` READs it straight into (registered) engine memory,
+        so a blob refused after its READ leaves the sent bytes there."""
         key = _checked_key(layer, role)
         landing_target(into, (IntoArray, IntoPages, InPlace))  # decode's check, these kinds
         held = self._targets.get(key)
@@ -187,12 +167,8 @@ class NixlReceiver(_Endpoint):
             self.register(self._staging.buf)
 
     def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
-        """Yield ``count`` tensors in the order they land (each decoded and validated).
-
-        Raises TransportError naming the layer and role on a corrupted blob (its checksum),
-        a peer that lies (lengths, layer, role), an abort by the peer, a failed transfer,
-        or when ``deadline`` seconds pass before all ``count`` have come.
-        """
+        """Yield ``count`` tensors in the order they land (each decoded and validated);
+        TransportError naming the blob on any failure, or once ``deadline`` seconds pass."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ArgumentTypeError("count must be an int >= 0", found=repr(count))
         until = _deadline(deadline)
@@ -207,7 +183,7 @@ class NixlReceiver(_Endpoint):
             try:
                 moved = self._step()
             except TransportError as exc:
-                self._abort_peer(self.session or 0, str(exc), exc.layer, exc.role)
+                self._abort_peer(str(exc), exc.layer, exc.role)
                 raise
             for key in [k for k, item in self._in.items() if item.landed]:
                 item = self._in.pop(key)
@@ -218,8 +194,8 @@ class NixlReceiver(_Endpoint):
                 if item.write_at is not None and self._write is not None:
                     held = self._write.buf[item.write_at :]
                 if self.verify and pool_section(held)[3]:  # the header: sections checksummed
-                    future = self._decoder.submit(self._decode, item)
-                else:  # the last one, a few microseconds: no thread hand-off
+                    future = self._worker.submit(self._decode, item)
+                else:  # a few microseconds: no thread hand-off
                     future = Future()
                     try:
                         future.set_result(self._decode(item))
@@ -228,7 +204,7 @@ class NixlReceiver(_Endpoint):
                 self._decoding.append((item, future))
             if self._queued:  # one transfer per turn: the blobs that landed get decoded
                 item = self._queued.pop(0)
-                if self._guarded(item, self._start, item):  # an error aborts the peer
+                if self._guarded(item.offer, self._start, item):  # an error aborts the peer
                     moved = True
                 else:  # waiting for room in the write region or staging ring
                     self._queued.insert(0, item)
@@ -237,7 +213,7 @@ class NixlReceiver(_Endpoint):
                 for ring, at in ((self._write, item.write_at), (self._staging, item.staged_at)):
                     if ring is not None and at is not None:
                         ring.give(at)  # copied out: its room may be written again
-                tensor = self._guarded(item, future.result)
+                tensor = self._guarded(item.offer, future.result)
                 yielded += 1
                 idle = 0
                 yield tensor
@@ -246,22 +222,16 @@ class NixlReceiver(_Endpoint):
             if time.monotonic() > until and yielded < count:
                 pending = [k for k, item in self._in.items() if not item.landed]
                 layer, role = pending[0] if pending else (None, None)
-                self._abort_peer(self.session or 0, "receiver deadline passed", layer, role)
-                raise TransportError(
-                    f"deadline passed: {yielded} of {count} blobs received, "
-                    f"{len(pending)} in flight",
-                    layer=layer,
-                    role=role,
-                )
+                self._abort_peer("receiver deadline passed", layer, role)
+                message = f"deadline passed: {yielded} of {count} blobs received, "
+                raise TransportError(f"{message}{len(pending)} in flight", layer=layer, role=role)
             if not moved:
                 self._nap(idle)
 
     def _nap(self, idle: int) -> None:
-        """Wait between polls without taking the core the hashing needs (measured: a
-        spinning loop cost the sender's hasher and our decoder a third of the CPU).
-        READs of ours still moving: none (without a progress thread they move while we
-        poll). A decode in progress: until it ends, at most a nap. Else the peer's next
-        record: a nap, longer once nothing has happened for a while."""
+        """Wait between polls without taking the core the hashing needs (measured: spinning
+        cost the sender's hasher and our decoder a third of the CPU); our own READs move
+        only while we poll."""
         if any(item.xfers for item in self._in.values()):
             time.sleep(0)
         elif self._decoding:
@@ -269,25 +239,13 @@ class NixlReceiver(_Endpoint):
         else:
             time.sleep(PEER_READ_NAP if idle < 64 else 0.0002)
 
-    def _guarded(self, item: _Incoming, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn``; any error names the blob and is sent to the peer as an abort."""
-        layer, role = item.offer.layer, item.offer.role
-        try:
-            return fn(*args)
-        except HurrayWireError as exc:
-            self._abort_peer(self.session or 0, str(exc), layer, role)
-            raise _named(exc, layer, role) from _origin(exc)
-
     def _step(self) -> bool:
-        moved = False
-        for record in self._records():
-            moved = True
-            self._on_record(record)
+        moved = self._records()
         for item in self._in.values():
             if item.landed or item.offer.write or not item.started:
                 continue
             if item.xfers:  # finished READs let go at once: item.xfers is what still moves
-                states = [self._guarded(item, self._state, x) for x in item.xfers]
+                states = [self._guarded(item.offer, self._state, x) for x in item.xfers]
                 for x, state in zip(item.xfers, states, strict=True):
                     if state == "DONE":
                         x.release()
@@ -299,12 +257,6 @@ class NixlReceiver(_Endpoint):
         return moved
 
     def _on_record(self, r: TransferRecord) -> None:
-        if self.session is None and r.kind == "offer":
-            self.session = r.session
-        if r.session != self.session:
-            raise TransportError("record of another session", found=f"0x{r.session:016x}")
-        if r.kind == "abort":
-            raise TransportError(f"the sender aborted: {r.reason}", layer=r.layer, role=r.role)
         assert r.layer is not None and r.role is not None  # records.py: all but abort name both
         key = (r.layer, r.role)
         item = self._in.get(key)
@@ -353,45 +305,10 @@ class NixlReceiver(_Endpoint):
         # compressed pool is: checked first, then copied into the engine's memory.
         split = apart is not None and r.pool_length > 0 and not r.write
         own = r.total_length - r.pool_length if split else r.total_length
-        start = self._arena.take(own)
-        if start is None:
-            raise TransportError("blob does not fit the receiver's landing region",
-                                 layer=r.layer, role=r.role,
-                                 expected=f"<= {len(self._arena.buf)}",
-                                 found=own)  # fmt: skip
+        too_big = "blob does not fit the receiver's landing region"
+        start = self._arena.claim(own, too_big, r.layer, r.role, now=True)
+        assert start is not None
         return _Incoming(r, start, target, split)
-
-    def _segments(self, item: _Incoming) -> bool:
-        """Where each byte of an offered READ blob lands (our segments): the arena, and
-        for a split pool the staging ring (False: no room yet) or, with ``one_pass``, the
-        engine's memory."""
-        r = item.offer
-        base = int(self._arena.buf.ctypes.data) + item.landing
-        target = item.target
-        if target is None or isinstance(target, InPlace) or not item.split:
-            item.segments = (Segment(0, r.total_length, base),)
-            return True
-        end = r.pool_offset + r.pool_length
-        segments = [Segment(0, r.pool_offset, base)]
-        if not target.one_pass:
-            assert self._staging is not None  # made by expect()
-            at = _room(self._staging, r, r.pool_length, "page pool does not fit the "
-                       "receiver's staging region: NixlReceiver(staging_bytes=...), or "
-                       "expect(..., IntoArray(pool, one_pass=True))")  # fmt: skip
-            if at is None:
-                return False
-            item.staged_at = at
-            address = int(self._staging.buf.ctypes.data) + at
-            segments.append(Segment(r.pool_offset, r.pool_length, address))
-        else:  # one NIXL descriptor per run of consecutive engine pages
-            at = r.pool_offset
-            for lo, hi in target.spans():
-                segments.append(Segment(at, hi - lo, lo))
-                at += hi - lo
-        if end < r.total_length:
-            segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
-        item.segments = tuple(segments)
-        return True
 
     def _start(self, item: _Incoming) -> bool:
         """Post an offered blob's transfer (READ) or grant (WRITE); False: not yet (no room
@@ -399,8 +316,8 @@ class NixlReceiver(_Endpoint):
         r = item.offer
         if r.write:
             assert self._write is not None  # _land refused the offer otherwise
-            at = _room(self._write, r, r.total_length, "blob does not fit the receiver's "
-                       "write region")  # fmt: skip
+            too_big = "blob does not fit the receiver's write region"
+            at = self._write.claim(r.total_length, too_big, r.layer, r.role)
             if at is None:
                 return False
             item.write_at = at
@@ -411,8 +328,32 @@ class NixlReceiver(_Endpoint):
                                       segments=(Segment(0, r.total_length, address),)))  # fmt: skip
             item.started = True
             return True
-        if not self._segments(item):
-            return False  # no room in the staging ring until earlier pools are copied out
+        base = int(self._arena.buf.ctypes.data) + item.landing
+        target = item.target
+        item.segments = (Segment(0, r.total_length, base),)
+        if item.split:  # the pool apart: into the staging ring or (one_pass) engine memory
+            assert target is not None and not isinstance(target, InPlace)
+            end = r.pool_offset + r.pool_length
+            segments = [Segment(0, r.pool_offset, base)]
+            if not target.one_pass:
+                assert self._staging is not None  # made by expect()
+                at = self._staging.claim(r.pool_length, "page pool does not fit the "
+                                         "receiver's staging region: NixlReceiver("
+                                         "staging_bytes=...), or expect(..., IntoArray(pool, "
+                                         "one_pass=True))", r.layer, r.role)  # fmt: skip
+                if at is None:
+                    return False
+                item.staged_at = at
+                address = int(self._staging.buf.ctypes.data) + at
+                segments.append(Segment(r.pool_offset, r.pool_length, address))
+            else:  # one NIXL descriptor per run of consecutive engine pages
+                at = r.pool_offset
+                for lo, hi in target.spans():
+                    segments.append(Segment(at, hi - lo, lo))
+                    at += hi - lo
+            if end < r.total_length:
+                segments.append(Segment(end, r.total_length - end, base + r.pool_offset))
+            item.segments = tuple(segments)
         item.started = True
         # One READ: the whole blob when its header is final, else all but the header
         # segment, whose final bytes come in the ready record.
@@ -423,15 +364,13 @@ class NixlReceiver(_Endpoint):
         item.head_posted |= r.ready
         return True
 
-    def close(self) -> None:
-        self._decoder.shutdown(wait=True)
-        super().close()
-
     def _decode(self, item: _Incoming) -> Any:
-        """Validate the landed blob and return its tensor (zero-copy): the pipeline, with
-        the offer's layer and role and the engine array's type checked (``accept``) before
-        anything is copied into engine memory. (Bytes NIXL itself placed in an expected
-        engine array are there already: that array is the transfer's target.)"""
+        """The landed blob validated by the pipeline, with the offer's layer and role
+        checked (``accept``) before anything is copied into engine memory.
+
+        A pool that landed apart (staging, or one_pass engine memory) is decoded in a shadow
+        of the blob holding the rest, the pool's bytes taken where they landed (in blob page
+        order): every check of ``decode``, checksums and page digests included."""
         r = item.offer
         land = self._arena.buf[item.landing :]
         if item.write_at is not None and self._write is not None:
@@ -455,22 +394,11 @@ class NixlReceiver(_Endpoint):
         view = memoryview(land[: r.total_length].data)
         if target is None:
             return run(view, opts, accept=accept)[0]
-        if item.split:
-            return self._decode_split(item, land, opts, accept)
-        if not isinstance(target, InPlace) and target.one_pass:  # decoded here: not placed
-            target = dataclasses.replace(target, one_pass=False)
-        return target.land(view, opts, accept=accept)[0]
-
-    def _decode_split(self, item: _Incoming, land: _U8, opts: Decoder, accept: Accept) -> Any:
-        """Decode a blob whose page pool landed apart (staging, or the engine's memory
-        with one_pass) and the rest here.
-
-        The header and the small sections are copied into a shadow of the blob's size, and
-        the pipeline decodes it with the pool's bytes taken where they landed (in blob page
-        order: gathered from the engine's pages with ``page_ids``): every check of
-        ``decode``, checksums and page digests included.
-        """
-        r = item.offer
+        if not item.split:
+            if not isinstance(target, InPlace) and target.one_pass:  # decoded here: not placed
+                target = dataclasses.replace(target, one_pass=False)
+            return target.land(view, opts, accept=accept)[0]
+        assert isinstance(target, (IntoArray, IntoPages))
         end = r.pool_offset + r.pool_length
         # Not zeroed: its pool range is neither written nor read (np.zeros of 16 MiB cost
         # a 2.6 ms memset: glibc serves it from the heap once one has been freed).
@@ -478,20 +406,16 @@ class NixlReceiver(_Endpoint):
         shadow[: r.pool_offset] = land[: r.pool_offset]
         shadow[end:] = land[r.pool_offset : r.pool_offset + r.total_length - end]
         view = memoryview(shadow.data)
-        plan = plan_of(view, opts)
-        e = plan.buffers[0]
+        e = plan_of(view, opts).buffers[0]
         if (e.offset, e.stored_size, e.codec) != (r.pool_offset, r.pool_length, CODEC_RAW):
             raise TransportError("the offer's page pool range is not the blob's", layer=r.layer,
                                  role=r.role, expected=f"{e.offset}+{e.stored_size}",
                                  found=f"{r.pool_offset}+{r.pool_length}")  # fmt: skip
-        target = item.target
-        assert isinstance(target, (IntoArray, IntoPages))
         if item.staged_at is not None and self._staging is not None:
             landed = self._staging.buf[item.staged_at : item.staged_at + r.pool_length]
         else:  # one_pass: where NIXL placed it (in blob page order)
             landed = target.flat if isinstance(target, IntoArray) else target.gathered()
-        placed = target.one_pass
-        return target.land(view, opts, accept=accept, pool=landed, placed=placed)[0]
+        return target.land(view, opts, accept=accept, pool=landed, placed=target.one_pass)[0]
 
 
 def _checked_key(layer: object, role: object) -> tuple[int, str]:
@@ -503,13 +427,3 @@ def _checked_key(layer: object, role: object) -> tuple[int, str]:
                                 expected=sorted(ROLE_CODES))  # fmt: skip
     assert isinstance(role, str)
     return layer, role
-
-
-def _room(arena: _Arena, r: TransferRecord, size: int, too_big: str) -> int | None:
-    """Where ``size`` bytes of blob ``r`` go in ``arena``; None: not yet (earlier blobs
-    still hold it); a TransportError if they could never fit."""
-    at = arena.take(size)
-    if at is None and size > len(arena.buf):
-        raise TransportError(too_big, layer=r.layer, role=r.role,
-                             expected=f"<= {len(arena.buf)}", found=size)  # fmt: skip
-    return at

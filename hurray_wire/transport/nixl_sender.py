@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,7 @@ import numpy.typing as npt
 from hurray_wire.blob import encode_parts
 from hurray_wire.blob.encoder import encode_deferred, planned_into
 from hurray_wire.blob.envelope import pool_section as _pool_section
-from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
+from hurray_wire.errors import ArgumentTypeError, TransportError
 from hurray_wire.integrity import DeltaPlan, decode_known_pages
 from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.tensor import BlockPagedTensor
@@ -27,8 +27,6 @@ from hurray_wire.transport.nixl_endpoint import (
     _address,
     _deadline,
     _Endpoint,
-    _named,
-    _origin,
     _pieces,
 )
 from hurray_wire.transport.records import (
@@ -64,6 +62,11 @@ class _Outgoing:
     head: Any = None
     done: bool = False
 
+    def place(self, header: Any) -> None:
+        """The page pool's place, from the blob's header (0, 0: not raw, so not split)."""
+        offset, length, raw, _ = _pool_section(header)
+        self.pool_offset, self.pool_length = (offset, length) if raw else (0, 0)
+
 
 def _pages_in_place(
     parts: list[memoryview], source: BlockPagedTensor, old_ids: npt.NDArray[np.int64]
@@ -88,11 +91,10 @@ def _pages_in_place(
 
 
 class NixlSender(_Endpoint):
-    """The side that holds the KV cache: publishes blobs for the peer to READ, or WRITEs them.
+    """The side that holds the KV cache: publishes blobs for the peer to READ, or WRITEs
+    them; ``arena_bytes``: its registered region for headers, small parts and staged blobs."""
 
-    ``arena_bytes`` is a registered region of the sender's own for blob headers and small
-    index arrays (zero-copy) and for whole blobs (``mode="staged"``).
-    """
+    _peer_side = "receiver"
 
     def __init__(
         self,
@@ -104,8 +106,7 @@ class NixlSender(_Endpoint):
     ) -> None:
         super().__init__(name, ucx_error_handling_mode=ucx_error_handling_mode,
                          arena_bytes=arena_bytes, progress_thread=progress_thread)  # fmt: skip
-        self.session = secrets.randbits(64)
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="hurray-wire-nixl")
+        self.session: int = secrets.randbits(64)
         self._out: dict[tuple[int, str], _Outgoing] = {}
         self._known: npt.NDArray[np.uint64] | None = None
 
@@ -140,19 +141,14 @@ class NixlSender(_Endpoint):
     ) -> None:
         """Offer one blob to the peer and return at once (``wait`` drives it to the end).
 
-        ``op="READ"``: the peer pulls; ``"WRITE"``: this side pushes into memory the peer
-        grants. ``mode="zero-copy"``: the blob's large parts are the tensor's own arrays,
-        which must lie in registered memory; the small parts are copied into the arena and
-        the checksums are computed in a thread while the peer already moves the page pool.
-        Parts outside registered memory are copied into the arena too (a copy, but it works).
-        ``mode="staged"``: the blob is ``encode_into`` the arena (compression allowed).
-        ``deadline`` bounds the wait for arena space. The tensor's arrays must not change
-        until ``wait`` returns. ``page_digests`` / ``known_pages`` as for ``encode`` (a
-        delta blob: pages the receiver holds go as references; ``known_pages()`` gives what
-        it said it holds); both need ``mode="staged"``, and the blob is encoded here.
-        ``pages="referenced"`` (the default) sends only the pages the block table names
-        (``StreamWriter.write``'s rule): zero-copy, the peer READs them where they lie in the
-        engine's pool, one segment per run of adjacent pages; ``"all"`` sends the pool.
+        ``op="READ"``: the peer pulls; ``"WRITE"``: this side pushes into memory it grants.
+        ``mode="zero-copy"``: the large parts are the tensor's own (registered) arrays, the
+        small ones are copied into the arena, checksums computed in a thread while the peer
+        already moves the pool; ``"staged"``: the blob is encoded into the arena (compression,
+        ``page_digests`` and ``known_pages`` as for ``encode``). The tensor's arrays must not
+        change until ``wait`` returns; ``deadline`` bounds the wait for arena space.
+        ``pages="referenced"`` sends only the pages the block table names (one segment per
+        run of adjacent pages where they lie); ``"all"`` sends the pool.
         """
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
@@ -184,7 +180,7 @@ class NixlSender(_Endpoint):
             need, write = planned_into(tensor, compression, checksum, page_digests, known_pages)
             start = self._take(need, _deadline(deadline), layer, role)
             view = self._arena.buf[start : start + need]
-            future: Future[Any] = self._hasher.submit(write, view)
+            future: Future[Any] = self._worker.submit(write, view)
             self._out[key] = _Outgoing(
                 tensor, layer, role, op == "WRITE", start, future, True, need
             )
@@ -203,41 +199,31 @@ class NixlSender(_Endpoint):
             for k, p in enumerate(parts)
         ]
         need = sum(len(p) for p, c in zip(parts, copied, strict=True) if c)
-        start = self._take(need, _deadline(deadline), layer, role)
+        start = cursor = self._take(need, _deadline(deadline), layer, role)
         out = self._arena.buf
-        # zero-copy: small parts into the arena, large ones where they are.
-        base = int(out.ctypes.data)
         segments: list[Segment] = []
-        cursor = start
-        blob_offset = 0
         for part, copy in zip(parts, copied, strict=True):
             size = len(part)
-            if copy:
-                out[cursor : cursor + size] = np.frombuffer(part, np.uint8)
-                address = base + cursor
-                cursor += size
-            else:
-                address = _address(part)[0]
-            last = segments[-1] if segments else None
+            address = int(out.ctypes.data) + cursor if copy else _address(part)[0]
+            last = segments[-1] if segments else Segment(0, 0, 1)  # none yet: offset 0
             # Deferred checksums: the header is a segment of its own (the ready record
             # carries its final bytes; the peer READs the rest at once).
             alone = final is not None and len(segments) == 1
-            if last is not None and last.address + last.length == address and copy and not alone:
+            if copy:
+                out[cursor : cursor + size] = np.frombuffer(part, np.uint8)
+                cursor += size
+            if segments and last.address + last.length == address and copy and not alone:
                 segments[-1] = Segment(last.blob_offset, last.length + size, last.address)
             else:
-                segments.append(Segment(blob_offset, size, address))
-            blob_offset += size
-        if segments[0].length < len(parts[0]):
-            raise TransportError("internal: header segment shorter than the header")
-        pool_offset, pool_length, raw, _ = _pool_section(parts[0])
-
+                segments.append(Segment(last.blob_offset + last.length, size, address))
+        assert segments[0].length >= len(parts[0])  # the header is one segment's start
         if final is not None:
-            future = self._hasher.submit(final)
+            future = self._worker.submit(final)
         else:  # the header in the arena is final already: the offer says so
             future = Future()
             future.set_result(None)
         item = _Outgoing(tensor, layer, role, op == "WRITE", start, future, False, total)
-        item.pool_offset, item.pool_length = (pool_offset, pool_length) if raw else (0, 0)
+        item.place(parts[0])
         item.segments = tuple(segments)
         item.ready = not checksum
         self._out[key] = item
@@ -246,19 +232,14 @@ class NixlSender(_Endpoint):
 
     def _take(self, size: int, until: float, layer: int, role: str) -> int:
         """Arena space for one blob's copied bytes, waiting for earlier blobs to finish."""
-        while True:
-            start = self._arena.take(size)
-            if start is not None:
-                return start
-            if size > len(self._arena.buf):
-                raise TransportError("blob does not fit the sender's arena", layer=layer,
-                                     role=role, expected=f"<= {len(self._arena.buf)}",
-                                     found=size)  # fmt: skip
+        too_big = "blob does not fit the sender's arena"
+        while (start := self._arena.claim(size, too_big, layer, role)) is None:
             self._step()
             if time.monotonic() > until:
                 raise TransportError("deadline passed waiting for arena space", layer=layer,
                                      role=role)  # fmt: skip
             self._nap(64)
+        return start
 
     def _offer(self, item: _Outgoing) -> None:
         self._send(
@@ -271,29 +252,24 @@ class NixlSender(_Endpoint):
         item.offered = True
 
     def wait(self, *, deadline: float = DEFAULT_DEADLINE) -> None:
-        """Drive every published blob to the end: READ, until the peer says it has read it;
-        WRITE, until this side has written it. Raises TransportError on an abort, a failed
-        transfer or when ``deadline`` seconds pass."""
+        """Drive every published blob to the end (READ: the peer said it has read it; WRITE:
+        this side wrote it); TransportError on any failure, or once ``deadline`` passes."""
         until = _deadline(deadline)
         idle = 0
         while not all(o.done for o in self._out.values()):
-            if self._step():
-                idle = 0
-            else:
-                idle += 1
+            idle = 0 if self._step() else idle + 1
             if time.monotonic() > until:
                 pending = [k for k, o in self._out.items() if not o.done]
                 layer, role = pending[0]
-                self._abort_peer(self.session, "sender deadline passed", layer, role)
+                self._abort_peer("sender deadline passed", layer, role)
                 raise TransportError(f"deadline passed with {len(pending)} blobs not done",
                                      layer=layer, role=role)  # fmt: skip
             self._nap(idle)  # without a progress thread, we move the transfers
 
     def _nap(self, idle: int) -> None:
-        """Sleep between polls. Our own WRITEs move only while we poll (no progress
-        thread): no nap. A checksum being computed: wait for it. The peer's READs need only
-        our answers: a short nap, leaving the core to the hashing thread (measured: spinning
-        cost the hasher a third of a core). Otherwise back off."""
+        """Sleep between polls: not while our own WRITEs move (only while we poll), until a
+        header's checksums are in, else a short nap that leaves the core to the hashing
+        thread (measured: spinning cost the hasher a third of a core), then back off."""
         pause = 0.0002
         if any(o.body is not None or o.head is not None for o in self._out.values()):
             pause = 0.0
@@ -313,7 +289,7 @@ class NixlSender(_Endpoint):
 
     def abort(self, reason: str = "aborted by the sender") -> None:
         """End the transfer: the peer's receive() raises TransportError at once."""
-        self._abort_peer(self.session, reason, None, None)
+        self._abort_peer(reason, None, None)
         for item in self._out.values():
             if not item.done:
                 item.done = True
@@ -321,25 +297,14 @@ class NixlSender(_Endpoint):
 
     def _step(self) -> bool:
         """One round of progress; True if anything happened."""
-        moved = False
-        for record in self._records():
-            moved = True
-            self._on_record(record)
+        moved = self._records()
         for item in self._out.values():
             if item.done:
                 continue
-            try:
-                moved |= self._advance(item)
-            except HurrayWireError as exc:
-                self._abort_peer(self.session, str(exc), item.layer, item.role)
-                raise _named(exc, item.layer, item.role) from _origin(exc)
+            moved |= self._guarded(item, self._advance, item)
         return moved
 
     def _on_record(self, r: TransferRecord) -> None:
-        if r.session != self.session:
-            raise TransportError("record of another session", found=f"0x{r.session:016x}")
-        if r.kind == "abort":
-            raise TransportError(f"the receiver aborted: {r.reason}", layer=r.layer, role=r.role)
         item = self._out.get((r.layer, r.role)) if r.layer is not None and r.role else None
         if item is None or item.done:
             raise TransportError(f"{r.kind} record for a blob not in flight", layer=r.layer,
@@ -365,9 +330,7 @@ class NixlSender(_Endpoint):
                 self._arena.shrink(item.arena_start, int(result))
                 item.total = int(result)
                 address = int(self._arena.buf.ctypes.data) + item.arena_start
-                view = self._arena.buf[item.arena_start : item.arena_start + item.total]
-                offset, length, raw, _ = _pool_section(view)
-                item.pool_offset, item.pool_length = (offset, length) if raw else (0, 0)
+                item.place(self._arena.buf[item.arena_start : item.arena_start + item.total])
                 item.segments = (Segment(0, item.total, address),)
                 item.ready = True
                 self._offer(item)  # with the ready flag: the blob is complete
@@ -404,7 +367,3 @@ class NixlSender(_Endpoint):
             item.head, item.done, moved = None, True, True
             self._arena.give(item.arena_start)
         return moved
-
-    def close(self) -> None:
-        self._hasher.shutdown(wait=True)
-        super().close()

@@ -1,9 +1,7 @@
 """Transfer control records: validated model <-> bytes (structs in hurray_wire.wire.transfer).
 
-The records are the only thing one side of a NIXL transfer learns from the other besides the
-blob bytes themselves, so they are parsed like any other hostile input: exact length,
-magic, version, known kind and flags, zero reserved bytes, a checksum, and segments that
-tile the blob exactly. Nothing here imports NIXL; nothing here uses pickle.
+All one side of a NIXL transfer learns from the other besides the blob bytes, so they are
+parsed as hostile input (segments must tile the blob exactly). No NIXL, no pickle here.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from hurray_wire.buffers import byte_view
-from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError
+from hurray_wire.errors import ArgumentTypeError, InvalidTransferRecordError, instance
 from hurray_wire.wire import transfer as w
 from hurray_wire.wire.blob import BLOB_ALIGNMENT
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES
@@ -77,9 +75,17 @@ class TransferRecord:
 
 
 _KIND_CODES = {name: code for code, name in w.RECORD_KINDS.items()}
+_TYPES = (
+    ("write", bool, "a bool"),
+    ("ready", bool, "a bool"),
+    ("reason", str, "a str"),
+    ("header", bytes, "bytes"),
+)
 
 
-def _bad(message: str, field_name: str, found: Any, expected: Any = None, **kw: Any) -> NoReturn:
+def _bad(
+    message: str, field_name: str | None, found: Any, expected: Any = None, **kw: Any
+) -> NoReturn:
     extra = {} if expected is None else {"expected": expected}
     raise InvalidTransferRecordError(
         message, section="transfer record", field=field_name, found=found, **extra, **kw
@@ -106,13 +112,10 @@ def _check(r: TransferRecord) -> None:
         _bad("unknown kv_role", "kv_role", repr(r.role), sorted(ROLE_CODES))
     for name in ("total_length", "pool_offset", "pool_length"):
         _uint(getattr(r, name), name, 64)
-    for name in ("write", "ready"):
-        if not isinstance(getattr(r, name), bool):
-            raise ArgumentTypeError(
-                f"{name} must be a bool", field=name, found=repr(getattr(r, name))
-            )
-    if not isinstance(r.reason, str):
-        raise ArgumentTypeError("reason must be a str", field="reason", found=repr(r.reason))
+    for name, kind, what in _TYPES:
+        if not isinstance(value := getattr(r, name), kind):
+            shown = type(value).__name__ if kind is bytes else repr(value)
+            raise ArgumentTypeError(f"{name} must be {what}", field=name, found=shown)
     try:  # strict: what encode_record writes (a lone surrogate is no UTF-8)
         size = len(r.reason.encode("utf-8"))
     except UnicodeEncodeError as exc:
@@ -121,10 +124,6 @@ def _check(r: TransferRecord) -> None:
         _bad("reason too long", "tail_length", f"{size} bytes", f"<= {MAX_REASON_BYTES} bytes")
     if r.reason and r.kind != "abort":
         _bad("only an abort record has a reason", "tail_length", len(r.reason), 0)
-    if not isinstance(r.header, bytes):
-        raise ArgumentTypeError(
-            "header must be bytes", field="header", found=type(r.header).__name__
-        )
     if r.kind == "ready" and not _ALIGNMENT <= len(r.header) <= MAX_HEADER_BYTES:
         _bad("a ready record carries the blob header (version 2)", "tail_length",
              len(r.header), f"64..{MAX_HEADER_BYTES}")  # fmt: skip
@@ -172,10 +171,8 @@ def _check_layout(r: TransferRecord) -> None:
         if not isinstance(s, Segment):
             raise ArgumentTypeError("segments holds Segment objects", found=type(s).__name__)
         where = f"segment[{number}]"
-        _uint(s.blob_offset, f"{where}.blob_offset", 64)
-        _uint(s.length, f"{where}.length", 64)
-        _uint(s.address, f"{where}.address", 64)
-        _uint(s.device_id, f"{where}.device_id", 32)
+        for name, bits in (("blob_offset", 64), ("length", 64), ("address", 64), ("device_id", 32)):
+            _uint(getattr(s, name), f"{where}.{name}", bits)
         if s.blob_offset != cursor:
             _bad("segments must tile the blob in order", f"{where}.blob_offset", s.blob_offset,
                  cursor)  # fmt: skip
@@ -193,44 +190,35 @@ def _check_layout(r: TransferRecord) -> None:
 
 def encode_record(record: TransferRecord) -> bytes:
     """The record's bytes (it was checked when built)."""
-    if not isinstance(record, TransferRecord):
-        raise ArgumentTypeError("expected a TransferRecord", found=type(record).__name__)
+    instance(record, TransferRecord, "record")
     tail = record.header or record.reason.encode("utf-8")
     length = _TRANSFER.total_for(_SEGMENT * len(record.segments) + len(tail))
-    pieces = [
-        _RECORD.pack(
-            w.RECORD_VERSION,
-            0,
-            _KIND_CODES[record.kind],
-            (w.FLAG_WRITE if record.write else 0) | (w.FLAG_READY if record.ready else 0),
-            length,
-            record.session,
-            w.LAYER_NONE if record.layer is None else record.layer,
-            w.ROLE_NONE if record.role is None else ROLE_CODES[record.role],
-            record.total_length,
-            record.pool_offset,
-            record.pool_length,
-            len(record.segments),
-            len(tail),
-        )
-    ]
-    for s in record.segments:  # Const fields (magic, reserved bytes) fill themselves in
-        pieces.append(_SEG.pack(s.blob_offset, s.length, s.address, s.device_id))
-    pieces.append(tail)
-    return _TRANSFER.close(b"".join(pieces))
+    head = _RECORD.pack(
+        w.RECORD_VERSION,
+        0,
+        _KIND_CODES[record.kind],
+        (w.FLAG_WRITE if record.write else 0) | (w.FLAG_READY if record.ready else 0),
+        length,
+        record.session,
+        w.LAYER_NONE if record.layer is None else record.layer,
+        w.ROLE_NONE if record.role is None else ROLE_CODES[record.role],
+        record.total_length,
+        record.pool_offset,
+        record.pool_length,
+        len(record.segments),
+        len(tail),
+    )
+    # Const fields (magic, reserved bytes) fill themselves in.
+    segments = (_SEG.pack(s.blob_offset, s.length, s.address, s.device_id) for s in record.segments)
+    return _TRANSFER.close(b"".join((head, *segments, tail)))
 
 
 def decode_record(data: Any) -> TransferRecord:
     """Parse and validate one record that must fill ``data`` exactly."""
     raw = bytes(byte_view(data, "record"))
     if len(raw) < _TRANSFER.minimum:
-        raise InvalidTransferRecordError(
-            "record shorter than its fixed part and checksum",
-            section="transfer record",
-            offset=len(raw),
-            expected=_TRANSFER.minimum,
-            found=len(raw),
-        )
+        message = "record shorter than its fixed part and checksum"
+        _bad(message, None, len(raw), _TRANSFER.minimum, offset=len(raw))
     head = _RECORD.struct.unpack_from(raw)
     _TRANSFER.check_consts(head)
     (_, major, _, kind, flags, record_length, session, layer, role, _, total, pool_offset,
@@ -269,11 +257,9 @@ def decode_record(data: Any) -> TransferRecord:
         _SEG.struct.iter_unpack(raw[first:start])
     ):
         if any(reserved):
-            raise InvalidTransferRecordError(
-                "reserved bytes must be zero",
-                section="transfer record",
-                field=f"segment[{k}]._reserved",
-                offset=first + _SEGMENT * k + _SEGMENT_RESERVED_AT,
+            at = first + _SEGMENT * k + _SEGMENT_RESERVED_AT
+            _bad(
+                "reserved bytes must be zero", f"segment[{k}]._reserved", reserved.hex(), offset=at
             )
         segments.append(Segment(blob_offset, length, address, device_id))
     tail = raw[slice(*spans["tail"])]
