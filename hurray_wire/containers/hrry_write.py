@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 from hurray_wire.buffers import align
 from hurray_wire.containers.atomic import atomic_output
-from hurray_wire.containers.hrry_records import (
+from hurray_wire.containers.hrry import (
     COUNT,
     ENTRY_FIXED,
     HEADER,
