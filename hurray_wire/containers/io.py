@@ -50,7 +50,6 @@ __all__ = [
     "open_sink",
     "open_source",
     "read_input",
-    "will_need",
 ]
 
 _IOV_MAX = 1024  # pieces per sendmsg call
@@ -101,7 +100,6 @@ class Sink:
         self._owned = owned
 
     def write(self, parts: Sequence[memoryview]) -> int:
-        """Write all of ``parts`` in order; the bytes written."""
         self._send(parts)
         return sum(p.nbytes for p in parts)
 
@@ -109,16 +107,16 @@ class Sink:
         if self._flush is not None:
             self._flush()
 
-    def close(self, reason: BaseException | None = None) -> None:
-        """Finish the file this sink opened (a path: renamed into place; with a ``reason``,
-        dropped and the target left as it was); a caller's sink stays open."""
+    def close(self, abort: bool = False) -> None:
+        """Finish the file this sink opened (a path: renamed into place; with ``abort``,
+        removed and the target left as it was); a caller's sink stays open."""
         owned, self._owned = self._owned, None
         if owned is not None:
-            owned.__exit__(None if reason is None else type(reason), reason, None)
+            reason = _AbortedError("writer aborted") if abort else None
+            owned.__exit__(None if reason is None else _AbortedError, reason, None)
 
     def abort(self) -> None:
-        """Drop the file this sink opened (a path: the target is left as it was)."""
-        self.close(_AbortedError("writer aborted"))
+        self.close(abort=True)
 
 
 class _AbortedError(Exception):
@@ -223,44 +221,37 @@ def read_input(
     head_ok: Callable[[bytes], bool] | None = None,
     head_size: int = 16,
 ) -> Any:
-    """The bytes of an input path, or of a file descriptor (an ``int``, e.g. stdin's), or
-    of a binary file-like without one (read up to ``max_bytes``).
+    """The bytes of an input path, a file descriptor (stdin's) or a binary file-like.
 
-    A regular file is mapped (an ``mmap``, or ``b""`` when empty): its size is known and
-    mapping costs nothing. Anything else (a pipe, a FIFO, a character device, a terminal)
-    is read whole into ``bytes``, bounded: more than ``max_bytes``, or ``idle_timeout``
-    seconds without a byte (a FIFO nobody opened for writing included: it is opened
-    without blocking), is a ``FileAccessError`` naming the input. ``head_ok`` sees the
-    first ``head_size`` bytes: when it says no (``/dev/urandom`` is no hurray-wire input),
-    reading stops there and the head is returned, for the caller to refuse.
+    A regular file is mapped (its size is known). Anything else (a pipe, a FIFO, a device)
+    is read whole, bounded: more than ``max_bytes``, or ``idle_timeout`` seconds without a
+    byte, is a ``FileAccessError``; when ``head_ok`` refuses the first ``head_size`` bytes
+    (``/dev/urandom``), reading stops there and the caller refuses them.
     """
     if not isinstance(path, (int, str, os.PathLike)):  # a file-like without a descriptor
         data = path.read(max_bytes + 1)
         if len(data) > max_bytes:
             raise FileAccessError(f"-: more than {max_bytes} bytes; --max-input-bytes")
         return data
-    owned = not isinstance(path, int)
     if isinstance(path, int):
         name, fd = "-", path
     else:
         name = os.fspath(path)
-        with reading(name):
+        with reading(name):  # without blocking: a FIFO with no writer yet is polled below
             fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         info = os.fstat(fd)
         if stat.S_ISREG(info.st_mode):
-            if info.st_size == 0:
-                return b""
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info.st_size else b""
         if stat.S_ISDIR(info.st_mode):
             raise FileAccessError(f"{name}: cannot read (Is a directory)")
-        return _read_unbounded_kind(fd, name, max_bytes, idle_timeout, head_ok, head_size)
+        return _read_polled(fd, name, max_bytes, idle_timeout, head_ok, head_size)
     finally:
-        if owned:
+        if not isinstance(path, int):
             os.close(fd)
 
 
-def _read_unbounded_kind(
+def _read_polled(
     fd: int,
     name: str,
     max_bytes: int,
@@ -268,8 +259,8 @@ def _read_unbounded_kind(
     head_ok: Callable[[bytes], bool] | None,
     head_size: int,
 ) -> bytes:
-    """Read ``fd`` to its end, polling before every read (so a FIFO that no writer has
-    opened yet waits for one, within ``idle_timeout``, instead of reading as empty)."""
+    """Read ``fd`` to its end, polling before every read (a FIFO that no writer has opened
+    yet waits for one, within ``idle_timeout``, instead of reading as empty)."""
     blocking = os.get_blocking(fd)
     os.set_blocking(fd, False)
     poller = select.poll()
@@ -308,17 +299,6 @@ def _read_unbounded_kind(
             os.set_blocking(fd, blocking)
 
 
-def will_need(mapping: mmap.mmap | None, start: int, length: int) -> None:
-    """Ask the kernel to read a record's pages ahead: it is about to be checked in full."""
-    advice = getattr(mmap, "MADV_WILLNEED", None)
-    if mapping is None or advice is None or length <= 0:
-        return
-    page = mmap.PAGESIZE
-    first = start - start % page
-    with contextlib.suppress(OSError, ValueError):  # advice only
-        mapping.madvise(advice, first, min(length + start - first, len(mapping) - first))
-
-
 class MemorySource:
     """Reads are slices of one read-only view (bytes, a mapped file): nothing is copied.
 
@@ -335,40 +315,39 @@ class MemorySource:
         self._handle = handle
         self.offset = 0  # bytes consumed
 
-    def current_size(self) -> int:
-        """The mapped file's size now (the view's length without a descriptor)."""
+    def _available(self, stop: int) -> tuple[int, FileShrankError | None]:
+        """``stop``, or where a mapped file now ends if another process truncated it (with
+        the ``FileShrankError`` saying so)."""
+        now = len(self.view)
         if self._handle is not None:
             with contextlib.suppress(OSError, ValueError):
-                return int(os.fstat(self._handle.fileno()).st_size)
-        return len(self.view)
-
-    def shrunk(self, needed: int) -> FileShrankError | None:
-        """A ``FileShrankError`` if the file now ends before ``needed``, else None."""
-        now = self.current_size()
-        if now >= needed:
-            return None
-        return FileShrankError(
+                now = os.fstat(self._handle.fileno()).st_size
+        if now >= stop:
+            return stop, None
+        return max(self.offset, now), FileShrankError(
             f"the file shrank from {len(self.view)} to {now} bytes since it was mapped "
             "(truncated by another process?): its missing pages cannot be read"
         )
 
+    def will_need(self, start: int, length: int) -> None:
+        """Ask the kernel to read a record's pages ahead: it is about to be checked in full."""
+        advice, mapping = getattr(mmap, "MADV_WILLNEED", None), self.mapping
+        if mapping is None or advice is None or length <= 0:
+            return
+        first = start - start % mmap.PAGESIZE
+        with contextlib.suppress(OSError, ValueError):  # advice only
+            mapping.madvise(advice, first, min(length + start - first, len(mapping) - first))
+
     def require(self, needed: int, error: type[HurrayWireError], section: str) -> None:
         """The container's truncation ``error`` if the file no longer holds ``needed`` bytes."""
-        shrank = self.shrunk(needed)
+        now, shrank = self._available(needed)
         if shrank is not None:
             raise error(
                 f"the file no longer holds {section}: {shrank}",
                 section=section,
-                offset=self.current_size(),
+                offset=now,
                 expected=f"{needed} bytes",
             ) from shrank
-
-    def _available(self, stop: int) -> tuple[int, BaseException | None]:
-        """``stop``, or where a mapped file now ends if another process truncated it."""
-        shrank = self.shrunk(stop)
-        if shrank is None:
-            return stop, None
-        return max(self.offset, min(stop, self.current_size())), shrank
 
     def begin_record(self) -> None:
         """Nothing to time: the bytes are all here."""
@@ -385,7 +364,7 @@ class MemorySource:
         """The record whose ``prefix`` was just read, ``total`` bytes long: (view, got, None)."""
         start = self.offset - len(prefix)
         stop, cause = self._available(min(start + total, len(self.view)))
-        will_need(self.mapping, start, stop - start)
+        self.will_need(start, stop - start)
         self.offset = stop
         return self.view[start:stop], stop - start, cause
 
@@ -420,17 +399,15 @@ def check_record_deadline(value: object) -> float | None:
     """``record_deadline``: None (no deadline) or a positive number of seconds."""
     if value is None:
         return None
-    seconds = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         with contextlib.suppress(OverflowError):  # an int beyond float: refused below
-            seconds = float(value)
-    if seconds is None or not 0 < seconds < _MAX_DEADLINE:  # NaN fails too
-        raise ArgumentTypeError(
-            "record_deadline must be a positive, finite number of seconds (< 1e9) or None",
-            field="record_deadline",
-            found=repr(value),
-        )
-    return seconds
+            if 0 < float(value) < _MAX_DEADLINE:  # NaN fails too
+                return float(value)
+    raise ArgumentTypeError(
+        "record_deadline must be a positive, finite number of seconds (< 1e9) or None",
+        field="record_deadline",
+        found=repr(value),
+    )
 
 
 class RecordDeadlineError(TimeoutError):

@@ -14,7 +14,7 @@ from hurray_wire.blob.decoder import decode_options, landing_target, run
 from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
 from hurray_wire.containers.blob_stream import RecordReader
-from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory, will_need
+from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -234,7 +234,7 @@ class StreamFile(ClosesOnExit):
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
         self._source.require(entry.offset + entry.length, StreamTruncatedError, what)
-        will_need(self._source.mapping, entry.offset, entry.length)
+        self._source.will_need(entry.offset, entry.length)
         view = self._view[entry.offset : entry.offset + entry.length]
 
         def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
