@@ -25,6 +25,7 @@ from hurray_wire.errors import (
     LimitExceededError,
     StreamBlobTruncatedError,
     StreamTruncatedError,
+    instance,
 )
 from hurray_wire.integrity import (
     FINGERPRINT_METADATA_KEY,
@@ -105,6 +106,7 @@ class StreamHeader:
     fingerprint: EngineFingerprint | None = None
 
     def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise the checked fields once, here
         if not isinstance(self.model, str):
             raise ArgumentTypeError("model must be a str", field="model", found=repr(self.model))
         try:
@@ -139,21 +141,17 @@ class StreamHeader:
                 raise InvalidStreamError(
                     "unknown kv_role", field="kv_roles", found=repr(role), expected=KV_ROLE_NAMES
                 )
-        object.__setattr__(self, "kv_roles", tuple(r for r in KV_ROLE_NAMES if r in roles))
+        set_(self, "kv_roles", tuple(r for r in KV_ROLE_NAMES if r in roles))
         if self.element_type is not None:
-            object.__setattr__(self, "element_type", element_type_of(self.element_type))
+            set_(self, "element_type", element_type_of(self.element_type))
         if not isinstance(self.metadata, Mapping):
             raise ArgumentTypeError(
                 "metadata must be a mapping", field="metadata", found=type(self.metadata).__name__
             )
         meta = dict(self.metadata)
         fp = self.fingerprint
-        if fp is not None and not isinstance(fp, EngineFingerprint):
-            raise ArgumentTypeError(
-                "fingerprint must be an EngineFingerprint or None",
-                field="fingerprint",
-                found=type(fp).__name__,
-            )
+        if fp is not None:
+            instance(fp, EngineFingerprint, "fingerprint")
         if FINGERPRINT_METADATA_KEY in meta:
             carried = fingerprint_from_metadata(meta)  # validates the record
             del meta[FINGERPRINT_METADATA_KEY]
@@ -162,9 +160,9 @@ class StreamHeader:
                     "fingerprint disagrees with metadata[hurray.engine_fingerprint]",
                     field="fingerprint",
                 )
-            object.__setattr__(self, "fingerprint", carried)
-        object.__setattr__(self, "metadata", MappingProxyType(meta))
-        object.__setattr__(self, "end_record", bool(self.end_record))
+            set_(self, "fingerprint", carried)
+        set_(self, "metadata", MappingProxyType(meta))
+        set_(self, "end_record", bool(self.end_record))
 
 
 @dataclass(frozen=True)
@@ -506,31 +504,20 @@ def check_blob(
         check_compatible(expect, own)
     if header is None:
         return
-    layer = tensor.layer_index
-    if header.num_layers is not None and (layer is None or layer >= header.num_layers):
-        raise InvalidStreamError(
-            "blob layer_index outside the stream header's num_layers",
-            section=at,
-            field="layer_index",
-            expected=f"< {header.num_layers}",
-            found=layer,
-        )
-    if header.kv_roles and tensor.kv_role not in header.kv_roles:
-        raise InvalidStreamError(
-            "blob kv_role not among the stream header's kv_roles",
-            section=at,
-            field="kv_role",
-            expected=header.kv_roles,
-            found=tensor.kv_role,
-        )
-    if header.element_type is not None and tensor.element_type != header.element_type:
-        raise InvalidStreamError(
-            "blob element type differs from the stream header's",
-            section=at,
-            field="element_type",
-            expected=header.element_type.name,
-            found=tensor.element_type.name,
-        )
+    layer, layers, element = tensor.layer_index, header.num_layers, header.element_type
+    for name, bad, message, expected, found in (
+        ("layer_index", layers is not None and (layer is None or layer >= layers),
+         "blob layer_index outside the stream header's num_layers", f"< {layers}", layer),
+        ("kv_role", header.kv_roles and tensor.kv_role not in header.kv_roles,
+         "blob kv_role not among the stream header's kv_roles", header.kv_roles, tensor.kv_role),
+        ("element_type", element not in (None, tensor.element_type),
+         "blob element type differs from the stream header's", element and element.name,
+         tensor.element_type.name),
+    ):  # fmt: skip
+        if bad:
+            raise InvalidStreamError(
+                message, section=at, field=name, expected=expected, found=found
+            )
 
 
 def empty_input_error() -> StreamTruncatedError:
