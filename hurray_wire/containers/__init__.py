@@ -24,12 +24,13 @@ from hurray_wire.containers.records import (
     encode_end_record,
     encode_stream_header,
 )
-from hurray_wire.containers.reference_common import (
+from hurray_wire.containers.reference_stream import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
     METADATA_KEY_PREFIX,
     SEQ_LENS_KEY_PREFIX,
+    read_stream,
+    write_stream,
 )
-from hurray_wire.containers.reference_stream import read_stream, write_stream
 from hurray_wire.containers.sniff import Format, identify
 from hurray_wire.containers.stream_file import StreamFile
 

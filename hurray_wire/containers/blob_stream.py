@@ -25,6 +25,7 @@ from hurray_wire.containers.io import (
     DEFAULT_RECORD_DEADLINE,
     ClosesOnExit,
     Source,
+    check_limit,
     open_sink,
     open_source,
 )
@@ -45,7 +46,6 @@ from hurray_wire.containers.records import (
     locate,
     record_kind,
 )
-from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.errors import (
     ArgumentTypeError,
     HurrayWireError,

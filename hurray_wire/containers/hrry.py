@@ -18,14 +18,13 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.buffers import align, byte_view
-from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory
-from hurray_wire.containers.reference_common import (
+from hurray_wire.containers.io import ClosesOnExit, MemorySource, check_limit, open_memory
+from hurray_wire.containers.reference_stream import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
     METADATA_KEY_PREFIX,
     MIN_DESCRIPTOR_LENGTH,
     RESERVED_PREFIXES,
     SEQ_LENS_KEY_PREFIX,
-    check_limit,
     container_error,
 )
 from hurray_wire.crc32c import crc32c

@@ -15,7 +15,7 @@ from hurray_wire.containers.hrry import (
     TRAILER,
     check_alignment,
 )
-from hurray_wire.containers.reference_common import (
+from hurray_wire.containers.reference_stream import (
     METADATA_KEY_PREFIX,
     RESERVED_PREFIXES,
     SEQ_LENS_KEY_PREFIX,

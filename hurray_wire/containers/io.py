@@ -45,6 +45,7 @@ __all__ = [
     "RecordDeadlineError",
     "Sink",
     "Source",
+    "check_limit",
     "check_record_deadline",
     "open_memory",
     "open_sink",
@@ -408,6 +409,12 @@ def check_record_deadline(value: object) -> float | None:
         field="record_deadline",
         found=repr(value),
     )
+
+
+def check_limit(name: str, value: object, minimum: int) -> None:
+    """A reader limit argument: an int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ArgumentTypeError(f"{name} must be an int >= {minimum}", found=repr(value))
 
 
 class RecordDeadlineError(TimeoutError):

@@ -14,7 +14,7 @@ from hurray_wire.blob.decoder import decode_options, landing_target, run
 from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
 from hurray_wire.containers.blob_stream import RecordReader
-from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory
+from hurray_wire.containers.io import ClosesOnExit, MemorySource, check_limit, open_memory
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,
     END_RECORD_MIN,
@@ -28,7 +28,6 @@ from hurray_wire.containers.records import (
     entries_of,
     locate,
 )
-from hurray_wire.containers.reference_common import check_limit
 from hurray_wire.containers.sniff import identify
 from hurray_wire.errors import (
     ArgumentTypeError,
