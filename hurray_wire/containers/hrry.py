@@ -255,9 +255,49 @@ def parse_index(buf: Any, header: FileHeader, trailer: FileTrailer) -> tuple[Ind
     raw_names: list[bytes] = []
     seen: set[bytes] = set()
     for number in range(count):
-        entry, raw, pos = _index_entry(buf, pos, end, f"entries[{number}]", seen)
-        entries.append(entry)
+        where = f"entries[{number}]"
+        if pos + NAME_LENGTH.size > end:
+            raise _index_short(where, pos, end)
+        name_length = NAME_LENGTH.struct.unpack_from(buf, pos)[0]
+        if name_length == 0:
+            raise InvalidContainerError(
+                "empty tensor name", section="index", field=f"{where}.name_length", offset=pos
+            )
+        at_name = pos + NAME_LENGTH.size
+        fixed = at_name + name_length
+        if fixed + ENTRY_FIXED.size > end:
+            raise _index_short(where, pos, end)
+        raw = bytes(buf[at_name:fixed])
+        try:
+            name = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidContainerError(
+                "tensor name is not valid UTF-8",
+                section="index",
+                field=f"{where}.name",
+                offset=at_name + exc.start,
+            ) from None
+        if raw in seen:
+            raise InvalidContainerError(
+                "duplicate tensor name",
+                section="index",
+                field=f"{where}.name",
+                offset=at_name,
+                found=repr(name),
+            )
+        seen.add(raw)
         raw_names.append(raw)
+        d_off, d_len, data_off, data_len, flags = ENTRY_FIXED.struct.unpack_from(buf, fixed)
+        if flags:
+            raise InvalidContainerError(
+                "index entry flags must be 0",
+                section="index",
+                field=f"{where}.flags",
+                offset=fixed + ENTRY_FIXED.offsets["flags"],
+                found=flags,
+            )
+        entries.append(IndexEntry(name, d_off, d_len, data_off, data_len))
+        pos = fixed + ENTRY_FIXED.size
     if pos != end:
         raise InvalidContainerError(
             "bytes left over after the last index entry",
@@ -273,53 +313,6 @@ def parse_index(buf: Any, header: FileHeader, trailer: FileTrailer) -> tuple[Ind
             offset=start,
         )
     return tuple(entries)
-
-
-def _index_entry(
-    buf: Any, pos: int, end: int, where: str, seen: set[bytes]
-) -> tuple[IndexEntry, bytes, int]:
-    """One entry at ``pos``: (the entry, its raw name, where the next one starts)."""
-    if pos + NAME_LENGTH.size > end:
-        raise _index_short(where, pos, end)
-    name_length = NAME_LENGTH.struct.unpack_from(buf, pos)[0]
-    if name_length == 0:
-        raise InvalidContainerError(
-            "empty tensor name", section="index", field=f"{where}.name_length", offset=pos
-        )
-    at_name = pos + NAME_LENGTH.size
-    fixed = at_name + name_length
-    if fixed + ENTRY_FIXED.size > end:
-        raise _index_short(where, pos, end)
-    raw = bytes(buf[at_name:fixed])
-    try:
-        name = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidContainerError(
-            "tensor name is not valid UTF-8",
-            section="index",
-            field=f"{where}.name",
-            offset=at_name + exc.start,
-        ) from None
-    if raw in seen:
-        raise InvalidContainerError(
-            "duplicate tensor name",
-            section="index",
-            field=f"{where}.name",
-            offset=at_name,
-            found=repr(name),
-        )
-    seen.add(raw)
-    d_off, d_len, data_off, data_len, flags = ENTRY_FIXED.struct.unpack_from(buf, fixed)
-    if flags:
-        raise InvalidContainerError(
-            "index entry flags must be 0",
-            section="index",
-            field=f"{where}.flags",
-            offset=fixed + ENTRY_FIXED.offsets["flags"],
-            found=flags,
-        )
-    entry = IndexEntry(name, d_off, d_len, data_off, data_len)
-    return entry, raw, fixed + ENTRY_FIXED.size
 
 
 def _index_short(where: str, pos: int, end: int) -> InvalidContainerError:
