@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator
-from types import TracebackType
 from typing import Any
 
 from hurray_wire.blob import (
@@ -77,17 +76,15 @@ _DEFAULT_HEADER = StreamHeader()  # frozen: one shared default is safe
 
 
 # -- writer ----------------------------------------------------------------------------------
-class StreamWriter:
+class StreamWriter(ClosesOnExit):
     """Write blobs one at a time to a socket, a binary file-like object or a file path.
 
     The stream header (unless ``header=None``) goes out at construction, so the reader can
-    preallocate while the first layer is still being computed. ``write`` sends each blob
-    from ``encode_parts`` (views of the tensor's own arrays, ``sendmsg`` on sockets) and
-    flushes. ``close`` ends the stream with the end record (with the index unless
-    ``index=False``); leaving a ``with`` block by an exception does not, so the reader sees
-    a cut stream rather than a complete one. A sink passed in is flushed but not closed;
-    a path is written atomically (``containers.atomic``): the file appears at ``close``,
-    and after ``abort`` or a failed write the path is left as it was.
+    preallocate while the first layer is still being computed; each blob goes out as views
+    of the tensor's own arrays (``sendmsg`` on sockets). ``close`` writes the end record
+    (with the index unless ``index=False``); leaving a ``with`` block by an exception does
+    not, so the reader sees a cut stream. A sink passed in is flushed, never closed; a path
+    is written atomically: it appears at ``close`` and is left as it was otherwise.
     """
 
     def __init__(
@@ -97,10 +94,10 @@ class StreamWriter:
         if header is not None and not isinstance(header, StreamHeader):
             self._sink.abort()
             raise ArgumentTypeError("header must be a StreamHeader or None", found=repr(header))
-        self._header = header
+        self.header = header
         self._entries: list[StreamEntry] | None = [] if index else None
-        self._count = 0
-        self._position = 0
+        self.blob_count = 0
+        self.position = 0  # bytes written so far: the stream offset of the next record
         self._closed = False
         self._failed = False
         if header is not None:
@@ -111,23 +108,6 @@ class StreamWriter:
                 self._sink.abort()
                 raise
 
-    @property
-    def header(self) -> StreamHeader | None:
-        return self._header
-
-    @property
-    def position(self) -> int:
-        """Bytes written so far: the stream offset of the next record."""
-        return self._position
-
-    @property
-    def blob_count(self) -> int:
-        return self._count
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def _emit(self, parts: list[memoryview]) -> None:
         try:
             written = self._sink.write(parts)
@@ -135,7 +115,7 @@ class StreamWriter:
         except BaseException:
             self._failed = True  # part of a record may have gone out: the stream is cut here
             raise
-        self._position += written
+        self.position += written
 
     def write(
         self,
@@ -149,13 +129,10 @@ class StreamWriter:
     ) -> int:
         """Append one blob (options as for ``encode``); returns its length in bytes.
 
-        ``pages="referenced"`` (the default) sends only the pages the block table names, so
-        a request's tensor over an engine's whole pool sends the request's pages (renumbered
-        in first-reference order, ``compact``); ``"all"`` sends the whole pool as it is. A
-        pool whose every page is referenced goes as it is either way (no copy).
-        ``known_pages``: the sorted digests the receiver holds (``decode_known_pages`` of
-        the known-pages record it sent first, docs/integrity.md § 5): those pages travel
-        as references, and the reader needs the receiver's ``page_store``."""
+        ``pages="referenced"`` sends only the pages the block table names (``compact``), so
+        a request's tensor over an engine's whole pool sends the request's pages; ``"all"``
+        the pool as it is. ``known_pages``: the digests the receiver holds (docs/integrity.md
+        § 5): those pages travel as references."""
         if self._closed or self._failed:
             raise InvalidStreamError(
                 "write to a closed StreamWriter"
@@ -164,7 +141,7 @@ class StreamWriter:
             )
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
-        check_blob(None, self._header, tensor, f"blob {self._count}")
+        check_blob(None, self.header, tensor, f"blob {self.blob_count}")
         if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
             tensor, _ = referenced_pages(tensor, pages)
         parts = encode_parts(
@@ -174,12 +151,12 @@ class StreamWriter:
             page_digests=page_digests,
             known_pages=known_pages,
         )
-        offset = self._position
+        offset = self.position
         self._emit(parts)
-        length = self._position - offset
+        length = self.position - offset
         if self._entries is not None:
             self._entries.append(StreamEntry(offset, length, tensor.layer_index, tensor.kv_role))
-        self._count += 1
+        self.blob_count += 1
         return length
 
     def close(self) -> None:
@@ -188,8 +165,8 @@ class StreamWriter:
             return
         self._closed = True
         try:
-            if not self._failed and (self._header is None or self._header.end_record):
-                self._emit([memoryview(encode_end_record(self._entries, self._count))])
+            if not self._failed and (self.header is None or self.header.end_record):
+                self._emit([memoryview(encode_end_record(self._entries, self.blob_count))])
         except BaseException:
             self._sink.abort()
             raise
@@ -206,7 +183,7 @@ class StreamWriter:
 
     def __del__(self) -> None:
         """A writer dropped unclosed wrote no end record (a path: no file at all): say so."""
-        if getattr(self, "_closed", True):
+        if vars(self).get("_closed", True):  # not set: the constructor refused
             return
         warnings.warn("StreamWriter was never closed: no end record was written, and a path "
                       "was left as it was (call close() or use `with`)", ResourceWarning,
@@ -214,16 +191,8 @@ class StreamWriter:
         with contextlib.suppress(Exception):
             self.abort()
 
-    def __enter__(self) -> StreamWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
+    def __exit__(self, *exc_info: object) -> None:
+        if exc_info[0] is None:
             self.close()
         else:
             self.abort()
