@@ -76,12 +76,10 @@ class StreamFile(ClosesOnExit):
     """Random access to a stream in a file (mapped with ``mmap``) or a bytes-like object.
 
     Opening reads the stream header and the index (the end record's, else the walk of blob
-    prefixes), never page data; a tensor is decoded and verified only when asked for, as a
-    read-only view of the mapping. A damaged tail does not hide the blobs before it
-    (``entries``; ``error`` says what stopped the walk). A mapped file is ``os.fstat``-checked
-    before each ``read`` (truncated: ``StreamTruncatedError``, not SIGBUS; docs/security.md);
-    ``mmap=False`` reads it into memory. ``page_store`` / ``expect_fingerprint``: as
-    ``StreamReader``'s.
+    prefixes), never page data: a tensor is decoded and verified only when asked for. A
+    damaged tail does not hide the blobs before it (``error`` says what stopped the walk).
+    A mapped file is ``os.fstat``-checked before each ``read`` (a truncated one raises
+    ``StreamTruncatedError``, not SIGBUS); ``mmap=False`` reads it into memory.
     """
 
     def __init__(
@@ -108,25 +106,22 @@ class StreamFile(ClosesOnExit):
         records = RecordReader(MemorySource(self._view[:]), self._max, self._limits)
         try:
             _check_is_stream(self._view)
-            self._header = records.read_header()
-            check_header_fingerprint(self._expect, self._header)
+            self.header: StreamHeader | None = records.read_header()
+            check_header_fingerprint(self._expect, self.header)
         except BaseException:
             self.close()
             raise
-        self._error: HurrayWireError | None = None
+        self.error: HurrayWireError | None = None  # why the walk stopped short, if it did
         # The end record's index stays a checked structured array until entries are asked
         # for: opening a stream of a million blobs builds no object per blob, and tensor()
         # finds its blob in the array.
         self._rows = self._index_from_end(records.position)
-        self._complete = self._rows is not None
+        #: True if the stream ends with a valid end record that agrees with its blobs.
+        self.complete = self._rows is not None
         self._entries: tuple[StreamEntry, ...] | None = None
         if self._rows is None:
             self._entries = self._walk(records)
         self._keyed: dict[tuple[int | None, str], StreamEntry] | None = None
-
-    @property
-    def header(self) -> StreamHeader | None:
-        return self._header
 
     @property
     def entries(self) -> tuple[StreamEntry, ...]:
@@ -141,16 +136,6 @@ class StreamFile(ClosesOnExit):
         if self._keyed is None:
             self._keyed = {(e.layer_index, e.kv_role): e for e in self.entries}
         return self._keyed
-
-    @property
-    def complete(self) -> bool:
-        """True if the stream ends with a valid end record that agrees with its blobs."""
-        return self._complete
-
-    @property
-    def error(self) -> HurrayWireError | None:
-        """Why the walk stopped before the end of the stream, if it did."""
-        return self._error
 
     @property
     def buffer(self) -> memoryview:
@@ -168,8 +153,8 @@ class StreamFile(ClosesOnExit):
     def __iter__(self) -> Iterator[BlockPagedTensor]:
         for entry in self.entries:
             yield self.read(entry)
-        if self._error is not None:
-            raise self._error
+        if self.error is not None:
+            raise self.error
 
     def keys(self) -> Iterable[tuple[int | None, str]]:
         """The ``(layer_index, kv_role)`` pairs present."""
@@ -182,11 +167,8 @@ class StreamFile(ClosesOnExit):
         *,
         into: object = None,
     ) -> BlockPagedTensor:
-        """The blob for ``{kv_role, layer_index}``, decoded now (and only it); ``into``:
-        where its pool lands (as ``decode(into=)``: ``IntoArray(engine_array)``,
-        ``IntoPages``).
-        ``kv_role`` may be left out only when the stream holds one role for that layer (a
-        key and a value are never guessed between)."""
+        """The blob for ``{kv_role, layer_index}``, decoded now, landing ``into`` as
+        :meth:`read`'s; ``kv_role`` may be left out only when the layer has one role."""
         if layer_index is not None and (
             isinstance(layer_index, bool) or not isinstance(layer_index, int)
         ):
@@ -203,8 +185,8 @@ class StreamFile(ClosesOnExit):
             raise ArgumentTypeError("kv_role must be a str", field="kv_role", found=repr(kv_role))
         entry = self._find(layer_index, kv_role)
         if entry is None:
-            if self._error is not None:  # it may be in the part that could not be read
-                raise self._error
+            if self.error is not None:  # it may be in the part that could not be read
+                raise self.error
             raise MissingTensorError(
                 "no blob for this layer and role in the stream",
                 section="stream",
@@ -227,9 +209,8 @@ class StreamFile(ClosesOnExit):
         return entries_of(rows[hits[-1:]])[0]
 
     def read(self, entry: StreamEntry, *, into: object = None) -> BlockPagedTensor:
-        """Decode the blob at ``entry`` and check it is what the index says. ``into``: where
-        its pool lands, as :func:`decode` lands it (untouched on a refusal unless
-        ``IntoArray(..., one_pass=True)``)."""
+        """Decode the blob at ``entry`` and check it is what the index says; ``into``: where
+        its pool lands, as :func:`decode` lands it."""
         what = f"blob at stream offset {entry.offset}"
         self._check_open()
         self._source.require(entry.offset + entry.length, StreamTruncatedError, what)
@@ -237,7 +218,7 @@ class StreamFile(ClosesOnExit):
         view = self._view[entry.offset : entry.offset + entry.length]
 
         def accept(tensor: BlockPagedTensor) -> None:  # before anything lands
-            check_blob(self._expect, self._header, tensor, what)
+            check_blob(self._expect, self.header, tensor, what)
             if (tensor.layer_index, tensor.kv_role) != (entry.layer_index, entry.kv_role):
                 raise InvalidStreamError(
                     "blob descriptor disagrees with the index",
@@ -291,11 +272,8 @@ class StreamFile(ClosesOnExit):
         return kept
 
     def _walk(self, records: RecordReader) -> tuple[StreamEntry, ...]:
-        """Frame every record from its prefix; read only blob headers and descriptors.
-
-        Stops at the end record or at the first record that cannot be framed, keeping the
-        blobs before it and the reason in ``error``.
-        """
+        """Frame every record from its prefix (reading only blob headers and descriptors) up
+        to the end record or the first that cannot be framed, its reason kept in ``error``."""
         try:
             while (framed := records.next_blob()) is not None:
                 record, total, _ = framed
@@ -310,8 +288,8 @@ class StreamFile(ClosesOnExit):
                     "bytes after the end record", section="stream", offset=records.position
                 )
         except HurrayWireError as exc:
-            self._error = exc
-        self._complete = records.complete and self._error is None
+            self.error = exc
+        self.complete = records.complete and self.error is None
         return tuple(records.seen)
 
     def close(self) -> None:
