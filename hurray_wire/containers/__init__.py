@@ -1,8 +1,5 @@
-"""Containers that carry blobs and descriptors: blob streams, reference streams, ``.hrry`` files.
-
-The modules and what each owns: docs/architecture.md. This package re-exports their public
-names.
-"""
+"""Containers that carry blobs and descriptors: blob streams, reference streams, ``.hrry`` files
+(the modules and what each owns: docs/architecture.md)."""
 
 from hurray_wire.containers.blob_stream import StreamReader, StreamWriter
 from hurray_wire.containers.hrry import (

@@ -1,5 +1,5 @@
 """StreamWriter / StreamReader: many blobs over one byte stream, written and read in order
-(docs/streaming.md); ``RecordReader``, the framing both stream readers share."""
+(docs/streaming.md)."""
 
 from __future__ import annotations
 
@@ -199,9 +199,8 @@ class StreamWriter(ClosesOnExit):
 
 
 class RecordReader:
-    """The records of a blob stream, framed from a source in order: the stream header, each
-    blob's bytes, the end record (checked against the blobs met). The one framing both
-    ``StreamReader`` and ``StreamFile`` (walking a stream without an index) use."""
+    """The records of a blob stream framed in order (header, blobs, the end record checked
+    against the blobs met): the one framing of ``StreamReader`` and ``StreamFile``."""
 
     def __init__(self, source: Source, max_blob_bytes: int, limits: DecodeLimits) -> None:
         self.source = source
@@ -304,16 +303,11 @@ class RecordReader:
 class StreamReader(ClosesOnExit):
     """Iterate the tensors of a stream as each blob arrives (docs/streaming.md).
 
-    ``source``: a socket or binary file-like (read record by record, each blob into a buffer
-    of its own, nothing past the end record consumed), a path (mapped, ``os.fstat``-checked
-    before each record so a truncated file is a ``StreamTruncatedError``, not SIGBUS; read
-    record by record with ``mmap=False``) or a bytes-like object (read-only views). A cut, a
-    corrupt blob or a record over ``max_blob_bytes`` raises, and raises again after.
-    ``page_store``, ``report=True`` (``page_report``), ``into`` (each blob's pool lands
-    where the callback says, as ``decode(into=)``: ``InPlace`` into the engine pool;
-    nothing written before every check) and ``expect_fingerprint`` are docs/integrity.md's;
-    ``record_deadline`` (seconds, None for none) bounds each record read from a socket or
-    file-like (``RecordDeadlineError``).
+    ``source``: a socket or binary file-like (read record by record, nothing past the end
+    record consumed), a path (mapped and ``os.fstat``-checked, or read with ``mmap=False``)
+    or a bytes-like object. A cut, a corrupt blob or a record over ``max_blob_bytes`` raises,
+    and raises again after. ``into``: where each blob's pool lands, as ``decode(into=)``;
+    ``page_store``, ``report`` and ``expect_fingerprint``: docs/integrity.md.
     """
 
     def __init__(

@@ -1,10 +1,5 @@
-"""``.hrry`` files (containers.md Part B): the fixed parts (§ B.2, B.5, B.6) parsed and
-checked, and ``HrryFile``, a lazy, memory-mapped reader.
-
-Opening runs § B.8 steps 1-5 (``parse_header``, ``parse_trailer``, ``parse_index``,
-``parse_kv``); each tensor's step 6 (descriptor placement and length, buffer spans, index
-buffers, reserved KV keys) runs only when that tensor is asked for, so a file's other
-tensors are never read. Byte positions come from ``wire.containers``' structs.
+"""``HrryFile``, a lazy, memory-mapped reader of ``.hrry`` files (containers.md Part B): opening
+runs § B.8 steps 1-5 (``parse_*``); a tensor's step 6 runs only when it is asked for.
 """
 
 from __future__ import annotations
@@ -341,15 +336,10 @@ def parse_kv(buf: Any, trailer: FileTrailer) -> dict[str, MetadataValue]:
 class HrryFile(ClosesOnExit):
     """A lazy, memory-mapped ``.hrry`` reader: ``with HrryFile(path) as f: f.tensor(name)``.
 
-    Opening checks the header, trailer, index (CRC-32C included) and KV section (§ B.8 1-5)
-    and nothing else; ``descriptor`` / ``tensor`` check and map only the tensor asked for
-    (§ B.8 6), so a file's other tensors are never read. Arrays are read-only views of the
-    map; they keep it alive after ``close()``, which unmaps only once no array is left.
-
-    ``tensor`` first checks (``os.fstat``) that the file still holds the tensor's bytes: a
-    file truncated by another process raises ``ContainerTruncatedError`` instead of SIGBUS.
-    Arrays handed out earlier still view the map, which no check can protect
-    (docs/security.md); ``mmap=False`` reads the whole file into memory instead.
+    Opening checks the header, trailer, index and KV section and nothing else, so a file's
+    other tensors are never read. Arrays are read-only views of the map (kept alive past
+    ``close()``); ``tensor`` first checks (``os.fstat``) that the file still holds its bytes
+    (``ContainerTruncatedError``, not SIGBUS); ``mmap=False`` reads the file into memory.
     """
 
     _section = "file"
@@ -471,10 +461,7 @@ class HrryFile(ClosesOnExit):
         return self._decoded(name, decode_header)
 
     def descriptor(self, name: str) -> TensorDescriptor:
-        """``name``'s block-paged descriptor (parses only that descriptor).
-
-        Raises ``UnsupportedLayoutError`` for a valid descriptor of another layout.
-        """
+        """``name``'s block-paged descriptor (``UnsupportedLayoutError`` for another layout)."""
         self._check_open()
         cached = self._descriptors.get(name)
         if cached is None:
@@ -531,10 +518,8 @@ class HrryFile(ClosesOnExit):
         return tuple(spans)
 
     def tensor(self, name: str) -> BlockPagedTensor:
-        """``name`` as a tensor whose arrays are read-only views of the file (no copy).
-
-        ``seq_lens`` and ``metadata`` come back from their reserved KV keys, checked.
-        """
+        """``name`` as a tensor viewing the file, with ``seq_lens`` and ``metadata`` from their
+        reserved KV keys."""
         self._check_open()
         spans = self.buffer_spans(name)
         descriptor = self.descriptor(name)
@@ -552,11 +537,8 @@ class HrryFile(ClosesOnExit):
             raise container_error(exc, section, self.entry(name).data_offset) from exc
 
     def tensors(self, names: Iterable[str] | None = None) -> dict[str, BlockPagedTensor]:
-        """Several tensors by name (all, in index order, by default).
-
-        ``names`` is a collection of str: a single str is refused, since iterating it would
-        look up each of its characters as a tensor name.
-        """
+        """Several tensors by name (all, in index order, by default); a single str is refused
+        (iterating it would look up each of its characters)."""
         if names is None:
             return {name: self.tensor(name) for name in self.names}
         if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
@@ -637,10 +619,8 @@ class HrryFile(ClosesOnExit):
 def read_file(
     path: str | os.PathLike[str], names: Iterable[str] | None = None
 ) -> dict[str, BlockPagedTensor]:
-    """The tensors of a ``.hrry`` file (all, or ``names``) as zero-copy views of its map.
-
-    A tensor of another layout raises ``UnsupportedLayoutError`` only if it is asked for.
-    """
+    """The tensors of a ``.hrry`` file (all, or ``names``) as zero-copy views of its map (one
+    of another layout raises ``UnsupportedLayoutError`` only if it is asked for)."""
     with HrryFile(path) as hrry:
         return hrry.tensors(names)
 

@@ -85,13 +85,10 @@ def write_file(
 ) -> int:
     """Write a ``.hrry`` file exactly as the reference ``FileWriter`` does; its size in bytes.
 
-    ``.hrry`` has no data checksums (only its index has a CRC-32C): to keep a cache on disk,
-    ``save_cache`` is the checked choice; this is for exchange with the reference. The layout
-    (§ B.3 alignment, KV section only when there is an entry, file_flags, [A17]) is
-    docs/reference-containers.md's; ``metadata`` entries come first, then each tensor's
-    ``hurray.seq_lens.<name>`` / ``hurray.metadata.<name>``. The image is encoded first, then
-    written through ``atomic_output``, so arrays mapping an older file at ``path`` stay valid
-    and a failure leaves it as it was. ``progress`` gets each tensor's data bytes once written.
+    ``.hrry`` has no data checksums (only an index CRC-32C): it is for exchange with the
+    reference, ``save_cache`` for keeping a cache. The layout is docs/reference-containers.md's.
+    Written through ``atomic_output``: arrays mapping an older file at ``path`` stay valid
+    and a failure leaves it as it was. ``progress`` gets each tensor's data bytes.
     """
     if not isinstance(tensors, Mapping):
         raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")

@@ -1,10 +1,7 @@
-"""Sinks and sources, once, for every container: sockets, files, pipes, bytes, ``mmap``.
-
-Every container writes through ``open_sink`` and reads through ``open_source`` /
-``open_memory``, so they agree on every edge case: a sink that makes no progress is an
-``ArgumentTypeError``, never a busy loop; an ``OSError`` while reading ends the read and is
-handed back as the *cause* of the container's own truncation error.
-"""
+"""Sinks and sources, once, for every container (sockets, files, pipes, bytes, ``mmap``), so
+that they agree on every edge case: a sink that makes no progress is an ``ArgumentTypeError``,
+never a busy loop; an ``OSError`` while reading is the *cause* of the container's truncation
+error."""
 
 from __future__ import annotations
 
@@ -88,12 +85,8 @@ def _progress(name: str, result: object) -> int:
 
 # -- sinks -----------------------------------------------------------------------------------
 class Sink:
-    """Writes every byte of a list of pieces to a socket, a binary file-like or a path.
-
-    A path is written atomically (``containers.atomic.atomic_output``): :meth:`close`
-    renames the finished file into place, :meth:`abort` removes it; a sink passed in is
-    never closed.
-    """
+    """Writes every byte of a list of pieces to a socket, a binary file-like or a path (written
+    atomically: renamed into place at :meth:`close`); a sink passed in is never closed."""
 
     def __init__(self, send: Callable[[Sequence[memoryview]], None], sink: Any, owned: Any):
         self._send = send
@@ -180,16 +173,13 @@ def _sendmsg_sender(sendmsg: Callable[[list[memoryview]], int]) -> Callable[...,
 
 # -- sources ---------------------------------------------------------------------------------
 class FileShrankError(OSError):
-    """A mapped file is now shorter than when it was mapped (another process truncated
-    it): touching its missing pages would kill the process with SIGBUS, so the reader
-    stops before and raises its truncation error with this as the cause."""
+    """A mapped file is now shorter than when it was mapped: touching its missing pages would
+    be SIGBUS, so the reader stops before, with this as its truncation error's cause."""
 
 
 def open_memory(source: Any, *, use_mmap: bool = True, name: str = "source") -> MemorySource:
-    """A :class:`MemorySource` over a bytes-like object, or over the file at a path: mapped
-    (its descriptor kept open, so each access can first check that no other process
-    truncated it since: docs/security.md) or, with ``use_mmap=False`` (or when empty), read
-    into memory, where a truncation can no longer reach the bytes."""
+    """A :class:`MemorySource` over a bytes-like object or the file at a path: mapped (its
+    descriptor kept open to check each access against a truncation) or read into memory."""
     if not isinstance(source, (str, os.PathLike)):
         return MemorySource(byte_view(source, name))
     with reading(source):
@@ -301,12 +291,8 @@ def _read_polled(
 
 
 class MemorySource:
-    """Reads are slices of one read-only view (bytes, a mapped file): nothing is copied.
-
-    A mapped file's descriptor (``handle``) stays open so that every read first checks
-    (``os.fstat``) that the file still holds the bytes: a truncated file ends the read
-    with a ``FileShrankError`` as the cause instead of SIGBUS.
-    """
+    """Reads are slices of one read-only view (bytes, a mapped file): nothing is copied; a
+    mapped file is ``os.fstat``-checked first (``FileShrankError``, not SIGBUS)."""
 
     def __init__(
         self, view: memoryview, handle: Any = None, mapping: mmap.mmap | None = None
@@ -425,13 +411,10 @@ class RecordDeadlineError(TimeoutError):
 class IOSource:
     """Exact reads from a socket or file-like, each record into a new buffer of its own.
 
-    The one place a broken connection is caught: an ``OSError`` (reset, timeout) or a
-    ``ValueError`` (a file closed under the reader) ends the read, and is returned as the
-    cause for the container's truncation error. So is a passed record deadline
-    (``RecordDeadlineError``): ``begin_record`` starts one; every read until the next
-    ``begin_record`` belongs to that record. A socket's own timeout is lowered to the time
-    left before each ``recv`` (and restored), so a silent peer is cut too; a file-like
-    that blocks in ``read`` is only checked between reads.
+    The one place a broken connection is caught: an ``OSError``, a ``ValueError`` (a file
+    closed under the reader) or a passed record deadline (``begin_record`` starts one) ends
+    the read and is returned as the cause of the container's truncation error. A socket's
+    timeout is lowered to the time left before each ``recv``, so a silent peer is cut too.
     """
 
     def __init__(
@@ -522,11 +505,8 @@ class IOSource:
         return buffer, len(prefix) + got, cause
 
     def read_array(self, size: int) -> tuple[Array, int, BaseException | None]:
-        """Up to ``size`` bytes as a new uint8 array, how many arrived, and why it stopped.
-
-        Memory grows with the bytes that actually arrive (doubling past 64 MiB), so a
-        record that declares a huge buffer and then ends allocates little.
-        """
+        """Up to ``size`` bytes as a new uint8 array, how many arrived, and why it stopped;
+        memory grows with the bytes that arrive, so a huge claimed buffer allocates little."""
         capacity = min(size, _EAGER_READ)
         out = np.empty(capacity, np.uint8)
         filled, cause = self.fill(memoryview(out.data))
@@ -575,13 +555,9 @@ def open_source(
     record_deadline: object = DEFAULT_RECORD_DEADLINE,
     use_mmap: bool = True,
 ) -> Source:
-    """A :class:`Source` for a path (mapped, if allowed), a bytes-like, a socket or a file.
-
-    ``record_deadline`` (seconds, or None) bounds each record read from a socket or
-    file-like (see ``IOSource``); mapped and in-memory inputs need none. A path is mapped
-    (each read first checks the file did not shrink) or, with ``use_mmap=False``, read
-    record by record like a file-like.
-    """
+    """A :class:`Source` for a path (if allowed: mapped, or read as a file with
+    ``use_mmap=False``), a bytes-like, a socket or a file; ``record_deadline`` bounds each
+    record read from a socket or file."""
     deadline = check_record_deadline(record_deadline)
     if isinstance(source, (str, os.PathLike)):
         if allow_path and not use_mmap:  # read as a stream: no mapping to be cut under us

@@ -1,6 +1,5 @@
-"""A whole model's KV cache in one file, written atomically: a blob stream (docs/streaming.md)
-of one checksummed blob per {layer, role}, so that every byte is covered (unlike ``.hrry``).
-"""
+"""A whole model's KV cache in one file, written atomically: a blob stream of one checksummed
+blob per {layer, role}, so that every byte is covered (unlike ``.hrry``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Stream records (docs/streaming.md § 2, § 4): the stream header and the end record, and the
-rules both stream readers apply to the records around their blobs. Byte positions come from
-the structs in ``hurray_wire.wire.stream``, never restated here.
+rules both stream readers apply to the records around their blobs (layouts: ``wire.records``).
 """
 
 from __future__ import annotations
@@ -88,13 +87,10 @@ END_RECORD_MIN = _END.minimum
 
 @dataclass(frozen=True)
 class StreamHeader:
-    """What a stream carries, stated before the first blob so a reader can preallocate.
-
-    Every field may be left unstated (``""``, ``None``, ``()``); a blob's layer and role
-    still come from its own descriptor. ``end_record`` promises an end record, so a reader
-    tells a finished stream from one cut at a blob boundary. ``fingerprint`` travels in the
-    metadata under the reserved ``hurray.engine_fingerprint`` key (docs/integrity.md § 3):
-    ``metadata`` given with that key fills ``fingerprint``; the key never stays in it.
+    """What a stream carries, stated before the first blob so a reader can preallocate; every
+    field may be left unstated. ``end_record`` promises an end record, so a reader tells a
+    finished stream from one cut at a blob boundary. ``fingerprint`` travels in the metadata
+    under ``hurray.engine_fingerprint`` (docs/integrity.md § 3), never left in ``metadata``.
     """
 
     model: str = ""
@@ -276,11 +272,8 @@ def encode_stream_header(header: StreamHeader) -> bytes:
 
 
 def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> StreamHeader:
-    """Validate the stream header at the start of ``data`` (what follows it is ignored).
-
-    ``limits.max_metadata_bytes`` and ``max_metadata_entries`` bound its metadata, checked
-    before the record's checksum is computed or an entry decoded.
-    """
+    """Validate the stream header at the start of ``data``; ``limits`` bound its metadata
+    before the record's checksum is computed or an entry decoded."""
     what = "stream header"
     limits = check_limits_argument(limits)
     view = byte_view(data)
@@ -379,12 +372,8 @@ def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> byt
 def decode_end_record(
     data: Any, *, limits: DecodeLimits | None = None
 ) -> tuple[int, tuple[StreamEntry, ...] | None]:
-    """(blob_count, index entries or None) of the end record at the start of ``data``.
-
-    ``limits.max_stream_entries`` bounds the index, checked before anything else is read;
-    the entries are checked as one structured NumPy array (the dtype from the wire struct),
-    and become ``StreamEntry`` objects only once every check has passed.
-    """
+    """(blob_count, index entries or None) of the end record at the start of ``data``;
+    ``limits.max_stream_entries`` bounds the index before anything else is read."""
     blob_count, rows = decode_end_rows(data, limits=limits)
     return blob_count, None if rows is None else entries_of(rows)
 

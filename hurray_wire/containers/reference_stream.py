@@ -1,9 +1,6 @@
-"""The reference's containers (containers.md Parts A and B): what both share (limits,
-reserved KV keys, a tensor as its descriptor and buffers, errors placed in the container)
-and the reference stream, hurray-io's ``StreamWriter`` / ``StreamReader``.
-
-A stream's records stand back to back, each a descriptor and its buffers, with no framing of
-their own: the descriptor's 10-byte prefix (magic, version, ``descriptor_length``) frames one.
+"""The reference stream (containers.md Part A, hurray-io's ``StreamWriter`` / ``StreamReader``)
+and what the ``.hrry`` file shares with it. Its records stand back to back, each a descriptor
+and its buffers: the descriptor's 10-byte prefix (with ``descriptor_length``) frames one.
 """
 
 from __future__ import annotations
@@ -106,12 +103,8 @@ def write_stream(
     *,
     cross_machine: bool = False,
 ) -> int:
-    """Write one reference stream record per tensor (descriptor, then its buffers); bytes written.
-
-    Exactly what ``hurray-io``'s ``StreamWriter::write_tensor`` emits: no framing, padding or
-    names. ``seq_lens`` and ``metadata`` are not written (a record has no place for them).
-    With ``cross_machine`` every handle must have ``sync_mode = 0`` (A.2 step 6).
-    """
+    """Write one record per tensor exactly as hurray-io's ``StreamWriter::write_tensor``
+    (no ``seq_lens`` or ``metadata``: a record has no place for them); bytes written."""
     out = open_sink(sink, allow_path=False)
     if isinstance(tensors, BlockPagedTensor):
         tensors = (tensors,)
@@ -132,17 +125,12 @@ def read_stream(
     cross_machine: bool = False,
     record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
 ) -> Iterator[BlockPagedTensor]:
-    """Iterate over the records of a reference stream, one validated tensor each.
+    """The records of a reference stream (bytes-like: arrays view it; or a file / socket read
+    a record at a time), each checked as the blob decoder checks one, as a tensor.
 
-    ``source`` is bytes-like (arrays are then views of it) or a binary file-like / socket,
-    read one record at a time: the 10-byte prefix, the rest of the descriptor, then each
-    buffer exactly. The stream may end only at a record boundary; anything less raises
-    ``ContainerTruncatedError`` naming the record and the offset where the input ended.
-    Each record's descriptor, buffer sizes and index buffers are checked like the blob
-    decoder checks them. Records carry no ``seq_lens`` / ``metadata``: tensors come back
-    without them. ``max_buffer_size`` (default: no limit, as the reference) caps each buffer.
-    ``record_deadline`` (seconds, default 30, None for none) bounds each record read from a
-    socket or file-like, plus 8 MiB/s of its length (``containers.io``).
+    The stream may end only at a record boundary (else ``ContainerTruncatedError``).
+    ``max_buffer_size`` caps each buffer (default: none, as the reference);
+    ``record_deadline`` bounds each record read from a socket or file (``containers.io``).
     """
     check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
     if max_buffer_size is not None:
