@@ -1,7 +1,7 @@
 """Containers that carry blobs and descriptors: blob streams, reference streams, ``.hrry`` files
 (the modules and what each owns: docs/architecture.md)."""
 
-from hurray_wire.containers.blob_stream import StreamReader, StreamWriter
+from hurray_wire.containers.blob_stream import StreamFile, StreamReader, StreamWriter
 from hurray_wire.containers.hrry import (
     FileHeader,
     FileTrailer,
@@ -29,7 +29,6 @@ from hurray_wire.containers.reference_stream import (
     write_stream,
 )
 from hurray_wire.containers.sniff import Format, identify
-from hurray_wire.containers.stream_file import StreamFile
 
 __all__ = [
     "DEFAULT_MAX_BLOB_BYTES",
