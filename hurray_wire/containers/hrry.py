@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 
 from hurray_wire.buffers import align, byte_view
 from hurray_wire.containers.io import ClosesOnExit, MemorySource, check_limit, open_memory
@@ -52,7 +51,6 @@ __all__ = [
     "read_file_metadata",
 ]
 
-Array = npt.NDArray[Any]
 _T = TypeVar("_T")
 
 _HEADER = wr.HRRY_HEADER.raising(InvalidContainerError, ContainerTruncatedError)
@@ -526,8 +524,17 @@ class HrryFile(ClosesOnExit):
         needed = max((at + size for at, size in spans), default=0)
         self._source.require(needed, ContainerTruncatedError, f"tensor {name!r}")  # else SIGBUS
         buffers = [np.frombuffer(self._buf, np.uint8, size, at) for at, size in spans]
-        seq_lens = self._seq_lens(name)
-        metadata = self._tensor_metadata(name)
+        seq_lens = self._reserved(SEQ_LENS_KEY_PREFIX + name, "seq_lens must be an array of uint64")
+        if seq_lens is not None:  # assemble checks it against the tensor
+            seq_lens = np.array([int(v) for v in seq_lens], dtype=SEQ_LENS)
+            seq_lens.flags.writeable = not self._readonly  # the rule of every decoded array
+        packed = self._reserved(
+            METADATA_KEY_PREFIX + name, "tensor metadata must be bytes holding a KV section"
+        )
+        try:
+            metadata = {} if packed is None else dict(decode_metadata(packed))
+        except HurrayWireError as exc:
+            raise container_error(exc, "kv_metadata", None) from exc
         try:
             return assemble(descriptor, buffers, seq_lens, metadata)
         except HurrayWireError as exc:
@@ -559,39 +566,18 @@ class HrryFile(ClosesOnExit):
                 )
         return {name: self.tensor(name) for name in wanted}
 
-    def _seq_lens(self, name: str) -> Array | None:
-        """``hurray.seq_lens.<name>`` as an array (``assemble`` checks it against the tensor)."""
-        key = SEQ_LENS_KEY_PREFIX + name
+    def _reserved(self, key: str, message: str) -> Any:
+        """A tensor's reserved KV entry, if any: seq_lens as uint64 values, metadata as bytes."""
         value = self.metadata.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, UInt64) for v in value):
-            raise InvalidContainerError(
-                "seq_lens must be an array of uint64",
-                section="kv_metadata",
-                field=key,
-                found=type(value).__name__,
-            )
-        lens = np.array([int(v) for v in value], dtype=SEQ_LENS)
-        lens.flags.writeable = not self._readonly  # the rule of every decoded array
-        return lens
-
-    def _tensor_metadata(self, name: str) -> dict[str, Any]:
-        key = METADATA_KEY_PREFIX + name
-        value = self.metadata.get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, bytes):
-            raise InvalidContainerError(
-                "tensor metadata must be bytes holding a KV section",
-                section="kv_metadata",
-                field=key,
-                found=type(value).__name__,
-            )
-        try:
-            return dict(decode_metadata(value))
-        except HurrayWireError as exc:
-            raise container_error(exc, "kv_metadata", None) from exc
+        if key.startswith(SEQ_LENS_KEY_PREFIX):
+            ok = isinstance(value, list) and all(isinstance(v, UInt64) for v in value)
+        else:
+            ok = isinstance(value, bytes)
+        if value is None or ok:
+            return value
+        raise InvalidContainerError(
+            message, section="kv_metadata", field=key, found=type(value).__name__
+        )
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
