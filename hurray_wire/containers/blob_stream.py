@@ -454,7 +454,6 @@ class StreamReader(ClosesOnExit):
 
 
 _END_FOOTER = ws.FAST_END_FOOTER  # wire.records.END_RECORD's tail
-_MAGIC_SIZE = len(wb.BLOB_MAGIC)
 
 
 _OTHER_READERS = {

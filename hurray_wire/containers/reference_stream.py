@@ -82,10 +82,8 @@ def check_cross_machine(descriptor: TensorDescriptor, **where: Any) -> None:
 
 
 def container_error(exc: HurrayWireError, section: str, offset: int | None) -> HurrayWireError:
-    """A descriptor / index / KV error as a container error at a place in the container.
-
-    ``UnsupportedLayoutError`` (a valid tensor of another layout) keeps its type.
-    """
+    """A descriptor / index / KV error as a container error at a place in the container
+    (``UnsupportedLayoutError``, a valid tensor of another layout, keeps its type)."""
     if isinstance(exc, UnsupportedLayoutError):
         return exc.relocated(section=section, offset=offset)
     inner = f"{type(exc).__name__}: {exc}"
@@ -94,7 +92,6 @@ def container_error(exc: HurrayWireError, section: str, offset: int | None) -> H
 
 # A.2 step 2: magic, version and descriptor_length frame a record; flags is the next field.
 _PREFIX_LEN = dl.AT["flags"]
-_AT_DESCRIPTOR_LENGTH = dl.AT["descriptor_length"]
 
 
 def write_stream(
@@ -164,7 +161,7 @@ def _records(
                 "descriptor_length above the limit",
                 section=where,
                 field="descriptor_length",
-                offset=start + _AT_DESCRIPTOR_LENGTH,
+                offset=start + dl.AT["descriptor_length"],
                 expected=f"<= {max_length}",
                 found=length,
             )
