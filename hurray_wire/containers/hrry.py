@@ -41,16 +41,6 @@ from hurray_wire.model.descriptor_codec import (
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
 from hurray_wire.wire import containers as wc, descriptor_layout as dl, records as wr
 
-__all__ = [
-    "FileHeader",
-    "FileTrailer",
-    "HrryFile",
-    "IndexEntry",
-    "check_alignment",
-    "read_file",
-    "read_file_metadata",
-]
-
 _T = TypeVar("_T")
 
 _HEADER = wr.HRRY_HEADER.raising(InvalidContainerError, ContainerTruncatedError)

@@ -30,26 +30,6 @@ from hurray_wire.errors import (
     LimitExceededError,
 )
 
-__all__ = [
-    "DEADLINE_MIN_RATE",
-    "DEFAULT_INPUT_IDLE",
-    "DEFAULT_MAX_INPUT_BYTES",
-    "DEFAULT_RECORD_DEADLINE",
-    "ClosesOnExit",
-    "FileShrankError",
-    "IOSource",
-    "MemorySource",
-    "RecordDeadlineError",
-    "Sink",
-    "Source",
-    "check_limit",
-    "check_record_deadline",
-    "open_memory",
-    "open_sink",
-    "open_source",
-    "read_input",
-]
-
 _IOV_MAX = 1024  # pieces per sendmsg call
 _READ_CHUNK = 1 << 20  # for sources that only have read(): bounds the temporary copy
 _EAGER_READ = 64 << 20  # read_array allocates at most this much before bytes arrive

@@ -41,28 +41,6 @@ from hurray_wire.wire import records as wr, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES, LAYER_NONE
 from hurray_wire.wire.fast import item_dtype
 
-__all__ = [
-    "DEFAULT_MAX_BLOB_BYTES",
-    "END_RECORD_MIN",
-    "STREAM_HEADER_MIN",
-    "StreamEntry",
-    "StreamHeader",
-    "check_blob",
-    "check_end_record",
-    "check_header_fingerprint",
-    "check_record_size",
-    "decode_end_record",
-    "decode_end_rows",
-    "decode_stream_header",
-    "empty_input_error",
-    "encode_end_record",
-    "encode_stream_header",
-    "entries_of",
-    "frame_record",
-    "locate",
-    "record_kind",
-]
-
 DEFAULT_MAX_BLOB_BYTES = 4 << 30  # largest record a reader accepts unless told otherwise
 
 _HEADER = wr.STREAM_HEADER.raising(InvalidStreamError, StreamTruncatedError)

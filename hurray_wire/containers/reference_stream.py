@@ -29,18 +29,6 @@ from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.tensor import BlockPagedTensor, assemble
 from hurray_wire.wire import descriptor as wd, descriptor_layout as dl
 
-__all__ = [
-    "DEFAULT_MAX_DESCRIPTOR_BYTES",
-    "METADATA_KEY_PREFIX",
-    "MIN_DESCRIPTOR_LENGTH",
-    "RESERVED_PREFIXES",
-    "SEQ_LENS_KEY_PREFIX",
-    "container_error",
-    "read_stream",
-    "tensor_pieces",
-    "write_stream",
-]
-
 DEFAULT_MAX_DESCRIPTOR_BYTES = 16 << 20  # hurray-io DEFAULT_MAX_DESCRIPTOR_BYTES
 SEQ_LENS_KEY_PREFIX = "hurray.seq_lens."  # + tensor name: uint64 array, one per sequence
 METADATA_KEY_PREFIX = "hurray.metadata."  # + tensor name: bytes, a KV section (§ B.4)
