@@ -552,11 +552,7 @@ class StreamFile(ClosesOnExit):
         return self._view
 
     def __len__(self) -> int:
-        return (
-            len(self._rows)
-            if self._entries is None and self._rows is not None
-            else len(self.entries)
-        )
+        return len(self.entries if self._rows is None else self._rows)
 
     def __iter__(self) -> Iterator[BlockPagedTensor]:
         for entry in self.entries:

@@ -30,8 +30,6 @@ from hurray_wire.wire import containers as wc
 
 __all__ = ["write_file"]
 
-_ZEROS = bytes(1 << 16)  # padding is written from this, a slice at a time
-
 
 def _name_bytes(name: object) -> bytes:
     if not isinstance(name, str):
@@ -92,11 +90,8 @@ def write_file(
     """
     if not isinstance(tensors, Mapping):
         raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")
-    buffer_alignment = data_buffer_alignment
-    check_alignment(buffer_alignment)
-    records = []
-    for name, tensor in tensors.items():
-        records.append((_name_bytes(name), tensor_pieces(tensor)))
+    check_alignment(data_buffer_alignment)
+    records = [(_name_bytes(name), tensor_pieces(tensor)) for name, tensor in tensors.items()]
     kv_entries = _file_kv(tensors, metadata)
     kv = encode_metadata(kv_entries) if kv_entries else b""
     flags = wc.FILE_FLAG_HAS_INDEX_CRC32C | (wc.FILE_FLAG_SORTED_INDEX if sorted_index else 0)
@@ -104,7 +99,7 @@ def write_file(
         container_version_major=1,
         container_version_minor=0,
         file_flags=flags,
-        data_buffer_alignment=buffer_alignment,
+        data_buffer_alignment=data_buffer_alignment,
         first_descriptor_offset=wc.HEADER_SIZE,
         tensor_count_hint=wc.TENSOR_COUNT_UNKNOWN,
     )
@@ -117,22 +112,18 @@ def write_file(
             pos += len(piece)
 
         def pad_to(alignment: int) -> None:
-            gap = align(pos, alignment) - pos
-            while gap:
-                step = min(gap, len(_ZEROS))
-                put(memoryview(_ZEROS)[:step])
-                gap -= step
+            put(bytes(align(pos, alignment) - pos))  # < 2 MiB: the largest alignment
 
         put(header)
         index: list[tuple[bytes, int, int, int, int]] = []
         for raw_name, (descriptor, buffers) in records:
             descriptor_offset = pos
             put(descriptor)
-            pad_to(buffer_alignment)  # step 2, even before an empty buffer 0
+            pad_to(data_buffer_alignment)  # step 2, even before an empty buffer 0
             data_offset = pos
             for number, pieces in enumerate(buffers):
                 if number:
-                    pad_to(buffer_alignment)  # between buffers only: none after the last ([A18])
+                    pad_to(data_buffer_alignment)  # between buffers only, none after the last [A18]
                 for piece in pieces:
                     put(piece)
             index.append(

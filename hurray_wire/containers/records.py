@@ -230,9 +230,7 @@ def encode_stream_header(header: StreamHeader) -> bytes:
     if len(meta) > _HEADER.head.limit("metadata_length"):
         raise InvalidStreamError("stream metadata too long", field="metadata", found=len(meta))
     total = _HEADER.total_for(len(name) + len(meta))
-    roles = 0
-    for role in header.kv_roles:
-        roles |= ws.ROLE_BITS[role]
+    roles = sum(ws.ROLE_BITS[role] for role in header.kv_roles)  # each role once: an OR
     fixed = _HEADER.head.pack(
         version_major=1,
         version_minor=0,
