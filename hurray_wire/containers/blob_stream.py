@@ -349,12 +349,10 @@ class StreamReader(ClosesOnExit):
         self._into = into
         self._expect = expect_fingerprint
         check_limit("max_blob_bytes", max_blob_bytes, STREAM_HEADER_MIN)
-        self._max = max_blob_bytes
         self._options = decode_options(verify, limits, -1, page_store)
-        self._limits = check_limits_argument(limits)
         flag(mmap, "mmap")
         source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
-        self._records = RecordReader(source, max_blob_bytes, self._limits)
+        self._records = RecordReader(source, max_blob_bytes, self._options.limits)
         self._started = False
         self._done = False
         self._error: HurrayWireError | None = None
@@ -429,16 +427,11 @@ class StreamReader(ClosesOnExit):
 
         try:
             view = byte_view(record)
+            land: Callable[..., tuple[BlockPagedTensor, DecodeReport | None]] = run
             if self._into is not None:
-                descriptor, pages = peek_in_place(view, limits=self._limits)
-                target = landing_target(self._into(descriptor, pages))
-                tensor, self.page_report = target.land(
-                    view, self._options, report=self._report, accept=accept
-                )
-            else:
-                tensor, self.page_report = run(
-                    view, self._options, report=self._report, accept=accept
-                )
+                descriptor, pages = peek_in_place(view, limits=self._options.limits)
+                land = landing_target(self._into(descriptor, pages)).land
+            tensor, self.page_report = land(view, self._options, report=self._report, accept=accept)
         except HurrayWireError as exc:
             locate(exc, len(self._records.seen), self._records.position, record)
             raise
