@@ -20,7 +20,6 @@ from hurray_wire.blob import (
 )
 from hurray_wire.blob.decoder import decode_options, landing_target, run
 from hurray_wire.blob.landing import peek_in_place
-from hurray_wire.blob.limits import check_limits_argument
 from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import Compression
 from hurray_wire.containers.io import (
@@ -84,6 +83,13 @@ Into = Callable[[TensorDescriptor, int], object]
 
 _MAGIC_SIZE = len(ws.STREAM_MAGIC)
 _DEFAULT_HEADER = StreamHeader()  # frozen: one shared default is safe
+_END_FOOTER = ws.FAST_END_FOOTER  # wire.records.END_RECORD's tail
+_OTHER_READERS = {  # what StreamFile says of another format
+    "blob": "a single blob: use hurray_wire.decode",
+    "descriptor": "a bare descriptor: use hurray_wire.decode_descriptor",
+    "reference-stream": "a reference stream: use hurray_wire.containers.read_stream",
+    "hrry-file": "a .hrry file: use HrryFile or read_file",
+}
 
 
 # -- writer ----------------------------------------------------------------------------------
@@ -122,7 +128,6 @@ class StreamWriter(ClosesOnExit):
     def _emit(self, parts: list[memoryview]) -> None:
         try:
             written = self._sink.write(parts)
-            self._sink.flush()
         except BaseException:
             self._failed = True  # part of a record may have gone out: the stream is cut here
             raise
@@ -446,17 +451,6 @@ class StreamReader(ClosesOnExit):
         self._records.source.close()
 
 
-_END_FOOTER = ws.FAST_END_FOOTER  # wire.records.END_RECORD's tail
-
-
-_OTHER_READERS = {
-    "blob": "a single blob: use hurray_wire.decode",
-    "descriptor": "a bare descriptor: use hurray_wire.decode_descriptor",
-    "reference-stream": "a reference stream: use hurray_wire.containers.read_stream",
-    "hrry-file": "a .hrry file: use HrryFile or read_file",
-}
-
-
 def _check_is_stream(view: memoryview) -> None:
     """Refuse at once what is no blob stream (empty, text, another format), saying what it
     is; a stream that starts well but is cut or damaged later opens, as before."""
@@ -498,8 +492,8 @@ class StreamFile(ClosesOnExit):
         self._expect = expect_fingerprint
         check_limit("max_blob_bytes", max_blob_bytes, STREAM_HEADER_MIN)
         self._max = max_blob_bytes
-        self._limits = check_limits_argument(limits)
-        self._options = decode_options(verify, self._limits, -1, page_store)
+        self._options = decode_options(verify, limits, -1, page_store)
+        self._limits = self._options.limits
         flag(mmap, "mmap")
         self._source = open_memory(source, use_mmap=mmap)
         self._view = self._source.view

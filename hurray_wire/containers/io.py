@@ -74,12 +74,11 @@ class Sink:
         self._owned = owned
 
     def write(self, parts: Sequence[memoryview]) -> int:
+        """Send ``parts`` whole and flush them (a record reaches the reader at once)."""
         self._send(parts)
-        return sum(p.nbytes for p in parts)
-
-    def flush(self) -> None:
         if self._flush is not None:
             self._flush()
+        return sum(p.nbytes for p in parts)
 
     def close(self, abort: bool = False) -> None:
         """Finish the file this sink opened (a path: renamed into place; with ``abort``,
