@@ -11,13 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.blob import (
-    BLOB_PREFIX_SIZE,
-    DecodeLimits,
-    DecodeReport,
-    blob_length,
-    encode_parts,
-)
+from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, DecodeReport, blob_length, encode_parts
 from hurray_wire.blob.decoder import decode_options, landing_target, run
 from hurray_wire.blob.landing import peek_in_place
 from hurray_wire.buffers import byte_view
@@ -62,12 +56,7 @@ from hurray_wire.errors import (
     StreamTruncatedError,
     flag,
 )
-from hurray_wire.integrity import (
-    DeltaPlan,
-    EngineFingerprint,
-    PageStore,
-    check_integrity_arguments,
-)
+from hurray_wire.integrity import DeltaPlan, EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor

@@ -215,58 +215,48 @@ def read_input(
             return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info.st_size else b""
         if stat.S_ISDIR(info.st_mode):
             raise FileAccessError(f"{name}: cannot read (Is a directory)")
-        return _read_polled(fd, name, max_bytes, idle_timeout, head_ok, head_size)
+        # a pipe, FIFO or device: polled before every read (a FIFO that no writer has opened
+        # yet waits for one, within idle_timeout, instead of reading as empty)
+        blocking = os.get_blocking(fd)
+        os.set_blocking(fd, False)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        data = bytearray()
+        wait_ms = None if idle_timeout is None else max(1, int(idle_timeout * 1000))
+        try:
+            while True:
+                if not poller.poll(wait_ms):
+                    raise FileAccessError(
+                        f"{name}: no input for {idle_timeout:g} s (a stalled writer, or a FIFO "
+                        f"nobody writes); --input-timeout changes the limit"
+                    )
+                try:
+                    piece = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - len(data)))
+                except BlockingIOError:  # woken, but nothing to read yet
+                    continue
+                if not piece:
+                    return bytes(data)
+                data += piece
+                if len(data) > max_bytes:
+                    raise FileAccessError(
+                        f"{name}: more than {max_bytes} bytes from a pipe or device (read "
+                        "whole into memory); --max-input-bytes changes the limit"
+                    )
+                if head_ok is not None and len(data) >= head_size:
+                    if not head_ok(bytes(data[:head_size])):
+                        return bytes(data)
+                    head_ok = None
+        except OSError as exc:
+            if isinstance(exc, FileAccessError):
+                raise
+            reason = exc.strerror or exc
+            raise FileAccessError(f"{name}: cannot read ({reason})", cause=exc) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, blocking)
     finally:
         if not isinstance(path, int):
             os.close(fd)
-
-
-def _read_polled(
-    fd: int,
-    name: str,
-    max_bytes: int,
-    idle_timeout: float | None,
-    head_ok: Callable[[bytes], bool] | None,
-    head_size: int,
-) -> bytes:
-    """Read ``fd`` to its end, polling before every read (a FIFO that no writer has opened
-    yet waits for one, within ``idle_timeout``, instead of reading as empty)."""
-    blocking = os.get_blocking(fd)
-    os.set_blocking(fd, False)
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLPRI)
-    data = bytearray()
-    wait_ms = None if idle_timeout is None else max(1, int(idle_timeout * 1000))
-    try:
-        while True:
-            if not poller.poll(wait_ms):
-                raise FileAccessError(
-                    f"{name}: no input for {idle_timeout:g} s (a stalled writer, or a FIFO "
-                    f"nobody writes); --input-timeout changes the limit"
-                )
-            try:
-                piece = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - len(data)))
-            except BlockingIOError:  # woken, but nothing to read yet
-                continue
-            if not piece:
-                return bytes(data)
-            data += piece
-            if len(data) > max_bytes:
-                raise FileAccessError(
-                    f"{name}: more than {max_bytes} bytes from a pipe or device (read "
-                    "whole into memory); --max-input-bytes changes the limit"
-                )
-            if head_ok is not None and len(data) >= head_size:
-                if not head_ok(bytes(data[:head_size])):
-                    return bytes(data)
-                head_ok = None
-    except OSError as exc:
-        if isinstance(exc, FileAccessError):
-            raise
-        raise FileAccessError(f"{name}: cannot read ({exc.strerror or exc})", cause=exc) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            os.set_blocking(fd, blocking)
 
 
 class MemorySource:
