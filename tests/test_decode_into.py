@@ -201,7 +201,7 @@ def _no_blob_side_pass(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a second pass over the pool")
 
     monkeypatch.setattr(pages, "digests_and_checksum", refuse)
-    monkeypatch.setattr(hw.blob.landing, "copy_and_hash", refuse)
+    monkeypatch.setattr(hw.blob.landing.arrays, "copy_and_hash", refuse)
 
 
 @pytest.mark.parametrize("digests", [True, False])

@@ -23,7 +23,7 @@ import pytest
 
 import hurray_wire as hw
 from hurray_wire import dtypes
-from hurray_wire.blob import decoder, landing, peek_descriptor
+from hurray_wire.blob import landing, peek_descriptor, pipeline
 from hurray_wire.containers import StreamFile
 from hurray_wire.errors import (
     ChecksumError,
@@ -141,14 +141,14 @@ def _land(
     engine = _engine(blob)
     hw.decode(blob, into=hw.IntoArray(engine, one_pass=one_pass), page_store=store)  # plans, memo
     calls: list[tuple[int, bool]] = []
-    real = decoder.decode_section  # type: ignore[attr-defined]
+    real = pipeline.decode_section  # type: ignore[attr-defined]
 
     def tracked(codec: int, param: int, stored: Any, raw_size: int, threads: int,
                 out: Any = None, progress: Any = None) -> Any:  # fmt: skip
         calls.append((raw_size, out is not None))
         return real(codec, param, stored, raw_size, threads, out, progress)
 
-    monkeypatch.setattr(decoder, "decode_section", tracked)
+    monkeypatch.setattr(pipeline, "decode_section", tracked)
     engine[...] = 0
     tracemalloc.start()
     try:
@@ -359,7 +359,7 @@ def test_pages_are_digested_a_chunk_at_a_time_as_they_land(
                            known_pages=None if store is None else store.digests()))  # fmt: skip
     log: list[tuple[int, bool]] = []
     decoding = [False]
-    real = decoder.decode_section  # type: ignore[attr-defined]
+    real = pipeline.decode_section  # type: ignore[attr-defined]
 
     def tracked(*args: Any) -> Any:
         decoding[0] = True
@@ -373,8 +373,8 @@ def test_pages_are_digested_a_chunk_at_a_time_as_they_land(
             log.append((int(self.pool.shape[0]), decoding[0]))
             return super().digests()
 
-    monkeypatch.setattr(decoder, "decode_section", tracked)
-    monkeypatch.setattr(landing, "PageRecords", Records)
+    monkeypatch.setattr(pipeline, "decode_section", tracked)
+    monkeypatch.setattr(landing.arrays, "PageRecords", Records)
     engine = _engine(blob)
     hw.decode(blob, into=hw.IntoArray(engine, one_pass=True), page_store=store)
     assert engine.tobytes() == t.page_pool.tobytes()
@@ -397,7 +397,7 @@ def test_a_final_prefix_that_jumps_is_still_digested_a_chunk_at_a_time(
     to all of it at once (here forced): the rows are still digested ~1 MiB at a time."""
     t = _f16()
     blob = bytes(hw.encode(t, compression=CHUNKED, page_digests=True))
-    real = decoder.decode_section  # type: ignore[attr-defined]
+    real = pipeline.decode_section  # type: ignore[attr-defined]
 
     def one_jump(*args: Any) -> Any:
         *head, progress = args
@@ -412,8 +412,8 @@ def test_a_final_prefix_that_jumps_is_still_digested_a_chunk_at_a_time(
             log.append(int(self.pool.shape[0]))
             return super().digests()
 
-    monkeypatch.setattr(decoder, "decode_section", one_jump)
-    monkeypatch.setattr(landing, "PageRecords", Records)
+    monkeypatch.setattr(pipeline, "decode_section", one_jump)
+    monkeypatch.setattr(landing.arrays, "PageRecords", Records)
     engine = _engine(blob)
     hw.decode(blob, into=hw.IntoArray(engine, one_pass=True))
     assert engine.tobytes() == t.page_pool.tobytes()
@@ -444,7 +444,7 @@ def test_decode_section_reports_only_final_prefixes(
         seen.append(n)
 
     src = np.frombuffer(stored, np.uint8)
-    decoder.decode_section(codec, param, src, raw.size, threads, out, progress)  # type: ignore[attr-defined]
+    pipeline.decode_section(codec, param, src, raw.size, threads, out, progress)  # type: ignore[attr-defined]
     assert seen[-1] == raw.size and out.tobytes() == raw.tobytes()
     if codec == SHUFFLE.codec:  # the planes end together
         assert seen == [raw.size]
@@ -456,5 +456,5 @@ def test_decode_section_reports_only_final_prefixes(
 def test_a_codec_that_cannot_tell_reports_its_output_at_the_end() -> None:
     raw = np.arange(1000, dtype=np.uint8)
     out, seen = np.zeros_like(raw), list[int]()
-    decoder.decode_section(0, 0, raw, raw.size, 0, out, seen.append)  # type: ignore[attr-defined]
+    pipeline.decode_section(0, 0, raw, raw.size, 0, out, seen.append)  # type: ignore[attr-defined]
     assert seen == [raw.size] and out.tobytes() == raw.tobytes()

@@ -87,7 +87,7 @@ def test_the_decode_path_loads_only_what_decode_and_encode_need() -> None:
         ).stdout.split()
     )
     assert {"hurray_wire.blob.decoder", "hurray_wire.blob.encoder", "hurray_wire.tensor"} <= loaded
-    unloaded = {"blob.landing", "blob.in_place", "integrity.bloom", "integrity.pool_store"}
+    unloaded = {"blob.landing", "integrity.bloom", "integrity.pool_store"}
     assert not loaded & {f"hurray_wire.{m}" for m in unloaded}
     above = ("containers", "adapters", "reference_api", "transport", "vllm", "report", "cli")
     assert not [m for m in loaded if m.partition(".")[2].startswith(above)]

@@ -27,13 +27,7 @@ if TYPE_CHECKING:
     )
     from hurray_wire.blob.encoder import DEFAULT_ENCODER, Encoder, encode, encode_into, encode_parts
     from hurray_wire.blob.envelope import BLOB_PREFIX_SIZE, blob_length
-    from hurray_wire.blob.landing import (
-        InPlace,
-        InPlaceReport,
-        IntoArray,
-        IntoPages,
-        peek_in_place,
-    )
+    from hurray_wire.blob.landing import InPlace, InPlaceReport, IntoArray, IntoPages, peek_in_place
     from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
 
 __all__ = [

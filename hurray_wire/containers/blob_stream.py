@@ -12,8 +12,9 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.blob import BLOB_PREFIX_SIZE, DecodeLimits, DecodeReport, blob_length, encode_parts
-from hurray_wire.blob.decoder import decode_options, landing_target, run
+from hurray_wire.blob.decoder import decode_options, landing_target
 from hurray_wire.blob.landing import peek_in_place
+from hurray_wire.blob.pipeline import run
 from hurray_wire.buffers import byte_view
 from hurray_wire.codecs import Compression
 from hurray_wire.containers.io import (
@@ -67,7 +68,7 @@ from hurray_wire.wire.descriptor import KV_ROLES, LAYER_NONE
 __all__ = ["RecordReader", "StreamFile", "StreamReader", "StreamWriter"]
 
 #: ``StreamReader(into=...)``: (descriptor, pages the blob carries) -> where its pool lands
-#: (``blob.landing``: ``IntoArray``, ``IntoPages``, ``InPlace`` for those pages).
+#: (``IntoArray``, ``IntoPages``, ``InPlace`` for those pages).
 Into = Callable[[TensorDescriptor, int], object]
 
 _MAGIC_SIZE = len(ws.STREAM_MAGIC)

@@ -12,16 +12,10 @@ from typing import Any
 import numpy as np
 
 from hurray_wire.blob import DecodeLimits, blob_length
-from hurray_wire.blob.decoder import (
-    Accept,
-    Decoder,
-    decode_options,
-    landing_target,
-    plan_of,
-    run,
-)
+from hurray_wire.blob.decoder import Decoder, decode_options, landing_target
 from hurray_wire.blob.envelope import pool_section
 from hurray_wire.blob.landing import InPlace, IntoArray, IntoPages
+from hurray_wire.blob.pipeline import Accept, plan_of, run
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
 from hurray_wire.integrity import (

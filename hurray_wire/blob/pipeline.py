@@ -1,0 +1,558 @@
+"""The decode pipeline (:func:`run`): one blob's framing, its cached header plan, padding,
+checksums, page digests and refs, metadata, fingerprint and index invariants, then the
+route's ``accept`` and the page work's verdict. Every route into memory calls it with a
+:class:`~hurray_wire.blob.decoder.Decoder`'s options (blob/decoder.py) and, where the pool
+lands in caller memory, a landing target's last step (blob/landing/).
+
+Everything the header bytes decide (envelope, descriptor, section table) is checked once
+per distinct header and cached as a plan, keyed by a copy of those bytes with the section
+checksums masked out: equal bytes, equal verdict, whatever the caller does to its buffer
+meanwhile. Padding, section checksums and the contents (index invariants, seq_lens,
+metadata) are checked on every call.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from hurray_wire.blob.envelope import (
+    ENTRY,
+    ENTRY_AT,
+    HEADER,
+    HEADER_SIZE,
+    I_CHECKSUM_TYPE,
+    I_DESCRIPTOR_LENGTH,
+    I_HEADER_LENGTH,
+    I_SECTION_COUNT,
+    I_TOTAL_LENGTH,
+    check_header_fields,
+    check_limits,
+    checked_header,
+    embedded_descriptor,
+    entry_at,
+    fixed_header,
+    whole_blob_header,
+)
+from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
+from hurray_wire.blob.pages import DecodeReport, PageWork, refs_count
+from hurray_wire.blob.sections import Entry, check_entries
+from hurray_wire.buffers import U8Array, check_zero
+from hurray_wire.codecs import CODEC_RAW, decode_section
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    ChecksumError,
+    HurrayWireError,
+    IndexBufferError,
+    InvalidMetadataError,
+    PaddingError,
+)
+from hurray_wire.integrity import (
+    EngineFingerprint,
+    PageStore,
+    check_compatible,
+    require_fingerprint,
+)
+from hurray_wire.memo import PER_ENTRY, BoundedMemo, weight
+from hurray_wire.metadata import decode_metadata
+from hurray_wire.model.descriptor import TensorDescriptor
+from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble, pool_typing
+from hurray_wire.wire import blob as w
+from hurray_wire.wire.fast import item_struct
+
+__all__ = [
+    "Accept",
+    "Options",
+    "checksum_mismatch",
+    "decompress_pool",
+    "header_plan",
+    "new_plan_cache",
+    "plan_of",
+    "run",
+    "stored_section_checksum",
+]
+
+_U64 = item_struct(w.SECTION_ENTRY.checksum.subcon)  # an entry's checksum, read per call
+_U64_CODE = _U64.format[-1]
+_CHECKSUM_AT = ENTRY_AT["checksum"]
+_NO_PAGES = np.zeros(0, np.int64)
+_SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
+_CHECKSUM_END = _CHECKSUM_AT + ENTRY.sizes["checksum"]
+_NOTHING = struct.Struct("")  # the placeholders of _Plan's derived fields
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a blob's header bytes determine, validated once (and memoised)."""
+
+    descriptor: TensorDescriptor
+    total: int
+    entries: tuple[Entry, ...]
+    tail_start: int  # trailing zero padding: [tail_start, total)
+    verify_sections: bool
+
+    def __post_init__(self) -> None:
+        # Derived once, so that decoding a known header does no bookkeeping per section.
+        gaps = [(e.pad_start, e.offset, e.where) for e in self.entries if e.offset > e.pad_start]
+        if self.total > self.tail_start:
+            gaps.append((self.tail_start, self.total, "trailing padding"))
+        known = {(e.kind, e.index): e for e in self.entries if e.kind in w.SECTION_KINDS}
+        count = len(self.descriptor.buffers)
+        object.__setattr__(self, "paddings", tuple(gaps))
+        object.__setattr__(self, "buffers", tuple(known[(w.KIND_BUFFER, i)] for i in range(count)))
+        object.__setattr__(self, "seq_lens", known.get((w.KIND_SEQ_LENS, 0)))
+        object.__setattr__(self, "metadata", known.get((w.KIND_METADATA, 0)))
+        object.__setattr__(self, "page_digests", known.get((w.KIND_PAGE_DIGESTS, 0)))
+        object.__setattr__(self, "page_refs", known.get((w.KIND_PAGE_REFS, 0)))
+        raw = all(e.codec == CODEC_RAW for e in self.buffers)
+        object.__setattr__(self, "raw_buffers", raw)
+        spans = tuple(slice(e.offset, e.offset + e.stored_size) for e in self.buffers)
+        object.__setattr__(self, "buffer_spans", spans)
+        small = [(a, b) for a, b, _ in gaps if b - a <= _SMALL_PADDING]
+        object.__setattr__(
+            self, "zeros", (_spans_struct(small), tuple(bytes(b - a) for a, b in small))
+        )
+        object.__setattr__(
+            self, "large_paddings", tuple(g for g in gaps if g[1] - g[0] > _SMALL_PADDING)
+        )
+        at = [(e.entry_offset + _CHECKSUM_AT, e.entry_offset + _CHECKSUM_END) for e in self.entries]
+        object.__setattr__(self, "stored_checksums", _spans_struct(at, _U64_CODE))
+        object.__setattr__(
+            self, "spans", tuple(slice(e.offset, e.offset + e.stored_size) for e in self.entries)
+        )
+        if not self.descriptor.element_type.is_packed:
+            with suppress(HurrayWireError):  # else refused by assemble, in its place
+                object.__setattr__(self, "pool_typing", pool_typing(self.descriptor))
+
+    paddings: tuple[tuple[int, int, str], ...] = ()
+    #: One unpack of every small padding region, and the zero bytes each must hold.
+    zeros: tuple[struct.Struct, tuple[bytes, ...]] = (_NOTHING, ())
+    large_paddings: tuple[tuple[int, int, str], ...] = ()
+    #: One unpack of every entry's stored checksum, in table order.
+    stored_checksums: struct.Struct = _NOTHING
+    spans: tuple[slice, ...] = ()  # each entry's stored bytes
+    raw_buffers: bool = False
+    buffer_spans: tuple[slice, ...] = ()
+    buffers: tuple[Entry, ...] = ()
+    seq_lens: Entry | None = None
+    metadata: Entry | None = None
+    page_digests: Entry | None = None
+    page_refs: Entry | None = None
+    pool_typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None
+
+
+def _spans_struct(spans: list[tuple[int, int]], code: str = "s") -> struct.Struct:
+    """A struct reading the ascending, disjoint byte ranges ``spans`` as one field each
+    (``code`` "s": bytes; else the struct code of an item filling its range) and skipping
+    what lies between."""
+    fmt, cursor = ["<"], 0
+    for start, stop in spans:
+        fmt.append(f"{start - cursor}x" if start > cursor else "")
+        fmt.append(f"{stop - start}s" if code == "s" else code)
+        cursor = stop
+    return struct.Struct("".join(fmt))
+
+
+def new_plan_cache() -> BoundedMemo[Any]:
+    """A decoder's one plan cache: plans by masked header bytes and limits, the checksum
+    masks by header geometry, descriptors by their bytes (``peek_descriptor``) and the
+    in-place landing's engine descriptors; 512 entries or 64 MiB they keep alive."""
+    return BoundedMemo(512, 64 << 20)
+
+
+def _checksum_mask(plans: BoundedMemo[Any], header_length: int, count: int) -> int:
+    """All-ones over ``header_length`` bytes but the section checksums (little-endian):
+    built once per header geometry, in time linear in its size."""
+    key = (header_length, count)  # no other key of the cache is a pair
+    mask: int | None = plans.get(key)
+    if mask is None:
+        ones = bytearray(b"\xff") * header_length
+        table = np.frombuffer(ones, np.uint8, ENTRY.size * count, HEADER_SIZE)
+        table.reshape(count, ENTRY.size)[:, _CHECKSUM_AT:_CHECKSUM_END] = 0
+        mask = plans.put(key, int.from_bytes(ones, "little"), PER_ENTRY + header_length)
+    return mask
+
+
+def header_plan(
+    view: memoryview,
+    total: int,
+    limits: DecodeLimits,
+    plans: BoundedMemo[Any] | None,
+    head: Any = None,
+) -> _Plan:
+    """The validated plan of the blob at the start of ``view``: limits first (on the fixed
+    header alone, ``head`` if already unpacked), then the header checksum, then the plan
+    cache (None: none) or a full check.
+
+    The cache key is the checked copy of the header as one integer, section checksums
+    masked out (they are checked per call; with checksum_type 0 they must stay zero, so
+    stay in).
+    """
+    if head is None:
+        head = fixed_header(view)
+    header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
+    dlen = head[I_DESCRIPTOR_LENGTH]
+    check_limits(count, dlen, limits)
+    try:
+        header = checked_header(view, head, header_length, count, dlen, total)
+    except ChecksumError as exc:
+        raise _suspect(exc, view, header_length, total, limits) from None
+    if plans is None:
+        return _plan_from_header(header, total, limits)
+    key = int.from_bytes(header, "little")
+    if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
+        key &= plans.get((header_length, count)) or _checksum_mask(plans, header_length, count)
+    plan_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
+    plan: _Plan | None = plans.get(plan_key)
+    if plan is None:
+        plan = _plan_from_header(header, total, limits)
+        plans.put(plan_key, plan, weight(header_length) + sum(map(len, plan.zeros[1])))
+    return plan
+
+
+def _suspect(
+    exc: ChecksumError, view: memoryview, header_length: int, total: int, limits: DecodeLimits
+) -> ChecksumError:
+    """A header checksum mismatch, with the field that changed when the header read without
+    its checksum breaks a rule there (a flipped offset, size or descriptor field usually
+    does; a flipped value that stays valid cannot be named)."""
+    if exc.section != "header" or header_length > len(view):
+        return exc
+    try:
+        _plan_from_header(bytes(view[:header_length]), total, limits)
+    except HurrayWireError as inner:
+        if inner.field is None and inner.offset is None:
+            return exc
+        place = f"field {inner.field}" if inner.field else f"section {inner.section}"
+        at = "" if inner.offset is None else f" at byte offset {inner.offset}"
+        exc.message += f"; read without it, {place}{at} is invalid ({inner.message})"
+        exc.relocated()  # the text again, with the longer message
+    return exc
+
+
+def _plan_from_header(header: bytes, total: int, limits: DecodeLimits) -> _Plan:
+    """Validate the fixed header, descriptor and section table (all within ``header``)."""
+    head = HEADER.unpack_dict(header)
+    check_header_fields(head)
+    count = head["section_count"]
+    descriptor = embedded_descriptor(header, entry_at(count))
+    checksum_type = head["checksum_type"]
+    start = len(header) + _U64.size
+    entries, tail = check_entries(header, count, descriptor, start, total, checksum_type, limits)
+    return _Plan(descriptor, total, entries, tail, checksum_type == w.CHECKSUM_XXH3_64)
+
+
+#: A route's own check of the validated tensor (stream header, index entry, offered
+#: layer and role), run after every blob check and before anything lands.
+Accept = Callable[[BlockPagedTensor], None]
+
+
+class Options(Protocol):
+    """What the pipeline reads of its options: a :class:`~hurray_wire.blob.decoder.Decoder`
+    (checked once when it is made)."""
+
+    @property
+    def verify(self) -> bool: ...
+    @property
+    def limits(self) -> DecodeLimits: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def page_store(self) -> PageStore | None: ...
+    @property
+    def expect_fingerprint(self) -> EngineFingerprint | None: ...
+    @property
+    def plans(self) -> BoundedMemo[Any]: ...
+
+
+def plan_of(view: memoryview, opts: Options) -> _Plan:
+    """The validated (cached) plan of the whole blob at the start of ``view``."""
+    head = whole_blob_header(view)
+    return header_plan(view, head[I_TOTAL_LENGTH], opts.limits, opts.plans, head)
+
+
+def run(
+    view: memoryview,
+    opts: Options,
+    *,
+    report: bool = False,
+    work: Callable[..., PageWork] | None = None,
+    accept: Accept | None = None,
+    plan: _Plan | None = None,
+    pool: U8Array | None = None,
+    defer_pool: bool = False,
+    late_pool: U8Array | None = None,
+) -> tuple[BlockPagedTensor, DecodeReport | None]:
+    """The one decode pipeline: framing, the plan, padding, checksums, page digests and
+    refs, metadata, fingerprint, index invariants, then the route's ``accept``, then the
+    page work's verdict (``finish``: raised, or reported with ``report``), which for an
+    in-place ``work`` is the one step that writes caller memory.
+
+    ``pool``: the raw bytes of buffer 0 when they are not in ``view`` (a transport landed
+    them elsewhere; ``view`` then holds anything, e.g. zeros, in their range).
+    ``defer_pool``: buffer 0's section checksum is left to the caller, which hashes it
+    while copying it to its destination (``landing.IntoArray``). ``late_pool``: the
+    destination of a compressed buffer 0, typed now and written by the page work's
+    ``finish`` (``decompress_pool``): one pass, and nothing written before the checks."""
+    if plan is None:
+        plan = plan_of(view, opts)
+    if pool is not None:
+        entry = plan.buffers[0]
+        if entry.codec != CODEC_RAW or entry.stored_size != pool.size:
+            raise ArgumentTypeError(
+                "the landed page pool is not the blob's raw buffer[0]",
+                field="page_pool",
+                expected=f"{entry.stored_size} raw bytes",
+                found=f"{pool.size} bytes",
+            )
+    pages = None
+    if work is not None or plan.page_digests is not None or plan.page_refs is not None:
+        pages = (work or PageWork)(
+            plan.descriptor,
+            has_digests=plan.page_digests is not None,
+            page_store=opts.page_store,
+            report=report,
+            verify=opts.verify,
+        )
+    tensor = _materialize(view, plan, opts, pages, pool, defer_pool, late_pool)
+    if accept is not None:
+        accept(tensor)
+    if pages is not None:
+        return tensor, pages.finish(tensor)  # raises for any failed page unless reporting
+    if report:  # nothing to report: no page sections
+        return tensor, DecodeReport(tensor, _NO_PAGES, (), _NO_PAGES, _NO_PAGES, _NO_PAGES, False)
+    return tensor, None
+
+
+def _materialize(
+    view: memoryview,
+    plan: _Plan,
+    opts: Options,
+    pages: PageWork | None,
+    pool: U8Array | None,
+    defer_pool: bool,
+    late_pool: U8Array | None = None,
+) -> BlockPagedTensor:
+    """Check padding and checksums, decode the sections, then assemble the tensor."""
+    zeros, expected = plan.zeros
+    if zeros.unpack_from(view) != expected:  # the small regions in one unpack; which one:
+        for start, stop, where in plan.paddings:
+            check_zero(view, start, stop, error=PaddingError, section=where)
+    for start, stop, where in plan.large_paddings:
+        check_zero(view, start, stop, error=PaddingError, section=where)
+    verify = opts.verify and plan.verify_sections
+    moved = pool is not None or defer_pool
+    if (
+        verify
+        and pages is None
+        and not moved
+        and tuple(map(xxhash.xxh3_64_intdigest, map(view.__getitem__, plan.spans)))
+        == plan.stored_checksums.unpack_from(view)
+    ):
+        pass  # every section checksum matched, compared in one go (else: which one)
+    elif verify:
+        pool_entry = plan.buffers[0]
+        pool_checksum = _digest_pass(view, plan, pages, pool)
+        for e in plan.entries:
+            if e is pool_entry and defer_pool:
+                continue  # hashed while it is copied to its destination
+            if e is pool_entry and pool_checksum is not None:
+                computed = pool_checksum  # hashed in the page-digest pass
+            elif e is pool_entry and pool is not None:
+                computed = xxhash.xxh3_64_intdigest(pool.data)
+            else:
+                computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
+            stored_checksum = stored_section_checksum(view, e)
+            if computed != stored_checksum:
+                if pages is not None and pages.tolerates(e.kind == w.KIND_BUFFER, e.index, e.where):
+                    continue  # decode_report: the page digests localise the damage
+                mismatch = checksum_mismatch(e, computed, stored_checksum)
+                raise _localised(mismatch, view, plan, pages, e) if pool is None else mismatch
+    whole = np.frombuffer(view, np.uint8, plan.total)
+    readonly = view.readonly
+    threads = opts.threads
+
+    def payload(e: Entry) -> npt.NDArray[np.uint8]:
+        if e.codec == CODEC_RAW:
+            return whole[e.offset : e.offset + e.stored_size]
+        decoded = _decompress(e, whole[e.offset : e.offset + e.stored_size], threads)
+        if readonly:  # one rule for every array: read-only exactly when the input is
+            decoded.flags.writeable = False
+        return decoded
+
+    if plan.raw_buffers:  # every buffer stored raw: views at spans decided by the plan
+        buffers = [whole[span] for span in plan.buffer_spans]
+    elif late_pool is not None:  # decompressed into it after every check (IntoArray)
+        buffers = [late_pool, *(payload(e) for e in plan.buffers[1:])]
+    else:
+        buffers = [payload(e) for e in plan.buffers]
+    if pool is not None:
+        buffers[0] = pool
+    lens = None if plan.seq_lens is None else payload(plan.seq_lens)
+    metadata: dict[str, Any] = {}
+    found = None
+    if plan.metadata is not None:
+        metadata, found = _metadata(plan, payload(plan.metadata), opts.limits)
+    expect = opts.expect_fingerprint
+    if expect is not None and found is not None:
+        check_compatible(expect, found)  # the fingerprint parsed once, with the metadata
+    elif expect is not None:
+        require_fingerprint(expect, metadata, section="metadata")  # raises: none carried
+    if pages is not None and (plan.page_digests is not None or plan.page_refs is not None):
+        digests, refs = plan.page_digests, plan.page_refs
+        buffers = pages.rebuild(
+            buffers,
+            None if digests is None else payload(digests),
+            _raw_offset(digests),
+            None if refs is None else payload(refs),
+            _raw_offset(refs),
+        )
+    return _assemble(plan, buffers, lens, metadata, pages)
+
+
+def stored_section_checksum(view: memoryview, e: Entry) -> int:
+    """The checksum a section's table entry stores (read per call, never memoised)."""
+    (stored,) = _U64.unpack_from(view, e.entry_offset + ENTRY_AT["checksum"])
+    return int(stored)
+
+
+def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
+    """The error of a section whose bytes do not hash to its stored checksum."""
+    return ChecksumError(
+        "section checksum mismatch",
+        section=e.where,
+        offset=e.offset,
+        expected=f"0x{stored:016x}",  # what the blob says the bytes hash to
+        found=f"0x{computed:016x}",  # what they hash to now
+    )
+
+
+def _localised(
+    error: ChecksumError, view: memoryview, plan: _Plan, pages: PageWork | None, e: Entry
+) -> ChecksumError:
+    """A page-row buffer's checksum mismatch with the pages the blob's digests name (raw
+    sections, no page refs): the error says which pages, and its offset is the first bad
+    page's row in the pool, not the section's start."""
+    digests = plan.page_digests
+    if (pages is None or digests is None or digests.codec != CODEC_RAW or not plan.raw_buffers
+            or plan.page_refs is not None or e.kind != w.KIND_BUFFER):  # fmt: skip
+        return error
+    whole = np.frombuffer(view, np.uint8, plan.total)
+    payload = whole[digests.offset : digests.offset + digests.stored_size]
+    rows = [whole[span] for span in plan.buffer_spans]
+    bad = pages.localise(rows, payload, digests.offset, e.index)
+    if bad is None or not bad.size:
+        return error  # the digests vouch for every page: the damage is elsewhere in it
+    listed = f"{bad[:16].tolist()}{' ...' * (bad.size > 16)}"
+    num_pages = plan.descriptor.layout.num_pages  # the pool's rows: one page each
+    located = ChecksumError(
+        f"section checksum mismatch: the page digests name physical page(s) {listed}",
+        section=e.where,
+        offset=e.offset + (int(bad[0]) * e.raw_size // num_pages if e.index == 0 else 0),
+        expected=error.expected,
+        found=error.found,
+    )
+    located.pages = tuple(bad.tolist())
+    return located
+
+
+def _decompress(
+    e: Entry, stored: npt.NDArray[np.uint8], threads: int, out: U8Array | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> npt.NDArray[np.uint8]:  # fmt: skip
+    """Decode one compressed section into a new array (allocated after its layout checks)
+    or ``out``; errors carry blob offsets. The section table checked the codec and its
+    parameter."""
+    try:
+        return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads, out, progress)
+    except HurrayWireError as exc:
+        inside = exc.offset if exc.offset is not None and exc.offset <= stored.size else 0
+        raise exc.relocated(section=e.where, offset=e.offset + inside) from None
+
+
+def decompress_pool(
+    view: memoryview, e: Entry, threads: int, out: U8Array,
+    progress: Callable[[int], None] | None = None,
+) -> None:  # fmt: skip
+    """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``, telling
+    ``progress`` of each finished prefix (``codecs.decode_section``)."""
+    whole = np.frombuffer(view, np.uint8)
+    _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out, progress)
+
+
+def _digest_pass(
+    view: memoryview, plan: _Plan, pages: PageWork | None, pool: U8Array | None
+) -> int | None:
+    """With a page-digests section and raw buffers: digest the page rows and hash buffer 0
+    for its section checksum in one pass over the pool (PageWork keeps the digests)."""
+    if pages is None or plan.page_digests is None:
+        return None
+    if any(e.codec != CODEC_RAW for e in plan.buffers):
+        return None
+    whole = np.frombuffer(view, np.uint8, plan.total)
+    rows = [whole[e.offset : e.offset + e.stored_size] for e in plan.buffers]
+    if pool is not None:
+        rows[0] = pool
+    sent = None if plan.page_refs is None else refs_count(plan.page_refs.raw_size)
+    return pages.digest_rows(rows, sent)
+
+
+def _raw_offset(e: Entry | None) -> int | None:
+    """Blob offset of a section's contents; None for decoded (compressed) bytes."""
+    return e.offset if e is not None and e.codec == CODEC_RAW else None
+
+
+def _metadata(
+    plan: _Plan, meta_payload: npt.NDArray[np.uint8], limits: DecodeLimits
+) -> tuple[dict[str, Any], EngineFingerprint | None]:
+    """The metadata section decoded (within the limits), its errors placed at blob
+    offsets, and the engine fingerprint its reserved entry carries (which must be a valid
+    fingerprint record) or None."""
+    try:
+        metadata = dict(decode_metadata(meta_payload, max_entries=limits.max_metadata_entries))
+        found = require_fingerprint(None, metadata, section="metadata")
+    except HurrayWireError as exc:
+        start = _raw_offset(plan.metadata)
+        offset = None if start is None else start + (exc.offset or 0)
+        raise exc.relocated(section="metadata", offset=offset) from None
+    return metadata, found
+
+
+def _assemble(
+    plan: _Plan,
+    buffers: list[npt.NDArray[np.uint8]],
+    lens_payload: npt.NDArray[np.uint8] | None,
+    metadata: dict[str, Any],
+    pages: PageWork | None = None,
+) -> BlockPagedTensor:
+    """Type the sections and check what needs their contents (tensor.assemble, shared
+    with the containers), placing its errors at blob offsets."""
+    descriptor = plan.descriptor
+    seq_lens = None if lens_payload is None else lens_payload.view(SEQ_LENS)
+    try:
+        if pages is None:
+            return assemble(descriptor, buffers, seq_lens, metadata, typing=plan.pool_typing)
+        return pages.assemble(descriptor, buffers, seq_lens, metadata)
+    except IndexBufferError as exc:
+        if exc.field == "seq_lens":
+            entry, section, width = plan.seq_lens, "seq_lens", SEQ_LENS.itemsize
+        else:
+            index = 1 if exc.field == "block_table" else 2
+            entry, section = plan.buffers[index], f"buffer[{index}]"
+            width = descriptor.layout.index_dtype.itemsize
+        start = _raw_offset(entry)
+        offset = start + width * (exc.position or 0) if start is not None else None
+        raise exc.relocated(section=section, offset=offset) from None
+    except InvalidMetadataError as exc:  # a reserved key (kv_scale.check_reserved_metadata)
+        raise exc.relocated(section="metadata") from None
+    except HurrayWireError as exc:  # a pool error: its offset (if any) is within the pool
+        start = _raw_offset(plan.buffers[0])
+        offset = None if start is None else start + (exc.offset or 0)
+        raise exc.relocated(section="buffer[0]", offset=offset) from None
