@@ -469,20 +469,31 @@ def check_blob(
         check_compatible(expect, own)
     if header is None:
         return
-    layer, layers, element = tensor.layer_index, header.num_layers, header.element_type
-    for name, bad, message, expected, found in (
-        ("layer_index", layers is not None and (layer is None or layer >= layers),
-         "blob layer_index outside the stream header's num_layers", f"< {layers}", layer),
-        ("kv_role", header.kv_roles and tensor.kv_role not in header.kv_roles,
-         "blob kv_role not among the stream header's kv_roles", header.kv_roles, tensor.kv_role),
-        ("element_type", element not in (None, tensor.element_type),
-         "blob element type differs from the stream header's", element and element.name,
-         tensor.element_type.name),
-    ):  # fmt: skip
-        if bad:
-            raise InvalidStreamError(
-                message, section=at, field=name, expected=expected, found=found
-            )
+    layer = tensor.layer_index
+    if header.num_layers is not None and (layer is None or layer >= header.num_layers):
+        raise InvalidStreamError(
+            "blob layer_index outside the stream header's num_layers",
+            section=at,
+            field="layer_index",
+            expected=f"< {header.num_layers}",
+            found=layer,
+        )
+    if header.kv_roles and tensor.kv_role not in header.kv_roles:
+        raise InvalidStreamError(
+            "blob kv_role not among the stream header's kv_roles",
+            section=at,
+            field="kv_role",
+            expected=header.kv_roles,
+            found=tensor.kv_role,
+        )
+    if header.element_type is not None and tensor.element_type != header.element_type:
+        raise InvalidStreamError(
+            "blob element type differs from the stream header's",
+            section=at,
+            field="element_type",
+            expected=header.element_type.name,
+            found=tensor.element_type.name,
+        )
 
 
 def empty_input_error() -> StreamTruncatedError:
