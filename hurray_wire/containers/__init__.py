@@ -1,10 +1,7 @@
-"""Containers that carry blobs and descriptors: blob streams, reference streams, ``.hrry`` files.
+"""Containers that carry blobs and descriptors: blob streams, reference streams, ``.hrry`` files
+(the modules and what each owns: docs/architecture.md)."""
 
-The modules and what each owns: docs/architecture.md. This package re-exports their public
-names.
-"""
-
-from hurray_wire.containers.blob_stream import StreamReader, StreamWriter
+from hurray_wire.containers.blob_stream import StreamFile, StreamReader, StreamWriter
 from hurray_wire.containers.hrry import (
     FileHeader,
     FileTrailer,
@@ -24,14 +21,14 @@ from hurray_wire.containers.records import (
     encode_end_record,
     encode_stream_header,
 )
-from hurray_wire.containers.reference_common import (
+from hurray_wire.containers.reference_stream import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
     METADATA_KEY_PREFIX,
     SEQ_LENS_KEY_PREFIX,
+    read_stream,
+    write_stream,
 )
-from hurray_wire.containers.reference_stream import read_stream, write_stream
 from hurray_wire.containers.sniff import Format, identify
-from hurray_wire.containers.stream_file import StreamFile
 
 __all__ = [
     "DEFAULT_MAX_BLOB_BYTES",

@@ -1,9 +1,6 @@
-"""The file-system edge of every container: atomic output and typed access errors.
-
-:func:`atomic_output` is the one way hurray-wire writes a file, because ``open(path, "wb")``
+"""The one way hurray-wire writes a file (``atomic_output``), because ``open(path, "wb")``
 truncates first: SIGBUS and a lost input when the output is an input, a partial file on
-failure (docs/cli.md, "atomic output").
-"""
+failure (docs/cli.md, "atomic output"); typed access errors."""
 
 from __future__ import annotations
 
@@ -55,8 +52,7 @@ def check_not_input(path: PathLike, inputs: Iterable[PathLike]) -> None:
 @contextlib.contextmanager
 def atomic_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> Iterator[BinaryIO]:
     """A binary file that becomes ``path`` only if the ``with`` block ends normally, never
-    onto one of ``inputs``; file-system errors are ``FileAccessError``, the caller's own
-    exceptions pass through after the temporary file is removed."""
+    onto one of ``inputs``; file-system errors are ``FileAccessError``."""
     check_not_input(path, inputs)
     target = os.path.realpath(path)  # follow a symlink: replace the file, keep the link
     if os.path.isdir(target):

@@ -1,39 +1,27 @@
-"""``HrryFile``: a lazy, memory-mapped reader of the ``.hrry`` file (containers.md Part B).
-
-Opening runs § B.8 steps 1-5 (``hrry_records``); each tensor's step 6 (descriptor placement
-and length, buffer spans, index buffers, reserved KV keys) runs only when that tensor is
-asked for, so a file's other tensors are never read.
+"""``HrryFile``, a lazy, memory-mapped reader of ``.hrry`` files (containers.md Part B): opening
+runs § B.8 steps 1-5 (``parse_*``); a tensor's step 6 runs only when it is asked for.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 
 from hurray_wire.buffers import align, byte_view
-from hurray_wire.containers.hrry_records import (
-    FileHeader,
-    FileTrailer,
-    IndexEntry,
-    parse_header,
-    parse_index,
-    parse_kv,
-    parse_trailer,
-)
-from hurray_wire.containers.io import ClosesOnExit, MemorySource, open_memory
-from hurray_wire.containers.reference_common import (
+from hurray_wire.containers.io import ClosesOnExit, MemorySource, check_limit, open_memory
+from hurray_wire.containers.reference_stream import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
     METADATA_KEY_PREFIX,
     MIN_DESCRIPTOR_LENGTH,
     RESERVED_PREFIXES,
     SEQ_LENS_KEY_PREFIX,
-    check_limit,
     container_error,
 )
+from hurray_wire.crc32c import crc32c
 from hurray_wire.errors import (
     ArgumentTypeError,
     ContainerTruncatedError,
@@ -51,26 +39,295 @@ from hurray_wire.model.descriptor_codec import (
     peek_descriptor_length,
 )
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
-from hurray_wire.wire import containers as wc, descriptor_layout as dl
+from hurray_wire.wire import containers as wc, descriptor_layout as dl, records as wr
 
-__all__ = ["FileHeader", "FileTrailer", "HrryFile", "IndexEntry", "read_file", "read_file_metadata"]
-
-Array = npt.NDArray[Any]
 _T = TypeVar("_T")
+
+_HEADER = wr.HRRY_HEADER.raising(InvalidContainerError, ContainerTruncatedError)
+_TRAILER = wr.HRRY_TRAILER.raising(InvalidContainerError, ContainerTruncatedError)
+HEADER = _HEADER.head
+TRAILER = _TRAILER.head
+COUNT = wc.FAST_HRRY_INDEX_COUNT  # entry_count
+ENTRY_FIXED = wc.FAST_HRRY_INDEX_ENTRY_FIXED
+NAME_LENGTH = wc.FAST_HRRY_NAME_LENGTH
+_MIN_ENTRY = NAME_LENGTH.size + 1 + ENTRY_FIXED.size  # a one-byte name
+#: The header's magic, major version and reserved bytes, checked in this order.
+_HEADER_FIXED = (
+    ("magic", wc.FILE_MAGIC, "bad file magic"),
+    ("container_version_major", 1, "unsupported container major version"),
+    *((HEADER.names[at], zero, "reserved header bytes must be zero")
+      for at, zero in HEADER.consts if at),
+)  # fmt: skip
+#: The trailer's magic first (a cut file or no .hrry file), then its reserved bytes.
+_TRAILER_FIXED = tuple(
+    (name, value, "bad trailer magic (file truncated or not a .hrry file)" if name == "magic"
+     else "reserved trailer bytes must be zero")
+    for name, value in sorted(((TRAILER.names[at], v) for at, v in TRAILER.consts),
+                              key=lambda f: f[0] != "magic")
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FileHeader:
+    """The checked 64-byte header (§ B.2)."""
+
+    version: tuple[int, int]
+    file_flags: int
+    data_buffer_alignment: int
+    first_descriptor_offset: int
+    tensor_count_hint: int  # never trusted
+
+    @property
+    def has_kv_metadata_flag(self) -> bool:
+        return bool(self.file_flags & wc.FILE_FLAG_HAS_KV_METADATA)
+
+    @property
+    def sorted_index(self) -> bool:
+        return bool(self.file_flags & wc.FILE_FLAG_SORTED_INDEX)
+
+    @property
+    def has_index_crc32c(self) -> bool:
+        return bool(self.file_flags & wc.FILE_FLAG_HAS_INDEX_CRC32C)
+
+
+@dataclass(frozen=True)
+class FileTrailer:
+    """The checked 40-byte trailer (§ B.6)."""
+
+    index_offset: int
+    index_length: int
+    kv_offset: int
+    kv_length: int
+    index_crc32c: int
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One index entry (§ B.5): where a tensor's descriptor and data are."""
+
+    name: str
+    descriptor_offset: int
+    descriptor_length: int
+    data_offset: int
+    data_length: int
+
+
+def check_alignment(value: object, offset: int | None = None) -> None:
+    """§ B.2: data_buffer_alignment is a power of two in 4096 .. 2 MiB."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not wc.MIN_DATA_BUFFER_ALIGNMENT <= value <= wc.MAX_DATA_BUFFER_ALIGNMENT
+        or value & (value - 1)
+    ):
+        raise InvalidContainerError(
+            "data_buffer_alignment must be a power of two in 4096..2 MiB",
+            section="header",
+            field="data_buffer_alignment",
+            offset=offset,
+            found=repr(value),
+        )
+
+
+# -- § B.8 step 1: the header ----------------------------------------------------------------
+def parse_header(buf: Any, size: int) -> FileHeader:
+    """Room for a header and a trailer, then the 64-byte header, every field checked (★
+    rules included)."""
+    if size < wc.MIN_FILE_SIZE:
+        raise ContainerTruncatedError(
+            "empty input (0 bytes)" if size == 0 else "file shorter than a header and a trailer",
+            section="file",
+            offset=size,
+            expected=f">= {wc.MIN_FILE_SIZE} bytes",
+            found=f"{size} bytes",
+        )
+    fields = _HEADER.read_head(buf, _HEADER_FIXED)
+    flags, first = fields["file_flags"], fields["first_descriptor_offset"]
+    if flags & ~wc.FILE_FLAGS_KNOWN:
+        raise _HEADER.error("file_flags", "reserved file_flags bits set", found=f"0x{flags:08X}")
+    check_alignment(fields["data_buffer_alignment"], HEADER.offsets["data_buffer_alignment"])
+    if first < wc.HEADER_SIZE or first % wc.SECTION_ALIGNMENT or first > size - wc.TRAILER_SIZE:
+        raise _HEADER.error(
+            "first_descriptor_offset",
+            "first_descriptor_offset must be >= 64, 8-aligned and inside the file",
+            found=first,
+        )
+    return FileHeader(
+        (fields["container_version_major"], fields["container_version_minor"]),
+        flags,
+        fields["data_buffer_alignment"],
+        first,
+        fields["tensor_count_hint"],
+    )
+
+
+# -- § B.8 steps 2-3: the trailer ------------------------------------------------------------
+def parse_trailer(buf: Any, size: int, header: FileHeader) -> FileTrailer:
+    """The trailer (magic checked before any field is trusted), its bounds, the index CRC."""
+    at = size - wc.TRAILER_SIZE
+    fields = _TRAILER.read_head(buf, _TRAILER_FIXED, at=at)
+    names = ("index_offset", "index_length", "kv_offset", "kv_length", "index_crc32c")
+    index_offset, index_length, kv_offset, kv_length, crc = map(fields.__getitem__, names)
+    if (
+        index_offset < wc.HEADER_SIZE
+        or index_length < COUNT.size
+        or index_offset + index_length > at
+    ):
+        raise _TRAILER.error(
+            "index_offset",
+            "index outside the file body",
+            base=at,
+            expected=f"{wc.HEADER_SIZE} <= index_offset, {COUNT.size} <= index_length, end <= {at}",
+            found=f"offset {index_offset}, length {index_length}",
+        )
+    has_kv = header.has_kv_metadata_flag
+    if (kv_offset == 0) != (kv_length == 0) or (has_kv and kv_length == 0):
+        raise _TRAILER.error(
+            "kv_offset",
+            "kv_offset and kv_length must both be 0 (no KV section) or both be set"
+            + (", and HAS_KV_METADATA needs a section" if has_kv else ""),
+            base=at,
+            found=f"offset {kv_offset}, length {kv_length}",
+        )
+    if kv_length and (kv_offset < wc.HEADER_SIZE or kv_offset + kv_length > at):
+        raise _TRAILER.error(
+            "kv_offset",
+            "KV section outside the file body",
+            base=at,
+            expected=f"{wc.HEADER_SIZE} <= kv_offset, end <= {at}",
+            found=f"offset {kv_offset}, length {kv_length}",
+        )
+    if header.has_index_crc32c:
+        computed = crc32c(np.frombuffer(buf, np.uint8, index_length, index_offset))
+        if computed != crc:
+            raise _TRAILER.error(
+                "index_crc32c",
+                "index CRC-32C mismatch",
+                base=at,
+                expected=f"0x{computed:08X}",
+                found=f"0x{crc:08X}",
+            )
+    elif crc != 0:
+        raise _TRAILER.error(
+            "index_crc32c",
+            "index_crc32c must be 0 when HAS_INDEX_CRC32C is clear ([A21])",
+            base=at,
+            found=f"0x{crc:08X}",
+        )
+    return FileTrailer(index_offset, index_length, kv_offset, kv_length, crc)
+
+
+# -- § B.8 step 4: the index -----------------------------------------------------------------
+def parse_index(buf: Any, header: FileHeader, trailer: FileTrailer) -> tuple[IndexEntry, ...]:
+    """Every index entry, no bytes left over, sorted if SORTED_INDEX says so."""
+    start = trailer.index_offset
+    end = start + trailer.index_length
+    count = COUNT.struct.unpack_from(buf, start)[0]
+    room = (end - start - COUNT.size) // _MIN_ENTRY
+    if count > room:
+        raise InvalidContainerError(
+            "entry_count larger than the index can hold",
+            section="index",
+            field="entry_count",
+            offset=start,
+            expected=f"<= {room}",
+            found=count,
+        )
+    pos = start + COUNT.size
+    entries: list[IndexEntry] = []
+    raw_names: list[bytes] = []
+    seen: set[bytes] = set()
+    for number in range(count):
+        where = f"entries[{number}]"
+        if pos + NAME_LENGTH.size > end:
+            raise _index_short(where, pos, end)
+        name_length = NAME_LENGTH.struct.unpack_from(buf, pos)[0]
+        if name_length == 0:
+            raise InvalidContainerError(
+                "empty tensor name", section="index", field=f"{where}.name_length", offset=pos
+            )
+        at_name = pos + NAME_LENGTH.size
+        fixed = at_name + name_length
+        if fixed + ENTRY_FIXED.size > end:
+            raise _index_short(where, pos, end)
+        raw = bytes(buf[at_name:fixed])
+        try:
+            name = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidContainerError(
+                "tensor name is not valid UTF-8",
+                section="index",
+                field=f"{where}.name",
+                offset=at_name + exc.start,
+            ) from None
+        if raw in seen:
+            raise InvalidContainerError(
+                "duplicate tensor name",
+                section="index",
+                field=f"{where}.name",
+                offset=at_name,
+                found=repr(name),
+            )
+        seen.add(raw)
+        raw_names.append(raw)
+        d_off, d_len, data_off, data_len, flags = ENTRY_FIXED.struct.unpack_from(buf, fixed)
+        if flags:
+            raise InvalidContainerError(
+                "index entry flags must be 0",
+                section="index",
+                field=f"{where}.flags",
+                offset=fixed + ENTRY_FIXED.offsets["flags"],
+                found=flags,
+            )
+        entries.append(IndexEntry(name, d_off, d_len, data_off, data_len))
+        pos = fixed + ENTRY_FIXED.size
+    if pos != end:
+        raise InvalidContainerError(
+            "bytes left over after the last index entry",
+            section="index",
+            offset=pos,
+            expected=f"index end at {end}",
+            found=f"{end - pos} bytes",
+        )
+    if header.sorted_index and raw_names != sorted(raw_names):
+        raise InvalidContainerError(
+            "SORTED_INDEX is set but the entries are not sorted by name bytes",
+            section="index",
+            offset=start,
+        )
+    return tuple(entries)
+
+
+def _index_short(where: str, pos: int, end: int) -> InvalidContainerError:
+    return InvalidContainerError(
+        "index_length ends inside an entry",
+        section="index",
+        field=where,
+        offset=pos,
+        expected="a whole entry",
+        found=f"{end - pos} bytes",
+    )
+
+
+# -- § B.8 step 5: the KV section ------------------------------------------------------------
+def parse_kv(buf: Any, trailer: FileTrailer) -> dict[str, MetadataValue]:
+    """The KV metadata section, if the trailer locates one."""
+    if not trailer.kv_length:
+        return {}
+    raw = bytes(buf[trailer.kv_offset : trailer.kv_offset + trailer.kv_length])
+    try:
+        return decode_metadata(raw, base_offset=trailer.kv_offset)
+    except HurrayWireError as exc:
+        raise container_error(exc, "kv_metadata", exc.offset) from exc
 
 
 class HrryFile(ClosesOnExit):
     """A lazy, memory-mapped ``.hrry`` reader: ``with HrryFile(path) as f: f.tensor(name)``.
 
-    Opening checks the header, trailer, index (CRC-32C included) and KV section (§ B.8 1-5)
-    and nothing else; ``descriptor`` / ``tensor`` check and map only the tensor asked for
-    (§ B.8 6), so a file's other tensors are never read. Arrays are read-only views of the
-    map; they keep it alive after ``close()``, which unmaps only once no array is left.
-
-    ``tensor`` first checks (``os.fstat``) that the file still holds the tensor's bytes: a
-    file truncated by another process raises ``ContainerTruncatedError`` instead of SIGBUS.
-    Arrays handed out earlier still view the map, which no check can protect
-    (docs/security.md); ``mmap=False`` reads the whole file into memory instead.
+    Opening checks the header, trailer, index and KV section and nothing else, so a file's
+    other tensors are never read. Arrays are read-only views of the map (kept alive past
+    ``close()``); ``tensor`` first checks (``os.fstat``) that the file still holds its bytes
+    (``ContainerTruncatedError``, not SIGBUS); ``mmap=False`` reads the file into memory.
     """
 
     _section = "file"
@@ -192,10 +449,7 @@ class HrryFile(ClosesOnExit):
         return self._decoded(name, decode_header)
 
     def descriptor(self, name: str) -> TensorDescriptor:
-        """``name``'s block-paged descriptor (parses only that descriptor).
-
-        Raises ``UnsupportedLayoutError`` for a valid descriptor of another layout.
-        """
+        """``name``'s block-paged descriptor (``UnsupportedLayoutError`` for another layout)."""
         self._check_open()
         cached = self._descriptors.get(name)
         if cached is None:
@@ -252,18 +506,25 @@ class HrryFile(ClosesOnExit):
         return tuple(spans)
 
     def tensor(self, name: str) -> BlockPagedTensor:
-        """``name`` as a tensor whose arrays are read-only views of the file (no copy).
-
-        ``seq_lens`` and ``metadata`` come back from their reserved KV keys, checked.
-        """
+        """``name`` as a tensor viewing the file, with ``seq_lens`` and ``metadata`` from their
+        reserved KV keys."""
         self._check_open()
         spans = self.buffer_spans(name)
         descriptor = self.descriptor(name)
         needed = max((at + size for at, size in spans), default=0)
         self._source.require(needed, ContainerTruncatedError, f"tensor {name!r}")  # else SIGBUS
         buffers = [np.frombuffer(self._buf, np.uint8, size, at) for at, size in spans]
-        seq_lens = self._seq_lens(name)
-        metadata = self._tensor_metadata(name)
+        seq_lens = self._reserved(SEQ_LENS_KEY_PREFIX + name, "seq_lens must be an array of uint64")
+        if seq_lens is not None:  # assemble checks it against the tensor
+            seq_lens = np.array([int(v) for v in seq_lens], dtype=SEQ_LENS)
+            seq_lens.flags.writeable = not self._readonly  # the rule of every decoded array
+        packed = self._reserved(
+            METADATA_KEY_PREFIX + name, "tensor metadata must be bytes holding a KV section"
+        )
+        try:
+            metadata = {} if packed is None else dict(decode_metadata(packed))
+        except HurrayWireError as exc:
+            raise container_error(exc, "kv_metadata", None) from exc
         try:
             return assemble(descriptor, buffers, seq_lens, metadata)
         except HurrayWireError as exc:
@@ -273,11 +534,8 @@ class HrryFile(ClosesOnExit):
             raise container_error(exc, section, self.entry(name).data_offset) from exc
 
     def tensors(self, names: Iterable[str] | None = None) -> dict[str, BlockPagedTensor]:
-        """Several tensors by name (all, in index order, by default).
-
-        ``names`` is a collection of str: a single str is refused, since iterating it would
-        look up each of its characters as a tensor name.
-        """
+        """Several tensors by name (all, in index order, by default); a single str is refused
+        (iterating it would look up each of its characters)."""
         if names is None:
             return {name: self.tensor(name) for name in self.names}
         if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
@@ -298,39 +556,18 @@ class HrryFile(ClosesOnExit):
                 )
         return {name: self.tensor(name) for name in wanted}
 
-    def _seq_lens(self, name: str) -> Array | None:
-        """``hurray.seq_lens.<name>`` as an array (``assemble`` checks it against the tensor)."""
-        key = SEQ_LENS_KEY_PREFIX + name
+    def _reserved(self, key: str, message: str) -> Any:
+        """A tensor's reserved KV entry, if any: seq_lens as uint64 values, metadata as bytes."""
         value = self.metadata.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, UInt64) for v in value):
-            raise InvalidContainerError(
-                "seq_lens must be an array of uint64",
-                section="kv_metadata",
-                field=key,
-                found=type(value).__name__,
-            )
-        lens = np.array([int(v) for v in value], dtype=SEQ_LENS)
-        lens.flags.writeable = not self._readonly  # the rule of every decoded array
-        return lens
-
-    def _tensor_metadata(self, name: str) -> dict[str, Any]:
-        key = METADATA_KEY_PREFIX + name
-        value = self.metadata.get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, bytes):
-            raise InvalidContainerError(
-                "tensor metadata must be bytes holding a KV section",
-                section="kv_metadata",
-                field=key,
-                found=type(value).__name__,
-            )
-        try:
-            return dict(decode_metadata(value))
-        except HurrayWireError as exc:
-            raise container_error(exc, "kv_metadata", None) from exc
+        if key.startswith(SEQ_LENS_KEY_PREFIX):
+            ok = isinstance(value, list) and all(isinstance(v, UInt64) for v in value)
+        else:
+            ok = isinstance(value, bytes)
+        if value is None or ok:
+            return value
+        raise InvalidContainerError(
+            message, section="kv_metadata", field=key, found=type(value).__name__
+        )
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -358,10 +595,8 @@ class HrryFile(ClosesOnExit):
 def read_file(
     path: str | os.PathLike[str], names: Iterable[str] | None = None
 ) -> dict[str, BlockPagedTensor]:
-    """The tensors of a ``.hrry`` file (all, or ``names``) as zero-copy views of its map.
-
-    A tensor of another layout raises ``UnsupportedLayoutError`` only if it is asked for.
-    """
+    """The tensors of a ``.hrry`` file (all, or ``names``) as zero-copy views of its map (one
+    of another layout raises ``UnsupportedLayoutError`` only if it is asked for)."""
     with HrryFile(path) as hrry:
         return hrry.tensors(names)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 from hurray_wire.buffers import align
 from hurray_wire.containers.atomic import atomic_output
-from hurray_wire.containers.hrry_records import (
+from hurray_wire.containers.hrry import (
     COUNT,
     ENTRY_FIXED,
     HEADER,
@@ -15,7 +15,7 @@ from hurray_wire.containers.hrry_records import (
     TRAILER,
     check_alignment,
 )
-from hurray_wire.containers.reference_common import (
+from hurray_wire.containers.reference_stream import (
     METADATA_KEY_PREFIX,
     RESERVED_PREFIXES,
     SEQ_LENS_KEY_PREFIX,
@@ -29,8 +29,6 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import containers as wc
 
 __all__ = ["write_file"]
-
-_ZEROS = bytes(1 << 16)  # padding is written from this, a slice at a time
 
 
 def _name_bytes(name: object) -> bytes:
@@ -85,21 +83,15 @@ def write_file(
 ) -> int:
     """Write a ``.hrry`` file exactly as the reference ``FileWriter`` does; its size in bytes.
 
-    ``.hrry`` has no data checksums (only its index has a CRC-32C): to keep a cache on disk,
-    ``save_cache`` is the checked choice; this is for exchange with the reference. The layout
-    (§ B.3 alignment, KV section only when there is an entry, file_flags, [A17]) is
-    docs/reference-containers.md's; ``metadata`` entries come first, then each tensor's
-    ``hurray.seq_lens.<name>`` / ``hurray.metadata.<name>``. The image is encoded first, then
-    written through ``atomic_output``, so arrays mapping an older file at ``path`` stay valid
-    and a failure leaves it as it was. ``progress`` gets each tensor's data bytes once written.
+    ``.hrry`` has no data checksums (only an index CRC-32C): it is for exchange with the
+    reference, ``save_cache`` for keeping a cache. The layout is docs/reference-containers.md's.
+    Written through ``atomic_output``: arrays mapping an older file at ``path`` stay valid
+    and a failure leaves it as it was. ``progress`` gets each tensor's data bytes.
     """
     if not isinstance(tensors, Mapping):
         raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")
-    buffer_alignment = data_buffer_alignment
-    check_alignment(buffer_alignment)
-    records = []
-    for name, tensor in tensors.items():
-        records.append((_name_bytes(name), tensor_pieces(tensor)))
+    check_alignment(data_buffer_alignment)
+    records = [(_name_bytes(name), tensor_pieces(tensor)) for name, tensor in tensors.items()]
     kv_entries = _file_kv(tensors, metadata)
     kv = encode_metadata(kv_entries) if kv_entries else b""
     flags = wc.FILE_FLAG_HAS_INDEX_CRC32C | (wc.FILE_FLAG_SORTED_INDEX if sorted_index else 0)
@@ -107,7 +99,7 @@ def write_file(
         container_version_major=1,
         container_version_minor=0,
         file_flags=flags,
-        data_buffer_alignment=buffer_alignment,
+        data_buffer_alignment=data_buffer_alignment,
         first_descriptor_offset=wc.HEADER_SIZE,
         tensor_count_hint=wc.TENSOR_COUNT_UNKNOWN,
     )
@@ -120,22 +112,18 @@ def write_file(
             pos += len(piece)
 
         def pad_to(alignment: int) -> None:
-            gap = align(pos, alignment) - pos
-            while gap:
-                step = min(gap, len(_ZEROS))
-                put(memoryview(_ZEROS)[:step])
-                gap -= step
+            put(bytes(align(pos, alignment) - pos))  # < 2 MiB: the largest alignment
 
         put(header)
         index: list[tuple[bytes, int, int, int, int]] = []
         for raw_name, (descriptor, buffers) in records:
             descriptor_offset = pos
             put(descriptor)
-            pad_to(buffer_alignment)  # step 2, even before an empty buffer 0
+            pad_to(data_buffer_alignment)  # step 2, even before an empty buffer 0
             data_offset = pos
             for number, pieces in enumerate(buffers):
                 if number:
-                    pad_to(buffer_alignment)  # between buffers only: none after the last ([A18])
+                    pad_to(data_buffer_alignment)  # between buffers only, none after the last [A18]
                 for piece in pieces:
                     put(piece)
             index.append(

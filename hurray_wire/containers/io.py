@@ -1,10 +1,7 @@
-"""Sinks and sources, once, for every container: sockets, files, pipes, bytes, ``mmap``.
-
-Every container writes through ``open_sink`` and reads through ``open_source`` /
-``open_memory``, so they agree on every edge case: a sink that makes no progress is an
-``ArgumentTypeError``, never a busy loop; an ``OSError`` while reading ends the read and is
-handed back as the *cause* of the container's own truncation error.
-"""
+"""Sinks and sources, once, for every container (sockets, files, pipes, bytes, ``mmap``), so
+that they agree on every edge case: a sink that makes no progress is an ``ArgumentTypeError``,
+never a busy loop; an ``OSError`` while reading is the *cause* of the container's truncation
+error."""
 
 from __future__ import annotations
 
@@ -32,26 +29,6 @@ from hurray_wire.errors import (
     HurrayWireError,
     LimitExceededError,
 )
-
-__all__ = [
-    "DEADLINE_MIN_RATE",
-    "DEFAULT_INPUT_IDLE",
-    "DEFAULT_MAX_INPUT_BYTES",
-    "DEFAULT_RECORD_DEADLINE",
-    "ClosesOnExit",
-    "FileShrankError",
-    "IOSource",
-    "MemorySource",
-    "RecordDeadlineError",
-    "Sink",
-    "Source",
-    "check_record_deadline",
-    "open_memory",
-    "open_sink",
-    "open_source",
-    "read_input",
-    "will_need",
-]
 
 _IOV_MAX = 1024  # pieces per sendmsg call
 _READ_CHUNK = 1 << 20  # for sources that only have read(): bounds the temporary copy
@@ -88,12 +65,8 @@ def _progress(name: str, result: object) -> int:
 
 # -- sinks -----------------------------------------------------------------------------------
 class Sink:
-    """Writes every byte of a list of pieces to a socket, a binary file-like or a path.
-
-    A path is written atomically (``containers.atomic.atomic_output``): :meth:`close`
-    renames the finished file into place, :meth:`abort` removes it; a sink passed in is
-    never closed.
-    """
+    """Writes every byte of a list of pieces to a socket, a binary file-like or a path (written
+    atomically: renamed into place at :meth:`close`); a sink passed in is never closed."""
 
     def __init__(self, send: Callable[[Sequence[memoryview]], None], sink: Any, owned: Any):
         self._send = send
@@ -101,24 +74,22 @@ class Sink:
         self._owned = owned
 
     def write(self, parts: Sequence[memoryview]) -> int:
-        """Write all of ``parts`` in order; the bytes written."""
+        """Send ``parts`` whole and flush them (a record reaches the reader at once)."""
         self._send(parts)
-        return sum(p.nbytes for p in parts)
-
-    def flush(self) -> None:
         if self._flush is not None:
             self._flush()
+        return sum(p.nbytes for p in parts)
 
-    def close(self, reason: BaseException | None = None) -> None:
-        """Finish the file this sink opened (a path: renamed into place; with a ``reason``,
-        dropped and the target left as it was); a caller's sink stays open."""
+    def close(self, abort: bool = False) -> None:
+        """Finish the file this sink opened (a path: renamed into place; with ``abort``,
+        removed and the target left as it was); a caller's sink stays open."""
         owned, self._owned = self._owned, None
         if owned is not None:
-            owned.__exit__(None if reason is None else type(reason), reason, None)
+            reason = _AbortedError("writer aborted") if abort else None
+            owned.__exit__(None if reason is None else _AbortedError, reason, None)
 
     def abort(self) -> None:
-        """Drop the file this sink opened (a path: the target is left as it was)."""
-        self.close(_AbortedError("writer aborted"))
+        self.close(abort=True)
 
 
 class _AbortedError(Exception):
@@ -181,16 +152,13 @@ def _sendmsg_sender(sendmsg: Callable[[list[memoryview]], int]) -> Callable[...,
 
 # -- sources ---------------------------------------------------------------------------------
 class FileShrankError(OSError):
-    """A mapped file is now shorter than when it was mapped (another process truncated
-    it): touching its missing pages would kill the process with SIGBUS, so the reader
-    stops before and raises its truncation error with this as the cause."""
+    """A mapped file is now shorter than when it was mapped: touching its missing pages would
+    be SIGBUS, so the reader stops before, with this as its truncation error's cause."""
 
 
 def open_memory(source: Any, *, use_mmap: bool = True, name: str = "source") -> MemorySource:
-    """A :class:`MemorySource` over a bytes-like object, or over the file at a path: mapped
-    (its descriptor kept open, so each access can first check that no other process
-    truncated it since: docs/security.md) or, with ``use_mmap=False`` (or when empty), read
-    into memory, where a truncation can no longer reach the bytes."""
+    """A :class:`MemorySource` over a bytes-like object or the file at a path: mapped (its
+    descriptor kept open to check each access against a truncation) or read into memory."""
     if not isinstance(source, (str, os.PathLike)):
         return MemorySource(byte_view(source, name))
     with reading(source):
@@ -223,109 +191,77 @@ def read_input(
     head_ok: Callable[[bytes], bool] | None = None,
     head_size: int = 16,
 ) -> Any:
-    """The bytes of an input path, or of a file descriptor (an ``int``, e.g. stdin's), or
-    of a binary file-like without one (read up to ``max_bytes``).
+    """The bytes of an input path, a file descriptor (stdin's) or a binary file-like.
 
-    A regular file is mapped (an ``mmap``, or ``b""`` when empty): its size is known and
-    mapping costs nothing. Anything else (a pipe, a FIFO, a character device, a terminal)
-    is read whole into ``bytes``, bounded: more than ``max_bytes``, or ``idle_timeout``
-    seconds without a byte (a FIFO nobody opened for writing included: it is opened
-    without blocking), is a ``FileAccessError`` naming the input. ``head_ok`` sees the
-    first ``head_size`` bytes: when it says no (``/dev/urandom`` is no hurray-wire input),
-    reading stops there and the head is returned, for the caller to refuse.
+    A regular file is mapped (its size is known). Anything else (a pipe, a FIFO, a device)
+    is read whole, bounded: more than ``max_bytes``, or ``idle_timeout`` seconds without a
+    byte, is a ``FileAccessError``; when ``head_ok`` refuses the first ``head_size`` bytes
+    (``/dev/urandom``), reading stops there and the caller refuses them.
     """
     if not isinstance(path, (int, str, os.PathLike)):  # a file-like without a descriptor
         data = path.read(max_bytes + 1)
         if len(data) > max_bytes:
             raise FileAccessError(f"-: more than {max_bytes} bytes; --max-input-bytes")
         return data
-    owned = not isinstance(path, int)
     if isinstance(path, int):
         name, fd = "-", path
     else:
         name = os.fspath(path)
-        with reading(name):
+        with reading(name):  # without blocking: a FIFO with no writer yet is polled below
             fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         info = os.fstat(fd)
         if stat.S_ISREG(info.st_mode):
-            if info.st_size == 0:
-                return b""
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info.st_size else b""
         if stat.S_ISDIR(info.st_mode):
             raise FileAccessError(f"{name}: cannot read (Is a directory)")
-        return _read_unbounded_kind(fd, name, max_bytes, idle_timeout, head_ok, head_size)
+        # a pipe, FIFO or device: polled before every read (a FIFO that no writer has opened
+        # yet waits for one, within idle_timeout, instead of reading as empty)
+        blocking = os.get_blocking(fd)
+        os.set_blocking(fd, False)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        data = bytearray()
+        wait_ms = None if idle_timeout is None else max(1, int(idle_timeout * 1000))
+        try:
+            while True:
+                if not poller.poll(wait_ms):
+                    raise FileAccessError(
+                        f"{name}: no input for {idle_timeout:g} s (a stalled writer, or a FIFO "
+                        f"nobody writes); --input-timeout changes the limit"
+                    )
+                try:
+                    piece = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - len(data)))
+                except BlockingIOError:  # woken, but nothing to read yet
+                    continue
+                if not piece:
+                    return bytes(data)
+                data += piece
+                if len(data) > max_bytes:
+                    raise FileAccessError(
+                        f"{name}: more than {max_bytes} bytes from a pipe or device (read "
+                        "whole into memory); --max-input-bytes changes the limit"
+                    )
+                if head_ok is not None and len(data) >= head_size:
+                    if not head_ok(bytes(data[:head_size])):
+                        return bytes(data)
+                    head_ok = None
+        except OSError as exc:
+            if isinstance(exc, FileAccessError):
+                raise
+            reason = exc.strerror or exc
+            raise FileAccessError(f"{name}: cannot read ({reason})", cause=exc) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, blocking)
     finally:
-        if owned:
+        if not isinstance(path, int):
             os.close(fd)
 
 
-def _read_unbounded_kind(
-    fd: int,
-    name: str,
-    max_bytes: int,
-    idle_timeout: float | None,
-    head_ok: Callable[[bytes], bool] | None,
-    head_size: int,
-) -> bytes:
-    """Read ``fd`` to its end, polling before every read (so a FIFO that no writer has
-    opened yet waits for one, within ``idle_timeout``, instead of reading as empty)."""
-    blocking = os.get_blocking(fd)
-    os.set_blocking(fd, False)
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLPRI)
-    data = bytearray()
-    wait_ms = None if idle_timeout is None else max(1, int(idle_timeout * 1000))
-    try:
-        while True:
-            if not poller.poll(wait_ms):
-                raise FileAccessError(
-                    f"{name}: no input for {idle_timeout:g} s (a stalled writer, or a FIFO "
-                    f"nobody writes); --input-timeout changes the limit"
-                )
-            try:
-                piece = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - len(data)))
-            except BlockingIOError:  # woken, but nothing to read yet
-                continue
-            if not piece:
-                return bytes(data)
-            data += piece
-            if len(data) > max_bytes:
-                raise FileAccessError(
-                    f"{name}: more than {max_bytes} bytes from a pipe or device (read "
-                    "whole into memory); --max-input-bytes changes the limit"
-                )
-            if head_ok is not None and len(data) >= head_size:
-                if not head_ok(bytes(data[:head_size])):
-                    return bytes(data)
-                head_ok = None
-    except OSError as exc:
-        if isinstance(exc, FileAccessError):
-            raise
-        raise FileAccessError(f"{name}: cannot read ({exc.strerror or exc})", cause=exc) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            os.set_blocking(fd, blocking)
-
-
-def will_need(mapping: mmap.mmap | None, start: int, length: int) -> None:
-    """Ask the kernel to read a record's pages ahead: it is about to be checked in full."""
-    advice = getattr(mmap, "MADV_WILLNEED", None)
-    if mapping is None or advice is None or length <= 0:
-        return
-    page = mmap.PAGESIZE
-    first = start - start % page
-    with contextlib.suppress(OSError, ValueError):  # advice only
-        mapping.madvise(advice, first, min(length + start - first, len(mapping) - first))
-
-
 class MemorySource:
-    """Reads are slices of one read-only view (bytes, a mapped file): nothing is copied.
-
-    A mapped file's descriptor (``handle``) stays open so that every read first checks
-    (``os.fstat``) that the file still holds the bytes: a truncated file ends the read
-    with a ``FileShrankError`` as the cause instead of SIGBUS.
-    """
+    """Reads are slices of one read-only view (bytes, a mapped file): nothing is copied; a
+    mapped file is ``os.fstat``-checked first (``FileShrankError``, not SIGBUS)."""
 
     def __init__(
         self, view: memoryview, handle: Any = None, mapping: mmap.mmap | None = None
@@ -335,40 +271,39 @@ class MemorySource:
         self._handle = handle
         self.offset = 0  # bytes consumed
 
-    def current_size(self) -> int:
-        """The mapped file's size now (the view's length without a descriptor)."""
+    def _available(self, stop: int) -> tuple[int, FileShrankError | None]:
+        """``stop``, or where a mapped file now ends if another process truncated it (with
+        the ``FileShrankError`` saying so)."""
+        now = len(self.view)
         if self._handle is not None:
             with contextlib.suppress(OSError, ValueError):
-                return int(os.fstat(self._handle.fileno()).st_size)
-        return len(self.view)
-
-    def shrunk(self, needed: int) -> FileShrankError | None:
-        """A ``FileShrankError`` if the file now ends before ``needed``, else None."""
-        now = self.current_size()
-        if now >= needed:
-            return None
-        return FileShrankError(
+                now = os.fstat(self._handle.fileno()).st_size
+        if now >= stop:
+            return stop, None
+        return max(self.offset, now), FileShrankError(
             f"the file shrank from {len(self.view)} to {now} bytes since it was mapped "
             "(truncated by another process?): its missing pages cannot be read"
         )
 
+    def will_need(self, start: int, length: int) -> None:
+        """Ask the kernel to read a record's pages ahead: it is about to be checked in full."""
+        advice, mapping = getattr(mmap, "MADV_WILLNEED", None), self.mapping
+        if mapping is None or advice is None or length <= 0:
+            return
+        first = start - start % mmap.PAGESIZE
+        with contextlib.suppress(OSError, ValueError):  # advice only
+            mapping.madvise(advice, first, min(length + start - first, len(mapping) - first))
+
     def require(self, needed: int, error: type[HurrayWireError], section: str) -> None:
         """The container's truncation ``error`` if the file no longer holds ``needed`` bytes."""
-        shrank = self.shrunk(needed)
+        now, shrank = self._available(needed)
         if shrank is not None:
             raise error(
                 f"the file no longer holds {section}: {shrank}",
                 section=section,
-                offset=self.current_size(),
+                offset=now,
                 expected=f"{needed} bytes",
             ) from shrank
-
-    def _available(self, stop: int) -> tuple[int, BaseException | None]:
-        """``stop``, or where a mapped file now ends if another process truncated it."""
-        shrank = self.shrunk(stop)
-        if shrank is None:
-            return stop, None
-        return max(self.offset, min(stop, self.current_size())), shrank
 
     def begin_record(self) -> None:
         """Nothing to time: the bytes are all here."""
@@ -385,7 +320,7 @@ class MemorySource:
         """The record whose ``prefix`` was just read, ``total`` bytes long: (view, got, None)."""
         start = self.offset - len(prefix)
         stop, cause = self._available(min(start + total, len(self.view)))
-        will_need(self.mapping, start, stop - start)
+        self.will_need(start, stop - start)
         self.offset = stop
         return self.view[start:stop], stop - start, cause
 
@@ -420,17 +355,21 @@ def check_record_deadline(value: object) -> float | None:
     """``record_deadline``: None (no deadline) or a positive number of seconds."""
     if value is None:
         return None
-    seconds = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         with contextlib.suppress(OverflowError):  # an int beyond float: refused below
-            seconds = float(value)
-    if seconds is None or not 0 < seconds < _MAX_DEADLINE:  # NaN fails too
-        raise ArgumentTypeError(
-            "record_deadline must be a positive, finite number of seconds (< 1e9) or None",
-            field="record_deadline",
-            found=repr(value),
-        )
-    return seconds
+            if 0 < float(value) < _MAX_DEADLINE:  # NaN fails too
+                return float(value)
+    raise ArgumentTypeError(
+        "record_deadline must be a positive, finite number of seconds (< 1e9) or None",
+        field="record_deadline",
+        found=repr(value),
+    )
+
+
+def check_limit(name: str, value: object, minimum: int) -> None:
+    """A reader limit argument: an int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ArgumentTypeError(f"{name} must be an int >= {minimum}", found=repr(value))
 
 
 class RecordDeadlineError(TimeoutError):
@@ -441,13 +380,10 @@ class RecordDeadlineError(TimeoutError):
 class IOSource:
     """Exact reads from a socket or file-like, each record into a new buffer of its own.
 
-    The one place a broken connection is caught: an ``OSError`` (reset, timeout) or a
-    ``ValueError`` (a file closed under the reader) ends the read, and is returned as the
-    cause for the container's truncation error. So is a passed record deadline
-    (``RecordDeadlineError``): ``begin_record`` starts one; every read until the next
-    ``begin_record`` belongs to that record. A socket's own timeout is lowered to the time
-    left before each ``recv`` (and restored), so a silent peer is cut too; a file-like
-    that blocks in ``read`` is only checked between reads.
+    The one place a broken connection is caught: an ``OSError``, a ``ValueError`` (a file
+    closed under the reader) or a passed record deadline (``begin_record`` starts one) ends
+    the read and is returned as the cause of the container's truncation error. A socket's
+    timeout is lowered to the time left before each ``recv``, so a silent peer is cut too.
     """
 
     def __init__(
@@ -538,11 +474,8 @@ class IOSource:
         return buffer, len(prefix) + got, cause
 
     def read_array(self, size: int) -> tuple[Array, int, BaseException | None]:
-        """Up to ``size`` bytes as a new uint8 array, how many arrived, and why it stopped.
-
-        Memory grows with the bytes that actually arrive (doubling past 64 MiB), so a
-        record that declares a huge buffer and then ends allocates little.
-        """
+        """Up to ``size`` bytes as a new uint8 array, how many arrived, and why it stopped;
+        memory grows with the bytes that arrive, so a huge claimed buffer allocates little."""
         capacity = min(size, _EAGER_READ)
         out = np.empty(capacity, np.uint8)
         filled, cause = self.fill(memoryview(out.data))
@@ -591,13 +524,9 @@ def open_source(
     record_deadline: object = DEFAULT_RECORD_DEADLINE,
     use_mmap: bool = True,
 ) -> Source:
-    """A :class:`Source` for a path (mapped, if allowed), a bytes-like, a socket or a file.
-
-    ``record_deadline`` (seconds, or None) bounds each record read from a socket or
-    file-like (see ``IOSource``); mapped and in-memory inputs need none. A path is mapped
-    (each read first checks the file did not shrink) or, with ``use_mmap=False``, read
-    record by record like a file-like.
-    """
+    """A :class:`Source` for a path (if allowed: mapped, or read as a file with
+    ``use_mmap=False``), a bytes-like, a socket or a file; ``record_deadline`` bounds each
+    record read from a socket or file."""
     deadline = check_record_deadline(record_deadline)
     if isinstance(source, (str, os.PathLike)):
         if allow_path and not use_mmap:  # read as a stream: no mapping to be cut under us

@@ -1,9 +1,9 @@
-"""A whole model's KV cache in one file, written atomically: a blob stream (docs/streaming.md)
-of one checksummed blob per {layer, role}, so that every byte is covered (unlike ``.hrry``).
-"""
+"""A whole model's KV cache in one file, written atomically: a blob stream of one checksummed
+blob per {layer, role}, so that every byte is covered (unlike ``.hrry``)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -63,38 +63,23 @@ class ModelCache(Mapping[CacheKey, _V]):
     def __len__(self) -> int:
         return len(self.tensors)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self.tensors
 
-
-class _Reporter:
-    """``progress=`` as one object: a tqdm bar, a caller's hook, or nothing."""
-
-    def __init__(self, progress: Progress, total: int, what: str) -> None:
-        if not (progress is None or isinstance(progress, bool) or callable(progress)):
-            raise ArgumentTypeError(
-                "progress must be None, True, False or a callable (done, total)",
-                field="progress",
-                found=repr(progress),
-            )
-        self._hook = progress if callable(progress) and not isinstance(progress, bool) else None
-        self._total = total
-        self.done = 0  # bytes reported so far
-        self._bar = None
-        if self._hook is None and progress is not False:
-            self._bar = tqdm(total=total, desc=what, unit="B", unit_scale=True,
-                             disable=None if progress is None else False, leave=False)  # fmt: skip
-
-    def update(self, size: int) -> None:
-        self.done += size
-        if self._hook is not None:
-            self._hook(self.done, self._total)
-        elif self._bar is not None:
-            self._bar.update(size)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+@contextlib.contextmanager
+def _reporting(progress: Progress, total: int, what: str) -> Iterator[Callable[[int], object]]:
+    """``progress=`` as one function of the bytes done so far: a caller's hook, or a tqdm bar
+    (None: on a terminal only; False: never)."""
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        raise ArgumentTypeError(
+            "progress must be None, True, False or a callable (done, total)",
+            field="progress",
+            found=repr(progress),
+        )
+    if callable(progress) and not isinstance(progress, bool):
+        yield lambda done: progress(done, total)
+        return
+    off = {None: None, True: False, False: True}[progress]
+    with tqdm(total=total, desc=what, unit="B", unit_scale=True, disable=off, leave=False) as bar:
+        yield lambda done: bar.update(done - bar.n)
 
 
 def _tensors(cache: object) -> list[BlockPagedTensor]:
@@ -173,15 +158,14 @@ def save_cache(
         element_type=element_types.pop() if len(element_types) == 1 else None,
         metadata=dict(metadata or {}), fingerprint=fingerprint,
     )  # fmt: skip
-    reporter = _Reporter(progress, sum(t.nbytes for t in tensors), "save")
-    try:
-        with StreamWriter(path, header) as writer:
-            for tensor in tensors:
-                writer.write(tensor, compression=compression, checksum=checksum, pages=pages,
-                             page_digests=page_digests)  # fmt: skip
-                reporter.update(tensor.nbytes)
-    finally:
-        reporter.close()
+    done = 0
+    total = sum(t.nbytes for t in tensors)
+    with _reporting(progress, total, "save") as report, StreamWriter(path, header) as writer:
+        for tensor in tensors:
+            writer.write(tensor, compression=compression, checksum=checksum, pages=pages,
+                         page_digests=page_digests)  # fmt: skip
+            done += tensor.nbytes
+            report(done)
     return writer.position  # with the end record, written at close
 
 
@@ -244,8 +228,7 @@ def load_cache(
             raise _not_a_cache(reader, header)
         tensors: dict[CacheKey, BlockPagedTensor] = {}
         total = os.path.getsize(path) if isinstance(path, (str, os.PathLike)) else 0
-        reporter = _Reporter(progress, total, "load")
-        try:
+        with _reporting(progress, total, "load") as report:
             for tensor in reader:
                 key = (tensor.layer_index if tensor.layer_index is not None else -1,
                        tensor.kv_role)  # fmt: skip
@@ -255,9 +238,7 @@ def load_cache(
                                                     found=f"layer {key[0]} {key[1]}"),
                                  len(tensors), entry.offset, layer=key[0], role=key[1])  # fmt: skip
                 tensors[key] = tensor
-                reporter.update(reader.position - reporter.done)
-        finally:
-            reporter.close()
+                report(reader.position)
     _check_whole(set(tensors), header.num_layers, header.kv_roles)
     values: dict[CacheKey, Any] = dict(tensors)
     if as_torch:

@@ -1,6 +1,5 @@
 """Stream records (docs/streaming.md § 2, § 4): the stream header and the end record, and the
-rules both stream readers apply to the records around their blobs. Byte positions come from
-the structs in ``hurray_wire.wire.stream``, never restated here.
+rules both stream readers apply to the records around their blobs (layouts: ``wire.records``).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from hurray_wire.errors import (
     LimitExceededError,
     StreamBlobTruncatedError,
     StreamTruncatedError,
+    instance,
 )
 from hurray_wire.integrity import (
     FINGERPRINT_METADATA_KEY,
@@ -40,28 +40,6 @@ from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import records as wr, stream as ws
 from hurray_wire.wire.descriptor import KV_ROLE_BY_CODE, KV_ROLES, LAYER_NONE
 from hurray_wire.wire.fast import item_dtype
-
-__all__ = [
-    "DEFAULT_MAX_BLOB_BYTES",
-    "END_RECORD_MIN",
-    "STREAM_HEADER_MIN",
-    "StreamEntry",
-    "StreamHeader",
-    "check_blob",
-    "check_end_record",
-    "check_header_fingerprint",
-    "check_record_size",
-    "decode_end_record",
-    "decode_end_rows",
-    "decode_stream_header",
-    "empty_input_error",
-    "encode_end_record",
-    "encode_stream_header",
-    "entries_of",
-    "frame_record",
-    "locate",
-    "record_kind",
-]
 
 DEFAULT_MAX_BLOB_BYTES = 4 << 30  # largest record a reader accepts unless told otherwise
 
@@ -87,13 +65,10 @@ END_RECORD_MIN = _END.minimum
 
 @dataclass(frozen=True)
 class StreamHeader:
-    """What a stream carries, stated before the first blob so a reader can preallocate.
-
-    Every field may be left unstated (``""``, ``None``, ``()``); a blob's layer and role
-    still come from its own descriptor. ``end_record`` promises an end record, so a reader
-    tells a finished stream from one cut at a blob boundary. ``fingerprint`` travels in the
-    metadata under the reserved ``hurray.engine_fingerprint`` key (docs/integrity.md § 3):
-    ``metadata`` given with that key fills ``fingerprint``; the key never stays in it.
+    """What a stream carries, stated before the first blob so a reader can preallocate; every
+    field may be left unstated. ``end_record`` promises an end record, so a reader tells a
+    finished stream from one cut at a blob boundary. ``fingerprint`` travels in the metadata
+    under ``hurray.engine_fingerprint`` (docs/integrity.md § 3), never left in ``metadata``.
     """
 
     model: str = ""
@@ -105,6 +80,7 @@ class StreamHeader:
     fingerprint: EngineFingerprint | None = None
 
     def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise the checked fields once, here
         if not isinstance(self.model, str):
             raise ArgumentTypeError("model must be a str", field="model", found=repr(self.model))
         try:
@@ -139,21 +115,17 @@ class StreamHeader:
                 raise InvalidStreamError(
                     "unknown kv_role", field="kv_roles", found=repr(role), expected=KV_ROLE_NAMES
                 )
-        object.__setattr__(self, "kv_roles", tuple(r for r in KV_ROLE_NAMES if r in roles))
+        set_(self, "kv_roles", tuple(r for r in KV_ROLE_NAMES if r in roles))
         if self.element_type is not None:
-            object.__setattr__(self, "element_type", element_type_of(self.element_type))
+            set_(self, "element_type", element_type_of(self.element_type))
         if not isinstance(self.metadata, Mapping):
             raise ArgumentTypeError(
                 "metadata must be a mapping", field="metadata", found=type(self.metadata).__name__
             )
         meta = dict(self.metadata)
         fp = self.fingerprint
-        if fp is not None and not isinstance(fp, EngineFingerprint):
-            raise ArgumentTypeError(
-                "fingerprint must be an EngineFingerprint or None",
-                field="fingerprint",
-                found=type(fp).__name__,
-            )
+        if fp is not None:
+            instance(fp, EngineFingerprint, "fingerprint")
         if FINGERPRINT_METADATA_KEY in meta:
             carried = fingerprint_from_metadata(meta)  # validates the record
             del meta[FINGERPRINT_METADATA_KEY]
@@ -162,9 +134,9 @@ class StreamHeader:
                     "fingerprint disagrees with metadata[hurray.engine_fingerprint]",
                     field="fingerprint",
                 )
-            object.__setattr__(self, "fingerprint", carried)
-        object.__setattr__(self, "metadata", MappingProxyType(meta))
-        object.__setattr__(self, "end_record", bool(self.end_record))
+            set_(self, "fingerprint", carried)
+        set_(self, "metadata", MappingProxyType(meta))
+        set_(self, "end_record", bool(self.end_record))
 
 
 @dataclass(frozen=True)
@@ -258,9 +230,7 @@ def encode_stream_header(header: StreamHeader) -> bytes:
     if len(meta) > _HEADER.head.limit("metadata_length"):
         raise InvalidStreamError("stream metadata too long", field="metadata", found=len(meta))
     total = _HEADER.total_for(len(name) + len(meta))
-    roles = 0
-    for role in header.kv_roles:
-        roles |= ws.ROLE_BITS[role]
+    roles = sum(ws.ROLE_BITS[role] for role in header.kv_roles)  # each role once: an OR
     fixed = _HEADER.head.pack(
         version_major=1,
         version_minor=0,
@@ -278,11 +248,8 @@ def encode_stream_header(header: StreamHeader) -> bytes:
 
 
 def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> StreamHeader:
-    """Validate the stream header at the start of ``data`` (what follows it is ignored).
-
-    ``limits.max_metadata_bytes`` and ``max_metadata_entries`` bound its metadata, checked
-    before the record's checksum is computed or an entry decoded.
-    """
+    """Validate the stream header at the start of ``data``; ``limits`` bound its metadata
+    before the record's checksum is computed or an entry decoded."""
     what = "stream header"
     limits = check_limits_argument(limits)
     view = byte_view(data)
@@ -381,12 +348,8 @@ def encode_end_record(entries: list[StreamEntry] | None, blob_count: int) -> byt
 def decode_end_record(
     data: Any, *, limits: DecodeLimits | None = None
 ) -> tuple[int, tuple[StreamEntry, ...] | None]:
-    """(blob_count, index entries or None) of the end record at the start of ``data``.
-
-    ``limits.max_stream_entries`` bounds the index, checked before anything else is read;
-    the entries are checked as one structured NumPy array (the dtype from the wire struct),
-    and become ``StreamEntry`` objects only once every check has passed.
-    """
+    """(blob_count, index entries or None) of the end record at the start of ``data``;
+    ``limits.max_stream_entries`` bounds the index before anything else is read."""
     blob_count, rows = decode_end_rows(data, limits=limits)
     return blob_count, None if rows is None else entries_of(rows)
 

@@ -1,7 +1,6 @@
-"""The reference stream (containers.md Part A): hurray-io ``StreamWriter`` / ``StreamReader``.
-
-Records back to back, each a descriptor and its buffers, with no framing of their own: the
-descriptor's 10-byte prefix (magic, version, ``descriptor_length``) frames a record.
+"""The reference stream (containers.md Part A, hurray-io's ``StreamWriter`` / ``StreamReader``)
+and what the ``.hrry`` file shares with it. Its records stand back to back, each a descriptor
+and its buffers: the descriptor's 10-byte prefix (with ``descriptor_length``) frames one.
 """
 
 from __future__ import annotations
@@ -9,25 +8,78 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from hurray_wire.containers.io import DEFAULT_RECORD_DEADLINE, Source, open_sink, open_source
-from hurray_wire.containers.reference_common import (
-    DEFAULT_MAX_DESCRIPTOR_BYTES,
-    MIN_DESCRIPTOR_LENGTH,
-    check_cross_machine,
+from hurray_wire.containers.io import (
+    DEFAULT_RECORD_DEADLINE,
+    Source,
     check_limit,
-    container_error,
-    tensor_pieces,
+    open_sink,
+    open_source,
 )
-from hurray_wire.errors import ContainerTruncatedError, HurrayWireError, InvalidContainerError
+from hurray_wire.errors import (
+    ArgumentTypeError,
+    ContainerTruncatedError,
+    HurrayWireError,
+    InvalidContainerError,
+    InvalidTensorError,
+    UnsupportedLayoutError,
+)
+from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor, peek_descriptor_length
+from hurray_wire.model.descriptor_encode import encode_descriptor
 from hurray_wire.tensor import BlockPagedTensor, assemble
-from hurray_wire.wire import descriptor_layout as dl
+from hurray_wire.wire import descriptor as wd, descriptor_layout as dl
 
-__all__ = ["read_stream", "write_stream"]
+DEFAULT_MAX_DESCRIPTOR_BYTES = 16 << 20  # hurray-io DEFAULT_MAX_DESCRIPTOR_BYTES
+SEQ_LENS_KEY_PREFIX = "hurray.seq_lens."  # + tensor name: uint64 array, one per sequence
+METADATA_KEY_PREFIX = "hurray.metadata."  # + tensor name: bytes, a KV section (§ B.4)
+RESERVED_PREFIXES = (SEQ_LENS_KEY_PREFIX, METADATA_KEY_PREFIX)
+MIN_DESCRIPTOR_LENGTH = wd.FIXED_HEADER.sizeof()  # the descriptor decoder refuses less
+
+
+def tensor_pieces(tensor: BlockPagedTensor) -> tuple[bytes, list[list[memoryview]]]:
+    """The encoded descriptor and, per buffer in table order, views of its bytes (no copy)."""
+    if not isinstance(tensor, BlockPagedTensor):
+        raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+    buffers = []
+    for index, (arrays, handle) in enumerate(
+        zip(tensor.buffer_arrays(), tensor.descriptor.buffers, strict=True)
+    ):
+        size = sum(a.nbytes for a in arrays)
+        if size != handle.byte_size:  # StreamWriter::write_tensor's check
+            raise InvalidTensorError(
+                "buffer length disagrees with its handle's byte_size",
+                field=f"buffers[{index}]",
+                expected=handle.byte_size,
+                found=size,
+            )
+        buffers.append([a.data.cast("B") for a in arrays if a.nbytes])
+    return encode_descriptor(tensor.descriptor), buffers
+
+
+def check_cross_machine(descriptor: TensorDescriptor, **where: Any) -> None:
+    """interchange.md: a cross-machine transfer needs producer-synced buffers."""
+    for index, handle in enumerate(descriptor.buffers):
+        if handle.sync_mode != 0:
+            raise InvalidContainerError(
+                "cross-machine transfer needs producer-synced buffers (sync_mode 0)",
+                field=f"buffers[{index}].sync_mode",
+                expected=0,
+                found=handle.sync_mode,
+                **where,
+            )
+
+
+def container_error(exc: HurrayWireError, section: str, offset: int | None) -> HurrayWireError:
+    """A descriptor / index / KV error as a container error at a place in the container
+    (``UnsupportedLayoutError``, a valid tensor of another layout, keeps its type)."""
+    if isinstance(exc, UnsupportedLayoutError):
+        return exc.relocated(section=section, offset=offset)
+    inner = f"{type(exc).__name__}: {exc}"
+    return InvalidContainerError(inner, section=section, field=exc.field, offset=offset)
+
 
 # A.2 step 2: magic, version and descriptor_length frame a record; flags is the next field.
 _PREFIX_LEN = dl.AT["flags"]
-_AT_DESCRIPTOR_LENGTH = dl.AT["descriptor_length"]
 
 
 def write_stream(
@@ -36,12 +88,8 @@ def write_stream(
     *,
     cross_machine: bool = False,
 ) -> int:
-    """Write one reference stream record per tensor (descriptor, then its buffers); bytes written.
-
-    Exactly what ``hurray-io``'s ``StreamWriter::write_tensor`` emits: no framing, padding or
-    names. ``seq_lens`` and ``metadata`` are not written (a record has no place for them).
-    With ``cross_machine`` every handle must have ``sync_mode = 0`` (A.2 step 6).
-    """
+    """Write one record per tensor exactly as hurray-io's ``StreamWriter::write_tensor``
+    (no ``seq_lens`` or ``metadata``: a record has no place for them); bytes written."""
     out = open_sink(sink, allow_path=False)
     if isinstance(tensors, BlockPagedTensor):
         tensors = (tensors,)
@@ -62,17 +110,12 @@ def read_stream(
     cross_machine: bool = False,
     record_deadline: float | None = DEFAULT_RECORD_DEADLINE,
 ) -> Iterator[BlockPagedTensor]:
-    """Iterate over the records of a reference stream, one validated tensor each.
+    """The records of a reference stream (bytes-like: arrays view it; or a file / socket read
+    a record at a time), each checked as the blob decoder checks one, as a tensor.
 
-    ``source`` is bytes-like (arrays are then views of it) or a binary file-like / socket,
-    read one record at a time: the 10-byte prefix, the rest of the descriptor, then each
-    buffer exactly. The stream may end only at a record boundary; anything less raises
-    ``ContainerTruncatedError`` naming the record and the offset where the input ended.
-    Each record's descriptor, buffer sizes and index buffers are checked like the blob
-    decoder checks them. Records carry no ``seq_lens`` / ``metadata``: tensors come back
-    without them. ``max_buffer_size`` (default: no limit, as the reference) caps each buffer.
-    ``record_deadline`` (seconds, default 30, None for none) bounds each record read from a
-    socket or file-like, plus 8 MiB/s of its length (``containers.io``).
+    The stream may end only at a record boundary (else ``ContainerTruncatedError``).
+    ``max_buffer_size`` caps each buffer (default: none, as the reference);
+    ``record_deadline`` bounds each record read from a socket or file (``containers.io``).
     """
     check_limit("max_descriptor_length", max_descriptor_length, MIN_DESCRIPTOR_LENGTH)
     if max_buffer_size is not None:
@@ -106,7 +149,7 @@ def _records(
                 "descriptor_length above the limit",
                 section=where,
                 field="descriptor_length",
-                offset=start + _AT_DESCRIPTOR_LENGTH,
+                offset=start + dl.AT["descriptor_length"],
                 expected=f"<= {max_length}",
                 found=length,
             )

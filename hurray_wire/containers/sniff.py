@@ -1,8 +1,5 @@
-"""What bytes are: a descriptor, a blob, a blob stream, a reference stream or a ``.hrry`` file.
-
-Decided from magic bytes and the framing fields alone (the wire constants and structs, not
-restated here), never by decoding: the CLI prints the answer, readers do the checking.
-"""
+"""What bytes are (a descriptor, a blob, a stream, a ``.hrry`` file), from magic bytes and
+framing fields alone, never by decoding: the CLI prints it, readers do the checking."""
 
 from __future__ import annotations
 
