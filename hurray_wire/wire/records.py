@@ -5,7 +5,7 @@ A ``Record`` is one record type: the blob's prefix, the stream header, the end r
 known-pages record, the engine fingerprint, the ``.hrry`` header and trailer (a transfer
 record's is ``wire.transfer.TRANSFER``: decoding loads no transfer code). The modules that
 hold the rules (``containers.records``, ``transport.records``, ``integrity``,
-``fingerprint``, ``blob.envelope``, ``containers.hrry_records``) bind it to their error
+``fingerprint``, ``blob.envelope``, ``containers.hrry``) bind it to their error
 classes (``Record.raising``: wire/ imports nothing of the package) and read every byte
 position from it, as ``report`` does to annotate one.
 """
