@@ -107,3 +107,26 @@ def test_gather_and_scatter_equal_fancy_indexing(
     scatter_rows(views_of(target), ids, rows)
     assert np.array_equal(target, expected)
     assert (case == "empty") == np.array_equal(target, memory)
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
+@pytest.mark.parametrize("form", ["same form", "other strides", "one allocation", "same memory"])
+def test_scatter_sources_of_any_form(layout: str, form: str) -> None:
+    """A layer's K and V written in one pass need both roles' rows of one form at evenly
+    spaced addresses; rows of other strides, two views of one allocation and one array
+    given twice take the per-role route: the cache always equals fancy assignment's."""
+    memory, views_of = _layer(layout)(9, (16, 4, 32))
+    ids = np.array([3, 4, 8, 1, 2], np.int64)
+    rng = np.random.default_rng(3)
+    pages = rng.integers(0, 1 << 16, (2, len(ids), 16, 4, 32)).astype(np.uint16)
+    rows = {
+        "same form": [pages[0].copy(), pages[1].copy()],
+        "other strides": [pages[0], np.asfortranarray(pages[1])],
+        "one allocation": [pages[0], pages[1]],
+        "same memory": [pages[0], pages[0]],
+    }[form]
+    expected, target = memory.copy(), memory.copy()
+    for view, source in zip(views_of(expected), rows, strict=True):
+        view[ids] = source
+    scatter_rows(views_of(target), ids, rows)
+    assert np.array_equal(target, expected)
