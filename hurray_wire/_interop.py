@@ -232,50 +232,45 @@ def scatter_rows(
     arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any], rows: Sequence[npt.NDArray[Any]]
 ) -> None:
     """``array[ids] = rows`` for each array (axis 0, ids checked, distinct; the arrays views
-    of one memory, e.g. a layer's keys and values). Arrays of contiguous runs (a vLLM
-    layer's K and V heads) of one form, and rows of one form, are written as one view
-    with a role axis (:func:`_joined`): one NumPy call per run of consecutive ids (a
-    block's K and V lines in the block's memory order; 64 MiB at random targets 13.0
-    against 14.2 ms a row per array, consecutive ids one pass instead of one per role).
-    Otherwise they take turns, so each block's lines are written while in cache
-    (measured 4-20% faster than one pass per array): a row per NumPy call when rows hold
-    at least :data:`ROW_CALL_MIN` bytes (measured 12.5 against 14.4 ms for 64 MiB in
-    chunks of rows), else a cache-sized chunk of ids at a time; consecutive ids as slices.
-    Rows whose last axis is strided (CPU_ATTN's key slabs: one element per 64 bytes) are
-    first put in the array's memory order in cache, one array after the other (measured
-    2x faster than NumPy's element-wise scatter; taking turns was slower)."""
+    of one memory, e.g. a layer's keys and values).
+
+    Rows of at least :data:`ROW_CALL_MIN` bytes, and runs of consecutive ids, are written
+    a run of rows per NumPy call (at most ~:data:`GATHER_CHUNK` bytes): arrays of one
+    form with rows of one form as one view with a role axis (:func:`_joined`: a vLLM
+    layer's K and V lines in the block's memory order, one call; 64 MiB at random targets
+    13.0 against 14.2 ms a row per array), other arrays in turn, so that each block's
+    lines are written while in cache (CPU_ATTN's slabs, keys transposed: 17.6 against
+    19.2 ms for 64 MiB putting chunks in memory order first; a pass per array 19.8).
+    Smaller rows at scattered ids go a cache-sized chunk of ids at a time, arrays of
+    contiguous runs in turn, element-strided ones (CPU_ATTN's keys) first put in the
+    array's memory order in cache, one array after the other (2x NumPy's element-wise
+    scatter; taking turns was slower)."""
     if not ids.size:
         return
     row_nbytes = arrays[0][ids[:1]].nbytes
     step = max(1, GATHER_CHUNK // max(1, row_nbytes))
+    pairs = list(zip(arrays, rows, strict=True))
+    if row_nbytes >= ROW_CALL_MIN or consecutive(ids) is not None:
+        joined, sources = _joined(arrays), _joined(rows)
+        if joined is not None and sources is not None:
+            pairs = [(joined, sources)]
+        for start, stop in _runs(ids, step):
+            first = int(ids[start])
+            for array, source in pairs:
+                array[first : first + stop - start] = source[start:stop]
+        return
     held = [
         None if a.strides[-1] == a.itemsize else np.empty_like(a[ids[:step]])  # order="K"
         for a in arrays
     ]
-    pairs = list(zip(arrays, rows, strict=True))
     if all(buffer is None for buffer in held):
-        run = consecutive(ids)
-        joined, sources = _joined(arrays), _joined(rows)
-        if joined is not None and sources is not None and (run or row_nbytes >= ROW_CALL_MIN):
-            for start, stop in _runs(ids):
-                first = int(ids[start])
-                joined[first : first + stop - start] = sources[start:stop]
-            return
-        if run is None and row_nbytes >= ROW_CALL_MIN:
-            for at, target in enumerate(ids.tolist()):
-                for array, source in pairs:
-                    array[target] = source[at]
-            return
         for start in range(0, len(ids), step):
-            part = ids[start : start + step]
-            slot = consecutive(part)
             for array, source in pairs:
-                array[part if slot is None else slot] = source[start : start + step]
+                array[ids[start : start + step]] = source[start : start + step]
         return
-    run = consecutive(ids)
     for (array, source), buffer in zip(pairs, held, strict=True):
         if buffer is None:  # one NumPy scatter of the whole: chunks only add calls here
-            array[ids if run is None else run] = source
+            array[ids] = source
             continue
         for start in range(0, len(ids), step):
             part = ids[start : start + step]
@@ -309,10 +304,12 @@ def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any] | None:
     )
 
 
-def _runs(ids: npt.NDArray[Any]) -> list[tuple[int, int]]:
-    """``[start, stop)`` positions of the maximal runs of consecutive ascending ids."""
-    cuts = (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
-    return list(zip([0, *cuts], [*cuts, len(ids)], strict=True))
+def _runs(ids: npt.NDArray[Any], most: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` positions of the runs of consecutive ascending ids, each of at
+    most ``most`` ids."""
+    cuts = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.union1d(np.append(cuts, 0), np.arange(0, len(ids), most)).tolist()
+    return list(zip(starts, [*starts[1:], len(ids)], strict=True))
 
 
 def first_reference_order(
