@@ -307,19 +307,22 @@ def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any] | None:
     first = arrays[0]
     if len(arrays) == 1:
         return first
-    if any(a.shape != first.shape or a.strides != first.strides or a.dtype != first.dtype
-           for a in arrays):  # fmt: skip
+    if first.dtype.itemsize not in (1, 2, 4, 8) or any(
+        a.shape != first.shape or a.strides != first.strides or a.dtype != first.dtype
+        for a in arrays
+    ):
         return None
     starts = [int(a.__array_interface__["data"][0]) for a in arrays]
     step = starts[1] - starts[0]
     if step == 0 or any(at != starts[0] + k * step for k, at in enumerate(starts)):
         return None
+    bits = first.view(f"u{first.dtype.itemsize}")  # as_strided cannot take ml_dtypes
     return np.lib.stride_tricks.as_strided(
-        first,
+        bits,
         (first.shape[0], len(arrays), *first.shape[1:]),
         (first.strides[0], step, *first.strides[1:]),
         writeable=first.flags.writeable,
-    )
+    ).view(first.dtype)
 
 
 def _runs(ids: npt.NDArray[Any], most: int) -> list[tuple[int, int, int]]:

@@ -57,8 +57,9 @@ def _mla(
     return memory, lambda m: forms.page_views(m, mla=True)
 
 
-#: Element types: fp16, bf16 (ml_dtypes, as the adapters see a bf16 cache), fp8's storage.
-DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "fp8 uint8": np.uint8}
+#: Element types: fp16, bf16 and fp8 as the adapters see a cache (ml_dtypes), fp8's storage.
+DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "fp8 uint8": np.uint8,
+          "float8_e5m2": ml_dtypes.float8_e5m2}  # fmt: skip
 #: (name, maker, geometry): rows below and above ROW_CALL_MIN, runs of contiguous
 #: elements and element-strided rows (CPU_ATTN's keys), C-contiguous rows (MLA).
 FORMS: list[tuple[str, Maker, Geometry]] = [
