@@ -175,7 +175,10 @@ def gather_many(
 
     NumPy's fancy indexing keeps a strided row's memory order (a head-major page comes out
     head-major), so a C-ordered result of it would cost a second full copy: strided rows
-    of contiguous runs are copied one call per row into their place (:data:`ROW_CALL_MIN`),
+    of contiguous runs are copied one call per run of consecutive ids into their place
+    (:data:`ROW_CALL_MIN`; arrays of one form, a layer's K and V, into one allocation,
+    every role of a row in one call through :func:`_joined`: FLASH_ATTN's 64 MiB saves
+    1.23-1.28x the limit against 1.32-1.38x a call per role),
     other strided rows (CPU_ATTN's key slabs, one element per 64 bytes) gathered a chunk
     at a time and reordered while in cache; C-contiguous rows in one gather. Arrays of
     both kinds (a CPU_ATTN slab's keys and values, separate halves of it) take their
@@ -197,7 +200,13 @@ def gather_many(
     runs = [a.strides[-1] == a.itemsize for a in arrays]  # not CPU_ATTN's key slabs
     if len(arrays) > 1 and not all(runs):  # each on its own route, one after the other
         return [gather_many([a], ids)[0] for a in arrays]
-    outs = [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
+    joined = _joined(arrays) if len(arrays) > 1 else None  # then one output allocation
+    block = None if joined is None else np.empty((len(arrays), *shapes[0]), arrays[0].dtype)
+    outs = (
+        [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
+        if block is None
+        else list(block)
+    )
     row_nbytes = sum(out[0].nbytes for out in outs)
     per = 1 if sink is None else sink.rows_per_page
     digests = [np.empty(len(ids) // per, np.uint64) for _ in outs]
@@ -207,14 +216,20 @@ def gather_many(
     step = max(per, GATHER_CHUNK // max(1, row_nbytes) // per * per)
     rows_each = run is None and runs[0] and not contiguous
     if rows_each and min(out[0].nbytes for out in outs) >= ROW_CALL_MIN:
+        copies = list(zip(arrays, outs, strict=True))
+        if joined is not None and block is not None:  # each row's roles in one call
+            copies = [(joined, block.swapaxes(0, 1))]
         done = 0
-        for at, row in enumerate(ids.tolist()):
-            for array, out, _ in pairs:
-                out[at] = array[row]
-            if sink is not None and (at + 1 - done == step or at + 1 == len(ids)):
+        for first, start, stop in _runs(ids, step):  # no run crosses a chunk's end
+            for array, out in copies:
+                if stop - start == 1:
+                    out[start] = array[first]
+                else:
+                    out[start:stop] = array[first : first + stop - start]
+            if sink is not None and (stop % step == 0 or stop == len(ids)):
                 for _, out, into in pairs:
-                    sink.pages(out, done, at + 1, into)
-                done = at + 1
+                    sink.pages(out, done, stop, into)
+                done = stop
     else:
         for start in range(0, len(ids), step):
             part = ids[start : start + step]
@@ -232,45 +247,93 @@ def scatter_rows(
     arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any], rows: Sequence[npt.NDArray[Any]]
 ) -> None:
     """``array[ids] = rows`` for each array (axis 0, ids checked, distinct; the arrays views
-    of one memory, e.g. a layer's keys and values). Arrays of contiguous runs (a vLLM
-    layer's K and V heads) take turns, so each block's lines are written while in cache
-    (measured 4-20% faster than one pass per array): a row per NumPy call when rows hold
-    at least :data:`ROW_CALL_MIN` bytes (measured 12.5 against 14.4 ms for 64 MiB in
-    chunks of rows), else a cache-sized chunk of ids at a time; consecutive ids as slices.
-    Rows whose last axis is strided (CPU_ATTN's key slabs: one element per 64 bytes) are
-    first put in the array's memory order in cache, one array after the other (measured
-    2x faster than NumPy's element-wise scatter; taking turns was slower)."""
+    of one memory, e.g. a layer's keys and values).
+
+    Rows of at least :data:`ROW_CALL_MIN` bytes, and runs of consecutive ids, are written
+    a run of rows per NumPy call (at most ~:data:`GATHER_CHUNK` bytes): arrays of one
+    form with rows of one form as one view with a role axis (:func:`_joined`: a vLLM
+    layer's K and V lines in the block's memory order, one call; 64 MiB at random targets
+    13.0 against 14.2 ms a row per array), other arrays in turn, so that each block's
+    lines are written while in cache (CPU_ATTN's slabs, keys transposed: 17.6 against
+    19.2 ms for 64 MiB putting chunks in memory order first; a pass per array 19.8).
+    Smaller rows at scattered ids go a cache-sized chunk of ids at a time, arrays of
+    contiguous runs in turn, element-strided ones (CPU_ATTN's keys) first put in the
+    array's memory order in cache, one array after the other (2x NumPy's element-wise
+    scatter; taking turns was slower)."""
     if not ids.size:
         return
     row_nbytes = arrays[0][ids[:1]].nbytes
     step = max(1, GATHER_CHUNK // max(1, row_nbytes))
+    pairs = list(zip(arrays, rows, strict=True))
+    if row_nbytes >= ROW_CALL_MIN or consecutive(ids) is not None:
+        joined, sources = _joined(arrays), _joined(rows)
+        if joined is not None and sources is not None:
+            pairs = [(joined, sources)]
+        for first, start, stop in _runs(ids, step):
+            if stop - start == 1:  # an integer index: a third of a slice's cost per call
+                for array, source in pairs:
+                    array[first] = source[start]
+                continue
+            for array, source in pairs:
+                array[first : first + stop - start] = source[start:stop]
+        return
     held = [
         None if a.strides[-1] == a.itemsize else np.empty_like(a[ids[:step]])  # order="K"
         for a in arrays
     ]
-    pairs = list(zip(arrays, rows, strict=True))
     if all(buffer is None for buffer in held):
-        run = consecutive(ids)
-        if run is None and row_nbytes >= ROW_CALL_MIN:
-            for at, target in enumerate(ids.tolist()):
-                for array, source in pairs:
-                    array[target] = source[at]
-            return
         for start in range(0, len(ids), step):
-            part = ids[start : start + step]
-            slot = consecutive(part)
             for array, source in pairs:
-                array[part if slot is None else slot] = source[start : start + step]
+                array[ids[start : start + step]] = source[start : start + step]
         return
-    run = consecutive(ids)
     for (array, source), buffer in zip(pairs, held, strict=True):
         if buffer is None:  # one NumPy scatter of the whole: chunks only add calls here
-            array[ids if run is None else run] = source
+            array[ids] = source
             continue
         for start in range(0, len(ids), step):
             part = ids[start : start + step]
             buffer[: len(part)] = source[start : start + step]
             array[part] = buffer[: len(part)]
+
+
+def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any] | None:
+    """Arrays of one shape, strides and dtype as one view ``[rows, len(arrays), ...]`` (the
+    role axis strided by their addresses' spacing), so that one NumPy call copies a row of
+    each in turn, in the destination's memory order (NumPy orders a copy's axes by the
+    destination's strides): a vLLM layer's K and V views, whose runs interleave, written in
+    one pass. None when the arrays differ in form or their addresses are not evenly
+    spaced. For separate allocations (two roles' received pages) the view is only read,
+    while the arrays are alive (the caller holds them)."""
+    first = arrays[0]
+    if len(arrays) == 1:
+        return first
+    if first.dtype.itemsize not in (1, 2, 4, 8) or any(
+        a.shape != first.shape or a.strides != first.strides or a.dtype != first.dtype
+        for a in arrays
+    ):
+        return None
+    starts = [int(a.__array_interface__["data"][0]) for a in arrays]
+    step = starts[1] - starts[0]
+    if step == 0 or any(at != starts[0] + k * step for k, at in enumerate(starts)):
+        return None
+    bits = first.view(f"u{first.dtype.itemsize}")  # as_strided cannot take ml_dtypes
+    return np.lib.stride_tricks.as_strided(
+        bits,
+        (first.shape[0], len(arrays), *first.shape[1:]),
+        (first.strides[0], step, *first.strides[1:]),
+        writeable=first.flags.writeable,
+    ).view(first.dtype)
+
+
+def _runs(ids: npt.NDArray[Any], most: int) -> list[tuple[int, int, int]]:
+    """``(first id, start, stop)`` of the runs of consecutive ascending ids, each of at
+    most ``most`` ids (``[start, stop)`` positions in ``ids``)."""
+    cut = np.ones(len(ids), bool)
+    cut[1:] = np.diff(ids) != 1
+    cut[::most] = True
+    at = np.flatnonzero(cut)
+    starts = at.tolist()
+    return list(zip(ids[at].tolist(), starts, [*starts[1:], len(ids)], strict=True))
 
 
 def first_reference_order(

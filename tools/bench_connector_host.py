@@ -42,10 +42,9 @@ import xxhash
 from bench_scale import scaled
 
 from hurray_wire.adapters import _vllm_forms as forms
-from hurray_wire.integrity.digests import page_digests
+from hurray_wire.integrity.digests import PageRecords, page_rows
 from hurray_wire.vllm.backends import CacheForm, kernel_ids
 from hurray_wire.vllm.device import gather
-from hurray_wire.vllm.params import one_sequence
 
 H, D, MLA_DIM = 8, 128, 576
 # (backend, layout, isa, scheduler block, kernel block)
@@ -68,6 +67,12 @@ def cache_of(backend: str, layout: str, blocks: int, kernel: int, ratio: int) ->
     return memory.half().permute([physical.index(a) for a in range(4)])
 
 
+def page_digests(pages: Any) -> Any:
+    """The page digests of one role's pages, as the blob decoder checks them (its page
+    rows' records: ``page_rows(...).digests()`` in blob/pages.py) and the save takes them."""
+    return PageRecords(page_rows(pages, len(pages), "pages")).digests()
+
+
 def routes(spec: tuple[Any, ...], mib: int) -> tuple[int, dict[str, Callable[[], Any]]]:
     backend, layout, isa, block, kernel = spec
     form = CacheForm(backend, layout, isa, block, kernel, None, "float16")
@@ -81,7 +86,7 @@ def routes(spec: tuple[Any, ...], mib: int) -> tuple[int, dict[str, Callable[[],
     tokens = count * block
     pages = form.read(cache, ids)
     nbytes = sum(p.nbytes for p in pages)
-    digests = [page_digests(one_sequence(p, tokens)) for p in pages]
+    digests = [page_digests(p) for p in pages]
     # a GPU's role split is done on the device (gather with the backend's page views)
     staged = gather(cache, kernel_ids([0, *ids], form.ratio), views=form.page_views).host()
     staged_landing = gather(landing, kernel_ids([0, *targets], form.ratio)).host()
@@ -92,11 +97,11 @@ def routes(spec: tuple[Any, ...], mib: int) -> tuple[int, dict[str, Callable[[],
 
     def digest(read: tuple[Any, ...]) -> None:
         for p in read:
-            page_digests(one_sequence(p, tokens))
+            page_digests(p)
 
     def verify(read: tuple[Any, ...]) -> None:
         for p, want in zip(read, digests, strict=True):
-            if not np.array_equal(page_digests(one_sequence(p, tokens)), want):
+            if not np.array_equal(page_digests(p), want):
                 raise AssertionError("digest")
 
     def staged_load() -> None:
