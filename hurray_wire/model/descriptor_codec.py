@@ -62,8 +62,10 @@ _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.fl
 
 
 def _error(
-    message: str, field: str | None, offset: int | None, **kw: Any
+    message: str, field: str | None, offset: int | None = None, **kw: Any
 ) -> InvalidDescriptorError:
+    """The error naming ``field``, at ``offset`` (by default: where the fixed field sits)."""
+    offset = dl.AT.get(field or "") if offset is None else offset
     return InvalidDescriptorError(message, section="descriptor", field=field, offset=offset, **kw)
 
 
@@ -86,7 +88,7 @@ def peek_descriptor_length(data: Any) -> int:
     major = view[dl.AT["version_major"]]
     if major != 1:
         raise _error(
-            "unsupported major version", "version_major", dl.AT["version_major"], expected=1,
+            "unsupported major version", "version_major", expected=1,
             found=major,
         )  # fmt: skip
     length: int = dl.U32.unpack_from(view, dl.AT["descriptor_length"])[0]
@@ -94,7 +96,6 @@ def peek_descriptor_length(data: Any) -> int:
         raise _error(
             f"descriptor_length below the {_HEADER_LEN}-byte header",
             "descriptor_length",
-            dl.AT["descriptor_length"],
             found=length,
         )
     return length
@@ -168,9 +169,20 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     length = len(raw)
     _, major, minor, _, flags, type_tag, layout_tag, rank = dl.HEADER.struct.unpack_from(raw, 0)
     _check_flags(flags, type_tag)
-    private = type_tag in w.PRIVATE_TYPE_TAGS
-    element_type = None if general and private else _element_type(type_tag)
-    name = "block_paged" if layout_tag == 0x0A else _known_layout_name(layout_tag)
+    element_type = None  # a private extension type's: what the extension section says
+    if type_tag not in w.PRIVATE_TYPE_TAGS:
+        element_type = _built(lambda: dtypes.element_type_from_tag(type_tag), lambda: dl.AT)
+    elif not general:
+        raise _error(
+            "private extension element types are not supported for block-paged tensors",
+            "type_tag",
+            found=f"0x{type_tag:02X}",
+        )
+    private_layout = 0xF0 <= layout_tag <= 0xFE
+    name = f"private_0x{layout_tag:02X}" if private_layout else w.LAYOUT_NAMES.get(layout_tag)
+    if name is None:
+        kind = "invalid" if layout_tag in (0x00, 0xFF) else "reserved or unknown"
+        raise _error(f"{kind} layout tag", "layout_tag", found=f"0x{layout_tag:02X}")
     fields: Any
     if not general:
         if layout_tag != 0x0A:
@@ -185,13 +197,11 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
                 offset=dl.AT["layout_tag"],
             )
         if rank != 3:
-            raise _error(
-                "block-paged tensors have rank 3", "rank", dl.AT["rank"], expected=3, found=rank
-            )
+            raise _error("block-paged tensors have rank 3", "rank", expected=3, found=rank)
         shape, byte_offset, fields, pos = _block_paged(raw, length)
     else:
         if rank > 64:
-            raise _error("rank above 64", "rank", dl.AT["rank"], found=rank)
+            raise _error("rank above 64", "rank", found=rank)
         prefix = _construct_parse(raw)
         shape, byte_offset, pos = (
             tuple(prefix.shape),
@@ -228,7 +238,6 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
             raise _error(
                 "a block-paged tensor must not carry a shard section",
                 "flags",
-                dl.AT["flags"],
                 found=f"0x{flags:08X}",
             )
         axes = dl.shard_struct(rank)
@@ -248,7 +257,13 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
         pos = end
     member = None
     if flags & w.FLAG_HAS_COMPOSITE_MEMBER:
-        member, pos = _composite_member(raw, pos, length)
+        end = _need(length, pos + dl.MEMBER.size, "the composite-member section")
+        values = dl.MEMBER.struct.unpack_from(raw, pos)
+        member = values[0]
+        if member > 1:
+            raise _error("unknown member_role", "composite_member.member_role", pos, found=member)
+        _check_consts(dl.MEMBER, values, pos, "composite_member.")
+        pos = end
         if layout_tag == 0x0B:
             raise _error(
                 "invalid composite member section",
@@ -256,10 +271,16 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
                 None,
                 found=member,
             )
+    if pos != length and minor == 0:
+        raise _error(
+            "descriptor_length disagrees with the content at version 1.0",
+            "descriptor_length",
+            expected=pos,
+            found=length,
+        )
     header = (
         major, minor, length, flags, type_tag, element_type, layout_tag, name, rank, shape,
-        byte_offset, fields, handles, quant, shard, statistics, extension, member,
-        _trailing(raw, pos, minor),
+        byte_offset, fields, handles, quant, shard, statistics, extension, member, raw[pos:],
     )  # fmt: skip
     return header, quant_padding, quant_at
 
@@ -273,21 +294,18 @@ def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, tuple[A
      role_byte, layer, index_byte, _, _) = fixed  # fmt: skip
     if byte_offset != 0:
         raise _error(
-            "byte_offset must be 0 for block-paged", "byte_offset", dl.AT["byte_offset"],
+            "byte_offset must be 0 for block-paged", "byte_offset",
             found=byte_offset,
         )  # fmt: skip
     _check_consts(dl.FIXED, fixed, 0, "")
     role = w.KV_ROLE_BY_CODE.get(role_byte)
     if role is None:
-        raise _error(
-            "unknown kv_role", "kv_role", dl.AT["kv_role"], expected="0, 1 or 2", found=role_byte
-        )
+        raise _error("unknown kv_role", "kv_role", expected="0, 1 or 2", found=role_byte)
     index_type = _INDEX_TYPE_NAMES.get(index_byte)
     if index_type is None:
         raise _error(
             "unknown block_table_index_type",
             "block_table_index_type",
-            dl.AT["block_table_index_type"],
             expected="0 or 1",
             found=index_byte,
         )
@@ -315,12 +333,11 @@ def _built(make: Callable[[], _T], places: Places, prefix: str = "", at: int | N
 def _check_flags(flags: int, type_tag: int) -> None:
     """No reserved flag bit, and HAS_EXTENSION_TYPE exactly for private element types."""
     if flags & ~w.FLAGS_KNOWN:
-        raise _error("reserved flag bits set", "flags", dl.AT["flags"], found=f"0x{flags:08X}")
+        raise _error("reserved flag bits set", "flags", found=f"0x{flags:08X}")
     if bool(flags & w.FLAG_HAS_EXTENSION_TYPE) != (type_tag in w.PRIVATE_TYPE_TAGS):
         raise _error(
             "HAS_EXTENSION_TYPE must be set exactly for private type tags 0xF0-0xFE",
             "flags",
-            dl.AT["flags"],
             found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
         )
 
@@ -331,48 +348,10 @@ def _need(length: int, end: int, what: str) -> int:
         raise _error(
             f"descriptor_length too small to hold {what}",
             "descriptor_length",
-            dl.AT["descriptor_length"],
             expected=f">= {end}",
             found=length,
         )
     return end
-
-
-def _trailing(raw: bytes, pos: int, minor: int) -> bytes:
-    if pos == len(raw):
-        return b""
-    if minor == 0:
-        raise _error(
-            "descriptor_length disagrees with the content at version 1.0",
-            "descriptor_length",
-            dl.AT["descriptor_length"],
-            expected=pos,
-            found=len(raw),
-        )
-    return raw[pos:]
-
-
-def _element_type(type_tag: int) -> ElementType:
-    if type_tag in w.PRIVATE_TYPE_TAGS:
-        raise _error(
-            "private extension element types are not supported for block-paged tensors",
-            "type_tag",
-            dl.AT["type_tag"],
-            found=f"0x{type_tag:02X}",
-        )
-    try:
-        return dtypes.element_type_from_tag(type_tag)
-    except InvalidDescriptorError as exc:
-        raise exc.relocated(section="descriptor", offset=dl.AT["type_tag"]) from None
-
-
-def _known_layout_name(tag: int) -> str:
-    """The layout's name, or the error for an invalid, reserved or unknown layout tag."""
-    name = f"private_0x{tag:02X}" if 0xF0 <= tag <= 0xFE else w.LAYOUT_NAMES.get(tag)
-    if name is None:
-        kind = "invalid" if tag in (0x00, 0xFF) else "reserved or unknown"
-        raise _error(f"{kind} layout tag", "layout_tag", dl.AT["layout_tag"], found=f"0x{tag:02X}")
-    return name
 
 
 def _handle(raw: bytes, offset: int, index: int, places: Places) -> BufferHandle:
@@ -381,16 +360,6 @@ def _handle(raw: bytes, offset: int, index: int, places: Places) -> BufferHandle
     prefix = f"buffers[{index}]."
     _check_consts(dl.HANDLE, values, offset, prefix)
     return _built(lambda: BufferHandle(*(values[i] for i in _HANDLE_FIELDS)), places, prefix)
-
-
-def _scheme_class(tag: int) -> str:
-    if tag in (0x00, 0xFF):
-        return "invalid"
-    if 0x06 <= tag <= 0x5F:
-        return "unassigned"
-    if 0x60 <= tag <= 0xEF:
-        return "reserved"
-    return "private"
 
 
 def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, bytes, int]:
@@ -408,8 +377,9 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
     scheme_tag, version, qflags = dl.QHEADER.struct.unpack_from(raw, pos + dl.QUANT_HEADER_AT)
     fast = dl.SCHEME.get(scheme_tag)
     if fast is None:
+        kind = "unassigned" if scheme_tag < 0x60 else "reserved" if scheme_tag < 0xF0 else "private"
         raise _error(
-            f"{_scheme_class(scheme_tag)} quantization scheme tag",
+            f"{'invalid' if scheme_tag in (0x00, 0xFF) else kind} quantization scheme tag",
             "quantization.scheme_tag",
             pos + dl.QUANT_HEADER_AT,
             found=f"0x{scheme_tag:02X}",
@@ -491,16 +461,6 @@ def _statistics(raw: bytes, pos: int, length: int) -> tuple[Statistics, int]:
     ), end
 
 
-def _composite_member(raw: bytes, pos: int, length: int) -> tuple[int, int]:
-    end = _need(length, pos + dl.MEMBER.size, "the composite-member section")
-    values = dl.MEMBER.struct.unpack_from(raw, pos)
-    role = values[0]
-    if role > 1:
-        raise _error("unknown member_role", "composite_member.member_role", pos, found=role)
-    _check_consts(dl.MEMBER, values, pos, "composite_member.")
-    return role, end
-
-
 @dataclass(frozen=True)
 class DescriptorHeader:
     """What any valid Hurray descriptor says, whatever its layout (for dump and triage)."""
@@ -552,7 +512,6 @@ def _construct_parse(raw: bytes) -> Any:
         raise _error(
             f"descriptor_length too small for the content ({exc.path})",
             "descriptor_length",
-            dl.AT["descriptor_length"],
         ) from None
     except RecursionError:
-        raise _error("tiled payload nested too deeply", "layout", dl.AT["layout"]) from None
+        raise _error("tiled payload nested too deeply", "layout") from None
