@@ -24,17 +24,8 @@ from hurray_wire.model.quantization import (
     Quantization,
     parameter_fields,
 )
-from hurray_wire.wire import descriptor as w
+from hurray_wire.wire import descriptor as w, descriptor_layout as dl
 
-# Section sizes of a block-paged descriptor, from the wire structs (descriptor_length).
-_FIXED_SIZE: int = w.BLOCK_PAGED_FIXED.sizeof()
-_HANDLE_SIZE: int = w.BUFFER_HANDLE.sizeof()
-_QUANT_LENGTH_SIZE: int = w.QUANT_LENGTH.sizeof()
-_QUANT_BODY_SIZES: dict[int, int] = {
-    tag: w.QUANT_HEADER.sizeof() + payload.sizeof() for tag, payload in w.SCHEME_PAYLOADS.items()
-}
-_STATISTICS_SIZE: int = w.STATISTICS.sizeof()
-_MEMBER_SIZE: int = w.COMPOSITE_MEMBER.sizeof()
 _ZERO_POINT_BYTES: int = w.ZERO_POINT_ITEM.sizeof()  # int32 (descriptor.md § 8)
 
 __all__ = [
@@ -416,18 +407,15 @@ class TensorDescriptor:
         return buffer_sizes(self.layout, self.shape, self.element_type, self.quantization, declared)
 
     def _encoded_length(self) -> int:
-        length = _FIXED_SIZE + _HANDLE_SIZE * len(self.buffers)
+        length = dl.handle_at(len(self.buffers)) + len(self.unknown_trailing)
         if self.quantization is not None:
-            length += (
-                _QUANT_LENGTH_SIZE
-                + _QUANT_BODY_SIZES[self.quantization.scheme_tag]
-                + len(self.quantization_padding)
-            )
+            payload = dl.SCHEME[self.quantization.scheme_tag].size
+            length += dl.QUANT_PAYLOAD_AT + payload + len(self.quantization_padding)
         if self.statistics is not None:
-            length += _STATISTICS_SIZE
+            length += dl.STATS.size
         if self.composite_member is not None:
-            length += _MEMBER_SIZE
-        return length + len(self.unknown_trailing)
+            length += dl.MEMBER.size
+        return length
 
     # -- construction helper ---------------------------------------------------------------
     @classmethod
@@ -459,14 +447,7 @@ class TensorDescriptor:
         handles = tuple(
             BufferHandle(size, alignment, device_tag, sync_mode, memory_class) for size in sizes
         )
-        return cls(
-            etype,
-            dims,
-            layout,
-            handles,
-            quantization,
-            statistics=statistics,
-        )
+        return cls(etype, dims, layout, handles, quantization, statistics=statistics)
 
 
 def check_colocation(handles: Sequence[BufferHandle]) -> None:
@@ -475,20 +456,17 @@ def check_colocation(handles: Sequence[BufferHandle]) -> None:
         return
     first = handles[0]
     for index, handle in enumerate(handles[1:], 1):
-        if handle.device_tag != first.device_tag:
-            raise InvalidDescriptorError(
-                "all buffers must be on one device",
-                field=f"buffers[{index}].device_tag",
-                found=handle.device_tag,
-                expected=first.device_tag,
-            )
-        if handle.memory_class != first.memory_class:
-            raise InvalidDescriptorError(
-                "all buffers must share one memory class",
-                field=f"buffers[{index}].memory_class",
-                found=handle.memory_class,
-                expected=first.memory_class,
-            )
+        for name, rule in (
+            ("device_tag", "be on one device"),
+            ("memory_class", "share one memory class"),
+        ):
+            if getattr(handle, name) != getattr(first, name):
+                raise InvalidDescriptorError(
+                    f"all buffers must {rule}",
+                    field=f"buffers[{index}].{name}",
+                    found=getattr(handle, name),
+                    expected=getattr(first, name),
+                )
 
 
 def buffer_sizes(
