@@ -78,6 +78,8 @@ class PerTensorAffine:
     scheme_tag: ClassVar[int] = 0x01
     name: ClassVar[str] = "per_tensor_affine"
     allowed_storage: ClassVar[frozenset[int]] = _INTEGER_STORAGE
+    flags: ClassVar[int] = 0
+    parameter_buffers: ClassVar[tuple[int, ...]] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.scale, bool):
@@ -111,20 +113,21 @@ class PerTensorAffine:
     def symmetric_flag(self) -> bool:
         return self.zero_point == 0
 
-    @property
-    def flags(self) -> int:
-        return 0
-
-    @property
-    def parameter_buffers(self) -> tuple[int, ...]:
-        return ()
-
 
 class _AffineBuffers:
     """What the two buffer-backed affine schemes say alike about their parameter buffers."""
 
+    axis: int
     scale_buffer_index: int
     zero_point_buffer_index: int | None
+    scheme_version: int
+
+    def __post_init__(self) -> None:
+        _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
+        index = _check_param_index(self.scale_buffer_index, "scale_buffer_index")
+        _set(self, "scale_buffer_index", index)
+        _set(self, "zero_point_buffer_index", _zp_index(self.zero_point_buffer_index))
+        _set(self, "scheme_version", _check_version(self.scheme_version))
 
     @property
     def symmetric_flag(self) -> bool:
@@ -156,13 +159,6 @@ class PerChannelAffine(_AffineBuffers):
     allowed_storage: ClassVar[frozenset[int]] = _INTEGER_STORAGE
     scale_type: ClassVar[ElementType] = dtypes.float32
 
-    def __post_init__(self) -> None:
-        _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
-        index = _check_param_index(self.scale_buffer_index, "scale_buffer_index")
-        _set(self, "scale_buffer_index", index)
-        _set(self, "zero_point_buffer_index", _zp_index(self.zero_point_buffer_index))
-        _set(self, "scheme_version", _check_version(self.scheme_version))
-
     @classmethod
     def symmetric(cls, axis: int, scale_buffer_index: int) -> PerChannelAffine:
         return cls(axis, scale_buffer_index, None)
@@ -191,16 +187,13 @@ class PerBlockAffine(_AffineBuffers):
     allowed_storage: ClassVar[frozenset[int]] = _BLOCK_STORAGE
 
     def __post_init__(self) -> None:
-        _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
+        super().__post_init__()
         block = check_uint(self.block_size, "block_size", U32_MAX)
         if block < 2 or not is_power_of_two(block):
             raise InvalidDescriptorError(
                 "block_size must be a power of two >= 2", field="block_size", found=block
             )
         _set(self, "block_size", block)
-        index = _check_param_index(self.scale_buffer_index, "scale_buffer_index")
-        _set(self, "scale_buffer_index", index)
-        _set(self, "zero_point_buffer_index", _zp_index(self.zero_point_buffer_index))
         scale_type = self.scale_type
         if not isinstance(scale_type, ElementType):
             try:
@@ -214,7 +207,6 @@ class PerBlockAffine(_AffineBuffers):
                 found=scale_type.name,
             )
         _set(self, "scale_type", scale_type)
-        _set(self, "scheme_version", _check_version(self.scheme_version))
 
     @classmethod
     def symmetric(
@@ -248,6 +240,7 @@ class NF4:
     allowed_storage: ClassVar[frozenset[int]] = frozenset({dtypes.uint4.tag})
     min_block: ClassVar[int] = 8
     max_block: ClassVar[int] = U32_MAX
+    flags: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
         _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
@@ -262,10 +255,6 @@ class NF4:
         index = check_uint(self.scale_buffer_index, "scale_buffer_index", U32_MAX)
         _set(self, "scale_buffer_index", index)
         _set(self, "scheme_version", _check_version(self.scheme_version))
-
-    @property
-    def flags(self) -> int:
-        return 0
 
     @property
     def parameter_buffers(self) -> tuple[int, ...]:
