@@ -109,77 +109,46 @@ def _leaf(con: Any) -> tuple[str, bytes | None]:
     raise TypeError(f"cannot derive a struct format from {con!r}")
 
 
-def _walk(
-    definition: Any,
-    start: int,
-    codes: list[str],
-    names: list[str],
-    consts: list[tuple[int, bytes]],
-    offsets: dict[str, int],
-    sizes: dict[str, int],
-) -> int:
-    """Append the leaves of ``definition`` (a Struct) at byte ``start``; return its end."""
-    at = start
-    for sub in definition.subcons:
-        inner = _unwrap(sub)
-        if sub.name is not None:
-            offsets.setdefault(sub.name, at)
-        if isinstance(inner, c.Struct):
-            at = _walk(inner, at, codes, names, consts, offsets, sizes)
-            continue
-        if isinstance(inner, c.Array) and isinstance(inner.count, int):
-            for item in range(inner.count):
-                code, const = _leaf(inner.subcon)
-                name = f"{sub.name}[{item}]"
-                _add(name, code, const, at, codes, names, consts, offsets)
-                at += sizes.setdefault(name, struct.calcsize("<" + code))
-            continue
-        code, const = _leaf(inner)
-        _add(sub.name, code, const, at, codes, names, consts, offsets)
-        at += sizes.setdefault(sub.name, struct.calcsize("<" + code))
-    return at
-
-
-def _add(
-    name: str,
-    code: str,
-    const: bytes | None,
-    at: int,
-    codes: list[str],
-    names: list[str],
-    consts: list[tuple[int, bytes]],
-    offsets: dict[str, int],
-) -> None:
-    if name in names:
-        raise TypeError(f"field name {name!r} appears twice: offsets would be ambiguous")
-    if const is not None:
-        consts.append((len(names), const))
-    codes.append(code)
-    names.append(name)
-    offsets[name] = at
-
-
 def derive(definition: Any) -> FastStruct:
     """Derive the little-endian ``struct.Struct`` of a fixed-size construct ``Struct``."""
     codes: list[str] = []
     names: list[str] = []
-    consts: list[tuple[int, bytes]] = []
+    consts: list[tuple[int, bytes]] = []  # Const bytes by position in the unpacked tuple
     offsets: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    end = _walk(definition, 0, codes, names, consts, offsets, sizes)
+
+    def add(name: str, sub: Any, at: int) -> int:
+        if name in names:
+            raise TypeError(f"field name {name!r} appears twice: offsets would be ambiguous")
+        code, const = _leaf(sub)
+        if const is not None:
+            consts.append((len(names), const))
+        codes.append(code)
+        names.append(name)
+        offsets[name] = at
+        sizes[name] = struct.calcsize("<" + code)
+        return at + sizes[name]
+
+    def walk(parent: Any, at: int) -> int:
+        for sub in parent.subcons:
+            inner = _unwrap(sub)
+            if sub.name is not None:
+                offsets.setdefault(sub.name, at)
+            if isinstance(inner, c.Struct):
+                at = walk(inner, at)
+            elif isinstance(inner, c.Array) and isinstance(inner.count, int):
+                for item in range(inner.count):
+                    at = add(f"{sub.name}[{item}]", inner.subcon, at)
+            else:
+                at = add(sub.name, inner, at)
+        return at
+
+    end = walk(definition, 0)
     compiled = struct.Struct("<" + "".join(codes))
     if compiled.size != definition.sizeof() or end != compiled.size:
         raise TypeError("derived size differs from the construct size")
-    packer, leading = _packer(codes, consts)
-    return FastStruct(compiled, tuple(names), tuple(consts), offsets, sizes, packer, leading)
-
-
-def _packer(
-    codes: list[str], consts: list[tuple[int, bytes]]
-) -> tuple[struct.Struct | None, tuple[bytes, ...]]:
-    """A format that packs only the non-Const fields: zero Consts become pad bytes (which
-    ``struct`` writes as zeros), non-zero ones (a magic) are passed first. None when a
-    non-zero Const is not among the leading fields."""
+    # A packer of the non-Const fields: zero Consts become pad bytes (which ``struct`` writes
+    # as zeros), non-zero ones (a magic) are passed first; none when such a one is not leading.
     leading: list[bytes] = []
     fmt = list(codes)
     for position, expected in consts:
@@ -188,8 +157,10 @@ def _packer(
         elif position == len(leading):
             leading.append(expected)
         else:
-            return None, ()
-    return struct.Struct("<" + "".join(fmt)), tuple(leading)
+            fmt, leading = [], []
+            break
+    packer = struct.Struct("<" + "".join(fmt)) if fmt else None
+    return FastStruct(compiled, tuple(names), tuple(consts), offsets, sizes, packer, tuple(leading))
 
 
 def offset_of(definition: Any, name: str) -> int:
