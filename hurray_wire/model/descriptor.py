@@ -205,14 +205,7 @@ class TensorDescriptor:
             raise InvalidDescriptorError(
                 "layout must be a BlockPagedLayout", field="layout", found=repr(self.layout)
             )
-        try:
-            shape = tuple(self.shape)
-        except TypeError:
-            raise InvalidDescriptorError(
-                "shape must be a sequence of integers", field="shape", found=repr(self.shape)
-            ) from None
-        self.layout.validate_against_shape(shape)
-        set_(self, "shape", tuple(int(d) for d in shape))
+        set_(self, "shape", self.layout.validate_against_shape(self.shape))
         self._check_version()
         self._check_quantization()
         self._check_buffers()
@@ -439,9 +432,8 @@ class TensorDescriptor:
         pages = check_uint(num_logical_pages, "num_logical_pages", U64_MAX)
         if not isinstance(layout, BlockPagedLayout):
             raise InvalidDescriptorError("layout must be a BlockPagedLayout", field="layout")
-        layout.validate_against_shape(shape)
+        dims = layout.validate_against_shape(shape)
         layout.validate_quantization_compatibility(quantization)
-        dims = (int(shape[0]), int(shape[1]), int(shape[2]))
         table_bytes = pages * layout.index_dtype.itemsize
         sizes = buffer_sizes(layout, dims, etype, quantization, table_bytes)
         handles = tuple(

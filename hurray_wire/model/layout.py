@@ -126,8 +126,8 @@ class BlockPagedLayout:
         return self.num_pages * self.page_size
 
     # -- rules -----------------------------------------------------------------------------
-    def validate_against_shape(self, shape: Sequence[int]) -> None:
-        """Refuse a logical shape that is not ``[total_tokens, num_heads, head_dim]``."""
+    def validate_against_shape(self, shape: Sequence[int]) -> tuple[int, int, int]:
+        """``shape`` as ints, or the error if it is not ``[total_tokens, num_heads, head_dim]``."""
         try:
             dims = list(shape)
         except TypeError:
@@ -142,7 +142,7 @@ class BlockPagedLayout:
                 expected=3,
             )
         for axis, dim in enumerate(dims):
-            value = check_uint(dim, f"shape[{axis}]", U64_MAX)
+            value = dims[axis] = check_uint(dim, f"shape[{axis}]", U64_MAX)
             if value == DYNAMIC_DIM:
                 raise InvalidDescriptorError(
                     "dynamic dimensions are not allowed in a block-paged shape",
@@ -153,6 +153,7 @@ class BlockPagedLayout:
             raise InvalidDescriptorError(
                 "an empty batch (num_seqs 0) has total_tokens 0", field="shape[0]", found=dims[0]
             )
+        return dims[0], dims[1], dims[2]
 
     def validate_index_buffers(self, seq_ptr: Any, block_table: Any) -> None:
         """Check the storage invariants (block-paged.md § 4) of ``(seq_ptr, block_table)``,
