@@ -87,17 +87,11 @@ def peek_descriptor_length(data: Any) -> int:
         )
     major = view[dl.AT["version_major"]]
     if major != 1:
-        raise _error(
-            "unsupported major version", "version_major", expected=1,
-            found=major,
-        )  # fmt: skip
+        raise _error("unsupported major version", "version_major", expected=1, found=major)
     length: int = dl.U32.unpack_from(view, dl.AT["descriptor_length"])[0]
     if length < _HEADER_LEN:
-        raise _error(
-            f"descriptor_length below the {_HEADER_LEN}-byte header",
-            "descriptor_length",
-            found=length,
-        )
+        message = f"descriptor_length below the {_HEADER_LEN}-byte header"
+        raise _error(message, "descriptor_length", found=length)
     return length
 
 
@@ -135,10 +129,9 @@ def decode_descriptor(data: Any) -> TensorDescriptor:
 
     def build() -> TensorDescriptor:
         layout = BlockPagedLayout(*fields)
-        return TensorDescriptor(
-            element_type, shape, layout, handles, quant, (major, minor), statistics, member,
-            quant_padding, trailing,
-        )  # fmt: skip
+        version = (major, minor)
+        args = (quant, version, statistics, member, quant_padding, trailing)
+        return TensorDescriptor(element_type, shape, layout, handles, *args)
 
     return _built(build, places)
 
@@ -293,10 +286,7 @@ def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, tuple[A
     (*_, shape0, shape1, shape2, byte_offset, page_size, num_pages, paged_axis, num_seqs,
      role_byte, layer, index_byte, _, _) = fixed  # fmt: skip
     if byte_offset != 0:
-        raise _error(
-            "byte_offset must be 0 for block-paged", "byte_offset",
-            found=byte_offset,
-        )  # fmt: skip
+        raise _error("byte_offset must be 0 for block-paged", "byte_offset", found=byte_offset)
     _check_consts(dl.FIXED, fixed, 0, "")
     role = w.KV_ROLE_BY_CODE.get(role_byte)
     if role is None:
@@ -410,10 +400,8 @@ def _build_quantization(
 ) -> Quantization:
     allowed = SYMMETRIC if scheme_tag in (0x02, 0x03) else 0
     if qflags & ~allowed:
-        raise _error(
-            "unknown quantization flag bits", "quantization.flags", at()["flags"],
-            found=f"0x{qflags:04X}",
-        )  # fmt: skip
+        message = "unknown quantization flag bits"
+        raise _error(message, "quantization.flags", at()["flags"], found=f"0x{qflags:04X}")
     symmetric = bool(qflags & SYMMETRIC)
     if scheme_tag == 0x01:
         return PerTensorAffine(values[0], values[1], version)
