@@ -6,30 +6,6 @@ import construct as c
 
 from hurray_wire.wire.fast import derive
 
-__all__ = [
-    "BLOB_ALIGNMENT",
-    "BLOB_HEADER",
-    "BLOB_MAGIC",
-    "CHECKSUM_NONE",
-    "CHECKSUM_XXH3_64",
-    "CHUNK_FRAME_SIZE",
-    "CHUNK_TABLE_HEADER",
-    "FAST_BLOB_HEADER",
-    "FAST_CHUNK_TABLE_HEADER",
-    "FAST_HEADER_CHECKSUM",
-    "FAST_SECTION_ENTRY",
-    "FLAG_REQUIRED",
-    "HEADER_CHECKSUM",
-    "KIND_BUFFER",
-    "KIND_METADATA",
-    "KIND_PAGE_DIGESTS",
-    "KIND_PAGE_REFS",
-    "KIND_SEQ_LENS",
-    "SECTION_ENTRY",
-    "SECTION_KINDS",
-    "SEQ_LENS_ITEM",
-]
-
 BLOB_MAGIC = b"HRWB"
 BLOB_ALIGNMENT = 64  # total_length and every section offset are multiples of at least this
 

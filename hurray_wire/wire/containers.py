@@ -14,49 +14,6 @@ import construct as c
 
 from hurray_wire.wire.fast import derive
 
-__all__ = [
-    "FAST_HRRY_HEADER",
-    "FAST_HRRY_INDEX_COUNT",
-    "FAST_HRRY_INDEX_ENTRY_FIXED",
-    "FAST_HRRY_NAME_LENGTH",
-    "FAST_HRRY_TRAILER",
-    "FILE_FLAGS_KNOWN",
-    "FILE_FLAG_HAS_INDEX_CRC32C",
-    "FILE_FLAG_HAS_KV_METADATA",
-    "FILE_FLAG_SORTED_INDEX",
-    "FILE_MAGIC",
-    "HEADER_SIZE",
-    "INDEX_ENTRY_FIXED_SIZE",
-    "KV_ARRAY",
-    "KV_BOOL",
-    "KV_BYTES",
-    "KV_FLOAT64",
-    "KV_INT64",
-    "KV_LEAST_PAYLOAD",
-    "KV_SCALAR_PAYLOADS",
-    "KV_STRING",
-    "KV_TAG_NAMES",
-    "KV_UINT64",
-    "MAX_DATA_BUFFER_ALIGNMENT",
-    "MIN_DATA_BUFFER_ALIGNMENT",
-    "MIN_FILE_SIZE",
-    "SECTION_ALIGNMENT",
-    "TENSOR_COUNT_UNKNOWN",
-    "TRAILER_MAGIC",
-    "TRAILER_SIZE",
-    "HrryHeader",
-    "HrryIndex",
-    "HrryIndexEntry",
-    "HrryIndexEntryFixed",
-    "HrryTrailer",
-    "KvArray",
-    "KvBool",
-    "KvBytes",
-    "KvEntry",
-    "KvSection",
-    "KvString",
-]
-
 FILE_MAGIC = b"HRRYFILE"
 TRAILER_MAGIC = b"HRRY"
 TENSOR_COUNT_UNKNOWN = 0xFFFF_FFFF_FFFF_FFFF  # the reference always writes it; never trust it

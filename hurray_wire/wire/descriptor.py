@@ -9,44 +9,6 @@ from typing import Any
 
 import construct as c
 
-__all__ = [
-    "BLOCK_PAGED_FIXED",
-    "BLOCK_PAGED_PAYLOAD",
-    "BUFFER_COUNT",
-    "BUFFER_HANDLE",
-    "COMPOSITE_MEMBER",
-    "DESCRIPTOR",
-    "EXTENSION_TYPE",
-    "FIXED_HEADER",
-    "FLAGS_KNOWN",
-    "FLAG_HAS_COMPOSITE_MEMBER",
-    "FLAG_HAS_EXTENSION_TYPE",
-    "FLAG_HAS_QUANTIZATION",
-    "FLAG_HAS_SHARD",
-    "FLAG_HAS_STATISTICS",
-    "INDEX_ITEMS",
-    "INDEX_TYPES",
-    "KV_ROLES",
-    "KV_ROLE_BY_CODE",
-    "LAYER_NONE",
-    "LAYOUT_NAMES",
-    "LAYOUT_PREFIX",
-    "MAGIC",
-    "MXFP",
-    "NF4",
-    "PER_BLOCK_AFFINE",
-    "PER_CHANNEL_AFFINE",
-    "PER_TENSOR_AFFINE",
-    "PRIVATE_TYPE_TAGS",
-    "QUANTIZATION_SECTION",
-    "QUANT_HEADER",
-    "QUANT_LENGTH",
-    "SCHEME_PAYLOADS",
-    "SHARD",
-    "STATISTICS",
-    "ZERO_POINT_ITEM",
-]
-
 MAGIC = b"HRRY"
 LAYER_NONE = 0xFFFFFFFF  # layer_index sentinel: "not layer-scoped"
 

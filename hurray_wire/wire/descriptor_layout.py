@@ -8,28 +8,6 @@ from struct import Struct
 from hurray_wire.wire import descriptor as w
 from hurray_wire.wire.fast import array_struct, derive, item_struct
 
-__all__ = [
-    "AT",
-    "BUFFER_TABLE_AT",
-    "COUNT_SIZE",
-    "EXTENSION",
-    "FIXED",
-    "HANDLE",
-    "HEADER",
-    "MEMBER",
-    "QHEADER",
-    "QUANT_HEADER_AT",
-    "QUANT_PAYLOAD_AT",
-    "SCHEME",
-    "STATS",
-    "U32",
-    "WIRE_NAMES",
-    "handle_at",
-    "handle_places",
-    "quant_places",
-    "shard_struct",
-]
-
 HEADER = derive(w.FIXED_HEADER)
 FIXED = derive(w.BLOCK_PAGED_FIXED)  # header .. buffer_count of a rank-3 block-paged descriptor
 HANDLE = derive(w.BUFFER_HANDLE)

@@ -18,16 +18,6 @@ from typing import Any
 
 import construct as c
 
-__all__ = [
-    "FastStruct",
-    "align",
-    "array_struct",
-    "derive",
-    "item_dtype",
-    "item_struct",
-    "offset_of",
-]
-
 
 def align(value: int, alignment: int) -> int:
     """``value`` rounded up to a multiple of ``alignment`` (a positive integer)."""

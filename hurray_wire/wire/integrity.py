@@ -19,32 +19,11 @@ from __future__ import annotations
 
 import construct as c
 
-from hurray_wire.wire.blob import KIND_PAGE_DIGESTS, KIND_PAGE_REFS
+from hurray_wire.wire.blob import (  # re-exported: the integrity records' section kinds
+    KIND_PAGE_DIGESTS as KIND_PAGE_DIGESTS,
+    KIND_PAGE_REFS as KIND_PAGE_REFS,
+)
 from hurray_wire.wire.fast import derive
-
-__all__ = [
-    "BLOOM_PARAMS",
-    "DIGEST_ALGORITHM_XXH3_64",
-    "DIGEST_ITEM",
-    "DIGEST_SECTION_HEADER",
-    "DIGEST_SECTION_VERSION",
-    "FAST_BLOOM_PARAMS",
-    "FAST_FINGERPRINT_HEADER",
-    "FINGERPRINT_HEADER",
-    "FINGERPRINT_MAGIC",
-    "FINGERPRINT_METADATA_KEY",
-    "FINGERPRINT_VERSION",
-    "KIND_PAGE_DIGESTS",
-    "KIND_PAGE_REFS",
-    "KNOWN_PAGES_CHECKSUM",
-    "KNOWN_PAGES_FORM_BLOOM",
-    "KNOWN_PAGES_FORM_SORTED",
-    "KNOWN_PAGES_HEADER",
-    "KNOWN_PAGES_MAGIC",
-    "KNOWN_PAGES_VERSION",
-    "PAGE_REFS_HEADER",
-    "PAGE_REFS_VERSION",
-]
 
 # The blob section kinds of the two payloads (docs/integrity.md § 6); wire/blob.py owns the
 # table. 0x04 is optional (a reader that skips it loses only the page check); 0x05 is

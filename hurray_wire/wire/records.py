@@ -27,23 +27,6 @@ from hurray_wire.wire import (
 from hurray_wire.wire.fast import FastStruct, align, derive
 from hurray_wire.wire.seal import checksum_of, seal
 
-__all__ = [
-    "BLOB",
-    "BLOOM_PARAMS",
-    "DIGEST_SECTION",
-    "END_RECORD",
-    "FINGERPRINT",
-    "HRRY_HEADER",
-    "HRRY_TRAILER",
-    "KNOWN_PAGES",
-    "PAGE_REFS",
-    "PREFIX",
-    "RECORDS_BY_MAGIC",
-    "STREAM_HEADER",
-    "Record",
-    "Spans",
-]
-
 Spans = dict[str, tuple[int, int]]  # part name -> [start, stop)
 PREFIX = ws.FAST_RECORD_PREFIX  # the 16 bytes every stream record and blob starts with
 _MAGIC = PREFIX.sizes["magic"]

@@ -17,29 +17,6 @@ import construct as c
 from hurray_wire.wire.fast import derive
 from hurray_wire.wire.records import Record
 
-__all__ = [
-    "FAST_TRANSFER_RECORD",
-    "FAST_TRANSFER_SEGMENT",
-    "FLAG_READY",
-    "FLAG_WRITE",
-    "KIND_ABORT",
-    "KIND_DONE",
-    "KIND_GRANT",
-    "KIND_OFFER",
-    "KIND_READY",
-    "LAYER_NONE",
-    "PROMPT_TOKEN_ITEM",
-    "RECORD_CHECKSUM",
-    "RECORD_FLAGS_KNOWN",
-    "RECORD_KINDS",
-    "RECORD_VERSION",
-    "ROLE_NONE",
-    "TRANSFER",
-    "TRANSFER_MAGIC",
-    "TRANSFER_RECORD",
-    "TRANSFER_SEGMENT",
-]
-
 TRANSFER_MAGIC = b"HRWT"
 #: version_major of the records written and read. 2: a ready record carries the blob's
 #: final header (1: the receiver READ it from the sender's memory after the ready record).
