@@ -8,7 +8,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from hurray_wire import dtypes
 from hurray_wire.dtypes import ElementType
@@ -196,6 +196,8 @@ class TensorDescriptor:
     quantization_padding: bytes = b""
     unknown_trailing: bytes = b""
     descriptor_length: int = field(init=False, compare=False)
+    byte_offset: ClassVar[int] = 0
+    layout_tag: ClassVar[int] = BlockPagedLayout.tag
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -350,16 +352,8 @@ class TensorDescriptor:
         return self.shape[2]
 
     @property
-    def byte_offset(self) -> int:
-        return 0
-
-    @property
     def type_tag(self) -> int:
         return self.element_type.tag
-
-    @property
-    def layout_tag(self) -> int:
-        return 0x0A
 
     @property
     def flags(self) -> int:

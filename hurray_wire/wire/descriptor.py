@@ -139,11 +139,7 @@ NF4 = c.Struct(
     "block_size" / c.Int32ul,
     "scale_buffer_index" / c.Int32ul,
 )
-MXFP = c.Struct(
-    "axis" / c.Int32ul,
-    "block_size" / c.Int32ul,
-    "scale_buffer_index" / c.Int32ul,
-)
+MXFP = NF4  # the same payload as NF4 (descriptor.md § 8: axis, block_size, scale_buffer_index)
 SCHEME_PAYLOADS = {
     0x01: PER_TENSOR_AFFINE,
     0x02: PER_CHANNEL_AFFINE,
