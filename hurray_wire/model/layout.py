@@ -72,11 +72,15 @@ class BlockPagedLayout:
             )
         set_(self, "paged_axis", 0)
         set_(self, "num_seqs", check_uint(self.num_seqs, "num_seqs", U32_MAX))
-        kv_role = self.kv_role
-        if not isinstance(kv_role, str) or kv_role not in KV_ROLE_NAMES:
-            raise InvalidDescriptorError(
-                "unknown kv_role", field="kv_role", found=repr(kv_role), expected=KV_ROLE_NAMES
-            )
+        for name, names in (
+            ("kv_role", KV_ROLE_NAMES),
+            ("block_table_index_type", INDEX_TYPE_NAMES),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in names:
+                raise InvalidDescriptorError(
+                    f"unknown {name}", field=name, found=repr(value), expected=names
+                )
         layer_index = self.layer_index
         if layer_index is not None:
             layer_index = check_uint(layer_index, "layer_index", U32_MAX)
@@ -87,15 +91,7 @@ class BlockPagedLayout:
                     found="0xFFFFFFFF",
                 )
             set_(self, "layer_index", layer_index)
-        index_type = self.block_table_index_type
-        if not isinstance(index_type, str) or index_type not in INDEX_TYPE_NAMES:
-            raise InvalidDescriptorError(
-                "unknown block_table_index_type",
-                field="block_table_index_type",
-                found=repr(index_type),
-                expected=INDEX_TYPE_NAMES,
-            )
-        if index_type == "uint32" and self.num_pages > U32_MAX:
+        if self.block_table_index_type == "uint32" and self.num_pages > U32_MAX:
             raise InvalidDescriptorError(
                 "a pool of more than 0xFFFFFFFF pages needs block_table_index_type='uint64'",
                 field="num_pages",
