@@ -161,7 +161,14 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     ``DescriptorHeader``'s fields, the quantization's writer padding and offset."""
     length = len(raw)
     _, major, minor, _, flags, type_tag, layout_tag, rank = dl.HEADER.struct.unpack_from(raw, 0)
-    _check_flags(flags, type_tag)
+    if flags & ~w.FLAGS_KNOWN:
+        raise _error("reserved flag bits set", "flags", found=f"0x{flags:08X}")
+    if bool(flags & w.FLAG_HAS_EXTENSION_TYPE) != (type_tag in w.PRIVATE_TYPE_TAGS):
+        raise _error(
+            "HAS_EXTENSION_TYPE must be set exactly for private type tags 0xF0-0xFE",
+            "flags",
+            found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
+        )
     element_type = None  # a private extension type's: what the extension section says
     if type_tag not in w.PRIVATE_TYPE_TAGS:
         element_type = _built(lambda: dtypes.element_type_from_tag(type_tag), lambda: dl.AT)
@@ -239,7 +246,14 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
         shard, pos = (values[:rank], values[rank:]), end
     statistics = None
     if flags & w.FLAG_HAS_STATISTICS:
-        statistics, pos = _statistics(raw, pos, length)
+        end = _need(length, pos + dl.STATS.size, "the statistics section")
+        values = dl.STATS.struct.unpack_from(raw, pos)
+        _check_consts(dl.STATS, values, pos, "statistics.")
+        statistics = _built(
+            lambda: Statistics(*(values[i] for i in _STATS_FIELDS)),
+            lambda: {f"statistics.{name}": pos + at for name, at in dl.STATS.offsets.items()},
+        )
+        pos = end
     extension = None
     if flags & w.FLAG_HAS_EXTENSION_TYPE:
         end = _need(length, pos + dl.EXTENSION.size, "the extension type section")
@@ -318,18 +332,6 @@ def _built(make: Callable[[], _T], places: Places, prefix: str = "", at: int | N
             field = prefix + field
         offset = places().get(field or "", at)
         raise exc.relocated(section="descriptor", field=field, offset=offset) from None
-
-
-def _check_flags(flags: int, type_tag: int) -> None:
-    """No reserved flag bit, and HAS_EXTENSION_TYPE exactly for private element types."""
-    if flags & ~w.FLAGS_KNOWN:
-        raise _error("reserved flag bits set", "flags", found=f"0x{flags:08X}")
-    if bool(flags & w.FLAG_HAS_EXTENSION_TYPE) != (type_tag in w.PRIVATE_TYPE_TAGS):
-        raise _error(
-            "HAS_EXTENSION_TYPE must be set exactly for private type tags 0xF0-0xFE",
-            "flags",
-            found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
-        )
 
 
 def _need(length: int, end: int, what: str) -> int:
@@ -437,16 +439,6 @@ def _build_quantization(
         return PerBlockAffine(values[0], values[1], values[2], scale_type, zero_point, version)
     scheme = NF4 if scheme_tag == 0x04 else MXFP
     return scheme(values[0], values[1], values[2], version)
-
-
-def _statistics(raw: bytes, pos: int, length: int) -> tuple[Statistics, int]:
-    end = _need(length, pos + dl.STATS.size, "the statistics section")
-    values = dl.STATS.struct.unpack_from(raw, pos)
-    _check_consts(dl.STATS, values, pos, "statistics.")
-    return _built(
-        lambda: Statistics(*(values[i] for i in _STATS_FIELDS)),
-        lambda: {f"statistics.{name}": pos + at for name, at in dl.STATS.offsets.items()},
-    ), end
 
 
 @dataclass(frozen=True)
