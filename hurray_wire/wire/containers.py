@@ -28,22 +28,10 @@ FILE_FLAG_HAS_INDEX_CRC32C = 0x04
 FILE_FLAGS_KNOWN = 0x07  # any other bit set => reject
 
 # § B.4 KV value tags. 0x00, 0x08-0xEF and 0xFF are invalid; 0xF0-0xFE private (rejected).
-KV_STRING = 0x01
-KV_INT64 = 0x02
-KV_UINT64 = 0x03
-KV_FLOAT64 = 0x04
-KV_BOOL = 0x05
-KV_BYTES = 0x06
-KV_ARRAY = 0x07
-KV_TAG_NAMES = {
-    KV_STRING: "string",
-    KV_INT64: "int64",
-    KV_UINT64: "uint64",
-    KV_FLOAT64: "float64",
-    KV_BOOL: "bool",
-    KV_BYTES: "bytes",
-    KV_ARRAY: "array",
-}
+KV_TAG_NAMES = dict(
+    enumerate(("string", "int64", "uint64", "float64", "bool", "bytes", "array"), 1)
+)
+KV_STRING, KV_INT64, KV_UINT64, KV_FLOAT64, KV_BOOL, KV_BYTES, KV_ARRAY = KV_TAG_NAMES  # 0x01..0x07
 
 
 def _reserved(n: int) -> c.Construct:
