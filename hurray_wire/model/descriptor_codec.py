@@ -58,6 +58,7 @@ _STATS_FIELDS, _HANDLE_FIELDS = (
     tuple(i for i in range(len(f.names)) if i not in dict(f.consts)) for f in (dl.STATS, dl.HANDLE)
 )  # the positions of a struct's values that are not reserved bytes
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
+_SCHEMES = {s.scheme_tag: s for s in (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 
 
@@ -387,9 +388,10 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
         )
     values = fast.struct.unpack_from(raw, pos + dl.QUANT_PAYLOAD_AT)
     _check_consts(fast, values, pos + dl.QUANT_PAYLOAD_AT, "quantization.")
+    fields = {n: v for n, v in zip(fast.names, values, strict=True) if not n.startswith("_")}
     places = partial(dl.quant_places, pos, scheme_tag)
     quant = _built(
-        lambda: _build_quantization(scheme_tag, version, qflags, values, places),
+        lambda: _build_quantization(scheme_tag, version, qflags, fields, places),
         places,
         "quantization.",
         pos,
@@ -398,47 +400,39 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
 
 
 def _build_quantization(
-    scheme_tag: int, version: int, qflags: int, values: tuple[Any, ...], at: Places
+    scheme_tag: int, version: int, qflags: int, fields: dict[str, Any], at: Places
 ) -> Quantization:
+    """The scheme of a payload's ``fields``: the flag and scale-type rules the wire adds."""
     allowed = SYMMETRIC if scheme_tag in (0x02, 0x03) else 0
     if qflags & ~allowed:
         message = "unknown quantization flag bits"
         raise _error(message, "quantization.flags", at()["flags"], found=f"0x{qflags:04X}")
-    symmetric = bool(qflags & SYMMETRIC)
-    if scheme_tag == 0x01:
-        return PerTensorAffine(values[0], values[1], version)
-    if scheme_tag in (0x02, 0x03):
-        zp_position = 2 if scheme_tag == 0x02 else 3
-        zp = values[zp_position]
-        if symmetric != (zp == NO_BUFFER):
+    zp = fields.get("zero_point_buffer_index")
+    if zp is not None:
+        if bool(qflags & SYMMETRIC) != (zp == NO_BUFFER):
             raise _error(
                 "SYMMETRIC flag must be set exactly when zero_point_buffer_index is 0xFFFFFFFF",
                 "quantization.flags",
                 at()["flags"],
                 found=f"flags 0x{qflags:04X}, zero_point_buffer_index {zp}",
             )
-        zero_point = None if symmetric else zp
-        scale_tag = values[zp_position + 1]
-        if scheme_tag == 0x02:
-            if scale_tag != 0x03:
-                raise _error(
-                    "per-channel scale type must be float32 (0x03)",
-                    "quantization.scale_type_tag",
-                    at()["scale_type_tag"],
-                    found=scale_tag,
-                )
-            return PerChannelAffine(values[0], values[1], zero_point, version)
+        fields["zero_point_buffer_index"] = None if zp == NO_BUFFER else zp
+    scale_tag = fields.pop("scale_type_tag", None)
+    if scale_tag is not None:
         scale_type = _SCALE_TYPE_TAGS.get(scale_tag)
-        if scale_type is None:
+        per_channel = scheme_tag == 0x02
+        if scale_type is None or (per_channel and scale_tag != 0x03):
             raise _error(
-                "per-block scale type must be 0x01, 0x02 or 0x03",
+                "per-channel scale type must be float32 (0x03)"
+                if per_channel
+                else "per-block scale type must be 0x01, 0x02 or 0x03",
                 "quantization.scale_type_tag",
                 at()["scale_type_tag"],
                 found=scale_tag,
             )
-        return PerBlockAffine(values[0], values[1], values[2], scale_type, zero_point, version)
-    scheme = NF4 if scheme_tag == 0x04 else MXFP
-    return scheme(values[0], values[1], values[2], version)
+        if not per_channel:
+            fields["scale_type"] = scale_type
+    return _SCHEMES[scheme_tag](**fields, scheme_version=version)
 
 
 @dataclass(frozen=True)
