@@ -28,18 +28,6 @@ from hurray_wire.wire import descriptor as w, descriptor_layout as dl
 
 _ZERO_POINT_BYTES: int = w.ZERO_POINT_ITEM.sizeof()  # int32 (descriptor.md § 8)
 
-__all__ = [
-    "BUFFER_NAMES",
-    "DEVICE_NAMES",
-    "MEMORY_CLASS_NAMES",
-    "SYNC_MODE_NAMES",
-    "BufferHandle",
-    "Statistics",
-    "TensorDescriptor",
-    "buffer_sizes",
-    "check_colocation",
-]
-
 DEVICE_NAMES = {
     0x00: "cpu",
     0x01: "cuda",

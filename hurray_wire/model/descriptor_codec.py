@@ -42,14 +42,6 @@ from hurray_wire.model.quantization import (
 )
 from hurray_wire.wire import descriptor as w, descriptor_layout as dl
 
-__all__ = [
-    "DescriptorHeader",
-    "decode_descriptor",
-    "decode_header",
-    "peek_descriptor_length",
-]
-
-
 _T = TypeVar("_T")
 Places = Callable[[], Mapping[str, int]]  # field -> byte offset, computed only for an error
 _HEADER_LEN = dl.HEADER.size  # 20

@@ -15,8 +15,6 @@ from hurray_wire.model.quantization import (
 )
 from hurray_wire.wire import descriptor as w, descriptor_layout as dl
 
-__all__ = ["encode_descriptor"]
-
 
 def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
     """The exact bytes the reference writes for ``descriptor`` (always valid: see model)."""

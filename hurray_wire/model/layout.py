@@ -17,16 +17,6 @@ from hurray_wire.model.quantization import Quantization, check_block_paged_compa
 from hurray_wire.wire.descriptor import INDEX_ITEMS, KV_ROLES
 from hurray_wire.wire.fast import item_dtype
 
-__all__ = [
-    "DYNAMIC_DIM",
-    "INDEX_TYPE_NAMES",
-    "KV_ROLE_NAMES",
-    "BlockPagedLayout",
-    "check_index_arrays",
-    "check_indexes",
-    "check_seq_lens",
-]
-
 KV_ROLE_NAMES = tuple(KV_ROLES)  # in code order: key, value, fused
 INDEX_TYPE_NAMES = ("uint32", "uint64")
 DYNAMIC_DIM = U64_MAX  # the shape's "size unknown" sentinel: refused for block-paged ([A38])

@@ -15,8 +15,6 @@ import numpy.typing as npt
 from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import InvalidTensorError
 
-__all__ = ["first_padding_bit_byte", "pack", "unpack"]
-
 
 def _codes(values: npt.NDArray[Any], bits: int) -> npt.NDArray[np.uint8]:
     """The raw bit patterns of ``values`` (an ml_dtypes narrow type or bool) as uint8."""

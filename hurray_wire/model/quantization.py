@@ -14,18 +14,6 @@ from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import InvalidDescriptorError, QuantizationNotDefinedError
 from hurray_wire.model._checks import I32_MAX, I32_MIN, U32_MAX, check_uint, is_power_of_two
 
-__all__ = [
-    "MXFP",
-    "NF4",
-    "NO_BUFFER",
-    "PerBlockAffine",
-    "PerChannelAffine",
-    "PerTensorAffine",
-    "Quantization",
-    "check_block_paged_compatibility",
-    "parameter_fields",
-]
-
 NO_BUFFER = 0xFFFFFFFF  # zero_point_buffer_index of a symmetric scheme
 SYMMETRIC = 0x0001  # scheme flag bit 0 of per-channel and per-block affine
 _INTEGER_STORAGE = frozenset(
