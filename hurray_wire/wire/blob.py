@@ -68,8 +68,7 @@ SEQ_LENS_ITEM = c.Int64ul
 HEADER_CHECKSUM = c.Struct("header_checksum" / c.Int64ul)
 
 
-# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
-# packing with the Const fields filled in. Other modules use these, never derive their own.
+# The fixed records derived once (see wire/__init__.py).
 FAST_BLOB_HEADER = derive(BLOB_HEADER)
 FAST_SECTION_ENTRY = derive(SECTION_ENTRY)
 FAST_HEADER_CHECKSUM = derive(HEADER_CHECKSUM)

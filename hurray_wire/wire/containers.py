@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import construct as c
 
+from hurray_wire.wire.descriptor import reserved as _reserved
 from hurray_wire.wire.fast import derive
 
 FILE_MAGIC = b"HRRYFILE"
@@ -32,11 +33,6 @@ KV_TAG_NAMES = dict(
     enumerate(("string", "int64", "uint64", "float64", "bool", "bytes", "array"), 1)
 )
 KV_STRING, KV_INT64, KV_UINT64, KV_FLOAT64, KV_BOOL, KV_BYTES, KV_ARRAY = KV_TAG_NAMES  # 0x01..0x07
-
-
-def _reserved(n: int) -> c.Construct:
-    """Reserved bytes that must read back as zero: ``Const``, because ``Padding`` never checks."""
-    return c.Const(bytes(n))
 
 
 # § B.2: the 64-byte header at offset 0.
@@ -138,8 +134,7 @@ KvSection = c.Struct(
 )
 
 
-# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
-# packing with the Const fields filled in. Other modules use these, never derive their own.
+# The fixed records derived once (see wire/__init__.py).
 FAST_HRRY_HEADER = derive(HrryHeader)
 FAST_HRRY_TRAILER = derive(HrryTrailer)
 FAST_HRRY_INDEX_ENTRY_FIXED = derive(HrryIndexEntryFixed)

@@ -94,7 +94,6 @@ FINGERPRINT_HEADER = c.Struct(
 )
 
 
-# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
-# packing with the Const fields filled in. Other modules use these, never derive their own.
+# The fixed records derived once (see wire/__init__.py).
 FAST_FINGERPRINT_HEADER = derive(FINGERPRINT_HEADER)
 FAST_BLOOM_PARAMS = derive(BLOOM_PARAMS)

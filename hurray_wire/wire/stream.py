@@ -83,8 +83,7 @@ END_FOOTER = c.Struct(
 )
 
 
-# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
-# packing with the Const fields filled in. Other modules use these, never derive their own.
+# The fixed records derived once (see wire/__init__.py).
 FAST_RECORD_PREFIX = derive(RECORD_PREFIX)
 FAST_STREAM_HEADER = derive(STREAM_HEADER)
 FAST_RECORD_CHECKSUM = derive(RECORD_CHECKSUM)
