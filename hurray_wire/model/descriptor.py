@@ -28,17 +28,11 @@ from hurray_wire.wire import descriptor as w, descriptor_layout as dl
 
 _ZERO_POINT_BYTES: int = w.ZERO_POINT_ITEM.sizeof()  # int32 (descriptor.md § 8)
 
-DEVICE_NAMES = {
-    0x00: "cpu",
-    0x01: "cuda",
-    0x02: "rocm",
-    0x03: "metal",
-    0x04: "vulkan",
-    0x05: "webgpu",
-    0x06: "hexagon",
-    0x07: "level_zero",
-    0x08: "opencl",
-}
+DEVICE_NAMES = dict(  # device tags 0x00-0x08, in tag order
+    enumerate(
+        ("cpu", "cuda", "rocm", "metal", "vulkan", "webgpu", "hexagon", "level_zero", "opencl")
+    )
+)
 SYNC_MODE_NAMES = {0: "producer_synced", 1: "event", 2: "consumer_stream"}
 MEMORY_CLASS_NAMES = {0: "standard", 1: "host_pinned", 2: "unified", 3: "peer"}
 BUFFER_NAMES = ("page_pool", "block_table", "seq_ptr")
