@@ -153,14 +153,6 @@ def _stat_key(s: Statistics) -> tuple[Any, ...]:
     )
 
 
-def _int_range(element_type: ElementType) -> tuple[int, int]:
-    """Representable range of an integer storage type (for per-tensor zero points)."""
-    bits = element_type.bit_width
-    if element_type.name.startswith("u"):
-        return 0, 2**bits - 1
-    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-
-
 @dataclass(frozen=True)
 class TensorDescriptor:
     """A block-paged descriptor; ``shape`` is ``(total_tokens, num_heads, head_dim)``;
@@ -260,11 +252,12 @@ class TensorDescriptor:
                     "must be a BufferHandle", field=f"buffers[{index}]", found=repr(handle)
                 )
         check_colocation(buffers)
-        sizes = self.expected_buffer_sizes()
+        # Exact sizes the layout implies; block_table's is the declared one (not implied).
+        table_bytes = buffers[1].byte_size
+        layout, shape = self.layout, self.shape
+        sizes = buffer_sizes(layout, shape, self.element_type, self.quantization, table_bytes)
         for index, (handle, size) in enumerate(zip(buffers, sizes, strict=True)):
-            if index == 1:
-                continue
-            if handle.byte_size != size:
+            if index != 1 and handle.byte_size != size:
                 raise InvalidDescriptorError(
                     f"{self.buffer_names[index]} byte_size disagrees with the layout",
                     field=f"buffers[{index}].byte_size",
@@ -272,7 +265,6 @@ class TensorDescriptor:
                     expected=size,
                 )
         width = self.layout.index_dtype.itemsize
-        table_bytes = buffers[1].byte_size
         if table_bytes % width:
             raise InvalidDescriptorError(
                 f"block_table byte_size must be a multiple of {width}",
@@ -311,7 +303,9 @@ class TensorDescriptor:
                 found=self.element_type.name,
             )
         if isinstance(quant, PerTensorAffine):
-            low, high = _int_range(self.element_type)
+            bits = self.element_type.bit_width  # the storage type's range
+            signed = not self.element_type.name.startswith("u")
+            low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
             if not low <= quant.zero_point <= high:
                 raise InvalidDescriptorError(
                     f"zero_point outside the {self.element_type.name} range",
@@ -369,11 +363,6 @@ class TensorDescriptor:
         widths = {0: self.element_type.itemsize, 1: index_width, 2: index_width}
         widths.update({i: width for i, (_, width, _) in _parameters(self.quantization).items()})
         return tuple(widths[i] for i in range(len(self.buffers)))
-
-    def expected_buffer_sizes(self) -> tuple[int, ...]:
-        """Exact byte sizes the layout implies; block_table's is the declared one."""
-        declared = self.buffers[1].byte_size if len(self.buffers) > 1 else 0
-        return buffer_sizes(self.layout, self.shape, self.element_type, self.quantization, declared)
 
     def _encoded_length(self) -> int:
         length = dl.handle_at(len(self.buffers)) + len(self.unknown_trailing)
