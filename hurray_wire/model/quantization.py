@@ -51,8 +51,7 @@ def _zp_index(value: object) -> int | None:
     return _check_param_index(value, "zero_point_buffer_index")
 
 
-def _set(obj: object, name: str, value: object) -> None:
-    object.__setattr__(obj, name, value)
+_set = object.__setattr__  # frozen dataclasses: a checked value replaces the given one
 
 
 @dataclass(frozen=True)

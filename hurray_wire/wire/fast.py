@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from struct import Struct
 from typing import Any
 
@@ -183,16 +184,8 @@ def item_dtype(item: Any) -> str:
     return "<" + _NUMPY[_leaf(item)[0]]
 
 
-_ARRAYS: dict[tuple[str, int], Struct] = {}
-
-
+@lru_cache(maxsize=64)
 def array_struct(item: Any, count: int) -> Struct:
     """A struct of ``count`` consecutive ``item``s (small tables unpacked in one call);
     the formats of the 64 most recent counts are kept."""
-    code = _leaf(item)[0]
-    found = _ARRAYS.get((code, count))
-    if found is None:
-        if len(_ARRAYS) >= 64:
-            _ARRAYS.clear()
-        found = _ARRAYS[(code, count)] = Struct(f"<{count}{code}")
-    return found
+    return Struct(f"<{count}{_leaf(item)[0]}")
