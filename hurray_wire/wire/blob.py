@@ -68,7 +68,6 @@ SEQ_LENS_ITEM = c.Int64ul
 HEADER_CHECKSUM = c.Struct("header_checksum" / c.Int64ul)
 
 
-# The fixed records derived once (see wire/__init__.py).
 FAST_BLOB_HEADER = derive(BLOB_HEADER)
 FAST_SECTION_ENTRY = derive(SECTION_ENTRY)
 FAST_HEADER_CHECKSUM = derive(HEADER_CHECKSUM)

@@ -134,7 +134,6 @@ KvSection = c.Struct(
 )
 
 
-# The fixed records derived once (see wire/__init__.py).
 FAST_HRRY_HEADER = derive(HrryHeader)
 FAST_HRRY_TRAILER = derive(HrryTrailer)
 FAST_HRRY_INDEX_ENTRY_FIXED = derive(HrryIndexEntryFixed)

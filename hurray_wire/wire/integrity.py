@@ -46,12 +46,7 @@ DIGEST_SECTION_HEADER = c.Struct(
 # (strictly increasing, < num_pages), then ``count`` u64 digests (the page records to take
 # from the receiver's store, in the same order).
 PAGE_REFS_VERSION = 1
-PAGE_REFS_HEADER = c.Struct(
-    "version" / c.Int8ul,
-    "algorithm" / c.Int8ul,
-    "_reserved" / c.Const(bytes(2)),
-    "count" / c.Int32ul,
-)
+PAGE_REFS_HEADER = DIGEST_SECTION_HEADER  # the same 8 bytes: version, algorithm, count
 
 # Known pages (receiver -> sender, before a delta transfer): this 16-byte head, ``count``
 # u64 digests strictly increasing, then KNOWN_PAGES_CHECKSUM: xxh3_64 of all bytes before it.
@@ -94,6 +89,5 @@ FINGERPRINT_HEADER = c.Struct(
 )
 
 
-# The fixed records derived once (see wire/__init__.py).
 FAST_FINGERPRINT_HEADER = derive(FINGERPRINT_HEADER)
 FAST_BLOOM_PARAMS = derive(BLOOM_PARAMS)

@@ -83,7 +83,6 @@ END_FOOTER = c.Struct(
 )
 
 
-# The fixed records derived once (see wire/__init__.py).
 FAST_RECORD_PREFIX = derive(RECORD_PREFIX)
 FAST_STREAM_HEADER = derive(STREAM_HEADER)
 FAST_RECORD_CHECKSUM = derive(RECORD_CHECKSUM)

@@ -79,7 +79,6 @@ RECORD_CHECKSUM = c.Struct("checksum" / c.Int64ul)
 PROMPT_TOKEN_ITEM = c.Int64sl
 
 
-# The fixed records derived once (see wire/__init__.py).
 FAST_TRANSFER_RECORD = derive(TRANSFER_RECORD)
 FAST_TRANSFER_SEGMENT = derive(TRANSFER_SEGMENT)
 #: The whole record (wire/records.py): its seal, its parts' places.
