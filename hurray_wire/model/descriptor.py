@@ -193,7 +193,6 @@ class TensorDescriptor:
             check_uint(self.composite_member, "composite_member.member_role", 1)
         set_(self, "descriptor_length", self._encoded_length())
 
-    # -- rules -----------------------------------------------------------------------------
     def _check_version(self) -> None:
         try:
             major, minor = self.version
@@ -314,7 +313,6 @@ class TensorDescriptor:
                     expected=f"{low}..{high}",
                 )
 
-    # -- derived ---------------------------------------------------------------------------
     @property
     def total_tokens(self) -> int:
         return self.shape[0]
@@ -375,7 +373,6 @@ class TensorDescriptor:
             length += dl.MEMBER.size
         return length
 
-    # -- construction helper ---------------------------------------------------------------
     @classmethod
     def block_paged(
         cls,

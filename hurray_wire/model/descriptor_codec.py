@@ -88,7 +88,6 @@ def peek_descriptor_length(data: Any) -> int:
     return length
 
 
-# -- decode ----------------------------------------------------------------------------------
 def _descriptor_bytes(data: Any) -> bytes:
     """Exactly the ``descriptor_length`` bytes at the start of ``data``, or the error."""
     view = byte_view(data)

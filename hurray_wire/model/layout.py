@@ -95,7 +95,6 @@ class BlockPagedLayout:
         """A copy with some fields changed (validated like a new layout)."""
         return replace(self, **changes)
 
-    # -- derived ---------------------------------------------------------------------------
     @property
     def index_dtype(self) -> np.dtype[Any]:
         """Little-endian NumPy dtype of block_table and seq_ptr (buffers 1 and 2)."""
@@ -111,7 +110,6 @@ class BlockPagedLayout:
         """num_pages * page_size: page-slot count, the length of per-slot scale arrays."""
         return self.num_pages * self.page_size
 
-    # -- rules -----------------------------------------------------------------------------
     def validate_against_shape(self, shape: Sequence[int]) -> tuple[int, int, int]:
         """``shape`` as ints, or the error if it is not ``[total_tokens, num_heads, head_dim]``."""
         try:

@@ -130,7 +130,6 @@ class Record:
                 expected=size,
             )
 
-    # -- framing ------------------------------------------------------------------------
     def frame(self, view: Any) -> int:
         """total_length of the record whose 16-byte prefix starts ``view``: magic, major
         version 1 and an aligned length of at least ``minimum``, checked in that order."""
@@ -185,7 +184,6 @@ class Record:
             )
         return view[:total]
 
-    # -- parts and seal -----------------------------------------------------------------
     def spans(self, total: int, runs: Sequence[tuple[str, int]] = ()) -> Spans:
         """Where each part of a ``total``-byte record sits: ``head``, the variable ``runs``
         (name, size) in order, ``padding`` up to the tail, and the tail as ``seal`` (a
