@@ -406,10 +406,8 @@ class TensorDescriptor:
 
 def check_colocation(handles: Sequence[BufferHandle]) -> None:
     """All buffers of one tensor live on one device, in one memory class (descriptor.md § 7)."""
-    if not handles:
-        return
-    first = handles[0]
     for index, handle in enumerate(handles[1:], 1):
+        first = handles[0]
         for name, rule in (
             ("device_tag", "be on one device"),
             ("memory_class", "share one memory class"),

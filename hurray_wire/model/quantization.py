@@ -45,12 +45,6 @@ def _check_param_index(value: object, name: str) -> int:
     return index
 
 
-def _zp_index(value: object) -> int | None:
-    if value is None:
-        return None
-    return _check_param_index(value, "zero_point_buffer_index")
-
-
 _set = object.__setattr__  # frozen dataclasses: a checked value replaces the given one
 
 
@@ -113,7 +107,9 @@ class _AffineBuffers:
         _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
         index = _check_param_index(self.scale_buffer_index, "scale_buffer_index")
         _set(self, "scale_buffer_index", index)
-        _set(self, "zero_point_buffer_index", _zp_index(self.zero_point_buffer_index))
+        if self.zero_point_buffer_index is not None:
+            zp = _check_param_index(self.zero_point_buffer_index, "zero_point_buffer_index")
+            _set(self, "zero_point_buffer_index", zp)
         _set(self, "scheme_version", _check_version(self.scheme_version))
 
     @property
@@ -270,13 +266,8 @@ Quantization = Union[PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXF
 
 def parameter_fields(quant: object) -> list[tuple[str, int]]:
     """(field name, buffer index) of each parameter buffer a scheme names."""
-    if not isinstance(quant, (PerChannelAffine, PerBlockAffine, NF4)):  # NF4: MXFP too
-        return []
-    fields = [("scale_buffer_index", quant.scale_buffer_index)]
-    zp = getattr(quant, "zero_point_buffer_index", None)
-    if zp is not None:
-        fields.append(("zero_point_buffer_index", zp))
-    return fields
+    names = ("scale_buffer_index", "zero_point_buffer_index")
+    return [(name, index) for name in names if (index := getattr(quant, name, None)) is not None]
 
 
 def check_block_paged_compatibility(quantization: object, page_size: int) -> None:

@@ -29,7 +29,6 @@ from hurray_wire.wire.seal import checksum_of, seal
 
 Spans = dict[str, tuple[int, int]]  # part name -> [start, stop)
 PREFIX = ws.FAST_RECORD_PREFIX  # the 16 bytes every stream record and blob starts with
-_MAGIC = PREFIX.sizes["magic"]
 
 
 def _fault(message: str, **details: Any) -> Exception:
@@ -137,7 +136,7 @@ class Record:
             magic, major, _, _, total = PREFIX.struct.unpack_from(view, 0)
             if magic == self.magic and major == 1 and self.minimum <= total:
                 return int(total) if not total % self.alignment else self._length_error(total)
-        head = bytes(view[:_MAGIC])
+        head = bytes(view[: PREFIX.sizes["magic"]])
         if head != self.magic[: len(head)]:
             raise self.error(
                 "magic", self.hints.get(head, f"bad {self.what} magic"),
