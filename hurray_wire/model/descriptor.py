@@ -16,7 +16,6 @@ from hurray_wire.errors import InvalidDescriptorError
 from hurray_wire.model._checks import U8_MAX, U32_MAX, U64_MAX, check_uint, is_power_of_two
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import (
-    MXFP,
     NF4,
     PerBlockAffine,
     PerChannelAffine,
@@ -436,15 +435,15 @@ def buffer_sizes(
         1: block_table_bytes,
         2: (layout.num_seqs + 1) * layout.index_dtype.itemsize,
     }
-    quant = quantization
-    if isinstance(quant, (NF4, MXFP)):  # pragma: no cover - refused earlier
+    q = quantization
+    if isinstance(q, NF4):  # pragma: no cover - refused earlier (MXFP too)
         raise InvalidDescriptorError("not defined for block-paged", field="quantization")
     entries = 0  # of each parameter buffer
-    if isinstance(quant, PerBlockAffine):  # one per page slot
+    if isinstance(q, PerBlockAffine):  # one per page slot
         entries = layout.page_slots
-    elif isinstance(quant, PerChannelAffine) and quant.axis < 3:  # one per index of its axis
-        entries = shape[quant.axis]
-    sizes.update({i: entries * per for i, (_, _, per) in _parameters(quant).items()})
+    elif isinstance(q, PerChannelAffine) and q.axis < 3:  # one per index of its axis
+        entries = shape[q.axis]
+    sizes.update({i: entries * per for i, (_, _, per) in _parameters(q).items()})
     return tuple(sizes.get(i, 0) for i in range(max(sizes) + 1))
 
 

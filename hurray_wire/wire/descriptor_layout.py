@@ -29,8 +29,7 @@ WIRE_NAMES = {"element_type": "type_tag", "scale_type": "scale_type_tag"}
 
 
 def handle_at(index: int, table: int = BUFFER_TABLE_AT) -> int:
-    """Byte offset of buffer handle ``index`` in a buffer table whose handles start at
-    ``table``."""
+    """Byte offset of buffer handle ``index`` in a table whose handles start at ``table``."""
     return table + HANDLE.size * index
 
 

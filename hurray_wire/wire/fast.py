@@ -156,10 +156,7 @@ def derive(definition: Any) -> FastStruct:
 
 def offset_of(definition: Any, name: str) -> int:
     """Byte offset of field ``name`` in a construct ``Struct`` whose fields before it are
-    fixed-size (the later ones may vary: index entries, KV entries).
-
-    Error messages and readers name where a field sits without restating the layout.
-    """
+    fixed-size (the later ones may vary: index entries, KV entries), for error messages."""
     offset = 0
     for sub in definition.subcons:
         if sub.name == name:
