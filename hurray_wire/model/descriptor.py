@@ -123,11 +123,9 @@ class Statistics:
             raise InvalidDescriptorError(
                 "reserved statistics mask bits", field="statistics.computed_mask", found=hex(mask)
             )
-        check_uint(self.nnz, "statistics.nnz", U64_MAX)
-        check_uint(self.nm_n, "statistics.nm_n", U8_MAX)
-        check_uint(self.nm_m, "statistics.nm_m", U8_MAX)
-        for name in ("has_nan", "has_inf"):  # [A30]: only 0 and 1 round-trip
-            check_uint(getattr(self, name), f"statistics.{name}", 1)
+        limits = {"nnz": U64_MAX, "nm_n": U8_MAX, "nm_m": U8_MAX, "has_nan": 1, "has_inf": 1}
+        for name, maximum in limits.items():  # [A30]: has_nan and has_inf round-trip 0, 1 only
+            check_uint(getattr(self, name), f"statistics.{name}", maximum)
         for f in dataclasses.fields(self):  # the f64 fields
             value = getattr(self, f.name)
             if f.type == "float" and not isinstance(value, float):
@@ -435,15 +433,14 @@ def buffer_sizes(
         1: block_table_bytes,
         2: (layout.num_seqs + 1) * layout.index_dtype.itemsize,
     }
-    q = quantization
-    if isinstance(q, NF4):  # pragma: no cover - refused earlier (MXFP too)
+    if isinstance(quantization, NF4):  # pragma: no cover - refused earlier (MXFP too)
         raise InvalidDescriptorError("not defined for block-paged", field="quantization")
     entries = 0  # of each parameter buffer
-    if isinstance(q, PerBlockAffine):  # one per page slot
+    if isinstance(quantization, PerBlockAffine):  # one per page slot
         entries = layout.page_slots
-    elif isinstance(q, PerChannelAffine) and q.axis < 3:  # one per index of its axis
-        entries = shape[q.axis]
-    sizes.update({i: entries * per for i, (_, _, per) in _parameters(q).items()})
+    elif isinstance(quantization, PerChannelAffine) and quantization.axis < 3:
+        entries = shape[quantization.axis]  # one per index of its axis
+    sizes.update({i: entries * per for i, (_, _, per) in _parameters(quantization).items()})
     return tuple(sizes.get(i, 0) for i in range(max(sizes) + 1))
 
 

@@ -177,12 +177,10 @@ class PerBlockAffine(_AffineBuffers):
                 "block_size must be a power of two >= 2", field="block_size", found=block
             )
         _set(self, "block_size", block)
-        scale_type = self.scale_type
-        if not isinstance(scale_type, ElementType):
-            try:
-                scale_type = dtypes.element_type_of(scale_type)
-            except InvalidDescriptorError as exc:
-                raise exc.relocated(field="scale_type") from None
+        try:
+            scale_type = dtypes.element_type_of(self.scale_type)
+        except InvalidDescriptorError as exc:
+            raise exc.relocated(field="scale_type") from None
         if scale_type not in _BLOCK_SCALE_TYPES:
             raise InvalidDescriptorError(
                 "scale type must be float16, bfloat16 or float32",
