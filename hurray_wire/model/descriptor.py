@@ -405,6 +405,8 @@ def check_colocation(handles: Sequence[BufferHandle]) -> None:
     """All buffers of one tensor live on one device, in one memory class (descriptor.md § 7)."""
     for index, handle in enumerate(handles[1:], 1):
         first = handles[0]
+        if handle.device_tag == first.device_tag and handle.memory_class == first.memory_class:
+            continue
         for name, rule in (
             ("device_tag", "be on one device"),
             ("memory_class", "share one memory class"),

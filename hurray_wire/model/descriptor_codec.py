@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import construct as c
@@ -46,9 +47,11 @@ _T = TypeVar("_T")
 Places = Callable[[], Mapping[str, int]]  # field -> byte offset, computed only for an error
 _HEADER_LEN = dl.HEADER.size  # 20
 _PREFIX_LEN = dl.AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
-_STATS_FIELDS, _HANDLE_FIELDS = (
-    tuple(i for i in range(len(f.names)) if i not in dict(f.consts)) for f in (dl.STATS, dl.HANDLE)
-)  # the positions of a struct's values that are not reserved bytes
+_STATS_VALUES, _HANDLE_VALUES = (
+    itemgetter(*(i for i in range(len(f.names)) if i not in dict(f.consts)))
+    for f in (dl.STATS, dl.HANDLE)
+)  # a struct's values that are not reserved bytes
+_FIXED_PLACES: Places = partial(dict, dl.AT)
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
 _SCHEMES = {s.scheme_tag: s for s in (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
@@ -125,7 +128,7 @@ def decode_descriptor(data: Any) -> TensorDescriptor:
         args = (quant, version, statistics, member, quant_padding, trailing)
         return TensorDescriptor(element_type, shape, layout, handles, *args)
 
-    return _built(build, places)
+    return _built(build, (), places)
 
 
 def decode_header(data: Any) -> DescriptorHeader:
@@ -163,7 +166,7 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
         )
     element_type = None  # a private extension type's: what the extension section says
     if type_tag not in w.PRIVATE_TYPE_TAGS:
-        element_type = _built(lambda: dtypes.element_type_from_tag(type_tag), lambda: dl.AT)
+        element_type = _built(dtypes.element_type_from_tag, (type_tag,), _FIXED_PLACES)
     elif not general:
         raise _error(
             "private extension element types are not supported for block-paged tensors",
@@ -209,7 +212,7 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     places = partial(dl.handle_places, table, count)
     handles = tuple(_handle(raw, dl.handle_at(i, table), i, places) for i in range(count))
     if general:  # the model's one-device rule, located in the table
-        _built(lambda: check_colocation(handles), places)
+        _built(check_colocation, (handles,), places)
     quant: Quantization | None = None
     quant_padding = b""
     quant_at = pos
@@ -242,7 +245,8 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
         values = dl.STATS.struct.unpack_from(raw, pos)
         _check_consts(dl.STATS, values, pos, "statistics.")
         statistics = _built(
-            lambda: Statistics(*(values[i] for i in _STATS_FIELDS)),
+            Statistics,
+            _STATS_VALUES(values),
             lambda: {f"statistics.{name}": pos + at for name, at in dl.STATS.offsets.items()},
         )
         pos = end
@@ -310,12 +314,18 @@ def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, tuple[A
     return (shape0, shape1, shape2), byte_offset, fields, dl.BUFFER_TABLE_AT - dl.COUNT_SIZE
 
 
-def _built(make: Callable[[], _T], places: Places, prefix: str = "", at: int | None = None) -> _T:
-    """``make()``, or the model error it raised, named ``prefix`` + its field and located at
-    that field's byte in ``places()`` (else ``at``): the one place where an error of the model,
-    which knows the field, learns where the field sits in the bytes."""
+def _built(
+    make: Callable[..., _T],
+    args: tuple[Any, ...],
+    places: Places,
+    prefix: str = "",
+    at: int | None = None,
+) -> _T:
+    """``make(*args)``, or the model error it raised, named ``prefix`` + its field and
+    located at that field's byte in ``places()`` (else ``at``): the one place where an error
+    of the model, which knows the field, learns where the field sits in the bytes."""
     try:
-        return make()
+        return make(*args)
     except InvalidDescriptorError as exc:
         if exc.offset is not None:
             raise
@@ -343,7 +353,7 @@ def _handle(raw: bytes, offset: int, index: int, places: Places) -> BufferHandle
     values = dl.HANDLE.struct.unpack_from(raw, offset)
     prefix = f"buffers[{index}]."
     _check_consts(dl.HANDLE, values, offset, prefix)
-    return _built(lambda: BufferHandle(*(values[i] for i in _HANDLE_FIELDS)), places, prefix)
+    return _built(BufferHandle, _HANDLE_VALUES(values), places, prefix)
 
 
 def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, bytes, int]:
@@ -381,12 +391,8 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
     _check_consts(fast, values, pos + dl.QUANT_PAYLOAD_AT, "quantization.")
     fields = {n: v for n, v in zip(fast.names, values, strict=True) if not n.startswith("_")}
     places = partial(dl.quant_places, pos, scheme_tag)
-    quant = _built(
-        lambda: _build_quantization(scheme_tag, version, qflags, fields, places),
-        places,
-        "quantization.",
-        pos,
-    )
+    args = (scheme_tag, version, qflags, fields, places)
+    quant = _built(_build_quantization, args, places, "quantization.", pos)
     return quant, raw[pos + dl.QUANT_HEADER_AT + body : end], end
 
 

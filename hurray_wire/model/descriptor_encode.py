@@ -19,16 +19,33 @@ from hurray_wire.wire import descriptor as w, descriptor_layout as dl
 def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
     """The exact bytes the reference writes for ``descriptor`` (always valid: see model)."""
     instance(descriptor, TensorDescriptor, "descriptor")
-    d, layout = descriptor, descriptor.layout  # d: the descriptor's fields, in wire order
-    header = (*d.version, d.descriptor_length, d.flags, d.element_type.tag, d.layout_tag, 3)
-    role, index_type = w.KV_ROLES[layout.kv_role], w.INDEX_TYPES[layout.block_table_index_type]
-    layer = w.LAYER_NONE if layout.layer_index is None else layout.layer_index
-    payload = (layout.page_size, layout.num_pages, 0, layout.num_seqs, role, layer, index_type)
-    parts = [dl.FIXED.pack(*header, *d.shape, d.byte_offset, *payload, len(d.buffers))]
-    parts += [
-        dl.HANDLE.pack(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
-        for h in d.buffers
+    layout = descriptor.layout
+    major, minor = descriptor.version
+    parts = [
+        dl.FIXED.pack(
+            major,
+            minor,
+            descriptor.descriptor_length,
+            descriptor.flags,
+            descriptor.element_type.tag,
+            0x0A,
+            3,
+            *descriptor.shape,
+            0,
+            layout.page_size,
+            layout.num_pages,
+            0,
+            layout.num_seqs,
+            w.KV_ROLES[layout.kv_role],
+            w.LAYER_NONE if layout.layer_index is None else layout.layer_index,
+            w.INDEX_TYPES[layout.block_table_index_type],
+            len(descriptor.buffers),
+        ),
     ]
+    for h in descriptor.buffers:
+        parts.append(
+            dl.HANDLE.pack(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
+        )
     if descriptor.quantization is not None:
         body = _encode_quantization(descriptor.quantization) + descriptor.quantization_padding
         parts += [dl.U32.pack(len(body)), body]
