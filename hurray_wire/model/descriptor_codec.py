@@ -224,7 +224,6 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
                     raise _error(
                         "quantization parameter buffer index out of range",
                         "quantization.scale_buffer_index",
-                        None,
                         found=index,
                     )
     shard = None
@@ -271,7 +270,6 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
             raise _error(
                 "invalid composite member section",
                 "composite_member.member_role",
-                None,
                 found=member,
             )
     if pos != length and minor == 0:

@@ -14,13 +14,7 @@ KIND_SEQ_LENS = 0x02  # u64 tokens per sequence, num_seqs entries (SEQ_LENS_ITEM
 KIND_METADATA = 0x03  # user key/value metadata, .hrry KV-section encoding
 KIND_PAGE_DIGESTS = 0x04  # one u64 digest per physical page (docs/integrity.md § 4); optional
 KIND_PAGE_REFS = 0x05  # pages taken from the receiver's store (docs/integrity.md § 6); REQUIRED
-SECTION_KINDS = {
-    KIND_BUFFER: "buffer",
-    KIND_SEQ_LENS: "seq_lens",
-    KIND_METADATA: "metadata",
-    KIND_PAGE_DIGESTS: "page_digests",
-    KIND_PAGE_REFS: "page_refs",
-}
+SECTION_KINDS = dict(enumerate(("buffer", "seq_lens", "metadata", "page_digests", "page_refs"), 1))
 FLAG_REQUIRED = 0x01  # a reader that does not know the section's kind must refuse the blob
 
 CHECKSUM_NONE = 0

@@ -214,9 +214,7 @@ class Record:
         """The seal at byte ``end`` (the tail's first field) must be that of ``view[:end]``."""
         assert self.tail is not None
         stored = self.tail.struct.unpack_from(view, end)[0]
-        computed = checksum_of(view[:end])
-        if stored != computed:
-            self.check_checksum(stored, computed, "checksum", end)
+        self.check_checksum(stored, checksum_of(view[:end]), "checksum", end)
 
     def check_checksum(self, stored: int, computed: int, name: str, at: int) -> None:
         if stored != computed:

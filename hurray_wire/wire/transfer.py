@@ -27,13 +27,7 @@ KIND_READY = 0x02  # sender -> receiver: the final bytes of the header segment (
 KIND_GRANT = 0x03  # receiver -> sender (WRITE): the landing segments for an offered blob
 KIND_DONE = 0x04  # READ: receiver -> sender, blob read; WRITE: sender -> receiver, blob written
 KIND_ABORT = 0x05  # either way: the transfer (or one layer of it) failed; reason says why
-RECORD_KINDS = {
-    KIND_OFFER: "offer",
-    KIND_READY: "ready",
-    KIND_GRANT: "grant",
-    KIND_DONE: "done",
-    KIND_ABORT: "abort",
-}
+RECORD_KINDS = dict(enumerate(("offer", "ready", "grant", "done", "abort"), 1))  # by KIND_*
 
 FLAG_WRITE = 0x01  # offer: the sender writes into granted memory (else the receiver reads)
 FLAG_READY = 0x02  # offer: the header segment is final already (no ready record follows)
