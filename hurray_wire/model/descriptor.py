@@ -172,8 +172,7 @@ class TensorDescriptor:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        if not isinstance(self.element_type, ElementType):
-            set_(self, "element_type", dtypes.element_type_of(self.element_type))
+        set_(self, "element_type", dtypes.element_type_of(self.element_type))
         if not isinstance(self.layout, BlockPagedLayout):
             raise InvalidDescriptorError(
                 "layout must be a BlockPagedLayout", field="layout", found=repr(self.layout)

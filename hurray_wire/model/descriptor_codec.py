@@ -122,13 +122,9 @@ def decode_descriptor(data: Any) -> TensorDescriptor:
             found.update(dl.quant_places(quant_at, quant.scheme_tag), quantization=quant_at)
         return found
 
-    def build() -> TensorDescriptor:
-        layout = BlockPagedLayout(*fields)
-        version = (major, minor)
-        args = (quant, version, statistics, member, quant_padding, trailing)
-        return TensorDescriptor(element_type, shape, layout, handles, *args)
-
-    return _built(build, (), places)
+    layout = _built(BlockPagedLayout, fields, places)
+    rest = (quant, (major, minor), statistics, member, quant_padding, trailing)
+    return _built(TensorDescriptor, (element_type, shape, layout, handles, *rest), places)
 
 
 def decode_header(data: Any) -> DescriptorHeader:

@@ -281,9 +281,8 @@ def check_indexes(
     page_size: int = 1,
     total_tokens: int = 0,
 ) -> None:
-    """Storage invariants 1-3 and, with ``lens``, the seq_lens rule: for a few sequences one
-    pass over Python integers (cheaper than NumPy there); otherwise, or to name a failure,
-    :func:`check_index_arrays` and :func:`check_seq_lens`."""
+    """Storage invariants 1-3 and, with ``lens``, the seq_lens rule: a few sequences in one pass
+    over Python integers (cheaper than NumPy), else (or to name a failure) the two checks."""
     if num_seqs < _SMALL_TABLE and len(seq_ptr) == num_seqs + 1 and len(block_table) < _SMALL_TABLE:
         starts, table = seq_ptr.tolist(), block_table.tolist()
         ok = starts[0] == 0 and starts[-1] == len(table) and starts == sorted(starts)

@@ -27,11 +27,9 @@ def align(value: int, alignment: int) -> int:
 
 @dataclass(frozen=True)
 class FastStruct:
-    """A derived struct: leaf names in unpack order, their offsets, and Const expectations.
-
-    Leaves of nested structs keep their own names; array items are ``name[i]``.
-    ``offsets`` also names every nested struct or array by its start. Leaf names are unique.
-    """
+    """A derived struct: leaf names in unpack order (unique; a nested struct's keep their own,
+    array items are ``name[i]``), their offsets (every nested struct or array's start too) and
+    Const expectations."""
 
     struct: struct.Struct
     names: tuple[str, ...]
