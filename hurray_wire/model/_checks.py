@@ -13,22 +13,17 @@ U64_MAX = 0xFFFFFFFFFFFFFFFF
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 
 
-def check_uint(
-    value: object,
-    field: str,
-    maximum: int,
-    *,
-    minimum: int = 0,
-    error: type[InvalidDescriptorError] = InvalidDescriptorError,
-) -> int:
+def check_uint(value: object, field: str, maximum: int, *, minimum: int = 0) -> int:
     """``value`` as an int in ``[minimum, maximum]``; bools and non-integers are refused."""
     if type(value) is int and minimum <= value <= maximum:  # the common case, fast
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise error("must be an integer", field=field, found=repr(value))
+        raise InvalidDescriptorError("must be an integer", field=field, found=repr(value))
     number = int(value)
     if not minimum <= number <= maximum:
-        raise error("out of range", field=field, found=number, expected=f"{minimum}..{maximum}")
+        raise InvalidDescriptorError(
+            "out of range", field=field, found=number, expected=f"{minimum}..{maximum}"
+        )
     return number
 
 

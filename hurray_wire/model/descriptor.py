@@ -8,7 +8,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from hurray_wire import dtypes
 from hurray_wire.dtypes import ElementType
@@ -16,7 +16,6 @@ from hurray_wire.errors import InvalidDescriptorError
 from hurray_wire.model._checks import U8_MAX, U32_MAX, U64_MAX, check_uint, is_power_of_two
 from hurray_wire.model.layout import BlockPagedLayout
 from hurray_wire.model.quantization import (
-    MXFP,
     NF4,
     PerBlockAffine,
     PerChannelAffine,
@@ -24,42 +23,15 @@ from hurray_wire.model.quantization import (
     Quantization,
     parameter_fields,
 )
-from hurray_wire.wire import descriptor as w
+from hurray_wire.wire import descriptor as w, descriptor_layout as dl
 
-# Section sizes of a block-paged descriptor, from the wire structs (descriptor_length).
-_FIXED_SIZE: int = w.BLOCK_PAGED_FIXED.sizeof()
-_HANDLE_SIZE: int = w.BUFFER_HANDLE.sizeof()
-_QUANT_LENGTH_SIZE: int = w.QUANT_LENGTH.sizeof()
-_QUANT_BODY_SIZES: dict[int, int] = {
-    tag: w.QUANT_HEADER.sizeof() + payload.sizeof() for tag, payload in w.SCHEME_PAYLOADS.items()
-}
-_STATISTICS_SIZE: int = w.STATISTICS.sizeof()
-_MEMBER_SIZE: int = w.COMPOSITE_MEMBER.sizeof()
 _ZERO_POINT_BYTES: int = w.ZERO_POINT_ITEM.sizeof()  # int32 (descriptor.md § 8)
 
-__all__ = [
-    "BUFFER_NAMES",
-    "DEVICE_NAMES",
-    "MEMORY_CLASS_NAMES",
-    "SYNC_MODE_NAMES",
-    "BufferHandle",
-    "Statistics",
-    "TensorDescriptor",
-    "buffer_sizes",
-    "check_colocation",
-]
-
-DEVICE_NAMES = {
-    0x00: "cpu",
-    0x01: "cuda",
-    0x02: "rocm",
-    0x03: "metal",
-    0x04: "vulkan",
-    0x05: "webgpu",
-    0x06: "hexagon",
-    0x07: "level_zero",
-    0x08: "opencl",
-}
+DEVICE_NAMES = dict(  # device tags 0x00-0x08, in tag order
+    enumerate(
+        ("cpu", "cuda", "rocm", "metal", "vulkan", "webgpu", "hexagon", "level_zero", "opencl")
+    )
+)
 SYNC_MODE_NAMES = {0: "producer_synced", 1: "event", 2: "consumer_stream"}
 MEMORY_CLASS_NAMES = {0: "standard", 1: "host_pinned", 2: "unified", 3: "peer"}
 BUFFER_NAMES = ("page_pool", "block_table", "seq_ptr")
@@ -151,11 +123,9 @@ class Statistics:
             raise InvalidDescriptorError(
                 "reserved statistics mask bits", field="statistics.computed_mask", found=hex(mask)
             )
-        check_uint(self.nnz, "statistics.nnz", U64_MAX)
-        check_uint(self.nm_n, "statistics.nm_n", U8_MAX)
-        check_uint(self.nm_m, "statistics.nm_m", U8_MAX)
-        for name in ("has_nan", "has_inf"):  # [A30]: only 0 and 1 round-trip
-            check_uint(getattr(self, name), f"statistics.{name}", 1)
+        limits = {"nnz": U64_MAX, "nm_n": U8_MAX, "nm_m": U8_MAX, "has_nan": 1, "has_inf": 1}
+        for name, maximum in limits.items():  # [A30]: has_nan and has_inf round-trip 0, 1 only
+            check_uint(getattr(self, name), f"statistics.{name}", maximum)
         for f in dataclasses.fields(self):  # the f64 fields
             value = getattr(self, f.name)
             if f.type == "float" and not isinstance(value, float):
@@ -180,14 +150,6 @@ def _stat_key(s: Statistics) -> tuple[Any, ...]:
     )
 
 
-def _int_range(element_type: ElementType) -> tuple[int, int]:
-    """Representable range of an integer storage type (for per-tensor zero points)."""
-    bits = element_type.bit_width
-    if element_type.name.startswith("u"):
-        return 0, 2**bits - 1
-    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-
-
 @dataclass(frozen=True)
 class TensorDescriptor:
     """A block-paged descriptor; ``shape`` is ``(total_tokens, num_heads, head_dim)``;
@@ -205,23 +167,17 @@ class TensorDescriptor:
     quantization_padding: bytes = b""
     unknown_trailing: bytes = b""
     descriptor_length: int = field(init=False, compare=False)
+    byte_offset: ClassVar[int] = 0
+    layout_tag: ClassVar[int] = BlockPagedLayout.tag
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        if not isinstance(self.element_type, ElementType):
-            set_(self, "element_type", dtypes.element_type_of(self.element_type))
+        set_(self, "element_type", dtypes.element_type_of(self.element_type))
         if not isinstance(self.layout, BlockPagedLayout):
             raise InvalidDescriptorError(
                 "layout must be a BlockPagedLayout", field="layout", found=repr(self.layout)
             )
-        try:
-            shape = tuple(self.shape)
-        except TypeError:
-            raise InvalidDescriptorError(
-                "shape must be a sequence of integers", field="shape", found=repr(self.shape)
-            ) from None
-        self.layout.validate_against_shape(shape)
-        set_(self, "shape", tuple(int(d) for d in shape))
+        set_(self, "shape", self.layout.validate_against_shape(self.shape))
         self._check_version()
         self._check_quantization()
         self._check_buffers()
@@ -233,7 +189,6 @@ class TensorDescriptor:
             check_uint(self.composite_member, "composite_member.member_role", 1)
         set_(self, "descriptor_length", self._encoded_length())
 
-    # -- rules -----------------------------------------------------------------------------
     def _check_version(self) -> None:
         try:
             major, minor = self.version
@@ -292,11 +247,12 @@ class TensorDescriptor:
                     "must be a BufferHandle", field=f"buffers[{index}]", found=repr(handle)
                 )
         check_colocation(buffers)
-        sizes = self.expected_buffer_sizes()
+        # Exact sizes the layout implies; block_table's is the declared one (not implied).
+        table_bytes = buffers[1].byte_size
+        layout, shape = self.layout, self.shape
+        sizes = buffer_sizes(layout, shape, self.element_type, self.quantization, table_bytes)
         for index, (handle, size) in enumerate(zip(buffers, sizes, strict=True)):
-            if index == 1:
-                continue
-            if handle.byte_size != size:
+            if index != 1 and handle.byte_size != size:
                 raise InvalidDescriptorError(
                     f"{self.buffer_names[index]} byte_size disagrees with the layout",
                     field=f"buffers[{index}].byte_size",
@@ -304,7 +260,6 @@ class TensorDescriptor:
                     expected=size,
                 )
         width = self.layout.index_dtype.itemsize
-        table_bytes = buffers[1].byte_size
         if table_bytes % width:
             raise InvalidDescriptorError(
                 f"block_table byte_size must be a multiple of {width}",
@@ -343,7 +298,9 @@ class TensorDescriptor:
                 found=self.element_type.name,
             )
         if isinstance(quant, PerTensorAffine):
-            low, high = _int_range(self.element_type)
+            bits = self.element_type.bit_width  # the storage type's range
+            signed = not self.element_type.name.startswith("u")
+            low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
             if not low <= quant.zero_point <= high:
                 raise InvalidDescriptorError(
                     f"zero_point outside the {self.element_type.name} range",
@@ -352,7 +309,6 @@ class TensorDescriptor:
                     expected=f"{low}..{high}",
                 )
 
-    # -- derived ---------------------------------------------------------------------------
     @property
     def total_tokens(self) -> int:
         return self.shape[0]
@@ -366,16 +322,8 @@ class TensorDescriptor:
         return self.shape[2]
 
     @property
-    def byte_offset(self) -> int:
-        return 0
-
-    @property
     def type_tag(self) -> int:
         return self.element_type.tag
-
-    @property
-    def layout_tag(self) -> int:
-        return 0x0A
 
     @property
     def flags(self) -> int:
@@ -410,26 +358,17 @@ class TensorDescriptor:
         widths.update({i: width for i, (_, width, _) in _parameters(self.quantization).items()})
         return tuple(widths[i] for i in range(len(self.buffers)))
 
-    def expected_buffer_sizes(self) -> tuple[int, ...]:
-        """Exact byte sizes the layout implies; block_table's is the declared one."""
-        declared = self.buffers[1].byte_size if len(self.buffers) > 1 else 0
-        return buffer_sizes(self.layout, self.shape, self.element_type, self.quantization, declared)
-
     def _encoded_length(self) -> int:
-        length = _FIXED_SIZE + _HANDLE_SIZE * len(self.buffers)
+        length = dl.handle_at(len(self.buffers)) + len(self.unknown_trailing)
         if self.quantization is not None:
-            length += (
-                _QUANT_LENGTH_SIZE
-                + _QUANT_BODY_SIZES[self.quantization.scheme_tag]
-                + len(self.quantization_padding)
-            )
+            payload = dl.SCHEME[self.quantization.scheme_tag].size
+            length += dl.QUANT_PAYLOAD_AT + payload + len(self.quantization_padding)
         if self.statistics is not None:
-            length += _STATISTICS_SIZE
+            length += dl.STATS.size
         if self.composite_member is not None:
-            length += _MEMBER_SIZE
-        return length + len(self.unknown_trailing)
+            length += dl.MEMBER.size
+        return length
 
-    # -- construction helper ---------------------------------------------------------------
     @classmethod
     def block_paged(
         cls,
@@ -451,44 +390,33 @@ class TensorDescriptor:
         pages = check_uint(num_logical_pages, "num_logical_pages", U64_MAX)
         if not isinstance(layout, BlockPagedLayout):
             raise InvalidDescriptorError("layout must be a BlockPagedLayout", field="layout")
-        layout.validate_against_shape(shape)
+        dims = layout.validate_against_shape(shape)
         layout.validate_quantization_compatibility(quantization)
-        dims = (int(shape[0]), int(shape[1]), int(shape[2]))
         table_bytes = pages * layout.index_dtype.itemsize
         sizes = buffer_sizes(layout, dims, etype, quantization, table_bytes)
         handles = tuple(
             BufferHandle(size, alignment, device_tag, sync_mode, memory_class) for size in sizes
         )
-        return cls(
-            etype,
-            dims,
-            layout,
-            handles,
-            quantization,
-            statistics=statistics,
-        )
+        return cls(etype, dims, layout, handles, quantization, statistics=statistics)
 
 
 def check_colocation(handles: Sequence[BufferHandle]) -> None:
     """All buffers of one tensor live on one device, in one memory class (descriptor.md § 7)."""
-    if not handles:
-        return
-    first = handles[0]
     for index, handle in enumerate(handles[1:], 1):
-        if handle.device_tag != first.device_tag:
-            raise InvalidDescriptorError(
-                "all buffers must be on one device",
-                field=f"buffers[{index}].device_tag",
-                found=handle.device_tag,
-                expected=first.device_tag,
-            )
-        if handle.memory_class != first.memory_class:
-            raise InvalidDescriptorError(
-                "all buffers must share one memory class",
-                field=f"buffers[{index}].memory_class",
-                found=handle.memory_class,
-                expected=first.memory_class,
-            )
+        first = handles[0]
+        if handle.device_tag == first.device_tag and handle.memory_class == first.memory_class:
+            continue
+        for name, rule in (
+            ("device_tag", "be on one device"),
+            ("memory_class", "share one memory class"),
+        ):
+            if getattr(handle, name) != getattr(first, name):
+                raise InvalidDescriptorError(
+                    f"all buffers must {rule}",
+                    field=f"buffers[{index}].{name}",
+                    found=getattr(handle, name),
+                    expected=getattr(first, name),
+                )
 
 
 def buffer_sizes(
@@ -506,15 +434,14 @@ def buffer_sizes(
         1: block_table_bytes,
         2: (layout.num_seqs + 1) * layout.index_dtype.itemsize,
     }
-    quant = quantization
-    if isinstance(quant, (NF4, MXFP)):  # pragma: no cover - refused earlier
+    if isinstance(quantization, NF4):  # pragma: no cover - refused earlier (MXFP too)
         raise InvalidDescriptorError("not defined for block-paged", field="quantization")
     entries = 0  # of each parameter buffer
-    if isinstance(quant, PerBlockAffine):  # one per page slot
+    if isinstance(quantization, PerBlockAffine):  # one per page slot
         entries = layout.page_slots
-    elif isinstance(quant, PerChannelAffine) and quant.axis < 3:  # one per index of its axis
-        entries = shape[quant.axis]
-    sizes.update({i: entries * per for i, (_, _, per) in _parameters(quant).items()})
+    elif isinstance(quantization, PerChannelAffine) and quantization.axis < 3:
+        entries = shape[quantization.axis]  # one per index of its axis
+    sizes.update({i: entries * per for i, (_, _, per) in _parameters(quantization).items()})
     return tuple(sizes.get(i, 0) for i in range(max(sizes) + 1))
 
 

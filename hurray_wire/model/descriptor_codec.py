@@ -7,8 +7,11 @@ every MUST-reject rule of descriptor.md § 11 checked here or in the model const
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from operator import itemgetter
+from typing import Any, TypeVar
 
 import construct as c
 
@@ -38,49 +41,27 @@ from hurray_wire.model.quantization import (
     PerTensorAffine,
     Quantization,
 )
-from hurray_wire.wire import descriptor as w
-from hurray_wire.wire.descriptor_layout import (
-    AT as _AT,
-    BUFFER_TABLE_AT as _BP_FIXED_LEN,
-    COUNT_SIZE as _COUNT_SIZE,
-    EXTENSION as _EXTENSION,
-    FIXED as _FIXED,
-    HANDLE as _HANDLE,
-    HEADER as _HEADER,
-    MEMBER as _MEMBER,
-    QHEADER as _QHEADER,
-    QUANT_HEADER_AT as _QUANT_HEADER_AT,
-    QUANT_PAYLOAD_AT as _QUANT_PAYLOAD_AT,
-    SCHEME as _SCHEME,
-    STATS as _STATS,
-    U32 as _U32,
-    WIRE_NAMES as _WIRE_NAMES,
-    handle_at as _handle_at,
-    handle_places as _handle_places,
-    quant_places as _quant_places,
-    shard_struct,
-)
+from hurray_wire.wire import descriptor as w, descriptor_layout as dl
 
-__all__ = [
-    "DescriptorHeader",
-    "decode_descriptor",
-    "decode_header",
-    "peek_descriptor_length",
-]
-
-
-_HEADER_LEN = _HEADER.size  # 20
-_PREFIX_LEN = _AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
-_STATS_FIELDS, _HANDLE_FIELDS = (
-    tuple(i for i in range(len(f.names)) if i not in dict(f.consts)) for f in (_STATS, _HANDLE)
-)  # the positions of a struct's values that are not reserved bytes
+_T = TypeVar("_T")
+Places = Callable[[], Mapping[str, int]]  # field -> byte offset, computed only for an error
+_HEADER_LEN = dl.HEADER.size  # 20
+_PREFIX_LEN = dl.AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
+_STATS_VALUES, _HANDLE_VALUES = (
+    itemgetter(*(i for i in range(len(f.names)) if i not in dict(f.consts)))
+    for f in (dl.STATS, dl.HANDLE)
+)  # a struct's values that are not reserved bytes
+_FIXED_PLACES: Places = partial(dict, dl.AT)
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
+_SCHEMES = {s.scheme_tag: s for s in (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 
 
 def _error(
-    message: str, field: str | None, offset: int | None, **kw: Any
+    message: str, field: str | None, offset: int | None = None, **kw: Any
 ) -> InvalidDescriptorError:
+    """The error naming ``field``, at ``offset`` (by default: where the fixed field sits)."""
+    offset = dl.AT.get(field or "") if offset is None else offset
     return InvalidDescriptorError(message, section="descriptor", field=field, offset=offset, **kw)
 
 
@@ -100,24 +81,16 @@ def peek_descriptor_length(data: Any) -> int:
             expected=f"at least {_PREFIX_LEN} bytes",
             found=len(view),
         )
-    major = view[_AT["version_major"]]
+    major = view[dl.AT["version_major"]]
     if major != 1:
-        raise _error(
-            "unsupported major version", "version_major", _AT["version_major"], expected=1,
-            found=major,
-        )  # fmt: skip
-    length: int = _U32.unpack_from(view, _AT["descriptor_length"])[0]
+        raise _error("unsupported major version", "version_major", expected=1, found=major)
+    length: int = dl.U32.unpack_from(view, dl.AT["descriptor_length"])[0]
     if length < _HEADER_LEN:
-        raise _error(
-            f"descriptor_length below the {_HEADER_LEN}-byte header",
-            "descriptor_length",
-            _AT["descriptor_length"],
-            found=length,
-        )
+        message = f"descriptor_length below the {_HEADER_LEN}-byte header"
+        raise _error(message, "descriptor_length", found=length)
     return length
 
 
-# -- decode ----------------------------------------------------------------------------------
 def _descriptor_bytes(data: Any) -> bytes:
     """Exactly the ``descriptor_length`` bytes at the start of ``data``, or the error."""
     view = byte_view(data)
@@ -140,21 +113,18 @@ def decode_descriptor(data: Any) -> TensorDescriptor:
     values, quant_padding, quant_at = _read(_descriptor_bytes(data), general=False)
     (major, minor, *_, element_type, _, _, _, shape, _, fields, handles, quant, _, statistics,
      _, member, trailing) = values  # fmt: skip
-    try:
-        return TensorDescriptor(
-            element_type,
-            shape,
-            BlockPagedLayout(*fields),
-            handles,
-            quant,
-            (major, minor),
-            statistics,
-            member,
-            quant_padding,
-            trailing,
-        )
-    except InvalidDescriptorError as exc:
-        raise _locate(exc, len(handles), quant_at, quant) from None
+
+    def places() -> dict[str, int]:  # the fixed layout and the sections read
+        found = dict(dl.AT)
+        found.update({model: dl.AT[wire] for model, wire in dl.WIRE_NAMES.items() if wire in found})
+        found.update(dl.handle_places(dl.BUFFER_TABLE_AT, len(handles)))
+        if quant is not None:
+            found.update(dl.quant_places(quant_at, quant.scheme_tag), quantization=quant_at)
+        return found
+
+    layout = _built(BlockPagedLayout, fields, places)
+    rest = (quant, (major, minor), statistics, member, quant_padding, trailing)
+    return _built(TensorDescriptor, (element_type, shape, layout, handles, *rest), places)
 
 
 def decode_header(data: Any) -> DescriptorHeader:
@@ -181,11 +151,29 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     any other layout's payload through construct), then the shared sections; returns the
     ``DescriptorHeader``'s fields, the quantization's writer padding and offset."""
     length = len(raw)
-    _, major, minor, _, flags, type_tag, layout_tag, rank = _HEADER.struct.unpack_from(raw, 0)
-    _check_flags(flags, type_tag)
-    private = type_tag in w.PRIVATE_TYPE_TAGS
-    element_type = None if general and private else _element_type(type_tag)
-    name = "block_paged" if layout_tag == 0x0A else _known_layout_name(layout_tag)
+    _, major, minor, _, flags, type_tag, layout_tag, rank = dl.HEADER.struct.unpack_from(raw, 0)
+    if flags & ~w.FLAGS_KNOWN:
+        raise _error("reserved flag bits set", "flags", found=f"0x{flags:08X}")
+    if bool(flags & w.FLAG_HAS_EXTENSION_TYPE) != (type_tag in w.PRIVATE_TYPE_TAGS):
+        raise _error(
+            "HAS_EXTENSION_TYPE must be set exactly for private type tags 0xF0-0xFE",
+            "flags",
+            found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
+        )
+    element_type = None  # a private extension type's: what the extension section says
+    if type_tag not in w.PRIVATE_TYPE_TAGS:
+        element_type = _built(dtypes.element_type_from_tag, (type_tag,), _FIXED_PLACES)
+    elif not general:
+        raise _error(
+            "private extension element types are not supported for block-paged tensors",
+            "type_tag",
+            found=f"0x{type_tag:02X}",
+        )
+    private_layout = 0xF0 <= layout_tag <= 0xFE
+    name = f"private_0x{layout_tag:02X}" if private_layout else w.LAYOUT_NAMES.get(layout_tag)
+    if name is None:
+        kind = "invalid" if layout_tag in (0x00, 0xFF) else "reserved or unknown"
+        raise _error(f"{kind} layout tag", "layout_tag", found=f"0x{layout_tag:02X}")
     fields: Any
     if not general:
         if layout_tag != 0x0A:
@@ -197,16 +185,14 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
                 layout_name=name,
                 section="descriptor",
                 field="layout_tag",
-                offset=_AT["layout_tag"],
+                offset=dl.AT["layout_tag"],
             )
         if rank != 3:
-            raise _error(
-                "block-paged tensors have rank 3", "rank", _AT["rank"], expected=3, found=rank
-            )
+            raise _error("block-paged tensors have rank 3", "rank", expected=3, found=rank)
         shape, byte_offset, fields, pos = _block_paged(raw, length)
     else:
         if rank > 64:
-            raise _error("rank above 64", "rank", _AT["rank"], found=rank)
+            raise _error("rank above 64", "rank", found=rank)
         prefix = _construct_parse(raw)
         shape, byte_offset, pos = (
             tuple(prefix.shape),
@@ -216,16 +202,13 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
         fields = {}
         if isinstance(prefix.layout, dict):
             fields = {k: v for k, v in prefix.layout.items() if not k.startswith("_")}
-    table = pos + _COUNT_SIZE
-    count = raw[_need(length, table, "buffer_count") - _COUNT_SIZE]
-    pos = _need(length, _handle_at(count, table), f"{count} buffer handles")
-    handles = tuple(_handle(raw, _handle_at(i, table), i) for i in range(count))
-    if general:
-        try:  # the model's one-device rule, located in the table
-            check_colocation(handles)
-        except InvalidDescriptorError as exc:
-            places = _handle_places(table, count)
-            raise exc.relocated(section="descriptor", offset=places.get(exc.field or "")) from None
+    table = pos + dl.COUNT_SIZE
+    count = raw[_need(length, table, "buffer_count") - dl.COUNT_SIZE]
+    pos = _need(length, dl.handle_at(count, table), f"{count} buffer handles")
+    places = partial(dl.handle_places, table, count)
+    handles = tuple(_handle(raw, dl.handle_at(i, table), i, places) for i in range(count))
+    if general:  # the model's one-device rule, located in the table
+        _built(check_colocation, (handles,), places)
     quant: Quantization | None = None
     quant_padding = b""
     quant_at = pos
@@ -237,7 +220,6 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
                     raise _error(
                         "quantization parameter buffer index out of range",
                         "quantization.scale_buffer_index",
-                        None,
                         found=index,
                     )
     shard = None
@@ -246,38 +228,56 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
             raise _error(
                 "a block-paged tensor must not carry a shard section",
                 "flags",
-                _AT["flags"],
                 found=f"0x{flags:08X}",
             )
-        axes = shard_struct(rank)
+        axes = dl.shard_struct(rank)
         end = _need(length, pos + axes.size, "the shard section")
         values = axes.unpack_from(raw, pos)
         shard, pos = (values[:rank], values[rank:]), end
     statistics = None
     if flags & w.FLAG_HAS_STATISTICS:
-        statistics, pos = _statistics(raw, pos, length)
+        end = _need(length, pos + dl.STATS.size, "the statistics section")
+        values = dl.STATS.struct.unpack_from(raw, pos)
+        _check_consts(dl.STATS, values, pos, "statistics.")
+        statistics = _built(
+            Statistics,
+            _STATS_VALUES(values),
+            lambda: {f"statistics.{name}": pos + at for name, at in dl.STATS.offsets.items()},
+        )
+        pos = end
     extension = None
     if flags & w.FLAG_HAS_EXTENSION_TYPE:
-        end = _need(length, pos + _EXTENSION.size, "the extension type section")
-        values = _EXTENSION.struct.unpack_from(raw, pos)
-        _check_consts(_EXTENSION, values, pos, "extension_type.")
-        consts = dict(_EXTENSION.consts)
-        extension = {n: values[i] for i, n in enumerate(_EXTENSION.names) if i not in consts}
+        end = _need(length, pos + dl.EXTENSION.size, "the extension type section")
+        values = dl.EXTENSION.struct.unpack_from(raw, pos)
+        _check_consts(dl.EXTENSION, values, pos, "extension_type.")
+        consts = dict(dl.EXTENSION.consts)
+        extension = {n: values[i] for i, n in enumerate(dl.EXTENSION.names) if i not in consts}
         pos = end
     member = None
     if flags & w.FLAG_HAS_COMPOSITE_MEMBER:
-        member, pos = _composite_member(raw, pos, length)
+        end = _need(length, pos + dl.MEMBER.size, "the composite-member section")
+        values = dl.MEMBER.struct.unpack_from(raw, pos)
+        member = values[0]
+        if member > 1:
+            raise _error("unknown member_role", "composite_member.member_role", pos, found=member)
+        _check_consts(dl.MEMBER, values, pos, "composite_member.")
+        pos = end
         if layout_tag == 0x0B:
             raise _error(
                 "invalid composite member section",
                 "composite_member.member_role",
-                None,
                 found=member,
             )
+    if pos != length and minor == 0:
+        raise _error(
+            "descriptor_length disagrees with the content at version 1.0",
+            "descriptor_length",
+            expected=pos,
+            found=length,
+        )
     header = (
         major, minor, length, flags, type_tag, element_type, layout_tag, name, rank, shape,
-        byte_offset, fields, handles, quant, shard, statistics, extension, member,
-        _trailing(raw, pos, minor),
+        byte_offset, fields, handles, quant, shard, statistics, extension, member, raw[pos:],
     )  # fmt: skip
     return header, quant_padding, quant_at
 
@@ -285,65 +285,49 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
 def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, tuple[Any, ...], int]:
     """The fixed part of a rank-3 block-paged descriptor: shape, byte_offset, the layout's
     arguments (to ``BlockPagedLayout``) and where the buffer table starts."""
-    _need(length, _BP_FIXED_LEN, "the block-paged payload and buffer_count")
-    fixed = _FIXED.struct.unpack_from(raw, 0)
+    _need(length, dl.BUFFER_TABLE_AT, "the block-paged payload and buffer_count")
+    fixed = dl.FIXED.struct.unpack_from(raw, 0)
     (*_, shape0, shape1, shape2, byte_offset, page_size, num_pages, paged_axis, num_seqs,
      role_byte, layer, index_byte, _, _) = fixed  # fmt: skip
     if byte_offset != 0:
-        raise _error(
-            "byte_offset must be 0 for block-paged", "byte_offset", _AT["byte_offset"],
-            found=byte_offset,
-        )  # fmt: skip
-    _check_consts(_FIXED, fixed, 0, "")
+        raise _error("byte_offset must be 0 for block-paged", "byte_offset", found=byte_offset)
+    _check_consts(dl.FIXED, fixed, 0, "")
     role = w.KV_ROLE_BY_CODE.get(role_byte)
     if role is None:
-        raise _error(
-            "unknown kv_role", "kv_role", _AT["kv_role"], expected="0, 1 or 2", found=role_byte
-        )
+        raise _error("unknown kv_role", "kv_role", expected="0, 1 or 2", found=role_byte)
     index_type = _INDEX_TYPE_NAMES.get(index_byte)
     if index_type is None:
         raise _error(
             "unknown block_table_index_type",
             "block_table_index_type",
-            _AT["block_table_index_type"],
             expected="0 or 1",
             found=index_byte,
         )
     layer_index = None if layer == w.LAYER_NONE else layer
     fields = (page_size, num_pages, paged_axis, num_seqs, role, layer_index, index_type)
-    return (shape0, shape1, shape2), byte_offset, fields, _BP_FIXED_LEN - _COUNT_SIZE
+    return (shape0, shape1, shape2), byte_offset, fields, dl.BUFFER_TABLE_AT - dl.COUNT_SIZE
 
 
-def _locate(
-    exc: InvalidDescriptorError, count: int, quant_at: int, quant: Quantization | None
-) -> InvalidDescriptorError:
-    """A model error raised while building a decoded descriptor, with its byte offset: the
-    model names the field, the fixed layout and the sections read say where it sits."""
-    if exc.offset is not None:
-        return exc
-    field = exc.field or ""
-    places = dict(_AT)
-    places.update({model: _AT[wire] for model, wire in _WIRE_NAMES.items() if wire in _AT})
-    places.update(_handle_places(_BP_FIXED_LEN, count))
-    if quant is not None:
-        places["quantization"] = quant_at
-        places.update(_quant_places(quant_at, quant.scheme_tag))
-    error = exc.relocated(section="descriptor", offset=places.get(field))
-    assert isinstance(error, InvalidDescriptorError)
-    return error
-
-
-def _check_flags(flags: int, type_tag: int) -> None:
-    """No reserved flag bit, and HAS_EXTENSION_TYPE exactly for private element types."""
-    if flags & ~w.FLAGS_KNOWN:
-        raise _error("reserved flag bits set", "flags", _AT["flags"], found=f"0x{flags:08X}")
-    if bool(flags & w.FLAG_HAS_EXTENSION_TYPE) != (type_tag in w.PRIVATE_TYPE_TAGS):
-        raise _error(
-            "HAS_EXTENSION_TYPE must be set exactly for private type tags 0xF0-0xFE",
-            "flags",
-            _AT["flags"],
-            found=f"flags 0x{flags:08X}, type_tag 0x{type_tag:02X}",
-        )
+def _built(
+    make: Callable[..., _T],
+    args: tuple[Any, ...],
+    places: Places,
+    prefix: str = "",
+    at: int | None = None,
+) -> _T:
+    """``make(*args)``, or the model error it raised, named ``prefix`` + its field and
+    located at that field's byte in ``places()`` (else ``at``): the one place where an error
+    of the model, which knows the field, learns where the field sits in the bytes."""
+    try:
+        return make(*args)
+    except InvalidDescriptorError as exc:
+        if exc.offset is not None:
+            raise
+        field = exc.field or prefix.rstrip(".") or None
+        if field is not None and not field.startswith(prefix.rstrip(".")):
+            field = prefix + field
+        offset = places().get(field or "", at)
+        raise exc.relocated(section="descriptor", field=field, offset=offset) from None
 
 
 def _need(length: int, end: int, what: str) -> int:
@@ -352,97 +336,43 @@ def _need(length: int, end: int, what: str) -> int:
         raise _error(
             f"descriptor_length too small to hold {what}",
             "descriptor_length",
-            _AT["descriptor_length"],
             expected=f">= {end}",
             found=length,
         )
     return end
 
 
-def _trailing(raw: bytes, pos: int, minor: int) -> bytes:
-    if pos == len(raw):
-        return b""
-    if minor == 0:
-        raise _error(
-            "descriptor_length disagrees with the content at version 1.0",
-            "descriptor_length",
-            _AT["descriptor_length"],
-            expected=pos,
-            found=len(raw),
-        )
-    return raw[pos:]
-
-
-def _element_type(type_tag: int) -> ElementType:
-    if type_tag in w.PRIVATE_TYPE_TAGS:
-        raise _error(
-            "private extension element types are not supported for block-paged tensors",
-            "type_tag",
-            _AT["type_tag"],
-            found=f"0x{type_tag:02X}",
-        )
-    try:
-        return dtypes.element_type_from_tag(type_tag)
-    except InvalidDescriptorError as exc:
-        raise exc.relocated(section="descriptor", offset=_AT["type_tag"]) from None
-
-
-def _known_layout_name(tag: int) -> str:
-    """The layout's name, or the error for an invalid, reserved or unknown layout tag."""
-    name = f"private_0x{tag:02X}" if 0xF0 <= tag <= 0xFE else w.LAYOUT_NAMES.get(tag)
-    if name is None:
-        kind = "invalid" if tag in (0x00, 0xFF) else "reserved or unknown"
-        raise _error(f"{kind} layout tag", "layout_tag", _AT["layout_tag"], found=f"0x{tag:02X}")
-    return name
-
-
-def _handle(raw: bytes, offset: int, index: int) -> BufferHandle:
-    """Buffer handle ``index`` at ``offset``; a model error located at its field's byte."""
-    values = _HANDLE.struct.unpack_from(raw, offset)
-    _check_consts(_HANDLE, values, offset, f"buffers[{index}].")
-    try:
-        return BufferHandle(*(values[i] for i in _HANDLE_FIELDS))
-    except InvalidDescriptorError as exc:
-        rel = _HANDLE.offsets.get(exc.field or "")
-        raise exc.relocated(
-            section="descriptor",
-            field=f"buffers[{index}].{exc.field}",
-            offset=None if rel is None else offset + rel,
-        ) from None
-
-
-def _scheme_class(tag: int) -> str:
-    if tag in (0x00, 0xFF):
-        return "invalid"
-    if 0x06 <= tag <= 0x5F:
-        return "unassigned"
-    if 0x60 <= tag <= 0xEF:
-        return "reserved"
-    return "private"
+def _handle(raw: bytes, offset: int, index: int, places: Places) -> BufferHandle:
+    """Buffer handle ``index`` at ``offset``."""
+    values = dl.HANDLE.struct.unpack_from(raw, offset)
+    prefix = f"buffers[{index}]."
+    _check_consts(dl.HANDLE, values, offset, prefix)
+    return _built(BufferHandle, _HANDLE_VALUES(values), places, prefix)
 
 
 def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, bytes, int]:
     """Parse the quantization section at ``pos``: (scheme, writer padding, end)."""
-    _need(length, pos + _QUANT_HEADER_AT, "quantization_length")
-    qlen = _U32.unpack_from(raw, pos)[0]
-    end = _need(length, pos + _QUANT_HEADER_AT + qlen, "the quantization section")
-    if qlen < _QHEADER.size:
+    _need(length, pos + dl.QUANT_HEADER_AT, "quantization_length")
+    qlen = dl.U32.unpack_from(raw, pos)[0]
+    end = _need(length, pos + dl.QUANT_HEADER_AT + qlen, "the quantization section")
+    if qlen < dl.QHEADER.size:
         raise _error(
-            f"quantization_length below the {_QHEADER.size}-byte scheme header",
+            f"quantization_length below the {dl.QHEADER.size}-byte scheme header",
             "quantization_length",
             pos,
             found=qlen,
         )
-    scheme_tag, version, qflags = _QHEADER.struct.unpack_from(raw, pos + _QUANT_HEADER_AT)
-    fast = _SCHEME.get(scheme_tag)
+    scheme_tag, version, qflags = dl.QHEADER.struct.unpack_from(raw, pos + dl.QUANT_HEADER_AT)
+    fast = dl.SCHEME.get(scheme_tag)
     if fast is None:
+        kind = "unassigned" if scheme_tag < 0x60 else "reserved" if scheme_tag < 0xF0 else "private"
         raise _error(
-            f"{_scheme_class(scheme_tag)} quantization scheme tag",
+            f"{'invalid' if scheme_tag in (0x00, 0xFF) else kind} quantization scheme tag",
             "quantization.scheme_tag",
-            pos + _QUANT_HEADER_AT,
+            pos + dl.QUANT_HEADER_AT,
             found=f"0x{scheme_tag:02X}",
         )
-    body = _QHEADER.size + fast.size
+    body = dl.QHEADER.size + fast.size
     if qlen < body:
         raise _error(
             "quantization_length too small for the scheme",
@@ -451,91 +381,49 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
             expected=f">= {body}",
             found=qlen,
         )
-    values = fast.struct.unpack_from(raw, pos + _QUANT_PAYLOAD_AT)
-    _check_consts(fast, values, pos + _QUANT_PAYLOAD_AT, "quantization.")
-    places = _quant_places(pos, scheme_tag)
-    try:
-        quant = _build_quantization(scheme_tag, version, qflags, values, places)
-    except InvalidDescriptorError as exc:
-        if exc.offset is not None:
-            raise
-        field = exc.field or "quantization"
-        if not field.startswith("quantization"):
-            field = f"quantization.{field}"
-        raise exc.relocated(
-            section="descriptor", field=field, offset=places.get(field, pos)
-        ) from None
-    return quant, raw[pos + _QUANT_HEADER_AT + body : end], end
+    values = fast.struct.unpack_from(raw, pos + dl.QUANT_PAYLOAD_AT)
+    _check_consts(fast, values, pos + dl.QUANT_PAYLOAD_AT, "quantization.")
+    fields = {n: v for n, v in zip(fast.names, values, strict=True) if not n.startswith("_")}
+    places = partial(dl.quant_places, pos, scheme_tag)
+    args = (scheme_tag, version, qflags, fields, places)
+    quant = _built(_build_quantization, args, places, "quantization.", pos)
+    return quant, raw[pos + dl.QUANT_HEADER_AT + body : end], end
 
 
 def _build_quantization(
-    scheme_tag: int, version: int, qflags: int, values: tuple[Any, ...], at: dict[str, int]
+    scheme_tag: int, version: int, qflags: int, fields: dict[str, Any], at: Places
 ) -> Quantization:
+    """The scheme of a payload's ``fields``: the flag and scale-type rules the wire adds."""
     allowed = SYMMETRIC if scheme_tag in (0x02, 0x03) else 0
     if qflags & ~allowed:
-        raise _error(
-            "unknown quantization flag bits", "quantization.flags", at["flags"],
-            found=f"0x{qflags:04X}",
-        )  # fmt: skip
-    symmetric = bool(qflags & SYMMETRIC)
-    if scheme_tag == 0x01:
-        return PerTensorAffine(values[0], values[1], version)
-    if scheme_tag in (0x02, 0x03):
-        zp_position = 2 if scheme_tag == 0x02 else 3
-        zp = values[zp_position]
-        if symmetric != (zp == NO_BUFFER):
+        message = "unknown quantization flag bits"
+        raise _error(message, "quantization.flags", at()["flags"], found=f"0x{qflags:04X}")
+    zp = fields.get("zero_point_buffer_index")
+    if zp is not None:
+        if bool(qflags & SYMMETRIC) != (zp == NO_BUFFER):
             raise _error(
                 "SYMMETRIC flag must be set exactly when zero_point_buffer_index is 0xFFFFFFFF",
                 "quantization.flags",
-                at["flags"],
+                at()["flags"],
                 found=f"flags 0x{qflags:04X}, zero_point_buffer_index {zp}",
             )
-        zero_point = None if symmetric else zp
-        scale_tag = values[zp_position + 1]
-        if scheme_tag == 0x02:
-            if scale_tag != 0x03:
-                raise _error(
-                    "per-channel scale type must be float32 (0x03)",
-                    "quantization.scale_type_tag",
-                    at["scale_type_tag"],
-                    found=scale_tag,
-                )
-            return PerChannelAffine(values[0], values[1], zero_point, version)
+        fields["zero_point_buffer_index"] = None if zp == NO_BUFFER else zp
+    scale_tag = fields.pop("scale_type_tag", None)
+    if scale_tag is not None:
         scale_type = _SCALE_TYPE_TAGS.get(scale_tag)
-        if scale_type is None:
+        per_channel = scheme_tag == 0x02
+        if scale_type is None or (per_channel and scale_tag != 0x03):
             raise _error(
-                "per-block scale type must be 0x01, 0x02 or 0x03",
+                "per-channel scale type must be float32 (0x03)"
+                if per_channel
+                else "per-block scale type must be 0x01, 0x02 or 0x03",
                 "quantization.scale_type_tag",
-                at["scale_type_tag"],
+                at()["scale_type_tag"],
                 found=scale_tag,
             )
-        return PerBlockAffine(values[0], values[1], values[2], scale_type, zero_point, version)
-    scheme = NF4 if scheme_tag == 0x04 else MXFP
-    return scheme(values[0], values[1], values[2], version)
-
-
-def _statistics(raw: bytes, pos: int, length: int) -> tuple[Statistics, int]:
-    end = _need(length, pos + _STATS.size, "the statistics section")
-    values = _STATS.struct.unpack_from(raw, pos)
-    _check_consts(_STATS, values, pos, "statistics.")
-    try:
-        return Statistics(*(values[i] for i in _STATS_FIELDS)), end
-    except InvalidDescriptorError as exc:
-        name = (exc.field or "").removeprefix("statistics.")
-        rel = _STATS.offsets.get(name)
-        raise exc.relocated(
-            section="descriptor", offset=None if rel is None else pos + rel
-        ) from None
-
-
-def _composite_member(raw: bytes, pos: int, length: int) -> tuple[int, int]:
-    end = _need(length, pos + _MEMBER.size, "the composite-member section")
-    values = _MEMBER.struct.unpack_from(raw, pos)
-    role = values[0]
-    if role > 1:
-        raise _error("unknown member_role", "composite_member.member_role", pos, found=role)
-    _check_consts(_MEMBER, values, pos, "composite_member.")
-    return role, end
+        if not per_channel:
+            fields["scale_type"] = scale_type
+    return _SCHEMES[scheme_tag](**fields, scheme_version=version)
 
 
 @dataclass(frozen=True)
@@ -589,7 +477,6 @@ def _construct_parse(raw: bytes) -> Any:
         raise _error(
             f"descriptor_length too small for the content ({exc.path})",
             "descriptor_length",
-            _AT["descriptor_length"],
         ) from None
     except RecursionError:
-        raise _error("tiled payload nested too deeply", "layout", _AT["layout"]) from None
+        raise _error("tiled payload nested too deeply", "layout") from None

@@ -13,18 +13,7 @@ from hurray_wire.model.quantization import (
     PerTensorAffine,
     Quantization,
 )
-from hurray_wire.wire import descriptor as w
-from hurray_wire.wire.descriptor_layout import (
-    FIXED as _FIXED,
-    HANDLE as _HANDLE,
-    MEMBER as _MEMBER,
-    QHEADER as _QHEADER,
-    SCHEME as _SCHEME,
-    STATS as _STATS,
-    U32 as _U32,
-)
-
-__all__ = ["encode_descriptor"]
+from hurray_wire.wire import descriptor as w, descriptor_layout as dl
 
 
 def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
@@ -33,7 +22,7 @@ def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
     layout = descriptor.layout
     major, minor = descriptor.version
     parts = [
-        _FIXED.pack(
+        dl.FIXED.pack(
             major,
             minor,
             descriptor.descriptor_length,
@@ -55,22 +44,22 @@ def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
     ]
     for h in descriptor.buffers:
         parts.append(
-            _HANDLE.pack(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
+            dl.HANDLE.pack(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
         )
     if descriptor.quantization is not None:
         body = _encode_quantization(descriptor.quantization) + descriptor.quantization_padding
-        parts += [_U32.pack(len(body)), body]
+        parts += [dl.U32.pack(len(body)), body]
     if descriptor.statistics is not None:
-        parts.append(_STATS.pack(*vars(descriptor.statistics).values()))  # in field order
+        parts.append(dl.STATS.pack(*vars(descriptor.statistics).values()))  # in field order
     if descriptor.composite_member is not None:
-        parts.append(_MEMBER.pack(descriptor.composite_member))
+        parts.append(dl.MEMBER.pack(descriptor.composite_member))
     parts.append(descriptor.unknown_trailing)
     return b"".join(parts)
 
 
 def _encode_quantization(q: Quantization) -> bytes:
-    head = _QHEADER.struct.pack(q.scheme_tag, q.scheme_version, q.flags)
-    fast = _SCHEME[q.scheme_tag]
+    head = dl.QHEADER.struct.pack(q.scheme_tag, q.scheme_version, q.flags)
+    fast = dl.SCHEME[q.scheme_tag]
     if isinstance(q, PerTensorAffine):
         return head + fast.pack(q.scale, q.zero_point)
     if isinstance(q, (PerChannelAffine, PerBlockAffine)):

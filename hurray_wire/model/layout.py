@@ -17,16 +17,6 @@ from hurray_wire.model.quantization import Quantization, check_block_paged_compa
 from hurray_wire.wire.descriptor import INDEX_ITEMS, KV_ROLES
 from hurray_wire.wire.fast import item_dtype
 
-__all__ = [
-    "DYNAMIC_DIM",
-    "INDEX_TYPE_NAMES",
-    "KV_ROLE_NAMES",
-    "BlockPagedLayout",
-    "check_index_arrays",
-    "check_indexes",
-    "check_seq_lens",
-]
-
 KV_ROLE_NAMES = tuple(KV_ROLES)  # in code order: key, value, fused
 INDEX_TYPE_NAMES = ("uint32", "uint64")
 DYNAMIC_DIM = U64_MAX  # the shape's "size unknown" sentinel: refused for block-paged ([A38])
@@ -72,11 +62,15 @@ class BlockPagedLayout:
             )
         set_(self, "paged_axis", 0)
         set_(self, "num_seqs", check_uint(self.num_seqs, "num_seqs", U32_MAX))
-        kv_role = self.kv_role
-        if not isinstance(kv_role, str) or kv_role not in KV_ROLE_NAMES:
-            raise InvalidDescriptorError(
-                "unknown kv_role", field="kv_role", found=repr(kv_role), expected=KV_ROLE_NAMES
-            )
+        for name, names in (
+            ("kv_role", KV_ROLE_NAMES),
+            ("block_table_index_type", INDEX_TYPE_NAMES),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in names:
+                raise InvalidDescriptorError(
+                    f"unknown {name}", field=name, found=repr(value), expected=names
+                )
         layer_index = self.layer_index
         if layer_index is not None:
             layer_index = check_uint(layer_index, "layer_index", U32_MAX)
@@ -87,15 +81,7 @@ class BlockPagedLayout:
                     found="0xFFFFFFFF",
                 )
             set_(self, "layer_index", layer_index)
-        index_type = self.block_table_index_type
-        if not isinstance(index_type, str) or index_type not in INDEX_TYPE_NAMES:
-            raise InvalidDescriptorError(
-                "unknown block_table_index_type",
-                field="block_table_index_type",
-                found=repr(index_type),
-                expected=INDEX_TYPE_NAMES,
-            )
-        if index_type == "uint32" and self.num_pages > U32_MAX:
+        if self.block_table_index_type == "uint32" and self.num_pages > U32_MAX:
             raise InvalidDescriptorError(
                 "a pool of more than 0xFFFFFFFF pages needs block_table_index_type='uint64'",
                 field="num_pages",
@@ -109,7 +95,6 @@ class BlockPagedLayout:
         """A copy with some fields changed (validated like a new layout)."""
         return replace(self, **changes)
 
-    # -- derived ---------------------------------------------------------------------------
     @property
     def index_dtype(self) -> np.dtype[Any]:
         """Little-endian NumPy dtype of block_table and seq_ptr (buffers 1 and 2)."""
@@ -125,9 +110,8 @@ class BlockPagedLayout:
         """num_pages * page_size: page-slot count, the length of per-slot scale arrays."""
         return self.num_pages * self.page_size
 
-    # -- rules -----------------------------------------------------------------------------
-    def validate_against_shape(self, shape: Sequence[int]) -> None:
-        """Refuse a logical shape that is not ``[total_tokens, num_heads, head_dim]``."""
+    def validate_against_shape(self, shape: Sequence[int]) -> tuple[int, int, int]:
+        """``shape`` as ints, or the error if it is not ``[total_tokens, num_heads, head_dim]``."""
         try:
             dims = list(shape)
         except TypeError:
@@ -142,7 +126,7 @@ class BlockPagedLayout:
                 expected=3,
             )
         for axis, dim in enumerate(dims):
-            value = check_uint(dim, f"shape[{axis}]", U64_MAX)
+            value = dims[axis] = check_uint(dim, f"shape[{axis}]", U64_MAX)
             if value == DYNAMIC_DIM:
                 raise InvalidDescriptorError(
                     "dynamic dimensions are not allowed in a block-paged shape",
@@ -153,6 +137,7 @@ class BlockPagedLayout:
             raise InvalidDescriptorError(
                 "an empty batch (num_seqs 0) has total_tokens 0", field="shape[0]", found=dims[0]
             )
+        return dims[0], dims[1], dims[2]
 
     def validate_index_buffers(self, seq_ptr: Any, block_table: Any) -> None:
         """Check the storage invariants (block-paged.md § 4) of ``(seq_ptr, block_table)``,
@@ -296,9 +281,8 @@ def check_indexes(
     page_size: int = 1,
     total_tokens: int = 0,
 ) -> None:
-    """Storage invariants 1-3 and, with ``lens``, the seq_lens rule: for a few sequences one
-    pass over Python integers (cheaper than NumPy there); otherwise, or to name a failure,
-    :func:`check_index_arrays` and :func:`check_seq_lens`."""
+    """Storage invariants 1-3 and, with ``lens``, the seq_lens rule: a few sequences in one pass
+    over Python integers (cheaper than NumPy), else (or to name a failure) the two checks."""
     if num_seqs < _SMALL_TABLE and len(seq_ptr) == num_seqs + 1 and len(block_table) < _SMALL_TABLE:
         starts, table = seq_ptr.tolist(), block_table.tolist()
         ok = starts[0] == 0 and starts[-1] == len(table) and starts == sorted(starts)

@@ -15,18 +15,6 @@ import numpy.typing as npt
 from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import InvalidTensorError
 
-__all__ = ["first_padding_bit_byte", "pack", "unpack"]
-
-
-def _codes(values: npt.NDArray[Any], bits: int) -> npt.NDArray[np.uint8]:
-    """The raw bit patterns of ``values`` (an ml_dtypes narrow type or bool) as uint8."""
-    if values.dtype == np.bool_:
-        codes: npt.NDArray[np.uint8] = values.view(np.uint8).ravel()
-        return codes
-    flat: npt.NDArray[np.uint8] = np.ascontiguousarray(values).ravel().view(np.uint8)
-    masked: npt.NDArray[np.uint8] = np.bitwise_and(flat, np.uint8((1 << bits) - 1))
-    return masked
-
 
 def pack(values: npt.NDArray[Any], element_type: ElementType) -> npt.NDArray[np.uint8]:
     """Pack an array of a sub-byte element type into its wire bytes (1-D uint8)."""
@@ -39,11 +27,14 @@ def pack(values: npt.NDArray[Any], element_type: ElementType) -> npt.NDArray[np.
             expected=str(element_type.numpy_dtype),
         )
     bits = element_type.bit_width
-    codes = _codes(values, bits)
-    count = codes.size
-    if bits == 1:
-        packed: npt.NDArray[np.uint8] = np.packbits(codes, bitorder="little")
+    if bits == 1:  # bool: its bytes are its codes
+        packed: npt.NDArray[np.uint8] = np.packbits(
+            values.view(np.uint8).ravel(), bitorder="little"
+        )
         return packed
+    flat = np.ascontiguousarray(values).ravel().view(np.uint8)  # the raw bit patterns
+    codes: npt.NDArray[np.uint8] = np.bitwise_and(flat, np.uint8((1 << bits) - 1))
+    count = codes.size
     if bits == 6:
         padded = np.zeros(-(-count // 4) * 4, np.uint32)
         padded[:count] = codes

@@ -14,18 +14,6 @@ from hurray_wire.dtypes import ElementType
 from hurray_wire.errors import InvalidDescriptorError, QuantizationNotDefinedError
 from hurray_wire.model._checks import I32_MAX, I32_MIN, U32_MAX, check_uint, is_power_of_two
 
-__all__ = [
-    "MXFP",
-    "NF4",
-    "NO_BUFFER",
-    "PerBlockAffine",
-    "PerChannelAffine",
-    "PerTensorAffine",
-    "Quantization",
-    "check_block_paged_compatibility",
-    "parameter_fields",
-]
-
 NO_BUFFER = 0xFFFFFFFF  # zero_point_buffer_index of a symmetric scheme
 SYMMETRIC = 0x0001  # scheme flag bit 0 of per-channel and per-block affine
 _INTEGER_STORAGE = frozenset(
@@ -57,14 +45,7 @@ def _check_param_index(value: object, name: str) -> int:
     return index
 
 
-def _zp_index(value: object) -> int | None:
-    if value is None:
-        return None
-    return _check_param_index(value, "zero_point_buffer_index")
-
-
-def _set(obj: object, name: str, value: object) -> None:
-    object.__setattr__(obj, name, value)
+_set = object.__setattr__  # frozen dataclasses: a checked value replaces the given one
 
 
 @dataclass(frozen=True)
@@ -78,6 +59,8 @@ class PerTensorAffine:
     scheme_tag: ClassVar[int] = 0x01
     name: ClassVar[str] = "per_tensor_affine"
     allowed_storage: ClassVar[frozenset[int]] = _INTEGER_STORAGE
+    flags: ClassVar[int] = 0
+    parameter_buffers: ClassVar[tuple[int, ...]] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.scale, bool):
@@ -111,20 +94,23 @@ class PerTensorAffine:
     def symmetric_flag(self) -> bool:
         return self.zero_point == 0
 
-    @property
-    def flags(self) -> int:
-        return 0
-
-    @property
-    def parameter_buffers(self) -> tuple[int, ...]:
-        return ()
-
 
 class _AffineBuffers:
     """What the two buffer-backed affine schemes say alike about their parameter buffers."""
 
+    axis: int
     scale_buffer_index: int
     zero_point_buffer_index: int | None
+    scheme_version: int
+
+    def __post_init__(self) -> None:
+        _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
+        index = _check_param_index(self.scale_buffer_index, "scale_buffer_index")
+        _set(self, "scale_buffer_index", index)
+        if self.zero_point_buffer_index is not None:
+            zp = _check_param_index(self.zero_point_buffer_index, "zero_point_buffer_index")
+            _set(self, "zero_point_buffer_index", zp)
+        _set(self, "scheme_version", _check_version(self.scheme_version))
 
     @property
     def symmetric_flag(self) -> bool:
@@ -156,13 +142,6 @@ class PerChannelAffine(_AffineBuffers):
     allowed_storage: ClassVar[frozenset[int]] = _INTEGER_STORAGE
     scale_type: ClassVar[ElementType] = dtypes.float32
 
-    def __post_init__(self) -> None:
-        _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
-        index = _check_param_index(self.scale_buffer_index, "scale_buffer_index")
-        _set(self, "scale_buffer_index", index)
-        _set(self, "zero_point_buffer_index", _zp_index(self.zero_point_buffer_index))
-        _set(self, "scheme_version", _check_version(self.scheme_version))
-
     @classmethod
     def symmetric(cls, axis: int, scale_buffer_index: int) -> PerChannelAffine:
         return cls(axis, scale_buffer_index, None)
@@ -191,22 +170,17 @@ class PerBlockAffine(_AffineBuffers):
     allowed_storage: ClassVar[frozenset[int]] = _BLOCK_STORAGE
 
     def __post_init__(self) -> None:
-        _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
+        super().__post_init__()
         block = check_uint(self.block_size, "block_size", U32_MAX)
         if block < 2 or not is_power_of_two(block):
             raise InvalidDescriptorError(
                 "block_size must be a power of two >= 2", field="block_size", found=block
             )
         _set(self, "block_size", block)
-        index = _check_param_index(self.scale_buffer_index, "scale_buffer_index")
-        _set(self, "scale_buffer_index", index)
-        _set(self, "zero_point_buffer_index", _zp_index(self.zero_point_buffer_index))
-        scale_type = self.scale_type
-        if not isinstance(scale_type, ElementType):
-            try:
-                scale_type = dtypes.element_type_of(scale_type)
-            except InvalidDescriptorError as exc:
-                raise exc.relocated(field="scale_type") from None
+        try:
+            scale_type = dtypes.element_type_of(self.scale_type)
+        except InvalidDescriptorError as exc:
+            raise exc.relocated(field="scale_type") from None
         if scale_type not in _BLOCK_SCALE_TYPES:
             raise InvalidDescriptorError(
                 "scale type must be float16, bfloat16 or float32",
@@ -214,7 +188,6 @@ class PerBlockAffine(_AffineBuffers):
                 found=scale_type.name,
             )
         _set(self, "scale_type", scale_type)
-        _set(self, "scheme_version", _check_version(self.scheme_version))
 
     @classmethod
     def symmetric(
@@ -248,6 +221,7 @@ class NF4:
     allowed_storage: ClassVar[frozenset[int]] = frozenset({dtypes.uint4.tag})
     min_block: ClassVar[int] = 8
     max_block: ClassVar[int] = U32_MAX
+    flags: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
         _set(self, "axis", check_uint(self.axis, "axis", U32_MAX))
@@ -262,10 +236,6 @@ class NF4:
         index = check_uint(self.scale_buffer_index, "scale_buffer_index", U32_MAX)
         _set(self, "scale_buffer_index", index)
         _set(self, "scheme_version", _check_version(self.scheme_version))
-
-    @property
-    def flags(self) -> int:
-        return 0
 
     @property
     def parameter_buffers(self) -> tuple[int, ...]:
@@ -294,13 +264,8 @@ Quantization = Union[PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXF
 
 def parameter_fields(quant: object) -> list[tuple[str, int]]:
     """(field name, buffer index) of each parameter buffer a scheme names."""
-    if not isinstance(quant, (PerChannelAffine, PerBlockAffine, NF4)):  # NF4: MXFP too
-        return []
-    fields = [("scale_buffer_index", quant.scale_buffer_index)]
-    zp = getattr(quant, "zero_point_buffer_index", None)
-    if zp is not None:
-        fields.append(("zero_point_buffer_index", zp))
-    return fields
+    names = ("scale_buffer_index", "zero_point_buffer_index")
+    return [(name, index) for name in names if (index := getattr(quant, name, None)) is not None]
 
 
 def check_block_paged_compatibility(quantization: object, page_size: int) -> None:

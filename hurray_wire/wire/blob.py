@@ -6,30 +6,6 @@ import construct as c
 
 from hurray_wire.wire.fast import derive
 
-__all__ = [
-    "BLOB_ALIGNMENT",
-    "BLOB_HEADER",
-    "BLOB_MAGIC",
-    "CHECKSUM_NONE",
-    "CHECKSUM_XXH3_64",
-    "CHUNK_FRAME_SIZE",
-    "CHUNK_TABLE_HEADER",
-    "FAST_BLOB_HEADER",
-    "FAST_CHUNK_TABLE_HEADER",
-    "FAST_HEADER_CHECKSUM",
-    "FAST_SECTION_ENTRY",
-    "FLAG_REQUIRED",
-    "HEADER_CHECKSUM",
-    "KIND_BUFFER",
-    "KIND_METADATA",
-    "KIND_PAGE_DIGESTS",
-    "KIND_PAGE_REFS",
-    "KIND_SEQ_LENS",
-    "SECTION_ENTRY",
-    "SECTION_KINDS",
-    "SEQ_LENS_ITEM",
-]
-
 BLOB_MAGIC = b"HRWB"
 BLOB_ALIGNMENT = 64  # total_length and every section offset are multiples of at least this
 
@@ -38,13 +14,7 @@ KIND_SEQ_LENS = 0x02  # u64 tokens per sequence, num_seqs entries (SEQ_LENS_ITEM
 KIND_METADATA = 0x03  # user key/value metadata, .hrry KV-section encoding
 KIND_PAGE_DIGESTS = 0x04  # one u64 digest per physical page (docs/integrity.md § 4); optional
 KIND_PAGE_REFS = 0x05  # pages taken from the receiver's store (docs/integrity.md § 6); REQUIRED
-SECTION_KINDS = {
-    KIND_BUFFER: "buffer",
-    KIND_SEQ_LENS: "seq_lens",
-    KIND_METADATA: "metadata",
-    KIND_PAGE_DIGESTS: "page_digests",
-    KIND_PAGE_REFS: "page_refs",
-}
+SECTION_KINDS = dict(enumerate(("buffer", "seq_lens", "metadata", "page_digests", "page_refs"), 1))
 FLAG_REQUIRED = 0x01  # a reader that does not know the section's kind must refuse the blob
 
 CHECKSUM_NONE = 0
@@ -92,8 +62,6 @@ SEQ_LENS_ITEM = c.Int64ul
 HEADER_CHECKSUM = c.Struct("header_checksum" / c.Int64ul)
 
 
-# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
-# packing with the Const fields filled in. Other modules use these, never derive their own.
 FAST_BLOB_HEADER = derive(BLOB_HEADER)
 FAST_SECTION_ENTRY = derive(SECTION_ENTRY)
 FAST_HEADER_CHECKSUM = derive(HEADER_CHECKSUM)

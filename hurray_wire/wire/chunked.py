@@ -10,8 +10,6 @@ import numpy as np
 from hurray_wire.wire import blob as wb
 from hurray_wire.wire.fast import array_struct, item_dtype, item_struct
 
-__all__ = ["FRAME_SIZES", "HEAD", "SMALL_TABLE", "pack_table", "table_size", "unpack_sizes"]
-
 HEAD = wb.FAST_CHUNK_TABLE_HEADER  # chunk_size, chunk_count
 _FRAME_SIZE = item_struct(wb.CHUNK_FRAME_SIZE)
 FRAME_SIZES = item_dtype(wb.CHUNK_FRAME_SIZE)  # the frame sizes read as one array

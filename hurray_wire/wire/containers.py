@@ -12,50 +12,8 @@ from __future__ import annotations
 
 import construct as c
 
+from hurray_wire.wire.descriptor import reserved as _reserved
 from hurray_wire.wire.fast import derive
-
-__all__ = [
-    "FAST_HRRY_HEADER",
-    "FAST_HRRY_INDEX_COUNT",
-    "FAST_HRRY_INDEX_ENTRY_FIXED",
-    "FAST_HRRY_NAME_LENGTH",
-    "FAST_HRRY_TRAILER",
-    "FILE_FLAGS_KNOWN",
-    "FILE_FLAG_HAS_INDEX_CRC32C",
-    "FILE_FLAG_HAS_KV_METADATA",
-    "FILE_FLAG_SORTED_INDEX",
-    "FILE_MAGIC",
-    "HEADER_SIZE",
-    "INDEX_ENTRY_FIXED_SIZE",
-    "KV_ARRAY",
-    "KV_BOOL",
-    "KV_BYTES",
-    "KV_FLOAT64",
-    "KV_INT64",
-    "KV_LEAST_PAYLOAD",
-    "KV_SCALAR_PAYLOADS",
-    "KV_STRING",
-    "KV_TAG_NAMES",
-    "KV_UINT64",
-    "MAX_DATA_BUFFER_ALIGNMENT",
-    "MIN_DATA_BUFFER_ALIGNMENT",
-    "MIN_FILE_SIZE",
-    "SECTION_ALIGNMENT",
-    "TENSOR_COUNT_UNKNOWN",
-    "TRAILER_MAGIC",
-    "TRAILER_SIZE",
-    "HrryHeader",
-    "HrryIndex",
-    "HrryIndexEntry",
-    "HrryIndexEntryFixed",
-    "HrryTrailer",
-    "KvArray",
-    "KvBool",
-    "KvBytes",
-    "KvEntry",
-    "KvSection",
-    "KvString",
-]
 
 FILE_MAGIC = b"HRRYFILE"
 TRAILER_MAGIC = b"HRRY"
@@ -71,27 +29,10 @@ FILE_FLAG_HAS_INDEX_CRC32C = 0x04
 FILE_FLAGS_KNOWN = 0x07  # any other bit set => reject
 
 # § B.4 KV value tags. 0x00, 0x08-0xEF and 0xFF are invalid; 0xF0-0xFE private (rejected).
-KV_STRING = 0x01
-KV_INT64 = 0x02
-KV_UINT64 = 0x03
-KV_FLOAT64 = 0x04
-KV_BOOL = 0x05
-KV_BYTES = 0x06
-KV_ARRAY = 0x07
-KV_TAG_NAMES = {
-    KV_STRING: "string",
-    KV_INT64: "int64",
-    KV_UINT64: "uint64",
-    KV_FLOAT64: "float64",
-    KV_BOOL: "bool",
-    KV_BYTES: "bytes",
-    KV_ARRAY: "array",
-}
-
-
-def _reserved(n: int) -> c.Construct:
-    """Reserved bytes that must read back as zero: ``Const``, because ``Padding`` never checks."""
-    return c.Const(bytes(n))
+KV_TAG_NAMES = dict(
+    enumerate(("string", "int64", "uint64", "float64", "bool", "bytes", "array"), 1)
+)
+KV_STRING, KV_INT64, KV_UINT64, KV_FLOAT64, KV_BOOL, KV_BYTES, KV_ARRAY = KV_TAG_NAMES  # 0x01..0x07
 
 
 # § B.2: the 64-byte header at offset 0.
@@ -193,8 +134,6 @@ KvSection = c.Struct(
 )
 
 
-# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
-# packing with the Const fields filled in. Other modules use these, never derive their own.
 FAST_HRRY_HEADER = derive(HrryHeader)
 FAST_HRRY_TRAILER = derive(HrryTrailer)
 FAST_HRRY_INDEX_ENTRY_FIXED = derive(HrryIndexEntryFixed)

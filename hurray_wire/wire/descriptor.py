@@ -9,44 +9,6 @@ from typing import Any
 
 import construct as c
 
-__all__ = [
-    "BLOCK_PAGED_FIXED",
-    "BLOCK_PAGED_PAYLOAD",
-    "BUFFER_COUNT",
-    "BUFFER_HANDLE",
-    "COMPOSITE_MEMBER",
-    "DESCRIPTOR",
-    "EXTENSION_TYPE",
-    "FIXED_HEADER",
-    "FLAGS_KNOWN",
-    "FLAG_HAS_COMPOSITE_MEMBER",
-    "FLAG_HAS_EXTENSION_TYPE",
-    "FLAG_HAS_QUANTIZATION",
-    "FLAG_HAS_SHARD",
-    "FLAG_HAS_STATISTICS",
-    "INDEX_ITEMS",
-    "INDEX_TYPES",
-    "KV_ROLES",
-    "KV_ROLE_BY_CODE",
-    "LAYER_NONE",
-    "LAYOUT_NAMES",
-    "LAYOUT_PREFIX",
-    "MAGIC",
-    "MXFP",
-    "NF4",
-    "PER_BLOCK_AFFINE",
-    "PER_CHANNEL_AFFINE",
-    "PER_TENSOR_AFFINE",
-    "PRIVATE_TYPE_TAGS",
-    "QUANTIZATION_SECTION",
-    "QUANT_HEADER",
-    "QUANT_LENGTH",
-    "SCHEME_PAYLOADS",
-    "SHARD",
-    "STATISTICS",
-    "ZERO_POINT_ITEM",
-]
-
 MAGIC = b"HRRY"
 LAYER_NONE = 0xFFFFFFFF  # layer_index sentinel: "not layer-scoped"
 
@@ -97,7 +59,8 @@ class _LayerIndex(c.Adapter):  # type: ignore[misc]
         return obj
 
 
-def _reserved(n: int) -> c.Construct:
+def reserved(n: int) -> c.Construct:
+    """Reserved bytes that must read back as zero: ``Const``, because ``Padding`` never checks."""
     return c.Const(bytes(n))
 
 
@@ -122,7 +85,7 @@ BLOCK_PAGED_PAYLOAD = c.Struct(
     "kv_role" / c.Mapping(c.Int8ul, KV_ROLES),
     "layer_index" / _LayerIndex(c.Int32ul),
     "block_table_index_type" / c.Mapping(c.Int8ul, INDEX_TYPES),
-    "_reserved" / _reserved(6),
+    "_reserved" / reserved(6),
 )
 
 # The fixed part of a rank-3 block-paged descriptor, up to and including buffer_count (85
@@ -143,7 +106,7 @@ BUFFER_HANDLE = c.Struct(
     "device_tag" / c.Int8ul,
     "sync_mode" / c.Int8ul,
     "memory_class" / c.Int8ul,
-    "_reserved" / _reserved(1),
+    "_reserved" / reserved(1),
 )
 
 # § 8: quantization descriptor = 4-byte header + scheme payload (+ writer padding, [A31]).
@@ -155,14 +118,14 @@ QUANT_HEADER = c.Struct(
 PER_TENSOR_AFFINE = c.Struct(
     "scale" / c.Float32l,
     "zero_point" / c.Int32sl,
-    "_reserved" / _reserved(4),
+    "_reserved" / reserved(4),
 )
 PER_CHANNEL_AFFINE = c.Struct(
     "axis" / c.Int32ul,
     "scale_buffer_index" / c.Int32ul,
     "zero_point_buffer_index" / c.Int32ul,
     "scale_type_tag" / c.Int8ul,
-    "_reserved" / _reserved(3),
+    "_reserved" / reserved(3),
 )
 PER_BLOCK_AFFINE = c.Struct(
     "axis" / c.Int32ul,
@@ -170,18 +133,14 @@ PER_BLOCK_AFFINE = c.Struct(
     "scale_buffer_index" / c.Int32ul,
     "zero_point_buffer_index" / c.Int32ul,
     "scale_type_tag" / c.Int8ul,
-    "_reserved" / _reserved(3),
+    "_reserved" / reserved(3),
 )
 NF4 = c.Struct(
     "axis" / c.Int32ul,
     "block_size" / c.Int32ul,
     "scale_buffer_index" / c.Int32ul,
 )
-MXFP = c.Struct(
-    "axis" / c.Int32ul,
-    "block_size" / c.Int32ul,
-    "scale_buffer_index" / c.Int32ul,
-)
+MXFP = NF4  # the same payload as NF4 (descriptor.md § 8: axis, block_size, scale_buffer_index)
 SCHEME_PAYLOADS = {
     0x01: PER_TENSOR_AFFINE,
     0x02: PER_CHANNEL_AFFINE,
@@ -206,7 +165,7 @@ QUANTIZATION_SECTION = c.Struct(
 # § 9.2-9.4: the other optional sections.
 STATISTICS = c.Struct(
     "computed_mask" / c.Int32ul,
-    "_reserved0" / _reserved(4),
+    "_reserved0" / reserved(4),
     "nnz" / c.Int64ul,
     "sparsity_ratio" / c.Float64l,
     "value_min" / c.Float64l,
@@ -218,7 +177,7 @@ STATISTICS = c.Struct(
     "nm_m" / c.Int8ul,
     "has_nan" / c.Int8ul,
     "has_inf" / c.Int8ul,
-    "_reserved1" / _reserved(4),
+    "_reserved1" / reserved(4),
 )
 EXTENSION_TYPE = c.Struct(
     "bit_width" / c.Int32ul,
@@ -228,15 +187,15 @@ EXTENSION_TYPE = c.Struct(
     "sign_bits" / c.Int8ul,
     "exponent_bits" / c.Int8ul,
     "mantissa_bits" / c.Int8ul,
-    "_reserved0" / _reserved(2),
+    "_reserved0" / reserved(2),
     "exponent_bias" / c.Int32ul,
     "has_nan" / c.Int8ul,
     "has_inf" / c.Int8ul,
-    "_reserved1" / _reserved(2),
+    "_reserved1" / reserved(2),
 )
 COMPOSITE_MEMBER = c.Struct(
     "member_role" / c.Int8ul,
-    "_reserved" / _reserved(15),
+    "_reserved" / reserved(15),
 )
 
 
@@ -254,7 +213,7 @@ TILED: Any = c.Struct(
     "tile_shape" / _per_axis(c.Int64ul),
     "outer_order" / c.Int8ul,
     "inner_order" / c.Int8ul,
-    "_reserved" / _reserved(2),
+    "_reserved" / reserved(2),
     "outer_strides" / c.If(c.this.outer_order == 3, _per_axis(c.Int64sl)),
     "inner_strides" / c.If(c.this.inner_order == 3, _per_axis(c.Int64sl)),
     "nested" / c.If(c.this.inner_order == 4, c.LazyBound(lambda: _tiled())),
@@ -265,17 +224,17 @@ LAYOUT_PAYLOADS = {
     0x03: c.Struct("strides" / _per_axis(c.Int64sl)),
     0x04: TILED,
     0x05: c.Struct("bits" / _per_axis(c.Int32ul)),
-    0x06: c.Struct("nnz" / c.Int64ul, "is_sorted" / c.Int8ul, "_reserved" / _reserved(7)),
-    0x07: c.Struct("nnz" / c.Int64ul, "_reserved" / _reserved(8)),
-    0x08: c.Struct("nnz" / c.Int64ul, "_reserved" / _reserved(8)),
+    0x06: c.Struct("nnz" / c.Int64ul, "is_sorted" / c.Int8ul, "_reserved" / reserved(7)),
+    0x07: c.Struct("nnz" / c.Int64ul, "_reserved" / reserved(8)),
+    0x08: c.Struct("nnz" / c.Int64ul, "_reserved" / reserved(8)),
     0x09: c.Struct(
-        "nnz" / c.Int64ul, "mode_order" / _per_axis(c.Int32ul), "_reserved" / _reserved(8)
+        "nnz" / c.Int64ul, "mode_order" / _per_axis(c.Int32ul), "_reserved" / reserved(8)
     ),
     0x0A: BLOCK_PAGED_PAYLOAD,
     0x0B: c.Struct(
         "rule" / c.Int8ul,
         "combine_op" / c.Int8ul,
-        "_reserved" / _reserved(2),
+        "_reserved" / reserved(2),
         "member_count" / c.Int32ul,
     ),
     0x40: c.Struct("order" / c.Int32ul, "hilbert_rank" / c.Int32ul),

@@ -8,28 +8,6 @@ from struct import Struct
 from hurray_wire.wire import descriptor as w
 from hurray_wire.wire.fast import array_struct, derive, item_struct
 
-__all__ = [
-    "AT",
-    "BUFFER_TABLE_AT",
-    "COUNT_SIZE",
-    "EXTENSION",
-    "FIXED",
-    "HANDLE",
-    "HEADER",
-    "MEMBER",
-    "QHEADER",
-    "QUANT_HEADER_AT",
-    "QUANT_PAYLOAD_AT",
-    "SCHEME",
-    "STATS",
-    "U32",
-    "WIRE_NAMES",
-    "handle_at",
-    "handle_places",
-    "quant_places",
-    "shard_struct",
-]
-
 HEADER = derive(w.FIXED_HEADER)
 FIXED = derive(w.BLOCK_PAGED_FIXED)  # header .. buffer_count of a rank-3 block-paged descriptor
 HANDLE = derive(w.BUFFER_HANDLE)
@@ -51,8 +29,7 @@ WIRE_NAMES = {"element_type": "type_tag", "scale_type": "scale_type_tag"}
 
 
 def handle_at(index: int, table: int = BUFFER_TABLE_AT) -> int:
-    """Byte offset of buffer handle ``index`` in a buffer table whose handles start at
-    ``table``."""
+    """Byte offset of buffer handle ``index`` in a table whose handles start at ``table``."""
     return table + HANDLE.size * index
 
 

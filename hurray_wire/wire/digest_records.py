@@ -19,8 +19,6 @@ import numpy.typing as npt
 from hurray_wire.wire import integrity as w
 from hurray_wire.wire.fast import FastStruct, derive, item_dtype
 
-__all__ = ["DIGEST_SECTION", "ITEM_DTYPE", "KNOWN_PAGES", "PAGE_REFS", "DigestRecord"]
-
 ITEM_DTYPE = item_dtype(w.DIGEST_ITEM)  # one digest or page id on the wire
 ITEM_SIZE: int = w.DIGEST_ITEM.sizeof()
 _ITEM = np.dtype(ITEM_DTYPE)

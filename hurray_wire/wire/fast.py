@@ -13,20 +13,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from struct import Struct
 from typing import Any
 
 import construct as c
-
-__all__ = [
-    "FastStruct",
-    "align",
-    "array_struct",
-    "derive",
-    "item_dtype",
-    "item_struct",
-    "offset_of",
-]
 
 
 def align(value: int, alignment: int) -> int:
@@ -36,11 +27,9 @@ def align(value: int, alignment: int) -> int:
 
 @dataclass(frozen=True)
 class FastStruct:
-    """A derived struct: leaf names in unpack order, their offsets, and Const expectations.
-
-    Leaves of nested structs keep their own names; array items are ``name[i]``.
-    ``offsets`` also names every nested struct or array by its start. Leaf names are unique.
-    """
+    """A derived struct: leaf names in unpack order (unique; a nested struct's keep their own,
+    array items are ``name[i]``), their offsets (every nested struct or array's start too) and
+    Const expectations."""
 
     struct: struct.Struct
     names: tuple[str, ...]
@@ -109,77 +98,46 @@ def _leaf(con: Any) -> tuple[str, bytes | None]:
     raise TypeError(f"cannot derive a struct format from {con!r}")
 
 
-def _walk(
-    definition: Any,
-    start: int,
-    codes: list[str],
-    names: list[str],
-    consts: list[tuple[int, bytes]],
-    offsets: dict[str, int],
-    sizes: dict[str, int],
-) -> int:
-    """Append the leaves of ``definition`` (a Struct) at byte ``start``; return its end."""
-    at = start
-    for sub in definition.subcons:
-        inner = _unwrap(sub)
-        if sub.name is not None:
-            offsets.setdefault(sub.name, at)
-        if isinstance(inner, c.Struct):
-            at = _walk(inner, at, codes, names, consts, offsets, sizes)
-            continue
-        if isinstance(inner, c.Array) and isinstance(inner.count, int):
-            for item in range(inner.count):
-                code, const = _leaf(inner.subcon)
-                name = f"{sub.name}[{item}]"
-                _add(name, code, const, at, codes, names, consts, offsets)
-                at += sizes.setdefault(name, struct.calcsize("<" + code))
-            continue
-        code, const = _leaf(inner)
-        _add(sub.name, code, const, at, codes, names, consts, offsets)
-        at += sizes.setdefault(sub.name, struct.calcsize("<" + code))
-    return at
-
-
-def _add(
-    name: str,
-    code: str,
-    const: bytes | None,
-    at: int,
-    codes: list[str],
-    names: list[str],
-    consts: list[tuple[int, bytes]],
-    offsets: dict[str, int],
-) -> None:
-    if name in names:
-        raise TypeError(f"field name {name!r} appears twice: offsets would be ambiguous")
-    if const is not None:
-        consts.append((len(names), const))
-    codes.append(code)
-    names.append(name)
-    offsets[name] = at
-
-
 def derive(definition: Any) -> FastStruct:
     """Derive the little-endian ``struct.Struct`` of a fixed-size construct ``Struct``."""
     codes: list[str] = []
     names: list[str] = []
-    consts: list[tuple[int, bytes]] = []
+    consts: list[tuple[int, bytes]] = []  # Const bytes by position in the unpacked tuple
     offsets: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    end = _walk(definition, 0, codes, names, consts, offsets, sizes)
+
+    def add(name: str, sub: Any, at: int) -> int:
+        if name in names:
+            raise TypeError(f"field name {name!r} appears twice: offsets would be ambiguous")
+        code, const = _leaf(sub)
+        if const is not None:
+            consts.append((len(names), const))
+        codes.append(code)
+        names.append(name)
+        offsets[name] = at
+        sizes[name] = struct.calcsize("<" + code)
+        return at + sizes[name]
+
+    def walk(parent: Any, at: int) -> int:
+        for sub in parent.subcons:
+            inner = _unwrap(sub)
+            if sub.name is not None:
+                offsets.setdefault(sub.name, at)
+            if isinstance(inner, c.Struct):
+                at = walk(inner, at)
+            elif isinstance(inner, c.Array) and isinstance(inner.count, int):
+                for item in range(inner.count):
+                    at = add(f"{sub.name}[{item}]", inner.subcon, at)
+            else:
+                at = add(sub.name, inner, at)
+        return at
+
+    end = walk(definition, 0)
     compiled = struct.Struct("<" + "".join(codes))
     if compiled.size != definition.sizeof() or end != compiled.size:
         raise TypeError("derived size differs from the construct size")
-    packer, leading = _packer(codes, consts)
-    return FastStruct(compiled, tuple(names), tuple(consts), offsets, sizes, packer, leading)
-
-
-def _packer(
-    codes: list[str], consts: list[tuple[int, bytes]]
-) -> tuple[struct.Struct | None, tuple[bytes, ...]]:
-    """A format that packs only the non-Const fields: zero Consts become pad bytes (which
-    ``struct`` writes as zeros), non-zero ones (a magic) are passed first. None when a
-    non-zero Const is not among the leading fields."""
+    # A packer of the non-Const fields: zero Consts become pad bytes (which ``struct`` writes
+    # as zeros), non-zero ones (a magic) are passed first; none when such a one is not leading.
     leading: list[bytes] = []
     fmt = list(codes)
     for position, expected in consts:
@@ -188,16 +146,15 @@ def _packer(
         elif position == len(leading):
             leading.append(expected)
         else:
-            return None, ()
-    return struct.Struct("<" + "".join(fmt)), tuple(leading)
+            fmt, leading = [], []
+            break
+    packer = struct.Struct("<" + "".join(fmt)) if fmt else None
+    return FastStruct(compiled, tuple(names), tuple(consts), offsets, sizes, packer, tuple(leading))
 
 
 def offset_of(definition: Any, name: str) -> int:
     """Byte offset of field ``name`` in a construct ``Struct`` whose fields before it are
-    fixed-size (the later ones may vary: index entries, KV entries).
-
-    Error messages and readers name where a field sits without restating the layout.
-    """
+    fixed-size (the later ones may vary: index entries, KV entries), for error messages."""
     offset = 0
     for sub in definition.subcons:
         if sub.name == name:
@@ -222,16 +179,8 @@ def item_dtype(item: Any) -> str:
     return "<" + _NUMPY[_leaf(item)[0]]
 
 
-_ARRAYS: dict[tuple[str, int], Struct] = {}
-
-
+@lru_cache(maxsize=64)
 def array_struct(item: Any, count: int) -> Struct:
     """A struct of ``count`` consecutive ``item``s (small tables unpacked in one call);
     the formats of the 64 most recent counts are kept."""
-    code = _leaf(item)[0]
-    found = _ARRAYS.get((code, count))
-    if found is None:
-        if len(_ARRAYS) >= 64:
-            _ARRAYS.clear()
-        found = _ARRAYS[(code, count)] = Struct(f"<{count}{code}")
-    return found
+    return Struct(f"<{count}{_leaf(item)[0]}")

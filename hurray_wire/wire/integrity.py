@@ -19,32 +19,11 @@ from __future__ import annotations
 
 import construct as c
 
-from hurray_wire.wire.blob import KIND_PAGE_DIGESTS, KIND_PAGE_REFS
+from hurray_wire.wire.blob import (  # re-exported: the integrity records' section kinds
+    KIND_PAGE_DIGESTS as KIND_PAGE_DIGESTS,
+    KIND_PAGE_REFS as KIND_PAGE_REFS,
+)
 from hurray_wire.wire.fast import derive
-
-__all__ = [
-    "BLOOM_PARAMS",
-    "DIGEST_ALGORITHM_XXH3_64",
-    "DIGEST_ITEM",
-    "DIGEST_SECTION_HEADER",
-    "DIGEST_SECTION_VERSION",
-    "FAST_BLOOM_PARAMS",
-    "FAST_FINGERPRINT_HEADER",
-    "FINGERPRINT_HEADER",
-    "FINGERPRINT_MAGIC",
-    "FINGERPRINT_METADATA_KEY",
-    "FINGERPRINT_VERSION",
-    "KIND_PAGE_DIGESTS",
-    "KIND_PAGE_REFS",
-    "KNOWN_PAGES_CHECKSUM",
-    "KNOWN_PAGES_FORM_BLOOM",
-    "KNOWN_PAGES_FORM_SORTED",
-    "KNOWN_PAGES_HEADER",
-    "KNOWN_PAGES_MAGIC",
-    "KNOWN_PAGES_VERSION",
-    "PAGE_REFS_HEADER",
-    "PAGE_REFS_VERSION",
-]
 
 # The blob section kinds of the two payloads (docs/integrity.md § 6); wire/blob.py owns the
 # table. 0x04 is optional (a reader that skips it loses only the page check); 0x05 is
@@ -67,12 +46,7 @@ DIGEST_SECTION_HEADER = c.Struct(
 # (strictly increasing, < num_pages), then ``count`` u64 digests (the page records to take
 # from the receiver's store, in the same order).
 PAGE_REFS_VERSION = 1
-PAGE_REFS_HEADER = c.Struct(
-    "version" / c.Int8ul,
-    "algorithm" / c.Int8ul,
-    "_reserved" / c.Const(bytes(2)),
-    "count" / c.Int32ul,
-)
+PAGE_REFS_HEADER = DIGEST_SECTION_HEADER  # the same 8 bytes: version, algorithm, count
 
 # Known pages (receiver -> sender, before a delta transfer): this 16-byte head, ``count``
 # u64 digests strictly increasing, then KNOWN_PAGES_CHECKSUM: xxh3_64 of all bytes before it.
@@ -115,7 +89,5 @@ FINGERPRINT_HEADER = c.Struct(
 )
 
 
-# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
-# packing with the Const fields filled in. Other modules use these, never derive their own.
 FAST_FINGERPRINT_HEADER = derive(FINGERPRINT_HEADER)
 FAST_BLOOM_PARAMS = derive(BLOOM_PARAMS)

@@ -27,26 +27,8 @@ from hurray_wire.wire import (
 from hurray_wire.wire.fast import FastStruct, align, derive
 from hurray_wire.wire.seal import checksum_of, seal
 
-__all__ = [
-    "BLOB",
-    "BLOOM_PARAMS",
-    "DIGEST_SECTION",
-    "END_RECORD",
-    "FINGERPRINT",
-    "HRRY_HEADER",
-    "HRRY_TRAILER",
-    "KNOWN_PAGES",
-    "PAGE_REFS",
-    "PREFIX",
-    "RECORDS_BY_MAGIC",
-    "STREAM_HEADER",
-    "Record",
-    "Spans",
-]
-
 Spans = dict[str, tuple[int, int]]  # part name -> [start, stop)
 PREFIX = ws.FAST_RECORD_PREFIX  # the 16 bytes every stream record and blob starts with
-_MAGIC = PREFIX.sizes["magic"]
 
 
 def _fault(message: str, **details: Any) -> Exception:
@@ -147,7 +129,6 @@ class Record:
                 expected=size,
             )
 
-    # -- framing ------------------------------------------------------------------------
     def frame(self, view: Any) -> int:
         """total_length of the record whose 16-byte prefix starts ``view``: magic, major
         version 1 and an aligned length of at least ``minimum``, checked in that order."""
@@ -155,7 +136,7 @@ class Record:
             magic, major, _, _, total = PREFIX.struct.unpack_from(view, 0)
             if magic == self.magic and major == 1 and self.minimum <= total:
                 return int(total) if not total % self.alignment else self._length_error(total)
-        head = bytes(view[:_MAGIC])
+        head = bytes(view[: PREFIX.sizes["magic"]])
         if head != self.magic[: len(head)]:
             raise self.error(
                 "magic", self.hints.get(head, f"bad {self.what} magic"),
@@ -202,7 +183,6 @@ class Record:
             )
         return view[:total]
 
-    # -- parts and seal -----------------------------------------------------------------
     def spans(self, total: int, runs: Sequence[tuple[str, int]] = ()) -> Spans:
         """Where each part of a ``total``-byte record sits: ``head``, the variable ``runs``
         (name, size) in order, ``padding`` up to the tail, and the tail as ``seal`` (a
@@ -234,9 +214,7 @@ class Record:
         """The seal at byte ``end`` (the tail's first field) must be that of ``view[:end]``."""
         assert self.tail is not None
         stored = self.tail.struct.unpack_from(view, end)[0]
-        computed = checksum_of(view[:end])
-        if stored != computed:
-            self.check_checksum(stored, computed, "checksum", end)
+        self.check_checksum(stored, checksum_of(view[:end]), "checksum", end)
 
     def check_checksum(self, stored: int, computed: int, name: str, at: int) -> None:
         if stored != computed:

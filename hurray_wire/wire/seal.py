@@ -17,8 +17,6 @@ import xxhash
 
 from hurray_wire.wire.fast import item_struct
 
-__all__ = ["SEAL_ITEM", "SEAL_SIZE", "checksum_of", "seal", "unseal"]
-
 SEAL_ITEM = c.Int64ul
 _SEAL = item_struct(SEAL_ITEM)
 SEAL_SIZE = _SEAL.size

@@ -15,29 +15,6 @@ import construct as c
 from hurray_wire.wire.descriptor import KV_ROLES
 from hurray_wire.wire.fast import derive
 
-__all__ = [
-    "ELEMENT_TYPE_UNKNOWN",
-    "END_ENTRY",
-    "END_FOOTER",
-    "END_MAGIC",
-    "END_RECORD",
-    "FAST_END_ENTRY",
-    "FAST_END_FOOTER",
-    "FAST_END_RECORD",
-    "FAST_RECORD_CHECKSUM",
-    "FAST_RECORD_PREFIX",
-    "FAST_STREAM_HEADER",
-    "NUM_LAYERS_UNKNOWN",
-    "RECORD_ALIGNMENT",
-    "RECORD_CHECKSUM",
-    "RECORD_PREFIX",
-    "ROLE_BITS",
-    "STREAM_FLAGS_KNOWN",
-    "STREAM_FLAG_END_RECORD",
-    "STREAM_HEADER",
-    "STREAM_MAGIC",
-]
-
 STREAM_MAGIC = b"HRWS"  # the stream header; a blob is "HRWB"
 END_MAGIC = b"HRWE"  # the end record (end-of-stream marker and optional index)
 RECORD_ALIGNMENT = 64  # every record's total_length is a multiple of this
@@ -106,8 +83,6 @@ END_FOOTER = c.Struct(
 )
 
 
-# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
-# packing with the Const fields filled in. Other modules use these, never derive their own.
 FAST_RECORD_PREFIX = derive(RECORD_PREFIX)
 FAST_STREAM_HEADER = derive(STREAM_HEADER)
 FAST_RECORD_CHECKSUM = derive(RECORD_CHECKSUM)

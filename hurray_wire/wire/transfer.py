@@ -17,29 +17,6 @@ import construct as c
 from hurray_wire.wire.fast import derive
 from hurray_wire.wire.records import Record
 
-__all__ = [
-    "FAST_TRANSFER_RECORD",
-    "FAST_TRANSFER_SEGMENT",
-    "FLAG_READY",
-    "FLAG_WRITE",
-    "KIND_ABORT",
-    "KIND_DONE",
-    "KIND_GRANT",
-    "KIND_OFFER",
-    "KIND_READY",
-    "LAYER_NONE",
-    "PROMPT_TOKEN_ITEM",
-    "RECORD_CHECKSUM",
-    "RECORD_FLAGS_KNOWN",
-    "RECORD_KINDS",
-    "RECORD_VERSION",
-    "ROLE_NONE",
-    "TRANSFER",
-    "TRANSFER_MAGIC",
-    "TRANSFER_RECORD",
-    "TRANSFER_SEGMENT",
-]
-
 TRANSFER_MAGIC = b"HRWT"
 #: version_major of the records written and read. 2: a ready record carries the blob's
 #: final header (1: the receiver READ it from the sender's memory after the ready record).
@@ -50,13 +27,7 @@ KIND_READY = 0x02  # sender -> receiver: the final bytes of the header segment (
 KIND_GRANT = 0x03  # receiver -> sender (WRITE): the landing segments for an offered blob
 KIND_DONE = 0x04  # READ: receiver -> sender, blob read; WRITE: sender -> receiver, blob written
 KIND_ABORT = 0x05  # either way: the transfer (or one layer of it) failed; reason says why
-RECORD_KINDS = {
-    KIND_OFFER: "offer",
-    KIND_READY: "ready",
-    KIND_GRANT: "grant",
-    KIND_DONE: "done",
-    KIND_ABORT: "abort",
-}
+RECORD_KINDS = dict(enumerate(("offer", "ready", "grant", "done", "abort"), 1))  # by KIND_*
 
 FLAG_WRITE = 0x01  # offer: the sender writes into granted memory (else the receiver reads)
 FLAG_READY = 0x02  # offer: the header segment is final already (no ready record follows)
@@ -102,8 +73,6 @@ RECORD_CHECKSUM = c.Struct("checksum" / c.Int64ul)
 PROMPT_TOKEN_ITEM = c.Int64sl
 
 
-# The fixed records derived once (wire/fast.py): struct formats, field offsets and sizes,
-# packing with the Const fields filled in. Other modules use these, never derive their own.
 FAST_TRANSFER_RECORD = derive(TRANSFER_RECORD)
 FAST_TRANSFER_SEGMENT = derive(TRANSFER_SEGMENT)
 #: The whole record (wire/records.py): its seal, its parts' places.
