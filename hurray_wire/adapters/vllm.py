@@ -277,6 +277,13 @@ def kernel_ratio(
     return ratio
 
 
+def kernel_ids(block_ids: Any, ratio: int) -> Array:
+    """Scheduler block ids as the kernel blocks that hold them, block ``b`` kernel blocks
+    ``b * ratio + j`` (vllm/v1/worker/utils.py ``map_to_kernel_block_table``)."""
+    ids = np.asarray(block_ids, np.int64)
+    return (ids[:, None] * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)
+
+
 def kernel_table(
     table: Array, seq_ptr: Array, lens: Array, ratio: int, kernel_shape: tuple[int, int], name: str
 ) -> tuple[Array, Array]:
@@ -288,7 +295,7 @@ def kernel_table(
     num_blocks, kernel_block_size = kernel_shape
     _check_ids(table, num_blocks // ratio, name)
     counts = np.diff(seq_ptr)
-    expanded = (table[:, None] * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)
+    expanded = kernel_ids(table, ratio)
     need = -(-lens // kernel_block_size)
     position = np.arange(expanded.size) - np.repeat(seq_ptr[:-1] * ratio, counts * ratio)
     keep = position < np.repeat(need, counts * ratio)

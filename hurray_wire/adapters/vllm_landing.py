@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import consecutive, engine_array, scatter_rows
+from hurray_wire._interop import engine_array, rows_at, scatter_rows
 from hurray_wire.adapters import _vllm_forms as forms
 from hurray_wire.adapters._common import Array, from_table, last_page_tokens
 from hurray_wire.adapters.vllm import (
@@ -70,16 +70,9 @@ def _targets(
     most = np.zeros(len(unique), np.int64)
     np.maximum.at(most, np.searchsorted(unique, targets), valid)
     # in the order the tensor names them: a sequence's pages stay one slice of the pool
-    # (``_pages``), not a gathered copy
+    # (``rows_at``), not a gathered copy
     by_use = np.argsort(first, kind="stable")
     return unique[by_use], sources[first[by_use]], most[by_use]
-
-
-def _pages(pool: Array, ids: Array) -> Array:
-    """``pool[ids]``: a view when the ids are consecutive (a sequence's pages in order)."""
-    run = consecutive(ids)
-    taken: Array = pool[ids if run is None else run]
-    return taken
 
 
 def _check_match(name: str, found: Any, expected: Any) -> None:
@@ -196,7 +189,7 @@ def _write(
         held = np.ascontiguousarray(view[targets[part]]).reshape(-1, *pool.shape[1:])
         tails.append(np.where(mask, pool[sources[part]], held).reshape(-1, *shape))
     rows = [
-        _pages(pool, sources[whole]).reshape(-1, *v.shape[1:])
+        rows_at(pool, sources[whole]).reshape(-1, *v.shape[1:])
         for v, pool in zip(views, pools, strict=True)
     ]
     scatter_rows(views, targets[whole], rows)
