@@ -216,17 +216,6 @@ def _cpu_geometry(cache: Array, isa: str) -> tuple[int, int, int, int]:
     return num_blocks, heads, block_size, width // 2
 
 
-def _gathered(
-    pools: list[tuple[str, Array]], table: Array
-) -> tuple[list[tuple[str, Array]], Array]:
-    """The pools' pages that ``table`` references, both roles gathered in one pass over
-    the cache (``gather_many``: their rows interleave), numbered in first-reference order
-    (a sequence's pages in order: no re-gather); and the table renumbered."""
-    used, renumbered = first_reference_order(table)
-    gathered = gather_many([pool for _, pool in pools], used)
-    return [(role, pages) for (role, _), pages in zip(pools, gathered, strict=True)], renumbered
-
-
 def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
     refuse_first(
         ids >= num_blocks,
@@ -440,10 +429,15 @@ def from_vllm(
     table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, manager, sliding_window)
     table, seq_ptr = kernel_table(table, seq_ptr, lens, ratio, kernel, "block_table")
     _check_ids(table, kernel[0], "block_table")
-    if kind in ("cpu", "layer"):  # K and V rows interleave: gathered together
-        gathered, table = _gathered(pools, table)
+    if kind in ("cpu", "layer"):
+        # K and V rows interleave: both roles gathered in one pass over the cache
+        # (``gather_many``), numbered in first-reference order (a sequence's pages in
+        # order: no re-gather)
+        used, table = first_reference_order(table)
+        gathered = gather_many([pool for _, pool in pools], used)
         page = (kernel[1], cache.shape[1], cache.shape[3] // 2)  # [block_size, H, D]
-        pools = [(role, p.reshape(len(p), *page).view(cache.dtype)) for role, p in gathered]
+        pools = [(role, p.reshape(len(p), *page).view(cache.dtype))
+                 for (role, _), p in zip(pools, gathered, strict=True)]  # fmt: skip
     metadata = {SKIPPED_TOKENS_KEY: skipped} if skipped else None
     return role_tensors(pools, table, seq_ptr, lens, layer_index, scales, metadata)
 
@@ -472,13 +466,6 @@ def _default_layout(name: str, era: int, kv_cache_layout: Any) -> str:
             expected=allowed,
         )
     return chosen
-
-
-def _allocate(shape: tuple[int, ...], physical: tuple[int, ...], dtype: Any) -> Array:
-    """Zeros of logical ``shape`` whose memory runs in ``physical`` axis order (as vLLM's)."""
-    memory: Array = np.zeros(tuple(shape[a] for a in physical), dtype)
-    logical: Array = memory.transpose([physical.index(a) for a in range(len(shape))])
-    return logical
 
 
 def _tensors(tensor_or_pair: Any, name: str) -> tuple[BlockPagedTensor, ...]:
@@ -581,7 +568,9 @@ def to_vllm(
     else:  # the 2 roles before or after the blocks, then [block_size, H, D] in NHD or HND
         pair = (2, blocks) if forms.stacked_axis(name, era) == 0 else (blocks, 2)
         shape, physical = (*pair, page_size, heads, dim), (0, *(1 + a for a in order))
-    cache = _allocate(shape, physical, pools[0].dtype)
+    # zeros of the logical shape whose memory runs in vLLM's physical axis order
+    memory = np.zeros(tuple(shape[a] for a in physical), pools[0].dtype)
+    cache = memory.transpose([physical.index(a) for a in range(len(shape))])
     # written through the views from_vllm reads (their checks too): one route both ways
     _, views = _role_pools(cache, name, era, tensor.kv_role if single_role else None, isa)
     for (_, view), pool in zip(views, pools, strict=True):

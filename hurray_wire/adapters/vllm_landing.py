@@ -14,7 +14,7 @@ import numpy as np
 
 from hurray_wire._interop import engine_array, rows_at, scatter_rows
 from hurray_wire.adapters import _vllm_forms as forms
-from hurray_wire.adapters._common import Array, from_table, last_page_tokens
+from hurray_wire.adapters._common import Array, from_table, last_page_tokens, refuse_first
 from hurray_wire.adapters.vllm import (
     Pair,
     _check_ids,
@@ -45,14 +45,7 @@ def _targets(
     # Valid tokens of each page: full, except each sequence's last one.
     valid = np.full(len(sources), page_size, np.int64)
     valid[(np.cumsum(counts) - 1)[counts > 0]] = last[counts > 0]
-    if targets.size and (targets == 0).any():
-        bad = int(np.argmax(targets == 0))
-        raise IndexBufferError(
-            "block 0 is vLLM's null block: never written",
-            position=bad,
-            field="block_ids",
-            found=0,
-        )
+    refuse_first(targets == 0, targets, "block 0 is vLLM's null block: never written", "block_ids")
     targets, _ = kernel_table(targets, ptr, tokens, ratio, (num_blocks, page_size), "block_ids")
     _check_ids(targets, num_blocks, "block_ids")
     order = np.argsort(targets, kind="stable")

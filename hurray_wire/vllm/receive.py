@@ -189,20 +189,6 @@ def _expect_tensor(
         )
 
 
-def _answer(sock: socket.socket) -> dict[str, Any]:
-    answer = _read_line(sock)
-    if answer.get("ok") is not True:
-        reason = str(answer.get("reason", "refused"))
-        field = answer.get("field")  # the ask's field refused, when one is
-        refused = TransferRefusedError(
-            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
-        )
-        # the field as data only: the prefill worker's message already names it
-        refused.field = field[:100] if isinstance(field, str) else None
-        raise refused
-    return answer
-
-
 Blobs = dict[tuple[int, str], BlockPagedTensor]
 
 
@@ -341,7 +327,17 @@ def _ask(
     if agent is not None:
         line.update(transport="nixl", agent=agent[0], agent_metadata=agent[1])
     _send_line(sock, line)
-    return _answer(sock)
+    answer = _read_line(sock)
+    if answer.get("ok") is not True:
+        reason = str(answer.get("reason", "refused"))
+        field = answer.get("field")  # the ask's field refused, when one is
+        refused = TransferRefusedError(
+            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
+        )
+        # the field as data only: the prefill worker's message already names it
+        refused.field = field[:100] if isinstance(field, str) else None
+        raise refused
+    return answer
 
 
 def pull(
