@@ -84,13 +84,7 @@ def is_torch(value: object) -> bool:
 
 def is_device_tensor(value: object) -> bool:
     """True for a torch tensor that is not in host memory (its pages are gathered there)."""
-    return (
-        is_torch(value)
-        and getattr(value, "device", None) is not None
-        and (
-            value.device.type != "cpu"  # type: ignore[attr-defined]
-        )
-    )
+    return is_torch(value) and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"
 
 
 def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -> Any:

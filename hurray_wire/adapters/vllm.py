@@ -185,14 +185,9 @@ def _role_pools(
         if cache.shape[axis] == 2:
             roles = np.moveaxis(cache, axis, 0)
             return "old", [("key", roles[0]), ("value", roles[1])]  # views
+        pair = "2, num_blocks" if axis == 0 else "num_blocks, 2"
         raise _shape_error(
-            f"{backend} in this vLLM version allocates "
-            + (
-                "[2, num_blocks, block_size, H, head_size]"
-                if axis == 0
-                else "[num_blocks, 2, block_size, H, head_size]"
-            ),
-            cache,
+            f"{backend} in this vLLM version allocates [{pair}, block_size, H, head_size]", cache
         )
     raise _shape_error(
         "a vLLM cache is 4-D (one layer, or one role with kv_role) or 5-D (before 0.26)", cache
@@ -528,12 +523,9 @@ def to_vllm(
             field="vllm_version",
             found=None,
         )
-    single_role = False
-    tensors: tuple[BlockPagedTensor, ...]
-    if isinstance(tensor_or_pair, BlockPagedTensor) and tensor_or_pair.kv_role != "fused":
-        single_role, tensors = True, (tensor_or_pair,)
-    else:
-        tensors = _tensors(tensor_or_pair, name)
+    one = tensor_or_pair if isinstance(tensor_or_pair, BlockPagedTensor) else None
+    single_role = one is not None and one.kv_role != "fused"
+    tensors = (one,) if one is not None and single_role else _tensors(tensor_or_pair, name)
     layout = _default_layout(name, era, kv_cache_layout)
     pools = [t.unpacked_page_pool() for t in tensors]
     # vLLM stores fp8 caches as uint8 (vllm/utils/torch_utils.py)
