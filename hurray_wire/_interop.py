@@ -41,6 +41,7 @@ __all__ = [
     "is_torch",
     "numpy_to_torch",
     "referenced_pages",
+    "rows_at",
     "scatter_rows",
     "take_pages",
     "tensor_to_torch",
@@ -83,13 +84,7 @@ def is_torch(value: object) -> bool:
 
 def is_device_tensor(value: object) -> bool:
     """True for a torch tensor that is not in host memory (its pages are gathered there)."""
-    return (
-        is_torch(value)
-        and getattr(value, "device", None) is not None
-        and (
-            value.device.type != "cpu"  # type: ignore[attr-defined]
-        )
-    )
+    return is_torch(value) and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"
 
 
 def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -> Any:
@@ -156,6 +151,13 @@ def consecutive(ids: npt.NDArray[Any]) -> slice | None:
     if ids.size and (np.diff(ids) == 1).all():
         return slice(int(ids[0]), int(ids[0]) + ids.size)
     return None
+
+
+def rows_at(pool: npt.NDArray[Any], ids: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``pool[ids]``: a view when the ids are consecutive (a sequence's pages in order)."""
+    run = consecutive(ids)
+    taken: npt.NDArray[Any] = pool[ids if run is None else run]
+    return taken
 
 
 def gather_rows(array: npt.NDArray[Any], ids: npt.NDArray[Any]) -> npt.NDArray[Any]:

@@ -185,14 +185,9 @@ def _role_pools(
         if cache.shape[axis] == 2:
             roles = np.moveaxis(cache, axis, 0)
             return "old", [("key", roles[0]), ("value", roles[1])]  # views
+        pair = "2, num_blocks" if axis == 0 else "num_blocks, 2"
         raise _shape_error(
-            f"{backend} in this vLLM version allocates "
-            + (
-                "[2, num_blocks, block_size, H, head_size]"
-                if axis == 0
-                else "[num_blocks, 2, block_size, H, head_size]"
-            ),
-            cache,
+            f"{backend} in this vLLM version allocates [{pair}, block_size, H, head_size]", cache
         )
     raise _shape_error(
         "a vLLM cache is 4-D (one layer, or one role with kv_role) or 5-D (before 0.26)", cache
@@ -214,17 +209,6 @@ def _cpu_geometry(cache: Array, isa: str) -> tuple[int, int, int, int]:
             found=f"strides {cache.strides}",
         )
     return num_blocks, heads, block_size, width // 2
-
-
-def _gathered(
-    pools: list[tuple[str, Array]], table: Array
-) -> tuple[list[tuple[str, Array]], Array]:
-    """The pools' pages that ``table`` references, both roles gathered in one pass over
-    the cache (``gather_many``: their rows interleave), numbered in first-reference order
-    (a sequence's pages in order: no re-gather); and the table renumbered."""
-    used, renumbered = first_reference_order(table)
-    gathered = gather_many([pool for _, pool in pools], used)
-    return [(role, pages) for (role, _), pages in zip(pools, gathered, strict=True)], renumbered
 
 
 def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
@@ -277,6 +261,13 @@ def kernel_ratio(
     return ratio
 
 
+def kernel_ids(block_ids: Any, ratio: int) -> Array:
+    """Scheduler block ids as the kernel blocks that hold them, block ``b`` kernel blocks
+    ``b * ratio + j`` (vllm/v1/worker/utils.py ``map_to_kernel_block_table``)."""
+    ids = np.asarray(block_ids, np.int64)
+    return (ids[:, None] * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)
+
+
 def kernel_table(
     table: Array, seq_ptr: Array, lens: Array, ratio: int, kernel_shape: tuple[int, int], name: str
 ) -> tuple[Array, Array]:
@@ -288,7 +279,7 @@ def kernel_table(
     num_blocks, kernel_block_size = kernel_shape
     _check_ids(table, num_blocks // ratio, name)
     counts = np.diff(seq_ptr)
-    expanded = (table[:, None] * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)
+    expanded = kernel_ids(table, ratio)
     need = -(-lens // kernel_block_size)
     position = np.arange(expanded.size) - np.repeat(seq_ptr[:-1] * ratio, counts * ratio)
     keep = position < np.repeat(need, counts * ratio)
@@ -433,10 +424,15 @@ def from_vllm(
     table, seq_ptr, lens, skipped = _window(table, seq_ptr, lens, manager, sliding_window)
     table, seq_ptr = kernel_table(table, seq_ptr, lens, ratio, kernel, "block_table")
     _check_ids(table, kernel[0], "block_table")
-    if kind in ("cpu", "layer"):  # K and V rows interleave: gathered together
-        gathered, table = _gathered(pools, table)
+    if kind in ("cpu", "layer"):
+        # K and V rows interleave: both roles gathered in one pass over the cache
+        # (``gather_many``), numbered in first-reference order (a sequence's pages in
+        # order: no re-gather)
+        used, table = first_reference_order(table)
+        gathered = gather_many([pool for _, pool in pools], used)
         page = (kernel[1], cache.shape[1], cache.shape[3] // 2)  # [block_size, H, D]
-        pools = [(role, p.reshape(len(p), *page).view(cache.dtype)) for role, p in gathered]
+        pools = [(role, p.reshape(len(p), *page).view(cache.dtype))
+                 for (role, _), p in zip(pools, gathered, strict=True)]  # fmt: skip
     metadata = {SKIPPED_TOKENS_KEY: skipped} if skipped else None
     return role_tensors(pools, table, seq_ptr, lens, layer_index, scales, metadata)
 
@@ -465,13 +461,6 @@ def _default_layout(name: str, era: int, kv_cache_layout: Any) -> str:
             expected=allowed,
         )
     return chosen
-
-
-def _allocate(shape: tuple[int, ...], physical: tuple[int, ...], dtype: Any) -> Array:
-    """Zeros of logical ``shape`` whose memory runs in ``physical`` axis order (as vLLM's)."""
-    memory: Array = np.zeros(tuple(shape[a] for a in physical), dtype)
-    logical: Array = memory.transpose([physical.index(a) for a in range(len(shape))])
-    return logical
 
 
 def _tensors(tensor_or_pair: Any, name: str) -> tuple[BlockPagedTensor, ...]:
@@ -534,12 +523,9 @@ def to_vllm(
             field="vllm_version",
             found=None,
         )
-    single_role = False
-    tensors: tuple[BlockPagedTensor, ...]
-    if isinstance(tensor_or_pair, BlockPagedTensor) and tensor_or_pair.kv_role != "fused":
-        single_role, tensors = True, (tensor_or_pair,)
-    else:
-        tensors = _tensors(tensor_or_pair, name)
+    one = tensor_or_pair if isinstance(tensor_or_pair, BlockPagedTensor) else None
+    single_role = one is not None and one.kv_role != "fused"
+    tensors = (one,) if one is not None and single_role else _tensors(tensor_or_pair, name)
     layout = _default_layout(name, era, kv_cache_layout)
     pools = [t.unpacked_page_pool() for t in tensors]
     # vLLM stores fp8 caches as uint8 (vllm/utils/torch_utils.py)
@@ -574,7 +560,9 @@ def to_vllm(
     else:  # the 2 roles before or after the blocks, then [block_size, H, D] in NHD or HND
         pair = (2, blocks) if forms.stacked_axis(name, era) == 0 else (blocks, 2)
         shape, physical = (*pair, page_size, heads, dim), (0, *(1 + a for a in order))
-    cache = _allocate(shape, physical, pools[0].dtype)
+    # zeros of the logical shape whose memory runs in vLLM's physical axis order
+    memory = np.zeros(tuple(shape[a] for a in physical), pools[0].dtype)
+    cache = memory.transpose([physical.index(a) for a in range(len(shape))])
     # written through the views from_vllm reads (their checks too): one route both ways
     _, views = _role_pools(cache, name, era, tensor.kv_role if single_role else None, isa)
     for (_, view), pool in zip(views, pools, strict=True):

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from hurray_wire._interop import consecutive, engine_array, scatter_rows
+from hurray_wire._interop import engine_array, rows_at, scatter_rows
 from hurray_wire.adapters import _vllm_forms as forms
-from hurray_wire.adapters._common import Array, from_table, last_page_tokens
+from hurray_wire.adapters._common import Array, from_table, last_page_tokens, refuse_first
 from hurray_wire.adapters.vllm import (
     Pair,
     _check_ids,
@@ -45,14 +45,7 @@ def _targets(
     # Valid tokens of each page: full, except each sequence's last one.
     valid = np.full(len(sources), page_size, np.int64)
     valid[(np.cumsum(counts) - 1)[counts > 0]] = last[counts > 0]
-    if targets.size and (targets == 0).any():
-        bad = int(np.argmax(targets == 0))
-        raise IndexBufferError(
-            "block 0 is vLLM's null block: never written",
-            position=bad,
-            field="block_ids",
-            found=0,
-        )
+    refuse_first(targets == 0, targets, "block 0 is vLLM's null block: never written", "block_ids")
     targets, _ = kernel_table(targets, ptr, tokens, ratio, (num_blocks, page_size), "block_ids")
     _check_ids(targets, num_blocks, "block_ids")
     order = np.argsort(targets, kind="stable")
@@ -70,16 +63,9 @@ def _targets(
     most = np.zeros(len(unique), np.int64)
     np.maximum.at(most, np.searchsorted(unique, targets), valid)
     # in the order the tensor names them: a sequence's pages stay one slice of the pool
-    # (``_pages``), not a gathered copy
+    # (``rows_at``), not a gathered copy
     by_use = np.argsort(first, kind="stable")
     return unique[by_use], sources[first[by_use]], most[by_use]
-
-
-def _pages(pool: Array, ids: Array) -> Array:
-    """``pool[ids]``: a view when the ids are consecutive (a sequence's pages in order)."""
-    run = consecutive(ids)
-    taken: Array = pool[ids if run is None else run]
-    return taken
 
 
 def _check_match(name: str, found: Any, expected: Any) -> None:
@@ -196,7 +182,7 @@ def _write(
         held = np.ascontiguousarray(view[targets[part]]).reshape(-1, *pool.shape[1:])
         tails.append(np.where(mask, pool[sources[part]], held).reshape(-1, *shape))
     rows = [
-        _pages(pool, sources[whole]).reshape(-1, *v.shape[1:])
+        rows_at(pool, sources[whole]).reshape(-1, *v.shape[1:])
         for v, pool in zip(views, pools, strict=True)
     ]
     scatter_rows(views, targets[whole], rows)

@@ -32,10 +32,10 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from hurray_wire._interop import PageSink, consecutive, digesting
+from hurray_wire._interop import PageSink, digesting, rows_at
 from hurray_wire.adapters import _vllm_forms as forms, from_vllm
 from hurray_wire.adapters._common import array
-from hurray_wire.adapters.vllm import fp8_view
+from hurray_wire.adapters.vllm import fp8_view, kernel_ids
 from hurray_wire.adapters.vllm_landing import checked_write
 from hurray_wire.errors import HurrayWireError, InvalidTensorError
 from hurray_wire.integrity.digests import DigestArray, PageRecords, page_rows
@@ -64,14 +64,6 @@ def roles_of_layout(kv_cache_layout: str) -> tuple[str, ...]:
     """The roles a transfer carries per layer, from the fingerprint's ``kv_cache_layout``
     (``"<backend>/..."``): MLA's fused latent, else key and value."""
     return FUSED if kv_cache_layout.split("/", 1)[0] in forms.MLA_BACKENDS else PAIR
-
-
-def kernel_ids(block_ids: Sequence[int], ratio: int) -> npt.NDArray[np.int64]:
-    """Scheduler block ids as the kernel blocks that hold them, block ``b`` kernel blocks
-    ``b * ratio + j`` (vllm/v1/worker/utils.py ``map_to_kernel_block_table``): what a
-    device gathers; the adapter translates the ids it reads itself (``block_size=``)."""
-    ids = np.asarray(block_ids, np.int64)
-    return (ids[:, None] * ratio + np.arange(ratio, dtype=np.int64)).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -171,9 +163,7 @@ class CacheForm:
         ``[kernel blocks, kernel_block_size, H, D]`` (C order): views, ``[pages,
         block_size, H, D]`` (fp8 storage as its float8 type)."""
         rows = fp8_view(array(pages, "kv_cache"), self.kv_cache_dtype)
-        ids = kernel_ids(block_ids, self.ratio)
-        run = consecutive(ids)
-        taken = rows[ids if run is None else run]
+        taken = rows_at(rows, kernel_ids(block_ids, self.ratio))
         return taken.reshape(len(block_ids), self.block_size, *rows.shape[2:])
 
     def write(
@@ -285,17 +275,6 @@ def _layout(cache_config: Any) -> str | None:
     return forms.layout_name(layout) if layout is not None else None
 
 
-def _block_axis_size(cache: Any, backend: str) -> int:
-    shape = tuple(cache.shape)
-    if len(shape) != 4:
-        raise _refuse(
-            f"a {backend} cache of vLLM >= 0.26 is one 4-D view per layer",
-            field="kv_caches",
-            found=f"shape {shape}",
-        )
-    return int(shape[2])
-
-
 def learn(cache_config: Any, layers: Mapping[str, Any], kv_caches: Mapping[str, Any]) -> CacheForm:
     """The engine's ``CacheForm`` from its cache config, its attention layers (vLLM's
     ``static_forward_context``) and the caches it registers; refuses, naming the field,
@@ -330,7 +309,13 @@ def learn(cache_config: Any, layers: Mapping[str, Any], kv_caches: Mapping[str, 
         )
     block_size = int(cache_config.block_size)
     first = next(iter(kv_caches.values()))
-    kernel = _block_axis_size(first, backend)
+    if len(first.shape) != 4:
+        raise _refuse(
+            f"a {backend} cache of vLLM >= 0.26 is one 4-D view per layer",
+            field="kv_caches",
+            found=f"shape {tuple(first.shape)}",
+        )
+    kernel = int(first.shape[2])
     if kernel < 1 or block_size % kernel:
         raise _refuse(
             "the caches' block size does not divide the scheduler's",

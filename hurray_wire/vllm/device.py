@@ -139,20 +139,28 @@ def land(
     write(staged)
     ids = block_ids[skip:]
 
-    def commit() -> None:
-        module = _module(cache.device)
+    def run() -> None:
         order = memory_order(cache)
-        target = cache.permute(order)
-        source = staged[skip:].permute(order)
+        source = staged[skip:].permute(order).to(cache.device, non_blocking=True)
+        cache.permute(order).index_copy_(order.index(0), _index(ids, cache.device), source)
+
+    return _on_side(cache.device, stream, run)
+
+
+def _on_side(device: Any, stream: Any, run: Callable[[], None]) -> Callable[[], None]:
+    """The commit: ``run`` on the side stream once the forward stream's work is done, the
+    forward stream then made to wait for it (the host does not); on the CPU, ``run``."""
+
+    def commit() -> None:
+        module = _module(device)
         if module is None:
-            target.index_copy_(order.index(0), _index(ids, cache.device), source)
+            run()
             return
-        side = stream if stream is not None else module.Stream(cache.device)
-        side.wait_stream(module.current_stream(cache.device))
+        side = stream if stream is not None else module.Stream(device)
+        side.wait_stream(module.current_stream(device))
         with module.stream(side):
-            index = _index(ids, cache.device)
-            target.index_copy_(order.index(0), index, source.to(cache.device, non_blocking=True))
-        module.current_stream(cache.device).wait_stream(side)
+            run()
+        module.current_stream(device).wait_stream(side)
 
     return commit
 
@@ -203,18 +211,7 @@ def land_pages(
             if whole < len(ids):
                 view[int(ids[-1]), :valid] = source[-1, :valid]
 
-    def commit() -> None:
-        module = _module(cache.device)
-        if module is None:
-            run()
-            return
-        side = stream if stream is not None else module.Stream(cache.device)
-        side.wait_stream(module.current_stream(cache.device))
-        with module.stream(side):
-            run()
-        module.current_stream(cache.device).wait_stream(side)
-
-    return commit
+    return _on_side(cache.device, stream, run)
 
 
 def side_stream(device: Any) -> Any:

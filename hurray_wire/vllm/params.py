@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from hurray_wire._interop import consecutive
+from hurray_wire._interop import rows_at
 from hurray_wire.errors import ArgumentTypeError
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire.fast import item_dtype
@@ -67,11 +67,8 @@ def one_sequence(pages: npt.NDArray[Any], num_tokens: int, **kwargs: Any) -> Blo
 
 def sequence_pages(tensor: BlockPagedTensor) -> npt.NDArray[Any]:
     """A one-sequence tensor's pages in order: a view of its pool when consecutive."""
-    pool = np.asarray(tensor.page_pool)
     table = np.asarray(tensor.block_table).reshape(-1).astype(np.int64)
-    run = consecutive(table)
-    pages: npt.NDArray[Any] = pool[table if run is None else run]
-    return pages
+    return rows_at(np.asarray(tensor.page_pool), table)
 
 
 @dataclass(frozen=True)

@@ -189,20 +189,6 @@ def _expect_tensor(
         )
 
 
-def _answer(sock: socket.socket) -> dict[str, Any]:
-    answer = _read_line(sock)
-    if answer.get("ok") is not True:
-        reason = str(answer.get("reason", "refused"))
-        field = answer.get("field")  # the ask's field refused, when one is
-        refused = TransferRefusedError(
-            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
-        )
-        # the field as data only: the prefill worker's message already names it
-        refused.field = field[:100] if isinstance(field, str) else None
-        raise refused
-    return answer
-
-
 Blobs = dict[tuple[int, str], BlockPagedTensor]
 
 
@@ -341,7 +327,17 @@ def _ask(
     if agent is not None:
         line.update(transport="nixl", agent=agent[0], agent_metadata=agent[1])
     _send_line(sock, line)
-    return _answer(sock)
+    answer = _read_line(sock)
+    if answer.get("ok") is not True:
+        reason = str(answer.get("reason", "refused"))
+        field = answer.get("field")  # the ask's field refused, when one is
+        refused = TransferRefusedError(
+            f"the prefill worker refused: {answer.get('message', reason)}", reason=reason
+        )
+        # the field as data only: the prefill worker's message already names it
+        refused.field = field[:100] if isinstance(field, str) else None
+        raise refused
+    return answer
 
 
 def pull(
@@ -379,34 +375,11 @@ def pull(
     own = deadline is None
     deadline = Deadline(timeout) if deadline is None else deadline
     try:
-        return _pull(params, ours, num_layers, first_block, expect_digest, nixl,
-                     num_kv_heads, held, head_dim, deadline, tls)  # fmt: skip
-    except Exception as exc:  # a foreign exception from a peer's bytes: typed here
-        return LoadResult(None, failed_from=first_block, error=deadline.typed(exc))
-    finally:
-        if own:
-            deadline.close()
-
-
-def _pull(
-    params: TransferParams,
-    ours: EngineFingerprint,
-    num_layers: int,
-    first_block: int,
-    expect_digest: str | None,
-    nixl: NixlPeers | None,
-    num_kv_heads: int | None,
-    held: HeldPages | None,
-    head_dim: int | None,
-    deadline: Deadline,
-    tls: Tls | None,
-) -> LoadResult:
-    same = params.block_size == ours.block_size and params.tp_size == ours.tp_size
-    held_pages = first_block if same and held is not None and first_block else 0
-    first_page = first_block if same and held is None else 0
-    sharded = params.tp_size != 1 or ours.tp_size != 1
-    checking = held is not None and first_block > 0
-    try:
+        same = params.block_size == ours.block_size and params.tp_size == ours.tp_size
+        held_pages = first_block if same and held is not None and first_block else 0
+        first_page = first_block if same and held is None else 0
+        sharded = params.tp_size != 1 or ours.tp_size != 1
+        checking = held is not None and first_block > 0
         if expect_digest is not None and expect_digest != params.prompt_digest:
             raise TransferRefusedError(
                 "the transfer carries another prompt's keys and values (a stale reference)",
@@ -452,21 +425,28 @@ def _pull(
                     tensor = repage(tensor, ours.block_size)
                 pair.append(sequence_pages(tensor))
             layers.append(tuple(pair))
+        # A held page that differs from the transfer's is overwritten with the transfer's
+        # verified page, with every page after it: a stale or poisoned prefix-cache page is
+        # never served. Not a load error: a held page the decode engine computed itself (another
+        # TP degree or batch shape) differs in its last bits from the prefill engine's, and for
+        # an async load vLLM's recompute would free the blocks and hit the same cached block
+        # again (v1/core/sched/scheduler.py, _update_waiting_for_remote_kv).
+        bad = held.first_mismatch(layers) if held is not None and checking else None
+        start = first_block if bad is None else bad
+        if first_page == 0:
+            layers = [tuple(p[start:] for p in roles) for roles in layers]
+        converted = tuple(k for k in ("tp_size", "block_size")
+                          if getattr(params, k) != getattr(ours, k))  # fmt: skip
+        tokens = params.num_tokens - start * ours.block_size
+        return LoadResult(PulledPages(start, layers, tokens, wire, converted, first_block - start))
     except OSError as exc:
         # A failed page digest leaves the later blobs unread: every block from first_block
         # on is unverified (PageDigestError.positions, named in the log, are the first).
-        raise TransportError(f"connection: {exc}") from exc
-    # A held page that differs from the transfer's is overwritten with the transfer's
-    # verified page, with every page after it: a stale or poisoned prefix-cache page is
-    # never served. Not a load error: a held page the decode engine computed itself (another
-    # TP degree or batch shape) differs in its last bits from the prefill engine's, and for
-    # an async load vLLM's recompute would free the blocks and hit the same cached block
-    # again (v1/core/sched/scheduler.py, _update_waiting_for_remote_kv).
-    bad = held.first_mismatch(layers) if held is not None and checking else None
-    start = first_block if bad is None else bad
-    if first_page == 0:
-        layers = [tuple(p[start:] for p in roles) for roles in layers]
-    converted = tuple(k for k in ("tp_size", "block_size")
-                      if getattr(params, k) != getattr(ours, k))  # fmt: skip
-    tokens = params.num_tokens - start * ours.block_size
-    return LoadResult(PulledPages(start, layers, tokens, wire, converted, first_block - start))
+        error = TransportError(f"connection: {exc}")
+        error.__cause__ = exc
+        return LoadResult(None, failed_from=first_block, error=deadline.typed(error))
+    except Exception as exc:  # a foreign exception from a peer's bytes: typed here
+        return LoadResult(None, failed_from=first_block, error=deadline.typed(exc))
+    finally:
+        if own:
+            deadline.close()
