@@ -29,7 +29,6 @@ from hurray_wire.integrity.digests import (
     FailedPlaces,
     IntArray,
     PageRecords,
-    check_digest_head,
     digest_array,
     logical_positions,
     page_records,
@@ -78,37 +77,16 @@ def encode_known_pages(digests: object) -> bytes:
     return KNOWN_RECORD.close(KNOWN_PAGES.pack(*head, values.size, runs=(values,)))
 
 
-def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any]]:
-    """The input as bytes and its checked 16-byte known-pages head (of ``form``)."""
-    view = byte_view(data, "data")
-    bloom = "" if form == w.KNOWN_PAGES_FORM_BLOOM else " (Bloom records: decode_known_pages_bloom)"
-    expected = (
-        ("magic", w.KNOWN_PAGES_MAGIC, "bad magic"),
-        ("_reserved0", b"\0", "bad reserved0"),
-        ("_reserved1", bytes(4), "bad reserved1"),
-        ("version", w.KNOWN_PAGES_VERSION, "unsupported version"),
-        ("form", form, "unsupported form" + bloom),
-        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
-    )
-    return view, KNOWN_RECORD.read_head(view, expected)
-
-
-def check_known_checksum(view: memoryview, end: int) -> None:
-    """The record is exactly ``end`` bytes plus the checksum, and the checksum matches."""
-    KNOWN_RECORD.exact(view, end + KNOWN_RECORD.tail_size, what="body/checksum")
-    KNOWN_RECORD.check_seal(view, end)
-
-
 def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
     """The sorted unique digests of a known-pages record (an owned copy); a ``count`` above
     ``max_entries`` is refused first, so a peer cannot make us hold more than that."""
     limit = non_negative(max_entries, "max_entries")
-    view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_SORTED)
-    count = head["count"]
+    view = byte_view(data, "data")
+    count = KNOWN_RECORD.read_head(view)["count"]
     if count > limit:
         msg = "more known pages than max_entries allows"
         raise KNOWN_RECORD.error("count", msg, found=count, expected=f"<= {limit}")
-    check_known_checksum(view, KNOWN_PAGES.at(count, 1))
+    KNOWN_RECORD.sealed(view, KNOWN_PAGES.at(count, 1))
     values = KNOWN_PAGES.runs(view, count)[0].astype(np.uint64)  # owned copy
     bad = _first_unsorted(values)
     if bad is not None:
@@ -185,10 +163,7 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
     ``num_pages`` (ids strictly increasing and below it)."""
     limit = non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    head = check_digest_head(
-        view, _REFS_RECORD, version=w.PAGE_REFS_VERSION, base_offset=base_offset
-    )
-    count = head["count"]
+    count = _REFS_RECORD.read_head(view, base=base_offset)["count"]
     if count > limit:
         msg = "more page refs than pages"
         raise _REFS_RECORD.error(

@@ -327,27 +327,12 @@ def u32_count(values: DigestArray, record: wr.Record) -> DigestArray:
     return values
 
 
-def check_digest_head(
-    view: memoryview, record: wr.Record, *, version: int, base_offset: int
-) -> dict[str, Any]:
-    """Parse and check an 8-byte ``version | algorithm | reserved | count`` head."""
-    expected = (
-        ("version", version, "unsupported version"),
-        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
-        ("_reserved", bytes(record.head.sizes["_reserved"]), "reserved bytes must be zero"),
-    )
-    return record.read_head(view, expected, base=base_offset)
-
-
 def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0) -> DigestArray:
     """The digests of a page-digest section payload (a read-only view of ``data``);
     ``base_offset``: where it sits in the blob, for the errors' offsets."""
     non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    fields = check_digest_head(
-        view, DIGEST_RECORD, version=w.DIGEST_SECTION_VERSION, base_offset=base_offset
-    )
-    count = fields["count"]
+    count = DIGEST_RECORD.read_head(view, base=base_offset)["count"]
     if count != num_pages:
         msg = "digest count must equal the descriptor's num_pages"
         raise DIGEST_RECORD.error("count", msg, base=base_offset, found=count, expected=num_pages)

@@ -52,6 +52,7 @@ class Record:
     alignment: int = 1
     section: str = ""
     hints: Mapping[bytes, str] = field(default_factory=dict)  # a wrong magic that is known
+    checks: tuple[tuple[str, Any, str], ...] = ()  # (field, value, message): ``read_head``'s
     invalid: Callable[..., Exception] = _fault
     truncated: Callable[..., Exception] = _fault
     tail_size: int = field(init=False)
@@ -67,6 +68,11 @@ class Record:
     ) -> Record:
         """This record bound to a module's error classes."""
         return replace(self, invalid=invalid, truncated=truncated)
+
+    def expecting(self, name: str, value: Any, message: str) -> Record:
+        """This record with ``name``'s check (in its place in ``checks``) replaced."""
+        checks = tuple((name, value, message) if c[0] == name else c for c in self.checks)
+        return replace(self, checks=checks)
 
     def total_for(self, runs: int) -> int:
         """total_length of a record whose variable runs take ``runs`` bytes."""
@@ -89,16 +95,16 @@ class Record:
     def read_head(
         self,
         view: Any,
-        expected: Sequence[tuple[str, Any, str]] = (),
+        expected: Sequence[tuple[str, Any, str]] | None = None,
         *,
         at: int = 0,
         base: int = 0,
         what: str = "record shorter than its head",
     ) -> dict[str, Any]:
         """The head's fields at ``view[at]``, each ``(name, value, message)`` of
-        ``expected`` checked in order (magic, versions, reserved bytes), refused naming the
-        field and its offset (``base``: where ``view`` sits in the input); ``truncated``
-        when the head itself is cut."""
+        ``expected`` (by default ``checks``) checked in order (magic, versions, reserved
+        bytes), refused naming the field and its offset (``base``: where ``view`` sits in the
+        input); ``truncated`` when the head itself is cut."""
         if len(view) < at + self.head.size:
             raise self.truncated(
                 what,
@@ -108,7 +114,7 @@ class Record:
                 expected=f">= {at + self.head.size} bytes",
             )
         fields = self.head.unpack_dict(view, at)
-        for name, value, message in expected:
+        for name, value, message in self.checks if expected is None else expected:
             found = fields[name]
             if found != value:
                 shown = (found.hex(), value.hex()) if isinstance(value, bytes) else (found, value)
@@ -210,6 +216,11 @@ class Record:
         values = (checksum_of(padded), total)[: len(self.tail.names)]
         return padded + self.tail.pack(*values)
 
+    def sealed(self, view: Any, end: int, what: str = "body/checksum") -> None:
+        """A record that is exactly ``end`` bytes and its tail, whose seal matches."""
+        self.exact(view, end + self.tail_size, what=what)
+        self.check_seal(view, end)
+
     def check_seal(self, view: Any, end: int) -> None:
         """The seal at byte ``end`` (the tail's first field) must be that of ``view[:end]``."""
         assert self.tail is not None
@@ -268,10 +279,41 @@ END_RECORD = Record(
 )
 HRRY_HEADER = Record("header", wc.FAST_HRRY_HEADER)  # the .hrry file's first 64 bytes
 HRRY_TRAILER = Record("trailer", wc.FAST_HRRY_TRAILER)  # and its last 40
-DIGEST_SECTION = Record("page_digests", dr.DIGEST_SECTION.head)
-PAGE_REFS = Record("page_refs", dr.PAGE_REFS.head)
-BLOOM_PARAMS = Record("known_pages", wi.FAST_BLOOM_PARAMS)  # after the known-pages head
-KNOWN_PAGES = Record("known_pages", dr.KNOWN_PAGES.head, derive(wi.KNOWN_PAGES_CHECKSUM))
-FINGERPRINT = Record("engine_fingerprint", wi.FAST_FINGERPRINT_HEADER)
+_ALGORITHM = ("algorithm", wi.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm")
+_ZERO = "reserved bytes must be zero"
+_VERSION = ("version", wi.DIGEST_SECTION_VERSION, "unsupported version")
+_DIGEST_HEAD = (_VERSION, _ALGORITHM, ("_reserved", bytes(2), _ZERO))
+DIGEST_SECTION = Record("page_digests", dr.DIGEST_SECTION.head, checks=_DIGEST_HEAD)
+PAGE_REFS = Record("page_refs", dr.PAGE_REFS.head, checks=_DIGEST_HEAD).expecting(
+    "version", wi.PAGE_REFS_VERSION, "unsupported version"
+)
+BLOOM_PARAMS = Record(  # after the known-pages head
+    "known_pages", wi.FAST_BLOOM_PARAMS, checks=(("_reserved", bytes(6), _ZERO),)
+)
+_BLOOM_HINT = "Bloom records: decode_known_pages_bloom"
+#: Checked as the sorted form; ``expecting("form", ...)`` makes the Bloom form's.
+KNOWN_PAGES = Record(
+    "known_pages",
+    dr.KNOWN_PAGES.head,
+    derive(wi.KNOWN_PAGES_CHECKSUM),
+    checks=(
+        ("magic", wi.KNOWN_PAGES_MAGIC, "bad magic"),
+        ("_reserved0", b"\0", "bad reserved0"),
+        ("_reserved1", bytes(4), "bad reserved1"),
+        ("version", wi.KNOWN_PAGES_VERSION, "unsupported version"),
+        ("form", wi.KNOWN_PAGES_FORM_SORTED, f"unsupported form ({_BLOOM_HINT})"),
+        _ALGORITHM,
+    ),
+)
+FINGERPRINT = Record(
+    "engine_fingerprint",
+    wi.FAST_FINGERPRINT_HEADER,
+    checks=(
+        ("magic", wi.FINGERPRINT_MAGIC, "bad magic"),
+        ("_reserved0", bytes(3), "bad reserved0"),
+        ("_reserved1", bytes(4), "bad reserved1"),
+        ("version", wi.FINGERPRINT_VERSION, "unsupported fingerprint version"),
+    ),
+)
 #: The records a stream holds, by magic (what frames each one).
 RECORDS_BY_MAGIC = {r.magic: r for r in (BLOB, STREAM_HEADER, END_RECORD)}
