@@ -22,7 +22,7 @@ from hurray_wire.errors import (
     InvalidMetadataError,
     instance,
 )
-from hurray_wire.metadata import decode_metadata, encode_metadata
+from hurray_wire.metadata import UInt64, decode_metadata, encode_metadata
 from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.seal import checksum_of
 
@@ -222,23 +222,21 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
         ) from None
     names = (*_STRINGS, *_INTS)
     missing = [n for n in names if n not in entries]
-    if missing:
-        raise InvalidMetadataError(
-            "fingerprint lacks fields", section=SECTION, field=missing[0], found=missing
-        )
     unknown = [k for k in entries if k not in names and not k.startswith(_EXTRA_PREFIX)]
-    if unknown:
-        raise InvalidMetadataError(
-            "fingerprint has unknown fields", section=SECTION, field=unknown[0], found=unknown
-        )
-    extras: dict[str, Any] = {
-        k[len(_EXTRA_PREFIX) :]: v for k, v in entries.items() if k.startswith(_EXTRA_PREFIX)
+    for what, keys in (("lacks", missing), ("has unknown", unknown)):
+        if keys:
+            raise InvalidMetadataError(
+                f"fingerprint {what} fields", section=SECTION, field=keys[0], found=keys
+            )
+    cut = len(_EXTRA_PREFIX)
+    extras: dict[str, Any] = {k[cut:]: v for k, v in entries.items() if k.startswith(_EXTRA_PREFIX)}
+    # types checked by the constructor; a uint64 (>= 2**63) reaches its range check as an int
+    values: dict[str, Any] = dict(entries)
+    kwargs: dict[str, Any] = {
+        n: int(values[n]) if isinstance(values[n], UInt64) else values[n] for n in names
     }
-    values: dict[str, Any] = dict(entries)  # types checked by the constructor
-    kwargs = {n: int(v) if type(v).__name__ == "UInt64" else v
-              for n in names for v in (values[n],)}  # fmt: skip
     try:
-        fp = EngineFingerprint(**kwargs, extras=extras)  # type: ignore[arg-type]
+        fp = EngineFingerprint(**kwargs, extras=extras)
     except HurrayWireError as exc:
         raise exc.relocated(section=SECTION) from None
     if encode_fingerprint(fp) != bytes(view):  # one encoding per fingerprint
