@@ -273,13 +273,13 @@ def test_records_are_derived_once_in_wire() -> None:
 
 
 def test_digest_records_locate_their_items() -> None:
-    """Head, runs and sizes of the integrity records, from wire/digest_records.py."""
+    """Head, runs and sizes of the integrity records, from wire/records.py."""
     import numpy as np
 
-    from hurray_wire.wire.digest_records import DIGEST_SECTION, KNOWN_PAGES, PAGE_REFS
+    from hurray_wire.wire.records import DIGEST_SECTION, KNOWN_PAGES, PAGE_REFS
 
     assert (DIGEST_SECTION.head.size, KNOWN_PAGES.head.size, PAGE_REFS.head.size) == (8, 16, 8)
-    assert DIGEST_SECTION.at(4, 1) == 8 + 32 and PAGE_REFS.at(3, 1, 2) == 8 + 24 + 16
+    assert DIGEST_SECTION.item_at(4, 1) == 8 + 32 and PAGE_REFS.item_at(3, 1, 2) == 8 + 24 + 16
     assert [PAGE_REFS.count_of(n) for n in (7, 8, 16, 24, 56)] == [None, 0, None, 1, 3]
     packed = PAGE_REFS.pack(1, 1, 2, runs=(np.array([3, 5]), np.array([7, 9], np.uint64)))
     assert packed == bytes([1, 1, 0, 0, 2, 0, 0, 0]) + b"".join(

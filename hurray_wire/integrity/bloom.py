@@ -24,7 +24,6 @@ from hurray_wire.integrity.delta import KNOWN_RECORD, encode_known_pages
 from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.wire import integrity as w, records as wr
-from hurray_wire.wire.digest_records import KNOWN_PAGES
 
 __all__ = [
     "KnownPagesBloom",
@@ -34,7 +33,7 @@ __all__ = [
     "encode_known_pages_bloom",
 ]
 
-_KHEAD = KNOWN_PAGES.head
+_KHEAD = KNOWN_RECORD.head
 _KNOWN = KNOWN_RECORD.expecting("form", w.KNOWN_PAGES_FORM_BLOOM, "unsupported form")
 _BLOOM = wr.BLOOM_PARAMS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 _PARAMS = _BLOOM.head

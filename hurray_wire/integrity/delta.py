@@ -37,7 +37,6 @@ from hurray_wire.integrity.digests import (
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import integrity as w, records as wr
-from hurray_wire.wire.digest_records import KNOWN_PAGES, PAGE_REFS
 
 __all__ = [
     "DeltaPlan",
@@ -74,7 +73,7 @@ def encode_known_pages(digests: object) -> bytes:
     """The known-pages record of ``digests`` (sorted and deduplicated here)."""
     values = u32_count(np.unique(digest_array(digests, None)), KNOWN_RECORD)
     head = (w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_SORTED, w.DIGEST_ALGORITHM_XXH3_64)
-    return KNOWN_RECORD.close(KNOWN_PAGES.pack(*head, values.size, runs=(values,)))
+    return KNOWN_RECORD.close(KNOWN_RECORD.pack(*head, values.size, runs=(values,)))
 
 
 def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
@@ -86,14 +85,14 @@ def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
     if count > limit:
         msg = "more known pages than max_entries allows"
         raise KNOWN_RECORD.error("count", msg, found=count, expected=f"<= {limit}")
-    KNOWN_RECORD.sealed(view, KNOWN_PAGES.at(count, 1))
-    values = KNOWN_PAGES.runs(view, count)[0].astype(np.uint64)  # owned copy
+    KNOWN_RECORD.sealed(view, KNOWN_RECORD.item_at(count, 1))
+    values = KNOWN_RECORD.runs(view, count)[0].astype(np.uint64)  # owned copy
     bad = _first_unsorted(values)
     if bad is not None:
         raise KNOWN_RECORD.error(
             f"digests[{bad}]",
             "known pages must be strictly increasing (sorted, unique)",
-            KNOWN_PAGES.at(count, 0, bad),
+            KNOWN_RECORD.item_at(count, 0, bad),
             found=f"0x{int(values[bad]):016X} after 0x{int(values[bad - 1]):016X}",
         )
     return values
@@ -155,7 +154,7 @@ def encode_page_refs(refs: PageRefs) -> bytes:
     instance(refs, PageRefs, "refs")
     pages, digests = refs.pages, refs.digests  # checked by PageRefs
     head = (w.PAGE_REFS_VERSION, w.DIGEST_ALGORITHM_XXH3_64, pages.size)
-    return PAGE_REFS.pack(*head, runs=(pages, digests))
+    return _REFS_RECORD.pack(*head, runs=(pages, digests))
 
 
 def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> PageRefs:
@@ -169,15 +168,17 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
         raise _REFS_RECORD.error(
             "count", msg, base=base_offset, found=count, expected=f"<= num_pages {limit}"
         )
-    _REFS_RECORD.exact(view, PAGE_REFS.at(count, 2), base=base_offset, what="page ids/digests")
-    raw_pages, digests = PAGE_REFS.runs(view, count)
+    _REFS_RECORD.exact(
+        view, _REFS_RECORD.item_at(count, 2), base=base_offset, what="page ids/digests"
+    )
+    raw_pages, digests = _REFS_RECORD.runs(view, count)
     bad = _first_unsorted(raw_pages)
     if bad is not None:
-        at = base_offset + PAGE_REFS.at(count, 0, bad)
+        at = base_offset + _REFS_RECORD.item_at(count, 0, bad)
         msg = "page ids must be strictly increasing"
         raise _REFS_RECORD.error(f"pages[{bad}]", msg, at, found=int(raw_pages[bad]))
     if count and int(raw_pages[-1]) >= limit:
-        at = base_offset + PAGE_REFS.at(count, 0, count - 1)
+        at = base_offset + _REFS_RECORD.item_at(count, 0, count - 1)
         raise _REFS_RECORD.error(
             f"pages[{count - 1}]",
             "page id out of range",

@@ -26,7 +26,6 @@ from hurray_wire.errors import (
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.wire import integrity as w, records as wr
-from hurray_wire.wire.digest_records import COUNT_MAX, DIGEST_SECTION
 
 __all__ = [
     "MAX_EMPTY_PAGES",
@@ -314,14 +313,14 @@ def verify_page_digests(tensor: BlockPagedTensor, digests: object) -> PageDigest
 def encode_digest_section(digests: object) -> bytes:
     """The payload of a page-digest section: 8-byte head, then the digests as u64 LE."""
     values = u32_count(digest_array(digests, None), DIGEST_RECORD)
-    return DIGEST_SECTION.pack(
+    return DIGEST_RECORD.pack(
         w.DIGEST_SECTION_VERSION, w.DIGEST_ALGORITHM_XXH3_64, values.size, runs=(values,)
     )
 
 
 def u32_count(values: DigestArray, record: wr.Record) -> DigestArray:
     """``values`` if their count fits the record's u32 ``count``."""
-    if values.size > COUNT_MAX:
+    if values.size > wr.COUNT_MAX:
         msg = "too many digests for a u32 count"
         raise record.invalid(msg, section=record.what, field="count", found=values.size)
     return values
@@ -336,8 +335,8 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     if count != num_pages:
         msg = "digest count must equal the descriptor's num_pages"
         raise DIGEST_RECORD.error("count", msg, base=base_offset, found=count, expected=num_pages)
-    DIGEST_RECORD.exact(view, DIGEST_SECTION.at(count, 1), base=base_offset, what="digests")
-    (digests,) = DIGEST_SECTION.runs(view, count)
+    DIGEST_RECORD.exact(view, DIGEST_RECORD.item_at(count, 1), base=base_offset, what="digests")
+    (digests,) = DIGEST_RECORD.runs(view, count)
     return digests.astype(np.uint64, copy=False)
 
 

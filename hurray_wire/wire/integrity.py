@@ -23,7 +23,6 @@ from hurray_wire.wire.blob import (  # re-exported: the integrity records' secti
     KIND_PAGE_DIGESTS as KIND_PAGE_DIGESTS,
     KIND_PAGE_REFS as KIND_PAGE_REFS,
 )
-from hurray_wire.wire.fast import derive
 
 # The blob section kinds of the two payloads (docs/integrity.md § 6); wire/blob.py owns the
 # table. 0x04 is optional (a reader that skips it loses only the page check); 0x05 is
@@ -87,7 +86,3 @@ FINGERPRINT_HEADER = c.Struct(
     "_reserved1" / c.Const(bytes(4)),
     "body_checksum" / c.Int64ul,
 )
-
-
-FAST_FINGERPRINT_HEADER = derive(FINGERPRINT_HEADER)
-FAST_BLOOM_PARAMS = derive(BLOOM_PARAMS)

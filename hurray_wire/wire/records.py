@@ -16,19 +16,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
+import numpy as np
+import numpy.typing as npt
+
 from hurray_wire.wire import (
     blob as wb,
     containers as wc,
     descriptor as wd,
-    digest_records as dr,
     integrity as wi,
     stream as ws,
 )
-from hurray_wire.wire.fast import FastStruct, align, derive
+from hurray_wire.wire.fast import FastStruct, align, derive, item_dtype
 from hurray_wire.wire.seal import checksum_of, seal
 
 Spans = dict[str, tuple[int, int]]  # part name -> [start, stop)
 PREFIX = ws.FAST_RECORD_PREFIX  # the 16 bytes every stream record and blob starts with
+ITEM_DTYPE = item_dtype(wi.DIGEST_ITEM)  # one digest or page id on the wire
+ITEM_SIZE: int = wi.DIGEST_ITEM.sizeof()
+_ITEM = np.dtype(ITEM_DTYPE)
 
 
 def _fault(message: str, **details: Any) -> Exception:
@@ -53,6 +58,7 @@ class Record:
     section: str = ""
     hints: Mapping[bytes, str] = field(default_factory=dict)  # a wrong magic that is known
     checks: tuple[tuple[str, Any, str], ...] = ()  # (field, value, message): ``read_head``'s
+    arrays: int = 0  # runs of ``count`` u64 after the head (digests, page ids)
     invalid: Callable[..., Exception] = _fault
     truncated: Callable[..., Exception] = _fault
     tail_size: int = field(init=False)
@@ -82,6 +88,29 @@ class Record:
     def at(self, name: str) -> int:
         """Byte offset of a field of the head."""
         return self.head.offsets[name]
+
+    def item_at(self, count: int, array: int = 0, item: int = 0) -> int:
+        """Byte offset of ``item`` of run ``array`` in a record of ``count`` items a run
+        (``item_at(count, arrays)`` is where the runs end)."""
+        return self.head.size + ITEM_SIZE * (array * count + item)
+
+    def count_of(self, size: int) -> int | None:
+        """The ``count`` of a record of ``size`` bytes (None: no whole number of items)."""
+        run = ITEM_SIZE * self.arrays
+        if size < self.head.size or (size - self.head.size) % run:
+            return None
+        return (size - self.head.size) // run
+
+    def pack(self, *head: Any, runs: Sequence[npt.NDArray[Any]] = ()) -> bytes:
+        """The head's non-Const fields, then each run as little-endian u64."""
+        items = b"".join(run.astype(_ITEM, copy=False).tobytes() for run in runs)
+        return self.head.pack(*head) + items
+
+    def runs(self, view: Any, count: int) -> list[npt.NDArray[np.uint64]]:
+        """Read-only views of the runs (the caller has checked that the bytes are there)."""
+        at = self.item_at(count)
+        step = ITEM_SIZE * count
+        return [np.frombuffer(view, _ITEM, count, at + step * i) for i in range(self.arrays)]
 
     def error(
         self, name: str | None, message: str, at: int | None = None, base: int = 0, **details: Any
@@ -283,19 +312,26 @@ _ALGORITHM = ("algorithm", wi.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm")
 _ZERO = "reserved bytes must be zero"
 _VERSION = ("version", wi.DIGEST_SECTION_VERSION, "unsupported version")
 _DIGEST_HEAD = (_VERSION, _ALGORITHM, ("_reserved", bytes(2), _ZERO))
-DIGEST_SECTION = Record("page_digests", dr.DIGEST_SECTION.head, checks=_DIGEST_HEAD)
-PAGE_REFS = Record("page_refs", dr.PAGE_REFS.head, checks=_DIGEST_HEAD).expecting(
-    "version", wi.PAGE_REFS_VERSION, "unsupported version"
+#: The integrity records (docs/integrity.md): a head, then ``arrays`` runs of ``count`` u64:
+#: the page-digest section payload one (digests), page refs two (page ids, then digests),
+#: the sorted known-pages record one (then its seal).
+DIGEST_SECTION = Record(
+    "page_digests", derive(wi.DIGEST_SECTION_HEADER), checks=_DIGEST_HEAD, arrays=1
 )
+COUNT_MAX = DIGEST_SECTION.head.limit("count")  # a u32 count
+PAGE_REFS = Record(
+    "page_refs", derive(wi.PAGE_REFS_HEADER), checks=_DIGEST_HEAD, arrays=2
+).expecting("version", wi.PAGE_REFS_VERSION, "unsupported version")
 BLOOM_PARAMS = Record(  # after the known-pages head
-    "known_pages", wi.FAST_BLOOM_PARAMS, checks=(("_reserved", bytes(6), _ZERO),)
+    "known_pages", derive(wi.BLOOM_PARAMS), checks=(("_reserved", bytes(6), _ZERO),)
 )
 _BLOOM_HINT = "Bloom records: decode_known_pages_bloom"
 #: Checked as the sorted form; ``expecting("form", ...)`` makes the Bloom form's.
 KNOWN_PAGES = Record(
     "known_pages",
-    dr.KNOWN_PAGES.head,
+    derive(wi.KNOWN_PAGES_HEADER),
     derive(wi.KNOWN_PAGES_CHECKSUM),
+    arrays=1,
     checks=(
         ("magic", wi.KNOWN_PAGES_MAGIC, "bad magic"),
         ("_reserved0", b"\0", "bad reserved0"),
@@ -307,7 +343,7 @@ KNOWN_PAGES = Record(
 )
 FINGERPRINT = Record(
     "engine_fingerprint",
-    wi.FAST_FINGERPRINT_HEADER,
+    derive(wi.FINGERPRINT_HEADER),
     checks=(
         ("magic", wi.FINGERPRINT_MAGIC, "bad magic"),
         ("_reserved0", bytes(3), "bad reserved0"),
