@@ -200,7 +200,7 @@ def encode_fingerprint(fp: EngineFingerprint) -> bytes:
     instance(fp, EngineFingerprint, "fp")
     fields = {name: getattr(fp, name) for name in (*_STRINGS, *_INTS)}
     body = encode_metadata(fields | {_EXTRA_PREFIX + k: v for k, v in fp.extras.items()})
-    return _HEAD.pack(w.FINGERPRINT_VERSION, len(body), checksum_of(body)) + body
+    return _RECORD.pack(body_length=len(body), body_checksum=checksum_of(body)) + body
 
 
 def decode_fingerprint(data: object) -> EngineFingerprint:

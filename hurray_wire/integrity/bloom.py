@@ -33,7 +33,6 @@ __all__ = [
     "encode_known_pages_bloom",
 ]
 
-_KHEAD = KNOWN_RECORD.head
 _KNOWN = KNOWN_RECORD.expecting("form", w.KNOWN_PAGES_FORM_BLOOM, "unsupported form")
 _BLOOM = wr.BLOOM_PARAMS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 _PARAMS = _BLOOM.head
@@ -84,10 +83,8 @@ def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> by
     mask = np.zeros(1 << log2_bits, bool)
     mask[_positions(values, num_hashes, log2_bits).ravel().astype(np.intp)] = True
     bits = np.packbits(mask, bitorder="little")
-    head = _KHEAD.pack(
-        w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_BLOOM, w.DIGEST_ALGORITHM_XXH3_64, values.size
-    )
-    return KNOWN_RECORD.close(head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes())
+    head = _KNOWN.pack(count=values.size) + _PARAMS.pack(num_hashes, log2_bits)
+    return _KNOWN.close(head + bits.tobytes())
 
 
 def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom:
@@ -96,7 +93,7 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
     non_negative(max_bytes, "max_bytes")
     view = byte_view(data, "data")
     head = _KNOWN.read_head(view)
-    at = _KHEAD.size
+    at = _KNOWN.head.size
     params = _BLOOM.read_head(view, at=at, what="record ends inside its Bloom parameters")
     for name, low, high in (("num_hashes", 1, MAX_HASHES),
                             ("log2_bits", MIN_LOG2_BITS, MAX_LOG2_BITS)):  # fmt: skip

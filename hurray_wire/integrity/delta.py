@@ -36,7 +36,7 @@ from hurray_wire.integrity.digests import (
 )
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import integrity as w, records as wr
+from hurray_wire.wire import records as wr
 
 __all__ = [
     "DeltaPlan",
@@ -72,8 +72,7 @@ def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
 def encode_known_pages(digests: object) -> bytes:
     """The known-pages record of ``digests`` (sorted and deduplicated here)."""
     values = u32_count(np.unique(digest_array(digests, None)), KNOWN_RECORD)
-    head = (w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_SORTED, w.DIGEST_ALGORITHM_XXH3_64)
-    return KNOWN_RECORD.close(KNOWN_RECORD.pack(*head, values.size, runs=(values,)))
+    return KNOWN_RECORD.close(KNOWN_RECORD.pack(count=values.size, runs=(values,)))
 
 
 def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
@@ -153,8 +152,7 @@ def encode_page_refs(refs: PageRefs) -> bytes:
     """A page-refs section payload: 8-byte head, ``count`` u64 page ids, ``count`` digests."""
     instance(refs, PageRefs, "refs")
     pages, digests = refs.pages, refs.digests  # checked by PageRefs
-    head = (w.PAGE_REFS_VERSION, w.DIGEST_ALGORITHM_XXH3_64, pages.size)
-    return _REFS_RECORD.pack(*head, runs=(pages, digests))
+    return _REFS_RECORD.pack(count=pages.size, runs=(pages, digests))
 
 
 def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> PageRefs:

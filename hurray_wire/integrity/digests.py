@@ -25,7 +25,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import integrity as w, records as wr
+from hurray_wire.wire import records as wr
 
 __all__ = [
     "MAX_EMPTY_PAGES",
@@ -313,9 +313,7 @@ def verify_page_digests(tensor: BlockPagedTensor, digests: object) -> PageDigest
 def encode_digest_section(digests: object) -> bytes:
     """The payload of a page-digest section: 8-byte head, then the digests as u64 LE."""
     values = u32_count(digest_array(digests, None), DIGEST_RECORD)
-    return DIGEST_RECORD.pack(
-        w.DIGEST_SECTION_VERSION, w.DIGEST_ALGORITHM_XXH3_64, values.size, runs=(values,)
-    )
+    return DIGEST_RECORD.pack(count=values.size, runs=(values,))
 
 
 def u32_count(values: DigestArray, record: wr.Record) -> DigestArray:

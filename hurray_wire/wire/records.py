@@ -101,10 +101,12 @@ class Record:
             return None
         return (size - self.head.size) // run
 
-    def pack(self, *head: Any, runs: Sequence[npt.NDArray[Any]] = ()) -> bytes:
-        """The head's non-Const fields, then each run as little-endian u64."""
-        items = b"".join(run.astype(_ITEM, copy=False).tobytes() for run in runs)
-        return self.head.pack(*head) + items
+    def pack(self, *head: Any, runs: Sequence[npt.NDArray[Any]] = (), **fields: Any) -> bytes:
+        """The head (its non-Const fields in order, or by name: those ``checks`` fix are
+        their expected values), then each run as little-endian u64."""
+        named = {name: value for name, value, _ in self.checks} | fields
+        packed = self.head.pack(*head) if head else self.head.pack(**named)
+        return packed + b"".join(run.astype(_ITEM, copy=False).tobytes() for run in runs)
 
     def runs(self, view: Any, count: int) -> list[npt.NDArray[np.uint64]]:
         """Read-only views of the runs (the caller has checked that the bytes are there)."""
