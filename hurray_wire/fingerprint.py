@@ -70,14 +70,6 @@ def _check_text(value: object, name: str) -> str:
     return value
 
 
-def _check_int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad("must be an int", name, value)
-    if not minimum <= value <= INT64_MAX:
-        raise _bad(f"must be in [{minimum}, 2**63)", name, value)
-    return int(value)
-
-
 def _check_extra(value: object, name: str) -> ExtraValue:
     if isinstance(value, bool):
         return value
@@ -115,9 +107,12 @@ class EngineFingerprint:
     def __post_init__(self) -> None:
         for name in _STRINGS:
             _check_text(getattr(self, name), name)
-        _check_int(self.block_size, "block_size", 1)
-        _check_int(self.tp_size, "tp_size", 1)
-        _check_int(self.tp_rank, "tp_rank", 0)
+        for name, least in (("block_size", 1), ("tp_size", 1), ("tp_rank", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _bad("must be an int", name, value)
+            if not least <= value <= INT64_MAX:
+                raise _bad(f"must be in [{least}, 2**63)", name, value)
         if self.tp_rank >= self.tp_size:
             raise InvalidMetadataError(
                 "tp_rank must be < tp_size",
