@@ -32,7 +32,6 @@ from hurray_wire.integrity.digests import (
     digest_array,
     logical_positions,
     page_records,
-    u32_count,
 )
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
@@ -71,7 +70,7 @@ def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
 
 def encode_known_pages(digests: object) -> bytes:
     """The known-pages record of ``digests`` (sorted and deduplicated here)."""
-    values = u32_count(np.unique(digest_array(digests, None)), KNOWN_RECORD)
+    values = np.unique(digest_array(digests, None))
     return KNOWN_RECORD.close(KNOWN_RECORD.pack(count=values.size, runs=(values,)))
 
 

@@ -312,16 +312,8 @@ def verify_page_digests(tensor: BlockPagedTensor, digests: object) -> PageDigest
 
 def encode_digest_section(digests: object) -> bytes:
     """The payload of a page-digest section: 8-byte head, then the digests as u64 LE."""
-    values = u32_count(digest_array(digests, None), DIGEST_RECORD)
+    values = digest_array(digests, None)
     return DIGEST_RECORD.pack(count=values.size, runs=(values,))
-
-
-def u32_count(values: DigestArray, record: wr.Record) -> DigestArray:
-    """``values`` if their count fits the record's u32 ``count``."""
-    if values.size > wr.COUNT_MAX:
-        msg = "too many digests for a u32 count"
-        raise record.invalid(msg, section=record.what, field="count", found=values.size)
-    return values
 
 
 def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0) -> DigestArray:

@@ -103,7 +103,10 @@ class Record:
 
     def pack(self, *head: Any, runs: Sequence[npt.NDArray[Any]] = (), **fields: Any) -> bytes:
         """The head (its non-Const fields in order, or by name: those ``checks`` fix are
-        their expected values), then each run as little-endian u64."""
+        their expected values), then each run as little-endian u64 (at most a u32 ``count``)."""
+        if runs and runs[0].size > self.head.limit("count"):
+            msg = "too many digests for a u32 count"
+            raise self.invalid(msg, section=self.what, field="count", found=runs[0].size)
         named = {name: value for name, value, _ in self.checks} | fields
         packed = self.head.pack(*head) if head else self.head.pack(**named)
         return packed + b"".join(run.astype(_ITEM, copy=False).tobytes() for run in runs)
@@ -320,7 +323,6 @@ _DIGEST_HEAD = (_VERSION, _ALGORITHM, ("_reserved", bytes(2), _ZERO))
 DIGEST_SECTION = Record(
     "page_digests", derive(wi.DIGEST_SECTION_HEADER), checks=_DIGEST_HEAD, arrays=1
 )
-COUNT_MAX = DIGEST_SECTION.head.limit("count")  # a u32 count
 PAGE_REFS = Record(
     "page_refs", derive(wi.PAGE_REFS_HEADER), checks=_DIGEST_HEAD, arrays=2
 ).expecting("version", wi.PAGE_REFS_VERSION, "unsupported version")
