@@ -54,7 +54,7 @@ __all__ = [
 
 #: The known-pages record sealed (wire/records.py), raising this module's errors.
 KNOWN_RECORD = wr.KNOWN_PAGES.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
-_REFS_RECORD = wr.PAGE_REFS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
+_REFS = wr.PAGE_REFS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 
 
 def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
@@ -151,7 +151,7 @@ def encode_page_refs(refs: PageRefs) -> bytes:
     """A page-refs section payload: 8-byte head, ``count`` u64 page ids, ``count`` digests."""
     instance(refs, PageRefs, "refs")
     pages, digests = refs.pages, refs.digests  # checked by PageRefs
-    return _REFS_RECORD.pack(count=pages.size, runs=(pages, digests))
+    return _REFS.pack(count=pages.size, runs=(pages, digests))
 
 
 def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> PageRefs:
@@ -159,24 +159,22 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
     ``num_pages`` (ids strictly increasing and below it)."""
     limit = non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    count = _REFS_RECORD.read_head(view, base=base_offset)["count"]
+    count = _REFS.read_head(view, base=base_offset)["count"]
     if count > limit:
         msg = "more page refs than pages"
-        raise _REFS_RECORD.error(
+        raise _REFS.error(
             "count", msg, base=base_offset, found=count, expected=f"<= num_pages {limit}"
         )
-    _REFS_RECORD.exact(
-        view, _REFS_RECORD.item_at(count, 2), base=base_offset, what="page ids/digests"
-    )
-    raw_pages, digests = _REFS_RECORD.runs(view, count)
+    _REFS.exact(view, _REFS.item_at(count, 2), base=base_offset, what="page ids/digests")
+    raw_pages, digests = _REFS.runs(view, count)
     bad = _first_unsorted(raw_pages)
     if bad is not None:
-        at = base_offset + _REFS_RECORD.item_at(count, 0, bad)
+        at = base_offset + _REFS.item_at(count, 0, bad)
         msg = "page ids must be strictly increasing"
-        raise _REFS_RECORD.error(f"pages[{bad}]", msg, at, found=int(raw_pages[bad]))
+        raise _REFS.error(f"pages[{bad}]", msg, at, found=int(raw_pages[bad]))
     if count and int(raw_pages[-1]) >= limit:
-        at = base_offset + _REFS_RECORD.item_at(count, 0, count - 1)
-        raise _REFS_RECORD.error(
+        at = base_offset + _REFS.item_at(count, 0, count - 1)
+        raise _REFS.error(
             f"pages[{count - 1}]",
             "page id out of range",
             at,

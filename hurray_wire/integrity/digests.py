@@ -46,9 +46,7 @@ __all__ = [
 DigestArray = npt.NDArray[np.uint64]
 IntArray = npt.NDArray[np.int64]
 
-DIGEST_RECORD = wr.DIGEST_SECTION.raising(
-    InvalidIntegrityRecordError, IntegrityRecordTruncatedError
-)
+_DIGESTS = wr.DIGEST_SECTION.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 _xxh3 = xxhash.xxh3_64_intdigest
 U64_MAX = (1 << 64) - 1
 #: Pages of 0 bytes (``num_heads`` or ``head_dim`` 0) a tensor or a blob may have: nothing
@@ -313,7 +311,7 @@ def verify_page_digests(tensor: BlockPagedTensor, digests: object) -> PageDigest
 def encode_digest_section(digests: object) -> bytes:
     """The payload of a page-digest section: 8-byte head, then the digests as u64 LE."""
     values = digest_array(digests, None)
-    return DIGEST_RECORD.pack(count=values.size, runs=(values,))
+    return _DIGESTS.pack(count=values.size, runs=(values,))
 
 
 def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0) -> DigestArray:
@@ -321,12 +319,12 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     ``base_offset``: where it sits in the blob, for the errors' offsets."""
     non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    count = DIGEST_RECORD.read_head(view, base=base_offset)["count"]
+    count = _DIGESTS.read_head(view, base=base_offset)["count"]
     if count != num_pages:
         msg = "digest count must equal the descriptor's num_pages"
-        raise DIGEST_RECORD.error("count", msg, base=base_offset, found=count, expected=num_pages)
-    DIGEST_RECORD.exact(view, DIGEST_RECORD.item_at(count, 1), base=base_offset, what="digests")
-    (digests,) = DIGEST_RECORD.runs(view, count)
+        raise _DIGESTS.error("count", msg, base=base_offset, found=count, expected=num_pages)
+    _DIGESTS.exact(view, _DIGESTS.item_at(count, 1), base=base_offset, what="digests")
+    (digests,) = _DIGESTS.runs(view, count)
     return digests.astype(np.uint64, copy=False)
 
 
