@@ -22,7 +22,7 @@ from hurray_wire.errors import (
     InvalidMetadataError,
     instance,
 )
-from hurray_wire.metadata import decode_metadata, encode_metadata
+from hurray_wire.metadata import UInt64, decode_metadata, encode_metadata
 from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.seal import checksum_of
 
@@ -70,14 +70,6 @@ def _check_text(value: object, name: str) -> str:
     return value
 
 
-def _check_int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad("must be an int", name, value)
-    if not minimum <= value <= INT64_MAX:
-        raise _bad(f"must be in [{minimum}, 2**63)", name, value)
-    return int(value)
-
-
 def _check_extra(value: object, name: str) -> ExtraValue:
     if isinstance(value, bool):
         return value
@@ -115,9 +107,12 @@ class EngineFingerprint:
     def __post_init__(self) -> None:
         for name in _STRINGS:
             _check_text(getattr(self, name), name)
-        _check_int(self.block_size, "block_size", 1)
-        _check_int(self.tp_size, "tp_size", 1)
-        _check_int(self.tp_rank, "tp_rank", 0)
+        for name, least in (("block_size", 1), ("tp_size", 1), ("tp_rank", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _bad("must be an int", name, value)
+            if not least <= value <= INT64_MAX:
+                raise _bad(f"must be in [{least}, 2**63)", name, value)
         if self.tp_rank >= self.tp_size:
             raise InvalidMetadataError(
                 "tp_rank must be < tp_size",
@@ -200,19 +195,13 @@ def encode_fingerprint(fp: EngineFingerprint) -> bytes:
     instance(fp, EngineFingerprint, "fp")
     fields = {name: getattr(fp, name) for name in (*_STRINGS, *_INTS)}
     body = encode_metadata(fields | {_EXTRA_PREFIX + k: v for k, v in fp.extras.items()})
-    return _HEAD.pack(w.FINGERPRINT_VERSION, len(body), checksum_of(body)) + body
+    return _RECORD.pack(body_length=len(body), body_checksum=checksum_of(body)) + body
 
 
 def decode_fingerprint(data: object) -> EngineFingerprint:
     """A fingerprint record back to the dataclass; InvalidMetadataError on any defect."""
     view = byte_view(data, "data", allow_copy=True)
-    expected = (
-        ("magic", w.FINGERPRINT_MAGIC, "bad magic"),
-        ("_reserved0", bytes(3), "bad reserved0"),
-        ("_reserved1", bytes(4), "bad reserved1"),
-        ("version", w.FINGERPRINT_VERSION, "unsupported fingerprint version"),
-    )
-    head = _RECORD.read_head(view, expected, what="fingerprint shorter than its head")
+    head = _RECORD.read_head(view, what="fingerprint shorter than its head")
     if head["body_length"] != len(view) - _HEAD.size:
         msg = "body_length does not match the bytes after the head"
         found, size = head["body_length"], len(view) - _HEAD.size
@@ -228,23 +217,21 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
         ) from None
     names = (*_STRINGS, *_INTS)
     missing = [n for n in names if n not in entries]
-    if missing:
-        raise InvalidMetadataError(
-            "fingerprint lacks fields", section=SECTION, field=missing[0], found=missing
-        )
     unknown = [k for k in entries if k not in names and not k.startswith(_EXTRA_PREFIX)]
-    if unknown:
-        raise InvalidMetadataError(
-            "fingerprint has unknown fields", section=SECTION, field=unknown[0], found=unknown
-        )
-    extras: dict[str, Any] = {
-        k[len(_EXTRA_PREFIX) :]: v for k, v in entries.items() if k.startswith(_EXTRA_PREFIX)
+    for what, keys in (("lacks", missing), ("has unknown", unknown)):
+        if keys:
+            raise InvalidMetadataError(
+                f"fingerprint {what} fields", section=SECTION, field=keys[0], found=keys
+            )
+    cut = len(_EXTRA_PREFIX)
+    extras: dict[str, Any] = {k[cut:]: v for k, v in entries.items() if k.startswith(_EXTRA_PREFIX)}
+    # types checked by the constructor; a uint64 (>= 2**63) reaches its range check as an int
+    values: dict[str, Any] = dict(entries)
+    kwargs: dict[str, Any] = {
+        n: int(values[n]) if isinstance(values[n], UInt64) else values[n] for n in names
     }
-    values: dict[str, Any] = dict(entries)  # types checked by the constructor
-    kwargs = {n: int(v) if type(v).__name__ == "UInt64" else v
-              for n in names for v in (values[n],)}  # fmt: skip
     try:
-        fp = EngineFingerprint(**kwargs, extras=extras)  # type: ignore[arg-type]
+        fp = EngineFingerprint(**kwargs, extras=extras)
     except HurrayWireError as exc:
         raise exc.relocated(section=SECTION) from None
     if encode_fingerprint(fp) != bytes(view):  # one encoding per fingerprint

@@ -39,7 +39,7 @@ from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, assemble
-from hurray_wire.wire.digest_records import PAGE_REFS
+from hurray_wire.wire.records import PAGE_REFS
 
 __all__ = [
     "DecodeReport",

@@ -25,7 +25,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.wire import blob as w
-from hurray_wire.wire.digest_records import DIGEST_SECTION
+from hurray_wire.wire.records import DIGEST_SECTION
 
 __all__ = ["Entry", "check_entries"]
 
@@ -300,7 +300,7 @@ class _Walk:
             )
         if not required:
             self.check_pages_geometry()
-            expected = DIGEST_SECTION.at(self.descriptor.layout.num_pages, 1)  # head + one per page
+            expected = DIGEST_SECTION.item_at(self.descriptor.layout.num_pages, 1)  # head, digests
             if e["raw_size"] != expected:
                 raise self.refused(
                     "raw_size",

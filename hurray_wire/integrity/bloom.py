@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.buffers import U8Array
+from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.errors import (
     ArgumentTypeError,
     IntegrityRecordTruncatedError,
@@ -20,16 +20,10 @@ from hurray_wire.errors import (
     instance,
     non_negative,
 )
-from hurray_wire.integrity.delta import (
-    KNOWN_RECORD,
-    check_known_checksum,
-    encode_known_pages,
-    known_pages_head,
-)
+from hurray_wire.integrity.delta import KNOWN_RECORD, encode_known_pages
 from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.wire import integrity as w, records as wr
-from hurray_wire.wire.digest_records import KNOWN_PAGES
 
 __all__ = [
     "KnownPagesBloom",
@@ -39,7 +33,7 @@ __all__ = [
     "encode_known_pages_bloom",
 ]
 
-_KHEAD = KNOWN_PAGES.head
+_KNOWN = KNOWN_RECORD.expecting("form", w.KNOWN_PAGES_FORM_BLOOM, "unsupported form")
 _BLOOM = wr.BLOOM_PARAMS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 _PARAMS = _BLOOM.head
 MIN_LOG2_BITS = 6  # 8 bytes
@@ -89,20 +83,18 @@ def encode_known_pages_bloom(digests: object, *, bits_per_entry: int = 10) -> by
     mask = np.zeros(1 << log2_bits, bool)
     mask[_positions(values, num_hashes, log2_bits).ravel().astype(np.intp)] = True
     bits = np.packbits(mask, bitorder="little")
-    head = _KHEAD.pack(
-        w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_BLOOM, w.DIGEST_ALGORITHM_XXH3_64, values.size
-    )
-    return KNOWN_RECORD.close(head + _PARAMS.pack(num_hashes, log2_bits) + bits.tobytes())
+    head = _KNOWN.pack(count=values.size) + _PARAMS.pack(num_hashes, log2_bits)
+    return _KNOWN.close(head + bits.tobytes())
 
 
 def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom:
     """The filter of a Bloom known-pages record; its bit set may be at most ``max_bytes``
     (checked before the checksum pass or any copy)."""
     non_negative(max_bytes, "max_bytes")
-    view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_BLOOM)
-    at = _KHEAD.size
-    reserved = (("_reserved", _PARAMS.consts[0][1], "reserved bytes must be zero"),)
-    params = _BLOOM.read_head(view, reserved, at=at, what="record ends inside its Bloom parameters")
+    view = byte_view(data, "data")
+    head = _KNOWN.read_head(view)
+    at = _KNOWN.head.size
+    params = _BLOOM.read_head(view, at=at, what="record ends inside its Bloom parameters")
     for name, low, high in (("num_hashes", 1, MAX_HASHES),
                             ("log2_bits", MIN_LOG2_BITS, MAX_LOG2_BITS)):  # fmt: skip
         if not low <= params[name] <= high:
@@ -116,7 +108,7 @@ def decode_known_pages_bloom(data: object, *, max_bytes: int) -> KnownPagesBloom
         found = f"{nbytes} bytes"
         raise _BLOOM.error("log2_bits", msg, base=at, found=found, expected=f"<= {max_bytes}")
     start = at + _PARAMS.size
-    check_known_checksum(view, start + nbytes)
+    _KNOWN.sealed(view, start + nbytes)
     bits = np.frombuffer(view, np.uint8, nbytes, start).copy()
     return KnownPagesBloom(bits, params["num_hashes"], params["log2_bits"], head["count"])
 

@@ -29,16 +29,13 @@ from hurray_wire.integrity.digests import (
     FailedPlaces,
     IntArray,
     PageRecords,
-    check_digest_head,
     digest_array,
     logical_positions,
     page_records,
-    u32_count,
 )
 from hurray_wire.integrity.page_store import PageStore
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import integrity as w, records as wr
-from hurray_wire.wire.digest_records import KNOWN_PAGES, PAGE_REFS
+from hurray_wire.wire import records as wr
 
 __all__ = [
     "DeltaPlan",
@@ -57,7 +54,7 @@ __all__ = [
 
 #: The known-pages record sealed (wire/records.py), raising this module's errors.
 KNOWN_RECORD = wr.KNOWN_PAGES.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
-_REFS_RECORD = wr.PAGE_REFS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
+_REFS = wr.PAGE_REFS.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 
 
 def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
@@ -73,49 +70,27 @@ def _first_unsorted(values: npt.NDArray[Any]) -> int | None:
 
 def encode_known_pages(digests: object) -> bytes:
     """The known-pages record of ``digests`` (sorted and deduplicated here)."""
-    values = u32_count(np.unique(digest_array(digests, None)), KNOWN_RECORD)
-    head = (w.KNOWN_PAGES_VERSION, w.KNOWN_PAGES_FORM_SORTED, w.DIGEST_ALGORITHM_XXH3_64)
-    return KNOWN_RECORD.close(KNOWN_PAGES.pack(*head, values.size, runs=(values,)))
-
-
-def known_pages_head(data: object, form: int) -> tuple[memoryview, dict[str, Any]]:
-    """The input as bytes and its checked 16-byte known-pages head (of ``form``)."""
-    view = byte_view(data, "data")
-    bloom = "" if form == w.KNOWN_PAGES_FORM_BLOOM else " (Bloom records: decode_known_pages_bloom)"
-    expected = (
-        ("magic", w.KNOWN_PAGES_MAGIC, "bad magic"),
-        ("_reserved0", b"\0", "bad reserved0"),
-        ("_reserved1", bytes(4), "bad reserved1"),
-        ("version", w.KNOWN_PAGES_VERSION, "unsupported version"),
-        ("form", form, "unsupported form" + bloom),
-        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
-    )
-    return view, KNOWN_RECORD.read_head(view, expected)
-
-
-def check_known_checksum(view: memoryview, end: int) -> None:
-    """The record is exactly ``end`` bytes plus the checksum, and the checksum matches."""
-    KNOWN_RECORD.exact(view, end + KNOWN_RECORD.tail_size, what="body/checksum")
-    KNOWN_RECORD.check_seal(view, end)
+    values = np.unique(digest_array(digests, None))
+    return KNOWN_RECORD.close(KNOWN_RECORD.pack(count=values.size, runs=(values,)))
 
 
 def decode_known_pages(data: object, *, max_entries: int) -> DigestArray:
     """The sorted unique digests of a known-pages record (an owned copy); a ``count`` above
     ``max_entries`` is refused first, so a peer cannot make us hold more than that."""
     limit = non_negative(max_entries, "max_entries")
-    view, head = known_pages_head(data, w.KNOWN_PAGES_FORM_SORTED)
-    count = head["count"]
+    view = byte_view(data, "data")
+    count = KNOWN_RECORD.read_head(view)["count"]
     if count > limit:
         msg = "more known pages than max_entries allows"
         raise KNOWN_RECORD.error("count", msg, found=count, expected=f"<= {limit}")
-    check_known_checksum(view, KNOWN_PAGES.at(count, 1))
-    values = KNOWN_PAGES.runs(view, count)[0].astype(np.uint64)  # owned copy
+    KNOWN_RECORD.sealed(view, KNOWN_RECORD.item_at(count, 1))
+    values = KNOWN_RECORD.runs(view, count)[0].astype(np.uint64)  # owned copy
     bad = _first_unsorted(values)
     if bad is not None:
         raise KNOWN_RECORD.error(
             f"digests[{bad}]",
             "known pages must be strictly increasing (sorted, unique)",
-            KNOWN_PAGES.at(count, 0, bad),
+            KNOWN_RECORD.item_at(count, 0, bad),
             found=f"0x{int(values[bad]):016X} after 0x{int(values[bad - 1]):016X}",
         )
     return values
@@ -176,8 +151,7 @@ def encode_page_refs(refs: PageRefs) -> bytes:
     """A page-refs section payload: 8-byte head, ``count`` u64 page ids, ``count`` digests."""
     instance(refs, PageRefs, "refs")
     pages, digests = refs.pages, refs.digests  # checked by PageRefs
-    head = (w.PAGE_REFS_VERSION, w.DIGEST_ALGORITHM_XXH3_64, pages.size)
-    return PAGE_REFS.pack(*head, runs=(pages, digests))
+    return _REFS.pack(count=pages.size, runs=(pages, digests))
 
 
 def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> PageRefs:
@@ -185,25 +159,22 @@ def decode_page_refs(data: object, num_pages: int, *, base_offset: int = 0) -> P
     ``num_pages`` (ids strictly increasing and below it)."""
     limit = non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    head = check_digest_head(
-        view, _REFS_RECORD, version=w.PAGE_REFS_VERSION, base_offset=base_offset
-    )
-    count = head["count"]
+    count = _REFS.read_head(view, base=base_offset)["count"]
     if count > limit:
         msg = "more page refs than pages"
-        raise _REFS_RECORD.error(
+        raise _REFS.error(
             "count", msg, base=base_offset, found=count, expected=f"<= num_pages {limit}"
         )
-    _REFS_RECORD.exact(view, PAGE_REFS.at(count, 2), base=base_offset, what="page ids/digests")
-    raw_pages, digests = PAGE_REFS.runs(view, count)
+    _REFS.exact(view, _REFS.item_at(count, 2), base=base_offset, what="page ids/digests")
+    raw_pages, digests = _REFS.runs(view, count)
     bad = _first_unsorted(raw_pages)
     if bad is not None:
-        at = base_offset + PAGE_REFS.at(count, 0, bad)
+        at = base_offset + _REFS.item_at(count, 0, bad)
         msg = "page ids must be strictly increasing"
-        raise _REFS_RECORD.error(f"pages[{bad}]", msg, at, found=int(raw_pages[bad]))
+        raise _REFS.error(f"pages[{bad}]", msg, at, found=int(raw_pages[bad]))
     if count and int(raw_pages[-1]) >= limit:
-        at = base_offset + PAGE_REFS.at(count, 0, count - 1)
-        raise _REFS_RECORD.error(
+        at = base_offset + _REFS.item_at(count, 0, count - 1)
+        raise _REFS.error(
             f"pages[{count - 1}]",
             "page id out of range",
             at,

@@ -25,8 +25,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import BlockPagedTensor
-from hurray_wire.wire import integrity as w, records as wr
-from hurray_wire.wire.digest_records import COUNT_MAX, DIGEST_SECTION
+from hurray_wire.wire import records as wr
 
 __all__ = [
     "MAX_EMPTY_PAGES",
@@ -47,9 +46,7 @@ __all__ = [
 DigestArray = npt.NDArray[np.uint64]
 IntArray = npt.NDArray[np.int64]
 
-DIGEST_RECORD = wr.DIGEST_SECTION.raising(
-    InvalidIntegrityRecordError, IntegrityRecordTruncatedError
-)
+_DIGESTS = wr.DIGEST_SECTION.raising(InvalidIntegrityRecordError, IntegrityRecordTruncatedError)
 _xxh3 = xxhash.xxh3_64_intdigest
 U64_MAX = (1 << 64) - 1
 #: Pages of 0 bytes (``num_heads`` or ``head_dim`` 0) a tensor or a blob may have: nothing
@@ -313,30 +310,8 @@ def verify_page_digests(tensor: BlockPagedTensor, digests: object) -> PageDigest
 
 def encode_digest_section(digests: object) -> bytes:
     """The payload of a page-digest section: 8-byte head, then the digests as u64 LE."""
-    values = u32_count(digest_array(digests, None), DIGEST_RECORD)
-    return DIGEST_SECTION.pack(
-        w.DIGEST_SECTION_VERSION, w.DIGEST_ALGORITHM_XXH3_64, values.size, runs=(values,)
-    )
-
-
-def u32_count(values: DigestArray, record: wr.Record) -> DigestArray:
-    """``values`` if their count fits the record's u32 ``count``."""
-    if values.size > COUNT_MAX:
-        msg = "too many digests for a u32 count"
-        raise record.invalid(msg, section=record.what, field="count", found=values.size)
-    return values
-
-
-def check_digest_head(
-    view: memoryview, record: wr.Record, *, version: int, base_offset: int
-) -> dict[str, Any]:
-    """Parse and check an 8-byte ``version | algorithm | reserved | count`` head."""
-    expected = (
-        ("version", version, "unsupported version"),
-        ("algorithm", w.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm"),
-        ("_reserved", bytes(record.head.sizes["_reserved"]), "reserved bytes must be zero"),
-    )
-    return record.read_head(view, expected, base=base_offset)
+    values = digest_array(digests, None)
+    return _DIGESTS.pack(count=values.size, runs=(values,))
 
 
 def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0) -> DigestArray:
@@ -344,15 +319,12 @@ def decode_digest_section(data: object, num_pages: int, *, base_offset: int = 0)
     ``base_offset``: where it sits in the blob, for the errors' offsets."""
     non_negative(num_pages, "num_pages")
     view = byte_view(data, "data")
-    fields = check_digest_head(
-        view, DIGEST_RECORD, version=w.DIGEST_SECTION_VERSION, base_offset=base_offset
-    )
-    count = fields["count"]
+    count = _DIGESTS.read_head(view, base=base_offset)["count"]
     if count != num_pages:
         msg = "digest count must equal the descriptor's num_pages"
-        raise DIGEST_RECORD.error("count", msg, base=base_offset, found=count, expected=num_pages)
-    DIGEST_RECORD.exact(view, DIGEST_SECTION.at(count, 1), base=base_offset, what="digests")
-    (digests,) = DIGEST_SECTION.runs(view, count)
+        raise _DIGESTS.error("count", msg, base=base_offset, found=count, expected=num_pages)
+    _DIGESTS.exact(view, _DIGESTS.item_at(count, 1), base=base_offset, what="digests")
+    (digests,) = _DIGESTS.runs(view, count)
     return digests.astype(np.uint64, copy=False)
 
 

@@ -37,8 +37,6 @@ _SEG = w.FAST_TRANSFER_SEGMENT
 _SEGMENT = _SEG.size  # 32
 _AT = _RECORD.offsets
 MAX_HEADER_BYTES = _RECORD.limit("tail_length")  # a ready record's blob header
-_SEGMENT_RESERVED_AT = _SEG.offsets["_reserved"]
-_U64_MAX = (1 << 64) - 1
 _ALIGNMENT = BLOB_ALIGNMENT  # blob total_length and section offsets are multiples of it
 
 
@@ -178,7 +176,7 @@ def _check_layout(r: TransferRecord) -> None:
                  cursor)  # fmt: skip
         if s.length == 0:
             _bad("empty segment", f"{where}.length", 0, "> 0")
-        if s.address == 0 or s.address + s.length > _U64_MAX:
+        if s.address == 0 or s.address + s.length >= 1 << 64:
             _bad("segment address out of range", f"{where}.address", s.address)
         cursor += s.length
         if cursor > total:
@@ -257,7 +255,7 @@ def decode_record(data: Any) -> TransferRecord:
         _SEG.struct.iter_unpack(raw[first:start])
     ):
         if any(reserved):
-            at = first + _SEGMENT * k + _SEGMENT_RESERVED_AT
+            at = first + _SEGMENT * k + _SEG.offsets["_reserved"]
             _bad(
                 "reserved bytes must be zero", f"segment[{k}]._reserved", reserved.hex(), offset=at
             )

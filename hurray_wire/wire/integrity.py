@@ -1,18 +1,6 @@
-"""construct structs of the integrity records (docs/integrity.md): bytes only, no rules.
-
-Four records, each a fixed little-endian head followed by arrays of u64:
-
-- the page-digest section payload (blob section kind 0x04): head + ``count`` digests;
-- the page-refs section payload (blob section kind 0x05, REQUIRED): head + ``count`` physical
-  page ids + ``count`` digests (struct of arrays, so each parses as one NumPy view);
-- the known-pages record a receiver sends before a delta transfer: head + ``count`` sorted
-  unique digests + an xxh3_64 trailer over everything before it (it travels outside a blob,
-  so it carries its own checksum);
-- the engine fingerprint: head (with an xxh3_64 of the body) + a body in the KV metadata
-  encoding (containers.md § B.4), stored as ONE bytes value under a reserved metadata key.
-
-The rules (allowed versions, counts against limits, sortedness) live in
-``hurray_wire.integrity``; these structs only say where the bytes are.
+"""construct structs of the integrity records (docs/integrity.md): bytes only, no rules
+(allowed versions, counts against limits, sortedness: ``hurray_wire.integrity``; where each
+u64 item sits: ``wire/records.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +11,6 @@ from hurray_wire.wire.blob import (  # re-exported: the integrity records' secti
     KIND_PAGE_DIGESTS as KIND_PAGE_DIGESTS,
     KIND_PAGE_REFS as KIND_PAGE_REFS,
 )
-from hurray_wire.wire.fast import derive
 
 # The blob section kinds of the two payloads (docs/integrity.md § 6); wire/blob.py owns the
 # table. 0x04 is optional (a reader that skips it loses only the page check); 0x05 is
@@ -44,12 +31,13 @@ DIGEST_SECTION_HEADER = c.Struct(
 
 # Payload of a page-refs section: this 8-byte head, then ``count`` u64 physical page ids
 # (strictly increasing, < num_pages), then ``count`` u64 digests (the page records to take
-# from the receiver's store, in the same order).
+# from the receiver's store, in the same order): struct of arrays, each one NumPy view.
 PAGE_REFS_VERSION = 1
 PAGE_REFS_HEADER = DIGEST_SECTION_HEADER  # the same 8 bytes: version, algorithm, count
 
 # Known pages (receiver -> sender, before a delta transfer): this 16-byte head, ``count``
-# u64 digests strictly increasing, then KNOWN_PAGES_CHECKSUM: xxh3_64 of all bytes before it.
+# u64 digests strictly increasing, then KNOWN_PAGES_CHECKSUM: xxh3_64 of all bytes before it
+# (the record travels outside a blob, so it carries its own checksum).
 KNOWN_PAGES_MAGIC = b"HWKP"
 KNOWN_PAGES_VERSION = 1
 KNOWN_PAGES_FORM_SORTED = 0  # a sorted array of digests
@@ -74,8 +62,9 @@ BLOOM_PARAMS = c.Struct(
 )
 
 # Engine fingerprint, the bytes value of metadata[FINGERPRINT_METADATA_KEY]: this 24-byte
-# head, then ``body_length`` bytes of KV metadata encoding (fields in a fixed order, then
-# ``extra.<key>`` entries sorted by key). ``body_checksum`` is xxh3_64 of the body.
+# head, then ``body_length`` bytes of KV metadata encoding (containers.md § B.4; fields in a
+# fixed order, then ``extra.<key>`` entries sorted by key). ``body_checksum``: xxh3_64 of the
+# body.
 FINGERPRINT_METADATA_KEY = "hurray.engine_fingerprint"
 FINGERPRINT_MAGIC = b"HWFP"
 FINGERPRINT_VERSION = 1
@@ -87,7 +76,3 @@ FINGERPRINT_HEADER = c.Struct(
     "_reserved1" / c.Const(bytes(4)),
     "body_checksum" / c.Int64ul,
 )
-
-
-FAST_FINGERPRINT_HEADER = derive(FINGERPRINT_HEADER)
-FAST_BLOOM_PARAMS = derive(BLOOM_PARAMS)

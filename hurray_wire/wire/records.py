@@ -16,19 +16,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
+import numpy as np
+import numpy.typing as npt
+
 from hurray_wire.wire import (
     blob as wb,
     containers as wc,
     descriptor as wd,
-    digest_records as dr,
     integrity as wi,
     stream as ws,
 )
-from hurray_wire.wire.fast import FastStruct, align, derive
+from hurray_wire.wire.fast import FastStruct, align, derive, item_dtype
 from hurray_wire.wire.seal import checksum_of, seal
 
 Spans = dict[str, tuple[int, int]]  # part name -> [start, stop)
 PREFIX = ws.FAST_RECORD_PREFIX  # the 16 bytes every stream record and blob starts with
+ITEM_DTYPE = item_dtype(wi.DIGEST_ITEM)  # one digest or page id on the wire
+ITEM_SIZE: int = wi.DIGEST_ITEM.sizeof()
+_ITEM = np.dtype(ITEM_DTYPE)
 
 
 def _fault(message: str, **details: Any) -> Exception:
@@ -52,6 +57,8 @@ class Record:
     alignment: int = 1
     section: str = ""
     hints: Mapping[bytes, str] = field(default_factory=dict)  # a wrong magic that is known
+    checks: tuple[tuple[str, Any, str], ...] = ()  # (field, value, message): ``read_head``'s
+    arrays: int = 0  # runs of ``count`` u64 after the head (digests, page ids)
     invalid: Callable[..., Exception] = _fault
     truncated: Callable[..., Exception] = _fault
     tail_size: int = field(init=False)
@@ -68,6 +75,11 @@ class Record:
         """This record bound to a module's error classes."""
         return replace(self, invalid=invalid, truncated=truncated)
 
+    def expecting(self, name: str, value: Any, message: str) -> Record:
+        """This record with ``name``'s check (in its place in ``checks``) replaced."""
+        checks = tuple((name, value, message) if c[0] == name else c for c in self.checks)
+        return replace(self, checks=checks)
+
     def total_for(self, runs: int) -> int:
         """total_length of a record whose variable runs take ``runs`` bytes."""
         size = self.head.size + runs + self.tail_size
@@ -76,6 +88,34 @@ class Record:
     def at(self, name: str) -> int:
         """Byte offset of a field of the head."""
         return self.head.offsets[name]
+
+    def item_at(self, count: int, array: int = 0, item: int = 0) -> int:
+        """Byte offset of ``item`` of run ``array`` in a record of ``count`` items a run
+        (``item_at(count, arrays)`` is where the runs end)."""
+        return self.head.size + ITEM_SIZE * (array * count + item)
+
+    def count_of(self, size: int) -> int | None:
+        """The ``count`` of a record of ``size`` bytes (None: no whole number of items)."""
+        run = ITEM_SIZE * self.arrays
+        if size < self.head.size or (size - self.head.size) % run:
+            return None
+        return (size - self.head.size) // run
+
+    def pack(self, *head: Any, runs: Sequence[npt.NDArray[Any]] = (), **fields: Any) -> bytes:
+        """The head (its non-Const fields in order, or by name: those ``checks`` fix are
+        their expected values), then each run as little-endian u64 (at most a u32 ``count``)."""
+        if runs and runs[0].size > self.head.limit("count"):
+            msg = "too many digests for a u32 count"
+            raise self.invalid(msg, section=self.what, field="count", found=runs[0].size)
+        named = {name: value for name, value, _ in self.checks} | fields
+        packed = self.head.pack(*head) if head else self.head.pack(**named)
+        return packed + b"".join(run.astype(_ITEM, copy=False).tobytes() for run in runs)
+
+    def runs(self, view: Any, count: int) -> list[npt.NDArray[np.uint64]]:
+        """Read-only views of the runs (the caller has checked that the bytes are there)."""
+        at = self.item_at(count)
+        step = ITEM_SIZE * count
+        return [np.frombuffer(view, _ITEM, count, at + step * i) for i in range(self.arrays)]
 
     def error(
         self, name: str | None, message: str, at: int | None = None, base: int = 0, **details: Any
@@ -89,16 +129,16 @@ class Record:
     def read_head(
         self,
         view: Any,
-        expected: Sequence[tuple[str, Any, str]] = (),
+        expected: Sequence[tuple[str, Any, str]] | None = None,
         *,
         at: int = 0,
         base: int = 0,
         what: str = "record shorter than its head",
     ) -> dict[str, Any]:
         """The head's fields at ``view[at]``, each ``(name, value, message)`` of
-        ``expected`` checked in order (magic, versions, reserved bytes), refused naming the
-        field and its offset (``base``: where ``view`` sits in the input); ``truncated``
-        when the head itself is cut."""
+        ``expected`` (by default ``checks``) checked in order (magic, versions, reserved
+        bytes), refused naming the field and its offset (``base``: where ``view`` sits in the
+        input); ``truncated`` when the head itself is cut."""
         if len(view) < at + self.head.size:
             raise self.truncated(
                 what,
@@ -108,7 +148,7 @@ class Record:
                 expected=f">= {at + self.head.size} bytes",
             )
         fields = self.head.unpack_dict(view, at)
-        for name, value, message in expected:
+        for name, value, message in self.checks if expected is None else expected:
             found = fields[name]
             if found != value:
                 shown = (found.hex(), value.hex()) if isinstance(value, bytes) else (found, value)
@@ -210,6 +250,11 @@ class Record:
         values = (checksum_of(padded), total)[: len(self.tail.names)]
         return padded + self.tail.pack(*values)
 
+    def sealed(self, view: Any, end: int, what: str = "body/checksum") -> None:
+        """A record that is exactly ``end`` bytes and its tail, whose seal matches."""
+        self.exact(view, end + self.tail_size, what=what)
+        self.check_seal(view, end)
+
     def check_seal(self, view: Any, end: int) -> None:
         """The seal at byte ``end`` (the tail's first field) must be that of ``view[:end]``."""
         assert self.tail is not None
@@ -268,10 +313,47 @@ END_RECORD = Record(
 )
 HRRY_HEADER = Record("header", wc.FAST_HRRY_HEADER)  # the .hrry file's first 64 bytes
 HRRY_TRAILER = Record("trailer", wc.FAST_HRRY_TRAILER)  # and its last 40
-DIGEST_SECTION = Record("page_digests", dr.DIGEST_SECTION.head)
-PAGE_REFS = Record("page_refs", dr.PAGE_REFS.head)
-BLOOM_PARAMS = Record("known_pages", wi.FAST_BLOOM_PARAMS)  # after the known-pages head
-KNOWN_PAGES = Record("known_pages", dr.KNOWN_PAGES.head, derive(wi.KNOWN_PAGES_CHECKSUM))
-FINGERPRINT = Record("engine_fingerprint", wi.FAST_FINGERPRINT_HEADER)
+_ALGORITHM = ("algorithm", wi.DIGEST_ALGORITHM_XXH3_64, "unsupported algorithm")
+_ZERO = "reserved bytes must be zero"
+_VERSION = ("version", wi.DIGEST_SECTION_VERSION, "unsupported version")
+_DIGEST_HEAD = (_VERSION, _ALGORITHM, ("_reserved", bytes(2), _ZERO))
+#: The integrity records (docs/integrity.md): a head, then ``arrays`` runs of ``count`` u64:
+#: the page-digest section payload one (digests), page refs two (page ids, then digests),
+#: the sorted known-pages record one (then its seal).
+DIGEST_SECTION = Record(
+    "page_digests", derive(wi.DIGEST_SECTION_HEADER), checks=_DIGEST_HEAD, arrays=1
+)
+PAGE_REFS = Record(
+    "page_refs", derive(wi.PAGE_REFS_HEADER), checks=_DIGEST_HEAD, arrays=2
+).expecting("version", wi.PAGE_REFS_VERSION, "unsupported version")
+BLOOM_PARAMS = Record(  # after the known-pages head
+    "known_pages", derive(wi.BLOOM_PARAMS), checks=(("_reserved", bytes(6), _ZERO),)
+)
+_BLOOM_HINT = "Bloom records: decode_known_pages_bloom"
+#: Checked as the sorted form; ``expecting("form", ...)`` makes the Bloom form's.
+KNOWN_PAGES = Record(
+    "known_pages",
+    derive(wi.KNOWN_PAGES_HEADER),
+    derive(wi.KNOWN_PAGES_CHECKSUM),
+    arrays=1,
+    checks=(
+        ("magic", wi.KNOWN_PAGES_MAGIC, "bad magic"),
+        ("_reserved0", b"\0", "bad reserved0"),
+        ("_reserved1", bytes(4), "bad reserved1"),
+        ("version", wi.KNOWN_PAGES_VERSION, "unsupported version"),
+        ("form", wi.KNOWN_PAGES_FORM_SORTED, f"unsupported form ({_BLOOM_HINT})"),
+        _ALGORITHM,
+    ),
+)
+FINGERPRINT = Record(
+    "engine_fingerprint",
+    derive(wi.FINGERPRINT_HEADER),
+    checks=(
+        ("magic", wi.FINGERPRINT_MAGIC, "bad magic"),
+        ("_reserved0", bytes(3), "bad reserved0"),
+        ("_reserved1", bytes(4), "bad reserved1"),
+        ("version", wi.FINGERPRINT_VERSION, "unsupported fingerprint version"),
+    ),
+)
 #: The records a stream holds, by magic (what frames each one).
 RECORDS_BY_MAGIC = {r.magic: r for r in (BLOB, STREAM_HEADER, END_RECORD)}

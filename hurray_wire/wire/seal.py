@@ -10,8 +10,6 @@ field is the validating module's part.
 
 from __future__ import annotations
 
-from typing import Any
-
 import construct as c
 import xxhash
 
@@ -27,10 +25,3 @@ checksum_of = xxhash.xxh3_64_intdigest  # the record checksum of a bytes-like
 def seal(body: bytes) -> bytes:
     """``body`` followed by its checksum: a whole self-checked record."""
     return body + _SEAL.pack(checksum_of(body))
-
-
-def unseal(view: Any, end: int) -> tuple[int, int]:
-    """``(stored, computed)``: the checksum stored at byte ``end`` of ``view`` and the one
-    of ``view[:end]`` (the caller has checked that ``end + SEAL_SIZE`` bytes are there)."""
-    (stored,) = _SEAL.unpack_from(view, end)
-    return stored, checksum_of(view[:end])
