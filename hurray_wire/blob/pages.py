@@ -39,7 +39,6 @@ from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, assemble
-from hurray_wire.wire.digest_records import PAGE_REFS
 
 __all__ = [
     "DecodeReport",
@@ -47,7 +46,6 @@ __all__ = [
     "PagedBuffers",
     "page_failure",
     "paged_buffers",
-    "refs_count",
     "sent_sizes",
 ]
 
@@ -92,12 +90,6 @@ def paged_buffers(descriptor: TensorDescriptor) -> PagedBuffers:
             if zp is not None:
                 params.append((zp, (zp_width,)))
     return PagedBuffers(page_nbytes, tuple(sorted(params)))
-
-
-def refs_count(raw_size: int) -> int | None:
-    """The number of refs a page-refs section of ``raw_size`` bytes holds (None: no whole
-    number of refs)."""
-    return PAGE_REFS.count_of(raw_size)
 
 
 def sent_sizes(descriptor: TensorDescriptor, sent: int) -> tuple[int, ...]:
@@ -178,11 +170,9 @@ class PageWork:
         self._tolerate = paged_buffers(descriptor).indexes if report and has_digests else None
         self._found: DigestArray | None = None  # the rows' digests, when digest_rows ran
 
-    def digest_rows(self, buffers: list[U8Array], refs: int | None) -> int:
-        """Digest the page rows of the (raw) buffers as they sit in the blob and return
-        xxh3_64 of buffer 0 from the same pass (its section checksum)."""
-        num_pages = self.descriptor.layout.num_pages
-        count = num_pages if refs is None else num_pages - refs
+    def digest_rows(self, buffers: list[U8Array], count: int) -> int:
+        """Digest the ``count`` page rows of the (raw) buffers as they sit in the blob and
+        return xxh3_64 of buffer 0 from the same pass (its section checksum)."""
         self._found, checksum = digests_and_checksum(page_rows(self.descriptor, buffers, count))
         return checksum
 
@@ -221,30 +211,8 @@ class PageWork:
         refs_payload: U8Array | None,
         refs_offset: int | None,
     ) -> list[U8Array]:
-        """Check the sent rows against the digests, then (with refs) rebuild the full
-        page-row buffers from the sent rows and the store. Returns the buffers to assemble."""
-        refs, sent, expected = self.sections(
-            digests_payload, digests_offset, refs_payload, refs_offset
-        )
-        if expected is not None:
-            found = self._found
-            if found is None:
-                count = len(expected) if sent is None else int(sent.size)
-                found = page_rows(self.descriptor, buffers, count).digests()
-            self.compare(found, expected, refs, sent)
-        if refs is None:
-            return buffers
-        return self._expand(buffers, refs, sent)
-
-    def sections(
-        self,
-        digests_payload: U8Array | None,
-        digests_offset: int | None,
-        refs_payload: U8Array | None,
-        refs_offset: int | None,
-    ) -> tuple[PageRefs | None, Any, DigestArray | None]:
-        """The page refs (a page store required), the sent page ids (None: every page is
-        sent) and the expected digests (None: none, or not verifying)."""
+        """Read the page refs (a page store required) and the expected digests, then
+        ``check_rows``: returns the buffers to assemble."""
         num_pages = self.descriptor.layout.num_pages
         refs = sent = expected = None
         if refs_payload is not None:
@@ -261,7 +229,23 @@ class PageWork:
             expected = decode_digest_section(  # only comparing the pages is a checksum's work
                 digests_payload, num_pages, base_offset=digests_offset or 0
             )
-        return refs, sent, expected if self.verify else None
+        return self.check_rows(buffers, refs, sent, expected if self.verify else None)
+
+    def check_rows(
+        self, buffers: list[U8Array], refs: PageRefs | None, sent: Any, expected: Any
+    ) -> list[U8Array]:
+        """Check the sent rows (``sent``: their page ids, None: every page) against the
+        ``expected`` digests (None: none, or not verifying), then (with refs) rebuild the
+        full page-row buffers from the sent rows and the store."""
+        if expected is not None:
+            found = self._found
+            if found is None:
+                count = len(expected) if sent is None else int(sent.size)
+                found = page_rows(self.descriptor, buffers, count).digests()
+            self.compare(found, expected, refs, sent)
+        if refs is None:
+            return buffers
+        return self._expand(buffers, refs, sent)
 
     def compare(
         self, found: DigestArray, expected: DigestArray, refs: PageRefs | None, sent: Any
@@ -321,6 +305,9 @@ class PageWork:
                 if part is not None:
                     part[failed] = 0
 
+    #: buffer 0 lands after assembly (``landing.arrays._OnePass``)
+    pool_later = False
+
     def assemble(
         self,
         descriptor: TensorDescriptor,
@@ -329,8 +316,8 @@ class PageWork:
         metadata: dict[str, Any],
     ) -> BlockPagedTensor:
         """Build the tensor from the (rebuilt) buffers: ``tensor.assemble``, unless a
-        subclass puts the pages elsewhere (blob/in_place.py)."""
-        return assemble(descriptor, buffers, seq_lens, metadata)
+        subclass puts the pages elsewhere (landing/in_place.py)."""
+        return assemble(descriptor, buffers, seq_lens, metadata, pool_later=self.pool_later)
 
     def verdict(self, table: Any, starts: Any, failed: npt.NDArray[np.int64]) -> Any:
         """The logical positions of the ``failed`` pages; with none failed, a tolerated

@@ -42,7 +42,7 @@ from hurray_wire.blob.envelope import (
     whole_blob_header,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, refs_count
+from hurray_wire.blob.pages import DecodeReport, PageWork
 from hurray_wire.blob.sections import Entry, check_entries
 from hurray_wire.buffers import U8Array, check_zero
 from hurray_wire.codecs import CODEC_RAW, decode_section
@@ -65,6 +65,7 @@ from hurray_wire.metadata import decode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble, pool_typing
 from hurray_wire.wire import blob as w
+from hurray_wire.wire.digest_records import PAGE_REFS
 from hurray_wire.wire.fast import item_struct
 
 __all__ = [
@@ -146,6 +147,16 @@ class _Plan:
     page_digests: Entry | None = None
     page_refs: Entry | None = None
     pool_typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None
+
+    @property
+    def sent_pages(self) -> int:
+        """The pages the blob carries as bytes (the others are page refs)."""
+        num_pages = self.descriptor.layout.num_pages
+        if self.page_refs is None:
+            return num_pages
+        refs = PAGE_REFS.count_of(self.page_refs.raw_size)
+        assert refs is not None  # the section table refused any other size
+        return num_pages - refs
 
 
 def _spans_struct(spans: list[tuple[int, int]], code: str = "s") -> struct.Struct:
@@ -410,9 +421,9 @@ def _materialize(
         buffers = pages.rebuild(
             buffers,
             None if digests is None else payload(digests),
-            _raw_offset(digests),
+            _at(digests),
             None if refs is None else payload(refs),
-            _raw_offset(refs),
+            _at(refs),
         )
     return _assemble(plan, buffers, lens, metadata, pages)
 
@@ -500,13 +511,13 @@ def _digest_pass(
     rows = [whole[e.offset : e.offset + e.stored_size] for e in plan.buffers]
     if pool is not None:
         rows[0] = pool
-    sent = None if plan.page_refs is None else refs_count(plan.page_refs.raw_size)
-    return pages.digest_rows(rows, sent)
+    return pages.digest_rows(rows, plan.sent_pages)
 
 
-def _raw_offset(e: Entry | None) -> int | None:
-    """Blob offset of a section's contents; None for decoded (compressed) bytes."""
-    return e.offset if e is not None and e.codec == CODEC_RAW else None
+def _at(e: Entry | None, inside: int | None = 0) -> int | None:
+    """Blob offset of byte ``inside`` a section's contents; None for decoded (compressed)
+    bytes."""
+    return e.offset + (inside or 0) if e is not None and e.codec == CODEC_RAW else None
 
 
 def _metadata(
@@ -519,9 +530,7 @@ def _metadata(
         metadata = dict(decode_metadata(meta_payload, max_entries=limits.max_metadata_entries))
         found = require_fingerprint(None, metadata, section="metadata")
     except HurrayWireError as exc:
-        start = _raw_offset(plan.metadata)
-        offset = None if start is None else start + (exc.offset or 0)
-        raise exc.relocated(section="metadata", offset=offset) from None
+        raise exc.relocated(section="metadata", offset=_at(plan.metadata, exc.offset)) from None
     return metadata, found
 
 
@@ -547,12 +556,10 @@ def _assemble(
             index = 1 if exc.field == "block_table" else 2
             entry, section = plan.buffers[index], f"buffer[{index}]"
             width = descriptor.layout.index_dtype.itemsize
-        start = _raw_offset(entry)
-        offset = start + width * (exc.position or 0) if start is not None else None
-        raise exc.relocated(section=section, offset=offset) from None
+        raise exc.relocated(
+            section=section, offset=_at(entry, width * (exc.position or 0))
+        ) from None
     except InvalidMetadataError as exc:  # a reserved key (kv_scale.check_reserved_metadata)
         raise exc.relocated(section="metadata") from None
     except HurrayWireError as exc:  # a pool error: its offset (if any) is within the pool
-        start = _raw_offset(plan.buffers[0])
-        offset = None if start is None else start + (exc.offset or 0)
-        raise exc.relocated(section="buffer[0]", offset=offset) from None
+        raise exc.relocated(section="buffer[0]", offset=_at(plan.buffers[0], exc.offset)) from None

@@ -24,7 +24,6 @@ from hurray_wire.blob.pages import (
     PageWork,
     page_failure,
     page_rows,
-    refs_count,
 )
 from hurray_wire.blob.pipeline import (
     Accept,
@@ -83,7 +82,7 @@ class InPlace:
         store = self.pool_store
         free = _free_pages(self.free_pages, store)
         plan = plan_of(view, opts)  # the header alone decides how many pages are sent
-        needed = _sent_pages(plan)
+        needed = plan.sent_pages
         if free.size < needed:
             raise ArgumentTypeError(
                 "free_pages has fewer pages than the blob sends",
@@ -339,15 +338,6 @@ class _InPlaceWork(PageWork):
                     part[remap[failed]] = 0
 
 
-def _sent_pages(plan: Any) -> int:
-    num_pages: int = plan.descriptor.layout.num_pages
-    if plan.page_refs is None:
-        return num_pages
-    refs = refs_count(plan.page_refs.raw_size)
-    assert refs is not None  # the section table refused any other size
-    return num_pages - refs
-
-
 def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
     """The blob's descriptor and the number of free pages ``decode(into=InPlace)`` writes (the
     pages the blob carries), from its checked header alone: what an engine's allocator
@@ -355,4 +345,4 @@ def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[Ten
     view = byte_view(data)
     opts = decode_options(limits=limits)
     plan = header_plan(view, total_length(view, whole=True), opts.limits, opts.plans)
-    return plan.descriptor, _sent_pages(plan)
+    return plan.descriptor, plan.sent_pages
