@@ -46,6 +46,7 @@ __all__ = [
     "PagedBuffers",
     "page_failure",
     "paged_buffers",
+    "put_rows",
     "sent_sizes",
 ]
 
@@ -117,6 +118,15 @@ def page_rows(descriptor: TensorDescriptor, buffers: list[U8Array], count: int) 
     scales = parts[0] if parts else None
     zero_points = parts[1] if len(parts) > 1 else None
     return PageRecords(pool, scales, zero_points)
+
+
+def put_rows(dst: PageRecords, at: Any, src: PageRecords | None = None, pool: bool = True) -> None:
+    """``src``'s rows (None: zeros) into rows ``at`` of ``dst``, part by part (``pool``
+    False: the slot parameters only)."""
+    for name in ("pool", "scales", "zero_points")[0 if pool else 1 :]:
+        into, rows = getattr(dst, name), 0 if src is None else getattr(src, name)
+        if into is not None and rows is not None:
+            into[at] = rows
 
 
 @dataclass(frozen=True)
@@ -198,10 +208,13 @@ class PageWork:
                                              base_offset=digests_offset)  # fmt: skip
         except HurrayWireError:
             return None
-        found = self._found
-        if found is None:
-            found = page_rows(self.descriptor, buffers, num_pages).digests()
-        return np.flatnonzero(found != expected).astype(np.int64)
+        return np.flatnonzero(self._digests(buffers, num_pages) != expected).astype(np.int64)
+
+    def _digests(self, buffers: list[U8Array], count: int) -> DigestArray:
+        """The digests of the ``count`` page rows of ``buffers`` (``digest_rows``' if it ran)."""
+        if self._found is not None:
+            return self._found
+        return page_rows(self.descriptor, buffers, count).digests()
 
     def rebuild(
         self,
@@ -238,11 +251,8 @@ class PageWork:
         ``expected`` digests (None: none, or not verifying), then (with refs) rebuild the
         full page-row buffers from the sent rows and the store."""
         if expected is not None:
-            found = self._found
-            if found is None:
-                count = len(expected) if sent is None else int(sent.size)
-                found = page_rows(self.descriptor, buffers, count).digests()
-            self.compare(found, expected, refs, sent)
+            count = len(expected) if sent is None else int(sent.size)
+            self.compare(self._digests(buffers, count), expected, refs, sent)
         if refs is None:
             return buffers
         return self._expand(buffers, refs, sent)
@@ -276,14 +286,9 @@ class PageWork:
         for index in paged_buffers(descriptor).indexes:  # each row: sent, filled or zeroed
             size = descriptor.buffers[index].byte_size
             full[index] = pool if index == 0 and pool is not None else np.empty(size, np.uint8)
-        rows_in = page_rows(descriptor, buffers, int(sent.size))
         rows_out = page_rows(descriptor, full, descriptor.layout.num_pages)
-        pairs = [(rows_in.scales, rows_out.scales), (rows_in.zero_points, rows_out.zero_points)]
-        if pool is None:
-            pairs.append((rows_in.pool, rows_out.pool))
-        for src, dst in pairs:
-            if src is not None and dst is not None and sent.size:
-                dst[sent] = src
+        if sent.size:
+            put_rows(rows_out, sent, page_rows(descriptor, buffers, int(sent.size)), pool is None)
         return full, rows_out
 
     def fill_refs(self, refs: PageRefs, rows_out: PageRecords) -> None:
@@ -299,11 +304,7 @@ class PageWork:
             out_zero_points=rows_out.zero_points,
             report=True,  # failures are raised by finish(), with their logical positions
         )
-        failed = self.fill.failed
-        if failed.size:  # never the bytes of another page: left zero
-            for part in (rows_out.pool, rows_out.scales, rows_out.zero_points):
-                if part is not None:
-                    part[failed] = 0
+        put_rows(rows_out, self.fill.failed)  # never the bytes of another page: left zero
 
     #: buffer 0 lands after assembly (``landing.arrays._OnePass``)
     pool_later = False

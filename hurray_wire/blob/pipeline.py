@@ -503,12 +503,10 @@ def _digest_pass(
 ) -> int | None:
     """With a page-digests section and raw buffers: digest the page rows and hash buffer 0
     for its section checksum in one pass over the pool (PageWork keeps the digests)."""
-    if pages is None or plan.page_digests is None:
-        return None
-    if any(e.codec != CODEC_RAW for e in plan.buffers):
+    if pages is None or plan.page_digests is None or not plan.raw_buffers:
         return None
     whole = np.frombuffer(view, np.uint8, plan.total)
-    rows = [whole[e.offset : e.offset + e.stored_size] for e in plan.buffers]
+    rows = [whole[span] for span in plan.buffer_spans]
     if pool is not None:
         rows[0] = pool
     return pages.digest_rows(rows, plan.sent_pages)

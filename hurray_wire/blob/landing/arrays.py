@@ -72,16 +72,6 @@ def _check_form(
         )
 
 
-def _refuse_overlap(flat: U8Array, view: memoryview) -> None:
-    whole = np.frombuffer(view, np.uint8)
-    if flat.size and whole.size and np.may_share_memory(flat, whole):
-        raise ArgumentTypeError(
-            "page_pool overlaps the blob being decoded",
-            field="page_pool",
-            found="memory shared with data",
-        )
-
-
 class _Copied(ABC):
     """What ``IntoArray`` and ``IntoPages`` share: the engine array's intake, and a copy of
     the verified pool as the pipeline's last step."""
@@ -116,7 +106,13 @@ class _Copied(ABC):
         there). ``IntoArray(one_pass=True)`` checks while writing (``_one_pass``)."""
         plan = plan_of(view, opts)
         self.check(plan.descriptor)
-        _refuse_overlap(self.flat, view)
+        whole = np.frombuffer(view, np.uint8)
+        if self.flat.size and whole.size and np.may_share_memory(self.flat, whole):
+            raise ArgumentTypeError(
+                "page_pool overlaps the blob being decoded",
+                field="page_pool",
+                found="memory shared with data",
+            )
         if isinstance(self, IntoArray) and self.one_pass and pool is None:
             tensor, found = self._one_pass(view, opts, plan, report, accept)
         else:

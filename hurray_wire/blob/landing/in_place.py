@@ -24,6 +24,7 @@ from hurray_wire.blob.pages import (
     PageWork,
     page_failure,
     page_rows,
+    put_rows,
 )
 from hurray_wire.blob.pipeline import (
     Accept,
@@ -323,19 +324,10 @@ class _InPlaceWork(PageWork):
 
     def _write(self, failed: IntArray) -> None:
         """The sent rows into their free pages; every failed page's free page zeroed."""
-        dst = self.pool.records
-        sent, remap = self.sent, self.remap
+        dst, sent, remap = self.pool.records, self.sent, self.remap
         if sent.size:
-            src = page_rows(self.descriptor, self.rows, int(sent.size))
-            slots = remap[sent]
-            for into, rows in ((dst.pool, src.pool), (dst.scales, src.scales),
-                               (dst.zero_points, src.zero_points)):  # fmt: skip
-                if into is not None and rows is not None:
-                    into[slots] = rows
-        if failed.size:
-            for part in (dst.pool, dst.scales, dst.zero_points):
-                if part is not None:
-                    part[remap[failed]] = 0
+            put_rows(dst, remap[sent], page_rows(self.descriptor, self.rows, int(sent.size)))
+        put_rows(dst, remap[failed])
 
 
 def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
