@@ -72,14 +72,15 @@ def _check_form(
         )
 
 
+@dataclass(frozen=True, eq=False)
 class _Copied(ABC):
     """What ``IntoArray`` and ``IntoPages`` share: the engine array's intake, and a copy of
     the verified pool as the pipeline's last step."""
 
     page_pool: Any
-    one_pass: bool
-    array: npt.NDArray[Any]
-    flat: U8Array
+    one_pass: bool = field(default=False, kw_only=True)
+    array: npt.NDArray[Any] = field(init=False, repr=False)
+    flat: U8Array = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         array = engine_array(self.page_pool, "page_pool")
@@ -129,11 +130,6 @@ class IntoArray(_Copied):
     torch on the CPU, DLPack) with the pool's dtype and shape, or uint8 of its byte size;
     the tensor's ``page_pool`` is then that array. ``one_pass=True``: checked while copied
     (module docstring); for NIXL, READ straight into it."""
-
-    page_pool: Any
-    one_pass: bool = False
-    array: npt.NDArray[Any] = field(init=False, repr=False)
-    flat: U8Array = field(init=False, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -192,11 +188,7 @@ class IntoPages(_Copied):
     that pool, its block table in engine page ids. Unquantized pools only (per-page scales
     would need an engine-sized scale array). ``one_pass``: NIXL's, READ straight there."""
 
-    page_pool: Any
     page_ids: Any
-    one_pass: bool = False
-    array: npt.NDArray[Any] = field(init=False, repr=False)
-    flat: U8Array = field(init=False, repr=False)
     ids: IntArray = field(init=False, repr=False)
     page_bytes: int = field(init=False, repr=False)
 
