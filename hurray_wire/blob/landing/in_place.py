@@ -17,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.blob.decoder import Decoder, decode_options
-from hurray_wire.blob.envelope import total_length
 from hurray_wire.blob.limits import DecodeLimits
 from hurray_wire.blob.pages import (
     DecodeReport,
@@ -28,7 +27,6 @@ from hurray_wire.blob.pages import (
 )
 from hurray_wire.blob.pipeline import (
     Accept,
-    header_plan,
     plan_of,
     run,
 )
@@ -81,15 +79,21 @@ class InPlace:
         if pool is not None:
             raise ArgumentTypeError("an in-place landing takes the whole blob", field="pool")
         store = self.pool_store
-        free = _free_pages(self.free_pages, store)
+        free = page_id_array(self.free_pages, store.num_pages, "free_pages", distinct=True)
+        held = np.flatnonzero(store.indexed(free))  # in range, unique, none of them indexed
+        if held.size:
+            raise ArgumentTypeError(
+                "free_pages must not include pages the pool store indexes (forget them first)",
+                field="free_pages",
+                found=f"free_pages[{int(held[0])}] = page {int(free[held[0]])}, indexed",
+            )
         plan = plan_of(view, opts)  # the header alone decides how many pages are sent
-        needed = plan.sent_pages
-        if free.size < needed:
+        if free.size < plan.sent_pages:
             raise ArgumentTypeError(
                 "free_pages has fewer pages than the blob sends",
                 field="free_pages",
                 found=f"{free.size} pages",
-                expected=f">= {needed}",
+                expected=f">= {plan.sent_pages}",
             )
         check_pool_fits(plan.descriptor, store)
         work = functools.partial(_InPlaceWork, pool=store, free=free, plans=opts.plans)
@@ -185,19 +189,6 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
         got = "none" if given is None else f"{given.size} entries of {given.dtype}"
         if want != got:
             raise _geometry_error(f"per-page-slot {name}", f"pool_store.{name}", want, got)
-
-
-def _free_pages(free_pages: object, pool: EnginePoolStore) -> IntArray:
-    """The engine's free page ids, checked: in range, unique, none of them indexed."""
-    free = page_id_array(free_pages, pool.num_pages, "free_pages", distinct=True)
-    held = np.flatnonzero(pool.indexed(free))
-    if held.size:
-        raise ArgumentTypeError(
-            "free_pages must not include pages the pool store indexes (forget them first)",
-            field="free_pages",
-            found=f"free_pages[{int(held[0])}] = page {int(free[held[0]])}, indexed",
-        )
-    return free
 
 
 def _slots(free: IntArray, start: int, count: int) -> IntArray:
@@ -334,7 +325,5 @@ def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[Ten
     """The blob's descriptor and the number of free pages ``decode(into=InPlace)`` writes (the
     pages the blob carries), from its checked header alone: what an engine's allocator
     needs before the decode (the stream reader's ``in_place`` callback receives both)."""
-    view = byte_view(data)
-    opts = decode_options(limits=limits)
-    plan = header_plan(view, total_length(view, whole=True), opts.limits, opts.plans)
+    plan = plan_of(byte_view(data), decode_options(limits=limits))
     return plan.descriptor, plan.sent_pages
