@@ -16,7 +16,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -86,67 +85,42 @@ _CHECKSUM_AT = ENTRY_AT["checksum"]
 _NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
 _CHECKSUM_END = _CHECKSUM_AT + ENTRY.sizes["checksum"]
-_NOTHING = struct.Struct("")  # the placeholders of _Plan's derived fields
 
 
-@dataclass(frozen=True)
 class _Plan:
-    """Everything a blob's header bytes determine, validated once (and memoised)."""
+    """Everything a blob's header bytes determine, validated once, memoised and never
+    changed: derived here, so that decoding a known header does no bookkeeping per section."""
 
-    descriptor: TensorDescriptor
-    total: int
-    entries: tuple[Entry, ...]
-    tail_start: int  # trailing zero padding: [tail_start, total)
-    verify_sections: bool
-
-    def __post_init__(self) -> None:
-        # Derived once, so that decoding a known header does no bookkeeping per section.
-        gaps = [(e.pad_start, e.offset, e.where) for e in self.entries if e.offset > e.pad_start]
-        if self.total > self.tail_start:
-            gaps.append((self.tail_start, self.total, "trailing padding"))
-        known = {(e.kind, e.index): e for e in self.entries if e.kind in w.SECTION_KINDS}
-        count = len(self.descriptor.buffers)
-        object.__setattr__(self, "paddings", tuple(gaps))
-        object.__setattr__(self, "buffers", tuple(known[(w.KIND_BUFFER, i)] for i in range(count)))
-        object.__setattr__(self, "seq_lens", known.get((w.KIND_SEQ_LENS, 0)))
-        object.__setattr__(self, "metadata", known.get((w.KIND_METADATA, 0)))
-        object.__setattr__(self, "page_digests", known.get((w.KIND_PAGE_DIGESTS, 0)))
-        object.__setattr__(self, "page_refs", known.get((w.KIND_PAGE_REFS, 0)))
-        raw = all(e.codec == CODEC_RAW for e in self.buffers)
-        object.__setattr__(self, "raw_buffers", raw)
-        spans = tuple(slice(e.offset, e.offset + e.stored_size) for e in self.buffers)
-        object.__setattr__(self, "buffer_spans", spans)
+    def __init__(
+        self, descriptor: TensorDescriptor, total: int, entries: tuple[Entry, ...],
+        tail_start: int, verify_sections: bool,
+    ) -> None:  # fmt: skip
+        self.descriptor, self.total, self.entries = descriptor, total, entries
+        self.verify_sections = verify_sections
+        gaps = [(e.pad_start, e.offset, e.where) for e in entries if e.offset > e.pad_start]
+        if total > tail_start:  # trailing zero padding: [tail_start, total)
+            gaps.append((tail_start, total, "trailing padding"))
+        self.paddings = tuple(gaps)
+        known = {(e.kind, e.index): e for e in entries if e.kind in w.SECTION_KINDS}
+        self.buffers = tuple(known[(w.KIND_BUFFER, i)] for i in range(len(descriptor.buffers)))
+        self.seq_lens = known.get((w.KIND_SEQ_LENS, 0))
+        self.metadata = known.get((w.KIND_METADATA, 0))
+        self.page_digests = known.get((w.KIND_PAGE_DIGESTS, 0))
+        self.page_refs = known.get((w.KIND_PAGE_REFS, 0))
+        self.raw_buffers = all(e.codec == CODEC_RAW for e in self.buffers)
+        self.buffer_spans = tuple(slice(e.offset, e.offset + e.stored_size) for e in self.buffers)
+        self.spans = tuple(slice(e.offset, e.offset + e.stored_size) for e in entries)
         small = [(a, b) for a, b, _ in gaps if b - a <= _SMALL_PADDING]
-        object.__setattr__(
-            self, "zeros", (_spans_struct(small), tuple(bytes(b - a) for a, b in small))
-        )
-        object.__setattr__(
-            self, "large_paddings", tuple(g for g in gaps if g[1] - g[0] > _SMALL_PADDING)
-        )
-        at = [(e.entry_offset + _CHECKSUM_AT, e.entry_offset + _CHECKSUM_END) for e in self.entries]
-        object.__setattr__(self, "stored_checksums", _spans_struct(at, _U64_CODE))
-        object.__setattr__(
-            self, "spans", tuple(slice(e.offset, e.offset + e.stored_size) for e in self.entries)
-        )
-        if not self.descriptor.element_type.is_packed:
+        #: One unpack of every small padding region, and the zero bytes each must hold.
+        self.zeros = (_spans_struct(small), tuple(bytes(b - a) for a, b in small))
+        self.large_paddings = tuple(g for g in gaps if g[1] - g[0] > _SMALL_PADDING)
+        at = [(e.entry_offset + _CHECKSUM_AT, e.entry_offset + _CHECKSUM_END) for e in entries]
+        #: One unpack of every entry's stored checksum, in table order.
+        self.stored_checksums = _spans_struct(at, _U64_CODE)
+        self.pool_typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None
+        if not descriptor.element_type.is_packed:
             with suppress(HurrayWireError):  # else refused by assemble, in its place
-                object.__setattr__(self, "pool_typing", pool_typing(self.descriptor))
-
-    paddings: tuple[tuple[int, int, str], ...] = ()
-    #: One unpack of every small padding region, and the zero bytes each must hold.
-    zeros: tuple[struct.Struct, tuple[bytes, ...]] = (_NOTHING, ())
-    large_paddings: tuple[tuple[int, int, str], ...] = ()
-    #: One unpack of every entry's stored checksum, in table order.
-    stored_checksums: struct.Struct = _NOTHING
-    spans: tuple[slice, ...] = ()  # each entry's stored bytes
-    raw_buffers: bool = False
-    buffer_spans: tuple[slice, ...] = ()
-    buffers: tuple[Entry, ...] = ()
-    seq_lens: Entry | None = None
-    metadata: Entry | None = None
-    page_digests: Entry | None = None
-    page_refs: Entry | None = None
-    pool_typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None
+                self.pool_typing = pool_typing(descriptor)
 
     @property
     def sent_pages(self) -> int:
