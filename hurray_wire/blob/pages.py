@@ -20,7 +20,6 @@ import numpy.typing as npt
 from hurray_wire.buffers import U8Array
 from hurray_wire.errors import (
     ChecksumError,
-    HurrayWireError,
     PageDigestError,
     PageStoreMissError,
 )
@@ -194,23 +193,7 @@ class PageWork:
         self.damaged.append(where)
         return True
 
-    def localise(
-        self, buffers: list[U8Array], digests_payload: U8Array, digests_offset: int, index: int
-    ) -> npt.NDArray[np.int64] | None:
-        """The pages whose rows in the raw page-row buffer ``index`` disagree with the
-        blob's digests: where a section checksum mismatch of that buffer lies (None: not
-        a page-row buffer, or the digests section is itself unreadable)."""
-        if index not in paged_buffers(self.descriptor).indexes:
-            return None
-        num_pages = self.descriptor.layout.num_pages
-        try:
-            expected = decode_digest_section(digests_payload, num_pages,
-                                             base_offset=digests_offset)  # fmt: skip
-        except HurrayWireError:
-            return None
-        return np.flatnonzero(self._digests(buffers, num_pages) != expected).astype(np.int64)
-
-    def _digests(self, buffers: list[U8Array], count: int) -> DigestArray:
+    def digests_of(self, buffers: list[U8Array], count: int) -> DigestArray:
         """The digests of the ``count`` page rows of ``buffers`` (``digest_rows``' if it ran)."""
         if self._found is not None:
             return self._found
@@ -252,7 +235,7 @@ class PageWork:
         full page-row buffers from the sent rows and the store."""
         if expected is not None:
             count = len(expected) if sent is None else int(sent.size)
-            self.compare(self._digests(buffers, count), expected, refs, sent)
+            self.compare(self.digests_of(buffers, count), expected, refs, sent)
         if refs is None:
             return buffers
         return self._expand(buffers, refs, sent)

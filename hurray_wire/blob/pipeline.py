@@ -41,7 +41,7 @@ from hurray_wire.blob.envelope import (
     whole_blob_header,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork
+from hurray_wire.blob.pages import DecodeReport, PageWork, paged_buffers
 from hurray_wire.blob.sections import Entry, check_entries
 from hurray_wire.buffers import U8Array, check_zero
 from hurray_wire.codecs import CODEC_RAW, decode_section
@@ -57,6 +57,7 @@ from hurray_wire.integrity import (
     EngineFingerprint,
     PageStore,
     check_compatible,
+    decode_digest_section,
     require_fingerprint,
 )
 from hurray_wire.memo import PER_ENTRY, BoundedMemo, weight
@@ -427,16 +428,24 @@ def _localised(
     page's row in the pool, not the section's start."""
     digests = plan.page_digests
     if (pages is None or digests is None or digests.codec != CODEC_RAW or not plan.raw_buffers
-            or plan.page_refs is not None or e.kind != w.KIND_BUFFER):  # fmt: skip
+            or plan.page_refs is not None or e.kind != w.KIND_BUFFER
+            or e.index not in paged_buffers(plan.descriptor).indexes):  # fmt: skip
         return error
+    num_pages = plan.descriptor.layout.num_pages  # the pool's rows: one page each
     whole = np.frombuffer(view, np.uint8, plan.total)
-    payload = whole[digests.offset : digests.offset + digests.stored_size]
+    try:
+        expected = decode_digest_section(
+            whole[digests.offset : digests.offset + digests.stored_size],
+            num_pages,
+            base_offset=digests.offset,
+        )
+    except HurrayWireError:
+        return error  # the digests section is itself unreadable
     rows = [whole[span] for span in plan.buffer_spans]
-    bad = pages.localise(rows, payload, digests.offset, e.index)
-    if bad is None or not bad.size:
+    bad = np.flatnonzero(pages.digests_of(rows, num_pages) != expected)
+    if not bad.size:
         return error  # the digests vouch for every page: the damage is elsewhere in it
     listed = f"{bad[:16].tolist()}{' ...' * (bad.size > 16)}"
-    num_pages = plan.descriptor.layout.num_pages  # the pool's rows: one page each
     located = ChecksumError(
         f"section checksum mismatch: the page digests name physical page(s) {listed}",
         section=e.where,
