@@ -18,11 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.buffers import U8Array
-from hurray_wire.errors import (
-    ChecksumError,
-    PageDigestError,
-    PageStoreMissError,
-)
+from hurray_wire.errors import ChecksumError, PageDigestError, PageStoreMissError
 from hurray_wire.integrity import (
     FillReport,
     PageRecords,

@@ -18,11 +18,7 @@ import xxhash
 from hurray_wire._interop import engine_array, scatter_rows
 from hurray_wire.blob.copying import copy_and_hash
 from hurray_wire.blob.decoder import Decoder
-from hurray_wire.blob.pages import (
-    DecodeReport,
-    PageWork,
-    page_rows,
-)
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows
 from hurray_wire.blob.pipeline import (
     Accept,
     checksum_mismatch,
@@ -40,11 +36,7 @@ from hurray_wire.integrity import PageRecords, PageRefs
 from hurray_wire.integrity.digests import IntArray
 from hurray_wire.integrity.pool_store import page_id_array
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.tensor import (
-    BlockPagedTensor,
-    check_padding_bits,
-    pool_form,
-)
+from hurray_wire.tensor import BlockPagedTensor, check_padding_bits, pool_form
 
 __all__ = ["IntoArray", "IntoPages"]
 

@@ -18,18 +18,8 @@ import numpy.typing as npt
 
 from hurray_wire.blob.decoder import Decoder, decode_options
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import (
-    DecodeReport,
-    PageWork,
-    page_failure,
-    page_rows,
-    put_rows,
-)
-from hurray_wire.blob.pipeline import (
-    Accept,
-    plan_of,
-    run,
-)
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_failure, page_rows, put_rows
+from hurray_wire.blob.pipeline import Accept, plan_of, run
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.integrity import EnginePoolStore, PageRefs
@@ -38,12 +28,7 @@ from hurray_wire.integrity.pool_store import page_id_array
 from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
-from hurray_wire.tensor import (
-    ZERO_POINTS,
-    BlockPagedTensor,
-    checked_indexes,
-    typed_params,
-)
+from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, checked_indexes, typed_params
 
 __all__ = ["InPlace", "InPlaceReport", "check_pool_fits", "peek_in_place"]
 
