@@ -11,12 +11,7 @@ import numpy as np
 
 from hurray_wire._interop import as_numpy, is_strided_pool, is_torch, referenced_pages
 from hurray_wire.dtypes import ElementType, element_type_of
-from hurray_wire.errors import (
-    ArgumentTypeError,
-    IndexBufferError,
-    InvalidTensorError,
-    PaddingError,
-)
+from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError, PaddingError
 from hurray_wire.fingerprint import fingerprint_from_metadata
 from hurray_wire.kv_scale import check_reserved_metadata, with_kv_scale
 from hurray_wire.memo import BoundedMemo, weight

@@ -53,7 +53,6 @@ EXCEPTIONS = {
     ("adapters/_common.py", "<u4"): "an engine array's dtype checked as given (input, not wire)",
     ("adapters/_common.py", "<i4"): "an engine array's dtype checked as given (input, not wire)",
     ("tensor.py", "<f4"): "the default scale element type (float32) of a built quantization",
-    ("blob/pipeline.py", ""): "the empty placeholder struct of a plan's derived fields",
     ("model/packing.py", "4 * count"): "6-bit codes: 4 codes in 3 bytes (bit packing of "
     "elements, docs/spec § element types, not a record)",
     ("model/packing.py", "slice[3]"): "the same 4-codes-in-3-bytes packing",

@@ -28,16 +28,8 @@ from hurray_wire.blob.pages import DecodeReport
 from hurray_wire.blob.pipeline import Accept, new_plan_cache, run
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.codecs import check_threads
-from hurray_wire.errors import (
-    ArgumentTypeError,
-    flag,
-    instance,
-)
-from hurray_wire.integrity import (
-    EngineFingerprint,
-    PageStore,
-    check_integrity_arguments,
-)
+from hurray_wire.errors import ArgumentTypeError, flag, instance
+from hurray_wire.integrity import EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor

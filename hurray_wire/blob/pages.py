@@ -18,12 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.buffers import U8Array
-from hurray_wire.errors import (
-    ChecksumError,
-    HurrayWireError,
-    PageDigestError,
-    PageStoreMissError,
-)
+from hurray_wire.errors import ChecksumError, PageDigestError, PageStoreMissError
 from hurray_wire.integrity import (
     FillReport,
     PageRecords,
@@ -39,7 +34,6 @@ from hurray_wire.integrity.digests import DigestArray
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, assemble
-from hurray_wire.wire.records import PAGE_REFS
 
 __all__ = [
     "DecodeReport",
@@ -47,7 +41,7 @@ __all__ = [
     "PagedBuffers",
     "page_failure",
     "paged_buffers",
-    "refs_count",
+    "put_rows",
     "sent_sizes",
 ]
 
@@ -94,12 +88,6 @@ def paged_buffers(descriptor: TensorDescriptor) -> PagedBuffers:
     return PagedBuffers(page_nbytes, tuple(sorted(params)))
 
 
-def refs_count(raw_size: int) -> int | None:
-    """The number of refs a page-refs section of ``raw_size`` bytes holds (None: no whole
-    number of refs)."""
-    return PAGE_REFS.count_of(raw_size)
-
-
 def sent_sizes(descriptor: TensorDescriptor, sent: int) -> tuple[int, ...]:
     """raw_size of every buffer section when only ``sent`` pages travel as bytes."""
     paged = paged_buffers(descriptor)
@@ -125,6 +113,15 @@ def page_rows(descriptor: TensorDescriptor, buffers: list[U8Array], count: int) 
     scales = parts[0] if parts else None
     zero_points = parts[1] if len(parts) > 1 else None
     return PageRecords(pool, scales, zero_points)
+
+
+def put_rows(dst: PageRecords, at: Any, src: PageRecords | None = None, pool: bool = True) -> None:
+    """``src``'s rows (None: zeros) into rows ``at`` of ``dst``, part by part (``pool``
+    False: the slot parameters only)."""
+    for name in ("pool", "scales", "zero_points")[0 if pool else 1 :]:
+        into, rows = getattr(dst, name), 0 if src is None else getattr(src, name)
+        if into is not None and rows is not None:
+            into[at] = rows
 
 
 @dataclass(frozen=True)
@@ -178,11 +175,9 @@ class PageWork:
         self._tolerate = paged_buffers(descriptor).indexes if report and has_digests else None
         self._found: DigestArray | None = None  # the rows' digests, when digest_rows ran
 
-    def digest_rows(self, buffers: list[U8Array], refs: int | None) -> int:
-        """Digest the page rows of the (raw) buffers as they sit in the blob and return
-        xxh3_64 of buffer 0 from the same pass (its section checksum)."""
-        num_pages = self.descriptor.layout.num_pages
-        count = num_pages if refs is None else num_pages - refs
+    def digest_rows(self, buffers: list[U8Array], count: int) -> int:
+        """Digest the ``count`` page rows of the (raw) buffers as they sit in the blob and
+        return xxh3_64 of buffer 0 from the same pass (its section checksum)."""
         self._found, checksum = digests_and_checksum(page_rows(self.descriptor, buffers, count))
         return checksum
 
@@ -194,24 +189,11 @@ class PageWork:
         self.damaged.append(where)
         return True
 
-    def localise(
-        self, buffers: list[U8Array], digests_payload: U8Array, digests_offset: int, index: int
-    ) -> npt.NDArray[np.int64] | None:
-        """The pages whose rows in the raw page-row buffer ``index`` disagree with the
-        blob's digests: where a section checksum mismatch of that buffer lies (None: not
-        a page-row buffer, or the digests section is itself unreadable)."""
-        if index not in paged_buffers(self.descriptor).indexes:
-            return None
-        num_pages = self.descriptor.layout.num_pages
-        try:
-            expected = decode_digest_section(digests_payload, num_pages,
-                                             base_offset=digests_offset)  # fmt: skip
-        except HurrayWireError:
-            return None
-        found = self._found
-        if found is None:
-            found = page_rows(self.descriptor, buffers, num_pages).digests()
-        return np.flatnonzero(found != expected).astype(np.int64)
+    def digests_of(self, buffers: list[U8Array], count: int) -> DigestArray:
+        """The digests of the ``count`` page rows of ``buffers`` (``digest_rows``' if it ran)."""
+        if self._found is not None:
+            return self._found
+        return page_rows(self.descriptor, buffers, count).digests()
 
     def rebuild(
         self,
@@ -221,30 +203,8 @@ class PageWork:
         refs_payload: U8Array | None,
         refs_offset: int | None,
     ) -> list[U8Array]:
-        """Check the sent rows against the digests, then (with refs) rebuild the full
-        page-row buffers from the sent rows and the store. Returns the buffers to assemble."""
-        refs, sent, expected = self.sections(
-            digests_payload, digests_offset, refs_payload, refs_offset
-        )
-        if expected is not None:
-            found = self._found
-            if found is None:
-                count = len(expected) if sent is None else int(sent.size)
-                found = page_rows(self.descriptor, buffers, count).digests()
-            self.compare(found, expected, refs, sent)
-        if refs is None:
-            return buffers
-        return self._expand(buffers, refs, sent)
-
-    def sections(
-        self,
-        digests_payload: U8Array | None,
-        digests_offset: int | None,
-        refs_payload: U8Array | None,
-        refs_offset: int | None,
-    ) -> tuple[PageRefs | None, Any, DigestArray | None]:
-        """The page refs (a page store required), the sent page ids (None: every page is
-        sent) and the expected digests (None: none, or not verifying)."""
+        """Read the page refs (a page store required) and the expected digests, then
+        ``check_rows``: returns the buffers to assemble."""
         num_pages = self.descriptor.layout.num_pages
         refs = sent = expected = None
         if refs_payload is not None:
@@ -261,7 +221,20 @@ class PageWork:
             expected = decode_digest_section(  # only comparing the pages is a checksum's work
                 digests_payload, num_pages, base_offset=digests_offset or 0
             )
-        return refs, sent, expected if self.verify else None
+        return self.check_rows(buffers, refs, sent, expected if self.verify else None)
+
+    def check_rows(
+        self, buffers: list[U8Array], refs: PageRefs | None, sent: Any, expected: Any
+    ) -> list[U8Array]:
+        """Check the sent rows (``sent``: their page ids, None: every page) against the
+        ``expected`` digests (None: none, or not verifying), then (with refs) rebuild the
+        full page-row buffers from the sent rows and the store."""
+        if expected is not None:
+            count = len(expected) if sent is None else int(sent.size)
+            self.compare(self.digests_of(buffers, count), expected, refs, sent)
+        if refs is None:
+            return buffers
+        return self._expand(buffers, refs, sent)
 
     def compare(
         self, found: DigestArray, expected: DigestArray, refs: PageRefs | None, sent: Any
@@ -292,14 +265,9 @@ class PageWork:
         for index in paged_buffers(descriptor).indexes:  # each row: sent, filled or zeroed
             size = descriptor.buffers[index].byte_size
             full[index] = pool if index == 0 and pool is not None else np.empty(size, np.uint8)
-        rows_in = page_rows(descriptor, buffers, int(sent.size))
         rows_out = page_rows(descriptor, full, descriptor.layout.num_pages)
-        pairs = [(rows_in.scales, rows_out.scales), (rows_in.zero_points, rows_out.zero_points)]
-        if pool is None:
-            pairs.append((rows_in.pool, rows_out.pool))
-        for src, dst in pairs:
-            if src is not None and dst is not None and sent.size:
-                dst[sent] = src
+        if sent.size:
+            put_rows(rows_out, sent, page_rows(descriptor, buffers, int(sent.size)), pool is None)
         return full, rows_out
 
     def fill_refs(self, refs: PageRefs, rows_out: PageRecords) -> None:
@@ -315,11 +283,10 @@ class PageWork:
             out_zero_points=rows_out.zero_points,
             report=True,  # failures are raised by finish(), with their logical positions
         )
-        failed = self.fill.failed
-        if failed.size:  # never the bytes of another page: left zero
-            for part in (rows_out.pool, rows_out.scales, rows_out.zero_points):
-                if part is not None:
-                    part[failed] = 0
+        put_rows(rows_out, self.fill.failed)  # never the bytes of another page: left zero
+
+    #: buffer 0 lands after assembly (``landing.arrays._OnePass``)
+    pool_later = False
 
     def assemble(
         self,
@@ -329,8 +296,8 @@ class PageWork:
         metadata: dict[str, Any],
     ) -> BlockPagedTensor:
         """Build the tensor from the (rebuilt) buffers: ``tensor.assemble``, unless a
-        subclass puts the pages elsewhere (blob/in_place.py)."""
-        return assemble(descriptor, buffers, seq_lens, metadata)
+        subclass puts the pages elsewhere (landing/in_place.py)."""
+        return assemble(descriptor, buffers, seq_lens, metadata, pool_later=self.pool_later)
 
     def verdict(self, table: Any, starts: Any, failed: npt.NDArray[np.int64]) -> Any:
         """The logical positions of the ``failed`` pages; with none failed, a tolerated

@@ -16,7 +16,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,7 +41,7 @@ from hurray_wire.blob.envelope import (
     whole_blob_header,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, refs_count
+from hurray_wire.blob.pages import DecodeReport, PageWork, paged_buffers
 from hurray_wire.blob.sections import Entry, check_entries
 from hurray_wire.buffers import U8Array, check_zero
 from hurray_wire.codecs import CODEC_RAW, decode_section
@@ -58,6 +57,7 @@ from hurray_wire.integrity import (
     EngineFingerprint,
     PageStore,
     check_compatible,
+    decode_digest_section,
     require_fingerprint,
 )
 from hurray_wire.memo import PER_ENTRY, BoundedMemo, weight
@@ -66,6 +66,7 @@ from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble, pool_typing
 from hurray_wire.wire import blob as w
 from hurray_wire.wire.fast import item_struct
+from hurray_wire.wire.records import PAGE_REFS
 
 __all__ = [
     "Accept",
@@ -85,67 +86,52 @@ _CHECKSUM_AT = ENTRY_AT["checksum"]
 _NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
 _CHECKSUM_END = _CHECKSUM_AT + ENTRY.sizes["checksum"]
-_NOTHING = struct.Struct("")  # the placeholders of _Plan's derived fields
 
 
-@dataclass(frozen=True)
 class _Plan:
-    """Everything a blob's header bytes determine, validated once (and memoised)."""
+    """Everything a blob's header bytes determine, validated once, memoised and never
+    changed: derived here, so that decoding a known header does no bookkeeping per section."""
 
-    descriptor: TensorDescriptor
-    total: int
-    entries: tuple[Entry, ...]
-    tail_start: int  # trailing zero padding: [tail_start, total)
-    verify_sections: bool
-
-    def __post_init__(self) -> None:
-        # Derived once, so that decoding a known header does no bookkeeping per section.
-        gaps = [(e.pad_start, e.offset, e.where) for e in self.entries if e.offset > e.pad_start]
-        if self.total > self.tail_start:
-            gaps.append((self.tail_start, self.total, "trailing padding"))
-        known = {(e.kind, e.index): e for e in self.entries if e.kind in w.SECTION_KINDS}
-        count = len(self.descriptor.buffers)
-        object.__setattr__(self, "paddings", tuple(gaps))
-        object.__setattr__(self, "buffers", tuple(known[(w.KIND_BUFFER, i)] for i in range(count)))
-        object.__setattr__(self, "seq_lens", known.get((w.KIND_SEQ_LENS, 0)))
-        object.__setattr__(self, "metadata", known.get((w.KIND_METADATA, 0)))
-        object.__setattr__(self, "page_digests", known.get((w.KIND_PAGE_DIGESTS, 0)))
-        object.__setattr__(self, "page_refs", known.get((w.KIND_PAGE_REFS, 0)))
-        raw = all(e.codec == CODEC_RAW for e in self.buffers)
-        object.__setattr__(self, "raw_buffers", raw)
-        spans = tuple(slice(e.offset, e.offset + e.stored_size) for e in self.buffers)
-        object.__setattr__(self, "buffer_spans", spans)
+    def __init__(
+        self, descriptor: TensorDescriptor, total: int, entries: tuple[Entry, ...],
+        tail_start: int, verify_sections: bool,
+    ) -> None:  # fmt: skip
+        self.descriptor, self.total, self.entries = descriptor, total, entries
+        self.verify_sections = verify_sections
+        gaps = [(e.pad_start, e.offset, e.where) for e in entries if e.offset > e.pad_start]
+        if total > tail_start:  # trailing zero padding: [tail_start, total)
+            gaps.append((tail_start, total, "trailing padding"))
+        self.paddings = tuple(gaps)
+        known = {(e.kind, e.index): e for e in entries if e.kind in w.SECTION_KINDS}
+        self.buffers = tuple(known[(w.KIND_BUFFER, i)] for i in range(len(descriptor.buffers)))
+        self.seq_lens = known.get((w.KIND_SEQ_LENS, 0))
+        self.metadata = known.get((w.KIND_METADATA, 0))
+        self.page_digests = known.get((w.KIND_PAGE_DIGESTS, 0))
+        self.page_refs = known.get((w.KIND_PAGE_REFS, 0))
+        self.raw_buffers = all(e.codec == CODEC_RAW for e in self.buffers)
+        self.buffer_spans = tuple(slice(e.offset, e.offset + e.stored_size) for e in self.buffers)
+        self.spans = tuple(slice(e.offset, e.offset + e.stored_size) for e in entries)
         small = [(a, b) for a, b, _ in gaps if b - a <= _SMALL_PADDING]
-        object.__setattr__(
-            self, "zeros", (_spans_struct(small), tuple(bytes(b - a) for a, b in small))
-        )
-        object.__setattr__(
-            self, "large_paddings", tuple(g for g in gaps if g[1] - g[0] > _SMALL_PADDING)
-        )
-        at = [(e.entry_offset + _CHECKSUM_AT, e.entry_offset + _CHECKSUM_END) for e in self.entries]
-        object.__setattr__(self, "stored_checksums", _spans_struct(at, _U64_CODE))
-        object.__setattr__(
-            self, "spans", tuple(slice(e.offset, e.offset + e.stored_size) for e in self.entries)
-        )
-        if not self.descriptor.element_type.is_packed:
+        #: One unpack of every small padding region, and the zero bytes each must hold.
+        self.zeros = (_spans_struct(small), tuple(bytes(b - a) for a, b in small))
+        self.large_paddings = tuple(g for g in gaps if g[1] - g[0] > _SMALL_PADDING)
+        at = [(e.entry_offset + _CHECKSUM_AT, e.entry_offset + _CHECKSUM_END) for e in entries]
+        #: One unpack of every entry's stored checksum, in table order.
+        self.stored_checksums = _spans_struct(at, _U64_CODE)
+        self.pool_typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None
+        if not descriptor.element_type.is_packed:
             with suppress(HurrayWireError):  # else refused by assemble, in its place
-                object.__setattr__(self, "pool_typing", pool_typing(self.descriptor))
+                self.pool_typing = pool_typing(descriptor)
 
-    paddings: tuple[tuple[int, int, str], ...] = ()
-    #: One unpack of every small padding region, and the zero bytes each must hold.
-    zeros: tuple[struct.Struct, tuple[bytes, ...]] = (_NOTHING, ())
-    large_paddings: tuple[tuple[int, int, str], ...] = ()
-    #: One unpack of every entry's stored checksum, in table order.
-    stored_checksums: struct.Struct = _NOTHING
-    spans: tuple[slice, ...] = ()  # each entry's stored bytes
-    raw_buffers: bool = False
-    buffer_spans: tuple[slice, ...] = ()
-    buffers: tuple[Entry, ...] = ()
-    seq_lens: Entry | None = None
-    metadata: Entry | None = None
-    page_digests: Entry | None = None
-    page_refs: Entry | None = None
-    pool_typing: tuple[tuple[int, ...], np.dtype[Any]] | None = None
+    @property
+    def sent_pages(self) -> int:
+        """The pages the blob carries as bytes (the others are page refs)."""
+        num_pages = self.descriptor.layout.num_pages
+        if self.page_refs is None:
+            return num_pages
+        refs = PAGE_REFS.count_of(self.page_refs.raw_size)
+        assert refs is not None  # the section table refused any other size
+        return num_pages - refs
 
 
 def _spans_struct(spans: list[tuple[int, int]], code: str = "s") -> struct.Struct:
@@ -410,9 +396,9 @@ def _materialize(
         buffers = pages.rebuild(
             buffers,
             None if digests is None else payload(digests),
-            _raw_offset(digests),
+            _at(digests),
             None if refs is None else payload(refs),
-            _raw_offset(refs),
+            _at(refs),
         )
     return _assemble(plan, buffers, lens, metadata, pages)
 
@@ -442,16 +428,24 @@ def _localised(
     page's row in the pool, not the section's start."""
     digests = plan.page_digests
     if (pages is None or digests is None or digests.codec != CODEC_RAW or not plan.raw_buffers
-            or plan.page_refs is not None or e.kind != w.KIND_BUFFER):  # fmt: skip
+            or plan.page_refs is not None or e.kind != w.KIND_BUFFER
+            or e.index not in paged_buffers(plan.descriptor).indexes):  # fmt: skip
         return error
+    num_pages = plan.descriptor.layout.num_pages  # the pool's rows: one page each
     whole = np.frombuffer(view, np.uint8, plan.total)
-    payload = whole[digests.offset : digests.offset + digests.stored_size]
+    try:
+        expected = decode_digest_section(
+            whole[digests.offset : digests.offset + digests.stored_size],
+            num_pages,
+            base_offset=digests.offset,
+        )
+    except HurrayWireError:
+        return error  # the digests section is itself unreadable
     rows = [whole[span] for span in plan.buffer_spans]
-    bad = pages.localise(rows, payload, digests.offset, e.index)
-    if bad is None or not bad.size:
+    bad = np.flatnonzero(pages.digests_of(rows, num_pages) != expected)
+    if not bad.size:
         return error  # the digests vouch for every page: the damage is elsewhere in it
     listed = f"{bad[:16].tolist()}{' ...' * (bad.size > 16)}"
-    num_pages = plan.descriptor.layout.num_pages  # the pool's rows: one page each
     located = ChecksumError(
         f"section checksum mismatch: the page digests name physical page(s) {listed}",
         section=e.where,
@@ -492,21 +486,19 @@ def _digest_pass(
 ) -> int | None:
     """With a page-digests section and raw buffers: digest the page rows and hash buffer 0
     for its section checksum in one pass over the pool (PageWork keeps the digests)."""
-    if pages is None or plan.page_digests is None:
-        return None
-    if any(e.codec != CODEC_RAW for e in plan.buffers):
+    if pages is None or plan.page_digests is None or not plan.raw_buffers:
         return None
     whole = np.frombuffer(view, np.uint8, plan.total)
-    rows = [whole[e.offset : e.offset + e.stored_size] for e in plan.buffers]
+    rows = [whole[span] for span in plan.buffer_spans]
     if pool is not None:
         rows[0] = pool
-    sent = None if plan.page_refs is None else refs_count(plan.page_refs.raw_size)
-    return pages.digest_rows(rows, sent)
+    return pages.digest_rows(rows, plan.sent_pages)
 
 
-def _raw_offset(e: Entry | None) -> int | None:
-    """Blob offset of a section's contents; None for decoded (compressed) bytes."""
-    return e.offset if e is not None and e.codec == CODEC_RAW else None
+def _at(e: Entry | None, inside: int | None = 0) -> int | None:
+    """Blob offset of byte ``inside`` a section's contents; None for decoded (compressed)
+    bytes."""
+    return e.offset + (inside or 0) if e is not None and e.codec == CODEC_RAW else None
 
 
 def _metadata(
@@ -519,9 +511,7 @@ def _metadata(
         metadata = dict(decode_metadata(meta_payload, max_entries=limits.max_metadata_entries))
         found = require_fingerprint(None, metadata, section="metadata")
     except HurrayWireError as exc:
-        start = _raw_offset(plan.metadata)
-        offset = None if start is None else start + (exc.offset or 0)
-        raise exc.relocated(section="metadata", offset=offset) from None
+        raise exc.relocated(section="metadata", offset=_at(plan.metadata, exc.offset)) from None
     return metadata, found
 
 
@@ -547,12 +537,10 @@ def _assemble(
             index = 1 if exc.field == "block_table" else 2
             entry, section = plan.buffers[index], f"buffer[{index}]"
             width = descriptor.layout.index_dtype.itemsize
-        start = _raw_offset(entry)
-        offset = start + width * (exc.position or 0) if start is not None else None
-        raise exc.relocated(section=section, offset=offset) from None
+        raise exc.relocated(
+            section=section, offset=_at(entry, width * (exc.position or 0))
+        ) from None
     except InvalidMetadataError as exc:  # a reserved key (kv_scale.check_reserved_metadata)
         raise exc.relocated(section="metadata") from None
     except HurrayWireError as exc:  # a pool error: its offset (if any) is within the pool
-        start = _raw_offset(plan.buffers[0])
-        offset = None if start is None else start + (exc.offset or 0)
-        raise exc.relocated(section="buffer[0]", offset=offset) from None
+        raise exc.relocated(section="buffer[0]", offset=_at(plan.buffers[0], exc.offset)) from None

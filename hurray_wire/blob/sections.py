@@ -13,7 +13,7 @@ from typing import Any
 
 from hurray_wire.blob.envelope import AT, ENTRY, ENTRY_AT, entry_at
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import paged_buffers, refs_count, sent_sizes
+from hurray_wire.blob.pages import paged_buffers, sent_sizes
 from hurray_wire.buffers import align
 from hurray_wire.codecs import CODEC_RAW, registry
 from hurray_wire.errors import (
@@ -25,7 +25,7 @@ from hurray_wire.errors import (
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.wire import blob as w
-from hurray_wire.wire.records import DIGEST_SECTION
+from hurray_wire.wire.records import DIGEST_SECTION, PAGE_REFS
 
 __all__ = ["Entry", "check_entries"]
 
@@ -133,7 +133,7 @@ class _Walk:
             self.enter(number, e)
             self.check_pages_geometry()
             num_pages = descriptor.layout.num_pages
-            refs = refs_count(e["raw_size"])
+            refs = PAGE_REFS.count_of(e["raw_size"])
             if refs is None or refs > num_pages:
                 raise self.refused(
                     "raw_size",

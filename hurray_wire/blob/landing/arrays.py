@@ -18,11 +18,7 @@ import xxhash
 from hurray_wire._interop import engine_array, scatter_rows
 from hurray_wire.blob.copying import copy_and_hash
 from hurray_wire.blob.decoder import Decoder
-from hurray_wire.blob.pages import (
-    DecodeReport,
-    PageWork,
-    page_rows,
-)
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows
 from hurray_wire.blob.pipeline import (
     Accept,
     checksum_mismatch,
@@ -36,16 +32,11 @@ from hurray_wire.buffers import U8Array
 from hurray_wire.codecs import CODEC_RAW
 from hurray_wire.codecs.base import output
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, flag
-from hurray_wire.integrity import PageRecords
+from hurray_wire.integrity import PageRecords, PageRefs
 from hurray_wire.integrity.digests import IntArray
 from hurray_wire.integrity.pool_store import page_id_array
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.tensor import (
-    BlockPagedTensor,
-    assemble,
-    check_padding_bits,
-    pool_form,
-)
+from hurray_wire.tensor import BlockPagedTensor, check_padding_bits, pool_form
 
 __all__ = ["IntoArray", "IntoPages"]
 
@@ -73,28 +64,15 @@ def _check_form(
         )
 
 
-def _refuse_overlap(flat: U8Array, view: memoryview) -> None:
-    whole = np.frombuffer(view, np.uint8)
-    if flat.size and whole.size and np.may_share_memory(flat, whole):
-        raise ArgumentTypeError(
-            "page_pool overlaps the blob being decoded",
-            field="page_pool",
-            found="memory shared with data",
-        )
-
-
-def _with_tensor(found: DecodeReport | None, tensor: BlockPagedTensor) -> DecodeReport | None:
-    return None if found is None else dataclasses.replace(found, tensor=tensor)
-
-
+@dataclass(frozen=True, eq=False)
 class _Copied(ABC):
     """What ``IntoArray`` and ``IntoPages`` share: the engine array's intake, and a copy of
     the verified pool as the pipeline's last step."""
 
     page_pool: Any
-    one_pass: bool
-    array: npt.NDArray[Any]
-    flat: U8Array
+    one_pass: bool = field(default=False, kw_only=True)
+    array: npt.NDArray[Any] = field(init=False, repr=False)
+    flat: U8Array = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         array = engine_array(self.page_pool, "page_pool")
@@ -121,14 +99,21 @@ class _Copied(ABC):
         there). ``IntoArray(one_pass=True)`` checks while writing (``_one_pass``)."""
         plan = plan_of(view, opts)
         self.check(plan.descriptor)
-        _refuse_overlap(self.flat, view)
+        whole = np.frombuffer(view, np.uint8)
+        if self.flat.size and whole.size and np.may_share_memory(self.flat, whole):
+            raise ArgumentTypeError(
+                "page_pool overlaps the blob being decoded",
+                field="page_pool",
+                found="memory shared with data",
+            )
         if isinstance(self, IntoArray) and self.one_pass and pool is None:
-            return self._one_pass(view, opts, plan, report, accept)
-        tensor, found = run(view, opts, report=report, accept=accept, plan=plan, pool=pool)
-        if not placed:
-            self._write(tensor.page_pool.reshape(-1).view(np.uint8))
+            tensor, found = self._one_pass(view, opts, plan, report, accept)
+        else:
+            tensor, found = run(view, opts, report=report, accept=accept, plan=plan, pool=pool)
+            if not placed:
+                self._write(tensor.page_pool.reshape(-1).view(np.uint8))
         tensor = self._typed(tensor)
-        return tensor, _with_tensor(found, tensor)
+        return tensor, None if found is None else dataclasses.replace(found, tensor=tensor)
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,11 +122,6 @@ class IntoArray(_Copied):
     torch on the CPU, DLPack) with the pool's dtype and shape, or uint8 of its byte size;
     the tensor's ``page_pool`` is then that array. ``one_pass=True``: checked while copied
     (module docstring); for NIXL, READ straight into it."""
-
-    page_pool: Any
-    one_pass: bool = False
-    array: npt.NDArray[Any] = field(init=False, repr=False)
-    flat: U8Array = field(init=False, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -183,17 +163,14 @@ class IntoArray(_Copied):
             copy_and_hash(out, whole[entry.offset : entry.offset + entry.stored_size], hasher)
             if hasher is not None:
                 _compare(hasher, view, entry)
-            tensor = self._typed(tensor)
-            return tensor, _with_tensor(found, tensor)
+            return tensor, found
         # The pool lands in _OnePass.finish, after every other check: a compressed one is
         # decompressed into the destination (its sent rows into scratch when page refs
         # scatter them), each page-row chunk copied, hashed and digested while in cache.
         late = None if raw else out if plan.page_refs is None else output(None, entry.raw_size)
         work = partial(_OnePass, out, view, entry, hashed, late, opts.threads)
-        tensor, found = run(view, opts, report=report, accept=accept, plan=plan, work=work,
-                            defer_pool=hashed, late_pool=late)  # fmt: skip
-        tensor = self._typed(tensor)
-        return tensor, _with_tensor(found, tensor)
+        return run(view, opts, report=report, accept=accept, plan=plan, work=work,
+                   defer_pool=hashed, late_pool=late)  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,11 +180,7 @@ class IntoPages(_Copied):
     that pool, its block table in engine page ids. Unquantized pools only (per-page scales
     would need an engine-sized scale array). ``one_pass``: NIXL's, READ straight there."""
 
-    page_pool: Any
     page_ids: Any
-    one_pass: bool = False
-    array: npt.NDArray[Any] = field(init=False, repr=False)
-    flat: U8Array = field(init=False, repr=False)
     ids: IntArray = field(init=False, repr=False)
     page_bytes: int = field(init=False, repr=False)
 
@@ -315,35 +288,20 @@ class _OnePass(PageWork):
         self.sent_buffers: list[U8Array] = []
         self.pending: tuple[Any, ...] = (None, None, None, None)
 
-    def digest_rows(self, buffers: list[U8Array], refs: int | None) -> int:
+    pool_later = True
+
+    def digest_rows(self, buffers: list[U8Array], count: int) -> int:
         return 0  # digested while landed (buffer 0's checksum is deferred: not compared)
 
-    def rebuild(
-        self,
-        buffers: list[U8Array],
-        digests_payload: U8Array | None,
-        digests_offset: int | None,
-        refs_payload: U8Array | None,
-        refs_offset: int | None,
+    def check_rows(
+        self, buffers: list[U8Array], refs: PageRefs | None, sent: Any, expected: Any
     ) -> list[U8Array]:
-        refs, sent, expected = self.sections(
-            digests_payload, digests_offset, refs_payload, refs_offset
-        )
         self.sent_buffers = buffers
         full = [self.out, *buffers[1:]]
         if refs is not None:
             full = self.place(buffers, sent, self.out)[0]
         self.pending = (refs, sent, expected, full)
         return full
-
-    def assemble(
-        self,
-        descriptor: TensorDescriptor,
-        buffers: list[U8Array],
-        seq_lens: npt.NDArray[Any] | None,
-        metadata: dict[str, Any],
-    ) -> BlockPagedTensor:
-        return assemble(descriptor, buffers, seq_lens, metadata, pool_later=True)
 
     def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
         refs, sent, expected, full = self.pending

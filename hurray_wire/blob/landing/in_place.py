@@ -17,21 +17,9 @@ import numpy as np
 import numpy.typing as npt
 
 from hurray_wire.blob.decoder import Decoder, decode_options
-from hurray_wire.blob.envelope import total_length
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import (
-    DecodeReport,
-    PageWork,
-    page_failure,
-    page_rows,
-    refs_count,
-)
-from hurray_wire.blob.pipeline import (
-    Accept,
-    header_plan,
-    plan_of,
-    run,
-)
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_failure, page_rows, put_rows
+from hurray_wire.blob.pipeline import Accept, plan_of, run
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.integrity import EnginePoolStore, PageRefs
@@ -40,12 +28,7 @@ from hurray_wire.integrity.pool_store import page_id_array
 from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
-from hurray_wire.tensor import (
-    ZERO_POINTS,
-    BlockPagedTensor,
-    checked_indexes,
-    typed_params,
-)
+from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, checked_indexes, typed_params
 
 __all__ = ["InPlace", "InPlaceReport", "check_pool_fits", "peek_in_place"]
 
@@ -81,15 +64,21 @@ class InPlace:
         if pool is not None:
             raise ArgumentTypeError("an in-place landing takes the whole blob", field="pool")
         store = self.pool_store
-        free = _free_pages(self.free_pages, store)
+        free = page_id_array(self.free_pages, store.num_pages, "free_pages", distinct=True)
+        held = np.flatnonzero(store.indexed(free))  # in range, unique, none of them indexed
+        if held.size:
+            raise ArgumentTypeError(
+                "free_pages must not include pages the pool store indexes (forget them first)",
+                field="free_pages",
+                found=f"free_pages[{int(held[0])}] = page {int(free[held[0]])}, indexed",
+            )
         plan = plan_of(view, opts)  # the header alone decides how many pages are sent
-        needed = _sent_pages(plan)
-        if free.size < needed:
+        if free.size < plan.sent_pages:
             raise ArgumentTypeError(
                 "free_pages has fewer pages than the blob sends",
                 field="free_pages",
                 found=f"{free.size} pages",
-                expected=f">= {needed}",
+                expected=f">= {plan.sent_pages}",
             )
         check_pool_fits(plan.descriptor, store)
         work = functools.partial(_InPlaceWork, pool=store, free=free, plans=opts.plans)
@@ -185,19 +174,6 @@ def check_pool_fits(descriptor: TensorDescriptor, pool: EnginePoolStore) -> None
         got = "none" if given is None else f"{given.size} entries of {given.dtype}"
         if want != got:
             raise _geometry_error(f"per-page-slot {name}", f"pool_store.{name}", want, got)
-
-
-def _free_pages(free_pages: object, pool: EnginePoolStore) -> IntArray:
-    """The engine's free page ids, checked: in range, unique, none of them indexed."""
-    free = page_id_array(free_pages, pool.num_pages, "free_pages", distinct=True)
-    held = np.flatnonzero(pool.indexed(free))
-    if held.size:
-        raise ArgumentTypeError(
-            "free_pages must not include pages the pool store indexes (forget them first)",
-            field="free_pages",
-            found=f"free_pages[{int(held[0])}] = page {int(free[held[0]])}, indexed",
-        )
-    return free
 
 
 def _slots(free: IntArray, start: int, count: int) -> IntArray:
@@ -324,35 +300,15 @@ class _InPlaceWork(PageWork):
 
     def _write(self, failed: IntArray) -> None:
         """The sent rows into their free pages; every failed page's free page zeroed."""
-        dst = self.pool.records
-        sent, remap = self.sent, self.remap
+        dst, sent, remap = self.pool.records, self.sent, self.remap
         if sent.size:
-            src = page_rows(self.descriptor, self.rows, int(sent.size))
-            slots = remap[sent]
-            for into, rows in ((dst.pool, src.pool), (dst.scales, src.scales),
-                               (dst.zero_points, src.zero_points)):  # fmt: skip
-                if into is not None and rows is not None:
-                    into[slots] = rows
-        if failed.size:
-            for part in (dst.pool, dst.scales, dst.zero_points):
-                if part is not None:
-                    part[remap[failed]] = 0
-
-
-def _sent_pages(plan: Any) -> int:
-    num_pages: int = plan.descriptor.layout.num_pages
-    if plan.page_refs is None:
-        return num_pages
-    refs = refs_count(plan.page_refs.raw_size)
-    assert refs is not None  # the section table refused any other size
-    return num_pages - refs
+            put_rows(dst, remap[sent], page_rows(self.descriptor, self.rows, int(sent.size)))
+        put_rows(dst, remap[failed])
 
 
 def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
     """The blob's descriptor and the number of free pages ``decode(into=InPlace)`` writes (the
     pages the blob carries), from its checked header alone: what an engine's allocator
     needs before the decode (the stream reader's ``in_place`` callback receives both)."""
-    view = byte_view(data)
-    opts = decode_options(limits=limits)
-    plan = header_plan(view, total_length(view, whole=True), opts.limits, opts.plans)
-    return plan.descriptor, _sent_pages(plan)
+    plan = plan_of(byte_view(data), decode_options(limits=limits))
+    return plan.descriptor, plan.sent_pages
