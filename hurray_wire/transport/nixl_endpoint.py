@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -172,7 +173,7 @@ def _pieces(
     return rows(local), rows(remote)
 
 
-class _Endpoint(ClosesOnExit):
+class _Endpoint(ClosesOnExit, ABC):
     """One NIXL agent with a UCX backend, its registrations and its one peer."""
 
     #: The transfer's id: the sender's own, the receiver's from the first offer.
@@ -298,9 +299,10 @@ class _Endpoint(ClosesOnExit):
             self._on_record(r)
         return bool(out)
 
+    @abstractmethod
     def _on_record(self, r: TransferRecord) -> None:
-        """One record of this session's peer (not an abort)."""
-        raise NotImplementedError
+        """One record of this session's peer (not an abort): the sender's and the
+        receiver's own protocol step."""
 
     def _on_known_pages(self, data: bytes) -> None:
         """A known-pages record (docs/integrity.md § 5.1): only a sender takes one."""
