@@ -78,7 +78,7 @@ def digest_pass(pages: int, rounds: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     pool = pool_bytes(rng, pages)
     t = hw.BlockPagedTensor.from_arrays(pool, np.arange(pages), [0, pages])
-    flat = memoryview(pool.reshape(-1).view(np.uint8))
+    flat = pool.reshape(-1).view(np.uint8).data
     size = pool[0].nbytes
     rows = pool.reshape(pages, -1).view(np.uint8)
     words = pool.reshape(pages, -1).view(np.uint64)
@@ -88,7 +88,7 @@ def digest_pass(pages: int, rounds: int) -> dict[str, float]:
         return [f(flat[i * size : (i + 1) * size]) for i in range(pages)]
 
     def hasher_objects() -> list[int]:
-        return [xxhash.xxh3_64(r).intdigest() for r in rows]
+        return [xxhash.xxh3_64(r.data).intdigest() for r in rows]
 
     def numpy_mix() -> Any:
         x = words * np.uint64(0x9E3779B97F4A7C15)
@@ -116,7 +116,7 @@ def digest_pass(pages: int, rounds: int) -> dict[str, float]:
         zero_points=np.zeros(pages * 16, np.int32),
     )
     records = page_records(qt)
-    qflat = memoryview(qt.page_pool.reshape(-1).view(np.uint8))
+    qflat = qt.page_pool.reshape(-1).view(np.uint8).data
 
     def concatenated() -> list[int]:
         assert records.scales is not None and records.zero_points is not None
@@ -210,7 +210,8 @@ def _requests(layers: int, pages: int, shared: float) -> tuple[list[Any], list[A
     shares ``shared`` of each tensor's pages with the earlier one."""
     rng = np.random.default_rng(4)
     same = round(pages * shared)
-    earlier, now = [], []
+    earlier: list[Any] = []
+    now: list[Any] = []
     for layer in range(layers):
         for role in ("key", "value"):
             a = pool_bytes(rng, pages)

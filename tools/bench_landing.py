@@ -14,6 +14,7 @@ import argparse
 import os
 import subprocess
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,7 @@ def kinds(mib: int) -> dict[str, tuple[bytes, np.ndarray[Any, Any], Any]]:
     )  # fmt: skip
     plain, shuffled, chunked = map(hw.Compression.parse, ("zstd", "shuffle-zstd",
                                                           "chunked-shuffle-zstd"))  # fmt: skip
-    out: dict[str, tuple[bytes, Any, Any]] = {
+    out: dict[str, tuple[memoryview, Any, Any]] = {
         "raw": (hw.encode(t(noisy)), noisy, None),
         "raw, page digests": (hw.encode(t(noisy), page_digests=True), noisy, None),
         "raw, page digests + refs (1/4)": (
@@ -104,14 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, (blob, pool, store) in kinds(scaled(args.mib, 1)).items():
         engine = np.empty_like(pool)
         want = hw.decode(blob, page_store=store).page_pool
+
+        def land(one_pass: bool, b: bytes = blob, e: Any = engine, s: Any = store) -> Any:
+            return hw.decode(b, into=hw.IntoArray(e, one_pass=one_pass), page_store=s)
+
         fns: dict[str, Callable[[], Any]] = {
-            "memcpy": lambda p=pool, e=engine: np.copyto(e, p),
-            "safe": lambda b=blob, e=engine, s=store: hw.decode(
-                b, into=hw.IntoArray(e), page_store=s
-            ),
-            "one_pass": lambda b=blob, e=engine, s=store: hw.decode(
-                b, into=hw.IntoArray(e, one_pass=True), page_store=s
-            ),
+            "memcpy": partial(np.copyto, engine, pool),
+            "safe": partial(land, False),
+            "one_pass": partial(land, True),
         }
         best = interleaved(fns, repeat=scaled(args.repeat, 1))
         assert engine.tobytes() == want.tobytes(), name  # the last landing is the pool

@@ -228,7 +228,7 @@ def _phases(receiver: Any, landing: np.ndarray[Any, Any], table: list[tuple[int,
     return {
         "READ of a blob (raw; over shm the copy itself)": cpu(lambda: _raw_round(receiver, landing,
                                                                          table[:3])),
-        "xxh3 of the pool (once on each end)": cpu(lambda: xxhash.xxh3_64_intdigest(pool)),
+        "xxh3 of the pool (once on each end)": cpu(lambda: xxhash.xxh3_64_intdigest(pool.data)),
         "copy into the engine array (expect's default)": cpu(lambda: np.copyto(engine, pool)),
         "plan and checks (decode, verify=False)": cpu(lambda: hw.decode(blob, verify=False)),
         "decode with checksums (plan, checks, xxh3)": cpu(lambda: hw.decode(blob)),

@@ -24,7 +24,7 @@ logging.getLogger("nixl").setLevel(logging.ERROR)
 
 
 def _agent(name: str, mode: str) -> Any:
-    nixl = endpoint._nixl
+    nixl = vars(endpoint)["_nixl"]  # the NIXL module the endpoint loaded
     agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=False, backends=[]))
     params = dict(agent.get_plugin_params("UCX"))
     params["ucx_error_handling_mode"] = mode
