@@ -112,6 +112,12 @@ class IndexEntry:
     data_length: int
 
 
+def _invalid(
+    message: str, section: str, field: str | None, at: int | None = None, **kw: Any
+) -> InvalidContainerError:
+    return InvalidContainerError(message, section=section, field=field, offset=at, **kw)
+
+
 def check_alignment(value: object, offset: int | None = None) -> None:
     """§ B.2: data_buffer_alignment is a power of two in 4096 .. 2 MiB."""
     if (
@@ -222,91 +228,50 @@ def parse_index(buf: Any, header: FileHeader, trailer: FileTrailer) -> tuple[Ind
     """Every index entry, no bytes left over, sorted if SORTED_INDEX says so."""
     start = trailer.index_offset
     end = start + trailer.index_length
+
+    def refuse(message: str, field: str | None, at: int, **kw: Any) -> InvalidContainerError:
+        return InvalidContainerError(message, section="index", field=field, offset=at, **kw)
+
     count = COUNT.struct.unpack_from(buf, start)[0]
     room = (end - start - COUNT.size) // _MIN_ENTRY
     if count > room:
-        raise InvalidContainerError(
-            "entry_count larger than the index can hold",
-            section="index",
-            field="entry_count",
-            offset=start,
-            expected=f"<= {room}",
-            found=count,
-        )
+        message = "entry_count larger than the index can hold"
+        raise refuse(message, "entry_count", start, expected=f"<= {room}", found=count)
     pos = start + COUNT.size
     entries: list[IndexEntry] = []
-    raw_names: list[bytes] = []
-    seen: set[bytes] = set()
+    names: dict[bytes, None] = {}  # the raw names, in index order
     for number in range(count):
         where = f"entries[{number}]"
-        if pos + NAME_LENGTH.size > end:
-            raise _index_short(where, pos, end)
-        name_length = NAME_LENGTH.struct.unpack_from(buf, pos)[0]
-        if name_length == 0:
-            raise InvalidContainerError(
-                "empty tensor name", section="index", field=f"{where}.name_length", offset=pos
-            )
         at_name = pos + NAME_LENGTH.size
+        name_length = NAME_LENGTH.struct.unpack_from(buf, pos)[0] if at_name <= end else -1
+        if name_length == 0:
+            raise refuse("empty tensor name", f"{where}.name_length", pos)
         fixed = at_name + name_length
-        if fixed + ENTRY_FIXED.size > end:
-            raise _index_short(where, pos, end)
+        if name_length < 0 or fixed + ENTRY_FIXED.size > end:
+            short = "index_length ends inside an entry"
+            raise refuse(short, where, pos, expected="a whole entry", found=f"{end - pos} bytes")
         raw = bytes(buf[at_name:fixed])
         try:
             name = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidContainerError(
-                "tensor name is not valid UTF-8",
-                section="index",
-                field=f"{where}.name",
-                offset=at_name + exc.start,
-            ) from None
-        if raw in seen:
-            raise InvalidContainerError(
-                "duplicate tensor name",
-                section="index",
-                field=f"{where}.name",
-                offset=at_name,
-                found=repr(name),
-            )
-        seen.add(raw)
-        raw_names.append(raw)
+            message = "tensor name is not valid UTF-8"
+            raise refuse(message, f"{where}.name", at_name + exc.start) from None
+        if raw in names:
+            raise refuse("duplicate tensor name", f"{where}.name", at_name, found=repr(name))
+        names[raw] = None
         d_off, d_len, data_off, data_len, flags = ENTRY_FIXED.struct.unpack_from(buf, fixed)
         if flags:
-            raise InvalidContainerError(
-                "index entry flags must be 0",
-                section="index",
-                field=f"{where}.flags",
-                offset=fixed + ENTRY_FIXED.offsets["flags"],
-                found=flags,
-            )
+            at_flags = fixed + ENTRY_FIXED.offsets["flags"]
+            raise refuse("index entry flags must be 0", f"{where}.flags", at_flags, found=flags)
         entries.append(IndexEntry(name, d_off, d_len, data_off, data_len))
         pos = fixed + ENTRY_FIXED.size
     if pos != end:
-        raise InvalidContainerError(
-            "bytes left over after the last index entry",
-            section="index",
-            offset=pos,
-            expected=f"index end at {end}",
-            found=f"{end - pos} bytes",
-        )
-    if header.sorted_index and raw_names != sorted(raw_names):
-        raise InvalidContainerError(
-            "SORTED_INDEX is set but the entries are not sorted by name bytes",
-            section="index",
-            offset=start,
-        )
+        message = "bytes left over after the last index entry"
+        raise refuse(message, None, pos, expected=f"index end at {end}", found=f"{end - pos} bytes")
+    if header.sorted_index and list(names) != sorted(names):
+        message = "SORTED_INDEX is set but the entries are not sorted by name bytes"
+        raise refuse(message, None, start)
     return tuple(entries)
-
-
-def _index_short(where: str, pos: int, end: int) -> InvalidContainerError:
-    return InvalidContainerError(
-        "index_length ends inside an entry",
-        section="index",
-        field=where,
-        offset=pos,
-        expected="a whole entry",
-        found=f"{end - pos} bytes",
-    )
 
 
 # -- § B.8 step 5: the KV section ------------------------------------------------------------
@@ -401,30 +366,19 @@ class HrryFile(ClosesOnExit):
         checks, its errors placed in the file."""
         entry = self.entry(name)
         offset, length = entry.descriptor_offset, entry.descriptor_length
-        section = f"tensor {name!r}"
+        section, body_end = f"tensor {name!r}", self._size - wc.TRAILER_SIZE
         if offset % wc.SECTION_ALIGNMENT or offset < self.header.first_descriptor_offset:
-            raise InvalidContainerError(
-                "descriptor_offset must be 8-aligned and not before first_descriptor_offset",
-                section=section,
-                field="descriptor_offset",
-                found=offset,
-            )
+            message = "descriptor_offset must be 8-aligned and not before first_descriptor_offset"
+            raise _invalid(message, section, "descriptor_offset", found=offset)
         if not MIN_DESCRIPTOR_LENGTH <= length <= self._max_descriptor:
-            raise InvalidContainerError(
-                "index descriptor_length out of range",
-                section=section,
-                field="descriptor_length",
-                expected=f"{MIN_DESCRIPTOR_LENGTH}..{self._max_descriptor}",
-                found=length,
-            )
-        if offset + length > self._size - wc.TRAILER_SIZE:
-            raise InvalidContainerError(
-                "descriptor extends past the file body",
-                section=section,
-                field="descriptor_offset",
-                offset=offset,
-                expected=f"end <= {self._size - wc.TRAILER_SIZE}",
-                found=f"end {offset + length}",
+            limits = f"{MIN_DESCRIPTOR_LENGTH}..{self._max_descriptor}"
+            message = "index descriptor_length out of range"
+            raise _invalid(message, section, "descriptor_length", expected=limits, found=length)
+        if offset + length > body_end:
+            message, found = "descriptor extends past the file body", f"end {offset + length}"
+            ends = f"end <= {body_end}"
+            raise _invalid(
+                message, section, "descriptor_offset", offset, expected=ends, found=found
             )
         self._source.require(offset + length, ContainerTruncatedError, "file")  # else SIGBUS
         raw = bytes(self._buf[offset : offset + length])
@@ -435,14 +389,9 @@ class HrryFile(ClosesOnExit):
         except HurrayWireError as exc:
             at = None if exc.offset is None else offset + exc.offset
             raise container_error(exc, section, at) from exc
-        raise InvalidContainerError(
-            "index descriptor_length differs from the descriptor's own",
-            section=section,
-            field="descriptor_length",
-            offset=offset + dl.AT["descriptor_length"],
-            expected=length,
-            found=own,
-        )
+        message = "index descriptor_length differs from the descriptor's own"
+        at = offset + dl.AT["descriptor_length"]
+        raise _invalid(message, section, "descriptor_length", at, expected=length, found=own)
 
     def descriptor_header(self, name: str) -> DescriptorHeader:
         """The common header of ``name``'s descriptor, whatever its layout (for listing)."""
@@ -460,48 +409,40 @@ class HrryFile(ClosesOnExit):
         """``(offset, byte_size)`` of each of ``name``'s buffers in the file, checked (§ B.3)."""
         entry = self.entry(name)
         descriptor = self.descriptor(name)
-        section = f"tensor {name!r}"
-        buffer_alignment = self.header.data_buffer_alignment
-        if entry.data_offset % buffer_alignment:
-            raise InvalidContainerError(
-                "data_offset must be a multiple of data_buffer_alignment",
-                section=section,
-                field="data_offset",
-                expected=f"multiple of {buffer_alignment}",
-                found=entry.data_offset,
+        section, start = f"tensor {name!r}", entry.data_offset
+        alignment = self.header.data_buffer_alignment
+        if start % alignment:
+            message = "data_offset must be a multiple of data_buffer_alignment"
+            raise _invalid(
+                message, section, "data_offset", expected=f"multiple of {alignment}", found=start
             )
         descriptor_end = entry.descriptor_offset + entry.descriptor_length
-        if entry.data_offset < descriptor_end:
-            raise InvalidContainerError(
-                "tensor data must follow its descriptor",
-                section=section,
-                field="data_offset",
-                expected=f">= {descriptor_end}",
-                found=entry.data_offset,
+        if start < descriptor_end:
+            message = "tensor data must follow its descriptor"
+            raise _invalid(
+                message, section, "data_offset", expected=f">= {descriptor_end}", found=start
             )
         spans = []
-        pos = entry.data_offset
+        pos = start
         for number, handle in enumerate(descriptor.buffers):
             if number:
-                pos = align(pos, buffer_alignment)
+                pos = align(pos, alignment)
             spans.append((pos, handle.byte_size))
             pos += handle.byte_size
-        if pos - entry.data_offset != entry.data_length:
-            raise InvalidContainerError(
-                "data_length disagrees with the buffers and their alignment padding",
-                section=section,
-                field="data_length",
-                expected=pos - entry.data_offset,
-                found=entry.data_length,
+        if pos - start != entry.data_length:
+            message = "data_length disagrees with the buffers and their alignment padding"
+            raise _invalid(
+                message, section, "data_length", expected=pos - start, found=entry.data_length
             )
-        if pos > self._size - wc.TRAILER_SIZE:
+        body_end = self._size - wc.TRAILER_SIZE
+        if pos > body_end:
             raise ContainerTruncatedError(
                 "tensor data extends past the file body",
                 section=section,
                 field="data_offset",
-                offset=self._size - wc.TRAILER_SIZE,
+                offset=body_end,
                 expected=f"data end {pos}",
-                found=f"file body ends at {self._size - wc.TRAILER_SIZE}",
+                found=f"file body ends at {body_end}",
             )
         return tuple(spans)
 
