@@ -287,13 +287,8 @@ def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> St
         raise _HEADER.error("model_name", "model name is not valid UTF-8", name_at) from None
     metadata: dict[str, Any] = {}
     if meta_length:
-        metadata = dict(
-            decode_metadata(
-                view[meta_start:body],
-                base_offset=meta_start,
-                max_entries=limits.max_metadata_entries,
-            )
-        )
+        at, entries = meta_start, limits.max_metadata_entries
+        metadata = decode_metadata(view[at:body], base_offset=at, max_entries=entries)
         try:
             fingerprint_from_metadata(metadata)  # the reserved entry must be a valid record
         except HurrayWireError as exc:
