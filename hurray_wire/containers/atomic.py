@@ -26,14 +26,14 @@ def file_access_error(exc: OSError, path: PathLike, action: str) -> FileAccessEr
 
 
 @contextlib.contextmanager
-def reading(path: PathLike) -> Iterator[None]:
-    """Wrap the ``OSError`` of opening ``path`` for reading into a ``FileAccessError``."""
+def reading(path: PathLike, action: str = "open for reading") -> Iterator[None]:
+    """Wrap the ``OSError`` of ``action`` on ``path`` into a ``FileAccessError``."""
     try:
         yield
     except FileAccessError:
         raise
     except OSError as exc:
-        raise file_access_error(exc, path, "open for reading") from exc
+        raise file_access_error(exc, path, action) from exc
 
 
 def check_not_input(path: PathLike, inputs: Iterable[PathLike]) -> None:

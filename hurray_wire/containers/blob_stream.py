@@ -97,10 +97,9 @@ class StreamWriter(ClosesOnExit):
     def __init__(
         self, sink: Any, header: StreamHeader | None = _DEFAULT_HEADER, *, index: bool = True
     ) -> None:
-        self._sink = open_sink(sink)
         if header is not None and not isinstance(header, StreamHeader):
-            self._sink.abort()
             raise ArgumentTypeError("header must be a StreamHeader or None", found=repr(header))
+        self._sink = open_sink(sink)
         self.header = header
         self._entries: list[StreamEntry] | None = [] if index else None
         self.blob_count = 0
@@ -112,7 +111,7 @@ class StreamWriter(ClosesOnExit):
                 self._emit([memoryview(encode_stream_header(header))])
             except BaseException:
                 self._closed = True
-                self._sink.abort()
+                self._sink.close(abort=True)
                 raise
 
     def _emit(self, parts: list[memoryview]) -> None:
@@ -174,18 +173,15 @@ class StreamWriter(ClosesOnExit):
             if not self._failed and (self.header is None or self.header.end_record):
                 self._emit([memoryview(encode_end_record(self._entries, self.blob_count))])
         except BaseException:
-            self._sink.abort()
+            self._sink.close(abort=True)
             raise
-        if self._failed:
-            self._sink.abort()  # a path is not left holding a cut stream
-        else:
-            self._sink.close()
+        self._sink.close(abort=self._failed)  # a path is not left holding a cut stream
 
     def abort(self) -> None:
         """Stop without an end record: a reader of a sink will see the stream as cut, not
         complete; a path is removed (it never held a finished stream)."""
         self._closed = True
-        self._sink.abort()
+        self._sink.close(abort=True)
 
     def __del__(self) -> None:
         """A writer dropped unclosed wrote no end record (a path: no file at all): say so."""

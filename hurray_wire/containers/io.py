@@ -88,9 +88,6 @@ class Sink:
             reason = _AbortedError("writer aborted") if abort else None
             owned.__exit__(None if reason is None else _AbortedError, reason, None)
 
-    def abort(self) -> None:
-        self.close(abort=True)
-
 
 class _AbortedError(Exception):
     """Thrown into an owned ``atomic_output`` to make it remove its temporary file."""
@@ -99,7 +96,7 @@ class _AbortedError(Exception):
 def open_sink(sink: Any, *, allow_path: bool = True) -> Sink:
     """A :class:`Sink` for ``sink``: a path (if allowed), a socket or a binary file-like."""
     if allow_path and isinstance(sink, (str, os.PathLike)):
-        output = atomic_output(sink)  # finished by Sink.close, dropped by Sink.abort
+        output = atomic_output(sink)  # finished by Sink.close, dropped by close(abort=True)
         handle = output.__enter__()
         return Sink(_write_sender(handle.write), handle, output)
     _check_binary_open(sink, "sink")
@@ -209,21 +206,22 @@ def read_input(
         name = os.fspath(path)
         with reading(name):  # without blocking: a FIFO with no writer yet is polled below
             fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    blocking = None
     try:
-        info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode):
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info.st_size else b""
-        if stat.S_ISDIR(info.st_mode):
-            raise FileAccessError(f"{name}: cannot read (Is a directory)")
-        # a pipe, FIFO or device: polled before every read (a FIFO that no writer has opened
-        # yet waits for one, within idle_timeout, instead of reading as empty)
-        blocking = os.get_blocking(fd)
-        os.set_blocking(fd, False)
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLPRI)
-        data = bytearray()
-        wait_ms = None if idle_timeout is None else max(1, int(idle_timeout * 1000))
-        try:
+        with reading(name, "read"):
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode):
+                return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info.st_size else b""
+            if stat.S_ISDIR(info.st_mode):
+                raise FileAccessError(f"{name}: cannot read (Is a directory)")
+            # a pipe, FIFO or device: polled before every read (a FIFO that no writer has
+            # opened yet waits for one, within idle_timeout, instead of reading as empty)
+            blocking = os.get_blocking(fd)
+            os.set_blocking(fd, False)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLPRI)
+            data = bytearray()
+            wait_ms = None if idle_timeout is None else max(1, int(idle_timeout * 1000))
             while True:
                 if not poller.poll(wait_ms):
                     raise FileAccessError(
@@ -246,15 +244,10 @@ def read_input(
                     if not head_ok(bytes(data[:head_size])):
                         return bytes(data)
                     head_ok = None
-        except OSError as exc:
-            if isinstance(exc, FileAccessError):
-                raise
-            reason = exc.strerror or exc
-            raise FileAccessError(f"{name}: cannot read ({reason})", cause=exc) from exc
-        finally:
+    finally:
+        if blocking is not None:
             with contextlib.suppress(OSError):
                 os.set_blocking(fd, blocking)
-    finally:
         if not isinstance(path, int):
             os.close(fd)
 
