@@ -577,29 +577,6 @@ def _name_bytes(name: object) -> bytes:
     return raw
 
 
-def _file_kv(
-    tensors: Mapping[str, BlockPagedTensor], metadata: Mapping[str, MetadataInput] | None
-) -> dict[str, MetadataInput]:
-    """The file's KV entries: the user's, in order, then each tensor's reserved keys."""
-    if metadata is not None and not isinstance(metadata, Mapping):
-        raise ArgumentTypeError("metadata must be a mapping", found=type(metadata).__name__)
-    entries: dict[str, MetadataInput] = dict(metadata or {})
-    for key in entries:
-        if isinstance(key, str) and key.startswith(RESERVED_PREFIXES):
-            raise InvalidMetadataError(
-                "key prefix reserved for tensor seq_lens / metadata",
-                section="kv_metadata",
-                field=key,
-                expected=f"no key starting with {' or '.join(RESERVED_PREFIXES)}",
-            )
-    for name, tensor in tensors.items():
-        if tensor.seq_lens is not None and len(tensor.seq_lens):
-            entries[SEQ_LENS_KEY_PREFIX + name] = [UInt64(int(v)) for v in tensor.seq_lens]
-        if tensor.metadata:
-            entries[METADATA_KEY_PREFIX + name] = encode_metadata(tensor.metadata)
-    return entries
-
-
 def write_file(
     path: str | os.PathLike[str],
     tensors: Mapping[str, BlockPagedTensor],
@@ -620,8 +597,23 @@ def write_file(
         raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")
     check_alignment(data_buffer_alignment)
     records = [(_name_bytes(name), tensor_pieces(tensor)) for name, tensor in tensors.items()]
-    kv_entries = _file_kv(tensors, metadata)
-    kv = encode_metadata(kv_entries) if kv_entries else b""
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ArgumentTypeError("metadata must be a mapping", found=type(metadata).__name__)
+    entries: dict[str, MetadataInput] = dict(metadata or {})  # the user's, then reserved keys
+    for key in entries:
+        if isinstance(key, str) and key.startswith(RESERVED_PREFIXES):
+            raise InvalidMetadataError(
+                "key prefix reserved for tensor seq_lens / metadata",
+                section="kv_metadata",
+                field=key,
+                expected=f"no key starting with {' or '.join(RESERVED_PREFIXES)}",
+            )
+    for name, tensor in tensors.items():
+        if tensor.seq_lens is not None and len(tensor.seq_lens):
+            entries[SEQ_LENS_KEY_PREFIX + name] = [UInt64(int(v)) for v in tensor.seq_lens]
+        if tensor.metadata:
+            entries[METADATA_KEY_PREFIX + name] = encode_metadata(tensor.metadata)
+    kv = encode_metadata(entries) if entries else b""
     flags = wc.FILE_FLAG_HAS_INDEX_CRC32C | (wc.FILE_FLAG_SORTED_INDEX if sorted_index else 0)
     header = HEADER.pack(
         container_version_major=1,
