@@ -56,6 +56,7 @@ from hurray_wire.errors import (
     StreamBlobTruncatedError,
     StreamTruncatedError,
     flag,
+    instance,
 )
 from hurray_wire.integrity import DeltaPlan, EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.integrity.digests import DigestArray
@@ -144,8 +145,7 @@ class StreamWriter(ClosesOnExit):
                 if self._closed
                 else "the stream is broken by an earlier failed write"
             )
-        if not isinstance(tensor, BlockPagedTensor):
-            raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+        instance(tensor, BlockPagedTensor, "tensor")
         check_blob(None, self.header, tensor, f"blob {self.blob_count}")
         if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
             tensor, _ = referenced_pages(tensor, pages)

@@ -460,8 +460,7 @@ class HrryFile(ClosesOnExit):
     def tensor(self, name: str) -> BlockPagedTensor:
         """``name`` as a tensor viewing the file, with ``seq_lens`` and ``metadata`` from their
         reserved KV keys."""
-        self._check_open()
-        spans = self.buffer_spans(name)
+        spans = self.buffer_spans(name)  # the file open, the tensor's entry found
         descriptor = self.descriptor(name)
         needed = max((at + size for at, size in spans), default=0)
         self._source.require(needed, ContainerTruncatedError, f"tensor {name!r}")  # else SIGBUS

@@ -220,9 +220,7 @@ def _check_flags(
 # -- stream header ---------------------------------------------------------------------------
 def encode_stream_header(header: StreamHeader) -> bytes:
     """The stream header record for ``header`` (docs/streaming.md § 2)."""
-    if not isinstance(header, StreamHeader):
-        raise ArgumentTypeError("expected a StreamHeader", found=type(header).__name__)
-    name = header.model.encode("utf-8")
+    name = instance(header, StreamHeader, "header").model.encode("utf-8")
     entries = dict(header.metadata)
     if header.fingerprint is not None:
         entries.update(fingerprint_to_metadata(header.fingerprint))

@@ -16,12 +16,12 @@ from hurray_wire.containers.io import (
     open_source,
 )
 from hurray_wire.errors import (
-    ArgumentTypeError,
     ContainerTruncatedError,
     HurrayWireError,
     InvalidContainerError,
     InvalidTensorError,
     UnsupportedLayoutError,
+    instance,
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor, peek_descriptor_length
@@ -38,8 +38,7 @@ MIN_DESCRIPTOR_LENGTH = wd.FIXED_HEADER.sizeof()  # the descriptor decoder refus
 
 def tensor_pieces(tensor: BlockPagedTensor) -> tuple[bytes, list[list[memoryview]]]:
     """The encoded descriptor and, per buffer in table order, views of its bytes (no copy)."""
-    if not isinstance(tensor, BlockPagedTensor):
-        raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+    instance(tensor, BlockPagedTensor, "tensor")
     buffers = []
     for index, (arrays, handle) in enumerate(
         zip(tensor.buffer_arrays(), tensor.descriptor.buffers, strict=True)
