@@ -392,27 +392,21 @@ class IOSource:
         self.offset = 0  # bytes consumed
         self._deadline = deadline
         self._sock = sock
-        self._record_start: float | None = None
-        self._record_bytes = 0
+        self.begin_record()  # the readers begin each record; this one until they do
 
     def begin_record(self) -> None:
         """Start the deadline of the next record (its prefix is about to be read)."""
         self._record_start = time.monotonic()
         self._record_bytes = 0
 
-    def _deadline_at(self, size: int) -> float | None:
-        if self._deadline is None:
-            return None
-        if self._record_start is None:  # a caller without records: each read is one
-            self.begin_record()
-        assert self._record_start is not None
-        self._record_bytes += size
-        return self._record_start + self._deadline + self._record_bytes / DEADLINE_MIN_RATE
-
     def fill(self, view: memoryview) -> tuple[int, BaseException | None]:
         """Read into ``view`` until it is full, the input ends, the connection breaks or
         the record's deadline passes."""
-        deadline_at = self._deadline_at(len(view))
+        deadline_at = None
+        if self._deadline is not None:  # the record's deadline grows with its bytes
+            self._record_bytes += len(view)
+            rate = self._record_bytes / DEADLINE_MIN_RATE
+            deadline_at = self._record_start + self._deadline + rate
         sock = self._sock if deadline_at is not None else None
         original = sock.gettimeout() if sock is not None else None
         got = 0
