@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -499,24 +500,18 @@ class StreamFile(ClosesOnExit):
         self._rows = self._index_from_end(records.position)
         #: True if the stream ends with a valid end record that agrees with its blobs.
         self.complete = self._rows is not None
-        self._entries: tuple[StreamEntry, ...] | None = None
         if self._rows is None:
-            self._entries = self._walk(records)
-        self._keyed: dict[tuple[int | None, str], StreamEntry] | None = None
+            self.entries = self._walk(records)
 
-    @property
+    @cached_property
     def entries(self) -> tuple[StreamEntry, ...]:
         """Every blob found, in stream order (the last one wins for a repeated key)."""
-        if self._entries is None:
-            assert self._rows is not None
-            self._entries = entries_of(self._rows)
-        return self._entries
+        assert self._rows is not None  # else the walk's entries were set at opening
+        return entries_of(self._rows)
 
-    @property
+    @cached_property
     def _by_key(self) -> dict[tuple[int | None, str], StreamEntry]:
-        if self._keyed is None:
-            self._keyed = {(e.layer_index, e.kv_role): e for e in self.entries}
-        return self._keyed
+        return {(e.layer_index, e.kv_role): e for e in self.entries}
 
     @property
     def buffer(self) -> memoryview:
@@ -573,7 +568,7 @@ class StreamFile(ClosesOnExit):
 
     def _find(self, layer_index: int | None, kv_role: str) -> StreamEntry | None:
         """The last blob of that key: from the dict once built, else from the index rows."""
-        if self._keyed is not None or self._rows is None:
+        if "_by_key" in vars(self) or self._rows is None:
             return self._by_key.get((layer_index, kv_role))
         layer = LAYER_NONE if layer_index is None else layer_index
         role = KV_ROLES.get(kv_role)
