@@ -515,20 +515,19 @@ def open_source(
     ``use_mmap=False``), a bytes-like, a socket or a file; ``record_deadline`` bounds each
     record read from a socket or file."""
     deadline = check_record_deadline(record_deadline)
-    if isinstance(source, (str, os.PathLike)):
-        if allow_path and not use_mmap:  # read as a stream: no mapping to be cut under us
-            with reading(source):
-                handle = open(source, "rb")  # noqa: SIM115 - closed by IOSource.close
-            return IOSource(handle.readinto, deadline=deadline, owned=handle)
-        if allow_path:
-            return open_memory(source)
+    path = isinstance(source, (str, os.PathLike))
+    if path and not allow_path:
         raise ArgumentTypeError(
             "source must be bytes-like or a binary file-like object / socket",
             field="source",
             found=type(source).__name__,
         )
-    if isinstance(source, _BYTES_LIKE):
-        return MemorySource(byte_view(source, "source"))
+    if path and not use_mmap:  # read as a stream: no mapping to be cut under us
+        with reading(source):
+            handle = open(source, "rb")  # noqa: SIM115 - closed by IOSource.close
+        return IOSource(handle.readinto, deadline=deadline, owned=handle)
+    if path or isinstance(source, _BYTES_LIKE):
+        return open_memory(source)
     _check_binary_open(source, "source")
     recv_into = getattr(source, "recv_into", None)
     if callable(recv_into):
