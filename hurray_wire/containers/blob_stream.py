@@ -346,8 +346,7 @@ class StreamReader(ClosesOnExit):
         source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
         self._records = RecordReader(source, max_blob_bytes, self._options.limits)
         self._started = False
-        self._done = False
-        self._error: HurrayWireError | None = None
+        self._stop: BaseException | None = None  # what every later next() raises: end or error
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -379,13 +378,11 @@ class StreamReader(ClosesOnExit):
 
     def __next__(self) -> BlockPagedTensor:
         self._check_open()
-        if self._error is not None:
-            raise self._error
-        if self._done:
-            raise StopIteration
+        if self._stop is not None:
+            raise self._stop
         tensor: BlockPagedTensor | None = self._guarded(self._next_blob)
         if tensor is None:
-            self._done = True
+            self._stop = StopIteration()
             self._records.source.close()  # a path opened here is not held past its end
             raise StopIteration
         return tensor
@@ -394,8 +391,7 @@ class StreamReader(ClosesOnExit):
         try:
             return step()
         except HurrayWireError as exc:
-            self._error = exc
-            self._done = True
+            self._stop = exc
             self._records.source.close()  # nothing more is read: a path opened here is let go
             raise
 
@@ -434,7 +430,6 @@ class StreamReader(ClosesOnExit):
         """Release a mapped file (it stays mapped while tensors view it); sockets and file
         objects passed in are left open; idempotent."""
         self._closed = True
-        self._done = True
         self._records.source.close()
 
 
