@@ -462,31 +462,20 @@ def check_blob(
         check_compatible(expect, own)
     if header is None:
         return
-    layer = tensor.layer_index
+
+    def refuse(field: str, message: str, expected: Any, found: Any) -> InvalidStreamError:
+        return InvalidStreamError(message, section=at, field=field, expected=expected, found=found)
+
+    layer, wanted = tensor.layer_index, header.element_type
     if header.num_layers is not None and (layer is None or layer >= header.num_layers):
-        raise InvalidStreamError(
-            "blob layer_index outside the stream header's num_layers",
-            section=at,
-            field="layer_index",
-            expected=f"< {header.num_layers}",
-            found=layer,
-        )
+        message = "blob layer_index outside the stream header's num_layers"
+        raise refuse("layer_index", message, f"< {header.num_layers}", layer)
     if header.kv_roles and tensor.kv_role not in header.kv_roles:
-        raise InvalidStreamError(
-            "blob kv_role not among the stream header's kv_roles",
-            section=at,
-            field="kv_role",
-            expected=header.kv_roles,
-            found=tensor.kv_role,
-        )
-    if header.element_type is not None and tensor.element_type != header.element_type:
-        raise InvalidStreamError(
-            "blob element type differs from the stream header's",
-            section=at,
-            field="element_type",
-            expected=header.element_type.name,
-            found=tensor.element_type.name,
-        )
+        message = "blob kv_role not among the stream header's kv_roles"
+        raise refuse("kv_role", message, header.kv_roles, tensor.kv_role)
+    if wanted is not None and tensor.element_type != wanted:
+        message = "blob element type differs from the stream header's"
+        raise refuse("element_type", message, wanted.name, tensor.element_type.name)
 
 
 def empty_input_error() -> StreamTruncatedError:
