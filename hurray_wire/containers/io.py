@@ -511,9 +511,8 @@ def open_source(
     record_deadline: object = DEFAULT_RECORD_DEADLINE,
     use_mmap: bool = True,
 ) -> Source:
-    """A :class:`Source` for a path (if allowed: mapped, or read as a file with
-    ``use_mmap=False``), a bytes-like, a socket or a file; ``record_deadline`` bounds each
-    record read from a socket or file."""
+    """A :class:`Source` for a path (if allowed; mapped unless ``use_mmap=False``), a
+    bytes-like, a socket or a file; ``record_deadline`` bounds each record read from those."""
     deadline = check_record_deadline(record_deadline)
     path = isinstance(source, (str, os.PathLike))
     if path and not allow_path:

@@ -166,9 +166,8 @@ def check_record_size(total: int, limit: int, what: str, offset: int, why: str =
 def frame_record(
     prefix: Any, what: str, offset: int, max_blob_bytes: int, limits: DecodeLimits
 ) -> int:
-    """total_length of the stream header or end record whose prefix starts at stream
-    ``offset``, checked against ``max_blob_bytes`` and against the longest record
-    ``limits`` admit (its metadata or index at the limit), before the record is read."""
+    """The total_length of a stream header or end record at stream ``offset``, refused over
+    ``max_blob_bytes`` or the longest record ``limits`` admit, before it is read."""
     total = _RECORDS[what].frame(byte_view(prefix))
     check_record_size(total, max_blob_bytes, what, offset)
     if what == "stream header":
@@ -181,9 +180,8 @@ def frame_record(
 
 
 def record_kind(prefix: Any, offset: int, cause: BaseException | None = None) -> str:
-    """What the record whose (up to 16-byte) prefix starts at stream ``offset`` is: "blob" or
-    "end record"; a prefix cut short, a stream header past the start and bytes that start no
-    record are refused (with ``cause``, the reason the input ended, chained)."""
+    """The kind ("blob", "end record") of the prefix at stream ``offset``; a cut prefix
+    (``cause`` chained), a stream header past the start or an unknown magic is refused."""
     head = bytes(prefix[: len(ws.STREAM_MAGIC)])
     kinds = [r.what for magic, r in wr.RECORDS_BY_MAGIC.items() if magic.startswith(head)]
     if kinds and len(prefix) == wr.PREFIX.size:
@@ -357,9 +355,8 @@ def entries_of(rows: npt.NDArray[Any]) -> tuple[StreamEntry, ...]:
 def decode_end_rows(
     data: Any, *, limits: DecodeLimits | None = None
 ) -> tuple[int, npt.NDArray[Any] | None]:
-    """``decode_end_record`` without the objects: (blob_count, the checked index as a
-    structured array viewing ``data``, or None), so that the readers refuse an index that
-    disagrees with the stream without building an object per entry."""
+    """``decode_end_record`` with the index as a structured array viewing ``data``: the
+    readers refuse an index that disagrees with the stream at no object per entry."""
     what = "end record"
     limits = check_limits_argument(limits)
     view = byte_view(data)
@@ -495,9 +492,8 @@ def locate(
     layer: int | None = None,
     role: str | None = None,
 ) -> HurrayWireError:
-    """``exc``, met in blob ``blob`` of a stream (starting at stream offset ``at``), placed
-    there (``HurrayWireError.located``): its layer and role from ``record``'s descriptor
-    when the caller does not know them and the header can still be read."""
+    """``exc`` placed in blob ``blob`` at stream offset ``at``, with the layer and role of
+    ``record``'s descriptor when the caller does not know them and it can be read."""
     if layer is None and role is None and record is not None:
         with contextlib.suppress(HurrayWireError):
             layout = peek_descriptor(record).layout
