@@ -112,8 +112,7 @@ class StreamWriter(ClosesOnExit):
             try:
                 self._emit([memoryview(encode_stream_header(header))])
             except BaseException:
-                self._closed = True
-                self._sink.close(abort=True)
+                self.abort()
                 raise
 
     def _emit(self, parts: list[memoryview]) -> None:
