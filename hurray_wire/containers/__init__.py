@@ -9,8 +9,8 @@ from hurray_wire.containers.hrry import (
     IndexEntry,
     read_file,
     read_file_metadata,
+    write_file,
 )
-from hurray_wire.containers.hrry_write import write_file
 from hurray_wire.containers.model_cache import ModelCache, load_cache, save_cache
 from hurray_wire.containers.records import (
     DEFAULT_MAX_BLOB_BYTES,

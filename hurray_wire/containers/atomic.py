@@ -26,14 +26,14 @@ def file_access_error(exc: OSError, path: PathLike, action: str) -> FileAccessEr
 
 
 @contextlib.contextmanager
-def reading(path: PathLike) -> Iterator[None]:
-    """Wrap the ``OSError`` of opening ``path`` for reading into a ``FileAccessError``."""
+def reading(path: PathLike, action: str = "open for reading") -> Iterator[None]:
+    """Wrap the ``OSError`` of ``action`` on ``path`` into a ``FileAccessError``."""
     try:
         yield
     except FileAccessError:
         raise
     except OSError as exc:
-        raise file_access_error(exc, path, "open for reading") from exc
+        raise file_access_error(exc, path, action) from exc
 
 
 def check_not_input(path: PathLike, inputs: Iterable[PathLike]) -> None:
@@ -76,8 +76,12 @@ def atomic_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> Iterato
     except OSError as exc:
         raise file_access_error(exc, path, "create a file in its directory") from exc
     handle = os.fdopen(fd, "wb")
+    if mode is None:  # what ``open`` gives a new file: 0o666 under the process umask
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     try:
-        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else _umasked(0o666))
+        os.fchmod(fd, stat.S_IMODE(mode))
         yield handle
         try:
             handle.flush()
@@ -91,7 +95,12 @@ def atomic_output(path: PathLike, *, inputs: Iterable[PathLike] = ()) -> Iterato
         with contextlib.suppress(OSError):
             os.remove(temporary)
         raise
-    _sync_directory(directory)
+    with contextlib.suppress(OSError, AttributeError):  # the rename made durable, if it can be
+        fd = os.open(directory or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
@@ -121,20 +130,3 @@ def _streamed(path: PathLike, target: str, mode: int) -> Iterator[BinaryIO]:
             handle.flush()
         except OSError as exc:
             raise file_access_error(exc, path, "write") from exc
-
-
-def _umasked(mode: int) -> int:
-    """What ``open`` gives a new file: ``mode`` under the process umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return mode & ~umask
-
-
-def _sync_directory(directory: str) -> None:
-    """Make the rename durable (best effort: not every platform can open a directory)."""
-    with contextlib.suppress(OSError, AttributeError):
-        fd = os.open(directory or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

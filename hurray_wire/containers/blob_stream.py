@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,7 @@ from hurray_wire.errors import (
     StreamBlobTruncatedError,
     StreamTruncatedError,
     flag,
+    instance,
 )
 from hurray_wire.integrity import DeltaPlan, EngineFingerprint, PageStore, check_integrity_arguments
 from hurray_wire.integrity.digests import DigestArray
@@ -97,10 +99,9 @@ class StreamWriter(ClosesOnExit):
     def __init__(
         self, sink: Any, header: StreamHeader | None = _DEFAULT_HEADER, *, index: bool = True
     ) -> None:
-        self._sink = open_sink(sink)
         if header is not None and not isinstance(header, StreamHeader):
-            self._sink.abort()
             raise ArgumentTypeError("header must be a StreamHeader or None", found=repr(header))
+        self._sink = open_sink(sink)
         self.header = header
         self._entries: list[StreamEntry] | None = [] if index else None
         self.blob_count = 0
@@ -111,8 +112,7 @@ class StreamWriter(ClosesOnExit):
             try:
                 self._emit([memoryview(encode_stream_header(header))])
             except BaseException:
-                self._closed = True
-                self._sink.abort()
+                self.abort()
                 raise
 
     def _emit(self, parts: list[memoryview]) -> None:
@@ -145,8 +145,7 @@ class StreamWriter(ClosesOnExit):
                 if self._closed
                 else "the stream is broken by an earlier failed write"
             )
-        if not isinstance(tensor, BlockPagedTensor):
-            raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+        instance(tensor, BlockPagedTensor, "tensor")
         check_blob(None, self.header, tensor, f"blob {self.blob_count}")
         if not isinstance(known_pages, DeltaPlan):  # a plan is made for the tensor's pages
             tensor, _ = referenced_pages(tensor, pages)
@@ -174,18 +173,15 @@ class StreamWriter(ClosesOnExit):
             if not self._failed and (self.header is None or self.header.end_record):
                 self._emit([memoryview(encode_end_record(self._entries, self.blob_count))])
         except BaseException:
-            self._sink.abort()
+            self._sink.close(abort=True)
             raise
-        if self._failed:
-            self._sink.abort()  # a path is not left holding a cut stream
-        else:
-            self._sink.close()
+        self._sink.close(abort=self._failed)  # a path is not left holding a cut stream
 
     def abort(self) -> None:
         """Stop without an end record: a reader of a sink will see the stream as cut, not
         complete; a path is removed (it never held a finished stream)."""
         self._closed = True
-        self._sink.abort()
+        self._sink.close(abort=True)
 
     def __del__(self) -> None:
         """A writer dropped unclosed wrote no end record (a path: no file at all): say so."""
@@ -349,8 +345,7 @@ class StreamReader(ClosesOnExit):
         source = open_source(source, record_deadline=record_deadline, use_mmap=mmap)
         self._records = RecordReader(source, max_blob_bytes, self._options.limits)
         self._started = False
-        self._done = False
-        self._error: HurrayWireError | None = None
+        self._stop: BaseException | None = None  # what every later next() raises: end or error
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -382,13 +377,11 @@ class StreamReader(ClosesOnExit):
 
     def __next__(self) -> BlockPagedTensor:
         self._check_open()
-        if self._error is not None:
-            raise self._error
-        if self._done:
-            raise StopIteration
+        if self._stop is not None:
+            raise self._stop
         tensor: BlockPagedTensor | None = self._guarded(self._next_blob)
         if tensor is None:
-            self._done = True
+            self._stop = StopIteration()
             self._records.source.close()  # a path opened here is not held past its end
             raise StopIteration
         return tensor
@@ -397,8 +390,7 @@ class StreamReader(ClosesOnExit):
         try:
             return step()
         except HurrayWireError as exc:
-            self._error = exc
-            self._done = True
+            self._stop = exc
             self._records.source.close()  # nothing more is read: a path opened here is let go
             raise
 
@@ -437,7 +429,6 @@ class StreamReader(ClosesOnExit):
         """Release a mapped file (it stays mapped while tensors view it); sockets and file
         objects passed in are left open; idempotent."""
         self._closed = True
-        self._done = True
         self._records.source.close()
 
 
@@ -503,24 +494,18 @@ class StreamFile(ClosesOnExit):
         self._rows = self._index_from_end(records.position)
         #: True if the stream ends with a valid end record that agrees with its blobs.
         self.complete = self._rows is not None
-        self._entries: tuple[StreamEntry, ...] | None = None
         if self._rows is None:
-            self._entries = self._walk(records)
-        self._keyed: dict[tuple[int | None, str], StreamEntry] | None = None
+            self.entries = self._walk(records)
 
-    @property
+    @cached_property
     def entries(self) -> tuple[StreamEntry, ...]:
         """Every blob found, in stream order (the last one wins for a repeated key)."""
-        if self._entries is None:
-            assert self._rows is not None
-            self._entries = entries_of(self._rows)
-        return self._entries
+        assert self._rows is not None  # else the walk's entries were set at opening
+        return entries_of(self._rows)
 
-    @property
+    @cached_property
     def _by_key(self) -> dict[tuple[int | None, str], StreamEntry]:
-        if self._keyed is None:
-            self._keyed = {(e.layer_index, e.kv_role): e for e in self.entries}
-        return self._keyed
+        return {(e.layer_index, e.kv_role): e for e in self.entries}
 
     @property
     def buffer(self) -> memoryview:
@@ -577,7 +562,7 @@ class StreamFile(ClosesOnExit):
 
     def _find(self, layer_index: int | None, kv_role: str) -> StreamEntry | None:
         """The last blob of that key: from the dict once built, else from the index rows."""
-        if self._keyed is not None or self._rows is None:
+        if "_by_key" in vars(self) or self._rows is None:
             return self._by_key.get((layer_index, kv_role))
         layer = LAYER_NONE if layer_index is None else layer_index
         role = KV_ROLES.get(kv_role)

@@ -1,17 +1,19 @@
-"""``HrryFile``, a lazy, memory-mapped reader of ``.hrry`` files (containers.md Part B): opening
-runs § B.8 steps 1-5 (``parse_*``); a tensor's step 6 runs only when it is asked for.
+"""``.hrry`` files (containers.md Part B): ``HrryFile``, a lazy, memory-mapped reader (opening
+runs § B.8 steps 1-5, ``parse_*``; a tensor's step 6 runs only when it is asked for), and
+``write_file``, byte for byte as the reference ``FileWriter`` writes (§ B.3-B.7).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from hurray_wire.buffers import align, byte_view
+from hurray_wire.containers.atomic import atomic_output
 from hurray_wire.containers.io import ClosesOnExit, MemorySource, check_limit, open_memory
 from hurray_wire.containers.reference_stream import (
     DEFAULT_MAX_DESCRIPTOR_BYTES,
@@ -20,6 +22,7 @@ from hurray_wire.containers.reference_stream import (
     RESERVED_PREFIXES,
     SEQ_LENS_KEY_PREFIX,
     container_error,
+    tensor_pieces,
 )
 from hurray_wire.crc32c import crc32c
 from hurray_wire.errors import (
@@ -27,10 +30,18 @@ from hurray_wire.errors import (
     ContainerTruncatedError,
     HurrayWireError,
     InvalidContainerError,
+    InvalidMetadataError,
     MissingTensorError,
     flag,
 )
-from hurray_wire.metadata import MetadataValue, UInt64, decode_metadata
+from hurray_wire.metadata import (
+    MetadataInput,
+    MetadataValue,
+    UInt64,
+    decode_metadata,
+    encode_metadata,
+)
+from hurray_wire.model._checks import U16_MAX
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import (
     DescriptorHeader,
@@ -110,6 +121,12 @@ class IndexEntry:
     descriptor_length: int
     data_offset: int
     data_length: int
+
+
+def _invalid(
+    message: str, section: str, field: str | None, at: int | None = None, **kw: Any
+) -> InvalidContainerError:
+    return InvalidContainerError(message, section=section, field=field, offset=at, **kw)
 
 
 def check_alignment(value: object, offset: int | None = None) -> None:
@@ -222,91 +239,50 @@ def parse_index(buf: Any, header: FileHeader, trailer: FileTrailer) -> tuple[Ind
     """Every index entry, no bytes left over, sorted if SORTED_INDEX says so."""
     start = trailer.index_offset
     end = start + trailer.index_length
+
+    def refuse(message: str, field: str | None, at: int, **kw: Any) -> InvalidContainerError:
+        return InvalidContainerError(message, section="index", field=field, offset=at, **kw)
+
     count = COUNT.struct.unpack_from(buf, start)[0]
     room = (end - start - COUNT.size) // _MIN_ENTRY
     if count > room:
-        raise InvalidContainerError(
-            "entry_count larger than the index can hold",
-            section="index",
-            field="entry_count",
-            offset=start,
-            expected=f"<= {room}",
-            found=count,
-        )
+        message = "entry_count larger than the index can hold"
+        raise refuse(message, "entry_count", start, expected=f"<= {room}", found=count)
     pos = start + COUNT.size
     entries: list[IndexEntry] = []
-    raw_names: list[bytes] = []
-    seen: set[bytes] = set()
+    names: dict[bytes, None] = {}  # the raw names, in index order
     for number in range(count):
         where = f"entries[{number}]"
-        if pos + NAME_LENGTH.size > end:
-            raise _index_short(where, pos, end)
-        name_length = NAME_LENGTH.struct.unpack_from(buf, pos)[0]
-        if name_length == 0:
-            raise InvalidContainerError(
-                "empty tensor name", section="index", field=f"{where}.name_length", offset=pos
-            )
         at_name = pos + NAME_LENGTH.size
+        name_length = NAME_LENGTH.struct.unpack_from(buf, pos)[0] if at_name <= end else -1
+        if name_length == 0:
+            raise refuse("empty tensor name", f"{where}.name_length", pos)
         fixed = at_name + name_length
-        if fixed + ENTRY_FIXED.size > end:
-            raise _index_short(where, pos, end)
+        if name_length < 0 or fixed + ENTRY_FIXED.size > end:
+            short = "index_length ends inside an entry"
+            raise refuse(short, where, pos, expected="a whole entry", found=f"{end - pos} bytes")
         raw = bytes(buf[at_name:fixed])
         try:
             name = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidContainerError(
-                "tensor name is not valid UTF-8",
-                section="index",
-                field=f"{where}.name",
-                offset=at_name + exc.start,
-            ) from None
-        if raw in seen:
-            raise InvalidContainerError(
-                "duplicate tensor name",
-                section="index",
-                field=f"{where}.name",
-                offset=at_name,
-                found=repr(name),
-            )
-        seen.add(raw)
-        raw_names.append(raw)
+            message = "tensor name is not valid UTF-8"
+            raise refuse(message, f"{where}.name", at_name + exc.start) from None
+        if raw in names:
+            raise refuse("duplicate tensor name", f"{where}.name", at_name, found=repr(name))
+        names[raw] = None
         d_off, d_len, data_off, data_len, flags = ENTRY_FIXED.struct.unpack_from(buf, fixed)
         if flags:
-            raise InvalidContainerError(
-                "index entry flags must be 0",
-                section="index",
-                field=f"{where}.flags",
-                offset=fixed + ENTRY_FIXED.offsets["flags"],
-                found=flags,
-            )
+            at_flags = fixed + ENTRY_FIXED.offsets["flags"]
+            raise refuse("index entry flags must be 0", f"{where}.flags", at_flags, found=flags)
         entries.append(IndexEntry(name, d_off, d_len, data_off, data_len))
         pos = fixed + ENTRY_FIXED.size
     if pos != end:
-        raise InvalidContainerError(
-            "bytes left over after the last index entry",
-            section="index",
-            offset=pos,
-            expected=f"index end at {end}",
-            found=f"{end - pos} bytes",
-        )
-    if header.sorted_index and raw_names != sorted(raw_names):
-        raise InvalidContainerError(
-            "SORTED_INDEX is set but the entries are not sorted by name bytes",
-            section="index",
-            offset=start,
-        )
+        message = "bytes left over after the last index entry"
+        raise refuse(message, None, pos, expected=f"index end at {end}", found=f"{end - pos} bytes")
+    if header.sorted_index and list(names) != sorted(names):
+        message = "SORTED_INDEX is set but the entries are not sorted by name bytes"
+        raise refuse(message, None, start)
     return tuple(entries)
-
-
-def _index_short(where: str, pos: int, end: int) -> InvalidContainerError:
-    return InvalidContainerError(
-        "index_length ends inside an entry",
-        section="index",
-        field=where,
-        offset=pos,
-        expected="a whole entry",
-        found=f"{end - pos} bytes",
-    )
 
 
 # -- § B.8 step 5: the KV section ------------------------------------------------------------
@@ -401,30 +377,19 @@ class HrryFile(ClosesOnExit):
         checks, its errors placed in the file."""
         entry = self.entry(name)
         offset, length = entry.descriptor_offset, entry.descriptor_length
-        section = f"tensor {name!r}"
+        section, body_end = f"tensor {name!r}", self._size - wc.TRAILER_SIZE
         if offset % wc.SECTION_ALIGNMENT or offset < self.header.first_descriptor_offset:
-            raise InvalidContainerError(
-                "descriptor_offset must be 8-aligned and not before first_descriptor_offset",
-                section=section,
-                field="descriptor_offset",
-                found=offset,
-            )
+            message = "descriptor_offset must be 8-aligned and not before first_descriptor_offset"
+            raise _invalid(message, section, "descriptor_offset", found=offset)
         if not MIN_DESCRIPTOR_LENGTH <= length <= self._max_descriptor:
-            raise InvalidContainerError(
-                "index descriptor_length out of range",
-                section=section,
-                field="descriptor_length",
-                expected=f"{MIN_DESCRIPTOR_LENGTH}..{self._max_descriptor}",
-                found=length,
-            )
-        if offset + length > self._size - wc.TRAILER_SIZE:
-            raise InvalidContainerError(
-                "descriptor extends past the file body",
-                section=section,
-                field="descriptor_offset",
-                offset=offset,
-                expected=f"end <= {self._size - wc.TRAILER_SIZE}",
-                found=f"end {offset + length}",
+            limits = f"{MIN_DESCRIPTOR_LENGTH}..{self._max_descriptor}"
+            message = "index descriptor_length out of range"
+            raise _invalid(message, section, "descriptor_length", expected=limits, found=length)
+        if offset + length > body_end:
+            message, found = "descriptor extends past the file body", f"end {offset + length}"
+            ends = f"end <= {body_end}"
+            raise _invalid(
+                message, section, "descriptor_offset", offset, expected=ends, found=found
             )
         self._source.require(offset + length, ContainerTruncatedError, "file")  # else SIGBUS
         raw = bytes(self._buf[offset : offset + length])
@@ -435,14 +400,9 @@ class HrryFile(ClosesOnExit):
         except HurrayWireError as exc:
             at = None if exc.offset is None else offset + exc.offset
             raise container_error(exc, section, at) from exc
-        raise InvalidContainerError(
-            "index descriptor_length differs from the descriptor's own",
-            section=section,
-            field="descriptor_length",
-            offset=offset + dl.AT["descriptor_length"],
-            expected=length,
-            found=own,
-        )
+        message = "index descriptor_length differs from the descriptor's own"
+        at = offset + dl.AT["descriptor_length"]
+        raise _invalid(message, section, "descriptor_length", at, expected=length, found=own)
 
     def descriptor_header(self, name: str) -> DescriptorHeader:
         """The common header of ``name``'s descriptor, whatever its layout (for listing)."""
@@ -460,56 +420,47 @@ class HrryFile(ClosesOnExit):
         """``(offset, byte_size)`` of each of ``name``'s buffers in the file, checked (§ B.3)."""
         entry = self.entry(name)
         descriptor = self.descriptor(name)
-        section = f"tensor {name!r}"
-        buffer_alignment = self.header.data_buffer_alignment
-        if entry.data_offset % buffer_alignment:
-            raise InvalidContainerError(
-                "data_offset must be a multiple of data_buffer_alignment",
-                section=section,
-                field="data_offset",
-                expected=f"multiple of {buffer_alignment}",
-                found=entry.data_offset,
+        section, start = f"tensor {name!r}", entry.data_offset
+        alignment = self.header.data_buffer_alignment
+        if start % alignment:
+            message = "data_offset must be a multiple of data_buffer_alignment"
+            raise _invalid(
+                message, section, "data_offset", expected=f"multiple of {alignment}", found=start
             )
         descriptor_end = entry.descriptor_offset + entry.descriptor_length
-        if entry.data_offset < descriptor_end:
-            raise InvalidContainerError(
-                "tensor data must follow its descriptor",
-                section=section,
-                field="data_offset",
-                expected=f">= {descriptor_end}",
-                found=entry.data_offset,
+        if start < descriptor_end:
+            message = "tensor data must follow its descriptor"
+            raise _invalid(
+                message, section, "data_offset", expected=f">= {descriptor_end}", found=start
             )
         spans = []
-        pos = entry.data_offset
+        pos = start
         for number, handle in enumerate(descriptor.buffers):
             if number:
-                pos = align(pos, buffer_alignment)
+                pos = align(pos, alignment)
             spans.append((pos, handle.byte_size))
             pos += handle.byte_size
-        if pos - entry.data_offset != entry.data_length:
-            raise InvalidContainerError(
-                "data_length disagrees with the buffers and their alignment padding",
-                section=section,
-                field="data_length",
-                expected=pos - entry.data_offset,
-                found=entry.data_length,
+        if pos - start != entry.data_length:
+            message = "data_length disagrees with the buffers and their alignment padding"
+            raise _invalid(
+                message, section, "data_length", expected=pos - start, found=entry.data_length
             )
-        if pos > self._size - wc.TRAILER_SIZE:
+        body_end = self._size - wc.TRAILER_SIZE
+        if pos > body_end:
             raise ContainerTruncatedError(
                 "tensor data extends past the file body",
                 section=section,
                 field="data_offset",
-                offset=self._size - wc.TRAILER_SIZE,
+                offset=body_end,
                 expected=f"data end {pos}",
-                found=f"file body ends at {self._size - wc.TRAILER_SIZE}",
+                found=f"file body ends at {body_end}",
             )
         return tuple(spans)
 
     def tensor(self, name: str) -> BlockPagedTensor:
         """``name`` as a tensor viewing the file, with ``seq_lens`` and ``metadata`` from their
         reserved KV keys."""
-        self._check_open()
-        spans = self.buffer_spans(name)
+        spans = self.buffer_spans(name)  # the file open, the tensor's entry found
         descriptor = self.descriptor(name)
         needed = max((at + size for at, size in spans), default=0)
         self._source.require(needed, ContainerTruncatedError, f"tensor {name!r}")  # else SIGBUS
@@ -605,3 +556,121 @@ def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, MetadataValue]
     """All KV metadata of a ``.hrry`` file, reserved keys included, without reading tensors."""
     with HrryFile(path) as hrry:
         return dict(hrry.metadata)
+
+
+def _name_bytes(name: object) -> bytes:
+    if not isinstance(name, str):
+        raise ArgumentTypeError("tensor names must be str", found=type(name).__name__)
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidContainerError(
+            "tensor name is not encodable as UTF-8", section="index", found=repr(name)
+        ) from None
+    if not 1 <= len(raw) <= U16_MAX:
+        raise InvalidContainerError(
+            "tensor name must be 1..65535 UTF-8 bytes",
+            section="index",
+            found=f"{len(raw)} bytes",
+        )
+    return raw
+
+
+def write_file(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, BlockPagedTensor],
+    metadata: Mapping[str, MetadataInput] | None = None,
+    *,
+    data_buffer_alignment: int = wc.MIN_DATA_BUFFER_ALIGNMENT,
+    sorted_index: bool = False,
+    progress: Callable[[int], object] | None = None,
+) -> int:
+    """Write a ``.hrry`` file exactly as the reference ``FileWriter`` does; its size in bytes.
+
+    ``.hrry`` has no data checksums (only an index CRC-32C): it is for exchange with the
+    reference, ``save_cache`` for keeping a cache. The layout is docs/reference-containers.md's.
+    Written through ``atomic_output``: arrays mapping an older file at ``path`` stay valid
+    and a failure leaves it as it was. ``progress`` gets each tensor's data bytes.
+    """
+    if not isinstance(tensors, Mapping):
+        raise ArgumentTypeError("tensors must be a mapping of name to BlockPagedTensor")
+    check_alignment(data_buffer_alignment)
+    records = [(_name_bytes(name), tensor_pieces(tensor)) for name, tensor in tensors.items()]
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ArgumentTypeError("metadata must be a mapping", found=type(metadata).__name__)
+    entries: dict[str, MetadataInput] = dict(metadata or {})  # the user's, then reserved keys
+    for key in entries:
+        if isinstance(key, str) and key.startswith(RESERVED_PREFIXES):
+            raise InvalidMetadataError(
+                "key prefix reserved for tensor seq_lens / metadata",
+                section="kv_metadata",
+                field=key,
+                expected=f"no key starting with {' or '.join(RESERVED_PREFIXES)}",
+            )
+    for name, tensor in tensors.items():
+        if tensor.seq_lens is not None and len(tensor.seq_lens):
+            entries[SEQ_LENS_KEY_PREFIX + name] = [UInt64(int(v)) for v in tensor.seq_lens]
+        if tensor.metadata:
+            entries[METADATA_KEY_PREFIX + name] = encode_metadata(tensor.metadata)
+    kv = encode_metadata(entries) if entries else b""
+    flags = wc.FILE_FLAG_HAS_INDEX_CRC32C | (wc.FILE_FLAG_SORTED_INDEX if sorted_index else 0)
+    header = HEADER.pack(
+        container_version_major=1,
+        container_version_minor=0,
+        file_flags=flags,
+        data_buffer_alignment=data_buffer_alignment,
+        first_descriptor_offset=wc.HEADER_SIZE,
+        tensor_count_hint=wc.TENSOR_COUNT_UNKNOWN,
+    )
+    with atomic_output(path) as out:  # § B.3-B.6, into a file that becomes ``path``
+        pos = 0
+
+        def put(piece: bytes | memoryview) -> None:
+            nonlocal pos
+            out.write(piece)
+            pos += len(piece)
+
+        def pad_to(alignment: int) -> None:
+            put(bytes(align(pos, alignment) - pos))  # < 2 MiB: the largest alignment
+
+        put(header)
+        index: list[tuple[bytes, int, int, int, int]] = []
+        for raw_name, (descriptor, buffers) in records:
+            descriptor_offset = pos
+            put(descriptor)
+            pad_to(data_buffer_alignment)  # step 2, even before an empty buffer 0
+            data_offset = pos
+            for number, pieces in enumerate(buffers):
+                if number:
+                    pad_to(data_buffer_alignment)  # between buffers only, none after the last [A18]
+                for piece in pieces:
+                    put(piece)
+            index.append(
+                (raw_name, descriptor_offset, len(descriptor), data_offset, pos - data_offset)
+            )
+            if progress is not None:
+                progress(pos - data_offset)
+            pad_to(wc.SECTION_ALIGNMENT)
+        kv_offset = kv_length = 0
+        if kv:
+            kv_offset, kv_length = pos, len(kv)
+            put(kv)
+            pad_to(wc.SECTION_ALIGNMENT)
+        if sorted_index:
+            index.sort(key=lambda entry: entry[0])
+        rows = [COUNT.pack(entry_count=len(index))]  # § B.5: the entry fields in wire order
+        for raw_name, *fields in index:  # descriptor offset, length; data offset, length
+            rows += (NAME_LENGTH.pack(len(raw_name)), raw_name, ENTRY_FIXED.pack(*fields, 0))
+        index_bytes = b"".join(rows)
+        index_offset = pos
+        put(index_bytes)
+        put(
+            TRAILER.pack(
+                index_offset=index_offset,
+                index_length=len(index_bytes),
+                kv_offset=kv_offset,
+                kv_length=kv_length,
+                index_crc32c=crc32c(index_bytes),
+            )
+        )
+    return pos

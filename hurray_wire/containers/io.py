@@ -88,9 +88,6 @@ class Sink:
             reason = _AbortedError("writer aborted") if abort else None
             owned.__exit__(None if reason is None else _AbortedError, reason, None)
 
-    def abort(self) -> None:
-        self.close(abort=True)
-
 
 class _AbortedError(Exception):
     """Thrown into an owned ``atomic_output`` to make it remove its temporary file."""
@@ -99,7 +96,7 @@ class _AbortedError(Exception):
 def open_sink(sink: Any, *, allow_path: bool = True) -> Sink:
     """A :class:`Sink` for ``sink``: a path (if allowed), a socket or a binary file-like."""
     if allow_path and isinstance(sink, (str, os.PathLike)):
-        output = atomic_output(sink)  # finished by Sink.close, dropped by Sink.abort
+        output = atomic_output(sink)  # finished by Sink.close, dropped by close(abort=True)
         handle = output.__enter__()
         return Sink(_write_sender(handle.write), handle, output)
     _check_binary_open(sink, "sink")
@@ -209,21 +206,22 @@ def read_input(
         name = os.fspath(path)
         with reading(name):  # without blocking: a FIFO with no writer yet is polled below
             fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    blocking = None
     try:
-        info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode):
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info.st_size else b""
-        if stat.S_ISDIR(info.st_mode):
-            raise FileAccessError(f"{name}: cannot read (Is a directory)")
-        # a pipe, FIFO or device: polled before every read (a FIFO that no writer has opened
-        # yet waits for one, within idle_timeout, instead of reading as empty)
-        blocking = os.get_blocking(fd)
-        os.set_blocking(fd, False)
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLPRI)
-        data = bytearray()
-        wait_ms = None if idle_timeout is None else max(1, int(idle_timeout * 1000))
-        try:
+        with reading(name, "read"):
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode):
+                return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info.st_size else b""
+            if stat.S_ISDIR(info.st_mode):
+                raise FileAccessError(f"{name}: cannot read (Is a directory)")
+            # a pipe, FIFO or device: polled before every read (a FIFO that no writer has
+            # opened yet waits for one, within idle_timeout, instead of reading as empty)
+            blocking = os.get_blocking(fd)
+            os.set_blocking(fd, False)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLPRI)
+            data = bytearray()
+            wait_ms = None if idle_timeout is None else max(1, int(idle_timeout * 1000))
             while True:
                 if not poller.poll(wait_ms):
                     raise FileAccessError(
@@ -246,15 +244,10 @@ def read_input(
                     if not head_ok(bytes(data[:head_size])):
                         return bytes(data)
                     head_ok = None
-        except OSError as exc:
-            if isinstance(exc, FileAccessError):
-                raise
-            reason = exc.strerror or exc
-            raise FileAccessError(f"{name}: cannot read ({reason})", cause=exc) from exc
-        finally:
+    finally:
+        if blocking is not None:
             with contextlib.suppress(OSError):
                 os.set_blocking(fd, blocking)
-    finally:
         if not isinstance(path, int):
             os.close(fd)
 
@@ -399,27 +392,21 @@ class IOSource:
         self.offset = 0  # bytes consumed
         self._deadline = deadline
         self._sock = sock
-        self._record_start: float | None = None
-        self._record_bytes = 0
+        self.begin_record()  # the readers begin each record; this one until they do
 
     def begin_record(self) -> None:
         """Start the deadline of the next record (its prefix is about to be read)."""
         self._record_start = time.monotonic()
         self._record_bytes = 0
 
-    def _deadline_at(self, size: int) -> float | None:
-        if self._deadline is None:
-            return None
-        if self._record_start is None:  # a caller without records: each read is one
-            self.begin_record()
-        assert self._record_start is not None
-        self._record_bytes += size
-        return self._record_start + self._deadline + self._record_bytes / DEADLINE_MIN_RATE
-
     def fill(self, view: memoryview) -> tuple[int, BaseException | None]:
         """Read into ``view`` until it is full, the input ends, the connection breaks or
         the record's deadline passes."""
-        deadline_at = self._deadline_at(len(view))
+        deadline_at = None
+        if self._deadline is not None:  # the record's deadline grows with its bytes
+            self._record_bytes += len(view)
+            rate = self._record_bytes / DEADLINE_MIN_RATE
+            deadline_at = self._record_start + self._deadline + rate
         sock = self._sock if deadline_at is not None else None
         original = sock.gettimeout() if sock is not None else None
         got = 0
@@ -524,24 +511,22 @@ def open_source(
     record_deadline: object = DEFAULT_RECORD_DEADLINE,
     use_mmap: bool = True,
 ) -> Source:
-    """A :class:`Source` for a path (if allowed: mapped, or read as a file with
-    ``use_mmap=False``), a bytes-like, a socket or a file; ``record_deadline`` bounds each
-    record read from a socket or file."""
+    """A :class:`Source` for a path (if allowed; mapped unless ``use_mmap=False``), a
+    bytes-like, a socket or a file; ``record_deadline`` bounds each record read from those."""
     deadline = check_record_deadline(record_deadline)
-    if isinstance(source, (str, os.PathLike)):
-        if allow_path and not use_mmap:  # read as a stream: no mapping to be cut under us
-            with reading(source):
-                handle = open(source, "rb")  # noqa: SIM115 - closed by IOSource.close
-            return IOSource(handle.readinto, deadline=deadline, owned=handle)
-        if allow_path:
-            return open_memory(source)
+    path = isinstance(source, (str, os.PathLike))
+    if path and not allow_path:
         raise ArgumentTypeError(
             "source must be bytes-like or a binary file-like object / socket",
             field="source",
             found=type(source).__name__,
         )
-    if isinstance(source, _BYTES_LIKE):
-        return MemorySource(byte_view(source, "source"))
+    if path and not use_mmap:  # read as a stream: no mapping to be cut under us
+        with reading(source):
+            handle = open(source, "rb")  # noqa: SIM115 - closed by IOSource.close
+        return IOSource(handle.readinto, deadline=deadline, owned=handle)
+    if path or isinstance(source, _BYTES_LIKE):
+        return open_memory(source)
     _check_binary_open(source, "source")
     recv_into = getattr(source, "recv_into", None)
     if callable(recv_into):

@@ -93,7 +93,7 @@ def _tensors(cache: object) -> list[BlockPagedTensor]:
     else:
         raise ArgumentTypeError("cache must be an iterable of BlockPagedTensor or a mapping "
                                 "to them", field="cache", found=type(cache).__name__)  # fmt: skip
-    seen: set[CacheKey] = set()
+    keyed: dict[CacheKey, BlockPagedTensor] = {}
     for given, tensor in pairs:
         if not isinstance(tensor, BlockPagedTensor):
             raise ArgumentTypeError("cache holds something that is not a BlockPagedTensor",
@@ -102,33 +102,25 @@ def _tensors(cache: object) -> list[BlockPagedTensor]:
             raise InvalidStreamError("every tensor of a model cache needs a layer_index",
                                      field="layer_index", found=None)  # fmt: skip
         key = (tensor.layer_index, tensor.kv_role)
-        if mapping:
-            _check_key(given, key)
-        if key in seen:
+        if mapping and (not isinstance(given, tuple) or len(given) != 2):
+            raise ArgumentTypeError("the keys of a cache mapping are (layer, kv_role) pairs",
+                                    field="cache", found=repr(given))  # fmt: skip
+        if mapping and given != key:  # the file keeps the tensor's own layer and role
+            raise InvalidStreamError(
+                f"key {given!r} maps to the tensor of layer {key[0]} {key[1]} (its layer_index "
+                "and kv_role): the file keeps the tensor's own, so it would load back under "
+                "another key",
+                field="cache",
+                expected=repr(given),
+                found=repr(key),
+            )
+        if key in keyed:
             raise InvalidStreamError("the cache holds {layer, role} twice", field="cache",
                                      found=f"layer {key[0]} {key[1]}")  # fmt: skip
-        seen.add(key)
-    if not pairs:
+        keyed[key] = tensor
+    if not keyed:
         raise InvalidStreamError("the cache holds no tensor", field="cache")
-    tensors = [t for _, t in pairs if isinstance(t, BlockPagedTensor)]  # all of them
-    return sorted(tensors, key=lambda t: (t.layer_index, t.kv_role))
-
-
-def _check_key(given: object, own: CacheKey) -> None:
-    """The file stores the tensor's own layer and role, so a key that says otherwise would
-    load back under another key."""
-    if not isinstance(given, tuple) or len(given) != 2:
-        raise ArgumentTypeError("the keys of a cache mapping are (layer, kv_role) pairs",
-                                field="cache", found=repr(given))  # fmt: skip
-    if given != own:
-        raise InvalidStreamError(
-            f"key {given!r} maps to the tensor of layer {own[0]} {own[1]} (its layer_index "
-            "and kv_role): the file keeps the tensor's own, so it would load back under "
-            "another key",
-            field="cache",
-            expected=repr(given),
-            found=repr(own),
-        )
+    return [keyed[key] for key in sorted(keyed)]
 
 
 def save_cache(
@@ -224,8 +216,21 @@ def load_cache(
     as_torch = flag(as_torch, "as_torch") or device is not None
     with StreamReader(path, verify=verify, expect_fingerprint=expect_fingerprint) as reader:
         header = reader.header
-        if header is None or header.num_layers is None or not header.kv_roles:
-            raise _not_a_cache(reader, header)
+        if header is None:  # a lone blob, or blobs without a stream header
+            lone = next(reader, None) is not None and next(reader, None) is None
+            raise InvalidStreamError(
+                "this is a blob, not a blob stream: hw.decode reads one blob; load_cache reads "
+                "the stream save_cache writes"
+                if lone
+                else "not a model cache: blobs without a stream header (which states "
+                "num_layers and kv_roles)",
+                section="stream",
+            )
+        if header.num_layers is None or not header.kv_roles:
+            raise InvalidStreamError(
+                "not a model cache: the stream header does not state num_layers and kv_roles",
+                section="stream header",
+            )
         tensors: dict[CacheKey, BlockPagedTensor] = {}
         total = os.path.getsize(path) if isinstance(path, (str, os.PathLike)) else 0
         with _reporting(progress, total, "load") as report:
@@ -244,20 +249,3 @@ def load_cache(
     if as_torch:
         values = {key: tensor_to_torch(tensor, device) for key, tensor in tensors.items()}
     return ModelCache(values, header.model, dict(header.metadata), header.fingerprint)
-
-
-def _not_a_cache(reader: StreamReader, header: StreamHeader | None) -> InvalidStreamError:
-    """Why a stream is no model cache: a lone blob, blobs without a stream header, or a
-    header that does not state the model's layers and roles."""
-    if header is None:
-        first, second = next(reader, None), next(reader, None)
-        if first is not None and second is None:
-            return InvalidStreamError("this is a blob, not a blob stream: hw.decode reads one "
-                                      "blob; load_cache reads the stream save_cache writes",
-                                      section="stream")  # fmt: skip
-        return InvalidStreamError("not a model cache: blobs without a stream header (which "
-                                  "states num_layers and kv_roles)", section="stream")  # fmt: skip
-    return InvalidStreamError(
-        "not a model cache: the stream header does not state num_layers and kv_roles",
-        section="stream header",
-    )

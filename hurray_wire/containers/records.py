@@ -166,9 +166,8 @@ def check_record_size(total: int, limit: int, what: str, offset: int, why: str =
 def frame_record(
     prefix: Any, what: str, offset: int, max_blob_bytes: int, limits: DecodeLimits
 ) -> int:
-    """total_length of the stream header or end record whose prefix starts at stream
-    ``offset``, checked against ``max_blob_bytes`` and against the longest record
-    ``limits`` admit (its metadata or index at the limit), before the record is read."""
+    """The total_length of a stream header or end record at stream ``offset``, refused over
+    ``max_blob_bytes`` or the longest record ``limits`` admit, before it is read."""
     total = _RECORDS[what].frame(byte_view(prefix))
     check_record_size(total, max_blob_bytes, what, offset)
     if what == "stream header":
@@ -181,9 +180,8 @@ def frame_record(
 
 
 def record_kind(prefix: Any, offset: int, cause: BaseException | None = None) -> str:
-    """What the record whose (up to 16-byte) prefix starts at stream ``offset`` is: "blob" or
-    "end record"; a prefix cut short, a stream header past the start and bytes that start no
-    record are refused (with ``cause``, the reason the input ended, chained)."""
+    """The kind ("blob", "end record") of the prefix at stream ``offset``; a cut prefix
+    (``cause`` chained), a stream header past the start or an unknown magic is refused."""
     head = bytes(prefix[: len(ws.STREAM_MAGIC)])
     kinds = [r.what for magic, r in wr.RECORDS_BY_MAGIC.items() if magic.startswith(head)]
     if kinds and len(prefix) == wr.PREFIX.size:
@@ -220,9 +218,7 @@ def _check_flags(
 # -- stream header ---------------------------------------------------------------------------
 def encode_stream_header(header: StreamHeader) -> bytes:
     """The stream header record for ``header`` (docs/streaming.md § 2)."""
-    if not isinstance(header, StreamHeader):
-        raise ArgumentTypeError("expected a StreamHeader", found=type(header).__name__)
-    name = header.model.encode("utf-8")
+    name = instance(header, StreamHeader, "header").model.encode("utf-8")
     entries = dict(header.metadata)
     if header.fingerprint is not None:
         entries.update(fingerprint_to_metadata(header.fingerprint))
@@ -287,13 +283,8 @@ def decode_stream_header(data: Any, *, limits: DecodeLimits | None = None) -> St
         raise _HEADER.error("model_name", "model name is not valid UTF-8", name_at) from None
     metadata: dict[str, Any] = {}
     if meta_length:
-        metadata = dict(
-            decode_metadata(
-                view[meta_start:body],
-                base_offset=meta_start,
-                max_entries=limits.max_metadata_entries,
-            )
-        )
+        at, entries = meta_start, limits.max_metadata_entries
+        metadata = decode_metadata(view[at:body], base_offset=at, max_entries=entries)
         try:
             fingerprint_from_metadata(metadata)  # the reserved entry must be a valid record
         except HurrayWireError as exc:
@@ -364,9 +355,8 @@ def entries_of(rows: npt.NDArray[Any]) -> tuple[StreamEntry, ...]:
 def decode_end_rows(
     data: Any, *, limits: DecodeLimits | None = None
 ) -> tuple[int, npt.NDArray[Any] | None]:
-    """``decode_end_record`` without the objects: (blob_count, the checked index as a
-    structured array viewing ``data``, or None), so that the readers refuse an index that
-    disagrees with the stream without building an object per entry."""
+    """``decode_end_record`` with the index as a structured array viewing ``data``: the
+    readers refuse an index that disagrees with the stream at no object per entry."""
     what = "end record"
     limits = check_limits_argument(limits)
     view = byte_view(data)
@@ -469,31 +459,20 @@ def check_blob(
         check_compatible(expect, own)
     if header is None:
         return
-    layer = tensor.layer_index
+
+    def refuse(field: str, message: str, expected: Any, found: Any) -> InvalidStreamError:
+        return InvalidStreamError(message, section=at, field=field, expected=expected, found=found)
+
+    layer, wanted = tensor.layer_index, header.element_type
     if header.num_layers is not None and (layer is None or layer >= header.num_layers):
-        raise InvalidStreamError(
-            "blob layer_index outside the stream header's num_layers",
-            section=at,
-            field="layer_index",
-            expected=f"< {header.num_layers}",
-            found=layer,
-        )
+        message = "blob layer_index outside the stream header's num_layers"
+        raise refuse("layer_index", message, f"< {header.num_layers}", layer)
     if header.kv_roles and tensor.kv_role not in header.kv_roles:
-        raise InvalidStreamError(
-            "blob kv_role not among the stream header's kv_roles",
-            section=at,
-            field="kv_role",
-            expected=header.kv_roles,
-            found=tensor.kv_role,
-        )
-    if header.element_type is not None and tensor.element_type != header.element_type:
-        raise InvalidStreamError(
-            "blob element type differs from the stream header's",
-            section=at,
-            field="element_type",
-            expected=header.element_type.name,
-            found=tensor.element_type.name,
-        )
+        message = "blob kv_role not among the stream header's kv_roles"
+        raise refuse("kv_role", message, header.kv_roles, tensor.kv_role)
+    if wanted is not None and tensor.element_type != wanted:
+        message = "blob element type differs from the stream header's"
+        raise refuse("element_type", message, wanted.name, tensor.element_type.name)
 
 
 def empty_input_error() -> StreamTruncatedError:
@@ -513,9 +492,8 @@ def locate(
     layer: int | None = None,
     role: str | None = None,
 ) -> HurrayWireError:
-    """``exc``, met in blob ``blob`` of a stream (starting at stream offset ``at``), placed
-    there (``HurrayWireError.located``): its layer and role from ``record``'s descriptor
-    when the caller does not know them and the header can still be read."""
+    """``exc`` placed in blob ``blob`` at stream offset ``at``, with the layer and role of
+    ``record``'s descriptor when the caller does not know them and it can be read."""
     if layer is None and role is None and record is not None:
         with contextlib.suppress(HurrayWireError):
             layout = peek_descriptor(record).layout

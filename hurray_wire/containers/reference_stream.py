@@ -6,7 +6,7 @@ and its buffers: the descriptor's 10-byte prefix (with ``descriptor_length``) fr
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from hurray_wire.containers.io import (
     DEFAULT_RECORD_DEADLINE,
@@ -16,12 +16,12 @@ from hurray_wire.containers.io import (
     open_source,
 )
 from hurray_wire.errors import (
-    ArgumentTypeError,
     ContainerTruncatedError,
     HurrayWireError,
     InvalidContainerError,
     InvalidTensorError,
     UnsupportedLayoutError,
+    instance,
 )
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.descriptor_codec import decode_descriptor, peek_descriptor_length
@@ -38,8 +38,7 @@ MIN_DESCRIPTOR_LENGTH = wd.FIXED_HEADER.sizeof()  # the descriptor decoder refus
 
 def tensor_pieces(tensor: BlockPagedTensor) -> tuple[bytes, list[list[memoryview]]]:
     """The encoded descriptor and, per buffer in table order, views of its bytes (no copy)."""
-    if not isinstance(tensor, BlockPagedTensor):
-        raise ArgumentTypeError("expected a BlockPagedTensor", found=type(tensor).__name__)
+    instance(tensor, BlockPagedTensor, "tensor")
     buffers = []
     for index, (arrays, handle) in enumerate(
         zip(tensor.buffer_arrays(), tensor.descriptor.buffers, strict=True)
@@ -136,9 +135,7 @@ def _records(
         if not len(prefix) and cause is None:
             return  # clean end of stream, at a record boundary
         if len(prefix) < _PREFIX_LEN:
-            raise _truncated(
-                number, "descriptor prefix", src.offset, _PREFIX_LEN, len(prefix), cause
-            ) from cause
+            _cut(number, "descriptor prefix", src.offset, _PREFIX_LEN, len(prefix), cause)
         where = f"record {number}"
         try:  # A.2 step 3: descriptor_length from the first 10 bytes, within the limit
             length = peek_descriptor_length(prefix)
@@ -155,9 +152,7 @@ def _records(
             )
         body, got, cause = src.read_array(length - _PREFIX_LEN)
         if got < length - _PREFIX_LEN:
-            raise _truncated(
-                number, "descriptor", src.offset, length, _PREFIX_LEN + got, cause
-            ) from cause
+            _cut(number, "descriptor", src.offset, length, _PREFIX_LEN + got, cause)
         try:  # A.2 steps 4-6
             descriptor = decode_descriptor(bytes(prefix) + body[:got].tobytes())
         except HurrayWireError as exc:
@@ -179,9 +174,7 @@ def _records(
         for index, handle in enumerate(descriptor.buffers):
             array, got, cause = src.read_array(handle.byte_size)
             if got < handle.byte_size:
-                raise _truncated(
-                    number, f"buffers[{index}]", src.offset, handle.byte_size, got, cause
-                ) from cause
+                _cut(number, f"buffers[{index}]", src.offset, handle.byte_size, got, cause)
             buffers.append(array)
         try:
             tensor = assemble(descriptor, buffers)
@@ -191,15 +184,16 @@ def _records(
         number += 1
 
 
-def _truncated(
+def _cut(
     number: int, what: str, at: int, needed: int, got: int, cause: BaseException | None
-) -> ContainerTruncatedError:
+) -> NoReturn:
+    """Refuse a stream cut inside record ``number`` (``cause``: why the input ended)."""
     reason = f" ({cause!r})" if cause is not None else ""
-    return ContainerTruncatedError(
+    raise ContainerTruncatedError(
         f"stream ends inside record {number} ({what}){reason}",
         section=f"record {number}",
         field=what,
         offset=at,
         expected=f"{needed} bytes",
         found=f"{got} bytes",
-    )
+    ) from cause

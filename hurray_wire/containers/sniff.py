@@ -3,6 +3,7 @@ framing fields alone, never by decoding: the CLI prints it, readers do the check
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from typing import Any
 
@@ -35,8 +36,7 @@ class Format(str, enum.Enum):
 def identify(data_or_path: Any) -> Format:
     """The format of a bytes-like object or of the file at a path (``UNKNOWN`` if none); a
     lone blob or descriptor is one whose own length field is exactly the input's length."""
-    source = open_memory(data_or_path, name="data")
-    try:
+    with contextlib.closing(open_memory(data_or_path, name="data")) as source:
         view = source.view
         head = bytes(view[:_PEEK])
         if head.startswith(ws.STREAM_MAGIC):
@@ -51,8 +51,6 @@ def identify(data_or_path: Any) -> Format:
                 length = int.from_bytes(view[_AT_LENGTH:_LENGTH_END], "little")
             return Format.DESCRIPTOR if length == len(view) else Format.REFERENCE_STREAM
         return Format.UNKNOWN
-    finally:
-        source.close()
 
 
 def known_magic(head: bytes) -> bool:
