@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from hurray_wire.blob.decoder import Decoder, decode_options
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, page_failure, page_rows, put_rows
+from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, put_rows
 from hurray_wire.blob.pipeline import Accept, plan_of, run
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
@@ -272,19 +272,18 @@ class _InPlaceWork(PageWork):
         missing = ref_pages[self.engine_refs < 0]
         corrupt = ref_pages[(self.engine_refs >= 0) & ~self.ref_ok]
         stale = np.unique(self.engine_refs[(self.engine_refs >= 0) & ~self.ref_ok])
-        failed = np.union1d(self.mismatch, ref_pages[failed_refs]).astype(np.int64)
-        positions = self.verdict(self.table, self.starts, failed)
         short = free.size < sent.size + int(failed_refs.sum())
-        if failed.size and (not self.report or short):
-            raise page_failure(
-                self.mismatch, failed, positions, "blob pages",
-                f"{corrupt.size} referenced page(s) are stale in the engine's pool (engine "
-                f"pages {stale[:16].tolist()} no longer match their digest)" if corrupt.size
-                else None,
-                f"{missing.size} referenced page(s) are not indexed in the engine's pool",
-                "; free_pages has no page left to report them in" if short else "",
-            )  # fmt: skip
-        self._write(failed)
+        failed, positions = self.verdict(
+            self.table, self.starts, missing, corrupt, "blob pages",
+            f"{corrupt.size} referenced page(s) are stale in the engine's pool (engine "
+            f"pages {stale[:16].tolist()} no longer match their digest)",
+            f"{missing.size} referenced page(s) are not indexed in the engine's pool",
+            "; free_pages has no page left to report them in" if short else "",
+        )  # fmt: skip
+        dst = self.pool.records  # the sent rows into their free pages, failed ones zeroed
+        if sent.size:
+            put_rows(dst, remap[sent], page_rows(self.descriptor, self.rows, int(sent.size)))
+        put_rows(dst, remap[failed])
         written = np.concatenate([remap[sent], remap[ref_pages[failed_refs]]]).astype(np.int64)
         return InPlaceReport(
             tensor,
@@ -297,13 +296,6 @@ class _InPlaceWork(PageWork):
             stale,
             written,
         )
-
-    def _write(self, failed: IntArray) -> None:
-        """The sent rows into their free pages; every failed page's free page zeroed."""
-        dst, sent, remap = self.pool.records, self.sent, self.remap
-        if sent.size:
-            put_rows(dst, remap[sent], page_rows(self.descriptor, self.rows, int(sent.size)))
-        put_rows(dst, remap[failed])
 
 
 def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
