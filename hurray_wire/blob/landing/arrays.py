@@ -34,7 +34,7 @@ from hurray_wire.codecs.base import output
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, flag
 from hurray_wire.integrity import PageRecords, PageRefs
 from hurray_wire.integrity.digests import IntArray
-from hurray_wire.integrity.pool_store import page_id_array
+from hurray_wire.integrity.page_store import page_id_array
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor, check_padding_bits, pool_form
 

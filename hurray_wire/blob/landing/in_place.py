@@ -24,7 +24,7 @@ from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.integrity import EnginePoolStore, PageRefs
 from hurray_wire.integrity.digests import IntArray
-from hurray_wire.integrity.pool_store import page_id_array
+from hurray_wire.integrity.page_store import page_id_array
 from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
