@@ -55,17 +55,11 @@ def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorD
 
 @dataclass(frozen=True, eq=False)
 class Decoder:
-    """Decode options, checked once, and one plan cache: ``Decoder(verify=False)`` then
+    """Decode options (as for :func:`decode`), checked once, and one plan cache (``plans``:
+    a new one unless given), safe to share between threads: ``Decoder(verify=False)`` then
     ``.decode(blob)`` per blob. Every route into memory (the module functions, the stream
     readers, the NIXL receiver) hands one to :func:`run`; the module functions use
     :data:`DEFAULT_DECODER` (or one sharing its cache, for other options).
-
-    ``verify=False`` skips section checksums and page digests, nothing else. ``limits``
-    caps what a blob may make the decoder do (None: the defaults). ``threads`` (-1 every
-    usable core, 0 the caller only) decompress chunked sections. ``page_store`` fills (and
-    re-hashes) the pages of a delta blob; ``expect_fingerprint`` refuses another or a
-    missing engine fingerprint (docs/integrity.md). ``plans``: the plan cache (a new one
-    unless given); safe to share between threads.
     """
 
     verify: bool = True
@@ -85,9 +79,7 @@ class Decoder:
         instance(self.plans, BoundedMemo, "plans")
 
     def decode(self, data: Any, *, into: object = None) -> BlockPagedTensor:
-        """Validate one blob at the start of ``data`` and return its tensor: uncompressed
-        buffers are views of ``data``; every array is read-only exactly when ``data`` is.
-        ``into``: where its pool lands (:func:`decode`)."""
+        """Validate one blob at the start of ``data`` and return its tensor (:func:`decode`)."""
         return self._run(data, into, False)[0]
 
     def decode_report(self, data: Any, *, into: object = None) -> DecodeReport:
@@ -188,6 +180,7 @@ def decode(
 
     Uncompressed buffers are views of ``data``; every array is read-only exactly when
     ``data`` is. ``verify=False`` skips section checksums and page digests, nothing else.
+    ``limits`` caps what a blob may make the decoder do (None: the defaults).
     ``threads`` (-1 every usable core, 0 the caller only) decompress chunked sections.
     ``page_store`` fills (and re-hashes) the pages of a delta blob; ``expect_fingerprint``
     refuses another or a missing engine fingerprint (docs/integrity.md);

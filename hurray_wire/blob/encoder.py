@@ -255,10 +255,7 @@ def _seal(out: memoryview, layout: _Layout, contents: list[Any], sums: Sequence[
     """Patch the section checksums into the header at the start of ``out`` (hashing the
     sections whose sum is 0) and reseal it."""
     pack = _SECTION_CHECKSUM.pack_into
-    if sums is _UNHASHED:  # a cached layout: one piece each, none hashed
-        for at, piece in zip(layout.checksum_at, contents, strict=True):
-            pack(out, at, checksum_of(piece))
-    elif len(contents) == len(layout.offsets):  # one piece each
+    if len(contents) == len(layout.offsets):  # one piece each (a cached layout: _UNHASHED)
         for at, value, piece in zip(layout.checksum_at, sums, contents, strict=False):
             pack(out, at, value or checksum_of(piece))
     else:

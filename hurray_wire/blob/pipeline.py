@@ -335,6 +335,7 @@ def _materialize(
         check_zero(view, start, stop, error=PaddingError, section=where)
     verify = opts.verify and plan.verify_sections
     moved = pool is not None or defer_pool
+    whole = np.frombuffer(view, np.uint8, plan.total)
     if (
         verify
         and pages is None
@@ -344,8 +345,11 @@ def _materialize(
     ):
         pass  # every section checksum matched, compared in one go (else: which one)
     elif verify:
-        pool_entry = plan.buffers[0]
-        pool_checksum = _digest_pass(view, plan, pages, pool)
+        pool_entry, pool_checksum = plan.buffers[0], None
+        if pages is not None and plan.page_digests is not None and plan.raw_buffers:
+            rows = [whole[span] for span in plan.buffer_spans]  # one pass over the pool: its
+            rows[0] = rows[0] if pool is None else pool  # page digests and section checksum
+            pool_checksum = pages.digest_rows(rows, plan.sent_pages)
         for e in plan.entries:
             if e is pool_entry and defer_pool:
                 continue  # hashed while it is copied to its destination
@@ -361,7 +365,6 @@ def _materialize(
                     continue  # decode_report: the page digests localise the damage
                 mismatch = checksum_mismatch(e, computed, stored_checksum)
                 raise _localised(mismatch, view, plan, pages, e) if pool is None else mismatch
-    whole = np.frombuffer(view, np.uint8, plan.total)
     readonly = view.readonly
     threads = opts.threads
 
@@ -479,20 +482,6 @@ def decompress_pool(
     ``progress`` of each finished prefix (``codecs.decode_section``)."""
     whole = np.frombuffer(view, np.uint8)
     _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out, progress)
-
-
-def _digest_pass(
-    view: memoryview, plan: _Plan, pages: PageWork | None, pool: U8Array | None
-) -> int | None:
-    """With a page-digests section and raw buffers: digest the page rows and hash buffer 0
-    for its section checksum in one pass over the pool (PageWork keeps the digests)."""
-    if pages is None or plan.page_digests is None or not plan.raw_buffers:
-        return None
-    whole = np.frombuffer(view, np.uint8, plan.total)
-    rows = [whole[span] for span in plan.buffer_spans]
-    if pool is not None:
-        rows[0] = pool
-    return pages.digest_rows(rows, plan.sent_pages)
 
 
 def _at(e: Entry | None, inside: int | None = 0) -> int | None:
