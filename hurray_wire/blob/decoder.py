@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hurray_wire.blob.envelope import (
+    HEADER,
     I_DESCRIPTOR_LENGTH,
     I_HEADER_LENGTH,
     I_SECTION_COUNT,
@@ -20,7 +21,6 @@ from hurray_wire.blob.envelope import (
     checked_header,
     embedded_descriptor,
     entry_at,
-    fixed_header,
     total_length,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
@@ -100,7 +100,7 @@ class Decoder:
         """The descriptor of the blob at the start of ``data`` (:func:`peek_descriptor`)."""
         view = byte_view(data)
         total = total_length(view, whole=False)
-        head = fixed_header(view)
+        head = HEADER.struct.unpack_from(view, 0)
         count, dlen = head[I_SECTION_COUNT], head[I_DESCRIPTOR_LENGTH]
         check_limits(count, dlen, self.limits)
         end = min(total, len(view))

@@ -42,7 +42,6 @@ __all__ = [
     "checked_header",
     "embedded_descriptor",
     "entry_at",
-    "fixed_header",
     "pool_section",
     "total_length",
     "whole_blob_header",
@@ -105,7 +104,7 @@ def whole_blob_header(view: memoryview) -> tuple[Any, ...]:
         ):
             return head
     total_length(view, whole=True)  # raises the framing error
-    return fixed_header(view)
+    return HEADER.struct.unpack_from(view, 0)
 
 
 def check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
@@ -131,15 +130,10 @@ def pool_section(head: Any) -> tuple[int, int, bool, bool]:
     blob (its fixed header and first section entry, unchecked: what a transport needs to
     place the pool before the blob is whole; the decoder checks it all later)."""
     view = memoryview(bytes(head[: HEADER_SIZE + ENTRY.size]))
-    checksum_type = fixed_header(view)[I_CHECKSUM_TYPE]
+    checksum_type = HEADER.struct.unpack_from(view, 0)[I_CHECKSUM_TYPE]
     entry = ENTRY.unpack_dict(view, HEADER_SIZE)
     raw = entry["codec"] == 0 and entry["stored_size"] == entry["raw_size"]
     return entry["offset"], entry["stored_size"], raw, checksum_type == w.CHECKSUM_XXH3_64
-
-
-def fixed_header(view: memoryview) -> tuple[Any, ...]:
-    """The fixed header's fields, unpacked (the view holds at least it)."""
-    return HEADER.struct.unpack_from(view, 0)
 
 
 def checked_header(

@@ -37,7 +37,6 @@ from hurray_wire.blob.envelope import (
     checked_header,
     embedded_descriptor,
     entry_at,
-    fixed_header,
     whole_blob_header,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
@@ -73,7 +72,6 @@ __all__ = [
     "Options",
     "checksum_mismatch",
     "decompress_pool",
-    "header_plan",
     "new_plan_cache",
     "plan_of",
     "run",
@@ -166,43 +164,6 @@ def _checksum_mask(plans: BoundedMemo[Any], header_length: int, count: int) -> i
     return mask
 
 
-def header_plan(
-    view: memoryview,
-    total: int,
-    limits: DecodeLimits,
-    plans: BoundedMemo[Any] | None,
-    head: Any = None,
-) -> _Plan:
-    """The validated plan of the blob at the start of ``view``: limits first (on the fixed
-    header alone, ``head`` if already unpacked), then the header checksum, then the plan
-    cache (None: none) or a full check.
-
-    The cache key is the checked copy of the header as one integer, section checksums
-    masked out (they are checked per call; with checksum_type 0 they must stay zero, so
-    stay in).
-    """
-    if head is None:
-        head = fixed_header(view)
-    header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
-    dlen = head[I_DESCRIPTOR_LENGTH]
-    check_limits(count, dlen, limits)
-    try:
-        header = checked_header(view, head, header_length, count, dlen, total)
-    except ChecksumError as exc:
-        raise _suspect(exc, view, header_length, total, limits) from None
-    if plans is None:
-        return _plan_from_header(header, total, limits)
-    key = int.from_bytes(header, "little")
-    if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
-        key &= plans.get((header_length, count)) or _checksum_mask(plans, header_length, count)
-    plan_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
-    plan: _Plan | None = plans.get(plan_key)
-    if plan is None:
-        plan = _plan_from_header(header, total, limits)
-        plans.put(plan_key, plan, weight(header_length) + sum(map(len, plan.zeros[1])))
-    return plan
-
-
 def _suspect(
     exc: ChecksumError, view: memoryview, header_length: int, total: int, limits: DecodeLimits
 ) -> ChecksumError:
@@ -259,9 +220,31 @@ class Options(Protocol):
 
 
 def plan_of(view: memoryview, opts: Options) -> _Plan:
-    """The validated (cached) plan of the whole blob at the start of ``view``."""
+    """The validated plan of the whole blob at the start of ``view``: limits first (on the
+    fixed header alone), then the header checksum, then the plan cache or a full check.
+
+    The cache key is the checked copy of the header as one integer, section checksums
+    masked out (they are checked per call; with checksum_type 0 they must stay zero, so
+    stay in).
+    """
     head = whole_blob_header(view)
-    return header_plan(view, head[I_TOTAL_LENGTH], opts.limits, opts.plans, head)
+    total, limits, plans = head[I_TOTAL_LENGTH], opts.limits, opts.plans
+    header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
+    dlen = head[I_DESCRIPTOR_LENGTH]
+    check_limits(count, dlen, limits)
+    try:
+        header = checked_header(view, head, header_length, count, dlen, total)
+    except ChecksumError as exc:
+        raise _suspect(exc, view, header_length, total, limits) from None
+    key = int.from_bytes(header, "little")
+    if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
+        key &= plans.get((header_length, count)) or _checksum_mask(plans, header_length, count)
+    plan_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
+    plan: _Plan | None = plans.get(plan_key)
+    if plan is None:
+        plan = _plan_from_header(header, total, limits)
+        plans.put(plan_key, plan, weight(header_length) + sum(map(len, plan.zeros[1])))
+    return plan
 
 
 def run(
