@@ -151,19 +151,6 @@ def new_plan_cache() -> BoundedMemo[Any]:
     return BoundedMemo(512, 64 << 20)
 
 
-def _checksum_mask(plans: BoundedMemo[Any], header_length: int, count: int) -> int:
-    """All-ones over ``header_length`` bytes but the section checksums (little-endian):
-    built once per header geometry, in time linear in its size."""
-    key = (header_length, count)  # no other key of the cache is a pair
-    mask: int | None = plans.get(key)
-    if mask is None:
-        ones = bytearray(b"\xff") * header_length
-        table = np.frombuffer(ones, np.uint8, ENTRY.size * count, HEADER_SIZE)
-        table.reshape(count, ENTRY.size)[:, _CHECKSUM_AT:_CHECKSUM_END] = 0
-        mask = plans.put(key, int.from_bytes(ones, "little"), PER_ENTRY + header_length)
-    return mask
-
-
 def _suspect(
     exc: ChecksumError, view: memoryview, header_length: int, total: int, limits: DecodeLimits
 ) -> ChecksumError:
@@ -238,7 +225,15 @@ def plan_of(view: memoryview, opts: Options) -> _Plan:
         raise _suspect(exc, view, header_length, total, limits) from None
     key = int.from_bytes(header, "little")
     if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
-        key &= plans.get((header_length, count)) or _checksum_mask(plans, header_length, count)
+        mask: int | None = plans.get((header_length, count))  # no other key is a pair
+        if mask is None:  # all-ones but the section checksums, once per header geometry
+            ones = bytearray(b"\xff") * header_length
+            table = np.frombuffer(ones, np.uint8, ENTRY.size * count, HEADER_SIZE)
+            table.reshape(count, ENTRY.size)[:, _CHECKSUM_AT:_CHECKSUM_END] = 0
+            mask = plans.put(
+                (header_length, count), int.from_bytes(ones, "little"), PER_ENTRY + header_length
+            )
+        key &= mask
     plan_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
     plan: _Plan | None = plans.get(plan_key)
     if plan is None:
