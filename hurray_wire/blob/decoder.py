@@ -14,10 +14,7 @@ from typing import Any, Protocol
 
 from hurray_wire.blob.envelope import (
     HEADER,
-    I_DESCRIPTOR_LENGTH,
-    I_HEADER_LENGTH,
     I_SECTION_COUNT,
-    check_limits,
     checked_header,
     embedded_descriptor,
     entry_at,
@@ -101,11 +98,9 @@ class Decoder:
         view = byte_view(data)
         total = total_length(view, whole=False)
         head = HEADER.struct.unpack_from(view, 0)
-        count, dlen = head[I_SECTION_COUNT], head[I_DESCRIPTOR_LENGTH]
-        check_limits(count, dlen, self.limits)
         end = min(total, len(view))
-        header = checked_header(view, head, head[I_HEADER_LENGTH], count, dlen, end)
-        start = entry_at(count)
+        header = checked_header(view, head, end, self.limits)
+        start = entry_at(head[I_SECTION_COUNT])
         key = header[start:]  # bytes: no plan key is
         found: TensorDescriptor | None = self.plans.get(key)
         if found is None:

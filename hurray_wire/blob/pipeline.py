@@ -28,12 +28,10 @@ from hurray_wire.blob.envelope import (
     HEADER,
     HEADER_SIZE,
     I_CHECKSUM_TYPE,
-    I_DESCRIPTOR_LENGTH,
     I_HEADER_LENGTH,
     I_SECTION_COUNT,
     I_TOTAL_LENGTH,
     check_header_fields,
-    check_limits,
     checked_header,
     embedded_descriptor,
     entry_at,
@@ -217,10 +215,8 @@ def plan_of(view: memoryview, opts: Options) -> _Plan:
     head = whole_blob_header(view)
     total, limits, plans = head[I_TOTAL_LENGTH], opts.limits, opts.plans
     header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
-    dlen = head[I_DESCRIPTOR_LENGTH]
-    check_limits(count, dlen, limits)
     try:
-        header = checked_header(view, head, header_length, count, dlen, total)
+        header = checked_header(view, head, total, limits)
     except ChecksumError as exc:
         raise _suspect(exc, view, header_length, total, limits) from None
     key = int.from_bytes(header, "little")
