@@ -92,11 +92,10 @@ def _size(parts: Any) -> int:
 
 @dataclass
 class _PageSections:
-    """What the page options add: the digests and refs payloads, and (with refs) the sent
-    rows of the page-row buffers, replacing those buffers' parts."""
+    """What the page options add: the digests and refs sections (as ``_extras`` has them),
+    and (with refs) the sent rows of the page-row buffers, replacing those buffers' parts."""
 
-    digests: bytes | None = None
-    refs: bytes | None = None
+    extras: list[tuple[int, int, Any]] = field(default_factory=list)
     parts: dict[int, list[Any]] = field(default_factory=dict)
     pool_checksum: int = 0  # buffer 0's section checksum, from the digest pass (0: none)
 
@@ -131,12 +130,13 @@ def _page_sections(
         digests, pool_checksum = digests_and_checksum(records)
     else:
         digests = records.digests()
-    wanted = page_digests or given is not None
-    out = _PageSections(encode_digest_section(digests) if wanted else None, None, {}, pool_checksum)
+    out = _PageSections(pool_checksum=pool_checksum)
+    if page_digests or given is not None:
+        out.extras.append((w.KIND_PAGE_DIGESTS, 0, encode_digest_section(digests)))
     if known_pages is not None:
         plan = planned or plan_delta(tensor, known_pages, digests=digests)
         sent = gather_sent(tensor, plan)
-        out.refs = encode_page_refs(plan.refs)
+        out.extras.append((w.KIND_PAGE_REFS, w.FLAG_REQUIRED, encode_page_refs(plan.refs)))
         rows = [sent.scales, sent.zero_points]
         out.parts[0] = [sent.pool.reshape(-1)]
         for index, widths in paged_buffers(tensor.descriptor).params:
@@ -153,11 +153,7 @@ def _extras(tensor: BlockPagedTensor, pages: _PageSections | None) -> list[tuple
         extras.append((w.KIND_SEQ_LENS, w.FLAG_REQUIRED, lens))
     if tensor.metadata:
         extras.append((w.KIND_METADATA, 0, encode_metadata(tensor.metadata)))
-    if pages is not None and pages.digests is not None:
-        extras.append((w.KIND_PAGE_DIGESTS, 0, pages.digests))
-    if pages is not None and pages.refs is not None:
-        extras.append((w.KIND_PAGE_REFS, w.FLAG_REQUIRED, pages.refs))
-    return extras
+    return extras if pages is None else extras + pages.extras
 
 
 def _sections(

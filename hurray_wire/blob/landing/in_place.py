@@ -201,10 +201,7 @@ class _InPlaceWork(PageWork):
         self.engine_refs = _NONE  # engine page of each ref (-1: not indexed)
         self.ref_ok = np.zeros(0, bool)  # indexed, and its bytes re-hash to the digest
         self.rows: list[U8Array] = []
-        self.sent = _NONE
-        self.remap = _NONE
-        self.table = _NONE
-        self.starts = _NONE
+        self.sent = self.remap = self.table = self.starts = _NONE  # set by assemble
 
     def _expand(self, buffers: list[U8Array], refs: PageRefs, sent: Any) -> list[U8Array]:
         engine = self.pool.pages_for(refs.digests)
