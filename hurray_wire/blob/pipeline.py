@@ -73,7 +73,6 @@ __all__ = [
     "new_plan_cache",
     "plan_of",
     "run",
-    "stored_section_checksum",
 ]
 
 _U64 = item_struct(w.SECTION_ENTRY.checksum.subcon)  # an entry's checksum, read per call
@@ -333,11 +332,10 @@ def _materialize(
                 computed = xxhash.xxh3_64_intdigest(pool.data)
             else:
                 computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
-            stored_checksum = stored_section_checksum(view, e)
-            if computed != stored_checksum:
+            mismatch = checksum_mismatch(view, e, computed)
+            if mismatch is not None:
                 if pages is not None and pages.tolerates(e.kind == w.KIND_BUFFER, e.index, e.where):
                     continue  # decode_report: the page digests localise the damage
-                mismatch = checksum_mismatch(e, computed, stored_checksum)
                 raise _localised(mismatch, view, plan, pages, e) if pool is None else mismatch
     readonly = view.readonly
     threads = opts.threads
@@ -380,14 +378,12 @@ def _materialize(
     return _assemble(plan, buffers, lens, metadata, pages)
 
 
-def stored_section_checksum(view: memoryview, e: Entry) -> int:
-    """The checksum a section's table entry stores (read per call, never memoised)."""
-    (stored,) = _U64.unpack_from(view, e.entry_offset + ENTRY_AT["checksum"])
-    return int(stored)
-
-
-def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
-    """The error of a section whose bytes do not hash to its stored checksum."""
+def checksum_mismatch(view: memoryview, e: Entry, computed: int) -> ChecksumError | None:
+    """The error of a section whose bytes do not hash to the checksum its table entry stores
+    (read per call, never memoised), or None when they do."""
+    (stored,) = _U64.unpack_from(view, e.entry_offset + _CHECKSUM_AT)
+    if computed == stored:
+        return None
     return ChecksumError(
         "section checksum mismatch",
         section=e.where,

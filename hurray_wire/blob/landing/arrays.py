@@ -25,7 +25,6 @@ from hurray_wire.blob.pipeline import (
     decompress_pool,
     plan_of,
     run,
-    stored_section_checksum,
 )
 from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array
@@ -161,8 +160,8 @@ class IntoArray(_Copied):
                                 defer_pool=hashed)  # fmt: skip
             hasher = xxhash.xxh3_64() if hashed else None
             copy_and_hash(out, whole[entry.offset : entry.offset + entry.stored_size], hasher)
-            if hasher is not None:
-                _compare(hasher, view, entry)
+            if hasher is not None and (bad := checksum_mismatch(view, entry, hasher.intdigest())):
+                raise bad
             return tensor, found
         # The pool lands in _OnePass.finish, after every other check: a compressed one is
         # decompressed into the destination (its sent rows into scratch when page refs
@@ -265,13 +264,6 @@ class IntoPages(_Copied):
         )
 
 
-def _compare(hasher: Any, view: memoryview, entry: Entry) -> None:
-    """Buffer 0's section checksum, hashed while it landed, against the stored one."""
-    stored = stored_section_checksum(view, entry)
-    if hasher.intdigest() != stored:
-        raise checksum_mismatch(entry, int(hasher.intdigest()), stored)
-
-
 class _OnePass(PageWork):
     """``IntoArray(one_pass=True)``'s pool, landed in the pipeline's last step (``finish``):
     the other checks and ``accept`` run first on the unwritten destination, then each ~1 MiB
@@ -319,7 +311,9 @@ class _OnePass(PageWork):
                 raise exc.relocated(section="buffer[0]") from None
         if rows is not None:
             if rows.hasher is not None:
-                _compare(rows.hasher, self.view, self.entry)
+                bad = checksum_mismatch(self.view, self.entry, rows.hasher.intdigest())
+                if bad is not None:
+                    raise bad
             if rows.found is not None:
                 self.compare(rows.found, expected, refs, sent)
             if refs is not None:
