@@ -1,8 +1,6 @@
-"""The decode pipeline (:func:`run`): one blob's framing, its cached header plan, padding,
-checksums, page digests and refs, metadata, fingerprint and index invariants, then the
-route's ``accept`` and the page work's verdict. Every route into memory calls it with a
-:class:`~hurray_wire.blob.decoder.Decoder`'s options (blob/decoder.py) and, where the pool
-lands in caller memory, a landing target's last step (blob/landing/).
+"""The decode pipeline (:func:`run`), which every route into memory calls with a
+:class:`~hurray_wire.blob.decoder.Decoder`'s options and, where the pool lands in caller
+memory, a landing target's last step (blob/landing/).
 
 Everything the header bytes decide (envelope, descriptor, section table) is checked once
 per distinct header and cached as a plan, keyed by a copy of those bytes with the section
@@ -172,12 +170,9 @@ def _plan_from_header(header: bytes, total: int, limits: DecodeLimits) -> _Plan:
     """Validate the fixed header, descriptor and section table (all within ``header``)."""
     head = HEADER.unpack_dict(header)
     check_header_fields(head)
-    count = head["section_count"]
-    descriptor = embedded_descriptor(header, entry_at(count))
-    checksum_type = head["checksum_type"]
-    start = len(header) + _U64.size
-    entries, tail = check_entries(header, count, descriptor, start, total, checksum_type, limits)
-    return _Plan(descriptor, total, entries, tail, checksum_type == w.CHECKSUM_XXH3_64)
+    descriptor = embedded_descriptor(header, entry_at(head["section_count"]))
+    entries, tail = check_entries(header, head, descriptor, total, limits)
+    return _Plan(descriptor, total, entries, tail, head["checksum_type"] == w.CHECKSUM_XXH3_64)
 
 
 #: A route's own check of the validated tensor (stream header, index entry, offered

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hurray_wire.blob.envelope import AT, ENTRY, ENTRY_AT, entry_at
+from hurray_wire.blob.envelope import AT, CHECKSUM, ENTRY, ENTRY_AT, entry_at
 from hurray_wire.blob.limits import DecodeLimits
 from hurray_wire.blob.pages import paged_buffers, sent_sizes
 from hurray_wire.buffers import align
@@ -54,16 +54,16 @@ class Entry:
 
 def check_entries(
     header: bytes,
-    count: int,
+    head: dict[str, Any],
     descriptor: TensorDescriptor,
-    start: int,
     total: int,
-    checksum_type: int,
     limits: DecodeLimits,
 ) -> tuple[tuple[Entry, ...], int]:
-    """Check every entry against the rules and the descriptor: (entries, end of the last
-    section). ``start`` is where the first section may begin."""
-    walk = _Walk(descriptor, total, checksum_type, limits, start)
+    """Check every entry of ``header`` (``head``: its fixed fields) against the rules and
+    the descriptor: (entries, end of the last section)."""
+    count = head["section_count"]
+    start = len(header) + CHECKSUM.size  # where the first section may begin
+    walk = _Walk(descriptor, total, head["checksum_type"], limits, start)
     table = header[entry_at(0) : entry_at(count)]
     rows = [dict(zip(ENTRY.names, f, strict=True)) for f in ENTRY.struct.iter_unpack(table)]
     walk.sizes = walk.buffer_sizes(rows)
