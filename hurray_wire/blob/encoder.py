@@ -481,7 +481,15 @@ class Encoder:
             found = self._cached(tensor)
             if found is not None:
                 return _Plan(*found, [0] * len(found[1]) if self.checksum else None)
-        given = None if page_digests is None else self._given(page_digests)
+        given = None
+        if page_digests is not None:  # precomputed: :func:`precomputed`
+            if self.compact:  # compact() renumbers the pages the digests were computed for
+                raise ArgumentTypeError(
+                    "precomputed page_digests are of the tensor's own pages: not with compact=True",
+                    field="page_digests",
+                    found="compact=True",
+                )
+            given = digest_array(page_digests, None, "page_digests")
         if self.compact:
             tensor = tensor.compact()
         check_contents(tensor)  # the arrays may have changed since from_arrays
@@ -528,16 +536,6 @@ class Encoder:
             size = len(layout.header) + sum(map(len, layout.gaps))
             self.layouts.put(key, layout, weight(size + 64 * len(contents)))
         return layout, contents
-
-    def _given(self, page_digests: object) -> DigestArray | None:
-        """The method's ``page_digests=`` (an array: :func:`precomputed`)."""
-        if self.compact:  # compact() renumbers the pages the digests were computed for
-            raise ArgumentTypeError(
-                "precomputed page_digests are of the tensor's own pages: not with compact=True",
-                field="page_digests",
-                found="compact=True",
-            )
-        return digest_array(page_digests, None, "page_digests")
 
     def encode(
         self, tensor: BlockPagedTensor, *, known_pages: Any = None, page_digests: Any = None

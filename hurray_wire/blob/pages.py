@@ -36,6 +36,7 @@ from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, assemble
 
 __all__ = [
+    "NO_PAGES",
     "DecodeReport",
     "PageWork",
     "PagedBuffers",
@@ -148,7 +149,8 @@ class DecodeReport:
         return self.pages.size == 0
 
 
-_NONE = np.zeros(0, np.int64)
+#: No pages: the empty page-id array of every report with none.
+NO_PAGES = np.zeros(0, np.int64)
 
 
 class PageWork:
@@ -169,7 +171,7 @@ class PageWork:
         self.report = report
         self.verify = verify
         self.damaged: list[str] = []  # sections whose checksum was tolerated
-        self.mismatch = _NONE
+        self.mismatch = NO_PAGES
         self.fill: FillReport | None = None
         self._tolerate = paged_buffers(descriptor).indexes if report and has_digests else None
         self._found: DigestArray | None = None  # the rows' digests, when digest_rows ran
@@ -338,8 +340,8 @@ class PageWork:
     def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
         """The outcome for the assembled tensor: raises (decode) or reports (decode_report)."""
         fill = self.fill
-        missing = fill.missing if fill is not None else _NONE
-        corrupt = fill.corrupt if fill is not None else _NONE
+        missing = fill.missing if fill is not None else NO_PAGES
+        corrupt = fill.corrupt if fill is not None else NO_PAGES
         failed, positions = self.verdict(
             tensor.block_table, tensor.seq_ptr, missing, corrupt, "physical pages",
             f"{corrupt.size} stored page(s) are corrupt",

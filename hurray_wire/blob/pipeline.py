@@ -36,7 +36,7 @@ from hurray_wire.blob.envelope import (
     whole_blob_header,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, paged_buffers
+from hurray_wire.blob.pages import NO_PAGES, DecodeReport, PageWork, paged_buffers
 from hurray_wire.blob.sections import Entry, check_entries
 from hurray_wire.buffers import U8Array, check_zero
 from hurray_wire.codecs import CODEC_RAW, decode_section
@@ -76,7 +76,6 @@ __all__ = [
 _U64 = item_struct(w.SECTION_ENTRY.checksum.subcon)  # an entry's checksum, read per call
 _U64_CODE = _U64.format[-1]
 _CHECKSUM_AT = ENTRY_AT["checksum"]
-_NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
 _CHECKSUM_END = _CHECKSUM_AT + ENTRY.sizes["checksum"]
 
@@ -281,7 +280,7 @@ def run(
     if pages is not None:
         return tensor, pages.finish(tensor)  # raises for any failed page unless reporting
     if report:  # nothing to report: no page sections
-        return tensor, DecodeReport(tensor, _NO_PAGES, (), _NO_PAGES, _NO_PAGES, _NO_PAGES, False)
+        return tensor, DecodeReport(tensor, NO_PAGES, (), NO_PAGES, NO_PAGES, NO_PAGES, False)
     return tensor, None
 
 

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from hurray_wire.blob.decoder import Decoder, decode_options
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows, put_rows
+from hurray_wire.blob.pages import NO_PAGES, DecodeReport, PageWork, page_rows, put_rows
 from hurray_wire.blob.pipeline import Accept, plan_of, run
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
@@ -32,7 +32,6 @@ from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, checked_indexes, t
 
 __all__ = ["InPlace", "InPlaceReport", "check_pool_fits", "peek_in_place"]
 
-_NONE = np.zeros(0, np.int64)
 Landed = tuple[BlockPagedTensor, DecodeReport | None]
 
 
@@ -198,10 +197,10 @@ class _InPlaceWork(PageWork):
         self.free = free
         self.plans = plans
         self.refs: PageRefs | None = None
-        self.engine_refs = _NONE  # engine page of each ref (-1: not indexed)
+        self.engine_refs = NO_PAGES  # engine page of each ref (-1: not indexed)
         self.ref_ok = np.zeros(0, bool)  # indexed, and its bytes re-hash to the digest
         self.rows: list[U8Array] = []
-        self.sent = self.remap = self.table = self.starts = _NONE  # set by assemble
+        self.sent = self.remap = self.table = self.starts = NO_PAGES  # set by assemble
 
     def _expand(self, buffers: list[U8Array], refs: PageRefs, sent: Any) -> list[U8Array]:
         engine = self.pool.pages_for(refs.digests)
@@ -265,7 +264,7 @@ class _InPlaceWork(PageWork):
         refs, sent, free, remap = self.refs, self.sent, self.free, self.remap
         assert free.size >= sent.size  # _run checked it on the header
         failed_refs = self._failed_refs()
-        ref_pages = refs.pages if refs is not None else _NONE  # engine_refs, ref_ok: empty
+        ref_pages = refs.pages if refs is not None else NO_PAGES  # engine_refs, ref_ok: empty
         missing = ref_pages[self.engine_refs < 0]
         corrupt = ref_pages[(self.engine_refs >= 0) & ~self.ref_ok]
         stale = np.unique(self.engine_refs[(self.engine_refs >= 0) & ~self.ref_ok])
