@@ -155,11 +155,13 @@ class MemoryPageStore(KeyedStore):
         if type(self).get is not MemoryPageStore.get:
             return super().get_many(digests)
         digests = check_digest_list(digests)
-        keys = [check_digest_range(d) for d in digests] if not _all_u64(digests) else digests
+        plain = isinstance(digests, list)  # a uint64 array's .tolist(): ints in range
+        if not (plain and all(type(d) is int and 0 <= d < 1 << 64 for d in digests)):
+            digests = [check_digest_range(d) for d in digests]
         pages = self._pages
         out: list[bytes | memoryview | None] = []
         with self._lock:
-            for key in keys:
+            for key in digests:
                 found = pages.get(key)
                 if found is not None:
                     pages.move_to_end(key)
@@ -196,11 +198,6 @@ class MemoryPageStore(KeyedStore):
         """Digests from least to most recently used (what eviction takes first)."""
         with self._lock:
             return list(self._pages)
-
-
-def _all_u64(digests: Sequence[int]) -> bool:
-    """True for the plain list of Python ints that ``uint64_array.tolist()`` gives."""
-    return isinstance(digests, list) and all(type(d) is int and 0 <= d < 1 << 64 for d in digests)
 
 
 def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = False) -> IntArray:

@@ -43,9 +43,8 @@ Landed = tuple[BlockPagedTensor, DecodeReport | None]
 
 
 def _check_form(
-    descriptor: TensorDescriptor, array: npt.NDArray[Any], *, pages: int | None = None,
-    field: str = "page_pool",
-) -> None:  # fmt: skip
+    descriptor: TensorDescriptor, array: npt.NDArray[Any], pages: int | None = None
+) -> None:
     """``array`` has the pool's dtype and shape (``pages``: that many pages of its page
     shape) or is uint8 of its byte size: any other type would read other values."""
     shape, dtype = pool_form(descriptor)
@@ -57,7 +56,7 @@ def _check_form(
     if not (typed or (untyped and (pages is None or array.shape[0] == pages))):
         raise ArgumentTypeError(
             "the engine array does not have the blob's page pool type and shape",
-            field=field,
+            field="page_pool",
             found=f"{array.dtype} {list(array.shape)} ({array.nbytes} bytes)",
             expected=f"{dtype} {list(shape)} ({nbytes} bytes), or uint8 of its bytes",
         )
@@ -222,7 +221,7 @@ class IntoPages(_Copied):
     def check(self, descriptor: TensorDescriptor) -> None:
         """The engine pool has the blob's dtype and page shape, takes as many pages as the
         blob holds, and the blob is unquantized."""
-        _check_form(descriptor, self.array, pages=int(self.array.shape[0]))
+        _check_form(descriptor, self.array, int(self.array.shape[0]))
         if descriptor.quantization is not None:
             raise ArgumentTypeError(
                 "page_ids take an unquantized pool (per-page scales would need an "
