@@ -243,6 +243,25 @@ def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = 
     return ids
 
 
+def _page_ids(pages: object) -> list[int]:
+    """``store_pages``' ``pages``: integers only (``1.5`` is not page 1, ``"a"`` no page)."""
+    if isinstance(pages, (str, bytes)) or not isinstance(pages, Iterable):
+        raise ArgumentTypeError(
+            "pages must be an iterable of ints", field="pages", found=type(pages).__name__
+        )
+    ids = list(pages)
+    for number, page in enumerate(ids):
+        if isinstance(page, (bool, np.bool_)) or not isinstance(page, (int, np.integer)):
+            raise ArgumentTypeError(
+                "page ids must be ints", field=f"pages[{number}]", found=repr(page)
+            )
+        if not -(1 << 63) <= page < 1 << 63:
+            raise ArgumentTypeError(
+                "page id out of range", field=f"pages[{number}]", found=int(page)
+            )
+    return [int(page) for page in ids]
+
+
 def store_pages(
     store: PageStore, tensor: BlockPagedTensor, pages: Iterable[int] | None = None
 ) -> DigestArray:
@@ -253,9 +272,8 @@ def store_pages(
     records = page_records(tensor)
     if pages is None:
         ids = np.unique(np.asarray(tensor.block_table, np.int64))
-    else:  # any iterable of page ids (a generator, a range): the landings' one check
-        plain = isinstance(pages, (str, bytes, np.ndarray)) or not isinstance(pages, Iterable)
-        ids = np.unique(page_id_array(pages if plain else list(pages), records.num_pages, "pages"))
+    else:  # each id an int (pages[i] named), then the landings' one range check
+        ids = np.unique(page_id_array(_page_ids(pages), records.num_pages, "pages"))
     digests = records.digests()[ids] if ids.size else np.zeros(0, np.uint64)
     for page, digest in zip(ids.tolist(), digests.tolist(), strict=True):
         store.put(digest, records.record(page))  # the store re-hashes: its own guarantee
