@@ -67,7 +67,7 @@ __all__ = [
     "Accept",
     "Options",
     "checksum_mismatch",
-    "decompress_pool",
+    "decompress",
     "new_plan_cache",
     "plan_of",
     "run",
@@ -253,7 +253,7 @@ def run(
     ``defer_pool``: buffer 0's section checksum is left to the caller, which hashes it
     while copying it to its destination (``landing.IntoArray``). ``late_pool``: the
     destination of a compressed buffer 0, typed now and written by the page work's
-    ``finish`` (``decompress_pool``): one pass, and nothing written before the checks."""
+    ``finish`` (``decompress``): one pass, and nothing written before the checks."""
     if plan is None:
         plan = plan_of(view, opts)
     if pool is not None:
@@ -337,7 +337,7 @@ def _materialize(
     def payload(e: Entry) -> npt.NDArray[np.uint8]:
         if e.codec == CODEC_RAW:
             return whole[e.offset : e.offset + e.stored_size]
-        decoded = _decompress(e, whole[e.offset : e.offset + e.stored_size], threads)
+        decoded = decompress(whole, e, threads)
         if readonly:  # one rule for every array: read-only exactly when the input is
             decoded.flags.writeable = False
         return decoded
@@ -354,7 +354,12 @@ def _materialize(
     metadata: dict[str, Any] = {}
     found = None
     if plan.metadata is not None:
-        metadata, found = _metadata(plan, payload(plan.metadata), opts.limits)
+        meta = payload(plan.metadata)
+        try:  # within the limits; the reserved fingerprint entry must be a valid record
+            metadata = dict(decode_metadata(meta, max_entries=opts.limits.max_metadata_entries))
+            found = require_fingerprint(None, metadata, section="metadata")
+        except HurrayWireError as exc:
+            raise exc.relocated(section="metadata", offset=_at(plan.metadata, exc.offset)) from None
     expect = opts.expect_fingerprint
     if expect is not None and found is not None:
         check_compatible(expect, found)  # the fingerprint parsed once, with the metadata
@@ -424,13 +429,15 @@ def _localised(
     return located
 
 
-def _decompress(
-    e: Entry, stored: npt.NDArray[np.uint8], threads: int, out: U8Array | None = None,
+def decompress(
+    whole: U8Array, e: Entry, threads: int, out: U8Array | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> npt.NDArray[np.uint8]:  # fmt: skip
-    """Decode one compressed section into a new array (allocated after its layout checks)
-    or ``out``; errors carry blob offsets. The section table checked the codec and its
-    parameter."""
+    """Decode the compressed section ``e`` of the blob ``whole`` into a new array (allocated
+    after its layout checks) or ``out``, telling ``progress`` of each finished prefix
+    (``codecs.decode_section``); errors carry blob offsets. The section table checked the
+    codec and its parameter."""
+    stored = whole[e.offset : e.offset + e.stored_size]
     try:
         return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads, out, progress)
     except HurrayWireError as exc:
@@ -438,34 +445,10 @@ def _decompress(
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
 
 
-def decompress_pool(
-    view: memoryview, e: Entry, threads: int, out: U8Array,
-    progress: Callable[[int], None] | None = None,
-) -> None:  # fmt: skip
-    """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``, telling
-    ``progress`` of each finished prefix (``codecs.decode_section``)."""
-    whole = np.frombuffer(view, np.uint8)
-    _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out, progress)
-
-
 def _at(e: Entry | None, inside: int | None = 0) -> int | None:
     """Blob offset of byte ``inside`` a section's contents; None for decoded (compressed)
     bytes."""
     return e.offset + (inside or 0) if e is not None and e.codec == CODEC_RAW else None
-
-
-def _metadata(
-    plan: _Plan, meta_payload: npt.NDArray[np.uint8], limits: DecodeLimits
-) -> tuple[dict[str, Any], EngineFingerprint | None]:
-    """The metadata section decoded (within the limits), its errors placed at blob
-    offsets, and the engine fingerprint its reserved entry carries (which must be a valid
-    fingerprint record) or None."""
-    try:
-        metadata = dict(decode_metadata(meta_payload, max_entries=limits.max_metadata_entries))
-        found = require_fingerprint(None, metadata, section="metadata")
-    except HurrayWireError as exc:
-        raise exc.relocated(section="metadata", offset=_at(plan.metadata, exc.offset)) from None
-    return metadata, found
 
 
 def _assemble(

@@ -22,7 +22,7 @@ from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows
 from hurray_wire.blob.pipeline import (
     Accept,
     checksum_mismatch,
-    decompress_pool,
+    decompress,
     plan_of,
     run,
 )
@@ -298,8 +298,9 @@ class _OnePass(PageWork):
         refs, sent, expected, full = self.pending
         rows = None if full is None else _Rows(self, sent, expected, full)
         if self.late is not None:  # the one write of a compressed pool, rows checked as they come
-            decompress_pool(self.view, self.entry, self.threads, self.late,
-                            None if rows is None else rows.up_to_byte)  # fmt: skip
+            progress = None if rows is None else rows.up_to_byte
+            whole = np.frombuffer(self.view, np.uint8)
+            decompress(whole, self.entry, self.threads, self.late, progress)
         elif rows is not None:  # a raw pool's rows, copied a chunk at a time
             rows.up_to(rows.count)
         descriptor = self.descriptor
