@@ -1,13 +1,10 @@
 """The blob: one BlockPagedTensor <-> one self-contained, checksummed byte string.
 
 The byte layout is docs/wire-format.md. ``envelope`` owns the fixed header and framing,
-``sections`` the section table's rules, ``encoder`` and ``decoder`` the two directions,
-``limits`` what a blob may make the decoder do. A ``Decoder`` (an ``Encoder``) holds the
-options and one plan (layout) cache; the module functions are thin calls on
-``DEFAULT_DECODER`` (``DEFAULT_ENCODER``). Decoding validates
-the whole blob (envelope, descriptor, buffer sizes, index invariants, seq_lens, padding,
-checksums, decompressed sizes, limits) before it returns anything; uncompressed buffers
-come back as NumPy views of the input.
+``sections`` the section table's rules, ``encoder`` and ``decoder`` the two directions (each
+an object holding its options and one cache, ``DEFAULT_ENCODER`` / ``DEFAULT_DECODER``),
+``landing`` where a decoded pool goes in caller memory, ``limits`` what a blob may make the
+decoder do. Nothing is returned before the whole blob is validated.
 """
 
 from __future__ import annotations

@@ -13,14 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hurray_wire.blob.envelope import (
-    I_DESCRIPTOR_LENGTH,
-    I_HEADER_LENGTH,
+    HEADER,
     I_SECTION_COUNT,
-    check_limits,
     checked_header,
     embedded_descriptor,
     entry_at,
-    fixed_header,
     total_length,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits, check_limits_argument
@@ -55,17 +52,11 @@ def peek_descriptor(data: Any, *, limits: DecodeLimits | None = None) -> TensorD
 
 @dataclass(frozen=True, eq=False)
 class Decoder:
-    """Decode options, checked once, and one plan cache: ``Decoder(verify=False)`` then
+    """Decode options (as for :func:`decode`), checked once, and one plan cache (``plans``:
+    a new one unless given), safe to share between threads: ``Decoder(verify=False)`` then
     ``.decode(blob)`` per blob. Every route into memory (the module functions, the stream
     readers, the NIXL receiver) hands one to :func:`run`; the module functions use
     :data:`DEFAULT_DECODER` (or one sharing its cache, for other options).
-
-    ``verify=False`` skips section checksums and page digests, nothing else. ``limits``
-    caps what a blob may make the decoder do (None: the defaults). ``threads`` (-1 every
-    usable core, 0 the caller only) decompress chunked sections. ``page_store`` fills (and
-    re-hashes) the pages of a delta blob; ``expect_fingerprint`` refuses another or a
-    missing engine fingerprint (docs/integrity.md). ``plans``: the plan cache (a new one
-    unless given); safe to share between threads.
     """
 
     verify: bool = True
@@ -85,9 +76,7 @@ class Decoder:
         instance(self.plans, BoundedMemo, "plans")
 
     def decode(self, data: Any, *, into: object = None) -> BlockPagedTensor:
-        """Validate one blob at the start of ``data`` and return its tensor: uncompressed
-        buffers are views of ``data``; every array is read-only exactly when ``data`` is.
-        ``into``: where its pool lands (:func:`decode`)."""
+        """Validate one blob at the start of ``data`` and return its tensor (:func:`decode`)."""
         return self._run(data, into, False)[0]
 
     def decode_report(self, data: Any, *, into: object = None) -> DecodeReport:
@@ -108,12 +97,10 @@ class Decoder:
         """The descriptor of the blob at the start of ``data`` (:func:`peek_descriptor`)."""
         view = byte_view(data)
         total = total_length(view, whole=False)
-        head = fixed_header(view)
-        count, dlen = head[I_SECTION_COUNT], head[I_DESCRIPTOR_LENGTH]
-        check_limits(count, dlen, self.limits)
+        head = HEADER.struct.unpack_from(view, 0)
         end = min(total, len(view))
-        header = checked_header(view, head, head[I_HEADER_LENGTH], count, dlen, end)
-        start = entry_at(count)
+        header = checked_header(view, head, end, self.limits)
+        start = entry_at(head[I_SECTION_COUNT])
         key = header[start:]  # bytes: no plan key is
         found: TensorDescriptor | None = self.plans.get(key)
         if found is None:
@@ -188,6 +175,7 @@ def decode(
 
     Uncompressed buffers are views of ``data``; every array is read-only exactly when
     ``data`` is. ``verify=False`` skips section checksums and page digests, nothing else.
+    ``limits`` caps what a blob may make the decoder do (None: the defaults).
     ``threads`` (-1 every usable core, 0 the caller only) decompress chunked sections.
     ``page_store`` fills (and re-hashes) the pages of a delta blob; ``expect_fingerprint``
     refuses another or a missing engine fingerprint (docs/integrity.md);

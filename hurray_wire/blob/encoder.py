@@ -92,11 +92,10 @@ def _size(parts: Any) -> int:
 
 @dataclass
 class _PageSections:
-    """What the page options add: the digests and refs payloads, and (with refs) the sent
-    rows of the page-row buffers, replacing those buffers' parts."""
+    """What the page options add: the digests and refs sections (as ``_extras`` has them),
+    and (with refs) the sent rows of the page-row buffers, replacing those buffers' parts."""
 
-    digests: bytes | None = None
-    refs: bytes | None = None
+    extras: list[tuple[int, int, Any]] = field(default_factory=list)
     parts: dict[int, list[Any]] = field(default_factory=dict)
     pool_checksum: int = 0  # buffer 0's section checksum, from the digest pass (0: none)
 
@@ -131,12 +130,13 @@ def _page_sections(
         digests, pool_checksum = digests_and_checksum(records)
     else:
         digests = records.digests()
-    wanted = page_digests or given is not None
-    out = _PageSections(encode_digest_section(digests) if wanted else None, None, {}, pool_checksum)
+    out = _PageSections(pool_checksum=pool_checksum)
+    if page_digests or given is not None:
+        out.extras.append((w.KIND_PAGE_DIGESTS, 0, encode_digest_section(digests)))
     if known_pages is not None:
         plan = planned or plan_delta(tensor, known_pages, digests=digests)
         sent = gather_sent(tensor, plan)
-        out.refs = encode_page_refs(plan.refs)
+        out.extras.append((w.KIND_PAGE_REFS, w.FLAG_REQUIRED, encode_page_refs(plan.refs)))
         rows = [sent.scales, sent.zero_points]
         out.parts[0] = [sent.pool.reshape(-1)]
         for index, widths in paged_buffers(tensor.descriptor).params:
@@ -153,11 +153,7 @@ def _extras(tensor: BlockPagedTensor, pages: _PageSections | None) -> list[tuple
         extras.append((w.KIND_SEQ_LENS, w.FLAG_REQUIRED, lens))
     if tensor.metadata:
         extras.append((w.KIND_METADATA, 0, encode_metadata(tensor.metadata)))
-    if pages is not None and pages.digests is not None:
-        extras.append((w.KIND_PAGE_DIGESTS, 0, pages.digests))
-    if pages is not None and pages.refs is not None:
-        extras.append((w.KIND_PAGE_REFS, w.FLAG_REQUIRED, pages.refs))
-    return extras
+    return extras if pages is None else extras + pages.extras
 
 
 def _sections(
@@ -255,10 +251,7 @@ def _seal(out: memoryview, layout: _Layout, contents: list[Any], sums: Sequence[
     """Patch the section checksums into the header at the start of ``out`` (hashing the
     sections whose sum is 0) and reseal it."""
     pack = _SECTION_CHECKSUM.pack_into
-    if sums is _UNHASHED:  # a cached layout: one piece each, none hashed
-        for at, piece in zip(layout.checksum_at, contents, strict=True):
-            pack(out, at, checksum_of(piece))
-    elif len(contents) == len(layout.offsets):  # one piece each
+    if len(contents) == len(layout.offsets):  # one piece each (a cached layout: _UNHASHED)
         for at, value, piece in zip(layout.checksum_at, sums, contents, strict=False):
             pack(out, at, value or checksum_of(piece))
     else:
@@ -488,7 +481,15 @@ class Encoder:
             found = self._cached(tensor)
             if found is not None:
                 return _Plan(*found, [0] * len(found[1]) if self.checksum else None)
-        given = None if page_digests is None else self._given(page_digests)
+        given = None
+        if page_digests is not None:  # precomputed: :func:`precomputed`
+            if self.compact:  # compact() renumbers the pages the digests were computed for
+                raise ArgumentTypeError(
+                    "precomputed page_digests are of the tensor's own pages: not with compact=True",
+                    field="page_digests",
+                    found="compact=True",
+                )
+            given = digest_array(page_digests, None, "page_digests")
         if self.compact:
             tensor = tensor.compact()
         check_contents(tensor)  # the arrays may have changed since from_arrays
@@ -535,16 +536,6 @@ class Encoder:
             size = len(layout.header) + sum(map(len, layout.gaps))
             self.layouts.put(key, layout, weight(size + 64 * len(contents)))
         return layout, contents
-
-    def _given(self, page_digests: object) -> DigestArray | None:
-        """The method's ``page_digests=`` (an array: :func:`precomputed`)."""
-        if self.compact:  # compact() renumbers the pages the digests were computed for
-            raise ArgumentTypeError(
-                "precomputed page_digests are of the tensor's own pages: not with compact=True",
-                field="page_digests",
-                found="compact=True",
-            )
-        return digest_array(page_digests, None, "page_digests")
 
     def encode(
         self, tensor: BlockPagedTensor, *, known_pages: Any = None, page_digests: Any = None

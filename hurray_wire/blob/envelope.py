@@ -32,17 +32,14 @@ __all__ = [
     "HEADER",
     "HEADER_SIZE",
     "I_CHECKSUM_TYPE",
-    "I_DESCRIPTOR_LENGTH",
     "I_HEADER_LENGTH",
     "I_SECTION_COUNT",
     "I_TOTAL_LENGTH",
     "blob_length",
     "check_header_fields",
-    "check_limits",
     "checked_header",
     "embedded_descriptor",
     "entry_at",
-    "fixed_header",
     "pool_section",
     "total_length",
     "whole_blob_header",
@@ -105,12 +102,33 @@ def whole_blob_header(view: memoryview) -> tuple[Any, ...]:
         ):
             return head
     total_length(view, whole=True)  # raises the framing error
-    return fixed_header(view)
+    return HEADER.struct.unpack_from(view, 0)
 
 
-def check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
-    """Refuse a header whose section table or descriptor is above the decode limits:
-    checked on the fixed header alone, before any work that grows with either."""
+def pool_section(head: Any) -> tuple[int, int, bool, bool]:
+    """(offset, stored_size, is_raw, has_checksums) of buffer[0] from the first bytes of a
+    blob (its fixed header and first section entry, unchecked: what a transport needs to
+    place the pool before the blob is whole; the decoder checks it all later)."""
+    view = memoryview(bytes(head[: HEADER_SIZE + ENTRY.size]))
+    checksum_type = HEADER.struct.unpack_from(view, 0)[I_CHECKSUM_TYPE]
+    entry = ENTRY.unpack_dict(view, HEADER_SIZE)
+    raw = entry["codec"] == 0 and entry["stored_size"] == entry["raw_size"]
+    return entry["offset"], entry["stored_size"], raw, checksum_type == w.CHECKSUM_XXH3_64
+
+
+def checked_header(
+    view: memoryview, fixed: tuple[Any, ...], total: int, limits: DecodeLimits
+) -> bytes:
+    """A copy of the header bytes ``[0, header_length)``, once its section table and
+    descriptor are within ``limits`` (on the fixed header alone, before any work that grows
+    with either), ``header_length`` agrees with its counts and fits in ``total`` bytes and
+    the header checksum matches it.
+
+    Everything decided from the header is decided from this copy, so a caller that mutates
+    its buffer meanwhile cannot make the decoder trust bytes it did not check.
+    """
+    header_length, count = fixed[I_HEADER_LENGTH], fixed[I_SECTION_COUNT]
+    dlen = fixed[I_DESCRIPTOR_LENGTH]
     for what, name, found, most in (
         ("too many sections", "section_count", count, limits.max_sections),
         ("descriptor too long", "descriptor_length", dlen, limits.max_descriptor_length),
@@ -124,33 +142,6 @@ def check_limits(count: int, dlen: int, limits: DecodeLimits) -> None:
                 found=found,
                 expected=f"<= {most}",
             )
-
-
-def pool_section(head: Any) -> tuple[int, int, bool, bool]:
-    """(offset, stored_size, is_raw, has_checksums) of buffer[0] from the first bytes of a
-    blob (its fixed header and first section entry, unchecked: what a transport needs to
-    place the pool before the blob is whole; the decoder checks it all later)."""
-    view = memoryview(bytes(head[: HEADER_SIZE + ENTRY.size]))
-    checksum_type = fixed_header(view)[I_CHECKSUM_TYPE]
-    entry = ENTRY.unpack_dict(view, HEADER_SIZE)
-    raw = entry["codec"] == 0 and entry["stored_size"] == entry["raw_size"]
-    return entry["offset"], entry["stored_size"], raw, checksum_type == w.CHECKSUM_XXH3_64
-
-
-def fixed_header(view: memoryview) -> tuple[Any, ...]:
-    """The fixed header's fields, unpacked (the view holds at least it)."""
-    return HEADER.struct.unpack_from(view, 0)
-
-
-def checked_header(
-    view: memoryview, fixed: tuple[Any, ...], header_length: int, count: int, dlen: int, total: int
-) -> bytes:
-    """A copy of the header bytes ``[0, header_length)``, once ``header_length`` agrees with
-    the header's counts and fits in ``total`` bytes and the header checksum matches it.
-
-    Everything decided from the header is decided from this copy, so a caller that mutates
-    its buffer meanwhile cannot make the decoder trust bytes it did not check.
-    """
     expected_length = HEADER_SIZE + _ENTRY_SIZE * count + dlen  # entry_at(count) + dlen
     if header_length != expected_length or header_length + _CHECKSUM_SIZE > total:
         raise InvalidBlobError(

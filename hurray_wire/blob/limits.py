@@ -51,7 +51,7 @@ def check_limits_argument(limits: object) -> DecodeLimits:
     """``limits`` as given (a DecodeLimits) or the defaults (None); anything else refused."""
     if limits is None:
         return DEFAULT_LIMITS
-    if type(limits) is DecodeLimits or isinstance(limits, DecodeLimits):
+    if isinstance(limits, DecodeLimits):
         return limits
     raise ArgumentTypeError(
         "limits must be a hurray_wire.DecodeLimits (or None for the defaults)",

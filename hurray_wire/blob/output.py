@@ -40,13 +40,10 @@ class OutputPool:
     def _reuse(self, size: int) -> U8Array | None:
         """The smallest idle block that holds ``size`` bytes and is at most twice that."""
         with self._lock:
-            best = None
-            for i, block in enumerate(self._idle):
-                if size <= block.size <= 2 * size and (best is None or block.size < best[1]):
-                    best = (i, block.size)
-            if best is None:
+            fits = [b.size for b in self._idle if size <= b.size <= 2 * size]
+            if not fits:
                 return None
-            block = self._idle.pop(best[0])
+            block = self._idle.pop([b.size for b in self._idle].index(min(fits)))
             self._idle_bytes -= block.size
             return block
 

@@ -36,10 +36,10 @@ from hurray_wire.model.quantization import PerBlockAffine
 from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, assemble
 
 __all__ = [
+    "NO_PAGES",
     "DecodeReport",
     "PageWork",
     "PagedBuffers",
-    "page_failure",
     "paged_buffers",
     "put_rows",
     "sent_sizes",
@@ -149,7 +149,8 @@ class DecodeReport:
         return self.pages.size == 0
 
 
-_NONE = np.zeros(0, np.int64)
+#: No pages: the empty page-id array of every report with none.
+NO_PAGES = np.zeros(0, np.int64)
 
 
 class PageWork:
@@ -170,7 +171,7 @@ class PageWork:
         self.report = report
         self.verify = verify
         self.damaged: list[str] = []  # sections whose checksum was tolerated
-        self.mismatch = _NONE
+        self.mismatch = NO_PAGES
         self.fill: FillReport | None = None
         self._tolerate = paged_buffers(descriptor).indexes if report and has_digests else None
         self._found: DigestArray | None = None  # the rows' digests, when digest_rows ran
@@ -299,32 +300,53 @@ class PageWork:
         subclass puts the pages elsewhere (landing/in_place.py)."""
         return assemble(descriptor, buffers, seq_lens, metadata, pool_later=self.pool_later)
 
-    def verdict(self, table: Any, starts: Any, failed: npt.NDArray[np.int64]) -> Any:
-        """The logical positions of the ``failed`` pages; with none failed, a tolerated
-        section checksum that no digest localises refuses the blob as decode would."""
-        if failed.size:
-            _, seqs, in_seq = logical_positions(table, starts, failed)
-            return tuple(zip(seqs.tolist(), in_seq.tolist(), strict=True))
-        if self.damaged:
-            raise ChecksumError(
-                "section checksum mismatch that no page digest localises",
-                section=self.damaged[0],
-            )
-        return ()
+    def verdict(
+        self, table: Any, starts: Any, missing: Any, corrupt: Any, pages: str, stale: str,
+        absent: str, tail: str = "",
+    ) -> tuple[npt.NDArray[np.int64], tuple[tuple[int, int], ...]]:  # fmt: skip
+        """The failed pages (a digest mismatch, ``missing`` or ``corrupt`` refs) and their
+        logical positions; raised unless reporting (or ``tail`` says it cannot report): a
+        mismatch first, then ``stale`` (stored pages that no longer match), then ``absent``
+        ones, ``pages`` naming the ids shown. With none failed, a tolerated section
+        checksum that no digest localises refuses the blob as decode would."""
+        mismatch = self.mismatch
+        failed = np.union1d(np.union1d(missing, corrupt), mismatch).astype(np.int64)
+        if not failed.size:
+            if self.damaged:
+                raise ChecksumError(
+                    "section checksum mismatch that no page digest localises",
+                    section=self.damaged[0],
+                )
+            return failed, ()
+        _, seqs, in_seq = logical_positions(table, starts, failed)
+        positions = tuple(zip(seqs.tolist(), in_seq.tolist(), strict=True))
+        if self.report and not tail:
+            return failed, positions
+        if mismatch.size:
+            kind: type[PageDigestError] = PageDigestError
+            field, what = "page_digests", f"{mismatch.size} page(s) do not match their digest"
+        elif corrupt.size:
+            kind, field, what = PageDigestError, "page_refs", stale
+        else:
+            kind, field, what = PageStoreMissError, "page_refs", absent
+        raise kind(
+            f"{what}: {pages} {failed[:16].tolist()}{' ...' * (failed.size > 16)}; "
+            f"logical positions {list(positions)[:16]}{tail}",
+            field=field,
+            pages=tuple(failed.tolist()),
+            positions=positions,
+        )
 
     def finish(self, tensor: BlockPagedTensor) -> DecodeReport:
         """The outcome for the assembled tensor: raises (decode) or reports (decode_report)."""
         fill = self.fill
-        missing = fill.missing if fill is not None else _NONE
-        corrupt = fill.corrupt if fill is not None else _NONE
-        failed = np.union1d(np.union1d(missing, corrupt), self.mismatch).astype(np.int64)
-        positions = self.verdict(tensor.block_table, tensor.seq_ptr, failed)
-        if failed.size and not self.report:
-            raise page_failure(
-                self.mismatch, failed, positions, "physical pages",
-                f"{corrupt.size} stored page(s) are corrupt" if corrupt.size else None,
-                f"{missing.size} referenced page(s) are missing from the page store",
-            )  # fmt: skip
+        missing = fill.missing if fill is not None else NO_PAGES
+        corrupt = fill.corrupt if fill is not None else NO_PAGES
+        failed, positions = self.verdict(
+            tensor.block_table, tensor.seq_ptr, missing, corrupt, "physical pages",
+            f"{corrupt.size} stored page(s) are corrupt",
+            f"{missing.size} referenced page(s) are missing from the page store",
+        )  # fmt: skip
         return DecodeReport(
             tensor,
             failed,
@@ -334,25 +356,3 @@ class PageWork:
             corrupt.astype(np.int64),
             self.has_digests,
         )
-
-
-def page_failure(
-    mismatch: Any, failed: Any, positions: Any, pages: str, corrupt: str | None, missing: str,
-    tail: str = "",
-) -> PageDigestError:  # fmt: skip
-    """The error of failed pages: a digest mismatch first, then ``corrupt`` (stored pages
-    that no longer match), then ``missing`` ones; ``pages`` names the ids shown."""
-    if mismatch.size:
-        kind: type[PageDigestError] = PageDigestError
-        field, what = "page_digests", f"{mismatch.size} page(s) do not match their digest"
-    elif corrupt is not None:
-        kind, field, what = PageDigestError, "page_refs", corrupt
-    else:
-        kind, field, what = PageStoreMissError, "page_refs", missing
-    return kind(
-        f"{what}: {pages} {failed[:16].tolist()}{' ...' * (failed.size > 16)}; "
-        f"logical positions {list(positions)[:16]}{tail}",
-        field=field,
-        pages=tuple(failed.tolist()),
-        positions=positions,
-    )

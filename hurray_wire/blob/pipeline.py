@@ -1,8 +1,6 @@
-"""The decode pipeline (:func:`run`): one blob's framing, its cached header plan, padding,
-checksums, page digests and refs, metadata, fingerprint and index invariants, then the
-route's ``accept`` and the page work's verdict. Every route into memory calls it with a
-:class:`~hurray_wire.blob.decoder.Decoder`'s options (blob/decoder.py) and, where the pool
-lands in caller memory, a landing target's last step (blob/landing/).
+"""The decode pipeline (:func:`run`), which every route into memory calls with a
+:class:`~hurray_wire.blob.decoder.Decoder`'s options and, where the pool lands in caller
+memory, a landing target's last step (blob/landing/).
 
 Everything the header bytes decide (envelope, descriptor, section table) is checked once
 per distinct header and cached as a plan, keyed by a copy of those bytes with the section
@@ -28,20 +26,17 @@ from hurray_wire.blob.envelope import (
     HEADER,
     HEADER_SIZE,
     I_CHECKSUM_TYPE,
-    I_DESCRIPTOR_LENGTH,
     I_HEADER_LENGTH,
     I_SECTION_COUNT,
     I_TOTAL_LENGTH,
     check_header_fields,
-    check_limits,
     checked_header,
     embedded_descriptor,
     entry_at,
-    fixed_header,
     whole_blob_header,
 )
 from hurray_wire.blob.limits import DEFAULT_LIMITS, DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, paged_buffers
+from hurray_wire.blob.pages import NO_PAGES, DecodeReport, PageWork, paged_buffers
 from hurray_wire.blob.sections import Entry, check_entries
 from hurray_wire.buffers import U8Array, check_zero
 from hurray_wire.codecs import CODEC_RAW, decode_section
@@ -72,18 +67,15 @@ __all__ = [
     "Accept",
     "Options",
     "checksum_mismatch",
-    "decompress_pool",
-    "header_plan",
+    "decompress",
     "new_plan_cache",
     "plan_of",
     "run",
-    "stored_section_checksum",
 ]
 
 _U64 = item_struct(w.SECTION_ENTRY.checksum.subcon)  # an entry's checksum, read per call
 _U64_CODE = _U64.format[-1]
 _CHECKSUM_AT = ENTRY_AT["checksum"]
-_NO_PAGES = np.zeros(0, np.int64)
 _SMALL_PADDING = 4096  # larger padding goes to the vectorised check directly
 _CHECKSUM_END = _CHECKSUM_AT + ENTRY.sizes["checksum"]
 
@@ -153,56 +145,6 @@ def new_plan_cache() -> BoundedMemo[Any]:
     return BoundedMemo(512, 64 << 20)
 
 
-def _checksum_mask(plans: BoundedMemo[Any], header_length: int, count: int) -> int:
-    """All-ones over ``header_length`` bytes but the section checksums (little-endian):
-    built once per header geometry, in time linear in its size."""
-    key = (header_length, count)  # no other key of the cache is a pair
-    mask: int | None = plans.get(key)
-    if mask is None:
-        ones = bytearray(b"\xff") * header_length
-        table = np.frombuffer(ones, np.uint8, ENTRY.size * count, HEADER_SIZE)
-        table.reshape(count, ENTRY.size)[:, _CHECKSUM_AT:_CHECKSUM_END] = 0
-        mask = plans.put(key, int.from_bytes(ones, "little"), PER_ENTRY + header_length)
-    return mask
-
-
-def header_plan(
-    view: memoryview,
-    total: int,
-    limits: DecodeLimits,
-    plans: BoundedMemo[Any] | None,
-    head: Any = None,
-) -> _Plan:
-    """The validated plan of the blob at the start of ``view``: limits first (on the fixed
-    header alone, ``head`` if already unpacked), then the header checksum, then the plan
-    cache (None: none) or a full check.
-
-    The cache key is the checked copy of the header as one integer, section checksums
-    masked out (they are checked per call; with checksum_type 0 they must stay zero, so
-    stay in).
-    """
-    if head is None:
-        head = fixed_header(view)
-    header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
-    dlen = head[I_DESCRIPTOR_LENGTH]
-    check_limits(count, dlen, limits)
-    try:
-        header = checked_header(view, head, header_length, count, dlen, total)
-    except ChecksumError as exc:
-        raise _suspect(exc, view, header_length, total, limits) from None
-    if plans is None:
-        return _plan_from_header(header, total, limits)
-    key = int.from_bytes(header, "little")
-    if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
-        key &= plans.get((header_length, count)) or _checksum_mask(plans, header_length, count)
-    plan_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
-    plan: _Plan | None = plans.get(plan_key)
-    if plan is None:
-        plan = _plan_from_header(header, total, limits)
-        plans.put(plan_key, plan, weight(header_length) + sum(map(len, plan.zeros[1])))
-    return plan
-
-
 def _suspect(
     exc: ChecksumError, view: memoryview, header_length: int, total: int, limits: DecodeLimits
 ) -> ChecksumError:
@@ -227,12 +169,9 @@ def _plan_from_header(header: bytes, total: int, limits: DecodeLimits) -> _Plan:
     """Validate the fixed header, descriptor and section table (all within ``header``)."""
     head = HEADER.unpack_dict(header)
     check_header_fields(head)
-    count = head["section_count"]
-    descriptor = embedded_descriptor(header, entry_at(count))
-    checksum_type = head["checksum_type"]
-    start = len(header) + _U64.size
-    entries, tail = check_entries(header, count, descriptor, start, total, checksum_type, limits)
-    return _Plan(descriptor, total, entries, tail, checksum_type == w.CHECKSUM_XXH3_64)
+    descriptor = embedded_descriptor(header, entry_at(head["section_count"]))
+    entries, tail = check_entries(header, head, descriptor, total, limits)
+    return _Plan(descriptor, total, entries, tail, head["checksum_type"] == w.CHECKSUM_XXH3_64)
 
 
 #: A route's own check of the validated tensor (stream header, index entry, offered
@@ -259,9 +198,37 @@ class Options(Protocol):
 
 
 def plan_of(view: memoryview, opts: Options) -> _Plan:
-    """The validated (cached) plan of the whole blob at the start of ``view``."""
+    """The validated plan of the whole blob at the start of ``view``: limits first (on the
+    fixed header alone), then the header checksum, then the plan cache or a full check.
+
+    The cache key is the checked copy of the header as one integer, section checksums
+    masked out (they are checked per call; with checksum_type 0 they must stay zero, so
+    stay in).
+    """
     head = whole_blob_header(view)
-    return header_plan(view, head[I_TOTAL_LENGTH], opts.limits, opts.plans, head)
+    total, limits, plans = head[I_TOTAL_LENGTH], opts.limits, opts.plans
+    header_length, count = head[I_HEADER_LENGTH], head[I_SECTION_COUNT]
+    try:
+        header = checked_header(view, head, total, limits)
+    except ChecksumError as exc:
+        raise _suspect(exc, view, header_length, total, limits) from None
+    key = int.from_bytes(header, "little")
+    if head[I_CHECKSUM_TYPE] == w.CHECKSUM_XXH3_64 and count:
+        mask: int | None = plans.get((header_length, count))  # no other key is a pair
+        if mask is None:  # all-ones but the section checksums, once per header geometry
+            ones = bytearray(b"\xff") * header_length
+            table = np.frombuffer(ones, np.uint8, ENTRY.size * count, HEADER_SIZE)
+            table.reshape(count, ENTRY.size)[:, _CHECKSUM_AT:_CHECKSUM_END] = 0
+            mask = plans.put(
+                (header_length, count), int.from_bytes(ones, "little"), PER_ENTRY + header_length
+            )
+        key &= mask
+    plan_key = (key, header_length, None if limits is DEFAULT_LIMITS else limits)
+    plan: _Plan | None = plans.get(plan_key)
+    if plan is None:
+        plan = _plan_from_header(header, total, limits)
+        plans.put(plan_key, plan, weight(header_length) + sum(map(len, plan.zeros[1])))
+    return plan
 
 
 def run(
@@ -286,7 +253,7 @@ def run(
     ``defer_pool``: buffer 0's section checksum is left to the caller, which hashes it
     while copying it to its destination (``landing.IntoArray``). ``late_pool``: the
     destination of a compressed buffer 0, typed now and written by the page work's
-    ``finish`` (``decompress_pool``): one pass, and nothing written before the checks."""
+    ``finish`` (``decompress``): one pass, and nothing written before the checks."""
     if plan is None:
         plan = plan_of(view, opts)
     if pool is not None:
@@ -313,7 +280,7 @@ def run(
     if pages is not None:
         return tensor, pages.finish(tensor)  # raises for any failed page unless reporting
     if report:  # nothing to report: no page sections
-        return tensor, DecodeReport(tensor, _NO_PAGES, (), _NO_PAGES, _NO_PAGES, _NO_PAGES, False)
+        return tensor, DecodeReport(tensor, NO_PAGES, (), NO_PAGES, NO_PAGES, NO_PAGES, False)
     return tensor, None
 
 
@@ -335,6 +302,7 @@ def _materialize(
         check_zero(view, start, stop, error=PaddingError, section=where)
     verify = opts.verify and plan.verify_sections
     moved = pool is not None or defer_pool
+    whole = np.frombuffer(view, np.uint8, plan.total)
     if (
         verify
         and pages is None
@@ -344,8 +312,11 @@ def _materialize(
     ):
         pass  # every section checksum matched, compared in one go (else: which one)
     elif verify:
-        pool_entry = plan.buffers[0]
-        pool_checksum = _digest_pass(view, plan, pages, pool)
+        pool_entry, pool_checksum = plan.buffers[0], None
+        if pages is not None and plan.page_digests is not None and plan.raw_buffers:
+            rows = [whole[span] for span in plan.buffer_spans]  # one pass over the pool: its
+            rows[0] = rows[0] if pool is None else pool  # page digests and section checksum
+            pool_checksum = pages.digest_rows(rows, plan.sent_pages)
         for e in plan.entries:
             if e is pool_entry and defer_pool:
                 continue  # hashed while it is copied to its destination
@@ -355,20 +326,18 @@ def _materialize(
                 computed = xxhash.xxh3_64_intdigest(pool.data)
             else:
                 computed = xxhash.xxh3_64_intdigest(view[e.offset : e.offset + e.stored_size])
-            stored_checksum = stored_section_checksum(view, e)
-            if computed != stored_checksum:
+            mismatch = checksum_mismatch(view, e, computed)
+            if mismatch is not None:
                 if pages is not None and pages.tolerates(e.kind == w.KIND_BUFFER, e.index, e.where):
                     continue  # decode_report: the page digests localise the damage
-                mismatch = checksum_mismatch(e, computed, stored_checksum)
                 raise _localised(mismatch, view, plan, pages, e) if pool is None else mismatch
-    whole = np.frombuffer(view, np.uint8, plan.total)
     readonly = view.readonly
     threads = opts.threads
 
     def payload(e: Entry) -> npt.NDArray[np.uint8]:
         if e.codec == CODEC_RAW:
             return whole[e.offset : e.offset + e.stored_size]
-        decoded = _decompress(e, whole[e.offset : e.offset + e.stored_size], threads)
+        decoded = decompress(whole, e, threads)
         if readonly:  # one rule for every array: read-only exactly when the input is
             decoded.flags.writeable = False
         return decoded
@@ -385,7 +354,12 @@ def _materialize(
     metadata: dict[str, Any] = {}
     found = None
     if plan.metadata is not None:
-        metadata, found = _metadata(plan, payload(plan.metadata), opts.limits)
+        meta = payload(plan.metadata)
+        try:  # within the limits; the reserved fingerprint entry must be a valid record
+            metadata = dict(decode_metadata(meta, max_entries=opts.limits.max_metadata_entries))
+            found = require_fingerprint(None, metadata, section="metadata")
+        except HurrayWireError as exc:
+            raise exc.relocated(section="metadata", offset=_at(plan.metadata, exc.offset)) from None
     expect = opts.expect_fingerprint
     if expect is not None and found is not None:
         check_compatible(expect, found)  # the fingerprint parsed once, with the metadata
@@ -403,14 +377,12 @@ def _materialize(
     return _assemble(plan, buffers, lens, metadata, pages)
 
 
-def stored_section_checksum(view: memoryview, e: Entry) -> int:
-    """The checksum a section's table entry stores (read per call, never memoised)."""
-    (stored,) = _U64.unpack_from(view, e.entry_offset + ENTRY_AT["checksum"])
-    return int(stored)
-
-
-def checksum_mismatch(e: Entry, computed: int, stored: int) -> ChecksumError:
-    """The error of a section whose bytes do not hash to its stored checksum."""
+def checksum_mismatch(view: memoryview, e: Entry, computed: int) -> ChecksumError | None:
+    """The error of a section whose bytes do not hash to the checksum its table entry stores
+    (read per call, never memoised), or None when they do."""
+    (stored,) = _U64.unpack_from(view, e.entry_offset + _CHECKSUM_AT)
+    if computed == stored:
+        return None
     return ChecksumError(
         "section checksum mismatch",
         section=e.where,
@@ -457,13 +429,15 @@ def _localised(
     return located
 
 
-def _decompress(
-    e: Entry, stored: npt.NDArray[np.uint8], threads: int, out: U8Array | None = None,
+def decompress(
+    whole: U8Array, e: Entry, threads: int, out: U8Array | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> npt.NDArray[np.uint8]:  # fmt: skip
-    """Decode one compressed section into a new array (allocated after its layout checks)
-    or ``out``; errors carry blob offsets. The section table checked the codec and its
-    parameter."""
+    """Decode the compressed section ``e`` of the blob ``whole`` into a new array (allocated
+    after its layout checks) or ``out``, telling ``progress`` of each finished prefix
+    (``codecs.decode_section``); errors carry blob offsets. The section table checked the
+    codec and its parameter."""
+    stored = whole[e.offset : e.offset + e.stored_size]
     try:
         return decode_section(e.codec, e.codec_param, stored, e.raw_size, threads, out, progress)
     except HurrayWireError as exc:
@@ -471,48 +445,10 @@ def _decompress(
         raise exc.relocated(section=e.where, offset=e.offset + inside) from None
 
 
-def decompress_pool(
-    view: memoryview, e: Entry, threads: int, out: U8Array,
-    progress: Callable[[int], None] | None = None,
-) -> None:  # fmt: skip
-    """Decompress the (checksummed) buffer 0 at ``e`` straight into ``out``, telling
-    ``progress`` of each finished prefix (``codecs.decode_section``)."""
-    whole = np.frombuffer(view, np.uint8)
-    _decompress(e, whole[e.offset : e.offset + e.stored_size], threads, out, progress)
-
-
-def _digest_pass(
-    view: memoryview, plan: _Plan, pages: PageWork | None, pool: U8Array | None
-) -> int | None:
-    """With a page-digests section and raw buffers: digest the page rows and hash buffer 0
-    for its section checksum in one pass over the pool (PageWork keeps the digests)."""
-    if pages is None or plan.page_digests is None or not plan.raw_buffers:
-        return None
-    whole = np.frombuffer(view, np.uint8, plan.total)
-    rows = [whole[span] for span in plan.buffer_spans]
-    if pool is not None:
-        rows[0] = pool
-    return pages.digest_rows(rows, plan.sent_pages)
-
-
 def _at(e: Entry | None, inside: int | None = 0) -> int | None:
     """Blob offset of byte ``inside`` a section's contents; None for decoded (compressed)
     bytes."""
     return e.offset + (inside or 0) if e is not None and e.codec == CODEC_RAW else None
-
-
-def _metadata(
-    plan: _Plan, meta_payload: npt.NDArray[np.uint8], limits: DecodeLimits
-) -> tuple[dict[str, Any], EngineFingerprint | None]:
-    """The metadata section decoded (within the limits), its errors placed at blob
-    offsets, and the engine fingerprint its reserved entry carries (which must be a valid
-    fingerprint record) or None."""
-    try:
-        metadata = dict(decode_metadata(meta_payload, max_entries=limits.max_metadata_entries))
-        found = require_fingerprint(None, metadata, section="metadata")
-    except HurrayWireError as exc:
-        raise exc.relocated(section="metadata", offset=_at(plan.metadata, exc.offset)) from None
-    return metadata, found
 
 
 def _assemble(

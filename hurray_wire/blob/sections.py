@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hurray_wire.blob.envelope import AT, ENTRY, ENTRY_AT, entry_at
+from hurray_wire.blob.envelope import AT, CHECKSUM, ENTRY, ENTRY_AT, entry_at
 from hurray_wire.blob.limits import DecodeLimits
 from hurray_wire.blob.pages import paged_buffers, sent_sizes
 from hurray_wire.buffers import align
@@ -54,16 +54,16 @@ class Entry:
 
 def check_entries(
     header: bytes,
-    count: int,
+    head: dict[str, Any],
     descriptor: TensorDescriptor,
-    start: int,
     total: int,
-    checksum_type: int,
     limits: DecodeLimits,
 ) -> tuple[tuple[Entry, ...], int]:
-    """Check every entry against the rules and the descriptor: (entries, end of the last
-    section). ``start`` is where the first section may begin."""
-    walk = _Walk(descriptor, total, checksum_type, limits, start)
+    """Check every entry of ``header`` (``head``: its fixed fields) against the rules and
+    the descriptor: (entries, end of the last section)."""
+    count = head["section_count"]
+    start = len(header) + CHECKSUM.size  # where the first section may begin
+    walk = _Walk(descriptor, total, head["checksum_type"], limits, start)
     table = header[entry_at(0) : entry_at(count)]
     rows = [dict(zip(ENTRY.names, f, strict=True)) for f in ENTRY.struct.iter_unpack(table)]
     walk.sizes = walk.buffer_sizes(rows)
@@ -248,9 +248,11 @@ class _Walk:
 
     def check_extension(self, e: dict[str, Any]) -> None:
         """seq_lens, metadata, page_digests, page_refs: once each, index 0, after every buffer;
-        seq_lens and page_refs flagged required, page_digests not; sizes from the descriptor;
-        metadata within the limits."""
-        kind = e["kind"]
+        seq_lens and page_refs flagged required (a reader that skipped page_refs would take a
+        short pool for the whole), page_digests not (skipping it loses only the page check);
+        sizes from the descriptor (page_refs' checked with the buffers); metadata within the
+        limits."""
+        kind, flags, size = e["kind"], e["section_flags"], e["raw_size"]
         if e["index"] != 0 or kind in self.seen:
             raise self.refused(
                 "index", "extension section duplicated or with a non-zero index", found=e["index"]
@@ -259,55 +261,39 @@ class _Walk:
             raise SectionError(
                 "extension sections follow all buffer sections", section=self.where, offset=self.at
             )
-        if kind in (w.KIND_PAGE_DIGESTS, w.KIND_PAGE_REFS):
-            self.check_page_section(e)
-        elif kind == w.KIND_SEQ_LENS:
-            if not e["section_flags"] & w.FLAG_REQUIRED:
-                raise self.refused(
-                    "section_flags",
-                    "a seq_lens section must be flagged required",
-                    found=e["section_flags"],
-                )
-            expected = _SEQ_LEN_BYTES * self.descriptor.layout.num_seqs
-            if e["raw_size"] != expected:
+        self.seen.add(kind)
+        if kind == w.KIND_METADATA:
+            if size > self.limits.max_metadata_bytes:
                 raise self.refused(
                     "raw_size",
-                    f"seq_lens needs {_SEQ_LEN_BYTES} bytes per sequence",
-                    expected=expected,
-                    found=e["raw_size"],
+                    "metadata section above the limit",
+                    LimitExceededError,
+                    found=size,
+                    expected=f"<= {self.limits.max_metadata_bytes}",
                 )
-        elif e["raw_size"] > self.limits.max_metadata_bytes:
-            raise self.refused(
-                "raw_size",
-                "metadata section above the limit",
-                LimitExceededError,
-                found=e["raw_size"],
-                expected=f"<= {self.limits.max_metadata_bytes}",
-            )
-        self.seen.add(kind)
-
-    def check_page_section(self, e: dict[str, Any]) -> None:
-        """page_refs is REQUIRED (a reader that skipped it would take a short pool for the
-        whole); page_digests is not (skipping it loses only the page check), and holds
-        exactly one digest per page. page_refs' size was checked with the buffers."""
-        required = e["kind"] == w.KIND_PAGE_REFS
-        if bool(e["section_flags"] & w.FLAG_REQUIRED) != required:
+            return
+        required = kind != w.KIND_PAGE_DIGESTS
+        if bool(flags & w.FLAG_REQUIRED) != required:
             must = "must " if required else "must not "
             raise self.refused(
                 "section_flags",
-                f"a {w.SECTION_KINDS[e['kind']]} section {must}be flagged required",
-                found=e["section_flags"],
+                f"a {w.SECTION_KINDS[kind]} section {must}be flagged required",
+                found=flags,
             )
-        if not required:
+        layout = self.descriptor.layout
+        if kind == w.KIND_SEQ_LENS:
+            expected = _SEQ_LEN_BYTES * layout.num_seqs
+            what = f"{_SEQ_LEN_BYTES} bytes per sequence"
+        elif kind == w.KIND_PAGE_DIGESTS:
             self.check_pages_geometry()
-            expected = DIGEST_SECTION.item_at(self.descriptor.layout.num_pages, 1)  # head, digests
-            if e["raw_size"] != expected:
-                raise self.refused(
-                    "raw_size",
-                    "page_digests needs an 8-byte head and 8 bytes per page",
-                    expected=expected,
-                    found=e["raw_size"],
-                )
+            expected = DIGEST_SECTION.item_at(layout.num_pages, 1)  # head, digests
+            what = "an 8-byte head and 8 bytes per page"
+        else:
+            return
+        if size != expected:
+            raise self.refused(
+                "raw_size", f"{w.SECTION_KINDS[kind]} needs {what}", expected=expected, found=size
+            )
 
     def check_unknown(self, e: dict[str, Any]) -> None:
         """A kind this reader does not know may be skipped only when it is not required."""

@@ -216,24 +216,19 @@ class DeltaPlan:
         return self.bytes_sent / total if total else 1.0
 
 
-def _sorted_known(known: object) -> DigestArray:
-    values = digest_array(known, None, "known")
-    bad = _first_unsorted(values)
-    if bad is not None:
-        raise InvalidIntegrityRecordError(
-            "known digests must be strictly increasing (use decode_known_pages)",
-            field=f"known[{bad}]",
-            found=int(values[bad]),
-        )
-    return values
-
-
 def plan_delta(tensor: BlockPagedTensor, known: object, *, digests: object = None) -> DeltaPlan:
     """Plan a delta transfer of every physical page of ``tensor`` to a receiver holding
     ``known`` (sorted digests): one searchsorted. ``digests``: already computed ones."""
     records = page_records(tensor)
     values = records.digests() if digests is None else digest_array(digests, records.num_pages)
-    table = _sorted_known(known)
+    table = digest_array(known, None, "known")
+    bad = _first_unsorted(table)
+    if bad is not None:
+        raise InvalidIntegrityRecordError(
+            "known digests must be strictly increasing (use decode_known_pages)",
+            field=f"known[{bad}]",
+            found=int(table[bad]),
+        )
     if table.size:
         at = np.minimum(np.searchsorted(table, values), table.size - 1)
         hit = table[at] == values

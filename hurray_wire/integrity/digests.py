@@ -154,29 +154,20 @@ def page_records(tensor: BlockPagedTensor) -> PageRecords:
             found=f"{elements} elements of {etype.bit_width} bits per page",
             expected="page_size * num_heads * head_dim * bit_width % 8 == 0",
         )
-    page_nbytes = elements * etype.bit_width // 8
-    if (
-        page_nbytes == 0
-        and num_pages > MAX_EMPTY_PAGES
-        and not isinstance(tensor.quantization, PerBlockAffine)
-    ):
+    per_slot = isinstance(tensor.quantization, PerBlockAffine)  # one scale (zero point) a slot
+    if elements * etype.bit_width == 0 and num_pages > MAX_EMPTY_PAGES and not per_slot:
         raise InvalidIntegrityRecordError(
             "too many pages of 0 bytes: nothing pays for their per-page work",
             field="num_pages",
             found=num_pages,
             expected=f"<= {MAX_EMPTY_PAGES} when a page record is 0 bytes",
         )
-    pool = u8_array(tensor.page_pool, "page_pool").reshape(num_pages, page_nbytes)
-    scales = zero_points = None
-    quant = tensor.quantization
-    if isinstance(quant, PerBlockAffine):  # one scale (and zero point) per page slot
-        assert tensor.scales is not None
-        scale_width = layout.page_size * quant.scale_type.numpy_dtype.itemsize
-        scales = u8_array(tensor.scales, "scales").reshape(num_pages, scale_width)
-        if tensor.zero_points is not None:
-            zp_width = layout.page_size * tensor.zero_points.dtype.itemsize
-            zero_points = u8_array(tensor.zero_points, "zero_points").reshape(num_pages, zp_width)
-    return PageRecords(pool, scales, zero_points)
+    return PageRecords.of(
+        num_pages,
+        page_pool=u8_array(tensor.page_pool, "page_pool"),
+        scales=tensor.scales if per_slot else None,
+        zero_points=tensor.zero_points if per_slot else None,
+    )
 
 
 def page_rows(array: npt.NDArray[Any], num_pages: int, name: str) -> U8Array:

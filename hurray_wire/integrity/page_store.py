@@ -17,6 +17,7 @@ from hurray_wire.errors import ArgumentTypeError, PageDigestError, PageStoreErro
 from hurray_wire.fingerprint import EngineFingerprint
 from hurray_wire.integrity.digests import (
     DigestArray,
+    IntArray,
     check_digest_range,
     page_records,
     record_digest,
@@ -29,6 +30,7 @@ __all__ = [
     "PageStore",
     "check_integrity_arguments",
     "check_record",
+    "page_id_array",
     "store_pages",
 ]
 
@@ -153,11 +155,13 @@ class MemoryPageStore(KeyedStore):
         if type(self).get is not MemoryPageStore.get:
             return super().get_many(digests)
         digests = check_digest_list(digests)
-        keys = [check_digest_range(d) for d in digests] if not _all_u64(digests) else digests
+        plain = isinstance(digests, list)  # a uint64 array's .tolist(): ints in range
+        if not (plain and all(type(d) is int and 0 <= d < 1 << 64 for d in digests)):
+            digests = [check_digest_range(d) for d in digests]
         pages = self._pages
         out: list[bytes | memoryview | None] = []
         with self._lock:
-            for key in keys:
+            for key in digests:
                 found = pages.get(key)
                 if found is not None:
                     pages.move_to_end(key)
@@ -196,9 +200,47 @@ class MemoryPageStore(KeyedStore):
             return list(self._pages)
 
 
-def _all_u64(digests: Sequence[int]) -> bool:
-    """True for the plain list of Python ints that ``uint64_array.tolist()`` gives."""
-    return isinstance(digests, list) and all(type(d) is int and 0 <= d < 1 << 64 for d in digests)
+def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = False) -> IntArray:
+    """``value`` (a 1-D sequence or array of integers) as int64 page ids in
+    ``[0, num_pages)`` (and, with ``distinct``, none twice), else a typed error naming
+    ``name`` and the offending value: the one check of page ids every landing takes."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)) or not hasattr(value, "__len__"):
+        raise ArgumentTypeError(
+            f"{name} must be a 1-D array or sequence of page ids",
+            field=name,
+            found=type(value).__name__,
+        )
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ArgumentTypeError(f"{name} is not an array of page ids ({exc})", field=name) from None
+    if array.size == 0:
+        return np.zeros(0, np.int64)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise ArgumentTypeError(
+            f"{name} must be a 1-D array of integers",
+            field=name,
+            found=f"dtype {array.dtype}, shape {array.shape}",
+        )
+    bad = np.flatnonzero((array < 0) | (array >= num_pages))  # in the ids' own dtype
+    if bad.size:
+        raise ArgumentTypeError(
+            f"{name}[{int(bad[0])}]: page id out of range (ids must lie in [0, num_pages))",
+            field=name,
+            found=int(array[bad[0]]),
+            expected=f"0 <= id < num_pages {num_pages}",
+        )
+    ids = array.astype(np.int64)
+    if distinct and ids.size > 1:
+        order = np.sort(ids)
+        twice = np.flatnonzero(order[1:] == order[:-1])
+        if twice.size:
+            raise ArgumentTypeError(
+                f"{name} must be distinct (one page cannot take two)",
+                field=name,
+                found=f"page {int(order[twice[0]])} more than once",
+            )
+    return ids
 
 
 def _page_ids(pages: object) -> list[int]:
@@ -230,15 +272,8 @@ def store_pages(
     records = page_records(tensor)
     if pages is None:
         ids = np.unique(np.asarray(tensor.block_table, np.int64))
-    else:
-        ids = np.unique(np.asarray(_page_ids(pages), np.int64))
-        if ids.size and (ids[0] < 0 or ids[-1] >= records.num_pages):
-            raise ArgumentTypeError(
-                "page ids must lie in [0, num_pages)",
-                field="pages",
-                found=f"{int(ids[0])}..{int(ids[-1])}",
-                expected=f"< {records.num_pages}",
-            )
+    else:  # each id an int (pages[i] named), then the landings' one range check
+        ids = np.unique(page_id_array(_page_ids(pages), records.num_pages, "pages"))
     digests = records.digests()[ids] if ids.size else np.zeros(0, np.uint64)
     for page, digest in zip(ids.tolist(), digests.tolist(), strict=True):
         store.put(digest, records.record(page))  # the store re-hashes: its own guarantee

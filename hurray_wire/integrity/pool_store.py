@@ -20,52 +20,9 @@ from hurray_wire.integrity.digests import (
     check_digest_range,
     digest_array,
 )
-from hurray_wire.integrity.page_store import KeyedStore, check_record
+from hurray_wire.integrity.page_store import KeyedStore, check_record, page_id_array
 
-__all__ = ["EnginePoolStore", "page_id_array"]
-
-
-def page_id_array(value: object, num_pages: int, name: str, *, distinct: bool = False) -> IntArray:
-    """``value`` (a 1-D sequence or array of integers) as int64 page ids in
-    ``[0, num_pages)`` (and, with ``distinct``, none twice), else a typed error naming
-    ``name`` and the offending value: the one check of page ids every landing takes."""
-    if isinstance(value, (str, bytes, bytearray, memoryview)) or not hasattr(value, "__len__"):
-        raise ArgumentTypeError(
-            f"{name} must be a 1-D array or sequence of page ids",
-            field=name,
-            found=type(value).__name__,
-        )
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ArgumentTypeError(f"{name} is not an array of page ids ({exc})", field=name) from None
-    if array.size == 0:
-        return np.zeros(0, np.int64)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise ArgumentTypeError(
-            f"{name} must be a 1-D array of integers",
-            field=name,
-            found=f"dtype {array.dtype}, shape {array.shape}",
-        )
-    bad = np.flatnonzero((array < 0) | (array >= num_pages))  # in the ids' own dtype
-    if bad.size:
-        raise ArgumentTypeError(
-            f"{name}[{int(bad[0])}]: page id out of range (ids must lie in [0, num_pages))",
-            field=name,
-            found=int(array[bad[0]]),
-            expected=f"0 <= id < num_pages {num_pages}",
-        )
-    ids = array.astype(np.int64)
-    if distinct and ids.size > 1:
-        order = np.sort(ids)
-        twice = np.flatnonzero(order[1:] == order[:-1])
-        if twice.size:
-            raise ArgumentTypeError(
-                f"{name} must be distinct (one page cannot take two)",
-                field=name,
-                found=f"page {int(order[twice[0]])} more than once",
-            )
-    return ids
+__all__ = ["EnginePoolStore"]
 
 
 class EnginePoolStore(KeyedStore):

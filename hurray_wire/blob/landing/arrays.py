@@ -22,10 +22,9 @@ from hurray_wire.blob.pages import DecodeReport, PageWork, page_rows
 from hurray_wire.blob.pipeline import (
     Accept,
     checksum_mismatch,
-    decompress_pool,
+    decompress,
     plan_of,
     run,
-    stored_section_checksum,
 )
 from hurray_wire.blob.sections import Entry
 from hurray_wire.buffers import U8Array
@@ -34,7 +33,7 @@ from hurray_wire.codecs.base import output
 from hurray_wire.errors import ArgumentTypeError, HurrayWireError, flag
 from hurray_wire.integrity import PageRecords, PageRefs
 from hurray_wire.integrity.digests import IntArray
-from hurray_wire.integrity.pool_store import page_id_array
+from hurray_wire.integrity.page_store import page_id_array
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.tensor import BlockPagedTensor, check_padding_bits, pool_form
 
@@ -44,9 +43,8 @@ Landed = tuple[BlockPagedTensor, DecodeReport | None]
 
 
 def _check_form(
-    descriptor: TensorDescriptor, array: npt.NDArray[Any], *, pages: int | None = None,
-    field: str = "page_pool",
-) -> None:  # fmt: skip
+    descriptor: TensorDescriptor, array: npt.NDArray[Any], pages: int | None = None
+) -> None:
     """``array`` has the pool's dtype and shape (``pages``: that many pages of its page
     shape) or is uint8 of its byte size: any other type would read other values."""
     shape, dtype = pool_form(descriptor)
@@ -58,7 +56,7 @@ def _check_form(
     if not (typed or (untyped and (pages is None or array.shape[0] == pages))):
         raise ArgumentTypeError(
             "the engine array does not have the blob's page pool type and shape",
-            field=field,
+            field="page_pool",
             found=f"{array.dtype} {list(array.shape)} ({array.nbytes} bytes)",
             expected=f"{dtype} {list(shape)} ({nbytes} bytes), or uint8 of its bytes",
         )
@@ -161,8 +159,8 @@ class IntoArray(_Copied):
                                 defer_pool=hashed)  # fmt: skip
             hasher = xxhash.xxh3_64() if hashed else None
             copy_and_hash(out, whole[entry.offset : entry.offset + entry.stored_size], hasher)
-            if hasher is not None:
-                _compare(hasher, view, entry)
+            if hasher is not None and (bad := checksum_mismatch(view, entry, hasher.intdigest())):
+                raise bad
             return tensor, found
         # The pool lands in _OnePass.finish, after every other check: a compressed one is
         # decompressed into the destination (its sent rows into scratch when page refs
@@ -223,7 +221,7 @@ class IntoPages(_Copied):
     def check(self, descriptor: TensorDescriptor) -> None:
         """The engine pool has the blob's dtype and page shape, takes as many pages as the
         blob holds, and the blob is unquantized."""
-        _check_form(descriptor, self.array, pages=int(self.array.shape[0]))
+        _check_form(descriptor, self.array, int(self.array.shape[0]))
         if descriptor.quantization is not None:
             raise ArgumentTypeError(
                 "page_ids take an unquantized pool (per-page scales would need an "
@@ -265,13 +263,6 @@ class IntoPages(_Copied):
         )
 
 
-def _compare(hasher: Any, view: memoryview, entry: Entry) -> None:
-    """Buffer 0's section checksum, hashed while it landed, against the stored one."""
-    stored = stored_section_checksum(view, entry)
-    if hasher.intdigest() != stored:
-        raise checksum_mismatch(entry, int(hasher.intdigest()), stored)
-
-
 class _OnePass(PageWork):
     """``IntoArray(one_pass=True)``'s pool, landed in the pipeline's last step (``finish``):
     the other checks and ``accept`` run first on the unwritten destination, then each ~1 MiB
@@ -307,8 +298,9 @@ class _OnePass(PageWork):
         refs, sent, expected, full = self.pending
         rows = None if full is None else _Rows(self, sent, expected, full)
         if self.late is not None:  # the one write of a compressed pool, rows checked as they come
-            decompress_pool(self.view, self.entry, self.threads, self.late,
-                            None if rows is None else rows.up_to_byte)  # fmt: skip
+            progress = None if rows is None else rows.up_to_byte
+            whole = np.frombuffer(self.view, np.uint8)
+            decompress(whole, self.entry, self.threads, self.late, progress)
         elif rows is not None:  # a raw pool's rows, copied a chunk at a time
             rows.up_to(rows.count)
         descriptor = self.descriptor
@@ -319,7 +311,9 @@ class _OnePass(PageWork):
                 raise exc.relocated(section="buffer[0]") from None
         if rows is not None:
             if rows.hasher is not None:
-                _compare(rows.hasher, self.view, self.entry)
+                bad = checksum_mismatch(self.view, self.entry, rows.hasher.intdigest())
+                if bad is not None:
+                    raise bad
             if rows.found is not None:
                 self.compare(rows.found, expected, refs, sent)
             if refs is not None:

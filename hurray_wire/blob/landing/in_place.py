@@ -18,13 +18,13 @@ import numpy.typing as npt
 
 from hurray_wire.blob.decoder import Decoder, decode_options
 from hurray_wire.blob.limits import DecodeLimits
-from hurray_wire.blob.pages import DecodeReport, PageWork, page_failure, page_rows, put_rows
+from hurray_wire.blob.pages import NO_PAGES, DecodeReport, PageWork, page_rows, put_rows
 from hurray_wire.blob.pipeline import Accept, plan_of, run
 from hurray_wire.buffers import U8Array, byte_view
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.integrity import EnginePoolStore, PageRefs
 from hurray_wire.integrity.digests import IntArray
-from hurray_wire.integrity.pool_store import page_id_array
+from hurray_wire.integrity.page_store import page_id_array
 from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.quantization import PerBlockAffine
@@ -32,7 +32,6 @@ from hurray_wire.tensor import ZERO_POINTS, BlockPagedTensor, checked_indexes, t
 
 __all__ = ["InPlace", "InPlaceReport", "check_pool_fits", "peek_in_place"]
 
-_NONE = np.zeros(0, np.int64)
 Landed = tuple[BlockPagedTensor, DecodeReport | None]
 
 
@@ -198,13 +197,10 @@ class _InPlaceWork(PageWork):
         self.free = free
         self.plans = plans
         self.refs: PageRefs | None = None
-        self.engine_refs = _NONE  # engine page of each ref (-1: not indexed)
+        self.engine_refs = NO_PAGES  # engine page of each ref (-1: not indexed)
         self.ref_ok = np.zeros(0, bool)  # indexed, and its bytes re-hash to the digest
         self.rows: list[U8Array] = []
-        self.sent = _NONE
-        self.remap = _NONE
-        self.table = _NONE
-        self.starts = _NONE
+        self.sent = self.remap = self.table = self.starts = NO_PAGES  # set by assemble
 
     def _expand(self, buffers: list[U8Array], refs: PageRefs, sent: Any) -> list[U8Array]:
         engine = self.pool.pages_for(refs.digests)
@@ -268,23 +264,22 @@ class _InPlaceWork(PageWork):
         refs, sent, free, remap = self.refs, self.sent, self.free, self.remap
         assert free.size >= sent.size  # _run checked it on the header
         failed_refs = self._failed_refs()
-        ref_pages = refs.pages if refs is not None else _NONE  # engine_refs, ref_ok: empty
+        ref_pages = refs.pages if refs is not None else NO_PAGES  # engine_refs, ref_ok: empty
         missing = ref_pages[self.engine_refs < 0]
         corrupt = ref_pages[(self.engine_refs >= 0) & ~self.ref_ok]
         stale = np.unique(self.engine_refs[(self.engine_refs >= 0) & ~self.ref_ok])
-        failed = np.union1d(self.mismatch, ref_pages[failed_refs]).astype(np.int64)
-        positions = self.verdict(self.table, self.starts, failed)
         short = free.size < sent.size + int(failed_refs.sum())
-        if failed.size and (not self.report or short):
-            raise page_failure(
-                self.mismatch, failed, positions, "blob pages",
-                f"{corrupt.size} referenced page(s) are stale in the engine's pool (engine "
-                f"pages {stale[:16].tolist()} no longer match their digest)" if corrupt.size
-                else None,
-                f"{missing.size} referenced page(s) are not indexed in the engine's pool",
-                "; free_pages has no page left to report them in" if short else "",
-            )  # fmt: skip
-        self._write(failed)
+        failed, positions = self.verdict(
+            self.table, self.starts, missing, corrupt, "blob pages",
+            f"{corrupt.size} referenced page(s) are stale in the engine's pool (engine "
+            f"pages {stale[:16].tolist()} no longer match their digest)",
+            f"{missing.size} referenced page(s) are not indexed in the engine's pool",
+            "; free_pages has no page left to report them in" if short else "",
+        )  # fmt: skip
+        dst = self.pool.records  # the sent rows into their free pages, failed ones zeroed
+        if sent.size:
+            put_rows(dst, remap[sent], page_rows(self.descriptor, self.rows, int(sent.size)))
+        put_rows(dst, remap[failed])
         written = np.concatenate([remap[sent], remap[ref_pages[failed_refs]]]).astype(np.int64)
         return InPlaceReport(
             tensor,
@@ -297,13 +292,6 @@ class _InPlaceWork(PageWork):
             stale,
             written,
         )
-
-    def _write(self, failed: IntArray) -> None:
-        """The sent rows into their free pages; every failed page's free page zeroed."""
-        dst, sent, remap = self.pool.records, self.sent, self.remap
-        if sent.size:
-            put_rows(dst, remap[sent], page_rows(self.descriptor, self.rows, int(sent.size)))
-        put_rows(dst, remap[failed])
 
 
 def peek_in_place(data: Any, *, limits: DecodeLimits | None = None) -> tuple[TensorDescriptor, int]:
