@@ -149,17 +149,6 @@ def _encode_text(text: str, field: str, what: str) -> bytes:
         ) from None
 
 
-def _length_prefixed(payload: bytes, field: str, what: str) -> bytes:
-    if len(payload) > U32_MAX:
-        raise _error(
-            f"{what} is too long for its u32 length",
-            field,
-            expected=f"at most {U32_MAX} bytes",
-            found=f"{len(payload)} bytes",
-        )
-    return _U32.pack(len(payload)) + payload
-
-
 #: The tag family of each scalar type (02 for every int; bool before int, its base).
 _KINDS = {bool: KV_BOOL, int: KV_INT64, float: KV_FLOAT64, str: KV_STRING, bytes: KV_BYTES}
 
@@ -259,25 +248,30 @@ def _encode_array(values: Sequence[object], field: str) -> bytes:
     return bytes((tag,)) + _U32.pack(len(values)) + body
 
 
-def _payload(kind: int, value: Any, field: str) -> bytes:
-    """The payload of one str, bytes, bool or float value, alone or in an array."""
-    if kind == KV_STRING:
-        return _length_prefixed(_encode_text(value, field, "string"), field, "string")
-    if kind == KV_BYTES:
-        return _length_prefixed(bytes(value), field, "bytes value")
-    if kind == KV_BOOL:
+def _payload(tag: int, value: Any, field: str) -> bytes:
+    """The payload of one value of a scalar tag, alone or in an array."""
+    if tag in _FIXED:
+        return _FIXED[tag].pack(value)
+    if tag == KV_BOOL:
         return b"\x01" if value else b"\x00"
-    return _FIXED[KV_FLOAT64].pack(value)
+    what = "string" if tag == KV_STRING else "bytes value"
+    payload = _encode_text(value, field, what) if tag == KV_STRING else bytes(value)
+    if len(payload) > U32_MAX:
+        raise _error(
+            f"{what} is too long for its u32 length",
+            field,
+            expected=f"at most {U32_MAX} bytes",
+            found=f"{len(payload)} bytes",
+        )
+    return _U32.pack(len(payload)) + payload
 
 
 def _encode_value(value: object, field: str) -> bytes:
     """Tag byte and payload of one value."""
     kind = _kind(value)
-    if kind == KV_INT64 and isinstance(value, int):
-        tag = _int_tag(value, field)
-        return bytes((tag,)) + _FIXED[tag].pack(value)
     if kind is not None:
-        return bytes((kind,)) + _payload(kind, value, field)
+        tag = _int_tag(cast(int, value), field) if kind == KV_INT64 else kind
+        return bytes((tag,)) + _payload(tag, value, field)
     if isinstance(value, (list, tuple)):
         return bytes((KV_ARRAY,)) + _encode_array(value, field)
     raise ArgumentTypeError(
