@@ -360,16 +360,6 @@ _ANNOTATE: dict[str, Callable[[Any], list[summary.Annotation]]] = {
 HEX_KINDS = tuple(_ANNOTATE)
 
 
-def _print_hex(data: Any, kind: str) -> None:
-    """The annotated hex of ``data`` (a kind in ``HEX_KINDS``): one line per field."""
-    raw = memoryview(data)
-    notes = _ANNOTATE[kind](bytes(raw) if kind == "descriptor" else data)
-    for offset, size, name, value in notes:
-        shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
-        more = " .." if size > 16 else ""
-        print(f"{offset:08x}  {shown + more:<51}  {name} = {value}")
-
-
 def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> None:
     """Print one input record by record (an error leaves those before it printed); pages
     that fail their digests are named in their blob, then reported."""
@@ -406,8 +396,13 @@ def _dump_hex(data: Any, kind: str) -> None:
     shown as far as it goes and exits 1."""
     if kind not in HEX_KINDS:
         raise UsageError(f"--hex is available for {', '.join(HEX_KINDS)}, not {kind}")
-    try:
-        _print_hex(data, kind)
+    raw = memoryview(data)
+    try:  # one line per field
+        notes = _ANNOTATE[kind](bytes(raw) if kind == "descriptor" else data)
+        for offset, size, name, value in notes:
+            shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
+            more = " .." if size > 16 else ""
+            print(f"{offset:08x}  {shown + more:<51}  {name} = {value}")
     except (struct.error, IndexError, HurrayWireError) as exc:  # bytes that are no record
         raise CliError(f"cannot annotate further: {exc}") from None
     finally:
