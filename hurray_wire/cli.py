@@ -93,9 +93,9 @@ class UsageError(CliError):
 
 
 # -- reading inputs --------------------------------------------------------------------------
-def _read(path: str, args: argparse.Namespace) -> Any:
-    """The bytes of ``path`` (``-``: stdin): regular files mapped, anything else read within
-    ``--max-input-bytes`` and ``--input-timeout`` (``containers.io.read_input``)."""
+def _read(path: str, args: argparse.Namespace) -> tuple[Any, str]:
+    """The bytes of ``path`` (``-``: stdin) and what they are: regular files mapped, anything
+    else read within ``--max-input-bytes`` and ``--input-timeout`` (``io.read_input``)."""
     source: Any = path
     if path == STDIO:
         source = sys.stdin.buffer
@@ -104,7 +104,8 @@ def _read(path: str, args: argparse.Namespace) -> Any:
     # argparse leaves them unset: the library's defaults
     limit = DEFAULT_MAX_INPUT_BYTES if args.max_input_bytes is None else int(args.max_input_bytes)
     idle = DEFAULT_INPUT_IDLE if args.input_timeout is None else args.input_timeout or None
-    return read_input(source, max_bytes=limit, idle_timeout=idle, head_ok=known_magic)
+    data = read_input(source, max_bytes=limit, idle_timeout=idle, head_ok=known_magic)
+    return data, identify(data)
 
 
 def identify(data: Any) -> str:
@@ -359,22 +360,11 @@ _ANNOTATE: dict[str, Callable[[Any], list[summary.Annotation]]] = {
 HEX_KINDS = tuple(_ANNOTATE)
 
 
-def _print_hex(data: Any, kind: str) -> None:
-    """The annotated hex of ``data`` (a kind in ``HEX_KINDS``): one line per field."""
-    raw = memoryview(data)
-    notes = _ANNOTATE[kind](bytes(raw) if kind == "descriptor" else data)
-    for offset, size, name, value in notes:
-        shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
-        more = " .." if size > 16 else ""
-        print(f"{offset:08x}  {shown + more:<51}  {name} = {value}")
-
-
 def _dump_one(path: str, args: argparse.Namespace, document: dict[str, Any]) -> None:
     """Print one input record by record (an error leaves those before it printed); pages
     that fail their digests are named in their blob, then reported."""
     verify = not args.no_verify
-    data = _read(path, args)
-    kind = identify(data)
+    data, kind = _read(path, args)
     document.update(kind=kind, size=len(data))
     if args.hex:
         _dump_hex(data, kind)
@@ -406,8 +396,13 @@ def _dump_hex(data: Any, kind: str) -> None:
     shown as far as it goes and exits 1."""
     if kind not in HEX_KINDS:
         raise UsageError(f"--hex is available for {', '.join(HEX_KINDS)}, not {kind}")
-    try:
-        _print_hex(data, kind)
+    raw = memoryview(data)
+    try:  # one line per field
+        notes = _ANNOTATE[kind](bytes(raw) if kind == "descriptor" else data)
+        for offset, size, name, value in notes:
+            shown = bytes(raw[offset : offset + min(size, 16)]).hex(" ")
+            more = " .." if size > 16 else ""
+            print(f"{offset:08x}  {shown + more:<51}  {name} = {value}")
     except (struct.error, IndexError, HurrayWireError) as exc:  # bytes that are no record
         raise CliError(f"cannot annotate further: {exc}") from None
     finally:
@@ -422,12 +417,8 @@ def _each_input(args: argparse.Namespace) -> int:
     one = _dump_one if dump else _validate_one
     results: list[dict[str, Any]] = []
     for path in args.paths:
-        result: dict[str, Any] = {"path": path, "kind": None}
-        if dump:
-            result.update(size=None, items=[])
-        else:
-            result["ok"] = False
-        results.append(result)
+        fields: dict[str, Any] = {"size": None, "items": []} if dump else {"ok": False}
+        results.append(result := {"path": path, "kind": None, **fields})
         args.worst = max(args.worst, _guard(path, partial(one, path, args, result), result))
     if args.json:
         json.dump(results, sys.stdout, indent=2, sort_keys=True)
@@ -467,8 +458,8 @@ def _check(data: Any, kind: str, args: argparse.Namespace | None = None) -> tupl
 
 
 def _validate_one(path: str, args: argparse.Namespace, result: dict[str, Any]) -> None:
-    data = _read(path, args)
-    kind = result["kind"] = identify(data)
+    data, kind = _read(path, args)
+    result["kind"] = kind
     if kind == "descriptor":
         line = f"{path}: ok (descriptor, {summary.bare_descriptor(data)[1]})"
     else:
@@ -578,8 +569,7 @@ def _convert(args: argparse.Namespace) -> None:
     inputs = [] if args.input == STDIO else [args.input]
     if args.output != STDIO:
         check_not_input(args.output, inputs)  # before anything is opened for writing
-    data = _read(args.input, args)
-    kind = identify(data)
+    data, kind = _read(args.input, args)
     count, header, _, metadata = summary.framing(data, kind)
     _one_blob(target, args.input, count or 1)  # from the framing, before checking the tensors
     tensors = _load(args, data, kind, count)

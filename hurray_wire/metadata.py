@@ -54,12 +54,9 @@ _U32 = item_struct(KvSection.kv_count)  # kv_count, array counts, string / bytes
 _FIXED_FORMAT = {tag: KV_SCALAR_PAYLOADS[tag] for tag in (KV_INT64, KV_UINT64, KV_FLOAT64)}
 _FIXED = {tag: item_struct(form) for tag, form in _FIXED_FORMAT.items()}
 _TAG = item_struct(KvEntry.value_tag).size  # a value tag, an array's element tag
-_BOOL = KV_LEAST_PAYLOAD[KV_BOOL]  # a bool's one byte
 U16_MAX = (1 << 8 * _U16.size) - 1
 U32_MAX = (1 << 8 * _U32.size) - 1  # string/bytes lengths, array counts, kv_count, kv_length
 
-#: A fixed-width scalar tag: its reader and its width (the decoder's loop).
-_FIXED_SCALAR = {tag: (s.unpack_from, s.size) for tag, s in _FIXED.items()}
 # Smallest entry: key length, a 1-byte key, the tag and the smallest payload (a bool's byte).
 _MIN_ENTRY_SIZE = _U16.size + 1 + _TAG + min(KV_LEAST_PAYLOAD.values())
 
@@ -152,30 +149,15 @@ def _encode_text(text: str, field: str, what: str) -> bytes:
         ) from None
 
 
-def _length_prefixed(payload: bytes, field: str, what: str) -> bytes:
-    if len(payload) > U32_MAX:
-        raise _error(
-            f"{what} is too long for its u32 length",
-            field,
-            expected=f"at most {U32_MAX} bytes",
-            found=f"{len(payload)} bytes",
-        )
-    return _U32.pack(len(payload)) + payload
+#: The tag family of each scalar type (02 for every int; bool before int, its base).
+_KINDS = {bool: KV_BOOL, int: KV_INT64, float: KV_FLOAT64, str: KV_STRING, bytes: KV_BYTES}
 
 
 def _kind(value: object) -> int | None:
-    """The tag family of a scalar (02 for every int), or None if it is not a scalar."""
-    if isinstance(value, bool):
-        return KV_BOOL
-    if isinstance(value, int):
-        return KV_INT64
-    if isinstance(value, float):
-        return KV_FLOAT64
-    if isinstance(value, str):
-        return KV_STRING
-    if isinstance(value, (bytes, bytearray, memoryview)):
+    """The tag family of a scalar, or None if it is not a scalar."""
+    if isinstance(value, (bytearray, memoryview)):
         return KV_BYTES
-    return None
+    return next((tag for kind, tag in _KINDS.items() if isinstance(value, kind)), None)
 
 
 def _int_tag(value: int, field: str) -> int:
@@ -266,25 +248,30 @@ def _encode_array(values: Sequence[object], field: str) -> bytes:
     return bytes((tag,)) + _U32.pack(len(values)) + body
 
 
-def _payload(kind: int, value: Any, field: str) -> bytes:
-    """The payload of one str, bytes, bool or float value, alone or in an array."""
-    if kind == KV_STRING:
-        return _length_prefixed(_encode_text(value, field, "string"), field, "string")
-    if kind == KV_BYTES:
-        return _length_prefixed(bytes(value), field, "bytes value")
-    if kind == KV_BOOL:
+def _payload(tag: int, value: Any, field: str) -> bytes:
+    """The payload of one value of a scalar tag, alone or in an array."""
+    if tag in _FIXED:
+        return _FIXED[tag].pack(value)
+    if tag == KV_BOOL:
         return b"\x01" if value else b"\x00"
-    return _FIXED[KV_FLOAT64].pack(value)
+    what = "string" if tag == KV_STRING else "bytes value"
+    payload = _encode_text(value, field, what) if tag == KV_STRING else bytes(value)
+    if len(payload) > U32_MAX:
+        raise _error(
+            f"{what} is too long for its u32 length",
+            field,
+            expected=f"at most {U32_MAX} bytes",
+            found=f"{len(payload)} bytes",
+        )
+    return _U32.pack(len(payload)) + payload
 
 
 def _encode_value(value: object, field: str) -> bytes:
     """Tag byte and payload of one value."""
     kind = _kind(value)
-    if kind == KV_INT64 and isinstance(value, int):
-        tag = _int_tag(value, field)
-        return bytes((tag,)) + _FIXED[tag].pack(value)
     if kind is not None:
-        return bytes((kind,)) + _payload(kind, value, field)
+        tag = _int_tag(cast(int, value), field) if kind == KV_INT64 else kind
+        return bytes((tag,)) + _payload(tag, value, field)
     if isinstance(value, (list, tuple)):
         return bytes((KV_ARRAY,)) + _encode_array(value, field)
     raise ArgumentTypeError(
@@ -404,38 +391,35 @@ def _value(index: int, key: str, element: int | None = None) -> str:
     return field if element is None else f"{field}[{element}]"
 
 
-def _sized_fault(tag: int, where: tuple[int, str, int | None], at: int, end: int, base: int,
-                 length: int | None = None, exc: UnicodeDecodeError | None = None
-                 ) -> NoReturn:  # fmt: skip
-    """The fault of a string or bytes payload at ``at``: its u32 length cut short (no
-    ``length``), its bytes cut short, or (``exc``) a string not UTF-8. ``where``: ``_value``'s
-    arguments."""
-    what = "string" if tag == KV_STRING else "bytes value"
-    if exc is not None:
-        _not_utf8(exc, at, _value(*where), what, base)
-    if length is None:
-        length_name = "string length" if tag == KV_STRING else "bytes length"
-        _ends_inside(length_name, f"{_value(*where)}.length", at, _U32.size, end, base)
-    _ends_inside(what, _value(*where), at, length, end, base)
-
-
-def _sized(view: memoryview, pos: int, end: int, tag: int, base: int,
-           where: tuple[int, str, int | None]) -> tuple[str | bytes, int]:  # fmt: skip
-    """A string or bytes array element (u32 length, then the bytes) at ``pos``, and the end
-    of it (the entry loop reads a scalar one inline, the same way)."""
-    if pos + _U32.size > end:
-        _sized_fault(tag, where, pos, end, base)
-    (length,) = _U32.unpack_from(view, pos)
-    pos += _U32.size
-    if pos + length > end:
-        _sized_fault(tag, where, pos, end, base, length)
-    raw = view[pos : pos + length]
-    if tag == KV_BYTES:
-        return bytes(raw), pos + length
-    try:
-        return str(raw, "utf-8"), pos + length
-    except UnicodeDecodeError as exc:
-        _sized_fault(tag, where, pos, end, base, exc=exc)
+def _scalar(view: memoryview, pos: int, end: int, tag: int, base: int,
+            where: tuple[int, str, int | None]) -> tuple[Any, int]:  # fmt: skip
+    """One scalar payload (an entry's value, or an array element) at ``pos``, and its end;
+    ``where``: ``_value``'s arguments, turned into a field name only for an error."""
+    if tag in (KV_STRING, KV_BYTES):
+        what = "string" if tag == KV_STRING else "bytes value"
+        if pos + _U32.size > end:
+            length_name = "string length" if tag == KV_STRING else "bytes length"
+            _ends_inside(length_name, f"{_value(*where)}.length", pos, _U32.size, end, base)
+        (length,) = _U32.unpack_from(view, pos)
+        pos += _U32.size
+        if pos + length > end:
+            _ends_inside(what, _value(*where), pos, length, end, base)
+        raw = view[pos : pos + length]
+        if tag == KV_BYTES:
+            return bytes(raw), pos + length
+        try:
+            return str(raw, "utf-8"), pos + length
+        except UnicodeDecodeError as exc:
+            _not_utf8(exc, pos, _value(*where), what, base)
+    width = KV_LEAST_PAYLOAD[tag]
+    if pos + width > end:
+        _ends_inside(KV_TAG_NAMES[tag], _value(*where), pos, width, end, base)
+    if tag == KV_BOOL:
+        if view[pos] > 1:
+            _bad_bool(view[pos], _value(*where), base + pos)
+        return view[pos] == 1, pos + width
+    (number,) = _FIXED[tag].unpack_from(view, pos)
+    return (UInt64(number) if tag == KV_UINT64 else number), pos + width
 
 
 def _array(view: memoryview, pos: int, end: int, base: int, index: int, key: str
@@ -474,7 +458,7 @@ def _array(view: memoryview, pos: int, end: int, base: int, index: int, key: str
         return [b == 1 for b in raw], pos + least
     values = []
     for j in range(count):
-        value, pos = _sized(view, pos, end, tag, base, (index, key, j))
+        value, pos = _scalar(view, pos, end, tag, base, (index, key, j))
         values.append(value)
     return values, pos
 
@@ -485,7 +469,6 @@ def _entries(view: memoryview, count: int, base: int) -> dict[str, MetadataValue
     end = len(view)
     pos = _U32.size
     u16, w16, w8 = _U16.unpack_from, _U16.size, _TAG
-    u32, w32 = _U32.unpack_from, _U32.size
     entries: dict[str, MetadataValue] = {}
     value: MetadataValue
     for index in range(count):
@@ -517,40 +500,10 @@ def _entries(view: memoryview, count: int, base: int) -> dict[str, MetadataValue
             _ends_inside("value tag", f"{_value(index, key)}_tag", stop, w8, end, base)
         tag = view[stop]
         pos = stop + w8
-        if tag == KV_BOOL:
-            if pos + _BOOL > end:
-                _ends_inside("bool", _value(index, key), pos, _BOOL, end, base)
-            byte = view[pos]
-            if byte > 1:
-                _bad_bool(byte, _value(index, key), base + pos)
-            value = byte == 1
-            pos += _BOOL
-        elif tag in _FIXED_SCALAR:
-            unpack, width = _FIXED_SCALAR[tag]
-            if pos + width > end:
-                _ends_inside(KV_TAG_NAMES[tag], _value(index, key), pos, width,
-                             end, base)  # fmt: skip
-            number = unpack(view, pos)[0]
-            value = UInt64(number) if tag == KV_UINT64 else number
-            pos += width
-        elif tag in (KV_STRING, KV_BYTES):
-            if pos + w32 > end:
-                _sized_fault(tag, (index, key, None), pos, end, base)
-            (length,) = u32(view, pos)
-            pos += w32
-            if pos + length > end:
-                _sized_fault(tag, (index, key, None), pos, end, base, length)
-            raw = view[pos : pos + length]
-            if tag == KV_BYTES:
-                value = bytes(raw)
-            else:
-                try:
-                    value = str(raw, "utf-8")
-                except UnicodeDecodeError as exc:
-                    _sized_fault(tag, (index, key, None), pos, end, base, exc=exc)
-            pos += length
-        elif tag == KV_ARRAY:
+        if tag == KV_ARRAY:
             value, pos = _array(view, pos, end, base, index, key)
+        elif tag in KV_LEAST_PAYLOAD:
+            value, pos = _scalar(view, pos, end, tag, base, (index, key, None))
         else:
             _bad_tag(tag, f"{_value(index, key)}_tag", base + stop, element=False)
         entries[key] = value

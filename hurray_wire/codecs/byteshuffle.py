@@ -98,18 +98,17 @@ def _numpy_unshuffle(s: U8Array, w: int, o: U8Array) -> None:
 class _Blosc2Kernels:
     """blosc2_shuffle / blosc2_unshuffle of one loaded library."""
 
+    shuffle: _Kernel
+    unshuffle: _Kernel
+
     def __init__(self, path: str) -> None:
         lib = ctypes.CDLL(path)
         self.path = path
-        self.shuffle: _Kernel = self._bind(lib, "blosc2_shuffle")
-        self.unshuffle: _Kernel = self._bind(lib, "blosc2_unshuffle")
-
-    @staticmethod
-    def _bind(lib: ctypes.CDLL, name: str) -> _Kernel:
-        fn = getattr(lib, name)  # AttributeError: a c-blosc2 older than these exports
-        fn.restype = ctypes.c_int32
-        fn.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
-        return fn  # type: ignore[no-any-return]
+        for name in ("shuffle", "unshuffle"):
+            kernel = getattr(lib, f"blosc2_{name}")  # AttributeError: an older c-blosc2
+            kernel.restype = ctypes.c_int32
+            kernel.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
+            setattr(self, name, kernel)
 
 
 def candidate_libraries() -> list[str]:

@@ -77,7 +77,26 @@ class Chunked(Codec):
         (``progress``: told of each finished prefix, under a lock, in order)."""
         chunk_size, bounds = _chunk_table(stored, raw_size)
         dst = output(out, raw_size)
-        _decode_chunks(stored, dst, param, threads, chunk_size, bounds, progress)
+        count = len(bounds) - 1
+        if count == 1:  # on the caller, without the pool's bookkeeping
+            _decode_chunk(stored, dst, param, 0, bounds[0], bounds[1], progress)
+            return dst
+        finished, lock, prefix = bytearray(count), threading.Lock(), [0]
+
+        def chunk(i: int) -> None:
+            piece = dst[i * chunk_size : (i + 1) * chunk_size]
+            _decode_chunk(stored, piece, param, i, int(bounds[i]), int(bounds[i + 1]))
+            if progress is not None:
+                with lock:  # the chunks finished in order so far, each reported once
+                    finished[i] = 1
+                    k = prefix[0]
+                    while k < count and finished[k]:
+                        k += 1
+                    if k > prefix[0]:
+                        prefix[0] = k
+                        progress(min(k * chunk_size, dst.size))
+
+        parallel.for_each(count, chunk, threads)
         return dst
 
 
@@ -151,33 +170,6 @@ def _chunk_table(src: U8Array, raw_size: int) -> tuple[int, Sequence[int]]:
             found=n,
         )
     return chunk_size, bounds
-
-
-def _decode_chunks(
-    src: U8Array, dst: U8Array, width: int, threads: int, chunk_size: int, bounds: Sequence[int],
-    progress: Progress | None = None,
-) -> None:  # fmt: skip
-    """Decode every chunk of a checked chunk table into its slice of ``dst``."""
-    count = len(bounds) - 1
-    if count == 1:  # on the caller, without the pool's bookkeeping
-        _decode_chunk(src, dst, width, 0, bounds[0], bounds[1], progress)
-        return
-    finished, lock, prefix = bytearray(count), threading.Lock(), [0]
-
-    def chunk(i: int) -> None:
-        piece = dst[i * chunk_size : (i + 1) * chunk_size]
-        _decode_chunk(src, piece, width, i, int(bounds[i]), int(bounds[i + 1]))
-        if progress is not None:
-            with lock:  # the chunks finished in order so far, each reported once
-                finished[i] = 1
-                k = prefix[0]
-                while k < count and finished[k]:
-                    k += 1
-                if k > prefix[0]:
-                    prefix[0] = k
-                    progress(min(k * chunk_size, dst.size))
-
-    parallel.for_each(count, chunk, threads)
 
 
 def _decode_chunk(
