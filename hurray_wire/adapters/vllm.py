@@ -537,21 +537,19 @@ def to_vllm(
     shape: tuple[int, ...]
     physical: tuple[int, ...]
     # vLLM's allocation for the backend and era: (logical shape, memory order of its axes)
-    if name == forms.CPU_BACKEND:
-        if era < forms.ERA_LAYER_VIEWS or single_role:
-            raise InvalidTensorError(
-                "CPU_ATTN is supported for vLLM >= 0.26 and a (key, value) pair",
-                field="tensor_or_pair",
-                found=vllm_version,
-            )
-        shape, physical = (blocks, heads, page_size, 2 * dim), (0, 1, 2, 3)
-    elif single_role:
+    if name == forms.CPU_BACKEND and (era < forms.ERA_LAYER_VIEWS or single_role):
+        raise InvalidTensorError(
+            "CPU_ATTN is supported for vLLM >= 0.26 and a (key, value) pair",
+            field="tensor_or_pair",
+            found=vllm_version,
+        )
+    if single_role:
         shape, physical = (blocks, page_size, heads, dim), order
     elif name in forms.MLA_BACKENDS:  # one head: [pages, page_size, 1, dim] reshapes freely
         early = era < forms.ERA_LAYER_VIEWS
         shape = (blocks, page_size, dim) if early else (blocks, 1, page_size, dim)
         physical = tuple(range(len(shape)))
-    elif era >= forms.ERA_LAYER_VIEWS:
+    elif era >= forms.ERA_LAYER_VIEWS:  # CPU_ATTN too: its one layout, LBHNC
         shape, physical = (blocks, heads, page_size, 2 * dim), forms.LAYOUTS[layout]
     else:  # the 2 roles before or after the blocks, then [block_size, H, D] in NHD or HND
         pair = (2, blocks) if forms.stacked_axis(name, era) == 0 else (blocks, 2)
