@@ -115,7 +115,20 @@ def _role_pools(
                 found=repr(kv_role),
             )
         chosen = forms.check_isa(isa)
-        _cpu_geometry(cache, chosen)
+        if cache.ndim != 4 or cache.shape[3] % 2:
+            raise _shape_error(
+                "a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache
+            )
+        _, _, block_size, width = cache.shape
+        forms.check_cpu_geometry(chosen, block_size, width // 2)
+        item = cache.dtype.itemsize  # the kernel's kv_cache.view(N, H, 2 * block_size, -1)
+        if cache.strides[3] != item or (block_size > 1 and cache.strides[2] != width * item):
+            raise InvalidTensorError(
+                "a CPU_ATTN cache keeps each (block, head) slab contiguous (kv_cache_layout "
+                "LBHNC, the one CPUAttentionBackend.supported_kv_cache_layouts allows)",
+                field="kv_cache",
+                found=f"strides {cache.strides}",
+            )
         return "cpu", list(zip(("key", "value"), forms.cpu_role_views(cache, chosen), strict=True))
     if backend in forms.MLA_BACKENDS:
         if kv_role not in (None, "fused"):
@@ -192,23 +205,6 @@ def _role_pools(
     raise _shape_error(
         "a vLLM cache is 4-D (one layer, or one role with kv_role) or 5-D (before 0.26)", cache
     )
-
-
-def _cpu_geometry(cache: Array, isa: str) -> tuple[int, int, int, int]:
-    """``(num_blocks, H, block_size, head_size)`` of a CPU_ATTN cache its kernel wrote."""
-    if cache.ndim != 4 or cache.shape[3] % 2:
-        raise _shape_error("a CPU_ATTN cache is [num_blocks, H, block_size, 2 * head_size]", cache)
-    num_blocks, heads, block_size, width = cache.shape
-    forms.check_cpu_geometry(isa, block_size, width // 2)
-    item = cache.dtype.itemsize  # the kernel's kv_cache.view(N, H, 2 * block_size, -1)
-    if cache.strides[3] != item or (block_size > 1 and cache.strides[2] != width * item):
-        raise InvalidTensorError(
-            "a CPU_ATTN cache keeps each (block, head) slab contiguous (kv_cache_layout "
-            "LBHNC, the one CPUAttentionBackend.supported_kv_cache_layouts allows)",
-            field="kv_cache",
-            found=f"strides {cache.strides}",
-        )
-    return num_blocks, heads, block_size, width // 2
 
 
 def _check_ids(ids: Array, num_blocks: int, name: str) -> None:
@@ -541,21 +537,19 @@ def to_vllm(
     shape: tuple[int, ...]
     physical: tuple[int, ...]
     # vLLM's allocation for the backend and era: (logical shape, memory order of its axes)
-    if name == forms.CPU_BACKEND:
-        if era < forms.ERA_LAYER_VIEWS or single_role:
-            raise InvalidTensorError(
-                "CPU_ATTN is supported for vLLM >= 0.26 and a (key, value) pair",
-                field="tensor_or_pair",
-                found=vllm_version,
-            )
-        shape, physical = (blocks, heads, page_size, 2 * dim), (0, 1, 2, 3)
-    elif single_role:
+    if name == forms.CPU_BACKEND and (era < forms.ERA_LAYER_VIEWS or single_role):
+        raise InvalidTensorError(
+            "CPU_ATTN is supported for vLLM >= 0.26 and a (key, value) pair",
+            field="tensor_or_pair",
+            found=vllm_version,
+        )
+    if single_role:
         shape, physical = (blocks, page_size, heads, dim), order
     elif name in forms.MLA_BACKENDS:  # one head: [pages, page_size, 1, dim] reshapes freely
         early = era < forms.ERA_LAYER_VIEWS
         shape = (blocks, page_size, dim) if early else (blocks, 1, page_size, dim)
         physical = tuple(range(len(shape)))
-    elif era >= forms.ERA_LAYER_VIEWS:
+    elif era >= forms.ERA_LAYER_VIEWS:  # CPU_ATTN too: its one layout, LBHNC
         shape, physical = (blocks, heads, page_size, 2 * dim), forms.LAYOUTS[layout]
     else:  # the 2 roles before or after the blocks, then [block_size, H, D] in NHD or HND
         pair = (2, blocks) if forms.stacked_axis(name, era) == 0 else (blocks, 2)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, ParamSpec
 
 import numpy as np
 
@@ -18,7 +18,6 @@ from hurray_wire.adapters._common import Array, from_table, last_page_tokens, re
 from hurray_wire.adapters.vllm import (
     Pair,
     _check_ids,
-    _cpu_geometry,
     _role_pools,
     _tensors,
     fp8_view,
@@ -29,6 +28,7 @@ from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = ["checked_write", "into_vllm"]
+P = ParamSpec("P")
 
 
 def _targets(
@@ -78,29 +78,6 @@ def _check_match(name: str, found: Any, expected: Any) -> None:
         )
 
 
-def into_vllm(
-    tensor_or_pair: BlockPagedTensor | Pair,
-    kv_cache: Any,
-    block_ids: Any,
-    *,
-    backend: Any = None,
-    vllm_version: str | None = None,
-    isa: str | None = None,
-    kv_cache_dtype: str | None = None,
-    k_scale: Any = None,
-    v_scale: Any = None,
-    block_size: int | None = None,
-) -> None:
-    """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load):
-    :func:`checked_write`'s arguments and checks, its write run at once (the signature is
-    written out so that a caller's keywords are type-checked)."""
-    checked_write(
-        tensor_or_pair, kv_cache, block_ids, backend=backend, vllm_version=vllm_version,
-        isa=isa, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
-        block_size=block_size,
-    )()  # fmt: skip
-
-
 def checked_write(
     tensor_or_pair: BlockPagedTensor | Pair,
     kv_cache: Any,
@@ -148,21 +125,28 @@ def checked_write(
             )
     pools = [t.unpacked_page_pool() for t in tensors]
     _check_match("dtype", str(pools[0].dtype), str(cache.dtype))
-    if name == forms.CPU_BACKEND:
-        chosen = forms.check_isa(isa)
-        blocks, heads, kernel_size, head_size = _cpu_geometry(cache, chosen)
-        _check_match("page shape", pools[0].shape[1:], (kernel_size, heads, head_size))
-        targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
-        slabs = forms.cpu_role_views(cache, chosen)
-        return partial(_write, list(slabs), [p.view(slabs[0].dtype) for p in pools], targets,
-                       sources, valid, kernel_size)  # fmt: skip
-    _, views = _role_pools(cache, name, era, None)
-    blocks = views[0][1].shape[0]
-    forms.check_kernel_block(name, views[0][1].shape[1], era)
-    _check_match("page shape", pools[0].shape[1:], views[0][1].shape[1:])
-    targets, sources, valid = _targets(tensors[0], block_ids, blocks, block_size)
-    return partial(_write, [view for _, view in views], pools, targets, sources, valid,
-                   pools[0].shape[1])  # fmt: skip
+    kind, views = _role_pools(cache, name, era, None, isa)
+    # CPU_ATTN's views are unsigned ints in its slab order: its page shape is the cache's
+    page = views[0][1].shape[1:]
+    if kind == "cpu":
+        page = (cache.shape[2], cache.shape[1], cache.shape[3] // 2)
+    forms.check_kernel_block(name, page[0], era)
+    _check_match("page shape", pools[0].shape[1:], page)
+    targets, sources, valid = _targets(tensors[0], block_ids, views[0][1].shape[0], block_size)
+    pools = [p.view(views[0][1].dtype) for p in pools]
+    return partial(_write, [v for _, v in views], pools, targets, sources, valid, page[0])
+
+
+def _run_now(checked: Callable[P, Callable[[], None]]) -> Callable[P, None]:
+    def into_vllm(*args: P.args, **kwargs: P.kwargs) -> None:
+        """Write the tensor's pages into an engine cache at vLLM block ids (a connector's
+        load): :func:`checked_write`'s arguments and checks, its write run at once."""
+        checked(*args, **kwargs)()
+
+    return into_vllm
+
+
+into_vllm = _run_now(checked_write)
 
 
 def _write(

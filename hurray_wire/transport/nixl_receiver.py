@@ -17,7 +17,7 @@ from hurray_wire.blob.envelope import pool_section
 from hurray_wire.blob.landing import InPlace, IntoArray, IntoPages
 from hurray_wire.blob.pipeline import plan_of, run
 from hurray_wire.codecs import CODEC_RAW
-from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError
+from hurray_wire.errors import ArgumentTypeError, HurrayWireError, TransportError, non_negative
 from hurray_wire.integrity import (
     EngineFingerprint,
     PageStore,
@@ -169,8 +169,7 @@ class NixlReceiver(_Endpoint):
     def receive(self, count: int, *, deadline: float = DEFAULT_DEADLINE) -> Iterator[Any]:
         """Yield ``count`` tensors in the order they land (each decoded and validated);
         TransportError naming the blob on any failure, or once ``deadline`` seconds pass."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ArgumentTypeError("count must be an int >= 0", found=repr(count))
+        non_negative(count, "count")
         until = _deadline(deadline)
         self._peer_name()
         if not self._in and not self._decoding:

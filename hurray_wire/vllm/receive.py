@@ -145,11 +145,28 @@ def _check_header(
     return theirs
 
 
-def _expect_geometry(tensor: BlockPagedTensor, theirs: EngineFingerprint, ask: _Ask) -> None:
-    """Pages of the dtype and head shape the fingerprint checked names, refused at pull
-    time (not later, at landing): ``[pages, block_size, heads of the sending rank,
-    head_dim]`` of ``theirs.cache_dtype`` (fp8 caches are stored as uint8)."""
+def _expect(
+    tensor: BlockPagedTensor, layer: int, role: str, theirs: EngineFingerprint, ask: _Ask
+) -> None:
+    """The next layer/role of this transfer, of the dtype and head shape the fingerprint
+    checked names, refused at pull time (not later, at landing): ``[pages, block_size, heads
+    of the sending rank, head_dim]`` of ``theirs.cache_dtype`` (fp8 caches stored as uint8)."""
     pool = tensor.page_pool
+    ok = (
+        tensor.layer_index == layer
+        and tensor.kv_role == role
+        and pool.shape[0] == ask.pages
+        and np.array_equal(tensor.block_table, np.arange(ask.pages))
+        and tensor.seq_lens is not None
+        and tensor.seq_lens.tolist() == [ask.tokens]
+    )
+    if not ok:
+        raise TransferRefusedError(
+            "a blob that is not the next layer/role of this transfer",
+            reason="stale_content",
+            layer=layer,
+            role=role,
+        )
     name = tensor.descriptor.element_type.name  # the wire's name (float8_e4m3, not e4m3fn)
     same = name == theirs.cache_dtype or (
         theirs.cache_dtype == "uint8" and name.startswith("float8")
@@ -163,30 +180,10 @@ def _expect_geometry(tensor: BlockPagedTensor, theirs: EngineFingerprint, ask: _
     if not same or not fits:
         raise TransferRefusedError(
             "pages of another dtype or head shape than the fingerprint checked",
-            reason="geometry", layer=tensor.layer_index, role=tensor.kv_role,
+            reason="geometry", layer=layer, role=role,
             expected=f"{theirs.cache_dtype} [pages, {', '.join(map(str, shape))}]",
             found=f"{name} {list(pool.shape)}",
         )  # fmt: skip
-
-
-def _expect_tensor(
-    tensor: BlockPagedTensor, layer: int, role: str, pages: int, tokens: int
-) -> None:
-    ok = (
-        tensor.layer_index == layer
-        and tensor.kv_role == role
-        and tensor.page_pool.shape[0] == pages
-        and np.array_equal(tensor.block_table, np.arange(pages))
-        and tensor.seq_lens is not None
-        and tensor.seq_lens.tolist() == [tokens]
-    )
-    if not ok:
-        raise TransferRefusedError(
-            "a blob that is not the next layer/role of this transfer",
-            reason="stale_content",
-            layer=layer,
-            role=role,
-        )
 
 
 Blobs = dict[tuple[int, str], BlockPagedTensor]
@@ -219,8 +216,7 @@ def _read_stream(
             tensor = next(reader, None)
             if tensor is None:
                 raise TransportError("the stream ended early", layer=layer, role=role)
-            _expect_tensor(tensor, layer, role, ask.pages, ask.tokens)
-            _expect_geometry(tensor, theirs, ask)
+            _expect(tensor, layer, role, theirs, ask)
             tensors[(layer, role)] = tensor
     if next(reader, None) is not None:
         raise TransportError("the stream carries more blobs than layers")
@@ -245,8 +241,7 @@ def _receive_nixl(receiver: Any, ask: _Ask) -> tuple[Blobs, EngineFingerprint, i
                 "a blob that is not one of this transfer's", reason="stale_content",
                 layer=layer, role=role,
             )  # fmt: skip
-        _expect_tensor(tensor, layer, role, ask.pages, ask.tokens)
-        _expect_geometry(tensor, checked, ask)
+        _expect(tensor, layer, role, checked, ask)
         # the receiver's landing region is reused by the next receive: keep a copy
         tensors[(layer, role)] = one_sequence(np.array(tensor.page_pool, copy=True), ask.tokens,
                                               kv_role=role, layer_index=layer)  # fmt: skip
@@ -379,7 +374,6 @@ def pull(
         held_pages = first_block if same and held is not None and first_block else 0
         first_page = first_block if same and held is None else 0
         sharded = params.tp_size != 1 or ours.tp_size != 1
-        checking = held is not None and first_block > 0
         if expect_digest is not None and expect_digest != params.prompt_digest:
             raise TransferRefusedError(
                 "the transfer carries another prompt's keys and values (a stale reference)",
@@ -431,7 +425,7 @@ def pull(
         # TP degree or batch shape) differs in its last bits from the prefill engine's, and for
         # an async load vLLM's recompute would free the blocks and hit the same cached block
         # again (v1/core/sched/scheduler.py, _update_waiting_for_remote_kv).
-        bad = held.first_mismatch(layers) if held is not None and checking else None
+        bad = held.first_mismatch(layers) if held is not None and first_block else None
         start = first_block if bad is None else bad
         if first_page == 0:
             layers = [tuple(p[start:] for p in roles) for roles in layers]
