@@ -259,7 +259,7 @@ def test_one_seal() -> None:
 
 def test_records_are_derived_once_in_wire() -> None:
     """A fixed record's fast struct (format, offsets, packing) is derived in wire/ only;
-    every other module imports it (``ws.FAST_END_FOOTER``, ``descriptor_layout.FIXED``)."""
+    every other module imports it (``ws.FAST_END_FOOTER``, ``wire.descriptor.FIXED``)."""
     calls = []
     for path in _modules():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

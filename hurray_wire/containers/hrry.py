@@ -39,7 +39,7 @@ from hurray_wire.model.descriptor_codec import (
     peek_descriptor_length,
 )
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
-from hurray_wire.wire import containers as wc, descriptor_layout as dl, records as wr
+from hurray_wire.wire import containers as wc, descriptor as wd, records as wr
 
 _T = TypeVar("_T")
 
@@ -439,7 +439,7 @@ class HrryFile(ClosesOnExit):
             "index descriptor_length differs from the descriptor's own",
             section=section,
             field="descriptor_length",
-            offset=offset + dl.AT["descriptor_length"],
+            offset=offset + wd.AT["descriptor_length"],
             expected=length,
             found=own,
         )
