@@ -220,11 +220,8 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     if type_tag not in w.PRIVATE_TYPE_TAGS:
         element_type = _built(dtypes.element_type_from_tag, (type_tag,), _FIXED_PLACES)
     elif not general:
-        raise _error(
-            "private extension element types are not supported for block-paged tensors",
-            "type_tag",
-            found=f"0x{type_tag:02X}",
-        )
+        message = "private extension element types are not supported for block-paged tensors"
+        raise _error(message, "type_tag", found=f"0x{type_tag:02X}")
     private_layout = 0xF0 <= layout_tag <= 0xFE
     name = f"private_0x{layout_tag:02X}" if private_layout else w.LAYOUT_NAMES.get(layout_tag)
     if name is None:
@@ -250,14 +247,10 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
         if rank > 64:
             raise _error("rank above 64", "rank", found=rank)
         prefix = _construct_parse(raw)
-        shape, byte_offset, pos = (
-            tuple(prefix.shape),
-            prefix.byte_offset,
-            prefix.buffer_table_offset,
-        )
-        fields = {}
-        if isinstance(prefix.layout, dict):
-            fields = {k: v for k, v in prefix.layout.items() if not k.startswith("_")}
+        shape, byte_offset = tuple(prefix.shape), prefix.byte_offset
+        pos = prefix.buffer_table_offset
+        payload = prefix.layout if isinstance(prefix.layout, dict) else {}
+        fields = {k: v for k, v in payload.items() if not k.startswith("_")}
     table = pos + w.COUNT_SIZE
     count = raw[_need(length, table, "buffer_count") - w.COUNT_SIZE]
     pos = _need(length, w.handle_at(count, table), f"{count} buffer handles")
@@ -281,11 +274,8 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     shard = None
     if flags & w.FLAG_HAS_SHARD:
         if not general:
-            raise _error(
-                "a block-paged tensor must not carry a shard section",
-                "flags",
-                found=f"0x{flags:08X}",
-            )
+            message = "a block-paged tensor must not carry a shard section"
+            raise _error(message, "flags", found=f"0x{flags:08X}")
         axes = w.shard_struct(rank)
         end = _need(length, pos + axes.size, "the shard section")
         values = axes.unpack_from(raw, pos)
@@ -319,11 +309,8 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
         _check_consts(w.MEMBER, values, pos, "composite_member.")
         pos = end
         if layout_tag == 0x0B:
-            raise _error(
-                "invalid composite member section",
-                "composite_member.member_role",
-                found=member,
-            )
+            message = "invalid composite member section"
+            raise _error(message, "composite_member.member_role", found=member)
     if pos != length and minor == 0:
         raise _error(
             "descriptor_length disagrees with the content at version 1.0",
@@ -353,12 +340,8 @@ def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, tuple[A
         raise _error("unknown kv_role", "kv_role", expected="0, 1 or 2", found=role_byte)
     index_type = _INDEX_TYPE_NAMES.get(index_byte)
     if index_type is None:
-        raise _error(
-            "unknown block_table_index_type",
-            "block_table_index_type",
-            expected="0 or 1",
-            found=index_byte,
-        )
+        message = "unknown block_table_index_type"
+        raise _error(message, "block_table_index_type", expected="0 or 1", found=index_byte)
     layer_index = None if layer == w.LAYER_NONE else layer
     fields = (page_size, num_pages, paged_axis, num_seqs, role, layer_index, index_type)
     return (shape0, shape1, shape2), byte_offset, fields, w.BUFFER_TABLE_AT - w.COUNT_SIZE
@@ -389,12 +372,8 @@ def _built(
 def _need(length: int, end: int, what: str) -> int:
     """``end`` if the descriptor is long enough to hold it, else the length error."""
     if end > length:
-        raise _error(
-            f"descriptor_length too small to hold {what}",
-            "descriptor_length",
-            expected=f">= {end}",
-            found=length,
-        )
+        message = f"descriptor_length too small to hold {what}"
+        raise _error(message, "descriptor_length", expected=f">= {end}", found=length)
     return end
 
 
@@ -412,12 +391,8 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
     qlen = w.U32.unpack_from(raw, pos)[0]
     end = _need(length, pos + w.QUANT_HEADER_AT + qlen, "the quantization section")
     if qlen < w.QHEADER.size:
-        raise _error(
-            f"quantization_length below the {w.QHEADER.size}-byte scheme header",
-            "quantization_length",
-            pos,
-            found=qlen,
-        )
+        message = f"quantization_length below the {w.QHEADER.size}-byte scheme header"
+        raise _error(message, "quantization_length", pos, found=qlen)
     scheme_tag, version, qflags = w.QHEADER.struct.unpack_from(raw, pos + w.QUANT_HEADER_AT)
     fast = w.SCHEME.get(scheme_tag)
     if fast is None:
@@ -430,13 +405,8 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
         )
     body = w.QHEADER.size + fast.size
     if qlen < body:
-        raise _error(
-            "quantization_length too small for the scheme",
-            "quantization_length",
-            pos,
-            expected=f">= {body}",
-            found=qlen,
-        )
+        message = "quantization_length too small for the scheme"
+        raise _error(message, "quantization_length", pos, expected=f">= {body}", found=qlen)
     values = fast.struct.unpack_from(raw, pos + w.QUANT_PAYLOAD_AT)
     _check_consts(fast, values, pos + w.QUANT_PAYLOAD_AT, "quantization.")
     fields = {n: v for n, v in zip(fast.names, values, strict=True) if not n.startswith("_")}
