@@ -104,8 +104,8 @@ if TYPE_CHECKING:
         DescriptorHeader as DescriptorHeader,
         decode_descriptor as decode_descriptor,
         decode_header as decode_header,
+        encode_descriptor as encode_descriptor,
     )
-    from hurray_wire.model.descriptor_encode import encode_descriptor as encode_descriptor
     from hurray_wire.model.layout import BlockPagedLayout as BlockPagedLayout
     from hurray_wire.model.quantization import (
         MXFP as MXFP,
@@ -158,8 +158,8 @@ _EXPORTS = {
     "hurray_wire.dtypes": "ElementType preload",
     "hurray_wire.fingerprint": "EngineFingerprint",
     "hurray_wire.model.descriptor": "BufferHandle Statistics TensorDescriptor",
-    "hurray_wire.model.descriptor_codec": "DescriptorHeader decode_descriptor decode_header",
-    "hurray_wire.model.descriptor_encode": "encode_descriptor",
+    "hurray_wire.model.descriptor_codec": "DescriptorHeader decode_descriptor decode_header"
+    " encode_descriptor",
     "hurray_wire.model.layout": "BlockPagedLayout",
     "hurray_wire.model.quantization": "MXFP NF4 PerBlockAffine PerChannelAffine"
     " PerTensorAffine Quantization",

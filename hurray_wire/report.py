@@ -27,8 +27,12 @@ from hurray_wire.model.descriptor import (
     TensorDescriptor,
     device_name,
 )
-from hurray_wire.model.descriptor_codec import DescriptorHeader, decode_descriptor, decode_header
-from hurray_wire.model.descriptor_encode import encode_descriptor
+from hurray_wire.model.descriptor_codec import (
+    DescriptorHeader,
+    decode_descriptor,
+    decode_header,
+    encode_descriptor,
+)
 from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor import BlockPagedTensor
 from hurray_wire.transforms.compact import prefix_sharing
@@ -38,7 +42,7 @@ from hurray_wire.wire import (
     records as wr,
     stream as ws,
 )
-from hurray_wire.wire.descriptor_layout import FIXED as _DESCRIPTOR, HANDLE as _HANDLE
+from hurray_wire.wire.descriptor import FIXED as _DESCRIPTOR, HANDLE as _HANDLE
 
 __all__ = [
     "Framing",

@@ -52,7 +52,6 @@ EXCEPTIONS = {
     ("model/packing.py", "<u4"): "3 bytes of packed 6-bit codes as one integer (bit arithmetic)",
     ("adapters/_common.py", "<u4"): "an engine array's dtype checked as given (input, not wire)",
     ("adapters/_common.py", "<i4"): "an engine array's dtype checked as given (input, not wire)",
-    ("tensor.py", "<f4"): "the default scale element type (float32) of a built quantization",
     ("model/packing.py", "4 * count"): "6-bit codes: 4 codes in 3 bytes (bit packing of "
     "elements, docs/spec § element types, not a record)",
     ("model/packing.py", "slice[3]"): "the same 4-codes-in-3-bytes packing",
@@ -259,7 +258,7 @@ def test_one_seal() -> None:
 
 def test_records_are_derived_once_in_wire() -> None:
     """A fixed record's fast struct (format, offsets, packing) is derived in wire/ only;
-    every other module imports it (``ws.FAST_END_FOOTER``, ``descriptor_layout.FIXED``)."""
+    every other module imports it (``ws.FAST_END_FOOTER``, ``wire.descriptor.FIXED``)."""
     calls = []
     for path in _modules():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

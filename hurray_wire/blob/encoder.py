@@ -43,7 +43,7 @@ from hurray_wire.integrity.digests import DigestArray, digest_array
 from hurray_wire.memo import BoundedMemo, weight
 from hurray_wire.metadata import encode_metadata
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.descriptor_encode import encode_descriptor
+from hurray_wire.model.descriptor_codec import encode_descriptor
 from hurray_wire.model.layout import check_indexes
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor
 from hurray_wire.wire import blob as w

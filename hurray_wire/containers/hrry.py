@@ -50,7 +50,7 @@ from hurray_wire.model.descriptor_codec import (
     peek_descriptor_length,
 )
 from hurray_wire.tensor import SEQ_LENS, BlockPagedTensor, assemble
-from hurray_wire.wire import containers as wc, descriptor_layout as dl, records as wr
+from hurray_wire.wire import containers as wc, descriptor as wd, records as wr
 
 _T = TypeVar("_T")
 
@@ -401,7 +401,7 @@ class HrryFile(ClosesOnExit):
             at = None if exc.offset is None else offset + exc.offset
             raise container_error(exc, section, at) from exc
         message = "index descriptor_length differs from the descriptor's own"
-        at = offset + dl.AT["descriptor_length"]
+        at = offset + wd.AT["descriptor_length"]
         raise _invalid(message, section, "descriptor_length", at, expected=length, found=own)
 
     def descriptor_header(self, name: str) -> DescriptorHeader:

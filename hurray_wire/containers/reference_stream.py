@@ -24,10 +24,13 @@ from hurray_wire.errors import (
     instance,
 )
 from hurray_wire.model.descriptor import TensorDescriptor
-from hurray_wire.model.descriptor_codec import decode_descriptor, peek_descriptor_length
-from hurray_wire.model.descriptor_encode import encode_descriptor
+from hurray_wire.model.descriptor_codec import (
+    decode_descriptor,
+    encode_descriptor,
+    peek_descriptor_length,
+)
 from hurray_wire.tensor import BlockPagedTensor, assemble
-from hurray_wire.wire import descriptor as wd, descriptor_layout as dl
+from hurray_wire.wire import descriptor as wd
 
 DEFAULT_MAX_DESCRIPTOR_BYTES = 16 << 20  # hurray-io DEFAULT_MAX_DESCRIPTOR_BYTES
 SEQ_LENS_KEY_PREFIX = "hurray.seq_lens."  # + tensor name: uint64 array, one per sequence
@@ -78,7 +81,7 @@ def container_error(exc: HurrayWireError, section: str, offset: int | None) -> H
 
 
 # A.2 step 2: magic, version and descriptor_length frame a record; flags is the next field.
-_PREFIX_LEN = dl.AT["flags"]
+_PREFIX_LEN = wd.AT["flags"]
 
 
 def write_stream(
@@ -146,7 +149,7 @@ def _records(
                 "descriptor_length above the limit",
                 section=where,
                 field="descriptor_length",
-                offset=start + dl.AT["descriptor_length"],
+                offset=start + wd.AT["descriptor_length"],
                 expected=f"<= {max_length}",
                 found=length,
             )
@@ -164,7 +167,7 @@ def _records(
                     "buffer byte_size above the limit",
                     section=where,
                     field=f"buffers[{index}].byte_size",
-                    offset=start + dl.handle_at(index) + dl.HANDLE.offsets["byte_size"],
+                    offset=start + wd.handle_at(index) + wd.HANDLE.offsets["byte_size"],
                     expected=f"<= {max_buffer}",
                     found=handle.byte_size,
                 )

@@ -23,15 +23,12 @@ from hurray_wire.model.quantization import (
     Quantization,
     parameter_fields,
 )
-from hurray_wire.wire import descriptor as w, descriptor_layout as dl
+from hurray_wire.wire import descriptor as w
 
 _ZERO_POINT_BYTES: int = w.ZERO_POINT_ITEM.sizeof()  # int32 (descriptor.md § 8)
 
-DEVICE_NAMES = dict(  # device tags 0x00-0x08, in tag order
-    enumerate(
-        ("cpu", "cuda", "rocm", "metal", "vulkan", "webgpu", "hexagon", "level_zero", "opencl")
-    )
-)
+_DEVICES = "cpu cuda rocm metal vulkan webgpu hexagon level_zero opencl"
+DEVICE_NAMES = dict(enumerate(_DEVICES.split()))  # device tags 0x00-0x08, in tag order
 SYNC_MODE_NAMES = {0: "producer_synced", 1: "event", 2: "consumer_stream"}
 MEMORY_CLASS_NAMES = {0: "standard", 1: "host_pinned", 2: "unified", 3: "peer"}
 BUFFER_NAMES = ("page_pool", "block_table", "seq_ptr")
@@ -359,14 +356,14 @@ class TensorDescriptor:
         return tuple(widths[i] for i in range(len(self.buffers)))
 
     def _encoded_length(self) -> int:
-        length = dl.handle_at(len(self.buffers)) + len(self.unknown_trailing)
+        length = w.handle_at(len(self.buffers)) + len(self.unknown_trailing)
         if self.quantization is not None:
-            payload = dl.SCHEME[self.quantization.scheme_tag].size
-            length += dl.QUANT_PAYLOAD_AT + payload + len(self.quantization_padding)
+            payload = w.SCHEME[self.quantization.scheme_tag].size
+            length += w.QUANT_PAYLOAD_AT + payload + len(self.quantization_padding)
         if self.statistics is not None:
-            length += dl.STATS.size
+            length += w.STATS.size
         if self.composite_member is not None:
-            length += dl.MEMBER.size
+            length += w.MEMBER.size
         return length
 
     @classmethod

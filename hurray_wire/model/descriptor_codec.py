@@ -1,5 +1,6 @@
 """encode_descriptor / decode_descriptor: TensorDescriptor <-> the reference's exact bytes.
 
+The encoder packs the derived structs (Const fields fill themselves in: ``FastStruct.pack``).
 One decoder (``_read``): ``struct.Struct`` formats derived from ``hurray_wire.wire.descriptor``,
 every MUST-reject rule of descriptor.md § 11 checked here or in the model constructors;
 ``decode_header`` reads any layout (for ``dump``), its payload through construct.
@@ -23,6 +24,7 @@ from hurray_wire.errors import (
     InvalidDescriptorError,
     UnsupportedLayoutError,
     cut_inside,
+    instance,
 )
 from hurray_wire.model.descriptor import (
     BufferHandle,
@@ -41,19 +43,21 @@ from hurray_wire.model.quantization import (
     PerTensorAffine,
     Quantization,
 )
-from hurray_wire.wire import descriptor as w, descriptor_layout as dl
+from hurray_wire.wire import descriptor as w
 
 _T = TypeVar("_T")
 Places = Callable[[], Mapping[str, int]]  # field -> byte offset, computed only for an error
-_HEADER_LEN = dl.HEADER.size  # 20
-_PREFIX_LEN = dl.AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
+_HEADER_LEN = w.HEADER.size  # 20
+_PREFIX_LEN = w.AT["flags"]  # magic, version and descriptor_length: what frames a descriptor
 _STATS_VALUES, _HANDLE_VALUES = (
     itemgetter(*(i for i in range(len(f.names)) if i not in dict(f.consts)))
-    for f in (dl.STATS, dl.HANDLE)
+    for f in (w.STATS, w.HANDLE)
 )  # a struct's values that are not reserved bytes
-_FIXED_PLACES: Places = partial(dict, dl.AT)
+_FIXED_PLACES: Places = partial(dict, w.AT)
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
-_SCHEMES = {s.scheme_tag: s for s in (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)}
+_SCHEMES: dict[int, Callable[..., Quantization]] = {
+    s.scheme_tag: s for s in (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)
+}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 
 
@@ -61,7 +65,7 @@ def _error(
     message: str, field: str | None, offset: int | None = None, **kw: Any
 ) -> InvalidDescriptorError:
     """The error naming ``field``, at ``offset`` (by default: where the fixed field sits)."""
-    offset = dl.AT.get(field or "") if offset is None else offset
+    offset = w.AT.get(field or "") if offset is None else offset
     return InvalidDescriptorError(message, section="descriptor", field=field, offset=offset, **kw)
 
 
@@ -81,10 +85,10 @@ def peek_descriptor_length(data: Any) -> int:
             expected=f"at least {_PREFIX_LEN} bytes",
             found=len(view),
         )
-    major = view[dl.AT["version_major"]]
+    major = view[w.AT["version_major"]]
     if major != 1:
         raise _error("unsupported major version", "version_major", expected=1, found=major)
-    length: int = dl.U32.unpack_from(view, dl.AT["descriptor_length"])[0]
+    length: int = w.U32.unpack_from(view, w.AT["descriptor_length"])[0]
     if length < _HEADER_LEN:
         message = f"descriptor_length below the {_HEADER_LEN}-byte header"
         raise _error(message, "descriptor_length", found=length)
@@ -107,6 +111,60 @@ def _descriptor_bytes(data: Any) -> bytes:
     return bytes(view[:length])
 
 
+def encode_descriptor(descriptor: TensorDescriptor) -> bytes:
+    """The exact bytes the reference writes for ``descriptor`` (always valid: see model)."""
+    instance(descriptor, TensorDescriptor, "descriptor")
+    layout = descriptor.layout
+    major, minor = descriptor.version
+    parts = [
+        w.FIXED.pack(
+            major,
+            minor,
+            descriptor.descriptor_length,
+            descriptor.flags,
+            descriptor.element_type.tag,
+            0x0A,
+            3,
+            *descriptor.shape,
+            0,
+            layout.page_size,
+            layout.num_pages,
+            0,
+            layout.num_seqs,
+            w.KV_ROLES[layout.kv_role],
+            w.LAYER_NONE if layout.layer_index is None else layout.layer_index,
+            w.INDEX_TYPES[layout.block_table_index_type],
+            len(descriptor.buffers),
+        ),
+    ]
+    for h in descriptor.buffers:
+        parts.append(
+            w.HANDLE.pack(h.byte_size, h.alignment, h.device_tag, h.sync_mode, h.memory_class)
+        )
+    if descriptor.quantization is not None:
+        body = _encode_quantization(descriptor.quantization) + descriptor.quantization_padding
+        parts += [w.U32.pack(len(body)), body]
+    if descriptor.statistics is not None:
+        parts.append(w.STATS.pack(*vars(descriptor.statistics).values()))  # in field order
+    if descriptor.composite_member is not None:
+        parts.append(w.MEMBER.pack(descriptor.composite_member))
+    parts.append(descriptor.unknown_trailing)
+    return b"".join(parts)
+
+
+def _encode_quantization(q: Quantization) -> bytes:
+    head = w.QHEADER.struct.pack(q.scheme_tag, q.scheme_version, q.flags)
+    fast = w.SCHEME[q.scheme_tag]
+    if isinstance(q, PerTensorAffine):
+        return head + fast.pack(q.scale, q.zero_point)
+    if isinstance(q, (PerChannelAffine, PerBlockAffine)):
+        zp = NO_BUFFER if q.zero_point_buffer_index is None else q.zero_point_buffer_index
+        if isinstance(q, PerChannelAffine):
+            return head + fast.pack(q.axis, q.scale_buffer_index, zp, dtypes.float32.tag)
+        return head + fast.pack(q.axis, q.block_size, q.scale_buffer_index, zp, q.scale_type.tag)
+    return head + fast.struct.pack(q.axis, q.block_size, q.scale_buffer_index)
+
+
 def decode_descriptor(data: Any) -> TensorDescriptor:
     """Decode the block-paged descriptor at the start of ``data`` (exactly its
     ``descriptor_length`` bytes); another layout raises ``UnsupportedLayoutError``."""
@@ -115,11 +173,11 @@ def decode_descriptor(data: Any) -> TensorDescriptor:
      _, member, trailing) = values  # fmt: skip
 
     def places() -> dict[str, int]:  # the fixed layout and the sections read
-        found = dict(dl.AT)
-        found.update({model: dl.AT[wire] for model, wire in dl.WIRE_NAMES.items() if wire in found})
-        found.update(dl.handle_places(dl.BUFFER_TABLE_AT, len(handles)))
+        found = dict(w.AT)
+        found.update({model: w.AT[wire] for model, wire in w.WIRE_NAMES.items() if wire in found})
+        found.update(w.handle_places(w.BUFFER_TABLE_AT, len(handles)))
         if quant is not None:
-            found.update(dl.quant_places(quant_at, quant.scheme_tag), quantization=quant_at)
+            found.update(w.quant_places(quant_at, quant.scheme_tag), quantization=quant_at)
         return found
 
     layout = _built(BlockPagedLayout, fields, places)
@@ -151,7 +209,7 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     any other layout's payload through construct), then the shared sections; returns the
     ``DescriptorHeader``'s fields, the quantization's writer padding and offset."""
     length = len(raw)
-    _, major, minor, _, flags, type_tag, layout_tag, rank = dl.HEADER.struct.unpack_from(raw, 0)
+    _, major, minor, _, flags, type_tag, layout_tag, rank = w.HEADER.struct.unpack_from(raw, 0)
     if flags & ~w.FLAGS_KNOWN:
         raise _error("reserved flag bits set", "flags", found=f"0x{flags:08X}")
     if bool(flags & w.FLAG_HAS_EXTENSION_TYPE) != (type_tag in w.PRIVATE_TYPE_TAGS):
@@ -164,11 +222,8 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     if type_tag not in w.PRIVATE_TYPE_TAGS:
         element_type = _built(dtypes.element_type_from_tag, (type_tag,), _FIXED_PLACES)
     elif not general:
-        raise _error(
-            "private extension element types are not supported for block-paged tensors",
-            "type_tag",
-            found=f"0x{type_tag:02X}",
-        )
+        message = "private extension element types are not supported for block-paged tensors"
+        raise _error(message, "type_tag", found=f"0x{type_tag:02X}")
     private_layout = 0xF0 <= layout_tag <= 0xFE
     name = f"private_0x{layout_tag:02X}" if private_layout else w.LAYOUT_NAMES.get(layout_tag)
     if name is None:
@@ -185,7 +240,7 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
                 layout_name=name,
                 section="descriptor",
                 field="layout_tag",
-                offset=dl.AT["layout_tag"],
+                offset=w.AT["layout_tag"],
             )
         if rank != 3:
             raise _error("block-paged tensors have rank 3", "rank", expected=3, found=rank)
@@ -194,19 +249,15 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
         if rank > 64:
             raise _error("rank above 64", "rank", found=rank)
         prefix = _construct_parse(raw)
-        shape, byte_offset, pos = (
-            tuple(prefix.shape),
-            prefix.byte_offset,
-            prefix.buffer_table_offset,
-        )
-        fields = {}
-        if isinstance(prefix.layout, dict):
-            fields = {k: v for k, v in prefix.layout.items() if not k.startswith("_")}
-    table = pos + dl.COUNT_SIZE
-    count = raw[_need(length, table, "buffer_count") - dl.COUNT_SIZE]
-    pos = _need(length, dl.handle_at(count, table), f"{count} buffer handles")
-    places = partial(dl.handle_places, table, count)
-    handles = tuple(_handle(raw, dl.handle_at(i, table), i, places) for i in range(count))
+        shape, byte_offset = tuple(prefix.shape), prefix.byte_offset
+        pos = prefix.buffer_table_offset
+        payload = prefix.layout if isinstance(prefix.layout, dict) else {}
+        fields = {k: v for k, v in payload.items() if not k.startswith("_")}
+    table = pos + w.COUNT_SIZE
+    count = raw[_need(length, table, "buffer_count") - w.COUNT_SIZE]
+    pos = _need(length, w.handle_at(count, table), f"{count} buffer handles")
+    places = partial(w.handle_places, table, count)
+    handles = tuple(_handle(raw, w.handle_at(i, table), i, places) for i in range(count))
     if general:  # the model's one-device rule, located in the table
         _built(check_colocation, (handles,), places)
     quant: Quantization | None = None
@@ -225,49 +276,43 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
     shard = None
     if flags & w.FLAG_HAS_SHARD:
         if not general:
-            raise _error(
-                "a block-paged tensor must not carry a shard section",
-                "flags",
-                found=f"0x{flags:08X}",
-            )
-        axes = dl.shard_struct(rank)
+            message = "a block-paged tensor must not carry a shard section"
+            raise _error(message, "flags", found=f"0x{flags:08X}")
+        axes = w.shard_struct(rank)
         end = _need(length, pos + axes.size, "the shard section")
         values = axes.unpack_from(raw, pos)
         shard, pos = (values[:rank], values[rank:]), end
     statistics = None
     if flags & w.FLAG_HAS_STATISTICS:
-        end = _need(length, pos + dl.STATS.size, "the statistics section")
-        values = dl.STATS.struct.unpack_from(raw, pos)
-        _check_consts(dl.STATS, values, pos, "statistics.")
+        end = _need(length, pos + w.STATS.size, "the statistics section")
+        values = w.STATS.struct.unpack_from(raw, pos)
+        _check_consts(w.STATS, values, pos, "statistics.")
         statistics = _built(
             Statistics,
             _STATS_VALUES(values),
-            lambda: {f"statistics.{name}": pos + at for name, at in dl.STATS.offsets.items()},
+            lambda: {f"statistics.{name}": pos + at for name, at in w.STATS.offsets.items()},
         )
         pos = end
     extension = None
     if flags & w.FLAG_HAS_EXTENSION_TYPE:
-        end = _need(length, pos + dl.EXTENSION.size, "the extension type section")
-        values = dl.EXTENSION.struct.unpack_from(raw, pos)
-        _check_consts(dl.EXTENSION, values, pos, "extension_type.")
-        consts = dict(dl.EXTENSION.consts)
-        extension = {n: values[i] for i, n in enumerate(dl.EXTENSION.names) if i not in consts}
+        end = _need(length, pos + w.EXTENSION.size, "the extension type section")
+        values = w.EXTENSION.struct.unpack_from(raw, pos)
+        _check_consts(w.EXTENSION, values, pos, "extension_type.")
+        consts = dict(w.EXTENSION.consts)
+        extension = {n: values[i] for i, n in enumerate(w.EXTENSION.names) if i not in consts}
         pos = end
     member = None
     if flags & w.FLAG_HAS_COMPOSITE_MEMBER:
-        end = _need(length, pos + dl.MEMBER.size, "the composite-member section")
-        values = dl.MEMBER.struct.unpack_from(raw, pos)
+        end = _need(length, pos + w.MEMBER.size, "the composite-member section")
+        values = w.MEMBER.struct.unpack_from(raw, pos)
         member = values[0]
         if member > 1:
             raise _error("unknown member_role", "composite_member.member_role", pos, found=member)
-        _check_consts(dl.MEMBER, values, pos, "composite_member.")
+        _check_consts(w.MEMBER, values, pos, "composite_member.")
         pos = end
         if layout_tag == 0x0B:
-            raise _error(
-                "invalid composite member section",
-                "composite_member.member_role",
-                found=member,
-            )
+            message = "invalid composite member section"
+            raise _error(message, "composite_member.member_role", found=member)
     if pos != length and minor == 0:
         raise _error(
             "descriptor_length disagrees with the content at version 1.0",
@@ -285,27 +330,23 @@ def _read(raw: bytes, general: bool) -> tuple[tuple[Any, ...], bytes, int]:
 def _block_paged(raw: bytes, length: int) -> tuple[tuple[int, ...], int, tuple[Any, ...], int]:
     """The fixed part of a rank-3 block-paged descriptor: shape, byte_offset, the layout's
     arguments (to ``BlockPagedLayout``) and where the buffer table starts."""
-    _need(length, dl.BUFFER_TABLE_AT, "the block-paged payload and buffer_count")
-    fixed = dl.FIXED.struct.unpack_from(raw, 0)
+    _need(length, w.BUFFER_TABLE_AT, "the block-paged payload and buffer_count")
+    fixed = w.FIXED.struct.unpack_from(raw, 0)
     (*_, shape0, shape1, shape2, byte_offset, page_size, num_pages, paged_axis, num_seqs,
      role_byte, layer, index_byte, _, _) = fixed  # fmt: skip
     if byte_offset != 0:
         raise _error("byte_offset must be 0 for block-paged", "byte_offset", found=byte_offset)
-    _check_consts(dl.FIXED, fixed, 0, "")
+    _check_consts(w.FIXED, fixed, 0, "")
     role = w.KV_ROLE_BY_CODE.get(role_byte)
     if role is None:
         raise _error("unknown kv_role", "kv_role", expected="0, 1 or 2", found=role_byte)
     index_type = _INDEX_TYPE_NAMES.get(index_byte)
     if index_type is None:
-        raise _error(
-            "unknown block_table_index_type",
-            "block_table_index_type",
-            expected="0 or 1",
-            found=index_byte,
-        )
+        message = "unknown block_table_index_type"
+        raise _error(message, "block_table_index_type", expected="0 or 1", found=index_byte)
     layer_index = None if layer == w.LAYER_NONE else layer
     fields = (page_size, num_pages, paged_axis, num_seqs, role, layer_index, index_type)
-    return (shape0, shape1, shape2), byte_offset, fields, dl.BUFFER_TABLE_AT - dl.COUNT_SIZE
+    return (shape0, shape1, shape2), byte_offset, fields, w.BUFFER_TABLE_AT - w.COUNT_SIZE
 
 
 def _built(
@@ -333,78 +374,56 @@ def _built(
 def _need(length: int, end: int, what: str) -> int:
     """``end`` if the descriptor is long enough to hold it, else the length error."""
     if end > length:
-        raise _error(
-            f"descriptor_length too small to hold {what}",
-            "descriptor_length",
-            expected=f">= {end}",
-            found=length,
-        )
+        message = f"descriptor_length too small to hold {what}"
+        raise _error(message, "descriptor_length", expected=f">= {end}", found=length)
     return end
 
 
 def _handle(raw: bytes, offset: int, index: int, places: Places) -> BufferHandle:
     """Buffer handle ``index`` at ``offset``."""
-    values = dl.HANDLE.struct.unpack_from(raw, offset)
+    values = w.HANDLE.struct.unpack_from(raw, offset)
     prefix = f"buffers[{index}]."
-    _check_consts(dl.HANDLE, values, offset, prefix)
+    _check_consts(w.HANDLE, values, offset, prefix)
     return _built(BufferHandle, _HANDLE_VALUES(values), places, prefix)
 
 
 def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, bytes, int]:
     """Parse the quantization section at ``pos``: (scheme, writer padding, end)."""
-    _need(length, pos + dl.QUANT_HEADER_AT, "quantization_length")
-    qlen = dl.U32.unpack_from(raw, pos)[0]
-    end = _need(length, pos + dl.QUANT_HEADER_AT + qlen, "the quantization section")
-    if qlen < dl.QHEADER.size:
-        raise _error(
-            f"quantization_length below the {dl.QHEADER.size}-byte scheme header",
-            "quantization_length",
-            pos,
-            found=qlen,
-        )
-    scheme_tag, version, qflags = dl.QHEADER.struct.unpack_from(raw, pos + dl.QUANT_HEADER_AT)
-    fast = dl.SCHEME.get(scheme_tag)
+    _need(length, pos + w.QUANT_HEADER_AT, "quantization_length")
+    qlen = w.U32.unpack_from(raw, pos)[0]
+    end = _need(length, pos + w.QUANT_HEADER_AT + qlen, "the quantization section")
+    if qlen < w.QHEADER.size:
+        message = f"quantization_length below the {w.QHEADER.size}-byte scheme header"
+        raise _error(message, "quantization_length", pos, found=qlen)
+    scheme_tag, version, qflags = w.QHEADER.struct.unpack_from(raw, pos + w.QUANT_HEADER_AT)
+    fast = w.SCHEME.get(scheme_tag)
     if fast is None:
         kind = "unassigned" if scheme_tag < 0x60 else "reserved" if scheme_tag < 0xF0 else "private"
         raise _error(
             f"{'invalid' if scheme_tag in (0x00, 0xFF) else kind} quantization scheme tag",
             "quantization.scheme_tag",
-            pos + dl.QUANT_HEADER_AT,
+            pos + w.QUANT_HEADER_AT,
             found=f"0x{scheme_tag:02X}",
         )
-    body = dl.QHEADER.size + fast.size
+    body = w.QHEADER.size + fast.size
     if qlen < body:
-        raise _error(
-            "quantization_length too small for the scheme",
-            "quantization_length",
-            pos,
-            expected=f">= {body}",
-            found=qlen,
-        )
-    values = fast.struct.unpack_from(raw, pos + dl.QUANT_PAYLOAD_AT)
-    _check_consts(fast, values, pos + dl.QUANT_PAYLOAD_AT, "quantization.")
+        message = "quantization_length too small for the scheme"
+        raise _error(message, "quantization_length", pos, expected=f">= {body}", found=qlen)
+    values = fast.struct.unpack_from(raw, pos + w.QUANT_PAYLOAD_AT)
+    _check_consts(fast, values, pos + w.QUANT_PAYLOAD_AT, "quantization.")
     fields = {n: v for n, v in zip(fast.names, values, strict=True) if not n.startswith("_")}
-    places = partial(dl.quant_places, pos, scheme_tag)
-    args = (scheme_tag, version, qflags, fields, places)
-    quant = _built(_build_quantization, args, places, "quantization.", pos)
-    return quant, raw[pos + dl.QUANT_HEADER_AT + body : end], end
-
-
-def _build_quantization(
-    scheme_tag: int, version: int, qflags: int, fields: dict[str, Any], at: Places
-) -> Quantization:
-    """The scheme of a payload's ``fields``: the flag and scale-type rules the wire adds."""
-    allowed = SYMMETRIC if scheme_tag in (0x02, 0x03) else 0
+    places = partial(w.quant_places, pos, scheme_tag)
+    allowed = SYMMETRIC if scheme_tag in (0x02, 0x03) else 0  # the rules the wire adds
     if qflags & ~allowed:
         message = "unknown quantization flag bits"
-        raise _error(message, "quantization.flags", at()["flags"], found=f"0x{qflags:04X}")
+        raise _error(message, "quantization.flags", places()["flags"], found=f"0x{qflags:04X}")
     zp = fields.get("zero_point_buffer_index")
     if zp is not None:
         if bool(qflags & SYMMETRIC) != (zp == NO_BUFFER):
             raise _error(
                 "SYMMETRIC flag must be set exactly when zero_point_buffer_index is 0xFFFFFFFF",
                 "quantization.flags",
-                at()["flags"],
+                places()["flags"],
                 found=f"flags 0x{qflags:04X}, zero_point_buffer_index {zp}",
             )
         fields["zero_point_buffer_index"] = None if zp == NO_BUFFER else zp
@@ -418,12 +437,14 @@ def _build_quantization(
                 if per_channel
                 else "per-block scale type must be 0x01, 0x02 or 0x03",
                 "quantization.scale_type_tag",
-                at()["scale_type_tag"],
+                places()["scale_type_tag"],
                 found=scale_tag,
             )
         if not per_channel:
             fields["scale_type"] = scale_type
-    return _SCHEMES[scheme_tag](**fields, scheme_version=version)
+    scheme = partial(_SCHEMES[scheme_tag], **fields, scheme_version=version)
+    quant = _built(scheme, (), places, "quantization.", pos)
+    return quant, raw[pos + w.QUANT_HEADER_AT + body : end], end
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,17 @@
 """construct structs of the Hurray Tensor Descriptor (descriptor.md §§ 1-9): bytes only, as
 strict as construct can be (``Const``, ``Mapping``, ``default=Error``), rules in the model.
-The decoder reads formats derived from them (``descriptor_layout.py``), construct only for
-another layout's payload (``LAYOUT_PREFIX``); ``DESCRIPTOR`` is the whole, for tests."""
+The codec reads and writes the ``struct.Struct`` formats derived from them at the end of this
+module, construct only for another layout's payload (``LAYOUT_PREFIX``); ``DESCRIPTOR`` is the
+whole, for tests."""
 
 from __future__ import annotations
 
+from struct import Struct
 from typing import Any
 
 import construct as c
+
+from hurray_wire.wire.fast import array_struct, derive, item_struct
 
 MAGIC = b"HRRY"
 LAYER_NONE = 0xFFFFFFFF  # layer_index sentinel: "not layer-scoped"
@@ -29,20 +33,8 @@ INDEX_TYPES = {"uint32": 0, "uint64": 1}
 #: The element of block_table / seq_ptr for each index type.
 INDEX_ITEMS = {"uint32": c.Int32ul, "uint64": c.Int64ul}
 
-LAYOUT_NAMES = {
-    0x01: "row_major",
-    0x02: "column_major",
-    0x03: "strided",
-    0x04: "tiled",
-    0x05: "morton",
-    0x06: "coo",
-    0x07: "csr",
-    0x08: "csc",
-    0x09: "csf",
-    0x0A: "block_paged",
-    0x0B: "composite_head",
-    0x40: "hilbert",
-}
+_LAYOUTS = "row_major column_major strided tiled morton coo csr csc csf block_paged composite_head"
+LAYOUT_NAMES = {**dict(enumerate(_LAYOUTS.split(), 1)), 0x40: "hilbert"}  # tags 0x01-0x0B, 0x40
 
 
 class _LayerIndex(c.Adapter):  # type: ignore[misc]
@@ -282,3 +274,58 @@ DESCRIPTOR = c.Struct(
 
 # One zero point of an affine quantization's zero-point buffer (per channel or per page slot).
 ZERO_POINT_ITEM = c.Int32sl
+
+# The derived formats (wire/fast.py): what the descriptor codec reads and writes, with every
+# field's offset.
+HEADER = derive(FIXED_HEADER)
+FIXED = derive(BLOCK_PAGED_FIXED)  # header .. buffer_count of a rank-3 block-paged descriptor
+HANDLE = derive(BUFFER_HANDLE)
+QHEADER = derive(QUANT_HEADER)
+SCHEME = {tag: derive(defn) for tag, defn in SCHEME_PAYLOADS.items()}
+STATS = derive(STATISTICS)
+EXTENSION = derive(EXTENSION_TYPE)
+MEMBER = derive(COMPOSITE_MEMBER)
+U32 = item_struct(QUANT_LENGTH)  # quantization_length
+
+AT = FIXED.offsets  # byte offset of every fixed field, e.g. AT["flags"] == 10
+BUFFER_TABLE_AT = FIXED.size  # 85: the buffer handles of a rank-3 descriptor start here
+COUNT_SIZE = item_struct(BUFFER_COUNT).size  # the u8 buffer_count before the handles
+assert FIXED.size - AT["buffer_count"] == COUNT_SIZE
+QUANT_HEADER_AT = U32.size  # a quantization section's scheme header follows its length
+QUANT_PAYLOAD_AT = U32.size + QHEADER.size  # and its payload follows the header
+#: Model field names that differ from the wire's.
+WIRE_NAMES = {"element_type": "type_tag", "scale_type": "scale_type_tag"}
+
+
+def handle_at(index: int, table: int = BUFFER_TABLE_AT) -> int:
+    """Byte offset of buffer handle ``index`` in a table whose handles start at ``table``."""
+    return table + HANDLE.size * index
+
+
+def handle_places(table: int, count: int) -> dict[str, int]:
+    """Byte offset of every handle field of a buffer table whose handles start at ``table``."""
+    places = {}
+    for index in range(count):
+        start = handle_at(index, table)
+        places[f"buffers[{index}]"] = start
+        places.update({f"buffers[{index}].{n}": start + at for n, at in HANDLE.offsets.items()})
+    return places
+
+
+def quant_places(pos: int, scheme_tag: int) -> dict[str, int]:
+    """Byte offset of every field of a quantization section at ``pos``, by wire and model
+    name (``scale_type`` is ``scale_type_tag``), bare and with the ``quantization.`` prefix."""
+    places = {"quantization_length": pos}
+    places.update({n: pos + QUANT_HEADER_AT + at for n, at in QHEADER.offsets.items()})
+    scheme = SCHEME.get(scheme_tag)
+    if scheme is not None:
+        places.update({n: pos + QUANT_PAYLOAD_AT + at for n, at in scheme.offsets.items()})
+    places.update({m: places[w] for m, w in WIRE_NAMES.items() if w in places})
+    places.update({f"quantization.{n}": at for n, at in list(places.items())})
+    return places
+
+
+def shard_struct(rank: int) -> Struct:
+    """The shard section of a rank-``rank`` descriptor: parent_shape, then shard_offset."""
+    item = SHARD.parent_shape.subcon.subcon
+    return array_struct(item, len(SHARD.subcons) * rank)
