@@ -5,6 +5,7 @@ runs § B.8 steps 1-5, ``parse_*``; a tensor's step 6 runs only when it is asked
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -185,52 +186,32 @@ def parse_trailer(buf: Any, size: int, header: FileHeader) -> FileTrailer:
     fields = _TRAILER.read_head(buf, _TRAILER_FIXED, at=at)
     names = ("index_offset", "index_length", "kv_offset", "kv_length", "index_crc32c")
     index_offset, index_length, kv_offset, kv_length, crc = map(fields.__getitem__, names)
+    refuse = functools.partial(_TRAILER.error, base=at)  # naming a trailer field
+    index = f"offset {index_offset}, length {index_length}"
+    kv = f"offset {kv_offset}, length {kv_length}"
     if (
         index_offset < wc.HEADER_SIZE
         or index_length < COUNT.size
         or index_offset + index_length > at
     ):
-        raise _TRAILER.error(
-            "index_offset",
-            "index outside the file body",
-            base=at,
-            expected=f"{wc.HEADER_SIZE} <= index_offset, {COUNT.size} <= index_length, end <= {at}",
-            found=f"offset {index_offset}, length {index_length}",
-        )
+        bounds = f"{wc.HEADER_SIZE} <= index_offset, {COUNT.size} <= index_length, end <= {at}"
+        raise refuse("index_offset", "index outside the file body", expected=bounds, found=index)
     has_kv = header.has_kv_metadata_flag
     if (kv_offset == 0) != (kv_length == 0) or (has_kv and kv_length == 0):
-        raise _TRAILER.error(
-            "kv_offset",
-            "kv_offset and kv_length must both be 0 (no KV section) or both be set"
-            + (", and HAS_KV_METADATA needs a section" if has_kv else ""),
-            base=at,
-            found=f"offset {kv_offset}, length {kv_length}",
-        )
+        message = "kv_offset and kv_length must both be 0 (no KV section) or both be set"
+        message += ", and HAS_KV_METADATA needs a section" if has_kv else ""
+        raise refuse("kv_offset", message, found=kv)
     if kv_length and (kv_offset < wc.HEADER_SIZE or kv_offset + kv_length > at):
-        raise _TRAILER.error(
-            "kv_offset",
-            "KV section outside the file body",
-            base=at,
-            expected=f"{wc.HEADER_SIZE} <= kv_offset, end <= {at}",
-            found=f"offset {kv_offset}, length {kv_length}",
-        )
+        bounds = f"{wc.HEADER_SIZE} <= kv_offset, end <= {at}"
+        raise refuse("kv_offset", "KV section outside the file body", expected=bounds, found=kv)
     if header.has_index_crc32c:
         computed = crc32c(np.frombuffer(buf, np.uint8, index_length, index_offset))
         if computed != crc:
-            raise _TRAILER.error(
-                "index_crc32c",
-                "index CRC-32C mismatch",
-                base=at,
-                expected=f"0x{computed:08X}",
-                found=f"0x{crc:08X}",
-            )
+            expected, found = f"0x{computed:08X}", f"0x{crc:08X}"
+            raise refuse("index_crc32c", "index CRC-32C mismatch", expected=expected, found=found)
     elif crc != 0:
-        raise _TRAILER.error(
-            "index_crc32c",
-            "index_crc32c must be 0 when HAS_INDEX_CRC32C is clear ([A21])",
-            base=at,
-            found=f"0x{crc:08X}",
-        )
+        message = "index_crc32c must be 0 when HAS_INDEX_CRC32C is clear ([A21])"
+        raise refuse("index_crc32c", message, found=f"0x{crc:08X}")
     return FileTrailer(index_offset, index_length, kv_offset, kv_length, crc)
 
 

@@ -5,6 +5,7 @@ and its buffers: the descriptor's 10-byte prefix (with ``descriptor_length``) fr
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
@@ -130,8 +131,7 @@ def _records(
     src: Source, max_length: int, max_buffer: int | None, cross_machine: bool
 ) -> Iterator[BlockPagedTensor]:
     """A.2: prefix, descriptor, buffers; a clean end only at a record boundary."""
-    number = 0
-    while True:
+    for number in itertools.count():
         start = src.offset
         src.begin_record()
         prefix, cause = src.read(_PREFIX_LEN)
@@ -184,7 +184,6 @@ def _records(
         except HurrayWireError as exc:
             raise container_error(exc, where, start) from exc
         yield tensor
-        number += 1
 
 
 def _cut(
