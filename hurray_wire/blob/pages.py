@@ -347,12 +347,5 @@ class PageWork:
             f"{corrupt.size} stored page(s) are corrupt",
             f"{missing.size} referenced page(s) are missing from the page store",
         )  # fmt: skip
-        return DecodeReport(
-            tensor,
-            failed,
-            positions,
-            self.mismatch.astype(np.int64),
-            missing.astype(np.int64),
-            corrupt.astype(np.int64),
-            self.has_digests,
-        )
+        mismatch, missing, corrupt = (a.astype(np.int64) for a in (self.mismatch, missing, corrupt))
+        return DecodeReport(tensor, failed, positions, mismatch, missing, corrupt, self.has_digests)

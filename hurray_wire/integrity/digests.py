@@ -267,14 +267,10 @@ class PageDigestReport(FailedPlaces):
         """Raise :class:`PageDigestError` naming every failed page and place, if any."""
         if self.ok:
             return
+        pages, expected, found = (a[:8].tolist() for a in (self.pages, self.expected, self.found))
         shown = ", ".join(
             f"page {p} (expected 0x{e:016X}, found 0x{f:016X})"
-            for p, e, f in zip(
-                self.pages[:8].tolist(),
-                self.expected[:8].tolist(),
-                self.found[:8].tolist(),
-                strict=True,
-            )
+            for p, e, f in zip(pages, expected, found, strict=True)
         )
         more = f" and {self.pages.size - 8} more" if self.pages.size > 8 else ""
         raise PageDigestError(

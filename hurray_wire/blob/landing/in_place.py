@@ -281,16 +281,11 @@ class _InPlaceWork(PageWork):
             put_rows(dst, remap[sent], page_rows(self.descriptor, self.rows, int(sent.size)))
         put_rows(dst, remap[failed])
         written = np.concatenate([remap[sent], remap[ref_pages[failed_refs]]]).astype(np.int64)
+        failed, mismatch, missing, corrupt = (
+            np.unique(remap[pages]) for pages in (failed, self.mismatch, missing, corrupt)
+        )  # in engine page ids
         return InPlaceReport(
-            tensor,
-            np.unique(remap[failed]),
-            positions,
-            np.unique(remap[self.mismatch]),
-            np.unique(remap[missing]),
-            np.unique(remap[corrupt]),
-            self.has_digests,
-            stale,
-            written,
+            tensor, failed, positions, mismatch, missing, corrupt, self.has_digests, stale, written
         )
 
 
