@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import operator
 import re
-from contextlib import suppress
 from dataclasses import dataclass
 
 import zstandard
@@ -24,10 +23,14 @@ _SPEC_RE = re.compile(r"([a-z0-9-]+)(?::([0-9]{1,3}))?")
 
 def int_arg(value: object, name: str) -> int:
     """Return value as an int; bools and non-integers are type errors."""
-    if not isinstance(value, bool):
-        with suppress(TypeError):
-            return operator.index(value)  # type: ignore[arg-type]
-    raise ArgumentTypeError(f"{name} must be an int", field=name, found=type(value).__name__)
+    if isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be an int", field=name, found=type(value).__name__)
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ArgumentTypeError(
+            f"{name} must be an int", field=name, found=type(value).__name__
+        ) from None
 
 
 def check_threads(threads: object) -> int:
@@ -62,11 +65,12 @@ class Compression:
     chunk_size: int = 1 << 20
 
     def __post_init__(self) -> None:
-        for name in ("codec", "level", "threads", "min_size", "chunk_size"):  # np.uint8 -> int
-            value = getattr(self, name)
-            checked = check_threads(value) if name == "threads" else int_arg(value, name)
-            object.__setattr__(self, name, checked)
-        found = registry.find(self.codec)
+        codec = int_arg(self.codec, "codec")
+        level = int_arg(self.level, "level")
+        threads = check_threads(self.threads)
+        min_size = int_arg(self.min_size, "min_size")
+        chunk_size = int_arg(self.chunk_size, "chunk_size")
+        found = registry.find(codec)
         if found is None or not found.compresses:
             choices = registry.compressing()
             raise CodecConfigError(
@@ -74,26 +78,32 @@ class Compression:
                 "(no compression is None)",
                 field="codec",
                 expected=_names([str(c.codec_id) for c in choices]),
-                found=self.codec,
+                found=codec,
             )
-        if not is_chunk_size(self.chunk_size):
+        if not is_chunk_size(chunk_size):
             raise CodecConfigError(
                 "chunk_size must be a power of two",
                 field="chunk_size",
                 expected=f"{CHUNK_SIZE_MIN}..{CHUNK_SIZE_MAX}",
-                found=self.chunk_size,
+                found=chunk_size,
             )
-        if not _MIN_LEVEL <= self.level <= _MAX_LEVEL:
+        if not _MIN_LEVEL <= level <= _MAX_LEVEL:
             raise CodecConfigError(
                 "zstd level out of range",
                 field="level",
                 expected=f"{_MIN_LEVEL}..{_MAX_LEVEL}",
-                found=self.level,
+                found=level,
             )
-        if self.min_size < 0:
+        if min_size < 0:
             raise CodecConfigError(
-                "min_size must not be negative", field="min_size", found=self.min_size
+                "min_size must not be negative", field="min_size", found=min_size
             )
+        # Normalise integer-like values (np.uint8, ...) to plain ints.
+        object.__setattr__(self, "codec", codec)
+        object.__setattr__(self, "level", level)
+        object.__setattr__(self, "threads", threads)
+        object.__setattr__(self, "min_size", min_size)
+        object.__setattr__(self, "chunk_size", chunk_size)
 
     def __str__(self) -> str:
         return f"{registry.get(self.codec).name}:{self.level}"
