@@ -152,7 +152,7 @@ _EXPORTS = {
     "hurray_wire.blob.envelope": "blob_length",
     "hurray_wire.blob.landing": "InPlace IntoArray IntoPages",
     "hurray_wire.blob.limits": "DecodeLimits",
-    "hurray_wire.codecs.config": "Compression",
+    "hurray_wire.codecs": "Compression",
     "hurray_wire.containers": "HrryFile ModelCache StreamFile StreamHeader StreamReader"
     " StreamWriter load_cache save_cache",
     "hurray_wire.dtypes": "ElementType preload",

@@ -54,6 +54,8 @@ _U32 = item_struct(KvSection.kv_count)  # kv_count, array counts, string / bytes
 _FIXED_FORMAT = {tag: KV_SCALAR_PAYLOADS[tag] for tag in (KV_INT64, KV_UINT64, KV_FLOAT64)}
 _FIXED = {tag: item_struct(form) for tag, form in _FIXED_FORMAT.items()}
 _TAG = item_struct(KvEntry.value_tag).size  # a value tag, an array's element tag
+_BOOL = KV_LEAST_PAYLOAD[KV_BOOL]  # a bool's one byte
+_SIZED = {KV_STRING: "string", KV_BYTES: "bytes value"}  # the length-prefixed tags, named
 U16_MAX = (1 << 8 * _U16.size) - 1
 U32_MAX = (1 << 8 * _U32.size) - 1  # string/bytes lengths, array counts, kv_count, kv_length
 
@@ -149,15 +151,25 @@ def _encode_text(text: str, field: str, what: str) -> bytes:
         ) from None
 
 
-#: The tag family of each scalar type (02 for every int; bool before int, its base).
-_KINDS = {bool: KV_BOOL, int: KV_INT64, float: KV_FLOAT64, str: KV_STRING, bytes: KV_BYTES}
+#: The tag family of each scalar type (02 for every int); a subclass (``Int64``, NumPy's
+#: float64) found by isinstance, bool before int, its base.
+_KINDS = {
+    bool: KV_BOOL,
+    int: KV_INT64,
+    float: KV_FLOAT64,
+    str: KV_STRING,
+    bytes: KV_BYTES,
+    bytearray: KV_BYTES,
+    memoryview: KV_BYTES,
+}
 
 
 def _kind(value: object) -> int | None:
     """The tag family of a scalar, or None if it is not a scalar."""
-    if isinstance(value, (bytearray, memoryview)):
-        return KV_BYTES
-    return next((tag for kind, tag in _KINDS.items() if isinstance(value, kind)), None)
+    kind = _KINDS.get(type(value))
+    if kind is None:
+        kind = next((tag for cls, tag in _KINDS.items() if isinstance(value, cls)), None)
+    return kind
 
 
 def _int_tag(value: int, field: str) -> int:
@@ -254,7 +266,7 @@ def _payload(tag: int, value: Any, field: str) -> bytes:
         return _FIXED[tag].pack(value)
     if tag == KV_BOOL:
         return b"\x01" if value else b"\x00"
-    what = "string" if tag == KV_STRING else "bytes value"
+    what = _SIZED[tag]
     payload = _encode_text(value, field, what) if tag == KV_STRING else bytes(value)
     if len(payload) > U32_MAX:
         raise _error(
@@ -391,35 +403,24 @@ def _value(index: int, key: str, element: int | None = None) -> str:
     return field if element is None else f"{field}[{element}]"
 
 
-def _scalar(view: memoryview, pos: int, end: int, tag: int, base: int,
-            where: tuple[int, str, int | None]) -> tuple[Any, int]:  # fmt: skip
-    """One scalar payload (an entry's value, or an array element) at ``pos``, and its end;
-    ``where``: ``_value``'s arguments, turned into a field name only for an error."""
-    if tag in (KV_STRING, KV_BYTES):
-        what = "string" if tag == KV_STRING else "bytes value"
-        if pos + _U32.size > end:
-            length_name = "string length" if tag == KV_STRING else "bytes length"
-            _ends_inside(length_name, f"{_value(*where)}.length", pos, _U32.size, end, base)
-        (length,) = _U32.unpack_from(view, pos)
-        pos += _U32.size
-        if pos + length > end:
-            _ends_inside(what, _value(*where), pos, length, end, base)
-        raw = view[pos : pos + length]
-        if tag == KV_BYTES:
-            return bytes(raw), pos + length
-        try:
-            return str(raw, "utf-8"), pos + length
-        except UnicodeDecodeError as exc:
-            _not_utf8(exc, pos, _value(*where), what, base)
-    width = KV_LEAST_PAYLOAD[tag]
-    if pos + width > end:
-        _ends_inside(KV_TAG_NAMES[tag], _value(*where), pos, width, end, base)
-    if tag == KV_BOOL:
-        if view[pos] > 1:
-            _bad_bool(view[pos], _value(*where), base + pos)
-        return view[pos] == 1, pos + width
-    (number,) = _FIXED[tag].unpack_from(view, pos)
-    return (UInt64(number) if tag == KV_UINT64 else number), pos + width
+def _sized(view: memoryview, pos: int, end: int, tag: int, base: int,
+           where: tuple[int, str, int | None]) -> tuple[str | bytes, int]:  # fmt: skip
+    """A string or bytes payload (u32 length, then the bytes) at ``pos``, an entry's value
+    or an array element, and its end; ``where``: ``_value``'s arguments, for an error."""
+    if pos + _U32.size > end:
+        length_name = "string length" if tag == KV_STRING else "bytes length"
+        _ends_inside(length_name, f"{_value(*where)}.length", pos, _U32.size, end, base)
+    (length,) = _U32.unpack_from(view, pos)
+    pos += _U32.size
+    if pos + length > end:
+        _ends_inside(_SIZED[tag], _value(*where), pos, length, end, base)
+    raw = view[pos : pos + length]
+    if tag == KV_BYTES:
+        return bytes(raw), pos + length
+    try:
+        return str(raw, "utf-8"), pos + length
+    except UnicodeDecodeError as exc:
+        _not_utf8(exc, pos, _value(*where), _SIZED[tag], base)
 
 
 def _array(view: memoryview, pos: int, end: int, base: int, index: int, key: str
@@ -458,7 +459,7 @@ def _array(view: memoryview, pos: int, end: int, base: int, index: int, key: str
         return [b == 1 for b in raw], pos + least
     values = []
     for j in range(count):
-        value, pos = _scalar(view, pos, end, tag, base, (index, key, j))
+        value, pos = _sized(view, pos, end, tag, base, (index, key, j))
         values.append(value)
     return values, pos
 
@@ -500,10 +501,24 @@ def _entries(view: memoryview, count: int, base: int) -> dict[str, MetadataValue
             _ends_inside("value tag", f"{_value(index, key)}_tag", stop, w8, end, base)
         tag = view[stop]
         pos = stop + w8
-        if tag == KV_ARRAY:
+        if tag in _FIXED:  # (arrays of these, and of bools, are read as a whole in _array)
+            width = KV_LEAST_PAYLOAD[tag]
+            if pos + width > end:
+                _ends_inside(KV_TAG_NAMES[tag], _value(index, key), pos, width, end, base)
+            (number,) = _FIXED[tag].unpack_from(view, pos)
+            value = UInt64(number) if tag == KV_UINT64 else number
+            pos += width
+        elif tag == KV_BOOL:
+            if pos + _BOOL > end:
+                _ends_inside("bool", _value(index, key), pos, _BOOL, end, base)
+            if view[pos] > 1:
+                _bad_bool(view[pos], _value(index, key), base + pos)
+            value = view[pos] == 1
+            pos += _BOOL
+        elif tag in _SIZED:
+            value, pos = _sized(view, pos, end, tag, base, (index, key, None))
+        elif tag == KV_ARRAY:
             value, pos = _array(view, pos, end, base, index, key)
-        elif tag in KV_LEAST_PAYLOAD:
-            value, pos = _scalar(view, pos, end, tag, base, (index, key, None))
         else:
             _bad_tag(tag, f"{_value(index, key)}_tag", base + stop, element=False)
         entries[key] = value

@@ -39,7 +39,7 @@ _SCRATCH_MAX = 8 << 20
 
 
 class Settings(Protocol):
-    """What a codec's ``encode`` reads of a checked :class:`~hurray_wire.codecs.config.Compression`:
+    """What a codec's ``encode`` reads of a checked :class:`~hurray_wire.codecs.Compression`:
     a protocol, so that the codecs never import the configuration that selects among them
     (config imports the codecs, not the other way: no import circle)."""
 

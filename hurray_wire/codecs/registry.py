@@ -92,7 +92,7 @@ def names() -> dict[int, str]:
 
 
 def compressing() -> list[Codec]:
-    """The codecs a :class:`~hurray_wire.codecs.config.Compression` may select, by id."""
+    """The codecs a :class:`~hurray_wire.codecs.Compression` may select, by id."""
     return [BY_ID[i] for i in sorted(BY_ID) if BY_ID[i].compresses]
 
 
