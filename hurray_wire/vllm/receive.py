@@ -120,27 +120,23 @@ def _check_header(
         raise refuse_differences("the prefill engine's cache does not mean the same here", diff)
     expect = identity(params.transfer_id, params.request_id, params.prompt_digest,
                       ask.first_page, ask.held, params.num_tokens)  # fmt: skip
-    for key, value in expect.items():
-        if meta.get(key) != value:
+    asked = "the stream is not the transfer asked for"
+    rows = [(key, value, meta.get(key), asked) for key, value in expect.items()]
+    rank = "the transfer comes from another TP rank than the one asked"
+    rows += [
+        ("tp_rank", ask.rank, theirs.tp_rank, rank),
+        ("tp_size", params.tp_size, theirs.tp_size, rank),
+        (
+            "block_size",
+            params.block_size,
+            theirs.block_size,
+            "the transfer comes from another block size than the params'",
+        ),
+    ]
+    for name, value, found, message in rows:
+        if found != value:
             raise TransferRefusedError(
-                "the stream is not the transfer asked for",
-                reason="stale_content",
-                field=key,
-                expected=value,
-                found=meta.get(key),
-            )
-    for name, value, what in (
-        ("tp_rank", ask.rank, "another TP rank than the one asked"),
-        ("tp_size", params.tp_size, "another TP rank than the one asked"),
-        ("block_size", params.block_size, "another block size than the params'"),
-    ):
-        if getattr(theirs, name) != value:
-            raise TransferRefusedError(
-                f"the transfer comes from {what}",
-                reason="stale_content",
-                field=name,
-                expected=value,
-                found=getattr(theirs, name),
+                message, reason="stale_content", field=name, expected=value, found=found
             )
     return theirs
 

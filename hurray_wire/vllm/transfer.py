@@ -143,16 +143,16 @@ class TransferStore:
             self._gone.pop(next(iter(self._gone)))
 
     def take(self, ask: Mapping[str, Any], *, commit: bool = True) -> tuple[_Transfer, int, int]:
-        """``(transfer, first page to send, pages before it sent as references)`` of an ask
-        ``check_ask`` passed; every mismatch a ``TransferRefusedError`` naming it. Served once
-        to each decode rank that needs this rank's heads (``tp.pullers``); ``commit=False``:
-        only checked."""
+        """``(transfer, first page to send, pages before it sent as references)``; every
+        mismatch a ``TransferRefusedError`` naming it. Served once to each decode rank that
+        needs this rank's heads (``tp.pullers``); ``commit=False``: only checked."""
         tid = ask.get("transfer_id")
         with self._lock:
             self._expire()
-            transfer = self._live.get(tid)  # check_ask: a str, or None when absent
+            transfer = self._live.get(tid) if isinstance(tid, str) else None
             if transfer is None:
-                reason = self._gone.get(tid) or "unknown"
+                gone = self._gone.get(tid) if isinstance(tid, str) else None
+                reason = gone or "unknown"
                 raise TransferRefusedError(
                     f"transfer {tid!r} is {reason}", reason=reason, field="transfer_id"
                 )
@@ -211,6 +211,7 @@ class TransferStore:
             transfer.served.add(rank)
             transfer.decode_tp = size
             if transfer.served >= need:
+                assert isinstance(tid, str)  # it named a live transfer
                 del self._live[tid]
                 self._gone[tid] = "consumed"
             return transfer, first, held
