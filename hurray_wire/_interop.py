@@ -203,12 +203,12 @@ def gather_many(
     if len(arrays) > 1 and not all(runs):  # each on its own route, one after the other
         return [gather_many([a], ids)[0] for a in arrays]
     joined = _joined(arrays) if len(arrays) > 1 else None  # then one output allocation
-    block = None if joined is None else np.empty((len(arrays), *shapes[0]), arrays[0].dtype)
-    outs = (
-        [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
-        if block is None
-        else list(block)
-    )
+    if joined is None:
+        outs = [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
+        copies = list(zip(arrays, outs, strict=True))
+    else:  # each row's roles in one call
+        block = np.empty((len(arrays), *shapes[0]), arrays[0].dtype)
+        outs, copies = list(block), [(joined, block.swapaxes(0, 1))]
     row_nbytes = sum(out[0].nbytes for out in outs)
     per = 1 if sink is None else sink.rows_per_page
     digests = [np.empty(len(ids) // per, np.uint64) for _ in outs]
@@ -218,16 +218,10 @@ def gather_many(
     step = max(per, GATHER_CHUNK // max(1, row_nbytes) // per * per)
     rows_each = run is None and runs[0] and not contiguous
     if rows_each and min(out[0].nbytes for out in outs) >= ROW_CALL_MIN:
-        copies = list(zip(arrays, outs, strict=True))
-        if joined is not None and block is not None:  # each row's roles in one call
-            copies = [(joined, block.swapaxes(0, 1))]
         done = 0
-        for first, start, stop in _runs(ids, step):  # no run crosses a chunk's end
+        for at, to, stop in _runs(ids, step):  # no run crosses a chunk's end
             for array, out in copies:
-                if stop - start == 1:
-                    out[start] = array[first]
-                else:
-                    out[start:stop] = array[first : first + stop - start]
+                out[to] = array[at]
             if sink is not None and (stop % step == 0 or stop == len(ids)):
                 for _, out, into in pairs:
                     sink.pages(out, done, stop, into)
@@ -271,13 +265,9 @@ def scatter_rows(
         joined, sources = _joined(arrays), _joined(rows)
         if joined is not None and sources is not None:
             pairs = [(joined, sources)]
-        for first, start, stop in _runs(ids, step):
-            if stop - start == 1:  # an integer index: a third of a slice's cost per call
-                for array, source in pairs:
-                    array[first] = source[start]
-                continue
+        for at, to, _ in _runs(ids, step):
             for array, source in pairs:
-                array[first : first + stop - start] = source[start:stop]
+                array[at] = source[to]
         return
     held = [
         None if a.strides[-1] == a.itemsize else np.empty_like(a[ids[:step]])  # order="K"
@@ -327,15 +317,23 @@ def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any] | None:
     ).view(first.dtype)
 
 
-def _runs(ids: npt.NDArray[Any], most: int) -> list[tuple[int, int, int]]:
-    """``(first id, start, stop)`` of the runs of consecutive ascending ids, each of at
-    most ``most`` ids (``[start, stop)`` positions in ``ids``)."""
+def _runs(ids: npt.NDArray[Any], most: int) -> list[tuple[int | slice, int | slice, int]]:
+    """``(ids' index, positions' index, stop)`` of each run of consecutive ascending ids, of
+    at most ``most`` ids ending at position ``stop``: integers for a run of one (a third of
+    a slice's cost per NumPy call), else slices."""
     cut = np.ones(len(ids), bool)
     cut[1:] = np.diff(ids) != 1
     cut[::most] = True
     at = np.flatnonzero(cut)
     starts = at.tolist()
-    return list(zip(ids[at].tolist(), starts, [*starts[1:], len(ids)], strict=True))
+    return [
+        (first, start, stop)
+        if stop - start == 1
+        else (slice(first, first + stop - start), slice(start, stop), stop)
+        for first, start, stop in zip(
+            ids[at].tolist(), starts, [*starts[1:], len(ids)], strict=True
+        )
+    ]
 
 
 def first_reference_order(
@@ -495,12 +493,9 @@ def tensor_to_torch(tensor: Any, device: Any = None) -> dict[str, Any]:
     pool = tensor.unpacked_page_pool()
     if tensor.element_type.is_packed and pool.dtype.kind != "b":
         pool = pool.astype("int8" if tensor.element_type.name.startswith("int") else "uint8")
-    arrays = {"page_pool": pool, "block_table": tensor.block_table, "seq_ptr": tensor.seq_ptr}
-    for name in ("scales", "zero_points", "seq_lens"):
-        value = getattr(tensor, name)
-        if value is not None:
-            arrays[name] = value
-    out = {name: numpy_to_torch(value, name) for name, value in arrays.items()}
+    names = ("block_table", "seq_ptr", "scales", "zero_points", "seq_lens")
+    arrays = {"page_pool": pool, **{name: getattr(tensor, name) for name in names}}
+    out = {name: numpy_to_torch(a, name) for name, a in arrays.items() if a is not None}
     if device is None:
         return out
     try:
