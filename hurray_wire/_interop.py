@@ -88,11 +88,8 @@ def is_device_tensor(value: object) -> bool:
 
 
 def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -> Any:
-    """``pool[page_ids]`` as a new C-contiguous NumPy array: only those pages are read.
-
-    A torch tensor on any device is indexed where it lives and only the gathered pages
-    come to host; a NumPy array (strided or not) is gathered by fancy indexing.
-    """
+    """``pool[page_ids]`` as a new C-contiguous NumPy array: only those pages are read (a
+    torch tensor indexed on its own device, only the gathered pages brought to host)."""
     if is_torch(pool):
         torch = _torch()
         index = torch.from_numpy(np.ascontiguousarray(page_ids, np.int64)).to(pool.device)
@@ -170,24 +167,18 @@ def gather_many(
     arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any]
 ) -> list[npt.NDArray[Any]]:
     """``[array[ids] for array in arrays]`` (axis 0, ids checked), each a new C-contiguous
-    array, in one pass over memory. For views of one memory (a layer's keys and values,
-    their rows interleaved), each array's row is copied in turn: the memory of a row is
-    read once, while a pass per array reads it twice (the hardware prefetcher pulls the
-    other array's lines too; measured 17.7 against 22.2 ms for 64 MiB).
-
-    NumPy's fancy indexing keeps a strided row's memory order (a head-major page comes out
-    head-major), so a C-ordered result of it would cost a second full copy: strided rows
-    of contiguous runs are copied one call per run of consecutive ids into their place
-    (:data:`ROW_CALL_MIN`; arrays of one form, a layer's K and V, into one allocation,
-    every role of a row in one call through :func:`_joined`: FLASH_ATTN's 64 MiB saves
-    1.23-1.28x the limit against 1.32-1.38x a call per role),
-    other strided rows (CPU_ATTN's key slabs, one element per 64 bytes) gathered a chunk
-    at a time and reordered while in cache; C-contiguous rows in one gather. Arrays of
-    both kinds (a CPU_ATTN slab's keys and values, separate halves of it) take their
-    routes one after the other (measured 25.8 against 29.1 ms taking turns).
-
-    Inside :func:`digesting`, each output's pages are digested as their rows are copied,
-    a chunk (~:data:`GATHER_CHUNK`) at a time, into the sink."""
+    array, in one pass over memory: views of one memory (a layer's K and V, rows
+    interleaved) a row of each in turn, so that a row's memory is read once (17.7 against
+    22.2 ms for 64 MiB a pass per array: the prefetcher pulls the other array's lines too).
+    NumPy's fancy indexing keeps a strided row's memory order (C order would cost a second
+    copy): strided rows of contiguous runs go one call per run of consecutive ids
+    (:data:`ROW_CALL_MIN`; a layer's K and V into one allocation, a row's roles in one call
+    through :func:`_joined`: FLASH_ATTN's 64 MiB saves 1.23-1.28x the limit against
+    1.32-1.38x a call per role), element-strided rows (CPU_ATTN's key slabs, one element
+    per 64 bytes) a chunk at a time reordered in cache, C-contiguous rows in one gather;
+    arrays of both kinds (a CPU_ATTN slab's halves) one route after the other (25.8 against
+    29.1 ms taking turns). Inside :func:`digesting`, each output's pages are digested a
+    chunk (~:data:`GATHER_CHUNK`) at a time as their rows are copied."""
     shapes = [(len(ids), *a.shape[1:]) for a in arrays]
     if not ids.size:
         return [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
@@ -243,19 +234,16 @@ def scatter_rows(
     arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any], rows: Sequence[npt.NDArray[Any]]
 ) -> None:
     """``array[ids] = rows`` for each array (axis 0, ids checked, distinct; the arrays views
-    of one memory, e.g. a layer's keys and values).
-
-    Rows of at least :data:`ROW_CALL_MIN` bytes, and runs of consecutive ids, are written
-    a run of rows per NumPy call (at most ~:data:`GATHER_CHUNK` bytes): arrays of one
-    form with rows of one form as one view with a role axis (:func:`_joined`: a vLLM
-    layer's K and V lines in the block's memory order, one call; 64 MiB at random targets
-    13.0 against 14.2 ms a row per array), other arrays in turn, so that each block's
-    lines are written while in cache (CPU_ATTN's slabs, keys transposed: 17.6 against
-    19.2 ms for 64 MiB putting chunks in memory order first; a pass per array 19.8).
-    Smaller rows at scattered ids go a cache-sized chunk of ids at a time, arrays of
-    contiguous runs in turn, element-strided ones (CPU_ATTN's keys) first put in the
-    array's memory order in cache, one array after the other (2x NumPy's element-wise
-    scatter; taking turns was slower)."""
+    of one memory, e.g. a layer's K and V). Rows of at least :data:`ROW_CALL_MIN` bytes,
+    and runs of consecutive ids, go a run per NumPy call (at most ~:data:`GATHER_CHUNK`
+    bytes): arrays and rows of one form as one view with a role axis (:func:`_joined`: a
+    vLLM layer's K and V lines in the block's memory order; 64 MiB at random targets 13.0
+    against 14.2 ms a row per array), other arrays in turn, each block's lines written
+    while in cache (CPU_ATTN's slabs: 17.6 against 19.2 ms for 64 MiB putting chunks in
+    memory order first; a pass per array 19.8). Smaller rows at scattered ids go a chunk
+    of ids at a time, arrays of contiguous runs in turn, element-strided ones (CPU_ATTN's
+    keys) put in memory order in cache first, one array after the other (2x NumPy's
+    element-wise scatter; taking turns was slower)."""
     if not ids.size:
         return
     row_nbytes = arrays[0][ids[:1]].nbytes
@@ -290,12 +278,10 @@ def scatter_rows(
 
 def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any] | None:
     """Arrays of one shape, strides and dtype as one view ``[rows, len(arrays), ...]`` (the
-    role axis strided by their addresses' spacing), so that one NumPy call copies a row of
-    each in turn, in the destination's memory order (NumPy orders a copy's axes by the
-    destination's strides): a vLLM layer's K and V views, whose runs interleave, written in
-    one pass. None when the arrays differ in form or their addresses are not evenly
-    spaced. For separate allocations (two roles' received pages) the view is only read,
-    while the arrays are alive (the caller holds them)."""
+    role axis strided by their addresses' spacing): one NumPy call copies a row of each,
+    in the destination's memory order (a vLLM layer's interleaved K and V in one pass).
+    None when they differ in form or are not evenly spaced. Over separate allocations
+    (two roles' received pages) the view is only read, while the caller holds them."""
     first = arrays[0]
     if len(arrays) == 1:
         return first
@@ -399,43 +385,36 @@ def engine_array(value: object, name: str, *, contiguous: bool = True) -> npt.ND
     tensor or any host DLPack tensor (shared, never copied), writable, of plain data and
     (unless ``contiguous=False``: a vLLM cache's strided role views) C-contiguous. The one
     intake of every landing target (``decode(into=)``, in place, NIXL, ``into_vllm``)."""
+
+    def refuse(message: str, found: object) -> ArgumentTypeError:
+        return ArgumentTypeError(message, field=name, found=found)
+
     array = value
     if not isinstance(value, np.ndarray):
+        kind = type(value).__name__
         if is_device_tensor(value):
-            raise ArgumentTypeError(
-                f"{name} must be in host memory (it is written in place, never moved)",
-                field=name,
-                found=str(value.device),  # type: ignore[attr-defined]
-            )
+            message = f"{name} must be in host memory (it is written in place, never moved)"
+            raise refuse(message, str(value.device))  # type: ignore[attr-defined]
         if is_torch(value):
             array = torch_to_numpy(value, name)
         elif hasattr(value, "__dlpack__"):
             try:
                 array = np.from_dlpack(value)
             except (BufferError, TypeError, RuntimeError, ValueError) as exc:
-                raise ArgumentTypeError(f"{name}: no host DLPack view ({exc})", field=name,
-                                        found=type(value).__name__) from None  # fmt: skip
+                raise refuse(f"{name}: no host DLPack view ({exc})", kind) from None
         else:
-            raise ArgumentTypeError(
-                f"{name} must be the engine's array (NumPy, torch or DLPack; written in place)",
-                field=name,
-                found=type(value).__name__,
+            message = (
+                f"{name} must be the engine's array (NumPy, torch or DLPack; written in place)"
             )
+            raise refuse(message, kind)
     assert isinstance(array, np.ndarray)
     if array.dtype.hasobject or array.dtype.fields is not None:
-        raise ArgumentTypeError(f"{name} must hold plain data", field=name, found=str(array.dtype))
+        raise refuse(f"{name} must hold plain data", str(array.dtype))
     if contiguous and not array.flags.c_contiguous:
-        raise ArgumentTypeError(
-            f"{name} must be C-contiguous",
-            field=name,
-            found=f"contiguous False, strides {array.strides}",
-        )
+        raise refuse(f"{name} must be C-contiguous", f"contiguous False, strides {array.strides}")
     if not array.flags.writeable:
-        raise ArgumentTypeError(
-            f"{name} must be writable (new pages are written into it)",
-            field=name,
-            found="a read-only array",
-        )
+        message = f"{name} must be writable (new pages are written into it)"
+        raise refuse(message, "a read-only array")
     return array
 
 

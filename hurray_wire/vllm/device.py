@@ -74,13 +74,6 @@ def _index(ids: npt.NDArray[np.int64], device: Any) -> Any:
     return torch.from_numpy(np.ascontiguousarray(ids, np.int64)).to(device, non_blocking=True)
 
 
-def _take(cache: Any, index: Any) -> Any:
-    """``cache``'s blocks at ``index`` (axis 0), gathered in the cache's memory order."""
-    order = memory_order(cache)
-    picked = cache.permute(order).index_select(order.index(0), index)
-    return picked.permute([order.index(a) for a in range(cache.dim())])
-
-
 def gather(
     cache: Any,
     block_ids: npt.NDArray[np.int64],
@@ -95,9 +88,11 @@ def gather(
     the host's role split is done there; None: whole blocks in the cache's memory order."""
 
     def pick(index: Any) -> Any:
-        if views is None:
-            return _take(cache, index)
-        return tuple(v.index_select(0, index).contiguous() for v in views(cache))
+        if views is not None:
+            return tuple(v.index_select(0, index).contiguous() for v in views(cache))
+        order = memory_order(cache)  # whole blocks, gathered in the cache's memory order
+        picked = cache.permute(order).index_select(order.index(0), index)
+        return picked.permute([order.index(a) for a in range(cache.dim())])
 
     module = _module(cache.device)
     if module is None:
@@ -132,9 +127,8 @@ def land(
 ) -> Callable[[], None]:
     """Stage ``cache``'s blocks ``block_ids`` on the host, let ``write`` check and write
     pages into that host copy (it raises to refuse: nothing reaches ``cache`` then), and
-    return the commit: one host-to-device copy and ``index_copy_`` of the blocks after the
-    first ``skip`` (read for ``write``'s numbering only, never written back), the forward
-    stream made to wait for it."""
+    return the commit: the blocks after the first ``skip`` (read for ``write``'s numbering
+    only) copied back whole."""
     staged = gather(cache, block_ids, stream).host()
     write(staged)
     ids = block_ids[skip:]
@@ -193,12 +187,9 @@ def land_pages(
     valid: int,
     stream: Any = None,
 ) -> Callable[[], None]:
-    """The commit of checked pages landed by the device: each role's pages (host arrays in
-    the wire's layout, ``[len(ids), kernel_block_size, H, D]``) copied host-to-device once,
-    then written on the device into the backend's own ``views`` (the inverse of
-    ``gather(views=)``): whole kernel blocks ``ids`` by ``index_copy_``, the last one's
-    first ``valid`` token slots only (its tail kept). The host neither stages nor
-    scatters; the forward stream waits for the side stream, the host does not."""
+    """The commit of checked pages (per role, ``[len(ids), kernel_block_size, H, D]``) into
+    the backend's ``views`` at kernel blocks ``ids``, the inverse of ``gather(views=)``;
+    the last block's first ``valid`` token slots only (module docstring)."""
     import torch
 
     def run() -> None:
