@@ -48,23 +48,17 @@ __all__ = [
     "torch_to_numpy",
 ]
 
-# torch dtype name -> the same-width integer type both DLPacks carry; the NumPy dtype is the
-# ml_dtypes type of the same name (imported with the first torch tensor, not before).
-_CARRIERS = {
-    "bfloat16": "uint16",
-    "float8_e4m3fn": "uint8",
-    "float8_e5m2": "uint8",
-    "float8_e4m3fnuz": "uint8",
-    "float8_e5m2fnuz": "uint8",
-    "float8_e8m0fnu": "uint8",
-}
+# torch dtypes that cross both DLPacks as the same-width unsigned integer; the NumPy dtype is
+# the ml_dtypes type of the same name (imported with the first torch tensor, not before).
+_CARRIED = "bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz float8_e8m0fnu"
 
 
 @functools.cache
 def _via_integer() -> dict[str, tuple[np.dtype[Any], str]]:
     """torch dtype name -> (NumPy dtype, carrier integer type)."""
     ml_dtypes = importlib.import_module("ml_dtypes")
-    return {name: (np.dtype(getattr(ml_dtypes, name)), c) for name, c in _CARRIERS.items()}
+    named = {name: np.dtype(getattr(ml_dtypes, name)) for name in _CARRIED.split()}
+    return {name: (d, f"uint{8 * d.itemsize}") for name, d in named.items()}
 
 
 @functools.cache

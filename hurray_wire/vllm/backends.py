@@ -85,7 +85,7 @@ class CacheForm:
 
     @property
     def roles(self) -> tuple[str, ...]:
-        return FUSED if self.backend in forms.MLA_BACKENDS else PAIR
+        return roles_of_layout(self.backend)
 
     @property
     def fingerprint_layout(self) -> str:
@@ -226,16 +226,11 @@ def _digests_of(pages: Pages, sink: PageSink) -> DigestArray:
     """The digests ``sink`` took of exactly these bytes (the gather's own output, page
     ``i`` the same byte range of it), else digested now. Safe to reuse: the output is the
     read's fresh memory, which nothing writes after the gather (the held copy)."""
-    for out, digests in sink.outputs:
-        if (
-            pages.flags.c_contiguous
-            and out.flags.c_contiguous
-            and pages.nbytes == out.nbytes
-            and len(digests) == len(pages)
-            and pages.ctypes.data == out.ctypes.data
-        ):
+    at = (pages.ctypes.data, pages.nbytes, len(pages))
+    for out, digests in sink.outputs if pages.flags.c_contiguous else ():
+        if out.flags.c_contiguous and at == (out.ctypes.data, out.nbytes, len(digests)):
             return digests
-    return _row_digests(page_rows(pages, len(pages), "pages"))
+    return sink.digest(page_rows(pages, len(pages), "pages"))
 
 
 def land_layers(

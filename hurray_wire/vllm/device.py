@@ -24,7 +24,8 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,8 @@ import numpy.typing as npt
 from hurray_wire.errors import TransportError
 
 __all__ = ["Staged", "gather", "land", "land_pages", "memory_order", "needs_staging", "stand_in"]
+
+T = TypeVar("T")
 
 
 def needs_staging(cache: Any) -> bool:
@@ -87,24 +90,22 @@ def gather(
     on the device into the wire's page layout (a tuple, one C-ordered tensor per role), so
     the host's role split is done there; None: whole blocks in the cache's memory order."""
 
-    def pick(index: Any) -> Any:
+    def pick(module: Any, side: Any) -> Staged:
+        index = _index(block_ids, cache.device)
         if views is not None:
-            return tuple(v.index_select(0, index).contiguous() for v in views(cache))
-        order = memory_order(cache)  # whole blocks, gathered in the cache's memory order
-        picked = cache.permute(order).index_select(order.index(0), index)
-        return picked.permute([order.index(a) for a in range(cache.dim())])
-
-    module = _module(cache.device)
-    if module is None:
-        return Staged(pick(_index(block_ids, cache.device)))
-    stream = stream if stream is not None else module.Stream(cache.device)
-    stream.wait_stream(module.current_stream(cache.device))  # the layer's KV is written
-    with module.stream(stream):
-        picked = pick(_index(block_ids, cache.device))
+            picked = tuple(v.index_select(0, index).contiguous() for v in views(cache))
+        else:  # whole blocks, gathered in the cache's memory order
+            order = memory_order(cache)
+            picked = cache.permute(order).index_select(order.index(0), index)
+            picked = picked.permute([order.index(a) for a in range(cache.dim())])
+        if module is None:
+            return Staged(picked)
         host = tuple(map(_pinned, picked)) if views is not None else _pinned(picked)
         event = module.Event()
-        event.record(stream)
-    return Staged(host, event, picked)
+        event.record(side)
+        return Staged(host, event, picked)
+
+    return _on_side(cache.device, stream, pick, join=False)  # once the layer's KV is written
 
 
 def _pinned(picked: Any) -> Any:
@@ -133,30 +134,28 @@ def land(
     write(staged)
     ids = block_ids[skip:]
 
-    def run() -> None:
+    def run(*_: Any) -> None:
         order = memory_order(cache)
         source = staged[skip:].permute(order).to(cache.device, non_blocking=True)
         cache.permute(order).index_copy_(order.index(0), _index(ids, cache.device), source)
 
-    return _on_side(cache.device, stream, run)
+    return partial(_on_side, cache.device, stream, run)
 
 
-def _on_side(device: Any, stream: Any, run: Callable[[], None]) -> Callable[[], None]:
-    """The commit: ``run`` on the side stream once the forward stream's work is done, the
-    forward stream then made to wait for it (the host does not); on the CPU, ``run``."""
-
-    def commit() -> None:
-        module = _module(device)
-        if module is None:
-            run()
-            return
-        side = stream if stream is not None else module.Stream(device)
-        side.wait_stream(module.current_stream(device))
-        with module.stream(side):
-            run()
+def _on_side(device: Any, stream: Any, run: Callable[[Any, Any], T], *, join: bool = True) -> T:
+    """``run(module, side)`` on the side stream (``stream`` or a new one) once the forward
+    stream's work is done, the forward stream then made to wait for it if ``join`` (the
+    host does not); on the CPU, ``run(None, None)`` at once."""
+    module = _module(device)
+    if module is None:
+        return run(None, None)
+    side = stream if stream is not None else module.Stream(device)
+    side.wait_stream(module.current_stream(device))
+    with module.stream(side):
+        result = run(module, side)
+    if join:
         module.current_stream(device).wait_stream(side)
-
-    return commit
+    return result
 
 
 def stand_in(cache: Any) -> Any:
@@ -192,7 +191,7 @@ def land_pages(
     the last block's first ``valid`` token slots only (module docstring)."""
     import torch
 
-    def run() -> None:
+    def run(*_: Any) -> None:
         index = _index(ids, cache.device)
         whole = len(ids) if valid == pages[0].shape[1] else len(ids) - 1
         for view, role in zip(views(cache), pages, strict=True):
@@ -202,7 +201,7 @@ def land_pages(
             if whole < len(ids):
                 view[int(ids[-1]), :valid] = source[-1, :valid]
 
-    return _on_side(cache.device, stream, run)
+    return partial(_on_side, cache.device, stream, run)
 
 
 def side_stream(device: Any) -> Any:
