@@ -3,11 +3,9 @@
 A torch tensor is recognised by its type's module name, so NumPy callers never import
 torch. CPU tensors are shared, not copied; tensors on another device are never moved whole
 (``take_pages`` copies only the pages a block table names). NumPy's DLPack cannot carry
-bfloat16 or the float8 types: those cross as a same-width unsigned integer.
-
-Torch has no read-only tensors: ``numpy_to_torch`` shares a writable array's memory and
-copies a read-only one (``bytes``, a read-only mapping of a ``StreamFile``), so that no torch
-tensor is ever a writable alias of memory that must not change.
+bfloat16 or the float8 types: those cross as a same-width unsigned integer. Torch has no
+read-only tensors: no torch tensor is ever a writable alias of memory that must not change
+(``numpy_to_torch``).
 """
 
 from __future__ import annotations
@@ -81,13 +79,13 @@ def is_device_tensor(value: object) -> bool:
     return is_torch(value) and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"
 
 
-def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -> Any:
+def take_pages(pool: Any, page_ids: npt.NDArray[Any]) -> Any:
     """``pool[page_ids]`` as a new C-contiguous NumPy array: only those pages are read (a
     torch tensor indexed on its own device, only the gathered pages brought to host)."""
     if is_torch(pool):
         torch = _torch()
         index = torch.from_numpy(np.ascontiguousarray(page_ids, np.int64)).to(pool.device)
-        return torch_to_numpy(pool.detach().index_select(0, index).contiguous(), name)
+        return torch_to_numpy(pool.detach().index_select(0, index).contiguous(), "page_pool")
     return gather_rows(pool, page_ids)
 
 
@@ -106,21 +104,23 @@ ROW_CALL_MIN = 4 << 10
 @dataclass
 class PageSink:
     """Where :func:`gather_many` puts each output's page digests, taken right after the
-    page's rows are copied, while they are in cache (issue 30: the save's copy and digest
-    in one pass over memory). A page is ``rows_per_page`` consecutive output rows (a
-    scheduler block of kernel blocks); ``digest`` hashes a chunk of whole pages given as
-    ``[pages, bytes]`` uint8 rows (the integrity module's page digest, passed in so this
-    module imports nothing above it). ``outputs``: ``(output array, its digests)``."""
+    page's rows are copied, while in cache (issue 30). A page is ``rows_per_page`` output
+    rows (a scheduler block of kernel blocks); ``digest`` hashes ``[pages, bytes]`` uint8
+    rows (the integrity module's, passed in so that this module imports nothing above it).
+    ``outputs``: ``(output array, its digests)``."""
 
     rows_per_page: int
     digest: Callable[[npt.NDArray[np.uint8]], npt.NDArray[np.uint64]]
     outputs: list[tuple[npt.NDArray[Any], npt.NDArray[np.uint64]]] = field(default_factory=list)
 
-    def pages(self, out: npt.NDArray[Any], start: int, stop: int, into: Any) -> None:
-        """Digest output rows ``[start, stop)`` (whole pages) into ``into``."""
+    def pages(
+        self, outs: list[npt.NDArray[Any]], digests: list[Any], start: int, stop: int
+    ) -> None:
+        """Digest rows ``[start, stop)`` (whole pages) of each output into its digests."""
         per = self.rows_per_page
-        rows = out[start:stop].reshape((stop - start) // per, -1).view(np.uint8)
-        into[start // per : stop // per] = self.digest(rows)
+        for out, into in zip(outs, digests, strict=True):
+            rows = out[start:stop].reshape((stop - start) // per, -1).view(np.uint8)
+            into[start // per : stop // per] = self.digest(rows)
 
 
 _SINK: ContextVar[PageSink | None] = ContextVar("hurray_wire_page_sink", default=None)
@@ -152,8 +152,7 @@ def rows_at(pool: npt.NDArray[Any], ids: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 
 def gather_rows(array: npt.NDArray[Any], ids: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """``array[ids]`` (axis 0, ids checked) as a new C-contiguous array, in one pass over
-    memory (:func:`gather_many` of one array)."""
+    """``array[ids]`` (axis 0, ids checked) as a new C-contiguous array (:func:`gather_many`)."""
     return gather_many([array], ids)[0]
 
 
@@ -197,7 +196,6 @@ def gather_many(
     row_nbytes = sum(out[0].nbytes for out in outs)
     per = 1 if sink is None else sink.rows_per_page
     digests = [np.empty(len(ids) // per, np.uint64) for _ in outs]
-    pairs = list(zip(arrays, outs, digests, strict=True))
     # a chunk of whole pages, ~GATHER_CHUNK bytes: digested while in cache (measured with
     # 64 KiB-1 MiB chunks: 512 KiB is as good as any, 64 KiB slower than no fusion)
     step = max(per, GATHER_CHUNK // max(1, row_nbytes) // per * per)
@@ -208,17 +206,16 @@ def gather_many(
             for array, out in copies:
                 out[to] = array[at]
             if sink is not None and (stop % step == 0 or stop == len(ids)):
-                for _, out, into in pairs:
-                    sink.pages(out, done, stop, into)
+                sink.pages(outs, digests, done, stop)
                 done = stop
     else:
         for start in range(0, len(ids), step):
             part = ids[start : start + step]
             slot = consecutive(part)
-            for array, out, into in pairs:
+            for array, out in zip(arrays, outs, strict=True):
                 out[start : start + step] = array[part if slot is None else slot]
-                if sink is not None:
-                    sink.pages(out, start, start + len(part), into)
+            if sink is not None:
+                sink.pages(outs, digests, start, start + len(part))
     if sink is not None:
         sink.outputs.extend(zip(outs, digests, strict=True))
     return outs
@@ -441,8 +438,8 @@ def torch_to_numpy(tensor: Any, name: str = "tensor") -> npt.NDArray[Any]:
 
 def numpy_to_torch(array: npt.NDArray[Any], name: str = "array") -> Any:
     """A CPU torch tensor of ``array``'s dtype (bfloat16 / float8 through an integer view):
-    sharing its memory when the array is writable, a copy when it is read-only (torch
-    tensors are always writable, so sharing would let a write reach read-only memory)."""
+    sharing its memory when the array is writable, a copy when it is read-only (``bytes``,
+    a ``StreamFile``'s mapping: torch tensors are always writable)."""
     torch = _torch()
     if not array.flags.writeable:
         array = array.copy()

@@ -150,12 +150,10 @@ class CacheForm:
         *,
         fresh: bool = False,
     ) -> tuple[tuple[Pages, ...], tuple[DigestArray, ...]]:
-        """:meth:`read` and each role's page digests (``integrity.digests``, one per wire
-        page, what the encoder's pass would give), taken as each chunk of pages is copied
-        out of the cache, while in cache (``_interop.digesting``): the save's copy and
-        digest in one pass over memory (docs/performance.md § issue 30). A role whose
-        copy the gather did not make (a device's staged pages, a copy of a shared pool) is
-        digested after the read."""
+        """:meth:`read` and each role's page digests (one per wire page, as the encoder's),
+        taken as each chunk of pages is copied, while in cache (``_interop.digesting``; docs/
+        performance.md § issue 30); a copy the gather did not make (a device's staged pages,
+        a copy of a shared pool) is digested after the read."""
         sink = PageSink(self.ratio, _row_digests)
         with digesting(sink):
             pages = self.read(cache, block_ids, scales, fresh=fresh)
@@ -184,16 +182,12 @@ class CacheForm:
         *,
         device: bool | None = None,
     ) -> Callable[[], None]:
-        """Every check of landing ``pages`` (per role, ``[pages, block_size, H, D]``,
-        ``num_tokens`` valid) at scheduler blocks ``block_ids`` through the one validated
-        landing (``into_vllm``), nothing written: the write (only the valid tokens), for
-        the connector to run once every layer of a transfer passed
-        (``vllm_landing.checked_write``). A cache in device memory is checked through a
-        host stand-in of its shape, strides and dtype (``device.stand_in``: nothing read or
-        written through it), and its write is the device's (``device.land_pages`` on
-        ``stream``): each role's pages, in the wire's layout, copied once and scattered
-        into its views, a partial last block's tail kept. ``device``: that route (None: for
-        a cache not in host memory; True runs it on a CPU tensor: the tests, the bench)."""
+        """Every check of landing ``pages`` (per role ``[pages, block_size, H, D]``,
+        ``num_tokens`` valid) at scheduler blocks ``block_ids`` (``into_vllm``'s
+        ``vllm_landing.checked_write``), nothing written: the write, run once every layer of
+        a transfer passed. A cache on a device (``device``; None: one not in host memory,
+        True: a CPU tensor, for tests and the bench) is checked through ``device.stand_in``
+        (nothing read or written through it) and written by ``device.land_pages``."""
         needed = -(-num_tokens // self.kernel_block_size)  # kernel blocks holding the tokens
         kernel = [p.reshape(-1, self.kernel_block_size, *p.shape[2:])[:needed] for p in pages]
         tensors = tuple(

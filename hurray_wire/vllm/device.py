@@ -84,11 +84,9 @@ def gather(
     *,
     views: Callable[[Any], list[Any]] | None = None,
 ) -> Staged:
-    """Start copying ``cache``'s blocks ``block_ids`` to host memory (pinned on a device);
-    ``stream``: the side stream (from ``side_stream``), None on the CPU. ``views``: the
-    backend's page views (``CacheForm.page_views``): each role's pages are then gathered
-    on the device into the wire's page layout (a tuple, one C-ordered tensor per role), so
-    the host's role split is done there; None: whole blocks in the cache's memory order."""
+    """Start copying ``cache``'s blocks ``block_ids`` to host memory (pinned on a device)
+    on ``stream`` (``side_stream``'s); with ``views`` (``CacheForm.page_views``) each
+    role's pages in the wire's layout (a tuple, one C-ordered tensor per role)."""
 
     def pick(module: Any, side: Any) -> Staged:
         index = _index(block_ids, cache.device)
