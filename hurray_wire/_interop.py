@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.model._checks import U64_MAX
-from hurray_wire.model.layout import _as_index_array
+from hurray_wire.model.layout import _as_index_array, check_index_arrays
 
 __all__ = [
     "PageSink",
@@ -349,15 +349,7 @@ def referenced_pages(
         )
     table = _as_index_array(as_numpy(block_table, "block_table"), "block_table", U64_MAX)
     num_pages = int(page_pool.shape[0])
-    if table.size and int(table.max()) >= num_pages:
-        bad = int(np.argmax(table >= num_pages))
-        raise IndexBufferError(
-            f"page id at position {bad} is outside the pool",
-            position=bad,
-            field="block_table",
-            found=int(table[bad]),
-            expected=f"< num_pages = {num_pages}",
-        )
+    check_index_arrays(np.array([0, len(table)]), table, num_pages, 1)  # ids inside the pool
     old_ids, new_table = first_reference_order(table.astype(np.int64))
     if per_slot:  # per-block quantization: one scale per page slot moves with its page
         page_size = int(page_pool.shape[1])
