@@ -186,7 +186,7 @@ def gather_many(
     runs = [a.strides[-1] == a.itemsize for a in arrays]  # not CPU_ATTN's key slabs
     if len(arrays) > 1 and not all(runs):  # each on its own route, one after the other
         return [gather_many([a], ids)[0] for a in arrays]
-    joined = _joined(arrays) if len(arrays) > 1 else None  # then one output allocation
+    joined = _joined(arrays)  # then one output allocation
     if joined is None:
         outs = [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
         copies = list(zip(arrays, outs, strict=True))
@@ -271,18 +271,16 @@ def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any] | None:
     """Arrays of one shape, strides and dtype as one view ``[rows, len(arrays), ...]`` (the
     role axis strided by their addresses' spacing): one NumPy call copies a row of each,
     in the destination's memory order (a vLLM layer's interleaved K and V in one pass).
-    None when they differ in form or are not evenly spaced. Over separate allocations
-    (two roles' received pages) the view is only read, while the caller holds them."""
+    None for one array, or arrays of other forms or not evenly spaced. Over separate
+    allocations (two roles' received pages) it is only read, while the caller holds them."""
     first = arrays[0]
-    if len(arrays) == 1:
-        return first
     if first.dtype.itemsize not in (1, 2, 4, 8) or any(
         a.shape != first.shape or a.strides != first.strides or a.dtype != first.dtype
         for a in arrays
     ):
         return None
     starts = [int(a.__array_interface__["data"][0]) for a in arrays]
-    step = starts[1] - starts[0]
+    step = starts[1] - starts[0] if len(arrays) > 1 else 0
     if step == 0 or any(at != starts[0] + k * step for k, at in enumerate(starts)):
         return None
     bits = first.view(f"u{first.dtype.itemsize}")  # as_strided cannot take ml_dtypes
