@@ -83,8 +83,7 @@ def take_pages(pool: Any, page_ids: npt.NDArray[Any]) -> Any:
     """``pool[page_ids]`` as a new C-contiguous NumPy array: only those pages are read (a
     torch tensor indexed on its own device, only the gathered pages brought to host)."""
     if is_torch(pool):
-        torch = _torch()
-        index = torch.from_numpy(np.ascontiguousarray(page_ids, np.int64)).to(pool.device)
+        index = _torch().from_numpy(np.ascontiguousarray(page_ids, np.int64)).to(pool.device)
         return torch_to_numpy(pool.detach().index_select(0, index).contiguous(), "page_pool")
     return gather_rows(pool, page_ids)
 
@@ -408,11 +407,7 @@ def torch_to_numpy(tensor: Any, name: str = "tensor") -> npt.NDArray[Any]:
     """A NumPy view of a CPU torch tensor (strides kept); other devices are copied to CPU."""
     if not is_torch(tensor):
         raise ArgumentTypeError("expected a torch.Tensor", field=name, found=type(tensor).__name__)
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.is_conj() or t.is_neg():
-        t = t.resolve_conj().resolve_neg()
+    t = tensor.detach().cpu().resolve_conj().resolve_neg()  # each a no-op when not needed
     dtype_name = str(t.dtype).removeprefix("torch.")
     via = _via_integer().get(dtype_name)
     try:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from hurray_wire._interop import _torch
 from hurray_wire.errors import TransportError
 
 __all__ = ["Staged", "gather", "land", "land_pages", "memory_order", "needs_staging", "stand_in"]
@@ -50,9 +51,7 @@ def memory_order(tensor: Any) -> list[int]:
 
 
 def _module(device: Any) -> Any:
-    import torch
-
-    return None if device.type == "cpu" else torch.get_device_module(device.type)
+    return None if device.type == "cpu" else _torch().get_device_module(device.type)
 
 
 @dataclass
@@ -72,9 +71,7 @@ class Staged:
 
 
 def _index(ids: npt.NDArray[np.int64], device: Any) -> Any:
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(ids, np.int64)).to(device, non_blocking=True)
+    return _torch().from_numpy(np.ascontiguousarray(ids, np.int64)).to(device, non_blocking=True)
 
 
 def gather(
@@ -108,10 +105,8 @@ def gather(
 
 def _pinned(picked: Any) -> Any:
     """A non-blocking copy of ``picked`` into pinned host memory (its strides kept)."""
-    import torch
-
-    host = torch.empty_strided(picked.shape, picked.stride(), dtype=picked.dtype,
-                               device="cpu", pin_memory=True)  # fmt: skip
+    host = _torch().empty_strided(picked.shape, picked.stride(), dtype=picked.dtype,
+                                  device="cpu", pin_memory=True)  # fmt: skip
     host.copy_(picked, non_blocking=True)
     return host
 
@@ -161,8 +156,6 @@ def stand_in(cache: Any) -> Any:
     inspect: backed by an anonymous mapping the kernel fills with zero pages only when
     touched, so it costs address space, not memory or a copy (nothing writes it; no swap
     reserved for it either)."""
-    import torch
-
     span = 1 + sum((n - 1) * s for n, s in zip(cache.shape, cache.stride(), strict=True))
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
     try:
@@ -172,7 +165,7 @@ def stand_in(cache: Any) -> Any:
             f"no host address space for the landing's stand-in of the cache: {err}",
             field="kv_cache", found=f"{span * cache.element_size()} bytes",
         ) from err  # fmt: skip
-    flat = torch.frombuffer(memory, dtype=cache.dtype)
+    flat = _torch().frombuffer(memory, dtype=cache.dtype)
     return flat.as_strided(tuple(cache.shape), tuple(cache.stride()))
 
 
@@ -187,13 +180,12 @@ def land_pages(
     """The commit of checked pages (per role, ``[len(ids), kernel_block_size, H, D]``) into
     the backend's ``views`` at kernel blocks ``ids``, the inverse of ``gather(views=)``;
     the last block's first ``valid`` token slots only (module docstring)."""
-    import torch
 
     def run(*_: Any) -> None:
         index = _index(ids, cache.device)
         whole = len(ids) if valid == pages[0].shape[1] else len(ids) - 1
         for view, role in zip(views(cache), pages, strict=True):
-            raw = torch.from_numpy(np.ascontiguousarray(role).view(np.uint8))
+            raw = _torch().from_numpy(np.ascontiguousarray(role).view(np.uint8))
             source = raw.to(cache.device, non_blocking=True).view(cache.dtype)
             view.index_copy_(0, index[:whole], source[:whole])
             if whole < len(ids):
