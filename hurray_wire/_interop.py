@@ -3,11 +3,9 @@
 A torch tensor is recognised by its type's module name, so NumPy callers never import
 torch. CPU tensors are shared, not copied; tensors on another device are never moved whole
 (``take_pages`` copies only the pages a block table names). NumPy's DLPack cannot carry
-bfloat16 or the float8 types: those cross as a same-width unsigned integer.
-
-Torch has no read-only tensors: ``numpy_to_torch`` shares a writable array's memory and
-copies a read-only one (``bytes``, a read-only mapping of a ``StreamFile``), so that no torch
-tensor is ever a writable alias of memory that must not change.
+bfloat16 or the float8 types: those cross as a same-width unsigned integer. Torch has no
+read-only tensors: no torch tensor is ever a writable alias of memory that must not change
+(``numpy_to_torch``).
 """
 
 from __future__ import annotations
@@ -23,9 +21,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hurray_wire.errors import ArgumentTypeError, IndexBufferError, InvalidTensorError
+from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.model._checks import U64_MAX
-from hurray_wire.model.layout import _as_index_array
+from hurray_wire.model.layout import _as_index_array, check_index_arrays
 
 __all__ = [
     "PageSink",
@@ -48,23 +46,17 @@ __all__ = [
     "torch_to_numpy",
 ]
 
-# torch dtype name -> the same-width integer type both DLPacks carry; the NumPy dtype is the
-# ml_dtypes type of the same name (imported with the first torch tensor, not before).
-_CARRIERS = {
-    "bfloat16": "uint16",
-    "float8_e4m3fn": "uint8",
-    "float8_e5m2": "uint8",
-    "float8_e4m3fnuz": "uint8",
-    "float8_e5m2fnuz": "uint8",
-    "float8_e8m0fnu": "uint8",
-}
+# torch dtypes that cross both DLPacks as the same-width unsigned integer; the NumPy dtype is
+# the ml_dtypes type of the same name (imported with the first torch tensor, not before).
+_CARRIED = "bfloat16 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz float8_e8m0fnu"
 
 
 @functools.cache
 def _via_integer() -> dict[str, tuple[np.dtype[Any], str]]:
     """torch dtype name -> (NumPy dtype, carrier integer type)."""
     ml_dtypes = importlib.import_module("ml_dtypes")
-    return {name: (np.dtype(getattr(ml_dtypes, name)), c) for name, c in _CARRIERS.items()}
+    named = {name: np.dtype(getattr(ml_dtypes, name)) for name in _CARRIED.split()}
+    return {name: (d, f"uint{8 * d.itemsize}") for name, d in named.items()}
 
 
 @functools.cache
@@ -87,16 +79,12 @@ def is_device_tensor(value: object) -> bool:
     return is_torch(value) and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"
 
 
-def take_pages(pool: Any, page_ids: npt.NDArray[Any], name: str = "page_pool") -> Any:
-    """``pool[page_ids]`` as a new C-contiguous NumPy array: only those pages are read.
-
-    A torch tensor on any device is indexed where it lives and only the gathered pages
-    come to host; a NumPy array (strided or not) is gathered by fancy indexing.
-    """
+def take_pages(pool: Any, page_ids: npt.NDArray[Any]) -> Any:
+    """``pool[page_ids]`` as a new C-contiguous NumPy array: only those pages are read (a
+    torch tensor indexed on its own device, only the gathered pages brought to host)."""
     if is_torch(pool):
-        torch = _torch()
-        index = torch.from_numpy(np.ascontiguousarray(page_ids, np.int64)).to(pool.device)
-        return torch_to_numpy(pool.detach().index_select(0, index).contiguous(), name)
+        index = _torch().from_numpy(np.ascontiguousarray(page_ids, np.int64)).to(pool.device)
+        return torch_to_numpy(pool.detach().index_select(0, index).contiguous(), "page_pool")
     return gather_rows(pool, page_ids)
 
 
@@ -115,21 +103,23 @@ ROW_CALL_MIN = 4 << 10
 @dataclass
 class PageSink:
     """Where :func:`gather_many` puts each output's page digests, taken right after the
-    page's rows are copied, while they are in cache (issue 30: the save's copy and digest
-    in one pass over memory). A page is ``rows_per_page`` consecutive output rows (a
-    scheduler block of kernel blocks); ``digest`` hashes a chunk of whole pages given as
-    ``[pages, bytes]`` uint8 rows (the integrity module's page digest, passed in so this
-    module imports nothing above it). ``outputs``: ``(output array, its digests)``."""
+    page's rows are copied, while in cache (issue 30). A page is ``rows_per_page`` output
+    rows (a scheduler block of kernel blocks); ``digest`` hashes ``[pages, bytes]`` uint8
+    rows (the integrity module's, passed in so that this module imports nothing above it).
+    ``outputs``: ``(output array, its digests)``."""
 
     rows_per_page: int
     digest: Callable[[npt.NDArray[np.uint8]], npt.NDArray[np.uint64]]
     outputs: list[tuple[npt.NDArray[Any], npt.NDArray[np.uint64]]] = field(default_factory=list)
 
-    def pages(self, out: npt.NDArray[Any], start: int, stop: int, into: Any) -> None:
-        """Digest output rows ``[start, stop)`` (whole pages) into ``into``."""
+    def pages(
+        self, outs: list[npt.NDArray[Any]], digests: list[Any], start: int, stop: int
+    ) -> None:
+        """Digest rows ``[start, stop)`` (whole pages) of each output into its digests."""
         per = self.rows_per_page
-        rows = out[start:stop].reshape((stop - start) // per, -1).view(np.uint8)
-        into[start // per : stop // per] = self.digest(rows)
+        for out, into in zip(outs, digests, strict=True):
+            rows = out[start:stop].reshape((stop - start) // per, -1).view(np.uint8)
+            into[start // per : stop // per] = self.digest(rows)
 
 
 _SINK: ContextVar[PageSink | None] = ContextVar("hurray_wire_page_sink", default=None)
@@ -161,8 +151,7 @@ def rows_at(pool: npt.NDArray[Any], ids: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 
 def gather_rows(array: npt.NDArray[Any], ids: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """``array[ids]`` (axis 0, ids checked) as a new C-contiguous array, in one pass over
-    memory (:func:`gather_many` of one array)."""
+    """``array[ids]`` (axis 0, ids checked) as a new C-contiguous array (:func:`gather_many`)."""
     return gather_many([array], ids)[0]
 
 
@@ -170,24 +159,18 @@ def gather_many(
     arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any]
 ) -> list[npt.NDArray[Any]]:
     """``[array[ids] for array in arrays]`` (axis 0, ids checked), each a new C-contiguous
-    array, in one pass over memory. For views of one memory (a layer's keys and values,
-    their rows interleaved), each array's row is copied in turn: the memory of a row is
-    read once, while a pass per array reads it twice (the hardware prefetcher pulls the
-    other array's lines too; measured 17.7 against 22.2 ms for 64 MiB).
-
-    NumPy's fancy indexing keeps a strided row's memory order (a head-major page comes out
-    head-major), so a C-ordered result of it would cost a second full copy: strided rows
-    of contiguous runs are copied one call per run of consecutive ids into their place
-    (:data:`ROW_CALL_MIN`; arrays of one form, a layer's K and V, into one allocation,
-    every role of a row in one call through :func:`_joined`: FLASH_ATTN's 64 MiB saves
-    1.23-1.28x the limit against 1.32-1.38x a call per role),
-    other strided rows (CPU_ATTN's key slabs, one element per 64 bytes) gathered a chunk
-    at a time and reordered while in cache; C-contiguous rows in one gather. Arrays of
-    both kinds (a CPU_ATTN slab's keys and values, separate halves of it) take their
-    routes one after the other (measured 25.8 against 29.1 ms taking turns).
-
-    Inside :func:`digesting`, each output's pages are digested as their rows are copied,
-    a chunk (~:data:`GATHER_CHUNK`) at a time, into the sink."""
+    array, in one pass over memory: views of one memory (a layer's K and V, rows
+    interleaved) a row of each in turn, so that a row's memory is read once (17.7 against
+    22.2 ms for 64 MiB a pass per array: the prefetcher pulls the other array's lines too).
+    NumPy's fancy indexing keeps a strided row's memory order (C order would cost a second
+    copy): strided rows of contiguous runs go one call per run of consecutive ids
+    (:data:`ROW_CALL_MIN`; a layer's K and V into one allocation, a row's roles in one call
+    through :func:`_joined`: FLASH_ATTN's 64 MiB saves 1.23-1.28x the limit against
+    1.32-1.38x a call per role), element-strided rows (CPU_ATTN's key slabs, one element
+    per 64 bytes) a chunk at a time reordered in cache, C-contiguous rows in one gather;
+    arrays of both kinds (a CPU_ATTN slab's halves) one route after the other (25.8 against
+    29.1 ms taking turns). Inside :func:`digesting`, each output's pages are digested a
+    chunk (~:data:`GATHER_CHUNK`) at a time as their rows are copied."""
     shapes = [(len(ids), *a.shape[1:]) for a in arrays]
     if not ids.size:
         return [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
@@ -202,44 +185,36 @@ def gather_many(
     runs = [a.strides[-1] == a.itemsize for a in arrays]  # not CPU_ATTN's key slabs
     if len(arrays) > 1 and not all(runs):  # each on its own route, one after the other
         return [gather_many([a], ids)[0] for a in arrays]
-    joined = _joined(arrays) if len(arrays) > 1 else None  # then one output allocation
-    block = None if joined is None else np.empty((len(arrays), *shapes[0]), arrays[0].dtype)
-    outs = (
-        [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
-        if block is None
-        else list(block)
-    )
+    joined = _joined(arrays)  # then one output allocation
+    if joined is None:
+        outs = [np.empty(shape, a.dtype) for shape, a in zip(shapes, arrays, strict=True)]
+        copies = list(zip(arrays, outs, strict=True))
+    else:  # each row's roles in one call
+        block = np.empty((len(arrays), *shapes[0]), arrays[0].dtype)
+        outs, copies = list(block), [(joined, block.swapaxes(0, 1))]
     row_nbytes = sum(out[0].nbytes for out in outs)
     per = 1 if sink is None else sink.rows_per_page
     digests = [np.empty(len(ids) // per, np.uint64) for _ in outs]
-    pairs = list(zip(arrays, outs, digests, strict=True))
     # a chunk of whole pages, ~GATHER_CHUNK bytes: digested while in cache (measured with
     # 64 KiB-1 MiB chunks: 512 KiB is as good as any, 64 KiB slower than no fusion)
     step = max(per, GATHER_CHUNK // max(1, row_nbytes) // per * per)
     rows_each = run is None and runs[0] and not contiguous
     if rows_each and min(out[0].nbytes for out in outs) >= ROW_CALL_MIN:
-        copies = list(zip(arrays, outs, strict=True))
-        if joined is not None and block is not None:  # each row's roles in one call
-            copies = [(joined, block.swapaxes(0, 1))]
         done = 0
-        for first, start, stop in _runs(ids, step):  # no run crosses a chunk's end
+        for at, to, stop in _runs(ids, step):  # no run crosses a chunk's end
             for array, out in copies:
-                if stop - start == 1:
-                    out[start] = array[first]
-                else:
-                    out[start:stop] = array[first : first + stop - start]
+                out[to] = array[at]
             if sink is not None and (stop % step == 0 or stop == len(ids)):
-                for _, out, into in pairs:
-                    sink.pages(out, done, stop, into)
+                sink.pages(outs, digests, done, stop)
                 done = stop
     else:
         for start in range(0, len(ids), step):
             part = ids[start : start + step]
             slot = consecutive(part)
-            for array, out, into in pairs:
+            for array, out in zip(arrays, outs, strict=True):
                 out[start : start + step] = array[part if slot is None else slot]
-                if sink is not None:
-                    sink.pages(out, start, start + len(part), into)
+            if sink is not None:
+                sink.pages(outs, digests, start, start + len(part))
     if sink is not None:
         sink.outputs.extend(zip(outs, digests, strict=True))
     return outs
@@ -249,19 +224,16 @@ def scatter_rows(
     arrays: Sequence[npt.NDArray[Any]], ids: npt.NDArray[Any], rows: Sequence[npt.NDArray[Any]]
 ) -> None:
     """``array[ids] = rows`` for each array (axis 0, ids checked, distinct; the arrays views
-    of one memory, e.g. a layer's keys and values).
-
-    Rows of at least :data:`ROW_CALL_MIN` bytes, and runs of consecutive ids, are written
-    a run of rows per NumPy call (at most ~:data:`GATHER_CHUNK` bytes): arrays of one
-    form with rows of one form as one view with a role axis (:func:`_joined`: a vLLM
-    layer's K and V lines in the block's memory order, one call; 64 MiB at random targets
-    13.0 against 14.2 ms a row per array), other arrays in turn, so that each block's
-    lines are written while in cache (CPU_ATTN's slabs, keys transposed: 17.6 against
-    19.2 ms for 64 MiB putting chunks in memory order first; a pass per array 19.8).
-    Smaller rows at scattered ids go a cache-sized chunk of ids at a time, arrays of
-    contiguous runs in turn, element-strided ones (CPU_ATTN's keys) first put in the
-    array's memory order in cache, one array after the other (2x NumPy's element-wise
-    scatter; taking turns was slower)."""
+    of one memory, e.g. a layer's K and V). Rows of at least :data:`ROW_CALL_MIN` bytes,
+    and runs of consecutive ids, go a run per NumPy call (at most ~:data:`GATHER_CHUNK`
+    bytes): arrays and rows of one form as one view with a role axis (:func:`_joined`: a
+    vLLM layer's K and V lines in the block's memory order; 64 MiB at random targets 13.0
+    against 14.2 ms a row per array), other arrays in turn, each block's lines written
+    while in cache (CPU_ATTN's slabs: 17.6 against 19.2 ms for 64 MiB putting chunks in
+    memory order first; a pass per array 19.8). Smaller rows at scattered ids go a chunk
+    of ids at a time, arrays of contiguous runs in turn, element-strided ones (CPU_ATTN's
+    keys) put in memory order in cache first, one array after the other (2x NumPy's
+    element-wise scatter; taking turns was slower)."""
     if not ids.size:
         return
     row_nbytes = arrays[0][ids[:1]].nbytes
@@ -271,13 +243,9 @@ def scatter_rows(
         joined, sources = _joined(arrays), _joined(rows)
         if joined is not None and sources is not None:
             pairs = [(joined, sources)]
-        for first, start, stop in _runs(ids, step):
-            if stop - start == 1:  # an integer index: a third of a slice's cost per call
-                for array, source in pairs:
-                    array[first] = source[start]
-                continue
+        for at, to, _ in _runs(ids, step):
             for array, source in pairs:
-                array[first : first + stop - start] = source[start:stop]
+                array[at] = source[to]
         return
     held = [
         None if a.strides[-1] == a.itemsize else np.empty_like(a[ids[:step]])  # order="K"
@@ -300,22 +268,18 @@ def scatter_rows(
 
 def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any] | None:
     """Arrays of one shape, strides and dtype as one view ``[rows, len(arrays), ...]`` (the
-    role axis strided by their addresses' spacing), so that one NumPy call copies a row of
-    each in turn, in the destination's memory order (NumPy orders a copy's axes by the
-    destination's strides): a vLLM layer's K and V views, whose runs interleave, written in
-    one pass. None when the arrays differ in form or their addresses are not evenly
-    spaced. For separate allocations (two roles' received pages) the view is only read,
-    while the arrays are alive (the caller holds them)."""
+    role axis strided by their addresses' spacing): one NumPy call copies a row of each,
+    in the destination's memory order (a vLLM layer's interleaved K and V in one pass).
+    None for one array, or arrays of other forms or not evenly spaced. Over separate
+    allocations (two roles' received pages) it is only read, while the caller holds them."""
     first = arrays[0]
-    if len(arrays) == 1:
-        return first
     if first.dtype.itemsize not in (1, 2, 4, 8) or any(
         a.shape != first.shape or a.strides != first.strides or a.dtype != first.dtype
         for a in arrays
     ):
         return None
     starts = [int(a.__array_interface__["data"][0]) for a in arrays]
-    step = starts[1] - starts[0]
+    step = starts[1] - starts[0] if len(arrays) > 1 else 0
     if step == 0 or any(at != starts[0] + k * step for k, at in enumerate(starts)):
         return None
     bits = first.view(f"u{first.dtype.itemsize}")  # as_strided cannot take ml_dtypes
@@ -327,15 +291,23 @@ def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any] | None:
     ).view(first.dtype)
 
 
-def _runs(ids: npt.NDArray[Any], most: int) -> list[tuple[int, int, int]]:
-    """``(first id, start, stop)`` of the runs of consecutive ascending ids, each of at
-    most ``most`` ids (``[start, stop)`` positions in ``ids``)."""
+def _runs(ids: npt.NDArray[Any], most: int) -> list[tuple[int | slice, int | slice, int]]:
+    """``(ids' index, positions' index, stop)`` of each run of consecutive ascending ids, of
+    at most ``most`` ids ending at position ``stop``: integers for a run of one (a third of
+    a slice's cost per NumPy call), else slices."""
     cut = np.ones(len(ids), bool)
     cut[1:] = np.diff(ids) != 1
     cut[::most] = True
     at = np.flatnonzero(cut)
     starts = at.tolist()
-    return list(zip(ids[at].tolist(), starts, [*starts[1:], len(ids)], strict=True))
+    return [
+        (first, start, stop)
+        if stop - start == 1
+        else (slice(first, first + stop - start), slice(start, stop), stop)
+        for first, start, stop in zip(
+            ids[at].tolist(), starts, [*starts[1:], len(ids)], strict=True
+        )
+    ]
 
 
 def first_reference_order(
@@ -374,15 +346,7 @@ def referenced_pages(
         )
     table = _as_index_array(as_numpy(block_table, "block_table"), "block_table", U64_MAX)
     num_pages = int(page_pool.shape[0])
-    if table.size and int(table.max()) >= num_pages:
-        bad = int(np.argmax(table >= num_pages))
-        raise IndexBufferError(
-            f"page id at position {bad} is outside the pool",
-            position=bad,
-            field="block_table",
-            found=int(table[bad]),
-            expected=f"< num_pages = {num_pages}",
-        )
+    check_index_arrays(np.array([0, len(table)]), table, num_pages, 1)  # ids inside the pool
     old_ids, new_table = first_reference_order(table.astype(np.int64))
     if per_slot:  # per-block quantization: one scale per page slot moves with its page
         page_size = int(page_pool.shape[1])
@@ -401,43 +365,36 @@ def engine_array(value: object, name: str, *, contiguous: bool = True) -> npt.ND
     tensor or any host DLPack tensor (shared, never copied), writable, of plain data and
     (unless ``contiguous=False``: a vLLM cache's strided role views) C-contiguous. The one
     intake of every landing target (``decode(into=)``, in place, NIXL, ``into_vllm``)."""
+
+    def refuse(message: str, found: object) -> ArgumentTypeError:
+        return ArgumentTypeError(message, field=name, found=found)
+
     array = value
     if not isinstance(value, np.ndarray):
+        kind = type(value).__name__
         if is_device_tensor(value):
-            raise ArgumentTypeError(
-                f"{name} must be in host memory (it is written in place, never moved)",
-                field=name,
-                found=str(value.device),  # type: ignore[attr-defined]
-            )
+            message = f"{name} must be in host memory (it is written in place, never moved)"
+            raise refuse(message, str(value.device))  # type: ignore[attr-defined]
         if is_torch(value):
             array = torch_to_numpy(value, name)
         elif hasattr(value, "__dlpack__"):
             try:
                 array = np.from_dlpack(value)
             except (BufferError, TypeError, RuntimeError, ValueError) as exc:
-                raise ArgumentTypeError(f"{name}: no host DLPack view ({exc})", field=name,
-                                        found=type(value).__name__) from None  # fmt: skip
+                raise refuse(f"{name}: no host DLPack view ({exc})", kind) from None
         else:
-            raise ArgumentTypeError(
-                f"{name} must be the engine's array (NumPy, torch or DLPack; written in place)",
-                field=name,
-                found=type(value).__name__,
+            message = (
+                f"{name} must be the engine's array (NumPy, torch or DLPack; written in place)"
             )
+            raise refuse(message, kind)
     assert isinstance(array, np.ndarray)
     if array.dtype.hasobject or array.dtype.fields is not None:
-        raise ArgumentTypeError(f"{name} must hold plain data", field=name, found=str(array.dtype))
+        raise refuse(f"{name} must hold plain data", str(array.dtype))
     if contiguous and not array.flags.c_contiguous:
-        raise ArgumentTypeError(
-            f"{name} must be C-contiguous",
-            field=name,
-            found=f"contiguous False, strides {array.strides}",
-        )
+        raise refuse(f"{name} must be C-contiguous", f"contiguous False, strides {array.strides}")
     if not array.flags.writeable:
-        raise ArgumentTypeError(
-            f"{name} must be writable (new pages are written into it)",
-            field=name,
-            found="a read-only array",
-        )
+        message = f"{name} must be writable (new pages are written into it)"
+        raise refuse(message, "a read-only array")
     return array
 
 
@@ -450,11 +407,7 @@ def torch_to_numpy(tensor: Any, name: str = "tensor") -> npt.NDArray[Any]:
     """A NumPy view of a CPU torch tensor (strides kept); other devices are copied to CPU."""
     if not is_torch(tensor):
         raise ArgumentTypeError("expected a torch.Tensor", field=name, found=type(tensor).__name__)
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.is_conj() or t.is_neg():
-        t = t.resolve_conj().resolve_neg()
+    t = tensor.detach().cpu().resolve_conj().resolve_neg()  # each a no-op when not needed
     dtype_name = str(t.dtype).removeprefix("torch.")
     via = _via_integer().get(dtype_name)
     try:
@@ -470,8 +423,8 @@ def torch_to_numpy(tensor: Any, name: str = "tensor") -> npt.NDArray[Any]:
 
 def numpy_to_torch(array: npt.NDArray[Any], name: str = "array") -> Any:
     """A CPU torch tensor of ``array``'s dtype (bfloat16 / float8 through an integer view):
-    sharing its memory when the array is writable, a copy when it is read-only (torch
-    tensors are always writable, so sharing would let a write reach read-only memory)."""
+    sharing its memory when the array is writable, a copy when it is read-only (``bytes``,
+    a ``StreamFile``'s mapping: torch tensors are always writable)."""
     torch = _torch()
     if not array.flags.writeable:
         array = array.copy()
@@ -495,12 +448,9 @@ def tensor_to_torch(tensor: Any, device: Any = None) -> dict[str, Any]:
     pool = tensor.unpacked_page_pool()
     if tensor.element_type.is_packed and pool.dtype.kind != "b":
         pool = pool.astype("int8" if tensor.element_type.name.startswith("int") else "uint8")
-    arrays = {"page_pool": pool, "block_table": tensor.block_table, "seq_ptr": tensor.seq_ptr}
-    for name in ("scales", "zero_points", "seq_lens"):
-        value = getattr(tensor, name)
-        if value is not None:
-            arrays[name] = value
-    out = {name: numpy_to_torch(value, name) for name, value in arrays.items()}
+    names = ("block_table", "seq_ptr", "scales", "zero_points", "seq_lens")
+    arrays = {"page_pool": pool, **{name: getattr(tensor, name) for name in names}}
+    out = {name: numpy_to_torch(a, name) for name, a in arrays.items() if a is not None}
     if device is None:
         return out
     try:

@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 Pages = npt.NDArray[Any]
+Scales = tuple[float | None, float | None]  # a layer's fp8 (k_scale, v_scale)
 #: The vLLM version from which a cache is one 4-D view per layer (vllm-project/vllm#44455):
 #: every cache ``learn`` accepts is read in that era.
 LAYER_VIEWS = "0.26"
@@ -84,7 +85,7 @@ class CacheForm:
 
     @property
     def roles(self) -> tuple[str, ...]:
-        return FUSED if self.backend in forms.MLA_BACKENDS else PAIR
+        return roles_of_layout(self.backend)
 
     @property
     def fingerprint_layout(self) -> str:
@@ -101,19 +102,20 @@ class CacheForm:
             return None
         return partial(forms.page_views, mla=self.backend in forms.MLA_BACKENDS)
 
-    def _kw(self) -> dict[str, Any]:
+    def _kw(self, scales: Scales = (None, None)) -> dict[str, Any]:
         """The adapter's reading of this engine's caches: manager block ids translated to
         the kernel blocks the attention reads (``block_size=``), in the era of one 4-D view
         per layer (``learn`` refuses any other cache), so that no read or landing asks the
         package metadata which vLLM is installed (~0.2 ms a call where none is imported)."""
         return {"backend": self.backend, "isa": self.isa, "kv_cache_dtype": self.kv_cache_dtype,
-                "block_size": self.block_size, "vllm_version": LAYER_VIEWS}  # fmt: skip
+                "block_size": self.block_size, "vllm_version": LAYER_VIEWS,
+                "k_scale": scales[0], "v_scale": scales[1]}  # fmt: skip
 
     def read(
         self,
         cache: Any,
         block_ids: Sequence[int],
-        scales: tuple[float | None, float | None] = (None, None),
+        scales: Scales = (None, None),
         *,
         fresh: bool = False,
     ) -> tuple[Pages, ...]:
@@ -121,18 +123,19 @@ class CacheForm:
         per role ``[pages, block_size, H, D]``. ``cache``: the engine's, or with ``fresh``
         a gathered copy nothing else writes (its pages are then not copied again): whole
         kernel blocks, or a device's pages already in the wire's layout (a tuple per role,
-        ``gather(views=page_views)``)."""
-        if isinstance(cache, tuple):
-            return tuple(self._gathered(t, block_ids) for t in cache)
-        tokens = len(block_ids) * self.block_size
-        k_scale, v_scale = scales
-        read = from_vllm(cache, [list(block_ids)], [tokens], k_scale=k_scale, v_scale=v_scale,
-                         kv_cache_layout=self.layout, **self._kw())  # fmt: skip
-        tensors = read if isinstance(read, tuple) else (read,)
+        ``gather(views=page_views)``: views of it, fp8 storage as its float8 type)."""
         count = len(block_ids)
+        if isinstance(cache, tuple):
+            ids = kernel_ids(block_ids, self.ratio)
+            rows = [fp8_view(array(role, "kv_cache"), self.kv_cache_dtype) for role in cache]
+            return tuple(
+                rows_at(r, ids).reshape(count, self.block_size, *r.shape[2:]) for r in rows
+            )
+        read = from_vllm(cache, [list(block_ids)], [count * self.block_size],
+                         kv_cache_layout=self.layout, **self._kw(scales))  # fmt: skip
         source = None if fresh else array(cache, "kv_cache")
         out = []
-        for t in tensors:
+        for t in read if isinstance(read, tuple) else (read,):
             pages = sequence_pages(t).reshape(count, self.block_size, *t.page_pool.shape[2:])
             # from_vllm shares a C-contiguous pool (MLA): the engine may overwrite it
             shared = source is not None and np.may_share_memory(pages, source)
@@ -143,28 +146,18 @@ class CacheForm:
         self,
         cache: Any,
         block_ids: Sequence[int],
-        scales: tuple[float | None, float | None] = (None, None),
+        scales: Scales = (None, None),
         *,
         fresh: bool = False,
     ) -> tuple[tuple[Pages, ...], tuple[DigestArray, ...]]:
-        """:meth:`read` and each role's page digests (``integrity.digests``, one per wire
-        page, what the encoder's pass would give), taken as each chunk of pages is copied
-        out of the cache, while in cache (``_interop.digesting``): the save's copy and
-        digest in one pass over memory (docs/performance.md § issue 30). A role whose
-        copy the gather did not make (a device's staged pages, a copy of a shared pool) is
-        digested after the read."""
+        """:meth:`read` and each role's page digests (one per wire page, as the encoder's),
+        taken as each chunk of pages is copied, while in cache (``_interop.digesting``; docs/
+        performance.md § issue 30); a copy the gather did not make (a device's staged pages,
+        a copy of a shared pool) is digested after the read."""
         sink = PageSink(self.ratio, _row_digests)
         with digesting(sink):
             pages = self.read(cache, block_ids, scales, fresh=fresh)
         return pages, tuple(_digests_of(p, sink) for p in pages)
-
-    def _gathered(self, pages: Any, block_ids: Sequence[int]) -> Pages:
-        """Scheduler blocks ``block_ids`` of one role's gathered kernel-block pages
-        ``[kernel blocks, kernel_block_size, H, D]`` (C order): views, ``[pages,
-        block_size, H, D]`` (fp8 storage as its float8 type)."""
-        rows = fp8_view(array(pages, "kv_cache"), self.kv_cache_dtype)
-        taken = rows_at(rows, kernel_ids(block_ids, self.ratio))
-        return taken.reshape(len(block_ids), self.block_size, *rows.shape[2:])
 
     def write(
         self,
@@ -172,13 +165,10 @@ class CacheForm:
         num_tokens: int,
         cache: Any,
         block_ids: Sequence[int],
-        scales: tuple[float | None, float | None] = (None, None),
+        scales: Scales = (None, None),
     ) -> None:
-        """Land pages (per role, ``[pages, block_size, H, D]``, ``num_tokens`` valid) at
-        scheduler blocks ``block_ids`` with the one validated landing (``into_vllm``):
-        every check before the first byte, only the valid tokens written. ``scales``: the
-        layer's fp8 scales, which the prefill engine's equal (``scales_digest`` is in both
-        fingerprints)."""
+        """:meth:`checked`'s write run at once: ``scales``, the layer's fp8 scales, equal
+        the prefill engine's (``scales_digest`` is in both fingerprints)."""
         self.checked(pages, num_tokens, cache, block_ids, scales)()
 
     def checked(
@@ -187,36 +177,33 @@ class CacheForm:
         num_tokens: int,
         cache: Any,
         block_ids: Sequence[int],
-        scales: tuple[float | None, float | None] = (None, None),
+        scales: Scales = (None, None),
         stream: Any = None,
         *,
         device: bool | None = None,
     ) -> Callable[[], None]:
-        """Every check of :meth:`write`, nothing written: the write, for the connector to
-        run once every layer of a transfer passed (``vllm_landing.checked_write``). A cache
-        in device memory is checked through a host stand-in of its shape, strides and dtype
-        (``device.stand_in``: nothing read or written through it), and its write is the
-        device's (``device.land_pages`` on ``stream``): each role's pages, in the wire's
-        layout, copied once and scattered into its views, a partial last block's tail kept.
-        ``device``: that route (None: for a cache not in host memory; True runs it on a CPU
-        tensor, which the tests and the bench do)."""
+        """Every check of landing ``pages`` (per role ``[pages, block_size, H, D]``,
+        ``num_tokens`` valid) at scheduler blocks ``block_ids`` (``into_vllm``'s
+        ``vllm_landing.checked_write``), nothing written: the write, run once every layer of
+        a transfer passed. A cache on a device (``device``; None: one not in host memory,
+        True: a CPU tensor, for tests and the bench) is checked through ``device.stand_in``
+        (nothing read or written through it) and written by ``device.land_pages``."""
         needed = -(-num_tokens // self.kernel_block_size)  # kernel blocks holding the tokens
         kernel = [p.reshape(-1, self.kernel_block_size, *p.shape[2:])[:needed] for p in pages]
         tensors = tuple(
             one_sequence(p, num_tokens, kv_role=role, kv_scale=s)
             for p, role, s in zip(kernel, self.roles, scales, strict=False)
         )
-        k_scale, v_scale = scales
         target = tensors[0] if len(tensors) == 1 else (tensors[0], tensors[1])
-        device, views = needs_staging(cache) if device is None else device, self.page_views
+        device = needs_staging(cache) if device is None else device
         write = checked_write(target, stand_in(cache) if device else cache, [list(block_ids)],
-                              k_scale=k_scale, v_scale=v_scale, **self._kw())  # fmt: skip
+                              **self._kw(scales))  # fmt: skip
         if not device:
             return write
-        assert views is not None  # CPU_ATTN caches are never on a device
+        assert self.page_views is not None  # CPU_ATTN caches are never on a device
         ids = kernel_ids(block_ids, self.ratio)[:needed]
         valid = num_tokens - (needed - 1) * self.kernel_block_size
-        return land_pages(cache, views, ids, kernel, valid, stream)
+        return land_pages(cache, self.page_views, ids, kernel, valid, stream)
 
     def check(self, cache: Any) -> None:
         """Read nothing from ``cache`` with the adapter's rules: every refusal it would
@@ -233,21 +220,16 @@ def _digests_of(pages: Pages, sink: PageSink) -> DigestArray:
     """The digests ``sink`` took of exactly these bytes (the gather's own output, page
     ``i`` the same byte range of it), else digested now. Safe to reuse: the output is the
     read's fresh memory, which nothing writes after the gather (the held copy)."""
-    for out, digests in sink.outputs:
-        if (
-            pages.flags.c_contiguous
-            and out.flags.c_contiguous
-            and pages.nbytes == out.nbytes
-            and len(digests) == len(pages)
-            and pages.ctypes.data == out.ctypes.data
-        ):
+    at = (pages.ctypes.data, pages.nbytes, len(pages))
+    for out, digests in sink.outputs if pages.flags.c_contiguous else ():
+        if out.flags.c_contiguous and at == (out.ctypes.data, out.nbytes, len(digests)):
             return digests
-    return _row_digests(page_rows(pages, len(pages), "pages"))
+    return sink.digest(page_rows(pages, len(pages), "pages"))
 
 
 def land_layers(
     form: CacheForm,
-    layers: Sequence[tuple[Any, Sequence[Pages], tuple[float | None, float | None]]],
+    layers: Sequence[tuple[Any, Sequence[Pages], Scales]],
     num_tokens: int,
     block_ids: Sequence[int],
     stream: Any = None,
@@ -262,17 +244,8 @@ def land_layers(
         write()
 
 
-def _refuse(message: str, **kw: Any) -> InvalidTensorError:
-    return InvalidTensorError(f"HurrayConnector: {message}", **kw)
-
-
-def _layout(cache_config: Any) -> str | None:
-    resolve = getattr(cache_config, "get_resolved_kv_cache_layout", None)
-    try:
-        layout = resolve() if resolve is not None else None
-    except ValueError:  # not resolved (an engine built without its core)
-        return None
-    return forms.layout_name(layout) if layout is not None else None
+def _refuse(message: str, field: str, found: Any, **kw: Any) -> InvalidTensorError:
+    return InvalidTensorError(f"HurrayConnector: {message}", field=field, found=found, **kw)
 
 
 def learn(cache_config: Any, layers: Mapping[str, Any], kv_caches: Mapping[str, Any]) -> CacheForm:
@@ -280,71 +253,57 @@ def learn(cache_config: Any, layers: Mapping[str, Any], kv_caches: Mapping[str, 
     ``static_forward_context``) and the caches it registers; refuses, naming the field,
     anything the connector cannot move (it is called from ``register_kv_caches``)."""
     if not kv_caches:
-        raise _refuse("no KV caches registered", field="kv_caches", found=0)
-    backends: dict[str, list[str]] = {}
+        raise _refuse("no KV caches registered", "kv_caches", 0)
+    backends: set[str] = set()
     isas: set[Any] = set()
     for name in kv_caches:
         layer = layers.get(name)
         if layer is None or not hasattr(layer, "get_attn_backend"):
-            raise _refuse(
-                "a KV cache without an attention layer reporting its backend",
-                field="kv_caches",
-                found=name,
-            )
-        backends.setdefault(str(layer.get_attn_backend().get_name()), []).append(name)
+            message = "a KV cache without an attention layer reporting its backend"
+            raise _refuse(message, "kv_caches", name)
+        backends.add(str(layer.get_attn_backend().get_name()))
         isas.add(getattr(layer, "isa", None))
     if len(backends) != 1:
-        raise _refuse(
-            "one attention backend for every layer is supported",
-            field="backend",
-            found=sorted(backends),
-        )
-    backend = next(iter(backends))
+        message = "one attention backend for every layer is supported"
+        raise _refuse(message, "backend", sorted(backends))
+    backend = backends.pop()
     if backend not in forms.BACKENDS:
-        raise _refuse(
-            f"the {backend} attention backend's cache is not one hurray-wire reads",
-            field="backend",
-            found=backend,
-            expected=forms.BACKENDS,
-        )
+        message = f"the {backend} attention backend's cache is not one hurray-wire reads"
+        raise _refuse(message, "backend", backend, expected=forms.BACKENDS)
     block_size = int(cache_config.block_size)
     first = next(iter(kv_caches.values()))
     if len(first.shape) != 4:
-        raise _refuse(
-            f"a {backend} cache of vLLM >= 0.26 is one 4-D view per layer",
-            field="kv_caches",
-            found=f"shape {tuple(first.shape)}",
-        )
+        message = f"a {backend} cache of vLLM >= 0.26 is one 4-D view per layer"
+        raise _refuse(message, "kv_caches", f"shape {tuple(first.shape)}")
     kernel = int(first.shape[2])
     if kernel < 1 or block_size % kernel:
-        raise _refuse(
-            "the caches' block size does not divide the scheduler's",
-            field="block_size",
-            found=kernel,
-            expected=f"a divisor of {block_size}",
-        )
+        message = "the caches' block size does not divide the scheduler's"
+        raise _refuse(message, "block_size", kernel, expected=f"a divisor of {block_size}")
     fp8 = str(first.dtype) == "torch.uint8"
     setting = getattr(cache_config, "cache_dtype", None)
     dtype = forms.float8_name(setting) if fp8 else str(first.dtype).removeprefix("torch.")
     isa = isas.pop() if backend == forms.CPU_BACKEND and len(isas) == 1 else None
-    form = CacheForm(backend, _layout(cache_config), isa, block_size, kernel,
-                     str(setting) if fp8 else None, dtype)  # fmt: skip
+    resolve = getattr(cache_config, "get_resolved_kv_cache_layout", None)
+    try:
+        resolved = resolve() if resolve is not None else None
+    except ValueError:  # not resolved (an engine built without its core)
+        resolved = None
+    layout = forms.layout_name(resolved)
+    form = CacheForm(backend, layout, isa, block_size, kernel, str(setting) if fp8 else None, dtype)
     for name, cache in kv_caches.items():
         if tuple(cache.shape) != tuple(first.shape) or cache.dtype != first.dtype:
-            raise _refuse(
-                "every layer's cache has one shape and dtype",
-                field="kv_caches",
-                found=f"{name}: {tuple(cache.shape)} {cache.dtype}",
-                expected=f"{tuple(first.shape)} {first.dtype}",
-            )
+            found = f"{name}: {tuple(cache.shape)} {cache.dtype}"
+            expected = f"{tuple(first.shape)} {first.dtype}"
+            message = "every layer's cache has one shape and dtype"
+            raise _refuse(message, "kv_caches", found, expected=expected)
         try:
             form.check(cache)
         except HurrayWireError as exc:
-            raise _refuse(f"{name}: {exc}", field="kv_caches", found=backend) from None
+            raise _refuse(f"{name}: {exc}", "kv_caches", backend) from None
     return form
 
 
-def layer_scales(layer: Any) -> tuple[float | None, float | None]:
+def layer_scales(layer: Any) -> Scales:
     """An fp8 layer's ``(k_scale, v_scale)``: its ``_k_scale`` / ``_v_scale`` buffers (0-d or
     one per KV head, vllm/model_executor/layers/attention/attention.py
     ``set_default_quant_scales``), read once at engine start (they are loaded with the
@@ -353,7 +312,7 @@ def layer_scales(layer: Any) -> tuple[float | None, float | None]:
     return k, v
 
 
-def scales_digest(scales: Sequence[tuple[float | None, float | None]]) -> str:
+def scales_digest(scales: Sequence[Scales]) -> str:
     """xxh3-64 of every layer's fp8 scales (float64, 1.0 when unset): a fingerprint extra,
     so that pages quantized with other scales are refused, not dequantized wrong."""
     values = np.array([[1.0 if s is None else s for s in pair] for pair in scales], np.float64)

@@ -24,14 +24,18 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from hurray_wire._interop import _torch
 from hurray_wire.errors import TransportError
 
 __all__ = ["Staged", "gather", "land", "land_pages", "memory_order", "needs_staging", "stand_in"]
+
+T = TypeVar("T")
 
 
 def needs_staging(cache: Any) -> bool:
@@ -47,9 +51,7 @@ def memory_order(tensor: Any) -> list[int]:
 
 
 def _module(device: Any) -> Any:
-    import torch
-
-    return None if device.type == "cpu" else torch.get_device_module(device.type)
+    return None if device.type == "cpu" else _torch().get_device_module(device.type)
 
 
 @dataclass
@@ -69,16 +71,7 @@ class Staged:
 
 
 def _index(ids: npt.NDArray[np.int64], device: Any) -> Any:
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(ids, np.int64)).to(device, non_blocking=True)
-
-
-def _take(cache: Any, index: Any) -> Any:
-    """``cache``'s blocks at ``index`` (axis 0), gathered in the cache's memory order."""
-    order = memory_order(cache)
-    picked = cache.permute(order).index_select(order.index(0), index)
-    return picked.permute([order.index(a) for a in range(cache.dim())])
+    return _torch().from_numpy(np.ascontiguousarray(ids, np.int64)).to(device, non_blocking=True)
 
 
 def gather(
@@ -88,36 +81,32 @@ def gather(
     *,
     views: Callable[[Any], list[Any]] | None = None,
 ) -> Staged:
-    """Start copying ``cache``'s blocks ``block_ids`` to host memory (pinned on a device);
-    ``stream``: the side stream (from ``side_stream``), None on the CPU. ``views``: the
-    backend's page views (``CacheForm.page_views``): each role's pages are then gathered
-    on the device into the wire's page layout (a tuple, one C-ordered tensor per role), so
-    the host's role split is done there; None: whole blocks in the cache's memory order."""
+    """Start copying ``cache``'s blocks ``block_ids`` to host memory (pinned on a device)
+    on ``stream`` (``side_stream``'s); with ``views`` (``CacheForm.page_views``) each
+    role's pages in the wire's layout (a tuple, one C-ordered tensor per role)."""
 
-    def pick(index: Any) -> Any:
-        if views is None:
-            return _take(cache, index)
-        return tuple(v.index_select(0, index).contiguous() for v in views(cache))
-
-    module = _module(cache.device)
-    if module is None:
-        return Staged(pick(_index(block_ids, cache.device)))
-    stream = stream if stream is not None else module.Stream(cache.device)
-    stream.wait_stream(module.current_stream(cache.device))  # the layer's KV is written
-    with module.stream(stream):
-        picked = pick(_index(block_ids, cache.device))
+    def pick(module: Any, side: Any) -> Staged:
+        index = _index(block_ids, cache.device)
+        if views is not None:
+            picked = tuple(v.index_select(0, index).contiguous() for v in views(cache))
+        else:  # whole blocks, gathered in the cache's memory order
+            order = memory_order(cache)
+            picked = cache.permute(order).index_select(order.index(0), index)
+            picked = picked.permute([order.index(a) for a in range(cache.dim())])
+        if module is None:
+            return Staged(picked)
         host = tuple(map(_pinned, picked)) if views is not None else _pinned(picked)
         event = module.Event()
-        event.record(stream)
-    return Staged(host, event, picked)
+        event.record(side)
+        return Staged(host, event, picked)
+
+    return _on_side(cache.device, stream, pick, join=False)  # once the layer's KV is written
 
 
 def _pinned(picked: Any) -> Any:
     """A non-blocking copy of ``picked`` into pinned host memory (its strides kept)."""
-    import torch
-
-    host = torch.empty_strided(picked.shape, picked.stride(), dtype=picked.dtype,
-                               device="cpu", pin_memory=True)  # fmt: skip
+    host = _torch().empty_strided(picked.shape, picked.stride(), dtype=picked.dtype,
+                                  device="cpu", pin_memory=True)  # fmt: skip
     host.copy_(picked, non_blocking=True)
     return host
 
@@ -132,37 +121,34 @@ def land(
 ) -> Callable[[], None]:
     """Stage ``cache``'s blocks ``block_ids`` on the host, let ``write`` check and write
     pages into that host copy (it raises to refuse: nothing reaches ``cache`` then), and
-    return the commit: one host-to-device copy and ``index_copy_`` of the blocks after the
-    first ``skip`` (read for ``write``'s numbering only, never written back), the forward
-    stream made to wait for it."""
+    return the commit: the blocks after the first ``skip`` (read for ``write``'s numbering
+    only) copied back whole."""
     staged = gather(cache, block_ids, stream).host()
     write(staged)
     ids = block_ids[skip:]
 
-    def run() -> None:
+    def run(*_: Any) -> None:
         order = memory_order(cache)
         source = staged[skip:].permute(order).to(cache.device, non_blocking=True)
         cache.permute(order).index_copy_(order.index(0), _index(ids, cache.device), source)
 
-    return _on_side(cache.device, stream, run)
+    return partial(_on_side, cache.device, stream, run)
 
 
-def _on_side(device: Any, stream: Any, run: Callable[[], None]) -> Callable[[], None]:
-    """The commit: ``run`` on the side stream once the forward stream's work is done, the
-    forward stream then made to wait for it (the host does not); on the CPU, ``run``."""
-
-    def commit() -> None:
-        module = _module(device)
-        if module is None:
-            run()
-            return
-        side = stream if stream is not None else module.Stream(device)
-        side.wait_stream(module.current_stream(device))
-        with module.stream(side):
-            run()
+def _on_side(device: Any, stream: Any, run: Callable[[Any, Any], T], *, join: bool = True) -> T:
+    """``run(module, side)`` on the side stream (``stream`` or a new one) once the forward
+    stream's work is done, the forward stream then made to wait for it if ``join`` (the
+    host does not); on the CPU, ``run(None, None)`` at once."""
+    module = _module(device)
+    if module is None:
+        return run(None, None)
+    side = stream if stream is not None else module.Stream(device)
+    side.wait_stream(module.current_stream(device))
+    with module.stream(side):
+        result = run(module, side)
+    if join:
         module.current_stream(device).wait_stream(side)
-
-    return commit
+    return result
 
 
 def stand_in(cache: Any) -> Any:
@@ -170,8 +156,6 @@ def stand_in(cache: Any) -> Any:
     inspect: backed by an anonymous mapping the kernel fills with zero pages only when
     touched, so it costs address space, not memory or a copy (nothing writes it; no swap
     reserved for it either)."""
-    import torch
-
     span = 1 + sum((n - 1) * s for n, s in zip(cache.shape, cache.stride(), strict=True))
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
     try:
@@ -181,7 +165,7 @@ def stand_in(cache: Any) -> Any:
             f"no host address space for the landing's stand-in of the cache: {err}",
             field="kv_cache", found=f"{span * cache.element_size()} bytes",
         ) from err  # fmt: skip
-    flat = torch.frombuffer(memory, dtype=cache.dtype)
+    flat = _torch().frombuffer(memory, dtype=cache.dtype)
     return flat.as_strided(tuple(cache.shape), tuple(cache.stride()))
 
 
@@ -193,25 +177,21 @@ def land_pages(
     valid: int,
     stream: Any = None,
 ) -> Callable[[], None]:
-    """The commit of checked pages landed by the device: each role's pages (host arrays in
-    the wire's layout, ``[len(ids), kernel_block_size, H, D]``) copied host-to-device once,
-    then written on the device into the backend's own ``views`` (the inverse of
-    ``gather(views=)``): whole kernel blocks ``ids`` by ``index_copy_``, the last one's
-    first ``valid`` token slots only (its tail kept). The host neither stages nor
-    scatters; the forward stream waits for the side stream, the host does not."""
-    import torch
+    """The commit of checked pages (per role, ``[len(ids), kernel_block_size, H, D]``) into
+    the backend's ``views`` at kernel blocks ``ids``, the inverse of ``gather(views=)``;
+    the last block's first ``valid`` token slots only (module docstring)."""
 
-    def run() -> None:
+    def run(*_: Any) -> None:
         index = _index(ids, cache.device)
         whole = len(ids) if valid == pages[0].shape[1] else len(ids) - 1
         for view, role in zip(views(cache), pages, strict=True):
-            raw = torch.from_numpy(np.ascontiguousarray(role).view(np.uint8))
+            raw = _torch().from_numpy(np.ascontiguousarray(role).view(np.uint8))
             source = raw.to(cache.device, non_blocking=True).view(cache.dtype)
             view.index_copy_(0, index[:whole], source[:whole])
             if whole < len(ids):
                 view[int(ids[-1]), :valid] = source[-1, :valid]
 
-    return _on_side(cache.device, stream, run)
+    return partial(_on_side, cache.device, stream, run)
 
 
 def side_stream(device: Any) -> Any:
