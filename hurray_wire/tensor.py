@@ -277,9 +277,8 @@ def assemble(
 def check_padding_bits(descriptor: TensorDescriptor, pool: Array) -> None:
     """The padding bits of a packed pool (1-D uint8) are zero: O(1), only the last byte
     (or 3-byte group) holds any."""
-    layout, etype = descriptor.layout, descriptor.element_type
-    count = layout.num_pages * layout.page_size * descriptor.shape[1] * descriptor.shape[2]
-    bad = packing.first_padding_bit_byte(pool, etype, count)
+    etype = descriptor.element_type
+    bad = packing.first_padding_bit_byte(pool, etype, descriptor.pool_elements)
     if bad is not None:
         raise PaddingError(
             f"padding bits of the packed {etype.name} page pool must be zero "
@@ -421,13 +420,9 @@ def _quantization_arrays(
                 field="scales",
             )
         return None, None
-    if isinstance(quant, PerBlockAffine):
-        entries = descriptor.layout.page_slots
-        scale_dtype = quant.scale_type.numpy_dtype
-    else:
-        entries = descriptor.shape[quant.axis]
-        scale_dtype = np.dtype("<f4")
-    scale_arr = _param_array(scales, "scales", entries, scale_dtype)
+    per_slot = isinstance(quant, PerBlockAffine)
+    entries = descriptor.layout.page_slots if per_slot else descriptor.shape[quant.axis]
+    scale_arr = _param_array(scales, "scales", entries, quant.scale_type.numpy_dtype)
     zp_arr = None
     if quant.zero_point_buffer_index is not None:
         zp_arr = _param_array(zero_points, "zero_points", entries, ZERO_POINTS)

@@ -52,7 +52,6 @@ EXCEPTIONS = {
     ("model/packing.py", "<u4"): "3 bytes of packed 6-bit codes as one integer (bit arithmetic)",
     ("adapters/_common.py", "<u4"): "an engine array's dtype checked as given (input, not wire)",
     ("adapters/_common.py", "<i4"): "an engine array's dtype checked as given (input, not wire)",
-    ("tensor.py", "<f4"): "the default scale element type (float32) of a built quantization",
     ("model/packing.py", "4 * count"): "6-bit codes: 4 codes in 3 bytes (bit packing of "
     "elements, docs/spec § element types, not a record)",
     ("model/packing.py", "slice[3]"): "the same 4-codes-in-3-bytes packing",

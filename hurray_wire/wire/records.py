@@ -1,13 +1,7 @@
 """Whole records: each record type frames itself, places and checks its seal, and says where
-every part of it sits (its fixed head's fields, the variable runs after it, padding, seal).
-
-A ``Record`` is one record type: the blob's prefix, the stream header, the end record, a
-known-pages record, the engine fingerprint, the ``.hrry`` header and trailer (a transfer
-record's is ``wire.transfer.TRANSFER``: decoding loads no transfer code). The modules that
-hold the rules (``containers.records``, ``transport.records``, ``integrity``,
-``fingerprint``, ``blob.envelope``, ``containers.hrry``) bind it to their error
-classes (``Record.raising``: wire/ imports nothing of the package) and read every byte
-position from it, as ``report`` does to annotate one.
+every part of it sits; the modules that hold the rules bind it to their error classes
+(``Record.raising``: wire/ imports nothing of the package) and read every byte position
+from it (a transfer record's is ``wire.transfer.TRANSFER``: decoding loads no transfer code).
 """
 
 from __future__ import annotations
@@ -44,11 +38,8 @@ def _fault(message: str, **details: Any) -> Exception:
 @dataclass(frozen=True)
 class Record:
     """One record type: its fixed ``head``, the ``tail`` that closes it (its seal, or a footer
-    that starts with one), the magic and smallest length a reader frames it by.
-
-    ``what`` names it in errors (their ``section`` unless ``section`` is given);
-    ``invalid`` / ``truncated`` are the error classes of the module that binds it.
-    """
+    that starts with one), the magic and smallest length a reader frames it by; ``what``
+    names it in errors, raised as the ``invalid`` / ``truncated`` classes bound to it."""
 
     what: str
     head: FastStruct

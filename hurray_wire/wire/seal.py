@@ -1,12 +1,6 @@
-"""The checksum that seals a self-checked record: xxh3_64 (seed 0) of the bytes it covers,
-one little-endian u64 (the blob header, stream records, known pages, transfer records, the
-fingerprint body).
-
-Where each record keeps it is its struct's business (``HEADER_CHECKSUM``, ``RECORD_CHECKSUM``,
-``KNOWN_PAGES_CHECKSUM``, ``FINGERPRINT_HEADER.body_checksum``); how it is computed and
-where a trailing one sits is said once, here. Comparing the two values and naming the
-field is the validating module's part.
-"""
+"""The checksum that seals a self-checked record (the blob header, stream records, known
+pages, transfer records, the fingerprint body): xxh3_64 (seed 0) of the bytes it covers,
+one little-endian u64; where each record keeps it is its struct's business."""
 
 from __future__ import annotations
 
