@@ -83,9 +83,8 @@ float8_e8m0 = ElementType(0x42, "float8_e8m0", 8, "ml_dtypes.float8_e8m0fnu")
 float4_e2m1 = ElementType(0x43, "float4_e2m1", 4, "ml_dtypes.float4_e2m1fn")
 float6_e2m3 = ElementType(0x44, "float6_e2m3", 6, "ml_dtypes.float6_e2m3fn")
 float6_e3m2 = ElementType(0x45, "float6_e3m2", 6, "ml_dtypes.float6_e3m2fn")
-float128 = ElementType(
-    0x46, "float128", 128, "V16"
-)  # no IEEE binary128 dtype in NumPy: raw 16 bytes
+# No IEEE binary128 dtype in NumPy: raw 16 bytes.
+float128 = ElementType(0x46, "float128", 128, "V16")
 int4 = ElementType(0x48, "int4", 4, "ml_dtypes.int4")
 uint4 = ElementType(0x49, "uint4", 4, "ml_dtypes.uint4")
 int2 = ElementType(0x4A, "int2", 2, "ml_dtypes.int2")
@@ -93,11 +92,8 @@ uint2 = ElementType(0x4B, "uint2", 2, "ml_dtypes.uint2")
 complex64 = ElementType(0x50, "complex64", 64, np.complex64)
 complex128 = ElementType(0x51, "complex128", 128, np.complex128)
 
-ELEMENT_TYPES: tuple[ElementType, ...] = (
-    float16, bfloat16, float32, float64, int8, uint8, int16, uint16, int32, uint32, int64,
-    uint64, bool_, float8_e4m3, float8_e5m2, float8_e8m0, float4_e2m1, float6_e2m3,
-    float6_e3m2, float128, int4, uint4, int2, uint2, complex64, complex128,
-)  # fmt: skip
+#: Every element type above, in tag order.
+ELEMENT_TYPES = tuple(t for t in list(globals().values()) if isinstance(t, ElementType))
 
 __all__ = [
     "ELEMENT_TYPES",

@@ -10,11 +10,11 @@ import numpy.typing as npt
 
 from hurray_wire.errors import ArgumentTypeError, InvalidTensorError
 from hurray_wire.fingerprint import fingerprint_from_metadata, fingerprint_to_metadata
-from hurray_wire.model.quantization import Quantization
 from hurray_wire.tensor_core import TensorCore, TensorT, check_int as check_int
 
 Array = npt.NDArray[Any]
-_KEEP: Any = object()
+#: What ``rebuild`` keeps of a tensor unless told otherwise (``from_arrays``'s arguments).
+_KEPT = ("block_table", "seq_ptr", "seq_lens", "scales", "zero_points", "quantization", "metadata")
 _V = TypeVar("_V")
 
 
@@ -70,41 +70,20 @@ def flat_pool(tensor: TensorCore) -> Array:
     return pool.reshape(pool.shape[0] * pool.shape[1], pool.shape[2], pool.shape[3])
 
 
-def rebuild(
-    tensor: TensorT,
-    *,
-    page_pool: Any,
-    block_table: Any = _KEEP,
-    seq_ptr: Any = _KEEP,
-    seq_lens: Any = _KEEP,
-    scales: Any = _KEEP,
-    zero_points: Any = _KEEP,
-    quantization: Quantization | None = _KEEP,
-    metadata: Any = _KEEP,
-) -> TensorT:
-    """A new tensor like ``tensor`` with some arrays replaced, validated by from_arrays.
-
-    The pool is made C-contiguous first: a transform keeps every page and its page ids
-    (from_arrays would keep only the referenced pages of a strided pool)."""
-
-    def keep(value: Any, current: Any) -> Any:
-        return current if value is _KEEP else value
-
-    index_type = tensor.layout.block_table_index_type
+def rebuild(tensor: TensorT, *, page_pool: Any, **changes: Any) -> TensorT:
+    """A new tensor like ``tensor`` with some of its ``_KEPT`` arguments changed, validated by
+    from_arrays. The pool is made C-contiguous first: a transform keeps every page and its page
+    ids (from_arrays would keep only the referenced pages of a strided pool)."""
     if isinstance(page_pool, np.ndarray):
         page_pool = np.ascontiguousarray(page_pool)
+    kept = {name: getattr(tensor, name) for name in _KEPT} | changes
+    wide = tensor.layout.block_table_index_type == "uint64"
     return type(tensor).from_arrays(
         page_pool,
-        keep(block_table, tensor.block_table),
-        keep(seq_ptr, tensor.seq_ptr),
-        seq_lens=keep(seq_lens, tensor.seq_lens),
         kv_role=tensor.kv_role,
         layer_index=tensor.layer_index,
-        quantization=keep(quantization, tensor.quantization),
-        scales=keep(scales, tensor.scales),
-        zero_points=keep(zero_points, tensor.zero_points),
-        block_table_index_type="uint64" if index_type == "uint64" else None,
+        block_table_index_type="uint64" if wide else None,
         element_type=tensor.element_type,
-        metadata=keep(metadata, tensor.metadata),
         alignment=tensor.descriptor.buffers[0].alignment,
+        **kept,
     )

@@ -33,20 +33,8 @@ INDEX_TYPES = {"uint32": 0, "uint64": 1}
 #: The element of block_table / seq_ptr for each index type.
 INDEX_ITEMS = {"uint32": c.Int32ul, "uint64": c.Int64ul}
 
-LAYOUT_NAMES = {
-    0x01: "row_major",
-    0x02: "column_major",
-    0x03: "strided",
-    0x04: "tiled",
-    0x05: "morton",
-    0x06: "coo",
-    0x07: "csr",
-    0x08: "csc",
-    0x09: "csf",
-    0x0A: "block_paged",
-    0x0B: "composite_head",
-    0x40: "hilbert",
-}
+_LAYOUTS = "row_major column_major strided tiled morton coo csr csc csf block_paged composite_head"
+LAYOUT_NAMES = {**dict(enumerate(_LAYOUTS.split(), 1)), 0x40: "hilbert"}  # tags 0x01-0x0B, 0x40
 
 
 class _LayerIndex(c.Adapter):  # type: ignore[misc]

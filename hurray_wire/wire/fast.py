@@ -89,10 +89,8 @@ def _leaf(con: Any) -> tuple[str, bytes | None]:
         return f"{len(con.value)}s", con.value
     if isinstance(con, c.FormatField):
         return con.fmtstr[1:], None
-    if isinstance(con, c.Adapter):  # Mapping, _LayerIndex: same bytes as their subcon
-        return _leaf(con.subcon)
-    if isinstance(con, c.Rebuild):  # a length field: same bytes as its subcon
-        return _leaf(con.subcon)
+    if isinstance(con, (c.Adapter, c.Rebuild)):  # Mapping, _LayerIndex, a length field
+        return _leaf(con.subcon)  # the same bytes as their subcon
     if isinstance(con, c.Bytes) and isinstance(con.length, int):
         return f"{con.length}s", None
     raise TypeError(f"cannot derive a struct format from {con!r}")
