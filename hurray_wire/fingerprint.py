@@ -22,7 +22,7 @@ from hurray_wire.errors import (
     InvalidMetadataError,
     instance,
 )
-from hurray_wire.metadata import UInt64, decode_metadata, encode_metadata
+from hurray_wire.metadata import INT64_MAX, UInt64, decode_metadata, encode_metadata
 from hurray_wire.wire import integrity as w, records as wr
 from hurray_wire.wire.seal import checksum_of
 
@@ -49,7 +49,6 @@ _INTS = ("block_size", "tp_rank", "tp_size")
 _EXTRA_PREFIX = "extra."
 MAX_STRING = 1024  # bytes of UTF-8 per string field or extras key/value
 MAX_EXTRAS = 64
-INT64_MAX = (1 << 63) - 1
 
 
 def _bad(message: str, name: str, value: object) -> InvalidMetadataError:
@@ -226,10 +225,8 @@ def decode_fingerprint(data: object) -> EngineFingerprint:
     cut = len(_EXTRA_PREFIX)
     extras: dict[str, Any] = {k[cut:]: v for k, v in entries.items() if k.startswith(_EXTRA_PREFIX)}
     # types checked by the constructor; a uint64 (>= 2**63) reaches its range check as an int
-    values: dict[str, Any] = dict(entries)
-    kwargs: dict[str, Any] = {
-        n: int(values[n]) if isinstance(values[n], UInt64) else values[n] for n in names
-    }
+    kwargs: dict[str, Any] = {n: entries[n] for n in names}
+    kwargs.update({n: int(v) for n, v in kwargs.items() if isinstance(v, UInt64)})
     try:
         fp = EngineFingerprint(**kwargs, extras=extras)
     except HurrayWireError as exc:

@@ -82,7 +82,6 @@ class BlockPagedTensor(TensorCore):
 
     __slots__ = ()
 
-    # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_arrays(
         cls,

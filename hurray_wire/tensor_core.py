@@ -164,7 +164,6 @@ class TensorCore(DescriptorViews):
             tokens = tokens[: int(self.seq_lens[seq])]
         return tokens
 
-    # -- helpers (algorithms in hurray_wire.transforms) -------------------------------------
     @property
     def kv_scale(self) -> float | None:
         """The engine's fp8 scalar (vLLM ``k_scale`` / ``v_scale``), or None."""

@@ -27,11 +27,8 @@ from hurray_wire.wire import descriptor as w
 
 _ZERO_POINT_BYTES: int = w.ZERO_POINT_ITEM.sizeof()  # int32 (descriptor.md § 8)
 
-DEVICE_NAMES = dict(  # device tags 0x00-0x08, in tag order
-    enumerate(
-        ("cpu", "cuda", "rocm", "metal", "vulkan", "webgpu", "hexagon", "level_zero", "opencl")
-    )
-)
+_DEVICES = "cpu cuda rocm metal vulkan webgpu hexagon level_zero opencl"
+DEVICE_NAMES = dict(enumerate(_DEVICES.split()))  # device tags 0x00-0x08, in tag order
 SYNC_MODE_NAMES = {0: "producer_synced", 1: "event", 2: "consumer_stream"}
 MEMORY_CLASS_NAMES = {0: "standard", 1: "host_pinned", 2: "unified", 3: "peer"}
 BUFFER_NAMES = ("page_pool", "block_table", "seq_ptr")
