@@ -55,7 +55,9 @@ _STATS_VALUES, _HANDLE_VALUES = (
 )  # a struct's values that are not reserved bytes
 _FIXED_PLACES: Places = partial(dict, w.AT)
 _INDEX_TYPE_NAMES = {v: k for k, v in w.INDEX_TYPES.items()}
-_SCHEMES = {s.scheme_tag: s for s in (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)}
+_SCHEMES: dict[int, Callable[..., Quantization]] = {
+    s.scheme_tag: s for s in (PerTensorAffine, PerChannelAffine, PerBlockAffine, NF4, MXFP)
+}
 _SCALE_TYPE_TAGS = {0x01: dtypes.float16, 0x02: dtypes.bfloat16, 0x03: dtypes.float32}
 
 
@@ -411,26 +413,17 @@ def _quantization(raw: bytes, pos: int, length: int) -> tuple[Quantization, byte
     _check_consts(fast, values, pos + w.QUANT_PAYLOAD_AT, "quantization.")
     fields = {n: v for n, v in zip(fast.names, values, strict=True) if not n.startswith("_")}
     places = partial(w.quant_places, pos, scheme_tag)
-    args = (scheme_tag, version, qflags, fields, places)
-    quant = _built(_build_quantization, args, places, "quantization.", pos)
-    return quant, raw[pos + w.QUANT_HEADER_AT + body : end], end
-
-
-def _build_quantization(
-    scheme_tag: int, version: int, qflags: int, fields: dict[str, Any], at: Places
-) -> Quantization:
-    """The scheme of a payload's ``fields``: the flag and scale-type rules the wire adds."""
-    allowed = SYMMETRIC if scheme_tag in (0x02, 0x03) else 0
+    allowed = SYMMETRIC if scheme_tag in (0x02, 0x03) else 0  # the rules the wire adds
     if qflags & ~allowed:
         message = "unknown quantization flag bits"
-        raise _error(message, "quantization.flags", at()["flags"], found=f"0x{qflags:04X}")
+        raise _error(message, "quantization.flags", places()["flags"], found=f"0x{qflags:04X}")
     zp = fields.get("zero_point_buffer_index")
     if zp is not None:
         if bool(qflags & SYMMETRIC) != (zp == NO_BUFFER):
             raise _error(
                 "SYMMETRIC flag must be set exactly when zero_point_buffer_index is 0xFFFFFFFF",
                 "quantization.flags",
-                at()["flags"],
+                places()["flags"],
                 found=f"flags 0x{qflags:04X}, zero_point_buffer_index {zp}",
             )
         fields["zero_point_buffer_index"] = None if zp == NO_BUFFER else zp
@@ -444,12 +437,14 @@ def _build_quantization(
                 if per_channel
                 else "per-block scale type must be 0x01, 0x02 or 0x03",
                 "quantization.scale_type_tag",
-                at()["scale_type_tag"],
+                places()["scale_type_tag"],
                 found=scale_tag,
             )
         if not per_channel:
             fields["scale_type"] = scale_type
-    return _SCHEMES[scheme_tag](**fields, scheme_version=version)
+    scheme = partial(_SCHEMES[scheme_tag], **fields, scheme_version=version)
+    quant = _built(scheme, (), places, "quantization.", pos)
+    return quant, raw[pos + w.QUANT_HEADER_AT + body : end], end
 
 
 @dataclass(frozen=True)
