@@ -23,7 +23,6 @@ DYNAMIC_DIM = U64_MAX  # the shape's "size unknown" sentinel: refused for block-
 _INDEX_DTYPES: dict[str, np.dtype[Any]] = {
     name: np.dtype(item_dtype(item)) for name, item in INDEX_ITEMS.items()
 }
-_INDEX_MAX = {"uint32": U32_MAX, "uint64": U64_MAX}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +102,7 @@ class BlockPagedLayout:
     @property
     def index_max(self) -> int:
         """Largest value the index type can hold."""
-        return _INDEX_MAX[self.block_table_index_type]
+        return (1 << 8 * self.index_dtype.itemsize) - 1
 
     @property
     def page_slots(self) -> int:

@@ -16,16 +16,14 @@ from hurray_wire.model._checks import I32_MAX, I32_MIN, U32_MAX, check_uint, is_
 
 NO_BUFFER = 0xFFFFFFFF  # zero_point_buffer_index of a symmetric scheme
 SYMMETRIC = 0x0001  # scheme flag bit 0 of per-channel and per-block affine
-_INTEGER_STORAGE = frozenset(
-    t.tag
-    for t in (
-        dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
-        dtypes.int4, dtypes.uint4, dtypes.int2, dtypes.uint2,
-    )
-)  # fmt: skip
-_BLOCK_STORAGE = frozenset(
-    t.tag for t in (dtypes.int8, dtypes.uint8, dtypes.int4, dtypes.uint4, dtypes.int2, dtypes.uint2)
-)
+
+
+def _tags(names: str) -> frozenset[int]:
+    return frozenset(dtypes.element_type_from_name(name).tag for name in names.split())
+
+
+_INTEGER_STORAGE = _tags("int8 uint8 int16 uint16 int32 uint32 int4 uint4 int2 uint2")
+_BLOCK_STORAGE = _tags("int8 uint8 int4 uint4 int2 uint2")
 _BLOCK_SCALE_TYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 
 
@@ -218,7 +216,7 @@ class NF4:
 
     scheme_tag: ClassVar[int] = 0x04
     name: ClassVar[str] = "nf4"
-    allowed_storage: ClassVar[frozenset[int]] = frozenset({dtypes.uint4.tag})
+    allowed_storage: ClassVar[frozenset[int]] = _tags("uint4")
     min_block: ClassVar[int] = 8
     max_block: ClassVar[int] = U32_MAX
     flags: ClassVar[int] = 0
@@ -248,13 +246,9 @@ class MXFP(NF4):
 
     scheme_tag: ClassVar[int] = 0x05
     name: ClassVar[str] = "mxfp"
-    allowed_storage: ClassVar[frozenset[int]] = frozenset(
-        t.tag
-        for t in (
-            dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.float4_e2m1, dtypes.float6_e2m3,
-            dtypes.float6_e3m2, dtypes.int8, dtypes.int4,
-        )
-    )  # fmt: skip
+    allowed_storage: ClassVar[frozenset[int]] = _tags(
+        "float8_e4m3 float8_e5m2 float4_e2m1 float6_e2m3 float6_e3m2 int8 int4"
+    )
     min_block: ClassVar[int] = 16
     max_block: ClassVar[int] = 2048
 
