@@ -63,10 +63,8 @@ class FastStruct:
         if fields:
             if values:
                 raise TypeError("pack takes the fields in order or by name, not both")
-            named: list[Any] = [fields.get(name) for name in self.names]
-            for position, expected in self.consts:
-                named[position] = expected
-            return self.struct.pack(*named)
+            skip = dict(self.consts)
+            values = tuple(fields.get(name) for i, name in enumerate(self.names) if i not in skip)
         if self.packer is not None:
             packed: bytes = self.packer.pack(*self.leading, *values)
             return packed
