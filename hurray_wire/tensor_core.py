@@ -16,7 +16,7 @@ from hurray_wire.kv_scale import kv_scale_of
 from hurray_wire.model import packing
 from hurray_wire.model.descriptor import TensorDescriptor
 from hurray_wire.model.layout import BlockPagedLayout
-from hurray_wire.model.quantization import PerBlockAffine, PerChannelAffine, Quantization
+from hurray_wire.model.quantization import Quantization, parameter_fields
 
 __all__ = ["Array", "DescriptorViews", "TensorCore", "TensorT", "check_int"]
 
@@ -127,16 +127,12 @@ class TensorCore(DescriptorViews):
             (_bytes_view(a),) for a in (self.page_pool, self.block_table, self.seq_ptr)
         ]
         quant = self.descriptor.quantization
-        if isinstance(quant, (PerChannelAffine, PerBlockAffine)):
-            assert self.scales is not None
-            by_index: dict[int, list[Array]] = {quant.scale_buffer_index: [self.scales]}
-            zp = quant.zero_point_buffer_index
-            if zp is not None:
-                assert self.zero_points is not None
-                by_index.setdefault(zp, []).append(self.zero_points)
-            for index in sorted(by_index):
-                parts.append(tuple(_bytes_view(a) for a in by_index[index]))
-        return tuple(parts)
+        by_index: dict[int, list[Array]] = {}
+        for name, index in parameter_fields(quant) if quant is not None else ():
+            array = self.scales if name == "scale_buffer_index" else self.zero_points
+            assert array is not None
+            by_index.setdefault(index, []).append(_bytes_view(array))
+        return (*parts, *(tuple(by_index[index]) for index in sorted(by_index)))
 
     def unpacked_page_pool(self) -> Array:
         """The pool as ``[num_pages, page_size, num_heads, head_dim]`` of the element dtype
