@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, ParamSpec
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +28,6 @@ from hurray_wire.errors import IndexBufferError, InvalidTensorError
 from hurray_wire.tensor import BlockPagedTensor
 
 __all__ = ["checked_write", "into_vllm"]
-P = ParamSpec("P")
 
 
 def _targets(
@@ -76,6 +75,29 @@ def _check_match(name: str, found: Any, expected: Any) -> None:
             found=found,
             expected=expected,
         )
+
+
+def into_vllm(
+    tensor_or_pair: BlockPagedTensor | Pair,
+    kv_cache: Any,
+    block_ids: Any,
+    *,
+    backend: Any = None,
+    vllm_version: str | None = None,
+    isa: str | None = None,
+    kv_cache_dtype: str | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    block_size: int | None = None,
+) -> None:
+    """Write the tensor's pages into an engine cache at vLLM block ids (a connector's load):
+    :func:`checked_write`'s arguments and checks, its write run at once (the signature is
+    written out so that a caller's keywords are type-checked)."""
+    checked_write(
+        tensor_or_pair, kv_cache, block_ids, backend=backend, vllm_version=vllm_version,
+        isa=isa, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
+        block_size=block_size,
+    )()  # fmt: skip
 
 
 def checked_write(
@@ -135,18 +157,6 @@ def checked_write(
     targets, sources, valid = _targets(tensors[0], block_ids, views[0][1].shape[0], block_size)
     pools = [p.view(views[0][1].dtype) for p in pools]
     return partial(_write, [v for _, v in views], pools, targets, sources, valid, page[0])
-
-
-def _run_now(checked: Callable[P, Callable[[], None]]) -> Callable[P, None]:
-    def into_vllm(*args: P.args, **kwargs: P.kwargs) -> None:
-        """Write the tensor's pages into an engine cache at vLLM block ids (a connector's
-        load): :func:`checked_write`'s arguments and checks, its write run at once."""
-        checked(*args, **kwargs)()
-
-    return into_vllm
-
-
-into_vllm = _run_now(checked_write)
 
 
 def _write(
